@@ -1,0 +1,9 @@
+// The subcommands of the `cleave` tool. Each takes the arguments after its name and returns
+// the process exit status (0 ok, 1 failure, 2 bad usage).
+#pragma once
+
+namespace cleave::cli {
+
+int runInfo(int argc, char** argv);
+
+}  // namespace cleave::cli

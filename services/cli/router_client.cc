@@ -1,0 +1,45 @@
+#include "services/cli/router_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace cleave::client {
+
+RouterClient::RouterClient(RouterClientOptions options)
+    : options_(std::move(options)),
+      channel_(grpc::CreateChannel(options_.address, grpc::InsecureChannelCredentials())),
+      stub_(v1::Generation::NewStub(channel_)) {}
+
+std::unique_ptr<grpc::ClientContext> RouterClient::newContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() + options_.timeout);
+  return context;
+}
+
+absl::Status RouterClient::waitUntilConnected() {
+  if (channel_->WaitForConnected(std::chrono::system_clock::now() + options_.timeout)) {
+    return absl::OkStatus();
+  }
+  return absl::UnavailableError(absl::StrCat("no router answers at ", options_.address, " (waited ",
+                                             options_.timeout.count(),
+                                             " ms); check --router and that it is running"));
+}
+
+absl::StatusOr<v1::GetServerInfoResponse> RouterClient::serverInfo() {
+  v1::GetServerInfoResponse response;
+  auto context = newContext();
+  grpc::Status status = stub_->GetServerInfo(context.get(), {}, &response);
+  if (!status.ok()) return fromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::ListModelsResponse> RouterClient::listModels() {
+  v1::ListModelsResponse response;
+  auto context = newContext();
+  grpc::Status status = stub_->ListModels(context.get(), {}, &response);
+  if (!status.ok()) return fromGrpcStatus(status);
+  return response;
+}
+
+}  // namespace cleave::client

@@ -1,0 +1,39 @@
+// C++ client of a Cleave router (cleave.v1.Generation).
+//
+// Threading: a RouterClient may be shared by threads; each call is independent.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cleave/v1/generation.grpc.pb.h"
+
+namespace cleave::client {
+
+struct RouterClientOptions {
+  // host:port of the router.
+  std::string address;
+  // Deadline applied to each unary call.
+  std::chrono::milliseconds timeout{10000};
+};
+
+class RouterClient {
+ public:
+  explicit RouterClient(RouterClientOptions options);
+
+  // Waits until the channel is connected or the timeout passes.
+  absl::Status waitUntilConnected();
+  absl::StatusOr<v1::GetServerInfoResponse> serverInfo();
+  absl::StatusOr<v1::ListModelsResponse> listModels();
+
+ private:
+  std::unique_ptr<grpc::ClientContext> newContext() const;
+
+  RouterClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Generation::Stub> stub_;
+};
+
+}  // namespace cleave::client

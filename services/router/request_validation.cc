@@ -1,0 +1,96 @@
+#include "services/router/request_validation.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave::router {
+namespace {
+
+absl::Status invalid(absl::string_view field, absl::string_view rule, auto value) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", rule, ", got ", value));
+}
+
+absl::Status validateSampling(const v1::SamplingParams& s) {
+  if (s.has_temperature() && !(std::isfinite(s.temperature()) && s.temperature() >= 0)) {
+    return invalid("sampling.temperature", "must be a finite number >= 0 (0 means greedy)",
+                   s.temperature());
+  }
+  if (s.has_top_p() && !(s.top_p() > 0 && s.top_p() <= 1)) {
+    return invalid("sampling.top_p", "must be in (0, 1]", s.top_p());
+  }
+  if (s.has_top_k() && s.top_k() < 0) {
+    return invalid("sampling.top_k", "must be >= 0 (0 disables it)", s.top_k());
+  }
+  if (s.has_min_p() && !(s.min_p() >= 0 && s.min_p() <= 1)) {
+    return invalid("sampling.min_p", "must be in [0, 1]", s.min_p());
+  }
+  if (s.has_repetition_penalty() &&
+      !(std::isfinite(s.repetition_penalty()) && s.repetition_penalty() > 0)) {
+    return invalid("sampling.repetition_penalty", "must be a finite number > 0 (1 disables it)",
+                   s.repetition_penalty());
+  }
+  if (s.has_presence_penalty() && !(s.presence_penalty() >= -2 && s.presence_penalty() <= 2)) {
+    return invalid("sampling.presence_penalty", "must be in [-2, 2]", s.presence_penalty());
+  }
+  if (s.has_frequency_penalty() && !(s.frequency_penalty() >= -2 && s.frequency_penalty() <= 2)) {
+    return invalid("sampling.frequency_penalty", "must be in [-2, 2]", s.frequency_penalty());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validateStopping(const v1::StoppingCriteria& s) {
+  if (s.has_max_new_tokens() && s.max_new_tokens() == 0) {
+    return invalid("stopping.max_new_tokens", "must be >= 1 (leave it unset for no limit)", 0);
+  }
+  if (s.has_min_new_tokens() && s.has_max_new_tokens() && s.min_new_tokens() > s.max_new_tokens()) {
+    return invalid(
+        "stopping.min_new_tokens",
+        absl::StrCat("must not exceed stopping.max_new_tokens (", s.max_new_tokens(), ")"),
+        s.min_new_tokens());
+  }
+  if (static_cast<size_t>(s.stop_size()) > kMaxStopStrings) {
+    return invalid("stopping.stop", absl::StrCat("may hold at most ", kMaxStopStrings, " strings"),
+                   s.stop_size());
+  }
+  for (int i = 0; i < s.stop_size(); ++i) {
+    const std::string& stop = s.stop(i);
+    std::string field = absl::StrCat("stopping.stop[", i, "]");
+    if (stop.empty()) return invalid(field, "must not be empty", "\"\"");
+    if (stop.size() > kMaxStopStringBytes) {
+      return invalid(field, absl::StrCat("must be at most ", kMaxStopStringBytes, " bytes"),
+                     absl::StrCat(stop.size(), " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
+  switch (request.input_case()) {
+    case v1::GenerateRequest::kText:
+      if (request.text().empty()) {
+        return absl::InvalidArgumentError("text is empty; send a non-empty prompt");
+      }
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      if (request.token_ids().ids().empty()) {
+        return absl::InvalidArgumentError("token_ids.ids is empty; send at least one token id");
+      }
+      break;
+    case v1::GenerateRequest::INPUT_NOT_SET:
+      return absl::InvalidArgumentError("no input: set either text or token_ids");
+  }
+  if (request.has_logprobs() && request.logprobs() > kMaxLogprobs) {
+    return invalid("logprobs", absl::StrCat("must be at most ", kMaxLogprobs), request.logprobs());
+  }
+  if (request.request_id().size() > kMaxRequestIdBytes) {
+    return invalid("request_id", absl::StrCat("must be at most ", kMaxRequestIdBytes, " bytes"),
+                   absl::StrCat(request.request_id().size(), " bytes"));
+  }
+  if (absl::Status s = validateSampling(request.sampling()); !s.ok()) return s;
+  return validateStopping(request.stopping());
+}
+
+}  // namespace cleave::router

@@ -1,0 +1,22 @@
+// Validation of client requests that needs no model: ranges of sampling and stopping values
+// and the shape of the input. Model-dependent checks (token ids against the vocabulary,
+// lengths against the context) happen once the model is known.
+#pragma once
+
+#include "absl/status/status.h"
+#include "cleave/v1/generation.pb.h"
+
+namespace cleave::router {
+
+// Largest number of top alternatives a client may ask for per token.
+inline constexpr uint32_t kMaxLogprobs = 20;
+// Limits that keep one request from costing the router unbounded work.
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopStringBytes = 256;
+inline constexpr size_t kMaxRequestIdBytes = 128;
+
+// OK, or InvalidArgument whose message names the field and says what is allowed,
+// e.g. "sampling.top_p must be in (0, 1], got 1.5".
+absl::Status validateGenerateRequest(const v1::GenerateRequest& request);
+
+}  // namespace cleave::router

@@ -1,0 +1,80 @@
+#include "services/router/request_validation.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+
+namespace cleave::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::GenerateRequest validRequest() {
+  v1::GenerateRequest request;
+  request.set_text("Hello");
+  request.mutable_sampling()->set_temperature(0.7f);
+  request.mutable_sampling()->set_top_p(0.9f);
+  request.mutable_sampling()->set_top_k(40);
+  request.mutable_sampling()->set_min_p(0.05f);
+  request.mutable_sampling()->set_repetition_penalty(1.1f);
+  request.mutable_sampling()->set_presence_penalty(-2.0f);
+  request.mutable_sampling()->set_frequency_penalty(2.0f);
+  request.mutable_stopping()->set_max_new_tokens(16);
+  request.mutable_stopping()->add_stop("\n\n");
+  request.set_logprobs(kMaxLogprobs);
+  return request;
+}
+
+TEST(RequestValidationTest, AcceptsAValidRequestAndUnsetOptionals) {
+  EXPECT_TRUE(validateGenerateRequest(validRequest()).ok());
+  v1::GenerateRequest minimal;
+  minimal.mutable_token_ids()->add_ids(1);
+  EXPECT_TRUE(validateGenerateRequest(minimal).ok());
+}
+
+struct Case {
+  const char* field;
+  std::function<void(v1::GenerateRequest&)> mutate;
+};
+
+TEST(RequestValidationTest, EachBadValueIsNamedInTheError) {
+  const std::vector<Case> cases = {
+      {"no input", [](auto& r) { r.clear_input(); }},
+      {"text is empty", [](auto& r) { r.set_text(""); }},
+      {"token_ids.ids is empty", [](auto& r) { r.mutable_token_ids(); }},
+      {"sampling.temperature", [](auto& r) { r.mutable_sampling()->set_temperature(-0.1f); }},
+      {"sampling.temperature", [](auto& r) { r.mutable_sampling()->set_temperature(NAN); }},
+      {"sampling.top_p", [](auto& r) { r.mutable_sampling()->set_top_p(0.0f); }},
+      {"sampling.top_p", [](auto& r) { r.mutable_sampling()->set_top_p(1.5f); }},
+      {"sampling.top_k", [](auto& r) { r.mutable_sampling()->set_top_k(-1); }},
+      {"sampling.min_p", [](auto& r) { r.mutable_sampling()->set_min_p(1.01f); }},
+      {"sampling.repetition_penalty",
+       [](auto& r) { r.mutable_sampling()->set_repetition_penalty(0.0f); }},
+      {"sampling.presence_penalty",
+       [](auto& r) { r.mutable_sampling()->set_presence_penalty(2.5f); }},
+      {"sampling.frequency_penalty",
+       [](auto& r) { r.mutable_sampling()->set_frequency_penalty(-3.0f); }},
+      {"stopping.max_new_tokens", [](auto& r) { r.mutable_stopping()->set_max_new_tokens(0); }},
+      {"stopping.min_new_tokens", [](auto& r) { r.mutable_stopping()->set_min_new_tokens(17); }},
+      {"stopping.stop[1]", [](auto& r) { r.mutable_stopping()->add_stop(""); }},
+      {"stopping.stop[1]",
+       [](auto& r) { r.mutable_stopping()->add_stop(std::string(kMaxStopStringBytes + 1, 'x')); }},
+      {"stopping.stop",
+       [](auto& r) {
+         for (size_t i = 0; i < kMaxStopStrings; ++i) r.mutable_stopping()->add_stop("s");
+       }},
+      {"logprobs", [](auto& r) { r.set_logprobs(kMaxLogprobs + 1); }},
+      {"request_id", [](auto& r) { r.set_request_id(std::string(kMaxRequestIdBytes + 1, 'r')); }},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest request = validRequest();
+    c.mutate(request);
+    absl::Status status = validateGenerateRequest(request);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_THAT(status.message(), HasSubstr(c.field));
+  }
+}
+
+}  // namespace
+}  // namespace cleave::router

@@ -1,0 +1,71 @@
+// cleave-router: the client-facing endpoint of a Cleave deployment.
+#include <csignal>
+#include <string>
+
+#include "common/flags.h"
+#include "common/grpc_logging.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/ready_file.h"
+#include "common/shutdown.h"
+#include "services/router/router_server.h"
+
+int main(int argc, char** argv) {
+  cleave::blockShutdownSignals();
+  cleave::routeGrpcLogsToDebug();
+
+  std::string listen = "127.0.0.1:50051";
+  std::string metrics_address = "127.0.0.1";
+  int64_t metrics_port = 9400;
+  int64_t queue_capacity = 1024;
+  int64_t shutdown_grace_ms = 5000;
+  std::string ready_file;
+  cleave::FlagSet flags("cleave-router", "[flags]",
+                        "Serves the cleave.v1.Generation API, admits requests against the KV "
+                        "budget of the registered decode workers and relays their token "
+                        "streams. Also serves grpc.health.v1 and server reflection.");
+  flags.addString("listen", &listen, "gRPC address host:port (port 0 picks a free port)");
+  flags.addString("metrics-address", &metrics_address, "Address the /metrics endpoint binds");
+  flags.addInt("metrics-port", &metrics_port, "Port of the /metrics endpoint (0 picks one)");
+  flags.addInt("queue-capacity", &queue_capacity, "Requests that may wait for admission");
+  flags.addInt("shutdown-grace-ms", &shutdown_grace_ms,
+               "On SIGINT/SIGTERM, how long running calls may take to finish");
+  flags.addString("ready-file", &ready_file,
+                  "When serving, write {\"grpc_port\": P, \"metrics_port\": M} here");
+  std::vector<std::string> positional = cleave::parseFlagsOrExit(flags, argc, argv);
+  if (!positional.empty()) {
+    cleave::exitWithUsageError(
+        flags, absl::InvalidArgumentError("unexpected argument '" + positional[0] + "'"));
+  }
+  if (queue_capacity < 0 || queue_capacity > (1 << 20)) {
+    cleave::exitWithUsageError(
+        flags, absl::InvalidArgumentError("--queue-capacity must be in 0..1048576"));
+  }
+
+  cleave::registerProcessMetrics("router");
+  auto metrics = cleave::MetricsServer::start(metrics_address, static_cast<int>(metrics_port));
+  if (!metrics.ok()) cleave::exitWithUsageError(flags, metrics.status());
+
+  cleave::router::RouterServerOptions options{
+      .listen_address = listen,
+      .generation = {.queue_capacity = static_cast<uint32_t>(queue_capacity)}};
+  auto server = cleave::router::RouterServer::start(options);
+  if (!server.ok()) cleave::exitWithUsageError(flags, server.status());
+
+  if (!ready_file.empty()) {
+    absl::Status written = cleave::writeReadyFile(
+        ready_file, {{"grpc_port", (*server)->port()}, {"metrics_port", (*metrics)->port()}});
+    if (!written.ok()) {
+      (*server)->shutdown(std::chrono::milliseconds(0));
+      cleave::exitWithUsageError(flags, written);
+    }
+  }
+
+  CLEAVE_LOG(INFO) << "cleave-router serving gRPC on port " << (*server)->port()
+                   << ", metrics on port " << (*metrics)->port();
+  int signal = *cleave::waitForShutdownSignal();
+  CLEAVE_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
+  (*server)->shutdown(std::chrono::milliseconds(shutdown_grace_ms));
+  CLEAVE_LOG(INFO) << "cleave-router stopped";
+  return 0;
+}

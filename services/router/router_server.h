@@ -1,0 +1,46 @@
+// The router's gRPC server: the Generation service plus the standard health service
+// (grpc.health.v1) and server reflection.
+//
+// Threading: start() and shutdown() are called from one owning thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "services/router/generation_service.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace cleave::router {
+
+struct RouterServerOptions {
+  // host:port to serve on; port 0 picks a free port.
+  std::string listen_address = "127.0.0.1:50051";
+  GenerationServiceOptions generation;
+};
+
+class RouterServer {
+ public:
+  // Builds and starts the server. Fails with a message naming the address when it cannot
+  // listen there (port in use, no permission, malformed address).
+  static absl::StatusOr<std::unique_ptr<RouterServer>> start(const RouterServerOptions& options);
+  ~RouterServer();
+
+  // The port actually bound.
+  int port() const { return port_; }
+  // Stops accepting calls, lets running calls end within `grace`, then cancels them.
+  void shutdown(std::chrono::milliseconds grace);
+
+ private:
+  RouterServer(std::unique_ptr<GenerationService> service, std::unique_ptr<grpc::Server> server,
+               int port);
+
+  std::unique_ptr<GenerationService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_;
+};
+
+}  // namespace cleave::router

@@ -1,0 +1,69 @@
+#include "services/worker/worker_options.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave::worker {
+
+void WorkerOptions::addFlags(FlagSet& flags) {
+  flags.addString("role", &role, "prefill, decode or both (no disaggregation)");
+  flags.addString("model", &model, "Model: a GGUF file or a Hugging Face folder");
+  flags.addInt("tp", &tp, "Tensor-parallel degree: rank threads, one per device");
+  flags.addString("router", &router, "Router address host:port to register with");
+  flags.addString("listen", &listen, "Control-plane gRPC address (port 0 picks one)");
+  flags.addString("metrics-address", &metrics_address, "Address the /metrics endpoint binds");
+  flags.addInt("metrics-port", &metrics_port, "Port of the /metrics endpoint (0 picks one)");
+  flags.addBytes("memory-budget", &memory_budget,
+                 "Memory for weights + workspace + KV cache, e.g. 8GiB (0: device memory)");
+  flags.addInt("target-concurrency", &target_concurrency,
+               "Sequences a decode worker must be able to run at once");
+  flags.addInt("planned-seq-len", &planned_seq_len,
+               "Typical sequence length (prompt + output) the KV plan must hold");
+  flags.addInt("threads", &threads, "CPU threads per rank (0: all cores / tp)");
+  flags.addString("ready-file", &ready_file, "When serving, write the bound ports here");
+}
+
+absl::StatusOr<Role> parseRole(absl::string_view text) {
+  if (text == "prefill") return Role::kPrefill;
+  if (text == "decode") return Role::kDecode;
+  if (text == "both") return Role::kBoth;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--role must be prefill, decode or both, got '", text, "'"));
+}
+
+absl::Status validate(const WorkerOptions& options) {
+  if (absl::StatusOr<Role> role = parseRole(options.role); !role.ok()) return role.status();
+  if (options.model.empty()) {
+    return absl::InvalidArgumentError("--model is required: a GGUF file or a model folder");
+  }
+  struct stat info {};
+  if (::stat(options.model.c_str(), &info) != 0) {
+    return absl::NotFoundError(absl::StrCat("--model ", options.model, ": ", std::strerror(errno)));
+  }
+  if (options.tp < 1 || options.tp > 64) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp must be in 1..64, got ", options.tp));
+  }
+  if (options.target_concurrency < 1 || options.target_concurrency > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--target-concurrency must be in 1..4096, got ", options.target_concurrency));
+  }
+  if (options.planned_seq_len < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--planned-seq-len must be >= 1, got ", options.planned_seq_len));
+  }
+  if (options.metrics_port < 0 || options.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-port must be in 0..65535, got ", options.metrics_port));
+  }
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads must be >= 0, got ", options.threads));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::worker

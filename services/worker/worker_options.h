@@ -1,0 +1,38 @@
+// Command-line options of cleave-worker and their validation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/flags.h"
+
+namespace cleave::worker {
+
+enum class Role { kPrefill, kDecode, kBoth };
+
+struct WorkerOptions {
+  std::string role = "both";
+  std::string model;
+  int64_t tp = 1;
+  std::string router;
+  std::string listen = "127.0.0.1:0";
+  std::string metrics_address = "127.0.0.1";
+  int64_t metrics_port = 0;
+  uint64_t memory_budget = 0;
+  int64_t target_concurrency = 16;
+  int64_t planned_seq_len = 2048;
+  int64_t threads = 0;
+  std::string ready_file;
+
+  // Binds every option to a flag on `flags`.
+  void addFlags(FlagSet& flags);
+};
+
+absl::StatusOr<Role> parseRole(absl::string_view text);
+
+// Checks values that parse but cannot work: an unknown role, a missing model file, a TP
+// degree or concurrency out of range. The message names the flag and what to change.
+absl::Status validate(const WorkerOptions& options);
+
+}  // namespace cleave::worker

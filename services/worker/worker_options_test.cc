@@ -1,0 +1,61 @@
+#include "services/worker/worker_options.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+namespace cleave::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+WorkerOptions validOptions() {
+  std::string model = testing::TempDir() + "/worker_options_test.gguf";
+  std::ofstream(model) << "GGUF";
+  WorkerOptions options;
+  options.model = model;
+  options.role = "decode";
+  return options;
+}
+
+TEST(WorkerOptionsTest, FlagsBindToOptions) {
+  WorkerOptions options;
+  FlagSet flags("cleave-worker", "", "");
+  options.addFlags(flags);
+  std::vector<std::string> args = {"--role=prefill", "--tp=2", "--memory-budget=6GiB",
+                                   "--target-concurrency", "32"};
+  ASSERT_TRUE(flags.parse(args).ok());
+  EXPECT_EQ(options.role, "prefill");
+  EXPECT_EQ(options.tp, 2);
+  EXPECT_EQ(options.memory_budget, 6ull << 30);
+  EXPECT_EQ(options.target_concurrency, 32);
+}
+
+TEST(WorkerOptionsTest, ValidatesEachValue) {
+  EXPECT_TRUE(validate(validOptions()).ok());
+  struct Case {
+    const char* expected;
+    void (*mutate)(WorkerOptions&);
+  };
+  const Case cases[] = {
+      {"--role must be", [](WorkerOptions& o) { o.role = "router"; }},
+      {"--model is required", [](WorkerOptions& o) { o.model.clear(); }},
+      {"No such file", [](WorkerOptions& o) { o.model = "/nonexistent/model.gguf"; }},
+      {"--tp must be", [](WorkerOptions& o) { o.tp = 0; }},
+      {"--target-concurrency must be", [](WorkerOptions& o) { o.target_concurrency = 0; }},
+      {"--planned-seq-len must be", [](WorkerOptions& o) { o.planned_seq_len = -5; }},
+      {"--metrics-port must be", [](WorkerOptions& o) { o.metrics_port = 65536; }},
+      {"--threads must be", [](WorkerOptions& o) { o.threads = -1; }},
+  };
+  for (const Case& c : cases) {
+    WorkerOptions options = validOptions();
+    c.mutate(options);
+    absl::Status status = validate(options);
+    EXPECT_FALSE(status.ok()) << c.expected;
+    EXPECT_THAT(status.message(), HasSubstr(c.expected));
+  }
+}
+
+}  // namespace
+}  // namespace cleave::worker

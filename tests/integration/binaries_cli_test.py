@@ -1,0 +1,88 @@
+"""Command-line behaviour of every binary: help, version, and bad input that must end in a
+one-line error and exit status 2 — never a stack trace or a hang."""
+import os
+import tempfile
+import unittest
+
+import cleave_testing as ct
+
+BINARIES = ["cleave-router", "cleave-worker", "cleave"]
+
+
+class BinariesCliTest(unittest.TestCase):
+    def assert_usage_error(self, args, expected):
+        code, out, err = ct.run(args, timeout=60)
+        self.assertEqual(code, 2, f"{args}: stdout={out!r} stderr={err!r}")
+        self.assertIn(expected, err)
+        self.assertNotIn("terminate called", err)
+        self.assertNotIn("Aborted", err)
+        # The error itself is one line; a second line may point at --help.
+        self.assertLessEqual(len(err.strip().splitlines()), 2, err)
+
+    def test_help_and_version(self):
+        for name in BINARIES:
+            code, out, _ = ct.run([ct.binary(name), "--help"])
+            self.assertEqual(code, 0, name)
+            self.assertIn("Usage:", out)
+            code, out, _ = ct.run([ct.binary(name), "--version"])
+            self.assertEqual(code, 0, name)
+            self.assertRegex(out, r"\d+\.\d+\.\d+ \(commit \w+\)")
+
+    def test_unknown_flags_exit_two(self):
+        self.assert_usage_error([ct.binary("cleave-router"), "--lisen=1"],
+                                "unknown flag --lisen (did you mean --listen?)")
+        self.assert_usage_error([ct.binary("cleave-worker"), "--bogus"], "unknown flag --bogus")
+        self.assert_usage_error([ct.binary("cleave"), "info", "--bogus"], "unknown flag --bogus")
+        self.assert_usage_error([ct.binary("cleave"), "frobnicate"], "unknown command")
+        self.assert_usage_error([ct.binary("cleave-router"), "--metrics-port=abc"],
+                                "invalid value 'abc' for --metrics-port")
+
+    def test_router_port_in_use(self):
+        taken = ct.listening_socket()
+        port = taken.getsockname()[1]
+        try:
+            self.assert_usage_error([ct.binary("cleave-router"), f"--listen=127.0.0.1:{port}",
+                                     "--metrics-port=0"], f"cannot listen on 127.0.0.1:{port}")
+            self.assert_usage_error([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                                     f"--metrics-port={port}"], "--metrics-port")
+        finally:
+            taken.close()
+
+    def test_router_bad_address_and_unwritable_ready_file(self):
+        self.assert_usage_error([ct.binary("cleave-router"), "--listen=not-an-address",
+                                 "--metrics-port=0"], "cannot listen on not-an-address")
+        self.assert_usage_error([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                                 "--metrics-port=0", "--ready-file=/nonexistent/dir/ready"],
+                                "/nonexistent/dir/ready")
+
+    def test_worker_validates_before_doing_anything(self):
+        self.assert_usage_error([ct.binary("cleave-worker"), "--model=/nonexistent.gguf"],
+                                "/nonexistent.gguf")
+        self.assert_usage_error([ct.binary("cleave-worker"), "--role=router", "--model=/"],
+                                "--role must be prefill, decode or both")
+
+    def test_worker_says_plainly_that_the_engine_is_missing(self):
+        with tempfile.NamedTemporaryFile(suffix=".gguf") as model:
+            code, _, err = ct.run([ct.binary("cleave-worker"), f"--model={model.name}"])
+        self.assertEqual(code, 1)
+        self.assertIn("not built yet", err)
+
+    def test_cli_info_against_a_running_router_and_against_nothing(self):
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0"])
+        try:
+            address = f"127.0.0.1:{router.ready['grpc_port']}"
+            code, out, err = ct.run([ct.binary("cleave"), "info", f"--router={address}"])
+            self.assertEqual(code, 0, err)
+            self.assertIn("workers: 0 registered", out)
+        finally:
+            self.assertEqual(router.stop(), 0)
+        # The router is gone: a clear message, exit 1, within the timeout.
+        code, _, err = ct.run([ct.binary("cleave"), "info", f"--router={address}",
+                               "--timeout-ms=500"])
+        self.assertEqual(code, 1)
+        self.assertIn(f"no router answers at {address}", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
