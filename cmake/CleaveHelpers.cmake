@@ -11,7 +11,9 @@ function(cleave_add_test name)
     set(ARG_LABELS unit)
   endif()
   add_test(NAME ${name} COMMAND ${name})
-  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 300)
+  # GTEST_SKIP (e.g. no GPU) shows as "Skipped" in ctest's summary, not "Passed".
+  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 300
+                                          SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]")
 endfunction()
 
 # cleave_add_py_test(NAME SCRIPT path.py LABELS ... ENV K=V...)

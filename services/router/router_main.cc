@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/ready_file.h"
+#include "common/server_flags.h"
 #include "common/shutdown.h"
 #include "services/router/router_server.h"
 
@@ -14,28 +15,24 @@ int main(int argc, char** argv) {
   cleave::blockShutdownSignals();
   cleave::routeGrpcLogsToDebug();
 
-  std::string listen = "127.0.0.1:50051";
-  std::string metrics_address = "127.0.0.1";
-  int64_t metrics_port = 9400;
+  cleave::ServerFlags server_flags{.listen = "127.0.0.1:50051", .metrics_port = 9400};
   int64_t queue_capacity = 1024;
   int64_t shutdown_grace_ms = 5000;
-  std::string ready_file;
   cleave::FlagSet flags("cleave-router", "[flags]",
                         "Serves the cleave.v1.Generation API, admits requests against the KV "
                         "budget of the registered decode workers and relays their token "
                         "streams. Also serves grpc.health.v1 and server reflection.");
-  flags.addString("listen", &listen, "gRPC address host:port (port 0 picks a free port)");
-  flags.addString("metrics-address", &metrics_address, "Address the /metrics endpoint binds");
-  flags.addInt("metrics-port", &metrics_port, "Port of the /metrics endpoint (0 picks one)");
+  server_flags.addTo(flags);
   flags.addInt("queue-capacity", &queue_capacity, "Requests that may wait for admission");
   flags.addInt("shutdown-grace-ms", &shutdown_grace_ms,
                "On SIGINT/SIGTERM, how long running calls may take to finish");
-  flags.addString("ready-file", &ready_file,
-                  "When serving, write {\"grpc_port\": P, \"metrics_port\": M} here");
   std::vector<std::string> positional = cleave::parseFlagsOrExit(flags, argc, argv);
   if (!positional.empty()) {
     cleave::exitWithUsageError(
         flags, absl::InvalidArgumentError("unexpected argument '" + positional[0] + "'"));
+  }
+  if (absl::Status valid = server_flags.validate(); !valid.ok()) {
+    cleave::exitWithUsageError(flags, valid);
   }
   if (queue_capacity < 0 || queue_capacity > (1 << 20)) {
     cleave::exitWithUsageError(
@@ -43,18 +40,20 @@ int main(int argc, char** argv) {
   }
 
   cleave::registerProcessMetrics("router");
-  auto metrics = cleave::MetricsServer::start(metrics_address, static_cast<int>(metrics_port));
+  auto metrics = cleave::MetricsServer::start(server_flags.metrics_address,
+                                              static_cast<int>(server_flags.metrics_port));
   if (!metrics.ok()) cleave::exitWithUsageError(flags, metrics.status());
 
   cleave::router::RouterServerOptions options{
-      .listen_address = listen,
+      .listen_address = server_flags.listen,
       .generation = {.queue_capacity = static_cast<uint32_t>(queue_capacity)}};
   auto server = cleave::router::RouterServer::start(options);
   if (!server.ok()) cleave::exitWithUsageError(flags, server.status());
 
-  if (!ready_file.empty()) {
+  if (!server_flags.ready_file.empty()) {
     absl::Status written = cleave::writeReadyFile(
-        ready_file, {{"grpc_port", (*server)->port()}, {"metrics_port", (*metrics)->port()}});
+        server_flags.ready_file,
+        {{"grpc_port", (*server)->port()}, {"metrics_port", (*metrics)->port()}});
     if (!written.ok()) {
       (*server)->shutdown(std::chrono::milliseconds(0));
       cleave::exitWithUsageError(flags, written);

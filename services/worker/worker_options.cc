@@ -14,9 +14,7 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addString("model", &model, "Model: a GGUF file or a Hugging Face folder");
   flags.addInt("tp", &tp, "Tensor-parallel degree: rank threads, one per device");
   flags.addString("router", &router, "Router address host:port to register with");
-  flags.addString("listen", &listen, "Control-plane gRPC address (port 0 picks one)");
-  flags.addString("metrics-address", &metrics_address, "Address the /metrics endpoint binds");
-  flags.addInt("metrics-port", &metrics_port, "Port of the /metrics endpoint (0 picks one)");
+  server.addTo(flags);
   flags.addBytes("memory-budget", &memory_budget,
                  "Memory for weights + workspace + KV cache, e.g. 8GiB (0: device memory)");
   flags.addInt("target-concurrency", &target_concurrency,
@@ -24,7 +22,6 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addInt("planned-seq-len", &planned_seq_len,
                "Typical sequence length (prompt + output) the KV plan must hold");
   flags.addInt("threads", &threads, "CPU threads per rank (0: all cores / tp)");
-  flags.addString("ready-file", &ready_file, "When serving, write the bound ports here");
 }
 
 absl::StatusOr<Role> parseRole(absl::string_view text) {
@@ -55,10 +52,7 @@ absl::Status validate(const WorkerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--planned-seq-len must be >= 1, got ", options.planned_seq_len));
   }
-  if (options.metrics_port < 0 || options.metrics_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--metrics-port must be in 0..65535, got ", options.metrics_port));
-  }
+  if (absl::Status valid = options.server.validate(); !valid.ok()) return valid;
   if (options.threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads must be >= 0, got ", options.threads));

@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/flags.h"
+#include "common/server_flags.h"
 
 namespace cleave::worker {
 
@@ -16,14 +17,11 @@ struct WorkerOptions {
   std::string model;
   int64_t tp = 1;
   std::string router;
-  std::string listen = "127.0.0.1:0";
-  std::string metrics_address = "127.0.0.1";
-  int64_t metrics_port = 0;
+  ServerFlags server{.listen = "127.0.0.1:0"};
   uint64_t memory_budget = 0;
   int64_t target_concurrency = 16;
   int64_t planned_seq_len = 2048;
   int64_t threads = 0;
-  std::string ready_file;
 
   // Binds every option to a flag on `flags`.
   void addFlags(FlagSet& flags);

@@ -45,7 +45,7 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
       {"--tp must be", [](WorkerOptions& o) { o.tp = 0; }},
       {"--target-concurrency must be", [](WorkerOptions& o) { o.target_concurrency = 0; }},
       {"--planned-seq-len must be", [](WorkerOptions& o) { o.planned_seq_len = -5; }},
-      {"--metrics-port must be", [](WorkerOptions& o) { o.metrics_port = 65536; }},
+      {"--metrics-port must be", [](WorkerOptions& o) { o.server.metrics_port = 65536; }},
       {"--threads must be", [](WorkerOptions& o) { o.threads = -1; }},
   };
   for (const Case& c : cases) {
