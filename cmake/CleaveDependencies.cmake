@@ -10,3 +10,4 @@ find_package(benchmark CONFIG REQUIRED)
 # Integration tests drive the binaries from Debian's Python, which carries grpcio.
 find_program(CLEAVE_TEST_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
 find_program(CLEAVE_PROMTOOL promtool)
+find_package(nlohmann_json CONFIG REQUIRED)

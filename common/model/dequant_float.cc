@@ -1,0 +1,53 @@
+// Plain floating-point element formats.
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/model/dequant_kernels.h"
+
+namespace cleave::model::dequant {
+namespace {
+
+float fromBits(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+}  // namespace
+
+float halfToFloat(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ff;
+  if (exponent == 0x1f) return fromBits(sign | 0x7f800000 | (mantissa << 13));  // Inf/NaN.
+  if (exponent == 0) {
+    if (mantissa == 0) return fromBits(sign);
+    // Subnormal: mantissa x 2^-24, exactly representable in binary32.
+    float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -magnitude : magnitude;
+  }
+  return fromBits(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+float bf16ToFloat(uint16_t bits) { return fromBits(static_cast<uint32_t>(bits) << 16); }
+
+float fp8e4m3ToFloat(uint8_t b) {
+  bool negative = b & 0x80;
+  uint32_t exponent = (b >> 3) & 0xf;
+  uint32_t mantissa = b & 0x7;
+  float magnitude;
+  if (exponent == 0xf && mantissa == 0x7) {
+    magnitude = std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(static_cast<float>(mantissa), -9);  // mantissa/8 x 2^-6.
+  } else {
+    magnitude = std::ldexp(static_cast<float>(8 + mantissa), static_cast<int>(exponent) - 10);
+  }
+  return negative ? -magnitude : magnitude;
+}
+
+// E5M2 is the top byte of a binary16.
+float fp8e5m2ToFloat(uint8_t b) { return halfToFloat(static_cast<uint16_t>(b) << 8); }
+
+}  // namespace cleave::model::dequant

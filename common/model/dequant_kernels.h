@@ -1,0 +1,26 @@
+// Per-format dequantization routines behind dequantize() (tensor_type.h). Each converts
+// `blocks` whole blocks from `src` to floats in `dst`. Internal to cleave_model.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cleave::model::dequant {
+
+// Exact IEEE binary16 / bfloat16 / FP8 to binary32.
+float halfToFloat(uint16_t bits);
+float bf16ToFloat(uint16_t bits);
+float fp8e4m3ToFloat(uint8_t bits);  // OCP E4M3 "fn": no infinities, S.1111.111 is NaN.
+float fp8e5m2ToFloat(uint8_t bits);
+
+void q4_0(const uint8_t* src, float* dst, size_t blocks);
+void q4_1(const uint8_t* src, float* dst, size_t blocks);
+void q5_0(const uint8_t* src, float* dst, size_t blocks);
+void q5_1(const uint8_t* src, float* dst, size_t blocks);
+void q8_0(const uint8_t* src, float* dst, size_t blocks);
+void q4_K(const uint8_t* src, float* dst, size_t blocks);
+void q5_K(const uint8_t* src, float* dst, size_t blocks);
+void q6_K(const uint8_t* src, float* dst, size_t blocks);
+void q8_K(const uint8_t* src, float* dst, size_t blocks);
+
+}  // namespace cleave::model::dequant

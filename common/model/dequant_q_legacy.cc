@@ -1,0 +1,88 @@
+// The 32-element GGUF block formats. Each block starts with an fp16 scale `d` (and, for the
+// _1 variants, an fp16 offset `m`); 4-bit values are packed two per byte, element j in
+// the low nibble and j+16 in the high nibble; Q5 keeps the fifth bits in a 32-bit field.
+#include <cstring>
+
+#include "common/model/dequant_kernels.h"
+
+namespace cleave::model::dequant {
+namespace {
+
+constexpr int kBlock = 32;
+
+float loadHalf(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return halfToFloat(bits);
+}
+
+}  // namespace
+
+// [d:f16][qs:16]
+void q4_0(const uint8_t* src, float* dst, size_t blocks) {
+  for (size_t b = 0; b < blocks; ++b, src += 18, dst += kBlock) {
+    const float d = loadHalf(src);
+    const uint8_t* qs = src + 2;
+    for (int j = 0; j < 16; ++j) {
+      dst[j] = static_cast<float>((qs[j] & 0x0f) - 8) * d;
+      dst[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+// [d:f16][m:f16][qs:16]
+void q4_1(const uint8_t* src, float* dst, size_t blocks) {
+  for (size_t b = 0; b < blocks; ++b, src += 20, dst += kBlock) {
+    const float d = loadHalf(src);
+    const float m = loadHalf(src + 2);
+    const uint8_t* qs = src + 4;
+    for (int j = 0; j < 16; ++j) {
+      dst[j] = static_cast<float>(qs[j] & 0x0f) * d + m;
+      dst[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+// [d:f16][qh:u32][qs:16]
+void q5_0(const uint8_t* src, float* dst, size_t blocks) {
+  for (size_t b = 0; b < blocks; ++b, src += 22, dst += kBlock) {
+    const float d = loadHalf(src);
+    uint32_t qh;
+    std::memcpy(&qh, src + 2, 4);
+    const uint8_t* qs = src + 6;
+    for (int j = 0; j < 16; ++j) {
+      const int high0 = ((qh >> j) << 4) & 0x10;
+      const int high1 = (qh >> (j + 12)) & 0x10;
+      dst[j] = static_cast<float>(((qs[j] & 0x0f) | high0) - 16) * d;
+      dst[j + 16] = static_cast<float>(((qs[j] >> 4) | high1) - 16) * d;
+    }
+  }
+}
+
+// [d:f16][m:f16][qh:u32][qs:16]
+void q5_1(const uint8_t* src, float* dst, size_t blocks) {
+  for (size_t b = 0; b < blocks; ++b, src += 24, dst += kBlock) {
+    const float d = loadHalf(src);
+    const float m = loadHalf(src + 2);
+    uint32_t qh;
+    std::memcpy(&qh, src + 4, 4);
+    const uint8_t* qs = src + 8;
+    for (int j = 0; j < 16; ++j) {
+      const int high0 = ((qh >> j) << 4) & 0x10;
+      const int high1 = (qh >> (j + 12)) & 0x10;
+      dst[j] = static_cast<float>((qs[j] & 0x0f) | high0) * d + m;
+      dst[j + 16] = static_cast<float>((qs[j] >> 4) | high1) * d + m;
+    }
+  }
+}
+
+// [d:f16][qs:i8 x 32]
+void q8_0(const uint8_t* src, float* dst, size_t blocks) {
+  for (size_t b = 0; b < blocks; ++b, src += 34, dst += kBlock) {
+    const float d = loadHalf(src);
+    const int8_t* qs = reinterpret_cast<const int8_t*>(src + 2);
+    for (int j = 0; j < kBlock; ++j) dst[j] = static_cast<float>(qs[j]) * d;
+  }
+}
+
+}  // namespace cleave::model::dequant

@@ -1,0 +1,64 @@
+// Element and block formats of stored weights, shared by GGUF and safetensors, and their
+// exact dequantization to float.
+//
+// GGUF block formats pack `blockElements()` consecutive values of a row into
+// `blockBytes()` bytes; a row's length must be a multiple of the block size.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace cleave::model {
+
+// Values of the GGUF ggml_type ids are the enum values; safetensors-only types come after.
+enum class TensorType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kQ8_K = 15,
+  kI8 = 24,
+  kI16 = 25,
+  kI32 = 26,
+  kI64 = 27,
+  kF64 = 28,
+  kBF16 = 30,
+  // Not GGUF types (safetensors dtypes).
+  kF8E4M3 = 1000,
+  kF8E5M2 = 1001,
+  kU8 = 1002,
+  kBool = 1003,
+};
+
+struct TensorTypeTraits {
+  TensorType type;
+  const char* name;         // "Q4_K", "BF16", ...
+  uint32_t block_elements;  // 1 for plain element types.
+  uint32_t block_bytes;     // Bytes of one block (element size for plain types).
+  bool dequantizable;       // dequantize() supports it.
+};
+
+// nullopt for an id this build does not know (e.g. an unknown ggml_type in a file).
+std::optional<TensorTypeTraits> tensorTypeTraits(TensorType type);
+const char* tensorTypeName(TensorType type);
+
+// Bytes needed for `num_elements` values; nullopt if not a whole number of blocks.
+std::optional<uint64_t> tensorBytes(TensorType type, uint64_t num_elements);
+
+// Dequantizes `num_elements` values (a whole number of blocks) from `src` into `dst`.
+// Exact: equal bit for bit to the reference definitions of each format.
+absl::Status dequantize(TensorType type, const uint8_t* src, uint64_t num_elements, float* dst);
+
+}  // namespace cleave::model

@@ -1,0 +1,137 @@
+#include "common/model/tensor_type.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/model/dequant_kernels.h"
+#include "common/model/gguf_file.h"
+
+namespace cleave::model {
+namespace {
+
+uint64_t fnv1a64(const void* data, size_t bytes) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < bytes; ++i) {
+    hash ^= p[i];
+    hash *= 0x100000001b3ull;
+  }
+  return hash;
+}
+
+uint32_t bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+TEST(FloatFormatsTest, HalfConversionIsExactForEveryValue) {
+  // Against an independent computation of the binary16 value for all 65536 encodings.
+  for (uint32_t h = 0; h < 65536; ++h) {
+    int sign = (h >> 15) ? -1 : 1;
+    int exponent = (h >> 10) & 31;
+    int mantissa = h & 1023;
+    float got = dequant::halfToFloat(static_cast<uint16_t>(h));
+    if (exponent == 31) {
+      EXPECT_TRUE(mantissa ? std::isnan(got) : std::isinf(got)) << h;
+      continue;
+    }
+    double expected = exponent == 0 ? std::ldexp(mantissa, -24)
+                                    : std::ldexp(1024 + mantissa, exponent - 25);
+    ASSERT_EQ(bits(got), bits(static_cast<float>(sign * expected))) << h;
+  }
+}
+
+TEST(FloatFormatsTest, Fp8FormatsMatchTheirDefinitions) {
+  EXPECT_EQ(dequant::fp8e4m3ToFloat(0x38), 1.0f);         // 0.0111.000
+  EXPECT_EQ(dequant::fp8e4m3ToFloat(0x7e), 448.0f);       // Largest finite.
+  EXPECT_EQ(dequant::fp8e4m3ToFloat(0x01), 0x1p-9f);      // Smallest subnormal.
+  EXPECT_EQ(dequant::fp8e4m3ToFloat(0xb8), -1.0f);
+  EXPECT_TRUE(std::isnan(dequant::fp8e4m3ToFloat(0x7f)));
+  EXPECT_EQ(dequant::fp8e5m2ToFloat(0x3c), 1.0f);
+  EXPECT_EQ(dequant::fp8e5m2ToFloat(0x7b), 57344.0f);
+  EXPECT_TRUE(std::isinf(dequant::fp8e5m2ToFloat(0x7c)));
+  EXPECT_EQ(dequant::bf16ToFloat(0x3f80), 1.0f);
+}
+
+TEST(TensorTypeTest, SizesOfBlockFormats) {
+  EXPECT_EQ(*tensorBytes(TensorType::kQ4_0, 64), 36u);
+  EXPECT_EQ(*tensorBytes(TensorType::kQ4_K, 512), 288u);
+  EXPECT_EQ(*tensorBytes(TensorType::kQ6_K, 256), 210u);
+  EXPECT_FALSE(tensorBytes(TensorType::kQ8_0, 33).has_value());
+  EXPECT_FALSE(tensorTypeTraits(static_cast<TensorType>(77)).has_value());
+  std::vector<float> out(32);
+  std::vector<uint8_t> in(34);
+  EXPECT_FALSE(dequantize(TensorType::kQ8_0, in.data(), 31, out.data()).ok());
+  EXPECT_EQ(dequantize(TensorType::kQ2_K, in.data(), 256, out.data()).code(),
+            absl::StatusCode::kUnimplemented);
+}
+
+// Synthetic files written by the `gguf` package, one per format: tensor "q" holds random
+// blocks, tensor "expected" the package's own dequantization of them.
+class DequantGoldenTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DequantGoldenTest, MatchesTheGgufPackageBitForBit) {
+  std::string path = std::string(CLEAVE_GOLDEN_DIR) + "/gguf/quant_" + GetParam() + ".gguf";
+  auto file = GgufFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const GgufTensor* q = (*file)->findTensor("q");
+  const GgufTensor* expected = (*file)->findTensor("expected");
+  ASSERT_NE(q, nullptr);
+  ASSERT_NE(expected, nullptr);
+  EXPECT_STREQ(tensorTypeName(q->type), GetParam());
+  ASSERT_EQ(expected->type, TensorType::kF32);
+  ASSERT_EQ(q->num_elements, expected->num_elements);
+  std::vector<float> out(q->num_elements, std::nanf("poison"));
+  ASSERT_TRUE(dequantize(q->type, q->data, q->num_elements, out.data()).ok());
+  size_t mismatches = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    float want;
+    std::memcpy(&want, expected->data + 4 * i, 4);
+    if (bits(out[i]) != bits(want) && !(std::isnan(out[i]) && std::isnan(want))) {
+      if (++mismatches < 5) ADD_FAILURE() << GetParam() << " element " << i << ": " << out[i] << " != " << want;
+    }
+  }
+  EXPECT_EQ(mismatches, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFormats, DequantGoldenTest,
+                         ::testing::Values("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
+                                           "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K"));
+
+TEST(DequantSmolLm2Test, RealTensorsMatchTheGgufPackage) {
+  std::string path = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing; run scripts/install-deps.sh";
+  auto file = GgufFile::open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/gguf/smollm2_dequant.json");
+  ASSERT_TRUE(in.good());
+  nlohmann::json golden = nlohmann::json::parse(in);
+  ASSERT_GT(golden["tensors"].size(), 0u);
+  for (const auto& expected : golden["tensors"]) {
+    const GgufTensor* tensor = (*file)->findTensor(expected["name"].get<std::string>());
+    ASSERT_NE(tensor, nullptr) << expected["name"];
+    std::vector<float> out(tensor->num_elements, std::nanf("poison"));
+    ASSERT_TRUE(dequantize(tensor->type, tensor->data, tensor->num_elements, out.data()).ok());
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx",
+                  static_cast<unsigned long long>(fnv1a64(out.data(), out.size() * 4)));
+    EXPECT_EQ(hex, expected["fnv1a64"].get<std::string>()) << tensor->name;
+    const auto& first = expected["first"];
+    for (size_t i = 0; i < first.size(); ++i) {
+      EXPECT_EQ(out[i], first[i].get<float>()) << tensor->name << "[" << i << "]";
+    }
+    for (const auto& at : expected["at"]) {
+      EXPECT_EQ(out[at[0].get<size_t>()], at[1].get<float>()) << tensor->name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cleave::model
