@@ -88,15 +88,15 @@ class GgufParser {
       return reader_.error("version", "GGUF version 1 is not supported; convert the file to v3");
     }
     if (out_.version_ != 2 && out_.version_ != 3) {
-      return reader_.error("version",
-                           absl::StrCat("unsupported GGUF version ", out_.version_,
-                                        " (big-endian files are not supported either)"));
+      return reader_.error("version", absl::StrCat("unsupported GGUF version ", out_.version_,
+                                                   " (big-endian files are not supported either)"));
     }
     CLEAVE_ASSIGN_OR_RETURN(uint64_t tensor_count, reader_.read<uint64_t>("tensor_count"));
     CLEAVE_ASSIGN_OR_RETURN(uint64_t kv_count, reader_.read<uint64_t>("metadata_kv_count"));
     // Every kv needs at least a key length, a type and a 1-byte value.
     if (kv_count > reader_.remaining() / 13) {
-      return reader_.error("metadata_kv_count", absl::StrCat(kv_count, " entries cannot fit in the file"));
+      return reader_.error("metadata_kv_count",
+                           absl::StrCat(kv_count, " entries cannot fit in the file"));
     }
     out_.metadata_.reserve(kv_count);
     for (uint64_t i = 0; i < kv_count; ++i) CLEAVE_RETURN_IF_ERROR(parseKeyValue(i));
@@ -104,7 +104,8 @@ class GgufParser {
 
     // Every tensor info needs at least a name length, n_dims, type and offset.
     if (tensor_count > reader_.remaining() / 24) {
-      return reader_.error("tensor_count", absl::StrCat(tensor_count, " tensors cannot fit in the file"));
+      return reader_.error("tensor_count",
+                           absl::StrCat(tensor_count, " tensors cannot fit in the file"));
     }
     out_.tensors_.reserve(tensor_count);
     for (uint64_t i = 0; i < tensor_count; ++i) CLEAVE_RETURN_IF_ERROR(parseTensorInfo(i));
@@ -112,9 +113,9 @@ class GgufParser {
     uint64_t end_of_infos = reader_.offset();
     out_.data_offset_ = (end_of_infos + out_.alignment_ - 1) / out_.alignment_ * out_.alignment_;
     if (out_.data_offset_ > file_size_ && !out_.tensors_.empty()) {
-      return absl::DataLossError(absl::StrCat(out_.path(), ": truncated: the data section starts at byte ",
-                                              out_.data_offset_, " past the end of the file (",
-                                              file_size_, " bytes)"));
+      return absl::DataLossError(
+          absl::StrCat(out_.path(), ": truncated: the data section starts at byte ",
+                       out_.data_offset_, " past the end of the file (", file_size_, " bytes)"));
     }
     return placeTensors();
   }
@@ -123,7 +124,8 @@ class GgufParser {
   absl::StatusOr<std::string> readString(absl::string_view field) {
     CLEAVE_ASSIGN_OR_RETURN(uint64_t length, reader_.read<uint64_t>(field));
     if (length > kMaxStringBytes || length > reader_.remaining()) {
-      return reader_.error(field, absl::StrCat("string length ", length, " runs past the end of the file"));
+      return reader_.error(
+          field, absl::StrCat("string length ", length, " runs past the end of the file"));
     }
     return reader_.readBytes(length, field);
   }
@@ -136,14 +138,38 @@ class GgufParser {
       return absl::OkStatus();
     };
     switch (type) {
-      case GgufValueType::kUint8: { CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<uint8_t>(field)); return integer(v); }
-      case GgufValueType::kInt8: { CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<int8_t>(field)); return integer(v); }
-      case GgufValueType::kUint16: { CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<uint16_t>(field)); return integer(v); }
-      case GgufValueType::kInt16: { CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<int16_t>(field)); return integer(v); }
-      case GgufValueType::kUint32: { CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<uint32_t>(field)); return integer(v); }
-      case GgufValueType::kInt32: { CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<int32_t>(field)); return integer(v); }
-      case GgufValueType::kUint64: { CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<uint64_t>(field)); return integer(v); }
-      case GgufValueType::kInt64: { CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<int64_t>(field)); return integer(v); }
+      case GgufValueType::kUint8: {
+        CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<uint8_t>(field));
+        return integer(v);
+      }
+      case GgufValueType::kInt8: {
+        CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<int8_t>(field));
+        return integer(v);
+      }
+      case GgufValueType::kUint16: {
+        CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<uint16_t>(field));
+        return integer(v);
+      }
+      case GgufValueType::kInt16: {
+        CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<int16_t>(field));
+        return integer(v);
+      }
+      case GgufValueType::kUint32: {
+        CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<uint32_t>(field));
+        return integer(v);
+      }
+      case GgufValueType::kInt32: {
+        CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<int32_t>(field));
+        return integer(v);
+      }
+      case GgufValueType::kUint64: {
+        CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<uint64_t>(field));
+        return integer(v);
+      }
+      case GgufValueType::kInt64: {
+        CLEAVE_ASSIGN_OR_RETURN(auto v, reader_.read<int64_t>(field));
+        return integer(v);
+      }
       case GgufValueType::kFloat32: {
         CLEAVE_ASSIGN_OR_RETURN(float v, reader_.read<float>(field));
         value.float_value = v;
@@ -155,7 +181,8 @@ class GgufParser {
       }
       case GgufValueType::kBool: {
         CLEAVE_ASSIGN_OR_RETURN(uint8_t v, reader_.read<uint8_t>(field));
-        if (v > 1) return reader_.error(field, absl::StrCat("bool value ", int{v}, " is not 0 or 1"));
+        if (v > 1)
+          return reader_.error(field, absl::StrCat("bool value ", int{v}, " is not 0 or 1"));
         value.bool_value = v == 1;
         value.int_value = v;
         value.uint_value = v;
@@ -182,9 +209,9 @@ class GgufParser {
     value.element_type = static_cast<GgufValueType>(element_type);
     value.array_size = count;
     if (count > reader_.remaining() / minEncodedSize(value.element_type)) {
-      return reader_.error(field, absl::StrCat("array of ", count, " ",
-                                               ggufValueTypeName(value.element_type),
-                                               " runs past the end of the file"));
+      return reader_.error(
+          field, absl::StrCat("array of ", count, " ", ggufValueTypeName(value.element_type),
+                              " runs past the end of the file"));
     }
     if (value.element_type == GgufValueType::kArray) {
       if (depth >= 4) return reader_.error(field, "arrays nested deeper than 4 levels");
@@ -198,7 +225,9 @@ class GgufParser {
     for (uint64_t i = 0; i < count; ++i) {
       CLEAVE_RETURN_IF_ERROR(readScalar(value.element_type, element, field));
       switch (value.element_type) {
-        case GgufValueType::kString: value.strings.push_back(std::move(element.string_value)); break;
+        case GgufValueType::kString:
+          value.strings.push_back(std::move(element.string_value));
+          break;
         case GgufValueType::kFloat32:
         case GgufValueType::kFloat64: value.floats.push_back(element.float_value); break;
         default: value.ints.push_back(element.int_value); break;
@@ -234,8 +263,9 @@ class GgufParser {
         (alignment->uint_value & (alignment->uint_value - 1)) != 0 ||
         alignment->uint_value > (1u << 20)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(out_.path(), ": metadata \"general.alignment\" must be a power of two "
-                                    "integer up to 1 MiB"));
+          absl::StrCat(out_.path(),
+                       ": metadata \"general.alignment\" must be a power of two "
+                       "integer up to 1 MiB"));
     }
     out_.alignment_ = alignment->uint_value;
     return absl::OkStatus();
@@ -268,8 +298,9 @@ class GgufParser {
       return reader_.error(field, absl::StrCat("unknown tensor type id ", type));
     }
     if (tensor.dims[0] % traits->block_elements != 0) {
-      return reader_.error(field, absl::StrCat("row length ", tensor.dims[0], " is not a multiple of the ",
-                                               traits->name, " block size ", traits->block_elements));
+      return reader_.error(field,
+                           absl::StrCat("row length ", tensor.dims[0], " is not a multiple of the ",
+                                        traits->name, " block size ", traits->block_elements));
     }
     std::optional<uint64_t> bytes = tensorBytes(tensor.type, elements);
     if (!bytes) return reader_.error(field, "byte size overflows");
@@ -287,13 +318,15 @@ class GgufParser {
     for (GgufTensor& tensor : out_.tensors_) {
       std::string field = absl::StrCat("tensor \"", tensor.name, "\"");
       if (tensor.offset % out_.alignment_ != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(out_.path(), ": ", field, " offset ", tensor.offset,
-                                                       " is not a multiple of the alignment ", out_.alignment_));
+        return absl::InvalidArgumentError(
+            absl::StrCat(out_.path(), ": ", field, " offset ", tensor.offset,
+                         " is not a multiple of the alignment ", out_.alignment_));
       }
       if (tensor.offset > data_size || tensor.num_bytes > data_size - tensor.offset) {
-        return absl::DataLossError(absl::StrCat(
-            out_.path(), ": ", field, " data [", tensor.offset, ", +", tensor.num_bytes,
-            ") lies past the end of the data section (", data_size, " bytes); the file is truncated"));
+        return absl::DataLossError(absl::StrCat(out_.path(), ": ", field, " data [", tensor.offset,
+                                                ", +", tensor.num_bytes,
+                                                ") lies past the end of the data section (",
+                                                data_size, " bytes); the file is truncated"));
       }
       tensor.data = out_.file_->data() + out_.data_offset_ + tensor.offset;
       by_offset.push_back(&tensor);
@@ -303,8 +336,9 @@ class GgufParser {
     for (size_t i = 1; i < by_offset.size(); ++i) {
       const GgufTensor& prev = *by_offset[i - 1];
       if (prev.offset + prev.num_bytes > by_offset[i]->offset) {
-        return absl::InvalidArgumentError(absl::StrCat(out_.path(), ": tensors \"", prev.name, "\" and \"",
-                                                       by_offset[i]->name, "\" overlap in the data section"));
+        return absl::InvalidArgumentError(absl::StrCat(out_.path(), ": tensors \"", prev.name,
+                                                       "\" and \"", by_offset[i]->name,
+                                                       "\" overlap in the data section"));
       }
     }
     return absl::OkStatus();
@@ -380,8 +414,8 @@ absl::StatusOr<uint64_t> GgufFile::getUint(absl::string_view key) const {
   bool is_signed = value->type == GgufValueType::kInt8 || value->type == GgufValueType::kInt16 ||
                    value->type == GgufValueType::kInt32 || value->type == GgufValueType::kInt64;
   if (is_signed && value->int_value < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(path(), ": metadata \"", key, "\" is negative (",
-                                                   value->int_value, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path(), ": metadata \"", key, "\" is negative (", value->int_value, ")"));
   }
   return value->uint_value;
 }
@@ -392,7 +426,8 @@ absl::StatusOr<int64_t> GgufFile::getInt(absl::string_view key) const {
   if (!value->isInteger()) return wrongType(path(), key, *value, "an integer");
   if (value->type == GgufValueType::kUint64 &&
       value->uint_value > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat(path(), ": metadata \"", key, "\" is too large"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path(), ": metadata \"", key, "\" is too large"));
   }
   return value->int_value;
 }
@@ -414,7 +449,8 @@ absl::StatusOr<bool> GgufFile::getBool(absl::string_view key) const {
   return value->bool_value;
 }
 
-absl::StatusOr<const std::vector<std::string>*> GgufFile::getStringArray(absl::string_view key) const {
+absl::StatusOr<const std::vector<std::string>*> GgufFile::getStringArray(
+    absl::string_view key) const {
   const GgufValue* value = find(key);
   if (value == nullptr) return missing(path(), key);
   if (!value->isArray() || value->element_type != GgufValueType::kString) {

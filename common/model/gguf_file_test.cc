@@ -13,8 +13,8 @@
 namespace cleave::model {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::GgufBuilder;
+using ::testing::HasSubstr;
 
 absl::StatusOr<std::unique_ptr<GgufFile>> parseBytes(std::string bytes) {
   return GgufFile::parse(MappedFile::fromBuffer("test.gguf", std::move(bytes)));
@@ -71,7 +71,8 @@ TEST(GgufFileTest, TypedGettersNameTheKey) {
   ASSERT_TRUE(file.ok());
   auto missing = (*file)->getUint("llama.context_length");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(missing.status().message(), HasSubstr("test.gguf: metadata \"llama.context_length\""));
+  EXPECT_THAT(missing.status().message(),
+              HasSubstr("test.gguf: metadata \"llama.context_length\""));
   auto wrong = (*file)->getUint("general.architecture");
   EXPECT_THAT(wrong.status().message(), HasSubstr("is string, expected an unsigned integer"));
   EXPECT_FALSE((*file)->getStringArray("tokenizer.ggml.token_type").ok());
@@ -148,15 +149,18 @@ TEST(GgufFileTest, MalformedFilesAreClearErrors) {
       {"dimension 0 = 0", GgufBuilder().tensor("t", {0}, 0, 0, "").build()},
       {"unknown tensor type id 99", GgufBuilder().tensor("t", {1}, 99, 0, floats({1})).build()},
       {"not a multiple of the Q4_0 block size", GgufBuilder().tensor("t", {31}, 2, 0, "").build()},
-      {"not a multiple of the alignment", GgufBuilder().tensor("t", {1}, 0, 4, floats({1})).build()},
+      {"not a multiple of the alignment",
+       GgufBuilder().tensor("t", {1}, 0, 4, floats({1})).build()},
       {"past the end of the data section",
        GgufBuilder().tensor("t", {4}, 0, 0, floats({1})).build().substr(0, 40 + 32)},
       {"overlap", GgufBuilder()
                       .tensor("a", {16}, 0, 0, floats(std::vector<float>(16, 1)))
                       .tensor("b", {16}, 0, 32, floats(std::vector<float>(16, 2)))
                       .build()},
-      {"duplicate tensor name",
-       GgufBuilder().tensor("a", {1}, 0, 0, floats({1})).tensor("a", {1}, 0, 32, floats({1})).build()},
+      {"duplicate tensor name", GgufBuilder()
+                                    .tensor("a", {1}, 0, 0, floats({1}))
+                                    .tensor("a", {1}, 0, 32, floats({1}))
+                                    .build()},
   };
   for (const BadCase& c : cases) {
     auto file = parseBytes(c.bytes);

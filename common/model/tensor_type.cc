@@ -112,8 +112,7 @@ absl::Status dequantize(TensorType type, const uint8_t* src, uint64_t n, float* 
     case TensorType::kI64: widen<int64_t>(src, n, dst); break;
     case TensorType::kU8:
     case TensorType::kBool: widen<uint8_t>(src, n, dst); break;
-    default:
-      return absl::InternalError(absl::StrCat("no conversion for ", entry->traits.name));
+    default: return absl::InternalError(absl::StrCat("no conversion for ", entry->traits.name));
   }
   return absl::OkStatus();
 }

@@ -42,16 +42,16 @@ TEST(FloatFormatsTest, HalfConversionIsExactForEveryValue) {
       EXPECT_TRUE(mantissa ? std::isnan(got) : std::isinf(got)) << h;
       continue;
     }
-    double expected = exponent == 0 ? std::ldexp(mantissa, -24)
-                                    : std::ldexp(1024 + mantissa, exponent - 25);
+    double expected =
+        exponent == 0 ? std::ldexp(mantissa, -24) : std::ldexp(1024 + mantissa, exponent - 25);
     ASSERT_EQ(bits(got), bits(static_cast<float>(sign * expected))) << h;
   }
 }
 
 TEST(FloatFormatsTest, Fp8FormatsMatchTheirDefinitions) {
-  EXPECT_EQ(dequant::fp8e4m3ToFloat(0x38), 1.0f);         // 0.0111.000
-  EXPECT_EQ(dequant::fp8e4m3ToFloat(0x7e), 448.0f);       // Largest finite.
-  EXPECT_EQ(dequant::fp8e4m3ToFloat(0x01), 0x1p-9f);      // Smallest subnormal.
+  EXPECT_EQ(dequant::fp8e4m3ToFloat(0x38), 1.0f);     // 0.0111.000
+  EXPECT_EQ(dequant::fp8e4m3ToFloat(0x7e), 448.0f);   // Largest finite.
+  EXPECT_EQ(dequant::fp8e4m3ToFloat(0x01), 0x1p-9f);  // Smallest subnormal.
   EXPECT_EQ(dequant::fp8e4m3ToFloat(0xb8), -1.0f);
   EXPECT_TRUE(std::isnan(dequant::fp8e4m3ToFloat(0x7f)));
   EXPECT_EQ(dequant::fp8e5m2ToFloat(0x3c), 1.0f);
@@ -95,7 +95,8 @@ TEST_P(DequantGoldenTest, MatchesTheGgufPackageBitForBit) {
     float want;
     std::memcpy(&want, expected->data + 4 * i, 4);
     if (bits(out[i]) != bits(want) && !(std::isnan(out[i]) && std::isnan(want))) {
-      if (++mismatches < 5) ADD_FAILURE() << GetParam() << " element " << i << ": " << out[i] << " != " << want;
+      if (++mismatches < 5)
+        ADD_FAILURE() << GetParam() << " element " << i << ": " << out[i] << " != " << want;
     }
   }
   EXPECT_EQ(mismatches, 0u);
@@ -107,7 +108,8 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, DequantGoldenTest,
 
 TEST(DequantSmolLm2Test, RealTensorsMatchTheGgufPackage) {
   std::string path = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing; run scripts/install-deps.sh";
+  if (!std::filesystem::exists(path))
+    GTEST_SKIP() << path << " missing; run scripts/install-deps.sh";
   auto file = GgufFile::open(path);
   ASSERT_TRUE(file.ok()) << file.status();
   std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/gguf/smollm2_dequant.json");
