@@ -70,8 +70,10 @@ absl::StatusOr<QuantizationInfo> readQuantizationInfo(const std::string& folder)
     }
     info.scheme = QuantScheme::kNvfp4;
     auto group = q->find("group_size");
-    info.group_size = group != q->end() && group->is_number_unsigned() ? group->get<uint32_t>() : 16;
-    if (info.group_size != 16) return bad(info.source, "quantization.group_size must be 16 for NVFP4");
+    info.group_size =
+        group != q->end() && group->is_number_unsigned() ? group->get<uint32_t>() : 16;
+    if (info.group_size != 16)
+      return bad(info.source, "quantization.group_size must be 16 for NVFP4");
     auto excluded = q->find("exclude_modules");
     if (excluded != q->end() && excluded->is_array()) {
       for (const auto& m : *excluded) {
@@ -113,33 +115,37 @@ absl::StatusOr<QuantizedWeight> resolveQuantizedWeight(const SafetensorsCheckpoi
   std::string name(weight_name);
   QuantizedWeight out;
   out.weight = checkpoint.find(name);
-  if (out.weight == nullptr) return absl::NotFoundError(absl::StrCat("tensor \"", name, "\" is missing"));
+  if (out.weight == nullptr)
+    return absl::NotFoundError(absl::StrCat("tensor \"", name, "\" is missing"));
   const SafetensorsTensor& w = *out.weight;
   std::string where = absl::StrCat(w.file, ": tensor \"", name, "\"");
-  if (w.shape.size() != 2) return bad(where, absl::StrCat("must be 2-D, has shape ", shapeText(w.shape)));
-  auto companion = [&](const std::string& suffix, TensorType dtype,
-                       const std::vector<uint64_t>& shape) -> absl::StatusOr<const SafetensorsTensor*> {
+  if (w.shape.size() != 2)
+    return bad(where, absl::StrCat("must be 2-D, has shape ", shapeText(w.shape)));
+  auto companion =
+      [&](const std::string& suffix, TensorType dtype,
+          const std::vector<uint64_t>& shape) -> absl::StatusOr<const SafetensorsTensor*> {
     // Companions extend the weight's name: "x.weight" -> "x.weight_scale_inv".
     std::string companion_name = name + suffix;
     const SafetensorsTensor* t = checkpoint.find(companion_name);
-    if (t == nullptr) return bad(where, absl::StrCat("its companion \"", companion_name, "\" is missing"));
+    if (t == nullptr)
+      return bad(where, absl::StrCat("its companion \"", companion_name, "\" is missing"));
     if (t->dtype != dtype || t->shape != shape) {
-      return bad(where, absl::StrCat("companion \"", companion_name, "\" is ", tensorTypeName(t->dtype), " ",
-                                     shapeText(t->shape), ", expected ", tensorTypeName(dtype), " ",
-                                     shapeText(shape)));
+      return bad(where, absl::StrCat("companion \"", companion_name, "\" is ",
+                                     tensorTypeName(t->dtype), " ", shapeText(t->shape),
+                                     ", expected ", tensorTypeName(dtype), " ", shapeText(shape)));
     }
     return t;
   };
   switch (info.scheme) {
-    case QuantScheme::kNone:
-      return bad(where, "the checkpoint is not quantized");
+    case QuantScheme::kNone: return bad(where, "the checkpoint is not quantized");
     case QuantScheme::kFp8BlockScaled: {
       if (w.dtype != TensorType::kF8E4M3) return bad(where, "must be F8_E4M3");
       out.rows = w.shape[0];
       out.cols = w.shape[1];
       uint64_t scale_rows = (out.rows + info.block_rows - 1) / info.block_rows;
       uint64_t scale_cols = (out.cols + info.block_cols - 1) / info.block_cols;
-      CLEAVE_ASSIGN_OR_RETURN(out.scale, companion("_scale_inv", TensorType::kF32, {scale_rows, scale_cols}));
+      CLEAVE_ASSIGN_OR_RETURN(out.scale,
+                              companion("_scale_inv", TensorType::kF32, {scale_rows, scale_cols}));
       return out;
     }
     case QuantScheme::kNvfp4: {
@@ -147,9 +153,11 @@ absl::StatusOr<QuantizedWeight> resolveQuantizedWeight(const SafetensorsCheckpoi
       out.rows = w.shape[0];
       out.cols = w.shape[1] * 2;
       if (out.cols % info.group_size != 0) {
-        return bad(where, absl::StrCat(out.cols, " columns is not a multiple of the group size ", info.group_size));
+        return bad(where, absl::StrCat(out.cols, " columns is not a multiple of the group size ",
+                                       info.group_size));
       }
-      CLEAVE_ASSIGN_OR_RETURN(out.scale, companion("_scale", TensorType::kF8E4M3, {out.rows, out.cols / info.group_size}));
+      CLEAVE_ASSIGN_OR_RETURN(out.scale, companion("_scale", TensorType::kF8E4M3,
+                                                   {out.rows, out.cols / info.group_size}));
       CLEAVE_ASSIGN_OR_RETURN(out.global_scale, companion("_scale_2", TensorType::kF32, {}));
       std::string module = name.substr(0, name.rfind('.'));
       out.input_scale = checkpoint.find(module + ".input_scale");
@@ -159,7 +167,8 @@ absl::StatusOr<QuantizedWeight> resolveQuantizedWeight(const SafetensorsCheckpoi
   return bad(where, "unknown scheme");
 }
 
-absl::Status dequantizeWeight(const QuantizedWeight& weight, const QuantizationInfo& info, float* out) {
+absl::Status dequantizeWeight(const QuantizedWeight& weight, const QuantizationInfo& info,
+                              float* out) {
   const uint64_t rows = weight.rows;
   const uint64_t cols = weight.cols;
   if (info.scheme == QuantScheme::kFp8BlockScaled) {
@@ -167,7 +176,9 @@ absl::Status dequantizeWeight(const QuantizedWeight& weight, const QuantizationI
     for (uint64_t i = 0; i < rows; ++i) {
       for (uint64_t j = 0; j < cols; ++j) {
         float scale;
-        std::memcpy(&scale, weight.scale->data + 4 * ((i / info.block_rows) * scale_cols + j / info.block_cols), 4);
+        std::memcpy(
+            &scale,
+            weight.scale->data + 4 * ((i / info.block_rows) * scale_cols + j / info.block_cols), 4);
         out[i * cols + j] = dequant::fp8e4m3ToFloat(weight.weight->data[i * cols + j]) * scale;
       }
     }

@@ -43,7 +43,7 @@ absl::StatusOr<QuantizationInfo> readQuantizationInfo(const std::string& folder)
 
 struct QuantizedWeight {
   const SafetensorsTensor* weight = nullptr;
-  const SafetensorsTensor* scale = nullptr;        // FP8 scale_inv, NVFP4 weight_scale.
+  const SafetensorsTensor* scale = nullptr;         // FP8 scale_inv, NVFP4 weight_scale.
   const SafetensorsTensor* global_scale = nullptr;  // NVFP4 weight_scale_2.
   const SafetensorsTensor* input_scale = nullptr;   // NVFP4, optional.
   uint64_t rows = 0;

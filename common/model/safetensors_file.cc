@@ -21,12 +21,10 @@ struct DtypeName {
   TensorType type;
 };
 constexpr DtypeName kDtypes[] = {
-    {"BF16", TensorType::kBF16},       {"F16", TensorType::kF16},
-    {"F32", TensorType::kF32},         {"F64", TensorType::kF64},
-    {"F8_E4M3", TensorType::kF8E4M3}, {"F8_E5M2", TensorType::kF8E5M2},
-    {"U8", TensorType::kU8},           {"I8", TensorType::kI8},
-    {"I16", TensorType::kI16},         {"I32", TensorType::kI32},
-    {"I64", TensorType::kI64},         {"BOOL", TensorType::kBool},
+    {"BF16", TensorType::kBF16}, {"F16", TensorType::kF16},        {"F32", TensorType::kF32},
+    {"F64", TensorType::kF64},   {"F8_E4M3", TensorType::kF8E4M3}, {"F8_E5M2", TensorType::kF8E5M2},
+    {"U8", TensorType::kU8},     {"I8", TensorType::kI8},          {"I16", TensorType::kI16},
+    {"I32", TensorType::kI32},   {"I64", TensorType::kI64},        {"BOOL", TensorType::kBool},
 };
 
 absl::Status invalid(const std::string& path, absl::string_view field, absl::string_view message) {
@@ -121,7 +119,8 @@ absl::Status SafetensorsFile::parseHeader() {
     tensor.dtype = *dtype;
     uint64_t elements = 1;
     for (const nlohmann::json& dim : *shape_it) {
-      if (!dim.is_number_unsigned()) return invalid(path, field, "shape entries must be unsigned integers");
+      if (!dim.is_number_unsigned())
+        return invalid(path, field, "shape entries must be unsigned integers");
       uint64_t d = dim.get<uint64_t>();
       if (d != 0 && elements > std::numeric_limits<uint64_t>::max() / 16 / d) {
         return invalid(path, field, "shape overflows");
@@ -150,7 +149,8 @@ absl::Status SafetensorsFile::parseHeader() {
   // The buffer must be covered exactly, in order of offsets.
   std::vector<const SafetensorsTensor*> sorted;
   for (const SafetensorsTensor& t : tensors_) sorted.push_back(&t);
-  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->file_offset < b->file_offset; });
+  std::sort(sorted.begin(), sorted.end(),
+            [](auto* a, auto* b) { return a->file_offset < b->file_offset; });
   uint64_t expected = buffer_start;
   for (const SafetensorsTensor* t : sorted) {
     if (t->file_offset != expected) {
@@ -161,8 +161,9 @@ absl::Status SafetensorsFile::parseHeader() {
     expected += t->num_bytes;
   }
   if (expected != file_->size()) {
-    return invalid(path, "data", absl::StrCat(file_->size() - expected,
-                                              " bytes after the last tensor belong to no tensor"));
+    return invalid(
+        path, "data",
+        absl::StrCat(file_->size() - expected, " bytes after the last tensor belong to no tensor"));
   }
   // File order is the order of the data.
   std::stable_sort(tensors_.begin(), tensors_.end(),
@@ -209,13 +210,16 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::op
     }
     fs::path folder = fs::path(index_path).parent_path();
     for (auto it = map_it->begin(); it != map_it->end(); ++it) {
-      if (!it.value().is_string()) return invalid(index_path, absl::StrCat("weight_map.", it.key()), "must be a file name");
+      if (!it.value().is_string())
+        return invalid(index_path, absl::StrCat("weight_map.", it.key()), "must be a file name");
       std::string shard = it.value().get<std::string>();
       if (shard.find('/') != std::string::npos) {
-        return invalid(index_path, absl::StrCat("weight_map.", it.key()), "shard names must not contain '/'");
+        return invalid(index_path, absl::StrCat("weight_map.", it.key()),
+                       "shard names must not contain '/'");
       }
       weight_map[it.key()] = (folder / shard).string();
-      if (std::find(shard_paths.begin(), shard_paths.end(), weight_map[it.key()]) == shard_paths.end()) {
+      if (std::find(shard_paths.begin(), shard_paths.end(), weight_map[it.key()]) ==
+          shard_paths.end()) {
         shard_paths.push_back(weight_map[it.key()]);
       }
     }
@@ -225,7 +229,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::op
     CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::open(shard));
     for (const SafetensorsTensor& tensor : file->tensors()) {
       if (!checkpoint->index_.emplace(tensor.name, &tensor).second) {
-        return invalid(shard, absl::StrCat("tensor \"", tensor.name, "\""), "appears in two shards");
+        return invalid(shard, absl::StrCat("tensor \"", tensor.name, "\""),
+                       "appears in two shards");
       }
     }
     checkpoint->files_.push_back(std::move(file));
@@ -233,10 +238,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::op
   for (const auto& [name, shard] : weight_map) {
     auto it = checkpoint->index_.find(name);
     if (it == checkpoint->index_.end()) {
-      return invalid(index_path, absl::StrCat("weight_map.", name), absl::StrCat("names ", shard, " but that file has no such tensor"));
+      return invalid(index_path, absl::StrCat("weight_map.", name),
+                     absl::StrCat("names ", shard, " but that file has no such tensor"));
     }
     if (it->second->file != shard) {
-      return invalid(index_path, absl::StrCat("weight_map.", name), absl::StrCat("names ", shard, " but the tensor is in ", it->second->file));
+      return invalid(index_path, absl::StrCat("weight_map.", name),
+                     absl::StrCat("names ", shard, " but the tensor is in ", it->second->file));
     }
   }
   return checkpoint;

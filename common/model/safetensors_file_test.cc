@@ -56,17 +56,21 @@ TEST(SafetensorsGoldenTest, EveryFileAndTensorMatches) {
       ASSERT_NE(tensor, nullptr) << t["name"];
       EXPECT_STREQ(tensorTypeName(tensor->dtype), t["dtype"].get<std::string>().c_str());
       EXPECT_EQ(tensor->shape, t["shape"].get<std::vector<uint64_t>>());
-      EXPECT_EQ(tensor->file_offset, f["data_start"].get<uint64_t>() + t["data_offsets"][0].get<uint64_t>());
+      EXPECT_EQ(tensor->file_offset,
+                f["data_start"].get<uint64_t>() + t["data_offsets"][0].get<uint64_t>());
       EXPECT_EQ(tensor->num_bytes, t["n_bytes"].get<uint64_t>());
-      EXPECT_EQ(hex(fnv1a64(tensor->data, tensor->num_bytes)), t["fnv1a64"].get<std::string>()) << tensor->name;
+      EXPECT_EQ(hex(fnv1a64(tensor->data, tensor->num_bytes)), t["fnv1a64"].get<std::string>())
+          << tensor->name;
       std::vector<float> values(tensor->num_elements, std::nanf("poison"));
-      ASSERT_TRUE(dequantize(tensor->dtype, tensor->data, tensor->num_elements, values.data()).ok());
+      ASSERT_TRUE(
+          dequantize(tensor->dtype, tensor->data, tensor->num_elements, values.data()).ok());
       const auto& want = t["values"];
       for (size_t i = 0; i < want.size(); ++i) {
         if (want[i].is_null()) continue;  // NaN in JSON.
         double w = want[i].get<double>();
         if (tensor->dtype == TensorType::kI64 || tensor->dtype == TensorType::kI32) {
-          EXPECT_EQ(static_cast<double>(values[i]), static_cast<double>(static_cast<float>(w))) << tensor->name;
+          EXPECT_EQ(static_cast<double>(values[i]), static_cast<double>(static_cast<float>(w)))
+              << tensor->name;
         } else {
           EXPECT_EQ(static_cast<double>(values[i]), w) << tensor->name << "[" << i << "]";
         }
@@ -142,15 +146,22 @@ TEST(SafetensorsFileTest, MalformedHeadersAreClearErrors) {
       {"header length", fileWith("{}", 0).substr(0, 8) + "{"},
       {"not a JSON object", fileWith("[1,2]", 0)},
       {"not a JSON object", fileWith("{\"a\":", 0)},
-      {"unsupported dtype \"Q4\"", fileWith(R"({"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})", 1)},
+      {"unsupported dtype \"Q4\"",
+       fileWith(R"({"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})", 1)},
       {"\"shape\"", fileWith(R"({"a":{"dtype":"F32","shape":3,"data_offsets":[0,4]}})", 4)},
       {"data_offsets", fileWith(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4)},
       {"need 8", fileWith(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4)},
       {"truncated", fileWith(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4)},
-      {"overflows", fileWith(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", 4)},
-      {"overlaps", fileWith(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)},
+      {"overflows",
+       fileWith(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})",
+                4)},
+      {"overlaps",
+       fileWith(
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+           8)},
       {"hole", fileWith(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)},
-      {"belong to no tensor", fileWith(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8)},
+      {"belong to no tensor",
+       fileWith(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8)},
       {"__metadata__.k", fileWith(R"({"__metadata__":{"k":1}})", 0)},
   };
   for (const auto& [expected_text, bytes] : cases) {
@@ -159,7 +170,8 @@ TEST(SafetensorsFileTest, MalformedHeadersAreClearErrors) {
     EXPECT_THAT(status.message(), HasSubstr(expected_text));
     EXPECT_THAT(status.message(), HasSubstr("bad.safetensors"));
   }
-  EXPECT_TRUE(parseError(fileWith(R"({"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})", 4)).ok());
+  EXPECT_TRUE(
+      parseError(fileWith(R"({"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})", 4)).ok());
 }
 
 TEST(SafetensorsFileTest, EveryTruncationOfARealFileFails) {

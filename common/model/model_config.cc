@@ -1,0 +1,377 @@
+#include "common/model/model_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model/gguf_file.h"
+#include "common/model/json_fields.h"
+#include "common/status_macros.h"
+
+namespace cleave::model {
+namespace {
+
+struct ArchName {
+  const char* hf;    // config.json model_type
+  const char* gguf;  // general.architecture
+  Architecture arch;
+};
+constexpr ArchName kArchitectures[] = {
+    {"llama", "llama", Architecture::kLlama},
+    {"qwen2", "qwen2", Architecture::kQwen2},
+    {"qwen3", "qwen3", Architecture::kQwen3},
+    {"mixtral", "mixtral", Architecture::kMixtral},
+    {"qwen3_moe", "qwen3moe", Architecture::kQwen3Moe},
+    {"deepseek_v3", "deepseek2", Architecture::kDeepseekV3},
+};
+
+std::string supportedList() {
+  std::vector<std::string> names;
+  for (const ArchName& a : kArchitectures) names.push_back(a.hf);
+  return absl::StrJoin(names, ", ");
+}
+
+// Fills rope_scaling from a config.json "rope_scaling" (or "rope_parameters") object.
+absl::Status parseRopeScaling(const JsonFields& rope, RopeScaling& out) {
+  CLEAVE_ASSIGN_OR_RETURN(std::string type, rope.stringOr("rope_type", ""));
+  if (type.empty()) {
+    CLEAVE_ASSIGN_OR_RETURN(type, rope.stringOr("type", "none"));
+  }
+  if (type == "default") type = "none";
+  if (type != "none" && type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn") {
+    return rope.error("rope_type", absl::StrCat("\"", type, "\" is not supported (none, linear, dynamic, llama3, yarn)"));
+  }
+  out.type = type;
+  CLEAVE_ASSIGN_OR_RETURN(out.factor, rope.numberOr("factor", 1.0));
+  CLEAVE_ASSIGN_OR_RETURN(out.low_freq_factor, rope.numberOr("low_freq_factor", 1.0));
+  CLEAVE_ASSIGN_OR_RETURN(out.high_freq_factor, rope.numberOr("high_freq_factor", 4.0));
+  CLEAVE_ASSIGN_OR_RETURN(out.original_max_position_embeddings,
+                          rope.uintOr("original_max_position_embeddings", 0));
+  CLEAVE_ASSIGN_OR_RETURN(out.beta_fast, rope.numberOr("beta_fast", 32.0));
+  CLEAVE_ASSIGN_OR_RETURN(out.beta_slow, rope.numberOr("beta_slow", 1.0));
+  CLEAVE_ASSIGN_OR_RETURN(out.mscale, rope.numberOr("mscale", 1.0));
+  CLEAVE_ASSIGN_OR_RETURN(out.mscale_all_dim, rope.numberOr("mscale_all_dim", 0.0));
+  CLEAVE_ASSIGN_OR_RETURN(out.attention_factor, rope.optionalNumber("attention_factor"));
+  if (out.type != "none" && !(out.factor > 0)) return rope.error("factor", "must be > 0");
+  if ((out.type == "llama3" || out.type == "yarn") && out.original_max_position_embeddings == 0) {
+    return rope.error("original_max_position_embeddings", "is required for this rope type");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
+  MoeConfig moe;
+  switch (config.architecture) {
+    case Architecture::kMixtral: {
+      CLEAVE_ASSIGN_OR_RETURN(moe.num_experts, f.uint("num_local_experts"));
+      CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, f.uint("num_experts_per_tok"));
+      moe.expert_intermediate_size = config.intermediate_size;
+      moe.norm_topk_prob = true;  // Softmax over the selected experts' logits.
+      break;
+    }
+    case Architecture::kQwen3Moe: {
+      CLEAVE_ASSIGN_OR_RETURN(moe.num_experts, f.uint("num_experts"));
+      CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, f.uint("num_experts_per_tok"));
+      CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.uint("moe_intermediate_size"));
+      CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, f.boolOr("norm_topk_prob", false));
+      CLEAVE_ASSIGN_OR_RETURN(moe.sparse_step, f.uintOr("decoder_sparse_step", 1));
+      if (const nlohmann::json* dense = f.get("mlp_only_layers")) {
+        if (!dense->is_array()) return f.error("mlp_only_layers", "must be an array of layer indices");
+        for (const auto& layer : *dense) {
+          if (!layer.is_number_unsigned()) return f.error("mlp_only_layers", "must hold layer indices");
+          moe.dense_layers.push_back(layer.get<uint32_t>());
+        }
+      }
+      break;
+    }
+    case Architecture::kDeepseekV3: {
+      CLEAVE_ASSIGN_OR_RETURN(moe.num_experts, f.uint("n_routed_experts"));
+      CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, f.uint("num_experts_per_tok"));
+      CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.uint("moe_intermediate_size"));
+      CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, f.boolOr("norm_topk_prob", true));
+      CLEAVE_ASSIGN_OR_RETURN(moe.shared_experts, f.uintOr("n_shared_experts", 0));
+      moe.shared_expert_intermediate_size = moe.expert_intermediate_size;
+      CLEAVE_ASSIGN_OR_RETURN(moe.n_group, f.uintOr("n_group", 1));
+      CLEAVE_ASSIGN_OR_RETURN(moe.topk_group, f.uintOr("topk_group", 1));
+      CLEAVE_ASSIGN_OR_RETURN(moe.routed_scaling_factor, f.numberOr("routed_scaling_factor", 1.0));
+      CLEAVE_ASSIGN_OR_RETURN(moe.first_k_dense, f.uintOr("first_k_dense_replace", 0));
+      CLEAVE_ASSIGN_OR_RETURN(std::string scoring, f.stringOr("scoring_func", "sigmoid"));
+      if (scoring != "sigmoid" && scoring != "softmax") {
+        return f.error("scoring_func", absl::StrCat("\"", scoring, "\" is not supported (sigmoid, softmax)"));
+      }
+      moe.scoring = scoring == "sigmoid" ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
+      CLEAVE_ASSIGN_OR_RETURN(std::string method, f.stringOr("topk_method", "noaux_tc"));
+      moe.score_correction_bias = method == "noaux_tc";
+      if (moe.n_group == 0 || moe.num_experts % moe.n_group != 0) {
+        return f.error("n_group", absl::StrCat("must divide n_routed_experts (", moe.num_experts, ")"));
+      }
+      if (moe.topk_group == 0 || moe.topk_group > moe.n_group) {
+        return f.error("topk_group", absl::StrCat("must be in 1..n_group (", moe.n_group, ")"));
+      }
+      MlaConfig mla;
+      CLEAVE_ASSIGN_OR_RETURN(mla.q_lora_rank, f.uintOr("q_lora_rank", 0));
+      CLEAVE_ASSIGN_OR_RETURN(mla.kv_lora_rank, f.uint("kv_lora_rank"));
+      CLEAVE_ASSIGN_OR_RETURN(mla.qk_nope_head_dim, f.uint("qk_nope_head_dim"));
+      CLEAVE_ASSIGN_OR_RETURN(mla.qk_rope_head_dim, f.uint("qk_rope_head_dim"));
+      CLEAVE_ASSIGN_OR_RETURN(mla.v_head_dim, f.uint("v_head_dim"));
+      // Q and K heads are the no-rope part and the rope part side by side.
+      config.head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
+      config.mla = mla;
+      break;
+    }
+    default: return absl::OkStatus();
+  }
+  if (moe.num_experts == 0 || moe.experts_per_token == 0 || moe.experts_per_token > moe.num_experts) {
+    return f.error("num_experts_per_tok", absl::StrCat("must be in 1..", moe.num_experts, " (the number of experts)"));
+  }
+  config.moe = moe;
+  return absl::OkStatus();
+}
+
+absl::Status checkShape(const ModelConfig& c, const std::string& source) {
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
+  };
+  if (c.hidden_size == 0 || c.num_layers == 0 || c.num_heads == 0 || c.vocab_size == 0) {
+    return bad("hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
+  }
+  if (c.num_kv_heads == 0 || c.num_heads % c.num_kv_heads != 0) {
+    return bad(absl::StrCat("num_key_value_heads (", c.num_kv_heads,
+                            ") must divide num_attention_heads (", c.num_heads, ")"));
+  }
+  if (c.head_dim == 0 || c.head_dim > 1024) {
+    return bad(absl::StrCat("head_dim ", c.head_dim, " is not in 1..1024"));
+  }
+  if (c.num_layers > 1024 || c.num_heads > 1024 || c.hidden_size > (1u << 20)) {
+    return bad("dimensions are implausibly large");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+const char* architectureName(Architecture arch) {
+  for (const ArchName& a : kArchitectures) {
+    if (a.arch == arch) return a.hf;
+  }
+  return "unknown";
+}
+
+bool ModelConfig::isMoeLayer(uint32_t layer) const {
+  if (!moe) return false;
+  if (layer < moe->first_k_dense) return false;
+  for (uint32_t dense : moe->dense_layers) {
+    if (dense == layer) return false;
+  }
+  return moe->sparse_step <= 1 || (layer + 1) % moe->sparse_step == 0;
+}
+
+absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::string& name) {
+  nlohmann::json json = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": not a JSON object"));
+  }
+  JsonFields f(json, name);
+  ModelConfig c;
+  c.source = name;
+  CLEAVE_ASSIGN_OR_RETURN(c.model_type, f.stringOr("model_type", ""));
+  if (c.model_type.empty()) return f.missing("model_type");
+  const ArchName* arch = nullptr;
+  for (const ArchName& a : kArchitectures) {
+    if (c.model_type == a.hf) arch = &a;
+  }
+  if (arch == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": model_type \"", c.model_type,
+                                                   "\" is not a supported architecture (supported: ",
+                                                   supportedList(), ")"));
+  }
+  c.architecture = arch->arch;
+  CLEAVE_ASSIGN_OR_RETURN(c.hidden_size, f.uint("hidden_size"));
+  CLEAVE_ASSIGN_OR_RETURN(c.intermediate_size, f.uint("intermediate_size"));
+  CLEAVE_ASSIGN_OR_RETURN(c.num_layers, f.uint("num_hidden_layers"));
+  CLEAVE_ASSIGN_OR_RETURN(c.num_heads, f.uint("num_attention_heads"));
+  CLEAVE_ASSIGN_OR_RETURN(c.num_kv_heads, f.uintOr("num_key_value_heads", c.num_heads));
+  CLEAVE_ASSIGN_OR_RETURN(c.vocab_size, f.uint("vocab_size"));
+  CLEAVE_ASSIGN_OR_RETURN(c.max_position_embeddings, f.uintOr("max_position_embeddings", 2048));
+  if (c.num_heads == 0) return f.error("num_attention_heads", "must be positive");
+  CLEAVE_ASSIGN_OR_RETURN(c.head_dim, f.uintOr("head_dim", c.hidden_size / c.num_heads));
+  CLEAVE_ASSIGN_OR_RETURN(c.rms_norm_eps, f.numberOr("rms_norm_eps", 1e-6));
+  CLEAVE_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.boolOr("tie_word_embeddings", false));
+  CLEAVE_ASSIGN_OR_RETURN(c.attention_bias,
+                          f.boolOr("attention_bias", c.architecture == Architecture::kQwen2));
+  c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
+
+  // Rope: legacy rope_theta + rope_scaling, or rope_parameters holding both.
+  CLEAVE_ASSIGN_OR_RETURN(JsonFields rope_parameters, f.object("rope_parameters"));
+  CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, f.numberOr("rope_theta", 10000.0));
+  CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, rope_parameters.numberOr("rope_theta", c.rope_theta));
+  if (f.has("rope_scaling")) {
+    CLEAVE_ASSIGN_OR_RETURN(JsonFields rope, f.object("rope_scaling"));
+    CLEAVE_RETURN_IF_ERROR(parseRopeScaling(rope, c.rope_scaling));
+  } else if (f.has("rope_parameters")) {
+    CLEAVE_RETURN_IF_ERROR(parseRopeScaling(rope_parameters, c.rope_scaling));
+  }
+
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> bos, f.optionalUint("bos_token_id"));
+  c.bos_token_id = bos;
+  if (const nlohmann::json* eos = f.get("eos_token_id")) {
+    if (eos->is_array()) {
+      for (const auto& id : *eos) {
+        if (!id.is_number_unsigned()) return f.error("eos_token_id", "must hold token ids");
+        c.eos_token_ids.push_back(id.get<uint32_t>());
+      }
+    } else {
+      CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> id, f.optionalUint("eos_token_id"));
+      c.eos_token_ids.push_back(*id);
+    }
+  }
+  CLEAVE_RETURN_IF_ERROR(parseMoe(f, c));
+  CLEAVE_RETURN_IF_ERROR(checkShape(c, name));
+  return c;
+}
+
+absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
+  ModelConfig c;
+  c.source = file.path();
+  CLEAVE_ASSIGN_OR_RETURN(c.model_type, file.getString("general.architecture"));
+  const ArchName* arch = nullptr;
+  for (const ArchName& a : kArchitectures) {
+    if (c.model_type == a.gguf) arch = &a;
+  }
+  if (arch == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
+                                                   "\" is not supported (supported: llama, qwen2, qwen3, "
+                                                   "qwen3moe, deepseek2)"));
+  }
+  c.architecture = arch->arch;
+  const std::string p = c.model_type + ".";
+  auto u32 = [&](const std::string& key) -> absl::StatusOr<uint32_t> {
+    CLEAVE_ASSIGN_OR_RETURN(uint64_t v, file.getUint(p + key));
+    if (v > UINT32_MAX) {
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": metadata \"", p, key, "\" is too large"));
+    }
+    return static_cast<uint32_t>(v);
+  };
+  auto u32Or = [&](const std::string& key, uint32_t fallback) -> absl::StatusOr<uint32_t> {
+    if (file.find(p + key) == nullptr) return fallback;
+    return u32(key);
+  };
+  auto f64Or = [&](const std::string& key, double fallback) -> absl::StatusOr<double> {
+    if (file.find(p + key) == nullptr) return fallback;
+    return file.getFloat(p + key);
+  };
+  CLEAVE_ASSIGN_OR_RETURN(c.num_layers, u32("block_count"));
+  CLEAVE_ASSIGN_OR_RETURN(c.max_position_embeddings, u32("context_length"));
+  CLEAVE_ASSIGN_OR_RETURN(c.hidden_size, u32("embedding_length"));
+  CLEAVE_ASSIGN_OR_RETURN(c.intermediate_size, u32Or("feed_forward_length", 0));
+  CLEAVE_ASSIGN_OR_RETURN(c.num_heads, u32("attention.head_count"));
+  CLEAVE_ASSIGN_OR_RETURN(c.num_kv_heads, u32Or("attention.head_count_kv", c.num_heads));
+  if (c.num_heads == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", p, "attention.head_count must be positive"));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(c.head_dim, u32Or("attention.key_length", c.hidden_size / c.num_heads));
+  CLEAVE_ASSIGN_OR_RETURN(c.rms_norm_eps, f64Or("attention.layer_norm_rms_epsilon", 1e-6));
+  CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, f64Or("rope.freq_base", 10000.0));
+  if (file.find(p + "vocab_size") != nullptr) {
+    CLEAVE_ASSIGN_OR_RETURN(c.vocab_size, u32("vocab_size"));
+  } else if (const GgufValue* tokens = file.find("tokenizer.ggml.tokens")) {
+    c.vocab_size = static_cast<uint32_t>(tokens->array_size);
+  }
+  if (file.find(p + "rope.scaling.type") != nullptr) {
+    CLEAVE_ASSIGN_OR_RETURN(c.rope_scaling.type, file.getString(p + "rope.scaling.type"));
+    if (c.rope_scaling.type != "none" && c.rope_scaling.type != "linear" && c.rope_scaling.type != "yarn") {
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", p, "rope.scaling.type \"",
+                                                     c.rope_scaling.type, "\" is not supported"));
+    }
+    CLEAVE_ASSIGN_OR_RETURN(c.rope_scaling.factor, f64Or("rope.scaling.factor", 1.0));
+    CLEAVE_ASSIGN_OR_RETURN(c.rope_scaling.original_max_position_embeddings,
+                            u32Or("rope.scaling.original_context_length", 0));
+  }
+  c.tie_word_embeddings = file.findTensor("output.weight") == nullptr;
+  c.attention_bias = file.findTensor("blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = file.findTensor("blk.0.attn_q_norm.weight") != nullptr;
+  if (file.find("tokenizer.ggml.bos_token_id") != nullptr) {
+    CLEAVE_ASSIGN_OR_RETURN(uint64_t bos, file.getUint("tokenizer.ggml.bos_token_id"));
+    c.bos_token_id = static_cast<uint32_t>(bos);
+  }
+  if (file.find("tokenizer.ggml.eos_token_id") != nullptr) {
+    CLEAVE_ASSIGN_OR_RETURN(uint64_t eos, file.getUint("tokenizer.ggml.eos_token_id"));
+    c.eos_token_ids.push_back(static_cast<uint32_t>(eos));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(uint32_t experts, u32Or("expert_count", 0));
+  if (experts > 0) {
+    MoeConfig moe;
+    moe.num_experts = experts;
+    CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, u32("expert_used_count"));
+    CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size, u32Or("expert_feed_forward_length", c.intermediate_size));
+    CLEAVE_ASSIGN_OR_RETURN(moe.shared_experts, u32Or("expert_shared_count", 0));
+    moe.shared_expert_intermediate_size = moe.expert_intermediate_size;
+    CLEAVE_ASSIGN_OR_RETURN(moe.routed_scaling_factor, f64Or("expert_weights_scale", 1.0));
+    CLEAVE_ASSIGN_OR_RETURN(moe.first_k_dense, u32Or("leading_dense_block_count", 0));
+    CLEAVE_ASSIGN_OR_RETURN(moe.n_group, u32Or("expert_group_count", 1));
+    CLEAVE_ASSIGN_OR_RETURN(moe.topk_group, u32Or("expert_group_used_count", 1));
+    CLEAVE_ASSIGN_OR_RETURN(uint32_t gating, u32Or("expert_gating_func", 1));
+    moe.scoring = gating == 2 ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
+    if (file.find(p + "expert_weights_norm") != nullptr) {
+      CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, file.getBool(p + "expert_weights_norm"));
+    } else {
+      moe.norm_topk_prob = c.architecture == Architecture::kLlama;  // Mixtral in GGUF is "llama".
+    }
+    moe.score_correction_bias = file.findTensor("blk." + std::to_string(moe.first_k_dense) +
+                                                ".exp_probs_b.bias") != nullptr;
+    if (moe.experts_per_token == 0 || moe.experts_per_token > moe.num_experts) {
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", p, "expert_used_count must be in 1..",
+                                                     moe.num_experts));
+    }
+    if (c.architecture == Architecture::kLlama) c.architecture = Architecture::kMixtral;
+    c.moe = moe;
+  }
+  if (c.architecture == Architecture::kDeepseekV3) {
+    MlaConfig mla;
+    CLEAVE_ASSIGN_OR_RETURN(mla.q_lora_rank, u32Or("attention.q_lora_rank", 0));
+    CLEAVE_ASSIGN_OR_RETURN(mla.kv_lora_rank, u32Or("attention.kv_lora_rank", 0));
+    CLEAVE_ASSIGN_OR_RETURN(mla.qk_rope_head_dim, u32Or("rope.dimension_count", 0));
+    CLEAVE_ASSIGN_OR_RETURN(mla.v_head_dim, u32Or("attention.value_length", 0));
+    mla.qk_nope_head_dim = c.head_dim > mla.qk_rope_head_dim ? c.head_dim - mla.qk_rope_head_dim : 0;
+    c.mla = mla;
+  }
+  CLEAVE_RETURN_IF_ERROR(checkShape(c, file.path()));
+  return c;
+}
+
+absl::StatusOr<ModelConfig> loadModelConfig(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (fs::is_directory(path, error)) {
+    std::string config = (fs::path(path) / "config.json").string();
+    CLEAVE_ASSIGN_OR_RETURN(std::string text, readFile(config));
+    return parseConfigJson(text, config);
+  }
+  if (path.size() >= 5 && path.substr(path.size() - 5) == ".gguf") {
+    CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::open(path));
+    return configFromGguf(*file);
+  }
+  CLEAVE_ASSIGN_OR_RETURN(std::string text, readFile(path));
+  return parseConfigJson(text, path);
+}
+
+absl::Status engineSupport(const ModelConfig& config) {
+  if (config.mla) {
+    return absl::UnimplementedError(absl::StrCat(
+        config.source, ": multi-head latent attention (kv_lora_rank ", config.mla->kv_lora_rank,
+        ") is not supported yet; the MoE part of this architecture is"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cleave::model

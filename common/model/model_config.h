@@ -1,0 +1,113 @@
+// The architecture of a model, read from a Hugging Face config.json or GGUF metadata into
+// one ModelConfig that the engine, the router and the roofline tool share.
+//
+// Supported families: Llama (Llama 2/3, SmolLM2), Qwen2 (QKV bias), Qwen3 (q/k RMSNorm),
+// and MoE: Mixtral, Qwen3-MoE, DeepSeek-V3 (sigmoid scoring with group-limited top-k,
+// shared experts). DeepSeek's MLA attention fields are parsed and reported by
+// engineSupport() as not supported yet.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace cleave::model {
+
+class GgufFile;
+
+enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kDeepseekV3 };
+
+const char* architectureName(Architecture arch);
+
+struct RopeScaling {
+  // "none", "linear", "dynamic", "llama3" or "yarn".
+  std::string type = "none";
+  double factor = 1.0;
+  // llama3
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  // llama3 and yarn
+  uint32_t original_max_position_embeddings = 0;
+  // yarn
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+  std::optional<double> attention_factor;
+};
+
+enum class MoeScoring { kSoftmax, kSigmoid };
+
+struct MoeConfig {
+  uint32_t num_experts = 0;
+  uint32_t experts_per_token = 0;
+  uint32_t expert_intermediate_size = 0;
+  // Renormalize the top-k weights to sum to one.
+  bool norm_topk_prob = false;
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  uint32_t shared_experts = 0;
+  uint32_t shared_expert_intermediate_size = 0;  // Per shared expert.
+  // Group-limited routing (DeepSeek-V3): pick topk_group of n_group groups first.
+  uint32_t n_group = 1;
+  uint32_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  // Scores get a learned per-expert bias before top-k (DeepSeek-V3 "noaux_tc").
+  bool score_correction_bias = false;
+  // Layers [0, first_k_dense) use a dense MLP.
+  uint32_t first_k_dense = 0;
+  // Every `sparse_step`-th layer is MoE (Qwen3-MoE decoder_sparse_step); others dense.
+  uint32_t sparse_step = 1;
+  std::vector<uint32_t> dense_layers;  // Qwen3-MoE mlp_only_layers.
+};
+
+// Multi-head latent attention (DeepSeek-V2/V3). Parsed, not yet run.
+struct MlaConfig {
+  uint32_t q_lora_rank = 0;  // 0: no low-rank Q.
+  uint32_t kv_lora_rank = 0;
+  uint32_t qk_nope_head_dim = 0;
+  uint32_t qk_rope_head_dim = 0;
+  uint32_t v_head_dim = 0;
+};
+
+struct ModelConfig {
+  Architecture architecture = Architecture::kLlama;
+  std::string model_type;  // As the file names it ("llama", "qwen3_moe", GGUF "qwen3moe").
+  uint32_t hidden_size = 0;
+  uint32_t intermediate_size = 0;  // Dense MLP.
+  uint32_t num_layers = 0;
+  uint32_t num_heads = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t vocab_size = 0;
+  uint32_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // Q/K/V projections have biases (Qwen2).
+  bool qk_norm = false;         // RMSNorm on Q and K per head (Qwen3).
+  std::optional<uint32_t> bos_token_id;
+  std::vector<uint32_t> eos_token_ids;
+  std::optional<MoeConfig> moe;
+  std::optional<MlaConfig> mla;
+  // The file it came from.
+  std::string source;
+
+  // True when layer `layer` uses the MoE block.
+  bool isMoeLayer(uint32_t layer) const;
+};
+
+// Parses config.json text; `name` names the file in errors.
+absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view json, const std::string& name);
+absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file);
+// `path`: a .gguf file, a config.json, or a folder holding config.json.
+absl::StatusOr<ModelConfig> loadModelConfig(const std::string& path);
+
+// OK when the engine can run this model; otherwise Unimplemented saying what is missing.
+absl::Status engineSupport(const ModelConfig& config);
+
+}  // namespace cleave::model

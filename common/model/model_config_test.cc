@@ -1,0 +1,201 @@
+#include "common/model/model_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/model/gguf_builder_for_test.h"
+#include "common/model/gguf_file.h"
+
+namespace cleave::model {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+const std::string kConfigs = std::string(CLEAVE_GOLDEN_DIR) + "/configs";
+
+std::optional<uint32_t> optionalId(const nlohmann::json& j) {
+  if (j.is_null()) return std::nullopt;
+  return j.get<uint32_t>();
+}
+
+// config.json files written by transformers' config classes; the expected values are
+// those classes' own attributes.
+TEST(ModelConfigGoldenTest, EveryConfigMatchesTransformers) {
+  size_t checked = 0;
+  for (const auto& entry : fs::directory_iterator(kConfigs)) {
+    SCOPED_TRACE(entry.path().filename().string());
+    std::ifstream in(entry.path() / "expected.json");
+    ASSERT_TRUE(in.good());
+    nlohmann::json want = nlohmann::json::parse(in);
+    auto config = loadModelConfig(entry.path().string());
+    if (!want["cleave_supported"].get<bool>()) {
+      ASSERT_FALSE(config.ok());
+      EXPECT_THAT(config.status().message(), HasSubstr("\"" + want["architecture"].get<std::string>() + "\""));
+      EXPECT_THAT(config.status().message(), HasSubstr("config.json"));
+      ++checked;
+      continue;
+    }
+    ASSERT_TRUE(config.ok()) << config.status();
+    const ModelConfig& c = *config;
+    EXPECT_EQ(c.model_type, want["architecture"].get<std::string>());
+    EXPECT_EQ(c.hidden_size, want["hidden_size"].get<uint32_t>());
+    EXPECT_EQ(c.intermediate_size, want["intermediate_size"].get<uint32_t>());
+    EXPECT_EQ(c.num_layers, want["num_hidden_layers"].get<uint32_t>());
+    EXPECT_EQ(c.num_heads, want["num_attention_heads"].get<uint32_t>());
+    EXPECT_EQ(c.num_kv_heads, want["num_key_value_heads"].get<uint32_t>());
+    // For MLA Cleave's head_dim is the Q/K head (no-rope + rope parts).
+    EXPECT_EQ(c.head_dim, want.value("mla", false) ? want["mla_dims"]["qk_head_dim"].get<uint32_t>()
+                                                   : want["head_dim"].get<uint32_t>());
+    EXPECT_EQ(c.vocab_size, want["vocab_size"].get<uint32_t>());
+    EXPECT_EQ(c.max_position_embeddings, want["max_position_embeddings"].get<uint32_t>());
+    EXPECT_DOUBLE_EQ(c.rms_norm_eps, want["rms_norm_eps"].get<double>());
+    EXPECT_DOUBLE_EQ(c.rope_theta, want["rope_theta"].get<double>());
+    std::string rope_type = want["rope_type"].get<std::string>();
+    EXPECT_EQ(c.rope_scaling.type, rope_type == "default" ? "none" : rope_type);
+    if (want["rope_scaling"].is_object() && want["rope_scaling"].contains("factor")) {
+      EXPECT_DOUBLE_EQ(c.rope_scaling.factor, want["rope_scaling"]["factor"].get<double>());
+    }
+    if (want["rope_scaling"].is_object() && want["rope_scaling"].contains("original_max_position_embeddings")) {
+      EXPECT_EQ(c.rope_scaling.original_max_position_embeddings,
+                want["rope_scaling"]["original_max_position_embeddings"].get<uint32_t>());
+    }
+    EXPECT_EQ(c.tie_word_embeddings, want["tie_word_embeddings"].get<bool>());
+    EXPECT_EQ(c.attention_bias, want["attention_bias"].get<bool>());
+    EXPECT_EQ(c.bos_token_id, optionalId(want["bos_token_id"]));
+    std::vector<uint32_t> eos;
+    if (want["eos_token_id"].is_array()) eos = want["eos_token_id"].get<std::vector<uint32_t>>();
+    else if (!want["eos_token_id"].is_null()) eos.push_back(want["eos_token_id"].get<uint32_t>());
+    EXPECT_EQ(c.eos_token_ids, eos);
+    EXPECT_EQ(c.mla.has_value(), want.value("mla", false));
+    const nlohmann::json& moe = want["moe"];
+    ASSERT_EQ(c.moe.has_value(), moe.is_object() && !moe["num_experts"].is_null());
+    if (c.moe) {
+      EXPECT_EQ(c.moe->num_experts, moe["num_experts"].get<uint32_t>());
+      EXPECT_EQ(c.moe->experts_per_token, moe["experts_per_token"].get<uint32_t>());
+      if (!moe["moe_intermediate_size"].is_null()) {
+        EXPECT_EQ(c.moe->expert_intermediate_size, moe["moe_intermediate_size"].get<uint32_t>());
+      }
+      EXPECT_EQ(c.moe->norm_topk_prob, moe["norm_topk_prob"].get<bool>());
+      EXPECT_EQ(c.moe->shared_experts, moe["shared_experts"].get<uint32_t>());
+      EXPECT_EQ(c.moe->scoring == MoeScoring::kSigmoid, moe["scoring"].get<std::string>() == "sigmoid");
+      if (!moe["n_group"].is_null()) EXPECT_EQ(c.moe->n_group, moe["n_group"].get<uint32_t>());
+      if (!moe["topk_group"].is_null()) EXPECT_EQ(c.moe->topk_group, moe["topk_group"].get<uint32_t>());
+      if (!moe["routed_scaling_factor"].is_null()) {
+        EXPECT_DOUBLE_EQ(c.moe->routed_scaling_factor, moe["routed_scaling_factor"].get<double>());
+      }
+      if (!moe["first_k_dense_replace"].is_null()) {
+        EXPECT_EQ(c.moe->first_k_dense, moe["first_k_dense_replace"].get<uint32_t>());
+      }
+    }
+    if (c.mla) {
+      const nlohmann::json& dims = want["mla_dims"];
+      EXPECT_EQ(c.mla->kv_lora_rank, dims["kv_lora_rank"].get<uint32_t>());
+      EXPECT_EQ(c.mla->qk_rope_head_dim, dims["qk_rope_head_dim"].get<uint32_t>());
+      EXPECT_EQ(engineSupport(c).code(), absl::StatusCode::kUnimplemented);
+    } else {
+      EXPECT_TRUE(engineSupport(c).ok());
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 10u);
+}
+
+TEST(ModelConfigTest, BadFieldsNameTheFileAndField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"not a JSON object", "[1]"},
+      {"model_type is missing", R"({"hidden_size": 8})"},
+      {"\"bert\" is not a supported architecture", R"({"model_type": "bert"})"},
+      {"hidden_size must be a non-negative integer", R"({"model_type":"llama","hidden_size":-1})"},
+      {"num_hidden_layers is missing",
+       R"({"model_type":"llama","hidden_size":8,"intermediate_size":8})"},
+      {"must divide num_attention_heads",
+       R"({"model_type":"llama","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":3,"vocab_size":5})"},
+      {"rope_scaling.rope_type \"weird\"",
+       R"({"model_type":"llama","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"rope_scaling":{"rope_type":"weird"}})"},
+      {"num_experts_per_tok must be in 1..4",
+       R"({"model_type":"mixtral","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":9})"},
+  };
+  for (const auto& [expected, json] : cases) {
+    auto config = parseConfigJson(json, "my/config.json");
+    ASSERT_FALSE(config.ok()) << expected;
+    EXPECT_THAT(config.status().message(), HasSubstr(expected));
+    EXPECT_THAT(config.status().message(), HasSubstr("my/config.json"));
+  }
+}
+
+TEST(ModelConfigTest, SmolLm2GgufMetadata) {
+  std::string path = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!fs::exists(path)) GTEST_SKIP() << path << " missing; run scripts/install-deps.sh";
+  auto config = loadModelConfig(path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->architecture, Architecture::kLlama);
+  EXPECT_EQ(config->num_layers, 30u);
+  EXPECT_EQ(config->hidden_size, 576u);
+  EXPECT_EQ(config->intermediate_size, 1536u);
+  EXPECT_EQ(config->num_heads, 9u);
+  EXPECT_EQ(config->num_kv_heads, 3u);
+  EXPECT_EQ(config->head_dim, 64u);
+  EXPECT_EQ(config->vocab_size, 49152u);
+  EXPECT_EQ(config->max_position_embeddings, 8192u);
+  EXPECT_DOUBLE_EQ(config->rope_theta, 100000.0);
+  EXPECT_FLOAT_EQ(static_cast<float>(config->rms_norm_eps), 1e-5f);
+  EXPECT_TRUE(config->tie_word_embeddings);
+  EXPECT_EQ(config->bos_token_id, 1u);
+  EXPECT_THAT(config->eos_token_ids, ::testing::ElementsAre(2));
+  EXPECT_FALSE(config->moe.has_value());
+}
+
+TEST(ModelConfigTest, GgufMoeAndUnsupportedArchitectures) {
+  using testing::GgufBuilder;
+  auto parse = [](std::string bytes) {
+    auto file = GgufFile::parse(MappedFile::fromBuffer("moe.gguf", std::move(bytes)));
+    EXPECT_TRUE(file.ok()) << file.status();
+    return configFromGguf(**file);
+  };
+  auto moe = parse(GgufBuilder()
+                       .kvString("general.architecture", "qwen3moe")
+                       .kvU32("qwen3moe.block_count", 2)
+                       .kvU32("qwen3moe.context_length", 4096)
+                       .kvU32("qwen3moe.embedding_length", 64)
+                       .kvU32("qwen3moe.attention.head_count", 4)
+                       .kvU32("qwen3moe.attention.head_count_kv", 2)
+                       .kvU32("qwen3moe.vocab_size", 100)
+                       .kvU32("qwen3moe.expert_count", 8)
+                       .kvU32("qwen3moe.expert_used_count", 2)
+                       .kvU32("qwen3moe.expert_feed_forward_length", 32)
+                       .kvBool("qwen3moe.expert_weights_norm", true)
+                       .build());
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_EQ(moe->architecture, Architecture::kQwen3Moe);
+  ASSERT_TRUE(moe->moe.has_value());
+  EXPECT_EQ(moe->moe->num_experts, 8u);
+  EXPECT_EQ(moe->moe->expert_intermediate_size, 32u);
+  EXPECT_TRUE(moe->moe->norm_topk_prob);
+  EXPECT_EQ(moe->head_dim, 16u);
+
+  auto bad = parse(GgufBuilder().kvString("general.architecture", "rwkv6").build());
+  EXPECT_THAT(bad.status().message(), HasSubstr("\"rwkv6\" is not supported"));
+  auto missing = parse(GgufBuilder().kvString("general.architecture", "llama").build());
+  EXPECT_THAT(missing.status().message(), HasSubstr("llama.block_count"));
+}
+
+TEST(ModelConfigTest, MoeLayerSchedule) {
+  ModelConfig c;
+  c.moe = MoeConfig{};
+  c.moe->first_k_dense = 1;
+  c.moe->dense_layers = {3};
+  EXPECT_FALSE(c.isMoeLayer(0));
+  EXPECT_TRUE(c.isMoeLayer(1));
+  EXPECT_FALSE(c.isMoeLayer(3));
+  c.moe->sparse_step = 2;
+  EXPECT_FALSE(c.isMoeLayer(2));
+  EXPECT_TRUE(c.isMoeLayer(5));
+}
+
+}  // namespace
+}  // namespace cleave::model
