@@ -17,6 +17,8 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"info", "Show a running router's version, queue and workers", cleave::cli::runInfo},
+    {"inspect", "Show a model file's architecture, tensors and weight bytes",
+     cleave::cli::runInspect},
 };
 
 void printUsage(std::FILE* out) {

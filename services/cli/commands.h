@@ -5,5 +5,6 @@
 namespace cleave::cli {
 
 int runInfo(int argc, char** argv);
+int runInspect(int argc, char** argv);
 
 }  // namespace cleave::cli

@@ -83,6 +83,29 @@ class BinariesCliTest(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertIn(f"no router answers at {address}", err)
 
+    def test_inspect_reads_the_real_model(self):
+        model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if not os.path.exists(model):
+            self.skipTest(f"{model} missing; run scripts/install-deps.sh")
+        code, out, err = ct.run([ct.binary("cleave"), "inspect", model])
+        self.assertEqual(code, 0, err)
+        self.assertIn("architecture: llama", out)
+        self.assertIn("layers 30, heads 9 (kv 3), head_dim 64", out)
+        self.assertIn("vocab 49152, context 8192", out)
+        self.assertIn("blk.0.attn_q.weight", out)
+        self.assertIn("total weight bytes: 96576768", out)
+        with tempfile.TemporaryDirectory() as folder:
+            truncated = os.path.join(folder, "truncated.gguf")
+            with open(model, "rb") as src, open(truncated, "wb") as dst:
+                dst.write(src.read(2_000_000))
+            code, _, err = ct.run([ct.binary("cleave"), "inspect", truncated])
+            self.assertEqual(code, 1)
+            self.assertIn("truncated.gguf", err)
+            self.assertIn("truncated", err)
+        code, _, err = ct.run([ct.binary("cleave"), "inspect", "/nonexistent.gguf"])
+        self.assertEqual(code, 1)
+        self.assertIn("/nonexistent.gguf", err)
+
 
 if __name__ == "__main__":
     unittest.main()
