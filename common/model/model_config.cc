@@ -40,8 +40,11 @@ absl::Status parseRopeScaling(const JsonFields& rope, RopeScaling& out) {
     CLEAVE_ASSIGN_OR_RETURN(type, rope.stringOr("type", "none"));
   }
   if (type == "default") type = "none";
-  if (type != "none" && type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn") {
-    return rope.error("rope_type", absl::StrCat("\"", type, "\" is not supported (none, linear, dynamic, llama3, yarn)"));
+  if (type != "none" && type != "linear" && type != "dynamic" && type != "llama3" &&
+      type != "yarn") {
+    return rope.error(
+        "rope_type",
+        absl::StrCat("\"", type, "\" is not supported (none, linear, dynamic, llama3, yarn)"));
   }
   out.type = type;
   CLEAVE_ASSIGN_OR_RETURN(out.factor, rope.numberOr("factor", 1.0));
@@ -78,9 +81,11 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, f.boolOr("norm_topk_prob", false));
       CLEAVE_ASSIGN_OR_RETURN(moe.sparse_step, f.uintOr("decoder_sparse_step", 1));
       if (const nlohmann::json* dense = f.get("mlp_only_layers")) {
-        if (!dense->is_array()) return f.error("mlp_only_layers", "must be an array of layer indices");
+        if (!dense->is_array())
+          return f.error("mlp_only_layers", "must be an array of layer indices");
         for (const auto& layer : *dense) {
-          if (!layer.is_number_unsigned()) return f.error("mlp_only_layers", "must hold layer indices");
+          if (!layer.is_number_unsigned())
+            return f.error("mlp_only_layers", "must hold layer indices");
           moe.dense_layers.push_back(layer.get<uint32_t>());
         }
       }
@@ -99,13 +104,15 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       CLEAVE_ASSIGN_OR_RETURN(moe.first_k_dense, f.uintOr("first_k_dense_replace", 0));
       CLEAVE_ASSIGN_OR_RETURN(std::string scoring, f.stringOr("scoring_func", "sigmoid"));
       if (scoring != "sigmoid" && scoring != "softmax") {
-        return f.error("scoring_func", absl::StrCat("\"", scoring, "\" is not supported (sigmoid, softmax)"));
+        return f.error("scoring_func",
+                       absl::StrCat("\"", scoring, "\" is not supported (sigmoid, softmax)"));
       }
       moe.scoring = scoring == "sigmoid" ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
       CLEAVE_ASSIGN_OR_RETURN(std::string method, f.stringOr("topk_method", "noaux_tc"));
       moe.score_correction_bias = method == "noaux_tc";
       if (moe.n_group == 0 || moe.num_experts % moe.n_group != 0) {
-        return f.error("n_group", absl::StrCat("must divide n_routed_experts (", moe.num_experts, ")"));
+        return f.error("n_group",
+                       absl::StrCat("must divide n_routed_experts (", moe.num_experts, ")"));
       }
       if (moe.topk_group == 0 || moe.topk_group > moe.n_group) {
         return f.error("topk_group", absl::StrCat("must be in 1..n_group (", moe.n_group, ")"));
@@ -123,8 +130,10 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
     }
     default: return absl::OkStatus();
   }
-  if (moe.num_experts == 0 || moe.experts_per_token == 0 || moe.experts_per_token > moe.num_experts) {
-    return f.error("num_experts_per_tok", absl::StrCat("must be in 1..", moe.num_experts, " (the number of experts)"));
+  if (moe.num_experts == 0 || moe.experts_per_token == 0 ||
+      moe.experts_per_token > moe.num_experts) {
+    return f.error("num_experts_per_tok",
+                   absl::StrCat("must be in 1..", moe.num_experts, " (the number of experts)"));
   }
   config.moe = moe;
   return absl::OkStatus();
@@ -135,7 +144,8 @@ absl::Status checkShape(const ModelConfig& c, const std::string& source) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
   };
   if (c.hidden_size == 0 || c.num_layers == 0 || c.num_heads == 0 || c.vocab_size == 0) {
-    return bad("hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
+    return bad(
+        "hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be positive");
   }
   if (c.num_kv_heads == 0 || c.num_heads % c.num_kv_heads != 0) {
     return bad(absl::StrCat("num_key_value_heads (", c.num_kv_heads,
@@ -191,9 +201,9 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
     if (c.model_type == a.hf) arch = &a;
   }
   if (arch == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": model_type \"", c.model_type,
-                                                   "\" is not a supported architecture (supported: ",
-                                                   supportedList(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": model_type \"", c.model_type,
+                     "\" is not a supported architecture (supported: ", supportedList(), ")"));
   }
   c.architecture = arch->arch;
   CLEAVE_ASSIGN_OR_RETURN(c.hidden_size, f.uint("hidden_size"));
@@ -249,16 +259,18 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     if (c.model_type == a.gguf) arch = &a;
   }
   if (arch == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
-                                                   "\" is not supported (supported: llama, qwen2, qwen3, "
-                                                   "qwen3moe, deepseek2)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
+                     "\" is not supported (supported: llama, qwen2, qwen3, "
+                     "qwen3moe, deepseek2)"));
   }
   c.architecture = arch->arch;
   const std::string p = c.model_type + ".";
   auto u32 = [&](const std::string& key) -> absl::StatusOr<uint32_t> {
     CLEAVE_ASSIGN_OR_RETURN(uint64_t v, file.getUint(p + key));
     if (v > UINT32_MAX) {
-      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": metadata \"", p, key, "\" is too large"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": metadata \"", p, key, "\" is too large"));
     }
     return static_cast<uint32_t>(v);
   };
@@ -277,7 +289,8 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
   CLEAVE_ASSIGN_OR_RETURN(c.num_heads, u32("attention.head_count"));
   CLEAVE_ASSIGN_OR_RETURN(c.num_kv_heads, u32Or("attention.head_count_kv", c.num_heads));
   if (c.num_heads == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", p, "attention.head_count must be positive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": ", p, "attention.head_count must be positive"));
   }
   CLEAVE_ASSIGN_OR_RETURN(c.head_dim, u32Or("attention.key_length", c.hidden_size / c.num_heads));
   CLEAVE_ASSIGN_OR_RETURN(c.rms_norm_eps, f64Or("attention.layer_norm_rms_epsilon", 1e-6));
@@ -289,7 +302,8 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
   }
   if (file.find(p + "rope.scaling.type") != nullptr) {
     CLEAVE_ASSIGN_OR_RETURN(c.rope_scaling.type, file.getString(p + "rope.scaling.type"));
-    if (c.rope_scaling.type != "none" && c.rope_scaling.type != "linear" && c.rope_scaling.type != "yarn") {
+    if (c.rope_scaling.type != "none" && c.rope_scaling.type != "linear" &&
+        c.rope_scaling.type != "yarn") {
       return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", p, "rope.scaling.type \"",
                                                      c.rope_scaling.type, "\" is not supported"));
     }
@@ -313,7 +327,8 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     MoeConfig moe;
     moe.num_experts = experts;
     CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, u32("expert_used_count"));
-    CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size, u32Or("expert_feed_forward_length", c.intermediate_size));
+    CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size,
+                            u32Or("expert_feed_forward_length", c.intermediate_size));
     CLEAVE_ASSIGN_OR_RETURN(moe.shared_experts, u32Or("expert_shared_count", 0));
     moe.shared_expert_intermediate_size = moe.expert_intermediate_size;
     CLEAVE_ASSIGN_OR_RETURN(moe.routed_scaling_factor, f64Or("expert_weights_scale", 1.0));
@@ -330,8 +345,8 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     moe.score_correction_bias = file.findTensor("blk." + std::to_string(moe.first_k_dense) +
                                                 ".exp_probs_b.bias") != nullptr;
     if (moe.experts_per_token == 0 || moe.experts_per_token > moe.num_experts) {
-      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", p, "expert_used_count must be in 1..",
-                                                     moe.num_experts));
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": ", p, "expert_used_count must be in 1..", moe.num_experts));
     }
     if (c.architecture == Architecture::kLlama) c.architecture = Architecture::kMixtral;
     c.moe = moe;
@@ -342,7 +357,8 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     CLEAVE_ASSIGN_OR_RETURN(mla.kv_lora_rank, u32Or("attention.kv_lora_rank", 0));
     CLEAVE_ASSIGN_OR_RETURN(mla.qk_rope_head_dim, u32Or("rope.dimension_count", 0));
     CLEAVE_ASSIGN_OR_RETURN(mla.v_head_dim, u32Or("attention.value_length", 0));
-    mla.qk_nope_head_dim = c.head_dim > mla.qk_rope_head_dim ? c.head_dim - mla.qk_rope_head_dim : 0;
+    mla.qk_nope_head_dim =
+        c.head_dim > mla.qk_rope_head_dim ? c.head_dim - mla.qk_rope_head_dim : 0;
     c.mla = mla;
   }
   CLEAVE_RETURN_IF_ERROR(checkShape(c, file.path()));

@@ -35,7 +35,8 @@ TEST(ModelConfigGoldenTest, EveryConfigMatchesTransformers) {
     auto config = loadModelConfig(entry.path().string());
     if (!want["cleave_supported"].get<bool>()) {
       ASSERT_FALSE(config.ok());
-      EXPECT_THAT(config.status().message(), HasSubstr("\"" + want["architecture"].get<std::string>() + "\""));
+      EXPECT_THAT(config.status().message(),
+                  HasSubstr("\"" + want["architecture"].get<std::string>() + "\""));
       EXPECT_THAT(config.status().message(), HasSubstr("config.json"));
       ++checked;
       continue;
@@ -60,7 +61,8 @@ TEST(ModelConfigGoldenTest, EveryConfigMatchesTransformers) {
     if (want["rope_scaling"].is_object() && want["rope_scaling"].contains("factor")) {
       EXPECT_DOUBLE_EQ(c.rope_scaling.factor, want["rope_scaling"]["factor"].get<double>());
     }
-    if (want["rope_scaling"].is_object() && want["rope_scaling"].contains("original_max_position_embeddings")) {
+    if (want["rope_scaling"].is_object() &&
+        want["rope_scaling"].contains("original_max_position_embeddings")) {
       EXPECT_EQ(c.rope_scaling.original_max_position_embeddings,
                 want["rope_scaling"]["original_max_position_embeddings"].get<uint32_t>());
     }
@@ -68,8 +70,10 @@ TEST(ModelConfigGoldenTest, EveryConfigMatchesTransformers) {
     EXPECT_EQ(c.attention_bias, want["attention_bias"].get<bool>());
     EXPECT_EQ(c.bos_token_id, optionalId(want["bos_token_id"]));
     std::vector<uint32_t> eos;
-    if (want["eos_token_id"].is_array()) eos = want["eos_token_id"].get<std::vector<uint32_t>>();
-    else if (!want["eos_token_id"].is_null()) eos.push_back(want["eos_token_id"].get<uint32_t>());
+    if (want["eos_token_id"].is_array())
+      eos = want["eos_token_id"].get<std::vector<uint32_t>>();
+    else if (!want["eos_token_id"].is_null())
+      eos.push_back(want["eos_token_id"].get<uint32_t>());
     EXPECT_EQ(c.eos_token_ids, eos);
     EXPECT_EQ(c.mla.has_value(), want.value("mla", false));
     const nlohmann::json& moe = want["moe"];
@@ -82,9 +86,11 @@ TEST(ModelConfigGoldenTest, EveryConfigMatchesTransformers) {
       }
       EXPECT_EQ(c.moe->norm_topk_prob, moe["norm_topk_prob"].get<bool>());
       EXPECT_EQ(c.moe->shared_experts, moe["shared_experts"].get<uint32_t>());
-      EXPECT_EQ(c.moe->scoring == MoeScoring::kSigmoid, moe["scoring"].get<std::string>() == "sigmoid");
+      EXPECT_EQ(c.moe->scoring == MoeScoring::kSigmoid,
+                moe["scoring"].get<std::string>() == "sigmoid");
       if (!moe["n_group"].is_null()) EXPECT_EQ(c.moe->n_group, moe["n_group"].get<uint32_t>());
-      if (!moe["topk_group"].is_null()) EXPECT_EQ(c.moe->topk_group, moe["topk_group"].get<uint32_t>());
+      if (!moe["topk_group"].is_null())
+        EXPECT_EQ(c.moe->topk_group, moe["topk_group"].get<uint32_t>());
       if (!moe["routed_scaling_factor"].is_null()) {
         EXPECT_DOUBLE_EQ(c.moe->routed_scaling_factor, moe["routed_scaling_factor"].get<double>());
       }
