@@ -12,7 +12,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 
 APT_PACKAGES=(
   # toolchain
-  cmake ninja-build ccache clang clang-format clang-tidy g++ git pkg-config
+  cmake ninja-build ccache clang libclang-rt-14-dev clang-format clang-tidy g++ git pkg-config
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libucx-dev ucx-utils libgloo-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev
