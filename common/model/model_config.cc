@@ -75,7 +75,9 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       break;
     }
     case Architecture::kQwen3Moe: {
-      CLEAVE_ASSIGN_OR_RETURN(moe.num_experts, f.uint("num_experts"));
+      // Older files say num_experts, newer ones num_local_experts.
+      CLEAVE_ASSIGN_OR_RETURN(moe.num_experts,
+                              f.uint(f.has("num_experts") ? "num_experts" : "num_local_experts"));
       CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, f.uint("num_experts_per_tok"));
       CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.uint("moe_intermediate_size"));
       CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, f.boolOr("norm_topk_prob", false));

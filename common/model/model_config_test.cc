@@ -23,6 +23,83 @@ std::optional<uint32_t> optionalId(const nlohmann::json& j) {
   return j.get<uint32_t>();
 }
 
+// Checks the config in `path` against transformers' values in `want`.
+void checkConfig(const std::string& path, const nlohmann::json& want) {
+  auto config = loadModelConfig(path);
+  if (!want["cleave_supported"].get<bool>()) {
+    ASSERT_FALSE(config.ok());
+    EXPECT_THAT(config.status().message(),
+                HasSubstr("\"" + want["architecture"].get<std::string>() + "\""));
+    EXPECT_THAT(config.status().message(), HasSubstr("config.json"));
+    return;
+  }
+  ASSERT_TRUE(config.ok()) << config.status();
+  const ModelConfig& c = *config;
+  EXPECT_EQ(c.model_type, want["architecture"].get<std::string>());
+  EXPECT_EQ(c.hidden_size, want["hidden_size"].get<uint32_t>());
+  EXPECT_EQ(c.intermediate_size, want["intermediate_size"].get<uint32_t>());
+  EXPECT_EQ(c.num_layers, want["num_hidden_layers"].get<uint32_t>());
+  EXPECT_EQ(c.num_heads, want["num_attention_heads"].get<uint32_t>());
+  EXPECT_EQ(c.num_kv_heads, want["num_key_value_heads"].get<uint32_t>());
+  // For MLA Cleave's head_dim is the Q/K head (no-rope + rope parts).
+  EXPECT_EQ(c.head_dim, want.value("mla", false) ? want["mla_dims"]["qk_head_dim"].get<uint32_t>()
+                                                 : want["head_dim"].get<uint32_t>());
+  EXPECT_EQ(c.vocab_size, want["vocab_size"].get<uint32_t>());
+  EXPECT_EQ(c.max_position_embeddings, want["max_position_embeddings"].get<uint32_t>());
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, want["rms_norm_eps"].get<double>());
+  EXPECT_DOUBLE_EQ(c.rope_theta, want["rope_theta"].get<double>());
+  std::string rope_type = want["rope_type"].get<std::string>();
+  EXPECT_EQ(c.rope_scaling.type, rope_type == "default" ? "none" : rope_type);
+  if (want["rope_scaling"].is_object() && want["rope_scaling"].contains("factor")) {
+    EXPECT_DOUBLE_EQ(c.rope_scaling.factor, want["rope_scaling"]["factor"].get<double>());
+  }
+  if (want["rope_scaling"].is_object() &&
+      want["rope_scaling"].contains("original_max_position_embeddings")) {
+    EXPECT_EQ(c.rope_scaling.original_max_position_embeddings,
+              want["rope_scaling"]["original_max_position_embeddings"].get<uint32_t>());
+  }
+  EXPECT_EQ(c.tie_word_embeddings, want["tie_word_embeddings"].get<bool>());
+  EXPECT_EQ(c.attention_bias, want["attention_bias"].get<bool>());
+  EXPECT_EQ(c.bos_token_id, optionalId(want["bos_token_id"]));
+  std::vector<uint32_t> eos;
+  if (want["eos_token_id"].is_array())
+    eos = want["eos_token_id"].get<std::vector<uint32_t>>();
+  else if (!want["eos_token_id"].is_null())
+    eos.push_back(want["eos_token_id"].get<uint32_t>());
+  EXPECT_EQ(c.eos_token_ids, eos);
+  EXPECT_EQ(c.mla.has_value(), want.value("mla", false));
+  const nlohmann::json& moe = want["moe"];
+  ASSERT_EQ(c.moe.has_value(), moe.is_object() && !moe["num_experts"].is_null());
+  if (c.moe) {
+    EXPECT_EQ(c.moe->num_experts, moe["num_experts"].get<uint32_t>());
+    EXPECT_EQ(c.moe->experts_per_token, moe["experts_per_token"].get<uint32_t>());
+    if (!moe["moe_intermediate_size"].is_null()) {
+      EXPECT_EQ(c.moe->expert_intermediate_size, moe["moe_intermediate_size"].get<uint32_t>());
+    }
+    EXPECT_EQ(c.moe->norm_topk_prob, moe["norm_topk_prob"].get<bool>());
+    EXPECT_EQ(c.moe->shared_experts, moe["shared_experts"].get<uint32_t>());
+    EXPECT_EQ(c.moe->scoring == MoeScoring::kSigmoid,
+              moe["scoring"].get<std::string>() == "sigmoid");
+    if (!moe["n_group"].is_null()) EXPECT_EQ(c.moe->n_group, moe["n_group"].get<uint32_t>());
+    if (!moe["topk_group"].is_null())
+      EXPECT_EQ(c.moe->topk_group, moe["topk_group"].get<uint32_t>());
+    if (!moe["routed_scaling_factor"].is_null()) {
+      EXPECT_DOUBLE_EQ(c.moe->routed_scaling_factor, moe["routed_scaling_factor"].get<double>());
+    }
+    if (!moe["first_k_dense_replace"].is_null()) {
+      EXPECT_EQ(c.moe->first_k_dense, moe["first_k_dense_replace"].get<uint32_t>());
+    }
+  }
+  if (c.mla) {
+    const nlohmann::json& dims = want["mla_dims"];
+    EXPECT_EQ(c.mla->kv_lora_rank, dims["kv_lora_rank"].get<uint32_t>());
+    EXPECT_EQ(c.mla->qk_rope_head_dim, dims["qk_rope_head_dim"].get<uint32_t>());
+    EXPECT_EQ(engineSupport(c).code(), absl::StatusCode::kUnimplemented);
+  } else {
+    EXPECT_TRUE(engineSupport(c).ok());
+  }
+}
+
 // config.json files written by transformers' config classes; the expected values are
 // those classes' own attributes.
 TEST(ModelConfigGoldenTest, EveryConfigMatchesTransformers) {
@@ -32,79 +109,11 @@ TEST(ModelConfigGoldenTest, EveryConfigMatchesTransformers) {
     std::ifstream in(entry.path() / "expected.json");
     ASSERT_TRUE(in.good());
     nlohmann::json want = nlohmann::json::parse(in);
-    auto config = loadModelConfig(entry.path().string());
-    if (!want["cleave_supported"].get<bool>()) {
-      ASSERT_FALSE(config.ok());
-      EXPECT_THAT(config.status().message(),
-                  HasSubstr("\"" + want["architecture"].get<std::string>() + "\""));
-      EXPECT_THAT(config.status().message(), HasSubstr("config.json"));
-      ++checked;
-      continue;
-    }
-    ASSERT_TRUE(config.ok()) << config.status();
-    const ModelConfig& c = *config;
-    EXPECT_EQ(c.model_type, want["architecture"].get<std::string>());
-    EXPECT_EQ(c.hidden_size, want["hidden_size"].get<uint32_t>());
-    EXPECT_EQ(c.intermediate_size, want["intermediate_size"].get<uint32_t>());
-    EXPECT_EQ(c.num_layers, want["num_hidden_layers"].get<uint32_t>());
-    EXPECT_EQ(c.num_heads, want["num_attention_heads"].get<uint32_t>());
-    EXPECT_EQ(c.num_kv_heads, want["num_key_value_heads"].get<uint32_t>());
-    // For MLA Cleave's head_dim is the Q/K head (no-rope + rope parts).
-    EXPECT_EQ(c.head_dim, want.value("mla", false) ? want["mla_dims"]["qk_head_dim"].get<uint32_t>()
-                                                   : want["head_dim"].get<uint32_t>());
-    EXPECT_EQ(c.vocab_size, want["vocab_size"].get<uint32_t>());
-    EXPECT_EQ(c.max_position_embeddings, want["max_position_embeddings"].get<uint32_t>());
-    EXPECT_DOUBLE_EQ(c.rms_norm_eps, want["rms_norm_eps"].get<double>());
-    EXPECT_DOUBLE_EQ(c.rope_theta, want["rope_theta"].get<double>());
-    std::string rope_type = want["rope_type"].get<std::string>();
-    EXPECT_EQ(c.rope_scaling.type, rope_type == "default" ? "none" : rope_type);
-    if (want["rope_scaling"].is_object() && want["rope_scaling"].contains("factor")) {
-      EXPECT_DOUBLE_EQ(c.rope_scaling.factor, want["rope_scaling"]["factor"].get<double>());
-    }
-    if (want["rope_scaling"].is_object() &&
-        want["rope_scaling"].contains("original_max_position_embeddings")) {
-      EXPECT_EQ(c.rope_scaling.original_max_position_embeddings,
-                want["rope_scaling"]["original_max_position_embeddings"].get<uint32_t>());
-    }
-    EXPECT_EQ(c.tie_word_embeddings, want["tie_word_embeddings"].get<bool>());
-    EXPECT_EQ(c.attention_bias, want["attention_bias"].get<bool>());
-    EXPECT_EQ(c.bos_token_id, optionalId(want["bos_token_id"]));
-    std::vector<uint32_t> eos;
-    if (want["eos_token_id"].is_array())
-      eos = want["eos_token_id"].get<std::vector<uint32_t>>();
-    else if (!want["eos_token_id"].is_null())
-      eos.push_back(want["eos_token_id"].get<uint32_t>());
-    EXPECT_EQ(c.eos_token_ids, eos);
-    EXPECT_EQ(c.mla.has_value(), want.value("mla", false));
-    const nlohmann::json& moe = want["moe"];
-    ASSERT_EQ(c.moe.has_value(), moe.is_object() && !moe["num_experts"].is_null());
-    if (c.moe) {
-      EXPECT_EQ(c.moe->num_experts, moe["num_experts"].get<uint32_t>());
-      EXPECT_EQ(c.moe->experts_per_token, moe["experts_per_token"].get<uint32_t>());
-      if (!moe["moe_intermediate_size"].is_null()) {
-        EXPECT_EQ(c.moe->expert_intermediate_size, moe["moe_intermediate_size"].get<uint32_t>());
-      }
-      EXPECT_EQ(c.moe->norm_topk_prob, moe["norm_topk_prob"].get<bool>());
-      EXPECT_EQ(c.moe->shared_experts, moe["shared_experts"].get<uint32_t>());
-      EXPECT_EQ(c.moe->scoring == MoeScoring::kSigmoid,
-                moe["scoring"].get<std::string>() == "sigmoid");
-      if (!moe["n_group"].is_null()) EXPECT_EQ(c.moe->n_group, moe["n_group"].get<uint32_t>());
-      if (!moe["topk_group"].is_null())
-        EXPECT_EQ(c.moe->topk_group, moe["topk_group"].get<uint32_t>());
-      if (!moe["routed_scaling_factor"].is_null()) {
-        EXPECT_DOUBLE_EQ(c.moe->routed_scaling_factor, moe["routed_scaling_factor"].get<double>());
-      }
-      if (!moe["first_k_dense_replace"].is_null()) {
-        EXPECT_EQ(c.moe->first_k_dense, moe["first_k_dense_replace"].get<uint32_t>());
-      }
-    }
-    if (c.mla) {
-      const nlohmann::json& dims = want["mla_dims"];
-      EXPECT_EQ(c.mla->kv_lora_rank, dims["kv_lora_rank"].get<uint32_t>());
-      EXPECT_EQ(c.mla->qk_rope_head_dim, dims["qk_rope_head_dim"].get<uint32_t>());
-      EXPECT_EQ(engineSupport(c).code(), absl::StatusCode::kUnimplemented);
-    } else {
-      EXPECT_TRUE(engineSupport(c).ok());
+    // The layout published checkpoints use, and the one transformers 5 writes.
+    for (const fs::path& folder : {entry.path(), entry.path() / "transformers_v5"}) {
+      if (!fs::exists(folder / "config.json")) continue;
+      SCOPED_TRACE(folder.string());
+      checkConfig(folder.string(), want);
     }
     ++checked;
   }

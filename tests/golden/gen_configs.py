@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""Model config.json goldens.
+
+For every case writes tests/golden/data/configs/<name>/:
+  config.json                  the file in the layout published checkpoints use
+                               (top-level rope_theta / rope_scaling, per-family
+                               key names such as num_experts or n_routed_experts)
+  transformers_v5/config.json  the same config as the installed transformers
+                               writes it with save_pretrained (rope_theta and
+                               rope_scaling folded into rope_parameters)
+  expected.json                normalized values Cleave should derive
+
+Oracle: transformers' AutoConfig. Both files are loaded back with
+AutoConfig.from_pretrained and every expected value is read from the loaded
+config object; the two layouts must give identical values. Where the config
+object has no attribute because the modeling code hard-wires a behaviour
+(Qwen2's q/k/v bias, Mixtral's softmax router that always renormalizes its
+top-k) the value comes from that modeling code, is checked against its source
+text below, and is listed under "from_modeling_code".
+No weights and no torch are needed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import transformers
+from transformers import AutoConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DATA_DIR, pkg_version, write_json  # noqa: E402
+
+OUT = DATA_DIR / "configs"
+transformers.logging.set_verbosity_error()
+logging.getLogger("transformers").setLevel(logging.ERROR)
+
+LLAMA_COMMON = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+                "initializer_range": 0.02, "pretraining_tp": 1, "use_cache": True, "attention_bias": False,
+                "attention_dropout": 0.0, "mlp_bias": False}
+
+CASES: dict[str, dict] = {
+    # Llama 2 style: no num_key_value_heads, no rope_theta (both must default).
+    "llama2": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "hidden_size": 96, "intermediate_size": 260, "num_hidden_layers": 3, "num_attention_heads": 6,
+        "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-05,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
+        "rope_scaling": None, "torch_dtype": "float16", "initializer_range": 0.02,
+        "pretraining_tp": 1, "use_cache": True,
+    },
+    "llama3_rope": {
+        **LLAMA_COMMON,
+        "hidden_size": 128, "intermediate_size": 448, "num_hidden_layers": 2, "num_attention_heads": 8,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128256, "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+        "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+    "llama_yarn": {
+        **LLAMA_COMMON,
+        "hidden_size": 120, "intermediate_size": 336, "num_hidden_layers": 2, "num_attention_heads": 5,
+        "num_key_value_heads": 5, "vocab_size": 32000, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192,
+                         "beta_fast": 32.0, "beta_slow": 1.0},
+        "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    },
+    "smollm2_135m": {
+        **LLAMA_COMMON,
+        "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-05, "rope_theta": 100000, "rope_scaling": None,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+    },
+    "qwen2": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+        "hidden_size": 112, "intermediate_size": 320, "num_hidden_layers": 2, "num_attention_heads": 7,
+        "num_key_value_heads": 1, "vocab_size": 151936, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+        "use_sliding_window": False, "max_window_layers": 21, "bos_token_id": 151643,
+        "eos_token_id": 151645, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+    },
+    "qwen3": {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+        "hidden_size": 80, "intermediate_size": 200, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 151936, "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-06, "rope_theta": 1000000, "rope_scaling": None, "attention_bias": False,
+        "sliding_window": None, "use_sliding_window": False, "max_window_layers": 2,
+        "bos_token_id": 151643, "eos_token_id": 151645, "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16", "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+    },
+    "mixtral": {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_act": "silu",
+        "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 32000, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "output_router_logits": False,
+        "router_aux_loss_coef": 0.02, "bos_token_id": 1, "eos_token_id": 2,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "attention_dropout": 0.0,
+        "initializer_range": 0.02, "use_cache": True,
+    },
+    "qwen3_moe": {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_act": "silu",
+        "hidden_size": 64, "intermediate_size": 192, "moe_intermediate_size": 48, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 151936,
+        "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+        "rope_scaling": None, "attention_bias": False, "num_experts": 16, "num_experts_per_tok": 4,
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "output_router_logits": False, "router_aux_loss_coef": 0.001, "sliding_window": None,
+        "use_sliding_window": False, "max_window_layers": 2, "bos_token_id": 151643,
+        "eos_token_id": 151645, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+    },
+    "deepseek_v3": {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_act": "silu",
+        "hidden_size": 96, "intermediate_size": 256, "moe_intermediate_size": 32, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 129280,
+        "max_position_embeddings": 163840, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                         "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+        "n_routed_experts": 16, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+        "n_shared_experts": 1, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,
+        "moe_layer_freq": 1, "scoring_func": "sigmoid", "topk_method": "noaux_tc", "norm_topk_prob": True,
+        "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+        "v_head_dim": 16, "num_nextn_predict_layers": 1, "ep_size": 1, "aux_loss_alpha": 0.001,
+        "seq_aux": True, "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "initializer_range": 0.02, "use_cache": True,
+    },
+    # Not a decoder family Cleave serves: the loader must reject it cleanly.
+    "gpt2_unsupported": {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
+        "n_embd": 64, "n_head": 4, "n_layer": 2, "n_positions": 256, "n_ctx": 256, "vocab_size": 1000,
+        "layer_norm_epsilon": 1e-05, "bos_token_id": 999, "eos_token_id": 999,
+        "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "initializer_range": 0.02,
+    },
+}
+
+SUPPORTED = {"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3"}
+
+MODELING_FACTS = {
+    # model_type: (file, must-contain snippet, facts)
+    "qwen2": ("qwen2/modeling_qwen2.py",
+              ["self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=True)"],
+              {"attention_bias": True}),
+    "mixtral": ("mixtral/modeling_mixtral.py",
+                ["router_top_value /= router_top_value.sum(dim=-1, keepdim=True)",
+                 "router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)",
+                 "self.intermediate_dim = config.intermediate_size",
+                 "self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=False)"],
+                {"norm_topk_prob": True, "scoring": "softmax", "attention_bias": False,
+                 "moe_intermediate_size": "intermediate_size"}),
+    "qwen3_moe": ("qwen3_moe/modeling_qwen3_moe.py",
+                  ["router_probs = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)"],
+                  {"scoring": "softmax"}),
+}
+
+
+def _modeling_source(rel: str) -> str:
+    return (Path(transformers.__file__).parent / "models" / rel).read_text()
+
+
+def derive(cfg, name: str, raw: dict) -> dict:
+    mt = cfg.model_type
+    e: dict = {"architecture": mt, "cleave_supported": mt in SUPPORTED}
+    if mt not in SUPPORTED:
+        # gpt2 uses its own names; report what the object exposes through its attribute_map
+        e.update({"hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
+                  "num_attention_heads": cfg.num_attention_heads, "vocab_size": cfg.vocab_size})
+        return e
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None)
+    head_dim = getattr(cfg, "head_dim", None)
+    rp = dict(getattr(cfg, "rope_parameters", None) or {})
+    e.update({
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv if kv is not None else heads,
+        "head_dim": head_dim if head_dim is not None else cfg.hidden_size // heads,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": float(cfg.rms_norm_eps),
+        "rope_theta": float(rp["rope_theta"]),
+        "rope_type": rp.get("rope_type", rp.get("type")),
+        # as written in config.json (null when absent / null there)
+        "rope_scaling": raw.get("rope_scaling"),
+        # the oracle's normalized view: scaling fields plus rope_theta and rope_type
+        "rope_parameters": rp,
+        "tie_word_embeddings": bool(cfg.tie_word_embeddings),
+        "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id,
+        "attention_bias": getattr(cfg, "attention_bias", None),
+    })
+    moe = {k: None for k in ["num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
+                             "shared_experts", "scoring", "n_group", "topk_group",
+                             "routed_scaling_factor", "first_k_dense_replace"]}
+    n_exp = getattr(cfg, "n_routed_experts", None) or getattr(cfg, "num_local_experts", None)
+    if n_exp:
+        moe.update({
+            "num_experts": n_exp,
+            "experts_per_token": cfg.num_experts_per_tok,
+            "moe_intermediate_size": getattr(cfg, "moe_intermediate_size", None),
+            "norm_topk_prob": getattr(cfg, "norm_topk_prob", None),
+            "shared_experts": getattr(cfg, "n_shared_experts", None) or 0,
+            "scoring": getattr(cfg, "scoring_func", None),
+            "n_group": getattr(cfg, "n_group", None),
+            "topk_group": getattr(cfg, "topk_group", None),
+            "routed_scaling_factor": getattr(cfg, "routed_scaling_factor", None),
+            "first_k_dense_replace": getattr(cfg, "first_k_dense_replace", None),
+        })
+        if mt == "qwen3_moe":
+            moe["decoder_sparse_step"] = cfg.decoder_sparse_step
+            moe["mlp_only_layers"] = list(cfg.mlp_only_layers)
+        if mt == "deepseek_v3":
+            moe["topk_method"] = getattr(cfg, "topk_method", None)
+    e["moe"] = moe
+    from_code = {}
+    if mt in MODELING_FACTS:
+        rel, snippets, facts = MODELING_FACTS[mt]
+        src = _modeling_source(rel)
+        for snippet in snippets:
+            assert snippet in src, f"modeling code changed: {rel}: {snippet}"
+        for k, v in facts.items():
+            if v == "intermediate_size":  # experts sized by the dense field
+                v = cfg.intermediate_size
+            tgt = e["moe"] if k in moe else e
+            if tgt.get(k) is None:
+                tgt[k] = v
+                from_code[k] = f"transformers/models/{rel}"
+    e["from_modeling_code"] = from_code
+    e["mla"] = mt == "deepseek_v3"
+    if mt == "deepseek_v3":
+        e["mla_dims"] = {k: getattr(cfg, k) for k in
+                         ["q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                          "v_head_dim", "qk_head_dim"]}
+    return e
+
+
+def main() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, raw in CASES.items():
+        d = OUT / name
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+        cfg = AutoConfig.from_pretrained(str(d))
+        exp = derive(cfg, name, raw)
+        v5 = d / "transformers_v5"
+        cfg.save_pretrained(str(v5))
+        cfg2 = AutoConfig.from_pretrained(str(v5))
+        exp2 = derive(cfg2, name, raw)
+        assert exp == exp2, (name, exp, exp2)
+        exp["producer"] = f"tests/golden/gen_configs.py with transformers {pkg_version('transformers')}"
+        exp["config_class"] = type(cfg).__name__
+        write_json(d / "expected.json", exp)
+        print(f"  {name}: {type(cfg).__name__}")
+
+
+if __name__ == "__main__":
+    main()
