@@ -41,7 +41,8 @@ std::string shapeText(const std::vector<uint64_t>& dims) {
 }
 
 void printConfig(const model::ModelConfig& c) {
-  std::printf("architecture: %s (%s)\n", model::architectureName(c.architecture), c.model_type.c_str());
+  std::printf("architecture: %s (%s)\n", model::architectureName(c.architecture),
+              c.model_type.c_str());
   std::printf("  hidden_size %u, intermediate_size %u, layers %u, heads %u (kv %u), head_dim %u\n",
               c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads,
               c.head_dim);
@@ -71,7 +72,8 @@ void printConfig(const model::ModelConfig& c) {
                 c.mla->qk_rope_head_dim, c.mla->v_head_dim);
   }
   absl::Status support = model::engineSupport(c);
-  std::printf("  engine support: %s\n", support.ok() ? "yes" : std::string(support.message()).c_str());
+  std::printf("  engine support: %s\n",
+              support.ok() ? "yes" : std::string(support.message()).c_str());
 }
 
 void printTensors(const std::vector<TensorRow>& rows, bool list) {
@@ -121,9 +123,11 @@ int runInspect(int argc, char** argv) {
   std::string format;
   if (std::filesystem::is_directory(path)) {
     auto checkpoint = model::SafetensorsCheckpoint::open(path);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (checkpoint.ok()) {
-      format = absl::StrFormat("safetensors, %zu files, opened in %.1f ms", (*checkpoint)->files().size(), ms);
+      format = absl::StrFormat("safetensors, %zu files, opened in %.1f ms",
+                               (*checkpoint)->files().size(), ms);
       for (const model::SafetensorsTensor* t : (*checkpoint)->tensors()) {
         rows.push_back({t->name, t->dtype, shapeText(t->shape), t->num_bytes});
       }
@@ -141,7 +145,8 @@ int runInspect(int argc, char** argv) {
   } else {
     auto gguf = model::GgufFile::open(path);
     if (!gguf.ok()) return fail(gguf.status());
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     format = absl::StrFormat("GGUF v%u, %zu metadata keys, opened in %.1f ms", (*gguf)->version(),
                              (*gguf)->metadata().size(), ms);
     for (const model::GgufTensor& t : (*gguf)->tensors()) {
