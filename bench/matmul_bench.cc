@@ -1,0 +1,81 @@
+// Quantized matrix products at the shapes of a small model's decode step, against the
+// memory floor. A decode matmul must stream the whole weight matrix once per step, so its
+// floor is weight bytes / memory bandwidth; the bandwidth is measured in the same run
+// (BM_StreamRead, a sum over a 1 GiB buffer with the same threads).
+//
+// Run: build/default/bin/bench_matmul --benchmark_repetitions=5 --benchmark_report_aggregates_only
+// Counters: weight_GBps (weight bytes / time); compare with BM_StreamRead's bytes_per_second.
+#include <benchmark/benchmark.h>
+
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/matmul.h"
+
+namespace {
+
+using cleave::cpu::ThreadPool;
+using cleave::cpu::WeightMatrix;
+using cleave::model::TensorType;
+
+int threads() { return static_cast<int>(std::thread::hardware_concurrency()); }
+
+ThreadPool& pool() {
+  static ThreadPool* p = new ThreadPool(threads());
+  return *p;
+}
+
+void BM_StreamRead(benchmark::State& state) {
+  static std::vector<uint64_t> buffer(size_t{1} << 27, 1);  // 1 GiB.
+  for (auto _ : state) {
+    std::vector<uint64_t> partial(pool().size());
+    pool().parallelFor(static_cast<int64_t>(buffer.size()), 4096, [&](int64_t b, int64_t e) {
+      uint64_t s = std::accumulate(buffer.begin() + b, buffer.begin() + e, uint64_t{0});
+      partial[b * pool().size() / buffer.size()] += s;
+    });
+    benchmark::DoNotOptimize(partial);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * buffer.size() * 8);
+}
+
+// Args: rows, cols, tokens, type.
+void BM_Matmul(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1), tokens = state.range(2);
+  const auto type = static_cast<TensorType>(state.range(3));
+  // Several copies so one step's weights do not stay in cache between iterations.
+  const int copies = 8;
+  std::mt19937 rng(7);
+  const int64_t bytes = rows * *cleave::model::tensorBytes(type, cols);
+  std::vector<std::vector<uint8_t>> weights(copies, std::vector<uint8_t>(bytes));
+  for (auto& w : weights) {
+    for (auto& b : w) b = static_cast<uint8_t>(rng() & 0x3f);  // Small, finite f16 scales.
+  }
+  std::vector<float> x(tokens * cols), y(tokens * rows);
+  std::normal_distribution<float> normal;
+  for (float& v : x) v = normal(rng);
+  int i = 0;
+  for (auto _ : state) {
+    WeightMatrix w{.type = type, .rows = rows, .cols = cols, .data = weights[i++ % copies].data()};
+    auto status = cleave::cpu::matmul(
+        {.weight = &w, .x = x.data(), .ldx = cols, .tokens = tokens, .y = y.data(), .ldy = rows}, pool());
+    if (!status.ok()) state.SkipWithError("matmul failed");
+  }
+  state.counters["weight_GBps"] =
+      benchmark::Counter(static_cast<double>(bytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+  state.counters["tokens"] = static_cast<double>(tokens);
+}
+
+BENCHMARK(BM_StreamRead)->UseRealTime()->Unit(benchmark::kMillisecond);
+// A SmolLM2-135M layer (hidden 576, intermediate 1536) and its Q8_0 output head.
+BENCHMARK(BM_Matmul)
+    ->ArgsProduct({{1536}, {576}, {1, 4, 16, 64}, {static_cast<int>(TensorType::kQ4_1)}})
+    ->ArgsProduct({{576}, {1536}, {1, 16}, {static_cast<int>(TensorType::kQ4_1)}})
+    ->ArgsProduct({{49152}, {576}, {1, 16}, {static_cast<int>(TensorType::kQ8_0)}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,188 @@
+// Tokenizer throughput: encode and decode MB/s on ~1 MB of English text, one core.
+//
+//   build/default/bin/bench_tokenizer --benchmark_repetitions=5 --benchmark_report_aggregates_only
+//
+// Tokenizer: $CLEAVE_TOKENIZER (a .gguf, tokenizer.json or folder), else the demo model
+// models/SmolLM2-135M-Instruct.Q4_1.gguf (found from the working directory or the binary's).
+// Text: $CLEAVE_TOKENIZER_BENCH_TEXT (a file), else ~1 MB generated deterministically.
+// Counters: bytes_per_second is text bytes (encode) or decoded bytes (decode) per second.
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "common/tokenizer/tokenizer.h"
+
+namespace {
+
+using cleave::tokenizer::EncodeOptions;
+using cleave::tokenizer::IncrementalDetokenizer;
+using cleave::tokenizer::TokenId;
+using cleave::tokenizer::Tokenizer;
+
+constexpr size_t kTextBytes = 1 << 20;
+constexpr const char* kDemoModel = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+std::string findTokenizerPath() {
+  if (const char* env = std::getenv("CLEAVE_TOKENIZER")) return env;
+  std::error_code ec;
+  if (std::filesystem::exists(kDemoModel, ec)) return kDemoModel;
+  // build/<preset>/bin/bench_tokenizer -> the checkout is three folders up.
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  for (int up = 0; !ec && up < 5 && exe.has_parent_path(); ++up) {
+    exe = exe.parent_path();
+    if (std::filesystem::exists(exe / kDemoModel, ec)) return (exe / kDemoModel).string();
+  }
+  return "";
+}
+
+// English-like prose: common words, capitals, punctuation, contractions, numbers, newlines.
+std::string generateText(size_t bytes) {
+  static const char* const kWords[] = {
+      "the",      "of",       "and",     "to",       "in",      "a",          "is",
+      "that",     "for",      "it",      "as",       "was",     "with",       "be",
+      "by",       "on",       "not",     "he",       "this",    "are",        "or",
+      "his",      "from",     "at",      "which",    "but",     "have",       "an",
+      "had",      "they",     "you",     "were",     "their",   "one",        "all",
+      "we",       "can",      "her",     "has",      "there",   "been",       "if",
+      "more",     "when",     "will",    "would",    "who",     "so",         "no",
+      "model",    "serving",  "request", "latency",  "through", "accelerator", "memory",
+      "schedule", "batches",  "prefix",  "cache",    "tokens",  "language",   "quickly",
+      "however",  "important", "different", "between", "without", "government", "children",
+      "question", "understand", "experience", "information", "development", "particularly"};
+  static const char* const kContractions[] = {"don't", "it's", "we're", "they've", "I'm",
+                                              "can't", "she'll", "wouldn't"};
+  uint64_t state = 0x2545F4914F6CDD1DULL;
+  auto next = [&](uint64_t n) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state % n;
+  };
+  std::string text;
+  text.reserve(bytes + 256);
+  bool sentence_start = true;
+  while (text.size() < bytes) {
+    std::string word;
+    const uint64_t kind = next(100);
+    if (kind < 3) {
+      word = std::to_string(next(100000));
+    } else if (kind < 6) {
+      word = kContractions[next(std::size(kContractions))];
+    } else {
+      word = kWords[next(std::size(kWords))];
+    }
+    if (sentence_start || next(20) == 0) word[0] = static_cast<char>(std::toupper(word[0]));
+    if (!sentence_start) text.push_back(' ');
+    text += word;
+    sentence_start = false;
+    const uint64_t punct = next(100);
+    if (punct < 8) {
+      text += ". ";
+      sentence_start = true;
+      if (next(6) == 0) text += "\n\n";
+    } else if (punct < 13) {
+      text.push_back(',');
+    } else if (punct < 14) {
+      text += "? ";
+      sentence_start = true;
+    }
+  }
+  return text;
+}
+
+struct Fixture {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::string text;
+  std::vector<TokenId> ids;
+  std::string error;
+
+  Fixture() {
+    const std::string path = findTokenizerPath();
+    if (path.empty()) {
+      error = std::string(kDemoModel) +
+              " not found: run scripts/install-deps.sh or set CLEAVE_TOKENIZER";
+      return;
+    }
+    auto loaded = Tokenizer::load(path);
+    if (!loaded.ok()) {
+      error = std::string(loaded.status().message());
+      return;
+    }
+    tokenizer = *std::move(loaded);
+    if (const char* file = std::getenv("CLEAVE_TOKENIZER_BENCH_TEXT")) {
+      std::ifstream in(file, std::ios::binary);
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    } else {
+      text = generateText(kTextBytes);
+    }
+    ids = tokenizer->encode(text, EncodeOptions{.add_special_tokens = false});
+  }
+};
+
+const Fixture& fixture() {
+  static const Fixture kFixture;
+  return kFixture;
+}
+
+void BM_Encode(benchmark::State& state) {
+  const Fixture& f = fixture();
+  if (!f.error.empty()) {
+    state.SkipWithError(f.error.c_str());
+    return;
+  }
+  size_t tokens = 0;
+  for (auto _ : state) {
+    auto ids = f.tokenizer->encode(f.text, EncodeOptions{.add_special_tokens = false});
+    tokens = ids.size();
+    benchmark::DoNotOptimize(ids.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * f.text.size()));
+  state.counters["tokens"] = static_cast<double>(tokens);
+  state.counters["bytes_per_token"] = static_cast<double>(f.text.size()) / tokens;
+}
+BENCHMARK(BM_Encode)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Decode(benchmark::State& state) {
+  const Fixture& f = fixture();
+  if (!f.error.empty()) {
+    state.SkipWithError(f.error.c_str());
+    return;
+  }
+  size_t bytes = 0;
+  for (auto _ : state) {
+    std::string text = f.tokenizer->decode(f.ids, /*skip_special_tokens=*/true);
+    bytes = text.size();
+    benchmark::DoNotOptimize(text.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+BENCHMARK(BM_Decode)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Streaming decode, one push per token, as a server streams a response.
+void BM_IncrementalDecode(benchmark::State& state) {
+  const Fixture& f = fixture();
+  if (!f.error.empty()) {
+    state.SkipWithError(f.error.c_str());
+    return;
+  }
+  size_t bytes = 0;
+  for (auto _ : state) {
+    IncrementalDetokenizer stream(*f.tokenizer);
+    bytes = 0;
+    for (TokenId id : f.ids) bytes += stream.push(id).size();
+    bytes += stream.finish().size();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+}
+BENCHMARK(BM_IncrementalDecode)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();

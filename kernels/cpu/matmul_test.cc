@@ -1,0 +1,184 @@
+#include "kernels/cpu/matmul.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "kernels/cpu/quantized_activations.h"
+
+namespace cleave::cpu {
+namespace {
+
+using model::TensorType;
+
+uint16_t toHalfBits(float f) {
+  // Test data only needs moderate normal values: round-to-nearest via F16C-free math.
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000;
+  int exponent = static_cast<int>((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mantissa = (x >> 13) & 0x3ff;
+  if (exponent <= 0) return static_cast<uint16_t>(sign);
+  return static_cast<uint16_t>(sign | (exponent << 10) | mantissa);
+}
+
+// Random weights in `type`: block scales are moderate finite values, quants random.
+std::vector<uint8_t> randomWeights(TensorType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::vector<uint8_t> data(rows * *model::tensorBytes(type, cols));
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  auto putHalf = [](uint8_t* p, float v) {
+    uint16_t h = toHalfBits(v);
+    std::memcpy(p, &h, 2);
+  };
+  if (type == TensorType::kF32 || type == TensorType::kF16 || type == TensorType::kBF16) {
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      float v = normal(rng) * 0.1f;
+      if (type == TensorType::kF32) std::memcpy(data.data() + 4 * i, &v, 4);
+      if (type == TensorType::kF16) putHalf(data.data() + 2 * i, v);
+      if (type == TensorType::kBF16) {
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        uint16_t top = static_cast<uint16_t>(bits >> 16);
+        std::memcpy(data.data() + 2 * i, &top, 2);
+      }
+    }
+    return data;
+  }
+  const int64_t block_bytes = *model::tensorBytes(type, 32);
+  for (size_t offset = 0; offset < data.size(); offset += block_bytes) {
+    uint8_t* block = data.data() + offset;
+    for (int64_t j = 0; j < block_bytes; ++j) block[j] = static_cast<uint8_t>(byte(rng));
+    putHalf(block, (rng() % 2 ? -1.0f : 1.0f) * scale(rng));
+    if (type == TensorType::kQ4_1) putHalf(block + 2, normal(rng) * 0.1f);
+  }
+  return data;
+}
+
+std::vector<float> dequantized(const WeightMatrix& w) {
+  std::vector<float> out(w.rows * w.cols);
+  EXPECT_TRUE(model::dequantize(w.type, w.data, w.rows * w.cols, out.data()).ok());
+  return out;
+}
+
+bool isQuantized(TensorType t) {
+  return t == TensorType::kQ4_0 || t == TensorType::kQ4_1 || t == TensorType::kQ8_0;
+}
+
+struct Shape {
+  int64_t rows, cols, tokens;
+};
+
+class MatmulTest : public ::testing::TestWithParam<TensorType> {};
+
+// Every ISA path against a float64 reference computed from the dequantized weights and
+// the activations as the kernel sees them (after per-block int8 quantization for the
+// quantized formats), on fresh random data, awkward sizes and poisoned outputs.
+TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
+  const TensorType type = GetParam();
+  std::mt19937 rng(1234 + static_cast<int>(type));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ThreadPool pool(2);
+  const Shape shapes[] = {{1, 32, 1}, {37, 64, 1}, {16, 96, 3}, {130, 576, 5}, {33, 1536, 9}, {70, 160, 17}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.cols << " tokens " << s.tokens);
+    std::vector<uint8_t> bytes = randomWeights(type, s.rows, s.cols, rng);
+    WeightMatrix w{.type = type, .rows = s.rows, .cols = s.cols, .data = bytes.data()};
+    std::vector<float> x(s.tokens * s.cols);
+    for (float& v : x) v = normal(rng);
+    // What the kernel multiplies: x itself, or its per-block int8 quantization.
+    std::vector<double> x_seen(x.begin(), x.end());
+    if (isQuantized(type)) {
+      QuantizedActivations q;
+      quantizeActivations(x.data(), s.tokens, s.cols, s.cols, q);
+      for (int64_t t = 0; t < s.tokens; ++t) {
+        for (int64_t k = 0; k < s.cols; ++k) {
+          x_seen[t * s.cols + k] = static_cast<double>(q.rowD(t)[k / 32]) * q.rowQ(t)[k];
+        }
+      }
+    }
+    std::vector<float> wf = dequantized(w);
+    for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512}) {
+      if (!isaSupported(isa)) continue;
+      if (isa == Isa::kAvx2 && !isQuantized(type)) continue;  // Float formats: portable, AVX-512.
+      SCOPED_TRACE(isaName(isa));
+      std::vector<float> y(s.tokens * s.rows, std::nanf("poison"));
+      ASSERT_TRUE(matmul({.weight = &w, .x = x.data(), .ldx = s.cols, .tokens = s.tokens, .y = y.data(),
+                          .ldy = s.rows, .isa = isa},
+                         pool)
+                      .ok());
+      for (int64_t t = 0; t < s.tokens; ++t) {
+        for (int64_t n = 0; n < s.rows; ++n) {
+          double ref = 0, magnitude = 0;
+          for (int64_t k = 0; k < s.cols; ++k) {
+            double term = static_cast<double>(wf[n * s.cols + k]) * x_seen[t * s.cols + k];
+            ref += term;
+            magnitude += std::fabs(term);
+          }
+          float got = y[t * s.rows + n];
+          ASSERT_FALSE(std::isnan(got)) << "t=" << t << " n=" << n;
+          ASSERT_NEAR(got, ref, 2e-6 * magnitude + 1e-7) << "t=" << t << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(MatmulTest, ThreadCountDoesNotChangeTheResult) {
+  const TensorType type = GetParam();
+  std::mt19937 rng(99);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint8_t> bytes = randomWeights(type, 200, 256, rng);
+  WeightMatrix w{.type = type, .rows = 200, .cols = 256, .data = bytes.data()};
+  std::vector<float> x(6 * 256);
+  for (float& v : x) v = normal(rng);
+  std::vector<float> y1(6 * 200, std::nanf("")), y2(6 * 200, std::nanf(""));
+  ThreadPool one(1), two(2);
+  ASSERT_TRUE(matmul({.weight = &w, .x = x.data(), .ldx = 256, .tokens = 6, .y = y1.data(), .ldy = 200}, one).ok());
+  ASSERT_TRUE(matmul({.weight = &w, .x = x.data(), .ldx = 256, .tokens = 6, .y = y2.data(), .ldy = 200}, two).ok());
+  EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, MatmulTest,
+                         ::testing::Values(TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0,
+                                           TensorType::kF32, TensorType::kF16, TensorType::kBF16),
+                         [](const auto& info) { return std::string(model::tensorTypeName(info.param)); });
+
+TEST(QuantizedActivationsTest, ErrorIsBoundedByHalfAStep) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> x(2 * 96);
+  for (float& v : x) v = normal(rng);
+  QuantizedActivations q;
+  quantizeActivations(x.data(), 2, 96, 96, q);
+  for (int64_t t = 0; t < 2; ++t) {
+    for (int64_t b = 0; b < 3; ++b) {
+      int32_t sum = 0;
+      for (int j = 0; j < 32; ++j) {
+        int64_t k = b * 32 + j;
+        sum += q.rowQ(t)[k];
+        EXPECT_LE(std::fabs(q.rowD(t)[b] * q.rowQ(t)[k] - x[t * 96 + k]), 0.5f * q.rowD(t)[b] * 1.0001f);
+      }
+      EXPECT_EQ(sum, q.rowSum(t)[b]);
+    }
+  }
+}
+
+TEST(MatmulErrorsTest, UnsupportedFormatsAndShapes) {
+  ThreadPool pool(1);
+  std::vector<uint8_t> bytes(1024);
+  std::vector<float> x(64), y(4);
+  WeightMatrix q2k{.type = TensorType::kQ2_K, .rows = 1, .cols = 256, .data = bytes.data()};
+  EXPECT_EQ(matmul({.weight = &q2k, .x = x.data(), .ldx = 256, .tokens = 1, .y = y.data(), .ldy = 1}, pool).code(),
+            absl::StatusCode::kUnimplemented);
+  WeightMatrix odd{.type = TensorType::kQ8_0, .rows = 1, .cols = 48, .data = bytes.data()};
+  EXPECT_EQ(matmul({.weight = &odd, .x = x.data(), .ldx = 48, .tokens = 1, .y = y.data(), .ldy = 1}, pool).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cleave::cpu
