@@ -7,6 +7,7 @@
 // Counters: weight_GBps (weight bytes / time); compare with BM_StreamRead's bytes_per_second.
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -20,7 +21,11 @@ using cleave::cpu::ThreadPool;
 using cleave::cpu::WeightMatrix;
 using cleave::model::TensorType;
 
-int threads() { return static_cast<int>(std::thread::hardware_concurrency()); }
+// CLEAVE_THREADS overrides the thread count (default: every core).
+int threads() {
+  const char* env = std::getenv("CLEAVE_THREADS");
+  return env ? std::atoi(env) : static_cast<int>(std::thread::hardware_concurrency());
+}
 
 ThreadPool& pool() {
   static ThreadPool* p = new ThreadPool(threads());
