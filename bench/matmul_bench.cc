@@ -18,7 +18,6 @@
 namespace {
 
 using cleave::cpu::ThreadPool;
-using cleave::cpu::WeightMatrix;
 using cleave::model::TensorType;
 
 // CLEAVE_THREADS overrides the thread count (default: every core).
@@ -53,22 +52,32 @@ void BM_Matmul(benchmark::State& state) {
   const int copies = 8;
   std::mt19937 rng(7);
   const int64_t bytes = rows * *cleave::model::tensorBytes(type, cols);
-  std::vector<std::vector<uint8_t>> weights(copies, std::vector<uint8_t>(bytes));
-  for (auto& w : weights) {
-    for (auto& b : w) b = static_cast<uint8_t>(rng() & 0x3f);  // Small, finite f16 scales.
+  std::vector<uint8_t> source(bytes);
+  for (auto& b : source) b = static_cast<uint8_t>(rng() & 0x3f);  // Small, finite f16 scales.
+  std::vector<cleave::cpu::CpuMatrix> weights;
+  for (int c = 0; c < copies; ++c) {
+    auto m = cleave::cpu::CpuMatrix::create(
+        {.type = type, .rows = rows, .cols = cols, .data = source.data()});
+    if (!m.ok()) {
+      state.SkipWithError("unsupported weight");
+      return;
+    }
+    weights.push_back(std::move(*m));
   }
   std::vector<float> x(tokens * cols), y(tokens * rows);
   std::normal_distribution<float> normal;
   for (float& v : x) v = normal(rng);
   int i = 0;
   for (auto _ : state) {
-    WeightMatrix w{.type = type, .rows = rows, .cols = cols, .data = weights[i++ % copies].data()};
+    const cleave::cpu::CpuMatrix& w = weights[i++ % copies];
     auto status = cleave::cpu::matmul(
-        {.weight = &w, .x = x.data(), .ldx = cols, .tokens = tokens, .y = y.data(), .ldy = rows}, pool());
+        {.weight = &w, .x = x.data(), .ldx = cols, .tokens = tokens, .y = y.data(), .ldy = rows},
+        pool());
     if (!status.ok()) state.SkipWithError("matmul failed");
   }
   state.counters["weight_GBps"] =
-      benchmark::Counter(static_cast<double>(bytes) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+      benchmark::Counter(static_cast<double>(weights[0].bytes()) * state.iterations() / 1e9,
+                         benchmark::Counter::kIsRate);
   state.counters["tokens"] = static_cast<double>(tokens);
 }
 

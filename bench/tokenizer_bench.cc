@@ -45,19 +45,21 @@ std::string findTokenizerPath() {
 // English-like prose: common words, capitals, punctuation, contractions, numbers, newlines.
 std::string generateText(size_t bytes) {
   static const char* const kWords[] = {
-      "the",      "of",       "and",     "to",       "in",      "a",          "is",
-      "that",     "for",      "it",      "as",       "was",     "with",       "be",
-      "by",       "on",       "not",     "he",       "this",    "are",        "or",
-      "his",      "from",     "at",      "which",    "but",     "have",       "an",
-      "had",      "they",     "you",     "were",     "their",   "one",        "all",
-      "we",       "can",      "her",     "has",      "there",   "been",       "if",
-      "more",     "when",     "will",    "would",    "who",     "so",         "no",
-      "model",    "serving",  "request", "latency",  "through", "accelerator", "memory",
-      "schedule", "batches",  "prefix",  "cache",    "tokens",  "language",   "quickly",
-      "however",  "important", "different", "between", "without", "government", "children",
-      "question", "understand", "experience", "information", "development", "particularly"};
-  static const char* const kContractions[] = {"don't", "it's", "we're", "they've", "I'm",
-                                              "can't", "she'll", "wouldn't"};
+      "the",         "of",          "and",         "to",          "in",        "a",
+      "is",          "that",        "for",         "it",          "as",        "was",
+      "with",        "be",          "by",          "on",          "not",       "he",
+      "this",        "are",         "or",          "his",         "from",      "at",
+      "which",       "but",         "have",        "an",          "had",       "they",
+      "you",         "were",        "their",       "one",         "all",       "we",
+      "can",         "her",         "has",         "there",       "been",      "if",
+      "more",        "when",        "will",        "would",       "who",       "so",
+      "no",          "model",       "serving",     "request",     "latency",   "through",
+      "accelerator", "memory",      "schedule",    "batches",     "prefix",    "cache",
+      "tokens",      "language",    "quickly",     "however",     "important", "different",
+      "between",     "without",     "government",  "children",    "question",  "understand",
+      "experience",  "information", "development", "particularly"};
+  static const char* const kContractions[] = {"don't", "it's",  "we're",  "they've",
+                                              "I'm",   "can't", "she'll", "wouldn't"};
   uint64_t state = 0x2545F4914F6CDD1DULL;
   auto next = [&](uint64_t n) {
     state ^= state << 13;

@@ -1,7 +1,10 @@
 #include "kernels/cpu/matmul.h"
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/packed_layout.h"
 
 namespace cleave::cpu {
 namespace {
@@ -24,42 +27,93 @@ bool matmulSupports(TensorType type) {
          type == TensorType::kBF16;
 }
 
+void CpuMatrix::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
+
+absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa) {
+  if (!matmulSupports(source.type)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "matmul: weight format ", model::tensorTypeName(source.type), " is not supported"));
+  }
+  if (source.cols <= 0 || !model::tensorBytes(source.type, source.cols)) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul: ", source.cols,
+                                                   " columns is not a whole number of ",
+                                                   model::tensorTypeName(source.type), " blocks"));
+  }
+  if (!isaSupported(isa)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("matmul: this CPU cannot run ", isaName(isa)));
+  }
+  CpuMatrix matrix;
+  matrix.source_ = source;
+  matrix.isa_ = isa;
+  if (isa == Isa::kAvx512 && isQuantized(source.type)) {
+    const int64_t bytes =
+        packed::groups(source.rows) * (source.cols / 32) * packed::groupBlockBytes(source.type);
+    // 64-byte aligned so each 512-bit load stays within one cache line.
+    const int64_t rounded = (bytes + 63) / 64 * 64;
+    matrix.packed_.reset(
+        static_cast<uint8_t*>(std::aligned_alloc(64, std::max<int64_t>(rounded, 64))));
+    if (matrix.packed_ == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("matmul: cannot allocate ", bytes, " bytes"));
+    }
+    packed::pack(source.type, source.rows, source.cols, source.data, matrix.packed_.get());
+    matrix.packed_bytes_ = bytes;
+    matrix.source_.data = nullptr;  // The packed copy is all that is read from now on.
+  }
+  return matrix;
+}
+
+int64_t CpuMatrix::bytes() const { return packed() ? packed_bytes_ : rows() * source_.rowBytes(); }
+
 absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
-  const WeightMatrix& w = *args.weight;
-  if (!matmulSupports(w.type)) {
-    return absl::UnimplementedError(
-        absl::StrCat("matmul: weight format ", model::tensorTypeName(w.type), " is not supported"));
-  }
-  if (!model::tensorBytes(w.type, w.cols)) {
-    return absl::InvalidArgumentError(absl::StrCat("matmul: ", w.cols, " columns is not a whole number of ",
-                                                   model::tensorTypeName(w.type), " blocks"));
-  }
-  if (!isaSupported(args.isa)) {
-    return absl::FailedPreconditionError(absl::StrCat("matmul: this CPU cannot run ", isaName(args.isa)));
-  }
-  if (args.tokens == 0 || w.rows == 0) return absl::OkStatus();
-  const int64_t tasks = (w.rows + kRowsPerTask - 1) / kRowsPerTask;
+  const CpuMatrix& w = *args.weight;
+  if (args.tokens == 0 || w.rows() == 0) return absl::OkStatus();
+  const int64_t tasks = (w.rows() + kRowsPerTask - 1) / kRowsPerTask;
   auto rowsOf = [&](int64_t task) {
-    return std::pair<int64_t, int64_t>(task * kRowsPerTask, std::min(w.rows, (task + 1) * kRowsPerTask));
+    return std::pair<int64_t, int64_t>(task * kRowsPerTask,
+                                       std::min(w.rows(), (task + 1) * kRowsPerTask));
   };
-  if (isQuantized(w.type)) {
+  if (isQuantized(w.type())) {
     thread_local QuantizedActivations x;
-    quantizeActivations(args.x, args.tokens, w.cols, args.ldx, x);
-    auto kernel = args.isa == Isa::kAvx512 ? kernels::quantRowsAvx512
-                  : args.isa == Isa::kAvx2 ? kernels::quantRowsAvx2
-                                           : kernels::quantRowsPortable;
+    quantizeActivations(args.x, args.tokens, w.cols(), args.ldx, x);
     const QuantizedActivations* xq = &x;
+    if (w.packed()) {
+      static_assert(kRowsPerTask % packed::kGroupRows == 0);
+      pool.run(tasks, [&](int64_t task) {
+        auto [begin, end] = rowsOf(task);
+        kernels::packedGroupsAvx512({.weight = &w,
+                                     .x = xq,
+                                     .y = args.y,
+                                     .ldy = args.ldy,
+                                     .group_begin = begin / packed::kGroupRows,
+                                     .group_end = packed::groups(end)});
+      });
+      return absl::OkStatus();
+    }
+    auto kernel = w.isa() == Isa::kAvx2 ? kernels::quantRowsAvx2 : kernels::quantRowsPortable;
     pool.run(tasks, [&](int64_t task) {
       auto [begin, end] = rowsOf(task);
-      kernel({.weight = &w, .x = xq, .y = args.y, .ldy = args.ldy, .row_begin = begin, .row_end = end});
+      kernel({.weight = &w.source(),
+              .x = xq,
+              .y = args.y,
+              .ldy = args.ldy,
+              .row_begin = begin,
+              .row_end = end});
     });
     return absl::OkStatus();
   }
-  auto kernel = args.isa == Isa::kAvx512 ? kernels::floatRowsAvx512 : kernels::floatRowsPortable;
+  auto kernel = w.isa() == Isa::kAvx512 ? kernels::floatRowsAvx512 : kernels::floatRowsPortable;
   pool.run(tasks, [&](int64_t task) {
     auto [begin, end] = rowsOf(task);
-    kernel({.weight = &w, .x = args.x, .ldx = args.ldx, .tokens = args.tokens, .y = args.y,
-            .ldy = args.ldy, .row_begin = begin, .row_end = end});
+    kernel({.weight = &w.source(),
+            .x = args.x,
+            .ldx = args.ldx,
+            .tokens = args.tokens,
+            .y = args.y,
+            .ldy = args.ldy,
+            .row_begin = begin,
+            .row_end = end});
   });
   return absl::OkStatus();
 }

@@ -2,16 +2,21 @@
 //
 //   y[t][n] = sum_k W[n][k] * x[t][k]     for t < tokens, n < W.rows
 //
-// W has `rows` output features, each a row of `cols` input features stored one after
-// another in its format (GGUF block formats Q4_0, Q4_1, Q8_0 — consumed directly, with x
-// quantized per block to int8 — or F32, F16, BF16). x is [tokens, cols] with row stride
-// ldx; y is [tokens, rows] with row stride ldy. Rows are spread over the pool's threads;
-// each weight byte is read once per call whatever the number of tokens.
+// W has `rows` output features, each a row of `cols` input features. It arrives in its
+// stored format (WeightMatrix: GGUF block formats Q4_0, Q4_1, Q8_0, or F32, F16, BF16) and
+// is turned once, at load, into a CpuMatrix: quantized formats are repacked row-interleaved
+// for the AVX-512 kernels (packed_layout.h: the same bytes rearranged, nothing
+// dequantized), other cases use the stored bytes in place. Quantized weights multiply x
+// quantized per 32-element block to int8. x is [tokens, cols] with row stride ldx; y is
+// [tokens, rows] with row stride ldy. Rows are spread over the pool's threads; each weight
+// byte is read once per call whatever the number of tokens.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/model/tensor_type.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/thread_pool.h"
@@ -26,22 +31,46 @@ struct WeightMatrix {
   int64_t rowBytes() const;
 };
 
+// The backend's form of a weight matrix for one ISA. Threading: immutable after create().
+class CpuMatrix {
+ public:
+  // Fails for formats matmul() does not take, a column count that is not a whole number of
+  // blocks, or an ISA this CPU lacks. When not packed, `source.data` must outlive this.
+  static absl::StatusOr<CpuMatrix> create(const WeightMatrix& source, Isa isa = bestIsa());
+
+  const WeightMatrix& source() const { return source_; }
+  model::TensorType type() const { return source_.type; }
+  int64_t rows() const { return source_.rows; }
+  int64_t cols() const { return source_.cols; }
+  Isa isa() const { return isa_; }
+  bool packed() const { return packed_ != nullptr; }
+  const uint8_t* packedData() const { return packed_.get(); }
+  // Bytes one product streams from memory.
+  int64_t bytes() const;
+
+ private:
+  struct FreeAligned {
+    void operator()(uint8_t* p) const;
+  };
+  WeightMatrix source_;
+  Isa isa_ = Isa::kPortable;
+  std::unique_ptr<uint8_t, FreeAligned> packed_;
+  int64_t packed_bytes_ = 0;
+};
+
 struct MatmulArgs {
-  const WeightMatrix* weight = nullptr;
+  const CpuMatrix* weight = nullptr;
   const float* x = nullptr;
   int64_t ldx = 0;
   int64_t tokens = 0;
   float* y = nullptr;
   int64_t ldy = 0;
-  // The SIMD path to use; defaults to the best this CPU has.
-  Isa isa = bestIsa();
 };
 
 // Which weight formats matmul() takes.
 bool matmulSupports(model::TensorType type);
 
-// Errors: an unsupported format, cols not a multiple of the format's block, or an ISA the
-// CPU lacks. Not thread-safe per pool (see ThreadPool).
+// Not thread-safe per pool (see ThreadPool).
 absl::Status matmul(const MatmulArgs& args, ThreadPool& pool);
 
 }  // namespace cleave::cpu

@@ -48,7 +48,8 @@ inline void rowTile(const uint8_t* row, int64_t blocks, int64_t block_bytes,
       constexpr int kOffset = kType == TensorType::kQ4_0 ? 2 : 4;
       const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kOffset));
       const __m128i mask = _mm_set1_epi8(0x0f);
-      wv = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), mask), _mm_and_si128(packed, mask));
+      wv = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), mask),
+                            _mm_and_si128(packed, mask));
     }
     for (int i = 0; i < kCount; ++i) {
       const int64_t t = t0 + i;
@@ -81,7 +82,8 @@ void quantRows(const QuantRows& a) {
     const uint8_t* row = w.data + n * row_bytes;
     float* y = a.y + n;
     int64_t t = 0;
-    for (; t + kTile <= tokens; t += kTile) rowTile<kType, kTile>(row, blocks, block_bytes, *a.x, t, y, a.ldy);
+    for (; t + kTile <= tokens; t += kTile)
+      rowTile<kType, kTile>(row, blocks, block_bytes, *a.x, t, y, a.ldy);
     for (; t < tokens; ++t) rowTile<kType, 1>(row, blocks, block_bytes, *a.x, t, y, a.ldy);
   }
 }

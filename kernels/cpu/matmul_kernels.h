@@ -18,6 +18,15 @@ struct QuantRows {
   int64_t row_end;
 };
 
+struct PackedRows {
+  const CpuMatrix* weight;  // packed()
+  const QuantizedActivations* x;
+  float* y;
+  int64_t ldy;
+  int64_t group_begin;  // Groups of packed::kGroupRows rows.
+  int64_t group_end;
+};
+
 struct FloatRows {
   const WeightMatrix* weight;
   const float* x;
@@ -32,7 +41,9 @@ struct FloatRows {
 // Quantized weights (Q4_0, Q4_1, Q8_0) against quantized activations.
 void quantRowsPortable(const QuantRows& args);
 void quantRowsAvx2(const QuantRows& args);
-void quantRowsAvx512(const QuantRows& args);
+
+// Quantized weights in the row-interleaved layout.
+void packedGroupsAvx512(const PackedRows& args);
 
 // Float weights (F32, F16, BF16) against float activations.
 void floatRowsPortable(const FloatRows& args);

@@ -27,7 +27,8 @@ float blockDot(TensorType type, const uint8_t* block, const int8_t* xq, float dx
         dot += (qs[j] & 0x0f) * xq[j] + (qs[j] >> 4) * xq[j + 16];
       }
       if (type == TensorType::kQ4_0) return half(block) * dx * static_cast<float>(dot - 8 * xsum);
-      return half(block) * dx * static_cast<float>(dot) + half(block + 2) * dx * static_cast<float>(xsum);
+      return half(block) * dx * static_cast<float>(dot) +
+             half(block + 2) * dx * static_cast<float>(xsum);
     }
     case TensorType::kQ8_0: {
       const int8_t* qs = reinterpret_cast<const int8_t*>(block + 2);

@@ -83,7 +83,8 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
   std::mt19937 rng(1234 + static_cast<int>(type));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   ThreadPool pool(2);
-  const Shape shapes[] = {{1, 32, 1}, {37, 64, 1}, {16, 96, 3}, {130, 576, 5}, {33, 1536, 9}, {70, 160, 17}};
+  const Shape shapes[] = {{1, 32, 1},    {37, 64, 1},   {16, 96, 3},
+                          {130, 576, 5}, {33, 1536, 9}, {70, 160, 17}};
   for (const Shape& s : shapes) {
     SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.cols << " tokens " << s.tokens);
     std::vector<uint8_t> bytes = randomWeights(type, s.rows, s.cols, rng);
@@ -106,9 +107,19 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
       if (!isaSupported(isa)) continue;
       if (isa == Isa::kAvx2 && !isQuantized(type)) continue;  // Float formats: portable, AVX-512.
       SCOPED_TRACE(isaName(isa));
+      std::vector<uint8_t> copy = bytes;  // Packing must not keep pointing at the source.
+      WeightMatrix source = w;
+      source.data = copy.data();
+      auto matrix = CpuMatrix::create(source, isa);
+      ASSERT_TRUE(matrix.ok()) << matrix.status();
+      if (matrix->packed()) std::fill(copy.begin(), copy.end(), 0xAB);
       std::vector<float> y(s.tokens * s.rows, std::nanf("poison"));
-      ASSERT_TRUE(matmul({.weight = &w, .x = x.data(), .ldx = s.cols, .tokens = s.tokens, .y = y.data(),
-                          .ldy = s.rows, .isa = isa},
+      ASSERT_TRUE(matmul({.weight = &*matrix,
+                          .x = x.data(),
+                          .ldx = s.cols,
+                          .tokens = s.tokens,
+                          .y = y.data(),
+                          .ldy = s.rows},
                          pool)
                       .ok());
       for (int64_t t = 0; t < s.tokens; ++t) {
@@ -138,15 +149,27 @@ TEST_P(MatmulTest, ThreadCountDoesNotChangeTheResult) {
   for (float& v : x) v = normal(rng);
   std::vector<float> y1(6 * 200, std::nanf("")), y2(6 * 200, std::nanf(""));
   ThreadPool one(1), two(2);
-  ASSERT_TRUE(matmul({.weight = &w, .x = x.data(), .ldx = 256, .tokens = 6, .y = y1.data(), .ldy = 200}, one).ok());
-  ASSERT_TRUE(matmul({.weight = &w, .x = x.data(), .ldx = 256, .tokens = 6, .y = y2.data(), .ldy = 200}, two).ok());
+  auto matrix = CpuMatrix::create(w);
+  ASSERT_TRUE(matrix.ok()) << matrix.status();
+  ASSERT_TRUE(
+      matmul(
+          {.weight = &*matrix, .x = x.data(), .ldx = 256, .tokens = 6, .y = y1.data(), .ldy = 200},
+          one)
+          .ok());
+  ASSERT_TRUE(
+      matmul(
+          {.weight = &*matrix, .x = x.data(), .ldx = 256, .tokens = 6, .y = y2.data(), .ldy = 200},
+          two)
+          .ok());
   EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, MatmulTest,
                          ::testing::Values(TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0,
                                            TensorType::kF32, TensorType::kF16, TensorType::kBF16),
-                         [](const auto& info) { return std::string(model::tensorTypeName(info.param)); });
+                         [](const auto& info) {
+                           return std::string(model::tensorTypeName(info.param));
+                         });
 
 TEST(QuantizedActivationsTest, ErrorIsBoundedByHalfAStep) {
   std::mt19937 rng(5);
@@ -161,7 +184,8 @@ TEST(QuantizedActivationsTest, ErrorIsBoundedByHalfAStep) {
       for (int j = 0; j < 32; ++j) {
         int64_t k = b * 32 + j;
         sum += q.rowQ(t)[k];
-        EXPECT_LE(std::fabs(q.rowD(t)[b] * q.rowQ(t)[k] - x[t * 96 + k]), 0.5f * q.rowD(t)[b] * 1.0001f);
+        EXPECT_LE(std::fabs(q.rowD(t)[b] * q.rowQ(t)[k] - x[t * 96 + k]),
+                  0.5f * q.rowD(t)[b] * 1.0001f);
       }
       EXPECT_EQ(sum, q.rowSum(t)[b]);
     }
@@ -169,15 +193,11 @@ TEST(QuantizedActivationsTest, ErrorIsBoundedByHalfAStep) {
 }
 
 TEST(MatmulErrorsTest, UnsupportedFormatsAndShapes) {
-  ThreadPool pool(1);
   std::vector<uint8_t> bytes(1024);
-  std::vector<float> x(64), y(4);
   WeightMatrix q2k{.type = TensorType::kQ2_K, .rows = 1, .cols = 256, .data = bytes.data()};
-  EXPECT_EQ(matmul({.weight = &q2k, .x = x.data(), .ldx = 256, .tokens = 1, .y = y.data(), .ldy = 1}, pool).code(),
-            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(CpuMatrix::create(q2k).status().code(), absl::StatusCode::kUnimplemented);
   WeightMatrix odd{.type = TensorType::kQ8_0, .rows = 1, .cols = 48, .data = bytes.data()};
-  EXPECT_EQ(matmul({.weight = &odd, .x = x.data(), .ldx = 48, .tokens = 1, .y = y.data(), .ldy = 1}, pool).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CpuMatrix::create(odd).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 
 Run with the oracle virtualenv (see setup_oracles.sh and README.md):
     .cache/oracle-venv/bin/python tests/golden/generate_all.py [name ...]
-where each optional name is one of: dequant safetensors configs tokenizers.
+where each optional name is one of: dequant safetensors configs tokenizers
+engine_hf engine_llamacpp.
 Every generator is deterministic (fixed seeds, fixed inputs), so a rerun with
 the pinned oracle versions rewrites identical bytes.
 """
@@ -20,6 +21,8 @@ GENERATORS = {
     "safetensors": "gen_safetensors.py",
     "configs": "gen_configs.py",
     "tokenizers": "gen_tokenizers.py",
+    "engine_hf": "gen_engine_hf.py",
+    "engine_llamacpp": "gen_engine_llamacpp.py",
 }
 MAX_FILE_BYTES = 1 << 20
 

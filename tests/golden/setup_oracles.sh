@@ -4,7 +4,8 @@
 # Needs network access to PyPI and a C/C++ toolchain with CMake: llama-cpp-python
 # builds llama.cpp from source (several minutes on 2 cores).
 # CLEAVE_ORACLE_NO_TORCH=1 skips torch (several GB); transformers' GGUF reader
-# imports it, so without it tokenizers/smollm2_gguf/golden_hf.json is left as is.
+# and gen_engine_hf.py need it, so without it tokenizers/smollm2_gguf/golden_hf.json
+# and engine/hf/ are left as is.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

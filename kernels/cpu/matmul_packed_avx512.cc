@@ -1,0 +1,101 @@
+// AVX-512 VNNI kernel over the row-interleaved layout (packed_layout.h): each 512-bit lane
+// is one of 16 output rows. Per block, the 8 four-element groups of weights are multiplied
+// with the matching 4 bytes of x broadcast to every lane (VPDPBUSD), so a lane ends the
+// block holding its row's integer dot product; scales and offsets are applied per lane.
+// Tokens go in tiles of up to 4 so each block is widened once per tile.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/packed_layout.h"
+
+namespace cleave::cpu::kernels {
+namespace {
+
+using model::TensorType;
+
+constexpr int kTile = 4;
+
+inline __m512i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+template <TensorType kType, int kCount>
+inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActivations& x, int64_t t0,
+                      float* y, int64_t ldy, __mmask16 rows_mask) {
+  constexpr int64_t kGroupBlock = packed::groupBlockBytes(kType);
+  constexpr int64_t kScales = packed::scaleBytes(kType);
+  __m512 acc[kCount];
+  for (int i = 0; i < kCount; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512i low_mask = _mm512_set1_epi8(0x0f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = group + b * kGroupBlock;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    __m512 m = _mm512_setzero_ps();
+    if constexpr (kType == TensorType::kQ4_1) {
+      m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
+    }
+    const uint8_t* quants = block + kScales;
+    __m512i w[8];
+    if constexpr (kType == TensorType::kQ8_0) {
+      for (int c = 0; c < 8; ++c) w[c] = _mm512_loadu_si512(quants + 64 * c);
+    } else {
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(quants + 64 * c);
+        w[c] = _mm512_and_si512(v, low_mask);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+      }
+    }
+    for (int i = 0; i < kCount; ++i) {
+      const int64_t t = t0 + i;
+      const int8_t* xq = x.rowQ(t) + 32 * b;
+      __m512i dot = _mm512_setzero_si512();
+      for (int c = 0; c < 8; ++c) dot = _mm512_dpbusd_epi32(dot, w[c], broadcast4(xq + 4 * c));
+      const float dx = x.rowD(t)[b];
+      const float xs = dx * static_cast<float>(x.rowSum(t)[b]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[i]);
+      if constexpr (kType == TensorType::kQ4_0) acc[i] = _mm512_fmadd_ps(d, _mm512_set1_ps(-8.0f * xs), acc[i]);
+      if constexpr (kType == TensorType::kQ8_0) acc[i] = _mm512_fmadd_ps(d, _mm512_set1_ps(-128.0f * xs), acc[i]);
+      if constexpr (kType == TensorType::kQ4_1) acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs), acc[i]);
+    }
+  }
+  for (int i = 0; i < kCount; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ldy, rows_mask, acc[i]);
+}
+
+template <TensorType kType>
+void groups(const PackedRows& a) {
+  const CpuMatrix& w = *a.weight;
+  const int64_t blocks = w.cols() / 32;
+  const int64_t group_bytes = blocks * packed::groupBlockBytes(kType);
+  const int64_t tokens = a.x->rows;
+  for (int64_t g = a.group_begin; g < a.group_end; ++g) {
+    const uint8_t* group = w.packedData() + g * group_bytes;
+    const int64_t valid = std::min<int64_t>(packed::kGroupRows, w.rows() - g * packed::kGroupRows);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+    float* y = a.y + g * packed::kGroupRows;
+    int64_t t = 0;
+    for (; t + kTile <= tokens; t += kTile) groupTile<kType, kTile>(group, blocks, *a.x, t, y, a.ldy, mask);
+    switch (tokens - t) {
+      case 3: groupTile<kType, 3>(group, blocks, *a.x, t, y, a.ldy, mask); break;
+      case 2: groupTile<kType, 2>(group, blocks, *a.x, t, y, a.ldy, mask); break;
+      case 1: groupTile<kType, 1>(group, blocks, *a.x, t, y, a.ldy, mask); break;
+      default: break;
+    }
+  }
+}
+
+}  // namespace
+
+void packedGroupsAvx512(const PackedRows& a) {
+  switch (a.weight->type()) {
+    case TensorType::kQ4_0: return groups<TensorType::kQ4_0>(a);
+    case TensorType::kQ4_1: return groups<TensorType::kQ4_1>(a);
+    case TensorType::kQ8_0: return groups<TensorType::kQ8_0>(a);
+    default: return;
+  }
+}
+
+}  // namespace cleave::cpu::kernels

@@ -1,0 +1,45 @@
+// The row-interleaved layout of quantized weights for the AVX-512 kernels: 16 output rows
+// side by side, so one VPDPBUSD lane accumulates one row and no horizontal sums are needed.
+//
+// Rows are grouped by 16 (the last group zero-padded). A group stores its blocks in order;
+// each block of the group is:
+//   d[16]            fp16 scale of each row's block                       32 bytes
+//   m[16]            fp16 offset (Q4_1 only)                               32 bytes
+//   quants           Q4: 4 chunks of 64 bytes; in chunk c, lane r (bytes 4r..4r+3) holds
+//                    elements 4c..4c+3 of row r in the low nibbles and elements
+//                    16+4c..16+4c+3 in the high nibbles                   256 bytes
+//                    Q8: 8 chunks of 64 bytes; chunk c lane r holds elements 4c..4c+3 of
+//                    row r, each + 128 (so they read as unsigned)         512 bytes
+// Internal to cleave_kernels_cpu.
+#pragma once
+
+#include <cstdint>
+
+#include "common/model/tensor_type.h"
+
+namespace cleave::cpu::packed {
+
+constexpr int64_t kGroupRows = 16;
+
+constexpr int64_t scaleBytes(model::TensorType type) {
+  return type == model::TensorType::kQ4_1 ? 64 : 32;
+}
+constexpr int64_t quantBytes(model::TensorType type) {
+  return type == model::TensorType::kQ8_0 ? 512 : 256;
+}
+// Bytes of one block of one 16-row group.
+constexpr int64_t groupBlockBytes(model::TensorType type) {
+  return scaleBytes(type) + quantBytes(type);
+}
+
+}  // namespace cleave::cpu::packed
+
+namespace cleave::cpu::packed {
+
+// Rearranges `rows` x `cols` weights stored in GGUF block format (`src`) into the
+// row-interleaved layout at `dst` (groups(rows) * blocks * groupBlockBytes(type) bytes).
+void pack(model::TensorType type, int64_t rows, int64_t cols, const uint8_t* src, uint8_t* dst);
+
+inline int64_t groups(int64_t rows) { return (rows + kGroupRows - 1) / kGroupRows; }
+
+}  // namespace cleave::cpu::packed

@@ -1,0 +1,417 @@
+#!/usr/bin/env python3
+"""Inference-engine goldens from tiny random-weight transformers models.
+
+For every case writes tests/golden/data/engine/hf/<case>/:
+  config.json, generation_config.json, model.safetensors
+                  save_pretrained(safe_serialization=True) of a model built
+                  from a transformers config class (nothing downloaded); the
+                  checkpoint uses the published tensor layout (per-expert
+                  tensors, Mixtral's block_sparse_moe.*.w1/w2/w3)
+  logits.json     full-sequence logits of three prompts at every position,
+                  plus 8 greedy continuation tokens per prompt
+  routing.json    MoE cases only: router decisions of every MoE layer's gate
+                  for random hidden states, from transformers' own router
+                  modules, so routing can be checked without attention
+
+Every weight is random with a fixed seed: matrices N(0, 1/fan_in) (fan_in =
+last dimension), RMSNorm weights 1 + 0.1 N(0,1), biases 0.2 N(0,1),
+DeepSeek's e_score_correction_bias 0.1 N(0,1). The logits are computed from
+the model reloaded from the written folder (eager attention, batch of one,
+no padding), so they belong to the committed bytes.
+
+Oracle: transformers (modeling code of each family) on torch, CPU, one thread.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import torch
+except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
+    print("  torch not installed: data/engine/hf left as committed")
+    sys.exit(0)
+import transformers
+from safetensors import safe_open
+from transformers import (AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, MixtralConfig, Qwen2Config,
+                          Qwen3Config, Qwen3MoeConfig)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import DATA_DIR, b64, fnv1a64, pkg_version, write_json  # noqa: E402
+
+OUT = DATA_DIR / "engine" / "hf"
+PRODUCER = (f"tests/golden/gen_engine_hf.py with transformers {pkg_version('transformers')}, "
+            f"torch {torch.__version__}, safetensors {pkg_version('safetensors')}")
+MAX_FOLDER_BYTES = 1_000_000
+PROMPT_LENGTHS = (5, 11, 17)
+NEW_TOKENS = 8
+MIN_GREEDY_MARGIN = 2e-3   # prompts are redrawn until every greedy step wins by at least this
+ROUTING_TOKENS = 16
+MIN_ROUTING_MARGIN = 1e-3  # router inputs whose k-th / (k+1)-th choice is closer are skipped
+TOLERANCE = {
+    "metric": "per position: max_v |cleave[v] - golden[v]| / max_v |golden[v]|; take the max over positions",
+    "float32": 1e-4,
+    "bfloat16": 2e-2,
+}
+
+torch.set_num_threads(1)
+transformers.logging.set_verbosity_error()
+transformers.utils.logging.disable_progress_bar()
+logging.getLogger("transformers").setLevel(logging.ERROR)
+warnings.filterwarnings("ignore")
+
+LLAMA_BASE = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=701, max_position_embeddings=256,
+                  rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                  bos_token_id=1, eos_token_id=2, attention_bias=False, mlp_bias=False)
+
+# name: (config class, kwargs, seed, weight dtype)
+CASES: dict[str, tuple] = {
+    "llama_f32": (LlamaConfig, LLAMA_BASE, 101, torch.float32),
+    "llama3_rope_f32": (LlamaConfig, {
+        **LLAMA_BASE, "hidden_size": 128, "intermediate_size": 96, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 227, "max_position_embeddings": 512,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 64}}, 102, torch.float32),
+    # same shapes and the same seed as llama_f32: its weights are llama_f32's rounded to bf16
+    "llama_bf16": (LlamaConfig, LLAMA_BASE, 101, torch.bfloat16),
+    "smollm2_like_f32": (LlamaConfig, {
+        **LLAMA_BASE, "hidden_size": 192, "intermediate_size": 96, "num_hidden_layers": 1,
+        "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 211,
+        "rope_theta": 100000.0, "tie_word_embeddings": True}, 104, torch.float32),
+    "qwen2_f32": (Qwen2Config, dict(
+        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=701, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False, use_sliding_window=False, bos_token_id=1, eos_token_id=2), 105, torch.float32),
+    "qwen3_f32": (Qwen3Config, dict(
+        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, vocab_size=577, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False, use_sliding_window=False, attention_bias=False,
+        bos_token_id=1, eos_token_id=2), 106, torch.float32),
+    "mixtral_f32": (MixtralConfig, dict(
+        hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=509, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=1000000.0,
+        num_local_experts=4, num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2), 107, torch.float32),
+    "qwen3_moe_f32": (Qwen3MoeConfig, dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=509, max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+        decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False, use_sliding_window=False,
+        attention_bias=False, bos_token_id=1, eos_token_id=2), 108, torch.float32),
+    "qwen3_moe_nonorm_f32": (Qwen3MoeConfig, dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=509, max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
+        decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False, use_sliding_window=False,
+        attention_bias=False, bos_token_id=1, eos_token_id=2), 109, torch.float32),
+    "deepseek_v3_moe_f32": (DeepseekV3Config, dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, vocab_size=509, max_position_embeddings=256,
+        rms_norm_eps=1e-6, rope_theta=10000.0, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        scoring_func="sigmoid", topk_method="noaux_tc", q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, tie_word_embeddings=False, attention_bias=False,
+        bos_token_id=0, eos_token_id=1), 110, torch.float32),
+}
+
+
+# ---------------------------------------------------------------- helpers
+def f32_bytes(t: torch.Tensor) -> bytes:
+    return np.ascontiguousarray(t.detach().to(torch.float32).cpu().numpy(), dtype="<f4").tobytes()
+
+
+def floats(t: torch.Tensor) -> list:
+    """float32 tensor -> nested lists of Python floats (exact as double)."""
+    return t.detach().to(torch.float32).cpu().numpy().astype(np.float64).tolist()
+
+
+def max_rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.float(), ref.float()
+    return float(((a - ref).abs().amax(-1) / ref.abs().amax(-1)).max())
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                assert p.dim() == 1, name
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            else:
+                assert p.dim() >= 2, name
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
+
+
+def load(folder: Path, dtype: torch.dtype):
+    m = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="eager")
+    m.eval()
+    m.generation_config.eos_token_id = None  # greedy runs the full 8 steps
+    m.generation_config.pad_token_id = 0
+    return m
+
+
+@torch.no_grad()
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    x = torch.tensor([ids])
+    return model(input_ids=x, attention_mask=torch.ones_like(x)).logits[0]
+
+
+@torch.no_grad()
+def greedy(model, ids: list[int]) -> list[int]:
+    x = torch.tensor([ids])
+    out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), do_sample=False,
+                         max_new_tokens=NEW_TOKENS, min_new_tokens=0, eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def greedy_margins(model, ids: list[int], gen: list[int]) -> tuple[list[float], bool]:
+    """top1 - top2 logit at each generated step from one full forward over prompt + gen,
+    and whether that forward's argmax chain reproduces gen (cache path == full path)."""
+    lg = full_logits(model, ids + gen[:-1])[len(ids) - 1:]
+    top = lg.float().topk(2, dim=-1)
+    margins = (top.values[:, 0] - top.values[:, 1]).tolist()
+    return margins, top.indices[:, 0].tolist() == gen
+
+
+def tensor_list(folder: Path) -> list[dict]:
+    out = []
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        for k in sorted(f.keys()):
+            sl = f.get_slice(k)
+            out.append({"name": k, "dtype": sl.get_dtype(), "shape": list(sl.get_shape())})
+    return out
+
+
+# ---------------------------------------------------------------- routing
+def choice_margin(choice: torch.Tensor, k: int) -> torch.Tensor:
+    s = choice.sort(dim=-1, descending=True).values
+    return s[:, k - 1] - s[:, k]
+
+
+def route_reference(kind: str, gate, x: torch.Tensor):
+    """Independent recomputation, only used for margins and as a cross-check of ids."""
+    logits = x.float() @ gate.weight.float().t()
+    k = gate.top_k
+    if kind == "softmax":
+        choice = logits.softmax(-1)
+        return choice, choice_margin(choice, k), None
+    scores = logits.sigmoid()
+    choice = scores + gate.e_score_correction_bias
+    n_group = gate.num_group
+    per = choice.shape[-1] // n_group
+    gs = choice.view(-1, n_group, per).topk(min(2, per), dim=-1).values.sum(-1)
+    g_margin = choice_margin(gs, gate.topk_group)
+    keep = torch.zeros_like(gs, dtype=torch.bool)
+    keep.scatter_(1, gs.topk(gate.topk_group, dim=-1).indices, True)
+    masked = choice.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
+    e_margin = choice_margin(masked, k)
+    groups = [sorted(r) for r in gs.topk(gate.topk_group, dim=-1).indices.tolist()]
+    return masked, torch.minimum(g_margin, e_margin), groups
+
+
+@torch.no_grad()
+def routing_golden(name: str, model, cfg, seed: int) -> dict:
+    mt = cfg.model_type
+    kind = "sigmoid_grouped" if mt == "deepseek_v3" else "softmax"
+    g = torch.Generator().manual_seed(seed + 7000)
+    layers = []
+    for li, layer in enumerate(model.model.layers):
+        mlp = layer.mlp
+        gate = getattr(mlp, "gate", None)
+        if gate is None or not hasattr(gate, "top_k"):
+            continue  # dense layer (DeepSeek's first_k_dense_replace)
+        hidden = cfg.hidden_size
+        rows, skipped = [], 0
+        while len(rows) < ROUTING_TOKENS:
+            x = torch.randn(1, hidden, generator=g)
+            _, margin, _ = route_reference(kind, gate, x)
+            if float(margin[0]) < MIN_ROUTING_MARGIN:
+                skipped += 1
+                continue
+            rows.append(x)
+        x = torch.cat(rows)
+        router_logits, weights, ids = gate(x)          # transformers' router module
+        moe_out = mlp(x.view(1, ROUTING_TOKENS, hidden))[0]  # the whole MoE block
+        choice, margin, groups = route_reference(kind, gate, x)
+        # list each token's experts by descending choice score (prob, or sigmoid + bias)
+        order = torch.gather(choice, 1, ids).argsort(dim=-1, descending=True)
+        ids = torch.gather(ids, 1, order)
+        weights = torch.gather(weights.float(), 1, order)
+        ref_ids = choice.topk(gate.top_k, dim=-1).indices
+        assert ids.tolist() == ref_ids.tolist(), (name, li)
+        entry = {
+            "layer": li,
+            "gate_weight_tensor": f"model.layers.{li}.{'block_sparse_moe' if mt == 'mixtral' else 'mlp'}.gate.weight",
+            "gate_weight_shape": list(gate.weight.shape),
+            "gate_weight_b64": b64(f32_bytes(gate.weight)),
+        }
+        if kind == "sigmoid_grouped":
+            entry["e_score_correction_bias_tensor"] = f"model.layers.{li}.mlp.gate.e_score_correction_bias"
+            entry["e_score_correction_bias"] = floats(gate.e_score_correction_bias)
+            unbiased = torch.sigmoid(router_logits).topk(gate.top_k, dim=-1).indices.sort(-1).values
+            entry["bias_changes_selection"] = int((unbiased != ids.sort(-1).values).any(-1).sum())
+            entry["selected_groups"] = groups
+        entry.update({
+            "n_tokens": ROUTING_TOKENS,
+            "skipped_near_ties": skipped,
+            "inputs": floats(x),
+            "router_logits": floats(router_logits),
+            "ids": ids.tolist(),
+            "weights": floats(weights),
+            "min_margin": float(margin.min()),
+            "moe_output": floats(moe_out),
+        })
+        layers.append(entry)
+    if kind == "softmax":
+        rule = ("p = softmax(x @ W^T) in float32; take the top_k p (descending); "
+                + ("renormalize them to sum 1" if getattr(cfg, "norm_topk_prob", True) else "no renormalization"))
+        moe_layer = model.model.layers[layers[0]["layer"]].mlp
+    else:
+        rule = ("s = sigmoid(x @ W^T) in float32; c = s + e_score_correction_bias; group score = sum of the top-2 "
+                "c in each of n_group groups of consecutive experts; keep the topk_group best groups; take the "
+                "top_k c among experts of kept groups; weight = s of those experts / (sum + 1e-20) * "
+                "routed_scaling_factor")
+        moe_layer = model.model.layers[layers[0]["layer"]].mlp
+    return {
+        "producer": PRODUCER,
+        "case": name,
+        "model_type": mt,
+        "oracle": f"transformers {type(moe_layer.gate).__name__}.forward (router_logits, ids, weights) and "
+                  f"{type(moe_layer).__name__}.forward (moe_output)",
+        "rule": rule,
+        "params": {
+            "num_experts": getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+                           or cfg.n_routed_experts,
+            "top_k": cfg.num_experts_per_tok,
+            "norm_topk_prob": bool(getattr(cfg, "norm_topk_prob", True)),
+            "scoring": "sigmoid" if kind != "softmax" else "softmax",
+            "n_group": getattr(cfg, "n_group", None) if kind != "softmax" else None,
+            "topk_group": getattr(cfg, "topk_group", None) if kind != "softmax" else None,
+            "routed_scaling_factor": getattr(cfg, "routed_scaling_factor", None) if kind != "softmax" else None,
+            "n_shared_experts": getattr(cfg, "n_shared_experts", None) if kind != "softmax" else None,
+        },
+        "order": "each token's ids/weights by descending choice score (softmax prob, or sigmoid + bias)",
+        "min_margin_note": f"inputs whose k-th and (k+1)-th choice scores (and, for grouped routing, group "
+                           f"scores) differ by < {MIN_ROUTING_MARGIN} were skipped",
+        "layers": layers,
+    }
+
+
+# ---------------------------------------------------------------- main
+def draw_prompts(model, vocab: int, seed: int) -> tuple[list[list[int]], int]:
+    g = torch.Generator().manual_seed(seed + 5000)
+    redraws = 0
+    while True:
+        prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+        ok = True
+        for ids in prompts:
+            gen = greedy(model, ids)
+            m, same = greedy_margins(model, ids, gen)
+            ok = ok and same and min(m) >= MIN_GREEDY_MARGIN
+        if ok:
+            return prompts, redraws
+        redraws += 1
+
+
+def run_case(name: str, cls, kwargs: dict, seed: int, wdtype: torch.dtype) -> None:
+    d = OUT / name
+    if d.exists():
+        shutil.rmtree(d)
+    cfg = cls(**kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+    randomize(model, seed)
+    if wdtype != torch.float32:
+        model = model.to(wdtype)
+        model.config.dtype = wdtype
+    model.save_pretrained(str(d), safe_serialization=True)
+    del model
+
+    f32 = load(d, torch.float32)   # bf16 weights are upcast exactly
+    lo = load(d, wdtype) if wdtype != torch.float32 else None
+    cfg = f32.config
+    vocab = cfg.vocab_size
+    assert vocab % 64 != 0, name
+    prompts, redraws = draw_prompts(f32, vocab, seed)
+    entries = []
+    worst = 0.0
+    for ids in prompts:
+        lg = full_logits(f32, ids)
+        raw = f32_bytes(lg)
+        gen = greedy(f32, ids)
+        margins, _ = greedy_margins(f32, ids, gen)
+        e = {"ids": ids, "len": len(ids), "logits_shape": [len(ids), vocab], "logits_b64": b64(raw),
+             "logits_fnv1a64": fnv1a64(raw), "greedy_next": gen, "greedy_margins": margins}
+        if lo is not None:
+            lb = full_logits(lo, ids)
+            rawb = f32_bytes(lb)
+            worst = max(worst, max_rel(lb, lg))
+            genb = greedy(lo, ids)
+            e.update({"logits_bf16_compute_b64": b64(rawb), "logits_bf16_compute_fnv1a64": fnv1a64(rawb),
+                      "greedy_next_bf16_compute": genb})
+        entries.append(e)
+    saved_cfg = json.loads((d / "config.json").read_text())
+    doc = {
+        "producer": PRODUCER,
+        "case": name,
+        "model_type": cfg.model_type,
+        "architecture_class": type(f32).__name__,
+        "config_dtype": saved_cfg.get("dtype"),
+        "weights_dtype": str(wdtype).replace("torch.", ""),
+        "compute_dtype": "float32",
+        "attn_implementation": "eager",
+        "transformers_version": pkg_version("transformers"),
+        "torch_version": torch.__version__,
+        "seed": seed,
+        "vocab_size": vocab,
+        "tolerance": {"metric": TOLERANCE["metric"],
+                      "max_rel": TOLERANCE["float32"] if wdtype == torch.float32 else TOLERANCE["bfloat16"]},
+        "greedy": {"max_new_tokens": NEW_TOKENS, "eos": "ignored (eos_token_id=None)",
+                   "min_margin_required": MIN_GREEDY_MARGIN, "prompt_redraws": redraws},
+        "tensors": tensor_list(d),
+        "prompts": entries,
+    }
+    if lo is not None:
+        doc["bf16_compute"] = {
+            "note": "logits_b64 / greedy_next: the bf16 weights upcast to float32 and run in float32 "
+                    "(an engine computing in float32 should reach 1e-4); *_bf16_compute: "
+                    "transformers with the model in bfloat16 (model.to(torch.bfloat16))",
+            "max_rel_vs_float32_compute": worst,
+            "max_rel_float32_compute": TOLERANCE["float32"],
+        }
+    write_json(d / "logits.json", doc)
+    if cfg.model_type in ("mixtral", "qwen3_moe", "deepseek_v3"):
+        rt = routing_golden(name, f32, cfg, seed)
+        names = {t["name"] for t in doc["tensors"]}
+        for layer in rt["layers"]:
+            assert layer["gate_weight_tensor"] in names, layer["gate_weight_tensor"]
+            assert layer.get("e_score_correction_bias_tensor", layer["gate_weight_tensor"]) in names
+        write_json(d / "routing.json", rt)
+    size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+    assert size < MAX_FOLDER_BYTES, (name, size)
+    print(f"  {name}: vocab {vocab}, {size / 1024:.0f} KiB, redraws {redraws}"
+          + (f", bf16 vs f32 compute {worst:.2e}" if lo is not None else ""))
+
+
+def main(argv: list[str]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, (cls, kwargs, seed, wdtype) in CASES.items():
+        if argv and name not in argv:
+            continue
+        run_case(name, cls, kwargs, seed, wdtype)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
