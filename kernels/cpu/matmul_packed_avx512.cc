@@ -24,8 +24,8 @@ inline __m512i broadcast4(const int8_t* p) {
 }
 
 template <TensorType kType, int kCount>
-inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActivations& x, int64_t t0,
-                      float* y, int64_t ldy, __mmask16 rows_mask) {
+inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActivations& x,
+                      int64_t t0, float* y, int64_t ldy, __mmask16 rows_mask) {
   constexpr int64_t kGroupBlock = packed::groupBlockBytes(kType);
   constexpr int64_t kScales = packed::scaleBytes(kType);
   __m512 acc[kCount];
@@ -56,10 +56,14 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
       for (int c = 0; c < 8; ++c) dot = _mm512_dpbusd_epi32(dot, w[c], broadcast4(xq + 4 * c));
       const float dx = x.rowD(t)[b];
       const float xs = dx * static_cast<float>(x.rowSum(t)[b]);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[i]);
-      if constexpr (kType == TensorType::kQ4_0) acc[i] = _mm512_fmadd_ps(d, _mm512_set1_ps(-8.0f * xs), acc[i]);
-      if constexpr (kType == TensorType::kQ8_0) acc[i] = _mm512_fmadd_ps(d, _mm512_set1_ps(-128.0f * xs), acc[i]);
-      if constexpr (kType == TensorType::kQ4_1) acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs), acc[i]);
+      acc[i] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[i]);
+      if constexpr (kType == TensorType::kQ4_0)
+        acc[i] = _mm512_fmadd_ps(d, _mm512_set1_ps(-8.0f * xs), acc[i]);
+      if constexpr (kType == TensorType::kQ8_0)
+        acc[i] = _mm512_fmadd_ps(d, _mm512_set1_ps(-128.0f * xs), acc[i]);
+      if constexpr (kType == TensorType::kQ4_1)
+        acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs), acc[i]);
     }
   }
   for (int i = 0; i < kCount; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ldy, rows_mask, acc[i]);
@@ -77,7 +81,8 @@ void groups(const PackedRows& a) {
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
     float* y = a.y + g * packed::kGroupRows;
     int64_t t = 0;
-    for (; t + kTile <= tokens; t += kTile) groupTile<kType, kTile>(group, blocks, *a.x, t, y, a.ldy, mask);
+    for (; t + kTile <= tokens; t += kTile)
+      groupTile<kType, kTile>(group, blocks, *a.x, t, y, a.ldy, mask);
     switch (tokens - t) {
       case 3: groupTile<kType, 3>(group, blocks, *a.x, t, y, a.ldy, mask); break;
       case 2: groupTile<kType, 2>(group, blocks, *a.x, t, y, a.ldy, mask); break;

@@ -20,12 +20,13 @@ void pack(model::TensorType type, int64_t rows, int64_t cols, const uint8_t* src
         const int64_t row = g * kGroupRows + r;
         if (row >= rows) break;  // Padding rows stay zero: zero scales, zero contribution.
         const uint8_t* block = src + row * row_bytes + b * block_bytes;
-        std::memcpy(out + 2 * r, block, 2);                                   // d
+        std::memcpy(out + 2 * r, block, 2);                                          // d
         if (type == TensorType::kQ4_1) std::memcpy(out + 32 + 2 * r, block + 2, 2);  // m
         const uint8_t* q = block + quant_offset;
         if (type == TensorType::kQ8_0) {
           for (int c = 0; c < 8; ++c) {
-            for (int i = 0; i < 4; ++i) quants[c * 64 + 4 * r + i] = static_cast<uint8_t>(q[4 * c + i] ^ 0x80);
+            for (int i = 0; i < 4; ++i)
+              quants[c * 64 + 4 * r + i] = static_cast<uint8_t>(q[4 * c + i] ^ 0x80);
           }
         } else {
           // Byte j holds element j (low nibble) and j + 16 (high nibble), which is the

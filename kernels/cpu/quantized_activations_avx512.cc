@@ -14,8 +14,7 @@ void quantizeActivationsAvx512(const float* x, int64_t rows, int64_t cols, int64
     for (int64_t b = 0; b < blocks; ++b) {
       const __m512 v0 = _mm512_loadu_ps(row + 32 * b);
       const __m512 v1 = _mm512_loadu_ps(row + 32 * b + 16);
-      const float amax = _mm512_reduce_max_ps(
-          _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
       const float d = amax / 127.0f;
       const __m512 inverse = _mm512_set1_ps(d != 0.0f ? 127.0f / amax : 0.0f);
       const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inverse));

@@ -1,0 +1,36 @@
+#include "kernels/cpu/attention.h"
+
+#include <vector>
+
+#include "kernels/cpu/elementwise.h"
+
+namespace cleave::cpu {
+
+void attention(const AttentionArgs& a, ThreadPool& pool) {
+  const int64_t group = a.heads / a.kv_heads;
+  pool.run(a.tokens * a.heads, [&](int64_t task) {
+    const int64_t t = task / a.heads;
+    const int64_t h = task % a.heads;
+    const int64_t kvh = h / group;
+    const int64_t context = a.positions[t] + 1;
+    const float* q = a.q + t * a.ldq + h * a.head_dim;
+    thread_local std::vector<float> scores;
+    scores.resize(context);
+    for (int64_t j = 0; j < context; ++j) {
+      const float* k = a.k + j * a.ldkv + kvh * a.head_dim;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < a.head_dim; ++d) dot += q[d] * k[d];
+      scores[j] = dot * a.scale;
+    }
+    softmax(scores.data(), context, 1, context);
+    float* out = a.out + t * a.ldo + h * a.head_dim;
+    for (int64_t d = 0; d < a.head_dim; ++d) out[d] = 0.0f;
+    for (int64_t j = 0; j < context; ++j) {
+      const float* v = a.v + j * a.ldkv + kvh * a.head_dim;
+      const float p = scores[j];
+      for (int64_t d = 0; d < a.head_dim; ++d) out[d] += p * v[d];
+    }
+  });
+}
+
+}  // namespace cleave::cpu

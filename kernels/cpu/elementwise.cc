@@ -1,0 +1,50 @@
+#include "kernels/cpu/elementwise.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace cleave::cpu {
+
+void rmsNorm(const float* x, int64_t ldx, const float* weight, int64_t rows, int64_t cols, float eps,
+             float* y, int64_t ldy) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = x + r * ldx;
+    float* out = y + r * ldy;
+    double sum = 0;  // Accumulated in double: hidden sizes reach 8192.
+    for (int64_t i = 0; i < cols; ++i) sum += static_cast<double>(in[i]) * in[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(cols) + eps));
+    for (int64_t i = 0; i < cols; ++i) out[i] = in[i] * scale * weight[i];
+  }
+}
+
+void siluMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, int64_t cols, float* out,
+             int64_t ld_out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate + r * ld_in;
+    const float* u = up + r * ld_in;
+    float* o = out + r * ld_out;
+    for (int64_t i = 0; i < cols; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+}
+
+void addInPlace(float* x, int64_t ldx, const float* y, int64_t ldy, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < cols; ++i) x[r * ldx + i] += y[r * ldy + i];
+  }
+}
+
+void softmax(float* x, int64_t ld, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* v = x + r * ld;
+    const float peak = *std::max_element(v, v + cols);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < cols; ++i) {
+      v[i] = std::exp(v[i] - peak);
+      sum += v[i];
+    }
+    const float inverse = 1.0f / sum;
+    for (int64_t i = 0; i < cols; ++i) v[i] *= inverse;
+  }
+}
+
+}  // namespace cleave::cpu

@@ -1,0 +1,61 @@
+#include "kernels/cpu/rope.h"
+
+#include <cmath>
+
+namespace cleave::cpu {
+
+absl::Status ropeSupported(const model::RopeScaling& scaling) {
+  if (scaling.type == "none" || scaling.type == "linear" || scaling.type == "llama3") {
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError("rope scaling \"" + scaling.type + "\" is not implemented yet");
+}
+
+Rope::Rope(const model::ModelConfig& config, RopePairing pairing)
+    : head_dim_(config.head_dim), pairing_(pairing), inv_freq_(config.head_dim / 2) {
+  const double base = config.rope_theta;
+  const model::RopeScaling& s = config.rope_scaling;
+  for (int64_t i = 0; i < head_dim_ / 2; ++i) {
+    double inv = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(head_dim_));
+    if (s.type == "linear") {
+      inv /= s.factor;
+    } else if (s.type == "llama3") {
+      // Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+      const double low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+      const double high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+      const double wavelen = 2.0 * M_PI / inv;
+      if (wavelen > low_wavelen) {
+        inv /= s.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) /
+                              (s.high_freq_factor - s.low_freq_factor);
+        inv = (1.0 - smooth) * inv / s.factor + smooth * inv;
+      }
+    }
+    inv_freq_[i] = static_cast<float>(inv);
+  }
+}
+
+void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const int32_t* positions) const {
+  const int64_t half = head_dim_ / 2;
+  std::vector<float> cos_v(half), sin_v(half);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(positions[t]) * inv_freq_[i];
+      cos_v[i] = std::cos(angle);
+      sin_v[i] = std::sin(angle);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* v = x + t * ld + h * head_dim_;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t a = pairing_ == RopePairing::kHalves ? i : 2 * i;
+        const int64_t b = pairing_ == RopePairing::kHalves ? i + half : 2 * i + 1;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cos_v[i] - x1 * sin_v[i];
+        v[b] = x0 * sin_v[i] + x1 * cos_v[i];
+      }
+    }
+  }
+}
+
+}  // namespace cleave::cpu

@@ -1,0 +1,39 @@
+// Rotary position embeddings applied in place to query or key heads.
+//
+// For head dimension D and pair index i < D/2, the angle at position p is
+// p * theta_i with theta_i = base^(-2i/D), adjusted by the model's rope scaling ("linear"
+// or the "llama3" frequency bands; ropeSupported() says which). Two pairings exist:
+//   kHalves   (x[i], x[i + D/2])  — Hugging Face checkpoints ("rotate_half")
+//   kAdjacent (x[2i], x[2i + 1])  — GGUF llama-family files, whose Q/K weights are
+//                                   permuted at conversion to match
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model/model_config.h"
+
+namespace cleave::cpu {
+
+enum class RopePairing { kHalves, kAdjacent };
+
+// OK for the rope scalings Rope implements; Unimplemented naming the type otherwise.
+absl::Status ropeSupported(const model::RopeScaling& scaling);
+
+class Rope {
+ public:
+  Rope(const model::ModelConfig& config, RopePairing pairing);
+
+  // x: [tokens, heads * head_dim] with row stride ld; positions[t] is token t's position.
+  void apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const int32_t* positions) const;
+
+  const std::vector<float>& inverseFrequencies() const { return inv_freq_; }
+
+ private:
+  int64_t head_dim_;
+  RopePairing pairing_;
+  std::vector<float> inv_freq_;  // [head_dim / 2]
+};
+
+}  // namespace cleave::cpu

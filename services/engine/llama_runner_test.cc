@@ -1,0 +1,90 @@
+#include "services/engine/llama_runner.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace cleave::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kModel = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+uint32_t argmax(std::span<const float> logits) {
+  return static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+class SmolLm2RunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(kModel)) return;
+    auto loaded = loadLlamaGguf(kModel);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    weights_ = loaded->release();
+  }
+  void SetUp() override {
+    if (weights_ == nullptr) GTEST_SKIP() << kModel << " missing; run scripts/install-deps.sh";
+  }
+  static LlamaWeights* weights_;
+};
+LlamaWeights* SmolLm2RunnerTest::weights_ = nullptr;
+
+// Greedy generation against llama.cpp on the same file. A prompt either matches all 64
+// tokens or diverges at a step llama.cpp itself won narrowly (top-two margin < 0.3).
+TEST_F(SmolLm2RunnerTest, GreedyTokensMatchLlamaCpp) {
+  std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/engine/smollm2_llamacpp.json");
+  ASSERT_TRUE(in.good());
+  nlohmann::json golden = nlohmann::json::parse(in);
+  cpu::ThreadPool pool(2);
+  int exact = 0;
+  double max_logit_diff = 0;
+  for (const auto& prompt : golden["prompts"]) {
+    SCOPED_TRACE(prompt["tag"].get<std::string>());
+    std::vector<uint32_t> ids = prompt["prompt_ids"].get<std::vector<uint32_t>>();
+    std::vector<uint32_t> want = prompt["generated"].get<std::vector<uint32_t>>();
+    LlamaRunner runner(*weights_, pool, 1024);
+    auto logits = runner.forward(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    size_t step = 0;
+    for (; step < want.size(); ++step) {
+      uint32_t next = argmax(*logits);
+      max_logit_diff = std::max(max_logit_diff,
+                                std::fabs((*logits)[next] - prompt["top1_logit"][step].get<double>()));
+      if (next != want[step]) {
+        const auto& top = prompt["top5_logits"][step];
+        double margin = top[0].get<double>() - top[1].get<double>();
+        EXPECT_LT(margin, 0.3) << "diverged at step " << step << " (" << next << " vs " << want[step]
+                               << ") where llama.cpp's margin was " << margin;
+        break;
+      }
+      logits = runner.forward(std::span<const uint32_t>(&next, 1));
+      ASSERT_TRUE(logits.ok()) << logits.status();
+    }
+    if (step == want.size()) ++exact;
+  }
+  std::printf("greedy: %d of %zu prompts match llama.cpp for all 64 tokens; max top-1 logit difference %.4f\n",
+              exact, golden["prompts"].size(), max_logit_diff);
+  // Measured: 4 of 12 exact, top-1 logits within 1.17 of llama.cpp's. The aim is 10 of 12
+  // and a few hundredths; these bounds hold the current state against regressions.
+  EXPECT_GE(exact, 4);
+  EXPECT_LT(max_logit_diff, 1.5);
+}
+
+TEST_F(SmolLm2RunnerTest, BadInputIsAnError) {
+  cpu::ThreadPool pool(1);
+  LlamaRunner runner(*weights_, pool, 8);
+  EXPECT_FALSE(runner.forward({}).ok());
+  std::vector<uint32_t> out_of_vocab = {49152};
+  EXPECT_THAT(runner.forward(out_of_vocab).status().message(), HasSubstr("outside the vocabulary"));
+  std::vector<uint32_t> too_long(9, 1);
+  EXPECT_EQ(runner.forward(too_long).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(runner.position(), 0);
+}
+
+}  // namespace
+}  // namespace cleave::engine
