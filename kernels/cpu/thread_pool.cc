@@ -7,7 +7,8 @@
 namespace cleave::cpu {
 namespace {
 constexpr int kSpinIterations = 20000;
-}
+constexpr int64_t kClosed = int64_t{1} << 40;
+}  // namespace
 
 ThreadPool::ThreadPool(int threads) {
   for (int i = 1; i < std::max(threads, 1); ++i) {
@@ -26,10 +27,12 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::drain() {
+  const int64_t tasks = tasks_.load(std::memory_order_acquire);
+  const auto* fn = fn_.load(std::memory_order_acquire);
   while (true) {
     int64_t task = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (task >= tasks_) return;
-    (*fn_)(task);
+    if (task >= tasks) return;
+    (*fn)(task);
   }
 }
 
@@ -48,8 +51,14 @@ void ThreadPool::workerLoop(int) {
     }
     seen = current;
     if (stopping_.load()) return;
+    // Join the open job, if any; a closed one is already fully claimed.
+    int64_t state = job_state_.load(std::memory_order_acquire);
+    while (state < kClosed &&
+           !job_state_.compare_exchange_weak(state, state + 1, std::memory_order_acq_rel)) {
+    }
+    if (state >= kClosed) continue;
     drain();
-    active_workers_.fetch_sub(1, std::memory_order_acq_rel);
+    job_state_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
@@ -59,10 +68,12 @@ void ThreadPool::run(int64_t tasks, const std::function<void(int64_t)>& fn) {
     for (int64_t t = 0; t < tasks; ++t) fn(t);
     return;
   }
-  fn_ = &fn;
-  tasks_ = tasks;
+  // No worker is inside a job here (the previous run() waited for joined ones), so the
+  // job's fields can be set before it opens.
+  fn_.store(&fn, std::memory_order_relaxed);
+  tasks_.store(tasks, std::memory_order_relaxed);
   next_task_.store(0, std::memory_order_relaxed);
-  active_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+  job_state_.store(0, std::memory_order_release);
   {
     // Publishing under the lock pairs with sleepers' predicate check.
     std::lock_guard lock(sleep_mutex_);
@@ -70,7 +81,9 @@ void ThreadPool::run(int64_t tasks, const std::function<void(int64_t)>& fn) {
   }
   wake_.notify_all();
   drain();
-  while (active_workers_.load(std::memory_order_acquire) != 0) _mm_pause();
+  // Every task is claimed: close the job and wait for the workers that joined it.
+  job_state_.fetch_add(kClosed, std::memory_order_acq_rel);
+  while (job_state_.load(std::memory_order_acquire) != kClosed) _mm_pause();
 }
 
 void ThreadPool::parallelFor(int64_t n, int64_t align,

@@ -3,7 +3,9 @@
 // run(n, fn) calls fn(task) for task in [0, n) spread over the pool's threads and the
 // calling thread, and returns when all tasks are done. Workers spin briefly between jobs
 // (a decode step issues hundreds of small jobs; waking sleeping threads for each would
-// cost more than the work) and then sleep.
+// cost more than the work) and then sleep. A worker joins a job only while it is open; the
+// caller closes it once every task is claimed and waits only for workers that joined, so
+// a worker the OS has not scheduled never holds a job up (the caller does its share).
 //
 // Threading contract: one thread at a time calls run() (the rank thread that owns the
 // pool); fn must not call run() on the same pool. Construction starts the workers,
@@ -45,9 +47,10 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> next_task_{0};
-  std::atomic<int> active_workers_{0};
-  int64_t tasks_ = 0;
-  const std::function<void(int64_t)>* fn_ = nullptr;
+  // Workers inside the current job, plus kClosed once the caller has closed it.
+  std::atomic<int64_t> job_state_{0};
+  std::atomic<int64_t> tasks_{0};
+  std::atomic<const std::function<void(int64_t)>*> fn_{nullptr};
   std::mutex sleep_mutex_;
   std::condition_variable wake_;
 };
