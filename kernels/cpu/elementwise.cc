@@ -5,8 +5,8 @@
 
 namespace cleave::cpu {
 
-void rmsNorm(const float* x, int64_t ldx, const float* weight, int64_t rows, int64_t cols, float eps,
-             float* y, int64_t ldy) {
+void rmsNorm(const float* x, int64_t ldx, const float* weight, int64_t rows, int64_t cols,
+             float eps, float* y, int64_t ldy) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * ldx;
     float* out = y + r * ldy;
@@ -17,8 +17,8 @@ void rmsNorm(const float* x, int64_t ldx, const float* weight, int64_t rows, int
   }
 }
 
-void siluMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, int64_t cols, float* out,
-             int64_t ld_out) {
+void siluMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, int64_t cols,
+             float* out, int64_t ld_out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = gate + r * ld_in;
     const float* u = up + r * ld_in;

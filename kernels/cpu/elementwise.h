@@ -7,12 +7,12 @@
 namespace cleave::cpu {
 
 // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight   (weight: [cols]); y may alias x.
-void rmsNorm(const float* x, int64_t ldx, const float* weight, int64_t rows, int64_t cols, float eps,
-             float* y, int64_t ldy);
+void rmsNorm(const float* x, int64_t ldx, const float* weight, int64_t rows, int64_t cols,
+             float eps, float* y, int64_t ldy);
 
 // out[r][i] = silu(gate[r][i]) * up[r][i], silu(v) = v / (1 + e^-v); out may alias gate.
-void siluMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, int64_t cols, float* out,
-             int64_t ld_out);
+void siluMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, int64_t cols,
+             float* out, int64_t ld_out);
 
 // x[r] += y[r].
 void addInPlace(float* x, int64_t ldx, const float* y, int64_t ldy, int64_t rows, int64_t cols);

@@ -36,7 +36,8 @@ Rope::Rope(const model::ModelConfig& config, RopePairing pairing)
   }
 }
 
-void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const int32_t* positions) const {
+void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads,
+                 const int32_t* positions) const {
   const int64_t half = head_dim_ / 2;
   std::vector<float> cos_v(half), sin_v(half);
   for (int64_t t = 0; t < tokens; ++t) {

@@ -1,0 +1,141 @@
+// RMSNorm, SiLU-and-mul, softmax, RoPE and attention against float64 references on
+// random inputs with poisoned outputs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/rope.h"
+
+namespace cleave::cpu {
+namespace {
+
+std::vector<float> randomVector(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+TEST(ElementwiseTest, RmsNormSiluMulAndSoftmaxMatchFloat64) {
+  std::mt19937 rng(11);
+  const int64_t rows = 3, cols = 577;
+  std::vector<float> x = randomVector(rows * cols, rng, 3.0f), w = randomVector(cols, rng);
+  std::vector<float> y(rows * cols, std::nanf(""));
+  rmsNorm(x.data(), cols, w.data(), rows, cols, 1e-5f, y.data(), cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ms = 0;
+    for (int64_t i = 0; i < cols; ++i) ms += double(x[r * cols + i]) * x[r * cols + i];
+    double scale = 1.0 / std::sqrt(ms / cols + 1e-5);
+    for (int64_t i = 0; i < cols; ++i) ASSERT_NEAR(y[r * cols + i], x[r * cols + i] * scale * w[i], 1e-5);
+  }
+  std::vector<float> gate = randomVector(cols, rng, 4.0f), up = randomVector(cols, rng), out(cols, std::nanf(""));
+  siluMul(gate.data(), up.data(), cols, 1, cols, out.data(), cols);
+  for (int64_t i = 0; i < cols; ++i) {
+    double g = gate[i];
+    ASSERT_NEAR(out[i], g / (1 + std::exp(-g)) * up[i], 1e-5 * (1 + std::fabs(g * up[i])));
+  }
+  std::vector<float> s = randomVector(cols, rng, 10.0f), ref(s.begin(), s.end());
+  softmax(s.data(), cols, 1, cols);
+  double peak = *std::max_element(ref.begin(), ref.end()), total = 0;
+  for (float v : ref) total += std::exp(v - peak);
+  for (int64_t i = 0; i < cols; ++i) ASSERT_NEAR(s[i], std::exp(ref[i] - peak) / total, 1e-6);
+}
+
+model::ModelConfig ropeConfig(int head_dim) {
+  model::ModelConfig c;
+  c.head_dim = head_dim;
+  c.rope_theta = 10000.0;
+  return c;
+}
+
+TEST(RopeTest, AdjacentPairingIsHalvesPairingOnPermutedDimensions) {
+  std::mt19937 rng(3);
+  const int64_t d = 64, heads = 3;
+  Rope halves(ropeConfig(d), RopePairing::kHalves), adjacent(ropeConfig(d), RopePairing::kAdjacent);
+  std::vector<float> x = randomVector(heads * d, rng);
+  std::vector<float> permuted(x.size());
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+      permuted[h * d + 2 * i] = x[h * d + i];
+      permuted[h * d + 2 * i + 1] = x[h * d + i + d / 2];
+    }
+  }
+  const int32_t position = 37;
+  halves.apply(x.data(), heads * d, 1, heads, &position);
+  adjacent.apply(permuted.data(), heads * d, 1, heads, &position);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+      EXPECT_FLOAT_EQ(permuted[h * d + 2 * i], x[h * d + i]);
+      EXPECT_FLOAT_EQ(permuted[h * d + 2 * i + 1], x[h * d + i + d / 2]);
+    }
+  }
+}
+
+TEST(RopeTest, RotatesByPositionTimesFrequency) {
+  const int64_t d = 8;
+  Rope rope(ropeConfig(d), RopePairing::kHalves);
+  std::vector<float> x = {1, 0, 0, 0, 0, 0, 0, 0};  // Pair 0 = (1, 0).
+  const int32_t position = 5;
+  rope.apply(x.data(), d, 1, 1, &position);
+  EXPECT_NEAR(x[0], std::cos(5.0), 1e-6);
+  EXPECT_NEAR(x[4], std::sin(5.0), 1e-6);
+  EXPECT_NEAR(rope.inverseFrequencies()[1], std::pow(10000.0, -2.0 / 8), 1e-7);
+}
+
+TEST(RopeTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
+  model::ModelConfig c = ropeConfig(128);
+  c.rope_theta = 500000.0;
+  c.rope_scaling = {.type = "llama3", .factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                    .original_max_position_embeddings = 8192};
+  Rope scaled(c, RopePairing::kHalves), plain(ropeConfig(128), RopePairing::kHalves);
+  c.rope_scaling = {};
+  Rope unscaled(c, RopePairing::kHalves);
+  const auto& s = scaled.inverseFrequencies();
+  const auto& u = unscaled.inverseFrequencies();
+  EXPECT_FLOAT_EQ(s[0], u[0]);             // Wavelength 2*pi: untouched.
+  EXPECT_FLOAT_EQ(s[63], u[63] / 8.0f);    // Longest wavelength: divided by the factor.
+  for (size_t i = 1; i < s.size(); ++i) EXPECT_LE(s[i], u[i] * 1.0000001f);
+  EXPECT_TRUE(ropeSupported({.type = "llama3"}).ok());
+  EXPECT_FALSE(ropeSupported({.type = "yarn"}).ok());
+}
+
+TEST(AttentionTest, CausalGqaMatchesFloat64) {
+  std::mt19937 rng(17);
+  const int64_t heads = 6, kv_heads = 2, d = 16, context = 13, tokens = 4;
+  std::vector<float> q = randomVector(tokens * heads * d, rng), k = randomVector(context * kv_heads * d, rng),
+                     v = randomVector(context * kv_heads * d, rng);
+  std::vector<int32_t> positions = {3, 7, 8, 12};
+  std::vector<float> out(tokens * heads * d, std::nanf(""));
+  ThreadPool pool(2);
+  const float scale = 0.25f;
+  attention({.q = q.data(), .ldq = heads * d, .tokens = tokens, .positions = positions.data(), .k = k.data(),
+             .v = v.data(), .ldkv = kv_heads * d, .heads = heads, .kv_heads = kv_heads, .head_dim = d,
+             .scale = scale, .out = out.data(), .ldo = heads * d},
+            pool);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t kvh = h / (heads / kv_heads);
+      std::vector<double> p(positions[t] + 1);
+      double peak = -1e300, total = 0;
+      for (int64_t j = 0; j <= positions[t]; ++j) {
+        double dot = 0;
+        for (int64_t e = 0; e < d; ++e) dot += double(q[(t * heads + h) * d + e]) * k[(j * kv_heads + kvh) * d + e];
+        p[j] = dot * scale;
+        peak = std::max(peak, p[j]);
+      }
+      for (double& x : p) total += (x = std::exp(x - peak));
+      for (int64_t e = 0; e < d; ++e) {
+        double ref = 0;
+        for (int64_t j = 0; j <= positions[t]; ++j) ref += p[j] / total * v[(j * kv_heads + kvh) * d + e];
+        ASSERT_NEAR(out[(t * heads + h) * d + e], ref, 1e-5) << t << " " << h << " " << e;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cleave::cpu
