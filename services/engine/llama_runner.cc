@@ -11,16 +11,20 @@
 namespace cleave::engine {
 namespace {
 
-void checkedMatmul(const cpu::CpuMatrix& w, const float* x, int64_t ldx, int64_t tokens, float* y, int64_t ldy,
-                   cpu::ThreadPool& pool) {
+void checkedMatmul(const cpu::CpuMatrix& w, const float* x, int64_t ldx, int64_t tokens, float* y,
+                   int64_t ldy, cpu::ThreadPool& pool) {
   // Shapes are fixed at load; a failure here is a broken invariant, not bad input.
-  CLEAVE_CHECK_OK(cpu::matmul({.weight = &w, .x = x, .ldx = ldx, .tokens = tokens, .y = y, .ldy = ldy}, pool));
+  CLEAVE_CHECK_OK(
+      cpu::matmul({.weight = &w, .x = x, .ldx = ldx, .tokens = tokens, .y = y, .ldy = ldy}, pool));
 }
 
 }  // namespace
 
 LlamaRunner::LlamaRunner(const LlamaWeights& weights, cpu::ThreadPool& pool, int64_t max_context)
-    : w_(weights), pool_(pool), rope_(weights.config, weights.rope_pairing), max_context_(max_context) {
+    : w_(weights),
+      pool_(pool),
+      rope_(weights.config, weights.rope_pairing),
+      max_context_(max_context) {
   const int64_t kv_dim = int64_t{w_.config.num_kv_heads} * w_.config.head_dim;
   k_cache_.assign(w_.config.num_layers, std::vector<float>(max_context_ * kv_dim));
   v_cache_.assign(w_.config.num_layers, std::vector<float>(max_context_ * kv_dim));
@@ -52,7 +56,8 @@ absl::StatusOr<std::span<const float>> LlamaRunner::forward(std::span<const uint
   }
   for (uint32_t id : tokens) {
     if (id >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is outside the vocabulary (", c.vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", id, " is outside the vocabulary (", c.vocab_size, ")"));
     }
   }
   ensureScratch(n);
@@ -64,9 +69,10 @@ absl::StatusOr<std::span<const float>> LlamaRunner::forward(std::span<const uint
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   // Embedding rows, dequantized from the stored table.
-  const int64_t row_bytes = static_cast<int64_t>(w_.token_embd->num_bytes / w_.token_embd->dims[1]);
+  const int64_t row_bytes = w_.token_embd.rowBytes();
   for (int64_t t = 0; t < n; ++t) {
-    CLEAVE_CHECK_OK(model::dequantize(w_.token_embd->type, w_.token_embd->data + tokens[t] * row_bytes, hidden,
+    CLEAVE_CHECK_OK(model::dequantize(w_.token_embd.type,
+                                      w_.token_embd.data + tokens[t] * row_bytes, hidden,
                                       x_.data() + t * hidden));
     positions_[t] = static_cast<int32_t>(position_ + t);
   }
@@ -81,10 +87,19 @@ absl::StatusOr<std::span<const float>> LlamaRunner::forward(std::span<const uint
     rope_.apply(k_.data(), kv_dim, n, c.num_kv_heads, positions_.data());
     std::memcpy(k_cache_[l].data() + position_ * kv_dim, k_.data(), n * kv_dim * sizeof(float));
     std::memcpy(v_cache_[l].data() + position_ * kv_dim, v_.data(), n * kv_dim * sizeof(float));
-    cpu::attention({.q = q_.data(), .ldq = q_dim, .tokens = n, .positions = positions_.data(),
-                    .k = k_cache_[l].data(), .v = v_cache_[l].data(), .ldkv = kv_dim,
-                    .heads = c.num_heads, .kv_heads = c.num_kv_heads, .head_dim = head_dim,
-                    .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)), .out = attn_.data(), .ldo = q_dim},
+    cpu::attention({.q = q_.data(),
+                    .ldq = q_dim,
+                    .tokens = n,
+                    .positions = positions_.data(),
+                    .k = k_cache_[l].data(),
+                    .v = v_cache_[l].data(),
+                    .ldkv = kv_dim,
+                    .heads = c.num_heads,
+                    .kv_heads = c.num_kv_heads,
+                    .head_dim = head_dim,
+                    .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                    .out = attn_.data(),
+                    .ldo = q_dim},
                    pool_);
     checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
     cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);

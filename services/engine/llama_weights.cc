@@ -22,7 +22,8 @@ absl::StatusOr<const GgufTensor*> tensor(const GgufFile& file, const std::string
       return s + "]";
     };
     return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor \"", name, "\" has dims ",
-                                                   text(t->dims), ", the config implies ", text(dims)));
+                                                   text(t->dims), ", the config implies ",
+                                                   text(dims)));
   }
   return t;
 }
@@ -34,18 +35,103 @@ absl::StatusOr<cpu::CpuMatrix> matrix(const GgufFile& file, const std::string& n
                                    .rows = static_cast<int64_t>(rows),
                                    .cols = static_cast<int64_t>(cols),
                                    .data = t->data});
-  if (!m.ok()) return absl::InvalidArgumentError(absl::StrCat(file.path(), ": tensor \"", name, "\": ", m.status().message()));
+  if (!m.ok())
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": tensor \"", name, "\": ", m.status().message()));
   return m;
 }
 
-absl::StatusOr<std::vector<float>> vector(const GgufFile& file, const std::string& name, uint64_t size) {
+absl::StatusOr<std::vector<float>> vector(const GgufFile& file, const std::string& name,
+                                          uint64_t size) {
   CLEAVE_ASSIGN_OR_RETURN(const GgufTensor* t, tensor(file, name, {size}));
   std::vector<float> out(size);
   CLEAVE_RETURN_IF_ERROR(model::dequantize(t->type, t->data, size, out.data()));
   return out;
 }
 
+absl::Status checkSupported(const model::ModelConfig& c, const std::string& path) {
+  if (c.architecture != model::Architecture::kLlama) {
+    return absl::UnimplementedError(
+        absl::StrCat(path, ": architecture ", model::architectureName(c.architecture),
+                     " is not supported by the engine yet (dense llama only)"));
+  }
+  return cpu::ropeSupported(c.rope_scaling);
+}
+
+// A safetensors tensor with the expected shape (outermost first).
+absl::StatusOr<const model::SafetensorsTensor*> stTensor(const model::SafetensorsCheckpoint& ckpt,
+                                                         const std::string& name,
+                                                         std::vector<uint64_t> shape) {
+  const model::SafetensorsTensor* t = ckpt.find(name);
+  if (t == nullptr) return absl::NotFoundError(absl::StrCat("tensor \"", name, "\" is missing"));
+  if (t->shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(t->file, ": tensor \"", name, "\" has ",
+                                                   t->shape.size(),
+                                                   " dims that do not match the config"));
+  }
+  return t;
+}
+
+absl::StatusOr<cpu::CpuMatrix> stMatrix(const model::SafetensorsCheckpoint& ckpt,
+                                        const std::string& name, uint64_t rows, uint64_t cols) {
+  CLEAVE_ASSIGN_OR_RETURN(const model::SafetensorsTensor* t, stTensor(ckpt, name, {rows, cols}));
+  return cpu::CpuMatrix::create({.type = t->dtype,
+                                 .rows = static_cast<int64_t>(rows),
+                                 .cols = static_cast<int64_t>(cols),
+                                 .data = t->data});
+}
+
+absl::StatusOr<std::vector<float>> stVector(const model::SafetensorsCheckpoint& ckpt,
+                                            const std::string& name, uint64_t size) {
+  CLEAVE_ASSIGN_OR_RETURN(const model::SafetensorsTensor* t, stTensor(ckpt, name, {size}));
+  std::vector<float> out(size);
+  CLEAVE_RETURN_IF_ERROR(model::dequantize(t->dtype, t->data, size, out.data()));
+  return out;
+}
+
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path) {
+  if (path.size() >= 5 && path.substr(path.size() - 5) == ".gguf") return loadLlamaGguf(path);
+  return loadLlamaSafetensors(path);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::string& folder) {
+  auto w = std::make_unique<LlamaWeights>();
+  CLEAVE_ASSIGN_OR_RETURN(w->config, model::loadModelConfig(folder));
+  const model::ModelConfig& c = w->config;
+  CLEAVE_RETURN_IF_ERROR(checkSupported(c, folder));
+  CLEAVE_ASSIGN_OR_RETURN(w->safetensors, model::SafetensorsCheckpoint::open(folder));
+  const model::SafetensorsCheckpoint& f = *w->safetensors;
+  w->rope_pairing = cpu::RopePairing::kHalves;
+  const uint64_t hidden = c.hidden_size, q_dim = uint64_t{c.num_heads} * c.head_dim,
+                 kv_dim = uint64_t{c.num_kv_heads} * c.head_dim, ffn = c.intermediate_size;
+  CLEAVE_ASSIGN_OR_RETURN(const model::SafetensorsTensor* embd,
+                          stTensor(f, "model.embed_tokens.weight", {c.vocab_size, hidden}));
+  w->token_embd = {.type = embd->dtype,
+                   .data = embd->data,
+                   .rows = c.vocab_size,
+                   .cols = static_cast<int64_t>(hidden)};
+  for (uint32_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    LlamaLayer layer;
+    CLEAVE_ASSIGN_OR_RETURN(layer.attn_norm, stVector(f, p + "input_layernorm.weight", hidden));
+    CLEAVE_ASSIGN_OR_RETURN(layer.wq, stMatrix(f, p + "self_attn.q_proj.weight", q_dim, hidden));
+    CLEAVE_ASSIGN_OR_RETURN(layer.wk, stMatrix(f, p + "self_attn.k_proj.weight", kv_dim, hidden));
+    CLEAVE_ASSIGN_OR_RETURN(layer.wv, stMatrix(f, p + "self_attn.v_proj.weight", kv_dim, hidden));
+    CLEAVE_ASSIGN_OR_RETURN(layer.wo, stMatrix(f, p + "self_attn.o_proj.weight", hidden, q_dim));
+    CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm,
+                            stVector(f, p + "post_attention_layernorm.weight", hidden));
+    CLEAVE_ASSIGN_OR_RETURN(layer.w_gate, stMatrix(f, p + "mlp.gate_proj.weight", ffn, hidden));
+    CLEAVE_ASSIGN_OR_RETURN(layer.w_up, stMatrix(f, p + "mlp.up_proj.weight", ffn, hidden));
+    CLEAVE_ASSIGN_OR_RETURN(layer.w_down, stMatrix(f, p + "mlp.down_proj.weight", hidden, ffn));
+    w->layers.push_back(std::move(layer));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(w->output_norm, stVector(f, "model.norm.weight", hidden));
+  const std::string head = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  CLEAVE_ASSIGN_OR_RETURN(w->output, stMatrix(f, head, c.vocab_size, hidden));
+  return w;
+}
 
 int64_t LlamaWeights::weightBytes() const {
   int64_t bytes = output.bytes() + static_cast<int64_t>(output_norm.size()) * 4;
@@ -54,25 +140,26 @@ int64_t LlamaWeights::weightBytes() const {
              l.w_up.bytes() + l.w_down.bytes() +
              static_cast<int64_t>(l.attn_norm.size() + l.ffn_norm.size()) * 4;
   }
-  return bytes + static_cast<int64_t>(token_embd->num_bytes / token_embd->dims[1]);
+  return bytes + token_embd.rowBytes();
 }
 
 absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& path) {
   auto w = std::make_unique<LlamaWeights>();
-  CLEAVE_ASSIGN_OR_RETURN(w->file, GgufFile::open(path));
-  const GgufFile& f = *w->file;
+  CLEAVE_ASSIGN_OR_RETURN(w->gguf, GgufFile::open(path));
+  const GgufFile& f = *w->gguf;
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::configFromGguf(f));
   const model::ModelConfig& c = w->config;
-  if (c.architecture != model::Architecture::kLlama) {
-    return absl::UnimplementedError(absl::StrCat(path, ": architecture ", model::architectureName(c.architecture),
-                                                 " is not supported by the engine yet (dense llama only)"));
-  }
-  CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(c.rope_scaling));
+  CLEAVE_RETURN_IF_ERROR(checkSupported(c, path));
   // GGUF llama files store Q/K permuted for adjacent-pair rotation.
   w->rope_pairing = cpu::RopePairing::kAdjacent;
   const uint64_t hidden = c.hidden_size, q_dim = uint64_t{c.num_heads} * c.head_dim,
                  kv_dim = uint64_t{c.num_kv_heads} * c.head_dim, ffn = c.intermediate_size;
-  CLEAVE_ASSIGN_OR_RETURN(w->token_embd, tensor(f, "token_embd.weight", {hidden, c.vocab_size}));
+  CLEAVE_ASSIGN_OR_RETURN(const GgufTensor* embd,
+                          tensor(f, "token_embd.weight", {hidden, c.vocab_size}));
+  w->token_embd = {.type = embd->type,
+                   .data = embd->data,
+                   .rows = c.vocab_size,
+                   .cols = static_cast<int64_t>(hidden)};
   for (uint32_t i = 0; i < c.num_layers; ++i) {
     const std::string p = absl::StrCat("blk.", i, ".");
     LlamaLayer layer;

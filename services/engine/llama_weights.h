@@ -1,6 +1,7 @@
 // Weights of a Llama-family model (Llama 2/3, SmolLM2) in the CPU backend's layout, loaded
-// from a GGUF file. Matrices become CpuMatrix (quantized ones repacked once); norms become
-// float vectors. The GGUF file stays mapped: the embedding table is read from it in place.
+// from a GGUF file or a Hugging Face folder (config.json + safetensors). Matrices become
+// CpuMatrix (quantized ones repacked once); norms become float vectors. The source file
+// stays mapped: the embedding table is read from it in place.
 //
 // Threading: immutable after load.
 #pragma once
@@ -12,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/gguf_file.h"
 #include "common/model/model_config.h"
+#include "common/model/safetensors_file.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rope.h"
 
@@ -29,11 +31,22 @@ struct LlamaLayer {
   cpu::CpuMatrix w_down;         // [hidden, intermediate]
 };
 
+// Rows of the embedding table in their stored format.
+struct EmbeddingTable {
+  model::TensorType type = model::TensorType::kF32;
+  const uint8_t* data = nullptr;
+  int64_t rows = 0;  // vocab
+  int64_t cols = 0;  // hidden
+  int64_t rowBytes() const { return *model::tensorBytes(type, cols); }
+};
+
 struct LlamaWeights {
   model::ModelConfig config;
   cpu::RopePairing rope_pairing = cpu::RopePairing::kAdjacent;
-  std::unique_ptr<model::GgufFile> file;  // Keeps the embedding table mapped.
-  const model::GgufTensor* token_embd = nullptr;  // [vocab, hidden] rows in stored format.
+  // The mapped source; one of the two is set. Keeps the embedding table readable.
+  std::unique_ptr<model::GgufFile> gguf;
+  std::unique_ptr<model::SafetensorsCheckpoint> safetensors;
+  EmbeddingTable token_embd;  // [vocab, hidden]
   std::vector<LlamaLayer> layers;
   std::vector<float> output_norm;  // [hidden]
   cpu::CpuMatrix output;           // [vocab, hidden]; the embedding table when tied.
@@ -41,8 +54,10 @@ struct LlamaWeights {
   int64_t weightBytes() const;
 };
 
-// Loads `path` (a GGUF file of a dense Llama-family model). Errors name the file and the
-// tensor that is missing or has the wrong shape.
+// Loads a dense Llama-family model from `path`: a GGUF file, or a folder with config.json
+// and safetensors. Errors name the file and the tensor that is missing or misshapen.
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path);
 absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& path);
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::string& folder);
 
 }  // namespace cleave::engine
