@@ -43,13 +43,14 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> load(const std::string& path);
   static absl::StatusOr<std::unique_ptr<Tokenizer>> fromTokenizerJson(const std::string& path);
   // Parses tokenizer.json text; `name` is used in error messages.
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> fromTokenizerJsonText(
-      absl::string_view json, const std::string& name);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> fromTokenizerJsonText(absl::string_view json,
+                                                                          const std::string& name);
   static absl::StatusOr<std::unique_ptr<Tokenizer>> fromGguf(const model::GgufFile& file);
 
   // Any bytes are accepted, including invalid UTF-8 (byte-level and byte-fallback
   // vocabularies encode every byte).
-  virtual std::vector<TokenId> encode(absl::string_view text, const EncodeOptions& options) const = 0;
+  virtual std::vector<TokenId> encode(absl::string_view text,
+                                      const EncodeOptions& options) const = 0;
   // The text of `ids` concatenated. May contain invalid UTF-8 when the ids split a
   // character (use IncrementalDetokenizer for streaming).
   virtual std::string decode(std::span<const TokenId> ids, bool skip_special_tokens) const = 0;
@@ -65,6 +66,9 @@ class Tokenizer {
 // Streams text for a growing sequence of tokens without ever emitting a broken UTF-8
 // sequence: bytes of an incomplete character are held until the character completes.
 // Handles tokenizers whose decoding depends on context (e.g. a leading-space strip).
+// Decodes only a window of the last few tokens per push (amortized O(1) per token).
+// Threading: one instance per stream, used by one thread at a time; `tokenizer` must outlive
+// it.
 class IncrementalDetokenizer {
  public:
   explicit IncrementalDetokenizer(const Tokenizer& tokenizer, bool skip_special_tokens = true);
@@ -76,8 +80,11 @@ class IncrementalDetokenizer {
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_tokens_;
-  std::vector<TokenId> ids_;
-  size_t emitted_bytes_ = 0;  // Bytes of decode(ids_) already returned.
+  // Ids from the prefix offset on; window_[0, read_) are emitted, and decode() of just those
+  // is prefix_text_. What decode(window_) has beyond prefix_text_ is new or held text.
+  std::vector<TokenId> window_;
+  size_t read_ = 0;
+  std::string prefix_text_;
 };
 
 }  // namespace cleave::tokenizer

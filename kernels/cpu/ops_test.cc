@@ -30,9 +30,11 @@ TEST(ElementwiseTest, RmsNormSiluMulAndSoftmaxMatchFloat64) {
     double ms = 0;
     for (int64_t i = 0; i < cols; ++i) ms += double(x[r * cols + i]) * x[r * cols + i];
     double scale = 1.0 / std::sqrt(ms / cols + 1e-5);
-    for (int64_t i = 0; i < cols; ++i) ASSERT_NEAR(y[r * cols + i], x[r * cols + i] * scale * w[i], 1e-5);
+    for (int64_t i = 0; i < cols; ++i)
+      ASSERT_NEAR(y[r * cols + i], x[r * cols + i] * scale * w[i], 1e-5);
   }
-  std::vector<float> gate = randomVector(cols, rng, 4.0f), up = randomVector(cols, rng), out(cols, std::nanf(""));
+  std::vector<float> gate = randomVector(cols, rng, 4.0f), up = randomVector(cols, rng),
+                     out(cols, std::nanf(""));
   siluMul(gate.data(), up.data(), cols, 1, cols, out.data(), cols);
   for (int64_t i = 0; i < cols; ++i) {
     double g = gate[i];
@@ -89,15 +91,18 @@ TEST(RopeTest, RotatesByPositionTimesFrequency) {
 TEST(RopeTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
   model::ModelConfig c = ropeConfig(128);
   c.rope_theta = 500000.0;
-  c.rope_scaling = {.type = "llama3", .factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+  c.rope_scaling = {.type = "llama3",
+                    .factor = 8.0,
+                    .low_freq_factor = 1.0,
+                    .high_freq_factor = 4.0,
                     .original_max_position_embeddings = 8192};
   Rope scaled(c, RopePairing::kHalves), plain(ropeConfig(128), RopePairing::kHalves);
   c.rope_scaling = {};
   Rope unscaled(c, RopePairing::kHalves);
   const auto& s = scaled.inverseFrequencies();
   const auto& u = unscaled.inverseFrequencies();
-  EXPECT_FLOAT_EQ(s[0], u[0]);             // Wavelength 2*pi: untouched.
-  EXPECT_FLOAT_EQ(s[63], u[63] / 8.0f);    // Longest wavelength: divided by the factor.
+  EXPECT_FLOAT_EQ(s[0], u[0]);           // Wavelength 2*pi: untouched.
+  EXPECT_FLOAT_EQ(s[63], u[63] / 8.0f);  // Longest wavelength: divided by the factor.
   for (size_t i = 1; i < s.size(); ++i) EXPECT_LE(s[i], u[i] * 1.0000001f);
   EXPECT_TRUE(ropeSupported({.type = "llama3"}).ok());
   EXPECT_FALSE(ropeSupported({.type = "yarn"}).ok());
@@ -106,15 +111,26 @@ TEST(RopeTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
 TEST(AttentionTest, CausalGqaMatchesFloat64) {
   std::mt19937 rng(17);
   const int64_t heads = 6, kv_heads = 2, d = 16, context = 13, tokens = 4;
-  std::vector<float> q = randomVector(tokens * heads * d, rng), k = randomVector(context * kv_heads * d, rng),
+  std::vector<float> q = randomVector(tokens * heads * d, rng),
+                     k = randomVector(context * kv_heads * d, rng),
                      v = randomVector(context * kv_heads * d, rng);
   std::vector<int32_t> positions = {3, 7, 8, 12};
   std::vector<float> out(tokens * heads * d, std::nanf(""));
   ThreadPool pool(2);
   const float scale = 0.25f;
-  attention({.q = q.data(), .ldq = heads * d, .tokens = tokens, .positions = positions.data(), .k = k.data(),
-             .v = v.data(), .ldkv = kv_heads * d, .heads = heads, .kv_heads = kv_heads, .head_dim = d,
-             .scale = scale, .out = out.data(), .ldo = heads * d},
+  attention({.q = q.data(),
+             .ldq = heads * d,
+             .tokens = tokens,
+             .positions = positions.data(),
+             .k = k.data(),
+             .v = v.data(),
+             .ldkv = kv_heads * d,
+             .heads = heads,
+             .kv_heads = kv_heads,
+             .head_dim = d,
+             .scale = scale,
+             .out = out.data(),
+             .ldo = heads * d},
             pool);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
@@ -123,14 +139,16 @@ TEST(AttentionTest, CausalGqaMatchesFloat64) {
       double peak = -1e300, total = 0;
       for (int64_t j = 0; j <= positions[t]; ++j) {
         double dot = 0;
-        for (int64_t e = 0; e < d; ++e) dot += double(q[(t * heads + h) * d + e]) * k[(j * kv_heads + kvh) * d + e];
+        for (int64_t e = 0; e < d; ++e)
+          dot += double(q[(t * heads + h) * d + e]) * k[(j * kv_heads + kvh) * d + e];
         p[j] = dot * scale;
         peak = std::max(peak, p[j]);
       }
       for (double& x : p) total += (x = std::exp(x - peak));
       for (int64_t e = 0; e < d; ++e) {
         double ref = 0;
-        for (int64_t j = 0; j <= positions[t]; ++j) ref += p[j] / total * v[(j * kv_heads + kvh) * d + e];
+        for (int64_t j = 0; j <= positions[t]; ++j)
+          ref += p[j] / total * v[(j * kv_heads + kvh) * d + e];
         ASSERT_NEAR(out[(t * heads + h) * d + e], ref, 1e-5) << t << " " << h << " " << e;
       }
     }

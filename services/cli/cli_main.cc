@@ -17,8 +17,11 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"info", "Show a running router's version, queue and workers", cleave::cli::runInfo},
+    {"generate", "Generate text from a prompt on this machine's CPU", cleave::cli::runGenerate},
     {"inspect", "Show a model file's architecture, tensors and weight bytes",
      cleave::cli::runInspect},
+    {"tokenize", "Print the token ids of a text", cleave::cli::runTokenize},
+    {"detokenize", "Print the text of token ids", cleave::cli::runDetokenize},
 };
 
 void printUsage(std::FILE* out) {

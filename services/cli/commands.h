@@ -6,5 +6,8 @@ namespace cleave::cli {
 
 int runInfo(int argc, char** argv);
 int runInspect(int argc, char** argv);
+int runGenerate(int argc, char** argv);
+int runTokenize(int argc, char** argv);
+int runDetokenize(int argc, char** argv);
 
 }  // namespace cleave::cli

@@ -106,6 +106,27 @@ class BinariesCliTest(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertIn("/nonexistent.gguf", err)
 
+    def test_tokenize_detokenize_and_generate_on_the_real_model(self):
+        model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if not os.path.exists(model):
+            self.skipTest(f"{model} missing; run scripts/install-deps.sh")
+        cleave = ct.binary("cleave")
+        code, out, err = ct.run([cleave, "tokenize", f"--model={model}", "Hello, world"])
+        self.assertEqual((code, out.strip()), (0, "19556 28 905"), err)
+        code, out, err = ct.run([cleave, "tokenize", "--json", f"--model={model}", "Hello"])
+        self.assertEqual(code, 0, err)
+        self.assertIn('"piece":"Hello"', out)
+        code, out, err = ct.run([cleave, "detokenize", f"--model={model}", "19556", "28", "905"])
+        self.assertEqual((code, out), (0, "Hello, world\n"), err)
+        self.assert_usage_error([cleave, "detokenize", f"--model={model}", "49152"],
+                                "not a token id below the vocabulary size 49152")
+        # Greedy decoding is deterministic: the model's answer, streamed, then timings.
+        code, out, err = ct.run([cleave, "generate", f"--model={model}", "--max-tokens=12",
+                                 "What is the capital of France?"], timeout=120)
+        self.assertEqual(code, 0, err)
+        self.assertIn("Paris", out)
+        self.assertRegex(err, r"generated \d+ tokens")
+
 
 if __name__ == "__main__":
     unittest.main()
