@@ -47,6 +47,13 @@ worker_status=0
   --target-concurrency 16 || worker_status=$?
 
 echo
+echo "== offline generation on the CPU (cleave generate, greedy)"
+for prompt in "What is the capital of France?" "Write one sentence about the sea."; do
+  echo "> $prompt"
+  "$bin/cleave" generate --model "$model" --max-tokens 48 "$prompt"
+done
+
+echo
 echo "== router metrics"
 /usr/bin/python3 - "$metrics_port" <<'PY'
 import sys, urllib.request
@@ -59,10 +66,11 @@ PY
 echo
 echo "== summary"
 echo "built and running: cleave-router (Generation API with request validation, health,"
-echo "  reflection, /metrics), the cleave CLI (info), cleave-worker flag validation."
+echo "  reflection, /metrics); the CPU engine offline (cleave generate: one sequence, greedy);"
+echo "  the cleave CLI (info, inspect, tokenize, detokenize, generate); cleave-worker flag checks."
 if [ "$worker_status" -ne 0 ]; then
-  echo "not built yet: the inference engine, so no worker can serve, and there are no"
-  echo "  completions, tokens/s, TTFT or inter-token latency, decode batch size or roofline"
-  echo "  efficiency to report."
+  echo "not built yet: workers that serve the engine, KV transfer and admission, so there is no"
+  echo "  streaming workload at concurrency 16, no TTFT or inter-token latency percentiles,"
+  echo "  decode batch size or roofline efficiency to report."
 fi
 echo "shutting down"

@@ -88,6 +88,7 @@ int runGenerate(int argc, char** argv) {
   std::string rest = detokenizer.finish();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
+  std::fflush(stdout);
   auto done = std::chrono::steady_clock::now();
   double prefill_s = std::chrono::duration<double>(prefilled - start).count();
   double decode_s = std::chrono::duration<double>(done - prefilled).count();

@@ -19,8 +19,8 @@ int main(int argc, char** argv) {
     cleave::exitWithUsageError(flags, valid);
   }
   std::fprintf(stderr,
-               "cleave-worker: the inference engine is not built yet, so this worker cannot "
-               "load %s or serve requests.\n",
+               "cleave-worker: serving is not built yet: the engine runs offline (cleave generate) "
+               "but no worker can load %s and serve requests.\n",
                options.model.c_str());
   return 1;
 }

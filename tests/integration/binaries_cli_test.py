@@ -65,7 +65,7 @@ class BinariesCliTest(unittest.TestCase):
         with tempfile.NamedTemporaryFile(suffix=".gguf") as model:
             code, _, err = ct.run([ct.binary("cleave-worker"), f"--model={model.name}"])
         self.assertEqual(code, 1)
-        self.assertIn("not built yet", err)
+        self.assertIn("serving is not built yet", err)
 
     def test_cli_info_against_a_running_router_and_against_nothing(self):
         router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
