@@ -64,7 +64,8 @@ int runGenerate(int argc, char** argv) {
   std::vector<uint32_t> eos = (*weights)->config.eos_token_ids;
   if (auto id = (*tokenizer)->eosId()) eos.push_back(*id);
   if (chat) {
-    std::vector<tokenizer::TokenId> end = (*tokenizer)->encode("<|im_end|>", {.add_special_tokens = false, .parse_special = true});
+    std::vector<tokenizer::TokenId> end =
+        (*tokenizer)->encode("<|im_end|>", {.add_special_tokens = false, .parse_special = true});
     if (end.size() == 1) eos.push_back(end[0]);
   }
 
@@ -75,7 +76,8 @@ int runGenerate(int argc, char** argv) {
   tokenizer::IncrementalDetokenizer detokenizer(**tokenizer);
   int64_t generated = 0;
   while (generated < max_tokens) {
-    uint32_t next = static_cast<uint32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+    uint32_t next =
+        static_cast<uint32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
     if (std::find(eos.begin(), eos.end(), next) != eos.end()) break;
     ++generated;
     std::string piece = detokenizer.push(next);
@@ -92,9 +94,12 @@ int runGenerate(int argc, char** argv) {
   auto done = std::chrono::steady_clock::now();
   double prefill_s = std::chrono::duration<double>(prefilled - start).count();
   double decode_s = std::chrono::duration<double>(done - prefilled).count();
-  std::fprintf(stderr, "prompt %zu tokens in %.1f ms (%.0f tok/s); generated %lld tokens in %.1f ms (%.1f tok/s), %lld threads\n",
-               prompt.size(), prefill_s * 1e3, prompt.size() / prefill_s, static_cast<long long>(generated),
-               decode_s * 1e3, generated / std::max(decode_s, 1e-9), static_cast<long long>(threads));
+  std::fprintf(stderr,
+               "prompt %zu tokens in %.1f ms (%.0f tok/s); generated %lld tokens in %.1f ms (%.1f "
+               "tok/s), %lld threads\n",
+               prompt.size(), prefill_s * 1e3, prompt.size() / prefill_s,
+               static_cast<long long>(generated), decode_s * 1e3,
+               generated / std::max(decode_s, 1e-9), static_cast<long long>(threads));
   return 0;
 }
 

@@ -43,7 +43,8 @@ int runTokenize(int argc, char** argv) {
   auto tokenizer = tokenizer::Tokenizer::load(model);
   if (!tokenizer.ok()) return fail("cleave tokenize", tokenizer.status());
   std::vector<tokenizer::TokenId> ids =
-      (*tokenizer)->encode(text, {.add_special_tokens = add_special, .parse_special = parse_special});
+      (*tokenizer)
+          ->encode(text, {.add_special_tokens = add_special, .parse_special = parse_special});
   if (!json) {
     std::printf("%s\n", absl::StrJoin(ids, " ").c_str());
     return 0;

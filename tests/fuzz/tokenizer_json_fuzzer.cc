@@ -14,7 +14,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Part of the input doubles as text to encode.
   absl::string_view sample = text.substr(0, std::min<size_t>(size, 256));
   for (bool special : {false, true}) {
-    std::vector<TokenId> ids = (*tokenizer)->encode(sample, {.add_special_tokens = special, .parse_special = special});
+    std::vector<TokenId> ids =
+        (*tokenizer)->encode(sample, {.add_special_tokens = special, .parse_special = special});
     (void)(*tokenizer)->decode(ids, special);
     IncrementalDetokenizer stream(**tokenizer, special);
     for (TokenId id : ids) (void)stream.push(id);
