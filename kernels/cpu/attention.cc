@@ -8,16 +8,23 @@ namespace cleave::cpu {
 
 void attention(const AttentionArgs& a, ThreadPool& pool) {
   const int64_t group = a.heads / a.kv_heads;
+  const int64_t row = a.kv_heads * a.head_dim;
   pool.run(a.tokens * a.heads, [&](int64_t task) {
     const int64_t t = task / a.heads;
     const int64_t h = task % a.heads;
     const int64_t kvh = h / group;
     const int64_t context = a.positions[t] + 1;
+    const int32_t* table = a.block_tables[t];
+    auto rowOf = [&](const float* pool_base, int64_t position) {
+      return pool_base +
+             (table[position / a.block_size] * a.block_size + position % a.block_size) * row +
+             kvh * a.head_dim;
+    };
     const float* q = a.q + t * a.ldq + h * a.head_dim;
     thread_local std::vector<float> scores;
     scores.resize(context);
     for (int64_t j = 0; j < context; ++j) {
-      const float* k = a.k + j * a.ldkv + kvh * a.head_dim;
+      const float* k = rowOf(a.k_pool, j);
       float dot = 0.0f;
       for (int64_t d = 0; d < a.head_dim; ++d) dot += q[d] * k[d];
       scores[j] = dot * a.scale;
@@ -26,7 +33,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     float* out = a.out + t * a.ldo + h * a.head_dim;
     for (int64_t d = 0; d < a.head_dim; ++d) out[d] = 0.0f;
     for (int64_t j = 0; j < context; ++j) {
-      const float* v = a.v + j * a.ldkv + kvh * a.head_dim;
+      const float* v = rowOf(a.v_pool, j);
       const float p = scores[j];
       for (int64_t d = 0; d < a.head_dim; ++d) out[d] += p * v[d];
     }

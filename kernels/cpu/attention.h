@@ -1,12 +1,14 @@
-// Causal multi-head attention with grouped KV heads over a contiguous KV cache of one
-// sequence.
+// Causal multi-head attention with grouped KV heads over a paged KV cache.
 //
-//   q    [tokens, heads * head_dim]        row stride ldq
-//   k, v [context, kv_heads * head_dim]    row stride ldkv; rows [0, positions[t]] are
-//                                          valid for query t
-//   out  [tokens, heads * head_dim]        row stride ldo
-// Query head h reads KV head h / (heads / kv_heads). Scores are scaled by `scale`
-// (usually 1/sqrt(head_dim)) and softmaxed in float.
+// Keys and values live in fixed-size blocks of `block_size` token rows; a row holds
+// kv_heads * head_dim floats. Token t of the batch belongs to a sequence whose blocks are
+// listed in block_tables[t] (block j holds the sequence's positions
+// [j * block_size, (j + 1) * block_size)); it attends to positions [0, positions[t]].
+//
+//   q    [tokens, heads * head_dim]   row stride ldq
+//   out  [tokens, heads * head_dim]   row stride ldo
+// Query head h reads KV head h / (heads / kv_heads). Scores are scaled by `scale` and
+// softmaxed in float.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +21,11 @@ struct AttentionArgs {
   const float* q = nullptr;
   int64_t ldq = 0;
   int64_t tokens = 0;
-  const int32_t* positions = nullptr;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  int64_t ldkv = 0;
+  const int32_t* positions = nullptr;            // [tokens]
+  const int32_t* const* block_tables = nullptr;  // [tokens] -> the token's sequence's blocks
+  const float* k_pool = nullptr;                 // [blocks, block_size, kv_heads * head_dim]
+  const float* v_pool = nullptr;
+  int64_t block_size = 16;
   int64_t heads = 0;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;

@@ -108,13 +108,18 @@ TEST(RopeTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
   EXPECT_FALSE(ropeSupported({.type = "yarn"}).ok());
 }
 
-TEST(AttentionTest, CausalGqaMatchesFloat64) {
+TEST(AttentionTest, PagedCausalGqaMatchesFloat64) {
   std::mt19937 rng(17);
-  const int64_t heads = 6, kv_heads = 2, d = 16, context = 13, tokens = 4;
-  std::vector<float> q = randomVector(tokens * heads * d, rng),
-                     k = randomVector(context * kv_heads * d, rng),
-                     v = randomVector(context * kv_heads * d, rng);
-  std::vector<int32_t> positions = {3, 7, 8, 12};
+  const int64_t heads = 6, kv_heads = 2, d = 16, block_size = 4, tokens = 4;
+  const int64_t row = kv_heads * d, pool_blocks = 9;
+  // Two sequences scattered over the pool: A owns blocks 7, 2, 5, 0 (13 positions), B
+  // blocks 3, 8 (6 positions). Tokens 0, 1 are A's positions 3, 12; tokens 2, 3 are B's 4, 5.
+  const std::vector<int32_t> table_a = {7, 2, 5, 0}, table_b = {3, 8};
+  const std::vector<int32_t> positions = {3, 12, 4, 5};
+  const int32_t* tables[] = {table_a.data(), table_a.data(), table_b.data(), table_b.data()};
+  std::vector<float> q = randomVector(tokens * heads * d, rng);
+  std::vector<float> k = randomVector(pool_blocks * block_size * row, rng);
+  std::vector<float> v = randomVector(pool_blocks * block_size * row, rng);
   std::vector<float> out(tokens * heads * d, std::nanf(""));
   ThreadPool pool(2);
   const float scale = 0.25f;
@@ -122,9 +127,10 @@ TEST(AttentionTest, CausalGqaMatchesFloat64) {
              .ldq = heads * d,
              .tokens = tokens,
              .positions = positions.data(),
-             .k = k.data(),
-             .v = v.data(),
-             .ldkv = kv_heads * d,
+             .block_tables = tables,
+             .k_pool = k.data(),
+             .v_pool = v.data(),
+             .block_size = block_size,
              .heads = heads,
              .kv_heads = kv_heads,
              .head_dim = d,
@@ -133,6 +139,9 @@ TEST(AttentionTest, CausalGqaMatchesFloat64) {
              .ldo = heads * d},
             pool);
   for (int64_t t = 0; t < tokens; ++t) {
+    auto rowAt = [&](const std::vector<float>& base, int64_t p, int64_t kvh) {
+      return &base[(tables[t][p / block_size] * block_size + p % block_size) * row + kvh * d];
+    };
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kvh = h / (heads / kv_heads);
       std::vector<double> p(positions[t] + 1);
@@ -140,15 +149,14 @@ TEST(AttentionTest, CausalGqaMatchesFloat64) {
       for (int64_t j = 0; j <= positions[t]; ++j) {
         double dot = 0;
         for (int64_t e = 0; e < d; ++e)
-          dot += double(q[(t * heads + h) * d + e]) * k[(j * kv_heads + kvh) * d + e];
+          dot += double(q[(t * heads + h) * d + e]) * rowAt(k, j, kvh)[e];
         p[j] = dot * scale;
         peak = std::max(peak, p[j]);
       }
       for (double& x : p) total += (x = std::exp(x - peak));
       for (int64_t e = 0; e < d; ++e) {
         double ref = 0;
-        for (int64_t j = 0; j <= positions[t]; ++j)
-          ref += p[j] / total * v[(j * kv_heads + kvh) * d + e];
+        for (int64_t j = 0; j <= positions[t]; ++j) ref += p[j] / total * rowAt(v, j, kvh)[e];
         ASSERT_NEAR(out[(t * heads + h) * d + e], ref, 1e-5) << t << " " << h << " " << e;
       }
     }

@@ -9,7 +9,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "kernels/cpu/thread_pool.h"
 #include "services/cli/commands.h"
-#include "services/engine/llama_runner.h"
+#include "services/engine/llama_model.h"
 
 namespace cleave::cli {
 namespace {

@@ -1,4 +1,4 @@
-#include "services/engine/llama_runner.h"
+#include "services/engine/llama_model.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "absl/strings/escaping.h"
 
@@ -144,6 +145,91 @@ TEST_P(HfLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
   }
   std::printf("%s: max relative logit error %.2e (tolerance %.0e)\n", GetParam(), worst, tolerance);
   EXPECT_LE(worst, tolerance);
+}
+
+// The same tokens give the same logits whether a sequence runs alone or batched with
+// others, whole or in prefill chunks, with its blocks anywhere in the cache.
+TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
+  for (const std::string path : {std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llama_f32", kModel}) {
+    if (!std::filesystem::exists(path)) continue;
+    SCOPED_TRACE(path);
+    auto weights = loadLlama(path);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    const int64_t vocab = (*weights)->config.vocab_size;
+    cpu::ThreadPool pool(2);
+    std::mt19937 rng(3);
+    std::vector<std::vector<uint32_t>> prompts;
+    for (int length : {7, 23, 40}) {
+      std::vector<uint32_t> p(length);
+      for (auto& id : p) id = rng() % vocab;
+      prompts.push_back(p);
+    }
+    // Reference: each prompt alone, then 3 greedy decode steps alone.
+    std::vector<std::vector<float>> alone;
+    std::vector<std::vector<uint32_t>> continuations(3);
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      LlamaRunner runner(**weights, pool, 64);
+      auto logits = runner.forward(prompts[s]);
+      ASSERT_TRUE(logits.ok());
+      alone.emplace_back(logits->begin(), logits->end());
+      for (int step = 0; step < 3; ++step) {
+        uint32_t next = argmax(*logits);
+        continuations[s].push_back(next);
+        logits = runner.forward(std::span<const uint32_t>(&next, 1));
+        ASSERT_TRUE(logits.ok());
+        alone.emplace_back(logits->begin(), logits->end());
+      }
+    }
+    // Batched: the three prompts in one step, the first split in two chunks over two steps,
+    // blocks interleaved in the cache; then the decode steps batched.
+    KvCache cache({.num_layers = static_cast<int64_t>((*weights)->layers.size()),
+                   .kv_dim = int64_t{(*weights)->config.num_kv_heads} * (*weights)->config.head_dim,
+                   .block_size = 4,
+                   .num_blocks = 40});
+    std::vector<std::vector<int32_t>> tables(3);
+    for (int round = 0; round < 11; ++round) {
+      for (int s = 0; s < 3; ++s) tables[s].push_back((*cache.allocate(1))[0]);
+    }
+    LlamaModel model(**weights, pool);
+    std::span<const uint32_t> first(prompts[0]);
+    SequenceChunk head{.tokens = first.subspan(0, 4), .start = 0, .blocks = tables[0]};
+    ASSERT_TRUE(model.forward({&head, 1}, cache).ok());
+    std::vector<SequenceChunk> batch = {
+        {.tokens = first.subspan(4), .start = 4, .blocks = tables[0]},
+        {.tokens = prompts[1], .start = 0, .blocks = tables[1]},
+        {.tokens = prompts[2], .start = 0, .blocks = tables[2]}};
+    auto logits = model.forward(batch, cache);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    auto expectSame = [&](std::span<const float> got, const std::vector<float>& want,
+                          const char* what) {
+      double worst = 0, peak = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        worst = std::max(worst, double(std::fabs(got[v] - want[v])));
+        peak = std::max(peak, double(std::fabs(want[v])));
+      }
+      EXPECT_LE(worst, 1e-5 * peak) << what;
+    };
+    for (int s = 0; s < 3; ++s)
+      expectSame(logits->subspan(s * vocab, vocab), alone[s * 4], "prefill");
+    const std::vector<int64_t> length = {7, 23, 40};
+    for (int step = 0; step < 3; ++step) {
+      std::vector<SequenceChunk> decode;
+      for (int s = 0; s < 3; ++s) {
+        decode.push_back({.tokens = std::span<const uint32_t>(&continuations[s][step], 1),
+                          .start = length[s] + step,
+                          .blocks = tables[s]});
+      }
+      logits = model.forward(decode, cache);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      for (int s = 0; s < 3; ++s)
+        expectSame(logits->subspan(s * vocab, vocab), alone[s * 4 + step + 1], "decode");
+    }
+    // A table too short for the chunk is refused before anything runs.
+    SequenceChunk too_long{.tokens = prompts[2],
+                           .start = 0,
+                           .blocks = std::span<const int32_t>(tables[2]).subspan(0, 2)};
+    EXPECT_FALSE(model.forward({&too_long, 1}, cache).ok());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(DenseLlama, HfLogitsTest,

@@ -1,0 +1,162 @@
+#include "services/engine/llama_model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/elementwise.h"
+
+namespace cleave::engine {
+namespace {
+
+void checkedMatmul(const cpu::CpuMatrix& w, const float* x, int64_t ldx, int64_t tokens, float* y,
+                   int64_t ldy, cpu::ThreadPool& pool) {
+  // Shapes are fixed at load; a failure here is a broken invariant, not bad input.
+  CLEAVE_CHECK_OK(
+      cpu::matmul({.weight = &w, .x = x, .ldx = ldx, .tokens = tokens, .y = y, .ldy = ldy}, pool));
+}
+
+}  // namespace
+
+LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool)
+    : w_(weights), pool_(pool), rope_(weights.config, weights.rope_pairing) {}
+
+absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch, const KvCache& cache) const {
+  if (batch.empty()) return absl::InvalidArgumentError("empty batch");
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceChunk& chunk = batch[s];
+    if (chunk.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no tokens"));
+    for (uint32_t id : chunk.tokens) {
+      if (id >= w_.config.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", id, " is outside the vocabulary (", w_.config.vocab_size, ")"));
+      }
+    }
+    const int64_t end = chunk.start + static_cast<int64_t>(chunk.tokens.size());
+    if (chunk.start < 0 || cache.blocksFor(end) > static_cast<int64_t>(chunk.blocks.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", chunk.blocks.size(),
+                                                     " blocks cannot hold ", end, " positions"));
+    }
+    for (int32_t b : chunk.blocks) {
+      if (b < 0 || b >= cache.totalBlocks()) {
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": block ", b, " is outside the cache"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LlamaModel::ensureScratch(int64_t tokens, int64_t sequences) {
+  const model::ModelConfig& c = w_.config;
+  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  x_.resize(tokens * c.hidden_size);
+  h_.resize(tokens * c.hidden_size);
+  q_.resize(tokens * q_dim);
+  k_.resize(tokens * kv_dim);
+  v_.resize(tokens * kv_dim);
+  attn_.resize(tokens * q_dim);
+  gate_.resize(tokens * c.intermediate_size);
+  up_.resize(tokens * c.intermediate_size);
+  positions_.resize(tokens);
+  tables_.resize(tokens);
+  last_.resize(sequences * c.hidden_size);
+  logits_.resize(sequences * c.vocab_size);
+}
+
+absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const SequenceChunk> batch,
+                                                           KvCache& cache) {
+  CLEAVE_RETURN_IF_ERROR(validate(batch, cache));
+  const model::ModelConfig& c = w_.config;
+  const int64_t hidden = c.hidden_size;
+  const int64_t head_dim = c.head_dim;
+  const int64_t q_dim = int64_t{c.num_heads} * head_dim;
+  const int64_t kv_dim = int64_t{c.num_kv_heads} * head_dim;
+  const int64_t ffn = c.intermediate_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t block_size = cache.blockSize();
+  int64_t n = 0;
+  for (const SequenceChunk& chunk : batch) n += static_cast<int64_t>(chunk.tokens.size());
+  ensureScratch(n, static_cast<int64_t>(batch.size()));
+
+  // Token rows of the batch, sequence after sequence: embeddings, positions, block tables.
+  const int64_t row_bytes = w_.token_embd.rowBytes();
+  int64_t t = 0;
+  for (const SequenceChunk& chunk : batch) {
+    for (size_t i = 0; i < chunk.tokens.size(); ++i, ++t) {
+      CLEAVE_CHECK_OK(model::dequantize(w_.token_embd.type, w_.token_embd.data + chunk.tokens[i] * row_bytes,
+                                        hidden, x_.data() + t * hidden));
+      positions_[t] = static_cast<int32_t>(chunk.start + static_cast<int64_t>(i));
+      tables_[t] = chunk.blocks.data();
+    }
+  }
+
+  for (size_t l = 0; l < w_.layers.size(); ++l) {
+    const LlamaLayer& layer = w_.layers[l];
+    cpu::rmsNorm(x_.data(), hidden, layer.attn_norm.data(), n, hidden, eps, h_.data(), hidden);
+    checkedMatmul(layer.wq, h_.data(), hidden, n, q_.data(), q_dim, pool_);
+    checkedMatmul(layer.wk, h_.data(), hidden, n, k_.data(), kv_dim, pool_);
+    checkedMatmul(layer.wv, h_.data(), hidden, n, v_.data(), kv_dim, pool_);
+    rope_.apply(q_.data(), q_dim, n, c.num_heads, positions_.data());
+    rope_.apply(k_.data(), kv_dim, n, c.num_kv_heads, positions_.data());
+    float* keys = cache.keys(static_cast<int64_t>(l));
+    float* values = cache.values(static_cast<int64_t>(l));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = tables_[i][positions_[i] / block_size] * block_size + positions_[i] % block_size;
+      std::memcpy(keys + row * kv_dim, k_.data() + i * kv_dim, kv_dim * sizeof(float));
+      std::memcpy(values + row * kv_dim, v_.data() + i * kv_dim, kv_dim * sizeof(float));
+    }
+    cpu::attention({.q = q_.data(), .ldq = q_dim, .tokens = n, .positions = positions_.data(),
+                    .block_tables = tables_.data(), .k_pool = keys, .v_pool = values,
+                    .block_size = block_size, .heads = c.num_heads, .kv_heads = c.num_kv_heads,
+                    .head_dim = head_dim, .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                    .out = attn_.data(), .ldo = q_dim},
+                   pool_);
+    checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
+    cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);
+
+    cpu::rmsNorm(x_.data(), hidden, layer.ffn_norm.data(), n, hidden, eps, h_.data(), hidden);
+    checkedMatmul(layer.w_gate, h_.data(), hidden, n, gate_.data(), ffn, pool_);
+    checkedMatmul(layer.w_up, h_.data(), hidden, n, up_.data(), ffn, pool_);
+    cpu::siluMul(gate_.data(), up_.data(), ffn, n, ffn, gate_.data(), ffn);
+    checkedMatmul(layer.w_down, gate_.data(), ffn, n, h_.data(), hidden, pool_);
+    cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);
+  }
+
+  // Only each sequence's last token continues it: norm and project those rows.
+  int64_t end = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    end += static_cast<int64_t>(batch[s].tokens.size());
+    std::memcpy(last_.data() + s * hidden, x_.data() + (end - 1) * hidden, hidden * sizeof(float));
+  }
+  const int64_t sequences = static_cast<int64_t>(batch.size());
+  cpu::rmsNorm(last_.data(), hidden, w_.output_norm.data(), sequences, hidden, eps, last_.data(), hidden);
+  checkedMatmul(w_.output, last_.data(), hidden, sequences, logits_.data(), c.vocab_size, pool_);
+  return std::span<const float>(logits_.data(), sequences * c.vocab_size);
+}
+
+LlamaRunner::LlamaRunner(const LlamaWeights& weights, cpu::ThreadPool& pool, int64_t max_context)
+    : model_(weights, pool),
+      cache_({.num_layers = static_cast<int64_t>(weights.layers.size()),
+              .kv_dim = int64_t{weights.config.num_kv_heads} * weights.config.head_dim,
+              .block_size = 16,
+              .num_blocks = (max_context + 15) / 16}),
+      max_context_(max_context) {
+  blocks_ = *cache_.allocate(cache_.totalBlocks());
+}
+
+absl::StatusOr<std::span<const float>> LlamaRunner::forward(std::span<const uint32_t> tokens) {
+  if (position_ + static_cast<int64_t>(tokens.size()) > max_context_) {
+    return absl::OutOfRangeError(absl::StrCat("the sequence would reach ", position_ + tokens.size(),
+                                              " tokens, past the context of ", max_context_));
+  }
+  SequenceChunk chunk{.tokens = tokens, .start = position_, .blocks = blocks_};
+  CLEAVE_ASSIGN_OR_RETURN(std::span<const float> logits, model_.forward({&chunk, 1}, cache_));
+  position_ += static_cast<int64_t>(tokens.size());
+  return logits;
+}
+
+}  // namespace cleave::engine

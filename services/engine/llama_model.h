@@ -1,0 +1,72 @@
+// One forward step of a Llama-family model on the CPU over a batch of sequence chunks:
+// each chunk is a sequence's new tokens (a whole prompt, a prefill chunk, or the one token
+// of a decode step) with the sequence's block table in the paged KV cache. All chunks'
+// tokens go through every matrix product together, so the weights are read once per step.
+//
+// Threading: one thread drives a model (the rank thread); kernels spread over `pool`.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/thread_pool.h"
+#include "services/engine/kv_cache.h"
+#include "services/engine/llama_weights.h"
+
+namespace cleave::engine {
+
+struct SequenceChunk {
+  std::span<const uint32_t> tokens;  // New tokens, in order.
+  int64_t start = 0;                 // Position of tokens[0]: tokens already in the cache.
+  std::span<const int32_t> blocks;   // The sequence's blocks, covering start + tokens.size().
+};
+
+class LlamaModel {
+ public:
+  LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool);
+
+  // Writes every chunk's keys and values into `cache` and returns the logits after each
+  // chunk's last token: [batch.size(), vocab], valid until the next call. Errors (nothing
+  // written): an empty batch or chunk, a token outside the vocabulary, a block table that
+  // does not cover the chunk, a block id outside the cache.
+  absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch, KvCache& cache);
+
+  const LlamaWeights& weights() const { return w_; }
+
+ private:
+  absl::Status validate(std::span<const SequenceChunk> batch, const KvCache& cache) const;
+  void ensureScratch(int64_t tokens, int64_t sequences);
+
+  const LlamaWeights& w_;
+  cpu::ThreadPool& pool_;
+  cpu::Rope rope_;
+  // Scratch, [tokens, width] each unless noted.
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
+  std::vector<float> last_;    // [sequences, hidden]
+  std::vector<float> logits_;  // [sequences, vocab]
+  std::vector<int32_t> positions_;
+  std::vector<const int32_t*> tables_;
+};
+
+// A single sequence with its own cache: prefill a prompt, then decode token by token.
+class LlamaRunner {
+ public:
+  LlamaRunner(const LlamaWeights& weights, cpu::ThreadPool& pool, int64_t max_context);
+
+  // Appends `tokens` and returns the logits [vocab] after the last one. Errors: no tokens,
+  // a token outside the vocabulary, or the context overflowing (nothing is appended).
+  absl::StatusOr<std::span<const float>> forward(std::span<const uint32_t> tokens);
+  int64_t position() const { return position_; }
+
+ private:
+  LlamaModel model_;
+  KvCache cache_;
+  std::vector<int32_t> blocks_;
+  int64_t max_context_;
+  int64_t position_ = 0;
+};
+
+}  // namespace cleave::engine
