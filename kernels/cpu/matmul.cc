@@ -15,8 +15,17 @@ bool isQuantized(TensorType type) {
   return type == TensorType::kQ4_0 || type == TensorType::kQ4_1 || type == TensorType::kQ8_0;
 }
 
-// Rows per task: enough work to amortize a task, enough tasks to balance threads.
-constexpr int64_t kRowsPerTask = 16;
+// Rows are split into a few tasks per thread, each a multiple of 16 rows (a packed group):
+// enough tasks to balance threads, few enough that claiming them (an atomic shared by all
+// threads) and short runs through memory do not cost more than the work.
+constexpr int64_t kTasksPerThread = 4;
+constexpr int64_t kRowAlign = 16;
+
+int64_t rowsPerTask(int64_t rows, int threads) {
+  const int64_t groups = (rows + kRowAlign - 1) / kRowAlign;
+  const int64_t tasks = std::min<int64_t>(groups, threads * kTasksPerThread);
+  return (groups + tasks - 1) / tasks * kRowAlign;
+}
 
 }  // namespace
 
@@ -69,17 +78,18 @@ int64_t CpuMatrix::bytes() const { return packed() ? packed_bytes_ : rows() * so
 absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
   const CpuMatrix& w = *args.weight;
   if (args.tokens == 0 || w.rows() == 0) return absl::OkStatus();
-  const int64_t tasks = (w.rows() + kRowsPerTask - 1) / kRowsPerTask;
+  const int64_t rows_per_task = rowsPerTask(w.rows(), pool.size());
+  const int64_t tasks = (w.rows() + rows_per_task - 1) / rows_per_task;
   auto rowsOf = [&](int64_t task) {
-    return std::pair<int64_t, int64_t>(task * kRowsPerTask,
-                                       std::min(w.rows(), (task + 1) * kRowsPerTask));
+    return std::pair<int64_t, int64_t>(task * rows_per_task,
+                                       std::min(w.rows(), (task + 1) * rows_per_task));
   };
   if (isQuantized(w.type())) {
     thread_local QuantizedActivations x;
     quantizeActivations(args.x, args.tokens, w.cols(), args.ldx, x);
     const QuantizedActivations* xq = &x;
     if (w.packed()) {
-      static_assert(kRowsPerTask % packed::kGroupRows == 0);
+      static_assert(kRowAlign % packed::kGroupRows == 0);
       pool.run(tasks, [&](int64_t task) {
         auto [begin, end] = rowsOf(task);
         kernels::packedGroupsAvx512({.weight = &w,
