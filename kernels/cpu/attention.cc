@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/vector_ops.h"
 
 namespace cleave::cpu {
 
@@ -24,19 +25,12 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     thread_local std::vector<float> scores;
     scores.resize(context);
     for (int64_t j = 0; j < context; ++j) {
-      const float* k = rowOf(a.k_pool, j);
-      float dot = 0.0f;
-      for (int64_t d = 0; d < a.head_dim; ++d) dot += q[d] * k[d];
-      scores[j] = dot * a.scale;
+      scores[j] = dot(q, rowOf(a.k_pool, j), a.head_dim) * a.scale;
     }
     softmax(scores.data(), context, 1, context);
     float* out = a.out + t * a.ldo + h * a.head_dim;
     for (int64_t d = 0; d < a.head_dim; ++d) out[d] = 0.0f;
-    for (int64_t j = 0; j < context; ++j) {
-      const float* v = rowOf(a.v_pool, j);
-      const float p = scores[j];
-      for (int64_t d = 0; d < a.head_dim; ++d) out[d] += p * v[d];
-    }
+    for (int64_t j = 0; j < context; ++j) axpy(scores[j], rowOf(a.v_pool, j), out, a.head_dim);
   });
 }
 

@@ -15,8 +15,8 @@ KvCache::KvCache(const KvCacheOptions& options) : options_(options) {
 
 absl::StatusOr<std::vector<int32_t>> KvCache::allocate(int64_t count) {
   if (count > freeBlocks()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache: ", count, " blocks wanted, ", freeBlocks(), " of ", totalBlocks(), " free"));
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache: ", count, " blocks wanted, ",
+                                                     freeBlocks(), " of ", totalBlocks(), " free"));
   }
   std::vector<int32_t> blocks(free_.end() - count, free_.end());
   free_.resize(free_.size() - count);
@@ -26,14 +26,16 @@ absl::StatusOr<std::vector<int32_t>> KvCache::allocate(int64_t count) {
 
 void KvCache::retain(std::span<const int32_t> blocks) {
   for (int32_t b : blocks) {
-    CLEAVE_CHECK(b >= 0 && b < totalBlocks() && refcount_[b] > 0) << "retain of unallocated block " << b;
+    CLEAVE_CHECK(b >= 0 && b < totalBlocks() && refcount_[b] > 0)
+        << "retain of unallocated block " << b;
     ++refcount_[b];
   }
 }
 
 void KvCache::release(std::span<const int32_t> blocks) {
   for (int32_t b : blocks) {
-    CLEAVE_CHECK(b >= 0 && b < totalBlocks() && refcount_[b] > 0) << "release of unallocated block " << b;
+    CLEAVE_CHECK(b >= 0 && b < totalBlocks() && refcount_[b] > 0)
+        << "release of unallocated block " << b;
     if (--refcount_[b] == 0) free_.push_back(b);
   }
 }

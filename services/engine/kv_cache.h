@@ -40,7 +40,9 @@ class KvCache {
   int64_t blockSize() const { return options_.block_size; }
   int64_t kvDim() const { return options_.kv_dim; }
   // Blocks needed to hold `tokens` positions.
-  int64_t blocksFor(int64_t tokens) const { return (tokens + options_.block_size - 1) / options_.block_size; }
+  int64_t blocksFor(int64_t tokens) const {
+    return (tokens + options_.block_size - 1) / options_.block_size;
+  }
   // Bytes of all layers' keys and values.
   int64_t bytes() const;
 

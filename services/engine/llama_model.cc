@@ -24,15 +24,17 @@ void checkedMatmul(const cpu::CpuMatrix& w, const float* x, int64_t ldx, int64_t
 LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool)
     : w_(weights), pool_(pool), rope_(weights.config, weights.rope_pairing) {}
 
-absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch, const KvCache& cache) const {
+absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch,
+                                  const KvCache& cache) const {
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceChunk& chunk = batch[s];
-    if (chunk.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no tokens"));
+    if (chunk.tokens.empty())
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no tokens"));
     for (uint32_t id : chunk.tokens) {
       if (id >= w_.config.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("token id ", id, " is outside the vocabulary (", w_.config.vocab_size, ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token id ", id, " is outside the vocabulary (", w_.config.vocab_size, ")"));
       }
     }
     const int64_t end = chunk.start + static_cast<int64_t>(chunk.tokens.size());
@@ -42,7 +44,8 @@ absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch, const Kv
     }
     for (int32_t b : chunk.blocks) {
       if (b < 0 || b >= cache.totalBlocks()) {
-        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": block ", b, " is outside the cache"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, ": block ", b, " is outside the cache"));
       }
     }
   }
@@ -87,8 +90,9 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   int64_t t = 0;
   for (const SequenceChunk& chunk : batch) {
     for (size_t i = 0; i < chunk.tokens.size(); ++i, ++t) {
-      CLEAVE_CHECK_OK(model::dequantize(w_.token_embd.type, w_.token_embd.data + chunk.tokens[i] * row_bytes,
-                                        hidden, x_.data() + t * hidden));
+      CLEAVE_CHECK_OK(model::dequantize(w_.token_embd.type,
+                                        w_.token_embd.data + chunk.tokens[i] * row_bytes, hidden,
+                                        x_.data() + t * hidden));
       positions_[t] = static_cast<int32_t>(chunk.start + static_cast<int64_t>(i));
       tables_[t] = chunk.blocks.data();
     }
@@ -105,15 +109,25 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     float* keys = cache.keys(static_cast<int64_t>(l));
     float* values = cache.values(static_cast<int64_t>(l));
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t row = tables_[i][positions_[i] / block_size] * block_size + positions_[i] % block_size;
+      const int64_t row =
+          tables_[i][positions_[i] / block_size] * block_size + positions_[i] % block_size;
       std::memcpy(keys + row * kv_dim, k_.data() + i * kv_dim, kv_dim * sizeof(float));
       std::memcpy(values + row * kv_dim, v_.data() + i * kv_dim, kv_dim * sizeof(float));
     }
-    cpu::attention({.q = q_.data(), .ldq = q_dim, .tokens = n, .positions = positions_.data(),
-                    .block_tables = tables_.data(), .k_pool = keys, .v_pool = values,
-                    .block_size = block_size, .heads = c.num_heads, .kv_heads = c.num_kv_heads,
-                    .head_dim = head_dim, .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
-                    .out = attn_.data(), .ldo = q_dim},
+    cpu::attention({.q = q_.data(),
+                    .ldq = q_dim,
+                    .tokens = n,
+                    .positions = positions_.data(),
+                    .block_tables = tables_.data(),
+                    .k_pool = keys,
+                    .v_pool = values,
+                    .block_size = block_size,
+                    .heads = c.num_heads,
+                    .kv_heads = c.num_kv_heads,
+                    .head_dim = head_dim,
+                    .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                    .out = attn_.data(),
+                    .ldo = q_dim},
                    pool_);
     checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
     cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);
@@ -133,7 +147,8 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     std::memcpy(last_.data() + s * hidden, x_.data() + (end - 1) * hidden, hidden * sizeof(float));
   }
   const int64_t sequences = static_cast<int64_t>(batch.size());
-  cpu::rmsNorm(last_.data(), hidden, w_.output_norm.data(), sequences, hidden, eps, last_.data(), hidden);
+  cpu::rmsNorm(last_.data(), hidden, w_.output_norm.data(), sequences, hidden, eps, last_.data(),
+               hidden);
   checkedMatmul(w_.output, last_.data(), hidden, sequences, logits_.data(), c.vocab_size, pool_);
   return std::span<const float>(logits_.data(), sequences * c.vocab_size);
 }
@@ -150,7 +165,8 @@ LlamaRunner::LlamaRunner(const LlamaWeights& weights, cpu::ThreadPool& pool, int
 
 absl::StatusOr<std::span<const float>> LlamaRunner::forward(std::span<const uint32_t> tokens) {
   if (position_ + static_cast<int64_t>(tokens.size()) > max_context_) {
-    return absl::OutOfRangeError(absl::StrCat("the sequence would reach ", position_ + tokens.size(),
+    return absl::OutOfRangeError(absl::StrCat("the sequence would reach ",
+                                              position_ + tokens.size(),
                                               " tokens, past the context of ", max_context_));
   }
   SequenceChunk chunk{.tokens = tokens, .start = position_, .blocks = blocks_};

@@ -32,7 +32,8 @@ class LlamaModel {
   // chunk's last token: [batch.size(), vocab], valid until the next call. Errors (nothing
   // written): an empty batch or chunk, a token outside the vocabulary, a block table that
   // does not cover the chunk, a block id outside the cache.
-  absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch, KvCache& cache);
+  absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch,
+                                                 KvCache& cache);
 
   const LlamaWeights& weights() const { return w_; }
 

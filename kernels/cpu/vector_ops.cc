@@ -1,0 +1,34 @@
+#include "kernels/cpu/vector_ops.h"
+
+#include "kernels/cpu/cpu_features.h"
+
+namespace cleave::cpu {
+namespace {
+
+float dotPortable(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+void axpyPortable(float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+const bool kAvx512 = bestIsa() == Isa::kAvx512;
+
+}  // namespace
+
+float dot(const float* a, const float* b, int64_t n) {
+  return kAvx512 ? vec::dotAvx512(a, b, n) : dotPortable(a, b, n);
+}
+
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+  if (kAvx512) {
+    vec::axpyAvx512(alpha, x, y, n);
+  } else {
+    axpyPortable(alpha, x, y, n);
+  }
+}
+
+}  // namespace cleave::cpu
