@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/vector_ops.h"
+
 namespace cleave::cpu {
 
 void rmsNorm(const float* x, int64_t ldx, const float* weight, int64_t rows, int64_t cols,
@@ -20,10 +22,7 @@ void rmsNorm(const float* x, int64_t ldx, const float* weight, int64_t rows, int
 void siluMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, int64_t cols,
              float* out, int64_t ld_out) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* g = gate + r * ld_in;
-    const float* u = up + r * ld_in;
-    float* o = out + r * ld_out;
-    for (int64_t i = 0; i < cols; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    siluMulRow(gate + r * ld_in, up + r * ld_in, out + r * ld_out, cols);
   }
 }
 
@@ -37,11 +36,7 @@ void softmax(float* x, int64_t ld, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     float* v = x + r * ld;
     const float peak = *std::max_element(v, v + cols);
-    float sum = 0.0f;
-    for (int64_t i = 0; i < cols; ++i) {
-      v[i] = std::exp(v[i] - peak);
-      sum += v[i];
-    }
+    const float sum = expShiftSum(v, cols, peak);
     const float inverse = 1.0f / sum;
     for (int64_t i = 0; i < cols; ++i) v[i] *= inverse;
   }

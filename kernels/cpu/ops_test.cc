@@ -9,6 +9,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/vector_ops.h"
 
 namespace cleave::cpu {
 namespace {
@@ -45,6 +46,29 @@ TEST(ElementwiseTest, RmsNormSiluMulAndSoftmaxMatchFloat64) {
   double peak = *std::max_element(ref.begin(), ref.end()), total = 0;
   for (float v : ref) total += std::exp(v - peak);
   for (int64_t i = 0; i < cols; ++i) ASSERT_NEAR(s[i], std::exp(ref[i] - peak) / total, 1e-6);
+}
+
+TEST(VectorOpsTest, ExpIsAccurateAcrossItsRange) {
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> range(-87.0f, 80.0f);  // The sum stays finite.
+  std::vector<float> x(1003);
+  for (float& v : x) v = range(rng);
+  x[0] = 0.0f;
+  x[1] = -1e-8f;
+  std::vector<float> y = x;
+  const float sum = expShiftSum(y.data(), static_cast<int64_t>(y.size()), 0.0f);
+  double ref_sum = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double ref = std::exp(double(x[i]));
+    ref_sum += ref;
+    ASSERT_NEAR(y[i], ref, 4e-7 * ref) << "x=" << x[i];
+  }
+  EXPECT_NEAR(sum, ref_sum, 1e-5 * ref_sum);
+  std::vector<float> far = {-200.0f, -100.0f, 100.0f};
+  expShiftSum(far.data(), 3, 0.0f);
+  EXPECT_EQ(far[0], 0.0f);
+  EXPECT_LT(far[1], 1e-37f);
+  EXPECT_TRUE(std::isinf(far[2]) || far[2] > 1e38f);
 }
 
 model::ModelConfig ropeConfig(int head_dim) {

@@ -1,5 +1,7 @@
 #include "kernels/cpu/vector_ops.h"
 
+#include <cmath>
+
 #include "kernels/cpu/cpu_features.h"
 
 namespace cleave::cpu {
@@ -29,6 +31,18 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
   } else {
     axpyPortable(alpha, x, y, n);
   }
+}
+
+float expShiftSum(float* x, int64_t n, float shift) {
+  if (kAvx512) return vec::expShiftSumAvx512(x, n, shift);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
+  return sum;
+}
+
+void siluMulRow(const float* gate, const float* up, float* out, int64_t n) {
+  if (kAvx512) return vec::siluMulRowAvx512(gate, up, out, n);
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
 }  // namespace cleave::cpu
