@@ -1,0 +1,140 @@
+#include "services/engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave::engine {
+namespace {
+
+absl::Status bad(absl::string_view field, absl::string_view rule, double value) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", rule, ", got ", value));
+}
+
+// log-softmax of `logits` at `token`, in double for accuracy.
+double logSoftmaxAt(std::span<const float> logits, uint32_t token, double peak, double log_total) {
+  return double(logits[token]) - peak - log_total;
+}
+
+}  // namespace
+
+absl::Status validateSamplingParams(const SamplingParams& p) {
+  if (!(std::isfinite(p.temperature) && p.temperature >= 0)) return bad("temperature", "must be >= 0", p.temperature);
+  if (p.top_k < 0) return bad("top_k", "must be >= 0 (0 disables it)", p.top_k);
+  if (!(p.top_p > 0 && p.top_p <= 1)) return bad("top_p", "must be in (0, 1]", p.top_p);
+  if (!(p.min_p >= 0 && p.min_p <= 1)) return bad("min_p", "must be in [0, 1]", p.min_p);
+  if (!(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0)) {
+    return bad("repetition_penalty", "must be > 0 (1 disables it)", p.repetition_penalty);
+  }
+  if (!(p.presence_penalty >= -2 && p.presence_penalty <= 2)) return bad("presence_penalty", "must be in [-2, 2]", p.presence_penalty);
+  if (!(p.frequency_penalty >= -2 && p.frequency_penalty <= 2)) return bad("frequency_penalty", "must be in [-2, 2]", p.frequency_penalty);
+  if (p.logprobs < -1 || p.logprobs > 20) return bad("logprobs", "must be in [0, 20] (or -1 for none)", p.logprobs);
+  return absl::OkStatus();
+}
+
+Sampler::Sampler(const SamplingParams& params, std::span<const uint32_t> prompt)
+    : params_(params), rng_(params.seed) {
+  std::unordered_set<uint32_t> seen(prompt.begin(), prompt.end());
+  prompt_tokens_.assign(seen.begin(), seen.end());
+}
+
+SampledToken Sampler::sample(std::span<const float> logits) {
+  const uint32_t vocab = static_cast<uint32_t>(logits.size());
+  scratch_.assign(logits.begin(), logits.end());
+  std::vector<float>& l = scratch_;
+  if (params_.repetition_penalty != 1.0f) {
+    auto penalize = [&](uint32_t t) {
+      if (t < vocab) l[t] = l[t] > 0 ? l[t] / params_.repetition_penalty : l[t] * params_.repetition_penalty;
+    };
+    std::unordered_set<uint32_t> done;
+    for (uint32_t t : prompt_tokens_) done.insert(t), penalize(t);
+    for (const auto& [t, count] : output_counts_) {
+      if (done.insert(t).second) penalize(t);
+    }
+  }
+  for (const auto& [t, count] : output_counts_) {
+    if (t < vocab) l[t] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(count);
+  }
+
+  uint32_t chosen;
+  if (params_.temperature == 0.0f) {
+    chosen = static_cast<uint32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  } else {
+    // Candidates sorted by logit, best first; only as many as the filters can keep. With
+    // no top-k and no top-p nothing needs sorting: index order serves (min_p needs only
+    // the top probability, which is the peak).
+    order_.resize(vocab);
+    std::iota(order_.begin(), order_.end(), 0u);
+    const uint32_t keep = params_.top_k > 0 ? std::min<uint32_t>(params_.top_k, vocab) : vocab;
+    const bool sorted = keep < vocab || params_.top_p < 1.0f;
+    if (sorted) {
+      std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(),
+                        [&](uint32_t a, uint32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    } else {
+      std::iter_swap(order_.begin(), std::max_element(order_.begin(), order_.end(),
+                                                      [&](uint32_t a, uint32_t b) { return l[a] < l[b]; }));
+    }
+    order_.resize(keep);
+    const double peak = l[order_[0]];
+    std::vector<double> probs(keep);
+    double total = 0;
+    for (uint32_t i = 0; i < keep; ++i) total += probs[i] = std::exp((double(l[order_[i]]) - peak) / params_.temperature);
+    uint32_t n = keep;
+    if (params_.top_p < 1.0f) {
+      double cumulative = 0;
+      for (uint32_t i = 0; i < keep; ++i) {
+        cumulative += probs[i] / total;
+        if (cumulative >= params_.top_p) {
+          n = i + 1;
+          break;
+        }
+      }
+    }
+    if (params_.min_p > 0.0f) {
+      const double threshold = params_.min_p * probs[0];
+      if (sorted) {
+        while (n > 1 && probs[n - 1] < threshold) --n;
+      } else {
+        for (uint32_t i = 1; i < n; ++i) {
+          if (probs[i] < threshold) probs[i] = 0;
+        }
+      }
+    }
+    double kept = 0;
+    for (uint32_t i = 0; i < n; ++i) kept += probs[i];
+    double draw = std::uniform_real_distribution<double>(0.0, kept)(rng_);
+    chosen = order_[n - 1];
+    for (uint32_t i = 0; i < n; ++i) {
+      if ((draw -= probs[i]) < 0) {
+        chosen = order_[i];
+        break;
+      }
+    }
+  }
+  ++output_counts_[chosen];
+
+  SampledToken result{.token = chosen};
+  if (params_.logprobs >= 0) {
+    const double peak = *std::max_element(logits.begin(), logits.end());
+    double total = 0;
+    for (float v : logits) total += std::exp(double(v) - peak);
+    const double log_total = std::log(total);
+    result.logprob = static_cast<float>(logSoftmaxAt(logits, chosen, peak, log_total));
+    if (params_.logprobs > 0) {
+      const uint32_t n = std::min<uint32_t>(params_.logprobs, vocab);
+      std::vector<uint32_t> best(vocab);
+      std::iota(best.begin(), best.end(), 0u);
+      std::partial_sort(best.begin(), best.begin() + n, best.end(),
+                        [&](uint32_t a, uint32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+      for (uint32_t i = 0; i < n; ++i) {
+        result.top.emplace_back(best[i], static_cast<float>(logSoftmaxAt(logits, best[i], peak, log_total)));
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace cleave::engine

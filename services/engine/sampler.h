@@ -1,0 +1,64 @@
+// Choosing the next token from a sequence's logits.
+//
+// Order of operations: repetition penalty (prompt and output tokens: a positive logit is
+// divided by it, a negative one multiplied), presence and frequency penalties (output
+// tokens: minus presence if seen, minus frequency x count), then temperature 0 = greedy
+// (argmax); otherwise divide by temperature, keep the top_k, keep the smallest set whose
+// probability reaches top_p, drop tokens below min_p x the top probability, and draw with
+// the sequence's own random stream (same seed, same draws).
+// Log-probabilities reported are those of the model's distribution (log-softmax of the
+// raw logits), as a client comparing sampling settings expects.
+//
+// Threading: a Sampler belongs to one sequence and is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace cleave::engine {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy.
+  int32_t top_k = 0;         // 0: off.
+  float top_p = 1.0f;        // (0, 1]
+  float min_p = 0.0f;        // [0, 1]
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  uint64_t seed = 0;
+  int32_t logprobs = -1;  // -1: none; n >= 0: the sampled token's and the top n.
+};
+
+// OK, or InvalidArgument naming the field and its allowed range.
+absl::Status validateSamplingParams(const SamplingParams& params);
+
+struct SampledToken {
+  uint32_t token = 0;
+  float logprob = 0.0f;                          // When logprobs >= 0.
+  std::vector<std::pair<uint32_t, float>> top;  // Best first, when logprobs > 0.
+};
+
+class Sampler {
+ public:
+  // `params` must be valid. `prompt` feeds the repetition penalty.
+  Sampler(const SamplingParams& params, std::span<const uint32_t> prompt);
+
+  // Picks the next token and records it as part of the output.
+  SampledToken sample(std::span<const float> logits);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::unordered_map<uint32_t, int32_t> output_counts_;
+  std::vector<uint32_t> prompt_tokens_;  // Distinct prompt tokens.
+  std::vector<float> scratch_;
+  std::vector<uint32_t> order_;
+};
+
+}  // namespace cleave::engine
