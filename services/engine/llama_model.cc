@@ -19,6 +19,13 @@ void checkedMatmul(const cpu::CpuMatrix& w, const float* x, int64_t ldx, int64_t
       cpu::matmul({.weight = &w, .x = x, .ldx = ldx, .tokens = tokens, .y = y, .ldy = ldy}, pool));
 }
 
+// x[t] += bias for each of `rows` rows of `cols`.
+void addRowBias(float* x, const float* bias, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < cols; ++i) x[r * cols + i] += bias[i];
+  }
+}
+
 }  // namespace
 
 LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool)
@@ -104,6 +111,18 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     checkedMatmul(layer.wq, h_.data(), hidden, n, q_.data(), q_dim, pool_);
     checkedMatmul(layer.wk, h_.data(), hidden, n, k_.data(), kv_dim, pool_);
     checkedMatmul(layer.wv, h_.data(), hidden, n, v_.data(), kv_dim, pool_);
+    if (!layer.bq.empty()) {
+      addRowBias(q_.data(), layer.bq.data(), n, q_dim);
+      addRowBias(k_.data(), layer.bk.data(), n, kv_dim);
+      addRowBias(v_.data(), layer.bv.data(), n, kv_dim);
+    }
+    if (!layer.q_norm.empty()) {
+      // Every head of every token is one row of head_dim values.
+      cpu::rmsNorm(q_.data(), head_dim, layer.q_norm.data(), n * c.num_heads, head_dim, eps,
+                   q_.data(), head_dim);
+      cpu::rmsNorm(k_.data(), head_dim, layer.k_norm.data(), n * c.num_kv_heads, head_dim, eps,
+                   k_.data(), head_dim);
+    }
     rope_.apply(q_.data(), q_dim, n, c.num_heads, positions_.data());
     rope_.apply(k_.data(), kv_dim, n, c.num_kv_heads, positions_.data());
     float* keys = cache.keys(static_cast<int64_t>(l));

@@ -234,9 +234,9 @@ TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseLlama, HfLogitsTest,
+INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
                          ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
-                                           "smollm2_like_f32"));
+                                           "smollm2_like_f32", "qwen2_f32", "qwen3_f32"));
 
 }  // namespace
 }  // namespace cleave::engine

@@ -50,10 +50,12 @@ absl::StatusOr<std::vector<float>> vector(const GgufFile& file, const std::strin
 }
 
 absl::Status checkSupported(const model::ModelConfig& c, const std::string& path) {
-  if (c.architecture != model::Architecture::kLlama) {
+  if (c.architecture != model::Architecture::kLlama &&
+      c.architecture != model::Architecture::kQwen2 &&
+      c.architecture != model::Architecture::kQwen3) {
     return absl::UnimplementedError(
         absl::StrCat(path, ": architecture ", model::architectureName(c.architecture),
-                     " is not supported by the engine yet (dense llama only)"));
+                     " is not supported by the engine yet (dense Llama, Qwen2 and Qwen3 are)"));
   }
   return cpu::ropeSupported(c.rope_scaling);
 }
@@ -120,6 +122,15 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
     CLEAVE_ASSIGN_OR_RETURN(layer.wk, stMatrix(f, p + "self_attn.k_proj.weight", kv_dim, hidden));
     CLEAVE_ASSIGN_OR_RETURN(layer.wv, stMatrix(f, p + "self_attn.v_proj.weight", kv_dim, hidden));
     CLEAVE_ASSIGN_OR_RETURN(layer.wo, stMatrix(f, p + "self_attn.o_proj.weight", hidden, q_dim));
+    if (c.attention_bias) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.bq, stVector(f, p + "self_attn.q_proj.bias", q_dim));
+      CLEAVE_ASSIGN_OR_RETURN(layer.bk, stVector(f, p + "self_attn.k_proj.bias", kv_dim));
+      CLEAVE_ASSIGN_OR_RETURN(layer.bv, stVector(f, p + "self_attn.v_proj.bias", kv_dim));
+    }
+    if (c.qk_norm) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, stVector(f, p + "self_attn.q_norm.weight", c.head_dim));
+      CLEAVE_ASSIGN_OR_RETURN(layer.k_norm, stVector(f, p + "self_attn.k_norm.weight", c.head_dim));
+    }
     CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm,
                             stVector(f, p + "post_attention_layernorm.weight", hidden));
     CLEAVE_ASSIGN_OR_RETURN(layer.w_gate, stMatrix(f, p + "mlp.gate_proj.weight", ffn, hidden));
@@ -168,6 +179,15 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& p
     CLEAVE_ASSIGN_OR_RETURN(layer.wk, matrix(f, p + "attn_k.weight", kv_dim, hidden));
     CLEAVE_ASSIGN_OR_RETURN(layer.wv, matrix(f, p + "attn_v.weight", kv_dim, hidden));
     CLEAVE_ASSIGN_OR_RETURN(layer.wo, matrix(f, p + "attn_output.weight", hidden, q_dim));
+    if (c.attention_bias) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.bq, vector(f, p + "attn_q.bias", q_dim));
+      CLEAVE_ASSIGN_OR_RETURN(layer.bk, vector(f, p + "attn_k.bias", kv_dim));
+      CLEAVE_ASSIGN_OR_RETURN(layer.bv, vector(f, p + "attn_v.bias", kv_dim));
+    }
+    if (c.qk_norm) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, vector(f, p + "attn_q_norm.weight", c.head_dim));
+      CLEAVE_ASSIGN_OR_RETURN(layer.k_norm, vector(f, p + "attn_k_norm.weight", c.head_dim));
+    }
     CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm, vector(f, p + "ffn_norm.weight", hidden));
     CLEAVE_ASSIGN_OR_RETURN(layer.w_gate, matrix(f, p + "ffn_gate.weight", ffn, hidden));
     CLEAVE_ASSIGN_OR_RETURN(layer.w_up, matrix(f, p + "ffn_up.weight", ffn, hidden));

@@ -1,4 +1,5 @@
-// Weights of a Llama-family model (Llama 2/3, SmolLM2) in the CPU backend's layout, loaded
+// Weights of a Llama-family model (Llama 2/3, SmolLM2, Qwen2, Qwen3) in the CPU backend's
+// layout, loaded
 // from a GGUF file or a Hugging Face folder (config.json + safetensors). Matrices become
 // CpuMatrix (quantized ones repacked once); norms become float vectors. The source file
 // stays mapped: the embedding table is read from it in place.
@@ -25,10 +26,15 @@ struct LlamaLayer {
   cpu::CpuMatrix wk;             // [kv_heads * head_dim, hidden]
   cpu::CpuMatrix wv;             // [kv_heads * head_dim, hidden]
   cpu::CpuMatrix wo;             // [hidden, heads * head_dim]
-  std::vector<float> ffn_norm;   // [hidden]
-  cpu::CpuMatrix w_gate;         // [intermediate, hidden]
-  cpu::CpuMatrix w_up;           // [intermediate, hidden]
-  cpu::CpuMatrix w_down;         // [hidden, intermediate]
+  // Qwen2: biases of the Q/K/V projections (empty when the model has none).
+  std::vector<float> bq, bk, bv;
+  // Qwen3: RMSNorm weights applied to each Q and K head before RoPE ([head_dim]; empty when
+  // the model has none).
+  std::vector<float> q_norm, k_norm;
+  std::vector<float> ffn_norm;  // [hidden]
+  cpu::CpuMatrix w_gate;        // [intermediate, hidden]
+  cpu::CpuMatrix w_up;          // [intermediate, hidden]
+  cpu::CpuMatrix w_down;        // [hidden, intermediate]
 };
 
 // Rows of the embedding table in their stored format.

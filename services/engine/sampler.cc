@@ -22,16 +22,20 @@ double logSoftmaxAt(std::span<const float> logits, uint32_t token, double peak, 
 }  // namespace
 
 absl::Status validateSamplingParams(const SamplingParams& p) {
-  if (!(std::isfinite(p.temperature) && p.temperature >= 0)) return bad("temperature", "must be >= 0", p.temperature);
+  if (!(std::isfinite(p.temperature) && p.temperature >= 0))
+    return bad("temperature", "must be >= 0", p.temperature);
   if (p.top_k < 0) return bad("top_k", "must be >= 0 (0 disables it)", p.top_k);
   if (!(p.top_p > 0 && p.top_p <= 1)) return bad("top_p", "must be in (0, 1]", p.top_p);
   if (!(p.min_p >= 0 && p.min_p <= 1)) return bad("min_p", "must be in [0, 1]", p.min_p);
   if (!(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0)) {
     return bad("repetition_penalty", "must be > 0 (1 disables it)", p.repetition_penalty);
   }
-  if (!(p.presence_penalty >= -2 && p.presence_penalty <= 2)) return bad("presence_penalty", "must be in [-2, 2]", p.presence_penalty);
-  if (!(p.frequency_penalty >= -2 && p.frequency_penalty <= 2)) return bad("frequency_penalty", "must be in [-2, 2]", p.frequency_penalty);
-  if (p.logprobs < -1 || p.logprobs > 20) return bad("logprobs", "must be in [0, 20] (or -1 for none)", p.logprobs);
+  if (!(p.presence_penalty >= -2 && p.presence_penalty <= 2))
+    return bad("presence_penalty", "must be in [-2, 2]", p.presence_penalty);
+  if (!(p.frequency_penalty >= -2 && p.frequency_penalty <= 2))
+    return bad("frequency_penalty", "must be in [-2, 2]", p.frequency_penalty);
+  if (p.logprobs < -1 || p.logprobs > 20)
+    return bad("logprobs", "must be in [0, 20] (or -1 for none)", p.logprobs);
   return absl::OkStatus();
 }
 
@@ -47,7 +51,8 @@ SampledToken Sampler::sample(std::span<const float> logits) {
   std::vector<float>& l = scratch_;
   if (params_.repetition_penalty != 1.0f) {
     auto penalize = [&](uint32_t t) {
-      if (t < vocab) l[t] = l[t] > 0 ? l[t] / params_.repetition_penalty : l[t] * params_.repetition_penalty;
+      if (t < vocab)
+        l[t] = l[t] > 0 ? l[t] / params_.repetition_penalty : l[t] * params_.repetition_penalty;
     };
     std::unordered_set<uint32_t> done;
     for (uint32_t t : prompt_tokens_) done.insert(t), penalize(t);
@@ -56,7 +61,8 @@ SampledToken Sampler::sample(std::span<const float> logits) {
     }
   }
   for (const auto& [t, count] : output_counts_) {
-    if (t < vocab) l[t] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(count);
+    if (t < vocab)
+      l[t] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(count);
   }
 
   uint32_t chosen;
@@ -71,17 +77,20 @@ SampledToken Sampler::sample(std::span<const float> logits) {
     const uint32_t keep = params_.top_k > 0 ? std::min<uint32_t>(params_.top_k, vocab) : vocab;
     const bool sorted = keep < vocab || params_.top_p < 1.0f;
     if (sorted) {
-      std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(),
-                        [&](uint32_t a, uint32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+      std::partial_sort(
+          order_.begin(), order_.begin() + keep, order_.end(),
+          [&](uint32_t a, uint32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
     } else {
-      std::iter_swap(order_.begin(), std::max_element(order_.begin(), order_.end(),
-                                                      [&](uint32_t a, uint32_t b) { return l[a] < l[b]; }));
+      std::iter_swap(order_.begin(),
+                     std::max_element(order_.begin(), order_.end(),
+                                      [&](uint32_t a, uint32_t b) { return l[a] < l[b]; }));
     }
     order_.resize(keep);
     const double peak = l[order_[0]];
     std::vector<double> probs(keep);
     double total = 0;
-    for (uint32_t i = 0; i < keep; ++i) total += probs[i] = std::exp((double(l[order_[i]]) - peak) / params_.temperature);
+    for (uint32_t i = 0; i < keep; ++i)
+      total += probs[i] = std::exp((double(l[order_[i]]) - peak) / params_.temperature);
     uint32_t n = keep;
     if (params_.top_p < 1.0f) {
       double cumulative = 0;
@@ -127,10 +136,12 @@ SampledToken Sampler::sample(std::span<const float> logits) {
       const uint32_t n = std::min<uint32_t>(params_.logprobs, vocab);
       std::vector<uint32_t> best(vocab);
       std::iota(best.begin(), best.end(), 0u);
-      std::partial_sort(best.begin(), best.begin() + n, best.end(),
-                        [&](uint32_t a, uint32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+      std::partial_sort(best.begin(), best.begin() + n, best.end(), [&](uint32_t a, uint32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+      });
       for (uint32_t i = 0; i < n; ++i) {
-        result.top.emplace_back(best[i], static_cast<float>(logSoftmaxAt(logits, best[i], peak, log_total)));
+        result.top.emplace_back(best[i],
+                                static_cast<float>(logSoftmaxAt(logits, best[i], peak, log_total)));
       }
     }
   }

@@ -40,7 +40,7 @@ absl::Status validateSamplingParams(const SamplingParams& params);
 
 struct SampledToken {
   uint32_t token = 0;
-  float logprob = 0.0f;                          // When logprobs >= 0.
+  float logprob = 0.0f;                         // When logprobs >= 0.
   std::vector<std::pair<uint32_t, float>> top;  // Best first, when logprobs > 0.
 };
 

@@ -58,7 +58,8 @@ TEST(SamplerTest, SameSeedSameDrawsAndDifferentSeedsDiffer) {
 
 // Draw frequencies follow softmax(l / T) restricted to what the filters keep: each
 // frequency within 5 standard errors of its probability over 40000 draws.
-void expectDistribution(const SamplingParams& params, const std::vector<float>& l, std::vector<double> want) {
+void expectDistribution(const SamplingParams& params, const std::vector<float>& l,
+                        std::vector<double> want) {
   Sampler sampler(params, {});
   const int draws = 40000;
   std::vector<int> counts(l.size());
@@ -112,10 +113,14 @@ TEST(SamplerTest, PenaltiesFollowTheirDefinitions) {
 
 TEST(SamplerTest, InvalidParametersNameTheField) {
   const std::pair<SamplingParams, const char*> cases[] = {
-      {{.temperature = -1}, "temperature"},  {{.top_k = -2}, "top_k"},
-      {{.top_p = 0}, "top_p"},               {{.top_p = 1.5f}, "top_p"},
-      {{.min_p = 2}, "min_p"},               {{.repetition_penalty = 0}, "repetition_penalty"},
-      {{.presence_penalty = 3}, "presence_penalty"}, {{.frequency_penalty = -3}, "frequency_penalty"},
+      {{.temperature = -1}, "temperature"},
+      {{.top_k = -2}, "top_k"},
+      {{.top_p = 0}, "top_p"},
+      {{.top_p = 1.5f}, "top_p"},
+      {{.min_p = 2}, "min_p"},
+      {{.repetition_penalty = 0}, "repetition_penalty"},
+      {{.presence_penalty = 3}, "presence_penalty"},
+      {{.frequency_penalty = -3}, "frequency_penalty"},
       {{.logprobs = 21}, "logprobs"},
   };
   for (const auto& [params, field] : cases) {
