@@ -29,7 +29,9 @@ void addRowBias(float* x, const float* bias, int64_t rows, int64_t cols) {
 }  // namespace
 
 LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool)
-    : w_(weights), pool_(pool), rope_(weights.config, weights.rope_pairing) {}
+    : w_(weights), pool_(pool), rope_(weights.config, weights.rope_pairing) {
+  if (weights.config.moe) moe_.emplace(*weights.config.moe, weights.config.hidden_size, pool);
+}
 
 absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch,
                                   const KvCache& cache) const {
@@ -69,6 +71,7 @@ void LlamaModel::ensureScratch(int64_t tokens, int64_t sequences) {
   k_.resize(tokens * kv_dim);
   v_.resize(tokens * kv_dim);
   attn_.resize(tokens * q_dim);
+  if (moe_) moe_out_.resize(tokens * c.hidden_size);
   gate_.resize(tokens * c.intermediate_size);
   up_.resize(tokens * c.intermediate_size);
   positions_.resize(tokens);
@@ -152,6 +155,11 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);
 
     cpu::rmsNorm(x_.data(), hidden, layer.ffn_norm.data(), n, hidden, eps, h_.data(), hidden);
+    if (layer.moe) {
+      moe_->forward(*layer.moe, h_.data(), n, moe_out_.data());
+      cpu::addInPlace(x_.data(), hidden, moe_out_.data(), hidden, n, hidden);
+      continue;
+    }
     checkedMatmul(layer.w_gate, h_.data(), hidden, n, gate_.data(), ffn, pool_);
     checkedMatmul(layer.w_up, h_.data(), hidden, n, up_.data(), ffn, pool_);
     cpu::siluMul(gate_.data(), up_.data(), ffn, n, ffn, gate_.data(), ffn);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -44,8 +45,9 @@ class LlamaModel {
   const LlamaWeights& w_;
   cpu::ThreadPool& pool_;
   cpu::Rope rope_;
+  std::optional<MoeRunner> moe_;
   // Scratch, [tokens, width] each unless noted.
-  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, moe_out_;
   std::vector<float> last_;    // [sequences, hidden]
   std::vector<float> logits_;  // [sequences, vocab]
   std::vector<int32_t> positions_;

@@ -52,10 +52,12 @@ absl::StatusOr<std::vector<float>> vector(const GgufFile& file, const std::strin
 absl::Status checkSupported(const model::ModelConfig& c, const std::string& path) {
   if (c.architecture != model::Architecture::kLlama &&
       c.architecture != model::Architecture::kQwen2 &&
-      c.architecture != model::Architecture::kQwen3) {
-    return absl::UnimplementedError(
-        absl::StrCat(path, ": architecture ", model::architectureName(c.architecture),
-                     " is not supported by the engine yet (dense Llama, Qwen2 and Qwen3 are)"));
+      c.architecture != model::Architecture::kQwen3 &&
+      c.architecture != model::Architecture::kMixtral &&
+      c.architecture != model::Architecture::kQwen3Moe) {
+    return absl::UnimplementedError(absl::StrCat(
+        path, ": architecture ", model::architectureName(c.architecture),
+        " is not supported by the engine yet (Llama, Qwen2, Qwen3, Mixtral and Qwen3-MoE are)"));
   }
   return cpu::ropeSupported(c.rope_scaling);
 }
@@ -89,6 +91,30 @@ absl::StatusOr<std::vector<float>> stVector(const model::SafetensorsCheckpoint& 
   std::vector<float> out(size);
   CLEAVE_RETURN_IF_ERROR(model::dequantize(t->dtype, t->data, size, out.data()));
   return out;
+}
+
+// The MoE block of layer prefix `p` ("model.layers.3."), named as Mixtral or Qwen3-MoE
+// checkpoints name it.
+absl::StatusOr<MoeBlock> stMoe(const model::SafetensorsCheckpoint& f, const model::ModelConfig& c,
+                               const std::string& p) {
+  const bool mixtral = c.architecture == model::Architecture::kMixtral;
+  const std::string base = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  const uint64_t hidden = c.hidden_size, ffn = c.moe->expert_intermediate_size;
+  MoeBlock block;
+  CLEAVE_ASSIGN_OR_RETURN(block.router,
+                          stMatrix(f, base + "gate.weight", c.moe->num_experts, hidden));
+  for (uint32_t e = 0; e < c.moe->num_experts; ++e) {
+    const std::string x = absl::StrCat(base, "experts.", e, ".");
+    MoeExpert expert;
+    CLEAVE_ASSIGN_OR_RETURN(
+        expert.gate, stMatrix(f, x + (mixtral ? "w1.weight" : "gate_proj.weight"), ffn, hidden));
+    CLEAVE_ASSIGN_OR_RETURN(
+        expert.up, stMatrix(f, x + (mixtral ? "w3.weight" : "up_proj.weight"), ffn, hidden));
+    CLEAVE_ASSIGN_OR_RETURN(
+        expert.down, stMatrix(f, x + (mixtral ? "w2.weight" : "down_proj.weight"), hidden, ffn));
+    block.experts.push_back(std::move(expert));
+  }
+  return block;
 }
 
 }  // namespace
@@ -133,9 +159,13 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
     }
     CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm,
                             stVector(f, p + "post_attention_layernorm.weight", hidden));
-    CLEAVE_ASSIGN_OR_RETURN(layer.w_gate, stMatrix(f, p + "mlp.gate_proj.weight", ffn, hidden));
-    CLEAVE_ASSIGN_OR_RETURN(layer.w_up, stMatrix(f, p + "mlp.up_proj.weight", ffn, hidden));
-    CLEAVE_ASSIGN_OR_RETURN(layer.w_down, stMatrix(f, p + "mlp.down_proj.weight", hidden, ffn));
+    if (c.isMoeLayer(i)) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.moe, stMoe(f, c, p));
+    } else {
+      CLEAVE_ASSIGN_OR_RETURN(layer.w_gate, stMatrix(f, p + "mlp.gate_proj.weight", ffn, hidden));
+      CLEAVE_ASSIGN_OR_RETURN(layer.w_up, stMatrix(f, p + "mlp.up_proj.weight", ffn, hidden));
+      CLEAVE_ASSIGN_OR_RETURN(layer.w_down, stMatrix(f, p + "mlp.down_proj.weight", hidden, ffn));
+    }
     w->layers.push_back(std::move(layer));
   }
   CLEAVE_ASSIGN_OR_RETURN(w->output_norm, stVector(f, "model.norm.weight", hidden));
@@ -149,7 +179,8 @@ int64_t LlamaWeights::weightBytes() const {
   for (const LlamaLayer& l : layers) {
     bytes += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() +
              l.w_up.bytes() + l.w_down.bytes() +
-             static_cast<int64_t>(l.attn_norm.size() + l.ffn_norm.size()) * 4;
+             static_cast<int64_t>(l.attn_norm.size() + l.ffn_norm.size()) * 4 +
+             (l.moe ? l.moe->bytes() : 0);
   }
   return bytes + token_embd.rowBytes();
 }
@@ -161,6 +192,12 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& p
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::configFromGguf(f));
   const model::ModelConfig& c = w->config;
   CLEAVE_RETURN_IF_ERROR(checkSupported(c, path));
+  if (c.moe) {
+    return absl::UnimplementedError(
+        absl::StrCat(path,
+                     ": mixture-of-experts GGUF files are not supported yet; "
+                     "use the Hugging Face checkpoint"));
+  }
   // GGUF llama files store Q/K permuted for adjacent-pair rotation.
   w->rope_pairing = cpu::RopePairing::kAdjacent;
   const uint64_t hidden = c.hidden_size, q_dim = uint64_t{c.num_heads} * c.head_dim,

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "common/model/safetensors_file.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rope.h"
+#include "services/engine/moe_block.h"
 
 namespace cleave::engine {
 
@@ -35,6 +37,8 @@ struct LlamaLayer {
   cpu::CpuMatrix w_gate;        // [intermediate, hidden]
   cpu::CpuMatrix w_up;          // [intermediate, hidden]
   cpu::CpuMatrix w_down;        // [hidden, intermediate]
+  // Set on mixture-of-experts layers instead of the dense MLP above.
+  std::optional<MoeBlock> moe;
 };
 
 // Rows of the embedding table in their stored format.

@@ -1,0 +1,55 @@
+// The mixture-of-experts MLP of Mixtral and Qwen3-MoE: a router picks the top-k of E
+// experts per token (softmax over all experts, then top-k, optionally renormalized to sum
+// to one), each expert is a SwiGLU MLP, and a token's output is the weighted sum of its
+// experts' outputs. Tokens are grouped by expert so each expert's weights are read once per
+// step for all the tokens routed to it.
+//
+// Threading: forward() is called by the rank thread; matrix products spread over the pool.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/model/model_config.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace cleave::engine {
+
+struct MoeExpert {
+  cpu::CpuMatrix gate;  // [expert_intermediate, hidden]
+  cpu::CpuMatrix up;    // [expert_intermediate, hidden]
+  cpu::CpuMatrix down;  // [hidden, expert_intermediate]
+};
+
+struct MoeBlock {
+  cpu::CpuMatrix router;  // [experts, hidden]
+  std::vector<MoeExpert> experts;
+  int64_t bytes() const;
+};
+
+// Routing of one token: expert ids best first and their weights.
+struct Routing {
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+};
+
+// Softmax over `logits` (one token's router output), top `k`, renormalized when `normalize`.
+Routing routeSoftmaxTopK(const float* logits, int64_t experts, int64_t k, bool normalize);
+
+class MoeRunner {
+ public:
+  MoeRunner(const model::MoeConfig& config, int64_t hidden, cpu::ThreadPool& pool);
+
+  // out[t] = sum over token t's experts of weight * expert(x[t]); x and out are
+  // [tokens, hidden] (out may not alias x).
+  void forward(const MoeBlock& block, const float* x, int64_t tokens, float* out);
+
+ private:
+  model::MoeConfig config_;
+  int64_t hidden_;
+  cpu::ThreadPool& pool_;
+  std::vector<float> router_logits_, gathered_, gate_, up_, expert_out_;
+};
+
+}  // namespace cleave::engine
