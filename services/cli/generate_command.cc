@@ -5,11 +5,14 @@
 #include <cstdio>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/tokenizer/tokenizer.h"
 #include "kernels/cpu/thread_pool.h"
 #include "services/cli/commands.h"
 #include "services/engine/llama_model.h"
+#include "services/engine/sampler.h"
+#include "services/engine/stop_checker.h"
 
 namespace cleave::cli {
 namespace {
@@ -27,16 +30,46 @@ int runGenerate(int argc, char** argv) {
   int64_t threads = static_cast<int64_t>(std::thread::hardware_concurrency());
   int64_t context = 4096;
   bool chat = true;
+  double temperature = 0.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
+  double presence_penalty = 0.0, frequency_penalty = 0.0;
+  int64_t top_k = 0, seed = 0;
+  std::string stop;
   FlagSet flags("cleave generate", "--model MODEL [flags] PROMPT",
-                "Generates a continuation of PROMPT with greedy decoding on the CPU and streams it "
-                "to standard output; timings go to standard error.");
+                "Generates a continuation of PROMPT on the CPU and streams it to standard output; "
+                "timings go to standard error. Greedy unless --temperature > 0.");
   flags.addString("model", &model, "A GGUF file of a Llama-family model");
   flags.addInt("max-tokens", &max_tokens, "Most tokens to generate");
   flags.addInt("threads", &threads, "CPU threads");
   flags.addInt("context", &context, "Context length to reserve (prompt + output)");
   flags.addBool("chat", &chat,
                 "Wrap PROMPT as a user turn of the model's chat format (--no-chat: raw text)");
+  flags.addDouble("temperature", &temperature, "Sampling temperature (0: greedy)");
+  flags.addInt("top-k", &top_k, "Keep the k most likely tokens (0: all)");
+  flags.addDouble("top-p", &top_p, "Keep the smallest set of tokens with this much probability");
+  flags.addDouble("min-p", &min_p, "Drop tokens below this fraction of the top probability");
+  flags.addDouble("repetition-penalty", &repetition_penalty,
+                  "Penalty on prompt and output tokens (1: off)");
+  flags.addDouble("presence-penalty", &presence_penalty, "Subtracted from seen output tokens");
+  flags.addDouble("frequency-penalty", &frequency_penalty,
+                  "Subtracted per occurrence in the output");
+  flags.addInt("seed", &seed, "Random seed (same seed, same output)");
+  flags.addString("stop", &stop, "Stop when this text appears (not printed)");
   std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
+  engine::SamplingParams sampling{.temperature = static_cast<float>(temperature),
+                                  .top_k = static_cast<int32_t>(top_k),
+                                  .top_p = static_cast<float>(top_p),
+                                  .min_p = static_cast<float>(min_p),
+                                  .repetition_penalty = static_cast<float>(repetition_penalty),
+                                  .presence_penalty = static_cast<float>(presence_penalty),
+                                  .frequency_penalty = static_cast<float>(frequency_penalty),
+                                  .seed = static_cast<uint64_t>(seed)};
+  if (absl::Status valid = engine::validateSamplingParams(sampling); !valid.ok()) {
+    // Field names become flag names: "top_k must be ..." -> "--top-k must be ...".
+    std::string message(valid.message());
+    size_t end = message.find(' ');
+    std::replace(message.begin(), message.begin() + end, '_', '-');
+    exitWithUsageError(flags, absl::InvalidArgumentError("--" + message));
+  }
   if (model.empty()) exitWithUsageError(flags, absl::InvalidArgumentError("--model is required"));
   if (positional.size() != 1) {
     exitWithUsageError(flags, absl::InvalidArgumentError("give exactly one PROMPT (quote it)"));
@@ -75,19 +108,22 @@ int runGenerate(int argc, char** argv) {
   auto prefilled = std::chrono::steady_clock::now();
   tokenizer::IncrementalDetokenizer detokenizer(**tokenizer);
   int64_t generated = 0;
-  while (generated < max_tokens) {
-    uint32_t next =
-        static_cast<uint32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
-    if (std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+  engine::Sampler sampler(sampling, prompt);
+  engine::StopChecker stopper(
+      {.stop_token_ids = eos,
+       .stop_strings = stop.empty() ? std::vector<std::string>{} : std::vector<std::string>{stop},
+       .max_new_tokens = max_tokens});
+  while (!stopper.stopped() && runner.position() < context) {
+    const uint32_t next = sampler.sample(*logits).token;
     ++generated;
-    std::string piece = detokenizer.push(next);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::string shown = stopper.push(next, detokenizer.push(next));
+    std::fwrite(shown.data(), 1, shown.size(), stdout);
     std::fflush(stdout);
-    if (runner.position() + 1 > context) break;
+    if (stopper.stopped() || runner.position() + 1 > context) break;
     logits = runner.forward(std::span<const uint32_t>(&next, 1));
     if (!logits.ok()) return fail(logits.status());
   }
-  std::string rest = detokenizer.finish();
+  std::string rest = stopper.stopped() ? "" : stopper.flush() + detokenizer.finish();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);

@@ -21,8 +21,9 @@ Routing routeSoftmaxTopK(const float* logits, int64_t experts, int64_t k, bool n
   cpu::softmax(probs.data(), experts, 1, experts);
   std::vector<int32_t> order(experts);
   std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                    [&](int32_t a, int32_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return probs[a] > probs[b] || (probs[a] == probs[b] && a < b);
+  });
   Routing routing;
   float sum = 0.0f;
   for (int64_t i = 0; i < k; ++i) {
@@ -43,15 +44,20 @@ void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, f
   const int64_t experts = static_cast<int64_t>(block.experts.size());
   const int64_t ffn = config_.expert_intermediate_size;
   router_logits_.resize(tokens * experts);
-  CLEAVE_CHECK_OK(cpu::matmul({.weight = &block.router, .x = x, .ldx = hidden_, .tokens = tokens,
-                               .y = router_logits_.data(), .ldy = experts},
+  CLEAVE_CHECK_OK(cpu::matmul({.weight = &block.router,
+                               .x = x,
+                               .ldx = hidden_,
+                               .tokens = tokens,
+                               .y = router_logits_.data(),
+                               .ldy = experts},
                               pool_));
   // Per expert, the tokens routed to it and their weights.
   std::vector<std::vector<std::pair<int64_t, float>>> assigned(experts);
   for (int64_t t = 0; t < tokens; ++t) {
-    Routing r = routeSoftmaxTopK(router_logits_.data() + t * experts, experts, config_.experts_per_token,
-                                 config_.norm_topk_prob);
-    for (size_t i = 0; i < r.experts.size(); ++i) assigned[r.experts[i]].emplace_back(t, r.weights[i]);
+    Routing r = routeSoftmaxTopK(router_logits_.data() + t * experts, experts,
+                                 config_.experts_per_token, config_.norm_topk_prob);
+    for (size_t i = 0; i < r.experts.size(); ++i)
+      assigned[r.experts[i]].emplace_back(t, r.weights[i]);
   }
   std::memset(out, 0, tokens * hidden_ * sizeof(float));
   for (int64_t e = 0; e < experts; ++e) {
@@ -60,20 +66,34 @@ void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, f
     const int64_t m = static_cast<int64_t>(rows.size());
     gathered_.resize(m * hidden_);
     for (int64_t i = 0; i < m; ++i) {
-      std::memcpy(gathered_.data() + i * hidden_, x + rows[i].first * hidden_, hidden_ * sizeof(float));
+      std::memcpy(gathered_.data() + i * hidden_, x + rows[i].first * hidden_,
+                  hidden_ * sizeof(float));
     }
     gate_.resize(m * ffn);
     up_.resize(m * ffn);
     expert_out_.resize(m * hidden_);
     const MoeExpert& expert = block.experts[e];
-    CLEAVE_CHECK_OK(cpu::matmul(
-        {.weight = &expert.gate, .x = gathered_.data(), .ldx = hidden_, .tokens = m, .y = gate_.data(), .ldy = ffn},
-        pool_));
-    CLEAVE_CHECK_OK(cpu::matmul(
-        {.weight = &expert.up, .x = gathered_.data(), .ldx = hidden_, .tokens = m, .y = up_.data(), .ldy = ffn}, pool_));
+    CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.gate,
+                                 .x = gathered_.data(),
+                                 .ldx = hidden_,
+                                 .tokens = m,
+                                 .y = gate_.data(),
+                                 .ldy = ffn},
+                                pool_));
+    CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.up,
+                                 .x = gathered_.data(),
+                                 .ldx = hidden_,
+                                 .tokens = m,
+                                 .y = up_.data(),
+                                 .ldy = ffn},
+                                pool_));
     cpu::siluMul(gate_.data(), up_.data(), ffn, m, ffn, gate_.data(), ffn);
-    CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.down, .x = gate_.data(), .ldx = ffn, .tokens = m,
-                                 .y = expert_out_.data(), .ldy = hidden_},
+    CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.down,
+                                 .x = gate_.data(),
+                                 .ldx = ffn,
+                                 .tokens = m,
+                                 .y = expert_out_.data(),
+                                 .ldy = hidden_},
                                 pool_));
     for (int64_t i = 0; i < m; ++i) {
       float* dst = out + rows[i].first * hidden_;

@@ -126,6 +126,15 @@ class BinariesCliTest(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("Paris", out)
         self.assertRegex(err, r"generated \d+ tokens")
+        # Sampling with a seed repeats itself; a stop string ends the text before it.
+        sampled = [ct.run([cleave, "generate", f"--model={model}", "--max-tokens=16", "--temperature=0.9",
+                           "--seed=7", "Tell me about cats."], timeout=120)[1] for _ in range(2)]
+        self.assertEqual(sampled[0], sampled[1])
+        code, out, err = ct.run([cleave, "generate", f"--model={model}", "--max-tokens=12", "--stop=Paris",
+                                 "What is the capital of France?"], timeout=120)
+        self.assertEqual(code, 0, err)
+        self.assertNotIn("Paris", out)
+        self.assertIn("France is", out)
 
 
 if __name__ == "__main__":

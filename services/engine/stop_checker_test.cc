@@ -1,0 +1,48 @@
+#include "services/engine/stop_checker.h"
+
+#include <gtest/gtest.h>
+
+namespace cleave::engine {
+namespace {
+
+TEST(StopCheckerTest, StopStringAcrossTokensIsNeverShown) {
+  StopChecker checker({.stop_strings = {"\nUser:"}});
+  std::string shown;
+  shown += checker.push(1, "Hello");
+  shown += checker.push(2, " there\n");
+  EXPECT_EQ(shown, "Hello there");  // "\n" might start the stop string: held.
+  shown += checker.push(3, "Us");
+  EXPECT_FALSE(checker.stopped());
+  shown += checker.push(4, "er: hi");
+  EXPECT_TRUE(checker.stopped());
+  EXPECT_EQ(checker.reason(), StopReason::kStopString);
+  EXPECT_EQ(checker.matched(), "\nUser:");
+  EXPECT_EQ(shown, "Hello there");
+  EXPECT_EQ(checker.push(5, "more"), "");  // Nothing after the stop.
+}
+
+TEST(StopCheckerTest, HeldTextThatTurnsOutHarmlessIsShown) {
+  StopChecker checker({.stop_strings = {"END"}});
+  EXPECT_EQ(checker.push(1, "the EN"), "the ");
+  EXPECT_EQ(checker.push(2, "D"), "");
+  EXPECT_TRUE(checker.stopped());
+  StopChecker other({.stop_strings = {"END"}});
+  EXPECT_EQ(other.push(1, "the EN"), "the ");
+  EXPECT_EQ(other.push(2, "ough"), "ENough");
+  EXPECT_FALSE(other.stopped());
+}
+
+TEST(StopCheckerTest, StopTokensAndTheLimit) {
+  StopChecker tokens({.stop_token_ids = {2, 7}});
+  EXPECT_EQ(tokens.push(5, "a"), "a");
+  EXPECT_EQ(tokens.push(7, "<eos>"), "");
+  EXPECT_EQ(tokens.reason(), StopReason::kStopToken);
+  EXPECT_EQ(tokens.matched(), "7");
+  StopChecker limit({.stop_strings = {"xyz"}, .max_new_tokens = 2});
+  EXPECT_EQ(limit.push(1, "ab"), "ab");
+  EXPECT_EQ(limit.push(1, "cx"), "cx");  // Held "x" is released when the limit ends it.
+  EXPECT_EQ(limit.reason(), StopReason::kLength);
+}
+
+}  // namespace
+}  // namespace cleave::engine
