@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "common/log.h"
@@ -34,6 +35,48 @@ Routing routeSoftmaxTopK(const float* logits, int64_t experts, int64_t k, bool n
   if (normalize) {
     for (float& w : routing.weights) w /= sum;
   }
+  return routing;
+}
+
+Routing routeSigmoidGroupedTopK(const float* logits, const float* bias,
+                                const GroupedRoutingParams& p) {
+  std::vector<float> score(p.experts), choice(p.experts);
+  for (int64_t e = 0; e < p.experts; ++e) {
+    score[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    choice[e] = score[e] + (bias ? bias[e] : 0.0f);
+  }
+  const int64_t per_group = p.experts / p.n_group;
+  std::vector<float> group_score(p.n_group);
+  for (int64_t g = 0; g < p.n_group; ++g) {
+    std::vector<float> members(choice.begin() + g * per_group,
+                               choice.begin() + (g + 1) * per_group);
+    std::partial_sort(members.begin(), members.begin() + std::min<int64_t>(2, per_group),
+                      members.end(), std::greater<float>());
+    group_score[g] = members[0] + (per_group > 1 ? members[1] : 0.0f);
+  }
+  std::vector<int64_t> groups(p.n_group);
+  std::iota(groups.begin(), groups.end(), 0);
+  std::partial_sort(
+      groups.begin(), groups.begin() + p.topk_group, groups.end(), [&](int64_t a, int64_t b) {
+        return group_score[a] > group_score[b] || (group_score[a] == group_score[b] && a < b);
+      });
+  std::vector<int32_t> candidates;
+  for (int64_t i = 0; i < p.topk_group; ++i) {
+    for (int64_t e = groups[i] * per_group; e < (groups[i] + 1) * per_group; ++e)
+      candidates.push_back(static_cast<int32_t>(e));
+  }
+  std::partial_sort(candidates.begin(), candidates.begin() + p.k, candidates.end(),
+                    [&](int32_t a, int32_t b) {
+                      return choice[a] > choice[b] || (choice[a] == choice[b] && a < b);
+                    });
+  Routing routing;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < p.k; ++i) {
+    routing.experts.push_back(candidates[i]);
+    routing.weights.push_back(score[candidates[i]]);
+    sum += score[candidates[i]];
+  }
+  for (float& w : routing.weights) w = (p.normalize ? w / (sum + 1e-20f) : w) * p.scaling;
   return routing;
 }
 

@@ -37,6 +37,21 @@ struct Routing {
 // Softmax over `logits` (one token's router output), top `k`, renormalized when `normalize`.
 Routing routeSoftmaxTopK(const float* logits, int64_t experts, int64_t k, bool normalize);
 
+// DeepSeek-V3 routing: s = sigmoid(logits); choice score c = s + bias (a learned
+// per-expert correction); each of n_group groups of consecutive experts scores the sum of
+// its two best c; the topk_group best groups stay; the top `k` c among their experts are
+// chosen, weighted by s (renormalized when `normalize`) times `scaling`.
+struct GroupedRoutingParams {
+  int64_t experts = 0;
+  int64_t k = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool normalize = true;
+  float scaling = 1.0f;
+};
+Routing routeSigmoidGroupedTopK(const float* logits, const float* bias,
+                                const GroupedRoutingParams& params);
+
 class MoeRunner {
  public:
   MoeRunner(const model::MoeConfig& config, int64_t hidden, cpu::ThreadPool& pool);
