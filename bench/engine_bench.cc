@@ -36,7 +36,8 @@ double measureBandwidth(cpu::ThreadPool& pool, int reps) {
     std::vector<uint64_t> partial(pool.size() * 8);
     auto start = Clock::now();
     pool.parallelFor(static_cast<int64_t>(buffer.size()), 4096, [&](int64_t b, int64_t e) {
-      partial[(b * pool.size() / buffer.size()) * 8] += std::accumulate(buffer.begin() + b, buffer.begin() + e, uint64_t{0});
+      partial[(b * pool.size() / buffer.size()) * 8] +=
+          std::accumulate(buffer.begin() + b, buffer.begin() + e, uint64_t{0});
     });
     double s = std::chrono::duration<double>(Clock::now() - start).count();
     if (std::accumulate(partial.begin(), partial.end(), uint64_t{0}) != buffer.size()) std::abort();
@@ -52,9 +53,12 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int reps = 5;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else path = argv[i];
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+    else
+      path = argv[i];
   }
   auto weights = engine::loadLlama(path);
   if (!weights.ok()) {
@@ -67,11 +71,14 @@ int main(int argc, char** argv) {
   const double weight_bytes = static_cast<double>((*weights)->weightBytes());
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const double kv_bytes_per_token = 2.0 * c.num_layers * kv_dim * 4;  // f32 keys + values
-  std::printf("model %s: %.1f MB of weights read per step; %d threads; measured read bandwidth %.1f GB/s\n",
-              path.c_str(), weight_bytes / 1e6, threads, bandwidth / 1e9);
-  std::printf("%-22s %12s %12s %12s %10s\n", "case", "time (ms)", "tokens/s", "floor (ms)", "floor/time");
+  std::printf(
+      "model %s: %.1f MB of weights read per step; %d threads; measured read bandwidth %.1f GB/s\n",
+      path.c_str(), weight_bytes / 1e6, threads, bandwidth / 1e9);
+  std::printf("%-22s %12s %12s %12s %10s\n", "case", "time (ms)", "tokens/s", "floor (ms)",
+              "floor/time");
 
-  engine::KvCache cache({.num_layers = c.num_layers, .kv_dim = kv_dim, .block_size = 16, .num_blocks = 64 * 16 + 40});
+  engine::KvCache cache(
+      {.num_layers = c.num_layers, .kv_dim = kv_dim, .block_size = 16, .num_blocks = 64 * 16 + 40});
   engine::LlamaModel model(**weights, pool);
   std::mt19937 rng(1);
   auto randomTokens = [&](int n) {
@@ -88,13 +95,16 @@ int main(int argc, char** argv) {
       engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks};
       auto start = Clock::now();
       if (!model.forward({&chunk, 1}, cache).ok()) return 1;
-      if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count());  // r = 0 warms up.
+      if (r > 0)
+        times.push_back(
+            std::chrono::duration<double>(Clock::now() - start).count());  // r = 0 warms up.
     }
     cache.release(blocks);
     double t = median(times);
     // Prefill reads the weights once; its KV reads stay in cache (it just wrote them).
     double floor = weight_bytes / bandwidth;
-    std::printf("prefill %-14d %12.2f %12.1f %12.2f %10.2f\n", length, t * 1e3, length / t, floor * 1e3, floor / t);
+    std::printf("prefill %-14d %12.2f %12.1f %12.2f %10.2f\n", length, t * 1e3, length / t,
+                floor * 1e3, floor / t);
   }
 
   for (int batch : {1, 4, 16, 64}) {
@@ -106,7 +116,8 @@ int main(int argc, char** argv) {
       prompts.push_back(randomTokens(context));
       tables.push_back(*cache.allocate(cache.blocksFor(context + steps * (reps + 1) + 1)));
     }
-    for (int s = 0; s < batch; ++s) prefill.push_back({.tokens = prompts[s], .start = 0, .blocks = tables[s]});
+    for (int s = 0; s < batch; ++s)
+      prefill.push_back({.tokens = prompts[s], .start = 0, .blocks = tables[s]});
     if (!model.forward(prefill, cache).ok()) return 1;
     std::vector<uint32_t> next(batch, 1234);
     std::vector<double> times;
@@ -115,17 +126,20 @@ int main(int argc, char** argv) {
       auto start = Clock::now();
       for (int step = 0; step < steps; ++step, ++position) {
         std::vector<engine::SequenceChunk> decode;
-        for (int s = 0; s < batch; ++s) decode.push_back({.tokens = {&next[s], 1}, .start = position, .blocks = tables[s]});
+        for (int s = 0; s < batch; ++s)
+          decode.push_back({.tokens = {&next[s], 1}, .start = position, .blocks = tables[s]});
         if (!model.forward(decode, cache).ok()) return 1;
       }
-      if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - start).count() / steps);
+      if (r > 0)
+        times.push_back(std::chrono::duration<double>(Clock::now() - start).count() / steps);
     }
     for (auto& table : tables) cache.release(table);
     double t = median(times);
     double floor = (weight_bytes + batch * (context + steps) * kv_bytes_per_token) / bandwidth;
     char name[32];
     std::snprintf(name, sizeof(name), "decode batch %d", batch);
-    std::printf("%-22s %12.2f %12.1f %12.2f %10.2f\n", name, t * 1e3, batch / t, floor * 1e3, floor / t);
+    std::printf("%-22s %12.2f %12.1f %12.2f %10.2f\n", name, t * 1e3, batch / t, floor * 1e3,
+                floor / t);
   }
   return 0;
 }
