@@ -18,13 +18,16 @@ nlohmann::json routingGolden(const std::string& model) {
 }
 
 // Some goldens store lists as JSON text.
-nlohmann::json field(const nlohmann::json& j) { return j.is_string() ? nlohmann::json::parse(j.get<std::string>()) : j; }
+nlohmann::json field(const nlohmann::json& j) {
+  return j.is_string() ? nlohmann::json::parse(j.get<std::string>()) : j;
+}
 
 void expectRouting(const Routing& got, const nlohmann::json& ids, const nlohmann::json& weights) {
   EXPECT_EQ(got.experts, ids.get<std::vector<int32_t>>());
   std::vector<float> want = weights.get<std::vector<float>>();
   ASSERT_EQ(got.weights.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got.weights[i], want[i], 1e-6 * std::max(1.0f, want[i]));
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got.weights[i], want[i], 1e-6 * std::max(1.0f, want[i]));
 }
 
 TEST(MoeRoutingTest, SoftmaxTopKMatchesTransformers) {
@@ -33,12 +36,14 @@ TEST(MoeRoutingTest, SoftmaxTopKMatchesTransformers) {
     nlohmann::json golden = routingGolden(model);
     const nlohmann::json params = field(golden["params"]);
     for (const auto& layer : golden["layers"]) {
-      nlohmann::json logits = field(layer["router_logits"]), ids = field(layer["ids"]), weights = field(layer["weights"]);
+      nlohmann::json logits = field(layer["router_logits"]), ids = field(layer["ids"]),
+                     weights = field(layer["weights"]);
       for (size_t t = 0; t < logits.size(); ++t) {
         std::vector<float> l = logits[t].get<std::vector<float>>();
-        expectRouting(routeSoftmaxTopK(l.data(), static_cast<int64_t>(l.size()), params["top_k"].get<int64_t>(),
-                                       params["norm_topk_prob"].get<bool>()),
-                      ids[t], weights[t]);
+        expectRouting(
+            routeSoftmaxTopK(l.data(), static_cast<int64_t>(l.size()),
+                             params["top_k"].get<int64_t>(), params["norm_topk_prob"].get<bool>()),
+            ids[t], weights[t]);
       }
     }
   }
@@ -55,7 +60,8 @@ TEST(MoeRoutingTest, SigmoidGroupLimitedTopKMatchesDeepSeekV3) {
                                .scaling = params["routed_scaling_factor"].get<float>()};
   for (const auto& layer : golden["layers"]) {
     std::vector<float> bias = field(layer["e_score_correction_bias"]).get<std::vector<float>>();
-    nlohmann::json logits = field(layer["router_logits"]), ids = field(layer["ids"]), weights = field(layer["weights"]);
+    nlohmann::json logits = field(layer["router_logits"]), ids = field(layer["ids"]),
+                   weights = field(layer["weights"]);
     ASSERT_EQ(logits.size(), 16u);
     for (size_t t = 0; t < logits.size(); ++t) {
       std::vector<float> l = logits[t].get<std::vector<float>>();
