@@ -126,8 +126,13 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
       cpu::rmsNorm(k_.data(), head_dim, layer.k_norm.data(), n * c.num_kv_heads, head_dim, eps,
                    k_.data(), head_dim);
     }
-    rope_.apply(q_.data(), q_dim, n, c.num_heads, positions_.data());
-    rope_.apply(k_.data(), kv_dim, n, c.num_kv_heads, positions_.data());
+    // RoPE row by row over the pool: a long prefill has thousands of rows.
+    pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
+      rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, c.num_heads,
+                  positions_.data() + begin);
+      rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, c.num_kv_heads,
+                  positions_.data() + begin);
+    });
     float* keys = cache.keys(static_cast<int64_t>(l));
     float* values = cache.values(static_cast<int64_t>(l));
     for (int64_t i = 0; i < n; ++i) {
@@ -162,7 +167,10 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     }
     checkedMatmul(layer.w_gate, h_.data(), hidden, n, gate_.data(), ffn, pool_);
     checkedMatmul(layer.w_up, h_.data(), hidden, n, up_.data(), ffn, pool_);
-    cpu::siluMul(gate_.data(), up_.data(), ffn, n, ffn, gate_.data(), ffn);
+    pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
+      cpu::siluMul(gate_.data() + begin * ffn, up_.data() + begin * ffn, ffn, end - begin, ffn,
+                   gate_.data() + begin * ffn, ffn);
+    });
     checkedMatmul(layer.w_down, gate_.data(), ffn, n, h_.data(), hidden, pool_);
     cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);
   }
