@@ -1,0 +1,135 @@
+#include "services/engine/scheduler.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace cleave::engine {
+
+Scheduler::Scheduler(LlamaModel& model, const tokenizer::Tokenizer* tokenizer, const SchedulerOptions& options)
+    : model_(model),
+      tokenizer_(tokenizer),
+      options_(options),
+      cache_({.num_layers = static_cast<int64_t>(model.weights().layers.size()),
+              .kv_dim = int64_t{model.weights().config.num_kv_heads} * model.weights().config.head_dim,
+              .block_size = options.block_size,
+              .num_blocks = options.num_blocks}) {}
+
+absl::Status Scheduler::add(GenerationRequest request) {
+  const model::ModelConfig& c = model_.weights().config;
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  for (uint32_t id : request.prompt) {
+    if (id >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", id, " is outside the vocabulary (", c.vocab_size, ")"));
+    }
+  }
+  CLEAVE_RETURN_IF_ERROR(validateSamplingParams(request.sampling));
+  if (request.stop.max_new_tokens <= 0) return absl::InvalidArgumentError("max_new_tokens must be > 0");
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_new_tokens;
+  if (total > c.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt + max_new_tokens = ", total, " is past the context length ",
+                                                   c.max_position_embeddings));
+  }
+  if (cache_.blocksFor(total) > cache_.totalBlocks()) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt + max_new_tokens = ", total, " tokens needs ",
+                                                   cache_.blocksFor(total), " KV blocks; the whole pool has ",
+                                                   cache_.totalBlocks()));
+  }
+  waiting_.push_back(std::move(request));
+  return absl::OkStatus();
+}
+
+void Scheduler::admit() {
+  while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_sequences) {
+    GenerationRequest& next = waiting_.front();
+    const int64_t total = static_cast<int64_t>(next.prompt.size()) + next.stop.max_new_tokens;
+    absl::StatusOr<std::vector<int32_t>> blocks = cache_.allocate(cache_.blocksFor(total));
+    if (!blocks.ok()) return;  // First come, first served: later requests wait too.
+    auto seq = std::make_unique<Sequence>();
+    seq->request = std::move(next);
+    waiting_.pop_front();
+    seq->blocks = *std::move(blocks);
+    seq->tokens = seq->request.prompt;
+    seq->sampler = std::make_unique<Sampler>(seq->request.sampling, seq->request.prompt);
+    seq->stopper = std::make_unique<StopChecker>(seq->request.stop);
+    if (tokenizer_ != nullptr) seq->detokenizer = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_);
+    running_.push_back(std::move(seq));
+  }
+}
+
+void Scheduler::finish(size_t index) {
+  cache_.release(running_[index]->blocks);
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+bool Scheduler::cancel(uint64_t id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (it->id == id) {
+      waiting_.erase(it);
+      return true;
+    }
+  }
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (running_[i]->request.id == id) {
+      finish(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
+  admit();
+  std::vector<TokenEvent> events;
+  if (running_.empty()) return events;
+  // Decode tokens first (every prefilled sequence advances), then prefill chunks in
+  // admission order within what is left of the budget.
+  std::vector<SequenceChunk> batch;
+  std::vector<Sequence*> members;
+  int64_t budget = options_.max_batch_tokens;
+  for (auto& seq : running_) {
+    if (!seq->prefilled() || budget == 0) continue;
+    batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, 1),
+                     .start = seq->cached,
+                     .blocks = seq->blocks});
+    members.push_back(seq.get());
+    --budget;
+  }
+  for (auto& seq : running_) {
+    if (seq->prefilled() || budget == 0) continue;
+    const int64_t left = static_cast<int64_t>(seq->request.prompt.size()) - seq->cached;
+    const int64_t take = std::min(left, budget);
+    batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, take),
+                     .start = seq->cached,
+                     .blocks = seq->blocks});
+    members.push_back(seq.get());
+    budget -= take;
+  }
+  CLEAVE_ASSIGN_OR_RETURN(std::span<const float> logits, model_.forward(batch, cache_));
+  const int64_t vocab = model_.weights().config.vocab_size;
+  for (size_t i = 0; i < members.size(); ++i) {
+    Sequence& seq = *members[i];
+    seq.cached += static_cast<int64_t>(batch[i].tokens.size());
+    if (!seq.prefilled()) continue;  // A prompt chunk that is not the last samples nothing.
+    SampledToken sampled = seq.sampler->sample(logits.subspan(i * vocab, vocab));
+    seq.tokens.push_back(sampled.token);
+    TokenEvent event{.id = seq.request.id, .token = sampled.token};
+    if (seq.request.sampling.logprobs >= 0) event.logprob = sampled.logprob;
+    std::string text = seq.detokenizer ? seq.detokenizer->push(sampled.token) : std::string();
+    event.text = seq.stopper->push(sampled.token, text);
+    if (seq.stopper->stopped()) {
+      event.finished = true;
+      event.reason = seq.stopper->reason();
+      // At the length limit the last character may still be incomplete: flush it.
+      if (event.reason == StopReason::kLength && seq.detokenizer) event.text += seq.detokenizer->finish();
+    }
+    events.push_back(std::move(event));
+  }
+  for (size_t i = running_.size(); i-- > 0;) {
+    if (running_[i]->stopper->stopped()) finish(i);
+  }
+  return events;
+}
+
+}  // namespace cleave::engine

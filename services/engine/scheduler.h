@@ -1,0 +1,96 @@
+// Continuous batching on one model replica: requests join and leave between steps; every
+// step runs one batch holding a token of each decoding sequence and, within the step's
+// token budget, chunks of the prompts still being prefilled.
+//
+// KV memory is reserved at admission for the whole request (prompt + max_new_tokens), so
+// a running sequence can never run out of blocks and nothing is ever preempted; a request
+// that does not fit yet waits (first come, first served); one that could never fit is
+// refused when added.
+//
+// Threading: one thread (the rank thread) calls every method.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/engine/kv_cache.h"
+#include "services/engine/llama_model.h"
+#include "services/engine/sampler.h"
+#include "services/engine/stop_checker.h"
+
+namespace cleave::engine {
+
+struct SchedulerOptions {
+  int64_t max_batch_tokens = 512;  // Tokens per step (decode tokens + prefill chunks).
+  int64_t max_sequences = 64;      // Sequences admitted at once.
+  int64_t block_size = 16;
+  int64_t num_blocks = 0;  // KV pool size in blocks.
+};
+
+struct GenerationRequest {
+  uint64_t id = 0;
+  std::vector<uint32_t> prompt;
+  SamplingParams sampling;
+  StopCriteria stop;  // max_new_tokens must be > 0.
+};
+
+// What one step produced for one sequence.
+struct TokenEvent {
+  uint64_t id = 0;
+  uint32_t token = 0;
+  std::string text;  // UTF-8-safe text delta (empty without a tokenizer).
+  std::optional<float> logprob;
+  bool finished = false;
+  StopReason reason = StopReason::kNone;
+};
+
+class Scheduler {
+ public:
+  // `tokenizer` (may be null) turns tokens into text for stop strings and text deltas.
+  Scheduler(LlamaModel& model, const tokenizer::Tokenizer* tokenizer, const SchedulerOptions& options);
+
+  // Queues a request. InvalidArgument (naming the field) for an empty prompt, a token
+  // outside the vocabulary, bad sampling values, a missing max_new_tokens, or a request
+  // larger than the whole KV pool.
+  absl::Status add(GenerationRequest request);
+  // Drops a request wherever it is and frees its blocks. False when unknown.
+  bool cancel(uint64_t id);
+
+  // Runs one batch and returns the tokens it produced (none when idle).
+  absl::StatusOr<std::vector<TokenEvent>> step();
+
+  bool idle() const { return waiting_.empty() && running_.empty(); }
+  int64_t runningSequences() const { return static_cast<int64_t>(running_.size()); }
+  int64_t waitingRequests() const { return static_cast<int64_t>(waiting_.size()); }
+  const KvCache& cache() const { return cache_; }
+
+ private:
+  struct Sequence {
+    GenerationRequest request;
+    std::vector<int32_t> blocks;
+    std::vector<uint32_t> tokens;  // Prompt, then generated tokens.
+    int64_t cached = 0;            // Tokens whose KV is in the cache.
+    std::unique_ptr<Sampler> sampler;
+    std::unique_ptr<StopChecker> stopper;
+    std::unique_ptr<tokenizer::IncrementalDetokenizer> detokenizer;
+    bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
+  };
+
+  void admit();
+  void finish(size_t index);
+
+  LlamaModel& model_;
+  const tokenizer::Tokenizer* tokenizer_;
+  SchedulerOptions options_;
+  KvCache cache_;
+  std::deque<GenerationRequest> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+};
+
+}  // namespace cleave::engine

@@ -1,0 +1,139 @@
+#include "services/engine/scheduler.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <random>
+
+namespace cleave::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kTinyModel = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llama_f32";
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto loaded = loadLlama(kTinyModel);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    weights_ = std::move(*loaded);
+    model_ = std::make_unique<LlamaModel>(*weights_, pool_);
+  }
+
+  std::vector<uint32_t> randomPrompt(int length) {
+    std::vector<uint32_t> p(length);
+    for (auto& id : p) id = rng_() % weights_->config.vocab_size;
+    return p;
+  }
+
+  // Greedy tokens of `prompt` run alone.
+  std::vector<uint32_t> alone(const std::vector<uint32_t>& prompt, int new_tokens) {
+    LlamaRunner runner(*weights_, pool_, 256);
+    auto logits = runner.forward(prompt);
+    std::vector<uint32_t> out;
+    for (int i = 0; i < new_tokens; ++i) {
+      uint32_t next = static_cast<uint32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+      out.push_back(next);
+      logits = runner.forward(std::span<const uint32_t>(&next, 1));
+    }
+    return out;
+  }
+
+  // Runs until idle; returns each request's tokens and asserts the step invariants.
+  std::map<uint64_t, std::vector<uint32_t>> drain(Scheduler& scheduler, int64_t max_steps = 1000) {
+    std::map<uint64_t, std::vector<uint32_t>> out;
+    for (int64_t step = 0; step < max_steps && !scheduler.idle(); ++step) {
+      auto events = scheduler.step();
+      EXPECT_TRUE(events.ok()) << events.status();
+      if (!events.ok()) break;
+      for (const TokenEvent& e : *events) out[e.id].push_back(e.token);
+    }
+    EXPECT_TRUE(scheduler.idle());
+    return out;
+  }
+
+  cpu::ThreadPool pool_{2};
+  std::mt19937 rng_{5};
+  std::unique_ptr<LlamaWeights> weights_;
+  std::unique_ptr<LlamaModel> model_;
+};
+
+TEST_F(SchedulerTest, ContinuousBatchingGivesEachRequestItsOwnGreedyTokens) {
+  // A budget smaller than the prompts forces chunked prefill; requests join mid-flight.
+  Scheduler scheduler(*model_, nullptr, {.max_batch_tokens = 16, .max_sequences = 3, .block_size = 4, .num_blocks = 64});
+  std::vector<std::vector<uint32_t>> prompts = {randomPrompt(5), randomPrompt(37), randomPrompt(12), randomPrompt(21),
+                                                randomPrompt(3)};
+  const int new_tokens = 6;
+  for (uint64_t id = 0; id < 3; ++id) {
+    ASSERT_TRUE(scheduler.add({.id = id, .prompt = prompts[id], .stop = {.max_new_tokens = new_tokens}}).ok());
+  }
+  std::map<uint64_t, std::vector<uint32_t>> got;
+  for (int step = 0; step < 3; ++step) {
+    auto events = scheduler.step();
+    ASSERT_TRUE(events.ok());
+    for (const TokenEvent& e : *events) got[e.id].push_back(e.token);
+  }
+  for (uint64_t id = 3; id < 5; ++id) {
+    ASSERT_TRUE(scheduler.add({.id = id, .prompt = prompts[id], .stop = {.max_new_tokens = new_tokens}}).ok());
+  }
+  for (auto& [id, tokens] : drain(scheduler)) got[id].insert(got[id].end(), tokens.begin(), tokens.end());
+  for (uint64_t id = 0; id < 5; ++id) EXPECT_EQ(got[id], alone(prompts[id], new_tokens)) << "request " << id;
+  EXPECT_EQ(scheduler.cache().freeBlocks(), scheduler.cache().totalBlocks());
+}
+
+TEST_F(SchedulerTest, WaitsForKvInsteadOfOvercommittingAndFreesEverything) {
+  // Each request needs 3 blocks of 4 (5 + 6 tokens); 7 blocks hold two at a time.
+  Scheduler scheduler(*model_, nullptr, {.max_batch_tokens = 64, .max_sequences = 8, .block_size = 4, .num_blocks = 7});
+  for (uint64_t id = 0; id < 4; ++id) {
+    ASSERT_TRUE(scheduler.add({.id = id, .prompt = randomPrompt(5), .stop = {.max_new_tokens = 6}}).ok());
+  }
+  auto first = scheduler.step();
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(scheduler.runningSequences(), 2);
+  EXPECT_EQ(scheduler.waitingRequests(), 2);
+  EXPECT_EQ(scheduler.cache().freeBlocks(), 1);
+  auto tokens = drain(scheduler);
+  EXPECT_EQ(tokens.size(), 4u);
+  for (auto& [id, t] : tokens) EXPECT_EQ(t.size() + (id < 2 ? 1u : 0u), 6u) << id;  // First step's token above.
+  EXPECT_EQ(scheduler.cache().freeBlocks(), 7);
+}
+
+TEST_F(SchedulerTest, CancelFreesBlocksAndStopTokensEndSequences) {
+  Scheduler scheduler(*model_, nullptr, {.max_batch_tokens = 64, .max_sequences = 8, .block_size = 4, .num_blocks = 32});
+  std::vector<uint32_t> prompt = randomPrompt(9);
+  std::vector<uint32_t> greedy = alone(prompt, 4);
+  ASSERT_TRUE(scheduler.add({.id = 1, .prompt = prompt, .stop = {.stop_token_ids = {greedy[2]}, .max_new_tokens = 50}}).ok());
+  ASSERT_TRUE(scheduler.add({.id = 2, .prompt = randomPrompt(9), .stop = {.max_new_tokens = 50}}).ok());
+  ASSERT_TRUE(scheduler.step().ok());
+  EXPECT_TRUE(scheduler.cancel(2));
+  EXPECT_FALSE(scheduler.cancel(99));
+  std::vector<TokenEvent> events;
+  while (!scheduler.idle()) {
+    auto step = scheduler.step();
+    ASSERT_TRUE(step.ok());
+    events.insert(events.end(), step->begin(), step->end());
+  }
+  ASSERT_FALSE(events.empty());
+  EXPECT_TRUE(events.back().finished);
+  EXPECT_EQ(events.back().reason, StopReason::kStopToken);
+  EXPECT_EQ(events.back().token, greedy[2]);
+  EXPECT_EQ(scheduler.cache().freeBlocks(), 32);
+}
+
+TEST_F(SchedulerTest, RequestsThatCanNeverRunAreRefusedWithTheReason) {
+  Scheduler scheduler(*model_, nullptr, {.block_size = 4, .num_blocks = 4});
+  auto reason = [&](GenerationRequest r) { return std::string(scheduler.add(std::move(r)).message()); };
+  EXPECT_THAT(reason({.id = 1, .prompt = {}, .stop = {.max_new_tokens = 1}}), HasSubstr("prompt is empty"));
+  EXPECT_THAT(reason({.id = 1, .prompt = {100000}, .stop = {.max_new_tokens = 1}}), HasSubstr("outside the vocabulary"));
+  EXPECT_THAT(reason({.id = 1, .prompt = {1}, .stop = {}}), HasSubstr("max_new_tokens"));
+  EXPECT_THAT(reason({.id = 1, .prompt = {1}, .sampling = {.top_p = 2}, .stop = {.max_new_tokens = 1}}), HasSubstr("top_p"));
+  EXPECT_THAT(reason({.id = 1, .prompt = randomPrompt(10), .stop = {.max_new_tokens = 10}}), HasSubstr("KV blocks"));
+  EXPECT_TRUE(scheduler.idle());
+}
+
+}  // namespace
+}  // namespace cleave::engine
