@@ -1,5 +1,7 @@
 #include "services/engine/kv_cache.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 
@@ -9,35 +11,93 @@ KvCache::KvCache(const KvCacheOptions& options) : options_(options) {
   const int64_t floats = options.num_blocks * options.block_size * options.kv_dim;
   keys_.assign(options.num_layers, std::vector<float>(floats));
   values_.assign(options.num_layers, std::vector<float>(floats));
-  refcount_.assign(options.num_blocks, 0);
+  blocks_.resize(options.num_blocks);
   for (int64_t b = options.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+}
+
+void KvCache::unpublish(int32_t block) {
+  Block& b = blocks_[block];
+  if (!b.hash) return;
+  auto it = published_.find(*b.hash);
+  if (it != published_.end() && it->second == block) published_.erase(it);
+  b.hash.reset();
+  b.tokens.clear();
 }
 
 absl::StatusOr<std::vector<int32_t>> KvCache::allocate(int64_t count) {
   if (count > freeBlocks()) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache: ", count, " blocks wanted, ",
-                                                     freeBlocks(), " of ", totalBlocks(), " free"));
+                                                     freeBlocks(), " of ", totalBlocks(),
+                                                     " available"));
   }
-  std::vector<int32_t> blocks(free_.end() - count, free_.end());
-  free_.resize(free_.size() - count);
-  for (int32_t b : blocks) refcount_[b] = 1;
-  return blocks;
+  std::vector<int32_t> out;
+  while (static_cast<int64_t>(out.size()) < count && !free_.empty()) {
+    out.push_back(free_.back());
+    free_.pop_back();
+  }
+  while (static_cast<int64_t>(out.size()) < count) {
+    const int32_t victim = evictable_.front();
+    evictable_.pop_front();
+    unpublish(victim);
+    out.push_back(victim);
+  }
+  for (int32_t b : out) blocks_[b].refcount = 1;
+  return out;
 }
 
 void KvCache::retain(std::span<const int32_t> blocks) {
   for (int32_t b : blocks) {
-    CLEAVE_CHECK(b >= 0 && b < totalBlocks() && refcount_[b] > 0)
-        << "retain of unallocated block " << b;
-    ++refcount_[b];
+    CLEAVE_CHECK(b >= 0 && b < totalBlocks()) << "retain of block " << b << " outside the cache";
+    Block& block = blocks_[b];
+    if (block.refcount == 0) {
+      CLEAVE_CHECK(block.hash.has_value()) << "retain of unallocated block " << b;
+      evictable_.erase(block.lru);  // A cached block comes back into use.
+    }
+    ++block.refcount;
   }
 }
 
 void KvCache::release(std::span<const int32_t> blocks) {
   for (int32_t b : blocks) {
-    CLEAVE_CHECK(b >= 0 && b < totalBlocks() && refcount_[b] > 0)
+    CLEAVE_CHECK(b >= 0 && b < totalBlocks() && blocks_[b].refcount > 0)
         << "release of unallocated block " << b;
-    if (--refcount_[b] == 0) free_.push_back(b);
+    Block& block = blocks_[b];
+    if (--block.refcount > 0) continue;
+    if (block.hash) {
+      block.lru = evictable_.insert(evictable_.end(), b);
+    } else {
+      free_.push_back(b);
+    }
   }
+}
+
+uint64_t KvCache::chainHash(uint64_t parent, std::span<const uint32_t> tokens) {
+  uint64_t hash = parent ^ 0xcbf29ce484222325ull;
+  for (uint32_t t : tokens) {
+    for (int shift = 0; shift < 32; shift += 8) {
+      hash ^= (t >> shift) & 0xff;
+      hash *= 0x100000001b3ull;
+    }
+  }
+  return hash;
+}
+
+void KvCache::publish(int32_t block, uint64_t hash, std::span<const uint32_t> tokens) {
+  CLEAVE_CHECK(block >= 0 && block < totalBlocks() && blocks_[block].refcount > 0)
+      << "publish of block " << block;
+  if (published_.count(hash) || blocks_[block].hash) return;
+  published_.emplace(hash, block);
+  blocks_[block].hash = hash;
+  blocks_[block].tokens.assign(tokens.begin(), tokens.end());
+}
+
+std::optional<int32_t> KvCache::lookup(uint64_t hash, std::span<const uint32_t> tokens) const {
+  auto it = published_.find(hash);
+  if (it == published_.end()) return std::nullopt;
+  const Block& b = blocks_[it->second];
+  if (!std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin(), tokens.end()))
+    return std::nullopt;
+  return it->second;
 }
 
 int64_t KvCache::bytes() const {

@@ -1,7 +1,11 @@
 // The paged KV cache of one rank: for every layer a pool of `num_blocks` blocks, each
 // `block_size` token rows of kv_heads * head_dim floats for keys and the same for values,
-// plus the allocator that hands blocks to sequences. Blocks are reference-counted so a
-// block can later be shared between sequences (prefix caching).
+// plus the allocator that hands blocks to sequences.
+//
+// Blocks are reference-counted. A full block of prompt tokens can be published under the
+// hash chain of its tokens (prefix caching): later sequences that start with the same
+// tokens take a reference to it instead of recomputing it. A published block nobody uses
+// stays cached until allocation needs the space (least recently used first).
 //
 // Layout per layer: keys [num_blocks, block_size, kv_dim], values likewise.
 //
@@ -9,7 +13,10 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
+#include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -27,15 +34,26 @@ class KvCache {
  public:
   explicit KvCache(const KvCacheOptions& options);
 
-  // Takes `count` free blocks (reference count 1 each). ResourceExhausted, taking
-  // nothing, when fewer are free.
+  // Takes `count` blocks (reference count 1 each): free ones first, then cached ones
+  // nobody uses, oldest first. ResourceExhausted, taking nothing, when fewer are available.
   absl::StatusOr<std::vector<int32_t>> allocate(int64_t count);
-  // Adds a reference to each block (they must be allocated).
+  // Adds a reference to each block (allocated, or cached and unused).
   void retain(std::span<const int32_t> blocks);
-  // Drops a reference from each block; a block with none left is free again.
+  // Drops a reference from each block; an unreferenced block becomes free, or stays cached
+  // if it is published.
   void release(std::span<const int32_t> blocks);
 
-  int64_t freeBlocks() const { return static_cast<int64_t>(free_.size()); }
+  // Prefix caching. The hash of block i of a sequence chains the hash of block i - 1
+  // (0 for the first) with the block's tokens.
+  static uint64_t chainHash(uint64_t parent, std::span<const uint32_t> tokens);
+  // Publishes `block` (full, computed) under `hash`. A hash already published keeps its
+  // block.
+  void publish(int32_t block, uint64_t hash, std::span<const uint32_t> tokens);
+  // The published block for `hash` holding exactly `tokens`, if any.
+  std::optional<int32_t> lookup(uint64_t hash, std::span<const uint32_t> tokens) const;
+
+  // Blocks allocate() can hand out now (free + cached and unused).
+  int64_t freeBlocks() const { return static_cast<int64_t>(free_.size() + evictable_.size()); }
   int64_t totalBlocks() const { return options_.num_blocks; }
   int64_t blockSize() const { return options_.block_size; }
   int64_t kvDim() const { return options_.kv_dim; }
@@ -50,11 +68,21 @@ class KvCache {
   float* values(int64_t layer) { return values_[layer].data(); }
 
  private:
+  struct Block {
+    int32_t refcount = 0;
+    std::optional<uint64_t> hash;  // Set while published.
+    std::vector<uint32_t> tokens;  // What the hash stands for (checked on lookup).
+    std::list<int32_t>::iterator lru;
+  };
+  void unpublish(int32_t block);
+
   KvCacheOptions options_;
   std::vector<std::vector<float>> keys_;
   std::vector<std::vector<float>> values_;
-  std::vector<int32_t> refcount_;
-  std::vector<int32_t> free_;  // A stack: the most recently freed block is reused first.
+  std::vector<Block> blocks_;
+  std::vector<int32_t> free_;     // Unreferenced, unpublished; the last freed is reused first.
+  std::list<int32_t> evictable_;  // Unreferenced, published; least recently used first.
+  std::unordered_map<uint64_t, int32_t> published_;
 };
 
 }  // namespace cleave::engine

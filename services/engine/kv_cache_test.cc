@@ -48,3 +48,32 @@ TEST(KvCacheDeathTest, ReleasingAFreeBlockIsABrokenInvariant) {
 
 }  // namespace
 }  // namespace cleave::engine
+
+namespace cleave::engine {
+namespace {
+
+TEST(KvCachePrefixTest, PublishedBlocksAreFoundReusedAndEvictedOldestFirst) {
+  KvCache cache({.num_layers = 1, .kv_dim = 4, .block_size = 2, .num_blocks = 3});
+  const std::vector<uint32_t> a = {5, 6}, b = {7, 8};
+  const uint64_t ha = KvCache::chainHash(0, a), hb = KvCache::chainHash(ha, b);
+  EXPECT_NE(ha, KvCache::chainHash(1, a));  // The chain matters, not just the tokens.
+  auto blocks = *cache.allocate(2);
+  cache.publish(blocks[0], ha, a);
+  cache.publish(blocks[1], hb, b);
+  EXPECT_EQ(cache.lookup(ha, a), blocks[0]);
+  EXPECT_EQ(cache.lookup(hb, b), blocks[1]);
+  EXPECT_FALSE(cache.lookup(ha, b).has_value());  // Same hash, other tokens: no hit.
+  cache.release(blocks);
+  EXPECT_EQ(cache.freeBlocks(), 3);               // Cached blocks count as available...
+  cache.retain(std::vector<int32_t>{blocks[1]});  // ...and come back into use on a hit.
+  EXPECT_EQ(cache.freeBlocks(), 2);
+  cache.release(std::vector<int32_t>{blocks[1]});
+  // Taking all three evicts the cached ones, least recently released first.
+  auto all = *cache.allocate(3);
+  EXPECT_FALSE(cache.lookup(ha, a).has_value());
+  EXPECT_FALSE(cache.lookup(hb, b).has_value());
+  cache.release(all);
+}
+
+}  // namespace
+}  // namespace cleave::engine

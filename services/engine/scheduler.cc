@@ -7,34 +7,39 @@
 
 namespace cleave::engine {
 
-Scheduler::Scheduler(LlamaModel& model, const tokenizer::Tokenizer* tokenizer, const SchedulerOptions& options)
+Scheduler::Scheduler(LlamaModel& model, const tokenizer::Tokenizer* tokenizer,
+                     const SchedulerOptions& options)
     : model_(model),
       tokenizer_(tokenizer),
       options_(options),
-      cache_({.num_layers = static_cast<int64_t>(model.weights().layers.size()),
-              .kv_dim = int64_t{model.weights().config.num_kv_heads} * model.weights().config.head_dim,
-              .block_size = options.block_size,
-              .num_blocks = options.num_blocks}) {}
+      cache_(
+          {.num_layers = static_cast<int64_t>(model.weights().layers.size()),
+           .kv_dim = int64_t{model.weights().config.num_kv_heads} * model.weights().config.head_dim,
+           .block_size = options.block_size,
+           .num_blocks = options.num_blocks}) {}
 
 absl::Status Scheduler::add(GenerationRequest request) {
   const model::ModelConfig& c = model_.weights().config;
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   for (uint32_t id : request.prompt) {
     if (id >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", id, " is outside the vocabulary (", c.vocab_size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", id, " is outside the vocabulary (", c.vocab_size, ")"));
     }
   }
   CLEAVE_RETURN_IF_ERROR(validateSamplingParams(request.sampling));
-  if (request.stop.max_new_tokens <= 0) return absl::InvalidArgumentError("max_new_tokens must be > 0");
+  if (request.stop.max_new_tokens <= 0)
+    return absl::InvalidArgumentError("max_new_tokens must be > 0");
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_new_tokens;
   if (total > c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt + max_new_tokens = ", total, " is past the context length ",
+    return absl::InvalidArgumentError(absl::StrCat("prompt + max_new_tokens = ", total,
+                                                   " is past the context length ",
                                                    c.max_position_embeddings));
   }
   if (cache_.blocksFor(total) > cache_.totalBlocks()) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt + max_new_tokens = ", total, " tokens needs ",
-                                                   cache_.blocksFor(total), " KV blocks; the whole pool has ",
-                                                   cache_.totalBlocks()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt + max_new_tokens = ", total, " tokens needs ", cache_.blocksFor(total),
+                     " KV blocks; the whole pool has ", cache_.totalBlocks()));
   }
   waiting_.push_back(std::move(request));
   return absl::OkStatus();
@@ -44,17 +49,54 @@ void Scheduler::admit() {
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_sequences) {
     GenerationRequest& next = waiting_.front();
     const int64_t total = static_cast<int64_t>(next.prompt.size()) + next.stop.max_new_tokens;
-    absl::StatusOr<std::vector<int32_t>> blocks = cache_.allocate(cache_.blocksFor(total));
-    if (!blocks.ok()) return;  // First come, first served: later requests wait too.
+    // Reuse published blocks for the longest cached prefix, keeping at least one prompt
+    // token to compute (its logits give the first output token).
+    const int64_t bs = cache_.blockSize();
+    const int64_t reusable = (static_cast<int64_t>(next.prompt.size()) - 1) / bs;
+    std::vector<int32_t> hits;
+    uint64_t chain = 0;
+    for (int64_t j = 0; j < reusable; ++j) {
+      std::span<const uint32_t> tokens = std::span<const uint32_t>(next.prompt).subspan(j * bs, bs);
+      const uint64_t hash = KvCache::chainHash(chain, tokens);
+      std::optional<int32_t> block = cache_.lookup(hash, tokens);
+      if (!block) break;
+      hits.push_back(*block);
+      chain = hash;
+    }
+    cache_.retain(hits);
+    absl::StatusOr<std::vector<int32_t>> fresh =
+        cache_.allocate(cache_.blocksFor(total) - static_cast<int64_t>(hits.size()));
+    if (!fresh.ok()) {
+      cache_.release(hits);
+      return;  // First come, first served: later requests wait too.
+    }
     auto seq = std::make_unique<Sequence>();
     seq->request = std::move(next);
     waiting_.pop_front();
-    seq->blocks = *std::move(blocks);
+    seq->blocks = std::move(hits);
+    seq->blocks.insert(seq->blocks.end(), fresh->begin(), fresh->end());
+    seq->cached = seq->published = static_cast<int64_t>(seq->blocks.size() - fresh->size());
+    seq->cached *= bs;
+    seq->chain = chain;
+    prefix_hit_tokens_ += seq->cached;
     seq->tokens = seq->request.prompt;
     seq->sampler = std::make_unique<Sampler>(seq->request.sampling, seq->request.prompt);
     seq->stopper = std::make_unique<StopChecker>(seq->request.stop);
-    if (tokenizer_ != nullptr) seq->detokenizer = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_);
+    if (tokenizer_ != nullptr)
+      seq->detokenizer = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_);
     running_.push_back(std::move(seq));
+  }
+}
+
+void Scheduler::publishPrompt(Sequence& seq) {
+  const int64_t bs = cache_.blockSize();
+  const int64_t full =
+      std::min<int64_t>(seq.cached, static_cast<int64_t>(seq.request.prompt.size())) / bs;
+  for (; seq.published < full; ++seq.published) {
+    std::span<const uint32_t> tokens =
+        std::span<const uint32_t>(seq.request.prompt).subspan(seq.published * bs, bs);
+    seq.chain = KvCache::chainHash(seq.chain, tokens);
+    cache_.publish(seq.blocks[seq.published], seq.chain, tokens);
   }
 }
 
@@ -111,6 +153,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   for (size_t i = 0; i < members.size(); ++i) {
     Sequence& seq = *members[i];
     seq.cached += static_cast<int64_t>(batch[i].tokens.size());
+    publishPrompt(seq);
     if (!seq.prefilled()) continue;  // A prompt chunk that is not the last samples nothing.
     SampledToken sampled = seq.sampler->sample(logits.subspan(i * vocab, vocab));
     seq.tokens.push_back(sampled.token);
@@ -122,7 +165,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
       event.finished = true;
       event.reason = seq.stopper->reason();
       // At the length limit the last character may still be incomplete: flush it.
-      if (event.reason == StopReason::kLength && seq.detokenizer) event.text += seq.detokenizer->finish();
+      if (event.reason == StopReason::kLength && seq.detokenizer)
+        event.text += seq.detokenizer->finish();
     }
     events.push_back(std::move(event));
   }

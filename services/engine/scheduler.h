@@ -5,7 +5,8 @@
 // KV memory is reserved at admission for the whole request (prompt + max_new_tokens), so
 // a running sequence can never run out of blocks and nothing is ever preempted; a request
 // that does not fit yet waits (first come, first served); one that could never fit is
-// refused when added.
+// refused when added. Full prompt blocks are published in the cache (prefix caching): a
+// request starting with the same tokens reuses them and prefills only the rest.
 //
 // Threading: one thread (the rank thread) calls every method.
 #pragma once
@@ -53,7 +54,8 @@ struct TokenEvent {
 class Scheduler {
  public:
   // `tokenizer` (may be null) turns tokens into text for stop strings and text deltas.
-  Scheduler(LlamaModel& model, const tokenizer::Tokenizer* tokenizer, const SchedulerOptions& options);
+  Scheduler(LlamaModel& model, const tokenizer::Tokenizer* tokenizer,
+            const SchedulerOptions& options);
 
   // Queues a request. InvalidArgument (naming the field) for an empty prompt, a token
   // outside the vocabulary, bad sampling values, a missing max_new_tokens, or a request
@@ -69,6 +71,8 @@ class Scheduler {
   int64_t runningSequences() const { return static_cast<int64_t>(running_.size()); }
   int64_t waitingRequests() const { return static_cast<int64_t>(waiting_.size()); }
   const KvCache& cache() const { return cache_; }
+  // Prompt tokens whose KV came from the prefix cache instead of being computed.
+  int64_t prefixHitTokens() const { return prefix_hit_tokens_; }
 
  private:
   struct Sequence {
@@ -76,6 +80,8 @@ class Scheduler {
     std::vector<int32_t> blocks;
     std::vector<uint32_t> tokens;  // Prompt, then generated tokens.
     int64_t cached = 0;            // Tokens whose KV is in the cache.
+    int64_t published = 0;         // Leading prompt blocks published for reuse.
+    uint64_t chain = 0;            // Hash chain through the published blocks.
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<StopChecker> stopper;
     std::unique_ptr<tokenizer::IncrementalDetokenizer> detokenizer;
@@ -83,6 +89,7 @@ class Scheduler {
   };
 
   void admit();
+  void publishPrompt(Sequence& seq);
   void finish(size_t index);
 
   LlamaModel& model_;
@@ -91,6 +98,7 @@ class Scheduler {
   KvCache cache_;
   std::deque<GenerationRequest> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
+  int64_t prefix_hit_tokens_ = 0;
 };
 
 }  // namespace cleave::engine

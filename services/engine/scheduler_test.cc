@@ -36,7 +36,8 @@ class SchedulerTest : public ::testing::Test {
     auto logits = runner.forward(prompt);
     std::vector<uint32_t> out;
     for (int i = 0; i < new_tokens; ++i) {
-      uint32_t next = static_cast<uint32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
+      uint32_t next =
+          static_cast<uint32_t>(std::max_element(logits->begin(), logits->end()) - logits->begin());
       out.push_back(next);
       logits = runner.forward(std::span<const uint32_t>(&next, 1));
     }
@@ -64,12 +65,16 @@ class SchedulerTest : public ::testing::Test {
 
 TEST_F(SchedulerTest, ContinuousBatchingGivesEachRequestItsOwnGreedyTokens) {
   // A budget smaller than the prompts forces chunked prefill; requests join mid-flight.
-  Scheduler scheduler(*model_, nullptr, {.max_batch_tokens = 16, .max_sequences = 3, .block_size = 4, .num_blocks = 64});
-  std::vector<std::vector<uint32_t>> prompts = {randomPrompt(5), randomPrompt(37), randomPrompt(12), randomPrompt(21),
-                                                randomPrompt(3)};
+  Scheduler scheduler(
+      *model_, nullptr,
+      {.max_batch_tokens = 16, .max_sequences = 3, .block_size = 4, .num_blocks = 64});
+  std::vector<std::vector<uint32_t>> prompts = {randomPrompt(5), randomPrompt(37), randomPrompt(12),
+                                                randomPrompt(21), randomPrompt(3)};
   const int new_tokens = 6;
   for (uint64_t id = 0; id < 3; ++id) {
-    ASSERT_TRUE(scheduler.add({.id = id, .prompt = prompts[id], .stop = {.max_new_tokens = new_tokens}}).ok());
+    ASSERT_TRUE(
+        scheduler.add({.id = id, .prompt = prompts[id], .stop = {.max_new_tokens = new_tokens}})
+            .ok());
   }
   std::map<uint64_t, std::vector<uint32_t>> got;
   for (int step = 0; step < 3; ++step) {
@@ -78,18 +83,25 @@ TEST_F(SchedulerTest, ContinuousBatchingGivesEachRequestItsOwnGreedyTokens) {
     for (const TokenEvent& e : *events) got[e.id].push_back(e.token);
   }
   for (uint64_t id = 3; id < 5; ++id) {
-    ASSERT_TRUE(scheduler.add({.id = id, .prompt = prompts[id], .stop = {.max_new_tokens = new_tokens}}).ok());
+    ASSERT_TRUE(
+        scheduler.add({.id = id, .prompt = prompts[id], .stop = {.max_new_tokens = new_tokens}})
+            .ok());
   }
-  for (auto& [id, tokens] : drain(scheduler)) got[id].insert(got[id].end(), tokens.begin(), tokens.end());
-  for (uint64_t id = 0; id < 5; ++id) EXPECT_EQ(got[id], alone(prompts[id], new_tokens)) << "request " << id;
+  for (auto& [id, tokens] : drain(scheduler))
+    got[id].insert(got[id].end(), tokens.begin(), tokens.end());
+  for (uint64_t id = 0; id < 5; ++id)
+    EXPECT_EQ(got[id], alone(prompts[id], new_tokens)) << "request " << id;
   EXPECT_EQ(scheduler.cache().freeBlocks(), scheduler.cache().totalBlocks());
 }
 
 TEST_F(SchedulerTest, WaitsForKvInsteadOfOvercommittingAndFreesEverything) {
   // Each request needs 3 blocks of 4 (5 + 6 tokens); 7 blocks hold two at a time.
-  Scheduler scheduler(*model_, nullptr, {.max_batch_tokens = 64, .max_sequences = 8, .block_size = 4, .num_blocks = 7});
+  Scheduler scheduler(
+      *model_, nullptr,
+      {.max_batch_tokens = 64, .max_sequences = 8, .block_size = 4, .num_blocks = 7});
   for (uint64_t id = 0; id < 4; ++id) {
-    ASSERT_TRUE(scheduler.add({.id = id, .prompt = randomPrompt(5), .stop = {.max_new_tokens = 6}}).ok());
+    ASSERT_TRUE(
+        scheduler.add({.id = id, .prompt = randomPrompt(5), .stop = {.max_new_tokens = 6}}).ok());
   }
   auto first = scheduler.step();
   ASSERT_TRUE(first.ok());
@@ -98,16 +110,24 @@ TEST_F(SchedulerTest, WaitsForKvInsteadOfOvercommittingAndFreesEverything) {
   EXPECT_EQ(scheduler.cache().freeBlocks(), 1);
   auto tokens = drain(scheduler);
   EXPECT_EQ(tokens.size(), 4u);
-  for (auto& [id, t] : tokens) EXPECT_EQ(t.size() + (id < 2 ? 1u : 0u), 6u) << id;  // First step's token above.
+  for (auto& [id, t] : tokens)
+    EXPECT_EQ(t.size() + (id < 2 ? 1u : 0u), 6u) << id;  // First step's token above.
   EXPECT_EQ(scheduler.cache().freeBlocks(), 7);
 }
 
 TEST_F(SchedulerTest, CancelFreesBlocksAndStopTokensEndSequences) {
-  Scheduler scheduler(*model_, nullptr, {.max_batch_tokens = 64, .max_sequences = 8, .block_size = 4, .num_blocks = 32});
+  Scheduler scheduler(
+      *model_, nullptr,
+      {.max_batch_tokens = 64, .max_sequences = 8, .block_size = 4, .num_blocks = 32});
   std::vector<uint32_t> prompt = randomPrompt(9);
   std::vector<uint32_t> greedy = alone(prompt, 4);
-  ASSERT_TRUE(scheduler.add({.id = 1, .prompt = prompt, .stop = {.stop_token_ids = {greedy[2]}, .max_new_tokens = 50}}).ok());
-  ASSERT_TRUE(scheduler.add({.id = 2, .prompt = randomPrompt(9), .stop = {.max_new_tokens = 50}}).ok());
+  ASSERT_TRUE(scheduler
+                  .add({.id = 1,
+                        .prompt = prompt,
+                        .stop = {.stop_token_ids = {greedy[2]}, .max_new_tokens = 50}})
+                  .ok());
+  ASSERT_TRUE(
+      scheduler.add({.id = 2, .prompt = randomPrompt(9), .stop = {.max_new_tokens = 50}}).ok());
   ASSERT_TRUE(scheduler.step().ok());
   EXPECT_TRUE(scheduler.cancel(2));
   EXPECT_FALSE(scheduler.cancel(99));
@@ -124,14 +144,44 @@ TEST_F(SchedulerTest, CancelFreesBlocksAndStopTokensEndSequences) {
   EXPECT_EQ(scheduler.cache().freeBlocks(), 32);
 }
 
+TEST_F(SchedulerTest, PrefixCacheHitsGiveTheSameTokensAsMisses) {
+  Scheduler scheduler(
+      *model_, nullptr,
+      {.max_batch_tokens = 64, .max_sequences = 4, .block_size = 4, .num_blocks = 64});
+  std::vector<uint32_t> shared = randomPrompt(33);
+  std::vector<uint32_t> other = shared;
+  other.resize(30);  // Shares 7 full blocks (28 tokens) with `shared`.
+  std::vector<uint32_t> tail = randomPrompt(6);
+  other.insert(other.end(), tail.begin(), tail.end());
+  ASSERT_TRUE(scheduler.add({.id = 1, .prompt = shared, .stop = {.max_new_tokens = 5}}).ok());
+  auto first = drain(scheduler);
+  EXPECT_EQ(scheduler.prefixHitTokens(), 0);
+  ASSERT_TRUE(scheduler.add({.id = 2, .prompt = shared, .stop = {.max_new_tokens = 5}}).ok());
+  ASSERT_TRUE(scheduler.add({.id = 3, .prompt = other, .stop = {.max_new_tokens = 5}}).ok());
+  auto second = drain(scheduler);
+  // Request 2 reuses 32 tokens (8 blocks; one prompt token is always computed), request 3 28.
+  EXPECT_EQ(scheduler.prefixHitTokens(), 32 + 28);
+  EXPECT_EQ(first[1], alone(shared, 5));
+  EXPECT_EQ(second[2], first[1]);
+  EXPECT_EQ(second[3], alone(other, 5));
+  EXPECT_EQ(scheduler.cache().freeBlocks(), 64);
+}
+
 TEST_F(SchedulerTest, RequestsThatCanNeverRunAreRefusedWithTheReason) {
   Scheduler scheduler(*model_, nullptr, {.block_size = 4, .num_blocks = 4});
-  auto reason = [&](GenerationRequest r) { return std::string(scheduler.add(std::move(r)).message()); };
-  EXPECT_THAT(reason({.id = 1, .prompt = {}, .stop = {.max_new_tokens = 1}}), HasSubstr("prompt is empty"));
-  EXPECT_THAT(reason({.id = 1, .prompt = {100000}, .stop = {.max_new_tokens = 1}}), HasSubstr("outside the vocabulary"));
+  auto reason = [&](GenerationRequest r) {
+    return std::string(scheduler.add(std::move(r)).message());
+  };
+  EXPECT_THAT(reason({.id = 1, .prompt = {}, .stop = {.max_new_tokens = 1}}),
+              HasSubstr("prompt is empty"));
+  EXPECT_THAT(reason({.id = 1, .prompt = {100000}, .stop = {.max_new_tokens = 1}}),
+              HasSubstr("outside the vocabulary"));
   EXPECT_THAT(reason({.id = 1, .prompt = {1}, .stop = {}}), HasSubstr("max_new_tokens"));
-  EXPECT_THAT(reason({.id = 1, .prompt = {1}, .sampling = {.top_p = 2}, .stop = {.max_new_tokens = 1}}), HasSubstr("top_p"));
-  EXPECT_THAT(reason({.id = 1, .prompt = randomPrompt(10), .stop = {.max_new_tokens = 10}}), HasSubstr("KV blocks"));
+  EXPECT_THAT(
+      reason({.id = 1, .prompt = {1}, .sampling = {.top_p = 2}, .stop = {.max_new_tokens = 1}}),
+      HasSubstr("top_p"));
+  EXPECT_THAT(reason({.id = 1, .prompt = randomPrompt(10), .stop = {.max_new_tokens = 10}}),
+              HasSubstr("KV blocks"));
   EXPECT_TRUE(scheduler.idle());
 }
 
