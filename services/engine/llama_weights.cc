@@ -136,24 +136,37 @@ class SafetensorsSource final : public TensorSource {
     return Stored{t->dtype, t->data};
   }
   // Mixtral names its MoE block "block_sparse_moe" with experts w1 (gate), w3 (up),
-  // w2 (down); Qwen3-MoE "mlp" with gate_proj / up_proj / down_proj.
+  // w2 (down); Qwen3-MoE and DeepSeek-V3 "mlp" with gate_proj / up_proj / down_proj, and
+  // DeepSeek adds gate.e_score_correction_bias and shared_experts.
   absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c) const override {
     const bool mixtral = c.architecture == Architecture::kMixtral;
     const std::string base =
         absl::StrCat("model.layers.", layer, ".", mixtral ? "block_sparse_moe." : "mlp.");
     const uint64_t hidden = c.hidden_size, ffn = c.moe->expert_intermediate_size;
+    auto mlp = [&](const std::string& x, uint64_t width) -> absl::StatusOr<MoeExpert> {
+      MoeExpert expert;
+      CLEAVE_ASSIGN_OR_RETURN(
+          expert.gate, matrix(x + (mixtral ? "w1.weight" : "gate_proj.weight"), width, hidden));
+      CLEAVE_ASSIGN_OR_RETURN(
+          expert.up, matrix(x + (mixtral ? "w3.weight" : "up_proj.weight"), width, hidden));
+      CLEAVE_ASSIGN_OR_RETURN(
+          expert.down, matrix(x + (mixtral ? "w2.weight" : "down_proj.weight"), hidden, width));
+      return expert;
+    };
     MoeBlock block;
     CLEAVE_ASSIGN_OR_RETURN(block.router, matrix(base + "gate.weight", c.moe->num_experts, hidden));
     for (uint32_t e = 0; e < c.moe->num_experts; ++e) {
-      const std::string x = absl::StrCat(base, "experts.", e, ".");
-      MoeExpert expert;
-      CLEAVE_ASSIGN_OR_RETURN(
-          expert.gate, matrix(x + (mixtral ? "w1.weight" : "gate_proj.weight"), ffn, hidden));
-      CLEAVE_ASSIGN_OR_RETURN(expert.up,
-                              matrix(x + (mixtral ? "w3.weight" : "up_proj.weight"), ffn, hidden));
-      CLEAVE_ASSIGN_OR_RETURN(
-          expert.down, matrix(x + (mixtral ? "w2.weight" : "down_proj.weight"), hidden, ffn));
+      CLEAVE_ASSIGN_OR_RETURN(MoeExpert expert, mlp(absl::StrCat(base, "experts.", e, "."), ffn));
       block.experts.push_back(std::move(expert));
+    }
+    if (c.moe->score_correction_bias) {
+      CLEAVE_ASSIGN_OR_RETURN(block.score_bias,
+                              vector(base + "gate.e_score_correction_bias", c.moe->num_experts));
+    }
+    if (c.moe->shared_experts > 0) {
+      CLEAVE_ASSIGN_OR_RETURN(
+          block.shared, mlp(base + "shared_experts.", uint64_t{c.moe->shared_experts} *
+                                                          c.moe->shared_expert_intermediate_size));
     }
     return block;
   }
@@ -243,6 +256,12 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
   w->rope_pairing = cpu::RopePairing::kHalves;
   CLEAVE_RETURN_IF_ERROR(loadTensors(SafetensorsSource(*w->safetensors), *w));
   return w;
+}
+
+absl::StatusOr<MoeBlock> loadMoeBlock(const model::SafetensorsCheckpoint& checkpoint,
+                                      const model::ModelConfig& config, uint32_t layer) {
+  if (!config.moe) return absl::InvalidArgumentError("the model has no mixture-of-experts layers");
+  return SafetensorsSource(checkpoint).moe(layer, config);
 }
 
 int64_t LlamaWeights::weightBytes() const {

@@ -70,4 +70,9 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path)
 absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& path);
 absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::string& folder);
 
+// The MoE block of `layer` of a Hugging Face checkpoint (Mixtral, Qwen3-MoE or DeepSeek-V3
+// naming), for running one block on its own.
+absl::StatusOr<MoeBlock> loadMoeBlock(const model::SafetensorsCheckpoint& checkpoint,
+                                      const model::ModelConfig& config, uint32_t layer);
+
 }  // namespace cleave::engine

@@ -12,7 +12,8 @@
 namespace cleave::engine {
 
 int64_t MoeBlock::bytes() const {
-  int64_t total = router.bytes();
+  int64_t total = router.bytes() +
+                  (shared ? shared->gate.bytes() + shared->up.bytes() + shared->down.bytes() : 0);
   for (const MoeExpert& e : experts) total += e.gate.bytes() + e.up.bytes() + e.down.bytes();
   return total;
 }
@@ -83,9 +84,37 @@ Routing routeSigmoidGroupedTopK(const float* logits, const float* bias,
 MoeRunner::MoeRunner(const model::MoeConfig& config, int64_t hidden, cpu::ThreadPool& pool)
     : config_(config), hidden_(hidden), pool_(pool) {}
 
+void MoeRunner::runExpert(const MoeExpert& expert, int64_t m) {
+  const int64_t ffn = expert.gate.rows();
+  gate_.resize(m * ffn);
+  up_.resize(m * ffn);
+  expert_out_.resize(m * hidden_);
+  CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.gate,
+                               .x = gathered_.data(),
+                               .ldx = hidden_,
+                               .tokens = m,
+                               .y = gate_.data(),
+                               .ldy = ffn},
+                              pool_));
+  CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.up,
+                               .x = gathered_.data(),
+                               .ldx = hidden_,
+                               .tokens = m,
+                               .y = up_.data(),
+                               .ldy = ffn},
+                              pool_));
+  cpu::siluMul(gate_.data(), up_.data(), ffn, m, ffn, gate_.data(), ffn);
+  CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.down,
+                               .x = gate_.data(),
+                               .ldx = ffn,
+                               .tokens = m,
+                               .y = expert_out_.data(),
+                               .ldy = hidden_},
+                              pool_));
+}
+
 void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, float* out) {
   const int64_t experts = static_cast<int64_t>(block.experts.size());
-  const int64_t ffn = config_.expert_intermediate_size;
   router_logits_.resize(tokens * experts);
   CLEAVE_CHECK_OK(cpu::matmul({.weight = &block.router,
                                .x = x,
@@ -97,12 +126,29 @@ void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, f
   // Per expert, the tokens routed to it and their weights.
   std::vector<std::vector<std::pair<int64_t, float>>> assigned(experts);
   for (int64_t t = 0; t < tokens; ++t) {
-    Routing r = routeSoftmaxTopK(router_logits_.data() + t * experts, experts,
-                                 config_.experts_per_token, config_.norm_topk_prob);
+    const float* logits = router_logits_.data() + t * experts;
+    Routing r =
+        config_.scoring == model::MoeScoring::kSigmoid
+            ? routeSigmoidGroupedTopK(
+                  logits, block.score_bias.empty() ? nullptr : block.score_bias.data(),
+                  {.experts = experts,
+                   .k = config_.experts_per_token,
+                   .n_group = config_.n_group,
+                   .topk_group = config_.topk_group,
+                   .normalize = config_.norm_topk_prob,
+                   .scaling = static_cast<float>(config_.routed_scaling_factor)})
+            : routeSoftmaxTopK(logits, experts, config_.experts_per_token, config_.norm_topk_prob);
     for (size_t i = 0; i < r.experts.size(); ++i)
       assigned[r.experts[i]].emplace_back(t, r.weights[i]);
   }
-  std::memset(out, 0, tokens * hidden_ * sizeof(float));
+  if (block.shared) {
+    // The shared experts see every token with weight 1.
+    gathered_.assign(x, x + tokens * hidden_);
+    runExpert(*block.shared, tokens);
+    std::memcpy(out, expert_out_.data(), tokens * hidden_ * sizeof(float));
+  } else {
+    std::memset(out, 0, tokens * hidden_ * sizeof(float));
+  }
   for (int64_t e = 0; e < experts; ++e) {
     const auto& rows = assigned[e];
     if (rows.empty()) continue;  // Experts no token chose are not read at all.
@@ -112,32 +158,7 @@ void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, f
       std::memcpy(gathered_.data() + i * hidden_, x + rows[i].first * hidden_,
                   hidden_ * sizeof(float));
     }
-    gate_.resize(m * ffn);
-    up_.resize(m * ffn);
-    expert_out_.resize(m * hidden_);
-    const MoeExpert& expert = block.experts[e];
-    CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.gate,
-                                 .x = gathered_.data(),
-                                 .ldx = hidden_,
-                                 .tokens = m,
-                                 .y = gate_.data(),
-                                 .ldy = ffn},
-                                pool_));
-    CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.up,
-                                 .x = gathered_.data(),
-                                 .ldx = hidden_,
-                                 .tokens = m,
-                                 .y = up_.data(),
-                                 .ldy = ffn},
-                                pool_));
-    cpu::siluMul(gate_.data(), up_.data(), ffn, m, ffn, gate_.data(), ffn);
-    CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.down,
-                                 .x = gate_.data(),
-                                 .ldx = ffn,
-                                 .tokens = m,
-                                 .y = expert_out_.data(),
-                                 .ldy = hidden_},
-                                pool_));
+    runExpert(block.experts[e], m);
     for (int64_t i = 0; i < m; ++i) {
       float* dst = out + rows[i].first * hidden_;
       const float* src = expert_out_.data() + i * hidden_;

@@ -1,13 +1,15 @@
-// The mixture-of-experts MLP of Mixtral and Qwen3-MoE: a router picks the top-k of E
-// experts per token (softmax over all experts, then top-k, optionally renormalized to sum
-// to one), each expert is a SwiGLU MLP, and a token's output is the weighted sum of its
-// experts' outputs. Tokens are grouped by expert so each expert's weights are read once per
+// The mixture-of-experts MLP of Mixtral, Qwen3-MoE and DeepSeek-V3: a router picks k of E
+// experts per token (softmax top-k, optionally renormalized; or DeepSeek's sigmoid scores
+// with a correction bias and group-limited top-k), each expert is a SwiGLU MLP, and a
+// token's output is the weighted sum of its experts' outputs plus, for DeepSeek, the
+// shared experts' output. Tokens are grouped by expert so each expert's weights are read once per
 // step for all the tokens routed to it.
 //
 // Threading: forward() is called by the rank thread; matrix products spread over the pool.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/model/model_config.h"
@@ -25,6 +27,8 @@ struct MoeExpert {
 struct MoeBlock {
   cpu::CpuMatrix router;  // [experts, hidden]
   std::vector<MoeExpert> experts;
+  std::vector<float> score_bias;    // [experts]; DeepSeek-V3's correction bias (else empty).
+  std::optional<MoeExpert> shared;  // DeepSeek's always-on shared experts, as one MLP.
   int64_t bytes() const;
 };
 
@@ -64,6 +68,8 @@ class MoeRunner {
   model::MoeConfig config_;
   int64_t hidden_;
   cpu::ThreadPool& pool_;
+  void runExpert(const MoeExpert& expert, int64_t rows);  // gathered_ -> expert_out_
+
   std::vector<float> router_logits_, gathered_, gate_, up_, expert_out_;
 };
 
