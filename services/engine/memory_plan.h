@@ -1,0 +1,45 @@
+// How a worker splits its memory budget: weights + activation workspace for its batch +
+// KV pool = budget. A decode worker must be able to hold its target concurrency of
+// sequences at the planned length; when it cannot, planning fails and says which term
+// took the memory and what budget would do — never a silent cap below the target.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+
+namespace cleave::engine {
+
+struct MemoryPlanInput {
+  int64_t budget_bytes = 0;
+  int64_t weight_bytes = 0;        // As loaded (packed) for this rank.
+  int64_t target_concurrency = 1;  // Sequences that must fit at once.
+  int64_t planned_seq_len = 2048;  // Prompt + output tokens of a typical sequence.
+  int64_t max_batch_tokens = 512;  // Tokens of one step (sizes the workspace).
+  int64_t block_size = 16;
+  int64_t kv_element_bytes = 4;  // f32 keys and values.
+  int64_t tp = 1;                // KV heads are split across ranks.
+};
+
+struct MemoryPlan {
+  int64_t budget = 0;
+  int64_t weights = 0;
+  int64_t workspace = 0;
+  int64_t kv_pool = 0;
+  int64_t kv_block_bytes = 0;  // One block of one rank, all layers, keys + values.
+  int64_t kv_blocks = 0;
+  int64_t sequences_at_planned_len = 0;  // How many planned-length sequences the pool holds.
+  // The plan as a table for the log.
+  std::string table() const;
+};
+
+// KV bytes per token for one rank.
+int64_t kvBytesPerToken(const model::ModelConfig& config, int64_t kv_element_bytes, int64_t tp);
+
+// Fails with FailedPrecondition when the KV pool cannot hold target_concurrency sequences
+// of planned_seq_len tokens; the message gives each term and the budget that would fit.
+absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& config, const MemoryPlanInput& input);
+
+}  // namespace cleave::engine

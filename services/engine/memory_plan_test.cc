@@ -1,0 +1,52 @@
+#include "services/engine/memory_plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace cleave::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+model::ModelConfig smolLm2() {
+  model::ModelConfig c;
+  c.hidden_size = 576;
+  c.intermediate_size = 1536;
+  c.num_layers = 30;
+  c.num_heads = 9;
+  c.num_kv_heads = 3;
+  c.head_dim = 64;
+  c.vocab_size = 49152;
+  return c;
+}
+
+TEST(MemoryPlanTest, KvBytesFollowTheModelAndTp) {
+  // 2 (K, V) x 30 layers x 3 heads x 64 dims x 4 bytes.
+  EXPECT_EQ(kvBytesPerToken(smolLm2(), 4, 1), 2 * 30 * 3 * 64 * 4);
+  model::ModelConfig c = smolLm2();
+  c.num_kv_heads = 8;
+  EXPECT_EQ(kvBytesPerToken(c, 2, 4), 2 * 30 * 2 * 64 * 2);
+}
+
+TEST(MemoryPlanTest, AFittingPlanAccountsForEveryByte) {
+  auto plan = planMemory(smolLm2(), {.budget_bytes = int64_t{2} << 30, .weight_bytes = 100 << 20,
+                                      .target_concurrency = 16, .planned_seq_len = 2048});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GE(plan->sequences_at_planned_len, 16);
+  EXPECT_LE(plan->weights + plan->workspace + plan->kv_pool, plan->budget);
+  EXPECT_GT(plan->kv_pool + plan->kv_block_bytes, plan->budget - plan->weights - plan->workspace);
+  EXPECT_THAT(plan->table(), HasSubstr("KV pool"));
+}
+
+TEST(MemoryPlanTest, TooSmallABudgetRefusesWithTheNumbers) {
+  auto plan = planMemory(smolLm2(), {.budget_bytes = 300 << 20, .weight_bytes = 100 << 20,
+                                      .target_concurrency = 16, .planned_seq_len = 2048});
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plan.status().message(), HasSubstr("16 sequences of 2048 tokens need 1440.0 MiB of KV"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("weights (100.0 MiB)"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("Raise --memory-budget to at least"));
+}
+
+}  // namespace
+}  // namespace cleave::engine
