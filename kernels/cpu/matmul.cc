@@ -31,9 +31,15 @@ int64_t rowsPerTask(int64_t rows, int threads) {
 
 int64_t WeightMatrix::rowBytes() const { return *model::tensorBytes(type, cols); }
 
+// Formats without a dedicated kernel yet: each row is dequantized to float, then dotted.
+bool isDequantizedPerRow(TensorType type) {
+  return type == TensorType::kQ5_0 || type == TensorType::kQ5_1 || type == TensorType::kQ4_K ||
+         type == TensorType::kQ5_K || type == TensorType::kQ6_K;
+}
+
 bool matmulSupports(TensorType type) {
-  return isQuantized(type) || type == TensorType::kF32 || type == TensorType::kF16 ||
-         type == TensorType::kBF16;
+  return isQuantized(type) || isDequantizedPerRow(type) || type == TensorType::kF32 ||
+         type == TensorType::kF16 || type == TensorType::kBF16;
 }
 
 void CpuMatrix::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
@@ -110,6 +116,20 @@ absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
               .ldy = args.ldy,
               .row_begin = begin,
               .row_end = end});
+    });
+    return absl::OkStatus();
+  }
+  if (isDequantizedPerRow(w.type())) {
+    pool.run(tasks, [&](int64_t task) {
+      auto [begin, end] = rowsOf(task);
+      kernels::dequantizedRows({.weight = &w.source(),
+                                .x = args.x,
+                                .ldx = args.ldx,
+                                .tokens = args.tokens,
+                                .y = args.y,
+                                .ldy = args.ldy,
+                                .row_begin = begin,
+                                .row_end = end});
     });
     return absl::OkStatus();
   }

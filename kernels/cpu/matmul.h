@@ -3,7 +3,9 @@
 //   y[t][n] = sum_k W[n][k] * x[t][k]     for t < tokens, n < W.rows
 //
 // W has `rows` output features, each a row of `cols` input features. It arrives in its
-// stored format (WeightMatrix: GGUF block formats Q4_0, Q4_1, Q8_0, or F32, F16, BF16) and
+// stored format (WeightMatrix: GGUF block formats Q4_0, Q4_1, Q8_0, or F32, F16, BF16; also
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, which are dequantized a row at a time until they have
+// kernels of their own) and
 // is turned once, at load, into a CpuMatrix: quantized formats are repacked row-interleaved
 // for the AVX-512 kernels (packed_layout.h: the same bytes rearranged, nothing
 // dequantized), other cases use the stored bytes in place. Quantized weights multiply x

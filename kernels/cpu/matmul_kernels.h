@@ -47,6 +47,8 @@ void packedGroupsAvx512(const PackedRows& args);
 
 // Float weights (F32, F16, BF16) against float activations.
 void floatRowsPortable(const FloatRows& args);
+// Any dequantizable format: a row at a time to float, then dot products (matmul_dequant.cc).
+void dequantizedRows(const FloatRows& args);
 void floatRowsAvx512(const FloatRows& args);
 
 }  // namespace cleave::cpu::kernels

@@ -49,12 +49,20 @@ std::vector<uint8_t> randomWeights(TensorType type, int64_t rows, int64_t cols, 
     }
     return data;
   }
-  const int64_t block_bytes = *model::tensorBytes(type, 32);
+  const int64_t block_elements = model::tensorTypeTraits(type)->block_elements;
+  const int64_t block_bytes = *model::tensorBytes(type, block_elements);
   for (size_t offset = 0; offset < data.size(); offset += block_bytes) {
     uint8_t* block = data.data() + offset;
     for (int64_t j = 0; j < block_bytes; ++j) block[j] = static_cast<uint8_t>(byte(rng));
+    if (type == TensorType::kQ6_K) {
+      putHalf(block + 208, scale(rng));  // d comes last.
+      continue;
+    }
     putHalf(block, (rng() % 2 ? -1.0f : 1.0f) * scale(rng));
-    if (type == TensorType::kQ4_1) putHalf(block + 2, normal(rng) * 0.1f);
+    if (type == TensorType::kQ4_1 || type == TensorType::kQ5_1 || type == TensorType::kQ4_K ||
+        type == TensorType::kQ5_K) {
+      putHalf(block + 2, normal(rng) * 0.01f);
+    }
   }
   return data;
 }
@@ -67,6 +75,10 @@ std::vector<float> dequantized(const WeightMatrix& w) {
 
 bool isQuantized(TensorType t) {
   return t == TensorType::kQ4_0 || t == TensorType::kQ4_1 || t == TensorType::kQ8_0;
+}
+
+bool isSuperBlock(TensorType t) {
+  return t == TensorType::kQ4_K || t == TensorType::kQ5_K || t == TensorType::kQ6_K;
 }
 
 struct Shape {
@@ -83,9 +95,10 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
   std::mt19937 rng(1234 + static_cast<int>(type));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   ThreadPool pool(2);
-  const Shape shapes[] = {{1, 32, 1},    {37, 64, 1},   {16, 96, 3},
-                          {130, 576, 5}, {33, 1536, 9}, {70, 160, 17}};
+  const Shape shapes[] = {{1, 32, 1},    {37, 64, 1},   {16, 96, 3},  {130, 576, 5},
+                          {33, 1536, 9}, {70, 160, 17}, {19, 256, 2}, {24, 768, 5}};
   for (const Shape& s : shapes) {
+    if (isSuperBlock(type) && s.cols % 256 != 0) continue;
     SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.cols << " tokens " << s.tokens);
     std::vector<uint8_t> bytes = randomWeights(type, s.rows, s.cols, rng);
     WeightMatrix w{.type = type, .rows = s.rows, .cols = s.cols, .data = bytes.data()};
@@ -144,7 +157,8 @@ TEST_P(MatmulTest, ThreadCountDoesNotChangeTheResult) {
   std::mt19937 rng(99);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint8_t> bytes = randomWeights(type, 200, 256, rng);
-  WeightMatrix w{.type = type, .rows = 200, .cols = 256, .data = bytes.data()};
+  WeightMatrix w{
+      .type = type, .rows = 200, .cols = 256, .data = bytes.data()};  // 256: every format
   std::vector<float> x(6 * 256);
   for (float& v : x) v = normal(rng);
   std::vector<float> y1(6 * 200, std::nanf("")), y2(6 * 200, std::nanf(""));
@@ -166,7 +180,9 @@ TEST_P(MatmulTest, ThreadCountDoesNotChangeTheResult) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, MatmulTest,
                          ::testing::Values(TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0,
-                                           TensorType::kF32, TensorType::kF16, TensorType::kBF16),
+                                           TensorType::kF32, TensorType::kF16, TensorType::kBF16,
+                                           TensorType::kQ5_0, TensorType::kQ5_1, TensorType::kQ4_K,
+                                           TensorType::kQ5_K, TensorType::kQ6_K),
                          [](const auto& info) {
                            return std::string(model::tensorTypeName(info.param));
                          });

@@ -1,0 +1,22 @@
+// The fallback for weight formats without a dedicated kernel: dequantize one row into a
+// per-thread buffer (exact, model/tensor_type.h), then one dot product per token. Correct
+// everywhere, and the formats' bytes are still read only once per call.
+#include <vector>
+
+#include "common/log.h"
+#include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/vector_ops.h"
+
+namespace cleave::cpu::kernels {
+
+void dequantizedRows(const FloatRows& a) {
+  const WeightMatrix& w = *a.weight;
+  thread_local std::vector<float> row;
+  row.resize(w.cols);
+  for (int64_t n = a.row_begin; n < a.row_end; ++n) {
+    CLEAVE_CHECK_OK(model::dequantize(w.type, w.data + n * w.rowBytes(), w.cols, row.data()));
+    for (int64_t t = 0; t < a.tokens; ++t) a.y[t * a.ldy + n] = dot(row.data(), a.x + t * a.ldx, w.cols);
+  }
+}
+
+}  // namespace cleave::cpu::kernels
