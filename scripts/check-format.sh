@@ -7,7 +7,8 @@ if ! command -v clang-format >/dev/null; then
   echo "check-format: clang-format is not installed; run scripts/install-deps.sh" >&2
   exit 1
 fi
-mapfile -t files < <(git ls-files -- '*.h' '*.cc' '*.cu' '*.cuh' 2>/dev/null || true)
+# Tracked files, plus new files not yet added (so --fix formats them before their first commit).
+mapfile -t files < <(git ls-files --cached --others --exclude-standard -- '*.h' '*.cc' '*.cu' '*.cuh' 2>/dev/null || true)
 if [ "${#files[@]}" -eq 0 ]; then
   mapfile -t files < <(find common kernels services tests bench -name '*.h' -o -name '*.cc' \
                          -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)

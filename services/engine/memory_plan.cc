@@ -15,7 +15,8 @@ int64_t workspaceBytes(const model::ModelConfig& c, const MemoryPlanInput& in) {
   const int64_t tokens = in.max_batch_tokens;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  const int64_t ffn = std::max<int64_t>(c.intermediate_size, c.moe ? c.moe->expert_intermediate_size : 0);
+  const int64_t ffn =
+      std::max<int64_t>(c.intermediate_size, c.moe ? c.moe->expert_intermediate_size : 0);
   const int64_t floats_per_token = 2 * c.hidden_size + 2 * q_dim + 2 * kv_dim + 2 * ffn;
   const int64_t activations = tokens * floats_per_token * 4;
   const int64_t quantized = tokens * std::max<int64_t>(c.hidden_size, ffn) * 2;
@@ -35,15 +36,18 @@ std::string MemoryPlan::table() const {
   absl::StrAppend(&t, absl::StrFormat("  %-22s %14s\n", "budget", mib(budget)));
   absl::StrAppend(&t, absl::StrFormat("  %-22s %14s\n", "weights", mib(weights)));
   absl::StrAppend(&t, absl::StrFormat("  %-22s %14s\n", "activation workspace", mib(workspace)));
-  absl::StrAppend(&t, absl::StrFormat("  %-22s %14s  (%lld blocks of %s)\n", "KV pool", mib(kv_pool),
-                                      static_cast<long long>(kv_blocks), mib(kv_block_bytes)));
-  absl::StrAppend(&t, absl::StrFormat("  %-22s %14lld\n", "sequences at plan", static_cast<long long>(sequences_at_planned_len)));
+  absl::StrAppend(&t,
+                  absl::StrFormat("  %-22s %14s  (%lld blocks of %s)\n", "KV pool", mib(kv_pool),
+                                  static_cast<long long>(kv_blocks), mib(kv_block_bytes)));
+  absl::StrAppend(&t, absl::StrFormat("  %-22s %14lld\n", "sequences at plan",
+                                      static_cast<long long>(sequences_at_planned_len)));
   return t;
 }
 
 absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& c, const MemoryPlanInput& in) {
   if (in.target_concurrency < 1 || in.planned_seq_len < 1 || in.block_size < 1 || in.tp < 1) {
-    return absl::InvalidArgumentError("target concurrency, planned length, block size and TP must be >= 1");
+    return absl::InvalidArgumentError(
+        "target concurrency, planned length, block size and TP must be >= 1");
   }
   MemoryPlan plan;
   plan.budget = in.budget_bytes;
@@ -59,10 +63,11 @@ absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& c, const MemoryP
   if (plan.sequences_at_planned_len < in.target_concurrency) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the KV pool cannot hold the target concurrency: ", in.target_concurrency, " sequences of ",
-        in.planned_seq_len, " tokens need ", mib(needed_kv), " of KV, but the budget of ", mib(in.budget_bytes),
-        " leaves ", mib(std::max<int64_t>(0, left)), " after weights (", mib(plan.weights), ") and workspace (",
-        mib(plan.workspace), "), room for ", plan.sequences_at_planned_len,
-        " sequences. Raise --memory-budget to at least ", mib(plan.weights + plan.workspace + needed_kv),
+        in.planned_seq_len, " tokens need ", mib(needed_kv), " of KV, but the budget of ",
+        mib(in.budget_bytes), " leaves ", mib(std::max<int64_t>(0, left)), " after weights (",
+        mib(plan.weights), ") and workspace (", mib(plan.workspace), "), room for ",
+        plan.sequences_at_planned_len, " sequences. Raise --memory-budget to at least ",
+        mib(plan.weights + plan.workspace + needed_kv),
         ", or lower --target-concurrency or --planned-seq-len"));
   }
   return plan;

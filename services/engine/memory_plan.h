@@ -40,6 +40,7 @@ int64_t kvBytesPerToken(const model::ModelConfig& config, int64_t kv_element_byt
 
 // Fails with FailedPrecondition when the KV pool cannot hold target_concurrency sequences
 // of planned_seq_len tokens; the message gives each term and the budget that would fit.
-absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& config, const MemoryPlanInput& input);
+absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& config,
+                                      const MemoryPlanInput& input);
 
 }  // namespace cleave::engine

@@ -29,8 +29,10 @@ TEST(MemoryPlanTest, KvBytesFollowTheModelAndTp) {
 }
 
 TEST(MemoryPlanTest, AFittingPlanAccountsForEveryByte) {
-  auto plan = planMemory(smolLm2(), {.budget_bytes = int64_t{2} << 30, .weight_bytes = 100 << 20,
-                                      .target_concurrency = 16, .planned_seq_len = 2048});
+  auto plan = planMemory(smolLm2(), {.budget_bytes = int64_t{2} << 30,
+                                     .weight_bytes = 100 << 20,
+                                     .target_concurrency = 16,
+                                     .planned_seq_len = 2048});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_GE(plan->sequences_at_planned_len, 16);
   EXPECT_LE(plan->weights + plan->workspace + plan->kv_pool, plan->budget);
@@ -39,11 +41,14 @@ TEST(MemoryPlanTest, AFittingPlanAccountsForEveryByte) {
 }
 
 TEST(MemoryPlanTest, TooSmallABudgetRefusesWithTheNumbers) {
-  auto plan = planMemory(smolLm2(), {.budget_bytes = 300 << 20, .weight_bytes = 100 << 20,
-                                      .target_concurrency = 16, .planned_seq_len = 2048});
+  auto plan = planMemory(smolLm2(), {.budget_bytes = 300 << 20,
+                                     .weight_bytes = 100 << 20,
+                                     .target_concurrency = 16,
+                                     .planned_seq_len = 2048});
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(plan.status().message(), HasSubstr("16 sequences of 2048 tokens need 1440.0 MiB of KV"));
+  EXPECT_THAT(plan.status().message(),
+              HasSubstr("16 sequences of 2048 tokens need 1440.0 MiB of KV"));
   EXPECT_THAT(plan.status().message(), HasSubstr("weights (100.0 MiB)"));
   EXPECT_THAT(plan.status().message(), HasSubstr("Raise --memory-budget to at least"));
 }
