@@ -15,7 +15,8 @@ void dequantizedRows(const FloatRows& a) {
   row.resize(w.cols);
   for (int64_t n = a.row_begin; n < a.row_end; ++n) {
     CLEAVE_CHECK_OK(model::dequantize(w.type, w.data + n * w.rowBytes(), w.cols, row.data()));
-    for (int64_t t = 0; t < a.tokens; ++t) a.y[t * a.ldy + n] = dot(row.data(), a.x + t * a.ldx, w.cols);
+    for (int64_t t = 0; t < a.tokens; ++t)
+      a.y[t * a.ldy + n] = dot(row.data(), a.x + t * a.ldx, w.cols);
   }
 }
 
