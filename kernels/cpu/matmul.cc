@@ -133,7 +133,9 @@ absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
     });
     return absl::OkStatus();
   }
-  auto kernel = w.isa() == Isa::kAvx512 ? kernels::floatRowsAvx512 : kernels::floatRowsPortable;
+  auto kernel = w.isa() == Isa::kAvx512 ? kernels::floatRowsAvx512
+                : w.isa() == Isa::kAvx2 ? kernels::floatRowsAvx2
+                                        : kernels::floatRowsPortable;
   pool.run(tasks, [&](int64_t task) {
     auto [begin, end] = rowsOf(task);
     kernel({.weight = &w.source(),

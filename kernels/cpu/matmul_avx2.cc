@@ -100,3 +100,60 @@ void quantRowsAvx2(const QuantRows& a) {
 }
 
 }  // namespace cleave::cpu::kernels
+
+namespace cleave::cpu::kernels {
+namespace {
+
+// 8 weights starting at element k of a float-format row, as floats.
+template <model::TensorType kType>
+inline __m256 loadWeights8(const uint8_t* row, int64_t k) {
+  if constexpr (kType == model::TensorType::kF32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  } else if constexpr (kType == model::TensorType::kF16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
+  } else {
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+  }
+}
+
+template <model::TensorType kType>
+void floatRowsAvx2Typed(const FloatRows& a) {
+  const WeightMatrix& w = *a.weight;
+  const int64_t row_bytes = w.rowBytes();
+  const int64_t whole = w.cols / 8 * 8;
+  for (int64_t n = a.row_begin; n < a.row_end; ++n) {
+    const uint8_t* row = w.data + n * row_bytes;
+    for (int64_t t = 0; t < a.tokens; ++t) {
+      const float* x = a.x + t * a.ldx;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t k = 0; k < whole; k += 8)
+        acc = _mm256_fmadd_ps(loadWeights8<kType>(row, k), _mm256_loadu_ps(x + k), acc);
+      float sum = sum8(acc);
+      if (whole < w.cols) {
+        // The last cols % 8 weights, copied into a zeroed block and widened like the body.
+        alignas(32) uint8_t padded[32] = {};
+        alignas(32) float weights[8];
+        const int64_t element = row_bytes / w.cols;
+        std::memcpy(padded, row + whole * element, (w.cols - whole) * element);
+        _mm256_store_ps(weights, loadWeights8<kType>(padded, 0));
+        for (int64_t k = whole; k < w.cols; ++k) sum += weights[k - whole] * x[k];
+      }
+      a.y[t * a.ldy + n] = sum;
+    }
+  }
+}
+
+}  // namespace
+
+void floatRowsAvx2(const FloatRows& a) {
+  switch (a.weight->type) {
+    case model::TensorType::kF32: return floatRowsAvx2Typed<model::TensorType::kF32>(a);
+    case model::TensorType::kF16: return floatRowsAvx2Typed<model::TensorType::kF16>(a);
+    case model::TensorType::kBF16: return floatRowsAvx2Typed<model::TensorType::kBF16>(a);
+    default: return;
+  }
+}
+
+}  // namespace cleave::cpu::kernels

@@ -49,6 +49,7 @@ void packedGroupsAvx512(const PackedRows& args);
 void floatRowsPortable(const FloatRows& args);
 // Any dequantizable format: a row at a time to float, then dot products (matmul_dequant.cc).
 void dequantizedRows(const FloatRows& args);
+void floatRowsAvx2(const FloatRows& args);
 void floatRowsAvx512(const FloatRows& args);
 
 }  // namespace cleave::cpu::kernels
