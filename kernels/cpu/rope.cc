@@ -36,16 +36,25 @@ Rope::Rope(const model::ModelConfig& config, RopePairing pairing)
   }
 }
 
-void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads,
-                 const int32_t* positions) const {
+void Rope::angles(const int32_t* positions, int64_t tokens, RopeAngles& out) const {
   const int64_t half = head_dim_ / 2;
-  std::vector<float> cos_v(half), sin_v(half);
+  out.cos.resize(tokens * half);
+  out.sin.resize(tokens * half);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(positions[t]) * inv_freq_[i];
-      cos_v[i] = std::cos(angle);
-      sin_v[i] = std::sin(angle);
+      out.cos[t * half + i] = std::cos(angle);
+      out.sin[t * half + i] = std::sin(angle);
     }
+  }
+}
+
+void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const RopeAngles& angles,
+                 int64_t first) const {
+  const int64_t half = head_dim_ / 2;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* cos_v = angles.cos.data() + (first + t) * half;
+    const float* sin_v = angles.sin.data() + (first + t) * half;
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x + t * ld + h * head_dim_;
       for (int64_t i = 0; i < half; ++i) {
@@ -57,6 +66,13 @@ void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads,
       }
     }
   }
+}
+
+void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads,
+                 const int32_t* positions) const {
+  RopeAngles table;
+  angles(positions, tokens, table);
+  apply(x, ld, tokens, heads, table, 0);
 }
 
 }  // namespace cleave::cpu

@@ -21,12 +21,25 @@ enum class RopePairing { kHalves, kAdjacent };
 // OK for the rope scalings Rope implements; Unimplemented naming the type otherwise.
 absl::Status ropeSupported(const model::RopeScaling& scaling);
 
+// cos and sin of every (token, pair) angle of a step, [tokens, head_dim / 2] each:
+// computed once per step and shared by every layer.
+struct RopeAngles {
+  std::vector<float> cos;
+  std::vector<float> sin;
+};
+
 class Rope {
  public:
   Rope(const model::ModelConfig& config, RopePairing pairing);
 
   // x: [tokens, heads * head_dim] with row stride ld; positions[t] is token t's position.
   void apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const int32_t* positions) const;
+
+  // The angles of `tokens` tokens at `positions`.
+  void angles(const int32_t* positions, int64_t tokens, RopeAngles& out) const;
+  // Rotates `tokens` rows of x whose angles are rows [first, first + tokens) of `angles`.
+  void apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const RopeAngles& angles,
+             int64_t first) const;
 
   const std::vector<float>& inverseFrequencies() const { return inv_freq_; }
 

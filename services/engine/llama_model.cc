@@ -108,6 +108,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     }
   }
 
+  rope_.angles(positions_.data(), n, angles_);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LlamaLayer& layer = w_.layers[l];
     cpu::rmsNorm(x_.data(), hidden, layer.attn_norm.data(), n, hidden, eps, h_.data(), hidden);
@@ -126,12 +127,10 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
       cpu::rmsNorm(k_.data(), head_dim, layer.k_norm.data(), n * c.num_kv_heads, head_dim, eps,
                    k_.data(), head_dim);
     }
-    // RoPE row by row over the pool: a long prefill has thousands of rows.
+    // RoPE row by row over the pool, with the step's angles computed once.
     pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
-      rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, c.num_heads,
-                  positions_.data() + begin);
-      rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, c.num_kv_heads,
-                  positions_.data() + begin);
+      rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, c.num_heads, angles_, begin);
+      rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, c.num_kv_heads, angles_, begin);
     });
     float* keys = cache.keys(static_cast<int64_t>(l));
     float* values = cache.values(static_cast<int64_t>(l));

@@ -45,6 +45,7 @@ class LlamaModel {
   const LlamaWeights& w_;
   cpu::ThreadPool& pool_;
   cpu::Rope rope_;
+  cpu::RopeAngles angles_;
   std::optional<MoeRunner> moe_;
   // Scratch, [tokens, width] each unless noted.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, moe_out_;
