@@ -27,6 +27,22 @@ void scaleMin(int j, const uint8_t* packed, uint8_t* scale, uint8_t* min) {
   }
 }
 
+// Scale and offset of sub-blocks `is` and `is + 1` as floats: d * scale, dmin * min.
+struct SubBlockPair {
+  float d1, m1, d2, m2;
+};
+SubBlockPair subBlockPair(int is, const uint8_t* packed, float d, float dmin) {
+  uint8_t sc, m;
+  SubBlockPair p;
+  scaleMin(is, packed, &sc, &m);
+  p.d1 = d * static_cast<float>(sc);
+  p.m1 = dmin * static_cast<float>(m);
+  scaleMin(is + 1, packed, &sc, &m);
+  p.d2 = d * static_cast<float>(sc);
+  p.m2 = dmin * static_cast<float>(m);
+  return p;
+}
+
 }  // namespace
 
 // [d:f16][dmin:f16][scales:12][qs:128]
@@ -37,13 +53,7 @@ void q4_K(const uint8_t* src, float* dst, size_t blocks) {
     const uint8_t* scales = src + 4;
     const uint8_t* q = src + 16;
     for (int j = 0, is = 0; j < kSuper; j += 64, is += 2, q += 32, dst += 64) {
-      uint8_t sc, m;
-      scaleMin(is, scales, &sc, &m);
-      const float d1 = d * static_cast<float>(sc);
-      const float m1 = dmin * static_cast<float>(m);
-      scaleMin(is + 1, scales, &sc, &m);
-      const float d2 = d * static_cast<float>(sc);
-      const float m2 = dmin * static_cast<float>(m);
+      const auto [d1, m1, d2, m2] = subBlockPair(is, scales, d, dmin);
       for (int l = 0; l < 32; ++l) dst[l] = d1 * static_cast<float>(q[l] & 0x0f) - m1;
       for (int l = 0; l < 32; ++l) dst[l + 32] = d2 * static_cast<float>(q[l] >> 4) - m2;
     }
@@ -60,13 +70,7 @@ void q5_K(const uint8_t* src, float* dst, size_t blocks) {
     const uint8_t* ql = src + 48;
     uint8_t u1 = 1, u2 = 2;
     for (int j = 0, is = 0; j < kSuper; j += 64, is += 2, ql += 32, dst += 64) {
-      uint8_t sc, m;
-      scaleMin(is, scales, &sc, &m);
-      const float d1 = d * static_cast<float>(sc);
-      const float m1 = dmin * static_cast<float>(m);
-      scaleMin(is + 1, scales, &sc, &m);
-      const float d2 = d * static_cast<float>(sc);
-      const float m2 = dmin * static_cast<float>(m);
+      const auto [d1, m1, d2, m2] = subBlockPair(is, scales, d, dmin);
       for (int l = 0; l < 32; ++l) {
         dst[l] = d1 * static_cast<float>((ql[l] & 0x0f) + (qh[l] & u1 ? 16 : 0)) - m1;
       }

@@ -119,23 +119,11 @@ absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
     });
     return absl::OkStatus();
   }
-  if (isDequantizedPerRow(w.type())) {
-    pool.run(tasks, [&](int64_t task) {
-      auto [begin, end] = rowsOf(task);
-      kernels::dequantizedRows({.weight = &w.source(),
-                                .x = args.x,
-                                .ldx = args.ldx,
-                                .tokens = args.tokens,
-                                .y = args.y,
-                                .ldy = args.ldy,
-                                .row_begin = begin,
-                                .row_end = end});
-    });
-    return absl::OkStatus();
-  }
-  auto kernel = w.isa() == Isa::kAvx512 ? kernels::floatRowsAvx512
-                : w.isa() == Isa::kAvx2 ? kernels::floatRowsAvx2
-                                        : kernels::floatRowsPortable;
+  // Float weights, and formats dequantized a row at a time, take float activations.
+  auto kernel = isDequantizedPerRow(w.type()) ? kernels::dequantizedRows
+                : w.isa() == Isa::kAvx512     ? kernels::floatRowsAvx512
+                : w.isa() == Isa::kAvx2       ? kernels::floatRowsAvx2
+                                              : kernels::floatRowsPortable;
   pool.run(tasks, [&](int64_t task) {
     auto [begin, end] = rowsOf(task);
     kernel({.weight = &w.source(),
