@@ -4,7 +4,11 @@
 // (weights once per step + the KV it attends over) divided by the read bandwidth measured
 // in the same run with the same threads.
 //
-// Run: build/default/bin/bench_engine [MODEL.gguf] [--threads N] [--reps R]
+// With --tp N the model runs as a tensor-parallel group of N rank threads (threads split
+// between them) sharing this machine's memory, so the floor is the same bytes over the same
+// bandwidth.
+//
+// Run: build/default/bin/bench_engine [MODEL.gguf] [--threads N] [--reps R] [--tp N]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,7 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "services/engine/llama_model.h"
+#include "kernels/cpu/thread_pool.h"
+#include "services/engine/kv_block_pool.h"
+#include "services/engine/tp_group.h"
 
 namespace {
 
@@ -52,34 +58,43 @@ int main(int argc, char** argv) {
   std::string path = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int reps = 5;
+  int tp = 1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
       threads = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
       reps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--tp") && i + 1 < argc)
+      tp = std::atoi(argv[++i]);
     else
       path = argv[i];
   }
-  auto weights = engine::loadLlama(path);
-  if (!weights.ok()) {
-    std::fprintf(stderr, "bench_engine: %s\n", std::string(weights.status().message()).c_str());
+  auto group = engine::TpGroup::load(path, {.tp = tp, .threads = threads});
+  if (!group.ok()) {
+    std::fprintf(stderr, "bench_engine: %s\n", std::string(group.status().message()).c_str());
     return 1;
   }
-  const model::ModelConfig& c = (*weights)->config;
-  cpu::ThreadPool pool(threads);
-  const double bandwidth = measureBandwidth(pool, reps);
-  const double weight_bytes = static_cast<double>((*weights)->weightBytes());
+  engine::TpGroup& model = **group;
+  const model::ModelConfig& c = model.config();
+  double bandwidth = 0;
+  {
+    cpu::ThreadPool pool(threads);
+    bandwidth = measureBandwidth(pool, reps);
+  }
+  double weight_bytes = 0;
+  for (int r = 0; r < tp; ++r) weight_bytes += static_cast<double>(model.weightBytes(r));
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const double kv_bytes_per_token = 2.0 * c.num_layers * kv_dim * 4;  // f32 keys + values
   std::printf(
-      "model %s: %.1f MB of weights read per step; %d threads; measured read bandwidth %.1f GB/s\n",
-      path.c_str(), weight_bytes / 1e6, threads, bandwidth / 1e9);
+      "model %s: %.1f MB of weights read per step; %d threads, tp %d; measured read bandwidth "
+      "%.1f GB/s\n",
+      path.c_str(), weight_bytes / 1e6, threads, tp, bandwidth / 1e9);
   std::printf("%-22s %12s %12s %12s %10s\n", "case", "time (ms)", "tokens/s", "floor (ms)",
               "floor/time");
 
-  engine::KvCache cache(
-      {.num_layers = c.num_layers, .kv_dim = kv_dim, .block_size = 16, .num_blocks = 64 * 16 + 40});
-  engine::LlamaModel model(**weights, pool);
+  const int64_t num_blocks = 64 * 16 + 40;
+  if (!model.allocateKv(num_blocks, 16).ok()) return 1;
+  engine::KvBlockPool cache({.block_size = 16, .num_blocks = num_blocks});
   std::mt19937 rng(1);
   auto randomTokens = [&](int n) {
     std::vector<uint32_t> t(n);
@@ -94,7 +109,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps + 1; ++r) {
       engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks};
       auto start = Clock::now();
-      if (!model.forward({&chunk, 1}, cache).ok()) return 1;
+      if (!model.forward({&chunk, 1}).ok()) return 1;
       if (r > 0)
         times.push_back(
             std::chrono::duration<double>(Clock::now() - start).count());  // r = 0 warms up.
@@ -118,7 +133,7 @@ int main(int argc, char** argv) {
     }
     for (int s = 0; s < batch; ++s)
       prefill.push_back({.tokens = prompts[s], .start = 0, .blocks = tables[s]});
-    if (!model.forward(prefill, cache).ok()) return 1;
+    if (!model.forward(prefill).ok()) return 1;
     std::vector<uint32_t> next(batch, 1234);
     std::vector<double> times;
     int64_t position = context;
@@ -128,7 +143,7 @@ int main(int argc, char** argv) {
         std::vector<engine::SequenceChunk> decode;
         for (int s = 0; s < batch; ++s)
           decode.push_back({.tokens = {&next[s], 1}, .start = position, .blocks = tables[s]});
-        if (!model.forward(decode, cache).ok()) return 1;
+        if (!model.forward(decode).ok()) return 1;
       }
       if (r > 0)
         times.push_back(std::chrono::duration<double>(Clock::now() - start).count() / steps);

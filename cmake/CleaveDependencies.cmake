@@ -11,3 +11,5 @@ find_package(benchmark CONFIG REQUIRED)
 find_program(CLEAVE_TEST_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
 find_program(CLEAVE_PROMTOOL promtool)
 find_package(nlohmann_json CONFIG REQUIRED)
+# Collectives between the rank threads of a CPU tensor-parallel group.
+find_package(Gloo CONFIG REQUIRED)

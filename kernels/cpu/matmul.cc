@@ -79,6 +79,13 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
   return matrix;
 }
 
+absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source,
+                                            std::shared_ptr<const void> owner, Isa isa) {
+  auto matrix = create(source, isa);
+  if (matrix.ok() && !matrix->packed()) matrix->owner_ = std::move(owner);
+  return matrix;
+}
+
 int64_t CpuMatrix::bytes() const { return packed() ? packed_bytes_ : rows() * source_.rowBytes(); }
 
 absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {

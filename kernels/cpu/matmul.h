@@ -39,6 +39,9 @@ class CpuMatrix {
   // Fails for formats matmul() does not take, a column count that is not a whole number of
   // blocks, or an ISA this CPU lacks. When not packed, `source.data` must outlive this.
   static absl::StatusOr<CpuMatrix> create(const WeightMatrix& source, Isa isa = bestIsa());
+  // The same, for `source.data` held by `owner`: kept alive as long as this reads it.
+  static absl::StatusOr<CpuMatrix> create(const WeightMatrix& source,
+                                          std::shared_ptr<const void> owner, Isa isa = bestIsa());
 
   const WeightMatrix& source() const { return source_; }
   model::TensorType type() const { return source_.type; }
@@ -58,6 +61,7 @@ class CpuMatrix {
   Isa isa_ = Isa::kPortable;
   std::unique_ptr<uint8_t, FreeAligned> packed_;
   int64_t packed_bytes_ = 0;
+  std::shared_ptr<const void> owner_;  // Holds source_.data when it is not the caller's.
 };
 
 struct MatmulArgs {

@@ -8,11 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/tokenizer/tokenizer.h"
-#include "kernels/cpu/thread_pool.h"
 #include "services/cli/commands.h"
-#include "services/engine/llama_model.h"
-#include "services/engine/sampler.h"
-#include "services/engine/stop_checker.h"
+#include "services/engine/scheduler.h"
+#include "services/engine/tp_group.h"
 
 namespace cleave::cli {
 namespace {
@@ -29,6 +27,7 @@ int runGenerate(int argc, char** argv) {
   int64_t max_tokens = 128;
   int64_t threads = static_cast<int64_t>(std::thread::hardware_concurrency());
   int64_t context = 4096;
+  int64_t tp = 1;
   bool chat = true;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
   double presence_penalty = 0.0, frequency_penalty = 0.0;
@@ -37,9 +36,11 @@ int runGenerate(int argc, char** argv) {
   FlagSet flags("cleave generate", "--model MODEL [flags] PROMPT",
                 "Generates a continuation of PROMPT on the CPU and streams it to standard output; "
                 "timings go to standard error. Greedy unless --temperature > 0.");
-  flags.addString("model", &model, "A GGUF file of a Llama-family model");
+  flags.addString("model", &model,
+                  "A GGUF file, or a Hugging Face folder, of a supported model (cleave info)");
   flags.addInt("max-tokens", &max_tokens, "Most tokens to generate");
-  flags.addInt("threads", &threads, "CPU threads");
+  flags.addInt("threads", &threads, "CPU threads (all ranks together)");
+  flags.addInt("tp", &tp, "Tensor-parallel ranks (one thread group each)");
   flags.addInt("context", &context, "Context length to reserve (prompt + output)");
   flags.addBool("chat", &chat,
                 "Wrap PROMPT as a user turn of the model's chat format (--no-chat: raw text)");
@@ -74,14 +75,16 @@ int runGenerate(int argc, char** argv) {
   if (positional.size() != 1) {
     exitWithUsageError(flags, absl::InvalidArgumentError("give exactly one PROMPT (quote it)"));
   }
-  if (max_tokens < 1 || threads < 1 || context < 2) {
+  if (max_tokens < 1 || threads < 1 || tp < 1 || context < 2) {
     exitWithUsageError(flags, absl::InvalidArgumentError(
-                                  "--max-tokens, --threads must be >= 1 and --context >= 2"));
+                                  "--max-tokens, --threads, --tp must be >= 1 and --context >= 2"));
   }
   auto tokenizer = tokenizer::Tokenizer::load(model);
   if (!tokenizer.ok()) return fail(tokenizer.status());
-  auto weights = engine::loadLlamaGguf(model);
-  if (!weights.ok()) return fail(weights.status());
+  auto group = engine::TpGroup::load(
+      model, {.tp = static_cast<int>(tp), .threads = static_cast<int>(threads)});
+  if (!group.ok()) return fail(group.status());
+  const model::ModelConfig& config = (*group)->config();
 
   std::string text = positional[0];
   if (chat) {
@@ -91,51 +94,57 @@ int runGenerate(int argc, char** argv) {
   std::vector<tokenizer::TokenId> prompt =
       (*tokenizer)->encode(text, {.add_special_tokens = true, .parse_special = chat});
   if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt has no tokens"));
+  if (static_cast<int64_t>(prompt.size()) >= context) {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        "the prompt has ", prompt.size(), " tokens; --context ", context, " leaves no room")));
+  }
 
-  cpu::ThreadPool pool(static_cast<int>(threads));
-  engine::LlamaRunner runner(**weights, pool, context);
-  std::vector<uint32_t> eos = (*weights)->config.eos_token_ids;
+  std::vector<uint32_t> eos = config.eos_token_ids;
   if (auto id = (*tokenizer)->eosId()) eos.push_back(*id);
   if (chat) {
     std::vector<tokenizer::TokenId> end =
         (*tokenizer)->encode("<|im_end|>", {.add_special_tokens = false, .parse_special = true});
     if (end.size() == 1) eos.push_back(end[0]);
   }
+  constexpr int64_t kBlockSize = 16;
+  if (absl::Status s = (*group)->allocateKv((context + kBlockSize - 1) / kBlockSize, kBlockSize);
+      !s.ok()) {
+    return fail(s);
+  }
+  engine::Scheduler scheduler(**group, tokenizer->get(), {.max_batch_tokens = 512});
+  engine::GenerationRequest request{.id = 1, .prompt = prompt, .sampling = sampling};
+  request.stop = {
+      .stop_token_ids = eos,
+      .stop_strings = stop.empty() ? std::vector<std::string>{} : std::vector<std::string>{stop},
+      .max_new_tokens =
+          std::min<int64_t>(max_tokens, context - static_cast<int64_t>(prompt.size()))};
+  if (absl::Status s = scheduler.add(std::move(request)); !s.ok()) return fail(s);
 
   auto start = std::chrono::steady_clock::now();
-  auto logits = runner.forward(prompt);
-  if (!logits.ok()) return fail(logits.status());
-  auto prefilled = std::chrono::steady_clock::now();
-  tokenizer::IncrementalDetokenizer detokenizer(**tokenizer);
+  auto prefilled = start;
   int64_t generated = 0;
-  engine::Sampler sampler(sampling, prompt);
-  engine::StopChecker stopper(
-      {.stop_token_ids = eos,
-       .stop_strings = stop.empty() ? std::vector<std::string>{} : std::vector<std::string>{stop},
-       .max_new_tokens = max_tokens});
-  while (!stopper.stopped() && runner.position() < context) {
-    const uint32_t next = sampler.sample(*logits).token;
-    ++generated;
-    std::string shown = stopper.push(next, detokenizer.push(next));
-    std::fwrite(shown.data(), 1, shown.size(), stdout);
-    std::fflush(stdout);
-    if (stopper.stopped() || runner.position() + 1 > context) break;
-    logits = runner.forward(std::span<const uint32_t>(&next, 1));
-    if (!logits.ok()) return fail(logits.status());
+  while (!scheduler.idle()) {
+    auto events = scheduler.step();
+    if (!events.ok()) return fail(events.status());
+    for (const engine::TokenEvent& event : *events) {
+      if (generated++ == 0) prefilled = std::chrono::steady_clock::now();
+      std::fwrite(event.text.data(), 1, event.text.size(), stdout);
+      std::fflush(stdout);
+    }
   }
-  std::string rest = stopper.stopped() ? "" : stopper.flush() + detokenizer.finish();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   auto done = std::chrono::steady_clock::now();
+  // The first token comes out of the prefill step; the rest are decode steps.
   double prefill_s = std::chrono::duration<double>(prefilled - start).count();
   double decode_s = std::chrono::duration<double>(done - prefilled).count();
   std::fprintf(stderr,
-               "prompt %zu tokens in %.1f ms (%.0f tok/s); generated %lld tokens in %.1f ms (%.1f "
-               "tok/s), %lld threads\n",
+               "prompt %zu tokens in %.1f ms (%.0f tok/s); generated %lld tokens, %lld in %.1f ms "
+               "after the first (%.1f tok/s); %lld threads, tp %lld\n",
                prompt.size(), prefill_s * 1e3, prompt.size() / prefill_s,
-               static_cast<long long>(generated), decode_s * 1e3,
-               generated / std::max(decode_s, 1e-9), static_cast<long long>(threads));
+               static_cast<long long>(generated), static_cast<long long>(generated - 1),
+               decode_s * 1e3, (generated - 1) / std::max(decode_s, 1e-9),
+               static_cast<long long>(threads), static_cast<long long>(tp));
   return 0;
 }
 

@@ -28,13 +28,17 @@ void addRowBias(float* x, const float* bias, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool)
-    : w_(weights), pool_(pool), rope_(weights.config, weights.rope_pairing) {
+LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool, Communicator* comm)
+    : w_(weights),
+      pool_(pool),
+      solo_(comm ? nullptr : soloCommunicator()),
+      comm_(comm ? comm : solo_.get()),
+      rope_(weights.config, weights.rope_pairing) {
   if (weights.config.moe) moe_.emplace(*weights.config.moe, weights.config.hidden_size, pool);
 }
 
 absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch,
-                                  const KvCache& cache) const {
+                                  const KvStorage& cache) const {
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceChunk& chunk = batch[s];
@@ -61,10 +65,44 @@ absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch,
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::reduce(float* data, int64_t count) {
+  if (comm_->size() == 1) return absl::OkStatus();
+  return comm_->allReduceSum({data, static_cast<size_t>(count)});
+}
+
+absl::Status LlamaModel::gatherLogits(int64_t sequences) {
+  const int64_t vocab = w_.config.vocab_size;
+  if (comm_->size() == 1) {
+    std::memcpy(logits_.data(), local_logits_.data(), sequences * vocab * sizeof(float));
+    return absl::OkStatus();
+  }
+  // Rank r holds vocabulary rows vocab_r of every sequence; the gather lays them out rank
+  // after rank, and each rank's block is put back in place.
+  std::vector<int64_t> counts(comm_->size());
+  std::vector<Span> parts(comm_->size());
+  for (int r = 0; r < comm_->size(); ++r) {
+    parts[r] = *splitEvenly(vocab, 1, comm_->size(), r, "vocabulary rows");
+    counts[r] = sequences * parts[r].size;
+  }
+  gathered_.resize(sequences * vocab);
+  CLEAVE_RETURN_IF_ERROR(
+      comm_->allGather({local_logits_.data(), static_cast<size_t>(sequences * w_.dims.vocab.size)},
+                       counts, gathered_));
+  const float* block = gathered_.data();
+  for (const Span& part : parts) {
+    for (int64_t s = 0; s < sequences; ++s) {
+      std::memcpy(logits_.data() + s * vocab + part.begin, block + s * part.size,
+                  part.size * sizeof(float));
+    }
+    block += sequences * part.size;
+  }
+  return absl::OkStatus();
+}
+
 void LlamaModel::ensureScratch(int64_t tokens, int64_t sequences) {
   const model::ModelConfig& c = w_.config;
-  const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
-  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
+  const int64_t q_dim = w_.dims.heads.size * c.head_dim;
+  const int64_t kv_dim = w_.dims.kv_heads.size * c.head_dim;
   x_.resize(tokens * c.hidden_size);
   h_.resize(tokens * c.hidden_size);
   q_.resize(tokens * q_dim);
@@ -72,23 +110,25 @@ void LlamaModel::ensureScratch(int64_t tokens, int64_t sequences) {
   v_.resize(tokens * kv_dim);
   attn_.resize(tokens * q_dim);
   if (moe_) moe_out_.resize(tokens * c.hidden_size);
-  gate_.resize(tokens * c.intermediate_size);
-  up_.resize(tokens * c.intermediate_size);
+  gate_.resize(tokens * w_.dims.ffn.size);
+  up_.resize(tokens * w_.dims.ffn.size);
   positions_.resize(tokens);
   tables_.resize(tokens);
   last_.resize(sequences * c.hidden_size);
+  local_logits_.resize(sequences * w_.dims.vocab.size);
   logits_.resize(sequences * c.vocab_size);
 }
 
 absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const SequenceChunk> batch,
-                                                           KvCache& cache) {
+                                                           KvStorage& cache) {
   CLEAVE_RETURN_IF_ERROR(validate(batch, cache));
   const model::ModelConfig& c = w_.config;
   const int64_t hidden = c.hidden_size;
   const int64_t head_dim = c.head_dim;
-  const int64_t q_dim = int64_t{c.num_heads} * head_dim;
-  const int64_t kv_dim = int64_t{c.num_kv_heads} * head_dim;
-  const int64_t ffn = c.intermediate_size;
+  const int64_t heads = w_.dims.heads.size, kv_heads = w_.dims.kv_heads.size;
+  const int64_t q_dim = heads * head_dim;
+  const int64_t kv_dim = kv_heads * head_dim;
+  const int64_t ffn = w_.dims.ffn.size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t block_size = cache.blockSize();
   int64_t n = 0;
@@ -96,17 +136,24 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   ensureScratch(n, static_cast<int64_t>(batch.size()));
 
   // Token rows of the batch, sequence after sequence: embeddings, positions, block tables.
-  const int64_t row_bytes = w_.token_embd.rowBytes();
+  // A rank holds the embedding rows of its vocabulary range; the others are summed in.
+  const EmbeddingTable& embd = w_.token_embd;
+  const int64_t row_bytes = embd.rowBytes();
   int64_t t = 0;
   for (const SequenceChunk& chunk : batch) {
     for (size_t i = 0; i < chunk.tokens.size(); ++i, ++t) {
-      CLEAVE_CHECK_OK(model::dequantize(w_.token_embd.type,
-                                        w_.token_embd.data + chunk.tokens[i] * row_bytes, hidden,
-                                        x_.data() + t * hidden));
+      const int64_t row = int64_t{chunk.tokens[i]} - embd.row_begin;
+      if (row >= 0 && row < embd.rows) {
+        CLEAVE_CHECK_OK(model::dequantize(embd.type, embd.data + row * row_bytes, hidden,
+                                          x_.data() + t * hidden));
+      } else {
+        std::memset(x_.data() + t * hidden, 0, hidden * sizeof(float));
+      }
       positions_[t] = static_cast<int32_t>(chunk.start + static_cast<int64_t>(i));
       tables_[t] = chunk.blocks.data();
     }
   }
+  CLEAVE_RETURN_IF_ERROR(reduce(x_.data(), n * hidden));
 
   rope_.angles(positions_.data(), n, angles_);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
@@ -122,15 +169,15 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     }
     if (!layer.q_norm.empty()) {
       // Every head of every token is one row of head_dim values.
-      cpu::rmsNorm(q_.data(), head_dim, layer.q_norm.data(), n * c.num_heads, head_dim, eps,
-                   q_.data(), head_dim);
-      cpu::rmsNorm(k_.data(), head_dim, layer.k_norm.data(), n * c.num_kv_heads, head_dim, eps,
-                   k_.data(), head_dim);
+      cpu::rmsNorm(q_.data(), head_dim, layer.q_norm.data(), n * heads, head_dim, eps, q_.data(),
+                   head_dim);
+      cpu::rmsNorm(k_.data(), head_dim, layer.k_norm.data(), n * kv_heads, head_dim, eps, k_.data(),
+                   head_dim);
     }
     // RoPE row by row over the pool, with the step's angles computed once.
     pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
-      rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, c.num_heads, angles_, begin);
-      rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, c.num_kv_heads, angles_, begin);
+      rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles_, begin);
+      rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles_, begin);
     });
     float* keys = cache.keys(static_cast<int64_t>(l));
     float* values = cache.values(static_cast<int64_t>(l));
@@ -148,19 +195,21 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
                     .k_pool = keys,
                     .v_pool = values,
                     .block_size = block_size,
-                    .heads = c.num_heads,
-                    .kv_heads = c.num_kv_heads,
+                    .heads = heads,
+                    .kv_heads = kv_heads,
                     .head_dim = head_dim,
                     .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
                     .out = attn_.data(),
                     .ldo = q_dim},
                    pool_);
     checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
+    CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
     cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);
 
     cpu::rmsNorm(x_.data(), hidden, layer.ffn_norm.data(), n, hidden, eps, h_.data(), hidden);
     if (layer.moe) {
       moe_->forward(*layer.moe, h_.data(), n, moe_out_.data());
+      CLEAVE_RETURN_IF_ERROR(reduce(moe_out_.data(), n * hidden));
       cpu::addInPlace(x_.data(), hidden, moe_out_.data(), hidden, n, hidden);
       continue;
     }
@@ -171,6 +220,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
                    gate_.data() + begin * ffn, ffn);
     });
     checkedMatmul(layer.w_down, gate_.data(), ffn, n, h_.data(), hidden, pool_);
+    CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
     cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);
   }
 
@@ -183,18 +233,20 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   const int64_t sequences = static_cast<int64_t>(batch.size());
   cpu::rmsNorm(last_.data(), hidden, w_.output_norm.data(), sequences, hidden, eps, last_.data(),
                hidden);
-  checkedMatmul(w_.output, last_.data(), hidden, sequences, logits_.data(), c.vocab_size, pool_);
+  checkedMatmul(w_.output, last_.data(), hidden, sequences, local_logits_.data(),
+                w_.dims.vocab.size, pool_);
+  CLEAVE_RETURN_IF_ERROR(gatherLogits(sequences));
   return std::span<const float>(logits_.data(), sequences * c.vocab_size);
 }
 
 LlamaRunner::LlamaRunner(const LlamaWeights& weights, cpu::ThreadPool& pool, int64_t max_context)
     : model_(weights, pool),
       cache_({.num_layers = static_cast<int64_t>(weights.layers.size()),
-              .kv_dim = int64_t{weights.config.num_kv_heads} * weights.config.head_dim,
+              .kv_dim = weights.dims.kv_heads.size * weights.config.head_dim,
               .block_size = 16,
               .num_blocks = (max_context + 15) / 16}),
       max_context_(max_context) {
-  blocks_ = *cache_.allocate(cache_.totalBlocks());
+  for (int32_t b = 0; b < cache_.totalBlocks(); ++b) blocks_.push_back(b);
 }
 
 absl::StatusOr<std::span<const float>> LlamaRunner::forward(std::span<const uint32_t> tokens) {

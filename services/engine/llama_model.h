@@ -3,10 +3,16 @@
 // of a decode step) with the sequence's block table in the paged KV cache. All chunks'
 // tokens go through every matrix product together, so the weights are read once per step.
 //
+// In a tensor-parallel group every rank runs its own LlamaModel over its shard of the
+// weights (tensor_parallel.h) and its share of the KV cache, on the same batch; the
+// Communicator sums the row-parallel products and gathers the logits, so every rank
+// returns the same logits.
+//
 // Threading: one thread drives a model (the rank thread); kernels spread over `pool`.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -14,7 +20,8 @@
 #include "absl/status/statusor.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/thread_pool.h"
-#include "services/engine/kv_cache.h"
+#include "services/engine/communicator.h"
+#include "services/engine/kv_storage.h"
 #include "services/engine/llama_weights.h"
 
 namespace cleave::engine {
@@ -27,30 +34,40 @@ struct SequenceChunk {
 
 class LlamaModel {
  public:
-  LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool);
+  // `comm` (null for a group of one) connects the ranks of a tensor-parallel group; it
+  // must outlive the model.
+  LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool, Communicator* comm = nullptr);
 
   // Writes every chunk's keys and values into `cache` and returns the logits after each
   // chunk's last token: [batch.size(), vocab], valid until the next call. Errors (nothing
   // written): an empty batch or chunk, a token outside the vocabulary, a block table that
-  // does not cover the chunk, a block id outside the cache.
+  // does not cover the chunk, a block id outside the cache; and a collective failing.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch,
-                                                 KvCache& cache);
+                                                 KvStorage& cache);
 
   const LlamaWeights& weights() const { return w_; }
 
  private:
-  absl::Status validate(std::span<const SequenceChunk> batch, const KvCache& cache) const;
+  absl::Status validate(std::span<const SequenceChunk> batch, const KvStorage& cache) const;
   void ensureScratch(int64_t tokens, int64_t sequences);
+  // Sums a row-parallel product over the group (nothing to do in a group of one).
+  absl::Status reduce(float* data, int64_t count);
+  // logits_ from each rank's rows of the vocabulary.
+  absl::Status gatherLogits(int64_t sequences);
 
   const LlamaWeights& w_;
   cpu::ThreadPool& pool_;
+  std::unique_ptr<Communicator> solo_;
+  Communicator* comm_;
   cpu::Rope rope_;
   cpu::RopeAngles angles_;
   std::optional<MoeRunner> moe_;
   // Scratch, [tokens, width] each unless noted.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, moe_out_;
-  std::vector<float> last_;    // [sequences, hidden]
-  std::vector<float> logits_;  // [sequences, vocab]
+  std::vector<float> last_;          // [sequences, hidden]
+  std::vector<float> local_logits_;  // [sequences, this rank's vocab rows]
+  std::vector<float> gathered_;      // [ranks][sequences, rank's vocab rows]
+  std::vector<float> logits_;        // [sequences, vocab]
   std::vector<int32_t> positions_;
   std::vector<const int32_t*> tables_;
 };
@@ -67,7 +84,7 @@ class LlamaRunner {
 
  private:
   LlamaModel model_;
-  KvCache cache_;
+  KvStorage cache_;
   std::vector<int32_t> blocks_;
   int64_t max_context_;
   int64_t position_ = 0;

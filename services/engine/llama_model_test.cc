@@ -1,5 +1,7 @@
 #include "services/engine/llama_model.h"
 
+#include "services/engine/kv_block_pool.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -184,13 +186,15 @@ TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
     }
     // Batched: the three prompts in one step, the first split in two chunks over two steps,
     // blocks interleaved in the cache; then the decode steps batched.
-    KvCache cache({.num_layers = static_cast<int64_t>((*weights)->layers.size()),
-                   .kv_dim = int64_t{(*weights)->config.num_kv_heads} * (*weights)->config.head_dim,
-                   .block_size = 4,
-                   .num_blocks = 40});
+    KvStorage cache(
+        {.num_layers = static_cast<int64_t>((*weights)->layers.size()),
+         .kv_dim = int64_t{(*weights)->config.num_kv_heads} * (*weights)->config.head_dim,
+         .block_size = 4,
+         .num_blocks = 40});
+    KvBlockPool blocks({.block_size = 4, .num_blocks = 40});
     std::vector<std::vector<int32_t>> tables(3);
     for (int round = 0; round < 11; ++round) {
-      for (int s = 0; s < 3; ++s) tables[s].push_back((*cache.allocate(1))[0]);
+      for (int s = 0; s < 3; ++s) tables[s].push_back((*blocks.allocate(1))[0]);
     }
     LlamaModel model(**weights, pool);
     std::span<const uint32_t> first(prompts[0]);

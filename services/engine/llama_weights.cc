@@ -1,5 +1,6 @@
 #include "services/engine/llama_weights.h"
 
+#include <cstring>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,13 @@ std::string shapeText(const std::vector<uint64_t>& d) {
   for (size_t i = 0; i < d.size(); ++i) absl::StrAppend(&s, i ? ", " : "", d[i]);
   return s + "]";
 }
+
+// Which part of a matrix a rank keeps: all of it, a run of rows (column-parallel), or a
+// run of columns (row-parallel; copied out, since a column run is not contiguous).
+struct Slice {
+  enum class Axis { kAll, kRows, kCols } axis = Axis::kAll;
+  Span span;
+};
 
 // Where the loader finds tensors, in one file format with that format's names. Shapes are
 // given as the model sees them: a matrix is [rows = outputs, cols = inputs].
@@ -33,24 +41,56 @@ class TensorSource {
   };
   virtual absl::StatusOr<Stored> find(const std::string& name,
                                       std::vector<uint64_t> dims) const = 0;
-  virtual absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c) const = 0;
+  virtual absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
+                                       const ShardDims& dims) const = 0;
 
-  absl::StatusOr<cpu::CpuMatrix> matrix(const std::string& name, uint64_t rows,
-                                        uint64_t cols) const {
+  static Slice rows(Span span) { return {Slice::Axis::kRows, span}; }
+  static Slice cols(Span span) { return {Slice::Axis::kCols, span}; }
+
+  absl::StatusOr<cpu::CpuMatrix> matrix(const std::string& name, uint64_t rows, uint64_t cols,
+                                        Slice slice = {}) const {
     CLEAVE_ASSIGN_OR_RETURN(Stored t, find(name, {rows, cols}));
-    auto m = cpu::CpuMatrix::create({.type = t.type,
-                                     .rows = static_cast<int64_t>(rows),
-                                     .cols = static_cast<int64_t>(cols),
-                                     .data = t.data});
+    cpu::WeightMatrix w{.type = t.type,
+                        .rows = static_cast<int64_t>(rows),
+                        .cols = static_cast<int64_t>(cols),
+                        .data = t.data};
+    std::shared_ptr<std::vector<uint8_t>> copy;
+    const uint64_t whole = slice.axis == Slice::Axis::kRows ? rows : cols;
+    if (slice.span.begin == 0 && static_cast<uint64_t>(slice.span.size) == whole) {
+      slice.axis = Slice::Axis::kAll;  // A group of one keeps the stored bytes in place.
+    }
+    if (slice.axis == Slice::Axis::kRows) {
+      w.data += slice.span.begin * w.rowBytes();
+      w.rows = slice.span.size;
+    } else if (slice.axis == Slice::Axis::kCols) {
+      const std::optional<uint64_t> skip = model::tensorBytes(t.type, slice.span.begin);
+      const std::optional<uint64_t> keep = model::tensorBytes(t.type, slice.span.size);
+      if (!skip || !keep) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor \"", name, "\": columns [", slice.span.begin, ", ",
+                         slice.span.begin + slice.span.size, ") do not fall on ",
+                         model::tensorTypeName(t.type), " block boundaries"));
+      }
+      const int64_t row_bytes = w.rowBytes();
+      copy = std::make_shared<std::vector<uint8_t>>(*keep * rows);
+      for (uint64_t r = 0; r < rows; ++r)
+        std::memcpy(copy->data() + r * *keep, t.data + r * row_bytes + *skip, *keep);
+      w.data = copy->data();
+      w.cols = slice.span.size;
+    }
+    auto m = cpu::CpuMatrix::create(w, copy);
     if (!m.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("tensor \"", name, "\": ", m.status().message()));
     return m;
   }
-  absl::StatusOr<std::vector<float>> vector(const std::string& name, uint64_t size) const {
+  absl::StatusOr<std::vector<float>> vector(const std::string& name, uint64_t size,
+                                            std::optional<Span> part = std::nullopt) const {
     CLEAVE_ASSIGN_OR_RETURN(Stored t, find(name, {size}));
     std::vector<float> out(size);
     CLEAVE_RETURN_IF_ERROR(model::dequantize(t.type, t.data, size, out.data()));
+    if (part)
+      out = std::vector<float>(out.begin() + part->begin, out.begin() + part->begin + part->size);
     return out;
   }
 };
@@ -90,7 +130,8 @@ class GgufSource final : public TensorSource {
     }
     return Stored{t->type, t->data};
   }
-  absl::StatusOr<MoeBlock> moe(uint32_t, const model::ModelConfig&) const override {
+  absl::StatusOr<MoeBlock> moe(uint32_t, const model::ModelConfig&,
+                               const ShardDims&) const override {
     return absl::UnimplementedError(
         absl::StrCat(file_.path(),
                      ": mixture-of-experts GGUF files are not supported "
@@ -138,25 +179,29 @@ class SafetensorsSource final : public TensorSource {
   // Mixtral names its MoE block "block_sparse_moe" with experts w1 (gate), w3 (up),
   // w2 (down); Qwen3-MoE and DeepSeek-V3 "mlp" with gate_proj / up_proj / down_proj, and
   // DeepSeek adds gate.e_score_correction_bias and shared_experts.
-  absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c) const override {
+  absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
+                               const ShardDims& dims) const override {
     const bool mixtral = c.architecture == Architecture::kMixtral;
     const std::string base =
         absl::StrCat("model.layers.", layer, ".", mixtral ? "block_sparse_moe." : "mlp.");
     const uint64_t hidden = c.hidden_size, ffn = c.moe->expert_intermediate_size;
-    auto mlp = [&](const std::string& x, uint64_t width) -> absl::StatusOr<MoeExpert> {
+    // `part` of the MLP's columns: all of a routed expert's, a run of the shared experts'.
+    auto mlp = [&](const std::string& x, uint64_t width, Span part) -> absl::StatusOr<MoeExpert> {
       MoeExpert expert;
-      CLEAVE_ASSIGN_OR_RETURN(
-          expert.gate, matrix(x + (mixtral ? "w1.weight" : "gate_proj.weight"), width, hidden));
-      CLEAVE_ASSIGN_OR_RETURN(
-          expert.up, matrix(x + (mixtral ? "w3.weight" : "up_proj.weight"), width, hidden));
-      CLEAVE_ASSIGN_OR_RETURN(
-          expert.down, matrix(x + (mixtral ? "w2.weight" : "down_proj.weight"), hidden, width));
+      CLEAVE_ASSIGN_OR_RETURN(expert.gate, matrix(x + (mixtral ? "w1.weight" : "gate_proj.weight"),
+                                                  width, hidden, rows(part)));
+      CLEAVE_ASSIGN_OR_RETURN(expert.up, matrix(x + (mixtral ? "w3.weight" : "up_proj.weight"),
+                                                width, hidden, rows(part)));
+      CLEAVE_ASSIGN_OR_RETURN(expert.down, matrix(x + (mixtral ? "w2.weight" : "down_proj.weight"),
+                                                  hidden, width, cols(part)));
       return expert;
     };
     MoeBlock block;
     CLEAVE_ASSIGN_OR_RETURN(block.router, matrix(base + "gate.weight", c.moe->num_experts, hidden));
-    for (uint32_t e = 0; e < c.moe->num_experts; ++e) {
-      CLEAVE_ASSIGN_OR_RETURN(MoeExpert expert, mlp(absl::StrCat(base, "experts.", e, "."), ffn));
+    block.expert_begin = dims.experts.begin;
+    for (int64_t e = dims.experts.begin; e < dims.experts.begin + dims.experts.size; ++e) {
+      CLEAVE_ASSIGN_OR_RETURN(MoeExpert expert, mlp(absl::StrCat(base, "experts.", e, "."), ffn,
+                                                    {.begin = 0, .size = int64_t(ffn)}));
       block.experts.push_back(std::move(expert));
     }
     if (c.moe->score_correction_bias) {
@@ -164,9 +209,10 @@ class SafetensorsSource final : public TensorSource {
                               vector(base + "gate.e_score_correction_bias", c.moe->num_experts));
     }
     if (c.moe->shared_experts > 0) {
-      CLEAVE_ASSIGN_OR_RETURN(
-          block.shared, mlp(base + "shared_experts.", uint64_t{c.moe->shared_experts} *
-                                                          c.moe->shared_expert_intermediate_size));
+      CLEAVE_ASSIGN_OR_RETURN(block.shared, mlp(base + "shared_experts.",
+                                                uint64_t{c.moe->shared_experts} *
+                                                    c.moe->shared_expert_intermediate_size,
+                                                dims.shared_ffn));
     }
     return block;
   }
@@ -189,26 +235,32 @@ absl::Status checkSupported(const model::ModelConfig& c, const std::string& path
 // Everything but the source and the RoPE pairing is the same for every file format.
 absl::Status loadTensors(const TensorSource& f, LlamaWeights& w) {
   const model::ModelConfig& c = w.config;
+  const ShardDims& d = w.dims;
   const uint64_t hidden = c.hidden_size, q_dim = uint64_t{c.num_heads} * c.head_dim,
                  kv_dim = uint64_t{c.num_kv_heads} * c.head_dim, ffn = c.intermediate_size;
+  const Span q_part{.begin = d.heads.begin * c.head_dim, .size = d.heads.size * c.head_dim};
+  const Span kv_part{.begin = d.kv_heads.begin * c.head_dim, .size = d.kv_heads.size * c.head_dim};
+  const auto rows = TensorSource::rows, cols = TensorSource::cols;
   CLEAVE_ASSIGN_OR_RETURN(TensorSource::Stored embd,
                           f.find(f.embeddingName(), {c.vocab_size, hidden}));
   w.token_embd = {.type = embd.type,
                   .data = embd.data,
-                  .rows = c.vocab_size,
+                  .row_begin = d.vocab.begin,
+                  .rows = d.vocab.size,
                   .cols = static_cast<int64_t>(hidden)};
+  w.token_embd.data += d.vocab.begin * w.token_embd.rowBytes();
   for (uint32_t i = 0; i < c.num_layers; ++i) {
     auto name = [&](const char* role) { return f.layerTensor(i, role); };
     LlamaLayer layer;
     CLEAVE_ASSIGN_OR_RETURN(layer.attn_norm, f.vector(name("attn_norm"), hidden));
-    CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrix(name("q"), q_dim, hidden));
-    CLEAVE_ASSIGN_OR_RETURN(layer.wk, f.matrix(name("k"), kv_dim, hidden));
-    CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrix(name("v"), kv_dim, hidden));
-    CLEAVE_ASSIGN_OR_RETURN(layer.wo, f.matrix(name("o"), hidden, q_dim));
+    CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrix(name("q"), q_dim, hidden, rows(q_part)));
+    CLEAVE_ASSIGN_OR_RETURN(layer.wk, f.matrix(name("k"), kv_dim, hidden, rows(kv_part)));
+    CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrix(name("v"), kv_dim, hidden, rows(kv_part)));
+    CLEAVE_ASSIGN_OR_RETURN(layer.wo, f.matrix(name("o"), hidden, q_dim, cols(q_part)));
     if (c.attention_bias) {
-      CLEAVE_ASSIGN_OR_RETURN(layer.bq, f.vector(name("q_bias"), q_dim));
-      CLEAVE_ASSIGN_OR_RETURN(layer.bk, f.vector(name("k_bias"), kv_dim));
-      CLEAVE_ASSIGN_OR_RETURN(layer.bv, f.vector(name("v_bias"), kv_dim));
+      CLEAVE_ASSIGN_OR_RETURN(layer.bq, f.vector(name("q_bias"), q_dim, q_part));
+      CLEAVE_ASSIGN_OR_RETURN(layer.bk, f.vector(name("k_bias"), kv_dim, kv_part));
+      CLEAVE_ASSIGN_OR_RETURN(layer.bv, f.vector(name("v_bias"), kv_dim, kv_part));
     }
     if (c.qk_norm) {
       CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, f.vector(name("q_norm"), c.head_dim));
@@ -216,42 +268,47 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w) {
     }
     CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm, f.vector(name("ffn_norm"), hidden));
     if (c.isMoeLayer(i)) {
-      CLEAVE_ASSIGN_OR_RETURN(layer.moe, f.moe(i, c));
+      CLEAVE_ASSIGN_OR_RETURN(layer.moe, f.moe(i, c, d));
     } else {
-      CLEAVE_ASSIGN_OR_RETURN(layer.w_gate, f.matrix(name("gate"), ffn, hidden));
-      CLEAVE_ASSIGN_OR_RETURN(layer.w_up, f.matrix(name("up"), ffn, hidden));
-      CLEAVE_ASSIGN_OR_RETURN(layer.w_down, f.matrix(name("down"), hidden, ffn));
+      CLEAVE_ASSIGN_OR_RETURN(layer.w_gate, f.matrix(name("gate"), ffn, hidden, rows(d.ffn)));
+      CLEAVE_ASSIGN_OR_RETURN(layer.w_up, f.matrix(name("up"), ffn, hidden, rows(d.ffn)));
+      CLEAVE_ASSIGN_OR_RETURN(layer.w_down, f.matrix(name("down"), hidden, ffn, cols(d.ffn)));
     }
     w.layers.push_back(std::move(layer));
   }
   CLEAVE_ASSIGN_OR_RETURN(w.output_norm, f.vector(f.outputNormName(), hidden));
   const std::string head = c.tie_word_embeddings ? f.embeddingName() : f.outputName();
-  CLEAVE_ASSIGN_OR_RETURN(w.output, f.matrix(head, c.vocab_size, hidden));
+  CLEAVE_ASSIGN_OR_RETURN(w.output, f.matrix(head, c.vocab_size, hidden, rows(d.vocab)));
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path) {
-  if (path.size() >= 5 && path.substr(path.size() - 5) == ".gguf") return loadLlamaGguf(path);
-  return loadLlamaSafetensors(path);
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path, TpShard shard) {
+  if (path.size() >= 5 && path.substr(path.size() - 5) == ".gguf")
+    return loadLlamaGguf(path, shard);
+  return loadLlamaSafetensors(path, shard);
 }
 
-absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& path) {
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& path,
+                                                            TpShard shard) {
   auto w = std::make_unique<LlamaWeights>();
   CLEAVE_ASSIGN_OR_RETURN(w->gguf, model::GgufFile::open(path));
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::configFromGguf(*w->gguf));
   CLEAVE_RETURN_IF_ERROR(checkSupported(w->config, path));
+  CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
   // GGUF llama-family files store Q/K permuted for adjacent-pair rotation.
   w->rope_pairing = cpu::RopePairing::kAdjacent;
   CLEAVE_RETURN_IF_ERROR(loadTensors(GgufSource(*w->gguf), *w));
   return w;
 }
 
-absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::string& folder) {
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::string& folder,
+                                                                   TpShard shard) {
   auto w = std::make_unique<LlamaWeights>();
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::loadModelConfig(folder));
   CLEAVE_RETURN_IF_ERROR(checkSupported(w->config, folder));
+  CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
   CLEAVE_ASSIGN_OR_RETURN(w->safetensors, model::SafetensorsCheckpoint::open(folder));
   w->rope_pairing = cpu::RopePairing::kHalves;
   CLEAVE_RETURN_IF_ERROR(loadTensors(SafetensorsSource(*w->safetensors), *w));
@@ -261,7 +318,8 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
 absl::StatusOr<MoeBlock> loadMoeBlock(const model::SafetensorsCheckpoint& checkpoint,
                                       const model::ModelConfig& config, uint32_t layer) {
   if (!config.moe) return absl::InvalidArgumentError("the model has no mixture-of-experts layers");
-  return SafetensorsSource(checkpoint).moe(layer, config);
+  CLEAVE_ASSIGN_OR_RETURN(ShardDims whole, planShard(config, {}));
+  return SafetensorsSource(checkpoint).moe(layer, config, whole);
 }
 
 int64_t LlamaWeights::weightBytes() const {

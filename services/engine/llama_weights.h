@@ -4,6 +4,9 @@
 // CpuMatrix (quantized ones repacked once); norms become float vectors. The source file
 // stays mapped: the embedding table is read from it in place.
 //
+// Loaded for one rank of a tensor-parallel group, the weights are that rank's shard
+// (tensor_parallel.h): the shapes in the comments below are then the rank's slices.
+//
 // Threading: immutable after load.
 #pragma once
 
@@ -19,6 +22,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rope.h"
 #include "services/engine/moe_block.h"
+#include "services/engine/tensor_parallel.h"
 
 namespace cleave::engine {
 
@@ -41,17 +45,19 @@ struct LlamaLayer {
   std::optional<MoeBlock> moe;
 };
 
-// Rows of the embedding table in their stored format.
+// Rows [row_begin, row_begin + rows) of the embedding table in their stored format.
 struct EmbeddingTable {
   model::TensorType type = model::TensorType::kF32;
-  const uint8_t* data = nullptr;
+  const uint8_t* data = nullptr;  // Row row_begin.
+  int64_t row_begin = 0;
   int64_t rows = 0;  // vocab
   int64_t cols = 0;  // hidden
   int64_t rowBytes() const { return *model::tensorBytes(type, cols); }
 };
 
 struct LlamaWeights {
-  model::ModelConfig config;
+  model::ModelConfig config;  // The whole model's.
+  ShardDims dims;             // This rank's slices.
   cpu::RopePairing rope_pairing = cpu::RopePairing::kAdjacent;
   // The mapped source; one of the two is set. Keeps the embedding table readable.
   std::unique_ptr<model::GgufFile> gguf;
@@ -64,11 +70,15 @@ struct LlamaWeights {
   int64_t weightBytes() const;
 };
 
-// Loads a dense Llama-family model from `path`: a GGUF file, or a folder with config.json
-// and safetensors. Errors name the file and the tensor that is missing or misshapen.
-absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path);
-absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& path);
-absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::string& folder);
+// Loads rank `shard` of a Llama-family model from `path`: a GGUF file, or a folder with
+// config.json and safetensors. Errors name the file and the tensor that is missing or
+// misshapen, or the dimension that cannot be split shard.size ways.
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path,
+                                                        TpShard shard = {});
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& path,
+                                                            TpShard shard = {});
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::string& folder,
+                                                                   TpShard shard = {});
 
 // The MoE block of `layer` of a Hugging Face checkpoint (Mixtral, Qwen3-MoE or DeepSeek-V3
 // naming), for running one block on its own.

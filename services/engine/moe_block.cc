@@ -114,7 +114,7 @@ void MoeRunner::runExpert(const MoeExpert& expert, int64_t m) {
 }
 
 void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, float* out) {
-  const int64_t experts = static_cast<int64_t>(block.experts.size());
+  const int64_t experts = block.router.rows();
   router_logits_.resize(tokens * experts);
   CLEAVE_CHECK_OK(cpu::matmul({.weight = &block.router,
                                .x = x,
@@ -149,8 +149,8 @@ void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, f
   } else {
     std::memset(out, 0, tokens * hidden_ * sizeof(float));
   }
-  for (int64_t e = 0; e < experts; ++e) {
-    const auto& rows = assigned[e];
+  for (int64_t e = 0; e < static_cast<int64_t>(block.experts.size()); ++e) {
+    const auto& rows = assigned[block.expert_begin + e];
     if (rows.empty()) continue;  // Experts no token chose are not read at all.
     const int64_t m = static_cast<int64_t>(rows.size());
     gathered_.resize(m * hidden_);

@@ -25,7 +25,10 @@ struct MoeExpert {
 };
 
 struct MoeBlock {
-  cpu::CpuMatrix router;  // [experts, hidden]
+  cpu::CpuMatrix router;  // [experts, hidden]: every expert's row, on every rank.
+  // Experts [expert_begin, expert_begin + experts.size()): all of them, or one
+  // tensor-parallel rank's share, whose forward() then yields a partial sum.
+  int64_t expert_begin = 0;
   std::vector<MoeExpert> experts;
   std::vector<float> score_bias;    // [experts]; DeepSeek-V3's correction bias (else empty).
   std::optional<MoeExpert> shared;  // DeepSeek's always-on shared experts, as one MLP.

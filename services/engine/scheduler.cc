@@ -7,19 +7,15 @@
 
 namespace cleave::engine {
 
-Scheduler::Scheduler(LlamaModel& model, const tokenizer::Tokenizer* tokenizer,
+Scheduler::Scheduler(TpGroup& model, const tokenizer::Tokenizer* tokenizer,
                      const SchedulerOptions& options)
     : model_(model),
       tokenizer_(tokenizer),
       options_(options),
-      cache_(
-          {.num_layers = static_cast<int64_t>(model.weights().layers.size()),
-           .kv_dim = int64_t{model.weights().config.num_kv_heads} * model.weights().config.head_dim,
-           .block_size = options.block_size,
-           .num_blocks = options.num_blocks}) {}
+      cache_({.block_size = model.blockSize(), .num_blocks = model.numBlocks()}) {}
 
 absl::Status Scheduler::add(GenerationRequest request) {
-  const model::ModelConfig& c = model_.weights().config;
+  const model::ModelConfig& c = model_.config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   for (uint32_t id : request.prompt) {
     if (id >= c.vocab_size) {
@@ -57,7 +53,7 @@ void Scheduler::admit() {
     uint64_t chain = 0;
     for (int64_t j = 0; j < reusable; ++j) {
       std::span<const uint32_t> tokens = std::span<const uint32_t>(next.prompt).subspan(j * bs, bs);
-      const uint64_t hash = KvCache::chainHash(chain, tokens);
+      const uint64_t hash = KvBlockPool::chainHash(chain, tokens);
       std::optional<int32_t> block = cache_.lookup(hash, tokens);
       if (!block) break;
       hits.push_back(*block);
@@ -95,7 +91,7 @@ void Scheduler::publishPrompt(Sequence& seq) {
   for (; seq.published < full; ++seq.published) {
     std::span<const uint32_t> tokens =
         std::span<const uint32_t>(seq.request.prompt).subspan(seq.published * bs, bs);
-    seq.chain = KvCache::chainHash(seq.chain, tokens);
+    seq.chain = KvBlockPool::chainHash(seq.chain, tokens);
     cache_.publish(seq.blocks[seq.published], seq.chain, tokens);
   }
 }
@@ -148,8 +144,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     members.push_back(seq.get());
     budget -= take;
   }
-  CLEAVE_ASSIGN_OR_RETURN(std::span<const float> logits, model_.forward(batch, cache_));
-  const int64_t vocab = model_.weights().config.vocab_size;
+  CLEAVE_ASSIGN_OR_RETURN(std::span<const float> logits, model_.forward(batch));
+  const int64_t vocab = model_.config().vocab_size;
   for (size_t i = 0; i < members.size(); ++i) {
     Sequence& seq = *members[i];
     seq.cached += static_cast<int64_t>(batch[i].tokens.size());

@@ -1,6 +1,6 @@
-// Continuous batching on one model replica: requests join and leave between steps; every
-// step runs one batch holding a token of each decoding sequence and, within the step's
-// token budget, chunks of the prompts still being prefilled.
+// Continuous batching on one model replica (a TpGroup of one or more ranks): requests join and
+// leave between steps; every step runs one batch holding a token of each decoding sequence and,
+// within the step's token budget, chunks of the prompts still being prefilled.
 //
 // KV memory is reserved at admission for the whole request (prompt + max_new_tokens), so
 // a running sequence can never run out of blocks and nothing is ever preempted; a request
@@ -20,18 +20,17 @@
 
 #include "absl/status/statusor.h"
 #include "common/tokenizer/tokenizer.h"
-#include "services/engine/kv_cache.h"
+#include "services/engine/kv_block_pool.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/sampler.h"
 #include "services/engine/stop_checker.h"
+#include "services/engine/tp_group.h"
 
 namespace cleave::engine {
 
 struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // Tokens per step (decode tokens + prefill chunks).
   int64_t max_sequences = 64;      // Sequences admitted at once.
-  int64_t block_size = 16;
-  int64_t num_blocks = 0;  // KV pool size in blocks.
 };
 
 struct GenerationRequest {
@@ -53,9 +52,9 @@ struct TokenEvent {
 
 class Scheduler {
  public:
+  // Runs `model`, whose KV blocks (TpGroup::allocateKv) the scheduler hands out.
   // `tokenizer` (may be null) turns tokens into text for stop strings and text deltas.
-  Scheduler(LlamaModel& model, const tokenizer::Tokenizer* tokenizer,
-            const SchedulerOptions& options);
+  Scheduler(TpGroup& model, const tokenizer::Tokenizer* tokenizer, const SchedulerOptions& options);
 
   // Queues a request. InvalidArgument (naming the field) for an empty prompt, a token
   // outside the vocabulary, bad sampling values, a missing max_new_tokens, or a request
@@ -70,7 +69,7 @@ class Scheduler {
   bool idle() const { return waiting_.empty() && running_.empty(); }
   int64_t runningSequences() const { return static_cast<int64_t>(running_.size()); }
   int64_t waitingRequests() const { return static_cast<int64_t>(waiting_.size()); }
-  const KvCache& cache() const { return cache_; }
+  const KvBlockPool& cache() const { return cache_; }
   // Prompt tokens whose KV came from the prefix cache instead of being computed.
   int64_t prefixHitTokens() const { return prefix_hit_tokens_; }
 
@@ -92,10 +91,10 @@ class Scheduler {
   void publishPrompt(Sequence& seq);
   void finish(size_t index);
 
-  LlamaModel& model_;
+  TpGroup& model_;
   const tokenizer::Tokenizer* tokenizer_;
   SchedulerOptions options_;
-  KvCache cache_;
+  KvBlockPool cache_;
   std::deque<GenerationRequest> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   int64_t prefix_hit_tokens_ = 0;

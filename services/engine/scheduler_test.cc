@@ -8,6 +8,8 @@
 #include <map>
 #include <random>
 
+#include "common/log.h"
+
 namespace cleave::engine {
 namespace {
 
@@ -21,7 +23,15 @@ class SchedulerTest : public ::testing::Test {
     auto loaded = loadLlama(kTinyModel);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     weights_ = std::move(*loaded);
-    model_ = std::make_unique<LlamaModel>(*weights_, pool_);
+    auto group = TpGroup::load(kTinyModel, {.tp = 1, .threads = 2});
+    ASSERT_TRUE(group.ok()) << group.status();
+    group_ = std::move(*group);
+  }
+
+  // The model with a fresh pool of `num_blocks` KV blocks of 4 positions.
+  TpGroup& withBlocks(int64_t num_blocks) {
+    CLEAVE_CHECK_OK(group_->allocateKv(num_blocks, 4));
+    return *group_;
   }
 
   std::vector<uint32_t> randomPrompt(int length) {
@@ -60,14 +70,12 @@ class SchedulerTest : public ::testing::Test {
   cpu::ThreadPool pool_{2};
   std::mt19937 rng_{5};
   std::unique_ptr<LlamaWeights> weights_;
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<TpGroup> group_;
 };
 
 TEST_F(SchedulerTest, ContinuousBatchingGivesEachRequestItsOwnGreedyTokens) {
   // A budget smaller than the prompts forces chunked prefill; requests join mid-flight.
-  Scheduler scheduler(
-      *model_, nullptr,
-      {.max_batch_tokens = 16, .max_sequences = 3, .block_size = 4, .num_blocks = 64});
+  Scheduler scheduler(withBlocks(64), nullptr, {.max_batch_tokens = 16, .max_sequences = 3});
   std::vector<std::vector<uint32_t>> prompts = {randomPrompt(5), randomPrompt(37), randomPrompt(12),
                                                 randomPrompt(21), randomPrompt(3)};
   const int new_tokens = 6;
@@ -96,9 +104,7 @@ TEST_F(SchedulerTest, ContinuousBatchingGivesEachRequestItsOwnGreedyTokens) {
 
 TEST_F(SchedulerTest, WaitsForKvInsteadOfOvercommittingAndFreesEverything) {
   // Each request needs 3 blocks of 4 (5 + 6 tokens); 7 blocks hold two at a time.
-  Scheduler scheduler(
-      *model_, nullptr,
-      {.max_batch_tokens = 64, .max_sequences = 8, .block_size = 4, .num_blocks = 7});
+  Scheduler scheduler(withBlocks(7), nullptr, {.max_batch_tokens = 64, .max_sequences = 8});
   for (uint64_t id = 0; id < 4; ++id) {
     ASSERT_TRUE(
         scheduler.add({.id = id, .prompt = randomPrompt(5), .stop = {.max_new_tokens = 6}}).ok());
@@ -116,9 +122,7 @@ TEST_F(SchedulerTest, WaitsForKvInsteadOfOvercommittingAndFreesEverything) {
 }
 
 TEST_F(SchedulerTest, CancelFreesBlocksAndStopTokensEndSequences) {
-  Scheduler scheduler(
-      *model_, nullptr,
-      {.max_batch_tokens = 64, .max_sequences = 8, .block_size = 4, .num_blocks = 32});
+  Scheduler scheduler(withBlocks(32), nullptr, {.max_batch_tokens = 64, .max_sequences = 8});
   std::vector<uint32_t> prompt = randomPrompt(9);
   std::vector<uint32_t> greedy = alone(prompt, 4);
   ASSERT_TRUE(scheduler
@@ -145,9 +149,7 @@ TEST_F(SchedulerTest, CancelFreesBlocksAndStopTokensEndSequences) {
 }
 
 TEST_F(SchedulerTest, PrefixCacheHitsGiveTheSameTokensAsMisses) {
-  Scheduler scheduler(
-      *model_, nullptr,
-      {.max_batch_tokens = 64, .max_sequences = 4, .block_size = 4, .num_blocks = 64});
+  Scheduler scheduler(withBlocks(64), nullptr, {.max_batch_tokens = 64, .max_sequences = 4});
   std::vector<uint32_t> shared = randomPrompt(33);
   std::vector<uint32_t> other = shared;
   other.resize(30);  // Shares 7 full blocks (28 tokens) with `shared`.
@@ -168,7 +170,7 @@ TEST_F(SchedulerTest, PrefixCacheHitsGiveTheSameTokensAsMisses) {
 }
 
 TEST_F(SchedulerTest, RequestsThatCanNeverRunAreRefusedWithTheReason) {
-  Scheduler scheduler(*model_, nullptr, {.block_size = 4, .num_blocks = 4});
+  Scheduler scheduler(withBlocks(4), nullptr, {});
   auto reason = [&](GenerationRequest r) {
     return std::string(scheduler.add(std::move(r)).message());
   };

@@ -1,4 +1,4 @@
-#include "services/engine/kv_cache.h"
+#include "services/engine/kv_block_pool.h"
 
 #include <algorithm>
 
@@ -7,15 +7,12 @@
 
 namespace cleave::engine {
 
-KvCache::KvCache(const KvCacheOptions& options) : options_(options) {
-  const int64_t floats = options.num_blocks * options.block_size * options.kv_dim;
-  keys_.assign(options.num_layers, std::vector<float>(floats));
-  values_.assign(options.num_layers, std::vector<float>(floats));
+KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options) : options_(options) {
   blocks_.resize(options.num_blocks);
   for (int64_t b = options.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
 }
 
-void KvCache::unpublish(int32_t block) {
+void KvBlockPool::unpublish(int32_t block) {
   Block& b = blocks_[block];
   if (!b.hash) return;
   auto it = published_.find(*b.hash);
@@ -24,7 +21,7 @@ void KvCache::unpublish(int32_t block) {
   b.tokens.clear();
 }
 
-absl::StatusOr<std::vector<int32_t>> KvCache::allocate(int64_t count) {
+absl::StatusOr<std::vector<int32_t>> KvBlockPool::allocate(int64_t count) {
   if (count > freeBlocks()) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache: ", count, " blocks wanted, ",
                                                      freeBlocks(), " of ", totalBlocks(),
@@ -45,7 +42,7 @@ absl::StatusOr<std::vector<int32_t>> KvCache::allocate(int64_t count) {
   return out;
 }
 
-void KvCache::retain(std::span<const int32_t> blocks) {
+void KvBlockPool::retain(std::span<const int32_t> blocks) {
   for (int32_t b : blocks) {
     CLEAVE_CHECK(b >= 0 && b < totalBlocks()) << "retain of block " << b << " outside the cache";
     Block& block = blocks_[b];
@@ -57,7 +54,7 @@ void KvCache::retain(std::span<const int32_t> blocks) {
   }
 }
 
-void KvCache::release(std::span<const int32_t> blocks) {
+void KvBlockPool::release(std::span<const int32_t> blocks) {
   for (int32_t b : blocks) {
     CLEAVE_CHECK(b >= 0 && b < totalBlocks() && blocks_[b].refcount > 0)
         << "release of unallocated block " << b;
@@ -71,7 +68,7 @@ void KvCache::release(std::span<const int32_t> blocks) {
   }
 }
 
-uint64_t KvCache::chainHash(uint64_t parent, std::span<const uint32_t> tokens) {
+uint64_t KvBlockPool::chainHash(uint64_t parent, std::span<const uint32_t> tokens) {
   uint64_t hash = parent ^ 0xcbf29ce484222325ull;
   for (uint32_t t : tokens) {
     for (int shift = 0; shift < 32; shift += 8) {
@@ -82,7 +79,7 @@ uint64_t KvCache::chainHash(uint64_t parent, std::span<const uint32_t> tokens) {
   return hash;
 }
 
-void KvCache::publish(int32_t block, uint64_t hash, std::span<const uint32_t> tokens) {
+void KvBlockPool::publish(int32_t block, uint64_t hash, std::span<const uint32_t> tokens) {
   CLEAVE_CHECK(block >= 0 && block < totalBlocks() && blocks_[block].refcount > 0)
       << "publish of block " << block;
   if (published_.count(hash) || blocks_[block].hash) return;
@@ -91,18 +88,13 @@ void KvCache::publish(int32_t block, uint64_t hash, std::span<const uint32_t> to
   blocks_[block].tokens.assign(tokens.begin(), tokens.end());
 }
 
-std::optional<int32_t> KvCache::lookup(uint64_t hash, std::span<const uint32_t> tokens) const {
+std::optional<int32_t> KvBlockPool::lookup(uint64_t hash, std::span<const uint32_t> tokens) const {
   auto it = published_.find(hash);
   if (it == published_.end()) return std::nullopt;
   const Block& b = blocks_[it->second];
   if (!std::equal(b.tokens.begin(), b.tokens.end(), tokens.begin(), tokens.end()))
     return std::nullopt;
   return it->second;
-}
-
-int64_t KvCache::bytes() const {
-  return 2 * options_.num_layers * options_.num_blocks * options_.block_size * options_.kv_dim *
-         static_cast<int64_t>(sizeof(float));
 }
 
 }  // namespace cleave::engine

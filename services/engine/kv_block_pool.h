@@ -1,15 +1,14 @@
-// The paged KV cache of one rank: for every layer a pool of `num_blocks` blocks, each
-// `block_size` token rows of kv_heads * head_dim floats for keys and the same for values,
-// plus the allocator that hands blocks to sequences.
+// The allocator of the paged KV cache: hands out block ids of `num_blocks` blocks of
+// `block_size` token positions to sequences. One pool serves a whole tensor-parallel group:
+// every rank stores its own KV heads of block b in its own KvStorage (kv_storage.h), so one
+// block id means the same token positions on every rank.
 //
 // Blocks are reference-counted. A full block of prompt tokens can be published under the
 // hash chain of its tokens (prefix caching): later sequences that start with the same
 // tokens take a reference to it instead of recomputing it. A published block nobody uses
 // stays cached until allocation needs the space (least recently used first).
 //
-// Layout per layer: keys [num_blocks, block_size, kv_dim], values likewise.
-//
-// Threading: owned and used by one thread (the rank thread); not synchronized.
+// Threading: owned and used by one thread (the scheduler's); not synchronized.
 #pragma once
 
 #include <cstdint>
@@ -23,16 +22,14 @@
 
 namespace cleave::engine {
 
-struct KvCacheOptions {
-  int64_t num_layers = 0;
-  int64_t kv_dim = 0;  // kv_heads * head_dim
+struct KvBlockPoolOptions {
   int64_t block_size = 16;
   int64_t num_blocks = 0;
 };
 
-class KvCache {
+class KvBlockPool {
  public:
-  explicit KvCache(const KvCacheOptions& options);
+  explicit KvBlockPool(const KvBlockPoolOptions& options);
 
   // Takes `count` blocks (reference count 1 each): free ones first, then cached ones
   // nobody uses, oldest first. ResourceExhausted, taking nothing, when fewer are available.
@@ -56,16 +53,10 @@ class KvCache {
   int64_t freeBlocks() const { return static_cast<int64_t>(free_.size() + evictable_.size()); }
   int64_t totalBlocks() const { return options_.num_blocks; }
   int64_t blockSize() const { return options_.block_size; }
-  int64_t kvDim() const { return options_.kv_dim; }
   // Blocks needed to hold `tokens` positions.
   int64_t blocksFor(int64_t tokens) const {
     return (tokens + options_.block_size - 1) / options_.block_size;
   }
-  // Bytes of all layers' keys and values.
-  int64_t bytes() const;
-
-  float* keys(int64_t layer) { return keys_[layer].data(); }
-  float* values(int64_t layer) { return values_[layer].data(); }
 
  private:
   struct Block {
@@ -76,9 +67,7 @@ class KvCache {
   };
   void unpublish(int32_t block);
 
-  KvCacheOptions options_;
-  std::vector<std::vector<float>> keys_;
-  std::vector<std::vector<float>> values_;
+  KvBlockPoolOptions options_;
   std::vector<Block> blocks_;
   std::vector<int32_t> free_;     // Unreferenced, unpublished; the last freed is reused first.
   std::list<int32_t> evictable_;  // Unreferenced, published; least recently used first.

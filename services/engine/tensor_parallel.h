@@ -1,0 +1,56 @@
+// How a model is cut across the ranks of a tensor-parallel group (ARCHITECTURE §1):
+//
+//   Q/K/V, gate/up   column-parallel: each rank holds a contiguous run of KV heads (with
+//                    their query heads) and of MLP columns
+//   O, down          row-parallel: the matching input columns; each rank's product is a
+//                    partial sum, all-reduced
+//   embedding        vocab-parallel: a rank looks up the ids in its vocabulary range and
+//                    writes zeros for the others; all-reduced
+//   lm-head          vocab-parallel: each rank's logits for its range, all-gathered
+//   MoE              experts split across ranks (each rank runs the tokens routed to its
+//                    experts); the shared experts split like the dense MLP; all-reduced
+//
+// Splits need not be even (SmolLM2's 3 KV heads go 2 + 1 over two ranks) but every rank
+// gets at least one unit of every split dimension.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+
+namespace cleave::engine {
+
+struct TpShard {
+  int rank = 0;
+  int size = 1;
+};
+
+// A contiguous run [begin, begin + size).
+struct Span {
+  int64_t begin = 0;
+  int64_t size = 0;
+};
+
+// The part of each split dimension one rank holds.
+struct ShardDims {
+  TpShard shard;
+  Span kv_heads;
+  Span heads;       // Query heads: the KV heads' groups.
+  Span ffn;         // Dense MLP intermediate columns.
+  Span shared_ffn;  // The MoE shared experts' intermediate columns (all experts together).
+  Span vocab;       // Embedding and lm-head rows.
+  Span experts;     // Routed experts.
+};
+
+// Rank `index` of `parts` takes its share of `total` elements in whole `unit`s, the first
+// (total / unit) % parts ranks one unit more. InvalidArgument naming `what` when `total`
+// is not whole units or some rank would get none.
+absl::StatusOr<Span> splitEvenly(int64_t total, int64_t unit, int parts, int index,
+                                 const char* what);
+
+// The slices of `config` rank `shard.rank` of `shard.size` holds. Errors name the
+// dimension that cannot be split that many ways.
+absl::StatusOr<ShardDims> planShard(const model::ModelConfig& config, TpShard shard);
+
+}  // namespace cleave::engine

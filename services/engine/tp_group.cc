@@ -1,0 +1,168 @@
+#include "services/engine/tp_group.h"
+
+#include <functional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/thread_pool.h"
+#include "services/engine/gloo_communicator.h"
+#include "services/engine/shared_memory_communicator.h"
+
+namespace cleave::engine {
+
+struct TpGroup::Rank {
+  int index = 0;
+  std::unique_ptr<LlamaWeights> weights;
+  std::unique_ptr<cpu::ThreadPool> pool;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<KvStorage> kv;
+  std::span<const float> logits;
+};
+
+// One thread per rank, each running the job of the moment for its rank.
+class TpGroup::Threads {
+ public:
+  explicit Threads(int count) : results_(count) {
+    for (int i = 0; i < count; ++i) threads_.emplace_back([this, i] { loop(i); });
+  }
+  ~Threads() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+
+  // Runs job(i) on thread i for every i; returns each thread's Status once all are done.
+  std::vector<absl::Status> run(const std::function<absl::Status(int)>& job) {
+    absl::MutexLock lock(&mu_);
+    job_ = &job;
+    pending_ = static_cast<int>(threads_.size());
+    ++generation_;
+    mu_.Await(absl::Condition(
+        +[](int* pending) { return *pending == 0; }, &pending_));
+    job_ = nullptr;
+    return results_;
+  }
+
+ private:
+  void loop(int index) {
+    uint64_t seen = 0;
+    while (true) {
+      const std::function<absl::Status(int)>* job;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || generation_ != seen;
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      absl::Status status = (*job)(index);
+      absl::MutexLock lock(&mu_);
+      results_[index] = std::move(status);
+      --pending_;
+    }
+  }
+
+  absl::Mutex mu_;
+  const std::function<absl::Status(int)>* job_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;
+};
+
+TpGroup::TpGroup() = default;
+TpGroup::~TpGroup() = default;
+
+absl::Status TpGroup::onEveryRank(const std::function<absl::Status(Rank&)>& job) {
+  if (!threads_) return job(*ranks_[0]);
+  for (absl::Status& status : threads_->run([&](int r) { return job(*ranks_[r]); })) {
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
+                                                       const TpGroupOptions& options) {
+  if (options.tp < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--tp must be at least 1, got ", options.tp));
+  }
+  std::unique_ptr<TpGroup> group(new TpGroup());
+  for (int r = 0; r < options.tp; ++r) {
+    group->ranks_.push_back(std::make_unique<Rank>());
+    group->ranks_.back()->index = r;
+  }
+  if (options.tp > 1) group->threads_ = std::make_unique<Threads>(options.tp);
+  GlooRendezvous rendezvous(options.tp);
+  SharedMemoryGroup shared(options.tp);
+  const int threads_per_rank = std::max(1, options.threads / options.tp);
+  // Every shard loads before any rank connects, so a rank that fails to load never leaves
+  // the others waiting for it.
+  CLEAVE_RETURN_IF_ERROR(group->onEveryRank([&](Rank& rank) -> absl::Status {
+    CLEAVE_ASSIGN_OR_RETURN(rank.weights,
+                            loadLlama(path, {.rank = rank.index, .size = options.tp}));
+    return absl::OkStatus();
+  }));
+  CLEAVE_RETURN_IF_ERROR(group->onEveryRank([&](Rank& rank) -> absl::Status {
+    rank.pool = std::make_unique<cpu::ThreadPool>(threads_per_rank);
+    if (options.tp > 1 && options.transport == TpTransport::kGloo) {
+      CLEAVE_ASSIGN_OR_RETURN(rank.comm, rendezvous.connect(rank.index));
+    } else if (options.tp > 1) {
+      rank.comm = shared.communicator(rank.index);
+    }
+    rank.model = std::make_unique<LlamaModel>(*rank.weights, *rank.pool, rank.comm.get());
+    return absl::OkStatus();
+  }));
+  return group;
+}
+
+absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
+  if (num_blocks < 1 || block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a KV pool of ", num_blocks, " blocks of ", block_size, " positions"));
+  }
+  num_blocks_ = num_blocks;
+  block_size_ = block_size;
+  // Each rank allocates (and first touches) its own rows.
+  return onEveryRank([&](Rank& rank) {
+    const LlamaWeights& w = *rank.weights;
+    rank.kv.reset();
+    rank.kv = std::make_unique<KvStorage>(
+        KvStorageOptions{.num_layers = static_cast<int64_t>(w.layers.size()),
+                         .kv_dim = w.dims.kv_heads.size * w.config.head_dim,
+                         .block_size = block_size,
+                         .num_blocks = num_blocks});
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::span<const float>> TpGroup::forward(std::span<const SequenceChunk> batch) {
+  if (!ranks_[0]->kv) return absl::FailedPreconditionError("forward before allocateKv");
+  CLEAVE_RETURN_IF_ERROR(onEveryRank([&](Rank& rank) -> absl::Status {
+    CLEAVE_ASSIGN_OR_RETURN(rank.logits, rank.model->forward(batch, *rank.kv));
+    return absl::OkStatus();
+  }));
+  return ranks_[0]->logits;
+}
+
+const model::ModelConfig& TpGroup::config() const { return ranks_[0]->weights->config; }
+
+int64_t TpGroup::weightBytes(int rank) const { return ranks_[rank]->weights->weightBytes(); }
+
+int64_t TpGroup::kvBlockBytes(int rank) const {
+  const LlamaWeights& w = *ranks_[rank]->weights;
+  return 2 * static_cast<int64_t>(w.layers.size()) * w.dims.kv_heads.size * w.config.head_dim *
+         block_size_ * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace cleave::engine

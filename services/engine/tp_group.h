@@ -1,0 +1,79 @@
+// One model replica spread over the rank threads of a tensor-parallel group (ARCHITECTURE
+// §1): rank r holds shard r of the weights (tensor_parallel.h), its own thread pool and its
+// share of every KV block, and runs the same forward step as the others; they meet in
+// collectives (through shared memory, or Gloo). A group of one runs on the caller's thread
+// with no transport at all.
+//
+// The KvBlockPool that hands out block ids lives with the scheduler: a block id means the
+// same positions on every rank.
+//
+// Threading: one thread (the scheduler's) calls every method; forward() blocks until every
+// rank has finished the step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+#include "services/engine/llama_model.h"
+
+namespace cleave::engine {
+
+// How the ranks of a group exchange partial sums.
+enum class TpTransport {
+  kSharedMemory,  // Rank threads read each other's buffers (shared_memory_communicator.h).
+  kGloo,          // Gloo over loopback TCP (gloo_communicator.h).
+};
+
+struct TpGroupOptions {
+  int tp = 1;
+  TpTransport transport = TpTransport::kSharedMemory;
+  // CPU threads for the whole group, split evenly between the ranks (at least one each).
+  int threads = 1;
+};
+
+class TpGroup {
+ public:
+  // Loads every rank's shard of the model at `path` (in parallel, one per rank thread) and
+  // connects the ranks. Errors name the file, the tensor, or the dimension that cannot be
+  // split options.tp ways.
+  static absl::StatusOr<std::unique_ptr<TpGroup>> load(const std::string& path,
+                                                       const TpGroupOptions& options);
+  ~TpGroup();
+
+  // Gives every rank `num_blocks` KV blocks of `block_size` positions (replacing any
+  // before).
+  absl::Status allocateKv(int64_t num_blocks, int64_t block_size);
+
+  // One forward step of every rank over `batch` (LlamaModel::forward); the logits are rank
+  // 0's (every rank has the same), valid until the next call.
+  absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch);
+
+  const model::ModelConfig& config() const;
+  int tp() const { return static_cast<int>(ranks_.size()); }
+  int64_t numBlocks() const { return num_blocks_; }
+  int64_t blockSize() const { return block_size_; }
+  // Weight bytes rank `rank` streams per step, and its KV bytes per block.
+  int64_t weightBytes(int rank) const;
+  int64_t kvBlockBytes(int rank) const;
+
+ private:
+  struct Rank;
+  class Threads;
+  TpGroup();
+  // Runs `job` on every rank (each on its own thread, or inline for a group of one) and
+  // returns the first error.
+  absl::Status onEveryRank(const std::function<absl::Status(Rank&)>& job);
+
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<Threads> threads_;  // Null for a group of one.
+  int64_t num_blocks_ = 0;
+  int64_t block_size_ = 16;
+  std::span<const float> logits_;
+};
+
+}  // namespace cleave::engine

@@ -1,0 +1,223 @@
+#include "services/engine/tp_group.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "services/engine/gloo_communicator.h"
+#include "services/engine/kv_block_pool.h"
+#include "services/engine/scheduler.h"
+#include "services/engine/shared_memory_communicator.h"
+
+namespace cleave::engine {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kHf = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/";
+constexpr TpTransport kShm = TpTransport::kSharedMemory, kGloo = TpTransport::kGloo;
+const std::string kSmolLm2 = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+// Runs `body(rank, comm)` on `size` threads connected by `transport`.
+void onGroup(TpTransport transport, int size, const std::function<void(int, Communicator&)>& body) {
+  GlooRendezvous rendezvous(size);
+  SharedMemoryGroup shared(size);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<Communicator>> comm =
+          transport == TpTransport::kGloo ? rendezvous.connect(r) : shared.communicator(r);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      EXPECT_EQ((*comm)->rank(), r);
+      EXPECT_EQ((*comm)->size(), size);
+      body(r, **comm);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+class CommunicatorTest : public ::testing::TestWithParam<TpTransport> {};
+
+TEST_P(CommunicatorTest, CollectivesMatchTheirDefinitions) {
+  constexpr int kRanks = 3;
+  // Per rank: random inputs; uneven gather counts; awkward lengths.
+  std::vector<std::vector<float>> inputs(kRanks);
+  const std::vector<int64_t> counts = {5, 1, 7};
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-2, 2);
+  for (auto& in : inputs) {
+    in.resize(1031);
+    for (float& x : in) x = dist(rng);
+  }
+  std::vector<double> sum(1031, 0.0);
+  for (const auto& in : inputs)
+    for (size_t i = 0; i < in.size(); ++i) sum[i] += in[i];
+  std::vector<float> concat;
+  for (int r = 0; r < kRanks; ++r)
+    concat.insert(concat.end(), inputs[r].begin(), inputs[r].begin() + counts[r]);
+
+  onGroup(GetParam(), kRanks, [&](int rank, Communicator& comm) {
+    for (int round = 0; round < 3; ++round) {  // Back to back, as a forward step issues them.
+      std::vector<float> data = inputs[rank];
+      ASSERT_TRUE(comm.allReduceSum(data).ok());
+      for (size_t i = 0; i < data.size(); ++i) ASSERT_NEAR(data[i], sum[i], 1e-5) << i;
+    }
+
+    std::vector<float> gathered(concat.size(), std::nanf(""));  // Poisoned.
+    ASSERT_TRUE(
+        comm.allGather({inputs[rank].data(), static_cast<size_t>(counts[rank])}, counts, gathered)
+            .ok());
+    EXPECT_EQ(gathered, concat);
+
+    std::vector<std::byte> bytes(37, std::byte{static_cast<unsigned char>(rank)});
+    ASSERT_TRUE(comm.broadcast(bytes, 2).ok());
+    EXPECT_EQ(bytes, std::vector<std::byte>(37, std::byte{2}));
+    EXPECT_TRUE(comm.barrier().ok());
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CommunicatorTest, ::testing::Values(kShm, kGloo));
+
+std::vector<float> copy(std::span<const float> s) { return {s.begin(), s.end()}; }
+
+uint32_t argmax(std::span<const float> logits) {
+  return static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+// Prefill of three random prompts in one batch, then decode steps of all three batched.
+// Each step feeds `forced` tokens when given (teacher forcing: both sides see the same
+// sequences even where their argmax differs), else the greedy ones. Records every step's
+// logits and argmax.
+struct Trace {
+  std::vector<std::vector<float>> logits;
+  std::vector<uint32_t> argmax;
+};
+
+Trace run(TpGroup& group, int steps, const std::vector<uint32_t>* forced = nullptr) {
+  const int64_t vocab = group.config().vocab_size;
+  EXPECT_TRUE(group.allocateKv(48, 4).ok());
+  KvBlockPool pool({.block_size = 4, .num_blocks = 48});
+  std::mt19937 rng(7);
+  std::vector<std::vector<uint32_t>> seqs;
+  std::vector<std::vector<int32_t>> tables;
+  for (int length : {5, 17, 30}) {
+    std::vector<uint32_t> p(length);
+    for (auto& id : p) id = rng() % vocab;
+    seqs.push_back(p);
+    tables.push_back(*pool.allocate(pool.blocksFor(length + steps)));
+  }
+  Trace trace;
+  std::vector<int64_t> start(3, 0);
+  for (int step = 0; step <= steps; ++step) {
+    std::vector<SequenceChunk> batch;
+    for (int s = 0; s < 3; ++s) {
+      batch.push_back({.tokens = std::span<const uint32_t>(seqs[s]).subspan(start[s]),
+                       .start = start[s],
+                       .blocks = tables[s]});
+    }
+    auto logits = group.forward(batch);
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    if (!logits.ok()) return trace;
+    trace.logits.push_back(copy(*logits));
+    for (int s = 0; s < 3; ++s) {
+      start[s] = static_cast<int64_t>(seqs[s].size());
+      trace.argmax.push_back(argmax(logits->subspan(s * vocab, vocab)));
+      seqs[s].push_back(forced ? (*forced)[trace.argmax.size() - 1] : trace.argmax.back());
+    }
+  }
+  return trace;
+}
+
+class TpEquivalenceTest
+    : public ::testing::TestWithParam<std::tuple<std::string, int, TpTransport>> {};
+
+// TP=N gives the logits and greedy tokens of TP=1: the same model cut differently, so only
+// the order of float sums differs. Float weights agree to rounding. Quantized weights
+// multiply activations rounded to int8 per block, and a last-bit difference can move a
+// value across a rounding step; in blocks holding the large outlier activations real
+// models have, one step is a visible change. So for them the bound is looser, and an argmax
+// may differ where two logits are closer than it (the bound already covers that); a
+// sharding mistake (wrong head, column or vocabulary range) moves logits by their own size.
+TEST_P(TpEquivalenceTest, MatchesASingleRank) {
+  const auto& [path, tp, transport] = GetParam();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not installed";
+  auto one = TpGroup::load(path, {.tp = 1, .threads = 2});
+  ASSERT_TRUE(one.ok()) << one.status();
+  auto many = TpGroup::load(path, {.tp = tp, .transport = transport, .threads = 2});
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ((*many)->tp(), tp);
+  const Trace want = run(**one, 6);
+  const Trace got = run(**many, 6, &want.argmax);
+  ASSERT_EQ(got.logits.size(), want.logits.size());
+  double worst = 0;
+  for (size_t i = 0; i < want.logits.size(); ++i) {
+    double peak = 0, err = 0;
+    for (size_t v = 0; v < want.logits[i].size(); ++v) {
+      peak = std::max(peak, std::fabs(double(want.logits[i][v])));
+      err = std::max(err, std::fabs(double(got.logits[i][v]) - want.logits[i][v]));
+    }
+    worst = std::max(worst, err / peak);
+  }
+  int same = 0;  // Reported for quantized weights, required for float ones.
+  for (size_t i = 0; i < want.argmax.size(); ++i) same += got.argmax[i] == want.argmax[i];
+  std::printf("%s tp=%d%s: max relative logit difference from tp=1 %.2e; argmax agrees %d/%zu\n",
+              path.c_str(), tp, transport == kGloo ? " (gloo)" : "", worst, same,
+              want.argmax.size());
+  const bool quantized = path.ends_with(".gguf");
+  EXPECT_LE(worst, quantized ? 0.15 : 1e-5);
+  if (!quantized) EXPECT_EQ(got.argmax, want.argmax);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TpEquivalenceTest,
+                         ::testing::Values(std::make_tuple(kHf + "llama_f32", 2, kShm),
+                                           std::make_tuple(kHf + "qwen2_f32", 2, kShm),
+                                           std::make_tuple(kHf + "qwen3_f32", 2, kShm),
+                                           std::make_tuple(kHf + "llama_bf16", 2, kShm),
+                                           std::make_tuple(kHf + "mixtral_f32", 2, kShm),
+                                           std::make_tuple(kHf + "qwen3_moe_f32", 2, kShm),
+                                           std::make_tuple(kSmolLm2, 2, kShm),
+                                           std::make_tuple(kSmolLm2, 3, kShm),
+                                           std::make_tuple(kHf + "qwen3_moe_f32", 2, kGloo),
+                                           std::make_tuple(kSmolLm2, 2, kGloo)));
+
+TEST(TpGroupTest, RefusesASplitTheModelCannotTake) {
+  // SmolLM2 has 3 KV heads.
+  if (!std::filesystem::exists(kSmolLm2)) GTEST_SKIP() << kSmolLm2 << " is not installed";
+  auto group = TpGroup::load(kSmolLm2, {.tp = 4, .threads = 2});
+  ASSERT_FALSE(group.ok());
+  EXPECT_EQ(group.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(group.status().message(), HasSubstr("3 KV heads over 4"));
+  EXPECT_THAT(TpGroup::load(kSmolLm2, {.tp = 0}).status().message(), HasSubstr("--tp"));
+}
+
+TEST(TpGroupTest, SchedulerOnTwoRanksMatchesOneRank) {
+  const std::string path = kHf + "qwen3_moe_f32";
+  std::map<int, std::vector<uint32_t>> tokens;
+  for (int tp : {1, 2}) {
+    auto group = TpGroup::load(path, {.tp = tp, .threads = 2});
+    ASSERT_TRUE(group.ok()) << group.status();
+    ASSERT_TRUE((*group)->allocateKv(32, 4).ok());
+    Scheduler scheduler(**group, nullptr, {.max_batch_tokens = 8});
+    for (uint64_t id = 0; id < 3; ++id) {
+      GenerationRequest request{.id = id,
+                                .prompt = {1, 5, 9, 2, 7, 3, 11, static_cast<uint32_t>(id)}};
+      request.stop.max_new_tokens = 6;
+      ASSERT_TRUE(scheduler.add(std::move(request)).ok());
+    }
+    while (!scheduler.idle()) {
+      auto events = scheduler.step();
+      ASSERT_TRUE(events.ok()) << events.status();
+      for (const TokenEvent& e : *events) tokens[tp].push_back(e.token);
+    }
+  }
+  EXPECT_EQ(tokens[2], tokens[1]);
+  EXPECT_EQ(tokens[1].size(), 18u);
+}
+
+}  // namespace
+}  // namespace cleave::engine
