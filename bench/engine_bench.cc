@@ -1,8 +1,10 @@
 // The CPU engine against its memory floor on a real model: prefill throughput at 128 and
 // 512 tokens, and decode at batch 1, 4, 16 and 64 (each sequence holding 128 tokens of
-// context). Every time is printed next to its floor: the bytes the step must read
-// (weights once per step + the KV it attends over) divided by the read bandwidth measured
-// in the same run with the same threads.
+// context). Every time is printed next to its floor, the larger of two bounds measured in
+// the same run with the same threads: memory (the bytes the step must read, weights once
+// per step + the KV it attends over, over the read bandwidth) and compute (the step's
+// multiply-adds over the SIMD peak: int8 VNNI for quantized weights, f32 FMA for float
+// weights and attention).
 //
 // With --tp N the model runs as a tensor-parallel group of N rank threads (threads split
 // between them) sharing this machine's memory, so the floor is the same bytes over the same
@@ -20,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/simd_peak.h"
 #include "kernels/cpu/thread_pool.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/tp_group.h"
@@ -76,11 +79,32 @@ int main(int argc, char** argv) {
   }
   engine::TpGroup& model = **group;
   const model::ModelConfig& c = model.config();
-  double bandwidth = 0;
+  double bandwidth = 0, int8_peak = 0, f32_peak = 0;
   {
     cpu::ThreadPool pool(threads);
     bandwidth = measureBandwidth(pool, reps);
+    int8_peak = bench::int8PeakOps(pool);
+    f32_peak = bench::f32PeakFlops(pool);
   }
+  // Multiply-adds per token of the linear layers (every token) and the lm-head (the last
+  // token of each sequence), and of attention per token per position attended.
+  const int64_t h = c.hidden_size, q_dim = int64_t{c.num_heads} * c.head_dim;
+  int64_t layer_macs = h * (q_dim + 2 * int64_t{c.num_kv_heads} * c.head_dim) + q_dim * h;
+  layer_macs += c.moe
+                    ? int64_t{c.moe->experts_per_token} * 3 * c.moe->expert_intermediate_size * h +
+                          int64_t{c.moe->num_experts} * h
+                    : 3 * int64_t{c.intermediate_size} * h;
+  const double linear_macs = static_cast<double>(layer_macs) * c.num_layers;
+  const double head_macs = static_cast<double>(c.vocab_size) * h;
+  const double attention_macs = 2.0 * c.num_layers * q_dim;
+  const bool quantized = model::tensorTypeTraits(model.weightType()).value().block_elements > 1;
+  const double linear_peak = quantized && int8_peak > 0 ? int8_peak : f32_peak;
+  // Seconds of compute for `tokens` tokens of `sequences` sequences attending over
+  // `attended` positions in all.
+  auto computeFloor = [&](double tokens, double sequences, double attended) {
+    return 2 * (linear_macs * tokens + head_macs * sequences) / linear_peak +
+           2 * attention_macs * attended / f32_peak;
+  };
   double weight_bytes = 0;
   for (int r = 0; r < tp; ++r) weight_bytes += static_cast<double>(model.weightBytes(r));
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
@@ -89,8 +113,15 @@ int main(int argc, char** argv) {
       "model %s: %.1f MB of weights read per step; %d threads, tp %d; measured read bandwidth "
       "%.1f GB/s\n",
       path.c_str(), weight_bytes / 1e6, threads, tp, bandwidth / 1e9);
-  std::printf("%-22s %12s %12s %12s %10s\n", "case", "time (ms)", "tokens/s", "floor (ms)",
-              "floor/time");
+  std::printf("SIMD peak: int8 %.0f GOP/s (VNNI), f32 %.0f GFLOP/s; linear layers count at %s\n",
+              int8_peak / 1e9, f32_peak / 1e9, linear_peak == int8_peak ? "int8" : "f32");
+  std::printf("%-20s %10s %10s %10s %10s %10s %8s\n", "case", "time (ms)", "tokens/s", "mem (ms)",
+              "comp (ms)", "floor (ms)", "floor/t");
+  auto report = [&](const char* name, double t, double tokens_per_step, double mem, double comp) {
+    const double floor = std::max(mem, comp);
+    std::printf("%-20s %10.2f %10.1f %10.2f %10.2f %10.2f %8.2f\n", name, t * 1e3,
+                tokens_per_step / t, mem * 1e3, comp * 1e3, floor * 1e3, floor / t);
+  };
 
   const int64_t num_blocks = 64 * 16 + 40;
   if (!model.allocateKv(num_blocks, 16).ok()) return 1;
@@ -117,9 +148,11 @@ int main(int argc, char** argv) {
     cache.release(blocks);
     double t = median(times);
     // Prefill reads the weights once; its KV reads stay in cache (it just wrote them).
-    double floor = weight_bytes / bandwidth;
-    std::printf("prefill %-14d %12.2f %12.1f %12.2f %10.2f\n", length, t * 1e3, length / t,
-                floor * 1e3, floor / t);
+    char name[32];
+    std::snprintf(name, sizeof(name), "prefill %d", length);
+    // Causal attention: token i attends over i + 1 positions.
+    report(name, t, length, weight_bytes / bandwidth,
+           computeFloor(length, 1, length * (length + 1) / 2.0));
   }
 
   for (int batch : {1, 4, 16, 64}) {
@@ -150,11 +183,11 @@ int main(int argc, char** argv) {
     }
     for (auto& table : tables) cache.release(table);
     double t = median(times);
-    double floor = (weight_bytes + batch * (context + steps) * kv_bytes_per_token) / bandwidth;
     char name[32];
     std::snprintf(name, sizeof(name), "decode batch %d", batch);
-    std::printf("%-22s %12.2f %12.1f %12.2f %10.2f\n", name, t * 1e3, batch / t, floor * 1e3,
-                floor / t);
+    report(name, t, batch,
+           (weight_bytes + batch * (context + steps) * kv_bytes_per_token) / bandwidth,
+           computeFloor(batch, batch, batch * (context + steps)));
   }
   return 0;
 }

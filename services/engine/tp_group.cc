@@ -159,6 +159,8 @@ const model::ModelConfig& TpGroup::config() const { return ranks_[0]->weights->c
 
 int64_t TpGroup::weightBytes(int rank) const { return ranks_[rank]->weights->weightBytes(); }
 
+model::TensorType TpGroup::weightType() const { return ranks_[0]->weights->layers[0].wq.type(); }
+
 int64_t TpGroup::kvBlockBytes(int rank) const {
   const LlamaWeights& w = *ranks_[rank]->weights;
   return 2 * static_cast<int64_t>(w.layers.size()) * w.dims.kv_heads.size * w.config.head_dim *
