@@ -34,7 +34,7 @@ int64_t WeightMatrix::rowBytes() const { return *model::tensorBytes(type, cols);
 // Formats without a dedicated kernel yet: each row is dequantized to float, then dotted.
 bool isDequantizedPerRow(TensorType type) {
   return type == TensorType::kQ5_0 || type == TensorType::kQ5_1 || type == TensorType::kQ4_K ||
-         type == TensorType::kQ5_K || type == TensorType::kQ6_K;
+         type == TensorType::kQ5_K || type == TensorType::kQ6_K || type == TensorType::kF8E4M3;
 }
 
 bool matmulSupports(TensorType type) {
@@ -53,6 +53,16 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
     return absl::InvalidArgumentError(absl::StrCat("matmul: ", source.cols,
                                                    " columns is not a whole number of ",
                                                    model::tensorTypeName(source.type), " blocks"));
+  }
+  if ((source.type == TensorType::kF8E4M3) != (source.scales.data != nullptr)) {
+    return absl::InvalidArgumentError(
+        "matmul: FP8 weights need block scales, and only FP8 weights take them");
+  }
+  if (source.scales.data &&
+      (source.scales.block_rows <= 0 || source.scales.block_cols <= 0 ||
+       (source.scales.col_offset + source.cols - 1) / source.scales.block_cols >=
+           source.scales.cols)) {
+    return absl::InvalidArgumentError("matmul: the FP8 block scales do not cover the matrix");
   }
   if (!isaSupported(isa)) {
     return absl::FailedPreconditionError(

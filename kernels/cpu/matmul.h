@@ -4,8 +4,8 @@
 //
 // W has `rows` output features, each a row of `cols` input features. It arrives in its
 // stored format (WeightMatrix: GGUF block formats Q4_0, Q4_1, Q8_0, or F32, F16, BF16; also
-// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, which are dequantized a row at a time until they have
-// kernels of their own) and
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and FP8 E4M3 with block scales, which are dequantized a row
+// at a time until they have kernels of their own) and
 // is turned once, at load, into a CpuMatrix: quantized formats are repacked row-interleaved
 // for the AVX-512 kernels (packed_layout.h: the same bytes rearranged, nothing
 // dequantized), other cases use the stored bytes in place. Quantized weights multiply x
@@ -25,11 +25,25 @@
 
 namespace cleave::cpu {
 
+// The per-block scales of an FP8 block-scaled weight (model/quantization.h): element (r, c)
+// is its stored value times data[((row_offset + r) / block_rows) * cols +
+// (col_offset + c) / block_cols]. The offsets place a slice of a matrix (a tensor-parallel
+// shard) in its whole matrix's scale grid of `cols` columns.
+struct BlockScales {
+  const float* data = nullptr;
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
+  int64_t cols = 0;
+  int64_t row_offset = 0;
+  int64_t col_offset = 0;
+};
+
 struct WeightMatrix {
   model::TensorType type = model::TensorType::kF32;
   int64_t rows = 0;
   int64_t cols = 0;
   const uint8_t* data = nullptr;  // rows * rowBytes() bytes.
+  BlockScales scales;             // Set for (and only for) FP8 weights.
   int64_t rowBytes() const;
 };
 

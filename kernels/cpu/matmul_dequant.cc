@@ -1,5 +1,6 @@
 // The fallback for weight formats without a dedicated kernel: dequantize one row into a
-// per-thread buffer (exact, model/tensor_type.h), then one dot product per token. Correct
+// per-thread buffer (exact, model/tensor_type.h; times its block scales for FP8), then one
+// dot product per token. Correct
 // everywhere, and the formats' bytes are still read only once per call.
 #include <vector>
 
@@ -13,8 +14,13 @@ void dequantizedRows(const FloatRows& a) {
   const WeightMatrix& w = *a.weight;
   thread_local std::vector<float> row;
   row.resize(w.cols);
+  const BlockScales& s = w.scales;
   for (int64_t n = a.row_begin; n < a.row_end; ++n) {
     CLEAVE_CHECK_OK(model::dequantize(w.type, w.data + n * w.rowBytes(), w.cols, row.data()));
+    if (s.data != nullptr) {
+      const float* scale = s.data + ((s.row_offset + n) / s.block_rows) * s.cols;
+      for (int64_t c = 0; c < w.cols; ++c) row[c] *= scale[(s.col_offset + c) / s.block_cols];
+    }
     for (int64_t t = 0; t < a.tokens; ++t)
       a.y[t * a.ldy + n] = dot(row.data(), a.x + t * a.ldx, w.cols);
   }

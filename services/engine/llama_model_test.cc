@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include <unistd.h>
+
 #include "absl/strings/escaping.h"
 
 namespace cleave::engine {
@@ -238,9 +240,35 @@ TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
   }
 }
 
+// An FP8 checkpoint whose config.json lost its quantization_config, or whose scales are
+// missing, is refused with the file's field or the tensor named.
+TEST(Fp8CheckpointTest, InconsistentCheckpointsAreRefused) {
+  const std::filesystem::path source = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llama_fp8";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("cleave_fp8_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy(source / "model.safetensors", dir / "model.safetensors");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(source / "config.json"));
+  config.erase("quantization_config");
+  std::ofstream(dir / "config.json") << config.dump();
+  auto weights = loadLlama(dir.string());
+  EXPECT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(weights.status().message(), HasSubstr("quantization_config"));
+
+  config = nlohmann::json::parse(std::ifstream(source / "config.json"));
+  config["quantization_config"]["weight_block_size"] = {8, 32};  // Scales no longer fit.
+  std::ofstream(dir / "config.json") << config.dump();
+  weights = loadLlama(dir.string());
+  EXPECT_FALSE(weights.ok());
+  EXPECT_THAT(weights.status().message(), HasSubstr("_scale_inv"));
+  std::filesystem::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
                          ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
-                                           "smollm2_like_f32", "qwen2_f32", "qwen3_f32"));
+                                           "llama_fp8", "smollm2_like_f32", "qwen2_f32",
+                                           "qwen3_f32"));
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32"));

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/quantization.h"
 #include "common/status_macros.h"
 
 namespace cleave::engine {
@@ -43,6 +44,12 @@ class TensorSource {
                                       std::vector<uint64_t> dims) const = 0;
   virtual absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
                                        const ShardDims& dims) const = 0;
+  // The block scales of FP8 weight `name` (its whole matrix's grid), as floats.
+  struct Scales {
+    std::shared_ptr<std::vector<float>> data;
+    cpu::BlockScales grid;  // data pointer, block shape and columns; offsets 0.
+  };
+  virtual absl::StatusOr<Scales> blockScales(const std::string& name) const = 0;
 
   static Slice rows(Span span) { return {Slice::Axis::kRows, span}; }
   static Slice cols(Span span) { return {Slice::Axis::kCols, span}; }
@@ -55,6 +62,11 @@ class TensorSource {
                         .cols = static_cast<int64_t>(cols),
                         .data = t.data};
     std::shared_ptr<std::vector<uint8_t>> copy;
+    Scales scales;
+    if (t.type == model::TensorType::kF8E4M3) {
+      CLEAVE_ASSIGN_OR_RETURN(scales, blockScales(name));
+      w.scales = scales.grid;
+    }
     const uint64_t whole = slice.axis == Slice::Axis::kRows ? rows : cols;
     if (slice.span.begin == 0 && static_cast<uint64_t>(slice.span.size) == whole) {
       slice.axis = Slice::Axis::kAll;  // A group of one keeps the stored bytes in place.
@@ -62,6 +74,7 @@ class TensorSource {
     if (slice.axis == Slice::Axis::kRows) {
       w.data += slice.span.begin * w.rowBytes();
       w.rows = slice.span.size;
+      w.scales.row_offset = slice.span.begin;
     } else if (slice.axis == Slice::Axis::kCols) {
       const std::optional<uint64_t> skip = model::tensorBytes(t.type, slice.span.begin);
       const std::optional<uint64_t> keep = model::tensorBytes(t.type, slice.span.size);
@@ -77,8 +90,10 @@ class TensorSource {
         std::memcpy(copy->data() + r * *keep, t.data + r * row_bytes + *skip, *keep);
       w.data = copy->data();
       w.cols = slice.span.size;
+      w.scales.col_offset = slice.span.begin;
     }
-    auto m = cpu::CpuMatrix::create(w, copy);
+    auto m = cpu::CpuMatrix::create(
+        w, std::make_shared<std::pair<decltype(copy), decltype(scales.data)>>(copy, scales.data));
     if (!m.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("tensor \"", name, "\": ", m.status().message()));
@@ -130,6 +145,10 @@ class GgufSource final : public TensorSource {
     }
     return Stored{t->type, t->data};
   }
+  absl::StatusOr<Scales> blockScales(const std::string& name) const override {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_.path(), ": tensor \"", name, "\" is FP8, which GGUF does not define"));
+  }
   absl::StatusOr<MoeBlock> moe(uint32_t, const model::ModelConfig&,
                                const ShardDims&) const override {
     return absl::UnimplementedError(
@@ -144,7 +163,9 @@ class GgufSource final : public TensorSource {
 
 class SafetensorsSource final : public TensorSource {
  public:
-  explicit SafetensorsSource(const model::SafetensorsCheckpoint& checkpoint) : ckpt_(checkpoint) {}
+  SafetensorsSource(const model::SafetensorsCheckpoint& checkpoint,
+                    model::QuantizationInfo quantization)
+      : ckpt_(checkpoint), quant_(std::move(quantization)) {}
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
     static const std::map<std::string, std::string> kNames = {
         {"attn_norm", "input_layernorm.weight"},
@@ -179,6 +200,25 @@ class SafetensorsSource final : public TensorSource {
   // Mixtral names its MoE block "block_sparse_moe" with experts w1 (gate), w3 (up),
   // w2 (down); Qwen3-MoE and DeepSeek-V3 "mlp" with gate_proj / up_proj / down_proj, and
   // DeepSeek adds gate.e_score_correction_bias and shared_experts.
+  absl::StatusOr<Scales> blockScales(const std::string& name) const override {
+    if (quant_.scheme != model::QuantScheme::kFp8BlockScaled) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", name,
+                       "\" is F8_E4M3 but the checkpoint declares no FP8 block-scaled "
+                       "quantization_config (quant_method \"fp8\" with weight_block_size)"));
+    }
+    CLEAVE_ASSIGN_OR_RETURN(model::QuantizedWeight q,
+                            model::resolveQuantizedWeight(ckpt_, quant_, name));
+    const uint64_t count = q.scale->shape[0] * q.scale->shape[1];
+    Scales out{.data = std::make_shared<std::vector<float>>(count)};
+    CLEAVE_RETURN_IF_ERROR(
+        model::dequantize(q.scale->dtype, q.scale->data, count, out.data->data()));
+    out.grid = {.data = out.data->data(),
+                .block_rows = quant_.block_rows,
+                .block_cols = quant_.block_cols,
+                .cols = static_cast<int64_t>(q.scale->shape[1])};
+    return out;
+  }
   absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
                                const ShardDims& dims) const override {
     const bool mixtral = c.architecture == Architecture::kMixtral;
@@ -219,6 +259,7 @@ class SafetensorsSource final : public TensorSource {
 
  private:
   const model::SafetensorsCheckpoint& ckpt_;
+  model::QuantizationInfo quant_;
 };
 
 absl::Status checkSupported(const model::ModelConfig& c, const std::string& path) {
@@ -311,7 +352,13 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
   CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
   CLEAVE_ASSIGN_OR_RETURN(w->safetensors, model::SafetensorsCheckpoint::open(folder));
   w->rope_pairing = cpu::RopePairing::kHalves;
-  CLEAVE_RETURN_IF_ERROR(loadTensors(SafetensorsSource(*w->safetensors), *w));
+  CLEAVE_ASSIGN_OR_RETURN(model::QuantizationInfo quantization,
+                          model::readQuantizationInfo(folder));
+  if (quantization.scheme == model::QuantScheme::kNvfp4) {
+    return absl::UnimplementedError(absl::StrCat(
+        quantization.source, ": NVFP4 checkpoints are not supported by the CPU engine yet"));
+  }
+  CLEAVE_RETURN_IF_ERROR(loadTensors(SafetensorsSource(*w->safetensors, quantization), *w));
   return w;
 }
 
@@ -319,7 +366,7 @@ absl::StatusOr<MoeBlock> loadMoeBlock(const model::SafetensorsCheckpoint& checkp
                                       const model::ModelConfig& config, uint32_t layer) {
   if (!config.moe) return absl::InvalidArgumentError("the model has no mixture-of-experts layers");
   CLEAVE_ASSIGN_OR_RETURN(ShardDims whole, planShard(config, {}));
-  return SafetensorsSource(checkpoint).moe(layer, config, whole);
+  return SafetensorsSource(checkpoint, {}).moe(layer, config, whole);
 }
 
 int64_t LlamaWeights::weightBytes() const {
