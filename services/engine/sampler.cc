@@ -39,10 +39,14 @@ absl::Status validateSamplingParams(const SamplingParams& p) {
   return absl::OkStatus();
 }
 
-Sampler::Sampler(const SamplingParams& params, std::span<const uint32_t> prompt)
-    : params_(params), rng_(params.seed) {
+Sampler::Sampler(const SamplingParams& params, std::span<const uint32_t> prompt) : params_(params) {
   std::unordered_set<uint32_t> seen(prompt.begin(), prompt.end());
   prompt_tokens_.assign(seen.begin(), seen.end());
+}
+
+void Sampler::observe(uint32_t token) {
+  ++output_counts_[token];
+  ++index_;
 }
 
 SampledToken Sampler::sample(std::span<const float> logits) {
@@ -114,7 +118,12 @@ SampledToken Sampler::sample(std::span<const float> logits) {
     }
     double kept = 0;
     for (uint32_t i = 0; i < n; ++i) kept += probs[i];
-    double draw = std::uniform_real_distribution<double>(0.0, kept)(rng_);
+    // splitmix64 of (seed, index): independent streams per output position.
+    uint64_t z = params_.seed + (index_ + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    std::mt19937_64 rng(z ^ (z >> 31));
+    double draw = std::uniform_real_distribution<double>(0.0, kept)(rng);
     chosen = order_[n - 1];
     for (uint32_t i = 0; i < n; ++i) {
       if ((draw -= probs[i]) < 0) {
@@ -123,7 +132,7 @@ SampledToken Sampler::sample(std::span<const float> logits) {
       }
     }
   }
-  ++output_counts_[chosen];
+  observe(chosen);
 
   SampledToken result{.token = chosen};
   if (params_.logprobs >= 0) {

@@ -4,8 +4,10 @@
 // divided by it, a negative one multiplied), presence and frequency penalties (output
 // tokens: minus presence if seen, minus frequency x count), then temperature 0 = greedy
 // (argmax); otherwise divide by temperature, keep the top_k, keep the smallest set whose
-// probability reaches top_p, drop tokens below min_p x the top probability, and draw with
-// the sequence's own random stream (same seed, same draws).
+// probability reaches top_p, drop tokens below min_p x the top probability, and draw.
+// Output token i draws from a generator seeded by (seed, i), so the same seed gives the
+// same output, and a sequence whose first token was drawn by a prefill worker continues on
+// a decode worker exactly as it would have in one process (observe() the first token).
 // Log-probabilities reported are those of the model's distribution (log-softmax of the
 // raw logits), as a client comparing sampling settings expects.
 //
@@ -51,10 +53,13 @@ class Sampler {
 
   // Picks the next token and records it as part of the output.
   SampledToken sample(std::span<const float> logits);
+  // Records `token` as the next output token without sampling it (it was sampled
+  // elsewhere): it counts for the penalties and advances the draw index.
+  void observe(uint32_t token);
 
  private:
   SamplingParams params_;
-  std::mt19937_64 rng_;
+  uint64_t index_ = 0;  // Output tokens so far.
   std::unordered_map<uint32_t, int32_t> output_counts_;
   std::vector<uint32_t> prompt_tokens_;  // Distinct prompt tokens.
   std::vector<float> scratch_;

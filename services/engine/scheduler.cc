@@ -14,7 +14,7 @@ Scheduler::Scheduler(TpGroup& model, const tokenizer::Tokenizer* tokenizer,
       options_(options),
       cache_({.block_size = model.blockSize(), .num_blocks = model.numBlocks()}) {}
 
-absl::Status Scheduler::add(GenerationRequest request) {
+absl::Status Scheduler::validate(const GenerationRequest& request) const {
   const model::ModelConfig& c = model_.config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   for (uint32_t id : request.prompt) {
@@ -37,8 +37,111 @@ absl::Status Scheduler::add(GenerationRequest request) {
         absl::StrCat("prompt + max_new_tokens = ", total, " tokens needs ", cache_.blocksFor(total),
                      " KV blocks; the whole pool has ", cache_.totalBlocks()));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::add(GenerationRequest request) {
+  CLEAVE_RETURN_IF_ERROR(validate(request));
   waiting_.push_back(std::move(request));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t count) {
+  if (count < 1) return absl::InvalidArgumentError("num_blocks must be >= 1");
+  if (auto it = reservations_.find(id); it != reservations_.end()) {
+    if (static_cast<int64_t>(it->second.size()) == count) return it->second;
+    return absl::AlreadyExistsError(
+        absl::StrCat("request ", id, " already holds ", it->second.size(), " blocks, not ", count));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(std::vector<int32_t> blocks, cache_.allocate(count));
+  reservations_.emplace(id, blocks);
+  return blocks;
+}
+
+int64_t Scheduler::release(uint64_t id) {
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (running_[i]->request.id == id) {
+      // A reserved sequence's blocks are the reservation's: freed below, once.
+      if (running_[i]->mode == Mode::kGenerate) cache_.release(running_[i]->blocks);
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  }
+  auto it = reservations_.find(id);
+  if (it == reservations_.end()) return 0;
+  const int64_t freed = static_cast<int64_t>(it->second.size());
+  cache_.release(it->second);
+  reservations_.erase(it);
+  return freed;
+}
+
+int64_t Scheduler::reservedBlocks() const {
+  int64_t n = 0;
+  for (const auto& [id, blocks] : reservations_) n += static_cast<int64_t>(blocks.size());
+  return n;
+}
+
+absl::StatusOr<const std::vector<int32_t>*> Scheduler::reservationFor(
+    const GenerationRequest& request) const {
+  auto it = reservations_.find(request.id);
+  if (it == reservations_.end())
+    return absl::NotFoundError(absl::StrCat("request ", request.id, " has no KV reservation"));
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_new_tokens;
+  if (cache_.blocksFor(total) > static_cast<int64_t>(it->second.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt + max_new_tokens = ", total, " tokens needs ", cache_.blocksFor(total),
+                     " KV blocks; request ", request.id, " reserved ", it->second.size()));
+  }
+  for (const auto& seq : running_) {
+    if (seq->request.id == request.id)
+      return absl::FailedPreconditionError(absl::StrCat("request ", request.id, " is running"));
+  }
+  return &it->second;
+}
+
+absl::Status Scheduler::addPrefill(GenerationRequest request) {
+  CLEAVE_RETURN_IF_ERROR(validate(request));
+  CLEAVE_ASSIGN_OR_RETURN(const std::vector<int32_t>* blocks, reservationFor(request));
+  running_.push_back(makeSequence(std::move(request), Mode::kPrefillOnly, *blocks));
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_token) {
+  CLEAVE_RETURN_IF_ERROR(validate(request));
+  if (first_token >= model_.config().vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat("first token id ", first_token,
+                                                   " is outside the vocabulary (",
+                                                   model_.config().vocab_size, ")"));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(const std::vector<int32_t>* blocks, reservationFor(request));
+  auto seq = makeSequence(std::move(request), Mode::kDecode, *blocks);
+  // The prompt's KV is in place; the first token was sampled by the prefill: account for
+  // it as this process would have.
+  seq->cached = static_cast<int64_t>(seq->request.prompt.size());
+  seq->published = seq->cached / cache_.blockSize();  // Not this worker's to publish.
+  seq->sampler->observe(first_token);
+  std::string text = seq->detokenizer ? seq->detokenizer->push(first_token) : std::string();
+  seq->stopper->push(first_token, text);
+  if (seq->stopper->stopped()) {
+    return absl::InvalidArgumentError("the first token already ends the request");
+  }
+  seq->tokens.push_back(first_token);
+  running_.push_back(std::move(seq));
+  return absl::OkStatus();
+}
+
+std::unique_ptr<Scheduler::Sequence> Scheduler::makeSequence(GenerationRequest request, Mode mode,
+                                                             std::vector<int32_t> blocks) {
+  auto seq = std::make_unique<Sequence>();
+  seq->request = std::move(request);
+  seq->mode = mode;
+  seq->blocks = std::move(blocks);
+  seq->tokens = seq->request.prompt;
+  seq->sampler = std::make_unique<Sampler>(seq->request.sampling, seq->request.prompt);
+  seq->stopper = std::make_unique<StopChecker>(seq->request.stop);
+  if (tokenizer_ != nullptr)
+    seq->detokenizer = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_);
+  return seq;
 }
 
 void Scheduler::admit() {
@@ -66,20 +169,13 @@ void Scheduler::admit() {
       cache_.release(hits);
       return;  // First come, first served: later requests wait too.
     }
-    auto seq = std::make_unique<Sequence>();
-    seq->request = std::move(next);
+    hits.insert(hits.end(), fresh->begin(), fresh->end());
+    auto seq = makeSequence(std::move(next), Mode::kGenerate, std::move(hits));
     waiting_.pop_front();
-    seq->blocks = std::move(hits);
-    seq->blocks.insert(seq->blocks.end(), fresh->begin(), fresh->end());
     seq->cached = seq->published = static_cast<int64_t>(seq->blocks.size() - fresh->size());
     seq->cached *= bs;
     seq->chain = chain;
     prefix_hit_tokens_ += seq->cached;
-    seq->tokens = seq->request.prompt;
-    seq->sampler = std::make_unique<Sampler>(seq->request.sampling, seq->request.prompt);
-    seq->stopper = std::make_unique<StopChecker>(seq->request.stop);
-    if (tokenizer_ != nullptr)
-      seq->detokenizer = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_);
     running_.push_back(std::move(seq));
   }
 }
@@ -97,7 +193,16 @@ void Scheduler::publishPrompt(Sequence& seq) {
 }
 
 void Scheduler::finish(size_t index) {
-  cache_.release(running_[index]->blocks);
+  Sequence& seq = *running_[index];
+  if (seq.mode == Mode::kGenerate) {
+    cache_.release(seq.blocks);
+  } else if (seq.mode == Mode::kDecode || seq.stopper->stopped()) {
+    // A decode ends its reservation; so does a prefill whose first token ends the request.
+    const uint64_t id = seq.request.id;
+    running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+    release(id);
+    return;
+  }
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
 }
 
@@ -110,11 +215,15 @@ bool Scheduler::cancel(uint64_t id) {
   }
   for (size_t i = 0; i < running_.size(); ++i) {
     if (running_[i]->request.id == id) {
-      finish(i);
+      if (running_[i]->mode == Mode::kGenerate) {
+        finish(i);
+      } else {
+        release(id);
+      }
       return true;
     }
   }
-  return false;
+  return release(id) > 0;
 }
 
 absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
@@ -155,6 +264,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     seq.tokens.push_back(sampled.token);
     TokenEvent event{.id = seq.request.id, .token = sampled.token};
     if (seq.request.sampling.logprobs >= 0) event.logprob = sampled.logprob;
+    event.top_logprobs = std::move(sampled.top);
+    event.prefilled = seq.mode == Mode::kPrefillOnly;
     std::string text = seq.detokenizer ? seq.detokenizer->push(sampled.token) : std::string();
     event.text = seq.stopper->push(sampled.token, text);
     if (seq.stopper->stopped()) {
@@ -167,7 +278,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     events.push_back(std::move(event));
   }
   for (size_t i = running_.size(); i-- > 0;) {
-    if (running_[i]->stopper->stopped()) finish(i);
+    const Sequence& seq = *running_[i];
+    if (seq.stopper->stopped() || (seq.mode == Mode::kPrefillOnly && seq.prefilled())) finish(i);
   }
   return events;
 }

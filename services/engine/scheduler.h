@@ -8,7 +8,12 @@
 // refused when added. Full prompt blocks are published in the cache (prefix caching): a
 // request starting with the same tokens reuses them and prefills only the rest.
 //
-// Threading: one thread (the rank thread) calls every method.
+// Disaggregated serving splits a request in three calls (proto/cleave/v1/worker.proto):
+// reserve() sets blocks aside for it, addPrefill() computes its prompt into them and
+// samples the first token, startDecode() continues it from that token. A reservation is
+// freed by release(), cancel(), or the end of its decoding; prefill alone never frees it.
+//
+// Threading: one thread (the worker's engine thread) calls every method.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,7 +52,11 @@ struct TokenEvent {
   uint32_t token = 0;
   std::string text;  // UTF-8-safe text delta (empty without a tokenizer).
   std::optional<float> logprob;
+  std::vector<std::pair<uint32_t, float>> top_logprobs;  // When sampling.logprobs > 0.
   bool finished = false;
+  // The first token of an addPrefill() request: its sequence leaves the batch (finished
+  // tells whether the token also ends the request); its reservation stays.
+  bool prefilled = false;
   StopReason reason = StopReason::kNone;
 };
 
@@ -60,8 +70,25 @@ class Scheduler {
   // outside the vocabulary, bad sampling values, a missing max_new_tokens, or a request
   // larger than the whole KV pool.
   absl::Status add(GenerationRequest request);
-  // Drops a request wherever it is and frees its blocks. False when unknown.
+  // Drops a request wherever it is and frees its blocks (its reservation too). False when
+  // unknown.
   bool cancel(uint64_t id);
+
+  // Sets `count` blocks aside for request `id`. ResourceExhausted (taking nothing) when
+  // fewer are free; AlreadyExists when `id` already holds a reservation of another size
+  // (the same size returns the same blocks).
+  absl::StatusOr<std::vector<int32_t>> reserve(uint64_t id, int64_t count);
+  // Frees the reservation of `id`, stopping its sequence if one runs; the blocks freed.
+  int64_t release(uint64_t id);
+  // Prefills `request` into its reservation (the same checks as add(), and the
+  // reservation must cover prompt + max_new_tokens); its TokenEvent has prefilled = true.
+  absl::Status addPrefill(GenerationRequest request);
+  // Decodes `request` from `first_token`, its prompt's KV being in its reservation already
+  // (FailedPrecondition when `id` is running; NotFound without a reservation).
+  absl::Status startDecode(GenerationRequest request, uint32_t first_token);
+  // Blocks held by reservations, and those not held by anything.
+  int64_t reservedBlocks() const;
+  int64_t freeBlocks() const { return cache_.freeBlocks(); }
 
   // Runs one batch and returns the tokens it produced (none when idle).
   absl::StatusOr<std::vector<TokenEvent>> step();
@@ -74,8 +101,14 @@ class Scheduler {
   int64_t prefixHitTokens() const { return prefix_hit_tokens_; }
 
  private:
+  enum class Mode {
+    kGenerate,     // add(): prefill then decode, in blocks of its own.
+    kPrefillOnly,  // addPrefill(): leaves after the first token; blocks are reserved.
+    kDecode,       // startDecode(): decodes in reserved blocks, freeing them at the end.
+  };
   struct Sequence {
     GenerationRequest request;
+    Mode mode = Mode::kGenerate;
     std::vector<int32_t> blocks;
     std::vector<uint32_t> tokens;  // Prompt, then generated tokens.
     int64_t cached = 0;            // Tokens whose KV is in the cache.
@@ -87,7 +120,13 @@ class Scheduler {
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
   };
 
+  absl::Status validate(const GenerationRequest& request) const;
   void admit();
+  std::unique_ptr<Sequence> makeSequence(GenerationRequest request, Mode mode,
+                                         std::vector<int32_t> blocks);
+  // The reservation of `id` covering `request`, or an error naming what is missing.
+  absl::StatusOr<const std::vector<int32_t>*> reservationFor(
+      const GenerationRequest& request) const;
   void publishPrompt(Sequence& seq);
   void finish(size_t index);
 
@@ -97,6 +136,7 @@ class Scheduler {
   KvBlockPool cache_;
   std::deque<GenerationRequest> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
+  std::unordered_map<uint64_t, std::vector<int32_t>> reservations_;
   int64_t prefix_hit_tokens_ = 0;
 };
 

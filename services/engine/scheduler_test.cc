@@ -187,5 +187,59 @@ TEST_F(SchedulerTest, RequestsThatCanNeverRunAreRefusedWithTheReason) {
   EXPECT_TRUE(scheduler.idle());
 }
 
+// Reserve, prefill into the reservation, then decode from the first token: the tokens of
+// a request run in one go, and the reservation comes back whatever ends it.
+TEST_F(SchedulerTest, ReservedPrefillThenDecodeGivesTheSameTokens) {
+  Scheduler scheduler(withBlocks(40), nullptr, {.max_batch_tokens = 16, .max_sequences = 8});
+  const std::vector<uint32_t> prompt = randomPrompt(21);
+  const std::vector<uint32_t> want = alone(prompt, 6);
+  GenerationRequest request{.id = 7, .prompt = prompt, .stop = {.max_new_tokens = 6}};
+
+  EXPECT_EQ(scheduler.startDecode(request, want[0]).code(), absl::StatusCode::kNotFound);
+  auto blocks = scheduler.reserve(7, 7);  // ceil((21 + 6) / 4)
+  ASSERT_TRUE(blocks.ok()) << blocks.status();
+  EXPECT_EQ(*scheduler.reserve(7, 7), *blocks);  // Idempotent.
+  EXPECT_EQ(scheduler.reserve(7, 8).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(scheduler.reserve(8, 40).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(scheduler.reservedBlocks(), 7);
+
+  ASSERT_TRUE(scheduler.addPrefill(request).ok());
+  std::vector<TokenEvent> prefill;
+  while (!scheduler.idle()) {
+    auto events = scheduler.step();
+    ASSERT_TRUE(events.ok()) << events.status();
+    prefill.insert(prefill.end(), events->begin(), events->end());
+  }
+  ASSERT_EQ(prefill.size(), 1u);
+  EXPECT_TRUE(prefill[0].prefilled);
+  EXPECT_FALSE(prefill[0].finished);
+  EXPECT_EQ(prefill[0].token, want[0]);
+  EXPECT_EQ(scheduler.reservedBlocks(), 7);  // Prefill alone keeps the reservation.
+
+  ASSERT_TRUE(scheduler.startDecode(request, want[0]).ok());
+  EXPECT_EQ(scheduler.startDecode(request, want[0]).code(), absl::StatusCode::kFailedPrecondition);
+  auto rest = drain(scheduler);
+  std::vector<uint32_t> got = {want[0]};
+  got.insert(got.end(), rest[7].begin(), rest[7].end());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(scheduler.reservedBlocks(), 0);
+  EXPECT_EQ(scheduler.freeBlocks(), 40);
+
+  // Cancel mid-decode and release of an unstarted reservation free everything too.
+  ASSERT_TRUE(scheduler.reserve(9, 7).ok());
+  ASSERT_TRUE(
+      scheduler.startDecode({.id = 9, .prompt = prompt, .stop = {.max_new_tokens = 6}}, want[0])
+          .ok());
+  ASSERT_TRUE(scheduler.step().ok());
+  EXPECT_TRUE(scheduler.cancel(9));
+  EXPECT_FALSE(scheduler.cancel(9));
+  ASSERT_TRUE(scheduler.reserve(10, 3).ok());
+  EXPECT_EQ(scheduler.release(10), 3);
+  EXPECT_EQ(scheduler.release(10), 0);
+  EXPECT_EQ(scheduler.reservedBlocks(), 0);
+  EXPECT_EQ(scheduler.freeBlocks(), 40);
+  EXPECT_TRUE(scheduler.idle());
+}
+
 }  // namespace
 }  // namespace cleave::engine
