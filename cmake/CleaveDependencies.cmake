@@ -13,3 +13,5 @@ find_program(CLEAVE_PROMTOOL promtool)
 find_package(nlohmann_json CONFIG REQUIRED)
 # Collectives between the rank threads of a CPU tensor-parallel group.
 find_package(Gloo CONFIG REQUIRED)
+# SHA-256 of model files (the fingerprint workers register with).
+find_package(OpenSSL REQUIRED)

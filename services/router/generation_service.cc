@@ -8,18 +8,19 @@
 namespace cleave::router {
 namespace {
 
-// No worker can register yet, so no request can be served: say so plainly.
-constexpr char kNoWorkers[] =
-    "no decode worker is registered with this router; start cleave-worker with "
-    "--router pointing at it";
 constexpr char kNoTokenizer[] =
-    "no model is registered with this router, so there is no tokenizer to use; start a "
-    "cleave-worker with --router pointing at it";
+    "this router has no tokenizer: start cleave-router with --model (the model file or folder "
+    "its workers serve)";
 
 }  // namespace
 
-GenerationService::GenerationService(GenerationServiceOptions options)
+GenerationService::GenerationService(GenerationServiceOptions options, WorkerPool& pool,
+                                     TokenRelay& relay,
+                                     std::shared_ptr<const tokenizer::Tokenizer> tokenizer)
     : options_(options),
+      pool_(pool),
+      relay_(relay),
+      tokenizer_(std::move(tokenizer)),
       started_at_(std::chrono::system_clock::now()),
       requests_(prometheus::BuildCounter()
                     .Name("cleave_router_requests_total")
@@ -38,25 +39,61 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context,
   if (absl::Status invalid = validateGenerateRequest(*request); !invalid.ok()) {
     return finish("Generate", toGrpcStatus(invalid));
   }
-  return finish("Generate", grpc::Status(grpc::StatusCode::UNAVAILABLE, kNoWorkers));
+  return finish("Generate", generate(context, *request, writer));
+}
+
+absl::StatusOr<const tokenizer::Tokenizer*> GenerationService::tokenizerFor(
+    const std::string& model) const {
+  if (tokenizer_ == nullptr) return absl::FailedPreconditionError(kNoTokenizer);
+  std::optional<WorkerPool::ModelView> served = pool_.model();
+  if (!model.empty() && (!served || model != served->model_id)) {
+    return absl::NotFoundError(absl::StrCat("unknown model '", model, "'"));
+  }
+  return tokenizer_.get();
 }
 
 grpc::Status GenerationService::Tokenize(grpc::ServerContext* context,
                                          const v1::TokenizeRequest* request,
                                          v1::TokenizeResponse* response) {
-  return finish("Tokenize", grpc::Status(grpc::StatusCode::UNAVAILABLE, kNoTokenizer));
+  absl::StatusOr<const tokenizer::Tokenizer*> tok = tokenizerFor(request->model());
+  if (!tok.ok()) return finish("Tokenize", toGrpcStatus(tok.status()));
+  for (uint32_t id :
+       (*tok)->encode(request->text(), {.add_special_tokens = request->add_special_tokens(),
+                                       .parse_special = request->parse_special_tokens()})) {
+    response->add_ids(id);
+    if (request->return_pieces()) response->add_pieces((*tok)->piece(id).value_or(""));
+  }
+  return finish("Tokenize", grpc::Status::OK);
 }
 
 grpc::Status GenerationService::Detokenize(grpc::ServerContext* context,
                                            const v1::DetokenizeRequest* request,
                                            v1::DetokenizeResponse* response) {
-  return finish("Detokenize", grpc::Status(grpc::StatusCode::UNAVAILABLE, kNoTokenizer));
+  absl::StatusOr<const tokenizer::Tokenizer*> tok = tokenizerFor(request->model());
+  if (!tok.ok()) return finish("Detokenize", toGrpcStatus(tok.status()));
+  for (uint32_t id : request->ids()) {
+    if (id >= (*tok)->vocabSize()) {
+      return finish("Detokenize",
+                    grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("ids: ", id, " is outside the vocabulary (",
+                                              (*tok)->vocabSize(), " tokens)")));
+    }
+  }
+  std::vector<uint32_t> ids(request->ids().begin(), request->ids().end());
+  response->set_text((*tok)->decode(ids, request->skip_special_tokens()));
+  return finish("Detokenize", grpc::Status::OK);
 }
 
 grpc::Status GenerationService::ListModels(grpc::ServerContext* context,
                                            const v1::ListModelsRequest* request,
                                            v1::ListModelsResponse* response) {
-  // Models come from registered workers; with none registered the list is empty.
+  // The model of the registered workers; with none registered the list is empty.
+  if (std::optional<WorkerPool::ModelView> model = pool_.model()) {
+    v1::ModelInfo* info = response->add_models();
+    info->set_id(model->model_id);
+    info->set_context_length(model->context_length);
+    info->set_vocab_size(model->vocab_size);
+  }
   return finish("ListModels", grpc::Status::OK);
 }
 
@@ -65,7 +102,7 @@ grpc::Status GenerationService::GetServerInfo(grpc::ServerContext* context,
                                               v1::GetServerInfoResponse* response) {
   response->set_version(version());
   response->set_git_commit(gitCommit());
-  response->set_queue_depth(0);
+  response->set_queue_depth(static_cast<uint32_t>(pool_.queueDepth()));
   response->set_queue_capacity(options_.queue_capacity);
   auto since_epoch = started_at_.time_since_epoch();
   auto seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);

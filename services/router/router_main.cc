@@ -9,6 +9,7 @@
 #include "common/ready_file.h"
 #include "common/server_flags.h"
 #include "common/shutdown.h"
+#include "common/tokenizer/tokenizer.h"
 #include "services/router/router_server.h"
 
 int main(int argc, char** argv) {
@@ -18,12 +19,21 @@ int main(int argc, char** argv) {
   cleave::ServerFlags server_flags{.listen = "127.0.0.1:50051", .metrics_port = 9400};
   int64_t queue_capacity = 1024;
   int64_t shutdown_grace_ms = 5000;
+  int64_t heartbeat_interval_ms = 1000;
+  int64_t lease_timeout_ms = 5000;
+  std::string model;
   cleave::FlagSet flags("cleave-router", "[flags]",
                         "Serves the cleave.v1.Generation API, admits requests against the KV "
                         "budget of the registered decode workers and relays their token "
                         "streams. Also serves grpc.health.v1 and server reflection.");
   server_flags.addTo(flags);
   flags.addInt("queue-capacity", &queue_capacity, "Requests that may wait for admission");
+  flags.addString("model", &model,
+                  "The model file or folder the workers serve: its tokenizer turns text prompts "
+                  "into tokens (without it only token-id prompts are served)");
+  flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");
+  flags.addInt("lease-timeout-ms", &lease_timeout_ms,
+               "A worker silent this long is dropped and its requests fail");
   flags.addInt("shutdown-grace-ms", &shutdown_grace_ms,
                "On SIGINT/SIGTERM, how long running calls may take to finish");
   std::vector<std::string> positional = cleave::parseFlagsOrExit(flags, argc, argv);
@@ -39,6 +49,18 @@ int main(int argc, char** argv) {
         flags, absl::InvalidArgumentError("--queue-capacity must be in 0..1048576"));
   }
 
+  if (heartbeat_interval_ms < 1 || lease_timeout_ms <= heartbeat_interval_ms) {
+    cleave::exitWithUsageError(
+        flags, absl::InvalidArgumentError("--lease-timeout-ms must exceed --heartbeat-interval-ms "
+                                          "(both >= 1)"));
+  }
+  std::shared_ptr<const cleave::tokenizer::Tokenizer> tokenizer;
+  if (!model.empty()) {
+    auto loaded = cleave::tokenizer::Tokenizer::load(model);
+    if (!loaded.ok()) cleave::exitWithUsageError(flags, loaded.status());
+    tokenizer = std::move(*loaded);
+  }
+
   cleave::registerProcessMetrics("router");
   auto metrics = cleave::MetricsServer::start(server_flags.metrics_address,
                                               static_cast<int>(server_flags.metrics_port));
@@ -46,7 +68,11 @@ int main(int argc, char** argv) {
 
   cleave::router::RouterServerOptions options{
       .listen_address = server_flags.listen,
-      .generation = {.queue_capacity = static_cast<uint32_t>(queue_capacity)}};
+      .generation = {.queue_capacity = static_cast<uint32_t>(queue_capacity)},
+      .workers = {.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms),
+                  .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
+                  .queue_capacity = queue_capacity},
+      .tokenizer = tokenizer};
   auto server = cleave::router::RouterServer::start(options);
   if (!server.ok()) cleave::exitWithUsageError(flags, server.status());
 

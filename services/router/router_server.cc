@@ -1,5 +1,9 @@
 #include "services/router/router_server.h"
 
+#include <unistd.h>
+
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -12,13 +16,24 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
-  auto service = std::make_unique<GenerationService>(options.generation);
+  std::unique_ptr<RouterServer> router(new RouterServer());
+  // One id per router process: workers key token streams and reservations by it.
+  router->relay_ = std::make_unique<TokenRelay>(
+      absl::StrCat("router-", getpid(), "-", std::random_device{}() % 100000));
+  TokenRelay* relay = router->relay_.get();
+  router->pool_ = std::make_unique<WorkerPool>(
+      options.workers, [relay](std::shared_ptr<const Worker> w) { relay->addWorker(std::move(w)); },
+      [relay](const std::string& id) { relay->removeWorker(id); });
+  router->service_ = std::make_unique<GenerationService>(options.generation, *router->pool_, *relay,
+                                                         options.tokenizer);
+  router->registry_ = std::make_unique<RegistryService>(*router->pool_);
   grpc::ServerBuilder builder;
   int port = 0;
   // Without this, Linux lets a second server share the port and steal half the calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(service.get());
+  builder.RegisterService(router->service_.get());
+  builder.RegisterService(router->registry_.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(
@@ -28,13 +43,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(
   }
   server->GetHealthCheckService()->SetServingStatus(true);
   server->GetHealthCheckService()->SetServingStatus(v1::Generation::service_full_name(), true);
-  return std::unique_ptr<RouterServer>(
-      new RouterServer(std::move(service), std::move(server), port));
+  router->server_ = std::move(server);
+  router->port_ = port;
+  return router;
 }
-
-RouterServer::RouterServer(std::unique_ptr<GenerationService> service,
-                           std::unique_ptr<grpc::Server> server, int port)
-    : service_(std::move(service)), server_(std::move(server)), port_(port) {}
 
 RouterServer::~RouterServer() { shutdown(std::chrono::milliseconds(0)); }
 

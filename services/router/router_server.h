@@ -1,5 +1,5 @@
-// The router's gRPC server: the Generation service plus the standard health service
-// (grpc.health.v1) and server reflection.
+// The router's gRPC server: the Generation service for clients, the Registry service for
+// workers, the standard health service (grpc.health.v1) and server reflection.
 //
 // Threading: start() and shutdown() are called from one owning thread.
 #pragma once
@@ -9,6 +9,9 @@
 
 #include "absl/status/statusor.h"
 #include "services/router/generation_service.h"
+#include "services/router/registry_service.h"
+#include "services/router/token_relay.h"
+#include "services/router/worker_pool.h"
 
 namespace grpc {
 class Server;
@@ -20,6 +23,9 @@ struct RouterServerOptions {
   // host:port to serve on; port 0 picks a free port.
   std::string listen_address = "127.0.0.1:50051";
   GenerationServiceOptions generation;
+  WorkerPoolOptions workers;
+  // The served model's tokenizer (null: only token-id prompts).
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
 };
 
 class RouterServer {
@@ -33,14 +39,18 @@ class RouterServer {
   int port() const { return port_; }
   // Stops accepting calls, lets running calls end within `grace`, then cancels them.
   void shutdown(std::chrono::milliseconds grace);
+  WorkerPool& workers() { return *pool_; }
 
  private:
-  RouterServer(std::unique_ptr<GenerationService> service, std::unique_ptr<grpc::Server> server,
-               int port);
+  RouterServer() = default;
 
+  // Destroyed bottom-up: the server first, then what its handlers use.
+  std::unique_ptr<TokenRelay> relay_;
+  std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<GenerationService> service_;
+  std::unique_ptr<RegistryService> registry_;
   std::unique_ptr<grpc::Server> server_;
-  int port_;
+  int port_ = 0;
 };
 
 }  // namespace cleave::router

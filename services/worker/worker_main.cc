@@ -1,26 +1,195 @@
 // cleave-worker: runs prefill, decode or both for one tensor-parallel group.
-#include <cstdio>
+//
+// Start-up: load the model as a TpGroup, plan memory (and refuse to start when the KV
+// pool cannot hold the target concurrency), size the KV pool, serve DecodeControl and
+// PrefillControl, then register with the router and heartbeat until SIGINT/SIGTERM.
+#include <csignal>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/flags.h"
+#include "common/grpc_logging.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/model/fingerprint.h"
+#include "common/ready_file.h"
+#include "common/shutdown.h"
+#include "common/tokenizer/tokenizer.h"
+#include "common/version.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_builder.h"
+#include "services/engine/memory_plan.h"
+#include "services/worker/control_services.h"
+#include "services/worker/registration.h"
 #include "services/worker/worker_options.h"
 
-int main(int argc, char** argv) {
-  cleave::worker::WorkerOptions options;
-  cleave::FlagSet flags("cleave-worker", "[flags]",
-                        "Runs one tensor-parallel group of the Cleave engine as a prefill, "
-                        "decode or combined worker and registers it with a router.");
-  options.addFlags(flags);
-  std::vector<std::string> positional = cleave::parseFlagsOrExit(flags, argc, argv);
-  if (!positional.empty()) {
-    cleave::exitWithUsageError(
-        flags, absl::InvalidArgumentError("unexpected argument '" + positional[0] + "'"));
-  }
-  if (absl::Status valid = cleave::worker::validate(options); !valid.ok()) {
-    cleave::exitWithUsageError(flags, valid);
-  }
-  std::fprintf(stderr,
-               "cleave-worker: serving is not built yet: the engine runs offline (cleave generate) "
-               "but no worker can load %s and serve requests.\n",
-               options.model.c_str());
-  return 1;
+namespace cleave::worker {
+namespace {
+
+constexpr int64_t kBlockSize = 16;
+constexpr int64_t kMaxBatchTokens = 512;
+
+[[noreturn]] void die(const absl::Status& status) {
+  CLEAVE_LOG(ERROR) << "cleave-worker: " << status.message();
+  std::exit(1);
 }
+
+v1::RegisterRequest registration(const WorkerOptions& options, Role role,
+                                 const engine::TpGroup& group, const std::string& address,
+                                 int metrics_port, const std::string& sha256,
+                                 int64_t target_concurrency) {
+  const model::ModelConfig& c = group.config();
+  v1::RegisterRequest r;
+  r.set_worker_id(address);
+  r.set_role(role == Role::kBoth      ? v1::WORKER_ROLE_BOTH
+             : role == Role::kPrefill ? v1::WORKER_ROLE_PREFILL
+                                      : v1::WORKER_ROLE_DECODE);
+  r.set_tp_size(static_cast<uint32_t>(group.tp()));
+  v1::ModelFingerprint* model = r.mutable_model();
+  model->set_model_id(model::modelIdFromPath(options.model));
+  model->set_architecture(model::architectureName(c.architecture));
+  model->set_sha256(sha256);
+  model->set_vocab_size(c.vocab_size);
+  model->set_context_length(c.max_position_embeddings);
+  v1::KvLayout* layout = r.mutable_kv_layout();
+  layout->set_dtype(v1::KV_DTYPE_F32);
+  layout->set_block_size(static_cast<uint32_t>(kBlockSize));
+  layout->set_num_layers(c.num_layers);
+  layout->set_num_kv_heads(c.num_kv_heads);
+  layout->set_head_dim(c.head_dim);
+  layout->set_bytes_per_block(2ull * c.num_layers * c.num_kv_heads * kBlockSize * c.head_dim * 4);
+  v1::KvCapacity* capacity = r.mutable_kv_capacity();
+  capacity->set_total_blocks(static_cast<uint32_t>(group.numBlocks()));
+  capacity->set_target_concurrency(static_cast<uint32_t>(target_concurrency));
+  capacity->set_planned_seq_len(static_cast<uint32_t>(options.planned_seq_len));
+  capacity->set_max_batch_tokens(static_cast<uint32_t>(kMaxBatchTokens));
+  r.set_control_address(address);
+  for (int rank = 0; rank < group.tp(); ++rank) {
+    v1::RankEndpoint* endpoint = r.add_ranks();
+    endpoint->set_rank(static_cast<uint32_t>(rank));
+    endpoint->set_transport("local");  // No KV transport yet: the worker serves itself.
+    endpoint->set_block_bytes(static_cast<uint64_t>(group.kvBlockBytes(rank)));
+  }
+  r.set_metrics_port(static_cast<uint32_t>(metrics_port));
+  r.set_version(version());
+  return r;
+}
+
+int run(int argc, char** argv) {
+  blockShutdownSignals();
+  routeGrpcLogsToDebug();
+  WorkerOptions options;
+  FlagSet flags("cleave-worker", "[flags]",
+                "Runs one tensor-parallel group of the Cleave engine as a prefill, decode or "
+                "combined worker and registers it with a router.");
+  options.addFlags(flags);
+  std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
+  if (!positional.empty()) {
+    exitWithUsageError(flags,
+                       absl::InvalidArgumentError("unexpected argument '" + positional[0] + "'"));
+  }
+  if (absl::Status valid = validate(options); !valid.ok()) exitWithUsageError(flags, valid);
+  const Role role = *parseRole(options.role);
+  if (role != Role::kBoth) {
+    exitWithUsageError(flags, absl::UnimplementedError(
+                                  "--role=prefill and --role=decode need the KV transport "
+                                  "between workers, which is not built yet; use --role=both"));
+  }
+
+  const int threads_per_rank =
+      options.threads > 0 ? static_cast<int>(options.threads)
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                            static_cast<int>(options.tp));
+  auto group = engine::TpGroup::load(options.model,
+                                     {.tp = static_cast<int>(options.tp),
+                                      .threads = threads_per_rank * static_cast<int>(options.tp)});
+  if (!group.ok()) die(group.status());
+  const model::ModelConfig& config = (*group)->config();
+
+  // Memory: rank 0 holds the most (uneven splits give it the larger share).
+  engine::MemoryPlanInput plan_input{.budget_bytes = static_cast<int64_t>(options.memory_budget),
+                                     .weight_bytes = (*group)->weightBytes(0),
+                                     .target_concurrency = options.target_concurrency,
+                                     .planned_seq_len = options.planned_seq_len,
+                                     .max_batch_tokens = kMaxBatchTokens,
+                                     .block_size = kBlockSize,
+                                     .kv_element_bytes = 4,
+                                     .tp = options.tp};
+  if (plan_input.budget_bytes == 0) {
+    // Exactly the target: plan once with everything, then with what that needs.
+    plan_input.budget_bytes = int64_t{1} << 50;
+    auto probe = engine::planMemory(config, plan_input);
+    if (!probe.ok()) die(probe.status());
+    const int64_t blocks_per_sequence = (options.planned_seq_len + kBlockSize - 1) / kBlockSize;
+    plan_input.budget_bytes =
+        probe->weights + probe->workspace +
+        options.target_concurrency * blocks_per_sequence * probe->kv_block_bytes;
+  }
+  auto plan = engine::planMemory(config, plan_input);
+  if (!plan.ok()) die(plan.status());
+  CLEAVE_LOG(INFO) << plan->table();
+  if (absl::Status kv = (*group)->allocateKv(plan->kv_blocks, kBlockSize); !kv.ok()) die(kv);
+
+  auto tokenizer = tokenizer::Tokenizer::load(options.model);
+  if (!tokenizer.ok()) die(tokenizer.status());
+  std::vector<uint32_t> eos = config.eos_token_ids;
+  if (auto id = (*tokenizer)->eosId()) eos.push_back(*id);
+  auto sha256 = model::modelSha256(options.model);
+  if (!sha256.ok()) die(sha256.status());
+
+  registerProcessMetrics("worker");
+  auto metrics = MetricsServer::start(options.server.metrics_address,
+                                      static_cast<int>(options.server.metrics_port));
+  if (!metrics.ok()) die(metrics.status());
+
+  WorkerCore core(**group, tokenizer->get(),
+                  {.scheduler = {.max_batch_tokens = kMaxBatchTokens,
+                                 .max_sequences = std::max<int64_t>(options.target_concurrency, 1)},
+                   .eos_ids = eos});
+  DecodeService decode(core);
+  PrefillService prefill(core);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.server.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&decode);
+  builder.RegisterService(&prefill);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    die(absl::UnavailableError(absl::StrCat("cannot serve on ", options.server.listen)));
+  }
+  const std::string host = options.server.listen.substr(0, options.server.listen.rfind(':'));
+  const std::string address = absl::StrCat(host, ":", port);
+  core.setWorkerId(address);
+
+  if (!options.server.ready_file.empty()) {
+    absl::Status written = writeReadyFile(
+        options.server.ready_file, {{"grpc_port", port}, {"metrics_port", (*metrics)->port()}});
+    if (!written.ok()) die(written);
+  }
+  CLEAVE_LOG(INFO) << "cleave-worker (" << options.role << ", tp " << options.tp << ") serving "
+                   << model::modelIdFromPath(options.model) << " on " << address
+                   << ", metrics on port " << (*metrics)->port() << "; KV pool " << plan->kv_blocks
+                   << " blocks";
+  std::unique_ptr<RouterRegistration> registered;
+  if (!options.router.empty()) {
+    registered = std::make_unique<RouterRegistration>(
+        options.router,
+        registration(options, role, **group, address, (*metrics)->port(), *sha256,
+                     options.target_concurrency),
+        [&core] { return core.load(); });
+  }
+  int signal = *waitForShutdownSignal();
+  CLEAVE_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
+  registered.reset();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  CLEAVE_LOG(INFO) << "cleave-worker stopped";
+  return 0;
+}
+
+}  // namespace
+}  // namespace cleave::worker
+
+int main(int argc, char** argv) { return cleave::worker::run(argc, argv); }

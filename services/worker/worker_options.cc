@@ -16,7 +16,8 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addString("router", &router, "Router address host:port to register with");
   server.addTo(flags);
   flags.addBytes("memory-budget", &memory_budget,
-                 "Memory for weights + workspace + KV cache, e.g. 8GiB (0: device memory)");
+                 "Memory for weights + workspace + KV cache, e.g. 8GiB (0: exactly what the "
+                 "target concurrency at the planned length needs)");
   flags.addInt("target-concurrency", &target_concurrency,
                "Sequences a decode worker must be able to run at once");
   flags.addInt("planned-seq-len", &planned_seq_len,

@@ -61,11 +61,12 @@ class BinariesCliTest(unittest.TestCase):
         self.assert_usage_error([ct.binary("cleave-worker"), "--role=router", "--model=/"],
                                 "--role must be prefill, decode or both")
 
-    def test_worker_says_plainly_that_the_engine_is_missing(self):
+    def test_worker_names_the_file_it_cannot_load(self):
         with tempfile.NamedTemporaryFile(suffix=".gguf") as model:
             code, _, err = ct.run([ct.binary("cleave-worker"), f"--model={model.name}"])
         self.assertEqual(code, 1)
-        self.assertIn("serving is not built yet", err)
+        self.assertIn(model.name, err)
+        self.assertIn("truncated", err)
 
     def test_cli_info_against_a_running_router_and_against_nothing(self):
         router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",

@@ -1,0 +1,138 @@
+#include "services/router/token_relay.h"
+
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "grpcpp/client_context.h"
+
+namespace cleave::router {
+
+std::optional<absl::StatusOr<v1::SequenceEvent>> Mailbox::next(std::chrono::milliseconds timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !events_.empty() || !failure_.ok();
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), absl::FromChrono(timeout));
+  if (!events_.empty()) {
+    v1::SequenceEvent event = std::move(events_.front());
+    events_.pop_front();
+    return event;
+  }
+  if (!failure_.ok()) return failure_;
+  return std::nullopt;
+}
+
+void Mailbox::push(v1::SequenceEvent event) {
+  absl::MutexLock lock(&mu_);
+  events_.push_back(std::move(event));
+}
+
+void Mailbox::fail(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  failure_ = std::move(status);
+}
+
+struct TokenRelay::Reader {
+  std::shared_ptr<const Worker> worker;
+  std::atomic<bool> stop{false};
+  absl::Mutex mu;
+  grpc::ClientContext* context ABSL_GUARDED_BY(mu) = nullptr;  // The call in progress.
+  std::thread thread;
+};
+
+TokenRelay::TokenRelay(std::string router_id) : router_id_(std::move(router_id)) {}
+
+TokenRelay::~TokenRelay() {
+  std::vector<std::string> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, reader] : readers_) ids.push_back(id);
+  }
+  for (const std::string& id : ids) removeWorker(id);
+}
+
+void TokenRelay::addWorker(std::shared_ptr<const Worker> worker) {
+  if (!worker->servesDecode()) return;
+  auto reader = std::make_unique<Reader>();
+  reader->worker = std::move(worker);
+  Reader* r = reader.get();
+  {
+    absl::MutexLock lock(&mu_);
+    readers_[r->worker->id] = std::move(reader);
+  }
+  r->thread = std::thread([this, r] { read(*r); });
+}
+
+void TokenRelay::removeWorker(const std::string& worker_id) {
+  std::unique_ptr<Reader> reader;
+  std::vector<std::shared_ptr<Mailbox>> orphans;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = readers_.find(worker_id);
+    if (it != readers_.end()) {
+      reader = std::move(it->second);
+      readers_.erase(it);
+    }
+    for (const auto& [request, open] : mailboxes_) {
+      if (open.worker_id == worker_id) orphans.push_back(open.mailbox);
+    }
+  }
+  for (auto& mailbox : orphans) {
+    mailbox->fail(absl::UnavailableError(
+        absl::StrCat("decode worker ", worker_id, " left while the request was running")));
+  }
+  if (reader == nullptr) return;
+  reader->stop = true;
+  {
+    absl::MutexLock lock(&reader->mu);
+    if (reader->context != nullptr) reader->context->TryCancel();
+  }
+  reader->thread.join();
+}
+
+void TokenRelay::read(Reader& reader) {
+  v1::StreamTokensRequest request;
+  request.set_router_id(router_id_);
+  while (!reader.stop) {
+    grpc::ClientContext context;
+    {
+      absl::MutexLock lock(&reader.mu);
+      reader.context = &context;
+    }
+    if (reader.stop) context.TryCancel();
+    auto stream = reader.worker->decode->StreamTokens(&context, request);
+    v1::TokenEvents message;
+    while (stream->Read(&message)) {
+      absl::MutexLock lock(&mu_);
+      for (v1::SequenceEvent& event : *message.mutable_events()) {
+        auto it = mailboxes_.find(event.request_id());
+        if (it != mailboxes_.end()) it->second.mailbox->push(std::move(event));
+      }
+    }
+    grpc::Status status = stream->Finish();
+    {
+      absl::MutexLock lock(&reader.mu);
+      reader.context = nullptr;
+    }
+    if (reader.stop) break;
+    CLEAVE_LOG(WARNING) << "token stream from " << reader.worker->id
+                        << " ended: " << status.error_message() << "; reopening";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+std::shared_ptr<Mailbox> TokenRelay::open(const std::string& request_id,
+                                          const std::string& worker_id) {
+  auto mailbox = std::make_shared<Mailbox>();
+  absl::MutexLock lock(&mu_);
+  mailboxes_[request_id] = {.mailbox = mailbox, .worker_id = worker_id};
+  return mailbox;
+}
+
+void TokenRelay::close(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  mailboxes_.erase(request_id);
+}
+
+}  // namespace cleave::router

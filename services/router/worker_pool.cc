@@ -1,0 +1,236 @@
+#include "services/router/worker_pool.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpcpp/create_channel.h"
+
+namespace cleave::router {
+
+bool Worker::servesDecode() const {
+  return info.role() == v1::WORKER_ROLE_DECODE || info.role() == v1::WORKER_ROLE_BOTH;
+}
+bool Worker::servesPrefill() const {
+  return info.role() == v1::WORKER_ROLE_PREFILL || info.role() == v1::WORKER_ROLE_BOTH;
+}
+
+namespace {
+
+absl::Status checkRegistration(const v1::RegisterRequest& r) {
+  auto bad = [](const std::string& m) { return absl::InvalidArgumentError(m); };
+  if (r.role() == v1::WORKER_ROLE_UNSPECIFIED) return bad("role is unspecified");
+  if (r.tp_size() < 1) return bad("tp_size must be >= 1");
+  if (r.ranks_size() != static_cast<int>(r.tp_size()))
+    return bad(absl::StrCat("ranks has ", r.ranks_size(), " entries, tp_size is ", r.tp_size()));
+  if (!r.has_model() || r.model().model_id().empty() || r.model().sha256().size() != 64)
+    return bad("model needs a model_id and a 64-character sha256");
+  if (r.model().vocab_size() < 1 || r.model().context_length() < 1)
+    return bad("model.vocab_size and model.context_length must be >= 1");
+  const v1::KvLayout& kv = r.kv_layout();
+  if (kv.dtype() == v1::KV_DTYPE_UNSPECIFIED || kv.block_size() < 1 || kv.num_layers() < 1 ||
+      kv.num_kv_heads() < 1 || kv.head_dim() < 1)
+    return bad("kv_layout needs a dtype and block_size, num_layers, num_kv_heads, head_dim >= 1");
+  const bool decodes = r.role() != v1::WORKER_ROLE_PREFILL;
+  if (decodes && (r.kv_capacity().total_blocks() < 1 || r.kv_capacity().target_concurrency() < 1))
+    return bad("a decode worker needs kv_capacity.total_blocks and target_concurrency >= 1");
+  if (r.control_address().empty()) return bad("control_address is empty");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+WorkerPool::WorkerPool(WorkerPoolOptions options,
+                       std::function<void(std::shared_ptr<const Worker>)> on_join,
+                       std::function<void(const std::string&)> on_leave)
+    : options_(options), on_join_(std::move(on_join)), on_leave_(std::move(on_leave)) {
+  expiry_.start([this](std::stop_token stop) { expire(stop); });
+}
+
+WorkerPool::~WorkerPool() { expiry_.stop(); }
+
+absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& request) {
+  if (absl::Status valid = checkRegistration(request); !valid.ok()) return valid;
+  auto worker = std::make_shared<Worker>();
+  worker->info = request;
+  worker->id = request.worker_id().empty() ? request.control_address() : request.worker_id();
+  worker->info.set_worker_id(worker->id);
+  auto channel = grpc::CreateChannel(request.control_address(), grpc::InsecureChannelCredentials());
+  worker->decode = v1::DecodeControl::NewStub(channel);
+  worker->prefill = v1::PrefillControl::NewStub(channel);
+  bool replaced = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, other] : workers_) {
+      if (id == worker->id) continue;
+      const v1::RegisterRequest& o = other.worker->info;
+      using google::protobuf::util::MessageDifferencer;
+      if (o.model().model_id() != request.model().model_id()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "this router serves model '", o.model().model_id(), "' (worker ", id,
+            "); a worker of '", request.model().model_id(), "' needs a router of its own"));
+      }
+      if (o.model().sha256() != request.model().sha256() ||
+          !MessageDifferencer::Equals(o.kv_layout(), request.kv_layout())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "model '", request.model().model_id(), "' differs from worker ", id, "'s: fingerprint ",
+            request.model().sha256().substr(0, 12), " vs ", o.model().sha256().substr(0, 12),
+            ", KV layout [", request.kv_layout().ShortDebugString(), "] vs [",
+            o.kv_layout().ShortDebugString(), "]; load the same file on both"));
+      }
+    }
+    replaced = workers_.erase(worker->id) > 0;
+    workers_[worker->id] = {.worker = worker, .last_seen = std::chrono::steady_clock::now()};
+    ++changes_;
+  }
+  if (replaced) on_leave_(worker->id);
+  on_join_(worker);
+  CLEAVE_LOG(INFO) << "worker " << worker->id << " joined: " << v1::WorkerRole_Name(request.role())
+                   << ", tp " << request.tp_size() << ", " << request.kv_capacity().total_blocks()
+                   << " KV blocks, target concurrency "
+                   << request.kv_capacity().target_concurrency();
+  v1::RegisterResponse response;
+  response.set_worker_id(worker->id);
+  response.set_heartbeat_interval_ms(static_cast<uint32_t>(options_.heartbeat_interval.count()));
+  response.set_lease_timeout_ms(static_cast<uint32_t>(options_.lease_timeout.count()));
+  return response;
+}
+
+bool WorkerPool::heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(request.worker_id());
+  if (it == workers_.end()) return false;
+  it->second.last_seen = std::chrono::steady_clock::now();
+  return true;
+}
+
+void WorkerPool::remove(const std::string& worker_id, const std::string& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (workers_.erase(worker_id) == 0) return;
+    ++changes_;
+  }
+  CLEAVE_LOG(INFO) << "worker " << worker_id << " left: " << reason;
+  on_leave_(worker_id);
+}
+
+void WorkerPool::expire(std::stop_token stop) {
+  while (sleepFor(stop, std::chrono::milliseconds(200))) {
+    std::vector<std::string> lost;
+    {
+      absl::MutexLock lock(&mu_);
+      const auto now = std::chrono::steady_clock::now();
+      for (const auto& [id, entry] : workers_) {
+        if (now - entry.last_seen > options_.lease_timeout) lost.push_back(id);
+      }
+    }
+    for (const std::string& id : lost) remove(id, "no heartbeat within the lease timeout");
+  }
+}
+
+std::optional<WorkerPool::ModelView> WorkerPool::model() const {
+  absl::MutexLock lock(&mu_);
+  if (workers_.empty()) return std::nullopt;
+  const v1::RegisterRequest& info = workers_.begin()->second.worker->info;
+  return ModelView{.model_id = info.model().model_id(),
+                   .context_length = info.model().context_length(),
+                   .vocab_size = info.model().vocab_size(),
+                   .block_size = info.kv_layout().block_size()};
+}
+
+WorkerPool::Entry* WorkerPool::pick(int64_t blocks) {
+  Entry* best = nullptr;
+  double best_load = 0;
+  for (auto& [id, entry] : workers_) {
+    const Worker& w = *entry.worker;
+    if (!w.servesDecode()) continue;
+    const v1::KvCapacity& cap = w.info.kv_capacity();
+    if (entry.admitted >= cap.target_concurrency()) continue;
+    if (int64_t{cap.total_blocks()} - entry.reserved < blocks) continue;
+    const double load = static_cast<double>(entry.admitted) / cap.target_concurrency();
+    if (best == nullptr || load < best_load) best = &entry, best_load = load;
+  }
+  return best;
+}
+
+absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
+                                            std::chrono::system_clock::time_point deadline,
+                                            const std::function<bool()>& cancelled) {
+  absl::MutexLock lock(&mu_);
+  int64_t largest = 0;
+  bool any = false;
+  for (const auto& [id, entry] : workers_) {
+    if (!entry.worker->servesDecode()) continue;
+    any = true;
+    largest = std::max<int64_t>(largest, entry.worker->info.kv_capacity().total_blocks());
+  }
+  if (!any) {
+    return absl::UnavailableError(
+        "no decode worker is registered with this router; start cleave-worker with --router "
+        "pointing at it");
+  }
+  if (blocks > largest) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the request needs ", blocks,
+                     " KV blocks (prompt + max_new_tokens) but the largest "
+                     "decode worker has ",
+                     largest, "; shorten the prompt or lower stopping.max_new_tokens"));
+  }
+  if (static_cast<int64_t>(queue_.size()) >= options_.queue_capacity) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the admission queue is full (", options_.queue_capacity, " requests); retry later"));
+  }
+  const uint64_t ticket = next_ticket_++;
+  queue_.push_back(ticket);
+  absl::Status outcome = absl::OkStatus();
+  Entry* chosen = nullptr;
+  while (true) {
+    if (queue_.front() == ticket && (chosen = pick(blocks)) != nullptr) break;
+    if (cancelled()) {
+      outcome = absl::CancelledError("the client cancelled the request while it waited");
+      break;
+    }
+    if (std::chrono::system_clock::now() >= deadline) {
+      outcome = absl::DeadlineExceededError(
+          "the deadline passed while the request waited for "
+          "KV blocks on a decode worker");
+      break;
+    }
+    // Woken by any change to workers, admissions or the queue; the timeout notices
+    // cancellation and deadlines.
+    const uint64_t seen = changes_;
+    auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return changes_ != seen; };
+    mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Milliseconds(20));
+  }
+  queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
+  ++changes_;
+  if (!outcome.ok()) return outcome;
+  chosen->reserved += blocks;
+  chosen->admitted += 1;
+  return Admission{.worker = chosen->worker, .blocks = blocks};
+}
+
+void WorkerPool::release(const Admission& admission) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(admission.worker->id);
+  // A worker that left took its accounting with it.
+  if (it == workers_.end() || it->second.worker != admission.worker) return;
+  it->second.reserved -= admission.blocks;
+  it->second.admitted -= 1;
+  ++changes_;
+}
+
+int64_t WorkerPool::queueDepth() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+int64_t WorkerPool::reservedBlocks() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& [id, entry] : workers_) n += entry.reserved;
+  return n;
+}
+
+}  // namespace cleave::router

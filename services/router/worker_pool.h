@@ -1,0 +1,115 @@
+// The router's view of its workers: the registry (registration, leases, compatibility)
+// and admission against each decode worker's KV budget.
+//
+// Admission: a request needs ceil((prompt + max_new_tokens) / block_size) blocks for its
+// whole life. It goes to the least-loaded decode worker that has that many blocks free and
+// a batch slot under its target concurrency; otherwise it waits in a bounded FIFO (only
+// the head may take a slot, so a large request is not starved by small ones) until one
+// frees, its deadline passes or its caller gives up. The router is the only one reserving
+// on its workers, so it keeps their block counts itself; a worker's heartbeat reports its
+// own view for the logs and metrics.
+//
+// Compatibility: every worker of a model must report the same fingerprint and KV layout;
+// a different one is refused at registration (FAILED_PRECONDITION, and logged), never by
+// failing requests later.
+//
+// Threading: all methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cleave/v1/worker.grpc.pb.h"
+#include "common/service_thread.h"
+
+namespace cleave::router {
+
+struct WorkerPoolOptions {
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds lease_timeout{5000};
+  int64_t queue_capacity = 1024;
+};
+
+// One registered worker. Immutable after registration except where noted.
+struct Worker {
+  std::string id;
+  v1::RegisterRequest info;
+  std::unique_ptr<v1::DecodeControl::Stub> decode;
+  std::unique_ptr<v1::PrefillControl::Stub> prefill;
+  bool servesDecode() const;
+  bool servesPrefill() const;
+};
+
+// A request's place on a decode worker: its blocks and batch slot, held until release().
+struct Admission {
+  std::shared_ptr<const Worker> worker;
+  int64_t blocks = 0;
+};
+
+class WorkerPool {
+ public:
+  // `on_join` / `on_leave` are called (outside the pool's lock) when a worker is added or
+  // removed, e.g. to open and close its token stream.
+  WorkerPool(WorkerPoolOptions options, std::function<void(std::shared_ptr<const Worker>)> on_join,
+             std::function<void(const std::string& worker_id)> on_leave);
+  ~WorkerPool();
+
+  // Registry.
+  absl::StatusOr<v1::RegisterResponse> add(const v1::RegisterRequest& request);
+  // False when the worker is unknown (it must register again).
+  bool heartbeat(const v1::HeartbeatRequest& request);
+  void remove(const std::string& worker_id, const std::string& reason);
+
+  // What clients see: the model served (empty when no worker is registered), its
+  // context length and KV block size.
+  struct ModelView {
+    std::string model_id;
+    uint32_t context_length = 0;
+    uint32_t vocab_size = 0;
+    uint32_t block_size = 0;
+  };
+  std::optional<ModelView> model() const;
+
+  // Waits for a decode worker that can hold `blocks` blocks. Errors: Unavailable (no
+  // decode worker), InvalidArgument (no worker could ever hold it), ResourceExhausted (the
+  // queue is full), DeadlineExceeded, Cancelled (`cancelled` became true).
+  absl::StatusOr<Admission> admit(int64_t blocks, std::chrono::system_clock::time_point deadline,
+                                  const std::function<bool()>& cancelled);
+  void release(const Admission& admission);
+
+  int64_t queueDepth() const;
+  // Blocks the router holds reserved on all workers (0 once every request has ended).
+  int64_t reservedBlocks() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<Worker> worker;
+    std::chrono::steady_clock::time_point last_seen;
+    int64_t reserved = 0;  // Blocks of admitted requests.
+    int64_t admitted = 0;  // Requests holding a batch slot.
+  };
+  // The decode worker to admit `blocks` on now, if any.
+  Entry* pick(int64_t blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void expire(std::stop_token stop);
+
+  WorkerPoolOptions options_;
+  std::function<void(std::shared_ptr<const Worker>)> on_join_;
+  std::function<void(const std::string&)> on_leave_;
+  mutable absl::Mutex mu_;
+  std::unordered_map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Waiting admissions, oldest first.
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // Bumped by anything admission depends on.
+  ServiceThread expiry_{"lease-expiry"};
+};
+
+}  // namespace cleave::router

@@ -1,0 +1,61 @@
+#include "services/worker/engine_loop.h"
+
+#include <chrono>
+
+#include "common/log.h"
+
+namespace cleave::worker {
+
+EngineLoop::EngineLoop(engine::TpGroup& model, const tokenizer::Tokenizer* tokenizer,
+                       const engine::SchedulerOptions& options, Sink sink)
+    : scheduler_(model, tokenizer, options), sink_(std::move(sink)) {
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineLoop::~EngineLoop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void EngineLoop::post(std::function<void(engine::Scheduler&)> fn) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(fn));
+}
+
+void EngineLoop::run() {
+  uint64_t step_index = 0;
+  while (true) {
+    std::vector<std::function<void(engine::Scheduler&)>> calls;
+    const bool busy = !scheduler_.idle();  // Read here: only this thread touches scheduler_.
+    {
+      absl::MutexLock lock(&mu_);
+      // Idle: sleep until a call arrives. Busy: take what has arrived and step.
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty() || busy;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      calls.swap(queue_);
+    }
+    for (auto& call : calls) call(scheduler_);
+    if (scheduler_.idle()) continue;
+    StepReport report{.step_index = step_index++, .batch_size = scheduler_.runningSequences()};
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<std::vector<engine::TokenEvent>> events = scheduler_.step();
+    report.step_time_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
+    if (!events.ok()) {
+      // Requests are checked when they join, so a failing step is a broken invariant.
+      CLEAVE_LOG(ERROR) << "engine step failed: " << events.status();
+      continue;
+    }
+    report.events = std::move(*events);
+    sink_(report);
+  }
+}
+
+}  // namespace cleave::worker

@@ -1,0 +1,59 @@
+// The worker's engine thread. It owns the Scheduler over the model's TpGroup and runs a
+// step whenever there is work; every other thread reaches the scheduler through call(),
+// which runs a function on the engine thread between two steps and returns its result.
+// After each step the loop hands what the step produced to the sink, on the engine thread.
+//
+// Threading: call() from any thread (it blocks until the function has run); the sink runs
+// on the engine thread and must not call(). The destructor stops the thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "services/engine/scheduler.h"
+
+namespace cleave::worker {
+
+struct StepReport {
+  uint64_t step_index = 0;
+  int64_t batch_size = 0;  // Sequences in the step's batch.
+  int64_t step_time_us = 0;
+  std::vector<engine::TokenEvent> events;
+};
+
+class EngineLoop {
+ public:
+  using Sink = std::function<void(StepReport&)>;
+  EngineLoop(engine::TpGroup& model, const tokenizer::Tokenizer* tokenizer,
+             const engine::SchedulerOptions& options, Sink sink);
+  ~EngineLoop();
+
+  // Runs fn(scheduler) on the engine thread and returns its result.
+  template <typename F>
+  auto call(F&& fn) -> decltype(fn(std::declval<engine::Scheduler&>())) {
+    using R = decltype(fn(std::declval<engine::Scheduler&>()));
+    auto task = std::make_shared<std::packaged_task<R(engine::Scheduler&)>>(std::forward<F>(fn));
+    std::future<R> result = task->get_future();
+    post([task](engine::Scheduler& s) { (*task)(s); });
+    return result.get();
+  }
+
+ private:
+  void post(std::function<void(engine::Scheduler&)> fn);
+  void run();
+
+  engine::Scheduler scheduler_;
+  Sink sink_;
+  absl::Mutex mu_;
+  std::vector<std::function<void(engine::Scheduler&)>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace cleave::worker

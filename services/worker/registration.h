@@ -1,0 +1,36 @@
+// Keeps a worker registered with its router (proto/cleave/v1/worker.proto, Registry):
+// registers at start — retrying until the router answers, so the two may start in any
+// order — heartbeats its load, registers again when the router asks, and deregisters on
+// stop. A registration the router refuses (an incompatible model or KV layout) is logged
+// with the router's reason and retried, never silently dropped.
+//
+// Threading: start() and the destructor on the owning thread; the work runs on a
+// background thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "cleave/v1/worker.grpc.pb.h"
+#include "common/service_thread.h"
+
+namespace cleave::worker {
+
+class RouterRegistration {
+ public:
+  // `load` is called from the background thread before each heartbeat.
+  RouterRegistration(const std::string& router_address, v1::RegisterRequest request,
+                     std::function<v1::LoadSnapshot()> load);
+  ~RouterRegistration();  // Deregisters (best effort) and stops.
+
+ private:
+  void run(std::stop_token stop);
+
+  std::unique_ptr<v1::Registry::Stub> stub_;
+  v1::RegisterRequest request_;
+  std::function<v1::LoadSnapshot()> load_;
+  ServiceThread thread_{"registration"};
+};
+
+}  // namespace cleave::worker

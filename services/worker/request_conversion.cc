@@ -1,0 +1,62 @@
+#include "services/worker/request_conversion.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave::worker {
+
+absl::StatusOr<engine::GenerationRequest> toEngineRequest(uint64_t id, const RequestParts& parts,
+                                                          const std::vector<uint32_t>& eos,
+                                                          int64_t context_length) {
+  engine::GenerationRequest r;
+  r.id = id;
+  r.prompt.assign(parts.prompt->begin(), parts.prompt->end());
+  const v1::SamplingParams& s = *parts.sampling;
+  r.sampling = {.temperature = s.has_temperature() ? s.temperature() : 1.0f,
+                .top_k = s.has_top_k() ? s.top_k() : 0,
+                .top_p = s.has_top_p() ? s.top_p() : 1.0f,
+                .min_p = s.has_min_p() ? s.min_p() : 0.0f,
+                .repetition_penalty = s.has_repetition_penalty() ? s.repetition_penalty() : 1.0f,
+                .presence_penalty = s.has_presence_penalty() ? s.presence_penalty() : 0.0f,
+                .frequency_penalty = s.has_frequency_penalty() ? s.frequency_penalty() : 0.0f,
+                .seed = s.seed(),
+                .logprobs = parts.logprobs ? static_cast<int32_t>(*parts.logprobs) : -1};
+  if (absl::Status valid = engine::validateSamplingParams(r.sampling); !valid.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.", valid.message()));
+  }
+  const v1::StoppingCriteria& stop = *parts.stopping;
+  if (stop.has_min_new_tokens() && stop.min_new_tokens() > 0) {
+    return absl::UnimplementedError("stopping.min_new_tokens is not supported yet");
+  }
+  if (!stop.ignore_eos()) r.stop.stop_token_ids = eos;
+  r.stop.stop_token_ids.insert(r.stop.stop_token_ids.end(), stop.stop_token_ids().begin(),
+                               stop.stop_token_ids().end());
+  r.stop.stop_strings.assign(stop.stop().begin(), stop.stop().end());
+  r.stop.max_new_tokens = stop.has_max_new_tokens()
+                              ? stop.max_new_tokens()
+                              : context_length - static_cast<int64_t>(r.prompt.size());
+  return r;
+}
+
+v1::FinishReason finishReason(engine::StopReason reason) {
+  switch (reason) {
+    case engine::StopReason::kStopToken: return v1::FINISH_REASON_STOP_TOKEN;
+    case engine::StopReason::kStopString: return v1::FINISH_REASON_STOP_STRING;
+    case engine::StopReason::kLength: return v1::FINISH_REASON_LENGTH;
+    case engine::StopReason::kNone: break;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+v1::TokenLogprob tokenLogprob(const engine::TokenEvent& event) {
+  v1::TokenLogprob out;
+  out.set_token_id(event.token);
+  out.set_logprob(event.logprob.value_or(0.0f));
+  for (const auto& [token, logprob] : event.top_logprobs) {
+    v1::TopLogprob* top = out.add_top();
+    top->set_token_id(token);
+    top->set_logprob(logprob);
+  }
+  return out;
+}
+
+}  // namespace cleave::worker

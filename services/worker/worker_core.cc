@@ -1,0 +1,264 @@
+#include "services/worker/worker_core.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "services/worker/request_conversion.h"
+
+namespace cleave::worker {
+namespace {
+
+absl::Status invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+}  // namespace
+
+WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* tokenizer,
+                       WorkerCoreOptions options)
+    : model_(model), options_(std::move(options)) {
+  worker_id_ = options_.worker_id;
+  loop_ = std::make_unique<EngineLoop>(model, tokenizer, options_.scheduler,
+                                       [this](StepReport& report) { onStep(report); });
+}
+
+WorkerCore::~WorkerCore() { loop_.reset(); }
+
+void WorkerCore::setWorkerId(std::string id) {
+  absl::MutexLock lock(&mu_);
+  worker_id_ = std::move(id);
+}
+
+std::optional<uint64_t> WorkerCore::idOf(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return std::nullopt;
+  return it->second.id;
+}
+
+void WorkerCore::forget(uint64_t id) {
+  auto it = names_.find(id);
+  if (it == names_.end()) return;
+  requests_.erase(it->second);
+  names_.erase(it);
+}
+
+void WorkerCore::abortPrefill(uint64_t id, const absl::Status& why) {
+  auto it = prefills_.find(id);
+  if (it == prefills_.end()) return;
+  it->second.set_value(why);
+  prefills_.erase(it);
+}
+
+absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest& r) {
+  const model::ModelConfig& c = model_.config();
+  if (r.request_id().empty()) return invalid("request_id is empty");
+  if (r.router_id().empty()) return invalid("router_id is empty");
+  if (r.prompt_tokens() < 1) return invalid("prompt_tokens must be >= 1");
+  if (r.max_new_tokens() < 1) return invalid("max_new_tokens must be >= 1");
+  const int64_t total = int64_t{r.prompt_tokens()} + r.max_new_tokens();
+  if (total > c.max_position_embeddings) {
+    return invalid(absl::StrCat("prompt_tokens + max_new_tokens = ", total,
+                                " is past the context length ", c.max_position_embeddings));
+  }
+  const int64_t needed = (total + model_.blockSize() - 1) / model_.blockSize();
+  if (r.num_blocks() < needed) {
+    return invalid(absl::StrCat("num_blocks ", r.num_blocks(), " does not cover ", total,
+                                " tokens (", needed, " blocks)"));
+  }
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = requests_.find(r.request_id());
+    id = it != requests_.end() ? it->second.id : next_id_++;
+  }
+  absl::StatusOr<std::vector<int32_t>> blocks =
+      loop_->call([&](engine::Scheduler& s) { return s.reserve(id, r.num_blocks()); });
+  if (!blocks.ok()) return blocks.status();
+  {
+    absl::MutexLock lock(&mu_);
+    requests_[r.request_id()] = {.id = id, .router_id = r.router_id()};
+    names_[id] = r.request_id();
+  }
+  v1::ReserveResponse response;
+  for (int32_t b : *blocks) response.add_block_ids(static_cast<uint32_t>(b));
+  return response;
+}
+
+absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest& r,
+                                                        grpc::ServerContext* context) {
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<uint64_t> id = idOf(r.request_id());
+  if (!id) {
+    return absl::NotFoundError(
+        absl::StrCat("request ", r.request_id(), " has no KV reservation on this worker"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (r.destination().decode_worker_id() != worker_id_) {
+      return absl::UnimplementedError(
+          absl::StrCat("prefill for decode worker '", r.destination().decode_worker_id(),
+                       "': moving KV caches between workers is not built yet; run --role=both"));
+    }
+  }
+  RequestParts parts{
+      .prompt = &r.prompt_token_ids(), .sampling = &r.sampling(), .stopping = &r.stopping()};
+  if (r.has_logprobs()) parts.logprobs = r.logprobs();
+  absl::StatusOr<engine::GenerationRequest> request =
+      toEngineRequest(*id, parts, options_.eos_ids, model_.config().max_position_embeddings);
+  if (!request.ok()) return request.status();
+
+  std::future<PrefillResult> done;
+  {
+    absl::MutexLock lock(&mu_);
+    done = prefills_[*id].get_future();
+  }
+  absl::Status added = loop_->call([&](engine::Scheduler& s) { return s.addPrefill(*request); });
+  if (!added.ok()) {
+    absl::MutexLock lock(&mu_);
+    prefills_.erase(*id);
+    return added;
+  }
+  while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    if (context != nullptr && context->IsCancelled()) {
+      loop_->call([&](engine::Scheduler& s) { return s.cancel(*id); });
+      absl::MutexLock lock(&mu_);
+      abortPrefill(*id, absl::CancelledError("the prefill call was cancelled"));
+      forget(*id);
+    }
+  }
+  PrefillResult first = done.get();
+  if (!first.ok()) return first.status();
+  v1::PrefillResponse response;
+  response.set_first_token_id(first->token);
+  if (r.has_logprobs()) *response.mutable_first_logprob() = tokenLogprob(*first);
+  if (first->finished) {
+    response.set_finish_reason(finishReason(first->reason));
+    absl::MutexLock lock(&mu_);
+    forget(*id);  // The scheduler freed the reservation with the request.
+  }
+  response.set_prefill_ms(
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  return response;
+}
+
+absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
+  std::optional<uint64_t> id = idOf(r.request_id());
+  if (!id) {
+    return absl::NotFoundError(
+        absl::StrCat("request ", r.request_id(), " has no KV reservation on this worker"));
+  }
+  RequestParts parts{
+      .prompt = &r.prompt_token_ids(), .sampling = &r.sampling(), .stopping = &r.stopping()};
+  if (r.has_logprobs()) parts.logprobs = r.logprobs();
+  absl::StatusOr<engine::GenerationRequest> request =
+      toEngineRequest(*id, parts, options_.eos_ids, model_.config().max_position_embeddings);
+  if (!request.ok()) return request.status();
+  return loop_->call(
+      [&](engine::Scheduler& s) { return s.startDecode(*request, r.first_token_id()); });
+}
+
+uint32_t WorkerCore::release(const std::string& request_id) {
+  std::optional<uint64_t> id = idOf(request_id);
+  if (!id) return 0;
+  const int64_t freed = loop_->call([&](engine::Scheduler& s) { return s.release(*id); });
+  absl::MutexLock lock(&mu_);
+  abortPrefill(*id, absl::AbortedError("the reservation was released"));
+  forget(*id);
+  return static_cast<uint32_t>(freed);
+}
+
+bool WorkerCore::cancel(const std::string& request_id) {
+  std::optional<uint64_t> id = idOf(request_id);
+  if (!id) return false;
+  const bool found = loop_->call([&](engine::Scheduler& s) { return s.cancel(*id); });
+  absl::MutexLock lock(&mu_);
+  abortPrefill(*id, absl::AbortedError("the request was cancelled"));
+  auto it = requests_.find(request_id);
+  if (found && it != requests_.end()) {
+    // The sequence's last event says it was cancelled.
+    v1::TokenEvents message;
+    v1::SequenceEvent* event = message.add_events();
+    event->set_request_id(request_id);
+    event->set_finish_reason(v1::FINISH_REASON_CANCELLED);
+    streams_[it->second.router_id].pending.push_back(std::move(message));
+  }
+  forget(*id);
+  return found;
+}
+
+void WorkerCore::onStep(StepReport& report) {
+  absl::MutexLock lock(&mu_);
+  std::unordered_map<std::string, v1::TokenEvents> out;
+  for (engine::TokenEvent& event : report.events) {
+    auto name = names_.find(event.id);
+    if (name == names_.end()) continue;  // Released while the step ran.
+    if (event.prefilled) {
+      auto pending = prefills_.find(event.id);
+      if (pending != prefills_.end()) {
+        pending->second.set_value(event);
+        prefills_.erase(pending);
+      }
+      continue;  // prefill() forgets a request its first token finished.
+    }
+    const Request& request = requests_.at(name->second);
+    v1::TokenEvents& message = out[request.router_id];
+    v1::SequenceEvent* e = message.add_events();
+    e->set_request_id(name->second);
+    e->add_token_ids(event.token);
+    if (event.logprob) *e->add_logprobs() = tokenLogprob(event);
+    if (event.finished) {
+      e->set_finish_reason(finishReason(event.reason));
+      forget(event.id);
+    }
+  }
+  for (auto& [router, message] : out) {
+    message.set_step_index(report.step_index);
+    message.set_batch_size(static_cast<uint32_t>(report.batch_size));
+    message.set_step_time_us(static_cast<uint64_t>(report.step_time_us));
+    streams_[router].pending.push_back(std::move(message));
+  }
+}
+
+grpc::Status WorkerCore::streamTokens(const std::string& router_id, grpc::ServerContext* context,
+                                      grpc::ServerWriter<v1::TokenEvents>* writer) {
+  if (router_id.empty()) return {grpc::StatusCode::INVALID_ARGUMENT, "router_id is empty"};
+  uint64_t me;
+  {
+    absl::MutexLock lock(&mu_);
+    me = next_stream_++;
+    streams_[router_id].owner = me;
+  }
+  while (!context->IsCancelled()) {
+    std::deque<v1::TokenEvents> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      Stream& stream = streams_[router_id];
+      auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !stream.pending.empty() || stream.owner != me;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100));
+      if (stream.owner != me) {
+        return {grpc::StatusCode::ABORTED, "another token stream for this router replaced it"};
+      }
+      batch.swap(stream.pending);
+    }
+    for (v1::TokenEvents& message : batch) {
+      if (!writer->Write(message)) return grpc::Status::CANCELLED;
+    }
+  }
+  return grpc::Status::CANCELLED;
+}
+
+v1::LoadSnapshot WorkerCore::load() {
+  v1::LoadSnapshot load;
+  loop_->call([&](engine::Scheduler& s) {
+    load.set_running(static_cast<uint32_t>(s.runningSequences()));
+    load.set_waiting(static_cast<uint32_t>(s.waitingRequests()));
+    load.set_kv_blocks_free(static_cast<uint32_t>(s.freeBlocks()));
+    load.set_kv_blocks_reserved(static_cast<uint32_t>(s.reservedBlocks()));
+    return 0;
+  });
+  return load;
+}
+
+}  // namespace cleave::worker

@@ -1,0 +1,84 @@
+// What a worker's gRPC services (DecodeControl, PrefillControl) share: the engine loop, the
+// requests it holds under the router's ids, pending prefills, and the token streams to the
+// routers (proto/cleave/v1/worker.proto for the protocol and its invariants).
+//
+// Threading: every method may be called from any gRPC thread at once; onStep() runs on
+// the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "cleave/v1/worker.grpc.pb.h"
+#include "grpcpp/server_context.h"
+#include "services/worker/engine_loop.h"
+
+namespace cleave::worker {
+
+struct WorkerCoreOptions {
+  std::string worker_id;  // This worker's id: a prefill destination naming it is local.
+  engine::SchedulerOptions scheduler;
+  std::vector<uint32_t> eos_ids;  // The model's end-of-sequence ids.
+};
+
+class WorkerCore {
+ public:
+  WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* tokenizer,
+             WorkerCoreOptions options);
+  ~WorkerCore();
+
+  void setWorkerId(std::string id);
+  absl::StatusOr<v1::ReserveResponse> reserve(const v1::ReserveRequest& request);
+  // Prefills into this worker's own reservation (a BOTH worker serving itself). Waits for
+  // the first token; a cancelled call or context cancels the prefill.
+  absl::StatusOr<v1::PrefillResponse> prefill(const v1::PrefillRequest& request,
+                                              grpc::ServerContext* context);
+  absl::Status startDecode(const v1::StartDecodeRequest& request);
+  uint32_t release(const std::string& request_id);
+  bool cancel(const std::string& request_id);
+  // Writes router_id's token events until the call is cancelled or another stream for the
+  // same router replaces it (then ABORTED).
+  grpc::Status streamTokens(const std::string& router_id, grpc::ServerContext* context,
+                            grpc::ServerWriter<v1::TokenEvents>* writer);
+  v1::LoadSnapshot load();
+
+ private:
+  struct Request {
+    uint64_t id = 0;
+    std::string router_id;
+  };
+  struct Stream {
+    std::deque<v1::TokenEvents> pending;
+    uint64_t owner = 0;  // The call writing it; a newer call takes over.
+  };
+  using PrefillResult = absl::StatusOr<engine::TokenEvent>;
+
+  void onStep(StepReport& report);  // Engine thread.
+  // The engine id of `request_id`, if known.
+  std::optional<uint64_t> idOf(const std::string& request_id);
+  void forget(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails a pending prefill of `id`, if any.
+  void abortPrefill(uint64_t id, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  engine::TpGroup& model_;
+  WorkerCoreOptions options_;
+  absl::Mutex mu_;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_stream_ ABSL_GUARDED_BY(mu_) = 1;
+  std::unordered_map<std::string, Request> requests_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::string> names_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::promise<PrefillResult>> prefills_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, Stream> streams_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<EngineLoop> loop_;  // Last: its thread calls onStep().
+};
+
+}  // namespace cleave::worker
