@@ -1,5 +1,6 @@
 // `cleave generate --model MODEL PROMPT`: offline generation on this machine's CPU,
-// streamed to the terminal.
+// streamed to the terminal; `cleave generate --router ADDR PROMPT`: the same through a
+// running deployment.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include "common/flags.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/cli/commands.h"
+#include "services/cli/router_client.h"
 #include "services/engine/scheduler.h"
 #include "services/engine/tp_group.h"
 
@@ -20,6 +22,61 @@ int fail(const absl::Status& status) {
   return 1;
 }
 
+// The ChatML turn format SmolLM2, Qwen and others use.
+std::string chatTurn(const std::string& text) {
+  return "<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n";
+}
+
+int generateThroughRouter(const std::string& address, const std::string& prompt, bool chat,
+                          const engine::SamplingParams& s, int64_t max_tokens,
+                          const std::string& stop, bool print_ids) {
+  v1::GenerateRequest request;
+  request.set_text(chat ? chatTurn(prompt) : prompt);
+  request.set_parse_special_tokens(chat);
+  request.set_add_special_tokens(true);
+  v1::SamplingParams* p = request.mutable_sampling();
+  p->set_temperature(s.temperature);
+  p->set_top_k(s.top_k);
+  p->set_top_p(s.top_p);
+  p->set_min_p(s.min_p);
+  p->set_repetition_penalty(s.repetition_penalty);
+  p->set_presence_penalty(s.presence_penalty);
+  p->set_frequency_penalty(s.frequency_penalty);
+  p->set_seed(s.seed);
+  request.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(max_tokens));
+  if (!stop.empty()) request.mutable_stopping()->add_stop(stop);
+  client::RouterClient client({.address = address});
+  v1::FinalInfo final;
+  bool first = true;
+  absl::Status status = client.generate(
+      request,
+      [&](const v1::GenerateResponse& message) {
+        std::string shown = message.text();
+        if (print_ids) {
+          shown.clear();
+          for (uint32_t id : message.token_ids()) {
+            absl::StrAppend(&shown, first ? "" : " ", id);
+            first = false;
+          }
+        }
+        std::fwrite(shown.data(), 1, shown.size(), stdout);
+        std::fflush(stdout);
+        if (message.has_final()) final = message.final();
+        return true;
+      },
+      std::chrono::minutes(10));
+  std::fputc('\n', stdout);
+  if (!status.ok()) return fail(status);
+  const v1::Timings& t = final.timings();
+  std::fprintf(stderr,
+               "prompt %u tokens, generated %u (%s); queue %.1f ms, prefill %.1f ms, first token "
+               "%.1f ms, total %.1f ms\n",
+               final.usage().prompt_tokens(), final.usage().completion_tokens(),
+               v1::FinishReason_Name(final.finish_reason()).c_str(), t.queue_wait_ms(),
+               t.prefill_ms(), t.time_to_first_token_ms(), t.total_ms());
+  return 0;
+}
+
 }  // namespace
 
 int runGenerate(int argc, char** argv) {
@@ -28,6 +85,8 @@ int runGenerate(int argc, char** argv) {
   int64_t threads = static_cast<int64_t>(std::thread::hardware_concurrency());
   int64_t context = 4096;
   int64_t tp = 1;
+  std::string router;
+  bool print_ids = false;
   bool chat = true;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
   double presence_penalty = 0.0, frequency_penalty = 0.0;
@@ -38,6 +97,10 @@ int runGenerate(int argc, char** argv) {
                 "timings go to standard error. Greedy unless --temperature > 0.");
   flags.addString("model", &model,
                   "A GGUF file, or a Hugging Face folder, of a supported model (cleave info)");
+  flags.addString("router", &router,
+                  "Generate through a running router (host:port) instead of loading --model");
+  flags.addBool("print-ids", &print_ids,
+                "Print the generated token ids, space-separated, instead of the text");
   flags.addInt("max-tokens", &max_tokens, "Most tokens to generate");
   flags.addInt("threads", &threads, "CPU threads (all ranks together)");
   flags.addInt("tp", &tp, "Tensor-parallel ranks (one thread group each)");
@@ -71,13 +134,19 @@ int runGenerate(int argc, char** argv) {
     std::replace(message.begin(), message.begin() + end, '_', '-');
     exitWithUsageError(flags, absl::InvalidArgumentError("--" + message));
   }
-  if (model.empty()) exitWithUsageError(flags, absl::InvalidArgumentError("--model is required"));
+  if (model.empty() == router.empty()) {
+    exitWithUsageError(flags, absl::InvalidArgumentError("give --model or --router (one of them)"));
+  }
   if (positional.size() != 1) {
     exitWithUsageError(flags, absl::InvalidArgumentError("give exactly one PROMPT (quote it)"));
   }
   if (max_tokens < 1 || threads < 1 || tp < 1 || context < 2) {
     exitWithUsageError(flags, absl::InvalidArgumentError(
                                   "--max-tokens, --threads, --tp must be >= 1 and --context >= 2"));
+  }
+  if (!router.empty()) {
+    return generateThroughRouter(router, positional[0], chat, sampling, max_tokens, stop,
+                                 print_ids);
   }
   auto tokenizer = tokenizer::Tokenizer::load(model);
   if (!tokenizer.ok()) return fail(tokenizer.status());
@@ -87,10 +156,7 @@ int runGenerate(int argc, char** argv) {
   const model::ModelConfig& config = (*group)->config();
 
   std::string text = positional[0];
-  if (chat) {
-    // The ChatML turn format SmolLM2, Qwen and others use.
-    text = "<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n";
-  }
+  if (chat) text = chatTurn(text);
   std::vector<tokenizer::TokenId> prompt =
       (*tokenizer)->encode(text, {.add_special_tokens = true, .parse_special = chat});
   if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt has no tokens"));
@@ -128,7 +194,9 @@ int runGenerate(int argc, char** argv) {
     if (!events.ok()) return fail(events.status());
     for (const engine::TokenEvent& event : *events) {
       if (generated++ == 0) prefilled = std::chrono::steady_clock::now();
-      std::fwrite(event.text.data(), 1, event.text.size(), stdout);
+      const std::string shown =
+          print_ids ? absl::StrCat(generated > 1 ? " " : "", event.token) : event.text;
+      std::fwrite(shown.data(), 1, shown.size(), stdout);
       std::fflush(stdout);
     }
   }

@@ -42,4 +42,22 @@ absl::StatusOr<v1::ListModelsResponse> RouterClient::listModels() {
   return response;
 }
 
+absl::Status RouterClient::generate(
+    const v1::GenerateRequest& request,
+    const std::function<bool(const v1::GenerateResponse&)>& on_message,
+    std::chrono::milliseconds timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + timeout);
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> stream =
+      stub_->Generate(&context, request);
+  v1::GenerateResponse message;
+  while (stream->Read(&message)) {
+    if (!on_message(message)) {
+      context.TryCancel();
+      break;
+    }
+  }
+  return fromGrpcStatus(stream->Finish());
+}
+
 }  // namespace cleave::client

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,12 @@ class RouterClient {
   absl::Status waitUntilConnected();
   absl::StatusOr<v1::GetServerInfoResponse> serverInfo();
   absl::StatusOr<v1::ListModelsResponse> listModels();
+  // Streams one generation: `on_message` sees every response in order (returning false
+  // cancels the call). The call's deadline is `timeout` from now. Returns the stream's
+  // status (OK after the message carrying `final`).
+  absl::Status generate(const v1::GenerateRequest& request,
+                        const std::function<bool(const v1::GenerateResponse&)>& on_message,
+                        std::chrono::milliseconds timeout);
 
  private:
   std::unique_ptr<grpc::ClientContext> newContext() const;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/create_channel.h"
 
@@ -39,12 +40,24 @@ absl::Status checkRegistration(const v1::RegisterRequest& r) {
   return absl::OkStatus();
 }
 
+prometheus::Gauge& gauge(const std::string& name, const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(metricsRegistry()).Add({});
+}
+
 }  // namespace
 
 WorkerPool::WorkerPool(WorkerPoolOptions options,
                        std::function<void(std::shared_ptr<const Worker>)> on_join,
                        std::function<void(const std::string&)> on_leave)
-    : options_(options), on_join_(std::move(on_join)), on_leave_(std::move(on_leave)) {
+    : options_(options),
+      on_join_(std::move(on_join)),
+      on_leave_(std::move(on_leave)),
+      queue_gauge_(gauge("cleave_router_queue_depth", "Requests waiting for admission")),
+      reserved_gauge_(gauge("cleave_router_reserved_blocks",
+                            "KV blocks reserved for admitted requests on all decode workers")),
+      admitted_gauge_(gauge("cleave_router_admitted_requests",
+                            "Requests holding a decode slot on some worker")),
+      workers_gauge_(gauge("cleave_router_workers", "Registered workers")) {
   expiry_.start([this](std::stop_token stop) { expire(stop); });
 }
 
@@ -83,6 +96,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& 
     replaced = workers_.erase(worker->id) > 0;
     workers_[worker->id] = {.worker = worker, .last_seen = std::chrono::steady_clock::now()};
     ++changes_;
+    updateGauges();
   }
   if (replaced) on_leave_(worker->id);
   on_join_(worker);
@@ -110,6 +124,7 @@ void WorkerPool::remove(const std::string& worker_id, const std::string& reason)
     absl::MutexLock lock(&mu_);
     if (workers_.erase(worker_id) == 0) return;
     ++changes_;
+    updateGauges();
   }
   CLEAVE_LOG(INFO) << "worker " << worker_id << " left: " << reason;
   on_leave_(worker_id);
@@ -183,6 +198,7 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
   }
   const uint64_t ticket = next_ticket_++;
   queue_.push_back(ticket);
+  updateGauges();
   absl::Status outcome = absl::OkStatus();
   Entry* chosen = nullptr;
   while (true) {
@@ -204,10 +220,13 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
     mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Milliseconds(20));
   }
   queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
-  ++changes_;
+  ++changes_;  // The next in line may go now.
+  if (outcome.ok()) {
+    chosen->reserved += blocks;
+    chosen->admitted += 1;
+  }
+  updateGauges();
   if (!outcome.ok()) return outcome;
-  chosen->reserved += blocks;
-  chosen->admitted += 1;
   return Admission{.worker = chosen->worker, .blocks = blocks};
 }
 
@@ -219,6 +238,16 @@ void WorkerPool::release(const Admission& admission) {
   it->second.reserved -= admission.blocks;
   it->second.admitted -= 1;
   ++changes_;
+  updateGauges();
+}
+
+void WorkerPool::updateGauges() {
+  int64_t reserved = 0, admitted = 0;
+  for (const auto& [id, entry] : workers_) reserved += entry.reserved, admitted += entry.admitted;
+  queue_gauge_.Set(static_cast<double>(queue_.size()));
+  reserved_gauge_.Set(static_cast<double>(reserved));
+  admitted_gauge_.Set(static_cast<double>(admitted));
+  workers_gauge_.Set(static_cast<double>(workers_.size()));
 }
 
 int64_t WorkerPool::queueDepth() const {

@@ -30,6 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cleave/v1/worker.grpc.pb.h"
 #include "common/service_thread.h"
+#include "prometheus/gauge.h"
 
 namespace cleave::router {
 
@@ -100,6 +101,7 @@ class WorkerPool {
   // The decode worker to admit `blocks` on now, if any.
   Entry* pick(int64_t blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void expire(std::stop_token stop);
+  void updateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerPoolOptions options_;
   std::function<void(std::shared_ptr<const Worker>)> on_join_;
@@ -109,6 +111,10 @@ class WorkerPool {
   std::vector<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Waiting admissions, oldest first.
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // Bumped by anything admission depends on.
+  prometheus::Gauge& queue_gauge_;             // cleave_router_queue_depth
+  prometheus::Gauge& reserved_gauge_;          // cleave_router_reserved_blocks
+  prometheus::Gauge& admitted_gauge_;          // cleave_router_admitted_requests
+  prometheus::Gauge& workers_gauge_;           // cleave_router_workers
   ServiceThread expiry_{"lease-expiry"};
 };
 

@@ -41,7 +41,13 @@ void EngineLoop::run() {
       calls.swap(queue_);
     }
     for (auto& call : calls) call(scheduler_);
-    if (scheduler_.idle()) continue;
+    if (scheduler_.idle()) {
+      StepReport idle{.stepped = false,
+                      .free_blocks = scheduler_.freeBlocks(),
+                      .reserved_blocks = scheduler_.reservedBlocks()};
+      sink_(idle);
+      continue;
+    }
     StepReport report{.step_index = step_index++, .batch_size = scheduler_.runningSequences()};
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<std::vector<engine::TokenEvent>> events = scheduler_.step();
@@ -54,6 +60,8 @@ void EngineLoop::run() {
       continue;
     }
     report.events = std::move(*events);
+    report.free_blocks = scheduler_.freeBlocks();
+    report.reserved_blocks = scheduler_.reservedBlocks();
     sink_(report);
   }
 }

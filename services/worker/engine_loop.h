@@ -20,10 +20,16 @@
 
 namespace cleave::worker {
 
+// After each step, and after calls that leave the engine idle (stepped = false, no events:
+// the pool's numbers still changed).
 struct StepReport {
+  bool stepped = true;
   uint64_t step_index = 0;
   int64_t batch_size = 0;  // Sequences in the step's batch.
   int64_t step_time_us = 0;
+  // The KV pool after the step.
+  int64_t free_blocks = 0;
+  int64_t reserved_blocks = 0;
   std::vector<engine::TokenEvent> events;
 };
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "services/worker/request_conversion.h"
 
 namespace cleave::worker {
@@ -11,11 +12,32 @@ namespace {
 
 absl::Status invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
+prometheus::Gauge& gauge(const std::string& name, const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(metricsRegistry()).Add({});
+}
+prometheus::Counter& counter(const std::string& name, const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(metricsRegistry()).Add({});
+}
+
 }  // namespace
 
 WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* tokenizer,
                        WorkerCoreOptions options)
-    : model_(model), options_(std::move(options)) {
+    : model_(model),
+      options_(std::move(options)),
+      batch_size_(gauge("cleave_worker_batch_sequences",
+                        "Sequences in the last engine step's batch (decoding and prefilling)")),
+      blocks_free_(gauge("cleave_worker_kv_blocks_free", "KV blocks held by nothing")),
+      blocks_reserved_(gauge("cleave_worker_kv_blocks_reserved",
+                             "KV blocks held by reservations (reserved or decoding)")),
+      steps_(counter("cleave_worker_steps_total", "Engine steps run")),
+      tokens_(counter("cleave_worker_generated_tokens_total", "Tokens sampled")),
+      step_seconds_(prometheus::BuildHistogram()
+                        .Name("cleave_worker_step_seconds")
+                        .Help("Wall time of one engine step (forward and sampling)")
+                        .Register(metricsRegistry())
+                        .Add({}, prometheus::Histogram::BucketBoundaries{
+                                     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2})) {
   worker_id_ = options_.worker_id;
   loop_ = std::make_unique<EngineLoop>(model, tokenizer, options_.scheduler,
                                        [this](StepReport& report) { onStep(report); });
@@ -187,6 +209,14 @@ bool WorkerCore::cancel(const std::string& request_id) {
 }
 
 void WorkerCore::onStep(StepReport& report) {
+  batch_size_.Set(static_cast<double>(report.batch_size));
+  blocks_free_.Set(static_cast<double>(report.free_blocks));
+  blocks_reserved_.Set(static_cast<double>(report.reserved_blocks));
+  if (report.stepped) {
+    steps_.Increment();
+    tokens_.Increment(static_cast<double>(report.events.size()));
+    step_seconds_.Observe(static_cast<double>(report.step_time_us) * 1e-6);
+  }
   absl::MutexLock lock(&mu_);
   std::unordered_map<std::string, v1::TokenEvents> out;
   for (engine::TokenEvent& event : report.events) {

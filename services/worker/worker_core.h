@@ -19,6 +19,9 @@
 #include "absl/synchronization/mutex.h"
 #include "cleave/v1/worker.grpc.pb.h"
 #include "grpcpp/server_context.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "services/worker/engine_loop.h"
 
 namespace cleave::worker {
@@ -70,6 +73,13 @@ class WorkerCore {
 
   engine::TpGroup& model_;
   WorkerCoreOptions options_;
+  // Metrics (cleave_worker_*), updated after every step.
+  prometheus::Gauge& batch_size_;
+  prometheus::Gauge& blocks_free_;
+  prometheus::Gauge& blocks_reserved_;
+  prometheus::Counter& steps_;
+  prometheus::Counter& tokens_;
+  prometheus::Histogram& step_seconds_;
   absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -1,0 +1,186 @@
+"""End to end: cleave-router and a cleave-worker (--role=both) on the SmolLM2 model as real
+processes on loopback, driven by a grpcio client generated from the .proto files (a
+client Cleave did not write).
+
+  * greedy outputs through the router equal the offline engine's (cleave generate), token
+    for token, for 32 mixed-length prompts sent at once (more than the worker's target
+    concurrency, so some wait in the router's queue);
+  * 64 concurrent requests against --target-concurrency 16: the worker's batch reaches 16
+    and never exceeds it;
+  * bad input gets the documented status codes with messages that say what to fix;
+  * client cancellation and deadline expiry leave no KV block reserved, in the router or
+    in the worker.
+"""
+import concurrent.futures
+import os
+import random
+import re
+import sys
+import threading
+import time
+import unittest
+
+import grpc
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import cleave_testing as ct  # noqa: E402
+
+MODEL = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+TARGET = 16
+WORDS = ("river mountain light quiet engine paper window garden number silver morning "
+         "question stone market winter letter travel music forest ocean").split()
+
+
+def metric(port, name):
+    _, text = ct.http_get(port)
+    match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+    if match is None:
+        raise AssertionError(f"{name} not in the metrics of port {port}")
+    return float(match.group(1))
+
+
+@unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
+class ServingTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.pb = ct.stubs()["generation_pb2"]
+        cls.router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                                 "--metrics-port=0", f"--model={MODEL}"])
+        cls.address = f"127.0.0.1:{cls.router.ready['grpc_port']}"
+        cls.worker = ct.Process([ct.binary("cleave-worker"), f"--model={MODEL}",
+                                 f"--router={cls.address}", "--listen=127.0.0.1:0",
+                                 "--metrics-port=0", f"--target-concurrency={TARGET}",
+                                 "--planned-seq-len=256", "--threads=2"])
+        cls.channel = grpc.insecure_channel(cls.address)
+        cls.stub = ct.stubs()["generation_grpc"].GenerationStub(cls.channel)
+        deadline = time.monotonic() + 60
+        while not cls.stub.ListModels(cls.pb.ListModelsRequest(), timeout=5).models:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the worker did not register:\n" + cls.worker.log())
+            time.sleep(0.05)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        worker_code = cls.worker.stop()
+        router_code = cls.router.stop()
+        assert worker_code == 0 and router_code == 0, (worker_code, router_code)
+
+    def request(self, text, max_new_tokens=12, ignore_eos=False, **kwargs):
+        pb = self.pb
+        return pb.GenerateRequest(text=text, add_special_tokens=True,
+                                  sampling=pb.SamplingParams(temperature=0),
+                                  stopping=pb.StoppingCriteria(max_new_tokens=max_new_tokens,
+                                                               ignore_eos=ignore_eos),
+                                  **kwargs)
+
+    def generate(self, request, timeout=120):
+        ids, text, final = [], "", None
+        for message in self.stub.Generate(request, timeout=timeout):
+            ids += list(message.token_ids)
+            text += message.text
+            if message.HasField("final"):
+                final = message.final
+        self.assertIsNotNone(final)
+        return ids, text, final
+
+    def wait_for_no_reservations(self):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            router = metric(self.router.ready["metrics_port"], "cleave_router_reserved_blocks")
+            worker = metric(self.worker.ready["metrics_port"], "cleave_worker_kv_blocks_reserved")
+            if router == 0 and worker == 0:
+                return
+            time.sleep(0.05)
+        self.fail(f"blocks still reserved: router {router}, worker {worker}")
+
+    def test_greedy_tokens_match_the_offline_engine(self):
+        rng = random.Random(4)
+        prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))
+                   for _ in range(32)]
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            served = list(pool.map(lambda p: self.generate(self.request(p))[0], prompts))
+        for prompt, got in zip(prompts, served):
+            code, out, err = ct.run([ct.binary("cleave"), "generate", f"--model={MODEL}",
+                                     "--no-chat", "--print-ids", "--max-tokens=12", "--threads=2",
+                                     prompt], timeout=120)
+            self.assertEqual(code, 0, err)
+            self.assertEqual(got, [int(t) for t in out.split()], prompt)
+        self.wait_for_no_reservations()
+
+    def test_the_batch_reaches_the_target_concurrency_and_never_exceeds_it(self):
+        samples, done = [], threading.Event()
+
+        def watch():
+            while not done.is_set():
+                samples.append((metric(self.router.ready["metrics_port"], "cleave_router_queue_depth"),
+                                metric(self.worker.ready["metrics_port"],
+                                       "cleave_worker_batch_sequences")))
+                time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            prompts = [f"Count slowly from one to fifty, request {i}:" for i in range(64)]
+            with concurrent.futures.ThreadPoolExecutor(64) as pool:
+                results = list(pool.map(
+                    lambda p: self.generate(self.request(p, max_new_tokens=40,
+                                                         ignore_eos=True))[2], prompts))
+        finally:
+            done.set()
+            watcher.join()
+        self.assertEqual(len(results), 64)
+        batches = [b for _, b in samples]
+        waiting = [b for q, b in samples if q > 0]
+        at_target = sum(1 for b in waiting if b == TARGET)
+        print(f"\nwhile requests waited, the batch was at {TARGET} in {at_target} of "
+              f"{len(waiting)} samples; sizes seen {sorted(set(waiting))}")
+        self.assertEqual(max(batches), TARGET)
+        self.assertTrue(waiting, "no request ever waited: the test did not load the worker")
+        self.wait_for_no_reservations()
+
+    def test_bad_input_gets_a_status_that_says_what_to_fix(self):
+        pb, C = self.pb, grpc.StatusCode
+
+        def expect(request, code, words):
+            with self.assertRaises(grpc.RpcError) as caught:
+                self.generate(request, timeout=30)
+            self.assertEqual(caught.exception.code(), code, caught.exception.details())
+            self.assertIn(words, caught.exception.details())
+
+        expect(pb.GenerateRequest(text=""), C.INVALID_ARGUMENT, "text")
+        expect(self.request("hi", model="no-such-model"), C.NOT_FOUND, "no-such-model")
+        expect(pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 49152])), C.INVALID_ARGUMENT,
+               "vocabulary")
+        expect(pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1] * 9000)), C.INVALID_ARGUMENT,
+               "context length")
+        expect(self.request("hi", max_new_tokens=0), C.INVALID_ARGUMENT, "max_new_tokens")
+        expect(self.request("hi", max_new_tokens=8190), C.INVALID_ARGUMENT, "KV blocks")
+        expect(pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(top_p=1.5)),
+               C.INVALID_ARGUMENT, "top_p")
+        expect(pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(temperature=-1)),
+               C.INVALID_ARGUMENT, "temperature")
+        self.wait_for_no_reservations()
+
+    def test_cancel_and_deadline_free_every_block(self):
+        call = self.stub.Generate(self.request("Tell me a long story.", max_new_tokens=400,
+                                               ignore_eos=True), timeout=120)
+        next(call)
+        next(call)
+        call.cancel()
+        with self.assertRaises(grpc.RpcError) as caught:
+            for _ in call:
+                pass
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.CANCELLED)
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.generate(self.request("Tell me a long story.", max_new_tokens=400,
+                                       ignore_eos=True), timeout=0.5)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.DEADLINE_EXCEEDED)
+        self.wait_for_no_reservations()
+        # The worker still serves.
+        ids, _, final = self.generate(self.request("One more:", max_new_tokens=3))
+        self.assertEqual(len(ids), final.usage.completion_tokens)
+
+
+if __name__ == "__main__":
+    unittest.main()
