@@ -12,65 +12,86 @@ bin="$root/build/default/bin"
 model="$root/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 work="$(mktemp -d)"
-router_pid=""
+pids=()
 cleanup() {
-  if [ -n "$router_pid" ] && kill -0 "$router_pid" 2>/dev/null; then
-    kill -TERM "$router_pid"
-    wait "$router_pid" || true
-  fi
+  for pid in "${pids[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid"
+      wait "$pid" || true
+    fi
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
 
+# start NAME READY_FILE COMMAND...: runs a server in the background, waits for its ready file.
+start() {
+  local name=$1 ready=$2
+  shift 2
+  "$@" --ready-file "$ready" 2>"$work/$name.log" &
+  pids=("$!" "${pids[@]}")
+  for _ in $(seq 1 600); do
+    [ -f "$ready" ] && return 0
+    kill -0 "${pids[0]}" 2>/dev/null || { cat "$work/$name.log"; exit 1; }
+    sleep 0.1
+  done
+  echo "$name did not become ready"; cat "$work/$name.log"; exit 1
+}
+port() { sed -E "s/.*\"$2\": ([0-9]+).*/\1/" "$1"; }
+
 echo "== starting cleave-router"
-"$bin/cleave-router" --listen 127.0.0.1:0 --metrics-port 0 --ready-file "$work/router.json" \
-  2>"$work/router.log" &
-router_pid=$!
-for _ in $(seq 1 300); do
-  [ -f "$work/router.json" ] && break
-  kill -0 "$router_pid" 2>/dev/null || { cat "$work/router.log"; exit 1; }
+start router "$work/router.json" "$bin/cleave-router" --listen 127.0.0.1:0 --metrics-port 0 \
+  --model "$model"
+router="127.0.0.1:$(port "$work/router.json" grpc_port)"
+router_metrics=$(port "$work/router.json" metrics_port)
+echo "router: gRPC $router, metrics http://127.0.0.1:$router_metrics/metrics"
+
+echo
+echo "== starting a worker (prefill + decode) with $(basename "$model"), target concurrency 16"
+start worker "$work/worker.json" "$bin/cleave-worker" --role=both --model "$model" \
+  --router "$router" --listen 127.0.0.1:0 --metrics-port 0 --target-concurrency 16 \
+  --planned-seq-len 1024
+worker_metrics=$(port "$work/worker.json" metrics_port)
+grep -A6 "memory plan" "$work/worker.log" | sed 's/^[A-Z][0-9]* [0-9:.]* *[0-9]* [a-z_.]*:[0-9]*\] //'
+for _ in $(seq 1 100); do
+  "$bin/cleave" info --router "$router" 2>/dev/null | grep -q "model=SmolLM2" && break
   sleep 0.1
 done
-[ -f "$work/router.json" ] || { echo "router did not become ready"; cat "$work/router.log"; exit 1; }
-grpc_port=$(sed -E 's/.*"grpc_port": ([0-9]+).*/\1/' "$work/router.json")
-metrics_port=$(sed -E 's/.*"metrics_port": ([0-9]+).*/\1/' "$work/router.json")
-echo "router: gRPC 127.0.0.1:$grpc_port, metrics http://127.0.0.1:$metrics_port/metrics"
 
 echo
-echo "== cleave info --router 127.0.0.1:$grpc_port"
-"$bin/cleave" info --router "127.0.0.1:$grpc_port"
+echo "== cleave info --router $router"
+"$bin/cleave" info --router "$router"
 
 echo
-echo "== starting a decode worker with $(basename "$model")"
-worker_status=0
-"$bin/cleave-worker" --role=decode --model "$model" --router "127.0.0.1:$grpc_port" \
-  --target-concurrency 16 || worker_status=$?
-
-echo
-echo "== offline generation on the CPU (cleave generate, greedy)"
+echo "== streaming through the router (cleave generate --router, greedy)"
 for prompt in "What is the capital of France?" "Write one sentence about the sea."; do
   echo "> $prompt"
-  "$bin/cleave" generate --model "$model" --max-tokens 48 "$prompt"
+  "$bin/cleave" generate --router "$router" --max-tokens 48 "$prompt"
 done
 
 echo
-echo "== router metrics"
-/usr/bin/python3 - "$metrics_port" <<'PY'
+echo "== workload: 64 chat requests, 16 at a time (cleave bench-serving)"
+"$bin/cleave" bench-serving --router "$router" --requests 64 --concurrency 16 --max-tokens 64
+
+echo
+echo "== metrics"
+/usr/bin/python3 - "$router_metrics" "$worker_metrics" <<'PY'
 import sys, urllib.request
-body = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
-for line in body.splitlines():
-    if line.startswith(("cleave_build_info", "cleave_router_requests_total")):
-        print("  " + line)
+def show(port, prefixes):
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    for line in body.splitlines():
+        if line.startswith(prefixes):
+            print("  " + line)
+show(sys.argv[1], ("cleave_router_requests_total", "cleave_router_reserved_blocks",
+                   "cleave_router_workers"))
+show(sys.argv[2], ("cleave_worker_steps_total", "cleave_worker_generated_tokens_total",
+                   "cleave_worker_kv_blocks_free", "cleave_worker_kv_blocks_reserved"))
 PY
 
 echo
 echo "== summary"
-echo "built and running: cleave-router (Generation API with request validation, health,"
-echo "  reflection, /metrics); the CPU engine offline (cleave generate: one sequence, greedy);"
-echo "  the cleave CLI (info, inspect, tokenize, detokenize, generate); cleave-worker flag checks."
-if [ "$worker_status" -ne 0 ]; then
-  echo "not built yet: workers that serve the engine, KV transfer and admission, so there is no"
-  echo "  streaming workload at concurrency 16, no TTFT or inter-token latency percentiles,"
-  echo "  decode batch size or roofline efficiency to report."
-fi
+echo "ran: cleave-router (Generation API, worker registry, KV-budget admission, token relay)"
+echo "  and one cleave-worker (--role=both) on the CPU engine, a streaming workload through"
+echo "  them, and the CLI. Not built yet: separate prefill and decode workers with KV transfer"
+echo "  over UCX, cleave up, dashboards."
 echo "shutting down"

@@ -17,7 +17,10 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"info", "Show a running router's version, queue and workers", cleave::cli::runInfo},
-    {"generate", "Generate text from a prompt on this machine's CPU", cleave::cli::runGenerate},
+    {"generate", "Generate text from a prompt (on this CPU, or through --router)",
+     cleave::cli::runGenerate},
+    {"bench-serving", "Stream a chat workload through a router; latency and throughput",
+     cleave::cli::runBenchServing},
     {"inspect", "Show a model file's architecture, tensors and weight bytes",
      cleave::cli::runInspect},
     {"tokenize", "Print the token ids of a text", cleave::cli::runTokenize},

@@ -9,5 +9,6 @@ int runInspect(int argc, char** argv);
 int runGenerate(int argc, char** argv);
 int runTokenize(int argc, char** argv);
 int runDetokenize(int argc, char** argv);
+int runBenchServing(int argc, char** argv);
 
 }  // namespace cleave::cli

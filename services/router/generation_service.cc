@@ -103,6 +103,7 @@ grpc::Status GenerationService::GetServerInfo(grpc::ServerContext* context,
   response->set_version(version());
   response->set_git_commit(gitCommit());
   response->set_queue_depth(static_cast<uint32_t>(pool_.queueDepth()));
+  for (v1::WorkerSummary& w : pool_.summaries()) *response->add_workers() = std::move(w);
   response->set_queue_capacity(options_.queue_capacity);
   auto since_epoch = started_at_.time_since_epoch();
   auto seconds = std::chrono::duration_cast<std::chrono::seconds>(since_epoch);

@@ -250,6 +250,30 @@ void WorkerPool::updateGauges() {
   workers_gauge_.Set(static_cast<double>(workers_.size()));
 }
 
+std::vector<v1::WorkerSummary> WorkerPool::summaries() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerSummary> out;
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [id, entry] : workers_) {
+    const v1::RegisterRequest& info = entry.worker->info;
+    v1::WorkerSummary s;
+    s.set_worker_id(id);
+    s.set_role(info.role());
+    s.set_tp_size(info.tp_size());
+    s.set_model(info.model().model_id());
+    s.set_address(info.control_address());
+    s.set_healthy(now - entry.last_seen <= 3 * options_.heartbeat_interval);
+    s.set_target_concurrency(info.kv_capacity().target_concurrency());
+    s.set_running(static_cast<uint32_t>(entry.admitted));
+    s.set_kv_blocks_total(info.kv_capacity().total_blocks());
+    s.set_kv_blocks_reserved(static_cast<uint32_t>(entry.reserved));
+    out.push_back(std::move(s));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.worker_id() < b.worker_id(); });
+  return out;
+}
+
 int64_t WorkerPool::queueDepth() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(queue_.size());

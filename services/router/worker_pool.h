@@ -87,6 +87,8 @@ class WorkerPool {
                                   const std::function<bool()>& cancelled);
   void release(const Admission& admission);
 
+  // One line per worker for GetServerInfo: role, model, admitted requests, reserved blocks.
+  std::vector<v1::WorkerSummary> summaries() const;
   int64_t queueDepth() const;
   // Blocks the router holds reserved on all workers (0 once every request has ended).
   int64_t reservedBlocks() const;
