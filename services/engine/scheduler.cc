@@ -59,6 +59,12 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
 }
 
 int64_t Scheduler::release(uint64_t id) {
+  for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+    if ((*it)->request.id == id) {
+      ready_.erase(it);
+      break;
+    }
+  }
   for (size_t i = 0; i < running_.size(); ++i) {
     if (running_[i]->request.id == id) {
       // A reserved sequence's blocks are the reservation's: freed below, once.
@@ -73,6 +79,12 @@ int64_t Scheduler::release(uint64_t id) {
   cache_.release(it->second);
   reservations_.erase(it);
   return freed;
+}
+
+int64_t Scheduler::decodingSequences() const {
+  int64_t n = 0;
+  for (const auto& seq : running_) n += seq->prefilled() && seq->mode != Mode::kPrefillOnly;
+  return n;
 }
 
 int64_t Scheduler::reservedBlocks() const {
@@ -93,6 +105,10 @@ absl::StatusOr<const std::vector<int32_t>*> Scheduler::reservationFor(
                      " KV blocks; request ", request.id, " reserved ", it->second.size()));
   }
   for (const auto& seq : running_) {
+    if (seq->request.id == request.id)
+      return absl::FailedPreconditionError(absl::StrCat("request ", request.id, " is running"));
+  }
+  for (const auto& seq : ready_) {
     if (seq->request.id == request.id)
       return absl::FailedPreconditionError(absl::StrCat("request ", request.id, " is running"));
   }
@@ -126,7 +142,7 @@ absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_to
     return absl::InvalidArgumentError("the first token already ends the request");
   }
   seq->tokens.push_back(first_token);
-  running_.push_back(std::move(seq));
+  ready_.push_back(std::move(seq));
   return absl::OkStatus();
 }
 
@@ -145,6 +161,12 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::makeSequence(GenerationRequest r
 }
 
 void Scheduler::admit() {
+  // Prefilled sequences take the decode slots that finished ones left.
+  for (int64_t decoding = decodingSequences(); !ready_.empty() && decoding < options_.max_sequences;
+       ++decoding) {
+    running_.push_back(std::move(ready_.front()));
+    ready_.pop_front();
+  }
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_sequences) {
     GenerationRequest& next = waiting_.front();
     const int64_t total = static_cast<int64_t>(next.prompt.size()) + next.stop.max_new_tokens;
@@ -213,6 +235,9 @@ bool Scheduler::cancel(uint64_t id) {
       return true;
     }
   }
+  for (const auto& seq : ready_) {
+    if (seq->request.id == id) return release(id) > 0;
+  }
   for (size_t i = 0; i < running_.size(); ++i) {
     if (running_[i]->request.id == id) {
       if (running_[i]->mode == Mode::kGenerate) {
@@ -253,6 +278,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     members.push_back(seq.get());
     budget -= take;
   }
+  last_batch_sequences_ = static_cast<int64_t>(batch.size());
+  last_decode_sequences_ = decodingSequences();
   CLEAVE_ASSIGN_OR_RETURN(std::span<const float> logits, model_.forward(batch));
   const int64_t vocab = model_.config().vocab_size;
   for (size_t i = 0; i < members.size(); ++i) {

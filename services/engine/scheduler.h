@@ -36,7 +36,7 @@ namespace cleave::engine {
 
 struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // Tokens per step (decode tokens + prefill chunks).
-  int64_t max_sequences = 64;      // Sequences admitted at once.
+  int64_t max_sequences = 64;      // Sequences admitted at once; sequences decoding at once.
 };
 
 struct GenerationRequest {
@@ -84,7 +84,9 @@ class Scheduler {
   // reservation must cover prompt + max_new_tokens); its TokenEvent has prefilled = true.
   absl::Status addPrefill(GenerationRequest request);
   // Decodes `request` from `first_token`, its prompt's KV being in its reservation already
-  // (FailedPrecondition when `id` is running; NotFound without a reservation).
+  // (FailedPrecondition when `id` is running; NotFound without a reservation). It joins
+  // the batch at the first step with fewer than max_sequences sequences decoding, so a
+  // worker given prefilled requests ahead keeps its decode batch full.
   absl::Status startDecode(GenerationRequest request, uint32_t first_token);
   // Blocks held by reservations, and those not held by anything.
   int64_t reservedBlocks() const;
@@ -93,9 +95,14 @@ class Scheduler {
   // Runs one batch and returns the tokens it produced (none when idle).
   absl::StatusOr<std::vector<TokenEvent>> step();
 
-  bool idle() const { return waiting_.empty() && running_.empty(); }
+  bool idle() const { return waiting_.empty() && running_.empty() && ready_.empty(); }
   int64_t runningSequences() const { return static_cast<int64_t>(running_.size()); }
-  int64_t waitingRequests() const { return static_cast<int64_t>(waiting_.size()); }
+  // Running sequences past their prompt (each decodes one token per step).
+  int64_t decodingSequences() const;
+  // The last step's batch: sequences in it, and of those the ones decoding.
+  int64_t lastBatchSequences() const { return last_batch_sequences_; }
+  int64_t lastDecodeSequences() const { return last_decode_sequences_; }
+  int64_t waitingRequests() const { return static_cast<int64_t>(waiting_.size() + ready_.size()); }
   const KvBlockPool& cache() const { return cache_; }
   // Prompt tokens whose KV came from the prefix cache instead of being computed.
   int64_t prefixHitTokens() const { return prefix_hit_tokens_; }
@@ -136,8 +143,11 @@ class Scheduler {
   KvBlockPool cache_;
   std::deque<GenerationRequest> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
+  std::deque<std::unique_ptr<Sequence>> ready_;  // startDecode()d, waiting for a decode slot.
   std::unordered_map<uint64_t, std::vector<int32_t>> reservations_;
   int64_t prefix_hit_tokens_ = 0;
+  int64_t last_batch_sequences_ = 0;
+  int64_t last_decode_sequences_ = 0;
 };
 
 }  // namespace cleave::engine

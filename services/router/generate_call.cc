@@ -121,8 +121,8 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
 
   // Admission.
   const auto deadline = context->deadline();
-  absl::StatusOr<Admission> admitted =
-      pool_.admit(blocks, deadline, [context] { return context->IsCancelled(); });
+  const auto cancelled = [context] { return context->IsCancelled(); };
+  absl::StatusOr<Admission> admitted = pool_.admit(blocks, deadline, cancelled);
   if (!admitted.ok()) return toGrpcStatus(admitted.status());
   const double queue_wait_ms = msSince(received);
   const std::string id = absl::StrCat(relay_.routerId(), "-", next_request_++);

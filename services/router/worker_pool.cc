@@ -56,7 +56,8 @@ WorkerPool::WorkerPool(WorkerPoolOptions options,
       reserved_gauge_(gauge("cleave_router_reserved_blocks",
                             "KV blocks reserved for admitted requests on all decode workers")),
       admitted_gauge_(gauge("cleave_router_admitted_requests",
-                            "Requests holding a decode slot on some worker")),
+                            "Requests holding KV blocks on some decode worker")),
+
       workers_gauge_(gauge("cleave_router_workers", "Registered workers")) {
   expiry_.start([this](std::stop_token stop) { expire(stop); });
 }
@@ -161,7 +162,9 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks) {
     const Worker& w = *entry.worker;
     if (!w.servesDecode()) continue;
     const v1::KvCapacity& cap = w.info.kv_capacity();
-    if (entry.admitted >= cap.target_concurrency()) continue;
+    // A full batch may be prefilled ahead: when a whole batch finishes at once (requests of
+    // one length), the next one is ready to decode.
+    if (entry.admitted >= 2 * int64_t{cap.target_concurrency()}) continue;
     if (int64_t{cap.total_blocks()} - entry.reserved < blocks) continue;
     const double load = static_cast<double>(entry.admitted) / cap.target_concurrency();
     if (best == nullptr || load < best_load) best = &entry, best_load = load;
@@ -199,19 +202,36 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
   const uint64_t ticket = next_ticket_++;
   queue_.push_back(ticket);
   updateGauges();
-  absl::Status outcome = absl::OkStatus();
   Entry* chosen = nullptr;
-  while (true) {
-    if (queue_.front() == ticket && (chosen = pick(blocks)) != nullptr) break;
+  absl::Status why;
+  const bool admitted = waitUntil(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return queue_.front() == ticket && (chosen = pick(blocks)) != nullptr;
+      },
+      deadline, cancelled, why);
+  queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
+  ++changes_;  // The next in line may go now.
+  if (admitted) {
+    chosen->reserved += blocks;
+    chosen->admitted += 1;
+  }
+  updateGauges();
+  if (!admitted) return why;
+  return Admission{.worker = chosen->worker, .blocks = blocks};
+}
+
+bool WorkerPool::waitUntil(const std::function<bool()>& ready,
+                           std::chrono::system_clock::time_point deadline,
+                           const std::function<bool()>& cancelled, absl::Status& why) {
+  while (!ready()) {
     if (cancelled()) {
-      outcome = absl::CancelledError("the client cancelled the request while it waited");
-      break;
+      why = absl::CancelledError("the client cancelled the request while it waited");
+      return false;
     }
     if (std::chrono::system_clock::now() >= deadline) {
-      outcome = absl::DeadlineExceededError(
-          "the deadline passed while the request waited for "
-          "KV blocks on a decode worker");
-      break;
+      why = absl::DeadlineExceededError(
+          "the deadline passed while the request waited for room on a decode worker");
+      return false;
     }
     // Woken by any change to workers, admissions or the queue; the timeout notices
     // cancellation and deadlines.
@@ -219,15 +239,7 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
     auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return changes_ != seen; };
     mu_.AwaitWithTimeout(absl::Condition(&changed), absl::Milliseconds(20));
   }
-  queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
-  ++changes_;  // The next in line may go now.
-  if (outcome.ok()) {
-    chosen->reserved += blocks;
-    chosen->admitted += 1;
-  }
-  updateGauges();
-  if (!outcome.ok()) return outcome;
-  return Admission{.worker = chosen->worker, .blocks = blocks};
+  return true;
 }
 
 void WorkerPool::release(const Admission& admission) {
@@ -243,7 +255,10 @@ void WorkerPool::release(const Admission& admission) {
 
 void WorkerPool::updateGauges() {
   int64_t reserved = 0, admitted = 0;
-  for (const auto& [id, entry] : workers_) reserved += entry.reserved, admitted += entry.admitted;
+  for (const auto& [id, entry] : workers_) {
+    reserved += entry.reserved;
+    admitted += entry.admitted;
+  }
   queue_gauge_.Set(static_cast<double>(queue_.size()));
   reserved_gauge_.Set(static_cast<double>(reserved));
   admitted_gauge_.Set(static_cast<double>(admitted));

@@ -3,11 +3,14 @@
 //
 // Admission: a request needs ceil((prompt + max_new_tokens) / block_size) blocks for its
 // whole life. It goes to the least-loaded decode worker that has that many blocks free and
-// a batch slot under its target concurrency; otherwise it waits in a bounded FIFO (only
-// the head may take a slot, so a large request is not starved by small ones) until one
-// frees, its deadline passes or its caller gives up. The router is the only one reserving
-// on its workers, so it keeps their block counts itself; a worker's heartbeat reports its
-// own view for the logs and metrics.
+// room under its target concurrency plus as many requests again prefilled ahead (blocks
+// permitting); otherwise it waits in a bounded FIFO (only the head may go, so a
+// large request is not starved by small ones) until room frees, its deadline passes or its
+// caller gives up. A worker decodes at most its target concurrency at once and starts a
+// prefilled request in the step after a sequence finishes (engine/scheduler.h), so with
+// requests prefilled ahead the decode batch stays at the target while requests wait. The router is
+// the only one reserving on its workers, so it keeps their block counts itself; a worker's
+// heartbeat reports its own view for the logs and metrics.
 //
 // Compatibility: every worker of a model must report the same fingerprint and KV layout;
 // a different one is refused at registration (FAILED_PRECONDITION, and logged), never by
@@ -50,7 +53,7 @@ struct Worker {
   bool servesPrefill() const;
 };
 
-// A request's place on a decode worker: its blocks and batch slot, held until release().
+// A request's place on a decode worker: its blocks, held until release().
 struct Admission {
   std::shared_ptr<const Worker> worker;
   int64_t blocks = 0;
@@ -98,10 +101,15 @@ class WorkerPool {
     std::shared_ptr<Worker> worker;
     std::chrono::steady_clock::time_point last_seen;
     int64_t reserved = 0;  // Blocks of admitted requests.
-    int64_t admitted = 0;  // Requests holding a batch slot.
+    int64_t admitted = 0;  // Requests holding blocks (prefilling, prefilled or decoding).
   };
   // The decode worker to admit `blocks` on now, if any.
   Entry* pick(int64_t blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (under mu_) until `ready` or the deadline or cancellation; false with `why` set
+  // when it gave up.
+  bool waitUntil(const std::function<bool()>& ready, std::chrono::system_clock::time_point deadline,
+                 const std::function<bool()>& cancelled, absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void expire(std::stop_token stop);
   void updateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -48,7 +48,7 @@ void EngineLoop::run() {
       sink_(idle);
       continue;
     }
-    StepReport report{.step_index = step_index++, .batch_size = scheduler_.runningSequences()};
+    StepReport report{.step_index = step_index++};
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<std::vector<engine::TokenEvent>> events = scheduler_.step();
     report.step_time_us = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -60,6 +60,8 @@ void EngineLoop::run() {
       continue;
     }
     report.events = std::move(*events);
+    report.batch_size = scheduler_.lastBatchSequences();
+    report.decode_batch = scheduler_.lastDecodeSequences();
     report.free_blocks = scheduler_.freeBlocks();
     report.reserved_blocks = scheduler_.reservedBlocks();
     sink_(report);

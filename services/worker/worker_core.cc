@@ -27,6 +27,8 @@ WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* token
       options_(std::move(options)),
       batch_size_(gauge("cleave_worker_batch_sequences",
                         "Sequences in the last engine step's batch (decoding and prefilling)")),
+      decode_batch_(gauge("cleave_worker_decode_sequences",
+                          "Sequences decoding in the last engine step (the decode batch)")),
       blocks_free_(gauge("cleave_worker_kv_blocks_free", "KV blocks held by nothing")),
       blocks_reserved_(gauge("cleave_worker_kv_blocks_reserved",
                              "KV blocks held by reservations (reserved or decoding)")),
@@ -210,6 +212,7 @@ bool WorkerCore::cancel(const std::string& request_id) {
 
 void WorkerCore::onStep(StepReport& report) {
   batch_size_.Set(static_cast<double>(report.batch_size));
+  decode_batch_.Set(static_cast<double>(report.decode_batch));
   blocks_free_.Set(static_cast<double>(report.free_blocks));
   blocks_reserved_.Set(static_cast<double>(report.reserved_blocks));
   if (report.stepped) {

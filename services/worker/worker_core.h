@@ -75,6 +75,7 @@ class WorkerCore {
   WorkerCoreOptions options_;
   // Metrics (cleave_worker_*), updated after every step.
   prometheus::Gauge& batch_size_;
+  prometheus::Gauge& decode_batch_;
   prometheus::Gauge& blocks_free_;
   prometheus::Gauge& blocks_reserved_;
   prometheus::Counter& steps_;
