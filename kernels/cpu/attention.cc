@@ -9,7 +9,7 @@ namespace cleave::cpu {
 
 void attention(const AttentionArgs& a, ThreadPool& pool) {
   const int64_t group = a.heads / a.kv_heads;
-  const int64_t row = a.kv_heads * a.head_dim;
+  const int64_t head_block = a.block_size * a.head_dim;  // One head's part of a block.
   pool.run(a.tokens * a.heads, [&](int64_t task) {
     const int64_t t = task / a.heads;
     const int64_t h = task % a.heads;
@@ -17,9 +17,8 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     const int64_t context = a.positions[t] + 1;
     const int32_t* table = a.block_tables[t];
     auto rowOf = [&](const float* pool_base, int64_t position) {
-      return pool_base +
-             (table[position / a.block_size] * a.block_size + position % a.block_size) * row +
-             kvh * a.head_dim;
+      return pool_base + (table[position / a.block_size] * a.kv_heads + kvh) * head_block +
+             (position % a.block_size) * a.head_dim;
     };
     const float* q = a.q + t * a.ldq + h * a.head_dim;
     thread_local std::vector<float> scores;

@@ -1,9 +1,11 @@
 // Causal multi-head attention with grouped KV heads over a paged KV cache.
 //
-// Keys and values live in fixed-size blocks of `block_size` token rows; a row holds
-// kv_heads * head_dim floats. Token t of the batch belongs to a sequence whose blocks are
-// listed in block_tables[t] (block j holds the sequence's positions
-// [j * block_size, (j + 1) * block_size)); it attends to positions [0, positions[t]].
+// Keys and values live in fixed-size blocks of `block_size` positions, head-major inside a
+// block: [kv_heads][block_size][head_dim] floats, so one head's part of a block is
+// contiguous (what a KV transfer between different TP layouts moves). Token t of the
+// batch belongs to a sequence whose blocks are listed in block_tables[t] (block j holds the
+// sequence's positions [j * block_size, (j + 1) * block_size)); it attends to positions
+// [0, positions[t]].
 //
 //   q    [tokens, heads * head_dim]   row stride ldq
 //   out  [tokens, heads * head_dim]   row stride ldo
@@ -23,7 +25,7 @@ struct AttentionArgs {
   int64_t tokens = 0;
   const int32_t* positions = nullptr;            // [tokens]
   const int32_t* const* block_tables = nullptr;  // [tokens] -> the token's sequence's blocks
-  const float* k_pool = nullptr;                 // [blocks, block_size, kv_heads * head_dim]
+  const float* k_pool = nullptr;                 // [blocks, kv_heads, block_size, head_dim]
   const float* v_pool = nullptr;
   int64_t block_size = 16;
   int64_t heads = 0;

@@ -164,7 +164,8 @@ TEST(AttentionTest, PagedCausalGqaMatchesFloat64) {
             pool);
   for (int64_t t = 0; t < tokens; ++t) {
     auto rowAt = [&](const std::vector<float>& base, int64_t p, int64_t kvh) {
-      return &base[(tables[t][p / block_size] * block_size + p % block_size) * row + kvh * d];
+      return &base[((tables[t][p / block_size] * kv_heads + kvh) * block_size + p % block_size) *
+                   d];
     };
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kvh = h / (heads / kv_heads);

@@ -1,22 +1,26 @@
-// The key and value rows of one rank's share of the paged KV cache: for every layer,
-// `num_blocks` blocks of `block_size` token rows, each row kv_dim floats (this rank's KV
-// heads x head_dim) for keys and the same for values. Which block holds which positions
-// of which sequence is the KvBlockPool's business (kv_block_pool.h); storage only holds
-// the rows.
+// The key and value rows of one rank's share of the paged KV cache, in one allocation (so
+// a KV transport registers it once):
 //
-// Layout per layer: keys [num_blocks, block_size, kv_dim], values likewise.
+//   [layer][K, V][block][kv head of this rank][position in the block][head_dim]   floats
 //
-// Threading: written and read by one rank thread.
+// One head's part of one block of one layer's keys is contiguous (block_size * head_dim
+// floats), and so is any run of consecutive heads: what a transfer between workers with
+// different TP layouts moves. Which block holds which positions of which sequence is the
+// KvBlockPool's business (kv_block_pool.h); storage only holds the rows.
+//
+// Threading: written and read by one rank thread; a KV transport may read or write
+// blocks the scheduler has handed to a transfer.
 #pragma once
 
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 namespace cleave::engine {
 
 struct KvStorageOptions {
   int64_t num_layers = 0;
-  int64_t kv_dim = 0;  // kv_heads * head_dim of this rank
+  int64_t kv_heads = 0;  // This rank's.
+  int64_t head_dim = 0;
   int64_t block_size = 16;
   int64_t num_blocks = 0;
 };
@@ -25,24 +29,38 @@ class KvStorage {
  public:
   explicit KvStorage(const KvStorageOptions& options);
 
+  const KvStorageOptions& options() const { return options_; }
   int64_t totalBlocks() const { return options_.num_blocks; }
   int64_t blockSize() const { return options_.block_size; }
-  int64_t kvDim() const { return options_.kv_dim; }
+  int64_t kvHeads() const { return options_.kv_heads; }
+  int64_t headDim() const { return options_.head_dim; }
   int64_t blocksFor(int64_t tokens) const {
     return (tokens + options_.block_size - 1) / options_.block_size;
   }
   // Bytes of all layers' keys and values.
   int64_t bytes() const;
+  uint8_t* data() { return reinterpret_cast<uint8_t*>(data_.get()); }
 
-  float* keys(int64_t layer) { return keys_[layer].data(); }
-  float* values(int64_t layer) { return values_[layer].data(); }
-  const float* keys(int64_t layer) const { return keys_[layer].data(); }
-  const float* values(int64_t layer) const { return values_[layer].data(); }
+  // Layer `layer`'s keys (values): [block][kv head][position][head_dim].
+  float* keys(int64_t layer) { return data_.get() + (2 * layer) * poolFloats(); }
+  float* values(int64_t layer) { return data_.get() + (2 * layer + 1) * poolFloats(); }
+  // Byte offset in data() of heads [head, ...) of `block` of layer `layer`'s keys
+  // (kv = 0) or values (kv = 1); one head's part of a block is headBlockBytes() long.
+  int64_t offset(int64_t layer, int kv, int64_t block, int64_t head) const;
+  int64_t headBlockBytes() const {
+    return options_.block_size * options_.head_dim * static_cast<int64_t>(sizeof(float));
+  }
 
  private:
+  int64_t poolFloats() const {
+    return options_.num_blocks * options_.kv_heads * options_.block_size * options_.head_dim;
+  }
+  struct Free {
+    void operator()(float* p) const;
+  };
+
   KvStorageOptions options_;
-  std::vector<std::vector<float>> keys_;
-  std::vector<std::vector<float>> values_;
+  std::unique_ptr<float, Free> data_;
 };
 
 }  // namespace cleave::engine

@@ -181,11 +181,15 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     });
     float* keys = cache.keys(static_cast<int64_t>(l));
     float* values = cache.values(static_cast<int64_t>(l));
+    // Each head's row goes to its place in the block: [block][head][position][head_dim].
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t row =
-          tables_[i][positions_[i] / block_size] * block_size + positions_[i] % block_size;
-      std::memcpy(keys + row * kv_dim, k_.data() + i * kv_dim, kv_dim * sizeof(float));
-      std::memcpy(values + row * kv_dim, v_.data() + i * kv_dim, kv_dim * sizeof(float));
+      const int64_t block = tables_[i][positions_[i] / block_size];
+      const int64_t slot = positions_[i] % block_size;
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t at = ((block * kv_heads + h) * block_size + slot) * head_dim;
+        std::memcpy(keys + at, k_.data() + i * kv_dim + h * head_dim, head_dim * sizeof(float));
+        std::memcpy(values + at, v_.data() + i * kv_dim + h * head_dim, head_dim * sizeof(float));
+      }
     }
     cpu::attention({.q = q_.data(),
                     .ldq = q_dim,
@@ -242,7 +246,8 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
 LlamaRunner::LlamaRunner(const LlamaWeights& weights, cpu::ThreadPool& pool, int64_t max_context)
     : model_(weights, pool),
       cache_({.num_layers = static_cast<int64_t>(weights.layers.size()),
-              .kv_dim = weights.dims.kv_heads.size * weights.config.head_dim,
+              .kv_heads = weights.dims.kv_heads.size,
+              .head_dim = weights.config.head_dim,
               .block_size = 16,
               .num_blocks = (max_context + 15) / 16}),
       max_context_(max_context) {

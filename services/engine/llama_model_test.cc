@@ -188,11 +188,11 @@ TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
     }
     // Batched: the three prompts in one step, the first split in two chunks over two steps,
     // blocks interleaved in the cache; then the decode steps batched.
-    KvStorage cache(
-        {.num_layers = static_cast<int64_t>((*weights)->layers.size()),
-         .kv_dim = int64_t{(*weights)->config.num_kv_heads} * (*weights)->config.head_dim,
-         .block_size = 4,
-         .num_blocks = 40});
+    KvStorage cache({.num_layers = static_cast<int64_t>((*weights)->layers.size()),
+                     .kv_heads = (*weights)->config.num_kv_heads,
+                     .head_dim = (*weights)->config.head_dim,
+                     .block_size = 4,
+                     .num_blocks = 40});
     KvBlockPool blocks({.block_size = 4, .num_blocks = 40});
     std::vector<std::vector<int32_t>> tables(3);
     for (int round = 0; round < 11; ++round) {

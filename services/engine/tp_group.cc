@@ -139,7 +139,8 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
     rank.kv.reset();
     rank.kv = std::make_unique<KvStorage>(
         KvStorageOptions{.num_layers = static_cast<int64_t>(w.layers.size()),
-                         .kv_dim = w.dims.kv_heads.size * w.config.head_dim,
+                         .kv_heads = w.dims.kv_heads.size,
+                         .head_dim = w.config.head_dim,
                          .block_size = block_size,
                          .num_blocks = num_blocks});
     return absl::OkStatus();
