@@ -1,0 +1,23 @@
+#include "services/transfer/kv_transport.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave::transfer {
+
+absl::Status writeAndWait(KvTransport& transport, const RemoteRegion& target,
+                          std::span<const Write> writes, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  absl::StatusOr<std::unique_ptr<Transfer>> transfer = transport.post(target, writes);
+  if (!transfer.ok()) return transfer.status();
+  while (true) {
+    absl::StatusOr<bool> done = transport.poll(**transfer);
+    if (!done.ok()) return done.status();
+    if (*done) return absl::OkStatus();
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the KV transfer did not complete within ", timeout.count(), " ms"));
+    }
+  }
+}
+
+}  // namespace cleave::transfer

@@ -1,0 +1,62 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "services/transfer/kv_transport.h"
+
+namespace cleave::transfer {
+namespace {
+
+using ::testing::HasSubstr;
+
+class TransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::unique_ptr<KvTransport> make() {
+    if (GetParam() == "loopback") return makeLoopbackTransport();
+    auto ucx = makeUcxTransport();
+    EXPECT_TRUE(ucx.ok()) << ucx.status();
+    return ucx.ok() ? std::move(*ucx) : nullptr;
+  }
+};
+
+// Scattered writes of random bytes land exactly where they were aimed, nothing else moves.
+TEST_P(TransportTest, WritesLandWhereTheyAreAimed) {
+  auto writer = make(), target = make();
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(target, nullptr);
+  std::vector<uint8_t> region(1 << 20, 0xAB);  // Poisoned.
+  auto key = target->registerMemory(region.data(), region.size());
+  ASSERT_TRUE(key.ok()) << key.status();
+  std::mt19937 rng(3);
+  std::vector<uint8_t> source(300000);
+  for (auto& b : source) b = static_cast<uint8_t>(rng());
+  // Awkward sizes and offsets, one write at the very end of the region.
+  const std::vector<Write> writes = {{source.data(), 17, 4093},
+                                     {source.data() + 5000, 70001, 123456},
+                                     {source.data() + 200000, region.size() - 999, 999}};
+  RemoteRegion remote{.peer_address = target->address(),
+                      .base = reinterpret_cast<uint64_t>(region.data()),
+                      .key = *key,
+                      .bytes = region.size()};
+  absl::Status written = writeAndWait(*writer, remote, writes, std::chrono::seconds(10));
+  ASSERT_TRUE(written.ok()) << written;
+  std::vector<uint8_t> want(region.size(), 0xAB);
+  for (const Write& w : writes) {
+    std::memcpy(want.data() + w.remote_offset, w.local, w.bytes);
+  }
+  EXPECT_TRUE(region == want);
+
+  // A write past the region is refused before anything moves.
+  const Write outside{source.data(), region.size() - 10, 11};
+  auto refused = writer->post(remote, {&outside, 1});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(region == want);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("loopback", "ucx"));
+
+}  // namespace
+}  // namespace cleave::transfer
