@@ -81,6 +81,11 @@ int64_t Scheduler::release(uint64_t id) {
   return freed;
 }
 
+std::vector<int32_t> Scheduler::reservation(uint64_t id) const {
+  auto it = reservations_.find(id);
+  return it == reservations_.end() ? std::vector<int32_t>{} : it->second;
+}
+
 int64_t Scheduler::decodingSequences() const {
   int64_t n = 0;
   for (const auto& seq : running_) n += seq->prefilled() && seq->mode != Mode::kPrefillOnly;
@@ -94,15 +99,14 @@ int64_t Scheduler::reservedBlocks() const {
 }
 
 absl::StatusOr<const std::vector<int32_t>*> Scheduler::reservationFor(
-    const GenerationRequest& request) const {
+    const GenerationRequest& request, int64_t tokens) const {
   auto it = reservations_.find(request.id);
   if (it == reservations_.end())
     return absl::NotFoundError(absl::StrCat("request ", request.id, " has no KV reservation"));
-  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_new_tokens;
-  if (cache_.blocksFor(total) > static_cast<int64_t>(it->second.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt + max_new_tokens = ", total, " tokens needs ", cache_.blocksFor(total),
-                     " KV blocks; request ", request.id, " reserved ", it->second.size()));
+  if (cache_.blocksFor(tokens) > static_cast<int64_t>(it->second.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(tokens, " tokens need ",
+                                                   cache_.blocksFor(tokens), " KV blocks; request ",
+                                                   request.id, " reserved ", it->second.size()));
   }
   for (const auto& seq : running_) {
     if (seq->request.id == request.id)
@@ -117,7 +121,8 @@ absl::StatusOr<const std::vector<int32_t>*> Scheduler::reservationFor(
 
 absl::Status Scheduler::addPrefill(GenerationRequest request) {
   CLEAVE_RETURN_IF_ERROR(validate(request));
-  CLEAVE_ASSIGN_OR_RETURN(const std::vector<int32_t>* blocks, reservationFor(request));
+  CLEAVE_ASSIGN_OR_RETURN(const std::vector<int32_t>* blocks,
+                          reservationFor(request, static_cast<int64_t>(request.prompt.size())));
   running_.push_back(makeSequence(std::move(request), Mode::kPrefillOnly, *blocks));
   return absl::OkStatus();
 }
@@ -129,7 +134,9 @@ absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_to
                                                    " is outside the vocabulary (",
                                                    model_.config().vocab_size, ")"));
   }
-  CLEAVE_ASSIGN_OR_RETURN(const std::vector<int32_t>* blocks, reservationFor(request));
+  CLEAVE_ASSIGN_OR_RETURN(const std::vector<int32_t>* blocks,
+                          reservationFor(request, static_cast<int64_t>(request.prompt.size()) +
+                                                      request.stop.max_new_tokens));
   auto seq = makeSequence(std::move(request), Mode::kDecode, *blocks);
   // The prompt's KV is in place; the first token was sampled by the prefill: account for
   // it as this process would have.

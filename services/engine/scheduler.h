@@ -81,13 +81,15 @@ class Scheduler {
   // Frees the reservation of `id`, stopping its sequence if one runs; the blocks freed.
   int64_t release(uint64_t id);
   // Prefills `request` into its reservation (the same checks as add(), and the
-  // reservation must cover prompt + max_new_tokens); its TokenEvent has prefilled = true.
+  // reservation must cover the prompt); its TokenEvent has prefilled = true.
   absl::Status addPrefill(GenerationRequest request);
   // Decodes `request` from `first_token`, its prompt's KV being in its reservation already
   // (FailedPrecondition when `id` is running; NotFound without a reservation). It joins
   // the batch at the first step with fewer than max_sequences sequences decoding, so a
   // worker given prefilled requests ahead keeps its decode batch full.
   absl::Status startDecode(GenerationRequest request, uint32_t first_token);
+  // The blocks of `id`'s reservation (empty when it has none).
+  std::vector<int32_t> reservation(uint64_t id) const;
   // Blocks held by reservations, and those not held by anything.
   int64_t reservedBlocks() const;
   int64_t freeBlocks() const { return cache_.freeBlocks(); }
@@ -131,9 +133,10 @@ class Scheduler {
   void admit();
   std::unique_ptr<Sequence> makeSequence(GenerationRequest request, Mode mode,
                                          std::vector<int32_t> blocks);
-  // The reservation of `id` covering `request`, or an error naming what is missing.
-  absl::StatusOr<const std::vector<int32_t>*> reservationFor(
-      const GenerationRequest& request) const;
+  // The reservation of `request` covering `tokens` positions, or an error naming what is
+  // missing.
+  absl::StatusOr<const std::vector<int32_t>*> reservationFor(const GenerationRequest& request,
+                                                             int64_t tokens) const;
   void publishPrompt(Sequence& seq);
   void finish(size_t index);
 

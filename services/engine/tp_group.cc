@@ -160,6 +160,10 @@ const model::ModelConfig& TpGroup::config() const { return ranks_[0]->weights->c
 
 int64_t TpGroup::weightBytes(int rank) const { return ranks_[rank]->weights->weightBytes(); }
 
+KvStorage& TpGroup::kv(int rank) { return *ranks_[rank]->kv; }
+
+Span TpGroup::kvHeads(int rank) const { return ranks_[rank]->weights->dims.kv_heads; }
+
 model::TensorType TpGroup::weightType() const { return ranks_[0]->weights->layers[0].wq.type(); }
 
 int64_t TpGroup::kvBlockBytes(int rank) const {

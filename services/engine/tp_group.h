@@ -60,6 +60,9 @@ class TpGroup {
   // Weight bytes rank `rank` streams per step, and its KV bytes per block.
   int64_t weightBytes(int rank) const;
   int64_t kvBlockBytes(int rank) const;
+  // Rank `rank`'s KV rows (after allocateKv()), and its KV heads.
+  KvStorage& kv(int rank);
+  Span kvHeads(int rank) const;
   // The stored format of the linear layers (that of the first layer's Q projection).
   model::TensorType weightType() const;
 

@@ -162,6 +162,8 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   if (!sampling.has_seed()) sampling.set_seed(std::random_device{}() * 0x100000001ull);
   v1::StoppingCriteria stopping = request.stopping();
   stopping.set_max_new_tokens(static_cast<uint32_t>(max_new));
+  absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, prompt_tokens);
+  if (!prefiller.ok()) return toGrpcStatus(prefiller.status());
   v1::PrefillRequest prefill;
   prefill.set_request_id(id);
   prefill.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
@@ -170,11 +172,14 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   if (request.has_logprobs()) prefill.set_logprobs(request.logprobs());
   v1::KvDestination* destination = prefill.mutable_destination();
   destination->set_decode_worker_id(worker.id);
+  *destination->mutable_ranks() = worker.info.ranks();
+  *destination->mutable_layout() = worker.info.kv_layout();
   const int64_t prompt_blocks = (prompt_tokens + model->block_size - 1) / model->block_size;
   destination->mutable_block_ids()->Add(reserved.block_ids().begin(),
                                         reserved.block_ids().begin() + prompt_blocks);
   v1::PrefillResponse prefilled;
-  status = worker.prefill->Prefill(workerContext(deadline).get(), prefill, &prefilled);
+  status = prefiller->worker->prefill->Prefill(workerContext(deadline).get(), prefill, &prefilled);
+  pool_.releasePrefill(*prefiller);
   if (!status.ok()) return status;
 
   // The first message: ids, the first token.

@@ -265,6 +265,34 @@ void WorkerPool::updateGauges() {
   workers_gauge_.Set(static_cast<double>(workers_.size()));
 }
 
+absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  Entry* best = nullptr;
+  for (auto& [id, entry] : workers_) {
+    if (entry.worker->info.role() != v1::WORKER_ROLE_PREFILL) continue;
+    if (best == nullptr || entry.prefill_tokens < best->prefill_tokens) best = &entry;
+  }
+  if (best == nullptr && decode.info.role() == v1::WORKER_ROLE_BOTH) {
+    auto it = workers_.find(decode.id);
+    if (it != workers_.end()) best = &it->second;
+  }
+  if (best == nullptr) {
+    return absl::UnavailableError(
+        "no prefill worker is registered with this router; start cleave-worker --role=prefill "
+        "(or --role=both)");
+  }
+  best->prefill_tokens += tokens;
+  return PrefillLease{.worker = best->worker, .tokens = tokens};
+}
+
+void WorkerPool::releasePrefill(const PrefillLease& lease) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(lease.worker->id);
+  if (it != workers_.end() && it->second.worker == lease.worker) {
+    it->second.prefill_tokens -= lease.tokens;
+  }
+}
+
 std::vector<v1::WorkerSummary> WorkerPool::summaries() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::WorkerSummary> out;

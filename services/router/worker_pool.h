@@ -53,6 +53,13 @@ struct Worker {
   bool servesPrefill() const;
 };
 
+// A prompt being prefilled on a worker, counted toward its outstanding prefill tokens until
+// releasePrefill().
+struct PrefillLease {
+  std::shared_ptr<const Worker> worker;
+  int64_t tokens = 0;
+};
+
 // A request's place on a decode worker: its blocks, held until release().
 struct Admission {
   std::shared_ptr<const Worker> worker;
@@ -90,6 +97,12 @@ class WorkerPool {
                                   const std::function<bool()>& cancelled);
   void release(const Admission& admission);
 
+  // The worker to prefill `tokens` prompt tokens for `decode`: the prefill worker with the
+  // fewest outstanding prefill tokens, or `decode` itself when it has both roles and no
+  // prefill worker is registered. Unavailable when there is none.
+  absl::StatusOr<PrefillLease> pickPrefill(const Worker& decode, int64_t tokens);
+  void releasePrefill(const PrefillLease& lease);
+
   // One line per worker for GetServerInfo: role, model, admitted requests, reserved blocks.
   std::vector<v1::WorkerSummary> summaries() const;
   int64_t queueDepth() const;
@@ -100,8 +113,9 @@ class WorkerPool {
   struct Entry {
     std::shared_ptr<Worker> worker;
     std::chrono::steady_clock::time_point last_seen;
-    int64_t reserved = 0;  // Blocks of admitted requests.
-    int64_t admitted = 0;  // Requests holding blocks (prefilling, prefilled or decoding).
+    int64_t reserved = 0;        // Blocks of admitted requests.
+    int64_t admitted = 0;        // Requests holding blocks (prefilling, prefilled or decoding).
+    int64_t prefill_tokens = 0;  // Prompt tokens being prefilled here.
   };
   // The decode worker to admit `blocks` on now, if any.
   Entry* pick(int64_t blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

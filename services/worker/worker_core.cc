@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "services/worker/kv_copy_plan.h"
 #include "services/worker/request_conversion.h"
 
 namespace cleave::worker {
@@ -108,20 +110,110 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
   return response;
 }
 
+absl::StatusOr<engine::TokenEvent> WorkerCore::runPrefill(uint64_t id,
+                                                          const engine::GenerationRequest& request,
+                                                          grpc::ServerContext* context) {
+  std::future<PrefillResult> done;
+  {
+    absl::MutexLock lock(&mu_);
+    done = prefills_[id].get_future();
+  }
+  absl::Status added = loop_->call([&](engine::Scheduler& s) { return s.addPrefill(request); });
+  if (!added.ok()) {
+    absl::MutexLock lock(&mu_);
+    prefills_.erase(id);
+    return added;
+  }
+  while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    if (context != nullptr && context->IsCancelled()) {
+      loop_->call([&](engine::Scheduler& s) { return s.cancel(id); });
+      absl::MutexLock lock(&mu_);
+      abortPrefill(id, absl::CancelledError("the prefill call was cancelled"));
+      forget(id);
+    }
+  }
+  return done.get();
+}
+
+absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
+                                std::span<const int32_t> local, uint64_t& bytes) {
+  std::vector<uint32_t> remote(destination.block_ids().begin(), destination.block_ids().end());
+  if (remote.size() != local.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("destination.block_ids has ", remote.size(),
+                                                   " blocks; the prompt fills ", local.size()));
+  }
+  for (int r = 0; r < model_.tp(); ++r) {
+    for (const v1::RankEndpoint& rank : destination.ranks()) {
+      const int64_t heads = int64_t{rank.kv_head_end()} - rank.kv_head_begin();
+      if (heads <= 0 || rank.block_bytes() == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("destination rank ", rank.rank(), " has no KV heads or no pool"));
+      }
+      RemoteRankLayout target{
+          .head_begin = rank.kv_head_begin(),
+          .heads = heads,
+          .num_blocks = static_cast<int64_t>(rank.kv_pool_bytes() / rank.block_bytes())};
+      std::vector<transfer::Write> writes =
+          kvWrites(model_.kv(r), model_.kvHeads(r), target, local, remote);
+      if (writes.empty()) continue;
+      transfer::RemoteRegion region{.peer_address = rank.worker_address(),
+                                    .base = rank.kv_pool_base(),
+                                    .key = rank.kv_pool_rkey(),
+                                    .bytes = rank.kv_pool_bytes()};
+      absl::Status sent =
+          transfer::writeAndWait(*options_.transport, region, writes, options_.transfer_timeout);
+      if (!sent.ok()) {
+        return absl::UnavailableError(absl::StrCat("KV transfer to ",
+                                                   destination.decode_worker_id(), " rank ",
+                                                   rank.rank(), ": ", sent.message()));
+      }
+      for (const transfer::Write& w : writes) bytes += w.bytes;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest& r,
                                                         grpc::ServerContext* context) {
   const auto start = std::chrono::steady_clock::now();
+  bool local;
+  {
+    absl::MutexLock lock(&mu_);
+    local = r.destination().decode_worker_id() == worker_id_;
+  }
+  using google::protobuf::util::MessageDifferencer;
+  if (!local && !MessageDifferencer::Equals(r.destination().layout(), options_.layout)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("destination KV layout [", r.destination().layout().ShortDebugString(),
+                     "] differs from this worker's [", options_.layout.ShortDebugString(), "]"));
+  }
+  if (!local && options_.transport == nullptr) {
+    return absl::FailedPreconditionError(
+        "this worker has no KV transport, so it can only prefill for itself");
+  }
   std::optional<uint64_t> id = idOf(r.request_id());
-  if (!id) {
+  if (local && !id) {
     return absl::NotFoundError(
         absl::StrCat("request ", r.request_id(), " has no KV reservation on this worker"));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (r.destination().decode_worker_id() != worker_id_) {
-      return absl::UnimplementedError(
-          absl::StrCat("prefill for decode worker '", r.destination().decode_worker_id(),
-                       "': moving KV caches between workers is not built yet; run --role=both"));
+  if (!local) {
+    // The prompt is computed into blocks of this worker's own, then written out.
+    if (id)
+      return absl::AlreadyExistsError(absl::StrCat("request ", r.request_id(), " is running"));
+    {
+      absl::MutexLock lock(&mu_);
+      id = next_id_++;
+      requests_[r.request_id()] = {.id = *id};
+      names_[*id] = r.request_id();
+    }
+    const int64_t blocks =
+        (r.prompt_token_ids_size() + model_.blockSize() - 1) / model_.blockSize();
+    absl::StatusOr<std::vector<int32_t>> reserved =
+        loop_->call([&](engine::Scheduler& s) { return s.reserve(*id, blocks); });
+    if (!reserved.ok()) {
+      absl::MutexLock lock(&mu_);
+      forget(*id);
+      return reserved.status();
     }
   }
   RequestParts parts{
@@ -129,30 +221,24 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   if (r.has_logprobs()) parts.logprobs = r.logprobs();
   absl::StatusOr<engine::GenerationRequest> request =
       toEngineRequest(*id, parts, options_.eos_ids, model_.config().max_position_embeddings);
-  if (!request.ok()) return request.status();
-
-  std::future<PrefillResult> done;
-  {
-    absl::MutexLock lock(&mu_);
-    done = prefills_[*id].get_future();
-  }
-  absl::Status added = loop_->call([&](engine::Scheduler& s) { return s.addPrefill(*request); });
-  if (!added.ok()) {
-    absl::MutexLock lock(&mu_);
-    prefills_.erase(*id);
-    return added;
-  }
-  while (done.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
-    if (context != nullptr && context->IsCancelled()) {
-      loop_->call([&](engine::Scheduler& s) { return s.cancel(*id); });
-      absl::MutexLock lock(&mu_);
-      abortPrefill(*id, absl::CancelledError("the prefill call was cancelled"));
-      forget(*id);
-    }
-  }
-  PrefillResult first = done.get();
-  if (!first.ok()) return first.status();
+  absl::StatusOr<engine::TokenEvent> first =
+      request.ok() ? runPrefill(*id, *request, context) : request.status();
   v1::PrefillResponse response;
+  if (first.ok() && !local && !first->finished) {
+    // Hand the prompt's KV to the decode worker, then free the local copy.
+    const auto sent_at = std::chrono::steady_clock::now();
+    std::vector<int32_t> blocks =
+        loop_->call([&](engine::Scheduler& s) { return s.reservation(*id); });
+    uint64_t bytes = 0;
+    absl::Status sent = sendKv(r.destination(), blocks, bytes);
+    if (!sent.ok()) first = sent;
+    response.set_kv_transfer_ms(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent_at)
+            .count());
+    response.set_bytes_transferred(bytes);
+  }
+  if (!local) release(r.request_id());
+  if (!first.ok()) return first.status();
   response.set_first_token_id(first->token);
   if (r.has_logprobs()) *response.mutable_first_logprob() = tokenLogprob(*first);
   if (first->finished) {
@@ -161,7 +247,8 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     forget(*id);  // The scheduler freed the reservation with the request.
   }
   response.set_prefill_ms(
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() -
+      response.kv_transfer_ms());
   return response;
 }
 

@@ -6,6 +6,7 @@
 // the engine thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <future>
@@ -22,6 +23,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "services/transfer/kv_transport.h"
 #include "services/worker/engine_loop.h"
 
 namespace cleave::worker {
@@ -30,6 +32,10 @@ struct WorkerCoreOptions {
   std::string worker_id;  // This worker's id: a prefill destination naming it is local.
   engine::SchedulerOptions scheduler;
   std::vector<uint32_t> eos_ids;  // The model's end-of-sequence ids.
+  v1::KvLayout layout;            // This worker's; a destination must match it.
+  // Writes prompt KV into other workers' pools (null: this worker prefills only for itself).
+  transfer::KvTransport* transport = nullptr;
+  std::chrono::milliseconds transfer_timeout{30000};
 };
 
 class WorkerCore {
@@ -40,8 +46,10 @@ class WorkerCore {
 
   void setWorkerId(std::string id);
   absl::StatusOr<v1::ReserveResponse> reserve(const v1::ReserveRequest& request);
-  // Prefills into this worker's own reservation (a BOTH worker serving itself). Waits for
-  // the first token; a cancelled call or context cancels the prefill.
+  // Prefills into this worker's own reservation (a BOTH worker serving itself), or into
+  // local blocks that are then written into the destination worker's reserved blocks over
+  // the KV transport. Waits for the first token (and the transfer); a cancelled call
+  // cancels the prefill.
   absl::StatusOr<v1::PrefillResponse> prefill(const v1::PrefillRequest& request,
                                               grpc::ServerContext* context);
   absl::Status startDecode(const v1::StartDecodeRequest& request);
@@ -65,6 +73,13 @@ class WorkerCore {
   using PrefillResult = absl::StatusOr<engine::TokenEvent>;
 
   void onStep(StepReport& report);  // Engine thread.
+  // Runs `request` (engine id `id`, reserved) to its first token.
+  absl::StatusOr<engine::TokenEvent> runPrefill(uint64_t id,
+                                                const engine::GenerationRequest& request,
+                                                grpc::ServerContext* context);
+  // Writes the prompt blocks `local` into the destination's reserved blocks.
+  absl::Status sendKv(const v1::KvDestination& destination, std::span<const int32_t> local,
+                      uint64_t& bytes);
   // The engine id of `request_id`, if known.
   std::optional<uint64_t> idOf(const std::string& request_id);
   void forget(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -20,6 +20,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
 #include "services/engine/memory_plan.h"
+#include "services/transfer/kv_transport.h"
 #include "services/worker/control_services.h"
 #include "services/worker/registration.h"
 #include "services/worker/worker_options.h"
@@ -35,10 +36,22 @@ constexpr int64_t kMaxBatchTokens = 512;
   std::exit(1);
 }
 
-v1::RegisterRequest registration(const WorkerOptions& options, Role role,
-                                 const engine::TpGroup& group, const std::string& address,
-                                 int metrics_port, const std::string& sha256,
-                                 int64_t target_concurrency) {
+v1::KvLayout kvLayout(const model::ModelConfig& c) {
+  v1::KvLayout layout;
+  layout.set_dtype(v1::KV_DTYPE_F32);
+  layout.set_block_size(static_cast<uint32_t>(kBlockSize));
+  layout.set_num_layers(c.num_layers);
+  layout.set_num_kv_heads(c.num_kv_heads);
+  layout.set_head_dim(c.head_dim);
+  layout.set_bytes_per_block(2ull * c.num_layers * c.num_kv_heads * kBlockSize * c.head_dim * 4);
+  return layout;
+}
+
+v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine::TpGroup& group,
+                                 const std::string& address, int metrics_port,
+                                 const std::string& sha256, int64_t target_concurrency,
+                                 transfer::KvTransport* transport,
+                                 const std::vector<std::string>& keys) {
   const model::ModelConfig& c = group.config();
   v1::RegisterRequest r;
   r.set_worker_id(address);
@@ -52,23 +65,31 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role,
   model->set_sha256(sha256);
   model->set_vocab_size(c.vocab_size);
   model->set_context_length(c.max_position_embeddings);
-  v1::KvLayout* layout = r.mutable_kv_layout();
-  layout->set_dtype(v1::KV_DTYPE_F32);
-  layout->set_block_size(static_cast<uint32_t>(kBlockSize));
-  layout->set_num_layers(c.num_layers);
-  layout->set_num_kv_heads(c.num_kv_heads);
-  layout->set_head_dim(c.head_dim);
-  layout->set_bytes_per_block(2ull * c.num_layers * c.num_kv_heads * kBlockSize * c.head_dim * 4);
+  *r.mutable_kv_layout() = kvLayout(c);
   v1::KvCapacity* capacity = r.mutable_kv_capacity();
-  capacity->set_total_blocks(static_cast<uint32_t>(group.numBlocks()));
-  capacity->set_target_concurrency(static_cast<uint32_t>(target_concurrency));
+  const bool decodes = role != Role::kPrefill;
+  capacity->set_total_blocks(decodes ? static_cast<uint32_t>(group.numBlocks()) : 0);
+  capacity->set_target_concurrency(decodes ? static_cast<uint32_t>(target_concurrency) : 0);
   capacity->set_planned_seq_len(static_cast<uint32_t>(options.planned_seq_len));
   capacity->set_max_batch_tokens(static_cast<uint32_t>(kMaxBatchTokens));
   r.set_control_address(address);
   for (int rank = 0; rank < group.tp(); ++rank) {
     v1::RankEndpoint* endpoint = r.add_ranks();
     endpoint->set_rank(static_cast<uint32_t>(rank));
-    endpoint->set_transport("local");  // No KV transport yet: the worker serves itself.
+    endpoint->set_kv_head_begin(static_cast<uint32_t>(group.kvHeads(rank).begin));
+    endpoint->set_kv_head_end(
+        static_cast<uint32_t>(group.kvHeads(rank).begin + group.kvHeads(rank).size));
+    if (transport == nullptr) {
+      endpoint->set_transport("local");  // No KV transport: the worker serves only itself.
+      continue;
+    }
+    endpoint->set_transport(transport->capabilities().name);
+    endpoint->set_worker_address(transport->address());
+    if (!decodes) continue;  // Written from, never to.
+    engine::KvStorage& kv = group.kv(rank);
+    endpoint->set_kv_pool_rkey(keys[rank]);
+    endpoint->set_kv_pool_base(reinterpret_cast<uint64_t>(kv.data()));
+    endpoint->set_kv_pool_bytes(static_cast<uint64_t>(kv.bytes()));
     endpoint->set_block_bytes(static_cast<uint64_t>(group.kvBlockBytes(rank)));
   }
   r.set_metrics_port(static_cast<uint32_t>(metrics_port));
@@ -91,11 +112,6 @@ int run(int argc, char** argv) {
   }
   if (absl::Status valid = validate(options); !valid.ok()) exitWithUsageError(flags, valid);
   const Role role = *parseRole(options.role);
-  if (role != Role::kBoth) {
-    exitWithUsageError(flags, absl::UnimplementedError(
-                                  "--role=prefill and --role=decode need the KV transport "
-                                  "between workers, which is not built yet; use --role=both"));
-  }
 
   const int threads_per_rank =
       options.threads > 0 ? static_cast<int>(options.threads)
@@ -138,6 +154,24 @@ int run(int argc, char** argv) {
   auto sha256 = model::modelSha256(options.model);
   if (!sha256.ok()) die(sha256.status());
 
+  // The KV transport: decode ranks register their pools for prefill workers to write into.
+  std::unique_ptr<transfer::KvTransport> transport;
+  std::vector<std::string> keys;
+  if (auto ucx = transfer::makeUcxTransport(); ucx.ok()) {
+    transport = std::move(*ucx);
+    for (int rank = 0; rank < (*group)->tp() && role != Role::kPrefill; ++rank) {
+      engine::KvStorage& kv = (*group)->kv(rank);
+      auto key = transport->registerMemory(kv.data(), static_cast<uint64_t>(kv.bytes()));
+      if (!key.ok()) die(key.status());
+      keys.push_back(*key);
+    }
+  } else if (role != Role::kBoth) {
+    die(ucx.status());
+  } else {
+    CLEAVE_LOG(WARNING) << "no KV transport (" << ucx.status().message()
+                        << "): this worker prefills and decodes only for itself";
+  }
+
   registerProcessMetrics("worker");
   auto metrics = MetricsServer::start(options.server.metrics_address,
                                       static_cast<int>(options.server.metrics_port));
@@ -146,7 +180,9 @@ int run(int argc, char** argv) {
   WorkerCore core(**group, tokenizer->get(),
                   {.scheduler = {.max_batch_tokens = kMaxBatchTokens,
                                  .max_sequences = std::max<int64_t>(options.target_concurrency, 1)},
-                   .eos_ids = eos});
+                   .eos_ids = eos,
+                   .layout = kvLayout(config),
+                   .transport = transport.get()});
   DecodeService decode(core);
   PrefillService prefill(core);
   grpc::EnableDefaultHealthCheckService(true);
@@ -154,8 +190,8 @@ int run(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options.server.listen, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&decode);
-  builder.RegisterService(&prefill);
+  if (role != Role::kPrefill) builder.RegisterService(&decode);
+  if (role != Role::kDecode) builder.RegisterService(&prefill);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     die(absl::UnavailableError(absl::StrCat("cannot serve on ", options.server.listen)));
@@ -178,7 +214,7 @@ int run(int argc, char** argv) {
     registered = std::make_unique<RouterRegistration>(
         options.router,
         registration(options, role, **group, address, (*metrics)->port(), *sha256,
-                     options.target_concurrency),
+                     options.target_concurrency, transport.get(), keys),
         [&core] { return core.load(); });
   }
   int signal = *waitForShutdownSignal();

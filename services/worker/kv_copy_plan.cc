@@ -1,0 +1,38 @@
+#include "services/worker/kv_copy_plan.h"
+
+#include <algorithm>
+
+namespace cleave::worker {
+
+std::vector<transfer::Write> kvWrites(engine::KvStorage& local, engine::Span local_heads,
+                                      const RemoteRankLayout& remote,
+                                      std::span<const int32_t> local_blocks,
+                                      std::span<const uint32_t> remote_blocks) {
+  std::vector<transfer::Write> writes;
+  const int64_t first = std::max(local_heads.begin, remote.head_begin);
+  const int64_t last =
+      std::min(local_heads.begin + local_heads.size, remote.head_begin + remote.heads);
+  if (first >= last) return writes;
+  const engine::KvStorageOptions& o = local.options();
+  const int64_t head_block = local.headBlockBytes();
+  const uint64_t bytes = static_cast<uint64_t>((last - first) * head_block);
+  // The remote pool has the local layout with its own block count and heads.
+  auto remoteOffset = [&](int64_t layer, int kv, int64_t block) {
+    return static_cast<uint64_t>((((2 * layer + kv) * remote.num_blocks + block) * remote.heads +
+                                  (first - remote.head_begin)) *
+                                 head_block);
+  };
+  for (int64_t layer = 0; layer < o.num_layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (size_t i = 0; i < local_blocks.size(); ++i) {
+        writes.push_back({.local = local.data() + local.offset(layer, kv, local_blocks[i],
+                                                               first - local_heads.begin),
+                          .remote_offset = remoteOffset(layer, kv, remote_blocks[i]),
+                          .bytes = bytes});
+      }
+    }
+  }
+  return writes;
+}
+
+}  // namespace cleave::worker

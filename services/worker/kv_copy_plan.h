@@ -1,0 +1,33 @@
+// Which bytes of a prefill worker's KV cache go where in a decode worker's: for every
+// layer, keys and values, prompt block and the KV heads both a local rank and a remote
+// rank hold, one write of (heads in common) x block_size x head_dim floats. Prefill and
+// decode TP may differ either way; each write moves exactly the head slice the receiving
+// rank owns.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "services/engine/kv_storage.h"
+#include "services/engine/tensor_parallel.h"
+#include "services/transfer/kv_transport.h"
+
+namespace cleave::worker {
+
+// A remote rank's pool, as its RankEndpoint and the shared KvLayout describe it.
+struct RemoteRankLayout {
+  int64_t head_begin = 0;
+  int64_t heads = 0;
+  int64_t num_blocks = 0;
+};
+
+// The writes from `local` (holding heads `local_heads`) into `remote`, for prompt block i
+// going from local block local_blocks[i] to remote block remote_blocks[i]. Empty when the
+// two ranks share no head.
+std::vector<transfer::Write> kvWrites(engine::KvStorage& local, engine::Span local_heads,
+                                      const RemoteRankLayout& remote,
+                                      std::span<const int32_t> local_blocks,
+                                      std::span<const uint32_t> remote_blocks);
+
+}  // namespace cleave::worker

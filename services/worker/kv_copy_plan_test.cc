@@ -1,0 +1,91 @@
+#include "services/worker/kv_copy_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+namespace cleave::worker {
+namespace {
+
+// Every (layer, K/V, block, head, position, dim) value a prefill group of `from` ranks
+// holds for the prompt blocks arrives at the same coordinates in a decode group of `to`
+// ranks, whatever the two TP degrees, and nothing else in the decode pools changes.
+void checkCopy(int from, int to) {
+  SCOPED_TRACE(testing::Message() << "TP " << from << " -> TP " << to);
+  const int64_t layers = 3, heads = 3, dim = 8, bs = 4;
+  const std::vector<int32_t> local_blocks = {5, 1, 3};
+  const std::vector<uint32_t> remote_blocks = {0, 6, 2};
+  std::mt19937 rng(from * 10 + to);
+  std::vector<std::unique_ptr<engine::KvStorage>> src, dst;
+  std::vector<engine::Span> src_heads, dst_heads;
+  for (int r = 0; r < from; ++r) {
+    src_heads.push_back(*engine::splitEvenly(heads, 1, from, r, "KV heads"));
+    src.push_back(
+        std::make_unique<engine::KvStorage>(engine::KvStorageOptions{.num_layers = layers,
+                                                                     .kv_heads = src_heads[r].size,
+                                                                     .head_dim = dim,
+                                                                     .block_size = bs,
+                                                                     .num_blocks = 7}));
+    float* f = reinterpret_cast<float*>(src[r]->data());
+    for (int64_t i = 0; i < src[r]->bytes() / 4; ++i) f[i] = static_cast<float>(rng() % 100000);
+  }
+  for (int s = 0; s < to; ++s) {
+    dst_heads.push_back(*engine::splitEvenly(heads, 1, to, s, "KV heads"));
+    dst.push_back(
+        std::make_unique<engine::KvStorage>(engine::KvStorageOptions{.num_layers = layers,
+                                                                     .kv_heads = dst_heads[s].size,
+                                                                     .head_dim = dim,
+                                                                     .block_size = bs,
+                                                                     .num_blocks = 9}));
+    std::memset(dst[s]->data(), 0xFF, dst[s]->bytes());  // Poisoned (NaN).
+  }
+  for (int r = 0; r < from; ++r) {
+    for (int s = 0; s < to; ++s) {
+      RemoteRankLayout remote{
+          .head_begin = dst_heads[s].begin, .heads = dst_heads[s].size, .num_blocks = 9};
+      for (const transfer::Write& w :
+           kvWrites(*src[r], src_heads[r], remote, local_blocks, remote_blocks)) {
+        ASSERT_LE(w.remote_offset + w.bytes, static_cast<uint64_t>(dst[s]->bytes()));
+        std::memcpy(dst[s]->data() + w.remote_offset, w.local, w.bytes);
+      }
+    }
+  }
+  auto value = [&](std::vector<std::unique_ptr<engine::KvStorage>>& pools,
+                   std::vector<engine::Span>& spans, int64_t layer, int kv, int64_t block,
+                   int64_t head, int64_t slot, int64_t d) {
+    for (size_t r = 0; r < pools.size(); ++r) {
+      if (head >= spans[r].begin && head < spans[r].begin + spans[r].size) {
+        const uint8_t* at =
+            pools[r]->data() + pools[r]->offset(layer, kv, block, head - spans[r].begin);
+        float v;
+        std::memcpy(&v, at + (slot * dim + d) * 4, 4);
+        return v;
+      }
+    }
+    return -1.0f;
+  };
+  int64_t checked = 0, untouched_nan = 0;
+  for (int64_t layer = 0; layer < layers; ++layer)
+    for (int kv = 0; kv < 2; ++kv)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t slot = 0; slot < bs; ++slot)
+          for (int64_t d = 0; d < dim; ++d) {
+            for (size_t i = 0; i < local_blocks.size(); ++i) {
+              ASSERT_EQ(value(dst, dst_heads, layer, kv, remote_blocks[i], h, slot, d),
+                        value(src, src_heads, layer, kv, local_blocks[i], h, slot, d));
+              ++checked;
+            }
+            untouched_nan += std::isnan(value(dst, dst_heads, layer, kv, 4, h, slot, d));
+          }
+  EXPECT_EQ(checked, layers * 2 * heads * bs * dim * 3);
+  EXPECT_EQ(untouched_nan, layers * 2 * heads * bs * dim);  // Block 4 was not a target.
+}
+
+TEST(KvCopyPlanTest, EveryTpPairingMovesExactlyThePromptBlocks) {
+  for (int from : {1, 2, 3})
+    for (int to : {1, 2, 3}) checkCopy(from, to);
+}
+
+}  // namespace
+}  // namespace cleave::worker
