@@ -147,10 +147,19 @@ int run(int argc, char** argv) {
   CLEAVE_LOG(INFO) << plan->table();
   if (absl::Status kv = (*group)->allocateKv(plan->kv_blocks, kBlockSize); !kv.ok()) die(kv);
 
-  auto tokenizer = tokenizer::Tokenizer::load(options.model);
-  if (!tokenizer.ok()) die(tokenizer.status());
+  // The tokenizer turns tokens into text for stop strings; a model without one is served
+  // on token ids alone.
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  if (auto loaded = tokenizer::Tokenizer::load(options.model); loaded.ok()) {
+    tokenizer = std::move(*loaded);
+  } else {
+    CLEAVE_LOG(WARNING) << "no tokenizer (" << loaded.status().message()
+                        << "): requests with stop strings will not stop on them";
+  }
   std::vector<uint32_t> eos = config.eos_token_ids;
-  if (auto id = (*tokenizer)->eosId()) eos.push_back(*id);
+  if (tokenizer != nullptr) {
+    if (auto id = tokenizer->eosId()) eos.push_back(*id);
+  }
   auto sha256 = model::modelSha256(options.model);
   if (!sha256.ok()) die(sha256.status());
 
@@ -177,7 +186,7 @@ int run(int argc, char** argv) {
                                       static_cast<int>(options.server.metrics_port));
   if (!metrics.ok()) die(metrics.status());
 
-  WorkerCore core(**group, tokenizer->get(),
+  WorkerCore core(**group, tokenizer.get(),
                   {.scheduler = {.max_batch_tokens = kMaxBatchTokens,
                                  .max_sequences = std::max<int64_t>(options.target_concurrency, 1)},
                    .eos_ids = eos,
