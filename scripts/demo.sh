@@ -28,7 +28,7 @@ trap cleanup EXIT
 start() {
   local name=$1 ready=$2
   shift 2
-  "$@" --ready-file "$ready" 2>"$work/$name.log" &
+  "$@" --ready-file "$ready" >"$work/$name.log" 2>&1 &
   pids=("$!" "${pids[@]}")
   for _ in $(seq 1 600); do
     [ -f "$ready" ] && return 0
@@ -39,24 +39,14 @@ start() {
 }
 port() { sed -E "s/.*\"$2\": ([0-9]+).*/\1/" "$1"; }
 
-echo "== starting cleave-router"
-start router "$work/router.json" "$bin/cleave-router" --listen 127.0.0.1:0 --metrics-port 0 \
-  --model "$model"
-router="127.0.0.1:$(port "$work/router.json" grpc_port)"
-router_metrics=$(port "$work/router.json" metrics_port)
-echo "router: gRPC $router, metrics http://127.0.0.1:$router_metrics/metrics"
-
-echo
-echo "== starting a worker (prefill + decode) with $(basename "$model"), target concurrency 16"
-start worker "$work/worker.json" "$bin/cleave-worker" --role=both --model "$model" \
-  --router "$router" --listen 127.0.0.1:0 --metrics-port 0 --target-concurrency 16 \
-  --planned-seq-len 1024
-worker_metrics=$(port "$work/worker.json" metrics_port)
-grep -A6 "memory plan" "$work/worker.log" | sed 's/^[A-Z][0-9]* [0-9:.]* *[0-9]* [a-z_.]*:[0-9]*\] //'
-for _ in $(seq 1 100); do
-  "$bin/cleave" info --router "$router" 2>/dev/null | grep -q "model=SmolLM2" && break
-  sleep 0.1
-done
+echo "== cleave up: router + a prefill worker + a decode worker, KV over UCX"
+start up "$work/up.json" "$bin/cleave" up --model "$model" --listen 127.0.0.1:0 \
+  --prefill 1 --decode 1 --threads 1 --target-concurrency 16 --planned-seq-len 1024
+router="127.0.0.1:$(port "$work/up.json" grpc_port)"
+router_metrics=$(port "$work/up.json" metrics_port)
+worker_metrics=$(port "$work/up.json" decode-0_metrics_port)
+grep -A6 -m1 "memory plan" "$work/up.log" | sed 's/^[A-Z][0-9]* [0-9:.]* *[0-9]* [a-z_.]*:[0-9]*\] //'
+grep -v "^[IWE][0-9]" "$work/up.log" | grep -A4 "cleave up: serving"
 
 echo
 echo "== cleave info --router $router"
@@ -90,8 +80,8 @@ PY
 
 echo
 echo "== summary"
-echo "ran: cleave-router (Generation API, worker registry, KV-budget admission, token relay)"
-echo "  and one cleave-worker (--role=both) on the CPU engine, a streaming workload through"
-echo "  them, and the CLI. Not built yet: separate prefill and decode workers with KV transfer"
-echo "  over UCX, cleave up, dashboards."
+echo "ran: cleave up with cleave-router (Generation API, worker registry, KV-budget admission,"
+echo "  token relay), a prefill worker and a decode worker on the CPU engine handing KV caches"
+echo "  over UCX, a streaming workload through them, and the CLI. Not built yet: dashboards,"
+echo "  docker-compose, fault injection."
 echo "shutting down"

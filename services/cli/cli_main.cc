@@ -19,6 +19,7 @@ constexpr Command kCommands[] = {
     {"info", "Show a running router's version, queue and workers", cleave::cli::runInfo},
     {"generate", "Generate text from a prompt (on this CPU, or through --router)",
      cleave::cli::runGenerate},
+    {"up", "Start a router and workers on this machine and run until Ctrl-C", cleave::cli::runUp},
     {"bench-serving", "Stream a chat workload through a router; latency and throughput",
      cleave::cli::runBenchServing},
     {"inspect", "Show a model file's architecture, tensors and weight bytes",

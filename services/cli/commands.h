@@ -10,5 +10,6 @@ int runGenerate(int argc, char** argv);
 int runTokenize(int argc, char** argv);
 int runDetokenize(int argc, char** argv);
 int runBenchServing(int argc, char** argv);
+int runUp(int argc, char** argv);
 
 }  // namespace cleave::cli

@@ -1,0 +1,225 @@
+// `cleave up`: a whole deployment on this machine — cleave-router plus prefill, decode or
+// combined workers as child processes on loopback. Waits until every worker has
+// registered, prints the endpoints, and on Ctrl-C (SIGINT) or SIGTERM stops the children
+// cleanly (workers first). If a child dies, the rest are stopped and `cleave up` fails.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "common/ready_file.h"
+#include "common/shutdown.h"
+#include "nlohmann/json.hpp"
+#include "services/cli/commands.h"
+#include "services/cli/router_client.h"
+
+extern char** environ;
+
+namespace cleave::cli {
+namespace {
+
+struct Child {
+  std::string name;
+  std::string ready_file;
+  pid_t pid = -1;
+  nlohmann::json ready;
+};
+
+absl::Status spawn(Child& child, std::vector<std::string> args) {
+  args.push_back("--ready-file=" + child.ready_file);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);  // Children handle their own signals.
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
+  const int rc = posix_spawn(&child.pid, argv[0], nullptr, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0)
+    return absl::UnavailableError(absl::StrCat("cannot start ", args[0], ": ", strerror(rc)));
+  return absl::OkStatus();
+}
+
+// True once the child wrote its ready file; an error when it exited first.
+absl::StatusOr<bool> ready(Child& child) {
+  int status = 0;
+  if (waitpid(child.pid, &status, WNOHANG) == child.pid) {
+    child.pid = -1;
+    return absl::UnavailableError(absl::StrCat(child.name, " exited (status ", status,
+                                               ") before it was ready; see its log above"));
+  }
+  std::ifstream in(child.ready_file);
+  if (!in.good()) return false;
+  child.ready = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return !child.ready.is_discarded();
+}
+
+void stopAll(std::vector<Child>& children) {
+  // Workers first (they deregister from the router), then the router.
+  for (auto it = children.rbegin(); it != children.rend(); ++it) {
+    if (it->pid <= 0) continue;
+    kill(it->pid, SIGTERM);
+    waitpid(it->pid, nullptr, 0);
+    it->pid = -1;
+  }
+}
+
+}  // namespace
+
+int runUp(int argc, char** argv) {
+  std::string model, listen = "127.0.0.1:50051", ready_file;
+  int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
+  int64_t target = 16, planned = 2048, timeout_s = 300;
+  uint64_t budget = 0;
+  FlagSet flags("cleave up", "--model MODEL [flags]",
+                "Starts cleave-router and workers on this machine, waits until they are "
+                "serving, prints the endpoints and runs until Ctrl-C. Without --prefill, "
+                "--decode or --both it starts one combined worker.");
+  flags.addString("model", &model, "Model: a GGUF file or a Hugging Face folder");
+  flags.addString("listen", &listen, "The router's gRPC address (port 0 picks a free one)");
+  flags.addInt("prefill", &prefill, "Prefill workers (--role=prefill)");
+  flags.addInt("decode", &decode, "Decode workers (--role=decode)");
+  flags.addInt("both", &both, "Combined workers (--role=both)");
+  flags.addInt("prefill-tp", &prefill_tp, "Tensor-parallel degree of prefill workers");
+  flags.addInt("decode-tp", &decode_tp, "Tensor-parallel degree of decode and combined workers");
+  flags.addInt("threads", &threads, "CPU threads per rank of each worker (0: the worker decides)");
+  flags.addInt("target-concurrency", &target, "Each decode worker's target concurrency");
+  flags.addInt("planned-seq-len", &planned, "Sequence length the KV plans must hold");
+  flags.addBytes("memory-budget", &budget, "Each worker's memory budget (0: what the plan needs)");
+  flags.addString("ready-file", &ready_file,
+                  "When everything serves, write the router's ports here (JSON)");
+  flags.addInt("startup-timeout-s", &timeout_s, "Give up when not serving within this");
+  std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
+  if (model.empty()) exitWithUsageError(flags, absl::InvalidArgumentError("--model is required"));
+  if (!positional.empty()) {
+    exitWithUsageError(flags, absl::InvalidArgumentError("unexpected argument " + positional[0]));
+  }
+  if (prefill + decode + both == 0) both = 1;
+  if (prefill < 0 || decode < 0 || both < 0 || (decode > 0 && prefill == 0) ||
+      (prefill > 0 && decode == 0 && both == 0)) {
+    exitWithUsageError(flags, absl::InvalidArgumentError(
+                                  "--decode workers need --prefill workers (and the other way "
+                                  "round, unless --both workers decode)"));
+  }
+  blockShutdownSignals();
+  const std::filesystem::path bin = std::filesystem::read_symlink("/proc/self/exe").parent_path();
+  const std::filesystem::path work =
+      std::filesystem::temp_directory_path() / absl::StrCat("cleave-up-", getpid());
+  std::filesystem::create_directories(work);
+  std::vector<Child> children;
+  auto fail = [&](const absl::Status& status) {
+    std::fprintf(stderr, "cleave up: %s\n", std::string(status.message()).c_str());
+    stopAll(children);
+    std::filesystem::remove_all(work);
+    return 1;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  auto waitReady = [&](Child& child) -> absl::Status {
+    while (true) {
+      absl::StatusOr<bool> r = ready(child);
+      if (!r.ok()) return r.status();
+      if (*r) return absl::OkStatus();
+      if (std::chrono::steady_clock::now() > deadline)
+        return absl::DeadlineExceededError(child.name + " was not ready in time");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  };
+
+  children.push_back({.name = "cleave-router", .ready_file = (work / "router.json").string()});
+  if (absl::Status s =
+          spawn(children.back(), {(bin / "cleave-router").string(), "--listen=" + listen,
+                                  "--metrics-port=0", "--model=" + model});
+      !s.ok() || !(s = waitReady(children.back())).ok()) {
+    return fail(s);
+  }
+  const std::string router = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
+                                          children[0].ready["grpc_port"].get<int>());
+  auto startWorkers = [&](const char* role, int64_t count, int64_t tp) -> absl::Status {
+    for (int64_t i = 0; i < count; ++i) {
+      Child child{.name = absl::StrCat(role, "-", i),
+                  .ready_file = (work / absl::StrCat(role, i, ".json")).string()};
+      std::vector<std::string> args = {(bin / "cleave-worker").string(),
+                                       std::string("--role=") + role,
+                                       "--model=" + model,
+                                       "--router=" + router,
+                                       "--listen=127.0.0.1:0",
+                                       "--metrics-port=0",
+                                       absl::StrCat("--tp=", tp),
+                                       absl::StrCat("--target-concurrency=", target),
+                                       absl::StrCat("--planned-seq-len=", planned),
+                                       absl::StrCat("--memory-budget=", budget)};
+      if (threads > 0) args.push_back(absl::StrCat("--threads=", threads));
+      children.push_back(child);
+      if (absl::Status s = spawn(children.back(), args); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  };
+  for (absl::Status s :
+       {startWorkers("prefill", prefill, prefill_tp), startWorkers("decode", decode, decode_tp),
+        startWorkers("both", both, decode_tp)}) {
+    if (!s.ok()) return fail(s);
+  }
+  for (size_t i = 1; i < children.size(); ++i) {
+    if (absl::Status s = waitReady(children[i]); !s.ok()) return fail(s);
+  }
+  // Serving means every worker registered with the router.
+  client::RouterClient client({.address = router});
+  while (true) {
+    absl::StatusOr<v1::GetServerInfoResponse> info = client.serverInfo();
+    if (info.ok() && info->workers_size() == static_cast<int>(children.size() - 1)) break;
+    if (std::chrono::steady_clock::now() > deadline)
+      return fail(absl::DeadlineExceededError("the workers did not all register in time"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::printf("cleave up: serving %s\n", std::filesystem::path(model).filename().c_str());
+  std::printf("  router   gRPC %s   metrics http://127.0.0.1:%d/metrics\n", router.c_str(),
+              children[0].ready["metrics_port"].get<int>());
+  for (size_t i = 1; i < children.size(); ++i) {
+    std::printf("  %-8s gRPC 127.0.0.1:%d   metrics http://127.0.0.1:%d/metrics\n",
+                children[i].name.c_str(), children[i].ready["grpc_port"].get<int>(),
+                children[i].ready["metrics_port"].get<int>());
+  }
+  std::printf("Ctrl-C stops everything.\n");
+  std::fflush(stdout);
+  if (!ready_file.empty()) {
+    std::vector<std::pair<std::string, int64_t>> fields = {
+        {"grpc_port", children[0].ready["grpc_port"].get<int>()},
+        {"metrics_port", children[0].ready["metrics_port"].get<int>()}};
+    for (size_t i = 1; i < children.size(); ++i) {
+      fields.push_back(
+          {children[i].name + "_metrics_port", children[i].ready["metrics_port"].get<int>()});
+    }
+    if (absl::Status s = writeReadyFile(ready_file, fields); !s.ok()) return fail(s);
+  }
+  while (true) {
+    if (std::optional<int> signal = waitForShutdownSignal(std::chrono::milliseconds(200))) {
+      std::fprintf(stderr, "cleave up: %s, stopping\n", *signal == SIGINT ? "Ctrl-C" : "SIGTERM");
+      stopAll(children);
+      std::filesystem::remove_all(work);
+      return 0;
+    }
+    for (Child& child : children) {
+      int status = 0;
+      if (child.pid > 0 && waitpid(child.pid, &status, WNOHANG) == child.pid) {
+        child.pid = -1;
+        return fail(absl::UnavailableError(
+            absl::StrCat(child.name, " exited unexpectedly (status ", status, ")")));
+      }
+    }
+  }
+}
+
+}  // namespace cleave::cli

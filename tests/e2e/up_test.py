@@ -1,0 +1,47 @@
+"""`cleave up` starts a router and workers, reports the router's ports once every worker
+has registered, serves requests through them, and stops every child on SIGINT."""
+import os
+import signal
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import cleave_testing as ct  # noqa: E402
+from serving_test import MODEL  # noqa: E402
+
+
+def children_of(pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+@unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
+class UpTest(unittest.TestCase):
+    def test_up_serves_and_stops_everything_on_ctrl_c(self):
+        up = ct.Process([ct.binary("cleave"), "up", f"--model={MODEL}", "--listen=127.0.0.1:0",
+                         "--prefill=1", "--decode=1", "--threads=1", "--target-concurrency=4",
+                         "--planned-seq-len=256"], ready_timeout=120)
+        children = children_of(up.proc.pid)
+        self.assertEqual(len(children), 3, up.log())  # router, prefill, decode
+        self.assertIn("decode-0_metrics_port", up.ready)
+        code, out, err = ct.run([ct.binary("cleave"), "generate",
+                                 f"--router=127.0.0.1:{up.ready['grpc_port']}", "--max-tokens=8",
+                                 "What is the capital of France?"])
+        self.assertEqual(code, 0, err)
+        self.assertIn("Paris", out)
+        up.proc.send_signal(signal.SIGINT)
+        self.assertEqual(up.proc.wait(60), 0, up.log())
+        for pid in children:
+            self.assertFalse(os.path.exists(f"/proc/{pid}"), f"child {pid} outlived cleave up")
+
+    def test_a_worker_that_cannot_start_fails_up_with_its_reason(self):
+        code, _, err = ct.run([ct.binary("cleave"), "up", f"--model={MODEL}",
+                               "--listen=127.0.0.1:0", "--target-concurrency=64",
+                               "--planned-seq-len=8192", "--memory-budget=200MiB"], timeout=120)
+        self.assertEqual(code, 1)
+        self.assertIn("exited", err)
+
+
+if __name__ == "__main__":
+    unittest.main()
