@@ -162,8 +162,6 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   if (!sampling.has_seed()) sampling.set_seed(std::random_device{}() * 0x100000001ull);
   v1::StoppingCriteria stopping = request.stopping();
   stopping.set_max_new_tokens(static_cast<uint32_t>(max_new));
-  absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, prompt_tokens);
-  if (!prefiller.ok()) return toGrpcStatus(prefiller.status());
   v1::PrefillRequest prefill;
   prefill.set_request_id(id);
   prefill.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
@@ -177,9 +175,21 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   const int64_t prompt_blocks = (prompt_tokens + model->block_size - 1) / model->block_size;
   destination->mutable_block_ids()->Add(reserved.block_ids().begin(),
                                         reserved.block_ids().begin() + prompt_blocks);
+  // A prefill worker that cannot be reached or whose KV transfer fails is skipped; the
+  // next one writes the same blocks again.
   v1::PrefillResponse prefilled;
-  status = prefiller->worker->prefill->Prefill(workerContext(deadline).get(), prefill, &prefilled);
-  pool_.releasePrefill(*prefiller);
+  std::vector<std::string> failed;
+  while (true) {
+    absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, prompt_tokens, failed);
+    if (!prefiller.ok()) return failed.empty() ? toGrpcStatus(prefiller.status()) : status;
+    status =
+        prefiller->worker->prefill->Prefill(workerContext(deadline).get(), prefill, &prefilled);
+    pool_.releasePrefill(*prefiller);
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    CLEAVE_LOG(WARNING) << "prefill of " << id << " on " << prefiller->worker->id << " failed ("
+                        << status.error_message() << "); trying another worker";
+    failed.push_back(prefiller->worker->id);
+  }
   if (!status.ok()) return status;
 
   // The first message: ids, the first token.

@@ -265,14 +265,17 @@ void WorkerPool::updateGauges() {
   workers_gauge_.Set(static_cast<double>(workers_.size()));
 }
 
-absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64_t tokens) {
+absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64_t tokens,
+                                                     const std::vector<std::string>& exclude) {
   absl::MutexLock lock(&mu_);
   Entry* best = nullptr;
   for (auto& [id, entry] : workers_) {
     if (entry.worker->info.role() != v1::WORKER_ROLE_PREFILL) continue;
+    if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
     if (best == nullptr || entry.prefill_tokens < best->prefill_tokens) best = &entry;
   }
-  if (best == nullptr && decode.info.role() == v1::WORKER_ROLE_BOTH) {
+  if (best == nullptr && decode.info.role() == v1::WORKER_ROLE_BOTH &&
+      std::find(exclude.begin(), exclude.end(), decode.id) == exclude.end()) {
     auto it = workers_.find(decode.id);
     if (it != workers_.end()) best = &it->second;
   }

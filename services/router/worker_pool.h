@@ -98,9 +98,10 @@ class WorkerPool {
   void release(const Admission& admission);
 
   // The worker to prefill `tokens` prompt tokens for `decode`: the prefill worker with the
-  // fewest outstanding prefill tokens, or `decode` itself when it has both roles and no
-  // prefill worker is registered. Unavailable when there is none.
-  absl::StatusOr<PrefillLease> pickPrefill(const Worker& decode, int64_t tokens);
+  // fewest outstanding prefill tokens (none of `exclude`), or `decode` itself when it has
+  // both roles and no prefill worker is left. Unavailable when there is none.
+  absl::StatusOr<PrefillLease> pickPrefill(const Worker& decode, int64_t tokens,
+                                           const std::vector<std::string>& exclude = {});
   void releasePrefill(const PrefillLease& lease);
 
   // One line per worker for GetServerInfo: role, model, admitted requests, reserved blocks.

@@ -41,8 +41,11 @@ def offline(prompt, max_tokens):
 
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
 class DisaggregationTest(unittest.TestCase):
-    def serve(self, model, prefill_tp, decode_tp, prompts, text):
-        """Token ids of greedy generations of `prompts` through router + prefill + decode."""
+    def serve(self, model, prefill_tp, decode_tp, prompts, text, prefill_workers=1,
+              kill_one_prefill=False):
+        """Token ids of greedy generations of `prompts` through router + prefill + decode;
+        with kill_one_prefill, the first prefill worker is killed (SIGKILL) before any
+        request: the router must route around it."""
         pb = ct.stubs()["generation_pb2"]
         router_args = [ct.binary("cleave-router"), "--listen=127.0.0.1:0", "--metrics-port=0"]
         router = ct.Process(router_args + ([f"--model={model}"] if text else []))
@@ -51,16 +54,20 @@ class DisaggregationTest(unittest.TestCase):
                   "--metrics-port=0", "--target-concurrency=8", "--planned-seq-len=128",
                   "--threads=1"]
         workers = [ct.Process([ct.binary("cleave-worker"), "--role=prefill", f"--tp={prefill_tp}",
-                               *common]),
-                   ct.Process([ct.binary("cleave-worker"), "--role=decode", f"--tp={decode_tp}",
-                               *common])]
+                               *common]) for _ in range(prefill_workers)]
+        workers.append(ct.Process([ct.binary("cleave-worker"), "--role=decode",
+                                   f"--tp={decode_tp}", *common]))
         channel = grpc.insecure_channel(address)
         try:
             stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
             deadline = time.monotonic() + 60
-            while len(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).workers) < 2:
+            while (len(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).workers)
+                   < len(workers)):
                 self.assertLess(time.monotonic(), deadline, "workers did not register")
                 time.sleep(0.05)
+            if kill_one_prefill:
+                workers[0].proc.kill()
+                workers[0].proc.wait()
 
             def generate(prompt):
                 request = pb.GenerateRequest(sampling=pb.SamplingParams(temperature=0),
@@ -83,6 +90,8 @@ class DisaggregationTest(unittest.TestCase):
                 results = list(pool.map(generate, prompts))
             self.assertEqual(metric(router.ready["metrics_port"], "cleave_router_reserved_blocks"), 0)
             for w in workers:
+                if w.proc.poll() is not None:
+                    continue
                 deadline = time.monotonic() + 10
                 while metric(w.ready["metrics_port"], "cleave_worker_kv_blocks_reserved") != 0:
                     self.assertLess(time.monotonic(), deadline, "blocks stayed reserved")
@@ -91,7 +100,9 @@ class DisaggregationTest(unittest.TestCase):
         finally:
             channel.close()
             codes = [w.stop() for w in workers] + [router.stop()]
-            self.assertEqual(codes, [0, 0, 0])
+            if kill_one_prefill:
+                codes = codes[1:]
+            self.assertEqual(codes, [0] * len(codes))
 
     def test_smollm2_greedy_matches_the_offline_engine(self):
         rng = random.Random(9)
@@ -112,6 +123,14 @@ class DisaggregationTest(unittest.TestCase):
         want = self.serve(TINY, 1, 1, prompts, text=False)
         for pairing in ((2, 1), (1, 2)):
             self.assertEqual(self.serve(TINY, *pairing, prompts, text=False), want, pairing)
+
+    def test_a_lost_prefill_worker_is_routed_around(self):
+        rng = random.Random(6)
+        prompts = [[rng.randrange(701) for _ in range(rng.randint(1, 40))] for _ in range(4)]
+        want = self.serve(TINY, 1, 1, prompts, text=False)
+        got = self.serve(TINY, 1, 1, prompts, text=False, prefill_workers=2,
+                         kill_one_prefill=True)
+        self.assertEqual(got, want)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,133 @@
+#include "services/router/worker_pool.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+namespace cleave::router {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::RegisterRequest worker(const std::string& id, v1::WorkerRole role, uint32_t blocks,
+                           uint32_t target, const std::string& sha = std::string(64, 'a')) {
+  v1::RegisterRequest r;
+  r.set_worker_id(id);
+  r.set_role(role);
+  r.set_tp_size(1);
+  r.add_ranks();
+  r.mutable_model()->set_model_id("m");
+  r.mutable_model()->set_sha256(sha);
+  r.mutable_model()->set_vocab_size(100);
+  r.mutable_model()->set_context_length(4096);
+  v1::KvLayout* kv = r.mutable_kv_layout();
+  kv->set_dtype(v1::KV_DTYPE_F32);
+  kv->set_block_size(16);
+  kv->set_num_layers(2);
+  kv->set_num_kv_heads(2);
+  kv->set_head_dim(8);
+  if (role != v1::WORKER_ROLE_PREFILL) {
+    r.mutable_kv_capacity()->set_total_blocks(blocks);
+    r.mutable_kv_capacity()->set_target_concurrency(target);
+  }
+  r.set_control_address("127.0.0.1:1");  // Never called here.
+  return r;
+}
+
+class WorkerPoolTest : public ::testing::Test {
+ protected:
+  WorkerPool pool_{{.queue_capacity = 2}, [](auto) {}, [](const std::string&) {}};
+  std::chrono::system_clock::time_point soon(int ms = 2000) {
+    return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+  }
+  static bool never() { return false; }
+};
+
+TEST_F(WorkerPoolTest, RefusesIncompleteAndIncompatibleWorkers) {
+  v1::RegisterRequest bad = worker("a", v1::WORKER_ROLE_BOTH, 10, 2);
+  bad.clear_kv_layout();
+  EXPECT_THAT(pool_.add(bad).status().message(), HasSubstr("kv_layout"));
+  ASSERT_TRUE(pool_.add(worker("a", v1::WORKER_ROLE_BOTH, 10, 2)).ok());
+  auto other = pool_.add(worker("b", v1::WORKER_ROLE_DECODE, 10, 2, std::string(64, 'b')));
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(other.status().message(), HasSubstr("fingerprint"));
+  v1::RegisterRequest layout = worker("c", v1::WORKER_ROLE_DECODE, 10, 2);
+  layout.mutable_kv_layout()->set_block_size(32);
+  EXPECT_EQ(pool_.add(layout).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(pool_.summaries().size(), 1u);
+}
+
+TEST_F(WorkerPoolTest, AdmissionHoldsBlocksAndSlotsUntilReleased) {
+  EXPECT_EQ(pool_.admit(1, soon(), never).status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(pool_.add(worker("a", v1::WORKER_ROLE_BOTH, 10, 1)).ok());
+  // Larger than any worker: refused at once, never queued.
+  EXPECT_EQ(pool_.admit(11, soon(), never).status().code(), absl::StatusCode::kInvalidArgument);
+  auto first = pool_.admit(6, soon(), never);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(pool_.reservedBlocks(), 6);
+  // 4 blocks left: a request for 5 waits until its deadline.
+  EXPECT_EQ(pool_.admit(5, soon(50), never).status().code(), absl::StatusCode::kDeadlineExceeded);
+  // One request ahead (target 1 + 1 prefilled ahead): a second small one fits, a third
+  // waits; released blocks let it in.
+  auto second = pool_.admit(2, soon(), never);
+  ASSERT_TRUE(second.ok());
+  std::atomic<bool> admitted{false};
+  std::thread waiter([&] {
+    auto third = pool_.admit(2, soon(), never);
+    EXPECT_TRUE(third.ok());
+    admitted = true;
+    pool_.release(*third);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(admitted);
+  EXPECT_EQ(pool_.queueDepth(), 1);
+  pool_.release(*first);
+  waiter.join();
+  EXPECT_TRUE(admitted);
+  pool_.release(*second);
+  EXPECT_EQ(pool_.reservedBlocks(), 0);
+  EXPECT_EQ(pool_.queueDepth(), 0);
+}
+
+TEST_F(WorkerPoolTest, AFullQueueAndCancellationAreReported) {
+  ASSERT_TRUE(pool_.add(worker("a", v1::WORKER_ROLE_BOTH, 4, 1)).ok());
+  auto held = pool_.admit(4, soon(), never);
+  ASSERT_TRUE(held.ok());
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 2; ++i) {
+    waiters.emplace_back([&] {
+      EXPECT_EQ(pool_.admit(1, soon(5000), [&] { return stop.load(); }).status().code(),
+                absl::StatusCode::kCancelled);
+    });
+  }
+  while (pool_.queueDepth() < 2) std::this_thread::yield();
+  EXPECT_EQ(pool_.admit(1, soon(), never).status().code(), absl::StatusCode::kResourceExhausted);
+  stop = true;
+  for (auto& t : waiters) t.join();
+  pool_.release(*held);
+  EXPECT_EQ(pool_.reservedBlocks(), 0);
+}
+
+TEST_F(WorkerPoolTest, PrefillGoesToTheLeastLoadedPrefillWorker) {
+  ASSERT_TRUE(pool_.add(worker("d", v1::WORKER_ROLE_DECODE, 10, 4)).ok());
+  auto none = pool_.pickPrefill(*pool_.admit(1, soon(), never)->worker, 10);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(pool_.add(worker("p1", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
+  ASSERT_TRUE(pool_.add(worker("p2", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
+  auto admission = pool_.admit(1, soon(), never);
+  auto a = pool_.pickPrefill(*admission->worker, 100);
+  auto b = pool_.pickPrefill(*admission->worker, 10);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->worker->id, b->worker->id);
+  auto c = pool_.pickPrefill(*admission->worker, 10);
+  EXPECT_EQ(c->worker->id, b->worker->id);  // 20 outstanding there, 100 on the other.
+  pool_.releasePrefill(*a);
+  pool_.releasePrefill(*b);
+  pool_.releasePrefill(*c);
+}
+
+}  // namespace
+}  // namespace cleave::router
