@@ -154,6 +154,13 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   reserve.set_num_blocks(static_cast<uint32_t>(blocks));
   reserve.set_prompt_tokens(static_cast<uint32_t>(prompt_tokens));
   reserve.set_max_new_tokens(static_cast<uint32_t>(max_new));
+  // The reservation outlives this router by at most the ttl (until StartDecode) or the
+  // client's deadline.
+  reserve.set_ttl_ms(10 * 60 * 1000);
+  if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    reserve.set_deadline_unix_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch()).count());
+  }
   v1::ReserveResponse reserved;
   grpc::Status status = worker.decode->Reserve(workerContext(deadline).get(), reserve, &reserved);
   if (!status.ok()) return status;

@@ -45,9 +45,44 @@ WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* token
   worker_id_ = options_.worker_id;
   loop_ = std::make_unique<EngineLoop>(model, tokenizer, options_.scheduler,
                                        [this](StepReport& report) { onStep(report); });
+  sweeper_.start([this](std::stop_token stop) {
+    while (sleepFor(stop, std::chrono::milliseconds(100))) sweep();
+  });
 }
 
-WorkerCore::~WorkerCore() { loop_.reset(); }
+WorkerCore::~WorkerCore() {
+  sweeper_.stop();
+  loop_.reset();
+}
+
+void WorkerCore::sweep() {
+  std::vector<std::pair<std::string, std::string>> expired;  // request, why
+  {
+    absl::MutexLock lock(&mu_);
+    const auto now = Clock::now();
+    const auto wall = std::chrono::system_clock::now();
+    for (const auto& [name, r] : requests_) {
+      if (r.router_id.empty()) continue;  // A prefill of this worker's own.
+      if (!r.decoding && now > r.expires) {
+        expired.emplace_back(name, "its reservation was not started within its ttl");
+      } else if (wall > r.deadline) {
+        expired.emplace_back(name, "its deadline passed");
+      } else {
+        auto stream = streams_.find(r.router_id);
+        const bool silent = stream == streams_.end() || !stream->second.open;
+        const auto since =
+            stream == streams_.end() ? Clock::time_point() : stream->second.closed_at;
+        if (r.decoding && silent && now - since > options_.lease_timeout) {
+          expired.emplace_back(name, "its router's token stream stayed closed");
+        }
+      }
+    }
+  }
+  for (const auto& [name, why] : expired) {
+    CLEAVE_LOG(WARNING) << "freeing request " << name << ": " << why;
+    cancel(name);
+  }
+}
 
 void WorkerCore::setWorkerId(std::string id) {
   absl::MutexLock lock(&mu_);
@@ -102,8 +137,20 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
   if (!blocks.ok()) return blocks.status();
   {
     absl::MutexLock lock(&mu_);
-    requests_[r.request_id()] = {.id = id, .router_id = r.router_id()};
+    const auto ttl = r.has_ttl_ms() && r.ttl_ms() > 0 ? std::chrono::milliseconds(r.ttl_ms())
+                                                      : options_.lease_timeout;
+    Request& entry = requests_[r.request_id()];
+    entry.id = id;
+    entry.router_id = r.router_id();
+    entry.expires = Clock::now() + ttl;
+    if (r.deadline_unix_ms() > 0) {
+      entry.deadline =
+          std::chrono::system_clock::time_point(std::chrono::milliseconds(r.deadline_unix_ms()));
+    }
     names_[id] = r.request_id();
+    // A router reserving has a stream or is opening one: its silence counts from now.
+    Stream& stream = streams_[r.router_id()];
+    if (!stream.open) stream.closed_at = Clock::now();
   }
   v1::ReserveResponse response;
   for (int32_t b : *blocks) response.add_block_ids(static_cast<uint32_t>(b));
@@ -264,8 +311,13 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   absl::StatusOr<engine::GenerationRequest> request =
       toEngineRequest(*id, parts, options_.eos_ids, model_.config().max_position_embeddings);
   if (!request.ok()) return request.status();
-  return loop_->call(
+  absl::Status started = loop_->call(
       [&](engine::Scheduler& s) { return s.startDecode(*request, r.first_token_id()); });
+  if (started.ok()) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = requests_.find(r.request_id()); it != requests_.end()) it->second.decoding = true;
+  }
+  return started;
 }
 
 uint32_t WorkerCore::release(const std::string& request_id) {
@@ -347,7 +399,22 @@ grpc::Status WorkerCore::streamTokens(const std::string& router_id, grpc::Server
     absl::MutexLock lock(&mu_);
     me = next_stream_++;
     streams_[router_id].owner = me;
+    streams_[router_id].open = true;
   }
+  // Whichever way the call ends, the router's silence counts from then.
+  struct Closed {
+    WorkerCore* self;
+    std::string router;
+    uint64_t me;
+    ~Closed() {
+      absl::MutexLock lock(&self->mu_);
+      Stream& stream = self->streams_[router];
+      if (stream.owner == me) {
+        stream.open = false;
+        stream.closed_at = Clock::now();
+      }
+    }
+  } closed{this, router_id, me};
   while (!context->IsCancelled()) {
     std::deque<v1::TokenEvents> batch;
     {

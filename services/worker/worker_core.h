@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "cleave/v1/worker.grpc.pb.h"
+#include "common/service_thread.h"
 #include "grpcpp/server_context.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -36,6 +37,10 @@ struct WorkerCoreOptions {
   // Writes prompt KV into other workers' pools (null: this worker prefills only for itself).
   transfer::KvTransport* transport = nullptr;
   std::chrono::milliseconds transfer_timeout{30000};
+  // A reservation not started within this is freed (ReserveRequest.ttl_ms overrides it),
+  // and so are a router's requests once no token stream of that router has been open for
+  // this long (the router is presumed lost).
+  std::chrono::milliseconds lease_timeout{10000};
 };
 
 class WorkerCore {
@@ -62,14 +67,22 @@ class WorkerCore {
   v1::LoadSnapshot load();
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Request {
     uint64_t id = 0;
     std::string router_id;
+    bool decoding = false;                                 // StartDecode was accepted.
+    Clock::time_point expires = Clock::time_point::max();  // Unless decoding by then.
+    std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   };
   struct Stream {
     std::deque<v1::TokenEvents> pending;
     uint64_t owner = 0;  // The call writing it; a newer call takes over.
+    bool open = false;
+    Clock::time_point closed_at = Clock::now();
   };
+  // Frees reservations whose ttl or deadline passed and requests of routers gone silent.
+  void sweep();
   using PrefillResult = absl::StatusOr<engine::TokenEvent>;
 
   void onStep(StepReport& report);  // Engine thread.
@@ -104,7 +117,8 @@ class WorkerCore {
   std::unordered_map<uint64_t, std::string> names_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::promise<PrefillResult>> prefills_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, Stream> streams_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<EngineLoop> loop_;  // Last: its thread calls onStep().
+  std::unique_ptr<EngineLoop> loop_;              // Its thread calls onStep().
+  ServiceThread sweeper_{"reservation-sweeper"};  // Last: it calls into everything above.
 };
 
 }  // namespace cleave::worker

@@ -191,7 +191,8 @@ int run(int argc, char** argv) {
                                  .max_sequences = std::max<int64_t>(options.target_concurrency, 1)},
                    .eos_ids = eos,
                    .layout = kvLayout(config),
-                   .transport = transport.get()});
+                   .transport = transport.get(),
+                   .lease_timeout = std::chrono::milliseconds(options.lease_timeout_ms)});
   DecodeService decode(core);
   PrefillService prefill(core);
   grpc::EnableDefaultHealthCheckService(true);

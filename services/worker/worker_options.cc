@@ -23,6 +23,9 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addInt("planned-seq-len", &planned_seq_len,
                "Typical sequence length (prompt + output) the KV plan must hold");
   flags.addInt("threads", &threads, "CPU threads per rank (0: all cores / tp)");
+  flags.addInt("lease-timeout-ms", &lease_timeout_ms,
+               "Free a reservation not started within this, and a router's sequences once its "
+               "token stream has been closed this long");
 }
 
 absl::StatusOr<Role> parseRole(absl::string_view text) {

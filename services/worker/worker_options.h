@@ -22,6 +22,7 @@ struct WorkerOptions {
   int64_t target_concurrency = 16;
   int64_t planned_seq_len = 2048;
   int64_t threads = 0;
+  int64_t lease_timeout_ms = 10000;
 
   // Binds every option to a flag on `flags`.
   void addFlags(FlagSet& flags);

@@ -51,6 +51,8 @@ def stubs():
     names = {
         "generation_pb2": "cleave.v1.generation_pb2",
         "generation_grpc": "cleave.v1.generation_pb2_grpc",
+        "worker_pb2": "cleave.v1.worker_pb2",
+        "worker_grpc": "cleave.v1.worker_pb2_grpc",
         "health_pb2": "grpc.health.v1.health_pb2",
         "health_grpc": "grpc.health.v1.health_pb2_grpc",
         "reflection_pb2": "grpc.reflection.v1alpha.reflection_pb2",

@@ -1,0 +1,85 @@
+"""A decode worker frees what no router will come back for: a reservation nobody starts
+is freed when its ttl passes, one whose deadline passed is freed, and a decoding sequence
+whose router's token stream stays closed past the lease is freed. Driven over the worker
+protocol directly (the router's side of cleave/v1/worker.proto), with no router running.
+"""
+import os
+import sys
+import time
+import unittest
+
+import grpc
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import cleave_testing as ct  # noqa: E402
+from serving_test import MODEL, metric  # noqa: E402
+
+
+@unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
+class WorkerLifecycleTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.pb = ct.stubs()["worker_pb2"]
+        cls.gen = ct.stubs()["generation_pb2"]
+        cls.worker = ct.Process([ct.binary("cleave-worker"), "--role=both", f"--model={MODEL}",
+                                 "--listen=127.0.0.1:0", "--metrics-port=0",
+                                 "--target-concurrency=2", "--planned-seq-len=2048",
+                                 "--threads=2", "--lease-timeout-ms=500"])
+        cls.channel = grpc.insecure_channel(f"127.0.0.1:{cls.worker.ready['grpc_port']}")
+        cls.decode = ct.stubs()["worker_grpc"].DecodeControlStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        assert cls.worker.stop() == 0
+
+    def reserved(self):
+        return metric(self.worker.ready["metrics_port"], "cleave_worker_kv_blocks_reserved")
+
+    def wait_until_freed(self, seconds):
+        deadline = time.monotonic() + seconds
+        while self.reserved() != 0:
+            self.assertLess(time.monotonic(), deadline, "the reservation was never freed")
+            time.sleep(0.05)
+
+    def reserve(self, request_id, max_new_tokens=20, **kwargs):
+        blocks = (4 + max_new_tokens + 15) // 16
+        return self.decode.Reserve(self.pb.ReserveRequest(
+            request_id=request_id, router_id="test-router", num_blocks=blocks, prompt_tokens=4,
+            max_new_tokens=max_new_tokens, **kwargs), timeout=10)
+
+    def test_an_unstarted_reservation_is_freed_after_its_ttl(self):
+        self.reserve("ttl", ttl_ms=300)
+        self.assertEqual(self.reserved(), 2)
+        self.wait_until_freed(5)
+
+    def test_a_reservation_past_its_deadline_is_freed(self):
+        self.reserve("late", deadline_unix_ms=int(time.time() * 1000) + 300)
+        self.assertEqual(self.reserved(), 2)
+        self.wait_until_freed(5)
+
+    def test_a_sequence_whose_router_went_silent_is_freed(self):
+        # The router never opens its token stream; with a 500 ms lease the worker gives up on
+        # a sequence that would decode for many seconds more.
+        self.reserve("orphan", max_new_tokens=2000, ttl_ms=60000)
+        prefill = ct.stubs()["worker_grpc"].PrefillControlStub(self.channel)
+        done = prefill.Prefill(self.pb.PrefillRequest(
+            request_id="orphan", prompt_token_ids=[1, 2, 3, 4],
+            sampling=self.gen.SamplingParams(temperature=0),
+            stopping=self.gen.StoppingCriteria(max_new_tokens=2000, ignore_eos=True),
+            destination=self.pb.KvDestination(
+                decode_worker_id=f"127.0.0.1:{self.worker.ready['grpc_port']}")), timeout=30)
+        self.decode.StartDecode(self.pb.StartDecodeRequest(
+            request_id="orphan", prompt_token_ids=[1, 2, 3, 4],
+            first_token_id=done.first_token_id,
+            sampling=self.gen.SamplingParams(temperature=0),
+            stopping=self.gen.StoppingCriteria(max_new_tokens=2000, ignore_eos=True)),
+            timeout=10)
+        self.assertGreater(self.reserved(), 0)
+        started = time.monotonic()
+        self.wait_until_freed(8)
+        self.assertLess(time.monotonic() - started, 5)
+
+
+if __name__ == "__main__":
+    unittest.main()
