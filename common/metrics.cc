@@ -71,4 +71,12 @@ MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, int p
 
 MetricsServer::~MetricsServer() = default;
 
+prometheus::Gauge& plainGauge(const std::string& name, const std::string& help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(metricsRegistry()).Add({});
+}
+
+prometheus::Counter& plainCounter(const std::string& name, const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(metricsRegistry()).Add({});
+}
+
 }  // namespace cleave

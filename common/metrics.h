@@ -11,6 +11,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 
 namespace prometheus {
@@ -23,6 +25,10 @@ namespace cleave {
 // build-info metric; it is fixed by the first call.
 prometheus::Registry& metricsRegistry();
 void registerProcessMetrics(const std::string& component);
+
+// An unlabelled gauge / counter `name` in metricsRegistry().
+prometheus::Gauge& plainGauge(const std::string& name, const std::string& help);
+prometheus::Counter& plainCounter(const std::string& name, const std::string& help);
 
 class MetricsServer {
  public:

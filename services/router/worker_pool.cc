@@ -40,10 +40,6 @@ absl::Status checkRegistration(const v1::RegisterRequest& r) {
   return absl::OkStatus();
 }
 
-prometheus::Gauge& gauge(const std::string& name, const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(metricsRegistry()).Add({});
-}
-
 }  // namespace
 
 WorkerPool::WorkerPool(WorkerPoolOptions options,
@@ -52,13 +48,13 @@ WorkerPool::WorkerPool(WorkerPoolOptions options,
     : options_(options),
       on_join_(std::move(on_join)),
       on_leave_(std::move(on_leave)),
-      queue_gauge_(gauge("cleave_router_queue_depth", "Requests waiting for admission")),
-      reserved_gauge_(gauge("cleave_router_reserved_blocks",
-                            "KV blocks reserved for admitted requests on all decode workers")),
-      admitted_gauge_(gauge("cleave_router_admitted_requests",
-                            "Requests holding KV blocks on some decode worker")),
+      queue_gauge_(plainGauge("cleave_router_queue_depth", "Requests waiting for admission")),
+      reserved_gauge_(plainGauge("cleave_router_reserved_blocks",
+                                 "KV blocks reserved for admitted requests on all decode workers")),
+      admitted_gauge_(plainGauge("cleave_router_admitted_requests",
+                                 "Requests holding KV blocks on some decode worker")),
 
-      workers_gauge_(gauge("cleave_router_workers", "Registered workers")) {
+      workers_gauge_(plainGauge("cleave_router_workers", "Registered workers")) {
   expiry_.start([this](std::stop_token stop) { expire(stop); });
 }
 

@@ -14,28 +14,22 @@ namespace {
 
 absl::Status invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
-prometheus::Gauge& gauge(const std::string& name, const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(metricsRegistry()).Add({});
-}
-prometheus::Counter& counter(const std::string& name, const std::string& help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(metricsRegistry()).Add({});
-}
-
 }  // namespace
 
 WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* tokenizer,
                        WorkerCoreOptions options)
     : model_(model),
       options_(std::move(options)),
-      batch_size_(gauge("cleave_worker_batch_sequences",
-                        "Sequences in the last engine step's batch (decoding and prefilling)")),
-      decode_batch_(gauge("cleave_worker_decode_sequences",
-                          "Sequences decoding in the last engine step (the decode batch)")),
-      blocks_free_(gauge("cleave_worker_kv_blocks_free", "KV blocks held by nothing")),
-      blocks_reserved_(gauge("cleave_worker_kv_blocks_reserved",
-                             "KV blocks held by reservations (reserved or decoding)")),
-      steps_(counter("cleave_worker_steps_total", "Engine steps run")),
-      tokens_(counter("cleave_worker_generated_tokens_total", "Tokens sampled")),
+      batch_size_(
+          plainGauge("cleave_worker_batch_sequences",
+                     "Sequences in the last engine step's batch (decoding and prefilling)")),
+      decode_batch_(plainGauge("cleave_worker_decode_sequences",
+                               "Sequences decoding in the last engine step (the decode batch)")),
+      blocks_free_(plainGauge("cleave_worker_kv_blocks_free", "KV blocks held by nothing")),
+      blocks_reserved_(plainGauge("cleave_worker_kv_blocks_reserved",
+                                  "KV blocks held by reservations (reserved or decoding)")),
+      steps_(plainCounter("cleave_worker_steps_total", "Engine steps run")),
+      tokens_(plainCounter("cleave_worker_generated_tokens_total", "Tokens sampled")),
       step_seconds_(prometheus::BuildHistogram()
                         .Name("cleave_worker_step_seconds")
                         .Help("Wall time of one engine step (forward and sampling)")
