@@ -119,20 +119,23 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   }
   const int64_t blocks = (prompt_tokens + max_new + model->block_size - 1) / model->block_size;
 
-  // Admission.
+  // Placement: blocks on a decode worker (admission, Reserve), the prompt prefilled into
+  // them, the sequence started there. Nothing has reached the client yet, so a decode
+  // worker that cannot be reached is passed over and the request placed again.
   const auto deadline = context->deadline();
   const auto cancelled = [context] { return context->IsCancelled(); };
-  absl::StatusOr<Admission> admitted = pool_.admit(blocks, deadline, cancelled);
-  if (!admitted.ok()) return toGrpcStatus(admitted.status());
-  const double queue_wait_ms = msSince(received);
   const std::string id = absl::StrCat(relay_.routerId(), "-", next_request_++);
-  const Worker& worker = *admitted->worker;
-  // Whatever happens next, the worker's reservation and the router's admission end here.
-  struct Cleanup {
+  v1::SamplingParams sampling = request.sampling();
+  if (!sampling.has_seed()) sampling.set_seed(std::random_device{}() * 0x100000001ull);
+  v1::StoppingCriteria stopping = request.stopping();
+  stopping.set_max_new_tokens(static_cast<uint32_t>(max_new));
+  // Whatever happens next, the worker's reservation and the router's admission end with
+  // the placement.
+  struct Placement {
     GenerationService* self;
-    const Admission& admission;
+    Admission admission;
     std::string id;
-    ~Cleanup() {
+    ~Placement() {
       self->relay_.close(id);
       v1::ReleaseRequest release;
       release.set_request_id(id);
@@ -146,58 +149,96 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
       }
       self->pool_.release(admission);
     }
-  } cleanup{this, *admitted, id};
-
-  v1::ReserveRequest reserve;
-  reserve.set_request_id(id);
-  reserve.set_router_id(relay_.routerId());
-  reserve.set_num_blocks(static_cast<uint32_t>(blocks));
-  reserve.set_prompt_tokens(static_cast<uint32_t>(prompt_tokens));
-  reserve.set_max_new_tokens(static_cast<uint32_t>(max_new));
-  // The reservation outlives this router by at most the ttl (until StartDecode) or the
-  // client's deadline.
-  reserve.set_ttl_ms(10 * 60 * 1000);
-  if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
-    reserve.set_deadline_unix_ms(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch()).count());
-  }
-  v1::ReserveResponse reserved;
-  grpc::Status status = worker.decode->Reserve(workerContext(deadline).get(), reserve, &reserved);
-  if (!status.ok()) return status;
-
-  v1::SamplingParams sampling = request.sampling();
-  if (!sampling.has_seed()) sampling.set_seed(std::random_device{}() * 0x100000001ull);
-  v1::StoppingCriteria stopping = request.stopping();
-  stopping.set_max_new_tokens(static_cast<uint32_t>(max_new));
-  v1::PrefillRequest prefill;
-  prefill.set_request_id(id);
-  prefill.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-  *prefill.mutable_sampling() = sampling;
-  *prefill.mutable_stopping() = stopping;
-  if (request.has_logprobs()) prefill.set_logprobs(request.logprobs());
-  v1::KvDestination* destination = prefill.mutable_destination();
-  destination->set_decode_worker_id(worker.id);
-  *destination->mutable_ranks() = worker.info.ranks();
-  *destination->mutable_layout() = worker.info.kv_layout();
-  const int64_t prompt_blocks = (prompt_tokens + model->block_size - 1) / model->block_size;
-  destination->mutable_block_ids()->Add(reserved.block_ids().begin(),
-                                        reserved.block_ids().begin() + prompt_blocks);
-  // A prefill worker that cannot be reached or whose KV transfer fails is skipped; the
-  // next one writes the same blocks again.
+  };
+  std::unique_ptr<Placement> placed;
+  std::shared_ptr<Mailbox> mailbox;
   v1::PrefillResponse prefilled;
-  std::vector<std::string> failed;
+  double queue_wait_ms = 0;
+  grpc::Status status;
+  std::vector<std::string> lost;  // Decode workers this request could not reach.
+  auto passOver = [&](const Worker& worker) {
+    CLEAVE_LOG(WARNING) << "decode worker " << worker.id << " unreachable for " << id << " ("
+                        << status.error_message() << "); placing the request again";
+    lost.push_back(worker.id);
+    placed.reset();
+  };
   while (true) {
-    absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, prompt_tokens, failed);
-    if (!prefiller.ok()) return failed.empty() ? toGrpcStatus(prefiller.status()) : status;
-    status =
-        prefiller->worker->prefill->Prefill(workerContext(deadline).get(), prefill, &prefilled);
-    pool_.releasePrefill(*prefiller);
-    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    CLEAVE_LOG(WARNING) << "prefill of " << id << " on " << prefiller->worker->id << " failed ("
-                        << status.error_message() << "); trying another worker";
-    failed.push_back(prefiller->worker->id);
+    absl::StatusOr<Admission> admitted = pool_.admit(blocks, deadline, cancelled, lost);
+    if (!admitted.ok()) return lost.empty() ? toGrpcStatus(admitted.status()) : status;
+    queue_wait_ms = msSince(received);
+    placed.reset(new Placement{this, *admitted, id});
+    const Worker& worker = *placed->admission.worker;
+
+    v1::ReserveRequest reserve;
+    reserve.set_request_id(id);
+    reserve.set_router_id(relay_.routerId());
+    reserve.set_num_blocks(static_cast<uint32_t>(blocks));
+    reserve.set_prompt_tokens(static_cast<uint32_t>(prompt_tokens));
+    reserve.set_max_new_tokens(static_cast<uint32_t>(max_new));
+    // The reservation outlives this router by at most the ttl (until StartDecode) or the
+    // client's deadline.
+    reserve.set_ttl_ms(10 * 60 * 1000);
+    if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+      reserve.set_deadline_unix_ms(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch())
+              .count());
+    }
+    v1::ReserveResponse reserved;
+    status = worker.decode->Reserve(workerContext(deadline).get(), reserve, &reserved);
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      passOver(worker);
+      continue;
+    }
+    if (!status.ok()) return status;
+
+    v1::PrefillRequest prefill;
+    prefill.set_request_id(id);
+    prefill.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+    *prefill.mutable_sampling() = sampling;
+    *prefill.mutable_stopping() = stopping;
+    if (request.has_logprobs()) prefill.set_logprobs(request.logprobs());
+    v1::KvDestination* destination = prefill.mutable_destination();
+    destination->set_decode_worker_id(worker.id);
+    *destination->mutable_ranks() = worker.info.ranks();
+    *destination->mutable_layout() = worker.info.kv_layout();
+    const int64_t prompt_blocks = (prompt_tokens + model->block_size - 1) / model->block_size;
+    destination->mutable_block_ids()->Add(reserved.block_ids().begin(),
+                                          reserved.block_ids().begin() + prompt_blocks);
+    // A prefill worker that cannot be reached or whose KV transfer fails is skipped; the
+    // next one writes the same blocks again.
+    std::vector<std::string> failed;
+    while (true) {
+      absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, prompt_tokens, failed);
+      if (!prefiller.ok()) return failed.empty() ? toGrpcStatus(prefiller.status()) : status;
+      status =
+          prefiller->worker->prefill->Prefill(workerContext(deadline).get(), prefill, &prefilled);
+      pool_.releasePrefill(*prefiller);
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      CLEAVE_LOG(WARNING) << "prefill of " << id << " on " << prefiller->worker->id << " failed ("
+                          << status.error_message() << "); trying another worker";
+      failed.push_back(prefiller->worker->id);
+    }
+    if (!status.ok()) return status;
+    if (prefilled.has_finish_reason()) break;  // The first token ends it: nothing to decode.
+
+    mailbox = relay_.open(id, worker.id);
+    v1::StartDecodeRequest start;
+    start.set_request_id(id);
+    start.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+    start.set_first_token_id(prefilled.first_token_id());
+    *start.mutable_sampling() = sampling;
+    *start.mutable_stopping() = stopping;
+    if (request.has_logprobs()) start.set_logprobs(request.logprobs());
+    v1::StartDecodeResponse started;
+    status = worker.decode->StartDecode(workerContext(deadline).get(), start, &started);
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      passOver(worker);
+      continue;
+    }
+    if (!status.ok()) return status;
+    break;
   }
-  if (!status.ok()) return status;
+  const Worker& worker = *placed->admission.worker;
 
   // The first message: ids, the first token.
   TextStream text(tokenizer_.get(), request.stopping());
@@ -234,17 +275,6 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   if (!writer->Write(first)) return error(grpc::StatusCode::CANCELLED, "the client went away");
 
   // Decode: the rest arrives on the worker's token stream.
-  std::shared_ptr<Mailbox> mailbox = relay_.open(id, worker.id);
-  v1::StartDecodeRequest start;
-  start.set_request_id(id);
-  start.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-  start.set_first_token_id(prefilled.first_token_id());
-  *start.mutable_sampling() = sampling;
-  *start.mutable_stopping() = stopping;
-  if (request.has_logprobs()) start.set_logprobs(request.logprobs());
-  v1::StartDecodeResponse started;
-  status = worker.decode->StartDecode(workerContext(deadline).get(), start, &started);
-  if (!status.ok()) return status;
   while (true) {
     std::optional<absl::StatusOr<v1::SequenceEvent>> next =
         mailbox->next(std::chrono::milliseconds(50));

@@ -151,12 +151,13 @@ std::optional<WorkerPool::ModelView> WorkerPool::model() const {
                    .block_size = info.kv_layout().block_size()};
 }
 
-WorkerPool::Entry* WorkerPool::pick(int64_t blocks) {
+WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::string>& exclude) {
   Entry* best = nullptr;
   double best_load = 0;
   for (auto& [id, entry] : workers_) {
     const Worker& w = *entry.worker;
     if (!w.servesDecode()) continue;
+    if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
     const v1::KvCapacity& cap = w.info.kv_capacity();
     // A full batch may be prefilled ahead: when a whole batch finishes at once (requests of
     // one length), the next one is ready to decode.
@@ -170,12 +171,14 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks) {
 
 absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
                                             std::chrono::system_clock::time_point deadline,
-                                            const std::function<bool()>& cancelled) {
+                                            const std::function<bool()>& cancelled,
+                                            const std::vector<std::string>& exclude) {
   absl::MutexLock lock(&mu_);
   int64_t largest = 0;
   bool any = false;
   for (const auto& [id, entry] : workers_) {
     if (!entry.worker->servesDecode()) continue;
+    if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
     any = true;
     largest = std::max<int64_t>(largest, entry.worker->info.kv_capacity().total_blocks());
   }
@@ -202,7 +205,7 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
   absl::Status why;
   const bool admitted = waitUntil(
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return queue_.front() == ticket && (chosen = pick(blocks)) != nullptr;
+        return queue_.front() == ticket && (chosen = pick(blocks, exclude)) != nullptr;
       },
       deadline, cancelled, why);
   queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));

@@ -93,8 +93,10 @@ class WorkerPool {
   // Waits for a decode worker that can hold `blocks` blocks. Errors: Unavailable (no
   // decode worker), InvalidArgument (no worker could ever hold it), ResourceExhausted (the
   // queue is full), DeadlineExceeded, Cancelled (`cancelled` became true).
+  // Workers named in `exclude` (found unreachable by this request) are passed over.
   absl::StatusOr<Admission> admit(int64_t blocks, std::chrono::system_clock::time_point deadline,
-                                  const std::function<bool()>& cancelled);
+                                  const std::function<bool()>& cancelled,
+                                  const std::vector<std::string>& exclude = {});
   void release(const Admission& admission);
 
   // The worker to prefill `tokens` prompt tokens for `decode`: the prefill worker with the
@@ -119,7 +121,8 @@ class WorkerPool {
     int64_t prefill_tokens = 0;  // Prompt tokens being prefilled here.
   };
   // The decode worker to admit `blocks` on now, if any.
-  Entry* pick(int64_t blocks) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Entry* pick(int64_t blocks, const std::vector<std::string>& exclude)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (under mu_) until `ready` or the deadline or cancellation; false with `why` set
   // when it gave up.
   bool waitUntil(const std::function<bool()>& ready, std::chrono::system_clock::time_point deadline,

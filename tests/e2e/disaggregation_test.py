@@ -42,10 +42,10 @@ def offline(prompt, max_tokens):
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
 class DisaggregationTest(unittest.TestCase):
     def serve(self, model, prefill_tp, decode_tp, prompts, text, prefill_workers=1,
-              kill_one_prefill=False):
+              decode_workers=1, kill=None):
         """Token ids of greedy generations of `prompts` through router + prefill + decode;
-        with kill_one_prefill, the first prefill worker is killed (SIGKILL) before any
-        request: the router must route around it."""
+        with kill="prefill" or "decode", the first worker of that role is killed (SIGKILL)
+        after registering and before any request: the router must route around it."""
         pb = ct.stubs()["generation_pb2"]
         router_args = [ct.binary("cleave-router"), "--listen=127.0.0.1:0", "--metrics-port=0"]
         router = ct.Process(router_args + ([f"--model={model}"] if text else []))
@@ -55,8 +55,9 @@ class DisaggregationTest(unittest.TestCase):
                   "--threads=1"]
         workers = [ct.Process([ct.binary("cleave-worker"), "--role=prefill", f"--tp={prefill_tp}",
                                *common]) for _ in range(prefill_workers)]
-        workers.append(ct.Process([ct.binary("cleave-worker"), "--role=decode",
-                                   f"--tp={decode_tp}", *common]))
+        workers += [ct.Process([ct.binary("cleave-worker"), "--role=decode", f"--tp={decode_tp}",
+                                *common]) for _ in range(decode_workers)]
+        victim = {"prefill": 0, "decode": prefill_workers}.get(kill)
         channel = grpc.insecure_channel(address)
         try:
             stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
@@ -65,9 +66,9 @@ class DisaggregationTest(unittest.TestCase):
                    < len(workers)):
                 self.assertLess(time.monotonic(), deadline, "workers did not register")
                 time.sleep(0.05)
-            if kill_one_prefill:
-                workers[0].proc.kill()
-                workers[0].proc.wait()
+            if victim is not None:
+                workers[victim].proc.kill()
+                workers[victim].proc.wait()
 
             def generate(prompt):
                 request = pb.GenerateRequest(sampling=pb.SamplingParams(temperature=0),
@@ -99,9 +100,7 @@ class DisaggregationTest(unittest.TestCase):
             return results
         finally:
             channel.close()
-            codes = [w.stop() for w in workers] + [router.stop()]
-            if kill_one_prefill:
-                codes = codes[1:]
+            codes = [w.stop() for i, w in enumerate(workers) if i != victim] + [router.stop()]
             self.assertEqual(codes, [0] * len(codes))
 
     def test_smollm2_greedy_matches_the_offline_engine(self):
@@ -128,8 +127,14 @@ class DisaggregationTest(unittest.TestCase):
         rng = random.Random(6)
         prompts = [[rng.randrange(701) for _ in range(rng.randint(1, 40))] for _ in range(4)]
         want = self.serve(TINY, 1, 1, prompts, text=False)
-        got = self.serve(TINY, 1, 1, prompts, text=False, prefill_workers=2,
-                         kill_one_prefill=True)
+        got = self.serve(TINY, 1, 1, prompts, text=False, prefill_workers=2, kill="prefill")
+        self.assertEqual(got, want)
+
+    def test_a_lost_decode_worker_is_routed_around(self):
+        rng = random.Random(7)
+        prompts = [[rng.randrange(701) for _ in range(rng.randint(1, 40))] for _ in range(4)]
+        want = self.serve(TINY, 1, 1, prompts, text=False)
+        got = self.serve(TINY, 1, 1, prompts, text=False, decode_workers=2, kill="decode")
         self.assertEqual(got, want)
 
 

@@ -61,6 +61,18 @@ class BinariesCliTest(unittest.TestCase):
         self.assert_usage_error([ct.binary("cleave-worker"), "--role=router", "--model=/"],
                                 "--role must be prefill, decode or both")
 
+    def test_a_worker_whose_kv_cannot_hold_its_target_refuses_to_start(self):
+        model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if not os.path.exists(model):
+            self.skipTest(f"{model} missing; run scripts/install-deps.sh")
+        code, _, err = ct.run([ct.binary("cleave-worker"), "--role=decode", f"--model={model}",
+                               "--target-concurrency=64", "--planned-seq-len=2048",
+                               "--memory-budget=200MiB", "--threads=1"])
+        self.assertEqual(code, 1)
+        for words in ("64 sequences of 2048 tokens need 5760.0 MiB of KV",
+                      "after weights (", "workspace (", "Raise --memory-budget to at least"):
+            self.assertIn(words, err)
+
     def test_worker_names_the_file_it_cannot_load(self):
         with tempfile.NamedTemporaryFile(suffix=".gguf") as model:
             code, _, err = ct.run([ct.binary("cleave-worker"), f"--model={model.name}"])
