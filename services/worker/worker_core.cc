@@ -331,7 +331,7 @@ bool WorkerCore::cancel(const std::string& request_id) {
   absl::MutexLock lock(&mu_);
   abortPrefill(*id, absl::AbortedError("the request was cancelled"));
   auto it = requests_.find(request_id);
-  if (found && it != requests_.end()) {
+  if (found && it != requests_.end() && !it->second.router_id.empty()) {
     // The sequence's last event says it was cancelled.
     v1::TokenEvents message;
     v1::SequenceEvent* event = message.add_events();
