@@ -2,12 +2,20 @@
 
 #include <vector>
 
+#include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/vector_ops.h"
 
 namespace cleave::cpu {
 
 void attention(const AttentionArgs& a, ThreadPool& pool) {
+  if (bestIsa() == Isa::kAvx512 && a.head_dim % 16 == 0 && a.head_dim <= 256) {
+    pool.run(a.tokens * a.kv_heads, [&](int64_t task) {
+      kernels::attentionGroupAvx512(a, task / a.kv_heads, task % a.kv_heads);
+    });
+    return;
+  }
   const int64_t group = a.heads / a.kv_heads;
   const int64_t head_block = a.block_size * a.head_dim;  // One head's part of a block.
   pool.run(a.tokens * a.heads, [&](int64_t task) {

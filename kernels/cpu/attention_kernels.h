@@ -1,0 +1,15 @@
+// The SIMD attention kernels behind attention() (attention.h). Internal to
+// cleave_kernels_cpu.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/attention.h"
+
+namespace cleave::cpu::kernels {
+
+// Attention of token `t`'s query heads that read KV head `kvh`, all at once.
+// Requires head_dim a multiple of 16, at most 256.
+void attentionGroupAvx512(const AttentionArgs& args, int64_t t, int64_t kvh);
+
+}  // namespace cleave::cpu::kernels
