@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/simd_peak.h"
+#include "kernels/cpu/machine_peaks.h"
 #include "kernels/cpu/thread_pool.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/tp_group.h"
@@ -35,24 +35,6 @@ using Clock = std::chrono::steady_clock;
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-// Read bandwidth in bytes/s: sum a 1 GiB buffer with every thread of the pool.
-double measureBandwidth(cpu::ThreadPool& pool, int reps) {
-  std::vector<uint64_t> buffer(size_t{1} << 27, 1);
-  std::vector<double> rates;
-  for (int r = 0; r < reps; ++r) {
-    std::vector<uint64_t> partial(pool.size() * 8);
-    auto start = Clock::now();
-    pool.parallelFor(static_cast<int64_t>(buffer.size()), 4096, [&](int64_t b, int64_t e) {
-      partial[(b * pool.size() / buffer.size()) * 8] +=
-          std::accumulate(buffer.begin() + b, buffer.begin() + e, uint64_t{0});
-    });
-    double s = std::chrono::duration<double>(Clock::now() - start).count();
-    if (std::accumulate(partial.begin(), partial.end(), uint64_t{0}) != buffer.size()) std::abort();
-    rates.push_back(buffer.size() * 8.0 / s);
-  }
-  return median(rates);
 }
 
 }  // namespace
@@ -82,9 +64,9 @@ int main(int argc, char** argv) {
   double bandwidth = 0, int8_peak = 0, f32_peak = 0;
   {
     cpu::ThreadPool pool(threads);
-    bandwidth = measureBandwidth(pool, reps);
-    int8_peak = bench::int8PeakOps(pool);
-    f32_peak = bench::f32PeakFlops(pool);
+    bandwidth = cpu::readBandwidth(pool, reps);
+    int8_peak = cpu::int8PeakOps(pool);
+    f32_peak = cpu::f32PeakFlops(pool);
   }
   // Multiply-adds per token of the linear layers (every token) and the lm-head (the last
   // token of each sequence), and of attention per token per position attended.

@@ -20,6 +20,7 @@ constexpr Command kCommands[] = {
     {"generate", "Generate text from a prompt (on this CPU, or through --router)",
      cleave::cli::runGenerate},
     {"up", "Start a router and workers on this machine and run until Ctrl-C", cleave::cli::runUp},
+    {"roofline", "The floor of a step on given hardware, term by term", cleave::cli::runRoofline},
     {"bench-serving", "Stream a chat workload through a router; latency and throughput",
      cleave::cli::runBenchServing},
     {"inspect", "Show a model file's architecture, tensors and weight bytes",

@@ -11,5 +11,6 @@ int runTokenize(int argc, char** argv);
 int runDetokenize(int argc, char** argv);
 int runBenchServing(int argc, char** argv);
 int runUp(int argc, char** argv);
+int runRoofline(int argc, char** argv);
 
 }  // namespace cleave::cli

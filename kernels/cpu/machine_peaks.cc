@@ -1,15 +1,17 @@
-#include "bench/simd_peak.h"
+#include "kernels/cpu/machine_peaks.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <numeric>
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
 
-namespace cleave::bench {
+namespace cleave::cpu {
 namespace {
 
 constexpr int64_t kIterations = 1 << 22;
@@ -55,7 +57,7 @@ __attribute__((target("avx2,fma"))) float fmaLoop256(int64_t iterations) {
 
 // Runs `loop` on every thread of the pool at once; ops = per-iteration ops of one thread.
 // The best of three runs: a thread the OS did not schedule at once only makes a run slower.
-double measure(cpu::ThreadPool& pool, float (*loop)(int64_t), double ops_per_iteration) {
+double measure(ThreadPool& pool, float (*loop)(int64_t), double ops_per_iteration) {
   std::atomic<float> sink{0};
   loop(kIterations / 16);  // Wake the units up.
   double best = 0;
@@ -71,14 +73,32 @@ double measure(cpu::ThreadPool& pool, float (*loop)(int64_t), double ops_per_ite
 
 }  // namespace
 
-double int8PeakOps(cpu::ThreadPool& pool) {
-  if (!cpu::cpuFeatures().avx512vnni) return 0;
+double int8PeakOps(ThreadPool& pool) {
+  if (!cpuFeatures().avx512vnni) return 0;
   return measure(pool, vnniLoop, 12 * 64 * 2.0);
 }
 
-double f32PeakFlops(cpu::ThreadPool& pool) {
-  if (cpu::cpuFeatures().avx512f) return measure(pool, fmaLoop512, 12 * 16 * 2.0);
+double f32PeakFlops(ThreadPool& pool) {
+  if (cpuFeatures().avx512f) return measure(pool, fmaLoop512, 12 * 16 * 2.0);
   return measure(pool, fmaLoop256, 12 * 8 * 2.0);
 }
 
-}  // namespace cleave::bench
+double readBandwidth(ThreadPool& pool, int reps) {
+  std::vector<uint64_t> buffer(size_t{1} << 27, 1);
+  std::vector<double> rates;
+  for (int r = 0; r < std::max(reps, 1); ++r) {
+    std::vector<uint64_t> partial(pool.size() * 8);
+    auto start = std::chrono::steady_clock::now();
+    pool.parallelFor(static_cast<int64_t>(buffer.size()), 4096, [&](int64_t b, int64_t e) {
+      partial[(b * pool.size() / buffer.size()) * 8] +=
+          std::accumulate(buffer.begin() + b, buffer.begin() + e, uint64_t{0});
+    });
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (std::accumulate(partial.begin(), partial.end(), uint64_t{0}) != buffer.size()) std::abort();
+    rates.push_back(buffer.size() * 8.0 / s);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+}  // namespace cleave::cpu

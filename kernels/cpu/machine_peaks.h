@@ -1,0 +1,18 @@
+// What this machine can do with a pool's threads, measured on the spot: read bandwidth
+// (summing a buffer far larger than the caches) and the arithmetic peak of the SIMD units
+// (register-only loops). The two sides of a CPU step's floor.
+#pragma once
+
+#include "kernels/cpu/thread_pool.h"
+
+namespace cleave::cpu {
+
+// int8 multiply-adds as the quantized matmuls issue them (AVX-512 VNNI VPDPBUSD), in
+// operations per second (a multiply-add is two). 0 when the CPU has no AVX-512 VNNI.
+double int8PeakOps(ThreadPool& pool);
+// float32 fused multiply-adds (AVX-512, else AVX2), in FLOP/s.
+double f32PeakFlops(ThreadPool& pool);
+// Read bandwidth in bytes/s: the median of `reps` sums of a 1 GiB buffer by every thread.
+double readBandwidth(ThreadPool& pool, int reps);
+
+}  // namespace cleave::cpu

@@ -1,0 +1,76 @@
+// The physical floor of a forward step (../../docs/roofline.md, ARCHITECTURE §7): the
+// larger of the bytes it must read over memory bandwidth and its FLOPs over the peak, plus
+// the time of its tensor-parallel collectives. `cleave roofline` prints it term by term;
+// workers compute it for every step they run and export measured time next to it.
+//
+// Per rank, a step reads the weights it touches in their stored format — for an MoE layer
+// the expected number of distinct experts a batch of B tokens routes to,
+// E x (1 - (1 - k/E)^B), not k — plus every attended position's KV; it computes
+// 2 x parameters touched x tokens plus attention (2 x positions x heads x (qk + v dims)
+// per layer, each token over every position it attends); its activations pass through
+// memory once per layer (the residual stream read and written in 16 bits); and it
+// all-reduces twice per layer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+
+namespace cleave::roofline {
+
+// What one rank (one GPU, or this CPU) can do.
+struct Hardware {
+  std::string name;
+  double bandwidth = 0;        // Memory, bytes/s.
+  double peak_flops = 0;       // For the weights' products, FLOP/s.
+  double attention_flops = 0;  // For attention (bf16 on GPUs, f32 on CPUs), FLOP/s.
+  double link_bandwidth = 0;   // Between ranks, one way, bytes/s (0: one rank only).
+  double link_latency = 0;     // Of one small all-reduce, s.
+};
+
+// The built-in GPU profiles (../../../shared/PERF.md); `dtype` ("bf16", "fp8", "fp4")
+// picks the product peak. NotFound lists the names.
+absl::StatusOr<Hardware> builtinHardware(const std::string& name, const std::string& dtype);
+std::vector<std::string> builtinHardwareNames();
+
+struct Workload {
+  int tp = 1;
+  int64_t sequences = 1;        // In the step.
+  int64_t new_tokens = 1;       // Tokens computed (decode: one per sequence).
+  int64_t attended = 0;         // Positions attended, summed over the new tokens (FLOPs).
+  int64_t kv_positions = 0;     // Distinct positions whose KV the step reads (bytes).
+  double bytes_per_weight = 2;  // Stored format (0.5625 for NVFP4 with scales, ...).
+  double bytes_per_kv = 2;      // Per KV element.
+};
+
+// A decode step of `sequences` sequences with `context` positions each.
+Workload decodeStep(int64_t sequences, int64_t context);
+// A prefill chunk of `tokens` new tokens after `context` cached ones.
+Workload prefillChunk(int64_t tokens, int64_t context);
+
+struct Terms {
+  double weight_bytes = 0;  // Per rank.
+  double kv_bytes = 0;
+  double activation_bytes = 0;
+  double linear_flops = 0;
+  double attention_flops = 0;
+  double expected_experts = 0;  // Per MoE layer, over all ranks.
+  double memory_seconds = 0;
+  double compute_seconds = 0;
+  double collective_seconds = 0;
+  double floor_seconds = 0;  // max(memory, compute) + collectives.
+};
+
+// Distinct experts a batch of `tokens` tokens, each routed to k of E, touches on average.
+double expectedDistinctExperts(int64_t experts, int64_t k, int64_t tokens);
+
+absl::StatusOr<Terms> stepFloor(const model::ModelConfig& config, const Hardware& hardware,
+                                const Workload& workload);
+
+// The terms as a table, with tokens/s at the floor.
+std::string formatTerms(const Terms& terms, const Workload& workload);
+
+}  // namespace cleave::roofline

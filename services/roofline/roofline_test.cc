@@ -1,0 +1,91 @@
+#include "services/roofline/roofline.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace cleave::roofline {
+namespace {
+
+model::ModelConfig tinyDense() {
+  model::ModelConfig c;
+  c.hidden_size = 64;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.intermediate_size = 128;
+  c.num_layers = 2;
+  c.vocab_size = 100;
+  return c;
+}
+
+const Hardware kUnit{.name = "unit",
+                     .bandwidth = 1e9,
+                     .peak_flops = 1e9,
+                     .attention_flops = 1e9,
+                     .link_bandwidth = 1e9,
+                     .link_latency = 1e-6};
+
+TEST(RooflineTest, ExpectedExpertsFollowTheFormula) {
+  // PERF.md: B = 16, k = 8, E = 256 touches ~102 experts.
+  EXPECT_NEAR(expectedDistinctExperts(256, 8, 16), 101.96, 0.01);
+  EXPECT_NEAR(expectedDistinctExperts(256, 8, 1), 8.0, 1e-9);
+  EXPECT_NEAR(expectedDistinctExperts(8, 2, 1000), 8.0, 1e-9);
+}
+
+// Computed by hand: per layer attention 64 x (2 x 64 + 2 x 32) = 12288 parameters, MLP
+// 3 x 64 x 128 = 24576; two layers and a 100 x 64 lm-head read 80128 parameters.
+TEST(RooflineTest, ADenseDecodeStepByHand) {
+  auto t = stepFloor(tinyDense(), kUnit, decodeStep(1, 10));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_DOUBLE_EQ(t->weight_bytes, 80128 * 2);
+  EXPECT_DOUBLE_EQ(t->kv_bytes, 10 * 2 * 64 * 2);         // positions x layers x 2kvh.hd x bytes
+  EXPECT_DOUBLE_EQ(t->activation_bytes, 64 * 2 * 2 * 2);  // hidden x 16 bits x 2 x layers
+  EXPECT_DOUBLE_EQ(t->linear_flops, 2 * 73728 + 2 * 6400);
+  EXPECT_DOUBLE_EQ(t->attention_flops, 2 * 10 * 4 * 32 * 2);
+  EXPECT_DOUBLE_EQ(t->memory_seconds, (160256 + 2560 + 512) / 1e9);
+  EXPECT_DOUBLE_EQ(t->compute_seconds, (160256 + 5120) / 1e9);
+  EXPECT_DOUBLE_EQ(t->collective_seconds, 0);
+  EXPECT_DOUBLE_EQ(t->floor_seconds, t->compute_seconds);
+
+  Workload two = decodeStep(1, 10);
+  two.tp = 2;
+  auto split = stepFloor(tinyDense(), kUnit, two);
+  ASSERT_TRUE(split.ok());
+  EXPECT_DOUBLE_EQ(split->weight_bytes, 80128);
+  EXPECT_DOUBLE_EQ(split->kv_bytes, 1280);
+  // Two all-reduces per layer of 64 x 2 bytes: 1 us + 2 x (1/2) x 128 B / 1 GB/s each.
+  EXPECT_NEAR(split->collective_seconds, 4 * (1e-6 + 128e-9), 1e-15);
+}
+
+TEST(RooflineTest, MoeLayersReadTheExpectedExperts) {
+  model::ModelConfig c = tinyDense();
+  c.moe =
+      model::MoeConfig{.num_experts = 16, .experts_per_token = 2, .expert_intermediate_size = 32};
+  c.moe->first_k_dense = 1;  // Layer 0 dense, layer 1 MoE.
+  auto one = stepFloor(c, kUnit, decodeStep(1, 0));
+  auto many = stepFloor(c, kUnit, decodeStep(64, 0));
+  ASSERT_TRUE(one.ok() && many.ok());
+  const double expert = 3 * 64 * 32, router = 64 * 16;
+  const double base = 2 * 12288 + 24576 + 6400 + router;
+  EXPECT_DOUBLE_EQ(one->weight_bytes, (base + 2 * expert) * 2);
+  EXPECT_NEAR(many->weight_bytes, (base + expectedDistinctExperts(16, 2, 64) * expert) * 2, 1e-6);
+  EXPECT_GT(many->expected_experts, 15.9);
+}
+
+TEST(RooflineTest, PrefillAttendsTheTriangle) {
+  const Workload w = prefillChunk(4, 10);
+  EXPECT_EQ(w.attended, 11 + 12 + 13 + 14);  // FLOPs: each token over its positions.
+  EXPECT_EQ(w.kv_positions, 14);             // Bytes: each position read once.
+  EXPECT_EQ(w.new_tokens, 4);
+}
+
+TEST(RooflineTest, UnknownHardwareListsTheKnownOnes) {
+  auto hw = builtinHardware("tpu", "bf16");
+  EXPECT_EQ(hw.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(hw.status().message(), ::testing::HasSubstr("rtx-pro-6000"));
+  EXPECT_TRUE(builtinHardware("h200", "fp8").ok());
+  EXPECT_FALSE(builtinHardware("h200", "int3").ok());
+}
+
+}  // namespace
+}  // namespace cleave::roofline
