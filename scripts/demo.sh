@@ -72,10 +72,17 @@ def show(port, prefixes):
     for line in body.splitlines():
         if line.startswith(prefixes):
             print("  " + line)
+    return body
 show(sys.argv[1], ("cleave_router_requests_total", "cleave_router_reserved_blocks",
                    "cleave_router_workers"))
-show(sys.argv[2], ("cleave_worker_steps_total", "cleave_worker_generated_tokens_total",
-                   "cleave_worker_kv_blocks_free", "cleave_worker_kv_blocks_reserved"))
+body = show(sys.argv[2], ("cleave_worker_steps_total", "cleave_worker_generated_tokens_total",
+                          "cleave_worker_kv_blocks_free", "cleave_worker_kv_blocks_reserved",
+                          "cleave_worker_step_seconds_total",
+                          "cleave_worker_step_floor_seconds_total"))
+values = dict(line.rsplit(" ", 1) for line in body.splitlines() if line and line[0] != "#")
+floor = float(values["cleave_worker_step_floor_seconds_total"])
+spent = float(values["cleave_worker_step_seconds_total"])
+print(f"  decode worker efficiency (roofline floor / measured step time): {floor / spent:.2f}")
 PY
 
 echo

@@ -83,8 +83,8 @@ double f32PeakFlops(ThreadPool& pool) {
   return measure(pool, fmaLoop256, 12 * 8 * 2.0);
 }
 
-double readBandwidth(ThreadPool& pool, int reps) {
-  std::vector<uint64_t> buffer(size_t{1} << 27, 1);
+double readBandwidth(ThreadPool& pool, int reps, int64_t bytes) {
+  std::vector<uint64_t> buffer(static_cast<size_t>(bytes / 8), 1);
   std::vector<double> rates;
   for (int r = 0; r < std::max(reps, 1); ++r) {
     std::vector<uint64_t> partial(pool.size() * 8);

@@ -287,6 +287,13 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   }
   last_batch_sequences_ = static_cast<int64_t>(batch.size());
   last_decode_sequences_ = decodingSequences();
+  last_work_ = {};
+  for (const SequenceChunk& chunk : batch) {
+    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+    last_work_.tokens += n;
+    last_work_.attended += n * chunk.start + n * (n + 1) / 2;  // Token i sees start + i + 1.
+    last_work_.kv_positions += chunk.start + n;
+  }
   CLEAVE_ASSIGN_OR_RETURN(std::span<const float> logits, model_.forward(batch));
   const int64_t vocab = model_.config().vocab_size;
   for (size_t i = 0; i < members.size(); ++i) {

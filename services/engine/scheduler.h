@@ -104,6 +104,14 @@ class Scheduler {
   // The last step's batch: sequences in it, and of those the ones decoding.
   int64_t lastBatchSequences() const { return last_batch_sequences_; }
   int64_t lastDecodeSequences() const { return last_decode_sequences_; }
+  // The last step's work, for its roofline: tokens computed, positions they attended
+  // (summed over tokens), and distinct positions whose KV it read.
+  struct StepWork {
+    int64_t tokens = 0;
+    int64_t attended = 0;
+    int64_t kv_positions = 0;
+  };
+  const StepWork& lastStepWork() const { return last_work_; }
   int64_t waitingRequests() const { return static_cast<int64_t>(waiting_.size() + ready_.size()); }
   const KvBlockPool& cache() const { return cache_; }
   // Prompt tokens whose KV came from the prefix cache instead of being computed.
@@ -151,6 +159,7 @@ class Scheduler {
   int64_t prefix_hit_tokens_ = 0;
   int64_t last_batch_sequences_ = 0;
   int64_t last_decode_sequences_ = 0;
+  StepWork last_work_;
 };
 
 }  // namespace cleave::engine

@@ -148,7 +148,7 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
   }
   const double lm_head = static_cast<double>(c.vocab_size) * h;
   read += lm_head;
-  t.weight_bytes = read * w.bytes_per_weight / tp;
+  t.weight_bytes = w.weight_bytes > 0 ? w.weight_bytes : read * w.bytes_per_weight / tp;
   // MLA's latent is shared by all heads, so every rank keeps all of it.
   const double kv_share = c.mla ? 1.0 : 1.0 / std::min<double>(tp, c.num_kv_heads);
   t.kv_bytes = double(w.kv_positions) * c.num_layers * kvElements(c) * w.bytes_per_kv * kv_share;

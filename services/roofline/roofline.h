@@ -43,7 +43,10 @@ struct Workload {
   int64_t attended = 0;         // Positions attended, summed over the new tokens (FLOPs).
   int64_t kv_positions = 0;     // Distinct positions whose KV the step reads (bytes).
   double bytes_per_weight = 2;  // Stored format (0.5625 for NVFP4 with scales, ...).
-  double bytes_per_kv = 2;      // Per KV element.
+  // When > 0, the weight bytes a rank reads, known exactly (a loaded dense model), instead
+  // of parameters x bytes_per_weight.
+  double weight_bytes = 0;
+  double bytes_per_kv = 2;  // Per KV element.
 };
 
 // A decode step of `sequences` sequences with `context` positions each.

@@ -62,6 +62,7 @@ void EngineLoop::run() {
     report.events = std::move(*events);
     report.batch_size = scheduler_.lastBatchSequences();
     report.decode_batch = scheduler_.lastDecodeSequences();
+    report.work = scheduler_.lastStepWork();
     report.free_blocks = scheduler_.freeBlocks();
     report.reserved_blocks = scheduler_.reservedBlocks();
     sink_(report);

@@ -27,6 +27,7 @@ struct StepReport {
   uint64_t step_index = 0;
   int64_t batch_size = 0;    // Sequences in the step's batch.
   int64_t decode_batch = 0;  // Of those, the ones decoding.
+  engine::Scheduler::StepWork work;
   int64_t step_time_us = 0;
   // The KV pool after the step.
   int64_t free_blocks = 0;

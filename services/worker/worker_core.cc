@@ -30,12 +30,20 @@ WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* token
                                   "KV blocks held by reservations (reserved or decoding)")),
       steps_(plainCounter("cleave_worker_steps_total", "Engine steps run")),
       tokens_(plainCounter("cleave_worker_generated_tokens_total", "Tokens sampled")),
-      step_seconds_(prometheus::BuildHistogram()
-                        .Name("cleave_worker_step_seconds")
-                        .Help("Wall time of one engine step (forward and sampling)")
-                        .Register(metricsRegistry())
-                        .Add({}, prometheus::Histogram::BucketBoundaries{
-                                     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2})) {
+      step_seconds_(
+          prometheus::BuildHistogram()
+              .Name("cleave_worker_step_seconds")
+              .Help("Wall time of one engine step (forward and sampling)")
+              .Register(metricsRegistry())
+              .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.002, 0.005, 0.01, 0.02,
+                                                               0.05, 0.1, 0.2, 0.5, 1, 2})),
+      step_seconds_total_(
+          plainCounter("cleave_worker_step_seconds_total", "Wall time of all engine steps")),
+      floor_seconds_total_(plainCounter(
+          "cleave_worker_step_floor_seconds_total",
+          "The roofline floor of all engine steps (rate over step_seconds: efficiency)")),
+      efficiency_(plainGauge("cleave_worker_step_efficiency",
+                             "Floor over measured time of the last engine step")) {
   worker_id_ = options_.worker_id;
   loop_ = std::make_unique<EngineLoop>(model, tokenizer, options_.scheduler,
                                        [this](StepReport& report) { onStep(report); });
@@ -349,9 +357,29 @@ void WorkerCore::onStep(StepReport& report) {
   blocks_free_.Set(static_cast<double>(report.free_blocks));
   blocks_reserved_.Set(static_cast<double>(report.reserved_blocks));
   if (report.stepped) {
+    const double seconds = static_cast<double>(report.step_time_us) * 1e-6;
     steps_.Increment();
     tokens_.Increment(static_cast<double>(report.events.size()));
-    step_seconds_.Observe(static_cast<double>(report.step_time_us) * 1e-6);
+    step_seconds_.Observe(seconds);
+    if (options_.hardware && report.work.tokens > 0 && seconds > 0) {
+      // The ranks share this machine: the floor of the whole group's bytes and FLOPs.
+      double weight_bytes = 0;
+      for (int r = 0; r < model_.tp(); ++r)
+        weight_bytes += static_cast<double>(model_.weightBytes(r));
+      absl::StatusOr<roofline::Terms> floor =
+          roofline::stepFloor(model_.config(), *options_.hardware,
+                              {.sequences = report.batch_size,
+                               .new_tokens = report.work.tokens,
+                               .attended = report.work.attended,
+                               .kv_positions = report.work.kv_positions,
+                               .bytes_per_kv = 4,
+                               .weight_bytes = weight_bytes});
+      if (floor.ok()) {
+        step_seconds_total_.Increment(seconds);
+        floor_seconds_total_.Increment(floor->floor_seconds);
+        efficiency_.Set(floor->floor_seconds / seconds);
+      }
+    }
   }
   absl::MutexLock lock(&mu_);
   std::unordered_map<std::string, v1::TokenEvents> out;

@@ -11,6 +11,7 @@
 #include <deque>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -24,6 +25,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
+#include "services/roofline/roofline.h"
 #include "services/transfer/kv_transport.h"
 #include "services/worker/engine_loop.h"
 
@@ -41,6 +43,9 @@ struct WorkerCoreOptions {
   // and so are a router's requests once no token stream of that router has been open for
   // this long (the router is presumed lost).
   std::chrono::milliseconds lease_timeout{10000};
+  // What this machine can do (measured at start); each step's floor is computed against
+  // it. Unset: no floor.
+  std::optional<roofline::Hardware> hardware;
 };
 
 class WorkerCore {
@@ -109,6 +114,9 @@ class WorkerCore {
   prometheus::Counter& steps_;
   prometheus::Counter& tokens_;
   prometheus::Histogram& step_seconds_;
+  prometheus::Counter& step_seconds_total_;
+  prometheus::Counter& floor_seconds_total_;
+  prometheus::Gauge& efficiency_;
   absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
