@@ -265,6 +265,10 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     t->set_kv_transfer_ms(prefilled.kv_transfer_ms());
     t->set_time_to_first_token_ms(ttft_ms);
     t->set_total_ms(msSince(received));
+    queue_wait_.Observe(queue_wait_ms / 1e3);
+    ttft_.Observe(ttft_ms / 1e3);
+    request_time_.Observe(t->total_ms() / 1e3);
+    if (prefilled.kv_transfer_ms() > 0) kv_transfer_.Observe(prefilled.kv_transfer_ms() / 1e3);
     return info;
   };
   if (finish) {
@@ -275,6 +279,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   if (!writer->Write(first)) return error(grpc::StatusCode::CANCELLED, "the client went away");
 
   // Decode: the rest arrives on the worker's token stream.
+  auto last_sent = Clock::now();
   while (true) {
     std::optional<absl::StatusOr<v1::SequenceEvent>> next =
         mailbox->next(std::chrono::milliseconds(50));
@@ -299,6 +304,13 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     if (event.has_finish_reason()) reason = event.finish_reason();
     if (reason == v1::FINISH_REASON_CANCELLED || reason == v1::FINISH_REASON_ABORTED) {
       return error(grpc::StatusCode::ABORTED, "the decode worker stopped the request");
+    }
+    if (event.token_ids_size() > 0) {
+      const auto now = Clock::now();
+      const double gap = std::chrono::duration<double>(now - last_sent).count();
+      for (int i = 0; i < event.token_ids_size(); ++i)
+        inter_token_.Observe(gap / event.token_ids_size());
+      last_sent = now;
     }
     v1::GenerateResponse message;
     for (int i = 0; i < event.token_ids_size(); ++i) {

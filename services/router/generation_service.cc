@@ -8,6 +8,18 @@
 namespace cleave::router {
 namespace {
 
+// LLM latencies: a millisecond to ten minutes.
+prometheus::Histogram& latency(const std::string& name, const std::string& help) {
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+      1,     2.5,    5,     10,   30,    60,   120, 300,  600};
+  return prometheus::BuildHistogram()
+      .Name(name)
+      .Help(help)
+      .Register(metricsRegistry())
+      .Add({}, kBuckets);
+}
+
 constexpr char kNoTokenizer[] =
     "this router has no tokenizer: start cleave-router with --model (the model file or folder "
     "its workers serve)";
@@ -25,7 +37,17 @@ GenerationService::GenerationService(GenerationServiceOptions options, WorkerPoo
       requests_(prometheus::BuildCounter()
                     .Name("cleave_router_requests_total")
                     .Help("Finished client calls by method and gRPC status code")
-                    .Register(metricsRegistry())) {}
+                    .Register(metricsRegistry())),
+      queue_wait_(latency("cleave_router_queue_wait_seconds",
+                          "Time a request waited for admission on a decode worker")),
+      ttft_(latency("cleave_router_time_to_first_token_seconds",
+                    "Time from receiving a request to sending its first token")),
+      inter_token_(latency("cleave_router_inter_token_latency_seconds",
+                           "Time between two tokens of a stream (per token)")),
+      request_time_(latency("cleave_router_request_seconds",
+                            "Time from receiving a request to its final message")),
+      kv_transfer_(latency("cleave_router_kv_transfer_seconds",
+                           "Time the prefill worker spent moving a prompt's KV cache")) {}
 
 grpc::Status GenerationService::finish(const char* method, grpc::Status status) {
   std::string code = absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));

@@ -19,6 +19,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
+#include "prometheus/histogram.h"
 #include "services/router/token_relay.h"
 #include "services/router/worker_pool.h"
 
@@ -61,6 +62,12 @@ class GenerationService final : public v1::Generation::Service {
   std::atomic<uint64_t> next_request_{1};
   std::chrono::system_clock::time_point started_at_;
   prometheus::Family<prometheus::Counter>& requests_;
+  // Latencies of successful requests, s (cleave_router_*_seconds).
+  prometheus::Histogram& queue_wait_;
+  prometheus::Histogram& ttft_;
+  prometheus::Histogram& inter_token_;
+  prometheus::Histogram& request_time_;
+  prometheus::Histogram& kv_transfer_;
 };
 
 }  // namespace cleave::router

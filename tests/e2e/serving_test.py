@@ -15,6 +15,7 @@ import concurrent.futures
 import os
 import random
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -140,6 +141,23 @@ class ServingTest(unittest.TestCase):
               f"requests waited, sizes {sorted(set(waiting))}")
         self.assertGreater(len(waiting), 10, "too few requests waited to test anything")
         self.assertEqual(set(waiting), {TARGET})
+        # Both processes' metrics after the load: valid for Prometheus, and moved as the
+        # load says (every request counted, latencies observed, the floor accounted).
+        promtool = os.environ.get("CLEAVE_PROMTOOL") or "promtool"
+        for port in (self.router.ready["metrics_port"], self.worker.ready["metrics_port"]):
+            _, body = ct.http_get(port)
+            check = subprocess.run([promtool, "check", "metrics"], input=body, text=True,
+                                   capture_output=True, timeout=60)
+            self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+        self.assertGreaterEqual(metric(self.router.ready["metrics_port"],
+                                       "cleave_router_time_to_first_token_seconds_count"), 64)
+        self.assertGreater(metric(self.router.ready["metrics_port"],
+                                  "cleave_router_inter_token_latency_seconds_count"), 64 * 30)
+        floor = metric(self.worker.ready["metrics_port"], "cleave_worker_step_floor_seconds_total")
+        spent = metric(self.worker.ready["metrics_port"], "cleave_worker_step_seconds_total")
+        self.assertGreater(floor, 0)
+        self.assertLess(floor, spent)  # No step beats its floor.
+        print(f"decode worker efficiency over the load: {floor / spent:.2f}")
         self.wait_for_no_reservations()
 
     def test_bad_input_gets_a_status_that_says_what_to_fix(self):
