@@ -25,6 +25,8 @@ WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* token
                      "Sequences in the last engine step's batch (decoding and prefilling)")),
       decode_batch_(plainGauge("cleave_worker_decode_sequences",
                                "Sequences decoding in the last engine step (the decode batch)")),
+      target_(plainGauge("cleave_worker_target_concurrency",
+                         "Sequences this worker is sized to decode at once (0: prefill only)")),
       blocks_free_(plainGauge("cleave_worker_kv_blocks_free", "KV blocks held by nothing")),
       blocks_reserved_(plainGauge("cleave_worker_kv_blocks_reserved",
                                   "KV blocks held by reservations (reserved or decoding)")),
@@ -45,6 +47,7 @@ WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* token
       efficiency_(plainGauge("cleave_worker_step_efficiency",
                              "Floor over measured time of the last engine step")) {
   worker_id_ = options_.worker_id;
+  target_.Set(static_cast<double>(options_.target_concurrency));
   loop_ = std::make_unique<EngineLoop>(model, tokenizer, options_.scheduler,
                                        [this](StepReport& report) { onStep(report); });
   sweeper_.start([this](std::stop_token stop) {

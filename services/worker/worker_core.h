@@ -43,6 +43,8 @@ struct WorkerCoreOptions {
   // and so are a router's requests once no token stream of that router has been open for
   // this long (the router is presumed lost).
   std::chrono::milliseconds lease_timeout{10000};
+  // Sequences this worker decodes at once (0 for a prefill-only worker), for the metrics.
+  int64_t target_concurrency = 0;
   // What this machine can do (measured at start); each step's floor is computed against
   // it. Unset: no floor.
   std::optional<roofline::Hardware> hardware;
@@ -109,6 +111,7 @@ class WorkerCore {
   // Metrics (cleave_worker_*), updated after every step.
   prometheus::Gauge& batch_size_;
   prometheus::Gauge& decode_batch_;
+  prometheus::Gauge& target_;
   prometheus::Gauge& blocks_free_;
   prometheus::Gauge& blocks_reserved_;
   prometheus::Counter& steps_;

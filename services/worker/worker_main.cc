@@ -208,6 +208,7 @@ int run(int argc, char** argv) {
                    .layout = kvLayout(config),
                    .transport = transport.get(),
                    .lease_timeout = std::chrono::milliseconds(options.lease_timeout_ms),
+                   .target_concurrency = role == Role::kPrefill ? 0 : options.target_concurrency,
                    .hardware = hardware});
   DecodeService decode(core);
   PrefillService prefill(core);
