@@ -144,11 +144,18 @@ class ServingTest(unittest.TestCase):
         # Both processes' metrics after the load: valid for Prometheus, and moved as the
         # load says (every request counted, latencies observed, the floor accounted).
         promtool = os.environ.get("CLEAVE_PROMTOOL") or "promtool"
-        for port in (self.router.ready["metrics_port"], self.worker.ready["metrics_port"]):
+        sys.path.insert(0, os.path.join(ct.SOURCE_DIR, "tests", "integration"))
+        from deploy_files_test import documented_metrics
+        documented = documented_metrics()
+        for port, section in ((self.router.ready["metrics_port"], "cleave-router"),
+                              (self.worker.ready["metrics_port"], "cleave-worker")):
             _, body = ct.http_get(port)
             check = subprocess.run([promtool, "check", "metrics"], input=body, text=True,
                                    capture_output=True, timeout=60)
             self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+            # docs/metrics.md describes what the processes export, no more and no less.
+            exported = {m for m in re.findall(r"^# TYPE (cleave_[a-z0-9_]+)", body, re.M)}
+            self.assertEqual(exported - documented["Every process"], documented[section])
         self.assertGreaterEqual(metric(self.router.ready["metrics_port"],
                                        "cleave_router_time_to_first_token_seconds_count"), 64)
         self.assertGreater(metric(self.router.ready["metrics_port"],
