@@ -224,7 +224,8 @@ int run(int argc, char** argv) {
     die(absl::UnavailableError(absl::StrCat("cannot serve on ", options.server.listen)));
   }
   const std::string host = options.server.listen.substr(0, options.server.listen.rfind(':'));
-  const std::string address = absl::StrCat(host, ":", port);
+  const std::string address =
+      options.advertise.empty() ? absl::StrCat(host, ":", port) : options.advertise;
   core.setWorkerId(address);
 
   if (!options.server.ready_file.empty()) {

@@ -14,6 +14,9 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addString("model", &model, "Model: a GGUF file or a Hugging Face folder");
   flags.addInt("tp", &tp, "Tensor-parallel degree: rank threads, one per device");
   flags.addString("router", &router, "Router address host:port to register with");
+  flags.addString("advertise", &advertise,
+                  "host:port the router reaches this worker at, when --listen is 0.0.0.0 or "
+                  "behind a NAT (default: the --listen host and the bound port)");
   server.addTo(flags);
   flags.addBytes("memory-budget", &memory_budget,
                  "Memory for weights + workspace + KV cache, e.g. 8GiB (0: exactly what the "

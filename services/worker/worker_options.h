@@ -17,6 +17,7 @@ struct WorkerOptions {
   std::string model;
   int64_t tp = 1;
   std::string router;
+  std::string advertise;  // host:port the router reaches this worker at (empty: --listen's).
   ServerFlags server{.listen = "127.0.0.1:0"};
   uint64_t memory_budget = 0;
   int64_t target_concurrency = 16;

@@ -1,10 +1,13 @@
 """The files in deploy/ are what their tools accept, and name only real metrics: the
-Grafana dashboard is valid JSON whose every query names a metric documented in
-docs/metrics.md (tests/e2e/serving_test.py checks the documented metrics against live
-scrapes), and the model shapes load."""
+compose files validate (CPU, and with the GPU override), the Grafana dashboard is valid
+JSON whose every query names a metric documented in docs/metrics.md
+(tests/e2e/serving_test.py checks the documented metrics against live scrapes), and the
+model shapes load."""
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 import unittest
 
@@ -44,6 +47,28 @@ class DeployFilesTest(unittest.TestCase):
                 self.assertTrue(names, target["expr"])
                 for name in names:
                     self.assertIn(base_name(name), known, f"{panel['title']}: {name}")
+
+    def test_compose_files_validate(self):
+        compose = shutil.which("docker-compose")
+        self.assertIsNotNone(compose, "docker-compose not found; run scripts/install-deps.sh")
+        for files in (["docker-compose.yml"], ["docker-compose.yml", "docker-compose.gpu.yml"]):
+            args = [compose]
+            for f in files:
+                args += ["-f", os.path.join(DEPLOY, f)]
+            check = subprocess.run(args + ["config", "-q"], capture_output=True, text=True,
+                                   timeout=60)
+            self.assertEqual(check.returncode, 0, check.stderr)
+            self.assertNotIn("not set", check.stderr)
+        # Every worker advertises the name the router reaches it by, and Prometheus scrapes
+        # the ports the services expose metrics on.
+        with open(os.path.join(DEPLOY, "docker-compose.yml")) as f:
+            text = f.read()
+        with open(os.path.join(DEPLOY, "prometheus", "prometheus.yml")) as f:
+            scrape = f.read()
+        workers = re.findall(r'--advertise=([a-z0-9-]+):\d+".*?--metrics-port=(\d+)', text, re.S)
+        self.assertEqual(len(workers), 2)
+        for service, port in workers:
+            self.assertIn(f'"{service}:{port}"', scrape)
 
     def test_model_shapes_give_a_roofline(self):
         for name in sorted(os.listdir(os.path.join(DEPLOY, "models"))):
