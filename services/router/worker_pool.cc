@@ -194,7 +194,9 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
                      "decode worker has ",
                      largest, "; shorten the prompt or lower stopping.max_new_tokens"));
   }
-  if (static_cast<int64_t>(queue_.size()) >= options_.queue_capacity) {
+  // Only a request that has to wait needs room in the queue.
+  const bool must_wait = !queue_.empty() || pick(blocks, exclude) == nullptr;
+  if (must_wait && static_cast<int64_t>(queue_.size()) >= options_.queue_capacity) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the admission queue is full (", options_.queue_capacity, " requests); retry later"));
   }

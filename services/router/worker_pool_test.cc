@@ -105,6 +105,14 @@ TEST_F(WorkerPoolTest, AFullQueueAndCancellationAreReported) {
   }
   while (pool_.queueDepth() < 2) std::this_thread::yield();
   EXPECT_EQ(pool_.admit(1, soon(), never).status().code(), absl::StatusCode::kResourceExhausted);
+  // A router with no queue at all still admits what fits at once.
+  WorkerPool unqueued(
+      {.queue_capacity = 0}, [](auto) {}, [](const std::string&) {});
+  ASSERT_TRUE(unqueued.add(worker("b", v1::WORKER_ROLE_BOTH, 4, 1)).ok());
+  auto direct = unqueued.admit(2, soon(), never);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(unqueued.admit(3, soon(), never).status().code(), absl::StatusCode::kResourceExhausted);
+  unqueued.release(*direct);
   stop = true;
   for (auto& t : waiters) t.join();
   pool_.release(*held);
