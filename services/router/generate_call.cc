@@ -20,6 +20,9 @@ double msSince(Clock::time_point start) {
 
 grpc::Status error(grpc::StatusCode code, const std::string& message) { return {code, message}; }
 
+// How long a Release or Cancel may take once the client's call is over.
+constexpr auto kCleanupTimeout = std::chrono::seconds(5);
+
 // A context for a call to a worker, bounded by the client's deadline.
 std::unique_ptr<grpc::ClientContext> workerContext(std::chrono::system_clock::time_point deadline) {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -140,9 +143,8 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
       v1::ReleaseRequest release;
       release.set_request_id(id);
       v1::ReleaseResponse released;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-      grpc::Status status = admission.worker->decode->Release(&ctx, release, &released);
+      auto ctx = workerContext(std::chrono::system_clock::now() + kCleanupTimeout);
+      grpc::Status status = admission.worker->decode->Release(ctx.get(), release, &released);
       if (!status.ok()) {
         CLEAVE_LOG(WARNING) << "release of " << id << " on " << admission.worker->id << ": "
                             << status.error_message();
@@ -290,9 +292,8 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
       cancel.set_request_id(id);
       cancel.set_reason(cancelled ? "client cancelled" : "deadline");
       v1::CancelResponse response;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-      worker.decode->Cancel(&ctx, cancel, &response);
+      auto ctx = workerContext(std::chrono::system_clock::now() + kCleanupTimeout);
+      worker.decode->Cancel(ctx.get(), cancel, &response);
       return cancelled ? error(grpc::StatusCode::CANCELLED, "cancelled by the client")
                        : error(grpc::StatusCode::DEADLINE_EXCEEDED,
                                "the deadline passed while the request was decoding");

@@ -40,6 +40,10 @@ absl::Status checkRegistration(const v1::RegisterRequest& r) {
   return absl::OkStatus();
 }
 
+bool contains(const std::vector<std::string>& ids, const std::string& id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
 }  // namespace
 
 WorkerPool::WorkerPool(WorkerPoolOptions options,
@@ -157,7 +161,7 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
   for (auto& [id, entry] : workers_) {
     const Worker& w = *entry.worker;
     if (!w.servesDecode()) continue;
-    if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
+    if (contains(exclude, id)) continue;
     const v1::KvCapacity& cap = w.info.kv_capacity();
     // A full batch may be prefilled ahead: when a whole batch finishes at once (requests of
     // one length), the next one is ready to decode.
@@ -178,7 +182,7 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
   bool any = false;
   for (const auto& [id, entry] : workers_) {
     if (!entry.worker->servesDecode()) continue;
-    if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
+    if (contains(exclude, id)) continue;
     any = true;
     largest = std::max<int64_t>(largest, entry.worker->info.kv_capacity().total_blocks());
   }
@@ -272,11 +276,11 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64
   Entry* best = nullptr;
   for (auto& [id, entry] : workers_) {
     if (entry.worker->info.role() != v1::WORKER_ROLE_PREFILL) continue;
-    if (std::find(exclude.begin(), exclude.end(), id) != exclude.end()) continue;
+    if (contains(exclude, id)) continue;
     if (best == nullptr || entry.prefill_tokens < best->prefill_tokens) best = &entry;
   }
   if (best == nullptr && decode.info.role() == v1::WORKER_ROLE_BOTH &&
-      std::find(exclude.begin(), exclude.end(), decode.id) == exclude.end()) {
+      !contains(exclude, decode.id)) {
     auto it = workers_.find(decode.id);
     if (it != workers_.end()) best = &it->second;
   }

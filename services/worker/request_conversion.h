@@ -19,6 +19,15 @@ struct RequestParts {
   std::optional<uint32_t> logprobs;
 };
 
+// The parts of a PrefillRequest or StartDecodeRequest.
+template <typename Message>
+RequestParts partsOf(const Message& m) {
+  RequestParts parts{
+      .prompt = &m.prompt_token_ids(), .sampling = &m.sampling(), .stopping = &m.stopping()};
+  if (m.has_logprobs()) parts.logprobs = m.logprobs();
+  return parts;
+}
+
 // The engine request `id` for `parts`. `eos` are the model's end-of-sequence ids (dropped
 // when stopping.ignore_eos); an unset max_new_tokens means the rest of `context_length`.
 // InvalidArgument naming the field ("sampling.top_p") for values the engine refuses;

@@ -268,11 +268,8 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
       return reserved.status();
     }
   }
-  RequestParts parts{
-      .prompt = &r.prompt_token_ids(), .sampling = &r.sampling(), .stopping = &r.stopping()};
-  if (r.has_logprobs()) parts.logprobs = r.logprobs();
   absl::StatusOr<engine::GenerationRequest> request =
-      toEngineRequest(*id, parts, options_.eos_ids, model_.config().max_position_embeddings);
+      toEngineRequest(*id, partsOf(r), options_.eos_ids, model_.config().max_position_embeddings);
   absl::StatusOr<engine::TokenEvent> first =
       request.ok() ? runPrefill(*id, *request, context) : request.status();
   v1::PrefillResponse response;
@@ -310,11 +307,8 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
     return absl::NotFoundError(
         absl::StrCat("request ", r.request_id(), " has no KV reservation on this worker"));
   }
-  RequestParts parts{
-      .prompt = &r.prompt_token_ids(), .sampling = &r.sampling(), .stopping = &r.stopping()};
-  if (r.has_logprobs()) parts.logprobs = r.logprobs();
   absl::StatusOr<engine::GenerationRequest> request =
-      toEngineRequest(*id, parts, options_.eos_ids, model_.config().max_position_embeddings);
+      toEngineRequest(*id, partsOf(r), options_.eos_ids, model_.config().max_position_embeddings);
   if (!request.ok()) return request.status();
   absl::Status started = loop_->call(
       [&](engine::Scheduler& s) { return s.startDecode(*request, r.first_token_id()); });
