@@ -60,8 +60,12 @@ for prompt in "What is the capital of France?" "Write one sentence about the sea
 done
 
 echo
-echo "== workload: 64 chat requests, 16 at a time (cleave bench-serving)"
-"$bin/cleave" bench-serving --router "$router" --requests 64 --concurrency 16 --max-tokens 64
+report="$root/build/demo"
+mkdir -p "$report"
+echo "== workload: 64 streaming requests, 16 at a time (cleave bench; report in build/demo/bench.html)"
+"$bin/cleave" bench --router "$router" --requests 64 --concurrency 16 --prompt-len 32:160 \
+  --output-len 64 --slo-ttft-ms 2000 --slo-itl-ms 100 --label demo --json "$report/bench.json" \
+  --html "$report/bench.html"
 
 echo
 echo "== metrics"

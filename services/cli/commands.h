@@ -9,7 +9,8 @@ int runInspect(int argc, char** argv);
 int runGenerate(int argc, char** argv);
 int runTokenize(int argc, char** argv);
 int runDetokenize(int argc, char** argv);
-int runBenchServing(int argc, char** argv);
+int runBench(int argc, char** argv);
+int runBenchReport(int argc, char** argv);
 int runUp(int argc, char** argv);
 int runRoofline(int argc, char** argv);
 

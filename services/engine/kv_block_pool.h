@@ -52,6 +52,8 @@ class KvBlockPool {
   // Blocks allocate() can hand out now (free + cached and unused).
   int64_t freeBlocks() const { return static_cast<int64_t>(free_.size() + evictable_.size()); }
   int64_t totalBlocks() const { return options_.num_blocks; }
+  // Free blocks that still hold a published prefix (reused on a hit, evicted LRU).
+  int64_t cachedBlocks() const { return static_cast<int64_t>(evictable_.size()); }
   int64_t blockSize() const { return options_.block_size; }
   // Blocks needed to hold `tokens` positions.
   int64_t blocksFor(int64_t tokens) const {

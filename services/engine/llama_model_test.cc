@@ -156,7 +156,8 @@ TEST_P(HfLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
 // The same tokens give the same logits whether a sequence runs alone or batched with
 // others, whole or in prefill chunks, with its blocks anywhere in the cache.
 TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
-  for (const std::string path : {std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llama_f32", kModel}) {
+  for (const std::string& path :
+       {std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llama_f32", kModel}) {
     if (!std::filesystem::exists(path)) continue;
     SCOPED_TRACE(path);
     auto weights = loadLlama(path);

@@ -205,6 +205,7 @@ void Scheduler::admit() {
     seq->cached *= bs;
     seq->chain = chain;
     prefix_hit_tokens_ += seq->cached;
+    prefix_lookup_tokens_ += static_cast<int64_t>(seq->request.prompt.size());
     running_.push_back(std::move(seq));
   }
 }

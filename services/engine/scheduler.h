@@ -116,6 +116,8 @@ class Scheduler {
   const KvBlockPool& cache() const { return cache_; }
   // Prompt tokens whose KV came from the prefix cache instead of being computed.
   int64_t prefixHitTokens() const { return prefix_hit_tokens_; }
+  // Prompt tokens looked up in the prefix cache (hit rate: hits / lookups).
+  int64_t prefixLookupTokens() const { return prefix_lookup_tokens_; }
 
  private:
   enum class Mode {
@@ -157,6 +159,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> ready_;  // startDecode()d, waiting for a decode slot.
   std::unordered_map<uint64_t, std::vector<int32_t>> reservations_;
   int64_t prefix_hit_tokens_ = 0;
+  int64_t prefix_lookup_tokens_ = 0;
   int64_t last_batch_sequences_ = 0;
   int64_t last_decode_sequences_ = 0;
   StepWork last_work_;

@@ -270,6 +270,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     queue_wait_.Observe(queue_wait_ms / 1e3);
     ttft_.Observe(ttft_ms / 1e3);
     request_time_.Observe(t->total_ms() / 1e3);
+    prefill_.Observe(prefilled.prefill_ms() / 1e3);
     if (prefilled.kv_transfer_ms() > 0) kv_transfer_.Observe(prefilled.kv_transfer_ms() / 1e3);
     return info;
   };

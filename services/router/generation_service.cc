@@ -47,7 +47,9 @@ GenerationService::GenerationService(GenerationServiceOptions options, WorkerPoo
       request_time_(latency("cleave_router_request_seconds",
                             "Time from receiving a request to its final message")),
       kv_transfer_(latency("cleave_router_kv_transfer_seconds",
-                           "Time the prefill worker spent moving a prompt's KV cache")) {}
+                           "Time the prefill worker spent moving a prompt's KV cache")),
+      prefill_(latency("cleave_router_prefill_seconds",
+                       "Time a prefill worker took to compute a prompt's first token")) {}
 
 grpc::Status GenerationService::finish(const char* method, grpc::Status status) {
   std::string code = absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));

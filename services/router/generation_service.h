@@ -68,6 +68,7 @@ class GenerationService final : public v1::Generation::Service {
   prometheus::Histogram& inter_token_;
   prometheus::Histogram& request_time_;
   prometheus::Histogram& kv_transfer_;
+  prometheus::Histogram& prefill_;
 };
 
 }  // namespace cleave::router

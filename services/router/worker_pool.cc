@@ -40,6 +40,19 @@ absl::Status checkRegistration(const v1::RegisterRequest& r) {
   return absl::OkStatus();
 }
 
+// The `outcome` label of cleave_router_admissions_total for admit()'s status.
+const char* admissionOutcome(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk: return "admitted";
+    case absl::StatusCode::kUnavailable: return "no_decode_worker";
+    case absl::StatusCode::kInvalidArgument: return "too_large";
+    case absl::StatusCode::kResourceExhausted: return "queue_full";
+    case absl::StatusCode::kDeadlineExceeded: return "deadline";
+    case absl::StatusCode::kCancelled: return "cancelled";
+    default: return "other";
+  }
+}
+
 bool contains(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
@@ -57,8 +70,19 @@ WorkerPool::WorkerPool(WorkerPoolOptions options,
                                  "KV blocks reserved for admitted requests on all decode workers")),
       admitted_gauge_(plainGauge("cleave_router_admitted_requests",
                                  "Requests holding KV blocks on some decode worker")),
-
-      workers_gauge_(plainGauge("cleave_router_workers", "Registered workers")) {
+      workers_gauge_(plainGauge("cleave_router_workers", "Registered workers")),
+      admissions_(prometheus::BuildCounter()
+                      .Name("cleave_router_admissions_total")
+                      .Help("Admission decisions by outcome (admitted or why not)")
+                      .Register(metricsRegistry())),
+      worker_admitted_(prometheus::BuildGauge()
+                           .Name("cleave_router_worker_admitted_requests")
+                           .Help("Requests holding KV blocks on each decode worker")
+                           .Register(metricsRegistry())),
+      worker_reserved_(prometheus::BuildGauge()
+                           .Name("cleave_router_worker_reserved_blocks")
+                           .Help("KV blocks the router reserved on each decode worker")
+                           .Register(metricsRegistry())) {
   expiry_.start([this](std::stop_token stop) { expire(stop); });
 }
 
@@ -177,6 +201,15 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
                                             std::chrono::system_clock::time_point deadline,
                                             const std::function<bool()>& cancelled,
                                             const std::vector<std::string>& exclude) {
+  absl::StatusOr<Admission> admission = admitOrWait(blocks, deadline, cancelled, exclude);
+  admissions_.Add({{"outcome", admissionOutcome(admission.status())}}).Increment();
+  return admission;
+}
+
+absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
+                                                  std::chrono::system_clock::time_point deadline,
+                                                  const std::function<bool()>& cancelled,
+                                                  const std::vector<std::string>& exclude) {
   absl::MutexLock lock(&mu_);
   int64_t largest = 0;
   bool any = false;
@@ -268,6 +301,19 @@ void WorkerPool::updateGauges() {
   reserved_gauge_.Set(static_cast<double>(reserved));
   admitted_gauge_.Set(static_cast<double>(admitted));
   workers_gauge_.Set(static_cast<double>(workers_.size()));
+  // Per decode worker; a worker that left loses its series.
+  for (const std::string& id : exported_workers_) {
+    if (workers_.contains(id)) continue;
+    worker_admitted_.Remove(&worker_admitted_.Add({{"worker", id}}));
+    worker_reserved_.Remove(&worker_reserved_.Add({{"worker", id}}));
+  }
+  exported_workers_.clear();
+  for (const auto& [id, entry] : workers_) {
+    if (!entry.worker->servesDecode()) continue;
+    worker_admitted_.Add({{"worker", id}}).Set(static_cast<double>(entry.admitted));
+    worker_reserved_.Add({{"worker", id}}).Set(static_cast<double>(entry.reserved));
+    exported_workers_.push_back(id);
+  }
 }
 
 absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64_t tokens,

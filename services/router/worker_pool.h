@@ -33,6 +33,8 @@
 #include "absl/synchronization/mutex.h"
 #include "cleave/v1/worker.grpc.pb.h"
 #include "common/service_thread.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
 #include "prometheus/gauge.h"
 
 namespace cleave::router {
@@ -129,6 +131,11 @@ class WorkerPool {
                  const std::function<bool()>& cancelled, absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void expire(std::stop_token stop);
+  // admit() before its outcome is counted.
+  absl::StatusOr<Admission> admitOrWait(int64_t blocks,
+                                        std::chrono::system_clock::time_point deadline,
+                                        const std::function<bool()>& cancelled,
+                                        const std::vector<std::string>& exclude);
   void updateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerPoolOptions options_;
@@ -138,11 +145,15 @@ class WorkerPool {
   std::unordered_map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Waiting admissions, oldest first.
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // Bumped by anything admission depends on.
-  prometheus::Gauge& queue_gauge_;             // cleave_router_queue_depth
-  prometheus::Gauge& reserved_gauge_;          // cleave_router_reserved_blocks
-  prometheus::Gauge& admitted_gauge_;          // cleave_router_admitted_requests
-  prometheus::Gauge& workers_gauge_;           // cleave_router_workers
+  uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;            // Bumped by anything admission depends on.
+  prometheus::Gauge& queue_gauge_;                       // cleave_router_queue_depth
+  prometheus::Gauge& reserved_gauge_;                    // cleave_router_reserved_blocks
+  prometheus::Gauge& admitted_gauge_;                    // cleave_router_admitted_requests
+  prometheus::Gauge& workers_gauge_;                     // cleave_router_workers
+  prometheus::Family<prometheus::Counter>& admissions_;  // ..._admissions_total{outcome}
+  prometheus::Family<prometheus::Gauge>& worker_admitted_;          // ..._worker_admitted_requests
+  prometheus::Family<prometheus::Gauge>& worker_reserved_;          // ..._worker_reserved_blocks
+  std::vector<std::string> exported_workers_ ABSL_GUARDED_BY(mu_);  // Labels in the two above.
   ServiceThread expiry_{"lease-expiry"};
 };
 

@@ -42,9 +42,8 @@ void EngineLoop::run() {
     }
     for (auto& call : calls) call(scheduler_);
     if (scheduler_.idle()) {
-      StepReport idle{.stepped = false,
-                      .free_blocks = scheduler_.freeBlocks(),
-                      .reserved_blocks = scheduler_.reservedBlocks()};
+      StepReport idle{.stepped = false};
+      describePool(idle);
       sink_(idle);
       continue;
     }
@@ -63,10 +62,18 @@ void EngineLoop::run() {
     report.batch_size = scheduler_.lastBatchSequences();
     report.decode_batch = scheduler_.lastDecodeSequences();
     report.work = scheduler_.lastStepWork();
-    report.free_blocks = scheduler_.freeBlocks();
-    report.reserved_blocks = scheduler_.reservedBlocks();
+    describePool(report);
     sink_(report);
   }
+}
+
+void EngineLoop::describePool(StepReport& report) const {
+  report.total_blocks = scheduler_.cache().totalBlocks();
+  report.free_blocks = scheduler_.freeBlocks();
+  report.cached_blocks = scheduler_.cache().cachedBlocks();
+  report.reserved_blocks = scheduler_.reservedBlocks();
+  report.prefix_lookup_tokens = scheduler_.prefixLookupTokens();
+  report.prefix_hit_tokens = scheduler_.prefixHitTokens();
 }
 
 }  // namespace cleave::worker

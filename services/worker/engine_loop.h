@@ -30,8 +30,13 @@ struct StepReport {
   engine::Scheduler::StepWork work;
   int64_t step_time_us = 0;
   // The KV pool after the step.
+  int64_t total_blocks = 0;
   int64_t free_blocks = 0;
+  int64_t cached_blocks = 0;  // Of the free ones, those holding a reusable prefix.
   int64_t reserved_blocks = 0;
+  // Since the loop started: prompt tokens looked up in the prefix cache, and found.
+  int64_t prefix_lookup_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
   std::vector<engine::TokenEvent> events;
 };
 
@@ -55,6 +60,8 @@ class EngineLoop {
  private:
   void post(std::function<void(engine::Scheduler&)> fn);
   void run();
+  // Fills the report's KV pool and prefix-cache fields.
+  void describePool(StepReport& report) const;
 
   engine::Scheduler scheduler_;
   Sink sink_;

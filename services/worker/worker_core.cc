@@ -18,36 +18,8 @@ absl::Status invalid(const std::string& message) { return absl::InvalidArgumentE
 
 WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* tokenizer,
                        WorkerCoreOptions options)
-    : model_(model),
-      options_(std::move(options)),
-      batch_size_(
-          plainGauge("cleave_worker_batch_sequences",
-                     "Sequences in the last engine step's batch (decoding and prefilling)")),
-      decode_batch_(plainGauge("cleave_worker_decode_sequences",
-                               "Sequences decoding in the last engine step (the decode batch)")),
-      target_(plainGauge("cleave_worker_target_concurrency",
-                         "Sequences this worker is sized to decode at once (0: prefill only)")),
-      blocks_free_(plainGauge("cleave_worker_kv_blocks_free", "KV blocks held by nothing")),
-      blocks_reserved_(plainGauge("cleave_worker_kv_blocks_reserved",
-                                  "KV blocks held by reservations (reserved or decoding)")),
-      steps_(plainCounter("cleave_worker_steps_total", "Engine steps run")),
-      tokens_(plainCounter("cleave_worker_generated_tokens_total", "Tokens sampled")),
-      step_seconds_(
-          prometheus::BuildHistogram()
-              .Name("cleave_worker_step_seconds")
-              .Help("Wall time of one engine step (forward and sampling)")
-              .Register(metricsRegistry())
-              .Add({}, prometheus::Histogram::BucketBoundaries{0.001, 0.002, 0.005, 0.01, 0.02,
-                                                               0.05, 0.1, 0.2, 0.5, 1, 2})),
-      step_seconds_total_(
-          plainCounter("cleave_worker_step_seconds_total", "Wall time of all engine steps")),
-      floor_seconds_total_(plainCounter(
-          "cleave_worker_step_floor_seconds_total",
-          "The roofline floor of all engine steps (rate over step_seconds: efficiency)")),
-      efficiency_(plainGauge("cleave_worker_step_efficiency",
-                             "Floor over measured time of the last engine step")) {
+    : model_(model), options_(std::move(options)), metrics_(options_.target_concurrency) {
   worker_id_ = options_.worker_id;
-  target_.Set(static_cast<double>(options_.target_concurrency));
   loop_ = std::make_unique<EngineLoop>(model, tokenizer, options_.scheduler,
                                        [this](StepReport& report) { onStep(report); });
   sweeper_.start([this](std::stop_token stop) {
@@ -85,6 +57,7 @@ void WorkerCore::sweep() {
   }
   for (const auto& [name, why] : expired) {
     CLEAVE_LOG(WARNING) << "freeing request " << name << ": " << why;
+    metrics_.onRequestExpired();
     cancel(name);
   }
 }
@@ -281,9 +254,10 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     uint64_t bytes = 0;
     absl::Status sent = sendKv(r.destination(), blocks, bytes);
     if (!sent.ok()) first = sent;
-    response.set_kv_transfer_ms(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - sent_at)
-            .count());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - sent_at).count();
+    metrics_.onKvSent(bytes, seconds, sent.ok());
+    response.set_kv_transfer_ms(seconds * 1e3);
     response.set_bytes_transferred(bytes);
   }
   if (!local) release(r.request_id());
@@ -348,36 +322,25 @@ bool WorkerCore::cancel(const std::string& request_id) {
   return found;
 }
 
+std::optional<double> WorkerCore::floorOf(const StepReport& report) const {
+  if (!report.stepped || !options_.hardware || report.work.tokens <= 0) return std::nullopt;
+  // The ranks share this machine: the floor of the whole group's bytes and FLOPs.
+  double weight_bytes = 0;
+  for (int r = 0; r < model_.tp(); ++r) weight_bytes += static_cast<double>(model_.weightBytes(r));
+  absl::StatusOr<roofline::Terms> floor =
+      roofline::stepFloor(model_.config(), *options_.hardware,
+                          {.sequences = report.batch_size,
+                           .new_tokens = report.work.tokens,
+                           .attended = report.work.attended,
+                           .kv_positions = report.work.kv_positions,
+                           .weight_bytes = weight_bytes,
+                           .bytes_per_kv = 4});
+  if (!floor.ok()) return std::nullopt;
+  return floor->floor_seconds;
+}
+
 void WorkerCore::onStep(StepReport& report) {
-  batch_size_.Set(static_cast<double>(report.batch_size));
-  decode_batch_.Set(static_cast<double>(report.decode_batch));
-  blocks_free_.Set(static_cast<double>(report.free_blocks));
-  blocks_reserved_.Set(static_cast<double>(report.reserved_blocks));
-  if (report.stepped) {
-    const double seconds = static_cast<double>(report.step_time_us) * 1e-6;
-    steps_.Increment();
-    tokens_.Increment(static_cast<double>(report.events.size()));
-    step_seconds_.Observe(seconds);
-    if (options_.hardware && report.work.tokens > 0 && seconds > 0) {
-      // The ranks share this machine: the floor of the whole group's bytes and FLOPs.
-      double weight_bytes = 0;
-      for (int r = 0; r < model_.tp(); ++r)
-        weight_bytes += static_cast<double>(model_.weightBytes(r));
-      absl::StatusOr<roofline::Terms> floor =
-          roofline::stepFloor(model_.config(), *options_.hardware,
-                              {.sequences = report.batch_size,
-                               .new_tokens = report.work.tokens,
-                               .attended = report.work.attended,
-                               .kv_positions = report.work.kv_positions,
-                               .bytes_per_kv = 4,
-                               .weight_bytes = weight_bytes});
-      if (floor.ok()) {
-        step_seconds_total_.Increment(seconds);
-        floor_seconds_total_.Increment(floor->floor_seconds);
-        efficiency_.Set(floor->floor_seconds / seconds);
-      }
-    }
-  }
+  metrics_.onStep(report, floorOf(report));
   absl::MutexLock lock(&mu_);
   std::unordered_map<std::string, v1::TokenEvents> out;
   for (engine::TokenEvent& event : report.events) {

@@ -22,12 +22,10 @@
 #include "cleave/v1/worker.grpc.pb.h"
 #include "common/service_thread.h"
 #include "grpcpp/server_context.h"
-#include "prometheus/counter.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
 #include "services/roofline/roofline.h"
 #include "services/transfer/kv_transport.h"
 #include "services/worker/engine_loop.h"
+#include "services/worker/worker_metrics.h"
 
 namespace cleave::worker {
 
@@ -108,18 +106,10 @@ class WorkerCore {
 
   engine::TpGroup& model_;
   WorkerCoreOptions options_;
-  // Metrics (cleave_worker_*), updated after every step.
-  prometheus::Gauge& batch_size_;
-  prometheus::Gauge& decode_batch_;
-  prometheus::Gauge& target_;
-  prometheus::Gauge& blocks_free_;
-  prometheus::Gauge& blocks_reserved_;
-  prometheus::Counter& steps_;
-  prometheus::Counter& tokens_;
-  prometheus::Histogram& step_seconds_;
-  prometheus::Counter& step_seconds_total_;
-  prometheus::Counter& floor_seconds_total_;
-  prometheus::Gauge& efficiency_;
+  // The floor of the step `report` describes, when the hardware is known.
+  std::optional<double> floorOf(const StepReport& report) const;
+
+  WorkerMetrics metrics_;
   absl::Mutex mu_;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

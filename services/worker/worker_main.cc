@@ -24,6 +24,7 @@
 #include "services/transfer/kv_transport.h"
 #include "services/worker/control_services.h"
 #include "services/worker/registration.h"
+#include "services/worker/worker_metrics.h"
 #include "services/worker/worker_options.h"
 
 namespace cleave::worker {
@@ -146,6 +147,7 @@ int run(int argc, char** argv) {
   auto plan = engine::planMemory(config, plan_input);
   if (!plan.ok()) die(plan.status());
   CLEAVE_LOG(INFO) << plan->table();
+  worker::WorkerMetrics::exportMemoryPlan(*plan);
   if (absl::Status kv = (*group)->allocateKv(plan->kv_blocks, kBlockSize); !kv.ok()) die(kv);
 
   // The tokenizer turns tokens into text for stop strings; a model without one is served

@@ -1,0 +1,55 @@
+// A worker's Prometheus metrics (cleave_worker_*; docs/metrics.md): the engine's steps and
+// their roofline floors, the decode batch against the target, the KV pool and prefix
+// cache, KV sent to decode workers, expired requests, and the memory plan.
+//
+// Threading: onStep() from the engine thread; the other methods from any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "services/engine/memory_plan.h"
+#include "services/worker/engine_loop.h"
+
+namespace cleave::worker {
+
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(int64_t target_concurrency);
+
+  // `floor_seconds`: the step's roofline floor, when the hardware is known.
+  void onStep(const StepReport& report, std::optional<double> floor_seconds);
+  void onKvSent(uint64_t bytes, double seconds, bool ok);
+  void onRequestExpired();
+  static void exportMemoryPlan(const engine::MemoryPlan& plan);
+
+ private:
+  prometheus::Gauge& batch_size_;
+  prometheus::Gauge& decode_batch_;
+  prometheus::Gauge& target_;
+  prometheus::Gauge& blocks_total_;
+  prometheus::Gauge& blocks_free_;
+  prometheus::Gauge& blocks_cached_;
+  prometheus::Gauge& blocks_reserved_;
+  prometheus::Counter& prefix_lookup_tokens_;
+  prometheus::Counter& prefix_hit_tokens_;
+  prometheus::Counter& steps_;
+  prometheus::Counter& tokens_;
+  prometheus::Counter& prefill_tokens_;
+  prometheus::Histogram& step_seconds_;
+  prometheus::Counter& step_seconds_total_;
+  prometheus::Counter& floor_seconds_total_;
+  prometheus::Gauge& efficiency_;
+  prometheus::Counter& kv_sent_bytes_;
+  prometheus::Histogram& kv_send_seconds_;
+  prometheus::Counter& kv_send_failures_;
+  prometheus::Counter& expired_;
+  // The report's cumulative prefix-cache counts at the last step (engine thread).
+  int64_t last_lookup_tokens_ = 0;
+  int64_t last_hit_tokens_ = 0;
+};
+
+}  // namespace cleave::worker
