@@ -1,16 +1,20 @@
 // The CPU engine against its memory floor on a real model: prefill throughput at 128 and
-// 512 tokens, and decode at batch 1, 4, 16 and 64 (each sequence holding 128 tokens of
-// context). Every time is printed next to its floor, the larger of two bounds measured in
-// the same run with the same threads: memory (the bytes the step must read, weights once
-// per step + the KV it attends over, over the read bandwidth) and compute (the step's
-// multiply-adds over the SIMD peak: int8 VNNI for quantized weights, f32 FMA for float
-// weights and attention).
+// 512 tokens, and decode at batch 1, 4, 16 and 64 (each sequence holding --context
+// positions, 128 by default). Every time is printed next to its floor, the larger of two bounds
+// against this machine measured in the same run with the same threads: memory (the bytes the step
+// must read: weights once per step, the KV it attends over, activations; over the read bandwidth)
+// and compute (the step's FLOPs over the SIMD peak: int8 VNNI for quantized weights, f32 FMA for
+// float weights and attention). The floor is roofline::stepFloor over roofline::measureCpuHardware:
+// the code a worker runs for its live efficiency metric.
 //
 // With --tp N the model runs as a tensor-parallel group of N rank threads (threads split
 // between them) sharing this machine's memory, so the floor is the same bytes over the same
 // bandwidth.
 //
 // Run: build/default/bin/bench_engine [MODEL.gguf] [--threads N] [--reps R] [--tp N]
+//                                     [--context POSITIONS] [--bandwidth BYTES_PER_S]
+//                                     [--flops WEIGHT_FLOPS_PER_S] [--attention-flops F]
+// The last three replace the measured values (to compute floors against a worker's).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,10 +26,9 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/cpu/machine_peaks.h"
-#include "kernels/cpu/thread_pool.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/tp_group.h"
+#include "services/roofline/cpu_hardware.h"
 
 namespace {
 
@@ -44,6 +47,8 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int reps = 5;
   int tp = 1;
+  int context = 128;         // Positions each decoding sequence holds.
+  roofline::Hardware given;  // Values given on the command line replace measured ones.
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
       threads = std::atoi(argv[++i]);
@@ -51,6 +56,14 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--tp") && i + 1 < argc)
       tp = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--context") && i + 1 < argc)
+      context = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc)
+      given.bandwidth = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--flops") && i + 1 < argc)
+      given.peak_flops = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--attention-flops") && i + 1 < argc)
+      given.attention_flops = std::atof(argv[++i]);
     else
       path = argv[i];
   }
@@ -61,51 +74,44 @@ int main(int argc, char** argv) {
   }
   engine::TpGroup& model = **group;
   const model::ModelConfig& c = model.config();
-  double bandwidth = 0, int8_peak = 0, f32_peak = 0;
-  {
-    cpu::ThreadPool pool(threads);
-    bandwidth = cpu::readBandwidth(pool, reps);
-    int8_peak = cpu::int8PeakOps(pool);
-    f32_peak = cpu::f32PeakFlops(pool);
-  }
-  // Multiply-adds per token of the linear layers (every token) and the lm-head (the last
-  // token of each sequence), and of attention per token per position attended.
-  const int64_t h = c.hidden_size, q_dim = int64_t{c.num_heads} * c.head_dim;
-  int64_t layer_macs = h * (q_dim + 2 * int64_t{c.num_kv_heads} * c.head_dim) + q_dim * h;
-  layer_macs += c.moe
-                    ? int64_t{c.moe->experts_per_token} * 3 * c.moe->expert_intermediate_size * h +
-                          int64_t{c.moe->num_experts} * h
-                    : 3 * int64_t{c.intermediate_size} * h;
-  const double linear_macs = static_cast<double>(layer_macs) * c.num_layers;
-  const double head_macs = static_cast<double>(c.vocab_size) * h;
-  const double attention_macs = 2.0 * c.num_layers * q_dim;
   const bool quantized = model::tensorTypeTraits(model.weightType()).value().block_elements > 1;
-  const double linear_peak = quantized && int8_peak > 0 ? int8_peak : f32_peak;
-  // Seconds of compute for `tokens` tokens of `sequences` sequences attending over
-  // `attended` positions in all.
-  auto computeFloor = [&](double tokens, double sequences, double attended) {
-    return 2 * (linear_macs * tokens + head_macs * sequences) / linear_peak +
-           2 * attention_macs * attended / f32_peak;
-  };
+  // The hardware and the floor of each step exactly as a worker computes them live, so a
+  // worker's cleave_worker_step_efficiency compares with this table.
+  roofline::Hardware hw = roofline::measureCpuHardware(threads, quantized, reps, int64_t{1} << 30);
+  if (given.bandwidth > 0) hw.bandwidth = given.bandwidth;
+  if (given.peak_flops > 0) hw.peak_flops = given.peak_flops;
+  if (given.attention_flops > 0) hw.attention_flops = given.attention_flops;
   double weight_bytes = 0;
   for (int r = 0; r < tp; ++r) weight_bytes += static_cast<double>(model.weightBytes(r));
-  const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
-  const double kv_bytes_per_token = 2.0 * c.num_layers * kv_dim * 4;  // f32 keys + values
+  auto floorOf = [&](int64_t sequences, int64_t tokens, int64_t attended, int64_t kv_positions) {
+    return roofline::stepFloor(c, hw,
+                               {.sequences = sequences,
+                                .new_tokens = tokens,
+                                .attended = attended,
+                                .kv_positions = kv_positions,
+                                .weight_bytes = weight_bytes,
+                                .bytes_per_kv = 4})
+        .value();
+  };
   std::printf(
       "model %s: %.1f MB of weights read per step; %d threads, tp %d; measured read bandwidth "
       "%.1f GB/s\n",
-      path.c_str(), weight_bytes / 1e6, threads, tp, bandwidth / 1e9);
-  std::printf("SIMD peak: int8 %.0f GOP/s (VNNI), f32 %.0f GFLOP/s; linear layers count at %s\n",
-              int8_peak / 1e9, f32_peak / 1e9, linear_peak == int8_peak ? "int8" : "f32");
+      path.c_str(), weight_bytes / 1e6, threads, tp, hw.bandwidth / 1e9);
+  std::printf("SIMD peak: %.0f GOP/s for the weights' products (%s), f32 %.0f GFLOP/s\n",
+              hw.peak_flops / 1e9,
+              quantized && hw.peak_flops != hw.attention_flops ? "int8 VNNI" : "f32",
+              hw.attention_flops / 1e9);
   std::printf("%-20s %10s %10s %10s %10s %10s %8s\n", "case", "time (ms)", "tokens/s", "mem (ms)",
               "comp (ms)", "floor (ms)", "floor/t");
-  auto report = [&](const char* name, double t, double tokens_per_step, double mem, double comp) {
-    const double floor = std::max(mem, comp);
+  auto report = [&](const char* name, double t, double tokens_per_step,
+                    const roofline::Terms& floor) {
     std::printf("%-20s %10.2f %10.1f %10.2f %10.2f %10.2f %8.2f\n", name, t * 1e3,
-                tokens_per_step / t, mem * 1e3, comp * 1e3, floor * 1e3, floor / t);
+                tokens_per_step / t, floor.memory_seconds * 1e3, floor.compute_seconds * 1e3,
+                floor.floor_seconds * 1e3, floor.floor_seconds / t);
   };
 
-  const int64_t num_blocks = 64 * 16 + 40;
+  // Room for 64 decoding sequences (their context and every timed step) or the 512 prompt.
+  const int64_t num_blocks = 64 * ((context + 8 * (reps + 1) + 1) / 16 + 1) + 40;
   if (!model.allocateKv(num_blocks, 16).ok()) return 1;
   engine::KvBlockPool cache({.block_size = 16, .num_blocks = num_blocks});
   std::mt19937 rng(1);
@@ -129,16 +135,14 @@ int main(int argc, char** argv) {
     }
     cache.release(blocks);
     double t = median(times);
-    // Prefill reads the weights once; its KV reads stay in cache (it just wrote them).
     char name[32];
     std::snprintf(name, sizeof(name), "prefill %d", length);
     // Causal attention: token i attends over i + 1 positions.
-    report(name, t, length, weight_bytes / bandwidth,
-           computeFloor(length, 1, length * (length + 1) / 2.0));
+    report(name, t, length, floorOf(1, length, int64_t{length} * (length + 1) / 2, length));
   }
 
   for (int batch : {1, 4, 16, 64}) {
-    const int context = 128, steps = 8;
+    const int steps = 8;
     std::vector<std::vector<int32_t>> tables;
     std::vector<engine::SequenceChunk> prefill;
     std::vector<std::vector<uint32_t>> prompts;
@@ -167,9 +171,9 @@ int main(int argc, char** argv) {
     double t = median(times);
     char name[32];
     std::snprintf(name, sizeof(name), "decode batch %d", batch);
-    report(name, t, batch,
-           (weight_bytes + batch * (context + steps) * kv_bytes_per_token) / bandwidth,
-           computeFloor(batch, batch, batch * (context + steps)));
+    // Positions attended in the middle step of a timed run.
+    const int64_t positions = context + steps / 2 + 1;
+    report(name, t, batch, floorOf(batch, batch, batch * positions, batch * positions));
   }
   return 0;
 }

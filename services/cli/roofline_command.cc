@@ -10,8 +10,8 @@
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
 #include "common/model/gguf_file.h"
-#include "kernels/cpu/machine_peaks.h"
 #include "services/cli/commands.h"
+#include "services/roofline/cpu_hardware.h"
 #include "services/roofline/roofline.h"
 
 namespace cleave::cli {
@@ -66,7 +66,8 @@ int runRoofline(int argc, char** argv) {
                   "rtx-pro-6000, rtx-5090, h100, h200, b200, or cpu (measured on the spot)");
   flags.addString("dtype", &dtype,
                   "Stored weight format: bf16, fp8, fp4 (GPU); f32, q8_0, q4_0, q4_1 (CPU). "
-                  "Default: fp4 on a GPU, q4_1 on the CPU");
+                  "Default: fp4 on Blackwell (rtx-pro-6000, rtx-5090, b200), fp8 on Hopper (h100, "
+                  "h200, which have no FP4 units), q4_1 on the CPU");
   flags.addString("kv-dtype", &kv_dtype, "KV element format: bf16, fp8 or f32");
   flags.addInt("tp", &tp, "Tensor-parallel degree (one GPU per rank)");
   flags.addInt("concurrency", &concurrency, "Sequences in a decode step");
@@ -80,7 +81,8 @@ int runRoofline(int argc, char** argv) {
         flags, absl::InvalidArgumentError("--tp, --concurrency, --prefill-tokens must be >= 1"));
   }
   const bool cpu = hardware == "cpu";
-  if (dtype.empty()) dtype = cpu ? "q4_1" : "fp4";
+  if (dtype.empty())
+    dtype = cpu ? "q4_1" : hardware == "h100" || hardware == "h200" ? "fp8" : "fp4";
   absl::StatusOr<std::pair<double, bool>> format = weightFormat(dtype);
   if (!format.ok()) exitWithUsageError(flags, format.status());
   const double kv_bytes = kv_dtype == "f32" ? 4 : kv_dtype == "fp8" ? 1 : 2;
@@ -91,20 +93,15 @@ int runRoofline(int argc, char** argv) {
   if (cpu) {
     const int n = threads > 0 ? static_cast<int>(threads)
                               : static_cast<int>(std::thread::hardware_concurrency());
-    cpu::ThreadPool pool(n);
     std::fprintf(stderr, "measuring this CPU with %d threads...\n", n);
-    const double int8 = cpu::int8PeakOps(pool), f32 = cpu::f32PeakFlops(pool);
-    hw = {.name = absl::StrCat("cpu (", n, " threads)"),
-          .bandwidth = cpu::readBandwidth(pool, 3),
-          .peak_flops = format->second && int8 > 0 ? int8 : f32,
-          .attention_flops = f32};
+    hw = roofline::measureCpuHardware(n, format->second, 3, int64_t{1} << 30);
   } else {
     absl::StatusOr<roofline::Hardware> builtin = roofline::builtinHardware(
         hardware, dtype == "fp8" || dtype == "fp4" || dtype == "nvfp4" ? dtype : "bf16");
     if (!builtin.ok()) exitWithUsageError(flags, builtin.status());
     hw = *builtin;
   }
-  std::printf("%s, %s weights, %s KV, on %s x %lld: %.0f GB/s and %.0f TFLOP/s per rank\n",
+  std::printf("%s, %s weights, %s KV, on %s x %lld: %.0f GB/s and %.3g TFLOP/s per rank\n",
               model.c_str(), dtype.c_str(), kv_dtype.c_str(), hw.name.c_str(),
               static_cast<long long>(tp), hw.bandwidth / 1e9, hw.peak_flops / 1e12);
   struct Case {

@@ -19,8 +19,8 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
-#include "kernels/cpu/machine_peaks.h"
 #include "services/engine/memory_plan.h"
+#include "services/roofline/cpu_hardware.h"
 #include "services/transfer/kv_transport.h"
 #include "services/worker/control_services.h"
 #include "services/worker/registration.h"
@@ -185,18 +185,12 @@ int run(int argc, char** argv) {
   }
 
   // What this machine can do, for every step's floor (docs/roofline.md).
-  roofline::Hardware hardware;
-  {
-    cpu::ThreadPool pool(threads_per_rank * static_cast<int>(options.tp));
-    const bool int8 = model::tensorTypeTraits((*group)->weightType())->block_elements > 1;
-    const double int8_peak = cpu::int8PeakOps(pool), f32_peak = cpu::f32PeakFlops(pool);
-    hardware = {.name = "cpu",
-                .bandwidth = cpu::readBandwidth(pool, 3, int64_t{256} << 20),
-                .peak_flops = int8 && int8_peak > 0 ? int8_peak : f32_peak,
-                .attention_flops = f32_peak};
-    CLEAVE_LOG(INFO) << "this machine: " << hardware.bandwidth / 1e9 << " GB/s read, "
-                     << hardware.peak_flops / 1e9 << " GOP/s for the weights' products";
-  }
+  const roofline::Hardware hardware = roofline::measureCpuHardware(
+      threads_per_rank * static_cast<int>(options.tp),
+      model::tensorTypeTraits((*group)->weightType())->block_elements > 1);
+  CLEAVE_LOG(INFO) << "this machine: " << hardware.bandwidth / 1e9 << " GB/s read, "
+                   << hardware.peak_flops / 1e9 << " GOP/s for the weights' products";
+  worker::WorkerMetrics::exportHardware(hardware);
 
   registerProcessMetrics("worker");
   auto metrics = MetricsServer::start(options.server.metrics_address,

@@ -109,4 +109,18 @@ void WorkerMetrics::exportMemoryPlan(const engine::MemoryPlan& plan) {
   family.Add({{"term", "kv_pool"}}).Set(static_cast<double>(plan.kv_pool));
 }
 
+void WorkerMetrics::exportHardware(const roofline::Hardware& hardware) {
+  plainGauge("cleave_worker_roofline_bandwidth_bytes_per_second",
+             "Memory read bandwidth the step floors are computed against (measured at start)")
+      .Set(hardware.bandwidth);
+  auto& flops = prometheus::BuildGauge()
+                    .Name("cleave_worker_roofline_flops_per_second")
+                    .Help(
+                        "Arithmetic peaks the step floors are computed against (measured at "
+                        "start): the weights' products and attention")
+                    .Register(metricsRegistry());
+  flops.Add({{"operation", "weights"}}).Set(hardware.peak_flops);
+  flops.Add({{"operation", "attention"}}).Set(hardware.attention_flops);
+}
+
 }  // namespace cleave::worker

@@ -12,6 +12,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "services/engine/memory_plan.h"
+#include "services/roofline/roofline.h"
 #include "services/worker/engine_loop.h"
 
 namespace cleave::worker {
@@ -25,6 +26,8 @@ class WorkerMetrics {
   void onKvSent(uint64_t bytes, double seconds, bool ok);
   void onRequestExpired();
   static void exportMemoryPlan(const engine::MemoryPlan& plan);
+  // What every step's floor is computed against (measured at start).
+  static void exportHardware(const roofline::Hardware& hardware);
 
  private:
   prometheus::Gauge& batch_size_;

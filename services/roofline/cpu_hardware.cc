@@ -1,0 +1,19 @@
+#include "services/roofline/cpu_hardware.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/machine_peaks.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace cleave::roofline {
+
+Hardware measureCpuHardware(int threads, bool quantized_weights, int reps,
+                            int64_t bandwidth_bytes) {
+  cpu::ThreadPool pool(threads);
+  const double int8_peak = cpu::int8PeakOps(pool), f32_peak = cpu::f32PeakFlops(pool);
+  return {.name = absl::StrCat("cpu (", threads, " threads)"),
+          .bandwidth = cpu::readBandwidth(pool, reps, bandwidth_bytes),
+          .peak_flops = quantized_weights && int8_peak > 0 ? int8_peak : f32_peak,
+          .attention_flops = f32_peak};
+}
+
+}  // namespace cleave::roofline

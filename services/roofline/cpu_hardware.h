@@ -1,0 +1,18 @@
+// This CPU as a roofline::Hardware, measured on the spot with `threads` threads: read
+// bandwidth and the SIMD peak of the weights' products (int8 VNNI for block-quantized
+// weights when the CPU has it, f32 FMA otherwise; attention always at the f32 peak).
+// Workers, `cleave roofline --hardware cpu` and bench_engine all measure through this, so
+// a live step's floor and a benchmark's floor are the same number for the same step.
+#pragma once
+
+#include <cstdint>
+
+#include "services/roofline/roofline.h"
+
+namespace cleave::roofline {
+
+// `bandwidth_bytes`: the buffer read to measure bandwidth (far larger than the caches).
+Hardware measureCpuHardware(int threads, bool quantized_weights, int reps = 3,
+                            int64_t bandwidth_bytes = int64_t{256} << 20);
+
+}  // namespace cleave::roofline
