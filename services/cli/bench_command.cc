@@ -199,7 +199,7 @@ int runBench(int argc, char** argv) {
 
   std::vector<std::string> args(argv, argv + argc);
   loadgen::BenchRun run{.label = label,
-                        .command = absl::StrJoin(args, " "),
+                        .command = absl::StrCat("cleave ", absl::StrJoin(args, " ")),
                         .router = router,
                         .prompt_len = prompt_len,
                         .output_len = output_len,

@@ -25,7 +25,16 @@ double tickStep(double max) {
   return 10 * power;
 }
 
-std::string number(double v) { return absl::StrFormat("%.4g", v); }
+// Tick labels: whole numbers as such (12000, not 1.2e+04), others to 3 digits.
+std::string tickLabel(double v) {
+  if (std::abs(v) >= 1 && std::abs(v) < 1e9 && v == std::round(v)) {
+    return absl::StrFormat("%.0f", v);
+  }
+  return absl::StrFormat("%.3g", v);
+}
+
+// Values in data attributes and tooltips.
+std::string number(double v) { return absl::StrFormat("%.6g", v); }
 
 }  // namespace
 
@@ -69,13 +78,13 @@ std::string renderSvg(const Chart& chart) {
     absl::StrAppendFormat(&svg,
                           "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
                           "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n",
-                          px(v), py(0), px(v), py(top_y), px(v), py(0) + 16, number(v));
+                          px(v), py(0), px(v), py(top_y), px(v), py(0) + 16, tickLabel(v));
   }
   for (double v = 0; v <= top_y + step_y / 2; v += step_y) {
     absl::StrAppendFormat(&svg,
                           "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
                           "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                          px(0), py(v), px(top_x), py(v), px(0) - 6, py(v) + 4, number(v));
+                          px(0), py(v), px(top_x), py(v), px(0) - 6, py(v) + 4, tickLabel(v));
   }
   absl::StrAppendFormat(&svg,
                         "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
