@@ -150,8 +150,11 @@ int runGenerate(int argc, char** argv) {
   }
   auto tokenizer = tokenizer::Tokenizer::load(model);
   if (!tokenizer.ok()) return fail(tokenizer.status());
-  auto group = engine::TpGroup::load(
-      model, {.tp = static_cast<int>(tp), .threads = static_cast<int>(threads)});
+  ProgressLine progress;
+  auto group = engine::TpGroup::load(model, {.tp = static_cast<int>(tp),
+                                             .threads = static_cast<int>(threads),
+                                             .on_progress = engine::showLoadProgress(progress)});
+  progress.finish();
   if (!group.ok()) return fail(group.status());
   const model::ModelConfig& config = (*group)->config();
 

@@ -30,15 +30,6 @@ std::string resolveModel(const std::string& name) {
   return name;
 }
 
-absl::StatusOr<model::ModelConfig> loadConfig(const std::string& path) {
-  if (path.ends_with(".gguf")) {
-    auto gguf = model::GgufFile::open(path);
-    if (!gguf.ok()) return gguf.status();
-    return model::configFromGguf(**gguf);
-  }
-  return model::loadModelConfig(path);
-}
-
 // Bytes per weight and whether products run on int8 (CPU), by stored format.
 absl::StatusOr<std::pair<double, bool>> weightFormat(const std::string& dtype) {
   if (dtype == "bf16" || dtype == "fp16") return std::pair{2.0, false};
@@ -86,7 +77,7 @@ int runRoofline(int argc, char** argv) {
   absl::StatusOr<std::pair<double, bool>> format = weightFormat(dtype);
   if (!format.ok()) exitWithUsageError(flags, format.status());
   const double kv_bytes = kv_dtype == "f32" ? 4 : kv_dtype == "fp8" ? 1 : 2;
-  absl::StatusOr<model::ModelConfig> config = loadConfig(resolveModel(model));
+  absl::StatusOr<model::ModelConfig> config = model::loadModelConfig(resolveModel(model));
   if (!config.ok()) exitWithUsageError(flags, config.status());
 
   roofline::Hardware hw;

@@ -274,7 +274,7 @@ absl::Status checkSupported(const model::ModelConfig& c, const std::string& path
 }
 
 // Everything but the source and the RoPE pairing is the same for every file format.
-absl::Status loadTensors(const TensorSource& f, LlamaWeights& w) {
+absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoaded& on_layer) {
   const model::ModelConfig& c = w.config;
   const ShardDims& d = w.dims;
   const uint64_t hidden = c.hidden_size, q_dim = uint64_t{c.num_heads} * c.head_dim,
@@ -315,6 +315,7 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w) {
       CLEAVE_ASSIGN_OR_RETURN(layer.w_up, f.matrix(name("up"), ffn, hidden, rows(d.ffn)));
       CLEAVE_ASSIGN_OR_RETURN(layer.w_down, f.matrix(name("down"), hidden, ffn, cols(d.ffn)));
     }
+    if (on_layer) on_layer(layer.bytes());
     w.layers.push_back(std::move(layer));
   }
   CLEAVE_ASSIGN_OR_RETURN(w.output_norm, f.vector(f.outputNormName(), hidden));
@@ -325,14 +326,15 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path, TpShard shard) {
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path, TpShard shard,
+                                                        const LayerLoaded& on_layer) {
   if (path.size() >= 5 && path.substr(path.size() - 5) == ".gguf")
-    return loadLlamaGguf(path, shard);
-  return loadLlamaSafetensors(path, shard);
+    return loadLlamaGguf(path, shard, on_layer);
+  return loadLlamaSafetensors(path, shard, on_layer);
 }
 
-absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& path,
-                                                            TpShard shard) {
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& path, TpShard shard,
+                                                            const LayerLoaded& on_layer) {
   auto w = std::make_unique<LlamaWeights>();
   CLEAVE_ASSIGN_OR_RETURN(w->gguf, model::GgufFile::open(path));
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::configFromGguf(*w->gguf));
@@ -340,12 +342,13 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& p
   CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
   // GGUF llama-family files store Q/K permuted for adjacent-pair rotation.
   w->rope_pairing = cpu::RopePairing::kAdjacent;
-  CLEAVE_RETURN_IF_ERROR(loadTensors(GgufSource(*w->gguf), *w));
+  CLEAVE_RETURN_IF_ERROR(loadTensors(GgufSource(*w->gguf), *w, on_layer));
   return w;
 }
 
 absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::string& folder,
-                                                                   TpShard shard) {
+                                                                   TpShard shard,
+                                                                   const LayerLoaded& on_layer) {
   auto w = std::make_unique<LlamaWeights>();
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::loadModelConfig(folder));
   CLEAVE_RETURN_IF_ERROR(checkSupported(w->config, folder));
@@ -358,7 +361,8 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
     return absl::UnimplementedError(absl::StrCat(
         quantization.source, ": NVFP4 checkpoints are not supported by the CPU engine yet"));
   }
-  CLEAVE_RETURN_IF_ERROR(loadTensors(SafetensorsSource(*w->safetensors, quantization), *w));
+  CLEAVE_RETURN_IF_ERROR(
+      loadTensors(SafetensorsSource(*w->safetensors, quantization), *w, on_layer));
   return w;
 }
 
@@ -369,14 +373,15 @@ absl::StatusOr<MoeBlock> loadMoeBlock(const model::SafetensorsCheckpoint& checkp
   return SafetensorsSource(checkpoint, {}).moe(layer, config, whole);
 }
 
+int64_t LlamaLayer::bytes() const {
+  return wq.bytes() + wk.bytes() + wv.bytes() + wo.bytes() + w_gate.bytes() + w_up.bytes() +
+         w_down.bytes() + static_cast<int64_t>(attn_norm.size() + ffn_norm.size()) * 4 +
+         (moe ? moe->bytes() : 0);
+}
+
 int64_t LlamaWeights::weightBytes() const {
   int64_t bytes = output.bytes() + static_cast<int64_t>(output_norm.size()) * 4;
-  for (const LlamaLayer& l : layers) {
-    bytes += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() +
-             l.w_up.bytes() + l.w_down.bytes() +
-             static_cast<int64_t>(l.attn_norm.size() + l.ffn_norm.size()) * 4 +
-             (l.moe ? l.moe->bytes() : 0);
-  }
+  for (const LlamaLayer& l : layers) bytes += l.bytes();
   return bytes + token_embd.rowBytes();
 }
 

@@ -10,6 +10,7 @@
 // Threading: immutable after load.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,7 @@ struct LlamaLayer {
   cpu::CpuMatrix w_down;        // [hidden, intermediate]
   // Set on mixture-of-experts layers instead of the dense MLP above.
   std::optional<MoeBlock> moe;
+  int64_t bytes() const;  // Of the weights as kept.
 };
 
 // Rows [row_begin, row_begin + rows) of the embedding table in their stored format.
@@ -73,12 +75,15 @@ struct LlamaWeights {
 // Loads rank `shard` of a Llama-family model from `path`: a GGUF file, or a folder with
 // config.json and safetensors. Errors name the file and the tensor that is missing or
 // misshapen, or the dimension that cannot be split shard.size ways.
-absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path,
-                                                        TpShard shard = {});
+// Called after each layer is loaded with the bytes of that layer's weights (as kept).
+using LayerLoaded = std::function<void(int64_t bytes)>;
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlama(const std::string& path, TpShard shard = {},
+                                                        const LayerLoaded& on_layer = {});
 absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& path,
-                                                            TpShard shard = {});
-absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::string& folder,
-                                                                   TpShard shard = {});
+                                                            TpShard shard = {},
+                                                            const LayerLoaded& on_layer = {});
+absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(
+    const std::string& folder, TpShard shard = {}, const LayerLoaded& on_layer = {});
 
 // The MoE block of `layer` of a Hugging Face checkpoint (Mixtral, Qwen3-MoE or DeepSeek-V3
 // naming), for running one block on its own.

@@ -1,10 +1,13 @@
 #include "services/engine/tp_group.h"
 
+#include <chrono>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -92,6 +95,20 @@ absl::Status TpGroup::onEveryRank(const std::function<absl::Status(Rank&)>& job)
   return absl::OkStatus();
 }
 
+std::function<void(const LoadProgress&)> showLoadProgress(ProgressLine& line) {
+  if (!line.enabled()) return {};
+  const auto start = std::chrono::steady_clock::now();
+  return [&line, start](const LoadProgress& p) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    line.update(absl::StrFormat(
+                    "loading: layer %d of %d, %s, %s/s", p.layers_done, p.layers_total,
+                    humanBytes(p.bytes_done),
+                    humanBytes(static_cast<uint64_t>(seconds > 0 ? p.bytes_done / seconds : 0))),
+                p.layers_done == p.layers_total);
+  };
+}
+
 absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
                                                        const TpGroupOptions& options) {
   if (options.tp < 1) {
@@ -108,9 +125,22 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
   const int threads_per_rank = std::max(1, options.threads / options.tp);
   // Every shard loads before any rank connects, so a rank that fails to load never leaves
   // the others waiting for it.
+  std::mutex progress_mu;
+  LoadProgress progress;
+  if (options.on_progress) {
+    absl::StatusOr<model::ModelConfig> config = model::loadModelConfig(path);
+    if (config.ok()) progress.layers_total = int64_t{config->num_layers} * options.tp;
+  }
+  auto on_layer = [&](int64_t bytes) {
+    std::lock_guard<std::mutex> lock(progress_mu);
+    ++progress.layers_done;
+    progress.bytes_done += bytes;
+    options.on_progress(progress);
+  };
   CLEAVE_RETURN_IF_ERROR(group->onEveryRank([&](Rank& rank) -> absl::Status {
     CLEAVE_ASSIGN_OR_RETURN(rank.weights,
-                            loadLlama(path, {.rank = rank.index, .size = options.tp}));
+                            loadLlama(path, {.rank = rank.index, .size = options.tp},
+                                      options.on_progress ? LayerLoaded(on_layer) : LayerLoaded()));
     return absl::OkStatus();
   }));
   CLEAVE_RETURN_IF_ERROR(group->onEveryRank([&](Rank& rank) -> absl::Status {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
+#include "common/progress.h"
 #include "services/engine/llama_model.h"
 
 namespace cleave::engine {
@@ -29,11 +31,24 @@ enum class TpTransport {
   kGloo,          // Gloo over loopback TCP (gloo_communicator.h).
 };
 
+// How far loading has come, summed over the ranks.
+struct LoadProgress {
+  int64_t layers_done = 0;
+  int64_t layers_total = 0;  // Layers x ranks.
+  int64_t bytes_done = 0;    // Weights kept so far.
+};
+
+// An on_progress that redraws `line` (when it is enabled: on a terminal) with the layers
+// and bytes loaded and the rate. `line` must outlive the load.
+std::function<void(const LoadProgress&)> showLoadProgress(ProgressLine& line);
+
 struct TpGroupOptions {
   int tp = 1;
   TpTransport transport = TpTransport::kSharedMemory;
   // CPU threads for the whole group, split evenly between the ranks (at least one each).
   int threads = 1;
+  // Called as layers load (from one rank thread at a time), e.g. for a progress line.
+  std::function<void(const LoadProgress&)> on_progress;
 };
 
 class TpGroup {

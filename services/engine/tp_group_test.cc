@@ -196,6 +196,28 @@ TEST(TpGroupTest, RefusesASplitTheModelCannotTake) {
   EXPECT_THAT(TpGroup::load(kSmolLm2, {.tp = 0}).status().message(), HasSubstr("--tp"));
 }
 
+TEST(TpGroupTest, ReportsLoadingProgressOfEveryLayerOfEveryRank) {
+  if (!std::filesystem::exists(kSmolLm2)) GTEST_SKIP() << kSmolLm2 << " is not installed";
+  std::vector<LoadProgress> seen;
+  auto group = TpGroup::load(
+      kSmolLm2,
+      {.tp = 3, .threads = 3, .on_progress = [&](const LoadProgress& p) { seen.push_back(p); }});
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(seen.size(), 30u * 3);  // SmolLM2-135M has 30 layers.
+  int64_t layer_bytes = 0;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].layers_done, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(seen[i].layers_total, 90);
+    if (i > 0) EXPECT_GT(seen[i].bytes_done, seen[i - 1].bytes_done);
+  }
+  // Every weight but the embedding, the lm-head and the final norm is in some layer.
+  int64_t all = 0;
+  for (int r = 0; r < 3; ++r) all += (*group)->weightBytes(r);
+  layer_bytes = seen.back().bytes_done;
+  EXPECT_LT(layer_bytes, all);
+  EXPECT_GT(layer_bytes, all / 2);
+}
+
 TEST(TpGroupTest, SchedulerOnTwoRanksMatchesOneRank) {
   const std::string path = kHf + "qwen3_moe_f32";
   std::map<int, std::vector<uint32_t>> tokens;

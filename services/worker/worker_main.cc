@@ -119,9 +119,12 @@ int run(int argc, char** argv) {
       options.threads > 0 ? static_cast<int>(options.threads)
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                             static_cast<int>(options.tp));
+  ProgressLine progress;  // On a terminal only; a log stays clean.
   auto group = engine::TpGroup::load(options.model,
                                      {.tp = static_cast<int>(options.tp),
-                                      .threads = threads_per_rank * static_cast<int>(options.tp)});
+                                      .threads = threads_per_rank * static_cast<int>(options.tp),
+                                      .on_progress = engine::showLoadProgress(progress)});
+  progress.finish();
   if (!group.ok()) die(group.status());
   const model::ModelConfig& config = (*group)->config();
 
