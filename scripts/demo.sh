@@ -69,7 +69,7 @@ echo "== workload: 64 streaming requests, 16 at a time (cleave bench; report in 
 
 echo
 echo "== metrics"
-/usr/bin/python3 - "$router_metrics" "$worker_metrics" <<'PY'
+/usr/bin/python3 - "$router_metrics" "$worker_metrics" "$work/efficiency" <<'PY'
 import sys, urllib.request
 def show(port, prefixes):
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
@@ -87,12 +87,18 @@ values = dict(line.rsplit(" ", 1) for line in body.splitlines() if line and line
 floor = float(values["cleave_worker_step_floor_seconds_total"])
 spent = float(values["cleave_worker_step_seconds_total"])
 print(f"  decode worker efficiency (roofline floor / measured step time): {floor / spent:.2f}")
+with open(sys.argv[3], "w") as f:
+    f.write(f"{floor / spent:.2f}")
 PY
 
 echo
 echo "== summary"
 echo "ran: cleave up with cleave-router (Generation API, worker registry, KV-budget admission,"
 echo "  token relay), a prefill worker and a decode worker on the CPU engine handing KV caches"
-echo "  over UCX, a streaming workload through them, and the CLI. Not built yet: dashboards,"
-echo "  docker-compose, fault injection."
+echo "  over UCX, a streaming load test (cleave bench; report in build/demo/bench.html), and the"
+echo "  CLI. Deploy with docker-compose (deploy/, docs/operations.md); watch with the Prometheus"
+echo "  alerts and Grafana dashboard in deploy/ (docs/metrics.md)."
+echo "live efficiency of the decode worker over the run: $(cat "$work/efficiency") (roofline floor /"
+echo "  measured step time, cleave_worker_step_*; bench/live_efficiency.py compares it with"
+echo "  bench_engine at the same batch: docs/benchmarks.md)."
 echo "shutting down"

@@ -66,6 +66,7 @@ int generateThroughRouter(const std::string& address, const std::string& prompt,
       },
       std::chrono::minutes(10));
   std::fputc('\n', stdout);
+  std::fflush(stdout);  // Before the summary on stderr, which may share the stream.
   if (!status.ok()) return fail(status);
   const v1::Timings& t = final.timings();
   std::fprintf(stderr,

@@ -194,6 +194,8 @@ int run(int argc, char** argv) {
   CLEAVE_LOG(INFO) << "this machine: " << hardware.bandwidth / 1e9 << " GB/s read, "
                    << hardware.peak_flops / 1e9 << " GOP/s for the weights' products";
   worker::WorkerMetrics::exportHardware(hardware);
+  worker::WorkerMetrics::exportInfo(options.role, model::modelIdFromPath(options.model),
+                                    options.tp);
 
   registerProcessMetrics("worker");
   auto metrics = MetricsServer::start(options.server.metrics_address,

@@ -109,6 +109,15 @@ void WorkerMetrics::exportMemoryPlan(const engine::MemoryPlan& plan) {
   family.Add({{"term", "kv_pool"}}).Set(static_cast<double>(plan.kv_pool));
 }
 
+void WorkerMetrics::exportInfo(const std::string& role, const std::string& model, int64_t tp) {
+  prometheus::BuildGauge()
+      .Name("cleave_worker_info")
+      .Help("This worker's role, model and tensor-parallel degree (value 1)")
+      .Register(metricsRegistry())
+      .Add({{"role", role}, {"model", model}, {"tp", std::to_string(tp)}})
+      .Set(1);
+}
+
 void WorkerMetrics::exportHardware(const roofline::Hardware& hardware) {
   plainGauge("cleave_worker_roofline_bandwidth_bytes_per_second",
              "Memory read bandwidth the step floors are computed against (measured at start)")
