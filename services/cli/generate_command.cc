@@ -29,7 +29,7 @@ std::string chatTurn(const std::string& text) {
 
 int generateThroughRouter(const std::string& address, const std::string& prompt, bool chat,
                           const engine::SamplingParams& s, int64_t max_tokens,
-                          const std::string& stop, bool print_ids) {
+                          const std::string& stop, bool ignore_eos, bool print_ids) {
   v1::GenerateRequest request;
   request.set_text(chat ? chatTurn(prompt) : prompt);
   request.set_parse_special_tokens(chat);
@@ -45,6 +45,7 @@ int generateThroughRouter(const std::string& address, const std::string& prompt,
   p->set_seed(s.seed);
   request.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(max_tokens));
   if (!stop.empty()) request.mutable_stopping()->add_stop(stop);
+  request.mutable_stopping()->set_ignore_eos(ignore_eos);
   client::RouterClient client({.address = address});
   v1::FinalInfo final;
   bool first = true;
@@ -93,6 +94,7 @@ int runGenerate(int argc, char** argv) {
   double presence_penalty = 0.0, frequency_penalty = 0.0;
   int64_t top_k = 0, seed = 0;
   std::string stop;
+  bool ignore_eos = false;
   FlagSet flags("cleave generate", "--model MODEL [flags] PROMPT",
                 "Generates a continuation of PROMPT on the CPU and streams it to standard output; "
                 "timings go to standard error. Greedy unless --temperature > 0.");
@@ -119,6 +121,8 @@ int runGenerate(int argc, char** argv) {
                   "Subtracted per occurrence in the output");
   flags.addInt("seed", &seed, "Random seed (same seed, same output)");
   flags.addString("stop", &stop, "Stop when this text appears (not printed)");
+  flags.addBool("ignore-eos", &ignore_eos,
+                "Generate --max-tokens tokens even past the end-of-sequence token");
   std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
   engine::SamplingParams sampling{.temperature = static_cast<float>(temperature),
                                   .top_k = static_cast<int32_t>(top_k),
@@ -147,7 +151,7 @@ int runGenerate(int argc, char** argv) {
   }
   if (!router.empty()) {
     return generateThroughRouter(router, positional[0], chat, sampling, max_tokens, stop,
-                                 print_ids);
+                                 ignore_eos, print_ids);
   }
   auto tokenizer = tokenizer::Tokenizer::load(model);
   if (!tokenizer.ok()) return fail(tokenizer.status());
@@ -171,7 +175,9 @@ int runGenerate(int argc, char** argv) {
 
   std::vector<uint32_t> eos = config.eos_token_ids;
   if (auto id = (*tokenizer)->eosId()) eos.push_back(*id);
-  if (chat) {
+  if (ignore_eos) {
+    eos.clear();
+  } else if (chat) {
     std::vector<tokenizer::TokenId> end =
         (*tokenizer)->encode("<|im_end|>", {.add_special_tokens = false, .parse_special = true});
     if (end.size() == 1) eos.push_back(end[0]);

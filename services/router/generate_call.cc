@@ -1,6 +1,7 @@
 // GenerationService::generate: one client request through admission and the worker
 // protocol (see generation_service.h).
 #include <random>
+#include <span>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
@@ -122,138 +123,33 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   }
   const int64_t blocks = (prompt_tokens + max_new + model->block_size - 1) / model->block_size;
 
-  // Placement: blocks on a decode worker (admission, Reserve), the prompt prefilled into
-  // them, the sequence started there. Nothing has reached the client yet, so a decode
-  // worker that cannot be reached is passed over and the request placed again.
-  const auto deadline = context->deadline();
-  const auto cancelled = [context] { return context->IsCancelled(); };
+  // The sequence so far: the prompt, then every token the client has been sent. A
+  // placement prefills all of it on a decode worker and decodes the rest there; when that
+  // worker is lost mid-stream, the sequence is placed again (migrated) and continues.
   const std::string id = absl::StrCat(relay_.routerId(), "-", next_request_++);
   v1::SamplingParams sampling = request.sampling();
   if (!sampling.has_seed()) sampling.set_seed(std::random_device{}() * 0x100000001ull);
-  v1::StoppingCriteria stopping = request.stopping();
-  stopping.set_max_new_tokens(static_cast<uint32_t>(max_new));
-  // Whatever happens next, the worker's reservation and the router's admission end with
-  // the placement.
-  struct Placement {
-    GenerationService* self;
-    Admission admission;
-    std::string id;
-    ~Placement() {
-      self->relay_.close(id);
-      v1::ReleaseRequest release;
-      release.set_request_id(id);
-      v1::ReleaseResponse released;
-      auto ctx = workerContext(std::chrono::system_clock::now() + kCleanupTimeout);
-      grpc::Status status = admission.worker->decode->Release(ctx.get(), release, &released);
-      if (!status.ok()) {
-        CLEAVE_LOG(WARNING) << "release of " << id << " on " << admission.worker->id << ": "
-                            << status.error_message();
-      }
-      self->pool_.release(admission);
-    }
-  };
+  Sequence sequence{.id = id,
+                    .tokens = prompt,
+                    .remaining = max_new,
+                    .blocks = blocks,
+                    .sampling = sampling,
+                    .stopping = request.stopping(),
+                    .logprobs = request.has_logprobs() ? std::optional<uint32_t>(request.logprobs())
+                                                       : std::nullopt,
+                    .deadline = context->deadline(),
+                    .cancelled = [context] { return context->IsCancelled(); }};
+  std::vector<std::string> lost;  // Decode workers this request could not use.
   std::unique_ptr<Placement> placed;
-  std::shared_ptr<Mailbox> mailbox;
-  v1::PrefillResponse prefilled;
-  double queue_wait_ms = 0;
-  grpc::Status status;
-  std::vector<std::string> lost;  // Decode workers this request could not reach.
-  auto passOver = [&](const Worker& worker) {
-    CLEAVE_LOG(WARNING) << "decode worker " << worker.id << " unreachable for " << id << " ("
-                        << status.error_message() << "); placing the request again";
-    lost.push_back(worker.id);
-    placed.reset();
-  };
-  while (true) {
-    absl::StatusOr<Admission> admitted = pool_.admit(blocks, deadline, cancelled, lost);
-    if (!admitted.ok()) return lost.empty() ? toGrpcStatus(admitted.status()) : status;
-    queue_wait_ms = msSince(received);
-    placed.reset(new Placement{this, *admitted, id});
-    const Worker& worker = *placed->admission.worker;
+  grpc::Status status = place(sequence, lost, placed);
+  if (!status.ok()) return status;
+  const double queue_wait_ms = placed->queue_wait_ms;
+  const v1::PrefillResponse first_prefill = placed->prefilled;
 
-    v1::ReserveRequest reserve;
-    reserve.set_request_id(id);
-    reserve.set_router_id(relay_.routerId());
-    reserve.set_num_blocks(static_cast<uint32_t>(blocks));
-    reserve.set_prompt_tokens(static_cast<uint32_t>(prompt_tokens));
-    reserve.set_max_new_tokens(static_cast<uint32_t>(max_new));
-    // The reservation outlives this router by at most the ttl (until StartDecode) or the
-    // client's deadline.
-    reserve.set_ttl_ms(10 * 60 * 1000);
-    if (deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
-      reserve.set_deadline_unix_ms(
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch())
-              .count());
-    }
-    v1::ReserveResponse reserved;
-    status = worker.decode->Reserve(workerContext(deadline).get(), reserve, &reserved);
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      passOver(worker);
-      continue;
-    }
-    if (!status.ok()) return status;
-
-    v1::PrefillRequest prefill;
-    prefill.set_request_id(id);
-    prefill.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-    *prefill.mutable_sampling() = sampling;
-    *prefill.mutable_stopping() = stopping;
-    if (request.has_logprobs()) prefill.set_logprobs(request.logprobs());
-    v1::KvDestination* destination = prefill.mutable_destination();
-    destination->set_decode_worker_id(worker.id);
-    *destination->mutable_ranks() = worker.info.ranks();
-    *destination->mutable_layout() = worker.info.kv_layout();
-    const int64_t prompt_blocks = (prompt_tokens + model->block_size - 1) / model->block_size;
-    destination->mutable_block_ids()->Add(reserved.block_ids().begin(),
-                                          reserved.block_ids().begin() + prompt_blocks);
-    // A prefill worker that cannot be reached or whose KV transfer fails is skipped; the
-    // next one writes the same blocks again.
-    std::vector<std::string> failed;
-    while (true) {
-      absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, prompt_tokens, failed);
-      if (!prefiller.ok()) return failed.empty() ? toGrpcStatus(prefiller.status()) : status;
-      status =
-          prefiller->worker->prefill->Prefill(workerContext(deadline).get(), prefill, &prefilled);
-      pool_.releasePrefill(*prefiller);
-      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-      CLEAVE_LOG(WARNING) << "prefill of " << id << " on " << prefiller->worker->id << " failed ("
-                          << status.error_message() << "); trying another worker";
-      failed.push_back(prefiller->worker->id);
-    }
-    if (!status.ok()) return status;
-    if (prefilled.has_finish_reason()) break;  // The first token ends it: nothing to decode.
-
-    mailbox = relay_.open(id, worker.id);
-    v1::StartDecodeRequest start;
-    start.set_request_id(id);
-    start.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-    start.set_first_token_id(prefilled.first_token_id());
-    *start.mutable_sampling() = sampling;
-    *start.mutable_stopping() = stopping;
-    if (request.has_logprobs()) start.set_logprobs(request.logprobs());
-    v1::StartDecodeResponse started;
-    status = worker.decode->StartDecode(workerContext(deadline).get(), start, &started);
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      passOver(worker);
-      continue;
-    }
-    if (!status.ok()) return status;
-    break;
-  }
-  const Worker& worker = *placed->admission.worker;
-
-  // The first message: ids, the first token.
   TextStream text(tokenizer_.get(), request.stopping());
-  uint32_t completion_tokens = 1;
-  v1::GenerateResponse first;
-  first.set_request_id(request.request_id().empty() ? id : request.request_id());
-  if (request.echo_prompt_token_ids())
-    first.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
-  first.add_token_ids(prefilled.first_token_id());
-  if (prefilled.has_first_logprob()) *first.add_logprobs() = prefilled.first_logprob();
-  std::optional<v1::FinishReason> finish;
-  if (prefilled.has_finish_reason()) finish = prefilled.finish_reason();
-  first.set_text(text.push(prefilled.first_token_id(), finish));
+  uint32_t completion_tokens = 0;
+  int migrations = 0;
+  std::string path = placed->admission.worker->id;  // Decode workers used, for errors.
   const double ttft_ms = msSince(received);
   auto finalInfo = [&](v1::FinishReason reason, const std::string& matched) {
     v1::FinalInfo info;
@@ -263,31 +159,78 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     info.mutable_usage()->set_completion_tokens(completion_tokens);
     v1::Timings* t = info.mutable_timings();
     t->set_queue_wait_ms(queue_wait_ms);
-    t->set_prefill_ms(prefilled.prefill_ms());
-    t->set_kv_transfer_ms(prefilled.kv_transfer_ms());
+    t->set_prefill_ms(first_prefill.prefill_ms());
+    t->set_kv_transfer_ms(first_prefill.kv_transfer_ms());
     t->set_time_to_first_token_ms(ttft_ms);
     t->set_total_ms(msSince(received));
     queue_wait_.Observe(queue_wait_ms / 1e3);
     ttft_.Observe(ttft_ms / 1e3);
     request_time_.Observe(t->total_ms() / 1e3);
-    prefill_.Observe(prefilled.prefill_ms() / 1e3);
-    if (prefilled.kv_transfer_ms() > 0) kv_transfer_.Observe(prefilled.kv_transfer_ms() / 1e3);
+    prefill_.Observe(first_prefill.prefill_ms() / 1e3);
+    if (first_prefill.kv_transfer_ms() > 0) {
+      kv_transfer_.Observe(first_prefill.kv_transfer_ms() / 1e3);
+    }
     return info;
   };
-  if (finish) {
-    *first.mutable_final() = finalInfo(*finish, prefilled.matched_stop());
-    writer->Write(first);
-    return grpc::Status::OK;
-  }
-  if (!writer->Write(first)) return error(grpc::StatusCode::CANCELLED, "the client went away");
+  // Sends `tokens` (the end of the sequence when `reason` is set); false when the call is
+  // over (finished, or the client went away: then `status` says so).
+  auto last_sent = Clock::now();
+  bool first_message = true;
+  auto send = [&](std::span<const uint32_t> tokens, const auto& logprobs,
+                  std::optional<v1::FinishReason> reason, const std::string& matched) {
+    v1::GenerateResponse message;
+    if (first_message) {
+      message.set_request_id(request.request_id().empty() ? id : request.request_id());
+      if (request.echo_prompt_token_ids()) {
+        message.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+      }
+    } else if (!tokens.empty()) {
+      const auto now = Clock::now();
+      const double gap = std::chrono::duration<double>(now - last_sent).count();
+      for (size_t i = 0; i < tokens.size(); ++i) inter_token_.Observe(gap / tokens.size());
+    }
+    last_sent = Clock::now();
+    first_message = false;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      const bool last = i + 1 == tokens.size();
+      message.add_token_ids(tokens[i]);
+      message.mutable_text()->append(text.push(tokens[i], last ? reason : std::nullopt));
+      sequence.tokens.push_back(tokens[i]);
+      --sequence.remaining;
+      ++completion_tokens;
+    }
+    message.mutable_logprobs()->CopyFrom(logprobs);
+    if (reason) {
+      *message.mutable_final() = finalInfo(*reason, matched);
+      writer->Write(message);
+      status = grpc::Status::OK;
+      return false;
+    }
+    if (!writer->Write(message)) {
+      status = error(grpc::StatusCode::CANCELLED, "the client went away");
+      return false;
+    }
+    return true;
+  };
+  // A placement's first token comes from its prefill.
+  auto sendPrefilled = [&] {
+    const v1::PrefillResponse& p = placed->prefilled;
+    google::protobuf::RepeatedPtrField<v1::TokenLogprob> logprobs;
+    if (p.has_first_logprob()) *logprobs.Add() = p.first_logprob();
+    const uint32_t token = p.first_token_id();
+    return send({&token, 1}, logprobs,
+                p.has_finish_reason() ? std::optional(p.finish_reason()) : std::nullopt,
+                p.matched_stop());
+  };
+  if (!sendPrefilled()) return status;
 
   // Decode: the rest arrives on the worker's token stream.
-  auto last_sent = Clock::now();
   while (true) {
+    const Worker& worker = *placed->admission.worker;
     std::optional<absl::StatusOr<v1::SequenceEvent>> next =
-        mailbox->next(std::chrono::milliseconds(50));
+        placed->mailbox->next(std::chrono::milliseconds(50));
     const bool cancelled = context->IsCancelled();
-    const bool expired = std::chrono::system_clock::now() >= deadline;
+    const bool expired = std::chrono::system_clock::now() >= sequence.deadline;
     if (cancelled || expired) {
       v1::CancelRequest cancel;
       cancel.set_request_id(id);
@@ -300,35 +243,155 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                                "the deadline passed while the request was decoding");
     }
     if (!next) continue;
+    std::optional<v1::FinishReason> reason;
+    if (next->ok() && (*next)->has_finish_reason()) reason = (*next)->finish_reason();
+    // The decode worker left (its lease expired or it deregistered) or dropped the
+    // sequence (it is stopping): continue on another one.
+    const bool worker_left = !next->ok() && next->status().code() == absl::StatusCode::kUnavailable;
+    if (worker_left || reason == v1::FINISH_REASON_CANCELLED ||
+        reason == v1::FINISH_REASON_ABORTED) {
+      const std::string why =
+          next->ok() ? "it stopped the sequence" : std::string(next->status().message());
+      if (migrations == options_.max_migrations) {
+        return error(grpc::StatusCode::UNAVAILABLE,
+                     absl::StrCat("the request lost its decode worker ", migrations + 1, " times (",
+                                  path, "; last: ", why, "); the --max-migrations limit is ",
+                                  options_.max_migrations));
+      }
+      if (sequence.remaining <= 0) {  // Every token was sent; only the ending was lost.
+        send({}, google::protobuf::RepeatedPtrField<v1::TokenLogprob>(), v1::FINISH_REASON_LENGTH,
+             "");
+        return status;
+      }
+      ++migrations;
+      migrations_.Increment();
+      CLEAVE_LOG(WARNING) << "request " << id << " lost decode worker " << worker.id << " (" << why
+                          << ") after " << completion_tokens << " tokens; placing it again";
+      if (!worker_left) lost.push_back(worker.id);
+      placed.reset();
+      status = place(sequence, lost, placed);
+      if (!status.ok()) return status;
+      absl::StrAppend(&path, ", ", placed->admission.worker->id);
+      if (!sendPrefilled()) return status;
+      continue;
+    }
     if (!next->ok()) return toGrpcStatus(next->status());
     const v1::SequenceEvent& event = **next;
-    std::optional<v1::FinishReason> reason;
-    if (event.has_finish_reason()) reason = event.finish_reason();
-    if (reason == v1::FINISH_REASON_CANCELLED || reason == v1::FINISH_REASON_ABORTED) {
-      return error(grpc::StatusCode::ABORTED, "the decode worker stopped the request");
-    }
-    if (event.token_ids_size() > 0) {
-      const auto now = Clock::now();
-      const double gap = std::chrono::duration<double>(now - last_sent).count();
-      for (int i = 0; i < event.token_ids_size(); ++i)
-        inter_token_.Observe(gap / event.token_ids_size());
-      last_sent = now;
-    }
-    v1::GenerateResponse message;
-    for (int i = 0; i < event.token_ids_size(); ++i) {
-      const bool last = i + 1 == event.token_ids_size();
-      message.add_token_ids(event.token_ids(i));
-      message.mutable_text()->append(text.push(event.token_ids(i), last ? reason : std::nullopt));
-      ++completion_tokens;
-    }
-    message.mutable_logprobs()->CopyFrom(event.logprobs());
-    if (reason) {
-      *message.mutable_final() = finalInfo(*reason, event.matched_stop());
-      writer->Write(message);
-      return grpc::Status::OK;
-    }
-    if (!writer->Write(message)) return error(grpc::StatusCode::CANCELLED, "the client went away");
+    const std::vector<uint32_t> tokens(event.token_ids().begin(), event.token_ids().end());
+    if (!send(tokens, event.logprobs(), reason, event.matched_stop())) return status;
   }
+}
+
+grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std::string>& lost,
+                                      std::unique_ptr<Placement>& placed) {
+  // Admission (blocks on a decode worker), Reserve, Prefill, StartDecode. Nothing of this
+  // placement has reached the client yet, so a decode worker that cannot be reached is
+  // passed over and the sequence placed again.
+  const auto placing = Clock::now();
+  const std::optional<WorkerPool::ModelView> model = pool_.model();
+  if (!model) {
+    return error(grpc::StatusCode::UNAVAILABLE, "every worker left this router");
+  }
+  const int64_t tokens = static_cast<int64_t>(sequence.tokens.size());
+  v1::StoppingCriteria stopping = sequence.stopping;
+  stopping.set_max_new_tokens(static_cast<uint32_t>(sequence.remaining));
+  grpc::Status status;
+  auto passOver = [&](const Worker& worker) {
+    CLEAVE_LOG(WARNING) << "decode worker " << worker.id << " unreachable for " << sequence.id
+                        << " (" << status.error_message() << "); placing the request again";
+    lost.push_back(worker.id);
+    placed.reset();
+  };
+  while (true) {
+    absl::StatusOr<Admission> admitted =
+        pool_.admit(sequence.blocks, sequence.deadline, sequence.cancelled, lost);
+    if (!admitted.ok()) return status.ok() ? toGrpcStatus(admitted.status()) : status;
+    placed.reset(new Placement(*this, *admitted, sequence.id));
+    placed->queue_wait_ms = msSince(placing);
+    const Worker& worker = *placed->admission.worker;
+
+    v1::ReserveRequest reserve;
+    reserve.set_request_id(sequence.id);
+    reserve.set_router_id(relay_.routerId());
+    reserve.set_num_blocks(static_cast<uint32_t>(sequence.blocks));
+    reserve.set_prompt_tokens(static_cast<uint32_t>(tokens));
+    reserve.set_max_new_tokens(static_cast<uint32_t>(sequence.remaining));
+    // The reservation outlives this router by at most the ttl (until StartDecode) or the
+    // client's deadline.
+    reserve.set_ttl_ms(10 * 60 * 1000);
+    if (sequence.deadline < std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+      reserve.set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       sequence.deadline.time_since_epoch())
+                                       .count());
+    }
+    v1::ReserveResponse reserved;
+    status = worker.decode->Reserve(workerContext(sequence.deadline).get(), reserve, &reserved);
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      passOver(worker);
+      continue;
+    }
+    if (!status.ok()) return status;
+
+    v1::PrefillRequest prefill;
+    prefill.set_request_id(sequence.id);
+    prefill.mutable_prompt_token_ids()->Add(sequence.tokens.begin(), sequence.tokens.end());
+    *prefill.mutable_sampling() = sequence.sampling;
+    *prefill.mutable_stopping() = stopping;
+    if (sequence.logprobs) prefill.set_logprobs(*sequence.logprobs);
+    v1::KvDestination* destination = prefill.mutable_destination();
+    destination->set_decode_worker_id(worker.id);
+    *destination->mutable_ranks() = worker.info.ranks();
+    *destination->mutable_layout() = worker.info.kv_layout();
+    const int64_t prompt_blocks = (tokens + model->block_size - 1) / model->block_size;
+    destination->mutable_block_ids()->Add(reserved.block_ids().begin(),
+                                          reserved.block_ids().begin() + prompt_blocks);
+    // A prefill worker that cannot be reached or whose KV transfer fails is skipped; the
+    // next one writes the same blocks again.
+    std::vector<std::string> failed;
+    while (true) {
+      absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, tokens, failed);
+      if (!prefiller.ok()) return failed.empty() ? toGrpcStatus(prefiller.status()) : status;
+      status = prefiller->worker->prefill->Prefill(workerContext(sequence.deadline).get(), prefill,
+                                                   &placed->prefilled);
+      pool_.releasePrefill(*prefiller);
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      CLEAVE_LOG(WARNING) << "prefill of " << sequence.id << " on " << prefiller->worker->id
+                          << " failed (" << status.error_message() << "); trying another worker";
+      failed.push_back(prefiller->worker->id);
+    }
+    if (!status.ok()) return status;
+    if (placed->prefilled.has_finish_reason()) return grpc::Status::OK;  // Nothing to decode.
+
+    placed->mailbox = relay_.open(sequence.id, worker.id);
+    v1::StartDecodeRequest start;
+    start.set_request_id(sequence.id);
+    start.mutable_prompt_token_ids()->Add(sequence.tokens.begin(), sequence.tokens.end());
+    start.set_first_token_id(placed->prefilled.first_token_id());
+    *start.mutable_sampling() = sequence.sampling;
+    *start.mutable_stopping() = stopping;
+    if (sequence.logprobs) start.set_logprobs(*sequence.logprobs);
+    v1::StartDecodeResponse started;
+    status = worker.decode->StartDecode(workerContext(sequence.deadline).get(), start, &started);
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      passOver(worker);
+      continue;
+    }
+    return status;
+  }
+}
+
+GenerationService::Placement::~Placement() {
+  self.relay_.close(id);
+  v1::ReleaseRequest release;
+  release.set_request_id(id);
+  v1::ReleaseResponse released;
+  auto ctx = workerContext(std::chrono::system_clock::now() + kCleanupTimeout);
+  grpc::Status status = admission.worker->decode->Release(ctx.get(), release, &released);
+  if (!status.ok()) {
+    CLEAVE_LOG(WARNING) << "release of " << id << " on " << admission.worker->id << ": "
+                        << status.error_message();
+  }
+  self.pool_.release(admission);
 }
 
 }  // namespace cleave::router

@@ -49,7 +49,10 @@ GenerationService::GenerationService(GenerationServiceOptions options, WorkerPoo
       kv_transfer_(latency("cleave_router_kv_transfer_seconds",
                            "Time the prefill worker spent moving a prompt's KV cache")),
       prefill_(latency("cleave_router_prefill_seconds",
-                       "Time a prefill worker took to compute a prompt's first token")) {}
+                       "Time a prefill worker took to compute a prompt's first token")),
+      migrations_(plainCounter("cleave_router_migrations_total",
+                               "Streaming requests moved to another decode worker after losing "
+                               "theirs")) {}
 
 grpc::Status GenerationService::finish(const char* method, grpc::Status status) {
   std::string code = absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));

@@ -6,14 +6,25 @@
 // Whatever ends the call — the last token, an error, the client cancelling or its
 // deadline — releases the reservation on the worker and the admission in the router.
 //
+// Migration: when the decode worker of a streaming request leaves (its lease expires or it
+// deregisters) or drops the sequence, the router places the sequence again — the prompt
+// plus every token already sent becomes the new prompt, with the remaining budget — on
+// another decode worker, and the client's stream goes on: no gap in the tokens, none
+// repeated, the same usage at the end. Greedy requests continue exactly as they would have;
+// sampled ones continue with the same seed from a fresh draw, and presence/frequency
+// penalties count the tokens before the move as prompt.
+//
 // Threading: gRPC calls every handler on its own threads, concurrently; shared state is in
 // the thread-safe WorkerPool and TokenRelay.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "cleave/v1/generation.grpc.pb.h"
 #include "common/tokenizer/tokenizer.h"
@@ -28,6 +39,9 @@ namespace cleave::router {
 struct GenerationServiceOptions {
   // Capacity of the admission queue, reported by GetServerInfo.
   uint32_t queue_capacity = 1024;
+  // How many times one request may move to another decode worker after losing its own
+  // (the worker left or dropped the sequence) before it fails with UNAVAILABLE.
+  int max_migrations = 3;
 };
 
 class GenerationService final : public v1::Generation::Service {
@@ -52,6 +66,36 @@ class GenerationService final : public v1::Generation::Service {
   grpc::Status finish(const char* method, grpc::Status status);
   grpc::Status generate(grpc::ServerContext* context, const v1::GenerateRequest& request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer);
+
+  // A request's sequence as the workers see it.
+  struct Sequence {
+    std::string id;                // The router's id for it, on every worker.
+    std::vector<uint32_t> tokens;  // The prompt, then every token sent to the client.
+    int64_t remaining = 0;         // New tokens still allowed.
+    int64_t blocks = 0;            // KV blocks for its whole life.
+    v1::SamplingParams sampling;
+    v1::StoppingCriteria stopping;
+    std::optional<uint32_t> logprobs;
+    std::chrono::system_clock::time_point deadline;
+    std::function<bool()> cancelled;
+  };
+  // The sequence on one decode worker: its admission and reservation (both released when
+  // this ends), its prefill's answer and, when it decodes, its token mailbox.
+  struct Placement {
+    Placement(GenerationService& self, Admission admission, std::string id)
+        : self(self), admission(std::move(admission)), id(std::move(id)) {}
+    ~Placement();
+    GenerationService& self;
+    Admission admission;
+    std::string id;
+    double queue_wait_ms = 0;
+    v1::PrefillResponse prefilled;
+    std::shared_ptr<Mailbox> mailbox;  // Null when the prefill finished the sequence.
+  };
+  // Places `sequence` (admission, Reserve, Prefill, StartDecode), passing over decode
+  // workers in `lost` and adding those it cannot reach.
+  grpc::Status place(const Sequence& sequence, std::vector<std::string>& lost,
+                     std::unique_ptr<Placement>& placed);
   // The tokenizer for `model` (empty: the served one), or the error to return.
   absl::StatusOr<const tokenizer::Tokenizer*> tokenizerFor(const std::string& model) const;
 
@@ -69,6 +113,7 @@ class GenerationService final : public v1::Generation::Service {
   prometheus::Histogram& request_time_;
   prometheus::Histogram& kv_transfer_;
   prometheus::Histogram& prefill_;
+  prometheus::Counter& migrations_;
 };
 
 }  // namespace cleave::router

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   int64_t shutdown_grace_ms = 5000;
   int64_t heartbeat_interval_ms = 1000;
   int64_t lease_timeout_ms = 5000;
+  int64_t max_migrations = 3;
   std::string model;
   cleave::FlagSet flags("cleave-router", "[flags]",
                         "Serves the cleave.v1.Generation API, admits requests against the KV "
@@ -33,7 +34,9 @@ int main(int argc, char** argv) {
                   "into tokens (without it only token-id prompts are served)");
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
-               "A worker silent this long is dropped and its requests fail");
+               "A worker silent this long is dropped; its requests move to other workers");
+  flags.addInt("max-migrations", &max_migrations,
+               "Times one request may move to another decode worker after losing its own");
   flags.addInt("shutdown-grace-ms", &shutdown_grace_ms,
                "On SIGINT/SIGTERM, how long running calls may take to finish");
   std::vector<std::string> positional = cleave::parseFlagsOrExit(flags, argc, argv);
@@ -49,6 +52,10 @@ int main(int argc, char** argv) {
         flags, absl::InvalidArgumentError("--queue-capacity must be in 0..1048576"));
   }
 
+  if (max_migrations < 0 || max_migrations > 100) {
+    cleave::exitWithUsageError(flags,
+                               absl::InvalidArgumentError("--max-migrations must be in 0..100"));
+  }
   if (heartbeat_interval_ms < 1 || lease_timeout_ms <= heartbeat_interval_ms) {
     cleave::exitWithUsageError(
         flags, absl::InvalidArgumentError("--lease-timeout-ms must exceed --heartbeat-interval-ms "
@@ -68,7 +75,8 @@ int main(int argc, char** argv) {
 
   cleave::router::RouterServerOptions options{
       .listen_address = server_flags.listen,
-      .generation = {.queue_capacity = static_cast<uint32_t>(queue_capacity)},
+      .generation = {.queue_capacity = static_cast<uint32_t>(queue_capacity),
+                     .max_migrations = static_cast<int>(max_migrations)},
       .workers = {.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms),
                   .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
                   .queue_capacity = queue_capacity},

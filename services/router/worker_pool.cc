@@ -141,6 +141,11 @@ bool WorkerPool::heartbeat(const v1::HeartbeatRequest& request) {
   auto it = workers_.find(request.worker_id());
   if (it == workers_.end()) return false;
   it->second.last_seen = std::chrono::steady_clock::now();
+  if (request.draining() && !it->second.draining) {
+    it->second.draining = true;
+    ++changes_;
+    CLEAVE_LOG(INFO) << "worker " << request.worker_id() << " is draining: no new work for it";
+  }
   return true;
 }
 
@@ -185,7 +190,7 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
   for (auto& [id, entry] : workers_) {
     const Worker& w = *entry.worker;
     if (!w.servesDecode()) continue;
-    if (contains(exclude, id)) continue;
+    if (entry.draining || contains(exclude, id)) continue;
     const v1::KvCapacity& cap = w.info.kv_capacity();
     // A full batch may be prefilled ahead: when a whole batch finishes at once (requests of
     // one length), the next one is ready to decode.
@@ -212,17 +217,20 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
                                                   const std::vector<std::string>& exclude) {
   absl::MutexLock lock(&mu_);
   int64_t largest = 0;
-  bool any = false;
+  bool any = false, draining = false;
   for (const auto& [id, entry] : workers_) {
     if (!entry.worker->servesDecode()) continue;
     if (contains(exclude, id)) continue;
+    draining = draining || entry.draining;
+    if (entry.draining) continue;
     any = true;
     largest = std::max<int64_t>(largest, entry.worker->info.kv_capacity().total_blocks());
   }
   if (!any) {
     return absl::UnavailableError(
-        "no decode worker is registered with this router; start cleave-worker with --router "
-        "pointing at it");
+        draining ? "every decode worker is draining (stopping); retry once a new one registers"
+                 : "no decode worker is registered with this router; start cleave-worker with "
+                   "--router pointing at it");
   }
   if (blocks > largest) {
     return absl::InvalidArgumentError(
@@ -322,7 +330,7 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64
   Entry* best = nullptr;
   for (auto& [id, entry] : workers_) {
     if (entry.worker->info.role() != v1::WORKER_ROLE_PREFILL) continue;
-    if (contains(exclude, id)) continue;
+    if (entry.draining || contains(exclude, id)) continue;
     if (best == nullptr || entry.prefill_tokens < best->prefill_tokens) best = &entry;
   }
   if (best == nullptr && decode.info.role() == v1::WORKER_ROLE_BOTH &&

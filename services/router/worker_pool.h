@@ -12,6 +12,9 @@
 // the only one reserving on its workers, so it keeps their block counts itself; a worker's
 // heartbeat reports its own view for the logs and metrics.
 //
+// Draining: a worker that says in a heartbeat that it is stopping gets no new admission or
+// prefill from then on; what it holds finishes there.
+//
 // Compatibility: every worker of a model must report the same fingerprint and KV layout;
 // a different one is refused at registration (FAILED_PRECONDITION, and logged), never by
 // failing requests later.
@@ -121,6 +124,7 @@ class WorkerPool {
     int64_t reserved = 0;        // Blocks of admitted requests.
     int64_t admitted = 0;        // Requests holding blocks (prefilling, prefilled or decoding).
     int64_t prefill_tokens = 0;  // Prompt tokens being prefilled here.
+    bool draining = false;       // It is stopping: no new work.
   };
   // The decode worker to admit `blocks` on now, if any.
   Entry* pick(int64_t blocks, const std::vector<std::string>& exclude)

@@ -40,6 +40,17 @@ RouterRegistration::~RouterRegistration() {
   if (!status.ok()) CLEAVE_LOG(WARNING) << "deregistering: " << status.error_message();
 }
 
+void RouterRegistration::drain() {
+  draining_ = true;
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(request_.worker_id());
+  beat.set_draining(true);
+  v1::HeartbeatResponse response;
+  grpc::Status status = stub_->Heartbeat(deadlined().get(), beat, &response);
+  if (!status.ok())
+    CLEAVE_LOG(WARNING) << "telling the router this worker drains: " << status.error_message();
+}
+
 void RouterRegistration::run(std::stop_token stop) {
   bool registered = false;
   std::string last_error;
@@ -66,6 +77,7 @@ void RouterRegistration::run(std::stop_token stop) {
     }
     v1::HeartbeatRequest beat;
     beat.set_worker_id(request_.worker_id());
+    beat.set_draining(draining_);
     *beat.mutable_load() = load_();
     v1::HeartbeatResponse response;
     grpc::Status status = stub_->Heartbeat(deadlined().get(), beat, &response);

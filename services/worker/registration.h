@@ -8,6 +8,7 @@
 // background thread.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -24,12 +25,17 @@ class RouterRegistration {
                      std::function<v1::LoadSnapshot()> load);
   ~RouterRegistration();  // Deregisters (best effort) and stops.
 
+  // Tells the router at once (and in every heartbeat after) that this worker takes no new
+  // work. Best effort: an error is logged.
+  void drain();
+
  private:
   void run(std::stop_token stop);
 
   std::unique_ptr<v1::Registry::Stub> stub_;
   v1::RegisterRequest request_;
   std::function<v1::LoadSnapshot()> load_;
+  std::atomic<bool> draining_{false};
   ServiceThread thread_{"registration"};
 };
 

@@ -418,6 +418,11 @@ grpc::Status WorkerCore::streamTokens(const std::string& router_id, grpc::Server
   return grpc::Status::CANCELLED;
 }
 
+int64_t WorkerCore::heldRequests() {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(requests_.size());
+}
+
 v1::LoadSnapshot WorkerCore::load() {
   v1::LoadSnapshot load;
   loop_->call([&](engine::Scheduler& s) {

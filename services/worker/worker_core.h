@@ -70,6 +70,8 @@ class WorkerCore {
   grpc::Status streamTokens(const std::string& router_id, grpc::ServerContext* context,
                             grpc::ServerWriter<v1::TokenEvents>* writer);
   v1::LoadSnapshot load();
+  // Requests (reserved, prefilling or decoding) this worker holds.
+  int64_t heldRequests();
 
  private:
   using Clock = std::chrono::steady_clock;

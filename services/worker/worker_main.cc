@@ -247,8 +247,21 @@ int run(int argc, char** argv) {
         [&core] { return core.load(); });
   }
   int signal = *waitForShutdownSignal();
-  CLEAVE_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
-  registered.reset();
+  CLEAVE_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", draining";
+  if (registered) {
+    // No new work from now; what is running finishes here, up to --drain-timeout-ms.
+    registered->drain();
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(options.drain_timeout_ms);
+    while (core.heldRequests() > 0 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (const int64_t left = core.heldRequests(); left > 0) {
+      CLEAVE_LOG(WARNING) << left << " requests still running after --drain-timeout-ms "
+                          << options.drain_timeout_ms << "; the router moves them";
+    }
+  }
+  registered.reset();  // Deregisters: the router moves anything left to other workers.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   CLEAVE_LOG(INFO) << "cleave-worker stopped";
   return 0;

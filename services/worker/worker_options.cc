@@ -29,6 +29,9 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "Free a reservation not started within this, and a router's sequences once its "
                "token stream has been closed this long");
+  flags.addInt("drain-timeout-ms", &drain_timeout_ms,
+               "On SIGTERM: how long to finish running requests (taking no new ones) before "
+               "leaving the router, which moves the rest to other workers");
 }
 
 absl::StatusOr<Role> parseRole(absl::string_view text) {

@@ -24,6 +24,9 @@ struct WorkerOptions {
   int64_t planned_seq_len = 2048;
   int64_t threads = 0;
   int64_t lease_timeout_ms = 10000;
+  // On SIGTERM/SIGINT: how long the worker keeps running what it holds after telling the
+  // router it is draining, before it deregisters (the router moves what is left).
+  int64_t drain_timeout_ms = 30000;
 
   // Binds every option to a flag on `flags`.
   void addFlags(FlagSet& flags);
