@@ -1,20 +1,37 @@
 #include "services/cli/router_client.h"
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace cleave::client {
+namespace {
+
+RouterClientOptions withKeyFromEnvironment(RouterClientOptions options) {
+  if (const char* key = std::getenv("CLEAVE_API_KEY"); options.api_key.empty() && key != nullptr) {
+    options.api_key = key;
+  }
+  return options;
+}
+
+}  // namespace
 
 RouterClient::RouterClient(RouterClientOptions options)
-    : options_(std::move(options)),
+    : options_(withKeyFromEnvironment(std::move(options))),
       channel_(grpc::CreateChannel(options_.address, grpc::InsecureChannelCredentials())),
       stub_(v1::Generation::NewStub(channel_)) {}
 
 std::unique_ptr<grpc::ClientContext> RouterClient::newContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(std::chrono::system_clock::now() + options_.timeout);
+  authorize(*context);
   return context;
+}
+
+void RouterClient::authorize(grpc::ClientContext& context) const {
+  if (!options_.api_key.empty()) context.AddMetadata("authorization", "Bearer " + options_.api_key);
 }
 
 absl::Status RouterClient::waitUntilConnected() {
@@ -48,6 +65,7 @@ absl::Status RouterClient::generate(
     std::chrono::milliseconds timeout) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + timeout);
+  authorize(context);
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> stream =
       stub_->Generate(&context, request);
   v1::GenerateResponse message;

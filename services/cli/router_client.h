@@ -18,6 +18,9 @@ struct RouterClientOptions {
   std::string address;
   // Deadline applied to each unary call.
   std::chrono::milliseconds timeout{10000};
+  // Sent as 'authorization: Bearer KEY' on every call when non-empty; empty takes the
+  // CLEAVE_API_KEY environment variable.
+  std::string api_key;
 };
 
 class RouterClient {
@@ -37,6 +40,7 @@ class RouterClient {
 
  private:
   std::unique_ptr<grpc::ClientContext> newContext() const;
+  void authorize(grpc::ClientContext& context) const;
 
   RouterClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -60,9 +60,16 @@ grpc::Status GenerationService::finish(const char* method, grpc::Status status) 
   return status;
 }
 
+grpc::Status GenerationService::authorize(const grpc::ServerContext& context) const {
+  if (options_.api_keys == nullptr) return grpc::Status::OK;
+  absl::StatusOr<std::string> key = options_.api_keys->check(context);
+  return key.ok() ? grpc::Status::OK : toGrpcStatus(key.status());
+}
+
 grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (grpc::Status denied = authorize(*context); !denied.ok()) return finish("Generate", denied);
   if (absl::Status invalid = validateGenerateRequest(*request); !invalid.ok()) {
     return finish("Generate", toGrpcStatus(invalid));
   }
@@ -82,6 +89,7 @@ absl::StatusOr<const tokenizer::Tokenizer*> GenerationService::tokenizerFor(
 grpc::Status GenerationService::Tokenize(grpc::ServerContext* context,
                                          const v1::TokenizeRequest* request,
                                          v1::TokenizeResponse* response) {
+  if (grpc::Status denied = authorize(*context); !denied.ok()) return finish("Tokenize", denied);
   absl::StatusOr<const tokenizer::Tokenizer*> tok = tokenizerFor(request->model());
   if (!tok.ok()) return finish("Tokenize", toGrpcStatus(tok.status()));
   for (uint32_t id :
@@ -96,6 +104,7 @@ grpc::Status GenerationService::Tokenize(grpc::ServerContext* context,
 grpc::Status GenerationService::Detokenize(grpc::ServerContext* context,
                                            const v1::DetokenizeRequest* request,
                                            v1::DetokenizeResponse* response) {
+  if (grpc::Status denied = authorize(*context); !denied.ok()) return finish("Detokenize", denied);
   absl::StatusOr<const tokenizer::Tokenizer*> tok = tokenizerFor(request->model());
   if (!tok.ok()) return finish("Detokenize", toGrpcStatus(tok.status()));
   for (uint32_t id : request->ids()) {
@@ -114,6 +123,7 @@ grpc::Status GenerationService::Detokenize(grpc::ServerContext* context,
 grpc::Status GenerationService::ListModels(grpc::ServerContext* context,
                                            const v1::ListModelsRequest* request,
                                            v1::ListModelsResponse* response) {
+  if (grpc::Status denied = authorize(*context); !denied.ok()) return finish("ListModels", denied);
   // The model of the registered workers; with none registered the list is empty.
   if (std::optional<WorkerPool::ModelView> model = pool_.model()) {
     v1::ModelInfo* info = response->add_models();
@@ -127,6 +137,8 @@ grpc::Status GenerationService::ListModels(grpc::ServerContext* context,
 grpc::Status GenerationService::GetServerInfo(grpc::ServerContext* context,
                                               const v1::GetServerInfoRequest* request,
                                               v1::GetServerInfoResponse* response) {
+  if (grpc::Status denied = authorize(*context); !denied.ok())
+    return finish("GetServerInfo", denied);
   response->set_version(version());
   response->set_git_commit(gitCommit());
   response->set_queue_depth(static_cast<uint32_t>(pool_.queueDepth()));

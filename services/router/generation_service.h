@@ -31,6 +31,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
+#include "services/router/api_keys.h"
 #include "services/router/token_relay.h"
 #include "services/router/worker_pool.h"
 
@@ -42,6 +43,8 @@ struct GenerationServiceOptions {
   // How many times one request may move to another decode worker after losing its own
   // (the worker left or dropped the sequence) before it fails with UNAVAILABLE.
   int max_migrations = 3;
+  // When set, every call must present one of these keys (else UNAUTHENTICATED).
+  std::shared_ptr<ApiKeys> api_keys;
 };
 
 class GenerationService final : public v1::Generation::Service {
@@ -64,6 +67,8 @@ class GenerationService final : public v1::Generation::Service {
  private:
   // Counts one finished call in cleave_router_requests_total and passes the status through.
   grpc::Status finish(const char* method, grpc::Status status);
+  // OK when no keys are configured or the call presents a valid one.
+  grpc::Status authorize(const grpc::ServerContext& context) const;
   grpc::Status generate(grpc::ServerContext* context, const v1::GenerateRequest& request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer);
 

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   int64_t heartbeat_interval_ms = 1000;
   int64_t lease_timeout_ms = 5000;
   int64_t max_migrations = 3;
+  std::string api_keys_file;
   std::string model;
   cleave::FlagSet flags("cleave-router", "[flags]",
                         "Serves the cleave.v1.Generation API, admits requests against the KV "
@@ -35,6 +36,9 @@ int main(int argc, char** argv) {
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "A worker silent this long is dropped; its requests move to other workers");
+  flags.addString("api-keys", &api_keys_file,
+                  "A file of API keys (one per line, optionally 'NAME KEY'); when set, client "
+                  "calls need 'authorization: Bearer KEY'. Re-read when it changes");
   flags.addInt("max-migrations", &max_migrations,
                "Times one request may move to another decode worker after losing its own");
   flags.addInt("shutdown-grace-ms", &shutdown_grace_ms,
@@ -61,6 +65,12 @@ int main(int argc, char** argv) {
         flags, absl::InvalidArgumentError("--lease-timeout-ms must exceed --heartbeat-interval-ms "
                                           "(both >= 1)"));
   }
+  std::shared_ptr<cleave::router::ApiKeys> api_keys;
+  if (!api_keys_file.empty()) {
+    auto loaded = cleave::router::ApiKeys::load(api_keys_file);
+    if (!loaded.ok()) cleave::exitWithUsageError(flags, loaded.status());
+    api_keys = std::move(*loaded);
+  }
   std::shared_ptr<const cleave::tokenizer::Tokenizer> tokenizer;
   if (!model.empty()) {
     auto loaded = cleave::tokenizer::Tokenizer::load(model);
@@ -76,7 +86,8 @@ int main(int argc, char** argv) {
   cleave::router::RouterServerOptions options{
       .listen_address = server_flags.listen,
       .generation = {.queue_capacity = static_cast<uint32_t>(queue_capacity),
-                     .max_migrations = static_cast<int>(max_migrations)},
+                     .max_migrations = static_cast<int>(max_migrations),
+                     .api_keys = api_keys},
       .workers = {.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms),
                   .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
                   .queue_capacity = queue_capacity},

@@ -1,0 +1,71 @@
+#include "services/router/api_keys.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+namespace cleave::router {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr char kAlpha[] = "alpha-0123456789abcdef";
+constexpr char kBeta[] = "beta-fedcba9876543210";
+
+class ApiKeysTest : public ::testing::Test {
+ protected:
+  void write(const std::string& text) { std::ofstream(path_) << text; }
+  void TearDown() override { std::remove(path_.c_str()); }
+  std::string path_ = ::testing::TempDir() + "/api_keys_test.txt";
+};
+
+TEST_F(ApiKeysTest, AcceptsListedKeysByNameAndRefusesTheRest) {
+  write(std::string("# keys\nteam-a ") + kAlpha + "\n\n" + kBeta + "\n");
+  auto keys = ApiKeys::load(path_);
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  auto a = (*keys)->checkHeader(std::string("Bearer ") + kAlpha);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(*a, "team-a");
+  auto b = (*keys)->checkHeader(std::string("Bearer ") + kBeta);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(*b, "line 4");
+  for (const std::string& bad :
+       {std::string(""), std::string(kAlpha), std::string("Bearer ") + kAlpha + "x",
+        std::string("Bearer alpha-0123456789abcdeF"), std::string("Basic ") + kAlpha}) {
+    auto r = (*keys)->checkHeader(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_THAT(r.status().message(), Not(HasSubstr(kAlpha)));
+  }
+}
+
+TEST_F(ApiKeysTest, ReloadsWhenTheFileChangesAndKeepsGoodKeysOnABadOne) {
+  write(std::string(kAlpha) + "\n" + kBeta + "\n");
+  auto keys = ApiKeys::load(path_);
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_TRUE((*keys)->checkHeader(std::string("Bearer ") + kAlpha).ok());
+  write(std::string(kBeta) + "\n");  // Alpha revoked (the size changed).
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_FALSE((*keys)->checkHeader(std::string("Bearer ") + kAlpha).ok());
+  EXPECT_TRUE((*keys)->checkHeader(std::string("Bearer ") + kBeta).ok());
+  write("# nothing left\n");  // No key: the last good set stays.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_TRUE((*keys)->checkHeader(std::string("Bearer ") + kBeta).ok());
+}
+
+TEST_F(ApiKeysTest, BadFilesAreRefusedNamingTheLine) {
+  EXPECT_THAT(ApiKeys::load("/nonexistent/keys").status().message(), HasSubstr("cannot read"));
+  write("# only a comment\n");
+  EXPECT_THAT(ApiKeys::load(path_).status().message(), HasSubstr("holds no key"));
+  write("short\n");
+  EXPECT_THAT(ApiKeys::load(path_).status().message(), HasSubstr(":1: a key must have"));
+  write(std::string("a b ") + kAlpha + "\n");
+  EXPECT_THAT(ApiKeys::load(path_).status().message(), HasSubstr(":1 has 3 fields"));
+}
+
+}  // namespace
+}  // namespace cleave::router

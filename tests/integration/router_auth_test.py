@@ -1,0 +1,116 @@
+"""cleave-router with --api-keys, as a real process, checked with grpcio stubs generated
+from the .proto files and with the cleave CLI:
+
+  * no key, a malformed one or an unknown one is UNAUTHENTICATED on every Generation call,
+    with a message that says what to send; a listed key is accepted; health checks need no
+    key (probes);
+  * a key removed from the file is refused within seconds, without a restart;
+  * the cleave CLI sends CLEAVE_API_KEY;
+  * the router's log never contains a key.
+"""
+import os
+import re
+import subprocess
+import tempfile
+import time
+import unittest
+
+import grpc
+
+import cleave_testing as ct
+
+ALPHA = "alpha-" + "7f3a9c21" * 4
+BETA = "beta-" + "19e0b4d6" * 4
+
+
+class RouterAuthTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.pb = ct.stubs()
+        cls.keys = os.path.join(tempfile.mkdtemp(prefix="cleave-keys-"), "keys")
+        with open(cls.keys, "w") as f:
+            f.write(f"# test keys\nteam-a {ALPHA}\nteam-b {BETA}\n")
+        cls.router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                                 "--metrics-port=0", f"--api-keys={cls.keys}"])
+        cls.address = f"127.0.0.1:{cls.router.ready['grpc_port']}"
+        cls.channel = grpc.insecure_channel(cls.address)
+        cls.stub = cls.pb["generation_grpc"].GenerationStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        code = cls.router.stop()
+        assert code == 0, f"router exited with {code}:\n{cls.router.log()}"
+
+    def call(self, key=None, header=None):
+        metadata = [("authorization", header if header is not None else f"Bearer {key}")]
+        return self.stub.ListModels(self.pb["generation_pb2"].ListModelsRequest(), timeout=10,
+                                    metadata=None if key is None and header is None else metadata)
+
+    def expect_refused(self, words, **kwargs):
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.call(**kwargs)
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+        self.assertIn(words, caught.exception.details())
+        self.assertNotIn(ALPHA, caught.exception.details())
+
+    def test_calls_need_a_listed_key(self):
+        self.expect_refused("authorization: Bearer KEY")
+        self.expect_refused("must be 'Bearer KEY'", header=f"Basic {ALPHA}")
+        self.expect_refused("not valid", key=ALPHA + "0")
+        self.expect_refused("not valid", key=ALPHA[:-1])
+        self.call(key=ALPHA)
+        self.call(key=BETA)
+        pb = self.pb["generation_pb2"]
+        for method, request in (("GetServerInfo", pb.GetServerInfoRequest()),
+                                ("Tokenize", pb.TokenizeRequest(text="hi")),
+                                ("Generate", pb.GenerateRequest(text="hi"))):
+            with self.assertRaises(grpc.RpcError) as caught:
+                result = getattr(self.stub, method)(request, timeout=10)
+                if method == "Generate":
+                    list(result)
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAUTHENTICATED, method)
+        health = self.pb["health_grpc"].HealthStub(self.channel)
+        status = health.Check(self.pb["health_pb2"].HealthCheckRequest(service=""), timeout=10)
+        self.assertEqual(status.status, self.pb["health_pb2"].HealthCheckResponse.SERVING)
+        _, body = ct.http_get(self.router.ready["metrics_port"])
+        self.assertRegex(body, r'cleave_router_requests_total\{code="UNAUTHENTICATED",'
+                               r'method="ListModels"\} [1-9]')
+
+    def test_the_cli_sends_cleave_api_key(self):
+        code, _, err = ct.run([ct.binary("cleave"), "info", f"--router={self.address}"])
+        self.assertNotEqual(code, 0)
+        self.assertIn("API key", err)
+        env = dict(os.environ, CLEAVE_API_KEY=BETA)
+        done = subprocess.run([ct.binary("cleave"), "info", f"--router={self.address}"],
+                              capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(done.returncode, 0, done.stderr)
+
+    def test_a_revoked_key_is_refused_without_a_restart(self):
+        with open(self.keys, "w") as f:
+            f.write(f"team-b {BETA}\n")
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.call(key=ALPHA)
+            except grpc.RpcError as e:
+                self.assertEqual(e.code(), grpc.StatusCode.UNAUTHENTICATED)
+                break
+            self.assertLess(time.monotonic(), deadline, "the revoked key still works")
+            time.sleep(0.2)
+        self.call(key=BETA)
+        with open(self.keys, "w") as f:  # Back, for the other tests.
+            f.write(f"team-a {ALPHA}\nteam-b {BETA}\n")
+        time.sleep(1.2)
+
+    def test_the_log_never_shows_a_key(self):
+        self.expect_refused("not valid", key=ALPHA + "0")
+        log = self.router.log()
+        self.assertIn("API keys", log)
+        for secret in (ALPHA, BETA, ALPHA[6:]):
+            self.assertNotIn(secret, log)
+        self.assertFalse(re.search(r"7f3a9c21", log))
+
+
+if __name__ == "__main__":
+    unittest.main()
