@@ -6,20 +6,12 @@ router reports.
 Run (after a build): /usr/bin/python3 bench/disaggregated_ttft.py [--tokens N] [--reps R]
 """
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import grpc
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("CLEAVE_BIN_DIR", os.path.join(ROOT, "build", "default", "bin"))
-os.environ.setdefault("CLEAVE_SOURCE_DIR", ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-import cleave_testing as ct  # noqa: E402
-
-MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+from harness import MODEL, ct
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--tokens", type=int, default=1024)

@@ -12,20 +12,13 @@ decode at batch 16 with one thread and 192 positions of context.
 Run (after a build): /usr/bin/python3 bench/live_efficiency.py [--requests N]
 """
 import argparse
-import os
 import re
 import subprocess
 import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("CLEAVE_BIN_DIR", os.path.join(ROOT, "build", "default", "bin"))
-os.environ.setdefault("CLEAVE_SOURCE_DIR", ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-import cleave_testing as ct  # noqa: E402
-
-MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+from harness import MODEL, ct
 TARGET, PROMPT, OUTPUT = 16, 64, 256
 
 parser = argparse.ArgumentParser()

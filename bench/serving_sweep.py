@@ -9,15 +9,8 @@ Run (after a build): /usr/bin/python3 bench/serving_sweep.py [--out DIR] [--swee
 import argparse
 import os
 import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("CLEAVE_BIN_DIR", os.path.join(ROOT, "build", "default", "bin"))
-os.environ.setdefault("CLEAVE_SOURCE_DIR", ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
-import cleave_testing as ct  # noqa: E402
-
-MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+from harness import MODEL, ROOT, ct
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", default=os.path.join(ROOT, "build", "serving-sweep"))
