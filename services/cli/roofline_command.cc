@@ -92,7 +92,7 @@ int runRoofline(int argc, char** argv) {
     if (!builtin.ok()) exitWithUsageError(flags, builtin.status());
     hw = *builtin;
   }
-  std::printf("%s, %s weights, %s KV, on %s x %lld: %.0f GB/s and %.3g TFLOP/s per rank\n",
+  std::printf("%s, %s weights, %s KV, on %s x %lld: %.0f GB/s and %.4g TFLOP/s per rank\n",
               model.c_str(), dtype.c_str(), kv_dtype.c_str(), hw.name.c_str(),
               static_cast<long long>(tp), hw.bandwidth / 1e9, hw.peak_flops / 1e12);
   struct Case {
