@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -61,8 +62,10 @@ absl::StatusOr<std::vector<ApiKeys::Key>> ApiKeys::read(const std::string& path,
   return keys;
 }
 
-absl::StatusOr<std::unique_ptr<ApiKeys>> ApiKeys::load(const std::string& path) {
+absl::StatusOr<std::unique_ptr<ApiKeys>> ApiKeys::load(const std::string& path,
+                                                       double rate_per_second) {
   std::unique_ptr<ApiKeys> keys(new ApiKeys(path));
+  keys->rate_ = rate_per_second;
   Stamp stamp;
   absl::StatusOr<std::vector<Key>> read = ApiKeys::read(path, stamp);
   if (!read.ok()) return read.status();
@@ -115,6 +118,24 @@ absl::StatusOr<std::string> ApiKeys::checkHeader(absl::string_view authorization
   }
   if (match == nullptr) return absl::UnauthenticatedError("the API key is not valid");
   return match->name;
+}
+
+absl::Status ApiKeys::takeRequest(const std::string& name) {
+  if (rate_ <= 0) return absl::OkStatus();
+  const auto now = std::chrono::steady_clock::now();
+  const double burst = std::max(1.0, rate_);
+  absl::MutexLock lock(&mu_);
+  auto [it, fresh] = buckets_.try_emplace(name, Bucket{.tokens = burst, .filled = now});
+  Bucket& bucket = it->second;
+  bucket.tokens = std::min(
+      burst, bucket.tokens + rate_ * std::chrono::duration<double>(now - bucket.filled).count());
+  bucket.filled = now;
+  if (bucket.tokens < 1) {
+    return absl::ResourceExhaustedError(absl::StrCat("API key '", name, "' is over its rate of ",
+                                                     rate_, " requests/s; retry later"));
+  }
+  bucket.tokens -= 1;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ApiKeys::check(const grpc::ServerContext& context) {

@@ -7,12 +7,16 @@
 // added and revoked without a restart; a file that becomes unreadable or holds no key
 // keeps the last good keys and logs why. Keys never appear in logs or errors; names do.
 //
-// Threading: check() may be called from any thread.
+// A rate limit (requests per second per key, bursts up to one second's worth) makes a key
+// over its rate get RESOURCE_EXHAUSTED from takeRequest().
+//
+// Threading: every method may be called from any thread.
 #pragma once
 
 #include <chrono>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -25,13 +29,17 @@ namespace cleave::router {
 
 class ApiKeys {
  public:
-  // Fails naming the file (not found, unreadable, or no key in it).
-  static absl::StatusOr<std::unique_ptr<ApiKeys>> load(const std::string& path);
+  // Fails naming the file (not found, unreadable, or no key in it). `rate_per_second` 0
+  // means no rate limit.
+  static absl::StatusOr<std::unique_ptr<ApiKeys>> load(const std::string& path,
+                                                       double rate_per_second = 0);
 
   // The name of the key the call presents, or Unauthenticated saying what is wrong.
   absl::StatusOr<std::string> check(const grpc::ServerContext& context);
   // As check(), for the value of an authorization header.
   absl::StatusOr<std::string> checkHeader(absl::string_view authorization);
+  // Counts one request against key `name`'s rate: ResourceExhausted when over it.
+  absl::Status takeRequest(const std::string& name);
 
  private:
   struct Key {
@@ -47,11 +55,17 @@ class ApiKeys {
   static absl::StatusOr<std::vector<Key>> read(const std::string& path, Stamp& stamp);
   void reloadIfChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  struct Bucket {
+    double tokens = 0;
+    std::chrono::steady_clock::time_point filled;
+  };
   const std::string path_;
+  double rate_ = 0;
   absl::Mutex mu_;
   std::vector<Key> keys_ ABSL_GUARDED_BY(mu_);
   Stamp stamp_ ABSL_GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point checked_ ABSL_GUARDED_BY(mu_);
+  std::unordered_map<std::string, Bucket> buckets_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace cleave::router

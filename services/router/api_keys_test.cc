@@ -57,6 +57,23 @@ TEST_F(ApiKeysTest, ReloadsWhenTheFileChangesAndKeepsGoodKeysOnABadOne) {
   EXPECT_TRUE((*keys)->checkHeader(std::string("Bearer ") + kBeta).ok());
 }
 
+TEST_F(ApiKeysTest, EachKeyHasItsOwnRate) {
+  write(std::string("a ") + kAlpha + "\nb " + kBeta + "\n");
+  auto keys = ApiKeys::load(path_, /*rate_per_second=*/2);
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  EXPECT_TRUE((*keys)->takeRequest("a").ok());  // A burst of one second's worth: 2.
+  EXPECT_TRUE((*keys)->takeRequest("a").ok());
+  absl::Status over = (*keys)->takeRequest("a");
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.message(), HasSubstr("'a' is over its rate of 2 requests/s"));
+  EXPECT_TRUE((*keys)->takeRequest("b").ok());                  // Another key is not affected.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // Refills one.
+  EXPECT_TRUE((*keys)->takeRequest("a").ok());
+  auto unlimited = ApiKeys::load(path_);
+  ASSERT_TRUE(unlimited.ok());
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE((*unlimited)->takeRequest("a").ok());
+}
+
 TEST_F(ApiKeysTest, BadFilesAreRefusedNamingTheLine) {
   EXPECT_THAT(ApiKeys::load("/nonexistent/keys").status().message(), HasSubstr("cannot read"));
   write("# only a comment\n");

@@ -60,16 +60,19 @@ grpc::Status GenerationService::finish(const char* method, grpc::Status status) 
   return status;
 }
 
-grpc::Status GenerationService::authorize(const grpc::ServerContext& context) const {
+grpc::Status GenerationService::authorize(const grpc::ServerContext& context, bool generate) const {
   if (options_.api_keys == nullptr) return grpc::Status::OK;
   absl::StatusOr<std::string> key = options_.api_keys->check(context);
-  return key.ok() ? grpc::Status::OK : toGrpcStatus(key.status());
+  if (!key.ok()) return toGrpcStatus(key.status());
+  return generate ? toGrpcStatus(options_.api_keys->takeRequest(*key)) : grpc::Status::OK;
 }
 
 grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  if (grpc::Status denied = authorize(*context); !denied.ok()) return finish("Generate", denied);
+  if (grpc::Status denied = authorize(*context, /*generate=*/true); !denied.ok()) {
+    return finish("Generate", denied);
+  }
   if (absl::Status invalid = validateGenerateRequest(*request); !invalid.ok()) {
     return finish("Generate", toGrpcStatus(invalid));
   }

@@ -67,8 +67,9 @@ class GenerationService final : public v1::Generation::Service {
  private:
   // Counts one finished call in cleave_router_requests_total and passes the status through.
   grpc::Status finish(const char* method, grpc::Status status);
-  // OK when no keys are configured or the call presents a valid one.
-  grpc::Status authorize(const grpc::ServerContext& context) const;
+  // OK when no keys are configured or the call presents a valid one (for Generate, also
+  // within its key's rate).
+  grpc::Status authorize(const grpc::ServerContext& context, bool generate = false) const;
   grpc::Status generate(grpc::ServerContext* context, const v1::GenerateRequest& request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer);
 

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   int64_t lease_timeout_ms = 5000;
   int64_t max_migrations = 3;
   std::string api_keys_file;
+  double api_key_rate = 0;
   std::string model;
   cleave::FlagSet flags("cleave-router", "[flags]",
                         "Serves the cleave.v1.Generation API, admits requests against the KV "
@@ -39,6 +40,9 @@ int main(int argc, char** argv) {
   flags.addString("api-keys", &api_keys_file,
                   "A file of API keys (one per line, optionally 'NAME KEY'); when set, client "
                   "calls need 'authorization: Bearer KEY'. Re-read when it changes");
+  flags.addDouble("api-key-rate", &api_key_rate,
+                  "Generate calls per second each API key may make (bursts of one second's "
+                  "worth); over it: RESOURCE_EXHAUSTED. 0: no limit");
   flags.addInt("max-migrations", &max_migrations,
                "Times one request may move to another decode worker after losing its own");
   flags.addInt("shutdown-grace-ms", &shutdown_grace_ms,
@@ -67,7 +71,10 @@ int main(int argc, char** argv) {
   }
   std::shared_ptr<cleave::router::ApiKeys> api_keys;
   if (!api_keys_file.empty()) {
-    auto loaded = cleave::router::ApiKeys::load(api_keys_file);
+    if (api_key_rate < 0) {
+      cleave::exitWithUsageError(flags, absl::InvalidArgumentError("--api-key-rate must be >= 0"));
+    }
+    auto loaded = cleave::router::ApiKeys::load(api_keys_file, api_key_rate);
     if (!loaded.ok()) cleave::exitWithUsageError(flags, loaded.status());
     api_keys = std::move(*loaded);
   }

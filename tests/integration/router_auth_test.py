@@ -6,7 +6,8 @@ from the .proto files and with the cleave CLI:
     key (probes);
   * a key removed from the file is refused within seconds, without a restart;
   * the cleave CLI sends CLEAVE_API_KEY;
-  * the router's log never contains a key.
+  * the router's log never contains a key;
+  * with --api-key-rate, a key past its rate gets RESOURCE_EXHAUSTED on Generate.
 """
 import os
 import re
@@ -110,6 +111,26 @@ class RouterAuthTest(unittest.TestCase):
         for secret in (ALPHA, BETA, ALPHA[6:]):
             self.assertNotIn(secret, log)
         self.assertFalse(re.search(r"7f3a9c21", log))
+
+    def test_a_key_over_its_rate_is_turned_away(self):
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0", f"--api-keys={self.keys}", "--api-key-rate=1"])
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{router.ready['grpc_port']}") as channel:
+                stub = self.pb["generation_grpc"].GenerationStub(channel)
+                request = self.pb["generation_pb2"].GenerateRequest(text="hi")
+                codes = []
+                for key in (ALPHA, ALPHA, BETA):
+                    with self.assertRaises(grpc.RpcError) as caught:
+                        list(stub.Generate(request, timeout=10,
+                                           metadata=[("authorization", f"Bearer {key}")]))
+                    codes.append(caught.exception.code())
+                # No worker: the first call of each key gets past the key and its rate.
+                self.assertEqual(codes, [grpc.StatusCode.UNAVAILABLE,
+                                         grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                         grpc.StatusCode.UNAVAILABLE])
+        finally:
+            self.assertEqual(router.stop(), 0)
 
 
 if __name__ == "__main__":
