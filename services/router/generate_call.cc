@@ -346,11 +346,17 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     destination->mutable_block_ids()->Add(reserved.block_ids().begin(),
                                           reserved.block_ids().begin() + prompt_blocks);
     // A prefill worker that cannot be reached or whose KV transfer fails is skipped; the
-    // next one writes the same blocks again.
+    // next one writes the same blocks again. When every one fails, the decode worker's side
+    // may be what failed (a transfer into a worker that died): place the sequence again.
     std::vector<std::string> failed;
+    bool every_prefill_failed = false;
     while (true) {
       absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, tokens, failed);
-      if (!prefiller.ok()) return failed.empty() ? toGrpcStatus(prefiller.status()) : status;
+      if (!prefiller.ok()) {
+        if (failed.empty()) return toGrpcStatus(prefiller.status());
+        every_prefill_failed = true;
+        break;
+      }
       status = prefiller->worker->prefill->Prefill(workerContext(sequence.deadline).get(), prefill,
                                                    &placed->prefilled);
       pool_.releasePrefill(*prefiller);
@@ -358,6 +364,10 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
       CLEAVE_LOG(WARNING) << "prefill of " << sequence.id << " on " << prefiller->worker->id
                           << " failed (" << status.error_message() << "); trying another worker";
       failed.push_back(prefiller->worker->id);
+    }
+    if (every_prefill_failed) {
+      passOver(worker);
+      continue;
     }
     if (!status.ok()) return status;
     if (placed->prefilled.has_finish_reason()) return grpc::Status::OK;  // Nothing to decode.

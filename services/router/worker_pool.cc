@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -206,15 +207,19 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
                                             std::chrono::system_clock::time_point deadline,
                                             const std::function<bool()>& cancelled,
                                             const std::vector<std::string>& exclude) {
-  absl::StatusOr<Admission> admission = admitOrWait(blocks, deadline, cancelled, exclude);
-  admissions_.Add({{"outcome", admissionOutcome(admission.status())}}).Increment();
+  const char* outcome = nullptr;
+  absl::StatusOr<Admission> admission = admitOrWait(blocks, deadline, cancelled, exclude, outcome);
+  admissions_
+      .Add({{"outcome", outcome != nullptr ? outcome : admissionOutcome(admission.status())}})
+      .Increment();
   return admission;
 }
 
 absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
                                                   std::chrono::system_clock::time_point deadline,
                                                   const std::function<bool()>& cancelled,
-                                                  const std::vector<std::string>& exclude) {
+                                                  const std::vector<std::string>& exclude,
+                                                  const char*& outcome) {
   absl::MutexLock lock(&mu_);
   int64_t largest = 0;
   bool any = false, draining = false;
@@ -245,6 +250,20 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
     return absl::ResourceExhaustedError(absl::StrCat(
         "the admission queue is full (", options_.queue_capacity, " requests); retry later"));
   }
+  // Refuse now what the queue's pace says cannot be admitted before the deadline.
+  constexpr int64_t kTrustedSteps = 8;
+  if (must_wait && queue_steps_ >= kTrustedSteps) {
+    const double expected_s = static_cast<double>(queue_.size() + 1) * queue_step_s_;
+    const double left_s =
+        std::chrono::duration<double>(deadline - std::chrono::system_clock::now()).count();
+    if (expected_s > left_s) {
+      outcome = "deadline_unreachable";
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%d requests are waiting ahead and the queue admits one every %.2f s, past this "
+          "request's deadline in %.1f s; retry later or with a longer deadline",
+          queue_.size(), queue_step_s_, left_s));
+    }
+  }
   const uint64_t ticket = next_ticket_++;
   queue_.push_back(ticket);
   updateGauges();
@@ -257,6 +276,16 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
       deadline, cancelled, why);
   queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
   ++changes_;  // The next in line may go now.
+  if (admitted && must_wait) {
+    const auto now = std::chrono::steady_clock::now();
+    if (last_dequeue_) {
+      const double step = std::chrono::duration<double>(now - *last_dequeue_).count();
+      queue_step_s_ = queue_steps_ == 0 ? step : 0.8 * queue_step_s_ + 0.2 * step;
+      ++queue_steps_;
+    }
+    last_dequeue_ = now;
+  }
+  if (queue_.empty()) last_dequeue_.reset();  // Idle time is not the queue's pace.
   if (admitted) {
     chosen->reserved += blocks;
     chosen->admitted += 1;

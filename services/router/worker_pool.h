@@ -12,6 +12,10 @@
 // the only one reserving on its workers, so it keeps their block counts itself; a worker's
 // heartbeat reports its own view for the logs and metrics.
 //
+// Overload: a request that would have to wait is refused at once (RESOURCE_EXHAUSTED)
+// when the queue is full, or when the queue's recent pace says the requests ahead of it
+// would take longer than its deadline leaves — rather than failing it at the deadline.
+//
 // Draining: a worker that says in a heartbeat that it is stopping gets no new admission or
 // prefill from then on; what it holds finishes there.
 //
@@ -135,11 +139,13 @@ class WorkerPool {
                  const std::function<bool()>& cancelled, absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void expire(std::stop_token stop);
-  // admit() before its outcome is counted.
+  // admit() before its outcome is counted; sets `outcome` when the status code alone does
+  // not say it.
   absl::StatusOr<Admission> admitOrWait(int64_t blocks,
                                         std::chrono::system_clock::time_point deadline,
                                         const std::function<bool()>& cancelled,
-                                        const std::vector<std::string>& exclude);
+                                        const std::vector<std::string>& exclude,
+                                        const char*& outcome);
   void updateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerPoolOptions options_;
@@ -149,6 +155,11 @@ class WorkerPool {
   std::unordered_map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Waiting admissions, oldest first.
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  // How fast the queue moves: a moving average of the time between two waiting requests
+  // being admitted while requests kept waiting, and how many such gaps it has seen.
+  double queue_step_s_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t queue_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<std::chrono::steady_clock::time_point> last_dequeue_ ABSL_GUARDED_BY(mu_);
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;            // Bumped by anything admission depends on.
   prometheus::Gauge& queue_gauge_;                       // cleave_router_queue_depth
   prometheus::Gauge& reserved_gauge_;                    // cleave_router_reserved_blocks

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 namespace cleave::router {
@@ -135,6 +137,61 @@ TEST_F(WorkerPoolTest, PrefillGoesToTheLeastLoadedPrefillWorker) {
   pool_.releasePrefill(*a);
   pool_.releasePrefill(*b);
   pool_.releasePrefill(*c);
+}
+
+}  // namespace
+}  // namespace cleave::router
+
+namespace cleave::router {
+namespace {
+
+TEST(WorkerPoolOverloadTest, RefusesAtOnceWhatTheQueuesPaceCannotAdmitInTime) {
+  WorkerPool pool(
+      {.queue_capacity = 100}, [](auto) {}, [](const std::string&) {});
+  ASSERT_TRUE(pool.add(worker("a", v1::WORKER_ROLE_BOTH, 1000, 1)).ok());  // Admits 2.
+  auto in = [](int ms) { return std::chrono::system_clock::now() + std::chrono::milliseconds(ms); };
+  auto never = [] { return false; };
+  std::mutex mu;
+  std::deque<Admission> held;  // Guarded by mu.
+  std::atomic<int> waited{0};  // Waiters admitted.
+  for (int i = 0; i < 2; ++i) held.push_back(*pool.admit(1, in(1000), never));
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < 12; ++i) {
+    waiters.emplace_back([&] {
+      absl::StatusOr<Admission> a = pool.admit(1, in(20000), never);
+      ASSERT_TRUE(a.ok()) << a.status();
+      std::lock_guard<std::mutex> lock(mu);
+      held.push_back(*a);
+      ++waited;
+    });
+  }
+  while (pool.queueDepth() < 12) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // One slot frees every 40 ms: ten waiters go, two still wait.
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    std::lock_guard<std::mutex> lock(mu);
+    pool.release(held.front());
+    held.pop_front();
+  }
+  while (pool.queueDepth() > 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // Three places at ~40 ms each cannot be had within 30 ms: refused now, not at the deadline.
+  absl::StatusOr<Admission> hopeless = pool.admit(1, in(30), never);
+  EXPECT_EQ(hopeless.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(hopeless.status().message(), HasSubstr("past this request's deadline"));
+  // Everyone else gets in as slots free.
+  while (waited < 12) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (pool.queueDepth() > 0 && !held.empty()) {
+        pool.release(held.front());
+        held.pop_front();
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (std::thread& t : waiters) t.join();
+  for (const Admission& a : held) pool.release(a);
+  EXPECT_EQ(pool.reservedBlocks(), 0);
 }
 
 }  // namespace
