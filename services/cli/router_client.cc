@@ -1,26 +1,41 @@
 #include "services/cli/router_client.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 
 namespace cleave::client {
 namespace {
 
-RouterClientOptions withKeyFromEnvironment(RouterClientOptions options) {
+RouterClientOptions withEnvironment(RouterClientOptions options) {
   if (const char* key = std::getenv("CLEAVE_API_KEY"); options.api_key.empty() && key != nullptr) {
     options.api_key = key;
   }
+  if (const char* ca = std::getenv("CLEAVE_TLS_CA"); options.tls_ca.empty() && ca != nullptr) {
+    options.tls_ca = ca;
+  }
   return options;
+}
+
+// The channel's credentials. A CA file that cannot be read is a usage error of the command
+// line that named it: the program stops with the reason (status 2).
+std::shared_ptr<grpc::ChannelCredentials> credentialsFor(const RouterClientOptions& options) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      channelCredentials({.ca_file = options.tls_ca});
+  if (credentials.ok()) return *credentials;
+  std::fprintf(stderr, "cleave: %s\n", std::string(credentials.status().message()).c_str());
+  std::exit(2);
 }
 
 }  // namespace
 
 RouterClient::RouterClient(RouterClientOptions options)
-    : options_(withKeyFromEnvironment(std::move(options))),
-      channel_(grpc::CreateChannel(options_.address, grpc::InsecureChannelCredentials())),
+    : options_(withEnvironment(std::move(options))),
+      channel_(grpc::CreateChannel(options_.address, credentialsFor(options_))),
       stub_(v1::Generation::NewStub(channel_)) {}
 
 std::unique_ptr<grpc::ClientContext> RouterClient::newContext() const {

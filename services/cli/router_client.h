@@ -21,6 +21,9 @@ struct RouterClientOptions {
   // Sent as 'authorization: Bearer KEY' on every call when non-empty; empty takes the
   // CLEAVE_API_KEY environment variable.
   std::string api_key;
+  // The router's CA (PEM file) to reach it over TLS; empty takes CLEAVE_TLS_CA, and
+  // neither means plaintext.
+  std::string tls_ca;
 };
 
 class RouterClient {

@@ -2,11 +2,21 @@
 
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/tls.h"
 
 namespace cleave::router {
 
-grpc::Status RegistryService::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+grpc::Status RegistryService::checkPeer(const grpc::ServerContext& context) const {
+  if (!require_worker_cert_ || peerHasVerifiedCert(context)) return grpc::Status::OK;
+  return {grpc::StatusCode::UNAUTHENTICATED,
+          "a worker must present a client certificate signed by the router's --tls-client-ca "
+          "(cleave-worker --tls-cert/--tls-key)"};
+}
+
+grpc::Status RegistryService::Register(grpc::ServerContext* context,
+                                       const v1::RegisterRequest* request,
                                        v1::RegisterResponse* response) {
+  if (grpc::Status peer = checkPeer(*context); !peer.ok()) return peer;
   absl::StatusOr<v1::RegisterResponse> added = pool_.add(*request);
   if (!added.ok()) {
     CLEAVE_LOG(ERROR) << "refused worker " << request->control_address() << ": "
@@ -17,8 +27,10 @@ grpc::Status RegistryService::Register(grpc::ServerContext*, const v1::RegisterR
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext* context,
+                                        const v1::HeartbeatRequest* request,
                                         v1::HeartbeatResponse* response) {
+  if (grpc::Status peer = checkPeer(*context); !peer.ok()) return peer;
   if (request->worker_id().empty()) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "worker_id is empty"};
   }
@@ -26,8 +38,10 @@ grpc::Status RegistryService::Heartbeat(grpc::ServerContext*, const v1::Heartbea
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::Deregister(grpc::ServerContext*, const v1::DeregisterRequest* request,
+grpc::Status RegistryService::Deregister(grpc::ServerContext* context,
+                                         const v1::DeregisterRequest* request,
                                          v1::DeregisterResponse*) {
+  if (grpc::Status peer = checkPeer(*context); !peer.ok()) return peer;
   if (request->worker_id().empty()) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "worker_id is empty"};
   }

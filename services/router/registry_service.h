@@ -9,7 +9,10 @@ namespace cleave::router {
 
 class RegistryService final : public v1::Registry::Service {
  public:
-  explicit RegistryService(WorkerPool& pool) : pool_(pool) {}
+  // With `require_worker_cert`, every call must come over TLS from a peer whose client
+  // certificate the server verified (else UNAUTHENTICATED).
+  RegistryService(WorkerPool& pool, bool require_worker_cert)
+      : pool_(pool), require_worker_cert_(require_worker_cert) {}
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
@@ -18,7 +21,10 @@ class RegistryService final : public v1::Registry::Service {
                           v1::DeregisterResponse* response) override;
 
  private:
+  grpc::Status checkPeer(const grpc::ServerContext& context) const;
+
   WorkerPool& pool_;
+  const bool require_worker_cert_;
 };
 
 }  // namespace cleave::router

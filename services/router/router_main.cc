@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   int64_t lease_timeout_ms = 5000;
   int64_t max_migrations = 3;
   std::string api_keys_file;
+  cleave::ServerTls tls;
   double api_key_rate = 0;
   std::string model;
   cleave::FlagSet flags("cleave-router", "[flags]",
@@ -40,6 +41,12 @@ int main(int argc, char** argv) {
   flags.addString("api-keys", &api_keys_file,
                   "A file of API keys (one per line, optionally 'NAME KEY'); when set, client "
                   "calls need 'authorization: Bearer KEY'. Re-read when it changes");
+  flags.addString("tls-cert", &tls.cert_file,
+                  "Serve TLS with this certificate chain (PEM; with --tls-key)");
+  flags.addString("tls-key", &tls.key_file, "The private key of --tls-cert (PEM)");
+  flags.addString("tls-client-ca", &tls.client_ca_file,
+                  "Workers must present a client certificate signed by this CA (PEM) to "
+                  "register; API clients need none");
   flags.addDouble("api-key-rate", &api_key_rate,
                   "Generate calls per second each API key may make (bursts of one second's "
                   "worth); over it: RESOURCE_EXHAUSTED. 0: no limit");
@@ -98,7 +105,8 @@ int main(int argc, char** argv) {
       .workers = {.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms),
                   .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
                   .queue_capacity = queue_capacity},
-      .tokenizer = tokenizer};
+      .tokenizer = tokenizer,
+      .tls = tls};
   auto server = cleave::router::RouterServer::start(options);
   if (!server.ok()) cleave::exitWithUsageError(flags, server.status());
 

@@ -26,12 +26,16 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(
       [relay](const std::string& id) { relay->removeWorker(id); });
   router->service_ = std::make_unique<GenerationService>(options.generation, *router->pool_, *relay,
                                                          options.tokenizer);
-  router->registry_ = std::make_unique<RegistryService>(*router->pool_);
+  router->registry_ =
+      std::make_unique<RegistryService>(*router->pool_, !options.tls.client_ca_file.empty());
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      serverCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
   grpc::ServerBuilder builder;
   int port = 0;
   // Without this, Linux lets a second server share the port and steal half the calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(options.listen_address, *credentials, &port);
   builder.RegisterService(router->service_.get());
   builder.RegisterService(router->registry_.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

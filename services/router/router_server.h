@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/tls.h"
 #include "services/router/generation_service.h"
 #include "services/router/registry_service.h"
 #include "services/router/token_relay.h"
@@ -26,6 +27,9 @@ struct RouterServerOptions {
   WorkerPoolOptions workers;
   // The served model's tokenizer (null: only token-id prompts).
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
+  // TLS on the port; with a client CA, the Registry serves only workers that present a
+  // certificate signed by it.
+  ServerTls tls;
 };
 
 class RouterServer {

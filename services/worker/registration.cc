@@ -21,10 +21,10 @@ std::unique_ptr<grpc::ClientContext> deadlined() {
 }  // namespace
 
 RouterRegistration::RouterRegistration(const std::string& router_address,
+                                       std::shared_ptr<grpc::ChannelCredentials> credentials,
                                        v1::RegisterRequest request,
                                        std::function<v1::LoadSnapshot()> load)
-    : stub_(v1::Registry::NewStub(
-          grpc::CreateChannel(router_address, grpc::InsecureChannelCredentials()))),
+    : stub_(v1::Registry::NewStub(grpc::CreateChannel(router_address, std::move(credentials)))),
       request_(std::move(request)),
       load_(std::move(load)) {
   thread_.start([this](std::stop_token stop) { run(stop); });

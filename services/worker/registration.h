@@ -15,14 +15,18 @@
 
 #include "cleave/v1/worker.grpc.pb.h"
 #include "common/service_thread.h"
+#include "grpcpp/security/credentials.h"
 
 namespace cleave::worker {
 
 class RouterRegistration {
  public:
   // `load` is called from the background thread before each heartbeat.
-  RouterRegistration(const std::string& router_address, v1::RegisterRequest request,
-                     std::function<v1::LoadSnapshot()> load);
+  // `credentials` for the channel to the router (TLS, with a client certificate when the
+  // router asks workers for one).
+  RouterRegistration(const std::string& router_address,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials,
+                     v1::RegisterRequest request, std::function<v1::LoadSnapshot()> load);
   ~RouterRegistration();  // Deregisters (best effort) and stops.
 
   // Tells the router at once (and in every heartbeat after) that this worker takes no new

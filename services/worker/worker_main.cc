@@ -14,6 +14,7 @@
 #include "common/model/fingerprint.h"
 #include "common/ready_file.h"
 #include "common/shutdown.h"
+#include "common/tls.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/version.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -240,8 +241,11 @@ int run(int argc, char** argv) {
                    << " blocks";
   std::unique_ptr<RouterRegistration> registered;
   if (!options.router.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> to_router = channelCredentials(
+        {.ca_file = options.router_ca, .cert_file = options.tls_cert, .key_file = options.tls_key});
+    if (!to_router.ok()) exitWithUsageError(flags, to_router.status());
     registered = std::make_unique<RouterRegistration>(
-        options.router,
+        options.router, *to_router,
         registration(options, role, **group, address, (*metrics)->port(), *sha256,
                      options.target_concurrency, transport.get(), keys),
         [&core] { return core.load(); });

@@ -29,6 +29,12 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "Free a reservation not started within this, and a router's sequences once its "
                "token stream has been closed this long");
+  flags.addString("router-ca", &router_ca,
+                  "Reach the router over TLS, verifying it with this CA (PEM)");
+  flags.addString("tls-cert", &tls_cert,
+                  "The client certificate (PEM) this worker presents to the router (with "
+                  "--tls-key; needed when the router has --tls-client-ca)");
+  flags.addString("tls-key", &tls_key, "The private key of --tls-cert (PEM)");
   flags.addInt("drain-timeout-ms", &drain_timeout_ms,
                "On SIGTERM: how long to finish running requests (taking no new ones) before "
                "leaving the router, which moves the rest to other workers");

@@ -27,6 +27,10 @@ struct WorkerOptions {
   // On SIGTERM/SIGINT: how long the worker keeps running what it holds after telling the
   // router it is draining, before it deregisters (the router moves what is left).
   int64_t drain_timeout_ms = 30000;
+  // TLS to the router: its CA, and this worker's client certificate and key.
+  std::string router_ca;
+  std::string tls_cert;
+  std::string tls_key;
 
   // Binds every option to a flag on `flags`.
   void addFlags(FlagSet& flags);
