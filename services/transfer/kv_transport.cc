@@ -1,12 +1,16 @@
 #include "services/transfer/kv_transport.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/faults.h"
 
 namespace cleave::transfer {
 
 absl::Status writeAndWait(KvTransport& transport, const RemoteRegion& target,
                           std::span<const Write> writes, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (faults::fire("kv_put_fail")) {
+    return absl::UnavailableError("injected fault kv_put_fail: the put was not posted");
+  }
   absl::StatusOr<std::unique_ptr<Transfer>> transfer = transport.post(target, writes);
   if (!transfer.ok()) return transfer.status();
   while (true) {

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "common/faults.h"
 #include "common/log.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -79,6 +80,10 @@ void RouterRegistration::run(std::stop_token stop) {
     beat.set_worker_id(request_.worker_id());
     beat.set_draining(draining_);
     *beat.mutable_load() = load_();
+    // heartbeat_stall=1,heartbeat_stall_ms=T: once, while sequences run, go silent for T.
+    if (beat.load().running() > 0 && faults::fire("heartbeat_stall")) {
+      faults::delay("heartbeat_stall_ms");
+    }
     v1::HeartbeatResponse response;
     grpc::Status status = stub_->Heartbeat(deadlined().get(), beat, &response);
     if (status.ok() && response.reregister()) {

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/faults.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -252,7 +253,11 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     std::vector<int32_t> blocks =
         loop_->call([&](engine::Scheduler& s) { return s.reservation(*id); });
     uint64_t bytes = 0;
-    absl::Status sent = sendKv(r.destination(), blocks, bytes);
+    faults::crashPoint("prefill_before_kv_send");
+    faults::delay("kv_send_delay_ms");
+    absl::Status sent = faults::fire("kv_send_fail")
+                            ? absl::UnavailableError("injected fault kv_send_fail")
+                            : sendKv(r.destination(), blocks, bytes);
     if (!sent.ok()) first = sent;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - sent_at).count();
@@ -341,6 +346,11 @@ std::optional<double> WorkerCore::floorOf(const StepReport& report) const {
 
 void WorkerCore::onStep(StepReport& report) {
   metrics_.onStep(report, floorOf(report));
+  // decode_crash_after_steps=N: the N-th step with sequences decoding is the last.
+  if (report.decode_batch > 0 && faults::fire("decode_crash_after_steps") &&
+      faults::value("decode_crash_after_steps") == 0) {
+    faults::crash("decode_crash_after_steps");
+  }
   absl::MutexLock lock(&mu_);
   std::unordered_map<std::string, v1::TokenEvents> out;
   for (engine::TokenEvent& event : report.events) {

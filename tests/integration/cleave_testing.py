@@ -91,7 +91,8 @@ class Process:
         raise RuntimeError(f"not ready within {timeout}s:\n{self.log()}")
 
     def log(self):
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 

@@ -1,0 +1,130 @@
+"""Injected faults (CLEAVE_FAULTS, common/faults.h), one test each: every request ends
+completed — with exactly the offline engine's tokens — or cleanly failed with a status,
+never hung, and no KV block stays reserved on the router or on a live worker.
+
+  * a prefill worker's KV send fails (kv_send_fail) or its put is not posted
+    (kv_put_fail): the sequence is placed again and completes;
+  * a KV send is delayed past the client's deadline (kv_send_delay_ms): DEADLINE_EXCEEDED,
+    blocks freed; a patient request completes;
+  * a decode worker's heartbeat stalls while it streams (heartbeat_stall): the router
+    drops it, its streams move, it registers again;
+  * a prefill worker crashes before its KV send (crash_at=prefill_before_kv_send), or a
+    decode worker after some steps (decode_crash_after_steps): the requests complete
+    elsewhere.
+"""
+import concurrent.futures
+import os
+import random
+import sys
+import time
+import unittest
+
+import grpc
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import cleave_testing as ct  # noqa: E402
+from migration_test import offline  # noqa: E402
+from serving_test import MODEL, WORDS, metric  # noqa: E402
+
+MAX_NEW = 48
+PROMPTS = [" ".join(random.Random(seed).choice(WORDS) for _ in range(4 + 5 * seed))
+           for seed in range(4)]
+
+
+@unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
+class FaultTest(unittest.TestCase):
+    def serve(self, workers, timeout=60, prompts=PROMPTS):
+        """Runs `prompts` at once through a router and `workers` ((role, CLEAVE_FAULTS or
+        None) each); returns (results, processes): a result is (ids, None) or
+        (None, grpc.StatusCode)."""
+        pb = ct.stubs()["generation_pb2"]
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0", f"--model={MODEL}",
+                             "--heartbeat-interval-ms=200", "--lease-timeout-ms=1000"])
+        address = f"127.0.0.1:{router.ready['grpc_port']}"
+        procs = []
+        for role, faults in workers:
+            env = dict(os.environ, CLEAVE_FAULTS=faults) if faults else None
+            procs.append(ct.Process([ct.binary("cleave-worker"), f"--role={role}",
+                                     f"--model={MODEL}", f"--router={address}",
+                                     "--listen=127.0.0.1:0", "--metrics-port=0",
+                                     "--target-concurrency=4", "--planned-seq-len=128",
+                                     "--threads=1"], env=env))
+        channel = grpc.insecure_channel(address)
+        stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
+        try:
+            deadline = time.monotonic() + 60
+            while (len(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).workers)
+                   < len(workers)):
+                self.assertLess(time.monotonic(), deadline, "workers did not register")
+                time.sleep(0.05)
+
+            def generate(prompt):
+                request = pb.GenerateRequest(
+                    text=prompt, add_special_tokens=True,
+                    sampling=pb.SamplingParams(temperature=0),
+                    stopping=pb.StoppingCriteria(max_new_tokens=MAX_NEW, ignore_eos=True))
+                try:
+                    return [t for m in stub.Generate(request, timeout=timeout)
+                            for t in m.token_ids], None
+                except grpc.RpcError as e:
+                    return None, e.code()
+
+            with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+                results = list(pool.map(generate, prompts))
+            for w in procs + [router]:
+                if w.proc.poll() is not None:
+                    continue
+                name = ("cleave_router_reserved_blocks" if w is router
+                        else "cleave_worker_kv_blocks_reserved")
+                deadline = time.monotonic() + 15
+                while metric(w.ready["metrics_port"], name) != 0:
+                    self.assertLess(time.monotonic(), deadline, f"{name} stayed above 0")
+                    time.sleep(0.1)
+            return results, procs
+        finally:
+            channel.close()
+            for w in procs:
+                w.stop()
+            router.stop()
+
+    def assertExact(self, results, prompts=PROMPTS):
+        for prompt, (ids, code) in zip(prompts, results):
+            self.assertIsNone(code, prompt)
+            self.assertEqual(ids, offline(prompt)[:MAX_NEW], prompt)
+
+    def test_a_failed_kv_send_is_placed_again(self):
+        for fault in ("kv_send_fail=1", "kv_put_fail=1"):
+            results, procs = self.serve([("prefill", fault), ("decode", None),
+                                         ("decode", None)])
+            self.assertExact(results)
+            self.assertIn("injected fault", procs[0].log(), fault)
+
+    def test_a_kv_send_slower_than_the_deadline_fails_cleanly(self):
+        results, _ = self.serve([("prefill", "kv_send_delay_ms=3000"), ("decode", None)],
+                                timeout=1.5, prompts=PROMPTS[:2])
+        self.assertEqual([code for _, code in results], [grpc.StatusCode.DEADLINE_EXCEEDED] * 2)
+        results, _ = self.serve([("prefill", "kv_send_delay_ms=1000"), ("decode", None)],
+                                timeout=60, prompts=PROMPTS[:2])
+        self.assertExact(results, PROMPTS[:2])
+
+    def test_a_stalled_heartbeat_moves_the_streams(self):
+        results, procs = self.serve([("prefill", None),
+                                     ("decode", "heartbeat_stall=1,heartbeat_stall_ms=2500"),
+                                     ("decode", None)])
+        self.assertExact(results)
+        self.assertIn("injected fault: heartbeat_stall", procs[1].log())
+
+    def test_crashing_workers_lose_no_request(self):
+        results, procs = self.serve([("prefill", "crash_at=prefill_before_kv_send"),
+                                     ("prefill", None), ("decode", None)])
+        self.assertExact(results)
+        self.assertEqual(procs[0].proc.returncode, 86)
+        results, procs = self.serve([("prefill", None), ("decode", "decode_crash_after_steps=10"),
+                                     ("decode", None)])
+        self.assertExact(results)
+        self.assertEqual(procs[1].proc.returncode, 86)
+
+
+if __name__ == "__main__":
+    unittest.main()
