@@ -99,6 +99,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& 
   worker->decode = v1::DecodeControl::NewStub(channel);
   worker->prefill = v1::PrefillControl::NewStub(channel);
   bool replaced = false;
+  std::vector<std::string> superseded;  // Earlier processes at this address.
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [id, other] : workers_) {
@@ -120,11 +121,24 @@ absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& 
       }
     }
     replaced = workers_.erase(worker->id) > 0;
+    // A worker at the same address under another id is a process that ended (its
+    // successor is registering): drop it now rather than at its lease's end.
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      if (it->second.worker->info.control_address() == request.control_address()) {
+        CLEAVE_LOG(INFO) << "worker " << it->first << " replaced by " << worker->id
+                         << " at the same address";
+        superseded.push_back(it->first);
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     workers_[worker->id] = {.worker = worker, .last_seen = std::chrono::steady_clock::now()};
     ++changes_;
     updateGauges();
   }
   if (replaced) on_leave_(worker->id);
+  for (const std::string& id : superseded) on_leave_(id);
   on_join_(worker);
   CLEAVE_LOG(INFO) << "worker " << worker->id << " joined: " << v1::WorkerRole_Name(request.role())
                    << ", tp " << request.tp_size() << ", " << request.kv_capacity().total_blocks()

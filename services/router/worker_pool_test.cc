@@ -34,7 +34,7 @@ v1::RegisterRequest worker(const std::string& id, v1::WorkerRole role, uint32_t 
     r.mutable_kv_capacity()->set_total_blocks(blocks);
     r.mutable_kv_capacity()->set_target_concurrency(target);
   }
-  r.set_control_address("127.0.0.1:1");  // Never called here.
+  r.set_control_address("worker-" + id + ".invalid:1");  // Never called here.
   return r;
 }
 
@@ -59,6 +59,22 @@ TEST_F(WorkerPoolTest, RefusesIncompleteAndIncompatibleWorkers) {
   layout.mutable_kv_layout()->set_block_size(32);
   EXPECT_EQ(pool_.add(layout).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(pool_.summaries().size(), 1u);
+}
+
+TEST_F(WorkerPoolTest, ANewProcessAtAWorkersAddressReplacesIt) {
+  std::vector<std::string> left;
+  WorkerPool pool(
+      {}, [](auto) {}, [&](const std::string& id) { left.push_back(id); });
+  v1::RegisterRequest first = worker("w~1111", v1::WORKER_ROLE_DECODE, 10, 2);
+  v1::RegisterRequest again = worker("w~2222", v1::WORKER_ROLE_DECODE, 10, 2);
+  again.set_control_address(first.control_address());
+  ASSERT_TRUE(pool.add(first).ok());
+  ASSERT_TRUE(pool.add(worker("other", v1::WORKER_ROLE_DECODE, 10, 2)).ok());
+  ASSERT_TRUE(pool.add(again).ok());
+  EXPECT_EQ(left, std::vector<std::string>{"w~1111"});  // Its requests move at once.
+  std::vector<std::string> ids;
+  for (const v1::WorkerSummary& s : pool.summaries()) ids.push_back(s.worker_id());
+  EXPECT_THAT(ids, ::testing::UnorderedElementsAre("w~2222", "other"));
 }
 
 TEST_F(WorkerPoolTest, AdmissionHoldsBlocksAndSlotsUntilReleased) {

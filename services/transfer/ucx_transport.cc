@@ -26,6 +26,7 @@ class UcxTransfer final : public Transfer {
   }
   std::vector<void*> requests;  // Outstanding ucp requests (puts, then the flush).
   absl::Status failure;
+  std::string peer;  // Its endpoint and keys are dropped when the transfer fails.
 };
 
 class UcxTransport final : public KvTransport {
@@ -35,14 +36,7 @@ class UcxTransport final : public KvTransport {
     if (progress_.joinable()) progress_.join();
     absl::MutexLock lock(&mu_);
     for (auto& [key, rkey] : rkeys_) ucp_rkey_destroy(rkey);
-    for (auto& [address, ep] : endpoints_) {
-      ucp_request_param_t param{};
-      void* request = ucp_ep_close_nbx(ep, &param);
-      while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS) {
-        ucp_worker_progress(worker_);
-      }
-      if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
-    }
+    for (auto& [address, ep] : endpoints_) close(ep);
     for (ucp_mem_h memh : regions_) ucp_mem_unmap(context_, memh);
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     if (context_ != nullptr) ucp_cleanup(context_);
@@ -121,6 +115,7 @@ class UcxTransport final : public KvTransport {
     absl::StatusOr<ucp_rkey_h> rkey = remoteKey(*ep, target.peer_address, target.key);
     if (!rkey.ok()) return rkey.status();
     auto transfer = std::make_unique<UcxTransfer>();
+    transfer->peer = target.peer_address;
     ucp_request_param_t param{};
     for (const Write& w : writes) {
       void* request =
@@ -155,11 +150,39 @@ class UcxTransport final : public KvTransport {
       transfer.requests.erase(transfer.requests.begin() + static_cast<std::ptrdiff_t>(i));
     }
     if (!transfer.requests.empty()) return false;
-    if (!transfer.failure.ok()) return transfer.failure;
+    if (!transfer.failure.ok()) {
+      forget(transfer.peer);
+      return transfer.failure;
+    }
     return true;
   }
 
  private:
+  void close(ucp_ep_h ep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;  // The peer may be gone.
+    void* request = ucp_ep_close_nbx(ep, &param);
+    while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS) {
+      ucp_worker_progress(worker_);
+    }
+    if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+  }
+
+  // Drops the endpoint and remote keys of `peer` after a failed transfer to it: a peer that
+  // died is never written through a stale endpoint, and one that comes back (a new process
+  // has a new address) is connected afresh.
+  void forget(const std::string& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto it = rkeys_.lower_bound(peer); it != rkeys_.end() && it->first.starts_with(peer);) {
+      ucp_rkey_destroy(it->second);
+      it = rkeys_.erase(it);
+    }
+    if (auto it = endpoints_.find(peer); it != endpoints_.end()) {
+      close(it->second);
+      endpoints_.erase(it);
+    }
+  }
+
   absl::StatusOr<ucp_ep_h> endpoint(const std::string& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (auto it = endpoints_.find(peer); it != endpoints_.end()) return it->second;
     ucp_ep_params_t params{};

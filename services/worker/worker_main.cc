@@ -4,9 +4,11 @@
 // pool cannot hold the target concurrency), size the KV pool, serve DecodeControl and
 // PrefillControl, then register with the router and heartbeat until SIGINT/SIGTERM.
 #include <csignal>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/flags.h"
 #include "common/grpc_logging.h"
 #include "common/log.h"
@@ -51,13 +53,13 @@ v1::KvLayout kvLayout(const model::ModelConfig& c) {
 }
 
 v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine::TpGroup& group,
-                                 const std::string& address, int metrics_port,
-                                 const std::string& sha256, int64_t target_concurrency,
-                                 transfer::KvTransport* transport,
+                                 const std::string& worker_id, const std::string& address,
+                                 int metrics_port, const std::string& sha256,
+                                 int64_t target_concurrency, transfer::KvTransport* transport,
                                  const std::vector<std::string>& keys) {
   const model::ModelConfig& c = group.config();
   v1::RegisterRequest r;
-  r.set_worker_id(address);
+  r.set_worker_id(worker_id);
   r.set_role(role == Role::kBoth      ? v1::WORKER_ROLE_BOTH
              : role == Role::kPrefill ? v1::WORKER_ROLE_PREFILL
                                       : v1::WORKER_ROLE_DECODE);
@@ -228,7 +230,11 @@ int run(int argc, char** argv) {
   const std::string host = options.server.listen.substr(0, options.server.listen.rfind(':'));
   const std::string address =
       options.advertise.empty() ? absl::StrCat(host, ":", port) : options.advertise;
-  core.setWorkerId(address);
+  // This process's identity: its address and a random incarnation, so that a worker
+  // restarted at the same address is a new worker to the router and its peers.
+  const std::string worker_id =
+      absl::StrFormat("%s~%08x", address, std::random_device{}() & 0xffffffffu);
+  core.setWorkerId(worker_id);
 
   if (!options.server.ready_file.empty()) {
     absl::Status written = writeReadyFile(
@@ -246,7 +252,7 @@ int run(int argc, char** argv) {
     if (!to_router.ok()) exitWithUsageError(flags, to_router.status());
     registered = std::make_unique<RouterRegistration>(
         options.router, *to_router,
-        registration(options, role, **group, address, (*metrics)->port(), *sha256,
+        registration(options, role, **group, worker_id, address, (*metrics)->port(), *sha256,
                      options.target_concurrency, transport.get(), keys),
         [&core] { return core.load(); });
   }

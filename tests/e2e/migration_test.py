@@ -63,7 +63,6 @@ class MigrationTest(unittest.TestCase):
         workers = [ct.Process([ct.binary("cleave-worker"), f"--role={role}", *common])
                    for role in ("prefill", "decode", "decode")]
         victim = workers[1]
-        victim_id = f"127.0.0.1:{victim.ready['grpc_port']}"
         channel = grpc.insecure_channel(address)
         rng = random.Random(max_migrations)
         draining = stop_signal == signal.SIGTERM
@@ -75,6 +74,11 @@ class MigrationTest(unittest.TestCase):
             while len(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).workers) < 3:
                 self.assertLess(time.monotonic(), deadline, "workers did not register")
                 time.sleep(0.05)
+            # A worker's id is its address and an incarnation.
+            victim_id = next(w.worker_id for w in stub.GetServerInfo(
+                pb.GetServerInfoRequest(), timeout=5).workers
+                if w.address == f"127.0.0.1:{victim.ready['grpc_port']}")
+            self.assertTrue(victim_id.startswith(f"127.0.0.1:{victim.ready['grpc_port']}~"))
             streaming = threading.Semaphore(0)
 
             def generate(prompt):
