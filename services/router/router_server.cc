@@ -18,11 +18,13 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(
 
   std::unique_ptr<RouterServer> router(new RouterServer());
   // One id per router process: workers key token streams and reservations by it.
+  WorkerPoolOptions workers = options.workers;
+  if (workers.lost == nullptr) workers.lost = std::make_shared<LostWorkers>();
   router->relay_ = std::make_unique<TokenRelay>(
-      absl::StrCat("router-", getpid(), "-", std::random_device{}() % 100000));
+      absl::StrCat("router-", getpid(), "-", std::random_device{}() % 100000), workers.lost);
   TokenRelay* relay = router->relay_.get();
   router->pool_ = std::make_unique<WorkerPool>(
-      options.workers, [relay](std::shared_ptr<const Worker> w) { relay->addWorker(std::move(w)); },
+      workers, [relay](std::shared_ptr<const Worker> w) { relay->addWorker(std::move(w)); },
       [relay](const std::string& id) { relay->removeWorker(id); });
   router->service_ = std::make_unique<GenerationService>(options.generation, *router->pool_, *relay,
                                                          options.tokenizer);

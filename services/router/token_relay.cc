@@ -41,7 +41,8 @@ struct TokenRelay::Reader {
   std::thread thread;
 };
 
-TokenRelay::TokenRelay(std::string router_id) : router_id_(std::move(router_id)) {}
+TokenRelay::TokenRelay(std::string router_id, std::shared_ptr<LostWorkers> lost)
+    : router_id_(std::move(router_id)), lost_(std::move(lost)) {}
 
 TokenRelay::~TokenRelay() {
   std::vector<std::string> ids;
@@ -94,6 +95,7 @@ void TokenRelay::removeWorker(const std::string& worker_id) {
 void TokenRelay::read(Reader& reader) {
   v1::StreamTokensRequest request;
   request.set_router_id(router_id_);
+  int unreachable = 0;  // Calls in a row that ended UNAVAILABLE without a message.
   while (!reader.stop) {
     grpc::ClientContext context;
     {
@@ -103,7 +105,9 @@ void TokenRelay::read(Reader& reader) {
     if (reader.stop) context.TryCancel();
     auto stream = reader.worker->decode->StreamTokens(&context, request);
     v1::TokenEvents message;
+    bool read_any = false;
     while (stream->Read(&message)) {
+      read_any = true;
       absl::MutexLock lock(&mu_);
       for (v1::SequenceEvent& event : *message.mutable_events()) {
         auto it = mailboxes_.find(event.request_id());
@@ -116,6 +120,14 @@ void TokenRelay::read(Reader& reader) {
       reader.context = nullptr;
     }
     if (reader.stop) break;
+    unreachable = status.error_code() == grpc::StatusCode::UNAVAILABLE && !read_any
+                      ? unreachable + 1
+                      : 0;
+    if (unreachable == 3 && lost_ != nullptr) {
+      CLEAVE_LOG(WARNING) << "decode worker " << reader.worker->id
+                          << " cannot be reached; dropping it";
+      lost_->add(reader.worker->id);
+    }
     CLEAVE_LOG(WARNING) << "token stream from " << reader.worker->id
                         << " ended: " << status.error_message() << "; reopening";
     std::this_thread::sleep_for(std::chrono::milliseconds(200));

@@ -35,7 +35,9 @@ class Mailbox {
 
 class TokenRelay {
  public:
-  explicit TokenRelay(std::string router_id);
+  // A decode worker whose token stream fails to reopen three times in a row (about 0.6 s)
+  // is reported to `lost` (may be null).
+  TokenRelay(std::string router_id, std::shared_ptr<LostWorkers> lost = nullptr);
   ~TokenRelay();
 
   const std::string& routerId() const { return router_id_; }
@@ -52,6 +54,7 @@ class TokenRelay {
   void read(Reader& reader);
 
   const std::string router_id_;
+  const std::shared_ptr<LostWorkers> lost_;
   absl::Mutex mu_;
   std::unordered_map<std::string, std::unique_ptr<Reader>> readers_ ABSL_GUARDED_BY(mu_);
   struct Open {

@@ -1,6 +1,7 @@
 #include "services/router/worker_pool.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -175,8 +176,23 @@ void WorkerPool::remove(const std::string& worker_id, const std::string& reason)
   on_leave_(worker_id);
 }
 
+void LostWorkers::add(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  ids_.push_back(worker_id);
+}
+
+std::vector<std::string> LostWorkers::take() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(ids_, {});
+}
+
 void WorkerPool::expire(std::stop_token stop) {
   while (sleepFor(stop, std::chrono::milliseconds(200))) {
+    if (options_.lost != nullptr) {
+      for (const std::string& id : options_.lost->take()) {
+        remove(id, "its token stream cannot be reopened");
+      }
+    }
     std::vector<std::string> lost;
     {
       absl::MutexLock lock(&mu_);

@@ -46,10 +46,25 @@
 
 namespace cleave::router {
 
+// Workers found unreachable outside the registry (their token stream cannot be reopened),
+// for the pool to drop without waiting for their lease. Shared by whoever finds them and
+// the pool, so neither outlives the other's use of it.
+class LostWorkers {
+ public:
+  void add(const std::string& worker_id);
+  std::vector<std::string> take();
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> ids_ ABSL_GUARDED_BY(mu_);
+};
+
 struct WorkerPoolOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds lease_timeout{5000};
   int64_t queue_capacity = 1024;
+  // Dropped on the next lease check (every 200 ms) when set.
+  std::shared_ptr<LostWorkers> lost;
 };
 
 // One registered worker. Immutable after registration except where noted.

@@ -46,7 +46,7 @@ def offline(prompt):
 
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
 class MigrationTest(unittest.TestCase):
-    def run_with_a_kill(self, max_migrations, stop_signal=signal.SIGKILL):
+    def run_with_a_kill(self, max_migrations, stop_signal=signal.SIGKILL, lease_ms=1000):
         """Streams 8 requests and stops decode worker 0 with `stop_signal` once all have
         tokens; with SIGTERM, sends 4 more requests while it drains and checks the router
         never gives it one. Returns (prompts, results: (ids, final) or grpc.RpcError per
@@ -54,7 +54,7 @@ class MigrationTest(unittest.TestCase):
         pb = ct.stubs()["generation_pb2"]
         router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
                              "--metrics-port=0", f"--model={MODEL}",
-                             "--heartbeat-interval-ms=200", "--lease-timeout-ms=1000",
+                             "--heartbeat-interval-ms=200", f"--lease-timeout-ms={lease_ms}",
                              f"--max-migrations={max_migrations}"])
         address = f"127.0.0.1:{router.ready['grpc_port']}"
         common = [f"--model={MODEL}", f"--router={address}", "--listen=127.0.0.1:0",
@@ -127,7 +127,9 @@ class MigrationTest(unittest.TestCase):
                     self.assertEqual(victim.proc.wait(30), 0, victim.log())
                 else:
                     victim.proc.wait()
+                killed = time.monotonic()
                 results = [f.result() for f in futures]
+                self.after_kill_s = time.monotonic() - killed
             survivors = [w for w in workers if w is not victim]
             for w in survivors:
                 deadline = time.monotonic() + 10
@@ -151,6 +153,16 @@ class MigrationTest(unittest.TestCase):
             self.assertEqual(ids, offline(prompt), prompt)
             self.assertEqual(final.usage.completion_tokens, MAX_NEW)
 
+    def test_a_dead_worker_is_noticed_by_its_token_stream_before_its_lease_ends(self):
+        # A 60 s lease: the requests finish within it only if the broken token stream (its
+        # reopening refused) gets the worker dropped.
+        prompts, results, migrations = self.run_with_a_kill(max_migrations=3, lease_ms=60000)
+        self.assertGreater(migrations, 0)
+        self.assertLess(self.after_kill_s, 30)
+        for prompt, result in zip(prompts, results):
+            self.assertNotIsInstance(result, grpc.RpcError, prompt)
+            self.assertEqual(result[0], offline(prompt), prompt)
+
     def test_past_the_migration_limit_the_request_fails_clearly(self):
         prompts, results, migrations = self.run_with_a_kill(max_migrations=0)
         self.assertEqual(migrations, 0)
@@ -164,8 +176,11 @@ class MigrationTest(unittest.TestCase):
                 self.assertEqual(result[0], offline(prompt))
 
     def test_a_stopping_decode_worker_drains_and_gets_no_new_work(self):
+        # A lease long enough that no worker is dropped for a late heartbeat on a busy
+        # machine: every move here would be the drain's fault.
         prompts, results, migrations = self.run_with_a_kill(max_migrations=3,
-                                                            stop_signal=signal.SIGTERM)
+                                                            stop_signal=signal.SIGTERM,
+                                                            lease_ms=10000)
         self.assertEqual(migrations, 0)
         for prompt, result in zip(prompts, results):
             self.assertNotIsInstance(result, grpc.RpcError, prompt)
