@@ -109,15 +109,7 @@ class ChaosTest(unittest.TestCase):
             self.assertEqual(wrong, [])
             self.assertGreater(len(kills), 0)
             self.assertGreater(len(done), 0)
-            live = workers["prefill"] + workers["decode"]
-            for w in live + [router]:
-                port = w.ready["metrics_port"]
-                name = ("cleave_router_reserved_blocks" if w is router
-                        else "cleave_worker_kv_blocks_reserved")
-                deadline = time.monotonic() + 15
-                while metric(port, name) != 0:
-                    self.assertLess(time.monotonic(), deadline, f"{name} stayed above 0")
-                    time.sleep(0.1)
+            ct.wait_until_nothing_reserved(router, workers["prefill"] + workers["decode"])
         finally:
             stop.set()
             channel.close()

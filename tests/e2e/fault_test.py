@@ -72,15 +72,7 @@ class FaultTest(unittest.TestCase):
 
             with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
                 results = list(pool.map(generate, prompts))
-            for w in procs + [router]:
-                if w.proc.poll() is not None:
-                    continue
-                name = ("cleave_router_reserved_blocks" if w is router
-                        else "cleave_worker_kv_blocks_reserved")
-                deadline = time.monotonic() + 15
-                while metric(w.ready["metrics_port"], name) != 0:
-                    self.assertLess(time.monotonic(), deadline, f"{name} stayed above 0")
-                    time.sleep(0.1)
+            ct.wait_until_nothing_reserved(router, procs)
             return results, procs
         finally:
             channel.close()

@@ -130,13 +130,7 @@ class MigrationTest(unittest.TestCase):
                 killed = time.monotonic()
                 results = [f.result() for f in futures]
                 self.after_kill_s = time.monotonic() - killed
-            survivors = [w for w in workers if w is not victim]
-            for w in survivors:
-                deadline = time.monotonic() + 10
-                while metric(w.ready["metrics_port"], "cleave_worker_kv_blocks_reserved") != 0:
-                    self.assertLess(time.monotonic(), deadline, "blocks stayed reserved")
-                    time.sleep(0.05)
-            self.assertEqual(metric(port, "cleave_router_reserved_blocks"), 0)
+            ct.wait_until_nothing_reserved(router, workers)
             return prompts, results, metric(port, "cleave_router_migrations_total")
         finally:
             channel.close()

@@ -138,10 +138,7 @@ class OverloadTest(unittest.TestCase):
             self.assertLessEqual(max(depths), QUEUE)
             for g in growth:
                 self.assertLess(g, 0.10)
-            deadline = time.monotonic() + 15
-            while metric(router.ready["metrics_port"], "cleave_router_reserved_blocks") != 0:
-                self.assertLess(time.monotonic(), deadline, "blocks stayed reserved")
-                time.sleep(0.1)
+            ct.wait_until_nothing_reserved(router, workers)
         finally:
             channel.close()
             codes = [w.stop() for w in workers] + [router.stop()]

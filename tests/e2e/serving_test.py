@@ -32,12 +32,7 @@ WORDS = ("river mountain light quiet engine paper window garden number silver mo
          "question stone market winter letter travel music forest ocean").split()
 
 
-def metric(port, name):
-    _, text = ct.http_get(port)
-    match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
-    if match is None:
-        raise AssertionError(f"{name} not in the metrics of port {port}")
-    return float(match.group(1))
+metric = ct.metric
 
 
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")

@@ -109,13 +109,7 @@ class SoakTest(unittest.TestCase):
             self.assertGreater(counts["requests"], 0)
             for g in growth:
                 self.assertLess(g, 0.01)
-            for p in processes:
-                name = ("cleave_router_reserved_blocks" if p is router
-                        else "cleave_worker_kv_blocks_reserved")
-                deadline = time.monotonic() + 15
-                while metric(p.ready["metrics_port"], name) != 0:
-                    self.assertLess(time.monotonic(), deadline, f"{name} stayed above 0")
-                    time.sleep(0.1)
+            ct.wait_until_nothing_reserved(router, workers)
         finally:
             channel.close()
             codes = [w.stop() for w in workers] + [router.stop()]

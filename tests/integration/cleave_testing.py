@@ -6,6 +6,7 @@ process that has a deadline of its own.
 import importlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -126,3 +127,29 @@ def listening_socket():
     s.bind(("127.0.0.1", 0))
     s.listen(1)
     return s
+
+
+def metric(port, name):
+    """The value of an unlabelled metric (or the first series of a labelled one)."""
+    _, text = http_get(port)
+    match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+    if match is None:
+        raise AssertionError(f"{name} not in the metrics of port {port}")
+    return float(match.group(1))
+
+
+def wait_until_nothing_reserved(router, workers, seconds=15.0):
+    """Waits until the router and every worker still running hold no KV block; raises
+    AssertionError naming what is still reserved when `seconds` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        held = {"router": metric(router.ready["metrics_port"], "cleave_router_reserved_blocks")}
+        for i, w in enumerate(workers):
+            if w.proc.poll() is None:
+                held[f"worker {i}"] = metric(w.ready["metrics_port"],
+                                             "cleave_worker_kv_blocks_reserved")
+        if not any(held.values()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"KV blocks still reserved after {seconds:.0f} s: {held}")
+        time.sleep(0.1)
