@@ -68,7 +68,8 @@ class TextStream {
 
 grpc::Status GenerationService::generate(grpc::ServerContext* context,
                                          const v1::GenerateRequest& request,
-                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
+                                         grpc::ServerWriter<v1::GenerateResponse>* writer,
+                                         const std::string& client) {
   const auto received = Clock::now();
   std::optional<WorkerPool::ModelView> model = pool_.model();
   if (!model) {
@@ -138,7 +139,8 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                     .logprobs = request.has_logprobs() ? std::optional<uint32_t>(request.logprobs())
                                                        : std::nullopt,
                     .deadline = context->deadline(),
-                    .cancelled = [context] { return context->IsCancelled(); }};
+                    .cancelled = [context] { return context->IsCancelled(); },
+                    .client = client};
   std::vector<std::string> lost;  // Decode workers this request could not use.
   std::unique_ptr<Placement> placed;
   grpc::Status status = place(sequence, lost, placed);
@@ -304,7 +306,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
   };
   while (true) {
     absl::StatusOr<Admission> admitted =
-        pool_.admit(sequence.blocks, sequence.deadline, sequence.cancelled, lost);
+        pool_.admit(sequence.blocks, sequence.deadline, sequence.cancelled, lost, sequence.client);
     if (!admitted.ok()) return status.ok() ? toGrpcStatus(admitted.status()) : status;
     placed.reset(new Placement(*this, *admitted, sequence.id));
     placed->queue_wait_ms = msSince(placing);

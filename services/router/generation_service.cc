@@ -60,23 +60,26 @@ grpc::Status GenerationService::finish(const char* method, grpc::Status status) 
   return status;
 }
 
-grpc::Status GenerationService::authorize(const grpc::ServerContext& context, bool generate) const {
+grpc::Status GenerationService::authorize(const grpc::ServerContext& context, bool generate,
+                                          std::string* client) const {
   if (options_.api_keys == nullptr) return grpc::Status::OK;
   absl::StatusOr<std::string> key = options_.api_keys->check(context);
   if (!key.ok()) return toGrpcStatus(key.status());
+  if (client != nullptr) *client = *key;
   return generate ? toGrpcStatus(options_.api_keys->takeRequest(*key)) : grpc::Status::OK;
 }
 
 grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  if (grpc::Status denied = authorize(*context, /*generate=*/true); !denied.ok()) {
+  std::string client;
+  if (grpc::Status denied = authorize(*context, /*generate=*/true, &client); !denied.ok()) {
     return finish("Generate", denied);
   }
   if (absl::Status invalid = validateGenerateRequest(*request); !invalid.ok()) {
     return finish("Generate", toGrpcStatus(invalid));
   }
-  return finish("Generate", generate(context, *request, writer));
+  return finish("Generate", generate(context, *request, writer, client));
 }
 
 absl::StatusOr<const tokenizer::Tokenizer*> GenerationService::tokenizerFor(

@@ -68,10 +68,12 @@ class GenerationService final : public v1::Generation::Service {
   // Counts one finished call in cleave_router_requests_total and passes the status through.
   grpc::Status finish(const char* method, grpc::Status status);
   // OK when no keys are configured or the call presents a valid one (for Generate, also
-  // within its key's rate).
-  grpc::Status authorize(const grpc::ServerContext& context, bool generate = false) const;
+  // within its key's rate); `client` is then the key's name (empty without keys).
+  grpc::Status authorize(const grpc::ServerContext& context, bool generate = false,
+                         std::string* client = nullptr) const;
   grpc::Status generate(grpc::ServerContext* context, const v1::GenerateRequest& request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer);
+                        grpc::ServerWriter<v1::GenerateResponse>* writer,
+                        const std::string& client);
 
   // A request's sequence as the workers see it.
   struct Sequence {
@@ -84,6 +86,7 @@ class GenerationService final : public v1::Generation::Service {
     std::optional<uint32_t> logprobs;
     std::chrono::system_clock::time_point deadline;
     std::function<bool()> cancelled;
+    std::string client;  // Its API key's name, for fair queueing.
   };
   // The sequence on one decode worker: its admission and reservation (both released when
   // this ends), its prefill's answer and, when it decodes, its token mailbox.

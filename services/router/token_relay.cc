@@ -120,9 +120,8 @@ void TokenRelay::read(Reader& reader) {
       reader.context = nullptr;
     }
     if (reader.stop) break;
-    unreachable = status.error_code() == grpc::StatusCode::UNAVAILABLE && !read_any
-                      ? unreachable + 1
-                      : 0;
+    unreachable =
+        status.error_code() == grpc::StatusCode::UNAVAILABLE && !read_any ? unreachable + 1 : 0;
     if (unreachable == 3 && lost_ != nullptr) {
       CLEAVE_LOG(WARNING) << "decode worker " << reader.worker->id
                           << " cannot be reached; dropping it";

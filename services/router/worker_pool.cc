@@ -236,9 +236,11 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
 absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
                                             std::chrono::system_clock::time_point deadline,
                                             const std::function<bool()>& cancelled,
-                                            const std::vector<std::string>& exclude) {
+                                            const std::vector<std::string>& exclude,
+                                            const std::string& client) {
   const char* outcome = nullptr;
-  absl::StatusOr<Admission> admission = admitOrWait(blocks, deadline, cancelled, exclude, outcome);
+  absl::StatusOr<Admission> admission =
+      admitOrWait(blocks, deadline, cancelled, exclude, client, outcome);
   admissions_
       .Add({{"outcome", outcome != nullptr ? outcome : admissionOutcome(admission.status())}})
       .Increment();
@@ -249,7 +251,7 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
                                                   std::chrono::system_clock::time_point deadline,
                                                   const std::function<bool()>& cancelled,
                                                   const std::vector<std::string>& exclude,
-                                                  const char*& outcome) {
+                                                  const std::string& client, const char*& outcome) {
   absl::MutexLock lock(&mu_);
   int64_t largest = 0;
   bool any = false, draining = false;
@@ -295,18 +297,20 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
     }
   }
   const uint64_t ticket = next_ticket_++;
-  queue_.push_back(ticket);
+  queue_.push_back({ticket, client});
   updateGauges();
   Entry* chosen = nullptr;
   absl::Status why;
   const bool admitted = waitUntil(
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return queue_.front() == ticket && (chosen = pick(blocks, exclude)) != nullptr;
+        return nextInLine() == ticket && (chosen = pick(blocks, exclude)) != nullptr;
       },
       deadline, cancelled, why);
-  queue_.erase(std::find(queue_.begin(), queue_.end(), ticket));
+  queue_.erase(std::find_if(queue_.begin(), queue_.end(),
+                            [&](const Waiting& w) { return w.ticket == ticket; }));
   ++changes_;  // The next in line may go now.
   if (admitted && must_wait) {
+    last_served_[client] = ++served_;
     const auto now = std::chrono::steady_clock::now();
     if (last_dequeue_) {
       const double step = std::chrono::duration<double>(now - *last_dequeue_).count();
@@ -323,6 +327,21 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
   updateGauges();
   if (!admitted) return why;
   return Admission{.worker = chosen->worker, .blocks = blocks};
+}
+
+uint64_t WorkerPool::nextInLine() const {
+  // The first waiting request of the client served longest ago (never: 0).
+  const Waiting* next = nullptr;
+  uint64_t next_served = 0;
+  for (const Waiting& w : queue_) {  // Oldest first, so a client's first entry is its oldest.
+    auto it = last_served_.find(w.client);
+    const uint64_t served = it == last_served_.end() ? 0 : it->second;
+    if (next == nullptr || served < next_served) {
+      next = &w;
+      next_served = served;
+    }
+  }
+  return next == nullptr ? 0 : next->ticket;
 }
 
 bool WorkerPool::waitUntil(const std::function<bool()>& ready,

@@ -118,9 +118,12 @@ class WorkerPool {
   // decode worker), InvalidArgument (no worker could ever hold it), ResourceExhausted (the
   // queue is full), DeadlineExceeded, Cancelled (`cancelled` became true).
   // Workers named in `exclude` (found unreachable by this request) are passed over.
+  // `client` (an API key's name; empty when keys are off) shares the queue fairly: the
+  // waiting client admitted least recently goes next, its oldest request first.
   absl::StatusOr<Admission> admit(int64_t blocks, std::chrono::system_clock::time_point deadline,
                                   const std::function<bool()>& cancelled,
-                                  const std::vector<std::string>& exclude = {});
+                                  const std::vector<std::string>& exclude = {},
+                                  const std::string& client = "");
   void release(const Admission& admission);
 
   // The worker to prefill `tokens` prompt tokens for `decode`: the prefill worker with the
@@ -160,7 +163,9 @@ class WorkerPool {
                                         std::chrono::system_clock::time_point deadline,
                                         const std::function<bool()>& cancelled,
                                         const std::vector<std::string>& exclude,
-                                        const char*& outcome);
+                                        const std::string& client, const char*& outcome);
+  // The waiting request that may go next: fair between clients, oldest first within one.
+  uint64_t nextInLine() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void updateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerPoolOptions options_;
@@ -168,7 +173,14 @@ class WorkerPool {
   std::function<void(const std::string&)> on_leave_;
   mutable absl::Mutex mu_;
   std::unordered_map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> queue_ ABSL_GUARDED_BY(mu_);  // Waiting admissions, oldest first.
+  struct Waiting {
+    uint64_t ticket = 0;
+    std::string client;
+  };
+  std::vector<Waiting> queue_ ABSL_GUARDED_BY(mu_);  // Waiting admissions, oldest first.
+  // When each client last had a waiting request admitted (a count of such admissions).
+  std::unordered_map<std::string, uint64_t> last_served_ ABSL_GUARDED_BY(mu_);
+  uint64_t served_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   // How fast the queue moves: a moving average of the time between two waiting requests
   // being admitted while requests kept waiting, and how many such gaps it has seen.

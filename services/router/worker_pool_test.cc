@@ -212,3 +212,57 @@ TEST(WorkerPoolOverloadTest, RefusesAtOnceWhatTheQueuesPaceCannotAdmitInTime) {
 
 }  // namespace
 }  // namespace cleave::router
+
+namespace cleave::router {
+namespace {
+
+// Client "a" queues five requests before "b" queues one: b's goes second, not sixth.
+TEST(WorkerPoolFairnessTest, ClientsTakeTurnsInTheQueue) {
+  WorkerPool pool(
+      {.queue_capacity = 100}, [](auto) {}, [](const std::string&) {});
+  ASSERT_TRUE(pool.add(worker("w", v1::WORKER_ROLE_BOTH, 1000, 1)).ok());  // Admits 2.
+  auto later = std::chrono::system_clock::now() + std::chrono::seconds(30);
+  auto never = [] { return false; };
+  std::vector<Admission> running{*pool.admit(1, later, never, {}, "a"),
+                                 *pool.admit(1, later, never, {}, "a")};
+  std::mutex mu;
+  std::vector<std::string> order;  // Guarded by mu.
+  std::deque<Admission> admitted;  // Guarded by mu.
+  std::vector<std::thread> clients;
+  auto enqueue = [&](const std::string& client, size_t depth) {
+    clients.emplace_back([&, client] {
+      absl::StatusOr<Admission> a = pool.admit(1, later, never, {}, client);
+      ASSERT_TRUE(a.ok()) << a.status();
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(client);
+      admitted.push_back(*a);
+    });
+    while (pool.queueDepth() < static_cast<int64_t>(depth)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  };
+  for (size_t i = 1; i <= 5; ++i) enqueue("a", i);
+  enqueue("b", 6);
+  // Free one slot at a time; each admitted request gives its slot back.
+  pool.release(running[0]);
+  pool.release(running[1]);
+  while (true) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::lock_guard<std::mutex> lock(mu);
+    if (order.size() == 6) break;
+    if (!admitted.empty()) {
+      pool.release(admitted.front());
+      admitted.pop_front();
+    }
+  }
+  for (std::thread& t : clients) t.join();
+  for (const Admission& a : admitted) pool.release(a);
+  ASSERT_EQ(order.size(), 6u);
+  // The first freed slots go to a (served longest ago: never) then b, not after all of a.
+  const auto b = std::find(order.begin(), order.end(), "b") - order.begin();
+  EXPECT_LE(b, 2) << "b waited behind a's whole burst";
+  EXPECT_EQ(pool.reservedBlocks(), 0);
+}
+
+}  // namespace
+}  // namespace cleave::router
