@@ -44,7 +44,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> serverCredentials(const
     if (!ca.ok()) return ca.status();
     options.pem_root_certs = *ca;
     options.client_certificate_request =
-        GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;  // Verified when presented.
+        tls.require_client_cert ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(options);
 }

@@ -15,8 +15,10 @@ struct ServerTls {
   std::string cert_file;  // --tls-cert: this server's certificate chain.
   std::string key_file;   // --tls-key: its private key.
   // --tls-client-ca: when set, clients that present a certificate must be signed by it
-  // (clients without one are still served; a service that needs one checks peerHasCert).
+  // (clients without one are still served; a service that needs one checks
+  // peerHasVerifiedCert) — unless require_client_cert, when every client needs one.
   std::string client_ca_file;
+  bool require_client_cert = false;
   bool enabled() const { return !cert_file.empty(); }
 };
 

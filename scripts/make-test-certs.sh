@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Makes a throwaway certificate authority and certificates for tests and local TLS trials:
 #   ca.pem                      the CA (give it to clients: CLEAVE_TLS_CA, --router-ca)
-#   server.pem, server.key      the router's (127.0.0.1 and localhost; --tls-cert/--tls-key)
-#   worker.pem, worker.key      a worker's client certificate (cleave-worker --tls-cert/--tls-key)
+#   server.pem, server.key      the router's (127.0.0.1 and localhost; --tls-cert/--tls-key),
+#                               also its client certificate when it calls workers
+#   worker.pem, worker.key      a worker's (127.0.0.1 and localhost; cleave-worker
+#                               --tls-cert/--tls-key): served on its port, shown to the router
 #   rogue-worker.pem/.key       a client certificate from another CA (must be refused)
 # Usage: scripts/make-test-certs.sh DIR    (never use these keys for anything real)
 set -euo pipefail
@@ -29,8 +31,9 @@ leaf() {
 ca ca
 ca rogue-ca
 leaf server ca "subjectAltName=IP:127.0.0.1,DNS:localhost
-extendedKeyUsage=serverAuth"
-leaf worker ca "extendedKeyUsage=clientAuth"
+extendedKeyUsage=serverAuth,clientAuth"
+leaf worker ca "subjectAltName=IP:127.0.0.1,DNS:localhost
+extendedKeyUsage=serverAuth,clientAuth"
 leaf rogue-worker rogue-ca "extendedKeyUsage=clientAuth"
 rm -f ./*.srl
 echo "certificates in $dir"

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   int64_t max_migrations = 3;
   std::string api_keys_file;
   cleave::ServerTls tls;
+  std::string worker_ca;
   double api_key_rate = 0;
   std::string model;
   cleave::FlagSet flags("cleave-router", "[flags]",
@@ -47,6 +48,9 @@ int main(int argc, char** argv) {
   flags.addString("tls-client-ca", &tls.client_ca_file,
                   "Workers must present a client certificate signed by this CA (PEM) to "
                   "register; API clients need none");
+  flags.addString("worker-ca", &worker_ca,
+                  "Call workers over TLS, verifying them with this CA (PEM); the router presents "
+                  "its --tls-cert as a client certificate");
   flags.addDouble("api-key-rate", &api_key_rate,
                   "Generate calls per second each API key may make (bursts of one second's "
                   "worth); over it: RESOURCE_EXHAUSTED. 0: no limit");
@@ -97,6 +101,13 @@ int main(int argc, char** argv) {
                                               static_cast<int>(server_flags.metrics_port));
   if (!metrics.ok()) cleave::exitWithUsageError(flags, metrics.status());
 
+  std::shared_ptr<grpc::ChannelCredentials> to_workers;
+  if (!worker_ca.empty()) {
+    auto credentials = cleave::channelCredentials(
+        {.ca_file = worker_ca, .cert_file = tls.cert_file, .key_file = tls.key_file});
+    if (!credentials.ok()) cleave::exitWithUsageError(flags, credentials.status());
+    to_workers = *credentials;
+  }
   cleave::router::RouterServerOptions options{
       .listen_address = server_flags.listen,
       .generation = {.queue_capacity = static_cast<uint32_t>(queue_capacity),
@@ -104,7 +115,8 @@ int main(int argc, char** argv) {
                      .api_keys = api_keys},
       .workers = {.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms),
                   .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
-                  .queue_capacity = queue_capacity},
+                  .queue_capacity = queue_capacity,
+                  .worker_credentials = to_workers},
       .tokenizer = tokenizer,
       .tls = tls};
   auto server = cleave::router::RouterServer::start(options);

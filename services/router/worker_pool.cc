@@ -96,7 +96,10 @@ absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& 
   worker->info = request;
   worker->id = request.worker_id().empty() ? request.control_address() : request.worker_id();
   worker->info.set_worker_id(worker->id);
-  auto channel = grpc::CreateChannel(request.control_address(), grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(request.control_address(), options_.worker_credentials != nullptr
+                                                         ? options_.worker_credentials
+                                                         : grpc::InsecureChannelCredentials());
   worker->decode = v1::DecodeControl::NewStub(channel);
   worker->prefill = v1::PrefillControl::NewStub(channel);
   bool replaced = false;

@@ -40,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "cleave/v1/worker.grpc.pb.h"
 #include "common/service_thread.h"
+#include "grpcpp/security/credentials.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -65,6 +66,8 @@ struct WorkerPoolOptions {
   int64_t queue_capacity = 1024;
   // Dropped on the next lease check (every 200 ms) when set.
   std::shared_ptr<LostWorkers> lost;
+  // For the router's calls to workers (null: plaintext).
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials;
 };
 
 // One registered worker. Immutable after registration except where noted.

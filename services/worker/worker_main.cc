@@ -220,7 +220,18 @@ int run(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(options.server.listen, grpc::InsecureServerCredentials(), &port);
+  // With a certificate and the router's CA, this worker serves TLS and answers only callers
+  // whose client certificate that CA signed (the router).
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> serving =
+      options.tls_cert.empty() || options.router_ca.empty()
+          ? absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>>(
+                grpc::InsecureServerCredentials())
+          : serverCredentials({.cert_file = options.tls_cert,
+                               .key_file = options.tls_key,
+                               .client_ca_file = options.router_ca,
+                               .require_client_cert = true});
+  if (!serving.ok()) exitWithUsageError(flags, serving.status());
+  builder.AddListeningPort(options.server.listen, *serving, &port);
   if (role != Role::kPrefill) builder.RegisterService(&decode);
   if (role != Role::kDecode) builder.RegisterService(&prefill);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

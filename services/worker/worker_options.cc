@@ -32,8 +32,9 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addString("router-ca", &router_ca,
                   "Reach the router over TLS, verifying it with this CA (PEM)");
   flags.addString("tls-cert", &tls_cert,
-                  "The client certificate (PEM) this worker presents to the router (with "
-                  "--tls-key; needed when the router has --tls-client-ca)");
+                  "This worker's certificate (PEM, with --tls-key): presented to the router "
+                  "(needed when it has --tls-client-ca) and, with --router-ca, served on "
+                  "--listen, which then answers only callers the router's CA signed");
   flags.addString("tls-key", &tls_key, "The private key of --tls-cert (PEM)");
   flags.addInt("drain-timeout-ms", &drain_timeout_ms,
                "On SIGTERM: how long to finish running requests (taking no new ones) before "

@@ -6,7 +6,9 @@ scripts/make-test-certs.sh:
   * the worker registry refuses a caller without a client certificate (UNAUTHENTICATED)
     and one whose certificate another CA signed (the handshake fails);
   * a cleave-worker with --router-ca and its certificate registers and serves a request
-    through the TLS router; one without a certificate never registers;
+    through the TLS router (which calls it over TLS with its own certificate,
+    --worker-ca); one without a certificate never registers; the worker's own port
+    answers nobody but holders of a certificate from the CA;
   * the cleave CLI reaches the router with CLEAVE_TLS_CA.
 """
 import os
@@ -37,7 +39,8 @@ class RouterTlsTest(unittest.TestCase):
         cls.router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
                                  "--metrics-port=0", f"--tls-cert={cls.cert('server.pem')}",
                                  f"--tls-key={cls.cert('server.key')}",
-                                 f"--tls-client-ca={cls.cert('ca.pem')}"])
+                                 f"--tls-client-ca={cls.cert('ca.pem')}",
+                                 f"--worker-ca={cls.cert('ca.pem')}"])
         cls.address = f"127.0.0.1:{cls.router.ready['grpc_port']}"
 
     @classmethod
@@ -111,6 +114,15 @@ class RouterTlsTest(unittest.TestCase):
                                                                           ignore_eos=True))
                 ids = [t for m in stub.Generate(request, timeout=60) for t in m.token_ids]
                 self.assertEqual(len(ids), 4)
+            # The worker's port: plaintext and anonymous TLS callers are turned away.
+            worker_address = f"127.0.0.1:{good.ready['grpc_port']}"
+            release = self.pb["worker_pb2"].ReleaseRequest(request_id="x")
+            anonymous = grpc.ssl_channel_credentials(read(self.cert("ca.pem")))
+            for channel in (grpc.insecure_channel(worker_address),
+                            grpc.secure_channel(worker_address, anonymous)):
+                with channel, self.assertRaises(grpc.RpcError) as caught:
+                    self.pb["worker_grpc"].DecodeControlStub(channel).Release(release, timeout=10)
+                self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAVAILABLE)
             env = dict(os.environ, CLEAVE_TLS_CA=self.cert("ca.pem"))
             done = subprocess.run([ct.binary("cleave"), "info", f"--router={self.address}"],
                                   capture_output=True, text=True, timeout=60, env=env)
