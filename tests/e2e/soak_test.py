@@ -105,6 +105,8 @@ class SoakTest(unittest.TestCase):
                   f"{', '.join(f'{k / 1024:.1f}' for k in warm)}, at the end "
                   f"{', '.join(f'{k / 1024:.1f}' for k in end)} "
                   f"({', '.join(f'{100 * g:+.2f}%' for g in growth)})")
+            for name, column in (("router", 0), ("prefill", 1), ("decode", 2)):
+                print(f"{name} RSS KiB every 30 s: {' '.join(str(s[column]) for s in samples)}")
             self.assertEqual(problems[:5], [])
             self.assertGreater(counts["requests"], 0)
             for g in growth:
