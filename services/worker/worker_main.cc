@@ -197,8 +197,6 @@ int run(int argc, char** argv) {
   CLEAVE_LOG(INFO) << "this machine: " << hardware.bandwidth / 1e9 << " GB/s read, "
                    << hardware.peak_flops / 1e9 << " GOP/s for the weights' products";
   worker::WorkerMetrics::exportHardware(hardware);
-  worker::WorkerMetrics::exportInfo(options.role, model::modelIdFromPath(options.model),
-                                    options.tp);
 
   registerProcessMetrics("worker");
   auto metrics = MetricsServer::start(options.server.metrics_address,
@@ -246,6 +244,8 @@ int run(int argc, char** argv) {
   const std::string worker_id =
       absl::StrFormat("%s~%08x", address, std::random_device{}() & 0xffffffffu);
   core.setWorkerId(worker_id);
+  worker::WorkerMetrics::exportInfo(worker_id, options.role, model::modelIdFromPath(options.model),
+                                    options.tp);
 
   if (!options.server.ready_file.empty()) {
     absl::Status written = writeReadyFile(

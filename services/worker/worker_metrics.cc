@@ -109,12 +109,13 @@ void WorkerMetrics::exportMemoryPlan(const engine::MemoryPlan& plan) {
   family.Add({{"term", "kv_pool"}}).Set(static_cast<double>(plan.kv_pool));
 }
 
-void WorkerMetrics::exportInfo(const std::string& role, const std::string& model, int64_t tp) {
+void WorkerMetrics::exportInfo(const std::string& worker_id, const std::string& role,
+                               const std::string& model, int64_t tp) {
   prometheus::BuildGauge()
       .Name("cleave_worker_info")
-      .Help("This worker's role, model and tensor-parallel degree (value 1)")
+      .Help("This worker's id, role, model and tensor-parallel degree (value 1)")
       .Register(metricsRegistry())
-      .Add({{"role", role}, {"model", model}, {"tp", std::to_string(tp)}})
+      .Add({{"worker_id", worker_id}, {"role", role}, {"model", model}, {"tp", std::to_string(tp)}})
       .Set(1);
 }
 

@@ -27,8 +27,10 @@ class WorkerMetrics {
   void onKvSent(uint64_t bytes, double seconds, bool ok);
   void onRequestExpired();
   static void exportMemoryPlan(const engine::MemoryPlan& plan);
-  // cleave_worker_info{role, model, tp} = 1, to label a worker's other series by joining.
-  static void exportInfo(const std::string& role, const std::string& model, int64_t tp);
+  // cleave_worker_info{worker_id, role, model, tp} = 1, to label a worker's other series
+  // by joining.
+  static void exportInfo(const std::string& worker_id, const std::string& role,
+                         const std::string& model, int64_t tp);
   // What every step's floor is computed against (measured at start).
   static void exportHardware(const roofline::Hardware& hardware);
 

@@ -4,6 +4,7 @@ whose router's token stream stays closed past the lease is freed. Driven over th
 protocol directly (the router's side of cleave/v1/worker.proto), with no router running.
 """
 import os
+import re
 import sys
 import time
 import unittest
@@ -32,6 +33,11 @@ class WorkerLifecycleTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.channel.close()
         assert cls.worker.stop() == 0
+
+    def worker_id(self):
+        """The worker's own id (address and incarnation), from cleave_worker_info."""
+        _, text = ct.http_get(self.worker.ready["metrics_port"])
+        return re.search(r'^cleave_worker_info\{[^}]*worker_id="([^"]+)"', text, re.M).group(1)
 
     def reserved(self):
         return metric(self.worker.ready["metrics_port"], "cleave_worker_kv_blocks_reserved")
@@ -67,8 +73,7 @@ class WorkerLifecycleTest(unittest.TestCase):
             request_id="orphan", prompt_token_ids=[1, 2, 3, 4],
             sampling=self.gen.SamplingParams(temperature=0),
             stopping=self.gen.StoppingCriteria(max_new_tokens=2000, ignore_eos=True),
-            destination=self.pb.KvDestination(
-                decode_worker_id=f"127.0.0.1:{self.worker.ready['grpc_port']}")), timeout=30)
+            destination=self.pb.KvDestination(decode_worker_id=self.worker_id())), timeout=30)
         self.decode.StartDecode(self.pb.StartDecodeRequest(
             request_id="orphan", prompt_token_ids=[1, 2, 3, 4],
             first_token_id=done.first_token_id,
