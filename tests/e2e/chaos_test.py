@@ -51,10 +51,7 @@ class ChaosTest(unittest.TestCase):
         want = {p: offline(p) for p in prompts}
         channel = grpc.insecure_channel(address)
         stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
-        deadline = time.monotonic() + 60
-        while len(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).workers) < 4:
-            self.assertLess(time.monotonic(), deadline, "workers did not register")
-            time.sleep(0.05)
+        ct.wait_for_workers(stub, 4)
 
         stop = threading.Event()
         wrong, failed, done = [], [], []

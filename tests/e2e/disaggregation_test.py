@@ -61,11 +61,7 @@ class DisaggregationTest(unittest.TestCase):
         channel = grpc.insecure_channel(address)
         try:
             stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
-            deadline = time.monotonic() + 60
-            while (len(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).workers)
-                   < len(workers)):
-                self.assertLess(time.monotonic(), deadline, "workers did not register")
-                time.sleep(0.05)
+            ct.wait_for_workers(stub, len(workers))
             if victim is not None:
                 workers[victim].proc.kill()
                 workers[victim].proc.wait()

@@ -53,11 +53,7 @@ class FaultTest(unittest.TestCase):
         channel = grpc.insecure_channel(address)
         stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
         try:
-            deadline = time.monotonic() + 60
-            while (len(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).workers)
-                   < len(workers)):
-                self.assertLess(time.monotonic(), deadline, "workers did not register")
-                time.sleep(0.05)
+            ct.wait_for_workers(stub, len(workers))
 
             def generate(prompt):
                 request = pb.GenerateRequest(

@@ -70,10 +70,7 @@ class MigrationTest(unittest.TestCase):
                    for _ in range(12 if draining else 8)]
         try:
             stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
-            deadline = time.monotonic() + 60
-            while len(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).workers) < 3:
-                self.assertLess(time.monotonic(), deadline, "workers did not register")
-                time.sleep(0.05)
+            ct.wait_for_workers(stub, 3)
             # A worker's id is its address and an incarnation.
             victim_id = next(w.worker_id for w in stub.GetServerInfo(
                 pb.GetServerInfoRequest(), timeout=5).workers

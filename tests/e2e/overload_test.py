@@ -55,10 +55,7 @@ class OverloadTest(unittest.TestCase):
         channel = grpc.insecure_channel(address)
         stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
         try:
-            deadline = time.monotonic() + 60
-            while len(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).workers) < 2:
-                self.assertLess(time.monotonic(), deadline, "workers did not register")
-                time.sleep(0.05)
+            ct.wait_for_workers(stub, 2)
             rng = random.Random(4)
 
             def generate(_):

@@ -53,10 +53,7 @@ class SoakTest(unittest.TestCase):
         stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
         processes = [router] + workers
         try:
-            deadline = time.monotonic() + 60
-            while len(stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5).workers) < 2:
-                self.assertLess(time.monotonic(), deadline, "workers did not register")
-                time.sleep(0.05)
+            ct.wait_for_workers(stub, 2)
             stop = threading.Event()
             lock = threading.Lock()
             counts = {"requests": 0, "tokens": 0}

@@ -153,3 +153,13 @@ def wait_until_nothing_reserved(router, workers, seconds=15.0):
         if time.monotonic() > deadline:
             raise AssertionError(f"KV blocks still reserved after {seconds:.0f} s: {held}")
         time.sleep(0.1)
+
+
+def wait_for_workers(stub, count, seconds=60.0):
+    """Waits until the router behind Generation `stub` lists `count` registered workers."""
+    request = stubs()["generation_pb2"].GetServerInfoRequest()
+    deadline = time.monotonic() + seconds
+    while len(stub.GetServerInfo(request, timeout=5).workers) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fewer than {count} workers registered in {seconds:.0f} s")
+        time.sleep(0.05)
