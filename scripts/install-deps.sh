@@ -88,3 +88,41 @@ PY
     say "model: $target (checksum ok)"
   fi
 fi
+
+# The CUDA toolkit here has no disassembler; the SASS check (ctest cuda_sass_check) reads
+# the kernels' machine code with NVIDIA's cuobjdump and nvdisasm from their Python wheels,
+# which decode sm_90 and sm_120 alike.
+CUDA_TOOLS_DIR="$root/.tools/cuda/bin"
+CUDA_TOOL_WHEELS=(
+  "nvidia-cuda-cuobjdump==13.5.37 cuobjdump 38780fee50863252a0b8926357faa91615ca1c8346490563f33a06100cd73f58"
+  "nvidia-cuda-nvdisasm==13.5.37 nvdisasm d3fdbdd49fa53e2e4aacd3db8259d052bd2b049ececdcb69e92e083c6728e7ca"
+)
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
+  for entry in "${CUDA_TOOL_WHEELS[@]}"; do
+    read -r package tool sha <<<"$entry"
+    if [ -x "$CUDA_TOOLS_DIR/$tool" ]; then
+      say "$tool: present"
+      continue
+    fi
+    mkdir -p "$CUDA_TOOLS_DIR"
+    wheels="$(mktemp -d)"
+    say "$tool: pip download $package"
+    /usr/bin/python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$wheels" "$package"
+    wheel="$(ls "$wheels"/*.whl)"
+    if ! echo "$sha  $wheel" | sha256sum --check --status; then
+      say "$tool: checksum mismatch for $(basename "$wheel") (expected $sha)" >&2
+      exit 1
+    fi
+    /usr/bin/python3 - "$wheel" "$tool" "$CUDA_TOOLS_DIR" <<'PY'
+import os, sys, zipfile
+wheel, tool, dest = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    member = next(m for m in z.namelist() if m.endswith("/bin/" + tool))
+    with z.open(member) as src, open(os.path.join(dest, tool), "wb") as dst:
+        dst.write(src.read())
+os.chmod(os.path.join(dest, tool), 0o755)
+PY
+    rm -rf "$wheels"
+    say "$tool: $CUDA_TOOLS_DIR/$tool"
+  done
+fi

@@ -1,0 +1,290 @@
+// Decode and prefill attention on the GPU against the CPU backend's attention
+// (kernels/cpu/attention.h) on the same bf16 inputs, over awkward context lengths, page
+// sizes, head dims and GQA groups. bf16 tolerance: relative L2 error <= 1e-2 (P is
+// rounded to bf16 before P·V, the output is bf16), no NaN, every output written.
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/prefill_attention.h"
+
+namespace cleave::cuda {
+namespace {
+
+using testing::bf16;
+using testing::DeviceBuffer;
+
+struct Case {
+  int head_dim;
+  int block_size;
+  int kv_heads;
+  int group;
+  std::vector<int> context;          // per sequence
+  std::vector<int> new_tokens = {};  // prefill only: how many of the context are new
+};
+
+// A paged cache holding every sequence's context in shuffled blocks.
+struct PagedCache {
+  int max_blocks_per_seq = 0;
+  std::vector<int32_t> tables;  // [seqs][max_blocks_per_seq]
+  std::vector<bf16> k, v;       // [blocks][kv_heads][block_size][head_dim]
+};
+
+PagedCache makeCache(const Case& c, std::mt19937& rng) {
+  PagedCache cache;
+  int total = 0;
+  for (int len : c.context) {
+    const int blocks = (len + c.block_size - 1) / c.block_size;
+    cache.max_blocks_per_seq = std::max(cache.max_blocks_per_seq, blocks);
+    total += blocks;
+  }
+  total += 3;  // Blocks no sequence owns.
+  std::vector<int32_t> order(total);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  cache.tables.assign(c.context.size() * cache.max_blocks_per_seq, -1);
+  int next = 0;
+  for (size_t s = 0; s < c.context.size(); ++s)
+    for (int b = 0; b < (c.context[s] + c.block_size - 1) / c.block_size; ++b)
+      cache.tables[s * cache.max_blocks_per_seq + b] = order[next++];
+  const size_t elements = static_cast<size_t>(total) * c.kv_heads * c.block_size * c.head_dim;
+  cache.k = testing::randomBf16(elements, rng);
+  cache.v = testing::randomBf16(elements, rng);
+  return cache;
+}
+
+// The CPU backend's attention of `tokens` query rows; row t belongs to sequence seq_of[t]
+// and sits at position positions[t].
+std::vector<float> cpuReference(const Case& c, const PagedCache& cache, const std::vector<bf16>& q,
+                                const std::vector<int>& seq_of,
+                                const std::vector<int32_t>& positions) {
+  const int heads = c.kv_heads * c.group;
+  std::vector<float> qf = testing::toFloat(q), kf = testing::toFloat(cache.k),
+                     vf = testing::toFloat(cache.v);
+  std::vector<const int32_t*> tables;
+  for (int s : seq_of) tables.push_back(cache.tables.data() + s * cache.max_blocks_per_seq);
+  const int64_t tokens = static_cast<int64_t>(seq_of.size());
+  std::vector<float> out(tokens * heads * c.head_dim);
+  cpu::ThreadPool pool(2);
+  cpu::attention({.q = qf.data(),
+                  .ldq = heads * c.head_dim,
+                  .tokens = tokens,
+                  .positions = positions.data(),
+                  .block_tables = tables.data(),
+                  .k_pool = kf.data(),
+                  .v_pool = vf.data(),
+                  .block_size = c.block_size,
+                  .heads = heads,
+                  .kv_heads = c.kv_heads,
+                  .head_dim = c.head_dim,
+                  .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                  .out = out.data(),
+                  .ldo = heads * c.head_dim},
+                 pool);
+  return out;
+}
+
+std::string describe(const Case& c) {
+  std::string s = "head_dim " + std::to_string(c.head_dim) + ", block " +
+                  std::to_string(c.block_size) + ", kv_heads " + std::to_string(c.kv_heads) +
+                  ", group " + std::to_string(c.group) + ", contexts";
+  for (int len : c.context) s += " " + std::to_string(len);
+  return s;
+}
+
+int multiprocessors() {
+  auto devices = listDevices();
+  return devices.ok() && !devices->empty() ? (*devices)[0].multiprocessors : 1;
+}
+
+void checkDecode(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(describe(c));
+  std::mt19937 rng(seed);
+  const int heads = c.kv_heads * c.group;
+  const int batch = static_cast<int>(c.context.size());
+  PagedCache cache = makeCache(c, rng);
+  std::vector<bf16> q = testing::randomBf16(static_cast<size_t>(batch) * heads * c.head_dim, rng);
+  std::vector<int> seq_of(batch);
+  std::iota(seq_of.begin(), seq_of.end(), 0);
+  std::vector<int32_t> positions(batch);
+  for (int b = 0; b < batch; ++b) positions[b] = c.context[b] - 1;
+  const std::vector<float> want = cpuReference(c, cache, q, seq_of, positions);
+
+  auto plan =
+      planDecodeAttention({.heads = heads,
+                           .kv_heads = c.kv_heads,
+                           .head_dim = c.head_dim,
+                           .block_size = c.block_size,
+                           .max_batch = batch,
+                           .max_context = *std::max_element(c.context.begin(), c.context.end()),
+                           .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))},
+                          multiprocessors());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  DeviceBuffer<bf16> dq(q), dk(cache.k), dv(cache.v), dout(q.size());
+  DeviceBuffer<int32_t> dtables(cache.tables),
+      dlens(std::vector<int32_t>(c.context.begin(), c.context.end()));
+  DeviceBuffer<uint8_t> workspace(std::max<size_t>(plan->workspace_bytes, 1));
+  absl::Status run = runDecodeAttention(*plan,
+                                        {.q = dq.get(),
+                                         .q_stride = heads * c.head_dim,
+                                         .k_cache = dk.get(),
+                                         .v_cache = dv.get(),
+                                         .block_tables = dtables.get(),
+                                         .max_blocks_per_seq = cache.max_blocks_per_seq,
+                                         .seq_lens = dlens.get(),
+                                         .batch = batch,
+                                         .out = dout.get(),
+                                         .out_stride = heads * c.head_dim,
+                                         .workspace = workspace.get()},
+                                        nullptr);
+  ASSERT_TRUE(run.ok()) << run;
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const testing::Difference d = testing::compare(testing::toFloat(dout.copyToHost()), want);
+  EXPECT_EQ(d.non_finite, 0) << "unwritten or NaN outputs (partitions " << plan->partitions << ")";
+  EXPECT_LE(d.relative_l2, 1e-2) << "partitions " << plan->partitions;
+}
+
+TEST(DecodeAttentionTest, MatchesCpuBackend) {
+  CLEAVE_REQUIRE_GPU();
+  const uint32_t seed = testing::freshSeed();
+  const std::vector<Case> cases = {
+      {.head_dim = 64, .block_size = 16, .kv_heads = 3, .group = 3, .context = {1, 54, 97}},
+      {.head_dim = 128, .block_size = 16, .kv_heads = 8, .group = 4, .context = {1, 54, 97, 4133}},
+      {.head_dim = 128, .block_size = 64, .kv_heads = 2, .group = 8, .context = {200, 65, 4096}},
+      {.head_dim = 128, .block_size = 32, .kv_heads = 1, .group = 1, .context = {17, 1000}},
+      {.head_dim = 64, .block_size = 64, .kv_heads = 1, .group = 20, .context = {300, 5}},
+      {.head_dim = 128,
+       .block_size = 16,
+       .kv_heads = 4,
+       .group = 2,
+       .context = std::vector<int>(64, 129)},
+  };
+  for (const Case& c : cases) checkDecode(c, seed);
+}
+
+TEST(DecodeAttentionTest, PlanRefusesUnsupportedShapes) {
+  EXPECT_FALSE(planDecodeAttention({.heads = 8,
+                                    .kv_heads = 8,
+                                    .head_dim = 96,
+                                    .block_size = 16,
+                                    .max_batch = 1,
+                                    .max_context = 16,
+                                    .scale = 1},
+                                   1)
+                   .ok());
+  EXPECT_FALSE(planDecodeAttention({.heads = 8,
+                                    .kv_heads = 8,
+                                    .head_dim = 64,
+                                    .block_size = 24,
+                                    .max_batch = 1,
+                                    .max_context = 16,
+                                    .scale = 1},
+                                   1)
+                   .ok());
+  EXPECT_FALSE(planDecodeAttention({.heads = 6,
+                                    .kv_heads = 4,
+                                    .head_dim = 64,
+                                    .block_size = 16,
+                                    .max_batch = 1,
+                                    .max_context = 16,
+                                    .scale = 1},
+                                   1)
+                   .ok());
+}
+
+void checkPrefill(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(describe(c));
+  std::mt19937 rng(seed);
+  const int heads = c.kv_heads * c.group;
+  const int sequences = static_cast<int>(c.context.size());
+  PagedCache cache = makeCache(c, rng);
+  std::vector<int32_t> q_starts = {0};
+  std::vector<int> seq_of;
+  std::vector<int32_t> positions;
+  for (int s = 0; s < sequences; ++s) {
+    const int fresh = c.new_tokens[s];
+    q_starts.push_back(q_starts.back() + fresh);
+    for (int i = 0; i < fresh; ++i) {
+      seq_of.push_back(s);
+      positions.push_back(c.context[s] - fresh + i);
+    }
+  }
+  const int tokens = q_starts.back();
+  std::vector<bf16> q = testing::randomBf16(static_cast<size_t>(tokens) * heads * c.head_dim, rng);
+  const std::vector<float> want = cpuReference(c, cache, q, seq_of, positions);
+
+  auto plan = planPrefillAttention(
+      {.heads = heads,
+       .kv_heads = c.kv_heads,
+       .head_dim = c.head_dim,
+       .block_size = c.block_size,
+       .max_sequences = sequences,
+       .max_new_tokens = *std::max_element(c.new_tokens.begin(), c.new_tokens.end()),
+       .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  DeviceBuffer<bf16> dq(q), dk(cache.k), dv(cache.v), dout(q.size());
+  DeviceBuffer<int32_t> dtables(cache.tables), dstarts(q_starts),
+      dcontext(std::vector<int32_t>(c.context.begin(), c.context.end()));
+  absl::Status run = runPrefillAttention(*plan,
+                                         {.q = dq.get(),
+                                          .q_stride = heads * c.head_dim,
+                                          .k_cache = dk.get(),
+                                          .v_cache = dv.get(),
+                                          .block_tables = dtables.get(),
+                                          .max_blocks_per_seq = cache.max_blocks_per_seq,
+                                          .q_starts = dstarts.get(),
+                                          .context_lens = dcontext.get(),
+                                          .sequences = sequences,
+                                          .out = dout.get(),
+                                          .out_stride = heads * c.head_dim},
+                                         nullptr);
+  ASSERT_TRUE(run.ok()) << run;
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const testing::Difference d = testing::compare(testing::toFloat(dout.copyToHost()), want);
+  EXPECT_EQ(d.non_finite, 0) << "unwritten or NaN outputs";
+  EXPECT_LE(d.relative_l2, 1e-2);
+}
+
+TEST(PrefillAttentionTest, MatchesCpuBackendWithCachedPrefixes) {
+  CLEAVE_REQUIRE_GPU();
+  const uint32_t seed = testing::freshSeed();
+  const std::vector<Case> cases = {
+      // Whole prompts.
+      {.head_dim = 64,
+       .block_size = 16,
+       .kv_heads = 3,
+       .group = 3,
+       .context = {1, 54, 97},
+       .new_tokens = {1, 54, 97}},
+      // Chunks over cached prefixes, one sequence longer than a 64-row tile several times.
+      {.head_dim = 128,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {70, 300, 129},
+       .new_tokens = {33, 300, 1}},
+      {.head_dim = 128,
+       .block_size = 64,
+       .kv_heads = 1,
+       .group = 8,
+       .context = {4100, 65},
+       .new_tokens = {512, 64}},
+      {.head_dim = 64,
+       .block_size = 32,
+       .kv_heads = 4,
+       .group = 1,
+       .context = {17, 200},
+       .new_tokens = {17, 135}},
+  };
+  for (const Case& c : cases) checkPrefill(c, seed);
+}
+
+}  // namespace
+}  // namespace cleave::cuda

@@ -1,0 +1,244 @@
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/paged_tile.cuh"
+
+namespace cleave::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTile = kWarps * 16;  // KV positions per pipeline stage, 16 per warp
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct DecodeParams {
+  DecodeAttentionArgs args;
+  int heads, kv_heads, block_shift, q_tiles, partition_size, partitions;
+  float scale_log2;    // softmax scale in exp2 units
+  float* partial_out;  // [batch][partitions][heads][D]
+  float* partial_lse;  // [batch][partitions][heads], log2 units
+};
+
+template <int D>
+constexpr int decodeSharedBytes() {
+  // Q tile, two stages of K and V tiles.
+  return (16 * D + 2 * 2 * kTile * D) * static_cast<int>(sizeof(bf16));
+}
+
+// grid (partitions, kv_heads * q_tiles, batch), kThreads threads. Each warp owns 16 of a
+// stage's 64 positions with its own online softmax; the warps merge at the end.
+template <int D>
+__global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodeParams p) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  bf16* q_tile = reinterpret_cast<bf16*>(shared);
+  bf16* stages = q_tile + 16 * D;  // [stage][K, V][kTile][D]
+
+  const DecodeAttentionArgs& a = p.args;
+  const int seq = blockIdx.z;
+  const int len = a.seq_lens[seq];
+  const int start = blockIdx.x * p.partition_size;
+  if (start >= len) return;
+  const int end = min(len, start + p.partition_size);
+  const int group = p.heads / p.kv_heads;
+  const int kv_head = blockIdx.y / p.q_tiles;
+  const int head0 = kv_head * group + (blockIdx.y % p.q_tiles) * 16;
+  const int rows = min(16, group - (blockIdx.y % p.q_tiles) * 16);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
+
+  auto loadStage = [&](int stage, int first) {
+    bf16* k = stages + stage * 2 * kTile * D;
+    loadPagedTile<D, kTile, kThreads>(k, a.k_cache, table, p.block_shift, p.kv_heads, kv_head,
+                                      first, end);
+    loadPagedTile<D, kTile, kThreads>(k + kTile * D, a.v_cache, table, p.block_shift, p.kv_heads,
+                                      kv_head, first, end);
+  };
+  // The group's query heads of this token are consecutive rows of D elements.
+  loadRowTile<D, 16, kThreads>(q_tile, a.q + seq * a.q_stride + static_cast<int64_t>(head0) * D, D,
+                               rows);
+  loadStage(0, start);
+  cpAsyncCommit();
+
+  uint32_t q[D / 16][4];
+  float acc[D / 8][4] = {};
+  OnlineSoftmax softmax;
+  const int t = lane % 4;
+  int stage = 0;
+  for (int first = start; first < end; first += kTile, stage ^= 1) {
+    cpAsyncWait<0>();
+    __syncthreads();  // This stage landed; everyone is done with the other one.
+    if (first == start) loadQFragments<D>(q, q_tile, 0, lane);
+    if (first + kTile < end) loadStage(stage ^ 1, first + kTile);
+    cpAsyncCommit();
+
+    const bf16* k = stages + stage * 2 * kTile * D;
+    float s[2][4] = {};
+    accumulateQK<D>(s, q, k, warp * 16, lane);
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int pos = first + warp * 16 + n * 8 + 2 * t + (e & 1);
+        s[n][e] = pos < end ? s[n][e] * p.scale_log2 : -INFINITY;
+      }
+    float rescale[2];
+    softmax.update<2>(s, rescale);
+    rescaleRows<D / 8>(acc, rescale);
+    uint32_t prob[4];
+    probabilityFragment<2>(s, 0, prob);
+    accumulatePV<D>(acc, prob, k + kTile * D, warp * 16, lane);
+  }
+
+  // Merge the warps: their accumulators and (max, sum) pairs go through shared memory,
+  // reusing the stages.
+  cpAsyncWait<0>();
+  __syncthreads();
+  float* partial = reinterpret_cast<float*>(stages);  // [warp][16 rows][D]
+  float* stats = partial + kWarps * 16 * D;           // [warp][16 rows][max, sum]
+  const int g = lane / 4;
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    float* row_g = partial + (warp * 16 + g) * D + n * 8 + 2 * t;
+    row_g[0] = acc[n][0];
+    row_g[1] = acc[n][1];
+    row_g[8 * D] = acc[n][2];
+    row_g[8 * D + 1] = acc[n][3];
+  }
+  if (t == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      stats[(warp * 16 + g + 8 * r) * 2] = softmax.max[r];
+      stats[(warp * 16 + g + 8 * r) * 2 + 1] = softmax.sum[r];
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows * D; i += kThreads) {
+    const int row = i / D;
+    const int d = i % D;
+    float top = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, stats[(w * 16 + row) * 2]);
+    float sum = 0.0f, value = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = exp2f(stats[(w * 16 + row) * 2] - top);
+      sum += weight * stats[(w * 16 + row) * 2 + 1];
+      value += weight * partial[(w * 16 + row) * D + d];
+    }
+    const int head = head0 + row;
+    if (p.partitions == 1) {
+      a.out[seq * a.out_stride + static_cast<int64_t>(head) * D + d] =
+          __float2bfloat16(value / sum);
+    } else {
+      const int64_t slot = (static_cast<int64_t>(seq) * p.partitions + blockIdx.x) * p.heads + head;
+      p.partial_out[slot * D + d] = value / sum;
+      if (d == 0) p.partial_lse[slot] = top + __log2f(sum);
+    }
+  }
+}
+
+// grid (heads, batch), D threads: merges a sequence's partitions.
+template <int D>
+__global__ void __launch_bounds__(D) mergePartitionsKernel(const DecodeParams p) {
+  const DecodeAttentionArgs& a = p.args;
+  const int head = blockIdx.x;
+  const int seq = blockIdx.y;
+  const int used = (a.seq_lens[seq] + p.partition_size - 1) / p.partition_size;
+  const int64_t base = static_cast<int64_t>(seq) * p.partitions * p.heads + head;
+  float top = -INFINITY;
+  for (int i = 0; i < used; ++i) top = fmaxf(top, p.partial_lse[base + i * p.heads]);
+  float sum = 0.0f, value = 0.0f;
+  for (int i = 0; i < used; ++i) {
+    const float weight = exp2f(p.partial_lse[base + i * p.heads] - top);
+    sum += weight;
+    value += weight * p.partial_out[(base + i * p.heads) * D + threadIdx.x];
+  }
+  a.out[seq * a.out_stride + static_cast<int64_t>(head) * D + threadIdx.x] =
+      __float2bfloat16(value / sum);
+}
+
+template <int D>
+absl::Status launch(const DecodeAttentionPlan& plan, const DecodeParams& params,
+                    cudaStream_t stream) {
+  const dim3 grid(plan.partitions, plan.shape.kv_heads * plan.q_tiles, params.args.batch);
+  decodeAttentionKernel<D><<<grid, kThreads, decodeSharedBytes<D>(), stream>>>(params);
+  if (absl::Status s = launchStatus("decode_attention"); !s.ok()) return s;
+  if (plan.partitions == 1) return absl::OkStatus();
+  mergePartitionsKernel<D><<<dim3(plan.shape.heads, params.args.batch), D, 0, stream>>>(params);
+  return launchStatus("decode_attention merge");
+}
+
+template <int D>
+absl::Status allowSharedMemory() {
+  return cudaStatus(
+      cudaFuncSetAttribute(decodeAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           decodeSharedBytes<D>()),
+      "decode_attention shared memory");
+}
+
+}  // namespace
+
+absl::StatusOr<DecodeAttentionPlan> planDecodeAttention(const DecodeAttentionShape& shape,
+                                                        int multiprocessors) {
+  if (shape.head_dim != 64 && shape.head_dim != 128)
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode attention: head_dim ", shape.head_dim, " (supported: 64, 128)"));
+  if (shape.block_size < 1 || (shape.block_size & (shape.block_size - 1)) != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode attention: block_size ", shape.block_size, " is not a power of two"));
+  if (shape.kv_heads < 1 || shape.heads < shape.kv_heads || shape.heads % shape.kv_heads != 0)
+    return absl::InvalidArgumentError(absl::StrCat("decode attention: heads ", shape.heads,
+                                                   " is not a multiple of kv_heads ",
+                                                   shape.kv_heads));
+  if (shape.max_batch < 1 || shape.max_context < 1)
+    return absl::InvalidArgumentError("decode attention: max_batch and max_context must be >= 1");
+  DecodeAttentionPlan plan{.shape = shape};
+  const int group = shape.heads / shape.kv_heads;
+  plan.q_tiles = (group + 15) / 16;
+  // Split the context until the largest batch gives about four blocks per SM, keeping at
+  // least four stages of work in every partition.
+  const int blocks = shape.max_batch * shape.kv_heads * plan.q_tiles;
+  const int wanted = std::max(1, (4 * multiprocessors + blocks - 1) / blocks);
+  const int longest = (shape.max_context + kTile - 1) / kTile * kTile;
+  int size = (longest + wanted - 1) / wanted;
+  size = std::max(4 * kTile, (size + kTile - 1) / kTile * kTile);
+  plan.partition_size = std::min(size, longest);
+  plan.partitions = (shape.max_context + plan.partition_size - 1) / plan.partition_size;
+  if (plan.partitions > 1) {
+    const size_t slots = static_cast<size_t>(shape.max_batch) * plan.partitions * shape.heads;
+    plan.workspace_bytes = slots * (shape.head_dim + 1) * sizeof(float);
+  }
+  absl::Status allowed = shape.head_dim == 64 ? allowSharedMemory<64>() : allowSharedMemory<128>();
+  if (!allowed.ok()) return allowed;
+  return plan;
+}
+
+absl::Status runDecodeAttention(const DecodeAttentionPlan& plan, const DecodeAttentionArgs& args,
+                                cudaStream_t stream) {
+  if (args.batch < 1 || args.batch > plan.shape.max_batch)
+    return absl::InvalidArgumentError(absl::StrCat("decode attention: batch ", args.batch,
+                                                   " outside [1, ", plan.shape.max_batch, "]"));
+  if (plan.partitions > 1 && args.workspace == nullptr)
+    return absl::InvalidArgumentError("decode attention: the plan needs a workspace");
+  DecodeParams params{.args = args,
+                      .heads = plan.shape.heads,
+                      .kv_heads = plan.shape.kv_heads,
+                      .block_shift = __builtin_ctz(static_cast<unsigned>(plan.shape.block_size)),
+                      .q_tiles = plan.q_tiles,
+                      .partition_size = plan.partition_size,
+                      .partitions = plan.partitions,
+                      .scale_log2 = plan.shape.scale * kLog2e};
+  if (plan.partitions > 1) {
+    params.partial_out = static_cast<float*>(args.workspace);
+    params.partial_lse = params.partial_out + static_cast<size_t>(plan.shape.max_batch) *
+                                                  plan.partitions * plan.shape.heads *
+                                                  plan.shape.head_dim;
+  }
+  return plan.shape.head_dim == 64 ? launch<64>(plan, params, stream)
+                                   : launch<128>(plan, params, stream);
+}
+
+}  // namespace cleave::cuda

@@ -1,0 +1,160 @@
+#include <algorithm>
+#include <cfloat>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise.h"
+
+namespace cleave::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using bf162 = __nv_bfloat162;
+
+constexpr int kRowsPerBlock = 4;  // one warp per row
+
+__device__ __forceinline__ float warpSum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__global__ void __launch_bounds__(kRowsPerBlock * 32) rmsNormKernel(const RmsNormArgs a) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= a.rows) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t pairs = a.cols / 2;
+  const bf162* x = reinterpret_cast<const bf162*>(a.x + row * a.x_stride);
+  bf162* residual =
+      a.residual ? reinterpret_cast<bf162*>(a.residual + row * a.residual_stride) : nullptr;
+  const bf162* source = residual ? residual : x;
+  float squares = 0.0f;
+  for (int64_t i = lane; i < pairs; i += 32) {
+    bf162 v = x[i];
+    if (residual) {
+      v = __floats2bfloat162_rn(__low2float(v) + __low2float(residual[i]),
+                                __high2float(v) + __high2float(residual[i]));
+      residual[i] = v;
+    }
+    squares += __low2float(v) * __low2float(v) + __high2float(v) * __high2float(v);
+  }
+  const float inverse = rsqrtf(warpSum(squares) / static_cast<float>(a.cols) + a.eps);
+  __syncwarp();
+  const bf162* weight = reinterpret_cast<const bf162*>(a.weight);
+  bf162* out = reinterpret_cast<bf162*>(a.out + row * a.out_stride);
+  for (int64_t i = lane; i < pairs; i += 32) {
+    const bf162 v = source[i];
+    const bf162 w = weight[i];
+    out[i] = __floats2bfloat162_rn(__low2float(v) * inverse * __low2float(w),
+                                   __high2float(v) * inverse * __high2float(w));
+  }
+}
+
+__global__ void siluMulKernel(const bf16* gate, const bf16* up, int64_t in_stride, int64_t rows,
+                              int64_t cols, bf16* out, int64_t out_stride) {
+  const int64_t pairs = cols / 2;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * pairs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / pairs;
+    const int64_t c = (i % pairs) * 2;
+    const bf162 g = *reinterpret_cast<const bf162*>(gate + r * in_stride + c);
+    const bf162 u = *reinterpret_cast<const bf162*>(up + r * in_stride + c);
+    const float g0 = __low2float(g), g1 = __high2float(g);
+    *reinterpret_cast<bf162*>(out + r * out_stride + c) = __floats2bfloat162_rn(
+        g0 / (1.0f + __expf(-g0)) * __low2float(u), g1 / (1.0f + __expf(-g1)) * __high2float(u));
+  }
+}
+
+// One block per token, 16-byte copies.
+__global__ void embedKernel(const int32_t* ids, const bf16* table, int64_t vocab, int64_t cols,
+                            bf16* out, int64_t out_stride) {
+  const int64_t token = blockIdx.x;
+  const int32_t id = ids[token];
+  uint4* dst = reinterpret_cast<uint4*>(out + token * out_stride);
+  const bool valid = id >= 0 && id < vocab;
+  const uint4* src = reinterpret_cast<const uint4*>(table + (valid ? id : 0) * cols);
+  const uint16_t nan_bits = 0x7fc0;
+  const uint32_t nan_pair = nan_bits | (static_cast<uint32_t>(nan_bits) << 16);
+  for (int64_t i = threadIdx.x; i < cols / 8; i += blockDim.x)
+    dst[i] = valid ? src[i] : make_uint4(nan_pair, nan_pair, nan_pair, nan_pair);
+}
+
+constexpr int kArgmaxThreads = 256;
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmaxKernel(const float* logits, int64_t stride, int64_t vocab, int32_t* ids) {
+  const float* row = logits + blockIdx.x * stride;
+  float best = -FLT_MAX;
+  int32_t best_index = 0;
+  for (int64_t i = threadIdx.x; i < vocab; i += kArgmaxThreads) {
+    const float v = row[i];
+    if (v > best) {  // Strided from low to high: the first of equals stays.
+      best = v;
+      best_index = static_cast<int32_t>(i);
+    }
+  }
+  __shared__ float values[kArgmaxThreads / 32];
+  __shared__ int32_t indices[kArgmaxThreads / 32];
+  auto reduce = [](float& value, int32_t& index) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, value, offset);
+      const int32_t other_index = __shfl_xor_sync(0xffffffffu, index, offset);
+      if (other > value || (other == value && other_index < index)) {
+        value = other;
+        index = other_index;
+      }
+    }
+  };
+  reduce(best, best_index);
+  if (threadIdx.x % 32 == 0) {
+    values[threadIdx.x / 32] = best;
+    indices[threadIdx.x / 32] = best_index;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    best = threadIdx.x < kArgmaxThreads / 32 ? values[threadIdx.x] : -FLT_MAX;
+    best_index = threadIdx.x < kArgmaxThreads / 32 ? indices[threadIdx.x] : INT32_MAX;
+    reduce(best, best_index);
+    if (threadIdx.x == 0) ids[blockIdx.x] = best_index;
+  }
+}
+
+}  // namespace
+
+absl::Status rmsNorm(const RmsNormArgs& args, cudaStream_t stream) {
+  if (args.rows == 0) return absl::OkStatus();
+  if (args.cols % 2 != 0) return absl::InvalidArgumentError("rms_norm: cols must be even");
+  const auto blocks = static_cast<unsigned>((args.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  rmsNormKernel<<<blocks, kRowsPerBlock * 32, 0, stream>>>(args);
+  return launchStatus("rms_norm");
+}
+
+absl::Status siluMul(const __nv_bfloat16* gate, const __nv_bfloat16* up, int64_t in_stride,
+                     int64_t rows, int64_t cols, __nv_bfloat16* out, int64_t out_stride,
+                     cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  if (cols % 2 != 0) return absl::InvalidArgumentError("silu_mul: cols must be even");
+  const int64_t pairs = rows * cols / 2;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 65535));
+  siluMulKernel<<<blocks, 256, 0, stream>>>(gate, up, in_stride, rows, cols, out, out_stride);
+  return launchStatus("silu_mul");
+}
+
+absl::Status embed(const int32_t* ids, int64_t tokens, const __nv_bfloat16* table, int64_t vocab,
+                   int64_t cols, __nv_bfloat16* out, int64_t out_stride, cudaStream_t stream) {
+  if (tokens == 0) return absl::OkStatus();
+  if (cols % 8 != 0) return absl::InvalidArgumentError("embed: cols must be a multiple of 8");
+  embedKernel<<<static_cast<unsigned>(tokens), 128, 0, stream>>>(ids, table, vocab, cols, out,
+                                                                 out_stride);
+  return launchStatus("embed");
+}
+
+absl::Status argmax(const float* logits, int64_t stride, int64_t rows, int64_t vocab, int32_t* ids,
+                    cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  argmaxKernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(logits, stride, vocab,
+                                                                           ids);
+  return launchStatus("argmax");
+}
+
+}  // namespace cleave::cuda

@@ -1,0 +1,48 @@
+// The small per-token ops of the model graph on the GPU, bf16 storage and f32 arithmetic:
+// the CUDA twins of kernels/cpu/elementwise.h, embedding lookup and greedy sampling.
+// Shapes are [rows, cols] row-major with explicit row strides (in elements). Every
+// function enqueues on `stream` (capturable) and returns the launch's error.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace cleave::cuda {
+
+struct RmsNormArgs {
+  const __nv_bfloat16* x = nullptr;
+  int64_t x_stride = 0;
+  // When set: residual[r] = x[r] + residual[r] (stored, bf16) and the norm reads that sum
+  // (the pre-norm residual stream of a transformer block).
+  __nv_bfloat16* residual = nullptr;
+  int64_t residual_stride = 0;
+  const __nv_bfloat16* weight = nullptr;  // [cols]
+  int64_t rows = 0;
+  int64_t cols = 0;  // even
+  float eps = 1e-6f;
+  __nv_bfloat16* out = nullptr;  // may alias x
+  int64_t out_stride = 0;
+};
+// out[r] = v / sqrt(mean(v^2) + eps) * weight, v = x[r] (or the new residual[r]). Per-head
+// q/k norm is the same op over rows = tokens * heads, cols = head_dim.
+absl::Status rmsNorm(const RmsNormArgs& args, cudaStream_t stream);
+
+// out[r][i] = silu(gate[r][i]) * up[r][i]; cols even, out may alias gate.
+absl::Status siluMul(const __nv_bfloat16* gate, const __nv_bfloat16* up, int64_t in_stride,
+                     int64_t rows, int64_t cols, __nv_bfloat16* out, int64_t out_stride,
+                     cudaStream_t stream);
+
+// out[t] = table[ids[t]] (table [vocab][cols], cols a multiple of 8). Ids are checked
+// before they reach the GPU; an id outside [0, vocab) gives a row of NaN.
+absl::Status embed(const int32_t* ids, int64_t tokens, const __nv_bfloat16* table, int64_t vocab,
+                   int64_t cols, __nv_bfloat16* out, int64_t out_stride, cudaStream_t stream);
+
+// ids[r] = the index of the largest logits[r][i], the lowest index among equals.
+absl::Status argmax(const float* logits, int64_t stride, int64_t rows, int64_t vocab, int32_t* ids,
+                    cudaStream_t stream);
+
+}  // namespace cleave::cuda

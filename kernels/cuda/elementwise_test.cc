@@ -1,0 +1,223 @@
+// The GPU's per-token ops against the CPU backend on the same bf16 inputs: RMSNorm (with
+// and without the residual add, and as per-head q/k norm), SiLU-and-mul, RoPE with the
+// KV-cache write in both pairings, embedding lookup and argmax.
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/model/model_config.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/cuda_test_util.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/rope_kv.h"
+
+namespace cleave::cuda {
+namespace {
+
+using testing::bf16;
+using testing::DeviceBuffer;
+
+std::vector<float> roundedToBf16(std::vector<float> v) {
+  for (float& x : v) x = __bfloat162float(__float2bfloat16(x));
+  return v;
+}
+
+TEST(RmsNormTest, MatchesCpuBackend) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  for (int64_t cols : {64, 576, 4096, 5120 + 2}) {
+    for (bool with_residual : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "cols " << cols << " residual " << with_residual);
+      const int64_t rows = 37;
+      std::vector<bf16> x = testing::randomBf16(rows * cols, rng, 3.0f);
+      std::vector<bf16> residual = testing::randomBf16(rows * cols, rng, 3.0f);
+      std::vector<bf16> weight = testing::randomBf16(cols, rng, 2.0f);
+      std::vector<float> input = testing::toFloat(x);
+      if (with_residual) {
+        std::vector<float> r = testing::toFloat(residual);
+        for (size_t i = 0; i < input.size(); ++i) input[i] += r[i];
+        input = roundedToBf16(input);
+      }
+      std::vector<float> want(rows * cols);
+      std::vector<float> w = testing::toFloat(weight);
+      cpu::rmsNorm(input.data(), cols, w.data(), rows, cols, 1e-5f, want.data(), cols);
+
+      DeviceBuffer<bf16> dx(x), dres(residual), dw(weight), dout(x.size());
+      absl::Status s = rmsNorm({.x = dx.get(),
+                                .x_stride = cols,
+                                .residual = with_residual ? dres.get() : nullptr,
+                                .residual_stride = cols,
+                                .weight = dw.get(),
+                                .rows = rows,
+                                .cols = cols,
+                                .eps = 1e-5f,
+                                .out = dout.get(),
+                                .out_stride = cols},
+                               nullptr);
+      ASSERT_TRUE(s.ok()) << s;
+      CUDA_ASSERT_OK(cudaDeviceSynchronize());
+      const auto d = testing::compare(testing::toFloat(dout.copyToHost()), want);
+      EXPECT_EQ(d.non_finite, 0);
+      EXPECT_LE(d.relative_l2, 8e-3);
+      if (with_residual) {
+        const auto r = testing::compare(testing::toFloat(dres.copyToHost()), input);
+        EXPECT_EQ(r.max_abs, 0.0) << "the stored residual is the bf16 sum";
+      }
+    }
+  }
+}
+
+TEST(SiluMulTest, MatchesCpuBackend) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  const int64_t rows = 19, cols = 1536;
+  std::vector<bf16> gate_up = testing::randomBf16(rows * 2 * cols, rng, 4.0f);
+  std::vector<float> in = testing::toFloat(gate_up);
+  std::vector<float> want(rows * cols);
+  cpu::siluMul(in.data(), in.data() + cols, 2 * cols, rows, cols, want.data(), cols);
+  DeviceBuffer<bf16> din(gate_up), dout(rows * cols);
+  absl::Status s =
+      siluMul(din.get(), din.get() + cols, 2 * cols, rows, cols, dout.get(), cols, nullptr);
+  ASSERT_TRUE(s.ok()) << s;
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const auto d = testing::compare(testing::toFloat(dout.copyToHost()), want);
+  EXPECT_EQ(d.non_finite, 0);
+  EXPECT_LE(d.relative_l2, 8e-3);
+}
+
+TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  for (auto layout : {RopeLayout::kHalves, RopeLayout::kAdjacent}) {
+    SCOPED_TRACE(layout == RopeLayout::kHalves ? "halves" : "adjacent");
+    const int heads = 6, kv_heads = 2, head_dim = 128, block_size = 16, tokens = 23, blocks = 5;
+    model::ModelConfig config;
+    config.head_dim = head_dim;
+    config.rope_theta = 500000.0;
+    config.rope_scaling.type = "llama3";
+    config.rope_scaling.factor = 8.0;
+    config.rope_scaling.low_freq_factor = 1.0;
+    config.rope_scaling.high_freq_factor = 4.0;
+    config.rope_scaling.original_max_position_embeddings = 8192;
+    const cpu::Rope rope(config, layout == RopeLayout::kHalves ? cpu::RopePairing::kHalves
+                                                               : cpu::RopePairing::kAdjacent);
+    const int width = (heads + 2 * kv_heads) * head_dim;
+    std::vector<bf16> qkv = testing::randomBf16(static_cast<size_t>(tokens) * width, rng);
+    std::vector<int32_t> positions(tokens), slots(tokens);
+    std::uniform_int_distribution<int32_t> position(0, 9000);
+    std::vector<int32_t> free_slots(blocks * block_size);
+    for (size_t i = 0; i < free_slots.size(); ++i) free_slots[i] = static_cast<int32_t>(i);
+    std::shuffle(free_slots.begin(), free_slots.end(), rng);
+    for (int t = 0; t < tokens; ++t) {
+      positions[t] = position(rng);
+      slots[t] = free_slots[t];
+    }
+    // Reference: the CPU backend's rotation of the float copies.
+    std::vector<float> ref = testing::toFloat(qkv);
+    rope.apply(ref.data(), width, tokens, heads + kv_heads, positions.data());
+
+    const size_t cache_elements = static_cast<size_t>(blocks) * kv_heads * block_size * head_dim;
+    DeviceBuffer<bf16> dqkv(qkv), dq(static_cast<size_t>(tokens) * heads * head_dim),
+        dk(cache_elements), dv(cache_elements);
+    DeviceBuffer<int32_t> dpos(positions), dslots(slots);
+    DeviceBuffer<float> dfreq(rope.inverseFrequencies());
+    absl::Status s = ropeKvWrite({.qkv = dqkv.get(),
+                                  .qkv_stride = width,
+                                  .positions = dpos.get(),
+                                  .slots = dslots.get(),
+                                  .inv_freq = dfreq.get(),
+                                  .tokens = tokens,
+                                  .heads = heads,
+                                  .kv_heads = kv_heads,
+                                  .head_dim = head_dim,
+                                  .block_size = block_size,
+                                  .layout = layout,
+                                  .q_out = dq.get(),
+                                  .q_stride = heads * head_dim,
+                                  .k_cache = dk.get(),
+                                  .v_cache = dv.get()},
+                                 nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    std::vector<float> q = testing::toFloat(dq.copyToHost()), k = testing::toFloat(dk.copyToHost()),
+                       v = testing::toFloat(dv.copyToHost());
+    std::vector<float> got_q, want_q, got_k, want_k, got_v, want_v;
+    const std::vector<float> raw = testing::toFloat(qkv);
+    for (int t = 0; t < tokens; ++t) {
+      const int block = slots[t] / block_size, offset = slots[t] % block_size;
+      for (int i = 0; i < heads * head_dim; ++i) {
+        got_q.push_back(q[t * heads * head_dim + i]);
+        want_q.push_back(ref[t * width + i]);
+      }
+      for (int h = 0; h < kv_heads; ++h)
+        for (int i = 0; i < head_dim; ++i) {
+          const size_t at =
+              ((static_cast<size_t>(block) * kv_heads + h) * block_size + offset) * head_dim + i;
+          got_k.push_back(k[at]);
+          want_k.push_back(ref[t * width + (heads + h) * head_dim + i]);
+          got_v.push_back(v[at]);
+          want_v.push_back(raw[t * width + (heads + kv_heads + h) * head_dim + i]);
+        }
+    }
+    for (auto [got, want, name] :
+         {std::tuple{&got_q, &want_q, "q"}, std::tuple{&got_k, &want_k, "k"},
+          std::tuple{&got_v, &want_v, "v"}}) {
+      const auto d = testing::compare(*got, *want);
+      EXPECT_EQ(d.non_finite, 0) << name;
+      EXPECT_LE(d.relative_l2, 8e-3) << name;
+    }
+  }
+}
+
+TEST(EmbedTest, GathersRowsAndMarksBadIds) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  const int64_t vocab = 1001, cols = 576;
+  std::vector<bf16> table = testing::randomBf16(vocab * cols, rng);
+  std::vector<int32_t> ids = {0, 1000, 17, 17, 523, -1, 1001};
+  DeviceBuffer<bf16> dtable(table), dout(ids.size() * cols);
+  DeviceBuffer<int32_t> dids(ids);
+  ASSERT_TRUE(embed(dids.get(), static_cast<int64_t>(ids.size()), dtable.get(), vocab, cols,
+                    dout.get(), cols, nullptr)
+                  .ok());
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const std::vector<float> out = testing::toFloat(dout.copyToHost());
+  const std::vector<float> rows = testing::toFloat(table);
+  for (size_t t = 0; t < ids.size(); ++t)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float got = out[t * cols + c];
+      if (ids[t] < 0 || ids[t] >= vocab)
+        ASSERT_TRUE(std::isnan(got)) << "token " << t;
+      else
+        ASSERT_EQ(got, rows[ids[t] * cols + c]) << "token " << t << " col " << c;
+    }
+}
+
+TEST(ArgmaxTest, FindsTheFirstLargest) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  const int64_t rows = 9, vocab = 49152 + 7;
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> logits(rows * vocab);
+  for (float& v : logits) v = dist(rng);
+  // A tie in row 2: the lower index wins.
+  logits[2 * vocab + 40000] = 100.0f;
+  logits[2 * vocab + 30000] = 100.0f;
+  std::vector<int32_t> want(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    want[r] = static_cast<int32_t>(
+        std::max_element(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab) -
+        (logits.begin() + r * vocab));
+  DeviceBuffer<float> dlogits(logits);
+  DeviceBuffer<int32_t> dids(rows);
+  ASSERT_TRUE(argmax(dlogits.get(), vocab, rows, vocab, dids.get(), nullptr).ok());
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(dids.copyToHost(), want);
+  EXPECT_EQ(want[2], 30000);
+}
+
+}  // namespace
+}  // namespace cleave::cuda

@@ -1,0 +1,162 @@
+// Moving tiles of head vectors into shared memory for the attention kernels.
+//
+// Paged KV cache, one layer's keys (or values), the CPU backend's layout in bf16:
+//   [block][kv head][slot in the block][head_dim]
+// Position p of a sequence lives in block block_table[p >> block_shift] at slot
+// p & (block_size - 1); block sizes are powers of two.
+//
+// Shared-memory tiles are [rows][D] bf16 in 16-byte chunks, chunk c of row r stored at
+// chunk position c ^ (r % 8): the eight rows an ldmatrix reads at one logical chunk then
+// land in eight different bank groups (D / 8 >= 8 chunks per row, so the XOR stays inside
+// the row).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/mma.cuh"
+
+namespace cleave::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Element offset of chunk `chunk` of row `row` in a swizzled [rows][D] tile.
+template <int D>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  static_assert(D % 64 == 0, "rows need at least 8 chunks of 16 bytes");
+  return (row * (D / 8) + (chunk ^ (row & 7))) * 8;
+}
+
+// Starts copying positions [first, first + Rows) of kv head `kv_head` into `tile`; positions
+// at or past `end` are zero-filled (their block-table entries are never read). All
+// `Threads` threads of the block call it; the copies land after cpAsyncWait.
+template <int D, int Rows, int Threads>
+__device__ __forceinline__ void loadPagedTile(bf16* tile, const bf16* cache,
+                                              const int32_t* block_table, int block_shift,
+                                              int kv_heads, int kv_head, int first, int end) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < Rows * kChunks; i += Threads) {
+    const int row = i / kChunks;
+    const int chunk = i % kChunks;
+    const int pos = first + row;
+    const bool valid = pos < end;
+    const bf16* src = cache;
+    if (valid) {
+      const int64_t block = block_table[pos >> block_shift];
+      const int64_t slot = pos & ((1 << block_shift) - 1);
+      src = cache + (((block * kv_heads + kv_head) << block_shift) + slot) * D + chunk * 8;
+    }
+    cpAsync16(tile + swizzled<D>(row, chunk), src, valid);
+  }
+}
+
+// Starts copying rows [0, Rows) of a row-major matrix (row r at src + r * stride) into
+// `tile`; rows at or past `valid_rows` are zero-filled.
+template <int D, int Rows, int Threads>
+__device__ __forceinline__ void loadRowTile(bf16* tile, const bf16* src, int64_t stride,
+                                            int valid_rows) {
+  constexpr int kChunks = D / 8;
+  for (int i = threadIdx.x; i < Rows * kChunks; i += Threads) {
+    const int row = i / kChunks;
+    const int chunk = i % kChunks;
+    const bool valid = row < valid_rows;
+    cpAsync16(tile + swizzled<D>(row, chunk), valid ? src + row * stride + chunk * 8 : src, valid);
+  }
+}
+
+// Online softmax of one warp's 16 query rows (flash-attention): the running maximum (in
+// log2 units) and sum of the two rows a lane holds (g and g + 8).
+struct OnlineSoftmax {
+  float max[2] = {-INFINITY, -INFINITY};
+  float sum[2] = {0.0f, 0.0f};
+
+  // Takes a tile of scaled scores s[N][4] (C fragments of N n-tiles, masked entries -inf),
+  // turns them into probabilities relative to the new maximum, and returns per row the
+  // factor by which earlier accumulators must be multiplied.
+  template <int N>
+  __device__ __forceinline__ void update(float (&s)[N][4], float (&rescale)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < N; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      const float new_max = fmaxf(max[r], quadMax(tile_max));
+      // A row with every score masked so far keeps max -inf; exp2 against 0 keeps it 0.
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      rescale[r] = exp2f(max[r] - base);
+      max[r] = new_max;
+      float tile_sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        s[n][2 * r] = exp2f(s[n][2 * r] - base);
+        s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - base);
+        tile_sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+      sum[r] = sum[r] * rescale[r] + quadSum(tile_sum);
+    }
+  }
+};
+
+// acc[n] (C fragments of the output rows g, g + 8) *= rescale of their row.
+template <int N>
+__device__ __forceinline__ void rescaleRows(float (&acc)[N][4], const float (&rescale)[2]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    acc[n][0] *= rescale[0];
+    acc[n][1] *= rescale[0];
+    acc[n][2] *= rescale[1];
+    acc[n][3] *= rescale[1];
+  }
+}
+
+// acc[D / 8] += P · V for one k-step of 16 positions: `p` is the A fragment of the
+// probabilities, `v_rows` the tile's row 0 of those 16 positions.
+template <int D>
+__device__ __forceinline__ void accumulatePV(float (&acc)[D / 8][4], const uint32_t (&p)[4],
+                                             const bf16* v_tile, int first_row, int lane) {
+  const int row = first_row + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+  for (int n2 = 0; n2 < D / 16; ++n2) {
+    uint32_t b[4];
+    ldmatrixX4Trans(b, v_tile + swizzled<D>(row, 2 * n2 + (lane >> 4)));
+    mmaBf16(acc[2 * n2], p, b[0], b[1]);
+    mmaBf16(acc[2 * n2 + 1], p, b[2], b[3]);
+  }
+}
+
+// s[2] += Q · K^T for 16 key positions starting at tile row `first_row`; q holds the
+// warp's A fragments of all D / 16 k-steps.
+template <int D>
+__device__ __forceinline__ void accumulateQK(float (&s)[2][4], const uint32_t (&q)[D / 16][4],
+                                             const bf16* k_tile, int first_row, int lane) {
+  const int row = first_row + (lane & 7) + ((lane >> 4) << 3);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t b[4];
+    ldmatrixX4(b, k_tile + swizzled<D>(row, 2 * kk + ((lane >> 3) & 1)));
+    mmaBf16(s[0], q[kk], b[0], b[1]);
+    mmaBf16(s[1], q[kk], b[2], b[3]);
+  }
+}
+
+// The warp's A fragments of 16 rows [first_row, +16) of a swizzled Q tile.
+template <int D>
+__device__ __forceinline__ void loadQFragments(uint32_t (&q)[D / 16][4], const bf16* q_tile,
+                                               int first_row, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    ldmatrixX4(q[kk], q_tile + swizzled<D>(first_row + (lane & 15), 2 * kk + (lane >> 4)));
+}
+
+// The probabilities of n-tiles 2j and 2j + 1 as the A fragment of a P · V k-step.
+template <int N>
+__device__ __forceinline__ void probabilityFragment(const float (&s)[N][4], int j,
+                                                    uint32_t (&p)[4]) {
+  p[0] = packBf16(s[2 * j][0], s[2 * j][1]);
+  p[1] = packBf16(s[2 * j][2], s[2 * j][3]);
+  p[2] = packBf16(s[2 * j + 1][0], s[2 * j + 1][1]);
+  p[3] = packBf16(s[2 * j + 1][2], s[2 * j + 1][3]);
+}
+
+}  // namespace cleave::cuda

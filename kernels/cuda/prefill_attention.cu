@@ -1,0 +1,172 @@
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/paged_tile.cuh"
+#include "kernels/cuda/prefill_attention.h"
+
+namespace cleave::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = kWarps * 16;  // query rows per block, 16 per warp
+constexpr int kTile = 64;           // key positions per pipeline stage
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct PrefillParams {
+  PrefillAttentionArgs args;
+  int heads, kv_heads, block_shift;
+  float scale_log2;
+};
+
+template <int D>
+constexpr int prefillSharedBytes() {
+  return (kRows * D + 2 * 2 * kTile * D) * static_cast<int>(sizeof(bf16));
+}
+
+// grid (query tiles, heads, sequences), kThreads threads. The warps share every K/V stage
+// and each runs the online softmax of its own 16 query rows.
+template <int D>
+__global__ void __launch_bounds__(kThreads) prefillAttentionKernel(const PrefillParams p) {
+  extern __shared__ __align__(128) unsigned char shared[];
+  bf16* q_tile = reinterpret_cast<bf16*>(shared);
+  bf16* stages = q_tile + kRows * D;  // [stage][K, V][kTile][D]
+
+  const PrefillAttentionArgs& a = p.args;
+  const int seq = blockIdx.z;
+  const int q_begin = a.q_starts[seq];
+  const int new_tokens = a.q_starts[seq + 1] - q_begin;
+  const int row0 = blockIdx.x * kRows;
+  if (row0 >= new_tokens) return;
+  const int context = a.context_lens[seq];
+  const int first_position = context - new_tokens;  // of the sequence's first new token
+  const int head = blockIdx.y;
+  const int kv_head = head / (p.heads / p.kv_heads);
+  const int rows = min(kRows, new_tokens - row0);
+  // Keys past the block's last query position are masked for every row: never load them.
+  const int end = first_position + row0 + rows;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
+
+  auto loadStage = [&](int stage, int first) {
+    bf16* k = stages + stage * 2 * kTile * D;
+    loadPagedTile<D, kTile, kThreads>(k, a.k_cache, table, p.block_shift, p.kv_heads, kv_head,
+                                      first, end);
+    loadPagedTile<D, kTile, kThreads>(k + kTile * D, a.v_cache, table, p.block_shift, p.kv_heads,
+                                      kv_head, first, end);
+  };
+  loadRowTile<D, kRows, kThreads>(
+      q_tile, a.q + (q_begin + row0) * a.q_stride + static_cast<int64_t>(head) * D, a.q_stride,
+      rows);
+  loadStage(0, 0);
+  cpAsyncCommit();
+
+  const int g = lane / 4;
+  const int t = lane % 4;
+  // Positions of this lane's two query rows.
+  const int query_pos[2] = {first_position + row0 + warp * 16 + g,
+                            first_position + row0 + warp * 16 + g + 8};
+  uint32_t q[D / 16][4];
+  float acc[D / 8][4] = {};
+  OnlineSoftmax softmax;
+  int stage = 0;
+  for (int first = 0; first < end; first += kTile, stage ^= 1) {
+    cpAsyncWait<0>();
+    __syncthreads();
+    if (first == 0) loadQFragments<D>(q, q_tile, warp * 16, lane);
+    if (first + kTile < end) loadStage(stage ^ 1, first + kTile);
+    cpAsyncCommit();
+
+    const bf16* k = stages + stage * 2 * kTile * D;
+    float s[kTile / 8][4] = {};
+#pragma unroll
+    for (int j = 0; j < kTile / 16; ++j) {
+      float(&pair)[2][4] = *reinterpret_cast<float(*)[2][4]>(&s[2 * j]);
+      accumulateQK<D>(pair, q, k, 16 * j, lane);
+    }
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = first + n * 8 + 2 * t + (e & 1);
+        s[n][e] = key <= query_pos[e >> 1] && key < end ? s[n][e] * p.scale_log2 : -INFINITY;
+      }
+    float rescale[2];
+    softmax.update<kTile / 8>(s, rescale);
+    rescaleRows<D / 8>(acc, rescale);
+#pragma unroll
+    for (int j = 0; j < kTile / 16; ++j) {
+      uint32_t prob[4];
+      probabilityFragment<kTile / 8>(s, j, prob);
+      accumulatePV<D>(acc, prob, k + kTile * D, 16 * j, lane);
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + warp * 16 + g + 8 * r;
+    if (row >= new_tokens) continue;
+    const float inverse = 1.0f / softmax.sum[r];
+    bf16* out = a.out + (q_begin + row) * a.out_stride + static_cast<int64_t>(head) * D;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(out + n * 8 + 2 * t) =
+          packBf16(acc[n][2 * r] * inverse, acc[n][2 * r + 1] * inverse);
+    }
+  }
+}
+
+template <int D>
+absl::Status allowSharedMemory() {
+  return cudaStatus(
+      cudaFuncSetAttribute(prefillAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           prefillSharedBytes<D>()),
+      "prefill_attention shared memory");
+}
+
+template <int D>
+absl::Status launch(const PrefillAttentionPlan& plan, const PrefillParams& params,
+                    cudaStream_t stream) {
+  const dim3 grid(plan.query_tiles, plan.shape.heads, params.args.sequences);
+  prefillAttentionKernel<D><<<grid, kThreads, prefillSharedBytes<D>(), stream>>>(params);
+  return launchStatus("prefill_attention");
+}
+
+}  // namespace
+
+absl::StatusOr<PrefillAttentionPlan> planPrefillAttention(const PrefillAttentionShape& shape) {
+  if (shape.head_dim != 64 && shape.head_dim != 128)
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill attention: head_dim ", shape.head_dim, " (supported: 64, 128)"));
+  if (shape.block_size < 1 || (shape.block_size & (shape.block_size - 1)) != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill attention: block_size ", shape.block_size, " is not a power of two"));
+  if (shape.kv_heads < 1 || shape.heads < shape.kv_heads || shape.heads % shape.kv_heads != 0)
+    return absl::InvalidArgumentError(absl::StrCat("prefill attention: heads ", shape.heads,
+                                                   " is not a multiple of kv_heads ",
+                                                   shape.kv_heads));
+  if (shape.max_sequences < 1 || shape.max_new_tokens < 1)
+    return absl::InvalidArgumentError(
+        "prefill attention: max_sequences and max_new_tokens must be >= 1");
+  absl::Status allowed = shape.head_dim == 64 ? allowSharedMemory<64>() : allowSharedMemory<128>();
+  if (!allowed.ok()) return allowed;
+  return PrefillAttentionPlan{.shape = shape,
+                              .query_tiles = (shape.max_new_tokens + kRows - 1) / kRows};
+}
+
+absl::Status runPrefillAttention(const PrefillAttentionPlan& plan, const PrefillAttentionArgs& args,
+                                 cudaStream_t stream) {
+  if (args.sequences < 1 || args.sequences > plan.shape.max_sequences)
+    return absl::InvalidArgumentError(absl::StrCat("prefill attention: sequences ", args.sequences,
+                                                   " outside [1, ", plan.shape.max_sequences, "]"));
+  const PrefillParams params{
+      .args = args,
+      .heads = plan.shape.heads,
+      .kv_heads = plan.shape.kv_heads,
+      .block_shift = __builtin_ctz(static_cast<unsigned>(plan.shape.block_size)),
+      .scale_log2 = plan.shape.scale * kLog2e};
+  return plan.shape.head_dim == 64 ? launch<64>(plan, params, stream)
+                                   : launch<128>(plan, params, stream);
+}
+
+}  // namespace cleave::cuda

@@ -1,0 +1,58 @@
+// Causal prefill attention on the tensor cores (flash-attention: online softmax over
+// tiles of 64 key positions, never materializing the score matrix), over the paged KV
+// cache, so a chunk of new tokens attends to the sequence's cached prefix too.
+//
+// The new tokens' keys and values must already be in the cache (rope_kv writes them).
+// Sequences are packed: sequence s's new tokens are rows [q_starts[s], q_starts[s + 1])
+// of q and out; after this step it holds context_lens[s] positions, so its new token i
+// sits at position context_lens[s] - (q_starts[s + 1] - q_starts[s]) + i and attends to
+// positions [0, that position].
+//
+//   q    [tokens][heads][head_dim] bf16, row stride q_stride
+//   out  [tokens][heads][head_dim] bf16, row stride out_stride
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+
+namespace cleave::cuda {
+
+struct PrefillAttentionShape {
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;     // 64 or 128
+  int block_size = 16;  // a power of two
+  int max_sequences = 0;
+  int max_new_tokens = 0;  // the most new tokens of one sequence in a step
+  float scale = 0.0f;
+};
+
+struct PrefillAttentionPlan {
+  PrefillAttentionShape shape;
+  int query_tiles = 0;  // 64-row tiles for max_new_tokens
+};
+
+absl::StatusOr<PrefillAttentionPlan> planPrefillAttention(const PrefillAttentionShape& shape);
+
+struct PrefillAttentionArgs {
+  const __nv_bfloat16* q = nullptr;
+  int64_t q_stride = 0;
+  const __nv_bfloat16* k_cache = nullptr;  // [block][kv_heads][block_size][head_dim]
+  const __nv_bfloat16* v_cache = nullptr;
+  const int32_t* block_tables = nullptr;  // [sequences][max_blocks_per_seq]
+  int max_blocks_per_seq = 0;
+  const int32_t* q_starts = nullptr;      // [sequences + 1]
+  const int32_t* context_lens = nullptr;  // [sequences]
+  int sequences = 0;
+  __nv_bfloat16* out = nullptr;
+  int64_t out_stride = 0;
+};
+
+absl::Status runPrefillAttention(const PrefillAttentionPlan& plan, const PrefillAttentionArgs& args,
+                                 cudaStream_t stream);
+
+}  // namespace cleave::cuda

@@ -1,0 +1,48 @@
+// Rotary embedding of a step's queries and keys fused with the KV-cache write: reads the
+// QKV projection once, writes rotated queries for attention and rotated keys plus values
+// into their cache slots.
+//
+//   qkv       [tokens][(heads + 2 kv_heads) * head_dim] bf16: query heads, key heads, value
+//             heads, row stride qkv_stride
+//   q_out     [tokens][heads * head_dim] bf16, row stride q_stride
+//   caches    one layer's [block][kv_heads][block_size][head_dim] bf16
+// Token t is at positions[t] and goes to cache slot slots[t] = block * block_size + offset.
+// The angle of pair i is positions[t] * inv_freq[i] (inv_freq already holds the model's
+// rope scaling, e.g. cpu::Rope::inverseFrequencies()).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace cleave::cuda {
+
+enum class RopeLayout {
+  kHalves,    // pairs (x[i], x[i + D/2]): Hugging Face checkpoints
+  kAdjacent,  // pairs (x[2i], x[2i + 1]): GGUF llama-family files
+};
+
+struct RopeKvArgs {
+  const __nv_bfloat16* qkv = nullptr;
+  int64_t qkv_stride = 0;
+  const int32_t* positions = nullptr;  // [tokens]
+  const int32_t* slots = nullptr;      // [tokens]
+  const float* inv_freq = nullptr;     // [head_dim / 2], device memory
+  int64_t tokens = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;  // even
+  int block_size = 16;
+  RopeLayout layout = RopeLayout::kHalves;
+  __nv_bfloat16* q_out = nullptr;
+  int64_t q_stride = 0;
+  __nv_bfloat16* k_cache = nullptr;
+  __nv_bfloat16* v_cache = nullptr;
+};
+
+absl::Status ropeKvWrite(const RopeKvArgs& args, cudaStream_t stream);
+
+}  // namespace cleave::cuda

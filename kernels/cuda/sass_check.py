@@ -1,0 +1,110 @@
+"""Reads the machine code (SASS) of compiled CUDA objects and fails when a hot kernel runs
+off the tensor cores or any kernel uses local memory.
+
+For every architecture given, each object must hold code for it; every kernel whose
+name matches a --tensor-core pattern must contain a tensor-core instruction (HMMA, QMMA,
+OMMA, IMMA or HGMMA), and at least one such kernel must exist per architecture; no kernel
+may load or store local memory (LDL/STL: register spills or arrays the compiler could not
+keep in registers).
+
+Usage: sass_check.py --cuobjdump PATH --architectures "90;120" --tensor-core REGEX... OBJ...
+"""
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+
+MMA = re.compile(r"\b(HMMA|QMMA|OMMA|IMMA|HGMMA)\b")
+LOCAL = re.compile(r"\b(LDL|STL)(\.|\s)")
+
+
+def kernels(sass):
+    """{(arch, function): [instruction lines]} from cuobjdump --dump-sass output."""
+    found = collections.defaultdict(list)
+    arch = function = None
+    for line in sass.splitlines():
+        m = re.search(r"code for (sm_\w+)", line)
+        if m:
+            arch, function = m.group(1), None
+            continue
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            function = m.group(1)
+            found[(arch, function)]
+            continue
+        if arch and function and "/*" in line:
+            found[(arch, function)].append(line)
+    return found
+
+
+def demangled(name):
+    """The last component of an Itanium-mangled name, with integer template arguments."""
+    if not name.startswith("_ZN"):
+        return name
+    i, last = 3, name
+    while i < len(name) and name[i].isdigit():
+        j = i
+        while name[j].isdigit():
+            j += 1
+        length = int(name[i:j])
+        last, i = name[j:j + length], j + length
+    args = re.match(r"I((?:Li\d+E)+)E", name[i:])
+    if args:
+        last += "<" + ",".join(re.findall(r"Li(\d+)E", args.group(1))) + ">"
+    return last
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cuobjdump", required=True)
+    parser.add_argument("--architectures", required=True)
+    parser.add_argument("--tensor-core", action="append", default=[])
+    parser.add_argument("objects", nargs="+")
+    args = parser.parse_args()
+    if not os.access(args.cuobjdump, os.X_OK):
+        sys.exit(f"{args.cuobjdump} missing: scripts/install-deps.sh installs it (needs nvcc)")
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(args.cuobjdump) + os.pathsep + env.get("PATH", "")
+    wanted = {"sm_" + a.strip() for a in args.architectures.replace(",", ";").split(";") if a.strip()}
+    hot = [re.compile(p) for p in args.tensor_core]
+    problems, hot_per_arch, rows = [], collections.Counter(), []
+    # ctest hands a generator expression's object list over as one ';'-separated argument.
+    objects = [o for arg in args.objects for o in arg.split(";") if o]
+    for obj in objects:
+        out = subprocess.run([args.cuobjdump, "--dump-sass", obj], capture_output=True, text=True,
+                             env=env)
+        if out.returncode != 0:
+            problems.append(f"{obj}: cuobjdump failed: {out.stderr.strip()}")
+            continue
+        found = kernels(out.stdout)
+        archs = {a for a, _ in found}
+        if found and not wanted <= archs:
+            problems.append(f"{os.path.basename(obj)}: no code for {sorted(wanted - archs)}")
+        for (arch, function), lines in sorted(found.items()):
+            mma = sum(1 for l in lines if MMA.search(l))
+            local = sum(1 for l in lines if LOCAL.search(l))
+            is_hot = any(p.search(function) for p in hot)
+            rows.append((arch, demangled(function), mma, local, is_hot))
+            if is_hot:
+                hot_per_arch[arch] += 1
+                if mma == 0:
+                    problems.append(f"{arch} {demangled(function)}: no tensor-core instruction")
+            if local:
+                problems.append(f"{arch} {demangled(function)}: {local} local-memory accesses")
+    for arch in sorted(wanted):
+        if hot_per_arch[arch] == 0:
+            problems.append(f"{arch}: no kernel matching {args.tensor_core} found")
+    print(f"{'arch':8} {'kernel':40} {'mma':>5} {'local':>5}")
+    for arch, name, mma, local, is_hot in rows:
+        print(f"{arch:8} {name + (' *' if is_hot else ''):40} {mma:5} {local:5}")
+    print("* = must use the tensor cores")
+    if problems:
+        print("\n".join(["FAILED:"] + problems))
+        sys.exit(1)
+    print("SASS check passed")
+
+
+if __name__ == "__main__":
+    main()
