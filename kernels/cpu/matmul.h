@@ -87,6 +87,11 @@ struct MatmulArgs {
   int64_t ldy = 0;
 };
 
+// Rows [row_begin, row_end) of `weight` as floats ([rows][cols] into `out`), block scales
+// applied: what another backend uploads when it keeps its own copy of the weights.
+absl::Status dequantizeRows(const WeightMatrix& weight, int64_t row_begin, int64_t row_end,
+                            float* out);
+
 // Which weight formats matmul() takes.
 bool matmulSupports(model::TensorType type);
 

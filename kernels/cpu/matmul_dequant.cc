@@ -5,25 +5,39 @@
 #include <vector>
 
 #include "common/log.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/vector_ops.h"
 
-namespace cleave::cpu::kernels {
+namespace cleave::cpu {
+
+absl::Status dequantizeRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, float* out) {
+  const BlockScales& s = w.scales;
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    float* row = out + (n - row_begin) * w.cols;
+    if (absl::Status status = model::dequantize(w.type, w.data + n * w.rowBytes(), w.cols, row);
+        !status.ok())
+      return status;
+    if (s.data != nullptr) {
+      const float* scale = s.data + ((s.row_offset + n) / s.block_rows) * s.cols;
+      for (int64_t c = 0; c < w.cols; ++c) row[c] *= scale[(s.col_offset + c) / s.block_cols];
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace kernels {
 
 void dequantizedRows(const FloatRows& a) {
   const WeightMatrix& w = *a.weight;
   thread_local std::vector<float> row;
   row.resize(w.cols);
-  const BlockScales& s = w.scales;
   for (int64_t n = a.row_begin; n < a.row_end; ++n) {
-    CLEAVE_CHECK_OK(model::dequantize(w.type, w.data + n * w.rowBytes(), w.cols, row.data()));
-    if (s.data != nullptr) {
-      const float* scale = s.data + ((s.row_offset + n) / s.block_rows) * s.cols;
-      for (int64_t c = 0; c < w.cols; ++c) row[c] *= scale[(s.col_offset + c) / s.block_cols];
-    }
+    CLEAVE_CHECK_OK(dequantizeRows(w, n, n + 1, row.data()));
     for (int64_t t = 0; t < a.tokens; ++t)
       a.y[t * a.ldy + n] = dot(row.data(), a.x + t * a.ldx, w.cols);
   }
 }
 
-}  // namespace cleave::cpu::kernels
+}  // namespace kernels
+}  // namespace cleave::cpu

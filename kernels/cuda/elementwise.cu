@@ -23,9 +23,11 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) rmsNormKernel(const RmsNor
   if (row >= a.rows) return;
   const int lane = threadIdx.x % 32;
   const int64_t pairs = a.cols / 2;
-  const bf162* x = reinterpret_cast<const bf162*>(a.x + row * a.x_stride);
-  bf162* residual =
-      a.residual ? reinterpret_cast<bf162*>(a.residual + row * a.residual_stride) : nullptr;
+  const int64_t outer = row / a.group, inner = (row % a.group) * a.cols;
+  const bf162* x = reinterpret_cast<const bf162*>(a.x + outer * a.x_stride + inner);
+  bf162* residual = a.residual
+                        ? reinterpret_cast<bf162*>(a.residual + outer * a.residual_stride + inner)
+                        : nullptr;
   const bf162* source = residual ? residual : x;
   float squares = 0.0f;
   for (int64_t i = lane; i < pairs; i += 32) {
@@ -40,7 +42,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) rmsNormKernel(const RmsNor
   const float inverse = rsqrtf(warpSum(squares) / static_cast<float>(a.cols) + a.eps);
   __syncwarp();
   const bf162* weight = reinterpret_cast<const bf162*>(a.weight);
-  bf162* out = reinterpret_cast<bf162*>(a.out + row * a.out_stride);
+  bf162* out = reinterpret_cast<bf162*>(a.out + outer * a.out_stride + inner);
   for (int64_t i = lane; i < pairs; i += 32) {
     const bf162 v = source[i];
     const bf162 w = weight[i];
@@ -119,11 +121,32 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
+__global__ void fillUniformKernel(bf16* data, int64_t count, float low, float high, uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);  // splitmix64
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float unit = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+    data[i] = __float2bfloat16(low + (high - low) * unit);
+  }
+}
+
 }  // namespace
+
+absl::Status fillUniform(__nv_bfloat16* data, int64_t count, float low, float high, uint64_t seed,
+                         cudaStream_t stream) {
+  if (count == 0) return absl::OkStatus();
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 65535));
+  fillUniformKernel<<<blocks, 256, 0, stream>>>(data, count, low, high, seed);
+  return launchStatus("fill_uniform");
+}
 
 absl::Status rmsNorm(const RmsNormArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return absl::OkStatus();
   if (args.cols % 2 != 0) return absl::InvalidArgumentError("rms_norm: cols must be even");
+  if (args.group < 1) return absl::InvalidArgumentError("rms_norm: group must be >= 1");
   const auto blocks = static_cast<unsigned>((args.rows + kRowsPerBlock - 1) / kRowsPerBlock);
   rmsNormKernel<<<blocks, kRowsPerBlock * 32, 0, stream>>>(args);
   return launchStatus("rms_norm");

@@ -26,9 +26,12 @@ struct RmsNormArgs {
   float eps = 1e-6f;
   __nv_bfloat16* out = nullptr;  // may alias x
   int64_t out_stride = 0;
+  // Rows per stride: row r is at (r / group) * stride + (r % group) * cols — the heads of
+  // one token's projection for per-head q/k norm.
+  int64_t group = 1;
 };
 // out[r] = v / sqrt(mean(v^2) + eps) * weight, v = x[r] (or the new residual[r]). Per-head
-// q/k norm is the same op over rows = tokens * heads, cols = head_dim.
+// q/k norm is the same op over rows = tokens * heads, cols = head_dim, group = heads.
 absl::Status rmsNorm(const RmsNormArgs& args, cudaStream_t stream);
 
 // out[r][i] = silu(gate[r][i]) * up[r][i]; cols even, out may alias gate.
@@ -44,5 +47,10 @@ absl::Status embed(const int32_t* ids, int64_t tokens, const __nv_bfloat16* tabl
 // ids[r] = the index of the largest logits[r][i], the lowest index among equals.
 absl::Status argmax(const float* logits, int64_t stride, int64_t rows, int64_t vocab, int32_t* ids,
                     cudaStream_t stream);
+
+// data[i] = uniform in [low, high) from a hash of (seed, i), rounded to bf16: random
+// weights for benchmarks without host traffic.
+absl::Status fillUniform(__nv_bfloat16* data, int64_t count, float low, float high, uint64_t seed,
+                         cudaStream_t stream);
 
 }  // namespace cleave::cuda

@@ -37,26 +37,27 @@ LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool, Commu
   if (weights.config.moe) moe_.emplace(*weights.config.moe, weights.config.hidden_size, pool);
 }
 
-absl::Status LlamaModel::validate(std::span<const SequenceChunk> batch,
-                                  const KvStorage& cache) const {
+absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_size,
+                           int64_t block_size, int64_t total_blocks) {
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceChunk& chunk = batch[s];
     if (chunk.tokens.empty())
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " has no tokens"));
     for (uint32_t id : chunk.tokens) {
-      if (id >= w_.config.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "token id ", id, " is outside the vocabulary (", w_.config.vocab_size, ")"));
+      if (id >= vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", id, " is outside the vocabulary (", vocab_size, ")"));
       }
     }
     const int64_t end = chunk.start + static_cast<int64_t>(chunk.tokens.size());
-    if (chunk.start < 0 || cache.blocksFor(end) > static_cast<int64_t>(chunk.blocks.size())) {
+    if (chunk.start < 0 ||
+        (end + block_size - 1) / block_size > static_cast<int64_t>(chunk.blocks.size())) {
       return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", chunk.blocks.size(),
                                                      " blocks cannot hold ", end, " positions"));
     }
     for (int32_t b : chunk.blocks) {
-      if (b < 0 || b >= cache.totalBlocks()) {
+      if (b < 0 || b >= total_blocks) {
         return absl::InvalidArgumentError(
             absl::StrCat("sequence ", s, ": block ", b, " is outside the cache"));
       }
@@ -121,7 +122,8 @@ void LlamaModel::ensureScratch(int64_t tokens, int64_t sequences) {
 
 absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const SequenceChunk> batch,
                                                            KvStorage& cache) {
-  CLEAVE_RETURN_IF_ERROR(validate(batch, cache));
+  CLEAVE_RETURN_IF_ERROR(
+      validateBatch(batch, w_.config.vocab_size, cache.blockSize(), cache.totalBlocks()));
   const model::ModelConfig& c = w_.config;
   const int64_t hidden = c.hidden_size;
   const int64_t head_dim = c.head_dim;

@@ -32,6 +32,12 @@ struct SequenceChunk {
   std::span<const int32_t> blocks;   // The sequence's blocks, covering start + tokens.size().
 };
 
+// OK when every chunk has tokens inside the vocabulary and a block table covering its
+// positions with ids in [0, total_blocks); InvalidArgument naming the sequence otherwise.
+// Every backend's forward() checks its batch with it before touching anything.
+absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_size,
+                           int64_t block_size, int64_t total_blocks);
+
 class LlamaModel {
  public:
   // `comm` (null for a group of one) connects the ranks of a tensor-parallel group; it
@@ -48,7 +54,6 @@ class LlamaModel {
   const LlamaWeights& weights() const { return w_; }
 
  private:
-  absl::Status validate(std::span<const SequenceChunk> batch, const KvStorage& cache) const;
   void ensureScratch(int64_t tokens, int64_t sequences);
   // Sums a row-parallel product over the group (nothing to do in a group of one).
   absl::Status reduce(float* data, int64_t count);

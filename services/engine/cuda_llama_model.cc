@@ -1,0 +1,611 @@
+#include "services/engine/cuda_llama_model.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "kernels/cuda/rope_kv.h"
+
+namespace cleave::engine {
+namespace {
+
+using bf16 = __nv_bfloat16;
+constexpr int64_t kAlign = 256;
+
+// Hands out aligned pieces of one allocation. A first pass with no base only counts.
+class Arena {
+ public:
+  explicit Arena(uint8_t* base = nullptr) : base_(base) {}
+  template <typename T>
+  T* take(int64_t count) {
+    offset_ = (offset_ + kAlign - 1) / kAlign * kAlign;
+    T* p = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
+    offset_ += count * static_cast<int64_t>(sizeof(T));
+    return p;
+  }
+  int64_t used() const { return offset_; }
+
+ private:
+  uint8_t* base_;
+  int64_t offset_ = 0;
+};
+
+struct DeviceLayer {
+  bf16* attn_norm = nullptr;
+  bf16* wqkv = nullptr;  // [q_dim + 2 kv_dim][hidden]: wq, wk, wv rows
+  bf16* bqkv = nullptr;  // [q_dim + 2 kv_dim], when the model has biases
+  bf16* q_norm = nullptr;
+  bf16* k_norm = nullptr;
+  bf16* wo = nullptr;  // [hidden][q_dim]
+  bf16* ffn_norm = nullptr;
+  bf16* wgu = nullptr;    // [2 ffn][hidden]: gate rows, then up rows
+  bf16* wdown = nullptr;  // [hidden][ffn]
+};
+
+int64_t nextPowerOfTwo(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+}  // namespace
+
+struct CudaLlamaModel::State {
+  model::ModelConfig config;
+  CudaModelOptions options;
+  cuda::RopeLayout rope_layout = cuda::RopeLayout::kHalves;
+  int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0,
+          ffn = 0, vocab = 0, layers = 0;
+  int64_t max_blocks_per_seq = 0;
+  int64_t kv_blocks = 0;  // usable; block kv_blocks is the padding rows' scratch block
+  bool qkv_bias = false, qk_norm = false, tied = false;
+  CudaMemoryPlan plan;
+  int64_t weight_bytes = 0;
+  uint8_t* base = nullptr;
+
+  std::vector<DeviceLayer> layer;
+  bf16* embed = nullptr;  // [vocab][hidden]
+  bf16* output_norm = nullptr;
+  bf16* output = nullptr;  // [vocab][hidden]; embed when tied
+  float* inv_freq = nullptr;
+  // Workspace, [max_step_tokens][width] unless noted.
+  bf16 *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *o = nullptr,
+       *gu = nullptr, *act = nullptr;
+  bf16* last = nullptr;     // [max_sequences][hidden]
+  float* logits = nullptr;  // [max_sequences][vocab]
+  void* attention_workspace = nullptr;
+  int32_t* meta = nullptr;  // ids, positions, slots, q_starts, contexts, last rows, tables
+  bf16* kv = nullptr;       // [layer][K, V][block][kv head][slot][head_dim]
+
+  int32_t* host_meta = nullptr;  // pinned
+  float* host_logits = nullptr;  // pinned
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<cuda::Gemm> gemm;
+  cuda::DecodeAttentionPlan decode_plan;
+  cuda::PrefillAttentionPlan prefill_plan;
+  std::map<int64_t, cudaGraphExec_t> graphs;  // decode batch bucket -> graph
+  std::set<int64_t> warmed;                   // buckets run once eagerly
+  std::vector<float> logits_out;
+
+  ~State() {
+    for (auto& [bucket, graph] : graphs) cudaGraphExecDestroy(graph);
+    gemm.reset();
+    if (stream) cudaStreamDestroy(stream);
+    if (host_meta) cudaFreeHost(host_meta);
+    if (host_logits) cudaFreeHost(host_logits);
+    if (base) cudaFree(base);
+  }
+
+  // Offsets into meta, in int32 units.
+  int64_t T() const { return options.max_step_tokens; }
+  int64_t S() const { return options.max_sequences; }
+  int32_t* ids(int32_t* m) const { return m; }
+  int32_t* positions(int32_t* m) const { return m + T(); }
+  int32_t* slots(int32_t* m) const { return m + 2 * T(); }
+  int32_t* qStarts(int32_t* m) const { return m + 3 * T(); }
+  int32_t* contexts(int32_t* m) const { return m + 3 * T() + S() + 1; }
+  int32_t* lastRows(int32_t* m) const { return m + 3 * T() + 2 * S() + 1; }
+  int32_t* tables(int32_t* m) const { return m + 3 * T() + 3 * S() + 1; }
+  int64_t metaCount() const { return 3 * T() + 3 * S() + 1 + S() * max_blocks_per_seq; }
+  int64_t layerKvElements() const {
+    return (kv_blocks + 1) * kv_heads * options.block_size * head_dim;
+  }
+  bf16* keys(int64_t l) const { return kv + 2 * l * layerKvElements(); }
+  bf16* values(int64_t l) const { return kv + (2 * l + 1) * layerKvElements(); }
+
+  // Places every piece; with a null base only sizes them (and fills in the plan).
+  void layout(uint8_t* at) {
+    Arena arena(at);
+    layer.assign(layers, {});
+    for (DeviceLayer& d : layer) {
+      d.attn_norm = arena.take<bf16>(hidden);
+      d.wqkv = arena.take<bf16>(qkv_dim * hidden);
+      if (qkv_bias) d.bqkv = arena.take<bf16>(qkv_dim);
+      if (qk_norm) {
+        d.q_norm = arena.take<bf16>(head_dim);
+        d.k_norm = arena.take<bf16>(head_dim);
+      }
+      d.wo = arena.take<bf16>(hidden * q_dim);
+      d.ffn_norm = arena.take<bf16>(hidden);
+      d.wgu = arena.take<bf16>(2 * ffn * hidden);
+      d.wdown = arena.take<bf16>(hidden * ffn);
+    }
+    embed = arena.take<bf16>(vocab * hidden);
+    output_norm = arena.take<bf16>(hidden);
+    output = tied ? embed : arena.take<bf16>(vocab * hidden);
+    inv_freq = arena.take<float>(head_dim / 2);
+    plan.weights = arena.used();
+    const int64_t t = options.max_step_tokens;
+    x = arena.take<bf16>(t * hidden);
+    h = arena.take<bf16>(t * hidden);
+    qkv = arena.take<bf16>(t * qkv_dim);
+    q = arena.take<bf16>(t * q_dim);
+    attn = arena.take<bf16>(t * q_dim);
+    o = arena.take<bf16>(t * hidden);
+    gu = arena.take<bf16>(t * 2 * ffn);
+    act = arena.take<bf16>(t * ffn);
+    last = arena.take<bf16>(options.max_sequences * hidden);
+    logits = arena.take<float>(options.max_sequences * vocab);
+    attention_workspace = arena.take<uint8_t>(static_cast<int64_t>(decode_plan.workspace_bytes));
+    meta = arena.take<int32_t>(metaCount());
+    plan.workspace = arena.used() - plan.weights;
+    kv = arena.take<bf16>(2 * layers * layerKvElements());
+    plan.kv_cache = arena.used() - plan.weights - plan.workspace;
+  }
+
+  absl::Status enqueue(int64_t n, int64_t sequences, bool decode);
+  absl::Status run(int64_t n, int64_t sequences, bool decode);
+};
+
+namespace {
+
+// Shapes, plans and the one allocation, before any weight is written.
+absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(const model::ModelConfig& c,
+                                                               const CudaModelOptions& options,
+                                                               bool qkv_bias, bool qk_norm,
+                                                               bool tied) {
+  if (c.moe) {
+    return absl::UnimplementedError(
+        "the CUDA backend runs dense models only; mixture-of-experts layers run on the CPU "
+        "backend");
+  }
+  if (options.max_step_tokens < 1 || options.max_sequences < 1 || options.max_context < 1 ||
+      options.max_sequences > options.max_step_tokens)
+    return absl::InvalidArgumentError(
+        "CUDA model options: max_step_tokens, max_sequences and max_context must be >= 1, and "
+        "max_sequences <= max_step_tokens");
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaSetDevice(options.device),
+                                          absl::StrCat("selecting GPU ", options.device)));
+  cudaDeviceProp prop{};
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaGetDeviceProperties(&prop, options.device),
+                                          "reading the GPU's properties"));
+  auto state = std::make_unique<CudaLlamaModel::State>();
+  CudaLlamaModel::State& s = *state;
+  s.config = c;
+  s.options = options;
+  // Decode graphs round the batch up to a power of two: size every step for that.
+  s.options.max_sequences = nextPowerOfTwo(options.max_sequences);
+  s.options.max_step_tokens = std::max(options.max_step_tokens, s.options.max_sequences);
+  s.hidden = c.hidden_size;
+  s.heads = c.num_heads;
+  s.kv_heads = c.num_kv_heads;
+  s.head_dim = c.head_dim;
+  s.q_dim = s.heads * s.head_dim;
+  s.kv_dim = s.kv_heads * s.head_dim;
+  s.qkv_dim = s.q_dim + 2 * s.kv_dim;
+  s.ffn = c.intermediate_size;
+  s.vocab = c.vocab_size;
+  s.layers = c.num_layers;
+  s.qkv_bias = qkv_bias;
+  s.qk_norm = qk_norm;
+  s.tied = tied;
+  s.max_blocks_per_seq = (options.max_context + options.block_size - 1) / options.block_size;
+  s.kv_blocks =
+      options.kv_blocks > 0 ? options.kv_blocks : options.max_sequences * s.max_blocks_per_seq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  CLEAVE_ASSIGN_OR_RETURN(
+      s.decode_plan,
+      cuda::planDecodeAttention({.heads = static_cast<int>(s.heads),
+                                 .kv_heads = static_cast<int>(s.kv_heads),
+                                 .head_dim = static_cast<int>(s.head_dim),
+                                 .block_size = static_cast<int>(options.block_size),
+                                 .max_batch = static_cast<int>(s.options.max_sequences),
+                                 .max_context = static_cast<int>(options.max_context),
+                                 .scale = scale},
+                                prop.multiProcessorCount));
+  CLEAVE_ASSIGN_OR_RETURN(
+      s.prefill_plan,
+      cuda::planPrefillAttention({.heads = static_cast<int>(s.heads),
+                                  .kv_heads = static_cast<int>(s.kv_heads),
+                                  .head_dim = static_cast<int>(s.head_dim),
+                                  .block_size = static_cast<int>(options.block_size),
+                                  .max_sequences = static_cast<int>(s.options.max_sequences),
+                                  .max_new_tokens = static_cast<int>(s.options.max_step_tokens),
+                                  .scale = scale}));
+  s.layout(nullptr);
+  const int64_t total = s.plan.weights + s.plan.workspace + s.plan.kv_cache;
+  size_t free_bytes = 0, total_bytes = 0;
+  CLEAVE_RETURN_IF_ERROR(
+      cuda::cudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "reading free GPU memory"));
+  if (static_cast<size_t>(total) > free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "GPU ", options.device, " has ", free_bytes >> 20, " MiB free; the model needs ",
+        total >> 20, " MiB: weights ", s.plan.weights >> 20, ", workspace ", s.plan.workspace >> 20,
+        ", KV cache ", s.plan.kv_cache >> 20, " (lower max_sequences, max_context or kv_blocks)"));
+  }
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaMalloc(reinterpret_cast<void**>(&s.base), total),
+                                          "allocating the model"));
+  s.layout(s.base);
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaMemset(s.kv, 0, static_cast<size_t>(s.plan.kv_cache)),
+                                          "clearing the KV cache"));
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+      cudaMallocHost(reinterpret_cast<void**>(&s.host_meta), s.metaCount() * sizeof(int32_t)),
+      "pinned step metadata"));
+  std::memset(s.host_meta, 0, s.metaCount() * sizeof(int32_t));
+  CLEAVE_RETURN_IF_ERROR(
+      cuda::cudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_logits),
+                                      s.options.max_sequences * s.vocab * sizeof(float)),
+                       "pinned logits"));
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+      cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "creating a stream"));
+  CLEAVE_ASSIGN_OR_RETURN(s.gemm, cuda::Gemm::create());
+  s.weight_bytes = s.plan.weights;
+  return state;
+}
+
+// Host floats -> bf16 at `dst` (device).
+absl::Status upload(const float* src, int64_t count, bf16* dst, const char* what) {
+  std::vector<bf16> staged(count);
+  for (int64_t i = 0; i < count; ++i) staged[i] = __float2bfloat16(src[i]);
+  return cuda::cudaStatus(
+      cudaMemcpy(dst, staged.data(), count * sizeof(bf16), cudaMemcpyHostToDevice),
+      absl::StrCat("uploading ", what));
+}
+
+absl::Status uploadMatrix(const cpu::CpuMatrix& m, bf16* dst, const char* what) {
+  std::vector<float> rows(static_cast<size_t>(m.rows() * m.cols()));
+  CLEAVE_RETURN_IF_ERROR(cpu::dequantizeRows(m.source(), 0, m.rows(), rows.data()));
+  return upload(rows.data(), static_cast<int64_t>(rows.size()), dst, what);
+}
+
+absl::Status uploadVector(const std::vector<float>& v, bf16* dst, const char* what) {
+  return upload(v.data(), static_cast<int64_t>(v.size()), dst, what);
+}
+
+absl::Status uploadInverseFrequencies(const model::ModelConfig& c, cpu::RopePairing pairing,
+                                      float* dst) {
+  const cpu::Rope rope(c, pairing);
+  const std::vector<float>& f = rope.inverseFrequencies();
+  return cuda::cudaStatus(
+      cudaMemcpy(dst, f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice),
+      "uploading rope frequencies");
+}
+
+}  // namespace
+
+CudaLlamaModel::CudaLlamaModel(std::unique_ptr<State> state) : state_(std::move(state)) {}
+CudaLlamaModel::~CudaLlamaModel() = default;
+
+absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
+    const LlamaWeights& w, const CudaModelOptions& options) {
+  if (w.dims.shard.size != 1)
+    return absl::UnimplementedError(
+        "the CUDA backend runs one GPU per model (tensor parallel "
+        "CUDA models are not built yet)");
+  CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w.config.rope_scaling));
+  const bool bias = !w.layers.empty() && !w.layers[0].bq.empty();
+  const bool qk_norm = !w.layers.empty() && !w.layers[0].q_norm.empty();
+  const bool tied =
+      w.output.source().data == w.token_embd.data && w.token_embd.type == w.output.type();
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state,
+                          prepare(w.config, options, bias, qk_norm, tied));
+  State& s = *state;
+  s.rope_layout = w.rope_pairing == cpu::RopePairing::kHalves ? cuda::RopeLayout::kHalves
+                                                              : cuda::RopeLayout::kAdjacent;
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const LlamaLayer& src = w.layers[l];
+    const DeviceLayer& dst = s.layer[l];
+    if (src.moe) return absl::UnimplementedError(absl::StrCat("layer ", l, " is a MoE layer"));
+    CLEAVE_RETURN_IF_ERROR(uploadVector(src.attn_norm, dst.attn_norm, "attn_norm"));
+    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wq, dst.wqkv, "wq"));
+    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wk, dst.wqkv + s.q_dim * s.hidden, "wk"));
+    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wv, dst.wqkv + (s.q_dim + s.kv_dim) * s.hidden, "wv"));
+    if (s.qkv_bias) {
+      std::vector<float> bias = src.bq;
+      bias.insert(bias.end(), src.bk.begin(), src.bk.end());
+      bias.insert(bias.end(), src.bv.begin(), src.bv.end());
+      CLEAVE_RETURN_IF_ERROR(uploadVector(bias, dst.bqkv, "qkv bias"));
+    }
+    if (s.qk_norm) {
+      CLEAVE_RETURN_IF_ERROR(uploadVector(src.q_norm, dst.q_norm, "q_norm"));
+      CLEAVE_RETURN_IF_ERROR(uploadVector(src.k_norm, dst.k_norm, "k_norm"));
+    }
+    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wo, dst.wo, "wo"));
+    CLEAVE_RETURN_IF_ERROR(uploadVector(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
+    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.w_gate, dst.wgu, "w_gate"));
+    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.w_up, dst.wgu + s.ffn * s.hidden, "w_up"));
+    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.w_down, dst.wdown, "w_down"));
+  }
+  {
+    const EmbeddingTable& e = w.token_embd;
+    std::vector<float> table(static_cast<size_t>(e.rows * e.cols));
+    CLEAVE_RETURN_IF_ERROR(model::dequantize(e.type, e.data, e.rows * e.cols, table.data()));
+    CLEAVE_RETURN_IF_ERROR(upload(table.data(), e.rows * e.cols, s.embed, "token embeddings"));
+  }
+  CLEAVE_RETURN_IF_ERROR(uploadVector(w.output_norm, s.output_norm, "output_norm"));
+  if (!s.tied) CLEAVE_RETURN_IF_ERROR(uploadMatrix(w.output, s.output, "output"));
+  CLEAVE_RETURN_IF_ERROR(uploadInverseFrequencies(w.config, w.rope_pairing, s.inv_freq));
+  return std::unique_ptr<CudaLlamaModel>(new CudaLlamaModel(std::move(state)));
+}
+
+absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
+    const model::ModelConfig& config, const CudaModelOptions& options, uint64_t seed) {
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state,
+                          prepare(config, options, false, false, config.tie_word_embeddings));
+  State& s = *state;
+  uint64_t stream_id = seed;
+  auto fill = [&](bf16* p, int64_t count, float low, float high) {
+    return cuda::fillUniform(p, count, low, high, stream_id++ * 0x100000001b3ull, s.stream);
+  };
+  const float in_scale = 1.0f / std::sqrt(static_cast<float>(s.hidden));
+  const float ffn_scale = 1.0f / std::sqrt(static_cast<float>(s.ffn));
+  for (const DeviceLayer& d : s.layer) {
+    CLEAVE_RETURN_IF_ERROR(fill(d.attn_norm, s.hidden, 0.8f, 1.2f));
+    CLEAVE_RETURN_IF_ERROR(fill(d.wqkv, s.qkv_dim * s.hidden, -in_scale, in_scale));
+    CLEAVE_RETURN_IF_ERROR(fill(d.wo, s.hidden * s.q_dim, -in_scale, in_scale));
+    CLEAVE_RETURN_IF_ERROR(fill(d.ffn_norm, s.hidden, 0.8f, 1.2f));
+    CLEAVE_RETURN_IF_ERROR(fill(d.wgu, 2 * s.ffn * s.hidden, -in_scale, in_scale));
+    CLEAVE_RETURN_IF_ERROR(fill(d.wdown, s.hidden * s.ffn, -ffn_scale, ffn_scale));
+  }
+  CLEAVE_RETURN_IF_ERROR(fill(s.embed, s.vocab * s.hidden, -1.0f, 1.0f));
+  CLEAVE_RETURN_IF_ERROR(fill(s.output_norm, s.hidden, 0.8f, 1.2f));
+  if (!s.tied) CLEAVE_RETURN_IF_ERROR(fill(s.output, s.vocab * s.hidden, -in_scale, in_scale));
+  CLEAVE_RETURN_IF_ERROR(uploadInverseFrequencies(config, cpu::RopePairing::kHalves, s.inv_freq));
+  CLEAVE_RETURN_IF_ERROR(
+      cuda::cudaStatus(cudaStreamSynchronize(s.stream), "filling random weights"));
+  return std::unique_ptr<CudaLlamaModel>(new CudaLlamaModel(std::move(state)));
+}
+
+int64_t CudaLlamaModel::kvBlocks() const { return state_->kv_blocks; }
+const CudaMemoryPlan& CudaLlamaModel::memoryPlan() const { return state_->plan; }
+int64_t CudaLlamaModel::weightBytes() const { return state_->weight_bytes; }
+
+// Every kernel of one step over the metadata already in `meta`: `n` token rows of
+// `sequences` sequences.
+absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool decode) {
+  const float eps = static_cast<float>(config.rms_norm_eps);
+  cudaStream_t st = stream;
+  auto product = [&](const bf16* in, int64_t in_dim, const bf16* w, const bf16* bias,
+                     int64_t out_dim, void* out, bool as_float = false, int64_t rows = -1) {
+    return gemm->run({.x = in,
+                      .x_stride = in_dim,
+                      .w = w,
+                      .bias = bias,
+                      .tokens = rows < 0 ? n : rows,
+                      .out = out_dim,
+                      .in = in_dim,
+                      .y = out,
+                      .y_stride = out_dim,
+                      .y_float = as_float},
+                     st);
+  };
+  CLEAVE_RETURN_IF_ERROR(cuda::embed(ids(meta), n, embed, vocab, hidden, x, hidden, st));
+  CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = x,
+                                        .x_stride = hidden,
+                                        .weight = layer[0].attn_norm,
+                                        .rows = n,
+                                        .cols = hidden,
+                                        .eps = eps,
+                                        .out = h,
+                                        .out_stride = hidden},
+                                       st));
+  for (int64_t l = 0; l < layers; ++l) {
+    const DeviceLayer& d = layer[l];
+    CLEAVE_RETURN_IF_ERROR(product(h, hidden, d.wqkv, d.bqkv, qkv_dim, qkv));
+    if (qk_norm) {
+      CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = qkv,
+                                            .x_stride = qkv_dim,
+                                            .weight = d.q_norm,
+                                            .rows = n * heads,
+                                            .cols = head_dim,
+                                            .eps = eps,
+                                            .out = qkv,
+                                            .out_stride = qkv_dim,
+                                            .group = heads},
+                                           st));
+      CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = qkv + q_dim,
+                                            .x_stride = qkv_dim,
+                                            .weight = d.k_norm,
+                                            .rows = n * kv_heads,
+                                            .cols = head_dim,
+                                            .eps = eps,
+                                            .out = qkv + q_dim,
+                                            .out_stride = qkv_dim,
+                                            .group = kv_heads},
+                                           st));
+    }
+    CLEAVE_RETURN_IF_ERROR(cuda::ropeKvWrite({.qkv = qkv,
+                                              .qkv_stride = qkv_dim,
+                                              .positions = positions(meta),
+                                              .slots = slots(meta),
+                                              .inv_freq = inv_freq,
+                                              .tokens = n,
+                                              .heads = static_cast<int>(heads),
+                                              .kv_heads = static_cast<int>(kv_heads),
+                                              .head_dim = static_cast<int>(head_dim),
+                                              .block_size = static_cast<int>(options.block_size),
+                                              .layout = rope_layout,
+                                              .q_out = q,
+                                              .q_stride = q_dim,
+                                              .k_cache = keys(l),
+                                              .v_cache = values(l)},
+                                             st));
+    if (decode) {
+      CLEAVE_RETURN_IF_ERROR(
+          cuda::runDecodeAttention(decode_plan,
+                                   {.q = q,
+                                    .q_stride = q_dim,
+                                    .k_cache = keys(l),
+                                    .v_cache = values(l),
+                                    .block_tables = tables(meta),
+                                    .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
+                                    .seq_lens = contexts(meta),
+                                    .batch = static_cast<int>(sequences),
+                                    .out = attn,
+                                    .out_stride = q_dim,
+                                    .workspace = attention_workspace},
+                                   st));
+    } else {
+      CLEAVE_RETURN_IF_ERROR(
+          cuda::runPrefillAttention(prefill_plan,
+                                    {.q = q,
+                                     .q_stride = q_dim,
+                                     .k_cache = keys(l),
+                                     .v_cache = values(l),
+                                     .block_tables = tables(meta),
+                                     .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
+                                     .q_starts = qStarts(meta),
+                                     .context_lens = contexts(meta),
+                                     .sequences = static_cast<int>(sequences),
+                                     .out = attn,
+                                     .out_stride = q_dim},
+                                    st));
+    }
+    CLEAVE_RETURN_IF_ERROR(product(attn, q_dim, d.wo, nullptr, hidden, o));
+    // x += o; h = norm(x).
+    CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = o,
+                                          .x_stride = hidden,
+                                          .residual = x,
+                                          .residual_stride = hidden,
+                                          .weight = d.ffn_norm,
+                                          .rows = n,
+                                          .cols = hidden,
+                                          .eps = eps,
+                                          .out = h,
+                                          .out_stride = hidden},
+                                         st));
+    CLEAVE_RETURN_IF_ERROR(product(h, hidden, d.wgu, nullptr, 2 * ffn, gu));
+    CLEAVE_RETURN_IF_ERROR(cuda::siluMul(gu, gu + ffn, 2 * ffn, n, ffn, act, ffn, st));
+    CLEAVE_RETURN_IF_ERROR(product(act, ffn, d.wdown, nullptr, hidden, o));
+    const bf16* next_norm = l + 1 < layers ? layer[l + 1].attn_norm : output_norm;
+    CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = o,
+                                          .x_stride = hidden,
+                                          .residual = x,
+                                          .residual_stride = hidden,
+                                          .weight = next_norm,
+                                          .rows = n,
+                                          .cols = hidden,
+                                          .eps = eps,
+                                          .out = h,
+                                          .out_stride = hidden},
+                                         st));
+  }
+  // Each sequence's last row (the norm is per row, so normalizing all rows above and
+  // gathering now is the same as gathering first).
+  CLEAVE_RETURN_IF_ERROR(cuda::embed(lastRows(meta), sequences, h, n, hidden, last, hidden, st));
+  return product(last, hidden, output, nullptr, vocab, logits, true, sequences);
+}
+
+// Runs a step, replaying (or capturing) the decode bucket's graph when graphs are on.
+absl::Status CudaLlamaModel::State::run(int64_t n, int64_t sequences, bool decode) {
+  if (!decode || !options.cuda_graphs) return enqueue(n, sequences, decode);
+  if (auto it = graphs.find(sequences); it != graphs.end())
+    return cuda::cudaStatus(cudaGraphLaunch(it->second, stream), "replaying a decode graph");
+  if (warmed.insert(sequences).second) return enqueue(n, sequences, decode);
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+      cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capturing a decode step"));
+  absl::Status enqueued = enqueue(n, sequences, decode);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  CLEAVE_RETURN_IF_ERROR(enqueued);
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(ended, "ending the decode capture"));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(made, "instantiating a decode graph"));
+  graphs.emplace(sequences, exec);
+  return cuda::cudaStatus(cudaGraphLaunch(exec, stream), "launching a decode graph");
+}
+
+absl::StatusOr<std::span<const float>> CudaLlamaModel::forward(
+    std::span<const SequenceChunk> batch) {
+  State& s = *state_;
+  const int64_t bs = s.options.block_size;
+  CLEAVE_RETURN_IF_ERROR(validateBatch(batch, static_cast<uint32_t>(s.vocab), bs, s.kv_blocks));
+  const int64_t sequences = static_cast<int64_t>(batch.size());
+  int64_t n = 0;
+  bool decode = true;
+  for (const SequenceChunk& chunk : batch) {
+    n += static_cast<int64_t>(chunk.tokens.size());
+    decode = decode && chunk.tokens.size() == 1;
+    if (chunk.start + static_cast<int64_t>(chunk.tokens.size()) > s.options.max_context)
+      return absl::InvalidArgumentError(
+          absl::StrCat("a sequence reaches ", chunk.start + chunk.tokens.size(),
+                       " positions, past max_context ", s.options.max_context));
+  }
+  if (n > s.options.max_step_tokens || sequences > s.options.max_sequences)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a step of ", n, " tokens in ", sequences, " sequences exceeds the model's bounds (",
+        s.options.max_step_tokens, " tokens, ", s.options.max_sequences, " sequences)"));
+  // Decode graphs run a power-of-two batch; the padding rows decode token 0 at position 0
+  // into the scratch block.
+  const int64_t rows = decode && s.options.cuda_graphs ? nextPowerOfTwo(sequences) : sequences;
+  const int64_t tokens = decode ? rows : n;
+  int32_t* m = s.host_meta;
+  const int32_t scratch = static_cast<int32_t>(s.kv_blocks);
+  int64_t t = 0;
+  s.qStarts(m)[0] = 0;
+  for (int64_t q = 0; q < rows; ++q) {
+    int32_t* table = s.tables(m) + q * s.max_blocks_per_seq;
+    if (q >= sequences) {
+      s.ids(m)[t] = 0;
+      s.positions(m)[t] = 0;
+      s.slots(m)[t] = static_cast<int32_t>(scratch * bs);
+      s.contexts(m)[q] = 1;
+      s.lastRows(m)[q] = static_cast<int32_t>(t);
+      std::fill(table, table + s.max_blocks_per_seq, scratch);
+      ++t;
+      s.qStarts(m)[q + 1] = static_cast<int32_t>(t);
+      continue;
+    }
+    const SequenceChunk& chunk = batch[q];
+    for (size_t i = 0; i < chunk.tokens.size(); ++i, ++t) {
+      const int64_t pos = chunk.start + static_cast<int64_t>(i);
+      s.ids(m)[t] = static_cast<int32_t>(chunk.tokens[i]);
+      s.positions(m)[t] = static_cast<int32_t>(pos);
+      s.slots(m)[t] = static_cast<int32_t>(chunk.blocks[pos / bs] * bs + pos % bs);
+    }
+    s.qStarts(m)[q + 1] = static_cast<int32_t>(t);
+    s.contexts(m)[q] = static_cast<int32_t>(chunk.start + chunk.tokens.size());
+    s.lastRows(m)[q] = static_cast<int32_t>(t - 1);
+    const int64_t used = std::min<int64_t>(chunk.blocks.size(), s.max_blocks_per_seq);
+    std::copy(chunk.blocks.begin(), chunk.blocks.begin() + used, table);
+    std::fill(table + used, table + s.max_blocks_per_seq, scratch);
+  }
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaSetDevice(s.options.device), "selecting the GPU"));
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+      cudaMemcpyAsync(s.meta, m, s.metaCount() * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
+      "copying step metadata"));
+  CLEAVE_RETURN_IF_ERROR(s.run(tokens, rows, decode));
+  CLEAVE_RETURN_IF_ERROR(
+      cuda::cudaStatus(cudaMemcpyAsync(s.host_logits, s.logits, sequences * s.vocab * sizeof(float),
+                                       cudaMemcpyDeviceToHost, s.stream),
+                       "copying logits"));
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
+  s.logits_out.assign(s.host_logits, s.host_logits + sequences * s.vocab);
+  return std::span<const float>(s.logits_out);
+}
+
+}  // namespace cleave::engine

@@ -1,0 +1,81 @@
+// One forward step of a dense Llama-family model on a GPU: the CUDA backend's twin of
+// LlamaModel (llama_model.h), same batch contract, same logits within bf16 tolerance.
+//
+// Weights are uploaded once as bf16 (any stored format is dequantized at load; the QKV and
+// gate/up projections fused into one matrix each), and the weights, the step's workspace
+// and the paged KV cache live in one device allocation sized at create(). The residual
+// stream, activations and KV cache are bf16; norms, softmax and accumulation f32; logits
+// f32. Layer by layer: fused residual-add + RMSNorm, one QKV product (+ bias), per-head
+// q/k norm, RoPE fused with the KV-cache write, paged attention (the decode kernel when
+// every chunk is one token, the prefill kernel otherwise), O product, the same for the MLP.
+//
+// Decode steps (every chunk one token) replay a CUDA graph captured per batch-size bucket
+// (powers of two up to max_sequences); padding rows write a scratch block no sequence
+// owns.
+//
+// Not yet: mixture-of-experts layers (Unimplemented at create), tensor parallelism (one
+// GPU per model), head_dim other than 64 or 128.
+//
+// Threading: one thread drives a model; it owns its stream and its device memory.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/engine/llama_model.h"
+#include "services/engine/llama_weights.h"
+
+namespace cleave::engine {
+
+struct CudaModelOptions {
+  int device = 0;
+  int64_t max_step_tokens = 2048;  // tokens of one forward step
+  int64_t max_sequences = 64;      // sequences of one forward step
+  int64_t max_context = 4096;      // positions of one sequence
+  int64_t block_size = 16;
+  int64_t kv_blocks = 0;  // 0: max_sequences sequences of max_context positions
+  bool cuda_graphs = true;
+};
+
+// Bytes of the one device allocation, by what they hold.
+struct CudaMemoryPlan {
+  int64_t weights = 0;
+  int64_t workspace = 0;
+  int64_t kv_cache = 0;
+};
+
+class CudaLlamaModel {
+ public:
+  // Uploads `weights` (read only during the call) to GPU `options.device`. Errors: no such
+  // device, an architecture or head size the backend does not run, too little memory
+  // (naming the plan), a CUDA call failing (naming it).
+  static absl::StatusOr<std::unique_ptr<CudaLlamaModel>> create(const LlamaWeights& weights,
+                                                                const CudaModelOptions& options);
+  // A model of `config`'s shape with random weights (uniform, scaled like an initializer),
+  // for benchmarks: nothing is read from disk.
+  static absl::StatusOr<std::unique_ptr<CudaLlamaModel>> createRandom(
+      const model::ModelConfig& config, const CudaModelOptions& options, uint64_t seed);
+  ~CudaLlamaModel();
+
+  // As LlamaModel::forward, with block ids into this model's own KV cache
+  // ([0, kvBlocks())). Also InvalidArgument past the options' step, sequence or context
+  // bounds.
+  absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch);
+
+  int64_t kvBlocks() const;
+  const CudaMemoryPlan& memoryPlan() const;
+  // Bytes a decode step at batch B reads for the weights (what its roofline counts).
+  int64_t weightBytes() const;
+
+  struct State;
+
+ private:
+  explicit CudaLlamaModel(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace cleave::engine

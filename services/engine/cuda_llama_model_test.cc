@@ -1,0 +1,178 @@
+// The CUDA model against the CPU model (llama_model.h) on the same weights: the real
+// SmolLM2 file (Q4_1, converted to bf16 at load) and a tiny random-weight Hugging Face
+// model. A batch of prompts of different lengths is prefilled together, then decoded
+// together step by step through the CUDA graphs; every step's logits are compared.
+//
+// bf16 tolerance: relative L2 error of each sequence's logits <= 5e-2 (weights, the
+// residual stream and the KV cache are bf16 on the GPU, f32 on the CPU), and the same
+// greedy token wherever the CPU's top two logits are not a near-tie (gap > 0.5).
+#include "services/engine/cuda_llama_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cuda/cuda_test_util.h"
+#include "services/engine/kv_storage.h"
+#include "services/engine/llama_model.h"
+#include "services/engine/llama_weights.h"
+
+namespace cleave::engine {
+namespace {
+
+struct Comparison {
+  double worst_relative = 0;
+  int greedy_checked = 0;
+  int greedy_same = 0;
+};
+
+void compareLogits(std::span<const float> got, std::span<const float> want, int64_t vocab,
+                   Comparison& c) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < want.size() / vocab; ++s) {
+    double err = 0, norm = 0;
+    const float* g = got.data() + s * vocab;
+    const float* w = want.data() + s * vocab;
+    for (int64_t v = 0; v < vocab; ++v) {
+      ASSERT_TRUE(std::isfinite(g[v])) << "sequence " << s << " logit " << v;
+      err += (double(g[v]) - w[v]) * (double(g[v]) - w[v]);
+      norm += double(w[v]) * w[v];
+    }
+    c.worst_relative = std::max(c.worst_relative, std::sqrt(err / norm));
+    std::vector<int64_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + 2, order.end(),
+                      [&](int64_t a, int64_t b) { return w[a] > w[b]; });
+    if (w[order[0]] - w[order[1]] > 0.5f) {
+      ++c.greedy_checked;
+      c.greedy_same += std::max_element(g, g + vocab) - g == order[0];
+    }
+  }
+}
+
+void checkModel(const std::string& path) {
+  auto weights = loadLlama(path);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const LlamaWeights& w = **weights;
+  const int64_t vocab = w.config.vocab_size;
+  auto gpu =
+      CudaLlamaModel::create(w, {.max_step_tokens = 256, .max_sequences = 4, .max_context = 256});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  cpu::ThreadPool pool(2);
+  LlamaModel cpu_model(w, pool);
+  KvStorage cache({.num_layers = static_cast<int64_t>(w.layers.size()),
+                   .kv_heads = w.dims.kv_heads.size,
+                   .head_dim = w.config.head_dim,
+                   .block_size = 16,
+                   .num_blocks = (*gpu)->kvBlocks()});
+
+  std::mt19937 rng(cuda::testing::freshSeed());
+  std::uniform_int_distribution<uint32_t> token(0, static_cast<uint32_t>(vocab - 1));
+  const std::vector<int> lengths = {1, 37, 70};
+  std::vector<std::vector<uint32_t>> tokens(lengths.size());
+  std::vector<std::vector<int32_t>> blocks(lengths.size());
+  // Blocks shuffled across the cache, so the tables are not the identity.
+  std::vector<int32_t> free(cache.totalBlocks());
+  std::iota(free.begin(), free.end(), 0);
+  std::shuffle(free.begin(), free.end(), rng);
+  for (size_t s = 0; s < lengths.size(); ++s) {
+    for (int i = 0; i < lengths[s]; ++i) tokens[s].push_back(token(rng));
+    for (int b = 0; b < 6; ++b) {  // 96 positions: prompt plus the decode steps
+      blocks[s].push_back(free.back());
+      free.pop_back();
+    }
+  }
+  Comparison c;
+  std::vector<SequenceChunk> batch(lengths.size());
+  for (size_t s = 0; s < lengths.size(); ++s)
+    batch[s] = {.tokens = tokens[s], .start = 0, .blocks = blocks[s]};
+  for (int step = 0; step < 12; ++step) {
+    SCOPED_TRACE(::testing::Message() << path << " step " << step);
+    auto want = cpu_model.forward(batch, cache);
+    ASSERT_TRUE(want.ok()) << want.status();
+    std::vector<float> expected(want->begin(), want->end());
+    auto got = (*gpu)->forward(batch);
+    ASSERT_TRUE(got.ok()) << got.status();
+    compareLogits(*got, expected, vocab, c);
+    // Next: every sequence decodes the CPU's greedy token (the same input on both sides).
+    for (size_t s = 0; s < batch.size(); ++s) {
+      const float* row = expected.data() + s * vocab;
+      const uint32_t next = static_cast<uint32_t>(std::max_element(row, row + vocab) - row);
+      batch[s].start += static_cast<int64_t>(batch[s].tokens.size());
+      tokens[s] = {next};
+      batch[s].tokens = tokens[s];
+    }
+  }
+  std::printf("%s: worst relative L2 %.4f, greedy %d/%d where not a near-tie\n", path.c_str(),
+              c.worst_relative, c.greedy_same, c.greedy_checked);
+  EXPECT_LE(c.worst_relative, 5e-2);
+  EXPECT_GT(c.greedy_checked, 0);
+  EXPECT_EQ(c.greedy_same, c.greedy_checked);
+}
+
+TEST(CudaLlamaModelTest, SmolLm2MatchesTheCpuBackend) {
+  CLEAVE_REQUIRE_GPU();
+  checkModel(std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+TEST(CudaLlamaModelTest, TinyHfModelMatchesTheCpuBackend) {
+  CLEAVE_REQUIRE_GPU();
+  checkModel(std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/smollm2_like_f32");
+}
+
+TEST(CudaLlamaModelTest, GraphReplayEqualsEagerSteps) {
+  CLEAVE_REQUIRE_GPU();
+  auto weights = loadLlama(std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/smollm2_like_f32");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  CudaModelOptions options{.max_step_tokens = 64, .max_sequences = 3, .max_context = 64};
+  auto graphed = CudaLlamaModel::create(**weights, options);
+  options.cuda_graphs = false;
+  auto eager = CudaLlamaModel::create(**weights, options);
+  ASSERT_TRUE(graphed.ok() && eager.ok());
+  std::vector<uint32_t> prompt = {5, 17, 99, 3};
+  std::vector<int32_t> blocks_a = {0, 1}, blocks_b = {2, 3}, blocks_c = {4, 5};
+  std::vector<std::vector<uint32_t>> next = {{7}, {8}, {9}};
+  for (CudaLlamaModel* m : {graphed->get(), eager->get()}) {
+    std::vector<SequenceChunk> prefill = {
+        {prompt, 0, blocks_a}, {prompt, 0, blocks_b}, {prompt, 0, blocks_c}};
+    ASSERT_TRUE(m->forward(prefill).ok());
+  }
+  // Steps 1 and 2 run eagerly then capture; from step 3 on the graph replays.
+  for (int step = 0; step < 5; ++step) {
+    std::vector<SequenceChunk> decode = {{next[0], 4 + step, blocks_a},
+                                         {next[1], 4 + step, blocks_b},
+                                         {next[2], 4 + step, blocks_c}};
+    auto a = (*graphed)->forward(decode);
+    ASSERT_TRUE(a.ok()) << a.status();
+    std::vector<float> from_graph(a->begin(), a->end());
+    auto b = (*eager)->forward(decode);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(from_graph, std::vector<float>(b->begin(), b->end())) << "step " << step;
+  }
+}
+
+TEST(CudaLlamaModelTest, RefusesBatchesOutsideItsBounds) {
+  CLEAVE_REQUIRE_GPU();
+  auto weights = loadLlama(std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/smollm2_like_f32");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto m = CudaLlamaModel::create(**weights,
+                                  {.max_step_tokens = 16, .max_sequences = 2, .max_context = 32});
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<uint32_t> long_prompt(20, 1), bad_token = {1u << 30};
+  std::vector<int32_t> blocks = {0, 1};
+  std::vector<SequenceChunk> too_many_tokens = {{long_prompt, 0, blocks}};
+  EXPECT_EQ((*m)->forward(too_many_tokens).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<SequenceChunk> outside_vocab = {{bad_token, 0, blocks}};
+  EXPECT_EQ((*m)->forward(outside_vocab).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> foreign = {static_cast<int32_t>((*m)->kvBlocks())};
+  std::vector<uint32_t> one = {1};
+  std::vector<SequenceChunk> scratch_block = {{one, 0, foreign}};
+  EXPECT_EQ((*m)->forward(scratch_block).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cleave::engine

@@ -1,0 +1,113 @@
+#include "services/engine/nccl_communicator.h"
+
+#include <nccl.h>
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace cleave::engine {
+namespace {
+
+absl::Status ncclStatus(ncclResult_t result, const char* op) {
+  if (result == ncclSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("NCCL ", op, ": ", ncclGetErrorString(result)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::createGroup(
+    const std::vector<int>& devices) {
+  if (devices.empty()) return absl::InvalidArgumentError("an NCCL group needs a device");
+  if (std::set<int>(devices.begin(), devices.end()).size() != devices.size())
+    return absl::InvalidArgumentError("an NCCL group lists a device twice");
+  const int n = static_cast<int>(devices.size());
+  std::vector<ncclComm_t> comms(n);
+  if (absl::Status s = ncclStatus(ncclCommInitAll(comms.data(), n, devices.data()), "init");
+      !s.ok())
+    return s;
+  std::vector<std::unique_ptr<NcclCommunicator>> group;
+  for (int r = 0; r < n; ++r) {
+    std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
+    c->comm_ = comms[r];
+    c->rank_ = r;
+    c->size_ = n;
+    c->device_ = devices[r];
+    group.push_back(std::move(c));
+  }
+  for (auto& c : group) {
+    if (absl::Status s = cuda::cudaStatus(cudaSetDevice(c->device_), "selecting a GPU"); !s.ok())
+      return s;
+    if (absl::Status s = cuda::cudaStatus(
+            cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "creating a stream");
+        !s.ok())
+      return s;
+    if (absl::Status s = cuda::cudaStatus(
+            cudaMalloc(reinterpret_cast<void**>(&c->scratch_), sizeof(float)), "barrier scratch");
+        !s.ok())
+      return s;
+  }
+  return group;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  cudaSetDevice(device_);
+  if (scratch_) cudaFree(scratch_);
+  if (stream_) cudaStreamDestroy(stream_);
+  if (comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+}
+
+absl::Status NcclCommunicator::finish(const char* op) {
+  return cuda::cudaStatus(cudaStreamSynchronize(stream_), absl::StrCat("NCCL ", op));
+}
+
+absl::Status NcclCommunicator::allReduceSum(std::span<float> data) {
+  if (absl::Status s = cuda::cudaStatus(cudaSetDevice(device_), "selecting a GPU"); !s.ok())
+    return s;
+  if (absl::Status s = ncclStatus(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
+                                                ncclSum, static_cast<ncclComm_t>(comm_), stream_),
+                                  "all-reduce");
+      !s.ok())
+    return s;
+  return finish("all-reduce");
+}
+
+absl::Status NcclCommunicator::allGather(std::span<const float> in, std::span<const int64_t> counts,
+                                         std::span<float> out) {
+  if (static_cast<int>(counts.size()) != size_ || static_cast<int64_t>(in.size()) != counts[rank_])
+    return absl::InvalidArgumentError("all-gather: counts do not match the group");
+  if (absl::Status s = cuda::cudaStatus(cudaSetDevice(device_), "selecting a GPU"); !s.ok())
+    return s;
+  // Uneven counts: one broadcast per rank into its place, grouped into one launch.
+  ncclComm_t comm = static_cast<ncclComm_t>(comm_);
+  if (absl::Status s = ncclStatus(ncclGroupStart(), "group start"); !s.ok()) return s;
+  int64_t offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    const float* send = r == rank_ ? in.data() : nullptr;
+    ncclResult_t result =
+        ncclBroadcast(send, out.data() + offset, counts[r], ncclFloat, r, comm, stream_);
+    if (result != ncclSuccess) {
+      ncclGroupEnd();
+      return ncclStatus(result, "all-gather");
+    }
+    offset += counts[r];
+  }
+  if (absl::Status s = ncclStatus(ncclGroupEnd(), "group end"); !s.ok()) return s;
+  return finish("all-gather");
+}
+
+absl::Status NcclCommunicator::broadcast(std::span<std::byte> data, int root) {
+  if (absl::Status s = cuda::cudaStatus(cudaSetDevice(device_), "selecting a GPU"); !s.ok())
+    return s;
+  if (absl::Status s = ncclStatus(ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8,
+                                                root, static_cast<ncclComm_t>(comm_), stream_),
+                                  "broadcast");
+      !s.ok())
+    return s;
+  return finish("broadcast");
+}
+
+absl::Status NcclCommunicator::barrier() { return allReduceSum({scratch_, 1}); }
+
+}  // namespace cleave::engine

@@ -1,0 +1,54 @@
+// The Communicator of a tensor-parallel group on GPUs: NCCL, one communicator per rank,
+// created together for the group's devices in one process (one rank thread per device,
+// ARCHITECTURE §1).
+//
+// Buffers are device memory of the rank's GPU. Collectives are enqueued on the rank's
+// stream() and this call waits for them, as the Communicator contract says (data is
+// final when the call returns); kernels that follow on the same stream could skip the
+// wait, which a CUDA graph of a whole step will do.
+//
+// Threading: as Communicator — each rank's communicator is used by its own rank thread.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/engine/communicator.h"
+
+namespace cleave::engine {
+
+class NcclCommunicator : public Communicator {
+ public:
+  // One communicator per device in `devices` (rank r on devices[r]). Errors name the NCCL
+  // or CUDA call that failed (no devices, a device twice, NCCL cannot start).
+  static absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> createGroup(
+      const std::vector<int>& devices);
+  ~NcclCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::Status allReduceSum(std::span<float> data) override;
+  absl::Status allGather(std::span<const float> in, std::span<const int64_t> counts,
+                         std::span<float> out) override;
+  absl::Status broadcast(std::span<std::byte> data, int root) override;
+  absl::Status barrier() override;
+
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
+
+ private:
+  NcclCommunicator() = default;
+  absl::Status finish(const char* op);
+
+  void* comm_ = nullptr;  // ncclComm_t
+  cudaStream_t stream_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+  int device_ = 0;
+  float* scratch_ = nullptr;  // one float, for barrier()
+};
+
+}  // namespace cleave::engine
