@@ -1,0 +1,353 @@
+// GPU benchmarks, each next to a ceiling measured in the same run: a device-to-device copy
+// (bytes read + written per second) and a large bf16 product through cuBLASLt. Prints a
+// table: paged decode attention (GB/s, % of the copy), prefill attention (TFLOP/s, % of
+// the product), and a whole decode step of a random-weight Llama-3-8B-shaped model at
+// batch 16, context 2048, with CUDA graphs, against its roofline floor (weights + KV read
+// over the copy bandwidth).
+//
+// Times are medians of event-timed repetitions after warm-up; attention inputs rotate
+// between two sets larger than the L2 cache; every input is random (never zeros).
+//
+// Usage: bench_cuda [--quick]   (scripts/device-check.sh runs it on a GPU machine)
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/prefill_attention.h"
+#include "services/engine/cuda_llama_model.h"
+
+namespace cleave {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+void check(const absl::Status& s, const char* what) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
+    std::exit(1);
+  }
+}
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+template <typename T>
+T* deviceAlloc(size_t count) {
+  void* p = nullptr;
+  check(cudaMalloc(&p, count * sizeof(T)), "cudaMalloc");
+  return static_cast<T*>(p);
+}
+
+bf16* randomBf16(size_t count, uint64_t seed, float scale = 1.0f) {
+  bf16* p = deviceAlloc<bf16>(count);
+  check(cuda::fillUniform(p, static_cast<int64_t>(count), -scale, scale, seed, nullptr), "fill");
+  return p;
+}
+
+// Median milliseconds of `reps` runs of `run(i)` timed with events, after `warmup` runs.
+double medianMs(const std::function<void(int)>& run, int reps, int warmup = 3) {
+  for (int i = 0; i < warmup; ++i) run(i);
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  std::vector<float> times;
+  for (int i = 0; i < reps; ++i) {
+    check(cudaEventRecord(start), "record");
+    run(i);
+    check(cudaEventRecord(stop), "record");
+    check(cudaEventSynchronize(stop), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    times.push_back(ms);
+  }
+  check(cudaGetLastError(), "kernels");
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+struct Row {
+  std::string what;
+  double ms;
+  std::string rate;     // achieved
+  std::string ceiling;  // % of the measured ceiling
+  std::string target;
+};
+std::vector<Row> rows;
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
+
+double copyBandwidth(int reps) {
+  const size_t bytes = size_t{1} << 30;
+  void* a = deviceAlloc<uint8_t>(bytes);
+  void* b = deviceAlloc<uint8_t>(bytes);
+  check(cudaMemset(a, 0x5a, bytes), "memset");
+  const double ms =
+      medianMs([&](int) { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice); }, reps);
+  cudaFree(a);
+  cudaFree(b);
+  const double gbs = 2.0 * bytes / (ms * 1e-3) / 1e9;
+  rows.push_back(
+      {"copy 1 GiB device to device (read + write)", ms, fmt("%.0f GB/s", gbs), "ceiling", ""});
+  return gbs;
+}
+
+double matmulPeak(cuda::Gemm& gemm, int reps) {
+  const int64_t n = 8192;
+  bf16* x = randomBf16(n * n, 1);
+  bf16* w = randomBf16(n * n, 2, 0.01f);
+  bf16* y = deviceAlloc<bf16>(n * n);
+  const double ms = medianMs(
+      [&](int) {
+        check(gemm.run({.x = x,
+                        .x_stride = n,
+                        .w = w,
+                        .tokens = n,
+                        .out = n,
+                        .in = n,
+                        .y = y,
+                        .y_stride = n},
+                       nullptr),
+              "gemm");
+      },
+      reps);
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+  const double tflops = 2.0 * n * n * n / (ms * 1e-3) / 1e12;
+  rows.push_back({"bf16 matmul 8192^3 (cuBLASLt)", ms, fmt("%.0f TFLOP/s", tflops), "ceiling", ""});
+  return tflops;
+}
+
+struct AttentionShape {
+  int batch, context, heads, kv_heads, head_dim, block_size;
+};
+
+void decodeAttention(const AttentionShape& a, double copy_gbs, int sms, int reps,
+                     const char* target) {
+  const int blocks_per_seq = (a.context + a.block_size - 1) / a.block_size;
+  const size_t cache =
+      static_cast<size_t>(a.batch) * blocks_per_seq * a.kv_heads * a.block_size * a.head_dim;
+  bf16* k[2] = {randomBf16(cache, 11), randomBf16(cache, 12)};
+  bf16* v[2] = {randomBf16(cache, 13), randomBf16(cache, 14)};
+  bf16* q = randomBf16(static_cast<size_t>(a.batch) * a.heads * a.head_dim, 15);
+  bf16* out = deviceAlloc<bf16>(static_cast<size_t>(a.batch) * a.heads * a.head_dim);
+  std::vector<int32_t> tables(static_cast<size_t>(a.batch) * blocks_per_seq);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::vector<int32_t> lens(a.batch, a.context);
+  int32_t* dtables = deviceAlloc<int32_t>(tables.size());
+  int32_t* dlens = deviceAlloc<int32_t>(lens.size());
+  check(cudaMemcpy(dtables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "copy");
+  check(cudaMemcpy(dlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice), "copy");
+  auto plan = cuda::planDecodeAttention({.heads = a.heads,
+                                         .kv_heads = a.kv_heads,
+                                         .head_dim = a.head_dim,
+                                         .block_size = a.block_size,
+                                         .max_batch = a.batch,
+                                         .max_context = a.context,
+                                         .scale = 1.0f / std::sqrt(float(a.head_dim))},
+                                        sms);
+  check(plan.status(), "plan");
+  void* workspace = deviceAlloc<uint8_t>(std::max<size_t>(plan->workspace_bytes, 1));
+  const double ms = medianMs(
+      [&](int i) {
+        check(cuda::runDecodeAttention(*plan,
+                                       {.q = q,
+                                        .q_stride = a.heads * a.head_dim,
+                                        .k_cache = k[i % 2],
+                                        .v_cache = v[i % 2],
+                                        .block_tables = dtables,
+                                        .max_blocks_per_seq = blocks_per_seq,
+                                        .seq_lens = dlens,
+                                        .batch = a.batch,
+                                        .out = out,
+                                        .out_stride = a.heads * a.head_dim,
+                                        .workspace = workspace},
+                                       nullptr),
+              "decode attention");
+      },
+      reps);
+  const double bytes = 2.0 * a.batch * a.context * a.kv_heads * a.head_dim * sizeof(bf16) +
+                       2.0 * a.batch * a.heads * a.head_dim * sizeof(bf16);
+  const double gbs = bytes / (ms * 1e-3) / 1e9;
+  char what[160];
+  std::snprintf(what, sizeof(what), "decode attention b%d ctx%d %d/%d heads d%d page%d (%d parts)",
+                a.batch, a.context, a.heads, a.kv_heads, a.head_dim, a.block_size,
+                plan->partitions);
+  rows.push_back({what, ms, fmt("%.0f GB/s", gbs), fmt("%.0f%%", 100 * gbs / copy_gbs), target});
+  for (bf16* p : {k[0], k[1], v[0], v[1], q, out}) cudaFree(p);
+  cudaFree(dtables);
+  cudaFree(dlens);
+  cudaFree(workspace);
+}
+
+void prefillAttention(int tokens, double peak_tflops, int reps) {
+  const int heads = 32, kv_heads = 8, head_dim = 128, block_size = 16;
+  const int blocks = (tokens + block_size - 1) / block_size;
+  const size_t cache = static_cast<size_t>(blocks) * kv_heads * block_size * head_dim;
+  bf16* k = randomBf16(cache, 21);
+  bf16* v = randomBf16(cache, 22);
+  bf16* q = randomBf16(static_cast<size_t>(tokens) * heads * head_dim, 23);
+  bf16* out = deviceAlloc<bf16>(static_cast<size_t>(tokens) * heads * head_dim);
+  std::vector<int32_t> table(blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<int32_t> starts = {0, tokens}, context = {tokens};
+  int32_t* dtable = deviceAlloc<int32_t>(blocks);
+  int32_t* dstarts = deviceAlloc<int32_t>(2);
+  int32_t* dcontext = deviceAlloc<int32_t>(1);
+  check(cudaMemcpy(dtable, table.data(), blocks * 4, cudaMemcpyHostToDevice), "copy");
+  check(cudaMemcpy(dstarts, starts.data(), 8, cudaMemcpyHostToDevice), "copy");
+  check(cudaMemcpy(dcontext, context.data(), 4, cudaMemcpyHostToDevice), "copy");
+  auto plan = cuda::planPrefillAttention({.heads = heads,
+                                          .kv_heads = kv_heads,
+                                          .head_dim = head_dim,
+                                          .block_size = block_size,
+                                          .max_sequences = 1,
+                                          .max_new_tokens = tokens,
+                                          .scale = 1.0f / std::sqrt(float(head_dim))});
+  check(plan.status(), "plan");
+  const double ms = medianMs(
+      [&](int) {
+        check(cuda::runPrefillAttention(*plan,
+                                        {.q = q,
+                                         .q_stride = heads * head_dim,
+                                         .k_cache = k,
+                                         .v_cache = v,
+                                         .block_tables = dtable,
+                                         .max_blocks_per_seq = blocks,
+                                         .q_starts = dstarts,
+                                         .context_lens = dcontext,
+                                         .sequences = 1,
+                                         .out = out,
+                                         .out_stride = heads * head_dim},
+                                        nullptr),
+              "prefill attention");
+      },
+      reps);
+  // Causal: query i attends to i + 1 keys; QK^T and PV are 2 FLOPs per multiply-add each.
+  const double flops = 4.0 * head_dim * heads * (double(tokens) * (tokens + 1) / 2);
+  const double tflops = flops / (ms * 1e-3) / 1e12;
+  char what[128];
+  std::snprintf(what, sizeof(what), "prefill attention %d tokens causal 32/8 heads d128", tokens);
+  rows.push_back(
+      {what, ms, fmt("%.0f TFLOP/s", tflops), fmt("%.0f%%", 100 * tflops / peak_tflops), ">= 50%"});
+  for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
+                  static_cast<void*>(out), static_cast<void*>(dtable), static_cast<void*>(dstarts),
+                  static_cast<void*>(dcontext)})
+    cudaFree(p);
+}
+
+void decodeStep(double copy_gbs, bool quick) {
+  model::ModelConfig c;
+  c.architecture = model::Architecture::kLlama;
+  c.hidden_size = 4096;
+  c.intermediate_size = 14336;
+  c.num_layers = quick ? 8 : 32;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.vocab_size = 128256;
+  c.rope_theta = 500000;
+  c.rms_norm_eps = 1e-5;
+  const int batch = 16, context = 2048, steps = 30;
+  auto model = engine::CudaLlamaModel::createRandom(
+      c, {.max_step_tokens = context, .max_sequences = batch, .max_context = context + steps + 8},
+      7);
+  check(model.status(), "random model");
+  // Prefill every sequence to context - 1 positions, one sequence per step.
+  std::vector<std::vector<int32_t>> blocks(batch);
+  const int64_t per_seq = (context + steps + 8 + 15) / 16;
+  for (int s = 0; s < batch; ++s)
+    for (int64_t b = 0; b < per_seq; ++b)
+      blocks[s].push_back(static_cast<int32_t>(s * per_seq + b));
+  std::vector<uint32_t> prompt(context - 1);
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<uint32_t>((i * 7919) % c.vocab_size);
+  for (int s = 0; s < batch; ++s) {
+    engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks[s]};
+    check((*model)->forward({&chunk, 1}).status(), "prefill");
+  }
+  std::vector<std::vector<uint32_t>> next(batch, std::vector<uint32_t>{1});
+  std::vector<double> times;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<engine::SequenceChunk> chunks;
+    for (int s = 0; s < batch; ++s)
+      chunks.push_back({.tokens = next[s], .start = context - 1 + step, .blocks = blocks[s]});
+    const auto t0 = std::chrono::steady_clock::now();
+    auto logits = (*model)->forward(chunks);
+    const auto t1 = std::chrono::steady_clock::now();
+    check(logits.status(), "decode step");
+    if (step >= 5) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    for (int s = 0; s < batch; ++s) {
+      const float* row = logits->data() + int64_t{s} * c.vocab_size;
+      next[s] = {static_cast<uint32_t>(std::max_element(row, row + c.vocab_size) - row)};
+    }
+  }
+  std::sort(times.begin(), times.end());
+  const double ms = times[times.size() / 2];
+  // Roofline floor: weights once, every sequence's KV once, over the measured copy rate.
+  const double kv = 2.0 * batch * context * c.num_layers * c.num_kv_heads * c.head_dim * 2;
+  const double floor_ms = ((*model)->weightBytes() + kv) / (copy_gbs * 1e9) * 1e3;
+  char what[160];
+  std::snprintf(what, sizeof(what),
+                "decode step Llama-3-8B shape%s b%d ctx%d, graphs (floor %.2f ms)",
+                quick ? " (8 layers)" : "", batch, context, floor_ms);
+  rows.push_back(
+      {what, ms, fmt("%.2f ms", ms), fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 60%"});
+}
+
+}  // namespace
+}  // namespace cleave
+
+int main(int argc, char** argv) {
+  using namespace cleave;
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  auto devices = cuda::listDevices();
+  if (!devices.ok() || devices->empty()) {
+    std::fprintf(stderr, "bench_cuda: no CUDA device\n");
+    return 1;
+  }
+  const cuda::DeviceInfo& d = (*devices)[0];
+  std::printf("device: %s, sm_%d%d, %d SMs, %.0f GiB\n", d.name.c_str(), d.sm_major, d.sm_minor,
+              d.multiprocessors, d.total_memory_bytes / double(1 << 30));
+  auto gemm = cuda::Gemm::create();
+  check(gemm.status(), "gemm");
+  const int reps = quick ? 5 : 20;
+  const double copy = copyBandwidth(reps);
+  const double peak = matmulPeak(**gemm, reps);
+  decodeAttention({32, 4096, 32, 8, 128, 16}, copy, d.multiprocessors, reps, ">= 85%");
+  decodeAttention({32, 4096, 32, 8, 128, 64}, copy, d.multiprocessors, reps, "");
+  decodeAttention({1, 4096, 32, 8, 128, 16}, copy, d.multiprocessors, reps, "");
+  decodeAttention({64, 1024, 32, 8, 128, 16}, copy, d.multiprocessors, reps, "");
+  decodeAttention({16, 2048, 32, 4, 64, 16}, copy, d.multiprocessors, reps, "");
+  prefillAttention(4096, peak, reps);
+  prefillAttention(1024, peak, reps);
+  decodeStep(copy, quick);
+  std::printf("\n%-66s %10s %16s %14s %8s\n", "benchmark", "median ms", "achieved", "of ceiling",
+              "target");
+  for (const Row& r : rows)
+    std::printf("%-66s %10.3f %16s %14s %8s\n", r.what.c_str(), r.ms, r.rate.c_str(),
+                r.ceiling.c_str(), r.target.c_str());
+  return 0;
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The GPU check, in two halves.
+#
+#   scripts/device-check.sh [OUT]
+#       On a build machine (no GPU needed): builds the CUDA tests and benchmarks and puts
+#       them in one folder, OUT (default build/device-check, at most 64 MiB): bin/ (static
+#       CUDA runtime), lib/ (the shared libraries they load that a GPU machine need not have),
+#       data/ (the test models that fit), run.sh.
+#   OUT/run.sh
+#       On a GPU machine with the CUDA driver and PyTorch (none of our Debian packages):
+#       finds cuBLASLt and NCCL inside PyTorch's installation, runs every CUDA test, then
+#       the benchmarks (bench/cuda_bench.cc), and prints their table and the tests' results
+#       last. Logs go to $OUT when set, else OUT/logs. Finishes in under 8 minutes.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${1:-$root/build/device-check}"
+cd "$root"
+tests=(cuda_device_test cuda_elementwise_test cuda_gemm_test cuda_attention_test
+       nccl_communicator_test cuda_model_test)
+
+scripts/build.sh default
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib" "$out/data/engine/hf"
+for t in "${tests[@]}" bench_cuda; do
+  found="$(find build/default -type f -name "$t" -perm -u+x | head -1)"
+  [ -n "$found" ] || { echo "device-check: $t was not built (is nvcc in /usr/local/cuda?)" >&2; exit 1; }
+  cp "$found" "$out/bin/"
+  strip --strip-debug "$out/bin/$t"  # The GPU machine needs no debug info; the carry is small.
+done
+# Shared libraries from this machine's packages travel along; the C runtime, the driver and
+# the CUDA libraries PyTorch ships (cuBLASLt, NCCL) are the GPU machine's own.
+for bin in "$out"/bin/*; do
+  ldd "$bin" | awk '$3 ~ /^\// {print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) ;;
+    libcuda.so*|libcublas*|libnccl*|libcudart*) ;;
+    *) cp -L "$lib" "$out/lib/" ;;
+  esac
+done
+cp -r tests/golden/data/engine/hf/smollm2_like_f32 "$out/data/engine/hf/"
+cat > "$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs the CUDA tests and benchmarks of this folder (made by scripts/device-check.sh).
+set -u
+dir="$(cd "$(dirname "$0")" && pwd)"
+logs="${OUT:-$dir/logs}"
+mkdir -p "$logs"
+torch_libs="$(python3 - <<'PY'
+import glob, importlib.util, os
+found = set()
+for package in ("nvidia", "torch"):
+    spec = importlib.util.find_spec(package)
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for pattern in ("**/libcublasLt.so.*", "**/libnccl.so.*"):
+            for f in glob.glob(os.path.join(base, pattern), recursive=True):
+                found.add(os.path.dirname(f))
+print(":".join(sorted(found)))
+PY
+)"
+[ -n "$torch_libs" ] || { echo "run.sh: no cuBLASLt/NCCL found in python3's PyTorch" >&2; exit 1; }
+export LD_LIBRARY_PATH="$dir/lib:$torch_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export CLEAVE_GOLDEN_DIR="$dir/data" CLEAVE_MODEL_DIR="$dir/models"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>/dev/null || true
+results=()
+for t in cuda_device_test cuda_elementwise_test cuda_gemm_test cuda_attention_test \
+         nccl_communicator_test cuda_model_test; do
+  start=$(date +%s)
+  timeout 150 "$dir/bin/$t" > "$logs/$t.log" 2>&1
+  rc=$?
+  summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$t.log" | tr '\n' ' ')"
+  results+=("$(printf '%-24s rc=%-3s %3ss  %s' "$t" "$rc" "$(( $(date +%s) - start ))" "$summary")")
+  if [ "$rc" -ne 0 ]; then grep -E 'Failure|error|Expected|Which is|actual|FAILED' "$logs/$t.log" | head -20; fi
+  grep -E "relative L2|greedy|seeded" "$logs/$t.log" | head -5
+done
+timeout 300 "$dir/bin/bench_cuda" "$@" 2>&1 | tee "$logs/bench_cuda.log"
+echo "bench_cuda rc=${PIPESTATUS[0]}"
+echo
+printf '%s\n' "${results[@]}"
+RUN
+chmod +x "$out/run.sh"
+size=$(du -sm "$out" | cut -f1)
+echo "device-check: $out is ${size} MiB"
+if [ "$size" -gt 64 ]; then echo "device-check: over the 64 MiB a GPU machine takes" >&2; exit 1; fi
