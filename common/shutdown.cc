@@ -2,6 +2,10 @@
 
 #include <signal.h>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include <cerrno>
 #include <ctime>
 
@@ -40,6 +44,15 @@ std::optional<int> waitForShutdownSignal(std::optional<std::chrono::milliseconds
     if (signal > 0) return signal;
     if (errno == EAGAIN) return std::nullopt;
     // EINTR: another signal interrupted the wait; wait again.
+  }
+}
+
+int serveUntilShutdownSignal(std::chrono::milliseconds period) {
+  while (true) {
+    if (std::optional<int> signal = waitForShutdownSignal(period)) return *signal;
+#if defined(__GLIBC__)
+    malloc_trim(0);
+#endif
   }
 }
 

@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
 
   CLEAVE_LOG(INFO) << "cleave-router serving gRPC on port " << (*server)->port()
                    << ", metrics on port " << (*metrics)->port();
-  int signal = *cleave::waitForShutdownSignal();
+  int signal = cleave::serveUntilShutdownSignal();
   CLEAVE_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
   (*server)->shutdown(std::chrono::milliseconds(shutdown_grace_ms));
   CLEAVE_LOG(INFO) << "cleave-router stopped";

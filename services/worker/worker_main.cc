@@ -267,7 +267,7 @@ int run(int argc, char** argv) {
                      options.target_concurrency, transport.get(), keys),
         [&core] { return core.load(); });
   }
-  int signal = *waitForShutdownSignal();
+  int signal = serveUntilShutdownSignal();
   CLEAVE_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", draining";
   if (registered) {
     // No new work from now; what is running finishes here, up to --drain-timeout-ms.
