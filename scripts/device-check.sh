@@ -38,7 +38,10 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done
-cp -r tests/golden/data/engine/hf/smollm2_like_f32 "$out/data/engine/hf/"
+for m in llama_f32 llama3_rope_f32 llama_bf16 llama_fp8 smollm2_like_f32 qwen2_f32 qwen3_f32 \
+         qwen3_moe_f32; do
+  cp -r "tests/golden/data/engine/hf/$m" "$out/data/engine/hf/"
+done
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the CUDA tests and benchmarks of this folder (made by scripts/device-check.sh).

@@ -160,6 +160,8 @@ TEST(DecodeAttentionTest, MatchesCpuBackend) {
       {.head_dim = 128, .block_size = 64, .kv_heads = 2, .group = 8, .context = {200, 65, 4096}},
       {.head_dim = 128, .block_size = 32, .kv_heads = 1, .group = 1, .context = {17, 1000}},
       {.head_dim = 64, .block_size = 64, .kv_heads = 1, .group = 20, .context = {300, 5}},
+      {.head_dim = 16, .block_size = 16, .kv_heads = 2, .group = 2, .context = {1, 54, 97}},
+      {.head_dim = 32, .block_size = 16, .kv_heads = 1, .group = 4, .context = {300, 17}},
       {.head_dim = 128,
        .block_size = 16,
        .kv_heads = 4,

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
+#include "kernels/cuda/head_dim.h"
 #include "kernels/cuda/paged_tile.cuh"
 
 namespace cleave::cuda {
@@ -183,9 +184,6 @@ absl::Status allowSharedMemory() {
 
 absl::StatusOr<DecodeAttentionPlan> planDecodeAttention(const DecodeAttentionShape& shape,
                                                         int multiprocessors) {
-  if (shape.head_dim != 64 && shape.head_dim != 128)
-    return absl::InvalidArgumentError(
-        absl::StrCat("decode attention: head_dim ", shape.head_dim, " (supported: 64, 128)"));
   if (shape.block_size < 1 || (shape.block_size & (shape.block_size - 1)) != 0)
     return absl::InvalidArgumentError(
         absl::StrCat("decode attention: block_size ", shape.block_size, " is not a power of two"));
@@ -211,7 +209,9 @@ absl::StatusOr<DecodeAttentionPlan> planDecodeAttention(const DecodeAttentionSha
     const size_t slots = static_cast<size_t>(shape.max_batch) * plan.partitions * shape.heads;
     plan.workspace_bytes = slots * (shape.head_dim + 1) * sizeof(float);
   }
-  absl::Status allowed = shape.head_dim == 64 ? allowSharedMemory<64>() : allowSharedMemory<128>();
+  absl::Status allowed = withHeadDim(shape.head_dim, "decode attention", [](auto d) {
+    return allowSharedMemory<decltype(d)::value>();
+  });
   if (!allowed.ok()) return allowed;
   return plan;
 }
@@ -237,8 +237,8 @@ absl::Status runDecodeAttention(const DecodeAttentionPlan& plan, const DecodeAtt
                                                   plan.partitions * plan.shape.heads *
                                                   plan.shape.head_dim;
   }
-  return plan.shape.head_dim == 64 ? launch<64>(plan, params, stream)
-                                   : launch<128>(plan, params, stream);
+  return withHeadDim(plan.shape.head_dim, "decode attention",
+                     [&](auto d) { return launch<decltype(d)::value>(plan, params, stream); });
 }
 
 }  // namespace cleave::cuda

@@ -7,8 +7,8 @@
 //
 // Shared-memory tiles are [rows][D] bf16 in 16-byte chunks, chunk c of row r stored at
 // chunk position c ^ (r % 8): the eight rows an ldmatrix reads at one logical chunk then
-// land in eight different bank groups (D / 8 >= 8 chunks per row, so the XOR stays inside
-// the row).
+// land in eight different bank groups. Rows of fewer than 8 chunks (head_dim 16, 32) XOR
+// with r % chunks and keep a 2- or 4-way conflict; the XOR always stays inside the row.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,8 +24,10 @@ using bf16 = __nv_bfloat16;
 // Element offset of chunk `chunk` of row `row` in a swizzled [rows][D] tile.
 template <int D>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
-  static_assert(D % 64 == 0, "rows need at least 8 chunks of 16 bytes");
-  return (row * (D / 8) + (chunk ^ (row & 7))) * 8;
+  static_assert(D % 16 == 0, "rows are whole k-steps of 16 elements");
+  constexpr int kChunks = D / 8;
+  constexpr int kMask = (kChunks < 8 ? kChunks : 8) - 1;  // Rows shorter than 128 B: fewer.
+  return (row * kChunks + (chunk ^ (row & kMask))) * 8;
 }
 
 // Starts copying positions [first, first + Rows) of kv head `kv_head` into `tile`; positions

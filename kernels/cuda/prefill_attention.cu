@@ -1,5 +1,6 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/head_dim.h"
 #include "kernels/cuda/paged_tile.cuh"
 #include "kernels/cuda/prefill_attention.h"
 
@@ -63,9 +64,8 @@ __global__ void __launch_bounds__(kThreads) prefillAttentionKernel(const Prefill
 
   const int g = lane / 4;
   const int t = lane % 4;
-  // Positions of this lane's two query rows.
-  const int query_pos[2] = {first_position + row0 + warp * 16 + g,
-                            first_position + row0 + warp * 16 + g + 8};
+  // Position of this lane's first query row (the second is 8 rows on).
+  const int query_pos = first_position + row0 + warp * 16 + g;
   uint32_t q[D / 16][4];
   float acc[D / 8][4] = {};
   OnlineSoftmax softmax;
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) prefillAttentionKernel(const Prefill
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = first + n * 8 + 2 * t + (e & 1);
-        s[n][e] = key <= query_pos[e >> 1] && key < end ? s[n][e] * p.scale_log2 : -INFINITY;
+        s[n][e] = key <= query_pos + 8 * (e >> 1) && key < end ? s[n][e] * p.scale_log2 : -INFINITY;
       }
     float rescale[2];
     softmax.update<kTile / 8>(s, rescale);
@@ -135,9 +135,6 @@ absl::Status launch(const PrefillAttentionPlan& plan, const PrefillParams& param
 }  // namespace
 
 absl::StatusOr<PrefillAttentionPlan> planPrefillAttention(const PrefillAttentionShape& shape) {
-  if (shape.head_dim != 64 && shape.head_dim != 128)
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefill attention: head_dim ", shape.head_dim, " (supported: 64, 128)"));
   if (shape.block_size < 1 || (shape.block_size & (shape.block_size - 1)) != 0)
     return absl::InvalidArgumentError(
         absl::StrCat("prefill attention: block_size ", shape.block_size, " is not a power of two"));
@@ -148,7 +145,9 @@ absl::StatusOr<PrefillAttentionPlan> planPrefillAttention(const PrefillAttention
   if (shape.max_sequences < 1 || shape.max_new_tokens < 1)
     return absl::InvalidArgumentError(
         "prefill attention: max_sequences and max_new_tokens must be >= 1");
-  absl::Status allowed = shape.head_dim == 64 ? allowSharedMemory<64>() : allowSharedMemory<128>();
+  absl::Status allowed = withHeadDim(shape.head_dim, "prefill attention", [](auto d) {
+    return allowSharedMemory<decltype(d)::value>();
+  });
   if (!allowed.ok()) return allowed;
   return PrefillAttentionPlan{.shape = shape,
                               .query_tiles = (shape.max_new_tokens + kRows - 1) / kRows};
@@ -165,8 +164,8 @@ absl::Status runPrefillAttention(const PrefillAttentionPlan& plan, const Prefill
       .kv_heads = plan.shape.kv_heads,
       .block_shift = __builtin_ctz(static_cast<unsigned>(plan.shape.block_size)),
       .scale_log2 = plan.shape.scale * kLog2e};
-  return plan.shape.head_dim == 64 ? launch<64>(plan, params, stream)
-                                   : launch<128>(plan, params, stream);
+  return withHeadDim(plan.shape.head_dim, "prefill attention",
+                     [&](auto d) { return launch<decltype(d)::value>(plan, params, stream); });
 }
 
 }  // namespace cleave::cuda

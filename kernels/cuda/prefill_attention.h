@@ -24,7 +24,7 @@ namespace cleave::cuda {
 struct PrefillAttentionShape {
   int heads = 0;
   int kv_heads = 0;
-  int head_dim = 0;     // 64 or 128
+  int head_dim = 0;     // 16, 32, 64 or 128
   int block_size = 16;  // a power of two
   int max_sequences = 0;
   int max_new_tokens = 0;  // the most new tokens of one sequence in a step
