@@ -15,7 +15,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/build/device-check}"
 cd "$root"
-tests=(cuda_device_test cuda_elementwise_test cuda_gemm_test cuda_attention_test
+tests=(cuda_device_test cuda_elementwise_test cuda_sampling_test cuda_gemm_test cuda_attention_test
        nccl_communicator_test cuda_model_test)
 
 scripts/build.sh default
@@ -66,7 +66,7 @@ export LD_LIBRARY_PATH="$dir/lib:$torch_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 export CLEAVE_GOLDEN_DIR="$dir/data" CLEAVE_MODEL_DIR="$dir/models"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>/dev/null || true
 results=()
-for t in cuda_device_test cuda_elementwise_test cuda_gemm_test cuda_attention_test \
+for t in cuda_device_test cuda_elementwise_test cuda_sampling_test cuda_gemm_test cuda_attention_test \
          nccl_communicator_test cuda_model_test; do
   start=$(date +%s)
   timeout 150 "$dir/bin/$t" > "$logs/$t.log" 2>&1

@@ -1,0 +1,174 @@
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cfloat>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/sampling.h"
+
+namespace cleave::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+using Reduce = cub::BlockReduce<float, kThreads>;
+using CountReduce = cub::BlockReduce<int, kThreads>;
+using Scan = cub::BlockScan<float, kThreads>;
+
+struct Shared {
+  union {
+    Reduce::TempStorage reduce;
+    CountReduce::TempStorage count;
+    Scan::TempStorage scan;
+  };
+  float value;
+  int count_value;
+  int token;
+};
+
+// Float order as unsigned order (so a threshold can be searched bit by bit).
+__device__ __forceinline__ uint32_t orderKey(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  return bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+}
+__device__ __forceinline__ float fromKey(uint32_t key) {
+  return __uint_as_float(key & 0x80000000u ? key & 0x7fffffffu : ~key);
+}
+
+__device__ __forceinline__ uint64_t mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__device__ float blockMax(float v, Shared& s) {
+  const float m = Reduce(s.reduce).Reduce(v, [](float a, float b) { return fmaxf(a, b); });
+  if (threadIdx.x == 0) s.value = m;
+  __syncthreads();
+  const float result = s.value;
+  __syncthreads();
+  return result;
+}
+__device__ float blockSum(float v, Shared& s) {
+  const float total = Reduce(s.reduce).Sum(v);
+  if (threadIdx.x == 0) s.value = total;
+  __syncthreads();
+  const float result = s.value;
+  __syncthreads();
+  return result;
+}
+__device__ int blockCount(int v, Shared& s) {
+  const int total = CountReduce(s.count).Sum(v);
+  if (threadIdx.x == 0) s.count_value = total;
+  __syncthreads();
+  const int result = s.count_value;
+  __syncthreads();
+  return result;
+}
+
+// One block per row.
+__global__ void __launch_bounds__(kThreads)
+    sampleKernel(const float* logits, int64_t stride, int vocab, const SamplingRow* params,
+                 int32_t* ids) {
+  __shared__ Shared s;
+  const float* row = logits + blockIdx.x * stride;
+  const SamplingRow p = params[blockIdx.x];
+
+  float local_max = -FLT_MAX;
+  int local_index = 0;
+  for (int i = threadIdx.x; i < vocab; i += kThreads) {
+    if (row[i] > local_max) {
+      local_max = row[i];
+      local_index = i;
+    }
+  }
+  const float top = blockMax(local_max, s);
+  // The lowest index holding the maximum: the greedy token and the fallback draw.
+  if (threadIdx.x == 0) s.token = vocab;
+  __syncthreads();
+  if (local_max == top) atomicMin(&s.token, local_index);
+  __syncthreads();
+  const int argmax = s.token;
+  if (p.temperature <= 0.0f) {
+    if (threadIdx.x == 0) ids[blockIdx.x] = argmax;
+    return;
+  }
+  const float inv_t = 1.0f / p.temperature;
+  auto weight = [&](float x) { return __expf((x - top) * inv_t); };
+
+  // Keep x >= threshold. top_k: the k-th largest value, found bit by bit on its key.
+  float threshold = -FLT_MAX;
+  if (p.top_k > 0 && p.top_k < vocab) {
+    uint32_t key = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t candidate = key | (1u << bit);
+      int count = 0;
+      for (int i = threadIdx.x; i < vocab; i += kThreads) count += orderKey(row[i]) >= candidate;
+      if (blockCount(count, s) >= p.top_k) key = candidate;
+    }
+    threshold = fromKey(key);
+  }
+  // top_p over what top_k kept: the largest value whose kept-and-above mass reaches top_p.
+  if (p.top_p < 1.0f) {
+    float mass = 0.0f;
+    for (int i = threadIdx.x; i < vocab; i += kThreads)
+      if (row[i] >= threshold) mass += weight(row[i]);
+    const float wanted = p.top_p * blockSum(mass, s);
+    // Candidates at or below the top_k threshold hold the whole kept mass, so the search
+    // from 0 ends at or above it.
+    uint32_t key = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t candidate = key | (1u << bit);
+      if (isnan(fromKey(candidate))) continue;  // Above +inf: nothing is kept there.
+      const float bound = fmaxf(threshold, fromKey(candidate));
+      float above = 0.0f;
+      for (int i = threadIdx.x; i < vocab; i += kThreads)
+        if (row[i] >= bound) above += weight(row[i]);
+      if (blockSum(above, s) >= wanted) key = candidate;
+    }
+    threshold = fmaxf(threshold, fromKey(key));
+  }
+  if (p.min_p > 0.0f) threshold = fmaxf(threshold, top + p.temperature * __logf(p.min_p));
+
+  // Draw: each thread owns a contiguous run of the vocabulary; the scan of their masses
+  // says whose run holds the draw.
+  const int run = (vocab + kThreads - 1) / kThreads;
+  const int begin = min(vocab, static_cast<int>(threadIdx.x) * run);
+  const int end = min(vocab, begin + run);
+  float mine = 0.0f;
+  for (int i = begin; i < end; ++i)
+    if (row[i] >= threshold) mine += weight(row[i]);
+  float before = 0.0f, total = 0.0f;
+  Scan(s.scan).ExclusiveSum(mine, before, total);
+  __syncthreads();
+  const uint64_t bits = mix(p.seed ^ mix(p.index));
+  const float u = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f) * total;
+  if (threadIdx.x == 0) s.token = vocab;
+  __syncthreads();
+  if (u >= before && u < before + mine) {
+    float running = before;
+    int chosen = -1;
+    for (int i = begin; i < end && chosen < 0; ++i) {
+      if (row[i] < threshold) continue;
+      running += weight(row[i]);
+      if (u < running) chosen = i;
+    }
+    if (chosen >= 0) atomicMin(&s.token, chosen);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) ids[blockIdx.x] = s.token < vocab ? s.token : argmax;
+}
+
+}  // namespace
+
+absl::Status sampleTokens(const float* logits, int64_t stride, int64_t rows, int64_t vocab,
+                          const SamplingRow* params, int32_t* ids, cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  if (vocab < 1 || vocab > INT32_MAX)
+    return absl::InvalidArgumentError("sample: vocab must be in [1, 2^31)");
+  sampleKernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      logits, stride, static_cast<int>(vocab), params, ids);
+  return launchStatus("sample");
+}
+
+}  // namespace cleave::cuda

@@ -1,0 +1,34 @@
+// Drawing the next token of each row on the GPU, the sampler's truncations in the same
+// order as the CPU's (services/engine/sampler.h): temperature 0 is greedy (argmax);
+// otherwise softmax(logits / temperature), keep the top_k, then the smallest set whose
+// probability reaches top_p, then drop tokens below min_p x the top probability, and draw.
+// Ties at a truncation boundary are all kept.
+//
+// Row r draws with a generator keyed by (seed, index): the same key gives the same token.
+// The generator is not the CPU sampler's, so the GPU's draws are its own. Penalties
+// (repetition, presence, frequency) are applied to the logits before, by the caller.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace cleave::cuda {
+
+struct SamplingRow {
+  float temperature = 0.0f;  // <= 0: greedy
+  int32_t top_k = 0;         // 0: off
+  float top_p = 1.0f;        // (0, 1]; 1: off
+  float min_p = 0.0f;        // [0, 1]; 0: off
+  uint64_t seed = 0;
+  uint64_t index = 0;  // which draw of the sequence (its output token count)
+};
+
+// ids[r] for rows r < rows of logits [rows][vocab] (row stride `stride`); `params` is
+// device memory, one SamplingRow per row.
+absl::Status sampleTokens(const float* logits, int64_t stride, int64_t rows, int64_t vocab,
+                          const SamplingRow* params, int32_t* ids, cudaStream_t stream);
+
+}  // namespace cleave::cuda

@@ -1,0 +1,149 @@
+// The GPU sampler: greedy equals argmax; draws follow softmax(logits / temperature)
+// restricted by top_k, top_p and min_p (frequencies over many draws against the
+// probabilities computed here in double, within 5 sigma); nothing outside the kept set is
+// ever drawn on a full-size vocabulary; the same (seed, index) gives the same token.
+#include "kernels/cuda/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cuda/cuda_test_util.h"
+
+namespace cleave::cuda {
+namespace {
+
+using testing::DeviceBuffer;
+
+// The kept set and its probabilities, by the sampler's rules, in double.
+std::vector<double> keptProbabilities(const std::vector<float>& logits, const SamplingRow& p) {
+  const size_t n = logits.size();
+  std::vector<double> w(n);
+  const double top = *std::max_element(logits.begin(), logits.end());
+  for (size_t i = 0; i < n; ++i) w[i] = std::exp((logits[i] - top) / p.temperature);
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+  std::vector<bool> keep(n, true);
+  if (p.top_k > 0)
+    for (size_t r = p.top_k; r < n; ++r)
+      if (logits[order[r]] < logits[order[p.top_k - 1]]) keep[order[r]] = false;
+  if (p.top_p < 1) {
+    double total = 0;
+    for (size_t i = 0; i < n; ++i) total += keep[i] ? w[i] : 0;
+    double running = 0;
+    float last = 0;
+    bool reached = false;
+    for (size_t r = 0; r < n; ++r) {
+      const size_t i = order[r];
+      if (!keep[i]) continue;
+      if (reached && logits[i] < last) keep[i] = false;
+      if (!reached) {
+        running += w[i];
+        last = logits[i];
+        reached = running >= p.top_p * total;
+      }
+    }
+  }
+  if (p.min_p > 0)
+    for (size_t i = 0; i < n; ++i)
+      if (w[i] < p.min_p) keep[i] = false;
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) total += keep[i] ? w[i] : 0;
+  std::vector<double> prob(n);
+  for (size_t i = 0; i < n; ++i) prob[i] = keep[i] ? w[i] / total : 0;
+  return prob;
+}
+
+std::vector<int32_t> draw(const std::vector<float>& logits_rows, int64_t vocab,
+                          const std::vector<SamplingRow>& rows) {
+  DeviceBuffer<float> logits(logits_rows);
+  DeviceBuffer<SamplingRow> params(rows);
+  DeviceBuffer<int32_t> ids(rows.size());
+  EXPECT_TRUE(sampleTokens(logits.get(), vocab, static_cast<int64_t>(rows.size()), vocab,
+                           params.get(), ids.get(), nullptr)
+                  .ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return ids.copyToHost();
+}
+
+TEST(SamplingTest, FrequenciesFollowTheTruncatedDistribution) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  std::normal_distribution<float> dist(0, 1.5f);
+  const int64_t vocab = 12;
+  std::vector<float> logits(vocab);
+  for (float& x : logits) x = dist(rng);
+  const int draws = 40000;
+  for (SamplingRow p :
+       {SamplingRow{.temperature = 0.7f}, SamplingRow{.temperature = 1.3f, .top_k = 3},
+        SamplingRow{.temperature = 1.0f, .top_p = 0.6f},
+        SamplingRow{.temperature = 1.0f, .top_k = 6, .top_p = 0.8f, .min_p = 0.1f},
+        SamplingRow{.temperature = 2.0f, .min_p = 0.3f}}) {
+    SCOPED_TRACE(::testing::Message() << "T " << p.temperature << " top_k " << p.top_k << " top_p "
+                                      << p.top_p << " min_p " << p.min_p);
+    std::vector<float> rows;
+    std::vector<SamplingRow> params;
+    for (int d = 0; d < draws; ++d) {
+      rows.insert(rows.end(), logits.begin(), logits.end());
+      SamplingRow q = p;
+      q.seed = rng();
+      q.index = static_cast<uint64_t>(d);
+      params.push_back(q);
+    }
+    const std::vector<int32_t> ids = draw(rows, vocab, params);
+    const std::vector<double> prob = keptProbabilities(logits, p);
+    std::vector<int> counts(vocab, 0);
+    for (int32_t id : ids) {
+      ASSERT_GE(id, 0);
+      ASSERT_LT(id, vocab);
+      ++counts[id];
+    }
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (prob[i] == 0) {
+        EXPECT_EQ(counts[i], 0) << "token " << i << " is outside the kept set";
+        continue;
+      }
+      const double expected = prob[i] * draws;
+      const double sigma = std::sqrt(draws * prob[i] * (1 - prob[i]));
+      EXPECT_NEAR(counts[i], expected, 5 * sigma + 1) << "token " << i;
+    }
+  }
+}
+
+TEST(SamplingTest, GreedyAndSeededDrawsOnAFullVocabulary) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  std::normal_distribution<float> dist(0, 4);
+  const int64_t vocab = 49152 + 5, rows = 16;
+  std::vector<float> logits(rows * vocab);
+  for (float& x : logits) x = dist(rng);
+  std::vector<SamplingRow> params(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    params[r] = {.temperature = r % 4 == 0 ? 0.0f : 0.9f,
+                 .top_k = r % 3 == 0 ? 50 : 0,
+                 .top_p = r % 2 == 0 ? 0.9f : 1.0f,
+                 .min_p = r % 5 == 0 ? 0.05f : 0.0f,
+                 .seed = 1234 + static_cast<uint64_t>(r),
+                 .index = 7};
+  const std::vector<int32_t> first = draw(logits, vocab, params);
+  EXPECT_EQ(draw(logits, vocab, params), first) << "same (seed, index), same tokens";
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> row(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+    if (params[r].temperature == 0) {
+      EXPECT_EQ(first[r], std::max_element(row.begin(), row.end()) - row.begin()) << "row " << r;
+      continue;
+    }
+    EXPECT_GT(keptProbabilities(row, params[r])[first[r]], 0) << "row " << r;
+  }
+  for (SamplingRow& p : params) p.index += 1;
+  EXPECT_NE(draw(logits, vocab, params), first) << "the next draw index changes something";
+}
+
+}  // namespace
+}  // namespace cleave::cuda
