@@ -142,6 +142,7 @@ double matmulPeak(cuda::Gemm& gemm, int reps) {
 
 struct AttentionShape {
   int batch, context, heads, kv_heads, head_dim, block_size;
+  cuda::KvDtype kv = cuda::KvDtype::kBf16;
 };
 
 void decodeAttention(const AttentionShape& a, double copy_gbs, int sms, int reps,
@@ -149,8 +150,12 @@ void decodeAttention(const AttentionShape& a, double copy_gbs, int sms, int reps
   const int blocks_per_seq = (a.context + a.block_size - 1) / a.block_size;
   const size_t cache =
       static_cast<size_t>(a.batch) * blocks_per_seq * a.kv_heads * a.block_size * a.head_dim;
-  bf16* k[2] = {randomBf16(cache, 11), randomBf16(cache, 12)};
-  bf16* v[2] = {randomBf16(cache, 13), randomBf16(cache, 14)};
+  // e4m3 caches are timed on random bytes as they are (their bf16 fill read as e4m3 pairs):
+  // half the bytes of the bf16 ones.
+  const bool fp8 = a.kv == cuda::KvDtype::kFp8E4M3;
+  const size_t fill = fp8 ? cache / 2 : cache;
+  bf16* k[2] = {randomBf16(fill, 11), randomBf16(fill, 12)};
+  bf16* v[2] = {randomBf16(fill, 13), randomBf16(fill, 14)};
   bf16* q = randomBf16(static_cast<size_t>(a.batch) * a.heads * a.head_dim, 15);
   bf16* out = deviceAlloc<bf16>(static_cast<size_t>(a.batch) * a.heads * a.head_dim);
   std::vector<int32_t> tables(static_cast<size_t>(a.batch) * blocks_per_seq);
@@ -166,7 +171,8 @@ void decodeAttention(const AttentionShape& a, double copy_gbs, int sms, int reps
                                          .block_size = a.block_size,
                                          .max_batch = a.batch,
                                          .max_context = a.context,
-                                         .scale = 1.0f / std::sqrt(float(a.head_dim))},
+                                         .scale = 1.0f / std::sqrt(float(a.head_dim)),
+                                         .kv_dtype = a.kv},
                                         sms);
   check(plan.status(), "plan");
   void* workspace = deviceAlloc<uint8_t>(std::max<size_t>(plan->workspace_bytes, 1));
@@ -188,13 +194,14 @@ void decodeAttention(const AttentionShape& a, double copy_gbs, int sms, int reps
               "decode attention");
       },
       reps);
-  const double bytes = 2.0 * a.batch * a.context * a.kv_heads * a.head_dim * sizeof(bf16) +
+  const double bytes = 2.0 * a.batch * a.context * a.kv_heads * a.head_dim * (fp8 ? 1 : 2) +
                        2.0 * a.batch * a.heads * a.head_dim * sizeof(bf16);
   const double gbs = bytes / (ms * 1e-3) / 1e9;
   char what[160];
-  std::snprintf(what, sizeof(what), "decode attention b%d ctx%d %d/%d heads d%d page%d (%d parts)",
-                a.batch, a.context, a.heads, a.kv_heads, a.head_dim, a.block_size,
-                plan->partitions);
+  std::snprintf(what, sizeof(what),
+                "decode attention %s b%d ctx%d %d/%d heads d%d page%d (%d parts)",
+                fp8 ? "e4m3" : "bf16", a.batch, a.context, a.heads, a.kv_heads, a.head_dim,
+                a.block_size, plan->partitions);
   rows.push_back({what, ms, fmt("%.0f GB/s", gbs), fmt("%.0f%%", 100 * gbs / copy_gbs), target});
   for (bf16* p : {k[0], k[1], v[0], v[1], q, out}) cudaFree(p);
   cudaFree(dtables);
@@ -341,6 +348,8 @@ int main(int argc, char** argv) {
   decodeAttention({1, 4096, 32, 8, 128, 16}, copy, d.multiprocessors, reps, "");
   decodeAttention({64, 1024, 32, 8, 128, 16}, copy, d.multiprocessors, reps, "");
   decodeAttention({16, 2048, 32, 4, 64, 16}, copy, d.multiprocessors, reps, "");
+  decodeAttention({32, 4096, 32, 8, 128, 16, cuda::KvDtype::kFp8E4M3}, copy, d.multiprocessors,
+                  reps, "");
   prefillAttention(4096, peak, reps);
   prefillAttention(1024, peak, reps);
   decodeStep(copy, quick);

@@ -1,12 +1,14 @@
 // Decode and prefill attention on the GPU against the CPU backend's attention
 // (kernels/cpu/attention.h) on the same bf16 inputs, over awkward context lengths, page
-// sizes, head dims and GQA groups. bf16 tolerance: relative L2 error <= 1e-2 (P is
-// rounded to bf16 before P·V, the output is bf16), no NaN, every output written.
+// sizes, head dims, GQA groups and cache types (bf16, e4m3 with per-tensor scales). bf16 tolerance:
+// relative L2 error <= 1e-2 (P is rounded to bf16 before P·V, the output is bf16), no NaN, every
+// output written.
 #include <algorithm>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include <cuda_fp8.h>
 #include <gtest/gtest.h>
 
 #include "kernels/cpu/attention.h"
@@ -28,14 +30,39 @@ struct Case {
   int group;
   std::vector<int> context;          // per sequence
   std::vector<int> new_tokens = {};  // prefill only: how many of the context are new
+  KvDtype kv = KvDtype::kBf16;
 };
 
-// A paged cache holding every sequence's context in shuffled blocks.
+// Scales of the e4m3 cases: values in [-1, 1) stored as value / scale.
+constexpr float kKScale = 0.07f, kVScale = 0.05f;
+
+// A paged cache holding every sequence's context in shuffled blocks: the bytes the GPU
+// reads (bf16, or e4m3 with kKScale / kVScale) and the values they stand for.
 struct PagedCache {
   int max_blocks_per_seq = 0;
-  std::vector<int32_t> tables;  // [seqs][max_blocks_per_seq]
-  std::vector<bf16> k, v;       // [blocks][kv_heads][block_size][head_dim]
+  std::vector<int32_t> tables;            // [seqs][max_blocks_per_seq]
+  std::vector<uint8_t> k_bytes, v_bytes;  // [blocks][kv_heads][block_size][head_dim]
+  std::vector<float> k, v;                // what they hold
 };
+
+void fillCache(KvDtype kv, float scale, size_t elements, std::mt19937& rng,
+               std::vector<uint8_t>& bytes, std::vector<float>& values) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  values.resize(elements);
+  if (kv == KvDtype::kBf16) {
+    std::vector<bf16> stored = testing::randomBf16(elements, rng);
+    values = testing::toFloat(stored);
+    bytes.assign(reinterpret_cast<uint8_t*>(stored.data()),
+                 reinterpret_cast<uint8_t*>(stored.data() + elements));
+    return;
+  }
+  bytes.resize(elements);
+  for (size_t i = 0; i < elements; ++i) {
+    bytes[i] = __nv_cvt_float_to_fp8(dist(rng) / scale, __NV_SATFINITE, __NV_E4M3);
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(bytes[i], __NV_E4M3);
+    values[i] = __half2float(__half(h)) * scale;
+  }
+}
 
 PagedCache makeCache(const Case& c, std::mt19937& rng) {
   PagedCache cache;
@@ -55,8 +82,8 @@ PagedCache makeCache(const Case& c, std::mt19937& rng) {
     for (int b = 0; b < (c.context[s] + c.block_size - 1) / c.block_size; ++b)
       cache.tables[s * cache.max_blocks_per_seq + b] = order[next++];
   const size_t elements = static_cast<size_t>(total) * c.kv_heads * c.block_size * c.head_dim;
-  cache.k = testing::randomBf16(elements, rng);
-  cache.v = testing::randomBf16(elements, rng);
+  fillCache(c.kv, kKScale, elements, rng, cache.k_bytes, cache.k);
+  fillCache(c.kv, kVScale, elements, rng, cache.v_bytes, cache.v);
   return cache;
 }
 
@@ -66,8 +93,7 @@ std::vector<float> cpuReference(const Case& c, const PagedCache& cache, const st
                                 const std::vector<int>& seq_of,
                                 const std::vector<int32_t>& positions) {
   const int heads = c.kv_heads * c.group;
-  std::vector<float> qf = testing::toFloat(q), kf = testing::toFloat(cache.k),
-                     vf = testing::toFloat(cache.v);
+  std::vector<float> qf = testing::toFloat(q);
   std::vector<const int32_t*> tables;
   for (int s : seq_of) tables.push_back(cache.tables.data() + s * cache.max_blocks_per_seq);
   const int64_t tokens = static_cast<int64_t>(seq_of.size());
@@ -78,8 +104,8 @@ std::vector<float> cpuReference(const Case& c, const PagedCache& cache, const st
                   .tokens = tokens,
                   .positions = positions.data(),
                   .block_tables = tables.data(),
-                  .k_pool = kf.data(),
-                  .v_pool = vf.data(),
+                  .k_pool = cache.k.data(),
+                  .v_pool = cache.v.data(),
                   .block_size = c.block_size,
                   .heads = heads,
                   .kv_heads = c.kv_heads,
@@ -94,7 +120,8 @@ std::vector<float> cpuReference(const Case& c, const PagedCache& cache, const st
 std::string describe(const Case& c) {
   std::string s = "head_dim " + std::to_string(c.head_dim) + ", block " +
                   std::to_string(c.block_size) + ", kv_heads " + std::to_string(c.kv_heads) +
-                  ", group " + std::to_string(c.group) + ", contexts";
+                  ", group " + std::to_string(c.group) +
+                  (c.kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16") + ", contexts";
   for (int len : c.context) s += " " + std::to_string(len);
   return s;
 }
@@ -127,7 +154,8 @@ void checkDecode(const Case& c, uint32_t seed) {
                            .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))},
                           multiprocessors());
   ASSERT_TRUE(plan.ok()) << plan.status();
-  DeviceBuffer<bf16> dq(q), dk(cache.k), dv(cache.v), dout(q.size());
+  DeviceBuffer<bf16> dq(q), dout(q.size());
+  DeviceBuffer<uint8_t> dk(cache.k_bytes), dv(cache.v_bytes);
   DeviceBuffer<int32_t> dtables(cache.tables),
       dlens(std::vector<int32_t>(c.context.begin(), c.context.end()));
   DeviceBuffer<uint8_t> workspace(std::max<size_t>(plan->workspace_bytes, 1));
@@ -136,6 +164,8 @@ void checkDecode(const Case& c, uint32_t seed) {
                                          .q_stride = heads * c.head_dim,
                                          .k_cache = dk.get(),
                                          .v_cache = dv.get(),
+                                         .k_scale = c.kv == KvDtype::kFp8E4M3 ? kKScale : 1.0f,
+                                         .v_scale = c.kv == KvDtype::kFp8E4M3 ? kVScale : 1.0f,
                                          .block_tables = dtables.get(),
                                          .max_blocks_per_seq = cache.max_blocks_per_seq,
                                          .seq_lens = dlens.get(),
@@ -162,6 +192,18 @@ TEST(DecodeAttentionTest, MatchesCpuBackend) {
       {.head_dim = 64, .block_size = 64, .kv_heads = 1, .group = 20, .context = {300, 5}},
       {.head_dim = 16, .block_size = 16, .kv_heads = 2, .group = 2, .context = {1, 54, 97}},
       {.head_dim = 32, .block_size = 16, .kv_heads = 1, .group = 4, .context = {300, 17}},
+      {.head_dim = 128,
+       .block_size = 16,
+       .kv_heads = 8,
+       .group = 4,
+       .context = {1, 97, 4133},
+       .kv = KvDtype::kFp8E4M3},
+      {.head_dim = 64,
+       .block_size = 64,
+       .kv_heads = 2,
+       .group = 3,
+       .context = {54, 700},
+       .kv = KvDtype::kFp8E4M3},
       {.head_dim = 128,
        .block_size = 16,
        .kv_heads = 4,
@@ -229,9 +271,11 @@ void checkPrefill(const Case& c, uint32_t seed) {
        .block_size = c.block_size,
        .max_sequences = sequences,
        .max_new_tokens = *std::max_element(c.new_tokens.begin(), c.new_tokens.end()),
-       .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))});
+       .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+       .kv_dtype = c.kv});
   ASSERT_TRUE(plan.ok()) << plan.status();
-  DeviceBuffer<bf16> dq(q), dk(cache.k), dv(cache.v), dout(q.size());
+  DeviceBuffer<bf16> dq(q), dout(q.size());
+  DeviceBuffer<uint8_t> dk(cache.k_bytes), dv(cache.v_bytes);
   DeviceBuffer<int32_t> dtables(cache.tables), dstarts(q_starts),
       dcontext(std::vector<int32_t>(c.context.begin(), c.context.end()));
   absl::Status run = runPrefillAttention(*plan,
@@ -239,6 +283,8 @@ void checkPrefill(const Case& c, uint32_t seed) {
                                           .q_stride = heads * c.head_dim,
                                           .k_cache = dk.get(),
                                           .v_cache = dv.get(),
+                                          .k_scale = c.kv == KvDtype::kFp8E4M3 ? kKScale : 1.0f,
+                                          .v_scale = c.kv == KvDtype::kFp8E4M3 ? kVScale : 1.0f,
                                           .block_tables = dtables.get(),
                                           .max_blocks_per_seq = cache.max_blocks_per_seq,
                                           .q_starts = dstarts.get(),
@@ -284,6 +330,27 @@ TEST(PrefillAttentionTest, MatchesCpuBackendWithCachedPrefixes) {
        .group = 1,
        .context = {17, 200},
        .new_tokens = {17, 135}},
+      // Small heads.
+      {.head_dim = 16,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 2,
+       .context = {54, 97},
+       .new_tokens = {54, 40}},
+      {.head_dim = 32,
+       .block_size = 16,
+       .kv_heads = 1,
+       .group = 4,
+       .context = {130},
+       .new_tokens = {129}},
+      // An e4m3 cache.
+      {.head_dim = 128,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {70, 300},
+       .new_tokens = {33, 300},
+       .kv = KvDtype::kFp8E4M3},
   };
   for (const Case& c : cases) checkPrefill(c, seed);
 }

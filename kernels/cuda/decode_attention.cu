@@ -1,9 +1,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention_variants.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
-#include "kernels/cuda/head_dim.h"
 #include "kernels/cuda/paged_tile.cuh"
 
 namespace cleave::cuda {
@@ -22,19 +22,21 @@ struct DecodeParams {
   float* partial_lse;  // [batch][partitions][heads], log2 units
 };
 
-template <int D>
+template <int D, bool kFp8>
+using Stages = KvStages<D, kTile, kThreads, kFp8>;
+
+template <int D, bool kFp8>
 constexpr int decodeSharedBytes() {
-  // Q tile, two stages of K and V tiles.
-  return (16 * D + 2 * 2 * kTile * D) * static_cast<int>(sizeof(bf16));
+  return 16 * D * static_cast<int>(sizeof(bf16)) + Stages<D, kFp8>::kBytes;  // Q tile, stages
 }
 
 // grid (partitions, kv_heads * q_tiles, batch), kThreads threads. Each warp owns 16 of a
 // stage's 64 positions with its own online softmax; the warps merge at the end.
-template <int D>
+template <int D, bool kFp8>
 __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodeParams p) {
   extern __shared__ __align__(128) unsigned char shared[];
   bf16* q_tile = reinterpret_cast<bf16*>(shared);
-  bf16* stages = q_tile + 16 * D;  // [stage][K, V][kTile][D]
+  unsigned char* area = shared + 16 * D * sizeof(bf16);
 
   const DecodeAttentionArgs& a = p.args;
   const int seq = blockIdx.z;
@@ -50,17 +52,12 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
   const int lane = threadIdx.x % 32;
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
 
-  auto loadStage = [&](int stage, int first) {
-    bf16* k = stages + stage * 2 * kTile * D;
-    loadPagedTile<D, kTile, kThreads>(k, a.k_cache, table, p.block_shift, p.kv_heads, kv_head,
-                                      first, end);
-    loadPagedTile<D, kTile, kThreads>(k + kTile * D, a.v_cache, table, p.block_shift, p.kv_heads,
-                                      kv_head, first, end);
-  };
+  const Stages<D, kFp8> stages{area,          a.k_cache,  a.v_cache, table,
+                               p.block_shift, p.kv_heads, kv_head};
   // The group's query heads of this token are consecutive rows of D elements.
   loadRowTile<D, 16, kThreads>(q_tile, a.q + seq * a.q_stride + static_cast<int64_t>(head0) * D, D,
                                rows);
-  loadStage(0, start);
+  stages.load(0, start, end);
   cpAsyncCommit();
 
   uint32_t q[D / 16][4];
@@ -72,10 +69,10 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
     cpAsyncWait<0>();
     __syncthreads();  // This stage landed; everyone is done with the other one.
     if (first == start) loadQFragments<D>(q, q_tile, 0, lane);
-    if (first + kTile < end) loadStage(stage ^ 1, first + kTile);
+    const bf16* k = stages.ready(stage);
+    if (first + kTile < end) stages.load(stage ^ 1, first + kTile, end);
     cpAsyncCommit();
 
-    const bf16* k = stages + stage * 2 * kTile * D;
     float s[2][4] = {};
     accumulateQK<D>(s, q, k, warp * 16, lane);
 #pragma unroll
@@ -97,8 +94,8 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
   // reusing the stages.
   cpAsyncWait<0>();
   __syncthreads();
-  float* partial = reinterpret_cast<float*>(stages);  // [warp][16 rows][D]
-  float* stats = partial + kWarps * 16 * D;           // [warp][16 rows][max, sum]
+  float* partial = reinterpret_cast<float*>(area);  // [warp][16 rows][D]
+  float* stats = partial + kWarps * 16 * D;         // [warp][16 rows][max, sum]
   const int g = lane / 4;
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
@@ -132,10 +129,10 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
     const int head = head0 + row;
     if (p.partitions == 1) {
       a.out[seq * a.out_stride + static_cast<int64_t>(head) * D + d] =
-          __float2bfloat16(value / sum);
+          __float2bfloat16(value * a.v_scale / sum);
     } else {
       const int64_t slot = (static_cast<int64_t>(seq) * p.partitions + blockIdx.x) * p.heads + head;
-      p.partial_out[slot * D + d] = value / sum;
+      p.partial_out[slot * D + d] = value * a.v_scale / sum;
       if (d == 0) p.partial_lse[slot] = top + __log2f(sum);
     }
   }
@@ -161,23 +158,23 @@ __global__ void __launch_bounds__(D) mergePartitionsKernel(const DecodeParams p)
       __float2bfloat16(value / sum);
 }
 
-template <int D>
+template <int D, bool kFp8>
 absl::Status launch(const DecodeAttentionPlan& plan, const DecodeParams& params,
                     cudaStream_t stream) {
   const dim3 grid(plan.partitions, plan.shape.kv_heads * plan.q_tiles, params.args.batch);
-  decodeAttentionKernel<D><<<grid, kThreads, decodeSharedBytes<D>(), stream>>>(params);
+  decodeAttentionKernel<D, kFp8><<<grid, kThreads, decodeSharedBytes<D, kFp8>(), stream>>>(params);
   if (absl::Status s = launchStatus("decode_attention"); !s.ok()) return s;
   if (plan.partitions == 1) return absl::OkStatus();
   mergePartitionsKernel<D><<<dim3(plan.shape.heads, params.args.batch), D, 0, stream>>>(params);
   return launchStatus("decode_attention merge");
 }
 
-template <int D>
+template <int D, bool kFp8>
 absl::Status allowSharedMemory() {
-  return cudaStatus(
-      cudaFuncSetAttribute(decodeAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           decodeSharedBytes<D>()),
-      "decode_attention shared memory");
+  return cudaStatus(cudaFuncSetAttribute(decodeAttentionKernel<D, kFp8>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         decodeSharedBytes<D, kFp8>()),
+                    "decode_attention shared memory");
 }
 
 }  // namespace
@@ -209,9 +206,9 @@ absl::StatusOr<DecodeAttentionPlan> planDecodeAttention(const DecodeAttentionSha
     const size_t slots = static_cast<size_t>(shape.max_batch) * plan.partitions * shape.heads;
     plan.workspace_bytes = slots * (shape.head_dim + 1) * sizeof(float);
   }
-  absl::Status allowed = withHeadDim(shape.head_dim, "decode attention", [](auto d) {
-    return allowSharedMemory<decltype(d)::value>();
-  });
+  absl::Status allowed = withAttentionVariant(
+      shape.head_dim, shape.kv_dtype, "decode attention",
+      [](auto d, auto f) { return allowSharedMemory<decltype(d)::value, decltype(f)::value>(); });
   if (!allowed.ok()) return allowed;
   return plan;
 }
@@ -230,15 +227,17 @@ absl::Status runDecodeAttention(const DecodeAttentionPlan& plan, const DecodeAtt
                       .q_tiles = plan.q_tiles,
                       .partition_size = plan.partition_size,
                       .partitions = plan.partitions,
-                      .scale_log2 = plan.shape.scale * kLog2e};
+                      .scale_log2 = plan.shape.scale * args.k_scale * kLog2e};
   if (plan.partitions > 1) {
     params.partial_out = static_cast<float*>(args.workspace);
     params.partial_lse = params.partial_out + static_cast<size_t>(plan.shape.max_batch) *
                                                   plan.partitions * plan.shape.heads *
                                                   plan.shape.head_dim;
   }
-  return withHeadDim(plan.shape.head_dim, "decode attention",
-                     [&](auto d) { return launch<decltype(d)::value>(plan, params, stream); });
+  return withAttentionVariant(
+      plan.shape.head_dim, plan.shape.kv_dtype, "decode attention", [&](auto d, auto f) {
+        return launch<decltype(d)::value, decltype(f)::value>(plan, params, stream);
+      });
 }
 
 }  // namespace cleave::cuda

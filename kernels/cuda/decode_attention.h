@@ -8,7 +8,8 @@
 // other sequence lengths up to that bound.
 //
 //   q       [batch][heads][head_dim] bf16, row stride q_stride elements per token
-//   caches  one layer's keys and values, [block][kv_heads][block_size][head_dim] bf16
+//   caches  one layer's keys and values, [block][kv_heads][block_size][head_dim] in the
+//           plan's kv_dtype (bf16, or e4m3 with per-tensor scales k_scale, v_scale)
 //   out     [batch][heads][head_dim] bf16, row stride out_stride
 // Query head h reads KV head h / (heads / kv_heads); sequence b attends to its positions
 // [0, seq_lens[b]) through block_tables[b * max_blocks_per_seq + ...].
@@ -21,6 +22,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/attention_variants.h"
 
 namespace cleave::cuda {
 
@@ -32,6 +34,7 @@ struct DecodeAttentionShape {
   int max_batch = 0;
   int max_context = 0;
   float scale = 0.0f;  // usually 1 / sqrt(head_dim)
+  KvDtype kv_dtype = KvDtype::kBf16;
 };
 
 struct DecodeAttentionPlan {
@@ -50,8 +53,10 @@ absl::StatusOr<DecodeAttentionPlan> planDecodeAttention(const DecodeAttentionSha
 struct DecodeAttentionArgs {
   const __nv_bfloat16* q = nullptr;
   int64_t q_stride = 0;
-  const __nv_bfloat16* k_cache = nullptr;
-  const __nv_bfloat16* v_cache = nullptr;
+  const void* k_cache = nullptr;  // in the plan's kv_dtype
+  const void* v_cache = nullptr;
+  float k_scale = 1.0f;  // e4m3 caches: stored value x scale
+  float v_scale = 1.0f;
   const int32_t* block_tables = nullptr;  // [batch][max_blocks_per_seq]
   int max_blocks_per_seq = 0;
   const int32_t* seq_lens = nullptr;  // [batch], each in [1, max_context]

@@ -5,7 +5,10 @@
 #include <random>
 #include <vector>
 
+#include <cuda_fp8.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include "common/model/model_config.h"
 #include "kernels/cpu/elementwise.h"
@@ -91,8 +94,13 @@ TEST(SiluMulTest, MatchesCpuBackend) {
 TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
   CLEAVE_REQUIRE_GPU();
   std::mt19937 rng(testing::freshSeed());
-  for (auto layout : {RopeLayout::kHalves, RopeLayout::kAdjacent}) {
-    SCOPED_TRACE(layout == RopeLayout::kHalves ? "halves" : "adjacent");
+  for (auto [layout, kv] : {std::pair{RopeLayout::kHalves, KvDtype::kBf16},
+                            std::pair{RopeLayout::kAdjacent, KvDtype::kBf16},
+                            std::pair{RopeLayout::kHalves, KvDtype::kFp8E4M3}}) {
+    SCOPED_TRACE(::testing::Message() << (layout == RopeLayout::kHalves ? "halves" : "adjacent")
+                                      << (kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16"));
+    const bool fp8 = kv == KvDtype::kFp8E4M3;
+    const float k_scale = fp8 ? 0.02f : 1.0f, v_scale = fp8 ? 0.01f : 1.0f;
     const int heads = 6, kv_heads = 2, head_dim = 128, block_size = 16, tokens = 23, blocks = 5;
     model::ModelConfig config;
     config.head_dim = head_dim;
@@ -120,8 +128,8 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
     rope.apply(ref.data(), width, tokens, heads + kv_heads, positions.data());
 
     const size_t cache_elements = static_cast<size_t>(blocks) * kv_heads * block_size * head_dim;
-    DeviceBuffer<bf16> dqkv(qkv), dq(static_cast<size_t>(tokens) * heads * head_dim),
-        dk(cache_elements), dv(cache_elements);
+    DeviceBuffer<bf16> dqkv(qkv), dq(static_cast<size_t>(tokens) * heads * head_dim);
+    DeviceBuffer<uint8_t> dk(cache_elements * (fp8 ? 1 : 2)), dv(cache_elements * (fp8 ? 1 : 2));
     DeviceBuffer<int32_t> dpos(positions), dslots(slots);
     DeviceBuffer<float> dfreq(rope.inverseFrequencies());
     absl::Status s = ropeKvWrite({.qkv = dqkv.get(),
@@ -138,12 +146,30 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
                                   .q_out = dq.get(),
                                   .q_stride = heads * head_dim,
                                   .k_cache = dk.get(),
-                                  .v_cache = dv.get()},
+                                  .v_cache = dv.get(),
+                                  .kv_dtype = kv,
+                                  .k_scale = k_scale,
+                                  .v_scale = v_scale},
                                  nullptr);
     ASSERT_TRUE(s.ok()) << s;
     CUDA_ASSERT_OK(cudaDeviceSynchronize());
-    std::vector<float> q = testing::toFloat(dq.copyToHost()), k = testing::toFloat(dk.copyToHost()),
-                       v = testing::toFloat(dv.copyToHost());
+    std::vector<float> q = testing::toFloat(dq.copyToHost());
+    // The caches as the values they hold.
+    auto held = [&](const DeviceBuffer<uint8_t>& cache, float scale) {
+      const std::vector<uint8_t> bytes = cache.copyToHost();
+      std::vector<float> out(cache_elements);
+      for (size_t i = 0; i < cache_elements; ++i) {
+        if (fp8) {
+          out[i] = __half2float(__half(__nv_cvt_fp8_to_halfraw(bytes[i], __NV_E4M3))) * scale;
+        } else {
+          bf16 b;
+          std::memcpy(&b, bytes.data() + 2 * i, 2);
+          out[i] = __bfloat162float(b);
+        }
+      }
+      return out;
+    };
+    const std::vector<float> k = held(dk, k_scale), v = held(dv, v_scale);
     std::vector<float> got_q, want_q, got_k, want_k, got_v, want_v;
     const std::vector<float> raw = testing::toFloat(qkv);
     for (int t = 0; t < tokens; ++t) {
@@ -167,7 +193,8 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
           std::tuple{&got_v, &want_v, "v"}}) {
       const auto d = testing::compare(*got, *want);
       EXPECT_EQ(d.non_finite, 0) << name;
-      EXPECT_LE(d.relative_l2, 8e-3) << name;
+      // e4m3 keeps 3 mantissa bits: a relative error up to 2^-4 per element.
+      EXPECT_LE(d.relative_l2, std::string(name) != "q" && fp8 ? 4e-2 : 8e-3) << name;
     }
   }
 }

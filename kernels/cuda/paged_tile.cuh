@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -52,6 +53,103 @@ __device__ __forceinline__ void loadPagedTile(bf16* tile, const bf16* cache,
     cpAsync16(tile + swizzled<D>(row, chunk), src, valid);
   }
 }
+
+// FP8 (e4m3) caches, one byte per element: positions [first, first + Rows) of kv head
+// `kv_head` are staged as raw [Rows][D] bytes (zero-filled past `end`), then widened into a
+// swizzled bf16 tile (e4m3 values are exact in bf16); the tensor's scale is applied by the
+// caller (folded into the softmax scale for K and the output for V).
+template <int D, int Rows, int Threads>
+__device__ __forceinline__ void loadPagedTileFp8(uint8_t* staging, const uint8_t* cache,
+                                                 const int32_t* block_table, int block_shift,
+                                                 int kv_heads, int kv_head, int first, int end) {
+  static_assert(D % 16 == 0);
+  constexpr int kChunks = D / 16;
+  for (int i = threadIdx.x; i < Rows * kChunks; i += Threads) {
+    const int row = i / kChunks;
+    const int chunk = i % kChunks;
+    const int pos = first + row;
+    const bool valid = pos < end;
+    const uint8_t* src = cache;
+    if (valid) {
+      const int64_t block = block_table[pos >> block_shift];
+      const int64_t slot = pos & ((1 << block_shift) - 1);
+      src = cache + (((block * kv_heads + kv_head) << block_shift) + slot) * D + chunk * 16;
+    }
+    cpAsync16(staging + row * D + chunk * 16, src, valid);
+  }
+}
+
+// Widens a staged [Rows][D] e4m3 tile into the swizzled bf16 `tile`.
+template <int D, int Rows, int Threads>
+__device__ __forceinline__ void widenFp8Tile(bf16* tile, const uint8_t* staging) {
+  constexpr int kChunks = D / 16;
+  for (int i = threadIdx.x; i < Rows * kChunks; i += Threads) {
+    const int row = i / kChunks;
+    const int chunk = i % kChunks;
+    const uint4 raw = *reinterpret_cast<const uint4*>(staging + row * D + chunk * 16);
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    uint32_t out[8];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h));
+        const __half2_raw halves = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&halves));
+        out[2 * w + h] = packBf16(f.x, f.y);
+      }
+    }
+    *reinterpret_cast<uint4*>(tile + swizzled<D>(row, 2 * chunk)) =
+        make_uint4(out[0], out[1], out[2], out[3]);
+    *reinterpret_cast<uint4*>(tile + swizzled<D>(row, 2 * chunk + 1)) =
+        make_uint4(out[4], out[5], out[6], out[7]);
+  }
+}
+
+// Two pipeline stages of K and V tiles of `Rows` positions each, for a bf16 or an e4m3
+// cache, in kBytes of shared memory:
+//   bf16  [stage][K, V][Rows][D] swizzled bf16
+//   e4m3  [stage][K, V][Rows][D] staged bytes, then one widened [K, V][Rows][D] bf16 tile
+template <int D, int Rows, int Threads, bool kFp8>
+struct KvStages {
+  static constexpr int kBytes = 2 * 2 * Rows * D * static_cast<int>(sizeof(bf16));
+  unsigned char* area;
+  const void* k_cache;
+  const void* v_cache;
+  const int32_t* table;
+  int block_shift, kv_heads, kv_head;
+
+  // Starts copying positions [first, first + Rows) (zero past `end`) into `stage`.
+  __device__ __forceinline__ void load(int stage, int first, int end) const {
+    if constexpr (kFp8) {
+      uint8_t* k = area + stage * 2 * Rows * D;
+      loadPagedTileFp8<D, Rows, Threads>(k, static_cast<const uint8_t*>(k_cache), table,
+                                         block_shift, kv_heads, kv_head, first, end);
+      loadPagedTileFp8<D, Rows, Threads>(k + Rows * D, static_cast<const uint8_t*>(v_cache), table,
+                                         block_shift, kv_heads, kv_head, first, end);
+    } else {
+      bf16* k = reinterpret_cast<bf16*>(area) + stage * 2 * Rows * D;
+      loadPagedTile<D, Rows, Threads>(k, static_cast<const bf16*>(k_cache), table, block_shift,
+                                      kv_heads, kv_head, first, end);
+      loadPagedTile<D, Rows, Threads>(k + Rows * D, static_cast<const bf16*>(v_cache), table,
+                                      block_shift, kv_heads, kv_head, first, end);
+    }
+  }
+  // The bf16 K tile of `stage` (V follows at + Rows * D). Every thread calls it once the
+  // stage's copies landed (cpAsyncWait + __syncthreads); for e4m3 it widens, then syncs.
+  __device__ __forceinline__ const bf16* ready(int stage) const {
+    if constexpr (kFp8) {
+      bf16* widened = reinterpret_cast<bf16*>(area + 2 * 2 * Rows * D);
+      const uint8_t* staged = area + stage * 2 * Rows * D;
+      widenFp8Tile<D, Rows, Threads>(widened, staged);
+      widenFp8Tile<D, Rows, Threads>(widened + Rows * D, staged + Rows * D);
+      __syncthreads();
+      return widened;
+    } else {
+      return reinterpret_cast<const bf16*>(area) + stage * 2 * Rows * D;
+    }
+  }
+};
 
 // Starts copying rows [0, Rows) of a row-major matrix (row r at src + r * stride) into
 // `tile`; rows at or past `valid_rows` are zero-filled.

@@ -1,6 +1,6 @@
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention_variants.h"
 #include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/head_dim.h"
 #include "kernels/cuda/paged_tile.cuh"
 #include "kernels/cuda/prefill_attention.h"
 
@@ -19,18 +19,22 @@ struct PrefillParams {
   float scale_log2;
 };
 
-template <int D>
+template <int D, bool kFp8>
+using Stages = KvStages<D, kTile, kThreads, kFp8>;
+
+template <int D, bool kFp8>
 constexpr int prefillSharedBytes() {
-  return (kRows * D + 2 * 2 * kTile * D) * static_cast<int>(sizeof(bf16));
+  return kRows * D * static_cast<int>(sizeof(bf16)) + Stages<D, kFp8>::kBytes;  // Q, stages
 }
 
 // grid (query tiles, heads, sequences), kThreads threads. The warps share every K/V stage
 // and each runs the online softmax of its own 16 query rows.
-template <int D>
-__global__ void __launch_bounds__(kThreads) prefillAttentionKernel(const PrefillParams p) {
+template <int D, bool kFp8>
+// minBlocks = 1: without it ptxas squeezes the head_dim 16 variant into 72 registers and spills.
+__global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const PrefillParams p) {
   extern __shared__ __align__(128) unsigned char shared[];
   bf16* q_tile = reinterpret_cast<bf16*>(shared);
-  bf16* stages = q_tile + kRows * D;  // [stage][K, V][kTile][D]
+  unsigned char* area = shared + kRows * D * sizeof(bf16);
 
   const PrefillAttentionArgs& a = p.args;
   const int seq = blockIdx.z;
@@ -49,17 +53,12 @@ __global__ void __launch_bounds__(kThreads) prefillAttentionKernel(const Prefill
   const int lane = threadIdx.x % 32;
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
 
-  auto loadStage = [&](int stage, int first) {
-    bf16* k = stages + stage * 2 * kTile * D;
-    loadPagedTile<D, kTile, kThreads>(k, a.k_cache, table, p.block_shift, p.kv_heads, kv_head,
-                                      first, end);
-    loadPagedTile<D, kTile, kThreads>(k + kTile * D, a.v_cache, table, p.block_shift, p.kv_heads,
-                                      kv_head, first, end);
-  };
+  const Stages<D, kFp8> stages{area,          a.k_cache,  a.v_cache, table,
+                               p.block_shift, p.kv_heads, kv_head};
   loadRowTile<D, kRows, kThreads>(
       q_tile, a.q + (q_begin + row0) * a.q_stride + static_cast<int64_t>(head) * D, a.q_stride,
       rows);
-  loadStage(0, 0);
+  stages.load(0, 0, end);
   cpAsyncCommit();
 
   const int g = lane / 4;
@@ -74,10 +73,10 @@ __global__ void __launch_bounds__(kThreads) prefillAttentionKernel(const Prefill
     cpAsyncWait<0>();
     __syncthreads();
     if (first == 0) loadQFragments<D>(q, q_tile, warp * 16, lane);
-    if (first + kTile < end) loadStage(stage ^ 1, first + kTile);
+    const bf16* k = stages.ready(stage);
+    if (first + kTile < end) stages.load(stage ^ 1, first + kTile, end);
     cpAsyncCommit();
 
-    const bf16* k = stages + stage * 2 * kTile * D;
     float s[kTile / 8][4] = {};
 #pragma unroll
     for (int j = 0; j < kTile / 16; ++j) {
@@ -106,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) prefillAttentionKernel(const Prefill
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + warp * 16 + g + 8 * r;
     if (row >= new_tokens) continue;
-    const float inverse = 1.0f / softmax.sum[r];
+    const float inverse = a.v_scale / softmax.sum[r];
     bf16* out = a.out + (q_begin + row) * a.out_stride + static_cast<int64_t>(head) * D;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
@@ -116,19 +115,20 @@ __global__ void __launch_bounds__(kThreads) prefillAttentionKernel(const Prefill
   }
 }
 
-template <int D>
+template <int D, bool kFp8>
 absl::Status allowSharedMemory() {
-  return cudaStatus(
-      cudaFuncSetAttribute(prefillAttentionKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           prefillSharedBytes<D>()),
-      "prefill_attention shared memory");
+  return cudaStatus(cudaFuncSetAttribute(prefillAttentionKernel<D, kFp8>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         prefillSharedBytes<D, kFp8>()),
+                    "prefill_attention shared memory");
 }
 
-template <int D>
+template <int D, bool kFp8>
 absl::Status launch(const PrefillAttentionPlan& plan, const PrefillParams& params,
                     cudaStream_t stream) {
   const dim3 grid(plan.query_tiles, plan.shape.heads, params.args.sequences);
-  prefillAttentionKernel<D><<<grid, kThreads, prefillSharedBytes<D>(), stream>>>(params);
+  prefillAttentionKernel<D, kFp8>
+      <<<grid, kThreads, prefillSharedBytes<D, kFp8>(), stream>>>(params);
   return launchStatus("prefill_attention");
 }
 
@@ -145,9 +145,9 @@ absl::StatusOr<PrefillAttentionPlan> planPrefillAttention(const PrefillAttention
   if (shape.max_sequences < 1 || shape.max_new_tokens < 1)
     return absl::InvalidArgumentError(
         "prefill attention: max_sequences and max_new_tokens must be >= 1");
-  absl::Status allowed = withHeadDim(shape.head_dim, "prefill attention", [](auto d) {
-    return allowSharedMemory<decltype(d)::value>();
-  });
+  absl::Status allowed = withAttentionVariant(
+      shape.head_dim, shape.kv_dtype, "prefill attention",
+      [](auto d, auto f) { return allowSharedMemory<decltype(d)::value, decltype(f)::value>(); });
   if (!allowed.ok()) return allowed;
   return PrefillAttentionPlan{.shape = shape,
                               .query_tiles = (shape.max_new_tokens + kRows - 1) / kRows};
@@ -163,9 +163,11 @@ absl::Status runPrefillAttention(const PrefillAttentionPlan& plan, const Prefill
       .heads = plan.shape.heads,
       .kv_heads = plan.shape.kv_heads,
       .block_shift = __builtin_ctz(static_cast<unsigned>(plan.shape.block_size)),
-      .scale_log2 = plan.shape.scale * kLog2e};
-  return withHeadDim(plan.shape.head_dim, "prefill attention",
-                     [&](auto d) { return launch<decltype(d)::value>(plan, params, stream); });
+      .scale_log2 = plan.shape.scale * args.k_scale * kLog2e};
+  return withAttentionVariant(
+      plan.shape.head_dim, plan.shape.kv_dtype, "prefill attention", [&](auto d, auto f) {
+        return launch<decltype(d)::value, decltype(f)::value>(plan, params, stream);
+      });
 }
 
 }  // namespace cleave::cuda

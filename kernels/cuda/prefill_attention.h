@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/attention_variants.h"
 
 namespace cleave::cuda {
 
@@ -29,6 +30,7 @@ struct PrefillAttentionShape {
   int max_sequences = 0;
   int max_new_tokens = 0;  // the most new tokens of one sequence in a step
   float scale = 0.0f;
+  KvDtype kv_dtype = KvDtype::kBf16;
 };
 
 struct PrefillAttentionPlan {
@@ -41,8 +43,10 @@ absl::StatusOr<PrefillAttentionPlan> planPrefillAttention(const PrefillAttention
 struct PrefillAttentionArgs {
   const __nv_bfloat16* q = nullptr;
   int64_t q_stride = 0;
-  const __nv_bfloat16* k_cache = nullptr;  // [block][kv_heads][block_size][head_dim]
-  const __nv_bfloat16* v_cache = nullptr;
+  const void* k_cache = nullptr;  // [block][kv_heads][block_size][head_dim], kv_dtype
+  const void* v_cache = nullptr;
+  float k_scale = 1.0f;  // e4m3 caches: stored value x scale
+  float v_scale = 1.0f;
   const int32_t* block_tables = nullptr;  // [sequences][max_blocks_per_seq]
   int max_blocks_per_seq = 0;
   const int32_t* q_starts = nullptr;      // [sequences + 1]

@@ -1,3 +1,5 @@
+#include <cuda_fp8.h>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/rope_kv.h"
 
@@ -17,7 +19,19 @@ __device__ __forceinline__ void sinCos(float angle, float* sin_out, float* cos_o
   __sincosf(r, sin_out, cos_out);
 }
 
+// A cache element: bf16, or e4m3 of value / scale (saturating at the format's finite range).
+template <bool kFp8>
+__device__ __forceinline__ void store(void* cache, int64_t at, float value, float scale) {
+  if constexpr (kFp8) {
+    static_cast<__nv_fp8_storage_t*>(cache)[at] =
+        __nv_cvt_float_to_fp8(value / scale, __NV_SATFINITE, __NV_E4M3);
+  } else {
+    static_cast<bf16*>(cache)[at] = __float2bfloat16(value);
+  }
+}
+
 // One block per token; threads walk the (head, pair) grid of query, key and value heads.
+template <bool kFp8>
 __global__ void ropeKvKernel(const RopeKvArgs a) {
   const int64_t token = blockIdx.x;
   const int half = a.head_dim / 2;
@@ -26,33 +40,38 @@ __global__ void ropeKvKernel(const RopeKvArgs a) {
   const int64_t slot = a.slots[token];
   const int64_t block = slot / a.block_size;
   const int64_t offset = slot % a.block_size;
-  auto cacheRow = [&](bf16* cache, int kv_head) {
-    return cache + ((block * a.kv_heads + kv_head) * a.block_size + offset) * a.head_dim;
+  // Element offset of kv head `kv_head`'s row for this token in a cache.
+  auto cacheRow = [&](int kv_head) {
+    return ((block * a.kv_heads + kv_head) * a.block_size + offset) * a.head_dim;
   };
   const int rotated_heads = a.heads + a.kv_heads;
   for (int i = threadIdx.x; i < (rotated_heads + a.kv_heads) * half; i += blockDim.x) {
     const int head = i / half;
     const int pair = i % half;
-    if (head >= rotated_heads) {  // A value head: copied as it is.
-      const int kv_head = head - rotated_heads;
-      const bf16* src = row + static_cast<int64_t>(head) * a.head_dim;
-      bf16* dst = cacheRow(a.v_cache, kv_head);
-      dst[2 * pair] = src[2 * pair];
-      dst[2 * pair + 1] = src[2 * pair + 1];
+    const bf16* src = row + static_cast<int64_t>(head) * a.head_dim;
+    if (head >= rotated_heads) {  // A value head: stored as it is.
+      const int64_t at = cacheRow(head - rotated_heads);
+      store<kFp8>(a.v_cache, at + 2 * pair, __bfloat162float(src[2 * pair]), a.v_scale);
+      store<kFp8>(a.v_cache, at + 2 * pair + 1, __bfloat162float(src[2 * pair + 1]), a.v_scale);
       continue;
     }
     const int first = a.layout == RopeLayout::kHalves ? pair : 2 * pair;
     const int second = a.layout == RopeLayout::kHalves ? pair + half : 2 * pair + 1;
-    const bf16* src = row + static_cast<int64_t>(head) * a.head_dim;
     float sin_angle, cos_angle;
     sinCos(position * a.inv_freq[pair], &sin_angle, &cos_angle);
     const float x0 = __bfloat162float(src[first]);
     const float x1 = __bfloat162float(src[second]);
-    bf16* dst = head < a.heads
-                    ? a.q_out + token * a.q_stride + static_cast<int64_t>(head) * a.head_dim
-                    : cacheRow(a.k_cache, head - a.heads);
-    dst[first] = __float2bfloat16(x0 * cos_angle - x1 * sin_angle);
-    dst[second] = __float2bfloat16(x1 * cos_angle + x0 * sin_angle);
+    const float y0 = x0 * cos_angle - x1 * sin_angle;
+    const float y1 = x1 * cos_angle + x0 * sin_angle;
+    if (head < a.heads) {
+      bf16* dst = a.q_out + token * a.q_stride + static_cast<int64_t>(head) * a.head_dim;
+      dst[first] = __float2bfloat16(y0);
+      dst[second] = __float2bfloat16(y1);
+    } else {
+      const int64_t at = cacheRow(head - a.heads);
+      store<kFp8>(a.k_cache, at + first, y0, a.k_scale);
+      store<kFp8>(a.k_cache, at + second, y1, a.k_scale);
+    }
   }
 }
 
@@ -61,7 +80,10 @@ __global__ void ropeKvKernel(const RopeKvArgs a) {
 absl::Status ropeKvWrite(const RopeKvArgs& args, cudaStream_t stream) {
   if (args.tokens == 0) return absl::OkStatus();
   if (args.head_dim % 2 != 0) return absl::InvalidArgumentError("rope_kv: head_dim must be even");
-  ropeKvKernel<<<static_cast<unsigned>(args.tokens), 256, 0, stream>>>(args);
+  if (args.kv_dtype == KvDtype::kFp8E4M3)
+    ropeKvKernel<true><<<static_cast<unsigned>(args.tokens), 256, 0, stream>>>(args);
+  else
+    ropeKvKernel<false><<<static_cast<unsigned>(args.tokens), 256, 0, stream>>>(args);
   return launchStatus("rope_kv");
 }
 

@@ -5,7 +5,8 @@
 //   qkv       [tokens][(heads + 2 kv_heads) * head_dim] bf16: query heads, key heads, value
 //             heads, row stride qkv_stride
 //   q_out     [tokens][heads * head_dim] bf16, row stride q_stride
-//   caches    one layer's [block][kv_heads][block_size][head_dim] bf16
+//   caches    one layer's [block][kv_heads][block_size][head_dim], bf16 or e4m3 (value /
+//             scale, saturated)
 // Token t is at positions[t] and goes to cache slot slots[t] = block * block_size + offset.
 // The angle of pair i is positions[t] * inv_freq[i] (inv_freq already holds the model's
 // rope scaling, e.g. cpu::Rope::inverseFrequencies()).
@@ -17,6 +18,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cuda/attention_variants.h"
 
 namespace cleave::cuda {
 
@@ -39,8 +41,11 @@ struct RopeKvArgs {
   RopeLayout layout = RopeLayout::kHalves;
   __nv_bfloat16* q_out = nullptr;
   int64_t q_stride = 0;
-  __nv_bfloat16* k_cache = nullptr;
-  __nv_bfloat16* v_cache = nullptr;
+  void* k_cache = nullptr;  // kv_dtype elements
+  void* v_cache = nullptr;
+  KvDtype kv_dtype = KvDtype::kBf16;
+  float k_scale = 1.0f;  // e4m3: stored = value / scale
+  float v_scale = 1.0f;
 };
 
 absl::Status ropeKvWrite(const RopeKvArgs& args, cudaStream_t stream);

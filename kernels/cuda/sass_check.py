@@ -50,9 +50,11 @@ def demangled(name):
             j += 1
         length = int(name[i:j])
         last, i = name[j:j + length], j + length
-    args = re.match(r"I((?:Li\d+E)+)E", name[i:])
+    args = re.match(r"I((?:L[ib]\d+E)+)E", name[i:])
     if args:
-        last += "<" + ",".join(re.findall(r"Li(\d+)E", args.group(1))) + ">"
+        values = re.findall(r"L([ib])(\d+)E", args.group(1))
+        last += "<" + ",".join(v if t == "i" else ("true" if v == "1" else "false")
+                               for t, v in values) + ">"
     return last
 
 

@@ -87,7 +87,7 @@ struct CudaLlamaModel::State {
   float* logits = nullptr;  // [max_sequences][vocab]
   void* attention_workspace = nullptr;
   int32_t* meta = nullptr;  // ids, positions, slots, q_starts, contexts, last rows, tables
-  bf16* kv = nullptr;       // [layer][K, V][block][kv head][slot][head_dim]
+  uint8_t* kv = nullptr;    // [layer][K, V][block][kv head][slot][head_dim], kv_dtype
 
   int32_t* host_meta = nullptr;  // pinned
   float* host_logits = nullptr;  // pinned
@@ -122,8 +122,9 @@ struct CudaLlamaModel::State {
   int64_t layerKvElements() const {
     return (kv_blocks + 1) * kv_heads * options.block_size * head_dim;
   }
-  bf16* keys(int64_t l) const { return kv + 2 * l * layerKvElements(); }
-  bf16* values(int64_t l) const { return kv + (2 * l + 1) * layerKvElements(); }
+  int64_t kvElementBytes() const { return options.kv_dtype == cuda::KvDtype::kFp8E4M3 ? 1 : 2; }
+  void* keys(int64_t l) const { return kv + 2 * l * layerKvElements() * kvElementBytes(); }
+  void* values(int64_t l) const { return kv + (2 * l + 1) * layerKvElements() * kvElementBytes(); }
 
   // Places every piece; with a null base only sizes them (and fills in the plan).
   void layout(uint8_t* at) {
@@ -161,7 +162,7 @@ struct CudaLlamaModel::State {
     attention_workspace = arena.take<uint8_t>(static_cast<int64_t>(decode_plan.workspace_bytes));
     meta = arena.take<int32_t>(metaCount());
     plan.workspace = arena.used() - plan.weights;
-    kv = arena.take<bf16>(2 * layers * layerKvElements());
+    kv = arena.take<uint8_t>(2 * layers * layerKvElements() * kvElementBytes());
     plan.kv_cache = arena.used() - plan.weights - plan.workspace;
   }
 
@@ -223,7 +224,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(const model::Mode
                                  .block_size = static_cast<int>(options.block_size),
                                  .max_batch = static_cast<int>(s.options.max_sequences),
                                  .max_context = static_cast<int>(options.max_context),
-                                 .scale = scale},
+                                 .scale = scale,
+                                 .kv_dtype = options.kv_dtype},
                                 prop.multiProcessorCount));
   CLEAVE_ASSIGN_OR_RETURN(
       s.prefill_plan,
@@ -233,7 +235,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(const model::Mode
                                   .block_size = static_cast<int>(options.block_size),
                                   .max_sequences = static_cast<int>(s.options.max_sequences),
                                   .max_new_tokens = static_cast<int>(s.options.max_step_tokens),
-                                  .scale = scale}));
+                                  .scale = scale,
+                                  .kv_dtype = options.kv_dtype}));
   s.layout(nullptr);
   const int64_t total = s.plan.weights + s.plan.workspace + s.plan.kv_cache;
   size_t free_bytes = 0, total_bytes = 0;
@@ -450,7 +453,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                               .q_out = q,
                                               .q_stride = q_dim,
                                               .k_cache = keys(l),
-                                              .v_cache = values(l)},
+                                              .v_cache = values(l),
+                                              .kv_dtype = options.kv_dtype},
                                              st));
     if (decode) {
       CLEAVE_RETURN_IF_ERROR(

@@ -4,10 +4,10 @@
 // Weights are uploaded once as bf16 (any stored format is dequantized at load; the QKV and
 // gate/up projections fused into one matrix each), and the weights, the step's workspace
 // and the paged KV cache live in one device allocation sized at create(). The residual
-// stream, activations and KV cache are bf16; norms, softmax and accumulation f32; logits
-// f32. Layer by layer: fused residual-add + RMSNorm, one QKV product (+ bias), per-head
-// q/k norm, RoPE fused with the KV-cache write, paged attention (the decode kernel when
-// every chunk is one token, the prefill kernel otherwise), O product, the same for the MLP.
+// stream and activations are bf16, the KV cache bf16 or e4m3; norms, softmax and accumulation f32;
+// logits f32. Layer by layer: fused residual-add + RMSNorm, one QKV product (+ bias), per-head q/k
+// norm, RoPE fused with the KV-cache write, paged attention (the decode kernel when every chunk is
+// one token, the prefill kernel otherwise), O product, the same for the MLP.
 //
 // Decode steps (every chunk one token) replay a CUDA graph captured per batch-size bucket
 // (powers of two up to max_sequences); padding rows write a scratch block no sequence
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/attention_variants.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/llama_weights.h"
 
@@ -39,6 +40,9 @@ struct CudaModelOptions {
   int64_t block_size = 16;
   int64_t kv_blocks = 0;  // 0: max_sequences sequences of max_context positions
   bool cuda_graphs = true;
+  // The KV cache's element type; e4m3 halves its bytes (scale 1: keys and values of these
+  // models stay far inside e4m3's ±448).
+  cuda::KvDtype kv_dtype = cuda::KvDtype::kBf16;
 };
 
 // Bytes of the one device allocation, by what they hold.

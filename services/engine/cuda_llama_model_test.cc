@@ -69,13 +69,14 @@ void compareLogits(std::span<const float> got, std::span<const float> want, int6
   }
 }
 
-void checkModel(const std::string& path) {
+void checkModel(const std::string& path, cuda::KvDtype kv = cuda::KvDtype::kBf16,
+                double tolerance = 5e-2) {
   auto weights = loadLlama(path);
   ASSERT_TRUE(weights.ok()) << weights.status();
   const LlamaWeights& w = **weights;
   const int64_t vocab = w.config.vocab_size;
-  auto gpu =
-      CudaLlamaModel::create(w, {.max_step_tokens = 256, .max_sequences = 4, .max_context = 256});
+  auto gpu = CudaLlamaModel::create(
+      w, {.max_step_tokens = 256, .max_sequences = 4, .max_context = 256, .kv_dtype = kv});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   cpu::ThreadPool pool(2);
   LlamaModel cpu_model(w, pool);
@@ -124,7 +125,7 @@ void checkModel(const std::string& path) {
   }
   std::printf("%s: worst relative L2 %.4f, greedy %d/%d where not a near-tie\n", path.c_str(),
               c.worst_relative, c.greedy_same, c.greedy_checked);
-  EXPECT_LE(c.worst_relative, 5e-2);
+  EXPECT_LE(c.worst_relative, tolerance);
   EXPECT_GT(c.greedy_checked, 0);
   EXPECT_EQ(c.greedy_same, c.greedy_checked);
 }
@@ -149,6 +150,14 @@ INSTANTIATE_TEST_SUITE_P(Dense, CudaTinyModelTest,
                          ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
                                            "llama_fp8", "smollm2_like_f32", "qwen2_f32",
                                            "qwen3_f32"));
+
+// An e4m3 KV cache (3 mantissa bits) against the CPU's f32 one: a looser bound, the same
+// greedy tokens away from near-ties.
+TEST(CudaLlamaModelTest, Fp8KvCacheStaysCloseToTheCpuBackend) {
+  CLEAVE_REQUIRE_GPU();
+  checkModel(goldenDir() + "/engine/hf/smollm2_like_f32", cuda::KvDtype::kFp8E4M3, 1e-1);
+  checkModel(goldenDir() + "/engine/hf/qwen3_f32", cuda::KvDtype::kFp8E4M3, 1e-1);
+}
 
 TEST(CudaLlamaModelTest, MoeModelsAreRefusedClearly) {
   CLEAVE_REQUIRE_GPU();
