@@ -13,6 +13,9 @@
 #include "services/cli/router_client.h"
 #include "services/engine/scheduler.h"
 #include "services/engine/tp_group.h"
+#if CLEAVE_HAVE_CUDA
+#include "services/engine/cuda_llama_model.h"
+#endif
 
 namespace cleave::cli {
 namespace {
@@ -87,6 +90,7 @@ int runGenerate(int argc, char** argv) {
   int64_t threads = static_cast<int64_t>(std::thread::hardware_concurrency());
   int64_t context = 4096;
   int64_t tp = 1;
+  std::string backend = "cpu";
   std::string router;
   bool print_ids = false;
   bool chat = true;
@@ -107,6 +111,7 @@ int runGenerate(int argc, char** argv) {
   flags.addInt("max-tokens", &max_tokens, "Most tokens to generate");
   flags.addInt("threads", &threads, "CPU threads (all ranks together)");
   flags.addInt("tp", &tp, "Tensor-parallel ranks (one thread group each)");
+  flags.addString("backend", &backend, "Where the model runs: cpu, or cuda (GPU 0, bf16 weights)");
   flags.addInt("context", &context, "Context length to reserve (prompt + output)");
   flags.addBool("chat", &chat,
                 "Wrap PROMPT as a user turn of the model's chat format (--no-chat: raw text)");
@@ -149,6 +154,19 @@ int runGenerate(int argc, char** argv) {
     exitWithUsageError(flags, absl::InvalidArgumentError(
                                   "--max-tokens, --threads, --tp must be >= 1 and --context >= 2"));
   }
+  if (backend != "cpu" && backend != "cuda") {
+    exitWithUsageError(flags, absl::InvalidArgumentError(
+                                  absl::StrCat("--backend is cpu or cuda, not '", backend, "'")));
+  }
+  engine::StepBackendFactory step_backend;
+  if (backend == "cuda") {
+#if CLEAVE_HAVE_CUDA
+    step_backend = engine::cudaStepBackend({});
+#else
+    return fail(absl::UnimplementedError(
+        "this build has no CUDA backend: configure with -DCLEAVE_CUDA=ON where nvcc exists"));
+#endif
+  }
   if (!router.empty()) {
     return generateThroughRouter(router, positional[0], chat, sampling, max_tokens, stop,
                                  ignore_eos, print_ids);
@@ -158,7 +176,8 @@ int runGenerate(int argc, char** argv) {
   ProgressLine progress;
   auto group = engine::TpGroup::load(model, {.tp = static_cast<int>(tp),
                                              .threads = static_cast<int>(threads),
-                                             .on_progress = engine::showLoadProgress(progress)});
+                                             .on_progress = engine::showLoadProgress(progress),
+                                             .backend = step_backend});
   progress.finish();
   if (!group.ok()) return fail(group.status());
   const model::ModelConfig& config = (*group)->config();

@@ -187,8 +187,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(const model::Mode
     return absl::InvalidArgumentError(
         "CUDA model options: max_step_tokens, max_sequences and max_context must be >= 1, and "
         "max_sequences <= max_step_tokens");
-  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaSetDevice(options.device),
-                                          absl::StrCat("selecting GPU ", options.device)));
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+      cudaSetDevice(options.device), absl::StrCat("selecting GPU ", options.device,
+                                                  " (a GPU and a driver for CUDA 13 are needed)")));
   cudaDeviceProp prop{};
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaGetDeviceProperties(&prop, options.device),
                                           "reading the GPU's properties"));
@@ -610,6 +611,22 @@ absl::StatusOr<std::span<const float>> CudaLlamaModel::forward(
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
   s.logits_out.assign(s.host_logits, s.host_logits + sequences * s.vocab);
   return std::span<const float>(s.logits_out);
+}
+
+StepBackendFactory cudaStepBackend(const CudaModelOptions& base) {
+  return [base](const LlamaWeights& weights, int64_t num_blocks,
+                int64_t block_size) -> absl::StatusOr<std::unique_ptr<StepBackend>> {
+    CudaModelOptions options = base;
+    options.kv_blocks = num_blocks;
+    options.block_size = block_size;
+    options.max_context = num_blocks * block_size;
+    if (weights.config.max_position_embeddings > 0)
+      options.max_context =
+          std::min<int64_t>(options.max_context, weights.config.max_position_embeddings);
+    CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<CudaLlamaModel> model,
+                            CudaLlamaModel::create(weights, options));
+    return std::unique_ptr<StepBackend>(std::move(model));
+  };
 }
 
 }  // namespace cleave::engine

@@ -29,6 +29,7 @@
 #include "kernels/cuda/attention_variants.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/llama_weights.h"
+#include "services/engine/step_backend.h"
 
 namespace cleave::engine {
 
@@ -52,7 +53,7 @@ struct CudaMemoryPlan {
   int64_t kv_cache = 0;
 };
 
-class CudaLlamaModel {
+class CudaLlamaModel : public StepBackend {
  public:
   // Uploads `weights` (read only during the call) to GPU `options.device`. Errors: no such
   // device, an architecture or head size the backend does not run, too little memory
@@ -63,12 +64,12 @@ class CudaLlamaModel {
   // for benchmarks: nothing is read from disk.
   static absl::StatusOr<std::unique_ptr<CudaLlamaModel>> createRandom(
       const model::ModelConfig& config, const CudaModelOptions& options, uint64_t seed);
-  ~CudaLlamaModel();
+  ~CudaLlamaModel() override;
 
   // As LlamaModel::forward, with block ids into this model's own KV cache
   // ([0, kvBlocks())). Also InvalidArgument past the options' step, sequence or context
   // bounds.
-  absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch);
+  absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override;
 
   int64_t kvBlocks() const;
   const CudaMemoryPlan& memoryPlan() const;
@@ -81,5 +82,10 @@ class CudaLlamaModel {
   explicit CudaLlamaModel(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+
+// A TpGroup backend (TpGroupOptions::backend) running a CudaLlamaModel with `base`'s
+// options, its KV pool the group's blocks (and max_context what they can hold, up to the
+// model's context length).
+StepBackendFactory cudaStepBackend(const CudaModelOptions& base);
 
 }  // namespace cleave::engine

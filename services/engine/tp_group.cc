@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
     group->ranks_.back()->index = r;
   }
   if (options.tp > 1) group->threads_ = std::make_unique<Threads>(options.tp);
+  group->backend_factory_ = options.backend;
   GlooRendezvous rendezvous(options.tp);
   SharedMemoryGroup shared(options.tp);
   const int threads_per_rank = std::max(1, options.threads / options.tp);
@@ -163,6 +164,14 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
   }
   num_blocks_ = num_blocks;
   block_size_ = block_size;
+  if (backend_factory_) {
+    if (ranks_.size() != 1)
+      return absl::UnimplementedError("a non-CPU backend runs with --tp 1 only");
+    backend_.reset();
+    CLEAVE_ASSIGN_OR_RETURN(backend_,
+                            backend_factory_(*ranks_[0]->weights, num_blocks, block_size));
+    return absl::OkStatus();
+  }
   // Each rank allocates (and first touches) its own rows.
   return onEveryRank([&](Rank& rank) {
     const LlamaWeights& w = *rank.weights;
@@ -178,6 +187,7 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
 }
 
 absl::StatusOr<std::span<const float>> TpGroup::forward(std::span<const SequenceChunk> batch) {
+  if (backend_) return backend_->forward(batch);
   if (!ranks_[0]->kv) return absl::FailedPreconditionError("forward before allocateKv");
   CLEAVE_RETURN_IF_ERROR(onEveryRank([&](Rank& rank) -> absl::Status {
     CLEAVE_ASSIGN_OR_RETURN(rank.logits, rank.model->forward(batch, *rank.kv));
@@ -190,7 +200,10 @@ const model::ModelConfig& TpGroup::config() const { return ranks_[0]->weights->c
 
 int64_t TpGroup::weightBytes(int rank) const { return ranks_[rank]->weights->weightBytes(); }
 
-KvStorage& TpGroup::kv(int rank) { return *ranks_[rank]->kv; }
+KvStorage& TpGroup::kv(int rank) {
+  CLEAVE_CHECK(ranks_[rank]->kv != nullptr);  // No rows before allocateKv or with a backend.
+  return *ranks_[rank]->kv;
+}
 
 Span TpGroup::kvHeads(int rank) const { return ranks_[rank]->weights->dims.kv_heads; }
 

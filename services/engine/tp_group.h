@@ -22,6 +22,7 @@
 #include "common/model/model_config.h"
 #include "common/progress.h"
 #include "services/engine/llama_model.h"
+#include "services/engine/step_backend.h"
 
 namespace cleave::engine {
 
@@ -49,6 +50,9 @@ struct TpGroupOptions {
   int threads = 1;
   // Called as layers load (from one rank thread at a time), e.g. for a progress line.
   std::function<void(const LoadProgress&)> on_progress;
+  // Set: steps run on this backend (made by allocateKv, tp 1 only), which holds the KV
+  // cache itself — kv() has no rows then. Empty: the CPU model.
+  StepBackendFactory backend;
 };
 
 class TpGroup {
@@ -61,7 +65,8 @@ class TpGroup {
   ~TpGroup();
 
   // Gives every rank `num_blocks` KV blocks of `block_size` positions (replacing any
-  // before).
+  // before); with a backend, makes the backend with that pool. Errors: a bad size, a
+  // backend that cannot start (naming why), a backend with tp > 1.
   absl::Status allocateKv(int64_t num_blocks, int64_t block_size);
 
   // One forward step of every rank over `batch` (LlamaModel::forward); the logits are rank
@@ -75,7 +80,7 @@ class TpGroup {
   // Weight bytes rank `rank` streams per step, and its KV bytes per block.
   int64_t weightBytes(int rank) const;
   int64_t kvBlockBytes(int rank) const;
-  // Rank `rank`'s KV rows (after allocateKv()), and its KV heads.
+  // Rank `rank`'s KV rows (after allocateKv(), CPU model only), and its KV heads.
   KvStorage& kv(int rank);
   Span kvHeads(int rank) const;
   // The stored format of the linear layers (that of the first layer's Q projection).
@@ -91,6 +96,8 @@ class TpGroup {
 
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<Threads> threads_;  // Null for a group of one.
+  StepBackendFactory backend_factory_;
+  std::unique_ptr<StepBackend> backend_;
   int64_t num_blocks_ = 0;
   int64_t block_size_ = 16;
   std::span<const float> logits_;

@@ -24,7 +24,7 @@ from migration_test import offline  # noqa: E402
 from serving_test import MODEL, WORDS, metric  # noqa: E402
 
 SECONDS = float(os.environ.get("CLEAVE_CHAOS_SECONDS", "30"))
-CLIENTS = 16
+CLIENTS = 32  # Streaming clients: each decode worker runs 16 of them at once.
 MAX_NEW = 160  # As in migration_test, whose offline references this test shares.
 
 
@@ -41,7 +41,7 @@ class ChaosTest(unittest.TestCase):
         def start(role):
             return ct.Process([ct.binary("cleave-worker"), f"--role={role}", f"--model={MODEL}",
                                f"--router={address}", "--listen=127.0.0.1:0", "--metrics-port=0",
-                               "--target-concurrency=8", "--planned-seq-len=256", "--threads=1"])
+                               "--target-concurrency=16", "--planned-seq-len=256", "--threads=1"])
 
         workers = {"prefill": [start("prefill"), start("prefill")],
                    "decode": [start("decode"), start("decode")]}

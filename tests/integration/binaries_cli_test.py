@@ -149,6 +149,24 @@ class BinariesCliTest(unittest.TestCase):
         self.assertNotIn("Paris", out)
         self.assertIn("France is", out)
 
+    def test_generate_backend_flag(self):
+        model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if not os.path.exists(model):
+            self.skipTest(f"{model} missing; run scripts/install-deps.sh")
+        cleave = ct.binary("cleave")
+        self.assert_usage_error([cleave, "generate", f"--model={model}", "--backend=tpu", "Hi"],
+                                "--backend is cpu or cuda, not 'tpu'")
+        code, out, err = ct.run([cleave, "generate", f"--model={model}", "--backend=cuda",
+                                 "--max-tokens=12", "What is the capital of France?"], timeout=120)
+        if code == 0:  # A GPU is here: the GPU model answers as the CPU one does.
+            self.assertIn("Paris", out)
+            return
+        # No GPU (or a build without CUDA): one clear line saying what is missing, no crash.
+        self.assertEqual(code, 1, err)
+        self.assertRegex(err, r"GPU|CUDA")
+        self.assertNotIn("Aborted", err)
+        self.assertLessEqual(len(err.strip().splitlines()), 1, err)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -1,0 +1,31 @@
+// A forward step run somewhere other than the CPU model: the seam through which a TpGroup
+// hands its steps to another backend (the CUDA model, cuda_llama_model.h) while the
+// scheduler above it stays the same.
+//
+// Threading: as the TpGroup that owns it — one thread calls forward().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "absl/status/statusor.h"
+#include "services/engine/llama_model.h"
+#include "services/engine/llama_weights.h"
+
+namespace cleave::engine {
+
+class StepBackend {
+ public:
+  virtual ~StepBackend() = default;
+  // As LlamaModel::forward, over the backend's own KV cache of the blocks it was made with.
+  virtual absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) = 0;
+};
+
+// Makes a backend for `weights` (read only during the call) with a KV pool of `num_blocks`
+// blocks of `block_size` positions.
+using StepBackendFactory = std::function<absl::StatusOr<std::unique_ptr<StepBackend>>(
+    const LlamaWeights& weights, int64_t num_blocks, int64_t block_size)>;
+
+}  // namespace cleave::engine
