@@ -16,7 +16,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/build/device-check}"
 cd "$root"
 tests=(cuda_device_test cuda_elementwise_test cuda_sampling_test cuda_gemm_test cuda_attention_test
-       nccl_communicator_test cuda_model_test)
+       cuda_moe_test nccl_communicator_test cuda_model_test)
 
 scripts/build.sh default
 rm -rf "$out"
@@ -67,7 +67,7 @@ export CLEAVE_GOLDEN_DIR="$dir/data" CLEAVE_MODEL_DIR="$dir/models"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>/dev/null || true
 results=()
 for t in cuda_device_test cuda_elementwise_test cuda_sampling_test cuda_gemm_test cuda_attention_test \
-         nccl_communicator_test cuda_model_test; do
+         cuda_moe_test nccl_communicator_test cuda_model_test; do
   start=$(date +%s)
   timeout 150 "$dir/bin/$t" > "$logs/$t.log" 2>&1
   rc=$?
