@@ -2,6 +2,7 @@
 // types — and the one place runtime values become template arguments.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -32,6 +33,19 @@ absl::Status withAttentionVariant(int head_dim, KvDtype kv, const char* op, Fn&&
   }
   return absl::InvalidArgumentError(std::string(op) + ": head_dim " + std::to_string(head_dim) +
                                     " (supported: " + kHeadDims + ")");
+}
+
+// The attention kernels copy 16-byte chunks: q, its row stride (in bf16 elements) and the
+// caches must be 16-byte aligned. InvalidArgument naming `op` otherwise.
+inline absl::Status checkAlignment(const char* op, const void* q, int64_t q_stride,
+                                   const void* k_cache, const void* v_cache) {
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!aligned(q) || q_stride % 8 != 0 || !aligned(k_cache) || !aligned(v_cache))
+    return absl::InvalidArgumentError(
+        std::string(op) +
+        ": q, the caches and q_stride must be 16-byte aligned (stride a "
+        "multiple of 8 elements)");
+  return absl::OkStatus();
 }
 
 }  // namespace cleave::cuda

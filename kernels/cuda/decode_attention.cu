@@ -42,7 +42,17 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
   const int seq = blockIdx.z;
   const int len = a.seq_lens[seq];
   const int start = blockIdx.x * p.partition_size;
-  if (start >= len) return;
+  if (start >= len) {
+    // An empty sequence (outside the contract) still gets a defined output: zeros.
+    if (len <= 0 && blockIdx.x == 0 && p.partitions == 1) {
+      const int group = p.heads / p.kv_heads;
+      const int head0 = (blockIdx.y / p.q_tiles) * group + (blockIdx.y % p.q_tiles) * 16;
+      const int rows = min(16, group - (blockIdx.y % p.q_tiles) * 16);
+      for (int i = threadIdx.x; i < rows * D; i += kThreads)
+        a.out[seq * a.out_stride + static_cast<int64_t>(head0) * D + i] = __float2bfloat16(0.0f);
+    }
+    return;
+  }
   const int end = min(len, start + p.partition_size);
   const int group = p.heads / p.kv_heads;
   const int kv_head = blockIdx.y / p.q_tiles;
@@ -144,7 +154,12 @@ __global__ void __launch_bounds__(D) mergePartitionsKernel(const DecodeParams p)
   const DecodeAttentionArgs& a = p.args;
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
-  const int used = (a.seq_lens[seq] + p.partition_size - 1) / p.partition_size;
+  const int used = (max(a.seq_lens[seq], 0) + p.partition_size - 1) / p.partition_size;
+  if (used == 0) {  // An empty sequence: zeros, not 0 / 0.
+    a.out[seq * a.out_stride + static_cast<int64_t>(head) * D + threadIdx.x] =
+        __float2bfloat16(0.0f);
+    return;
+  }
   const int64_t base = static_cast<int64_t>(seq) * p.partitions * p.heads + head;
   float top = -INFINITY;
   for (int i = 0; i < used; ++i) top = fmaxf(top, p.partial_lse[base + i * p.heads]);
@@ -220,6 +235,10 @@ absl::Status runDecodeAttention(const DecodeAttentionPlan& plan, const DecodeAtt
                                                    " outside [1, ", plan.shape.max_batch, "]"));
   if (plan.partitions > 1 && args.workspace == nullptr)
     return absl::InvalidArgumentError("decode attention: the plan needs a workspace");
+  if (absl::Status aligned =
+          checkAlignment("decode attention", args.q, args.q_stride, args.k_cache, args.v_cache);
+      !aligned.ok())
+    return aligned;
   DecodeParams params{.args = args,
                       .heads = plan.shape.heads,
                       .kv_heads = plan.shape.kv_heads,

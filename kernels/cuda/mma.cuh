@@ -27,14 +27,16 @@ __device__ __forceinline__ uint32_t sharedAddress(const void* p) {
 __device__ __forceinline__ void ldmatrixX4(uint32_t (&r)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(sharedAddress(row)));
+               : "r"(sharedAddress(row))
+               : "memory");
 }
 
 // The same with every matrix transposed: register i holds (rows 2 (l % 4)..+1, col l / 4).
 __device__ __forceinline__ void ldmatrixX4Trans(uint32_t (&r)[4], const void* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(sharedAddress(row)));
+               : "r"(sharedAddress(row))
+               : "memory");
 }
 
 // c += a · b on the tensor cores (m16n8k16, bf16 operands, f32 accumulators).
@@ -51,13 +53,16 @@ __device__ __forceinline__ void mmaBf16(float (&c)[4], const uint32_t (&a)[4], u
 // false nothing is read and the 16 bytes are zero-filled.
 __device__ __forceinline__ void cpAsync16(void* shared, const void* global, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sharedAddress(shared)),
-               "l"(global), "r"(valid ? 16 : 0));
+               "l"(global), "r"(valid ? 16 : 0)
+               : "memory");
 }
-__device__ __forceinline__ void cpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 // Waits until at most `Pending` committed groups of this thread are still in flight.
 template <int Pending>
 __device__ __forceinline__ void cpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
 // Two floats as one register of bf16 (lo in the low half), rounded to nearest.

@@ -158,6 +158,12 @@ absl::Status runPrefillAttention(const PrefillAttentionPlan& plan, const Prefill
   if (args.sequences < 1 || args.sequences > plan.shape.max_sequences)
     return absl::InvalidArgumentError(absl::StrCat("prefill attention: sequences ", args.sequences,
                                                    " outside [1, ", plan.shape.max_sequences, "]"));
+  if (absl::Status aligned =
+          checkAlignment("prefill attention", args.q, args.q_stride, args.k_cache, args.v_cache);
+      !aligned.ok())
+    return aligned;
+  if (args.out_stride % 2 != 0 || reinterpret_cast<uintptr_t>(args.out) % 4 != 0)
+    return absl::InvalidArgumentError("prefill attention: out and out_stride must be even");
   const PrefillParams params{
       .args = args,
       .heads = plan.shape.heads,

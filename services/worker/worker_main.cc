@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
 #include "common/grpc_logging.h"
+#include "common/grpc_threads.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/model/fingerprint.h"
@@ -230,6 +231,7 @@ int run(int argc, char** argv) {
                                .require_client_cert = true});
   if (!serving.ok()) exitWithUsageError(flags, serving.status());
   builder.AddListeningPort(options.server.listen, *serving, &port);
+  keepServerThreads(builder);
   if (role != Role::kPrefill) builder.RegisterService(&decode);
   if (role != Role::kDecode) builder.RegisterService(&prefill);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
