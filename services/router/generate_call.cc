@@ -24,6 +24,10 @@ grpc::Status error(grpc::StatusCode code, const std::string& message) { return {
 // How long a Release or Cancel may take once the client's call is over.
 constexpr auto kCleanupTimeout = std::chrono::seconds(5);
 
+// How long a request waits for a prefill worker when none is registered (they are all
+// restarting); past it, UNAVAILABLE says to start one.
+constexpr absl::Duration kPrefillPatience = absl::Seconds(20);
+
 // A context for a call to a worker, bounded by the client's deadline.
 std::unique_ptr<grpc::ClientContext> workerContext(std::chrono::system_clock::time_point deadline) {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -354,6 +358,12 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     bool every_prefill_failed = false;
     while (true) {
       absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, tokens, failed);
+      // No prefill worker at all (every one restarting): wait for one to register, as long
+      // as a restart takes.
+      if (!prefiller.ok() && failed.empty() &&
+          pool_.awaitPrefill(worker, sequence.deadline, sequence.cancelled, kPrefillPatience)) {
+        prefiller = pool_.pickPrefill(worker, tokens, failed);
+      }
       if (!prefiller.ok()) {
         if (failed.empty()) return toGrpcStatus(prefiller.status());
         every_prefill_failed = true;

@@ -2,6 +2,10 @@
 #include <csignal>
 #include <string>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "common/flags.h"
 #include "common/grpc_logging.h"
 #include "common/log.h"
@@ -13,6 +17,13 @@
 #include "services/router/router_server.h"
 
 int main(int argc, char** argv) {
+#if defined(__GLIBC__)
+  // One malloc arena for every thread. The router's threads only relay small messages, so
+  // they do not contend for it; with an arena per thread, glibc's free memory fragments
+  // across arenas and resident memory creeps (+1.3% in 10 minutes of streaming load, the
+  // live heap flat), against +0.7% and settling with one (tests/e2e/soak_test.py).
+  mallopt(M_ARENA_MAX, 1);
+#endif
   cleave::blockShutdownSignals();
   cleave::routeGrpcLogsToDebug();
 

@@ -405,6 +405,24 @@ void WorkerPool::updateGauges() {
   }
 }
 
+bool WorkerPool::awaitPrefill(const Worker& decode, std::chrono::system_clock::time_point deadline,
+                              const std::function<bool()>& cancelled, absl::Duration patience) {
+  absl::MutexLock lock(&mu_);
+  const auto give_up =
+      std::min(deadline, std::chrono::system_clock::now() + absl::ToChronoMilliseconds(patience));
+  absl::Status why;
+  return waitUntil(
+      [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        for (const auto& [id, entry] : workers_) {
+          if (entry.draining) continue;
+          if (entry.worker->info.role() == v1::WORKER_ROLE_PREFILL) return true;
+          if (id == decode.id && decode.info.role() == v1::WORKER_ROLE_BOTH) return true;
+        }
+        return false;
+      },
+      give_up, cancelled, why);
+}
+
 absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64_t tokens,
                                                      const std::vector<std::string>& exclude) {
   absl::MutexLock lock(&mu_);

@@ -129,6 +129,13 @@ class WorkerPool {
                                   const std::string& client = "");
   void release(const Admission& admission);
 
+  // Waits until a worker that can prefill for `decode` is registered (none draining: a
+  // prefill worker, or `decode` itself when it has both roles): while every prefill worker
+  // is restarting, a request waits for one instead of failing. False when `deadline`
+  // passes, `cancelled()` turns true, or `patience` runs out first.
+  bool awaitPrefill(const Worker& decode, std::chrono::system_clock::time_point deadline,
+                    const std::function<bool()>& cancelled, absl::Duration patience);
+
   // The worker to prefill `tokens` prompt tokens for `decode`: the prefill worker with the
   // fewest outstanding prefill tokens (none of `exclude`), or `decode` itself when it has
   // both roles and no prefill worker is left. Unavailable when there is none.
