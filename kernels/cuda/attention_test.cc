@@ -214,33 +214,20 @@ TEST(DecodeAttentionTest, MatchesCpuBackend) {
 }
 
 TEST(DecodeAttentionTest, PlanRefusesUnsupportedShapes) {
-  EXPECT_FALSE(planDecodeAttention({.heads = 8,
-                                    .kv_heads = 8,
-                                    .head_dim = 96,
-                                    .block_size = 16,
-                                    .max_batch = 1,
-                                    .max_context = 16,
-                                    .scale = 1},
-                                   1)
-                   .ok());
-  EXPECT_FALSE(planDecodeAttention({.heads = 8,
-                                    .kv_heads = 8,
-                                    .head_dim = 64,
-                                    .block_size = 24,
-                                    .max_batch = 1,
-                                    .max_context = 16,
-                                    .scale = 1},
-                                   1)
-                   .ok());
-  EXPECT_FALSE(planDecodeAttention({.heads = 6,
-                                    .kv_heads = 4,
-                                    .head_dim = 64,
-                                    .block_size = 16,
-                                    .max_batch = 1,
-                                    .max_context = 16,
-                                    .scale = 1},
-                                   1)
-                   .ok());
+  const DecodeAttentionShape good{.heads = 8,
+                                  .kv_heads = 8,
+                                  .head_dim = 64,
+                                  .block_size = 16,
+                                  .max_batch = 1,
+                                  .max_context = 16,
+                                  .scale = 1};
+  DecodeAttentionShape head_dim = good, block = good, heads = good;
+  head_dim.head_dim = 96;
+  block.block_size = 24;
+  heads.heads = 6;
+  heads.kv_heads = 4;
+  for (const DecodeAttentionShape& bad : {head_dim, block, heads})
+    EXPECT_EQ(planDecodeAttention(bad, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 void checkPrefill(const Case& c, uint32_t seed) {

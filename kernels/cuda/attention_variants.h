@@ -35,6 +35,18 @@ absl::Status withAttentionVariant(int head_dim, KvDtype kv, const char* op, Fn&&
                                     " (supported: " + kHeadDims + ")");
 }
 
+// The shape rules both attention kernels share: pages of a power-of-two size, query heads
+// a multiple of the KV heads. InvalidArgument naming `op` and the field otherwise.
+inline absl::Status checkHeadsAndPages(const char* op, int heads, int kv_heads, int block_size) {
+  if (block_size < 1 || (block_size & (block_size - 1)) != 0)
+    return absl::InvalidArgumentError(std::string(op) + ": block_size " +
+                                      std::to_string(block_size) + " is not a power of two");
+  if (kv_heads < 1 || heads < kv_heads || heads % kv_heads != 0)
+    return absl::InvalidArgumentError(std::string(op) + ": heads " + std::to_string(heads) +
+                                      " is not a multiple of kv_heads " + std::to_string(kv_heads));
+  return absl::OkStatus();
+}
+
 // The attention kernels copy 16-byte chunks: q, its row stride (in bf16 elements) and the
 // caches must be 16-byte aligned. InvalidArgument naming `op` otherwise.
 inline absl::Status checkAlignment(const char* op, const void* q, int64_t q_stride,

@@ -196,13 +196,10 @@ absl::Status allowSharedMemory() {
 
 absl::StatusOr<DecodeAttentionPlan> planDecodeAttention(const DecodeAttentionShape& shape,
                                                         int multiprocessors) {
-  if (shape.block_size < 1 || (shape.block_size & (shape.block_size - 1)) != 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("decode attention: block_size ", shape.block_size, " is not a power of two"));
-  if (shape.kv_heads < 1 || shape.heads < shape.kv_heads || shape.heads % shape.kv_heads != 0)
-    return absl::InvalidArgumentError(absl::StrCat("decode attention: heads ", shape.heads,
-                                                   " is not a multiple of kv_heads ",
-                                                   shape.kv_heads));
+  if (absl::Status s =
+          checkHeadsAndPages("decode attention", shape.heads, shape.kv_heads, shape.block_size);
+      !s.ok())
+    return s;
   if (shape.max_batch < 1 || shape.max_context < 1)
     return absl::InvalidArgumentError("decode attention: max_batch and max_context must be >= 1");
   DecodeAttentionPlan plan{.shape = shape};

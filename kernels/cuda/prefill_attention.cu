@@ -135,13 +135,10 @@ absl::Status launch(const PrefillAttentionPlan& plan, const PrefillParams& param
 }  // namespace
 
 absl::StatusOr<PrefillAttentionPlan> planPrefillAttention(const PrefillAttentionShape& shape) {
-  if (shape.block_size < 1 || (shape.block_size & (shape.block_size - 1)) != 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefill attention: block_size ", shape.block_size, " is not a power of two"));
-  if (shape.kv_heads < 1 || shape.heads < shape.kv_heads || shape.heads % shape.kv_heads != 0)
-    return absl::InvalidArgumentError(absl::StrCat("prefill attention: heads ", shape.heads,
-                                                   " is not a multiple of kv_heads ",
-                                                   shape.kv_heads));
+  if (absl::Status s =
+          checkHeadsAndPages("prefill attention", shape.heads, shape.kv_heads, shape.block_size);
+      !s.ok())
+    return s;
   if (shape.max_sequences < 1 || shape.max_new_tokens < 1)
     return absl::InvalidArgumentError(
         "prefill attention: max_sequences and max_new_tokens must be >= 1");
