@@ -264,5 +264,31 @@ TEST(WorkerPoolFairnessTest, ClientsTakeTurnsInTheQueue) {
   EXPECT_EQ(pool.reservedBlocks(), 0);
 }
 
+TEST_F(WorkerPoolTest, AwaitingAPrefillWorkerEndsWhenOneRegistersOrPatienceRunsOut) {
+  ASSERT_TRUE(pool_.add(worker("d", v1::WORKER_ROLE_DECODE, 10, 4)).ok());
+  auto admission = pool_.admit(1, soon(), never);
+  ASSERT_TRUE(admission.ok());
+  // None registered: patience ends the wait, before the deadline.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pool_.awaitPrefill(*admission->worker, soon(5000), never, absl::Milliseconds(50)));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  // A cancelled request stops waiting at once.
+  EXPECT_FALSE(pool_.awaitPrefill(
+      *admission->worker, soon(5000), [] { return true; }, absl::Seconds(5)));
+  // One registering while the request waits ends the wait with a worker to pick.
+  std::thread registers([&] {
+    // Usually lands while the request waits; earlier, the wait ends at once: true either way.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(pool_.add(worker("p", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
+  });
+  EXPECT_TRUE(pool_.awaitPrefill(*admission->worker, soon(5000), never, absl::Seconds(5)));
+  registers.join();
+  auto picked = pool_.pickPrefill(*admission->worker, 10);
+  ASSERT_TRUE(picked.ok());
+  EXPECT_EQ(picked->worker->id, "p");
+  pool_.releasePrefill(*picked);
+  pool_.release(*admission);
+}
+
 }  // namespace
 }  // namespace cleave::router
