@@ -41,29 +41,24 @@ __device__ __forceinline__ uint64_t mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-__device__ float blockMax(float v, Shared& s) {
-  const float m = Reduce(s.reduce).Reduce(v, [](float a, float b) { return fmaxf(a, b); });
-  if (threadIdx.x == 0) s.value = m;
+// Thread 0's `value` (where a block reduction leaves its result) for every thread.
+template <typename T>
+__device__ T broadcast(T value, T& slot) {
+  if (threadIdx.x == 0) slot = value;
   __syncthreads();
-  const float result = s.value;
+  const T result = slot;
   __syncthreads();
   return result;
+}
+__device__ float blockMax(float v, Shared& s) {
+  return broadcast(Reduce(s.reduce).Reduce(v, [](float a, float b) { return fmaxf(a, b); }),
+                   s.value);
 }
 __device__ float blockSum(float v, Shared& s) {
-  const float total = Reduce(s.reduce).Sum(v);
-  if (threadIdx.x == 0) s.value = total;
-  __syncthreads();
-  const float result = s.value;
-  __syncthreads();
-  return result;
+  return broadcast(Reduce(s.reduce).Sum(v), s.value);
 }
 __device__ int blockCount(int v, Shared& s) {
-  const int total = CountReduce(s.count).Sum(v);
-  if (threadIdx.x == 0) s.count_value = total;
-  __syncthreads();
-  const int result = s.count_value;
-  __syncthreads();
-  return result;
+  return broadcast(CountReduce(s.count).Sum(v), s.count_value);
 }
 
 // One block per row.
