@@ -50,4 +50,17 @@ float fp8e4m3ToFloat(uint8_t b) {
 // E5M2 is the top byte of a binary16.
 float fp8e5m2ToFloat(uint8_t b) { return halfToFloat(static_cast<uint16_t>(b) << 8); }
 
+float e2m1ToFloat(uint8_t code) {
+  static constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float magnitude = kMagnitude[code & 7];
+  return (code & 8) ? -magnitude : magnitude;
+}
+
+void e2m1(const uint8_t* src, float* dst, size_t blocks) {
+  for (size_t i = 0; i < blocks; ++i) {
+    dst[2 * i] = e2m1ToFloat(src[i] & 0x0f);
+    dst[2 * i + 1] = e2m1ToFloat(src[i] >> 4);
+  }
+}
+
 }  // namespace cleave::model::dequant

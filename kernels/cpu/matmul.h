@@ -4,8 +4,8 @@
 //
 // W has `rows` output features, each a row of `cols` input features. It arrives in its
 // stored format (WeightMatrix: GGUF block formats Q4_0, Q4_1, Q8_0, or F32, F16, BF16; also
-// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K and FP8 E4M3 with block scales, which are dequantized a row
-// at a time until they have kernels of their own) and
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, and FP8 E4M3 or FP4 E2M1 codes with their scales, which
+// are dequantized a row at a time until they have kernels of their own) and
 // is turned once, at load, into a CpuMatrix: quantized formats are repacked row-interleaved
 // for the AVX-512 kernels (packed_layout.h: the same bytes rearranged, nothing
 // dequantized), other cases use the stored bytes in place. Quantized weights multiply x
@@ -25,10 +25,11 @@
 
 namespace cleave::cpu {
 
-// The per-block scales of an FP8 block-scaled weight (model/quantization.h): element (r, c)
-// is its stored value times data[((row_offset + r) / block_rows) * cols +
-// (col_offset + c) / block_cols]. The offsets place a slice of a matrix (a tensor-parallel
-// shard) in its whole matrix's scale grid of `cols` columns.
+// The scales of an FP8 or NVFP4 weight (model/quantization.h): element (r, c) is
+//   (code(r, c) * data[((row_offset + r) / block_rows) * cols + (col_offset + c) / block_cols])
+//   * global
+// The offsets place a slice of a matrix (a tensor-parallel shard) in its whole matrix's
+// scale grid of `cols` columns.
 struct BlockScales {
   const float* data = nullptr;
   int64_t block_rows = 0;
@@ -36,6 +37,7 @@ struct BlockScales {
   int64_t cols = 0;
   int64_t row_offset = 0;
   int64_t col_offset = 0;
+  float global = 1.0f;
 };
 
 struct WeightMatrix {
@@ -43,7 +45,7 @@ struct WeightMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   const uint8_t* data = nullptr;  // rows * rowBytes() bytes.
-  BlockScales scales;             // Set for (and only for) FP8 weights.
+  BlockScales scales;             // Set for (and only for) FP8 and E2M1 weights.
   int64_t rowBytes() const;
 };
 

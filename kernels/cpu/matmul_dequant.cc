@@ -1,5 +1,5 @@
 // The fallback for weight formats without a dedicated kernel: dequantize one row into a
-// per-thread buffer (exact, model/tensor_type.h; times its block scales for FP8), then one
+// per-thread buffer (exact, model/tensor_type.h; times its scales for FP8 and E2M1), then one
 // dot product per token. Correct
 // everywhere, and the formats' bytes are still read only once per call.
 #include <vector>
@@ -20,7 +20,8 @@ absl::Status dequantizeRows(const WeightMatrix& w, int64_t row_begin, int64_t ro
       return status;
     if (s.data != nullptr) {
       const float* scale = s.data + ((s.row_offset + n) / s.block_rows) * s.cols;
-      for (int64_t c = 0; c < w.cols; ++c) row[c] *= scale[(s.col_offset + c) / s.block_cols];
+      for (int64_t c = 0; c < w.cols; ++c)
+        row[c] = (row[c] * scale[(s.col_offset + c) / s.block_cols]) * s.global;
     }
   }
   return absl::OkStatus();

@@ -140,7 +140,7 @@ int runInspect(int argc, char** argv) {
     auto quant = model::readQuantizationInfo(path);
     if (!quant.ok()) return fail(quant.status());
     if (quant->scheme != model::QuantScheme::kNone) {
-      absl::StrAppend(&format, ", quantization ", model::quantSchemeName(quant->scheme));
+      absl::StrAppend(&format, ", quantization ", quant->describe());
     }
   } else {
     auto gguf = model::GgufFile::open(path);

@@ -137,8 +137,9 @@ TEST(CudaLlamaModelTest, SmolLm2MatchesTheCpuBackend) {
   checkModel(path);
 }
 
-// The dense tiny models of tests/golden/gen_engine_hf.py: Llama (f32, bf16, fp8 block
-// scaled, llama3 rope scaling), SmolLM2's shape, Qwen2 (QKV bias), Qwen3 (q/k norm).
+// The dense tiny models of tests/golden/gen_engine_hf.py: Llama (f32, bf16, FP8 and NVFP4
+// in each convention, llama3 rope scaling), SmolLM2's shape, Qwen2 (QKV bias), Qwen3 (q/k
+// norm). Quantized weights are uploaded dequantized to bf16.
 class CudaTinyModelTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaTinyModelTest, MatchesTheCpuBackend) {
@@ -149,7 +150,8 @@ TEST_P(CudaTinyModelTest, MatchesTheCpuBackend) {
 INSTANTIATE_TEST_SUITE_P(Dense, CudaTinyModelTest,
                          ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
                                            "llama_fp8", "smollm2_like_f32", "qwen2_f32",
-                                           "qwen3_f32"));
+                                           "qwen3_f32", "llama_fp8_ct_channel",
+                                           "llama_nvfp4_modelopt", "llama_nvfp4_ct"));
 
 // An e4m3 KV cache (3 mantissa bits) against the CPU's f32 one: a looser bound, the same
 // greedy tokens away from near-ties.

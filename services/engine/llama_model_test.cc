@@ -266,6 +266,51 @@ TEST(Fp8CheckpointTest, InconsistentCheckpointsAreRefused) {
   std::filesystem::remove_all(dir);
 }
 
+// An NVFP4 checkpoint missing a companion, or with an impossible global scale, is refused
+// naming the tensor.
+TEST(Nvfp4CheckpointTest, InconsistentCheckpointsAreRefused) {
+  const std::filesystem::path source = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llama_nvfp4_ct";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("cleave_nvfp4_" + std::to_string(getpid()));
+  // A copy of the checkpoint without tensor `drop` and with tensor `zero`'s bytes zeroed.
+  auto rewrite = [&](const std::string& drop, const std::string& zero) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::filesystem::copy(source / "config.json", dir / "config.json");
+    std::ifstream in(source / "model.safetensors", std::ios::binary);
+    uint64_t header_bytes = 0;
+    in.read(reinterpret_cast<char*>(&header_bytes), 8);
+    std::string header(header_bytes, '\0');
+    in.read(header.data(), header_bytes);
+    const std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    nlohmann::json tensors = nlohmann::json::parse(header), out = nlohmann::json::object();
+    std::string packed;
+    for (auto& [name, t] : tensors.items()) {
+      if (name == drop || name == "__metadata__") continue;
+      const uint64_t begin = t["data_offsets"][0], end = t["data_offsets"][1];
+      std::string bytes = data.substr(begin, end - begin);
+      if (name == zero) bytes.assign(bytes.size(), '\0');
+      out[name] = t;
+      out[name]["data_offsets"] = {packed.size(), packed.size() + bytes.size()};
+      packed += bytes;
+    }
+    const std::string text = out.dump();
+    const uint64_t text_bytes = text.size();
+    std::ofstream file(dir / "model.safetensors", std::ios::binary);
+    file.write(reinterpret_cast<const char*>(&text_bytes), 8);
+    file << text << packed;
+  };
+  const std::string module = "model.layers.1.mlp.down_proj";
+  rewrite(module + ".weight_global_scale", "");
+  auto weights = loadLlama(dir.string());
+  EXPECT_EQ(weights.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(weights.status().message(), HasSubstr(module + ".weight_global_scale\" is missing"));
+  rewrite("", module + ".weight_global_scale");
+  weights = loadLlama(dir.string());
+  EXPECT_THAT(weights.status().message(), HasSubstr("must be a positive finite number"));
+  std::filesystem::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
                          ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
                                            "llama_fp8", "smollm2_like_f32", "qwen2_f32",
@@ -273,6 +318,13 @@ INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32"));
+
+// FP8 and NVFP4 checkpoints in the ModelOpt and compressed-tensors conventions
+// (tests/golden/quantize_formats.py), run weight-only.
+INSTANTIATE_TEST_SUITE_P(Quantized, HfLogitsTest,
+                         ::testing::Values("llama_fp8_modelopt", "llama_fp8_ct_channel",
+                                           "llama_fp8_ct_block", "llama_nvfp4_modelopt",
+                                           "llama_nvfp4_ct", "qwen3_moe_nvfp4_ct"));
 
 }  // namespace
 }  // namespace cleave::engine

@@ -44,29 +44,32 @@ class TensorSource {
                                       std::vector<uint64_t> dims) const = 0;
   virtual absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
                                        const ShardDims& dims) const = 0;
-  // The block scales of FP8 weight `name` (its whole matrix's grid), as floats.
-  struct Scales {
-    std::shared_ptr<std::vector<float>> data;
-    cpu::BlockScales grid;  // data pointer, block shape and columns; offsets 0.
+  // The stored codes of matrix `name` ([rows, cols] as the model sees it) and, for FP8 or
+  // NVFP4 weights, their scales over the whole matrix (offsets 0).
+  struct StoredMatrix {
+    Stored codes;
+    std::shared_ptr<std::vector<float>> scale_values;
+    cpu::BlockScales scales;
   };
-  virtual absl::StatusOr<Scales> blockScales(const std::string& name) const = 0;
+  virtual absl::StatusOr<StoredMatrix> findMatrix(const std::string& name, uint64_t rows,
+                                                  uint64_t cols) const {
+    CLEAVE_ASSIGN_OR_RETURN(Stored t, find(name, {rows, cols}));
+    return StoredMatrix{.codes = t};
+  }
 
   static Slice rows(Span span) { return {Slice::Axis::kRows, span}; }
   static Slice cols(Span span) { return {Slice::Axis::kCols, span}; }
 
   absl::StatusOr<cpu::CpuMatrix> matrix(const std::string& name, uint64_t rows, uint64_t cols,
                                         Slice slice = {}) const {
-    CLEAVE_ASSIGN_OR_RETURN(Stored t, find(name, {rows, cols}));
+    CLEAVE_ASSIGN_OR_RETURN(StoredMatrix stored, findMatrix(name, rows, cols));
+    const Stored& t = stored.codes;
     cpu::WeightMatrix w{.type = t.type,
                         .rows = static_cast<int64_t>(rows),
                         .cols = static_cast<int64_t>(cols),
-                        .data = t.data};
+                        .data = t.data,
+                        .scales = stored.scales};
     std::shared_ptr<std::vector<uint8_t>> copy;
-    Scales scales;
-    if (t.type == model::TensorType::kF8E4M3) {
-      CLEAVE_ASSIGN_OR_RETURN(scales, blockScales(name));
-      w.scales = scales.grid;
-    }
     const uint64_t whole = slice.axis == Slice::Axis::kRows ? rows : cols;
     if (slice.span.begin == 0 && static_cast<uint64_t>(slice.span.size) == whole) {
       slice.axis = Slice::Axis::kAll;  // A group of one keeps the stored bytes in place.
@@ -93,7 +96,8 @@ class TensorSource {
       w.scales.col_offset = slice.span.begin;
     }
     auto m = cpu::CpuMatrix::create(
-        w, std::make_shared<std::pair<decltype(copy), decltype(scales.data)>>(copy, scales.data));
+        w, std::make_shared<std::pair<decltype(copy), decltype(stored.scale_values)>>(
+               copy, stored.scale_values));
     if (!m.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("tensor \"", name, "\": ", m.status().message()));
@@ -145,10 +149,6 @@ class GgufSource final : public TensorSource {
     }
     return Stored{t->type, t->data};
   }
-  absl::StatusOr<Scales> blockScales(const std::string& name) const override {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file_.path(), ": tensor \"", name, "\" is FP8, which GGUF does not define"));
-  }
   absl::StatusOr<MoeBlock> moe(uint32_t, const model::ModelConfig&,
                                const ShardDims&) const override {
     return absl::UnimplementedError(
@@ -197,28 +197,42 @@ class SafetensorsSource final : public TensorSource {
     }
     return Stored{t->dtype, t->data};
   }
-  // Mixtral names its MoE block "block_sparse_moe" with experts w1 (gate), w3 (up),
-  // w2 (down); Qwen3-MoE and DeepSeek-V3 "mlp" with gate_proj / up_proj / down_proj, and
-  // DeepSeek adds gate.e_score_correction_bias and shared_experts.
-  absl::StatusOr<Scales> blockScales(const std::string& name) const override {
-    if (quant_.scheme != model::QuantScheme::kFp8BlockScaled) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", name,
-                       "\" is F8_E4M3 but the checkpoint declares no FP8 block-scaled "
-                       "quantization_config (quant_method \"fp8\" with weight_block_size)"));
+  // A float tensor is used as stored; FP8 codes, or NVFP4 codes (U8, or missing under the
+  // name because compressed-tensors calls them "weight_packed"), come with their scales.
+  absl::StatusOr<StoredMatrix> findMatrix(const std::string& name, uint64_t rows,
+                                          uint64_t cols) const override {
+    const model::SafetensorsTensor* t = ckpt_.find(name);
+    const bool plain = t != nullptr && t->dtype != model::TensorType::kF8E4M3 &&
+                       t->dtype != model::TensorType::kU8;
+    if (plain) return TensorSource::findMatrix(name, rows, cols);
+    if (quant_.scheme == model::QuantScheme::kNone) {
+      if (t == nullptr)
+        return absl::NotFoundError(absl::StrCat("tensor \"", name, "\" is missing"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          t->file, ": tensor \"", name, "\" is ", model::tensorTypeName(t->dtype),
+          " but the checkpoint declares no quantization (config.json quantization_config or "
+          "hf_quant_config.json)"));
     }
     CLEAVE_ASSIGN_OR_RETURN(model::QuantizedWeight q,
                             model::resolveQuantizedWeight(ckpt_, quant_, name));
-    const uint64_t count = q.scale->shape[0] * q.scale->shape[1];
-    Scales out{.data = std::make_shared<std::vector<float>>(count)};
-    CLEAVE_RETURN_IF_ERROR(
-        model::dequantize(q.scale->dtype, q.scale->data, count, out.data->data()));
-    out.grid = {.data = out.data->data(),
-                .block_rows = quant_.block_rows,
-                .block_cols = quant_.block_cols,
-                .cols = static_cast<int64_t>(q.scale->shape[1])};
+    if (q.rows != rows || q.cols != cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(q.weight->file, ": tensor \"", q.weight->name, "\" holds a [", q.rows, ", ",
+                       q.cols, "] matrix, the config implies [", rows, ", ", cols, "]"));
+    }
+    CLEAVE_ASSIGN_OR_RETURN(model::ScaleGrid grid, model::scaleGrid(q, quant_));
+    StoredMatrix out{.codes = {q.codes, q.weight->data},
+                     .scale_values = std::make_shared<std::vector<float>>(std::move(grid.values))};
+    out.scales = {.data = out.scale_values->data(),
+                  .block_rows = static_cast<int64_t>(grid.block_rows),
+                  .block_cols = static_cast<int64_t>(grid.block_cols),
+                  .cols = static_cast<int64_t>(grid.grid_cols),
+                  .global = grid.global};
     return out;
   }
+  // Mixtral names its MoE block "block_sparse_moe" with experts w1 (gate), w3 (up),
+  // w2 (down); Qwen3-MoE and DeepSeek-V3 "mlp" with gate_proj / up_proj / down_proj, and
+  // DeepSeek adds gate.e_score_correction_bias and shared_experts.
   absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
                                const ShardDims& dims) const override {
     const bool mixtral = c.architecture == Architecture::kMixtral;
@@ -357,10 +371,6 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
   w->rope_pairing = cpu::RopePairing::kHalves;
   CLEAVE_ASSIGN_OR_RETURN(model::QuantizationInfo quantization,
                           model::readQuantizationInfo(folder));
-  if (quantization.scheme == model::QuantScheme::kNvfp4) {
-    return absl::UnimplementedError(absl::StrCat(
-        quantization.source, ": NVFP4 checkpoints are not supported by the CPU engine yet"));
-  }
   CLEAVE_RETURN_IF_ERROR(
       loadTensors(SafetensorsSource(*w->safetensors, quantization), *w, on_layer));
   return w;

@@ -7,9 +7,10 @@ namespace cleave::engine {
 namespace {
 
 // MLP columns are cut on quantization block boundaries: 256 covers the K-quants, 32 the
-// other GGUF block formats; a width that is neither is a float model's, cut anywhere.
+// other GGUF block formats, 16 the NVFP4 scale groups; a width that is none of them is a
+// float model's, cut anywhere.
 int64_t columnUnit(int64_t width, int parts) {
-  for (int64_t unit : {256, 32}) {
+  for (int64_t unit : {256, 32, 16}) {
     if (width % unit == 0 && width / unit >= parts) return unit;
   }
   return 1;

@@ -9,11 +9,10 @@ For every case writes tests/golden/data/engine/hf/<case>/:
                   tensors, Mixtral's block_sparse_moe.*.w1/w2/w3)
   logits.json     full-sequence logits of three prompts at every position,
                   plus 8 greedy continuation tokens per prompt
-  fp8 cases       the linear layers stored as a DeepSeek/Qwen-style FP8 block-scaled
-                  checkpoint (F8_E4M3 weight + F32 weight_scale_inv per block, config.json
-                  "quantization_config" quant_method fp8); the logits are transformers'
-                  on the same model with each weight replaced by torch's decoding of the
-                  stored FP8 bytes times its block scale
+  quantized cases the decoder's linear layers stored FP8 or NVFP4 in one of the
+                  conventions of quantize_formats.py (Hugging Face fp8, ModelOpt,
+                  compressed-tensors); the logits are transformers' on the same model with
+                  each weight replaced by what its stored bytes decode to
   routing.json    MoE cases only: router decisions of every MoE layer's gate
                   for random hidden states, from transformers' own router
                   modules, so routing can be checked without attention
@@ -32,6 +31,7 @@ import json
 import logging
 import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -49,6 +49,7 @@ from transformers import (AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, M
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DATA_DIR, b64, fnv1a64, pkg_version, write_json  # noqa: E402
+from quantize_formats import quantize_checkpoint, write_decoded_checkpoint  # noqa: E402
 
 OUT = DATA_DIR / "engine" / "hf"
 PRODUCER = (f"tests/golden/gen_engine_hf.py with transformers {pkg_version('transformers')}, "
@@ -76,11 +77,16 @@ LLAMA_BASE = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, nu
                   rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
                   bos_token_id=1, eos_token_id=2, attention_bias=False, mlp_bias=False)
 
-# name: (config class, kwargs, seed, weight dtype); weight dtype "fp8" means float32 weights
-# stored FP8 block-scaled with FP8_BLOCK (uneven blocks at the edges: 176 = 5.5 x 32).
-FP8_BLOCK = (16, 32)
+# name: (config class, kwargs, seed, weight dtype); a string weight dtype is a quantized
+# format of quantize_formats.py applied to the float32 weights (its [16, 32] blocks are
+# uneven at the edges: 176 = 5.5 x 32). The quantized Llama cases share llama_f32's weights.
 CASES: dict[str, tuple] = {
-    "llama_fp8": (LlamaConfig, LLAMA_BASE, 101, "fp8"),
+    "llama_fp8": (LlamaConfig, LLAMA_BASE, 101, "fp8_hf"),
+    "llama_fp8_modelopt": (LlamaConfig, LLAMA_BASE, 101, "fp8_modelopt"),
+    "llama_fp8_ct_channel": (LlamaConfig, LLAMA_BASE, 101, "fp8_ct_channel"),
+    "llama_fp8_ct_block": (LlamaConfig, LLAMA_BASE, 101, "fp8_ct_block"),
+    "llama_nvfp4_modelopt": (LlamaConfig, LLAMA_BASE, 101, "nvfp4_modelopt"),
+    "llama_nvfp4_ct": (LlamaConfig, LLAMA_BASE, 101, "nvfp4_ct"),
     "llama_f32": (LlamaConfig, LLAMA_BASE, 101, torch.float32),
     "llama3_rope_f32": (LlamaConfig, {
         **LLAMA_BASE, "hidden_size": 128, "intermediate_size": 96, "num_attention_heads": 4,
@@ -128,6 +134,9 @@ CASES: dict[str, tuple] = {
         qk_rope_head_dim=8, v_head_dim=16, tie_word_embeddings=False, attention_bias=False,
         bos_token_id=0, eos_token_id=1), 110, torch.float32),
 }
+
+# The MoE experts (routed, 32 columns per down projection) in NVFP4; the router stays float.
+CASES["qwen3_moe_nvfp4_ct"] = (Qwen3MoeConfig, CASES["qwen3_moe_f32"][1], 108, "nvfp4_ct")
 
 
 # ---------------------------------------------------------------- helpers
@@ -333,41 +342,6 @@ def draw_prompts(model, vocab: int, seed: int) -> tuple[list[list[int]], int]:
         redraws += 1
 
 
-FP8_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@torch.no_grad()
-def quantize_fp8(model, folder: Path) -> None:
-    """Rewrites `folder`'s checkpoint with the linear layers FP8 block-scaled, and sets every
-    such weight of `model` to what the stored bytes decode to (torch's e4m3 -> float32)."""
-    r, c = FP8_BLOCK
-    stored = {}
-    for name, p in model.named_parameters():
-        if not (name.endswith(".weight") and name.split(".")[-2] in FP8_LINEARS):
-            continue
-        rows, cols = p.shape
-        br, bc = -(-rows // r), -(-cols // c)
-        scale = torch.empty(br, bc)
-        q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
-        for i in range(br):
-            for j in range(bc):
-                blk = p[i * r:(i + 1) * r, j * c:(j + 1) * c]
-                scale[i, j] = blk.abs().amax().clamp(min=1e-12) / 448.0
-                q[i * r:(i + 1) * r, j * c:(j + 1) * c] = (blk / scale[i, j]).to(torch.float8_e4m3fn)
-        expanded = scale.repeat_interleave(r, 0)[:rows].repeat_interleave(c, 1)[:, :cols]
-        p.copy_(q.to(torch.float32) * expanded)
-        stored[name] = q
-        stored[name + "_scale_inv"] = scale
-    from safetensors.torch import load_file, save_file
-    tensors = load_file(str(folder / "model.safetensors"))
-    tensors.update(stored)
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
-                                  "fmt": "e4m3", "weight_block_size": list(FP8_BLOCK)}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-
-
 def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
     d = OUT / name
     if d.exists():
@@ -376,21 +350,21 @@ def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
     randomize(model, seed)
-    fp8 = wdtype == "fp8"
-    if fp8:
+    quant = wdtype if isinstance(wdtype, str) else None
+    if quant:
         wdtype = torch.float32
     elif wdtype != torch.float32:
         model = model.to(wdtype)
         model.config.dtype = wdtype
     model.save_pretrained(str(d), safe_serialization=True)
-    if fp8:
-        quantize_fp8(model, d)
-        model.eval()
-        model.generation_config.eos_token_id = None
-        model.generation_config.pad_token_id = 0
-        f32 = model  # transformers cannot load FP8 checkpoints on the CPU; use what they decode to
+    del model
+    if quant:
+        # transformers cannot run these formats on the CPU: run what the stored bytes decode to
+        decoded = quantize_checkpoint(d, quant)
+        with tempfile.TemporaryDirectory() as tmp:
+            write_decoded_checkpoint(d, Path(tmp), decoded)
+            f32 = load(Path(tmp), torch.float32)
     else:
-        del model
         f32 = load(d, torch.float32)   # bf16 weights are upcast exactly
     lo = load(d, wdtype) if wdtype != torch.float32 else None
     cfg = f32.config
@@ -421,7 +395,7 @@ def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
         "model_type": cfg.model_type,
         "architecture_class": type(f32).__name__,
         "config_dtype": saved_cfg.get("dtype"),
-        "weights_dtype": "fp8_e4m3 block-scaled " + str(list(FP8_BLOCK)) if fp8 else str(wdtype).replace("torch.", ""),
+        "weights_dtype": quant or str(wdtype).replace("torch.", ""),
         "compute_dtype": "float32",
         "attn_implementation": "eager",
         "transformers_version": pkg_version("transformers"),

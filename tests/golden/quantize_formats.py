@@ -1,0 +1,221 @@
+"""Quantized checkpoint formats for the engine goldens, written from each format's own
+definition and decoded back by the format's owners where their code runs on a CPU.
+
+quantize_checkpoint(folder, kind) rewrites folder/model.safetensors with every linear
+weight of the decoder layers (attention, dense MLP, routed and shared experts; not the
+router gate, the embedding or lm_head) quantized, writes the config files that declare the
+scheme, and returns {tensor name: float32 weight the stored bytes decode to}. The logits of
+a quantized case are transformers' on a float checkpoint made of those decoded weights:
+the engine runs these checkpoints weight-only, so that is exactly what it must reproduce.
+
+Kinds
+  fp8_hf          Hugging Face "fp8" (DeepSeek-V3 / Qwen FP8): F8_E4M3 weight and F32
+                  weight_scale_inv per [16, 32] block (multiplied, despite the name).
+  fp8_modelopt    ModelOpt FP8 (hf_quant_config.json quant_algo FP8): per-tensor F32
+                  weight_scale and input_scale.
+  fp8_ct_channel  compressed-tensors float-quantized, strategy channel: weight_scale
+                  [rows, 1] in BF16 (compressed-tensors stores scales in the model dtype).
+  fp8_ct_block    compressed-tensors float-quantized, strategy block [16, 32]: F32
+                  weight_scale grid.
+  nvfp4_modelopt  ModelOpt NVFP4: U8 weight (two E2M1 codes, low nibble first), F8_E4M3
+                  weight_scale per 16 elements, F32 weight_scale_2 and input_scale.
+  nvfp4_ct        compressed-tensors nvfp4-pack-quantized, produced from the ModelOpt
+                  tensors by compressed-tensors' own ModelOpt converter (weight_packed,
+                  weight_global_scale = 1 / weight_scale_2, input_global_scale) with the
+                  quantization_config compressed-tensors itself serializes.
+
+Cross-checks (asserted): compressed-tensors' dequantize() reproduces the decoded weights
+of the fp8_ct_* kinds bit for bit, its unpack_fp4_from_uint8 + dequantize() those of
+nvfp4_ct, and torch's float8_e4m3fn decoding is used for every E4M3 value.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+BLOCK = (16, 32)
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+KINDS = ("fp8_hf", "fp8_modelopt", "fp8_ct_channel", "fp8_ct_block", "nvfp4_modelopt", "nvfp4_ct")
+
+
+def is_quantized_linear(name: str, t: torch.Tensor) -> bool:
+    parts = name.split(".")
+    return t.dim() == 2 and name.endswith(".weight") and parts[-2] in LINEARS and ".layers." in name
+
+
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def fp8_with_scales(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """E4M3 codes of w with one float32 scale per block (amax / 448), and the decoded weight."""
+    rows, cols = w.shape
+    r, c = block
+    br, bc = -(-rows // r), -(-cols // c)
+    scale = torch.empty(br, bc)
+    for i in range(br):
+        for j in range(bc):
+            scale[i, j] = w[i * r:(i + 1) * r, j * c:(j + 1) * c].abs().amax().clamp(min=1e-12) / E4M3_MAX
+    expanded = scale.repeat_interleave(r, 0)[:rows].repeat_interleave(c, 1)[:, :cols]
+    q = to_e4m3(w / expanded)
+    return q, scale, q.to(torch.float32) * expanded
+
+
+def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """Nearest E2M1 code of each value (sign in bit 3), ties to the smaller magnitude."""
+    mag = x.abs().clamp(max=E2M1_MAX)
+    idx = (mag.unsqueeze(-1) - E2M1_VALUES).abs().argmin(-1)
+    return (idx | ((x < 0).to(torch.int64) << 3)).to(torch.uint8)
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    v = E2M1_VALUES[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -v, v)
+
+
+def nvfp4_modelopt(w: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """ModelOpt's NVFP4 of one weight: global scale amax / (6 * 448), per-16 E4M3 scales of
+    group amax / 6 in units of it, E2M1 codes of w over their product."""
+    rows, cols = w.shape
+    assert cols % 32 == 0 or cols % 16 == 0, cols
+    scale_2 = (w.abs().amax() / (E2M1_MAX * E4M3_MAX)).reshape(())
+    groups = w.reshape(rows, cols // 16, 16)
+    scale = to_e4m3(groups.abs().amax(-1) / E2M1_MAX / scale_2)
+    step = scale.to(torch.float32) * scale_2
+    codes = e2m1_codes(groups / step.clamp(min=1e-30).unsqueeze(-1)).reshape(rows, cols)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    decoded = (e2m1_decode(codes).reshape(rows, cols // 16, 16) * scale.to(torch.float32).unsqueeze(-1)) * scale_2
+    return {"weight": packed, "weight_scale": scale, "weight_scale_2": scale_2.clone(),
+            "input_scale": torch.tensor(0.05)}, decoded.reshape(rows, cols)
+
+
+def ct_config(kind: str) -> dict:
+    """The quantization_config compressed-tensors serializes for this kind."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, QuantizationScheme
+    if kind == "nvfp4_ct":
+        from compressed_tensors.quantization.quant_scheme import NVFP4
+        scheme = QuantizationScheme(targets=["Linear"], **NVFP4)
+        fmt = "nvfp4-pack-quantized"
+    else:
+        strategy = "channel" if kind == "fp8_ct_channel" else "block"
+        weights = QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy=strategy,
+                                   block_structure=list(BLOCK) if strategy == "block" else None)
+        scheme = QuantizationScheme(targets=["Linear"], weights=weights)
+        fmt = "float-quantized"
+    cfg = QuantizationConfig(config_groups={"group_0": scheme}, format=fmt, quantization_status="compressed",
+                             ignore=["lm_head", "re:.*mlp.gate$"])
+    return json.loads(cfg.model_dump_json(exclude_none=True)) | {"quant_method": "compressed-tensors"}
+
+
+def ct_weights_args(kind: str):
+    from compressed_tensors.quantization import QuantizationScheme
+    return QuantizationScheme.model_validate(ct_config(kind)["config_groups"]["group_0"]).weights
+
+
+def ct_decode_fp8(q: torch.Tensor, scale: torch.Tensor, kind: str) -> torch.Tensor:
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    return dequantize(x_q=q, scale=scale, args=ct_weights_args(kind), dtype=torch.float32)
+
+
+def ct_decode_nvfp4(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    m, n = packed.shape
+    codes = unpack_fp4_from_uint8(packed, m, n * 2, dtype=torch.float32)
+    return dequantize(x_q=codes, scale=scale.to(torch.float32), args=ct_weights_args("nvfp4_ct"),
+                      global_scale=global_scale, dtype=torch.float32)
+
+
+def quantize_one(name: str, w: torch.Tensor, kind: str) -> tuple[dict, torch.Tensor]:
+    """{stored tensor name: tensor} replacing weight `name`, and the weight they decode to."""
+    module = name[:-len(".weight")]
+    if kind == "fp8_hf":
+        q, scale, dec = fp8_with_scales(w, BLOCK)
+        return {name: q, name + "_scale_inv": scale}, dec
+    if kind == "fp8_modelopt":
+        q, scale, dec = fp8_with_scales(w, tuple(w.shape))
+        return {name: q, module + ".weight_scale": scale.reshape(()), module + ".input_scale": torch.tensor(0.05)}, dec
+    if kind == "fp8_ct_channel":
+        scale = (w.abs().amax(-1, keepdim=True).clamp(min=1e-12) / E4M3_MAX).to(torch.bfloat16)
+        q = to_e4m3(w / scale.to(torch.float32))
+        dec = q.to(torch.float32) * scale.to(torch.float32)
+        assert torch.equal(ct_decode_fp8(q, scale.to(torch.float32), kind), dec), name
+        return {name: q, module + ".weight_scale": scale}, dec
+    if kind == "fp8_ct_block":
+        q, scale, dec = fp8_with_scales(w, BLOCK)
+        assert torch.equal(ct_decode_fp8(q, scale, kind), dec), name
+        return {name: q, module + ".weight_scale": scale}, dec
+    params, dec = nvfp4_modelopt(w)
+    stored = {f"{module}.{k}": v for k, v in params.items()}
+    if kind == "nvfp4_modelopt":
+        return stored, dec
+    assert kind == "nvfp4_ct", kind
+    from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import ModelOptNvfp4Converter
+    converted = ModelOptNvfp4Converter(targets=["re:.*"]).process(dict(stored))
+    assert set(converted) == {f"{module}.{k}" for k in
+                              ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")}, converted.keys()
+    for k in ("weight_global_scale", "input_global_scale"):  # compressed-tensors' own shape
+        converted[f"{module}.{k}"] = converted[f"{module}.{k}"].reshape([1])
+    dec = ct_decode_nvfp4(converted[module + ".weight_packed"], converted[module + ".weight_scale"],
+                          converted[module + ".weight_global_scale"])
+    return converted, dec
+
+
+def quantize_checkpoint(folder: Path, kind: str) -> dict[str, torch.Tensor]:
+    assert kind in KINDS, kind
+    tensors = load_file(str(folder / "model.safetensors"))
+    out, decoded = {}, {}
+    for name, t in tensors.items():
+        if not is_quantized_linear(name, t):
+            out[name] = t
+            continue
+        stored, dec = quantize_one(name, t.to(torch.float32), kind)
+        out.update(stored)
+        decoded[name] = dec
+    assert decoded, "no linear weights found"
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    if kind == "fp8_hf":
+        cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                      "weight_block_size": list(BLOCK)}
+    elif kind.endswith("_modelopt"):
+        algo = "FP8" if kind.startswith("fp8") else "NVFP4"
+        quant = {"quant_algo": algo, "kv_cache_quant_algo": None, "exclude_modules": ["lm_head", "*mlp.gate"]}
+        if algo == "NVFP4":
+            quant["group_size"] = 16
+        (folder / "hf_quant_config.json").write_text(json.dumps(
+            {"producer": {"name": "modelopt", "version": "0.35.0"}, "quantization": quant}, indent=2) + "\n")
+    else:
+        cfg["quantization_config"] = ct_config(kind)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return decoded
+
+
+def write_decoded_checkpoint(src: Path, dst: Path, decoded: dict[str, torch.Tensor]) -> None:
+    """A float32 checkpoint of `src`'s model with the decoded weights, for transformers."""
+    dst.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v for k, v in load_file(str(src / "model.safetensors")).items()}
+    float_tensors = {}
+    for name, t in tensors.items():
+        module = name.rsplit(".", 1)[0]
+        if name in decoded:
+            float_tensors[name] = decoded[name].contiguous()
+        elif module + ".weight" in decoded:
+            continue  # a scale or the packed codes of a decoded weight
+        else:
+            float_tensors[name] = t
+    for name, t in decoded.items():
+        float_tensors[name] = t.contiguous()
+    save_file(float_tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.pop("quantization_config", None)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    gen = src / "generation_config.json"
+    if gen.exists():
+        (dst / "generation_config.json").write_text(gen.read_text())
