@@ -16,7 +16,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/build/device-check}"
 cd "$root"
 tests=(cuda_device_test cuda_elementwise_test cuda_sampling_test cuda_gemm_test cuda_attention_test
-       cuda_moe_test nccl_communicator_test cuda_model_test)
+       cuda_moe_test cuda_moe_gemm_test nccl_communicator_test cuda_model_test)
 
 scripts/build.sh default
 rm -rf "$out"
@@ -39,7 +39,7 @@ done | sort -u | while read -r lib; do
   esac
 done
 for m in llama_f32 llama3_rope_f32 llama_bf16 llama_fp8 smollm2_like_f32 qwen2_f32 qwen3_f32 \
-         qwen3_moe_f32; do
+         qwen3_moe_f32 llama_fp8_ct_channel llama_nvfp4_modelopt llama_nvfp4_ct; do
   cp -r "tests/golden/data/engine/hf/$m" "$out/data/engine/hf/"
 done
 cat > "$out/run.sh" <<'RUN'
@@ -66,21 +66,21 @@ export LD_LIBRARY_PATH="$dir/lib:$torch_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 export CLEAVE_GOLDEN_DIR="$dir/data" CLEAVE_MODEL_DIR="$dir/models"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>/dev/null || true
 results=()
-for t in cuda_device_test cuda_elementwise_test cuda_sampling_test cuda_gemm_test cuda_attention_test \
-         cuda_moe_test nccl_communicator_test cuda_model_test; do
+for t in @TESTS@; do
   start=$(date +%s)
   timeout 150 "$dir/bin/$t" > "$logs/$t.log" 2>&1
   rc=$?
   summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$t.log" | tr '\n' ' ')"
   results+=("$(printf '%-24s rc=%-3s %3ss  %s' "$t" "$rc" "$(( $(date +%s) - start ))" "$summary")")
   if [ "$rc" -ne 0 ]; then grep -E 'Failure|error|Expected|Which is|actual|FAILED' "$logs/$t.log" | head -20; fi
-  grep -E "relative L2|greedy|seeded" "$logs/$t.log" | head -5
+  grep -E "relative L2|greedy|seeded" "$logs/$t.log" | head -12
 done
 timeout 300 "$dir/bin/bench_cuda" "$@" 2>&1 | tee "$logs/bench_cuda.log"
 echo "bench_cuda rc=${PIPESTATUS[0]}"
 echo
 printf '%s\n' "${results[@]}"
 RUN
+sed -i "s/@TESTS@/${tests[*]}/" "$out/run.sh"
 chmod +x "$out/run.sh"
 size=$(du -sm "$out" | cut -f1)
 echo "device-check: $out is ${size} MiB"

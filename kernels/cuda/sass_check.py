@@ -89,17 +89,20 @@ def main():
         for (arch, function), lines in sorted(found.items()):
             mma = sum(1 for l in lines if MMA.search(l))
             local = sum(1 for l in lines if LOCAL.search(l))
-            is_hot = any(p.search(function) for p in hot)
+            matched = [p.pattern for p in hot if p.search(function)]
+            is_hot = bool(matched)
             rows.append((arch, demangled(function), mma, local, is_hot))
+            for pattern in matched:
+                hot_per_arch[arch, pattern] += 1
             if is_hot:
-                hot_per_arch[arch] += 1
                 if mma == 0:
                     problems.append(f"{arch} {demangled(function)}: no tensor-core instruction")
             if local:
                 problems.append(f"{arch} {demangled(function)}: {local} local-memory accesses")
     for arch in sorted(wanted):
-        if hot_per_arch[arch] == 0:
-            problems.append(f"{arch}: no kernel matching {args.tensor_core} found")
+        for pattern in args.tensor_core:
+            if hot_per_arch[arch, pattern] == 0:
+                problems.append(f"{arch}: no kernel matching {pattern!r} found")
     print(f"{'arch':8} {'kernel':40} {'mma':>5} {'local':>5}")
     for arch, name, mma, local, is_hot in rows:
         print(f"{arch:8} {name + (' *' if is_hot else ''):40} {mma:5} {local:5}")

@@ -1,0 +1,72 @@
+// Grouped expert GEMM on the tensor cores (mma.sync m16n8k16, bf16 operands, f32
+// accumulation): every tile of a MoeLayout (moe_layout.h) multiplies its rows by its
+// expert's weight matrix.
+//
+//   y[r][n] = sum_c x[src(r)][c] * W[e(r)][n][c]        n < out width, c < K
+//
+// src(r) is the token of row r's pair (gather: the gate/up projection reads the hidden
+// states of tokens) or r itself (the down projection reads the previous product's rows).
+// With silu_mul the weight holds gate rows [0, I) then up rows [I, 2I) and
+//   y[r][n] = silu(gate[r][n]) * up[r][n]                n < I
+// so the intermediate never leaves the kernel unactivated.
+//
+// Weight formats (all experts of a layer in one array, expert-major):
+//   bf16   [E][N][K]
+//   fp8    e4m3 [E][N][K] with f32 scales per 128 x 128 block [E][ceil(N/128)][K/128]
+//          (DeepSeek-V3 style); partial sums over each 128-column block are scaled, as
+//          the format defines, and added (W8A16)
+//   nvfp4  E2M1 codes two per byte [E][N][K/2] (element 2k in the low nibble), e4m3 scales
+//          per 16 consecutive elements [E][N][K/16], f32 global scale per expert [E]
+//          (a multiplier: compressed-tensors' reciprocal is inverted at load). Codes times
+//          their e4m3 scale are exact in bf16; the global scale multiplies the accumulator
+//          (W4A16, runs on sm_90 as on sm_120)
+// Activations and outputs are bf16. Tiles of 16 rows stream the weights for decode-size
+// batches (a few rows per expert); tiles of 64 rows reuse each weight tile four times for
+// prefill. Both need K % 32 == 0 (fp8: K % 128 == 0), an even out width, strides % 8 == 0.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/moe_layout.h"
+
+namespace cleave::cuda {
+
+enum class ExpertWeightFormat { kBf16, kFp8Block128, kNvfp4 };
+
+const char* expertWeightFormatName(ExpertWeightFormat format);
+
+struct ExpertWeights {
+  ExpertWeightFormat format = ExpertWeightFormat::kBf16;
+  int experts = 0;
+  int64_t rows = 0;  // N per expert (2I for a fused gate/up)
+  int64_t cols = 0;  // K
+  const void* data = nullptr;
+  const float* block_scales = nullptr;    // fp8
+  const uint8_t* group_scales = nullptr;  // nvfp4, e4m3
+  const float* global_scales = nullptr;   // nvfp4
+};
+
+struct MoeGemmArgs {
+  const MoeLayoutPlan* plan = nullptr;
+  MoeLayout layout;
+  const void* x = nullptr;  // bf16
+  int64_t x_stride = 0;
+  bool gather = false;  // x rows are tokens (pair / k); otherwise layout rows
+  ExpertWeights weights;
+  bool silu_mul = false;
+  void* y = nullptr;  // bf16 [plan->max_rows][out width]
+  int64_t y_stride = 0;
+};
+
+// Sets the kernels' shared-memory limits; call once before runMoeGemm (and before a graph
+// capture).
+absl::Status prepareMoeGemm();
+
+// Enqueues the product; the grid covers plan->max_tiles. InvalidArgument names the
+// shape or field that the kernels cannot take.
+absl::Status runMoeGemm(const MoeGemmArgs& args, cudaStream_t stream);
+
+}  // namespace cleave::cuda
