@@ -3,7 +3,8 @@
 // table: paged decode attention (GB/s, % of the copy), prefill attention (TFLOP/s, % of
 // the product), and a whole decode step of a random-weight Llama-3-8B-shaped model at
 // batch 16, context 2048, with CUDA graphs, against its roofline floor (weights + KV read
-// over the copy bandwidth).
+// over the copy bandwidth); then Qwen3-30B-A3B-shaped MoE: one MoE layer at batch 16 in bf16
+// and NVFP4 (W4A16) against the bytes of the experts it touches, and a whole decode step.
 //
 // Times are medians of event-timed repetitions after warm-up; attention inputs rotate
 // between two sets larger than the L2 cache; every input is random (never zeros).
@@ -28,6 +29,7 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "services/engine/cuda_llama_model.h"
+#include "services/engine/cuda_moe_layer.h"
 
 namespace cleave {
 namespace {
@@ -324,6 +326,128 @@ void decodeStep(double copy_gbs, bool quick) {
       {what, ms, fmt("%.2f ms", ms), fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 60%"});
 }
 
+model::ModelConfig qwen3MoeShape(int layers) {
+  model::ModelConfig c;
+  c.architecture = model::Architecture::kQwen3Moe;
+  c.hidden_size = 2048;
+  c.intermediate_size = 6144;
+  c.num_layers = layers;
+  c.num_heads = 32;
+  c.num_kv_heads = 4;
+  c.head_dim = 128;
+  c.vocab_size = 151936;
+  c.rope_theta = 1000000;
+  c.rms_norm_eps = 1e-6;
+  c.moe = model::MoeConfig{.num_experts = 128,
+                           .experts_per_token = 8,
+                           .expert_intermediate_size = 768,
+                           .norm_topk_prob = true};
+  return c;
+}
+
+// Expected distinct experts of `tokens` tokens routed uniformly to k of E.
+double expectedTouched(int tokens, int k, int experts) {
+  return experts * (1.0 - std::pow(1.0 - double(k) / experts, tokens));
+}
+
+// One MoE layer of Qwen3-30B-A3B's shape at decode batch 16 (router, routing, layout,
+// gate/up, down, combine), against the bandwidth floor of the experts the batch touches.
+void moeLayer(double copy_gbs, cuda::ExpertWeightFormat format, int reps, cuda::Gemm& gemm) {
+  const model::ModelConfig c = qwen3MoeShape(1);
+  const int batch = 16;
+  auto shape = engine::cudaMoeShape(c, nullptr, format, batch, batch);
+  check(shape.status(), "moe shape");
+  check(cuda::prepareMoeGemm(), "moe gemm");
+  engine::Arena count;
+  engine::placeMoeWeights(count, *shape);
+  engine::placeMoeWorkspace(count, *shape);
+  uint8_t* base = deviceAlloc<uint8_t>(static_cast<size_t>(count.used()));
+  engine::Arena arena(base);
+  const engine::CudaMoeWeights w = engine::placeMoeWeights(arena, *shape);
+  const engine::CudaMoeWorkspace ws = engine::placeMoeWorkspace(arena, *shape);
+  check(engine::fillRandomMoe(*shape, w, 11, nullptr), "random experts");
+  bf16* h = randomBf16(batch * c.hidden_size, 12);
+  bf16* out = deviceAlloc<bf16>(batch * c.hidden_size);
+  const double ms = medianMs(
+      [&](int) {
+        check(engine::enqueueMoe(*shape, w, ws, h, batch, true, out, gemm, nullptr), "moe layer");
+      },
+      reps);
+  std::vector<int32_t> ids(batch * shape->k());
+  check(cudaMemcpy(ids.data(), ws.expert_ids, ids.size() * 4, cudaMemcpyDeviceToHost), "ids");
+  std::sort(ids.begin(), ids.end());
+  const int64_t touched = std::unique(ids.begin(), ids.end()) - ids.begin();
+  const double bytes = double(touched) * engine::moeExpertBytes(*shape);
+  const double floor_ms = bytes / (copy_gbs * 1e9) * 1e3;
+  char what[160];
+  std::snprintf(what, sizeof(what), "MoE layer Qwen3-30B-A3B %s b%d, %lld experts (floor %.3f ms)",
+                cuda::expertWeightFormatName(format), batch, static_cast<long long>(touched),
+                floor_ms);
+  rows.push_back({what, ms, fmt("%.0f GB/s", bytes / (ms * 1e-3) / 1e9),
+                  fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 70%"});
+  cudaFree(base);
+  cudaFree(h);
+  cudaFree(out);
+}
+
+// A whole decode step of a random Qwen3-30B-A3B-shaped model at batch 16, context 1024,
+// with CUDA graphs, against its floor: the non-expert weights, the experts a batch of 16
+// touches per layer (expected count under uniform routing) and the KV cache.
+void moeDecodeStep(double copy_gbs, cuda::ExpertWeightFormat format, bool quick) {
+  const model::ModelConfig c = qwen3MoeShape(quick ? 8 : 48);
+  const int batch = 16, context = 1024, steps = 30;
+  auto model = engine::CudaLlamaModel::createRandom(c,
+                                                    {.max_step_tokens = context,
+                                                     .max_sequences = batch,
+                                                     .max_context = context + steps + 8,
+                                                     .random_expert_format = format},
+                                                    9);
+  check(model.status(), "random MoE model");
+  auto shape = engine::cudaMoeShape(c, nullptr, format, batch, batch);
+  check(shape.status(), "moe shape");
+  std::vector<std::vector<int32_t>> blocks(batch);
+  const int64_t per_seq = (context + steps + 8 + 15) / 16;
+  for (int s = 0; s < batch; ++s)
+    for (int64_t b = 0; b < per_seq; ++b)
+      blocks[s].push_back(static_cast<int32_t>(s * per_seq + b));
+  std::vector<uint32_t> prompt(context - 1);
+  for (size_t i = 0; i < prompt.size(); ++i)
+    prompt[i] = static_cast<uint32_t>((i * 7919) % c.vocab_size);
+  for (int s = 0; s < batch; ++s) {
+    engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks[s]};
+    check((*model)->forward({&chunk, 1}).status(), "prefill");
+  }
+  std::vector<std::vector<uint32_t>> next(batch, std::vector<uint32_t>{1});
+  std::vector<double> times;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<engine::SequenceChunk> chunks;
+    for (int s = 0; s < batch; ++s)
+      chunks.push_back({.tokens = next[s], .start = context - 1 + step, .blocks = blocks[s]});
+    const auto t0 = std::chrono::steady_clock::now();
+    auto logits = (*model)->forward(chunks);
+    const auto t1 = std::chrono::steady_clock::now();
+    check(logits.status(), "decode step");
+    if (step >= 5) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    for (int s = 0; s < batch; ++s) {
+      const float* row = logits->data() + int64_t{s} * c.vocab_size;
+      next[s] = {static_cast<uint32_t>(std::max_element(row, row + c.vocab_size) - row)};
+    }
+  }
+  std::sort(times.begin(), times.end());
+  const double ms = times[times.size() / 2];
+  const double experts_per_layer = expectedTouched(batch, 8, 128);
+  const double dense = (*model)->weightBytes() - c.num_layers * engine::moeWeightBytes(*shape);
+  const double expert = c.num_layers * experts_per_layer * engine::moeExpertBytes(*shape);
+  const double kv = 2.0 * batch * context * c.num_layers * c.num_kv_heads * c.head_dim * 2;
+  const double floor_ms = (dense + expert + kv) / (copy_gbs * 1e9) * 1e3;
+  char what[160];
+  std::snprintf(what, sizeof(what), "decode step Qwen3-30B-A3B %s%s b%d ctx%d (floor %.2f ms)",
+                cuda::expertWeightFormatName(format), quick ? " (8 layers)" : "", batch, context,
+                floor_ms);
+  rows.push_back(
+      {what, ms, fmt("%.2f ms", ms), fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 50%"});
+}
+
 }  // namespace
 }  // namespace cleave
 
@@ -353,6 +477,11 @@ int main(int argc, char** argv) {
   prefillAttention(4096, peak, reps);
   prefillAttention(1024, peak, reps);
   decodeStep(copy, quick);
+  for (cuda::ExpertWeightFormat f :
+       {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4}) {
+    moeLayer(copy, f, reps, **gemm);
+    moeDecodeStep(copy, f, quick);
+  }
   std::printf("\n%-66s %10s %16s %14s %8s\n", "benchmark", "median ms", "achieved", "of ceiling",
               "target");
   for (const Row& r : rows)

@@ -38,10 +38,6 @@ std::string shapeText(const std::vector<uint64_t>& shape) {
   return text + "]";
 }
 
-bool isFloat(TensorType t) {
-  return t == TensorType::kF32 || t == TensorType::kF16 || t == TensorType::kBF16;
-}
-
 void readStrings(const json& object, const char* key, std::vector<std::string>& out) {
   auto list = object.find(key);
   if (list == object.end() || !list->is_array()) return;
@@ -333,11 +329,7 @@ absl::StatusOr<ScaleGrid> scaleGrid(const QuantizedWeight& weight, const Quantiz
           absl::StrCat(weight.global_scale->file, ": tensor \"", weight.global_scale->name, "\""),
           absl::StrCat("must be a positive finite number, is ", global));
     }
-    if (info.format == QuantFormat::kCompressedTensors) {
-      for (float& v : grid.values) v /= global;
-    } else {
-      grid.global = global;
-    }
+    grid.global = info.format == QuantFormat::kCompressedTensors ? 1.0f / global : global;
   }
   return grid;
 }
@@ -345,6 +337,13 @@ absl::StatusOr<ScaleGrid> scaleGrid(const QuantizedWeight& weight, const Quantiz
 absl::Status dequantizeWeight(const QuantizedWeight& weight, const QuantizationInfo& info,
                               float* out) {
   CLEAVE_ASSIGN_OR_RETURN(ScaleGrid grid, scaleGrid(weight, info));
+  if (info.format == QuantFormat::kCompressedTensors && weight.global_scale != nullptr) {
+    // compressed-tensors divides the group scale by the global first.
+    float stored = 0.0f;
+    CLEAVE_RETURN_IF_ERROR(dequantize(TensorType::kF32, weight.global_scale->data, 1, &stored));
+    for (float& v : grid.values) v /= stored;
+    grid.global = 1.0f;
+  }
   const uint64_t rows = weight.rows, cols = weight.cols;
   const uint64_t row_bytes = *tensorBytes(weight.codes, cols);
   for (uint64_t i = 0; i < rows; ++i) {

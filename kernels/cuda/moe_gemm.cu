@@ -45,7 +45,7 @@ struct Params {
   const void* w;
   const float* block_scales;
   const uint8_t* group_scales;
-  const float* global_scales;
+  const float* row_scales;
   int64_t rows;      // N per expert
   int64_t out_cols;  // output width
   int64_t half;      // silu: the first up row
@@ -227,8 +227,19 @@ __global__ void __launch_bounds__(kThreads) moeGemmKernel(Params p) {
     __syncthreads();  // This stage (and the widened tile) may be overwritten now.
   }
 
-  const float global = F == Format::kNvfp4 ? p.global_scales[expert] : 1.0f;
   const int g = lane / 4, t = lane % 4;
+  // nvfp4: the row scales of the two columns a lane holds in each n8 tile, per projection.
+  float row_scale[kProjections][2][2];
+#pragma unroll
+  for (int proj = 0; proj < kProjections; ++proj) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int64_t wr = weightRow(proj * kOutCols + warp * 16 + j * 8 + 2 * t);
+      const bool scaled = F == Format::kNvfp4 && wr >= 0;
+      row_scale[proj][j][0] = scaled ? p.row_scales[expert_row + wr] : 1.0f;
+      row_scale[proj][j][1] = scaled ? p.row_scales[expert_row + wr + 1] : 1.0f;
+    }
+  }
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
@@ -237,9 +248,11 @@ __global__ void __launch_bounds__(kThreads) moeGemmKernel(Params p) {
       if (col >= p.out_cols) continue;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float v0 = acc[mi][0][j][2 * h] * global, v1 = acc[mi][0][j][2 * h + 1] * global;
+        float v0 = acc[mi][0][j][2 * h] * row_scale[0][j][0];
+        float v1 = acc[mi][0][j][2 * h + 1] * row_scale[0][j][1];
         if constexpr (kSilu) {
-          const float u0 = acc[mi][1][j][2 * h] * global, u1 = acc[mi][1][j][2 * h + 1] * global;
+          const float u0 = acc[mi][1][j][2 * h] * row_scale[kProjections - 1][j][0];
+          const float u1 = acc[mi][1][j][2 * h + 1] * row_scale[kProjections - 1][j][1];
           v0 = v0 / (1.0f + __expf(-v0)) * u0;
           v1 = v1 / (1.0f + __expf(-v1)) * u1;
         }
@@ -334,8 +347,8 @@ absl::Status runMoeGemm(const MoeGemmArgs& a, cudaStream_t stream) {
   if (a.y_stride % 2 != 0 || a.y_stride < out_cols)
     return bad("y_stride must be >= the output width and even");
   if (w.format == Format::kFp8Block128 && w.block_scales == nullptr) return bad("no block scales");
-  if (w.format == Format::kNvfp4 && (w.group_scales == nullptr || w.global_scales == nullptr))
-    return bad("no group or global scales");
+  if (w.format == Format::kNvfp4 && (w.group_scales == nullptr || w.row_scales == nullptr))
+    return bad("no group or row scales");
   if (a.plan->max_tiles > 65535) return bad("more than 65535 tiles");
   const Params p{.row_pair = a.layout.row_pair,
                  .tile_expert = a.layout.tile_expert,
@@ -347,7 +360,7 @@ absl::Status runMoeGemm(const MoeGemmArgs& a, cudaStream_t stream) {
                  .w = w.data,
                  .block_scales = w.block_scales,
                  .group_scales = w.group_scales,
-                 .global_scales = w.global_scales,
+                 .row_scales = w.row_scales,
                  .rows = w.rows,
                  .out_cols = out_cols,
                  .half = out_cols,

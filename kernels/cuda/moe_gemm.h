@@ -16,10 +16,11 @@
 //          (DeepSeek-V3 style); partial sums over each 128-column block are scaled, as
 //          the format defines, and added (W8A16)
 //   nvfp4  E2M1 codes two per byte [E][N][K/2] (element 2k in the low nibble), e4m3 scales
-//          per 16 consecutive elements [E][N][K/16], f32 global scale per expert [E]
-//          (a multiplier: compressed-tensors' reciprocal is inverted at load). Codes times
-//          their e4m3 scale are exact in bf16; the global scale multiplies the accumulator
-//          (W4A16, runs on sm_90 as on sm_120)
+//          per 16 consecutive elements [E][N][K/16], and an f32 scale per row [E][N]: the
+//          checkpoint's global scale of the row's matrix (a multiplier: compressed-tensors'
+//          reciprocal is inverted at load), per row so a fused gate/up keeps both globals.
+//          Codes times their e4m3 scale are exact in bf16; the row scale multiplies the
+//          accumulator (W4A16, runs on sm_90 as on sm_120)
 // Activations and outputs are bf16. Tiles of 16 rows stream the weights for decode-size
 // batches (a few rows per expert); tiles of 64 rows reuse each weight tile four times for
 // prefill. Both need K % 32 == 0 (fp8: K % 128 == 0), an even out width, strides % 8 == 0.
@@ -46,7 +47,7 @@ struct ExpertWeights {
   const void* data = nullptr;
   const float* block_scales = nullptr;    // fp8
   const uint8_t* group_scales = nullptr;  // nvfp4, e4m3
-  const float* global_scales = nullptr;   // nvfp4
+  const float* row_scales = nullptr;      // nvfp4, [E][N]
 };
 
 struct MoeGemmArgs {

@@ -122,7 +122,7 @@ struct HostWeights {
   int experts;
   int64_t rows, cols;
   std::vector<uint8_t> data, group_scales;
-  std::vector<float> block_scales, global_scales, dequantized;
+  std::vector<float> block_scales, row_scales, dequantized;
 };
 
 uint8_t randomE4m3(std::mt19937& rng, int min_exponent, int max_exponent) {
@@ -164,28 +164,30 @@ HostWeights randomWeights(ExpertWeightFormat format, int experts, int64_t rows, 
     for (uint8_t& b : w.data) b = static_cast<uint8_t>(rng());
     w.group_scales.resize(n / 16);
     for (uint8_t& b : w.group_scales) b = randomE4m3(rng, 5, 9) & 0x7f;  // positive
-    w.global_scales.resize(experts);
-    for (float& g : w.global_scales) g = unit(rng) / (8.0f * std::sqrt(float(cols)));
+    w.row_scales.resize(int64_t{experts} * rows);  // one global per half, as gate and up
+    for (int64_t i = 0; i < int64_t{experts} * rows; i += rows / 2) {
+      const float global = unit(rng) / (8.0f * std::sqrt(float(cols)));
+      std::fill(w.row_scales.begin() + i, w.row_scales.begin() + i + rows / 2, global);
+    }
     CLEAVE_CHECK_OK(
         model::dequantize(model::TensorType::kE2M1, w.data.data(), n, w.dequantized.data()));
     std::vector<float> scales(n / 16);
     CLEAVE_CHECK_OK(model::dequantize(model::TensorType::kF8E4M3, w.group_scales.data(), n / 16,
                                       scales.data()));
-    for (int64_t i = 0; i < n; ++i)
-      w.dequantized[i] *= scales[i / 16] * w.global_scales[i / (rows * cols)];
+    for (int64_t i = 0; i < n; ++i) w.dequantized[i] *= scales[i / 16] * w.row_scales[i / cols];
   }
   return w;
 }
 
 struct DeviceWeights {
   DeviceBuffer<uint8_t> data, group_scales;
-  DeviceBuffer<float> block_scales, global_scales;
+  DeviceBuffer<float> block_scales, row_scales;
   ExpertWeights view;
   explicit DeviceWeights(const HostWeights& w)
       : data(w.data),
         group_scales(w.group_scales),
         block_scales(w.block_scales),
-        global_scales(w.global_scales) {
+        row_scales(w.row_scales) {
     view = {.format = w.format,
             .experts = w.experts,
             .rows = w.rows,
@@ -193,7 +195,7 @@ struct DeviceWeights {
             .data = data.get(),
             .block_scales = w.block_scales.empty() ? nullptr : block_scales.get(),
             .group_scales = w.group_scales.empty() ? nullptr : group_scales.get(),
-            .global_scales = w.global_scales.empty() ? nullptr : global_scales.get()};
+            .row_scales = w.row_scales.empty() ? nullptr : row_scales.get()};
   }
 };
 
@@ -390,7 +392,7 @@ TEST(MoeGemmTest, RefusesShapesTheKernelsCannotTake) {
   EXPECT_NE(s.message().find("multiple of 128"), std::string::npos) << s;
   args.weights.format = ExpertWeightFormat::kNvfp4;
   s = runMoeGemm(args, nullptr);
-  EXPECT_NE(s.message().find("no group or global scales"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("no group or row scales"), std::string::npos) << s;
   EXPECT_FALSE(planMoeLayout(4, 2, 2000, 16).ok());
   EXPECT_FALSE(planMoeLayout(4, 2, 8, 32).ok());
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -17,30 +18,13 @@
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/rope_kv.h"
+#include "services/engine/cuda_arena.h"
+#include "services/engine/cuda_moe_layer.h"
 
 namespace cleave::engine {
 namespace {
 
 using bf16 = __nv_bfloat16;
-constexpr int64_t kAlign = 256;
-
-// Hands out aligned pieces of one allocation. A first pass with no base only counts.
-class Arena {
- public:
-  explicit Arena(uint8_t* base = nullptr) : base_(base) {}
-  template <typename T>
-  T* take(int64_t count) {
-    offset_ = (offset_ + kAlign - 1) / kAlign * kAlign;
-    T* p = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
-    offset_ += count * static_cast<int64_t>(sizeof(T));
-    return p;
-  }
-  int64_t used() const { return offset_; }
-
- private:
-  uint8_t* base_;
-  int64_t offset_ = 0;
-};
 
 struct DeviceLayer {
   bf16* attn_norm = nullptr;
@@ -76,6 +60,12 @@ struct CudaLlamaModel::State {
   uint8_t* base = nullptr;
 
   std::vector<DeviceLayer> layer;
+  // Mixture-of-experts layers: which they are, their shape, weights and shared workspace.
+  std::vector<bool> is_moe;
+  bool has_dense = true;
+  std::optional<CudaMoeShape> moe;
+  std::vector<CudaMoeWeights> moe_layer;
+  CudaMoeWorkspace moe_ws;
   bf16* embed = nullptr;  // [vocab][hidden]
   bf16* output_norm = nullptr;
   bf16* output = nullptr;  // [vocab][hidden]; embed when tied
@@ -130,7 +120,9 @@ struct CudaLlamaModel::State {
   void layout(uint8_t* at) {
     Arena arena(at);
     layer.assign(layers, {});
-    for (DeviceLayer& d : layer) {
+    moe_layer.assign(layers, {});
+    for (int64_t l = 0; l < layers; ++l) {
+      DeviceLayer& d = layer[l];
       d.attn_norm = arena.take<bf16>(hidden);
       d.wqkv = arena.take<bf16>(qkv_dim * hidden);
       if (qkv_bias) d.bqkv = arena.take<bf16>(qkv_dim);
@@ -140,6 +132,10 @@ struct CudaLlamaModel::State {
       }
       d.wo = arena.take<bf16>(hidden * q_dim);
       d.ffn_norm = arena.take<bf16>(hidden);
+      if (is_moe[l]) {
+        moe_layer[l] = placeMoeWeights(arena, *moe);
+        continue;
+      }
       d.wgu = arena.take<bf16>(2 * ffn * hidden);
       d.wdown = arena.take<bf16>(hidden * ffn);
     }
@@ -155,8 +151,11 @@ struct CudaLlamaModel::State {
     q = arena.take<bf16>(t * q_dim);
     attn = arena.take<bf16>(t * q_dim);
     o = arena.take<bf16>(t * hidden);
-    gu = arena.take<bf16>(t * 2 * ffn);
-    act = arena.take<bf16>(t * ffn);
+    if (has_dense) {
+      gu = arena.take<bf16>(t * 2 * ffn);
+      act = arena.take<bf16>(t * ffn);
+    }
+    if (moe) moe_ws = placeMoeWorkspace(arena, *moe);
     last = arena.take<bf16>(options.max_sequences * hidden);
     logits = arena.take<float>(options.max_sequences * vocab);
     attention_workspace = arena.take<uint8_t>(static_cast<int64_t>(decode_plan.workspace_bytes));
@@ -173,15 +172,12 @@ struct CudaLlamaModel::State {
 namespace {
 
 // Shapes, plans and the one allocation, before any weight is written.
+// `moe_example`: a MoE layer of the weights (their expert format), null for random ones.
 absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(const model::ModelConfig& c,
                                                                const CudaModelOptions& options,
                                                                bool qkv_bias, bool qk_norm,
-                                                               bool tied) {
-  if (c.moe) {
-    return absl::UnimplementedError(
-        "the CUDA backend runs dense models only; mixture-of-experts layers run on the CPU "
-        "backend");
-  }
+                                                               bool tied,
+                                                               const MoeBlock* moe_example) {
   if (options.max_step_tokens < 1 || options.max_sequences < 1 || options.max_context < 1 ||
       options.max_sequences > options.max_step_tokens)
     return absl::InvalidArgumentError(
@@ -213,6 +209,18 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(const model::Mode
   s.qkv_bias = qkv_bias;
   s.qk_norm = qk_norm;
   s.tied = tied;
+  s.is_moe.assign(s.layers, false);
+  s.has_dense = !c.moe;
+  if (c.moe) {
+    for (int64_t l = 0; l < s.layers; ++l) {
+      s.is_moe[l] = c.isMoeLayer(static_cast<uint32_t>(l));
+      s.has_dense = s.has_dense || !s.is_moe[l];
+    }
+    CLEAVE_ASSIGN_OR_RETURN(
+        s.moe, cudaMoeShape(c, moe_example, options.random_expert_format, s.options.max_step_tokens,
+                            s.options.max_sequences));
+    CLEAVE_RETURN_IF_ERROR(cuda::prepareMoeGemm());
+  }
   s.max_blocks_per_seq = (options.max_context + options.block_size - 1) / options.block_size;
   s.kv_blocks =
       options.kv_blocks > 0 ? options.kv_blocks : options.max_sequences * s.max_blocks_per_seq;
@@ -313,15 +321,21 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
   const bool qk_norm = !w.layers.empty() && !w.layers[0].q_norm.empty();
   const bool tied =
       w.output.source().data == w.token_embd.data && w.token_embd.type == w.output.type();
+  const MoeBlock* moe_example = nullptr;
+  for (const LlamaLayer& l : w.layers) {
+    if (l.moe && moe_example == nullptr) moe_example = &*l.moe;
+  }
   CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state,
-                          prepare(w.config, options, bias, qk_norm, tied));
+                          prepare(w.config, options, bias, qk_norm, tied, moe_example));
   State& s = *state;
   s.rope_layout = w.rope_pairing == cpu::RopePairing::kHalves ? cuda::RopeLayout::kHalves
                                                               : cuda::RopeLayout::kAdjacent;
   for (int64_t l = 0; l < s.layers; ++l) {
     const LlamaLayer& src = w.layers[l];
     const DeviceLayer& dst = s.layer[l];
-    if (src.moe) return absl::UnimplementedError(absl::StrCat("layer ", l, " is a MoE layer"));
+    if (src.moe.has_value() != s.is_moe[l])
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, "'s MLP does not match the config (dense or MoE)"));
     CLEAVE_RETURN_IF_ERROR(uploadVector(src.attn_norm, dst.attn_norm, "attn_norm"));
     CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wq, dst.wqkv, "wq"));
     CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wk, dst.wqkv + s.q_dim * s.hidden, "wk"));
@@ -338,6 +352,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     }
     CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wo, dst.wo, "wo"));
     CLEAVE_RETURN_IF_ERROR(uploadVector(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
+    if (src.moe) {
+      CLEAVE_RETURN_IF_ERROR(uploadMoe(*src.moe, *s.moe, s.moe_layer[l]));
+      continue;
+    }
     CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.w_gate, dst.wgu, "w_gate"));
     CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.w_up, dst.wgu + s.ffn * s.hidden, "w_up"));
     CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.w_down, dst.wdown, "w_down"));
@@ -356,8 +374,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
 
 absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
     const model::ModelConfig& config, const CudaModelOptions& options, uint64_t seed) {
-  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state,
-                          prepare(config, options, false, false, config.tie_word_embeddings));
+  CLEAVE_ASSIGN_OR_RETURN(
+      std::unique_ptr<State> state,
+      prepare(config, options, false, false, config.tie_word_embeddings, nullptr));
   State& s = *state;
   uint64_t stream_id = seed;
   auto fill = [&](bf16* p, int64_t count, float low, float high) {
@@ -365,11 +384,16 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
   };
   const float in_scale = 1.0f / std::sqrt(static_cast<float>(s.hidden));
   const float ffn_scale = 1.0f / std::sqrt(static_cast<float>(s.ffn));
-  for (const DeviceLayer& d : s.layer) {
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const DeviceLayer& d = s.layer[l];
     CLEAVE_RETURN_IF_ERROR(fill(d.attn_norm, s.hidden, 0.8f, 1.2f));
     CLEAVE_RETURN_IF_ERROR(fill(d.wqkv, s.qkv_dim * s.hidden, -in_scale, in_scale));
     CLEAVE_RETURN_IF_ERROR(fill(d.wo, s.hidden * s.q_dim, -in_scale, in_scale));
     CLEAVE_RETURN_IF_ERROR(fill(d.ffn_norm, s.hidden, 0.8f, 1.2f));
+    if (s.is_moe[l]) {
+      CLEAVE_RETURN_IF_ERROR(fillRandomMoe(*s.moe, s.moe_layer[l], stream_id++, s.stream));
+      continue;
+    }
     CLEAVE_RETURN_IF_ERROR(fill(d.wgu, 2 * s.ffn * s.hidden, -in_scale, in_scale));
     CLEAVE_RETURN_IF_ERROR(fill(d.wdown, s.hidden * s.ffn, -ffn_scale, ffn_scale));
   }
@@ -501,9 +525,13 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                           .out = h,
                                           .out_stride = hidden},
                                          st));
-    CLEAVE_RETURN_IF_ERROR(product(h, hidden, d.wgu, nullptr, 2 * ffn, gu));
-    CLEAVE_RETURN_IF_ERROR(cuda::siluMul(gu, gu + ffn, 2 * ffn, n, ffn, act, ffn, st));
-    CLEAVE_RETURN_IF_ERROR(product(act, ffn, d.wdown, nullptr, hidden, o));
+    if (is_moe[l]) {
+      CLEAVE_RETURN_IF_ERROR(enqueueMoe(*moe, moe_layer[l], moe_ws, h, n, decode, o, *gemm, st));
+    } else {
+      CLEAVE_RETURN_IF_ERROR(product(h, hidden, d.wgu, nullptr, 2 * ffn, gu));
+      CLEAVE_RETURN_IF_ERROR(cuda::siluMul(gu, gu + ffn, 2 * ffn, n, ffn, act, ffn, st));
+      CLEAVE_RETURN_IF_ERROR(product(act, ffn, d.wdown, nullptr, hidden, o));
+    }
     const bf16* next_norm = l + 1 < layers ? layer[l + 1].attn_norm : output_norm;
     CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = o,
                                           .x_stride = hidden,

@@ -1,4 +1,4 @@
-// One forward step of a dense Llama-family model on a GPU: the CUDA backend's twin of
+// One forward step of a Llama-family model on a GPU: the CUDA backend's twin of
 // LlamaModel (llama_model.h), same batch contract, same logits within bf16 tolerance.
 //
 // Weights are uploaded once as bf16 (any stored format is dequantized at load; the QKV and
@@ -13,8 +13,11 @@
 // (powers of two up to max_sequences); padding rows write a scratch block no sequence
 // owns.
 //
-// Not yet: mixture-of-experts layers (Unimplemented at create), tensor parallelism (one
-// GPU per model), head_dim other than 64 or 128.
+// Mixture-of-experts layers (Qwen3-MoE, Mixtral, DeepSeek-style shared experts) run
+// through cuda_moe_layer.h, their experts in NVFP4 or 128x128-block FP8 when the checkpoint
+// stores them so, else bf16.
+//
+// Not yet: tensor parallelism (one GPU per model).
 //
 // Threading: one thread drives a model; it owns its stream and its device memory.
 #pragma once
@@ -27,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/attention_variants.h"
+#include "kernels/cuda/moe_gemm.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/llama_weights.h"
 #include "services/engine/step_backend.h"
@@ -44,6 +48,8 @@ struct CudaModelOptions {
   // The KV cache's element type; e4m3 halves its bytes (scale 1: keys and values of these
   // models stay far inside e4m3's ±448).
   cuda::KvDtype kv_dtype = cuda::KvDtype::kBf16;
+  // createRandom's MoE experts: bf16 or NVFP4.
+  cuda::ExpertWeightFormat random_expert_format = cuda::ExpertWeightFormat::kBf16;
 };
 
 // Bytes of the one device allocation, by what they hold.

@@ -1,8 +1,8 @@
 // The CUDA model against the CPU model (llama_model.h) on the same weights: the real
 // SmolLM2 file (Q4_1, converted to bf16 at load) and the tiny random-weight Hugging Face
-// models of every dense architecture. A batch of prompts of different lengths is prefilled
-// together, then decoded together step by step through the CUDA graphs; every step's logits are
-// compared.
+// models of every architecture, dense and mixture-of-experts. A batch of prompts of different
+// lengths is prefilled together, then decoded together step by step through the CUDA graphs; every
+// step's logits are compared.
 //
 // bf16 tolerance: relative L2 error of each sequence's logits <= 5e-2 (weights, the
 // residual stream and the KV cache are bf16 on the GPU, f32 on the CPU), and the same
@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/model/model_config.h"
 #include "kernels/cuda/cuda_test_util.h"
 #include "services/engine/kv_storage.h"
 #include "services/engine/llama_model.h"
@@ -70,7 +71,7 @@ void compareLogits(std::span<const float> got, std::span<const float> want, int6
 }
 
 void checkModel(const std::string& path, cuda::KvDtype kv = cuda::KvDtype::kBf16,
-                double tolerance = 5e-2) {
+                double tolerance = 5e-2, double min_greedy_fraction = 1.0) {
   auto weights = loadLlama(path);
   ASSERT_TRUE(weights.ok()) << weights.status();
   const LlamaWeights& w = **weights;
@@ -127,7 +128,7 @@ void checkModel(const std::string& path, cuda::KvDtype kv = cuda::KvDtype::kBf16
               c.worst_relative, c.greedy_same, c.greedy_checked);
   EXPECT_LE(c.worst_relative, tolerance);
   EXPECT_GT(c.greedy_checked, 0);
-  EXPECT_EQ(c.greedy_same, c.greedy_checked);
+  EXPECT_GE(c.greedy_same, min_greedy_fraction * c.greedy_checked);
 }
 
 TEST(CudaLlamaModelTest, SmolLm2MatchesTheCpuBackend) {
@@ -161,12 +162,47 @@ TEST(CudaLlamaModelTest, Fp8KvCacheStaysCloseToTheCpuBackend) {
   checkModel(goldenDir() + "/engine/hf/qwen3_f32", cuda::KvDtype::kFp8E4M3, 1e-1);
 }
 
-TEST(CudaLlamaModelTest, MoeModelsAreRefusedClearly) {
+// Mixture-of-experts models: Qwen3-MoE and Mixtral with bf16 experts, Qwen3-MoE with NVFP4
+// experts run natively (W4A16). A token whose top experts are a near-tie can be routed
+// differently in bf16 than in f32, which moves its logits far more than rounding does; the
+// bounds leave room for a few such tokens.
+class CudaMoeModelTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaMoeModelTest, MatchesTheCpuBackend) {
   CLEAVE_REQUIRE_GPU();
-  auto weights = loadLlama(goldenDir() + "/engine/hf/qwen3_moe_f32");
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  auto model = CudaLlamaModel::create(**weights, {});
-  EXPECT_EQ(model.status().code(), absl::StatusCode::kUnimplemented) << model.status();
+  checkModel(goldenDir() + "/engine/hf/" + GetParam(), cuda::KvDtype::kBf16, 1.5e-1, 0.9);
+}
+
+INSTANTIATE_TEST_SUITE_P(Moe, CudaMoeModelTest,
+                         ::testing::Values("qwen3_moe_f32", "mixtral_f32", "qwen3_moe_nvfp4_ct"));
+
+// Random MoE weights (what the benchmarks run) in both expert formats give finite logits,
+// through the decode graphs too.
+TEST(CudaLlamaModelTest, RandomMoeModelsRun) {
+  CLEAVE_REQUIRE_GPU();
+  auto config = model::loadModelConfig(goldenDir() + "/engine/hf/qwen3_moe_f32");
+  ASSERT_TRUE(config.ok()) << config.status();
+  for (cuda::ExpertWeightFormat format :
+       {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4}) {
+    auto m = CudaLlamaModel::createRandom(*config,
+                                          {.max_step_tokens = 64,
+                                           .max_sequences = 4,
+                                           .max_context = 64,
+                                           .random_expert_format = format},
+                                          7);
+    ASSERT_TRUE(m.ok()) << m.status();
+    std::vector<uint32_t> prompt = {3, 1, 4, 1, 5, 9};
+    std::vector<int32_t> blocks = {0};
+    std::vector<SequenceChunk> batch = {{prompt, 0, blocks}};
+    for (int step = 0; step < 4; ++step) {
+      auto logits = (*m)->forward(batch);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      for (float v : *logits) ASSERT_TRUE(std::isfinite(v)) << "step " << step;
+      batch[0].start += static_cast<int64_t>(batch[0].tokens.size());
+      prompt = {static_cast<uint32_t>(step + 10)};
+      batch[0].tokens = prompt;
+    }
+  }
 }
 
 TEST(CudaLlamaModelTest, GraphReplayEqualsEagerSteps) {

@@ -1,0 +1,384 @@
+#include "services/engine/cuda_moe_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/model/tensor_type.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/moe_routing.h"
+
+namespace cleave::engine {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda::ExpertWeightFormat;
+
+// The format a kernel can read `m`'s bytes in, bf16 when none.
+ExpertWeightFormat nativeFormat(const cpu::CpuMatrix& m) {
+  const cpu::WeightMatrix& w = m.source();
+  const cpu::BlockScales& s = w.scales;
+  if (w.type == model::TensorType::kE2M1 && s.block_rows == 1 && s.block_cols == 16)
+    return ExpertWeightFormat::kNvfp4;
+  if (w.type == model::TensorType::kF8E4M3 && s.block_rows == 128 && s.block_cols == 128 &&
+      s.global == 1.0f)
+    return ExpertWeightFormat::kFp8Block128;
+  return ExpertWeightFormat::kBf16;
+}
+
+// Bytes of one expert matrix [rows][cols] in `format`, and of its scales.
+int64_t codeBytes(ExpertWeightFormat f, int64_t rows, int64_t cols) {
+  switch (f) {
+    case ExpertWeightFormat::kBf16: return rows * cols * 2;
+    case ExpertWeightFormat::kFp8Block128: return rows * cols;
+    case ExpertWeightFormat::kNvfp4: return rows * cols / 2;
+  }
+  return 0;
+}
+
+// Where one projection of all experts goes.
+cuda::ExpertWeights placeExperts(Arena& arena, ExpertWeightFormat f, int64_t experts, int64_t rows,
+                                 int64_t cols) {
+  cuda::ExpertWeights w{
+      .format = f, .experts = static_cast<int>(experts), .rows = rows, .cols = cols};
+  w.data = arena.take<uint8_t>(experts * codeBytes(f, rows, cols));
+  if (f == ExpertWeightFormat::kFp8Block128)
+    w.block_scales = arena.take<float>(experts * ((rows + 127) / 128) * (cols / 128));
+  if (f == ExpertWeightFormat::kNvfp4) {
+    w.group_scales = arena.take<uint8_t>(experts * rows * cols / 16);
+    w.row_scales = arena.take<float>(experts * rows);
+  }
+  return w;
+}
+
+// Bytes of one expert's matrix [rows][cols] with its scales.
+int64_t expertBytes(ExpertWeightFormat f, int64_t rows, int64_t cols) {
+  int64_t bytes = codeBytes(f, rows, cols);
+  if (f == ExpertWeightFormat::kFp8Block128) bytes += (rows + 127) / 128 * (cols / 128) * 4;
+  if (f == ExpertWeightFormat::kNvfp4) bytes += rows * (cols / 16 + 4);
+  return bytes;
+}
+
+absl::Status copyToDevice(void* dst, const void* src, size_t bytes, const char* what) {
+  return cuda::cudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice),
+                          absl::StrCat("uploading ", what));
+}
+
+absl::Status uploadBf16(const std::vector<float>& v, bf16* dst, const char* what) {
+  std::vector<bf16> staged(v.size());
+  for (size_t i = 0; i < v.size(); ++i) staged[i] = __float2bfloat16(v[i]);
+  return copyToDevice(dst, staged.data(), staged.size() * sizeof(bf16), what);
+}
+
+absl::StatusOr<std::vector<float>> dequantized(const cpu::CpuMatrix& m) {
+  std::vector<float> out(static_cast<size_t>(m.rows() * m.cols()));
+  CLEAVE_RETURN_IF_ERROR(cpu::dequantizeRows(m.source(), 0, m.rows(), out.data()));
+  return out;
+}
+
+absl::Status uploadDequantized(const cpu::CpuMatrix& m, bf16* dst, const char* what) {
+  CLEAVE_ASSIGN_OR_RETURN(std::vector<float> values, dequantized(m));
+  return uploadBf16(values, dst, what);
+}
+
+// The e4m3 byte of a value that is one (NVFP4 group scales are kept as exact floats).
+absl::StatusOr<uint8_t> exactE4m3(float v) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(256);
+    for (int b = 0; b < 256; ++b) {
+      const uint8_t byte = static_cast<uint8_t>(b);
+      CLEAVE_CHECK_OK(model::dequantize(model::TensorType::kF8E4M3, &byte, 1, &t[b]));
+    }
+    return t;
+  }();
+  for (int b = 0; b < 256; ++b) {
+    if (table[b] == v) return static_cast<uint8_t>(b);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("an NVFP4 group scale ", v, " is not an e4m3 value"));
+}
+
+// Rows [first, first + m.rows()) of expert `e` of `dst` from matrix `m` (stored as
+// dst.format, or any format when dst is bf16).
+absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst, int64_t e,
+                        int64_t first, const char* what) {
+  const cpu::WeightMatrix& src = m.source();
+  const int64_t rows = m.rows(), cols = m.cols();
+  auto* base = static_cast<uint8_t*>(const_cast<void*>(dst.data)) +
+               e * codeBytes(dst.format, dst.rows, dst.cols);
+  switch (dst.format) {
+    case ExpertWeightFormat::kBf16: {
+      return uploadDequantized(m, reinterpret_cast<bf16*>(base) + first * cols, what);
+    }
+    case ExpertWeightFormat::kFp8Block128: {
+      CLEAVE_RETURN_IF_ERROR(copyToDevice(base + first * cols, src.data, rows * cols, what));
+      const int64_t grid_cols = cols / 128, grid_rows = (rows + 127) / 128;
+      std::vector<float> scales(grid_rows * grid_cols);
+      for (int64_t r = 0; r < grid_rows; ++r)
+        for (int64_t c = 0; c < grid_cols; ++c)
+          scales[r * grid_cols + c] = src.scales.data[r * src.scales.cols + c];
+      float* grid = const_cast<float*>(dst.block_scales) +
+                    (e * ((dst.rows + 127) / 128) + first / 128) * grid_cols;
+      return copyToDevice(grid, scales.data(), scales.size() * 4, what);
+    }
+    case ExpertWeightFormat::kNvfp4: {
+      CLEAVE_RETURN_IF_ERROR(
+          copyToDevice(base + first * cols / 2, src.data, rows * cols / 2, what));
+      std::vector<uint8_t> groups(rows * cols / 16);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < cols / 16; ++g) {
+          CLEAVE_ASSIGN_OR_RETURN(groups[r * (cols / 16) + g],
+                                  exactE4m3(src.scales.data[r * src.scales.cols + g]));
+        }
+      }
+      CLEAVE_RETURN_IF_ERROR(copyToDevice(
+          const_cast<uint8_t*>(dst.group_scales) + (e * dst.rows + first) * (cols / 16),
+          groups.data(), groups.size(), what));
+      const std::vector<float> row_scales(rows, src.scales.global);
+      return copyToDevice(const_cast<float*>(dst.row_scales) + e * dst.rows + first,
+                          row_scales.data(), rows * 4, what);
+    }
+  }
+  return absl::InternalError("unknown expert format");
+}
+
+}  // namespace
+
+absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const MoeBlock* example,
+                                          ExpertWeightFormat format, int64_t max_tokens,
+                                          int64_t max_decode) {
+  if (!c.moe) return absl::InvalidArgumentError("the model has no mixture-of-experts layers");
+  CudaMoeShape s;
+  s.routing = *c.moe;
+  s.hidden = c.hidden_size;
+  s.inter = c.moe->expert_intermediate_size;
+  s.shared_inter = int64_t{c.moe->shared_experts} * c.moe->shared_expert_intermediate_size;
+  if (example != nullptr) {
+    if (example->experts.empty()) return absl::InvalidArgumentError("a MoE layer has no experts");
+    const MoeExpert& e = example->experts[0];
+    format = nativeFormat(e.gate);
+    if (nativeFormat(e.up) != format || nativeFormat(e.down) != format)
+      format = ExpertWeightFormat::kBf16;
+  }
+  const int64_t align = format == ExpertWeightFormat::kFp8Block128 ? 128
+                        : format == ExpertWeightFormat::kNvfp4     ? 32
+                                                                   : 1;
+  if (s.hidden % align != 0 || s.inter % align != 0) format = ExpertWeightFormat::kBf16;
+  if (s.hidden % 32 != 0 || s.inter % 32 != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA expert GEMM needs hidden and expert intermediate sizes that are multiples of "
+        "32 (this model: ",
+        s.hidden, " and ", s.inter, ")"));
+  }
+  s.format = format;
+  const int experts = static_cast<int>(c.moe->num_experts);
+  const int k = static_cast<int>(c.moe->experts_per_token);
+  CLEAVE_ASSIGN_OR_RETURN(s.decode_plan, cuda::planMoeLayout(max_decode, k, experts, 16));
+  CLEAVE_ASSIGN_OR_RETURN(s.prefill_plan, cuda::planMoeLayout(max_tokens, k, experts, 64));
+  return s;
+}
+
+CudaMoeWeights placeMoeWeights(Arena& arena, const CudaMoeShape& s) {
+  CudaMoeWeights w;
+  w.router = arena.take<bf16>(s.experts() * s.hidden);
+  if (s.routing.score_correction_bias) w.score_bias = arena.take<float>(s.experts());
+  w.gate_up = placeExperts(arena, s.format, s.experts(), 2 * s.inter, s.hidden);
+  w.down = placeExperts(arena, s.format, s.experts(), s.hidden, s.inter);
+  if (s.shared_inter > 0) {
+    w.shared_gu = arena.take<bf16>(2 * s.shared_inter * s.hidden);
+    w.shared_down = arena.take<bf16>(s.hidden * s.shared_inter);
+  }
+  return w;
+}
+
+CudaMoeWorkspace placeMoeWorkspace(Arena& arena, const CudaMoeShape& s) {
+  const int64_t tokens = s.prefill_plan.max_tokens;
+  const int64_t rows = std::max(s.decode_plan.max_rows, s.prefill_plan.max_rows);
+  CudaMoeWorkspace ws;
+  ws.router_logits = arena.take<float>(tokens * s.experts());
+  ws.expert_ids = arena.take<int32_t>(tokens * s.k());
+  ws.route_weights = arena.take<float>(tokens * s.k());
+  ws.layout = arena.take<uint8_t>(static_cast<int64_t>(
+      std::max(s.decode_plan.workspace_bytes, s.prefill_plan.workspace_bytes)));
+  ws.act = arena.take<bf16>(rows * s.inter);
+  ws.y = arena.take<bf16>(rows * s.hidden);
+  if (s.shared_inter > 0) {
+    ws.shared_gu = arena.take<bf16>(tokens * 2 * s.shared_inter);
+    ws.shared_out = arena.take<bf16>(tokens * s.hidden);
+  }
+  return ws;
+}
+
+int64_t moeExpertBytes(const CudaMoeShape& s) {
+  return expertBytes(s.format, 2 * s.inter, s.hidden) + expertBytes(s.format, s.hidden, s.inter);
+}
+
+int64_t moeWeightBytes(const CudaMoeShape& s) {
+  Arena count;
+  CudaMoeWeights w = placeMoeWeights(count, s);
+  (void)w;
+  return count.used();
+}
+
+absl::Status uploadMoe(const MoeBlock& block, const CudaMoeShape& s, const CudaMoeWeights& dst) {
+  if (block.expert_begin != 0 || static_cast<int64_t>(block.experts.size()) != s.experts())
+    return absl::UnimplementedError("the CUDA model runs all experts of a layer on one GPU");
+  CLEAVE_RETURN_IF_ERROR(uploadDequantized(block.router, dst.router, "the router"));
+  if (dst.score_bias != nullptr)
+    CLEAVE_RETURN_IF_ERROR(copyToDevice(dst.score_bias, block.score_bias.data(),
+                                        block.score_bias.size() * 4, "the score bias"));
+  for (int64_t e = 0; e < s.experts(); ++e) {
+    const MoeExpert& x = block.experts[e];
+    CLEAVE_RETURN_IF_ERROR(uploadRows(x.gate, dst.gate_up, e, 0, "an expert's gate"));
+    CLEAVE_RETURN_IF_ERROR(uploadRows(x.up, dst.gate_up, e, s.inter, "an expert's up"));
+    CLEAVE_RETURN_IF_ERROR(uploadRows(x.down, dst.down, e, 0, "an expert's down"));
+  }
+  if (s.shared_inter > 0) {
+    if (!block.shared)
+      return absl::InvalidArgumentError("the config has shared experts, the layer none");
+    const int64_t gate_elements = block.shared->gate.rows() * block.shared->gate.cols();
+    CLEAVE_RETURN_IF_ERROR(
+        uploadDequantized(block.shared->gate, dst.shared_gu, "the shared experts' gate"));
+    CLEAVE_RETURN_IF_ERROR(uploadDequantized(block.shared->up, dst.shared_gu + gate_elements,
+                                             "the shared experts' up"));
+    CLEAVE_RETURN_IF_ERROR(
+        uploadDequantized(block.shared->down, dst.shared_down, "the shared experts' down"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status fillRandomMoe(const CudaMoeShape& s, const CudaMoeWeights& w, uint64_t seed,
+                           cudaStream_t stream) {
+  uint64_t id = seed;
+  auto fill = [&](void* p, int64_t count, float scale) {
+    return cuda::fillUniform(static_cast<bf16*>(p), count, -scale, scale,
+                             id++ * 0x9e3779b97f4a7c15ull, stream);
+  };
+  const float in_scale = 1.0f / std::sqrt(static_cast<float>(s.hidden));
+  const float inter_scale = 1.0f / std::sqrt(static_cast<float>(s.inter));
+  CLEAVE_RETURN_IF_ERROR(fill(w.router, s.experts() * s.hidden, in_scale));
+  for (const cuda::ExpertWeights* x : {&w.gate_up, &w.down}) {
+    const float scale = x == &w.down ? inter_scale : in_scale;
+    const int64_t n = int64_t{x->experts} * x->rows * x->cols;
+    if (s.format == ExpertWeightFormat::kBf16) {
+      CLEAVE_RETURN_IF_ERROR(fill(const_cast<void*>(x->data), n, scale));
+    } else if (s.format == ExpertWeightFormat::kNvfp4) {
+      // Any byte is two valid codes; scales 0.5 (e4m3 0x30) times a row scale keep the
+      // weights within +-scale.
+      CLEAVE_RETURN_IF_ERROR(fill(const_cast<void*>(x->data), n / 4, 1.0f));
+      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+          cudaMemsetAsync(const_cast<uint8_t*>(x->group_scales), 0x30, n / 16, stream),
+          "random NVFP4 scales"));
+      const std::vector<float> rows(int64_t{x->experts} * x->rows, scale / 3.0f);
+      CLEAVE_RETURN_IF_ERROR(copyToDevice(const_cast<float*>(x->row_scales), rows.data(),
+                                          rows.size() * 4, "random NVFP4 row scales"));
+    } else {
+      return absl::UnimplementedError("random FP8 expert weights are not built");
+    }
+  }
+  if (w.shared_gu != nullptr) {
+    CLEAVE_RETURN_IF_ERROR(fill(w.shared_gu, 2 * s.shared_inter * s.hidden, in_scale));
+    CLEAVE_RETURN_IF_ERROR(fill(w.shared_down, s.hidden * s.shared_inter,
+                                1.0f / std::sqrt(static_cast<float>(s.shared_inter))));
+  }
+  if (w.score_bias != nullptr) {
+    CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+        cudaMemsetAsync(w.score_bias, 0, s.experts() * 4, stream), "random score bias"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status enqueueMoe(const CudaMoeShape& s, const CudaMoeWeights& w, const CudaMoeWorkspace& ws,
+                        const bf16* h, int64_t n, bool decode, bf16* out, cuda::Gemm& gemm,
+                        cudaStream_t stream) {
+  const int64_t experts = s.experts(), k = s.k();
+  CLEAVE_RETURN_IF_ERROR(gemm.run({.x = h,
+                                   .x_stride = s.hidden,
+                                   .w = w.router,
+                                   .tokens = n,
+                                   .out = experts,
+                                   .in = s.hidden,
+                                   .y = ws.router_logits,
+                                   .y_stride = experts,
+                                   .y_float = true},
+                                  stream));
+  const bool sigmoid = s.routing.scoring == model::MoeScoring::kSigmoid;
+  CLEAVE_RETURN_IF_ERROR(cuda::routeExperts(
+      {.logits = ws.router_logits,
+       .stride = experts,
+       .tokens = n,
+       .experts = static_cast<int>(experts),
+       .k = static_cast<int>(k),
+       .scoring = sigmoid ? cuda::MoeScoring::kSigmoidGrouped : cuda::MoeScoring::kSoftmax,
+       .bias = w.score_bias,
+       .n_group = static_cast<int>(s.routing.n_group),
+       .topk_group = static_cast<int>(s.routing.topk_group),
+       .normalize = s.routing.norm_topk_prob,
+       .scaling = static_cast<float>(s.routing.routed_scaling_factor),
+       .expert_ids = ws.expert_ids,
+       .weights = ws.route_weights},
+      stream));
+  const cuda::MoeLayoutPlan& plan = decode ? s.decode_plan : s.prefill_plan;
+  const cuda::MoeLayout layout = cuda::carveMoeLayout(plan, ws.layout);
+  CLEAVE_RETURN_IF_ERROR(cuda::buildMoeLayout(plan, ws.expert_ids, n, layout, stream));
+  CLEAVE_RETURN_IF_ERROR(cuda::runMoeGemm({.plan = &plan,
+                                           .layout = layout,
+                                           .x = h,
+                                           .x_stride = s.hidden,
+                                           .gather = true,
+                                           .weights = w.gate_up,
+                                           .silu_mul = true,
+                                           .y = ws.act,
+                                           .y_stride = s.inter},
+                                          stream));
+  CLEAVE_RETURN_IF_ERROR(cuda::runMoeGemm({.plan = &plan,
+                                           .layout = layout,
+                                           .x = ws.act,
+                                           .x_stride = s.inter,
+                                           .weights = w.down,
+                                           .y = ws.y,
+                                           .y_stride = s.hidden},
+                                          stream));
+  if (s.shared_inter > 0) {
+    const int64_t si = s.shared_inter;
+    CLEAVE_RETURN_IF_ERROR(gemm.run({.x = h,
+                                     .x_stride = s.hidden,
+                                     .w = w.shared_gu,
+                                     .tokens = n,
+                                     .out = 2 * si,
+                                     .in = s.hidden,
+                                     .y = ws.shared_gu,
+                                     .y_stride = 2 * si},
+                                    stream));
+    CLEAVE_RETURN_IF_ERROR(cuda::siluMul(ws.shared_gu, ws.shared_gu + si, 2 * si, n, si,
+                                         ws.shared_gu, 2 * si, stream));
+    CLEAVE_RETURN_IF_ERROR(gemm.run({.x = ws.shared_gu,
+                                     .x_stride = 2 * si,
+                                     .w = w.shared_down,
+                                     .tokens = n,
+                                     .out = s.hidden,
+                                     .in = si,
+                                     .y = ws.shared_out,
+                                     .y_stride = s.hidden},
+                                    stream));
+  }
+  return cuda::combineExperts({.y = ws.y,
+                               .y_stride = s.hidden,
+                               .weights = ws.route_weights,
+                               .pair_row = layout.pair_row,
+                               .tokens = n,
+                               .k = static_cast<int>(k),
+                               .hidden = static_cast<int>(s.hidden),
+                               .shared = s.shared_inter > 0 ? ws.shared_out : nullptr,
+                               .shared_stride = s.hidden,
+                               .out = out,
+                               .out_stride = s.hidden},
+                              stream);
+}
+
+}  // namespace cleave::engine

@@ -1,0 +1,93 @@
+// A mixture-of-experts MLP on the GPU, the MoE layers of CudaLlamaModel: router product
+// (cuBLASLt, f32 logits), fused routing (kernels/cuda/moe_routing.h), the token layout in
+// 16-row tiles for decode steps and 64-row tiles for prefill (moe_layout.h), the fused
+// gate/up and the down grouped GEMMs (moe_gemm.h), then the routing-weighted combine with
+// the shared experts' output (a dense MLP through cuBLASLt) added in the same pass.
+//
+// Expert weights keep their checkpoint format where a kernel reads it:
+//   NVFP4 (E2M1 codes, e4m3 scales per 16, a global per matrix) natively, when hidden and
+//         intermediate sizes are multiples of 32;
+//   FP8 with 128 x 128 block scales natively, when both sizes are multiples of 128 (so the
+//         fused gate/up keeps whole blocks);
+//   anything else dequantized to bf16.
+// Every step's sizes are fixed at create time (the plans cover the most tokens of a step),
+// so decode steps with MoE layers are captured in CUDA graphs like dense ones.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_gemm.h"
+#include "kernels/cuda/moe_layout.h"
+#include "services/engine/cuda_arena.h"
+#include "services/engine/moe_block.h"
+
+namespace cleave::engine {
+
+struct CudaMoeShape {
+  model::MoeConfig routing;
+  int64_t hidden = 0;
+  int64_t inter = 0;         // per expert
+  int64_t shared_inter = 0;  // all shared experts together; 0 without
+  cuda::ExpertWeightFormat format = cuda::ExpertWeightFormat::kBf16;
+  cuda::MoeLayoutPlan decode_plan;   // 16-row tiles, for the rows of a decode step
+  cuda::MoeLayoutPlan prefill_plan;  // 64-row tiles, for the tokens of any step
+  int64_t experts() const { return routing.num_experts; }
+  int64_t k() const { return routing.experts_per_token; }
+};
+
+// The shape of `config`'s MoE layers for steps of at most `max_tokens` tokens (decode
+// steps: `max_decode` rows), experts stored as `example`'s (null: `format`, for random
+// weights). Errors name what the kernels cannot take.
+absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& config, const MoeBlock* example,
+                                          cuda::ExpertWeightFormat format, int64_t max_tokens,
+                                          int64_t max_decode);
+
+// Device pieces of one layer's weights.
+struct CudaMoeWeights {
+  __nv_bfloat16* router = nullptr;       // [experts][hidden]
+  float* score_bias = nullptr;           // [experts], DeepSeek-V3's correction bias, or null
+  cuda::ExpertWeights gate_up;           // [experts][2 inter][hidden]: gate rows, then up rows
+  cuda::ExpertWeights down;              // [experts][hidden][inter]
+  __nv_bfloat16* shared_gu = nullptr;    // [2 shared_inter][hidden], or null
+  __nv_bfloat16* shared_down = nullptr;  // [hidden][shared_inter]
+};
+
+// The step workspace every MoE layer uses in turn.
+struct CudaMoeWorkspace {
+  float* router_logits = nullptr;       // [max_tokens][experts]
+  int32_t* expert_ids = nullptr;        // [max_tokens][k]
+  float* route_weights = nullptr;       // [max_tokens][k]
+  void* layout = nullptr;               // either plan's layout arrays
+  __nv_bfloat16* act = nullptr;         // [max_rows][inter]
+  __nv_bfloat16* y = nullptr;           // [max_rows][hidden]
+  __nv_bfloat16* shared_gu = nullptr;   // [max_tokens][2 shared_inter]
+  __nv_bfloat16* shared_out = nullptr;  // [max_tokens][hidden]
+};
+
+// Arena passes (cuda_arena.h): where one layer's weights and the shared workspace go.
+CudaMoeWeights placeMoeWeights(Arena& arena, const CudaMoeShape& shape);
+CudaMoeWorkspace placeMoeWorkspace(Arena& arena, const CudaMoeShape& shape);
+
+// Uploads `block` (all experts of a one-rank model) into `dst`.
+absl::Status uploadMoe(const MoeBlock& block, const CudaMoeShape& shape, const CudaMoeWeights& dst);
+// Random weights for benchmarks (bf16 or NVFP4), scaled like an initializer.
+absl::Status fillRandomMoe(const CudaMoeShape& shape, const CudaMoeWeights& dst, uint64_t seed,
+                           cudaStream_t stream);
+
+// out[t] = MoE(h[t]) for the n rows of a step (decode steps use the 16-row plan).
+absl::Status enqueueMoe(const CudaMoeShape& shape, const CudaMoeWeights& w,
+                        const CudaMoeWorkspace& ws, const __nv_bfloat16* h, int64_t n, bool decode,
+                        __nv_bfloat16* out, cuda::Gemm& gemm, cudaStream_t stream);
+
+// Bytes of one layer's weights as stored on the GPU, and of one expert's (gate/up and down
+// with their scales: what a step reads per expert it routes to).
+int64_t moeWeightBytes(const CudaMoeShape& shape);
+int64_t moeExpertBytes(const CudaMoeShape& shape);
+
+}  // namespace cleave::engine
