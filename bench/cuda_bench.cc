@@ -27,6 +27,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/moe_gemm.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "services/engine/cuda_llama_model.h"
 #include "services/engine/cuda_moe_layer.h"
@@ -326,6 +327,86 @@ void decodeStep(double copy_gbs, bool quick) {
       {what, ms, fmt("%.2f ms", ms), fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 60%"});
 }
 
+// Decode-size products of Llama-3-8B's shapes (QKV, gate/up, down) at batch 1, 4 and 16:
+// cuBLASLt against the skinny GEMM (moe_gemm.h) in bf16 and NVFP4, each as weight bytes
+// read per second against the copy bandwidth. Which one the model should use is this
+// table's call.
+void skinnyGemm(double copy_gbs, int reps, cuda::Gemm& gemm) {
+  check(cuda::prepareMoeGemm(), "moe gemm");
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+  };
+  for (const Shape& shape :
+       {Shape{"qkv 6144x4096", 6144, 4096}, Shape{"gate/up 28672x4096", 28672, 4096},
+        Shape{"down 4096x14336", 4096, 14336}}) {
+    const int64_t n = shape.out, k = shape.in;
+    bf16* w = randomBf16(n * k, 21, 0.02f);
+    uint8_t* codes = reinterpret_cast<uint8_t*>(randomBf16(n * k / 4, 22));
+    uint8_t* groups = deviceAlloc<uint8_t>(n * k / 16);
+    check(cudaMemset(groups, 0x30, n * k / 16), "scales");
+    float* row_scales = deviceAlloc<float>(n);
+    const std::vector<float> ones(n, 0.01f);
+    check(cudaMemcpy(row_scales, ones.data(), n * 4, cudaMemcpyHostToDevice), "row scales");
+    bf16* x = randomBf16(16 * k, 23);
+    bf16* y = deviceAlloc<bf16>(16 * n);
+    for (int batch : {1, 4, 16}) {
+      const double bf16_bytes = 2.0 * n * k, fp4_bytes = n * k / 2.0 + n * k / 16.0 + 4.0 * n;
+      auto add = [&](const char* how, double ms, double bytes) {
+        char what[160];
+        std::snprintf(what, sizeof(what), "product %s b%d %s", shape.name, batch, how);
+        const double gbs = bytes / (ms * 1e-3) / 1e9;
+        rows.push_back(
+            {what, ms, fmt("%.0f GB/s", gbs), fmt("%.0f%% of copy", 100 * gbs / copy_gbs), ""});
+      };
+      add("cuBLASLt bf16",
+          medianMs(
+              [&](int) {
+                check(gemm.run({.x = x,
+                                .x_stride = k,
+                                .w = w,
+                                .tokens = batch,
+                                .out = n,
+                                .in = k,
+                                .y = y,
+                                .y_stride = n},
+                               nullptr),
+                      "gemm");
+              },
+              reps),
+          bf16_bytes);
+      for (cuda::ExpertWeightFormat f :
+           {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4}) {
+        const bool fp4 = f == cuda::ExpertWeightFormat::kNvfp4;
+        const cuda::ExpertWeights weights{.format = f,
+                                          .experts = 1,
+                                          .rows = n,
+                                          .cols = k,
+                                          .data = fp4 ? static_cast<const void*>(codes) : w,
+                                          .group_scales = fp4 ? groups : nullptr,
+                                          .row_scales = fp4 ? row_scales : nullptr};
+        add(fp4 ? "skinny nvfp4" : "skinny bf16",
+            medianMs(
+                [&](int) {
+                  check(cuda::runSkinnyGemm({.x = x,
+                                             .x_stride = k,
+                                             .rows = batch,
+                                             .weights = weights,
+                                             .y = y,
+                                             .y_stride = n},
+                                            nullptr),
+                        "skinny gemm");
+                },
+                reps),
+            fp4 ? fp4_bytes : bf16_bytes);
+      }
+    }
+    for (void* p : {static_cast<void*>(w), static_cast<void*>(codes), static_cast<void*>(groups),
+                    static_cast<void*>(row_scales), static_cast<void*>(x), static_cast<void*>(y)})
+      cudaFree(p);
+  }
+}
+
 model::ModelConfig qwen3MoeShape(int layers) {
   model::ModelConfig c;
   c.architecture = model::Architecture::kQwen3Moe;
@@ -477,6 +558,7 @@ int main(int argc, char** argv) {
   prefillAttention(4096, peak, reps);
   prefillAttention(1024, peak, reps);
   decodeStep(copy, quick);
+  skinnyGemm(copy, reps, **gemm);
   for (cuda::ExpertWeightFormat f :
        {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4}) {
     moeLayer(copy, f, reps, **gemm);

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/paged_tile.cuh"
 
@@ -35,23 +36,24 @@ struct Tiles {
 };
 
 struct Params {
-  const int32_t* row_pair;
-  const int32_t* tile_expert;
-  const int32_t* tile_count;
-  int slots;  // k
-  const bf16* x;
-  int64_t x_stride;
-  bool gather;
-  const void* w;
-  const float* block_scales;
-  const uint8_t* group_scales;
-  const float* row_scales;
-  int64_t rows;      // N per expert
-  int64_t out_cols;  // output width
-  int64_t half;      // silu: the first up row
-  int64_t k;         // K
-  bf16* y;
-  int64_t y_stride;
+  const int32_t* row_pair = nullptr;
+  const int32_t* tile_expert = nullptr;
+  const int32_t* tile_count = nullptr;
+  int64_t dense_rows = 0;  // > 0: no layout, expert 0, rows [0, dense_rows) in order
+  int slots = 1;           // k
+  const bf16* x = nullptr;
+  int64_t x_stride = 0;
+  bool gather = false;
+  const void* w = nullptr;
+  const float* block_scales = nullptr;
+  const uint8_t* group_scales = nullptr;
+  const float* row_scales = nullptr;
+  int64_t rows = 0;      // N per expert
+  int64_t out_cols = 0;  // output width
+  int64_t half = 0;      // silu: the first up row
+  int64_t k = 0;         // K
+  bf16* y = nullptr;
+  int64_t y_stride = 0;
 };
 
 // E2M1 code (sign bit 3) to float, exactly: 2^(e-1) (1 + m/2), e = 0: m/2.
@@ -70,10 +72,11 @@ template <int kMTiles, Format F, bool kSilu>
 __global__ void __launch_bounds__(kThreads) moeGemmKernel(Params p) {
   using T = Tiles<kMTiles, F, kSilu>;
   const int tile = blockIdx.y;
-  if (tile >= *p.tile_count) return;
+  const bool dense = p.dense_rows > 0;
+  if (dense ? int64_t{tile} * T::kRows >= p.dense_rows : tile >= *p.tile_count) return;
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ int64_t src_row[T::kRows];
-  const int expert = p.tile_expert[tile];
+  const int expert = dense ? 0 : p.tile_expert[tile];
   const int64_t row0 = int64_t{tile} * T::kRows;
   const int64_t col0 = int64_t{blockIdx.x} * kOutCols;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -83,6 +86,10 @@ __global__ void __launch_bounds__(kThreads) moeGemmKernel(Params p) {
   const int64_t expert_row = int64_t{expert} * p.rows;
 
   for (int r = threadIdx.x; r < T::kRows; r += kThreads) {
+    if (dense) {
+      src_row[r] = row0 + r < p.dense_rows ? row0 + r : -1;
+      continue;
+    }
     const int32_t pair = p.row_pair[row0 + r];
     src_row[r] = pair < 0 ? -1 : (p.gather ? pair / p.slots : row0 + r);
   }
@@ -257,6 +264,7 @@ __global__ void __launch_bounds__(kThreads) moeGemmKernel(Params p) {
           v1 = v1 / (1.0f + __expf(-v1)) * u1;
         }
         const int64_t row = row0 + mi * 16 + g + 8 * h;
+        if (dense && row >= p.dense_rows) continue;
         *reinterpret_cast<uint32_t*>(p.y + row * p.y_stride + col) = packBf16(v0, v1);
       }
     }
@@ -325,54 +333,96 @@ absl::Status prepareMoeGemm() {
   return absl::OkStatus();
 }
 
-absl::Status runMoeGemm(const MoeGemmArgs& a, cudaStream_t stream) {
+namespace {
+
+// Checks the weights and strides every product needs; the output width on success.
+absl::StatusOr<int64_t> checkProduct(const ExpertWeights& w, const void* x, int64_t x_stride,
+                                     bool silu_mul, const void* y, int64_t y_stride,
+                                     const char* op) {
   auto bad = [&](const std::string& what) {
-    return absl::InvalidArgumentError(std::string("moe_gemm (") +
-                                      expertWeightFormatName(a.weights.format) + "): " + what);
+    return absl::InvalidArgumentError(std::string(op) + " (" + expertWeightFormatName(w.format) +
+                                      "): " + what);
   };
-  const ExpertWeights& w = a.weights;
-  if (a.plan == nullptr) return bad("no layout plan");
-  if (a.x == nullptr || a.y == nullptr || w.data == nullptr)
+  if (x == nullptr || y == nullptr || w.data == nullptr)
     return bad("x, y and weights are required");
-  if (w.experts != a.plan->experts) return bad("the weights' experts differ from the layout's");
   const int64_t align = w.format == Format::kFp8Block128 ? kFp8Block : 32;
   if (w.cols <= 0 || w.cols % align != 0)
     return bad("K = " + std::to_string(w.cols) + " must be a positive multiple of " +
                std::to_string(align));
-  if (w.rows <= 0 || (a.silu_mul && w.rows % 2 != 0))
+  if (w.rows <= 0 || (silu_mul && w.rows % 2 != 0))
     return bad("a fused gate/up weight needs an even number of rows");
-  const int64_t out_cols = a.silu_mul ? w.rows / 2 : w.rows;
+  const int64_t out_cols = silu_mul ? w.rows / 2 : w.rows;
   if (out_cols % 2 != 0) return bad("the output width must be even");
-  if (a.x_stride % 8 != 0 || a.x_stride < w.cols) return bad("x_stride must be >= K and % 8 == 0");
-  if (a.y_stride % 2 != 0 || a.y_stride < out_cols)
+  if (x_stride % 8 != 0 || x_stride < w.cols) return bad("x_stride must be >= K and % 8 == 0");
+  if (y_stride % 2 != 0 || y_stride < out_cols)
     return bad("y_stride must be >= the output width and even");
   if (w.format == Format::kFp8Block128 && w.block_scales == nullptr) return bad("no block scales");
   if (w.format == Format::kNvfp4 && (w.group_scales == nullptr || w.row_scales == nullptr))
     return bad("no group or row scales");
-  if (a.plan->max_tiles > 65535) return bad("more than 65535 tiles");
-  const Params p{.row_pair = a.layout.row_pair,
-                 .tile_expert = a.layout.tile_expert,
-                 .tile_count = a.layout.tile_count,
-                 .slots = a.plan->k,
-                 .x = static_cast<const bf16*>(a.x),
-                 .x_stride = a.x_stride,
-                 .gather = a.gather,
-                 .w = w.data,
-                 .block_scales = w.block_scales,
-                 .group_scales = w.group_scales,
-                 .row_scales = w.row_scales,
-                 .rows = w.rows,
-                 .out_cols = out_cols,
-                 .half = out_cols,
-                 .k = w.cols,
-                 .y = static_cast<bf16*>(a.y),
-                 .y_stride = a.y_stride};
-  if (a.plan->tile_rows == 16) {
-    launchTiles<1>(p, w.format, a.silu_mul, a.plan->max_tiles, stream);
+  return out_cols;
+}
+
+Params params(const ExpertWeights& w, const void* x, int64_t x_stride, int64_t out_cols, void* y,
+              int64_t y_stride) {
+  Params p;
+  p.x = static_cast<const bf16*>(x);
+  p.x_stride = x_stride;
+  p.w = w.data;
+  p.block_scales = w.block_scales;
+  p.group_scales = w.group_scales;
+  p.row_scales = w.row_scales;
+  p.rows = w.rows;
+  p.out_cols = out_cols;
+  p.half = out_cols;
+  p.k = w.cols;
+  p.y = static_cast<bf16*>(y);
+  p.y_stride = y_stride;
+  return p;
+}
+
+void launchRows(const Params& p, int tile_rows, Format format, bool silu, int64_t tiles,
+                cudaStream_t stream) {
+  if (tile_rows == 16) {
+    launchTiles<1>(p, format, silu, tiles, stream);
   } else {
-    launchTiles<4>(p, w.format, a.silu_mul, a.plan->max_tiles, stream);
+    launchTiles<4>(p, format, silu, tiles, stream);
   }
+}
+
+}  // namespace
+
+absl::Status runMoeGemm(const MoeGemmArgs& a, cudaStream_t stream) {
+  if (a.plan == nullptr) return absl::InvalidArgumentError("moe_gemm: no layout plan");
+  CLEAVE_ASSIGN_OR_RETURN(
+      const int64_t out_cols,
+      checkProduct(a.weights, a.x, a.x_stride, a.silu_mul, a.y, a.y_stride, "moe_gemm"));
+  if (a.weights.experts != a.plan->experts)
+    return absl::InvalidArgumentError("moe_gemm: the weights' experts differ from the layout's");
+  if (a.plan->max_tiles > 65535) return absl::InvalidArgumentError("moe_gemm: over 65535 tiles");
+  Params p = params(a.weights, a.x, a.x_stride, out_cols, a.y, a.y_stride);
+  p.row_pair = a.layout.row_pair;
+  p.tile_expert = a.layout.tile_expert;
+  p.tile_count = a.layout.tile_count;
+  p.slots = a.plan->k;
+  p.gather = a.gather;
+  launchRows(p, a.plan->tile_rows, a.weights.format, a.silu_mul, a.plan->max_tiles, stream);
   return launchStatus("moe_gemm");
+}
+
+absl::Status runSkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
+  CLEAVE_ASSIGN_OR_RETURN(
+      const int64_t out_cols,
+      checkProduct(a.weights, a.x, a.x_stride, a.silu_mul, a.y, a.y_stride, "skinny_gemm"));
+  if (a.weights.experts != 1)
+    return absl::InvalidArgumentError("skinny_gemm: the weights must be one matrix");
+  if (a.rows <= 0) return absl::OkStatus();
+  const int tile_rows = a.rows <= 16 ? 16 : 64;
+  const int64_t tiles = (a.rows + tile_rows - 1) / tile_rows;
+  if (tiles > 65535) return absl::InvalidArgumentError("skinny_gemm: over 65535 row tiles");
+  Params p = params(a.weights, a.x, a.x_stride, out_cols, a.y, a.y_stride);
+  p.dense_rows = a.rows;
+  launchRows(p, tile_rows, a.weights.format, a.silu_mul, tiles, stream);
+  return launchStatus("skinny_gemm");
 }
 
 }  // namespace cleave::cuda

@@ -62,8 +62,24 @@ struct MoeGemmArgs {
   int64_t y_stride = 0;
 };
 
-// Sets the kernels' shared-memory limits; call once before runMoeGemm (and before a graph
-// capture).
+// The same kernels over one matrix (weights.experts == 1) and `rows` rows of x in order,
+// no layout: a skinny GEMM for decode-size batches (rows <= 16 read each weight once, in
+// 16-row tiles) that also runs FP8 and NVFP4 dense weights; larger batches use 64-row
+// tiles. y is [rows][out width].
+struct SkinnyGemmArgs {
+  const void* x = nullptr;  // bf16
+  int64_t x_stride = 0;
+  int64_t rows = 0;
+  ExpertWeights weights;
+  bool silu_mul = false;
+  void* y = nullptr;  // bf16
+  int64_t y_stride = 0;
+};
+
+absl::Status runSkinnyGemm(const SkinnyGemmArgs& args, cudaStream_t stream);
+
+// Sets the kernels' shared-memory limits; call once before runMoeGemm or runSkinnyGemm (and
+// before a graph capture).
 absl::Status prepareMoeGemm();
 
 // Enqueues the product; the grid covers plan->max_tiles. InvalidArgument names the

@@ -293,6 +293,46 @@ INSTANTIATE_TEST_SUITE_P(
                       ProjectionCase{ExpertWeightFormat::kFp8Block128, 16, true, 320, 256},
                       ProjectionCase{ExpertWeightFormat::kFp8Block128, 64, true, 320, 384}));
 
+// One matrix, rows in order (the dense skinny path): 1, 5 and 16 rows in one 16-row tile,
+// 37 rows in 64-row tiles, each format, plain and fused gate/up.
+TEST(SkinnyGemmTest, MatchesAFloat64Reference) {
+  CLEAVE_REQUIRE_GPU();
+  ASSERT_TRUE(prepareMoeGemm().ok());
+  std::mt19937 rng(testing::freshSeed());
+  for (ExpertWeightFormat format :
+       {ExpertWeightFormat::kBf16, ExpertWeightFormat::kFp8Block128, ExpertWeightFormat::kNvfp4}) {
+    for (bool silu : {false, true}) {
+      for (int64_t rows : {1, 5, 16, 37}) {
+        SCOPED_TRACE(::testing::Message()
+                     << expertWeightFormatName(format) << " silu " << silu << " rows " << rows);
+        const int64_t n = silu ? 320 : 176, k = 256;
+        const HostWeights w = randomWeights(format, 1, n, k, rng);
+        DeviceWeights dw(w);
+        const std::vector<bf16> x = testing::randomBf16(rows * k, rng);
+        DeviceBuffer<bf16> dx(x);
+        const int64_t out_cols = silu ? n / 2 : n;
+        DeviceBuffer<bf16> dy(rows * out_cols);  // poisoned, exactly sized
+        ASSERT_TRUE(runSkinnyGemm({.x = dx.get(),
+                                   .x_stride = k,
+                                   .rows = rows,
+                                   .weights = dw.view,
+                                   .silu_mul = silu,
+                                   .y = dy.get(),
+                                   .y_stride = out_cols},
+                                  nullptr)
+                        .ok());
+        CUDA_ASSERT_OK(cudaDeviceSynchronize());
+        const std::vector<int32_t> ids(rows, 0);
+        const std::vector<double> want = reference(w, toFloat(x), k, ids, 1, false, silu);
+        const testing::Difference d = testing::compare(
+            toFloat(dy.copyToHost()), std::vector<float>(want.begin(), want.end()));
+        EXPECT_EQ(d.non_finite, 0);
+        EXPECT_LE(d.relative_l2, 1e-2);
+      }
+    }
+  }
+}
+
 // gate/up -> down -> combine with routing weights and a shared expert, against float64
 // (the intermediate rounded to bf16 as the GPU keeps it).
 TEST(MoeBlockGpuTest, GateUpDownCombineMatchesTheReference) {
