@@ -3,8 +3,10 @@
 // table: paged decode attention (GB/s, % of the copy), prefill attention (TFLOP/s, % of
 // the product), and a whole decode step of a random-weight Llama-3-8B-shaped model at
 // batch 16, context 2048, with CUDA graphs, against its roofline floor (weights + KV read
-// over the copy bandwidth); then Qwen3-30B-A3B-shaped MoE: one MoE layer at batch 16 in bf16
-// and NVFP4 (W4A16) against the bytes of the experts it touches, and a whole decode step.
+// over the copy bandwidth); the skinny GEMM against cuBLASLt at decode batch sizes; small
+// all-reduces, one-shot P2P against NCCL; then Qwen3-30B-A3B-shaped MoE: one MoE layer at
+// batch 16 in bf16 and NVFP4 (W4A16) against the bytes of the experts it touches, and a
+// whole decode step.
 //
 // Times are medians of event-timed repetitions after warm-up; attention inputs rotate
 // between two sets larger than the L2 cache; every input is random (never zeros).
@@ -21,6 +23,7 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/decode_attention.h"
@@ -28,9 +31,11 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/moe_gemm.h"
+#include "kernels/cuda/p2p_allreduce.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "services/engine/cuda_llama_model.h"
 #include "services/engine/cuda_moe_layer.h"
+#include "services/engine/nccl_communicator.h"
 
 namespace cleave {
 namespace {
@@ -407,6 +412,71 @@ void skinnyGemm(double copy_gbs, int reps, cuda::Gemm& gemm) {
   }
 }
 
+// Small all-reduces: the one-shot P2P kernel against NCCL over every visible GPU (with one
+// GPU both run a group of one — launch and synchronization cost only, no transfer; the
+// row says how many ranks ran).
+void allReduce(int reps) {
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "devices");
+  std::vector<int> devices(count);
+  std::iota(devices.begin(), devices.end(), 0);
+  auto nccl = engine::NcclCommunicator::createGroup(devices, false);
+  check(nccl.status(), "nccl group");
+  auto p2p = cuda::P2pAllReduce::create(devices);
+  if (!p2p.ok()) {
+    std::printf("p2p all-reduce unavailable: %s\n", p2p.status().ToString().c_str());
+    return;
+  }
+  for (int64_t bytes : {int64_t{16} << 10, int64_t{64} << 10, int64_t{256} << 10}) {
+    const int64_t n = bytes / 4;
+    std::vector<float*> data(count);
+    for (int r = 0; r < count; ++r) {
+      check(cudaSetDevice(devices[r]), "device");
+      data[r] = deviceAlloc<float>(n);
+      check(cudaMemset(data[r], 0, bytes), "memset");
+    }
+    // Every rank's thread runs `op` reps times after warm-up; the median over ranks of
+    // their median per-call time.
+    auto timed = [&](const std::function<void(int, int)>& op) {
+      std::vector<double> per_rank(count);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < count; ++r) {
+        threads.emplace_back([&, r] {
+          check(cudaSetDevice(devices[r]), "device");
+          std::vector<double> t;
+          for (int i = 0; i < reps + 5; ++i) {
+            const auto t0 = std::chrono::steady_clock::now();
+            op(r, i);
+            const auto t1 = std::chrono::steady_clock::now();
+            if (i >= 5) t.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+          }
+          std::sort(t.begin(), t.end());
+          per_rank[r] = t[t.size() / 2];
+        });
+      }
+      for (auto& t : threads) t.join();
+      std::sort(per_rank.begin(), per_rank.end());
+      return per_rank[per_rank.size() / 2];
+    };
+    const double nccl_ms = timed([&](int r, int) {
+      check((*nccl)[r]->allReduceSum({data[r], static_cast<size_t>(n)}), "nccl all-reduce");
+    });
+    const double p2p_ms = timed([&](int r, int) {
+      check((*p2p)->run(r, data[r], n, (*nccl)[r]->stream()), "p2p all-reduce");
+      check(cudaStreamSynchronize((*nccl)[r]->stream()), "p2p sync");
+    });
+    char what[160];
+    std::snprintf(what, sizeof(what), "all-reduce %lld KiB over %d GPU%s: NCCL",
+                  static_cast<long long>(bytes >> 10), count, count > 1 ? "s" : "");
+    rows.push_back({what, nccl_ms, fmt("%.1f us", nccl_ms * 1e3), "", ""});
+    std::snprintf(what, sizeof(what), "all-reduce %lld KiB over %d GPU%s: one-shot P2P",
+                  static_cast<long long>(bytes >> 10), count, count > 1 ? "s" : "");
+    rows.push_back({what, p2p_ms, fmt("%.1f us", p2p_ms * 1e3),
+                    fmt("%.2fx NCCL's time", p2p_ms / nccl_ms), ""});
+    for (int r = 0; r < count; ++r) cudaFree(data[r]);
+  }
+}
+
 model::ModelConfig qwen3MoeShape(int layers) {
   model::ModelConfig c;
   c.architecture = model::Architecture::kQwen3Moe;
@@ -559,6 +629,7 @@ int main(int argc, char** argv) {
   prefillAttention(1024, peak, reps);
   decodeStep(copy, quick);
   skinnyGemm(copy, reps, **gemm);
+  allReduce(reps);
   for (cuda::ExpertWeightFormat f :
        {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4}) {
     moeLayer(copy, f, reps, **gemm);

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace cleave::engine {
@@ -18,7 +19,7 @@ absl::Status ncclStatus(ncclResult_t result, const char* op) {
 }  // namespace
 
 absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::createGroup(
-    const std::vector<int>& devices) {
+    const std::vector<int>& devices, bool p2p) {
   if (devices.empty()) return absl::InvalidArgumentError("an NCCL group needs a device");
   if (std::set<int>(devices.begin(), devices.end()).size() != devices.size())
     return absl::InvalidArgumentError("an NCCL group lists a device twice");
@@ -48,6 +49,18 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator:
         !s.ok())
       return s;
   }
+  if (n > 1 && p2p) {
+    auto shared = cuda::P2pAllReduce::create(devices);
+    if (shared.ok()) {
+      CLEAVE_LOG(INFO) << "tensor parallel over " << n << " GPUs: one-shot P2P all-reduce up to "
+                       << ((*shared)->maxBytes() >> 10) << " KiB, NCCL above";
+      std::shared_ptr<const cuda::P2pAllReduce> common(std::move(*shared));
+      for (auto& c : group) c->p2p_ = common;
+    } else {
+      CLEAVE_LOG(INFO) << "tensor parallel over " << n << " GPUs: P2P all-reduce unavailable ("
+                       << shared.status().message() << "); NCCL for every all-reduce";
+    }
+  }
   return group;
 }
 
@@ -65,6 +78,12 @@ absl::Status NcclCommunicator::finish(const char* op) {
 absl::Status NcclCommunicator::allReduceSum(std::span<float> data) {
   if (absl::Status s = cuda::cudaStatus(cudaSetDevice(device_), "selecting a GPU"); !s.ok())
     return s;
+  if (p2p_ != nullptr && static_cast<int64_t>(data.size_bytes()) <= p2p_->maxBytes()) {
+    if (absl::Status s = p2p_->run(rank_, data.data(), static_cast<int64_t>(data.size()), stream_);
+        !s.ok())
+      return s;
+    return finish("p2p all-reduce");
+  }
   if (absl::Status s = ncclStatus(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
                                                 ncclSum, static_cast<ncclComm_t>(comm_), stream_),
                                   "all-reduce");

@@ -2,6 +2,10 @@
 // created together for the group's devices in one process (one rank thread per device,
 // ARCHITECTURE §1).
 //
+// All-reduces of at most 256 KiB (a decode step's activations) take the one-shot P2P kernel
+// (kernels/cuda/p2p_allreduce.h) when every pair of the group's GPUs can reach each other;
+// createGroup logs which way it went. Larger ones, and groups without P2P, use NCCL.
+//
 // Buffers are device memory of the rank's GPU. Collectives are enqueued on the rank's
 // stream() and this call waits for them, as the Communicator contract says (data is
 // final when the call returns); kernels that follow on the same stream could skip the
@@ -16,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/p2p_allreduce.h"
 #include "services/engine/communicator.h"
 
 namespace cleave::engine {
@@ -24,8 +29,9 @@ class NcclCommunicator : public Communicator {
  public:
   // One communicator per device in `devices` (rank r on devices[r]). Errors name the NCCL
   // or CUDA call that failed (no devices, a device twice, NCCL cannot start).
+  // `p2p` false keeps every all-reduce on NCCL.
   static absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> createGroup(
-      const std::vector<int>& devices);
+      const std::vector<int>& devices, bool p2p = true);
   ~NcclCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -38,6 +44,8 @@ class NcclCommunicator : public Communicator {
 
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
+  // Whether small all-reduces go over P2P.
+  bool p2p() const { return p2p_ != nullptr; }
 
  private:
   NcclCommunicator() = default;
@@ -48,7 +56,8 @@ class NcclCommunicator : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   int device_ = 0;
-  float* scratch_ = nullptr;  // one float, for barrier()
+  float* scratch_ = nullptr;                       // one float, for barrier()
+  std::shared_ptr<const cuda::P2pAllReduce> p2p_;  // the group's, or null
 };
 
 }  // namespace cleave::engine

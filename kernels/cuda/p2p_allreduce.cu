@@ -1,0 +1,179 @@
+#include "kernels/cuda/p2p_allreduce.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace cleave::cuda {
+namespace {
+
+constexpr int kBlocks = 16;
+constexpr int kThreads = 512;
+
+// Every rank's inbox and flags, as a table in each rank's device memory.
+struct PeerTable {
+  float* inbox[P2pAllReduce::kMaxRanks];
+  uint32_t* flags[P2pAllReduce::kMaxRanks];
+};
+
+struct Args {
+  float* data;
+  int64_t count;
+  int64_t slot;  // floats per inbox slot
+  int rank;
+  int ranks;
+  const PeerTable* peers;
+  uint32_t* counters;
+};
+
+__device__ __forceinline__ void storeRelease(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t loadAcquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__global__ void __launch_bounds__(kThreads) oneShotKernel(Args a) {
+  const int b = blockIdx.x;
+  const int64_t chunk = (a.count + kBlocks - 1) / kBlocks;
+  const int64_t begin = b * chunk;
+  const int64_t end = begin + chunk < a.count ? begin + chunk : a.count;
+  __shared__ uint32_t call;
+  if (threadIdx.x == 0) call = a.counters[b] + 1;
+  __syncthreads();
+  const int64_t half = static_cast<int64_t>(call & 1u) * a.ranks * a.slot;
+  // Push this block's chunk into slot `rank` of every rank's inbox.
+  for (int p = 0; p < a.ranks; ++p) {
+    float* dst = a.peers->inbox[p] + half + a.rank * a.slot;
+    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) dst[i] = a.data[i];
+  }
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x < a.ranks) storeRelease(a.peers->flags[threadIdx.x] + a.rank * kBlocks + b, call);
+  // Wait for every peer's chunk (a peer may already be one call ahead: >=).
+  if (threadIdx.x < a.ranks) {
+    const uint32_t* flag = a.peers->flags[a.rank] + threadIdx.x * kBlocks + b;
+    while (static_cast<int32_t>(loadAcquire(flag) - call) < 0) {
+    }
+  }
+  __syncthreads();
+  const float* mine = a.peers->inbox[a.rank] + half;
+  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    float sum = 0.0f;
+    for (int q = 0; q < a.ranks; ++q) sum += mine[q * a.slot + i];
+    a.data[i] = sum;
+  }
+  if (threadIdx.x == 0) a.counters[b] = call;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<P2pAllReduce>> P2pAllReduce::create(const std::vector<int>& devices,
+                                                                   int64_t max_bytes) {
+  const int n = static_cast<int>(devices.size());
+  if (n < 1 || n > kMaxRanks)
+    return absl::InvalidArgumentError(absl::StrCat("p2p all-reduce: ", n, " ranks (1 to 8)"));
+  if (max_bytes <= 0 || max_bytes % 16 != 0)
+    return absl::InvalidArgumentError(
+        "p2p all-reduce: max_bytes must be a positive multiple of 16");
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      int can = 0;
+      if (absl::Status s = cudaStatus(cudaDeviceCanAccessPeer(&can, devices[i], devices[j]),
+                                      "checking peer access");
+          !s.ok())
+        return s;
+      if (!can) {
+        return absl::FailedPreconditionError(absl::StrCat("GPU ", devices[i], " cannot reach GPU ",
+                                                          devices[j], " over peer-to-peer"));
+      }
+    }
+  }
+  std::unique_ptr<P2pAllReduce> p(new P2pAllReduce());
+  p->devices_ = devices;
+  p->max_bytes_ = max_bytes;
+  for (int i = 0; i < n; ++i) {
+    if (absl::Status s = cudaStatus(cudaSetDevice(devices[i]), "selecting a GPU"); !s.ok())
+      return s;
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      const cudaError_t e = cudaDeviceEnablePeerAccess(devices[j], 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();  // Already on (another group): fine.
+      } else if (absl::Status s = cudaStatus(e, "enabling peer access"); !s.ok()) {
+        return s;
+      }
+    }
+    float* inbox = nullptr;
+    uint32_t* flags = nullptr;
+    uint32_t* counters = nullptr;
+    const size_t inbox_bytes = 2 * static_cast<size_t>(n) * max_bytes;
+    for (auto [ptr, bytes] :
+         {std::pair<void**, size_t>{reinterpret_cast<void**>(&inbox), inbox_bytes},
+          {reinterpret_cast<void**>(&flags), sizeof(uint32_t) * n * kBlocks},
+          {reinterpret_cast<void**>(&counters), sizeof(uint32_t) * kBlocks}}) {
+      if (absl::Status s = cudaStatus(cudaMalloc(ptr, bytes), "p2p all-reduce buffers"); !s.ok())
+        return s;
+      if (absl::Status s = cudaStatus(cudaMemset(*ptr, 0, bytes), "p2p all-reduce buffers");
+          !s.ok())
+        return s;
+    }
+    p->inbox_.push_back(inbox);
+    p->flags_.push_back(flags);
+    p->counters_.push_back(counters);
+  }
+  PeerTable table{};
+  for (int i = 0; i < n; ++i) {
+    table.inbox[i] = p->inbox_[i];
+    table.flags[i] = p->flags_[i];
+  }
+  for (int i = 0; i < n; ++i) {
+    void* t = nullptr;
+    if (absl::Status s = cudaStatus(cudaSetDevice(devices[i]), "selecting a GPU"); !s.ok())
+      return s;
+    if (absl::Status s = cudaStatus(cudaMalloc(&t, sizeof(PeerTable)), "p2p peer table"); !s.ok())
+      return s;
+    p->tables_.push_back(t);
+    if (absl::Status s = cudaStatus(cudaMemcpy(t, &table, sizeof(table), cudaMemcpyHostToDevice),
+                                    "p2p peer table");
+        !s.ok())
+      return s;
+  }
+  return p;
+}
+
+P2pAllReduce::~P2pAllReduce() {
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    cudaSetDevice(devices_[i]);
+    if (i < inbox_.size()) cudaFree(inbox_[i]);
+    if (i < flags_.size()) cudaFree(flags_[i]);
+    if (i < counters_.size()) cudaFree(counters_[i]);
+    if (i < tables_.size()) cudaFree(tables_[i]);
+  }
+}
+
+absl::Status P2pAllReduce::run(int rank, float* data, int64_t count, cudaStream_t stream) const {
+  if (rank < 0 || rank >= ranks())
+    return absl::InvalidArgumentError(absl::StrCat("p2p all-reduce: rank ", rank));
+  if (count < 0 || count * 4 > max_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "p2p all-reduce: ", count * 4, " bytes, more than the ", max_bytes_, " it was made for"));
+  }
+  if (count == 0) return absl::OkStatus();
+  Args a{.data = data,
+         .count = count,
+         .slot = max_bytes_ / 4,
+         .rank = rank,
+         .ranks = ranks(),
+         .peers = static_cast<const PeerTable*>(tables_[rank]),
+         .counters = counters_[rank]};
+  oneShotKernel<<<kBlocks, kThreads, 0, stream>>>(a);
+  return launchStatus("p2p all-reduce");
+}
+
+}  // namespace cleave::cuda
