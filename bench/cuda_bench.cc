@@ -506,7 +506,7 @@ double expectedTouched(int tokens, int k, int experts) {
 void moeLayer(double copy_gbs, cuda::ExpertWeightFormat format, int reps, cuda::Gemm& gemm) {
   const model::ModelConfig c = qwen3MoeShape(1);
   const int batch = 16;
-  auto shape = engine::cudaMoeShape(c, nullptr, format, batch, batch);
+  auto shape = engine::cudaMoeShape(c, *engine::planShard(c, {}), nullptr, format, batch, batch);
   check(shape.status(), "moe shape");
   check(cuda::prepareMoeGemm(), "moe gemm");
   engine::Arena count;
@@ -554,7 +554,7 @@ void moeDecodeStep(double copy_gbs, cuda::ExpertWeightFormat format, bool quick)
                                                      .random_expert_format = format},
                                                     9);
   check(model.status(), "random MoE model");
-  auto shape = engine::cudaMoeShape(c, nullptr, format, batch, batch);
+  auto shape = engine::cudaMoeShape(c, *engine::planShard(c, {}), nullptr, format, batch, batch);
   check(shape.status(), "moe shape");
   std::vector<std::vector<int32_t>> blocks(batch);
   const int64_t per_seq = (context + steps + 8 + 15) / 16;

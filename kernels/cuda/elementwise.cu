@@ -67,17 +67,17 @@ __global__ void siluMulKernel(const bf16* gate, const bf16* up, int64_t in_strid
 }
 
 // One block per token, 16-byte copies.
-__global__ void embedKernel(const int32_t* ids, const bf16* table, int64_t vocab, int64_t cols,
-                            bf16* out, int64_t out_stride) {
+// Row id - row_begin of the table; an id outside [row_begin, row_begin + vocab) gives a row
+// of `outside` bits (NaN pairs, or zeros for another shard's rows).
+__global__ void embedKernel(const int32_t* ids, const bf16* table, int64_t row_begin, int64_t vocab,
+                            int64_t cols, bf16* out, int64_t out_stride, uint32_t outside) {
   const int64_t token = blockIdx.x;
-  const int32_t id = ids[token];
+  const int64_t id = int64_t{ids[token]} - row_begin;
   uint4* dst = reinterpret_cast<uint4*>(out + token * out_stride);
   const bool valid = id >= 0 && id < vocab;
   const uint4* src = reinterpret_cast<const uint4*>(table + (valid ? id : 0) * cols);
-  const uint16_t nan_bits = 0x7fc0;
-  const uint32_t nan_pair = nan_bits | (static_cast<uint32_t>(nan_bits) << 16);
   for (int64_t i = threadIdx.x; i < cols / 8; i += blockDim.x)
-    dst[i] = valid ? src[i] : make_uint4(nan_pair, nan_pair, nan_pair, nan_pair);
+    dst[i] = valid ? src[i] : make_uint4(outside, outside, outside, outside);
 }
 
 constexpr int kArgmaxThreads = 256;
@@ -167,9 +167,20 @@ absl::Status embed(const int32_t* ids, int64_t tokens, const __nv_bfloat16* tabl
                    int64_t cols, __nv_bfloat16* out, int64_t out_stride, cudaStream_t stream) {
   if (tokens == 0) return absl::OkStatus();
   if (cols % 8 != 0) return absl::InvalidArgumentError("embed: cols must be a multiple of 8");
-  embedKernel<<<static_cast<unsigned>(tokens), 128, 0, stream>>>(ids, table, vocab, cols, out,
-                                                                 out_stride);
+  constexpr uint32_t kNanPair = 0x7fc07fc0u;
+  embedKernel<<<static_cast<unsigned>(tokens), 128, 0, stream>>>(ids, table, 0, vocab, cols, out,
+                                                                 out_stride, kNanPair);
   return launchStatus("embed");
+}
+
+absl::Status embedShard(const int32_t* ids, int64_t tokens, const __nv_bfloat16* table,
+                        int64_t row_begin, int64_t rows, int64_t cols, __nv_bfloat16* out,
+                        int64_t out_stride, cudaStream_t stream) {
+  if (tokens == 0) return absl::OkStatus();
+  if (cols % 8 != 0) return absl::InvalidArgumentError("embed: cols must be a multiple of 8");
+  embedKernel<<<static_cast<unsigned>(tokens), 128, 0, stream>>>(ids, table, row_begin, rows, cols,
+                                                                 out, out_stride, 0u);
+  return launchStatus("embed shard");
 }
 
 absl::Status argmax(const float* logits, int64_t stride, int64_t rows, int64_t vocab, int32_t* ids,

@@ -44,6 +44,12 @@ absl::Status siluMul(const __nv_bfloat16* gate, const __nv_bfloat16* up, int64_t
 absl::Status embed(const int32_t* ids, int64_t tokens, const __nv_bfloat16* table, int64_t vocab,
                    int64_t cols, __nv_bfloat16* out, int64_t out_stride, cudaStream_t stream);
 
+// A vocab-parallel shard's lookup: table holds rows [row_begin, row_begin + rows); a token
+// whose id is another shard's gets a row of zeros (the shards' rows then sum to the lookup).
+absl::Status embedShard(const int32_t* ids, int64_t tokens, const __nv_bfloat16* table,
+                        int64_t row_begin, int64_t rows, int64_t cols, __nv_bfloat16* out,
+                        int64_t out_stride, cudaStream_t stream);
+
 // ids[r] = the index of the largest logits[r][i], the lowest index among equals.
 absl::Status argmax(const float* logits, int64_t stride, int64_t rows, int64_t vocab, int32_t* ids,
                     cudaStream_t stream);

@@ -67,8 +67,9 @@ struct DeviceLayout {
   DeviceBuffer<unsigned char> workspace;
   MoeLayout layout;
   HostLayout host;
+  // Planned for max(tokens, 1) tokens (a plan needs one), built for `tokens`.
   DeviceLayout(const std::vector<int32_t>& ids, int64_t tokens, int k, int experts, int tile_rows)
-      : plan(*planMoeLayout(tokens, k, experts, tile_rows)),
+      : plan(*planMoeLayout(std::max<int64_t>(tokens, 1), k, experts, tile_rows)),
         workspace(plan.workspace_bytes),
         layout(carveMoeLayout(plan, workspace.get())) {
     DeviceBuffer<int32_t> dids(ids);
@@ -77,6 +78,13 @@ struct DeviceLayout {
     host = copyLayout(plan, layout);
   }
 };
+
+TEST(MoeLayoutTest, AStepWithoutTokensUsesNoTiles) {
+  CLEAVE_REQUIRE_GPU();
+  DeviceLayout d({}, 0, 2, 6, 16);
+  EXPECT_EQ(d.host.tile_count, 0);
+  for (int e = 0; e <= 6; ++e) EXPECT_EQ(d.host.expert_rows[e], 0);
+}
 
 TEST(MoeLayoutTest, PlacesEveryPairOnceAndPadsEachExpertToTiles) {
   CLEAVE_REQUIRE_GPU();
@@ -148,7 +156,7 @@ HostWeights randomWeights(ExpertWeightFormat format, int experts, int64_t rows, 
     w.dequantized = toFloat(values);
   } else if (format == ExpertWeightFormat::kFp8Block128) {
     w.data.resize(n);
-    for (uint8_t& b : w.data) b = randomE4m3(rng, 1, 14);  // finite: exponent < 15
+    for (uint8_t& b : w.data) b = randomE4m3(rng, 0, 14);  // finite, subnormals and zeros too
     const int64_t br = (rows + 127) / 128, bc = cols / 128;
     w.block_scales.resize(int64_t{experts} * br * bc);
     for (float& s : w.block_scales) s = unit(rng) / (64.0f * std::sqrt(float(cols)));
@@ -339,10 +347,15 @@ TEST(MoeBlockGpuTest, GateUpDownCombineMatchesTheReference) {
   CLEAVE_REQUIRE_GPU();
   ASSERT_TRUE(prepareMoeGemm().ok());
   std::mt19937 rng(testing::freshSeed());
-  const int64_t tokens = 23, hidden = 96, inter = 64;
+  const int64_t tokens = 23;
   const int k = 2, experts = 8;
-  for (ExpertWeightFormat format : {ExpertWeightFormat::kBf16, ExpertWeightFormat::kNvfp4}) {
+  for (ExpertWeightFormat format :
+       {ExpertWeightFormat::kBf16, ExpertWeightFormat::kNvfp4, ExpertWeightFormat::kFp8Block128}) {
     SCOPED_TRACE(expertWeightFormatName(format));
+    // FP8's 128-column blocks need both sizes whole; the others take a hidden size that is
+    // not a multiple of the 64-column tiles.
+    const bool fp8 = format == ExpertWeightFormat::kFp8Block128;
+    const int64_t hidden = fp8 ? 256 : 96, inter = fp8 ? 128 : 64;
     const std::vector<int32_t> ids = routes(tokens, k, experts, 1, rng);
     DeviceLayout layout(ids, tokens, k, experts, 16);
     const HostWeights gate_up = randomWeights(format, experts, 2 * inter, hidden, rng);

@@ -18,6 +18,7 @@ size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct LayoutParams {
   const int32_t* expert_ids;
+  int expert_begin;
   int64_t pairs;
   int experts;
   int tile_rows;
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(kLayoutThreads) buildLayoutKernel(LayoutParams
   if (tid < p.experts) count[tid] = 0;
   __syncthreads();
   for (int64_t i = tid; i < p.pairs; i += kLayoutThreads) {
-    const int e = p.expert_ids[i];
+    const int e = p.expert_ids[i] - p.expert_begin;
     if (e >= 0 && e < p.experts) atomicAdd(&count[e], 1);
   }
   __syncthreads();
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(kLayoutThreads) buildLayoutKernel(LayoutParams
   }
   __syncthreads();
   for (int64_t i = tid; i < p.pairs; i += kLayoutThreads) {
-    const int e = p.expert_ids[i];
+    const int e = p.expert_ids[i] - p.expert_begin;
     int row = -1;
     if (e >= 0 && e < p.experts) {
       row = atomicAdd(&cursor[e], 1);
@@ -128,14 +129,14 @@ MoeLayout carveMoeLayout(const MoeLayoutPlan& plan, void* workspace) {
 }
 
 absl::Status buildMoeLayout(const MoeLayoutPlan& plan, const int32_t* expert_ids, int64_t tokens,
-                            const MoeLayout& layout, cudaStream_t stream) {
+                            const MoeLayout& layout, cudaStream_t stream, int expert_begin) {
   if (tokens < 0 || tokens > plan.max_tokens) {
     return absl::InvalidArgumentError("moe layout: " + std::to_string(tokens) +
                                       " tokens, planned for at most " +
                                       std::to_string(plan.max_tokens));
   }
   buildLayoutKernel<<<1, kLayoutThreads, 0, stream>>>(
-      {expert_ids, tokens * plan.k, plan.experts, plan.tile_rows, layout});
+      {expert_ids, expert_begin, tokens * plan.k, plan.experts, plan.tile_rows, layout});
   return launchStatus("moe layout");
 }
 

@@ -45,9 +45,11 @@ struct MoeLayout {
 
 MoeLayout carveMoeLayout(const MoeLayoutPlan& plan, void* workspace);
 
-// Builds the layout of `tokens` (<= plan.max_tokens) tokens' expert ids ([tokens][k]).
+// Builds the layout of `tokens` (<= plan.max_tokens) tokens' expert ids ([tokens][k]); this
+// rank holds experts [expert_begin, expert_begin + plan.experts) (expert parallelism), the
+// layout's expert e being id expert_begin + e.
 absl::Status buildMoeLayout(const MoeLayoutPlan& plan, const int32_t* expert_ids, int64_t tokens,
-                            const MoeLayout& layout, cudaStream_t stream);
+                            const MoeLayout& layout, cudaStream_t stream, int expert_begin = 0);
 
 // out[t][h] = sum over slots s with a row of weights[t][s] * y[pair_row[t * k + s]][h]
 //             (+ shared[t][h]), accumulated in f32 in slot order.

@@ -18,6 +18,10 @@ __device__ __forceinline__ void better(float& value, int& index, float other, in
   }
 }
 
+// A NaN score (an overflowed activation) ranks below every number, so the argmax rounds
+// below always pick a real expert and NaN outputs stay NaN instead of faulting.
+__device__ __forceinline__ float rankable(float v) { return isnan(v) ? -FLT_MAX : v; }
+
 __device__ __forceinline__ void warpArgmax(float& value, int& index) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2)
@@ -52,12 +56,12 @@ __global__ void __launch_bounds__(kWarps * 32) routeKernel(const MoeRoutingArgs 
     for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
     for (int e = lane; e < e_count; e += 32) {
       score[e] /= sum;
-      choice[e] = score[e];
+      choice[e] = rankable(score[e]);
     }
   } else {
     for (int e = lane; e < e_count; e += 32) {
       score[e] = 1.0f / (1.0f + expf(-logits[e]));
-      choice[e] = score[e] + (a.bias ? a.bias[e] : 0.0f);
+      choice[e] = rankable(score[e] + (a.bias ? a.bias[e] : 0.0f));
     }
   }
   __syncwarp();
@@ -77,7 +81,7 @@ __global__ void __launch_bounds__(kWarps * 32) routeKernel(const MoeRoutingArgs 
           second = choice[e];
         }
       }
-      group_score = first + (per_group > 1 ? second : 0.0f);
+      group_score = rankable(first + (per_group > 1 ? second : 0.0f));
     }
     kept_groups = 0;
     for (int round = 0; round < a.topk_group; ++round) {
@@ -85,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32) routeKernel(const MoeRoutingArgs 
       int index = lane < a.n_group ? lane : 1 << 30;
       if ((kept_groups >> lane) & 1u) index = 1 << 30;
       warpArgmax(value, index);
-      kept_groups |= 1u << index;
+      if (index < a.n_group) kept_groups |= 1u << index;
     }
   }
 
@@ -102,6 +106,7 @@ __global__ void __launch_bounds__(kWarps * 32) routeKernel(const MoeRoutingArgs 
       better(value, index, choice[e], e);
     }
     warpArgmax(value, index);
+    if (index >= e_count) index = 0;  // Unreachable with rankable scores; never index past.
     if (lane == round) {
       my_id = index;
       my_weight = score[index];

@@ -1,5 +1,7 @@
 #include "kernels/cuda/p2p_allreduce.h"
 
+#include <cuda_bf16.h>
+
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -13,14 +15,14 @@ constexpr int kThreads = 512;
 
 // Every rank's inbox and flags, as a table in each rank's device memory.
 struct PeerTable {
-  float* inbox[P2pAllReduce::kMaxRanks];
+  uint8_t* inbox[P2pAllReduce::kMaxRanks];
   uint32_t* flags[P2pAllReduce::kMaxRanks];
 };
 
 struct Args {
-  float* data;
+  void* data;
   int64_t count;
-  int64_t slot;  // floats per inbox slot
+  int64_t slot;  // elements per inbox slot
   int rank;
   int ranks;
   const PeerTable* peers;
@@ -37,19 +39,36 @@ __device__ __forceinline__ uint32_t loadAcquire(const uint32_t* p) {
   return v;
 }
 
+__device__ __forceinline__ float toFloat(float v) { return v; }
+__device__ __forceinline__ float toFloat(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__device__ __forceinline__ T fromFloat(float v);
+template <>
+__device__ __forceinline__ float fromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16(v);
+}
+
+template <typename T>
 __global__ void __launch_bounds__(kThreads) oneShotKernel(Args a) {
+  T* data = static_cast<T*>(a.data);
   const int b = blockIdx.x;
-  const int64_t chunk = (a.count + kBlocks - 1) / kBlocks;
-  const int64_t begin = b * chunk;
-  const int64_t end = begin + chunk < a.count ? begin + chunk : a.count;
+  // Counts fit in int: at most max_bytes / 2 elements.
+  const int count = static_cast<int>(a.count);
+  const int chunk = (count + kBlocks - 1) / kBlocks;
+  const int begin = b * chunk;
+  const int end = begin + chunk < count ? begin + chunk : count;
   __shared__ uint32_t call;
   if (threadIdx.x == 0) call = a.counters[b] + 1;
   __syncthreads();
   const int64_t half = static_cast<int64_t>(call & 1u) * a.ranks * a.slot;
   // Push this block's chunk into slot `rank` of every rank's inbox.
   for (int p = 0; p < a.ranks; ++p) {
-    float* dst = a.peers->inbox[p] + half + a.rank * a.slot;
-    for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) dst[i] = a.data[i];
+    T* dst = reinterpret_cast<T*>(a.peers->inbox[p]) + half + a.rank * a.slot;
+    for (int i = begin + threadIdx.x; i < end; i += kThreads) dst[i] = data[i];
   }
   __threadfence_system();
   __syncthreads();
@@ -61,11 +80,11 @@ __global__ void __launch_bounds__(kThreads) oneShotKernel(Args a) {
     }
   }
   __syncthreads();
-  const float* mine = a.peers->inbox[a.rank] + half;
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
+  const T* mine = reinterpret_cast<const T*>(a.peers->inbox[a.rank]) + half;
+  for (int i = begin + threadIdx.x; i < end; i += kThreads) {
     float sum = 0.0f;
-    for (int q = 0; q < a.ranks; ++q) sum += mine[q * a.slot + i];
-    a.data[i] = sum;
+    for (int q = 0; q < a.ranks; ++q) sum += toFloat(mine[q * a.slot + i]);
+    data[i] = fromFloat<T>(sum);
   }
   if (threadIdx.x == 0) a.counters[b] = call;
 }
@@ -109,7 +128,7 @@ absl::StatusOr<std::unique_ptr<P2pAllReduce>> P2pAllReduce::create(const std::ve
         return s;
       }
     }
-    float* inbox = nullptr;
+    uint8_t* inbox = nullptr;
     uint32_t* flags = nullptr;
     uint32_t* counters = nullptr;
     const size_t inbox_bytes = 2 * static_cast<size_t>(n) * max_bytes;
@@ -157,22 +176,29 @@ P2pAllReduce::~P2pAllReduce() {
   }
 }
 
-absl::Status P2pAllReduce::run(int rank, float* data, int64_t count, cudaStream_t stream) const {
+absl::Status P2pAllReduce::run(int rank, void* data, int64_t count, Dtype dtype,
+                               cudaStream_t stream) const {
+  const int64_t element = dtype == Dtype::kF32 ? 4 : 2;
   if (rank < 0 || rank >= ranks())
     return absl::InvalidArgumentError(absl::StrCat("p2p all-reduce: rank ", rank));
-  if (count < 0 || count * 4 > max_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "p2p all-reduce: ", count * 4, " bytes, more than the ", max_bytes_, " it was made for"));
+  if (count < 0 || count * element > max_bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat("p2p all-reduce: ", count * element,
+                                                   " bytes, more than the ", max_bytes_,
+                                                   " it was made for"));
   }
   if (count == 0) return absl::OkStatus();
-  Args a{.data = data,
-         .count = count,
-         .slot = max_bytes_ / 4,
-         .rank = rank,
-         .ranks = ranks(),
-         .peers = static_cast<const PeerTable*>(tables_[rank]),
-         .counters = counters_[rank]};
-  oneShotKernel<<<kBlocks, kThreads, 0, stream>>>(a);
+  const Args a{.data = data,
+               .count = count,
+               .slot = max_bytes_ / element,
+               .rank = rank,
+               .ranks = ranks(),
+               .peers = static_cast<const PeerTable*>(tables_[rank]),
+               .counters = counters_[rank]};
+  if (dtype == Dtype::kF32) {
+    oneShotKernel<float><<<kBlocks, kThreads, 0, stream>>>(a);
+  } else {
+    oneShotKernel<__nv_bfloat16><<<kBlocks, kThreads, 0, stream>>>(a);
+  }
   return launchStatus("p2p all-reduce");
 }
 

@@ -14,8 +14,10 @@
 // collective: a rank cannot reuse a half before every peer has finished reading it, because
 // it waits for the peers' flags of the call in between.
 //
-// Threading: create() once for the group; then rank r's thread calls run(r, ...) on its own
-// stream, every rank with the same count, in the same order of calls.
+// Threading: create() once for the group; then rank r's thread calls run(r, ...), every
+// rank with the same count, in the same order of calls. A rank's calls must run one after
+// another on the device (one stream, or the previous call finished): they share the call
+// counts and inbox halves.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -43,15 +45,19 @@ class P2pAllReduce {
   int ranks() const { return static_cast<int>(devices_.size()); }
   int64_t maxBytes() const { return max_bytes_; }
 
-  // data (count floats on rank `rank`'s device) = the sum over ranks, enqueued on `stream`.
-  absl::Status run(int rank, float* data, int64_t count, cudaStream_t stream) const;
+  enum class Dtype { kF32, kBf16 };  // bf16 is summed in f32, rounded once
+  // data (count elements on rank `rank`'s device) = the sum over ranks, enqueued on `stream`.
+  absl::Status run(int rank, void* data, int64_t count, Dtype dtype, cudaStream_t stream) const;
+  absl::Status run(int rank, float* data, int64_t count, cudaStream_t stream) const {
+    return run(rank, data, count, Dtype::kF32, stream);
+  }
 
  private:
   P2pAllReduce() = default;
   std::vector<int> devices_;
   int64_t max_bytes_ = 0;
   // Per rank, on its device.
-  std::vector<float*> inbox_;        // [2][ranks][max_bytes / 4]
+  std::vector<uint8_t*> inbox_;      // [2][ranks][max_bytes]
   std::vector<uint32_t*> flags_;     // [ranks][kBlocks]: peer q's count for block b
   std::vector<uint32_t*> counters_;  // [kBlocks]: this rank's calls per block
   std::vector<void*> tables_;        // every rank's inbox and flags, for the kernel

@@ -111,7 +111,8 @@ int runGenerate(int argc, char** argv) {
   flags.addInt("max-tokens", &max_tokens, "Most tokens to generate");
   flags.addInt("threads", &threads, "CPU threads (all ranks together)");
   flags.addInt("tp", &tp, "Tensor-parallel ranks (one thread group each)");
-  flags.addString("backend", &backend, "Where the model runs: cpu, or cuda (GPU 0, bf16 weights)");
+  flags.addString("backend", &backend,
+                  "Where the model runs: cpu, or cuda (rank r on GPU r, --tp of them)");
   flags.addInt("context", &context, "Context length to reserve (prompt + output)");
   flags.addBool("chat", &chat,
                 "Wrap PROMPT as a user turn of the model's chat format (--no-chat: raw text)");

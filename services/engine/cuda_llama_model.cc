@@ -20,6 +20,8 @@
 #include "kernels/cuda/rope_kv.h"
 #include "services/engine/cuda_arena.h"
 #include "services/engine/cuda_moe_layer.h"
+#include "services/engine/nccl_communicator.h"
+#include "services/engine/tensor_parallel.h"
 
 namespace cleave::engine {
 namespace {
@@ -52,6 +54,11 @@ struct CudaLlamaModel::State {
   cuda::RopeLayout rope_layout = cuda::RopeLayout::kHalves;
   int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0,
           ffn = 0, vocab = 0, layers = 0;
+  // Tensor parallelism: this rank's rows of the vocabulary (embedding, lm-head) and every
+  // rank's row count (the logits' all-gather); null comm for a group of one.
+  NcclCommunicator* comm = nullptr;
+  int64_t vocab_begin = 0, vocab_rows = 0;
+  std::vector<int64_t> rank_vocab_rows;
   int64_t max_blocks_per_seq = 0;
   int64_t kv_blocks = 0;  // usable; block kv_blocks is the padding rows' scratch block
   bool qkv_bias = false, qk_norm = false, tied = false;
@@ -66,15 +73,16 @@ struct CudaLlamaModel::State {
   std::optional<CudaMoeShape> moe;
   std::vector<CudaMoeWeights> moe_layer;
   CudaMoeWorkspace moe_ws;
-  bf16* embed = nullptr;  // [vocab][hidden]
+  bf16* embed = nullptr;  // [vocab_rows][hidden]
   bf16* output_norm = nullptr;
-  bf16* output = nullptr;  // [vocab][hidden]; embed when tied
+  bf16* output = nullptr;  // [vocab_rows][hidden]; embed when tied
   float* inv_freq = nullptr;
   // Workspace, [max_step_tokens][width] unless noted.
   bf16 *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *o = nullptr,
        *gu = nullptr, *act = nullptr;
-  bf16* last = nullptr;     // [max_sequences][hidden]
-  float* logits = nullptr;  // [max_sequences][vocab]
+  bf16* last = nullptr;       // [max_sequences][hidden]
+  float* logits = nullptr;    // [max_sequences][vocab_rows]
+  float* gathered = nullptr;  // TP: every rank's logits, rank-major [rank][sequences][rows]
   void* attention_workspace = nullptr;
   int32_t* meta = nullptr;  // ids, positions, slots, q_starts, contexts, last rows, tables
   uint8_t* kv = nullptr;    // [layer][K, V][block][kv head][slot][head_dim], kv_dtype
@@ -139,9 +147,9 @@ struct CudaLlamaModel::State {
       d.wgu = arena.take<bf16>(2 * ffn * hidden);
       d.wdown = arena.take<bf16>(hidden * ffn);
     }
-    embed = arena.take<bf16>(vocab * hidden);
+    embed = arena.take<bf16>(vocab_rows * hidden);
     output_norm = arena.take<bf16>(hidden);
-    output = tied ? embed : arena.take<bf16>(vocab * hidden);
+    output = tied ? embed : arena.take<bf16>(vocab_rows * hidden);
     inv_freq = arena.take<float>(head_dim / 2);
     plan.weights = arena.used();
     const int64_t t = options.max_step_tokens;
@@ -157,7 +165,8 @@ struct CudaLlamaModel::State {
     }
     if (moe) moe_ws = placeMoeWorkspace(arena, *moe);
     last = arena.take<bf16>(options.max_sequences * hidden);
-    logits = arena.take<float>(options.max_sequences * vocab);
+    logits = arena.take<float>(options.max_sequences * vocab_rows);
+    if (comm != nullptr) gathered = arena.take<float>(options.max_sequences * vocab);
     attention_workspace = arena.take<uint8_t>(static_cast<int64_t>(decode_plan.workspace_bytes));
     meta = arena.take<int32_t>(metaCount());
     plan.workspace = arena.used() - plan.weights;
@@ -173,16 +182,17 @@ namespace {
 
 // Shapes, plans and the one allocation, before any weight is written.
 // `moe_example`: a MoE layer of the weights (their expert format), null for random ones.
-absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(const model::ModelConfig& c,
-                                                               const CudaModelOptions& options,
-                                                               bool qkv_bias, bool qk_norm,
-                                                               bool tied,
-                                                               const MoeBlock* moe_example) {
+absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
+    const model::ModelConfig& c, const ShardDims& dims, const CudaModelOptions& options,
+    bool qkv_bias, bool qk_norm, bool tied, const MoeBlock* moe_example) {
   if (options.max_step_tokens < 1 || options.max_sequences < 1 || options.max_context < 1 ||
       options.max_sequences > options.max_step_tokens)
     return absl::InvalidArgumentError(
         "CUDA model options: max_step_tokens, max_sequences and max_context must be >= 1, and "
         "max_sequences <= max_step_tokens");
+  if ((options.comm != nullptr ? options.comm->size() : 1) != dims.shard.size)
+    return absl::InvalidArgumentError(
+        "a CUDA model of a tensor-parallel shard needs its group's communicator");
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaSetDevice(options.device), absl::StrCat("selecting GPU ", options.device,
                                                   " (a GPU and a driver for CUDA 13 are needed)")));
@@ -197,14 +207,21 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(const model::Mode
   s.options.max_sequences = nextPowerOfTwo(options.max_sequences);
   s.options.max_step_tokens = std::max(options.max_step_tokens, s.options.max_sequences);
   s.hidden = c.hidden_size;
-  s.heads = c.num_heads;
-  s.kv_heads = c.num_kv_heads;
+  s.heads = dims.heads.size;
+  s.kv_heads = dims.kv_heads.size;
   s.head_dim = c.head_dim;
   s.q_dim = s.heads * s.head_dim;
   s.kv_dim = s.kv_heads * s.head_dim;
   s.qkv_dim = s.q_dim + 2 * s.kv_dim;
-  s.ffn = c.intermediate_size;
+  s.ffn = dims.ffn.size;
   s.vocab = c.vocab_size;
+  s.comm = dims.shard.size > 1 ? options.comm : nullptr;
+  s.vocab_begin = dims.vocab.begin;
+  s.vocab_rows = dims.vocab.size;
+  for (int r = 0; r < dims.shard.size; ++r) {
+    CLEAVE_ASSIGN_OR_RETURN(ShardDims other, planShard(c, {.rank = r, .size = dims.shard.size}));
+    s.rank_vocab_rows.push_back(other.vocab.size);
+  }
   s.layers = c.num_layers;
   s.qkv_bias = qkv_bias;
   s.qk_norm = qk_norm;
@@ -216,9 +233,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(const model::Mode
       s.is_moe[l] = c.isMoeLayer(static_cast<uint32_t>(l));
       s.has_dense = s.has_dense || !s.is_moe[l];
     }
-    CLEAVE_ASSIGN_OR_RETURN(
-        s.moe, cudaMoeShape(c, moe_example, options.random_expert_format, s.options.max_step_tokens,
-                            s.options.max_sequences));
+    CLEAVE_ASSIGN_OR_RETURN(s.moe,
+                            cudaMoeShape(c, dims, moe_example, options.random_expert_format,
+                                         s.options.max_step_tokens, s.options.max_sequences));
     CLEAVE_RETURN_IF_ERROR(cuda::prepareMoeGemm());
   }
   s.max_blocks_per_seq = (options.max_context + options.block_size - 1) / options.block_size;
@@ -312,10 +329,6 @@ CudaLlamaModel::~CudaLlamaModel() = default;
 
 absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     const LlamaWeights& w, const CudaModelOptions& options) {
-  if (w.dims.shard.size != 1)
-    return absl::UnimplementedError(
-        "the CUDA backend runs one GPU per model (tensor parallel "
-        "CUDA models are not built yet)");
   CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w.config.rope_scaling));
   const bool bias = !w.layers.empty() && !w.layers[0].bq.empty();
   const bool qk_norm = !w.layers.empty() && !w.layers[0].q_norm.empty();
@@ -326,7 +339,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     if (l.moe && moe_example == nullptr) moe_example = &*l.moe;
   }
   CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state,
-                          prepare(w.config, options, bias, qk_norm, tied, moe_example));
+                          prepare(w.config, w.dims, options, bias, qk_norm, tied, moe_example));
   State& s = *state;
   s.rope_layout = w.rope_pairing == cpu::RopePairing::kHalves ? cuda::RopeLayout::kHalves
                                                               : cuda::RopeLayout::kAdjacent;
@@ -374,9 +387,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
 
 absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
     const model::ModelConfig& config, const CudaModelOptions& options, uint64_t seed) {
+  CLEAVE_ASSIGN_OR_RETURN(const ShardDims whole, planShard(config, {}));
   CLEAVE_ASSIGN_OR_RETURN(
       std::unique_ptr<State> state,
-      prepare(config, options, false, false, config.tie_word_embeddings, nullptr));
+      prepare(config, whole, options, false, false, config.tie_word_embeddings, nullptr));
   State& s = *state;
   uint64_t stream_id = seed;
   auto fill = [&](bf16* p, int64_t count, float low, float high) {
@@ -397,9 +411,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
     CLEAVE_RETURN_IF_ERROR(fill(d.wgu, 2 * s.ffn * s.hidden, -in_scale, in_scale));
     CLEAVE_RETURN_IF_ERROR(fill(d.wdown, s.hidden * s.ffn, -ffn_scale, ffn_scale));
   }
-  CLEAVE_RETURN_IF_ERROR(fill(s.embed, s.vocab * s.hidden, -1.0f, 1.0f));
+  CLEAVE_RETURN_IF_ERROR(fill(s.embed, s.vocab_rows * s.hidden, -1.0f, 1.0f));
   CLEAVE_RETURN_IF_ERROR(fill(s.output_norm, s.hidden, 0.8f, 1.2f));
-  if (!s.tied) CLEAVE_RETURN_IF_ERROR(fill(s.output, s.vocab * s.hidden, -in_scale, in_scale));
+  if (!s.tied) CLEAVE_RETURN_IF_ERROR(fill(s.output, s.vocab_rows * s.hidden, -in_scale, in_scale));
   CLEAVE_RETURN_IF_ERROR(uploadInverseFrequencies(config, cpu::RopePairing::kHalves, s.inv_freq));
   CLEAVE_RETURN_IF_ERROR(
       cuda::cudaStatus(cudaStreamSynchronize(s.stream), "filling random weights"));
@@ -429,7 +443,19 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                       .y_float = as_float},
                      st);
   };
-  CLEAVE_RETURN_IF_ERROR(cuda::embed(ids(meta), n, embed, vocab, hidden, x, hidden, st));
+  // Tensor parallel: each rank's partial sums (embedding rows, O and down products, its
+  // experts) are all-reduced in place before the residual stream takes them.
+  auto reduce = [&](bf16* data, int64_t rows) -> absl::Status {
+    if (comm == nullptr) return absl::OkStatus();
+    return comm->enqueueAllReduceBf16(data, rows * hidden, st);
+  };
+  if (comm == nullptr) {
+    CLEAVE_RETURN_IF_ERROR(cuda::embed(ids(meta), n, embed, vocab, hidden, x, hidden, st));
+  } else {
+    CLEAVE_RETURN_IF_ERROR(
+        cuda::embedShard(ids(meta), n, embed, vocab_begin, vocab_rows, hidden, x, hidden, st));
+    CLEAVE_RETURN_IF_ERROR(reduce(x, n));
+  }
   CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = x,
                                         .x_stride = hidden,
                                         .weight = layer[0].attn_norm,
@@ -513,6 +539,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                     st));
     }
     CLEAVE_RETURN_IF_ERROR(product(attn, q_dim, d.wo, nullptr, hidden, o));
+    CLEAVE_RETURN_IF_ERROR(reduce(o, n));
     // x += o; h = norm(x).
     CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = o,
                                           .x_stride = hidden,
@@ -532,6 +559,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
       CLEAVE_RETURN_IF_ERROR(cuda::siluMul(gu, gu + ffn, 2 * ffn, n, ffn, act, ffn, st));
       CLEAVE_RETURN_IF_ERROR(product(act, ffn, d.wdown, nullptr, hidden, o));
     }
+    CLEAVE_RETURN_IF_ERROR(reduce(o, n));
     const bf16* next_norm = l + 1 < layers ? layer[l + 1].attn_norm : output_norm;
     CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = o,
                                           .x_stride = hidden,
@@ -548,7 +576,12 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
   // Each sequence's last row (the norm is per row, so normalizing all rows above and
   // gathering now is the same as gathering first).
   CLEAVE_RETURN_IF_ERROR(cuda::embed(lastRows(meta), sequences, h, n, hidden, last, hidden, st));
-  return product(last, hidden, output, nullptr, vocab, logits, true, sequences);
+  CLEAVE_RETURN_IF_ERROR(
+      product(last, hidden, output, nullptr, vocab_rows, logits, true, sequences));
+  if (comm == nullptr) return absl::OkStatus();
+  std::vector<int64_t> counts;
+  for (int64_t rows : rank_vocab_rows) counts.push_back(rows * sequences);
+  return comm->enqueueAllGather(logits, counts, gathered, st);
 }
 
 // Runs a step, replaying (or capturing) the decode bucket's graph when graphs are on.
@@ -632,28 +665,75 @@ absl::StatusOr<std::span<const float>> CudaLlamaModel::forward(
       cudaMemcpyAsync(s.meta, m, s.metaCount() * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
       "copying step metadata"));
   CLEAVE_RETURN_IF_ERROR(s.run(tokens, rows, decode));
-  CLEAVE_RETURN_IF_ERROR(
-      cuda::cudaStatus(cudaMemcpyAsync(s.host_logits, s.logits, sequences * s.vocab * sizeof(float),
-                                       cudaMemcpyDeviceToHost, s.stream),
-                       "copying logits"));
+  // The step ran `rows` sequences (a decode graph's bucket); the logits are [rows][vocab],
+  // or under tensor parallelism every rank's [rows][its vocabulary rows], rank after rank.
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+      cudaMemcpyAsync(s.host_logits, s.comm ? s.gathered : s.logits, rows * s.vocab * sizeof(float),
+                      cudaMemcpyDeviceToHost, s.stream),
+      "copying logits"));
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
-  s.logits_out.assign(s.host_logits, s.host_logits + sequences * s.vocab);
+  s.logits_out.resize(sequences * s.vocab);
+  if (s.comm == nullptr) {
+    std::copy(s.host_logits, s.host_logits + sequences * s.vocab, s.logits_out.begin());
+  } else {
+    int64_t offset = 0, column = 0;
+    for (int64_t part : s.rank_vocab_rows) {
+      for (int64_t q = 0; q < sequences; ++q)
+        std::copy(s.host_logits + offset + q * part, s.host_logits + offset + (q + 1) * part,
+                  s.logits_out.begin() + q * s.vocab + column);
+      offset += rows * part;
+      column += part;
+    }
+  }
   return std::span<const float>(s.logits_out);
 }
 
+namespace {
+
+// One rank's model, holding the group's communicators alive as long as any rank runs.
+class CudaRankBackend final : public StepBackend {
+ public:
+  CudaRankBackend(std::shared_ptr<std::vector<std::unique_ptr<NcclCommunicator>>> group,
+                  std::unique_ptr<CudaLlamaModel> model)
+      : group_(std::move(group)), model_(std::move(model)) {}
+  absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override {
+    return model_->forward(batch);
+  }
+
+ private:
+  std::shared_ptr<std::vector<std::unique_ptr<NcclCommunicator>>> group_;  // Outlives model_.
+  std::unique_ptr<CudaLlamaModel> model_;
+};
+
+}  // namespace
+
 StepBackendFactory cudaStepBackend(const CudaModelOptions& base) {
-  return [base](const LlamaWeights& weights, int64_t num_blocks,
-                int64_t block_size) -> absl::StatusOr<std::unique_ptr<StepBackend>> {
-    CudaModelOptions options = base;
-    options.kv_blocks = num_blocks;
-    options.block_size = block_size;
-    options.max_context = num_blocks * block_size;
-    if (weights.config.max_position_embeddings > 0)
-      options.max_context =
-          std::min<int64_t>(options.max_context, weights.config.max_position_embeddings);
-    CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<CudaLlamaModel> model,
-                            CudaLlamaModel::create(weights, options));
-    return std::unique_ptr<StepBackend>(std::move(model));
+  return [base](std::span<const LlamaWeights* const> ranks, int64_t num_blocks,
+                int64_t block_size) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
+    const int n = static_cast<int>(ranks.size());
+    auto group = std::make_shared<std::vector<std::unique_ptr<NcclCommunicator>>>();
+    if (n > 1) {
+      std::vector<int> devices(n);
+      for (int r = 0; r < n; ++r) devices[r] = base.device + r;
+      CLEAVE_ASSIGN_OR_RETURN(*group, NcclCommunicator::createGroup(devices));
+    }
+    std::vector<std::unique_ptr<StepBackend>> backends;
+    for (int r = 0; r < n; ++r) {
+      const LlamaWeights& weights = *ranks[r];
+      CudaModelOptions options = base;
+      options.device = base.device + r;
+      options.comm = n > 1 ? (*group)[r].get() : nullptr;
+      options.kv_blocks = num_blocks;
+      options.block_size = block_size;
+      options.max_context = num_blocks * block_size;
+      if (weights.config.max_position_embeddings > 0)
+        options.max_context =
+            std::min<int64_t>(options.max_context, weights.config.max_position_embeddings);
+      CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<CudaLlamaModel> model,
+                              CudaLlamaModel::create(weights, options));
+      backends.push_back(std::make_unique<CudaRankBackend>(group, std::move(model)));
+    }
+    return backends;
   };
 }
 

@@ -17,7 +17,11 @@
 // through cuda_moe_layer.h, their experts in NVFP4 or 128x128-block FP8 when the checkpoint
 // stores them so, else bf16.
 //
-// Not yet: tensor parallelism (one GPU per model).
+// Tensor parallelism: a model made from one rank's shard of the weights (tensor_parallel.h)
+// with its rank's NcclCommunicator all-reduces the partial sums of the vocabulary-parallel
+// embedding, the row-parallel O and down products and its share of the experts (bf16, in
+// place, on the model's stream, inside the decode graphs too), and all-gathers the
+// vocabulary-parallel logits; every rank returns the whole logits.
 //
 // Threading: one thread drives a model; it owns its stream and its device memory.
 #pragma once
@@ -37,6 +41,8 @@
 
 namespace cleave::engine {
 
+class NcclCommunicator;
+
 struct CudaModelOptions {
   int device = 0;
   int64_t max_step_tokens = 2048;  // tokens of one forward step
@@ -50,6 +56,9 @@ struct CudaModelOptions {
   cuda::KvDtype kv_dtype = cuda::KvDtype::kBf16;
   // createRandom's MoE experts: bf16 or NVFP4.
   cuda::ExpertWeightFormat random_expert_format = cuda::ExpertWeightFormat::kBf16;
+  // A tensor-parallel shard's group (its rank's communicator, on `device`); null for a
+  // model on one GPU. Outlives the model.
+  NcclCommunicator* comm = nullptr;
 };
 
 // Bytes of the one device allocation, by what they hold.
@@ -89,9 +98,10 @@ class CudaLlamaModel : public StepBackend {
   std::unique_ptr<State> state_;
 };
 
-// A TpGroup backend (TpGroupOptions::backend) running a CudaLlamaModel with `base`'s
-// options, its KV pool the group's blocks (and max_context what they can hold, up to the
-// model's context length).
+// TpGroup backends (TpGroupOptions::backend): rank r's CudaLlamaModel on GPU
+// base.device + r with `base`'s options, an NCCL group (with the P2P all-reduce where the
+// GPUs allow) for tp > 1, its KV pool the group's blocks (and max_context what they can
+// hold, up to the model's context length).
 StepBackendFactory cudaStepBackend(const CudaModelOptions& base);
 
 }  // namespace cleave::engine

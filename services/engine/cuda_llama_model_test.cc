@@ -24,6 +24,7 @@
 #include "services/engine/kv_storage.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/llama_weights.h"
+#include "services/engine/tp_group.h"
 
 namespace cleave::engine {
 namespace {
@@ -202,6 +203,44 @@ TEST(CudaLlamaModelTest, RandomMoeModelsRun) {
       prompt = {static_cast<uint32_t>(step + 10)};
       batch[0].tokens = prompt;
     }
+  }
+}
+
+// Tensor parallelism across two GPUs (NCCL, and the P2P all-reduce where the GPUs allow)
+// against one GPU, both through TpGroup: the same logits within bf16 rounding of the
+// all-reduced partial sums, decode steps through the graphs included.
+TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
+  CLEAVE_REQUIRE_GPU();
+  int gpus = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
+  if (gpus < 2) GTEST_SKIP() << "one GPU: tensor parallelism needs two";
+  for (const char* name : {"llama_f32", "qwen2_f32", "qwen3_moe_f32"}) {
+    SCOPED_TRACE(name);
+    const std::string path = goldenDir() + "/engine/hf/" + name;
+    std::vector<std::vector<float>> steps[2];
+    for (int tp : {1, 2}) {
+      auto group = TpGroup::load(path, {.tp = tp, .backend = cudaStepBackend({})});
+      ASSERT_TRUE(group.ok()) << group.status();
+      ASSERT_TRUE((*group)->allocateKv(16, 16).ok());
+      std::vector<uint32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79};
+      std::vector<int32_t> blocks = {0, 1};
+      std::vector<SequenceChunk> batch = {{prompt, 0, blocks}};
+      for (int step = 0; step < 5; ++step) {
+        auto logits = (*group)->forward(batch);
+        ASSERT_TRUE(logits.ok()) << logits.status();
+        steps[tp - 1].emplace_back(logits->begin(), logits->end());
+        batch[0].start += static_cast<int64_t>(batch[0].tokens.size());
+        prompt = {static_cast<uint32_t>(std::max_element(logits->begin(), logits->end()) -
+                                        logits->begin())};
+        batch[0].tokens = prompt;
+      }
+    }
+    const int64_t vocab = static_cast<int64_t>(steps[0][0].size());
+    Comparison c;
+    for (size_t step = 0; step < steps[0].size(); ++step)
+      compareLogits(steps[1][step], steps[0][step], vocab, c);
+    std::printf("%s tp=2 vs tp=1 on the GPU: worst relative L2 %.4f\n", name, c.worst_relative);
+    EXPECT_LE(c.worst_relative, 3e-2);
   }
 }
 

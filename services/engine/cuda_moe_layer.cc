@@ -109,6 +109,10 @@ absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst,
                         int64_t first, const char* what) {
   const cpu::WeightMatrix& src = m.source();
   const int64_t rows = m.rows(), cols = m.cols();
+  if (dst.format != ExpertWeightFormat::kBf16 &&
+      (src.scales.row_offset != 0 || src.scales.col_offset != 0))
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": a slice of a quantized expert matrix (experts are split whole)"));
   auto* base = static_cast<uint8_t*>(const_cast<void*>(dst.data)) +
                e * codeBytes(dst.format, dst.rows, dst.cols);
   switch (dst.format) {
@@ -149,15 +153,18 @@ absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst,
 
 }  // namespace
 
-absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const MoeBlock* example,
-                                          ExpertWeightFormat format, int64_t max_tokens,
-                                          int64_t max_decode) {
+absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const ShardDims& dims,
+                                          const MoeBlock* example, ExpertWeightFormat format,
+                                          int64_t max_tokens, int64_t max_decode) {
   if (!c.moe) return absl::InvalidArgumentError("the model has no mixture-of-experts layers");
   CudaMoeShape s;
   s.routing = *c.moe;
   s.hidden = c.hidden_size;
   s.inter = c.moe->expert_intermediate_size;
-  s.shared_inter = int64_t{c.moe->shared_experts} * c.moe->shared_expert_intermediate_size;
+  s.expert_begin = dims.experts.begin;
+  s.local_experts = dims.experts.size;
+  s.shared_inter = c.moe->shared_experts > 0 ? dims.shared_ffn.size : 0;
+  if (s.local_experts < 1) return absl::InvalidArgumentError("a rank without experts");
   if (example != nullptr) {
     if (example->experts.empty()) return absl::InvalidArgumentError("a MoE layer has no experts");
     const MoeExpert& e = example->experts[0];
@@ -176,7 +183,7 @@ absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const Moe
         s.hidden, " and ", s.inter, ")"));
   }
   s.format = format;
-  const int experts = static_cast<int>(c.moe->num_experts);
+  const int experts = static_cast<int>(s.local_experts);
   const int k = static_cast<int>(c.moe->experts_per_token);
   CLEAVE_ASSIGN_OR_RETURN(s.decode_plan, cuda::planMoeLayout(max_decode, k, experts, 16));
   CLEAVE_ASSIGN_OR_RETURN(s.prefill_plan, cuda::planMoeLayout(max_tokens, k, experts, 64));
@@ -185,8 +192,9 @@ absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const Moe
 
 CudaMoeWeights placeMoeWeights(Arena& arena, const CudaMoeShape& s) {
   CudaMoeWeights w;
-  w.router = arena.take<bf16>(s.experts() * s.hidden);
-  if (s.routing.score_correction_bias) w.score_bias = arena.take<float>(s.experts());
+  const int64_t all = s.routing.num_experts;
+  w.router = arena.take<bf16>(all * s.hidden);
+  if (s.routing.score_correction_bias) w.score_bias = arena.take<float>(all);
   w.gate_up = placeExperts(arena, s.format, s.experts(), 2 * s.inter, s.hidden);
   w.down = placeExperts(arena, s.format, s.experts(), s.hidden, s.inter);
   if (s.shared_inter > 0) {
@@ -200,7 +208,7 @@ CudaMoeWorkspace placeMoeWorkspace(Arena& arena, const CudaMoeShape& s) {
   const int64_t tokens = s.prefill_plan.max_tokens;
   const int64_t rows = std::max(s.decode_plan.max_rows, s.prefill_plan.max_rows);
   CudaMoeWorkspace ws;
-  ws.router_logits = arena.take<float>(tokens * s.experts());
+  ws.router_logits = arena.take<float>(tokens * int64_t{s.routing.num_experts});
   ws.expert_ids = arena.take<int32_t>(tokens * s.k());
   ws.route_weights = arena.take<float>(tokens * s.k());
   ws.layout = arena.take<uint8_t>(static_cast<int64_t>(
@@ -226,8 +234,9 @@ int64_t moeWeightBytes(const CudaMoeShape& s) {
 }
 
 absl::Status uploadMoe(const MoeBlock& block, const CudaMoeShape& s, const CudaMoeWeights& dst) {
-  if (block.expert_begin != 0 || static_cast<int64_t>(block.experts.size()) != s.experts())
-    return absl::UnimplementedError("the CUDA model runs all experts of a layer on one GPU");
+  if (block.expert_begin != s.expert_begin ||
+      static_cast<int64_t>(block.experts.size()) != s.experts())
+    return absl::InvalidArgumentError("a MoE layer's experts are not this rank's");
   CLEAVE_RETURN_IF_ERROR(uploadDequantized(block.router, dst.router, "the router"));
   if (dst.score_bias != nullptr)
     CLEAVE_RETURN_IF_ERROR(copyToDevice(dst.score_bias, block.score_bias.data(),
@@ -261,7 +270,7 @@ absl::Status fillRandomMoe(const CudaMoeShape& s, const CudaMoeWeights& w, uint6
   };
   const float in_scale = 1.0f / std::sqrt(static_cast<float>(s.hidden));
   const float inter_scale = 1.0f / std::sqrt(static_cast<float>(s.inter));
-  CLEAVE_RETURN_IF_ERROR(fill(w.router, s.experts() * s.hidden, in_scale));
+  CLEAVE_RETURN_IF_ERROR(fill(w.router, int64_t{s.routing.num_experts} * s.hidden, in_scale));
   for (const cuda::ExpertWeights* x : {&w.gate_up, &w.down}) {
     const float scale = x == &w.down ? inter_scale : in_scale;
     const int64_t n = int64_t{x->experts} * x->rows * x->cols;
@@ -288,7 +297,7 @@ absl::Status fillRandomMoe(const CudaMoeShape& s, const CudaMoeWeights& w, uint6
   }
   if (w.score_bias != nullptr) {
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-        cudaMemsetAsync(w.score_bias, 0, s.experts() * 4, stream), "random score bias"));
+        cudaMemsetAsync(w.score_bias, 0, s.routing.num_experts * 4, stream), "random score bias"));
   }
   return absl::OkStatus();
 }
@@ -296,7 +305,7 @@ absl::Status fillRandomMoe(const CudaMoeShape& s, const CudaMoeWeights& w, uint6
 absl::Status enqueueMoe(const CudaMoeShape& s, const CudaMoeWeights& w, const CudaMoeWorkspace& ws,
                         const bf16* h, int64_t n, bool decode, bf16* out, cuda::Gemm& gemm,
                         cudaStream_t stream) {
-  const int64_t experts = s.experts(), k = s.k();
+  const int64_t experts = s.routing.num_experts, k = s.k();
   CLEAVE_RETURN_IF_ERROR(gemm.run({.x = h,
                                    .x_stride = s.hidden,
                                    .w = w.router,
@@ -325,7 +334,8 @@ absl::Status enqueueMoe(const CudaMoeShape& s, const CudaMoeWeights& w, const Cu
       stream));
   const cuda::MoeLayoutPlan& plan = decode ? s.decode_plan : s.prefill_plan;
   const cuda::MoeLayout layout = cuda::carveMoeLayout(plan, ws.layout);
-  CLEAVE_RETURN_IF_ERROR(cuda::buildMoeLayout(plan, ws.expert_ids, n, layout, stream));
+  CLEAVE_RETURN_IF_ERROR(cuda::buildMoeLayout(plan, ws.expert_ids, n, layout, stream,
+                                              static_cast<int>(s.expert_begin)));
   CLEAVE_RETURN_IF_ERROR(cuda::runMoeGemm({.plan = &plan,
                                            .layout = layout,
                                            .x = h,

@@ -26,32 +26,37 @@
 #include "kernels/cuda/moe_layout.h"
 #include "services/engine/cuda_arena.h"
 #include "services/engine/moe_block.h"
+#include "services/engine/tensor_parallel.h"
 
 namespace cleave::engine {
 
 struct CudaMoeShape {
-  model::MoeConfig routing;
+  model::MoeConfig routing;  // over all experts (the router's view)
   int64_t hidden = 0;
-  int64_t inter = 0;         // per expert
-  int64_t shared_inter = 0;  // all shared experts together; 0 without
+  int64_t inter = 0;  // per expert
+  // This rank's experts [expert_begin, expert_begin + local_experts) and columns of the
+  // shared experts (0 without); all of them on one GPU.
+  int64_t expert_begin = 0;
+  int64_t local_experts = 0;
+  int64_t shared_inter = 0;
   cuda::ExpertWeightFormat format = cuda::ExpertWeightFormat::kBf16;
   cuda::MoeLayoutPlan decode_plan;   // 16-row tiles, for the rows of a decode step
   cuda::MoeLayoutPlan prefill_plan;  // 64-row tiles, for the tokens of any step
-  int64_t experts() const { return routing.num_experts; }
+  int64_t experts() const { return local_experts; }
   int64_t k() const { return routing.experts_per_token; }
 };
 
-// The shape of `config`'s MoE layers for steps of at most `max_tokens` tokens (decode
-// steps: `max_decode` rows), experts stored as `example`'s (null: `format`, for random
-// weights). Errors name what the kernels cannot take.
-absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& config, const MoeBlock* example,
-                                          cuda::ExpertWeightFormat format, int64_t max_tokens,
-                                          int64_t max_decode);
+// The shape of `config`'s MoE layers on the rank of `dims` for steps of at most
+// `max_tokens` tokens (decode steps: `max_decode` rows), experts stored as `example`'s
+// (null: `format`, for random weights). Errors name what the kernels cannot take.
+absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& config, const ShardDims& dims,
+                                          const MoeBlock* example, cuda::ExpertWeightFormat format,
+                                          int64_t max_tokens, int64_t max_decode);
 
 // Device pieces of one layer's weights.
 struct CudaMoeWeights {
-  __nv_bfloat16* router = nullptr;       // [experts][hidden]
-  float* score_bias = nullptr;           // [experts], DeepSeek-V3's correction bias, or null
+  __nv_bfloat16* router = nullptr;       // [all experts][hidden]
+  float* score_bias = nullptr;           // [all experts], DeepSeek-V3's correction bias, or null
   cuda::ExpertWeights gate_up;           // [experts][2 inter][hidden]: gate rows, then up rows
   cuda::ExpertWeights down;              // [experts][hidden][inter]
   __nv_bfloat16* shared_gu = nullptr;    // [2 shared_inter][hidden], or null
@@ -60,7 +65,7 @@ struct CudaMoeWeights {
 
 // The step workspace every MoE layer uses in turn.
 struct CudaMoeWorkspace {
-  float* router_logits = nullptr;       // [max_tokens][experts]
+  float* router_logits = nullptr;       // [max_tokens][all experts]
   int32_t* expert_ids = nullptr;        // [max_tokens][k]
   float* route_weights = nullptr;       // [max_tokens][k]
   void* layout = nullptr;               // either plan's layout arrays
@@ -74,13 +79,14 @@ struct CudaMoeWorkspace {
 CudaMoeWeights placeMoeWeights(Arena& arena, const CudaMoeShape& shape);
 CudaMoeWorkspace placeMoeWorkspace(Arena& arena, const CudaMoeShape& shape);
 
-// Uploads `block` (all experts of a one-rank model) into `dst`.
+// Uploads `block` (this rank's experts) into `dst`.
 absl::Status uploadMoe(const MoeBlock& block, const CudaMoeShape& shape, const CudaMoeWeights& dst);
 // Random weights for benchmarks (bf16 or NVFP4), scaled like an initializer.
 absl::Status fillRandomMoe(const CudaMoeShape& shape, const CudaMoeWeights& dst, uint64_t seed,
                            cudaStream_t stream);
 
-// out[t] = MoE(h[t]) for the n rows of a step (decode steps use the 16-row plan).
+// out[t] = MoE(h[t]) for the n rows of a step (decode steps use the 16-row plan); on a
+// tensor-parallel rank, the partial sum of its experts and shared columns.
 absl::Status enqueueMoe(const CudaMoeShape& shape, const CudaMoeWeights& w,
                         const CudaMoeWorkspace& ws, const __nv_bfloat16* h, int64_t n, bool decode,
                         __nv_bfloat16* out, cuda::Gemm& gemm, cudaStream_t stream);

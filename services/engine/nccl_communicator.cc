@@ -79,6 +79,7 @@ absl::Status NcclCommunicator::allReduceSum(std::span<float> data) {
   if (absl::Status s = cuda::cudaStatus(cudaSetDevice(device_), "selecting a GPU"); !s.ok())
     return s;
   if (p2p_ != nullptr && static_cast<int64_t>(data.size_bytes()) <= p2p_->maxBytes()) {
+    if (absl::Status s = orderP2p(stream_); !s.ok()) return s;
     if (absl::Status s = p2p_->run(rank_, data.data(), static_cast<int64_t>(data.size()), stream_);
         !s.ok())
       return s;
@@ -92,27 +93,54 @@ absl::Status NcclCommunicator::allReduceSum(std::span<float> data) {
   return finish("all-reduce");
 }
 
-absl::Status NcclCommunicator::allGather(std::span<const float> in, std::span<const int64_t> counts,
-                                         std::span<float> out) {
-  if (static_cast<int>(counts.size()) != size_ || static_cast<int64_t>(in.size()) != counts[rank_])
+absl::Status NcclCommunicator::orderP2p(cudaStream_t stream) {
+  if (p2p_stream_ != nullptr && p2p_stream_ != stream) {
+    // The device, not the old stream: that one may be gone by now.
+    if (absl::Status s = cuda::cudaStatus(cudaDeviceSynchronize(), "p2p all-reduce"); !s.ok())
+      return s;
+  }
+  p2p_stream_ = stream;
+  return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::enqueueAllReduceBf16(void* data, int64_t count,
+                                                    cudaStream_t stream) {
+  if (p2p_ != nullptr && count * 2 <= p2p_->maxBytes()) {
+    if (absl::Status s = orderP2p(stream); !s.ok()) return s;
+    return p2p_->run(rank_, data, count, cuda::P2pAllReduce::Dtype::kBf16, stream);
+  }
+  return ncclStatus(ncclAllReduce(data, data, static_cast<size_t>(count), ncclBfloat16, ncclSum,
+                                  static_cast<ncclComm_t>(comm_), stream),
+                    "bf16 all-reduce");
+}
+
+absl::Status NcclCommunicator::enqueueAllGather(const float* in, std::span<const int64_t> counts,
+                                                float* out, cudaStream_t stream) {
+  if (static_cast<int>(counts.size()) != size_)
     return absl::InvalidArgumentError("all-gather: counts do not match the group");
-  if (absl::Status s = cuda::cudaStatus(cudaSetDevice(device_), "selecting a GPU"); !s.ok())
-    return s;
   // Uneven counts: one broadcast per rank into its place, grouped into one launch.
   ncclComm_t comm = static_cast<ncclComm_t>(comm_);
   if (absl::Status s = ncclStatus(ncclGroupStart(), "group start"); !s.ok()) return s;
   int64_t offset = 0;
   for (int r = 0; r < size_; ++r) {
-    const float* send = r == rank_ ? in.data() : nullptr;
-    ncclResult_t result =
-        ncclBroadcast(send, out.data() + offset, counts[r], ncclFloat, r, comm, stream_);
+    const float* send = r == rank_ ? in : nullptr;
+    ncclResult_t result = ncclBroadcast(send, out + offset, counts[r], ncclFloat, r, comm, stream);
     if (result != ncclSuccess) {
       ncclGroupEnd();
       return ncclStatus(result, "all-gather");
     }
     offset += counts[r];
   }
-  if (absl::Status s = ncclStatus(ncclGroupEnd(), "group end"); !s.ok()) return s;
+  return ncclStatus(ncclGroupEnd(), "group end");
+}
+
+absl::Status NcclCommunicator::allGather(std::span<const float> in, std::span<const int64_t> counts,
+                                         std::span<float> out) {
+  if (static_cast<int>(counts.size()) != size_ || static_cast<int64_t>(in.size()) != counts[rank_])
+    return absl::InvalidArgumentError("all-gather: counts do not match the group");
+  if (absl::Status s = cuda::cudaStatus(cudaSetDevice(device_), "selecting a GPU"); !s.ok())
+    return s;
+  if (absl::Status s = enqueueAllGather(in.data(), counts, out.data(), stream_); !s.ok()) return s;
   return finish("all-gather");
 }
 

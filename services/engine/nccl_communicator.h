@@ -42,6 +42,13 @@ class NcclCommunicator : public Communicator {
   absl::Status broadcast(std::span<std::byte> data, int root) override;
   absl::Status barrier() override;
 
+  // Enqueue-only collectives on `stream`, what a GPU model calls inside its step (a CUDA
+  // graph may capture them): the data is final when the stream gets past them. bf16 sums
+  // accumulate in f32 on the P2P path, in NCCL's own way above it.
+  absl::Status enqueueAllReduceBf16(void* data, int64_t count, cudaStream_t stream);
+  absl::Status enqueueAllGather(const float* in, std::span<const int64_t> counts, float* out,
+                                cudaStream_t stream);
+
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
   // Whether small all-reduces go over P2P.
@@ -58,6 +65,12 @@ class NcclCommunicator : public Communicator {
   int device_ = 0;
   float* scratch_ = nullptr;                       // one float, for barrier()
   std::shared_ptr<const cuda::P2pAllReduce> p2p_;  // the group's, or null
+  // The stream of this rank's last P2P all-reduce: its calls must run one after another
+  // (they share inbox halves and call counts), so a call on another stream first waits for
+  // the device. A model warms up (runs eagerly) before it captures, so a capture never
+  // switches streams.
+  cudaStream_t p2p_stream_ = nullptr;
+  absl::Status orderP2p(cudaStream_t stream);
 };
 
 }  // namespace cleave::engine

@@ -165,11 +165,12 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
   num_blocks_ = num_blocks;
   block_size_ = block_size;
   if (backend_factory_) {
-    if (ranks_.size() != 1)
-      return absl::UnimplementedError("a non-CPU backend runs with --tp 1 only");
-    backend_.reset();
-    CLEAVE_ASSIGN_OR_RETURN(backend_,
-                            backend_factory_(*ranks_[0]->weights, num_blocks, block_size));
+    backends_.clear();
+    std::vector<const LlamaWeights*> shards;
+    for (const auto& rank : ranks_) shards.push_back(rank->weights.get());
+    CLEAVE_ASSIGN_OR_RETURN(backends_, backend_factory_(shards, num_blocks, block_size));
+    if (backends_.size() != ranks_.size())
+      return absl::InternalError("the backend factory made the wrong number of ranks");
     return absl::OkStatus();
   }
   // Each rank allocates (and first touches) its own rows.
@@ -187,7 +188,13 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
 }
 
 absl::StatusOr<std::span<const float>> TpGroup::forward(std::span<const SequenceChunk> batch) {
-  if (backend_) return backend_->forward(batch);
+  if (!backends_.empty()) {
+    CLEAVE_RETURN_IF_ERROR(onEveryRank([&](Rank& rank) -> absl::Status {
+      CLEAVE_ASSIGN_OR_RETURN(rank.logits, backends_[rank.index]->forward(batch));
+      return absl::OkStatus();
+    }));
+    return ranks_[0]->logits;
+  }
   if (!ranks_[0]->kv) return absl::FailedPreconditionError("forward before allocateKv");
   CLEAVE_RETURN_IF_ERROR(onEveryRank([&](Rank& rank) -> absl::Status {
     CLEAVE_ASSIGN_OR_RETURN(rank.logits, rank.model->forward(batch, *rank.kv));

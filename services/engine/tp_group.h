@@ -50,8 +50,8 @@ struct TpGroupOptions {
   int threads = 1;
   // Called as layers load (from one rank thread at a time), e.g. for a progress line.
   std::function<void(const LoadProgress&)> on_progress;
-  // Set: steps run on this backend (made by allocateKv, tp 1 only), which holds the KV
-  // cache itself — kv() has no rows then. Empty: the CPU model.
+  // Set: steps run on these backends (one per rank, made by allocateKv), which hold the KV
+  // cache themselves — kv() has no rows then. Empty: the CPU model.
   StepBackendFactory backend;
 };
 
@@ -66,7 +66,7 @@ class TpGroup {
 
   // Gives every rank `num_blocks` KV blocks of `block_size` positions (replacing any
   // before); with a backend, makes the backend with that pool. Errors: a bad size, a
-  // backend that cannot start (naming why), a backend with tp > 1.
+  // backend that cannot start (naming why).
   absl::Status allocateKv(int64_t num_blocks, int64_t block_size);
 
   // One forward step of every rank over `batch` (LlamaModel::forward); the logits are rank
@@ -97,7 +97,7 @@ class TpGroup {
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<Threads> threads_;  // Null for a group of one.
   StepBackendFactory backend_factory_;
-  std::unique_ptr<StepBackend> backend_;
+  std::vector<std::unique_ptr<StepBackend>> backends_;  // one per rank
   int64_t num_blocks_ = 0;
   int64_t block_size_ = 16;
   std::span<const float> logits_;
