@@ -54,6 +54,7 @@ struct Params {
   int64_t k = 0;         // K
   bf16* y = nullptr;
   int64_t y_stride = 0;
+  const bf16* bias = nullptr;  // dense, not silu: [out_cols], added to each row
 };
 
 // E2M1 code (sign bit 3) to float, exactly: 2^(e-1) (1 + m/2), e = 0: m/2.
@@ -265,6 +266,10 @@ __global__ void __launch_bounds__(kThreads) moeGemmKernel(Params p) {
         }
         const int64_t row = row0 + mi * 16 + g + 8 * h;
         if (dense && row >= p.dense_rows) continue;
+        if (p.bias != nullptr) {
+          v0 += __bfloat162float(p.bias[col]);
+          v1 += __bfloat162float(p.bias[col + 1]);
+        }
         *reinterpret_cast<uint32_t*>(p.y + row * p.y_stride + col) = packBf16(v0, v1);
       }
     }
@@ -419,8 +424,11 @@ absl::Status runSkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
   const int tile_rows = a.rows <= 16 ? 16 : 64;
   const int64_t tiles = (a.rows + tile_rows - 1) / tile_rows;
   if (tiles > 65535) return absl::InvalidArgumentError("skinny_gemm: over 65535 row tiles");
+  if (a.bias != nullptr && a.silu_mul)
+    return absl::InvalidArgumentError("skinny_gemm: a bias with the fused SiLU-and-mul");
   Params p = params(a.weights, a.x, a.x_stride, out_cols, a.y, a.y_stride);
   p.dense_rows = a.rows;
+  p.bias = static_cast<const bf16*>(a.bias);
   launchRows(p, tile_rows, a.weights.format, a.silu_mul, tiles, stream);
   return launchStatus("skinny_gemm");
 }

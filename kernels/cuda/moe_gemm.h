@@ -74,6 +74,7 @@ struct SkinnyGemmArgs {
   bool silu_mul = false;
   void* y = nullptr;  // bf16
   int64_t y_stride = 0;
+  const void* bias = nullptr;  // bf16 [out width], added to every row (not with silu_mul)
 };
 
 absl::Status runSkinnyGemm(const SkinnyGemmArgs& args, cudaStream_t stream);

@@ -20,6 +20,7 @@
 #include "kernels/cuda/rope_kv.h"
 #include "services/engine/cuda_arena.h"
 #include "services/engine/cuda_moe_layer.h"
+#include "services/engine/cuda_weights.h"
 #include "services/engine/nccl_communicator.h"
 #include "services/engine/tensor_parallel.h"
 
@@ -28,17 +29,31 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
+// A layer's matrices (cuda_weights.h): bf16 for cuBLASLt, or NVFP4 / FP8 128x128 as the
+// checkpoint stores them, for the skinny GEMM.
 struct DeviceLayer {
   bf16* attn_norm = nullptr;
-  bf16* wqkv = nullptr;  // [q_dim + 2 kv_dim][hidden]: wq, wk, wv rows
-  bf16* bqkv = nullptr;  // [q_dim + 2 kv_dim], when the model has biases
+  cuda::ExpertWeights wqkv;  // [q_dim + 2 kv_dim][hidden]: wq, wk, wv rows
+  bf16* bqkv = nullptr;      // [q_dim + 2 kv_dim], when the model has biases
   bf16* q_norm = nullptr;
   bf16* k_norm = nullptr;
-  bf16* wo = nullptr;  // [hidden][q_dim]
+  cuda::ExpertWeights wo;  // [hidden][q_dim]
   bf16* ffn_norm = nullptr;
-  bf16* wgu = nullptr;    // [2 ffn][hidden]: gate rows, then up rows
-  bf16* wdown = nullptr;  // [hidden][ffn]
+  cuda::ExpertWeights wgu;    // [2 ffn][hidden]: gate rows, then up rows
+  cuda::ExpertWeights wdown;  // [hidden][ffn]
 };
+
+// The formats of a layer's matrices (bf16 for random weights).
+struct LayerFormats {
+  cuda::ExpertWeightFormat qkv = cuda::ExpertWeightFormat::kBf16;
+  cuda::ExpertWeightFormat o = cuda::ExpertWeightFormat::kBf16;
+  cuda::ExpertWeightFormat gate_up = cuda::ExpertWeightFormat::kBf16;
+  cuda::ExpertWeightFormat down = cuda::ExpertWeightFormat::kBf16;
+};
+
+bf16* bf16Data(const cuda::ExpertWeights& w) {
+  return static_cast<bf16*>(const_cast<void*>(w.data));
+}
 
 int64_t nextPowerOfTwo(int64_t v) {
   int64_t p = 1;
@@ -67,6 +82,7 @@ struct CudaLlamaModel::State {
   uint8_t* base = nullptr;
 
   std::vector<DeviceLayer> layer;
+  std::vector<LayerFormats> formats;  // per layer
   // Mixture-of-experts layers: which they are, their shape, weights and shared workspace.
   std::vector<bool> is_moe;
   bool has_dense = true;
@@ -132,20 +148,21 @@ struct CudaLlamaModel::State {
     for (int64_t l = 0; l < layers; ++l) {
       DeviceLayer& d = layer[l];
       d.attn_norm = arena.take<bf16>(hidden);
-      d.wqkv = arena.take<bf16>(qkv_dim * hidden);
+      const LayerFormats& f = formats[l];
+      d.wqkv = placeWeights(arena, f.qkv, 1, qkv_dim, hidden);
       if (qkv_bias) d.bqkv = arena.take<bf16>(qkv_dim);
       if (qk_norm) {
         d.q_norm = arena.take<bf16>(head_dim);
         d.k_norm = arena.take<bf16>(head_dim);
       }
-      d.wo = arena.take<bf16>(hidden * q_dim);
+      d.wo = placeWeights(arena, f.o, 1, hidden, q_dim);
       d.ffn_norm = arena.take<bf16>(hidden);
       if (is_moe[l]) {
         moe_layer[l] = placeMoeWeights(arena, *moe);
         continue;
       }
-      d.wgu = arena.take<bf16>(2 * ffn * hidden);
-      d.wdown = arena.take<bf16>(hidden * ffn);
+      d.wgu = placeWeights(arena, f.gate_up, 1, 2 * ffn, hidden);
+      d.wdown = placeWeights(arena, f.down, 1, hidden, ffn);
     }
     embed = arena.take<bf16>(vocab_rows * hidden);
     output_norm = arena.take<bf16>(hidden);
@@ -184,7 +201,8 @@ namespace {
 // `moe_example`: a MoE layer of the weights (their expert format), null for random ones.
 absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     const model::ModelConfig& c, const ShardDims& dims, const CudaModelOptions& options,
-    bool qkv_bias, bool qk_norm, bool tied, const MoeBlock* moe_example) {
+    bool qkv_bias, bool qk_norm, bool tied, const MoeBlock* moe_example,
+    std::vector<LayerFormats> formats) {
   if (options.max_step_tokens < 1 || options.max_sequences < 1 || options.max_context < 1 ||
       options.max_sequences > options.max_step_tokens)
     return absl::InvalidArgumentError(
@@ -226,6 +244,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.qkv_bias = qkv_bias;
   s.qk_norm = qk_norm;
   s.tied = tied;
+  s.formats = std::move(formats);
+  s.formats.resize(s.layers);
   s.is_moe.assign(s.layers, false);
   s.has_dense = !c.moe;
   if (c.moe) {
@@ -236,8 +256,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     CLEAVE_ASSIGN_OR_RETURN(s.moe,
                             cudaMoeShape(c, dims, moe_example, options.random_expert_format,
                                          s.options.max_step_tokens, s.options.max_sequences));
-    CLEAVE_RETURN_IF_ERROR(cuda::prepareMoeGemm());
   }
+  // Quantized dense matrices and MoE experts run on the expert-GEMM kernels.
+  CLEAVE_RETURN_IF_ERROR(cuda::prepareMoeGemm());
   s.max_blocks_per_seq = (options.max_context + options.block_size - 1) / options.block_size;
   s.kv_blocks =
       options.kv_blocks > 0 ? options.kv_blocks : options.max_sequences * s.max_blocks_per_seq;
@@ -294,25 +315,6 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   return state;
 }
 
-// Host floats -> bf16 at `dst` (device).
-absl::Status upload(const float* src, int64_t count, bf16* dst, const char* what) {
-  std::vector<bf16> staged(count);
-  for (int64_t i = 0; i < count; ++i) staged[i] = __float2bfloat16(src[i]);
-  return cuda::cudaStatus(
-      cudaMemcpy(dst, staged.data(), count * sizeof(bf16), cudaMemcpyHostToDevice),
-      absl::StrCat("uploading ", what));
-}
-
-absl::Status uploadMatrix(const cpu::CpuMatrix& m, bf16* dst, const char* what) {
-  std::vector<float> rows(static_cast<size_t>(m.rows() * m.cols()));
-  CLEAVE_RETURN_IF_ERROR(cpu::dequantizeRows(m.source(), 0, m.rows(), rows.data()));
-  return upload(rows.data(), static_cast<int64_t>(rows.size()), dst, what);
-}
-
-absl::Status uploadVector(const std::vector<float>& v, bf16* dst, const char* what) {
-  return upload(v.data(), static_cast<int64_t>(v.size()), dst, what);
-}
-
 absl::Status uploadInverseFrequencies(const model::ModelConfig& c, cpu::RopePairing pairing,
                                       float* dst) {
   const cpu::Rope rope(c, pairing);
@@ -338,8 +340,18 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
   for (const LlamaLayer& l : w.layers) {
     if (l.moe && moe_example == nullptr) moe_example = &*l.moe;
   }
-  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state,
-                          prepare(w.config, w.dims, options, bias, qk_norm, tied, moe_example));
+  std::vector<LayerFormats> formats;
+  for (const LlamaLayer& l : w.layers) {
+    LayerFormats f{.qkv = stackFormat({&l.wq, &l.wk, &l.wv}), .o = stackFormat({&l.wo})};
+    if (!l.moe) {
+      f.gate_up = stackFormat({&l.w_gate, &l.w_up});
+      f.down = stackFormat({&l.w_down});
+    }
+    formats.push_back(f);
+  }
+  CLEAVE_ASSIGN_OR_RETURN(
+      std::unique_ptr<State> state,
+      prepare(w.config, w.dims, options, bias, qk_norm, tied, moe_example, std::move(formats)));
   State& s = *state;
   s.rope_layout = w.rope_pairing == cpu::RopePairing::kHalves ? cuda::RopeLayout::kHalves
                                                               : cuda::RopeLayout::kAdjacent;
@@ -349,38 +361,38 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     if (src.moe.has_value() != s.is_moe[l])
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, "'s MLP does not match the config (dense or MoE)"));
-    CLEAVE_RETURN_IF_ERROR(uploadVector(src.attn_norm, dst.attn_norm, "attn_norm"));
-    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wq, dst.wqkv, "wq"));
-    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wk, dst.wqkv + s.q_dim * s.hidden, "wk"));
-    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wv, dst.wqkv + (s.q_dim + s.kv_dim) * s.hidden, "wv"));
+    CLEAVE_RETURN_IF_ERROR(uploadBf16(src.attn_norm, dst.attn_norm, "attn_norm"));
+    CLEAVE_RETURN_IF_ERROR(uploadRows(src.wq, dst.wqkv, 0, 0, "wq"));
+    CLEAVE_RETURN_IF_ERROR(uploadRows(src.wk, dst.wqkv, 0, s.q_dim, "wk"));
+    CLEAVE_RETURN_IF_ERROR(uploadRows(src.wv, dst.wqkv, 0, s.q_dim + s.kv_dim, "wv"));
     if (s.qkv_bias) {
       std::vector<float> bias = src.bq;
       bias.insert(bias.end(), src.bk.begin(), src.bk.end());
       bias.insert(bias.end(), src.bv.begin(), src.bv.end());
-      CLEAVE_RETURN_IF_ERROR(uploadVector(bias, dst.bqkv, "qkv bias"));
+      CLEAVE_RETURN_IF_ERROR(uploadBf16(bias, dst.bqkv, "qkv bias"));
     }
     if (s.qk_norm) {
-      CLEAVE_RETURN_IF_ERROR(uploadVector(src.q_norm, dst.q_norm, "q_norm"));
-      CLEAVE_RETURN_IF_ERROR(uploadVector(src.k_norm, dst.k_norm, "k_norm"));
+      CLEAVE_RETURN_IF_ERROR(uploadBf16(src.q_norm, dst.q_norm, "q_norm"));
+      CLEAVE_RETURN_IF_ERROR(uploadBf16(src.k_norm, dst.k_norm, "k_norm"));
     }
-    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.wo, dst.wo, "wo"));
-    CLEAVE_RETURN_IF_ERROR(uploadVector(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
+    CLEAVE_RETURN_IF_ERROR(uploadRows(src.wo, dst.wo, 0, 0, "wo"));
+    CLEAVE_RETURN_IF_ERROR(uploadBf16(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
     if (src.moe) {
       CLEAVE_RETURN_IF_ERROR(uploadMoe(*src.moe, *s.moe, s.moe_layer[l]));
       continue;
     }
-    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.w_gate, dst.wgu, "w_gate"));
-    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.w_up, dst.wgu + s.ffn * s.hidden, "w_up"));
-    CLEAVE_RETURN_IF_ERROR(uploadMatrix(src.w_down, dst.wdown, "w_down"));
+    CLEAVE_RETURN_IF_ERROR(uploadRows(src.w_gate, dst.wgu, 0, 0, "w_gate"));
+    CLEAVE_RETURN_IF_ERROR(uploadRows(src.w_up, dst.wgu, 0, s.ffn, "w_up"));
+    CLEAVE_RETURN_IF_ERROR(uploadRows(src.w_down, dst.wdown, 0, 0, "w_down"));
   }
   {
     const EmbeddingTable& e = w.token_embd;
     std::vector<float> table(static_cast<size_t>(e.rows * e.cols));
     CLEAVE_RETURN_IF_ERROR(model::dequantize(e.type, e.data, e.rows * e.cols, table.data()));
-    CLEAVE_RETURN_IF_ERROR(upload(table.data(), e.rows * e.cols, s.embed, "token embeddings"));
+    CLEAVE_RETURN_IF_ERROR(uploadBf16(table, s.embed, "token embeddings"));
   }
-  CLEAVE_RETURN_IF_ERROR(uploadVector(w.output_norm, s.output_norm, "output_norm"));
-  if (!s.tied) CLEAVE_RETURN_IF_ERROR(uploadMatrix(w.output, s.output, "output"));
+  CLEAVE_RETURN_IF_ERROR(uploadBf16(w.output_norm, s.output_norm, "output_norm"));
+  if (!s.tied) CLEAVE_RETURN_IF_ERROR(uploadDequantized(w.output, s.output, "output"));
   CLEAVE_RETURN_IF_ERROR(uploadInverseFrequencies(w.config, w.rope_pairing, s.inv_freq));
   return std::unique_ptr<CudaLlamaModel>(new CudaLlamaModel(std::move(state)));
 }
@@ -390,7 +402,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
   CLEAVE_ASSIGN_OR_RETURN(const ShardDims whole, planShard(config, {}));
   CLEAVE_ASSIGN_OR_RETURN(
       std::unique_ptr<State> state,
-      prepare(config, whole, options, false, false, config.tie_word_embeddings, nullptr));
+      prepare(config, whole, options, false, false, config.tie_word_embeddings, nullptr, {}));
   State& s = *state;
   uint64_t stream_id = seed;
   auto fill = [&](bf16* p, int64_t count, float low, float high) {
@@ -401,15 +413,15 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
   for (int64_t l = 0; l < s.layers; ++l) {
     const DeviceLayer& d = s.layer[l];
     CLEAVE_RETURN_IF_ERROR(fill(d.attn_norm, s.hidden, 0.8f, 1.2f));
-    CLEAVE_RETURN_IF_ERROR(fill(d.wqkv, s.qkv_dim * s.hidden, -in_scale, in_scale));
-    CLEAVE_RETURN_IF_ERROR(fill(d.wo, s.hidden * s.q_dim, -in_scale, in_scale));
+    CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wqkv), s.qkv_dim * s.hidden, -in_scale, in_scale));
+    CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wo), s.hidden * s.q_dim, -in_scale, in_scale));
     CLEAVE_RETURN_IF_ERROR(fill(d.ffn_norm, s.hidden, 0.8f, 1.2f));
     if (s.is_moe[l]) {
       CLEAVE_RETURN_IF_ERROR(fillRandomMoe(*s.moe, s.moe_layer[l], stream_id++, s.stream));
       continue;
     }
-    CLEAVE_RETURN_IF_ERROR(fill(d.wgu, 2 * s.ffn * s.hidden, -in_scale, in_scale));
-    CLEAVE_RETURN_IF_ERROR(fill(d.wdown, s.hidden * s.ffn, -ffn_scale, ffn_scale));
+    CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wgu), 2 * s.ffn * s.hidden, -in_scale, in_scale));
+    CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wdown), s.hidden * s.ffn, -ffn_scale, ffn_scale));
   }
   CLEAVE_RETURN_IF_ERROR(fill(s.embed, s.vocab_rows * s.hidden, -1.0f, 1.0f));
   CLEAVE_RETURN_IF_ERROR(fill(s.output_norm, s.hidden, 0.8f, 1.2f));
@@ -443,6 +455,21 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                       .y_float = as_float},
                      st);
   };
+  // A layer's product: cuBLASLt for bf16 weights, the skinny GEMM for quantized ones (which
+  // can fuse the SiLU-and-mul of a gate/up product: `act_out` then gets the activation).
+  auto linear = [&](const bf16* in, int64_t in_dim, const cuda::ExpertWeights& w, const bf16* bias,
+                    bf16* out) -> absl::Status {
+    if (w.format == cuda::ExpertWeightFormat::kBf16)
+      return product(in, in_dim, bf16Data(w), bias, w.rows, out);
+    return cuda::runSkinnyGemm({.x = in,
+                                .x_stride = in_dim,
+                                .rows = n,
+                                .weights = w,
+                                .y = out,
+                                .y_stride = w.rows,
+                                .bias = bias},
+                               st);
+  };
   // Tensor parallel: each rank's partial sums (embedding rows, O and down products, its
   // experts) are all-reduced in place before the residual stream takes them.
   auto reduce = [&](bf16* data, int64_t rows) -> absl::Status {
@@ -467,7 +494,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                        st));
   for (int64_t l = 0; l < layers; ++l) {
     const DeviceLayer& d = layer[l];
-    CLEAVE_RETURN_IF_ERROR(product(h, hidden, d.wqkv, d.bqkv, qkv_dim, qkv));
+    CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.wqkv, d.bqkv, qkv));
     if (qk_norm) {
       CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = qkv,
                                             .x_stride = qkv_dim,
@@ -538,7 +565,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                      .out_stride = q_dim},
                                     st));
     }
-    CLEAVE_RETURN_IF_ERROR(product(attn, q_dim, d.wo, nullptr, hidden, o));
+    CLEAVE_RETURN_IF_ERROR(linear(attn, q_dim, d.wo, nullptr, o));
     CLEAVE_RETURN_IF_ERROR(reduce(o, n));
     // x += o; h = norm(x).
     CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = o,
@@ -555,9 +582,20 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
     if (is_moe[l]) {
       CLEAVE_RETURN_IF_ERROR(enqueueMoe(*moe, moe_layer[l], moe_ws, h, n, decode, o, *gemm, st));
     } else {
-      CLEAVE_RETURN_IF_ERROR(product(h, hidden, d.wgu, nullptr, 2 * ffn, gu));
-      CLEAVE_RETURN_IF_ERROR(cuda::siluMul(gu, gu + ffn, 2 * ffn, n, ffn, act, ffn, st));
-      CLEAVE_RETURN_IF_ERROR(product(act, ffn, d.wdown, nullptr, hidden, o));
+      if (d.wgu.format == cuda::ExpertWeightFormat::kBf16) {
+        CLEAVE_RETURN_IF_ERROR(product(h, hidden, bf16Data(d.wgu), nullptr, 2 * ffn, gu));
+        CLEAVE_RETURN_IF_ERROR(cuda::siluMul(gu, gu + ffn, 2 * ffn, n, ffn, act, ffn, st));
+      } else {
+        CLEAVE_RETURN_IF_ERROR(cuda::runSkinnyGemm({.x = h,
+                                                    .x_stride = hidden,
+                                                    .rows = n,
+                                                    .weights = d.wgu,
+                                                    .silu_mul = true,
+                                                    .y = act,
+                                                    .y_stride = ffn},
+                                                   st));
+      }
+      CLEAVE_RETURN_IF_ERROR(linear(act, ffn, d.wdown, nullptr, o));
     }
     CLEAVE_RETURN_IF_ERROR(reduce(o, n));
     const bf16* next_norm = l + 1 < layers ? layer[l + 1].attn_norm : output_norm;

@@ -21,6 +21,7 @@
 
 #include "common/model/model_config.h"
 #include "kernels/cuda/cuda_test_util.h"
+#include "services/engine/cuda_weights.h"
 #include "services/engine/kv_storage.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/llama_weights.h"
@@ -141,7 +142,8 @@ TEST(CudaLlamaModelTest, SmolLm2MatchesTheCpuBackend) {
 
 // The dense tiny models of tests/golden/gen_engine_hf.py: Llama (f32, bf16, FP8 and NVFP4
 // in each convention, llama3 rope scaling), SmolLM2's shape, Qwen2 (QKV bias), Qwen3 (q/k
-// norm). Quantized weights are uploaded dequantized to bf16.
+// norm). NVFP4 and 128x128-block FP8 matrices stay quantized (the skinny GEMM), others are
+// uploaded as bf16.
 class CudaTinyModelTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaTinyModelTest, MatchesTheCpuBackend) {
@@ -152,8 +154,9 @@ TEST_P(CudaTinyModelTest, MatchesTheCpuBackend) {
 INSTANTIATE_TEST_SUITE_P(Dense, CudaTinyModelTest,
                          ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
                                            "llama_fp8", "smollm2_like_f32", "qwen2_f32",
-                                           "qwen3_f32", "llama_fp8_ct_channel",
-                                           "llama_nvfp4_modelopt", "llama_nvfp4_ct"));
+                                           "qwen3_f32", "llama_fp8_block128",
+                                           "llama_fp8_ct_channel", "llama_nvfp4_modelopt",
+                                           "llama_nvfp4_ct"));
 
 // An e4m3 KV cache (3 mantissa bits) against the CPU's f32 one: a looser bound, the same
 // greedy tokens away from near-ties.
@@ -242,6 +245,36 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
     std::printf("%s tp=2 vs tp=1 on the GPU: worst relative L2 %.4f\n", name, c.worst_relative);
     EXPECT_LE(c.worst_relative, 3e-2);
   }
+}
+
+// Which matrices of the quantized goldens the GPU keeps quantized (no GPU needed): NVFP4
+// where K is a multiple of 32 (not the MLP down projection of 176 columns), FP8 only with
+// DeepSeek's 128 x 128 blocks, everything else bf16; stacks only when every part agrees.
+TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {
+  using F = cuda::ExpertWeightFormat;
+  auto load = [](const char* name) {
+    auto w = loadLlama(goldenDir() + "/engine/hf/" + name);
+    EXPECT_TRUE(w.ok()) << w.status();
+    return std::move(*w);
+  };
+  auto nvfp4 = load("llama_nvfp4_ct");
+  const LlamaLayer& l = nvfp4->layers[0];
+  EXPECT_EQ(nativeFormat(l.wq), F::kNvfp4);
+  EXPECT_EQ(stackFormat({&l.wq, &l.wk, &l.wv}), F::kNvfp4);
+  EXPECT_EQ(stackFormat({&l.w_gate, &l.w_up}), F::kNvfp4);
+  EXPECT_EQ(nativeFormat(l.w_down), F::kBf16);
+  EXPECT_EQ(nativeFormat(nvfp4->output), F::kBf16);
+  auto fp8 = load("llama_fp8_block128");
+  const LlamaLayer& b = fp8->layers[0];
+  EXPECT_EQ(stackFormat({&b.wq, &b.wk, &b.wv}), F::kFp8Block128);
+  EXPECT_EQ(stackFormat({&b.w_gate, &b.w_up}), F::kFp8Block128);
+  EXPECT_EQ(nativeFormat(b.w_down), F::kFp8Block128);
+  EXPECT_EQ(stackFormat({&b.wq, &l.wk}), F::kBf16);  // Formats differ.
+  auto small_blocks = load("llama_fp8");
+  EXPECT_EQ(nativeFormat(small_blocks->layers[0].wq), F::kBf16);
+  auto moe = load("qwen3_moe_nvfp4_ct");
+  EXPECT_EQ(nativeFormat(moe->layers[0].moe->experts[0].down), F::kNvfp4);
+  EXPECT_EQ(nativeFormat(moe->layers[0].moe->router), F::kBf16);
 }
 
 TEST(CudaLlamaModelTest, GraphReplayEqualsEagerSteps) {

@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/moe_routing.h"
+#include "services/engine/cuda_weights.h"
 
 namespace cleave::engine {
 namespace {
@@ -19,136 +20,9 @@ namespace {
 using bf16 = __nv_bfloat16;
 using cuda::ExpertWeightFormat;
 
-// The format a kernel can read `m`'s bytes in, bf16 when none.
-ExpertWeightFormat nativeFormat(const cpu::CpuMatrix& m) {
-  const cpu::WeightMatrix& w = m.source();
-  const cpu::BlockScales& s = w.scales;
-  if (w.type == model::TensorType::kE2M1 && s.block_rows == 1 && s.block_cols == 16)
-    return ExpertWeightFormat::kNvfp4;
-  if (w.type == model::TensorType::kF8E4M3 && s.block_rows == 128 && s.block_cols == 128 &&
-      s.global == 1.0f)
-    return ExpertWeightFormat::kFp8Block128;
-  return ExpertWeightFormat::kBf16;
-}
-
-// Bytes of one expert matrix [rows][cols] in `format`, and of its scales.
-int64_t codeBytes(ExpertWeightFormat f, int64_t rows, int64_t cols) {
-  switch (f) {
-    case ExpertWeightFormat::kBf16: return rows * cols * 2;
-    case ExpertWeightFormat::kFp8Block128: return rows * cols;
-    case ExpertWeightFormat::kNvfp4: return rows * cols / 2;
-  }
-  return 0;
-}
-
-// Where one projection of all experts goes.
-cuda::ExpertWeights placeExperts(Arena& arena, ExpertWeightFormat f, int64_t experts, int64_t rows,
-                                 int64_t cols) {
-  cuda::ExpertWeights w{
-      .format = f, .experts = static_cast<int>(experts), .rows = rows, .cols = cols};
-  w.data = arena.take<uint8_t>(experts * codeBytes(f, rows, cols));
-  if (f == ExpertWeightFormat::kFp8Block128)
-    w.block_scales = arena.take<float>(experts * ((rows + 127) / 128) * (cols / 128));
-  if (f == ExpertWeightFormat::kNvfp4) {
-    w.group_scales = arena.take<uint8_t>(experts * rows * cols / 16);
-    w.row_scales = arena.take<float>(experts * rows);
-  }
-  return w;
-}
-
-// Bytes of one expert's matrix [rows][cols] with its scales.
-int64_t expertBytes(ExpertWeightFormat f, int64_t rows, int64_t cols) {
-  int64_t bytes = codeBytes(f, rows, cols);
-  if (f == ExpertWeightFormat::kFp8Block128) bytes += (rows + 127) / 128 * (cols / 128) * 4;
-  if (f == ExpertWeightFormat::kNvfp4) bytes += rows * (cols / 16 + 4);
-  return bytes;
-}
-
 absl::Status copyToDevice(void* dst, const void* src, size_t bytes, const char* what) {
   return cuda::cudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice),
                           absl::StrCat("uploading ", what));
-}
-
-absl::Status uploadBf16(const std::vector<float>& v, bf16* dst, const char* what) {
-  std::vector<bf16> staged(v.size());
-  for (size_t i = 0; i < v.size(); ++i) staged[i] = __float2bfloat16(v[i]);
-  return copyToDevice(dst, staged.data(), staged.size() * sizeof(bf16), what);
-}
-
-absl::StatusOr<std::vector<float>> dequantized(const cpu::CpuMatrix& m) {
-  std::vector<float> out(static_cast<size_t>(m.rows() * m.cols()));
-  CLEAVE_RETURN_IF_ERROR(cpu::dequantizeRows(m.source(), 0, m.rows(), out.data()));
-  return out;
-}
-
-absl::Status uploadDequantized(const cpu::CpuMatrix& m, bf16* dst, const char* what) {
-  CLEAVE_ASSIGN_OR_RETURN(std::vector<float> values, dequantized(m));
-  return uploadBf16(values, dst, what);
-}
-
-// The e4m3 byte of a value that is one (NVFP4 group scales are kept as exact floats).
-absl::StatusOr<uint8_t> exactE4m3(float v) {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(256);
-    for (int b = 0; b < 256; ++b) {
-      const uint8_t byte = static_cast<uint8_t>(b);
-      CLEAVE_CHECK_OK(model::dequantize(model::TensorType::kF8E4M3, &byte, 1, &t[b]));
-    }
-    return t;
-  }();
-  for (int b = 0; b < 256; ++b) {
-    if (table[b] == v) return static_cast<uint8_t>(b);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("an NVFP4 group scale ", v, " is not an e4m3 value"));
-}
-
-// Rows [first, first + m.rows()) of expert `e` of `dst` from matrix `m` (stored as
-// dst.format, or any format when dst is bf16).
-absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst, int64_t e,
-                        int64_t first, const char* what) {
-  const cpu::WeightMatrix& src = m.source();
-  const int64_t rows = m.rows(), cols = m.cols();
-  if (dst.format != ExpertWeightFormat::kBf16 &&
-      (src.scales.row_offset != 0 || src.scales.col_offset != 0))
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": a slice of a quantized expert matrix (experts are split whole)"));
-  auto* base = static_cast<uint8_t*>(const_cast<void*>(dst.data)) +
-               e * codeBytes(dst.format, dst.rows, dst.cols);
-  switch (dst.format) {
-    case ExpertWeightFormat::kBf16: {
-      return uploadDequantized(m, reinterpret_cast<bf16*>(base) + first * cols, what);
-    }
-    case ExpertWeightFormat::kFp8Block128: {
-      CLEAVE_RETURN_IF_ERROR(copyToDevice(base + first * cols, src.data, rows * cols, what));
-      const int64_t grid_cols = cols / 128, grid_rows = (rows + 127) / 128;
-      std::vector<float> scales(grid_rows * grid_cols);
-      for (int64_t r = 0; r < grid_rows; ++r)
-        for (int64_t c = 0; c < grid_cols; ++c)
-          scales[r * grid_cols + c] = src.scales.data[r * src.scales.cols + c];
-      float* grid = const_cast<float*>(dst.block_scales) +
-                    (e * ((dst.rows + 127) / 128) + first / 128) * grid_cols;
-      return copyToDevice(grid, scales.data(), scales.size() * 4, what);
-    }
-    case ExpertWeightFormat::kNvfp4: {
-      CLEAVE_RETURN_IF_ERROR(
-          copyToDevice(base + first * cols / 2, src.data, rows * cols / 2, what));
-      std::vector<uint8_t> groups(rows * cols / 16);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t g = 0; g < cols / 16; ++g) {
-          CLEAVE_ASSIGN_OR_RETURN(groups[r * (cols / 16) + g],
-                                  exactE4m3(src.scales.data[r * src.scales.cols + g]));
-        }
-      }
-      CLEAVE_RETURN_IF_ERROR(copyToDevice(
-          const_cast<uint8_t*>(dst.group_scales) + (e * dst.rows + first) * (cols / 16),
-          groups.data(), groups.size(), what));
-      const std::vector<float> row_scales(rows, src.scales.global);
-      return copyToDevice(const_cast<float*>(dst.row_scales) + e * dst.rows + first,
-                          row_scales.data(), rows * 4, what);
-    }
-  }
-  return absl::InternalError("unknown expert format");
 }
 
 }  // namespace
@@ -195,8 +69,8 @@ CudaMoeWeights placeMoeWeights(Arena& arena, const CudaMoeShape& s) {
   const int64_t all = s.routing.num_experts;
   w.router = arena.take<bf16>(all * s.hidden);
   if (s.routing.score_correction_bias) w.score_bias = arena.take<float>(all);
-  w.gate_up = placeExperts(arena, s.format, s.experts(), 2 * s.inter, s.hidden);
-  w.down = placeExperts(arena, s.format, s.experts(), s.hidden, s.inter);
+  w.gate_up = placeWeights(arena, s.format, s.experts(), 2 * s.inter, s.hidden);
+  w.down = placeWeights(arena, s.format, s.experts(), s.hidden, s.inter);
   if (s.shared_inter > 0) {
     w.shared_gu = arena.take<bf16>(2 * s.shared_inter * s.hidden);
     w.shared_down = arena.take<bf16>(s.hidden * s.shared_inter);
@@ -223,7 +97,7 @@ CudaMoeWorkspace placeMoeWorkspace(Arena& arena, const CudaMoeShape& s) {
 }
 
 int64_t moeExpertBytes(const CudaMoeShape& s) {
-  return expertBytes(s.format, 2 * s.inter, s.hidden) + expertBytes(s.format, s.hidden, s.inter);
+  return matrixBytes(s.format, 2 * s.inter, s.hidden) + matrixBytes(s.format, s.hidden, s.inter);
 }
 
 int64_t moeWeightBytes(const CudaMoeShape& s) {

@@ -322,9 +322,10 @@ INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
 // FP8 and NVFP4 checkpoints in the ModelOpt and compressed-tensors conventions
 // (tests/golden/quantize_formats.py), run weight-only.
 INSTANTIATE_TEST_SUITE_P(Quantized, HfLogitsTest,
-                         ::testing::Values("llama_fp8_modelopt", "llama_fp8_ct_channel",
-                                           "llama_fp8_ct_block", "llama_nvfp4_modelopt",
-                                           "llama_nvfp4_ct", "qwen3_moe_nvfp4_ct"));
+                         ::testing::Values("llama_fp8_block128", "llama_fp8_modelopt",
+                                           "llama_fp8_ct_channel", "llama_fp8_ct_block",
+                                           "llama_nvfp4_modelopt", "llama_nvfp4_ct",
+                                           "qwen3_moe_nvfp4_ct"));
 
 }  // namespace
 }  // namespace cleave::engine

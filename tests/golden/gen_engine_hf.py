@@ -135,6 +135,13 @@ CASES: dict[str, tuple] = {
         bos_token_id=0, eos_token_id=1), 110, torch.float32),
 }
 
+# DeepSeek-V3's 128 x 128 FP8 blocks need every projection a whole number of blocks wide:
+# one layer of hidden 128, 4 heads of 32 with no grouping (K and V 128 rows), MLP 256, tied.
+CASES["llama_fp8_block128"] = (LlamaConfig, {
+    **LLAMA_BASE, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32,
+    "tie_word_embeddings": True}, 111, "fp8_hf_128")
+
 # The MoE experts (routed, 32 columns per down projection) in NVFP4; the router stays float.
 CASES["qwen3_moe_nvfp4_ct"] = (Qwen3MoeConfig, CASES["qwen3_moe_f32"][1], 108, "nvfp4_ct")
 

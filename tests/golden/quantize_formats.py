@@ -11,6 +11,8 @@ the engine runs these checkpoints weight-only, so that is exactly what it must r
 Kinds
   fp8_hf          Hugging Face "fp8" (DeepSeek-V3 / Qwen FP8): F8_E4M3 weight and F32
                   weight_scale_inv per [16, 32] block (multiplied, despite the name).
+  fp8_hf_128      the same with DeepSeek-V3's own [128, 128] blocks (what the GPU's FP8
+                  kernels read natively).
   fp8_modelopt    ModelOpt FP8 (hf_quant_config.json quant_algo FP8): per-tensor F32
                   weight_scale and input_scale.
   fp8_ct_channel  compressed-tensors float-quantized, strategy channel: weight_scale
@@ -41,7 +43,7 @@ E2M1_MAX = 6.0
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 BLOCK = (16, 32)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
-KINDS = ("fp8_hf", "fp8_modelopt", "fp8_ct_channel", "fp8_ct_block", "nvfp4_modelopt", "nvfp4_ct")
+KINDS = ("fp8_hf", "fp8_hf_128", "fp8_modelopt", "fp8_ct_channel", "fp8_ct_block", "nvfp4_modelopt", "nvfp4_ct")
 
 
 def is_quantized_linear(name: str, t: torch.Tensor) -> bool:
@@ -135,8 +137,8 @@ def ct_decode_nvfp4(packed: torch.Tensor, scale: torch.Tensor, global_scale: tor
 def quantize_one(name: str, w: torch.Tensor, kind: str) -> tuple[dict, torch.Tensor]:
     """{stored tensor name: tensor} replacing weight `name`, and the weight they decode to."""
     module = name[:-len(".weight")]
-    if kind == "fp8_hf":
-        q, scale, dec = fp8_with_scales(w, BLOCK)
+    if kind in ("fp8_hf", "fp8_hf_128"):
+        q, scale, dec = fp8_with_scales(w, BLOCK if kind == "fp8_hf" else (128, 128))
         return {name: q, name + "_scale_inv": scale}, dec
     if kind == "fp8_modelopt":
         q, scale, dec = fp8_with_scales(w, tuple(w.shape))
@@ -181,9 +183,10 @@ def quantize_checkpoint(folder: Path, kind: str) -> dict[str, torch.Tensor]:
     assert decoded, "no linear weights found"
     save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
     cfg = json.loads((folder / "config.json").read_text())
-    if kind == "fp8_hf":
+    if kind.startswith("fp8_hf"):
+        block = list(BLOCK) if kind == "fp8_hf" else [128, 128]
         cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
-                                      "weight_block_size": list(BLOCK)}
+                                      "weight_block_size": block}
     elif kind.endswith("_modelopt"):
         algo = "FP8" if kind.startswith("fp8") else "NVFP4"
         quant = {"quant_algo": algo, "kv_cache_quant_algo": None, "exclude_modules": ["lm_head", "*mlp.gate"]}

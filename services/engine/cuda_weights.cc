@@ -1,0 +1,169 @@
+#include "services/engine/cuda_weights.h"
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/model/tensor_type.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace cleave::engine {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using cuda::ExpertWeightFormat;
+constexpr int64_t kFp8Block = 128;
+
+int64_t codeBytes(ExpertWeightFormat f, int64_t rows, int64_t cols) {
+  switch (f) {
+    case ExpertWeightFormat::kBf16: return rows * cols * 2;
+    case ExpertWeightFormat::kFp8Block128: return rows * cols;
+    case ExpertWeightFormat::kNvfp4: return rows * cols / 2;
+  }
+  return 0;
+}
+
+// What the kernels need of K (the columns) in each format.
+int64_t columnAlignment(ExpertWeightFormat f) {
+  return f == ExpertWeightFormat::kFp8Block128 ? kFp8Block
+         : f == ExpertWeightFormat::kNvfp4     ? 32
+                                               : 1;
+}
+
+absl::Status copyToDevice(void* dst, const void* src, size_t bytes, const char* what) {
+  return cuda::cudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice),
+                          absl::StrCat("uploading ", what));
+}
+
+// The e4m3 byte of a value that is one (NVFP4 group scales are kept as exact floats).
+absl::StatusOr<uint8_t> exactE4m3(float v) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(256);
+    for (int b = 0; b < 256; ++b) {
+      const uint8_t byte = static_cast<uint8_t>(b);
+      CLEAVE_CHECK_OK(model::dequantize(model::TensorType::kF8E4M3, &byte, 1, &t[b]));
+    }
+    return t;
+  }();
+  for (int b = 0; b < 256; ++b) {
+    if (table[b] == v) return static_cast<uint8_t>(b);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("an NVFP4 group scale ", v, " is not an e4m3 value"));
+}
+
+}  // namespace
+
+ExpertWeightFormat nativeFormat(const cpu::CpuMatrix& m) {
+  const cpu::WeightMatrix& w = m.source();
+  const cpu::BlockScales& s = w.scales;
+  if (w.type == model::TensorType::kE2M1 && s.block_rows == 1 && s.block_cols == 16 &&
+      s.col_offset % 16 == 0 && m.cols() % 32 == 0)
+    return ExpertWeightFormat::kNvfp4;
+  if (w.type == model::TensorType::kF8E4M3 && s.block_rows == kFp8Block &&
+      s.block_cols == kFp8Block && s.global == 1.0f && s.row_offset % kFp8Block == 0 &&
+      s.col_offset % kFp8Block == 0 && m.cols() % kFp8Block == 0)
+    return ExpertWeightFormat::kFp8Block128;
+  return ExpertWeightFormat::kBf16;
+}
+
+ExpertWeightFormat stackFormat(const std::vector<const cpu::CpuMatrix*>& parts) {
+  const ExpertWeightFormat f = nativeFormat(*parts.front());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (nativeFormat(*parts[i]) != f) return ExpertWeightFormat::kBf16;
+    const bool last = i + 1 == parts.size();
+    if (f == ExpertWeightFormat::kFp8Block128 && !last && parts[i]->rows() % kFp8Block != 0)
+      return ExpertWeightFormat::kBf16;
+  }
+  return f;
+}
+
+int64_t matrixBytes(ExpertWeightFormat f, int64_t rows, int64_t cols) {
+  int64_t bytes = codeBytes(f, rows, cols);
+  if (f == ExpertWeightFormat::kFp8Block128)
+    bytes += (rows + kFp8Block - 1) / kFp8Block * (cols / kFp8Block) * 4;
+  if (f == ExpertWeightFormat::kNvfp4) bytes += rows * (cols / 16 + 4);
+  return bytes;
+}
+
+cuda::ExpertWeights placeWeights(Arena& arena, ExpertWeightFormat f, int64_t count, int64_t rows,
+                                 int64_t cols) {
+  cuda::ExpertWeights w{
+      .format = f, .experts = static_cast<int>(count), .rows = rows, .cols = cols};
+  w.data = arena.take<uint8_t>(count * codeBytes(f, rows, cols));
+  if (f == ExpertWeightFormat::kFp8Block128)
+    w.block_scales =
+        arena.take<float>(count * ((rows + kFp8Block - 1) / kFp8Block) * (cols / kFp8Block));
+  if (f == ExpertWeightFormat::kNvfp4) {
+    w.group_scales = arena.take<uint8_t>(count * rows * cols / 16);
+    w.row_scales = arena.take<float>(count * rows);
+  }
+  return w;
+}
+
+absl::Status uploadBf16(const std::vector<float>& v, bf16* dst, const char* what) {
+  std::vector<bf16> staged(v.size());
+  for (size_t i = 0; i < v.size(); ++i) staged[i] = __float2bfloat16(v[i]);
+  return copyToDevice(dst, staged.data(), staged.size() * sizeof(bf16), what);
+}
+
+absl::Status uploadDequantized(const cpu::CpuMatrix& m, bf16* dst, const char* what) {
+  std::vector<float> values(static_cast<size_t>(m.rows() * m.cols()));
+  CLEAVE_RETURN_IF_ERROR(cpu::dequantizeRows(m.source(), 0, m.rows(), values.data()));
+  return uploadBf16(values, dst, what);
+}
+
+absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst, int64_t index,
+                        int64_t first, const char* what) {
+  const cpu::WeightMatrix& src = m.source();
+  const cpu::BlockScales& s = src.scales;
+  const int64_t rows = m.rows(), cols = m.cols();
+  if (cols != dst.cols || first + rows > dst.rows)
+    return absl::InvalidArgumentError(absl::StrCat(what, ": does not fit its GPU matrix"));
+  if (dst.format != ExpertWeightFormat::kBf16 &&
+      (nativeFormat(m) != dst.format || cols % columnAlignment(dst.format) != 0))
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": not stored as ", cuda::expertWeightFormatName(dst.format)));
+  auto* base = static_cast<uint8_t*>(const_cast<void*>(dst.data)) +
+               index * codeBytes(dst.format, dst.rows, dst.cols);
+  switch (dst.format) {
+    case ExpertWeightFormat::kBf16:
+      return uploadDequantized(m, reinterpret_cast<bf16*>(base) + first * cols, what);
+    case ExpertWeightFormat::kFp8Block128: {
+      CLEAVE_RETURN_IF_ERROR(copyToDevice(base + first * cols, src.data, rows * cols, what));
+      // The slice's blocks of its whole matrix's grid (offsets are whole blocks).
+      const int64_t grid_cols = cols / kFp8Block, grid_rows = (rows + kFp8Block - 1) / kFp8Block;
+      std::vector<float> scales(grid_rows * grid_cols);
+      for (int64_t r = 0; r < grid_rows; ++r)
+        for (int64_t c = 0; c < grid_cols; ++c)
+          scales[r * grid_cols + c] =
+              s.data[(s.row_offset / kFp8Block + r) * s.cols + s.col_offset / kFp8Block + c];
+      float* grid =
+          const_cast<float*>(dst.block_scales) +
+          (index * ((dst.rows + kFp8Block - 1) / kFp8Block) + first / kFp8Block) * grid_cols;
+      return copyToDevice(grid, scales.data(), scales.size() * 4, what);
+    }
+    case ExpertWeightFormat::kNvfp4: {
+      CLEAVE_RETURN_IF_ERROR(
+          copyToDevice(base + first * cols / 2, src.data, rows * cols / 2, what));
+      std::vector<uint8_t> groups(rows * cols / 16);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < cols / 16; ++g) {
+          CLEAVE_ASSIGN_OR_RETURN(
+              groups[r * (cols / 16) + g],
+              exactE4m3(s.data[(s.row_offset + r) * s.cols + s.col_offset / 16 + g]));
+        }
+      }
+      CLEAVE_RETURN_IF_ERROR(copyToDevice(
+          const_cast<uint8_t*>(dst.group_scales) + (index * dst.rows + first) * (cols / 16),
+          groups.data(), groups.size(), what));
+      const std::vector<float> row_scales(rows, s.global);
+      return copyToDevice(const_cast<float*>(dst.row_scales) + index * dst.rows + first,
+                          row_scales.data(), rows * 4, what);
+    }
+  }
+  return absl::InternalError("unknown weight format");
+}
+
+}  // namespace cleave::engine
