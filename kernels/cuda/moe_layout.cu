@@ -98,7 +98,8 @@ absl::StatusOr<MoeLayoutPlan> planMoeLayout(int64_t max_tokens, int k, int exper
     return absl::InvalidArgumentError("moe layout: " + what);
   };
   if (experts < 1 || experts > kMaxExperts) return bad("experts must be in [1, 1024]");
-  if (k < 1 || k > experts) return bad("k must be in [1, experts]");
+  // k counts all experts' slots (the router's); a rank may hold fewer experts than k.
+  if (k < 1 || k > 1024) return bad("k must be in [1, 1024]");
   if (tile_rows != 16 && tile_rows != 64) return bad("tile_rows must be 16 or 64");
   if (max_tokens < 1 || max_tokens * k > (int64_t{1} << 30)) return bad("max_tokens out of range");
   MoeLayoutPlan plan{.max_tokens = max_tokens, .k = k, .experts = experts, .tile_rows = tile_rows};

@@ -25,7 +25,7 @@ namespace cleave::cuda {
 struct MoeLayoutPlan {
   int64_t max_tokens = 0;
   int k = 0;
-  int experts = 0;    // <= 1024
+  int experts = 0;    // this rank's, <= 1024 (may be fewer than k)
   int tile_rows = 0;  // 16 (decode-size tiles) or 64 (prefill-size)
   int64_t max_rows = 0;
   int64_t max_tiles = 0;

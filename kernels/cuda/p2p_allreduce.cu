@@ -27,6 +27,7 @@ struct Args {
   int ranks;
   const PeerTable* peers;
   uint32_t* counters;
+  const volatile uint32_t* aborted;  // host memory, mapped
 };
 
 __device__ __forceinline__ void storeRelease(uint32_t* p, uint32_t v) {
@@ -77,6 +78,7 @@ __global__ void __launch_bounds__(kThreads) oneShotKernel(Args a) {
   if (threadIdx.x < a.ranks) {
     const uint32_t* flag = a.peers->flags[a.rank] + threadIdx.x * kBlocks + b;
     while (static_cast<int32_t>(loadAcquire(flag) - call) < 0) {
+      if (*a.aborted) break;
     }
   }
   __syncthreads();
@@ -146,6 +148,18 @@ absl::StatusOr<std::unique_ptr<P2pAllReduce>> P2pAllReduce::create(const std::ve
     p->flags_.push_back(flags);
     p->counters_.push_back(counters);
   }
+  if (absl::Status s =
+          cudaStatus(cudaHostAlloc(reinterpret_cast<void**>(&p->abort_host_), sizeof(uint32_t),
+                                   cudaHostAllocMapped | cudaHostAllocPortable),
+                     "p2p abort flag");
+      !s.ok())
+    return s;
+  *p->abort_host_ = 0;
+  if (absl::Status s = cudaStatus(
+          cudaHostGetDevicePointer(reinterpret_cast<void**>(&p->abort_device_), p->abort_host_, 0),
+          "p2p abort flag");
+      !s.ok())
+    return s;
   PeerTable table{};
   for (int i = 0; i < n; ++i) {
     table.inbox[i] = p->inbox_[i];
@@ -166,7 +180,12 @@ absl::StatusOr<std::unique_ptr<P2pAllReduce>> P2pAllReduce::create(const std::ve
   return p;
 }
 
+void P2pAllReduce::abort() const {
+  if (abort_host_ != nullptr) *reinterpret_cast<volatile uint32_t*>(abort_host_) = 1;
+}
+
 P2pAllReduce::~P2pAllReduce() {
+  if (abort_host_ != nullptr) cudaFreeHost(abort_host_);
   for (size_t i = 0; i < devices_.size(); ++i) {
     cudaSetDevice(devices_[i]);
     if (i < inbox_.size()) cudaFree(inbox_[i]);
@@ -193,7 +212,8 @@ absl::Status P2pAllReduce::run(int rank, void* data, int64_t count, Dtype dtype,
                .rank = rank,
                .ranks = ranks(),
                .peers = static_cast<const PeerTable*>(tables_[rank]),
-               .counters = counters_[rank]};
+               .counters = counters_[rank],
+               .aborted = abort_device_};
   if (dtype == Dtype::kF32) {
     oneShotKernel<float><<<kBlocks, kThreads, 0, stream>>>(a);
   } else {

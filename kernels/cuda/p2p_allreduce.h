@@ -51,6 +51,9 @@ class P2pAllReduce {
   absl::Status run(int rank, float* data, int64_t count, cudaStream_t stream) const {
     return run(rank, data, count, Dtype::kF32, stream);
   }
+  // Releases every rank's kernels that wait for a peer which will never come (a rank whose
+  // step failed); their results are garbage and the group is not to be used again.
+  void abort() const;
 
  private:
   P2pAllReduce() = default;
@@ -61,6 +64,8 @@ class P2pAllReduce {
   std::vector<uint32_t*> flags_;     // [ranks][kBlocks]: peer q's count for block b
   std::vector<uint32_t*> counters_;  // [kBlocks]: this rank's calls per block
   std::vector<void*> tables_;        // every rank's inbox and flags, for the kernel
+  uint32_t* abort_host_ = nullptr;   // pinned, mapped: set by abort(), read by the kernels
+  uint32_t* abort_device_ = nullptr;
 };
 
 }  // namespace cleave::cuda

@@ -114,6 +114,7 @@ struct CudaLlamaModel::State {
   std::vector<float> logits_out;
 
   ~State() {
+    cudaSetDevice(options.device);  // A group's models are destroyed from one thread.
     for (auto& [bucket, graph] : graphs) cudaGraphExecDestroy(graph);
     gemm.reset();
     if (stream) cudaStreamDestroy(stream);
@@ -193,6 +194,7 @@ struct CudaLlamaModel::State {
 
   absl::Status enqueue(int64_t n, int64_t sequences, bool decode);
   absl::Status run(int64_t n, int64_t sequences, bool decode);
+  absl::Status runStep(int64_t n, int64_t sequences, bool decode);
 };
 
 namespace {
@@ -208,9 +210,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     return absl::InvalidArgumentError(
         "CUDA model options: max_step_tokens, max_sequences and max_context must be >= 1, and "
         "max_sequences <= max_step_tokens");
-  if ((options.comm != nullptr ? options.comm->size() : 1) != dims.shard.size)
+  if ((options.comm != nullptr ? options.comm->size() : 1) != dims.shard.size ||
+      (options.comm != nullptr && options.comm->rank() != dims.shard.rank))
     return absl::InvalidArgumentError(
-        "a CUDA model of a tensor-parallel shard needs its group's communicator");
+        "a CUDA model of a tensor-parallel shard needs its rank's communicator");
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaSetDevice(options.device), absl::StrCat("selecting GPU ", options.device,
                                                   " (a GPU and a driver for CUDA 13 are needed)")));
@@ -289,6 +292,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   size_t free_bytes = 0, total_bytes = 0;
   CLEAVE_RETURN_IF_ERROR(
       cuda::cudaStatus(cudaMemGetInfo(&free_bytes, &total_bytes), "reading free GPU memory"));
+  // NCCL allocates its buffers at the first collective, after the model: leave it room.
+  const size_t headroom = dims.shard.size > 1 ? size_t{1} << 30 : 0;
+  free_bytes = free_bytes > headroom ? free_bytes - headroom : 0;
   if (static_cast<size_t>(total) > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "GPU ", options.device, " has ", free_bytes >> 20, " MiB free; the model needs ",
@@ -624,6 +630,13 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
 
 // Runs a step, replaying (or capturing) the decode bucket's graph when graphs are on.
 absl::Status CudaLlamaModel::State::run(int64_t n, int64_t sequences, bool decode) {
+  absl::Status status = runStep(n, sequences, decode);
+  // A rank that cannot enqueue its step would leave its peers in a collective forever.
+  if (!status.ok() && comm != nullptr) comm->abortGroup();
+  return status;
+}
+
+absl::Status CudaLlamaModel::State::runStep(int64_t n, int64_t sequences, bool decode) {
   if (!decode || !options.cuda_graphs) return enqueue(n, sequences, decode);
   if (auto it = graphs.find(sequences); it != graphs.end())
     return cuda::cudaStatus(cudaGraphLaunch(it->second, stream), "replaying a decode graph");
@@ -703,6 +716,10 @@ absl::StatusOr<std::span<const float>> CudaLlamaModel::forward(
       cudaMemcpyAsync(s.meta, m, s.metaCount() * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
       "copying step metadata"));
   CLEAVE_RETURN_IF_ERROR(s.run(tokens, rows, decode));
+  if (s.comm != nullptr && s.comm->rank() != 0) {  // Rank 0 returns the group's logits.
+    CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
+    return std::span<const float>();
+  }
   // The step ran `rows` sequences (a decode graph's bucket); the logits are [rows][vocab],
   // or under tensor parallelism every rank's [rows][its vocabulary rows], rank after rank.
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
@@ -751,6 +768,13 @@ StepBackendFactory cudaStepBackend(const CudaModelOptions& base) {
     const int n = static_cast<int>(ranks.size());
     auto group = std::make_shared<std::vector<std::unique_ptr<NcclCommunicator>>>();
     if (n > 1) {
+      int gpus = 0;
+      if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+      if (base.device + n > gpus) {
+        return absl::FailedPreconditionError(absl::StrCat("--tp ", n, " on the GPU needs GPUs ",
+                                                          base.device, "..", base.device + n - 1,
+                                                          "; this machine has ", gpus));
+      }
       std::vector<int> devices(n);
       for (int r = 0; r < n; ++r) devices[r] = base.device + r;
       CLEAVE_ASSIGN_OR_RETURN(*group, NcclCommunicator::createGroup(devices));

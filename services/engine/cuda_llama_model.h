@@ -83,7 +83,9 @@ class CudaLlamaModel : public StepBackend {
 
   // As LlamaModel::forward, with block ids into this model's own KV cache
   // ([0, kvBlocks())). Also InvalidArgument past the options' step, sequence or context
-  // bounds.
+  // bounds. Under tensor parallelism every rank steps together; rank 0 returns the logits,
+  // the others an empty span. A rank whose step fails aborts its group (so no peer waits
+  // in a collective forever); the group is not used again.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override;
 
   int64_t kvBlocks() const;

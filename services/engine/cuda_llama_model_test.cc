@@ -225,20 +225,26 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
       auto group = TpGroup::load(path, {.tp = tp, .backend = cudaStepBackend({})});
       ASSERT_TRUE(group.ok()) << group.status();
       ASSERT_TRUE((*group)->allocateKv(16, 16).ok());
-      std::vector<uint32_t> prompt = {3, 14, 15, 92, 65, 35, 89, 79};
-      std::vector<int32_t> blocks = {0, 1};
-      std::vector<SequenceChunk> batch = {{prompt, 0, blocks}};
+      // Three sequences: decode steps run the graph bucket of four, one padding row.
+      std::vector<std::vector<uint32_t>> tokens = {
+          {3, 14, 15, 92, 65, 35, 89, 79}, {2, 71, 82}, {16, 18, 3, 39, 88}};
+      std::vector<std::vector<int32_t>> blocks = {{0, 1}, {2, 3}, {4, 5}};
+      std::vector<SequenceChunk> batch;
+      for (int q = 0; q < 3; ++q) batch.push_back({tokens[q], 0, blocks[q]});
       for (int step = 0; step < 5; ++step) {
         auto logits = (*group)->forward(batch);
         ASSERT_TRUE(logits.ok()) << logits.status();
         steps[tp - 1].emplace_back(logits->begin(), logits->end());
-        batch[0].start += static_cast<int64_t>(batch[0].tokens.size());
-        prompt = {static_cast<uint32_t>(std::max_element(logits->begin(), logits->end()) -
-                                        logits->begin())};
-        batch[0].tokens = prompt;
+        const int64_t vocab = static_cast<int64_t>(logits->size()) / 3;
+        for (int q = 0; q < 3; ++q) {
+          const float* row = logits->data() + q * vocab;
+          batch[q].start += static_cast<int64_t>(batch[q].tokens.size());
+          tokens[q] = {static_cast<uint32_t>(std::max_element(row, row + vocab) - row)};
+          batch[q].tokens = tokens[q];
+        }
       }
     }
-    const int64_t vocab = static_cast<int64_t>(steps[0][0].size());
+    const int64_t vocab = static_cast<int64_t>(steps[0][0].size()) / 3;
     Comparison c;
     for (size_t step = 0; step < steps[0].size(); ++step)
       compareLogits(steps[1][step], steps[0][step], vocab, c);

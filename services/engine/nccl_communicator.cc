@@ -4,7 +4,9 @@
 
 #include <set>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "kernels/cuda/cuda_check.h"
 
@@ -18,6 +20,14 @@ absl::Status ncclStatus(ncclResult_t result, const char* op) {
 
 }  // namespace
 
+// The group's communicators, for abortGroup(); each rank's destructor frees its own unless
+// the group was aborted (ncclCommAbort frees them).
+struct NcclCommunicator::Group {
+  absl::Mutex mu;
+  std::vector<ncclComm_t> comms ABSL_GUARDED_BY(mu);
+  bool aborted ABSL_GUARDED_BY(mu) = false;
+};
+
 absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::createGroup(
     const std::vector<int>& devices, bool p2p) {
   if (devices.empty()) return absl::InvalidArgumentError("an NCCL group needs a device");
@@ -29,8 +39,14 @@ absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator:
       !s.ok())
     return s;
   std::vector<std::unique_ptr<NcclCommunicator>> group;
+  auto shared_group = std::make_shared<Group>();
+  {
+    absl::MutexLock lock(&shared_group->mu);
+    shared_group->comms = comms;
+  }
   for (int r = 0; r < n; ++r) {
     std::unique_ptr<NcclCommunicator> c(new NcclCommunicator());
+    c->group_ = shared_group;
     c->comm_ = comms[r];
     c->rank_ = r;
     c->size_ = n;
@@ -68,7 +84,12 @@ NcclCommunicator::~NcclCommunicator() {
   cudaSetDevice(device_);
   if (scratch_) cudaFree(scratch_);
   if (stream_) cudaStreamDestroy(stream_);
-  if (comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  bool aborted = false;
+  if (group_) {
+    absl::MutexLock lock(&group_->mu);
+    aborted = group_->aborted;
+  }
+  if (comm_ && !aborted) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
 }
 
 absl::Status NcclCommunicator::finish(const char* op) {
@@ -91,6 +112,16 @@ absl::Status NcclCommunicator::allReduceSum(std::span<float> data) {
       !s.ok())
     return s;
   return finish("all-reduce");
+}
+
+void NcclCommunicator::abortGroup() {
+  if (p2p_) p2p_->abort();
+  if (!group_) return;
+  absl::MutexLock lock(&group_->mu);
+  if (group_->aborted) return;
+  group_->aborted = true;
+  for (ncclComm_t c : group_->comms) ncclCommAbort(c);
+  CLEAVE_LOG(ERROR) << "tensor-parallel group aborted: a rank could not finish its step";
 }
 
 absl::Status NcclCommunicator::orderP2p(cudaStream_t stream) {

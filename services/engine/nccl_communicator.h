@@ -53,6 +53,10 @@ class NcclCommunicator : public Communicator {
   int device() const { return device_; }
   // Whether small all-reduces go over P2P.
   bool p2p() const { return p2p_ != nullptr; }
+  // Ends every rank's collectives of the group now (ncclCommAbort on each, the P2P kernels
+  // released): for a rank that cannot finish its step, so its peers do not wait forever.
+  // Every later collective of the group fails. Any rank's thread may call it.
+  void abortGroup();
 
  private:
   NcclCommunicator() = default;
@@ -65,6 +69,8 @@ class NcclCommunicator : public Communicator {
   int device_ = 0;
   float* scratch_ = nullptr;                       // one float, for barrier()
   std::shared_ptr<const cuda::P2pAllReduce> p2p_;  // the group's, or null
+  struct Group;
+  std::shared_ptr<Group> group_;  // what every rank's communicator shares
   // The stream of this rank's last P2P all-reduce: its calls must run one after another
   // (they share inbox halves and call counts), so a call on another stream first waits for
   // the device. A model warms up (runs eagerly) before it captures, so a capture never
