@@ -273,6 +273,42 @@ void prefillAttention(int tokens, double peak_tflops, int reps) {
     cudaFree(p);
 }
 
+// Prefills `batch` sequences to context - 1 positions (one sequence per step), then times
+// `steps` decode steps of all of them together (greedy), the median over the steps after
+// the first five (the graphs are warmed and captured by then).
+double medianDecodeStepMs(engine::CudaLlamaModel& model, int64_t vocab, int batch, int context,
+                          int steps) {
+  std::vector<std::vector<int32_t>> blocks(batch);
+  const int64_t per_seq = (context + steps + 8 + 15) / 16;
+  for (int s = 0; s < batch; ++s)
+    for (int64_t b = 0; b < per_seq; ++b)
+      blocks[s].push_back(static_cast<int32_t>(s * per_seq + b));
+  std::vector<uint32_t> prompt(context - 1);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<uint32_t>((i * 7919) % vocab);
+  for (int s = 0; s < batch; ++s) {
+    engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks[s]};
+    check(model.forward({&chunk, 1}).status(), "prefill");
+  }
+  std::vector<std::vector<uint32_t>> next(batch, std::vector<uint32_t>{1});
+  std::vector<double> times;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<engine::SequenceChunk> chunks;
+    for (int s = 0; s < batch; ++s)
+      chunks.push_back({.tokens = next[s], .start = context - 1 + step, .blocks = blocks[s]});
+    const auto t0 = std::chrono::steady_clock::now();
+    auto logits = model.forward(chunks);
+    const auto t1 = std::chrono::steady_clock::now();
+    check(logits.status(), "decode step");
+    if (step >= 5) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    for (int s = 0; s < batch; ++s) {
+      const float* row = logits->data() + int64_t{s} * vocab;
+      next[s] = {static_cast<uint32_t>(std::max_element(row, row + vocab) - row)};
+    }
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
 void decodeStep(double copy_gbs, bool quick) {
   model::ModelConfig c;
   c.architecture = model::Architecture::kLlama;
@@ -290,37 +326,7 @@ void decodeStep(double copy_gbs, bool quick) {
       c, {.max_step_tokens = context, .max_sequences = batch, .max_context = context + steps + 8},
       7);
   check(model.status(), "random model");
-  // Prefill every sequence to context - 1 positions, one sequence per step.
-  std::vector<std::vector<int32_t>> blocks(batch);
-  const int64_t per_seq = (context + steps + 8 + 15) / 16;
-  for (int s = 0; s < batch; ++s)
-    for (int64_t b = 0; b < per_seq; ++b)
-      blocks[s].push_back(static_cast<int32_t>(s * per_seq + b));
-  std::vector<uint32_t> prompt(context - 1);
-  for (size_t i = 0; i < prompt.size(); ++i)
-    prompt[i] = static_cast<uint32_t>((i * 7919) % c.vocab_size);
-  for (int s = 0; s < batch; ++s) {
-    engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks[s]};
-    check((*model)->forward({&chunk, 1}).status(), "prefill");
-  }
-  std::vector<std::vector<uint32_t>> next(batch, std::vector<uint32_t>{1});
-  std::vector<double> times;
-  for (int step = 0; step < steps; ++step) {
-    std::vector<engine::SequenceChunk> chunks;
-    for (int s = 0; s < batch; ++s)
-      chunks.push_back({.tokens = next[s], .start = context - 1 + step, .blocks = blocks[s]});
-    const auto t0 = std::chrono::steady_clock::now();
-    auto logits = (*model)->forward(chunks);
-    const auto t1 = std::chrono::steady_clock::now();
-    check(logits.status(), "decode step");
-    if (step >= 5) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    for (int s = 0; s < batch; ++s) {
-      const float* row = logits->data() + int64_t{s} * c.vocab_size;
-      next[s] = {static_cast<uint32_t>(std::max_element(row, row + c.vocab_size) - row)};
-    }
-  }
-  std::sort(times.begin(), times.end());
-  const double ms = times[times.size() / 2];
+  const double ms = medianDecodeStepMs(**model, c.vocab_size, batch, context, steps);
   // Roofline floor: weights once, every sequence's KV once, over the measured copy rate.
   const double kv = 2.0 * batch * context * c.num_layers * c.num_kv_heads * c.head_dim * 2;
   const double floor_ms = ((*model)->weightBytes() + kv) / (copy_gbs * 1e9) * 1e3;
@@ -556,36 +562,7 @@ void moeDecodeStep(double copy_gbs, cuda::ExpertWeightFormat format, bool quick)
   check(model.status(), "random MoE model");
   auto shape = engine::cudaMoeShape(c, *engine::planShard(c, {}), nullptr, format, batch, batch);
   check(shape.status(), "moe shape");
-  std::vector<std::vector<int32_t>> blocks(batch);
-  const int64_t per_seq = (context + steps + 8 + 15) / 16;
-  for (int s = 0; s < batch; ++s)
-    for (int64_t b = 0; b < per_seq; ++b)
-      blocks[s].push_back(static_cast<int32_t>(s * per_seq + b));
-  std::vector<uint32_t> prompt(context - 1);
-  for (size_t i = 0; i < prompt.size(); ++i)
-    prompt[i] = static_cast<uint32_t>((i * 7919) % c.vocab_size);
-  for (int s = 0; s < batch; ++s) {
-    engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks[s]};
-    check((*model)->forward({&chunk, 1}).status(), "prefill");
-  }
-  std::vector<std::vector<uint32_t>> next(batch, std::vector<uint32_t>{1});
-  std::vector<double> times;
-  for (int step = 0; step < steps; ++step) {
-    std::vector<engine::SequenceChunk> chunks;
-    for (int s = 0; s < batch; ++s)
-      chunks.push_back({.tokens = next[s], .start = context - 1 + step, .blocks = blocks[s]});
-    const auto t0 = std::chrono::steady_clock::now();
-    auto logits = (*model)->forward(chunks);
-    const auto t1 = std::chrono::steady_clock::now();
-    check(logits.status(), "decode step");
-    if (step >= 5) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    for (int s = 0; s < batch; ++s) {
-      const float* row = logits->data() + int64_t{s} * c.vocab_size;
-      next[s] = {static_cast<uint32_t>(std::max_element(row, row + c.vocab_size) - row)};
-    }
-  }
-  std::sort(times.begin(), times.end());
-  const double ms = times[times.size() / 2];
+  const double ms = medianDecodeStepMs(**model, c.vocab_size, batch, context, steps);
   const double experts_per_layer = expectedTouched(batch, 8, 128);
   const double dense = (*model)->weightBytes() - c.num_layers * engine::moeWeightBytes(*shape);
   const double expert = c.num_layers * experts_per_layer * engine::moeExpertBytes(*shape);

@@ -161,11 +161,19 @@ class BinariesCliTest(unittest.TestCase):
         if code == 0:  # A GPU is here: the GPU model answers as the CPU one does.
             self.assertIn("Paris", out)
             return
-        # No GPU (or a build without CUDA): one clear line saying what is missing, no crash.
+        # No GPU (or a build without CUDA): one clear line saying what is missing, no crash;
+        # the same for two ranks (one GPU each).
         self.assertEqual(code, 1, err)
         self.assertRegex(err, r"GPU|CUDA")
         self.assertNotIn("Aborted", err)
         self.assertLessEqual(len(err.strip().splitlines()), 1, err)
+        code, out, err = ct.run([cleave, "generate", f"--model={model}", "--backend=cuda", "--tp=2",
+                                 "--max-tokens=4", "Hi"], timeout=120)
+        if code != 0:
+            self.assertEqual(code, 1, err)
+            self.assertRegex(err, r"GPU|CUDA")
+            self.assertNotIn("Aborted", err)
+            self.assertLessEqual(len(err.strip().splitlines()), 1, err)
 
 
 if __name__ == "__main__":
