@@ -91,6 +91,7 @@ int runGenerate(int argc, char** argv) {
   int64_t context = 4096;
   int64_t tp = 1;
   std::string backend = "cpu";
+  std::string moe_split = "experts";
   std::string router;
   bool print_ids = false;
   bool chat = true;
@@ -111,6 +112,8 @@ int runGenerate(int argc, char** argv) {
   flags.addInt("max-tokens", &max_tokens, "Most tokens to generate");
   flags.addInt("threads", &threads, "CPU threads (all ranks together)");
   flags.addInt("tp", &tp, "Tensor-parallel ranks (one thread group each)");
+  flags.addString("moe-split", &moe_split,
+                  "How --tp cuts MoE layers: experts (whole experts per rank) or columns");
   flags.addString("backend", &backend,
                   "Where the model runs: cpu, or cuda (rank r on GPU r, --tp of them)");
   flags.addInt("context", &context, "Context length to reserve (prompt + output)");
@@ -159,6 +162,8 @@ int runGenerate(int argc, char** argv) {
     exitWithUsageError(flags, absl::InvalidArgumentError(
                                   absl::StrCat("--backend is cpu or cuda, not '", backend, "'")));
   }
+  auto split = engine::parseMoeSplit(moe_split);
+  if (!split.ok()) exitWithUsageError(flags, split.status());
   engine::StepBackendFactory step_backend;
   if (backend == "cuda") {
 #if CLEAVE_HAVE_CUDA
@@ -176,6 +181,7 @@ int runGenerate(int argc, char** argv) {
   if (!tokenizer.ok()) return fail(tokenizer.status());
   ProgressLine progress;
   auto group = engine::TpGroup::load(model, {.tp = static_cast<int>(tp),
+                                             .moe_split = *split,
                                              .threads = static_cast<int>(threads),
                                              .on_progress = engine::showLoadProgress(progress),
                                              .backend = step_backend});

@@ -34,7 +34,7 @@ absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const Sha
   CudaMoeShape s;
   s.routing = *c.moe;
   s.hidden = c.hidden_size;
-  s.inter = c.moe->expert_intermediate_size;
+  s.inter = dims.expert_ffn.size;
   s.expert_begin = dims.experts.begin;
   s.local_experts = dims.experts.size;
   s.shared_inter = c.moe->shared_experts > 0 ? dims.shared_ffn.size : 0;

@@ -254,8 +254,8 @@ class SafetensorsSource final : public TensorSource {
     CLEAVE_ASSIGN_OR_RETURN(block.router, matrix(base + "gate.weight", c.moe->num_experts, hidden));
     block.expert_begin = dims.experts.begin;
     for (int64_t e = dims.experts.begin; e < dims.experts.begin + dims.experts.size; ++e) {
-      CLEAVE_ASSIGN_OR_RETURN(MoeExpert expert, mlp(absl::StrCat(base, "experts.", e, "."), ffn,
-                                                    {.begin = 0, .size = int64_t(ffn)}));
+      CLEAVE_ASSIGN_OR_RETURN(MoeExpert expert,
+                              mlp(absl::StrCat(base, "experts.", e, "."), ffn, dims.expert_ffn));
       block.experts.push_back(std::move(expert));
     }
     if (c.moe->score_correction_bias) {

@@ -18,6 +18,13 @@ int64_t columnUnit(int64_t width, int parts) {
 
 }  // namespace
 
+absl::StatusOr<MoeSplit> parseMoeSplit(absl::string_view text) {
+  if (text == "experts") return MoeSplit::kExperts;
+  if (text == "columns") return MoeSplit::kColumns;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--moe-split is experts or columns, not '", text, "'"));
+}
+
 absl::StatusOr<Span> splitEvenly(int64_t total, int64_t unit, int parts, int index,
                                  const char* what) {
   if (parts < 1 || index < 0 || index >= parts) {
@@ -54,8 +61,17 @@ absl::StatusOr<ShardDims> planShard(const model::ModelConfig& c, TpShard shard) 
                            shard.size, shard.rank, "MLP columns"));
   }
   if (c.moe) {
-    CLEAVE_ASSIGN_OR_RETURN(d.experts,
-                            splitEvenly(c.moe->num_experts, 1, shard.size, shard.rank, "experts"));
+    const int64_t expert_ffn = c.moe->expert_intermediate_size;
+    if (shard.moe_split == MoeSplit::kExperts) {
+      CLEAVE_ASSIGN_OR_RETURN(
+          d.experts, splitEvenly(c.moe->num_experts, 1, shard.size, shard.rank, "experts"));
+      d.expert_ffn = {.begin = 0, .size = expert_ffn};
+    } else {
+      d.experts = {.begin = 0, .size = c.moe->num_experts};
+      CLEAVE_ASSIGN_OR_RETURN(
+          d.expert_ffn, splitEvenly(expert_ffn, columnUnit(expert_ffn, shard.size), shard.size,
+                                    shard.rank, "expert columns"));
+    }
     const int64_t shared = int64_t{c.moe->shared_experts} * c.moe->shared_expert_intermediate_size;
     if (shared > 0) {
       CLEAVE_ASSIGN_OR_RETURN(

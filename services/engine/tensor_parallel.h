@@ -8,7 +8,10 @@
 //                    writes zeros for the others; all-reduced
 //   lm-head          vocab-parallel: each rank's logits for its range, all-gathered
 //   MoE              experts split across ranks (each rank runs the tokens routed to its
-//                    experts); the shared experts split like the dense MLP; all-reduced
+//                    experts: expert parallelism, the default), or every expert's
+//                    intermediate columns split like the dense MLP (MoeSplit::kColumns:
+//                    every rank runs every routed token, on its columns); the shared
+//                    experts split like the dense MLP; all-reduced
 //
 // Splits need not be even (SmolLM2's 3 KV heads go 2 + 1 over two ranks) but every rank
 // gets at least one unit of every split dimension.
@@ -21,9 +24,12 @@
 
 namespace cleave::engine {
 
+enum class MoeSplit { kExperts, kColumns };
+
 struct TpShard {
   int rank = 0;
   int size = 1;
+  MoeSplit moe_split = MoeSplit::kExperts;
 };
 
 // A contiguous run [begin, begin + size).
@@ -41,6 +47,7 @@ struct ShardDims {
   Span shared_ffn;  // The MoE shared experts' intermediate columns (all experts together).
   Span vocab;       // Embedding and lm-head rows.
   Span experts;     // Routed experts.
+  Span expert_ffn;  // Each routed expert's intermediate columns.
 };
 
 // Rank `index` of `parts` takes its share of `total` elements in whole `unit`s, the first
@@ -48,6 +55,9 @@ struct ShardDims {
 // is not whole units or some rank would get none.
 absl::StatusOr<Span> splitEvenly(int64_t total, int64_t unit, int parts, int index,
                                  const char* what);
+
+// "experts" or "columns" (the --moe-split flag); InvalidArgument naming the flag otherwise.
+absl::StatusOr<MoeSplit> parseMoeSplit(absl::string_view text);
 
 // The slices of `config` rank `shard.rank` of `shard.size` holds. Errors name the
 // dimension that cannot be split that many ways.

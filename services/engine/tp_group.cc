@@ -139,9 +139,10 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
     options.on_progress(progress);
   };
   CLEAVE_RETURN_IF_ERROR(group->onEveryRank([&](Rank& rank) -> absl::Status {
-    CLEAVE_ASSIGN_OR_RETURN(rank.weights,
-                            loadLlama(path, {.rank = rank.index, .size = options.tp},
-                                      options.on_progress ? LayerLoaded(on_layer) : LayerLoaded()));
+    CLEAVE_ASSIGN_OR_RETURN(
+        rank.weights,
+        loadLlama(path, {.rank = rank.index, .size = options.tp, .moe_split = options.moe_split},
+                  options.on_progress ? LayerLoaded(on_layer) : LayerLoaded()));
     return absl::OkStatus();
   }));
   CLEAVE_RETURN_IF_ERROR(group->onEveryRank([&](Rank& rank) -> absl::Status {

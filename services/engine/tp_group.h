@@ -46,6 +46,9 @@ std::function<void(const LoadProgress&)> showLoadProgress(ProgressLine& line);
 struct TpGroupOptions {
   int tp = 1;
   TpTransport transport = TpTransport::kSharedMemory;
+  // How MoE layers split (tensor_parallel.h): whole experts per rank, or every expert's
+  // columns.
+  MoeSplit moe_split = MoeSplit::kExperts;
   // CPU threads for the whole group, split evenly between the ranks (at least one each).
   int threads = 1;
   // Called as layers load (from one rank thread at a time), e.g. for a progress line.

@@ -134,7 +134,13 @@ Trace run(TpGroup& group, int steps, const std::vector<uint32_t>* forced = nullp
 }
 
 class TpEquivalenceTest
-    : public ::testing::TestWithParam<std::tuple<std::string, int, TpTransport>> {};
+    : public ::testing::TestWithParam<std::tuple<std::string, int, TpTransport, MoeSplit>> {};
+
+std::tuple<std::string, int, TpTransport, MoeSplit> tpCase(std::string path, int tp,
+                                                           TpTransport transport = kShm,
+                                                           MoeSplit split = MoeSplit::kExperts) {
+  return {std::move(path), tp, transport, split};
+}
 
 // TP=N gives the logits and greedy tokens of TP=1: the same model cut differently, so only
 // the order of float sums differs. Float weights agree to rounding. Quantized weights
@@ -144,11 +150,12 @@ class TpEquivalenceTest
 // may differ where two logits are closer than it (the bound already covers that); a
 // sharding mistake (wrong head, column or vocabulary range) moves logits by their own size.
 TEST_P(TpEquivalenceTest, MatchesASingleRank) {
-  const auto& [path, tp, transport] = GetParam();
+  const auto& [path, tp, transport, split] = GetParam();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not installed";
   auto one = TpGroup::load(path, {.tp = 1, .threads = 2});
   ASSERT_TRUE(one.ok()) << one.status();
-  auto many = TpGroup::load(path, {.tp = tp, .transport = transport, .threads = 2});
+  auto many =
+      TpGroup::load(path, {.tp = tp, .transport = transport, .moe_split = split, .threads = 2});
   ASSERT_TRUE(many.ok()) << many.status();
   EXPECT_EQ((*many)->tp(), tp);
   const Trace want = run(**one, 6);
@@ -165,29 +172,29 @@ TEST_P(TpEquivalenceTest, MatchesASingleRank) {
   }
   int same = 0;  // Reported for quantized weights, required for float ones.
   for (size_t i = 0; i < want.argmax.size(); ++i) same += got.argmax[i] == want.argmax[i];
-  std::printf("%s tp=%d%s: max relative logit difference from tp=1 %.2e; argmax agrees %d/%zu\n",
-              path.c_str(), tp, transport == kGloo ? " (gloo)" : "", worst, same,
+  std::printf("%s tp=%d%s%s: max relative logit difference from tp=1 %.2e; argmax agrees %d/%zu\n",
+              path.c_str(), tp, transport == kGloo ? " (gloo)" : "",
+              split == MoeSplit::kColumns ? " (expert columns)" : "", worst, same,
               want.argmax.size());
   const bool quantized = path.ends_with(".gguf");
   EXPECT_LE(worst, quantized ? 0.15 : 1e-5);
   if (!quantized) EXPECT_EQ(got.argmax, want.argmax);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TpEquivalenceTest,
-                         ::testing::Values(std::make_tuple(kHf + "llama_f32", 2, kShm),
-                                           std::make_tuple(kHf + "qwen2_f32", 2, kShm),
-                                           std::make_tuple(kHf + "qwen3_f32", 2, kShm),
-                                           std::make_tuple(kHf + "llama_bf16", 2, kShm),
-                                           std::make_tuple(kHf + "llama_fp8", 2, kShm),
-                                           std::make_tuple(kHf + "llama_fp8_ct_channel", 2, kShm),
-                                           std::make_tuple(kHf + "llama_nvfp4_modelopt", 2, kShm),
-                                           std::make_tuple(kHf + "qwen3_moe_nvfp4_ct", 2, kShm),
-                                           std::make_tuple(kHf + "mixtral_f32", 2, kShm),
-                                           std::make_tuple(kHf + "qwen3_moe_f32", 2, kShm),
-                                           std::make_tuple(kSmolLm2, 2, kShm),
-                                           std::make_tuple(kSmolLm2, 3, kShm),
-                                           std::make_tuple(kHf + "qwen3_moe_f32", 2, kGloo),
-                                           std::make_tuple(kSmolLm2, 2, kGloo)));
+INSTANTIATE_TEST_SUITE_P(
+    Models, TpEquivalenceTest,
+    ::testing::Values(tpCase(kHf + "llama_f32", 2, kShm), tpCase(kHf + "qwen2_f32", 2, kShm),
+                      tpCase(kHf + "qwen3_f32", 2, kShm), tpCase(kHf + "llama_bf16", 2, kShm),
+                      tpCase(kHf + "llama_fp8", 2, kShm),
+                      tpCase(kHf + "llama_fp8_ct_channel", 2, kShm),
+                      tpCase(kHf + "llama_nvfp4_modelopt", 2, kShm),
+                      tpCase(kHf + "qwen3_moe_nvfp4_ct", 2, kShm),
+                      tpCase(kHf + "mixtral_f32", 2, kShm), tpCase(kHf + "qwen3_moe_f32", 2, kShm),
+                      tpCase(kSmolLm2, 2, kShm), tpCase(kSmolLm2, 3, kShm),
+                      tpCase(kHf + "qwen3_moe_f32", 2, kGloo), tpCase(kSmolLm2, 2, kGloo),
+                      tpCase(kHf + "qwen3_moe_f32", 2, kShm, MoeSplit::kColumns),
+                      tpCase(kHf + "mixtral_f32", 2, kShm, MoeSplit::kColumns),
+                      tpCase(kHf + "qwen3_moe_nvfp4_ct", 2, kShm, MoeSplit::kColumns)));
 
 TEST(TpGroupTest, RefusesASplitTheModelCannotTake) {
   // SmolLM2 has 3 KV heads.

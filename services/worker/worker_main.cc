@@ -126,6 +126,7 @@ int run(int argc, char** argv) {
   ProgressLine progress;  // On a terminal only; a log stays clean.
   auto group = engine::TpGroup::load(options.model,
                                      {.tp = static_cast<int>(options.tp),
+                                      .moe_split = *engine::parseMoeSplit(options.moe_split),
                                       .threads = threads_per_rank * static_cast<int>(options.tp),
                                       .on_progress = engine::showLoadProgress(progress)});
   progress.finish();

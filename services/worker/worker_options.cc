@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "services/engine/tensor_parallel.h"
 
 namespace cleave::worker {
 
@@ -13,6 +14,9 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addString("role", &role, "prefill, decode or both (no disaggregation)");
   flags.addString("model", &model, "Model: a GGUF file or a Hugging Face folder");
   flags.addInt("tp", &tp, "Tensor-parallel degree: rank threads, one per device");
+  flags.addString("moe-split", &moe_split,
+                  "How --tp cuts MoE layers: experts (whole experts per rank) or columns (every "
+                  "expert's intermediate columns)");
   flags.addString("router", &router, "Router address host:port to register with");
   flags.addString("advertise", &advertise,
                   "host:port the router reaches this worker at, when --listen is 0.0.0.0 or "
@@ -61,6 +65,7 @@ absl::Status validate(const WorkerOptions& options) {
   if (options.tp < 1 || options.tp > 64) {
     return absl::InvalidArgumentError(absl::StrCat("--tp must be in 1..64, got ", options.tp));
   }
+  if (auto split = engine::parseMoeSplit(options.moe_split); !split.ok()) return split.status();
   if (options.target_concurrency < 1 || options.target_concurrency > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("--target-concurrency must be in 1..4096, got ", options.target_concurrency));

@@ -43,6 +43,7 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
       {"--model is required", [](WorkerOptions& o) { o.model.clear(); }},
       {"No such file", [](WorkerOptions& o) { o.model = "/nonexistent/model.gguf"; }},
       {"--tp must be", [](WorkerOptions& o) { o.tp = 0; }},
+      {"--moe-split is experts or columns", [](WorkerOptions& o) { o.moe_split = "rows"; }},
       {"--target-concurrency must be", [](WorkerOptions& o) { o.target_concurrency = 0; }},
       {"--planned-seq-len must be", [](WorkerOptions& o) { o.planned_seq_len = -5; }},
       {"--metrics-port must be", [](WorkerOptions& o) { o.server.metrics_port = 65536; }},
