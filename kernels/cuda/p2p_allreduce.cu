@@ -77,8 +77,9 @@ __global__ void __launch_bounds__(kThreads) oneShotKernel(Args a) {
   // Wait for every peer's chunk (a peer may already be one call ahead: >=).
   if (threadIdx.x < a.ranks) {
     const uint32_t* flag = a.peers->flags[a.rank] + threadIdx.x * kBlocks + b;
-    while (static_cast<int32_t>(loadAcquire(flag) - call) < 0) {
-      if (*a.aborted) break;
+    // The abort flag is host memory (a PCIe round trip): looked at every 1024 polls.
+    for (uint32_t polls = 1; static_cast<int32_t>(loadAcquire(flag) - call) < 0; ++polls) {
+      if ((polls & 1023u) == 0 && *a.aborted) break;
     }
   }
   __syncthreads();
@@ -205,6 +206,8 @@ absl::Status P2pAllReduce::run(int rank, void* data, int64_t count, Dtype dtype,
                                                    " bytes, more than the ", max_bytes_,
                                                    " it was made for"));
   }
+  if (*reinterpret_cast<volatile uint32_t*>(abort_host_) != 0)
+    return absl::FailedPreconditionError("p2p all-reduce: the group was aborted");
   if (count == 0) return absl::OkStatus();
   const Args a{.data = data,
                .count = count,

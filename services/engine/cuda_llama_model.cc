@@ -178,7 +178,12 @@ struct CudaLlamaModel::State {
     attn = arena.take<bf16>(t * q_dim);
     o = arena.take<bf16>(t * hidden);
     if (has_dense) {
-      gu = arena.take<bf16>(t * 2 * ffn);
+      // The unactivated gate/up rows only for cuBLASLt's product; the skinny GEMM fuses it.
+      bool bf16_gate_up = false;
+      for (int64_t l = 0; l < layers; ++l)
+        bf16_gate_up =
+            bf16_gate_up || (!is_moe[l] && formats[l].gate_up == cuda::ExpertWeightFormat::kBf16);
+      if (bf16_gate_up) gu = arena.take<bf16>(t * 2 * ffn);
       act = arena.take<bf16>(t * ffn);
     }
     if (moe) moe_ws = placeMoeWorkspace(arena, *moe);
@@ -194,7 +199,9 @@ struct CudaLlamaModel::State {
 
   absl::Status enqueue(int64_t n, int64_t sequences, bool decode);
   absl::Status run(int64_t n, int64_t sequences, bool decode);
-  absl::Status runStep(int64_t n, int64_t sequences, bool decode);
+  // The part of forward() after the batch checks (which fail alike on every rank).
+  absl::StatusOr<std::span<const float>> step(std::span<const SequenceChunk> batch,
+                                              int64_t sequences, int64_t n, bool decode);
 };
 
 namespace {
@@ -630,13 +637,6 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
 
 // Runs a step, replaying (or capturing) the decode bucket's graph when graphs are on.
 absl::Status CudaLlamaModel::State::run(int64_t n, int64_t sequences, bool decode) {
-  absl::Status status = runStep(n, sequences, decode);
-  // A rank that cannot enqueue its step would leave its peers in a collective forever.
-  if (!status.ok() && comm != nullptr) comm->abortGroup();
-  return status;
-}
-
-absl::Status CudaLlamaModel::State::runStep(int64_t n, int64_t sequences, bool decode) {
   if (!decode || !options.cuda_graphs) return enqueue(n, sequences, decode);
   if (auto it = graphs.find(sequences); it != graphs.end())
     return cuda::cudaStatus(cudaGraphLaunch(it->second, stream), "replaying a decode graph");
@@ -676,6 +676,17 @@ absl::StatusOr<std::span<const float>> CudaLlamaModel::forward(
     return absl::InvalidArgumentError(absl::StrCat(
         "a step of ", n, " tokens in ", sequences, " sequences exceeds the model's bounds (",
         s.options.max_step_tokens, " tokens, ", s.options.max_sequences, " sequences)"));
+  if (s.comm != nullptr) CLEAVE_RETURN_IF_ERROR(s.comm->usable());
+  auto logits = s.step(batch, sequences, n, decode);
+  // A rank that cannot finish its step would leave its peers in a collective forever.
+  if (!logits.ok() && s.comm != nullptr) s.comm->abortGroup();
+  return logits;
+}
+
+absl::StatusOr<std::span<const float>> CudaLlamaModel::State::step(
+    std::span<const SequenceChunk> batch, int64_t sequences, int64_t n, bool decode) {
+  State& s = *this;
+  const int64_t bs = s.options.block_size;
   // Decode graphs run a power-of-two batch; the padding rows decode token 0 at position 0
   // into the scratch block.
   const int64_t rows = decode && s.options.cuda_graphs ? nextPowerOfTwo(sequences) : sequences;

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "absl/base/casts.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/model/tensor_type.h"
@@ -36,19 +38,20 @@ absl::Status copyToDevice(void* dst, const void* src, size_t bytes, const char* 
                           absl::StrCat("uploading ", what));
 }
 
-// The e4m3 byte of a value that is one (NVFP4 group scales are kept as exact floats).
+// The e4m3 byte of a value that is one (NVFP4 group scales are kept as exact floats): the
+// 256 codes' values keyed by their float bits, looked up once per group.
 absl::StatusOr<uint8_t> exactE4m3(float v) {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(256);
+  static const absl::flat_hash_map<uint32_t, uint8_t> codes = [] {
+    absl::flat_hash_map<uint32_t, uint8_t> map;
     for (int b = 0; b < 256; ++b) {
       const uint8_t byte = static_cast<uint8_t>(b);
-      CLEAVE_CHECK_OK(model::dequantize(model::TensorType::kF8E4M3, &byte, 1, &t[b]));
+      float value = 0.0f;
+      CLEAVE_CHECK_OK(model::dequantize(model::TensorType::kF8E4M3, &byte, 1, &value));
+      if (value == value) map[absl::bit_cast<uint32_t>(value)] = byte;  // NaN has no key.
     }
-    return t;
+    return map;
   }();
-  for (int b = 0; b < 256; ++b) {
-    if (table[b] == v) return static_cast<uint8_t>(b);
-  }
+  if (auto it = codes.find(absl::bit_cast<uint32_t>(v)); it != codes.end()) return it->second;
   return absl::InvalidArgumentError(
       absl::StrCat("an NVFP4 group scale ", v, " is not an e4m3 value"));
 }
@@ -119,7 +122,8 @@ absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst,
   const cpu::WeightMatrix& src = m.source();
   const cpu::BlockScales& s = src.scales;
   const int64_t rows = m.rows(), cols = m.cols();
-  if (cols != dst.cols || first + rows > dst.rows)
+  if (cols != dst.cols || first + rows > dst.rows || index < 0 || index >= dst.experts ||
+      (dst.format == ExpertWeightFormat::kFp8Block128 && first % kFp8Block != 0))
     return absl::InvalidArgumentError(absl::StrCat(what, ": does not fit its GPU matrix"));
   if (dst.format != ExpertWeightFormat::kBf16 &&
       (nativeFormat(m) != dst.format || cols % columnAlignment(dst.format) != 0))

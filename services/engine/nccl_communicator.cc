@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <atomic>
 #include <set>
 
 #include "absl/base/thread_annotations.h"
@@ -26,6 +27,8 @@ struct NcclCommunicator::Group {
   absl::Mutex mu;
   std::vector<ncclComm_t> comms ABSL_GUARDED_BY(mu);
   bool aborted ABSL_GUARDED_BY(mu) = false;
+  std::atomic<bool> aborted_flag{false};  // The same, readable without the lock.
+  bool isAborted() const { return aborted_flag.load(std::memory_order_acquire); }
 };
 
 absl::StatusOr<std::vector<std::unique_ptr<NcclCommunicator>>> NcclCommunicator::createGroup(
@@ -84,12 +87,18 @@ NcclCommunicator::~NcclCommunicator() {
   cudaSetDevice(device_);
   if (scratch_) cudaFree(scratch_);
   if (stream_) cudaStreamDestroy(stream_);
-  bool aborted = false;
-  if (group_) {
-    absl::MutexLock lock(&group_->mu);
-    aborted = group_->aborted;
-  }
-  if (comm_ && !aborted) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  if (!group_) return;
+  absl::MutexLock lock(&group_->mu);
+  // Under the lock: an abort on another thread either freed it already or will skip it.
+  if (!group_->aborted && comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  group_->comms[rank_] = nullptr;
+}
+
+absl::Status NcclCommunicator::usable() const {
+  if (group_ && group_->isAborted())
+    return absl::FailedPreconditionError(
+        "the tensor-parallel group was aborted after a rank failed; it is not used again");
+  return absl::OkStatus();
 }
 
 absl::Status NcclCommunicator::finish(const char* op) {
@@ -97,6 +106,7 @@ absl::Status NcclCommunicator::finish(const char* op) {
 }
 
 absl::Status NcclCommunicator::allReduceSum(std::span<float> data) {
+  if (absl::Status s = usable(); !s.ok()) return s;
   if (absl::Status s = cuda::cudaStatus(cudaSetDevice(device_), "selecting a GPU"); !s.ok())
     return s;
   if (p2p_ != nullptr && static_cast<int64_t>(data.size_bytes()) <= p2p_->maxBytes()) {
@@ -120,7 +130,10 @@ void NcclCommunicator::abortGroup() {
   absl::MutexLock lock(&group_->mu);
   if (group_->aborted) return;
   group_->aborted = true;
-  for (ncclComm_t c : group_->comms) ncclCommAbort(c);
+  group_->aborted_flag.store(true, std::memory_order_release);
+  for (ncclComm_t c : group_->comms) {
+    if (c != nullptr) ncclCommAbort(c);
+  }
   CLEAVE_LOG(ERROR) << "tensor-parallel group aborted: a rank could not finish its step";
 }
 
@@ -136,6 +149,7 @@ absl::Status NcclCommunicator::orderP2p(cudaStream_t stream) {
 
 absl::Status NcclCommunicator::enqueueAllReduceBf16(void* data, int64_t count,
                                                     cudaStream_t stream) {
+  if (absl::Status s = usable(); !s.ok()) return s;
   if (p2p_ != nullptr && count * 2 <= p2p_->maxBytes()) {
     if (absl::Status s = orderP2p(stream); !s.ok()) return s;
     return p2p_->run(rank_, data, count, cuda::P2pAllReduce::Dtype::kBf16, stream);
@@ -147,6 +161,7 @@ absl::Status NcclCommunicator::enqueueAllReduceBf16(void* data, int64_t count,
 
 absl::Status NcclCommunicator::enqueueAllGather(const float* in, std::span<const int64_t> counts,
                                                 float* out, cudaStream_t stream) {
+  if (absl::Status s = usable(); !s.ok()) return s;
   if (static_cast<int>(counts.size()) != size_)
     return absl::InvalidArgumentError("all-gather: counts do not match the group");
   // Uneven counts: one broadcast per rank into its place, grouped into one launch.
@@ -176,6 +191,7 @@ absl::Status NcclCommunicator::allGather(std::span<const float> in, std::span<co
 }
 
 absl::Status NcclCommunicator::broadcast(std::span<std::byte> data, int root) {
+  if (absl::Status s = usable(); !s.ok()) return s;
   if (absl::Status s = cuda::cudaStatus(cudaSetDevice(device_), "selecting a GPU"); !s.ok())
     return s;
   if (absl::Status s = ncclStatus(ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8,

@@ -57,6 +57,9 @@ class NcclCommunicator : public Communicator {
   // released): for a rank that cannot finish its step, so its peers do not wait forever.
   // Every later collective of the group fails. Any rank's thread may call it.
   void abortGroup();
+  // FailedPrecondition once the group was aborted (every collective checks it first; a
+  // collective already past the check when another rank aborts fails inside NCCL).
+  absl::Status usable() const;
 
  private:
   NcclCommunicator() = default;
