@@ -332,9 +332,7 @@ absl::Status uploadInverseFrequencies(const model::ModelConfig& c, cpu::RopePair
                                       float* dst) {
   const cpu::Rope rope(c, pairing);
   const std::vector<float>& f = rope.inverseFrequencies();
-  return cuda::cudaStatus(
-      cudaMemcpy(dst, f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice),
-      "uploading rope frequencies");
+  return uploadBytes(dst, f.data(), f.size() * sizeof(float), "rope frequencies");
 }
 
 }  // namespace

@@ -20,11 +20,6 @@ namespace {
 using bf16 = __nv_bfloat16;
 using cuda::ExpertWeightFormat;
 
-absl::Status copyToDevice(void* dst, const void* src, size_t bytes, const char* what) {
-  return cuda::cudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice),
-                          absl::StrCat("uploading ", what));
-}
-
 }  // namespace
 
 absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const ShardDims& dims,
@@ -113,8 +108,8 @@ absl::Status uploadMoe(const MoeBlock& block, const CudaMoeShape& s, const CudaM
     return absl::InvalidArgumentError("a MoE layer's experts are not this rank's");
   CLEAVE_RETURN_IF_ERROR(uploadDequantized(block.router, dst.router, "the router"));
   if (dst.score_bias != nullptr)
-    CLEAVE_RETURN_IF_ERROR(copyToDevice(dst.score_bias, block.score_bias.data(),
-                                        block.score_bias.size() * 4, "the score bias"));
+    CLEAVE_RETURN_IF_ERROR(uploadBytes(dst.score_bias, block.score_bias.data(),
+                                       block.score_bias.size() * 4, "the score bias"));
   for (int64_t e = 0; e < s.experts(); ++e) {
     const MoeExpert& x = block.experts[e];
     CLEAVE_RETURN_IF_ERROR(uploadRows(x.gate, dst.gate_up, e, 0, "an expert's gate"));
@@ -158,8 +153,8 @@ absl::Status fillRandomMoe(const CudaMoeShape& s, const CudaMoeWeights& w, uint6
           cudaMemsetAsync(const_cast<uint8_t*>(x->group_scales), 0x30, n / 16, stream),
           "random NVFP4 scales"));
       const std::vector<float> rows(int64_t{x->experts} * x->rows, scale / 3.0f);
-      CLEAVE_RETURN_IF_ERROR(copyToDevice(const_cast<float*>(x->row_scales), rows.data(),
-                                          rows.size() * 4, "random NVFP4 row scales"));
+      CLEAVE_RETURN_IF_ERROR(uploadBytes(const_cast<float*>(x->row_scales), rows.data(),
+                                         rows.size() * 4, "random NVFP4 row scales"));
     } else {
       return absl::UnimplementedError("random FP8 expert weights are not built");
     }

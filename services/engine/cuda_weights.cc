@@ -33,11 +33,6 @@ int64_t columnAlignment(ExpertWeightFormat f) {
                                                : 1;
 }
 
-absl::Status copyToDevice(void* dst, const void* src, size_t bytes, const char* what) {
-  return cuda::cudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice),
-                          absl::StrCat("uploading ", what));
-}
-
 // The e4m3 byte of a value that is one (NVFP4 group scales are kept as exact floats): the
 // 256 codes' values keyed by their float bits, looked up once per group.
 absl::StatusOr<uint8_t> exactE4m3(float v) {
@@ -105,10 +100,15 @@ cuda::ExpertWeights placeWeights(Arena& arena, ExpertWeightFormat f, int64_t cou
   return w;
 }
 
+absl::Status uploadBytes(void* dst, const void* src, size_t bytes, const char* what) {
+  return cuda::cudaStatus(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice),
+                          absl::StrCat("uploading ", what));
+}
+
 absl::Status uploadBf16(const std::vector<float>& v, bf16* dst, const char* what) {
   std::vector<bf16> staged(v.size());
   for (size_t i = 0; i < v.size(); ++i) staged[i] = __float2bfloat16(v[i]);
-  return copyToDevice(dst, staged.data(), staged.size() * sizeof(bf16), what);
+  return uploadBytes(dst, staged.data(), staged.size() * sizeof(bf16), what);
 }
 
 absl::Status uploadDequantized(const cpu::CpuMatrix& m, bf16* dst, const char* what) {
@@ -135,7 +135,7 @@ absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst,
     case ExpertWeightFormat::kBf16:
       return uploadDequantized(m, reinterpret_cast<bf16*>(base) + first * cols, what);
     case ExpertWeightFormat::kFp8Block128: {
-      CLEAVE_RETURN_IF_ERROR(copyToDevice(base + first * cols, src.data, rows * cols, what));
+      CLEAVE_RETURN_IF_ERROR(uploadBytes(base + first * cols, src.data, rows * cols, what));
       // The slice's blocks of its whole matrix's grid (offsets are whole blocks).
       const int64_t grid_cols = cols / kFp8Block, grid_rows = (rows + kFp8Block - 1) / kFp8Block;
       std::vector<float> scales(grid_rows * grid_cols);
@@ -146,11 +146,10 @@ absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst,
       float* grid =
           const_cast<float*>(dst.block_scales) +
           (index * ((dst.rows + kFp8Block - 1) / kFp8Block) + first / kFp8Block) * grid_cols;
-      return copyToDevice(grid, scales.data(), scales.size() * 4, what);
+      return uploadBytes(grid, scales.data(), scales.size() * 4, what);
     }
     case ExpertWeightFormat::kNvfp4: {
-      CLEAVE_RETURN_IF_ERROR(
-          copyToDevice(base + first * cols / 2, src.data, rows * cols / 2, what));
+      CLEAVE_RETURN_IF_ERROR(uploadBytes(base + first * cols / 2, src.data, rows * cols / 2, what));
       std::vector<uint8_t> groups(rows * cols / 16);
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t g = 0; g < cols / 16; ++g) {
@@ -159,12 +158,12 @@ absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst,
               exactE4m3(s.data[(s.row_offset + r) * s.cols + s.col_offset / 16 + g]));
         }
       }
-      CLEAVE_RETURN_IF_ERROR(copyToDevice(
+      CLEAVE_RETURN_IF_ERROR(uploadBytes(
           const_cast<uint8_t*>(dst.group_scales) + (index * dst.rows + first) * (cols / 16),
           groups.data(), groups.size(), what));
       const std::vector<float> row_scales(rows, s.global);
-      return copyToDevice(const_cast<float*>(dst.row_scales) + index * dst.rows + first,
-                          row_scales.data(), rows * 4, what);
+      return uploadBytes(const_cast<float*>(dst.row_scales) + index * dst.rows + first,
+                         row_scales.data(), rows * 4, what);
     }
   }
   return absl::InternalError("unknown weight format");

@@ -42,6 +42,9 @@ cuda::ExpertWeights placeWeights(Arena& arena, cuda::ExpertWeightFormat format, 
 absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst, int64_t index,
                         int64_t first, const char* what);
 
+// `bytes` host bytes to device `dst`; errors name `what`.
+absl::Status uploadBytes(void* dst, const void* src, size_t bytes, const char* what);
+
 // Host floats, or any stored matrix dequantized, as bf16 at `dst`.
 absl::Status uploadBf16(const std::vector<float>& values, __nv_bfloat16* dst, const char* what);
 absl::Status uploadDequantized(const cpu::CpuMatrix& m, __nv_bfloat16* dst, const char* what);
