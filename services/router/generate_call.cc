@@ -24,10 +24,6 @@ grpc::Status error(grpc::StatusCode code, const std::string& message) { return {
 // How long a Release or Cancel may take once the client's call is over.
 constexpr auto kCleanupTimeout = std::chrono::seconds(5);
 
-// How long a request waits for a prefill worker when none is registered (they are all
-// restarting); past it, UNAVAILABLE says to start one.
-constexpr absl::Duration kPrefillPatience = absl::Seconds(20);
-
 // A context for a call to a worker, bounded by the client's deadline.
 std::unique_ptr<grpc::ClientContext> workerContext(std::chrono::system_clock::time_point deadline) {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -239,7 +235,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     const bool expired = std::chrono::system_clock::now() >= sequence.deadline;
     if (cancelled || expired) {
       v1::CancelRequest cancel;
-      cancel.set_request_id(id);
+      cancel.set_request_id(sequence.id);
       cancel.set_reason(cancelled ? "client cancelled" : "deadline");
       v1::CancelResponse response;
       auto ctx = workerContext(std::chrono::system_clock::now() + kCleanupTimeout);
@@ -275,6 +271,9 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                           << ") after " << completion_tokens << " tokens; placing it again";
       if (!worker_left) lost.push_back(worker.id);
       placed.reset();
+      // Workers know each placement by its own id: nothing a worker still holds of an
+      // earlier one can be taken for this one's.
+      sequence.id = absl::StrCat(id, ".", migrations);
       status = place(sequence, lost, placed);
       if (!status.ok()) return status;
       absl::StrAppend(&path, ", ", placed->admission.worker->id);
@@ -361,7 +360,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
       // No prefill worker at all (every one restarting): wait for one to register, as long
       // as a restart takes.
       if (!prefiller.ok() && failed.empty() &&
-          pool_.awaitPrefill(worker, sequence.deadline, sequence.cancelled, kPrefillPatience)) {
+          pool_.awaitPrefill(worker, sequence.deadline, sequence.cancelled)) {
         prefiller = pool_.pickPrefill(worker, tokens, failed);
       }
       if (!prefiller.ok()) {

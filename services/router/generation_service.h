@@ -77,7 +77,7 @@ class GenerationService final : public v1::Generation::Service {
 
   // A request's sequence as the workers see it.
   struct Sequence {
-    std::string id;                // The router's id for it, on every worker.
+    std::string id;  // Workers' id for its placement: the request's, then "<it>.<n>" after n moves.
     std::vector<uint32_t> tokens;  // The prompt, then every token sent to the client.
     int64_t remaining = 0;         // New tokens still allowed.
     int64_t blocks = 0;            // KV blocks for its whole life.

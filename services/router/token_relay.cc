@@ -111,7 +111,11 @@ void TokenRelay::read(Reader& reader) {
       absl::MutexLock lock(&mu_);
       for (v1::SequenceEvent& event : *message.mutable_events()) {
         auto it = mailboxes_.find(event.request_id());
-        if (it != mailboxes_.end()) it->second.mailbox->push(std::move(event));
+        // Only the worker the request is on now: a worker it left (and that registered
+        // again) may still send what it had queued for it.
+        if (it != mailboxes_.end() && it->second.worker_id == reader.worker->id) {
+          it->second.mailbox->push(std::move(event));
+        }
       }
     }
     grpc::Status status = stream->Finish();

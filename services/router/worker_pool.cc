@@ -258,14 +258,21 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
   absl::MutexLock lock(&mu_);
   int64_t largest = 0;
   bool any = false, draining = false;
-  for (const auto& [id, entry] : workers_) {
-    if (!entry.worker->servesDecode()) continue;
-    if (contains(exclude, id)) continue;
-    draining = draining || entry.draining;
-    if (entry.draining) continue;
-    any = true;
-    largest = std::max<int64_t>(largest, entry.worker->info.kv_capacity().total_blocks());
-  }
+  auto survey = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    largest = 0, any = false, draining = false;
+    for (const auto& [id, entry] : workers_) {
+      if (!entry.worker->servesDecode()) continue;
+      if (contains(exclude, id)) continue;
+      draining = draining || entry.draining;
+      if (entry.draining) continue;
+      any = true;
+      largest = std::max<int64_t>(largest, entry.worker->info.kv_capacity().total_blocks());
+    }
+    return any;
+  };
+  // No decode worker to use (every one restarting or draining): wait for one to register.
+  absl::Status ignored;
+  if (!survey()) waitUntil(survey, patienceDeadline(deadline), cancelled, ignored);
   if (!any) {
     return absl::UnavailableError(
         draining ? "every decode worker is draining (stopping); retry once a new one registers"
@@ -405,11 +412,15 @@ void WorkerPool::updateGauges() {
   }
 }
 
+std::chrono::system_clock::time_point WorkerPool::patienceDeadline(
+    std::chrono::system_clock::time_point deadline) const {
+  return std::min(deadline, std::chrono::system_clock::now() + options_.restart_patience);
+}
+
 bool WorkerPool::awaitPrefill(const Worker& decode, std::chrono::system_clock::time_point deadline,
-                              const std::function<bool()>& cancelled, absl::Duration patience) {
+                              const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
-  const auto give_up =
-      std::min(deadline, std::chrono::system_clock::now() + absl::ToChronoMilliseconds(patience));
+  const auto give_up = patienceDeadline(deadline);
   absl::Status why;
   return waitUntil(
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {

@@ -64,6 +64,9 @@ struct WorkerPoolOptions {
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds lease_timeout{5000};
   int64_t queue_capacity = 1024;
+  // How long a request waits, within its deadline, for a worker of a role none of which is
+  // registered (every one restarting) before it fails with Unavailable.
+  std::chrono::milliseconds restart_patience{20000};
   // Dropped on the next lease check (every 200 ms) when set.
   std::shared_ptr<LostWorkers> lost;
   // For the router's calls to workers (null: plaintext).
@@ -118,10 +121,10 @@ class WorkerPool {
   std::optional<ModelView> model() const;
 
   // Waits for a decode worker that can hold `blocks` blocks. Errors: Unavailable (no
-  // decode worker), InvalidArgument (no worker could ever hold it), ResourceExhausted (the
-  // queue is full), DeadlineExceeded, Cancelled (`cancelled` became true).
-  // Workers named in `exclude` (found unreachable by this request) are passed over.
-  // `client` (an API key's name; empty when keys are off) shares the queue fairly: the
+  // decode worker, after waiting up to the restart patience for one), InvalidArgument (no worker
+  // could ever hold it), ResourceExhausted (the queue is full), DeadlineExceeded, Cancelled
+  // (`cancelled` became true). Workers named in `exclude` (found unreachable by this request) are
+  // passed over. `client` (an API key's name; empty when keys are off) shares the queue fairly: the
   // waiting client admitted least recently goes next, its oldest request first.
   absl::StatusOr<Admission> admit(int64_t blocks, std::chrono::system_clock::time_point deadline,
                                   const std::function<bool()>& cancelled,
@@ -132,9 +135,9 @@ class WorkerPool {
   // Waits until a worker that can prefill for `decode` is registered (none draining: a
   // prefill worker, or `decode` itself when it has both roles): while every prefill worker
   // is restarting, a request waits for one instead of failing. False when `deadline`
-  // passes, `cancelled()` turns true, or `patience` runs out first.
+  // passes, `cancelled()` turns true, or the restart patience runs out first.
   bool awaitPrefill(const Worker& decode, std::chrono::system_clock::time_point deadline,
-                    const std::function<bool()>& cancelled, absl::Duration patience);
+                    const std::function<bool()>& cancelled);
 
   // The worker to prefill `tokens` prompt tokens for `decode`: the prefill worker with the
   // fewest outstanding prefill tokens (none of `exclude`), or `decode` itself when it has
@@ -167,6 +170,10 @@ class WorkerPool {
                  const std::function<bool()>& cancelled, absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void expire(std::stop_token stop);
+  // When a wait for a restarting worker gives up: the restart patience from now, or
+  // `deadline` if sooner.
+  std::chrono::system_clock::time_point patienceDeadline(
+      std::chrono::system_clock::time_point deadline) const;
   // admit() before its outcome is counted; sets `outcome` when the status code alone does
   // not say it.
   absl::StatusOr<Admission> admitOrWait(int64_t blocks,

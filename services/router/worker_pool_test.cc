@@ -40,7 +40,9 @@ v1::RegisterRequest worker(const std::string& id, v1::WorkerRole role, uint32_t 
 
 class WorkerPoolTest : public ::testing::Test {
  protected:
-  WorkerPool pool_{{.queue_capacity = 2}, [](auto) {}, [](const std::string&) {}};
+  WorkerPool pool_{{.queue_capacity = 2, .restart_patience = std::chrono::milliseconds(50)},
+                   [](auto) {},
+                   [](const std::string&) {}};
   std::chrono::system_clock::time_point soon(int ms = 2000) {
     return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
   }
@@ -265,29 +267,58 @@ TEST(WorkerPoolFairnessTest, ClientsTakeTurnsInTheQueue) {
 }
 
 TEST_F(WorkerPoolTest, AwaitingAPrefillWorkerEndsWhenOneRegistersOrPatienceRunsOut) {
+  WorkerPool pool(
+      {.restart_patience = std::chrono::seconds(5)}, [](auto) {}, [](const std::string&) {});
+  ASSERT_TRUE(pool.add(worker("d", v1::WORKER_ROLE_DECODE, 10, 4)).ok());
   ASSERT_TRUE(pool_.add(worker("d", v1::WORKER_ROLE_DECODE, 10, 4)).ok());
-  auto admission = pool_.admit(1, soon(), never);
+  auto admission = pool.admit(1, soon(), never);
   ASSERT_TRUE(admission.ok());
-  // None registered: patience ends the wait, before the deadline.
+  // None registered: patience (50 ms in pool_) ends the wait, before the deadline.
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_FALSE(pool_.awaitPrefill(*admission->worker, soon(5000), never, absl::Milliseconds(50)));
+  EXPECT_FALSE(pool_.awaitPrefill(*admission->worker, soon(5000), never));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
   // A cancelled request stops waiting at once.
-  EXPECT_FALSE(pool_.awaitPrefill(
-      *admission->worker, soon(5000), [] { return true; }, absl::Seconds(5)));
+  EXPECT_FALSE(pool.awaitPrefill(*admission->worker, soon(5000), [] { return true; }));
   // One registering while the request waits ends the wait with a worker to pick.
   std::thread registers([&] {
     // Usually lands while the request waits; earlier, the wait ends at once: true either way.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    EXPECT_TRUE(pool_.add(worker("p", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
+    EXPECT_TRUE(pool.add(worker("p", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
   });
-  EXPECT_TRUE(pool_.awaitPrefill(*admission->worker, soon(5000), never, absl::Seconds(5)));
+  EXPECT_TRUE(pool.awaitPrefill(*admission->worker, soon(5000), never));
   registers.join();
-  auto picked = pool_.pickPrefill(*admission->worker, 10);
+  auto picked = pool.pickPrefill(*admission->worker, 10);
   ASSERT_TRUE(picked.ok());
   EXPECT_EQ(picked->worker->id, "p");
-  pool_.releasePrefill(*picked);
-  pool_.release(*admission);
+  pool.releasePrefill(*picked);
+  pool.release(*admission);
+}
+
+TEST_F(WorkerPoolTest, AdmissionWaitsForADecodeWorkerWhileEveryOneRestarts) {
+  WorkerPool pool(
+      {.restart_patience = std::chrono::seconds(5)}, [](auto) {}, [](const std::string&) {});
+  ASSERT_TRUE(pool.add(worker("p", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
+  ASSERT_TRUE(pool.add(worker("gone", v1::WORKER_ROLE_DECODE, 10, 4)).ok());
+  // Only a worker this request found unreachable: patience (50 ms in pool_) ends the wait
+  // with Unavailable, before the deadline.
+  ASSERT_TRUE(pool_.add(worker("gone", v1::WORKER_ROLE_DECODE, 10, 4)).ok());
+  const auto start = std::chrono::steady_clock::now();
+  auto refused = pool_.admit(1, soon(5000), never, {"gone"});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  // A cancelled request stops waiting at once.
+  EXPECT_EQ(pool.admit(1, soon(5000), [] { return true; }, {"gone"}).status().code(),
+            absl::StatusCode::kUnavailable);
+  // A replacement registering while the request waits is where it is admitted.
+  std::thread registers([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(pool.add(worker("new", v1::WORKER_ROLE_DECODE, 10, 4)).ok());
+  });
+  auto admitted = pool.admit(1, soon(5000), never, {"gone"});
+  registers.join();
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_EQ(admitted->worker->id, "new");
+  pool.release(*admitted);
 }
 
 }  // namespace

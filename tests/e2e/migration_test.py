@@ -124,9 +124,14 @@ class MigrationTest(unittest.TestCase):
                     self.assertEqual(victim.proc.wait(30), 0, victim.log())
                 else:
                     victim.proc.wait()
-                killed = time.monotonic()
+                    # How long the router keeps the dead worker registered.
+                    killed = time.monotonic()
+                    while victim_id in [w.worker_id for w in stub.GetServerInfo(
+                            pb.GetServerInfoRequest(), timeout=5).workers]:
+                        self.assertLess(time.monotonic() - killed, 120, "never dropped")
+                        time.sleep(0.05)
+                    self.dropped_after_s = time.monotonic() - killed
                 results = [f.result() for f in futures]
-                self.after_kill_s = time.monotonic() - killed
             ct.wait_until_nothing_reserved(router, workers)
             return prompts, results, metric(port, "cleave_router_migrations_total")
         finally:
@@ -145,11 +150,13 @@ class MigrationTest(unittest.TestCase):
             self.assertEqual(final.usage.completion_tokens, MAX_NEW)
 
     def test_a_dead_worker_is_noticed_by_its_token_stream_before_its_lease_ends(self):
-        # A 60 s lease: the requests finish within it only if the broken token stream (its
-        # reopening refused) gets the worker dropped.
+        # A 60 s lease: the worker is dropped well within it only if the broken token stream
+        # (its reopening refused) gets it dropped.
         prompts, results, migrations = self.run_with_a_kill(max_migrations=3, lease_ms=60000)
+        print(f"\nthe dead worker was dropped {self.dropped_after_s:.2f} s after its death "
+              f"(lease 60 s)")
         self.assertGreater(migrations, 0)
-        self.assertLess(self.after_kill_s, 30)
+        self.assertLess(self.dropped_after_s, 30)
         for prompt, result in zip(prompts, results):
             self.assertNotIsInstance(result, grpc.RpcError, prompt)
             self.assertEqual(result[0], offline(prompt), prompt)
