@@ -12,7 +12,8 @@
 // bandwidth.
 //
 // Run: build/default/bin/bench_engine [MODEL.gguf] [--threads N] [--reps R] [--tp N]
-//                                     [--context POSITIONS] [--bandwidth BYTES_PER_S]
+//                                     [--context POSITIONS] [--kv-dtype f32|bf16|fp8]
+//                                     [--bandwidth BYTES_PER_S]
 //                                     [--flops WEIGHT_FLOPS_PER_S] [--attention-flops F]
 // The last three replace the measured values (to compute floors against a worker's).
 #include <algorithm>
@@ -47,7 +48,8 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int reps = 5;
   int tp = 1;
-  int context = 128;         // Positions each decoding sequence holds.
+  int context = 128;  // Positions each decoding sequence holds.
+  cpu::KvType kv_type = cpu::KvType::kF32;
   roofline::Hardware given;  // Values given on the command line replace measured ones.
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -58,6 +60,8 @@ int main(int argc, char** argv) {
       tp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--context") && i + 1 < argc)
       context = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--kv-dtype") && i + 1 < argc)
+      kv_type = cpu::parseKvType(argv[++i]).value();
     else if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc)
       given.bandwidth = std::atof(argv[++i]);
     else if (!std::strcmp(argv[i], "--flops") && i + 1 < argc)
@@ -67,7 +71,7 @@ int main(int argc, char** argv) {
     else
       path = argv[i];
   }
-  auto group = engine::TpGroup::load(path, {.tp = tp, .threads = threads});
+  auto group = engine::TpGroup::load(path, {.tp = tp, .threads = threads, .kv_type = kv_type});
   if (!group.ok()) {
     std::fprintf(stderr, "bench_engine: %s\n", std::string(group.status().message()).c_str());
     return 1;
@@ -90,13 +94,13 @@ int main(int argc, char** argv) {
                                 .attended = attended,
                                 .kv_positions = kv_positions,
                                 .weight_bytes = weight_bytes,
-                                .bytes_per_kv = 4})
+                                .bytes_per_kv = static_cast<double>(cpu::kvElementBytes(kv_type))})
         .value();
   };
   std::printf(
-      "model %s: %.1f MB of weights read per step; %d threads, tp %d; measured read bandwidth "
-      "%.1f GB/s\n",
-      path.c_str(), weight_bytes / 1e6, threads, tp, hw.bandwidth / 1e9);
+      "model %s: %.1f MB of weights read per step; %d threads, tp %d, %s KV cache; measured "
+      "read bandwidth %.1f GB/s\n",
+      path.c_str(), weight_bytes / 1e6, threads, tp, cpu::kvTypeName(kv_type), hw.bandwidth / 1e9);
   std::printf("SIMD peak: %.0f GOP/s for the weights' products (%s), f32 %.0f GFLOP/s\n",
               hw.peak_flops / 1e9,
               quantized && hw.peak_flops != hw.attention_flops ? "int8 VNNI" : "f32",

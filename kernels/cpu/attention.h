@@ -1,7 +1,8 @@
 // Causal multi-head attention with grouped KV heads over a paged KV cache.
 //
 // Keys and values live in fixed-size blocks of `block_size` positions, head-major inside a
-// block: [kv_heads][block_size][head_dim] floats, so one head's part of a block is
+// block: [kv_heads][block_size][head_dim] elements of `kv_type` (kv_format.h; e4m3 keys and
+// values are multiplied by k_scale and v_scale), so one head's part of a block is
 // contiguous (what a KV transfer between different TP layouts moves). Token t of the
 // batch belongs to a sequence whose blocks are listed in block_tables[t] (block j holds the
 // sequence's positions [j * block_size, (j + 1) * block_size)); it attends to positions
@@ -15,6 +16,7 @@
 
 #include <cstdint>
 
+#include "kernels/cpu/kv_format.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace cleave::cpu {
@@ -25,8 +27,11 @@ struct AttentionArgs {
   int64_t tokens = 0;
   const int32_t* positions = nullptr;            // [tokens]
   const int32_t* const* block_tables = nullptr;  // [tokens] -> the token's sequence's blocks
-  const float* k_pool = nullptr;                 // [blocks, kv_heads, block_size, head_dim]
-  const float* v_pool = nullptr;
+  const void* k_pool = nullptr;                  // [blocks, kv_heads, block_size, head_dim]
+  const void* v_pool = nullptr;
+  KvType kv_type = KvType::kF32;
+  float k_scale = 1.0f;  // kFp8E4M3 only.
+  float v_scale = 1.0f;
   int64_t block_size = 16;
   int64_t heads = 0;
   int64_t kv_heads = 0;

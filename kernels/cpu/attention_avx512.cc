@@ -1,67 +1,46 @@
-// Attention for one (token, KV head) with AVX-512: the query heads sharing the KV head are
-// processed together, so each key and value row is loaded once for the whole group instead
-// of once per query head. Head-major blocks keep a head's positions contiguous.
+// The attention kernel (attention_group.h) on 16 AVX-512 lanes.
 #include <immintrin.h>
 
-#include <algorithm>
-#include <vector>
-
+#include "kernels/cpu/attention_group.h"
 #include "kernels/cpu/attention_kernels.h"
-#include "kernels/cpu/elementwise.h"
 
 namespace cleave::cpu::kernels {
+namespace {
+
+struct Avx512 {
+  using V = __m512;
+  static constexpr int64_t kLanes = 16;
+  static constexpr int64_t kAccumulators = 16;  // Of 32 registers.
+  static V zero() { return _mm512_setzero_ps(); }
+  static V set1(float f) { return _mm512_set1_ps(f); }
+  static V loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  template <KvType kType>
+  static V load(const uint8_t* p) {
+    if constexpr (kType == KvType::kF32) {
+      return _mm512_loadu_ps(p);
+    } else if constexpr (kType == KvType::kBf16) {
+      const __m512i wide =
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+    } else {
+      const __m256i codes =
+          _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      const __m256i magnitude =
+          _mm256_slli_epi16(_mm256_and_si256(codes, _mm256_set1_epi16(0x7F)), 7);
+      const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(codes, _mm256_set1_epi16(0x80)), 8);
+      return _mm512_cvtph_ps(_mm256_or_si256(magnitude, sign));
+    }
+  }
+};
+
+}  // namespace
 
 void attentionGroupAvx512(const AttentionArgs& a, int64_t t, int64_t kvh) {
-  const int64_t group = a.heads / a.kv_heads;
-  const int64_t d = a.head_dim, nv = d / 16, bs = a.block_size;
-  const int64_t context = a.positions[t] + 1;
-  const int32_t* table = a.block_tables[t];
-  const int64_t head_block = bs * d;
-  thread_local std::vector<float> scores;
-  scores.resize(group * context);
-  const float* q = a.q + t * a.ldq + kvh * group * d;  // The group's heads are adjacent.
-
-  for (int64_t j0 = 0; j0 < context; j0 += bs) {
-    const float* kb = a.k_pool + (table[j0 / bs] * a.kv_heads + kvh) * head_block;
-    const int64_t n = std::min(bs, context - j0);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* k = kb + j * d;
-      for (int64_t g = 0; g < group; ++g) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int64_t v = 0; v < nv; ++v) {
-          acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * d + 16 * v), _mm512_loadu_ps(k + 16 * v),
-                                acc);
-        }
-        scores[g * context + j0 + j] = _mm512_reduce_add_ps(acc) * a.scale;
-      }
-    }
-  }
-  softmax(scores.data(), context, group, context);
-
-  // Heads in chunks whose accumulators fit in registers.
-  const int64_t chunk = std::max<int64_t>(1, 16 / nv);
-  for (int64_t g0 = 0; g0 < group; g0 += chunk) {
-    const int64_t heads = std::min(chunk, group - g0);
-    __m512 acc[16];
-    for (int64_t i = 0; i < heads * nv; ++i) acc[i] = _mm512_setzero_ps();
-    for (int64_t j0 = 0; j0 < context; j0 += bs) {
-      const float* vb = a.v_pool + (table[j0 / bs] * a.kv_heads + kvh) * head_block;
-      const int64_t n = std::min(bs, context - j0);
-      for (int64_t j = 0; j < n; ++j) {
-        const float* row = vb + j * d;
-        for (int64_t h = 0; h < heads; ++h) {
-          const __m512 p = _mm512_set1_ps(scores[(g0 + h) * context + j0 + j]);
-          for (int64_t v = 0; v < nv; ++v) {
-            acc[h * nv + v] = _mm512_fmadd_ps(p, _mm512_loadu_ps(row + 16 * v), acc[h * nv + v]);
-          }
-        }
-      }
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      float* out = a.out + t * a.ldo + (kvh * group + g0 + h) * d;
-      for (int64_t v = 0; v < nv; ++v) _mm512_storeu_ps(out + 16 * v, acc[h * nv + v]);
-    }
-  }
+  attentionGroupFor<Avx512>(a, t, kvh);
 }
 
 }  // namespace cleave::cpu::kernels

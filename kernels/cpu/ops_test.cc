@@ -6,10 +6,17 @@
 #include <cmath>
 #include <random>
 
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "common/model/dequant_kernels.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/kv_format.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/vector_ops.h"
+#include "nlohmann/json.hpp"
 
 namespace cleave::cpu {
 namespace {
@@ -132,18 +139,28 @@ TEST(RopeTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
   EXPECT_FALSE(ropeSupported({.type = "yarn"}).ok());
 }
 
-TEST(AttentionTest, PagedCausalGqaMatchesFloat64) {
-  std::mt19937 rng(17);
-  const int64_t heads = 6, kv_heads = 2, d = 16, block_size = 4, tokens = 4;
+// Paged causal GQA attention over a cache of `type` (e4m3 with scales 0.5 for keys and 2
+// for values) against float64 over the values the cache holds (decoded).
+void checkPagedAttention(KvType type, int64_t d) {
+  std::mt19937 rng(17 + static_cast<int>(type) + static_cast<int>(d));
+  const int64_t heads = 6, kv_heads = 2, block_size = 4, tokens = 4;
   const int64_t row = kv_heads * d, pool_blocks = 9;
   // Two sequences scattered over the pool: A owns blocks 7, 2, 5, 0 (13 positions), B
   // blocks 3, 8 (6 positions). Tokens 0, 1 are A's positions 3, 12; tokens 2, 3 are B's 4, 5.
   const std::vector<int32_t> table_a = {7, 2, 5, 0}, table_b = {3, 8};
   const std::vector<int32_t> positions = {3, 12, 4, 5};
   const int32_t* tables[] = {table_a.data(), table_a.data(), table_b.data(), table_b.data()};
+  const float k_scale = 0.5f, v_scale = 2.0f;
   std::vector<float> q = randomVector(tokens * heads * d, rng);
   std::vector<float> k = randomVector(pool_blocks * block_size * row, rng);
   std::vector<float> v = randomVector(pool_blocks * block_size * row, rng);
+  // The cache as stored, and the values it holds.
+  const int64_t n = static_cast<int64_t>(k.size()), bytes = kvElementBytes(type);
+  std::vector<uint8_t> k_stored(n * bytes), v_stored(n * bytes);
+  encodeKv(type, k.data(), n, k_scale, k_stored.data());
+  encodeKv(type, v.data(), n, v_scale, v_stored.data());
+  decodeKv(type, k_stored.data(), n, k_scale, k.data());
+  decodeKv(type, v_stored.data(), n, v_scale, v.data());
   std::vector<float> out(tokens * heads * d, std::nanf(""));
   ThreadPool pool(2);
   const float scale = 0.25f;
@@ -152,8 +169,11 @@ TEST(AttentionTest, PagedCausalGqaMatchesFloat64) {
              .tokens = tokens,
              .positions = positions.data(),
              .block_tables = tables,
-             .k_pool = k.data(),
-             .v_pool = v.data(),
+             .k_pool = k_stored.data(),
+             .v_pool = v_stored.data(),
+             .kv_type = type,
+             .k_scale = k_scale,
+             .v_scale = v_scale,
              .block_size = block_size,
              .heads = heads,
              .kv_heads = kv_heads,
@@ -182,10 +202,60 @@ TEST(AttentionTest, PagedCausalGqaMatchesFloat64) {
       for (int64_t e = 0; e < d; ++e) {
         double ref = 0;
         for (int64_t j = 0; j <= positions[t]; ++j) ref += p[j] / total * rowAt(v, j, kvh)[e];
-        ASSERT_NEAR(out[(t * heads + h) * d + e], ref, 1e-5) << t << " " << h << " " << e;
+        ASSERT_NEAR(out[(t * heads + h) * d + e], ref, 1e-5)
+            << kvTypeName(type) << " d " << d << ": " << t << " " << h << " " << e;
       }
     }
   }
+}
+
+// head_dim 16 and 64 take the widest SIMD kernel the machine has, 8 the AVX2 one (where
+// there is AVX2), 12 the portable one.
+TEST(AttentionTest, PagedCausalGqaMatchesFloat64ForEveryCacheType) {
+  for (KvType type : {KvType::kF32, KvType::kBf16, KvType::kFp8E4M3}) {
+    for (int64_t d : {8, 12, 16, 64}) checkPagedAttention(type, d);
+  }
+}
+
+// Codes as ml_dtypes rounds (tests/golden/gen_kv_format.py): nearest, ties to even.
+TEST(KvFormatTest, EncodesAsTheReferenceRounds) {
+  std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/kv_format/codes.json");
+  ASSERT_TRUE(in) << "missing golden: run tests/golden/gen_kv_format.py";
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  const auto& bits = golden["input_bits"];
+  ASSERT_GT(bits.size(), 1000u);
+  int subnormal = 0;
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const uint32_t b = bits[i].get<uint32_t>();
+    float x;
+    std::memcpy(&x, &b, sizeof(x));
+    ASSERT_EQ(floatToBf16(x), golden["bf16"][i].get<uint16_t>()) << x;
+    ASSERT_EQ(floatToE4m3(x), golden["e4m3"][i].get<uint8_t>()) << x;
+    subnormal += (golden["e4m3"][i].get<uint8_t>() & 0x78) == 0;
+  }
+  EXPECT_GT(subnormal, 100);  // The subnormal range is covered.
+}
+
+TEST(KvFormatTest, E4m3SaturatesAndKeepsNan) {
+  EXPECT_EQ(floatToE4m3(448.0f), 0x7E);
+  EXPECT_EQ(floatToE4m3(465.0f), 0x7E);
+  EXPECT_EQ(floatToE4m3(-1e9f), 0xFE);
+  EXPECT_EQ(floatToE4m3(std::numeric_limits<float>::infinity()), 0x7E);
+  EXPECT_EQ(floatToE4m3(std::nanf("")) & 0x7F, 0x7F);
+  EXPECT_TRUE(std::isnan(model::dequant::bf16ToFloat(floatToBf16(std::nanf("")))));
+  // encodeKv divides by the scale; decodeKv multiplies.
+  const float x[3] = {3.0f, -100.0f, 0.01f};
+  uint8_t codes[3];
+  float back[3];
+  encodeKv(KvType::kFp8E4M3, x, 3, 0.25f, codes);
+  EXPECT_EQ(codes[0], floatToE4m3(12.0f));
+  EXPECT_EQ(codes[1], 0xFC);  // -400: halfway between -384 and -416, to the even -384.
+  decodeKv(KvType::kFp8E4M3, codes, 3, 0.25f, back);
+  EXPECT_EQ(back[0], 3.0f);
+  EXPECT_NEAR(back[2], 0.01f, 0.01f * 0.07f);
+  EXPECT_EQ(parseKvType("fp8").value(), KvType::kFp8E4M3);
+  EXPECT_EQ(parseKvType("bf16").value(), KvType::kBf16);
+  EXPECT_FALSE(parseKvType("int8").ok());
 }
 
 }  // namespace

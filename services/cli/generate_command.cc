@@ -92,6 +92,7 @@ int runGenerate(int argc, char** argv) {
   int64_t tp = 1;
   std::string backend = "cpu";
   std::string moe_split = "experts";
+  std::string kv_dtype = "auto";
   std::string router;
   bool print_ids = false;
   bool chat = true;
@@ -117,6 +118,9 @@ int runGenerate(int argc, char** argv) {
   flags.addString("backend", &backend,
                   "Where the model runs: cpu, or cuda (rank r on GPU r, --tp of them)");
   flags.addInt("context", &context, "Context length to reserve (prompt + output)");
+  flags.addString("kv-dtype", &kv_dtype,
+                  "KV cache element type: f32, bf16 or fp8 (e4m3); auto: f32 on the CPU, bf16 "
+                  "on the GPU");
   flags.addBool("chat", &chat,
                 "Wrap PROMPT as a user turn of the model's chat format (--no-chat: raw text)");
   flags.addDouble("temperature", &temperature, "Sampling temperature (0: greedy)");
@@ -164,10 +168,23 @@ int runGenerate(int argc, char** argv) {
   }
   auto split = engine::parseMoeSplit(moe_split);
   if (!split.ok()) exitWithUsageError(flags, split.status());
+  auto kv_type = cpu::parseKvType(kv_dtype != "auto"  ? kv_dtype
+                                  : backend == "cuda" ? "bf16"
+                                                      : "f32");
+  if (!kv_type.ok()) {
+    exitWithUsageError(flags, absl::InvalidArgumentError(
+                                  absl::StrCat("--kv-dtype: ", kv_type.status().message())));
+  }
   engine::StepBackendFactory step_backend;
   if (backend == "cuda") {
+    if (*kv_type == cpu::KvType::kF32) {
+      exitWithUsageError(flags, absl::InvalidArgumentError(
+                                    "--kv-dtype: the GPU stores its KV cache as bf16 or fp8"));
+    }
 #if CLEAVE_HAVE_CUDA
-    step_backend = engine::cudaStepBackend({});
+    step_backend = engine::cudaStepBackend({.kv_dtype = *kv_type == cpu::KvType::kFp8E4M3
+                                                            ? cuda::KvDtype::kFp8E4M3
+                                                            : cuda::KvDtype::kBf16});
 #else
     return fail(absl::UnimplementedError(
         "this build has no CUDA backend: configure with -DCLEAVE_CUDA=ON where nvcc exists"));
@@ -183,6 +200,7 @@ int runGenerate(int argc, char** argv) {
   auto group = engine::TpGroup::load(model, {.tp = static_cast<int>(tp),
                                              .moe_split = *split,
                                              .threads = static_cast<int>(threads),
+                                             .kv_type = *kv_type,
                                              .on_progress = engine::showLoadProgress(progress),
                                              .backend = step_backend});
   progress.finish();

@@ -80,7 +80,7 @@ void stopAll(std::vector<Child>& children) {
 }  // namespace
 
 int runUp(int argc, char** argv) {
-  std::string model, listen = "127.0.0.1:50051", ready_file;
+  std::string model, listen = "127.0.0.1:50051", ready_file, kv_dtype = "f32";
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
   int64_t target = 16, planned = 2048, timeout_s = 300;
   uint64_t budget = 0;
@@ -99,6 +99,7 @@ int runUp(int argc, char** argv) {
   flags.addInt("target-concurrency", &target, "Each decode worker's target concurrency");
   flags.addInt("planned-seq-len", &planned, "Sequence length the KV plans must hold");
   flags.addBytes("memory-budget", &budget, "Each worker's memory budget (0: what the plan needs)");
+  flags.addString("kv-dtype", &kv_dtype, "Every worker's KV cache element type: f32, bf16 or fp8");
   flags.addString("ready-file", &ready_file,
                   "When everything serves, write the router's ports here (JSON)");
   flags.addInt("startup-timeout-s", &timeout_s, "Give up when not serving within this");
@@ -160,7 +161,8 @@ int runUp(int argc, char** argv) {
                                        absl::StrCat("--tp=", tp),
                                        absl::StrCat("--target-concurrency=", target),
                                        absl::StrCat("--planned-seq-len=", planned),
-                                       absl::StrCat("--memory-budget=", budget)};
+                                       absl::StrCat("--memory-budget=", budget),
+                                       "--kv-dtype=" + kv_dtype};
       if (threads > 0) args.push_back(absl::StrCat("--threads=", threads));
       children.push_back(child);
       if (absl::Status s = spawn(children.back(), args); !s.ok()) return s;

@@ -1,7 +1,9 @@
 // The key and value rows of one rank's share of the paged KV cache, in one allocation (so
 // a KV transport registers it once):
 //
-//   [layer][K, V][block][kv head of this rank][position in the block][head_dim]   floats
+//   [layer][K, V][block][kv head of this rank][position in the block][head_dim]
+//
+// in one element type (f32, bf16 or e4m3: cpu::KvType).
 //
 // One head's part of one block of one layer's keys is contiguous (block_size * head_dim
 // floats), and so is any run of consecutive heads: what a transfer between workers with
@@ -15,6 +17,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/cpu/kv_format.h"
+
 namespace cleave::engine {
 
 struct KvStorageOptions {
@@ -23,6 +27,7 @@ struct KvStorageOptions {
   int64_t head_dim = 0;
   int64_t block_size = 16;
   int64_t num_blocks = 0;
+  cpu::KvType type = cpu::KvType::kF32;
 };
 
 class KvStorage {
@@ -39,28 +44,28 @@ class KvStorage {
   }
   // Bytes of all layers' keys and values.
   int64_t bytes() const;
-  uint8_t* data() { return reinterpret_cast<uint8_t*>(data_.get()); }
+  uint8_t* data() { return data_.get(); }
+  cpu::KvType type() const { return options_.type; }
 
-  // Layer `layer`'s keys (values): [block][kv head][position][head_dim].
-  float* keys(int64_t layer) { return data_.get() + (2 * layer) * poolFloats(); }
-  float* values(int64_t layer) { return data_.get() + (2 * layer + 1) * poolFloats(); }
+  // Layer `layer`'s keys (values): [block][kv head][position][head_dim] elements.
+  uint8_t* keys(int64_t layer) { return data_.get() + (2 * layer) * poolBytes(); }
+  uint8_t* values(int64_t layer) { return data_.get() + (2 * layer + 1) * poolBytes(); }
   // Byte offset in data() of heads [head, ...) of `block` of layer `layer`'s keys
   // (kv = 0) or values (kv = 1); one head's part of a block is headBlockBytes() long.
   int64_t offset(int64_t layer, int kv, int64_t block, int64_t head) const;
   int64_t headBlockBytes() const {
-    return options_.block_size * options_.head_dim * static_cast<int64_t>(sizeof(float));
+    return options_.block_size * options_.head_dim * cpu::kvElementBytes(options_.type);
   }
 
  private:
-  int64_t poolFloats() const {
-    return options_.num_blocks * options_.kv_heads * options_.block_size * options_.head_dim;
-  }
+  // Bytes of one layer's keys (or values).
+  int64_t poolBytes() const { return options_.num_blocks * options_.kv_heads * headBlockBytes(); }
   struct Free {
-    void operator()(float* p) const;
+    void operator()(uint8_t* p) const;
   };
 
   KvStorageOptions options_;
-  std::unique_ptr<float, Free> data_;
+  std::unique_ptr<uint8_t, Free> data_;
 };
 
 }  // namespace cleave::engine

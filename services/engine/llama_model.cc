@@ -12,6 +12,11 @@
 namespace cleave::engine {
 namespace {
 
+// e4m3 caches hold keys and values unscaled (as the GPU model does, and as checkpoints
+// without KV scales are served elsewhere): these models' keys and values stay far inside
+// e4m3's +-448.
+constexpr float kKvScale = 1.0f;
+
 void checkedMatmul(const cpu::CpuMatrix& w, const float* x, int64_t ldx, int64_t tokens, float* y,
                    int64_t ldy, cpu::ThreadPool& pool) {
   // Shapes are fixed at load; a failure here is a broken invariant, not bad input.
@@ -181,16 +186,21 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
       rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles_, begin);
       rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles_, begin);
     });
-    float* keys = cache.keys(static_cast<int64_t>(l));
-    float* values = cache.values(static_cast<int64_t>(l));
-    // Each head's row goes to its place in the block: [block][head][position][head_dim].
+    uint8_t* keys = cache.keys(static_cast<int64_t>(l));
+    uint8_t* values = cache.values(static_cast<int64_t>(l));
+    // Each head's row goes to its place in the block ([block][head][position][head_dim]),
+    // in the cache's element type.
+    const cpu::KvType kv_type = cache.type();
+    const int64_t element = cpu::kvElementBytes(kv_type);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t block = tables_[i][positions_[i] / block_size];
       const int64_t slot = positions_[i] % block_size;
       for (int64_t h = 0; h < kv_heads; ++h) {
-        const int64_t at = ((block * kv_heads + h) * block_size + slot) * head_dim;
-        std::memcpy(keys + at, k_.data() + i * kv_dim + h * head_dim, head_dim * sizeof(float));
-        std::memcpy(values + at, v_.data() + i * kv_dim + h * head_dim, head_dim * sizeof(float));
+        const int64_t at = ((block * kv_heads + h) * block_size + slot) * head_dim * element;
+        cpu::encodeKv(kv_type, k_.data() + i * kv_dim + h * head_dim, head_dim, kKvScale,
+                      keys + at);
+        cpu::encodeKv(kv_type, v_.data() + i * kv_dim + h * head_dim, head_dim, kKvScale,
+                      values + at);
       }
     }
     cpu::attention({.q = q_.data(),
@@ -200,6 +210,9 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
                     .block_tables = tables_.data(),
                     .k_pool = keys,
                     .v_pool = values,
+                    .kv_type = kv_type,
+                    .k_scale = kKvScale,
+                    .v_scale = kKvScale,
                     .block_size = block_size,
                     .heads = heads,
                     .kv_heads = kv_heads,

@@ -121,6 +121,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
   }
   if (options.tp > 1) group->threads_ = std::make_unique<Threads>(options.tp);
   group->backend_factory_ = options.backend;
+  group->kv_type_ = options.kv_type;
   GlooRendezvous rendezvous(options.tp);
   SharedMemoryGroup shared(options.tp);
   const int threads_per_rank = std::max(1, options.threads / options.tp);
@@ -183,7 +184,8 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
                          .kv_heads = w.dims.kv_heads.size,
                          .head_dim = w.config.head_dim,
                          .block_size = block_size,
-                         .num_blocks = num_blocks});
+                         .num_blocks = num_blocks,
+                         .type = kv_type_});
     return absl::OkStatus();
   });
 }
@@ -220,7 +222,7 @@ model::TensorType TpGroup::weightType() const { return ranks_[0]->weights->layer
 int64_t TpGroup::kvBlockBytes(int rank) const {
   const LlamaWeights& w = *ranks_[rank]->weights;
   return 2 * static_cast<int64_t>(w.layers.size()) * w.dims.kv_heads.size * w.config.head_dim *
-         block_size_ * static_cast<int64_t>(sizeof(float));
+         block_size_ * cpu::kvElementBytes(kv_type_);
 }
 
 }  // namespace cleave::engine

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
 #include "common/progress.h"
+#include "kernels/cpu/kv_format.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/step_backend.h"
 
@@ -51,6 +52,8 @@ struct TpGroupOptions {
   MoeSplit moe_split = MoeSplit::kExperts;
   // CPU threads for the whole group, split evenly between the ranks (at least one each).
   int threads = 1;
+  // The KV cache's element type (CPU model; a backend stores its own).
+  cpu::KvType kv_type = cpu::KvType::kF32;
   // Called as layers load (from one rank thread at a time), e.g. for a progress line.
   std::function<void(const LoadProgress&)> on_progress;
   // Set: steps run on these backends (one per rank, made by allocateKv), which hold the KV
@@ -80,6 +83,7 @@ class TpGroup {
   int tp() const { return static_cast<int>(ranks_.size()); }
   int64_t numBlocks() const { return num_blocks_; }
   int64_t blockSize() const { return block_size_; }
+  cpu::KvType kvType() const { return kv_type_; }
   // Weight bytes rank `rank` streams per step, and its KV bytes per block.
   int64_t weightBytes(int rank) const;
   int64_t kvBlockBytes(int rank) const;
@@ -103,6 +107,7 @@ class TpGroup {
   std::vector<std::unique_ptr<StepBackend>> backends_;  // one per rank
   int64_t num_blocks_ = 0;
   int64_t block_size_ = 16;
+  cpu::KvType kv_type_ = cpu::KvType::kF32;
   std::span<const float> logits_;
 };
 

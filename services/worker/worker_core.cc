@@ -332,14 +332,14 @@ std::optional<double> WorkerCore::floorOf(const StepReport& report) const {
   // The ranks share this machine: the floor of the whole group's bytes and FLOPs.
   double weight_bytes = 0;
   for (int r = 0; r < model_.tp(); ++r) weight_bytes += static_cast<double>(model_.weightBytes(r));
-  absl::StatusOr<roofline::Terms> floor =
-      roofline::stepFloor(model_.config(), *options_.hardware,
-                          {.sequences = report.batch_size,
-                           .new_tokens = report.work.tokens,
-                           .attended = report.work.attended,
-                           .kv_positions = report.work.kv_positions,
-                           .weight_bytes = weight_bytes,
-                           .bytes_per_kv = 4});
+  absl::StatusOr<roofline::Terms> floor = roofline::stepFloor(
+      model_.config(), *options_.hardware,
+      {.sequences = report.batch_size,
+       .new_tokens = report.work.tokens,
+       .attended = report.work.attended,
+       .kv_positions = report.work.kv_positions,
+       .weight_bytes = weight_bytes,
+       .bytes_per_kv = static_cast<double>(cpu::kvElementBytes(model_.kvType()))});
   if (!floor.ok()) return std::nullopt;
   return floor->floor_seconds;
 }

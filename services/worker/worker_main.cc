@@ -42,14 +42,24 @@ constexpr int64_t kMaxBatchTokens = 512;
   std::exit(1);
 }
 
-v1::KvLayout kvLayout(const model::ModelConfig& c) {
+v1::KvDtype kvDtype(cpu::KvType type) {
+  switch (type) {
+    case cpu::KvType::kF32: return v1::KV_DTYPE_F32;
+    case cpu::KvType::kBf16: return v1::KV_DTYPE_BF16;
+    case cpu::KvType::kFp8E4M3: return v1::KV_DTYPE_FP8_E4M3;
+  }
+  return v1::KV_DTYPE_UNSPECIFIED;
+}
+
+v1::KvLayout kvLayout(const model::ModelConfig& c, cpu::KvType type) {
   v1::KvLayout layout;
-  layout.set_dtype(v1::KV_DTYPE_F32);
+  layout.set_dtype(kvDtype(type));
   layout.set_block_size(static_cast<uint32_t>(kBlockSize));
   layout.set_num_layers(c.num_layers);
   layout.set_num_kv_heads(c.num_kv_heads);
   layout.set_head_dim(c.head_dim);
-  layout.set_bytes_per_block(2ull * c.num_layers * c.num_kv_heads * kBlockSize * c.head_dim * 4);
+  layout.set_bytes_per_block(2ull * c.num_layers * c.num_kv_heads * kBlockSize * c.head_dim *
+                             cpu::kvElementBytes(type));
   return layout;
 }
 
@@ -71,7 +81,7 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
   model->set_sha256(sha256);
   model->set_vocab_size(c.vocab_size);
   model->set_context_length(c.max_position_embeddings);
-  *r.mutable_kv_layout() = kvLayout(c);
+  *r.mutable_kv_layout() = kvLayout(c, group.kvType());
   v1::KvCapacity* capacity = r.mutable_kv_capacity();
   const bool decodes = role != Role::kPrefill;
   capacity->set_total_blocks(decodes ? static_cast<uint32_t>(group.numBlocks()) : 0);
@@ -128,6 +138,7 @@ int run(int argc, char** argv) {
                                      {.tp = static_cast<int>(options.tp),
                                       .moe_split = *engine::parseMoeSplit(options.moe_split),
                                       .threads = threads_per_rank * static_cast<int>(options.tp),
+                                      .kv_type = *cpu::parseKvType(options.kv_dtype),
                                       .on_progress = engine::showLoadProgress(progress)});
   progress.finish();
   if (!group.ok()) die(group.status());
@@ -140,7 +151,7 @@ int run(int argc, char** argv) {
                                      .planned_seq_len = options.planned_seq_len,
                                      .max_batch_tokens = kMaxBatchTokens,
                                      .block_size = kBlockSize,
-                                     .kv_element_bytes = 4,
+                                     .kv_element_bytes = cpu::kvElementBytes((*group)->kvType()),
                                      .tp = options.tp};
   if (plan_input.budget_bytes == 0) {
     // Exactly the target: plan once with everything, then with what that needs.
@@ -209,7 +220,7 @@ int run(int argc, char** argv) {
                   {.scheduler = {.max_batch_tokens = kMaxBatchTokens,
                                  .max_sequences = std::max<int64_t>(options.target_concurrency, 1)},
                    .eos_ids = eos,
-                   .layout = kvLayout(config),
+                   .layout = kvLayout(config, (*group)->kvType()),
                    .transport = transport.get(),
                    .lease_timeout = std::chrono::milliseconds(options.lease_timeout_ms),
                    .target_concurrency = role == Role::kPrefill ? 0 : options.target_concurrency,

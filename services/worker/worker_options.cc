@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/kv_format.h"
 #include "services/engine/tensor_parallel.h"
 
 namespace cleave::worker {
@@ -17,6 +18,9 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addString("moe-split", &moe_split,
                   "How --tp cuts MoE layers: experts (whole experts per rank) or columns (every "
                   "expert's intermediate columns)");
+  flags.addString("kv-dtype", &kv_dtype,
+                  "KV cache element type: f32, bf16 or fp8 (e4m3, a quarter of f32's bytes); "
+                  "every worker of a router must use the same");
   flags.addString("router", &router, "Router address host:port to register with");
   flags.addString("advertise", &advertise,
                   "host:port the router reaches this worker at, when --listen is 0.0.0.0 or "
@@ -66,6 +70,9 @@ absl::Status validate(const WorkerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--tp must be in 1..64, got ", options.tp));
   }
   if (auto split = engine::parseMoeSplit(options.moe_split); !split.ok()) return split.status();
+  if (auto kv = cpu::parseKvType(options.kv_dtype); !kv.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: ", kv.status().message()));
+  }
   if (options.target_concurrency < 1 || options.target_concurrency > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("--target-concurrency must be in 1..4096, got ", options.target_concurrency));

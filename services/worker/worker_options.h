@@ -17,6 +17,7 @@ struct WorkerOptions {
   std::string model;
   int64_t tp = 1;
   std::string moe_split = "experts";
+  std::string kv_dtype = "f32";  // The KV cache's element type (cpu::parseKvType).
   std::string router;
   std::string advertise;  // host:port the router reaches this worker at (empty: --listen's).
   ServerFlags server{.listen = "127.0.0.1:0"};

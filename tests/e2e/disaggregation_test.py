@@ -10,6 +10,9 @@ reserved afterwards.
     with int8-quantized activations cut across ranks sums in another order and may move a
     near-tie greedy choice (docs/engine.md); SmolLM2 runs those pairings too and reports
     its agreement.
+  * --kv-dtype fp8 and bf16 caches: what the prefill worker wrote decodes to the offline
+    engine's tokens with the same cache type; workers whose cache types differ are refused
+    by the router, with a message naming both layouts.
 """
 import concurrent.futures
 import os
@@ -28,21 +31,22 @@ TINY = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine", "hf", "l
 _REFERENCE = {}
 
 
-def offline(prompt, max_tokens):
+def offline(prompt, max_tokens, kv_dtype="f32"):
     """Greedy token ids of the offline engine (cleave generate), computed once per prompt."""
-    if (prompt, max_tokens) not in _REFERENCE:
+    key = (prompt, max_tokens, kv_dtype)
+    if key not in _REFERENCE:
         code, out, err = ct.run([ct.binary("cleave"), "generate", f"--model={MODEL}", "--no-chat",
                                  "--print-ids", f"--max-tokens={max_tokens}", "--threads=2",
-                                 prompt], timeout=120)
+                                 f"--kv-dtype={kv_dtype}", prompt], timeout=120)
         assert code == 0, err
-        _REFERENCE[(prompt, max_tokens)] = [int(t) for t in out.split()]
-    return _REFERENCE[(prompt, max_tokens)]
+        _REFERENCE[key] = [int(t) for t in out.split()]
+    return _REFERENCE[key]
 
 
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
 class DisaggregationTest(unittest.TestCase):
     def serve(self, model, prefill_tp, decode_tp, prompts, text, prefill_workers=1,
-              decode_workers=1, kill=None):
+              decode_workers=1, kill=None, kv_dtype="f32"):
         """Token ids of greedy generations of `prompts` through router + prefill + decode;
         with kill="prefill" or "decode", the first worker of that role is killed (SIGKILL)
         after registering and before any request: the router must route around it."""
@@ -52,7 +56,7 @@ class DisaggregationTest(unittest.TestCase):
         address = f"127.0.0.1:{router.ready['grpc_port']}"
         common = [f"--model={model}", f"--router={address}", "--listen=127.0.0.1:0",
                   "--metrics-port=0", "--target-concurrency=8", "--planned-seq-len=128",
-                  "--threads=1"]
+                  "--threads=1", f"--kv-dtype={kv_dtype}"]
         workers = [ct.Process([ct.binary("cleave-worker"), "--role=prefill", f"--tp={prefill_tp}",
                                *common]) for _ in range(prefill_workers)]
         workers += [ct.Process([ct.binary("cleave-worker"), "--role=decode", f"--tp={decode_tp}",
@@ -111,6 +115,48 @@ class DisaggregationTest(unittest.TestCase):
             if (prefill_tp, decode_tp) == (1, 1):
                 for prompt, got in zip(prompts, served):
                     self.assertEqual(got, offline(prompt, 10), prompt)
+
+    def test_fp8_and_bf16_caches_move_and_decode_like_the_offline_engine(self):
+        rng = random.Random(10)
+        prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40)))
+                   for _ in range(6)]
+        for kv_dtype in ("fp8", "bf16"):
+            served = self.serve(MODEL, 1, 1, prompts, text=True, kv_dtype=kv_dtype)
+            for prompt, got in zip(prompts, served):
+                self.assertEqual(got, offline(prompt, 10, kv_dtype), (kv_dtype, prompt))
+        # The narrower cache is a different computation: it agrees with f32 on most prompts.
+        same = sum(offline(p, 10, "fp8") == offline(p, 10) for p in prompts)
+        print(f"\nSmolLM2 fp8 KV cache: {same} of {len(prompts)} prompts give the f32 cache's "
+              "10 greedy tokens")
+
+    def test_workers_with_different_cache_types_are_not_paired(self):
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0"])
+        address = f"127.0.0.1:{router.ready['grpc_port']}"
+        common = [f"--model={TINY}", f"--router={address}", "--listen=127.0.0.1:0",
+                  "--metrics-port=0", "--target-concurrency=2", "--planned-seq-len=64",
+                  "--threads=1"]
+        prefill = ct.Process([ct.binary("cleave-worker"), "--role=prefill", *common])
+        decode = None
+        try:
+            stub = ct.stubs()["generation_grpc"].GenerationStub(
+                grpc.insecure_channel(address))
+            ct.wait_for_workers(stub, 1)
+            # Refused, it keeps asking (the other may leave); the router never pairs them.
+            decode = ct.Process([ct.binary("cleave-worker"), "--role=decode", "--kv-dtype=fp8",
+                                 *common])
+            deadline = time.monotonic() + 60
+            while "the router refused this worker" not in decode.log():
+                self.assertLess(time.monotonic(), deadline, decode.log())
+                time.sleep(0.1)
+            self.assertIn("KV layout", decode.log())
+            self.assertIn("KV_DTYPE_FP8_E4M3", decode.log())
+            info = stub.GetServerInfo(ct.stubs()["generation_pb2"].GetServerInfoRequest(),
+                                      timeout=5)
+            self.assertEqual(len(info.workers), 1)
+        finally:
+            codes = [w.stop() for w in (decode, prefill) if w is not None] + [router.stop()]
+            self.assertEqual(codes, [0] * len(codes))
 
     def test_every_tp_pairing_gives_the_tokens_of_tp1_to_tp1(self):
         rng = random.Random(5)

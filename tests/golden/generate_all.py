@@ -3,7 +3,7 @@
 
 Run with the oracle virtualenv (see setup_oracles.sh and README.md):
     .cache/oracle-venv/bin/python tests/golden/generate_all.py [name ...]
-where each optional name is one of: dequant safetensors configs tokenizers
+where each optional name is one of: dequant kv_format safetensors configs tokenizers
 engine_hf engine_llamacpp.
 Every generator is deterministic (fixed seeds, fixed inputs), so a rerun with
 the pinned oracle versions rewrites identical bytes.
@@ -18,6 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 GENERATORS = {
     "dequant": "gen_dequant.py",
+    "kv_format": "gen_kv_format.py",
     "safetensors": "gen_safetensors.py",
     "configs": "gen_configs.py",
     "tokenizers": "gen_tokenizers.py",
