@@ -11,15 +11,14 @@ namespace cleave::cpu {
 
 void attention(const AttentionArgs& a, ThreadPool& pool) {
   const Isa isa = bestIsa();
-  if (isa == Isa::kAvx512 && a.head_dim % 16 == 0 && a.head_dim <= 256) {
+  const bool avx512 = isa == Isa::kAvx512 && a.head_dim % 16 == 0 && a.head_dim <= 256;
+  if (avx512 || (isa >= Isa::kAvx2 && a.head_dim % 8 == 0 && a.head_dim <= 256)) {
     pool.run(a.tokens * a.kv_heads, [&](int64_t task) {
-      kernels::attentionGroupAvx512(a, task / a.kv_heads, task % a.kv_heads);
-    });
-    return;
-  }
-  if (isa >= Isa::kAvx2 && a.head_dim % 8 == 0 && a.head_dim <= 256) {
-    pool.run(a.tokens * a.kv_heads, [&](int64_t task) {
-      kernels::attentionGroupAvx2(a, task / a.kv_heads, task % a.kv_heads);
+      const int64_t t = task / a.kv_heads;
+      thread_local std::vector<float> scores;
+      scores.resize((a.heads / a.kv_heads) * (a.positions[t] + 1));
+      (avx512 ? kernels::attentionGroupAvx512 : kernels::attentionGroupAvx2)(
+          a, t, task % a.kv_heads, scores.data());
     });
     return;
   }

@@ -41,8 +41,8 @@ struct Avx2 {
 
 }  // namespace
 
-void attentionGroupAvx2(const AttentionArgs& a, int64_t t, int64_t kvh) {
-  attentionGroupFor<Avx2>(a, t, kvh);
+void attentionGroupAvx2(const AttentionArgs& a, int64_t t, int64_t kvh, float* scores) {
+  attentionGroupFor<Avx2>(a, t, kvh, scores);
 }
 
 }  // namespace cleave::cpu::kernels

@@ -39,8 +39,8 @@ struct Avx512 {
 
 }  // namespace
 
-void attentionGroupAvx512(const AttentionArgs& a, int64_t t, int64_t kvh) {
-  attentionGroupFor<Avx512>(a, t, kvh);
+void attentionGroupAvx512(const AttentionArgs& a, int64_t t, int64_t kvh, float* scores) {
+  attentionGroupFor<Avx512>(a, t, kvh, scores);
 }
 
 }  // namespace cleave::cpu::kernels

@@ -12,6 +12,10 @@
 // that. The 2^8 and the layer's scales are folded into the score scale and the output.
 // (An e4m3 NaN code reads as 480 here; the cache never holds one from a finite model.)
 //
+// The caller passes `scores`, room for (heads / kv_heads) x (positions[t] + 1) floats: no
+// standard-library template is instantiated under an ISA's flags (a weak copy compiled for
+// AVX-512 could be the one the whole program links).
+//
 // `Simd` provides: type V, kLanes, zero(), set1(f), loadf(const float*), fma(a, b, c),
 // mul(a, b), sum(v), store(float*, v), and load<KvType>(const uint8_t*) widening kLanes
 // stored elements (e4m3 as value x 2^-8).
@@ -19,7 +23,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
@@ -27,7 +30,7 @@
 namespace cleave::cpu::kernels {
 
 template <typename Simd, KvType kType>
-void attentionGroupOf(const AttentionArgs& a, int64_t t, int64_t kvh) {
+void attentionGroupOf(const AttentionArgs& a, int64_t t, int64_t kvh, float* scores) {
   using V = typename Simd::V;
   constexpr int64_t kLanes = Simd::kLanes;
   constexpr int64_t kMaxVectors = 256 / kLanes;  // head_dim <= 256.
@@ -43,8 +46,6 @@ void attentionGroupOf(const AttentionArgs& a, int64_t t, int64_t kvh) {
   const int64_t head_block = bs * d * kElement;  // Bytes of one head's part of a block.
   const auto* k_pool = static_cast<const uint8_t*>(a.k_pool);
   const auto* v_pool = static_cast<const uint8_t*>(a.v_pool);
-  thread_local std::vector<float> scores;
-  scores.resize(group * context);
   const float* q = a.q + t * a.ldq + kvh * group * d;  // The group's heads are adjacent.
   const float score_scale = a.scale * k_factor;
 
@@ -65,7 +66,7 @@ void attentionGroupOf(const AttentionArgs& a, int64_t t, int64_t kvh) {
       }
     }
   }
-  softmax(scores.data(), context, group, context);
+  softmax(scores, context, group, context);
 
   // Heads in chunks whose accumulators fit in registers.
   const int64_t chunk = std::max<int64_t>(1, kAccumulators / nv);
@@ -99,11 +100,11 @@ void attentionGroupOf(const AttentionArgs& a, int64_t t, int64_t kvh) {
 
 // The kernel for the args' cache type.
 template <typename Simd>
-void attentionGroupFor(const AttentionArgs& a, int64_t t, int64_t kvh) {
+void attentionGroupFor(const AttentionArgs& a, int64_t t, int64_t kvh, float* scores) {
   switch (a.kv_type) {
-    case KvType::kF32: return attentionGroupOf<Simd, KvType::kF32>(a, t, kvh);
-    case KvType::kBf16: return attentionGroupOf<Simd, KvType::kBf16>(a, t, kvh);
-    case KvType::kFp8E4M3: return attentionGroupOf<Simd, KvType::kFp8E4M3>(a, t, kvh);
+    case KvType::kF32: return attentionGroupOf<Simd, KvType::kF32>(a, t, kvh, scores);
+    case KvType::kBf16: return attentionGroupOf<Simd, KvType::kBf16>(a, t, kvh, scores);
+    case KvType::kFp8E4M3: return attentionGroupOf<Simd, KvType::kFp8E4M3>(a, t, kvh, scores);
   }
 }
 

@@ -71,8 +71,7 @@ void encodeKv(KvType type, const float* x, int64_t n, float scale, void* out) {
     }
     case KvType::kFp8E4M3: {
       auto* o = static_cast<uint8_t*>(out);
-      const float inverse = 1.0f / scale;
-      for (int64_t i = 0; i < n; ++i) o[i] = floatToE4m3(x[i] * inverse);
+      for (int64_t i = 0; i < n; ++i) o[i] = floatToE4m3(x[i] / scale);
       return;
     }
   }

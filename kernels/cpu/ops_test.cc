@@ -141,9 +141,9 @@ TEST(RopeTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
 
 // Paged causal GQA attention over a cache of `type` (e4m3 with scales 0.5 for keys and 2
 // for values) against float64 over the values the cache holds (decoded).
-void checkPagedAttention(KvType type, int64_t d) {
-  std::mt19937 rng(17 + static_cast<int>(type) + static_cast<int>(d));
-  const int64_t heads = 6, kv_heads = 2, block_size = 4, tokens = 4;
+void checkPagedAttention(KvType type, int64_t d, int64_t heads) {
+  std::mt19937 rng(17 + static_cast<int>(type) + static_cast<int>(d + heads));
+  const int64_t kv_heads = 2, block_size = 4, tokens = 4;
   const int64_t row = kv_heads * d, pool_blocks = 9;
   // Two sequences scattered over the pool: A owns blocks 7, 2, 5, 0 (13 positions), B
   // blocks 3, 8 (6 positions). Tokens 0, 1 are A's positions 3, 12; tokens 2, 3 are B's 4, 5.
@@ -203,17 +203,21 @@ void checkPagedAttention(KvType type, int64_t d) {
         double ref = 0;
         for (int64_t j = 0; j <= positions[t]; ++j) ref += p[j] / total * rowAt(v, j, kvh)[e];
         ASSERT_NEAR(out[(t * heads + h) * d + e], ref, 1e-5)
-            << kvTypeName(type) << " d " << d << ": " << t << " " << h << " " << e;
+            << kvTypeName(type) << " d " << d << " heads " << heads << ": " << t << " " << h << " "
+            << e;
       }
     }
   }
 }
 
-// head_dim 16 and 64 take the widest SIMD kernel the machine has, 8 the AVX2 one (where
-// there is AVX2), 12 the portable one.
+// head_dim 16 to 256 take the widest SIMD kernel the machine has, 8 the AVX2 one (where
+// there is AVX2), 12 the portable one; groups of 3 and 8 query heads per KV head, so the
+// accumulators go in one chunk, several with a partial last one, or a head at a time.
 TEST(AttentionTest, PagedCausalGqaMatchesFloat64ForEveryCacheType) {
   for (KvType type : {KvType::kF32, KvType::kBf16, KvType::kFp8E4M3}) {
-    for (int64_t d : {8, 12, 16, 64}) checkPagedAttention(type, d);
+    for (int64_t d : {8, 12, 16, 32, 64, 128, 256}) {
+      for (int64_t heads : {6, 16}) checkPagedAttention(type, d, heads);
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 #include "services/engine/kv_storage.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
