@@ -37,7 +37,8 @@ struct DeviceLayer {
   bf16* bqkv = nullptr;      // [q_dim + 2 kv_dim], when the model has biases
   bf16* q_norm = nullptr;
   bf16* k_norm = nullptr;
-  cuda::ExpertWeights wo;  // [hidden][q_dim]
+  cuda::ExpertWeights wo;                // [hidden][q_dim]
+  float k_scale = 1.0f, v_scale = 1.0f;  // An e4m3 cache's (LlamaLayer).
   bf16* ffn_norm = nullptr;
   cuda::ExpertWeights wgu;    // [2 ffn][hidden]: gate rows, then up rows
   cuda::ExpertWeights wdown;  // [hidden][ffn]
@@ -368,7 +369,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
                                                               : cuda::RopeLayout::kAdjacent;
   for (int64_t l = 0; l < s.layers; ++l) {
     const LlamaLayer& src = w.layers[l];
-    const DeviceLayer& dst = s.layer[l];
+    DeviceLayer& dst = s.layer[l];
+    dst.k_scale = src.k_scale;
+    dst.v_scale = src.v_scale;
     if (src.moe.has_value() != s.is_moe[l])
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, "'s MLP does not match the config (dense or MoE)"));
@@ -543,7 +546,9 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                               .q_stride = q_dim,
                                               .k_cache = keys(l),
                                               .v_cache = values(l),
-                                              .kv_dtype = options.kv_dtype},
+                                              .kv_dtype = options.kv_dtype,
+                                              .k_scale = d.k_scale,
+                                              .v_scale = d.v_scale},
                                              st));
     if (decode) {
       CLEAVE_RETURN_IF_ERROR(
@@ -552,6 +557,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                     .q_stride = q_dim,
                                     .k_cache = keys(l),
                                     .v_cache = values(l),
+                                    .k_scale = d.k_scale,
+                                    .v_scale = d.v_scale,
                                     .block_tables = tables(meta),
                                     .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
                                     .seq_lens = contexts(meta),
@@ -567,6 +574,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                      .q_stride = q_dim,
                                      .k_cache = keys(l),
                                      .v_cache = values(l),
+                                     .k_scale = d.k_scale,
+                                     .v_scale = d.v_scale,
                                      .block_tables = tables(meta),
                                      .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
                                      .q_starts = qStarts(meta),

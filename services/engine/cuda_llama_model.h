@@ -51,8 +51,8 @@ struct CudaModelOptions {
   int64_t block_size = 16;
   int64_t kv_blocks = 0;  // 0: max_sequences sequences of max_context positions
   bool cuda_graphs = true;
-  // The KV cache's element type; e4m3 halves its bytes (scale 1: keys and values of these
-  // models stay far inside e4m3's ±448).
+  // The KV cache's element type; e4m3 halves its bytes (scaled per layer by the
+  // checkpoint's k_scale and v_scale, 1 without them).
   cuda::KvDtype kv_dtype = cuda::KvDtype::kBf16;
   // createRandom's MoE experts: bf16 or NVFP4.
   cuda::ExpertWeightFormat random_expert_format = cuda::ExpertWeightFormat::kBf16;

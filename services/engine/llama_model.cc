@@ -12,11 +12,6 @@
 namespace cleave::engine {
 namespace {
 
-// e4m3 caches hold keys and values unscaled (as the GPU model does, and as checkpoints
-// without KV scales are served elsewhere): these models' keys and values stay far inside
-// e4m3's +-448.
-constexpr float kKvScale = 1.0f;
-
 void checkedMatmul(const cpu::CpuMatrix& w, const float* x, int64_t ldx, int64_t tokens, float* y,
                    int64_t ldy, cpu::ThreadPool& pool) {
   // Shapes are fixed at load; a failure here is a broken invariant, not bad input.
@@ -197,9 +192,9 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
       const int64_t slot = positions_[i] % block_size;
       for (int64_t h = 0; h < kv_heads; ++h) {
         const int64_t at = ((block * kv_heads + h) * block_size + slot) * head_dim * element;
-        cpu::encodeKv(kv_type, k_.data() + i * kv_dim + h * head_dim, head_dim, kKvScale,
+        cpu::encodeKv(kv_type, k_.data() + i * kv_dim + h * head_dim, head_dim, layer.k_scale,
                       keys + at);
-        cpu::encodeKv(kv_type, v_.data() + i * kv_dim + h * head_dim, head_dim, kKvScale,
+        cpu::encodeKv(kv_type, v_.data() + i * kv_dim + h * head_dim, head_dim, layer.v_scale,
                       values + at);
       }
     }
@@ -211,8 +206,8 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
                     .k_pool = keys,
                     .v_pool = values,
                     .kv_type = kv_type,
-                    .k_scale = kKvScale,
-                    .v_scale = kKvScale,
+                    .k_scale = layer.k_scale,
+                    .v_scale = layer.v_scale,
                     .block_size = block_size,
                     .heads = heads,
                     .kv_heads = kv_heads,

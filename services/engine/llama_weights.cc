@@ -1,5 +1,6 @@
 #include "services/engine/llama_weights.h"
 
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -35,6 +36,11 @@ class TensorSource {
   virtual std::string embeddingName() const = 0;
   virtual std::string outputNormName() const = 0;
   virtual std::string outputName() const = 0;
+  // Layer `layer`'s e4m3 KV cache scale for its keys (`kv` "k") or values ("v"), value =
+  // stored x scale: the checkpoint's when it has one, else 1.
+  virtual absl::StatusOr<float> kvScale(uint32_t layer, const std::string& kv) const {
+    return 1.0f;
+  }
   // The stored bytes of tensor `name` with `dims` in the model's [rows, cols] order.
   struct Stored {
     model::TensorType type;
@@ -187,6 +193,24 @@ class SafetensorsSource final : public TensorSource {
   std::string embeddingName() const override { return "model.embed_tokens.weight"; }
   std::string outputNormName() const override { return "model.norm.weight"; }
   std::string outputName() const override { return "lm_head.weight"; }
+  // ModelOpt and compressed-tensors FP8 KV checkpoints: self_attn.k_scale (or, in older
+  // ModelOpt exports, self_attn.k_proj.k_scale), one positive float.
+  absl::StatusOr<float> kvScale(uint32_t layer, const std::string& kv) const override {
+    const std::string base = absl::StrCat("model.layers.", layer, ".self_attn.");
+    for (const std::string& name :
+         {absl::StrCat(base, kv, "_scale"), absl::StrCat(base, kv, "_proj.", kv, "_scale")}) {
+      const model::SafetensorsTensor* t = ckpt_.find(name);
+      if (t == nullptr) continue;
+      float scale = 0;
+      if (t->num_elements != 1 || !model::dequantize(t->dtype, t->data, 1, &scale).ok() ||
+          !std::isfinite(scale) || scale <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            t->file, ": tensor \"", name, "\" must hold one positive float (the KV cache scale)"));
+      }
+      return scale;
+    }
+    return 1.0f;
+  }
   absl::StatusOr<Stored> find(const std::string& name, std::vector<uint64_t> dims) const override {
     const model::SafetensorsTensor* t = ckpt_.find(name);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat("tensor \"", name, "\" is missing"));
@@ -321,6 +345,8 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
       CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, f.vector(name("q_norm"), c.head_dim));
       CLEAVE_ASSIGN_OR_RETURN(layer.k_norm, f.vector(name("k_norm"), c.head_dim));
     }
+    CLEAVE_ASSIGN_OR_RETURN(layer.k_scale, f.kvScale(i, "k"));
+    CLEAVE_ASSIGN_OR_RETURN(layer.v_scale, f.kvScale(i, "v"));
     CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm, f.vector(name("ffn_norm"), hidden));
     if (c.isMoeLayer(i)) {
       CLEAVE_ASSIGN_OR_RETURN(layer.moe, f.moe(i, c, d));

@@ -38,6 +38,9 @@ struct LlamaLayer {
   // Qwen3: RMSNorm weights applied to each Q and K head before RoPE ([head_dim]; empty when
   // the model has none).
   std::vector<float> q_norm, k_norm;
+  // An e4m3 KV cache holds keys / k_scale and values / v_scale (the checkpoint's calibrated
+  // scales, self_attn.k_scale and v_scale; 1 without them). Other cache types ignore them.
+  float k_scale = 1.0f, v_scale = 1.0f;
   std::vector<float> ffn_norm;  // [hidden]
   cpu::CpuMatrix w_gate;        // [intermediate, hidden]
   cpu::CpuMatrix w_up;          // [intermediate, hidden]

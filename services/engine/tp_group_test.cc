@@ -2,15 +2,19 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <thread>
 
+#include "nlohmann/json.hpp"
 #include "services/engine/gloo_communicator.h"
 #include "services/engine/kv_block_pool.h"
+#include "services/engine/llama_weights.h"
 #include "services/engine/scheduler.h"
 #include "services/engine/shared_memory_communicator.h"
 
@@ -255,6 +259,86 @@ INSTANTIATE_TEST_SUITE_P(Models, KvCacheTypeTest,
                                            CacheCase{kHf + "mixtral_f32", 0.015, 0, 1e-4},
                                            CacheCase{kHf + "qwen3_moe_f32", 0.015, 0, 1e-4},
                                            CacheCase{kSmolLm2, 0.2, 0.3, 0.3}));
+
+// A copy of the float Llama checkpoint at `dir` with the F32 tensors of `extra` added as a
+// second shard (kv_scales.safetensors, both listed in model.safetensors.index.json).
+void writeWithExtraTensors(const std::filesystem::path& dir,
+                           const std::vector<std::pair<std::string, std::vector<float>>>& extra) {
+  const std::filesystem::path source = kHf + "llama_f32";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy(source / "model.safetensors", dir / "model.safetensors");
+  std::filesystem::copy(source / "config.json", dir / "config.json");
+  std::ifstream in(source / "model.safetensors", std::ios::binary);
+  uint64_t header_bytes = 0;
+  in.read(reinterpret_cast<char*>(&header_bytes), 8);
+  std::string header(header_bytes, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_bytes));
+  nlohmann::json index = {{"metadata", nlohmann::json::object()},
+                          {"weight_map", nlohmann::json::object()}};
+  const nlohmann::json tensors = nlohmann::json::parse(header);
+  for (auto it = tensors.begin(); it != tensors.end(); ++it) {
+    if (it.key() != "__metadata__") index["weight_map"][it.key()] = "model.safetensors";
+  }
+  nlohmann::json extra_header = nlohmann::json::object();
+  std::string data;
+  for (const auto& [name, values] : extra) {
+    const size_t begin = data.size();
+    data.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    extra_header[name] = {{"dtype", "F32"},
+                          {"shape", values.size() == 1 ? nlohmann::json::array()
+                                                       : nlohmann::json::array({values.size()})},
+                          {"data_offsets", {begin, data.size()}}};
+    index["weight_map"][name] = "kv_scales.safetensors";
+  }
+  const std::string text = extra_header.dump();
+  const uint64_t length = text.size();
+  std::ofstream out(dir / "kv_scales.safetensors", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&length), 8);
+  out << text << data;
+  std::ofstream(dir / "model.safetensors.index.json") << index.dump();
+}
+
+// Checkpoint KV cache scales (ModelOpt / compressed-tensors names) scale an e4m3 cache:
+// within its rounding of the f32 cache, and not what scale 1 gives. A malformed one is
+// refused naming the tensor.
+TEST(KvCacheScalesTest, CheckpointScalesAreLoadedAndUsed) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("cleave_kv_scales_" + std::to_string(getpid()));
+  writeWithExtraTensors(dir, {{"model.layers.0.self_attn.k_scale", {0.03f}},
+                              {"model.layers.0.self_attn.v_scale", {0.011f}},
+                              {"model.layers.1.self_attn.k_proj.k_scale", {0.05f}},
+                              {"model.layers.1.self_attn.v_proj.v_scale", {0.007f}}});
+  auto weights = loadLlama(dir.string());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ((*weights)->layers[0].k_scale, 0.03f);
+  EXPECT_EQ((*weights)->layers[0].v_scale, 0.011f);
+  EXPECT_EQ((*weights)->layers[1].k_scale, 0.05f);
+  EXPECT_EQ((*weights)->layers[1].v_scale, 0.007f);
+
+  auto f32 = TpGroup::load(dir.string(), {.tp = 1, .threads = 2});
+  auto scaled =
+      TpGroup::load(dir.string(), {.tp = 1, .threads = 2, .kv_type = cpu::KvType::kFp8E4M3});
+  auto unscaled =
+      TpGroup::load(kHf + "llama_f32", {.tp = 1, .threads = 2, .kv_type = cpu::KvType::kFp8E4M3});
+  ASSERT_TRUE(f32.ok() && scaled.ok() && unscaled.ok());
+  const Trace want = run(**f32, 6);
+  const Trace got = run(**scaled, 6, &want.argmax);
+  const Trace plain = run(**unscaled, 6, &want.argmax);
+  const double err = worstRelativeDifference(got, want);
+  std::printf("e4m3 cache with checkpoint scales: max relative logit difference from f32 %.2e\n",
+              err);
+  EXPECT_LE(err, 0.15);
+  EXPECT_GT(worstRelativeDifference(got, plain), 0.0);
+
+  for (const std::vector<float>& bad : {std::vector<float>{0.0f}, std::vector<float>{1.0f, 2.0f}}) {
+    writeWithExtraTensors(dir, {{"model.layers.1.self_attn.v_scale", bad}});
+    auto refused = loadLlama(dir.string());
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(refused.status().message(), HasSubstr("model.layers.1.self_attn.v_scale"));
+  }
+  std::filesystem::remove_all(dir);
+}
 
 TEST(TpGroupTest, RefusesASplitTheModelCannotTake) {
   // SmolLM2 has 3 KV heads.
