@@ -59,7 +59,9 @@ class MigrationTest(unittest.TestCase):
         address = f"127.0.0.1:{router.ready['grpc_port']}"
         common = [f"--model={MODEL}", f"--router={address}", "--listen=127.0.0.1:0",
                   "--metrics-port=0", "--target-concurrency=4", "--planned-seq-len=256",
-                  "--threads=1"]
+                  "--threads=1",
+                  # A drain that outlasts a slow, busy machine: what moves is the drain's fault.
+                  "--drain-timeout-ms=120000"]
         workers = [ct.Process([ct.binary("cleave-worker"), f"--role={role}", *common])
                    for role in ("prefill", "decode", "decode")]
         victim = workers[1]
