@@ -35,7 +35,7 @@ void attentionGroupOf(const AttentionArgs& a, int64_t t, int64_t kvh, float* sco
   constexpr int64_t kLanes = Simd::kLanes;
   constexpr int64_t kMaxVectors = 256 / kLanes;  // head_dim <= 256.
   constexpr int64_t kAccumulators = Simd::kAccumulators;
-  constexpr int64_t kElement = kType == KvType::kF32 ? 4 : kType == KvType::kBf16 ? 2 : 1;
+  constexpr int64_t kElement = kvElementBytes(kType);
   constexpr float kWiden = kType == KvType::kFp8E4M3 ? 256.0f : 1.0f;  // Undoes load's 2^-8.
   const float k_factor = kType == KvType::kFp8E4M3 ? a.k_scale * kWiden : 1.0f;
   const float v_factor = kType == KvType::kFp8E4M3 ? a.v_scale * kWiden : 1.0f;

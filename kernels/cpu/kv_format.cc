@@ -9,15 +9,6 @@
 
 namespace cleave::cpu {
 
-int64_t kvElementBytes(KvType type) {
-  switch (type) {
-    case KvType::kF32: return 4;
-    case KvType::kBf16: return 2;
-    case KvType::kFp8E4M3: return 1;
-  }
-  return 4;
-}
-
 const char* kvTypeName(KvType type) {
   switch (type) {
     case KvType::kF32: return "f32";

@@ -18,7 +18,9 @@ namespace cleave::cpu {
 
 enum class KvType { kF32, kBf16, kFp8E4M3 };
 
-int64_t kvElementBytes(KvType type);
+constexpr int64_t kvElementBytes(KvType type) {
+  return type == KvType::kF32 ? 4 : type == KvType::kBf16 ? 2 : 1;
+}
 // "f32", "bf16", "fp8" (or "fp8_e4m3").
 const char* kvTypeName(KvType type);
 // InvalidArgument naming the accepted names otherwise.

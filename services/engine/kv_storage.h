@@ -6,7 +6,7 @@
 // in one element type (f32, bf16 or e4m3: cpu::KvType).
 //
 // One head's part of one block of one layer's keys is contiguous (block_size * head_dim
-// floats), and so is any run of consecutive heads: what a transfer between workers with
+// elements), and so is any run of consecutive heads: what a transfer between workers with
 // different TP layouts moves. Which block holds which positions of which sequence is the
 // KvBlockPool's business (kv_block_pool.h); storage only holds the rows.
 //
