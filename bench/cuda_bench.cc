@@ -361,6 +361,8 @@ void skinnyGemm(double copy_gbs, int reps, cuda::Gemm& gemm) {
     check(cudaMemcpy(row_scales, ones.data(), n * 4, cudaMemcpyHostToDevice), "row scales");
     bf16* x = randomBf16(16 * k, 23);
     bf16* y = deviceAlloc<bf16>(16 * n);
+    const int64_t scratch_bytes = cuda::nativeScratchBytes(cuda::ExpertWeightFormat::kNvfp4, 16, k);
+    uint8_t* scratch = deviceAlloc<uint8_t>(static_cast<size_t>(scratch_bytes));
     for (int batch : {1, 4, 16}) {
       const double bf16_bytes = 2.0 * n * k, fp4_bytes = n * k / 2.0 + n * k / 16.0 + 4.0 * n;
       auto add = [&](const char* how, double ms, double bytes) {
@@ -386,17 +388,30 @@ void skinnyGemm(double copy_gbs, int reps, cuda::Gemm& gemm) {
               },
               reps),
           bf16_bytes);
-      for (cuda::ExpertWeightFormat f :
-           {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4}) {
-        const bool fp4 = f == cuda::ExpertWeightFormat::kNvfp4;
-        const cuda::ExpertWeights weights{.format = f,
+      // NVFP4 widened to bf16 (W4A16, any device) and, on sm_120a, on the block-scaled
+      // E2M1 MMA with the activations quantized first (W4A4, quantization included).
+      struct Variant {
+        const char* name;
+        cuda::ExpertWeightFormat format;
+        cuda::GemmOperands operands;
+      };
+      for (const Variant& v :
+           {Variant{"skinny bf16", cuda::ExpertWeightFormat::kBf16, cuda::GemmOperands::kWidened},
+            Variant{"skinny nvfp4 W4A16", cuda::ExpertWeightFormat::kNvfp4,
+                    cuda::GemmOperands::kWidened},
+            Variant{"skinny nvfp4 W4A4", cuda::ExpertWeightFormat::kNvfp4,
+                    cuda::GemmOperands::kNative}}) {
+        const bool fp4 = v.format == cuda::ExpertWeightFormat::kNvfp4;
+        if (v.operands == cuda::GemmOperands::kNative && !cuda::nativeOperandsPreferred(v.format))
+          continue;
+        const cuda::ExpertWeights weights{.format = v.format,
                                           .experts = 1,
                                           .rows = n,
                                           .cols = k,
                                           .data = fp4 ? static_cast<const void*>(codes) : w,
                                           .group_scales = fp4 ? groups : nullptr,
                                           .row_scales = fp4 ? row_scales : nullptr};
-        add(fp4 ? "skinny nvfp4" : "skinny bf16",
+        add(v.name,
             medianMs(
                 [&](int) {
                   check(cuda::runSkinnyGemm({.x = x,
@@ -404,7 +419,10 @@ void skinnyGemm(double copy_gbs, int reps, cuda::Gemm& gemm) {
                                              .rows = batch,
                                              .weights = weights,
                                              .y = y,
-                                             .y_stride = n},
+                                             .y_stride = n,
+                                             .operands = v.operands,
+                                             .scratch = scratch,
+                                             .scratch_bytes = scratch_bytes},
                                             nullptr),
                         "skinny gemm");
                 },
@@ -413,7 +431,8 @@ void skinnyGemm(double copy_gbs, int reps, cuda::Gemm& gemm) {
       }
     }
     for (void* p : {static_cast<void*>(w), static_cast<void*>(codes), static_cast<void*>(groups),
-                    static_cast<void*>(row_scales), static_cast<void*>(x), static_cast<void*>(y)})
+                    static_cast<void*>(row_scales), static_cast<void*>(x), static_cast<void*>(y),
+                    static_cast<void*>(scratch)})
       cudaFree(p);
   }
 }
@@ -537,9 +556,10 @@ void moeLayer(double copy_gbs, cuda::ExpertWeightFormat format, int reps, cuda::
   const double bytes = double(touched) * engine::moeExpertBytes(*shape);
   const double floor_ms = bytes / (copy_gbs * 1e9) * 1e3;
   char what[160];
-  std::snprintf(what, sizeof(what), "MoE layer Qwen3-30B-A3B %s b%d, %lld experts (floor %.3f ms)",
-                cuda::expertWeightFormatName(format), batch, static_cast<long long>(touched),
-                floor_ms);
+  std::snprintf(
+      what, sizeof(what), "MoE layer Qwen3-30B-A3B %s%s b%d, %lld experts (floor %.3f ms)",
+      cuda::expertWeightFormatName(format), cuda::nativeOperandsPreferred(format) ? " native" : "",
+      batch, static_cast<long long>(touched), floor_ms);
   rows.push_back({what, ms, fmt("%.0f GB/s", bytes / (ms * 1e-3) / 1e9),
                   fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 70%"});
   cudaFree(base);

@@ -1,7 +1,8 @@
 // Device building blocks for tensor-core kernels on sm_90 and sm_120: warp-level
-// mma.sync, ldmatrix, cp.async and bf16 packing. Only the instructions both architectures
-// share (no wgmma, no tcgen05), so the same kernels run on Hopper and on Blackwell
-// workstation parts.
+// mma.sync (bf16, e4m3, and sm_120a's block-scaled E2M1), ldmatrix, cp.async and bf16
+// packing. Only instructions both architectures share (no wgmma, no tcgen05), so the same
+// kernels run on Hopper and on Blackwell workstation parts; the E2M1 product is the one
+// exception (sm_120a), used only where its kernels were built for the device.
 //
 // Fragment layouts of mma.m16n8k16 (bf16 in, f32 accumulate), for lane l, g = l / 4,
 // t = l % 4 (PTX ISA, "Matrix Fragments for mma.m16n8k16"):
@@ -49,11 +50,52 @@ __device__ __forceinline__ void mmaBf16(float (&c)[4], const uint32_t (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// c += a · b with e4m3 operands (m16n8k32, f32 accumulators): native QMMA on sm_120, emulated
+// on sm_90. Its fragments hold the bytes the m16n8k16 bf16 fragments hold (four e4m3 values
+// where two bf16 were), so an e4m3 tile of [rows][2 D] bytes loads with the ldmatrix
+// addressing of a bf16 [rows][D] tile.
+__device__ __forceinline__ void mmaE4m3(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c += (a x its scales) · (b x its scales) with E2M1 operands and e4m3 scales per 16 elements
+// of K (m16n8k64, kind::mxf4nvf4, scale_vec::4X): sm_120a only (elsewhere it traps). The
+// fragments again hold the bytes of the bf16 m16n8k16 ones (eight codes where two bf16
+// were). sfa: the four scales (K order, first in the low byte) of row g when t is even, of
+// row g + 8 when t is odd; sfb: the four scales of column g.
+__device__ __forceinline__ void mmaNvfp4(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1, uint32_t sfa, uint32_t sfb) {
+#if defined(__CUDA_ARCH_FEAT_SM120_ALL)
+  const uint16_t zero = 0;  // byte and thread selectors: all four bytes, the layout above
+  asm volatile(
+      "mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.scale_vec::4X.f32.e2m1.e2m1."
+      "f32.ue4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3}, %10, {%11, %12}, "
+      "%13, {%14, %15};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(sfa), "h"(zero),
+        "h"(zero), "r"(sfb), "h"(zero), "h"(zero));
+#else
+  (void)c, (void)a, (void)b0, (void)b1, (void)sfa, (void)sfb;
+  __trap();
+#endif
+}
+
 // Copies 16 bytes global -> shared without passing through registers; when `valid` is
 // false nothing is read and the 16 bytes are zero-filled.
 __device__ __forceinline__ void cpAsync16(void* shared, const void* global, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sharedAddress(shared)),
                "l"(global), "r"(valid ? 16 : 0)
+               : "memory");
+}
+// The same for 4 bytes (through L1).
+__device__ __forceinline__ void cpAsync4(void* shared, const void* global, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sharedAddress(shared)),
+               "l"(global), "r"(valid ? 4 : 0)
                : "memory");
 }
 __device__ __forceinline__ void cpAsyncCommit() {

@@ -1,6 +1,5 @@
-// Grouped expert GEMM on the tensor cores (mma.sync m16n8k16, bf16 operands, f32
-// accumulation): every tile of a MoeLayout (moe_layout.h) multiplies its rows by its
-// expert's weight matrix.
+// Grouped expert GEMM on the tensor cores (mma.sync, f32 accumulation): every tile of a
+// MoeLayout (moe_layout.h) multiplies its rows by its expert's weight matrix.
 //
 //   y[r][n] = sum_c x[src(r)][c] * W[e(r)][n][c]        n < out width, c < K
 //
@@ -24,6 +23,12 @@
 // Activations and outputs are bf16. Tiles of 16 rows stream the weights for decode-size
 // batches (a few rows per expert); tiles of 64 rows reuse each weight tile four times for
 // prefill. Both need K % 32 == 0 (fp8: K % 128 == 0), an even out width, strides % 8 == 0.
+//
+// Operands (GemmOperands): quantized weights are widened to bf16 in shared memory and meet
+// bf16 activations on the bf16 MMA (W8A16, W4A16: any device), or the activations are
+// quantized per row like the weights (quantize_rows.h) into caller-given scratch and both
+// go to the tensor cores as stored: e4m3 MMA for fp8 (W8A8; native on sm_120, emulated on
+// sm_90) and the block-scaled E2M1 MMA for nvfp4 (W4A4; sm_120a kernels, K % 64 == 0).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -50,6 +55,19 @@ struct ExpertWeights {
   const float* row_scales = nullptr;      // nvfp4, [E][N]
 };
 
+enum class GemmOperands {
+  kAuto,     // native where the device runs it natively and the scratch suffices, else widened
+  kWidened,  // bf16 activations, weights widened to bf16
+  kNative,   // activations quantized like the weights; an error where that cannot run
+};
+const char* gemmOperandsName(GemmOperands operands);
+
+// Scratch bytes for the native operands of `rows` rows of K (0 for bf16 weights).
+int64_t nativeScratchBytes(ExpertWeightFormat format, int64_t rows, int64_t k);
+// Whether kAuto picks the native operands for `format` on the current device (given
+// scratch and a shape they take).
+bool nativeOperandsPreferred(ExpertWeightFormat format);
+
 struct MoeGemmArgs {
   const MoeLayoutPlan* plan = nullptr;
   MoeLayout layout;
@@ -60,6 +78,12 @@ struct MoeGemmArgs {
   bool silu_mul = false;
   void* y = nullptr;  // bf16 [plan->max_rows][out width]
   int64_t y_stride = 0;
+  // Native operands: x quantized into scratch first (gather: `tokens` rows of x; otherwise
+  // the layout's rows), nativeScratchBytes(format, those rows, K) bytes, 256-byte aligned.
+  GemmOperands operands = GemmOperands::kAuto;
+  int64_t tokens = 0;
+  void* scratch = nullptr;
+  int64_t scratch_bytes = 0;
 };
 
 // The same kernels over one matrix (weights.experts == 1) and `rows` rows of x in order,
@@ -75,6 +99,9 @@ struct SkinnyGemmArgs {
   void* y = nullptr;  // bf16
   int64_t y_stride = 0;
   const void* bias = nullptr;  // bf16 [out width], added to every row (not with silu_mul)
+  GemmOperands operands = GemmOperands::kAuto;  // as MoeGemmArgs, over `rows` rows
+  void* scratch = nullptr;
+  int64_t scratch_bytes = 0;
 };
 
 absl::Status runSkinnyGemm(const SkinnyGemmArgs& args, cudaStream_t stream);

@@ -5,9 +5,16 @@ For every architecture given, each object must hold code for it; every kernel wh
 name matches a --tensor-core pattern must contain a tensor-core instruction (HMMA, QMMA,
 OMMA, IMMA or HGMMA), and at least one such kernel must exist per architecture; no kernel
 may load or store local memory (LDL/STL: register spills or arrays the compiler could not
-keep in registers).
+keep in registers). A kernel that is only a trap is one an architecture does not build
+(its host side never launches it there) and is listed as such.
 
-Usage: sass_check.py --cuobjdump PATH --architectures "90;120" --tensor-core REGEX... OBJ...
+--require "KERNEL@ARCH=INSTRUCTION" (regular expressions over the demangled name, e.g.
+"moeGemmKernel<.,1,.*,true>@sm_120=QMMA") asks that every kernel matching KERNEL on ARCH
+contain INSTRUCTION, and that there is at least one: a native low-precision kernel must
+use the native instruction, not an emulation.
+
+Usage: sass_check.py --cuobjdump PATH --architectures "90;120" --tensor-core REGEX...
+                     [--require SPEC...] OBJ...
 """
 import argparse
 import collections
@@ -18,6 +25,7 @@ import sys
 
 MMA = re.compile(r"\b(HMMA|QMMA|OMMA|IMMA|HGMMA)\b")
 LOCAL = re.compile(r"\b(LDL|STL)(\.|\s)")
+INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][\w.]*)")
 
 
 def kernels(sass):
@@ -40,7 +48,8 @@ def kernels(sass):
 
 
 def demangled(name):
-    """The last component of an Itanium-mangled name, with integer template arguments."""
+    """The last component of an Itanium-mangled name, with its integer, bool and enum
+    template arguments (enums by value)."""
     if not name.startswith("_ZN"):
         return name
     i, last = 3, name
@@ -50,12 +59,22 @@ def demangled(name):
             j += 1
         length = int(name[i:j])
         last, i = name[j:j + length], j + length
-    args = re.match(r"I((?:L[ib]\d+E)+)E", name[i:])
+    # Template arguments: L<type><value>E, the type a builtin letter or a nested enum name
+    # N[S<n>_]<len><name>...E.
+    args = re.match(r"I((?:L(?:[ibjl]|N(?:S\d*_)?(?:\d+\w+?)+E)-?\d+E)+)E", name[i:])
     if args:
-        values = re.findall(r"L([ib])(\d+)E", args.group(1))
-        last += "<" + ",".join(v if t == "i" else ("true" if v == "1" else "false")
+        values = re.findall(r"L([ibjl]|N(?:S\d*_)?(?:\d+\w+?)+E)(-?\d+)E", args.group(1))
+        last += "<" + ",".join(("true" if v == "1" else "false") if t == "b" else v
                                for t, v in values) + ">"
     return last
+
+
+def requirement(spec):
+    """(kernel regex, arch, instruction regex) from "KERNEL@ARCH=INSTRUCTION"."""
+    m = re.fullmatch(r"(.+)@(sm_\w+)=(.+)", spec)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not KERNEL@ARCH=INSTRUCTION")
+    return re.compile(m.group(1)), m.group(2), re.compile(m.group(3))
 
 
 def main():
@@ -63,6 +82,7 @@ def main():
     parser.add_argument("--cuobjdump", required=True)
     parser.add_argument("--architectures", required=True)
     parser.add_argument("--tensor-core", action="append", default=[])
+    parser.add_argument("--require", action="append", default=[], type=requirement)
     parser.add_argument("objects", nargs="+")
     args = parser.parse_args()
     if not os.access(args.cuobjdump, os.X_OK):
@@ -72,6 +92,7 @@ def main():
     wanted = {"sm_" + a.strip() for a in args.architectures.replace(",", ";").split(";") if a.strip()}
     hot = [re.compile(p) for p in args.tensor_core]
     problems, hot_per_arch, rows = [], collections.Counter(), []
+    required = collections.Counter()
     # ctest hands a generator expression's object list over as one ';'-separated argument.
     objects = [o for arg in args.objects for o in arg.split(";") if o]
     for obj in objects:
@@ -89,23 +110,35 @@ def main():
         for (arch, function), lines in sorted(found.items()):
             mma = sum(1 for l in lines if MMA.search(l))
             local = sum(1 for l in lines if LOCAL.search(l))
+            name = demangled(function)
+            opcodes = [m.group(1) for m in map(INSTRUCTION.search, lines) if m]
+            trap_only = "BPT.TRAP" in opcodes and len([o for o in opcodes if o != "NOP"]) <= 8
             matched = [p.pattern for p in hot if p.search(function)]
-            is_hot = bool(matched)
-            rows.append((arch, demangled(function), mma, local, is_hot))
+            is_hot = bool(matched) and not trap_only
+            rows.append((arch, name + (" (not built)" if trap_only else ""), mma, local, is_hot))
             for pattern in matched:
-                hot_per_arch[arch, pattern] += 1
+                hot_per_arch[arch, pattern] += 0 if trap_only else 1
             if is_hot:
                 if mma == 0:
-                    problems.append(f"{arch} {demangled(function)}: no tensor-core instruction")
+                    problems.append(f"{arch} {name}: no tensor-core instruction")
+            for index, (kernel, want_arch, instruction) in enumerate(args.require):
+                if arch != want_arch or not kernel.search(name):
+                    continue
+                required[index] += 1
+                if not any(instruction.search(l) for l in lines):
+                    problems.append(f"{arch} {name}: no {instruction.pattern} instruction")
             if local:
                 problems.append(f"{arch} {demangled(function)}: {local} local-memory accesses")
     for arch in sorted(wanted):
         for pattern in args.tensor_core:
             if hot_per_arch[arch, pattern] == 0:
                 problems.append(f"{arch}: no kernel matching {pattern!r} found")
-    print(f"{'arch':8} {'kernel':40} {'mma':>5} {'local':>5}")
+    for index, (kernel, want_arch, instruction) in enumerate(args.require):
+        if required[index] == 0:
+            problems.append(f"{want_arch}: no kernel matching {kernel.pattern!r} found")
+    print(f"{'arch':8} {'kernel':44} {'mma':>5} {'local':>5}")
     for arch, name, mma, local, is_hot in rows:
-        print(f"{arch:8} {name + (' *' if is_hot else ''):40} {mma:5} {local:5}")
+        print(f"{arch:8} {name + (' *' if is_hot else ''):44} {mma:5} {local:5}")
     print("* = must use the tensor cores")
     if problems:
         print("\n".join(["FAILED:"] + problems))

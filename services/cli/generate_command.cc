@@ -93,6 +93,7 @@ int runGenerate(int argc, char** argv) {
   std::string backend = "cpu";
   std::string moe_split = "experts";
   std::string kv_dtype = "auto";
+  std::string gemm_operands = "auto";
   std::string router;
   bool print_ids = false;
   bool chat = true;
@@ -121,6 +122,10 @@ int runGenerate(int argc, char** argv) {
   flags.addString("kv-dtype", &kv_dtype,
                   "KV cache element type: f32, bf16 or fp8 (e4m3); auto: f32 on the CPU, bf16 "
                   "on the GPU");
+  flags.addString("gemm-operands", &gemm_operands,
+                  "cuda: how FP8 and NVFP4 weights meet the activations: widened (weights to "
+                  "bf16: W8A16, W4A16) or auto (activations quantized per row where the GPU "
+                  "has the instruction: W8A8 on sm_120, W4A4 on sm_120a; else widened)");
   flags.addBool("chat", &chat,
                 "Wrap PROMPT as a user turn of the model's chat format (--no-chat: raw text)");
   flags.addDouble("temperature", &temperature, "Sampling temperature (0: greedy)");
@@ -175,6 +180,11 @@ int runGenerate(int argc, char** argv) {
     exitWithUsageError(flags, absl::InvalidArgumentError(
                                   absl::StrCat("--kv-dtype: ", kv_type.status().message())));
   }
+  if (gemm_operands != "auto" && gemm_operands != "widened") {
+    exitWithUsageError(
+        flags, absl::InvalidArgumentError(
+                   absl::StrCat("--gemm-operands is auto or widened, not '", gemm_operands, "'")));
+  }
   engine::StepBackendFactory step_backend;
   if (backend == "cuda") {
     if (*kv_type == cpu::KvType::kF32) {
@@ -182,9 +192,12 @@ int runGenerate(int argc, char** argv) {
                                     "--kv-dtype: the GPU stores its KV cache as bf16 or fp8"));
     }
 #if CLEAVE_HAVE_CUDA
+    const cuda::GemmOperands operands =
+        gemm_operands == "widened" ? cuda::GemmOperands::kWidened : cuda::GemmOperands::kAuto;
     step_backend = engine::cudaStepBackend({.kv_dtype = *kv_type == cpu::KvType::kFp8E4M3
                                                             ? cuda::KvDtype::kFp8E4M3
-                                                            : cuda::KvDtype::kBf16});
+                                                            : cuda::KvDtype::kBf16,
+                                            .operands = operands});
 #else
     return fail(absl::UnimplementedError(
         "this build has no CUDA backend: configure with -DCLEAVE_CUDA=ON where nvcc exists"));

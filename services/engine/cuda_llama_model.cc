@@ -101,6 +101,8 @@ struct CudaLlamaModel::State {
   float* logits = nullptr;    // [max_sequences][vocab_rows]
   float* gathered = nullptr;  // TP: every rank's logits, rank-major [rank][sequences][rows]
   void* attention_workspace = nullptr;
+  void* quantized = nullptr;  // the activations of a quantized dense product, quantized
+  int64_t quantized_bytes = 0;
   int32_t* meta = nullptr;  // ids, positions, slots, q_starts, contexts, last rows, tables
   uint8_t* kv = nullptr;    // [layer][K, V][block][kv head][slot][head_dim], kv_dtype
 
@@ -188,6 +190,18 @@ struct CudaLlamaModel::State {
       act = arena.take<bf16>(t * ffn);
     }
     if (moe) moe_ws = placeMoeWorkspace(arena, *moe);
+    // Native operands of quantized dense products (moe_gemm.h): the largest input.
+    quantized_bytes = 0;
+    for (int64_t l = 0; l < layers; ++l) {
+      const LayerFormats& f = formats[l];
+      int64_t need = std::max(cuda::nativeScratchBytes(f.qkv, t, hidden),
+                              cuda::nativeScratchBytes(f.o, t, q_dim));
+      if (!is_moe[l])
+        need = std::max({need, cuda::nativeScratchBytes(f.gate_up, t, hidden),
+                         cuda::nativeScratchBytes(f.down, t, ffn)});
+      quantized_bytes = std::max(quantized_bytes, need);
+    }
+    quantized = quantized_bytes > 0 ? arena.take<uint8_t>(quantized_bytes) : nullptr;
     last = arena.take<bf16>(options.max_sequences * hidden);
     logits = arena.take<float>(options.max_sequences * vocab_rows);
     if (comm != nullptr) gathered = arena.take<float>(options.max_sequences * vocab);
@@ -213,6 +227,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     const model::ModelConfig& c, const ShardDims& dims, const CudaModelOptions& options,
     bool qkv_bias, bool qk_norm, bool tied, const MoeBlock* moe_example,
     std::vector<LayerFormats> formats) {
+  if (options.operands == cuda::GemmOperands::kNative)
+    return absl::InvalidArgumentError(
+        "the CUDA model takes auto or widened GEMM operands (auto uses the native ones wherever a "
+        "matrix fits them)");
   if (options.max_step_tokens < 1 || options.max_sequences < 1 || options.max_context < 1 ||
       options.max_sequences > options.max_step_tokens)
     return absl::InvalidArgumentError(
@@ -267,6 +285,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     CLEAVE_ASSIGN_OR_RETURN(s.moe,
                             cudaMoeShape(c, dims, moe_example, options.random_expert_format,
                                          s.options.max_step_tokens, s.options.max_sequences));
+    s.moe->operands = options.operands;
   }
   // Quantized dense matrices and MoE experts run on the expert-GEMM kernels.
   CLEAVE_RETURN_IF_ERROR(cuda::prepareMoeGemm());
@@ -481,7 +500,10 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                 .weights = w,
                                 .y = out,
                                 .y_stride = w.rows,
-                                .bias = bias},
+                                .bias = bias,
+                                .operands = options.operands,
+                                .scratch = quantized,
+                                .scratch_bytes = quantized_bytes},
                                st);
   };
   // Tensor parallel: each rank's partial sums (embedding rows, O and down products, its
@@ -612,7 +634,10 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                                     .weights = d.wgu,
                                                     .silu_mul = true,
                                                     .y = act,
-                                                    .y_stride = ffn},
+                                                    .y_stride = ffn,
+                                                    .operands = options.operands,
+                                                    .scratch = quantized,
+                                                    .scratch_bytes = quantized_bytes},
                                                    st));
       }
       CLEAVE_RETURN_IF_ERROR(linear(act, ffn, d.wdown, nullptr, o));

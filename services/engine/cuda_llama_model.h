@@ -54,6 +54,11 @@ struct CudaModelOptions {
   // The KV cache's element type; e4m3 halves its bytes (scaled per layer by the
   // checkpoint's k_scale and v_scale, 1 without them).
   cuda::KvDtype kv_dtype = cuda::KvDtype::kBf16;
+  // How NVFP4 and FP8 matrices (dense and experts) meet the activations (moe_gemm.h):
+  // kWidened (weights widened to bf16), or kAuto: the activations quantized per row for the
+  // native MMA wherever the device has it and the matrix's shape fits (NVFP4: K % 64), each
+  // matrix on its own. kNative is refused: a model's matrices need not all fit.
+  cuda::GemmOperands operands = cuda::GemmOperands::kAuto;
   // createRandom's MoE experts: bf16 or NVFP4.
   cuda::ExpertWeightFormat random_expert_format = cuda::ExpertWeightFormat::kBf16;
   // A tensor-parallel shard's group (its rank's communicator, on `device`); null for a

@@ -88,6 +88,9 @@ CudaMoeWorkspace placeMoeWorkspace(Arena& arena, const CudaMoeShape& s) {
     ws.shared_gu = arena.take<bf16>(tokens * 2 * s.shared_inter);
     ws.shared_out = arena.take<bf16>(tokens * s.hidden);
   }
+  ws.quantized_bytes = std::max(cuda::nativeScratchBytes(s.format, tokens, s.hidden),
+                                cuda::nativeScratchBytes(s.format, rows, s.inter));
+  if (ws.quantized_bytes > 0) ws.quantized = arena.take<uint8_t>(ws.quantized_bytes);
   return ws;
 }
 
@@ -213,7 +216,11 @@ absl::Status enqueueMoe(const CudaMoeShape& s, const CudaMoeWeights& w, const Cu
                                            .weights = w.gate_up,
                                            .silu_mul = true,
                                            .y = ws.act,
-                                           .y_stride = s.inter},
+                                           .y_stride = s.inter,
+                                           .operands = s.operands,
+                                           .tokens = n,
+                                           .scratch = ws.quantized,
+                                           .scratch_bytes = ws.quantized_bytes},
                                           stream));
   CLEAVE_RETURN_IF_ERROR(cuda::runMoeGemm({.plan = &plan,
                                            .layout = layout,
@@ -221,7 +228,10 @@ absl::Status enqueueMoe(const CudaMoeShape& s, const CudaMoeWeights& w, const Cu
                                            .x_stride = s.inter,
                                            .weights = w.down,
                                            .y = ws.y,
-                                           .y_stride = s.hidden},
+                                           .y_stride = s.hidden,
+                                           .operands = s.operands,
+                                           .scratch = ws.quantized,
+                                           .scratch_bytes = ws.quantized_bytes},
                                           stream));
   if (s.shared_inter > 0) {
     const int64_t si = s.shared_inter;

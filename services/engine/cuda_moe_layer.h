@@ -4,7 +4,9 @@
 // gate/up and the down grouped GEMMs (moe_gemm.h), then the routing-weighted combine with
 // the shared experts' output (a dense MLP through cuBLASLt) added in the same pass.
 //
-// Expert weights keep their checkpoint format where a kernel reads it:
+// Expert weights keep their checkpoint format where a kernel reads it (and where the
+// device has the native MMA, the activations are quantized to meet them there: W8A8 on
+// sm_120, W4A4 on sm_120a; moe_gemm.h):
 //   NVFP4 (E2M1 codes, e4m3 scales per 16, a global per matrix) natively, when hidden and
 //         intermediate sizes are multiples of 32;
 //   FP8 with 128 x 128 block scales natively, when both sizes are multiples of 128 (so the
@@ -40,6 +42,7 @@ struct CudaMoeShape {
   int64_t local_experts = 0;
   int64_t shared_inter = 0;
   cuda::ExpertWeightFormat format = cuda::ExpertWeightFormat::kBf16;
+  cuda::GemmOperands operands = cuda::GemmOperands::kAuto;  // of the expert GEMMs
   cuda::MoeLayoutPlan decode_plan;   // 16-row tiles, for the rows of a decode step
   cuda::MoeLayoutPlan prefill_plan;  // 64-row tiles, for the tokens of any step
   int64_t experts() const { return local_experts; }
@@ -73,6 +76,9 @@ struct CudaMoeWorkspace {
   __nv_bfloat16* y = nullptr;           // [max_rows][hidden]
   __nv_bfloat16* shared_gu = nullptr;   // [max_tokens][2 shared_inter]
   __nv_bfloat16* shared_out = nullptr;  // [max_tokens][hidden]
+  // Quantized experts: the activations quantized for the native products, either GEMM's.
+  void* quantized = nullptr;
+  int64_t quantized_bytes = 0;
 };
 
 // Arena passes (cuda_arena.h): where one layer's weights and the shared workspace go.
