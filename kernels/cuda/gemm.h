@@ -36,6 +36,8 @@ struct GemmArgs {
   bool y_float = false;  // f32 output (logits) instead of bf16
 };
 
+struct CublasLt;
+
 class Gemm {
  public:
   // A cuBLASLt handle and `workspace_bytes` of device workspace for its algorithms.
@@ -52,7 +54,8 @@ class Gemm {
   Gemm() = default;
   absl::StatusOr<Plan*> plan(const GemmArgs& args);
 
-  void* handle_ = nullptr;  // cublasLtHandle_t
+  const CublasLt* lt_ = nullptr;  // cublaslt_library.h
+  void* handle_ = nullptr;        // cublasLtHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
   // (tokens, out, in, strides, bias, output type) -> plan

@@ -77,6 +77,7 @@ absl::Status prepareMoeGemm() {
         allowAll<Format::kNvfp4, false>(), allowAll<Format::kFp8Block128, true>()}) {
     if (!s.ok()) return s;
   }
+  (void)computeMajor();  // Asked now, so that a graph capture asks nothing.
   if (moe_gemm::nativeFp4Available()) return moe_gemm::allowNativeFp4();
   return absl::OkStatus();
 }
@@ -112,8 +113,8 @@ absl::StatusOr<int64_t> checkProduct(const ExpertWeights& w, const void* x, int6
 
 // Whether the product runs on native operands, for `rows` rows of x to quantize.
 absl::StatusOr<bool> nativeOperands(const ExpertWeights& w, GemmOperands operands,
-                                    int64_t scratch_bytes, int64_t rows, int tile_rows,
-                                    const char* op) {
+                                    const void* scratch, int64_t scratch_bytes, int64_t rows,
+                                    int tile_rows, const char* op) {
   if (operands == GemmOperands::kWidened || w.format == Format::kBf16) return false;
   const bool forced = operands == GemmOperands::kNative;
   auto refuse = [&](const std::string& why) -> absl::StatusOr<bool> {
@@ -126,7 +127,10 @@ absl::StatusOr<bool> nativeOperands(const ExpertWeights& w, GemmOperands operand
   if (w.format == Format::kNvfp4 && w.cols % 64 != 0) return refuse("need K % 64 == 0");
   if (!moe_gemm::nativeTilesBuilt(tile_rows, computeMajor()))
     return refuse("in 64-row tiles need sm_120 (this device runs 16-row ones)");
+  if (rows <= 0) return refuse("need the rows of x to quantize (MoeGemmArgs::tokens)");
   if (!forced && !nativeOperandsPreferred(w.format)) return false;
+  if (reinterpret_cast<uintptr_t>(scratch) % 256 != 0)
+    return refuse("need 256-byte aligned scratch");
   const int64_t need = nativeScratchBytes(w.format, rows, w.cols);
   if (scratch_bytes < need)
     return refuse("need " + std::to_string(need) + " bytes of scratch, given " +
@@ -211,11 +215,12 @@ absl::Status runMoeGemm(const MoeGemmArgs& a, cudaStream_t stream) {
   p.slots = a.plan->k;
   p.gather = a.gather;
   const int64_t x_rows = a.gather ? a.tokens : a.plan->max_rows;
-  CLEAVE_ASSIGN_OR_RETURN(const bool native, nativeOperands(a.weights, a.operands, a.scratch_bytes,
-                                                            x_rows, a.plan->tile_rows, "moe_gemm"));
+  CLEAVE_ASSIGN_OR_RETURN(const bool native,
+                          nativeOperands(a.weights, a.operands, a.scratch, a.scratch_bytes, x_rows,
+                                         a.plan->tile_rows, "moe_gemm"));
   if (native) {
-    if (a.gather && (a.tokens <= 0 || a.tokens > a.plan->max_tokens))
-      return absl::InvalidArgumentError("moe_gemm: native operands need the step's tokens");
+    if (a.gather && a.tokens > a.plan->max_tokens)
+      return absl::InvalidArgumentError("moe_gemm: more tokens than the layout was planned for");
     CLEAVE_RETURN_IF_ERROR(quantizeInto(p, a.weights.format, x_rows, a.scratch,
                                         a.gather ? nullptr : a.layout.tile_count, a.plan->tile_rows,
                                         stream));
@@ -239,8 +244,9 @@ absl::Status runSkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
   Params p = params(a.weights, a.x, a.x_stride, out_cols, a.y, a.y_stride);
   p.dense_rows = a.rows;
   p.bias = static_cast<const bf16*>(a.bias);
-  CLEAVE_ASSIGN_OR_RETURN(const bool native, nativeOperands(a.weights, a.operands, a.scratch_bytes,
-                                                            a.rows, tile_rows, "skinny_gemm"));
+  CLEAVE_ASSIGN_OR_RETURN(const bool native,
+                          nativeOperands(a.weights, a.operands, a.scratch, a.scratch_bytes, a.rows,
+                                         tile_rows, "skinny_gemm"));
   if (native)
     CLEAVE_RETURN_IF_ERROR(
         quantizeInto(p, a.weights.format, a.rows, a.scratch, nullptr, 0, stream));

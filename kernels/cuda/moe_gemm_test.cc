@@ -299,7 +299,19 @@ TEST_P(MoeGemmTest, MatchesAFloat64Reference) {
   const HostWeights w = randomWeights(c.format, experts, c.rows, c.cols, rng);
   DeviceWeights dw(w);
   const int64_t x_stride = c.cols + 8;
-  const std::vector<bf16> x = testing::randomBf16(tokens * x_stride, rng);
+  std::vector<bf16> x = testing::randomBf16(tokens * x_stride, rng);
+  if (native) {
+    // Magnitudes 10^[-2, 2] per token and 128 columns, so that each row's and block's own
+    // scale matters: one taken from the wrong row or block shows.
+    std::uniform_real_distribution<float> exponent(-2.0f, 2.0f);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t b = 0; b * 128 < x_stride; ++b) {
+        const float scale = std::pow(10.0f, exponent(rng));
+        for (int64_t i = b * 128; i < std::min((b + 1) * 128, x_stride); ++i)
+          x[t * x_stride + i] = __float2bfloat16(toFloat(x[t * x_stride + i]) * scale);
+      }
+    }
+  }
   DeviceBuffer<bf16> dx(x);
   const int64_t out_cols = c.silu ? c.rows / 2 : c.rows, y_stride = out_cols + 2;
   DeviceBuffer<bf16> dy(layout.plan.max_rows * y_stride);  // poisoned
@@ -375,7 +387,12 @@ INSTANTIATE_TEST_SUITE_P(
                       ProjectionCase{ExpertWeightFormat::kFp8Block128, 64, true, 320, 384, kNative},
                       ProjectionCase{ExpertWeightFormat::kNvfp4, 16, false, 80, 320, kNative},
                       ProjectionCase{ExpertWeightFormat::kNvfp4, 16, true, 160, 192, kNative},
-                      ProjectionCase{ExpertWeightFormat::kNvfp4, 64, true, 160, 320, kNative}));
+                      ProjectionCase{ExpertWeightFormat::kNvfp4, 64, true, 160, 320, kNative},
+                      // Real hidden sizes: the whole K accumulates in the MMA (E2M1) or in
+                      // 128-column blocks (e4m3).
+                      ProjectionCase{ExpertWeightFormat::kNvfp4, 16, false, 64, 4096, kNative},
+                      ProjectionCase{ExpertWeightFormat::kFp8Block128, 16, false, 64, 4096,
+                                     kNative}));
 
 // One matrix, rows in order (the dense skinny path): 1, 5 and 16 rows in one 16-row tile,
 // 37 rows in 64-row tiles, each format, plain and fused gate/up.

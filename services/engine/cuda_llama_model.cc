@@ -465,6 +465,52 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
   return std::unique_ptr<CudaLlamaModel>(new CudaLlamaModel(std::move(state)));
 }
 
+absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> blocks,
+                                    KvStorage& host) {
+  State& s = *state_;
+  const KvStorageOptions& o = host.options();
+  const int64_t element = cpu::kvElementBytes(o.type);
+  if (o.num_layers != s.layers || o.kv_heads != s.kv_heads || o.head_dim != s.head_dim ||
+      o.block_size != s.options.block_size || element != s.kvElementBytes() ||
+      (o.type == cpu::KvType::kFp8E4M3) != (s.options.kv_dtype == cuda::KvDtype::kFp8E4M3))
+    return absl::InvalidArgumentError(
+        absl::StrCat("host KV rows [", o.num_layers, " layers, ", o.kv_heads, " heads, head_dim ",
+                     o.head_dim, ", blocks of ", o.block_size, ", ", cpu::kvTypeName(o.type),
+                     "] do not match the GPU cache's [", s.layers, ", ", s.kv_heads, ", ",
+                     s.head_dim, ", ", s.options.block_size, ", ",
+                     s.options.kv_dtype == cuda::KvDtype::kFp8E4M3 ? "fp8_e4m3" : "bf16", "]"));
+  for (int32_t b : blocks) {
+    if (b < 0 || b >= s.kv_blocks || b >= o.num_blocks)
+      return absl::InvalidArgumentError(absl::StrCat("KV block ", b, " is outside the cache (",
+                                                     std::min(s.kv_blocks, o.num_blocks),
+                                                     " blocks)"));
+  }
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaSetDevice(s.options.device), "selecting the GPU"));
+  // A block of one layer's keys (or values) is [kv head][slot][head_dim] in both layouts, so
+  // a run of consecutive block ids is one contiguous copy.
+  const int64_t block_bytes = s.kv_heads * s.options.block_size * s.head_dim * element;
+  const bool to_host = direction == KvCopy::kToHost;
+  for (size_t i = 0; i < blocks.size();) {
+    size_t end = i + 1;
+    while (end < blocks.size() && blocks[end] == blocks[end - 1] + 1) ++end;
+    const int64_t first = blocks[i], bytes = static_cast<int64_t>(end - i) * block_bytes;
+    for (int64_t l = 0; l < s.layers; ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        uint8_t* device =
+            static_cast<uint8_t*>(kv == 0 ? s.keys(l) : s.values(l)) + first * block_bytes;
+        uint8_t* rows = host.data() + host.offset(l, kv, first, 0);
+        CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+            cudaMemcpyAsync(to_host ? rows : device, to_host ? device : rows,
+                            static_cast<size_t>(bytes),
+                            to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s.stream),
+            to_host ? "copying KV rows to the host" : "copying KV rows to the GPU"));
+      }
+    }
+    i = end;
+  }
+  return cuda::cudaStatus(cudaStreamSynchronize(s.stream), "KV row copies");
+}
+
 int64_t CudaLlamaModel::kvBlocks() const { return state_->kv_blocks; }
 const CudaMemoryPlan& CudaLlamaModel::memoryPlan() const { return state_->plan; }
 int64_t CudaLlamaModel::weightBytes() const { return state_->weight_bytes; }
@@ -796,6 +842,9 @@ class CudaRankBackend final : public StepBackend {
       : group_(std::move(group)), model_(std::move(model)) {}
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override {
     return model_->forward(batch);
+  }
+  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks, KvStorage& host) override {
+    return model_->copyKv(direction, blocks, host);
   }
 
  private:

@@ -92,6 +92,8 @@ class CudaLlamaModel : public StepBackend {
   // the others an empty span. A rank whose step fails aborts its group (so no peer waits
   // in a collective forever); the group is not used again.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override;
+  // Device <-> host copies of whole blocks (contiguous runs of block ids in one copy each).
+  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks, KvStorage& host) override;
 
   int64_t kvBlocks() const;
   const CudaMemoryPlan& memoryPlan() const;

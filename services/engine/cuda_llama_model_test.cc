@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -193,6 +194,70 @@ TEST(CudaLlamaModelTest, NativeOperandsStayCloseToTheCpuBackend) {
     ++ran;
   }
   if (ran == 0) GTEST_SKIP() << "this GPU has no native FP8 or E2M1 MMA (sm_120 / sm_120a)";
+}
+
+// A worker's KV hand-off on GPUs: a prompt prefilled on one model, its blocks copied to
+// host rows, moved (as a transport would) into other block ids of another model's host
+// rows and copied up there, decodes to the same logits on both; a host pool of another
+// shape is refused.
+TEST(CudaLlamaModelTest, KvRowsMovedThroughTheHostDecodeAsTheirOwnDo) {
+  CLEAVE_REQUIRE_GPU();
+  auto weights = loadLlama(goldenDir() + "/engine/hf/llama_f32");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const LlamaWeights& w = **weights;
+  for (cuda::KvDtype dtype : {cuda::KvDtype::kBf16, cuda::KvDtype::kFp8E4M3}) {
+    const bool fp8 = dtype == cuda::KvDtype::kFp8E4M3;
+    SCOPED_TRACE(fp8 ? "fp8" : "bf16");
+    const CudaModelOptions options{.max_step_tokens = 64,
+                                   .max_sequences = 2,
+                                   .max_context = 128,
+                                   .kv_blocks = 8,
+                                   .kv_dtype = dtype};
+    auto sender = CudaLlamaModel::create(w, options);
+    auto receiver = CudaLlamaModel::create(w, options);
+    ASSERT_TRUE(sender.ok()) << sender.status();
+    ASSERT_TRUE(receiver.ok()) << receiver.status();
+    const KvStorageOptions host_shape{.num_layers = static_cast<int64_t>(w.layers.size()),
+                                      .kv_heads = w.dims.kv_heads.size,
+                                      .head_dim = w.config.head_dim,
+                                      .block_size = 16,
+                                      .num_blocks = 8,
+                                      .type = fp8 ? cpu::KvType::kFp8E4M3 : cpu::KvType::kBf16};
+    KvStorage sent(host_shape), received(host_shape);
+    std::mt19937 rng(cuda::testing::freshSeed());
+    std::uniform_int_distribution<uint32_t> token(0,
+                                                  static_cast<uint32_t>(w.config.vocab_size - 1));
+    std::vector<uint32_t> prompt(37);
+    for (uint32_t& t : prompt) t = token(rng);
+    const std::vector<int32_t> blocks = {5, 2, 3}, placed = {0, 1, 6};
+    const SequenceChunk prefill{.tokens = prompt, .start = 0, .blocks = blocks};
+    ASSERT_TRUE((*sender)->forward({&prefill, 1}).ok());
+    ASSERT_TRUE((*sender)->copyKv(KvCopy::kToHost, blocks, sent).ok());
+    const size_t block_bytes = static_cast<size_t>(sent.kvHeads() * sent.headBlockBytes());
+    for (size_t i = 0; i < blocks.size(); ++i)
+      for (int64_t l = 0; l < host_shape.num_layers; ++l)
+        for (int kv = 0; kv < 2; ++kv)
+          std::memcpy(received.data() + received.offset(l, kv, placed[i], 0),
+                      sent.data() + sent.offset(l, kv, blocks[i], 0), block_bytes);
+    ASSERT_TRUE((*receiver)->copyKv(KvCopy::kFromHost, placed, received).ok());
+    const std::vector<uint32_t> next = {prompt[3]};
+    const SequenceChunk here{.tokens = next, .start = 37, .blocks = blocks};
+    const SequenceChunk there{.tokens = next, .start = 37, .blocks = placed};
+    auto want = (*sender)->forward({&here, 1});
+    ASSERT_TRUE(want.ok()) << want.status();
+    const std::vector<float> expected(want->begin(), want->end());
+    auto got = (*receiver)->forward({&there, 1});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+    KvStorageOptions other = host_shape;
+    other.block_size = 32;
+    KvStorage wrong(other);
+    EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, blocks, wrong).code(),
+              absl::StatusCode::kInvalidArgument);
+    const std::vector<int32_t> outside = {8};
+    EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, outside, sent).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(CudaLlamaModelTest, RefusesForcedNativeOperands) {

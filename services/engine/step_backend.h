@@ -14,16 +14,26 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/engine/kv_storage.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/llama_weights.h"
 
 namespace cleave::engine {
+
+enum class KvCopy { kToHost, kFromHost };
 
 class StepBackend {
  public:
   virtual ~StepBackend() = default;
   // As LlamaModel::forward, over the backend's own KV cache of the blocks it was made with.
   virtual absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) = 0;
+  // Copies every layer's key and value rows of `blocks` between the backend's cache and
+  // `host` (this rank's heads, the same block size, head size and element type; block ids
+  // mean the same in both), and returns once they are there: what a KV transport, which
+  // reads and writes host memory, needs around a transfer. InvalidArgument names a shape
+  // or block id that does not match.
+  virtual absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
+                              KvStorage& host) = 0;
 };
 
 // Makes one backend per rank of a group, rank r's for ranks[r] (its shard of the weights,

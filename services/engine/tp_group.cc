@@ -122,6 +122,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
   if (options.tp > 1) group->threads_ = std::make_unique<Threads>(options.tp);
   group->backend_factory_ = options.backend;
   group->kv_type_ = options.kv_type;
+  group->host_kv_ = options.backend && options.host_kv;
   GlooRendezvous rendezvous(options.tp);
   SharedMemoryGroup shared(options.tp);
   const int threads_per_rank = std::max(1, options.threads / options.tp);
@@ -173,7 +174,7 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
     CLEAVE_ASSIGN_OR_RETURN(backends_, backend_factory_(shards, num_blocks, block_size));
     if (backends_.size() != ranks_.size())
       return absl::InternalError("the backend factory made the wrong number of ranks");
-    return absl::OkStatus();
+    if (!host_kv_) return absl::OkStatus();
   }
   // Each rank allocates (and first touches) its own rows.
   return onEveryRank([&](Rank& rank) {
@@ -206,12 +207,20 @@ absl::StatusOr<std::span<const float>> TpGroup::forward(std::span<const Sequence
   return ranks_[0]->logits;
 }
 
+absl::Status TpGroup::copyKv(KvCopy direction, std::span<const int32_t> blocks) {
+  if (backends_.empty()) return absl::OkStatus();
+  if (!host_kv_) return absl::FailedPreconditionError("copyKv on a group without host KV rows");
+  return onEveryRank([&](Rank& rank) -> absl::Status {
+    return backends_[rank.index]->copyKv(direction, blocks, *rank.kv);
+  });
+}
+
 const model::ModelConfig& TpGroup::config() const { return ranks_[0]->weights->config; }
 
 int64_t TpGroup::weightBytes(int rank) const { return ranks_[rank]->weights->weightBytes(); }
 
 KvStorage& TpGroup::kv(int rank) {
-  CLEAVE_CHECK(ranks_[rank]->kv != nullptr);  // No rows before allocateKv or with a backend.
+  CLEAVE_CHECK(ranks_[rank]->kv != nullptr);  // After allocateKv (a backend: host_kv).
   return *ranks_[rank]->kv;
 }
 

@@ -57,8 +57,11 @@ struct TpGroupOptions {
   // Called as layers load (from one rank thread at a time), e.g. for a progress line.
   std::function<void(const LoadProgress&)> on_progress;
   // Set: steps run on these backends (one per rank, made by allocateKv), which hold the KV
-  // cache themselves — kv() has no rows then. Empty: the CPU model.
+  // cache themselves — kv() has no rows then, unless host_kv. Empty: the CPU model.
   StepBackendFactory backend;
+  // With a backend: host rows of the KV pool too (kv(), in kv_type, which must be the
+  // backend's element type), filled and read by copyKv — what a KV transport moves.
+  bool host_kv = false;
 };
 
 class TpGroup {
@@ -79,6 +82,12 @@ class TpGroup {
   // 0's (every rank has the same), valid until the next call.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch);
 
+  // Brings the host rows (kv()) of `blocks` and the backends' caches level, every rank: the
+  // host rows take the backend's (kToHost: after a prefill, before a transfer reads them)
+  // or the reverse (kFromHost: after a transfer wrote them, before decoding). A no-op on
+  // the CPU model, whose cache is the host rows. FailedPrecondition without host_kv.
+  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks);
+
   const model::ModelConfig& config() const;
   int tp() const { return static_cast<int>(ranks_.size()); }
   int64_t numBlocks() const { return num_blocks_; }
@@ -87,7 +96,8 @@ class TpGroup {
   // Weight bytes rank `rank` streams per step, and its KV bytes per block.
   int64_t weightBytes(int rank) const;
   int64_t kvBlockBytes(int rank) const;
-  // Rank `rank`'s KV rows (after allocateKv(), CPU model only), and its KV heads.
+  // Rank `rank`'s KV rows (after allocateKv(); the CPU model, or a backend with host_kv),
+  // and its KV heads.
   KvStorage& kv(int rank);
   Span kvHeads(int rank) const;
   // The stored format of the linear layers (that of the first layer's Q projection).
@@ -108,6 +118,7 @@ class TpGroup {
   int64_t num_blocks_ = 0;
   int64_t block_size_ = 16;
   cpu::KvType kv_type_ = cpu::KvType::kF32;
+  bool host_kv_ = false;  // a backend's group keeps host rows too
   std::span<const float> logits_;
 };
 

@@ -6,17 +6,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
 
+#include "common/log.h"
 #include "nlohmann/json.hpp"
 #include "services/engine/gloo_communicator.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/llama_weights.h"
 #include "services/engine/scheduler.h"
 #include "services/engine/shared_memory_communicator.h"
+#include "services/engine/step_backend.h"
 
 namespace cleave::engine {
 namespace {
@@ -338,6 +341,134 @@ TEST(KvCacheScalesTest, CheckpointScalesAreLoadedAndUsed) {
     EXPECT_THAT(refused.status().message(), HasSubstr("model.layers.1.self_attn.v_scale"));
   }
   std::filesystem::remove_all(dir);
+}
+
+// A step backend whose KV cache is its own memory, not the group's host rows — as a GPU's
+// is: the CPU model over a private KvStorage. Test code only.
+class SeparateCacheBackend final : public StepBackend {
+ public:
+  SeparateCacheBackend(const LlamaWeights& w, int64_t blocks, int64_t block_size, cpu::KvType type)
+      : pool_(1),
+        model_(w, pool_),
+        cache_({.num_layers = static_cast<int64_t>(w.layers.size()),
+                .kv_heads = w.dims.kv_heads.size,
+                .head_dim = w.config.head_dim,
+                .block_size = block_size,
+                .num_blocks = blocks,
+                .type = type}) {}
+  absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override {
+    return model_.forward(batch, cache_);
+  }
+  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks, KvStorage& host) override {
+    for (int32_t b : blocks) {
+      for (int64_t l = 0; l < cache_.options().num_layers; ++l) {
+        for (int kv = 0; kv < 2; ++kv) {
+          const int64_t at = cache_.offset(l, kv, b, 0);
+          const size_t bytes = static_cast<size_t>(cache_.kvHeads() * cache_.headBlockBytes());
+          uint8_t* mine = cache_.data() + at;
+          uint8_t* theirs = host.data() + host.offset(l, kv, b, 0);
+          std::memcpy(direction == KvCopy::kToHost ? theirs : mine,
+                      direction == KvCopy::kToHost ? mine : theirs, bytes);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+  KvStorage& cache() { return cache_; }
+
+ private:
+  cpu::ThreadPool pool_;
+  LlamaModel model_;
+  KvStorage cache_;
+};
+
+// Groups over SeparateCacheBackend with host rows, keeping each backend reachable.
+struct SeparateGroup {
+  std::vector<SeparateCacheBackend*> backends;
+  std::unique_ptr<TpGroup> group;
+  SeparateGroup(const std::string& path, cpu::KvType type, bool host_kv) {
+    TpGroupOptions options{.kv_type = type, .host_kv = host_kv};
+    options.backend =
+        [this, type](
+            std::span<const LlamaWeights* const> ranks, int64_t blocks,
+            int64_t block_size) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
+      std::vector<std::unique_ptr<StepBackend>> made;
+      for (const LlamaWeights* w : ranks) {
+        auto backend = std::make_unique<SeparateCacheBackend>(*w, blocks, block_size, type);
+        backends.push_back(backend.get());
+        made.push_back(std::move(backend));
+      }
+      return made;
+    };
+    auto loaded = TpGroup::load(path, options);
+    CLEAVE_CHECK_OK(loaded.status());
+    group = std::move(*loaded);
+    CLEAVE_CHECK_OK(group->allocateKv(8, 16));
+  }
+};
+
+// The worker's path for a backend with its own cache: prefill there, copy the prompt's
+// blocks to the host rows, a transport moves the host rows, the receiver copies them into
+// its backend and decodes: the same logits as the group that computed the prompt.
+TEST(TpGroupHostKvTest, RowsMovedThroughTheHostDecodeAsTheirOwnDo) {
+  for (cpu::KvType type : {cpu::KvType::kF32, cpu::KvType::kBf16, cpu::KvType::kFp8E4M3}) {
+    SCOPED_TRACE(cpu::kvTypeName(type));
+    SeparateGroup sender(kHf + "llama_f32", type, true), receiver(kHf + "llama_f32", type, true);
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<uint32_t> token(0, 200);
+    std::vector<uint32_t> prompt(37);
+    for (uint32_t& t : prompt) t = token(rng);
+    const std::vector<int32_t> blocks = {5, 2, 3, 6};  // out of order, one run of two
+    const SequenceChunk prefill{.tokens = prompt, .start = 0, .blocks = blocks};
+    ASSERT_TRUE(sender.group->forward({&prefill, 1}).ok());
+    // The host rows are stale until copied; then they hold exactly the backend's rows.
+    KvStorage& host = sender.group->kv(0);
+    std::memset(host.data(), 0x5a, static_cast<size_t>(host.bytes()));
+    ASSERT_TRUE(sender.group->copyKv(KvCopy::kToHost, blocks).ok());
+    KvStorage& own = sender.backends[0]->cache();
+    const size_t block = static_cast<size_t>(own.kvHeads() * own.headBlockBytes());
+    for (int32_t b = 0; b < 8; ++b) {
+      const bool listed = std::find(blocks.begin(), blocks.end(), b) != blocks.end();
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint8_t* h = host.data() + host.offset(1, kv, b, 0);
+        if (listed) {
+          EXPECT_EQ(std::memcmp(h, own.data() + own.offset(1, kv, b, 0), block), 0) << b;
+        } else {
+          EXPECT_TRUE(std::all_of(h, h + block, [](uint8_t v) { return v == 0x5a; })) << b;
+        }
+      }
+    }
+    // "Transfer": the host rows of the prompt's blocks, into the receiver's blocks 0..3.
+    const std::vector<int32_t> placed = {0, 1, 2, 3};
+    KvStorage& dst = receiver.group->kv(0);
+    for (size_t i = 0; i < blocks.size(); ++i)
+      for (int64_t l = 0; l < host.options().num_layers; ++l)
+        for (int kv = 0; kv < 2; ++kv)
+          std::memcpy(dst.data() + dst.offset(l, kv, placed[i], 0),
+                      host.data() + host.offset(l, kv, blocks[i], 0), block);
+    ASSERT_TRUE(receiver.group->copyKv(KvCopy::kFromHost, placed).ok());
+    const std::vector<uint32_t> next = {prompt.back()};
+    const SequenceChunk there{.tokens = next, .start = 37, .blocks = placed};
+    const SequenceChunk here{.tokens = next, .start = 37, .blocks = blocks};
+    auto want = sender.group->forward({&here, 1});
+    ASSERT_TRUE(want.ok());
+    const std::vector<float> expected(want->begin(), want->end());
+    auto got = receiver.group->forward({&there, 1});
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+  }
+}
+
+TEST(TpGroupHostKvTest, CopyingNeedsHostRows) {
+  SeparateGroup group(kHf + "llama_f32", cpu::KvType::kF32, false);
+  const std::vector<int32_t> blocks = {0};
+  EXPECT_EQ(group.group->copyKv(KvCopy::kToHost, blocks).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The CPU model's cache is its host rows: nothing to copy.
+  auto cpu = TpGroup::load(kHf + "llama_f32", {});
+  ASSERT_TRUE(cpu.ok());
+  ASSERT_TRUE((*cpu)->allocateKv(4, 16).ok());
+  EXPECT_TRUE((*cpu)->copyKv(KvCopy::kToHost, blocks).ok());
 }
 
 TEST(TpGroupTest, RefusesASplitTheModelCannotTake) {

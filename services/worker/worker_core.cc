@@ -6,6 +6,7 @@
 #include "common/faults.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "services/worker/kv_copy_plan.h"
 #include "services/worker/request_conversion.h"
@@ -247,15 +248,26 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   absl::StatusOr<engine::TokenEvent> first =
       request.ok() ? runPrefill(*id, *request, context) : request.status();
   v1::PrefillResponse response;
+  if (first.ok() && local) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = requests_.find(r.request_id()); it != requests_.end())
+      it->second.prefilled_here = true;
+  }
   if (first.ok() && !local && !first->finished) {
     // Hand the prompt's KV to the decode worker, then free the local copy.
     const auto sent_at = std::chrono::steady_clock::now();
-    std::vector<int32_t> blocks =
-        loop_->call([&](engine::Scheduler& s) { return s.reservation(*id); });
+    std::vector<int32_t> blocks;
+    // A backend with its own cache (a GPU) puts the prompt's rows where the transport
+    // reads them; the CPU model's cache is already there.
+    absl::Status staged = loop_->call([&](engine::Scheduler& s) {
+      blocks = s.reservation(*id);
+      return model_.copyKv(engine::KvCopy::kToHost, blocks);
+    });
     uint64_t bytes = 0;
     faults::crashPoint("prefill_before_kv_send");
     faults::delay("kv_send_delay_ms");
-    absl::Status sent = faults::fire("kv_send_fail")
+    absl::Status sent = !staged.ok() ? staged
+                        : faults::fire("kv_send_fail")
                             ? absl::UnavailableError("injected fault kv_send_fail")
                             : sendKv(r.destination(), blocks, bytes);
     if (!sent.ok()) first = sent;
@@ -289,8 +301,25 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   absl::StatusOr<engine::GenerationRequest> request =
       toEngineRequest(*id, partsOf(r), options_.eos_ids, model_.config().max_position_embeddings);
   if (!request.ok()) return request.status();
-  absl::Status started = loop_->call(
-      [&](engine::Scheduler& s) { return s.startDecode(*request, r.first_token_id()); });
+  bool prefilled_here = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = requests_.find(r.request_id()); it != requests_.end())
+      prefilled_here = it->second.prefilled_here;
+  }
+  absl::Status started = loop_->call([&](engine::Scheduler& s) -> absl::Status {
+    if (!prefilled_here) {
+      // A transfer wrote the prompt's rows into the host rows; a backend with its own cache
+      // (a GPU) takes them from there.
+      std::vector<int32_t> blocks = s.reservation(*id);
+      const size_t prompt_blocks = static_cast<size_t>(
+          (static_cast<int64_t>(request->prompt.size()) + model_.blockSize() - 1) /
+          model_.blockSize());
+      blocks.resize(std::min(blocks.size(), prompt_blocks));
+      CLEAVE_RETURN_IF_ERROR(model_.copyKv(engine::KvCopy::kFromHost, blocks));
+    }
+    return s.startDecode(*request, r.first_token_id());
+  });
   if (started.ok()) {
     absl::MutexLock lock(&mu_);
     if (auto it = requests_.find(r.request_id()); it != requests_.end()) it->second.decoding = true;

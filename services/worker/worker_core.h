@@ -78,7 +78,10 @@ class WorkerCore {
   struct Request {
     uint64_t id = 0;
     std::string router_id;
-    bool decoding = false;                                 // StartDecode was accepted.
+    bool decoding = false;  // StartDecode was accepted.
+    // Its prompt's KV was computed here (a local prefill), not written in by a transfer:
+    // nothing to bring in from the host rows before decoding.
+    bool prefilled_here = false;
     Clock::time_point expires = Clock::time_point::max();  // Unless decoding by then.
     std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   };

@@ -27,6 +27,7 @@
 #include "services/roofline/cpu_hardware.h"
 #include "services/transfer/kv_transport.h"
 #include "services/worker/control_services.h"
+#include "services/worker/gpu_setup.h"
 #include "services/worker/registration.h"
 #include "services/worker/worker_metrics.h"
 #include "services/worker/worker_options.h"
@@ -133,13 +134,25 @@ int run(int argc, char** argv) {
       options.threads > 0 ? static_cast<int>(options.threads)
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                             static_cast<int>(options.tp));
+  // On the GPU the group steps CUDA models, each with its KV cache on its GPU, and keeps
+  // host rows of the pool for the KV transport (copied around each transfer).
+  const bool gpu = options.backend == "cuda";
+  engine::StepBackendFactory step_backend;
+  if (gpu) {
+    auto made =
+        gpuBackend(options, kMaxBatchTokens, std::max<int64_t>(options.target_concurrency, 1));
+    if (!made.ok()) die(made.status());
+    step_backend = std::move(*made);
+  }
   ProgressLine progress;  // On a terminal only; a log stays clean.
   auto group = engine::TpGroup::load(options.model,
                                      {.tp = static_cast<int>(options.tp),
                                       .moe_split = *engine::parseMoeSplit(options.moe_split),
                                       .threads = threads_per_rank * static_cast<int>(options.tp),
-                                      .kv_type = *cpu::parseKvType(options.kv_dtype),
-                                      .on_progress = engine::showLoadProgress(progress)});
+                                      .kv_type = kvType(options),
+                                      .on_progress = engine::showLoadProgress(progress),
+                                      .backend = step_backend,
+                                      .host_kv = gpu});
   progress.finish();
   if (!group.ok()) die(group.status());
   const model::ModelConfig& config = (*group)->config();
@@ -203,10 +216,22 @@ int run(int argc, char** argv) {
                         << "): this worker prefills and decodes only for itself";
   }
 
-  // What this machine can do, for every step's floor (docs/roofline.md).
-  const roofline::Hardware hardware = roofline::measureCpuHardware(
-      threads_per_rank * static_cast<int>(options.tp),
-      model::tensorTypeTraits((*group)->weightType())->block_elements > 1);
+  // What this machine can do, for every step's floor (docs/roofline.md): the GPU's profile,
+  // or the CPU measured.
+  std::optional<roofline::Hardware> gpu_hardware;
+  if (gpu) {
+    auto found = gpuHardware((*group)->weightType());
+    if (found.ok()) {
+      gpu_hardware = *found;
+    } else {
+      CLEAVE_LOG(WARNING) << found.status().message() << ": step floors use this machine's CPU";
+    }
+  }
+  const roofline::Hardware hardware =
+      gpu_hardware ? *gpu_hardware
+                   : roofline::measureCpuHardware(
+                         threads_per_rank * static_cast<int>(options.tp),
+                         model::tensorTypeTraits((*group)->weightType())->block_elements > 1);
   CLEAVE_LOG(INFO) << "this machine: " << hardware.bandwidth / 1e9 << " GB/s read, "
                    << hardware.peak_flops / 1e9 << " GOP/s for the weights' products";
   worker::WorkerMetrics::exportHardware(hardware);

@@ -7,6 +7,7 @@
 #include "absl/status/statusor.h"
 #include "common/flags.h"
 #include "common/server_flags.h"
+#include "kernels/cpu/kv_format.h"
 
 namespace cleave::worker {
 
@@ -17,7 +18,8 @@ struct WorkerOptions {
   std::string model;
   int64_t tp = 1;
   std::string moe_split = "experts";
-  std::string kv_dtype = "f32";  // The KV cache's element type (cpu::parseKvType).
+  std::string backend = "cpu";    // cpu, or cuda (rank r on GPU r)
+  std::string kv_dtype = "auto";  // The KV cache's element type (cpu::parseKvType), or auto
   std::string router;
   std::string advertise;  // host:port the router reaches this worker at (empty: --listen's).
   ServerFlags server{.listen = "127.0.0.1:0"};
@@ -39,6 +41,10 @@ struct WorkerOptions {
 };
 
 absl::StatusOr<Role> parseRole(absl::string_view text);
+
+// The KV cache's element type: --kv-dtype, auto being f32 on the CPU and bf16 on the GPU.
+// Call after validate().
+cpu::KvType kvType(const WorkerOptions& options);
 
 // Checks values that parse but cannot work: an unknown role, a missing model file, a TP
 // degree or concurrency out of range. The message names the flag and what to change.

@@ -48,6 +48,13 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
       {"--planned-seq-len must be", [](WorkerOptions& o) { o.planned_seq_len = -5; }},
       {"--metrics-port must be", [](WorkerOptions& o) { o.server.metrics_port = 65536; }},
       {"--threads must be", [](WorkerOptions& o) { o.threads = -1; }},
+      {"--backend must be cpu or cuda", [](WorkerOptions& o) { o.backend = "tpu"; }},
+      {"--kv-dtype: ", [](WorkerOptions& o) { o.kv_dtype = "int4"; }},
+      {"the GPU stores its KV cache as bf16 or fp8",
+       [](WorkerOptions& o) {
+         o.backend = "cuda";
+         o.kv_dtype = "f32";
+       }},
   };
   for (const Case& c : cases) {
     WorkerOptions options = validOptions();
@@ -56,6 +63,15 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
     EXPECT_FALSE(status.ok()) << c.expected;
     EXPECT_THAT(status.message(), HasSubstr(c.expected));
   }
+}
+
+TEST(WorkerOptionsTest, AutoKvTypeFollowsTheBackend) {
+  WorkerOptions options = validOptions();
+  EXPECT_EQ(kvType(options), cpu::KvType::kF32);
+  options.backend = "cuda";
+  EXPECT_EQ(kvType(options), cpu::KvType::kBf16);
+  options.kv_dtype = "fp8";
+  EXPECT_EQ(kvType(options), cpu::KvType::kFp8E4M3);
 }
 
 }  // namespace
