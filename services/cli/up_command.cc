@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags.h"
 #include "common/ready_file.h"
@@ -31,6 +32,7 @@ namespace {
 struct Child {
   std::string name;
   std::string ready_file;
+  std::string gpus;  // CUDA_VISIBLE_DEVICES of a GPU worker, else empty
   pid_t pid = -1;
   nlohmann::json ready;
 };
@@ -40,13 +42,23 @@ absl::Status spawn(Child& child, std::vector<std::string> args) {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // This process's environment, with the child's GPUs when it has some.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (child.gpus.empty() || !absl::StartsWith(*e, "CUDA_VISIBLE_DEVICES="))
+      env_strings.push_back(*e);
+  }
+  if (!child.gpus.empty()) env_strings.push_back("CUDA_VISIBLE_DEVICES=" + child.gpus);
+  std::vector<char*> env;
+  for (std::string& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t none;
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr, &none);  // Children handle their own signals.
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  const int rc = posix_spawn(&child.pid, argv[0], nullptr, &attr, argv.data(), environ);
+  const int rc = posix_spawn(&child.pid, argv[0], nullptr, &attr, argv.data(), env.data());
   posix_spawnattr_destroy(&attr);
   if (rc != 0)
     return absl::UnavailableError(absl::StrCat("cannot start ", args[0], ": ", strerror(rc)));
@@ -80,7 +92,7 @@ void stopAll(std::vector<Child>& children) {
 }  // namespace
 
 int runUp(int argc, char** argv) {
-  std::string model, listen = "127.0.0.1:50051", ready_file, kv_dtype = "f32";
+  std::string model, listen = "127.0.0.1:50051", ready_file, kv_dtype = "auto", backend = "cpu";
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
   int64_t target = 16, planned = 2048, timeout_s = 300;
   uint64_t budget = 0;
@@ -99,7 +111,12 @@ int runUp(int argc, char** argv) {
   flags.addInt("target-concurrency", &target, "Each decode worker's target concurrency");
   flags.addInt("planned-seq-len", &planned, "Sequence length the KV plans must hold");
   flags.addBytes("memory-budget", &budget, "Each worker's memory budget (0: what the plan needs)");
-  flags.addString("kv-dtype", &kv_dtype, "Every worker's KV cache element type: f32, bf16 or fp8");
+  flags.addString("kv-dtype", &kv_dtype,
+                  "Every worker's KV cache element type: f32, bf16 or fp8 (auto: f32 on the "
+                  "CPU, bf16 on GPUs)");
+  flags.addString("backend", &backend,
+                  "Where the workers run: cpu, or cuda (each worker its own --tp GPUs, in "
+                  "order: CUDA_VISIBLE_DEVICES is set per worker)");
   flags.addString("ready-file", &ready_file,
                   "When everything serves, write the router's ports here (JSON)");
   flags.addInt("startup-timeout-s", &timeout_s, "Give up when not serving within this");
@@ -107,6 +124,10 @@ int runUp(int argc, char** argv) {
   if (model.empty()) exitWithUsageError(flags, absl::InvalidArgumentError("--model is required"));
   if (!positional.empty()) {
     exitWithUsageError(flags, absl::InvalidArgumentError("unexpected argument " + positional[0]));
+  }
+  if (backend != "cpu" && backend != "cuda") {
+    exitWithUsageError(flags, absl::InvalidArgumentError(
+                                  absl::StrCat("--backend is cpu or cuda, not '", backend, "'")));
   }
   if (prefill + decode + both == 0) both = 1;
   if (prefill < 0 || decode < 0 || both < 0 || (decode > 0 && prefill == 0) ||
@@ -148,10 +169,15 @@ int runUp(int argc, char** argv) {
   }
   const std::string router = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
                                           children[0].ready["grpc_port"].get<int>());
+  int64_t next_gpu = 0;  // GPU workers take the machine's GPUs in order
   auto startWorkers = [&](const char* role, int64_t count, int64_t tp) -> absl::Status {
     for (int64_t i = 0; i < count; ++i) {
       Child child{.name = absl::StrCat(role, "-", i),
                   .ready_file = (work / absl::StrCat(role, i, ".json")).string()};
+      if (backend == "cuda") {
+        for (int64_t g = 0; g < tp; ++g)
+          absl::StrAppend(&child.gpus, child.gpus.empty() ? "" : ",", next_gpu++);
+      }
       std::vector<std::string> args = {(bin / "cleave-worker").string(),
                                        std::string("--role=") + role,
                                        "--model=" + model,
@@ -162,7 +188,8 @@ int runUp(int argc, char** argv) {
                                        absl::StrCat("--target-concurrency=", target),
                                        absl::StrCat("--planned-seq-len=", planned),
                                        absl::StrCat("--memory-budget=", budget),
-                                       "--kv-dtype=" + kv_dtype};
+                                       "--kv-dtype=" + kv_dtype,
+                                       "--backend=" + backend};
       if (threads > 0) args.push_back(absl::StrCat("--threads=", threads));
       children.push_back(child);
       if (absl::Status s = spawn(children.back(), args); !s.ok()) return s;

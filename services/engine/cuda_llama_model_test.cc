@@ -383,6 +383,15 @@ TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {
   auto moe = load("qwen3_moe_nvfp4_ct");
   EXPECT_EQ(nativeFormat(moe->layers[0].moe->experts[0].down), F::kNvfp4);
   EXPECT_EQ(nativeFormat(moe->layers[0].moe->router), F::kBf16);
+  // Group scales stored as wider floats that are not all e4m3 values: bf16.
+  cpu::WeightMatrix source = l.wq.source();
+  std::vector<float> scales(source.rows * source.scales.cols);
+  std::copy_n(source.scales.data, scales.size(), scales.begin());
+  scales[scales.size() / 2] = 0.3f;  // between e4m3's 0.28125 and 0.3125
+  source.scales.data = scales.data();
+  auto odd = cpu::CpuMatrix::create(source);
+  ASSERT_TRUE(odd.ok()) << odd.status();
+  EXPECT_EQ(nativeFormat(*odd), F::kBf16);
 }
 
 TEST(CudaLlamaModelTest, GraphReplayEqualsEagerSteps) {

@@ -51,13 +51,39 @@ absl::StatusOr<uint8_t> exactE4m3(float v) {
       absl::StrCat("an NVFP4 group scale ", v, " is not an e4m3 value"));
 }
 
+// Whether v is an e4m3 value: 0, or |v| <= 448 with at most 3 mantissa bits at an exponent
+// of -6 or more, or k x 2^-9 for k in 1..7 (subnormals). Bit tests, for every group scale
+// of a model at load.
+bool isE4m3Value(float v) {
+  const uint32_t bits = absl::bit_cast<uint32_t>(v) & 0x7fffffffu;
+  if (bits == 0) return true;
+  const float a = absl::bit_cast<float>(bits);
+  if (!(a <= 448.0f)) return false;  // NaN too
+  const int exponent = static_cast<int>(bits >> 23) - 127;
+  if (exponent >= -6) return (bits & 0xfffffu) == 0;
+  const float k = a * 512.0f;
+  return k >= 1.0f && k <= 7.0f && k == static_cast<float>(static_cast<int>(k));
+}
+
+// Whether every group scale of a rows x cols slice is an e4m3 value, as the kernels keep
+// them (checkpoints that store them as wider floats may hold others: those load as bf16).
+bool groupScalesAreE4m3(const cpu::BlockScales& s, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = s.data + (s.row_offset + r) * s.cols + s.col_offset / 16;
+    for (int64_t g = 0; g < cols / 16; ++g) {
+      if (!isE4m3Value(row[g])) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 ExpertWeightFormat nativeFormat(const cpu::CpuMatrix& m) {
   const cpu::WeightMatrix& w = m.source();
   const cpu::BlockScales& s = w.scales;
   if (w.type == model::TensorType::kE2M1 && s.block_rows == 1 && s.block_cols == 16 &&
-      s.col_offset % 16 == 0 && m.cols() % 32 == 0)
+      s.col_offset % 16 == 0 && m.cols() % 32 == 0 && groupScalesAreE4m3(s, m.rows(), m.cols()))
     return ExpertWeightFormat::kNvfp4;
   if (w.type == model::TensorType::kF8E4M3 && s.block_rows == kFp8Block &&
       s.block_cols == kFp8Block && s.global == 1.0f && s.row_offset % kFp8Block == 0 &&
