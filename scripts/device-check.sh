@@ -2,14 +2,17 @@
 # The GPU check, in two halves.
 #
 #   scripts/device-check.sh [OUT]
-#       On a build machine (no GPU needed): builds the CUDA tests and benchmarks and puts
-#       them in one folder, OUT (default build/device-check, at most 64 MiB): bin/ (static
-#       CUDA runtime), lib/ (the shared libraries they load that a GPU machine need not have),
-#       data/ (the test models that fit), run.sh.
+#       On a build machine (no GPU needed): builds the CUDA tests, the benchmarks and the
+#       serving binaries and puts them in one folder, OUT (default build/device-check): bin/
+#       (static CUDA runtime), lib/ (the shared libraries they load that a GPU machine need
+#       not have), data/ (the test models that fit), run.sh; and packs it as OUT.tar.xz (at
+#       most 64 MiB: what travels), which unpacks to a folder named like OUT.
 #   OUT/run.sh
 #       On a GPU machine with the CUDA driver and PyTorch (none of our Debian packages):
-#       finds cuBLASLt and NCCL inside PyTorch's installation, runs every CUDA test, then
-#       the benchmarks (bench/cuda_bench.cc), and prints their table and the tests' results
+#       finds cuBLASLt and NCCL inside PyTorch's installation, runs every CUDA test, serves
+#       a tiny model from GPU workers (cleave up --backend cuda: router, prefill, decode)
+#       and compares the served tokens with the same prompt run offline on the GPU, then
+#       runs the benchmarks (bench/cuda_bench.cc), and prints their table and the results
 #       last. Logs go to $OUT when set, else OUT/logs. Finishes in under 8 minutes.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -21,7 +24,7 @@ tests=(cuda_device_test cuda_elementwise_test cuda_sampling_test cuda_gemm_test 
 scripts/build.sh default
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/data/engine/hf"
-for t in "${tests[@]}" bench_cuda; do
+for t in "${tests[@]}" bench_cuda cleave cleave-router cleave-worker; do
   found="$(find build/default -type f -name "$t" -perm -u+x | head -1)"
   [ -n "$found" ] || { echo "device-check: $t was not built (is nvcc in /usr/local/cuda?)" >&2; exit 1; }
   cp "$found" "$out/bin/"
@@ -76,6 +79,35 @@ for t in @TESTS@; do
   if [ "$rc" -ne 0 ]; then grep -E 'Failure|error|Expected|Which is|actual|FAILED' "$logs/$t.log" | head -20; fi
   grep -E "relative L2|greedy|seeded" "$logs/$t.log" | head -12
 done
+# Serving from GPU workers: a token-id prompt through the router (prefill worker -> KV over
+# UCX through host rows -> decode worker) against the same prompt offline on one GPU;
+# greedy, so the ids must be equal.
+serve() {
+  local kv="$1" model="$dir/data/engine/hf/llama_f32" ready="$logs/up-$1.json"
+  local ids="5 9 17 33 2 8 91 4 77 12 3 150 6 18 29 40 1 2 3 4 60 61"
+  local offline served port up
+  rm -f "$ready"
+  offline=$(timeout 60 "$dir/bin/cleave" generate --model "$model" --backend cuda \
+            --kv-dtype "$kv" --prompt-ids "$ids" --max-tokens 24 --print-ids 2>"$logs/offline-$kv.log")
+  timeout 150 "$dir/bin/cleave" up --model "$model" --backend cuda --kv-dtype "$kv" \
+      --prefill 1 --decode 1 --threads 2 --listen 127.0.0.1:0 --ready-file "$ready" \
+      > "$logs/up-$kv.log" 2>&1 &
+  up=$!
+  for _ in $(seq 120); do [ -s "$ready" ] && break; sleep 1; done
+  port=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["grpc_port"])' "$ready" 2>/dev/null)
+  served=$(timeout 60 "$dir/bin/cleave" generate --router "127.0.0.1:$port" --prompt-ids "$ids" \
+           --max-tokens 24 --print-ids 2>"$logs/served-$kv.log")
+  kill -INT "$up" 2>/dev/null; wait "$up" 2>/dev/null
+  if [ -n "$offline" ] && [ "$offline" = "$served" ]; then
+    results+=("serve $kv                 PASSED  served ids = offline GPU ids ($offline)")
+  else
+    results+=("serve $kv                 FAILED  offline [$offline] served [$served]")
+    tail -5 "$logs/offline-$kv.log" "$logs/served-$kv.log" "$logs/up-$kv.log"
+  fi
+  grep -h "KV transfer" "$logs/served-$kv.log"
+}
+serve bf16
+serve fp8
 timeout 300 "$dir/bin/bench_cuda" "$@" 2>&1 | tee "$logs/bench_cuda.log"
 echo "bench_cuda rc=${PIPESTATUS[0]}"
 echo
@@ -83,6 +115,7 @@ printf '%s\n' "${results[@]}"
 RUN
 sed -i "s/@TESTS@/${tests[*]}/" "$out/run.sh"
 chmod +x "$out/run.sh"
-size=$(du -sm "$out" | cut -f1)
-echo "device-check: $out is ${size} MiB"
+tar cJf "$out.tar.xz" -C "$(dirname "$out")" "$(basename "$out")"
+size=$(( ($(stat -c %s "$out.tar.xz") + 1048575) / 1048576 ))
+echo "device-check: $out.tar.xz is ${size} MiB (the folder $(du -sm "$out" | cut -f1) MiB)"
 if [ "$size" -gt 64 ]; then echo "device-check: over the 64 MiB a GPU machine takes" >&2; exit 1; fi

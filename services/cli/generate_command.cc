@@ -6,7 +6,9 @@
 #include <cstdio>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/cli/commands.h"
@@ -30,13 +32,33 @@ std::string chatTurn(const std::string& text) {
   return "<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n";
 }
 
-int generateThroughRouter(const std::string& address, const std::string& prompt, bool chat,
+// "1 2 3" or "1,2,3" as token ids; InvalidArgument naming what is not one.
+absl::StatusOr<std::vector<uint32_t>> parseIds(const std::string& text) {
+  std::vector<uint32_t> ids;
+  for (absl::string_view part : absl::StrSplit(text, absl::ByAnyChar(", "), absl::SkipEmpty())) {
+    uint32_t id = 0;
+    if (!absl::SimpleAtoi(part, &id))
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prompt-ids: '", part, "' is not a token id"));
+    ids.push_back(id);
+  }
+  if (ids.empty()) return absl::InvalidArgumentError("--prompt-ids has no token ids");
+  return ids;
+}
+
+// `ids` set: the prompt as token ids (no chat wrapping), else the text.
+int generateThroughRouter(const std::string& address, const std::string& prompt,
+                          const std::vector<uint32_t>& ids, bool chat,
                           const engine::SamplingParams& s, int64_t max_tokens,
                           const std::string& stop, bool ignore_eos, bool print_ids) {
   v1::GenerateRequest request;
-  request.set_text(chat ? chatTurn(prompt) : prompt);
-  request.set_parse_special_tokens(chat);
-  request.set_add_special_tokens(true);
+  if (!ids.empty()) {
+    request.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
+  } else {
+    request.set_text(chat ? chatTurn(prompt) : prompt);
+    request.set_parse_special_tokens(chat);
+    request.set_add_special_tokens(true);
+  }
   v1::SamplingParams* p = request.mutable_sampling();
   p->set_temperature(s.temperature);
   p->set_top_k(s.top_k);
@@ -93,6 +115,7 @@ int runGenerate(int argc, char** argv) {
   std::string backend = "cpu";
   std::string moe_split = "experts";
   std::string kv_dtype = "auto";
+  std::string prompt_ids;
   std::string gemm_operands = "auto";
   std::string router;
   bool print_ids = false;
@@ -109,6 +132,9 @@ int runGenerate(int argc, char** argv) {
                   "A GGUF file, or a Hugging Face folder, of a supported model (cleave info)");
   flags.addString("router", &router,
                   "Generate through a running router (host:port) instead of loading --model");
+  flags.addString("prompt-ids", &prompt_ids,
+                  "The prompt as token ids (\"1 2 3\" or 1,2,3) instead of PROMPT: no chat "
+                  "wrapping, no tokenizer needed");
   flags.addBool("print-ids", &print_ids,
                 "Print the generated token ids, space-separated, instead of the text");
   flags.addInt("max-tokens", &max_tokens, "Most tokens to generate");
@@ -160,6 +186,16 @@ int runGenerate(int argc, char** argv) {
   if (model.empty() == router.empty()) {
     exitWithUsageError(flags, absl::InvalidArgumentError("give --model or --router (one of them)"));
   }
+  std::vector<uint32_t> ids;
+  if (!prompt_ids.empty()) {
+    auto parsed = parseIds(prompt_ids);
+    if (!parsed.ok()) exitWithUsageError(flags, parsed.status());
+    ids = std::move(*parsed);
+    if (!positional.empty())
+      exitWithUsageError(flags,
+                         absl::InvalidArgumentError("give PROMPT or --prompt-ids, not both"));
+    positional.push_back("");
+  }
   if (positional.size() != 1) {
     exitWithUsageError(flags, absl::InvalidArgumentError("give exactly one PROMPT (quote it)"));
   }
@@ -204,11 +240,14 @@ int runGenerate(int argc, char** argv) {
 #endif
   }
   if (!router.empty()) {
-    return generateThroughRouter(router, positional[0], chat, sampling, max_tokens, stop,
+    return generateThroughRouter(router, positional[0], ids, chat, sampling, max_tokens, stop,
                                  ignore_eos, print_ids);
   }
+  // Token-id prompts need no tokenizer; without one, tokens print as ids.
   auto tokenizer = tokenizer::Tokenizer::load(model);
-  if (!tokenizer.ok()) return fail(tokenizer.status());
+  if (!tokenizer.ok() && ids.empty()) return fail(tokenizer.status());
+  tokenizer::Tokenizer* words = tokenizer.ok() ? tokenizer->get() : nullptr;
+  if (words == nullptr) print_ids = true;
   ProgressLine progress;
   auto group = engine::TpGroup::load(model, {.tp = static_cast<int>(tp),
                                              .moe_split = *split,
@@ -220,10 +259,11 @@ int runGenerate(int argc, char** argv) {
   if (!group.ok()) return fail(group.status());
   const model::ModelConfig& config = (*group)->config();
 
-  std::string text = positional[0];
-  if (chat) text = chatTurn(text);
-  std::vector<tokenizer::TokenId> prompt =
-      (*tokenizer)->encode(text, {.add_special_tokens = true, .parse_special = chat});
+  std::vector<tokenizer::TokenId> prompt(ids.begin(), ids.end());
+  if (ids.empty()) {
+    const std::string text = chat ? chatTurn(positional[0]) : positional[0];
+    prompt = words->encode(text, {.add_special_tokens = true, .parse_special = chat});
+  }
   if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt has no tokens"));
   if (static_cast<int64_t>(prompt.size()) >= context) {
     return fail(absl::InvalidArgumentError(absl::StrCat(
@@ -231,12 +271,14 @@ int runGenerate(int argc, char** argv) {
   }
 
   std::vector<uint32_t> eos = config.eos_token_ids;
-  if (auto id = (*tokenizer)->eosId()) eos.push_back(*id);
+  if (words != nullptr) {
+    if (auto id = words->eosId()) eos.push_back(*id);
+  }
   if (ignore_eos) {
     eos.clear();
-  } else if (chat) {
+  } else if (chat && words != nullptr && ids.empty()) {
     std::vector<tokenizer::TokenId> end =
-        (*tokenizer)->encode("<|im_end|>", {.add_special_tokens = false, .parse_special = true});
+        words->encode("<|im_end|>", {.add_special_tokens = false, .parse_special = true});
     if (end.size() == 1) eos.push_back(end[0]);
   }
   constexpr int64_t kBlockSize = 16;
@@ -244,7 +286,7 @@ int runGenerate(int argc, char** argv) {
       !s.ok()) {
     return fail(s);
   }
-  engine::Scheduler scheduler(**group, tokenizer->get(), {.max_batch_tokens = 512});
+  engine::Scheduler scheduler(**group, words, {.max_batch_tokens = 512});
   engine::GenerationRequest request{.id = 1, .prompt = prompt, .sampling = sampling};
   request.stop = {
       .stop_token_ids = eos,

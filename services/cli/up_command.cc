@@ -20,6 +20,10 @@
 #include "common/flags.h"
 #include "common/ready_file.h"
 #include "common/shutdown.h"
+#include "common/tokenizer/tokenizer.h"
+#if CLEAVE_HAVE_CUDA
+#include "kernels/cuda/device.h"
+#endif
 #include "nlohmann/json.hpp"
 #include "services/cli/commands.h"
 #include "services/cli/router_client.h"
@@ -160,23 +164,45 @@ int runUp(int argc, char** argv) {
     }
   };
 
+  // The router tokenizes text prompts with the model's tokenizer; a model without one is
+  // served on token-id prompts alone.
+  std::vector<std::string> router_args = {(bin / "cleave-router").string(), "--listen=" + listen,
+                                          "--metrics-port=0"};
+  if (auto words = tokenizer::Tokenizer::load(model); words.ok()) {
+    router_args.push_back("--model=" + model);
+  } else {
+    std::fprintf(stderr, "cleave up: %s: serving token-id prompts only\n",
+                 std::string(words.status().message()).c_str());
+  }
   children.push_back({.name = "cleave-router", .ready_file = (work / "router.json").string()});
-  if (absl::Status s =
-          spawn(children.back(), {(bin / "cleave-router").string(), "--listen=" + listen,
-                                  "--metrics-port=0", "--model=" + model});
+  if (absl::Status s = spawn(children.back(), router_args);
       !s.ok() || !(s = waitReady(children.back())).ok()) {
     return fail(s);
   }
   const std::string router = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
                                           children[0].ready["grpc_port"].get<int>());
-  int64_t next_gpu = 0;  // GPU workers take the machine's GPUs in order
+  // GPU workers take the machine's GPUs in order, sharing them round robin when there are
+  // fewer than the workers' ranks.
+  int64_t next_gpu = 0, gpus = 0;
+  if (backend == "cuda") {
+#if CLEAVE_HAVE_CUDA
+    auto devices = cuda::listDevices();
+    if (!devices.ok()) return fail(devices.status());
+    gpus = static_cast<int64_t>(devices->size());
+#endif
+    if (gpus == 0) return fail(absl::FailedPreconditionError("--backend cuda: no GPU here"));
+    const int64_t ranks = prefill * prefill_tp + (decode + both) * decode_tp;
+    if (ranks > gpus)
+      std::fprintf(stderr, "cleave up: %lld worker ranks share %lld GPUs\n",
+                   static_cast<long long>(ranks), static_cast<long long>(gpus));
+  }
   auto startWorkers = [&](const char* role, int64_t count, int64_t tp) -> absl::Status {
     for (int64_t i = 0; i < count; ++i) {
       Child child{.name = absl::StrCat(role, "-", i),
                   .ready_file = (work / absl::StrCat(role, i, ".json")).string()};
       if (backend == "cuda") {
         for (int64_t g = 0; g < tp; ++g)
-          absl::StrAppend(&child.gpus, child.gpus.empty() ? "" : ",", next_gpu++);
+          absl::StrAppend(&child.gpus, child.gpus.empty() ? "" : ",", next_gpu++ % gpus);
       }
       std::vector<std::string> args = {(bin / "cleave-worker").string(),
                                        std::string("--role=") + role,
