@@ -149,6 +149,30 @@ class BinariesCliTest(unittest.TestCase):
         self.assertNotIn("Paris", out)
         self.assertIn("France is", out)
 
+    def test_generate_takes_token_id_prompts(self):
+        """--prompt-ids: the same continuation as the text it tokenizes to, and a model without
+        a tokenizer generates from ids alone (printing ids)."""
+        model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        cleave = ct.binary("cleave")
+        if os.path.exists(model):
+            code, text_ids, err = ct.run([cleave, "generate", f"--model={model}", "--no-chat",
+                                          "--max-tokens=6", "--print-ids", "Hello, world"], timeout=120)
+            self.assertEqual(code, 0, err)
+            code, id_ids, err = ct.run([cleave, "generate", f"--model={model}", "--max-tokens=6",
+                                        "--print-ids", "--prompt-ids=19556,28,905"], timeout=120)
+            self.assertEqual(code, 0, err)
+            self.assertEqual(id_ids, text_ids)
+        tiny = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine", "hf", "llama_f32")
+        code, out, err = ct.run([cleave, "generate", f"--model={tiny}", "--max-tokens=5",
+                                 "--prompt-ids", "5 9 17 33"], timeout=60)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(len(out.split()), 5, out)
+        self.assertTrue(all(t.isdigit() for t in out.split()), out)
+        self.assert_usage_error([cleave, "generate", f"--model={tiny}", "--prompt-ids=5,x"],
+                                "--prompt-ids: 'x' is not a token id")
+        self.assert_usage_error([cleave, "generate", f"--model={tiny}", "--prompt-ids=5", "Hi"],
+                                "give PROMPT or --prompt-ids, not both")
+
     def test_generate_backend_flag(self):
         model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
         if not os.path.exists(model):
