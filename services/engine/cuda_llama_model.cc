@@ -108,6 +108,7 @@ struct CudaLlamaModel::State {
 
   int32_t* host_meta = nullptr;  // pinned
   float* host_logits = nullptr;  // pinned
+  void* pinned_rows = nullptr;   // host KV rows copyKv registered (page-locked), if any
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
   cuda::DecodeAttentionPlan decode_plan;
@@ -123,6 +124,7 @@ struct CudaLlamaModel::State {
     if (stream) cudaStreamDestroy(stream);
     if (host_meta) cudaFreeHost(host_meta);
     if (host_logits) cudaFreeHost(host_logits);
+    if (pinned_rows) cudaHostUnregister(pinned_rows);
     if (base) cudaFree(base);
   }
 
@@ -486,6 +488,19 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
                                                      " blocks)"));
   }
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaSetDevice(s.options.device), "selecting the GPU"));
+  if (s.pinned_rows != host.data()) {
+    // Page-locked host rows copy at the link's speed; unlocked ones still copy, staged by
+    // the driver, if locking them fails. (The rows outlive the model: TpGroup destroys
+    // its backends first.)
+    if (s.pinned_rows != nullptr) cudaHostUnregister(s.pinned_rows);
+    s.pinned_rows = nullptr;
+    if (cudaHostRegister(host.data(), static_cast<size_t>(host.bytes()), cudaHostRegisterDefault) ==
+        cudaSuccess) {
+      s.pinned_rows = host.data();
+    } else {
+      (void)cudaGetLastError();
+    }
+  }
   // A block of one layer's keys (or values) is [kv head][slot][head_dim] in both layouts, so
   // a run of consecutive block ids is one contiguous copy.
   const int64_t block_bytes = s.kv_heads * s.options.block_size * s.head_dim * element;

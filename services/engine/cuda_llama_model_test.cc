@@ -213,10 +213,6 @@ TEST(CudaLlamaModelTest, KvRowsMovedThroughTheHostDecodeAsTheirOwnDo) {
                                    .max_context = 128,
                                    .kv_blocks = 8,
                                    .kv_dtype = dtype};
-    auto sender = CudaLlamaModel::create(w, options);
-    auto receiver = CudaLlamaModel::create(w, options);
-    ASSERT_TRUE(sender.ok()) << sender.status();
-    ASSERT_TRUE(receiver.ok()) << receiver.status();
     const KvStorageOptions host_shape{.num_layers = static_cast<int64_t>(w.layers.size()),
                                       .kv_heads = w.dims.kv_heads.size,
                                       .head_dim = w.config.head_dim,
@@ -224,6 +220,11 @@ TEST(CudaLlamaModelTest, KvRowsMovedThroughTheHostDecodeAsTheirOwnDo) {
                                       .num_blocks = 8,
                                       .type = fp8 ? cpu::KvType::kFp8E4M3 : cpu::KvType::kBf16};
     KvStorage sent(host_shape), received(host_shape);
+    // The models after the host rows they lock, so they go first.
+    auto sender = CudaLlamaModel::create(w, options);
+    auto receiver = CudaLlamaModel::create(w, options);
+    ASSERT_TRUE(sender.ok()) << sender.status();
+    ASSERT_TRUE(receiver.ok()) << receiver.status();
     std::mt19937 rng(cuda::testing::freshSeed());
     std::uniform_int_distribution<uint32_t> token(0,
                                                   static_cast<uint32_t>(w.config.vocab_size - 1));
