@@ -628,7 +628,8 @@ int main(int argc, char** argv) {
   skinnyGemm(copy, reps, **gemm);
   allReduce(reps);
   for (cuda::ExpertWeightFormat f :
-       {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4}) {
+       {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4,
+        cuda::ExpertWeightFormat::kFp8Block128}) {
     moeLayer(copy, f, reps, **gemm);
     moeDecodeStep(copy, f, quick);
   }

@@ -59,7 +59,7 @@ struct CudaModelOptions {
   // native MMA wherever the device has it and the matrix's shape fits (NVFP4: K % 64), each
   // matrix on its own. kNative is refused: a model's matrices need not all fit.
   cuda::GemmOperands operands = cuda::GemmOperands::kAuto;
-  // createRandom's MoE experts: bf16 or NVFP4.
+  // createRandom's MoE experts: bf16, NVFP4 or 128x128-block FP8.
   cuda::ExpertWeightFormat random_expert_format = cuda::ExpertWeightFormat::kBf16;
   // A tensor-parallel shard's group (its rank's communicator, on `device`); null for a
   // model on one GPU. Outlives the model.

@@ -12,6 +12,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/moe_routing.h"
+#include "kernels/cuda/quantize_rows.h"
 #include "services/engine/cuda_weights.h"
 
 namespace cleave::engine {
@@ -159,7 +160,36 @@ absl::Status fillRandomMoe(const CudaMoeShape& s, const CudaMoeWeights& w, uint6
       CLEAVE_RETURN_IF_ERROR(uploadBytes(const_cast<float*>(x->row_scales), rows.data(),
                                          rows.size() * 4, "random NVFP4 row scales"));
     } else {
-      return absl::UnimplementedError("random FP8 expert weights are not built");
+      // FP8, 128 x 128 blocks: uniform values quantized to e4m3 codes (every code finite),
+      // block scales scale / 448 so the weights stay within +-scale.
+      const int64_t rows = int64_t{x->experts} * x->rows;
+      bf16* values = nullptr;
+      float* row_scales = nullptr;
+      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+          cudaMalloc(reinterpret_cast<void**>(&values), static_cast<size_t>(n) * sizeof(bf16)),
+          "random FP8 staging"));
+      absl::Status made =
+          cuda::cudaStatus(cudaMalloc(reinterpret_cast<void**>(&row_scales),
+                                      static_cast<size_t>(rows * (x->cols / 128)) * 4),
+                           "random FP8 staging");
+      if (made.ok()) made = fill(values, n, 1.0f);
+      if (made.ok())
+        made =
+            cuda::quantizeRows({.x = values,
+                                .x_stride = x->cols,
+                                .rows = rows,
+                                .k = x->cols,
+                                .out = {.codes = static_cast<uint8_t*>(const_cast<void*>(x->data)),
+                                        .scales = row_scales}},
+                               stream);
+      if (made.ok()) made = cuda::cudaStatus(cudaStreamSynchronize(stream), "random FP8 codes");
+      cudaFree(values);
+      cudaFree(row_scales);
+      CLEAVE_RETURN_IF_ERROR(made);
+      const std::vector<float> blocks(
+          int64_t{x->experts} * ((x->rows + 127) / 128) * (x->cols / 128), scale / 448.0f);
+      CLEAVE_RETURN_IF_ERROR(uploadBytes(const_cast<float*>(x->block_scales), blocks.data(),
+                                         blocks.size() * 4, "random FP8 block scales"));
     }
   }
   if (w.shared_gu != nullptr) {

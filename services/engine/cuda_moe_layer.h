@@ -87,7 +87,8 @@ CudaMoeWorkspace placeMoeWorkspace(Arena& arena, const CudaMoeShape& shape);
 
 // Uploads `block` (this rank's experts) into `dst`.
 absl::Status uploadMoe(const MoeBlock& block, const CudaMoeShape& shape, const CudaMoeWeights& dst);
-// Random weights for benchmarks (bf16 or NVFP4), scaled like an initializer.
+// Random weights for benchmarks (bf16, NVFP4 or 128x128-block FP8), scaled like an
+// initializer.
 absl::Status fillRandomMoe(const CudaMoeShape& shape, const CudaMoeWeights& dst, uint64_t seed,
                            cudaStream_t stream);
 
