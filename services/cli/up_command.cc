@@ -6,6 +6,7 @@
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstdlib>
 
 #include <chrono>
 #include <cstdio>
@@ -15,8 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/ready_file.h"
 #include "common/shutdown.h"
@@ -181,20 +184,36 @@ int runUp(int argc, char** argv) {
   }
   const std::string router = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
                                           children[0].ready["grpc_port"].get<int>());
-  // GPU workers take the machine's GPUs in order, sharing them round robin when there are
-  // fewer than the workers' ranks.
-  int64_t next_gpu = 0, gpus = 0;
+  // GPU workers take the GPUs this process sees in order (the entries of its own
+  // CUDA_VISIBLE_DEVICES when set, which may be ids or UUIDs), sharing them round robin when
+  // there are fewer than the workers' ranks.
+  std::vector<std::string> gpus;
+  int64_t next_gpu = 0;
   if (backend == "cuda") {
+    int64_t count = 0;
 #if CLEAVE_HAVE_CUDA
     auto devices = cuda::listDevices();
     if (!devices.ok()) return fail(devices.status());
-    gpus = static_cast<int64_t>(devices->size());
+    count = static_cast<int64_t>(devices->size());
 #endif
-    if (gpus == 0) return fail(absl::FailedPreconditionError("--backend cuda: no GPU here"));
+    if (count == 0) return fail(absl::FailedPreconditionError("--backend cuda: no GPU here"));
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    if (visible != nullptr && *visible != '\0') {
+      for (absl::string_view id : absl::StrSplit(visible, ',', absl::SkipWhitespace()))
+        gpus.emplace_back(absl::StripAsciiWhitespace(id));
+    }
+    if (static_cast<int64_t>(gpus.size()) != count) {
+      gpus.clear();
+      for (int64_t g = 0; g < count; ++g) gpus.push_back(absl::StrCat(g));
+    }
+    const int64_t widest = std::max(prefill > 0 ? prefill_tp : 0, decode_tp);
+    if (widest > count)
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+          "--backend cuda: a worker of --tp ", widest, " needs that many GPUs; ", count, " here")));
     const int64_t ranks = prefill * prefill_tp + (decode + both) * decode_tp;
-    if (ranks > gpus)
+    if (ranks > count)
       std::fprintf(stderr, "cleave up: %lld worker ranks share %lld GPUs\n",
-                   static_cast<long long>(ranks), static_cast<long long>(gpus));
+                   static_cast<long long>(ranks), static_cast<long long>(count));
   }
   auto startWorkers = [&](const char* role, int64_t count, int64_t tp) -> absl::Status {
     for (int64_t i = 0; i < count; ++i) {
@@ -202,7 +221,8 @@ int runUp(int argc, char** argv) {
                   .ready_file = (work / absl::StrCat(role, i, ".json")).string()};
       if (backend == "cuda") {
         for (int64_t g = 0; g < tp; ++g)
-          absl::StrAppend(&child.gpus, child.gpus.empty() ? "" : ",", next_gpu++ % gpus);
+          absl::StrAppend(&child.gpus, child.gpus.empty() ? "" : ",",
+                          gpus[next_gpu++ % static_cast<int64_t>(gpus.size())]);
       }
       std::vector<std::string> args = {(bin / "cleave-worker").string(),
                                        std::string("--role=") + role,

@@ -109,6 +109,7 @@ struct CudaLlamaModel::State {
   int32_t* host_meta = nullptr;  // pinned
   float* host_logits = nullptr;  // pinned
   void* pinned_rows = nullptr;   // host KV rows copyKv registered (page-locked), if any
+  void* pin_tried = nullptr;     // the host rows copyKv last tried to lock
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
   cuda::DecodeAttentionPlan decode_plan;
@@ -488,7 +489,8 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
                                                      " blocks)"));
   }
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaSetDevice(s.options.device), "selecting the GPU"));
-  if (s.pinned_rows != host.data()) {
+  if (s.pin_tried != host.data()) {
+    s.pin_tried = host.data();
     // Page-locked host rows copy at the link's speed; unlocked ones still copy, staged by
     // the driver, if locking them fails. (The rows outlive the model: TpGroup destroys
     // its backends first.)

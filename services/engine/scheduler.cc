@@ -268,8 +268,12 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   std::vector<SequenceChunk> batch;
   std::vector<Sequence*> members;
   int64_t budget = options_.max_batch_tokens;
+  auto full = [&] {
+    return budget == 0 || (options_.max_step_sequences > 0 &&
+                           static_cast<int64_t>(batch.size()) >= options_.max_step_sequences);
+  };
   for (auto& seq : running_) {
-    if (!seq->prefilled() || budget == 0) continue;
+    if (!seq->prefilled() || full()) continue;
     batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, 1),
                      .start = seq->cached,
                      .blocks = seq->blocks});
@@ -277,7 +281,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     --budget;
   }
   for (auto& seq : running_) {
-    if (seq->prefilled() || budget == 0) continue;
+    if (seq->prefilled() || full()) continue;
     const int64_t left = static_cast<int64_t>(seq->request.prompt.size()) - seq->cached;
     const int64_t take = std::min(left, budget);
     batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, take),

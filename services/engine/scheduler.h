@@ -37,6 +37,9 @@ namespace cleave::engine {
 struct SchedulerOptions {
   int64_t max_batch_tokens = 512;  // Tokens per step (decode tokens + prefill chunks).
   int64_t max_sequences = 64;      // Sequences admitted at once; sequences decoding at once.
+  // Sequences of one step, when the model takes at most so many (a GPU model's batch is
+  // sized at start): prefill chunks past it wait for a later step. 0: no limit.
+  int64_t max_step_sequences = 0;
 };
 
 struct GenerationRequest {

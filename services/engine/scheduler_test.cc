@@ -102,6 +102,30 @@ TEST_F(SchedulerTest, ContinuousBatchingGivesEachRequestItsOwnGreedyTokens) {
   EXPECT_EQ(scheduler.cache().freeBlocks(), scheduler.cache().totalBlocks());
 }
 
+// A model that takes at most two sequences a step (a GPU model's batch): the other prefills
+// wait for a later step, and every request still gets its own greedy tokens.
+TEST_F(SchedulerTest, StepsHoldAtMostTheModelsSequences) {
+  Scheduler scheduler(withBlocks(64), nullptr,
+                      {.max_batch_tokens = 64, .max_sequences = 4, .max_step_sequences = 2});
+  std::vector<std::vector<uint32_t>> prompts = {randomPrompt(5), randomPrompt(9), randomPrompt(3),
+                                                randomPrompt(7)};
+  for (uint64_t id = 0; id < prompts.size(); ++id) {
+    ASSERT_TRUE(
+        scheduler.add({.id = id, .prompt = prompts[id], .stop = {.max_new_tokens = 4}}).ok());
+  }
+  std::map<uint64_t, std::vector<uint32_t>> got;
+  int64_t widest = 0;
+  for (int step = 0; step < 100 && !scheduler.idle(); ++step) {
+    auto events = scheduler.step();
+    ASSERT_TRUE(events.ok()) << events.status();
+    widest = std::max(widest, scheduler.lastBatchSequences());
+    for (const TokenEvent& e : *events) got[e.id].push_back(e.token);
+  }
+  EXPECT_EQ(widest, 2);
+  for (uint64_t id = 0; id < prompts.size(); ++id)
+    EXPECT_EQ(got[id], alone(prompts[id], 4)) << "request " << id;
+}
+
 TEST_F(SchedulerTest, WaitsForKvInsteadOfOvercommittingAndFreesEverything) {
   // Each request needs 3 blocks of 4 (5 + 6 tokens); 7 blocks hold two at a time.
   Scheduler scheduler(withBlocks(7), nullptr, {.max_batch_tokens = 64, .max_sequences = 8});

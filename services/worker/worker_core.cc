@@ -301,14 +301,14 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   absl::StatusOr<engine::GenerationRequest> request =
       toEngineRequest(*id, partsOf(r), options_.eos_ids, model_.config().max_position_embeddings);
   if (!request.ok()) return request.status();
-  bool prefilled_here = false;
-  {
+  bool copy_in = true;  // Not when prefilled here, nor for a sequence already decoding
+  {                     // (the scheduler refuses that one; its rows must stay).
     absl::MutexLock lock(&mu_);
     if (auto it = requests_.find(r.request_id()); it != requests_.end())
-      prefilled_here = it->second.prefilled_here;
+      copy_in = !it->second.prefilled_here && !it->second.decoding;
   }
   absl::Status started = loop_->call([&](engine::Scheduler& s) -> absl::Status {
-    if (!prefilled_here) {
+    if (copy_in) {
       // A transfer wrote the prompt's rows into the host rows; a backend with its own cache
       // (a GPU) takes them from there.
       std::vector<int32_t> blocks = s.reservation(*id);

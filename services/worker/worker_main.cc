@@ -137,10 +137,12 @@ int run(int argc, char** argv) {
   // On the GPU the group steps CUDA models, each with its KV cache on its GPU, and keeps
   // host rows of the pool for the KV transport (copied around each transfer).
   const bool gpu = options.backend == "cuda";
+  // A GPU model's batch is sized at start: the target's decodes and a few prefill chunks
+  // beside them. The scheduler keeps every step within it.
+  const int64_t step_sequences = gpu ? std::max<int64_t>(options.target_concurrency, 1) + 8 : 0;
   engine::StepBackendFactory step_backend;
   if (gpu) {
-    auto made =
-        gpuBackend(options, kMaxBatchTokens, std::max<int64_t>(options.target_concurrency, 1));
+    auto made = gpuBackend(options, kMaxBatchTokens, step_sequences);
     if (!made.ok()) die(made.status());
     step_backend = std::move(*made);
   }
@@ -243,7 +245,8 @@ int run(int argc, char** argv) {
 
   WorkerCore core(**group, tokenizer.get(),
                   {.scheduler = {.max_batch_tokens = kMaxBatchTokens,
-                                 .max_sequences = std::max<int64_t>(options.target_concurrency, 1)},
+                                 .max_sequences = std::max<int64_t>(options.target_concurrency, 1),
+                                 .max_step_sequences = step_sequences},
                    .eos_ids = eos,
                    .layout = kvLayout(config, (*group)->kvType()),
                    .transport = transport.get(),
