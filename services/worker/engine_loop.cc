@@ -1,7 +1,10 @@
 #include "services/worker/engine_loop.h"
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 
+#include "common/faults.h"
 #include "common/log.h"
 
 namespace cleave::worker {
@@ -27,6 +30,11 @@ void EngineLoop::post(std::function<void(engine::Scheduler&)> fn) {
 
 void EngineLoop::run() {
   uint64_t step_index = 0;
+  // Steps that failed in a row. A step fails when the model does (a GPU error, a broken
+  // invariant); the same batch would fail again, so after a few the process ends, as a
+  // crash would, and the router moves its sequences to other workers.
+  constexpr int kFailuresToExit = 3;
+  int failures = 0;
   while (true) {
     std::vector<std::function<void(engine::Scheduler&)>> calls;
     const bool busy = !scheduler_.idle();  // Read here: only this thread touches scheduler_.
@@ -53,11 +61,21 @@ void EngineLoop::run() {
     report.step_time_us = std::chrono::duration_cast<std::chrono::microseconds>(
                               std::chrono::steady_clock::now() - start)
                               .count();
+    if (events.ok() && faults::fire("engine_step_fail"))
+      events = absl::InternalError("injected fault engine_step_fail");
     if (!events.ok()) {
       // Requests are checked when they join, so a failing step is a broken invariant.
       CLEAVE_LOG(ERROR) << "engine step failed: " << events.status();
+      if (++failures >= kFailuresToExit) {
+        CLEAVE_LOG(ERROR) << "engine steps failed " << failures
+                          << " times in a row: exiting so that the router moves this worker's "
+                             "sequences";
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
       continue;
     }
+    failures = 0;
     report.events = std::move(*events);
     report.batch_size = scheduler_.lastBatchSequences();
     report.decode_batch = scheduler_.lastDecodeSequences();

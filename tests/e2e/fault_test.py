@@ -113,6 +113,13 @@ class FaultTest(unittest.TestCase):
         self.assertExact(results)
         self.assertEqual(procs[1].proc.returncode, 86)
 
+    def test_a_worker_whose_steps_keep_failing_exits_and_loses_no_request(self):
+        results, procs = self.serve([("prefill", None), ("decode", "engine_step_fail=3"),
+                                     ("decode", None)])
+        self.assertExact(results)
+        self.assertEqual(procs[1].proc.returncode, 1)
+        self.assertIn("engine steps failed 3 times in a row", procs[1].log())
+
 
 if __name__ == "__main__":
     unittest.main()
