@@ -863,6 +863,7 @@ class CudaRankBackend final : public StepBackend {
   absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks, KvStorage& host) override {
     return model_->copyKv(direction, blocks, host);
   }
+  int64_t weightBytes() const override { return model_->weightBytes(); }
 
  private:
   std::shared_ptr<std::vector<std::unique_ptr<NcclCommunicator>>> group_;  // Outlives model_.

@@ -100,7 +100,7 @@ class CudaLlamaModel : public StepBackend {
   int64_t kvBlocks() const;
   const CudaMemoryPlan& memoryPlan() const;
   // Bytes a decode step at batch B reads for the weights (what its roofline counts).
-  int64_t weightBytes() const;
+  int64_t weightBytes() const override;
 
   struct State;
 

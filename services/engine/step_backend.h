@@ -34,6 +34,8 @@ class StepBackend {
   // or block id that does not match.
   virtual absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
                               KvStorage& host) = 0;
+  // Weight bytes a step reads, as the backend stores them (0: as the CPU model's).
+  virtual int64_t weightBytes() const { return 0; }
 };
 
 // Makes one backend per rank of a group, rank r's for ranks[r] (its shard of the weights,

@@ -217,7 +217,12 @@ absl::Status TpGroup::copyKv(KvCopy direction, std::span<const int32_t> blocks) 
 
 const model::ModelConfig& TpGroup::config() const { return ranks_[0]->weights->config; }
 
-int64_t TpGroup::weightBytes(int rank) const { return ranks_[rank]->weights->weightBytes(); }
+int64_t TpGroup::weightBytes(int rank) const {
+  if (!backends_.empty()) {
+    if (const int64_t stored = backends_[rank]->weightBytes(); stored > 0) return stored;
+  }
+  return ranks_[rank]->weights->weightBytes();
+}
 
 KvStorage& TpGroup::kv(int rank) {
   CLEAVE_CHECK(ranks_[rank]->kv != nullptr);  // After allocateKv (a backend: host_kv).

@@ -93,7 +93,8 @@ class TpGroup {
   int64_t numBlocks() const { return num_blocks_; }
   int64_t blockSize() const { return block_size_; }
   cpu::KvType kvType() const { return kv_type_; }
-  // Weight bytes rank `rank` streams per step, and its KV bytes per block.
+  // Weight bytes rank `rank` streams per step (as its backend stores them, once made), and
+  // its KV bytes per block.
   int64_t weightBytes(int rank) const;
   int64_t kvBlockBytes(int rank) const;
   // Rank `rank`'s KV rows (after allocateKv(); the CPU model, or a backend with host_kv),

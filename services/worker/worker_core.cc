@@ -358,12 +358,16 @@ bool WorkerCore::cancel(const std::string& request_id) {
 
 std::optional<double> WorkerCore::floorOf(const StepReport& report) const {
   if (!report.stepped || !options_.hardware || report.work.tokens <= 0) return std::nullopt;
-  // The ranks share this machine: the floor of the whole group's bytes and FLOPs.
+  // Ranks sharing this machine: the floor of the whole group's bytes and FLOPs. A rank per
+  // device: the largest rank's (rank 0's) share on one, and the collectives between them.
+  const bool own = options_.rank_per_device;
   double weight_bytes = 0;
-  for (int r = 0; r < model_.tp(); ++r) weight_bytes += static_cast<double>(model_.weightBytes(r));
+  for (int r = 0; r < (own ? 1 : model_.tp()); ++r)
+    weight_bytes += static_cast<double>(model_.weightBytes(r));
   absl::StatusOr<roofline::Terms> floor = roofline::stepFloor(
       model_.config(), *options_.hardware,
-      {.sequences = report.batch_size,
+      {.tp = own ? model_.tp() : 1,
+       .sequences = report.batch_size,
        .new_tokens = report.work.tokens,
        .attended = report.work.attended,
        .kv_positions = report.work.kv_positions,

@@ -46,6 +46,10 @@ struct WorkerCoreOptions {
   // What this machine can do (measured at start); each step's floor is computed against
   // it. Unset: no floor.
   std::optional<roofline::Hardware> hardware;
+  // Each rank on its own device (GPUs, `hardware` being one of them): a step's floor is a
+  // rank's share over one device's bandwidth, plus the all-reduces. Else the ranks share
+  // the machine `hardware` describes.
+  bool rank_per_device = false;
 };
 
 class WorkerCore {

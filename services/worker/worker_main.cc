@@ -252,7 +252,8 @@ int run(int argc, char** argv) {
                    .transport = transport.get(),
                    .lease_timeout = std::chrono::milliseconds(options.lease_timeout_ms),
                    .target_concurrency = role == Role::kPrefill ? 0 : options.target_concurrency,
-                   .hardware = hardware});
+                   .hardware = hardware,
+                   .rank_per_device = gpu_hardware.has_value()});
   DecodeService decode(core);
   PrefillService prefill(core);
   grpc::EnableDefaultHealthCheckService(true);
