@@ -293,7 +293,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
   // placement has reached the client yet, so a decode worker that cannot be reached is
   // passed over and the sequence placed again.
   const auto placing = Clock::now();
-  const std::optional<WorkerPool::ModelView> model = pool_.model();
+  const std::optional<WorkerPool::ModelView> model =
+      pool_.awaitModel(sequence.deadline, sequence.cancelled);
   if (!model) {
     return error(grpc::StatusCode::UNAVAILABLE, "every worker left this router");
   }

@@ -210,6 +210,19 @@ void WorkerPool::expire(std::stop_token stop) {
 
 std::optional<WorkerPool::ModelView> WorkerPool::model() const {
   absl::MutexLock lock(&mu_);
+  return modelLocked();
+}
+
+std::optional<WorkerPool::ModelView> WorkerPool::awaitModel(
+    std::chrono::system_clock::time_point deadline, const std::function<bool()>& cancelled) {
+  absl::MutexLock lock(&mu_);
+  absl::Status why;
+  waitUntil([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !workers_.empty(); },
+            patienceDeadline(deadline), cancelled, why);
+  return modelLocked();
+}
+
+std::optional<WorkerPool::ModelView> WorkerPool::modelLocked() const {
   if (workers_.empty()) return std::nullopt;
   const v1::RegisterRequest& info = workers_.begin()->second.worker->info;
   return ModelView{.model_id = info.model().model_id(),

@@ -119,6 +119,11 @@ class WorkerPool {
     uint32_t block_size = 0;
   };
   std::optional<ModelView> model() const;
+  // The same, waiting while no worker is registered (a lone worker the router dropped for a
+  // late heartbeat and that registers again, or one restarting): up to the restart
+  // patience, within `deadline`, until `cancelled()`. nullopt when none comes.
+  std::optional<ModelView> awaitModel(std::chrono::system_clock::time_point deadline,
+                                      const std::function<bool()>& cancelled);
 
   // Waits for a decode worker that can hold `blocks` blocks. Errors: Unavailable (no
   // decode worker, after waiting up to the restart patience for one), InvalidArgument (no worker
@@ -161,6 +166,7 @@ class WorkerPool {
     int64_t prefill_tokens = 0;  // Prompt tokens being prefilled here.
     bool draining = false;       // It is stopping: no new work.
   };
+  std::optional<ModelView> modelLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The decode worker to admit `blocks` on now, if any.
   Entry* pick(int64_t blocks, const std::vector<std::string>& exclude)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -157,6 +157,28 @@ TEST_F(WorkerPoolTest, PrefillGoesToTheLeastLoadedPrefillWorker) {
   pool_.releasePrefill(*c);
 }
 
+// A request that lost its only worker (dropped for a late heartbeat, registering again)
+// waits for it to come back instead of failing; with nobody coming, the patience ends it.
+TEST_F(WorkerPoolTest, PlacingAgainWaitsWhileNoWorkerIsRegistered) {
+  WorkerPool pool(
+      {.restart_patience = std::chrono::seconds(5)}, [](auto) {}, [](const std::string&) {});
+  EXPECT_FALSE(pool.model().has_value());
+  std::thread registers([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(pool.add(worker("back", v1::WORKER_ROLE_BOTH, 10, 4)).ok());
+  });
+  const std::optional<WorkerPool::ModelView> view = pool.awaitModel(soon(5000), never);
+  registers.join();
+  ASSERT_TRUE(view.has_value());
+  EXPECT_EQ(view->model_id, pool.model()->model_id);
+  // Nobody registers: pool_'s patience (50 ms) ends the wait well before the deadline; a
+  // cancelled request does not wait.
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pool_.awaitModel(soon(5000), never).has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
+  EXPECT_FALSE(pool_.awaitModel(soon(5000), [] { return true; }).has_value());
+}
+
 }  // namespace
 }  // namespace cleave::router
 
