@@ -167,23 +167,6 @@ int runUp(int argc, char** argv) {
     }
   };
 
-  // The router tokenizes text prompts with the model's tokenizer; a model without one is
-  // served on token-id prompts alone.
-  std::vector<std::string> router_args = {(bin / "cleave-router").string(), "--listen=" + listen,
-                                          "--metrics-port=0"};
-  if (auto words = tokenizer::Tokenizer::load(model); words.ok()) {
-    router_args.push_back("--model=" + model);
-  } else {
-    std::fprintf(stderr, "cleave up: %s: serving token-id prompts only\n",
-                 std::string(words.status().message()).c_str());
-  }
-  children.push_back({.name = "cleave-router", .ready_file = (work / "router.json").string()});
-  if (absl::Status s = spawn(children.back(), router_args);
-      !s.ok() || !(s = waitReady(children.back())).ok()) {
-    return fail(s);
-  }
-  const std::string router = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
-                                          children[0].ready["grpc_port"].get<int>());
   // GPU workers take the GPUs this process sees in order (the entries of its own
   // CUDA_VISIBLE_DEVICES when set, which may be ids or UUIDs), sharing them round robin when
   // there are fewer than the workers' ranks.
@@ -215,6 +198,23 @@ int runUp(int argc, char** argv) {
       std::fprintf(stderr, "cleave up: %lld worker ranks share %lld GPUs\n",
                    static_cast<long long>(ranks), static_cast<long long>(count));
   }
+  // The router tokenizes text prompts with the model's tokenizer; a model without one is
+  // served on token-id prompts alone.
+  std::vector<std::string> router_args = {(bin / "cleave-router").string(), "--listen=" + listen,
+                                          "--metrics-port=0"};
+  if (auto words = tokenizer::Tokenizer::load(model); words.ok()) {
+    router_args.push_back("--model=" + model);
+  } else {
+    std::fprintf(stderr, "cleave up: %s: serving token-id prompts only\n",
+                 std::string(words.status().message()).c_str());
+  }
+  children.push_back({.name = "cleave-router", .ready_file = (work / "router.json").string()});
+  if (absl::Status s = spawn(children.back(), router_args);
+      !s.ok() || !(s = waitReady(children.back())).ok()) {
+    return fail(s);
+  }
+  const std::string router = absl::StrCat(listen.substr(0, listen.rfind(':')), ":",
+                                          children[0].ready["grpc_port"].get<int>());
   auto startWorkers = [&](const char* role, int64_t count, int64_t tp) -> absl::Status {
     for (int64_t i = 0; i < count; ++i) {
       Child child{.name = absl::StrCat(role, "-", i),
