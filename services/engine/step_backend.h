@@ -30,8 +30,9 @@ class StepBackend {
   // Copies every layer's key and value rows of `blocks` between the backend's cache and
   // `host` (this rank's heads, the same block size, head size and element type; block ids
   // mean the same in both), and returns once they are there: what a KV transport, which
-  // reads and writes host memory, needs around a transfer. InvalidArgument names a shape
-  // or block id that does not match.
+  // reads and writes host memory, needs around a transfer. No blocks: nothing is copied,
+  // and the backend may prepare `host` for later copies. InvalidArgument names a shape or
+  // block id that does not match.
   virtual absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
                               KvStorage& host) = 0;
   // Weight bytes a step reads, as the backend stores them (0: as the CPU model's).

@@ -176,8 +176,9 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
       return absl::InternalError("the backend factory made the wrong number of ranks");
     if (!host_kv_) return absl::OkStatus();
   }
-  // Each rank allocates (and first touches) its own rows.
-  return onEveryRank([&](Rank& rank) {
+  // Each rank allocates (and first touches) its own rows; a backend gets them at once, with
+  // nothing to copy, so it can prepare them (a GPU page-locks them) before any request.
+  return onEveryRank([&](Rank& rank) -> absl::Status {
     const LlamaWeights& w = *rank.weights;
     rank.kv.reset();
     rank.kv = std::make_unique<KvStorage>(
@@ -187,6 +188,7 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
                          .block_size = block_size,
                          .num_blocks = num_blocks,
                          .type = kv_type_});
+    if (!backends_.empty()) return backends_[rank.index]->copyKv(KvCopy::kToHost, {}, *rank.kv);
     return absl::OkStatus();
   });
 }
