@@ -94,8 +94,8 @@ class CudaLlamaModel : public StepBackend {
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override;
   // Device <-> host copies of whole blocks (contiguous runs of block ids in one copy each).
   // `host` is page-locked on first use (TpGroup makes that at allocateKv, with no blocks) and
-  // stays so while the model lives: it must outlive
-  // the model (or be replaced by another host pool first).
+  // stays so while the model lives: it must outlive the model (or be replaced by another
+  // host pool first).
   absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks, KvStorage& host) override;
 
   int64_t kvBlocks() const;
