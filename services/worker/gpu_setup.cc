@@ -9,6 +9,7 @@
 
 #if CLEAVE_HAVE_CUDA
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/moe_gemm.h"
 #include "services/engine/cuda_llama_model.h"
 #endif
 
@@ -40,9 +41,16 @@ absl::StatusOr<roofline::Hardware> gpuHardware(model::TensorType weights) {
                                                        {"b200", "b200"},
                                                        {"rtx pro 6000", "rtx-pro-6000"},
                                                        {"rtx 5090", "rtx-5090"}};
-  const char* dtype = weights == model::TensorType::kF8E4M3 ? "fp8"
-                      : weights == model::TensorType::kE2M1 ? "fp4"
-                                                            : "bf16";
+  // The peak of the products as they run here: FP8 and E2M1 weights meet quantized
+  // activations only where the GPU has the native MMA (moe_gemm.h); elsewhere bf16.
+  using cuda::ExpertWeightFormat;
+  const char* dtype = weights == model::TensorType::kF8E4M3 &&
+                              cuda::nativeOperandsPreferred(ExpertWeightFormat::kFp8Block128)
+                          ? "fp8"
+                      : weights == model::TensorType::kE2M1 &&
+                              cuda::nativeOperandsPreferred(ExpertWeightFormat::kNvfp4)
+                          ? "fp4"
+                          : "bf16";
   for (const auto& [part, profile] : known) {
     if (name.find(part) != std::string::npos) return roofline::builtinHardware(profile, dtype);
   }

@@ -19,9 +19,9 @@ absl::StatusOr<engine::StepBackendFactory> gpuBackend(const WorkerOptions& optio
                                                       int64_t max_step_tokens,
                                                       int64_t max_sequences);
 
-// The built-in profile (roofline.h) of GPU 0 by its name, at the peak of the weights' type
-// as the GPU runs them (FP8 and E2M1 kept, everything else bf16); NotFound naming the GPU
-// when no profile matches.
+// The built-in profile (roofline.h) of GPU 0 by its name, at the peak of the products as
+// the GPU runs them (FP8 or E2M1 where it has their native MMA, else bf16); NotFound naming
+// the GPU when no profile matches.
 absl::StatusOr<roofline::Hardware> gpuHardware(model::TensorType weights);
 
 }  // namespace cleave::worker
