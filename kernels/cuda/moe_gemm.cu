@@ -1,7 +1,5 @@
 #include "kernels/cuda/moe_gemm.h"
 
-#include <array>
-#include <atomic>
 #include <string>
 
 #include "common/status_macros.h"
@@ -22,18 +20,14 @@ RowQuantization rowQuantization(Format format) {
 // The current device's compute capability major (0 without one), asked once per device so
 // that a graph capture makes no query.
 int computeMajor() {
-  static std::array<std::atomic<int>, 64> known{};  // major + 1; 0 unknown
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
-  int state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
-      major = 0;
-    state = major + 1;
-    known[device].store(state, std::memory_order_relaxed);
-  }
-  return state - 1;
+  static std::array<std::atomic<int>, 64> known{};
+  const int major = moe_gemm::onceForDevice(known, [](int device) {
+    int value = 0;
+    if (cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+      value = 0;
+    return value;
+  });
+  return major < 0 ? 0 : major;
 }
 
 }  // namespace

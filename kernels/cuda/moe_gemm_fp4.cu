@@ -1,28 +1,19 @@
 // The expert-GEMM kernels on sm_120a's block-scaled E2M1 MMA (W4A4), built for sm_120a
 // only: on any other device their image is missing and nativeFp4Available() says so.
-#include <array>
-#include <atomic>
-
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe_gemm_kernel.cuh"
 
 namespace cleave::cuda::moe_gemm {
 
 bool nativeFp4Available() {
-  // Per device: 0 unknown, 1 yes, 2 no.
   static std::array<std::atomic<int>, 64> known{};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
-  int state = known[device].load(std::memory_order_relaxed);
-  if (state == 0) {
-    cudaFuncAttributes attributes;
-    const cudaError_t error =
-        cudaFuncGetAttributes(&attributes, moeGemmKernel<1, Format::kNvfp4, false, true>);
-    if (error != cudaSuccess) (void)cudaGetLastError();  // No image here: not sticky.
-    state = error == cudaSuccess ? 1 : 2;
-    known[device].store(state, std::memory_order_relaxed);
-  }
-  return state == 1;
+  return onceForDevice(known, [](int) {
+           cudaFuncAttributes attributes;
+           const cudaError_t error =
+               cudaFuncGetAttributes(&attributes, moeGemmKernel<1, Format::kNvfp4, false, true>);
+           if (error != cudaSuccess) (void)cudaGetLastError();  // No image here: not sticky.
+           return error == cudaSuccess ? 1 : 0;
+         }) == 1;
 }
 
 absl::Status allowNativeFp4() { return allowAll<Format::kNvfp4, true>(); }

@@ -18,6 +18,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/moe_gemm.h"
@@ -429,6 +431,20 @@ void launchShape(const Params& p, int tile_rows, bool silu, int64_t tiles, cudaS
     silu ? launch<4, F, true, kNative>(p, tiles, stream)
          : launch<4, F, false, kNative>(p, tiles, stream);
   }
+}
+
+// A fact about the current device (ask() >= 0), asked once per device and kept in `known`
+// (value + 1; 0: not asked yet), so that a graph capture asks nothing; -1 without a device.
+template <typename Ask>
+int onceForDevice(std::array<std::atomic<int>, 64>& known, Ask ask) {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return -1;
+  int state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
+    state = ask(device) + 1;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  return state - 1;
 }
 
 // moe_gemm_fp4.cu (sm_120a): whether its kernels can run on the current device, their

@@ -230,10 +230,8 @@ int runGenerate(int argc, char** argv) {
 #if CLEAVE_HAVE_CUDA
     const cuda::GemmOperands operands =
         gemm_operands == "widened" ? cuda::GemmOperands::kWidened : cuda::GemmOperands::kAuto;
-    step_backend = engine::cudaStepBackend({.kv_dtype = *kv_type == cpu::KvType::kFp8E4M3
-                                                            ? cuda::KvDtype::kFp8E4M3
-                                                            : cuda::KvDtype::kBf16,
-                                            .operands = operands});
+    step_backend =
+        engine::cudaStepBackend({.kv_dtype = engine::gpuKvDtype(*kv_type), .operands = operands});
 #else
     return fail(absl::UnimplementedError(
         "this build has no CUDA backend: configure with -DCLEAVE_CUDA=ON where nvcc exists"));

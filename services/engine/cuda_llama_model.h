@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cpu/kv_format.h"
 #include "kernels/cuda/attention_variants.h"
 #include "kernels/cuda/moe_gemm.h"
 #include "services/engine/llama_model.h"
@@ -115,5 +116,11 @@ class CudaLlamaModel : public StepBackend {
 // GPUs allow) for tp > 1, its KV pool the group's blocks (and max_context what they can
 // hold, up to the model's context length).
 StepBackendFactory cudaStepBackend(const CudaModelOptions& base);
+
+// The GPU cache type holding the same bytes as a host KV type (bf16 or e4m3; the GPU has no
+// f32 cache, so f32 maps to bf16 and callers refuse it first).
+inline cuda::KvDtype gpuKvDtype(cpu::KvType type) {
+  return type == cpu::KvType::kFp8E4M3 ? cuda::KvDtype::kFp8E4M3 : cuda::KvDtype::kBf16;
+}
 
 }  // namespace cleave::engine

@@ -22,9 +22,7 @@ absl::StatusOr<engine::StepBackendFactory> gpuBackend(const WorkerOptions& optio
                                                       int64_t max_sequences) {
   return engine::cudaStepBackend({.max_step_tokens = std::max(max_step_tokens, max_sequences),
                                   .max_sequences = max_sequences,
-                                  .kv_dtype = kvType(options) == cpu::KvType::kFp8E4M3
-                                                  ? cuda::KvDtype::kFp8E4M3
-                                                  : cuda::KvDtype::kBf16});
+                                  .kv_dtype = engine::gpuKvDtype(kvType(options))});
 }
 
 absl::StatusOr<roofline::Hardware> gpuHardware(model::TensorType weights) {
