@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/model/gguf_file.h"
@@ -125,6 +126,13 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       CLEAVE_ASSIGN_OR_RETURN(mla.qk_nope_head_dim, f.uint("qk_nope_head_dim"));
       CLEAVE_ASSIGN_OR_RETURN(mla.qk_rope_head_dim, f.uint("qk_rope_head_dim"));
       CLEAVE_ASSIGN_OR_RETURN(mla.v_head_dim, f.uint("v_head_dim"));
+      CLEAVE_ASSIGN_OR_RETURN(mla.rope_interleave, f.boolOr("rope_interleave", true));
+      if (mla.kv_lora_rank == 0 || mla.qk_rope_head_dim == 0 || mla.qk_rope_head_dim % 2 != 0 ||
+          mla.v_head_dim == 0) {
+        return f.error("kv_lora_rank",
+                       "kv_lora_rank and v_head_dim must be positive and qk_rope_head_dim even "
+                       "and positive");
+      }
       // Q and K heads are the no-rope part and the rope part side by side.
       config.head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim;
       config.mla = mla;
@@ -383,11 +391,22 @@ absl::StatusOr<ModelConfig> loadModelConfig(const std::string& path) {
   return parseConfigJson(text, path);
 }
 
-absl::Status engineSupport(const ModelConfig& config) {
+KvCacheShape kvCacheShape(const ModelConfig& config) {
   if (config.mla) {
+    return {.parts = 1,
+            .heads = 1,
+            .head_dim = config.mla->kv_lora_rank + config.mla->qk_rope_head_dim,
+            .replicated = true};
+  }
+  return {.parts = 2, .heads = config.num_kv_heads, .head_dim = config.head_dim};
+}
+
+absl::Status engineSupport(const ModelConfig& config) {
+  if (config.mla && absl::EndsWith(config.source, ".gguf")) {
     return absl::UnimplementedError(absl::StrCat(
-        config.source, ": multi-head latent attention (kv_lora_rank ", config.mla->kv_lora_rank,
-        ") is not supported yet; the MoE part of this architecture is"));
+        config.source,
+        ": multi-head latent attention is run from Hugging Face checkpoints only; use the "
+        "safetensors folder"));
   }
   return absl::OkStatus();
 }

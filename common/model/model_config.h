@@ -3,8 +3,7 @@
 //
 // Supported families: Llama (Llama 2/3, SmolLM2), Qwen2 (QKV bias), Qwen3 (q/k RMSNorm),
 // and MoE: Mixtral, Qwen3-MoE, DeepSeek-V3 (sigmoid scoring with group-limited top-k,
-// shared experts). DeepSeek's MLA attention fields are parsed and reported by
-// engineSupport() as not supported yet.
+// shared experts) with multi-head latent attention (MlaConfig).
 #pragma once
 
 #include <cstdint>
@@ -64,13 +63,18 @@ struct MoeConfig {
   std::vector<uint32_t> dense_layers;  // Qwen3-MoE mlp_only_layers.
 };
 
-// Multi-head latent attention (DeepSeek-V2/V3). Parsed, not yet run.
+// Multi-head latent attention (DeepSeek-V2/V3): every position caches one latent row,
+// kv_lora_rank normalized values and qk_rope_head_dim rotated key values, shared by all
+// heads; the heads' keys and values are that latent times kv_b_proj.
 struct MlaConfig {
   uint32_t q_lora_rank = 0;  // 0: no low-rank Q.
   uint32_t kv_lora_rank = 0;
   uint32_t qk_nope_head_dim = 0;
   uint32_t qk_rope_head_dim = 0;
   uint32_t v_head_dim = 0;
+  // The rotary dimensions pair as (x[2i], x[2i+1]) (rope_interleave, DeepSeek's default)
+  // rather than as halves.
+  bool rope_interleave = true;
 };
 
 struct ModelConfig {
@@ -100,6 +104,19 @@ struct ModelConfig {
   // True when layer `layer` uses the MoE block.
   bool isMoeLayer(uint32_t layer) const;
 };
+
+// What one position leaves in one layer's KV cache: `parts` tensors of `heads` rows of
+// `head_dim` elements. Multi-head attention keeps keys and values (2 parts of
+// num_kv_heads rows of head_dim); MLA keeps one latent row of kv_lora_rank +
+// qk_rope_head_dim that serves as keys and, in its first kv_lora_rank elements, as values
+// (1 part), and every tensor-parallel rank holds all of it (`replicated`).
+struct KvCacheShape {
+  int parts = 2;
+  uint32_t heads = 0;
+  uint32_t head_dim = 0;
+  bool replicated = false;
+};
+KvCacheShape kvCacheShape(const ModelConfig& config);
 
 // Parses config.json text; `name` names the file in errors.
 absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view json, const std::string& name);

@@ -94,10 +94,18 @@ void checkConfig(const std::string& path, const nlohmann::json& want) {
     const nlohmann::json& dims = want["mla_dims"];
     EXPECT_EQ(c.mla->kv_lora_rank, dims["kv_lora_rank"].get<uint32_t>());
     EXPECT_EQ(c.mla->qk_rope_head_dim, dims["qk_rope_head_dim"].get<uint32_t>());
-    EXPECT_EQ(engineSupport(c).code(), absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(c.mla->rope_interleave, want.value("rope_interleave", true));
+    const KvCacheShape kv = kvCacheShape(c);
+    EXPECT_EQ(kv.parts, 1);
+    EXPECT_EQ(kv.heads, 1u);
+    EXPECT_EQ(kv.head_dim, c.mla->kv_lora_rank + c.mla->qk_rope_head_dim);
   } else {
-    EXPECT_TRUE(engineSupport(c).ok());
+    const KvCacheShape kv = kvCacheShape(c);
+    EXPECT_EQ(kv.parts, 2);
+    EXPECT_EQ(kv.heads, c.num_kv_heads);
+    EXPECT_EQ(kv.head_dim, c.head_dim);
   }
+  EXPECT_TRUE(engineSupport(c).ok()) << engineSupport(c).message();
 }
 
 // config.json files written by transformers' config classes; the expected values are

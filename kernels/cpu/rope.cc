@@ -11,8 +11,12 @@ absl::Status ropeSupported(const model::RopeScaling& scaling) {
   return absl::UnimplementedError("rope scaling \"" + scaling.type + "\" is not implemented yet");
 }
 
+int64_t rotaryDim(const model::ModelConfig& config) {
+  return config.mla ? config.mla->qk_rope_head_dim : config.head_dim;
+}
+
 Rope::Rope(const model::ModelConfig& config, RopePairing pairing)
-    : head_dim_(config.head_dim), pairing_(pairing), inv_freq_(config.head_dim / 2) {
+    : head_dim_(rotaryDim(config)), pairing_(pairing), inv_freq_(rotaryDim(config) / 2) {
   const double base = config.rope_theta;
   const model::RopeScaling& s = config.rope_scaling;
   for (int64_t i = 0; i < head_dim_ / 2; ++i) {
@@ -51,12 +55,17 @@ void Rope::angles(const int32_t* positions, int64_t tokens, RopeAngles& out) con
 
 void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const RopeAngles& angles,
                  int64_t first) const {
+  apply(x, ld, tokens, heads, angles, first, head_dim_);
+}
+
+void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const RopeAngles& angles,
+                 int64_t first, int64_t head_stride) const {
   const int64_t half = head_dim_ / 2;
   for (int64_t t = 0; t < tokens; ++t) {
     const float* cos_v = angles.cos.data() + (first + t) * half;
     const float* sin_v = angles.sin.data() + (first + t) * half;
     for (int64_t h = 0; h < heads; ++h) {
-      float* v = x + t * ld + h * head_dim_;
+      float* v = x + t * ld + h * head_stride;
       for (int64_t i = 0; i < half; ++i) {
         const int64_t a = pairing_ == RopePairing::kHalves ? i : 2 * i;
         const int64_t b = pairing_ == RopePairing::kHalves ? i + half : 2 * i + 1;

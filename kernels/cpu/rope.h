@@ -28,6 +28,11 @@ struct RopeAngles {
   std::vector<float> sin;
 };
 
+// The dimensions of a head that rotate: all of head_dim, or MLA's qk_rope_head_dim.
+int64_t rotaryDim(const model::ModelConfig& config);
+
+// Rotates heads of rotaryDim(config) values (for MLA: the rope part, laid out as its own
+// heads by the caller).
 class Rope {
  public:
   Rope(const model::ModelConfig& config, RopePairing pairing);
@@ -40,6 +45,9 @@ class Rope {
   // Rotates `tokens` rows of x whose angles are rows [first, first + tokens) of `angles`.
   void apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const RopeAngles& angles,
              int64_t first) const;
+  // The same for heads `head_stride` values apart (the rotary part of wider heads).
+  void apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const RopeAngles& angles,
+             int64_t first, int64_t head_stride) const;
 
   const std::vector<float>& inverseFrequencies() const { return inv_freq_; }
 

@@ -27,6 +27,15 @@
 namespace cleave::engine {
 namespace {
 
+// The GPU graph has no latent attention kernels yet; such models run on the CPU backend.
+absl::Status refuseLatentAttention(const model::ModelConfig& c) {
+  if (!c.mla) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      c.source,
+      ": multi-head latent attention runs on the CPU backend only (--backend cpu); the CUDA "
+      "backend has no latent attention kernels yet"));
+}
+
 using bf16 = __nv_bfloat16;
 
 // A layer's matrices (cuda_weights.h): bf16 for cuBLASLt, or NVFP4 / FP8 128x128 as the
@@ -365,6 +374,7 @@ CudaLlamaModel::~CudaLlamaModel() = default;
 
 absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     const LlamaWeights& w, const CudaModelOptions& options) {
+  CLEAVE_RETURN_IF_ERROR(refuseLatentAttention(w.config));
   CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w.config.rope_scaling));
   const bool bias = !w.layers.empty() && !w.layers[0].bq.empty();
   const bool qk_norm = !w.layers.empty() && !w.layers[0].q_norm.empty();
@@ -435,6 +445,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
 
 absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
     const model::ModelConfig& config, const CudaModelOptions& options, uint64_t seed) {
+  CLEAVE_RETURN_IF_ERROR(refuseLatentAttention(config));
   CLEAVE_ASSIGN_OR_RETURN(const ShardDims whole, planShard(config, {}));
   CLEAVE_ASSIGN_OR_RETURN(
       std::unique_ptr<State> state,

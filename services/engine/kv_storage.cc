@@ -19,10 +19,11 @@ KvStorage::KvStorage(const KvStorageOptions& options) : options_(options) {
   std::memset(data_.get(), 0, total);
 }
 
-int64_t KvStorage::bytes() const { return 2 * options_.num_layers * poolBytes(); }
+int64_t KvStorage::bytes() const { return options_.parts * options_.num_layers * poolBytes(); }
 
 int64_t KvStorage::offset(int64_t layer, int kv, int64_t block, int64_t head) const {
-  return (2 * layer + kv) * poolBytes() + (block * options_.kv_heads + head) * headBlockBytes();
+  return (options_.parts * layer + kv) * poolBytes() +
+         (block * options_.kv_heads + head) * headBlockBytes();
 }
 
 }  // namespace cleave::engine

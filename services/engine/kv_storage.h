@@ -3,7 +3,8 @@
 //
 //   [layer][K, V][block][kv head of this rank][position in the block][head_dim]
 //
-// in one element type (f32, bf16 or e4m3: cpu::KvType).
+// in one element type (f32, bf16 or e4m3: cpu::KvType). A cache of one part (MLA's
+// latent rows, model::KvCacheShape) has no separate values: values(l) is keys(l).
 //
 // One head's part of one block of one layer's keys is contiguous (block_size * head_dim
 // elements), and so is any run of consecutive heads: what a transfer between workers with
@@ -28,6 +29,7 @@ struct KvStorageOptions {
   int64_t block_size = 16;
   int64_t num_blocks = 0;
   cpu::KvType type = cpu::KvType::kF32;
+  int parts = 2;  // Keys and values; 1: the keys are read as values too.
 };
 
 class KvStorage {
@@ -48,10 +50,12 @@ class KvStorage {
   cpu::KvType type() const { return options_.type; }
 
   // Layer `layer`'s keys (values): [block][kv head][position][head_dim] elements.
-  uint8_t* keys(int64_t layer) { return data_.get() + (2 * layer) * poolBytes(); }
-  uint8_t* values(int64_t layer) { return data_.get() + (2 * layer + 1) * poolBytes(); }
+  uint8_t* keys(int64_t layer) { return data_.get() + options_.parts * layer * poolBytes(); }
+  uint8_t* values(int64_t layer) { return keys(layer) + (options_.parts - 1) * poolBytes(); }
+  int parts() const { return options_.parts; }
   // Byte offset in data() of heads [head, ...) of `block` of layer `layer`'s keys
-  // (kv = 0) or values (kv = 1); one head's part of a block is headBlockBytes() long.
+  // (kv = 0) or values (kv = 1 < parts()); one head's part of a block is headBlockBytes()
+  // long.
   int64_t offset(int64_t layer, int kv, int64_t block, int64_t head) const;
   int64_t headBlockBytes() const {
     return options_.block_size * options_.head_dim * cpu::kvElementBytes(options_.type);

@@ -8,16 +8,10 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
+#include "services/engine/checked_matmul.h"
 
 namespace cleave::engine {
 namespace {
-
-void checkedMatmul(const cpu::CpuMatrix& w, const float* x, int64_t ldx, int64_t tokens, float* y,
-                   int64_t ldy, cpu::ThreadPool& pool) {
-  // Shapes are fixed at load; a failure here is a broken invariant, not bad input.
-  CLEAVE_CHECK_OK(
-      cpu::matmul({.weight = &w, .x = x, .ldx = ldx, .tokens = tokens, .y = y, .ldy = ldy}, pool));
-}
 
 // x[t] += bias for each of `rows` rows of `cols`.
 void addRowBias(float* x, const float* bias, int64_t rows, int64_t cols) {
@@ -35,6 +29,7 @@ LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool, Commu
       comm_(comm ? comm : solo_.get()),
       rope_(weights.config, weights.rope_pairing) {
   if (weights.config.moe) moe_.emplace(*weights.config.moe, weights.config.hidden_size, pool);
+  if (weights.config.mla) mla_.emplace(weights.config, weights.dims.heads.size, pool);
 }
 
 absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_size,
@@ -102,14 +97,18 @@ absl::Status LlamaModel::gatherLogits(int64_t sequences) {
 
 void LlamaModel::ensureScratch(int64_t tokens, int64_t sequences) {
   const model::ModelConfig& c = w_.config;
-  const int64_t q_dim = w_.dims.heads.size * c.head_dim;
-  const int64_t kv_dim = w_.dims.kv_heads.size * c.head_dim;
   x_.resize(tokens * c.hidden_size);
   h_.resize(tokens * c.hidden_size);
-  q_.resize(tokens * q_dim);
-  k_.resize(tokens * kv_dim);
-  v_.resize(tokens * kv_dim);
-  attn_.resize(tokens * q_dim);
+  if (mla_) {
+    attn_.resize(tokens * w_.dims.heads.size * c.mla->v_head_dim);
+  } else {
+    const int64_t q_dim = w_.dims.heads.size * c.head_dim;
+    const int64_t kv_dim = w_.dims.kv_heads.size * c.head_dim;
+    q_.resize(tokens * q_dim);
+    k_.resize(tokens * kv_dim);
+    v_.resize(tokens * kv_dim);
+    attn_.resize(tokens * q_dim);
+  }
   if (moe_) moe_out_.resize(tokens * c.hidden_size);
   gate_.resize(tokens * w_.dims.ffn.size);
   up_.resize(tokens * w_.dims.ffn.size);
@@ -120,19 +119,81 @@ void LlamaModel::ensureScratch(int64_t tokens, int64_t sequences) {
   logits_.resize(sequences * c.vocab_size);
 }
 
-absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const SequenceChunk> batch,
-                                                           KvStorage& cache) {
-  CLEAVE_RETURN_IF_ERROR(
-      validateBatch(batch, w_.config.vocab_size, cache.blockSize(), cache.totalBlocks()));
+void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage& cache) {
   const model::ModelConfig& c = w_.config;
   const int64_t hidden = c.hidden_size;
   const int64_t head_dim = c.head_dim;
   const int64_t heads = w_.dims.heads.size, kv_heads = w_.dims.kv_heads.size;
   const int64_t q_dim = heads * head_dim;
   const int64_t kv_dim = kv_heads * head_dim;
-  const int64_t ffn = w_.dims.ffn.size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t block_size = cache.blockSize();
+  checkedMatmul(layer.wq, h_.data(), hidden, n, q_.data(), q_dim, pool_);
+  checkedMatmul(layer.wk, h_.data(), hidden, n, k_.data(), kv_dim, pool_);
+  checkedMatmul(layer.wv, h_.data(), hidden, n, v_.data(), kv_dim, pool_);
+  if (!layer.bq.empty()) {
+    addRowBias(q_.data(), layer.bq.data(), n, q_dim);
+    addRowBias(k_.data(), layer.bk.data(), n, kv_dim);
+    addRowBias(v_.data(), layer.bv.data(), n, kv_dim);
+  }
+  if (!layer.q_norm.empty()) {
+    // Every head of every token is one row of head_dim values.
+    cpu::rmsNorm(q_.data(), head_dim, layer.q_norm.data(), n * heads, head_dim, eps, q_.data(),
+                 head_dim);
+    cpu::rmsNorm(k_.data(), head_dim, layer.k_norm.data(), n * kv_heads, head_dim, eps, k_.data(),
+                 head_dim);
+  }
+  // RoPE row by row over the pool, with the step's angles computed once.
+  pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
+    rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles_, begin);
+    rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles_, begin);
+  });
+  uint8_t* keys = cache.keys(l);
+  uint8_t* values = cache.values(l);
+  // Each head's row goes to its place in the block ([block][head][position][head_dim]),
+  // in the cache's element type.
+  const cpu::KvType kv_type = cache.type();
+  const int64_t element = cpu::kvElementBytes(kv_type);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t block = tables_[i][positions_[i] / block_size];
+    const int64_t slot = positions_[i] % block_size;
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      const int64_t at = ((block * kv_heads + h) * block_size + slot) * head_dim * element;
+      cpu::encodeKv(kv_type, k_.data() + i * kv_dim + h * head_dim, head_dim, layer.k_scale,
+                    keys + at);
+      cpu::encodeKv(kv_type, v_.data() + i * kv_dim + h * head_dim, head_dim, layer.v_scale,
+                    values + at);
+    }
+  }
+  cpu::attention({.q = q_.data(),
+                  .ldq = q_dim,
+                  .tokens = n,
+                  .positions = positions_.data(),
+                  .block_tables = tables_.data(),
+                  .k_pool = keys,
+                  .v_pool = values,
+                  .kv_type = kv_type,
+                  .k_scale = layer.k_scale,
+                  .v_scale = layer.v_scale,
+                  .block_size = block_size,
+                  .heads = heads,
+                  .kv_heads = kv_heads,
+                  .head_dim = head_dim,
+                  .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                  .out = attn_.data(),
+                  .ldo = q_dim},
+                 pool_);
+  checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
+}
+
+absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const SequenceChunk> batch,
+                                                           KvStorage& cache) {
+  CLEAVE_RETURN_IF_ERROR(
+      validateBatch(batch, w_.config.vocab_size, cache.blockSize(), cache.totalBlocks()));
+  const model::ModelConfig& c = w_.config;
+  const int64_t hidden = c.hidden_size;
+  const int64_t ffn = w_.dims.ffn.size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
   int64_t n = 0;
   for (const SequenceChunk& chunk : batch) n += static_cast<int64_t>(chunk.tokens.size());
   ensureScratch(n, static_cast<int64_t>(batch.size()));
@@ -161,62 +222,20 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LlamaLayer& layer = w_.layers[l];
     cpu::rmsNorm(x_.data(), hidden, layer.attn_norm.data(), n, hidden, eps, h_.data(), hidden);
-    checkedMatmul(layer.wq, h_.data(), hidden, n, q_.data(), q_dim, pool_);
-    checkedMatmul(layer.wk, h_.data(), hidden, n, k_.data(), kv_dim, pool_);
-    checkedMatmul(layer.wv, h_.data(), hidden, n, v_.data(), kv_dim, pool_);
-    if (!layer.bq.empty()) {
-      addRowBias(q_.data(), layer.bq.data(), n, q_dim);
-      addRowBias(k_.data(), layer.bk.data(), n, kv_dim);
-      addRowBias(v_.data(), layer.bv.data(), n, kv_dim);
+    if (layer.mla) {
+      mla_->forward(*layer.mla,
+                    {.x = h_.data(),
+                     .tokens = n,
+                     .positions = positions_.data(),
+                     .block_tables = tables_.data(),
+                     .rope = &rope_,
+                     .angles = &angles_},
+                    cache, static_cast<int64_t>(l), layer.k_scale, attn_.data());
+      const int64_t o_dim = w_.dims.heads.size * c.mla->v_head_dim;
+      checkedMatmul(layer.wo, attn_.data(), o_dim, n, h_.data(), hidden, pool_);
+    } else {
+      attend(layer, static_cast<int64_t>(l), n, cache);
     }
-    if (!layer.q_norm.empty()) {
-      // Every head of every token is one row of head_dim values.
-      cpu::rmsNorm(q_.data(), head_dim, layer.q_norm.data(), n * heads, head_dim, eps, q_.data(),
-                   head_dim);
-      cpu::rmsNorm(k_.data(), head_dim, layer.k_norm.data(), n * kv_heads, head_dim, eps, k_.data(),
-                   head_dim);
-    }
-    // RoPE row by row over the pool, with the step's angles computed once.
-    pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
-      rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles_, begin);
-      rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles_, begin);
-    });
-    uint8_t* keys = cache.keys(static_cast<int64_t>(l));
-    uint8_t* values = cache.values(static_cast<int64_t>(l));
-    // Each head's row goes to its place in the block ([block][head][position][head_dim]),
-    // in the cache's element type.
-    const cpu::KvType kv_type = cache.type();
-    const int64_t element = cpu::kvElementBytes(kv_type);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t block = tables_[i][positions_[i] / block_size];
-      const int64_t slot = positions_[i] % block_size;
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        const int64_t at = ((block * kv_heads + h) * block_size + slot) * head_dim * element;
-        cpu::encodeKv(kv_type, k_.data() + i * kv_dim + h * head_dim, head_dim, layer.k_scale,
-                      keys + at);
-        cpu::encodeKv(kv_type, v_.data() + i * kv_dim + h * head_dim, head_dim, layer.v_scale,
-                      values + at);
-      }
-    }
-    cpu::attention({.q = q_.data(),
-                    .ldq = q_dim,
-                    .tokens = n,
-                    .positions = positions_.data(),
-                    .block_tables = tables_.data(),
-                    .k_pool = keys,
-                    .v_pool = values,
-                    .kv_type = kv_type,
-                    .k_scale = layer.k_scale,
-                    .v_scale = layer.v_scale,
-                    .block_size = block_size,
-                    .heads = heads,
-                    .kv_heads = kv_heads,
-                    .head_dim = head_dim,
-                    .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
-                    .out = attn_.data(),
-                    .ldo = q_dim},
-                   pool_);
-    checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
     CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
     cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);
 
@@ -257,9 +276,10 @@ LlamaRunner::LlamaRunner(const LlamaWeights& weights, cpu::ThreadPool& pool, int
     : model_(weights, pool),
       cache_({.num_layers = static_cast<int64_t>(weights.layers.size()),
               .kv_heads = weights.dims.kv_heads.size,
-              .head_dim = weights.config.head_dim,
+              .head_dim = model::kvCacheShape(weights.config).head_dim,
               .block_size = 16,
-              .num_blocks = (max_context + 15) / 16}),
+              .num_blocks = (max_context + 15) / 16,
+              .parts = model::kvCacheShape(weights.config).parts}),
       max_context_(max_context) {
   for (int32_t b = 0; b < cache_.totalBlocks(); ++b) blocks_.push_back(b);
 }

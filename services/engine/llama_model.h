@@ -23,6 +23,7 @@
 #include "services/engine/communicator.h"
 #include "services/engine/kv_storage.h"
 #include "services/engine/llama_weights.h"
+#include "services/engine/mla_attention.h"
 
 namespace cleave::engine {
 
@@ -55,6 +56,9 @@ class LlamaModel {
 
  private:
   void ensureScratch(int64_t tokens, int64_t sequences);
+  // Multi-head attention of layer `l` (index l of the cache) over the normed rows in h_:
+  // writes the chunk's keys and values into the cache and leaves o_proj's product in h_.
+  void attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage& cache);
   // Sums a row-parallel product over the group (nothing to do in a group of one).
   absl::Status reduce(float* data, int64_t count);
   // logits_ from each rank's rows of the vocabulary.
@@ -67,6 +71,7 @@ class LlamaModel {
   cpu::Rope rope_;
   cpu::RopeAngles angles_;
   std::optional<MoeRunner> moe_;
+  std::optional<MlaAttention> mla_;
   // Scratch, [tokens, width] each unless noted.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, moe_out_;
   std::vector<float> last_;          // [sequences, hidden]

@@ -124,20 +124,27 @@ class GgufSource final : public TensorSource {
  public:
   explicit GgufSource(const model::GgufFile& file) : file_(file) {}
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
-    static const std::map<std::string, std::string> kNames = {{"attn_norm", "attn_norm.weight"},
-                                                              {"q", "attn_q.weight"},
-                                                              {"k", "attn_k.weight"},
-                                                              {"v", "attn_v.weight"},
-                                                              {"o", "attn_output.weight"},
-                                                              {"q_bias", "attn_q.bias"},
-                                                              {"k_bias", "attn_k.bias"},
-                                                              {"v_bias", "attn_v.bias"},
-                                                              {"q_norm", "attn_q_norm.weight"},
-                                                              {"k_norm", "attn_k_norm.weight"},
-                                                              {"ffn_norm", "ffn_norm.weight"},
-                                                              {"gate", "ffn_gate.weight"},
-                                                              {"up", "ffn_up.weight"},
-                                                              {"down", "ffn_down.weight"}};
+    static const std::map<std::string, std::string> kNames = {
+        {"attn_norm", "attn_norm.weight"},
+        {"q", "attn_q.weight"},
+        {"k", "attn_k.weight"},
+        {"v", "attn_v.weight"},
+        {"o", "attn_output.weight"},
+        {"q_bias", "attn_q.bias"},
+        {"k_bias", "attn_k.bias"},
+        {"v_bias", "attn_v.bias"},
+        {"q_norm", "attn_q_norm.weight"},
+        {"q_a", "attn_q_a.weight"},
+        {"q_a_norm", "attn_q_a_norm.weight"},
+        {"q_b", "attn_q_b.weight"},
+        {"kv_a", "attn_kv_a_mqa.weight"},
+        {"kv_a_norm", "attn_kv_a_norm.weight"},
+        {"kv_b", "attn_kv_b.weight"},
+        {"k_norm", "attn_k_norm.weight"},
+        {"ffn_norm", "ffn_norm.weight"},
+        {"gate", "ffn_gate.weight"},
+        {"up", "ffn_up.weight"},
+        {"down", "ffn_down.weight"}};
     return absl::StrCat("blk.", layer, ".", kNames.at(role));
   }
   std::string embeddingName() const override { return "token_embd.weight"; }
@@ -184,6 +191,12 @@ class SafetensorsSource final : public TensorSource {
         {"v_bias", "self_attn.v_proj.bias"},
         {"q_norm", "self_attn.q_norm.weight"},
         {"k_norm", "self_attn.k_norm.weight"},
+        {"q_a", "self_attn.q_a_proj.weight"},
+        {"q_a_norm", "self_attn.q_a_layernorm.weight"},
+        {"q_b", "self_attn.q_b_proj.weight"},
+        {"kv_a", "self_attn.kv_a_proj_with_mqa.weight"},
+        {"kv_a_norm", "self_attn.kv_a_layernorm.weight"},
+        {"kv_b", "self_attn.kv_b_proj.weight"},
         {"ffn_norm", "post_attention_layernorm.weight"},
         {"gate", "mlp.gate_proj.weight"},
         {"up", "mlp.up_proj.weight"},
@@ -300,15 +313,42 @@ class SafetensorsSource final : public TensorSource {
   model::QuantizationInfo quant_;
 };
 
-absl::Status checkSupported(const model::ModelConfig& c, const std::string& path) {
-  const Architecture a = c.architecture;
-  if (a != Architecture::kLlama && a != Architecture::kQwen2 && a != Architecture::kQwen3 &&
-      a != Architecture::kMixtral && a != Architecture::kQwen3Moe) {
-    return absl::UnimplementedError(absl::StrCat(
-        path, ": architecture ", model::architectureName(a),
-        " is not supported by the engine yet (Llama, Qwen2, Qwen3, Mixtral and Qwen3-MoE are)"));
-  }
+absl::Status checkSupported(const model::ModelConfig& c) {
+  CLEAVE_RETURN_IF_ERROR(model::engineSupport(c));
   return cpu::ropeSupported(c.rope_scaling);
+}
+
+// Layer `i`'s latent attention projections for the rank's query heads.
+absl::StatusOr<MlaWeights> loadMla(const TensorSource& f, const model::ModelConfig& c,
+                                   const ShardDims& d, uint32_t i) {
+  const model::MlaConfig& m = *c.mla;
+  auto name = [&](const char* role) { return f.layerTensor(i, role); };
+  const uint64_t hidden = c.hidden_size, heads = c.num_heads;
+  const uint64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim,
+                 kv_b = m.qk_nope_head_dim + m.v_head_dim;
+  const auto rows = TensorSource::rows;
+  const Span q_part{.begin = d.heads.begin * int64_t(qk), .size = d.heads.size * int64_t(qk)};
+  MlaWeights w;
+  if (m.q_lora_rank > 0) {
+    CLEAVE_ASSIGN_OR_RETURN(w.q_a, f.matrix(name("q_a"), m.q_lora_rank, hidden));
+    CLEAVE_ASSIGN_OR_RETURN(w.q_a_norm, f.vector(name("q_a_norm"), m.q_lora_rank));
+    CLEAVE_ASSIGN_OR_RETURN(w.q_b, f.matrix(name("q_b"), heads * qk, m.q_lora_rank, rows(q_part)));
+  } else {
+    CLEAVE_ASSIGN_OR_RETURN(w.q_b, f.matrix(name("q"), heads * qk, hidden, rows(q_part)));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(w.kv_a,
+                          f.matrix(name("kv_a"), m.kv_lora_rank + m.qk_rope_head_dim, hidden));
+  CLEAVE_ASSIGN_OR_RETURN(w.kv_a_norm, f.vector(name("kv_a_norm"), m.kv_lora_rank));
+  CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix up,
+                          f.matrix(name("kv_b"), heads * kv_b, m.kv_lora_rank,
+                                   rows({.begin = d.heads.begin * int64_t(kv_b),
+                                         .size = d.heads.size * int64_t(kv_b)})));
+  absl::Status absorbed = absorbKvB(up.source(), m, d.heads.size, w);
+  if (!absorbed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", name("kv_b"), "\": ", absorbed.message()));
+  }
+  return w;
 }
 
 // Everything but the source and the RoPE pairing is the same for every file format.
@@ -332,10 +372,18 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
     auto name = [&](const char* role) { return f.layerTensor(i, role); };
     LlamaLayer layer;
     CLEAVE_ASSIGN_OR_RETURN(layer.attn_norm, f.vector(name("attn_norm"), hidden));
-    CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrix(name("q"), q_dim, hidden, rows(q_part)));
-    CLEAVE_ASSIGN_OR_RETURN(layer.wk, f.matrix(name("k"), kv_dim, hidden, rows(kv_part)));
-    CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrix(name("v"), kv_dim, hidden, rows(kv_part)));
-    CLEAVE_ASSIGN_OR_RETURN(layer.wo, f.matrix(name("o"), hidden, q_dim, cols(q_part)));
+    if (c.mla) {
+      const int64_t v = c.mla->v_head_dim;
+      CLEAVE_ASSIGN_OR_RETURN(layer.mla, loadMla(f, c, d, i));
+      CLEAVE_ASSIGN_OR_RETURN(
+          layer.wo, f.matrix(name("o"), hidden, uint64_t{c.num_heads} * v,
+                             cols({.begin = d.heads.begin * v, .size = d.heads.size * v})));
+    } else {
+      CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrix(name("q"), q_dim, hidden, rows(q_part)));
+      CLEAVE_ASSIGN_OR_RETURN(layer.wk, f.matrix(name("k"), kv_dim, hidden, rows(kv_part)));
+      CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrix(name("v"), kv_dim, hidden, rows(kv_part)));
+      CLEAVE_ASSIGN_OR_RETURN(layer.wo, f.matrix(name("o"), hidden, q_dim, cols(q_part)));
+    }
     if (c.attention_bias) {
       CLEAVE_ASSIGN_OR_RETURN(layer.bq, f.vector(name("q_bias"), q_dim, q_part));
       CLEAVE_ASSIGN_OR_RETURN(layer.bk, f.vector(name("k_bias"), kv_dim, kv_part));
@@ -378,7 +426,7 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& p
   auto w = std::make_unique<LlamaWeights>();
   CLEAVE_ASSIGN_OR_RETURN(w->gguf, model::GgufFile::open(path));
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::configFromGguf(*w->gguf));
-  CLEAVE_RETURN_IF_ERROR(checkSupported(w->config, path));
+  CLEAVE_RETURN_IF_ERROR(checkSupported(w->config));
   CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
   // GGUF llama-family files store Q/K permuted for adjacent-pair rotation.
   w->rope_pairing = cpu::RopePairing::kAdjacent;
@@ -391,10 +439,12 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
                                                                    const LayerLoaded& on_layer) {
   auto w = std::make_unique<LlamaWeights>();
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::loadModelConfig(folder));
-  CLEAVE_RETURN_IF_ERROR(checkSupported(w->config, folder));
+  CLEAVE_RETURN_IF_ERROR(checkSupported(w->config));
   CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
   CLEAVE_ASSIGN_OR_RETURN(w->safetensors, model::SafetensorsCheckpoint::open(folder));
-  w->rope_pairing = cpu::RopePairing::kHalves;
+  // Hugging Face heads rotate halves; DeepSeek's latent rope part rotates adjacent pairs.
+  w->rope_pairing = w->config.mla && w->config.mla->rope_interleave ? cpu::RopePairing::kAdjacent
+                                                                    : cpu::RopePairing::kHalves;
   CLEAVE_ASSIGN_OR_RETURN(model::QuantizationInfo quantization,
                           model::readQuantizationInfo(folder));
   CLEAVE_RETURN_IF_ERROR(
@@ -412,7 +462,7 @@ absl::StatusOr<MoeBlock> loadMoeBlock(const model::SafetensorsCheckpoint& checkp
 int64_t LlamaLayer::bytes() const {
   return wq.bytes() + wk.bytes() + wv.bytes() + wo.bytes() + w_gate.bytes() + w_up.bytes() +
          w_down.bytes() + static_cast<int64_t>(attn_norm.size() + ffn_norm.size()) * 4 +
-         (moe ? moe->bytes() : 0);
+         (moe ? moe->bytes() : 0) + (mla ? mla->bytes() : 0);
 }
 
 int64_t LlamaWeights::weightBytes() const {

@@ -1,5 +1,5 @@
-// Weights of a Llama-family model (Llama 2/3, SmolLM2, Qwen2, Qwen3) in the CPU backend's
-// layout, loaded
+// Weights of a Llama-family model (Llama 2/3, SmolLM2, Qwen2, Qwen3; the MoE families,
+// DeepSeek-V3 with its latent attention) in the CPU backend's layout, loaded
 // from a GGUF file or a Hugging Face folder (config.json + safetensors). Matrices become
 // CpuMatrix (quantized ones repacked once); norms become float vectors. The source file
 // stays mapped: the embedding table is read from it in place.
@@ -22,6 +22,7 @@
 #include "common/model/safetensors_file.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rope.h"
+#include "services/engine/mla_attention.h"
 #include "services/engine/moe_block.h"
 #include "services/engine/tensor_parallel.h"
 
@@ -32,7 +33,9 @@ struct LlamaLayer {
   cpu::CpuMatrix wq;             // [heads * head_dim, hidden]
   cpu::CpuMatrix wk;             // [kv_heads * head_dim, hidden]
   cpu::CpuMatrix wv;             // [kv_heads * head_dim, hidden]
-  cpu::CpuMatrix wo;             // [hidden, heads * head_dim]
+  cpu::CpuMatrix wo;             // [hidden, heads * head_dim] (MLA: heads * v_head_dim)
+  // Multi-head latent attention models: these instead of wq, wk and wv.
+  std::optional<MlaWeights> mla;
   // Qwen2: biases of the Q/K/V projections (empty when the model has none).
   std::vector<float> bq, bk, bv;
   // Qwen3: RMSNorm weights applied to each Q and K head before RoPE ([head_dim]; empty when

@@ -28,8 +28,10 @@ int64_t workspaceBytes(const model::ModelConfig& c, const MemoryPlanInput& in) {
 
 int64_t kvBytesPerToken(const model::ModelConfig& c, int64_t kv_element_bytes, int64_t tp) {
   // The rank with the most KV heads (rank 0 when they do not split evenly) sizes the pool.
-  const int64_t kv_heads = std::max<int64_t>(1, (c.num_kv_heads + tp - 1) / tp);
-  return 2 * int64_t{c.num_layers} * kv_heads * c.head_dim * kv_element_bytes;
+  const model::KvCacheShape shape = model::kvCacheShape(c);
+  const int64_t kv_heads =
+      shape.replicated ? shape.heads : std::max<int64_t>(1, (shape.heads + tp - 1) / tp);
+  return shape.parts * int64_t{c.num_layers} * kv_heads * shape.head_dim * kv_element_bytes;
 }
 
 std::string MemoryPlan::table() const {

@@ -49,10 +49,17 @@ absl::StatusOr<Span> splitEvenly(int64_t total, int64_t unit, int parts, int ind
 absl::StatusOr<ShardDims> planShard(const model::ModelConfig& c, TpShard shard) {
   ShardDims d;
   d.shard = shard;
-  CLEAVE_ASSIGN_OR_RETURN(d.kv_heads,
-                          splitEvenly(c.num_kv_heads, 1, shard.size, shard.rank, "KV heads"));
-  const int64_t group = c.num_kv_heads ? c.num_heads / c.num_kv_heads : 0;
-  d.heads = {.begin = d.kv_heads.begin * group, .size = d.kv_heads.size * group};
+  if (c.mla) {
+    // Every rank keeps the whole latent (one cached head) and a run of the query heads.
+    d.kv_heads = {.begin = 0, .size = 1};
+    CLEAVE_ASSIGN_OR_RETURN(d.heads,
+                            splitEvenly(c.num_heads, 1, shard.size, shard.rank, "attention heads"));
+  } else {
+    CLEAVE_ASSIGN_OR_RETURN(d.kv_heads,
+                            splitEvenly(c.num_kv_heads, 1, shard.size, shard.rank, "KV heads"));
+    const int64_t group = c.num_kv_heads ? c.num_heads / c.num_kv_heads : 0;
+    d.heads = {.begin = d.kv_heads.begin * group, .size = d.kv_heads.size * group};
+  }
   CLEAVE_ASSIGN_OR_RETURN(d.vocab,
                           splitEvenly(c.vocab_size, 1, shard.size, shard.rank, "vocabulary rows"));
   if (c.intermediate_size > 0) {

@@ -1,7 +1,8 @@
 // How a model is cut across the ranks of a tensor-parallel group (ARCHITECTURE §1):
 //
 //   Q/K/V, gate/up   column-parallel: each rank holds a contiguous run of KV heads (with
-//                    their query heads) and of MLP columns
+//                    their query heads) and of MLP columns; with MLA a run of query
+//                    heads, and every rank the whole latent projection and cache
 //   O, down          row-parallel: the matching input columns; each rank's product is a
 //                    partial sum, all-reduced
 //   embedding        vocab-parallel: a rank looks up the ids in its vocabulary range and

@@ -184,10 +184,11 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
     rank.kv = std::make_unique<KvStorage>(
         KvStorageOptions{.num_layers = static_cast<int64_t>(w.layers.size()),
                          .kv_heads = w.dims.kv_heads.size,
-                         .head_dim = w.config.head_dim,
+                         .head_dim = model::kvCacheShape(w.config).head_dim,
                          .block_size = block_size,
                          .num_blocks = num_blocks,
-                         .type = kv_type_});
+                         .type = kv_type_,
+                         .parts = model::kvCacheShape(w.config).parts});
     if (!backends_.empty()) return backends_[rank.index]->copyKv(KvCopy::kToHost, {}, *rank.kv);
     return absl::OkStatus();
   });
@@ -233,12 +234,16 @@ KvStorage& TpGroup::kv(int rank) {
 
 Span TpGroup::kvHeads(int rank) const { return ranks_[rank]->weights->dims.kv_heads; }
 
-model::TensorType TpGroup::weightType() const { return ranks_[0]->weights->layers[0].wq.type(); }
+model::TensorType TpGroup::weightType() const {
+  const LlamaLayer& first = ranks_[0]->weights->layers[0];
+  return first.mla ? first.mla->q_b.type() : first.wq.type();
+}
 
 int64_t TpGroup::kvBlockBytes(int rank) const {
   const LlamaWeights& w = *ranks_[rank]->weights;
-  return 2 * static_cast<int64_t>(w.layers.size()) * w.dims.kv_heads.size * w.config.head_dim *
-         block_size_ * cpu::kvElementBytes(kv_type_);
+  const model::KvCacheShape shape = model::kvCacheShape(w.config);
+  return shape.parts * static_cast<int64_t>(w.layers.size()) * w.dims.kv_heads.size *
+         shape.head_dim * block_size_ * cpu::kvElementBytes(kv_type_);
 }
 
 }  // namespace cleave::engine

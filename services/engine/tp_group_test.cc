@@ -196,18 +196,19 @@ TEST_P(TpEquivalenceTest, MatchesASingleRank) {
 
 INSTANTIATE_TEST_SUITE_P(
     Models, TpEquivalenceTest,
-    ::testing::Values(tpCase(kHf + "llama_f32", 2, kShm), tpCase(kHf + "qwen2_f32", 2, kShm),
-                      tpCase(kHf + "qwen3_f32", 2, kShm), tpCase(kHf + "llama_bf16", 2, kShm),
-                      tpCase(kHf + "llama_fp8", 2, kShm),
-                      tpCase(kHf + "llama_fp8_ct_channel", 2, kShm),
-                      tpCase(kHf + "llama_nvfp4_modelopt", 2, kShm),
-                      tpCase(kHf + "qwen3_moe_nvfp4_ct", 2, kShm),
-                      tpCase(kHf + "mixtral_f32", 2, kShm), tpCase(kHf + "qwen3_moe_f32", 2, kShm),
-                      tpCase(kSmolLm2, 2, kShm), tpCase(kSmolLm2, 3, kShm),
-                      tpCase(kHf + "qwen3_moe_f32", 2, kGloo), tpCase(kSmolLm2, 2, kGloo),
-                      tpCase(kHf + "qwen3_moe_f32", 2, kShm, MoeSplit::kColumns),
-                      tpCase(kHf + "mixtral_f32", 2, kShm, MoeSplit::kColumns),
-                      tpCase(kHf + "qwen3_moe_nvfp4_ct", 2, kShm, MoeSplit::kColumns)));
+    ::testing::Values(
+        tpCase(kHf + "llama_f32", 2, kShm), tpCase(kHf + "qwen2_f32", 2, kShm),
+        tpCase(kHf + "qwen3_f32", 2, kShm), tpCase(kHf + "llama_bf16", 2, kShm),
+        tpCase(kHf + "llama_fp8", 2, kShm), tpCase(kHf + "llama_fp8_ct_channel", 2, kShm),
+        tpCase(kHf + "llama_nvfp4_modelopt", 2, kShm), tpCase(kHf + "qwen3_moe_nvfp4_ct", 2, kShm),
+        tpCase(kHf + "mixtral_f32", 2, kShm), tpCase(kHf + "qwen3_moe_f32", 2, kShm),
+        tpCase(kSmolLm2, 2, kShm), tpCase(kSmolLm2, 3, kShm),
+        tpCase(kHf + "qwen3_moe_f32", 2, kGloo), tpCase(kSmolLm2, 2, kGloo),
+        tpCase(kHf + "qwen3_moe_f32", 2, kShm, MoeSplit::kColumns),
+        tpCase(kHf + "mixtral_f32", 2, kShm, MoeSplit::kColumns),
+        tpCase(kHf + "qwen3_moe_nvfp4_ct", 2, kShm, MoeSplit::kColumns),
+        tpCase(kHf + "deepseek_v3_moe_f32", 2, kShm), tpCase(kHf + "deepseek_v3_moe_f32", 3, kShm),
+        tpCase(kHf + "deepseek_v3_moe_f32", 2, kGloo, MoeSplit::kColumns)));
 
 // A bf16 or e4m3 KV cache gives the f32 cache's logits up to the rounding of the keys and
 // values (8 and 4 significant bits), teacher-forced on the f32 run's tokens; on two ranks
@@ -261,6 +262,7 @@ INSTANTIATE_TEST_SUITE_P(Models, KvCacheTypeTest,
                                            CacheCase{kHf + "llama_bf16", 0.015, 0.15, 1e-4},
                                            CacheCase{kHf + "mixtral_f32", 0.015, 0, 1e-4},
                                            CacheCase{kHf + "qwen3_moe_f32", 0.015, 0, 1e-4},
+                                           CacheCase{kHf + "deepseek_v3_moe_f32", 0.015, 0, 1e-4},
                                            CacheCase{kSmolLm2, 0.2, 0.3, 0.3}));
 
 // A copy of the float Llama checkpoint at `dir` with the F32 tensors of `extra` added as a

@@ -18,12 +18,13 @@ std::vector<transfer::Write> kvWrites(engine::KvStorage& local, engine::Span loc
   const uint64_t bytes = static_cast<uint64_t>((last - first) * head_block);
   // The remote pool has the local layout with its own block count and heads.
   auto remoteOffset = [&](int64_t layer, int kv, int64_t block) {
-    return static_cast<uint64_t>((((2 * layer + kv) * remote.num_blocks + block) * remote.heads +
-                                  (first - remote.head_begin)) *
-                                 head_block);
+    return static_cast<uint64_t>(
+        (((o.parts * layer + kv) * remote.num_blocks + block) * remote.heads +
+         (first - remote.head_begin)) *
+        head_block);
   };
   for (int64_t layer = 0; layer < o.num_layers; ++layer) {
-    for (int kv = 0; kv < 2; ++kv) {
+    for (int kv = 0; kv < o.parts; ++kv) {
       for (size_t i = 0; i < local_blocks.size(); ++i) {
         writes.push_back({.local = local.data() + local.offset(layer, kv, local_blocks[i],
                                                                first - local_heads.begin),

@@ -1,8 +1,8 @@
 // Which bytes of a prefill worker's KV cache go where in a decode worker's: for every
-// layer, keys and values, prompt block and the KV heads both a local rank and a remote
-// rank hold, one write of (heads in common) x block_size x head_dim floats. Prefill and
-// decode TP may differ either way; each write moves exactly the head slice the receiving
-// rank owns.
+// layer, keys and values (or the one part of a latent cache), prompt block and the KV
+// heads both a local rank and a remote rank hold, one write of (heads in common) x
+// block_size x head_dim elements. Prefill and decode TP may differ either way; each write
+// moves exactly the head slice the receiving rank owns.
 #pragma once
 
 #include <cstdint>

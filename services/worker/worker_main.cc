@@ -57,10 +57,11 @@ v1::KvLayout kvLayout(const model::ModelConfig& c, cpu::KvType type) {
   layout.set_dtype(kvDtype(type));
   layout.set_block_size(static_cast<uint32_t>(kBlockSize));
   layout.set_num_layers(c.num_layers);
-  layout.set_num_kv_heads(c.num_kv_heads);
-  layout.set_head_dim(c.head_dim);
-  layout.set_bytes_per_block(2ull * c.num_layers * c.num_kv_heads * kBlockSize * c.head_dim *
-                             cpu::kvElementBytes(type));
+  const model::KvCacheShape shape = model::kvCacheShape(c);
+  layout.set_num_kv_heads(shape.heads);
+  layout.set_head_dim(shape.head_dim);
+  layout.set_bytes_per_block(uint64_t(shape.parts) * c.num_layers * shape.heads * kBlockSize *
+                             shape.head_dim * cpu::kvElementBytes(type));
   return layout;
 }
 

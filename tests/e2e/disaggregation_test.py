@@ -28,6 +28,8 @@ import cleave_testing as ct  # noqa: E402
 from serving_test import MODEL, WORDS, metric  # noqa: E402
 
 TINY = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine", "hf", "llama_f32")
+DEEPSEEK = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine", "hf",
+                        "deepseek_v3_moe_f32")
 _REFERENCE = {}
 
 
@@ -41,6 +43,16 @@ def offline(prompt, max_tokens, kv_dtype="f32"):
         assert code == 0, err
         _REFERENCE[key] = [int(t) for t in out.split()]
     return _REFERENCE[key]
+
+
+def offline_ids(model, ids, max_tokens):
+    """Greedy continuation of the token ids `ids` by the offline engine, past end-of-sequence."""
+    code, out, err = ct.run([ct.binary("cleave"), "generate", f"--model={model}",
+                             "--prompt-ids=" + " ".join(map(str, ids)), "--print-ids",
+                             "--ignore-eos", f"--max-tokens={max_tokens}", "--threads=2"],
+                            timeout=120)
+    assert code == 0, err
+    return [int(t) for t in out.split()]
 
 
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
@@ -164,6 +176,16 @@ class DisaggregationTest(unittest.TestCase):
         want = self.serve(TINY, 1, 1, prompts, text=False)
         for pairing in ((2, 1), (1, 2)):
             self.assertEqual(self.serve(TINY, *pairing, prompts, text=False), want, pairing)
+
+    def test_a_latent_attention_model_moves_its_latent_rows(self):
+        """DeepSeek-V3's MLA caches one latent row per position, which every rank holds
+        whole: each decode rank gets it once, and every pairing decodes like the offline
+        engine."""
+        rng = random.Random(7)
+        prompts = [[rng.randrange(509) for _ in range(rng.randint(1, 40))] for _ in range(4)]
+        want = [offline_ids(DEEPSEEK, p, 10) for p in prompts]
+        for pairing in ((1, 1), (2, 1), (1, 2), (2, 3)):
+            self.assertEqual(self.serve(DEEPSEEK, *pairing, prompts, text=False), want, pairing)
 
     def test_a_lost_prefill_worker_is_routed_around(self):
         rng = random.Random(6)
