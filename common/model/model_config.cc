@@ -55,7 +55,8 @@ absl::Status parseRopeScaling(const JsonFields& rope, RopeScaling& out) {
                           rope.uintOr("original_max_position_embeddings", 0));
   CLEAVE_ASSIGN_OR_RETURN(out.beta_fast, rope.numberOr("beta_fast", 32.0));
   CLEAVE_ASSIGN_OR_RETURN(out.beta_slow, rope.numberOr("beta_slow", 1.0));
-  CLEAVE_ASSIGN_OR_RETURN(out.mscale, rope.numberOr("mscale", 1.0));
+  CLEAVE_ASSIGN_OR_RETURN(out.mscale, rope.numberOr("mscale", 0.0));
+  CLEAVE_ASSIGN_OR_RETURN(out.truncate, rope.boolOr("truncate", true));
   CLEAVE_ASSIGN_OR_RETURN(out.mscale_all_dim, rope.numberOr("mscale_all_dim", 0.0));
   CLEAVE_ASSIGN_OR_RETURN(out.attention_factor, rope.optionalNumber("attention_factor"));
   if (out.type != "none" && !(out.factor > 0)) return rope.error("factor", "must be > 0");

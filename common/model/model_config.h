@@ -31,12 +31,13 @@ struct RopeScaling {
   double high_freq_factor = 4.0;
   // llama3 and yarn
   uint32_t original_max_position_embeddings = 0;
-  // yarn
+  // yarn. mscale and mscale_all_dim are 0 when the file does not give them.
   double beta_fast = 32.0;
   double beta_slow = 1.0;
-  double mscale = 1.0;
+  double mscale = 0.0;
   double mscale_all_dim = 0.0;
   std::optional<double> attention_factor;
+  bool truncate = true;  // Correction range rounded out to whole dimensions.
 };
 
 enum class MoeScoring { kSoftmax, kSigmoid };

@@ -1,11 +1,13 @@
 #include "kernels/cpu/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace cleave::cpu {
 
 absl::Status ropeSupported(const model::RopeScaling& scaling) {
-  if (scaling.type == "none" || scaling.type == "linear" || scaling.type == "llama3") {
+  if (scaling.type == "none" || scaling.type == "linear" || scaling.type == "llama3" ||
+      scaling.type == "yarn") {
     return absl::OkStatus();
   }
   return absl::UnimplementedError("rope scaling \"" + scaling.type + "\" is not implemented yet");
@@ -38,6 +40,44 @@ Rope::Rope(const model::ModelConfig& config, RopePairing pairing)
     }
     inv_freq_[i] = static_cast<float>(inv);
   }
+  if (s.type == "yarn") yarn(config);
+}
+
+namespace {
+
+// YaRN's attention temperature for a context stretched `scale` times.
+double yarnMscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+}  // namespace
+
+void Rope::yarn(const model::ModelConfig& config) {
+  // Dimensions that turn fewer than beta_slow times over the original context are
+  // interpolated (frequency / factor), those turning more than beta_fast times kept, the
+  // ones between blended linearly.
+  const model::RopeScaling& s = config.rope_scaling;
+  const double dim = static_cast<double>(head_dim_), base = config.rope_theta;
+  auto correctionDim = [&](double rotations) {
+    return dim * std::log(s.original_max_position_embeddings / (rotations * 2 * M_PI)) /
+           (2 * std::log(base));
+  };
+  double low = correctionDim(s.beta_fast), high = correctionDim(s.beta_slow);
+  if (s.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;
+  for (int64_t i = 0; i < head_dim_ / 2; ++i) {
+    const double extrapolated =
+        1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(head_dim_));
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    const double keep = 1.0 - ramp;
+    inv_freq_[i] = static_cast<float>(extrapolated / s.factor * (1.0 - keep) + extrapolated * keep);
+  }
+  attention_factor_ = s.attention_factor ? *s.attention_factor
+                      : (s.mscale != 0 && s.mscale_all_dim != 0)
+                          ? yarnMscale(s.factor, s.mscale) / yarnMscale(s.factor, s.mscale_all_dim)
+                          : yarnMscale(s.factor, 1.0);
 }
 
 void Rope::angles(const int32_t* positions, int64_t tokens, RopeAngles& out) const {
@@ -47,8 +87,8 @@ void Rope::angles(const int32_t* positions, int64_t tokens, RopeAngles& out) con
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(positions[t]) * inv_freq_[i];
-      out.cos[t * half + i] = std::cos(angle);
-      out.sin[t * half + i] = std::sin(angle);
+      out.cos[t * half + i] = static_cast<float>(std::cos(angle) * attention_factor_);
+      out.sin[t * half + i] = static_cast<float>(std::sin(angle) * attention_factor_);
     }
   }
 }

@@ -1,8 +1,9 @@
 // Rotary position embeddings applied in place to query or key heads.
 //
 // For head dimension D and pair index i < D/2, the angle at position p is
-// p * theta_i with theta_i = base^(-2i/D), adjusted by the model's rope scaling ("linear"
-// or the "llama3" frequency bands; ropeSupported() says which). Two pairings exist:
+// p * theta_i with theta_i = base^(-2i/D), adjusted by the model's rope scaling ("linear",
+// the "llama3" frequency bands, or "yarn" with its attention factor on cos and sin;
+// ropeSupported() says which). Two pairings exist:
 //   kHalves   (x[i], x[i + D/2])  — Hugging Face checkpoints ("rotate_half")
 //   kAdjacent (x[2i], x[2i + 1])  — GGUF llama-family files, whose Q/K weights are
 //                                   permuted at conversion to match
@@ -50,11 +51,16 @@ class Rope {
              int64_t first, int64_t head_stride) const;
 
   const std::vector<float>& inverseFrequencies() const { return inv_freq_; }
+  // What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+  double attentionFactor() const { return attention_factor_; }
 
  private:
+  void yarn(const model::ModelConfig& config);
+
   int64_t head_dim_;
   RopePairing pairing_;
   std::vector<float> inv_freq_;  // [head_dim / 2]
+  double attention_factor_ = 1.0;
 };
 
 }  // namespace cleave::cpu

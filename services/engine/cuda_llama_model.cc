@@ -363,6 +363,11 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
 absl::Status uploadInverseFrequencies(const model::ModelConfig& c, cpu::RopePairing pairing,
                                       float* dst) {
   const cpu::Rope rope(c, pairing);
+  if (rope.attentionFactor() != 1.0) {
+    return absl::UnimplementedError(
+        absl::StrCat(c.source, ": the GPU rope kernel has no YaRN attention factor (",
+                     rope.attentionFactor(), "); run this model with --backend cpu"));
+  }
   const std::vector<float>& f = rope.inverseFrequencies();
   return uploadBytes(dst, f.data(), f.size() * sizeof(float), "rope frequencies");
 }

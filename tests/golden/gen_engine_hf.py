@@ -133,6 +133,19 @@ CASES: dict[str, tuple] = {
         scoring_func="sigmoid", topk_method="noaux_tc", q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
         qk_rope_head_dim=8, v_head_dim=16, tie_word_embeddings=False, attention_bias=False,
         bos_token_id=0, eos_token_id=1), 110, torch.float32),
+    # DeepSeek-V2-style attention: full-rank Q (no q_lora_rank), rotate-half rope, and YaRN
+    # with an attention factor != 1 (mscale != mscale_all_dim).
+    "deepseek_v2_yarn_f32": (DeepseekV3Config, dict(
+        hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, vocab_size=509, max_position_embeddings=256,
+        rms_norm_eps=1e-6, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        scoring_func="sigmoid", topk_method="noaux_tc", q_lora_rank=None, kv_lora_rank=16,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, rope_interleave=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 0.5},
+        tie_word_embeddings=False, attention_bias=False, bos_token_id=0, eos_token_id=1), 112, torch.float32),
 }
 
 # DeepSeek-V3's 128 x 128 FP8 blocks need every projection a whole number of blocks wide:
