@@ -136,7 +136,8 @@ TEST(RopeTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
   EXPECT_FLOAT_EQ(s[63], u[63] / 8.0f);  // Longest wavelength: divided by the factor.
   for (size_t i = 1; i < s.size(); ++i) EXPECT_LE(s[i], u[i] * 1.0000001f);
   EXPECT_TRUE(ropeSupported({.type = "llama3"}).ok());
-  EXPECT_FALSE(ropeSupported({.type = "yarn"}).ok());
+  EXPECT_TRUE(ropeSupported({.type = "yarn"}).ok());
+  EXPECT_FALSE(ropeSupported({.type = "dynamic"}).ok());
 }
 
 // Paged causal GQA attention over a cache of `type` (e4m3 with scales 0.5 for keys and 2
