@@ -17,7 +17,11 @@ int64_t workspaceBytes(const model::ModelConfig& c, const MemoryPlanInput& in) {
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t ffn =
       std::max<int64_t>(c.intermediate_size, c.moe ? c.moe->expert_intermediate_size : 0);
-  const int64_t floats_per_token = 2 * c.hidden_size + 2 * q_dim + 2 * kv_dim + 2 * ffn;
+  // MLA adds the absorbed queries and attended latents, a latent row per head each.
+  const int64_t latent_heads =
+      c.mla ? 2 * int64_t{c.num_heads} * (c.mla->kv_lora_rank + c.mla->qk_rope_head_dim) : 0;
+  const int64_t floats_per_token =
+      2 * c.hidden_size + 2 * q_dim + 2 * kv_dim + 2 * ffn + latent_heads;
   const int64_t activations = tokens * floats_per_token * 4;
   const int64_t quantized = tokens * std::max<int64_t>(c.hidden_size, ffn) * 2;
   const int64_t logits = in.target_concurrency * int64_t{c.vocab_size} * 4;

@@ -26,6 +26,16 @@ TEST(MemoryPlanTest, KvBytesFollowTheModelAndTp) {
   model::ModelConfig c = smolLm2();
   c.num_kv_heads = 8;
   EXPECT_EQ(kvBytesPerToken(c, 2, 4), 2 * 30 * 2 * 64 * 2);
+  // MLA (DeepSeek-V3): one latent row of 512 + 64 per layer, the same on every rank.
+  c.num_layers = 61;
+  c.num_heads = c.num_kv_heads = 128;
+  c.mla = model::MlaConfig{.q_lora_rank = 1536,
+                           .kv_lora_rank = 512,
+                           .qk_nope_head_dim = 128,
+                           .qk_rope_head_dim = 64,
+                           .v_head_dim = 128};
+  EXPECT_EQ(kvBytesPerToken(c, 2, 1), 61 * 576 * 2);
+  EXPECT_EQ(kvBytesPerToken(c, 2, 8), 61 * 576 * 2);
 }
 
 TEST(MemoryPlanTest, AFittingPlanAccountsForEveryByte) {

@@ -36,4 +36,8 @@ std::vector<transfer::Write> kvWrites(engine::KvStorage& local, engine::Span loc
   return writes;
 }
 
+bool sendsToRank(bool replicated, int local_rank, int local_ranks, int remote_index) {
+  return !replicated || remote_index % local_ranks == local_rank;
+}
+
 }  // namespace cleave::worker

@@ -30,4 +30,10 @@ std::vector<transfer::Write> kvWrites(engine::KvStorage& local, engine::Span loc
                                       std::span<const int32_t> local_blocks,
                                       std::span<const uint32_t> remote_blocks);
 
+// Whether local rank `local_rank` of `local_ranks` sends destination rank `remote_index`
+// its rows. Every pair that shares heads does, except for a replicated cache (MLA's
+// latent, the same on every rank), which each destination rank gets once, from the local
+// ranks in turn.
+bool sendsToRank(bool replicated, int local_rank, int local_ranks, int remote_index);
+
 }  // namespace cleave::worker

@@ -87,5 +87,58 @@ TEST(KvCopyPlanTest, EveryTpPairingMovesExactlyThePromptBlocks) {
     for (int to : {1, 2, 3}) checkCopy(from, to);
 }
 
+// A latent cache (one part, one head every rank holds whole): each decode rank receives
+// every prompt block's rows exactly once, from one prefill rank, whatever the TP degrees.
+TEST(KvCopyPlanTest, ALatentCacheReachesEveryRankOnce) {
+  const int64_t layers = 2, dim = 24, bs = 4;
+  const std::vector<int32_t> local_blocks = {2, 0};
+  const std::vector<uint32_t> remote_blocks = {3, 1};
+  const engine::KvStorageOptions options{
+      .num_layers = layers, .kv_heads = 1, .head_dim = dim, .block_size = bs, .parts = 1};
+  for (int from : {1, 2, 3}) {
+    for (int to : {1, 2, 3}) {
+      SCOPED_TRACE(testing::Message() << "TP " << from << " -> TP " << to);
+      std::mt19937 rng(from * 10 + to);
+      auto source = options;
+      source.num_blocks = 3;
+      std::vector<std::unique_ptr<engine::KvStorage>> src;
+      for (int r = 0; r < from; ++r) {
+        src.push_back(std::make_unique<engine::KvStorage>(source));
+        EXPECT_EQ(src[r]->bytes(), layers * 3 * bs * dim * 4);  // No separate values.
+        EXPECT_EQ(src[r]->values(1), src[r]->keys(1));
+      }
+      float* f = reinterpret_cast<float*>(src[0]->data());
+      for (int64_t i = 0; i < src[0]->bytes() / 4; ++i) f[i] = static_cast<float>(rng() % 1000);
+      for (int r = 1; r < from; ++r) std::memcpy(src[r]->data(), f, src[0]->bytes());
+      for (int s = 0; s < to; ++s) {
+        auto target = options;
+        target.num_blocks = 5;
+        engine::KvStorage dst(target);
+        std::memset(dst.data(), 0xFF, dst.bytes());
+        uint64_t bytes = 0;
+        for (int r = 0; r < from; ++r) {
+          if (!sendsToRank(true, r, from, s)) continue;
+          for (const transfer::Write& w :
+               kvWrites(*src[r], {0, 1}, {.head_begin = 0, .heads = 1, .num_blocks = 5},
+                        local_blocks, remote_blocks)) {
+            ASSERT_LE(w.remote_offset + w.bytes, static_cast<uint64_t>(dst.bytes()));
+            std::memcpy(dst.data() + w.remote_offset, w.local, w.bytes);
+            bytes += w.bytes;
+          }
+        }
+        EXPECT_EQ(bytes, static_cast<uint64_t>(layers * 2 * bs * dim * 4));
+        for (int64_t layer = 0; layer < layers; ++layer) {
+          for (size_t i = 0; i < local_blocks.size(); ++i) {
+            EXPECT_EQ(std::memcmp(dst.data() + dst.offset(layer, 0, remote_blocks[i], 0),
+                                  src[0]->data() + src[0]->offset(layer, 0, local_blocks[i], 0),
+                                  dst.headBlockBytes()),
+                      0);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace cleave::worker

@@ -169,12 +169,10 @@ absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
     return absl::InvalidArgumentError(absl::StrCat("destination.block_ids has ", remote.size(),
                                                    " blocks; the prompt fills ", local.size()));
   }
-  // A replicated cache (MLA's latent) is the same on every local rank: each destination
-  // rank gets it from one of them, in turn.
   const bool replicated = model::kvCacheShape(model_.config()).replicated;
   for (int r = 0; r < model_.tp(); ++r) {
     for (int j = 0; j < destination.ranks_size(); ++j) {
-      if (replicated && j % model_.tp() != r) continue;
+      if (!sendsToRank(replicated, r, model_.tp(), j)) continue;
       const v1::RankEndpoint& rank = destination.ranks(j);
       const int64_t heads = int64_t{rank.kv_head_end()} - rank.kv_head_begin();
       if (heads <= 0 || rank.block_bytes() == 0) {
