@@ -320,7 +320,8 @@ INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",
-                                           "deepseek_v3_moe_f32", "deepseek_v2_yarn_f32"));
+                                           "deepseek_v3_moe_f32", "deepseek_v2_yarn_f32",
+                                           "deepseek_v3_bf16"));
 
 // FP8 and NVFP4 checkpoints in the ModelOpt and compressed-tensors conventions
 // (tests/golden/quantize_formats.py), run weight-only.
@@ -328,7 +329,7 @@ INSTANTIATE_TEST_SUITE_P(Quantized, HfLogitsTest,
                          ::testing::Values("llama_fp8_block128", "llama_fp8_modelopt",
                                            "llama_fp8_ct_channel", "llama_fp8_ct_block",
                                            "llama_nvfp4_modelopt", "llama_nvfp4_ct",
-                                           "qwen3_moe_nvfp4_ct"));
+                                           "qwen3_moe_nvfp4_ct", "deepseek_v3_fp8_block128"));
 
 }  // namespace
 }  // namespace cleave::engine

@@ -343,7 +343,8 @@ absl::StatusOr<MlaWeights> loadMla(const TensorSource& f, const model::ModelConf
                           f.matrix(name("kv_b"), heads * kv_b, m.kv_lora_rank,
                                    rows({.begin = d.heads.begin * int64_t(kv_b),
                                          .size = d.heads.size * int64_t(kv_b)})));
-  absl::Status absorbed = absorbKvB(up.source(), m, d.heads.size, w);
+  absl::Status absorbed =
+      absorbKvB(std::make_shared<const cpu::CpuMatrix>(std::move(up)), m, d.heads.size, w);
   if (!absorbed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor \"", name("kv_b"), "\": ", absorbed.message()));

@@ -33,25 +33,44 @@ int64_t MlaWeights::bytes() const {
   return total;
 }
 
-absl::Status absorbKvB(const cpu::WeightMatrix& kv_b, const model::MlaConfig& mla, int64_t heads,
-                       MlaWeights& w) {
+absl::Status absorbKvB(std::shared_ptr<const cpu::CpuMatrix> kv_b, const model::MlaConfig& mla,
+                       int64_t heads, MlaWeights& w) {
   const int64_t nope = mla.qk_nope_head_dim, v = mla.v_head_dim, lora = mla.kv_lora_rank;
+  const cpu::WeightMatrix& stored = kv_b->source();
+  // W_UKᵀ is a transposed copy: bf16 when the checkpoint is (exactly its values), else float.
+  const bool bf16 = stored.type == model::TensorType::kBF16;
   w.k_absorb.clear();
   w.v_up.clear();
-  std::vector<float> rows((nope + v) * lora);
+  std::vector<float> rows(nope * lora);
   for (int64_t h = 0; h < heads; ++h) {
-    CLEAVE_RETURN_IF_ERROR(
-        cpu::dequantizeRows(kv_b, h * (nope + v), (h + 1) * (nope + v), rows.data()));
-    std::vector<float> uk_t(lora * nope);  // W_UK transposed: [lora][nope].
+    const int64_t first = h * (nope + v);
+    CLEAVE_RETURN_IF_ERROR(cpu::dequantizeRows(stored, first, first + nope, rows.data()));
+    std::vector<float> uk_t(lora * nope);  // [lora][nope]
     for (int64_t i = 0; i < nope; ++i) {
       for (int64_t j = 0; j < lora; ++j) uk_t[j * nope + i] = rows[i * lora + j];
     }
-    CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix k, floatMatrix(std::move(uk_t), lora, nope));
-    CLEAVE_ASSIGN_OR_RETURN(
-        cpu::CpuMatrix value,
-        floatMatrix(std::vector<float>(rows.begin() + nope * lora, rows.end()), v, lora));
-    w.k_absorb.push_back(std::move(k));
-    w.v_up.push_back(std::move(value));
+    if (bf16) {
+      auto owned = std::make_shared<std::vector<uint16_t>>(uk_t.size());
+      for (size_t i = 0; i < uk_t.size(); ++i) (*owned)[i] = cpu::floatToBf16(uk_t[i]);
+      CLEAVE_ASSIGN_OR_RETURN(
+          cpu::CpuMatrix k,
+          cpu::CpuMatrix::create({.type = model::TensorType::kBF16,
+                                  .rows = lora,
+                                  .cols = nope,
+                                  .data = reinterpret_cast<const uint8_t*>(owned->data())},
+                                 owned));
+      w.k_absorb.push_back(std::move(k));
+    } else {
+      CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix k, floatMatrix(std::move(uk_t), lora, nope));
+      w.k_absorb.push_back(std::move(k));
+    }
+    // W_UV is the head's value rows as stored, read in place.
+    cpu::WeightMatrix value = stored;
+    value.data += (first + nope) * stored.rowBytes();
+    value.rows = v;
+    value.scales.row_offset += first + nope;
+    CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix up, cpu::CpuMatrix::create(value, kv_b));
+    w.v_up.push_back(std::move(up));
   }
   return absl::OkStatus();
 }

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,9 +41,10 @@ struct MlaWeights {
 };
 
 // Splits kv_b_proj ([heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank], this rank's
-// heads) into `w`'s per-head k_absorb and v_up, in float.
-absl::Status absorbKvB(const cpu::WeightMatrix& kv_b, const model::MlaConfig& mla, int64_t heads,
-                       MlaWeights& w);
+// heads) into `w`'s per-head k_absorb (a transposed copy: bf16 for a bf16 checkpoint, float
+// otherwise) and v_up (kv_b's own rows in their stored format; they keep `kv_b` alive).
+absl::Status absorbKvB(std::shared_ptr<const cpu::CpuMatrix> kv_b, const model::MlaConfig& mla,
+                       int64_t heads, MlaWeights& w);
 
 // Softmax scale of the scores: qk_head_dim^-1/2, times DeepSeek's yarn mscale squared.
 float mlaSoftmaxScale(const model::ModelConfig& config);

@@ -208,6 +208,8 @@ INSTANTIATE_TEST_SUITE_P(
         tpCase(kHf + "mixtral_f32", 2, kShm, MoeSplit::kColumns),
         tpCase(kHf + "qwen3_moe_nvfp4_ct", 2, kShm, MoeSplit::kColumns),
         tpCase(kHf + "deepseek_v3_moe_f32", 2, kShm), tpCase(kHf + "deepseek_v3_moe_f32", 3, kShm),
+        tpCase(kHf + "deepseek_v3_fp8_block128", 2, kShm),
+        tpCase(kHf + "deepseek_v3_fp8_block128", 3, kShm),
         tpCase(kHf + "deepseek_v3_moe_f32", 2, kGloo, MoeSplit::kColumns)));
 
 // A bf16 or e4m3 KV cache gives the f32 cache's logits up to the rounding of the keys and

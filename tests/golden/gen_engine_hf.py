@@ -155,6 +155,19 @@ CASES["llama_fp8_block128"] = (LlamaConfig, {
     "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32,
     "tie_word_embeddings": True}, 111, "fp8_hf_128")
 
+# DeepSeek-V3 as its checkpoints ship: every linear layer FP8 in 128 x 128 blocks, some of them
+# partial (kv_a_proj_with_mqa's 80 rows, q_b_proj's 96 columns, the experts' 64), and kv_b_proj's
+# 8 heads of 32 rows over two row blocks (so a rank's heads can start inside a block). Tied
+# embeddings keep the folder under 1 MB.
+CASES["deepseek_v3_fp8_block128"] = (DeepseekV3Config, {
+    **CASES["deepseek_v3_moe_f32"][1], "hidden_size": 128, "intermediate_size": 256,
+    "num_attention_heads": 8, "num_key_value_heads": 8,
+    "moe_intermediate_size": 64, "q_lora_rank": 96, "kv_lora_rank": 64, "qk_rope_head_dim": 16,
+    "tie_word_embeddings": True}, 113, "fp8_hf_128")
+
+# DeepSeek-V3 stored in bf16 (the weights of deepseek_v3_moe_f32 rounded).
+CASES["deepseek_v3_bf16"] = (DeepseekV3Config, CASES["deepseek_v3_moe_f32"][1], 110, torch.bfloat16)
+
 # The MoE experts (routed, 32 columns per down projection) in NVFP4; the router stays float.
 CASES["qwen3_moe_nvfp4_ct"] = (Qwen3MoeConfig, CASES["qwen3_moe_f32"][1], 108, "nvfp4_ct")
 

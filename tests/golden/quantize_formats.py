@@ -42,7 +42,8 @@ E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 BLOCK = (16, 32)
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3",
+           "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")  # the last four: DeepSeek's MLA
 KINDS = ("fp8_hf", "fp8_hf_128", "fp8_modelopt", "fp8_ct_channel", "fp8_ct_block", "nvfp4_modelopt", "nvfp4_ct")
 
 
