@@ -1,34 +1,13 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/rope_device.cuh"
 #include "kernels/cuda/rope_kv.h"
 
 namespace cleave::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
-
-// sin and cos of a float angle as the CPU backend computes them (std::sin of the same
-// float), without sincosf's local-memory slow path for large arguments: the angle is
-// reduced by multiples of 2π split Cody-Waite style (k · 6.28125 is exact for |k| < 2^15,
-// i.e. positions up to ~200k), then the fast intrinsics run on [-π, π].
-__device__ __forceinline__ void sinCos(float angle, float* sin_out, float* cos_out) {
-  const float k = rintf(angle * 0.15915494309189535f);
-  float r = fmaf(-k, 6.28125f, angle);
-  r = fmaf(-k, 1.9353071795864769e-3f, r);
-  __sincosf(r, sin_out, cos_out);
-}
-
-// A cache element: bf16, or e4m3 of value / scale (saturating at the format's finite range).
-template <bool kFp8>
-__device__ __forceinline__ void store(void* cache, int64_t at, float value, float scale) {
-  if constexpr (kFp8) {
-    static_cast<__nv_fp8_storage_t*>(cache)[at] =
-        __nv_cvt_float_to_fp8(value / scale, __NV_SATFINITE, __NV_E4M3);
-  } else {
-    static_cast<bf16*>(cache)[at] = __float2bfloat16(value);
-  }
-}
 
 // One block per token; threads walk the (head, pair) grid of query, key and value heads.
 template <bool kFp8>
@@ -51,8 +30,8 @@ __global__ void ropeKvKernel(const RopeKvArgs a) {
     const bf16* src = row + static_cast<int64_t>(head) * a.head_dim;
     if (head >= rotated_heads) {  // A value head: stored as it is.
       const int64_t at = cacheRow(head - rotated_heads);
-      store<kFp8>(a.v_cache, at + 2 * pair, __bfloat162float(src[2 * pair]), a.v_scale);
-      store<kFp8>(a.v_cache, at + 2 * pair + 1, __bfloat162float(src[2 * pair + 1]), a.v_scale);
+      storeKv<kFp8>(a.v_cache, at + 2 * pair, __bfloat162float(src[2 * pair]), a.v_scale);
+      storeKv<kFp8>(a.v_cache, at + 2 * pair + 1, __bfloat162float(src[2 * pair + 1]), a.v_scale);
       continue;
     }
     const int first = a.layout == RopeLayout::kHalves ? pair : 2 * pair;
@@ -69,8 +48,8 @@ __global__ void ropeKvKernel(const RopeKvArgs a) {
       dst[second] = __float2bfloat16(y1);
     } else {
       const int64_t at = cacheRow(head - a.heads);
-      store<kFp8>(a.k_cache, at + first, y0, a.k_scale);
-      store<kFp8>(a.k_cache, at + second, y1, a.k_scale);
+      storeKv<kFp8>(a.k_cache, at + first, y0, a.k_scale);
+      storeKv<kFp8>(a.k_cache, at + second, y1, a.k_scale);
     }
   }
 }

@@ -16,6 +16,8 @@
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mla_attention.h"
+#include "kernels/cuda/mla_rope_kv.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/rope_kv.h"
 #include "services/engine/cuda_arena.h"
@@ -27,13 +29,11 @@
 namespace cleave::engine {
 namespace {
 
-// The GPU graph has no latent attention kernels yet; such models run on the CPU backend.
+// Random weights fill the fused QKV layout only.
 absl::Status refuseLatentAttention(const model::ModelConfig& c) {
   if (!c.mla) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat(
-      c.source,
-      ": multi-head latent attention runs on the CPU backend only (--backend cpu); the CUDA "
-      "backend has no latent attention kernels yet"));
+      c.source, ": random-weight models with multi-head latent attention are not built yet"));
 }
 
 using bf16 = __nv_bfloat16;
@@ -51,6 +51,15 @@ struct DeviceLayer {
   bf16* ffn_norm = nullptr;
   cuda::ExpertWeights wgu;    // [2 ffn][hidden]: gate rows, then up rows
   cuda::ExpertWeights wdown;  // [hidden][ffn]
+  // Multi-head latent attention (mla_attention.h), bf16, instead of wqkv; wo is then
+  // [hidden][heads * v_head_dim].
+  cuda::ExpertWeights q_a;       // [q_lora][hidden], when Q is low-rank
+  bf16* q_a_norm = nullptr;      // [q_lora]
+  cuda::ExpertWeights q_b;       // [heads * (nope + rope)][q_lora or hidden]
+  cuda::ExpertWeights kv_a;      // [kv_lora + rope][hidden]
+  bf16* kv_a_norm = nullptr;     // [kv_lora]
+  cuda::ExpertWeights k_absorb;  // [heads][kv_lora][nope]: each head's W_UKᵀ
+  cuda::ExpertWeights v_up;      // [heads][v][kv_lora]: each head's W_UV
 };
 
 // The formats of a layer's matrices (bf16 for random weights).
@@ -79,6 +88,16 @@ struct CudaLlamaModel::State {
   cuda::RopeLayout rope_layout = cuda::RopeLayout::kHalves;
   int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0,
           ffn = 0, vocab = 0, layers = 0;
+  // The KV cache: parts (keys and values, or MLA's one latent) of kv_heads rows of
+  // cache_head_dim per position (model::kvCacheShape).
+  int64_t cache_parts = 2, cache_head_dim = 0;
+  // Multi-head latent attention: its widths (a latent row is kv_lora + rope), the softmax
+  // scale, and its workspace, [max_step_tokens][width] each.
+  bool mla = false;
+  int64_t q_low = 0, kv_lora = 0, rope = 0, nope = 0, v_dim = 0, latent_row = 0;
+  float mla_scale = 1.0f;
+  bf16 *mla_q_low = nullptr, *mla_q = nullptr, *mla_latent = nullptr, *mla_q_abs = nullptr,
+       *mla_attended = nullptr;
   // Tensor parallelism: this rank's rows of the vocabulary (embedding, lm-head) and every
   // rank's row count (the logits' all-gather); null comm for a group of one.
   NcclCommunicator* comm = nullptr;
@@ -150,11 +169,16 @@ struct CudaLlamaModel::State {
   int32_t* tables(int32_t* m) const { return m + 3 * T() + 3 * S() + 1; }
   int64_t metaCount() const { return 3 * T() + 3 * S() + 1 + S() * max_blocks_per_seq; }
   int64_t layerKvElements() const {
-    return (kv_blocks + 1) * kv_heads * options.block_size * head_dim;
+    return (kv_blocks + 1) * kv_heads * options.block_size * cache_head_dim;
   }
   int64_t kvElementBytes() const { return options.kv_dtype == cuda::KvDtype::kFp8E4M3 ? 1 : 2; }
-  void* keys(int64_t l) const { return kv + 2 * l * layerKvElements() * kvElementBytes(); }
-  void* values(int64_t l) const { return kv + (2 * l + 1) * layerKvElements() * kvElementBytes(); }
+  void* keys(int64_t l) const {
+    return kv + cache_parts * l * layerKvElements() * kvElementBytes();
+  }
+  void* values(int64_t l) const {
+    return static_cast<uint8_t*>(keys(l)) +
+           (cache_parts - 1) * layerKvElements() * kvElementBytes();
+  }
 
   // Places every piece; with a null base only sizes them (and fills in the plan).
   void layout(uint8_t* at) {
@@ -165,13 +189,27 @@ struct CudaLlamaModel::State {
       DeviceLayer& d = layer[l];
       d.attn_norm = arena.take<bf16>(hidden);
       const LayerFormats& f = formats[l];
-      d.wqkv = placeWeights(arena, f.qkv, 1, qkv_dim, hidden);
-      if (qkv_bias) d.bqkv = arena.take<bf16>(qkv_dim);
-      if (qk_norm) {
-        d.q_norm = arena.take<bf16>(head_dim);
-        d.k_norm = arena.take<bf16>(head_dim);
+      if (mla) {
+        const auto bf16_format = cuda::ExpertWeightFormat::kBf16;
+        if (q_low > 0) {
+          d.q_a = placeWeights(arena, bf16_format, 1, q_low, hidden);
+          d.q_a_norm = arena.take<bf16>(q_low);
+        }
+        d.q_b = placeWeights(arena, bf16_format, 1, q_dim, q_low > 0 ? q_low : hidden);
+        d.kv_a = placeWeights(arena, bf16_format, 1, latent_row, hidden);
+        d.kv_a_norm = arena.take<bf16>(kv_lora);
+        d.k_absorb = placeWeights(arena, bf16_format, 1, heads * kv_lora, nope);
+        d.v_up = placeWeights(arena, bf16_format, 1, heads * v_dim, kv_lora);
+        d.wo = placeWeights(arena, f.o, 1, hidden, heads * v_dim);
+      } else {
+        d.wqkv = placeWeights(arena, f.qkv, 1, qkv_dim, hidden);
+        if (qkv_bias) d.bqkv = arena.take<bf16>(qkv_dim);
+        if (qk_norm) {
+          d.q_norm = arena.take<bf16>(head_dim);
+          d.k_norm = arena.take<bf16>(head_dim);
+        }
+        d.wo = placeWeights(arena, f.o, 1, hidden, q_dim);
       }
-      d.wo = placeWeights(arena, f.o, 1, hidden, q_dim);
       d.ffn_norm = arena.take<bf16>(hidden);
       if (is_moe[l]) {
         moe_layer[l] = placeMoeWeights(arena, *moe);
@@ -183,14 +221,23 @@ struct CudaLlamaModel::State {
     embed = arena.take<bf16>(vocab_rows * hidden);
     output_norm = arena.take<bf16>(hidden);
     output = tied ? embed : arena.take<bf16>(vocab_rows * hidden);
-    inv_freq = arena.take<float>(head_dim / 2);
+    inv_freq = arena.take<float>(cpu::rotaryDim(config) / 2);
     plan.weights = arena.used();
     const int64_t t = options.max_step_tokens;
     x = arena.take<bf16>(t * hidden);
     h = arena.take<bf16>(t * hidden);
-    qkv = arena.take<bf16>(t * qkv_dim);
-    q = arena.take<bf16>(t * q_dim);
-    attn = arena.take<bf16>(t * q_dim);
+    if (mla) {
+      if (q_low > 0) mla_q_low = arena.take<bf16>(t * q_low);
+      mla_q = arena.take<bf16>(t * q_dim);
+      mla_latent = arena.take<bf16>(t * latent_row);
+      mla_q_abs = arena.take<bf16>(t * heads * latent_row);
+      mla_attended = arena.take<bf16>(t * heads * kv_lora);
+      attn = arena.take<bf16>(t * heads * v_dim);
+    } else {
+      qkv = arena.take<bf16>(t * qkv_dim);
+      q = arena.take<bf16>(t * q_dim);
+      attn = arena.take<bf16>(t * q_dim);
+    }
     o = arena.take<bf16>(t * hidden);
     if (has_dense) {
       // The unactivated gate/up rows only for cuBLASLt's product; the skinny GEMM fuses it.
@@ -220,7 +267,7 @@ struct CudaLlamaModel::State {
     attention_workspace = arena.take<uint8_t>(static_cast<int64_t>(decode_plan.workspace_bytes));
     meta = arena.take<int32_t>(metaCount());
     plan.workspace = arena.used() - plan.weights;
-    kv = arena.take<uint8_t>(2 * layers * layerKvElements() * kvElementBytes());
+    kv = arena.take<uint8_t>(cache_parts * layers * layerKvElements() * kvElementBytes());
     plan.kv_cache = arena.used() - plan.weights - plan.workspace;
   }
 
@@ -272,6 +319,19 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.q_dim = s.heads * s.head_dim;
   s.kv_dim = s.kv_heads * s.head_dim;
   s.qkv_dim = s.q_dim + 2 * s.kv_dim;
+  const model::KvCacheShape cache_shape = model::kvCacheShape(c);
+  s.cache_parts = cache_shape.parts;
+  s.cache_head_dim = cache_shape.head_dim;
+  if (c.mla) {
+    s.mla = true;
+    s.q_low = c.mla->q_lora_rank;
+    s.kv_lora = c.mla->kv_lora_rank;
+    s.rope = c.mla->qk_rope_head_dim;
+    s.nope = c.mla->qk_nope_head_dim;
+    s.v_dim = c.mla->v_head_dim;
+    s.latent_row = s.kv_lora + s.rope;
+    s.mla_scale = mlaSoftmaxScale(c);
+  }
   s.ffn = dims.ffn.size;
   s.vocab = c.vocab_size;
   s.comm = dims.shard.size > 1 ? options.comm : nullptr;
@@ -305,27 +365,30 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.kv_blocks =
       options.kv_blocks > 0 ? options.kv_blocks : options.max_sequences * s.max_blocks_per_seq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  CLEAVE_ASSIGN_OR_RETURN(
-      s.decode_plan,
-      cuda::planDecodeAttention({.heads = static_cast<int>(s.heads),
-                                 .kv_heads = static_cast<int>(s.kv_heads),
-                                 .head_dim = static_cast<int>(s.head_dim),
-                                 .block_size = static_cast<int>(options.block_size),
-                                 .max_batch = static_cast<int>(s.options.max_sequences),
-                                 .max_context = static_cast<int>(options.max_context),
-                                 .scale = scale,
-                                 .kv_dtype = options.kv_dtype},
-                                prop.multiProcessorCount));
-  CLEAVE_ASSIGN_OR_RETURN(
-      s.prefill_plan,
-      cuda::planPrefillAttention({.heads = static_cast<int>(s.heads),
-                                  .kv_heads = static_cast<int>(s.kv_heads),
-                                  .head_dim = static_cast<int>(s.head_dim),
-                                  .block_size = static_cast<int>(options.block_size),
-                                  .max_sequences = static_cast<int>(s.options.max_sequences),
-                                  .max_new_tokens = static_cast<int>(s.options.max_step_tokens),
-                                  .scale = scale,
-                                  .kv_dtype = options.kv_dtype}));
+  // Latent attention has its own kernel, without plans.
+  if (!s.mla) {
+    CLEAVE_ASSIGN_OR_RETURN(
+        s.decode_plan,
+        cuda::planDecodeAttention({.heads = static_cast<int>(s.heads),
+                                   .kv_heads = static_cast<int>(s.kv_heads),
+                                   .head_dim = static_cast<int>(s.head_dim),
+                                   .block_size = static_cast<int>(options.block_size),
+                                   .max_batch = static_cast<int>(s.options.max_sequences),
+                                   .max_context = static_cast<int>(options.max_context),
+                                   .scale = scale,
+                                   .kv_dtype = options.kv_dtype},
+                                  prop.multiProcessorCount));
+    CLEAVE_ASSIGN_OR_RETURN(
+        s.prefill_plan,
+        cuda::planPrefillAttention({.heads = static_cast<int>(s.heads),
+                                    .kv_heads = static_cast<int>(s.kv_heads),
+                                    .head_dim = static_cast<int>(s.head_dim),
+                                    .block_size = static_cast<int>(options.block_size),
+                                    .max_sequences = static_cast<int>(s.options.max_sequences),
+                                    .max_new_tokens = static_cast<int>(s.options.max_step_tokens),
+                                    .scale = scale,
+                                    .kv_dtype = options.kv_dtype}));
+  }
   s.layout(nullptr);
   const int64_t total = s.plan.weights + s.plan.workspace + s.plan.kv_cache;
   size_t free_bytes = 0, total_bytes = 0;
@@ -360,6 +423,26 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   return state;
 }
 
+// A layer's latent attention projections, as bf16 (its per-head matrices stacked).
+absl::Status uploadMla(const MlaWeights& src, const CudaLlamaModel::State& s, DeviceLayer& dst) {
+  if (s.q_low > 0) {
+    CLEAVE_RETURN_IF_ERROR(uploadRows(src.q_a, dst.q_a, 0, 0, "q_a_proj"));
+    CLEAVE_RETURN_IF_ERROR(uploadBf16(src.q_a_norm, dst.q_a_norm, "q_a_layernorm"));
+  }
+  CLEAVE_RETURN_IF_ERROR(uploadRows(src.q_b, dst.q_b, 0, 0, "q_b_proj"));
+  CLEAVE_RETURN_IF_ERROR(uploadRows(src.kv_a, dst.kv_a, 0, 0, "kv_a_proj_with_mqa"));
+  CLEAVE_RETURN_IF_ERROR(uploadBf16(src.kv_a_norm, dst.kv_a_norm, "kv_a_layernorm"));
+  if (static_cast<int64_t>(src.k_absorb.size()) != s.heads ||
+      static_cast<int64_t>(src.v_up.size()) != s.heads)
+    return absl::InvalidArgumentError("kv_b_proj's per-head parts do not match the heads");
+  for (int64_t h = 0; h < s.heads; ++h) {
+    CLEAVE_RETURN_IF_ERROR(
+        uploadRows(src.k_absorb[h], dst.k_absorb, 0, h * s.kv_lora, "kv_b_proj"));
+    CLEAVE_RETURN_IF_ERROR(uploadRows(src.v_up[h], dst.v_up, 0, h * s.v_dim, "kv_b_proj"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status uploadInverseFrequencies(const model::ModelConfig& c, cpu::RopePairing pairing,
                                       float* dst) {
   const cpu::Rope rope(c, pairing);
@@ -379,7 +462,6 @@ CudaLlamaModel::~CudaLlamaModel() = default;
 
 absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     const LlamaWeights& w, const CudaModelOptions& options) {
-  CLEAVE_RETURN_IF_ERROR(refuseLatentAttention(w.config));
   CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w.config.rope_scaling));
   const bool bias = !w.layers.empty() && !w.layers[0].bq.empty();
   const bool qk_norm = !w.layers.empty() && !w.layers[0].q_norm.empty();
@@ -391,7 +473,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
   }
   std::vector<LayerFormats> formats;
   for (const LlamaLayer& l : w.layers) {
-    LayerFormats f{.qkv = stackFormat({&l.wq, &l.wk, &l.wv}), .o = stackFormat({&l.wo})};
+    LayerFormats f{
+        .qkv = l.mla ? cuda::ExpertWeightFormat::kBf16 : stackFormat({&l.wq, &l.wk, &l.wv}),
+        .o = stackFormat({&l.wo})};
     if (!l.moe) {
       f.gate_up = stackFormat({&l.w_gate, &l.w_up});
       f.down = stackFormat({&l.w_down});
@@ -413,9 +497,16 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, "'s MLP does not match the config (dense or MoE)"));
     CLEAVE_RETURN_IF_ERROR(uploadBf16(src.attn_norm, dst.attn_norm, "attn_norm"));
-    CLEAVE_RETURN_IF_ERROR(uploadRows(src.wq, dst.wqkv, 0, 0, "wq"));
-    CLEAVE_RETURN_IF_ERROR(uploadRows(src.wk, dst.wqkv, 0, s.q_dim, "wk"));
-    CLEAVE_RETURN_IF_ERROR(uploadRows(src.wv, dst.wqkv, 0, s.q_dim + s.kv_dim, "wv"));
+    if (src.mla.has_value() != s.mla)
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, "'s attention does not match the config (MLA or not)"));
+    if (s.mla) {
+      CLEAVE_RETURN_IF_ERROR(uploadMla(*src.mla, s, dst));
+    } else {
+      CLEAVE_RETURN_IF_ERROR(uploadRows(src.wq, dst.wqkv, 0, 0, "wq"));
+      CLEAVE_RETURN_IF_ERROR(uploadRows(src.wk, dst.wqkv, 0, s.q_dim, "wk"));
+      CLEAVE_RETURN_IF_ERROR(uploadRows(src.wv, dst.wqkv, 0, s.q_dim + s.kv_dim, "wv"));
+    }
     if (s.qkv_bias) {
       std::vector<float> bias = src.bq;
       bias.insert(bias.end(), src.bk.begin(), src.bk.end());
@@ -489,14 +580,15 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
   State& s = *state_;
   const KvStorageOptions& o = host.options();
   const int64_t element = cpu::kvElementBytes(o.type);
-  if (o.num_layers != s.layers || o.kv_heads != s.kv_heads || o.head_dim != s.head_dim ||
-      o.block_size != s.options.block_size || element != s.kvElementBytes() ||
+  if (o.num_layers != s.layers || o.kv_heads != s.kv_heads || o.head_dim != s.cache_head_dim ||
+      o.parts != s.cache_parts || o.block_size != s.options.block_size ||
+      element != s.kvElementBytes() ||
       (o.type == cpu::KvType::kFp8E4M3) != (s.options.kv_dtype == cuda::KvDtype::kFp8E4M3))
     return absl::InvalidArgumentError(
         absl::StrCat("host KV rows [", o.num_layers, " layers, ", o.kv_heads, " heads, head_dim ",
                      o.head_dim, ", blocks of ", o.block_size, ", ", cpu::kvTypeName(o.type),
                      "] do not match the GPU cache's [", s.layers, ", ", s.kv_heads, ", ",
-                     s.head_dim, ", ", s.options.block_size, ", ",
+                     s.cache_head_dim, ", ", s.options.block_size, ", ",
                      s.options.kv_dtype == cuda::KvDtype::kFp8E4M3 ? "fp8_e4m3" : "bf16", "]"));
   for (int32_t b : blocks) {
     if (b < 0 || b >= s.kv_blocks || b >= o.num_blocks)
@@ -521,14 +613,14 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
   }
   // A block of one layer's keys (or values) is [kv head][slot][head_dim] in both layouts, so
   // a run of consecutive block ids is one contiguous copy.
-  const int64_t block_bytes = s.kv_heads * s.options.block_size * s.head_dim * element;
+  const int64_t block_bytes = s.kv_heads * s.options.block_size * s.cache_head_dim * element;
   const bool to_host = direction == KvCopy::kToHost;
   for (size_t i = 0; i < blocks.size();) {
     size_t end = i + 1;
     while (end < blocks.size() && blocks[end] == blocks[end - 1] + 1) ++end;
     const int64_t first = blocks[i], bytes = static_cast<int64_t>(end - i) * block_bytes;
     for (int64_t l = 0; l < s.layers; ++l) {
-      for (int kv = 0; kv < 2; ++kv) {
+      for (int kv = 0; kv < s.cache_parts; ++kv) {
         uint8_t* device =
             static_cast<uint8_t*>(kv == 0 ? s.keys(l) : s.values(l)) + first * block_bytes;
         uint8_t* rows = host.data() + host.offset(l, kv, first, 0);
@@ -609,84 +701,171 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                        st));
   for (int64_t l = 0; l < layers; ++l) {
     const DeviceLayer& d = layer[l];
-    CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.wqkv, d.bqkv, qkv));
-    if (qk_norm) {
-      CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = qkv,
-                                            .x_stride = qkv_dim,
-                                            .weight = d.q_norm,
-                                            .rows = n * heads,
-                                            .cols = head_dim,
-                                            .eps = eps,
-                                            .out = qkv,
-                                            .out_stride = qkv_dim,
-                                            .group = heads},
-                                           st));
-      CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = qkv + q_dim,
-                                            .x_stride = qkv_dim,
-                                            .weight = d.k_norm,
-                                            .rows = n * kv_heads,
-                                            .cols = head_dim,
-                                            .eps = eps,
-                                            .out = qkv + q_dim,
-                                            .out_stride = qkv_dim,
-                                            .group = kv_heads},
-                                           st));
-    }
-    CLEAVE_RETURN_IF_ERROR(cuda::ropeKvWrite({.qkv = qkv,
-                                              .qkv_stride = qkv_dim,
-                                              .positions = positions(meta),
-                                              .slots = slots(meta),
-                                              .inv_freq = inv_freq,
-                                              .tokens = n,
-                                              .heads = static_cast<int>(heads),
-                                              .kv_heads = static_cast<int>(kv_heads),
-                                              .head_dim = static_cast<int>(head_dim),
-                                              .block_size = static_cast<int>(options.block_size),
-                                              .layout = rope_layout,
-                                              .q_out = q,
-                                              .q_stride = q_dim,
-                                              .k_cache = keys(l),
-                                              .v_cache = values(l),
-                                              .kv_dtype = options.kv_dtype,
-                                              .k_scale = d.k_scale,
-                                              .v_scale = d.v_scale},
+    if (mla) {
+      // Latent attention: Q (through its low rank), the latent row, the absorbed queries
+      // (each head's no-rope part times its W_UKᵀ; the rope part rotated by the cache
+      // write), attention over the latent, each head's result times its W_UV, then O.
+      const int64_t q_in = q_low > 0 ? q_low : hidden;
+      if (q_low > 0) {
+        CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.q_a, nullptr, mla_q_low));
+        CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = mla_q_low,
+                                              .x_stride = q_low,
+                                              .weight = d.q_a_norm,
+                                              .rows = n,
+                                              .cols = q_low,
+                                              .eps = eps,
+                                              .out = mla_q_low,
+                                              .out_stride = q_low},
                                              st));
-    if (decode) {
+      }
+      CLEAVE_RETURN_IF_ERROR(linear(q_low > 0 ? mla_q_low : h, q_in, d.q_b, nullptr, mla_q));
+      CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.kv_a, nullptr, mla_latent));
+      for (int64_t head = 0; head < heads; ++head) {
+        CLEAVE_RETURN_IF_ERROR(gemm->run({.x = mla_q + head * head_dim,
+                                          .x_stride = q_dim,
+                                          .w = bf16Data(d.k_absorb) + head * kv_lora * nope,
+                                          .tokens = n,
+                                          .out = kv_lora,
+                                          .in = nope,
+                                          .y = mla_q_abs + head * latent_row,
+                                          .y_stride = heads * latent_row},
+                                         st));
+      }
       CLEAVE_RETURN_IF_ERROR(
-          cuda::runDecodeAttention(decode_plan,
-                                   {.q = q,
-                                    .q_stride = q_dim,
-                                    .k_cache = keys(l),
-                                    .v_cache = values(l),
-                                    .k_scale = d.k_scale,
-                                    .v_scale = d.v_scale,
-                                    .block_tables = tables(meta),
-                                    .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
-                                    .seq_lens = contexts(meta),
-                                    .batch = static_cast<int>(sequences),
-                                    .out = attn,
-                                    .out_stride = q_dim,
-                                    .workspace = attention_workspace},
-                                   st));
+          cuda::mlaRopeKvWrite({.latent = mla_latent,
+                                .latent_stride = latent_row,
+                                .norm_weight = d.kv_a_norm,
+                                .eps = eps,
+                                .q = mla_q,
+                                .q_stride = q_dim,
+                                .positions = positions(meta),
+                                .slots = slots(meta),
+                                .inv_freq = inv_freq,
+                                .tokens = n,
+                                .heads = static_cast<int>(heads),
+                                .nope = static_cast<int>(nope),
+                                .kv_lora = static_cast<int>(kv_lora),
+                                .rope = static_cast<int>(rope),
+                                .block_size = static_cast<int>(options.block_size),
+                                .layout = rope_layout,
+                                .q_abs = mla_q_abs,
+                                .q_abs_stride = heads * latent_row,
+                                .cache = keys(l),
+                                .kv_dtype = options.kv_dtype,
+                                .kv_scale = d.k_scale},
+                               st));
+      CLEAVE_RETURN_IF_ERROR(
+          cuda::mlaAttention({.q = mla_q_abs,
+                              .q_stride = heads * latent_row,
+                              .cache = keys(l),
+                              .kv_dtype = options.kv_dtype,
+                              .kv_scale = d.k_scale,
+                              .positions = positions(meta),
+                              .q_starts = qStarts(meta),
+                              .block_tables = tables(meta),
+                              .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
+                              .sequences = static_cast<int>(sequences),
+                              .tokens = n,
+                              .heads = static_cast<int>(heads),
+                              .kv_lora = static_cast<int>(kv_lora),
+                              .rope = static_cast<int>(rope),
+                              .block_size = static_cast<int>(options.block_size),
+                              .scale = mla_scale,
+                              .out = mla_attended,
+                              .out_stride = heads * kv_lora},
+                             st));
+      for (int64_t head = 0; head < heads; ++head) {
+        CLEAVE_RETURN_IF_ERROR(gemm->run({.x = mla_attended + head * kv_lora,
+                                          .x_stride = heads * kv_lora,
+                                          .w = bf16Data(d.v_up) + head * v_dim * kv_lora,
+                                          .tokens = n,
+                                          .out = v_dim,
+                                          .in = kv_lora,
+                                          .y = attn + head * v_dim,
+                                          .y_stride = heads * v_dim},
+                                         st));
+      }
+      CLEAVE_RETURN_IF_ERROR(linear(attn, heads * v_dim, d.wo, nullptr, o));
     } else {
-      CLEAVE_RETURN_IF_ERROR(
-          cuda::runPrefillAttention(prefill_plan,
-                                    {.q = q,
-                                     .q_stride = q_dim,
-                                     .k_cache = keys(l),
-                                     .v_cache = values(l),
-                                     .k_scale = d.k_scale,
-                                     .v_scale = d.v_scale,
-                                     .block_tables = tables(meta),
-                                     .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
-                                     .q_starts = qStarts(meta),
-                                     .context_lens = contexts(meta),
-                                     .sequences = static_cast<int>(sequences),
-                                     .out = attn,
-                                     .out_stride = q_dim},
-                                    st));
+      CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.wqkv, d.bqkv, qkv));
+      if (qk_norm) {
+        CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = qkv,
+                                              .x_stride = qkv_dim,
+                                              .weight = d.q_norm,
+                                              .rows = n * heads,
+                                              .cols = head_dim,
+                                              .eps = eps,
+                                              .out = qkv,
+                                              .out_stride = qkv_dim,
+                                              .group = heads},
+                                             st));
+        CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = qkv + q_dim,
+                                              .x_stride = qkv_dim,
+                                              .weight = d.k_norm,
+                                              .rows = n * kv_heads,
+                                              .cols = head_dim,
+                                              .eps = eps,
+                                              .out = qkv + q_dim,
+                                              .out_stride = qkv_dim,
+                                              .group = kv_heads},
+                                             st));
+      }
+      CLEAVE_RETURN_IF_ERROR(cuda::ropeKvWrite({.qkv = qkv,
+                                                .qkv_stride = qkv_dim,
+                                                .positions = positions(meta),
+                                                .slots = slots(meta),
+                                                .inv_freq = inv_freq,
+                                                .tokens = n,
+                                                .heads = static_cast<int>(heads),
+                                                .kv_heads = static_cast<int>(kv_heads),
+                                                .head_dim = static_cast<int>(head_dim),
+                                                .block_size = static_cast<int>(options.block_size),
+                                                .layout = rope_layout,
+                                                .q_out = q,
+                                                .q_stride = q_dim,
+                                                .k_cache = keys(l),
+                                                .v_cache = values(l),
+                                                .kv_dtype = options.kv_dtype,
+                                                .k_scale = d.k_scale,
+                                                .v_scale = d.v_scale},
+                                               st));
+      if (decode) {
+        CLEAVE_RETURN_IF_ERROR(
+            cuda::runDecodeAttention(decode_plan,
+                                     {.q = q,
+                                      .q_stride = q_dim,
+                                      .k_cache = keys(l),
+                                      .v_cache = values(l),
+                                      .k_scale = d.k_scale,
+                                      .v_scale = d.v_scale,
+                                      .block_tables = tables(meta),
+                                      .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
+                                      .seq_lens = contexts(meta),
+                                      .batch = static_cast<int>(sequences),
+                                      .out = attn,
+                                      .out_stride = q_dim,
+                                      .workspace = attention_workspace},
+                                     st));
+      } else {
+        CLEAVE_RETURN_IF_ERROR(
+            cuda::runPrefillAttention(prefill_plan,
+                                      {.q = q,
+                                       .q_stride = q_dim,
+                                       .k_cache = keys(l),
+                                       .v_cache = values(l),
+                                       .k_scale = d.k_scale,
+                                       .v_scale = d.v_scale,
+                                       .block_tables = tables(meta),
+                                       .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
+                                       .q_starts = qStarts(meta),
+                                       .context_lens = contexts(meta),
+                                       .sequences = static_cast<int>(sequences),
+                                       .out = attn,
+                                       .out_stride = q_dim},
+                                      st));
+      }
+      CLEAVE_RETURN_IF_ERROR(linear(attn, q_dim, d.wo, nullptr, o));
     }
-    CLEAVE_RETURN_IF_ERROR(linear(attn, q_dim, d.wo, nullptr, o));
     CLEAVE_RETURN_IF_ERROR(reduce(o, n));
     // x += o; h = norm(x).
     CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = o,

@@ -13,6 +13,10 @@
 // (powers of two up to max_sequences); padding rows write a scratch block no sequence
 // owns.
 //
+// DeepSeek's multi-head latent attention replaces the QKV product, RoPE and attention with
+// the latent path of mla_attention.h (low-rank Q, the latent row cached, absorbed queries,
+// the latent attention kernel, W_UV per head); the cache then has one part of one head.
+//
 // Mixture-of-experts layers (Qwen3-MoE, Mixtral, DeepSeek-style shared experts) run
 // through cuda_moe_layer.h, their experts in NVFP4 or 128x128-block FP8 when the checkpoint
 // stores them so, else bf16.

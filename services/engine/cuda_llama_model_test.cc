@@ -18,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "common/model/model_config.h"
@@ -90,11 +91,13 @@ void checkModel(const std::string& path, cuda::KvDtype kv = cuda::KvDtype::kBf16
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   cpu::ThreadPool pool(2);
   LlamaModel cpu_model(w, pool);
+  const model::KvCacheShape shape = model::kvCacheShape(w.config);
   KvStorage cache({.num_layers = static_cast<int64_t>(w.layers.size()),
                    .kv_heads = w.dims.kv_heads.size,
-                   .head_dim = w.config.head_dim,
+                   .head_dim = shape.head_dim,
                    .block_size = 16,
-                   .num_blocks = (*gpu)->kvBlocks()});
+                   .num_blocks = (*gpu)->kvBlocks(),
+                   .parts = shape.parts});
 
   std::mt19937 rng(cuda::testing::freshSeed());
   std::uniform_int_distribution<uint32_t> token(0, static_cast<uint32_t>(vocab - 1));
@@ -287,6 +290,23 @@ TEST_P(CudaMoeModelTest, MatchesTheCpuBackend) {
 
 INSTANTIATE_TEST_SUITE_P(Moe, CudaMoeModelTest,
                          ::testing::Values("qwen3_moe_f32", "mixtral_f32", "qwen3_moe_nvfp4_ct"));
+
+// DeepSeek-V3's multi-head latent attention (the latent cache, absorbed queries, the
+// CUDA-core latent attention kernel) with its MoE: float, bf16 and FP8 128x128 checkpoints.
+INSTANTIATE_TEST_SUITE_P(LatentAttention, CudaMoeModelTest,
+                         ::testing::Values("deepseek_v3_moe_f32", "deepseek_v3_bf16",
+                                           "deepseek_v3_fp8_block128"));
+
+// YaRN's attention factor is not in the GPU rope kernel: such a model is refused by name.
+TEST(CudaLlamaModelTest, RefusesAYarnAttentionFactor) {
+  CLEAVE_REQUIRE_GPU();
+  auto weights = loadLlama(goldenDir() + "/engine/hf/deepseek_v2_yarn_f32");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto gpu = CudaLlamaModel::create(**weights,
+                                    {.max_step_tokens = 64, .max_sequences = 2, .max_context = 64});
+  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(gpu.status().message(), ::testing::HasSubstr("YaRN"));
+}
 
 // Random MoE weights (what the benchmarks run) in both expert formats give finite logits,
 // through the decode graphs too.

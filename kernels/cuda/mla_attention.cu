@@ -1,0 +1,119 @@
+#include <cmath>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/mla_attention.h"
+#include "kernels/cuda/rope_device.cuh"
+
+namespace cleave::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kChunk = 64;  // Positions scored, softmaxed and accumulated together.
+
+// The max (kMax) or sum of every thread's `v`; `red` holds kWarps floats. Every thread gets
+// the result, and `red` may be reused after.
+template <bool kMax>
+__device__ __forceinline__ float blockReduce(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = kMax ? fmaxf(v, other) : v + other;
+  }
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float r = red[0];
+  for (int w = 1; w < kWarps; ++w) r = kMax ? fmaxf(r, red[w]) : r + red[w];
+  __syncthreads();
+  return r;
+}
+
+// One block per (token, head). Each chunk of positions: a warp per position scores it
+// (lanes over the latent), then the chunk's softmax weights rescale and extend the
+// accumulated latent (threads over its elements).
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads) mlaAttentionKernel(const MlaAttentionArgs a) {
+  extern __shared__ float smem[];
+  __shared__ float red[kWarps];
+  __shared__ int64_t rows_at[kChunk];
+  const int row = a.kv_lora + a.rope;
+  float* q = smem;             // [row]
+  float* acc = q + row;        // [kv_lora]
+  float* p = acc + a.kv_lora;  // [kChunk]
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int seq = 0;
+  while (seq + 1 < a.sequences && a.q_starts[seq + 1] <= t) ++seq;
+  const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
+  const int context = a.positions[t] + 1;
+  const bf16* q_row = a.q + t * a.q_stride + static_cast<int64_t>(h) * row;
+  for (int d = threadIdx.x; d < row; d += kThreads) q[d] = __bfloat162float(q_row[d]);
+  for (int d = threadIdx.x; d < a.kv_lora; d += kThreads) acc[d] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  __syncthreads();
+  for (int begin = 0; begin < context; begin += kChunk) {
+    const int n = min(kChunk, context - begin);
+    for (int j = threadIdx.x; j < n; j += kThreads) {
+      const int position = begin + j;
+      rows_at[j] = (static_cast<int64_t>(table[position / a.block_size]) * a.block_size +
+                    position % a.block_size) *
+                   row;
+    }
+    __syncthreads();
+    for (int j = warp; j < n; j += kWarps) {
+      float s = 0.0f;
+      for (int d = lane; d < row; d += 32)
+        s += q[d] * loadKv<kFp8>(a.cache, rows_at[j] + d, a.kv_scale);
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      if (lane == 0) p[j] = s * a.scale;
+    }
+    __syncthreads();
+    float chunk_max = -INFINITY;
+    for (int j = threadIdx.x; j < n; j += kThreads) chunk_max = fmaxf(chunk_max, p[j]);
+    chunk_max = blockReduce<true>(chunk_max, red);
+    const float m_new = fmaxf(m, chunk_max);
+    const float factor = __expf(m - m_new);  // 0 before the first chunk
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < n; j += kThreads) {
+      const float e = __expf(p[j] - m_new);
+      p[j] = e;
+      sum += e;
+    }
+    sum = blockReduce<false>(sum, red);  // Its barrier also publishes p.
+    l = l * factor + sum;
+    for (int d = threadIdx.x; d < a.kv_lora; d += kThreads) {
+      float v = acc[d] * factor;
+      for (int j = 0; j < n; ++j) v += p[j] * loadKv<kFp8>(a.cache, rows_at[j] + d, a.kv_scale);
+      acc[d] = v;
+    }
+    m = m_new;
+    __syncthreads();
+  }
+  bf16* out = a.out + t * a.out_stride + static_cast<int64_t>(h) * a.kv_lora;
+  const float inv = 1.0f / l;
+  for (int d = threadIdx.x; d < a.kv_lora; d += kThreads) out[d] = __float2bfloat16(acc[d] * inv);
+}
+
+}  // namespace
+
+absl::Status mlaAttention(const MlaAttentionArgs& args, cudaStream_t stream) {
+  if (args.tokens == 0) return absl::OkStatus();
+  if (args.kv_lora < 1 || args.rope < 0 || args.heads < 1 || args.sequences < 1 ||
+      args.block_size < 1 || args.max_blocks_per_seq < 1)
+    return absl::InvalidArgumentError(
+        "mla_attention: kv_lora, heads, sequences, block_size and max_blocks_per_seq must be "
+        "positive");
+  const size_t smem = sizeof(float) * (2 * static_cast<size_t>(args.kv_lora) + args.rope + kChunk);
+  if (smem > 48 * 1024)
+    return absl::InvalidArgumentError("mla_attention: the latent row is too long for one block");
+  const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads));
+  if (args.kv_dtype == KvDtype::kFp8E4M3)
+    mlaAttentionKernel<true><<<grid, kThreads, smem, stream>>>(args);
+  else
+    mlaAttentionKernel<false><<<grid, kThreads, smem, stream>>>(args);
+  return launchStatus("mla_attention");
+}
+
+}  // namespace cleave::cuda
