@@ -41,6 +41,7 @@ absl::StatusOr<CublasLt> open() {
   resolve(lt.preferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
   resolve(lt.layoutCreate, "cublasLtMatrixLayoutCreate");
   resolve(lt.layoutDestroy, "cublasLtMatrixLayoutDestroy");
+  resolve(lt.layoutSetAttribute, "cublasLtMatrixLayoutSetAttribute");
   if (!missing.empty()) {
     dlclose(library);
     return absl::FailedPreconditionError(

@@ -26,6 +26,7 @@ struct CublasLt {
   decltype(&cublasLtMatmulPreferenceSetAttribute) preferenceSetAttribute;
   decltype(&cublasLtMatrixLayoutCreate) layoutCreate;
   decltype(&cublasLtMatrixLayoutDestroy) layoutDestroy;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layoutSetAttribute;
 };
 
 // The library (libcublasLt.so.13, found like any shared library: LD_LIBRARY_PATH, the

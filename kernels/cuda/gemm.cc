@@ -1,5 +1,7 @@
 #include "kernels/cuda/gemm.h"
 
+#include <initializer_list>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cublaslt_library.h"
 #include "kernels/cuda/cuda_check.h"
@@ -17,6 +19,16 @@ absl::Status blasStatus(const CublasLt& lt, cublasStatus_t status, const std::st
   do {                                                                              \
     if (absl::Status s_ = blasStatus(*lt_, (lt_->call), (op)); !s_.ok()) return s_; \
   } while (0)
+
+// The largest power of two up to 256 dividing `pointer`'s address and every byte offset
+// in `steps` (a batch's; 0 entries ignored).
+uint32_t alignment(const void* pointer, std::initializer_list<int64_t> steps) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(pointer) | 256;
+  for (int64_t step : steps) {
+    if (step != 0) bits |= static_cast<uint64_t>(step);
+  }
+  return static_cast<uint32_t>(bits & (~bits + 1));  // The lowest set bit.
+}
 
 }  // namespace
 
@@ -58,8 +70,15 @@ Gemm::~Gemm() {
 }
 
 absl::StatusOr<Gemm::Plan*> Gemm::plan(const GemmArgs& g) {
-  const auto key =
-      std::make_tuple(g.tokens, g.out, g.in, g.x_stride, g.y_stride, g.bias != nullptr, g.y_float);
+  // cuBLASLt assumes 256-byte aligned operand pointers unless told less: a product on
+  // columns inside a row (one head of several) says what its pointers and batches allow.
+  const int64_t y_bytes = g.y_float ? 4 : 2;
+  const uint32_t align_w = alignment(g.w, {g.w_batch * 2});
+  const uint32_t align_x = alignment(g.x, {g.x_batch * 2});
+  const uint32_t align_y = alignment(g.y, {g.y_batch * y_bytes});
+  const auto key = std::make_tuple(g.tokens, g.out, g.in, g.x_stride, g.y_stride, g.bias != nullptr,
+                                   g.y_float, g.batch, g.x_batch, g.w_batch, g.y_batch,
+                                   align_w | (align_x << 9) | (align_y << 18));
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   auto plan = std::make_unique<Plan>();
   plan->lt = lt_;
@@ -85,11 +104,30 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const GemmArgs& g) {
   CLEAVE_BLAS(layoutCreate(&plan->b, CUDA_R_16BF, g.in, g.tokens, g.x_stride),
               "layout of x " + shape);
   CLEAVE_BLAS(layoutCreate(&plan->d, y_type, g.out, g.tokens, g.y_stride), "layout of y " + shape);
+  if (g.batch > 1) {
+    const int32_t count = g.batch;
+    for (auto [layout, stride] : {std::pair{plan->a, g.w_batch}, std::pair{plan->b, g.x_batch},
+                                  std::pair{plan->d, g.y_batch}}) {
+      CLEAVE_BLAS(
+          layoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+          "batch count " + shape);
+      CLEAVE_BLAS(layoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                     sizeof(stride)),
+                  "batch stride " + shape);
+    }
+  }
   cublasLtMatmulPreference_t preference = nullptr;
   CLEAVE_BLAS(preferenceCreate(&preference), "preference " + shape);
   CLEAVE_BLAS(preferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                      &workspace_bytes_, sizeof(workspace_bytes_)),
               "workspace preference " + shape);
+  for (auto [attribute, bytes] : {std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_w},
+                                  std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_x},
+                                  std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_y},
+                                  std::pair{CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_y}}) {
+    CLEAVE_BLAS(preferenceSetAttribute(preference, attribute, &bytes, sizeof(bytes)),
+                "alignment preference " + shape);
+  }
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t heuristic =
@@ -107,6 +145,9 @@ absl::StatusOr<Gemm::Plan*> Gemm::plan(const GemmArgs& g) {
 
 absl::Status Gemm::run(const GemmArgs& g, cudaStream_t stream) {
   if (g.tokens == 0) return absl::OkStatus();
+  if (g.batch < 1 || (g.batch > 1 && g.bias != nullptr))
+    return absl::InvalidArgumentError(
+        "gemm: batch must be >= 1, and a batched product has no bias");
   absl::StatusOr<Plan*> plan = this->plan(g);
   if (!plan.ok()) return plan.status();
   if (g.bias != nullptr) {

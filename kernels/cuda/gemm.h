@@ -34,6 +34,11 @@ struct GemmArgs {
   void* y = nullptr;
   int64_t y_stride = 0;
   bool y_float = false;  // f32 output (logits) instead of bf16
+  // `batch` independent products in one call (no bias): product b reads x + b * x_batch,
+  // w + b * w_batch and writes y + b * y_batch (strides in elements) — e.g. one small
+  // matrix per attention head.
+  int batch = 1;
+  int64_t x_batch = 0, w_batch = 0, y_batch = 0;
 };
 
 struct CublasLt;
@@ -58,8 +63,10 @@ class Gemm {
   void* handle_ = nullptr;        // cublasLtHandle_t
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
-  // (tokens, out, in, strides, bias, output type) -> plan
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>,
+  // (tokens, out, in, strides, bias, output type, batch and its strides, operand
+  // alignments) -> plan
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, int, int64_t,
+                      int64_t, int64_t, uint32_t>,
            std::unique_ptr<Plan>>
       plans_;
 };

@@ -38,6 +38,16 @@ absl::Status refuseLatentAttention(const model::ModelConfig& c) {
 
 using bf16 = __nv_bfloat16;
 
+// OK when the GPU rope kernels rotate as cpu::Rope does: they take its inverse frequencies
+// but have no YaRN attention factor on cos and sin.
+absl::Status gpuRopeSupported(const model::ModelConfig& c, cpu::RopePairing pairing) {
+  const cpu::Rope rope(c, pairing);
+  if (rope.attentionFactor() == 1.0) return absl::OkStatus();
+  return absl::UnimplementedError(
+      absl::StrCat(c.source, ": the GPU rope kernel has no YaRN attention factor (",
+                   rope.attentionFactor(), "); run this model with --backend cpu"));
+}
+
 // A layer's matrices (cuda_weights.h): bf16 for cuBLASLt, or NVFP4 / FP8 128x128 as the
 // checkpoint stores them, for the skinny GEMM.
 struct DeviceLayer {
@@ -254,7 +264,7 @@ struct CudaLlamaModel::State {
     for (int64_t l = 0; l < layers; ++l) {
       const LayerFormats& f = formats[l];
       int64_t need = std::max(cuda::nativeScratchBytes(f.qkv, t, hidden),
-                              cuda::nativeScratchBytes(f.o, t, q_dim));
+                              cuda::nativeScratchBytes(f.o, t, mla ? heads * v_dim : q_dim));
       if (!is_moe[l])
         need = std::max({need, cuda::nativeScratchBytes(f.gate_up, t, hidden),
                          cuda::nativeScratchBytes(f.down, t, ffn)});
@@ -445,12 +455,8 @@ absl::Status uploadMla(const MlaWeights& src, const CudaLlamaModel::State& s, De
 
 absl::Status uploadInverseFrequencies(const model::ModelConfig& c, cpu::RopePairing pairing,
                                       float* dst) {
+  CLEAVE_RETURN_IF_ERROR(gpuRopeSupported(c, pairing));
   const cpu::Rope rope(c, pairing);
-  if (rope.attentionFactor() != 1.0) {
-    return absl::UnimplementedError(
-        absl::StrCat(c.source, ": the GPU rope kernel has no YaRN attention factor (",
-                     rope.attentionFactor(), "); run this model with --backend cpu"));
-  }
   const std::vector<float>& f = rope.inverseFrequencies();
   return uploadBytes(dst, f.data(), f.size() * sizeof(float), "rope frequencies");
 }
@@ -463,6 +469,7 @@ CudaLlamaModel::~CudaLlamaModel() = default;
 absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     const LlamaWeights& w, const CudaModelOptions& options) {
   CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w.config.rope_scaling));
+  CLEAVE_RETURN_IF_ERROR(gpuRopeSupported(w.config, w.rope_pairing));
   const bool bias = !w.layers.empty() && !w.layers[0].bq.empty();
   const bool qk_norm = !w.layers.empty() && !w.layers[0].q_norm.empty();
   const bool tied =
@@ -720,17 +727,20 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
       }
       CLEAVE_RETURN_IF_ERROR(linear(q_low > 0 ? mla_q_low : h, q_in, d.q_b, nullptr, mla_q));
       CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.kv_a, nullptr, mla_latent));
-      for (int64_t head = 0; head < heads; ++head) {
-        CLEAVE_RETURN_IF_ERROR(gemm->run({.x = mla_q + head * head_dim,
-                                          .x_stride = q_dim,
-                                          .w = bf16Data(d.k_absorb) + head * kv_lora * nope,
-                                          .tokens = n,
-                                          .out = kv_lora,
-                                          .in = nope,
-                                          .y = mla_q_abs + head * latent_row,
-                                          .y_stride = heads * latent_row},
-                                         st));
-      }
+      // One batched product over the heads: head h's no-rope query times its W_UKᵀ.
+      CLEAVE_RETURN_IF_ERROR(gemm->run({.x = mla_q,
+                                        .x_stride = q_dim,
+                                        .w = bf16Data(d.k_absorb),
+                                        .tokens = n,
+                                        .out = kv_lora,
+                                        .in = nope,
+                                        .y = mla_q_abs,
+                                        .y_stride = heads * latent_row,
+                                        .batch = static_cast<int>(heads),
+                                        .x_batch = head_dim,
+                                        .w_batch = kv_lora * nope,
+                                        .y_batch = latent_row},
+                                       st));
       CLEAVE_RETURN_IF_ERROR(
           cuda::mlaRopeKvWrite({.latent = mla_latent,
                                 .latent_stride = latent_row,
@@ -774,17 +784,19 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                               .out = mla_attended,
                               .out_stride = heads * kv_lora},
                              st));
-      for (int64_t head = 0; head < heads; ++head) {
-        CLEAVE_RETURN_IF_ERROR(gemm->run({.x = mla_attended + head * kv_lora,
-                                          .x_stride = heads * kv_lora,
-                                          .w = bf16Data(d.v_up) + head * v_dim * kv_lora,
-                                          .tokens = n,
-                                          .out = v_dim,
-                                          .in = kv_lora,
-                                          .y = attn + head * v_dim,
-                                          .y_stride = heads * v_dim},
-                                         st));
-      }
+      CLEAVE_RETURN_IF_ERROR(gemm->run({.x = mla_attended,
+                                        .x_stride = heads * kv_lora,
+                                        .w = bf16Data(d.v_up),
+                                        .tokens = n,
+                                        .out = v_dim,
+                                        .in = kv_lora,
+                                        .y = attn,
+                                        .y_stride = heads * v_dim,
+                                        .batch = static_cast<int>(heads),
+                                        .x_batch = kv_lora,
+                                        .w_batch = v_dim * kv_lora,
+                                        .y_batch = v_dim},
+                                       st));
       CLEAVE_RETURN_IF_ERROR(linear(attn, heads * v_dim, d.wo, nullptr, o));
     } else {
       CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.wqkv, d.bqkv, qkv));

@@ -218,62 +218,77 @@ TEST(CudaLlamaModelTest, RefusesForcedNativeOperands) {
 // shape is refused.
 TEST(CudaLlamaModelTest, KvRowsMovedThroughTheHostDecodeAsTheirOwnDo) {
   CLEAVE_REQUIRE_GPU();
-  auto weights = loadLlama(goldenDir() + "/engine/hf/llama_f32");
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  const LlamaWeights& w = **weights;
-  for (cuda::KvDtype dtype : {cuda::KvDtype::kBf16, cuda::KvDtype::kFp8E4M3}) {
-    const bool fp8 = dtype == cuda::KvDtype::kFp8E4M3;
-    SCOPED_TRACE(fp8 ? "fp8" : "bf16");
-    const CudaModelOptions options{.max_step_tokens = 64,
-                                   .max_sequences = 2,
-                                   .max_context = 128,
-                                   .kv_blocks = 8,
-                                   .kv_dtype = dtype};
-    const KvStorageOptions host_shape{.num_layers = static_cast<int64_t>(w.layers.size()),
-                                      .kv_heads = w.dims.kv_heads.size,
-                                      .head_dim = w.config.head_dim,
-                                      .block_size = 16,
-                                      .num_blocks = 8,
-                                      .type = fp8 ? cpu::KvType::kFp8E4M3 : cpu::KvType::kBf16};
-    KvStorage sent(host_shape), received(host_shape);
-    // The models after the host rows they lock, so they go first.
-    auto sender = CudaLlamaModel::create(w, options);
-    auto receiver = CudaLlamaModel::create(w, options);
-    ASSERT_TRUE(sender.ok()) << sender.status();
-    ASSERT_TRUE(receiver.ok()) << receiver.status();
-    std::mt19937 rng(cuda::testing::freshSeed());
-    std::uniform_int_distribution<uint32_t> token(0,
-                                                  static_cast<uint32_t>(w.config.vocab_size - 1));
-    std::vector<uint32_t> prompt(37);
-    for (uint32_t& t : prompt) t = token(rng);
-    const std::vector<int32_t> blocks = {5, 2, 3}, placed = {0, 1, 6};
-    const SequenceChunk prefill{.tokens = prompt, .start = 0, .blocks = blocks};
-    ASSERT_TRUE((*sender)->forward({&prefill, 1}).ok());
-    ASSERT_TRUE((*sender)->copyKv(KvCopy::kToHost, blocks, sent).ok());
-    const size_t block_bytes = static_cast<size_t>(sent.kvHeads() * sent.headBlockBytes());
-    for (size_t i = 0; i < blocks.size(); ++i)
-      for (int64_t l = 0; l < host_shape.num_layers; ++l)
-        for (int kv = 0; kv < 2; ++kv)
-          std::memcpy(received.data() + received.offset(l, kv, placed[i], 0),
-                      sent.data() + sent.offset(l, kv, blocks[i], 0), block_bytes);
-    ASSERT_TRUE((*receiver)->copyKv(KvCopy::kFromHost, placed, received).ok());
-    const std::vector<uint32_t> next = {prompt[3]};
-    const SequenceChunk here{.tokens = next, .start = 37, .blocks = blocks};
-    const SequenceChunk there{.tokens = next, .start = 37, .blocks = placed};
-    auto want = (*sender)->forward({&here, 1});
-    ASSERT_TRUE(want.ok()) << want.status();
-    const std::vector<float> expected(want->begin(), want->end());
-    auto got = (*receiver)->forward({&there, 1});
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
-    KvStorageOptions other = host_shape;
-    other.block_size = 32;
-    KvStorage wrong(other);
-    EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, blocks, wrong).code(),
-              absl::StatusCode::kInvalidArgument);
-    const std::vector<int32_t> outside = {8};
-    EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, outside, sent).code(),
-              absl::StatusCode::kInvalidArgument);
+  // Keys and values, and DeepSeek's one latent part.
+  for (const char* name : {"llama_f32", "deepseek_v3_moe_f32"}) {
+    auto weights = loadLlama(goldenDir() + "/engine/hf/" + name);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    const LlamaWeights& w = **weights;
+    const model::KvCacheShape shape = model::kvCacheShape(w.config);
+    for (cuda::KvDtype dtype : {cuda::KvDtype::kBf16, cuda::KvDtype::kFp8E4M3}) {
+      const bool fp8 = dtype == cuda::KvDtype::kFp8E4M3;
+      SCOPED_TRACE(::testing::Message() << name << (fp8 ? " fp8" : " bf16"));
+      const CudaModelOptions options{.max_step_tokens = 64,
+                                     .max_sequences = 2,
+                                     .max_context = 128,
+                                     .kv_blocks = 8,
+                                     .kv_dtype = dtype};
+      const KvStorageOptions host_shape{.num_layers = static_cast<int64_t>(w.layers.size()),
+                                        .kv_heads = w.dims.kv_heads.size,
+                                        .head_dim = shape.head_dim,
+                                        .block_size = 16,
+                                        .num_blocks = 8,
+                                        .type = fp8 ? cpu::KvType::kFp8E4M3 : cpu::KvType::kBf16,
+                                        .parts = shape.parts};
+      KvStorage sent(host_shape), received(host_shape);
+      // The models after the host rows they lock, so they go first.
+      auto sender = CudaLlamaModel::create(w, options);
+      auto receiver = CudaLlamaModel::create(w, options);
+      ASSERT_TRUE(sender.ok()) << sender.status();
+      ASSERT_TRUE(receiver.ok()) << receiver.status();
+      std::mt19937 rng(cuda::testing::freshSeed());
+      std::uniform_int_distribution<uint32_t> token(0,
+                                                    static_cast<uint32_t>(w.config.vocab_size - 1));
+      std::vector<uint32_t> prompt(37);
+      for (uint32_t& t : prompt) t = token(rng);
+      const std::vector<int32_t> blocks = {5, 2, 3}, placed = {0, 1, 6};
+      const SequenceChunk prefill{.tokens = prompt, .start = 0, .blocks = blocks};
+      ASSERT_TRUE((*sender)->forward({&prefill, 1}).ok());
+      ASSERT_TRUE((*sender)->copyKv(KvCopy::kToHost, blocks, sent).ok());
+      const size_t block_bytes = static_cast<size_t>(sent.kvHeads() * sent.headBlockBytes());
+      for (size_t i = 0; i < blocks.size(); ++i)
+        for (int64_t l = 0; l < host_shape.num_layers; ++l)
+          for (int kv = 0; kv < sent.parts(); ++kv)
+            std::memcpy(received.data() + received.offset(l, kv, placed[i], 0),
+                        sent.data() + sent.offset(l, kv, blocks[i], 0), block_bytes);
+      ASSERT_TRUE((*receiver)->copyKv(KvCopy::kFromHost, placed, received).ok());
+      const std::vector<uint32_t> next = {prompt[3]};
+      const SequenceChunk here{.tokens = next, .start = 37, .blocks = blocks};
+      const SequenceChunk there{.tokens = next, .start = 37, .blocks = placed};
+      auto want = (*sender)->forward({&here, 1});
+      ASSERT_TRUE(want.ok()) << want.status();
+      const std::vector<float> expected(want->begin(), want->end());
+      auto got = (*receiver)->forward({&there, 1});
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+      // The CPU engine reads the same rows as its own: the two backends lay the cache out
+      // alike (rotation pairing, norm, element type), so it continues the sequence too.
+      cpu::ThreadPool pool(2);
+      LlamaModel cpu_model(w, pool);
+      auto cpu_next = cpu_model.forward({&here, 1}, sent);
+      ASSERT_TRUE(cpu_next.ok()) << cpu_next.status();
+      Comparison c;
+      compareLogits(expected, std::vector<float>(cpu_next->begin(), cpu_next->end()),
+                    w.config.vocab_size, c);
+      EXPECT_LE(c.worst_relative, fp8 ? 1.5e-1 : 5e-2);
+      KvStorageOptions other = host_shape;
+      other.block_size = 32;
+      KvStorage wrong(other);
+      EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, blocks, wrong).code(),
+                absl::StatusCode::kInvalidArgument);
+      const std::vector<int32_t> outside = {8};
+      EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, outside, sent).code(),
+                absl::StatusCode::kInvalidArgument);
+    }
   }
 }
 
@@ -292,10 +307,11 @@ INSTANTIATE_TEST_SUITE_P(Moe, CudaMoeModelTest,
                          ::testing::Values("qwen3_moe_f32", "mixtral_f32", "qwen3_moe_nvfp4_ct"));
 
 // DeepSeek-V3's multi-head latent attention (the latent cache, absorbed queries, the
-// CUDA-core latent attention kernel) with its MoE: float, bf16 and FP8 128x128 checkpoints.
+// CUDA-core latent attention kernel) with its MoE: float, bf16 and FP8 128x128 checkpoints
+// (low-rank Q, interleaved rope), and V2-Lite's full-rank Q, rotate-half rope and YaRN.
 INSTANTIATE_TEST_SUITE_P(LatentAttention, CudaMoeModelTest,
                          ::testing::Values("deepseek_v3_moe_f32", "deepseek_v3_bf16",
-                                           "deepseek_v3_fp8_block128"));
+                                           "deepseek_v3_fp8_block128", "deepseek_v2_lite_f32"));
 
 // YaRN's attention factor is not in the GPU rope kernel: such a model is refused by name.
 TEST(CudaLlamaModelTest, RefusesAYarnAttentionFactor) {

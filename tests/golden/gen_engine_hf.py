@@ -155,6 +155,15 @@ CASES["llama_fp8_block128"] = (LlamaConfig, {
     "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 32,
     "tie_word_embeddings": True}, 111, "fp8_hf_128")
 
+# DeepSeek-V2-Lite's attention: full-rank Q, rotate-half rope, YaRN with mscale ==
+# mscale_all_dim (attention factor 1, as the GPU rope takes it; the softmax scale still
+# gets mscale_all_dim's factor squared).
+CASES["deepseek_v2_lite_f32"] = (DeepseekV3Config, {
+    **CASES["deepseek_v2_yarn_f32"][1],
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                        "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+                        "mscale": 0.707, "mscale_all_dim": 0.707}}, 114, torch.float32)
+
 # DeepSeek-V3 as its checkpoints ship: every linear layer FP8 in 128 x 128 blocks, some of them
 # partial (kv_a_proj_with_mqa's 80 rows, q_b_proj's 96 columns, the experts' 64), and kv_b_proj's
 # 8 heads of 32 rows over two row blocks (so a rank's heads can start inside a block). Tied
