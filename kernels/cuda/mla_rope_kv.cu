@@ -41,24 +41,17 @@ __global__ void __launch_bounds__(kThreads) mlaRopeKvKernel(const MlaRopeKvArgs 
   for (int i = threadIdx.x; i < (a.heads + 1) * half; i += kThreads) {
     const int head = i / half;
     const int pair = i % half;
-    const int first = a.layout == RopeLayout::kHalves ? pair : 2 * pair;
-    const int second = a.layout == RopeLayout::kHalves ? pair + half : 2 * pair + 1;
     const bf16* src = head < a.heads ? a.q + token * a.q_stride +
                                            static_cast<int64_t>(head) * (a.nope + a.rope) + a.nope
                                      : c + a.kv_lora;
-    float sin_angle, cos_angle;
-    sinCos(position * a.inv_freq[pair], &sin_angle, &cos_angle);
-    const float x0 = __bfloat162float(src[first]);
-    const float x1 = __bfloat162float(src[second]);
-    const float y0 = x0 * cos_angle - x1 * sin_angle;
-    const float y1 = x1 * cos_angle + x0 * sin_angle;
+    const RotatedPair r = rotatePair(src, pair, half, a.layout, position * a.inv_freq[pair]);
     if (head < a.heads) {
       bf16* dst = a.q_abs + token * a.q_abs_stride + static_cast<int64_t>(head) * row + a.kv_lora;
-      dst[first] = __float2bfloat16(y0);
-      dst[second] = __float2bfloat16(y1);
+      dst[r.first] = __float2bfloat16(r.y0);
+      dst[r.second] = __float2bfloat16(r.y1);
     } else {
-      storeKv<kFp8>(a.cache, base + a.kv_lora + first, y0, a.kv_scale);
-      storeKv<kFp8>(a.cache, base + a.kv_lora + second, y1, a.kv_scale);
+      storeKv<kFp8>(a.cache, base + a.kv_lora + r.first, r.y0, a.kv_scale);
+      storeKv<kFp8>(a.cache, base + a.kv_lora + r.second, r.y1, a.kv_scale);
     }
   }
 }

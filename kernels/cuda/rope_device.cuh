@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/rope_kv.h"
+
 namespace cleave::cuda {
 
 // sin and cos of a float angle as the CPU backend computes them (std::sin of the same
@@ -17,6 +19,26 @@ __device__ __forceinline__ void sinCos(float angle, float* sin_out, float* cos_o
   float r = fmaf(-k, 6.28125f, angle);
   r = fmaf(-k, 1.9353071795864769e-3f, r);
   __sincosf(r, sin_out, cos_out);
+}
+
+// Pair `pair` of a head of 2 * half values, rotated by `angle` in `layout`'s pairing: the
+// two indices it occupies and their new values.
+struct RotatedPair {
+  int first, second;
+  float y0, y1;
+};
+__device__ __forceinline__ RotatedPair rotatePair(const __nv_bfloat16* head, int pair, int half,
+                                                  RopeLayout layout, float angle) {
+  RotatedPair r;
+  r.first = layout == RopeLayout::kHalves ? pair : 2 * pair;
+  r.second = layout == RopeLayout::kHalves ? pair + half : 2 * pair + 1;
+  float sin_angle, cos_angle;
+  sinCos(angle, &sin_angle, &cos_angle);
+  const float x0 = __bfloat162float(head[r.first]);
+  const float x1 = __bfloat162float(head[r.second]);
+  r.y0 = x0 * cos_angle - x1 * sin_angle;
+  r.y1 = x1 * cos_angle + x0 * sin_angle;
+  return r;
 }
 
 // A cache element: bf16, or e4m3 of value / scale (saturating at the format's finite range).

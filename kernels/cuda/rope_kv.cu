@@ -34,22 +34,15 @@ __global__ void ropeKvKernel(const RopeKvArgs a) {
       storeKv<kFp8>(a.v_cache, at + 2 * pair + 1, __bfloat162float(src[2 * pair + 1]), a.v_scale);
       continue;
     }
-    const int first = a.layout == RopeLayout::kHalves ? pair : 2 * pair;
-    const int second = a.layout == RopeLayout::kHalves ? pair + half : 2 * pair + 1;
-    float sin_angle, cos_angle;
-    sinCos(position * a.inv_freq[pair], &sin_angle, &cos_angle);
-    const float x0 = __bfloat162float(src[first]);
-    const float x1 = __bfloat162float(src[second]);
-    const float y0 = x0 * cos_angle - x1 * sin_angle;
-    const float y1 = x1 * cos_angle + x0 * sin_angle;
+    const RotatedPair r = rotatePair(src, pair, half, a.layout, position * a.inv_freq[pair]);
     if (head < a.heads) {
       bf16* dst = a.q_out + token * a.q_stride + static_cast<int64_t>(head) * a.head_dim;
-      dst[first] = __float2bfloat16(y0);
-      dst[second] = __float2bfloat16(y1);
+      dst[r.first] = __float2bfloat16(r.y0);
+      dst[r.second] = __float2bfloat16(r.y1);
     } else {
       const int64_t at = cacheRow(head - a.heads);
-      storeKv<kFp8>(a.k_cache, at + first, y0, a.k_scale);
-      storeKv<kFp8>(a.k_cache, at + second, y1, a.k_scale);
+      storeKv<kFp8>(a.k_cache, at + r.first, r.y0, a.k_scale);
+      storeKv<kFp8>(a.k_cache, at + r.second, r.y1, a.k_scale);
     }
   }
 }
