@@ -124,27 +124,21 @@ class GgufSource final : public TensorSource {
  public:
   explicit GgufSource(const model::GgufFile& file) : file_(file) {}
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
-    static const std::map<std::string, std::string> kNames = {
-        {"attn_norm", "attn_norm.weight"},
-        {"q", "attn_q.weight"},
-        {"k", "attn_k.weight"},
-        {"v", "attn_v.weight"},
-        {"o", "attn_output.weight"},
-        {"q_bias", "attn_q.bias"},
-        {"k_bias", "attn_k.bias"},
-        {"v_bias", "attn_v.bias"},
-        {"q_norm", "attn_q_norm.weight"},
-        {"q_a", "attn_q_a.weight"},
-        {"q_a_norm", "attn_q_a_norm.weight"},
-        {"q_b", "attn_q_b.weight"},
-        {"kv_a", "attn_kv_a_mqa.weight"},
-        {"kv_a_norm", "attn_kv_a_norm.weight"},
-        {"kv_b", "attn_kv_b.weight"},
-        {"k_norm", "attn_k_norm.weight"},
-        {"ffn_norm", "ffn_norm.weight"},
-        {"gate", "ffn_gate.weight"},
-        {"up", "ffn_up.weight"},
-        {"down", "ffn_down.weight"}};
+    // Latent attention roles have no GGUF names: engineSupport() refuses such files.
+    static const std::map<std::string, std::string> kNames = {{"attn_norm", "attn_norm.weight"},
+                                                              {"q", "attn_q.weight"},
+                                                              {"k", "attn_k.weight"},
+                                                              {"v", "attn_v.weight"},
+                                                              {"o", "attn_output.weight"},
+                                                              {"q_bias", "attn_q.bias"},
+                                                              {"k_bias", "attn_k.bias"},
+                                                              {"v_bias", "attn_v.bias"},
+                                                              {"q_norm", "attn_q_norm.weight"},
+                                                              {"k_norm", "attn_k_norm.weight"},
+                                                              {"ffn_norm", "ffn_norm.weight"},
+                                                              {"gate", "ffn_gate.weight"},
+                                                              {"up", "ffn_up.weight"},
+                                                              {"down", "ffn_down.weight"}};
     return absl::StrCat("blk.", layer, ".", kNames.at(role));
   }
   std::string embeddingName() const override { return "token_embd.weight"; }
