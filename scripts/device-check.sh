@@ -82,33 +82,37 @@ for t in @TESTS@; do
 done
 # Serving from GPU workers: a token-id prompt through the router (prefill worker -> KV over
 # UCX through host rows -> decode worker) against the same prompt offline on one GPU;
-# greedy, so the ids must be equal.
+# greedy, so the ids must be equal. serve KV_DTYPE [MODEL] (a folder of data/engine/hf).
 serve() {
-  local kv="$1" model="$dir/data/engine/hf/llama_f32" ready="$logs/up-$1.json"
+  local kv="$1" name="${2:-llama_f32}"
+  local model="$dir/data/engine/hf/$name" ready="$logs/up-$1-$name.json"
+  local tag="$kv $name"
   local ids="5 9 17 33 2 8 91 4 77 12 3 150 6 18 29 40 1 2 3 4 60 61"
   local offline served port up
   rm -f "$ready"
   offline=$(timeout 60 "$dir/bin/cleave" generate --model "$model" --backend cuda \
-            --kv-dtype "$kv" --prompt-ids "$ids" --max-tokens 24 --print-ids 2>"$logs/offline-$kv.log")
+            --kv-dtype "$kv" --prompt-ids "$ids" --max-tokens 24 --print-ids \
+            2>"$logs/offline-$kv-$name.log")
   timeout 150 "$dir/bin/cleave" up --model "$model" --backend cuda --kv-dtype "$kv" \
       --prefill 1 --decode 1 --threads 2 --listen 127.0.0.1:0 --ready-file "$ready" \
-      > "$logs/up-$kv.log" 2>&1 &
+      > "$logs/up-$kv-$name.log" 2>&1 &
   up=$!
   for _ in $(seq 120); do [ -s "$ready" ] && break; sleep 1; done
   port=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["grpc_port"])' "$ready" 2>/dev/null)
   served=$(timeout 60 "$dir/bin/cleave" generate --router "127.0.0.1:$port" --prompt-ids "$ids" \
-           --max-tokens 24 --print-ids 2>"$logs/served-$kv.log")
+           --max-tokens 24 --print-ids 2>"$logs/served-$kv-$name.log")
   kill -INT "$up" 2>/dev/null; wait "$up" 2>/dev/null
   if [ -n "$offline" ] && [ "$offline" = "$served" ]; then
-    results+=("serve $kv                 PASSED  served ids = offline GPU ids ($offline)")
+    results+=("$(printf 'serve %-18s PASSED  served ids = offline GPU ids (%s)' "$tag" "$offline")")
   else
-    results+=("serve $kv                 FAILED  offline [$offline] served [$served]")
-    tail -5 "$logs/offline-$kv.log" "$logs/served-$kv.log" "$logs/up-$kv.log"
+    results+=("$(printf 'serve %-18s FAILED  offline [%s] served [%s]' "$tag" "$offline" "$served")")
+    tail -5 "$logs/offline-$kv-$name.log" "$logs/served-$kv-$name.log" "$logs/up-$kv-$name.log"
   fi
-  grep -h "KV transfer" "$logs/served-$kv.log"
+  grep -h "KV transfer" "$logs/served-$kv-$name.log"
 }
 serve bf16
 serve fp8
+serve bf16 deepseek_v3_moe_f32  # Latent attention: one latent part moved per block.
 timeout 300 "$dir/bin/bench_cuda" "$@" 2>&1 | tee "$logs/bench_cuda.log"
 echo "bench_cuda rc=${PIPESTATUS[0]}"
 echo
