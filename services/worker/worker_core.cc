@@ -1,6 +1,7 @@
 #include "services/worker/worker_core.h"
 
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/faults.h"
@@ -203,6 +204,26 @@ absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<int32_t>> WorkerCore::reservePrefillBlocks(
+    uint64_t id, int64_t blocks, grpc::ServerContext* context) {
+  while (true) {
+    int64_t total = 0;
+    absl::StatusOr<std::vector<int32_t>> reserved =
+        loop_->call([&](engine::Scheduler& s) -> absl::StatusOr<std::vector<int32_t>> {
+          total = s.cache().totalBlocks();
+          return s.reserve(id, blocks);
+        });
+    // Blocks held by prompts computing or being sent free up soon; a prompt larger than
+    // the pool never fits.
+    if (reserved.ok() || reserved.status().code() != absl::StatusCode::kResourceExhausted ||
+        blocks > total || context == nullptr || context->IsCancelled() ||
+        std::chrono::system_clock::now() + std::chrono::milliseconds(5) >= context->deadline()) {
+      return reserved;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
 absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest& r,
                                                         grpc::ServerContext* context) {
   const auto start = std::chrono::steady_clock::now();
@@ -238,8 +259,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     }
     const int64_t blocks =
         (r.prompt_token_ids_size() + model_.blockSize() - 1) / model_.blockSize();
-    absl::StatusOr<std::vector<int32_t>> reserved =
-        loop_->call([&](engine::Scheduler& s) { return s.reserve(*id, blocks); });
+    absl::StatusOr<std::vector<int32_t>> reserved = reservePrefillBlocks(*id, blocks, context);
     if (!reserved.ok()) {
       absl::MutexLock lock(&mu_);
       forget(*id);

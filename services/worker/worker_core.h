@@ -104,6 +104,12 @@ class WorkerCore {
   absl::StatusOr<engine::TokenEvent> runPrefill(uint64_t id,
                                                 const engine::GenerationRequest& request,
                                                 grpc::ServerContext* context);
+  // `blocks` of this worker's pool for a prompt it computes for another worker: waits
+  // (within the call's deadline, until it is cancelled) while the pool is full of prompts
+  // computing or being sent, which free their blocks soon; ResourceExhausted when the wait
+  // ends or the prompt is larger than the pool.
+  absl::StatusOr<std::vector<int32_t>> reservePrefillBlocks(uint64_t id, int64_t blocks,
+                                                            grpc::ServerContext* context);
   // Writes the prompt blocks `local` into the destination's reserved blocks.
   absl::Status sendKv(const v1::KvDestination& destination, std::span<const int32_t> local,
                       uint64_t& bytes);
