@@ -44,7 +44,7 @@ done
 for m in llama_f32 llama3_rope_f32 llama_bf16 llama_fp8 smollm2_like_f32 qwen2_f32 qwen3_f32 \
          qwen3_moe_f32 mixtral_f32 qwen3_moe_nvfp4_ct llama_fp8_ct_channel llama_nvfp4_modelopt \
          llama_nvfp4_ct llama_fp8_block128 deepseek_v3_moe_f32 deepseek_v3_bf16 \
-         deepseek_v3_fp8_block128 deepseek_v2_yarn_f32 deepseek_v2_lite_f32; do
+         deepseek_v3_fp8_block128 deepseek_v2_yarn_f32 deepseek_v2_lite_f32 deepseek_v2_moe_f32; do
   cp -r "tests/golden/data/engine/hf/$m" "$out/data/engine/hf/"
 done
 cat > "$out/run.sh" <<'RUN'

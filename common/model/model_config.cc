@@ -26,6 +26,8 @@ constexpr ArchName kArchitectures[] = {
     {"mixtral", "mixtral", Architecture::kMixtral},
     {"qwen3_moe", "qwen3moe", Architecture::kQwen3Moe},
     {"deepseek_v3", "deepseek2", Architecture::kDeepseekV3},
+    // DeepSeek-V2 and V2-Lite: V3's graph with softmax routing (V2's defaults below).
+    {"deepseek_v2", "deepseek2", Architecture::kDeepseekV3},
 };
 
 std::string supportedList() {
@@ -96,24 +98,36 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       break;
     }
     case Architecture::kDeepseekV3: {
+      // DeepSeek-V2 routes by softmax over the experts, greedy or group-limited, and scales
+      // the chosen weights without renormalizing them (its norm_topk_prob is unused).
+      const bool v2 = config.model_type == "deepseek_v2";
       CLEAVE_ASSIGN_OR_RETURN(moe.num_experts, f.uint("n_routed_experts"));
       CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, f.uint("num_experts_per_tok"));
       CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.uint("moe_intermediate_size"));
       CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, f.boolOr("norm_topk_prob", true));
+      if (v2) moe.norm_topk_prob = false;
       CLEAVE_ASSIGN_OR_RETURN(moe.shared_experts, f.uintOr("n_shared_experts", 0));
       moe.shared_expert_intermediate_size = moe.expert_intermediate_size;
       CLEAVE_ASSIGN_OR_RETURN(moe.n_group, f.uintOr("n_group", 1));
       CLEAVE_ASSIGN_OR_RETURN(moe.topk_group, f.uintOr("topk_group", 1));
       CLEAVE_ASSIGN_OR_RETURN(moe.routed_scaling_factor, f.numberOr("routed_scaling_factor", 1.0));
       CLEAVE_ASSIGN_OR_RETURN(moe.first_k_dense, f.uintOr("first_k_dense_replace", 0));
-      CLEAVE_ASSIGN_OR_RETURN(std::string scoring, f.stringOr("scoring_func", "sigmoid"));
+      CLEAVE_ASSIGN_OR_RETURN(std::string scoring,
+                              f.stringOr("scoring_func", v2 ? "softmax" : "sigmoid"));
       if (scoring != "sigmoid" && scoring != "softmax") {
         return f.error("scoring_func",
                        absl::StrCat("\"", scoring, "\" is not supported (sigmoid, softmax)"));
       }
       moe.scoring = scoring == "sigmoid" ? MoeScoring::kSigmoid : MoeScoring::kSoftmax;
-      CLEAVE_ASSIGN_OR_RETURN(std::string method, f.stringOr("topk_method", "noaux_tc"));
+      CLEAVE_ASSIGN_OR_RETURN(std::string method,
+                              f.stringOr("topk_method", v2 ? "greedy" : "noaux_tc"));
       moe.score_correction_bias = method == "noaux_tc";
+      if (method == "greedy") moe.n_group = moe.topk_group = 1;
+      if (method == "group_limited_greedy" && moe.n_group > 1) {
+        return f.error("topk_method",
+                       "\"group_limited_greedy\" (groups ranked by their best expert) is not "
+                       "supported yet; greedy and noaux_tc are");
+      }
       if (moe.n_group == 0 || moe.num_experts % moe.n_group != 0) {
         return f.error("n_group",
                        absl::StrCat("must divide n_routed_experts (", moe.num_experts, ")"));
@@ -128,6 +142,7 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       CLEAVE_ASSIGN_OR_RETURN(mla.qk_rope_head_dim, f.uint("qk_rope_head_dim"));
       CLEAVE_ASSIGN_OR_RETURN(mla.v_head_dim, f.uint("v_head_dim"));
       CLEAVE_ASSIGN_OR_RETURN(mla.rope_interleave, f.boolOr("rope_interleave", true));
+      if (v2) mla.rope_interleave = true;  // V2 rotates adjacent pairs (as complex numbers).
       if (mla.kv_lora_rank == 0 || mla.qk_rope_head_dim == 0 || mla.qk_rope_head_dim % 2 != 0 ||
           mla.v_head_dim == 0) {
         return f.error("kv_lora_rank",

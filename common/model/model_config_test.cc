@@ -142,6 +142,8 @@ TEST(ModelConfigTest, BadFieldsNameTheFileAndField) {
        R"({"model_type":"llama","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"rope_scaling":{"rope_type":"weird"}})"},
       {"num_experts_per_tok must be in 1..4",
        R"({"model_type":"mixtral","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":9})"},
+      {"topk_method \"group_limited_greedy\"",
+       R"({"model_type":"deepseek_v2","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"n_routed_experts":4,"num_experts_per_tok":2,"moe_intermediate_size":4,"topk_method":"group_limited_greedy","n_group":2,"topk_group":1,"kv_lora_rank":4,"qk_nope_head_dim":4,"qk_rope_head_dim":2,"v_head_dim":4})"},
   };
   for (const auto& [expected, json] : cases) {
     auto config = parseConfigJson(json, "my/config.json");

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(kWarps * 32) routeKernel(const MoeRoutingArgs 
   if (lane < a.k) {
     float w = my_weight;
     if (a.scoring == MoeScoring::kSoftmax) {
-      if (a.normalize) w /= sum;
+      w = (a.normalize ? w / sum : w) * a.scaling;
     } else {
       w = (a.normalize ? w / (sum + 1e-20f) : w) * a.scaling;
     }

@@ -3,7 +3,8 @@
 // routeSoftmaxTopK and routeSigmoidGroupedTopK (services/engine/moe_block.h), with the same
 // order, ties to the lower expert id, and the same weights.
 //
-//   softmax   Mixtral, Qwen3-MoE: softmax over the logits, top k, renormalized when asked.
+//   softmax   Mixtral, Qwen3-MoE, DeepSeek-V2: softmax over the logits, top k, renormalized
+//             when asked, times `scaling`.
 //   sigmoid   DeepSeek-V3: s = sigmoid(logit), choice c = s + bias; each of n_group groups
 //             of consecutive experts scores the sum of its two best c; the topk_group best
 //             groups stay; the top k c among their experts win, weighted by s (renormalized
@@ -31,7 +32,7 @@ struct MoeRoutingArgs {
   int n_group = 1;              // <= 32, divides experts (sigmoid only)
   int topk_group = 1;
   bool normalize = false;
-  float scaling = 1.0f;           // sigmoid only
+  float scaling = 1.0f;
   int32_t* expert_ids = nullptr;  // [tokens][k]
   float* weights = nullptr;       // [tokens][k]
 };

@@ -311,7 +311,8 @@ INSTANTIATE_TEST_SUITE_P(Moe, CudaMoeModelTest,
 // (low-rank Q, interleaved rope), and V2-Lite's full-rank Q, rotate-half rope and YaRN.
 INSTANTIATE_TEST_SUITE_P(LatentAttention, CudaMoeModelTest,
                          ::testing::Values("deepseek_v3_moe_f32", "deepseek_v3_bf16",
-                                           "deepseek_v3_fp8_block128", "deepseek_v2_lite_f32"));
+                                           "deepseek_v3_fp8_block128", "deepseek_v2_lite_f32",
+                                           "deepseek_v2_moe_f32"));
 
 // YaRN's attention factor is not in the GPU rope kernel: such a model is refused by name.
 TEST(CudaLlamaModelTest, RefusesAYarnAttentionFactor) {

@@ -33,6 +33,7 @@ TEST(MoeRoutingTest, MatchesCpuRouting) {
   for (const Case& c :
        {Case{"mixtral", 8, 2, MoeScoring::kSoftmax},
         Case{"qwen3-moe", 128, 8, MoeScoring::kSoftmax, 1, 1, true},
+        Case{"deepseek-v2-lite", 64, 6, MoeScoring::kSoftmax, 1, 1, false, 16.0f},
         Case{"deepseek-v3", 256, 8, MoeScoring::kSigmoidGrouped, 8, 4, true, 2.5f},
         Case{"sigmoid, one group", 64, 6, MoeScoring::kSigmoidGrouped, 1, 1, false, 1.0f}}) {
     SCOPED_TRACE(c.name);
@@ -71,7 +72,7 @@ TEST(MoeRoutingTest, MatchesCpuRouting) {
                                                      .topk_group = c.topk_group,
                                                      .normalize = c.normalize,
                                                      .scaling = c.scaling})
-                  : engine::routeSoftmaxTopK(row, c.experts, c.k, c.normalize);
+                  : engine::routeSoftmaxTopK(row, c.experts, c.k, c.normalize, c.scaling);
       for (int i = 0; i < c.k; ++i) {
         ASSERT_EQ(ids[t * c.k + i], want.experts[i]) << "token " << t << " choice " << i;
         EXPECT_NEAR(weights[t * c.k + i], want.weights[i], 1e-5 * std::max(1.0f, want.weights[i]))

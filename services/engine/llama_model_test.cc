@@ -321,7 +321,8 @@ INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",
                                            "deepseek_v3_moe_f32", "deepseek_v2_yarn_f32",
-                                           "deepseek_v3_bf16", "deepseek_v2_lite_f32"));
+                                           "deepseek_v3_bf16", "deepseek_v2_lite_f32",
+                                           "deepseek_v2_moe_f32"));
 
 // FP8 and NVFP4 checkpoints in the ModelOpt and compressed-tensors conventions
 // (tests/golden/quantize_formats.py), run weight-only.

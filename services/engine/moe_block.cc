@@ -18,7 +18,8 @@ int64_t MoeBlock::bytes() const {
   return total;
 }
 
-Routing routeSoftmaxTopK(const float* logits, int64_t experts, int64_t k, bool normalize) {
+Routing routeSoftmaxTopK(const float* logits, int64_t experts, int64_t k, bool normalize,
+                         float scaling) {
   std::vector<float> probs(logits, logits + experts);
   cpu::softmax(probs.data(), experts, 1, experts);
   std::vector<int32_t> order(experts);
@@ -33,9 +34,7 @@ Routing routeSoftmaxTopK(const float* logits, int64_t experts, int64_t k, bool n
     routing.weights.push_back(probs[order[i]]);
     sum += probs[order[i]];
   }
-  if (normalize) {
-    for (float& w : routing.weights) w /= sum;
-  }
+  for (float& w : routing.weights) w = (normalize ? w / sum : w) * scaling;
   return routing;
 }
 
@@ -137,7 +136,8 @@ void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, f
                    .topk_group = config_.topk_group,
                    .normalize = config_.norm_topk_prob,
                    .scaling = static_cast<float>(config_.routed_scaling_factor)})
-            : routeSoftmaxTopK(logits, experts, config_.experts_per_token, config_.norm_topk_prob);
+            : routeSoftmaxTopK(logits, experts, config_.experts_per_token, config_.norm_topk_prob,
+                               static_cast<float>(config_.routed_scaling_factor));
     for (size_t i = 0; i < r.experts.size(); ++i)
       assigned[r.experts[i]].emplace_back(t, r.weights[i]);
   }

@@ -41,8 +41,10 @@ struct Routing {
   std::vector<float> weights;
 };
 
-// Softmax over `logits` (one token's router output), top `k`, renormalized when `normalize`.
-Routing routeSoftmaxTopK(const float* logits, int64_t experts, int64_t k, bool normalize);
+// Softmax over `logits` (one token's router output), top `k`, renormalized when `normalize`,
+// times `scaling` (DeepSeek-V2's routed_scaling_factor; 1 for Mixtral and Qwen3-MoE).
+Routing routeSoftmaxTopK(const float* logits, int64_t experts, int64_t k, bool normalize,
+                         float scaling = 1.0f);
 
 // DeepSeek-V3 routing: s = sigmoid(logits); choice score c = s + bias (a learned
 // per-expert correction); each of n_group groups of consecutive experts scores the sum of

@@ -44,8 +44,8 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
     sys.exit(0)
 import transformers
 from safetensors import safe_open
-from transformers import (AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, MixtralConfig, Qwen2Config,
-                          Qwen3Config, Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, LlamaConfig, MixtralConfig,
+                          Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DATA_DIR, b64, fnv1a64, pkg_version, write_json  # noqa: E402
@@ -173,6 +173,16 @@ CASES["deepseek_v3_fp8_block128"] = (DeepseekV3Config, {
     "num_attention_heads": 8, "num_key_value_heads": 8,
     "moe_intermediate_size": 64, "q_lora_rank": 96, "kv_lora_rank": 64, "qk_rope_head_dim": 16,
     "tie_word_embeddings": True}, 113, "fp8_hf_128")
+
+# DeepSeek-V2(-Lite): the same latent attention (rope always on adjacent pairs), softmax routing
+# without renormalization, weights times routed_scaling_factor (2 here, so it shows).
+CASES["deepseek_v2_moe_f32"] = (DeepseekV2Config, dict(
+    hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=4, vocab_size=509, max_position_embeddings=256,
+    rms_norm_eps=1e-6, n_routed_experts=8, num_experts_per_tok=2, topk_method="greedy",
+    n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.0, norm_topk_prob=False,
+    q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+    tie_word_embeddings=False, attention_bias=False, bos_token_id=0, eos_token_id=1), 115, torch.float32)
 
 # DeepSeek-V3 stored in bf16 (the weights of deepseek_v3_moe_f32 rounded).
 CASES["deepseek_v3_bf16"] = (DeepseekV3Config, CASES["deepseek_v3_moe_f32"][1], 110, torch.bfloat16)
