@@ -97,10 +97,11 @@ int generateThroughRouter(const std::string& address, const std::string& prompt,
   const v1::Timings& t = final.timings();
   std::fprintf(stderr,
                "prompt %u tokens, generated %u (%s); queue %.1f ms, prefill %.1f ms, KV transfer "
-               "%.1f ms, first token %.1f ms, total %.1f ms\n",
+               "%.1f ms, first token %.1f ms, decode batch wait %.1f ms, total %.1f ms\n",
                final.usage().prompt_tokens(), final.usage().completion_tokens(),
                v1::FinishReason_Name(final.finish_reason()).c_str(), t.queue_wait_ms(),
-               t.prefill_ms(), t.kv_transfer_ms(), t.time_to_first_token_ms(), t.total_ms());
+               t.prefill_ms(), t.kv_transfer_ms(), t.time_to_first_token_ms(), t.decode_wait_ms(),
+               t.total_ms());
   return 0;
 }
 

@@ -153,6 +153,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   int migrations = 0;
   std::string path = placed->admission.worker->id;  // Decode workers used, for errors.
   const double ttft_ms = msSince(received);
+  double decode_wait_ms = 0;  // Over every placement.
   auto finalInfo = [&](v1::FinishReason reason, const std::string& matched) {
     v1::FinalInfo info;
     info.set_finish_reason(reason);
@@ -165,10 +166,12 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     t->set_kv_transfer_ms(first_prefill.kv_transfer_ms());
     t->set_time_to_first_token_ms(ttft_ms);
     t->set_total_ms(msSince(received));
+    t->set_decode_wait_ms(decode_wait_ms);
     queue_wait_.Observe(queue_wait_ms / 1e3);
     ttft_.Observe(ttft_ms / 1e3);
     request_time_.Observe(t->total_ms() / 1e3);
     prefill_.Observe(first_prefill.prefill_ms() / 1e3);
+    decode_wait_.Observe(decode_wait_ms / 1e3);
     if (first_prefill.kv_transfer_ms() > 0) {
       kv_transfer_.Observe(first_prefill.kv_transfer_ms() / 1e3);
     }
@@ -203,6 +206,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     }
     message.mutable_logprobs()->CopyFrom(logprobs);
     if (reason) {
+      placed->finished = true;
       *message.mutable_final() = finalInfo(*reason, matched);
       writer->Write(message);
       status = grpc::Status::OK;
@@ -282,6 +286,8 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     }
     if (!next->ok()) return toGrpcStatus(next->status());
     const v1::SequenceEvent& event = **next;
+    placed->decode_wait_ms += event.batch_wait_us() / 1e3;
+    decode_wait_ms += event.batch_wait_us() / 1e3;
     const std::vector<uint32_t> tokens(event.token_ids().begin(), event.token_ids().end());
     if (!send(tokens, event.logprobs(), reason, event.matched_stop())) return status;
   }
@@ -310,7 +316,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
   };
   while (true) {
     absl::StatusOr<Admission> admitted =
-        pool_.admit(sequence.blocks, sequence.deadline, sequence.cancelled, lost, sequence.client);
+        pool_.admit(sequence.blocks, sequence.deadline, sequence.cancelled, lost, sequence.client,
+                    sequence.remaining);
     if (!admitted.ok()) return status.ok() ? toGrpcStatus(admitted.status()) : status;
     placed.reset(new Placement(*this, *admitted, sequence.id));
     placed->queue_wait_ms = msSince(placing);
@@ -413,7 +420,7 @@ GenerationService::Placement::~Placement() {
     CLEAVE_LOG(WARNING) << "release of " << id << " on " << admission.worker->id << ": "
                         << status.error_message();
   }
-  self.pool_.release(admission);
+  self.pool_.release(admission, finished ? std::optional(decode_wait_ms / 1e3) : std::nullopt);
 }
 
 }  // namespace cleave::router

@@ -50,6 +50,9 @@ GenerationService::GenerationService(GenerationServiceOptions options, WorkerPoo
                            "Time the prefill worker spent moving a prompt's KV cache")),
       prefill_(latency("cleave_router_prefill_seconds",
                        "Time a prefill worker took to compute a prompt's first token")),
+      decode_wait_(latency("cleave_router_decode_wait_seconds",
+                           "Time a prefilled request waited on its decode worker for a place in "
+                           "the decode batch")),
       migrations_(plainCounter("cleave_router_migrations_total",
                                "Streaming requests moved to another decode worker after losing "
                                "theirs")) {}

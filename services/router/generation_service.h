@@ -98,6 +98,8 @@ class GenerationService final : public v1::Generation::Service {
     Admission admission;
     std::string id;
     double queue_wait_ms = 0;
+    double decode_wait_ms = 0;  // Waiting here for a place in the decode batch.
+    bool finished = false;      // The sequence ended here normally.
     v1::PrefillResponse prefilled;
     std::shared_ptr<Mailbox> mailbox;  // Null when the prefill finished the sequence.
   };
@@ -122,6 +124,7 @@ class GenerationService final : public v1::Generation::Service {
   prometheus::Histogram& request_time_;
   prometheus::Histogram& kv_transfer_;
   prometheus::Histogram& prefill_;
+  prometheus::Histogram& decode_wait_;
   prometheus::Counter& migrations_;
 };
 

@@ -55,6 +55,10 @@ const char* admissionOutcome(const absl::Status& status) {
   }
 }
 
+// A decode worker holds up to this many admitted requests per sequence of its target
+// concurrency: one batch decoding and one prefilled ahead.
+constexpr int64_t kPlacesPerTarget = 2;
+
 bool contains(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
@@ -241,7 +245,7 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
     const v1::KvCapacity& cap = w.info.kv_capacity();
     // A full batch may be prefilled ahead: when a whole batch finishes at once (requests of
     // one length), the next one is ready to decode.
-    if (entry.admitted >= 2 * int64_t{cap.target_concurrency()}) continue;
+    if (entry.admitted >= kPlacesPerTarget * int64_t{cap.target_concurrency()}) continue;
     if (int64_t{cap.total_blocks()} - entry.reserved < blocks) continue;
     const double load = static_cast<double>(entry.admitted) / cap.target_concurrency();
     if (best == nullptr || load < best_load) best = &entry, best_load = load;
@@ -253,10 +257,10 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
                                             std::chrono::system_clock::time_point deadline,
                                             const std::function<bool()>& cancelled,
                                             const std::vector<std::string>& exclude,
-                                            const std::string& client) {
+                                            const std::string& client, int64_t new_tokens) {
   const char* outcome = nullptr;
   absl::StatusOr<Admission> admission =
-      admitOrWait(blocks, deadline, cancelled, exclude, client, outcome);
+      admitOrWait(blocks, deadline, cancelled, exclude, client, new_tokens, outcome);
   admissions_
       .Add({{"outcome", outcome != nullptr ? outcome : admissionOutcome(admission.status())}})
       .Increment();
@@ -267,7 +271,8 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
                                                   std::chrono::system_clock::time_point deadline,
                                                   const std::function<bool()>& cancelled,
                                                   const std::vector<std::string>& exclude,
-                                                  const std::string& client, const char*& outcome) {
+                                                  const std::string& client, int64_t new_tokens,
+                                                  const char*& outcome) {
   absl::MutexLock lock(&mu_);
   int64_t largest = 0;
   bool any = false, draining = false;
@@ -305,18 +310,21 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
     return absl::ResourceExhaustedError(absl::StrCat(
         "the admission queue is full (", options_.queue_capacity, " requests); retry later"));
   }
-  // Refuse now what the queue's pace says cannot be admitted before the deadline.
-  constexpr int64_t kTrustedSteps = 8;
-  if (must_wait && queue_steps_ >= kTrustedSteps) {
-    const double expected_s = static_cast<double>(queue_.size() + 1) * queue_step_s_;
-    const double left_s =
-        std::chrono::duration<double>(deadline - std::chrono::system_clock::now()).count();
-    if (expected_s > left_s) {
+  auto secondsLeft = [&] {
+    return std::chrono::duration<double>(deadline - std::chrono::system_clock::now()).count();
+  };
+  // Refuse now what cannot be admitted and served before the deadline.
+  if (must_wait) {
+    const std::optional<double> finish_s =
+        expectedFinishS(static_cast<int64_t>(queue_.size()), new_tokens, exclude);
+    const double left_s = secondsLeft();
+    if (finish_s && *finish_s > left_s) {
       outcome = "deadline_unreachable";
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "%d requests are waiting ahead and the queue admits one every %.2f s, past this "
-          "request's deadline in %.1f s; retry later or with a longer deadline",
-          queue_.size(), queue_step_s_, left_s));
+          "%d requests are waiting ahead; at the decode workers' recent pace this one would "
+          "finish in about %.1f s, past its deadline in %.1f s; retry later or with a longer "
+          "deadline",
+          queue_.size(), *finish_s, left_s));
     }
   }
   const uint64_t ticket = next_ticket_++;
@@ -324,33 +332,75 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
   updateGauges();
   Entry* chosen = nullptr;
   absl::Status why;
-  const bool admitted = waitUntil(
+  bool admitted = waitUntil(
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
         return nextInLine() == ticket && (chosen = pick(blocks, exclude)) != nullptr;
       },
       deadline, cancelled, why);
+  // Its turn came too late to finish: the place goes to a request that can.
+  if (admitted && must_wait) {
+    const std::optional<double> finish_s = expectedFinishS(0, new_tokens, exclude);
+    const double left_s = secondsLeft();
+    if (finish_s && *finish_s > left_s) {
+      why = absl::DeadlineExceededError(absl::StrFormat(
+          "the request waited for room on a decode worker until its deadline was %.1f s away, "
+          "less than the about %.1f s it would take; retry with a longer deadline",
+          left_s, *finish_s));
+      admitted = false;
+    }
+  }
   queue_.erase(std::find_if(queue_.begin(), queue_.end(),
                             [&](const Waiting& w) { return w.ticket == ticket; }));
   ++changes_;  // The next in line may go now.
-  if (admitted && must_wait) {
-    last_served_[client] = ++served_;
-    const auto now = std::chrono::steady_clock::now();
-    if (last_dequeue_) {
-      const double step = std::chrono::duration<double>(now - *last_dequeue_).count();
-      queue_step_s_ = queue_steps_ == 0 ? step : 0.8 * queue_step_s_ + 0.2 * step;
-      ++queue_steps_;
-    }
-    last_dequeue_ = now;
-  }
-  if (queue_.empty()) last_dequeue_.reset();  // Idle time is not the queue's pace.
+  if (admitted && must_wait) last_served_[client] = ++served_;
   if (admitted) {
     chosen->reserved += blocks;
     chosen->admitted += 1;
   }
   updateGauges();
   if (!admitted) return why;
-  return Admission{.worker = chosen->worker, .blocks = blocks};
+  return Admission{.worker = chosen->worker,
+                   .blocks = blocks,
+                   .new_tokens = new_tokens,
+                   .since = std::chrono::steady_clock::now()};
 }
+
+std::optional<double> WorkerPool::expectedFinishS(int64_t queued_ahead, int64_t new_tokens,
+                                                  const std::vector<std::string>& exclude) const {
+  if (!service_s_.trusted()) return std::nullopt;
+  // The sequences decoding at once and the requests ahead of this one (admitted or waiting).
+  int64_t decoding = 0, ahead = queued_ahead;
+  for (const auto& [id, entry] : workers_) {
+    if (!entry.worker->servesDecode() || entry.draining || contains(exclude, id)) continue;
+    decoding +=
+        std::min<int64_t>(entry.admitted, entry.worker->info.kv_capacity().target_concurrency());
+    ahead += entry.admitted;
+  }
+  decoding = std::max<int64_t>(decoding, 1);
+  // Places in the batch free at `decoding` per service time; this request decodes once all
+  // but `decoding - 1` of those ahead have finished, then takes its own service time.
+  const double batch_wait_s = static_cast<double>(std::max<int64_t>(0, ahead + 1 - decoding)) /
+                              decoding * service_s_.mean();
+  return batch_wait_s +
+         service_s_per_token_.mean() * static_cast<double>(std::max<int64_t>(1, new_tokens));
+}
+
+// The window: long enough to span a few bursts of admissions, short enough to follow a change
+// of load within seconds.
+constexpr size_t kRecentSamples = 16;
+
+void WorkerPool::RecentMean::add(double x) {
+  if (samples_.size() < kRecentSamples) {
+    samples_.push_back(x);
+  } else {
+    sum_ -= samples_[next_];
+    samples_[next_] = x;
+    next_ = (next_ + 1) % kRecentSamples;
+  }
+  sum_ += x;
+}
+
+bool WorkerPool::RecentMean::trusted() const { return samples_.size() >= kRecentSamples / 2; }
 
 uint64_t WorkerPool::nextInLine() const {
   // The first waiting request of the client served longest ago (never: 0).
@@ -389,8 +439,16 @@ bool WorkerPool::waitUntil(const std::function<bool()>& ready,
   return true;
 }
 
-void WorkerPool::release(const Admission& admission) {
+void WorkerPool::release(const Admission& admission, std::optional<double> decode_wait_s) {
   absl::MutexLock lock(&mu_);
+  if (decode_wait_s) {
+    const double held_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - admission.since).count();
+    const double service_s = std::max(0.0, held_s - *decode_wait_s);
+    service_s_.add(service_s);
+    service_s_per_token_.add(service_s /
+                             static_cast<double>(std::max<int64_t>(1, admission.new_tokens)));
+  }
   auto it = workers_.find(admission.worker->id);
   // A worker that left took its accounting with it.
   if (it == workers_.end() || it->second.worker != admission.worker) return;

@@ -13,8 +13,13 @@
 // heartbeat reports its own view for the logs and metrics.
 //
 // Overload: a request that would have to wait is refused at once (RESOURCE_EXHAUSTED)
-// when the queue is full, or when the queue's recent pace says the requests ahead of it
-// would take longer than its deadline leaves — rather than failing it at the deadline.
+// when the queue is full, or when it could not finish before its deadline: the recent
+// service time of finished requests (admission to end, less any wait for a place in the
+// decode batch) says how fast places in the decode batches free, so how long the requests
+// ahead of it (admitted or waiting) hold it back, and then how long it takes itself (per new
+// token allowed). A waiting request whose turn comes when its deadline no longer leaves
+// that time gives its place up (DEADLINE_EXCEEDED) instead of taking decode work that would
+// be thrown away.
 //
 // Draining: a worker that says in a heartbeat that it is stopping gets no new admission or
 // prefill from then on; what it holds finishes there.
@@ -94,6 +99,8 @@ struct PrefillLease {
 struct Admission {
   std::shared_ptr<const Worker> worker;
   int64_t blocks = 0;
+  int64_t new_tokens = 0;  // The new tokens it may generate.
+  std::chrono::steady_clock::time_point since;
 };
 
 class WorkerPool {
@@ -130,12 +137,15 @@ class WorkerPool {
   // could ever hold it), ResourceExhausted (the queue is full), DeadlineExceeded, Cancelled
   // (`cancelled` became true). Workers named in `exclude` (found unreachable by this request) are
   // passed over. `client` (an API key's name; empty when keys are off) shares the queue fairly: the
-  // waiting client admitted least recently goes next, its oldest request first.
+  // waiting client admitted least recently goes next, its oldest request first. `new_tokens`
+  // (the new tokens it may generate) scales its expected service time.
   absl::StatusOr<Admission> admit(int64_t blocks, std::chrono::system_clock::time_point deadline,
                                   const std::function<bool()>& cancelled,
                                   const std::vector<std::string>& exclude = {},
-                                  const std::string& client = "");
-  void release(const Admission& admission);
+                                  const std::string& client = "", int64_t new_tokens = 1);
+  // `decode_wait_s`: set when the request finished there normally, the time it waited
+  // for a place in the decode batch; the rest of its time there is a service time.
+  void release(const Admission& admission, std::optional<double> decode_wait_s = std::nullopt);
 
   // Waits until a worker that can prefill for `decode` is registered (none draining: a
   // prefill worker, or `decode` itself when it has both roles): while every prefill worker
@@ -186,7 +196,14 @@ class WorkerPool {
                                         std::chrono::system_clock::time_point deadline,
                                         const std::function<bool()>& cancelled,
                                         const std::vector<std::string>& exclude,
-                                        const std::string& client, const char*& outcome);
+                                        const std::string& client, int64_t new_tokens,
+                                        const char*& outcome);
+  // How long from now a request allowed `new_tokens`, with `queued_ahead` waiting ahead of
+  // it, would take to finish on the workers not in `exclude`; nullopt until enough requests
+  // have finished to say.
+  std::optional<double> expectedFinishS(int64_t queued_ahead, int64_t new_tokens,
+                                        const std::vector<std::string>& exclude) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The waiting request that may go next: fair between clients, oldest first within one.
   uint64_t nextInLine() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void updateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -205,11 +222,23 @@ class WorkerPool {
   std::unordered_map<std::string, uint64_t> last_served_ ABSL_GUARDED_BY(mu_);
   uint64_t served_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
-  // How fast the queue moves: a moving average of the time between two waiting requests
-  // being admitted while requests kept waiting, and how many such gaps it has seen.
-  double queue_step_s_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t queue_steps_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<std::chrono::steady_clock::time_point> last_dequeue_ ABSL_GUARDED_BY(mu_);
+  // The mean of the last few samples of a quantity: a window follows a change of load
+  // within a few requests and forgets what came before.
+  class RecentMean {
+   public:
+    void add(double x);
+    double mean() const { return samples_.empty() ? 0 : sum_ / samples_.size(); }
+    bool trusted() const;  // Enough samples to go by.
+   private:
+    std::vector<double> samples_;  // A ring, oldest at `next_` once full.
+    size_t next_ = 0;
+    double sum_ = 0;
+  };
+  // How long admitted requests take, over recent requests that finished: the seconds from
+  // admission to release less the wait for a place in the decode batch, and the same per
+  // new token allowed.
+  RecentMean service_s_ ABSL_GUARDED_BY(mu_);
+  RecentMean service_s_per_token_ ABSL_GUARDED_BY(mu_);
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;            // Bumped by anything admission depends on.
   prometheus::Gauge& queue_gauge_;                       // cleave_router_queue_depth
   prometheus::Gauge& reserved_gauge_;                    // cleave_router_reserved_blocks

@@ -185,52 +185,44 @@ TEST_F(WorkerPoolTest, PlacingAgainWaitsWhileNoWorkerIsRegistered) {
 namespace cleave::router {
 namespace {
 
-TEST(WorkerPoolOverloadTest, RefusesAtOnceWhatTheQueuesPaceCannotAdmitInTime) {
+TEST(WorkerPoolOverloadTest, RefusesAtOnceWhatCannotFinishBeforeItsDeadline) {
   WorkerPool pool(
       {.queue_capacity = 100}, [](auto) {}, [](const std::string&) {});
   ASSERT_TRUE(pool.add(worker("a", v1::WORKER_ROLE_BOTH, 1000, 1)).ok());  // Admits 2.
   auto in = [](int ms) { return std::chrono::system_clock::now() + std::chrono::milliseconds(ms); };
   auto never = [] { return false; };
-  std::mutex mu;
-  std::deque<Admission> held;  // Guarded by mu.
-  std::atomic<int> waited{0};  // Waiters admitted.
-  for (int i = 0; i < 2; ++i) held.push_back(*pool.admit(1, in(1000), never));
-  std::vector<std::thread> waiters;
-  for (int i = 0; i < 12; ++i) {
-    waiters.emplace_back([&] {
-      absl::StatusOr<Admission> a = pool.admit(1, in(20000), never);
-      ASSERT_TRUE(a.ok()) << a.status();
-      std::lock_guard<std::mutex> lock(mu);
-      held.push_back(*a);
-      ++waited;
-    });
+  using std::chrono::milliseconds;
+  // Finished requests of 10 new tokens served in 200 ms each (half of them after waiting 300 ms
+  // for a place in the batch, which is not service): 20 ms per token.
+  for (int i = 0; i < 8; ++i) {
+    absl::StatusOr<Admission> a = pool.admit(1, in(1000), never, {}, "", 10);
+    ASSERT_TRUE(a.ok()) << a.status();
+    a->since -= milliseconds(i % 2 == 0 ? 200 : 500);
+    pool.release(*a, i % 2 == 0 ? 0.0 : 0.3);
   }
-  while (pool.queueDepth() < 12) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  // One slot frees every 40 ms: ten waiters go, two still wait.
-  for (int i = 0; i < 10; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(40));
-    std::lock_guard<std::mutex> lock(mu);
-    pool.release(held.front());
-    held.pop_front();
-  }
-  while (pool.queueDepth() > 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  // Three places at ~40 ms each cannot be had within 30 ms: refused now, not at the deadline.
-  absl::StatusOr<Admission> hopeless = pool.admit(1, in(30), never);
-  EXPECT_EQ(hopeless.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(hopeless.status().message(), HasSubstr("past this request's deadline"));
-  // Everyone else gets in as slots free.
-  while (waited < 12) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (pool.queueDepth() > 0 && !held.empty()) {
-        pool.release(held.front());
-        held.pop_front();
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  for (std::thread& t : waiters) t.join();
-  for (const Admission& a : held) pool.release(a);
+  // Both places held: a new request decodes after both finish (0.4 s), then takes 0.2 s.
+  std::vector<Admission> held{*pool.admit(1, in(20000), never), *pool.admit(1, in(20000), never)};
+  absl::StatusOr<Admission> short_deadline = pool.admit(1, in(400), never, {}, "", 10);
+  EXPECT_EQ(short_deadline.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(short_deadline.status().message(), HasSubstr("finish in about 0.6 s"));
+  absl::StatusOr<Admission> long_output = pool.admit(1, in(800), never, {}, "", 100);
+  EXPECT_EQ(long_output.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(long_output.status().message(), HasSubstr("finish in about 2.4 s"));
+  // 0.6 s fits in 800 ms: it waits. Its turn comes 500 ms later, when 0.4 s are needed.
+  std::optional<absl::StatusOr<Admission>> late, patient;
+  std::thread late_thread([&] { late = pool.admit(1, in(800), never, {}, "", 10); });
+  while (pool.queueDepth() < 1) std::this_thread::sleep_for(milliseconds(1));
+  std::thread patient_thread([&] { patient = pool.admit(1, in(20000), never, {}, "", 10); });
+  while (pool.queueDepth() < 2) std::this_thread::sleep_for(milliseconds(1));
+  std::this_thread::sleep_for(milliseconds(500));
+  pool.release(held.front());
+  late_thread.join();
+  patient_thread.join();
+  EXPECT_EQ(late->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(late->status().message(), HasSubstr("less than the about 0.4 s it would take"));
+  ASSERT_TRUE(patient->ok()) << patient->status();  // The place went to the one behind.
+  pool.release(held.back());
+  pool.release(**patient);
   EXPECT_EQ(pool.reservedBlocks(), 0);
 }
 

@@ -327,8 +327,11 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   bool copy_in = true;  // Not when prefilled here, nor for a sequence already decoding
   {                     // (the scheduler refuses that one; its rows must stay).
     absl::MutexLock lock(&mu_);
-    if (auto it = requests_.find(r.request_id()); it != requests_.end())
+    if (auto it = requests_.find(r.request_id()); it != requests_.end()) {
       copy_in = !it->second.prefilled_here && !it->second.decoding;
+      // Before the engine can step it: its first event may come before this call returns.
+      if (!it->second.decoding) it->second.ready_at = Clock::now();
+    }
   }
   absl::Status started = loop_->call([&](engine::Scheduler& s) -> absl::Status {
     if (copy_in) {
@@ -420,10 +423,17 @@ void WorkerCore::onStep(StepReport& report) {
       }
       continue;  // prefill() forgets a request its first token finished.
     }
-    const Request& request = requests_.at(name->second);
+    Request& request = requests_.at(name->second);
     v1::TokenEvents& message = out[request.router_id];
     v1::SequenceEvent* e = message.add_events();
     e->set_request_id(name->second);
+    if (!request.decode_started) {
+      request.decode_started = true;
+      const double waited_us =
+          std::chrono::duration<double, std::micro>(Clock::now() - request.ready_at).count() -
+          report.step_time_us;
+      e->set_batch_wait_us(static_cast<uint64_t>(std::max(0.0, waited_us)));
+    }
     e->add_token_ids(event.token);
     if (event.logprob) *e->add_logprobs() = tokenLogprob(event);
     if (event.finished) {

@@ -82,7 +82,9 @@ class WorkerCore {
   struct Request {
     uint64_t id = 0;
     std::string router_id;
-    bool decoding = false;  // StartDecode was accepted.
+    bool decoding = false;        // StartDecode was accepted.
+    Clock::time_point ready_at;   // When StartDecode came.
+    bool decode_started = false;  // Its first decode event was sent.
     // Its prompt's KV was computed here (a local prefill), not written in by a transfer:
     // nothing to bring in from the host rows before decoding.
     bool prefilled_here = false;

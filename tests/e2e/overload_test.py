@@ -2,10 +2,14 @@
 decode deployment, each request with a 5 s deadline.
 
   * the admission queue stays bounded; what cannot be served in time is refused at once
-    with RESOURCE_EXHAUSTED (the queue is full, or its pace says the deadline cannot be
-    met) instead of timing out;
-  * requests that are admitted keep their latency: p99 of (total - queue wait) stays
-    within 2x of its value without overload;
+    with RESOURCE_EXHAUSTED (the queue is full, or the decode workers' recent pace says it
+    could not finish before its deadline) instead of timing out: almost nothing runs out of
+    time while decoding, and the deployment keeps serving at least half its capacity;
+  * requests that are admitted keep their latency: p99 of (total - queue wait - wait for a
+    place in the decode batch) stays within 2x of its value without overload. A decode
+    worker admits twice its target concurrency so that a prefilled request is ready
+    whenever a place frees; the time one waits there is queueing, reported apart
+    (Timings.decode_wait_ms), and the figure with it is printed too;
   * every process's resident memory stays flat: < 10% growth from a quarter of the way
     into the overload (once its steady state is reached) to its end.
 
@@ -69,19 +73,23 @@ class OverloadTest(unittest.TestCase):
                     for message in stub.Generate(request, timeout=DEADLINE_S):
                         if message.HasField("final"):
                             final = message.final
-                    admitted_s = (final.timings.total_ms - final.timings.queue_wait_ms) / 1e3
-                    return "OK", time.monotonic() - start, admitted_s
+                    t = final.timings
+                    return "OK", time.monotonic() - start, (t.total_ms - t.queue_wait_ms) / 1e3, \
+                        (t.total_ms - t.queue_wait_ms - t.decode_wait_ms) / 1e3
                 except grpc.RpcError as e:
-                    return e.code().name, time.monotonic() - start, None
+                    code = e.code().name
+                    if code == "DEADLINE_EXCEEDED" and "decoding" in (e.details() or ""):
+                        code = "DEADLINE_EXCEEDED_DECODING"
+                    return code, time.monotonic() - start, None, None
 
             # Unloaded: the target concurrency, closed loop.
             with concurrent.futures.ThreadPoolExecutor(TARGET) as pool:
                 started = time.monotonic()
                 calm = list(pool.map(generate, range(6 * TARGET)))
                 calm_s = time.monotonic() - started
-            self.assertTrue(all(code == "OK" for code, _, _ in calm), calm)
+            self.assertTrue(all(code == "OK" for code, *_ in calm), calm)
             capacity = len(calm) / calm_s
-            calm_p99 = p99([a for _, _, a in calm])
+            calm_p99 = p99([a for _, _, _, a in calm])
 
             # Overload: Poisson arrivals at 10x capacity.
             pids = [router.proc.pid] + [w.proc.pid for w in workers]
@@ -113,23 +121,29 @@ class OverloadTest(unittest.TestCase):
             rss_after = [rss_kib(pid) for pid in pids]
 
             codes = {}
-            for code, _, _ in results:
+            for code, *_ in results:
                 codes[code] = codes.get(code, 0) + 1
-            admitted = [a for code, _, a in results if code == "OK"]
-            refused = [e for code, e, _ in results if code == "RESOURCE_EXHAUSTED"]
+            admitted = [a for code, _, _, a in results if code == "OK"]
+            held = [h for code, _, h, _ in results if code == "OK"]
+            refused = [e for code, e, *_ in results if code == "RESOURCE_EXHAUSTED"]
             growth = [after / before - 1 for before, after in zip(rss_before, rss_after)]
             print(f"\ncapacity {capacity:.2f} req/s unloaded (p99 admitted latency "
                   f"{calm_p99:.2f} s); {SECONDS:.0f} s at {10 * capacity:.1f} req/s offered: "
-                  f"{len(results)} requests, {codes}; admitted p99 {p99(admitted):.2f} s; "
+                  f"{len(results)} requests, {codes}; admitted p99 {p99(admitted):.2f} s "
+                  f"({p99(held):.2f} s with the wait for a decode batch place); "
                   f"refusals p99 {1e3 * p99(refused):.0f} ms; queue depth max "
                   f"{max(depths):.0f} of {QUEUE}; RSS router/prefill/decode MiB at the start "
                   f"{', '.join(f'{k / 1024:.1f}' for k in rss_start)}, a quarter in "
                   f"{', '.join(f'{k / 1024:.1f}' for k in rss_before)}, at the end "
                   f"{', '.join(f'{k / 1024:.1f}' for k in rss_after)} (growth since a quarter "
                   f"in {', '.join(f'{100 * g:+.1f}%' for g in growth)})")
-            self.assertGreater(len(admitted), 0)
             self.assertGreater(len(refused), len(results) / 2)
-            self.assertLessEqual(set(codes), {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"})
+            self.assertLessEqual(set(codes), {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED",
+                                              "DEADLINE_EXCEEDED_DECODING"})
+            # Work thrown away: requests admitted that ran out of time while decoding.
+            self.assertLessEqual(codes.get("DEADLINE_EXCEEDED_DECODING", 0),
+                                 max(2, len(admitted) // 10))
+            self.assertGreaterEqual(len(admitted), 0.5 * capacity * SECONDS)
             self.assertLessEqual(p99(admitted), 2 * calm_p99)
             self.assertLess(p99(refused), 0.25)
             self.assertLessEqual(max(depths), QUEUE)
