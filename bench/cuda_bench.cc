@@ -30,6 +30,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/mla_attention.h"
 #include "kernels/cuda/moe_gemm.h"
 #include "kernels/cuda/p2p_allreduce.h"
 #include "kernels/cuda/prefill_attention.h"
@@ -214,6 +215,77 @@ void decodeAttention(const AttentionShape& a, double copy_gbs, int sms, int reps
   for (bf16* p : {k[0], k[1], v[0], v[1], q, out}) cudaFree(p);
   cudaFree(dtables);
   cudaFree(dlens);
+  cudaFree(workspace);
+}
+
+// Latent attention's decode (DeepSeek-V3: a 512 + 64 latent row per position shared by every
+// head) against the bytes it must read: each position's row once, and the queries.
+void mlaDecodeAttention(int batch, int context, int heads, cuda::KvDtype kv, double copy_gbs,
+                        int sms, int reps) {
+  constexpr int kLora = 512, kRope = 64, kRow = kLora + kRope, kBlock = 64;
+  const bool fp8 = kv == cuda::KvDtype::kFp8E4M3;
+  const int blocks_per_seq = (context + kBlock - 1) / kBlock;
+  const size_t cache = static_cast<size_t>(batch) * blocks_per_seq * kBlock * kRow;
+  bf16* latent[2] = {randomBf16(fp8 ? cache / 2 : cache, 21),
+                     randomBf16(fp8 ? cache / 2 : cache, 22)};
+  bf16* q = randomBf16(static_cast<size_t>(batch) * heads * kRow, 23);
+  bf16* out = deviceAlloc<bf16>(static_cast<size_t>(batch) * heads * kLora);
+  std::vector<int32_t> tables(static_cast<size_t>(batch) * blocks_per_seq);
+  std::iota(tables.begin(), tables.end(), 0);
+  std::vector<int32_t> positions(batch, context - 1), starts(batch + 1);
+  std::iota(starts.begin(), starts.end(), 0);
+  int32_t* dtables = deviceAlloc<int32_t>(tables.size());
+  int32_t* dpositions = deviceAlloc<int32_t>(positions.size());
+  int32_t* dstarts = deviceAlloc<int32_t>(starts.size());
+  check(cudaMemcpy(dtables, tables.data(), tables.size() * 4, cudaMemcpyHostToDevice), "copy");
+  check(cudaMemcpy(dpositions, positions.data(), positions.size() * 4, cudaMemcpyHostToDevice),
+        "copy");
+  check(cudaMemcpy(dstarts, starts.data(), starts.size() * 4, cudaMemcpyHostToDevice), "copy");
+  auto plan = cuda::planMlaAttention({.heads = heads,
+                                      .kv_lora = kLora,
+                                      .rope = kRope,
+                                      .block_size = kBlock,
+                                      .max_tokens = batch,
+                                      .max_context = context,
+                                      .kv_dtype = kv},
+                                     sms);
+  check(plan.status(), "mla plan");
+  void* workspace = deviceAlloc<uint8_t>(std::max<size_t>(plan->workspace_bytes, 1));
+  const double ms = medianMs(
+      [&](int i) {
+        check(cuda::mlaAttention(*plan,
+                                 {.q = q,
+                                  .q_stride = heads * kRow,
+                                  .cache = latent[i % 2],
+                                  .kv_dtype = kv,
+                                  .kv_scale = 0.05f,
+                                  .positions = dpositions,
+                                  .q_starts = dstarts,
+                                  .block_tables = dtables,
+                                  .max_blocks_per_seq = blocks_per_seq,
+                                  .sequences = batch,
+                                  .tokens = batch,
+                                  .heads = heads,
+                                  .kv_lora = kLora,
+                                  .rope = kRope,
+                                  .block_size = kBlock,
+                                  .scale = 1.0f / std::sqrt(192.0f),
+                                  .out = out,
+                                  .out_stride = heads * kLora,
+                                  .workspace = workspace},
+                                 nullptr),
+              "mla attention");
+      },
+      reps);
+  const double bytes = static_cast<double>(batch) * context * kRow * (fp8 ? 1 : 2) +
+                       static_cast<double>(batch) * heads * (kRow + kLora) * sizeof(bf16);
+  const double gbs = bytes / (ms * 1e-3) / 1e9;
+  char what[160];
+  std::snprintf(what, sizeof(what), "latent attention %s b%d ctx%d %d heads 512+64 page%d",
+                fp8 ? "e4m3" : "bf16", batch, context, heads, kBlock);
+  rows.push_back({what, ms, fmt("%.0f GB/s", gbs), fmt("%.0f%%", 100 * gbs / copy_gbs), ""});
+  for (bf16* p : {latent[0], latent[1], q, out}) cudaFree(p);
+  for (int32_t* p : {dtables, dpositions, dstarts}) cudaFree(p);
   cudaFree(workspace);
 }
 
@@ -622,6 +694,11 @@ int main(int argc, char** argv) {
   decodeAttention({16, 2048, 32, 4, 64, 16}, copy, d.multiprocessors, reps, "");
   decodeAttention({32, 4096, 32, 8, 128, 16, cuda::KvDtype::kFp8E4M3}, copy, d.multiprocessors,
                   reps, "");
+  // DeepSeek-V3 per GPU at TP 8 (16 heads) and on one GPU (128 heads).
+  mlaDecodeAttention(32, 4096, 16, cuda::KvDtype::kBf16, copy, d.multiprocessors, reps);
+  mlaDecodeAttention(1, 4096, 16, cuda::KvDtype::kBf16, copy, d.multiprocessors, reps);
+  mlaDecodeAttention(32, 4096, 128, cuda::KvDtype::kBf16, copy, d.multiprocessors, reps);
+  mlaDecodeAttention(32, 4096, 16, cuda::KvDtype::kFp8E4M3, copy, d.multiprocessors, reps);
   prefillAttention(4096, peak, reps);
   prefillAttention(1024, peak, reps);
   decodeStep(copy, quick);

@@ -1,4 +1,4 @@
-// Decode and prefill attention on the GPU against the CPU backend's attention
+// Decode, prefill and latent attention on the GPU against the CPU backend's attention
 // (kernels/cpu/attention.h) on the same bf16 inputs, over awkward context lengths, page
 // sizes, head dims, GQA groups and cache types (bf16, e4m3 with per-tensor scales). bf16 tolerance:
 // relative L2 error <= 1e-2 (P is rounded to bf16 before P·V, the output is bf16), no NaN, every
@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_test_util.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/mla_attention.h"
 #include "kernels/cuda/prefill_attention.h"
 
 namespace cleave::cuda {
@@ -129,6 +130,15 @@ std::string describe(const Case& c) {
 int multiprocessors() {
   auto devices = listDevices();
   return devices.ok() && !devices->empty() ? (*devices)[0].multiprocessors : 1;
+}
+
+// Waits for the GPU, then compares its bf16 output with the reference: every element
+// written, no NaN, relative L2 error within bf16's tolerance.
+void expectClose(const DeviceBuffer<bf16>& out, const std::vector<float>& want) {
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const testing::Difference d = testing::compare(testing::toFloat(out.copyToHost()), want);
+  EXPECT_EQ(d.non_finite, 0) << "unwritten or NaN outputs";
+  EXPECT_LE(d.relative_l2, 1e-2);
 }
 
 void checkDecode(const Case& c, uint32_t seed) {
@@ -281,10 +291,7 @@ void checkPrefill(const Case& c, uint32_t seed) {
                                           .out_stride = heads * c.head_dim},
                                          nullptr);
   ASSERT_TRUE(run.ok()) << run;
-  CUDA_ASSERT_OK(cudaDeviceSynchronize());
-  const testing::Difference d = testing::compare(testing::toFloat(dout.copyToHost()), want);
-  EXPECT_EQ(d.non_finite, 0) << "unwritten or NaN outputs";
-  EXPECT_LE(d.relative_l2, 1e-2);
+  expectClose(dout, want);
 }
 
 TEST(PrefillAttentionTest, MatchesCpuBackendWithCachedPrefixes) {
@@ -340,6 +347,165 @@ TEST(PrefillAttentionTest, MatchesCpuBackendWithCachedPrefixes) {
        .kv = KvDtype::kFp8E4M3},
   };
   for (const Case& c : cases) checkPrefill(c, seed);
+}
+
+// Latent attention (absorbed form): every head attends over one cached head of
+// kv_lora + rope elements whose first kv_lora are the values. The reference is the CPU
+// backend's attention with that one head as keys and values, cut to kv_lora.
+struct MlaCase {
+  int heads;
+  int kv_lora;
+  int rope;
+  int block_size;
+  std::vector<int> context;          // per sequence
+  std::vector<int> new_tokens = {};  // query tokens at the end of each context (default 1)
+  KvDtype kv = KvDtype::kBf16;
+};
+
+void checkMla(const MlaCase& c, uint32_t seed) {
+  const int row = c.kv_lora + c.rope;
+  std::string what = "heads " + std::to_string(c.heads) + ", latent " + std::to_string(c.kv_lora) +
+                     " + " + std::to_string(c.rope) +
+                     (c.kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16") + ", contexts";
+  for (int len : c.context) what += " " + std::to_string(len);
+  SCOPED_TRACE(what);
+  std::mt19937 rng(seed);
+  const PagedCache cache = makeCache({.head_dim = row,
+                                      .block_size = c.block_size,
+                                      .kv_heads = 1,
+                                      .group = 1,
+                                      .context = c.context,
+                                      .kv = c.kv},
+                                     rng);
+  std::vector<int32_t> positions, q_starts = {0};
+  std::vector<const int32_t*> tables;
+  for (size_t s = 0; s < c.context.size(); ++s) {
+    const int n = c.new_tokens.empty() ? 1 : c.new_tokens[s];
+    for (int i = 0; i < n; ++i) {
+      positions.push_back(c.context[s] - n + i);
+      tables.push_back(cache.tables.data() + s * cache.max_blocks_per_seq);
+    }
+    q_starts.push_back(static_cast<int32_t>(positions.size()));
+  }
+  const int64_t tokens = static_cast<int64_t>(positions.size());
+  const float scale = 1.0f / std::sqrt(192.0f);
+  std::vector<bf16> q = testing::randomBf16(static_cast<size_t>(tokens) * c.heads * row, rng);
+  const std::vector<float> qf = testing::toFloat(q);
+  std::vector<float> full(static_cast<size_t>(tokens) * c.heads * row);
+  cpu::ThreadPool pool(2);
+  cpu::attention({.q = qf.data(),
+                  .ldq = c.heads * row,
+                  .tokens = tokens,
+                  .positions = positions.data(),
+                  .block_tables = tables.data(),
+                  .k_pool = cache.k.data(),
+                  .v_pool = cache.k.data(),
+                  .block_size = c.block_size,
+                  .heads = c.heads,
+                  .kv_heads = 1,
+                  .head_dim = row,
+                  .scale = scale,
+                  .out = full.data(),
+                  .ldo = c.heads * row},
+                 pool);
+  std::vector<float> want;
+  for (int64_t i = 0; i < tokens * c.heads; ++i)
+    want.insert(want.end(), full.begin() + i * row, full.begin() + i * row + c.kv_lora);
+
+  auto plan =
+      planMlaAttention({.heads = c.heads,
+                        .kv_lora = c.kv_lora,
+                        .rope = c.rope,
+                        .block_size = c.block_size,
+                        .max_tokens = static_cast<int>(tokens),
+                        .max_context = *std::max_element(c.context.begin(), c.context.end()),
+                        .kv_dtype = c.kv},
+                       multiprocessors());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->tensor_cores, c.kv_lora == 512 && c.rope == 64);
+  DeviceBuffer<bf16> dq(q), dout(want.size());
+  DeviceBuffer<uint8_t> dcache(cache.k_bytes);
+  DeviceBuffer<int32_t> dtables(cache.tables), dpositions(positions), dstarts(q_starts);
+  DeviceBuffer<uint8_t> workspace(std::max<size_t>(plan->workspace_bytes, 1));
+  absl::Status run = mlaAttention(*plan,
+                                  {.q = dq.get(),
+                                   .q_stride = c.heads * row,
+                                   .cache = dcache.get(),
+                                   .kv_dtype = c.kv,
+                                   .kv_scale = c.kv == KvDtype::kFp8E4M3 ? kKScale : 1.0f,
+                                   .positions = dpositions.get(),
+                                   .q_starts = dstarts.get(),
+                                   .block_tables = dtables.get(),
+                                   .max_blocks_per_seq = cache.max_blocks_per_seq,
+                                   .sequences = static_cast<int>(c.context.size()),
+                                   .tokens = tokens,
+                                   .heads = c.heads,
+                                   .kv_lora = c.kv_lora,
+                                   .rope = c.rope,
+                                   .block_size = c.block_size,
+                                   .scale = scale,
+                                   .out = dout.get(),
+                                   .out_stride = c.heads * c.kv_lora,
+                                   .workspace = workspace.get()},
+                                  nullptr);
+  ASSERT_TRUE(run.ok()) << run;
+  expectClose(dout, want);
+}
+
+TEST(MlaAttentionTest, MatchesCpuBackend) {
+  CLEAVE_REQUIRE_GPU();
+  const uint32_t seed = testing::freshSeed();
+  const std::vector<MlaCase> cases = {
+      // DeepSeek's latent, on the tensor cores: decode with the context split, many heads, a
+      // partial head group and an e4m3 cache (whole and split), a full batch, prefill chunks
+      // over cached prefixes.
+      {.heads = 16, .kv_lora = 512, .rope = 64, .block_size = 16, .context = {1, 54, 97, 4133}},
+      {.heads = 128, .kv_lora = 512, .rope = 64, .block_size = 64, .context = {300, 4096}},
+      {.heads = 20,
+       .kv_lora = 512,
+       .rope = 64,
+       .block_size = 16,
+       .context = {97, 1},
+       .kv = KvDtype::kFp8E4M3},
+      {.heads = 20,
+       .kv_lora = 512,
+       .rope = 64,
+       .block_size = 64,
+       .context = {300, 1},
+       .kv = KvDtype::kFp8E4M3},
+      {.heads = 16,
+       .kv_lora = 512,
+       .rope = 64,
+       .block_size = 16,
+       .context = std::vector<int>(64, 129)},
+      {.heads = 16,
+       .kv_lora = 512,
+       .rope = 64,
+       .block_size = 16,
+       .context = {200, 37},
+       .new_tokens = {45, 37}},
+      // Other latents, on CUDA cores (the tiny test models').
+      {.heads = 4, .kv_lora = 16, .rope = 8, .block_size = 16, .context = {1, 54, 97}},
+      {.heads = 8,
+       .kv_lora = 64,
+       .rope = 16,
+       .block_size = 16,
+       .context = {54, 300},
+       .new_tokens = {3, 2},
+       .kv = KvDtype::kFp8E4M3},
+  };
+  for (const MlaCase& c : cases) checkMla(c, seed);
+}
+
+TEST(MlaAttentionTest, PlanRefusesUnsupportedShapes) {
+  const MlaAttentionShape good{.heads = 16, .kv_lora = 16, .rope = 8, .max_context = 64};
+  MlaAttentionShape block = good, rope = good, tokens = good, wide = good;
+  block.block_size = 24;
+  rope.rope = -1;
+  tokens.max_tokens = 0;
+  wide.kv_lora = 8192;  // Not DeepSeek's 512 + 64: the CUDA-core kernel, whose row this passes.
+  for (const MlaAttentionShape& bad : {block, rope, tokens, wide})
+    EXPECT_EQ(planMlaAttention(bad, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

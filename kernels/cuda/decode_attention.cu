@@ -16,11 +16,19 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 struct DecodeParams {
   DecodeAttentionArgs args;
-  int heads, kv_heads, block_shift, q_tiles, partition_size, partitions;
+  int heads, kv_heads, block_shift, q_tiles, partitions;
   float scale_log2;    // softmax scale in exp2 units
   float* partial_out;  // [batch][partitions][heads][D]
   float* partial_lse;  // [batch][partitions][heads], log2 units
 };
+
+// The positions of each partition of a sequence of `len`: the partitions its context reaches
+// split it evenly (whole stages, at least four when split), so a context shorter than the
+// plan's longest still spreads over the blocks.
+__device__ __forceinline__ int partitionSize(int len, int partitions) {
+  const int size = ((max(len, 1) + partitions - 1) / partitions + kTile - 1) / kTile * kTile;
+  return partitions == 1 ? size : max(size, 4 * kTile);
+}
 
 template <int D, bool kFp8>
 using Stages = KvStages<D, kTile, kThreads, kFp8>;
@@ -41,7 +49,8 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
   const DecodeAttentionArgs& a = p.args;
   const int seq = blockIdx.z;
   const int len = a.seq_lens[seq];
-  const int start = blockIdx.x * p.partition_size;
+  const int partition_size = partitionSize(len, p.partitions);
+  const int start = blockIdx.x * partition_size;
   if (start >= len) {
     // An empty sequence (outside the contract) still gets a defined output: zeros.
     if (len <= 0 && blockIdx.x == 0 && p.partitions == 1) {
@@ -53,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
     }
     return;
   }
-  const int end = min(len, start + p.partition_size);
+  const int end = min(len, start + partition_size);
   const int group = p.heads / p.kv_heads;
   const int kv_head = blockIdx.y / p.q_tiles;
   const int head0 = kv_head * group + (blockIdx.y % p.q_tiles) * 16;
@@ -154,7 +163,9 @@ __global__ void __launch_bounds__(D) mergePartitionsKernel(const DecodeParams p)
   const DecodeAttentionArgs& a = p.args;
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
-  const int used = (max(a.seq_lens[seq], 0) + p.partition_size - 1) / p.partition_size;
+  const int len = max(a.seq_lens[seq], 0);
+  const int partition_size = partitionSize(len, p.partitions);
+  const int used = (len + partition_size - 1) / partition_size;
   if (used == 0) {  // An empty sequence: zeros, not 0 / 0.
     a.out[seq * a.out_stride + static_cast<int64_t>(head) * D + threadIdx.x] =
         __float2bfloat16(0.0f);
@@ -241,7 +252,6 @@ absl::Status runDecodeAttention(const DecodeAttentionPlan& plan, const DecodeAtt
                       .kv_heads = plan.shape.kv_heads,
                       .block_shift = __builtin_ctz(static_cast<unsigned>(plan.shape.block_size)),
                       .q_tiles = plan.q_tiles,
-                      .partition_size = plan.partition_size,
                       .partitions = plan.partitions,
                       .scale_log2 = plan.shape.scale * args.k_scale * kLog2e};
   if (plan.partitions > 1) {

@@ -40,8 +40,9 @@ struct DecodeAttentionShape {
 struct DecodeAttentionPlan {
   DecodeAttentionShape shape;
   int q_tiles = 1;         // 16-row tiles of one KV head's group of query heads
-  int partition_size = 0;  // positions per partition, a multiple of 64
-  int partitions = 1;      // per sequence, for max_context; 1 = no merge kernel
+  int partition_size = 0;  // positions per partition at max_context, a multiple of 64
+  int partitions = 1;      // per sequence (a shorter one splits into as many, each shorter
+                           // but at least 256 positions); 1 = no merge kernel
   size_t workspace_bytes = 0;
 };
 

@@ -1,7 +1,11 @@
+#include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/mla_attention.h"
+#include "kernels/cuda/mla_attention_mma.h"
 #include "kernels/cuda/rope_device.cuh"
 
 namespace cleave::cuda {
@@ -96,24 +100,83 @@ __global__ void __launch_bounds__(kThreads) mlaAttentionKernel(const MlaAttentio
   for (int d = threadIdx.x; d < a.kv_lora; d += kThreads) out[d] = __float2bfloat16(acc[d] * inv);
 }
 
-}  // namespace
-
-absl::Status mlaAttention(const MlaAttentionArgs& args, cudaStream_t stream) {
-  if (args.tokens == 0) return absl::OkStatus();
-  if (args.kv_lora < 1 || args.rope < 0 || args.heads < 1 || args.sequences < 1 ||
-      args.block_size < 1 || args.max_blocks_per_seq < 1)
-    return absl::InvalidArgumentError(
-        "mla_attention: kv_lora, heads, sequences, block_size and max_blocks_per_seq must be "
-        "positive");
+// Every latent size, one block per (token, head).
+absl::Status launchCudaCores(const MlaAttentionArgs& args, cudaStream_t stream) {
   const size_t smem = sizeof(float) * (2 * static_cast<size_t>(args.kv_lora) + args.rope + kChunk);
-  if (smem > 48 * 1024)
-    return absl::InvalidArgumentError("mla_attention: the latent row is too long for one block");
   const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads));
   if (args.kv_dtype == KvDtype::kFp8E4M3)
     mlaAttentionKernel<true><<<grid, kThreads, smem, stream>>>(args);
   else
     mlaAttentionKernel<false><<<grid, kThreads, smem, stream>>>(args);
   return launchStatus("mla_attention");
+}
+
+}  // namespace
+
+absl::StatusOr<MlaAttentionPlan> planMlaAttention(const MlaAttentionShape& shape,
+                                                  int multiprocessors) {
+  if (shape.kv_lora < 1 || shape.rope < 0 || shape.heads < 1 || shape.max_tokens < 1 ||
+      shape.max_context < 1)
+    return absl::InvalidArgumentError(
+        "mla_attention: heads, kv_lora, max_tokens and max_context must be positive, rope >= 0");
+  if (shape.max_tokens > 65535)  // A grid dimension per token.
+    return absl::InvalidArgumentError(absl::StrCat("mla_attention: max_tokens ", shape.max_tokens,
+                                                   " is above 65535; lower the step's tokens"));
+  CLEAVE_RETURN_IF_ERROR(checkHeadsAndPages("mla_attention", shape.heads, 1, shape.block_size));
+  const size_t smem =
+      sizeof(float) * (2 * static_cast<size_t>(shape.kv_lora) + shape.rope + kChunk);
+  MlaAttentionPlan plan{.shape = shape, .multiprocessors = std::max(1, multiprocessors)};
+  plan.tensor_cores = shape.kv_lora == mla::kMmaLora && shape.rope == mla::kMmaRope;
+  if (!plan.tensor_cores) {
+    if (smem > 48 * 1024)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mla_attention: a latent row of ", shape.kv_lora, " + ", shape.rope,
+          " elements is too long for the CUDA-core kernel (the tensor-core one takes 512 + 64)"));
+    return plan;
+  }
+  CLEAVE_RETURN_IF_ERROR(mla::allowMmaSharedMemory());
+  // Enough parts of the context that a single token gives about four blocks per SM, each
+  // part a few stages long; the workspace holds twice what a call of few tokens needs.
+  const int groups = (shape.heads + mla::kMmaHeads - 1) / mla::kMmaHeads;
+  const int wanted = (4 * plan.multiprocessors + groups - 1) / groups;
+  plan.max_partitions =
+      std::max(1, std::min(wanted, (shape.max_context + mla::kMmaMinPart - 1) / mla::kMmaMinPart));
+  if (plan.max_partitions > 1) {
+    plan.partial_tokens = std::min(shape.max_tokens * plan.max_partitions, 2 * wanted);
+    plan.workspace_bytes = static_cast<size_t>(plan.partial_tokens) * shape.heads *
+                           (shape.kv_lora + 1) * sizeof(float);
+  }
+  return plan;
+}
+
+absl::Status mlaAttention(const MlaAttentionPlan& plan, const MlaAttentionArgs& args,
+                          cudaStream_t stream) {
+  const MlaAttentionShape& shape = plan.shape;
+  if (args.heads != shape.heads || args.kv_lora != shape.kv_lora || args.rope != shape.rope ||
+      args.block_size != shape.block_size || args.kv_dtype != shape.kv_dtype)
+    return absl::InvalidArgumentError(
+        "mla_attention: heads, latent sizes, block_size or cache type differ from the plan's");
+  if (args.tokens > shape.max_tokens)
+    return absl::InvalidArgumentError(
+        absl::StrCat("mla_attention: ", args.tokens, " tokens, the plan takes ", shape.max_tokens));
+  if (args.tokens == 0) return absl::OkStatus();
+  if (args.sequences < 1 || args.max_blocks_per_seq < 1)
+    return absl::InvalidArgumentError(
+        "mla_attention: sequences and max_blocks_per_seq must be positive");
+  if (!plan.tensor_cores) return launchCudaCores(args, stream);
+  CLEAVE_RETURN_IF_ERROR(
+      checkAlignment("mla_attention", args.q, args.q_stride, args.cache, args.cache));
+  if (args.out_stride % 2 != 0 || reinterpret_cast<uintptr_t>(args.out) % 4 != 0)
+    return absl::InvalidArgumentError("mla_attention: out and out_stride must be 4-byte aligned");
+  // Parts of each context: as many as keep the GPU busy, within the workspace (the kernel
+  // sizes them per token, so a short context is not spread thin).
+  const int64_t groups = (shape.heads + mla::kMmaHeads - 1) / mla::kMmaHeads;
+  int64_t parts = (4 * plan.multiprocessors + args.tokens * groups - 1) / (args.tokens * groups);
+  parts = std::min<int64_t>({parts, plan.max_partitions, plan.partial_tokens / args.tokens});
+  parts = std::max<int64_t>(parts, 1);
+  if (parts > 1 && args.workspace == nullptr)
+    return absl::InvalidArgumentError("mla_attention: the plan needs a workspace");
+  return mla::launchMma(args, static_cast<int>(parts), stream);
 }
 
 }  // namespace cleave::cuda

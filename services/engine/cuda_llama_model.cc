@@ -152,6 +152,7 @@ struct CudaLlamaModel::State {
   std::unique_ptr<cuda::Gemm> gemm;
   cuda::DecodeAttentionPlan decode_plan;
   cuda::PrefillAttentionPlan prefill_plan;
+  cuda::MlaAttentionPlan mla_plan;            // Latent attention's instead of the two above.
   std::map<int64_t, cudaGraphExec_t> graphs;  // decode batch bucket -> graph
   std::set<int64_t> warmed;                   // buckets run once eagerly
   std::vector<float> logits_out;
@@ -274,7 +275,8 @@ struct CudaLlamaModel::State {
     last = arena.take<bf16>(options.max_sequences * hidden);
     logits = arena.take<float>(options.max_sequences * vocab_rows);
     if (comm != nullptr) gathered = arena.take<float>(options.max_sequences * vocab);
-    attention_workspace = arena.take<uint8_t>(static_cast<int64_t>(decode_plan.workspace_bytes));
+    attention_workspace = arena.take<uint8_t>(
+        static_cast<int64_t>(std::max(decode_plan.workspace_bytes, mla_plan.workspace_bytes)));
     meta = arena.take<int32_t>(metaCount());
     plan.workspace = arena.used() - plan.weights;
     kv = arena.take<uint8_t>(cache_parts * layers * layerKvElements() * kvElementBytes());
@@ -375,8 +377,18 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.kv_blocks =
       options.kv_blocks > 0 ? options.kv_blocks : options.max_sequences * s.max_blocks_per_seq;
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-  // Latent attention has its own kernel, without plans.
-  if (!s.mla) {
+  if (s.mla) {
+    CLEAVE_ASSIGN_OR_RETURN(
+        s.mla_plan,
+        cuda::planMlaAttention({.heads = static_cast<int>(s.heads),
+                                .kv_lora = static_cast<int>(s.kv_lora),
+                                .rope = static_cast<int>(s.rope),
+                                .block_size = static_cast<int>(options.block_size),
+                                .max_tokens = static_cast<int>(s.options.max_step_tokens),
+                                .max_context = static_cast<int>(options.max_context),
+                                .kv_dtype = options.kv_dtype},
+                               prop.multiProcessorCount));
+  } else {
     CLEAVE_ASSIGN_OR_RETURN(
         s.decode_plan,
         cuda::planDecodeAttention({.heads = static_cast<int>(s.heads),
@@ -765,7 +777,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                 .kv_scale = d.k_scale},
                                st));
       CLEAVE_RETURN_IF_ERROR(
-          cuda::mlaAttention({.q = mla_q_abs,
+          cuda::mlaAttention(mla_plan,
+                             {.q = mla_q_abs,
                               .q_stride = heads * latent_row,
                               .cache = keys(l),
                               .kv_dtype = options.kv_dtype,
@@ -782,7 +795,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                               .block_size = static_cast<int>(options.block_size),
                               .scale = mla_scale,
                               .out = mla_attended,
-                              .out_stride = heads * kv_lora},
+                              .out_stride = heads * kv_lora,
+                              .workspace = attention_workspace},
                              st));
       CLEAVE_RETURN_IF_ERROR(gemm->run({.x = mla_attended,
                                         .x_stride = heads * kv_lora,
