@@ -639,11 +639,38 @@ void moeLayer(double copy_gbs, cuda::ExpertWeightFormat format, int reps, cuda::
   cudaFree(out);
 }
 
-// A whole decode step of a random Qwen3-30B-A3B-shaped model at batch 16, context 1024,
-// with CUDA graphs, against its floor: the non-expert weights, the experts a batch of 16
-// touches per layer (expected count under uniform routing) and the KV cache.
-void moeDecodeStep(double copy_gbs, cuda::ExpertWeightFormat format, bool quick) {
-  const model::ModelConfig c = qwen3MoeShape(quick ? 8 : 48);
+// DeepSeek-V2-Lite's shape (16B, 2.4B active): latent attention (512 + 64, full-rank Q), 64
+// routed experts of which 6 per token, 2 shared, the first layer dense.
+model::ModelConfig deepseekV2LiteShape(int layers) {
+  model::ModelConfig c;
+  c.architecture = model::Architecture::kDeepseekV3;
+  c.model_type = "deepseek_v2";
+  c.hidden_size = 2048;
+  c.intermediate_size = 10944;
+  c.num_layers = layers;
+  c.num_heads = 16;
+  c.num_kv_heads = 16;
+  c.head_dim = 128 + 64;
+  c.vocab_size = 102400;
+  c.rope_theta = 10000;
+  c.rms_norm_eps = 1e-6;
+  c.mla = model::MlaConfig{
+      .kv_lora_rank = 512, .qk_nope_head_dim = 128, .qk_rope_head_dim = 64, .v_head_dim = 128};
+  c.moe = model::MoeConfig{.num_experts = 64,
+                           .experts_per_token = 6,
+                           .expert_intermediate_size = 1408,
+                           .shared_experts = 2,
+                           .shared_expert_intermediate_size = 1408,
+                           .first_k_dense = 1};
+  return c;
+}
+
+// A whole decode step of a random MoE model at batch 16, context 1024, with CUDA graphs,
+// against its floor: the weights outside the routed experts (router and shared experts
+// included), the routed experts a batch of 16 touches per MoE layer (expected count under
+// uniform routing) and the KV cache.
+void moeDecodeStep(const char* name, const model::ModelConfig& c, double copy_gbs,
+                   cuda::ExpertWeightFormat format, bool quick) {
   const int batch = 16, context = 1024, steps = 30;
   auto model = engine::CudaLlamaModel::createRandom(c,
                                                     {.max_step_tokens = context,
@@ -655,13 +682,20 @@ void moeDecodeStep(double copy_gbs, cuda::ExpertWeightFormat format, bool quick)
   auto shape = engine::cudaMoeShape(c, *engine::planShard(c, {}), nullptr, format, batch, batch);
   check(shape.status(), "moe shape");
   const double ms = medianDecodeStepMs(**model, c.vocab_size, batch, context, steps);
-  const double experts_per_layer = expectedTouched(batch, 8, 128);
-  const double dense = (*model)->weightBytes() - c.num_layers * engine::moeWeightBytes(*shape);
-  const double expert = c.num_layers * experts_per_layer * engine::moeExpertBytes(*shape);
-  const double kv = 2.0 * batch * context * c.num_layers * c.num_kv_heads * c.head_dim * 2;
-  const double floor_ms = (dense + expert + kv) / (copy_gbs * 1e9) * 1e3;
+  int moe_layers = 0;
+  for (uint32_t l = 0; l < c.num_layers; ++l) moe_layers += c.isMoeLayer(l) ? 1 : 0;
+  const double experts_per_layer =
+      expectedTouched(batch, c.moe->experts_per_token, c.moe->num_experts);
+  const double routed =
+      static_cast<double>(moe_layers) * shape->experts() * engine::moeExpertBytes(*shape);
+  const double touched = moe_layers * experts_per_layer * engine::moeExpertBytes(*shape);
+  const model::KvCacheShape kv_shape = model::kvCacheShape(c);
+  const double kv =
+      2.0 * batch * context * c.num_layers * kv_shape.parts * kv_shape.heads * kv_shape.head_dim;
+  const double floor_ms =
+      ((*model)->weightBytes() - routed + touched + kv) / (copy_gbs * 1e9) * 1e3;
   char what[160];
-  std::snprintf(what, sizeof(what), "decode step Qwen3-30B-A3B %s%s b%d ctx%d (floor %.2f ms)",
+  std::snprintf(what, sizeof(what), "decode step %s %s%s b%d ctx%d (floor %.2f ms)", name,
                 cuda::expertWeightFormatName(format), quick ? " (8 layers)" : "", batch, context,
                 floor_ms);
   rows.push_back(
@@ -708,8 +742,10 @@ int main(int argc, char** argv) {
        {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4,
         cuda::ExpertWeightFormat::kFp8Block128}) {
     moeLayer(copy, f, reps, **gemm);
-    moeDecodeStep(copy, f, quick);
+    moeDecodeStep("Qwen3-30B-A3B", qwen3MoeShape(quick ? 8 : 48), copy, f, quick);
   }
+  moeDecodeStep("DeepSeek-V2-Lite", deepseekV2LiteShape(quick ? 8 : 27), copy,
+                cuda::ExpertWeightFormat::kBf16, quick);
   std::printf("\n%-66s %10s %16s %14s %8s\n", "benchmark", "median ms", "achieved", "of ceiling",
               "target");
   for (const Row& r : rows)

@@ -29,13 +29,6 @@
 namespace cleave::engine {
 namespace {
 
-// Random weights fill the fused QKV layout only.
-absl::Status refuseLatentAttention(const model::ModelConfig& c) {
-  if (!c.mla) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      c.source, ": random-weight models with multi-head latent attention are not built yet"));
-}
-
 using bf16 = __nv_bfloat16;
 
 // OK when the GPU rope kernels rotate as cpu::Rope does: they take its inverse frequencies
@@ -560,7 +553,6 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
 
 absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
     const model::ModelConfig& config, const CudaModelOptions& options, uint64_t seed) {
-  CLEAVE_RETURN_IF_ERROR(refuseLatentAttention(config));
   CLEAVE_ASSIGN_OR_RETURN(const ShardDims whole, planShard(config, {}));
   CLEAVE_ASSIGN_OR_RETURN(
       std::unique_ptr<State> state,
@@ -572,11 +564,30 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
   };
   const float in_scale = 1.0f / std::sqrt(static_cast<float>(s.hidden));
   const float ffn_scale = 1.0f / std::sqrt(static_cast<float>(s.ffn));
+  // Uniform in +-1/sqrt(fan-in).
+  auto fillMatrix = [&](const cuda::ExpertWeights& w, int64_t rows, int64_t cols) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(cols));
+    return fill(bf16Data(w), rows * cols, -scale, scale);
+  };
   for (int64_t l = 0; l < s.layers; ++l) {
     const DeviceLayer& d = s.layer[l];
     CLEAVE_RETURN_IF_ERROR(fill(d.attn_norm, s.hidden, 0.8f, 1.2f));
-    CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wqkv), s.qkv_dim * s.hidden, -in_scale, in_scale));
-    CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wo), s.hidden * s.q_dim, -in_scale, in_scale));
+    if (s.mla) {
+      if (s.q_low > 0) {
+        CLEAVE_RETURN_IF_ERROR(fillMatrix(d.q_a, s.q_low, s.hidden));
+        CLEAVE_RETURN_IF_ERROR(fill(d.q_a_norm, s.q_low, 0.8f, 1.2f));
+      }
+      CLEAVE_RETURN_IF_ERROR(
+          fillMatrix(d.q_b, s.heads * (s.nope + s.rope), s.q_low > 0 ? s.q_low : s.hidden));
+      CLEAVE_RETURN_IF_ERROR(fillMatrix(d.kv_a, s.kv_lora + s.rope, s.hidden));
+      CLEAVE_RETURN_IF_ERROR(fill(d.kv_a_norm, s.kv_lora, 0.8f, 1.2f));
+      CLEAVE_RETURN_IF_ERROR(fillMatrix(d.k_absorb, s.heads * s.kv_lora, s.nope));
+      CLEAVE_RETURN_IF_ERROR(fillMatrix(d.v_up, s.heads * s.v_dim, s.kv_lora));
+      CLEAVE_RETURN_IF_ERROR(fillMatrix(d.wo, s.hidden, s.heads * s.v_dim));
+    } else {
+      CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wqkv), s.qkv_dim * s.hidden, -in_scale, in_scale));
+      CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wo), s.hidden * s.q_dim, -in_scale, in_scale));
+    }
     CLEAVE_RETURN_IF_ERROR(fill(d.ffn_norm, s.hidden, 0.8f, 1.2f));
     if (s.is_moe[l]) {
       CLEAVE_RETURN_IF_ERROR(fillRandomMoe(*s.moe, s.moe_layer[l], stream_id++, s.stream));

@@ -326,13 +326,17 @@ TEST(CudaLlamaModelTest, RefusesAYarnAttentionFactor) {
 }
 
 // Random MoE weights (what the benchmarks run) in both expert formats give finite logits,
-// through the decode graphs too.
+// through the decode graphs too; with latent attention as well (DeepSeek-V3's shape).
 TEST(CudaLlamaModelTest, RandomMoeModelsRun) {
   CLEAVE_REQUIRE_GPU();
-  auto config = model::loadModelConfig(goldenDir() + "/engine/hf/qwen3_moe_f32");
-  ASSERT_TRUE(config.ok()) << config.status();
-  for (cuda::ExpertWeightFormat format :
-       {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4}) {
+  const std::pair<const char*, cuda::ExpertWeightFormat> cases[] = {
+      {"qwen3_moe_f32", cuda::ExpertWeightFormat::kBf16},
+      {"qwen3_moe_f32", cuda::ExpertWeightFormat::kNvfp4},
+      {"deepseek_v3_moe_f32", cuda::ExpertWeightFormat::kBf16}};
+  for (const auto& [name, format] : cases) {
+    SCOPED_TRACE(name);
+    auto config = model::loadModelConfig(goldenDir() + "/engine/hf/" + name);
+    ASSERT_TRUE(config.ok()) << config.status();
     auto m = CudaLlamaModel::createRandom(*config,
                                           {.max_step_tokens = 64,
                                            .max_sequences = 4,
