@@ -19,7 +19,11 @@ namespace cleave::engine {
 
 struct TpGroup::Rank {
   int index = 0;
+  // The CPU model and its weights: released once backends hold their own copy.
   std::unique_ptr<LlamaWeights> weights;
+  int64_t layers = 0;  // The shard's, kept past the release.
+  Span kv_heads;
+  int64_t cpu_weight_bytes = 0;
   std::unique_ptr<cpu::ThreadPool> pool;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<LlamaModel> model;
@@ -145,8 +149,15 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
         rank.weights,
         loadLlama(path, {.rank = rank.index, .size = options.tp, .moe_split = options.moe_split},
                   options.on_progress ? LayerLoaded(on_layer) : LayerLoaded()));
+    rank.layers = static_cast<int64_t>(rank.weights->layers.size());
+    rank.kv_heads = rank.weights->dims.kv_heads;
+    rank.cpu_weight_bytes = rank.weights->weightBytes();
     return absl::OkStatus();
   }));
+  const LlamaWeights& first = *group->ranks_[0]->weights;
+  group->config_ = first.config;
+  group->weight_type_ =
+      first.layers[0].mla ? first.layers[0].mla->q_b.type() : first.layers[0].wq.type();
   CLEAVE_RETURN_IF_ERROR(group->onEveryRank([&](Rank& rank) -> absl::Status {
     rank.pool = std::make_unique<cpu::ThreadPool>(threads_per_rank);
     if (options.tp > 1 && options.transport == TpTransport::kGloo) {
@@ -168,27 +179,35 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
   num_blocks_ = num_blocks;
   block_size_ = block_size;
   if (backend_factory_) {
+    if (ranks_[0]->weights == nullptr)
+      return absl::FailedPreconditionError(
+          "the backends hold the weights now: a group with a backend allocates its KV pool once");
     backends_.clear();
     std::vector<const LlamaWeights*> shards;
     for (const auto& rank : ranks_) shards.push_back(rank->weights.get());
     CLEAVE_ASSIGN_OR_RETURN(backends_, backend_factory_(shards, num_blocks, block_size));
     if (backends_.size() != ranks_.size())
       return absl::InternalError("the backend factory made the wrong number of ranks");
+    // The backends made their own copy (a GPU's): the CPU model, its weights and their file
+    // mappings (TP column slices are host copies) would only hold host memory from now on.
+    for (auto& rank : ranks_) {
+      rank->model.reset();
+      rank->weights.reset();
+    }
     if (!host_kv_) return absl::OkStatus();
   }
   // Each rank allocates (and first touches) its own rows; a backend gets them at once, with
   // nothing to copy, so it can prepare them (a GPU page-locks them) before any request.
+  const model::KvCacheShape shape = model::kvCacheShape(config_);
   return onEveryRank([&](Rank& rank) -> absl::Status {
-    const LlamaWeights& w = *rank.weights;
     rank.kv.reset();
-    rank.kv = std::make_unique<KvStorage>(
-        KvStorageOptions{.num_layers = static_cast<int64_t>(w.layers.size()),
-                         .kv_heads = w.dims.kv_heads.size,
-                         .head_dim = model::kvCacheShape(w.config).head_dim,
-                         .block_size = block_size,
-                         .num_blocks = num_blocks,
-                         .type = kv_type_,
-                         .parts = model::kvCacheShape(w.config).parts});
+    rank.kv = std::make_unique<KvStorage>(KvStorageOptions{.num_layers = rank.layers,
+                                                           .kv_heads = rank.kv_heads.size,
+                                                           .head_dim = shape.head_dim,
+                                                           .block_size = block_size,
+                                                           .num_blocks = num_blocks,
+                                                           .type = kv_type_,
+                                                           .parts = shape.parts});
     if (!backends_.empty()) return backends_[rank.index]->copyKv(KvCopy::kToHost, {}, *rank.kv);
     return absl::OkStatus();
   });
@@ -218,13 +237,13 @@ absl::Status TpGroup::copyKv(KvCopy direction, std::span<const int32_t> blocks) 
   });
 }
 
-const model::ModelConfig& TpGroup::config() const { return ranks_[0]->weights->config; }
+const model::ModelConfig& TpGroup::config() const { return config_; }
 
 int64_t TpGroup::weightBytes(int rank) const {
   if (!backends_.empty()) {
     if (const int64_t stored = backends_[rank]->weightBytes(); stored > 0) return stored;
   }
-  return ranks_[rank]->weights->weightBytes();
+  return ranks_[rank]->cpu_weight_bytes;
 }
 
 KvStorage& TpGroup::kv(int rank) {
@@ -232,18 +251,12 @@ KvStorage& TpGroup::kv(int rank) {
   return *ranks_[rank]->kv;
 }
 
-Span TpGroup::kvHeads(int rank) const { return ranks_[rank]->weights->dims.kv_heads; }
-
-model::TensorType TpGroup::weightType() const {
-  const LlamaLayer& first = ranks_[0]->weights->layers[0];
-  return first.mla ? first.mla->q_b.type() : first.wq.type();
-}
+Span TpGroup::kvHeads(int rank) const { return ranks_[rank]->kv_heads; }
 
 int64_t TpGroup::kvBlockBytes(int rank) const {
-  const LlamaWeights& w = *ranks_[rank]->weights;
-  const model::KvCacheShape shape = model::kvCacheShape(w.config);
-  return shape.parts * static_cast<int64_t>(w.layers.size()) * w.dims.kv_heads.size *
-         shape.head_dim * block_size_ * cpu::kvElementBytes(kv_type_);
+  const model::KvCacheShape shape = model::kvCacheShape(config_);
+  return shape.parts * ranks_[rank]->layers * ranks_[rank]->kv_heads.size * shape.head_dim *
+         block_size_ * cpu::kvElementBytes(kv_type_);
 }
 
 }  // namespace cleave::engine

@@ -74,8 +74,10 @@ class TpGroup {
   ~TpGroup();
 
   // Gives every rank `num_blocks` KV blocks of `block_size` positions (replacing any
-  // before); with a backend, makes the backend with that pool. Errors: a bad size, a
-  // backend that cannot start (naming why).
+  // before); with a backend, makes the backend with that pool, then frees the CPU model and
+  // its weights (the backend made its own copy), so a group with a backend allocates once.
+  // Errors: a bad size, a backend that cannot start (naming why; the weights stay then), a
+  // second allocation with a backend (FailedPrecondition).
   absl::Status allocateKv(int64_t num_blocks, int64_t block_size);
 
   // One forward step of every rank over `batch` (LlamaModel::forward); the logits are rank
@@ -102,7 +104,7 @@ class TpGroup {
   KvStorage& kv(int rank);
   Span kvHeads(int rank) const;
   // The stored format of the linear layers (that of the first layer's Q projection).
-  model::TensorType weightType() const;
+  model::TensorType weightType() const { return weight_type_; }
 
  private:
   struct Rank;
@@ -113,6 +115,8 @@ class TpGroup {
   absl::Status onEveryRank(const std::function<absl::Status(Rank&)>& job);
 
   std::vector<std::unique_ptr<Rank>> ranks_;
+  model::ModelConfig config_;
+  model::TensorType weight_type_ = model::TensorType::kF32;
   std::unique_ptr<Threads> threads_;  // Null for a group of one.
   StepBackendFactory backend_factory_;
   std::vector<std::unique_ptr<StepBackend>> backends_;  // one per rank

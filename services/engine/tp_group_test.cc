@@ -348,15 +348,18 @@ TEST(KvCacheScalesTest, CheckpointScalesAreLoadedAndUsed) {
 }
 
 // A step backend whose KV cache is its own memory, not the group's host rows — as a GPU's
-// is: the CPU model over a private KvStorage. Test code only.
+// is: the CPU model, over its own copy of the weights (a backend may not keep the group's),
+// and a private KvStorage. Test code only.
 class SeparateCacheBackend final : public StepBackend {
  public:
-  SeparateCacheBackend(const LlamaWeights& w, int64_t blocks, int64_t block_size, cpu::KvType type)
-      : pool_(1),
-        model_(w, pool_),
-        cache_({.num_layers = static_cast<int64_t>(w.layers.size()),
-                .kv_heads = w.dims.kv_heads.size,
-                .head_dim = w.config.head_dim,
+  SeparateCacheBackend(std::unique_ptr<LlamaWeights> w, int64_t blocks, int64_t block_size,
+                       cpu::KvType type)
+      : weights_(std::move(w)),
+        pool_(1),
+        model_(*weights_, pool_),
+        cache_({.num_layers = static_cast<int64_t>(weights_->layers.size()),
+                .kv_heads = weights_->dims.kv_heads.size,
+                .head_dim = weights_->config.head_dim,
                 .block_size = block_size,
                 .num_blocks = blocks,
                 .type = type}) {}
@@ -381,6 +384,7 @@ class SeparateCacheBackend final : public StepBackend {
   KvStorage& cache() { return cache_; }
 
  private:
+  std::unique_ptr<LlamaWeights> weights_;
   cpu::ThreadPool pool_;
   LlamaModel model_;
   KvStorage cache_;
@@ -393,12 +397,16 @@ struct SeparateGroup {
   SeparateGroup(const std::string& path, cpu::KvType type, bool host_kv) {
     TpGroupOptions options{.kv_type = type, .host_kv = host_kv};
     options.backend =
-        [this, type](
+        [this, type, path](
             std::span<const LlamaWeights* const> ranks, int64_t blocks,
             int64_t block_size) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
       std::vector<std::unique_ptr<StepBackend>> made;
-      for (const LlamaWeights* w : ranks) {
-        auto backend = std::make_unique<SeparateCacheBackend>(*w, blocks, block_size, type);
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        absl::StatusOr<std::unique_ptr<LlamaWeights>> own =
+            loadLlama(path, {.rank = static_cast<int>(r), .size = static_cast<int>(ranks.size())});
+        if (!own.ok()) return own.status();
+        auto backend =
+            std::make_unique<SeparateCacheBackend>(std::move(*own), blocks, block_size, type);
         backends.push_back(backend.get());
         made.push_back(std::move(backend));
       }
@@ -473,6 +481,65 @@ TEST(TpGroupHostKvTest, CopyingNeedsHostRows) {
   ASSERT_TRUE(cpu.ok());
   ASSERT_TRUE((*cpu)->allocateKv(4, 16).ok());
   EXPECT_TRUE((*cpu)->copyKv(KvCopy::kToHost, blocks).ok());
+}
+
+// A backend that takes nothing past its creation (as the CUDA model uploads and forgets):
+// the test of what the group keeps once backends exist. Test code only.
+class StatelessBackend final : public StepBackend {
+ public:
+  absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk>) override {
+    return absl::UnimplementedError("not stepped in this test");
+  }
+  absl::Status copyKv(KvCopy, std::span<const int32_t>, KvStorage&) override {
+    return absl::OkStatus();
+  }
+};
+
+// Lines of this process's memory map that map `file`.
+int mappingsOf(const std::string& file) {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) count += line.find(file) != std::string::npos;
+  return count;
+}
+
+// Once the backends hold their own copy, the group drops the CPU model, its weights and their
+// file mapping (host memory a GPU worker would otherwise keep), and still answers for the
+// model's shape; the pool is allocated once.
+TEST(TpGroupHostKvTest, TheBackendsTakeOverTheWeights) {
+  const std::string path = kHf + "llama_f32";
+  const std::string file = std::filesystem::canonical(path + "/model.safetensors").string();
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(tp);
+    TpGroupOptions options{.tp = tp, .host_kv = true};
+    int made = 0;
+    options.backend = [&made](
+                          std::span<const LlamaWeights* const> ranks, int64_t,
+                          int64_t) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
+      std::vector<std::unique_ptr<StepBackend>> backends;
+      for (const LlamaWeights* w : ranks) {
+        EXPECT_FALSE(w->layers.empty());  // Readable during the call.
+        backends.push_back(std::make_unique<StatelessBackend>());
+      }
+      ++made;
+      return backends;
+    };
+    auto group = TpGroup::load(path, options);
+    ASSERT_TRUE(group.ok()) << group.status();
+    const int64_t cpu_bytes = (*group)->weightBytes(0);
+    const int64_t block_bytes = (*group)->kvBlockBytes(0);
+    EXPECT_GT(mappingsOf(file), 0);
+    ASSERT_TRUE((*group)->allocateKv(4, 16).ok());
+    EXPECT_EQ(made, 1);
+    EXPECT_EQ(mappingsOf(file), 0) << "the weights' file is still mapped";
+    EXPECT_EQ((*group)->config().num_layers, 2u);
+    EXPECT_EQ((*group)->weightBytes(0), cpu_bytes);  // The backend reports 0: as the CPU's.
+    EXPECT_EQ((*group)->kvBlockBytes(0), block_bytes);
+    EXPECT_EQ((*group)->kvHeads(tp - 1).size, 2 / tp);
+    EXPECT_EQ((*group)->weightType(), model::TensorType::kF32);
+    EXPECT_EQ((*group)->kv(0).options().num_blocks, 4);
+    EXPECT_EQ((*group)->allocateKv(8, 16).code(), absl::StatusCode::kFailedPrecondition);
+  }
 }
 
 TEST(TpGroupTest, RefusesASplitTheModelCannotTake) {
