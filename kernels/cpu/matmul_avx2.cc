@@ -118,30 +118,61 @@ inline __m256 loadWeights8(const uint8_t* row, int64_t k) {
   }
 }
 
-template <model::TensorType kType>
-void floatRowsAvx2Typed(const FloatRows& a) {
+// y of rows [n, n + R) for tokens [t, t + T): R x T dot products sharing their loads (each
+// weight block feeds T tokens, each activation block R rows), with R x T independent
+// accumulators so the FMAs pipeline instead of waiting on one chain. Each accumulator sums
+// its own (row, token) in the same order as a lone dot product would.
+template <model::TensorType kType, int R, int T>
+inline void floatBlock(const FloatRows& a, int64_t n, int64_t t) {
   const WeightMatrix& w = *a.weight;
   const int64_t row_bytes = w.rowBytes();
   const int64_t whole = w.cols / 8 * 8;
-  for (int64_t n = a.row_begin; n < a.row_end; ++n) {
-    const uint8_t* row = w.data + n * row_bytes;
-    for (int64_t t = 0; t < a.tokens; ++t) {
-      const float* x = a.x + t * a.ldx;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t k = 0; k < whole; k += 8)
-        acc = _mm256_fmadd_ps(loadWeights8<kType>(row, k), _mm256_loadu_ps(x + k), acc);
-      float sum = sum8(acc);
-      if (whole < w.cols) {
-        // The last cols % 8 weights, copied into a zeroed block and widened like the body.
-        alignas(32) uint8_t padded[32] = {};
-        alignas(32) float weights[8];
-        const int64_t element = row_bytes / w.cols;
-        std::memcpy(padded, row + whole * element, (w.cols - whole) * element);
-        _mm256_store_ps(weights, loadWeights8<kType>(padded, 0));
-        for (int64_t k = whole; k < w.cols; ++k) sum += weights[k - whole] * x[k];
-      }
-      a.y[t * a.ldy + n] = sum;
+  const uint8_t* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = w.data + (n + r) * row_bytes;
+  const float* xs[T];
+  for (int j = 0; j < T; ++j) xs[j] = a.x + (t + j) * a.ldx;
+  __m256 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < T; ++j) acc[r][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < whole; k += 8) {
+    __m256 x[T];
+    for (int j = 0; j < T; ++j) x[j] = _mm256_loadu_ps(xs[j] + k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 weights = loadWeights8<kType>(rows[r], k);
+      for (int j = 0; j < T; ++j) acc[r][j] = _mm256_fmadd_ps(weights, x[j], acc[r][j]);
     }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float tail[8] = {};
+    if (whole < w.cols) {
+      // The last cols % 8 weights, copied into a zeroed block and widened like the body.
+      alignas(32) uint8_t padded[32] = {};
+      const int64_t element = row_bytes / w.cols;
+      std::memcpy(padded, rows[r] + whole * element, (w.cols - whole) * element);
+      _mm256_store_ps(tail, loadWeights8<kType>(padded, 0));
+    }
+    for (int j = 0; j < T; ++j) {
+      float sum = sum8(acc[r][j]);
+      for (int64_t k = whole; k < w.cols; ++k) sum += tail[k - whole] * xs[j][k];
+      a.y[(t + j) * a.ldy + n + r] = sum;
+    }
+  }
+}
+
+// Blocks of 4 rows x 2 tokens (11 of the 16 vector registers), then the rows and tokens left.
+template <model::TensorType kType>
+void floatRowsAvx2Typed(const FloatRows& a) {
+  constexpr int kRows = 4, kTokens = 2;
+  int64_t n = a.row_begin;
+  for (; n + kRows <= a.row_end; n += kRows) {
+    int64_t t = 0;
+    for (; t + kTokens <= a.tokens; t += kTokens) floatBlock<kType, kRows, kTokens>(a, n, t);
+    for (; t < a.tokens; ++t) floatBlock<kType, kRows, 1>(a, n, t);
+  }
+  for (; n < a.row_end; ++n) {
+    int64_t t = 0;
+    for (; t + kTokens <= a.tokens; t += kTokens) floatBlock<kType, 1, kTokens>(a, n, t);
+    for (; t < a.tokens; ++t) floatBlock<kType, 1, 1>(a, n, t);
   }
 }
 
