@@ -100,9 +100,18 @@ __global__ void __launch_bounds__(kThreads) mlaAttentionKernel(const MlaAttentio
   for (int d = threadIdx.x; d < a.kv_lora; d += kThreads) out[d] = __float2bfloat16(acc[d] * inv);
 }
 
+// The CUDA-core kernel's shared memory: the query row, the accumulated latent, a chunk's
+// weights.
+size_t cudaCoreSharedBytes(int kv_lora, int rope) {
+  return sizeof(float) * (2 * static_cast<size_t>(kv_lora) + rope + kChunk);
+}
+
+// Blocks of the tensor-core kernel per token and context part.
+int64_t headGroups(int heads) { return (heads + mla::kMmaHeads - 1) / mla::kMmaHeads; }
+
 // Every latent size, one block per (token, head).
 absl::Status launchCudaCores(const MlaAttentionArgs& args, cudaStream_t stream) {
-  const size_t smem = sizeof(float) * (2 * static_cast<size_t>(args.kv_lora) + args.rope + kChunk);
+  const size_t smem = cudaCoreSharedBytes(args.kv_lora, args.rope);
   const dim3 grid(static_cast<unsigned>(args.tokens), static_cast<unsigned>(args.heads));
   if (args.kv_dtype == KvDtype::kFp8E4M3)
     mlaAttentionKernel<true><<<grid, kThreads, smem, stream>>>(args);
@@ -123,12 +132,10 @@ absl::StatusOr<MlaAttentionPlan> planMlaAttention(const MlaAttentionShape& shape
     return absl::InvalidArgumentError(absl::StrCat("mla_attention: max_tokens ", shape.max_tokens,
                                                    " is above 65535; lower the step's tokens"));
   CLEAVE_RETURN_IF_ERROR(checkHeadsAndPages("mla_attention", shape.heads, 1, shape.block_size));
-  const size_t smem =
-      sizeof(float) * (2 * static_cast<size_t>(shape.kv_lora) + shape.rope + kChunk);
   MlaAttentionPlan plan{.shape = shape, .multiprocessors = std::max(1, multiprocessors)};
   plan.tensor_cores = shape.kv_lora == mla::kMmaLora && shape.rope == mla::kMmaRope;
   if (!plan.tensor_cores) {
-    if (smem > 48 * 1024)
+    if (cudaCoreSharedBytes(shape.kv_lora, shape.rope) > 48 * 1024)
       return absl::InvalidArgumentError(absl::StrCat(
           "mla_attention: a latent row of ", shape.kv_lora, " + ", shape.rope,
           " elements is too long for the CUDA-core kernel (the tensor-core one takes 512 + 64)"));
@@ -137,8 +144,8 @@ absl::StatusOr<MlaAttentionPlan> planMlaAttention(const MlaAttentionShape& shape
   CLEAVE_RETURN_IF_ERROR(mla::allowMmaSharedMemory());
   // Enough parts of the context that a single token gives about four blocks per SM, each
   // part a few stages long; the workspace holds twice what a call of few tokens needs.
-  const int groups = (shape.heads + mla::kMmaHeads - 1) / mla::kMmaHeads;
-  const int wanted = (4 * plan.multiprocessors + groups - 1) / groups;
+  const int64_t groups = headGroups(shape.heads);
+  const int wanted = static_cast<int>((4 * plan.multiprocessors + groups - 1) / groups);
   plan.max_partitions =
       std::max(1, std::min(wanted, (shape.max_context + mla::kMmaMinPart - 1) / mla::kMmaMinPart));
   if (plan.max_partitions > 1) {
@@ -170,7 +177,7 @@ absl::Status mlaAttention(const MlaAttentionPlan& plan, const MlaAttentionArgs& 
     return absl::InvalidArgumentError("mla_attention: out and out_stride must be 4-byte aligned");
   // Parts of each context: as many as keep the GPU busy, within the workspace (the kernel
   // sizes them per token, so a short context is not spread thin).
-  const int64_t groups = (shape.heads + mla::kMmaHeads - 1) / mla::kMmaHeads;
+  const int64_t groups = headGroups(shape.heads);
   int64_t parts = (4 * plan.multiprocessors + args.tokens * groups - 1) / (args.tokens * groups);
   parts = std::min<int64_t>({parts, plan.max_partitions, plan.partial_tokens / args.tokens});
   parts = std::max<int64_t>(parts, 1);

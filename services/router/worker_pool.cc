@@ -55,10 +55,6 @@ const char* admissionOutcome(const absl::Status& status) {
   }
 }
 
-// A decode worker holds up to this many admitted requests per sequence of its target
-// concurrency: one batch decoding and one prefilled ahead.
-constexpr int64_t kPlacesPerTarget = 2;
-
 bool contains(const std::vector<std::string>& ids, const std::string& id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
 }
@@ -245,7 +241,7 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
     const v1::KvCapacity& cap = w.info.kv_capacity();
     // A full batch may be prefilled ahead: when a whole batch finishes at once (requests of
     // one length), the next one is ready to decode.
-    if (entry.admitted >= kPlacesPerTarget * int64_t{cap.target_concurrency()}) continue;
+    if (entry.admitted >= 2 * int64_t{cap.target_concurrency()}) continue;
     if (int64_t{cap.total_blocks()} - entry.reserved < blocks) continue;
     const double load = static_cast<double>(entry.admitted) / cap.target_concurrency();
     if (best == nullptr || load < best_load) best = &entry, best_load = load;
