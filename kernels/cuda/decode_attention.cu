@@ -22,14 +22,6 @@ struct DecodeParams {
   float* partial_lse;  // [batch][partitions][heads], log2 units
 };
 
-// The positions of each partition of a sequence of `len`: the partitions its context reaches
-// split it evenly (whole stages, at least four when split), so a context shorter than the
-// plan's longest still spreads over the blocks.
-__device__ __forceinline__ int partitionSize(int len, int partitions) {
-  const int size = ((max(len, 1) + partitions - 1) / partitions + kTile - 1) / kTile * kTile;
-  return partitions == 1 ? size : max(size, 4 * kTile);
-}
-
 template <int D, bool kFp8>
 using Stages = KvStages<D, kTile, kThreads, kFp8>;
 
@@ -49,7 +41,7 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
   const DecodeAttentionArgs& a = p.args;
   const int seq = blockIdx.z;
   const int len = a.seq_lens[seq];
-  const int partition_size = partitionSize(len, p.partitions);
+  const int partition_size = contextPartSize<kTile>(len, p.partitions);
   const int start = blockIdx.x * partition_size;
   if (start >= len) {
     // An empty sequence (outside the contract) still gets a defined output: zeros.
@@ -164,7 +156,7 @@ __global__ void __launch_bounds__(D) mergePartitionsKernel(const DecodeParams p)
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int len = max(a.seq_lens[seq], 0);
-  const int partition_size = partitionSize(len, p.partitions);
+  const int partition_size = contextPartSize<kTile>(len, p.partitions);
   const int used = (len + partition_size - 1) / partition_size;
   if (used == 0) {  // An empty sequence: zeros, not 0 / 0.
     a.out[seq * a.out_stride + static_cast<int64_t>(head) * D + threadIdx.x] =

@@ -15,7 +15,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kColumns = kLora / kWarps;  // Value columns each warp accumulates.
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kTile == 8 * kWarps, "each warp scores 8 positions of a stage");
-constexpr int kMinPart = kMmaMinPart;
 static_assert(kRow % 32 == 0 && kColumns % 16 == 0);
 
 // Shared memory: the block's query tile [kHeads][kRow] bf16, two pipeline stages of latent
@@ -36,13 +35,6 @@ struct Params {
   float* partial_out = nullptr;  // [tokens][partitions][heads][kLora]
   float* partial_lse = nullptr;  // [tokens][partitions][heads], log2 units
 };
-
-// The positions of each context part of a token attending to `context` positions: the parts
-// a context reaches split it evenly (whole stages, at least kMinPart when split).
-__device__ __forceinline__ int partSize(int context, int partitions) {
-  const int size = ((context + partitions - 1) / partitions + kTile - 1) / kTile * kTile;
-  return partitions == 1 ? size : max(size, kMinPart);
-}
 
 // Two stages of kTile latent rows (the cache has one head: kv_heads 1).
 template <bool kFp8>
@@ -94,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) mlaMmaAttentionKernel(const Params p
   const int head0 = blockIdx.x * kHeads;
   const int rows = min(kHeads, a.heads - head0);
   const int context = a.positions[token] + 1;
-  const int part_size = partSize(context, p.partitions);
+  const int part_size = contextPartSize<kTile>(context, p.partitions);
   const int start = blockIdx.y * part_size;
   if (start >= context) return;  // The merge counts only the parts a context reaches.
   const int end = min(context, start + part_size);
@@ -198,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) mlaMergeKernel(const Params p) {
   const int head = blockIdx.x;
   const int64_t token = blockIdx.y;
   const int context = a.positions[token] + 1;
-  const int part_size = partSize(context, p.partitions);
+  const int part_size = contextPartSize<kTile>(context, p.partitions);
   const int used = (context + part_size - 1) / part_size;
   const int64_t base = token * p.partitions * a.heads + head;
   float top = -INFINITY;

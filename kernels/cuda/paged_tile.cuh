@@ -22,6 +22,16 @@ namespace cleave::cuda {
 
 using bf16 = __nv_bfloat16;
 
+// Positions per context part of a sequence attending to `len` positions split `parts` ways
+// across blocks (flash-decoding): the parts its context reaches split it evenly, in whole
+// stages of Tile positions and at least four stages when split, so a context shorter than a
+// plan's longest still spreads over the blocks. Parts past the context get nothing.
+template <int Tile>
+__device__ __forceinline__ int contextPartSize(int len, int parts) {
+  const int size = ((max(len, 1) + parts - 1) / parts + Tile - 1) / Tile * Tile;
+  return parts == 1 ? size : max(size, 4 * Tile);
+}
+
 // Element offset of chunk `chunk` of row `row` in a swizzled [rows][D] tile.
 template <int D>
 __device__ __forceinline__ int swizzled(int row, int chunk) {
