@@ -87,6 +87,11 @@ BENCHMARK(BM_Matmul)
     ->ArgsProduct({{1536}, {576}, {1, 4, 16, 64}, {static_cast<int>(TensorType::kQ4_1)}})
     ->ArgsProduct({{576}, {1536}, {1, 16}, {static_cast<int>(TensorType::kQ4_1)}})
     ->ArgsProduct({{49152}, {576}, {1, 16}, {static_cast<int>(TensorType::kQ8_0)}})
+    // Float weights as HF checkpoints hold them, at a 1024-wide model's shapes.
+    ->ArgsProduct({{2048},
+                   {1024},
+                   {1, 16, 128},
+                   {static_cast<int>(TensorType::kF32), static_cast<int>(TensorType::kBF16)}})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
 

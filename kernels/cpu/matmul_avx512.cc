@@ -1,6 +1,7 @@
 // AVX-512 row kernels for float weights (F32, F16, BF16 widened to float in registers):
-// 16 columns per step, tokens in tiles of up to 4 so each weight vector is loaded once per
-// tile. Quantized weights use the packed kernel (matmul_packed_avx512.cc).
+// 16 columns per step, in blocks of 4 rows x 4 tokens so each weight vector is loaded once
+// per 4 tokens and each activation vector once per 4 rows. Quantized weights use the packed kernel
+// (matmul_packed_avx512.cc).
 #include <immintrin.h>
 
 #include <cstring>
@@ -11,8 +12,6 @@ namespace cleave::cpu::kernels {
 namespace {
 
 using model::TensorType;
-
-constexpr int kTile = 4;
 
 // 16 weights starting at element k of a float-format row, as floats.
 template <TensorType kType>
@@ -27,34 +26,50 @@ inline __m512 loadWeights(const uint8_t* row, int64_t k, __mmask16 mask) {
   }
 }
 
-template <TensorType kType, int kCount>
-inline void floatTile(const uint8_t* row, int64_t cols, const float* x, int64_t ldx, float* y,
-                      int64_t ldy) {
-  __m512 acc[kCount];
-  for (int i = 0; i < kCount; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < cols; k += 16) {
-    const __mmask16 mask = cols - k >= 16 ? 0xffff : static_cast<__mmask16>((1u << (cols - k)) - 1);
-    const __m512 wv = loadWeights<kType>(row, k, mask);
-    for (int i = 0; i < kCount; ++i) {
-      acc[i] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(mask, x + i * ldx + k), acc[i]);
-    }
-  }
-  for (int i = 0; i < kCount; ++i) y[i * ldy] = _mm512_reduce_add_ps(acc[i]);
-}
-
-template <TensorType kType>
-void floatRows(const FloatRows& a) {
+// y of rows [n, n + R) for tokens [t, t + T): R x T dot products sharing their loads (each
+// weight vector feeds T tokens, each activation vector R rows), with R x T independent
+// accumulators so the FMAs pipeline instead of waiting on one chain. Each accumulator sums
+// its own (row, token) in the order a lone dot product would.
+template <TensorType kType, int R, int T>
+inline void floatBlock(const FloatRows& a, int64_t n, int64_t t) {
   const WeightMatrix& w = *a.weight;
   const int64_t row_bytes = w.rowBytes();
-  for (int64_t n = a.row_begin; n < a.row_end; ++n) {
-    const uint8_t* row = w.data + n * row_bytes;
+  const uint8_t* rows[R];
+  for (int r = 0; r < R; ++r) rows[r] = w.data + (n + r) * row_bytes;
+  const float* xs[T];
+  for (int j = 0; j < T; ++j) xs[j] = a.x + (t + j) * a.ldx;
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < T; ++j) acc[r][j] = _mm512_setzero_ps();
+  const auto tail = static_cast<__mmask16>((1u << (w.cols % 16)) - 1);
+  for (int64_t k = 0; k < w.cols; k += 16) {
+    const __mmask16 mask = w.cols - k >= 16 ? __mmask16{0xffff} : tail;
+    __m512 x[T];
+    for (int j = 0; j < T; ++j) x[j] = _mm512_maskz_loadu_ps(mask, xs[j] + k);
+    for (int r = 0; r < R; ++r) {
+      const __m512 weights = loadWeights<kType>(rows[r], k, mask);
+      for (int j = 0; j < T; ++j) acc[r][j] = _mm512_fmadd_ps(weights, x[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < T; ++j) a.y[(t + j) * a.ldy + n + r] = _mm512_reduce_add_ps(acc[r][j]);
+}
+
+// Blocks of 4 rows x 4 tokens (16 accumulators, 21 of the 32 vector registers), then the
+// tokens and rows left: a single token still runs four independent rows.
+template <TensorType kType>
+void floatRows(const FloatRows& a) {
+  constexpr int kRows = 4, kTokens = 4;
+  int64_t n = a.row_begin;
+  for (; n + kRows <= a.row_end; n += kRows) {
     int64_t t = 0;
-    for (; t + kTile <= a.tokens; t += kTile) {
-      floatTile<kType, kTile>(row, w.cols, a.x + t * a.ldx, a.ldx, a.y + t * a.ldy + n, a.ldy);
-    }
-    for (; t < a.tokens; ++t) {
-      floatTile<kType, 1>(row, w.cols, a.x + t * a.ldx, a.ldx, a.y + t * a.ldy + n, a.ldy);
-    }
+    for (; t + kTokens <= a.tokens; t += kTokens) floatBlock<kType, kRows, kTokens>(a, n, t);
+    for (; t < a.tokens; ++t) floatBlock<kType, kRows, 1>(a, n, t);
+  }
+  for (; n < a.row_end; ++n) {
+    int64_t t = 0;
+    for (; t + kTokens <= a.tokens; t += kTokens) floatBlock<kType, 1, kTokens>(a, n, t);
+    for (; t < a.tokens; ++t) floatBlock<kType, 1, 1>(a, n, t);
   }
 }
 

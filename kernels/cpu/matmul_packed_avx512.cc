@@ -49,6 +49,8 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
       }
     }
+    // Unrolled, so the accumulators stay in registers (rolled, they go through the stack).
+#pragma unroll
     for (int i = 0; i < kCount; ++i) {
       const int64_t t = t0 + i;
       const int8_t* xq = x.rowQ(t) + 32 * b;
