@@ -16,10 +16,10 @@ struct Avx2 {
   static V loadf(const float* p) { return _mm256_loadu_ps(p); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  static float sum(V v) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 pairs = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+  // The lanes of each of v[0..3] summed: pairs, then quads, then the two halves.
+  static void sum4(const V* v, float* out) {
+    const V quads = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1)));
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   template <KvType kType>

@@ -16,7 +16,22 @@ struct Avx512 {
   static V loadf(const float* p) { return _mm512_loadu_ps(p); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  static float sum(V v) { return _mm512_reduce_add_ps(v); }
+  // The lanes of each of v[0..3] summed: 128-bit quarters first (two vectors at a time), then
+  // the four lanes of each quarter.
+  static void sum4(const V* v, float* out) {
+    const V ab = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const V cd = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    // Quarter i holds four partial sums of v[i].
+    V quarters = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+    quarters = _mm512_add_ps(quarters, _mm512_permute_ps(quarters, _MM_SHUFFLE(2, 3, 0, 1)));
+    quarters = _mm512_add_ps(quarters, _mm512_permute_ps(quarters, _MM_SHUFFLE(1, 0, 3, 2)));
+    const __m512 firsts = _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), quarters);
+    _mm_storeu_ps(out, _mm512_castps512_ps128(firsts));
+  }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   template <KvType kType>
   static V load(const uint8_t* p) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include <unistd.h>
@@ -42,7 +43,9 @@ class SmolLm2RunnerTest : public ::testing::Test {
 LlamaWeights* SmolLm2RunnerTest::weights_ = nullptr;
 
 // Greedy generation against llama.cpp on the same file. A prompt either matches all 64
-// tokens or diverges at a step llama.cpp itself won narrowly (top-two margin < 0.3).
+// tokens or diverges to one of llama.cpp's top five at that step. Where a free-running
+// trajectory diverges is chaotic (a summation order moves it); TeacherForcedLogitsMatchLlamaCpp
+// below bounds the noise itself.
 TEST_F(SmolLm2RunnerTest, GreedyTokensMatchLlamaCpp) {
   std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/engine/smollm2_llamacpp.json");
   ASSERT_TRUE(in.good());
@@ -63,10 +66,11 @@ TEST_F(SmolLm2RunnerTest, GreedyTokensMatchLlamaCpp) {
       max_logit_diff = std::max(
           max_logit_diff, std::fabs((*logits)[next] - prompt["top1_logit"][step].get<double>()));
       if (next != want[step]) {
-        const auto& top = prompt["top5_logits"][step];
-        double margin = top[0].get<double>() - top[1].get<double>();
-        EXPECT_LT(margin, 0.3) << "diverged at step " << step << " (" << next << " vs "
-                               << want[step] << ") where llama.cpp's margin was " << margin;
+        const auto& top = prompt["top5_ids"][step];
+        EXPECT_TRUE(
+            std::any_of(top.begin(), top.end(),
+                        [&](const auto& id) { return id.template get<uint32_t>() == next; }))
+            << "diverged at step " << step << " to " << next << ", not in llama.cpp's top 5";
         break;
       }
       logits = runner.forward(std::span<const uint32_t>(&next, 1));
@@ -78,14 +82,77 @@ TEST_F(SmolLm2RunnerTest, GreedyTokensMatchLlamaCpp) {
       "greedy: %d of %zu prompts match llama.cpp for all 64 tokens; max top-1 logit difference "
       "%.4f\n",
       exact, golden["prompts"].size(), max_logit_diff);
-  // Measured: 2-4 of 12 exact (it moves with summation order: 3 with the portable attention
-  // kernel, 2 with the AVX2 one), top-1 logits within ~1 of llama.cpp's; llama.cpp agrees
-  // with itself on 3-4 of 12 when only its attention path changes
+  // Measured: 2-4 of 12 exact (it moves with summation order: 4 with the AVX-512 and
+  // portable kernels, 2 with the AVX2 one), top-1 logits within ~1 of llama.cpp's; llama.cpp
+  // agrees with itself on 2-5 of 12 when only its numerics change
   // (tests/golden/llamacpp_self_agreement.py). The graph itself matches transformers to
-  // 1e-6 (HfLogitsTest), so the gap is llama.cpp's rounding; every divergence must be at one
-  // of its near-ties (above). These bounds hold the current state against regressions.
+  // 1e-6 (HfLogitsTest), so the gap is rounding.
   EXPECT_GE(exact, 2);
   EXPECT_LT(max_logit_diff, 1.5);
+}
+
+// Teacher-forced against llama.cpp: every step is fed llama.cpp's own tokens, so each step's
+// logits meet llama.cpp's at the same context instead of after a trajectory that drifted.
+// Rounding noise (int8 activations, whose block scales a last-bit change can move) is what
+// separates the two engines; these are its measured bounds, not a trajectory's luck.
+TEST_F(SmolLm2RunnerTest, TeacherForcedLogitsMatchLlamaCpp) {
+  std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/engine/smollm2_llamacpp.json");
+  ASSERT_TRUE(in.good());
+  nlohmann::json golden = nlohmann::json::parse(in);
+  cpu::ThreadPool pool(2);
+  std::vector<double> errors;  // |ours - llama.cpp| over llama.cpp's top 5 of every step.
+  int steps = 0, disagreements = 0;
+  double worst_disagreement_margin = 0;
+  for (const auto& prompt : golden["prompts"]) {
+    SCOPED_TRACE(prompt["tag"].get<std::string>());
+    std::vector<uint32_t> ids = prompt["prompt_ids"].get<std::vector<uint32_t>>();
+    std::vector<uint32_t> want = prompt["generated"].get<std::vector<uint32_t>>();
+    LlamaRunner runner(*weights_, pool, 1024);
+    auto logits = runner.forward(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    for (size_t step = 0; step < want.size(); ++step, ++steps) {
+      const auto& top_ids = prompt["top5_ids"][step];
+      const auto& top_logits = prompt["top5_logits"][step];
+      for (size_t k = 0; k < top_ids.size(); ++k) {
+        const float ours = (*logits)[top_ids[k].get<uint32_t>()];
+        ASSERT_FALSE(std::isnan(ours));
+        errors.push_back(std::fabs(ours - top_logits[k].get<double>()));
+      }
+      const uint32_t next = argmax(*logits);
+      if (next != want[step]) {
+        ++disagreements;
+        // Our choice must be one of llama.cpp's close runners-up.
+        std::optional<double> theirs;
+        for (size_t k = 0; k < top_ids.size(); ++k)
+          if (top_ids[k].get<uint32_t>() == next) theirs = top_logits[k].get<double>();
+        if (!theirs) {
+          ADD_FAILURE() << "step " << step << ": " << next << " is not in llama.cpp's top 5";
+        } else {
+          const double margin = top_logits[0].get<double>() - *theirs;
+          EXPECT_LT(margin, 1.0) << "step " << step << ": " << next << " instead of " << want[step];
+          worst_disagreement_margin = std::max(worst_disagreement_margin, margin);
+        }
+      }
+      logits = runner.forward(std::span<const uint32_t>(&want[step], 1));
+      ASSERT_TRUE(logits.ok()) << logits.status();
+    }
+  }
+  std::sort(errors.begin(), errors.end());
+  const double median = errors[errors.size() / 2], p99 = errors[errors.size() * 99 / 100];
+  std::printf(
+      "teacher-forced: %d of %d steps pick another token than llama.cpp (worst llama.cpp margin "
+      "%.3f); top-5 logit error median %.4f, p99 %.4f, max %.4f\n",
+      disagreements, steps, worst_disagreement_margin, median, p99, errors.back());
+  // llama.cpp against its own golden with only its numerics changed (an AVX-512 build, flash
+  // attention, an f32 KV cache; tests/golden/llamacpp_self_agreement.py): 17-19 of 768 steps
+  // disagree, at llama.cpp margins up to 0.43; error median 0.12-0.13, p99 0.55-0.63, max
+  // 0.85-1.47. Measured here: 14-21 steps, margins up to 0.52, median 0.13, p99 0.60-0.62, max
+  // 1.05-1.15 (AVX-512, AVX2 and portable kernels). The bounds leave that noise room, and
+  // fail on a wrong graph or a wrong kernel, whose errors are whole logits.
+  EXPECT_LE(disagreements, steps / 20);
+  EXPECT_LT(median, 0.2);
+  EXPECT_LT(p99, 1.0);
+  EXPECT_LT(errors.back(), 2.0);
 }
 
 TEST_F(SmolLm2RunnerTest, BadInputIsAnError) {
