@@ -366,7 +366,9 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     if (file.find(p + "expert_weights_norm") != nullptr) {
       CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, file.getBool(p + "expert_weights_norm"));
     } else {
-      moe.norm_topk_prob = c.architecture == Architecture::kLlama;  // Mixtral in GGUF is "llama".
+      // As llama.cpp reads such files: Mixtral ("llama") and Qwen3-MoE renormalize their top k.
+      moe.norm_topk_prob =
+          c.architecture == Architecture::kLlama || c.architecture == Architecture::kQwen3Moe;
     }
     moe.score_correction_bias = file.findTensor("blk." + std::to_string(moe.first_k_dense) +
                                                 ".exp_probs_b.bias") != nullptr;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 
 namespace cleave::engine {
 namespace {
@@ -174,15 +175,21 @@ namespace {
 
 // Tiny random-weight models saved by transformers, against the logits transformers computed
 // for every position of three prompts (per-position max error relative to the largest
-// logit), and its greedy continuations.
+// logit), and its greedy continuations. "NAME" loads the folder engine/hf/NAME; "NAME.gguf"
+// the GGUF file engine/gguf/NAME.gguf made from it as llama.cpp's converter lays it out
+// (tests/golden/gen_engine_gguf.py), against the same transformers logits.
 class HfLogitsTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HfLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
-  const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/" + GetParam();
+  const std::string param = GetParam();
+  const bool gguf = absl::EndsWith(param, ".gguf");
+  const std::string name = gguf ? param.substr(0, param.size() - 5) : param;
+  const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/" + name;
   std::ifstream in(folder + "/logits.json");
   ASSERT_TRUE(in.good()) << folder;
   nlohmann::json golden = nlohmann::json::parse(in);
-  auto weights = loadLlama(folder);
+  auto weights =
+      loadLlama(gguf ? std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/" + param : folder);
   ASSERT_TRUE(weights.ok()) << weights.status();
   const double tolerance = golden["tolerance"]["max_rel"].get<double>();
   cpu::ThreadPool pool(2);
@@ -383,13 +390,14 @@ TEST(Nvfp4CheckpointTest, InconsistentCheckpointsAreRefused) {
 INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
                          ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
                                            "llama_fp8", "smollm2_like_f32", "qwen2_f32",
-                                           "qwen3_f32"));
+                                           "qwen3_f32", "qwen2_f32.gguf", "qwen3_f32.gguf"));
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",
                                            "deepseek_v3_moe_f32", "deepseek_v2_yarn_f32",
                                            "deepseek_v3_bf16", "deepseek_v2_lite_f32",
-                                           "deepseek_v2_moe_f32"));
+                                           "deepseek_v2_moe_f32", "mixtral_f32.gguf",
+                                           "qwen3_moe_f32.gguf"));
 
 // FP8 and NVFP4 checkpoints in the ModelOpt and compressed-tensors conventions
 // (tests/golden/quantize_formats.py), run weight-only.

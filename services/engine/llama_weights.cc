@@ -69,6 +69,12 @@ class TensorSource {
   absl::StatusOr<cpu::CpuMatrix> matrix(const std::string& name, uint64_t rows, uint64_t cols,
                                         Slice slice = {}) const {
     CLEAVE_ASSIGN_OR_RETURN(StoredMatrix stored, findMatrix(name, rows, cols));
+    return matrixOf(stored, name, rows, cols, slice);
+  }
+  // `slice` of the [rows, cols] matrix `stored` (found under `name`, for errors).
+  static absl::StatusOr<cpu::CpuMatrix> matrixOf(const StoredMatrix& stored,
+                                                 const std::string& name, uint64_t rows,
+                                                 uint64_t cols, Slice slice) {
     const Stored& t = stored.codes;
     cpu::WeightMatrix w{.type = t.type,
                         .rows = static_cast<int64_t>(rows),
@@ -156,12 +162,48 @@ class GgufSource final : public TensorSource {
     }
     return Stored{t->type, t->data};
   }
-  absl::StatusOr<MoeBlock> moe(uint32_t, const model::ModelConfig&,
-                               const ShardDims&) const override {
-    return absl::UnimplementedError(
-        absl::StrCat(file_.path(),
-                     ": mixture-of-experts GGUF files are not supported "
-                     "yet; use the Hugging Face checkpoint"));
+  // As llama.cpp's converter writes them: a layer's experts stacked in one tensor per
+  // projection (ffn_gate_exps, ffn_up_exps: [experts, ffn, hidden]; ffn_down_exps:
+  // [experts, hidden, ffn]), the router as ffn_gate_inp, DeepSeek's bias as exp_probs_b.
+  absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
+                               const ShardDims& dims) const override {
+    if (c.moe->shared_experts > 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          file_.path(), ": shared experts are read from Hugging Face checkpoints only"));
+    }
+    const uint64_t hidden = c.hidden_size, ffn = c.moe->expert_intermediate_size;
+    const uint64_t experts = c.moe->num_experts;
+    const std::string blk = absl::StrCat("blk.", layer, ".");
+    // Expert e's [rows, cols] slab of the stacked tensor `name`.
+    auto slab = [&](const std::string& name, uint64_t rows, uint64_t cols, int64_t e,
+                    Slice slice) -> absl::StatusOr<cpu::CpuMatrix> {
+      CLEAVE_ASSIGN_OR_RETURN(Stored t, find(blk + name, {experts, rows, cols}));
+      const std::optional<uint64_t> row_bytes = model::tensorBytes(t.type, cols);
+      if (!row_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file_.path(), ": tensor \"", blk, name, "\": rows of ", cols, " ",
+                         model::tensorTypeName(t.type), " elements are not whole blocks"));
+      }
+      const StoredMatrix expert{.codes = {t.type, t.data + e * rows * *row_bytes}};
+      return matrixOf(expert, blk + name, rows, cols, slice);
+    };
+    MoeBlock block;
+    CLEAVE_ASSIGN_OR_RETURN(block.router, matrix(blk + "ffn_gate_inp.weight", experts, hidden));
+    block.expert_begin = dims.experts.begin;
+    for (int64_t e = dims.experts.begin; e < dims.experts.begin + dims.experts.size; ++e) {
+      MoeExpert expert;
+      CLEAVE_ASSIGN_OR_RETURN(expert.gate,
+                              slab("ffn_gate_exps.weight", ffn, hidden, e, rows(dims.expert_ffn)));
+      CLEAVE_ASSIGN_OR_RETURN(expert.up,
+                              slab("ffn_up_exps.weight", ffn, hidden, e, rows(dims.expert_ffn)));
+      CLEAVE_ASSIGN_OR_RETURN(expert.down,
+                              slab("ffn_down_exps.weight", hidden, ffn, e, cols(dims.expert_ffn)));
+      block.experts.push_back(std::move(expert));
+    }
+    if (c.moe->score_correction_bias) {
+      CLEAVE_ASSIGN_OR_RETURN(block.score_bias, vector(blk + "exp_probs_b.bias", experts));
+    }
+    return block;
   }
 
  private:
@@ -423,8 +465,10 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& p
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::configFromGguf(*w->gguf));
   CLEAVE_RETURN_IF_ERROR(checkSupported(w->config));
   CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
-  // GGUF llama-family files store Q/K permuted for adjacent-pair rotation.
-  w->rope_pairing = cpu::RopePairing::kAdjacent;
+  // llama.cpp's converter permutes the Q/K rows of "llama" files (Llama, Mistral, Mixtral)
+  // for adjacent-pair rotation; Qwen files keep Hugging Face's halves (its NEOX rope).
+  w->rope_pairing =
+      w->config.model_type == "llama" ? cpu::RopePairing::kAdjacent : cpu::RopePairing::kHalves;
   CLEAVE_RETURN_IF_ERROR(loadTensors(GgufSource(*w->gguf), *w, on_layer));
   return w;
 }

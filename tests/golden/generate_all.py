@@ -4,7 +4,7 @@
 Run with the oracle virtualenv (see setup_oracles.sh and README.md):
     .cache/oracle-venv/bin/python tests/golden/generate_all.py [name ...]
 where each optional name is one of: dequant kv_format safetensors configs tokenizers
-engine_hf engine_llamacpp.
+engine_hf engine_gguf engine_llamacpp.
 Every generator is deterministic (fixed seeds, fixed inputs), so a rerun with
 the pinned oracle versions rewrites identical bytes.
 """
@@ -23,6 +23,7 @@ GENERATORS = {
     "configs": "gen_configs.py",
     "tokenizers": "gen_tokenizers.py",
     "engine_hf": "gen_engine_hf.py",
+    "engine_gguf": "gen_engine_gguf.py",  # From engine_hf's folders.
     "engine_llamacpp": "gen_engine_llamacpp.py",
 }
 MAX_FILE_BYTES = 1 << 20
