@@ -27,6 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 
 const std::string kHf = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/";
+const std::string kGguf = std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/";
 constexpr TpTransport kShm = TpTransport::kSharedMemory, kGloo = TpTransport::kGloo;
 const std::string kSmolLm2 = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -189,7 +190,7 @@ TEST_P(TpEquivalenceTest, MatchesASingleRank) {
               path.c_str(), tp, transport == kGloo ? " (gloo)" : "",
               split == MoeSplit::kColumns ? " (expert columns)" : "", worst, same,
               want.argmax.size());
-  const bool quantized = path.ends_with(".gguf");
+  const bool quantized = path.ends_with(".gguf") && !path.ends_with("_f32.gguf");
   EXPECT_LE(worst, quantized ? 0.15 : 1e-5);
   if (!quantized) EXPECT_EQ(got.argmax, want.argmax);
 }
@@ -210,7 +211,10 @@ INSTANTIATE_TEST_SUITE_P(
         tpCase(kHf + "deepseek_v3_moe_f32", 2, kShm), tpCase(kHf + "deepseek_v3_moe_f32", 3, kShm),
         tpCase(kHf + "deepseek_v3_fp8_block128", 2, kShm),
         tpCase(kHf + "deepseek_v3_fp8_block128", 3, kShm),
-        tpCase(kHf + "deepseek_v3_moe_f32", 2, kGloo, MoeSplit::kColumns)));
+        tpCase(kHf + "deepseek_v3_moe_f32", 2, kGloo, MoeSplit::kColumns),
+        tpCase(kGguf + "qwen3_moe_f32.gguf", 2, kShm),
+        tpCase(kGguf + "mixtral_f32.gguf", 2, kShm, MoeSplit::kColumns),
+        tpCase(kGguf + "qwen3_f32.gguf", 2, kShm)));
 
 // A bf16 or e4m3 KV cache gives the f32 cache's logits up to the rounding of the keys and
 // values (8 and 4 significant bits), teacher-forced on the f32 run's tokens; on two ranks
