@@ -87,6 +87,12 @@ BENCHMARK(BM_Matmul)
     ->ArgsProduct({{1536}, {576}, {1, 4, 16, 64}, {static_cast<int>(TensorType::kQ4_1)}})
     ->ArgsProduct({{576}, {1536}, {1, 16}, {static_cast<int>(TensorType::kQ4_1)}})
     ->ArgsProduct({{49152}, {576}, {1, 16}, {static_cast<int>(TensorType::kQ8_0)}})
+    // K-quants (what most GGUF files hold) against Q4_1 at a 2048-wide shape.
+    ->ArgsProduct({{2048},
+                   {2048},
+                   {1, 16},
+                   {static_cast<int>(TensorType::kQ4_1), static_cast<int>(TensorType::kQ4_K),
+                    static_cast<int>(TensorType::kQ6_K)}})
     // Float weights as HF checkpoints hold them, at a 1024-wide model's shapes.
     ->ArgsProduct({{2048},
                    {1024},

@@ -88,7 +88,7 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
     }
     packed::pack(source.type, source.rows, source.cols, source.data, matrix.packed_.get());
     matrix.packed_bytes_ = bytes;
-    matrix.source_.data = nullptr;  // The packed copy is all that is read from now on.
+    // The kernel reads the packed copy; source_ stays what another backend uploads from.
   }
   return matrix;
 }
@@ -96,7 +96,7 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
 absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source,
                                             std::shared_ptr<const void> owner, Isa isa) {
   auto matrix = create(source, isa);
-  if (matrix.ok() && !matrix->packed()) matrix->owner_ = std::move(owner);
+  if (matrix.ok()) matrix->owner_ = std::move(owner);
   return matrix;
 }
 

@@ -53,7 +53,8 @@ struct WeightMatrix {
 class CpuMatrix {
  public:
   // Fails for formats matmul() does not take, a column count that is not a whole number of
-  // blocks, or an ISA this CPU lacks. When not packed, `source.data` must outlive this.
+  // blocks, or an ISA this CPU lacks. `source.data` must outlive this: packed or not, it is
+  // what source() hands another backend (dequantizeRows) when it makes its own copy.
   static absl::StatusOr<CpuMatrix> create(const WeightMatrix& source, Isa isa = bestIsa());
   // The same, for `source.data` held by `owner`: kept alive as long as this reads it.
   static absl::StatusOr<CpuMatrix> create(const WeightMatrix& source,

@@ -127,6 +127,10 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
       source.data = copy.data();
       auto matrix = CpuMatrix::create(source, isa);
       ASSERT_TRUE(matrix.ok()) << matrix.status();
+      // Packed or not, source() is what another backend uploads from.
+      std::vector<float> uploaded(s.rows * s.cols, std::nanf("poison"));
+      ASSERT_TRUE(dequantizeRows(matrix->source(), 0, s.rows, uploaded.data()).ok());
+      ASSERT_EQ(uploaded, wf);
       if (matrix->packed()) std::fill(copy.begin(), copy.end(), 0xAB);
       std::vector<float> y(s.tokens * s.rows, std::nanf("poison"));
       ASSERT_TRUE(matmul({.weight = &*matrix,
