@@ -48,6 +48,24 @@ float fp8e4m3ToFloat(uint8_t b) {
 }
 
 // E5M2 is the top byte of a binary16.
+uint16_t floatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof(x));
+  const auto sign = static_cast<uint16_t>((x >> 16) & 0x8000);
+  x &= 0x7fffffff;
+  if (x > 0x7f800000) return sign | 0x7e00;   // NaN.
+  if (x >= 0x477ff000) return sign | 0x7c00;  // Rounds past 65504: infinity.
+  if (x < 0x38800000) {
+    // A half subnormal (or zero): a multiple of 2^-24, rounded to nearest even.
+    return sign | static_cast<uint16_t>(std::nearbyint(std::fabs(f) * 16777216.0f));
+  }
+  // Rebias the exponent (127 -> 15) and round the 23-bit mantissa to 10, ties to even.
+  uint32_t h = (x >> 13) - ((127 - 15) << 10);
+  const uint32_t rest = x & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) ++h;
+  return sign | static_cast<uint16_t>(h);
+}
+
 float fp8e5m2ToFloat(uint8_t b) { return halfToFloat(static_cast<uint16_t>(b) << 8); }
 
 float e2m1ToFloat(uint8_t code) {

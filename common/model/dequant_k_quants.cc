@@ -45,6 +45,36 @@ SubBlockPair subBlockPair(int is, const uint8_t* packed, float d, float dmin) {
 
 }  // namespace
 
+// Each 32-element sub-block of a Q4_K super-block is a Q4_1 block: the same 4-bit codes,
+// scale d * sc and offset -(dmin * m), rounded to half.
+bool q4_KAsQ4_1(const uint8_t* src, uint8_t* dst, size_t blocks) {
+  bool finite = true;
+  for (size_t b = 0; b < blocks; ++b, src += 144) {
+    const float d = loadHalf(src);
+    const float dmin = loadHalf(src + 2);
+    const uint8_t* scales = src + 4;
+    const uint8_t* q = src + 16;
+    for (int is = 0; is < 8; is += 2, q += 32) {
+      const auto [d1, m1, d2, m2] = subBlockPair(is, scales, d, dmin);
+      // Sub-block `is` holds the low nibbles of q[0..32), `is + 1` the high ones; a Q4_1 byte
+      // holds elements l (low) and l + 16 (high).
+      for (int half = 0; half < 2; ++half, dst += 20) {
+        const uint16_t scale = floatToHalf(half == 0 ? d1 : d2);
+        const uint16_t offset = floatToHalf(-(half == 0 ? m1 : m2));
+        finite = finite && (scale & 0x7c00) != 0x7c00 && (offset & 0x7c00) != 0x7c00;
+        std::memcpy(dst, &scale, 2);
+        std::memcpy(dst + 2, &offset, 2);
+        const int shift = 4 * half;
+        for (int l = 0; l < 16; ++l) {
+          dst[4 + l] =
+              static_cast<uint8_t>(((q[l] >> shift) & 0x0f) | (((q[l + 16] >> shift) & 0x0f) << 4));
+        }
+      }
+    }
+  }
+  return finite;
+}
+
 // [d:f16][dmin:f16][scales:12][qs:128]
 void q4_K(const uint8_t* src, float* dst, size_t blocks) {
   for (size_t b = 0; b < blocks; ++b, src += 144) {

@@ -12,6 +12,8 @@ float halfToFloat(uint16_t bits);
 float bf16ToFloat(uint16_t bits);
 float fp8e4m3ToFloat(uint8_t bits);  // OCP E4M3 "fn": no infinities, S.1111.111 is NaN.
 float fp8e5m2ToFloat(uint8_t bits);
+// binary32 to binary16, rounded to nearest even (past 65504: infinity).
+uint16_t floatToHalf(float value);
 
 void q4_0(const uint8_t* src, float* dst, size_t blocks);
 void q4_1(const uint8_t* src, float* dst, size_t blocks);
@@ -19,6 +21,10 @@ void q5_0(const uint8_t* src, float* dst, size_t blocks);
 void q5_1(const uint8_t* src, float* dst, size_t blocks);
 void q8_0(const uint8_t* src, float* dst, size_t blocks);
 void q4_K(const uint8_t* src, float* dst, size_t blocks);
+// Rewrites `blocks` Q4_K super-blocks as 8 x `blocks` Q4_1 blocks (20 bytes each) holding the
+// same values up to the rounding of each sub-block's scale and offset to half; false when
+// one of those overflows half.
+bool q4_KAsQ4_1(const uint8_t* src, uint8_t* dst, size_t blocks);
 void q5_K(const uint8_t* src, float* dst, size_t blocks);
 void q6_K(const uint8_t* src, float* dst, size_t blocks);
 void q8_K(const uint8_t* src, float* dst, size_t blocks);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/dequant_kernels.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/packed_layout.h"
 
@@ -74,10 +75,23 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
   }
   CpuMatrix matrix;
   matrix.source_ = source;
+  matrix.kernel_ = source;
   matrix.isa_ = isa;
-  if (isa == Isa::kAvx512 && isQuantized(source.type)) {
+  if (source.type == model::TensorType::kQ4_K) {
+    // The int8 kernels run Q4_K's 32-element sub-blocks as Q4_1 blocks (5 bits a weight
+    // instead of 4.5, many times the speed of dequantizing every row).
+    const int64_t blocks = source.rows * source.cols / 32;
+    auto rewritten = std::make_shared<std::vector<uint8_t>>(blocks * 20);
+    if (model::dequant::q4_KAsQ4_1(source.data, rewritten->data(), blocks / 8)) {
+      matrix.rewritten_ = std::move(rewritten);
+      matrix.kernel_.type = model::TensorType::kQ4_1;
+      matrix.kernel_.data = matrix.rewritten_->data();
+    }
+  }
+  const WeightMatrix& kernel = matrix.kernel_;
+  if (isa == Isa::kAvx512 && isQuantized(kernel.type)) {
     const int64_t bytes =
-        packed::groups(source.rows) * (source.cols / 32) * packed::groupBlockBytes(source.type);
+        packed::groups(kernel.rows) * (kernel.cols / 32) * packed::groupBlockBytes(kernel.type);
     // 64-byte aligned so each 512-bit load stays within one cache line.
     const int64_t rounded = (bytes + 63) / 64 * 64;
     matrix.packed_.reset(
@@ -86,8 +100,12 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
       return absl::ResourceExhaustedError(
           absl::StrCat("matmul: cannot allocate ", bytes, " bytes"));
     }
-    packed::pack(source.type, source.rows, source.cols, source.data, matrix.packed_.get());
+    packed::pack(kernel.type, kernel.rows, kernel.cols, kernel.data, matrix.packed_.get());
     matrix.packed_bytes_ = bytes;
+    if (matrix.rewritten_) {  // The packed copy replaces the rewrite.
+      matrix.rewritten_.reset();
+      matrix.kernel_.data = nullptr;
+    }
     // The kernel reads the packed copy; source_ stays what another backend uploads from.
   }
   return matrix;
@@ -102,6 +120,7 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source,
 
 int64_t CpuMatrix::bytes() const {
   if (packed()) return packed_bytes_;
+  if (rewritten_) return static_cast<int64_t>(rewritten_->size());
   const BlockScales& s = source_.scales;
   // The scales a product reads: one float per block row of the slice's blocks.
   const int64_t scale_bytes = s.data == nullptr
@@ -120,7 +139,7 @@ absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
     return std::pair<int64_t, int64_t>(task * rows_per_task,
                                        std::min(w.rows(), (task + 1) * rows_per_task));
   };
-  if (isQuantized(w.type())) {
+  if (isQuantized(w.kernelType())) {
     thread_local QuantizedActivations x;
     quantizeActivations(args.x, args.tokens, w.cols(), args.ldx, x);
     const QuantizedActivations* xq = &x;
@@ -140,7 +159,7 @@ absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
     auto kernel = w.isa() == Isa::kAvx2 ? kernels::quantRowsAvx2 : kernels::quantRowsPortable;
     pool.run(tasks, [&](int64_t task) {
       auto [begin, end] = rowsOf(task);
-      kernel({.weight = &w.source(),
+      kernel({.weight = &w.kernelSource(),
               .x = xq,
               .y = args.y,
               .ldy = args.ldy,
@@ -150,13 +169,13 @@ absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
     return absl::OkStatus();
   }
   // Float weights, and formats dequantized a row at a time, take float activations.
-  auto kernel = isDequantizedPerRow(w.type()) ? kernels::dequantizedRows
-                : w.isa() == Isa::kAvx512     ? kernels::floatRowsAvx512
-                : w.isa() == Isa::kAvx2       ? kernels::floatRowsAvx2
-                                              : kernels::floatRowsPortable;
+  auto kernel = isDequantizedPerRow(w.kernelType()) ? kernels::dequantizedRows
+                : w.isa() == Isa::kAvx512           ? kernels::floatRowsAvx512
+                : w.isa() == Isa::kAvx2             ? kernels::floatRowsAvx2
+                                                    : kernels::floatRowsPortable;
   pool.run(tasks, [&](int64_t task) {
     auto [begin, end] = rowsOf(task);
-    kernel({.weight = &w.source(),
+    kernel({.weight = &w.kernelSource(),
             .x = args.x,
             .ldx = args.ldx,
             .tokens = args.tokens,

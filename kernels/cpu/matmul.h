@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,6 +63,11 @@ class CpuMatrix {
 
   const WeightMatrix& source() const { return source_; }
   model::TensorType type() const { return source_.type; }
+  // What the kernels read: the source, or a rewrite of it in a format they run faster (Q4_K
+  // as Q4_1 blocks, the same codes with each sub-block's scale and offset in half). Packed
+  // (AVX-512), the kernels read packedData(), and a rewrite's data is gone (null).
+  const WeightMatrix& kernelSource() const { return kernel_; }
+  model::TensorType kernelType() const { return kernel_.type; }
   int64_t rows() const { return source_.rows; }
   int64_t cols() const { return source_.cols; }
   Isa isa() const { return isa_; }
@@ -75,6 +81,8 @@ class CpuMatrix {
     void operator()(uint8_t* p) const;
   };
   WeightMatrix source_;
+  WeightMatrix kernel_;                              // source_, or its rewrite (kernelSource()).
+  std::shared_ptr<std::vector<uint8_t>> rewritten_;  // Holds kernel_.data when rewritten.
   Isa isa_ = Isa::kPortable;
   std::unique_ptr<uint8_t, FreeAligned> packed_;
   int64_t packed_bytes_ = 0;

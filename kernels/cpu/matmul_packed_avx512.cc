@@ -97,7 +97,7 @@ void groups(const PackedRows& a) {
 }  // namespace
 
 void packedGroupsAvx512(const PackedRows& a) {
-  switch (a.weight->type()) {
+  switch (a.weight->kernelType()) {
     case TensorType::kQ4_0: return groups<TensorType::kQ4_0>(a);
     case TensorType::kQ4_1: return groups<TensorType::kQ4_1>(a);
     case TensorType::kQ8_0: return groups<TensorType::kQ8_0>(a);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/model/dequant_kernels.h"
 #include "kernels/cpu/quantized_activations.h"
 
 namespace cleave::cpu {
@@ -109,7 +110,9 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
     for (float& v : x) v = normal(rng);
     // What the kernel multiplies: x itself, or its per-block int8 quantization.
     std::vector<double> x_seen(x.begin(), x.end());
-    if (isQuantized(type)) {
+    // Q4_K runs as Q4_1 blocks (matmul.h): int8 activations, and scales rounded to half.
+    const bool rewritten = type == TensorType::kQ4_K;
+    if (isQuantized(type) || rewritten) {
       QuantizedActivations q;
       quantizeActivations(x.data(), s.tokens, s.cols, s.cols, q);
       for (int64_t t = 0; t < s.tokens; ++t) {
@@ -119,6 +122,20 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
       }
     }
     std::vector<float> wf = dequantized(w);
+    std::vector<float> w_seen = wf;
+    if (rewritten) {
+      std::vector<uint8_t> q4_1(s.rows * s.cols / 32 * 20);
+      ASSERT_TRUE(model::dequant::q4_KAsQ4_1(bytes.data(), q4_1.data(), s.rows * s.cols / 256));
+      w_seen = dequantized(
+          {.type = TensorType::kQ4_1, .rows = s.rows, .cols = s.cols, .data = q4_1.data()});
+      // The same values but for the half rounding of each 32-element block's scale and offset.
+      for (size_t i = 0; i < wf.size(); ++i) {
+        const size_t block = i / 32 * 32;
+        float peak = 0;
+        for (size_t j = block; j < block + 32; ++j) peak = std::max(peak, std::fabs(wf[j]));
+        ASSERT_NEAR(w_seen[i], wf[i], 2e-3f * peak + 1e-7f) << i;
+      }
+    }
     for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512}) {
       if (!isaSupported(isa)) continue;
       SCOPED_TRACE(isaName(isa));
@@ -145,7 +162,7 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
         for (int64_t n = 0; n < s.rows; ++n) {
           double ref = 0, magnitude = 0;
           for (int64_t k = 0; k < s.cols; ++k) {
-            double term = static_cast<double>(wf[n * s.cols + k]) * x_seen[t * s.cols + k];
+            double term = static_cast<double>(w_seen[n * s.cols + k]) * x_seen[t * s.cols + k];
             ref += term;
             magnitude += std::fabs(term);
           }
