@@ -48,6 +48,26 @@ TEST(FloatFormatsTest, HalfConversionIsExactForEveryValue) {
   }
 }
 
+// Every finite half goes back to itself; values between two halves go to the nearer (ties
+// to the even one); past the largest half, infinity.
+TEST(FloatFormatsTest, FloatToHalfRoundsToNearestEven) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const auto h = static_cast<uint16_t>(bits);
+    if ((h & 0x7c00) == 0x7c00) continue;  // Inf and NaN.
+    ASSERT_EQ(dequant::floatToHalf(dequant::halfToFloat(h)), h) << bits;
+    if ((h & 0x7fff) == 0x7bff) continue;  // The largest: no next half above it.
+    const double low = dequant::halfToFloat(h), high = dequant::halfToFloat(h + 1);
+    const double middle = (low + high) / 2;  // Exact in float: halves have 11-bit mantissas.
+    const uint16_t even = (h & 1) == 0 ? h : static_cast<uint16_t>(h + 1);
+    ASSERT_EQ(dequant::floatToHalf(static_cast<float>(middle)), even) << bits;
+    ASSERT_EQ(dequant::floatToHalf(static_cast<float>(low + (high - low) / 4)), h) << bits;
+    ASSERT_EQ(dequant::floatToHalf(static_cast<float>(high - (high - low) / 4)), h + 1) << bits;
+  }
+  EXPECT_EQ(dequant::floatToHalf(70000.0f), 0x7c00);
+  EXPECT_EQ(dequant::floatToHalf(-70000.0f), 0xfc00);
+  EXPECT_EQ(dequant::floatToHalf(-0.0f), 0x8000);
+}
+
 TEST(FloatFormatsTest, Fp8FormatsMatchTheirDefinitions) {
   EXPECT_EQ(dequant::fp8e4m3ToFloat(0x38), 1.0f);     // 0.0111.000
   EXPECT_EQ(dequant::fp8e4m3ToFloat(0x7e), 448.0f);   // Largest finite.
