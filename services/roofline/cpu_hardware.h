@@ -12,7 +12,7 @@
 namespace cleave::roofline {
 
 // `bandwidth_bytes`: the buffer read to measure bandwidth (far larger than the caches).
-Hardware measureCpuHardware(int threads, bool quantized_weights, int reps = 3,
+Hardware measureCpuHardware(int threads, bool quantized_weights, int reps = 5,
                             int64_t bandwidth_bytes = int64_t{256} << 20);
 
 }  // namespace cleave::roofline
