@@ -162,18 +162,8 @@ inline void floatBlock(const FloatRows& a, int64_t n, int64_t t) {
 // Blocks of 4 rows x 2 tokens (11 of the 16 vector registers), then the rows and tokens left.
 template <model::TensorType kType>
 void floatRowsAvx2Typed(const FloatRows& a) {
-  constexpr int kRows = 4, kTokens = 2;
-  int64_t n = a.row_begin;
-  for (; n + kRows <= a.row_end; n += kRows) {
-    int64_t t = 0;
-    for (; t + kTokens <= a.tokens; t += kTokens) floatBlock<kType, kRows, kTokens>(a, n, t);
-    for (; t < a.tokens; ++t) floatBlock<kType, kRows, 1>(a, n, t);
-  }
-  for (; n < a.row_end; ++n) {
-    int64_t t = 0;
-    for (; t + kTokens <= a.tokens; t += kTokens) floatBlock<kType, 1, kTokens>(a, n, t);
-    for (; t < a.tokens; ++t) floatBlock<kType, 1, 1>(a, n, t);
-  }
+  forEachBlock<4, 2>(a,
+                     [&]<int R, int T>(int64_t n, int64_t t) { floatBlock<kType, R, T>(a, n, t); });
 }
 
 }  // namespace

@@ -59,18 +59,8 @@ inline void floatBlock(const FloatRows& a, int64_t n, int64_t t) {
 // tokens and rows left: a single token still runs four independent rows.
 template <TensorType kType>
 void floatRows(const FloatRows& a) {
-  constexpr int kRows = 4, kTokens = 4;
-  int64_t n = a.row_begin;
-  for (; n + kRows <= a.row_end; n += kRows) {
-    int64_t t = 0;
-    for (; t + kTokens <= a.tokens; t += kTokens) floatBlock<kType, kRows, kTokens>(a, n, t);
-    for (; t < a.tokens; ++t) floatBlock<kType, kRows, 1>(a, n, t);
-  }
-  for (; n < a.row_end; ++n) {
-    int64_t t = 0;
-    for (; t + kTokens <= a.tokens; t += kTokens) floatBlock<kType, 1, kTokens>(a, n, t);
-    for (; t < a.tokens; ++t) floatBlock<kType, 1, 1>(a, n, t);
-  }
+  forEachBlock<4, 4>(a,
+                     [&]<int R, int T>(int64_t n, int64_t t) { floatBlock<kType, R, T>(a, n, t); });
 }
 
 }  // namespace

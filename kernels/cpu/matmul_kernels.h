@@ -52,4 +52,23 @@ void dequantizedRows(const FloatRows& args);
 void floatRowsAvx2(const FloatRows& args);
 void floatRowsAvx512(const FloatRows& args);
 
+// The float kernels' walk over rows [row_begin, row_end) x tokens [0, tokens): blocks of
+// kRows x kTokens, then the tokens and rows left, calling block.template operator()<R, T>(n, t)
+// for R rows from n and T tokens from t. (Each ISA's file instantiates it with its own lambda,
+// so no instantiation is shared between files compiled for different ISAs.)
+template <int kRows, int kTokens, typename Block>
+inline void forEachBlock(const FloatRows& a, Block&& block) {
+  int64_t n = a.row_begin;
+  for (; n + kRows <= a.row_end; n += kRows) {
+    int64_t t = 0;
+    for (; t + kTokens <= a.tokens; t += kTokens) block.template operator()<kRows, kTokens>(n, t);
+    for (; t < a.tokens; ++t) block.template operator()<kRows, 1>(n, t);
+  }
+  for (; n < a.row_end; ++n) {
+    int64_t t = 0;
+    for (; t + kTokens <= a.tokens; t += kTokens) block.template operator()<1, kTokens>(n, t);
+    for (; t < a.tokens; ++t) block.template operator()<1, 1>(n, t);
+  }
+}
+
 }  // namespace cleave::cpu::kernels
