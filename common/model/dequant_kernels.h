@@ -20,6 +20,9 @@ void q4_1(const uint8_t* src, float* dst, size_t blocks);
 void q5_0(const uint8_t* src, float* dst, size_t blocks);
 void q5_1(const uint8_t* src, float* dst, size_t blocks);
 void q8_0(const uint8_t* src, float* dst, size_t blocks);
+// `blocks` x 32 floats as Q8_0 blocks: scale max|x| / 127 rounded to half, codes rounded to
+// nearest (so within half a step, about max|x| / 254, of the floats).
+void quantizeQ8_0(const float* src, uint8_t* dst, size_t blocks);
 void q4_K(const uint8_t* src, float* dst, size_t blocks);
 // Rewrites `blocks` Q4_K super-blocks as 8 x `blocks` Q4_1 blocks (20 bytes each) holding the
 // same values up to the rounding of each sub-block's scale and offset to half; false when

@@ -1,6 +1,8 @@
 // The 32-element GGUF block formats. Each block starts with an fp16 scale `d` (and, for the
 // _1 variants, an fp16 offset `m`); 4-bit values are packed two per byte, element j in
 // the low nibble and j+16 in the high nibble; Q5 keeps the fifth bits in a 32-bit field.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "common/model/dequant_kernels.h"
@@ -82,6 +84,21 @@ void q8_0(const uint8_t* src, float* dst, size_t blocks) {
     const float d = loadHalf(src);
     const int8_t* qs = reinterpret_cast<const int8_t*>(src + 2);
     for (int j = 0; j < kBlock; ++j) dst[j] = static_cast<float>(qs[j]) * d;
+  }
+}
+
+void quantizeQ8_0(const float* src, uint8_t* dst, size_t blocks) {
+  for (size_t b = 0; b < blocks; ++b, src += kBlock, dst += 34) {
+    float peak = 0;
+    for (int j = 0; j < kBlock; ++j) peak = std::max(peak, std::fabs(src[j]));
+    const uint16_t half = floatToHalf(peak / 127.0f);
+    std::memcpy(dst, &half, 2);
+    const float d = halfToFloat(half);
+    auto* qs = reinterpret_cast<int8_t*>(dst + 2);
+    for (int j = 0; j < kBlock; ++j) {
+      const float code = d > 0 ? std::nearbyint(src[j] / d) : 0.0f;
+      qs[j] = static_cast<int8_t>(std::clamp(code, -127.0f, 127.0f));
+    }
   }
 }
 

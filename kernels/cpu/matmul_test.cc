@@ -7,7 +7,6 @@
 #include <cstring>
 #include <random>
 
-#include "common/model/dequant_kernels.h"
 #include "kernels/cpu/quantized_activations.h"
 
 namespace cleave::cpu {
@@ -110,9 +109,13 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
     for (float& v : x) v = normal(rng);
     // What the kernel multiplies: x itself, or its per-block int8 quantization.
     std::vector<double> x_seen(x.begin(), x.end());
-    // Q4_K runs as Q4_1 blocks (matmul.h): int8 activations, and scales rounded to half.
-    const bool rewritten = type == TensorType::kQ4_K;
-    if (isQuantized(type) || rewritten) {
+    // Q4_K runs as Q4_1 blocks, Q5_x, Q5_K and Q6_K as Q8_0 (matmul.h): int8 activations,
+    // and the rewrite's values, read back from the portable path's matrix (packed ones hold
+    // no readable copy).
+    auto portable = CpuMatrix::create(w, Isa::kPortable);
+    ASSERT_TRUE(portable.ok()) << portable.status();
+    const bool rewritten = portable->kernelType() != type;
+    if (isQuantized(portable->kernelType())) {
       QuantizedActivations q;
       quantizeActivations(x.data(), s.tokens, s.cols, s.cols, q);
       for (int64_t t = 0; t < s.tokens; ++t) {
@@ -124,16 +127,15 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
     std::vector<float> wf = dequantized(w);
     std::vector<float> w_seen = wf;
     if (rewritten) {
-      std::vector<uint8_t> q4_1(s.rows * s.cols / 32 * 20);
-      ASSERT_TRUE(model::dequant::q4_KAsQ4_1(bytes.data(), q4_1.data(), s.rows * s.cols / 256));
-      w_seen = dequantized(
-          {.type = TensorType::kQ4_1, .rows = s.rows, .cols = s.cols, .data = q4_1.data()});
-      // The same values but for the half rounding of each 32-element block's scale and offset.
+      w_seen = dequantized(portable->kernelSource());
+      // The stored values but for the half rounding of each 32-element block's scale and
+      // offset (Q4_K), or within half a Q8_0 step of the block's largest value.
+      const float bound = portable->kernelType() == TensorType::kQ4_1 ? 2e-3f : 1.0f / 250;
       for (size_t i = 0; i < wf.size(); ++i) {
         const size_t block = i / 32 * 32;
         float peak = 0;
         for (size_t j = block; j < block + 32; ++j) peak = std::max(peak, std::fabs(wf[j]));
-        ASSERT_NEAR(w_seen[i], wf[i], 2e-3f * peak + 1e-7f) << i;
+        ASSERT_NEAR(w_seen[i], wf[i], bound * peak + 1e-7f) << i;
       }
     }
     for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512}) {
