@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <cstdlib>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/dequant_kernels.h"
@@ -33,25 +34,53 @@ int64_t rowsPerTask(int64_t rows, int threads) {
   return (groups + tasks - 1) / tasks * kRowAlign;
 }
 
-// Q5_0, Q5_1, Q5_K and Q6_K run as Q8_0 (CpuMatrix::create).
+// A block format without an int8 kernel of its own, rewritten once into one with: many
+// times the speed of dequantizing every row in every product.
 bool requantizedToQ8_0(TensorType type) {
   return type == TensorType::kQ5_0 || type == TensorType::kQ5_1 || type == TensorType::kQ5_K ||
          type == TensorType::kQ6_K;
+}
+
+struct Rewrite {
+  TensorType type;
+  std::shared_ptr<std::vector<uint8_t>> bytes;
+};
+absl::StatusOr<std::optional<Rewrite>> rewriteForInt8Kernels(const WeightMatrix& w) {
+  const int64_t blocks = w.rows * w.cols / 32;
+  if (w.type == TensorType::kQ4_K) {
+    // Q4_K's 32-element sub-blocks as Q4_1 blocks (5 bits a weight instead of 4.5); a scale
+    // past half's range keeps the row-by-row path.
+    auto bytes = std::make_shared<std::vector<uint8_t>>(blocks * 20);
+    if (!model::dequant::q4_KAsQ4_1(w.data, bytes->data(), blocks / 8)) return std::nullopt;
+    return Rewrite{TensorType::kQ4_1, std::move(bytes)};
+  }
+  if (requantizedToQ8_0(w.type)) {
+    // Requantized to Q8_0 a row at a time: within half a Q8_0 step (1/254 of a block's
+    // largest weight) of the stored values, a quarter of Q6_K's own step.
+    auto bytes = std::make_shared<std::vector<uint8_t>>(blocks * 34);
+    std::vector<float> row(w.cols);
+    const int64_t row_blocks = w.cols / 32;
+    for (int64_t r = 0; r < w.rows; ++r) {
+      CLEAVE_RETURN_IF_ERROR(dequantizeRows(w, r, r + 1, row.data()));
+      model::dequant::quantizeQ8_0(row.data(), bytes->data() + r * row_blocks * 34, row_blocks);
+    }
+    return Rewrite{TensorType::kQ8_0, std::move(bytes)};
+  }
+  return std::nullopt;
 }
 
 }  // namespace
 
 int64_t WeightMatrix::rowBytes() const { return *model::tensorBytes(type, cols); }
 
-// Formats without a dedicated kernel yet: each row is dequantized to float, then dotted.
-bool isDequantizedPerRow(TensorType type) {
-  return type == TensorType::kQ5_0 || type == TensorType::kQ5_1 || type == TensorType::kQ4_K ||
-         type == TensorType::kQ5_K || type == TensorType::kQ6_K || takesScales(type);
-}
+// Formats the kernels read as floats a row at a time: FP8 and E2M1 with their scales, and
+// Q4_K whose rewrite would overflow half (every other block format is rewritten for the int8
+// kernels, rewriteForInt8Kernels).
+bool isDequantizedPerRow(TensorType type) { return type == TensorType::kQ4_K || takesScales(type); }
 
 bool matmulSupports(TensorType type) {
-  return isQuantized(type) || isDequantizedPerRow(type) || type == TensorType::kF32 ||
-         type == TensorType::kF16 || type == TensorType::kBF16;
+  return isQuantized(type) || isDequantizedPerRow(type) || requantizedToQ8_0(type) ||
+         type == TensorType::kF32 || type == TensorType::kF16 || type == TensorType::kBF16;
 }
 
 void CpuMatrix::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
@@ -84,30 +113,12 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
   matrix.source_ = source;
   matrix.kernel_ = source;
   matrix.isa_ = isa;
-  // Block formats without an int8 kernel of their own, rewritten once into ones with:
-  // many times the speed of dequantizing every row in every product.
-  const int64_t blocks = source.rows * source.cols / 32;
-  if (source.type == model::TensorType::kQ4_K) {
-    // Q4_K's 32-element sub-blocks as Q4_1 blocks (5 bits a weight instead of 4.5).
-    auto rewritten = std::make_shared<std::vector<uint8_t>>(blocks * 20);
-    if (model::dequant::q4_KAsQ4_1(source.data, rewritten->data(), blocks / 8)) {
-      matrix.rewritten_ = std::move(rewritten);
-      matrix.kernel_.type = model::TensorType::kQ4_1;
-    }
-  } else if (requantizedToQ8_0(source.type)) {
-    // Requantized a row at a time: within half a Q8_0 step (1/254 of a block's largest
-    // weight) of the stored values, a quarter of Q6_K's own step.
-    auto rewritten = std::make_shared<std::vector<uint8_t>>(blocks * 34);
-    std::vector<float> row(source.cols);
-    const int64_t row_blocks = source.cols / 32;
-    for (int64_t r = 0; r < source.rows; ++r) {
-      CLEAVE_RETURN_IF_ERROR(dequantizeRows(source, r, r + 1, row.data()));
-      model::dequant::quantizeQ8_0(row.data(), rewritten->data() + r * row_blocks * 34, row_blocks);
-    }
-    matrix.rewritten_ = std::move(rewritten);
-    matrix.kernel_.type = model::TensorType::kQ8_0;
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<Rewrite> rewrite, rewriteForInt8Kernels(source));
+  if (rewrite) {
+    matrix.rewritten_ = std::move(rewrite->bytes);
+    matrix.kernel_.type = rewrite->type;
+    matrix.kernel_.data = matrix.rewritten_->data();
   }
-  if (matrix.rewritten_) matrix.kernel_.data = matrix.rewritten_->data();
   const WeightMatrix& kernel = matrix.kernel_;
   if (isa == Isa::kAvx512 && isQuantized(kernel.type)) {
     const int64_t bytes =

@@ -39,6 +39,12 @@ class SmolLm2RunnerTest : public ::testing::Test {
   void SetUp() override {
     if (weights_ == nullptr) GTEST_SKIP() << kModel << " missing; run scripts/install-deps.sh";
   }
+  // llama.cpp's greedy run of the same file (tests/golden/gen_engine_llamacpp.py).
+  static nlohmann::json llamaCppGolden() {
+    std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/engine/smollm2_llamacpp.json");
+    EXPECT_TRUE(in.good());
+    return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  }
   static LlamaWeights* weights_;
 };
 LlamaWeights* SmolLm2RunnerTest::weights_ = nullptr;
@@ -48,9 +54,8 @@ LlamaWeights* SmolLm2RunnerTest::weights_ = nullptr;
 // trajectory diverges is chaotic (a summation order moves it); TeacherForcedLogitsMatchLlamaCpp
 // below bounds the noise itself.
 TEST_F(SmolLm2RunnerTest, GreedyTokensMatchLlamaCpp) {
-  std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/engine/smollm2_llamacpp.json");
-  ASSERT_TRUE(in.good());
-  nlohmann::json golden = nlohmann::json::parse(in);
+  const nlohmann::json golden = llamaCppGolden();
+  ASSERT_TRUE(golden.contains("prompts"));
   cpu::ThreadPool pool(2);
   int exact = 0;
   double max_logit_diff = 0;
@@ -97,9 +102,8 @@ TEST_F(SmolLm2RunnerTest, GreedyTokensMatchLlamaCpp) {
 // Rounding noise (int8 activations, whose block scales a last-bit change can move) is what
 // separates the two engines; these are its measured bounds, not a trajectory's luck.
 TEST_F(SmolLm2RunnerTest, TeacherForcedLogitsMatchLlamaCpp) {
-  std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/engine/smollm2_llamacpp.json");
-  ASSERT_TRUE(in.good());
-  nlohmann::json golden = nlohmann::json::parse(in);
+  const nlohmann::json golden = llamaCppGolden();
+  ASSERT_TRUE(golden.contains("prompts"));
   cpu::ThreadPool pool(2);
   std::vector<double> errors;  // |ours - llama.cpp| over llama.cpp's top 5 of every step.
   int steps = 0, disagreements = 0;
