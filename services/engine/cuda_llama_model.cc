@@ -606,7 +606,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
 }
 
 absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> blocks,
-                                    KvStorage& host) {
+                                    std::span<const int32_t> rows, KvStorage& host) {
   State& s = *state_;
   const KvStorageOptions& o = host.options();
   const int64_t element = cpu::kvElementBytes(o.type);
@@ -620,11 +620,16 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
                      "] do not match the GPU cache's [", s.layers, ", ", s.kv_heads, ", ",
                      s.cache_head_dim, ", ", s.options.block_size, ", ",
                      s.options.kv_dtype == cuda::KvDtype::kFp8E4M3 ? "fp8_e4m3" : "bf16", "]"));
-  for (int32_t b : blocks) {
-    if (b < 0 || b >= s.kv_blocks || b >= o.num_blocks)
-      return absl::InvalidArgumentError(absl::StrCat("KV block ", b, " is outside the cache (",
-                                                     std::min(s.kv_blocks, o.num_blocks),
-                                                     " blocks)"));
+  if (blocks.size() != rows.size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("copyKv of ", blocks.size(), " blocks to ", rows.size(), " host rows"));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i] < 0 || blocks[i] >= s.kv_blocks)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV block ", blocks[i], " is outside the GPU cache (", s.kv_blocks, " blocks)"));
+    if (rows[i] < 0 || rows[i] >= o.num_blocks)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host KV row block ", rows[i], " is outside the host rows (", o.num_blocks, " blocks)"));
   }
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaSetDevice(s.options.device), "selecting the GPU"));
   if (s.pin_tried != host.data()) {
@@ -642,20 +647,22 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
     }
   }
   // A block of one layer's keys (or values) is [kv head][slot][head_dim] in both layouts, so
-  // a run of consecutive block ids is one contiguous copy.
+  // a run of consecutive block ids on both sides is one contiguous copy.
   const int64_t block_bytes = s.kv_heads * s.options.block_size * s.cache_head_dim * element;
   const bool to_host = direction == KvCopy::kToHost;
   for (size_t i = 0; i < blocks.size();) {
     size_t end = i + 1;
-    while (end < blocks.size() && blocks[end] == blocks[end - 1] + 1) ++end;
-    const int64_t first = blocks[i], bytes = static_cast<int64_t>(end - i) * block_bytes;
+    while (end < blocks.size() && blocks[end] == blocks[end - 1] + 1 &&
+           rows[end] == rows[end - 1] + 1)
+      ++end;
+    const int64_t bytes = static_cast<int64_t>(end - i) * block_bytes;
     for (int64_t l = 0; l < s.layers; ++l) {
       for (int kv = 0; kv < s.cache_parts; ++kv) {
         uint8_t* device =
-            static_cast<uint8_t*>(kv == 0 ? s.keys(l) : s.values(l)) + first * block_bytes;
-        uint8_t* rows = host.data() + host.offset(l, kv, first, 0);
+            static_cast<uint8_t*>(kv == 0 ? s.keys(l) : s.values(l)) + blocks[i] * block_bytes;
+        uint8_t* host_rows = host.data() + host.offset(l, kv, rows[i], 0);
         CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-            cudaMemcpyAsync(to_host ? rows : device, to_host ? device : rows,
+            cudaMemcpyAsync(to_host ? host_rows : device, to_host ? device : host_rows,
                             static_cast<size_t>(bytes),
                             to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s.stream),
             to_host ? "copying KV rows to the host" : "copying KV rows to the GPU"));
@@ -1092,8 +1099,9 @@ class CudaRankBackend final : public StepBackend {
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override {
     return model_->forward(batch);
   }
-  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks, KvStorage& host) override {
-    return model_->copyKv(direction, blocks, host);
+  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
+                      std::span<const int32_t> rows, KvStorage& host) override {
+    return model_->copyKv(direction, blocks, rows, host);
   }
   int64_t weightBytes() const override { return model_->weightBytes(); }
 

@@ -97,11 +97,12 @@ class CudaLlamaModel : public StepBackend {
   // the others an empty span. A rank whose step fails aborts its group (so no peer waits
   // in a collective forever); the group is not used again.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override;
-  // Device <-> host copies of whole blocks (contiguous runs of block ids in one copy each).
+  // Device <-> host copies of whole blocks (runs consecutive on both sides in one copy each).
   // `host` is page-locked on first use (TpGroup makes that at allocateKv, with no blocks) and
   // stays so while the model lives: it must outlive the model (or be replaced by another
   // host pool first).
-  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks, KvStorage& host) override;
+  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
+                      std::span<const int32_t> rows, KvStorage& host) override;
 
   int64_t kvBlocks() const;
   const CudaMemoryPlan& memoryPlan() const;

@@ -213,9 +213,10 @@ TEST(CudaLlamaModelTest, RefusesForcedNativeOperands) {
 }
 
 // A worker's KV hand-off on GPUs: a prompt prefilled on one model, its blocks copied to
-// host rows, moved (as a transport would) into other block ids of another model's host
-// rows and copied up there, decodes to the same logits on both; a host pool of another
-// shape is refused.
+// rows of a host staging area smaller than the cache, moved (as a transport would) into
+// other rows of another model's staging area and copied up there into other block ids,
+// decodes to the same logits on both; host rows of another shape, ids outside either side
+// and spans of different lengths are refused.
 TEST(CudaLlamaModelTest, KvRowsMovedThroughTheHostDecodeAsTheirOwnDo) {
   CLEAVE_REQUIRE_GPU();
   // Keys and values, and DeepSeek's one latent part.
@@ -236,7 +237,7 @@ TEST(CudaLlamaModelTest, KvRowsMovedThroughTheHostDecodeAsTheirOwnDo) {
                                         .kv_heads = w.dims.kv_heads.size,
                                         .head_dim = shape.head_dim,
                                         .block_size = 16,
-                                        .num_blocks = 8,
+                                        .num_blocks = 3,  // a staging area, not the pool
                                         .type = fp8 ? cpu::KvType::kFp8E4M3 : cpu::KvType::kBf16,
                                         .parts = shape.parts};
       KvStorage sent(host_shape), received(host_shape);
@@ -250,17 +251,21 @@ TEST(CudaLlamaModelTest, KvRowsMovedThroughTheHostDecodeAsTheirOwnDo) {
                                                     static_cast<uint32_t>(w.config.vocab_size - 1));
       std::vector<uint32_t> prompt(37);
       for (uint32_t& t : prompt) t = token(rng);
+      // GPU blocks 2, 3 go to host rows 1, 2 in one run; the receiver's rows are in another
+      // order again.
       const std::vector<int32_t> blocks = {5, 2, 3}, placed = {0, 1, 6};
+      const std::vector<int32_t> sent_rows = {0, 1, 2}, received_rows = {2, 0, 1};
       const SequenceChunk prefill{.tokens = prompt, .start = 0, .blocks = blocks};
       ASSERT_TRUE((*sender)->forward({&prefill, 1}).ok());
-      ASSERT_TRUE((*sender)->copyKv(KvCopy::kToHost, blocks, sent).ok());
+      std::memset(sent.data(), 0x7f, static_cast<size_t>(sent.bytes()));  // poisoned
+      ASSERT_TRUE((*sender)->copyKv(KvCopy::kToHost, blocks, sent_rows, sent).ok());
       const size_t block_bytes = static_cast<size_t>(sent.kvHeads() * sent.headBlockBytes());
       for (size_t i = 0; i < blocks.size(); ++i)
         for (int64_t l = 0; l < host_shape.num_layers; ++l)
           for (int kv = 0; kv < sent.parts(); ++kv)
-            std::memcpy(received.data() + received.offset(l, kv, placed[i], 0),
-                        sent.data() + sent.offset(l, kv, blocks[i], 0), block_bytes);
-      ASSERT_TRUE((*receiver)->copyKv(KvCopy::kFromHost, placed, received).ok());
+            std::memcpy(received.data() + received.offset(l, kv, received_rows[i], 0),
+                        sent.data() + sent.offset(l, kv, sent_rows[i], 0), block_bytes);
+      ASSERT_TRUE((*receiver)->copyKv(KvCopy::kFromHost, placed, received_rows, received).ok());
       const std::vector<uint32_t> next = {prompt[3]};
       const SequenceChunk here{.tokens = next, .start = 37, .blocks = blocks};
       const SequenceChunk there{.tokens = next, .start = 37, .blocks = placed};
@@ -274,7 +279,8 @@ TEST(CudaLlamaModelTest, KvRowsMovedThroughTheHostDecodeAsTheirOwnDo) {
       // alike (rotation pairing, norm, element type), so it continues the sequence too.
       cpu::ThreadPool pool(2);
       LlamaModel cpu_model(w, pool);
-      auto cpu_next = cpu_model.forward({&here, 1}, sent);
+      const SequenceChunk on_host{.tokens = next, .start = 37, .blocks = sent_rows};
+      auto cpu_next = cpu_model.forward({&on_host, 1}, sent);
       ASSERT_TRUE(cpu_next.ok()) << cpu_next.status();
       Comparison c;
       compareLogits(expected, std::vector<float>(cpu_next->begin(), cpu_next->end()),
@@ -283,10 +289,14 @@ TEST(CudaLlamaModelTest, KvRowsMovedThroughTheHostDecodeAsTheirOwnDo) {
       KvStorageOptions other = host_shape;
       other.block_size = 32;
       KvStorage wrong(other);
-      EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, blocks, wrong).code(),
+      EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, blocks, sent_rows, wrong).code(),
                 absl::StatusCode::kInvalidArgument);
-      const std::vector<int32_t> outside = {8};
-      EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, outside, sent).code(),
+      const std::vector<int32_t> outside = {8}, row = {0}, past_rows = {3}, block = {1};
+      EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, outside, row, sent).code(),
+                absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, block, past_rows, sent).code(),
+                absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, blocks, row, sent).code(),
                 absl::StatusCode::kInvalidArgument);
     }
   }

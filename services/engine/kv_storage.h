@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "kernels/cpu/kv_format.h"
 
@@ -71,5 +72,11 @@ class KvStorage {
   KvStorageOptions options_;
   std::unique_ptr<uint8_t, Free> data_;
 };
+
+// Copies every layer's keys and values of block from_blocks[i] of `from` into block
+// to_blocks[i] of `to`. The two must have the same shape but for their number of blocks,
+// and the spans the same length, with ids inside each side (checked).
+void copyBlocks(KvStorage& from, std::span<const int32_t> from_blocks, KvStorage& to,
+                std::span<const int32_t> to_blocks);
 
 }  // namespace cleave::engine

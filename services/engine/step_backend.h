@@ -27,14 +27,15 @@ class StepBackend {
   virtual ~StepBackend() = default;
   // As LlamaModel::forward, over the backend's own KV cache of the blocks it was made with.
   virtual absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) = 0;
-  // Copies every layer's key and value rows of `blocks` between the backend's cache and
-  // `host` (this rank's heads, the same block size, head size and element type; block ids
-  // mean the same in both), and returns once they are there: what a KV transport, which
-  // reads and writes host memory, needs around a transfer. No blocks: nothing is copied,
-  // and the backend may prepare `host` for later copies. InvalidArgument names a shape or
-  // block id that does not match.
+  // Copies every layer's key and value rows of backend block blocks[i] to or from host
+  // block rows[i] (this rank's heads, the same block size, head size and element type;
+  // `host` may have fewer blocks than the backend: a staging area), and returns once they
+  // are there: what a KV transport, which reads and writes host memory, needs around a
+  // transfer. No blocks: nothing is copied, and the backend may prepare `host` for later
+  // copies. InvalidArgument names a shape or block id that does not match, or spans of
+  // different lengths.
   virtual absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
-                              KvStorage& host) = 0;
+                              std::span<const int32_t> rows, KvStorage& host) = 0;
   // Weight bytes a step reads, as the backend stores them (0: as the CPU model's).
   virtual int64_t weightBytes() const { return 0; }
 };

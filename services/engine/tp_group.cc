@@ -1,5 +1,6 @@
 #include "services/engine/tp_group.h"
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <mutex>
@@ -27,7 +28,9 @@ struct TpGroup::Rank {
   std::unique_ptr<cpu::ThreadPool> pool;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<LlamaModel> model;
-  std::unique_ptr<KvStorage> kv;
+  std::unique_ptr<KvStorage> kv;  // The CPU model's cache, or a backend's host rows.
+  // The CPU model's host staging rows, apart from its cache (allocateKv's host_blocks).
+  std::unique_ptr<KvStorage> staging;
   std::span<const float> logits;
 };
 
@@ -171,10 +174,11 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
   return group;
 }
 
-absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
-  if (num_blocks < 1 || block_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a KV pool of ", num_blocks, " blocks of ", block_size, " positions"));
+absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size, int64_t host_blocks) {
+  if (num_blocks < 1 || block_size < 1 || host_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a KV pool of ", num_blocks, " blocks of ",
+                                                   block_size, " positions (", host_blocks,
+                                                   " host blocks)"));
   }
   num_blocks_ = num_blocks;
   block_size_ = block_size;
@@ -199,16 +203,23 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size) {
   // Each rank allocates (and first touches) its own rows; a backend gets them at once, with
   // nothing to copy, so it can prepare them (a GPU page-locks them) before any request.
   const model::KvCacheShape shape = model::kvCacheShape(config_);
+  const int64_t rows = !backends_.empty() && host_blocks > 0 ? host_blocks : num_blocks;
   return onEveryRank([&](Rank& rank) -> absl::Status {
     rank.kv.reset();
-    rank.kv = std::make_unique<KvStorage>(KvStorageOptions{.num_layers = rank.layers,
-                                                           .kv_heads = rank.kv_heads.size,
-                                                           .head_dim = shape.head_dim,
-                                                           .block_size = block_size,
-                                                           .num_blocks = num_blocks,
-                                                           .type = kv_type_,
-                                                           .parts = shape.parts});
-    if (!backends_.empty()) return backends_[rank.index]->copyKv(KvCopy::kToHost, {}, *rank.kv);
+    rank.staging.reset();
+    KvStorageOptions o{.num_layers = rank.layers,
+                       .kv_heads = rank.kv_heads.size,
+                       .head_dim = shape.head_dim,
+                       .block_size = block_size,
+                       .num_blocks = rows,
+                       .type = kv_type_,
+                       .parts = shape.parts};
+    rank.kv = std::make_unique<KvStorage>(o);
+    if (backends_.empty() && host_blocks > 0) {
+      o.num_blocks = host_blocks;
+      rank.staging = std::make_unique<KvStorage>(o);
+    }
+    if (!backends_.empty()) return backends_[rank.index]->copyKv(KvCopy::kToHost, {}, {}, *rank.kv);
     return absl::OkStatus();
   });
 }
@@ -229,11 +240,37 @@ absl::StatusOr<std::span<const float>> TpGroup::forward(std::span<const Sequence
   return ranks_[0]->logits;
 }
 
-absl::Status TpGroup::copyKv(KvCopy direction, std::span<const int32_t> blocks) {
-  if (backends_.empty()) return absl::OkStatus();
+absl::Status TpGroup::copyKv(KvCopy direction, std::span<const int32_t> blocks,
+                             std::span<const int32_t> rows) {
+  if (blocks.size() != rows.size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("copyKv of ", blocks.size(), " blocks to ", rows.size(), " host rows"));
+  if (backends_.empty()) {
+    if (ranks_[0]->staging == nullptr) {
+      if (!std::equal(blocks.begin(), blocks.end(), rows.begin()))
+        return absl::InvalidArgumentError(
+            "the CPU model's host rows are its cache: rows must equal blocks");
+      return absl::OkStatus();
+    }
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (blocks[i] < 0 || blocks[i] >= num_blocks_ || rows[i] < 0 ||
+          rows[i] >= ranks_[0]->staging->totalBlocks())
+        return absl::InvalidArgumentError(
+            absl::StrCat("copyKv of block ", blocks[i], " (of ", num_blocks_, ") to host row ",
+                         rows[i], " (of ", ranks_[0]->staging->totalBlocks(), ")"));
+    }
+    return onEveryRank([&](Rank& rank) -> absl::Status {
+      if (direction == KvCopy::kToHost) {
+        copyBlocks(*rank.kv, blocks, *rank.staging, rows);
+      } else {
+        copyBlocks(*rank.staging, rows, *rank.kv, blocks);
+      }
+      return absl::OkStatus();
+    });
+  }
   if (!host_kv_) return absl::FailedPreconditionError("copyKv on a group without host KV rows");
   return onEveryRank([&](Rank& rank) -> absl::Status {
-    return backends_[rank.index]->copyKv(direction, blocks, *rank.kv);
+    return backends_[rank.index]->copyKv(direction, blocks, rows, *rank.kv);
   });
 }
 
@@ -248,7 +285,7 @@ int64_t TpGroup::weightBytes(int rank) const {
 
 KvStorage& TpGroup::kv(int rank) {
   CLEAVE_CHECK(ranks_[rank]->kv != nullptr);  // After allocateKv (a backend: host_kv).
-  return *ranks_[rank]->kv;
+  return ranks_[rank]->staging ? *ranks_[rank]->staging : *ranks_[rank]->kv;
 }
 
 Span TpGroup::kvHeads(int rank) const { return ranks_[rank]->kv_heads; }

@@ -59,8 +59,9 @@ struct TpGroupOptions {
   // Set: steps run on these backends (one per rank, made by allocateKv), which hold the KV
   // cache themselves — kv() has no rows then, unless host_kv. Empty: the CPU model.
   StepBackendFactory backend;
-  // With a backend: host rows of the KV pool too (kv(), in kv_type, which must be the
-  // backend's element type), filled and read by copyKv — what a KV transport moves.
+  // With a backend: host rows too (kv(), in kv_type, which must be the backend's element
+  // type), filled and read by copyKv — what a KV transport moves. Their number of blocks is
+  // allocateKv's host_blocks: a staging area, not a mirror of the pool.
   bool host_kv = false;
 };
 
@@ -75,20 +76,25 @@ class TpGroup {
 
   // Gives every rank `num_blocks` KV blocks of `block_size` positions (replacing any
   // before); with a backend, makes the backend with that pool, then frees the CPU model and
-  // its weights (the backend made its own copy), so a group with a backend allocates once.
-  // Errors: a bad size, a backend that cannot start (naming why; the weights stay then), a
-  // second allocation with a backend (FailedPrecondition).
-  absl::Status allocateKv(int64_t num_blocks, int64_t block_size);
+  // its weights (the backend made its own copy), so a group with a backend allocates once,
+  // and (host_kv) gives every rank `host_blocks` blocks of host rows (0: as many as the
+  // pool). The CPU model with host_blocks > 0 keeps that many rows apart from its cache
+  // too: transfers then stage through them as a backend's do, and a peer writes only
+  // there. Errors: a bad size, a backend that cannot start (naming why; the weights stay
+  // then), a second allocation with a backend (FailedPrecondition).
+  absl::Status allocateKv(int64_t num_blocks, int64_t block_size, int64_t host_blocks = 0);
 
   // One forward step of every rank over `batch` (LlamaModel::forward); the logits are rank
   // 0's (every rank has the same), valid until the next call.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch);
 
-  // Brings the host rows (kv()) of `blocks` and the backends' caches level, every rank: the
-  // host rows take the backend's (kToHost: after a prefill, before a transfer reads them)
-  // or the reverse (kFromHost: after a transfer wrote them, before decoding). A no-op on
-  // the CPU model, whose cache is the host rows. FailedPrecondition without host_kv.
-  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks);
+  // Brings host rows (kv()) rows[i] and the backends' cache blocks blocks[i] level, every
+  // rank: the host rows take the backend's (kToHost: after a prefill, before a transfer
+  // reads them) or the reverse (kFromHost: after a transfer wrote them, before decoding).
+  // A no-op on the CPU model whose cache is its host rows (rows must equal blocks there).
+  // FailedPrecondition without host_kv; InvalidArgument for spans of different lengths.
+  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
+                      std::span<const int32_t> rows);
 
   const model::ModelConfig& config() const;
   int tp() const { return static_cast<int>(ranks_.size()); }
@@ -99,8 +105,9 @@ class TpGroup {
   // its KV bytes per block.
   int64_t weightBytes(int rank) const;
   int64_t kvBlockBytes(int rank) const;
-  // Rank `rank`'s KV rows (after allocateKv(); the CPU model, or a backend with host_kv),
-  // and its KV heads.
+  // The host rows a KV transport reads and writes for rank `rank` (after allocateKv(): the
+  // CPU model's cache or its staging rows, or a backend's host rows with host_kv), and its
+  // KV heads.
   KvStorage& kv(int rank);
   Span kvHeads(int rank) const;
   // The stored format of the linear layers (that of the first layer's Q projection).

@@ -370,18 +370,12 @@ class SeparateCacheBackend final : public StepBackend {
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override {
     return model_.forward(batch, cache_);
   }
-  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks, KvStorage& host) override {
-    for (int32_t b : blocks) {
-      for (int64_t l = 0; l < cache_.options().num_layers; ++l) {
-        for (int kv = 0; kv < 2; ++kv) {
-          const int64_t at = cache_.offset(l, kv, b, 0);
-          const size_t bytes = static_cast<size_t>(cache_.kvHeads() * cache_.headBlockBytes());
-          uint8_t* mine = cache_.data() + at;
-          uint8_t* theirs = host.data() + host.offset(l, kv, b, 0);
-          std::memcpy(direction == KvCopy::kToHost ? theirs : mine,
-                      direction == KvCopy::kToHost ? mine : theirs, bytes);
-        }
-      }
+  absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
+                      std::span<const int32_t> rows, KvStorage& host) override {
+    if (direction == KvCopy::kToHost) {
+      copyBlocks(cache_, blocks, host, rows);
+    } else {
+      copyBlocks(host, rows, cache_, blocks);
     }
     return absl::OkStatus();
   }
@@ -419,13 +413,14 @@ struct SeparateGroup {
     auto loaded = TpGroup::load(path, options);
     CLEAVE_CHECK_OK(loaded.status());
     group = std::move(*loaded);
-    CLEAVE_CHECK_OK(group->allocateKv(8, 16));
+    CLEAVE_CHECK_OK(group->allocateKv(8, 16, 5));  // host rows: a staging area
   }
 };
 
 // The worker's path for a backend with its own cache: prefill there, copy the prompt's
-// blocks to the host rows, a transport moves the host rows, the receiver copies them into
-// its backend and decodes: the same logits as the group that computed the prompt.
+// blocks to rows of the host staging area (5 blocks beside a pool of 8), a transport moves
+// those rows into rows of the receiver's staging area, the receiver copies them into other
+// blocks of its backend and decodes: the same logits as the group that computed the prompt.
 TEST(TpGroupHostKvTest, RowsMovedThroughTheHostDecodeAsTheirOwnDo) {
   for (cpu::KvType type : {cpu::KvType::kF32, cpu::KvType::kBf16, cpu::KvType::kFp8E4M3}) {
     SCOPED_TRACE(cpu::kvTypeName(type));
@@ -435,34 +430,37 @@ TEST(TpGroupHostKvTest, RowsMovedThroughTheHostDecodeAsTheirOwnDo) {
     std::vector<uint32_t> prompt(37);
     for (uint32_t& t : prompt) t = token(rng);
     const std::vector<int32_t> blocks = {5, 2, 3, 6};  // out of order, one run of two
+    const std::vector<int32_t> rows = {4, 0, 1, 3};    // row 2 stays unwritten
     const SequenceChunk prefill{.tokens = prompt, .start = 0, .blocks = blocks};
     ASSERT_TRUE(sender.group->forward({&prefill, 1}).ok());
     // The host rows are stale until copied; then they hold exactly the backend's rows.
     KvStorage& host = sender.group->kv(0);
+    ASSERT_EQ(host.options().num_blocks, 5);
     std::memset(host.data(), 0x5a, static_cast<size_t>(host.bytes()));
-    ASSERT_TRUE(sender.group->copyKv(KvCopy::kToHost, blocks).ok());
+    ASSERT_TRUE(sender.group->copyKv(KvCopy::kToHost, blocks, rows).ok());
     KvStorage& own = sender.backends[0]->cache();
     const size_t block = static_cast<size_t>(own.kvHeads() * own.headBlockBytes());
-    for (int32_t b = 0; b < 8; ++b) {
-      const bool listed = std::find(blocks.begin(), blocks.end(), b) != blocks.end();
+    for (int32_t row = 0; row < 5; ++row) {
+      const auto at = std::find(rows.begin(), rows.end(), row);
       for (int kv = 0; kv < 2; ++kv) {
-        const uint8_t* h = host.data() + host.offset(1, kv, b, 0);
-        if (listed) {
-          EXPECT_EQ(std::memcmp(h, own.data() + own.offset(1, kv, b, 0), block), 0) << b;
+        const uint8_t* h = host.data() + host.offset(1, kv, row, 0);
+        if (at != rows.end()) {
+          const int32_t b = blocks[at - rows.begin()];
+          EXPECT_EQ(std::memcmp(h, own.data() + own.offset(1, kv, b, 0), block), 0) << row;
         } else {
-          EXPECT_TRUE(std::all_of(h, h + block, [](uint8_t v) { return v == 0x5a; })) << b;
+          EXPECT_TRUE(std::all_of(h, h + block, [](uint8_t v) { return v == 0x5a; })) << row;
         }
       }
     }
-    // "Transfer": the host rows of the prompt's blocks, into the receiver's blocks 0..3.
-    const std::vector<int32_t> placed = {0, 1, 2, 3};
+    // "Transfer": those rows into the receiver's rows 0..3, then into its blocks 1, 0, 7, 4.
+    const std::vector<int32_t> landed = {0, 1, 2, 3}, placed = {1, 0, 7, 4};
     KvStorage& dst = receiver.group->kv(0);
     for (size_t i = 0; i < blocks.size(); ++i)
       for (int64_t l = 0; l < host.options().num_layers; ++l)
         for (int kv = 0; kv < 2; ++kv)
-          std::memcpy(dst.data() + dst.offset(l, kv, placed[i], 0),
-                      host.data() + host.offset(l, kv, blocks[i], 0), block);
-    ASSERT_TRUE(receiver.group->copyKv(KvCopy::kFromHost, placed).ok());
+          std::memcpy(dst.data() + dst.offset(l, kv, landed[i], 0),
+                      host.data() + host.offset(l, kv, rows[i], 0), block);
+    ASSERT_TRUE(receiver.group->copyKv(KvCopy::kFromHost, placed, landed).ok());
     const std::vector<uint32_t> next = {prompt.back()};
     const SequenceChunk there{.tokens = next, .start = 37, .blocks = placed};
     const SequenceChunk here{.tokens = next, .start = 37, .blocks = blocks};
@@ -477,14 +475,64 @@ TEST(TpGroupHostKvTest, RowsMovedThroughTheHostDecodeAsTheirOwnDo) {
 
 TEST(TpGroupHostKvTest, CopyingNeedsHostRows) {
   SeparateGroup group(kHf + "llama_f32", cpu::KvType::kF32, false);
-  const std::vector<int32_t> blocks = {0};
-  EXPECT_EQ(group.group->copyKv(KvCopy::kToHost, blocks).code(),
+  const std::vector<int32_t> blocks = {0}, other = {1}, two = {0, 1};
+  EXPECT_EQ(group.group->copyKv(KvCopy::kToHost, blocks, blocks).code(),
             absl::StatusCode::kFailedPrecondition);
-  // The CPU model's cache is its host rows: nothing to copy.
+  SeparateGroup staged(kHf + "llama_f32", cpu::KvType::kF32, true);
+  EXPECT_EQ(staged.group->copyKv(KvCopy::kToHost, blocks, two).code(),
+            absl::StatusCode::kInvalidArgument);
+  // The CPU model's cache is its host rows: nothing to copy, and no other rows to copy to.
   auto cpu = TpGroup::load(kHf + "llama_f32", {});
   ASSERT_TRUE(cpu.ok());
   ASSERT_TRUE((*cpu)->allocateKv(4, 16).ok());
-  EXPECT_TRUE((*cpu)->copyKv(KvCopy::kToHost, blocks).ok());
+  EXPECT_TRUE((*cpu)->copyKv(KvCopy::kToHost, blocks, blocks).ok());
+  EXPECT_EQ((*cpu)->copyKv(KvCopy::kToHost, blocks, other).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// The CPU model asked for host rows apart from its cache: transfers stage through them as
+// a backend's do (copied out of blocks 5, 2, 3 into rows 2, 0, 1, moved, copied into
+// another group's blocks 0, 1, 7), and the rows a transport registers are those, not the
+// cache. Both groups then decode alike; ids outside either side are refused.
+TEST(TpGroupHostKvTest, TheCpuModelStagesThroughRowsApartFromItsCache) {
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(tp);
+    auto sender = TpGroup::load(kHf + "llama_f32", {.tp = tp, .threads = tp});
+    auto receiver = TpGroup::load(kHf + "llama_f32", {.tp = tp, .threads = tp});
+    ASSERT_TRUE(sender.ok() && receiver.ok());
+    ASSERT_TRUE((*sender)->allocateKv(8, 16, 3).ok());
+    ASSERT_TRUE((*receiver)->allocateKv(8, 16, 3).ok());
+    EXPECT_EQ((*sender)->kv(0).totalBlocks(), 3);
+    std::mt19937 rng(11);
+    std::uniform_int_distribution<uint32_t> token(0, 200);
+    std::vector<uint32_t> prompt(40);
+    for (uint32_t& t : prompt) t = token(rng);
+    const std::vector<int32_t> blocks = {5, 2, 3}, rows = {2, 0, 1}, placed = {0, 1, 7};
+    const SequenceChunk prefill{.tokens = prompt, .start = 0, .blocks = blocks};
+    ASSERT_TRUE((*sender)->forward({&prefill, 1}).ok());
+    ASSERT_TRUE((*sender)->copyKv(KvCopy::kToHost, blocks, rows).ok());
+    for (int r = 0; r < tp; ++r) {
+      KvStorage& from = (*sender)->kv(r);
+      KvStorage& to = (*receiver)->kv(r);
+      ASSERT_EQ(from.bytes(), to.bytes());
+      std::memcpy(to.data(), from.data(), static_cast<size_t>(from.bytes()));
+    }
+    ASSERT_TRUE((*receiver)->copyKv(KvCopy::kFromHost, placed, rows).ok());
+    const std::vector<uint32_t> next = {prompt.back()};
+    const SequenceChunk here{.tokens = next, .start = 40, .blocks = blocks};
+    const SequenceChunk there{.tokens = next, .start = 40, .blocks = placed};
+    auto want = (*sender)->forward({&here, 1});
+    ASSERT_TRUE(want.ok());
+    const std::vector<float> expected(want->begin(), want->end());
+    auto got = (*receiver)->forward({&there, 1});
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+    const std::vector<int32_t> block = {1}, past_rows = {3}, past_blocks = {8}, row = {0};
+    EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, block, past_rows).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ((*sender)->copyKv(KvCopy::kToHost, past_blocks, row).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
 }
 
 // A backend that takes nothing past its creation (as the CUDA model uploads and forgets):
@@ -494,7 +542,8 @@ class StatelessBackend final : public StepBackend {
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk>) override {
     return absl::UnimplementedError("not stepped in this test");
   }
-  absl::Status copyKv(KvCopy, std::span<const int32_t>, KvStorage&) override {
+  absl::Status copyKv(KvCopy, std::span<const int32_t>, std::span<const int32_t>,
+                      KvStorage&) override {
     return absl::OkStatus();
   }
 };

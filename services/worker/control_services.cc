@@ -4,9 +4,9 @@
 
 namespace cleave::worker {
 
-grpc::Status DecodeService::Reserve(grpc::ServerContext*, const v1::ReserveRequest* request,
+grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::ReserveRequest* request,
                                     v1::ReserveResponse* response) {
-  absl::StatusOr<v1::ReserveResponse> reserved = core_.reserve(*request);
+  absl::StatusOr<v1::ReserveResponse> reserved = core_.reserve(*request, context);
   if (!reserved.ok()) return toGrpcStatus(reserved.status());
   *response = std::move(*reserved);
   return grpc::Status::OK;

@@ -1,9 +1,12 @@
 #include "services/worker/worker_core.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/faults.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -17,12 +20,25 @@ namespace {
 
 absl::Status invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
+// How long a call may wait for staging rows: until its deadline, at most `limit`.
+absl::Time waitUntil(grpc::ServerContext* context, std::chrono::milliseconds limit) {
+  const absl::Time bound = absl::Now() + absl::FromChrono(limit);
+  return context == nullptr ? bound : std::min(bound, absl::FromChrono(context->deadline()));
+}
+
 }  // namespace
 
 WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* tokenizer,
                        WorkerCoreOptions options)
     : model_(model), options_(std::move(options)), metrics_(options_.target_concurrency) {
   worker_id_ = options_.worker_id;
+  if (options_.staging_send_blocks > 0 || options_.staging_receive_blocks > 0) {
+    send_staging_ = std::make_unique<KvStagingSlots>(0, options_.staging_send_blocks,
+                                                     "the send staging area (--kv-staging-tokens)");
+    receive_staging_ = std::make_unique<KvStagingSlots>(
+        static_cast<int32_t>(options_.staging_send_blocks), options_.staging_receive_blocks,
+        "the receive staging area (--kv-staging-tokens)");
+  }
   loop_ = std::make_unique<EngineLoop>(model, tokenizer, options_.scheduler,
                                        [this](StepReport& report) { onStep(report); });
   sweeper_.start([this](std::stop_token stop) {
@@ -80,6 +96,8 @@ std::optional<uint64_t> WorkerCore::idOf(const std::string& request_id) {
 void WorkerCore::forget(uint64_t id) {
   auto it = names_.find(id);
   if (it == names_.end()) return;
+  if (auto r = requests_.find(it->second); r != requests_.end() && receive_staging_)
+    receive_staging_->give(r->second.staging);
   requests_.erase(it->second);
   names_.erase(it);
 }
@@ -91,7 +109,8 @@ void WorkerCore::abortPrefill(uint64_t id, const absl::Status& why) {
   prefills_.erase(it);
 }
 
-absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest& r) {
+absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest& r,
+                                                        grpc::ServerContext* context) {
   const model::ModelConfig& c = model_.config();
   if (r.request_id().empty()) return invalid("request_id is empty");
   if (r.router_id().empty()) return invalid("router_id is empty");
@@ -108,14 +127,30 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
                                 " tokens (", needed, " blocks)"));
   }
   uint64_t id;
+  bool repeated;
+  std::vector<int32_t> staging;  // A repeated Reserve's rows, or the ones taken below.
   {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(r.request_id());
-    id = it != requests_.end() ? it->second.id : next_id_++;
+    repeated = it != requests_.end();
+    id = repeated ? it->second.id : next_id_++;
+    if (repeated) staging = it->second.staging;
   }
   absl::StatusOr<std::vector<int32_t>> blocks =
       loop_->call([&](engine::Scheduler& s) { return s.reserve(id, r.num_blocks()); });
   if (!blocks.ok()) return blocks.status();
+  if (receive_staging_ && !repeated) {
+    // The prompt's rows in the staging area, freed as the transfers before it start decoding.
+    absl::StatusOr<std::vector<int32_t>> rows = receive_staging_->take(
+        (int64_t{r.prompt_tokens()} + model_.blockSize() - 1) / model_.blockSize(),
+        waitUntil(context, options_.transfer_timeout),
+        [context] { return context != nullptr && context->IsCancelled(); });
+    if (!rows.ok()) {
+      loop_->call([&](engine::Scheduler& s) { return s.release(id); });  // Nothing stays held.
+      return rows.status();
+    }
+    staging = std::move(*rows);
+  }
   {
     absl::MutexLock lock(&mu_);
     const auto ttl = r.has_ttl_ms() && r.ttl_ms() > 0 ? std::chrono::milliseconds(r.ttl_ms())
@@ -123,6 +158,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
     Request& entry = requests_[r.request_id()];
     entry.id = id;
     entry.router_id = r.router_id();
+    entry.staging = staging;
     entry.expires = Clock::now() + ttl;
     if (r.deadline_unix_ms() > 0) {
       entry.deadline =
@@ -133,8 +169,10 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
     Stream& stream = streams_[r.router_id()];
     if (!stream.open) stream.closed_at = Clock::now();
   }
+  // Where a prefill worker writes: the staging rows of the prompt, or the pool's blocks.
   v1::ReserveResponse response;
-  for (int32_t b : *blocks) response.add_block_ids(static_cast<uint32_t>(b));
+  for (int32_t b : receive_staging_ ? staging : *blocks)
+    response.add_block_ids(static_cast<uint32_t>(b));
   return response;
 }
 
@@ -279,20 +317,36 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   if (first.ok() && !local && !first->finished) {
     // Hand the prompt's KV to the decode worker, then free the local copy.
     const auto sent_at = std::chrono::steady_clock::now();
-    std::vector<int32_t> blocks;
-    // A backend with its own cache (a GPU) puts the prompt's rows where the transport
-    // reads them; the CPU model's cache is already there.
-    absl::Status staged = loop_->call([&](engine::Scheduler& s) {
-      blocks = s.reservation(*id);
-      return model_.copyKv(engine::KvCopy::kToHost, blocks);
-    });
+    // A backend with its own cache (a GPU) copies the prompt's blocks into send staging
+    // rows, where the transport reads them; the CPU model's cache is already there.
+    std::vector<int32_t> blocks, rows;
+    absl::Status staged = absl::OkStatus();
+    if (send_staging_) {
+      const int64_t prompt_blocks =
+          (r.prompt_token_ids_size() + model_.blockSize() - 1) / model_.blockSize();
+      absl::StatusOr<std::vector<int32_t>> lent =
+          send_staging_->take(prompt_blocks, waitUntil(context, options_.transfer_timeout),
+                              [context] { return context != nullptr && context->IsCancelled(); });
+      if (lent.ok()) rows = std::move(*lent);
+      staged = lent.status();
+    }
+    absl::Cleanup give_back = [&] {
+      if (send_staging_) send_staging_->give(rows);
+    };
+    if (staged.ok()) {
+      staged = loop_->call([&](engine::Scheduler& s) {
+        blocks = s.reservation(*id);
+        if (!send_staging_) rows = blocks;
+        return model_.copyKv(engine::KvCopy::kToHost, blocks, rows);
+      });
+    }
     uint64_t bytes = 0;
     faults::crashPoint("prefill_before_kv_send");
     faults::delay("kv_send_delay_ms");
     absl::Status sent = !staged.ok() ? staged
                         : faults::fire("kv_send_fail")
                             ? absl::UnavailableError("injected fault kv_send_fail")
-                            : sendKv(r.destination(), blocks, bytes);
+                            : sendKv(r.destination(), rows, bytes);
     if (!sent.ok()) first = sent;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - sent_at).count();
@@ -324,31 +378,44 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   absl::StatusOr<engine::GenerationRequest> request =
       toEngineRequest(*id, partsOf(r), options_.eos_ids, model_.config().max_position_embeddings);
   if (!request.ok()) return request.status();
-  bool copy_in = true;  // Not when prefilled here, nor for a sequence already decoding
-  {                     // (the scheduler refuses that one; its rows must stay).
+  bool copy_in = true;           // Not when prefilled here, nor for a sequence already decoding
+  std::vector<int32_t> staging;  // (the scheduler refuses that one; its rows must stay).
+  {
     absl::MutexLock lock(&mu_);
     if (auto it = requests_.find(r.request_id()); it != requests_.end()) {
       copy_in = !it->second.prefilled_here && !it->second.decoding;
+      staging = it->second.staging;
       // Before the engine can step it: its first event may come before this call returns.
       if (!it->second.decoding) it->second.ready_at = Clock::now();
     }
   }
   absl::Status started = loop_->call([&](engine::Scheduler& s) -> absl::Status {
     if (copy_in) {
-      // A transfer wrote the prompt's rows into the host rows; a backend with its own cache
-      // (a GPU) takes them from there.
+      // A transfer wrote the prompt's rows into the host rows (the staging rows, or the
+      // pool's own blocks); a backend with its own cache (a GPU) takes them from there.
       std::vector<int32_t> blocks = s.reservation(*id);
       const size_t prompt_blocks = static_cast<size_t>(
           (static_cast<int64_t>(request->prompt.size()) + model_.blockSize() - 1) /
           model_.blockSize());
       blocks.resize(std::min(blocks.size(), prompt_blocks));
-      CLEAVE_RETURN_IF_ERROR(model_.copyKv(engine::KvCopy::kFromHost, blocks));
+      if (!receive_staging_) {
+        staging = blocks;
+      } else if (staging.size() != blocks.size()) {
+        return invalid(absl::StrCat("a prompt of ", request->prompt.size(), " tokens; Reserve ",
+                                    "staged ", staging.size(), " blocks for its prompt_tokens"));
+      }
+      CLEAVE_RETURN_IF_ERROR(model_.copyKv(engine::KvCopy::kFromHost, blocks, staging));
     }
     return s.startDecode(*request, r.first_token_id());
   });
   if (started.ok()) {
     absl::MutexLock lock(&mu_);
-    if (auto it = requests_.find(r.request_id()); it != requests_.end()) it->second.decoding = true;
+    if (auto it = requests_.find(r.request_id()); it != requests_.end()) {
+      it->second.decoding = true;
+      // Copied in (or never needed): the staging rows serve the next transfer.
+      if (receive_staging_) receive_staging_->give(it->second.staging);
+      it->second.staging.clear();
+    }
   }
   return started;
 }

@@ -25,6 +25,7 @@
 #include "services/roofline/roofline.h"
 #include "services/transfer/kv_transport.h"
 #include "services/worker/engine_loop.h"
+#include "services/worker/kv_staging.h"
 #include "services/worker/worker_metrics.h"
 
 namespace cleave::worker {
@@ -37,6 +38,12 @@ struct WorkerCoreOptions {
   // Writes prompt KV into other workers' pools (null: this worker prefills only for itself).
   transfer::KvTransport* transport = nullptr;
   std::chrono::milliseconds transfer_timeout{30000};
+  // A cache elsewhere (a GPU): the group's host rows are a staging area (kv_staging.h),
+  // not the pool: rows [0, staging_send_blocks) for prompts this worker sends, the next
+  // staging_receive_blocks for prompts written into it. Both 0: the host rows are the cache
+  // (the CPU model), and transfers read and write the pool's blocks themselves.
+  int64_t staging_send_blocks = 0;
+  int64_t staging_receive_blocks = 0;
   // A reservation not started within this is freed (ReserveRequest.ttl_ms overrides it),
   // and so are a router's requests once no token stream of that router has been open for
   // this long (the router is presumed lost).
@@ -59,7 +66,11 @@ class WorkerCore {
   ~WorkerCore();
 
   void setWorkerId(std::string id);
-  absl::StatusOr<v1::ReserveResponse> reserve(const v1::ReserveRequest& request);
+  // Reserves the sequence's blocks and, on a worker that stages transfers, the staging rows
+  // its prompt is written into (waiting, within the call's deadline and the transfer
+  // timeout, while transfers not yet started hold them all); `context` may be null.
+  absl::StatusOr<v1::ReserveResponse> reserve(const v1::ReserveRequest& request,
+                                              grpc::ServerContext* context = nullptr);
   // Prefills into this worker's own reservation (a BOTH worker serving itself), or into
   // local blocks that are then written into the destination worker's reserved blocks over
   // the KV transport. Waits for the first token (and the transfer); a cancelled call
@@ -88,6 +99,9 @@ class WorkerCore {
     // Its prompt's KV was computed here (a local prefill), not written in by a transfer:
     // nothing to bring in from the host rows before decoding.
     bool prefilled_here = false;
+    // The receive staging rows its prompt is written into (a worker that stages
+    // transfers), held until StartDecode has copied them in or the request is forgotten.
+    std::vector<int32_t> staging;
     Clock::time_point expires = Clock::time_point::max();  // Unless decoding by then.
     std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   };
@@ -117,12 +131,15 @@ class WorkerCore {
                       uint64_t& bytes);
   // The engine id of `request_id`, if known.
   std::optional<uint64_t> idOf(const std::string& request_id);
+  // Drops `id`'s request, giving back its staging rows.
   void forget(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails a pending prefill of `id`, if any.
   void abortPrefill(uint64_t id, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   engine::TpGroup& model_;
   WorkerCoreOptions options_;
+  // A worker that stages transfers (options_.staging_*): its two areas; else null.
+  std::unique_ptr<KvStagingSlots> send_staging_, receive_staging_;
   // The floor of the step `report` describes, when the hardware is known.
   std::optional<double> floorOf(const StepReport& report) const;
 

@@ -28,6 +28,7 @@
 #include "services/transfer/kv_transport.h"
 #include "services/worker/control_services.h"
 #include "services/worker/gpu_setup.h"
+#include "services/worker/kv_staging.h"
 #include "services/worker/registration.h"
 #include "services/worker/worker_metrics.h"
 #include "services/worker/worker_options.h"
@@ -136,7 +137,7 @@ int run(int argc, char** argv) {
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                             static_cast<int>(options.tp));
   // On the GPU the group steps CUDA models, each with its KV cache on its GPU, and keeps
-  // host rows of the pool for the KV transport (copied around each transfer).
+  // host staging rows for the KV transport (copied around each transfer).
   const bool gpu = options.backend == "cuda";
   // A GPU model's batch is sized at start: the target's decodes and a few prefill chunks
   // beside them. The scheduler keeps every step within it.
@@ -183,7 +184,24 @@ int run(int argc, char** argv) {
   if (!plan.ok()) die(plan.status());
   CLEAVE_LOG(INFO) << plan->table();
   worker::WorkerMetrics::exportMemoryPlan(*plan);
-  if (absl::Status kv = (*group)->allocateKv(plan->kv_blocks, kBlockSize); !kv.ok()) die(kv);
+  // A GPU's cache moves through host staging rows (kv_staging.h), not a host copy of the
+  // pool; a CPU worker's only when asked (else peers write its cache's blocks).
+  const bool staged = gpu || options.kv_staging_tokens > 0;
+  const StagingSizes staging =
+      staged ? planStaging(role != Role::kDecode, role != Role::kPrefill, options.kv_staging_tokens,
+                           config.max_position_embeddings, options.planned_seq_len, plan->kv_blocks,
+                           kBlockSize)
+             : StagingSizes{};
+  if (absl::Status kv =
+          (*group)->allocateKv(plan->kv_blocks, kBlockSize, staging.send + staging.receive);
+      !kv.ok())
+    die(kv);
+  if (staged) {
+    CLEAVE_LOG(INFO) << "KV transfers stage through host rows: " << staging.send << " blocks out, "
+                     << staging.receive << " in ("
+                     << ((staging.send + staging.receive) * (*group)->kvBlockBytes(0) >> 20)
+                     << " MiB per rank; --kv-staging-tokens)";
+  }
 
   // The tokenizer turns tokens into text for stop strings; a model without one is served
   // on token ids alone.
@@ -251,6 +269,8 @@ int run(int argc, char** argv) {
                    .eos_ids = eos,
                    .layout = kvLayout(config, (*group)->kvType()),
                    .transport = transport.get(),
+                   .staging_send_blocks = staging.send,
+                   .staging_receive_blocks = staging.receive,
                    .lease_timeout = std::chrono::milliseconds(options.lease_timeout_ms),
                    .target_concurrency = role == Role::kPrefill ? 0 : options.target_concurrency,
                    .hardware = hardware,

@@ -37,6 +37,11 @@ void WorkerOptions::addFlags(FlagSet& flags) {
                "Sequences a decode worker must be able to run at once");
   flags.addInt("planned-seq-len", &planned_seq_len,
                "Typical sequence length (prompt + output) the KV plan must hold");
+  flags.addInt("kv-staging-tokens", &kv_staging_tokens,
+               "Tokens of host rows each direction of KV transfers passes through, apart from "
+               "the cache; a longer prompt is refused. GPU workers always stage (0: a "
+               "whole-context prompt out, in the larger of that and four planned-length "
+               "sequences); a CPU worker only when this is set (else peers write its cache)");
   flags.addInt("threads", &threads, "CPU threads per rank (0: all cores / tp)");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "Free a reservation not started within this, and a router's sequences once its "
@@ -98,6 +103,10 @@ absl::Status validate(const WorkerOptions& options) {
   if (options.planned_seq_len < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--planned-seq-len must be >= 1, got ", options.planned_seq_len));
+  }
+  if (options.kv_staging_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-staging-tokens must be >= 0, got ", options.kv_staging_tokens));
   }
   if (absl::Status valid = options.server.validate(); !valid.ok()) return valid;
   if (options.threads < 0) {

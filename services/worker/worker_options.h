@@ -26,6 +26,7 @@ struct WorkerOptions {
   uint64_t memory_budget = 0;
   int64_t target_concurrency = 16;
   int64_t planned_seq_len = 2048;
+  int64_t kv_staging_tokens = 0;  // Host staging rows per side of transfers (kv_staging.h)
   int64_t threads = 0;
   int64_t lease_timeout_ms = 10000;
   // On SIGTERM/SIGINT: how long the worker keeps running what it holds after telling the

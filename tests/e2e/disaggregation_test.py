@@ -10,6 +10,8 @@ reserved afterwards.
     with int8-quantized activations cut across ranks sums in another order and may move a
     near-tie greedy choice (docs/engine.md); SmolLM2 runs those pairings too and reports
     its agreement.
+  * Transfers staged through host rows apart from the cache (--kv-staging-tokens, what GPU
+    workers do): the same tokens as direct ones, prompts waiting for each other's rows.
   * --kv-dtype fp8 and bf16 caches: what the prefill worker wrote decodes to the offline
     engine's tokens with the same cache type; workers whose cache types differ are refused
     by the router, with a message naming both layouts.
@@ -58,17 +60,18 @@ def offline_ids(model, ids, max_tokens):
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
 class DisaggregationTest(unittest.TestCase):
     def serve(self, model, prefill_tp, decode_tp, prompts, text, prefill_workers=1,
-              decode_workers=1, kill=None, kv_dtype="f32"):
+              decode_workers=1, kill=None, kv_dtype="f32", extra=(), after=None):
         """Token ids of greedy generations of `prompts` through router + prefill + decode;
         with kill="prefill" or "decode", the first worker of that role is killed (SIGKILL)
-        after registering and before any request: the router must route around it."""
+        after registering and before any request: the router must route around it. `extra`
+        goes to every worker; `after(stub, pb)` runs once the generations are done."""
         pb = ct.stubs()["generation_pb2"]
         router_args = [ct.binary("cleave-router"), "--listen=127.0.0.1:0", "--metrics-port=0"]
         router = ct.Process(router_args + ([f"--model={model}"] if text else []))
         address = f"127.0.0.1:{router.ready['grpc_port']}"
         common = [f"--model={model}", f"--router={address}", "--listen=127.0.0.1:0",
                   "--metrics-port=0", "--target-concurrency=8", "--planned-seq-len=128",
-                  "--threads=1", f"--kv-dtype={kv_dtype}"]
+                  "--threads=1", f"--kv-dtype={kv_dtype}", *extra]
         workers = [ct.Process([ct.binary("cleave-worker"), "--role=prefill", f"--tp={prefill_tp}",
                                *common]) for _ in range(prefill_workers)]
         workers += [ct.Process([ct.binary("cleave-worker"), "--role=decode", f"--tp={decode_tp}",
@@ -101,6 +104,8 @@ class DisaggregationTest(unittest.TestCase):
 
             with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
                 results = list(pool.map(generate, prompts))
+            if after is not None:
+                after(stub, pb)
             self.assertEqual(metric(router.ready["metrics_port"], "cleave_router_reserved_blocks"), 0)
             for w in workers:
                 if w.proc.poll() is not None:
@@ -176,6 +181,30 @@ class DisaggregationTest(unittest.TestCase):
         want = self.serve(TINY, 1, 1, prompts, text=False)
         for pairing in ((2, 1), (1, 2)):
             self.assertEqual(self.serve(TINY, *pairing, prompts, text=False), want, pairing)
+
+    def test_transfers_staged_through_host_rows_decode_like_direct_ones(self):
+        """--kv-staging-tokens (the GPU workers' path, here on the CPU): the prefill worker
+        copies a prompt out of its cache into send rows, the decode worker is written only in
+        its receive rows and copies them into its cache at StartDecode. 64 tokens of staging
+        hold one prompt of up to 4 blocks, so the concurrent prompts wait for each other's
+        rows (a row never given back would stall the rest); every pairing decodes as direct
+        transfers do, and a longer prompt is refused with a message naming the flag."""
+        rng = random.Random(12)
+        prompts = [[rng.randrange(701) for _ in range(rng.randint(1, 64))] for _ in range(8)]
+        want = self.serve(TINY, 1, 1, prompts, text=False)
+
+        def refuses_a_longer_prompt(stub, pb):
+            request = pb.GenerateRequest(stopping=pb.StoppingCriteria(max_new_tokens=4))
+            request.token_ids.ids.extend(range(1, 66))
+            with self.assertRaises(grpc.RpcError) as refused:
+                list(stub.Generate(request, timeout=60))
+            self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn("--kv-staging-tokens", refused.exception.details())
+
+        for pairing in ((1, 1), (2, 1), (1, 2)):
+            got = self.serve(TINY, *pairing, prompts, text=False,
+                             extra=["--kv-staging-tokens=64"], after=refuses_a_longer_prompt)
+            self.assertEqual(got, want, pairing)
 
     def test_a_latent_attention_model_moves_its_latent_rows(self):
         """DeepSeek-V3's MLA caches one latent row per position, which every rank holds
