@@ -36,6 +36,10 @@ extern char** environ;
 namespace cleave::cli {
 namespace {
 
+// The share of a GPU's memory its workers fill when no budget is given (the rest for the
+// CUDA contexts and what lives outside the models' allocations).
+constexpr double kGpuMemoryShare = 0.9;
+
 struct Child {
   std::string name;
   std::string ready_file;
@@ -117,7 +121,9 @@ int runUp(int argc, char** argv) {
   flags.addInt("threads", &threads, "CPU threads per rank of each worker (0: the worker decides)");
   flags.addInt("target-concurrency", &target, "Each decode worker's target concurrency");
   flags.addInt("planned-seq-len", &planned, "Sequence length the KV plans must hold");
-  flags.addBytes("memory-budget", &budget, "Each worker's memory budget (0: what the plan needs)");
+  flags.addBytes("memory-budget", &budget,
+                 "Each worker's memory budget (0: on GPUs, 90% of each GPU's memory split among "
+                 "the worker ranks sharing it; on the CPU, what the plan needs)");
   flags.addString("kv-dtype", &kv_dtype,
                   "Every worker's KV cache element type: f32, bf16 or fp8 (auto: f32 on the "
                   "CPU, bf16 on GPUs)");
@@ -172,6 +178,7 @@ int runUp(int argc, char** argv) {
   // there are fewer than the workers' ranks.
   std::vector<std::string> gpus;
   int64_t next_gpu = 0;
+  int64_t sharing = 1;  // Worker ranks on the busiest GPU: they split its memory.
   if (backend == "cuda") {
     int64_t count = 0;
 #if CLEAVE_HAVE_CUDA
@@ -194,6 +201,7 @@ int runUp(int argc, char** argv) {
       return fail(absl::FailedPreconditionError(absl::StrCat(
           "--backend cuda: a worker of --tp ", widest, " needs that many GPUs; ", count, " here")));
     const int64_t ranks = prefill * prefill_tp + (decode + both) * decode_tp;
+    sharing = (ranks + count - 1) / count;
     if (ranks > count)
       std::fprintf(stderr, "cleave up: %lld worker ranks share %lld GPUs\n",
                    static_cast<long long>(ranks), static_cast<long long>(count));
@@ -237,6 +245,8 @@ int runUp(int argc, char** argv) {
                                        "--kv-dtype=" + kv_dtype,
                                        "--backend=" + backend};
       if (threads > 0) args.push_back(absl::StrCat("--threads=", threads));
+      if (backend == "cuda" && budget == 0)
+        args.push_back(absl::StrCat("--gpu-memory-fraction=", kGpuMemoryShare / sharing));
       children.push_back(child);
       if (absl::Status s = spawn(children.back(), args); !s.ok()) return s;
     }

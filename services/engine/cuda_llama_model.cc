@@ -267,7 +267,7 @@ struct CudaLlamaModel::State {
     quantized = quantized_bytes > 0 ? arena.take<uint8_t>(quantized_bytes) : nullptr;
     last = arena.take<bf16>(options.max_sequences * hidden);
     logits = arena.take<float>(options.max_sequences * vocab_rows);
-    if (comm != nullptr) gathered = arena.take<float>(options.max_sequences * vocab);
+    if (rank_vocab_rows.size() > 1) gathered = arena.take<float>(options.max_sequences * vocab);
     attention_workspace = arena.take<uint8_t>(
         static_cast<int64_t>(std::max(decode_plan.workspace_bytes, mla_plan.workspace_bytes)));
     meta = arena.take<int32_t>(metaCount());
@@ -285,12 +285,14 @@ struct CudaLlamaModel::State {
 
 namespace {
 
-// Shapes, plans and the one allocation, before any weight is written.
-// `moe_example`: a MoE layer of the weights (their expert format), null for random ones.
+// Shapes, plans and the one allocation, before any weight is written; with !allocate, the
+// plan alone (sized, nothing allocated, no communicator needed). Either way the device's
+// memory goes to `memory` when it is not null. `moe_example`: a MoE layer of the weights (their
+// expert format), null for random ones.
 absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     const model::ModelConfig& c, const ShardDims& dims, const CudaModelOptions& options,
     bool qkv_bias, bool qk_norm, bool tied, const MoeBlock* moe_example,
-    std::vector<LayerFormats> formats) {
+    std::vector<LayerFormats> formats, bool allocate = true, BackendMemory* memory = nullptr) {
   if (options.operands == cuda::GemmOperands::kNative)
     return absl::InvalidArgumentError(
         "the CUDA model takes auto or widened GEMM operands (auto uses the native ones wherever a "
@@ -300,8 +302,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     return absl::InvalidArgumentError(
         "CUDA model options: max_step_tokens, max_sequences and max_context must be >= 1, and "
         "max_sequences <= max_step_tokens");
-  if ((options.comm != nullptr ? options.comm->size() : 1) != dims.shard.size ||
-      (options.comm != nullptr && options.comm->rank() != dims.shard.rank))
+  if (allocate && ((options.comm != nullptr ? options.comm->size() : 1) != dims.shard.size ||
+                   (options.comm != nullptr && options.comm->rank() != dims.shard.rank)))
     return absl::InvalidArgumentError(
         "a CUDA model of a tensor-parallel shard needs its rank's communicator");
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
@@ -412,6 +414,11 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   // NCCL allocates its buffers at the first collective, after the model: leave it room.
   const size_t headroom = dims.shard.size > 1 ? size_t{1} << 30 : 0;
   free_bytes = free_bytes > headroom ? free_bytes - headroom : 0;
+  if (memory != nullptr) {
+    memory->free_bytes = static_cast<int64_t>(free_bytes);
+    memory->total_bytes = static_cast<int64_t>(total_bytes);
+  }
+  if (!allocate) return state;
   if (static_cast<size_t>(total) > free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "GPU ", options.device, " has ", free_bytes >> 20, " MiB free; the model needs ",
@@ -471,8 +478,13 @@ absl::Status uploadInverseFrequencies(const model::ModelConfig& c, cpu::RopePair
 CudaLlamaModel::CudaLlamaModel(std::unique_ptr<State> state) : state_(std::move(state)) {}
 CudaLlamaModel::~CudaLlamaModel() = default;
 
-absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
-    const LlamaWeights& w, const CudaModelOptions& options) {
+namespace {
+
+// prepare() for `w`: its formats, biases, norms and tying read off the weights.
+absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepareFor(const LlamaWeights& w,
+                                                                  const CudaModelOptions& options,
+                                                                  bool allocate,
+                                                                  BackendMemory* memory = nullptr) {
   CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w.config.rope_scaling));
   CLEAVE_RETURN_IF_ERROR(gpuRopeSupported(w.config, w.rope_pairing));
   const bool bias = !w.layers.empty() && !w.layers[0].bq.empty();
@@ -494,9 +506,30 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     }
     formats.push_back(f);
   }
-  CLEAVE_ASSIGN_OR_RETURN(
-      std::unique_ptr<State> state,
-      prepare(w.config, w.dims, options, bias, qk_norm, tied, moe_example, std::move(formats)));
+  return prepare(w.config, w.dims, options, bias, qk_norm, tied, moe_example, std::move(formats),
+                 allocate, memory);
+}
+
+}  // namespace
+
+absl::StatusOr<BackendMemory> CudaLlamaModel::estimate(const LlamaWeights& w,
+                                                       const CudaModelOptions& options) {
+  CudaModelOptions one = options;
+  one.kv_blocks = 1;
+  BackendMemory e;
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state, prepareFor(w, one, /*allocate=*/false, &e));
+  const State& s = *state;
+  e.kv_block_bytes = s.cache_parts * s.layers * s.kv_heads * s.options.block_size *
+                     s.cache_head_dim * s.kvElementBytes();
+  e.weights = s.plan.weights;
+  // The cache of one block holds the padding rows' scratch block too: fixed, like the rest.
+  e.workspace = s.plan.workspace + s.plan.kv_cache - e.kv_block_bytes;
+  return e;
+}
+
+absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
+    const LlamaWeights& w, const CudaModelOptions& options) {
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state, prepareFor(w, options, /*allocate=*/true));
   State& s = *state;
   s.rope_layout = w.rope_pairing == cpu::RopePairing::kHalves ? cuda::RopeLayout::kHalves
                                                               : cuda::RopeLayout::kAdjacent;
@@ -1146,6 +1179,23 @@ StepBackendFactory cudaStepBackend(const CudaModelOptions& base) {
       backends.push_back(std::make_unique<CudaRankBackend>(group, std::move(model)));
     }
     return backends;
+  };
+}
+
+BackendMemoryEstimator cudaBackendMemory(const CudaModelOptions& base) {
+  return [base](std::span<const LlamaWeights* const> ranks,
+                int64_t block_size) -> absl::StatusOr<std::vector<BackendMemory>> {
+    std::vector<BackendMemory> memory;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      CudaModelOptions options = base;
+      options.device = base.device + static_cast<int>(r);
+      options.block_size = block_size;
+      if (ranks[r]->config.max_position_embeddings > 0)
+        options.max_context = ranks[r]->config.max_position_embeddings;
+      CLEAVE_ASSIGN_OR_RETURN(BackendMemory m, CudaLlamaModel::estimate(*ranks[r], options));
+      memory.push_back(m);
+    }
+    return memory;
   };
 }
 

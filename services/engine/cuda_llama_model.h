@@ -80,6 +80,13 @@ struct CudaMemoryPlan {
 
 class CudaLlamaModel : public StepBackend {
  public:
+  // What create(weights, options) would allocate, counted without allocating, for any
+  // kv_blocks: weights + workspace + kv_blocks * kv_block_bytes (the workspace holding all
+  // but the pool: activations, attention partials, step metadata, the padding rows'
+  // scratch block), and the device's memory now (free less NCCL's headroom under tensor
+  // parallelism). Needs the device, not a communicator. Errors as create()'s, but memory.
+  static absl::StatusOr<BackendMemory> estimate(const LlamaWeights& weights,
+                                                const CudaModelOptions& options);
   // Uploads `weights` (read only during the call) to GPU `options.device`. Errors: no such
   // device, an architecture or head size the backend does not run, too little memory
   // (naming the plan), a CUDA call failing (naming it).
@@ -121,6 +128,9 @@ class CudaLlamaModel : public StepBackend {
 // GPUs allow) for tp > 1, its KV pool the group's blocks (and max_context what they can
 // hold, up to the model's context length).
 StepBackendFactory cudaStepBackend(const CudaModelOptions& base);
+// What those backends would hold (CudaLlamaModel::estimate), sized for contexts up to the
+// model's context length.
+BackendMemoryEstimator cudaBackendMemory(const CudaModelOptions& base);
 
 // The GPU cache type holding the same bytes as a host KV type (bf16 or e4m3; the GPU has no
 // f32 cache, so f32 maps to bf16 and callers refuse it first).

@@ -204,6 +204,37 @@ TEST(CudaLlamaModelTest, NativeOperandsStayCloseToTheCpuBackend) {
   if (ran == 0) GTEST_SKIP() << "this GPU has no native FP8 or E2M1 MMA (sm_120 / sm_120a)";
 }
 
+// What a worker plans with is what create() then allocates: the same weights, and for any
+// pool the workspace plus one block's bytes per block (to the arena's alignment), on a
+// dense, a latent-attention and an NVFP4 model; the device's memory comes with it.
+TEST(CudaLlamaModelTest, TheEstimateIsWhatCreateAllocates) {
+  CLEAVE_REQUIRE_GPU();
+  for (const char* name : {"llama_f32", "deepseek_v3_moe_f32", "llama_nvfp4_ct"}) {
+    SCOPED_TRACE(name);
+    auto weights = loadLlama(goldenDir() + "/engine/hf/" + name);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    for (cuda::KvDtype dtype : {cuda::KvDtype::kBf16, cuda::KvDtype::kFp8E4M3}) {
+      CudaModelOptions options{.max_step_tokens = 96,
+                               .max_sequences = 5,
+                               .max_context = 256,
+                               .kv_blocks = 37,
+                               .kv_dtype = dtype};
+      auto estimate = CudaLlamaModel::estimate(**weights, options);
+      ASSERT_TRUE(estimate.ok()) << estimate.status();
+      EXPECT_GT(estimate->free_bytes, 0);
+      EXPECT_GE(estimate->total_bytes, estimate->free_bytes);
+      auto model = CudaLlamaModel::create(**weights, options);
+      ASSERT_TRUE(model.ok()) << model.status();
+      const CudaMemoryPlan& plan = (*model)->memoryPlan();
+      EXPECT_EQ(plan.weights, estimate->weights);
+      EXPECT_EQ((*model)->weightBytes(), estimate->weights);
+      const int64_t counted = estimate->workspace + 37 * estimate->kv_block_bytes;
+      EXPECT_NEAR(static_cast<double>(plan.workspace + plan.kv_cache), static_cast<double>(counted),
+                  512.0);
+    }
+  }
+}
+
 TEST(CudaLlamaModelTest, RefusesForcedNativeOperands) {
   CLEAVE_REQUIRE_GPU();
   auto weights = loadLlama(goldenDir() + "/engine/hf/llama_nvfp4_ct");

@@ -1,5 +1,8 @@
 #include "services/engine/memory_plan.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -30,6 +33,20 @@ int64_t workspaceBytes(const model::ModelConfig& c, const MemoryPlanInput& in) {
 
 }  // namespace
 
+void useBackendMemory(std::span<const BackendMemory> ranks, double fraction,
+                      MemoryPlanInput& input) {
+  int64_t budget = std::numeric_limits<int64_t>::max();
+  input.weight_bytes = input.workspace_bytes = input.kv_block_bytes = 0;
+  for (const BackendMemory& m : ranks) {
+    input.weight_bytes = std::max(input.weight_bytes, m.weights);
+    input.workspace_bytes = std::max(input.workspace_bytes, m.workspace);
+    input.kv_block_bytes = std::max(input.kv_block_bytes, m.kv_block_bytes);
+    budget = std::min({budget, static_cast<int64_t>(fraction * static_cast<double>(m.total_bytes)),
+                       m.free_bytes - kDeviceReserve});
+  }
+  if (input.budget_bytes == 0 && !ranks.empty()) input.budget_bytes = std::max<int64_t>(budget, 0);
+}
+
 int64_t kvBytesPerToken(const model::ModelConfig& c, int64_t kv_element_bytes, int64_t tp) {
   // The rank with the most KV heads (rank 0 when they do not split evenly) sizes the pool.
   const model::KvCacheShape shape = model::kvCacheShape(c);
@@ -59,12 +76,14 @@ absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& c, const MemoryP
   MemoryPlan plan;
   plan.budget = in.budget_bytes;
   plan.weights = in.weight_bytes;
-  plan.workspace = workspaceBytes(c, in);
-  plan.kv_block_bytes = in.block_size * kvBytesPerToken(c, in.kv_element_bytes, in.tp);
+  plan.workspace = in.workspace_bytes > 0 ? in.workspace_bytes : workspaceBytes(c, in);
+  plan.kv_block_bytes = in.kv_block_bytes > 0
+                            ? in.kv_block_bytes
+                            : in.block_size * kvBytesPerToken(c, in.kv_element_bytes, in.tp);
   const int64_t blocks_per_sequence = (in.planned_seq_len + in.block_size - 1) / in.block_size;
   const int64_t needed_kv = in.target_concurrency * blocks_per_sequence * plan.kv_block_bytes;
   const int64_t left = in.budget_bytes - plan.weights - plan.workspace;
-  plan.kv_blocks = std::max<int64_t>(0, left / plan.kv_block_bytes);
+  plan.kv_blocks = std::clamp<int64_t>(left / plan.kv_block_bytes, 0, kMaxKvBlocks);
   plan.kv_pool = plan.kv_blocks * plan.kv_block_bytes;
   plan.sequences_at_planned_len = plan.kv_blocks / blocks_per_sequence;
   if (plan.sequences_at_planned_len < in.target_concurrency) {

@@ -5,12 +5,31 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
 
 namespace cleave::engine {
+
+// What one rank's backend would hold, counted before it is made: what the memory plan of a
+// worker whose KV pool lives with the backend (a GPU's) works from.
+struct BackendMemory {
+  int64_t weights = 0;         // As the backend stores them.
+  int64_t workspace = 0;       // All else of its allocation but the KV pool.
+  int64_t kv_block_bytes = 0;  // One block of its cache.
+  int64_t free_bytes = 0;      // Its device's free memory now.
+  int64_t total_bytes = 0;     // Its device's memory.
+};
+
+// Device memory a worker leaves beyond its backends' allocations when it fills the
+// devices: CUDA graphs, cuBLASLt's workspace, NCCL's buffers past their headroom.
+inline constexpr int64_t kDeviceReserve = int64_t{512} << 20;
+
+// The most blocks a pool has (16 tokens each: 67M tokens): the block ids and their
+// bookkeeping stay small however large the budget.
+inline constexpr int64_t kMaxKvBlocks = int64_t{1} << 22;
 
 struct MemoryPlanInput {
   int64_t budget_bytes = 0;
@@ -21,6 +40,10 @@ struct MemoryPlanInput {
   int64_t block_size = 16;
   int64_t kv_element_bytes = 4;  // f32 keys and values.
   int64_t tp = 1;                // KV heads are split across ranks.
+  // As a backend counted them (BackendMemory), for a pool that lives with it; 0: the CPU
+  // model's, estimated from the shapes (workspace) and computed (block bytes).
+  int64_t workspace_bytes = 0;
+  int64_t kv_block_bytes = 0;
 };
 
 struct MemoryPlan {
@@ -35,11 +58,19 @@ struct MemoryPlan {
   std::string table() const;
 };
 
+// Plans with the backends' own counts in place of the CPU model's (weights, workspace and
+// block bytes of their largest rank, which every rank must match in blocks), and with
+// budget_bytes 0 fills the devices: on the tightest rank, `fraction` of
+// its device's memory, at most its free memory less kDeviceReserve.
+void useBackendMemory(std::span<const BackendMemory> ranks, double fraction,
+                      MemoryPlanInput& input);
+
 // KV bytes per token for one rank.
 int64_t kvBytesPerToken(const model::ModelConfig& config, int64_t kv_element_bytes, int64_t tp);
 
 // Fails with FailedPrecondition when the KV pool cannot hold target_concurrency sequences
 // of planned_seq_len tokens; the message gives each term and the budget that would fit.
+// The pool has at most kMaxKvBlocks blocks.
 absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& config,
                                       const MemoryPlanInput& input);
 

@@ -63,5 +63,49 @@ TEST(MemoryPlanTest, TooSmallABudgetRefusesWithTheNumbers) {
   EXPECT_THAT(plan.status().message(), HasSubstr("Raise --memory-budget to at least"));
 }
 
+// A GPU worker plans with what its backends count (the largest rank's terms) and, with no
+// budget given, fills the tightest device: a share of its memory, at most its free memory
+// less the reserve for what lives outside the model's allocation.
+TEST(MemoryPlanTest, BackendsCountTheirOwnBytesAndFillTheTightestDevice) {
+  const int64_t gib = int64_t{1} << 30;
+  const std::vector<BackendMemory> ranks = {{.weights = 3 * gib,
+                                             .workspace = gib / 2,
+                                             .kv_block_bytes = 1 << 20,
+                                             .free_bytes = 70 * gib,
+                                             .total_bytes = 80 * gib},
+                                            {.weights = 2 * gib,
+                                             .workspace = gib,
+                                             .kv_block_bytes = 1 << 19,
+                                             .free_bytes = 79 * gib,
+                                             .total_bytes = 80 * gib}};
+  MemoryPlanInput in{.weight_bytes = 9 * gib, .target_concurrency = 16, .planned_seq_len = 2048};
+  useBackendMemory(ranks, 0.9, in);
+  EXPECT_EQ(in.weight_bytes, 3 * gib);  // the backends' count, not the CPU's
+  EXPECT_EQ(in.workspace_bytes, gib);
+  EXPECT_EQ(in.kv_block_bytes, 1 << 20);
+  EXPECT_EQ(in.budget_bytes, 70 * gib - kDeviceReserve);  // rank 0's free, under 72 GiB
+  auto plan = planMemory(smolLm2(), in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->workspace, gib);
+  EXPECT_EQ(plan->kv_block_bytes, 1 << 20);
+  EXPECT_EQ(plan->kv_blocks, (70 * gib - kDeviceReserve - 4 * gib) >> 20);
+  // A share below the free memory decides; a given budget stays.
+  MemoryPlanInput shared{};
+  useBackendMemory(ranks, 0.45, shared);
+  EXPECT_EQ(shared.budget_bytes, static_cast<int64_t>(0.45 * 80 * gib));
+  MemoryPlanInput given{.budget_bytes = 5 * gib};
+  useBackendMemory(ranks, 0.9, given);
+  EXPECT_EQ(given.budget_bytes, 5 * gib);
+}
+
+TEST(MemoryPlanTest, APoolHasAtMostTheBlocksItsIdsCanName) {
+  auto plan = planMemory(smolLm2(), {.budget_bytes = int64_t{1} << 50,
+                                     .weight_bytes = 100 << 20,
+                                     .target_concurrency = 16,
+                                     .planned_seq_len = 2048});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->kv_blocks, kMaxKvBlocks);
+}
+
 }  // namespace
 }  // namespace cleave::engine

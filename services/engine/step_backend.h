@@ -17,6 +17,7 @@
 #include "services/engine/kv_storage.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/llama_weights.h"
+#include "services/engine/memory_plan.h"
 
 namespace cleave::engine {
 
@@ -39,6 +40,11 @@ class StepBackend {
   // Weight bytes a step reads, as the backend stores them (0: as the CPU model's).
   virtual int64_t weightBytes() const { return 0; }
 };
+
+// Counts BackendMemory for rank r's backend from ranks[r] (read only during the call), with
+// blocks of `block_size` positions.
+using BackendMemoryEstimator = std::function<absl::StatusOr<std::vector<BackendMemory>>(
+    std::span<const LlamaWeights* const> ranks, int64_t block_size)>;
 
 // Makes one backend per rank of a group, rank r's for ranks[r] (its shard of the weights,
 // read only during the call), each with a KV pool of `num_blocks` blocks of `block_size`

@@ -130,6 +130,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
   group->backend_factory_ = options.backend;
   group->kv_type_ = options.kv_type;
   group->host_kv_ = options.backend && options.host_kv;
+  group->backend_memory_ = options.backend_memory;
   GlooRendezvous rendezvous(options.tp);
   SharedMemoryGroup shared(options.tp);
   const int threads_per_rank = std::max(1, options.threads / options.tp);
@@ -222,6 +223,18 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size, int64_t
     if (!backends_.empty()) return backends_[rank.index]->copyKv(KvCopy::kToHost, {}, {}, *rank.kv);
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<std::vector<BackendMemory>> TpGroup::backendMemory(int64_t block_size) const {
+  if (!backend_memory_) return absl::FailedPreconditionError("no backend memory estimator");
+  if (!backends_.empty() || ranks_[0]->weights == nullptr)
+    return absl::FailedPreconditionError("the backends are made: their memory is spent");
+  std::vector<const LlamaWeights*> shards;
+  for (const auto& rank : ranks_) shards.push_back(rank->weights.get());
+  CLEAVE_ASSIGN_OR_RETURN(std::vector<BackendMemory> memory, backend_memory_(shards, block_size));
+  if (memory.size() != ranks_.size())
+    return absl::InternalError("the backend memory estimator counted the wrong number of ranks");
+  return memory;
 }
 
 absl::StatusOr<std::span<const float>> TpGroup::forward(std::span<const SequenceChunk> batch) {

@@ -59,6 +59,8 @@ struct TpGroupOptions {
   // Set: steps run on these backends (one per rank, made by allocateKv), which hold the KV
   // cache themselves — kv() has no rows then, unless host_kv. Empty: the CPU model.
   StepBackendFactory backend;
+  // With a backend: what each rank's would hold, for backendMemory(). Optional.
+  BackendMemoryEstimator backend_memory;
   // With a backend: host rows too (kv(), in kv_type, which must be the backend's element
   // type), filled and read by copyKv — what a KV transport moves. Their number of blocks is
   // allocateKv's host_blocks: a staging area, not a mirror of the pool.
@@ -83,6 +85,11 @@ class TpGroup {
   // there. Errors: a bad size, a backend that cannot start (naming why; the weights stay
   // then), a second allocation with a backend (FailedPrecondition).
   absl::Status allocateKv(int64_t num_blocks, int64_t block_size, int64_t host_blocks = 0);
+
+  // What each rank's backend would hold with blocks of `block_size` positions
+  // (TpGroupOptions::backend_memory), before allocateKv makes them. FailedPrecondition
+  // without an estimator or once the backends are made.
+  absl::StatusOr<std::vector<BackendMemory>> backendMemory(int64_t block_size) const;
 
   // One forward step of every rank over `batch` (LlamaModel::forward); the logits are rank
   // 0's (every rank has the same), valid until the next call.
@@ -126,6 +133,7 @@ class TpGroup {
   model::TensorType weight_type_ = model::TensorType::kF32;
   std::unique_ptr<Threads> threads_;  // Null for a group of one.
   StepBackendFactory backend_factory_;
+  BackendMemoryEstimator backend_memory_;
   std::vector<std::unique_ptr<StepBackend>> backends_;  // one per rank
   int64_t num_blocks_ = 0;
   int64_t block_size_ = 16;

@@ -577,8 +577,25 @@ TEST(TpGroupHostKvTest, TheBackendsTakeOverTheWeights) {
       ++made;
       return backends;
     };
+    std::vector<int64_t> counted_layers;
+    options.backend_memory = [&counted_layers](
+                                 std::span<const LlamaWeights* const> ranks,
+                                 int64_t block_size) -> absl::StatusOr<std::vector<BackendMemory>> {
+      std::vector<BackendMemory> memory;
+      for (const LlamaWeights* w : ranks) {
+        counted_layers.push_back(static_cast<int64_t>(w->layers.size()));
+        memory.push_back({.kv_block_bytes = block_size});
+      }
+      return memory;
+    };
     auto group = TpGroup::load(path, options);
     ASSERT_TRUE(group.ok()) << group.status();
+    // Counted from every rank's shard before the backends exist, and not after.
+    auto memory = (*group)->backendMemory(16);
+    ASSERT_TRUE(memory.ok()) << memory.status();
+    EXPECT_EQ(memory->size(), static_cast<size_t>(tp));
+    EXPECT_EQ((*memory)[0].kv_block_bytes, 16);
+    EXPECT_EQ(counted_layers, std::vector<int64_t>(tp, 2));
     const int64_t cpu_bytes = (*group)->weightBytes(0);
     const int64_t block_bytes = (*group)->kvBlockBytes(0);
     EXPECT_GT(mappingsOf(file), 0);
@@ -592,7 +609,11 @@ TEST(TpGroupHostKvTest, TheBackendsTakeOverTheWeights) {
     EXPECT_EQ((*group)->weightType(), model::TensorType::kF32);
     EXPECT_EQ((*group)->kv(0).options().num_blocks, 4);
     EXPECT_EQ((*group)->allocateKv(8, 16).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ((*group)->backendMemory(16).status().code(), absl::StatusCode::kFailedPrecondition);
   }
+  auto cpu = TpGroup::load(path, {});
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ((*cpu)->backendMemory(16).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(TpGroupTest, RefusesASplitTheModelCannotTake) {

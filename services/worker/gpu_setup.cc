@@ -17,12 +17,27 @@ namespace cleave::worker {
 
 #if CLEAVE_HAVE_CUDA
 
+namespace {
+
+engine::CudaModelOptions modelOptions(const WorkerOptions& options, int64_t max_step_tokens,
+                                      int64_t max_sequences) {
+  return {.max_step_tokens = std::max(max_step_tokens, max_sequences),
+          .max_sequences = max_sequences,
+          .kv_dtype = engine::gpuKvDtype(kvType(options))};
+}
+
+}  // namespace
+
 absl::StatusOr<engine::StepBackendFactory> gpuBackend(const WorkerOptions& options,
                                                       int64_t max_step_tokens,
                                                       int64_t max_sequences) {
-  return engine::cudaStepBackend({.max_step_tokens = std::max(max_step_tokens, max_sequences),
-                                  .max_sequences = max_sequences,
-                                  .kv_dtype = engine::gpuKvDtype(kvType(options))});
+  return engine::cudaStepBackend(modelOptions(options, max_step_tokens, max_sequences));
+}
+
+absl::StatusOr<engine::BackendMemoryEstimator> gpuBackendMemory(const WorkerOptions& options,
+                                                                int64_t max_step_tokens,
+                                                                int64_t max_sequences) {
+  return engine::cudaBackendMemory(modelOptions(options, max_step_tokens, max_sequences));
 }
 
 absl::StatusOr<roofline::Hardware> gpuHardware(model::TensorType weights) {
@@ -61,6 +76,11 @@ absl::StatusOr<roofline::Hardware> gpuHardware(model::TensorType weights) {
 absl::StatusOr<engine::StepBackendFactory> gpuBackend(const WorkerOptions&, int64_t, int64_t) {
   return absl::UnimplementedError(
       "this build has no CUDA backend: configure with -DCLEAVE_CUDA=ON where nvcc exists");
+}
+
+absl::StatusOr<engine::BackendMemoryEstimator> gpuBackendMemory(const WorkerOptions&, int64_t,
+                                                                int64_t) {
+  return absl::UnimplementedError("this build has no CUDA backend");
 }
 
 absl::StatusOr<roofline::Hardware> gpuHardware(model::TensorType) {

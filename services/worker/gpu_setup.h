@@ -19,6 +19,11 @@ absl::StatusOr<engine::StepBackendFactory> gpuBackend(const WorkerOptions& optio
                                                       int64_t max_step_tokens,
                                                       int64_t max_sequences);
 
+// What those backends would hold (engine::cudaBackendMemory) for the worker's memory plan.
+absl::StatusOr<engine::BackendMemoryEstimator> gpuBackendMemory(const WorkerOptions& options,
+                                                                int64_t max_step_tokens,
+                                                                int64_t max_sequences);
+
 // The built-in profile (roofline.h) of GPU 0 by its name, at the peak of the products as
 // the GPU runs them (FP8 or E2M1 where it has their native MMA, else bf16); NotFound naming
 // the GPU when no profile matches.

@@ -143,10 +143,14 @@ int run(int argc, char** argv) {
   // beside them. The scheduler keeps every step within it.
   const int64_t step_sequences = gpu ? std::max<int64_t>(options.target_concurrency, 1) + 8 : 0;
   engine::StepBackendFactory step_backend;
+  engine::BackendMemoryEstimator backend_memory;
   if (gpu) {
     auto made = gpuBackend(options, kMaxBatchTokens, step_sequences);
     if (!made.ok()) die(made.status());
     step_backend = std::move(*made);
+    auto counted = gpuBackendMemory(options, kMaxBatchTokens, step_sequences);
+    if (!counted.ok()) die(counted.status());
+    backend_memory = std::move(*counted);
   }
   ProgressLine progress;  // On a terminal only; a log stays clean.
   auto group = engine::TpGroup::load(options.model,
@@ -156,6 +160,7 @@ int run(int argc, char** argv) {
                                       .kv_type = kvType(options),
                                       .on_progress = engine::showLoadProgress(progress),
                                       .backend = step_backend,
+                                      .backend_memory = backend_memory,
                                       .host_kv = gpu});
   progress.finish();
   if (!group.ok()) die(group.status());
@@ -170,6 +175,13 @@ int run(int argc, char** argv) {
                                      .block_size = kBlockSize,
                                      .kv_element_bytes = cpu::kvElementBytes((*group)->kvType()),
                                      .tp = options.tp};
+  if (gpu) {
+    // The GPUs' own counts (bf16 weights, the kernels' workspace), and with no budget given
+    // the devices filled.
+    auto memory = (*group)->backendMemory(kBlockSize);
+    if (!memory.ok()) die(memory.status());
+    engine::useBackendMemory(*memory, options.gpu_memory_fraction, plan_input);
+  }
   if (plan_input.budget_bytes == 0) {
     // Exactly the target: plan once with everything, then with what that needs.
     plan_input.budget_bytes = int64_t{1} << 50;

@@ -31,8 +31,13 @@ void WorkerOptions::addFlags(FlagSet& flags) {
                   "behind a NAT (default: the --listen host and the bound port)");
   server.addTo(flags);
   flags.addBytes("memory-budget", &memory_budget,
-                 "Memory for weights + workspace + KV cache, e.g. 8GiB (0: exactly what the "
-                 "target concurrency at the planned length needs)");
+                 "Memory for weights + workspace + KV cache, e.g. 8GiB (0: on GPUs, "
+                 "--gpu-memory-fraction of each; on the CPU, exactly what the target "
+                 "concurrency at the planned length needs)");
+  flags.addDouble("gpu-memory-fraction", &gpu_memory_fraction,
+                  "GPU workers with --memory-budget 0: the share of each GPU's memory the KV "
+                  "pool fills up to, after weights and workspace, at most what is free (0: "
+                  "exactly what the target concurrency needs; workers sharing a GPU split it)");
   flags.addInt("target-concurrency", &target_concurrency,
                "Sequences a decode worker must be able to run at once");
   flags.addInt("planned-seq-len", &planned_seq_len,
@@ -103,6 +108,10 @@ absl::Status validate(const WorkerOptions& options) {
   if (options.planned_seq_len < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--planned-seq-len must be >= 1, got ", options.planned_seq_len));
+  }
+  if (!(options.gpu_memory_fraction >= 0 && options.gpu_memory_fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-memory-fraction must be in [0, 1], got ", options.gpu_memory_fraction));
   }
   if (options.kv_staging_tokens < 0) {
     return absl::InvalidArgumentError(

@@ -24,6 +24,8 @@ struct WorkerOptions {
   std::string advertise;  // host:port the router reaches this worker at (empty: --listen's).
   ServerFlags server{.listen = "127.0.0.1:0"};
   uint64_t memory_budget = 0;
+  // GPU workers with --memory-budget 0: the share of each device's memory the plan fills.
+  double gpu_memory_fraction = 0.9;
   int64_t target_concurrency = 16;
   int64_t planned_seq_len = 2048;
   int64_t kv_staging_tokens = 0;  // Host staging rows per side of transfers (kv_staging.h)
