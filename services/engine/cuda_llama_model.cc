@@ -1145,19 +1145,27 @@ class CudaRankBackend final : public StepBackend {
 
 }  // namespace
 
+namespace {
+
+// FailedPrecondition unless GPUs first..first + n - 1 exist.
+absl::Status checkGpus(int first, int n) {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+  if (first + n <= gpus) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("--tp ", n, " on the GPU needs GPUs ", first,
+                                                    "..", first + n - 1, "; this machine has ",
+                                                    gpus));
+}
+
+}  // namespace
+
 StepBackendFactory cudaStepBackend(const CudaModelOptions& base) {
   return [base](std::span<const LlamaWeights* const> ranks, int64_t num_blocks,
                 int64_t block_size) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
     const int n = static_cast<int>(ranks.size());
     auto group = std::make_shared<std::vector<std::unique_ptr<NcclCommunicator>>>();
     if (n > 1) {
-      int gpus = 0;
-      if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
-      if (base.device + n > gpus) {
-        return absl::FailedPreconditionError(absl::StrCat("--tp ", n, " on the GPU needs GPUs ",
-                                                          base.device, "..", base.device + n - 1,
-                                                          "; this machine has ", gpus));
-      }
+      CLEAVE_RETURN_IF_ERROR(checkGpus(base.device, n));
       std::vector<int> devices(n);
       for (int r = 0; r < n; ++r) devices[r] = base.device + r;
       CLEAVE_ASSIGN_OR_RETURN(*group, NcclCommunicator::createGroup(devices));
@@ -1185,6 +1193,7 @@ StepBackendFactory cudaStepBackend(const CudaModelOptions& base) {
 BackendMemoryEstimator cudaBackendMemory(const CudaModelOptions& base) {
   return [base](std::span<const LlamaWeights* const> ranks,
                 int64_t block_size) -> absl::StatusOr<std::vector<BackendMemory>> {
+    CLEAVE_RETURN_IF_ERROR(checkGpus(base.device, static_cast<int>(ranks.size())));
     std::vector<BackendMemory> memory;
     for (size_t r = 0; r < ranks.size(); ++r) {
       CudaModelOptions options = base;

@@ -356,6 +356,12 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     *destination->mutable_ranks() = worker.info.ranks();
     *destination->mutable_layout() = worker.info.kv_layout();
     const int64_t prompt_blocks = (tokens + model->block_size - 1) / model->block_size;
+    if (reserved.block_ids_size() < prompt_blocks) {
+      return grpc::Status(
+          grpc::StatusCode::INTERNAL,
+          absl::StrCat("decode worker ", worker.id, " named ", reserved.block_ids_size(),
+                       " KV blocks for a prompt of ", prompt_blocks));
+    }
     destination->mutable_block_ids()->Add(reserved.block_ids().begin(),
                                           reserved.block_ids().begin() + prompt_blocks);
     // A prefill worker that cannot be reached or whose KV transfer fails is skipped; the

@@ -23,7 +23,10 @@ absl::StatusOr<std::vector<int32_t>> KvStagingSlots::take(int64_t n, absl::Time 
   absl::MutexLock lock(&mu_);
   while (static_cast<int64_t>(free_.size()) < n) {
     const absl::Time now = absl::Now();
-    if (now >= deadline || (cancelled && cancelled())) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("cancelled while waiting for ", what_));
+    }
+    if (now >= deadline) {
       return absl::ResourceExhaustedError(
           absl::StrCat(what_, " stayed full: ", count_ - static_cast<int64_t>(free_.size()), " of ",
                        count_, " blocks held by transfers in flight, ", n, " wanted"));

@@ -28,9 +28,9 @@ class KvStagingSlots {
   // Rows [first, first + count); `what` names them and the flag that sizes them in errors.
   KvStagingSlots(int32_t first, int64_t count, std::string what);
 
-  // `n` slots, lowest first, waiting while too few are free until `deadline` passes or
-  // `cancelled` (polled) says so: ResourceExhausted then. InvalidArgument when `n` is more
-  // than there are.
+  // `n` slots, lowest first, waiting while too few are free: ResourceExhausted once
+  // `deadline` passes, Cancelled once `cancelled` (polled) says so. InvalidArgument when
+  // `n` is more than there are.
   absl::StatusOr<std::vector<int32_t>> take(int64_t n, absl::Time deadline,
                                             const std::function<bool()>& cancelled = nullptr);
   // Returns slots taken before.

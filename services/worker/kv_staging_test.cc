@@ -69,7 +69,7 @@ TEST(KvStagingSlotsTest, AWaitEndsAtItsDeadlineOrWhenCancelled) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(60));
   int polls = 0;
   auto cancelled = slots.take(1, absl::InfiniteFuture(), [&] { return ++polls > 2; });
-  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(polls, 3);
 }
 
@@ -88,6 +88,14 @@ TEST(PlanStagingTest, SizesEachSideForWhatItMoves) {
   StagingSizes flagged = planStaging(true, true, 1000, 4096, 512, 10000, 16);
   EXPECT_EQ(flagged.send, 63);
   EXPECT_EQ(flagged.receive, 63);
+}
+
+TEST(KvStagingSlotsDeathTest, ASlotGivenTwiceIsCaught) {
+  KvStagingSlots slots(0, 2, "area");
+  auto taken = slots.take(1, absl::InfinitePast());
+  ASSERT_TRUE(taken.ok());
+  slots.give(*taken);
+  EXPECT_DEATH(slots.give(*taken), "");
 }
 
 }  // namespace

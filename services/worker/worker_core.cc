@@ -32,7 +32,9 @@ WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* token
                        WorkerCoreOptions options)
     : model_(model), options_(std::move(options)), metrics_(options_.target_concurrency) {
   worker_id_ = options_.worker_id;
-  if (options_.staging_send_blocks > 0 || options_.staging_receive_blocks > 0) {
+  // Without a transport nothing is ever transferred: no staging.
+  if (options_.transport != nullptr &&
+      (options_.staging_send_blocks > 0 || options_.staging_receive_blocks > 0)) {
     send_staging_ = std::make_unique<KvStagingSlots>(0, options_.staging_send_blocks,
                                                      "the send staging area (--kv-staging-tokens)");
     receive_staging_ = std::make_unique<KvStagingSlots>(
@@ -134,40 +136,60 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
     auto it = requests_.find(r.request_id());
     repeated = it != requests_.end();
     id = repeated ? it->second.id : next_id_++;
-    if (repeated) staging = it->second.staging;
+    if (repeated) {
+      // Its staging rows went back when it started decoding: nothing is left to name.
+      if (receive_staging_ && it->second.decoding) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("request ", r.request_id(), " is already decoding"));
+      }
+      staging = it->second.staging;
+    }
   }
-  absl::StatusOr<std::vector<int32_t>> blocks =
-      loop_->call([&](engine::Scheduler& s) { return s.reserve(id, r.num_blocks()); });
-  if (!blocks.ok()) return blocks.status();
-  if (receive_staging_ && !repeated) {
-    // The prompt's rows in the staging area, freed as the transfers before it start decoding.
+  const bool takes_rows = receive_staging_ && !repeated;
+  if (takes_rows) {
+    // The prompt's rows first (waiting for them holds nothing of the pool); they free up as
+    // the transfers before it start decoding.
     absl::StatusOr<std::vector<int32_t>> rows = receive_staging_->take(
         (int64_t{r.prompt_tokens()} + model_.blockSize() - 1) / model_.blockSize(),
         waitUntil(context, options_.transfer_timeout),
         [context] { return context != nullptr && context->IsCancelled(); });
-    if (!rows.ok()) {
-      loop_->call([&](engine::Scheduler& s) { return s.release(id); });  // Nothing stays held.
-      return rows.status();
-    }
+    if (!rows.ok()) return rows.status();
     staging = std::move(*rows);
   }
+  absl::StatusOr<std::vector<int32_t>> blocks =
+      loop_->call([&](engine::Scheduler& s) { return s.reserve(id, r.num_blocks()); });
+  if (!blocks.ok()) {
+    if (takes_rows) receive_staging_->give(staging);
+    return blocks.status();
+  }
+  bool lost = false;  // Released, or reserved by a concurrent call, while this one waited.
   {
     absl::MutexLock lock(&mu_);
-    const auto ttl = r.has_ttl_ms() && r.ttl_ms() > 0 ? std::chrono::milliseconds(r.ttl_ms())
-                                                      : options_.lease_timeout;
-    Request& entry = requests_[r.request_id()];
-    entry.id = id;
-    entry.router_id = r.router_id();
-    entry.staging = staging;
-    entry.expires = Clock::now() + ttl;
-    if (r.deadline_unix_ms() > 0) {
-      entry.deadline =
-          std::chrono::system_clock::time_point(std::chrono::milliseconds(r.deadline_unix_ms()));
+    auto it = requests_.find(r.request_id());
+    lost = repeated ? it == requests_.end() || it->second.id != id : it != requests_.end();
+    if (!lost) {
+      const auto ttl = r.has_ttl_ms() && r.ttl_ms() > 0 ? std::chrono::milliseconds(r.ttl_ms())
+                                                        : options_.lease_timeout;
+      Request& entry = requests_[r.request_id()];
+      entry.id = id;
+      entry.router_id = r.router_id();
+      if (takes_rows) entry.staging = staging;
+      entry.expires = Clock::now() + ttl;
+      if (r.deadline_unix_ms() > 0) {
+        entry.deadline =
+            std::chrono::system_clock::time_point(std::chrono::milliseconds(r.deadline_unix_ms()));
+      }
+      names_[id] = r.request_id();
+      // A router reserving has a stream or is opening one: its silence counts from now.
+      Stream& stream = streams_[r.router_id()];
+      if (!stream.open) stream.closed_at = Clock::now();
     }
-    names_[id] = r.request_id();
-    // A router reserving has a stream or is opening one: its silence counts from now.
-    Stream& stream = streams_[r.router_id()];
-    if (!stream.open) stream.closed_at = Clock::now();
+  }
+  if (lost) {
+    if (takes_rows) receive_staging_->give(staging);
+    loop_->call([&](engine::Scheduler& s) { return s.release(id); });
+    return absl::AbortedError(
+        absl::StrCat("request ", r.request_id(), " was released or reserved again during Reserve"));
   }
   // Where a prefill worker writes: the staging rows of the prompt, or the pool's blocks.
   v1::ReserveResponse response;
@@ -285,6 +307,14 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     return absl::NotFoundError(
         absl::StrCat("request ", r.request_id(), " has no KV reservation on this worker"));
   }
+  if (local && receive_staging_) {
+    // Computed in its own blocks here, the prompt is never written into its staging rows.
+    absl::MutexLock lock(&mu_);
+    if (auto it = requests_.find(r.request_id()); it != requests_.end()) {
+      receive_staging_->give(it->second.staging);
+      it->second.staging.clear();
+    }
+  }
   if (!local) {
     // The prompt is computed into blocks of this worker's own, then written out.
     if (id)
@@ -378,13 +408,18 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   absl::StatusOr<engine::GenerationRequest> request =
       toEngineRequest(*id, partsOf(r), options_.eos_ids, model_.config().max_position_embeddings);
   if (!request.ok()) return request.status();
-  bool copy_in = true;           // Not when prefilled here, nor for a sequence already decoding
-  std::vector<int32_t> staging;  // (the scheduler refuses that one; its rows must stay).
+  // Not when prefilled here, nor for a sequence already decoding (the scheduler refuses
+  // that one; its rows must stay).
+  bool copy_in = true;
+  // The staging rows are this call's while it copies them in: a concurrent StartDecode
+  // finds none.
+  std::vector<int32_t> staging;
   {
     absl::MutexLock lock(&mu_);
     if (auto it = requests_.find(r.request_id()); it != requests_.end()) {
       copy_in = !it->second.prefilled_here && !it->second.decoding;
-      staging = it->second.staging;
+      staging = std::move(it->second.staging);
+      it->second.staging.clear();
       // Before the engine can step it: its first event may come before this call returns.
       if (!it->second.decoding) it->second.ready_at = Clock::now();
     }
@@ -408,13 +443,16 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
     }
     return s.startDecode(*request, r.first_token_id());
   });
-  if (started.ok()) {
+  {
     absl::MutexLock lock(&mu_);
-    if (auto it = requests_.find(r.request_id()); it != requests_.end()) {
-      it->second.decoding = true;
-      // Copied in (or never needed): the staging rows serve the next transfer.
-      if (receive_staging_) receive_staging_->give(it->second.staging);
-      it->second.staging.clear();
+    auto it = requests_.find(r.request_id());
+    if (started.ok() && it != requests_.end()) it->second.decoding = true;
+    if (receive_staging_) {
+      if (!started.ok() && it != requests_.end() && it->second.staging.empty()) {
+        it->second.staging = std::move(staging);  // Still the request's: a retry copies them.
+      } else {
+        receive_staging_->give(staging);  // Copied in, never needed, or the request is gone.
+      }
     }
   }
   return started;

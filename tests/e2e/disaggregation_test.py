@@ -187,23 +187,32 @@ class DisaggregationTest(unittest.TestCase):
         copies a prompt out of its cache into send rows, the decode worker is written only in
         its receive rows and copies them into its cache at StartDecode. 64 tokens of staging
         hold one prompt of up to 4 blocks, so the concurrent prompts wait for each other's
-        rows (a row never given back would stall the rest); every pairing decodes as direct
-        transfers do, and a longer prompt is refused with a message naming the flag."""
+        rows; every pairing decodes as direct transfers do, every row comes back (a prompt
+        needing all of them goes through afterwards), and a longer prompt is refused with a
+        message naming the flag."""
         rng = random.Random(12)
         prompts = [[rng.randrange(701) for _ in range(rng.randint(1, 64))] for _ in range(8)]
         want = self.serve(TINY, 1, 1, prompts, text=False)
 
-        def refuses_a_longer_prompt(stub, pb):
-            request = pb.GenerateRequest(stopping=pb.StoppingCriteria(max_new_tokens=4))
-            request.token_ids.ids.extend(range(1, 66))
-            with self.assertRaises(grpc.RpcError) as refused:
-                list(stub.Generate(request, timeout=60))
-            self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
-            self.assertIn("--kv-staging-tokens", refused.exception.details())
+        def every_row_came_back(stub, pb):
+            # A prompt that needs every row on both sides goes through only if no earlier
+            # request kept one; one row longer is refused.
+            for length in (64, 65):
+                request = pb.GenerateRequest(stopping=pb.StoppingCriteria(max_new_tokens=4,
+                                                                          ignore_eos=True))
+                request.token_ids.ids.extend(range(1, length + 1))
+                if length == 64:
+                    self.assertEqual(sum(len(m.token_ids)
+                                         for m in stub.Generate(request, timeout=20)), 4)
+                    continue
+                with self.assertRaises(grpc.RpcError) as refused:
+                    list(stub.Generate(request, timeout=60))
+                self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn("--kv-staging-tokens", refused.exception.details())
 
         for pairing in ((1, 1), (2, 1), (1, 2)):
             got = self.serve(TINY, *pairing, prompts, text=False,
-                             extra=["--kv-staging-tokens=64"], after=refuses_a_longer_prompt)
+                             extra=["--kv-staging-tokens=64"], after=every_row_came_back)
             self.assertEqual(got, want, pairing)
 
     def test_a_latent_attention_model_moves_its_latent_rows(self):
