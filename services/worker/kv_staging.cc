@@ -9,9 +9,11 @@
 
 namespace cleave::worker {
 
-KvStagingSlots::KvStagingSlots(int32_t first, int64_t count, std::string what)
-    : first_(first), count_(count), what_(std::move(what)) {
+KvStagingSlots::KvStagingSlots(int32_t first, int64_t count, std::string what,
+                               std::function<void(int64_t)> on_change)
+    : first_(first), count_(count), what_(std::move(what)), on_change_(std::move(on_change)) {
   for (int64_t i = count - 1; i >= 0; --i) free_.push_back(first + static_cast<int32_t>(i));
+  if (on_change_) on_change_(count_);
 }
 
 absl::StatusOr<std::vector<int32_t>> KvStagingSlots::take(int64_t n, absl::Time deadline,
@@ -37,6 +39,7 @@ absl::StatusOr<std::vector<int32_t>> KvStagingSlots::take(int64_t n, absl::Time 
   std::vector<int32_t> taken(free_.end() - n, free_.end());
   std::reverse(taken.begin(), taken.end());
   free_.resize(free_.size() - static_cast<size_t>(n));
+  if (on_change_) on_change_(static_cast<int64_t>(free_.size()));
   return taken;
 }
 
@@ -49,6 +52,7 @@ void KvStagingSlots::give(std::span<const int32_t> slots) {
   }
   std::sort(free_.begin(), free_.end(), std::greater<>());
   CLEAVE_CHECK(std::adjacent_find(free_.begin(), free_.end()) == free_.end());  // given twice
+  if (on_change_) on_change_(static_cast<int64_t>(free_.size()));
   freed_.SignalAll();
 }
 

@@ -26,7 +26,10 @@ namespace cleave::worker {
 class KvStagingSlots {
  public:
   // Rows [first, first + count); `what` names them and the flag that sizes them in errors.
-  KvStagingSlots(int32_t first, int64_t count, std::string what);
+  // `on_change`, if set, gets the number of free slots at once and after every change
+  // (under the slots' lock: it must not call back in).
+  KvStagingSlots(int32_t first, int64_t count, std::string what,
+                 std::function<void(int64_t)> on_change = nullptr);
 
   // `n` slots, lowest first, waiting while too few are free: ResourceExhausted once
   // `deadline` passes, Cancelled once `cancelled` (polled) says so. InvalidArgument when
@@ -43,6 +46,7 @@ class KvStagingSlots {
   const int32_t first_;
   const int64_t count_;
   const std::string what_;
+  const std::function<void(int64_t)> on_change_;
   mutable absl::Mutex mu_;
   absl::CondVar freed_;
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // descending: the lowest at the back

@@ -32,6 +32,16 @@ TEST(KvStagingSlotsTest, LendsItsOwnRowsLowestFirstAndTakesThemBack) {
   EXPECT_EQ(slots.available(), 1);
 }
 
+TEST(KvStagingSlotsTest, ReportsItsFreeSlotsOnEveryChange) {
+  std::vector<int64_t> seen;
+  KvStagingSlots slots(0, 3, "area", [&seen](int64_t free) { seen.push_back(free); });
+  auto a = slots.take(2, absl::InfinitePast());
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(slots.take(2, absl::InfinitePast()).ok());  // no change: not reported
+  slots.give(*a);
+  EXPECT_EQ(seen, (std::vector<int64_t>{3, 1, 3}));
+}
+
 TEST(KvStagingSlotsTest, RefusesATransferLargerThanTheArea) {
   KvStagingSlots slots(0, 4, "the send staging area (--kv-staging-tokens)");
   auto big = slots.take(5, absl::InfiniteFuture());

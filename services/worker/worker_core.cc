@@ -35,11 +35,17 @@ WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* token
   // Without a transport nothing is ever transferred: no staging.
   if (options_.transport != nullptr &&
       (options_.staging_send_blocks > 0 || options_.staging_receive_blocks > 0)) {
-    send_staging_ = std::make_unique<KvStagingSlots>(0, options_.staging_send_blocks,
-                                                     "the send staging area (--kv-staging-tokens)");
+    auto gauge = [](const char* direction, int64_t capacity) {
+      prometheus::Gauge& free = WorkerMetrics::stagingFree(direction, capacity);
+      return [&free](int64_t n) { free.Set(static_cast<double>(n)); };
+    };
+    send_staging_ = std::make_unique<KvStagingSlots>(
+        0, options_.staging_send_blocks, "the send staging area (--kv-staging-tokens)",
+        gauge("send", options_.staging_send_blocks));
     receive_staging_ = std::make_unique<KvStagingSlots>(
         static_cast<int32_t>(options_.staging_send_blocks), options_.staging_receive_blocks,
-        "the receive staging area (--kv-staging-tokens)");
+        "the receive staging area (--kv-staging-tokens)",
+        gauge("receive", options_.staging_receive_blocks));
   }
   loop_ = std::make_unique<EngineLoop>(model, tokenizer, options_.scheduler,
                                        [this](StepReport& report) { onStep(report); });

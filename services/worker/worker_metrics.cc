@@ -98,6 +98,20 @@ void WorkerMetrics::onKvSent(uint64_t bytes, double seconds, bool ok) {
 
 void WorkerMetrics::onRequestExpired() { expired_.Increment(); }
 
+prometheus::Gauge& WorkerMetrics::stagingFree(const std::string& direction, int64_t capacity) {
+  prometheus::BuildGauge()
+      .Name("cleave_worker_kv_staging_blocks_capacity")
+      .Help("Host staging rows KV transfers pass through, in blocks, per direction")
+      .Register(metricsRegistry())
+      .Add({{"direction", direction}})
+      .Set(static_cast<double>(capacity));
+  return prometheus::BuildGauge()
+      .Name("cleave_worker_kv_staging_blocks_free")
+      .Help("Host staging rows no transfer holds, in blocks, per direction")
+      .Register(metricsRegistry())
+      .Add({{"direction", direction}});
+}
+
 void WorkerMetrics::exportMemoryPlan(const engine::MemoryPlan& plan) {
   auto& family = prometheus::BuildGauge()
                      .Name("cleave_worker_memory_plan_bytes")

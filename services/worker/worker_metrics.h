@@ -26,6 +26,9 @@ class WorkerMetrics {
   void onStep(const StepReport& report, std::optional<double> floor_seconds);
   void onKvSent(uint64_t bytes, double seconds, bool ok);
   void onRequestExpired();
+  // The staging rows of one direction ("send" or "receive"; kv_staging.h): how many there
+  // are, and a gauge of how many are free (any thread).
+  static prometheus::Gauge& stagingFree(const std::string& direction, int64_t capacity);
   static void exportMemoryPlan(const engine::MemoryPlan& plan);
   // cleave_worker_info{worker_id, role, model, tp} = 1, to label a worker's other series
   // by joining.

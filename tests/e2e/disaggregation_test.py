@@ -64,7 +64,7 @@ class DisaggregationTest(unittest.TestCase):
         """Token ids of greedy generations of `prompts` through router + prefill + decode;
         with kill="prefill" or "decode", the first worker of that role is killed (SIGKILL)
         after registering and before any request: the router must route around it. `extra`
-        goes to every worker; `after(stub, pb)` runs once the generations are done."""
+        goes to every worker; `after(stub, pb, workers)` runs once the generations are done."""
         pb = ct.stubs()["generation_pb2"]
         router_args = [ct.binary("cleave-router"), "--listen=127.0.0.1:0", "--metrics-port=0"]
         router = ct.Process(router_args + ([f"--model={model}"] if text else []))
@@ -105,7 +105,7 @@ class DisaggregationTest(unittest.TestCase):
             with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
                 results = list(pool.map(generate, prompts))
             if after is not None:
-                after(stub, pb)
+                after(stub, pb, workers)
             self.assertEqual(metric(router.ready["metrics_port"], "cleave_router_reserved_blocks"), 0)
             for w in workers:
                 if w.proc.poll() is not None:
@@ -194,7 +194,17 @@ class DisaggregationTest(unittest.TestCase):
         prompts = [[rng.randrange(701) for _ in range(rng.randint(1, 64))] for _ in range(8)]
         want = self.serve(TINY, 1, 1, prompts, text=False)
 
-        def every_row_came_back(stub, pb):
+        def every_row_came_back(stub, pb, workers):
+            for w, direction in ((workers[0], "send"), (workers[1], "receive")):
+                port = w.ready["metrics_port"]
+                capacity = metric(port, "cleave_worker_kv_staging_blocks_capacity",
+                                  direction=direction)
+                self.assertEqual(capacity, 4)
+                deadline = time.monotonic() + 10
+                while metric(port, "cleave_worker_kv_staging_blocks_free",
+                             direction=direction) != capacity:
+                    self.assertLess(time.monotonic(), deadline, f"{direction} rows stayed held")
+                    time.sleep(0.05)
             # A prompt that needs every row on both sides goes through only if no earlier
             # request kept one; one row longer is refused.
             for length in (64, 65):

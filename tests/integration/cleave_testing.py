@@ -129,10 +129,15 @@ def listening_socket():
     return s
 
 
-def metric(port, name):
-    """The value of an unlabelled metric (or the first series of a labelled one)."""
+def metric(port, name, **labels):
+    """The value of an unlabelled metric (or the first series of a labelled one), or of the
+    series with exactly `labels`."""
     _, text = http_get(port)
-    match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
+    if labels:
+        series = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        match = re.search(rf"^{name}{{{re.escape(series)}}} ([0-9.e+-]+)$", text, re.M)
+    else:
+        match = re.search(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)
     if match is None:
         raise AssertionError(f"{name} not in the metrics of port {port}")
     return float(match.group(1))
