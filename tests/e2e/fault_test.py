@@ -6,6 +6,7 @@ never hung, and no KV block stays reserved on the router or on a live worker.
     (kv_put_fail): the sequence is placed again and completes;
   * a KV send is delayed past the client's deadline (kv_send_delay_ms): DEADLINE_EXCEEDED,
     blocks freed; a patient request completes;
+  * both of those through host staging rows (--kv-staging-tokens): every row comes back;
   * a decode worker's heartbeat stalls while it streams (heartbeat_stall): the router
     drops it, its streams move, it registers again;
   * a prefill worker crashes before its KV send (crash_at=prefill_before_kv_send), or a
@@ -33,10 +34,10 @@ PROMPTS = [" ".join(random.Random(seed).choice(WORDS) for _ in range(4 + 5 * see
 
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
 class FaultTest(unittest.TestCase):
-    def serve(self, workers, timeout=60, prompts=PROMPTS):
+    def serve(self, workers, timeout=60, prompts=PROMPTS, extra=()):
         """Runs `prompts` at once through a router and `workers` ((role, CLEAVE_FAULTS or
-        None) each); returns (results, processes): a result is (ids, None) or
-        (None, grpc.StatusCode)."""
+        None) each, with `extra` flags); returns (results, processes): a result is
+        (ids, None) or (None, grpc.StatusCode). With staging, every row must come back."""
         pb = ct.stubs()["generation_pb2"]
         router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
                              "--metrics-port=0", f"--model={MODEL}",
@@ -49,7 +50,7 @@ class FaultTest(unittest.TestCase):
                                      f"--model={MODEL}", f"--router={address}",
                                      "--listen=127.0.0.1:0", "--metrics-port=0",
                                      "--target-concurrency=4", "--planned-seq-len=128",
-                                     "--threads=1"], env=env))
+                                     "--threads=1", *extra], env=env))
         channel = grpc.insecure_channel(address)
         stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
         try:
@@ -69,12 +70,29 @@ class FaultTest(unittest.TestCase):
             with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
                 results = list(pool.map(generate, prompts))
             ct.wait_until_nothing_reserved(router, procs)
+            if any(flag.startswith("--kv-staging-tokens") for flag in extra):
+                self.wait_until_staging_is_free(procs)
             return results, procs
         finally:
             channel.close()
             for w in procs:
                 w.stop()
             router.stop()
+
+    def wait_until_staging_is_free(self, procs, seconds=10.0):
+        for i, w in enumerate(procs):
+            if w.proc.poll() is not None:
+                continue
+            port = w.ready["metrics_port"]
+            for direction in ("send", "receive"):
+                capacity = metric(port, "cleave_worker_kv_staging_blocks_capacity",
+                                  direction=direction)
+                deadline = time.monotonic() + seconds
+                while metric(port, "cleave_worker_kv_staging_blocks_free",
+                             direction=direction) != capacity:
+                    self.assertLess(time.monotonic(), deadline,
+                                    f"worker {i} kept {direction} staging rows")
+                    time.sleep(0.05)
 
     def assertExact(self, results, prompts=PROMPTS):
         for prompt, (ids, code) in zip(prompts, results):
@@ -95,6 +113,19 @@ class FaultTest(unittest.TestCase):
         results, _ = self.serve([("prefill", "kv_send_delay_ms=1000"), ("decode", None)],
                                 timeout=60, prompts=PROMPTS[:2])
         self.assertExact(results, PROMPTS[:2])
+
+    def test_failed_and_late_transfers_give_their_staging_rows_back(self):
+        """Through staging rows (--kv-staging-tokens, a GPU worker's path; 4 blocks, so the
+        prompts also wait for each other's rows): a failed send is placed again, a send past
+        the deadline fails cleanly, and either way every send and receive row comes back."""
+        staged = ["--kv-staging-tokens=64"]
+        results, procs = self.serve([("prefill", "kv_send_fail=1"), ("decode", None),
+                                     ("decode", None)], extra=staged)
+        self.assertExact(results)
+        self.assertIn("injected fault", procs[0].log())
+        results, _ = self.serve([("prefill", "kv_send_delay_ms=3000"), ("decode", None)],
+                                timeout=1.5, prompts=PROMPTS[:2], extra=staged)
+        self.assertEqual([code for _, code in results], [grpc.StatusCode.DEADLINE_EXCEEDED] * 2)
 
     def test_a_stalled_heartbeat_moves_the_streams(self):
         results, procs = self.serve([("prefill", None),
