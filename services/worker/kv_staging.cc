@@ -65,7 +65,10 @@ StagingSizes planStaging(bool sends, bool receives, int64_t staging_tokens, int6
                          int64_t planned_seq_len, int64_t pool_blocks, int64_t block_size) {
   auto blocks = [block_size](int64_t tokens) { return (tokens + block_size - 1) / block_size; };
   StagingSizes sizes;
-  if (sends) sizes.send = blocks(staging_tokens > 0 ? staging_tokens : context);
+  if (sends) {
+    sizes.send =
+        staging_tokens > 0 ? blocks(staging_tokens) : std::min(kSendBlocks, blocks(context));
+  }
   if (receives) {
     sizes.receive = std::min(
         pool_blocks, staging_tokens > 0 ? blocks(staging_tokens)

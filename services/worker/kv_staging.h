@@ -53,10 +53,12 @@ class KvStagingSlots {
 };
 
 // How many blocks of host rows each side of a staging worker gets: a sending side
-// (prefill) one prompt of `staging_tokens` (0: of the whole context), a receiving side
-// (decode) that many again or, at 0, the larger of a whole-context prompt and four
-// planned-length sequences' worth, at most the pool. A prompt larger than its side is
-// refused (KvStagingSlots::take), naming --kv-staging-tokens.
+// (prefill), which sends a prompt a chunk at a time, `staging_tokens` (0: kSendBlocks, or
+// the whole context when shorter); a receiving side (decode), which holds a whole prompt
+// from Reserve to StartDecode, that many again or, at 0, the larger of a whole-context
+// prompt and four planned-length sequences' worth, at most the pool. A prompt larger than
+// the receiving side is refused (KvStagingSlots::take), naming --kv-staging-tokens.
+inline constexpr int64_t kSendBlocks = 256;
 struct StagingSizes {
   int64_t send = 0;
   int64_t receive = 0;

@@ -94,6 +94,9 @@ TEST(PlanStagingTest, SizesEachSideForWhatItMoves) {
   StagingSizes prefill = planStaging(true, false, 0, 4096, 512, 0, 16);
   EXPECT_EQ(prefill.send, 256);
   EXPECT_EQ(prefill.receive, 0);
+  // A send goes a chunk at a time: a long context does not grow it; a short one bounds it.
+  EXPECT_EQ(planStaging(true, false, 0, 131072, 512, 0, 16).send, kSendBlocks);
+  EXPECT_EQ(planStaging(true, false, 0, 256, 512, 0, 16).send, 16);
   // The flag sets both sides, in tokens rounded up to blocks.
   StagingSizes flagged = planStaging(true, true, 1000, 4096, 512, 10000, 16);
   EXPECT_EQ(flagged.send, 63);

@@ -39,9 +39,9 @@ WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* token
       prometheus::Gauge& free = WorkerMetrics::stagingFree(direction, capacity);
       return [&free](int64_t n) { free.Set(static_cast<double>(n)); };
     };
-    send_staging_ = std::make_unique<KvStagingSlots>(
-        0, options_.staging_send_blocks, "the send staging area (--kv-staging-tokens)",
-        gauge("send", options_.staging_send_blocks));
+    send_staging_ = std::make_unique<KvStagingSlots>(0, options_.staging_send_blocks,
+                                                     "the send staging area (--kv-staging-tokens)",
+                                                     gauge("send", options_.staging_send_blocks));
     receive_staging_ = std::make_unique<KvStagingSlots>(
         static_cast<int32_t>(options_.staging_send_blocks), options_.staging_receive_blocks,
         "the receive staging area (--kv-staging-tokens)",
@@ -229,13 +229,42 @@ absl::StatusOr<engine::TokenEvent> WorkerCore::runPrefill(uint64_t id,
   return done.get();
 }
 
-absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
-                                std::span<const int32_t> local, uint64_t& bytes) {
-  std::vector<uint32_t> remote(destination.block_ids().begin(), destination.block_ids().end());
-  if (remote.size() != local.size()) {
+absl::Status WorkerCore::sendPrompt(uint64_t id, const v1::KvDestination& destination,
+                                    grpc::ServerContext* context, uint64_t& bytes) {
+  const std::vector<int32_t> blocks =
+      loop_->call([&](engine::Scheduler& s) { return s.reservation(id); });
+  const std::vector<uint32_t> remote(destination.block_ids().begin(),
+                                     destination.block_ids().end());
+  if (remote.size() != blocks.size()) {
     return absl::InvalidArgumentError(absl::StrCat("destination.block_ids has ", remote.size(),
-                                                   " blocks; the prompt fills ", local.size()));
+                                                   " blocks; the prompt fills ", blocks.size()));
   }
+  // The CPU model's cache is what the transport reads.
+  if (!send_staging_) return sendKv(destination, blocks, remote, bytes);
+  // A backend with its own cache (a GPU) copies the prompt out through the send rows, as
+  // many blocks at a time as they hold.
+  const size_t chunk = static_cast<size_t>(send_staging_->size());
+  for (size_t at = 0; at < blocks.size(); at += chunk) {
+    const size_t n = std::min(chunk, blocks.size() - at);
+    CLEAVE_ASSIGN_OR_RETURN(
+        std::vector<int32_t> rows,
+        send_staging_->take(static_cast<int64_t>(n), waitUntil(context, options_.transfer_timeout),
+                            [context] { return context != nullptr && context->IsCancelled(); }));
+    absl::Cleanup give_back = [&] { send_staging_->give(rows); };
+    const std::span<const int32_t> part(blocks.data() + at, n);
+    CLEAVE_RETURN_IF_ERROR(loop_->call(
+        [&](engine::Scheduler&) { return model_.copyKv(engine::KvCopy::kToHost, part, rows); }));
+    CLEAVE_RETURN_IF_ERROR(
+        sendKv(destination, rows, std::span<const uint32_t>(remote).subspan(at, n), bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
+                                std::span<const int32_t> local, std::span<const uint32_t> remote,
+                                uint64_t& bytes) {
+  faults::delay("kv_send_delay_ms");
+  if (faults::fire("kv_send_fail")) return absl::UnavailableError("injected fault kv_send_fail");
   const bool replicated = model::kvCacheShape(model_.config()).replicated;
   for (int r = 0; r < model_.tp(); ++r) {
     for (int j = 0; j < destination.ranks_size(); ++j) {
@@ -353,36 +382,9 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   if (first.ok() && !local && !first->finished) {
     // Hand the prompt's KV to the decode worker, then free the local copy.
     const auto sent_at = std::chrono::steady_clock::now();
-    // A backend with its own cache (a GPU) copies the prompt's blocks into send staging
-    // rows, where the transport reads them; the CPU model's cache is already there.
-    std::vector<int32_t> blocks, rows;
-    absl::Status staged = absl::OkStatus();
-    if (send_staging_) {
-      const int64_t prompt_blocks =
-          (r.prompt_token_ids_size() + model_.blockSize() - 1) / model_.blockSize();
-      absl::StatusOr<std::vector<int32_t>> lent =
-          send_staging_->take(prompt_blocks, waitUntil(context, options_.transfer_timeout),
-                              [context] { return context != nullptr && context->IsCancelled(); });
-      if (lent.ok()) rows = std::move(*lent);
-      staged = lent.status();
-    }
-    absl::Cleanup give_back = [&] {
-      if (send_staging_) send_staging_->give(rows);
-    };
-    if (staged.ok()) {
-      staged = loop_->call([&](engine::Scheduler& s) {
-        blocks = s.reservation(*id);
-        if (!send_staging_) rows = blocks;
-        return model_.copyKv(engine::KvCopy::kToHost, blocks, rows);
-      });
-    }
     uint64_t bytes = 0;
     faults::crashPoint("prefill_before_kv_send");
-    faults::delay("kv_send_delay_ms");
-    absl::Status sent = !staged.ok() ? staged
-                        : faults::fire("kv_send_fail")
-                            ? absl::UnavailableError("injected fault kv_send_fail")
-                            : sendKv(r.destination(), rows, bytes);
+    absl::Status sent = sendPrompt(*id, r.destination(), context, bytes);
     if (!sent.ok()) first = sent;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - sent_at).count();

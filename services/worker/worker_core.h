@@ -126,9 +126,14 @@ class WorkerCore {
   // ends or the prompt is larger than the pool.
   absl::StatusOr<std::vector<int32_t>> reservePrefillBlocks(uint64_t id, int64_t blocks,
                                                             grpc::ServerContext* context);
-  // Writes the prompt blocks `local` into the destination's reserved blocks.
+  // Writes the prompt of `id` (its reserved blocks here) into the destination's blocks:
+  // straight from the cache, or through the send staging rows a chunk at a time (waiting
+  // for them within the call's deadline). Adds the bytes written to `bytes`.
+  absl::Status sendPrompt(uint64_t id, const v1::KvDestination& destination,
+                          grpc::ServerContext* context, uint64_t& bytes);
+  // Writes host rows `local` into the destination's blocks `remote`, one for one.
   absl::Status sendKv(const v1::KvDestination& destination, std::span<const int32_t> local,
-                      uint64_t& bytes);
+                      std::span<const uint32_t> remote, uint64_t& bytes);
   // The engine id of `request_id`, if known.
   std::optional<uint64_t> idOf(const std::string& request_id);
   // Drops `id`'s request, giving back its staging rows.

@@ -44,9 +44,10 @@ void WorkerOptions::addFlags(FlagSet& flags) {
                "Typical sequence length (prompt + output) the KV plan must hold");
   flags.addInt("kv-staging-tokens", &kv_staging_tokens,
                "Tokens of host rows each direction of KV transfers passes through, apart from "
-               "the cache; a longer prompt is refused. GPU workers always stage (0: a "
-               "whole-context prompt out, in the larger of that and four planned-length "
-               "sequences); a CPU worker only when this is set (else peers write its cache)");
+               "the cache: a prompt goes out in chunks of this, and comes in whole (a longer "
+               "one is refused). GPU workers always stage (0: 4096 tokens out; in, the larger "
+               "of the context and four planned-length sequences); a CPU worker only when "
+               "this is set (else peers write its cache)");
   flags.addInt("threads", &threads, "CPU threads per rank (0: all cores / tp)");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "Free a reservation not started within this, and a router's sequences once its "

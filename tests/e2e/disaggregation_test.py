@@ -60,11 +60,13 @@ def offline_ids(model, ids, max_tokens):
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
 class DisaggregationTest(unittest.TestCase):
     def serve(self, model, prefill_tp, decode_tp, prompts, text, prefill_workers=1,
-              decode_workers=1, kill=None, kv_dtype="f32", extra=(), after=None):
+              decode_workers=1, kill=None, kv_dtype="f32", extra=(), prefill_extra=(),
+              after=None):
         """Token ids of greedy generations of `prompts` through router + prefill + decode;
         with kill="prefill" or "decode", the first worker of that role is killed (SIGKILL)
         after registering and before any request: the router must route around it. `extra`
-        goes to every worker; `after(stub, pb, workers)` runs once the generations are done."""
+        goes to every worker (and `prefill_extra` to prefill workers after it); `after(stub, pb,
+        workers)` runs once the generations are done."""
         pb = ct.stubs()["generation_pb2"]
         router_args = [ct.binary("cleave-router"), "--listen=127.0.0.1:0", "--metrics-port=0"]
         router = ct.Process(router_args + ([f"--model={model}"] if text else []))
@@ -73,7 +75,7 @@ class DisaggregationTest(unittest.TestCase):
                   "--metrics-port=0", "--target-concurrency=8", "--planned-seq-len=128",
                   "--threads=1", f"--kv-dtype={kv_dtype}", *extra]
         workers = [ct.Process([ct.binary("cleave-worker"), "--role=prefill", f"--tp={prefill_tp}",
-                               *common]) for _ in range(prefill_workers)]
+                               *common, *prefill_extra]) for _ in range(prefill_workers)]
         workers += [ct.Process([ct.binary("cleave-worker"), "--role=decode", f"--tp={decode_tp}",
                                 *common]) for _ in range(decode_workers)]
         victim = {"prefill": 0, "decode": prefill_workers}.get(kill)
@@ -184,46 +186,52 @@ class DisaggregationTest(unittest.TestCase):
 
     def test_transfers_staged_through_host_rows_decode_like_direct_ones(self):
         """--kv-staging-tokens (the GPU workers' path, here on the CPU): the prefill worker
-        copies a prompt out of its cache into send rows, the decode worker is written only in
-        its receive rows and copies them into its cache at StartDecode. 64 tokens of staging
-        hold one prompt of up to 4 blocks, so the concurrent prompts wait for each other's
-        rows; every pairing decodes as direct transfers do, every row comes back (a prompt
-        needing all of them goes through afterwards), and a longer prompt is refused with a
-        message naming the flag."""
+        copies a prompt out of its cache into send rows, a chunk at a time, the decode worker
+        is written only in its receive rows and copies them into its cache at StartDecode.
+        64 tokens of receive rows hold one prompt of up to 4 blocks, so the concurrent prompts
+        wait for each other's rows; send rows of 64 tokens, or of 16 (every prompt in chunks
+        of one block); every pairing decodes as direct transfers do, every row comes back (a
+        prompt needing all of them goes through afterwards), and a longer prompt is refused
+        with a message naming the flag."""
         rng = random.Random(12)
         prompts = [[rng.randrange(701) for _ in range(rng.randint(1, 64))] for _ in range(8)]
         want = self.serve(TINY, 1, 1, prompts, text=False)
 
-        def every_row_came_back(stub, pb, workers):
-            for w, direction in ((workers[0], "send"), (workers[1], "receive")):
-                port = w.ready["metrics_port"]
-                capacity = metric(port, "cleave_worker_kv_staging_blocks_capacity",
-                                  direction=direction)
-                self.assertEqual(capacity, 4)
-                deadline = time.monotonic() + 10
-                while metric(port, "cleave_worker_kv_staging_blocks_free",
-                             direction=direction) != capacity:
-                    self.assertLess(time.monotonic(), deadline, f"{direction} rows stayed held")
-                    time.sleep(0.05)
-            # A prompt that needs every row on both sides goes through only if no earlier
-            # request kept one; one row longer is refused.
-            for length in (64, 65):
-                request = pb.GenerateRequest(stopping=pb.StoppingCriteria(max_new_tokens=4,
-                                                                          ignore_eos=True))
-                request.token_ids.ids.extend(range(1, length + 1))
-                if length == 64:
-                    self.assertEqual(sum(len(m.token_ids)
-                                         for m in stub.Generate(request, timeout=20)), 4)
-                    continue
-                with self.assertRaises(grpc.RpcError) as refused:
-                    list(stub.Generate(request, timeout=60))
-                self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
-                self.assertIn("--kv-staging-tokens", refused.exception.details())
+        def every_row_came_back(send_rows):
+            def check(stub, pb, workers):
+                for w, direction, rows in ((workers[0], "send", send_rows),
+                                           (workers[1], "receive", 4)):
+                    port = w.ready["metrics_port"]
+                    self.assertEqual(metric(port, "cleave_worker_kv_staging_blocks_capacity",
+                                            direction=direction), rows)
+                    deadline = time.monotonic() + 10
+                    while metric(port, "cleave_worker_kv_staging_blocks_free",
+                                 direction=direction) != rows:
+                        self.assertLess(time.monotonic(), deadline, f"{direction} rows held")
+                        time.sleep(0.05)
+                # A prompt that needs every receive row goes through only if no earlier
+                # request kept one; one row longer is refused.
+                for length in (64, 65):
+                    request = pb.GenerateRequest(stopping=pb.StoppingCriteria(max_new_tokens=4,
+                                                                              ignore_eos=True))
+                    request.token_ids.ids.extend(range(1, length + 1))
+                    if length == 64:
+                        self.assertEqual(sum(len(m.token_ids)
+                                             for m in stub.Generate(request, timeout=20)), 4)
+                        continue
+                    with self.assertRaises(grpc.RpcError) as refused:
+                        list(stub.Generate(request, timeout=60))
+                    self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+                    self.assertIn("--kv-staging-tokens", refused.exception.details())
+            return check
 
-        for pairing in ((1, 1), (2, 1), (1, 2)):
+        for pairing, send in (((1, 1), 64), ((2, 1), 64), ((1, 2), 64), ((1, 1), 16),
+                              ((2, 1), 16)):
             got = self.serve(TINY, *pairing, prompts, text=False,
-                             extra=["--kv-staging-tokens=64"], after=every_row_came_back)
-            self.assertEqual(got, want, pairing)
+                             extra=["--kv-staging-tokens=64"],
+                             prefill_extra=[f"--kv-staging-tokens={send}"],
+                             after=every_row_came_back(send // 16))
+            self.assertEqual(got, want, (pairing, send))
 
     def test_a_latent_attention_model_moves_its_latent_rows(self):
         """DeepSeek-V3's MLA caches one latent row per position, which every rank holds
