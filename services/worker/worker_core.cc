@@ -33,12 +33,15 @@ WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* token
     : model_(model), options_(std::move(options)), metrics_(options_.target_concurrency) {
   worker_id_ = options_.worker_id;
   // Without a transport nothing is ever transferred: no staging.
-  if (options_.transport != nullptr &&
-      (options_.staging_send_blocks > 0 || options_.staging_receive_blocks > 0)) {
-    auto gauge = [](const char* direction, int64_t capacity) {
-      prometheus::Gauge& free = WorkerMetrics::stagingFree(direction, capacity);
-      return [&free](int64_t n) { free.Set(static_cast<double>(n)); };
-    };
+  auto gauge = [](const char* direction, int64_t capacity) {
+    prometheus::Gauge& free = WorkerMetrics::stagingFree(direction, capacity);
+    return [&free](int64_t n) { free.Set(static_cast<double>(n)); };
+  };
+  if (options_.transport == nullptr ||
+      (options_.staging_send_blocks == 0 && options_.staging_receive_blocks == 0)) {
+    gauge("send", 0)(0);  // Exported alike by every worker: none of either.
+    gauge("receive", 0)(0);
+  } else {
     send_staging_ = std::make_unique<KvStagingSlots>(0, options_.staging_send_blocks,
                                                      "the send staging area (--kv-staging-tokens)",
                                                      gauge("send", options_.staging_send_blocks));
