@@ -87,6 +87,7 @@ BENCHMARK(BM_Matmul)
     ->ArgsProduct({{1536}, {576}, {1, 4, 16, 64}, {static_cast<int>(TensorType::kQ4_1)}})
     ->ArgsProduct({{576}, {1536}, {1, 16}, {static_cast<int>(TensorType::kQ4_1)}})
     ->ArgsProduct({{49152}, {576}, {1, 16}, {static_cast<int>(TensorType::kQ8_0)}})
+    ->ArgsProduct({{4096}, {14336}, {1, 4, 16}, {static_cast<int>(TensorType::kQ6_K)}})
     // K-quants (what most GGUF files hold) against Q4_1 at a 2048-wide shape.
     ->ArgsProduct({{2048},
                    {2048},

@@ -45,7 +45,9 @@ struct Rewrite {
   TensorType type;
   std::shared_ptr<std::vector<uint8_t>> bytes;
 };
-absl::StatusOr<std::optional<Rewrite>> rewriteForInt8Kernels(const WeightMatrix& w) {
+absl::StatusOr<std::optional<Rewrite>> rewriteForInt8Kernels(const WeightMatrix& w, Isa isa) {
+  // The AVX-512 kernels read Q6_K as it is (packed_layout.h).
+  if (w.type == TensorType::kQ6_K && isa == Isa::kAvx512) return std::nullopt;
   const int64_t blocks = w.rows * w.cols / 32;
   if (w.type == TensorType::kQ4_K) {
     // Q4_K's 32-element sub-blocks as Q4_1 blocks (5 bits a weight instead of 4.5); a scale
@@ -113,16 +115,16 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
   matrix.source_ = source;
   matrix.kernel_ = source;
   matrix.isa_ = isa;
-  CLEAVE_ASSIGN_OR_RETURN(std::optional<Rewrite> rewrite, rewriteForInt8Kernels(source));
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<Rewrite> rewrite, rewriteForInt8Kernels(source, isa));
   if (rewrite) {
     matrix.rewritten_ = std::move(rewrite->bytes);
     matrix.kernel_.type = rewrite->type;
     matrix.kernel_.data = matrix.rewritten_->data();
   }
   const WeightMatrix& kernel = matrix.kernel_;
-  if (isa == Isa::kAvx512 && isQuantized(kernel.type)) {
+  if (isa == Isa::kAvx512 && packed::packs(kernel.type)) {
     const int64_t bytes =
-        packed::groups(kernel.rows) * (kernel.cols / 32) * packed::groupBlockBytes(kernel.type);
+        packed::groups(kernel.rows) * packed::groupBytes(kernel.type, kernel.cols / 32);
     // 64-byte aligned so each 512-bit load stays within one cache line.
     const int64_t rounded = (bytes + 63) / 64 * 64;
     matrix.packed_.reset(
@@ -170,7 +172,7 @@ absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
     return std::pair<int64_t, int64_t>(task * rows_per_task,
                                        std::min(w.rows(), (task + 1) * rows_per_task));
   };
-  if (isQuantized(w.kernelType())) {
+  if (isQuantized(w.kernelType()) || w.packed()) {
     thread_local QuantizedActivations x;
     quantizeActivations(args.x, args.tokens, w.cols(), args.ldx, x);
     const QuantizedActivations* xq = &x;

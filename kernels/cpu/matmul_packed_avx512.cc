@@ -2,7 +2,8 @@
 // is one of 16 output rows. Per block, the 8 four-element groups of weights are multiplied
 // with the matching 4 bytes of x broadcast to every lane (VPDPBUSD), so a lane ends the
 // block holding its row's integer dot product; scales and offsets are applied per lane.
-// Tokens go in tiles of up to 4 so each block is widened once per tile.
+// Tokens go in tiles of up to 4 so each block is widened once per tile. Q6_K's 6-bit values
+// are put together from their low nibbles and high bit pairs, and its halves summed apart.
 #include <immintrin.h>
 
 #include <cstring>
@@ -71,11 +72,82 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
   for (int i = 0; i < kCount; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ldy, rows_mask, acc[i]);
 }
 
+// Q6_K: each block's two halves have their own scale (the super-block's d times the
+// half's int8 scale), so each half's products sum apart; values are stored + 32, taken
+// back off with 32 times the half's sum of x.
+template <int kCount>
+inline void q6Tile(const uint8_t* group, int64_t blocks, const QuantizedActivations& x, int64_t t0,
+                   float* y, int64_t ldy, __mmask16 rows_mask) {
+  constexpr int64_t kGroupBlock = packed::groupBlockBytes(TensorType::kQ6_K);
+  const float* supers = reinterpret_cast<const float*>(group);
+  const uint8_t* body = group + packed::groupHeaderBytes(TensorType::kQ6_K, blocks);
+  __m512 acc[kCount];
+  for (int i = 0; i < kCount; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512i low_mask = _mm512_set1_epi8(0x0f);
+  const __m512i high_mask = _mm512_set1_epi8(0x30);
+  __m512 d = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (b % 8 == 0) d = _mm512_loadu_ps(supers + b / 8 * 16);
+    const uint8_t* block = body + b * kGroupBlock;
+    const __m512 d_first = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                                reinterpret_cast<const __m128i*>(block)))));
+    const __m512 d_second =
+        _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                             _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16)))));
+    __m512i w[8];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(block + 32 + 64 * c);
+      w[c] = _mm512_and_si512(v, low_mask);
+      w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m512i v = _mm512_loadu_si512(block + 288 + 64 * h);
+      // Bits 2k, 2k + 1 of each byte to bits 4, 5 (16-bit shifts: what crosses a byte
+      // boundary is masked off), or-ed in: w | (bits & 0x30) is ternary logic 0xF8.
+      w[4 * h + 0] =
+          _mm512_ternarylogic_epi32(w[4 * h + 0], _mm512_slli_epi16(v, 4), high_mask, 0xF8);
+      w[4 * h + 1] =
+          _mm512_ternarylogic_epi32(w[4 * h + 1], _mm512_slli_epi16(v, 2), high_mask, 0xF8);
+      w[4 * h + 2] = _mm512_ternarylogic_epi32(w[4 * h + 2], v, high_mask, 0xF8);
+      w[4 * h + 3] =
+          _mm512_ternarylogic_epi32(w[4 * h + 3], _mm512_srli_epi16(v, 2), high_mask, 0xF8);
+    }
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) {
+      const int64_t t = t0 + i;
+      const int8_t* xq = x.rowQ(t) + 32 * b;
+      __m512i first = _mm512_setzero_si512(), second = _mm512_setzero_si512();
+      for (int c = 0; c < 4; ++c) {
+        first = _mm512_dpbusd_epi32(first, w[c], broadcast4(xq + 4 * c));
+        second = _mm512_dpbusd_epi32(second, w[c + 4], broadcast4(xq + 16 + 4 * c));
+      }
+      const int32_t first_sum = x.rowHalfSum(t)[b];
+      const int32_t second_sum = x.rowSum(t)[b] - first_sum;
+      first = _mm512_sub_epi32(first, _mm512_set1_epi32(32 * first_sum));
+      second = _mm512_sub_epi32(second, _mm512_set1_epi32(32 * second_sum));
+      const __m512 dx = _mm512_set1_ps(x.rowD(t)[b]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), _mm512_mul_ps(d_first, dx), acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), _mm512_mul_ps(d_second, dx), acc[i]);
+    }
+  }
+  for (int i = 0; i < kCount; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ldy, rows_mask, acc[i]);
+}
+
+template <TensorType kType, int kCount>
+inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivations& x, int64_t t0,
+                 float* y, int64_t ldy, __mmask16 rows_mask) {
+  if constexpr (kType == TensorType::kQ6_K) {
+    q6Tile<kCount>(group, blocks, x, t0, y, ldy, rows_mask);
+  } else {
+    groupTile<kType, kCount>(group, blocks, x, t0, y, ldy, rows_mask);
+  }
+}
+
 template <TensorType kType>
 void groups(const PackedRows& a) {
   const CpuMatrix& w = *a.weight;
   const int64_t blocks = w.cols() / 32;
-  const int64_t group_bytes = blocks * packed::groupBlockBytes(kType);
+  const int64_t group_bytes = packed::groupBytes(kType, blocks);
   const int64_t tokens = a.x->rows;
   for (int64_t g = a.group_begin; g < a.group_end; ++g) {
     const uint8_t* group = w.packedData() + g * group_bytes;
@@ -84,11 +156,11 @@ void groups(const PackedRows& a) {
     float* y = a.y + g * packed::kGroupRows;
     int64_t t = 0;
     for (; t + kTile <= tokens; t += kTile)
-      groupTile<kType, kTile>(group, blocks, *a.x, t, y, a.ldy, mask);
+      tile<kType, kTile>(group, blocks, *a.x, t, y, a.ldy, mask);
     switch (tokens - t) {
-      case 3: groupTile<kType, 3>(group, blocks, *a.x, t, y, a.ldy, mask); break;
-      case 2: groupTile<kType, 2>(group, blocks, *a.x, t, y, a.ldy, mask); break;
-      case 1: groupTile<kType, 1>(group, blocks, *a.x, t, y, a.ldy, mask); break;
+      case 3: tile<kType, 3>(group, blocks, *a.x, t, y, a.ldy, mask); break;
+      case 2: tile<kType, 2>(group, blocks, *a.x, t, y, a.ldy, mask); break;
+      case 1: tile<kType, 1>(group, blocks, *a.x, t, y, a.ldy, mask); break;
       default: break;
     }
   }
@@ -101,6 +173,7 @@ void packedGroupsAvx512(const PackedRows& a) {
     case TensorType::kQ4_0: return groups<TensorType::kQ4_0>(a);
     case TensorType::kQ4_1: return groups<TensorType::kQ4_1>(a);
     case TensorType::kQ8_0: return groups<TensorType::kQ8_0>(a);
+    case TensorType::kQ6_K: return groups<TensorType::kQ6_K>(a);
     default: return;
   }
 }

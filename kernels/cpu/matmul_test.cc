@@ -109,7 +109,8 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
     for (float& v : x) v = normal(rng);
     // What the kernel multiplies: x itself, or its per-block int8 quantization.
     std::vector<double> x_seen(x.begin(), x.end());
-    // Q4_K runs as Q4_1 blocks, Q5_x, Q5_K and Q6_K as Q8_0 (matmul.h): int8 activations,
+    // Q4_K runs as Q4_1 blocks, Q5_x, Q5_K and Q6_K (but on AVX-512) as Q8_0 (matmul.h):
+    // int8 activations,
     // and the rewrite's values, read back from the portable path's matrix (packed ones hold
     // no readable copy).
     auto portable = CpuMatrix::create(w, Isa::kPortable);
@@ -151,6 +152,12 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
       ASSERT_TRUE(dequantizeRows(matrix->source(), 0, s.rows, uploaded.data()).ok());
       ASSERT_EQ(uploaded, wf);
       if (matrix->packed()) std::fill(copy.begin(), copy.end(), 0xAB);
+      if (type == TensorType::kQ6_K && isa == Isa::kAvx512) {
+        EXPECT_EQ(matrix->kernelType(), TensorType::kQ6_K);  // Read as it is, packed.
+        EXPECT_TRUE(matrix->packed());
+      }
+      // What this path's kernel holds: the stored values (Q6_K on AVX-512), or the rewrite.
+      const std::vector<float>& w_kernel = matrix->kernelType() == type ? wf : w_seen;
       std::vector<float> y(s.tokens * s.rows, std::nanf("poison"));
       ASSERT_TRUE(matmul({.weight = &*matrix,
                           .x = x.data(),
@@ -164,7 +171,7 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
         for (int64_t n = 0; n < s.rows; ++n) {
           double ref = 0, magnitude = 0;
           for (int64_t k = 0; k < s.cols; ++k) {
-            double term = static_cast<double>(w_seen[n * s.cols + k]) * x_seen[t * s.cols + k];
+            double term = static_cast<double>(w_kernel[n * s.cols + k]) * x_seen[t * s.cols + k];
             ref += term;
             magnitude += std::fabs(term);
           }
@@ -221,14 +228,16 @@ TEST(QuantizedActivationsTest, ErrorIsBoundedByHalfAStep) {
   quantizeActivations(x.data(), 2, 96, 96, q);
   for (int64_t t = 0; t < 2; ++t) {
     for (int64_t b = 0; b < 3; ++b) {
-      int32_t sum = 0;
+      int32_t sum = 0, half = 0;
       for (int j = 0; j < 32; ++j) {
         int64_t k = b * 32 + j;
         sum += q.rowQ(t)[k];
+        if (j < 16) half += q.rowQ(t)[k];
         EXPECT_LE(std::fabs(q.rowD(t)[b] * q.rowQ(t)[k] - x[t * 96 + k]),
                   0.5f * q.rowD(t)[b] * 1.0001f);
       }
       EXPECT_EQ(sum, q.rowSum(t)[b]);
+      EXPECT_EQ(half, q.rowHalfSum(t)[b]);
     }
   }
 }

@@ -10,6 +10,15 @@
 //                    16+4c..16+4c+3 in the high nibbles                   256 bytes
 //                    Q8: 8 chunks of 64 bytes; chunk c lane r holds elements 4c..4c+3 of
 //                    row r, each + 128 (so they read as unsigned)         512 bytes
+// Q6_K (its 256-element super-blocks are 8 blocks each) keeps its own bytes and scales: a
+// group starts with d[super-block][16], the fp32 super-block scale of each row (64 bytes
+// each), then its blocks, each:
+//   sc[2][16]        int8 scale of each row's first and second 16 elements  32 bytes
+//   low              as Q4's quants, of each value's low 4 bits (value = q + 32, 0..63)
+//                                                                          256 bytes
+//   high             2 chunks of 64 bytes; in chunk h, lane r byte i holds bits 4-5 of
+//                    element 4(4h + k) + i of row r in its bits 2k, 2k + 1 (k = 0..3)
+//                                                                          128 bytes
 // Internal to cleave_kernels_cpu.
 #pragma once
 
@@ -21,15 +30,28 @@ namespace cleave::cpu::packed {
 
 constexpr int64_t kGroupRows = 16;
 
+// The formats packed: Q4_0, Q4_1, Q8_0 and Q6_K.
+constexpr bool packs(model::TensorType type) {
+  return type == model::TensorType::kQ4_0 || type == model::TensorType::kQ4_1 ||
+         type == model::TensorType::kQ8_0 || type == model::TensorType::kQ6_K;
+}
 constexpr int64_t scaleBytes(model::TensorType type) {
   return type == model::TensorType::kQ4_1 ? 64 : 32;
 }
 constexpr int64_t quantBytes(model::TensorType type) {
-  return type == model::TensorType::kQ8_0 ? 512 : 256;
+  return type == model::TensorType::kQ8_0 ? 512 : type == model::TensorType::kQ6_K ? 384 : 256;
 }
 // Bytes of one block of one 16-row group.
 constexpr int64_t groupBlockBytes(model::TensorType type) {
   return scaleBytes(type) + quantBytes(type);
+}
+// Bytes before a group's blocks: Q6_K's super-block scales.
+constexpr int64_t groupHeaderBytes(model::TensorType type, int64_t blocks) {
+  return type == model::TensorType::kQ6_K ? blocks / 8 * 64 : 0;
+}
+// Bytes of one 16-row group of `blocks` blocks.
+constexpr int64_t groupBytes(model::TensorType type, int64_t blocks) {
+  return groupHeaderBytes(type, blocks) + blocks * groupBlockBytes(type);
 }
 
 }  // namespace cleave::cpu::packed
@@ -37,7 +59,7 @@ constexpr int64_t groupBlockBytes(model::TensorType type) {
 namespace cleave::cpu::packed {
 
 // Rearranges `rows` x `cols` weights stored in GGUF block format (`src`) into the
-// row-interleaved layout at `dst` (groups(rows) * blocks * groupBlockBytes(type) bytes).
+// row-interleaved layout at `dst` (groups(rows) * groupBytes(type, blocks) bytes).
 void pack(model::TensorType type, int64_t rows, int64_t cols, const uint8_t* src, uint8_t* dst);
 
 inline int64_t groups(int64_t rows) { return (rows + kGroupRows - 1) / kGroupRows; }

@@ -24,13 +24,15 @@ void quantizePortable(const float* x, int64_t rows, int64_t cols, int64_t ld,
       const float d = amax / 127.0f;
       const float inverse = d != 0.0f ? 127.0f / amax : 0.0f;
       int8_t* q = out.q.data() + r * cols + b * 32;
-      int32_t sum = 0;
+      int32_t sum = 0, half = 0;
       for (int j = 0; j < 32; ++j) {
         q[j] = static_cast<int8_t>(std::nearbyint(v[j] * inverse));
         sum += q[j];
+        if (j == 15) half = sum;
       }
       out.d[r * blocks + b] = d;
       out.sum[r * blocks + b] = sum;
+      out.half_sum[r * blocks + b] = half;
     }
   }
 }
@@ -44,6 +46,7 @@ void quantizeActivations(const float* x, int64_t rows, int64_t cols, int64_t ld,
   out.q.resize(rows * cols);
   out.d.resize(rows * (cols / 32));
   out.sum.resize(rows * (cols / 32));
+  out.half_sum.resize(rows * (cols / 32));
   if (bestIsa() == Isa::kAvx512) {
     quantizeActivationsAvx512(x, rows, cols, ld, out);
   } else {

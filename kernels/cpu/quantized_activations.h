@@ -16,11 +16,13 @@ struct QuantizedActivations {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int32_t> sum;
+  std::vector<int32_t> half_sum;  // Of each block's first 16 values (Q6_K's sub-blocks).
 
   int64_t blocksPerRow() const { return cols / 32; }
   const int8_t* rowQ(int64_t row) const { return q.data() + row * cols; }
   const float* rowD(int64_t row) const { return d.data() + row * blocksPerRow(); }
   const int32_t* rowSum(int64_t row) const { return sum.data() + row * blocksPerRow(); }
+  const int32_t* rowHalfSum(int64_t row) const { return half_sum.data() + row * blocksPerRow(); }
 };
 
 // Quantizes `rows` rows of `cols` floats (row stride `ld`) into `out`, reusing its storage.

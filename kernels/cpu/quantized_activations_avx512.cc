@@ -23,7 +23,9 @@ void quantizeActivationsAvx512(const float* x, int64_t rows, int64_t cols, int64
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(q0));
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(q1));
       out.d[r * blocks + b] = d;
-      out.sum[r * blocks + b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      const int32_t half = _mm512_reduce_add_epi32(q0);
+      out.sum[r * blocks + b] = half + _mm512_reduce_add_epi32(q1);
+      out.half_sum[r * blocks + b] = half;
     }
   }
 }
