@@ -27,9 +27,9 @@ struct BackendMemory {
 // devices: CUDA graphs, cuBLASLt's workspace, NCCL's buffers past their headroom.
 inline constexpr int64_t kDeviceReserve = int64_t{512} << 20;
 
-// The most blocks a pool has (16 tokens each: 67M tokens): the block ids and their
+// The most blocks a pool has (16.7M tokens of blocks of 16): the block ids and their
 // bookkeeping stay small however large the budget.
-inline constexpr int64_t kMaxKvBlocks = int64_t{1} << 22;
+inline constexpr int64_t kMaxKvBlocks = int64_t{1} << 20;
 
 struct MemoryPlanInput {
   int64_t budget_bytes = 0;
