@@ -117,7 +117,8 @@ class FaultTest(unittest.TestCase):
     def test_failed_and_late_transfers_give_their_staging_rows_back(self):
         """Through staging rows (--kv-staging-tokens, a GPU worker's path; 4 blocks, so the
         prompts also wait for each other's rows): a failed send is placed again, a send past
-        the deadline fails cleanly, and either way every send and receive row comes back."""
+        the deadline fails cleanly, a Reserve waiting for rows past the deadline too, and every
+        send and receive row comes back."""
         staged = ["--kv-staging-tokens=64"]
         results, procs = self.serve([("prefill", "kv_send_fail=1"), ("decode", None),
                                      ("decode", None)], extra=staged)
@@ -126,6 +127,14 @@ class FaultTest(unittest.TestCase):
         results, _ = self.serve([("prefill", "kv_send_delay_ms=3000"), ("decode", None)],
                                 timeout=1.5, prompts=PROMPTS[:2], extra=staged)
         self.assertEqual([code for _, code in results], [grpc.StatusCode.DEADLINE_EXCEEDED] * 2)
+        # One row each way: the second Reserve waits for the row the first holds, past the
+        # deadline; neither keeps a row.
+        results, _ = self.serve([("prefill", "kv_send_delay_ms=3000"), ("decode", None)],
+                                timeout=1.5, prompts=PROMPTS[:2],
+                                extra=["--kv-staging-tokens=16"])
+        for _, code in results:
+            self.assertIn(code, (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 grpc.StatusCode.RESOURCE_EXHAUSTED))
 
     def test_a_stalled_heartbeat_moves_the_streams(self):
         results, procs = self.serve([("prefill", None),
