@@ -233,6 +233,46 @@ TEST_P(HfLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
   EXPECT_LE(worst, tolerance);
 }
 
+// A Q4_K_M file made by llama.cpp's quantizer (tests/golden/gen_kquant_gguf.py: Q4_K, and
+// Q6_K for the output, one attn_v and one ffn_down) against the exact model it stores (every
+// tensor dequantized by gguf-py, run by llama.cpp in float32): the engine, its activations
+// quantized to int8, lands no farther from it than llama.cpp does on the same file.
+TEST(KQuantGgufTest, MatchesTheModelItStoresAsCloselyAsLlamaCppDoes) {
+  const std::string base = std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/llama_q4_k_m";
+  std::ifstream in(base + ".json");
+  ASSERT_TRUE(in.good()) << base;
+  nlohmann::json golden = nlohmann::json::parse(in);
+  auto weights = loadLlama(base + ".gguf");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const double llamacpp = golden["llamacpp_max_rel"].get<double>();
+  cpu::ThreadPool pool(2);
+  double worst = 0;
+  const size_t vocab = (*weights)->config.vocab_size;
+  for (const auto& prompt : golden["prompts"]) {
+    std::vector<uint32_t> ids = prompt["ids"].get<std::vector<uint32_t>>();
+    std::string raw;
+    ASSERT_TRUE(absl::Base64Unescape(prompt["logits_b64"].get<std::string>(), &raw));
+    ASSERT_EQ(raw.size(), ids.size() * vocab * sizeof(float));
+    const float* want = reinterpret_cast<const float*>(raw.data());
+    LlamaRunner runner(**weights, pool, 256);
+    for (size_t pos = 0; pos < ids.size(); ++pos) {
+      auto logits = runner.forward(std::span<const uint32_t>(&ids[pos], 1));
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      double peak = 0, err = 0;
+      for (size_t v = 0; v < vocab; ++v) {
+        ASSERT_FALSE(std::isnan((*logits)[v]));
+        peak = std::max(peak, std::fabs(double(want[pos * vocab + v])));
+        err = std::max(err, std::fabs(double((*logits)[v]) - want[pos * vocab + v]));
+      }
+      worst = std::max(worst, err / peak);
+    }
+  }
+  std::printf(
+      "Q4_K_M: max relative logit error %.2e against the model it stores (llama.cpp: %.2e)\n",
+      worst, llamacpp);
+  EXPECT_LE(worst, llamacpp);
+}
+
 // The same tokens give the same logits whether a sequence runs alone or batched with
 // others, whole or in prefill chunks, with its blocks anywhere in the cache.
 TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
