@@ -177,6 +177,35 @@ TEST_F(SmolLm2RunnerTest, BadInputIsAnError) {
 namespace cleave::engine {
 namespace {
 
+// Runs `prompt` (JSON: ids, logits_b64 of every position's logits) token by token, so every
+// position's logits are checked, and returns the largest per-position error relative to
+// that position's largest logit (NaN where the engine gives NaN or fails).
+double worstRelativeError(const LlamaWeights& weights, cpu::ThreadPool& pool,
+                          const nlohmann::json& prompt) {
+  std::vector<uint32_t> ids = prompt["ids"].get<std::vector<uint32_t>>();
+  std::string raw;
+  EXPECT_TRUE(absl::Base64Unescape(prompt["logits_b64"].get<std::string>(), &raw));
+  const size_t vocab = weights.config.vocab_size;
+  EXPECT_EQ(raw.size(), ids.size() * vocab * sizeof(float));
+  if (raw.size() != ids.size() * vocab * sizeof(float)) return std::nan("");
+  const float* want = reinterpret_cast<const float*>(raw.data());
+  LlamaRunner runner(weights, pool, 256);
+  double worst = 0;
+  for (size_t pos = 0; pos < ids.size(); ++pos) {
+    auto logits = runner.forward(std::span<const uint32_t>(&ids[pos], 1));
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    if (!logits.ok()) return std::nan("");
+    double peak = 0, err = 0;
+    for (size_t v = 0; v < vocab; ++v) {
+      if (std::isnan((*logits)[v])) return std::nan("");
+      peak = std::max(peak, std::fabs(double(want[pos * vocab + v])));
+      err = std::max(err, std::fabs(double((*logits)[v]) - want[pos * vocab + v]));
+    }
+    worst = std::max(worst, err / peak);
+  }
+  return worst;
+}
+
 // Tiny random-weight models saved by transformers, against the logits transformers computed
 // for every position of three prompts (per-position max error relative to the largest
 // logit), and its greedy continuations. "NAME" loads the folder engine/hf/NAME; "NAME.gguf"
@@ -200,22 +229,9 @@ TEST_P(HfLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
   double worst = 0;
   for (const auto& prompt : golden["prompts"]) {
     std::vector<uint32_t> ids = prompt["ids"].get<std::vector<uint32_t>>();
-    std::string raw;
-    ASSERT_TRUE(absl::Base64Unescape(prompt["logits_b64"].get<std::string>(), &raw));
-    const float* want = reinterpret_cast<const float*>(raw.data());
-    const size_t vocab = (*weights)->config.vocab_size;
-    // Token by token, so every position's logits are checked.
-    LlamaRunner runner(**weights, pool, 256);
-    for (size_t pos = 0; pos < ids.size(); ++pos) {
-      auto logits = runner.forward(std::span<const uint32_t>(&ids[pos], 1));
-      ASSERT_TRUE(logits.ok()) << logits.status();
-      double peak = 0, err = 0;
-      for (size_t v = 0; v < vocab; ++v) {
-        peak = std::max(peak, std::fabs(double(want[pos * vocab + v])));
-        err = std::max(err, std::fabs(double((*logits)[v]) - want[pos * vocab + v]));
-      }
-      worst = std::max(worst, err / peak);
-    }
+    const double error = worstRelativeError(**weights, pool, prompt);
+    ASSERT_FALSE(std::isnan(error));
+    worst = std::max(worst, error);
     // Greedy continuation from a fresh runner with the prompt prefilled at once.
     LlamaRunner greedy(**weights, pool, 256);
     auto logits = greedy.forward(ids);
@@ -247,25 +263,10 @@ TEST(KQuantGgufTest, MatchesTheModelItStoresAsCloselyAsLlamaCppDoes) {
   const double llamacpp = golden["llamacpp_max_rel"].get<double>();
   cpu::ThreadPool pool(2);
   double worst = 0;
-  const size_t vocab = (*weights)->config.vocab_size;
   for (const auto& prompt : golden["prompts"]) {
-    std::vector<uint32_t> ids = prompt["ids"].get<std::vector<uint32_t>>();
-    std::string raw;
-    ASSERT_TRUE(absl::Base64Unescape(prompt["logits_b64"].get<std::string>(), &raw));
-    ASSERT_EQ(raw.size(), ids.size() * vocab * sizeof(float));
-    const float* want = reinterpret_cast<const float*>(raw.data());
-    LlamaRunner runner(**weights, pool, 256);
-    for (size_t pos = 0; pos < ids.size(); ++pos) {
-      auto logits = runner.forward(std::span<const uint32_t>(&ids[pos], 1));
-      ASSERT_TRUE(logits.ok()) << logits.status();
-      double peak = 0, err = 0;
-      for (size_t v = 0; v < vocab; ++v) {
-        ASSERT_FALSE(std::isnan((*logits)[v]));
-        peak = std::max(peak, std::fabs(double(want[pos * vocab + v])));
-        err = std::max(err, std::fabs(double((*logits)[v]) - want[pos * vocab + v]));
-      }
-      worst = std::max(worst, err / peak);
-    }
+    const double error = worstRelativeError(**weights, pool, prompt);
+    ASSERT_FALSE(std::isnan(error));
+    worst = std::max(worst, error);
   }
   std::printf(
       "Q4_K_M: max relative logit error %.2e against the model it stores (llama.cpp: %.2e)\n",
