@@ -20,10 +20,14 @@ namespace {
 
 absl::Status invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
 
-// How long a call may wait for staging rows: until its deadline, at most `limit`.
-absl::Time waitUntil(grpc::ServerContext* context, std::chrono::milliseconds limit) {
-  const absl::Time bound = absl::Now() + absl::FromChrono(limit);
-  return context == nullptr ? bound : std::min(bound, absl::FromChrono(context->deadline()));
+// `n` rows of `slots`, waiting until the call's deadline (at most `limit`) or until it is
+// cancelled; `context` may be null.
+absl::StatusOr<std::vector<int32_t>> takeRows(KvStagingSlots& slots, int64_t n,
+                                              grpc::ServerContext* context,
+                                              std::chrono::milliseconds limit) {
+  absl::Time until = absl::Now() + absl::FromChrono(limit);
+  if (context != nullptr) until = std::min(until, absl::FromChrono(context->deadline()));
+  return slots.take(n, until, [context] { return context != nullptr && context->IsCancelled(); });
 }
 
 }  // namespace
@@ -32,11 +36,11 @@ WorkerCore::WorkerCore(engine::TpGroup& model, const tokenizer::Tokenizer* token
                        WorkerCoreOptions options)
     : model_(model), options_(std::move(options)), metrics_(options_.target_concurrency) {
   worker_id_ = options_.worker_id;
-  // Without a transport nothing is ever transferred: no staging.
   auto gauge = [](const char* direction, int64_t capacity) {
     prometheus::Gauge& free = WorkerMetrics::stagingFree(direction, capacity);
     return [&free](int64_t n) { free.Set(static_cast<double>(n)); };
   };
+  // Without a transport nothing is ever transferred: no staging.
   if (options_.transport == nullptr ||
       (options_.staging_send_blocks == 0 && options_.staging_receive_blocks == 0)) {
     gauge("send", 0)(0);  // Exported alike by every worker: none of either.
@@ -107,10 +111,14 @@ std::optional<uint64_t> WorkerCore::idOf(const std::string& request_id) {
 void WorkerCore::forget(uint64_t id) {
   auto it = names_.find(id);
   if (it == names_.end()) return;
-  if (auto r = requests_.find(it->second); r != requests_.end() && receive_staging_)
-    receive_staging_->give(r->second.staging);
+  if (auto r = requests_.find(it->second); r != requests_.end()) giveStaging(r->second);
   requests_.erase(it->second);
   names_.erase(it);
+}
+
+void WorkerCore::giveStaging(Request& request) {
+  if (receive_staging_) receive_staging_->give(request.staging);
+  request.staging.clear();
 }
 
 void WorkerCore::abortPrefill(uint64_t id, const absl::Status& why) {
@@ -158,10 +166,10 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
   if (takes_rows) {
     // The prompt's rows first (waiting for them holds nothing of the pool); they free up as
     // the transfers before it start decoding.
-    absl::StatusOr<std::vector<int32_t>> rows = receive_staging_->take(
-        (int64_t{r.prompt_tokens()} + model_.blockSize() - 1) / model_.blockSize(),
-        waitUntil(context, options_.transfer_timeout),
-        [context] { return context != nullptr && context->IsCancelled(); });
+    absl::StatusOr<std::vector<int32_t>> rows =
+        takeRows(*receive_staging_,
+                 (int64_t{r.prompt_tokens()} + model_.blockSize() - 1) / model_.blockSize(),
+                 context, options_.transfer_timeout);
     if (!rows.ok()) return rows.status();
     staging = std::move(*rows);
   }
@@ -251,8 +259,7 @@ absl::Status WorkerCore::sendPrompt(uint64_t id, const v1::KvDestination& destin
     const size_t n = std::min(chunk, blocks.size() - at);
     CLEAVE_ASSIGN_OR_RETURN(
         std::vector<int32_t> rows,
-        send_staging_->take(static_cast<int64_t>(n), waitUntil(context, options_.transfer_timeout),
-                            [context] { return context != nullptr && context->IsCancelled(); }));
+        takeRows(*send_staging_, static_cast<int64_t>(n), context, options_.transfer_timeout));
     absl::Cleanup give_back = [&] { send_staging_->give(rows); };
     const std::span<const int32_t> part(blocks.data() + at, n);
     CLEAVE_RETURN_IF_ERROR(loop_->call(
@@ -348,10 +355,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   if (local && receive_staging_) {
     // Computed in its own blocks here, the prompt is never written into its staging rows.
     absl::MutexLock lock(&mu_);
-    if (auto it = requests_.find(r.request_id()); it != requests_.end()) {
-      receive_staging_->give(it->second.staging);
-      it->second.staging.clear();
-    }
+    if (auto it = requests_.find(r.request_id()); it != requests_.end()) giveStaging(it->second);
   }
   if (!local) {
     // The prompt is computed into blocks of this worker's own, then written out.

@@ -136,6 +136,8 @@ class WorkerCore {
                       std::span<const uint32_t> remote, uint64_t& bytes);
   // The engine id of `request_id`, if known.
   std::optional<uint64_t> idOf(const std::string& request_id);
+  // Gives `request`'s receive staging rows back (none left after).
+  void giveStaging(Request& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `id`'s request, giving back its staging rows.
   void forget(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails a pending prefill of `id`, if any.
