@@ -1,11 +1,11 @@
 // The CPU engine against its memory floor on a real model: prefill throughput at 128 and
-// 512 tokens, and decode at batch 1, 4, 16 and 64 (each sequence holding --context
-// positions, 128 by default). Every time is printed next to its floor, the larger of two bounds
-// against this machine measured in the same run with the same threads: memory (the bytes the step
-// must read: weights once per step, the KV it attends over, activations; over the read bandwidth)
-// and compute (the step's FLOPs over the SIMD peak: int8 VNNI for quantized weights, f32 FMA for
-// float weights and attention). The floor is roofline::stepFloor over roofline::measureCpuHardware:
-// the code a worker runs for its live efficiency metric.
+// 512 tokens (--prefill gives other lengths), and decode at batch 1, 4, 16 and 64 (each sequence
+// holding --context positions, 128 by default). Every time is printed next to its floor, the larger
+// of two bounds against this machine measured in the same run with the same threads: memory (the
+// bytes the step must read: weights once per step, the KV it attends over, activations; over the
+// read bandwidth) and compute (the step's FLOPs over the SIMD peak: int8 VNNI for quantized
+// weights, f32 FMA for float weights and attention). The floor is roofline::stepFloor over
+// roofline::measureCpuHardware: the code a worker runs for its live efficiency metric.
 //
 // With --tp N the model runs as a tensor-parallel group of N rank threads (threads split
 // between them) sharing this machine's memory, so the floor is the same bytes over the same
@@ -13,6 +13,7 @@
 //
 // Run: build/default/bin/bench_engine [MODEL.gguf] [--threads N] [--reps R] [--tp N]
 //                                     [--context POSITIONS] [--kv-dtype f32|bf16|fp8]
+//                                     [--prefill LENGTH,LENGTH...]
 //                                     [--bandwidth BYTES_PER_S]
 //                                     [--flops WEIGHT_FLOPS_PER_S] [--attention-flops F]
 // The last three replace the measured values (to compute floors against a worker's).
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
   int reps = 5;
   int tp = 1;
   int context = 128;  // Positions each decoding sequence holds.
+  std::vector<int> prefill_lengths = {128, 512};
   cpu::KvType kv_type = cpu::KvType::kF32;
   roofline::Hardware given;  // Values given on the command line replace measured ones.
   for (int i = 1; i < argc; ++i) {
@@ -60,7 +62,16 @@ int main(int argc, char** argv) {
       tp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--context") && i + 1 < argc)
       context = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--kv-dtype") && i + 1 < argc)
+    else if (!std::strcmp(argv[i], "--prefill") && i + 1 < argc) {
+      prefill_lengths.clear();
+      for (char* p = argv[++i]; *p;) {
+        prefill_lengths.push_back(static_cast<int>(std::strtol(p, &p, 10)));
+        if (*p == ',')
+          ++p;
+        else if (*p)
+          return std::fprintf(stderr, "bench_engine: bad --prefill list\n"), 2;
+      }
+    } else if (!std::strcmp(argv[i], "--kv-dtype") && i + 1 < argc)
       kv_type = cpu::parseKvType(argv[++i]).value();
     else if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc)
       given.bandwidth = std::atof(argv[++i]);
@@ -114,8 +125,10 @@ int main(int argc, char** argv) {
                 floor.floor_seconds * 1e3, floor.floor_seconds / t);
   };
 
-  // Room for 64 decoding sequences (their context and every timed step) or the 512 prompt.
-  const int64_t num_blocks = 64 * ((context + 8 * (reps + 1) + 1) / 16 + 1) + 40;
+  // Room for 64 decoding sequences (their context and every timed step) or the longest prompt.
+  const int64_t longest = *std::max_element(prefill_lengths.begin(), prefill_lengths.end());
+  const int64_t num_blocks =
+      std::max<int64_t>(64 * ((context + 8 * (reps + 1) + 1) / 16 + 1), longest / 16 + 1) + 40;
   if (!model.allocateKv(num_blocks, 16).ok()) return 1;
   engine::KvBlockPool cache({.block_size = 16, .num_blocks = num_blocks});
   std::mt19937 rng(1);
@@ -125,7 +138,7 @@ int main(int argc, char** argv) {
     return t;
   };
 
-  for (int length : {128, 512}) {
+  for (int length : prefill_lengths) {
     std::vector<uint32_t> prompt = randomTokens(length);
     auto blocks = *cache.allocate(cache.blocksFor(length));
     std::vector<double> times;

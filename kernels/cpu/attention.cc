@@ -1,5 +1,6 @@
 #include "kernels/cpu/attention.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/attention_kernels.h"
@@ -9,16 +10,56 @@
 
 namespace cleave::cpu {
 
+namespace {
+
+// The SIMD kernels' work: tiles of the runs with at least `lanes` rows (prefill chunks), and
+// the other tokens one at a time (rows == 0), the tasks with the most positions first.
+std::vector<kernels::RowTile> planTiles(const AttentionArgs& a, int64_t lanes) {
+  const int64_t group = a.heads / a.kv_heads;
+  std::vector<kernels::RowTile> tiles;
+  for (int64_t t = 0; t < a.tokens;) {
+    int64_t n = 1;
+    while (t + n < a.tokens && a.block_tables[t + n] == a.block_tables[t] &&
+           a.positions[t + n] == a.positions[t] + n)
+      ++n;
+    if (n * group >= lanes) {
+      for (int64_t r0 = 0; r0 < n * group; r0 += lanes) tiles.push_back({t, n * group, r0});
+    } else {
+      for (int64_t i = 0; i < n; ++i) tiles.push_back({t + i, 0, 0});
+    }
+    t += n;
+  }
+  auto lastPosition = [&](const kernels::RowTile& tile) {
+    if (tile.rows == 0) return a.positions[tile.t0];
+    const int64_t r = std::min(tile.r0 + lanes, tile.rows) - 1;
+    return a.positions[tile.t0 + r / group];
+  };
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [&](const auto& x, const auto& y) { return lastPosition(x) > lastPosition(y); });
+  return tiles;
+}
+
+}  // namespace
+
 void attention(const AttentionArgs& a, ThreadPool& pool) {
   const Isa isa = bestIsa();
   const bool avx512 = isa == Isa::kAvx512 && a.head_dim % 16 == 0 && a.head_dim <= 256;
   if (avx512 || (isa >= Isa::kAvx2 && a.head_dim % 8 == 0 && a.head_dim <= 256)) {
-    pool.run(a.tokens * a.kv_heads, [&](int64_t task) {
-      const int64_t t = task / a.kv_heads;
-      thread_local std::vector<float> scores;
-      scores.resize((a.heads / a.kv_heads) * (a.positions[t] + 1));
-      (avx512 ? kernels::attentionGroupAvx512 : kernels::attentionGroupAvx2)(
-          a, t, task % a.kv_heads, scores.data());
+    const std::vector<kernels::RowTile> tiles =
+        planTiles(a, avx512 ? kernels::kRowLanesAvx512 : kernels::kRowLanesAvx2);
+    pool.run(static_cast<int64_t>(tiles.size()) * a.kv_heads, [&](int64_t task) {
+      const kernels::RowTile& tile = tiles[task / a.kv_heads];
+      const int64_t kvh = task % a.kv_heads;
+      thread_local std::vector<float> scratch;
+      if (tile.rows > 0) {
+        scratch.resize(kernels::rowsScratchFloats(a.head_dim));
+        (avx512 ? kernels::attentionRowsAvx512 : kernels::attentionRowsAvx2)(a, tile, kvh,
+                                                                             scratch.data());
+      } else {
+        scratch.resize(kernels::keysScratchFloats(a.heads / a.kv_heads, a.head_dim));
+        (avx512 ? kernels::attentionKeysAvx512 : kernels::attentionKeysAvx2)(a, tile.t0, kvh,
+                                                                             scratch.data());
+      }
     });
     return;
   }

@@ -1,27 +1,68 @@
-// The attention kernel (attention_group.h) on 8 AVX2 lanes.
+// The attention kernels (attention_rows.h, attention_keys.h) on 8 AVX2 lanes.
 #include <immintrin.h>
 
-#include "kernels/cpu/attention_group.h"
+#include <limits>
+
 #include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/attention_keys.h"
+#include "kernels/cpu/attention_rows.h"
+#include "kernels/cpu/simd_exp.h"
 
 namespace cleave::cpu::kernels {
 namespace {
 
 struct Avx2 {
   using V = __m256;
-  static constexpr int64_t kLanes = 8;
+  using I = __m256i;
+  static constexpr int64_t kLanes = kRowLanesAvx2;
   static constexpr int64_t kAccumulators = 8;  // Of 16 registers.
+  static constexpr int64_t kDims = 8;
   static V zero() { return _mm256_setzero_ps(); }
   static V set1(float f) { return _mm256_set1_ps(f); }
   static V loadf(const float* p) { return _mm256_loadu_ps(p); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  // The lanes of each of v[0..3] summed: pairs, then quads, then the two halves.
-  static void sum4(const V* v, float* out) {
-    const V quads = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1)));
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V div(V a, V b) { return _mm256_div_ps(a, b); }
+  static V max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V exp(V x) { return simd::exp8(x); }
+  static V neg_inf() { return _mm256_set1_ps(-std::numeric_limits<float>::infinity()); }
+  static I loadi(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const I*>(p)); }
+  static V above(V s, I limits, int64_t j) {
+    const __m256i past = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(j)), limits);
+    return _mm256_blendv_ps(s, neg_inf(), _mm256_castsi256_ps(past));
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  // p[i] = exp(p[i] - shift) for the 8 lanes.
+  static void expShifted(float* p, float shift) {
+    _mm256_storeu_ps(p, exp(_mm256_sub_ps(_mm256_loadu_ps(p), _mm256_set1_ps(shift))));
+  }
+  static float exp1(float x) { return _mm256_cvtss_f32(exp(_mm256_set1_ps(x))); }
+  // out[i * 8 + k] = rows[k][col + i] for i, k < 8: two rounds of in-lane interleaves, then
+  // the 128-bit halves gathered.
+  static void transpose(const float* const* rows, int64_t col, float* out) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 a = _mm256_loadu_ps(rows[2 * i] + col);
+      const __m256 b = _mm256_loadu_ps(rows[2 * i + 1] + col);
+      t[2 * i] = _mm256_unpacklo_ps(a, b);
+      t[2 * i + 1] = _mm256_unpackhi_ps(a, b);
+    }
+    for (int i = 0; i < 2; ++i) {
+      const __m256d lo = _mm256_castps_pd(t[4 * i]), hi = _mm256_castps_pd(t[4 * i + 1]);
+      const __m256d lo2 = _mm256_castps_pd(t[4 * i + 2]), hi2 = _mm256_castps_pd(t[4 * i + 3]);
+      // u[4i + c]: rows 4i..4i+3 of column c of each half.
+      u[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(lo, lo2));
+      u[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(lo, lo2));
+      u[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(hi, hi2));
+      u[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(hi, hi2));
+    }
+    for (int c = 0; c < 4; ++c) {
+      _mm256_storeu_ps(out + c * 8, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
+      _mm256_storeu_ps(out + (4 + c) * 8, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+    }
+  }
   template <KvType kType>
   static V load(const uint8_t* p) {
     if constexpr (kType == KvType::kF32) {
@@ -41,8 +82,12 @@ struct Avx2 {
 
 }  // namespace
 
-void attentionGroupAvx2(const AttentionArgs& a, int64_t t, int64_t kvh, float* scores) {
-  attentionGroupFor<Avx2>(a, t, kvh, scores);
+void attentionKeysAvx2(const AttentionArgs& a, int64_t t, int64_t kvh, float* scratch) {
+  attentionKeysFor<Avx2>(a, t, kvh, scratch);
+}
+
+void attentionRowsAvx2(const AttentionArgs& a, const RowTile& tile, int64_t kvh, float* scratch) {
+  attentionRowsFor<Avx2>(a, tile, kvh, scratch);
 }
 
 }  // namespace cleave::cpu::kernels

@@ -1,38 +1,75 @@
-// The attention kernel (attention_group.h) on 16 AVX-512 lanes.
+// The attention kernels (attention_rows.h, attention_keys.h) on 16 AVX-512 lanes.
 #include <immintrin.h>
 
-#include "kernels/cpu/attention_group.h"
+#include <limits>
+
 #include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/attention_keys.h"
+#include "kernels/cpu/attention_rows.h"
+#include "kernels/cpu/simd_exp.h"
 
 namespace cleave::cpu::kernels {
 namespace {
 
 struct Avx512 {
   using V = __m512;
-  static constexpr int64_t kLanes = 16;
+  using I = __m512i;
+  static constexpr int64_t kLanes = kRowLanesAvx512;
   static constexpr int64_t kAccumulators = 16;  // Of 32 registers.
+  static constexpr int64_t kDims = 16;
   static V zero() { return _mm512_setzero_ps(); }
   static V set1(float f) { return _mm512_set1_ps(f); }
   static V loadf(const float* p) { return _mm512_loadu_ps(p); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  // The lanes of each of v[0..3] summed: 128-bit quarters first (two vectors at a time), then
-  // the four lanes of each quarter.
-  static void sum4(const V* v, float* out) {
-    const V ab = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                               _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const V cd = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                               _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    // Quarter i holds four partial sums of v[i].
-    V quarters = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
-                               _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
-    quarters = _mm512_add_ps(quarters, _mm512_permute_ps(quarters, _MM_SHUFFLE(2, 3, 0, 1)));
-    quarters = _mm512_add_ps(quarters, _mm512_permute_ps(quarters, _MM_SHUFFLE(1, 0, 3, 2)));
-    const __m512 firsts = _mm512_permutexvar_ps(
-        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), quarters);
-    _mm_storeu_ps(out, _mm512_castps512_ps128(firsts));
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V exp(V x) { return simd::exp16(x); }
+  static V neg_inf() { return _mm512_set1_ps(-std::numeric_limits<float>::infinity()); }
+  static I loadi(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static V above(V s, I limits, int64_t j) {
+    const __mmask16 past =
+        _mm512_cmplt_epi32_mask(limits, _mm512_set1_epi32(static_cast<int32_t>(j)));
+    return _mm512_mask_mov_ps(s, past, neg_inf());
   }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  // p[i] = exp(p[i] - shift) for the 16 lanes.
+  static void expShifted(float* p, float shift) {
+    _mm512_storeu_ps(p, exp(_mm512_sub_ps(_mm512_loadu_ps(p), _mm512_set1_ps(shift))));
+  }
+  static float exp1(float x) { return _mm512_cvtss_f32(exp(_mm512_set1_ps(x))); }
+  // out[i * 16 + k] = rows[k][col + i] for i, k < 16: two rounds of in-lane interleaves,
+  // then the 128-bit quarters gathered.
+  static void transpose(const float* const* rows, int64_t col, float* out) {
+    __m512 t[16], u[16];
+    for (int i = 0; i < 8; ++i) {
+      const __m512 a = _mm512_loadu_ps(rows[2 * i] + col);
+      const __m512 b = _mm512_loadu_ps(rows[2 * i + 1] + col);
+      t[2 * i] = _mm512_unpacklo_ps(a, b);
+      t[2 * i + 1] = _mm512_unpackhi_ps(a, b);
+    }
+    for (int i = 0; i < 4; ++i) {
+      const __m512d lo = _mm512_castps_pd(t[4 * i]), hi = _mm512_castps_pd(t[4 * i + 1]);
+      const __m512d lo2 = _mm512_castps_pd(t[4 * i + 2]), hi2 = _mm512_castps_pd(t[4 * i + 3]);
+      // u[4i + c]: rows 4i..4i+3 of column c of each quarter.
+      u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo, lo2));
+      u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo, lo2));
+      u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi, hi2));
+      u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi, hi2));
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512 x0 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512 x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 2, 3, 2));
+      const __m512 y0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512 y1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 2, 3, 2));
+      _mm512_storeu_ps(out + c * 16, _mm512_shuffle_f32x4(x0, y0, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_storeu_ps(out + (4 + c) * 16, _mm512_shuffle_f32x4(x0, y0, _MM_SHUFFLE(3, 1, 3, 1)));
+      _mm512_storeu_ps(out + (8 + c) * 16, _mm512_shuffle_f32x4(x1, y1, _MM_SHUFFLE(2, 0, 2, 0)));
+      _mm512_storeu_ps(out + (12 + c) * 16, _mm512_shuffle_f32x4(x1, y1, _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+  }
   template <KvType kType>
   static V load(const uint8_t* p) {
     if constexpr (kType == KvType::kF32) {
@@ -54,8 +91,12 @@ struct Avx512 {
 
 }  // namespace
 
-void attentionGroupAvx512(const AttentionArgs& a, int64_t t, int64_t kvh, float* scores) {
-  attentionGroupFor<Avx512>(a, t, kvh, scores);
+void attentionKeysAvx512(const AttentionArgs& a, int64_t t, int64_t kvh, float* scratch) {
+  attentionKeysFor<Avx512>(a, t, kvh, scratch);
+}
+
+void attentionRowsAvx512(const AttentionArgs& a, const RowTile& tile, int64_t kvh, float* scratch) {
+  attentionRowsFor<Avx512>(a, tile, kvh, scratch);
 }
 
 }  // namespace cleave::cpu::kernels

@@ -3,7 +3,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include <cstring>
@@ -140,49 +142,93 @@ TEST(RopeTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
   EXPECT_FALSE(ropeSupported({.type = "dynamic"}).ok());
 }
 
-// Paged causal GQA attention over a cache of `type` (e4m3 with scales 0.5 for keys and 2
-// for values) against float64 over the values the cache holds (decoded).
-void checkPagedAttention(KvType type, int64_t d, int64_t heads) {
-  std::mt19937 rng(17 + static_cast<int>(type) + static_cast<int>(d + heads));
-  const int64_t kv_heads = 2, block_size = 4, tokens = 4;
-  const int64_t row = kv_heads * d, pool_blocks = 9;
-  // Two sequences scattered over the pool: A owns blocks 7, 2, 5, 0 (13 positions), B
-  // blocks 3, 8 (6 positions). Tokens 0, 1 are A's positions 3, 12; tokens 2, 3 are B's 4, 5.
-  const std::vector<int32_t> table_a = {7, 2, 5, 0}, table_b = {3, 8};
-  const std::vector<int32_t> positions = {3, 12, 4, 5};
-  const int32_t* tables[] = {table_a.data(), table_a.data(), table_b.data(), table_b.data()};
+// Tokens at positions [start, start + tokens) of a sequence whose blocks are `blocks`; it has
+// written positions [0, start + tokens) (a cached prefix, then these).
+struct Chunk {
+  std::vector<int32_t> blocks;
+  int32_t start = 0;
+  int32_t tokens = 1;
+};
+
+// Paged causal GQA attention of `chunks` (one batch, in order) over a cache of `type` (e4m3
+// with scales 0.5 for keys and 2 for values) against float64 over the values the cache holds
+// (decoded), and each token computed alone against the batch, bit for bit. Every cache row no
+// chunk has written is NaN, so reading one shows.
+void checkPagedAttention(KvType type, int64_t d, int64_t heads, int64_t kv_heads,
+                         int64_t block_size, int64_t pool_blocks, const std::vector<Chunk>& chunks,
+                         float scale) {
+  SCOPED_TRACE(testing::Message() << kvTypeName(type) << " d " << d << " heads " << heads << "/"
+                                  << kv_heads << " block " << block_size);
+  std::mt19937 rng(17 + static_cast<int>(type) + static_cast<int>(d + heads + block_size));
+  const int64_t row = kv_heads * d;
+  std::vector<int32_t> positions;
+  std::vector<const int32_t*> tables;
+  std::vector<int64_t> written(pool_blocks, 0);  // Positions of each block written.
+  for (const Chunk& c : chunks) {
+    for (int32_t i = 0; i < c.tokens; ++i) {
+      positions.push_back(c.start + i);
+      tables.push_back(c.blocks.data());
+    }
+    const int64_t end = c.start + c.tokens;
+    for (int64_t j = 0; j * block_size < end; ++j)
+      written[c.blocks[j]] =
+          std::max(written[c.blocks[j]], std::min(block_size, end - j * block_size));
+  }
+  const int64_t tokens = static_cast<int64_t>(positions.size());
   const float k_scale = 0.5f, v_scale = 2.0f;
   std::vector<float> q = randomVector(tokens * heads * d, rng);
   std::vector<float> k = randomVector(pool_blocks * block_size * row, rng);
   std::vector<float> v = randomVector(pool_blocks * block_size * row, rng);
-  // The cache as stored, and the values it holds.
+  // The cache as stored, and the values it holds; rows not written are NaN.
   const int64_t n = static_cast<int64_t>(k.size()), bytes = kvElementBytes(type);
   std::vector<uint8_t> k_stored(n * bytes), v_stored(n * bytes);
   encodeKv(type, k.data(), n, k_scale, k_stored.data());
   encodeKv(type, v.data(), n, v_scale, v_stored.data());
   decodeKv(type, k_stored.data(), n, k_scale, k.data());
   decodeKv(type, v_stored.data(), n, v_scale, v.data());
+  const std::vector<float> nan_row(d, std::nanf(""));
+  for (int64_t b = 0; b < pool_blocks; ++b) {
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      for (int64_t slot = written[b]; slot < block_size; ++slot) {
+        const int64_t at = ((b * kv_heads + h) * block_size + slot) * d;
+        encodeKv(type, nan_row.data(), d, 1.0f, &k_stored[at * bytes]);
+        encodeKv(type, nan_row.data(), d, 1.0f, &v_stored[at * bytes]);
+      }
+    }
+  }
   std::vector<float> out(tokens * heads * d, std::nanf(""));
   ThreadPool pool(2);
-  const float scale = 0.25f;
-  attention({.q = q.data(),
-             .ldq = heads * d,
-             .tokens = tokens,
-             .positions = positions.data(),
-             .block_tables = tables,
-             .k_pool = k_stored.data(),
-             .v_pool = v_stored.data(),
-             .kv_type = type,
-             .k_scale = k_scale,
-             .v_scale = v_scale,
-             .block_size = block_size,
-             .heads = heads,
-             .kv_heads = kv_heads,
-             .head_dim = d,
-             .scale = scale,
-             .out = out.data(),
-             .ldo = heads * d},
-            pool);
+  const AttentionArgs args{.q = q.data(),
+                           .ldq = heads * d,
+                           .tokens = tokens,
+                           .positions = positions.data(),
+                           .block_tables = tables.data(),
+                           .k_pool = k_stored.data(),
+                           .v_pool = v_stored.data(),
+                           .kv_type = type,
+                           .k_scale = k_scale,
+                           .v_scale = v_scale,
+                           .block_size = block_size,
+                           .heads = heads,
+                           .kv_heads = kv_heads,
+                           .head_dim = d,
+                           .scale = scale,
+                           .out = out.data(),
+                           .ldo = heads * d};
+  attention(args, pool);
+  // Each token on its own (as a decode step computes it) gives the same bits.
+  std::vector<float> alone(tokens * heads * d, std::nanf(""));
+  for (int64_t t = 0; t < tokens; ++t) {
+    AttentionArgs one = args;
+    one.q = q.data() + t * heads * d;
+    one.tokens = 1;
+    one.positions = &positions[t];
+    one.block_tables = &tables[t];
+    one.out = alone.data() + t * heads * d;
+    attention(one, pool);
+  }
+  ASSERT_EQ(std::memcmp(out.data(), alone.data(), out.size() * sizeof(float)), 0)
+      << "a token alone and in its batch differ";
   for (int64_t t = 0; t < tokens; ++t) {
     auto rowAt = [&](const std::vector<float>& base, int64_t p, int64_t kvh) {
       return &base[((tables[t][p / block_size] * kv_heads + kvh) * block_size + p % block_size) *
@@ -203,23 +249,56 @@ void checkPagedAttention(KvType type, int64_t d, int64_t heads) {
       for (int64_t e = 0; e < d; ++e) {
         double ref = 0;
         for (int64_t j = 0; j <= positions[t]; ++j) ref += p[j] / total * rowAt(v, j, kvh)[e];
-        ASSERT_NEAR(out[(t * heads + h) * d + e], ref, 1e-5)
-            << kvTypeName(type) << " d " << d << " heads " << heads << ": " << t << " " << h << " "
-            << e;
+        ASSERT_NEAR(out[(t * heads + h) * d + e], ref, 2e-5)
+            << "token " << t << " (position " << positions[t] << ") head " << h << " dim " << e;
       }
     }
   }
 }
 
-// head_dim 16 to 256 take the widest SIMD kernel the machine has, 8 the AVX2 one (where
-// there is AVX2), 12 the portable one; groups of 3 and 8 query heads per KV head, so the
-// accumulators go in one chunk, several with a partial last one, or a head at a time.
+// Decode-like tokens: head_dim 16 to 256 take the widest SIMD kernel the machine has, 8 the
+// AVX2 one (where there is AVX2), 12 the portable one; groups of 3 and 8 query heads per KV
+// head, so the accumulators go in one chunk, several with a partial last one, or a head at a
+// time. Sequence A owns blocks 7, 2, 5, 0 and has tokens at positions 3 and 12 (not one run);
+// B owns blocks 3, 8 and has a run at positions 4, 5 (8 heads a group: one tile of 16 rows).
 TEST(AttentionTest, PagedCausalGqaMatchesFloat64ForEveryCacheType) {
+  const std::vector<int32_t> a = {7, 2, 5, 0}, b = {3, 8};
   for (KvType type : {KvType::kF32, KvType::kBf16, KvType::kFp8E4M3}) {
     for (int64_t d : {8, 12, 16, 32, 64, 128, 256}) {
-      for (int64_t heads : {6, 16}) checkPagedAttention(type, d, heads);
+      for (int64_t heads : {6, 16}) {
+        checkPagedAttention(type, d, heads, 2, 4, 9, {{a, 12, 1}, {a, 3, 1}, {b, 4, 2}}, 0.25f);
+      }
     }
   }
+}
+
+// Prefill chunks (runs of consecutive positions, computed as tiles of query rows): after a
+// cached prefix (A: 37 tokens from position 20), from the start over many blocks (B: 70), short
+// (C: 5), next to a decoding token (D) in one batch; groups of 1, 3, 4 and 8 query heads per KV
+// head (tiles cutting a token's heads apart), block sizes shorter and longer than a vector.
+TEST(AttentionTest, PrefillChunksMatchFloat64ForEveryCacheType) {
+  std::mt19937 rng(5);
+  for (KvType type : {KvType::kF32, KvType::kBf16, KvType::kFp8E4M3}) {
+    for (int64_t block_size : {4, 16, 32}) {
+      const int64_t per_sequence = (57 + 13 + block_size - 1) / block_size;  // Room for 70.
+      std::vector<int32_t> order(4 * per_sequence);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      auto blocks = [&](int s) {
+        return std::vector<int32_t>(order.begin() + s * per_sequence,
+                                    order.begin() + (s + 1) * per_sequence);
+      };
+      const std::vector<Chunk> chunks = {
+          {blocks(0), 20, 37}, {blocks(1), 0, 70}, {blocks(2), 0, 5}, {blocks(3), 9, 1}};
+      for (int64_t d : {64, 128}) {
+        for (auto [heads, kv_heads] : {std::pair{4, 4}, {6, 2}, {9, 3}, {8, 2}, {16, 2}}) {
+          checkPagedAttention(type, d, heads, kv_heads, block_size, 4 * per_sequence, chunks,
+                              1.0f / std::sqrt(static_cast<float>(d)));
+        }
+      }
+    }
+  }
+  checkPagedAttention(KvType::kF32, 32, 6, 2, 16, 8, {{{3, 1, 6, 0, 7}, 0, 70}}, 0.3f);
 }
 
 // Codes as ml_dtypes rounds (tests/golden/gen_kv_format.py): nearest, ties to even.

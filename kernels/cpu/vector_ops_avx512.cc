@@ -1,30 +1,12 @@
 #include <immintrin.h>
 
+#include "kernels/cpu/simd_exp.h"
 #include "kernels/cpu/vector_ops.h"
 
 namespace cleave::cpu::vec {
 namespace {
 
-// exp(x) for 16 floats: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two for an exact
-// reduction), e^r by a degree-6 polynomial, times 2^n by VSCALEFPS. Relative error ~2 ulp;
-// below -87.3 the result flushes to 0, above 88.7 it saturates to +inf.
-inline __m512 exp16(__m512 x) {
-  const __mmask16 representable = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_GE_OQ);
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-  x = _mm512_min_ps(x, _mm512_set1_ps(88.7f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_mov_ps(representable, _mm512_scalef_ps(p, n));
-}
+using simd::exp16;
 
 inline __mmask16 tailMask(int64_t left) { return static_cast<__mmask16>((1u << left) - 1); }
 

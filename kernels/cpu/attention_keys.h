@@ -1,0 +1,217 @@
+// The body of the SIMD attention kernel for a token on its own (decode; attention_kernels.h),
+// written once over a vector type: each ISA's file includes it, compiled for that ISA.
+// Internal to cleave_kernels_cpu.
+//
+// The query heads of one token that read one KV head, with the positions as the vector's
+// lanes: each chunk of kLanes keys is transposed ([head_dim][kLanes]) so that a head's scores
+// for the whole chunk are one vector, an FMA per head dimension. Every head row goes through
+// exactly the operations attention_rows.h gives a lane (the same FMA chains, the same
+// online-softmax steps per chunk, the same sums in the same order), so a token's output has
+// the same bits whether it is decoded alone or computed in a prefill chunk.
+//
+// The caller passes `scratch`, keysScratchFloats(group, head_dim) floats.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/attention_rows.h"
+
+namespace cleave::cpu::kernels {
+
+// Calls f.template operator()<R>() with R == rows, for rows in [1, kMax].
+template <int64_t kMax, typename F>
+inline void withRows(int64_t rows, F&& f) {
+  if constexpr (kMax > 1) {
+    if (rows < kMax) return withRows<kMax - 1>(rows, f);
+  }
+  f.template operator()<kMax>();
+}
+
+// Scores of kRows head rows (`qs`, [rows][d]) for a transposed key chunk (`kt`, [d][kLanes])
+// into `scores` ([rows][kLanes]): per lane the FMA chain attention_rows.h's scoresOf runs.
+template <typename Simd, int64_t kD, int64_t kRows>
+inline void keyScores(const float* qs, const float* kt, int64_t d_runtime, float* scores) {
+  using V = typename Simd::V;
+  constexpr int64_t kLanes = Simd::kLanes;
+  const int64_t d = kD > 0 ? kD : d_runtime;
+  V s[kRows];
+  unrolled<kRows>([&]<int64_t g>() { s[g] = Simd::zero(); });
+  for (int64_t e = 0; e < d; ++e) {
+    const V k = Simd::loadf(kt + e * kLanes);
+    unrolled<kRows>([&]<int64_t g>() { s[g] = Simd::fma(Simd::set1(qs[g * d + e]), k, s[g]); });
+  }
+  unrolled<kRows>([&]<int64_t g>() { Simd::store(scores + g * kLanes, s[g]); });
+}
+
+// ot[g] = ot[g] * alpha[g] + sum_k p[g][k] V[k] for kRows head rows, with kNv vectors per row.
+template <typename Simd, KvType kType, int64_t kNv, int64_t kRows>
+inline void keyValues(const uint8_t* const* values, int64_t keys, const float* ps,
+                      const float* alpha, int64_t d, float* ot) {
+  using V = typename Simd::V;
+  constexpr int64_t kLanes = Simd::kLanes;
+  constexpr int64_t kElement = kvElementBytes(kType);
+  V acc[kRows * kNv];
+  unrolled<kRows>([&]<int64_t g>() {
+    unrolled<kNv>([&]<int64_t v>() {
+      acc[g * kNv + v] = Simd::mul(Simd::loadf(ot + g * d + v * kLanes), Simd::set1(alpha[g]));
+    });
+  });
+  for (int64_t k = 0; k < keys; ++k) {
+    unrolled<kNv>([&]<int64_t v>() {
+      const V value = Simd::template load<kType>(values[k] + v * kLanes * kElement);
+      unrolled<kRows>([&]<int64_t g>() {
+        acc[g * kNv + v] = Simd::fma(Simd::set1(ps[g * kLanes + k]), value, acc[g * kNv + v]);
+      });
+    });
+  }
+  unrolled<kRows>([&]<int64_t g>() {
+    unrolled<kNv>([&]<int64_t v>() { Simd::store(ot + g * d + v * kLanes, acc[g * kNv + v]); });
+  });
+}
+
+template <typename Simd, KvType kType, int64_t kD>
+void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* scratch) {
+  constexpr int64_t kLanes = Simd::kLanes;
+  constexpr int64_t kElement = kvElementBytes(kType);
+  constexpr float kWiden = kType == KvType::kFp8E4M3 ? 256.0f : 1.0f;  // Undoes load's 2^-8.
+  // Rows of accumulators a pass keeps in registers: scores one vector a row, values d/kLanes.
+  constexpr int64_t kScoreRows = Simd::kAccumulators;
+  constexpr int64_t kNv = kD > 0 ? kD / kLanes : 0;
+  constexpr int64_t kValueRows = kNv > 0 ? std::max<int64_t>(1, Simd::kAccumulators / kNv) : 1;
+  const float k_factor = kType == KvType::kFp8E4M3 ? a.k_scale * kWiden : 1.0f;
+  const float v_factor = kType == KvType::kFp8E4M3 ? a.v_scale * kWiden : 1.0f;
+  const int64_t d = kD > 0 ? kD : a.head_dim;
+  const int64_t group = a.heads / a.kv_heads, bs = a.block_size;
+  const int64_t limit = a.positions[t];
+  const int32_t* table = a.block_tables[t];
+  float* qs = scratch;             // [group][d], scaled queries
+  float* ot = qs + group * d;      // [group][d]
+  float* kt = ot + group * d;      // [d][kLanes], the chunk's keys transposed
+  float* kf = kt + d * kLanes;     // [kLanes][d], widened keys
+  float* ps = kf + kLanes * d;     // [group][kLanes], scores then probabilities
+  float* m = ps + group * kLanes;  // [group]
+  float* l = m + group;            // [group]
+  float* alpha = l + group;        // [group]
+  float* zero = alpha + group;     // [d]
+
+  const float q_factor = a.scale * k_factor;
+  const float* q = a.q + t * a.ldq + kvh * group * d;  // The group's heads are adjacent.
+  for (int64_t i = 0; i < group * d; ++i) {
+    qs[i] = q[i] * q_factor;
+    ot[i] = 0.0f;
+  }
+  for (int64_t e = 0; e < d; ++e) zero[e] = 0.0f;
+  for (int64_t g = 0; g < group; ++g) {
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0.0f;
+  }
+  const auto* k_pool = static_cast<const uint8_t*>(a.k_pool);
+  const auto* v_pool = static_cast<const uint8_t*>(a.v_pool);
+  auto rowOf = [&](const uint8_t* pool, int64_t j) {
+    return pool + ((table[j / bs] * a.kv_heads + kvh) * bs + j % bs) * d * kElement;
+  };
+
+  for (int64_t j0 = 0; j0 <= limit; j0 += kLanes) {
+    const int64_t keys = std::min(kLanes, limit + 1 - j0);
+    // The next chunk's rows are fetched while this one computes (a block's rows are one
+    // stream, but each block is somewhere else).
+    for (int64_t j = j0 + kLanes; j < std::min(j0 + 2 * kLanes, limit + 1); ++j) {
+      for (int64_t at = 0; at < d * kElement; at += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(rowOf(k_pool, j) + at), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(rowOf(v_pool, j) + at), _MM_HINT_T0);
+      }
+    }
+    const float* rows[kLanes];
+    const uint8_t* values[kLanes];
+    for (int64_t k = 0; k < kLanes; ++k) {
+      if (k >= keys) {
+        rows[k] = zero;
+        continue;
+      }
+      values[k] = rowOf(v_pool, j0 + k);
+      if constexpr (kType == KvType::kF32) {
+        rows[k] = reinterpret_cast<const float*>(rowOf(k_pool, j0 + k));
+      } else {
+        const uint8_t* stored = rowOf(k_pool, j0 + k);
+        for (int64_t v = 0; v < d; v += kLanes)
+          Simd::store(kf + k * d + v, Simd::template load<kType>(stored + v * kElement));
+        rows[k] = kf + k * d;
+      }
+    }
+    for (int64_t e = 0; e < d; e += kLanes) Simd::transpose(rows, e, kt + e * kLanes);
+
+    for (int64_t g0 = 0; g0 < group; g0 += kScoreRows) {
+      withRows<kScoreRows>(std::min(kScoreRows, group - g0), [&]<int64_t kRows>() {
+        keyScores<Simd, kD, kRows>(qs + g0 * d, kt, d, ps + g0 * kLanes);
+      });
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      float* p = ps + g * kLanes;
+      for (int64_t k = keys; k < kLanes; ++k) p[k] = -std::numeric_limits<float>::infinity();
+      float peak = m[g];
+      for (int64_t k = 0; k < kLanes; ++k) peak = std::max(peak, p[k]);
+      Simd::expShifted(p, peak);
+      float terms[kLanes];
+      std::copy(p, p + kLanes, terms);
+      const float sum = treeSum<kLanes>(terms, [](float x, float y) { return x + y; });
+      alpha[g] = Simd::exp1(m[g] - peak);
+      l[g] = l[g] * alpha[g];
+      l[g] = l[g] + sum;
+      m[g] = peak;
+    }
+    if constexpr (kNv > 0) {
+      for (int64_t g0 = 0; g0 < group; g0 += kValueRows) {
+        withRows<kValueRows>(std::min(kValueRows, group - g0), [&]<int64_t kRows>() {
+          keyValues<Simd, kType, kNv, kRows>(values, keys, ps + g0 * kLanes, alpha + g0, d,
+                                             ot + g0 * d);
+        });
+      }
+    } else {
+      for (int64_t g = 0; g < group; ++g) {
+        for (int64_t k = 0; k < keys; ++k) {
+          const auto p = Simd::set1(ps[g * kLanes + k]);
+          for (int64_t v = 0; v < d; v += kLanes) {
+            auto acc = Simd::loadf(ot + g * d + v);
+            if (k == 0) acc = Simd::mul(acc, Simd::set1(alpha[g]));
+            Simd::store(ot + g * d + v,
+                        Simd::fma(p, Simd::template load<kType>(values[k] + v * kElement), acc));
+          }
+        }
+      }
+    }
+  }
+
+  for (int64_t g = 0; g < group; ++g) {
+    const float inverse = v_factor / l[g];
+    float* out = a.out + t * a.ldo + (kvh * group + g) * d;
+    for (int64_t e = 0; e < d; ++e) out[e] = ot[g * d + e] * inverse;
+  }
+}
+
+// Head sizes of 64 and 128 get their loops fixed at compile time.
+template <typename Simd, KvType kType>
+void attentionKeysOf(const AttentionArgs& a, int64_t t, int64_t kvh, float* scratch) {
+  switch (a.head_dim) {
+    case 64: return attentionKeysFixed<Simd, kType, 64>(a, t, kvh, scratch);
+    case 128: return attentionKeysFixed<Simd, kType, 128>(a, t, kvh, scratch);
+    default: return attentionKeysFixed<Simd, kType, 0>(a, t, kvh, scratch);
+  }
+}
+
+// The kernel for the args' cache type.
+template <typename Simd>
+void attentionKeysFor(const AttentionArgs& a, int64_t t, int64_t kvh, float* scratch) {
+  switch (a.kv_type) {
+    case KvType::kF32: return attentionKeysOf<Simd, KvType::kF32>(a, t, kvh, scratch);
+    case KvType::kBf16: return attentionKeysOf<Simd, KvType::kBf16>(a, t, kvh, scratch);
+    case KvType::kFp8E4M3: return attentionKeysOf<Simd, KvType::kFp8E4M3>(a, t, kvh, scratch);
+  }
+}
+
+}  // namespace cleave::cpu::kernels
