@@ -11,28 +11,20 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <numeric>
 #include <random>
-#include <thread>
 #include <vector>
 
+#include "bench/bench_pool.h"
 #include "kernels/cpu/attention.h"
 
 namespace {
 
 using cleave::cpu::AttentionArgs;
 using cleave::cpu::ThreadPool;
+namespace bench = cleave::bench;
 
-int threads() {
-  const char* env = std::getenv("CLEAVE_THREADS");
-  return env ? std::atoi(env) : static_cast<int>(std::thread::hardware_concurrency());
-}
-
-ThreadPool& pool() {
-  static ThreadPool* p = new ThreadPool(threads());
-  return *p;
-}
+using bench::pool;
 
 // `sequences` sequences of `new_tokens` tokens each ending at position `end - 1`, their
 // blocks shuffled over the pool.

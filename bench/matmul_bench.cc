@@ -7,29 +7,20 @@
 // Counters: weight_GBps (weight bytes / time); compare with BM_StreamRead's bytes_per_second.
 #include <benchmark/benchmark.h>
 
-#include <cstdlib>
 #include <numeric>
 #include <random>
-#include <thread>
 #include <vector>
 
+#include "bench/bench_pool.h"
 #include "kernels/cpu/matmul.h"
 
 namespace {
 
 using cleave::cpu::ThreadPool;
+namespace bench = cleave::bench;
 using cleave::model::TensorType;
 
-// CLEAVE_THREADS overrides the thread count (default: every core).
-int threads() {
-  const char* env = std::getenv("CLEAVE_THREADS");
-  return env ? std::atoi(env) : static_cast<int>(std::thread::hardware_concurrency());
-}
-
-ThreadPool& pool() {
-  static ThreadPool* p = new ThreadPool(threads());
-  return *p;
-}
+using bench::pool;
 
 void BM_StreamRead(benchmark::State& state) {
   static std::vector<uint64_t> buffer(size_t{1} << 27, 1);  // 1 GiB.
