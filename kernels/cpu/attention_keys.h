@@ -9,7 +9,8 @@
 // online-softmax steps per chunk, the same sums in the same order), so a token's output has
 // the same bits whether it is decoded alone or computed in a prefill chunk.
 //
-// The caller passes `scratch`, keysScratchFloats(group, head_dim) floats.
+// The caller passes `scratch`, keysScratchFloats(group, head_dim) floats. As in
+// attention_rows.h, no standard-library template that compiles to code is used here.
 #pragma once
 
 #include <immintrin.h>
@@ -155,10 +156,10 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
       float* p = ps + g * kLanes;
       for (int64_t k = keys; k < kLanes; ++k) p[k] = -std::numeric_limits<float>::infinity();
       float peak = m[g];
-      for (int64_t k = 0; k < kLanes; ++k) peak = std::max(peak, p[k]);
+      for (int64_t k = 0; k < kLanes; ++k) peak = p[k] > peak ? p[k] : peak;
       Simd::expShifted(p, peak);
       float terms[kLanes];
-      std::copy(p, p + kLanes, terms);
+      for (int64_t k = 0; k < kLanes; ++k) terms[k] = p[k];
       const float sum = treeSum<kLanes>(terms, [](float x, float y) { return x + y; });
       alpha[g] = Simd::exp1(m[g] - peak);
       l[g] = l[g] * alpha[g];

@@ -1,6 +1,6 @@
 // The body of the SIMD prefill attention kernels (attention_kernels.h), written once over a
-// vector type like attention_group.h: each ISA's file includes it, compiled for that ISA.
-// Internal to cleave_kernels_cpu.
+// vector type: each ISA's file includes it, compiled for that ISA (attention_avx2.cc,
+// attention_avx512.cc). Internal to cleave_kernels_cpu.
 //
 // A tile is kLanes query rows of one run (attention_kernels.h) that read one KV head. The
 // rows are the vector's lanes, so every stored key and value element is loaded once for the
@@ -18,14 +18,25 @@
 // to the bit.
 //
 // Keys and values stored as floats in one block are read in place; other chunks (bf16,
-// e4m3, blocks shorter than kKeys) are widened into scratch rows first (e4m3 as value x 2^-8,
-// folded into the query and output scales as in attention_group.h).
+// e4m3, blocks shorter than kKeys) are widened into scratch rows first: bf16 by a shift; e4m3
+// by placing its bits in a half float (exponent bias 15 instead of 7, so the half is the
+// value times 2^-8, subnormals exact) and converting that, the 2^8 and the layer's scales
+// folded into the query and output scales. (An e4m3 NaN code reads as 480; the cache never
+// holds one from a finite model.)
+//
+// No standard-library template that compiles to code is instantiated here under an ISA's
+// flags (a weak copy built for AVX-512 could be the one the whole program links); the
+// caller's buffers stand in for containers.
 //
 // The caller passes `scratch`, rowsScratchFloats(head_dim) floats (attention_kernels.h).
 //
-// `Simd` provides what attention_group.h lists, and: type I (int32 lanes), kDims (value
-// accumulators per pass), loadi(const int32_t*), max(a, b), sub(a, b), add(a, b), div(a, b),
-// exp(v), neg_inf(), and above(s, limits, j): s with -inf in the lanes whose limit is < j.
+// `Simd` provides: types V (float lanes) and I (int32 lanes); kLanes; kAccumulators (vectors
+// of accumulators that fit in registers); kDims (value accumulators per pass); zero(),
+// set1(f), loadf(const float*), loadi(const int32_t*), store(float*, v), fma(a, b, c),
+// mul/add/sub/div/max(a, b), exp(v), neg_inf(), above(s, limits, j) (s with -inf in the lanes
+// whose limit is < j), load<KvType>(const uint8_t*) (kLanes stored elements widened, e4m3 as
+// value x 2^-8); and for attention_keys.h expShifted(float*, shift), exp1(x) and
+// transpose(rows, col, out).
 #pragma once
 
 #include <algorithm>
