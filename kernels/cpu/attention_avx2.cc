@@ -34,14 +34,30 @@ struct Avx2 {
     return _mm256_blendv_ps(s, neg_inf(), _mm256_castsi256_ps(past));
   }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  // p[i] = exp(p[i] - shift) for the 8 lanes.
-  static void expShifted(float* p, float shift) {
-    _mm256_storeu_ps(p, exp(_mm256_sub_ps(_mm256_loadu_ps(p), _mm256_set1_ps(shift))));
+  // s with -inf in the lanes from n on.
+  static V keep(V s, int64_t n) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i past = _mm256_cmpgt_epi32(lanes, _mm256_set1_epi32(static_cast<int32_t>(n - 1)));
+    return _mm256_blendv_ps(s, neg_inf(), _mm256_castsi256_ps(past));
+  }
+  static float hmax(V x) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    m = _mm_max_ps(m, _mm_permute_ps(m, _MM_SHUFFLE(1, 0, 3, 2)));
+    m = _mm_max_ps(m, _mm_permute_ps(m, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtss_f32(m);
+  }
+  // The lanes summed as treeSum (attention_rows.h) sums 8 vectors: x[i] + x[i + 4] first, then
+  // + 2, + 1.
+  static float hsumTree(V x) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    s = _mm_add_ps(s, _mm_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_ps(s, _mm_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtss_f32(s);
   }
   static float exp1(float x) { return _mm256_cvtss_f32(exp(_mm256_set1_ps(x))); }
-  // out[i * 8 + k] = rows[k][col + i] for i, k < 8: two rounds of in-lane interleaves, then
+  // out[i], lane k = rows[k][col + i] for i, k < 8: two rounds of in-lane interleaves, then
   // the 128-bit halves gathered.
-  static void transpose(const float* const* rows, int64_t col, float* out) {
+  static void transpose(const float* const* rows, int64_t col, V* out) {
     __m256 t[8], u[8];
     for (int i = 0; i < 4; ++i) {
       const __m256 a = _mm256_loadu_ps(rows[2 * i] + col);
@@ -59,8 +75,8 @@ struct Avx2 {
       u[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(hi, hi2));
     }
     for (int c = 0; c < 4; ++c) {
-      _mm256_storeu_ps(out + c * 8, _mm256_permute2f128_ps(u[c], u[4 + c], 0x20));
-      _mm256_storeu_ps(out + (4 + c) * 8, _mm256_permute2f128_ps(u[c], u[4 + c], 0x31));
+      out[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+      out[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
     }
   }
   template <KvType kType>

@@ -35,14 +35,24 @@ struct Avx512 {
     return _mm512_mask_mov_ps(s, past, neg_inf());
   }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
-  // p[i] = exp(p[i] - shift) for the 16 lanes.
-  static void expShifted(float* p, float shift) {
-    _mm512_storeu_ps(p, exp(_mm512_sub_ps(_mm512_loadu_ps(p), _mm512_set1_ps(shift))));
+  // s with -inf in the lanes from n on.
+  static V keep(V s, int64_t n) {
+    return _mm512_mask_mov_ps(neg_inf(), static_cast<__mmask16>((1u << n) - 1), s);
+  }
+  static float hmax(V x) { return _mm512_reduce_max_ps(x); }
+  // The lanes summed as treeSum (attention_rows.h) sums 16 vectors: x[i] + x[i + 8] first,
+  // then + 4, + 2, + 1.
+  static float hsumTree(V x) {
+    x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(3, 2, 3, 2)));
+    x = _mm512_add_ps(x, _mm512_shuffle_f32x4(x, x, _MM_SHUFFLE(1, 1, 1, 1)));
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(1, 0, 3, 2)));
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm512_cvtss_f32(x);
   }
   static float exp1(float x) { return _mm512_cvtss_f32(exp(_mm512_set1_ps(x))); }
-  // out[i * 16 + k] = rows[k][col + i] for i, k < 16: two rounds of in-lane interleaves,
+  // out[i], lane k = rows[k][col + i] for i, k < 16: two rounds of in-lane interleaves,
   // then the 128-bit quarters gathered.
-  static void transpose(const float* const* rows, int64_t col, float* out) {
+  static void transpose(const float* const* rows, int64_t col, V* out) {
     __m512 t[16], u[16];
     for (int i = 0; i < 8; ++i) {
       const __m512 a = _mm512_loadu_ps(rows[2 * i] + col);
@@ -64,10 +74,10 @@ struct Avx512 {
       const __m512 x1 = _mm512_shuffle_f32x4(u[c], u[4 + c], _MM_SHUFFLE(3, 2, 3, 2));
       const __m512 y0 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(1, 0, 1, 0));
       const __m512 y1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], _MM_SHUFFLE(3, 2, 3, 2));
-      _mm512_storeu_ps(out + c * 16, _mm512_shuffle_f32x4(x0, y0, _MM_SHUFFLE(2, 0, 2, 0)));
-      _mm512_storeu_ps(out + (4 + c) * 16, _mm512_shuffle_f32x4(x0, y0, _MM_SHUFFLE(3, 1, 3, 1)));
-      _mm512_storeu_ps(out + (8 + c) * 16, _mm512_shuffle_f32x4(x1, y1, _MM_SHUFFLE(2, 0, 2, 0)));
-      _mm512_storeu_ps(out + (12 + c) * 16, _mm512_shuffle_f32x4(x1, y1, _MM_SHUFFLE(3, 1, 3, 1)));
+      out[c] = _mm512_shuffle_f32x4(x0, y0, _MM_SHUFFLE(2, 0, 2, 0));
+      out[4 + c] = _mm512_shuffle_f32x4(x0, y0, _MM_SHUFFLE(3, 1, 3, 1));
+      out[8 + c] = _mm512_shuffle_f32x4(x1, y1, _MM_SHUFFLE(2, 0, 2, 0));
+      out[12 + c] = _mm512_shuffle_f32x4(x1, y1, _MM_SHUFFLE(3, 1, 3, 1));
     }
   }
   template <KvType kType>

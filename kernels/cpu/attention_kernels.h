@@ -33,8 +33,8 @@ inline constexpr int64_t rowsScratchFloats(int64_t head_dim) {
   return 4 * head_dim * kRowLanesAvx512 + kRowLanesAvx512 * kRowLanesAvx512;
 }
 inline constexpr int64_t keysScratchFloats(int64_t group, int64_t head_dim) {
-  return 2 * group * head_dim + 2 * head_dim * kRowLanesAvx512 + group * kRowLanesAvx512 +
-         3 * group + head_dim;
+  return 2 * group * head_dim + head_dim * kRowLanesAvx512 + group * kRowLanesAvx512 + 3 * group +
+         head_dim;
 }
 // Attention of the tile's rows reading KV head `kvh`, with `scratch` rowsScratchFloats floats.
 // The same head_dim requirements as attentionKeys*.

@@ -3,10 +3,10 @@
 // Internal to cleave_kernels_cpu.
 //
 // The query heads of one token that read one KV head, with the positions as the vector's
-// lanes: each chunk of kLanes keys is transposed ([head_dim][kLanes]) so that a head's scores
-// for the whole chunk are one vector, an FMA per head dimension. Every head row goes through
-// exactly the operations attention_rows.h gives a lane (the same FMA chains, the same
-// online-softmax steps per chunk, the same sums in the same order), so a token's output has
+// lanes: each chunk of kLanes keys is transposed (in registers, kLanes dimensions at a time) so
+// that a head's scores for the whole chunk are one vector, an FMA per head dimension. Every head
+// row goes through exactly the operations attention_rows.h gives a lane (the same FMA chains, the
+// same online-softmax steps per chunk, the same sums in the same order), so a token's output has
 // the same bits whether it is decoded alone or computed in a prefill chunk.
 //
 // The caller passes `scratch`, keysScratchFloats(group, head_dim) floats. As in
@@ -34,18 +34,23 @@ inline void withRows(int64_t rows, F&& f) {
   f.template operator()<kMax>();
 }
 
-// Scores of kRows head rows (`qs`, [rows][d]) for a transposed key chunk (`kt`, [d][kLanes])
-// into `scores` ([rows][kLanes]): per lane the FMA chain attention_rows.h's scoresOf runs.
+// Scores of kRows head rows (`qs`, [rows][d]) for a chunk of key rows (`keys`, kLanes
+// pointers) into `scores` ([rows][kLanes]): the chunk is transposed kLanes dimensions at a
+// time in registers, and each lane runs the FMA chain attention_rows.h's scoresOf runs.
 template <typename Simd, int64_t kD, int64_t kRows>
-inline void keyScores(const float* qs, const float* kt, int64_t d_runtime, float* scores) {
+inline void keyScores(const float* qs, const float* const* keys, int64_t d_runtime, float* scores) {
   using V = typename Simd::V;
   constexpr int64_t kLanes = Simd::kLanes;
   const int64_t d = kD > 0 ? kD : d_runtime;
   V s[kRows];
   unrolled<kRows>([&]<int64_t g>() { s[g] = Simd::zero(); });
-  for (int64_t e = 0; e < d; ++e) {
-    const V k = Simd::loadf(kt + e * kLanes);
-    unrolled<kRows>([&]<int64_t g>() { s[g] = Simd::fma(Simd::set1(qs[g * d + e]), k, s[g]); });
+  for (int64_t e0 = 0; e0 < d; e0 += kLanes) {
+    V kt[kLanes];  // kt[i]: dimension e0 + i of the chunk's keys.
+    Simd::transpose(keys, e0, kt);
+    unrolled<kLanes>([&]<int64_t i>() {
+      unrolled<kRows>(
+          [&]<int64_t g>() { s[g] = Simd::fma(Simd::set1(qs[g * d + e0 + i]), kt[i], s[g]); });
+    });
   }
   unrolled<kRows>([&]<int64_t g>() { Simd::store(scores + g * kLanes, s[g]); });
 }
@@ -81,8 +86,9 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
   constexpr int64_t kLanes = Simd::kLanes;
   constexpr int64_t kElement = kvElementBytes(kType);
   constexpr float kWiden = kType == KvType::kFp8E4M3 ? 256.0f : 1.0f;  // Undoes load's 2^-8.
-  // Rows of accumulators a pass keeps in registers: scores one vector a row, values d/kLanes.
-  constexpr int64_t kScoreRows = Simd::kAccumulators;
+  // Rows of accumulators a pass keeps in registers: scores one vector a row (next to the
+  // kLanes transposed keys), values d/kLanes.
+  constexpr int64_t kScoreRows = Simd::kAccumulators / 2;
   constexpr int64_t kNv = kD > 0 ? kD / kLanes : 0;
   constexpr int64_t kValueRows = kNv > 0 ? std::max<int64_t>(1, Simd::kAccumulators / kNv) : 1;
   const float k_factor = kType == KvType::kFp8E4M3 ? a.k_scale * kWiden : 1.0f;
@@ -93,8 +99,7 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
   const int32_t* table = a.block_tables[t];
   float* qs = scratch;             // [group][d], scaled queries
   float* ot = qs + group * d;      // [group][d]
-  float* kt = ot + group * d;      // [d][kLanes], the chunk's keys transposed
-  float* kf = kt + d * kLanes;     // [kLanes][d], widened keys
+  float* kf = ot + group * d;      // [kLanes][d], widened keys
   float* ps = kf + kLanes * d;     // [group][kLanes], scores then probabilities
   float* m = ps + group * kLanes;  // [group]
   float* l = m + group;            // [group]
@@ -145,22 +150,19 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
         rows[k] = kf + k * d;
       }
     }
-    for (int64_t e = 0; e < d; e += kLanes) Simd::transpose(rows, e, kt + e * kLanes);
-
     for (int64_t g0 = 0; g0 < group; g0 += kScoreRows) {
       withRows<kScoreRows>(std::min(kScoreRows, group - g0), [&]<int64_t kRows>() {
-        keyScores<Simd, kD, kRows>(qs + g0 * d, kt, d, ps + g0 * kLanes);
+        keyScores<Simd, kD, kRows>(qs + g0 * d, rows, d, ps + g0 * kLanes);
       });
     }
     for (int64_t g = 0; g < group; ++g) {
       float* p = ps + g * kLanes;
-      for (int64_t k = keys; k < kLanes; ++k) p[k] = -std::numeric_limits<float>::infinity();
-      float peak = m[g];
-      for (int64_t k = 0; k < kLanes; ++k) peak = p[k] > peak ? p[k] : peak;
-      Simd::expShifted(p, peak);
-      float terms[kLanes];
-      for (int64_t k = 0; k < kLanes; ++k) terms[k] = p[k];
-      const float sum = treeSum<kLanes>(terms, [](float x, float y) { return x + y; });
+      const auto scores = Simd::keep(Simd::loadf(p), keys);  // -inf past the position.
+      const float top = Simd::hmax(scores);
+      const float peak = top > m[g] ? top : m[g];
+      const auto probabilities = Simd::exp(Simd::sub(scores, Simd::set1(peak)));
+      Simd::store(p, probabilities);
+      const float sum = Simd::hsumTree(probabilities);
       alpha[g] = Simd::exp1(m[g] - peak);
       l[g] = l[g] * alpha[g];
       l[g] = l[g] + sum;

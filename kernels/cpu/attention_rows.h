@@ -35,7 +35,8 @@
 // set1(f), loadf(const float*), loadi(const int32_t*), store(float*, v), fma(a, b, c),
 // mul/add/sub/div/max(a, b), exp(v), neg_inf(), above(s, limits, j) (s with -inf in the lanes
 // whose limit is < j), load<KvType>(const uint8_t*) (kLanes stored elements widened, e4m3 as
-// value x 2^-8); and for attention_keys.h expShifted(float*, shift), exp1(x) and
+// value x 2^-8); and for attention_keys.h keep(s, n) (-inf in the lanes from n on),
+// hmax(v), hsumTree(v) (the lanes summed in treeSum's order), exp1(x) and
 // transpose(rows, col, out).
 #pragma once
 
