@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
         else if (*p)
           return std::fprintf(stderr, "bench_engine: bad --prefill list\n"), 2;
       }
+      if (prefill_lengths.empty() ||
+          *std::min_element(prefill_lengths.begin(), prefill_lengths.end()) < 1)
+        return std::fprintf(stderr, "bench_engine: --prefill needs lengths of 1 or more\n"), 2;
     } else if (!std::strcmp(argv[i], "--kv-dtype") && i + 1 < argc)
       kv_type = cpu::parseKvType(argv[++i]).value();
     else if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc)
