@@ -94,7 +94,7 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
   const float k_factor = kType == KvType::kFp8E4M3 ? a.k_scale * kWiden : 1.0f;
   const float v_factor = kType == KvType::kFp8E4M3 ? a.v_scale * kWiden : 1.0f;
   const int64_t d = kD > 0 ? kD : a.head_dim;
-  const int64_t group = a.heads / a.kv_heads, bs = a.block_size;
+  const int64_t group = a.heads / a.kv_heads;
   const int64_t limit = a.positions[t];
   const int32_t* table = a.block_tables[t];
   float* qs = scratch;             // [group][d], scaled queries
@@ -120,7 +120,7 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
   const auto* k_pool = static_cast<const uint8_t*>(a.k_pool);
   const auto* v_pool = static_cast<const uint8_t*>(a.v_pool);
   auto rowOf = [&](const uint8_t* pool, int64_t j) {
-    return pool + ((table[j / bs] * a.kv_heads + kvh) * bs + j % bs) * d * kElement;
+    return kvRow<kElement>(a, table, pool, kvh, j, d);
   };
 
   for (int64_t j0 = 0; j0 <= limit; j0 += kLanes) {

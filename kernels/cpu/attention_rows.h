@@ -49,6 +49,15 @@
 
 namespace cleave::cpu::kernels {
 
+// The stored row of position `j` of KV head `kvh` in `pool`, its sequence's blocks `table`:
+// blocks are [kv_heads][block_size][d] elements of kElement bytes.
+template <int64_t kElement>
+inline const uint8_t* kvRow(const AttentionArgs& a, const int32_t* table, const uint8_t* pool,
+                            int64_t kvh, int64_t j, int64_t d) {
+  const int64_t bs = a.block_size;
+  return pool + ((table[j / bs] * a.kv_heads + kvh) * bs + j % bs) * d * kElement;
+}
+
 // Widens the stored rows of positions [j0, j0 + kKeys) (zero rows past `last`) into `rows`.
 template <typename Simd, KvType kType, int64_t kKeys>
 inline void widenRows(const AttentionArgs& a, const int32_t* table, const uint8_t* pool,
@@ -62,9 +71,7 @@ inline void widenRows(const AttentionArgs& a, const int32_t* table, const uint8_
       for (int64_t v = 0; v < d; v += kLanes) Simd::store(row + v, Simd::zero());
       continue;
     }
-    const uint8_t* stored =
-        pool + ((table[j / a.block_size] * a.kv_heads + kvh) * a.block_size + j % a.block_size) *
-                   d * kElement;
+    const uint8_t* stored = kvRow<kElement>(a, table, pool, kvh, j, d);
     for (int64_t v = 0; v < d; v += kLanes)
       Simd::store(row + v, Simd::template load<kType>(stored + v * kElement));
   }
@@ -78,12 +85,13 @@ inline void unrolled(F&& f) {
   (std::make_integer_sequence<int64_t, N>{});
 }
 
-// x[0] + ... + x[N - 1] summed pairwise by halves (x[i] + x[i + N / 2] first), the order
-// both kernels sum a chunk's probabilities in; `x` is overwritten.
-template <int64_t N, typename T, typename Add>
-inline T treeSum(T* x, Add add) {
+// x[0] + ... + x[N - 1] summed pairwise by halves (x[i] + x[i + N / 2] first, then the same
+// on the first half), the order both kernels sum a chunk's probabilities in (Simd::hsumTree
+// sums a vector's lanes so); `x` is overwritten.
+template <typename Simd, int64_t N>
+inline typename Simd::V treeSum(typename Simd::V* x) {
   for (int64_t half = N / 2; half >= 1; half /= 2) {
-    for (int64_t i = 0; i < half; ++i) x[i] = add(x[i], x[i + half]);
+    for (int64_t i = 0; i < half; ++i) x[i] = Simd::add(x[i], x[i + half]);
   }
   return x[0];
 }
@@ -148,9 +156,8 @@ void attentionRowsFixed(const AttentionArgs& a, const RowTile& tile, int64_t kvh
     const float* krows = kf;
     const float* vrows = vf;
     if (kType == KvType::kF32 && j0 % bs + kKeys <= bs) {
-      const int64_t at = ((table[j0 / bs] * a.kv_heads + kvh) * bs + j0 % bs) * d * kElement;
-      krows = reinterpret_cast<const float*>(k_pool + at);
-      vrows = reinterpret_cast<const float*>(v_pool + at);
+      krows = reinterpret_cast<const float*>(kvRow<kElement>(a, table, k_pool, kvh, j0, d));
+      vrows = reinterpret_cast<const float*>(kvRow<kElement>(a, table, v_pool, kvh, j0, d));
     } else {
       widenRows<Simd, kType, kKeys>(a, table, k_pool, kvh, j0, last, d, kf);
       widenRows<Simd, kType, kKeys>(a, table, v_pool, kvh, j0, last, d, vf);
@@ -169,7 +176,7 @@ void attentionRowsFixed(const AttentionArgs& a, const RowTile& tile, int64_t kvh
       Simd::store(pb + k * kLanes, s[k]);
     }
     l = Simd::mul(l, alpha);
-    l = Simd::add(l, treeSum<kKeys>(s, [](V x, V y) { return Simd::add(x, y); }));
+    l = Simd::add(l, treeSum<Simd, kKeys>(s));
     m = peak;
     const int64_t keys = std::min(kKeys, last + 1 - j0);
     for (int64_t e0 = 0; e0 < d; e0 += kDims) {
