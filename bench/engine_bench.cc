@@ -16,7 +16,8 @@
 //                                     [--prefill LENGTH,LENGTH...]
 //                                     [--bandwidth BYTES_PER_S]
 //                                     [--flops WEIGHT_FLOPS_PER_S] [--attention-flops F]
-// The last three replace the measured values (to compute floors against a worker's).
+// The KV cache is bf16 unless --kv-dtype says otherwise, as on a worker. The last three flags
+// replace the measured values (to compute floors against a worker's).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -51,7 +52,7 @@ int main(int argc, char** argv) {
   int tp = 1;
   int context = 128;  // Positions each decoding sequence holds.
   std::vector<int> prefill_lengths = {128, 512};
-  cpu::KvType kv_type = cpu::KvType::kF32;
+  cpu::KvType kv_type = cpu::kDefaultKvType;  // What workers store unless told otherwise.
   roofline::Hardware given;  // Values given on the command line replace measured ones.
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)

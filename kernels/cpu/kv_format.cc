@@ -19,11 +19,12 @@ const char* kvTypeName(KvType type) {
 }
 
 absl::StatusOr<KvType> parseKvType(std::string_view name) {
+  if (name == "auto") return kDefaultKvType;
   if (name == "f32") return KvType::kF32;
   if (name == "bf16") return KvType::kBf16;
   if (name == "fp8" || name == "fp8_e4m3") return KvType::kFp8E4M3;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown KV cache type '", std::string(name), "'; use f32, bf16 or fp8"));
+      absl::StrCat("unknown KV cache type '", std::string(name), "'; use f32, bf16, fp8 or auto"));
 }
 
 uint16_t floatToBf16(float x) {

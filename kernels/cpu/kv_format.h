@@ -21,9 +21,15 @@ enum class KvType { kF32, kBf16, kFp8E4M3 };
 constexpr int64_t kvElementBytes(KvType type) {
   return type == KvType::kF32 ? 4 : type == KvType::kBf16 ? 2 : 1;
 }
+// The cache type a worker stores unless told otherwise ("auto"): bf16 halves f32's bytes (twice
+// the sequences in a KV budget, half the bytes decode attention reads) and is what the GPU
+// stores, so CPU and GPU workers agree by default.
+constexpr KvType kDefaultKvType = KvType::kBf16;
+
 // "f32", "bf16", "fp8" (or "fp8_e4m3").
 const char* kvTypeName(KvType type);
-// InvalidArgument naming the accepted names otherwise.
+// Those names, and "auto" for kDefaultKvType; InvalidArgument naming the accepted names
+// otherwise.
 absl::StatusOr<KvType> parseKvType(std::string_view name);
 
 // out[i] = encode(x[i] / scale) for n elements (scale is ignored unless kFp8E4M3).

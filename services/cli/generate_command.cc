@@ -147,8 +147,7 @@ int runGenerate(int argc, char** argv) {
                   "Where the model runs: cpu, or cuda (rank r on GPU r, --tp of them)");
   flags.addInt("context", &context, "Context length to reserve (prompt + output)");
   flags.addString("kv-dtype", &kv_dtype,
-                  "KV cache element type: f32, bf16 or fp8 (e4m3); auto: f32 on the CPU, bf16 "
-                  "on the GPU");
+                  "KV cache element type: f32, bf16 or fp8 (e4m3); auto: bf16");
   flags.addString("gemm-operands", &gemm_operands,
                   "cuda: how FP8 and NVFP4 weights meet the activations: widened (weights to "
                   "bf16: W8A16, W4A16) or auto (activations quantized per row where the GPU "
@@ -210,9 +209,7 @@ int runGenerate(int argc, char** argv) {
   }
   auto split = engine::parseMoeSplit(moe_split);
   if (!split.ok()) exitWithUsageError(flags, split.status());
-  auto kv_type = cpu::parseKvType(kv_dtype != "auto"  ? kv_dtype
-                                  : backend == "cuda" ? "bf16"
-                                                      : "f32");
+  auto kv_type = cpu::parseKvType(kv_dtype);
   if (!kv_type.ok()) {
     exitWithUsageError(flags, absl::InvalidArgumentError(
                                   absl::StrCat("--kv-dtype: ", kv_type.status().message())));

@@ -125,8 +125,7 @@ int runUp(int argc, char** argv) {
                  "Each worker's memory budget (0: on GPUs, 90% of each GPU's memory split among "
                  "the worker ranks sharing it; on the CPU, what the plan needs)");
   flags.addString("kv-dtype", &kv_dtype,
-                  "Every worker's KV cache element type: f32, bf16 or fp8 (auto: f32 on the "
-                  "CPU, bf16 on GPUs)");
+                  "Every worker's KV cache element type: f32, bf16 or fp8 (auto: bf16)");
   flags.addString("backend", &backend,
                   "Where the workers run: cpu, or cuda (each worker its own --tp GPUs, in "
                   "order: CUDA_VISIBLE_DEVICES is set per worker)");

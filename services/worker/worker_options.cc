@@ -23,8 +23,7 @@ void WorkerOptions::addFlags(FlagSet& flags) {
                   "through host rows)");
   flags.addString("kv-dtype", &kv_dtype,
                   "KV cache element type: f32, bf16 or fp8 (e4m3, a quarter of f32's bytes); "
-                  "auto: f32 on the CPU, bf16 on the GPU; every worker of a router must use "
-                  "the same");
+                  "auto: bf16; every worker of a router must use the same");
   flags.addString("router", &router, "Router address host:port to register with");
   flags.addString("advertise", &advertise,
                   "host:port the router reaches this worker at, when --listen is 0.0.0.0 or "
@@ -72,11 +71,7 @@ absl::StatusOr<Role> parseRole(absl::string_view text) {
       absl::StrCat("--role must be prefill, decode or both, got '", text, "'"));
 }
 
-cpu::KvType kvType(const WorkerOptions& options) {
-  if (options.kv_dtype == "auto")
-    return options.backend == "cuda" ? cpu::KvType::kBf16 : cpu::KvType::kF32;
-  return *cpu::parseKvType(options.kv_dtype);
-}
+cpu::KvType kvType(const WorkerOptions& options) { return *cpu::parseKvType(options.kv_dtype); }
 
 absl::Status validate(const WorkerOptions& options) {
   if (absl::StatusOr<Role> role = parseRole(options.role); !role.ok()) return role.status();
@@ -95,13 +90,11 @@ absl::Status validate(const WorkerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend must be cpu or cuda, got '", options.backend, "'"));
   }
-  if (options.kv_dtype != "auto") {
-    auto kv = cpu::parseKvType(options.kv_dtype);
-    if (!kv.ok())
-      return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: ", kv.status().message()));
-    if (options.backend == "cuda" && *kv == cpu::KvType::kF32)
-      return absl::InvalidArgumentError("--kv-dtype: the GPU stores its KV cache as bf16 or fp8");
-  }
+  auto kv = cpu::parseKvType(options.kv_dtype);
+  if (!kv.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: ", kv.status().message()));
+  if (options.backend == "cuda" && *kv == cpu::KvType::kF32)
+    return absl::InvalidArgumentError("--kv-dtype: the GPU stores its KV cache as bf16 or fp8");
   if (options.target_concurrency < 1 || options.target_concurrency > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("--target-concurrency must be in 1..4096, got ", options.target_concurrency));

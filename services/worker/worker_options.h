@@ -45,7 +45,8 @@ struct WorkerOptions {
 
 absl::StatusOr<Role> parseRole(absl::string_view text);
 
-// The KV cache's element type: --kv-dtype, auto being f32 on the CPU and bf16 on the GPU.
+// The KV cache's element type: --kv-dtype, auto being cpu::kDefaultKvType (bf16)
+// on every backend.
 // Call after validate().
 cpu::KvType kvType(const WorkerOptions& options);
 

@@ -68,11 +68,13 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
   }
 }
 
-TEST(WorkerOptionsTest, AutoKvTypeFollowsTheBackend) {
+TEST(WorkerOptionsTest, AutoKvTypeIsBf16OnEveryBackend) {
   WorkerOptions options = validOptions();
-  EXPECT_EQ(kvType(options), cpu::KvType::kF32);
+  EXPECT_EQ(kvType(options), cpu::KvType::kBf16);
   options.backend = "cuda";
   EXPECT_EQ(kvType(options), cpu::KvType::kBf16);
+  options.kv_dtype = "f32";
+  EXPECT_EQ(kvType(options), cpu::KvType::kF32);
   options.kv_dtype = "fp8";
   EXPECT_EQ(kvType(options), cpu::KvType::kFp8E4M3);
 }

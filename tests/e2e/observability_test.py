@@ -33,8 +33,9 @@ TARGET = 8
 SWEEP = (4, 2 * TARGET + 4)
 REQUESTS, WARMUP = 20, 2  # Per sweep point.
 PROMPT, OUTPUT = 40, 64  # Tokens: a 40-token prompt fills 3 KV blocks of 16.
-# SmolLM2-135M: 30 layers x 3 KV heads x 64 dims, f32 keys and values, per position.
-KV_BYTES_PER_POSITION = 30 * 3 * 64 * 4 * 2
+# SmolLM2-135M: 30 layers x 3 KV heads x 64 dims, bf16 keys and values (the default), per
+# position.
+KV_BYTES_PER_POSITION = 30 * 3 * 64 * 2 * 2
 SVG = "{http://www.w3.org/2000/svg}"
 
 

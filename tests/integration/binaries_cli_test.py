@@ -69,7 +69,8 @@ class BinariesCliTest(unittest.TestCase):
                                "--target-concurrency=64", "--planned-seq-len=2048",
                                "--memory-budget=200MiB", "--threads=1"])
         self.assertEqual(code, 1)
-        for words in ("64 sequences of 2048 tokens need 5760.0 MiB of KV",
+        # 64 x 2048 positions x 30 layers x 3 KV heads x 64 dims x bf16 keys and values.
+        for words in ("64 sequences of 2048 tokens need 2880.0 MiB of KV",
                       "after weights (", "workspace (", "Raise --memory-budget to at least"):
             self.assertIn(words, err)
 
