@@ -3,7 +3,7 @@
 // holding --context positions, 128 by default). Every time is printed next to its floor, the larger
 // of two bounds against this machine measured in the same run with the same threads: memory (the
 // bytes the step must read: weights once per step, the KV it attends over, activations; over the
-// read bandwidth) and compute (the step's FLOPs over the SIMD peak: int8 VNNI for quantized
+// read bandwidth) and compute (the step's FLOPs over the SIMD peak: int8 for quantized
 // weights, f32 FMA for float weights and attention). The floor is roofline::stepFloor over
 // roofline::measureCpuHardware: the code a worker runs for its live efficiency metric.
 //
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
       path.c_str(), weight_bytes / 1e6, threads, tp, cpu::kvTypeName(kv_type), hw.bandwidth / 1e9);
   std::printf("SIMD peak: %.0f GOP/s for the weights' products (%s), f32 %.0f GFLOP/s\n",
               hw.peak_flops / 1e9,
-              quantized && hw.peak_flops != hw.attention_flops ? "int8 VNNI" : "f32",
+              quantized && hw.peak_flops != hw.attention_flops ? "int8" : "f32",
               hw.attention_flops / 1e9);
   std::printf("%-20s %10s %10s %10s %10s %10s %8s\n", "case", "time (ms)", "tokens/s", "mem (ms)",
               "comp (ms)", "floor (ms)", "floor/t");

@@ -7,8 +7,9 @@
 
 namespace cleave::cpu {
 
-// int8 multiply-adds as the quantized matmuls issue them (AVX-512 VNNI VPDPBUSD), in
-// operations per second (a multiply-add is two). 0 when the CPU has no AVX-512 VNNI.
+// int8 multiply-adds as the quantized matmuls issue them (AVX-512 VNNI VPDPBUSD, or AVX2
+// VPMADDUBSW into int16 sums), in operations per second (a multiply-add is two). 0 when the
+// quantized matmuls run the portable path.
 double int8PeakOps(ThreadPool& pool);
 // float32 fused multiply-adds (AVX-512, else AVX2), in FLOP/s.
 double f32PeakFlops(ThreadPool& pool);

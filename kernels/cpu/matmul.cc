@@ -122,7 +122,7 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
     matrix.kernel_.data = matrix.rewritten_->data();
   }
   const WeightMatrix& kernel = matrix.kernel_;
-  if (isa == Isa::kAvx512 && packed::packs(kernel.type)) {
+  if (isa != Isa::kPortable && packed::packs(kernel.type)) {
     const int64_t bytes =
         packed::groups(kernel.rows) * packed::groupBytes(kernel.type, kernel.cols / 32);
     // 64-byte aligned so each 512-bit load stays within one cache line.
@@ -178,26 +178,27 @@ absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
     const QuantizedActivations* xq = &x;
     if (w.packed()) {
       static_assert(kRowAlign % packed::kGroupRows == 0);
+      auto kernel =
+          w.isa() == Isa::kAvx512 ? kernels::packedGroupsAvx512 : kernels::packedGroupsAvx2;
       pool.run(tasks, [&](int64_t task) {
         auto [begin, end] = rowsOf(task);
-        kernels::packedGroupsAvx512({.weight = &w,
-                                     .x = xq,
-                                     .y = args.y,
-                                     .ldy = args.ldy,
-                                     .group_begin = begin / packed::kGroupRows,
-                                     .group_end = packed::groups(end)});
+        kernel({.weight = &w,
+                .x = xq,
+                .y = args.y,
+                .ldy = args.ldy,
+                .group_begin = begin / packed::kGroupRows,
+                .group_end = packed::groups(end)});
       });
       return absl::OkStatus();
     }
-    auto kernel = w.isa() == Isa::kAvx2 ? kernels::quantRowsAvx2 : kernels::quantRowsPortable;
     pool.run(tasks, [&](int64_t task) {
       auto [begin, end] = rowsOf(task);
-      kernel({.weight = &w.kernelSource(),
-              .x = xq,
-              .y = args.y,
-              .ldy = args.ldy,
-              .row_begin = begin,
-              .row_end = end});
+      kernels::quantRowsPortable({.weight = &w.kernelSource(),
+                                  .x = xq,
+                                  .y = args.y,
+                                  .ldy = args.ldy,
+                                  .row_begin = begin,
+                                  .row_end = end});
     });
     return absl::OkStatus();
   }

@@ -8,7 +8,7 @@
 // once, at load, into a CpuMatrix for an int8 kernel where one fits: Q4_K is rewritten as
 // Q4_1 blocks, and Q5_0, Q5_1, Q5_K and Q6_K are requantized to Q8_0 (but for Q6_K on
 // AVX-512, whose kernel reads it as it is); Q4_0, Q4_1, Q8_0 and Q6_K are repacked
-// row-interleaved for the AVX-512 kernels (packed_layout.h: the same codes and scales
+// row-interleaved for the AVX2 and AVX-512 kernels (packed_layout.h: the same codes and scales
 // rearranged, nothing dequantized). FP8 and E2M1 are dequantized a row at a time; other
 // cases use the stored bytes in place. Quantized weights multiply x
 // quantized per 32-element block to int8. x is [tokens, cols] with row stride ldx; y is
@@ -67,7 +67,7 @@ class CpuMatrix {
   model::TensorType type() const { return source_.type; }
   // What the kernels read: the source, or a rewrite of it in a format they run faster (Q4_K
   // as Q4_1 blocks, the same codes with each sub-block's scale and offset in half). Packed
-  // (AVX-512), the kernels read packedData(), and a rewrite's data is gone (null).
+  // (AVX2, AVX-512), the kernels read packedData(), and a rewrite's data is gone (null).
   const WeightMatrix& kernelSource() const { return kernel_; }
   model::TensorType kernelType() const { return kernel_.type; }
   int64_t rows() const { return source_.rows; }

@@ -1,7 +1,5 @@
-// AVX2 (+FMA, F16C) row kernels for quantized weights: one 32-element block per step,
-// VPMADDUBSW (u8 x s8 -> s16 pairs) then VPMADDWD into s32 lanes, scaled by d_w * d_x.
-// Signed Q8_0 weights use |w| x (x * sign(w)) so the unsigned operand stays unsigned and
-// pair sums stay within int16 (|x| <= 127).
+// AVX2 (+FMA, F16C) row kernels for float weights (F32, F16, BF16); quantized weights run on
+// the packed kernel (matmul_packed_avx2.cc).
 #include <immintrin.h>
 
 #include <cstring>
@@ -11,98 +9,12 @@
 namespace cleave::cpu::kernels {
 namespace {
 
-using model::TensorType;
-
-constexpr int kTile = 4;
-
-inline float half(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return _cvtsh_ss(bits);
-}
-
 inline float sum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
-
-template <TensorType kType, int kCount>
-inline void rowTile(const uint8_t* row, int64_t blocks, int64_t block_bytes,
-                    const QuantizedActivations& x, int64_t t0, float* y, int64_t ldy) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[kCount];
-  float corr[kCount];
-  for (int i = 0; i < kCount; ++i) {
-    acc[i] = _mm256_setzero_ps();
-    corr[i] = 0.0f;
-  }
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* block = row + b * block_bytes;
-    const float dw = half(block);
-    __m256i wv;
-    if constexpr (kType == TensorType::kQ8_0) {
-      wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
-    } else {
-      constexpr int kOffset = kType == TensorType::kQ4_0 ? 2 : 4;
-      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kOffset));
-      const __m128i mask = _mm_set1_epi8(0x0f);
-      wv = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), mask),
-                            _mm_and_si128(packed, mask));
-    }
-    for (int i = 0; i < kCount; ++i) {
-      const int64_t t = t0 + i;
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.rowQ(t) + 32 * b));
-      __m256i pairs;
-      if constexpr (kType == TensorType::kQ8_0) {
-        pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-      } else {
-        pairs = _mm256_maddubs_epi16(wv, xv);
-      }
-      const __m256i dot = _mm256_madd_epi16(pairs, ones);
-      const float dx = x.rowD(t)[b];
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * dx), acc[i]);
-      const float xsum = static_cast<float>(x.rowSum(t)[b]);
-      if constexpr (kType == TensorType::kQ4_0) corr[i] -= 8.0f * dw * dx * xsum;
-      if constexpr (kType == TensorType::kQ4_1) corr[i] += half(block + 2) * dx * xsum;
-    }
-  }
-  for (int i = 0; i < kCount; ++i) y[(t0 + i) * ldy] = sum8(acc[i]) + corr[i];
-}
-
-template <TensorType kType>
-void quantRows(const QuantRows& a) {
-  const WeightMatrix& w = *a.weight;
-  const int64_t blocks = w.cols / 32;
-  const int64_t row_bytes = w.rowBytes();
-  const int64_t block_bytes = row_bytes / blocks;
-  const int64_t tokens = a.x->rows;
-  for (int64_t n = a.row_begin; n < a.row_end; ++n) {
-    const uint8_t* row = w.data + n * row_bytes;
-    float* y = a.y + n;
-    int64_t t = 0;
-    for (; t + kTile <= tokens; t += kTile)
-      rowTile<kType, kTile>(row, blocks, block_bytes, *a.x, t, y, a.ldy);
-    for (; t < tokens; ++t) rowTile<kType, 1>(row, blocks, block_bytes, *a.x, t, y, a.ldy);
-  }
-}
-
-}  // namespace
-
-void quantRowsAvx2(const QuantRows& a) {
-  switch (a.weight->type) {
-    case TensorType::kQ4_0: return quantRows<TensorType::kQ4_0>(a);
-    case TensorType::kQ4_1: return quantRows<TensorType::kQ4_1>(a);
-    case TensorType::kQ8_0: return quantRows<TensorType::kQ8_0>(a);
-    default: return;
-  }
-}
-
-}  // namespace cleave::cpu::kernels
-
-namespace cleave::cpu::kernels {
-namespace {
 
 // 8 weights starting at element k of a float-format row, as floats.
 template <model::TensorType kType>

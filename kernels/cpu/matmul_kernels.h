@@ -40,9 +40,9 @@ struct FloatRows {
 
 // Quantized weights (Q4_0, Q4_1, Q8_0) against quantized activations.
 void quantRowsPortable(const QuantRows& args);
-void quantRowsAvx2(const QuantRows& args);
 
-// Quantized weights in the row-interleaved layout.
+// Quantized weights in the row-interleaved layout (Q6_K on AVX-512 only).
+void packedGroupsAvx2(const PackedRows& args);
 void packedGroupsAvx512(const PackedRows& args);
 
 // Float weights (F32, F16, BF16) against float activations.

@@ -156,6 +156,8 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
         EXPECT_EQ(matrix->kernelType(), TensorType::kQ6_K);  // Read as it is, packed.
         EXPECT_TRUE(matrix->packed());
       }
+      // The SIMD paths read every int8 format row-interleaved.
+      if (isQuantized(matrix->kernelType())) EXPECT_EQ(matrix->packed(), isa != Isa::kPortable);
       // What this path's kernel holds: the stored values (Q6_K on AVX-512), or the rewrite.
       const std::vector<float>& w_kernel = matrix->kernelType() == type ? wf : w_seen;
       std::vector<float> y(s.tokens * s.rows, std::nanf("poison"));
@@ -208,6 +210,46 @@ TEST_P(MatmulTest, ThreadCountDoesNotChangeTheResult) {
           two)
           .ok());
   EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
+}
+
+// A token's outputs are the same bits alone as in a batch, wherever it falls in the kernels'
+// token tiles: a decode step must not change with the batch it runs in.
+TEST_P(MatmulTest, ATokenGetsTheSameBitsAloneAsInABatch) {
+  const TensorType type = GetParam();
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t rows = 37, cols = 256, tokens = 7;
+  std::vector<uint8_t> bytes = randomWeights(type, rows, cols, rng);
+  WeightMatrix w{.type = type, .rows = rows, .cols = cols, .data = bytes.data()};
+  std::vector<float> x(tokens * cols);
+  for (float& v : x) v = normal(rng);
+  ThreadPool pool(2);
+  for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isaSupported(isa)) continue;
+    SCOPED_TRACE(isaName(isa));
+    auto matrix = CpuMatrix::create(w, isa);
+    ASSERT_TRUE(matrix.ok()) << matrix.status();
+    std::vector<float> batch(tokens * rows, std::nanf("")), alone(tokens * rows, std::nanf(""));
+    ASSERT_TRUE(matmul({.weight = &*matrix,
+                        .x = x.data(),
+                        .ldx = cols,
+                        .tokens = tokens,
+                        .y = batch.data(),
+                        .ldy = rows},
+                       pool)
+                    .ok());
+    for (int64_t t = 0; t < tokens; ++t) {
+      ASSERT_TRUE(matmul({.weight = &*matrix,
+                          .x = x.data() + t * cols,
+                          .ldx = cols,
+                          .tokens = 1,
+                          .y = alone.data() + t * rows,
+                          .ldy = rows},
+                         pool)
+                      .ok());
+    }
+    EXPECT_EQ(0, std::memcmp(batch.data(), alone.data(), batch.size() * 4));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, MatmulTest,

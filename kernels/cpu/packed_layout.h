@@ -1,5 +1,7 @@
-// The row-interleaved layout of quantized weights for the AVX-512 kernels: 16 output rows
-// side by side, so one VPDPBUSD lane accumulates one row and no horizontal sums are needed.
+// The row-interleaved layout of quantized weights for the AVX-512 and AVX2 kernels: 16 output
+// rows side by side, so one VPDPBUSD lane accumulates one row and no horizontal sums are needed
+// (AVX2 takes a group as two halves of 8 rows: the first and second 32 bytes of each 64-byte
+// chunk, the first and second 8 scales). Q6_K is packed for AVX-512 only.
 //
 // Rows are grouped by 16 (the last group zero-padded). A group stores its blocks in order;
 // each block of the group is:

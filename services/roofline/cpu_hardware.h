@@ -1,6 +1,7 @@
 // This CPU as a roofline::Hardware, measured on the spot with `threads` threads: read
-// bandwidth and the SIMD peak of the weights' products (int8 VNNI for block-quantized
-// weights when the CPU has it, f32 FMA otherwise; attention always at the f32 peak).
+// bandwidth and the SIMD peak of the weights' products (int8 for block-quantized weights, as
+// the quantized kernels issue it: AVX-512 VNNI or AVX2; f32 FMA otherwise; attention always at
+// the f32 peak).
 // Workers, `cleave roofline --hardware cpu` and bench_engine all measure through this, so
 // a live step's floor and a benchmark's floor are the same number for the same step.
 #pragma once
