@@ -261,6 +261,32 @@ INSTANTIATE_TEST_SUITE_P(Formats, MatmulTest,
                            return std::string(model::tensorTypeName(info.param));
                          });
 
+TEST(QuantizedActivationsTest, EveryPathGivesThePortableBytes) {
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const int64_t rows = 5, cols = 192, ld = 200;
+  std::vector<float> x(rows * ld);
+  for (float& v : x) v = normal(rng);
+  for (int64_t k = 32; k < 64; ++k) x[k] = 0.0f;  // A block of zeros: d = 0.
+  // A block whose scale is exactly 1 (max 127) and whose other values are halves: ties,
+  // which round to even.
+  x[64] = 127.0f;
+  for (int64_t k = 65; k < 96; ++k) x[k] = static_cast<float>(k - 80) + 0.5f;
+  QuantizedActivations portable;
+  quantizeActivations(x.data(), rows, cols, ld, portable, Isa::kPortable);
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!isaSupported(isa)) continue;
+    SCOPED_TRACE(isaName(isa));
+    QuantizedActivations q;
+    q.q.assign(rows * cols, 0x55);  // Poisoned: every byte must be written.
+    quantizeActivations(x.data(), rows, cols, ld, q, isa);
+    EXPECT_EQ(q.q, portable.q);
+    EXPECT_EQ(q.d, portable.d);
+    EXPECT_EQ(q.sum, portable.sum);
+    EXPECT_EQ(q.half_sum, portable.half_sum);
+  }
+}
+
 TEST(QuantizedActivationsTest, ErrorIsBoundedByHalfAStep) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 3.0f);

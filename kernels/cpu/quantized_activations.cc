@@ -2,10 +2,10 @@
 
 #include <cmath>
 
-#include "kernels/cpu/cpu_features.h"
-
 namespace cleave::cpu {
 
+void quantizeActivationsAvx2(const float* x, int64_t rows, int64_t cols, int64_t ld,
+                             QuantizedActivations& out);
 void quantizeActivationsAvx512(const float* x, int64_t rows, int64_t cols, int64_t ld,
                                QuantizedActivations& out);
 
@@ -40,17 +40,17 @@ void quantizePortable(const float* x, int64_t rows, int64_t cols, int64_t ld,
 }  // namespace
 
 void quantizeActivations(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                         QuantizedActivations& out) {
+                         QuantizedActivations& out, Isa isa) {
   out.rows = rows;
   out.cols = cols;
   out.q.resize(rows * cols);
   out.d.resize(rows * (cols / 32));
   out.sum.resize(rows * (cols / 32));
   out.half_sum.resize(rows * (cols / 32));
-  if (bestIsa() == Isa::kAvx512) {
-    quantizeActivationsAvx512(x, rows, cols, ld, out);
-  } else {
-    quantizePortable(x, rows, cols, ld, out);
+  switch (isa) {
+    case Isa::kAvx512: return quantizeActivationsAvx512(x, rows, cols, ld, out);
+    case Isa::kAvx2: return quantizeActivationsAvx2(x, rows, cols, ld, out);
+    case Isa::kPortable: return quantizePortable(x, rows, cols, ld, out);
   }
 }
 

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/cpu_features.h"
+
 namespace cleave::cpu {
 
 struct QuantizedActivations {
@@ -26,8 +28,8 @@ struct QuantizedActivations {
 };
 
 // Quantizes `rows` rows of `cols` floats (row stride `ld`) into `out`, reusing its storage.
-// `cols` must be a multiple of 32.
+// `cols` must be a multiple of 32. Every ISA's path gives the same bytes.
 void quantizeActivations(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                         QuantizedActivations& out);
+                         QuantizedActivations& out, Isa isa = bestIsa());
 
 }  // namespace cleave::cpu
