@@ -7,6 +7,7 @@
 #include "kernels/cpu/attention_keys.h"
 #include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/simd_exp.h"
+#include "kernels/cpu/simd_reduce.h"
 
 namespace cleave::cpu::kernels {
 namespace {
@@ -40,20 +41,9 @@ struct Avx2 {
     const __m256i past = _mm256_cmpgt_epi32(lanes, _mm256_set1_epi32(static_cast<int32_t>(n - 1)));
     return _mm256_blendv_ps(s, neg_inf(), _mm256_castsi256_ps(past));
   }
-  static float hmax(V x) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    m = _mm_max_ps(m, _mm_permute_ps(m, _MM_SHUFFLE(1, 0, 3, 2)));
-    m = _mm_max_ps(m, _mm_permute_ps(m, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtss_f32(m);
-  }
-  // The lanes summed as treeSum (attention_rows.h) sums 8 vectors: x[i] + x[i + 4] first, then
-  // + 2, + 1.
-  static float hsumTree(V x) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    s = _mm_add_ps(s, _mm_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
-    s = _mm_add_ps(s, _mm_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtss_f32(s);
-  }
+  static float hmax(V x) { return simd::max8(x); }
+  // The lanes summed as treeSum (attention_rows.h) sums 8 vectors.
+  static float hsumTree(V x) { return simd::sum8(x); }
   static float exp1(float x) { return _mm256_cvtss_f32(exp(_mm256_set1_ps(x))); }
   // out[i], lane k = rows[k][col + i] for i, k < 8: two rounds of in-lane interleaves, then
   // the 128-bit halves gathered.

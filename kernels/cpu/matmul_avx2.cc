@@ -5,16 +5,10 @@
 #include <cstring>
 
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/simd_reduce.h"
 
 namespace cleave::cpu::kernels {
 namespace {
-
-inline float sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // 8 weights starting at element k of a float-format row, as floats.
 template <model::TensorType kType>
@@ -64,7 +58,7 @@ inline void floatBlock(const FloatRows& a, int64_t n, int64_t t) {
       _mm256_store_ps(tail, loadWeights8<kType>(padded, 0));
     }
     for (int j = 0; j < T; ++j) {
-      float sum = sum8(acc[r][j]);
+      float sum = simd::sum8(acc[r][j]);
       for (int64_t k = whole; k < w.cols; ++k) sum += tail[k - whole] * xs[j][k];
       a.y[(t + j) * a.ldy + n + r] = sum;
     }

@@ -4,25 +4,9 @@
 #include <immintrin.h>
 
 #include "kernels/cpu/quantized_activations.h"
+#include "kernels/cpu/simd_reduce.h"
 
 namespace cleave::cpu {
-namespace {
-
-inline int32_t sumLanes(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtsi128_si32(s);
-}
-
-inline float maxLanes(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
-
-}  // namespace
 
 void quantizeActivationsAvx2(const float* x, int64_t rows, int64_t cols, int64_t ld,
                              QuantizedActivations& out) {
@@ -39,7 +23,7 @@ void quantizeActivationsAvx2(const float* x, int64_t rows, int64_t cols, int64_t
       const __m256 peak = _mm256_max_ps(
           _mm256_max_ps(_mm256_and_ps(v[0], magnitude), _mm256_and_ps(v[1], magnitude)),
           _mm256_max_ps(_mm256_and_ps(v[2], magnitude), _mm256_and_ps(v[3], magnitude)));
-      const float amax = maxLanes(peak);
+      const float amax = simd::max8(peak);
       const float d = amax / 127.0f;
       const __m256 inverse = _mm256_set1_ps(d != 0.0f ? 127.0f / amax : 0.0f);
       __m256i q[4];
@@ -49,8 +33,8 @@ void quantizeActivationsAvx2(const float* x, int64_t rows, int64_t cols, int64_t
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + r * cols + 32 * b),
                           _mm256_permutevar8x32_epi32(bytes, order));
       out.d[r * blocks + b] = d;
-      const int32_t half = sumLanes(_mm256_add_epi32(q[0], q[1]));
-      out.sum[r * blocks + b] = half + sumLanes(_mm256_add_epi32(q[2], q[3]));
+      const int32_t half = simd::sum8(_mm256_add_epi32(q[0], q[1]));
+      out.sum[r * blocks + b] = half + simd::sum8(_mm256_add_epi32(q[2], q[3]));
       out.half_sum[r * blocks + b] = half;
     }
   }
