@@ -1,11 +1,12 @@
 // The CPU engine against its memory floor on a real model: prefill throughput at 128 and
-// 512 tokens (--prefill gives other lengths), and decode at batch 1, 4, 16 and 64 (each sequence
-// holding --context positions, 128 by default). Every time is printed next to its floor, the larger
-// of two bounds against this machine measured in the same run with the same threads: memory (the
-// bytes the step must read: weights once per step, the KV it attends over, activations; over the
-// read bandwidth) and compute (the step's FLOPs over the SIMD peak: int8 for quantized
-// weights, f32 FMA for float weights and attention). The floor is roofline::stepFloor over
-// roofline::measureCpuHardware: the code a worker runs for its live efficiency metric.
+// 512 tokens (--prefill gives other lengths), and decode at batch 1, 4, 16 and 64 (--batch gives
+// other sizes; each sequence holding --context positions, 128 by default). Every time is printed
+// next to its floor, the larger of two bounds against this machine measured in the same run with
+// the same threads: memory (the bytes the step must read: weights once per step, the KV it attends
+// over, activations; over the read bandwidth) and compute (the step's FLOPs over the SIMD peak:
+// int8 for quantized weights, f32 FMA for float weights and attention). The floor is
+// roofline::stepFloor over roofline::measureCpuHardware: the code a worker runs for its live
+// efficiency metric.
 //
 // With --tp N the model runs as a tensor-parallel group of N rank threads (threads split
 // between them) sharing this machine's memory, so the floor is the same bytes over the same
@@ -13,7 +14,7 @@
 //
 // Run: build/default/bin/bench_engine [MODEL.gguf] [--threads N] [--reps R] [--tp N]
 //                                     [--context POSITIONS] [--kv-dtype f32|bf16|fp8]
-//                                     [--prefill LENGTH,LENGTH...]
+//                                     [--prefill LENGTH,LENGTH...] [--batch SIZE,SIZE...]
 //                                     [--bandwidth BYTES_PER_S]
 //                                     [--flops WEIGHT_FLOPS_PER_S] [--attention-flops F]
 // The KV cache is bf16 unless --kv-dtype says otherwise, as on a worker. The last three flags
@@ -38,6 +39,18 @@ namespace {
 using namespace cleave;
 using Clock = std::chrono::steady_clock;
 
+// A comma-separated list of counts, each 1 or more ("128,512"), into `out`; false if malformed.
+bool parseCounts(char* list, std::vector<int>& out) {
+  out.clear();
+  for (char* p = list; *p;) {
+    const long n = std::strtol(p, &p, 10);
+    if (n < 1 || (*p != ',' && *p)) return false;
+    out.push_back(static_cast<int>(n));
+    if (*p == ',') ++p;
+  }
+  return !out.empty();
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -52,6 +65,7 @@ int main(int argc, char** argv) {
   int tp = 1;
   int context = 128;  // Positions each decoding sequence holds.
   std::vector<int> prefill_lengths = {128, 512};
+  std::vector<int> batches = {1, 4, 16, 64};
   cpu::KvType kv_type = cpu::kDefaultKvType;  // What workers store unless told otherwise.
   roofline::Hardware given;  // Values given on the command line replace measured ones.
   for (int i = 1; i < argc; ++i) {
@@ -64,17 +78,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--context") && i + 1 < argc)
       context = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--prefill") && i + 1 < argc) {
-      prefill_lengths.clear();
-      for (char* p = argv[++i]; *p;) {
-        prefill_lengths.push_back(static_cast<int>(std::strtol(p, &p, 10)));
-        if (*p == ',')
-          ++p;
-        else if (*p)
-          return std::fprintf(stderr, "bench_engine: bad --prefill list\n"), 2;
-      }
-      if (prefill_lengths.empty() ||
-          *std::min_element(prefill_lengths.begin(), prefill_lengths.end()) < 1)
+      if (!parseCounts(argv[++i], prefill_lengths))
         return std::fprintf(stderr, "bench_engine: --prefill needs lengths of 1 or more\n"), 2;
+    } else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) {
+      if (!parseCounts(argv[++i], batches))
+        return std::fprintf(stderr, "bench_engine: --batch needs sizes of 1 or more\n"), 2;
     } else if (!std::strcmp(argv[i], "--kv-dtype") && i + 1 < argc)
       kv_type = cpu::parseKvType(argv[++i]).value();
     else if (!std::strcmp(argv[i], "--bandwidth") && i + 1 < argc)
@@ -162,7 +170,7 @@ int main(int argc, char** argv) {
     report(name, t, length, floorOf(1, length, int64_t{length} * (length + 1) / 2, length));
   }
 
-  for (int batch : {1, 4, 16, 64}) {
+  for (int batch : batches) {
     const int steps = 8;
     std::vector<std::vector<int32_t>> tables;
     std::vector<engine::SequenceChunk> prefill;
