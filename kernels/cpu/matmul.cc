@@ -122,7 +122,12 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
     matrix.kernel_.data = matrix.rewritten_->data();
   }
   const WeightMatrix& kernel = matrix.kernel_;
-  if (isa != Isa::kPortable && packed::packs(kernel.type)) {
+  // The AVX-512 kernels read every packed format, the AVX2 kernel all but Q6_K (which
+  // rewriteForInt8Kernels turned into Q8_0 for it).
+  const bool packs =
+      packed::packs(kernel.type) &&
+      (isa == Isa::kAvx512 || (isa == Isa::kAvx2 && kernel.type != TensorType::kQ6_K));
+  if (packs) {
     const int64_t bytes =
         packed::groups(kernel.rows) * packed::groupBytes(kernel.type, kernel.cols / 32);
     // 64-byte aligned so each 512-bit load stays within one cache line.

@@ -47,6 +47,10 @@ inline void halfTile(const uint8_t* group, int64_t blocks, int half, const Quant
     const uint8_t* block = group + b * kGroupBlock;
     const __m256 d =
         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * half)));
+    [[maybe_unused]] const __m256 m =
+        kType == TensorType::kQ4_1 ? _mm256_cvtph_ps(_mm_loadu_si128(
+                                         reinterpret_cast<const __m128i*>(block + 32 + 16 * half)))
+                                   : _mm256_setzero_ps();
     const uint8_t* quants = block + kScales + 32 * half;
     __m256i dot[kCount];
     if constexpr (kType == TensorType::kQ8_0) {
@@ -90,11 +94,8 @@ inline void halfTile(const uint8_t* group, int64_t blocks, int half, const Quant
       const float xs = dx * static_cast<float>(x.rowSum(t)[b]);
       if constexpr (kType == TensorType::kQ4_0)
         acc[i] = _mm256_fmadd_ps(d, _mm256_set1_ps(-8.0f * xs), acc[i]);
-      if constexpr (kType == TensorType::kQ4_1) {
-        const __m256 m = _mm256_cvtph_ps(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 32 + 16 * half)));
+      if constexpr (kType == TensorType::kQ4_1)
         acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs), acc[i]);
-      }
     }
   }
   if (valid == kHalfRows) {
