@@ -18,6 +18,7 @@ void axpyPortable(float alpha, const float* x, float* y, int64_t n) {
 }
 
 const bool kAvx512 = bestIsa() == Isa::kAvx512;
+const bool kAvx2 = bestIsa() == Isa::kAvx2;
 
 }  // namespace
 
@@ -35,6 +36,7 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
 
 float expShiftSum(float* x, int64_t n, float shift) {
   if (kAvx512) return vec::expShiftSumAvx512(x, n, shift);
+  if (kAvx2) return vec::expShiftSumAvx2(x, n, shift);
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
   return sum;
@@ -42,6 +44,7 @@ float expShiftSum(float* x, int64_t n, float shift) {
 
 void siluMulRow(const float* gate, const float* up, float* out, int64_t n) {
   if (kAvx512) return vec::siluMulRowAvx512(gate, up, out, n);
+  if (kAvx2) return vec::siluMulRowAvx2(gate, up, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 

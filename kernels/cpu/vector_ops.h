@@ -16,6 +16,8 @@ float expShiftSum(float* x, int64_t n, float shift);
 void siluMulRow(const float* gate, const float* up, float* out, int64_t n);
 
 namespace vec {
+float expShiftSumAvx2(float* x, int64_t n, float shift);
+void siluMulRowAvx2(const float* gate, const float* up, float* out, int64_t n);
 float expShiftSumAvx512(float* x, int64_t n, float shift);
 void siluMulRowAvx512(const float* gate, const float* up, float* out, int64_t n);
 float dotAvx512(const float* a, const float* b, int64_t n);
