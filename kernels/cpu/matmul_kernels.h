@@ -71,4 +71,22 @@ inline void forEachBlock(const FloatRows& a, Block&& block) {
   }
 }
 
+// The packed kernels' walk over tokens [0, tokens): tiles of kTokenTile (each block unpacked
+// once per tile), then one tile of the 1..kTokenTile - 1 left, calling
+// tile.template operator()<kCount>(t) for kCount tokens from t. (Instantiated per ISA file, as
+// forEachBlock.)
+constexpr int kTokenTile = 4;
+template <typename Tile>
+inline void forEachTokenTile(int64_t tokens, Tile&& tile) {
+  static_assert(kTokenTile == 4, "the tail below handles 1..3 tokens");
+  int64_t t = 0;
+  for (; t + kTokenTile <= tokens; t += kTokenTile) tile.template operator()<kTokenTile>(t);
+  switch (tokens - t) {
+    case 3: tile.template operator()<3>(t); break;
+    case 2: tile.template operator()<2>(t); break;
+    case 1: tile.template operator()<1>(t); break;
+    default: break;
+  }
+}
+
 }  // namespace cleave::cpu::kernels

@@ -23,7 +23,6 @@ namespace {
 
 using model::TensorType;
 
-constexpr int kTile = 4;
 constexpr int kHalfRows = 8;
 
 inline __m256i broadcast4(const int8_t* p) {
@@ -119,15 +118,9 @@ void groups(const PackedRows& a) {
     for (int half = 0; half * kHalfRows < rows; ++half) {
       const int valid = static_cast<int>(std::min<int64_t>(kHalfRows, rows - half * kHalfRows));
       float* y = a.y + g * packed::kGroupRows + half * kHalfRows;
-      int64_t t = 0;
-      for (; t + kTile <= tokens; t += kTile)
-        halfTile<kType, kTile>(group, blocks, half, *a.x, t, y, a.ldy, valid);
-      switch (tokens - t) {
-        case 3: halfTile<kType, 3>(group, blocks, half, *a.x, t, y, a.ldy, valid); break;
-        case 2: halfTile<kType, 2>(group, blocks, half, *a.x, t, y, a.ldy, valid); break;
-        case 1: halfTile<kType, 1>(group, blocks, half, *a.x, t, y, a.ldy, valid); break;
-        default: break;
-      }
+      forEachTokenTile(tokens, [&]<int kCount>(int64_t t) {
+        halfTile<kType, kCount>(group, blocks, half, *a.x, t, y, a.ldy, valid);
+      });
     }
   }
 }

@@ -2,7 +2,7 @@
 // is one of 16 output rows. Per block, the 8 four-element groups of weights are multiplied
 // with the matching 4 bytes of x broadcast to every lane (VPDPBUSD), so a lane ends the
 // block holding its row's integer dot product; scales and offsets are applied per lane.
-// Tokens go in tiles of up to 4 so each block is widened once per tile. Q6_K's 6-bit values
+// Tokens go in tiles (forEachTokenTile) so each block is widened once per tile. Q6_K's 6-bit values
 // are put together from their low nibbles and high bit pairs, and its halves summed apart.
 #include <immintrin.h>
 
@@ -15,8 +15,6 @@ namespace cleave::cpu::kernels {
 namespace {
 
 using model::TensorType;
-
-constexpr int kTile = 4;
 
 inline __m512i broadcast4(const int8_t* p) {
   int32_t v;
@@ -154,15 +152,9 @@ void groups(const PackedRows& a) {
     const int64_t valid = std::min<int64_t>(packed::kGroupRows, w.rows() - g * packed::kGroupRows);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
     float* y = a.y + g * packed::kGroupRows;
-    int64_t t = 0;
-    for (; t + kTile <= tokens; t += kTile)
-      tile<kType, kTile>(group, blocks, *a.x, t, y, a.ldy, mask);
-    switch (tokens - t) {
-      case 3: tile<kType, 3>(group, blocks, *a.x, t, y, a.ldy, mask); break;
-      case 2: tile<kType, 2>(group, blocks, *a.x, t, y, a.ldy, mask); break;
-      case 1: tile<kType, 1>(group, blocks, *a.x, t, y, a.ldy, mask); break;
-      default: break;
-    }
+    forEachTokenTile(tokens, [&]<int kCount>(int64_t t) {
+      tile<kType, kCount>(group, blocks, *a.x, t, y, a.ldy, mask);
+    });
   }
 }
 
