@@ -287,6 +287,11 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     if (!next->ok()) return toGrpcStatus(next->status());
     const v1::SequenceEvent& event = **next;
     placed->decode_wait_ms += event.batch_wait_us() / 1e3;
+    if (placed->first_decoded_at) {
+      placed->decoded_tokens += event.token_ids_size();
+    } else {
+      placed->first_decoded_at = Clock::now();
+    }
     decode_wait_ms += event.batch_wait_us() / 1e3;
     const std::vector<uint32_t> tokens(event.token_ids().begin(), event.token_ids().end());
     if (!send(tokens, event.logprobs(), reason, event.matched_stop())) return status;
@@ -426,7 +431,14 @@ GenerationService::Placement::~Placement() {
     CLEAVE_LOG(WARNING) << "release of " << id << " on " << admission.worker->id << ": "
                         << status.error_message();
   }
-  self.pool_.release(admission, finished ? std::optional(decode_wait_ms / 1e3) : std::nullopt);
+  std::optional<Served> served;
+  if (finished) {
+    served = Served{.decode_wait_s = decode_wait_ms / 1e3, .decoded_tokens = decoded_tokens};
+    if (first_decoded_at) {
+      served->decode_s = std::chrono::duration<double>(Clock::now() - *first_decoded_at).count();
+    }
+  }
+  self.pool_.release(admission, served);
 }
 
 }  // namespace cleave::router

@@ -100,6 +100,9 @@ class GenerationService final : public v1::Generation::Service {
     double queue_wait_ms = 0;
     double decode_wait_ms = 0;  // Waiting here for a place in the decode batch.
     bool finished = false;      // The sequence ended here normally.
+    // When its first decoded token arrived here, and the tokens decoded after that one's event.
+    std::optional<std::chrono::steady_clock::time_point> first_decoded_at;
+    int64_t decoded_tokens = 0;
     v1::PrefillResponse prefilled;
     std::shared_ptr<Mailbox> mailbox;  // Null when the prefill finished the sequence.
   };

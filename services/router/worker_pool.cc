@@ -377,8 +377,8 @@ std::optional<double> WorkerPool::expectedFinishS(int64_t queued_ahead, int64_t 
   // but `decoding - 1` of those ahead have finished, then takes its own service time.
   const double batch_wait_s = static_cast<double>(std::max<int64_t>(0, ahead + 1 - decoding)) /
                               decoding * service_s_.mean();
-  return batch_wait_s +
-         service_s_per_token_.mean() * static_cast<double>(std::max<int64_t>(1, new_tokens));
+  return batch_wait_s + start_s_.mean() +
+         token_s_.mean() * static_cast<double>(std::max<int64_t>(1, new_tokens));
 }
 
 // The window: long enough to span a few bursts of admissions, short enough to follow a change
@@ -435,15 +435,17 @@ bool WorkerPool::waitUntil(const std::function<bool()>& ready,
   return true;
 }
 
-void WorkerPool::release(const Admission& admission, std::optional<double> decode_wait_s) {
+void WorkerPool::release(const Admission& admission, std::optional<Served> served) {
   absl::MutexLock lock(&mu_);
-  if (decode_wait_s) {
+  if (served) {
     const double held_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - admission.since).count();
-    const double service_s = std::max(0.0, held_s - *decode_wait_s);
+    const double service_s = std::max(0.0, held_s - served->decode_wait_s);
     service_s_.add(service_s);
-    service_s_per_token_.add(service_s /
-                             static_cast<double>(std::max<int64_t>(1, admission.new_tokens)));
+    start_s_.add(std::max(0.0, service_s - served->decode_s));
+    if (served->decoded_tokens > 0) {
+      token_s_.add(served->decode_s / static_cast<double>(served->decoded_tokens));
+    }
   }
   auto it = workers_.find(admission.worker->id);
   // A worker that left took its accounting with it.

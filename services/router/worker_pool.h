@@ -103,6 +103,17 @@ struct Admission {
   std::chrono::steady_clock::time_point since;
 };
 
+// How a request that finished normally on its decode worker spent its time there (its
+// admission to its release).
+struct Served {
+  // Waiting for a place in the decode batch: queueing, not service.
+  double decode_wait_s = 0;
+  // From its first decoded token to its last, and the tokens decoded in that span (the
+  // first one's event excluded). 0 when the prefill's token ended it.
+  double decode_s = 0;
+  int64_t decoded_tokens = 0;
+};
+
 class WorkerPool {
  public:
   // `on_join` / `on_leave` are called (outside the pool's lock) when a worker is added or
@@ -143,9 +154,9 @@ class WorkerPool {
                                   const std::function<bool()>& cancelled,
                                   const std::vector<std::string>& exclude = {},
                                   const std::string& client = "", int64_t new_tokens = 1);
-  // `decode_wait_s`: set when the request finished there normally, the time it waited
-  // for a place in the decode batch; the rest of its time there is a service time.
-  void release(const Admission& admission, std::optional<double> decode_wait_s = std::nullopt);
+  // `served`: set when the request finished there normally; its time there less the decode
+  // batch wait is a service time, which admission estimates go by.
+  void release(const Admission& admission, std::optional<Served> served = std::nullopt);
 
   // Waits until a worker that can prefill for `decode` is registered (none draining: a
   // prefill worker, or `decode` itself when it has both roles): while every prefill worker
@@ -235,10 +246,14 @@ class WorkerPool {
     double sum_ = 0;
   };
   // How long admitted requests take, over recent requests that finished: the seconds from
-  // admission to release less the wait for a place in the decode batch, and the same per
-  // new token allowed.
+  // admission to release less the wait for a place in the decode batch; the part of it
+  // before their first decoded token (prefill, KV transfer: a cost per request); and the
+  // seconds per token decoded after it. A request's own time is the second plus the third
+  // times its tokens: a pace learned from short requests does not charge a long one their
+  // start-up cost once per token.
   RecentMean service_s_ ABSL_GUARDED_BY(mu_);
-  RecentMean service_s_per_token_ ABSL_GUARDED_BY(mu_);
+  RecentMean start_s_ ABSL_GUARDED_BY(mu_);
+  RecentMean token_s_ ABSL_GUARDED_BY(mu_);
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;            // Bumped by anything admission depends on.
   prometheus::Gauge& queue_gauge_;                       // cleave_router_queue_depth
   prometheus::Gauge& reserved_gauge_;                    // cleave_router_reserved_blocks

@@ -193,14 +193,17 @@ TEST(WorkerPoolOverloadTest, RefusesAtOnceWhatCannotFinishBeforeItsDeadline) {
   auto never = [] { return false; };
   using std::chrono::milliseconds;
   // Finished requests of 10 new tokens served in 200 ms each (half of them after waiting 300 ms
-  // for a place in the batch, which is not service): 20 ms per token.
+  // for a place in the batch, which is not service): 20 ms to the first decoded token, then
+  // 20 ms for each of the other 9.
   for (int i = 0; i < 8; ++i) {
     absl::StatusOr<Admission> a = pool.admit(1, in(1000), never, {}, "", 10);
     ASSERT_TRUE(a.ok()) << a.status();
     a->since -= milliseconds(i % 2 == 0 ? 200 : 500);
-    pool.release(*a, i % 2 == 0 ? 0.0 : 0.3);
+    pool.release(
+        *a, Served{.decode_wait_s = i % 2 == 0 ? 0.0 : 0.3, .decode_s = 0.18, .decoded_tokens = 9});
   }
-  // Both places held: a new request decodes after both finish (0.4 s), then takes 0.2 s.
+  // Both places held: a new request decodes after both finish (0.4 s), then takes 0.02 s to
+  // its first decoded token and 0.02 s per token.
   std::vector<Admission> held{*pool.admit(1, in(20000), never), *pool.admit(1, in(20000), never)};
   absl::StatusOr<Admission> short_deadline = pool.admit(1, in(400), never, {}, "", 10);
   EXPECT_EQ(short_deadline.status().code(), absl::StatusCode::kResourceExhausted);
@@ -223,6 +226,30 @@ TEST(WorkerPoolOverloadTest, RefusesAtOnceWhatCannotFinishBeforeItsDeadline) {
   ASSERT_TRUE(patient->ok()) << patient->status();  // The place went to the one behind.
   pool.release(held.back());
   pool.release(**patient);
+  EXPECT_EQ(pool.reservedBlocks(), 0);
+}
+
+// Requests of 12 tokens that spent 2 s before their first decoded token (prefill behind a
+// burst of others) and 50 ms per token after it: a 40-token request is charged the 2 s once
+// and 50 ms for each token, not 2.55 s / 12 for each of its 40.
+TEST(WorkerPoolOverloadTest, AShortRequestsStartUpIsNotChargedPerTokenToALongOne) {
+  WorkerPool pool(
+      {.queue_capacity = 100}, [](auto) {}, [](const std::string&) {});
+  ASSERT_TRUE(pool.add(worker("a", v1::WORKER_ROLE_BOTH, 1000, 1)).ok());  // Admits 2.
+  auto in = [](int ms) { return std::chrono::system_clock::now() + std::chrono::milliseconds(ms); };
+  auto never = [] { return false; };
+  for (int i = 0; i < 8; ++i) {
+    absl::StatusOr<Admission> a = pool.admit(1, in(1000), never, {}, "", 12);
+    ASSERT_TRUE(a.ok()) << a.status();
+    a->since -= std::chrono::milliseconds(2550);
+    pool.release(*a, Served{.decode_s = 0.55, .decoded_tokens = 11});
+  }
+  std::vector<Admission> held{*pool.admit(1, in(60000), never), *pool.admit(1, in(60000), never)};
+  // Behind both (2 x 2.55 s), then 2 s + 40 x 50 ms.
+  absl::StatusOr<Admission> long_output = pool.admit(1, in(5000), never, {}, "", 40);
+  EXPECT_EQ(long_output.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(long_output.status().message(), HasSubstr("finish in about 9.1 s"));
+  for (const Admission& a : held) pool.release(a);
   EXPECT_EQ(pool.reservedBlocks(), 0);
 }
 
