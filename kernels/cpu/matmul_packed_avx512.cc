@@ -49,7 +49,7 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
       }
     }
     // Unrolled, so the accumulators stay in registers (rolled, they go through the stack).
-#pragma unroll
+#pragma GCC unroll 4
     for (int i = 0; i < kCount; ++i) {
       const int64_t t = t0 + i;
       const int8_t* xq = x.rowQ(t) + 32 * b;
@@ -110,7 +110,7 @@ inline void q6Tile(const uint8_t* group, int64_t blocks, const QuantizedActivati
       w[4 * h + 3] =
           _mm512_ternarylogic_epi32(w[4 * h + 3], _mm512_srli_epi16(v, 2), high_mask, 0xF8);
     }
-#pragma unroll
+#pragma GCC unroll 4
     for (int i = 0; i < kCount; ++i) {
       const int64_t t = t0 + i;
       const int8_t* xq = x.rowQ(t) + 32 * b;
