@@ -355,10 +355,8 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
   }
   updateGauges();
   if (!admitted) return why;
-  return Admission{.worker = chosen->worker,
-                   .blocks = blocks,
-                   .new_tokens = new_tokens,
-                   .since = std::chrono::steady_clock::now()};
+  return Admission{
+      .worker = chosen->worker, .blocks = blocks, .since = std::chrono::steady_clock::now()};
 }
 
 std::optional<double> WorkerPool::expectedFinishS(int64_t queued_ahead, int64_t new_tokens,

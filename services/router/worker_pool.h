@@ -99,7 +99,6 @@ struct PrefillLease {
 struct Admission {
   std::shared_ptr<const Worker> worker;
   int64_t blocks = 0;
-  int64_t new_tokens = 0;  // The new tokens it may generate.
   std::chrono::steady_clock::time_point since;
 };
 
