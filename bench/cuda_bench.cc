@@ -22,6 +22,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,17 +44,16 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
+// A failed call ends the benchmark it is in (main turns it into a FAILED row), not the run:
+// the rows measured before it still print.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 void check(const absl::Status& s, const char* what) {
-  if (!s.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, s.ToString().c_str());
-    std::exit(1);
-  }
+  if (!s.ok()) throw Failure(std::string(what) + ": " + s.ToString());
 }
 void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
+  if (e != cudaSuccess) throw Failure(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
 template <typename T>
@@ -101,6 +101,29 @@ struct Row {
 };
 std::vector<Row> rows;
 
+void printRow(const Row& r) {
+  std::printf("%-66s %10.3f %16s %14s %8s\n", r.what.c_str(), r.ms, r.rate.c_str(),
+              r.ceiling.c_str(), r.target.c_str());
+  std::fflush(stdout);
+}
+
+// Each row prints as it is measured (a run cut short keeps what it had) and again in the
+// table at the end.
+void addRow(Row r) {
+  printRow(r);
+  rows.push_back(std::move(r));
+}
+
+// Runs one benchmark; a failure becomes a row saying so and the run goes on.
+void attempt(const char* what, const std::function<void()>& benchmark) {
+  try {
+    benchmark();
+  } catch (const Failure& e) {
+    std::fprintf(stderr, "%s FAILED: %s\n", what, e.what());
+    addRow({std::string(what) + " FAILED: " + e.what(), 0, "", "", ""});
+  }
+}
+
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), f, v);
@@ -117,8 +140,7 @@ double copyBandwidth(int reps) {
   cudaFree(a);
   cudaFree(b);
   const double gbs = 2.0 * bytes / (ms * 1e-3) / 1e9;
-  rows.push_back(
-      {"copy 1 GiB device to device (read + write)", ms, fmt("%.0f GB/s", gbs), "ceiling", ""});
+  addRow({"copy 1 GiB device to device (read + write)", ms, fmt("%.0f GB/s", gbs), "ceiling", ""});
   return gbs;
 }
 
@@ -145,7 +167,7 @@ double matmulPeak(cuda::Gemm& gemm, int reps) {
   cudaFree(w);
   cudaFree(y);
   const double tflops = 2.0 * n * n * n / (ms * 1e-3) / 1e12;
-  rows.push_back({"bf16 matmul 8192^3 (cuBLASLt)", ms, fmt("%.0f TFLOP/s", tflops), "ceiling", ""});
+  addRow({"bf16 matmul 8192^3 (cuBLASLt)", ms, fmt("%.0f TFLOP/s", tflops), "ceiling", ""});
   return tflops;
 }
 
@@ -211,7 +233,7 @@ void decodeAttention(const AttentionShape& a, double copy_gbs, int sms, int reps
                 "decode attention %s b%d ctx%d %d/%d heads d%d page%d (%d parts)",
                 fp8 ? "e4m3" : "bf16", a.batch, a.context, a.heads, a.kv_heads, a.head_dim,
                 a.block_size, plan->partitions);
-  rows.push_back({what, ms, fmt("%.0f GB/s", gbs), fmt("%.0f%%", 100 * gbs / copy_gbs), target});
+  addRow({what, ms, fmt("%.0f GB/s", gbs), fmt("%.0f%%", 100 * gbs / copy_gbs), target});
   for (bf16* p : {k[0], k[1], v[0], v[1], q, out}) cudaFree(p);
   cudaFree(dtables);
   cudaFree(dlens);
@@ -283,7 +305,7 @@ void mlaDecodeAttention(int batch, int context, int heads, cuda::KvDtype kv, dou
   char what[160];
   std::snprintf(what, sizeof(what), "latent attention %s b%d ctx%d %d heads 512+64 page%d",
                 fp8 ? "e4m3" : "bf16", batch, context, heads, kBlock);
-  rows.push_back({what, ms, fmt("%.0f GB/s", gbs), fmt("%.0f%%", 100 * gbs / copy_gbs), ""});
+  addRow({what, ms, fmt("%.0f GB/s", gbs), fmt("%.0f%%", 100 * gbs / copy_gbs), ""});
   for (bf16* p : {latent[0], latent[1], q, out}) cudaFree(p);
   for (int32_t* p : {dtables, dpositions, dstarts}) cudaFree(p);
   cudaFree(workspace);
@@ -337,7 +359,7 @@ void prefillAttention(int tokens, double peak_tflops, int reps) {
   const double tflops = flops / (ms * 1e-3) / 1e12;
   char what[128];
   std::snprintf(what, sizeof(what), "prefill attention %d tokens causal 32/8 heads d128", tokens);
-  rows.push_back(
+  addRow(
       {what, ms, fmt("%.0f TFLOP/s", tflops), fmt("%.0f%%", 100 * tflops / peak_tflops), ">= 50%"});
   for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
                   static_cast<void*>(out), static_cast<void*>(dtable), static_cast<void*>(dstarts),
@@ -406,8 +428,7 @@ void decodeStep(double copy_gbs, bool quick) {
   std::snprintf(what, sizeof(what),
                 "decode step Llama-3-8B shape%s b%d ctx%d, graphs (floor %.2f ms)",
                 quick ? " (8 layers)" : "", batch, context, floor_ms);
-  rows.push_back(
-      {what, ms, fmt("%.2f ms", ms), fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 60%"});
+  addRow({what, ms, fmt("%.2f ms", ms), fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 60%"});
 }
 
 // Decode-size products of Llama-3-8B's shapes (QKV, gate/up, down) at batch 1, 4 and 16:
@@ -441,8 +462,7 @@ void skinnyGemm(double copy_gbs, int reps, cuda::Gemm& gemm) {
         char what[160];
         std::snprintf(what, sizeof(what), "product %s b%d %s", shape.name, batch, how);
         const double gbs = bytes / (ms * 1e-3) / 1e9;
-        rows.push_back(
-            {what, ms, fmt("%.0f GB/s", gbs), fmt("%.0f%% of copy", 100 * gbs / copy_gbs), ""});
+        addRow({what, ms, fmt("%.0f GB/s", gbs), fmt("%.0f%% of copy", 100 * gbs / copy_gbs), ""});
       };
       add("cuBLASLt bf16",
           medianMs(
@@ -536,22 +556,29 @@ void allReduce(int reps) {
     // their median per-call time.
     auto timed = [&](const std::function<void(int, int)>& op) {
       std::vector<double> per_rank(count);
+      std::vector<std::string> failures(count);  // A thread's Failure, raised after the join.
       std::vector<std::thread> threads;
       for (int r = 0; r < count; ++r) {
         threads.emplace_back([&, r] {
-          check(cudaSetDevice(devices[r]), "device");
-          std::vector<double> t;
-          for (int i = 0; i < reps + 5; ++i) {
-            const auto t0 = std::chrono::steady_clock::now();
-            op(r, i);
-            const auto t1 = std::chrono::steady_clock::now();
-            if (i >= 5) t.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+          try {
+            check(cudaSetDevice(devices[r]), "device");
+            std::vector<double> t;
+            for (int i = 0; i < reps + 5; ++i) {
+              const auto t0 = std::chrono::steady_clock::now();
+              op(r, i);
+              const auto t1 = std::chrono::steady_clock::now();
+              if (i >= 5) t.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+            }
+            std::sort(t.begin(), t.end());
+            per_rank[r] = t[t.size() / 2];
+          } catch (const Failure& e) {
+            failures[r] = e.what();
           }
-          std::sort(t.begin(), t.end());
-          per_rank[r] = t[t.size() / 2];
         });
       }
       for (auto& t : threads) t.join();
+      for (const std::string& f : failures)
+        if (!f.empty()) throw Failure(f);
       std::sort(per_rank.begin(), per_rank.end());
       return per_rank[per_rank.size() / 2];
     };
@@ -565,11 +592,11 @@ void allReduce(int reps) {
     char what[160];
     std::snprintf(what, sizeof(what), "all-reduce %lld KiB over %d GPU%s: NCCL",
                   static_cast<long long>(bytes >> 10), count, count > 1 ? "s" : "");
-    rows.push_back({what, nccl_ms, fmt("%.1f us", nccl_ms * 1e3), "", ""});
+    addRow({what, nccl_ms, fmt("%.1f us", nccl_ms * 1e3), "", ""});
     std::snprintf(what, sizeof(what), "all-reduce %lld KiB over %d GPU%s: one-shot P2P",
                   static_cast<long long>(bytes >> 10), count, count > 1 ? "s" : "");
-    rows.push_back({what, p2p_ms, fmt("%.1f us", p2p_ms * 1e3),
-                    fmt("%.2fx NCCL's time", p2p_ms / nccl_ms), ""});
+    addRow({what, p2p_ms, fmt("%.1f us", p2p_ms * 1e3), fmt("%.2fx NCCL's time", p2p_ms / nccl_ms),
+            ""});
     for (int r = 0; r < count; ++r) cudaFree(data[r]);
   }
 }
@@ -632,8 +659,8 @@ void moeLayer(double copy_gbs, cuda::ExpertWeightFormat format, int reps, cuda::
       what, sizeof(what), "MoE layer Qwen3-30B-A3B %s%s b%d, %lld experts (floor %.3f ms)",
       cuda::expertWeightFormatName(format), cuda::nativeOperandsPreferred(format) ? " native" : "",
       batch, static_cast<long long>(touched), floor_ms);
-  rows.push_back({what, ms, fmt("%.0f GB/s", bytes / (ms * 1e-3) / 1e9),
-                  fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 70%"});
+  addRow({what, ms, fmt("%.0f GB/s", bytes / (ms * 1e-3) / 1e9),
+          fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 70%"});
   cudaFree(base);
   cudaFree(h);
   cudaFree(out);
@@ -698,8 +725,7 @@ void moeDecodeStep(const char* name, const model::ModelConfig& c, double copy_gb
   std::snprintf(what, sizeof(what), "decode step %s %s%s b%d ctx%d (floor %.2f ms)", name,
                 cuda::expertWeightFormatName(format), quick ? " (8 layers)" : "", batch, context,
                 floor_ms);
-  rows.push_back(
-      {what, ms, fmt("%.2f ms", ms), fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 50%"});
+  addRow({what, ms, fmt("%.2f ms", ms), fmt("%.0f%% of floor", 100 * floor_ms / ms), ">= 50%"});
 }
 
 }  // namespace
@@ -716,40 +742,58 @@ int main(int argc, char** argv) {
   const cuda::DeviceInfo& d = (*devices)[0];
   std::printf("device: %s, sm_%d%d, %d SMs, %.0f GiB\n", d.name.c_str(), d.sm_major, d.sm_minor,
               d.multiprocessors, d.total_memory_bytes / double(1 << 30));
-  auto gemm = cuda::Gemm::create();
-  check(gemm.status(), "gemm");
   const int reps = quick ? 5 : 20;
-  const double copy = copyBandwidth(reps);
-  const double peak = matmulPeak(**gemm, reps);
-  decodeAttention({32, 4096, 32, 8, 128, 16}, copy, d.multiprocessors, reps, ">= 85%");
-  decodeAttention({32, 4096, 32, 8, 128, 64}, copy, d.multiprocessors, reps, "");
-  decodeAttention({1, 4096, 32, 8, 128, 16}, copy, d.multiprocessors, reps, "");
-  decodeAttention({64, 1024, 32, 8, 128, 16}, copy, d.multiprocessors, reps, "");
-  decodeAttention({16, 2048, 32, 4, 64, 16}, copy, d.multiprocessors, reps, "");
-  decodeAttention({32, 4096, 32, 8, 128, 16, cuda::KvDtype::kFp8E4M3}, copy, d.multiprocessors,
-                  reps, "");
+  const int sms = d.multiprocessors;
+  auto gemm = cuda::Gemm::create();
+  if (!gemm.ok()) {
+    std::fprintf(stderr, "bench_cuda: cuBLASLt: %s\n", gemm.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("\n%-66s %10s %16s %14s %8s\n", "benchmark", "median ms", "achieved", "of ceiling",
+              "target");
+  double copy = 0, peak = 0;
+  attempt("copy", [&] { copy = copyBandwidth(reps); });
+  attempt("matmul", [&] { peak = matmulPeak(**gemm, reps); });
+  if (copy <= 0 || peak <= 0) return 1;  // Every other row is a fraction of these.
+  const AttentionShape decode_shapes[] = {
+      {32, 4096, 32, 8, 128, 16}, {32, 4096, 32, 8, 128, 64},
+      {1, 4096, 32, 8, 128, 16},  {64, 1024, 32, 8, 128, 16},
+      {16, 2048, 32, 4, 64, 16},  {32, 4096, 32, 8, 128, 16, cuda::KvDtype::kFp8E4M3}};
+  for (const AttentionShape& a : decode_shapes) {
+    const bool target = &a == &decode_shapes[0];
+    attempt("decode attention",
+            [&] { decodeAttention(a, copy, sms, reps, target ? ">= 85%" : ""); });
+  }
   // DeepSeek-V3 per GPU at TP 8 (16 heads) and on one GPU (128 heads).
-  mlaDecodeAttention(32, 4096, 16, cuda::KvDtype::kBf16, copy, d.multiprocessors, reps);
-  mlaDecodeAttention(1, 4096, 16, cuda::KvDtype::kBf16, copy, d.multiprocessors, reps);
-  mlaDecodeAttention(32, 4096, 128, cuda::KvDtype::kBf16, copy, d.multiprocessors, reps);
-  mlaDecodeAttention(32, 4096, 16, cuda::KvDtype::kFp8E4M3, copy, d.multiprocessors, reps);
-  prefillAttention(4096, peak, reps);
-  prefillAttention(1024, peak, reps);
-  decodeStep(copy, quick);
-  skinnyGemm(copy, reps, **gemm);
-  allReduce(reps);
+  struct MlaShape {
+    int batch, heads;
+    cuda::KvDtype kv;
+  };
+  const MlaShape mla_shapes[] = {{32, 16, cuda::KvDtype::kBf16},
+                                 {1, 16, cuda::KvDtype::kBf16},
+                                 {32, 128, cuda::KvDtype::kBf16},
+                                 {32, 16, cuda::KvDtype::kFp8E4M3}};
+  for (const MlaShape& m : mla_shapes)
+    attempt("latent attention",
+            [&] { mlaDecodeAttention(m.batch, 4096, m.heads, m.kv, copy, sms, reps); });
+  attempt("prefill attention", [&] { prefillAttention(4096, peak, reps); });
+  attempt("prefill attention", [&] { prefillAttention(1024, peak, reps); });
+  attempt("decode step", [&] { decodeStep(copy, quick); });
+  attempt("skinny GEMM", [&] { skinnyGemm(copy, reps, **gemm); });
+  attempt("all-reduce", [&] { allReduce(reps); });
   for (cuda::ExpertWeightFormat f :
        {cuda::ExpertWeightFormat::kBf16, cuda::ExpertWeightFormat::kNvfp4,
         cuda::ExpertWeightFormat::kFp8Block128}) {
-    moeLayer(copy, f, reps, **gemm);
-    moeDecodeStep("Qwen3-30B-A3B", qwen3MoeShape(quick ? 8 : 48), copy, f, quick);
+    attempt("MoE layer", [&] { moeLayer(copy, f, reps, **gemm); });
+    attempt("MoE decode step",
+            [&] { moeDecodeStep("Qwen3-30B-A3B", qwen3MoeShape(quick ? 8 : 48), copy, f, quick); });
   }
-  moeDecodeStep("DeepSeek-V2-Lite", deepseekV2LiteShape(quick ? 8 : 27), copy,
-                cuda::ExpertWeightFormat::kBf16, quick);
+  attempt("MoE decode step", [&] {
+    moeDecodeStep("DeepSeek-V2-Lite", deepseekV2LiteShape(quick ? 8 : 27), copy,
+                  cuda::ExpertWeightFormat::kBf16, quick);
+  });
   std::printf("\n%-66s %10s %16s %14s %8s\n", "benchmark", "median ms", "achieved", "of ceiling",
               "target");
-  for (const Row& r : rows)
-    std::printf("%-66s %10.3f %16s %14s %8s\n", r.what.c_str(), r.ms, r.rate.c_str(),
-                r.ceiling.c_str(), r.target.c_str());
+  for (const Row& r : rows) printRow(r);
   return 0;
 }

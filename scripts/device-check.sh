@@ -9,11 +9,12 @@
 #       most 64 MiB: what travels), which unpacks to a folder named like OUT.
 #   OUT/run.sh
 #       On a GPU machine with the CUDA driver and PyTorch (none of our Debian packages):
-#       finds cuBLASLt and NCCL inside PyTorch's installation, runs every CUDA test, serves
-#       a tiny model from GPU workers (cleave up --backend cuda: router, prefill, decode)
-#       and compares the served tokens with the same prompt run offline on the GPU, then
-#       runs the benchmarks (bench/cuda_bench.cc), and prints their table and the results
-#       last. Logs go to $OUT when set, else OUT/logs. Finishes in under 8 minutes.
+#       finds cuBLASLt and NCCL inside PyTorch's installation, runs every CUDA test,
+#       runs the benchmarks (bench/cuda_bench.cc), then serves a tiny model from GPU workers
+#       and compares the served tokens with the same prompt run offline on the GPU. Each
+#       result line prints as it is known and goes to LOGS/summary.txt, and every step's
+#       time limit is cut to what is left of BUDGET seconds (default 540), so a run stopped
+#       from outside still has its results. Logs go to $OUT when set, else OUT/logs.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/build/device-check}"
@@ -70,16 +71,28 @@ PY
 export LD_LIBRARY_PATH="$dir/lib:$torch_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export CLEAVE_GOLDEN_DIR="$dir/data" CLEAVE_MODEL_DIR="$dir/models"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv 2>/dev/null || true
-results=()
+start_all=$(date +%s)
+budget="${BUDGET:-540}"
+# Seconds a step may take: $1, cut to what is left of the budget (at least 5).
+limit() {
+  local left=$(( budget - ($(date +%s) - start_all) ))
+  [ "$left" -lt "$1" ] && echo $(( left > 5 ? left : 5 )) || echo "$1"
+}
+: > "$logs/summary.txt"
+result() { echo "RESULT $*"; echo "$*" >> "$logs/summary.txt"; }
 for t in @TESTS@; do
   start=$(date +%s)
-  timeout 150 "$dir/bin/$t" > "$logs/$t.log" 2>&1
+  timeout "$(limit 120)" "$dir/bin/$t" > "$logs/$t.log" 2>&1
   rc=$?
-  summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$logs/$t.log" | tr '\n' ' ')"
-  results+=("$(printf '%-24s rc=%-3s %3ss  %s' "$t" "$rc" "$(( $(date +%s) - start ))" "$summary")")
+  # The counts, and the names of the tests that failed.
+  summary="$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|^\[  FAILED  \] [A-Za-z]' \
+             "$logs/$t.log" | sort -u | tr '\n' ' ')"
+  result "$(printf '%-24s rc=%-3s %3ss  %s' "$t" "$rc" "$(( $(date +%s) - start ))" "$summary")"
   if [ "$rc" -ne 0 ]; then grep -E 'Failure|error|Expected|Which is|actual|FAILED' "$logs/$t.log" | head -20; fi
   grep -E "relative L2|greedy|seeded" "$logs/$t.log" | head -12
 done
+timeout "$(limit 240)" "$dir/bin/bench_cuda" "$@" 2>&1 | tee "$logs/bench_cuda.log"
+result "bench_cuda rc=${PIPESTATUS[0]}"
 # Serving from GPU workers: a token-id prompt through the router (prefill worker -> KV over
 # UCX through host rows -> decode worker) against the same prompt offline on one GPU;
 # greedy, so the ids must be equal. serve KV_DTYPE [MODEL] (a folder of data/engine/hf).
@@ -90,33 +103,31 @@ serve() {
   local ids="5 9 17 33 2 8 91 4 77 12 3 150 6 18 29 40 1 2 3 4 60 61"
   local offline served port up
   rm -f "$ready"
-  offline=$(timeout 60 "$dir/bin/cleave" generate --model "$model" --backend cuda \
+  offline=$(timeout "$(limit 60)" "$dir/bin/cleave" generate --model "$model" --backend cuda \
             --kv-dtype "$kv" --prompt-ids "$ids" --max-tokens 24 --print-ids \
             2>"$logs/offline-$kv-$name.log")
-  timeout 150 "$dir/bin/cleave" up --model "$model" --backend cuda --kv-dtype "$kv" \
+  timeout "$(limit 150)" "$dir/bin/cleave" up --model "$model" --backend cuda --kv-dtype "$kv" \
       --prefill 1 --decode 1 --threads 2 --listen 127.0.0.1:0 --ready-file "$ready" \
       > "$logs/up-$kv-$name.log" 2>&1 &
   up=$!
-  for _ in $(seq 120); do [ -s "$ready" ] && break; sleep 1; done
+  for _ in $(seq 120); do [ -s "$ready" ] && break; kill -0 "$up" 2>/dev/null || break; sleep 1; done
   port=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["grpc_port"])' "$ready" 2>/dev/null)
-  served=$(timeout 60 "$dir/bin/cleave" generate --router "127.0.0.1:$port" --prompt-ids "$ids" \
+  served=$(timeout "$(limit 60)" "$dir/bin/cleave" generate --router "127.0.0.1:$port" --prompt-ids "$ids" \
            --max-tokens 24 --print-ids 2>"$logs/served-$kv-$name.log")
   kill -INT "$up" 2>/dev/null; wait "$up" 2>/dev/null
   if [ -n "$offline" ] && [ "$offline" = "$served" ]; then
-    results+=("$(printf 'serve %-18s PASSED  served ids = offline GPU ids (%s)' "$tag" "$offline")")
+    result "$(printf 'serve %-18s PASSED  served ids = offline GPU ids (%s)' "$tag" "$offline")"
   else
-    results+=("$(printf 'serve %-18s FAILED  offline [%s] served [%s]' "$tag" "$offline" "$served")")
-    tail -5 "$logs/offline-$kv-$name.log" "$logs/served-$kv-$name.log" "$logs/up-$kv-$name.log"
+    result "$(printf 'serve %-18s FAILED  offline [%s] served [%s]' "$tag" "$offline" "$served")"
+    tail -n 5 "$logs/offline-$kv-$name.log" "$logs/served-$kv-$name.log" "$logs/up-$kv-$name.log"
   fi
   grep -h "KV transfer" "$logs/served-$kv-$name.log"
 }
 serve bf16
 serve fp8
 serve bf16 deepseek_v3_moe_f32  # Latent attention: one latent part moved per block.
-timeout 300 "$dir/bin/bench_cuda" "$@" 2>&1 | tee "$logs/bench_cuda.log"
-echo "bench_cuda rc=${PIPESTATUS[0]}"
 echo
-printf '%s\n' "${results[@]}"
+cat "$logs/summary.txt"
 RUN
 sed -i "s/@TESTS@/${tests[*]}/" "$out/run.sh"
 chmod +x "$out/run.sh"

@@ -161,7 +161,8 @@ void checkDecode(const Case& c, uint32_t seed) {
                            .block_size = c.block_size,
                            .max_batch = batch,
                            .max_context = *std::max_element(c.context.begin(), c.context.end()),
-                           .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim))},
+                           .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                           .kv_dtype = c.kv},
                           multiprocessors());
   ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<bf16> dq(q), dout(q.size());

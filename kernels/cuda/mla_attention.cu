@@ -135,7 +135,9 @@ absl::StatusOr<MlaAttentionPlan> planMlaAttention(const MlaAttentionShape& shape
   MlaAttentionPlan plan{.shape = shape, .multiprocessors = std::max(1, multiprocessors)};
   plan.tensor_cores = shape.kv_lora == mla::kMmaLora && shape.rope == mla::kMmaRope;
   if (!plan.tensor_cores) {
-    if (cudaCoreSharedBytes(shape.kv_lora, shape.rope) > 48 * 1024)
+    // 48 KiB per block without opting in, the kernel's static arrays included.
+    constexpr size_t kStatic = sizeof(float) * kWarps + sizeof(int64_t) * kChunk;
+    if (cudaCoreSharedBytes(shape.kv_lora, shape.rope) + kStatic > 48 * 1024)
       return absl::InvalidArgumentError(absl::StrCat(
           "mla_attention: a latent row of ", shape.kv_lora, " + ", shape.rope,
           " elements is too long for the CUDA-core kernel (the tensor-core one takes 512 + 64)"));

@@ -3,6 +3,12 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe_gemm_kernel.cuh"
 
+// Built for any other target, mmaNvfp4 would compile to a trap that loads and runs; this
+// file's kernels must hold the real instruction.
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM120_ALL)
+#error "moe_gemm_fp4.cu is built for sm_120a only (its block-scaled E2M1 MMA)"
+#endif
+
 namespace cleave::cuda::moe_gemm {
 
 bool nativeFp4Available() {

@@ -81,7 +81,9 @@ __global__ void __launch_bounds__(kWarps * 32) routeKernel(const MoeRoutingArgs 
           second = choice[e];
         }
       }
-      group_score = rankable(first + (per_group > 1 ? second : 0.0f));
+      // Floored at -FLT_MAX (two NaN choices sum to -inf): a real group, even one of NaN
+      // scores, then beats the placeholder lanes (ties go to the lower index).
+      group_score = fmaxf(first + (per_group > 1 ? second : 0.0f), -FLT_MAX);
     }
     kept_groups = 0;
     for (int round = 0; round < a.topk_group; ++round) {

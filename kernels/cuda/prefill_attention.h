@@ -6,7 +6,9 @@
 // Sequences are packed: sequence s's new tokens are rows [q_starts[s], q_starts[s + 1])
 // of q and out; after this step it holds context_lens[s] positions, so its new token i
 // sits at position context_lens[s] - (q_starts[s + 1] - q_starts[s]) + i and attends to
-// positions [0, that position].
+// positions [0, that position]. The kernel cannot check what lives on the device: the
+// caller keeps every sequence's new tokens <= the plan's max_new_tokens (rows past it are
+// left unwritten) and <= its context_lens (a row at a negative position reads as NaN).
 //
 //   q    [tokens][heads][head_dim] bf16, row stride q_stride
 //   out  [tokens][heads][head_dim] bf16, row stride out_stride

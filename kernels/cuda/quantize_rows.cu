@@ -97,10 +97,17 @@ __global__ void __launch_bounds__(kThreads)
       v[2 * i + 1] = f.y;
     }
     float group_max = 0.0f;
+    bool nan = false;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) group_max = fmaxf(group_max, fabsf(v[i]));
+    for (int i = 0; i < 16; ++i) {
+      group_max = fmaxf(group_max, fabsf(v[i]));
+      nan = nan || isnan(v[i]);
+    }
+    // E2M1 has no NaN: a group holding one gets a NaN scale (e4m3 0x7f), so the products it
+    // feeds stay NaN instead of turning finite.
     const __nv_fp8_storage_t scale =
-        __nv_cvt_float_to_fp8(group_max / 6.0f / global, __NV_SATFINITE, __NV_E4M3);
+        nan ? __nv_fp8_storage_t{0x7f}
+            : __nv_cvt_float_to_fp8(group_max / 6.0f / global, __NV_SATFINITE, __NV_E4M3);
     const float decoded = __half2float(__half(__nv_cvt_fp8_to_halfraw(scale, __NV_E4M3)));
     const float denominator = decoded * global;
     uint32_t words[2] = {0u, 0u};

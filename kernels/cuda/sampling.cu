@@ -23,6 +23,7 @@ struct Shared {
   float value;
   int count_value;
   int token;
+  int fallback;
 };
 
 // Float order as unsigned order (so a threshold can be searched bit by bit).
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) ids[blockIdx.x] = argmax;
     return;
   }
-  const float inv_t = 1.0f / p.temperature;
+  const float inv_t = fminf(1.0f / p.temperature, FLT_MAX);  // A tiny temperature: no inf.
   auto weight = [&](float x) { return __expf((x - top) * inv_t); };
 
   // Keep x >= threshold. top_k: the k-th largest value, found bit by bit on its key.
@@ -98,7 +99,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int bit = 31; bit >= 0; --bit) {
       const uint32_t candidate = key | (1u << bit);
       int count = 0;
-      for (int i = threadIdx.x; i < vocab; i += kThreads) count += orderKey(row[i]) >= candidate;
+      for (int i = threadIdx.x; i < vocab; i += kThreads)  // NaN is no candidate.
+        count += !isnan(row[i]) && orderKey(row[i]) >= candidate;
       if (blockCount(count, s) >= p.top_k) key = candidate;
     }
     threshold = fromKey(key);
@@ -138,7 +140,10 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const uint64_t bits = mix(p.seed ^ mix(p.index));
   const float u = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f) * total;
-  if (threadIdx.x == 0) s.token = vocab;
+  if (threadIdx.x == 0) {
+    s.token = vocab;
+    s.fallback = -1;
+  }
   __syncthreads();
   if (u >= before && u < before + mine) {
     float running = before;
@@ -151,7 +156,21 @@ __global__ void __launch_bounds__(kThreads)
     if (chosen >= 0) atomicMin(&s.token, chosen);
   }
   __syncthreads();
-  if (threadIdx.x == 0) ids[blockIdx.x] = s.token < vocab ? s.token : argmax;
+  // The scan's sums and a thread's own running sum round differently, so a draw can fall in
+  // a sliver no run claims: it then takes the last kept token at or below it.
+  if (s.token == vocab) {  // The same for every thread: read after the barrier.
+    if (mine > 0.0f && u >= before) {
+      int last_kept = -1;
+      for (int i = begin; i < end; ++i)
+        if (row[i] >= threshold) last_kept = i;
+      atomicMax(&s.fallback, last_kept);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    const int drawn = s.token < vocab ? s.token : s.fallback;
+    ids[blockIdx.x] = drawn >= 0 ? drawn : argmax;
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cuda/cuda_check.h"
@@ -148,6 +149,7 @@ struct CudaLlamaModel::State {
   cuda::MlaAttentionPlan mla_plan;            // Latent attention's instead of the two above.
   std::map<int64_t, cudaGraphExec_t> graphs;  // decode batch bucket -> graph
   std::set<int64_t> warmed;                   // buckets run once eagerly
+  std::set<int64_t> eager;                    // buckets whose capture failed: never graphed
   std::vector<float> logits_out;
 
   ~State() {
@@ -278,6 +280,7 @@ struct CudaLlamaModel::State {
 
   absl::Status enqueue(int64_t n, int64_t sequences, bool decode);
   absl::Status run(int64_t n, int64_t sequences, bool decode);
+  absl::StatusOr<cudaGraphExec_t> capture(int64_t n, int64_t sequences);
   // The part of forward() after the batch checks (which fail alike on every rank).
   absl::StatusOr<std::span<const float>> step(std::span<const SequenceChunk> batch,
                                               int64_t sequences, int64_t n, bool decode);
@@ -581,6 +584,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
   CLEAVE_RETURN_IF_ERROR(uploadBf16(w.output_norm, s.output_norm, "output_norm"));
   if (!s.tied) CLEAVE_RETURN_IF_ERROR(uploadDequantized(w.output, s.output, "output"));
   CLEAVE_RETURN_IF_ERROR(uploadInverseFrequencies(w.config, w.rope_pairing, s.inv_freq));
+  // The uploads ran on the default stream, which the model's non-blocking stream does not
+  // wait for: they finish before the first step can read them.
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaDeviceSynchronize(), "uploading the weights"));
   return std::unique_ptr<CudaLlamaModel>(new CudaLlamaModel(std::move(state)));
 }
 
@@ -633,8 +639,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
   CLEAVE_RETURN_IF_ERROR(fill(s.output_norm, s.hidden, 0.8f, 1.2f));
   if (!s.tied) CLEAVE_RETURN_IF_ERROR(fill(s.output, s.vocab_rows * s.hidden, -in_scale, in_scale));
   CLEAVE_RETURN_IF_ERROR(uploadInverseFrequencies(config, cpu::RopePairing::kHalves, s.inv_freq));
-  CLEAVE_RETURN_IF_ERROR(
-      cuda::cudaStatus(cudaStreamSynchronize(s.stream), "filling random weights"));
+  // The default stream's uploads (inverse frequencies) included.
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaDeviceSynchronize(), "filling random weights"));
   return std::unique_ptr<CudaLlamaModel>(new CudaLlamaModel(std::move(state)));
 }
 
@@ -1002,25 +1008,42 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
   return comm->enqueueAllGather(logits, counts, gathered, st);
 }
 
-// Runs a step, replaying (or capturing) the decode bucket's graph when graphs are on.
+// Runs a step, replaying (or capturing) the decode bucket's graph when graphs are on. A
+// bucket whose capture fails runs eagerly from then on (slower by its launch overheads, not
+// broken), and the log says why once.
 absl::Status CudaLlamaModel::State::run(int64_t n, int64_t sequences, bool decode) {
-  if (!decode || !options.cuda_graphs) return enqueue(n, sequences, decode);
+  if (!decode || !options.cuda_graphs || eager.contains(sequences))
+    return enqueue(n, sequences, decode);
   if (auto it = graphs.find(sequences); it != graphs.end())
     return cuda::cudaStatus(cudaGraphLaunch(it->second, stream), "replaying a decode graph");
   if (warmed.insert(sequences).second) return enqueue(n, sequences, decode);
+  absl::StatusOr<cudaGraphExec_t> exec = capture(n, sequences);
+  if (!exec.ok()) {
+    cudaGetLastError();  // A failed capture's error is not sticky; a sticky one fails below.
+    CLEAVE_LOG(WARNING) << "GPU " << options.device << ": decode steps of " << sequences
+                        << " sequences run without a CUDA graph: " << exec.status();
+    eager.insert(sequences);
+    return enqueue(n, sequences, decode);
+  }
+  graphs.emplace(sequences, *exec);
+  return cuda::cudaStatus(cudaGraphLaunch(*exec, stream), "launching a decode graph");
+}
+
+// Records a decode step of `sequences` rows into a graph (nothing runs).
+absl::StatusOr<cudaGraphExec_t> CudaLlamaModel::State::capture(int64_t n, int64_t sequences) {
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capturing a decode step"));
-  absl::Status enqueued = enqueue(n, sequences, decode);
+  absl::Status enqueued = enqueue(n, sequences, true);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made =
+      enqueued.ok() && ended == cudaSuccess ? cudaGraphInstantiate(&exec, graph, 0) : cudaSuccess;
+  if (graph != nullptr) cudaGraphDestroy(graph);
   CLEAVE_RETURN_IF_ERROR(enqueued);
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(ended, "ending the decode capture"));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(made, "instantiating a decode graph"));
-  graphs.emplace(sequences, exec);
-  return cuda::cudaStatus(cudaGraphLaunch(exec, stream), "launching a decode graph");
+  return exec;
 }
 
 absl::StatusOr<std::span<const float>> CudaLlamaModel::forward(
@@ -1157,6 +1180,12 @@ absl::Status checkGpus(int first, int n) {
                                                     gpus));
 }
 
+// The longest sequence a worker's model is sized for: the checkpoint's own limit, else the
+// options' (the memory estimate and the model it sizes must agree).
+int64_t modelContext(const model::ModelConfig& config, const CudaModelOptions& base) {
+  return config.max_position_embeddings > 0 ? config.max_position_embeddings : base.max_context;
+}
+
 }  // namespace
 
 StepBackendFactory cudaStepBackend(const CudaModelOptions& base) {
@@ -1178,10 +1207,8 @@ StepBackendFactory cudaStepBackend(const CudaModelOptions& base) {
       options.comm = n > 1 ? (*group)[r].get() : nullptr;
       options.kv_blocks = num_blocks;
       options.block_size = block_size;
-      options.max_context = num_blocks * block_size;
-      if (weights.config.max_position_embeddings > 0)
-        options.max_context =
-            std::min<int64_t>(options.max_context, weights.config.max_position_embeddings);
+      options.max_context =
+          std::min<int64_t>(num_blocks * block_size, modelContext(weights.config, base));
       CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<CudaLlamaModel> model,
                               CudaLlamaModel::create(weights, options));
       backends.push_back(std::make_unique<CudaRankBackend>(group, std::move(model)));
@@ -1199,8 +1226,7 @@ BackendMemoryEstimator cudaBackendMemory(const CudaModelOptions& base) {
       CudaModelOptions options = base;
       options.device = base.device + static_cast<int>(r);
       options.block_size = block_size;
-      if (ranks[r]->config.max_position_embeddings > 0)
-        options.max_context = ranks[r]->config.max_position_embeddings;
+      options.max_context = modelContext(ranks[r]->config, base);
       CLEAVE_ASSIGN_OR_RETURN(BackendMemory m, CudaLlamaModel::estimate(*ranks[r], options));
       memory.push_back(m);
     }

@@ -126,10 +126,10 @@ class CudaLlamaModel : public StepBackend {
 // TpGroup backends (TpGroupOptions::backend): rank r's CudaLlamaModel on GPU
 // base.device + r with `base`'s options, an NCCL group (with the P2P all-reduce where the
 // GPUs allow) for tp > 1, its KV pool the group's blocks (and max_context what they can
-// hold, up to the model's context length).
+// hold, up to the model's context length, or base.max_context where the checkpoint has none).
 StepBackendFactory cudaStepBackend(const CudaModelOptions& base);
 // What those backends would hold (CudaLlamaModel::estimate), sized for contexts up to the
-// model's context length.
+// model's context length (or base.max_context).
 BackendMemoryEstimator cudaBackendMemory(const CudaModelOptions& base);
 
 // The GPU cache type holding the same bytes as a host KV type (bf16 or e4m3; the GPU has no
