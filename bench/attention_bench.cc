@@ -13,10 +13,12 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "bench/bench_pool.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/huge_pages.h"
 
 namespace {
 
@@ -34,9 +36,15 @@ void run(benchmark::State& state, int64_t heads, int64_t kv_heads, int64_t d, in
   const int64_t blocks = sequences * per_sequence, tokens = sequences * new_tokens;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
-  std::vector<float> k(blocks * kv_heads * block * d), v(k.size()), q(tokens * heads * d);
-  for (auto* x : {&k, &v, &q})
-    for (float& f : *x) f = normal(rng);
+  // The pools on the pages a worker's KV cache uses (huge_pages.h).
+  const size_t pool_floats = blocks * kv_heads * block * d;
+  const auto k_memory = cleave::cpu::allocateOnHugePages(pool_floats * sizeof(float));
+  const auto v_memory = cleave::cpu::allocateOnHugePages(pool_floats * sizeof(float));
+  const std::span<float> k(reinterpret_cast<float*>(k_memory.get()), pool_floats);
+  const std::span<float> v(reinterpret_cast<float*>(v_memory.get()), pool_floats);
+  std::vector<float> q(tokens * heads * d);
+  for (std::span<float> x : {k, v, std::span<float>(q)})
+    for (float& f : x) f = normal(rng);
   std::vector<int32_t> order(blocks);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);

@@ -6,10 +6,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/huge_pages.h"
 
 namespace cleave::cpu {
 namespace {
@@ -100,7 +103,12 @@ double f32PeakFlops(ThreadPool& pool) {
 }
 
 double readBandwidth(ThreadPool& pool, int reps, int64_t bytes) {
-  std::vector<uint64_t> buffer(static_cast<size_t>(bytes / 8), 1);
+  // The memory the streams it bounds read: the KV cache and repacked weights (huge_pages.h).
+  const std::shared_ptr<uint8_t> memory = allocateOnHugePages(std::max<int64_t>(bytes / 8, 1) * 8);
+  if (memory == nullptr) std::abort();
+  std::span<uint64_t> buffer(reinterpret_cast<uint64_t*>(memory.get()),
+                             static_cast<size_t>(std::max<int64_t>(bytes / 8, 1)));
+  std::fill(buffer.begin(), buffer.end(), uint64_t{1});
   std::vector<double> rates;
   for (int r = 0; r < std::max(reps, 1); ++r) {
     std::vector<uint64_t> partial(pool.size() * 8);

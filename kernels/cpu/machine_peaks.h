@@ -14,7 +14,8 @@ double int8PeakOps(ThreadPool& pool);
 // float32 fused multiply-adds (AVX-512, else AVX2), in FLOP/s.
 double f32PeakFlops(ThreadPool& pool);
 // Read bandwidth in bytes/s: the best of `reps` sums of a `bytes` buffer (far larger than
-// the caches) by every thread.
+// the caches) by every thread, on the pages the KV cache and repacked weights use
+// (huge_pages.h).
 double readBandwidth(ThreadPool& pool, int reps, int64_t bytes = int64_t{1} << 30);
 
 }  // namespace cleave::cpu

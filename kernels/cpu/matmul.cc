@@ -1,11 +1,11 @@
 #include "kernels/cpu/matmul.h"
 
-#include <cstdlib>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/dequant_kernels.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/huge_pages.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/packed_layout.h"
 
@@ -85,8 +85,6 @@ bool matmulSupports(TensorType type) {
          type == TensorType::kF32 || type == TensorType::kF16 || type == TensorType::kBF16;
 }
 
-void CpuMatrix::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
-
 absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa) {
   if (!matmulSupports(source.type)) {
     return absl::UnimplementedError(absl::StrCat(
@@ -131,9 +129,7 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
     const int64_t bytes =
         packed::groups(kernel.rows) * packed::groupBytes(kernel.type, kernel.cols / 32);
     // 64-byte aligned so each 512-bit load stays within one cache line.
-    const int64_t rounded = (bytes + 63) / 64 * 64;
-    matrix.packed_.reset(
-        static_cast<uint8_t*>(std::aligned_alloc(64, std::max<int64_t>(rounded, 64))));
+    matrix.packed_ = allocateOnHugePages(std::max<int64_t>((bytes + 63) / 64 * 64, 64));
     if (matrix.packed_ == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("matmul: cannot allocate ", bytes, " bytes"));

@@ -79,14 +79,11 @@ class CpuMatrix {
   int64_t bytes() const;
 
  private:
-  struct FreeAligned {
-    void operator()(uint8_t* p) const;
-  };
   WeightMatrix source_;
   WeightMatrix kernel_;                              // source_, or its rewrite (kernelSource()).
   std::shared_ptr<std::vector<uint8_t>> rewritten_;  // Holds kernel_.data when rewritten.
   Isa isa_ = Isa::kPortable;
-  std::unique_ptr<uint8_t, FreeAligned> packed_;
+  std::shared_ptr<uint8_t> packed_;  // On huge pages (huge_pages.h).
   int64_t packed_bytes_ = 0;
   std::shared_ptr<const void> owner_;  // Holds source_.data when it is not the caller's.
 };

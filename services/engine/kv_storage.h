@@ -65,12 +65,9 @@ class KvStorage {
  private:
   // Bytes of one layer's keys (or values).
   int64_t poolBytes() const { return options_.num_blocks * options_.kv_heads * headBlockBytes(); }
-  struct Free {
-    void operator()(uint8_t* p) const;
-  };
 
   KvStorageOptions options_;
-  std::unique_ptr<uint8_t, Free> data_;
+  std::shared_ptr<uint8_t> data_;  // On huge pages (kernels/cpu/huge_pages.h).
 };
 
 // Copies every layer's keys and values of block from_blocks[i] of `from` into block
