@@ -71,22 +71,24 @@ inline void forEachBlock(const FloatRows& a, Block&& block) {
   }
 }
 
-// The packed kernels' walk over tokens [0, tokens): tiles of kTokenTile (each block unpacked
-// once per tile), then one tile of the 1..kTokenTile - 1 left, calling
+// tile.template operator()<n>(t) for the n in [1, kMax] that `n` is; nothing for 0.
+template <int kMax, typename Tile>
+inline void tokenTail(int64_t n, int64_t t, Tile& tile) {
+  if constexpr (kMax > 0) {
+    if (n == kMax) return tile.template operator()<kMax>(t);
+    tokenTail<kMax - 1>(n, t, tile);
+  }
+}
+
+// The packed kernels' walk over tokens [0, tokens): tiles of kTile (each block unpacked
+// once per tile), then one tile of the 1..kTile - 1 left, calling
 // tile.template operator()<kCount>(t) for kCount tokens from t. (Instantiated per ISA file, as
 // forEachBlock.)
-constexpr int kTokenTile = 4;
-template <typename Tile>
+template <int kTile, typename Tile>
 inline void forEachTokenTile(int64_t tokens, Tile&& tile) {
-  static_assert(kTokenTile == 4, "the tail below handles 1..3 tokens");
   int64_t t = 0;
-  for (; t + kTokenTile <= tokens; t += kTokenTile) tile.template operator()<kTokenTile>(t);
-  switch (tokens - t) {
-    case 3: tile.template operator()<3>(t); break;
-    case 2: tile.template operator()<2>(t); break;
-    case 1: tile.template operator()<1>(t); break;
-    default: break;
-  }
+  for (; t + kTile <= tokens; t += kTile) tile.template operator()<kTile>(t);
+  tokenTail<kTile - 1>(tokens - t, t, tile);
 }
 
 }  // namespace cleave::cpu::kernels

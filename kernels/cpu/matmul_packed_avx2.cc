@@ -24,6 +24,7 @@ namespace {
 using model::TensorType;
 
 constexpr int kHalfRows = 8;
+constexpr int kTokenTile = 4;  // Tokens sharing each unpacked block (16 registers).
 
 inline __m256i broadcast4(const int8_t* p) {
   int32_t v;
@@ -110,7 +111,7 @@ inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivation
     for (int i = 0; i < kCount; ++i) {
       const int64_t t = t0 + i;
       const float dx = x.rowD(t)[b];
-      const float xs = dx * static_cast<float>(x.rowSum(t)[b]);
+      const float xs = x.rowDsum(t)[b];
       for (int h = 0; h < kHalves; ++h) {
         acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h][i]),
                                     _mm256_mul_ps(d[h], _mm256_set1_ps(dx)), acc[h][i]);
@@ -147,11 +148,11 @@ void groups(const PackedRows& a) {
     float* y = a.y + g * packed::kGroupRows;
     if (rows > kHalfRows) {
       const int valid = static_cast<int>(rows - kHalfRows);
-      forEachTokenTile(tokens, [&]<int kCount>(int64_t t) {
+      forEachTokenTile<kTokenTile>(tokens, [&]<int kCount>(int64_t t) {
         tile<kType, kCount, 2>(group, blocks, *a.x, t, y, a.ldy, valid);
       });
     } else {
-      forEachTokenTile(tokens, [&]<int kCount>(int64_t t) {
+      forEachTokenTile<kTokenTile>(tokens, [&]<int kCount>(int64_t t) {
         tile<kType, kCount, 1>(group, blocks, *a.x, t, y, a.ldy, static_cast<int>(rows));
       });
     }

@@ -16,6 +16,9 @@ namespace {
 
 using model::TensorType;
 
+// Tokens sharing each unpacked block: 8 accumulators next to the block's 8 weight vectors.
+constexpr int kTokenTile = 8;
+
 inline __m512i broadcast4(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -48,23 +51,24 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
       }
     }
-    // Unrolled, so the accumulators stay in registers (rolled, they go through the stack).
-#pragma GCC unroll 4
+    // The unsigned storage's offset times d (exact: a power of two), so each token's offset
+    // term is one FMA with its dsum broadcast from memory: d * (-8 xs) = -(8d * xs), bit for bit.
+    [[maybe_unused]] __m512 offset_d;
+    if constexpr (kType == TensorType::kQ4_0) offset_d = _mm512_mul_ps(d, _mm512_set1_ps(8.0f));
+    if constexpr (kType == TensorType::kQ8_0) offset_d = _mm512_mul_ps(d, _mm512_set1_ps(128.0f));
+      // Unrolled, so the accumulators stay in registers (rolled, they go through the stack).
+#pragma GCC unroll 8
     for (int i = 0; i < kCount; ++i) {
       const int64_t t = t0 + i;
       const int8_t* xq = x.rowQ(t) + 32 * b;
       __m512i dot = _mm512_setzero_si512();
       for (int c = 0; c < 8; ++c) dot = _mm512_dpbusd_epi32(dot, w[c], broadcast4(xq + 4 * c));
-      const float dx = x.rowD(t)[b];
-      const float xs = dx * static_cast<float>(x.rowSum(t)[b]);
-      acc[i] =
-          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[i]);
-      if constexpr (kType == TensorType::kQ4_0)
-        acc[i] = _mm512_fmadd_ps(d, _mm512_set1_ps(-8.0f * xs), acc[i]);
-      if constexpr (kType == TensorType::kQ8_0)
-        acc[i] = _mm512_fmadd_ps(d, _mm512_set1_ps(-128.0f * xs), acc[i]);
-      if constexpr (kType == TensorType::kQ4_1)
-        acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs), acc[i]);
+      const __m512 xs = _mm512_set1_ps(x.rowDsum(t)[b]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                               _mm512_mul_ps(d, _mm512_set1_ps(x.rowD(t)[b])), acc[i]);
+      if constexpr (kType == TensorType::kQ4_0 || kType == TensorType::kQ8_0)
+        acc[i] = _mm512_fnmadd_ps(offset_d, xs, acc[i]);
+      if constexpr (kType == TensorType::kQ4_1) acc[i] = _mm512_fmadd_ps(m, xs, acc[i]);
     }
   }
   for (int i = 0; i < kCount; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ldy, rows_mask, acc[i]);
@@ -110,7 +114,7 @@ inline void q6Tile(const uint8_t* group, int64_t blocks, const QuantizedActivati
       w[4 * h + 3] =
           _mm512_ternarylogic_epi32(w[4 * h + 3], _mm512_srli_epi16(v, 2), high_mask, 0xF8);
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < kCount; ++i) {
       const int64_t t = t0 + i;
       const int8_t* xq = x.rowQ(t) + 32 * b;
@@ -152,7 +156,7 @@ void groups(const PackedRows& a) {
     const int64_t valid = std::min<int64_t>(packed::kGroupRows, w.rows() - g * packed::kGroupRows);
     const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
     float* y = a.y + g * packed::kGroupRows;
-    forEachTokenTile(tokens, [&]<int kCount>(int64_t t) {
+    forEachTokenTile<kTokenTile>(tokens, [&]<int kCount>(int64_t t) {
       tile<kType, kCount>(group, blocks, *a.x, t, y, a.ldy, mask);
     });
   }

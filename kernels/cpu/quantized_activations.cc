@@ -48,10 +48,12 @@ void quantizeActivations(const float* x, int64_t rows, int64_t cols, int64_t ld,
   out.sum.resize(rows * (cols / 32));
   out.half_sum.resize(rows * (cols / 32));
   switch (isa) {
-    case Isa::kAvx512: return quantizeActivationsAvx512(x, rows, cols, ld, out);
-    case Isa::kAvx2: return quantizeActivationsAvx2(x, rows, cols, ld, out);
-    case Isa::kPortable: return quantizePortable(x, rows, cols, ld, out);
+    case Isa::kAvx512: quantizeActivationsAvx512(x, rows, cols, ld, out); break;
+    case Isa::kAvx2: quantizeActivationsAvx2(x, rows, cols, ld, out); break;
+    case Isa::kPortable: quantizePortable(x, rows, cols, ld, out); break;
   }
+  out.dsum.resize(out.d.size());
+  for (size_t i = 0; i < out.d.size(); ++i) out.dsum[i] = out.d[i] * static_cast<float>(out.sum[i]);
 }
 
 }  // namespace cleave::cpu
