@@ -1,5 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
+#include <algorithm>
+#include <array>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -164,60 +166,90 @@ int64_t CpuMatrix::bytes() const {
   return rows() * source_.rowBytes() + scale_bytes;
 }
 
-absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
+namespace {
+
+// Whether `w`'s kernel reads quantized activations.
+bool readsQuantized(const CpuMatrix& w) { return isQuantized(w.kernelType()) || w.packed(); }
+
+// Rows [begin, end) of one product; `xq` holds its activations quantized where it reads them.
+void productRows(const MatmulArgs& args, const QuantizedActivations* xq, int64_t begin,
+                 int64_t end) {
   const CpuMatrix& w = *args.weight;
-  if (args.tokens == 0 || w.rows() == 0) return absl::OkStatus();
-  const int64_t rows_per_task = rowsPerTask(w.rows(), pool.size());
-  const int64_t tasks = (w.rows() + rows_per_task - 1) / rows_per_task;
-  auto rowsOf = [&](int64_t task) {
-    return std::pair<int64_t, int64_t>(task * rows_per_task,
-                                       std::min(w.rows(), (task + 1) * rows_per_task));
-  };
-  if (isQuantized(w.kernelType()) || w.packed()) {
-    thread_local QuantizedActivations x;
-    quantizeActivations(args.x, args.tokens, w.cols(), args.ldx, x);
-    const QuantizedActivations* xq = &x;
-    if (w.packed()) {
-      static_assert(kRowAlign % packed::kGroupRows == 0);
-      auto kernel =
-          w.isa() == Isa::kAvx512 ? kernels::packedGroupsAvx512 : kernels::packedGroupsAvx2;
-      pool.run(tasks, [&](int64_t task) {
-        auto [begin, end] = rowsOf(task);
-        kernel({.weight = &w,
-                .x = xq,
-                .y = args.y,
-                .ldy = args.ldy,
-                .group_begin = begin / packed::kGroupRows,
-                .group_end = packed::groups(end)});
-      });
-      return absl::OkStatus();
-    }
-    pool.run(tasks, [&](int64_t task) {
-      auto [begin, end] = rowsOf(task);
-      kernels::quantRowsPortable({.weight = &w.kernelSource(),
-                                  .x = xq,
-                                  .y = args.y,
-                                  .ldy = args.ldy,
-                                  .row_begin = begin,
-                                  .row_end = end});
-    });
-    return absl::OkStatus();
+  if (w.packed()) {
+    static_assert(kRowAlign % packed::kGroupRows == 0);
+    (w.isa() == Isa::kAvx512 ? kernels::packedGroupsAvx512 : kernels::packedGroupsAvx2)(
+        {.weight = &w,
+         .x = xq,
+         .y = args.y,
+         .ldy = args.ldy,
+         .group_begin = begin / packed::kGroupRows,
+         .group_end = packed::groups(end)});
+    return;
+  }
+  if (isQuantized(w.kernelType())) {
+    kernels::quantRowsPortable({.weight = &w.kernelSource(),
+                                .x = xq,
+                                .y = args.y,
+                                .ldy = args.ldy,
+                                .row_begin = begin,
+                                .row_end = end});
+    return;
   }
   // Float weights, and formats dequantized a row at a time, take float activations.
   auto kernel = isDequantizedPerRow(w.kernelType()) ? kernels::dequantizedRows
                 : w.isa() == Isa::kAvx512           ? kernels::floatRowsAvx512
                 : w.isa() == Isa::kAvx2             ? kernels::floatRowsAvx2
                                                     : kernels::floatRowsPortable;
+  kernel({.weight = &w.kernelSource(),
+          .x = args.x,
+          .ldx = args.ldx,
+          .tokens = args.tokens,
+          .y = args.y,
+          .ldy = args.ldy,
+          .row_begin = begin,
+          .row_end = end});
+}
+
+}  // namespace
+
+absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
+  return matmulsOfOneInput({&args, 1}, pool);
+}
+
+absl::Status matmulsOfOneInput(std::span<const MatmulArgs> products, ThreadPool& pool) {
+  if (products.empty()) return absl::OkStatus();
+  const MatmulArgs& first = products.front();
+  for (const MatmulArgs& p : products) {
+    if (p.x != first.x || p.ldx != first.ldx || p.tokens != first.tokens ||
+        p.weight->cols() != first.weight->cols())
+      return absl::InvalidArgumentError(
+          "matmulsOfOneInput: every product must read the same activations (x, ldx, tokens, "
+          "cols)");
+  }
+  if (first.tokens == 0) return absl::OkStatus();
+  thread_local QuantizedActivations x;
+  const bool quantized = std::any_of(products.begin(), products.end(),
+                                     [](const MatmulArgs& p) { return readsQuantized(*p.weight); });
+  if (quantized) quantizeActivations(first.x, first.tokens, first.weight->cols(), first.ldx, x);
+  // One job: each product's rows in tasks of rowsPerTask, the products one after another.
+  constexpr size_t kMaxProducts = 8;
+  if (products.size() > kMaxProducts)
+    return absl::InvalidArgumentError("matmulsOfOneInput: at most 8 products at once");
+  std::array<int64_t, kMaxProducts> rows_per_task{}, first_task{};
+  int64_t tasks = 0;
+  for (size_t i = 0; i < products.size(); ++i) {
+    const int64_t rows = products[i].weight->rows();
+    rows_per_task[i] = rowsPerTask(std::max<int64_t>(rows, 1), pool.size());
+    first_task[i] = tasks;
+    tasks += rows == 0 ? 0 : (rows + rows_per_task[i] - 1) / rows_per_task[i];
+  }
+  const QuantizedActivations* xq = quantized ? &x : nullptr;
   pool.run(tasks, [&](int64_t task) {
-    auto [begin, end] = rowsOf(task);
-    kernel({.weight = &w.kernelSource(),
-            .x = args.x,
-            .ldx = args.ldx,
-            .tokens = args.tokens,
-            .y = args.y,
-            .ldy = args.ldy,
-            .row_begin = begin,
-            .row_end = end});
+    size_t i = products.size() - 1;
+    while (first_task[i] > task) --i;
+    const int64_t begin = (task - first_task[i]) * rows_per_task[i];
+    productRows(products[i], xq, begin,
+                std::min(products[i].weight->rows(), begin + rows_per_task[i]));
   });
   return absl::OkStatus();
 }

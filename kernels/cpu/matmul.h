@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -107,5 +108,10 @@ bool matmulSupports(model::TensorType type);
 
 // Not thread-safe per pool (see ThreadPool).
 absl::Status matmul(const MatmulArgs& args, ThreadPool& pool);
+// Up to 8 products of the same activations (one x, ldx and tokens; weights of equal cols: a
+// layer's Q, K and V, or its gate and up), the same bits as one matmul() each: the activations
+// are quantized once, and every product's rows share one pool job. InvalidArgument if the
+// products do not share their input.
+absl::Status matmulsOfOneInput(std::span<const MatmulArgs> products, ThreadPool& pool);
 
 }  // namespace cleave::cpu

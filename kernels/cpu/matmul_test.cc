@@ -261,6 +261,61 @@ INSTANTIATE_TEST_SUITE_P(Formats, MatmulTest,
                            return std::string(model::tensorTypeName(info.param));
                          });
 
+// Products of one input in one call give each product's bits from a call of its own, whatever
+// mix of kernels they take (packed int8, float, a Q6_K rewrite), on every path.
+TEST(MatmulsOfOneInputTest, GiveTheBitsOfOneCallEach) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t cols = 256, tokens = 11;
+  const std::pair<TensorType, int64_t> shapes[] = {{TensorType::kQ4_1, 70},
+                                                   {TensorType::kF32, 33},
+                                                   {TensorType::kQ6_K, 16},
+                                                   {TensorType::kQ8_0, 5}};
+  std::vector<std::vector<uint8_t>> bytes;
+  for (const auto& [type, rows] : shapes) bytes.push_back(randomWeights(type, rows, cols, rng));
+  std::vector<float> x(tokens * cols);
+  for (float& v : x) v = normal(rng);
+  ThreadPool pool(2);
+  for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isaSupported(isa)) continue;
+    SCOPED_TRACE(isaName(isa));
+    std::vector<CpuMatrix> matrices;
+    for (size_t i = 0; i < std::size(shapes); ++i) {
+      auto m = CpuMatrix::create({.type = shapes[i].first,
+                                  .rows = shapes[i].second,
+                                  .cols = cols,
+                                  .data = bytes[i].data()},
+                                 isa);
+      ASSERT_TRUE(m.ok()) << m.status();
+      matrices.push_back(std::move(*m));
+    }
+    std::vector<std::vector<float>> together, alone;
+    std::vector<MatmulArgs> products;
+    for (const CpuMatrix& m : matrices) {
+      together.emplace_back(tokens * m.rows(), std::nanf("poison"));
+      alone.emplace_back(tokens * m.rows(), std::nanf("poison"));
+      products.push_back({.weight = &m,
+                          .x = x.data(),
+                          .ldx = cols,
+                          .tokens = tokens,
+                          .y = together.back().data(),
+                          .ldy = m.rows()});
+    }
+    ASSERT_TRUE(matmulsOfOneInput(products, pool).ok());
+    for (size_t i = 0; i < products.size(); ++i) {
+      MatmulArgs one = products[i];
+      one.y = alone[i].data();
+      ASSERT_TRUE(matmul(one, pool).ok());
+      EXPECT_EQ(0, std::memcmp(together[i].data(), alone[i].data(), alone[i].size() * 4)) << i;
+      EXPECT_FALSE(std::isnan(together[i].back())) << i;
+    }
+    // Products that do not share their input are refused.
+    std::vector<float> other = x;
+    products[1].x = other.data();
+    EXPECT_EQ(matmulsOfOneInput(products, pool).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(QuantizedActivationsTest, EveryPathGivesThePortableBytes) {
   std::mt19937 rng(8);
   std::normal_distribution<float> normal(0.0f, 2.0f);

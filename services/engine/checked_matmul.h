@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "common/log.h"
 #include "kernels/cpu/matmul.h"
@@ -13,6 +14,13 @@ inline void checkedMatmul(const cpu::CpuMatrix& w, const float* x, int64_t ldx, 
                           float* y, int64_t ldy, cpu::ThreadPool& pool) {
   CLEAVE_CHECK_OK(
       cpu::matmul({.weight = &w, .x = x, .ldx = ldx, .tokens = tokens, .y = y, .ldy = ldy}, pool));
+}
+
+// Products of one input (a layer's Q, K and V; its gate and up): the activations quantized
+// once and one pool job for all (cpu::matmulsOfOneInput).
+inline void checkedMatmulsOfOneInput(std::initializer_list<cpu::MatmulArgs> products,
+                                     cpu::ThreadPool& pool) {
+  CLEAVE_CHECK_OK(cpu::matmulsOfOneInput({products.begin(), products.size()}, pool));
 }
 
 }  // namespace cleave::engine

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "kernels/cpu/elementwise.h"
+#include "services/engine/checked_matmul.h"
 
 namespace cleave::engine {
 
@@ -88,20 +89,19 @@ void MoeRunner::runExpert(const MoeExpert& expert, int64_t m) {
   gate_.resize(m * ffn);
   up_.resize(m * ffn);
   expert_out_.resize(m * hidden_);
-  CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.gate,
-                               .x = gathered_.data(),
-                               .ldx = hidden_,
-                               .tokens = m,
-                               .y = gate_.data(),
-                               .ldy = ffn},
-                              pool_));
-  CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.up,
-                               .x = gathered_.data(),
-                               .ldx = hidden_,
-                               .tokens = m,
-                               .y = up_.data(),
-                               .ldy = ffn},
-                              pool_));
+  checkedMatmulsOfOneInput({{.weight = &expert.gate,
+                             .x = gathered_.data(),
+                             .ldx = hidden_,
+                             .tokens = m,
+                             .y = gate_.data(),
+                             .ldy = ffn},
+                            {.weight = &expert.up,
+                             .x = gathered_.data(),
+                             .ldx = hidden_,
+                             .tokens = m,
+                             .y = up_.data(),
+                             .ldy = ffn}},
+                           pool_);
   cpu::siluMul(gate_.data(), up_.data(), ffn, m, ffn, gate_.data(), ffn);
   CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.down,
                                .x = gate_.data(),
