@@ -128,24 +128,10 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
   const int64_t kv_dim = kv_heads * head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t block_size = cache.blockSize();
-  checkedMatmulsOfOneInput({{.weight = &layer.wq,
-                             .x = h_.data(),
-                             .ldx = hidden,
-                             .tokens = n,
-                             .y = q_.data(),
-                             .ldy = q_dim},
-                            {.weight = &layer.wk,
-                             .x = h_.data(),
-                             .ldx = hidden,
-                             .tokens = n,
-                             .y = k_.data(),
-                             .ldy = kv_dim},
-                            {.weight = &layer.wv,
-                             .x = h_.data(),
-                             .ldx = hidden,
-                             .tokens = n,
-                             .y = v_.data(),
-                             .ldy = kv_dim}},
+  checkedMatmulsOfOneInput(h_.data(), hidden, n,
+                           {{&layer.wq, q_.data(), q_dim},
+                            {&layer.wk, k_.data(), kv_dim},
+                            {&layer.wv, v_.data(), kv_dim}},
                            pool_);
   if (!layer.bq.empty()) {
     addRowBias(q_.data(), layer.bq.data(), n, q_dim);
@@ -262,18 +248,8 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
       cpu::addInPlace(x_.data(), hidden, moe_out_.data(), hidden, n, hidden);
       continue;
     }
-    checkedMatmulsOfOneInput({{.weight = &layer.w_gate,
-                               .x = h_.data(),
-                               .ldx = hidden,
-                               .tokens = n,
-                               .y = gate_.data(),
-                               .ldy = ffn},
-                              {.weight = &layer.w_up,
-                               .x = h_.data(),
-                               .ldx = hidden,
-                               .tokens = n,
-                               .y = up_.data(),
-                               .ldy = ffn}},
+    checkedMatmulsOfOneInput(h_.data(), hidden, n,
+                             {{&layer.w_gate, gate_.data(), ffn}, {&layer.w_up, up_.data(), ffn}},
                              pool_);
     pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
       cpu::siluMul(gate_.data() + begin * ffn, up_.data() + begin * ffn, ffn, end - begin, ffn,

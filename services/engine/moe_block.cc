@@ -89,18 +89,8 @@ void MoeRunner::runExpert(const MoeExpert& expert, int64_t m) {
   gate_.resize(m * ffn);
   up_.resize(m * ffn);
   expert_out_.resize(m * hidden_);
-  checkedMatmulsOfOneInput({{.weight = &expert.gate,
-                             .x = gathered_.data(),
-                             .ldx = hidden_,
-                             .tokens = m,
-                             .y = gate_.data(),
-                             .ldy = ffn},
-                            {.weight = &expert.up,
-                             .x = gathered_.data(),
-                             .ldx = hidden_,
-                             .tokens = m,
-                             .y = up_.data(),
-                             .ldy = ffn}},
+  checkedMatmulsOfOneInput(gathered_.data(), hidden_, m,
+                           {{&expert.gate, gate_.data(), ffn}, {&expert.up, up_.data(), ffn}},
                            pool_);
   cpu::siluMul(gate_.data(), up_.data(), ffn, m, ffn, gate_.data(), ffn);
   CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.down,
