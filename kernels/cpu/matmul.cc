@@ -230,7 +230,9 @@ absl::Status matmulsOfOneInput(std::span<const MatmulArgs> products, ThreadPool&
   thread_local QuantizedActivations x;
   const bool quantized = std::any_of(products.begin(), products.end(),
                                      [](const MatmulArgs& p) { return readsQuantized(*p.weight); });
-  if (quantized) quantizeActivations(first.x, first.tokens, first.weight->cols(), first.ldx, x);
+  if (quantized)
+    quantizeActivations(first.x, first.tokens, first.weight->cols(), first.ldx, x, bestIsa(),
+                        &pool);
   // One job: each product's rows in tasks of rowsPerTask, the products one after another.
   constexpr size_t kMaxProducts = 8;
   if (products.size() > kMaxProducts)

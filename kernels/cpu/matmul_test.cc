@@ -342,6 +342,25 @@ TEST(QuantizedActivationsTest, EveryPathGivesThePortableBytes) {
   }
 }
 
+TEST(QuantizedActivationsTest, APoolGivesTheSameBytes) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const int64_t rows = 100, cols = 96;  // Runs of 32 rows: three whole and a part.
+  std::vector<float> x(rows * cols);
+  for (float& v : x) v = normal(rng);
+  QuantizedActivations alone, pooled;
+  quantizeActivations(x.data(), rows, cols, cols, alone);
+  ThreadPool pool(2);
+  pooled.q.assign(rows * cols, 0x55);  // Poisoned: every byte must be written.
+  pooled.dsum.assign(rows * 3, std::nanf(""));
+  quantizeActivations(x.data(), rows, cols, cols, pooled, bestIsa(), &pool);
+  EXPECT_EQ(pooled.q, alone.q);
+  EXPECT_EQ(pooled.d, alone.d);
+  EXPECT_EQ(pooled.sum, alone.sum);
+  EXPECT_EQ(pooled.half_sum, alone.half_sum);
+  EXPECT_EQ(pooled.dsum, alone.dsum);
+}
+
 TEST(QuantizedActivationsTest, ErrorIsBoundedByHalfAStep) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 3.0f);

@@ -4,18 +4,19 @@
 
 namespace cleave::cpu {
 
-void quantizeActivationsAvx2(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                             QuantizedActivations& out);
-void quantizeActivationsAvx512(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                               QuantizedActivations& out);
+// Rows [row_begin, row_end) of x into the same rows of `out` (sized by the caller).
+void quantizeActivationsAvx2(const float* x, int64_t row_begin, int64_t row_end, int64_t cols,
+                             int64_t ld, QuantizedActivations& out);
+void quantizeActivationsAvx512(const float* x, int64_t row_begin, int64_t row_end, int64_t cols,
+                               int64_t ld, QuantizedActivations& out);
 
 namespace {
 
 // Rounds half to even, as the SIMD conversion does, so every path quantizes alike.
-void quantizePortable(const float* x, int64_t rows, int64_t cols, int64_t ld,
+void quantizePortable(const float* x, int64_t row_begin, int64_t row_end, int64_t cols, int64_t ld,
                       QuantizedActivations& out) {
   const int64_t blocks = cols / 32;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
     const float* row = x + r * ld;
     for (int64_t b = 0; b < blocks; ++b) {
       const float* v = row + b * 32;
@@ -40,20 +41,25 @@ void quantizePortable(const float* x, int64_t rows, int64_t cols, int64_t ld,
 }  // namespace
 
 void quantizeActivations(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                         QuantizedActivations& out, Isa isa) {
+                         QuantizedActivations& out, Isa isa, ThreadPool* pool) {
   out.rows = rows;
   out.cols = cols;
   out.q.resize(rows * cols);
   out.d.resize(rows * (cols / 32));
   out.sum.resize(rows * (cols / 32));
   out.half_sum.resize(rows * (cols / 32));
-  switch (isa) {
-    case Isa::kAvx512: quantizeActivationsAvx512(x, rows, cols, ld, out); break;
-    case Isa::kAvx2: quantizeActivationsAvx2(x, rows, cols, ld, out); break;
-    case Isa::kPortable: quantizePortable(x, rows, cols, ld, out); break;
-  }
-  out.dsum.resize(out.d.size());
-  for (size_t i = 0; i < out.d.size(); ++i) out.dsum[i] = out.d[i] * static_cast<float>(out.sum[i]);
+  out.dsum.resize(rows * (cols / 32));
+  auto quantize = isa == Isa::kAvx512 ? quantizeActivationsAvx512
+                  : isa == Isa::kAvx2 ? quantizeActivationsAvx2
+                                      : quantizePortable;
+  auto rowsOf = [&](int64_t begin, int64_t end) {
+    quantize(x, begin, end, cols, ld, out);
+    const int64_t blocks = cols / 32;
+    for (int64_t i = begin * blocks; i < end * blocks; ++i)
+      out.dsum[i] = out.d[i] * static_cast<float>(out.sum[i]);
+  };
+  if (pool == nullptr) return rowsOf(0, rows);
+  pool->parallelFor(rows, 32, rowsOf);  // A decode step's few rows stay on this thread.
 }
 
 }  // namespace cleave::cpu

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace cleave::cpu {
 
@@ -30,9 +31,11 @@ struct QuantizedActivations {
   const float* rowDsum(int64_t row) const { return dsum.data() + row * blocksPerRow(); }
 };
 
-// Quantizes `rows` rows of `cols` floats (row stride `ld`) into `out`, reusing its storage.
-// `cols` must be a multiple of 32. Every ISA's path gives the same bytes.
+// Quantizes `rows` rows of `cols` floats (row stride `ld`) into `out`, reusing its storage,
+// over `pool` in runs of 32 rows when given. `cols` must be a multiple of 32. Every ISA's
+// path gives the same bytes.
 void quantizeActivations(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                         QuantizedActivations& out, Isa isa = bestIsa());
+                         QuantizedActivations& out, Isa isa = bestIsa(),
+                         ThreadPool* pool = nullptr);
 
 }  // namespace cleave::cpu

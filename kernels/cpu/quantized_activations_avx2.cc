@@ -8,14 +8,14 @@
 
 namespace cleave::cpu {
 
-void quantizeActivationsAvx2(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                             QuantizedActivations& out) {
+void quantizeActivationsAvx2(const float* x, int64_t row_begin, int64_t row_end, int64_t cols,
+                             int64_t ld, QuantizedActivations& out) {
   const int64_t blocks = cols / 32;
   const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   // packs_epi32 then packs_epi16 leave the four 8-value quarters' 4-byte groups in the order
   // 0 2 4 6 1 3 5 7 of the 32 values' groups; this puts them back.
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
     const float* row = x + r * ld;
     for (int64_t b = 0; b < blocks; ++b) {
       __m256 v[4];

@@ -6,10 +6,10 @@
 
 namespace cleave::cpu {
 
-void quantizeActivationsAvx512(const float* x, int64_t rows, int64_t cols, int64_t ld,
-                               QuantizedActivations& out) {
+void quantizeActivationsAvx512(const float* x, int64_t row_begin, int64_t row_end, int64_t cols,
+                               int64_t ld, QuantizedActivations& out) {
   const int64_t blocks = cols / 32;
-  for (int64_t r = 0; r < rows; ++r) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
     const float* row = x + r * ld;
     for (int64_t b = 0; b < blocks; ++b) {
       const __m512 v0 = _mm512_loadu_ps(row + 32 * b);

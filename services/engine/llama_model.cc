@@ -119,6 +119,18 @@ void LlamaModel::ensureScratch(int64_t tokens, int64_t sequences) {
   logits_.resize(sequences * c.vocab_size);
 }
 
+void LlamaModel::addAndNorm(const float* delta, const float* norm, int64_t n) {
+  const int64_t hidden = w_.config.hidden_size;
+  const float eps = static_cast<float>(w_.config.rms_norm_eps);
+  pool_.parallelFor(n, 32, [&](int64_t begin, int64_t end) {
+    float* x = x_.data() + begin * hidden;
+    if (delta != nullptr)
+      cpu::addInPlace(x, hidden, delta + begin * hidden, hidden, end - begin, hidden);
+    if (norm != nullptr)
+      cpu::rmsNorm(x, hidden, norm, end - begin, hidden, eps, h_.data() + begin * hidden, hidden);
+  });
+}
+
 void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage& cache) {
   const model::ModelConfig& c = w_.config;
   const int64_t hidden = c.hidden_size;
@@ -223,7 +235,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   rope_.angles(positions_.data(), n, angles_);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LlamaLayer& layer = w_.layers[l];
-    cpu::rmsNorm(x_.data(), hidden, layer.attn_norm.data(), n, hidden, eps, h_.data(), hidden);
+    addAndNorm(nullptr, layer.attn_norm.data(), n);
     if (layer.mla) {
       mla_->forward(*layer.mla,
                     {.x = h_.data(),
@@ -239,13 +251,11 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
       attend(layer, static_cast<int64_t>(l), n, cache);
     }
     CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
-    cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);
-
-    cpu::rmsNorm(x_.data(), hidden, layer.ffn_norm.data(), n, hidden, eps, h_.data(), hidden);
+    addAndNorm(h_.data(), layer.ffn_norm.data(), n);
     if (layer.moe) {
       moe_->forward(*layer.moe, h_.data(), n, moe_out_.data());
       CLEAVE_RETURN_IF_ERROR(reduce(moe_out_.data(), n * hidden));
-      cpu::addInPlace(x_.data(), hidden, moe_out_.data(), hidden, n, hidden);
+      addAndNorm(moe_out_.data(), nullptr, n);
       continue;
     }
     checkedMatmulsOfOneInput(h_.data(), hidden, n,
@@ -257,7 +267,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     });
     checkedMatmul(layer.w_down, gate_.data(), ffn, n, h_.data(), hidden, pool_);
     CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
-    cpu::addInPlace(x_.data(), hidden, h_.data(), hidden, n, hidden);
+    addAndNorm(h_.data(), nullptr, n);
   }
 
   // Only each sequence's last token continues it: norm and project those rows.

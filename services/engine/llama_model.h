@@ -59,6 +59,10 @@ class LlamaModel {
   // Multi-head attention of layer `l` (index l of the cache) over the normed rows in h_:
   // writes the chunk's keys and values into the cache and leaves o_proj's product in h_.
   void attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage& cache);
+  // The residual stream's n rows: x_ += delta (when given), then (when `norm` is given)
+  // h_ = rmsNorm(x_) with it. Rows go over the pool in runs of 32, so a decode step's few
+  // stay on this thread.
+  void addAndNorm(const float* delta, const float* norm, int64_t n);
   // Sums a row-parallel product over the group (nothing to do in a group of one).
   absl::Status reduce(float* data, int64_t count);
   // logits_ from each rank's rows of the vocabulary.
