@@ -42,6 +42,15 @@ done | sort -u | while read -r lib; do
     *) cp -L "$lib" "$out/lib/" ;;
   esac
 done
+# UCX loads its shared-memory transport (cross-memory attach) as a module from the ucx/
+# folder beside libucs; without it the GPU machine's workers would pick other transports
+# than this machine's tests do.
+ucs="$(ldd "$out/bin/cleave-worker" | awk '$1 ~ /^libucs\.so/ {print $3}')"
+if [ -n "$ucs" ] && [ -d "$(dirname "$ucs")/ucx" ]; then
+  mkdir -p "$out/lib/ucx"
+  cp -L "$(dirname "$ucs")"/ucx/libuct_cma.so.0 "$out/lib/ucx/"
+  ln -sf libuct_cma.so.0 "$out/lib/ucx/libuct_cma.so"
+fi
 for m in llama_f32 llama3_rope_f32 llama_bf16 llama_fp8 smollm2_like_f32 qwen2_f32 qwen3_f32 \
          qwen3_moe_f32 mixtral_f32 qwen3_moe_nvfp4_ct llama_fp8_ct_channel llama_nvfp4_modelopt \
          llama_nvfp4_ct llama_fp8_block128 deepseek_v3_moe_f32 deepseek_v3_bf16 \
@@ -106,7 +115,7 @@ serve() {
   offline=$(timeout "$(limit 60)" "$dir/bin/cleave" generate --model "$model" --backend cuda \
             --kv-dtype "$kv" --prompt-ids "$ids" --max-tokens 24 --print-ids \
             2>"$logs/offline-$kv-$name.log")
-  timeout "$(limit 150)" "$dir/bin/cleave" up --model "$model" --backend cuda --kv-dtype "$kv" \
+  UCX_LOG_LEVEL=info timeout "$(limit 150)" "$dir/bin/cleave" up --model "$model" --backend cuda --kv-dtype "$kv" \
       --prefill 1 --decode 1 --threads 2 --listen 127.0.0.1:0 --ready-file "$ready" \
       > "$logs/up-$kv-$name.log" 2>&1 &
   up=$!

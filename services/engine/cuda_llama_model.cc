@@ -700,11 +700,17 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
         uint8_t* device =
             static_cast<uint8_t*>(kv == 0 ? s.keys(l) : s.values(l)) + blocks[i] * block_bytes;
         uint8_t* host_rows = host.data() + host.offset(l, kv, rows[i], 0);
-        CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+        const absl::Status queued = cuda::cudaStatus(
             cudaMemcpyAsync(to_host ? host_rows : device, to_host ? device : host_rows,
                             static_cast<size_t>(bytes),
                             to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s.stream),
-            to_host ? "copying KV rows to the host" : "copying KV rows to the GPU"));
+            to_host ? "copying KV rows to the host" : "copying KV rows to the GPU");
+        if (!queued.ok()) {
+          // The copies queued before still read or write the rows: they end before the
+          // caller may hand the rows to another transfer.
+          (void)cudaStreamSynchronize(s.stream);
+          return queued;
+        }
       }
     }
     i = end;
