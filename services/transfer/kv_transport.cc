@@ -18,6 +18,8 @@ absl::Status writeAndWait(KvTransport& transport, const RemoteRegion& target,
     if (!done.ok()) return done.status();
     if (*done) return absl::OkStatus();
     if (std::chrono::steady_clock::now() > deadline) {
+      // Stopped before the caller reuses its rows or the peer reassigns the target's.
+      transport.abandon(**transfer);
       return absl::DeadlineExceededError(
           absl::StrCat("the KV transfer did not complete within ", timeout.count(), " ms"));
     }

@@ -60,6 +60,11 @@ class KvTransport {
                                                          std::span<const Write> writes) = 0;
   // Drives progress: true once every write of `transfer` is complete at the target.
   virtual absl::StatusOr<bool> poll(Transfer& transfer) = 0;
+  // Gives up on `transfer`: once this returns, none of its writes moves data from this side
+  // any more (its connection to the peer is closed, cancelling what was outstanding), so the
+  // rows it read can be reused and the peer can hand its target rows to another transfer.
+  // Harmless on a transfer that completed.
+  virtual void abandon(Transfer& transfer) = 0;
 };
 
 // A UCX (ucp) transport with its own context and worker. Unavailable when UCX cannot

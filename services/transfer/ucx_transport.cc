@@ -20,13 +20,14 @@ absl::Status ucsError(const char* what, ucs_status_t status) {
 
 class UcxTransfer final : public Transfer {
  public:
-  // A transfer given up on still completes; UCX frees its requests then.
+  // A transfer dropped without abandon() still completes; UCX frees its requests then.
   ~UcxTransfer() override {
     for (void* request : requests) ucp_request_free(request);
   }
   std::vector<void*> requests;  // Outstanding ucp requests (puts, then the flush).
   absl::Status failure;
-  std::string peer;  // Its endpoint and keys are dropped when the transfer fails.
+  std::string peer;  // Its endpoint and keys are dropped when the transfer fails (empty once
+                     // abandoned: that already dropped them).
 };
 
 class UcxTransport final : public KvTransport {
@@ -138,6 +139,32 @@ class UcxTransport final : public KvTransport {
   absl::StatusOr<bool> poll(Transfer& base) override {
     auto& transfer = static_cast<UcxTransfer&>(base);
     absl::MutexLock lock(&mu_);
+    if (!progress(transfer)) return false;
+    if (!transfer.failure.ok()) {
+      if (!transfer.peer.empty()) forget(transfer.peer);
+      return transfer.failure;
+    }
+    return true;
+  }
+
+  void abandon(Transfer& base) override {
+    auto& transfer = static_cast<UcxTransfer&>(base);
+    absl::MutexLock lock(&mu_);
+    if (!transfer.requests.empty()) {
+      forget(transfer.peer);  // The forced close cancels what the endpoint still holds.
+      // Cancelled requests complete as the worker progresses; a bound, should one not.
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (!progress(transfer) && std::chrono::steady_clock::now() < give_up) {
+      }
+    }
+    transfer.failure = absl::CancelledError("the KV transfer was abandoned");
+    transfer.peer.clear();
+  }
+
+ private:
+  // Progresses the worker and frees `transfer`'s completed requests, keeping the first
+  // failure; true once none is left.
+  bool progress(UcxTransfer& transfer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ucp_worker_progress(worker_);
     for (size_t i = 0; i < transfer.requests.size();) {
       ucs_status_t s = ucp_request_check_status(transfer.requests[i]);
@@ -149,15 +176,9 @@ class UcxTransport final : public KvTransport {
       ucp_request_free(transfer.requests[i]);
       transfer.requests.erase(transfer.requests.begin() + static_cast<std::ptrdiff_t>(i));
     }
-    if (!transfer.requests.empty()) return false;
-    if (!transfer.failure.ok()) {
-      forget(transfer.peer);
-      return transfer.failure;
-    }
-    return true;
+    return transfer.requests.empty();
   }
 
- private:
   void close(ucp_ep_h ep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
