@@ -69,6 +69,14 @@ struct Avx2 {
       out[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
     }
   }
+  // The even and odd bf16 elements of 32-bit pairs, widened.
+  static V bf16Even(V pairs) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(pairs), 16));
+  }
+  static V bf16Odd(V pairs) {
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(pairs),
+                                                _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
   template <KvType kType>
   static V load(const uint8_t* p) {
     if constexpr (kType == KvType::kF32) {

@@ -80,6 +80,14 @@ struct Avx512 {
       out[12 + c] = _mm512_shuffle_f32x4(x1, y1, _MM_SHUFFLE(3, 1, 3, 1));
     }
   }
+  // The even and odd bf16 elements of 32-bit pairs, widened.
+  static V bf16Even(V pairs) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(pairs), 16));
+  }
+  static V bf16Odd(V pairs) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(pairs),
+                                                _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
   template <KvType kType>
   static V load(const uint8_t* p) {
     if constexpr (kType == KvType::kF32) {

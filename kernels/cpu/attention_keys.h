@@ -55,8 +55,45 @@ inline void keyScores(const float* qs, const float* const* keys, int64_t d_runti
   unrolled<kRows>([&]<int64_t g>() { Simd::store(scores + g * kLanes, s[g]); });
 }
 
+// A bf16 cache is read as pairs of adjacent elements, one pair a 32-bit lane, and widened
+// after the transposes (a pair's even element shifted up, its odd one masked): half the
+// shuffles of transposing widened floats, and no widened copy of the keys. Head sizes that are
+// whole multiples of 2 kLanes; the vectors of a row then hold, in turn, the even and the odd
+// elements of each run of 2 kLanes (pairDim).
+template <typename Simd, KvType kType, int64_t kD>
+inline constexpr bool kBf16Pairs = kType == KvType::kBf16&& kD > 0 && kD % (2 * Simd::kLanes) == 0;
+
+// The head dimension lane i of vector v holds in that order.
+template <typename Simd>
+constexpr int64_t pairDim(int64_t v, int64_t i) {
+  return v / 2 * 2 * Simd::kLanes + 2 * i + v % 2;
+}
+
+// keyScores over bf16 rows read as pairs (`keys`: kLanes rows of kD bf16 elements): the same
+// FMA chains, dimension by dimension.
+template <typename Simd, int64_t kD, int64_t kRows>
+inline void keyScoresPairs(const float* qs, const float* const* keys, float* scores) {
+  using V = typename Simd::V;
+  constexpr int64_t kLanes = Simd::kLanes;
+  V s[kRows];
+  unrolled<kRows>([&]<int64_t g>() { s[g] = Simd::zero(); });
+  for (int64_t e0 = 0; e0 < kD; e0 += 2 * kLanes) {
+    V kt[kLanes];  // kt[i]: elements e0 + 2i, e0 + 2i + 1 of the chunk's keys.
+    Simd::transpose(keys, e0 / 2, kt);
+    unrolled<kLanes>([&]<int64_t i>() {
+      const V even = Simd::bf16Even(kt[i]), odd = Simd::bf16Odd(kt[i]);
+      unrolled<kRows>([&]<int64_t g>() {
+        s[g] = Simd::fma(Simd::set1(qs[g * kD + e0 + 2 * i]), even, s[g]);
+        s[g] = Simd::fma(Simd::set1(qs[g * kD + e0 + 2 * i + 1]), odd, s[g]);
+      });
+    });
+  }
+  unrolled<kRows>([&]<int64_t g>() { Simd::store(scores + g * kLanes, s[g]); });
+}
+
 // ot[g] = ot[g] * alpha[g] + sum_k p[g][k] V[k] for kRows head rows, with kNv vectors per row.
-template <typename Simd, KvType kType, int64_t kNv, int64_t kRows>
+// With kPairs, ot's vectors are in pairDim order.
+template <typename Simd, KvType kType, int64_t kNv, int64_t kRows, bool kPairs>
 inline void keyValues(const uint8_t* const* values, int64_t keys, const float* ps,
                       const float* alpha, int64_t d, float* ot) {
   using V = typename Simd::V;
@@ -70,7 +107,13 @@ inline void keyValues(const uint8_t* const* values, int64_t keys, const float* p
   });
   for (int64_t k = 0; k < keys; ++k) {
     unrolled<kNv>([&]<int64_t v>() {
-      const V value = Simd::template load<kType>(values[k] + v * kLanes * kElement);
+      V value;
+      if constexpr (kPairs) {
+        const V pairs = Simd::loadf(reinterpret_cast<const float*>(values[k]) + v / 2 * kLanes);
+        value = v % 2 == 0 ? Simd::bf16Even(pairs) : Simd::bf16Odd(pairs);
+      } else {
+        value = Simd::template load<kType>(values[k] + v * kLanes * kElement);
+      }
       unrolled<kRows>([&]<int64_t g>() {
         acc[g * kNv + v] = Simd::fma(Simd::set1(ps[g * kLanes + k]), value, acc[g * kNv + v]);
       });
@@ -91,6 +134,7 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
   constexpr int64_t kScoreRows = Simd::kAccumulators / 2;
   constexpr int64_t kNv = kD > 0 ? kD / kLanes : 0;
   constexpr int64_t kValueRows = kNv > 0 ? std::max<int64_t>(1, Simd::kAccumulators / kNv) : 1;
+  constexpr bool kPairs = kBf16Pairs<Simd, kType, kD>;
   const float k_factor = kType == KvType::kFp8E4M3 ? a.k_scale * kWiden : 1.0f;
   const float v_factor = kType == KvType::kFp8E4M3 ? a.v_scale * kWiden : 1.0f;
   const int64_t d = kD > 0 ? kD : a.head_dim;
@@ -141,8 +185,8 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
         continue;
       }
       values[k] = rowOf(v_pool, j0 + k);
-      if constexpr (kType == KvType::kF32) {
-        rows[k] = reinterpret_cast<const float*>(rowOf(k_pool, j0 + k));
+      if constexpr (kType == KvType::kF32 || kPairs) {
+        rows[k] = reinterpret_cast<const float*>(rowOf(k_pool, j0 + k));  // Pairs: bf16 words.
       } else {
         const uint8_t* stored = rowOf(k_pool, j0 + k);
         for (int64_t v = 0; v < d; v += kLanes)
@@ -152,7 +196,10 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
     }
     for (int64_t g0 = 0; g0 < group; g0 += kScoreRows) {
       withRows<kScoreRows>(std::min(kScoreRows, group - g0), [&]<int64_t kRows>() {
-        keyScores<Simd, kD, kRows>(qs + g0 * d, rows, d, ps + g0 * kLanes);
+        if constexpr (kPairs)
+          keyScoresPairs<Simd, kD, kRows>(qs + g0 * d, rows, ps + g0 * kLanes);
+        else
+          keyScores<Simd, kD, kRows>(qs + g0 * d, rows, d, ps + g0 * kLanes);
       });
     }
     for (int64_t g = 0; g < group; ++g) {
@@ -171,8 +218,8 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
     if constexpr (kNv > 0) {
       for (int64_t g0 = 0; g0 < group; g0 += kValueRows) {
         withRows<kValueRows>(std::min(kValueRows, group - g0), [&]<int64_t kRows>() {
-          keyValues<Simd, kType, kNv, kRows>(values, keys, ps + g0 * kLanes, alpha + g0, d,
-                                             ot + g0 * d);
+          keyValues<Simd, kType, kNv, kRows, kPairs>(values, keys, ps + g0 * kLanes, alpha + g0, d,
+                                                     ot + g0 * d);
         });
       }
     } else {
@@ -193,7 +240,12 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
   for (int64_t g = 0; g < group; ++g) {
     const float inverse = v_factor / l[g];
     float* out = a.out + t * a.ldo + (kvh * group + g) * d;
-    for (int64_t e = 0; e < d; ++e) out[e] = ot[g * d + e] * inverse;
+    if constexpr (kPairs) {
+      for (int64_t e = 0; e < d; ++e)
+        out[pairDim<Simd>(e / kLanes, e % kLanes)] = ot[g * d + e] * inverse;
+    } else {
+      for (int64_t e = 0; e < d; ++e) out[e] = ot[g * d + e] * inverse;
+    }
   }
 }
 
