@@ -190,6 +190,9 @@ int runUp(int argc, char** argv) {
     if (visible != nullptr && *visible != '\0') {
       for (absl::string_view id : absl::StrSplit(visible, ',', absl::SkipWhitespace()))
         gpus.emplace_back(absl::StripAsciiWhitespace(id));
+      // CUDA stops at the first entry it cannot use: the GPUs seen are the first `count`, and
+      // a worker must never be handed one past them.
+      if (static_cast<int64_t>(gpus.size()) > count) gpus.resize(count);
     }
     if (static_cast<int64_t>(gpus.size()) != count) {
       gpus.clear();
