@@ -105,18 +105,21 @@ void MlaAttention::forward(const MlaWeights& w, const Step& s, KvStorage& cache,
   q_abs_.resize(n * abs_dim);
   attended_.resize(n * abs_dim);
 
-  if (w.q_a.rows() > 0) {
-    const int64_t q_low = w.q_a.rows();
-    q_low_.resize(n * q_low);
-    checkedMatmul(w.q_a, s.x, hidden, n, q_low_.data(), q_low, pool_);
+  // The query's first product (low-rank q_a, or the full-rank q_b) and the latent rows read the
+  // same input: one job.
+  const int64_t q_low = w.q_a.rows();
+  q_low_.resize(n * q_low);
+  if (q_low > 0) {
+    checkedMatmulsOfOneInput(
+        s.x, hidden, n, {{&w.q_a, q_low_.data(), q_low}, {&w.kv_a, latent_.data(), row}}, pool_);
     cpu::rmsNorm(q_low_.data(), q_low, w.q_a_norm.data(), n, q_low, eps, q_low_.data(), q_low);
     checkedMatmul(w.q_b, q_low_.data(), q_low, n, q_.data(), q_dim, pool_);
   } else {
-    checkedMatmul(w.q_b, s.x, hidden, n, q_.data(), q_dim, pool_);
+    checkedMatmulsOfOneInput(s.x, hidden, n,
+                             {{&w.q_b, q_.data(), q_dim}, {&w.kv_a, latent_.data(), row}}, pool_);
   }
 
   // The latent rows: c normalized, k_pe rotated; then into the cache.
-  checkedMatmul(w.kv_a, s.x, hidden, n, latent_.data(), row, pool_);
   cpu::rmsNorm(latent_.data(), row, w.kv_a_norm.data(), n, lora, eps, latent_.data(), row);
   s.rope->apply(latent_.data() + lora, row, n, 1, *s.angles, 0);
   uint8_t* keys = cache.keys(layer);
