@@ -217,6 +217,9 @@ absl::Status matmul(const MatmulArgs& args, ThreadPool& pool) {
 }
 
 absl::Status matmulsOfOneInput(std::span<const MatmulArgs> products, ThreadPool& pool) {
+  constexpr size_t kMaxProducts = 8;
+  if (products.size() > kMaxProducts)
+    return absl::InvalidArgumentError("matmulsOfOneInput: at most 8 products at once");
   if (products.empty()) return absl::OkStatus();
   const MatmulArgs& first = products.front();
   for (const MatmulArgs& p : products) {
@@ -234,9 +237,6 @@ absl::Status matmulsOfOneInput(std::span<const MatmulArgs> products, ThreadPool&
     quantizeActivations(first.x, first.tokens, first.weight->cols(), first.ldx, x, bestIsa(),
                         &pool);
   // One job: each product's rows in tasks of rowsPerTask, the products one after another.
-  constexpr size_t kMaxProducts = 8;
-  if (products.size() > kMaxProducts)
-    return absl::InvalidArgumentError("matmulsOfOneInput: at most 8 products at once");
   std::array<int64_t, kMaxProducts> rows_per_task{}, first_task{};
   int64_t tasks = 0;
   for (size_t i = 0; i < products.size(); ++i) {
