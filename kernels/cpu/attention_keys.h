@@ -61,7 +61,8 @@ inline void keyScores(const float* qs, const float* const* keys, int64_t d_runti
 // whole multiples of 2 kLanes; the vectors of a row then hold, in turn, the even and the odd
 // elements of each run of 2 kLanes (pairDim).
 template <typename Simd, KvType kType, int64_t kD>
-inline constexpr bool kBf16Pairs = kType == KvType::kBf16&& kD > 0 && kD % (2 * Simd::kLanes) == 0;
+inline constexpr bool kBf16Pairs = (kType == KvType::kBf16) && (kD > 0) &&
+                                   (kD % (2 * Simd::kLanes) == 0);
 
 // The head dimension lane i of vector v holds in that order.
 template <typename Simd>

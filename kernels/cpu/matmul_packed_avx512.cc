@@ -53,10 +53,9 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
     }
     // The unsigned storage's offset times d (exact: a power of two), so each token's offset
     // term is one FMA with its dsum broadcast from memory: d * (-8 xs) = -(8d * xs), bit for bit.
-    [[maybe_unused]] __m512 offset_d;
-    if constexpr (kType == TensorType::kQ4_0) offset_d = _mm512_mul_ps(d, _mm512_set1_ps(8.0f));
-    if constexpr (kType == TensorType::kQ8_0) offset_d = _mm512_mul_ps(d, _mm512_set1_ps(128.0f));
-      // Unrolled, so the accumulators stay in registers (rolled, they go through the stack).
+    [[maybe_unused]] const __m512 offset_d =
+        _mm512_mul_ps(d, _mm512_set1_ps(kType == TensorType::kQ8_0 ? 128.0f : 8.0f));
+    // Unrolled, so the accumulators stay in registers (rolled, they go through the stack).
 #pragma GCC unroll 8
     for (int i = 0; i < kCount; ++i) {
       const int64_t t = t0 + i;
