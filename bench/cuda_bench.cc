@@ -368,8 +368,8 @@ void prefillAttention(int tokens, double peak_tflops, int reps) {
 }
 
 // Prefills `batch` sequences to context - 1 positions (one sequence per step), then times
-// `steps` decode steps of all of them together (greedy), the median over the steps after
-// the first five (the graphs are warmed and captured by then).
+// `steps` decode steps of all of them together (greedy, drawn on the GPU), the median over
+// the steps after the first five (the graphs are warmed and captured by then).
 double medianDecodeStepMs(engine::CudaLlamaModel& model, int64_t vocab, int batch, int context,
                           int steps) {
   std::vector<std::vector<int32_t>> blocks(batch);
@@ -384,20 +384,19 @@ double medianDecodeStepMs(engine::CudaLlamaModel& model, int64_t vocab, int batc
     check(model.forward({&chunk, 1}).status(), "prefill");
   }
   std::vector<std::vector<uint32_t>> next(batch, std::vector<uint32_t>{1});
+  // As a server's step: every token drawn on the GPU, no logits copied back.
+  const std::vector<engine::RowOutput> rows(batch, {.draw = engine::DeviceDraw{}});
   std::vector<double> times;
   for (int step = 0; step < steps; ++step) {
     std::vector<engine::SequenceChunk> chunks;
     for (int s = 0; s < batch; ++s)
       chunks.push_back({.tokens = next[s], .start = context - 1 + step, .blocks = blocks[s]});
     const auto t0 = std::chrono::steady_clock::now();
-    auto logits = model.forward(chunks);
+    auto out = model.forwardAndDraw(chunks, rows);
     const auto t1 = std::chrono::steady_clock::now();
-    check(logits.status(), "decode step");
+    check(out.status(), "decode step");
     if (step >= 5) times.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    for (int s = 0; s < batch; ++s) {
-      const float* row = logits->data() + int64_t{s} * vocab;
-      next[s] = {static_cast<uint32_t>(std::max_element(row, row + vocab) - row)};
-    }
+    for (int s = 0; s < batch; ++s) next[s] = {static_cast<uint32_t>(out->tokens[s])};
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];

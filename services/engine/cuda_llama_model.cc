@@ -21,6 +21,7 @@
 #include "kernels/cuda/mla_rope_kv.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/rope_kv.h"
+#include "kernels/cuda/sampling.h"
 #include "services/engine/cuda_arena.h"
 #include "services/engine/cuda_moe_layer.h"
 #include "services/engine/cuda_weights.h"
@@ -132,6 +133,9 @@ struct CudaLlamaModel::State {
   bf16* last = nullptr;       // [max_sequences][hidden]
   float* logits = nullptr;    // [max_sequences][vocab_rows]
   float* gathered = nullptr;  // TP: every rank's logits, rank-major [rank][sequences][rows]
+  float* ordered = nullptr;   // TP: the gathered logits in place, [max_sequences][vocab]
+  cuda::SamplingRow* draws = nullptr;  // [max_sequences]: how each row is drawn
+  int32_t* drawn = nullptr;            // [max_sequences]: the drawn tokens
   void* attention_workspace = nullptr;
   void* quantized = nullptr;  // the activations of a quantized dense product, quantized
   int64_t quantized_bytes = 0;
@@ -140,8 +144,11 @@ struct CudaLlamaModel::State {
 
   int32_t* host_meta = nullptr;  // pinned
   float* host_logits = nullptr;  // pinned
-  void* pinned_rows = nullptr;   // host KV rows copyKv registered (page-locked), if any
-  void* pin_tried = nullptr;     // the host rows copyKv last tried to lock
+  // Pinned: [max_sequences] SamplingRow, then [max_sequences] drawn tokens.
+  cuda::SamplingRow* host_draws = nullptr;
+  int32_t* host_drawn = nullptr;
+  void* pinned_rows = nullptr;  // host KV rows copyKv registered (page-locked), if any
+  void* pin_tried = nullptr;    // the host rows copyKv last tried to lock
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
   cuda::DecodeAttentionPlan decode_plan;
@@ -150,7 +157,6 @@ struct CudaLlamaModel::State {
   std::map<int64_t, cudaGraphExec_t> graphs;  // decode batch bucket -> graph
   std::set<int64_t> warmed;                   // buckets run once eagerly
   std::set<int64_t> eager;                    // buckets whose capture failed: never graphed
-  std::vector<float> logits_out;
 
   ~State() {
     cudaSetDevice(options.device);  // A group's models are destroyed from one thread.
@@ -159,6 +165,7 @@ struct CudaLlamaModel::State {
     if (stream) cudaStreamDestroy(stream);
     if (host_meta) cudaFreeHost(host_meta);
     if (host_logits) cudaFreeHost(host_logits);
+    if (host_draws) cudaFreeHost(host_draws);
     if (pinned_rows) cudaHostUnregister(pinned_rows);
     if (base) cudaFree(base);
   }
@@ -269,7 +276,12 @@ struct CudaLlamaModel::State {
     quantized = quantized_bytes > 0 ? arena.take<uint8_t>(quantized_bytes) : nullptr;
     last = arena.take<bf16>(options.max_sequences * hidden);
     logits = arena.take<float>(options.max_sequences * vocab_rows);
-    if (rank_vocab_rows.size() > 1) gathered = arena.take<float>(options.max_sequences * vocab);
+    if (rank_vocab_rows.size() > 1) {
+      gathered = arena.take<float>(options.max_sequences * vocab);
+      ordered = arena.take<float>(options.max_sequences * vocab);
+    }
+    draws = arena.take<cuda::SamplingRow>(options.max_sequences);
+    drawn = arena.take<int32_t>(options.max_sequences);
     attention_workspace = arena.take<uint8_t>(
         static_cast<int64_t>(std::max(decode_plan.workspace_bytes, mla_plan.workspace_bytes)));
     meta = arena.take<int32_t>(metaCount());
@@ -281,9 +293,14 @@ struct CudaLlamaModel::State {
   absl::Status enqueue(int64_t n, int64_t sequences, bool decode);
   absl::Status run(int64_t n, int64_t sequences, bool decode);
   absl::StatusOr<cudaGraphExec_t> capture(int64_t n, int64_t sequences);
-  // The part of forward() after the batch checks (which fail alike on every rank).
-  absl::StatusOr<std::span<const float>> step(std::span<const SequenceChunk> batch,
-                                              int64_t sequences, int64_t n, bool decode);
+  // The part of forwardAndDraw() after the batch checks (which fail alike on every rank).
+  absl::StatusOr<StepOutput> step(std::span<const SequenceChunk> batch,
+                                  std::span<const RowOutput> outputs, int64_t sequences, int64_t n,
+                                  bool decode);
+  // After a step of `rows` sequences (the first `sequences` real): draws the rows that ask
+  // for it and copies the logits where any row wants them, both to pinned host memory.
+  absl::StatusOr<StepOutput> results(std::span<const RowOutput> outputs, int64_t sequences,
+                                     int64_t rows);
 };
 
 namespace {
@@ -441,6 +458,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
       cuda::cudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_logits),
                                       s.options.max_sequences * s.vocab * sizeof(float)),
                        "pinned logits"));
+  const int64_t draw_bytes = s.options.max_sequences * sizeof(cuda::SamplingRow);
+  CLEAVE_RETURN_IF_ERROR(
+      cuda::cudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_draws),
+                                      draw_bytes + s.options.max_sequences * sizeof(int32_t)),
+                       "pinned draws"));
+  s.host_drawn = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(s.host_draws) + draw_bytes);
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "creating a stream"));
   CLEAVE_ASSIGN_OR_RETURN(s.gemm, cuda::Gemm::create());
@@ -1054,7 +1077,17 @@ absl::StatusOr<cudaGraphExec_t> CudaLlamaModel::State::capture(int64_t n, int64_
 
 absl::StatusOr<std::span<const float>> CudaLlamaModel::forward(
     std::span<const SequenceChunk> batch) {
+  const std::vector<RowOutput> outputs(batch.size(), RowOutput{.logits = true});
+  CLEAVE_ASSIGN_OR_RETURN(StepOutput out, forwardAndDraw(batch, outputs));
+  return out.logits;
+}
+
+absl::StatusOr<StepOutput> CudaLlamaModel::forwardAndDraw(std::span<const SequenceChunk> batch,
+                                                          std::span<const RowOutput> outputs) {
   State& s = *state_;
+  if (outputs.size() != batch.size())
+    return absl::InvalidArgumentError(absl::StrCat("a step of ", batch.size(), " sequences given ",
+                                                   outputs.size(), " row outputs"));
   const int64_t bs = s.options.block_size;
   CLEAVE_RETURN_IF_ERROR(validateBatch(batch, static_cast<uint32_t>(s.vocab), bs, s.kv_blocks));
   const int64_t sequences = static_cast<int64_t>(batch.size());
@@ -1073,14 +1106,15 @@ absl::StatusOr<std::span<const float>> CudaLlamaModel::forward(
         "a step of ", n, " tokens in ", sequences, " sequences exceeds the model's bounds (",
         s.options.max_step_tokens, " tokens, ", s.options.max_sequences, " sequences)"));
   if (s.comm != nullptr) CLEAVE_RETURN_IF_ERROR(s.comm->usable());
-  auto logits = s.step(batch, sequences, n, decode);
+  auto out = s.step(batch, outputs, sequences, n, decode);
   // A rank that cannot finish its step would leave its peers in a collective forever.
-  if (!logits.ok() && s.comm != nullptr) s.comm->abortGroup();
-  return logits;
+  if (!out.ok() && s.comm != nullptr) s.comm->abortGroup();
+  return out;
 }
 
-absl::StatusOr<std::span<const float>> CudaLlamaModel::State::step(
-    std::span<const SequenceChunk> batch, int64_t sequences, int64_t n, bool decode) {
+absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceChunk> batch,
+                                                       std::span<const RowOutput> outputs,
+                                                       int64_t sequences, int64_t n, bool decode) {
   State& s = *this;
   const int64_t bs = s.options.block_size;
   // Decode graphs run a power-of-two batch; the padding rows decode token 0 at position 0
@@ -1123,31 +1157,69 @@ absl::StatusOr<std::span<const float>> CudaLlamaModel::State::step(
       cudaMemcpyAsync(s.meta, m, s.metaCount() * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
       "copying step metadata"));
   CLEAVE_RETURN_IF_ERROR(s.run(tokens, rows, decode));
-  if (s.comm != nullptr && s.comm->rank() != 0) {  // Rank 0 returns the group's logits.
+  if (s.comm != nullptr && s.comm->rank() != 0) {  // Rank 0 returns the group's results.
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
-    return std::span<const float>();
+    return StepOutput{};
   }
-  // The step ran `rows` sequences (a decode graph's bucket); the logits are [rows][vocab],
-  // or under tensor parallelism every rank's [rows][its vocabulary rows], rank after rank.
-  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-      cudaMemcpyAsync(s.host_logits, s.comm ? s.gathered : s.logits, rows * s.vocab * sizeof(float),
-                      cudaMemcpyDeviceToHost, s.stream),
-      "copying logits"));
-  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
-  s.logits_out.resize(sequences * s.vocab);
-  if (s.comm == nullptr) {
-    std::copy(s.host_logits, s.host_logits + sequences * s.vocab, s.logits_out.begin());
-  } else {
+  return s.results(outputs, sequences, rows);
+}
+
+absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOutput> outputs,
+                                                          int64_t sequences, int64_t rows) {
+  State& s = *this;
+  // Logits [sequences][vocab]: under tensor parallelism the gathered ones are every rank's
+  // [rows][its vocabulary rows], rank after rank; each rank's columns go into place.
+  const float* logits = s.logits;
+  if (s.comm != nullptr) {
     int64_t offset = 0, column = 0;
     for (int64_t part : s.rank_vocab_rows) {
-      for (int64_t q = 0; q < sequences; ++q)
-        std::copy(s.host_logits + offset + q * part, s.host_logits + offset + (q + 1) * part,
-                  s.logits_out.begin() + q * s.vocab + column);
+      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+          cudaMemcpy2DAsync(s.ordered + column, s.vocab * sizeof(float), s.gathered + offset,
+                            part * sizeof(float), part * sizeof(float), sequences,
+                            cudaMemcpyDeviceToDevice, s.stream),
+          "ordering the gathered logits"));
       offset += rows * part;
       column += part;
     }
+    logits = s.ordered;
   }
-  return std::span<const float>(s.logits_out);
+  bool want_logits = false, draw = false;
+  for (int64_t q = 0; q < sequences; ++q) {
+    const RowOutput& out = outputs[q];
+    want_logits = want_logits || out.logits;
+    draw = draw || out.draw.has_value();
+    // A row drawn by no one is drawn greedily: cheap, and its token is not read.
+    const DeviceDraw d = out.draw.value_or(DeviceDraw{});
+    s.host_draws[q] = {.temperature = d.temperature,
+                       .top_k = d.top_k,
+                       .top_p = d.top_p,
+                       .min_p = d.min_p,
+                       .seed = d.seed,
+                       .index = d.index};
+  }
+  if (draw) {
+    CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+        cudaMemcpyAsync(s.draws, s.host_draws, sequences * sizeof(cuda::SamplingRow),
+                        cudaMemcpyHostToDevice, s.stream),
+        "copying the draws' settings"));
+    CLEAVE_RETURN_IF_ERROR(
+        cuda::sampleTokens(logits, s.vocab, sequences, s.vocab, s.draws, s.drawn, s.stream));
+    CLEAVE_RETURN_IF_ERROR(
+        cuda::cudaStatus(cudaMemcpyAsync(s.host_drawn, s.drawn, sequences * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, s.stream),
+                         "copying the drawn tokens"));
+  }
+  if (want_logits) {
+    CLEAVE_RETURN_IF_ERROR(
+        cuda::cudaStatus(cudaMemcpyAsync(s.host_logits, logits, sequences * s.vocab * sizeof(float),
+                                         cudaMemcpyDeviceToHost, s.stream),
+                         "copying logits"));
+  }
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
+  StepOutput result;
+  if (want_logits) result.logits = std::span<const float>(s.host_logits, sequences * s.vocab);
+  if (draw) result.tokens = std::span<const int32_t>(s.host_drawn, sequences);
+  return result;
 }
 
 namespace {
@@ -1160,6 +1232,10 @@ class CudaRankBackend final : public StepBackend {
       : group_(std::move(group)), model_(std::move(model)) {}
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override {
     return model_->forward(batch);
+  }
+  absl::StatusOr<StepOutput> forwardAndDraw(std::span<const SequenceChunk> batch,
+                                            std::span<const RowOutput> rows) override {
+    return model_->forwardAndDraw(batch, rows);
   }
   absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
                       std::span<const int32_t> rows, KvStorage& host) override {

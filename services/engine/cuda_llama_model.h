@@ -25,7 +25,7 @@
 // with its rank's NcclCommunicator all-reduces the partial sums of the vocabulary-parallel
 // embedding, the row-parallel O and down products and its share of the experts (bf16, in
 // place, on the model's stream, inside the decode graphs too), and all-gathers the
-// vocabulary-parallel logits; every rank returns the whole logits.
+// vocabulary-parallel logits; rank 0 returns the step's results.
 //
 // Threading: one thread drives a model; it owns its stream and its device memory.
 #pragma once
@@ -104,6 +104,11 @@ class CudaLlamaModel : public StepBackend {
   // the others an empty span. A rank whose step fails aborts its group (so no peer waits
   // in a collective forever); the group is not used again.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override;
+  // The same step, drawing on the GPU the rows that ask for it (sampling.h) and copying
+  // the logits [batch][vocab] to the host only when some row wants them; under tensor
+  // parallelism rank 0 returns the results, the others none.
+  absl::StatusOr<StepOutput> forwardAndDraw(std::span<const SequenceChunk> batch,
+                                            std::span<const RowOutput> outputs) override;
   // Device <-> host copies of whole blocks (runs consecutive on both sides in one copy each).
   // `host` is page-locked on first use (TpGroup makes that at allocateKv, with no blocks) and
   // stays so while the model lives: it must outlive the model (or be replaced by another

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -422,14 +423,19 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
       std::vector<SequenceChunk> batch;
       for (int q = 0; q < 3; ++q) batch.push_back({tokens[q], 0, blocks[q]});
       for (int step = 0; step < 5; ++step) {
-        auto logits = (*group)->forward(batch);
-        ASSERT_TRUE(logits.ok()) << logits.status();
-        steps[tp - 1].emplace_back(logits->begin(), logits->end());
-        const int64_t vocab = static_cast<int64_t>(logits->size()) / 3;
+        // Drawn greedily on the GPU from the ranks' gathered logits, and returned too.
+        const std::vector<RowOutput> rows(3, RowOutput{.logits = true, .draw = DeviceDraw{}});
+        auto out = (*group)->forwardAndDraw(batch, rows);
+        ASSERT_TRUE(out.ok()) << out.status();
+        steps[tp - 1].emplace_back(out->logits.begin(), out->logits.end());
+        const int64_t vocab = static_cast<int64_t>(out->logits.size()) / 3;
+        ASSERT_EQ(out->tokens.size(), 3u);
         for (int q = 0; q < 3; ++q) {
-          const float* row = logits->data() + q * vocab;
+          const float* row = out->logits.data() + q * vocab;
+          const uint32_t argmax = static_cast<uint32_t>(std::max_element(row, row + vocab) - row);
+          EXPECT_EQ(out->tokens[q], static_cast<int32_t>(argmax)) << "tp " << tp << " row " << q;
           batch[q].start += static_cast<int64_t>(batch[q].tokens.size());
-          tokens[q] = {static_cast<uint32_t>(std::max_element(row, row + vocab) - row)};
+          tokens[q] = {argmax};
           batch[q].tokens = tokens[q];
         }
       }
@@ -511,6 +517,66 @@ TEST(CudaLlamaModelTest, GraphReplayEqualsEagerSteps) {
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_EQ(from_graph, std::vector<float>(b->begin(), b->end())) << "step " << step;
   }
+}
+
+// Tokens drawn on the GPU against the logits of the same step: greedy rows take the lowest
+// index of the largest logit, top_k = 1 is greedy at any temperature, a top_k = 4 draw is
+// one of the four largest, and the same (seed, index) draws the same token again. Logits
+// come back only when a row asks for them.
+TEST(CudaLlamaModelTest, DrawsOnTheGpuWhatTheLogitsSay) {
+  CLEAVE_REQUIRE_GPU();
+  auto weights = loadLlama(goldenDir() + "/engine/hf/smollm2_like_f32");
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto m = CudaLlamaModel::create(**weights,
+                                  {.max_step_tokens = 64, .max_sequences = 3, .max_context = 64});
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<uint32_t> prompt = {5, 17, 99, 3};
+  std::vector<std::vector<int32_t>> blocks = {{0, 1}, {2, 3}, {4, 5}};
+  std::vector<SequenceChunk> prefill;
+  for (const auto& b : blocks) prefill.push_back({prompt, 0, b});
+  ASSERT_TRUE((*m)->forward(prefill).ok());
+  std::vector<std::vector<uint32_t>> next = {{7}, {8}, {9}};
+  for (int step = 0; step < 4; ++step) {  // eager, then captured, then replayed
+    SCOPED_TRACE(step);
+    std::vector<SequenceChunk> decode;
+    for (int q = 0; q < 3; ++q) decode.push_back({next[q], 4 + step, blocks[q]});
+    const uint64_t index = static_cast<uint64_t>(step);
+    const std::vector<RowOutput> rows = {
+        {.logits = true, .draw = DeviceDraw{.index = index}},
+        {.logits = true,
+         .draw = DeviceDraw{.temperature = 2.0f, .top_k = 1, .seed = 4, .index = index}},
+        {.logits = true,
+         .draw = DeviceDraw{.temperature = 1.5f, .top_k = 4, .seed = 9, .index = index}}};
+    auto out = (*m)->forwardAndDraw(decode, rows);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->tokens.size(), 3u);
+    const int64_t vocab = static_cast<int64_t>(out->logits.size()) / 3;
+    ASSERT_EQ(vocab, (*weights)->config.vocab_size);
+    std::vector<float> logits(out->logits.begin(), out->logits.end());
+    const std::vector<int32_t> tokens(out->tokens.begin(), out->tokens.end());
+    for (int q = 0; q < 2; ++q) {
+      const float* row = logits.data() + q * vocab;
+      EXPECT_EQ(tokens[q], std::max_element(row, row + vocab) - row) << "row " << q;
+    }
+    std::vector<float> third(logits.begin() + 2 * vocab, logits.end());
+    std::vector<float> sorted = third;
+    std::nth_element(sorted.begin(), sorted.begin() + 3, sorted.end(), std::greater<float>());
+    ASSERT_GE(tokens[2], 0);
+    ASSERT_LT(tokens[2], vocab);
+    EXPECT_GE(third[tokens[2]], sorted[3]);
+    // The same step again (it rewrites the same KV rows) without logits: the same draws.
+    std::vector<RowOutput> drawn_only = rows;
+    for (RowOutput& r : drawn_only) r.logits = false;
+    auto again = (*m)->forwardAndDraw(decode, drawn_only);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_TRUE(again->logits.empty());
+    EXPECT_EQ(std::vector<int32_t>(again->tokens.begin(), again->tokens.end()), tokens);
+    for (int q = 0; q < 3; ++q) next[q] = {static_cast<uint32_t>(tokens[q])};
+  }
+  std::vector<RowOutput> too_few(2);
+  std::vector<SequenceChunk> one = {
+      {next[0], 8, blocks[0]}, {next[1], 8, blocks[1]}, {next[2], 8, blocks[2]}};
+  EXPECT_EQ((*m)->forwardAndDraw(one, too_few).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaLlamaModelTest, RefusesBatchesOutsideItsBounds) {

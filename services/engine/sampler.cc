@@ -49,6 +49,18 @@ void Sampler::observe(uint32_t token) {
   ++index_;
 }
 
+std::optional<DeviceDraw> Sampler::deviceDraw() const {
+  if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+      params_.frequency_penalty != 0.0f || params_.logprobs >= 0)
+    return std::nullopt;
+  return DeviceDraw{.temperature = params_.temperature,
+                    .top_k = params_.top_k,
+                    .top_p = params_.top_p,
+                    .min_p = params_.min_p,
+                    .seed = params_.seed,
+                    .index = index_};
+}
+
 SampledToken Sampler::sample(std::span<const float> logits) {
   const uint32_t vocab = static_cast<uint32_t>(logits.size());
   scratch_.assign(logits.begin(), logits.end());

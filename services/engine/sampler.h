@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <unordered_map>
@@ -40,6 +41,19 @@ struct SamplingParams {
 // OK, or InvalidArgument naming the field and its allowed range.
 absl::Status validateSamplingParams(const SamplingParams& params);
 
+// A next token drawn by the step's backend instead (on the GPU, sampling.h): the same
+// truncations in the same order, but no penalties, no log-probabilities, and the backend's
+// own generator keyed by (seed, index), so a seeded draw differs from the CPU's (greedy
+// does not: both take the lowest index of the largest logit).
+struct DeviceDraw {
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t index = 0;  // Output tokens drawn before this one.
+};
+
 struct SampledToken {
   uint32_t token = 0;
   float logprob = 0.0f;                         // When logprobs >= 0.
@@ -56,6 +70,9 @@ class Sampler {
   // Records `token` as the next output token without sampling it (it was sampled
   // elsewhere): it counts for the penalties and advances the draw index.
   void observe(uint32_t token);
+  // The next token as a backend may draw it, when nothing needs the logits on the host (no
+  // penalties, no log-probabilities); empty otherwise. observe() the token it draws.
+  std::optional<DeviceDraw> deviceDraw() const;
 
  private:
   SamplingParams params_;

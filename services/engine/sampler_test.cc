@@ -111,6 +111,29 @@ TEST(SamplerTest, PenaltiesFollowTheirDefinitions) {
   EXPECT_EQ(pushed.sample(negative).token, 1u);
 }
 
+TEST(SamplerTest, OnlyARowWithoutPenaltiesOrLogprobsIsDrawnByTheBackend) {
+  Sampler plain({.temperature = 0.7f, .top_k = 5, .top_p = 0.9f, .min_p = 0.05f, .seed = 11},
+                std::vector<uint32_t>{3});
+  std::optional<DeviceDraw> draw = plain.deviceDraw();
+  ASSERT_TRUE(draw.has_value());
+  EXPECT_EQ(draw->temperature, 0.7f);
+  EXPECT_EQ(draw->top_k, 5);
+  EXPECT_EQ(draw->top_p, 0.9f);
+  EXPECT_EQ(draw->min_p, 0.05f);
+  EXPECT_EQ(draw->seed, 11u);
+  EXPECT_EQ(draw->index, 0u);
+  // Observed tokens (drawn elsewhere) and sampled ones both advance the draw index.
+  plain.observe(4);
+  std::mt19937 rng(5);
+  plain.sample(randomLogits(10, rng));
+  EXPECT_EQ(plain.deviceDraw()->index, 2u);
+  for (const SamplingParams& host_only :
+       {SamplingParams{.repetition_penalty = 1.1f}, SamplingParams{.presence_penalty = 0.5f},
+        SamplingParams{.frequency_penalty = -0.5f}, SamplingParams{.logprobs = 0}}) {
+    EXPECT_FALSE(Sampler(host_only, {}).deviceDraw().has_value());
+  }
+}
+
 TEST(SamplerTest, InvalidParametersNameTheField) {
   const std::pair<SamplingParams, const char*> cases[] = {
       {{.temperature = -1}, "temperature"},

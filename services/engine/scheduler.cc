@@ -299,14 +299,35 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     last_work_.attended += n * chunk.start + n * (n + 1) / 2;  // Token i sees start + i + 1.
     last_work_.kv_positions += chunk.start + n;
   }
-  CLEAVE_ASSIGN_OR_RETURN(std::span<const float> logits, model_.forward(batch));
+  // A row whose chunk ends its prompt samples; the backend draws it where it can.
+  std::vector<RowOutput> outputs;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const Sequence& seq = *members[i];
+    RowOutput out;
+    if (seq.cached + static_cast<int64_t>(batch[i].tokens.size()) >=
+        static_cast<int64_t>(seq.request.prompt.size())) {
+      out.draw = seq.sampler->deviceDraw();
+      out.logits = !out.draw.has_value();
+    }
+    outputs.push_back(out);
+  }
+  CLEAVE_ASSIGN_OR_RETURN(StepOutput step, model_.forwardAndDraw(batch, outputs));
   const int64_t vocab = model_.config().vocab_size;
   for (size_t i = 0; i < members.size(); ++i) {
     Sequence& seq = *members[i];
     seq.cached += static_cast<int64_t>(batch[i].tokens.size());
     publishPrompt(seq);
     if (!seq.prefilled()) continue;  // A prompt chunk that is not the last samples nothing.
-    SampledToken sampled = seq.sampler->sample(logits.subspan(i * vocab, vocab));
+    SampledToken sampled;
+    if (outputs[i].draw.has_value() && !step.tokens.empty()) {
+      if (step.tokens[i] < 0 || step.tokens[i] >= vocab)
+        return absl::InternalError(absl::StrCat("the model drew token ", step.tokens[i],
+                                                ", outside its vocabulary of ", vocab));
+      sampled.token = static_cast<uint32_t>(step.tokens[i]);
+      seq.sampler->observe(sampled.token);
+    } else {
+      sampled = seq.sampler->sample(step.logits.subspan(i * vocab, vocab));
+    }
     seq.tokens.push_back(sampled.token);
     TokenEvent event{.id = seq.request.id, .token = sampled.token};
     if (seq.request.sampling.logprobs >= 0) event.logprob = sampled.logprob;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -18,16 +19,40 @@
 #include "services/engine/llama_model.h"
 #include "services/engine/llama_weights.h"
 #include "services/engine/memory_plan.h"
+#include "services/engine/sampler.h"
 
 namespace cleave::engine {
 
 enum class KvCopy { kToHost, kFromHost };
+
+// What the caller takes from one batch row of a step.
+struct RowOutput {
+  bool logits = false;             // its logits, sampled on the host
+  std::optional<DeviceDraw> draw;  // its next token, drawn by the backend
+};
+
+// A step's results: logits [batch][vocab] (empty when no row asked for them) and tokens
+// [batch] (the drawn rows' tokens, the others unspecified; empty when the backend draws
+// nothing: the caller then samples every row from the logits, which it always gets then).
+struct StepOutput {
+  std::span<const float> logits;
+  std::span<const int32_t> tokens;
+};
 
 class StepBackend {
  public:
   virtual ~StepBackend() = default;
   // As LlamaModel::forward, over the backend's own KV cache of the blocks it was made with.
   virtual absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) = 0;
+  // The same step, returning what rows[i] asks of batch row i (rows.size() == batch.size());
+  // valid until the next step. This default draws nothing: forward's logits, no tokens.
+  virtual absl::StatusOr<StepOutput> forwardAndDraw(std::span<const SequenceChunk> batch,
+                                                    std::span<const RowOutput> rows) {
+    (void)rows;
+    auto logits = forward(batch);
+    if (!logits.ok()) return logits.status();
+    return StepOutput{.logits = *logits};
+  }
   // Copies every layer's key and value rows of backend block blocks[i] to or from host
   // block rows[i] (this rank's heads, the same block size, head size and element type;
   // `host` may have fewer blocks than the backend: a staging area), and returns once they

@@ -31,7 +31,7 @@ struct TpGroup::Rank {
   std::unique_ptr<KvStorage> kv;  // The CPU model's cache, or a backend's host rows.
   // The CPU model's host staging rows, apart from its cache (allocateKv's host_blocks).
   std::unique_ptr<KvStorage> staging;
-  std::span<const float> logits;
+  StepOutput output;  // Of the last step.
 };
 
 // One thread per rank, each running the job of the moment for its rank.
@@ -240,17 +240,33 @@ absl::StatusOr<std::vector<BackendMemory>> TpGroup::backendMemory(int64_t block_
 absl::StatusOr<std::span<const float>> TpGroup::forward(std::span<const SequenceChunk> batch) {
   if (!backends_.empty()) {
     CLEAVE_RETURN_IF_ERROR(onEveryRank([&](Rank& rank) -> absl::Status {
-      CLEAVE_ASSIGN_OR_RETURN(rank.logits, backends_[rank.index]->forward(batch));
+      CLEAVE_ASSIGN_OR_RETURN(rank.output.logits, backends_[rank.index]->forward(batch));
       return absl::OkStatus();
     }));
-    return ranks_[0]->logits;
+    return ranks_[0]->output.logits;
   }
   if (!ranks_[0]->kv) return absl::FailedPreconditionError("forward before allocateKv");
   CLEAVE_RETURN_IF_ERROR(onEveryRank([&](Rank& rank) -> absl::Status {
-    CLEAVE_ASSIGN_OR_RETURN(rank.logits, rank.model->forward(batch, *rank.kv));
+    CLEAVE_ASSIGN_OR_RETURN(rank.output.logits, rank.model->forward(batch, *rank.kv));
     return absl::OkStatus();
   }));
-  return ranks_[0]->logits;
+  return ranks_[0]->output.logits;
+}
+
+absl::StatusOr<StepOutput> TpGroup::forwardAndDraw(std::span<const SequenceChunk> batch,
+                                                   std::span<const RowOutput> rows) {
+  if (rows.size() != batch.size())
+    return absl::InvalidArgumentError(
+        absl::StrCat("a step of ", batch.size(), " sequences given ", rows.size(), " row outputs"));
+  if (backends_.empty()) {
+    CLEAVE_ASSIGN_OR_RETURN(std::span<const float> logits, forward(batch));
+    return StepOutput{.logits = logits};
+  }
+  CLEAVE_RETURN_IF_ERROR(onEveryRank([&](Rank& rank) -> absl::Status {
+    CLEAVE_ASSIGN_OR_RETURN(rank.output, backends_[rank.index]->forwardAndDraw(batch, rows));
+    return absl::OkStatus();
+  }));
+  return ranks_[0]->output;
 }
 
 absl::Status TpGroup::copyKv(KvCopy direction, std::span<const int32_t> blocks,

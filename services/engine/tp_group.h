@@ -94,6 +94,11 @@ class TpGroup {
   // One forward step of every rank over `batch` (LlamaModel::forward); the logits are rank
   // 0's (every rank has the same), valid until the next call.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch);
+  // The same step, returning what rows[i] asks of batch row i (StepBackend::forwardAndDraw):
+  // a backend may draw tokens itself; the CPU model returns every row's logits and no
+  // tokens. Rank 0's results, valid until the next call.
+  absl::StatusOr<StepOutput> forwardAndDraw(std::span<const SequenceChunk> batch,
+                                            std::span<const RowOutput> rows);
 
   // Brings host rows (kv()) rows[i] and the backends' cache blocks blocks[i] level, every
   // rank: the host rows take the backend's (kToHost: after a prefill, before a transfer

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -354,7 +355,7 @@ TEST(KvCacheScalesTest, CheckpointScalesAreLoadedAndUsed) {
 // A step backend whose KV cache is its own memory, not the group's host rows — as a GPU's
 // is: the CPU model, over its own copy of the weights (a backend may not keep the group's),
 // and a private KvStorage. Test code only.
-class SeparateCacheBackend final : public StepBackend {
+class SeparateCacheBackend : public StepBackend {
  public:
   SeparateCacheBackend(std::unique_ptr<LlamaWeights> w, int64_t blocks, int64_t block_size,
                        cpu::KvType type)
@@ -388,14 +389,48 @@ class SeparateCacheBackend final : public StepBackend {
   KvStorage cache_;
 };
 
-// Groups over SeparateCacheBackend with host rows, keeping each backend reachable.
+// A SeparateCacheBackend that draws tokens itself, as the GPU model does, with a rule of
+// its own that no host sampler follows: greedy rows take the argmax, the others token
+// (seed + index) mod vocab. It counts what it was asked. Test code only.
+class DrawingBackend final : public SeparateCacheBackend {
+ public:
+  using SeparateCacheBackend::SeparateCacheBackend;
+  absl::StatusOr<StepOutput> forwardAndDraw(std::span<const SequenceChunk> batch,
+                                            std::span<const RowOutput> rows) override {
+    auto logits = forward(batch);
+    if (!logits.ok()) return logits.status();
+    const size_t vocab = logits->size() / batch.size();
+    tokens_.assign(batch.size(), -1);
+    bool wanted = false;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      wanted = wanted || rows[i].logits;
+      logit_rows += rows[i].logits;
+      if (!rows[i].draw) continue;
+      const DeviceDraw& d = *rows[i].draw;
+      const float* row = logits->data() + i * vocab;
+      tokens_[i] =
+          static_cast<int32_t>(d.temperature == 0.0f ? std::max_element(row, row + vocab) - row
+                                                     : (d.seed + d.index) % vocab);
+      ++drawn;
+    }
+    steps_without_logits += !wanted;
+    return StepOutput{.logits = wanted ? *logits : std::span<const float>(), .tokens = tokens_};
+  }
+  int drawn = 0, logit_rows = 0, steps_without_logits = 0;
+
+ private:
+  std::vector<int32_t> tokens_;
+};
+
+// Groups over SeparateCacheBackend (DrawingBackend when `draws`) with host rows, keeping
+// each backend reachable.
 struct SeparateGroup {
   std::vector<SeparateCacheBackend*> backends;
   std::unique_ptr<TpGroup> group;
-  SeparateGroup(const std::string& path, cpu::KvType type, bool host_kv) {
+  SeparateGroup(const std::string& path, cpu::KvType type, bool host_kv, bool draws = false) {
     TpGroupOptions options{.kv_type = type, .host_kv = host_kv};
     options.backend =
-        [this, type, path](
+        [this, type, path, draws](
             std::span<const LlamaWeights* const> ranks, int64_t blocks,
             int64_t block_size) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
       std::vector<std::unique_ptr<StepBackend>> made;
@@ -404,7 +439,9 @@ struct SeparateGroup {
             loadLlama(path, {.rank = static_cast<int>(r), .size = static_cast<int>(ranks.size())});
         if (!own.ok()) return own.status();
         auto backend =
-            std::make_unique<SeparateCacheBackend>(std::move(*own), blocks, block_size, type);
+            draws
+                ? std::make_unique<DrawingBackend>(std::move(*own), blocks, block_size, type)
+                : std::make_unique<SeparateCacheBackend>(std::move(*own), blocks, block_size, type);
         backends.push_back(backend.get());
         made.push_back(std::move(backend));
       }
@@ -416,6 +453,63 @@ struct SeparateGroup {
     CLEAVE_CHECK_OK(group->allocateKv(8, 16, 5));  // host rows: a staging area
   }
 };
+
+// The scheduler takes the tokens a backend draws for rows without penalties or
+// log-probabilities, and samples the others on the host from the logits it asks for only
+// then: greedy rows match the CPU group's tokens, the others follow the backend's rule.
+TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
+  const std::string path = kHf + "llama_f32";
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<uint32_t> token(0, 200);
+  std::vector<std::vector<uint32_t>> prompts(4, std::vector<uint32_t>(9));
+  for (auto& p : prompts)
+    for (uint32_t& t : p) t = token(rng);
+  const SamplingParams kinds[4] = {{},                                // drawn: greedy
+                                   {.repetition_penalty = 1.3f},      // host: penalty
+                                   {.temperature = 0.8f, .seed = 3},  // drawn: the rule
+                                   {.logprobs = 2}};                  // host: logprobs
+  // Each request's tokens, and its log-probabilities where it asked for them.
+  auto run = [&](TpGroup& model, std::vector<int> which) {
+    Scheduler scheduler(model, nullptr, {.max_batch_tokens = 64, .max_sequences = 4});
+    for (int r : which)
+      EXPECT_TRUE(scheduler
+                      .add({.id = static_cast<uint64_t>(r),
+                            .prompt = prompts[r],
+                            .sampling = kinds[r],
+                            .stop = {.max_new_tokens = 6}})
+                      .ok());
+    std::map<uint64_t, std::vector<std::pair<uint32_t, float>>> out;
+    for (int step = 0; step < 100 && !scheduler.idle(); ++step) {
+      auto events = scheduler.step();
+      EXPECT_TRUE(events.ok()) << events.status();
+      if (!events.ok()) break;
+      for (const TokenEvent& e : *events) out[e.id].emplace_back(e.token, e.logprob.value_or(1.0f));
+    }
+    EXPECT_TRUE(scheduler.idle());
+    return out;
+  };
+  auto cpu = TpGroup::load(path, {});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE((*cpu)->allocateKv(8, 16).ok());
+  const auto want = run(**cpu, {0, 1, 2, 3});
+  SeparateGroup drawing(path, cpu::KvType::kF32, false, true);
+  auto& backend = *static_cast<DrawingBackend*>(drawing.backends[0]);
+  const auto got = run(*drawing.group, {0, 1, 2, 3});
+  for (uint64_t r : {0, 1, 3}) EXPECT_EQ(got.at(r), want.at(r)) << "request " << r;
+  ASSERT_EQ(got.at(2).size(), 6u);
+  const uint32_t vocab = static_cast<uint32_t>(drawing.group->config().vocab_size);
+  for (uint32_t i = 0; i < 6; ++i) EXPECT_EQ(got.at(2)[i].first, (3 + i) % vocab) << i;
+  EXPECT_LT(got.at(3)[0].second, 0.0f);  // A log-probability was reported.
+  EXPECT_EQ(backend.drawn, 12);          // Requests 0 and 2, six tokens each.
+  EXPECT_GE(backend.logit_rows, 12);     // Requests 1 and 3.
+  // Steps where every row is drawn bring no logits back, and the scheduler needs none.
+  backend.drawn = 0;
+  const auto drawn_only = run(*drawing.group, {0, 2});
+  EXPECT_EQ(drawn_only.at(0), want.at(0));
+  EXPECT_EQ(drawn_only.at(2), got.at(2));
+  EXPECT_EQ(backend.drawn, 12);
+  EXPECT_GE(backend.steps_without_logits, 6);
+}
 
 // The worker's path for a backend with its own cache: prefill there, copy the prompt's
 // blocks to rows of the host staging area (5 blocks beside a pool of 8), a transport moves
