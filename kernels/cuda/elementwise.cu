@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <cfloat>
 
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
 
@@ -189,6 +191,27 @@ absl::Status argmax(const float* logits, int64_t stride, int64_t rows, int64_t v
   argmaxKernel<<<static_cast<unsigned>(rows), kArgmaxThreads, 0, stream>>>(logits, stride, vocab,
                                                                            ids);
   return launchStatus("argmax");
+}
+
+absl::Status joinColumnSlices(const float* slices, std::span<const int64_t> widths,
+                              int64_t slice_rows, int64_t rows, float* out, cudaStream_t stream) {
+  if (rows > slice_rows)
+    return absl::InvalidArgumentError(
+        absl::StrCat("joinColumnSlices: ", rows, " rows of slices holding ", slice_rows));
+  int64_t stride = 0;
+  for (int64_t w : widths) stride += w;
+  int64_t offset = 0, column = 0;
+  for (int64_t w : widths) {
+    if (rows > 0 && w > 0)
+      CLEAVE_RETURN_IF_ERROR(
+          cudaStatus(cudaMemcpy2DAsync(out + column, stride * sizeof(float), slices + offset,
+                                       w * sizeof(float), w * sizeof(float), rows,
+                                       cudaMemcpyDeviceToDevice, stream),
+                     "joining column slices"));
+    offset += slice_rows * w;
+    column += w;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace cleave::cuda

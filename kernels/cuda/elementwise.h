@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 #include "absl/status/status.h"
 
@@ -53,6 +54,13 @@ absl::Status embedShard(const int32_t* ids, int64_t tokens, const __nv_bfloat16*
 // ids[r] = the index of the largest logits[r][i], the lowest index among equals.
 absl::Status argmax(const float* logits, int64_t stride, int64_t rows, int64_t vocab, int32_t* ids,
                     cudaStream_t stream);
+
+// Slices of columns laid one after another, slice k holding `slice_rows` rows of widths[k]
+// columns (what an all-gather of vocabulary-parallel logits leaves), put side by side:
+// out[r][w_0 + ... + w_{k-1} + i] = slice k's [r][i] for the first `rows` rows (rows <=
+// slice_rows); out's stride is the widths' sum. float data; out must not overlap slices.
+absl::Status joinColumnSlices(const float* slices, std::span<const int64_t> widths,
+                              int64_t slice_rows, int64_t rows, float* out, cudaStream_t stream);
 
 // data[i] = uniform in [low, high) from a hash of (seed, i), rounded to bf16: random
 // weights for benchmarks without host traffic.

@@ -1,7 +1,8 @@
 // The GPU's per-token ops against the CPU backend on the same bf16 inputs: RMSNorm (with
 // and without the residual add, and as per-head q/k norm), SiLU-and-mul, RoPE with the
-// KV-cache write in both pairings, embedding lookup and argmax.
+// KV-cache write in both pairings, embedding lookup, argmax, and joining column slices.
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -244,6 +245,33 @@ TEST(ArgmaxTest, FindsTheFirstLargest) {
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
   EXPECT_EQ(dids.copyToHost(), want);
   EXPECT_EQ(want[2], 30000);
+}
+
+// Three slices of 4 rows (7, 1 and 12 columns), the first 3 rows joined side by side, as
+// tensor-parallel logits are put back in vocabulary order; the output starts as NaN.
+TEST(JoinColumnSlicesTest, PutsEachSlicesColumnsInPlace) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const std::vector<int64_t> widths = {7, 1, 12};
+  const int64_t slice_rows = 4, rows = 3, stride = 20;
+  std::vector<float> slices(slice_rows * stride);
+  for (float& v : slices) v = dist(rng);
+  std::vector<float> want(rows * stride);
+  int64_t offset = 0, column = 0;
+  for (int64_t w : widths) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < w; ++i) want[r * stride + column + i] = slices[offset + r * w + i];
+    offset += slice_rows * w;
+    column += w;
+  }
+  DeviceBuffer<float> dslices(slices);
+  DeviceBuffer<float> dout(std::vector<float>(rows * stride, std::nanf("")));
+  ASSERT_TRUE(joinColumnSlices(dslices.get(), widths, slice_rows, rows, dout.get(), nullptr).ok());
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(dout.copyToHost(), want);
+  EXPECT_EQ(joinColumnSlices(dslices.get(), widths, 2, 3, dout.get(), nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

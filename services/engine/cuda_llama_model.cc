@@ -107,6 +107,7 @@ struct CudaLlamaModel::State {
   // rank's row count (the logits' all-gather); null comm for a group of one.
   NcclCommunicator* comm = nullptr;
   int64_t vocab_begin = 0, vocab_rows = 0;
+  int shard_rank = 0;  // rank 0 returns a step's results
   std::vector<int64_t> rank_vocab_rows;
   int64_t max_blocks_per_seq = 0;
   int64_t kv_blocks = 0;  // usable; block kv_blocks is the padding rows' scratch block
@@ -133,7 +134,7 @@ struct CudaLlamaModel::State {
   bf16* last = nullptr;       // [max_sequences][hidden]
   float* logits = nullptr;    // [max_sequences][vocab_rows]
   float* gathered = nullptr;  // TP: every rank's logits, rank-major [rank][sequences][rows]
-  float* ordered = nullptr;   // TP: the gathered logits in place, [max_sequences][vocab]
+  float* ordered = nullptr;   // TP, rank 0: the gathered logits in vocabulary order
   cuda::SamplingRow* draws = nullptr;  // [max_sequences]: how each row is drawn
   int32_t* drawn = nullptr;            // [max_sequences]: the drawn tokens
   void* attention_workspace = nullptr;
@@ -278,7 +279,7 @@ struct CudaLlamaModel::State {
     logits = arena.take<float>(options.max_sequences * vocab_rows);
     if (rank_vocab_rows.size() > 1) {
       gathered = arena.take<float>(options.max_sequences * vocab);
-      ordered = arena.take<float>(options.max_sequences * vocab);
+      if (shard_rank == 0) ordered = arena.take<float>(options.max_sequences * vocab);
     }
     draws = arena.take<cuda::SamplingRow>(options.max_sequences);
     drawn = arena.take<int32_t>(options.max_sequences);
@@ -363,6 +364,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.vocab = c.vocab_size;
   s.comm = dims.shard.size > 1 ? options.comm : nullptr;
   s.vocab_begin = dims.vocab.begin;
+  s.shard_rank = dims.shard.rank;
   s.vocab_rows = dims.vocab.size;
   for (int r = 0; r < dims.shard.size; ++r) {
     CLEAVE_ASSIGN_OR_RETURN(ShardDims other, planShard(c, {.rank = r, .size = dims.shard.size}));
@@ -1157,7 +1159,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
       cudaMemcpyAsync(s.meta, m, s.metaCount() * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
       "copying step metadata"));
   CLEAVE_RETURN_IF_ERROR(s.run(tokens, rows, decode));
-  if (s.comm != nullptr && s.comm->rank() != 0) {  // Rank 0 returns the group's results.
+  if (s.comm != nullptr && s.shard_rank != 0) {  // Rank 0 returns the group's results.
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
     return StepOutput{};
   }
@@ -1167,22 +1169,6 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
 absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOutput> outputs,
                                                           int64_t sequences, int64_t rows) {
   State& s = *this;
-  // Logits [sequences][vocab]: under tensor parallelism the gathered ones are every rank's
-  // [rows][its vocabulary rows], rank after rank; each rank's columns go into place.
-  const float* logits = s.logits;
-  if (s.comm != nullptr) {
-    int64_t offset = 0, column = 0;
-    for (int64_t part : s.rank_vocab_rows) {
-      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-          cudaMemcpy2DAsync(s.ordered + column, s.vocab * sizeof(float), s.gathered + offset,
-                            part * sizeof(float), part * sizeof(float), sequences,
-                            cudaMemcpyDeviceToDevice, s.stream),
-          "ordering the gathered logits"));
-      offset += rows * part;
-      column += part;
-    }
-    logits = s.ordered;
-  }
   bool want_logits = false, draw = false;
   for (int64_t q = 0; q < sequences; ++q) {
     const RowOutput& out = outputs[q];
@@ -1196,6 +1182,18 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
                        .min_p = d.min_p,
                        .seed = d.seed,
                        .index = d.index};
+  }
+  if (!want_logits && !draw) {  // Prompt chunks that are not their prompt's last.
+    CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
+    return StepOutput{};
+  }
+  // Logits [sequences][vocab]: under tensor parallelism the gathered ones are every rank's
+  // [rows][its vocabulary rows], rank after rank, put back in vocabulary order first.
+  const float* logits = s.logits;
+  if (s.comm != nullptr) {
+    CLEAVE_RETURN_IF_ERROR(cuda::joinColumnSlices(s.gathered, s.rank_vocab_rows, rows, sequences,
+                                                  s.ordered, s.stream));
+    logits = s.ordered;
   }
   if (draw) {
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(

@@ -536,7 +536,7 @@ TEST(CudaLlamaModelTest, DrawsOnTheGpuWhatTheLogitsSay) {
   for (const auto& b : blocks) prefill.push_back({prompt, 0, b});
   ASSERT_TRUE((*m)->forward(prefill).ok());
   std::vector<std::vector<uint32_t>> next = {{7}, {8}, {9}};
-  for (int step = 0; step < 4; ++step) {  // eager, then captured, then replayed
+  for (int step = 0; step < 4; ++step) {  // step 0: eager, then captured; later: replayed
     SCOPED_TRACE(step);
     std::vector<SequenceChunk> decode;
     for (int q = 0; q < 3; ++q) decode.push_back({next[q], 4 + step, blocks[q]});
@@ -571,6 +571,15 @@ TEST(CudaLlamaModelTest, DrawsOnTheGpuWhatTheLogitsSay) {
     ASSERT_TRUE(again.ok()) << again.status();
     EXPECT_TRUE(again->logits.empty());
     EXPECT_EQ(std::vector<int32_t>(again->tokens.begin(), again->tokens.end()), tokens);
+    // Rows of each kind in one step: drawn only, logits only, both. Logits come back for
+    // every row, as the first call's; the drawn rows draw what they drew then.
+    std::vector<RowOutput> mixed = {drawn_only[0], {.logits = true}, rows[2]};
+    auto kinds = (*m)->forwardAndDraw(decode, mixed);
+    ASSERT_TRUE(kinds.ok()) << kinds.status();
+    EXPECT_EQ(std::vector<float>(kinds->logits.begin(), kinds->logits.end()), logits);
+    ASSERT_EQ(kinds->tokens.size(), 3u);
+    EXPECT_EQ(kinds->tokens[0], tokens[0]);
+    EXPECT_EQ(kinds->tokens[2], tokens[2]);
     for (int q = 0; q < 3; ++q) next[q] = {static_cast<uint32_t>(tokens[q])};
   }
   std::vector<RowOutput> too_few(2);

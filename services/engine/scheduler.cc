@@ -326,6 +326,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
       sampled.token = static_cast<uint32_t>(step.tokens[i]);
       seq.sampler->observe(sampled.token);
     } else {
+      if (step.logits.size() < (i + 1) * vocab)
+        return absl::InternalError("the model returned no logits for a row that needs them");
       sampled = seq.sampler->sample(step.logits.subspan(i * vocab, vocab));
     }
     seq.tokens.push_back(sampled.token);

@@ -469,8 +469,8 @@ TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
                                    {.temperature = 0.8f, .seed = 3},  // drawn: the rule
                                    {.logprobs = 2}};                  // host: logprobs
   // Each request's tokens, and its log-probabilities where it asked for them.
-  auto run = [&](TpGroup& model, std::vector<int> which) {
-    Scheduler scheduler(model, nullptr, {.max_batch_tokens = 64, .max_sequences = 4});
+  auto run = [&](TpGroup& model, std::vector<int> which, int64_t budget = 64) {
+    Scheduler scheduler(model, nullptr, {.max_batch_tokens = budget, .max_sequences = 4});
     for (int r : which)
       EXPECT_TRUE(scheduler
                       .add({.id = static_cast<uint64_t>(r),
@@ -509,6 +509,30 @@ TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
   EXPECT_EQ(drawn_only.at(2), got.at(2));
   EXPECT_EQ(backend.drawn, 12);
   EXPECT_GE(backend.steps_without_logits, 6);
+  // Prompts prefilled 4 tokens a step: only the chunk that ends a prompt is drawn.
+  backend.drawn = 0;
+  const auto chunked = run(*drawing.group, {0, 2}, 4);
+  EXPECT_EQ(chunked.at(0), want.at(0));
+  EXPECT_EQ(chunked.at(2), got.at(2));
+  EXPECT_EQ(backend.drawn, 12);
+  // A sequence continuing from a first token drawn elsewhere draws its second token next.
+  Scheduler decoder(*drawing.group, nullptr, {.max_sequences = 4});
+  GenerationRequest request{
+      .id = 7, .prompt = prompts[2], .sampling = kinds[2], .stop = {.max_new_tokens = 4}};
+  ASSERT_TRUE(decoder.reserve(7, 1).ok());
+  ASSERT_TRUE(decoder.addPrefill(request).ok());
+  auto first = decoder.step();
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->size(), 1u);
+  EXPECT_EQ((*first)[0].token, 3u % vocab);
+  ASSERT_TRUE(decoder.startDecode(request, (*first)[0].token).ok());
+  std::vector<uint32_t> rest;
+  for (int step = 0; step < 10 && !decoder.idle(); ++step) {
+    auto events = decoder.step();
+    ASSERT_TRUE(events.ok()) << events.status();
+    for (const TokenEvent& e : *events) rest.push_back(e.token);
+  }
+  EXPECT_EQ(rest, (std::vector<uint32_t>{4 % vocab, 5 % vocab, 6 % vocab}));
 }
 
 // The worker's path for a backend with its own cache: prefill there, copy the prompt's
