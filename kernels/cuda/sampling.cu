@@ -173,7 +173,35 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// One block per row.
+__global__ void penaltiesKernel(float* logits, int64_t stride, int vocab,
+                                const PenaltyRow* penalties, const SeenToken* seen) {
+  const PenaltyRow p = penalties[blockIdx.x];
+  float* row = logits + blockIdx.x * stride;
+  for (int i = threadIdx.x; i < p.size; i += blockDim.x) {
+    const SeenToken t = seen[p.begin + i];
+    if (t.token < 0 || t.token >= vocab) continue;
+    float x = row[t.token];
+    if (p.repetition != 1.0f)
+      x = x > 0.0f ? __fdiv_rn(x, p.repetition) : __fmul_rn(x, p.repetition);
+    if (t.count > 0)
+      x = __fsub_rn(x, __fadd_rn(p.presence, __fmul_rn(p.frequency, static_cast<float>(t.count))));
+    row[t.token] = x;
+  }
+}
+
 }  // namespace
+
+absl::Status applyPenalties(float* logits, int64_t stride, int64_t rows, int64_t vocab,
+                            const PenaltyRow* penalties, const SeenToken* seen,
+                            cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  if (vocab < 1 || vocab > INT32_MAX)
+    return absl::InvalidArgumentError("applyPenalties: vocab must be in [1, 2^31)");
+  penaltiesKernel<<<static_cast<unsigned>(rows), 256, 0, stream>>>(
+      logits, stride, static_cast<int>(vocab), penalties, seen);
+  return launchStatus("apply penalties");
+}
 
 absl::Status sampleTokens(const float* logits, int64_t stride, int64_t rows, int64_t vocab,
                           const SamplingRow* params, int32_t* ids, cudaStream_t stream) {

@@ -6,7 +6,7 @@
 //
 // Row r draws with a generator keyed by (seed, index): the same key gives the same token.
 // The generator is not the CPU sampler's, so the GPU's draws are its own. Penalties
-// (repetition, presence, frequency) are applied to the logits before, by the caller.
+// (repetition, presence, frequency) are applied to the logits before (applyPenalties).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,6 +25,31 @@ struct SamplingRow {
   uint64_t seed = 0;
   uint64_t index = 0;  // which draw of the sequence (its output token count)
 };
+
+// A token a sequence has seen: `count` times in its output (0: only in its prompt).
+struct SeenToken {
+  int32_t token = 0;
+  int32_t count = 0;
+};
+
+// The sampler's penalties of one row, over its seen tokens seen[begin, begin + size) (each
+// token at most once).
+struct PenaltyRow {
+  float repetition = 1.0f;  // > 0; 1: off
+  float presence = 0.0f;
+  float frequency = 0.0f;
+  int32_t begin = 0;
+  int32_t size = 0;
+};
+
+// In place, for each row r < rows of logits [rows][vocab] (row stride `stride`) and each
+// seen token t of its penalties[r] (device memory, as `seen`), in the CPU sampler's order and
+// float arithmetic: x = logits[r][t]; a repetition penalty divides a positive x by it and
+// multiplies a negative one; then x -= presence + frequency x count for a token in the
+// output. Tokens outside [0, vocab) are skipped.
+absl::Status applyPenalties(float* logits, int64_t stride, int64_t rows, int64_t vocab,
+                            const PenaltyRow* penalties, const SeenToken* seen,
+                            cudaStream_t stream);
 
 // ids[r] for rows r < rows of logits [rows][vocab] (row stride `stride`); `params` is
 // device memory, one SamplingRow per row.

@@ -1,13 +1,15 @@
 // The GPU sampler: greedy equals argmax; draws follow softmax(logits / temperature)
 // restricted by top_k, top_p and min_p (frequencies over many draws against the
 // probabilities computed here in double, within 5 sigma); nothing outside the kept set is
-// ever drawn on a full-size vocabulary; the same (seed, index) gives the same token.
+// ever drawn on a full-size vocabulary; the same (seed, index) gives the same token; the
+// penalties change exactly the seen tokens, as their definition does.
 #include "kernels/cuda/sampling.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <set>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -143,6 +145,60 @@ TEST(SamplingTest, GreedyAndSeededDrawsOnAFullVocabulary) {
   }
   for (SamplingRow& p : params) p.index += 1;
   EXPECT_NE(draw(logits, vocab, params), first) << "the next draw index changes something";
+}
+
+// Penalties on four rows of a full-size vocabulary, each with its own settings and seen
+// tokens (one outside the vocabulary, skipped), against their definition computed here in
+// the same float operations: every logit equal, bit for bit; unseen ones untouched.
+TEST(SamplingTest, PenaltiesChangeExactlyTheSeenTokens) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  const int64_t rows = 4, vocab = 49152 + 5, stride = vocab + 3;
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> logits(rows * stride);
+  for (float& v : logits) v = dist(rng);
+  const PenaltyRow settings[rows] = {{.repetition = 1.3f},
+                                     {.presence = 0.7f, .frequency = 0.25f},
+                                     {.repetition = 0.8f, .presence = -0.5f, .frequency = 1.5f},
+                                     {}};  // no penalty, no seen tokens
+  std::vector<PenaltyRow> penalties;
+  std::vector<SeenToken> seen;
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab) - 1), count(0, 4);
+  for (int64_t r = 0; r < rows; ++r) {
+    PenaltyRow p = settings[r];
+    p.begin = static_cast<int32_t>(seen.size());
+    std::set<int32_t> distinct;
+    if (r < 3)
+      while (distinct.size() < 300) distinct.insert(token(rng));
+    for (int32_t t : distinct) seen.push_back({.token = t, .count = count(rng)});
+    if (r == 0) seen.push_back({.token = static_cast<int32_t>(vocab) + 2, .count = 1});
+    p.size = static_cast<int32_t>(seen.size()) - p.begin;
+    penalties.push_back(p);
+  }
+  std::vector<float> want = logits;
+  for (int64_t r = 0; r < rows; ++r) {
+    const PenaltyRow& p = penalties[r];
+    for (int32_t i = p.begin; i < p.begin + p.size; ++i) {
+      if (seen[i].token >= vocab) continue;
+      float& x = want[r * stride + seen[i].token];
+      if (p.repetition != 1.0f) x = x > 0.0f ? x / p.repetition : x * p.repetition;
+      if (seen[i].count > 0) x -= p.presence + p.frequency * static_cast<float>(seen[i].count);
+    }
+  }
+  DeviceBuffer<float> dlogits(logits);
+  DeviceBuffer<PenaltyRow> dpenalties(penalties);
+  DeviceBuffer<SeenToken> dseen(seen);
+  ASSERT_TRUE(
+      applyPenalties(dlogits.get(), stride, rows, vocab, dpenalties.get(), dseen.get(), nullptr)
+          .ok());
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const std::vector<float> got = dlogits.copyToHost();
+  int64_t changed = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i], want[i]) << "row " << i / stride << " token " << i % stride;
+    changed += got[i] != logits[i];
+  }
+  EXPECT_GT(changed, 750);  // Rows 0 and 2: 300 each; row 1: those seen in the output.
 }
 
 }  // namespace

@@ -135,8 +135,12 @@ struct CudaLlamaModel::State {
   float* logits = nullptr;    // [max_sequences][vocab_rows]
   float* gathered = nullptr;  // TP: every rank's logits, rank-major [rank][sequences][rows]
   float* ordered = nullptr;   // TP, rank 0: the gathered logits in vocabulary order
-  cuda::SamplingRow* draws = nullptr;  // [max_sequences]: how each row is drawn
-  int32_t* drawn = nullptr;            // [max_sequences]: the drawn tokens
+  cuda::SamplingRow* draws = nullptr;     // [max_sequences]: how each row is drawn
+  int32_t* drawn = nullptr;               // [max_sequences]: the drawn tokens
+  cuda::PenaltyRow* penalties = nullptr;  // [max_sequences]
+  cuda::SeenToken* seen = nullptr;        // [seen_capacity]: the penalized rows' seen tokens
+  // Seen tokens of one step: a row's are distinct and fewer than its positions.
+  int64_t seen_capacity = 0;
   void* attention_workspace = nullptr;
   void* quantized = nullptr;  // the activations of a quantized dense product, quantized
   int64_t quantized_bytes = 0;
@@ -145,9 +149,11 @@ struct CudaLlamaModel::State {
 
   int32_t* host_meta = nullptr;  // pinned
   float* host_logits = nullptr;  // pinned
-  // Pinned: [max_sequences] SamplingRow, then [max_sequences] drawn tokens.
+  // One pinned allocation, as their device twins: draws, penalties, drawn tokens, seen.
   cuda::SamplingRow* host_draws = nullptr;
+  cuda::PenaltyRow* host_penalties = nullptr;
   int32_t* host_drawn = nullptr;
+  cuda::SeenToken* host_seen = nullptr;
   void* pinned_rows = nullptr;  // host KV rows copyKv registered (page-locked), if any
   void* pin_tried = nullptr;    // the host rows copyKv last tried to lock
   cudaStream_t stream = nullptr;
@@ -283,6 +289,9 @@ struct CudaLlamaModel::State {
     }
     draws = arena.take<cuda::SamplingRow>(options.max_sequences);
     drawn = arena.take<int32_t>(options.max_sequences);
+    penalties = arena.take<cuda::PenaltyRow>(options.max_sequences);
+    seen_capacity = options.max_sequences * std::min<int64_t>(options.max_context, vocab);
+    seen = arena.take<cuda::SeenToken>(seen_capacity);
     attention_workspace = arena.take<uint8_t>(
         static_cast<int64_t>(std::max(decode_plan.workspace_bytes, mla_plan.workspace_bytes)));
     meta = arena.take<int32_t>(metaCount());
@@ -460,12 +469,15 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
       cuda::cudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_logits),
                                       s.options.max_sequences * s.vocab * sizeof(float)),
                        "pinned logits"));
-  const int64_t draw_bytes = s.options.max_sequences * sizeof(cuda::SamplingRow);
+  const int64_t rows_bytes = s.options.max_sequences * (sizeof(cuda::SamplingRow) +
+                                                        sizeof(cuda::PenaltyRow) + sizeof(int32_t));
   CLEAVE_RETURN_IF_ERROR(
       cuda::cudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_draws),
-                                      draw_bytes + s.options.max_sequences * sizeof(int32_t)),
+                                      rows_bytes + s.seen_capacity * sizeof(cuda::SeenToken)),
                        "pinned draws"));
-  s.host_drawn = reinterpret_cast<int32_t*>(reinterpret_cast<uint8_t*>(s.host_draws) + draw_bytes);
+  s.host_penalties = reinterpret_cast<cuda::PenaltyRow*>(s.host_draws + s.options.max_sequences);
+  s.host_drawn = reinterpret_cast<int32_t*>(s.host_penalties + s.options.max_sequences);
+  s.host_seen = reinterpret_cast<cuda::SeenToken*>(s.host_drawn + s.options.max_sequences);
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "creating a stream"));
   CLEAVE_ASSIGN_OR_RETURN(s.gemm, cuda::Gemm::create());
@@ -1170,6 +1182,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
                                                           int64_t sequences, int64_t rows) {
   State& s = *this;
   bool want_logits = false, draw = false;
+  int64_t seen_count = 0;  // Seen tokens of the penalized rows, row after row.
   for (int64_t q = 0; q < sequences; ++q) {
     const RowOutput& out = outputs[q];
     want_logits = want_logits || out.logits;
@@ -1182,6 +1195,18 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
                        .min_p = d.min_p,
                        .seed = d.seed,
                        .index = d.index};
+    const int64_t size = static_cast<int64_t>(d.seen.size());
+    if (seen_count + size > s.seen_capacity)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the step's rows have seen ", seen_count + size, " tokens, past the model's room for ",
+          s.seen_capacity, " (max_sequences x max_context)"));
+    s.host_penalties[q] = {.repetition = d.repetition_penalty,
+                           .presence = d.presence_penalty,
+                           .frequency = d.frequency_penalty,
+                           .begin = static_cast<int32_t>(seen_count),
+                           .size = static_cast<int32_t>(size)};
+    for (const SeenToken& t : d.seen)
+      s.host_seen[seen_count++] = {.token = static_cast<int32_t>(t.token), .count = t.count};
   }
   if (!want_logits && !draw) {  // Prompt chunks that are not their prompt's last.
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
@@ -1189,13 +1214,32 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
   }
   // Logits [sequences][vocab]: under tensor parallelism the gathered ones are every rank's
   // [rows][its vocabulary rows], rank after rank, put back in vocabulary order first.
-  const float* logits = s.logits;
+  float* logits = s.logits;
   if (s.comm != nullptr) {
     CLEAVE_RETURN_IF_ERROR(cuda::joinColumnSlices(s.gathered, s.rank_vocab_rows, rows, sequences,
                                                   s.ordered, s.stream));
     logits = s.ordered;
   }
+  // The model's logits go back before the penalties change the drawn rows' in place.
+  if (want_logits) {
+    CLEAVE_RETURN_IF_ERROR(
+        cuda::cudaStatus(cudaMemcpyAsync(s.host_logits, logits, sequences * s.vocab * sizeof(float),
+                                         cudaMemcpyDeviceToHost, s.stream),
+                         "copying logits"));
+  }
   if (draw) {
+    if (seen_count > 0) {
+      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+          cudaMemcpyAsync(s.penalties, s.host_penalties, sequences * sizeof(cuda::PenaltyRow),
+                          cudaMemcpyHostToDevice, s.stream),
+          "copying the penalties"));
+      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+          cudaMemcpyAsync(s.seen, s.host_seen, seen_count * sizeof(cuda::SeenToken),
+                          cudaMemcpyHostToDevice, s.stream),
+          "copying the seen tokens"));
+      CLEAVE_RETURN_IF_ERROR(
+          cuda::applyPenalties(logits, s.vocab, sequences, s.vocab, s.penalties, s.seen, s.stream));
+    }
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
         cudaMemcpyAsync(s.draws, s.host_draws, sequences * sizeof(cuda::SamplingRow),
                         cudaMemcpyHostToDevice, s.stream),
@@ -1206,12 +1250,6 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
         cuda::cudaStatus(cudaMemcpyAsync(s.host_drawn, s.drawn, sequences * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, s.stream),
                          "copying the drawn tokens"));
-  }
-  if (want_logits) {
-    CLEAVE_RETURN_IF_ERROR(
-        cuda::cudaStatus(cudaMemcpyAsync(s.host_logits, logits, sequences * s.vocab * sizeof(float),
-                                         cudaMemcpyDeviceToHost, s.stream),
-                         "copying logits"));
   }
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
   StepOutput result;

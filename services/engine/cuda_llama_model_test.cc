@@ -28,6 +28,7 @@
 #include "services/engine/kv_storage.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/llama_weights.h"
+#include "services/engine/sampler.h"
 #include "services/engine/tp_group.h"
 
 namespace cleave::engine {
@@ -521,8 +522,9 @@ TEST(CudaLlamaModelTest, GraphReplayEqualsEagerSteps) {
 
 // Tokens drawn on the GPU against the logits of the same step: greedy rows take the lowest
 // index of the largest logit, top_k = 1 is greedy at any temperature, a top_k = 4 draw is
-// one of the four largest, and the same (seed, index) draws the same token again. Logits
-// come back only when a row asks for them.
+// one of the four largest, the same (seed, index) draws the same token again, and a
+// penalized greedy row draws the CPU sampler's token. Logits come back only when a row asks
+// for them, unpenalized.
 TEST(CudaLlamaModelTest, DrawsOnTheGpuWhatTheLogitsSay) {
   CLEAVE_REQUIRE_GPU();
   auto weights = loadLlama(goldenDir() + "/engine/hf/smollm2_like_f32");
@@ -582,6 +584,32 @@ TEST(CudaLlamaModelTest, DrawsOnTheGpuWhatTheLogitsSay) {
     EXPECT_EQ(kinds->tokens[2], tokens[2]);
     for (int q = 0; q < 3; ++q) next[q] = {static_cast<uint32_t>(tokens[q])};
   }
+  // A penalized greedy row drawn on the GPU takes the CPU sampler's token for the same
+  // logits (the logits copied back are the model's, before the penalties).
+  std::vector<SequenceChunk> step = {
+      {next[0], 8, blocks[0]}, {next[1], 8, blocks[1]}, {next[2], 8, blocks[2]}};
+  auto plain = (*m)->forward(step);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::vector<float> raw(plain->begin(), plain->end());
+  const int64_t vocab = (*weights)->config.vocab_size;
+  Sampler penalized(
+      {.repetition_penalty = 1.5f, .presence_penalty = 2.0f, .frequency_penalty = 1.0f}, prompt);
+  // Its output so far: the top three tokens of this step, so the penalties decide.
+  std::vector<int32_t> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 3, order.end(),
+                    [&](int32_t a, int32_t b) { return raw[a] > raw[b]; });
+  for (int32_t t : {order[0], order[0], order[1], order[2]})
+    penalized.observe(static_cast<uint32_t>(t));
+  std::vector<RowOutput> with_penalties = {
+      {.logits = true, .draw = penalized.deviceDraw()}, {.logits = true}, {.logits = true}};
+  auto out = (*m)->forwardAndDraw(step, with_penalties);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(std::vector<float>(out->logits.begin(), out->logits.end()), raw);
+  const SampledToken want = penalized.sample(std::span<const float>(raw).first(vocab));
+  EXPECT_NE(want.token, static_cast<uint32_t>(order[0]));  // The penalties moved it.
+  EXPECT_EQ(out->tokens[0], static_cast<int32_t>(want.token));
+
   std::vector<RowOutput> too_few(2);
   std::vector<SequenceChunk> one = {
       {next[0], 8, blocks[0]}, {next[1], 8, blocks[1]}, {next[2], 8, blocks[2]}};

@@ -49,16 +49,33 @@ void Sampler::observe(uint32_t token) {
   ++index_;
 }
 
-std::optional<DeviceDraw> Sampler::deviceDraw() const {
-  if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-      params_.frequency_penalty != 0.0f || params_.logprobs >= 0)
-    return std::nullopt;
+std::optional<DeviceDraw> Sampler::deviceDraw() {
+  if (params_.logprobs >= 0) return std::nullopt;
+  seen_.clear();
+  if (params_.repetition_penalty != 1.0f) {
+    // Every prompt token, then the output tokens the prompt does not hold.
+    for (uint32_t t : prompt_tokens_) {
+      const auto out = output_counts_.find(t);
+      seen_.push_back({.token = t, .count = out == output_counts_.end() ? 0 : out->second});
+    }
+    if (!output_counts_.empty()) {
+      const std::unordered_set<uint32_t> prompt(prompt_tokens_.begin(), prompt_tokens_.end());
+      for (const auto& [t, count] : output_counts_)
+        if (!prompt.contains(t)) seen_.push_back({.token = t, .count = count});
+    }
+  } else if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    for (const auto& [t, count] : output_counts_) seen_.push_back({.token = t, .count = count});
+  }
   return DeviceDraw{.temperature = params_.temperature,
                     .top_k = params_.top_k,
                     .top_p = params_.top_p,
                     .min_p = params_.min_p,
                     .seed = params_.seed,
-                    .index = index_};
+                    .index = index_,
+                    .repetition_penalty = params_.repetition_penalty,
+                    .presence_penalty = params_.presence_penalty,
+                    .frequency_penalty = params_.frequency_penalty,
+                    .seen = seen_};
 }
 
 SampledToken Sampler::sample(std::span<const float> logits) {

@@ -41,10 +41,17 @@ struct SamplingParams {
 // OK, or InvalidArgument naming the field and its allowed range.
 absl::Status validateSamplingParams(const SamplingParams& params);
 
+// A token a sequence has seen: `count` times in its output (0: only in its prompt).
+struct SeenToken {
+  uint32_t token = 0;
+  int32_t count = 0;
+};
+
 // A next token drawn by the step's backend instead (on the GPU, sampling.h): the same
-// truncations in the same order, but no penalties, no log-probabilities, and the backend's
-// own generator keyed by (seed, index), so a seeded draw differs from the CPU's (greedy
-// does not: both take the lowest index of the largest logit).
+// penalties and truncations in the same order and float arithmetic, but no
+// log-probabilities, and the backend's own generator keyed by (seed, index), so a seeded
+// draw differs from the CPU's (greedy does not: both take the lowest index of the largest
+// penalized logit).
 struct DeviceDraw {
   float temperature = 0.0f;
   int32_t top_k = 0;
@@ -52,6 +59,12 @@ struct DeviceDraw {
   float min_p = 0.0f;
   uint64_t seed = 0;
   uint64_t index = 0;  // Output tokens drawn before this one.
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  // The tokens the penalties touch, each once (empty without penalties): prompt tokens
+  // (for the repetition penalty) and output tokens with their counts.
+  std::span<const SeenToken> seen;
 };
 
 struct SampledToken {
@@ -71,14 +84,16 @@ class Sampler {
   // elsewhere): it counts for the penalties and advances the draw index.
   void observe(uint32_t token);
   // The next token as a backend may draw it, when nothing needs the logits on the host (no
-  // penalties, no log-probabilities); empty otherwise. observe() the token it draws.
-  std::optional<DeviceDraw> deviceDraw() const;
+  // log-probabilities); empty otherwise. observe() the token it draws. `seen` points into
+  // the sampler, valid until its next call.
+  std::optional<DeviceDraw> deviceDraw();
 
  private:
   SamplingParams params_;
   uint64_t index_ = 0;  // Output tokens so far.
   std::unordered_map<uint32_t, int32_t> output_counts_;
   std::vector<uint32_t> prompt_tokens_;  // Distinct prompt tokens.
+  std::vector<SeenToken> seen_;          // deviceDraw()'s.
   std::vector<float> scratch_;
   std::vector<uint32_t> order_;
 };

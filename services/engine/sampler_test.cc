@@ -111,7 +111,7 @@ TEST(SamplerTest, PenaltiesFollowTheirDefinitions) {
   EXPECT_EQ(pushed.sample(negative).token, 1u);
 }
 
-TEST(SamplerTest, OnlyARowWithoutPenaltiesOrLogprobsIsDrawnByTheBackend) {
+TEST(SamplerTest, TheBackendDrawsEveryRowWithoutLogprobs) {
   Sampler plain({.temperature = 0.7f, .top_k = 5, .top_p = 0.9f, .min_p = 0.05f, .seed = 11},
                 std::vector<uint32_t>{3});
   std::optional<DeviceDraw> draw = plain.deviceDraw();
@@ -122,16 +122,31 @@ TEST(SamplerTest, OnlyARowWithoutPenaltiesOrLogprobsIsDrawnByTheBackend) {
   EXPECT_EQ(draw->min_p, 0.05f);
   EXPECT_EQ(draw->seed, 11u);
   EXPECT_EQ(draw->index, 0u);
+  EXPECT_TRUE(draw->seen.empty());  // No penalty: nothing to touch.
   // Observed tokens (drawn elsewhere) and sampled ones both advance the draw index.
   plain.observe(4);
   std::mt19937 rng(5);
   plain.sample(randomLogits(10, rng));
   EXPECT_EQ(plain.deviceDraw()->index, 2u);
-  for (const SamplingParams& host_only :
-       {SamplingParams{.repetition_penalty = 1.1f}, SamplingParams{.presence_penalty = 0.5f},
-        SamplingParams{.frequency_penalty = -0.5f}, SamplingParams{.logprobs = 0}}) {
-    EXPECT_FALSE(Sampler(host_only, {}).deviceDraw().has_value());
-  }
+  EXPECT_FALSE(Sampler({.logprobs = 0}, {}).deviceDraw().has_value());
+
+  // Penalties: the seen tokens, each once, with their output counts.
+  auto seen = [](Sampler& sampler) {
+    std::map<uint32_t, int32_t> out;
+    const DeviceDraw d = *sampler.deviceDraw();
+    for (const SeenToken& t : d.seen) EXPECT_TRUE(out.emplace(t.token, t.count).second);
+    return out;
+  };
+  const std::vector<uint32_t> prompt = {5, 6, 5};
+  Sampler repetition({.repetition_penalty = 1.2f, .presence_penalty = 0.5f}, prompt);
+  for (uint32_t t : {6u, 9u, 9u}) repetition.observe(t);
+  EXPECT_EQ(seen(repetition), (std::map<uint32_t, int32_t>{{5, 0}, {6, 1}, {9, 2}}));
+  EXPECT_EQ(repetition.deviceDraw()->repetition_penalty, 1.2f);
+  EXPECT_EQ(repetition.deviceDraw()->presence_penalty, 0.5f);
+  Sampler frequency({.frequency_penalty = -0.5f}, prompt);  // The prompt does not count.
+  for (uint32_t t : {6u, 7u, 7u}) frequency.observe(t);
+  EXPECT_EQ(seen(frequency), (std::map<uint32_t, int32_t>{{6, 1}, {7, 2}}));
+  EXPECT_EQ(frequency.deviceDraw()->frequency_penalty, -0.5f);
 }
 
 TEST(SamplerTest, InvalidParametersNameTheField) {

@@ -390,8 +390,9 @@ class SeparateCacheBackend : public StepBackend {
 };
 
 // A SeparateCacheBackend that draws tokens itself, as the GPU model does, with a rule of
-// its own that no host sampler follows: greedy rows take the argmax, the others token
-// (seed + index) mod vocab. It counts what it was asked. Test code only.
+// its own that no host sampler follows: greedy rows take the argmax of the penalized
+// logits, the others token (seed + index) mod vocab. It counts what it was asked. Test
+// code only.
 class DrawingBackend final : public SeparateCacheBackend {
  public:
   using SeparateCacheBackend::SeparateCacheBackend;
@@ -407,10 +408,18 @@ class DrawingBackend final : public SeparateCacheBackend {
       logit_rows += rows[i].logits;
       if (!rows[i].draw) continue;
       const DeviceDraw& d = *rows[i].draw;
-      const float* row = logits->data() + i * vocab;
-      tokens_[i] =
-          static_cast<int32_t>(d.temperature == 0.0f ? std::max_element(row, row + vocab) - row
-                                                     : (d.seed + d.index) % vocab);
+      // The penalties by their definition (sampler.h), on a copy of the row.
+      std::vector<float> row(logits->begin() + i * vocab, logits->begin() + (i + 1) * vocab);
+      for (const SeenToken& t : d.seen) {
+        float& x = row[t.token];
+        if (d.repetition_penalty != 1.0f)
+          x = x > 0.0f ? x / d.repetition_penalty : x * d.repetition_penalty;
+        if (t.count > 0)
+          x -= d.presence_penalty + d.frequency_penalty * static_cast<float>(t.count);
+      }
+      tokens_[i] = static_cast<int32_t>(d.temperature == 0.0f
+                                            ? std::max_element(row.begin(), row.end()) - row.begin()
+                                            : (d.seed + d.index) % vocab);
       ++drawn;
     }
     steps_without_logits += !wanted;
@@ -454,9 +463,9 @@ struct SeparateGroup {
   }
 };
 
-// The scheduler takes the tokens a backend draws for rows without penalties or
-// log-probabilities, and samples the others on the host from the logits it asks for only
-// then: greedy rows match the CPU group's tokens, the others follow the backend's rule.
+// The scheduler takes the tokens a backend draws for rows without log-probabilities, and
+// samples the others on the host from the logits it asks for only then: greedy rows (with
+// penalties too) match the CPU group's tokens, the others follow the backend's rule.
 TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
   const std::string path = kHf + "llama_f32";
   std::mt19937 rng(9);
@@ -464,10 +473,11 @@ TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
   std::vector<std::vector<uint32_t>> prompts(4, std::vector<uint32_t>(9));
   for (auto& p : prompts)
     for (uint32_t& t : p) t = token(rng);
-  const SamplingParams kinds[4] = {{},                                // drawn: greedy
-                                   {.repetition_penalty = 1.3f},      // host: penalty
-                                   {.temperature = 0.8f, .seed = 3},  // drawn: the rule
-                                   {.logprobs = 2}};                  // host: logprobs
+  const SamplingParams kinds[4] = {
+      {},  // drawn: greedy
+      {.repetition_penalty = 1.3f, .presence_penalty = 0.4f, .frequency_penalty = 0.3f},
+      {.temperature = 0.8f, .seed = 3},  // drawn: the rule
+      {.logprobs = 2}};                  // host: logprobs
   // Each request's tokens, and its log-probabilities where it asked for them.
   auto run = [&](TpGroup& model, std::vector<int> which, int64_t budget = 64) {
     Scheduler scheduler(model, nullptr, {.max_batch_tokens = budget, .max_sequences = 4});
@@ -500,8 +510,8 @@ TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
   const uint32_t vocab = static_cast<uint32_t>(drawing.group->config().vocab_size);
   for (uint32_t i = 0; i < 6; ++i) EXPECT_EQ(got.at(2)[i].first, (3 + i) % vocab) << i;
   EXPECT_LT(got.at(3)[0].second, 0.0f);  // A log-probability was reported.
-  EXPECT_EQ(backend.drawn, 12);          // Requests 0 and 2, six tokens each.
-  EXPECT_GE(backend.logit_rows, 12);     // Requests 1 and 3.
+  EXPECT_EQ(backend.drawn, 18);          // Requests 0, 1 and 2, six tokens each.
+  EXPECT_EQ(backend.logit_rows, 6);      // Request 3.
   // Steps where every row is drawn bring no logits back, and the scheduler needs none.
   backend.drawn = 0;
   const auto drawn_only = run(*drawing.group, {0, 2});
