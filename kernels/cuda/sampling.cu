@@ -190,7 +190,79 @@ __global__ void penaltiesKernel(float* logits, int64_t stride, int vocab,
   }
 }
 
+constexpr int kLogprobThreads = 256;
+
+// One block per row.
+__global__ void __launch_bounds__(kLogprobThreads)
+    logprobsKernel(const float* logits, int64_t stride, int vocab, const int32_t* counts,
+                   const int32_t* ids, float* chosen, TokenLogprob* top, int64_t max_top) {
+  using MaxReduce = cub::BlockReduce<float, kLogprobThreads>;
+  using PairReduce = cub::BlockReduce<cub::KeyValuePair<int, float>, kLogprobThreads>;
+  __shared__ union {
+    typename MaxReduce::TempStorage reduce;
+    typename PairReduce::TempStorage pair;
+  } temp;
+  __shared__ float shared_value;
+  __shared__ cub::KeyValuePair<int, float> shared_pair;
+  const int n = counts[blockIdx.x];
+  if (n < 0) return;
+  const float* row = logits + blockIdx.x * stride;
+  float local = -FLT_MAX;
+  for (int i = threadIdx.x; i < vocab; i += kLogprobThreads) local = fmaxf(local, row[i]);
+  const float top_value =
+      MaxReduce(temp.reduce).Reduce(local, [](float a, float b) { return fmaxf(a, b); });
+  if (threadIdx.x == 0) shared_value = top_value;
+  __syncthreads();
+  const float peak = shared_value;
+  __syncthreads();
+  float sum = 0.0f;
+  for (int i = threadIdx.x; i < vocab; i += kLogprobThreads) sum += __expf(row[i] - peak);
+  const float total = MaxReduce(temp.reduce).Sum(sum);
+  if (threadIdx.x == 0) shared_value = peak + logf(total);
+  __syncthreads();
+  const float log_total = shared_value;  // log sum exp
+  if (threadIdx.x == 0) chosen[blockIdx.x] = row[ids[blockIdx.x]] - log_total;
+  // The n best in (value descending, token ascending) order, one block-wide pass each.
+  auto better = [](const cub::KeyValuePair<int, float>& a, const cub::KeyValuePair<int, float>& b) {
+    if (a.key < 0) return b;
+    if (b.key < 0) return a;
+    return a.value > b.value || (a.value == b.value && a.key < b.key) ? a : b;
+  };
+  cub::KeyValuePair<int, float> previous(-1, FLT_MAX);
+  for (int k = 0; k < n && k < max_top && k < vocab; ++k) {
+    cub::KeyValuePair<int, float> best(-1, -FLT_MAX);
+    for (int i = threadIdx.x; i < vocab; i += kLogprobThreads) {
+      const float v = row[i];
+      if (isnan(v)) continue;
+      // Only candidates after the previous one in the order.
+      const bool after =
+          previous.key < 0 || v < previous.value || (v == previous.value && i > previous.key);
+      if (after) best = better(best, cub::KeyValuePair<int, float>(i, v));
+    }
+    const cub::KeyValuePair<int, float> winner = PairReduce(temp.pair).Reduce(best, better);
+    if (threadIdx.x == 0) shared_pair = winner;
+    __syncthreads();
+    previous = shared_pair;
+    __syncthreads();
+    if (previous.key < 0) break;  // Nothing left (NaN rows).
+    if (threadIdx.x == 0)
+      top[blockIdx.x * max_top + k] = {.token = previous.key,
+                                       .logprob = previous.value - log_total};
+  }
+}
+
 }  // namespace
+
+absl::Status logSoftmaxAt(const float* logits, int64_t stride, int64_t rows, int64_t vocab,
+                          const int32_t* counts, const int32_t* ids, float* chosen,
+                          TokenLogprob* top, int64_t max_top, cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  if (vocab < 1 || vocab > INT32_MAX)
+    return absl::InvalidArgumentError("logSoftmaxAt: vocab must be in [1, 2^31)");
+  logprobsKernel<<<static_cast<unsigned>(rows), kLogprobThreads, 0, stream>>>(
+      logits, stride, static_cast<int>(vocab), counts, ids, chosen, top, max_top);
+  return launchStatus("log-softmax");
+}
 
 absl::Status applyPenalties(float* logits, int64_t stride, int64_t rows, int64_t vocab,
                             const PenaltyRow* penalties, const SeenToken* seen,

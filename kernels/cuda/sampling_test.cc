@@ -2,7 +2,8 @@
 // restricted by top_k, top_p and min_p (frequencies over many draws against the
 // probabilities computed here in double, within 5 sigma); nothing outside the kept set is
 // ever drawn on a full-size vocabulary; the same (seed, index) gives the same token; the
-// penalties change exactly the seen tokens, as their definition does.
+// penalties change exactly the seen tokens, as their definition does; log-probabilities
+// match double sums.
 #include "kernels/cuda/sampling.h"
 
 #include <algorithm>
@@ -199,6 +200,55 @@ TEST(SamplingTest, PenaltiesChangeExactlyTheSeenTokens) {
     changed += got[i] != logits[i];
   }
   EXPECT_GT(changed, 750);  // Rows 0 and 2: 300 each; row 1: those seen in the output.
+}
+
+// Log-softmax at the drawn token and at the best tokens, against double sums here: within
+// 2e-4 (float sums over 49k terms); the best tokens in order, a tie to the lower token; a
+// row asking for none is left alone.
+TEST(SamplingTest, LogSoftmaxAtTheDrawnAndTheBestTokens) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  const int64_t rows = 4, vocab = 49152 + 5, max_top = 20;
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> logits(rows * vocab);
+  for (float& v : logits) v = dist(rng);
+  logits[2 * vocab + 777] = logits[2 * vocab + 555] = 40.0f;  // A tie at the top of row 2.
+  const std::vector<int32_t> counts = {0, 3, 20, -1};
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab) - 1);
+  const std::vector<int32_t> ids = {token(rng), token(rng), token(rng), token(rng)};
+  DeviceBuffer<float> dlogits(logits), dchosen(rows);
+  DeviceBuffer<int32_t> dcounts(counts), dids(ids);
+  DeviceBuffer<TokenLogprob> dtop(rows * max_top);
+  ASSERT_TRUE(logSoftmaxAt(dlogits.get(), vocab, rows, vocab, dcounts.get(), dids.get(),
+                           dchosen.get(), dtop.get(), max_top, nullptr)
+                  .ok());
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const std::vector<float> chosen = dchosen.copyToHost();
+  const std::vector<TokenLogprob> top = dtop.copyToHost();
+  for (int64_t r = 0; r < rows; ++r) {
+    SCOPED_TRACE(r);
+    const float* row = logits.data() + r * vocab;
+    const double peak = *std::max_element(row, row + vocab);
+    double total = 0;
+    for (int64_t i = 0; i < vocab; ++i) total += std::exp(double(row[i]) - peak);
+    auto logprob = [&](int32_t t) { return double(row[t]) - peak - std::log(total); };
+    if (counts[r] < 0) {  // Untouched: still the buffers' 0xFF poison (NaN).
+      EXPECT_TRUE(std::isnan(chosen[r]));
+      continue;
+    }
+    EXPECT_NEAR(chosen[r], logprob(ids[r]), 2e-4);
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(
+        order.begin(), order.begin() + counts[r], order.end(),
+        [&](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); });
+    for (int32_t k = 0; k < counts[r]; ++k) {
+      EXPECT_EQ(top[r * max_top + k].token, order[k]) << k;
+      EXPECT_NEAR(top[r * max_top + k].logprob, logprob(order[k]), 2e-4) << k;
+    }
+  }
+  EXPECT_EQ(top[2 * max_top].token, 555);
+  EXPECT_EQ(top[2 * max_top + 1].token, 777);
 }
 
 }  // namespace

@@ -138,7 +138,12 @@ struct CudaLlamaModel::State {
   cuda::SamplingRow* draws = nullptr;     // [max_sequences]: how each row is drawn
   int32_t* drawn = nullptr;               // [max_sequences]: the drawn tokens
   cuda::PenaltyRow* penalties = nullptr;  // [max_sequences]
-  cuda::SeenToken* seen = nullptr;        // [seen_capacity]: the penalized rows' seen tokens
+  // Log-probabilities of drawn rows: how many top tokens each asks (-1: none), its token's,
+  // and [max_sequences][kMaxLogprobs] top tokens'.
+  int32_t* logprob_counts = nullptr;
+  float* chosen_logprobs = nullptr;
+  cuda::TokenLogprob* top_logprobs = nullptr;
+  cuda::SeenToken* seen = nullptr;  // [seen_capacity]: the penalized rows' seen tokens
   // Seen tokens of one step: a row's are distinct and fewer than its positions.
   int64_t seen_capacity = 0;
   void* attention_workspace = nullptr;
@@ -149,13 +154,18 @@ struct CudaLlamaModel::State {
 
   int32_t* host_meta = nullptr;  // pinned
   float* host_logits = nullptr;  // pinned
-  // One pinned allocation, as their device twins: draws, penalties, drawn tokens, seen.
+  // One pinned allocation, as their device twins: draws, penalties, drawn tokens,
+  // log-probabilities, seen tokens.
   cuda::SamplingRow* host_draws = nullptr;
   cuda::PenaltyRow* host_penalties = nullptr;
   int32_t* host_drawn = nullptr;
+  int32_t* host_logprob_counts = nullptr;
+  float* host_chosen_logprobs = nullptr;
+  cuda::TokenLogprob* host_top_logprobs = nullptr;
   cuda::SeenToken* host_seen = nullptr;
-  void* pinned_rows = nullptr;  // host KV rows copyKv registered (page-locked), if any
-  void* pin_tried = nullptr;    // the host rows copyKv last tried to lock
+  std::vector<TokenLogprob> top_out;  // host_top_logprobs as the engine's type
+  void* pinned_rows = nullptr;        // host KV rows copyKv registered (page-locked), if any
+  void* pin_tried = nullptr;          // the host rows copyKv last tried to lock
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
   cuda::DecodeAttentionPlan decode_plan;
@@ -290,6 +300,9 @@ struct CudaLlamaModel::State {
     draws = arena.take<cuda::SamplingRow>(options.max_sequences);
     drawn = arena.take<int32_t>(options.max_sequences);
     penalties = arena.take<cuda::PenaltyRow>(options.max_sequences);
+    logprob_counts = arena.take<int32_t>(options.max_sequences);
+    chosen_logprobs = arena.take<float>(options.max_sequences);
+    top_logprobs = arena.take<cuda::TokenLogprob>(options.max_sequences * kMaxLogprobs);
     seen_capacity = options.max_sequences * std::min<int64_t>(options.max_context, vocab);
     seen = arena.take<cuda::SeenToken>(seen_capacity);
     attention_workspace = arena.take<uint8_t>(
@@ -469,15 +482,23 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
       cuda::cudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_logits),
                                       s.options.max_sequences * s.vocab * sizeof(float)),
                        "pinned logits"));
-  const int64_t rows_bytes = s.options.max_sequences * (sizeof(cuda::SamplingRow) +
-                                                        sizeof(cuda::PenaltyRow) + sizeof(int32_t));
+  const int64_t rows_bytes =
+      s.options.max_sequences *
+      (sizeof(cuda::SamplingRow) + sizeof(cuda::PenaltyRow) + 2 * sizeof(int32_t) + sizeof(float) +
+       kMaxLogprobs * sizeof(cuda::TokenLogprob));
   CLEAVE_RETURN_IF_ERROR(
       cuda::cudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_draws),
                                       rows_bytes + s.seen_capacity * sizeof(cuda::SeenToken)),
                        "pinned draws"));
   s.host_penalties = reinterpret_cast<cuda::PenaltyRow*>(s.host_draws + s.options.max_sequences);
   s.host_drawn = reinterpret_cast<int32_t*>(s.host_penalties + s.options.max_sequences);
-  s.host_seen = reinterpret_cast<cuda::SeenToken*>(s.host_drawn + s.options.max_sequences);
+  s.host_logprob_counts = s.host_drawn + s.options.max_sequences;
+  s.host_chosen_logprobs =
+      reinterpret_cast<float*>(s.host_logprob_counts + s.options.max_sequences);
+  s.host_top_logprobs =
+      reinterpret_cast<cuda::TokenLogprob*>(s.host_chosen_logprobs + s.options.max_sequences);
+  s.host_seen = reinterpret_cast<cuda::SeenToken*>(s.host_top_logprobs +
+                                                   s.options.max_sequences * kMaxLogprobs);
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "creating a stream"));
   CLEAVE_ASSIGN_OR_RETURN(s.gemm, cuda::Gemm::create());
@@ -1181,7 +1202,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
 absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOutput> outputs,
                                                           int64_t sequences, int64_t rows) {
   State& s = *this;
-  bool want_logits = false, draw = false;
+  bool want_logits = false, draw = false, logprobs = false;
   int64_t seen_count = 0;  // Seen tokens of the penalized rows, row after row.
   for (int64_t q = 0; q < sequences; ++q) {
     const RowOutput& out = outputs[q];
@@ -1195,6 +1216,8 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
                        .min_p = d.min_p,
                        .seed = d.seed,
                        .index = d.index};
+    s.host_logprob_counts[q] = out.draw.has_value() ? d.logprobs : -1;
+    logprobs = logprobs || s.host_logprob_counts[q] >= 0;
     const int64_t size = static_cast<int64_t>(d.seen.size());
     if (seen_count + size > s.seen_capacity)
       return absl::InvalidArgumentError(absl::StrCat(
@@ -1246,6 +1269,25 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
         "copying the draws' settings"));
     CLEAVE_RETURN_IF_ERROR(
         cuda::sampleTokens(logits, s.vocab, sequences, s.vocab, s.draws, s.drawn, s.stream));
+    // Rows asking for log-probabilities have no penalties: their logits are the model's.
+    if (logprobs) {
+      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+          cudaMemcpyAsync(s.logprob_counts, s.host_logprob_counts, sequences * sizeof(int32_t),
+                          cudaMemcpyHostToDevice, s.stream),
+          "copying the log-probability counts"));
+      CLEAVE_RETURN_IF_ERROR(cuda::logSoftmaxAt(logits, s.vocab, sequences, s.vocab,
+                                                s.logprob_counts, s.drawn, s.chosen_logprobs,
+                                                s.top_logprobs, kMaxLogprobs, s.stream));
+      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+          cudaMemcpyAsync(s.host_chosen_logprobs, s.chosen_logprobs, sequences * sizeof(float),
+                          cudaMemcpyDeviceToHost, s.stream),
+          "copying the log-probabilities"));
+      CLEAVE_RETURN_IF_ERROR(
+          cuda::cudaStatus(cudaMemcpyAsync(s.host_top_logprobs, s.top_logprobs,
+                                           sequences * kMaxLogprobs * sizeof(cuda::TokenLogprob),
+                                           cudaMemcpyDeviceToHost, s.stream),
+                           "copying the top log-probabilities"));
+    }
     CLEAVE_RETURN_IF_ERROR(
         cuda::cudaStatus(cudaMemcpyAsync(s.host_drawn, s.drawn, sequences * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, s.stream),
@@ -1255,6 +1297,14 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
   StepOutput result;
   if (want_logits) result.logits = std::span<const float>(s.host_logits, sequences * s.vocab);
   if (draw) result.tokens = std::span<const int32_t>(s.host_drawn, sequences);
+  if (logprobs) {
+    result.logprobs = std::span<const float>(s.host_chosen_logprobs, sequences);
+    s.top_out.resize(sequences * kMaxLogprobs);
+    for (int64_t i = 0; i < sequences * kMaxLogprobs; ++i)
+      s.top_out[i] = {.token = s.host_top_logprobs[i].token,
+                      .logprob = s.host_top_logprobs[i].logprob};
+    result.top = s.top_out;
+  }
   return result;
 }
 

@@ -104,11 +104,11 @@ class CudaLlamaModel : public StepBackend {
   // the others an empty span. A rank whose step fails aborts its group (so no peer waits
   // in a collective forever); the group is not used again.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override;
-  // The same step, drawing on the GPU the rows that ask for it (their penalties, then the
-  // draw: sampling.h) and copying the logits [batch][vocab] (the model's, unpenalized) to
-  // the host only when some row wants them; under tensor parallelism rank 0 returns the
-  // results, the others none. Also InvalidArgument when the rows' seen tokens together pass
-  // max_sequences x max_context.
+  // The same step, drawing on the GPU the rows that ask for it (their penalties, the draw,
+  // the log-probabilities asked for: sampling.h) and copying the logits [batch][vocab] (the
+  // model's, unpenalized) to the host only when some row wants them; under tensor
+  // parallelism rank 0 returns the results, the others none. Also InvalidArgument when the
+  // rows' seen tokens together pass max_sequences x max_context.
   absl::StatusOr<StepOutput> forwardAndDraw(std::span<const SequenceChunk> batch,
                                             std::span<const RowOutput> outputs) override;
   // Device <-> host copies of whole blocks (runs consecutive on both sides in one copy each).

@@ -610,6 +610,21 @@ TEST(CudaLlamaModelTest, DrawsOnTheGpuWhatTheLogitsSay) {
   EXPECT_NE(want.token, static_cast<uint32_t>(order[0]));  // The penalties moved it.
   EXPECT_EQ(out->tokens[0], static_cast<int32_t>(want.token));
 
+  // Log-probabilities of a drawn row (the model's distribution, and the best three) as the
+  // CPU sampler reports them, within float sums' rounding.
+  Sampler reporting({.logprobs = 3}, prompt);
+  std::vector<RowOutput> with_logprobs = {{.draw = reporting.deviceDraw()}, {}, {}};
+  auto reported = (*m)->forwardAndDraw(step, with_logprobs);
+  ASSERT_TRUE(reported.ok()) << reported.status();
+  ASSERT_EQ(reported->logprobs.size(), 3u);
+  const SampledToken cpu = reporting.sample(std::span<const float>(raw).first(vocab));
+  EXPECT_EQ(reported->tokens[0], static_cast<int32_t>(cpu.token));
+  EXPECT_NEAR(reported->logprobs[0], cpu.logprob, 1e-4);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(reported->top[k].token, static_cast<int32_t>(cpu.top[k].first)) << k;
+    EXPECT_NEAR(reported->top[k].logprob, cpu.top[k].second, 1e-4) << k;
+  }
+
   std::vector<RowOutput> too_few(2);
   std::vector<SequenceChunk> one = {
       {next[0], 8, blocks[0]}, {next[1], 8, blocks[1]}, {next[2], 8, blocks[2]}};

@@ -34,8 +34,9 @@ absl::Status validateSamplingParams(const SamplingParams& p) {
     return bad("presence_penalty", "must be in [-2, 2]", p.presence_penalty);
   if (!(p.frequency_penalty >= -2 && p.frequency_penalty <= 2))
     return bad("frequency_penalty", "must be in [-2, 2]", p.frequency_penalty);
-  if (p.logprobs < -1 || p.logprobs > 20)
-    return bad("logprobs", "must be in [0, 20] (or -1 for none)", p.logprobs);
+  if (p.logprobs < -1 || p.logprobs > kMaxLogprobs)
+    return bad("logprobs", absl::StrCat("must be in [0, ", kMaxLogprobs, "] (or -1 for none)"),
+               p.logprobs);
   return absl::OkStatus();
 }
 
@@ -50,7 +51,10 @@ void Sampler::observe(uint32_t token) {
 }
 
 std::optional<DeviceDraw> Sampler::deviceDraw() {
-  if (params_.logprobs >= 0) return std::nullopt;
+  const bool penalties = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                         params_.frequency_penalty != 0.0f;
+  // Log-probabilities are of the unpenalized logits, which the backend changes in place.
+  if (params_.logprobs >= 0 && penalties) return std::nullopt;
   seen_.clear();
   if (params_.repetition_penalty != 1.0f) {
     // Every prompt token, then the output tokens the prompt does not hold.
@@ -75,7 +79,8 @@ std::optional<DeviceDraw> Sampler::deviceDraw() {
                     .repetition_penalty = params_.repetition_penalty,
                     .presence_penalty = params_.presence_penalty,
                     .frequency_penalty = params_.frequency_penalty,
-                    .seen = seen_};
+                    .seen = seen_,
+                    .logprobs = params_.logprobs};
 }
 
 SampledToken Sampler::sample(std::span<const float> logits) {

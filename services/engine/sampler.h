@@ -26,6 +26,9 @@
 
 namespace cleave::engine {
 
+// The most top tokens a request may ask log-probabilities of.
+inline constexpr int32_t kMaxLogprobs = 20;
+
 struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy.
   int32_t top_k = 0;         // 0: off.
@@ -48,10 +51,10 @@ struct SeenToken {
 };
 
 // A next token drawn by the step's backend instead (on the GPU, sampling.h): the same
-// penalties and truncations in the same order and float arithmetic, but no
-// log-probabilities, and the backend's own generator keyed by (seed, index), so a seeded
-// draw differs from the CPU's (greedy does not: both take the lowest index of the largest
-// penalized logit).
+// penalties and truncations in the same order and float arithmetic, log-probabilities of
+// the model's distribution summed in float (the CPU sums in double), and the backend's own
+// generator keyed by (seed, index), so a seeded draw differs from the CPU's (greedy does
+// not: both take the lowest index of the largest penalized logit).
 struct DeviceDraw {
   float temperature = 0.0f;
   int32_t top_k = 0;
@@ -65,6 +68,7 @@ struct DeviceDraw {
   // The tokens the penalties touch, each once (empty without penalties): prompt tokens
   // (for the repetition penalty) and output tokens with their counts.
   std::span<const SeenToken> seen;
+  int32_t logprobs = -1;  // As SamplingParams::logprobs.
 };
 
 struct SampledToken {
@@ -84,8 +88,8 @@ class Sampler {
   // elsewhere): it counts for the penalties and advances the draw index.
   void observe(uint32_t token);
   // The next token as a backend may draw it, when nothing needs the logits on the host (no
-  // log-probabilities); empty otherwise. observe() the token it draws. `seen` points into
-  // the sampler, valid until its next call.
+  // log-probabilities of logits that penalties change); empty otherwise. observe() the
+  // token it draws. `seen` points into the sampler, valid until its next call.
   std::optional<DeviceDraw> deviceDraw();
 
  private:

@@ -111,7 +111,7 @@ TEST(SamplerTest, PenaltiesFollowTheirDefinitions) {
   EXPECT_EQ(pushed.sample(negative).token, 1u);
 }
 
-TEST(SamplerTest, TheBackendDrawsEveryRowWithoutLogprobs) {
+TEST(SamplerTest, TheBackendDrawsEveryRowButPenalizedLogprobs) {
   Sampler plain({.temperature = 0.7f, .top_k = 5, .top_p = 0.9f, .min_p = 0.05f, .seed = 11},
                 std::vector<uint32_t>{3});
   std::optional<DeviceDraw> draw = plain.deviceDraw();
@@ -128,7 +128,11 @@ TEST(SamplerTest, TheBackendDrawsEveryRowWithoutLogprobs) {
   std::mt19937 rng(5);
   plain.sample(randomLogits(10, rng));
   EXPECT_EQ(plain.deviceDraw()->index, 2u);
-  EXPECT_FALSE(Sampler({.logprobs = 0}, {}).deviceDraw().has_value());
+  // Log-probabilities too, but not of logits the penalties change.
+  Sampler logprobs({.logprobs = 3}, {});
+  EXPECT_EQ(logprobs.deviceDraw()->logprobs, 3);
+  EXPECT_EQ(plain.deviceDraw()->logprobs, -1);
+  EXPECT_FALSE(Sampler({.repetition_penalty = 1.1f, .logprobs = 0}, {}).deviceDraw().has_value());
 
   // Penalties: the seen tokens, each once, with their output counts.
   auto seen = [](Sampler& sampler) {

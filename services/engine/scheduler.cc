@@ -325,6 +325,16 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
                                                 ", outside its vocabulary of ", vocab));
       sampled.token = static_cast<uint32_t>(step.tokens[i]);
       seq.sampler->observe(sampled.token);
+      const int32_t n = outputs[i].draw->logprobs;
+      if (n >= 0) {
+        if (step.logprobs.size() <= i || step.top.size() < (i + 1) * kMaxLogprobs)
+          return absl::InternalError("the model drew a row without the log-probabilities it asked");
+        sampled.logprob = step.logprobs[i];
+        for (int32_t k = 0; k < n && k < vocab; ++k) {
+          const TokenLogprob& t = step.top[i * kMaxLogprobs + k];
+          sampled.top.emplace_back(static_cast<uint32_t>(t.token), t.logprob);
+        }
+      }
     } else {
       if (step.logits.size() < (i + 1) * vocab)
         return absl::InternalError("the model returned no logits for a row that needs them");

@@ -31,12 +31,23 @@ struct RowOutput {
   std::optional<DeviceDraw> draw;  // its next token, drawn by the backend
 };
 
+// A drawn token's, or a top token's, log-probability.
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
 // A step's results: logits [batch][vocab] (empty when no row asked for them) and tokens
 // [batch] (the drawn rows' tokens, the others unspecified; empty when the backend draws
 // nothing: the caller then samples every row from the logits, which it always gets then).
+// For drawn rows that asked for log-probabilities (DeviceDraw::logprobs = n >= 0):
+// logprobs[row] their token's, top[row * kMaxLogprobs + i] for i < n the best tokens', best
+// first (both empty when no drawn row asked).
 struct StepOutput {
   std::span<const float> logits;
   std::span<const int32_t> tokens;
+  std::span<const float> logprobs;
+  std::span<const TokenLogprob> top;
 };
 
 class StepBackend {

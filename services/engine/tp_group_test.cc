@@ -10,8 +10,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "common/log.h"
 #include "nlohmann/json.hpp"
@@ -402,6 +405,8 @@ class DrawingBackend final : public SeparateCacheBackend {
     if (!logits.ok()) return logits.status();
     const size_t vocab = logits->size() / batch.size();
     tokens_.assign(batch.size(), -1);
+    logprobs_.clear();
+    top_.clear();
     bool wanted = false;
     for (size_t i = 0; i < rows.size(); ++i) {
       wanted = wanted || rows[i].logits;
@@ -421,14 +426,37 @@ class DrawingBackend final : public SeparateCacheBackend {
                                             ? std::max_element(row.begin(), row.end()) - row.begin()
                                             : (d.seed + d.index) % vocab);
       ++drawn;
+      if (d.logprobs >= 0) {  // Of the model's logits, by their definition, in double.
+        const std::span<const float> raw = logits->subspan(i * vocab, vocab);
+        const double peak = *std::max_element(raw.begin(), raw.end());
+        double total = 0;
+        for (float v : raw) total += std::exp(double(v) - peak);
+        auto logprob = [&](size_t t) {
+          return static_cast<float>(double(raw[t]) - peak - std::log(total));
+        };
+        logprobs_.resize(rows.size());
+        top_.resize(rows.size() * kMaxLogprobs);
+        logprobs_[i] = logprob(tokens_[i]);
+        std::vector<int32_t> order(vocab);
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(
+            order.begin(), order.begin() + d.logprobs, order.end(),
+            [&](int32_t a, int32_t b) { return raw[a] > raw[b] || (raw[a] == raw[b] && a < b); });
+        for (int32_t k = 0; k < d.logprobs; ++k)
+          top_[i * kMaxLogprobs + k] = {.token = order[k], .logprob = logprob(order[k])};
+      }
     }
     steps_without_logits += !wanted;
-    return StepOutput{.logits = wanted ? *logits : std::span<const float>(), .tokens = tokens_};
+    StepOutput out{.logits = wanted ? *logits : std::span<const float>(), .tokens = tokens_};
+    if (!logprobs_.empty()) out.logprobs = logprobs_, out.top = top_;
+    return out;
   }
   int drawn = 0, logit_rows = 0, steps_without_logits = 0;
 
  private:
   std::vector<int32_t> tokens_;
+  std::vector<float> logprobs_;
+  std::vector<TokenLogprob> top_;
 };
 
 // Groups over SeparateCacheBackend (DrawingBackend when `draws`) with host rows, keeping
@@ -470,17 +498,19 @@ TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
   const std::string path = kHf + "llama_f32";
   std::mt19937 rng(9);
   std::uniform_int_distribution<uint32_t> token(0, 200);
-  std::vector<std::vector<uint32_t>> prompts(4, std::vector<uint32_t>(9));
+  std::vector<std::vector<uint32_t>> prompts(5, std::vector<uint32_t>(9));
   for (auto& p : prompts)
     for (uint32_t& t : p) t = token(rng);
-  const SamplingParams kinds[4] = {
+  const SamplingParams kinds[5] = {
       {},  // drawn: greedy
       {.repetition_penalty = 1.3f, .presence_penalty = 0.4f, .frequency_penalty = 0.3f},
-      {.temperature = 0.8f, .seed = 3},  // drawn: the rule
-      {.logprobs = 2}};                  // host: logprobs
+      {.temperature = 0.8f, .seed = 3},              // drawn: the rule
+      {.logprobs = 2},                               // drawn, with log-probabilities
+      {.repetition_penalty = 1.2f, .logprobs = 1}};  // host: penalized logprobs
   // Each request's tokens, and its log-probabilities where it asked for them.
+  using Token = std::tuple<uint32_t, std::optional<float>, std::vector<std::pair<uint32_t, float>>>;
   auto run = [&](TpGroup& model, std::vector<int> which, int64_t budget = 64) {
-    Scheduler scheduler(model, nullptr, {.max_batch_tokens = budget, .max_sequences = 4});
+    Scheduler scheduler(model, nullptr, {.max_batch_tokens = budget, .max_sequences = 5});
     for (int r : which)
       EXPECT_TRUE(scheduler
                       .add({.id = static_cast<uint64_t>(r),
@@ -488,12 +518,13 @@ TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
                             .sampling = kinds[r],
                             .stop = {.max_new_tokens = 6}})
                       .ok());
-    std::map<uint64_t, std::vector<std::pair<uint32_t, float>>> out;
+    std::map<uint64_t, std::vector<Token>> out;
     for (int step = 0; step < 100 && !scheduler.idle(); ++step) {
       auto events = scheduler.step();
       EXPECT_TRUE(events.ok()) << events.status();
       if (!events.ok()) break;
-      for (const TokenEvent& e : *events) out[e.id].emplace_back(e.token, e.logprob.value_or(1.0f));
+      for (const TokenEvent& e : *events)
+        out[e.id].emplace_back(e.token, e.logprob, e.top_logprobs);
     }
     EXPECT_TRUE(scheduler.idle());
     return out;
@@ -501,17 +532,20 @@ TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
   auto cpu = TpGroup::load(path, {});
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   ASSERT_TRUE((*cpu)->allocateKv(8, 16).ok());
-  const auto want = run(**cpu, {0, 1, 2, 3});
+  const auto want = run(**cpu, {0, 1, 2, 3, 4});
   SeparateGroup drawing(path, cpu::KvType::kF32, false, true);
   auto& backend = *static_cast<DrawingBackend*>(drawing.backends[0]);
-  const auto got = run(*drawing.group, {0, 1, 2, 3});
-  for (uint64_t r : {0, 1, 3}) EXPECT_EQ(got.at(r), want.at(r)) << "request " << r;
+  const auto got = run(*drawing.group, {0, 1, 2, 3, 4});
+  for (uint64_t r : {0, 1, 3, 4}) EXPECT_EQ(got.at(r), want.at(r)) << "request " << r;
   ASSERT_EQ(got.at(2).size(), 6u);
   const uint32_t vocab = static_cast<uint32_t>(drawing.group->config().vocab_size);
-  for (uint32_t i = 0; i < 6; ++i) EXPECT_EQ(got.at(2)[i].first, (3 + i) % vocab) << i;
-  EXPECT_LT(got.at(3)[0].second, 0.0f);  // A log-probability was reported.
-  EXPECT_EQ(backend.drawn, 18);          // Requests 0, 1 and 2, six tokens each.
-  EXPECT_EQ(backend.logit_rows, 6);      // Request 3.
+  for (uint32_t i = 0; i < 6; ++i) EXPECT_EQ(std::get<0>(got.at(2)[i]), (3 + i) % vocab) << i;
+  for (uint64_t r : {3, 4}) {  // Log-probabilities were reported, with the top tokens.
+    EXPECT_LT(std::get<1>(got.at(r)[0]).value_or(1.0f), 0.0f);
+    EXPECT_EQ(std::get<2>(got.at(r)[0]).size(), r == 3 ? 2u : 1u);
+  }
+  EXPECT_EQ(backend.drawn, 24);      // Requests 0 to 3, six tokens each.
+  EXPECT_EQ(backend.logit_rows, 6);  // Request 4.
   // Steps where every row is drawn bring no logits back, and the scheduler needs none.
   backend.drawn = 0;
   const auto drawn_only = run(*drawing.group, {0, 2});
