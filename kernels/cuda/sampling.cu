@@ -244,7 +244,12 @@ __global__ void __launch_bounds__(kLogprobThreads)
     __syncthreads();
     previous = shared_pair;
     __syncthreads();
-    if (previous.key < 0) break;  // Nothing left (NaN rows).
+    if (previous.key < 0) {  // Nothing left (a row of NaN): token -1 in the rest.
+      if (threadIdx.x == 0)
+        for (int rest = k; rest < n && rest < max_top; ++rest)
+          top[blockIdx.x * max_top + rest] = {.token = -1, .logprob = __int_as_float(0x7fc00000)};
+      break;
+    }
     if (threadIdx.x == 0)
       top[blockIdx.x * max_top + k] = {.token = previous.key,
                                        .logprob = previous.value - log_total};

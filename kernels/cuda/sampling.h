@@ -60,7 +60,8 @@ struct TokenLogprob {
 // For each row r < rows whose counts[r] >= 0 (device memory, like the rest): chosen[r] =
 // the log-softmax of logits[r] at ids[r], and top[r][0, counts[r]) the counts[r] largest
 // logits' tokens and log-softmax, best first, ties to the lower token (counts[r] <=
-// max_top, top's row stride). Sums in float over the vocabulary.
+// max_top, top's row stride; token -1 past the row's non-NaN logits). Sums in float over the
+// vocabulary.
 absl::Status logSoftmaxAt(const float* logits, int64_t stride, int64_t rows, int64_t vocab,
                           const int32_t* counts, const int32_t* ids, float* chosen,
                           TokenLogprob* top, int64_t max_top, cudaStream_t stream);

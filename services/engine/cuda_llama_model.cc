@@ -304,7 +304,7 @@ struct CudaLlamaModel::State {
     chosen_logprobs = arena.take<float>(options.max_sequences);
     top_logprobs = arena.take<cuda::TokenLogprob>(options.max_sequences * kMaxLogprobs);
     seen_capacity = options.max_sequences * std::min<int64_t>(options.max_context, vocab);
-    seen = arena.take<cuda::SeenToken>(seen_capacity);
+    if (shard_rank == 0) seen = arena.take<cuda::SeenToken>(seen_capacity);  // Only it draws.
     attention_workspace = arena.take<uint8_t>(
         static_cast<int64_t>(std::max(decode_plan.workspace_bytes, mla_plan.workspace_bytes)));
     meta = arena.take<int32_t>(metaCount());
@@ -451,6 +451,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
                                     .kv_dtype = options.kv_dtype}));
   }
   s.layout(nullptr);
+  if (s.seen_capacity > INT32_MAX)  // The penalties index their seen tokens with int32.
+    return absl::InvalidArgumentError(
+        "CUDA model options: max_sequences x max_context must stay below 2^31");
   const int64_t total = s.plan.weights + s.plan.workspace + s.plan.kv_cache;
   size_t free_bytes = 0, total_bytes = 0;
   CLEAVE_RETURN_IF_ERROR(
@@ -486,10 +489,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
       s.options.max_sequences *
       (sizeof(cuda::SamplingRow) + sizeof(cuda::PenaltyRow) + 2 * sizeof(int32_t) + sizeof(float) +
        kMaxLogprobs * sizeof(cuda::TokenLogprob));
-  CLEAVE_RETURN_IF_ERROR(
-      cuda::cudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_draws),
-                                      rows_bytes + s.seen_capacity * sizeof(cuda::SeenToken)),
-                       "pinned draws"));
+  const int64_t seen_bytes = s.seen != nullptr ? s.seen_capacity * sizeof(cuda::SeenToken) : 0;
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+      cudaMallocHost(reinterpret_cast<void**>(&s.host_draws), rows_bytes + seen_bytes),
+      "pinned draws"));
   s.host_penalties = reinterpret_cast<cuda::PenaltyRow*>(s.host_draws + s.options.max_sequences);
   s.host_drawn = reinterpret_cast<int32_t*>(s.host_penalties + s.options.max_sequences);
   s.host_logprob_counts = s.host_drawn + s.options.max_sequences;
@@ -1140,6 +1143,18 @@ absl::StatusOr<StepOutput> CudaLlamaModel::forwardAndDraw(std::span<const Sequen
     return absl::InvalidArgumentError(absl::StrCat(
         "a step of ", n, " tokens in ", sequences, " sequences exceeds the model's bounds (",
         s.options.max_step_tokens, " tokens, ", s.options.max_sequences, " sequences)"));
+  int64_t seen = 0;
+  for (const RowOutput& out : outputs) {
+    if (!out.draw) continue;
+    seen += static_cast<int64_t>(out.draw->seen.size());
+    if (out.draw->logprobs >= 0 && !out.draw->seen.empty())
+      return absl::InvalidArgumentError(
+          "a draw asks for log-probabilities of logits its penalties change");
+  }
+  if (seen > s.seen_capacity)
+    return absl::InvalidArgumentError(
+        absl::StrCat("the step's rows have seen ", seen, " tokens, past the model's room for ",
+                     s.seen_capacity, " (max_sequences x max_context)"));
   if (s.comm != nullptr) CLEAVE_RETURN_IF_ERROR(s.comm->usable());
   auto out = s.step(batch, outputs, sequences, n, decode);
   // A rank that cannot finish its step would leave its peers in a collective forever.
@@ -1219,10 +1234,6 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
     s.host_logprob_counts[q] = out.draw.has_value() ? d.logprobs : -1;
     logprobs = logprobs || s.host_logprob_counts[q] >= 0;
     const int64_t size = static_cast<int64_t>(d.seen.size());
-    if (seen_count + size > s.seen_capacity)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the step's rows have seen ", seen_count + size, " tokens, past the model's room for ",
-          s.seen_capacity, " (max_sequences x max_context)"));
     s.host_penalties[q] = {.repetition = d.repetition_penalty,
                            .presence = d.presence_penalty,
                            .frequency = d.frequency_penalty,

@@ -43,33 +43,29 @@ absl::Status validateSamplingParams(const SamplingParams& p) {
 Sampler::Sampler(const SamplingParams& params, std::span<const uint32_t> prompt) : params_(params) {
   std::unordered_set<uint32_t> seen(prompt.begin(), prompt.end());
   prompt_tokens_.assign(seen.begin(), seen.end());
+  // The tokens a backend's penalties touch, kept as they change (one step's upload, no
+  // rebuilding): the prompt's for the repetition penalty, then each new output token.
+  if (params_.repetition_penalty != 1.0f) {
+    for (uint32_t t : prompt_tokens_) {
+      seen_slot_.emplace(t, static_cast<int32_t>(seen_.size()));
+      seen_.push_back({.token = t, .count = 0});
+    }
+  }
 }
 
 void Sampler::observe(uint32_t token) {
   ++output_counts_[token];
   ++index_;
+  if (penalized()) {
+    const auto [slot, added] = seen_slot_.emplace(token, static_cast<int32_t>(seen_.size()));
+    if (added) seen_.push_back({.token = token, .count = 0});
+    ++seen_[slot->second].count;
+  }
 }
 
-std::optional<DeviceDraw> Sampler::deviceDraw() {
-  const bool penalties = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
-                         params_.frequency_penalty != 0.0f;
+std::optional<DeviceDraw> Sampler::deviceDraw() const {
   // Log-probabilities are of the unpenalized logits, which the backend changes in place.
-  if (params_.logprobs >= 0 && penalties) return std::nullopt;
-  seen_.clear();
-  if (params_.repetition_penalty != 1.0f) {
-    // Every prompt token, then the output tokens the prompt does not hold.
-    for (uint32_t t : prompt_tokens_) {
-      const auto out = output_counts_.find(t);
-      seen_.push_back({.token = t, .count = out == output_counts_.end() ? 0 : out->second});
-    }
-    if (!output_counts_.empty()) {
-      const std::unordered_set<uint32_t> prompt(prompt_tokens_.begin(), prompt_tokens_.end());
-      for (const auto& [t, count] : output_counts_)
-        if (!prompt.contains(t)) seen_.push_back({.token = t, .count = count});
-    }
-  } else if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
-    for (const auto& [t, count] : output_counts_) seen_.push_back({.token = t, .count = count});
-  }
+  if (params_.logprobs >= 0 && penalized()) return std::nullopt;
   return DeviceDraw{.temperature = params_.temperature,
                     .top_k = params_.top_k,
                     .top_p = params_.top_p,

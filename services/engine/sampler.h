@@ -89,15 +89,23 @@ class Sampler {
   void observe(uint32_t token);
   // The next token as a backend may draw it, when nothing needs the logits on the host (no
   // log-probabilities of logits that penalties change); empty otherwise. observe() the
-  // token it draws. `seen` points into the sampler, valid until its next call.
-  std::optional<DeviceDraw> deviceDraw();
+  // token it draws. `seen` points into the sampler, valid until the next observe() or
+  // sample().
+  std::optional<DeviceDraw> deviceDraw() const;
 
  private:
+  bool penalized() const {
+    return params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+           params_.frequency_penalty != 0.0f;
+  }
+
   SamplingParams params_;
   uint64_t index_ = 0;  // Output tokens so far.
   std::unordered_map<uint32_t, int32_t> output_counts_;
   std::vector<uint32_t> prompt_tokens_;  // Distinct prompt tokens.
-  std::vector<SeenToken> seen_;          // deviceDraw()'s.
+  // With penalties: the tokens they touch (deviceDraw()'s), and where each is in seen_.
+  std::vector<SeenToken> seen_;
+  std::unordered_map<uint32_t, int32_t> seen_slot_;
   std::vector<float> scratch_;
   std::vector<uint32_t> order_;
 };

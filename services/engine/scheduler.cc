@@ -332,6 +332,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
         sampled.logprob = step.logprobs[i];
         for (int32_t k = 0; k < n && k < vocab; ++k) {
           const TokenLogprob& t = step.top[i * kMaxLogprobs + k];
+          if (t.token < 0 || t.token >= vocab) break;  // None left (the row held NaN).
           sampled.top.emplace_back(static_cast<uint32_t>(t.token), t.logprob);
         }
       }
