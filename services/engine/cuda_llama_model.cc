@@ -135,15 +135,48 @@ struct CudaLlamaModel::State {
   float* logits = nullptr;    // [max_sequences][vocab_rows]
   float* gathered = nullptr;  // TP: every rank's logits, rank-major [rank][sequences][rows]
   float* ordered = nullptr;   // TP, rank 0: the gathered logits in vocabulary order
-  cuda::SamplingRow* draws = nullptr;     // [max_sequences]: how each row is drawn
-  int32_t* drawn = nullptr;               // [max_sequences]: the drawn tokens
-  cuda::PenaltyRow* penalties = nullptr;  // [max_sequences]
-  // Log-probabilities of drawn rows: how many top tokens each asks (-1: none), its token's,
-  // and [max_sequences][kMaxLogprobs] top tokens'.
-  int32_t* logprob_counts = nullptr;
-  float* chosen_logprobs = nullptr;
-  cuda::TokenLogprob* top_logprobs = nullptr;
-  cuda::SeenToken* seen = nullptr;  // [seen_capacity]: the penalized rows' seen tokens
+  // The draws' settings and results, one block laid out alike on the GPU and in pinned host
+  // memory, so each direction is one copy: per row what goes up (how it is drawn, its
+  // penalties, how many top log-probabilities it asks: -1 none), then what comes back (the
+  // drawn token, its log-probability, [kMaxLogprobs] best tokens'), then the penalized rows'
+  // seen tokens (rank 0 only: the others draw nothing).
+  struct Draws {
+    uint8_t* base = nullptr;
+    cuda::SamplingRow* rows = nullptr;
+    cuda::PenaltyRow* penalties = nullptr;
+    int32_t* logprob_counts = nullptr;
+    int32_t* drawn = nullptr;
+    float* chosen = nullptr;
+    cuda::TokenLogprob* top = nullptr;
+    cuda::SeenToken* seen = nullptr;
+    int64_t up_bytes = 0, back_bytes = 0, bytes = 0;
+    int64_t row_count = 0, seen_count = 0;
+
+    // The pieces at `at` (null: sizes only) for `rows` rows and `seen` seen tokens.
+    static Draws place(uint8_t* at, int64_t rows, int64_t seen) {
+      Draws d;
+      d.base = at;
+      d.row_count = rows;
+      d.seen_count = seen;
+      int64_t offset = 0;
+      auto take = [&]<typename T>(T*& p, int64_t count) {
+        p = at ? reinterpret_cast<T*>(at + offset) : nullptr;
+        offset += count * static_cast<int64_t>(sizeof(T));
+      };
+      take(d.rows, rows);  // 8-byte fields first: every offset after stays aligned.
+      take(d.penalties, rows);
+      take(d.logprob_counts, rows);
+      d.up_bytes = offset;
+      take(d.drawn, rows);
+      take(d.chosen, rows);
+      take(d.top, rows * kMaxLogprobs);
+      d.back_bytes = offset - d.up_bytes;
+      take(d.seen, seen);
+      d.bytes = offset;
+      return d;
+    }
+  };
+  Draws draws;  // on the GPU
   // Seen tokens of one step: a row's are distinct and fewer than its positions.
   int64_t seen_capacity = 0;
   void* attention_workspace = nullptr;
@@ -152,18 +185,10 @@ struct CudaLlamaModel::State {
   int32_t* meta = nullptr;  // ids, positions, slots, q_starts, contexts, last rows, tables
   uint8_t* kv = nullptr;    // [layer][K, V][block][kv head][slot][head_dim], kv_dtype
 
-  int32_t* host_meta = nullptr;  // pinned
-  float* host_logits = nullptr;  // pinned
-  // One pinned allocation, as their device twins: draws, penalties, drawn tokens,
-  // log-probabilities, seen tokens.
-  cuda::SamplingRow* host_draws = nullptr;
-  cuda::PenaltyRow* host_penalties = nullptr;
-  int32_t* host_drawn = nullptr;
-  int32_t* host_logprob_counts = nullptr;
-  float* host_chosen_logprobs = nullptr;
-  cuda::TokenLogprob* host_top_logprobs = nullptr;
-  cuda::SeenToken* host_seen = nullptr;
-  std::vector<TokenLogprob> top_out;  // host_top_logprobs as the engine's type
+  int32_t* host_meta = nullptr;       // pinned
+  float* host_logits = nullptr;       // pinned
+  Draws host_draws;                   // pinned
+  std::vector<TokenLogprob> top_out;  // host_draws.top as the engine's type
   void* pinned_rows = nullptr;        // host KV rows copyKv registered (page-locked), if any
   void* pin_tried = nullptr;          // the host rows copyKv last tried to lock
   cudaStream_t stream = nullptr;
@@ -182,7 +207,7 @@ struct CudaLlamaModel::State {
     if (stream) cudaStreamDestroy(stream);
     if (host_meta) cudaFreeHost(host_meta);
     if (host_logits) cudaFreeHost(host_logits);
-    if (host_draws) cudaFreeHost(host_draws);
+    if (host_draws.base) cudaFreeHost(host_draws.base);
     if (pinned_rows) cudaHostUnregister(pinned_rows);
     if (base) cudaFree(base);
   }
@@ -297,14 +322,10 @@ struct CudaLlamaModel::State {
       gathered = arena.take<float>(options.max_sequences * vocab);
       if (shard_rank == 0) ordered = arena.take<float>(options.max_sequences * vocab);
     }
-    draws = arena.take<cuda::SamplingRow>(options.max_sequences);
-    drawn = arena.take<int32_t>(options.max_sequences);
-    penalties = arena.take<cuda::PenaltyRow>(options.max_sequences);
-    logprob_counts = arena.take<int32_t>(options.max_sequences);
-    chosen_logprobs = arena.take<float>(options.max_sequences);
-    top_logprobs = arena.take<cuda::TokenLogprob>(options.max_sequences * kMaxLogprobs);
     seen_capacity = options.max_sequences * std::min<int64_t>(options.max_context, vocab);
-    if (shard_rank == 0) seen = arena.take<cuda::SeenToken>(seen_capacity);  // Only it draws.
+    const int64_t seen_rows = shard_rank == 0 ? seen_capacity : 0;  // Only rank 0 draws.
+    const int64_t draw_bytes = Draws::place(nullptr, options.max_sequences, seen_rows).bytes;
+    draws = Draws::place(arena.take<uint8_t>(draw_bytes), options.max_sequences, seen_rows);
     attention_workspace = arena.take<uint8_t>(
         static_cast<int64_t>(std::max(decode_plan.workspace_bytes, mla_plan.workspace_bytes)));
     meta = arena.take<int32_t>(metaCount());
@@ -485,23 +506,11 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
       cuda::cudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_logits),
                                       s.options.max_sequences * s.vocab * sizeof(float)),
                        "pinned logits"));
-  const int64_t rows_bytes =
-      s.options.max_sequences *
-      (sizeof(cuda::SamplingRow) + sizeof(cuda::PenaltyRow) + 2 * sizeof(int32_t) + sizeof(float) +
-       kMaxLogprobs * sizeof(cuda::TokenLogprob));
-  const int64_t seen_bytes = s.seen != nullptr ? s.seen_capacity * sizeof(cuda::SeenToken) : 0;
+  uint8_t* pinned = nullptr;
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-      cudaMallocHost(reinterpret_cast<void**>(&s.host_draws), rows_bytes + seen_bytes),
+      cudaMallocHost(reinterpret_cast<void**>(&pinned), static_cast<size_t>(s.draws.bytes)),
       "pinned draws"));
-  s.host_penalties = reinterpret_cast<cuda::PenaltyRow*>(s.host_draws + s.options.max_sequences);
-  s.host_drawn = reinterpret_cast<int32_t*>(s.host_penalties + s.options.max_sequences);
-  s.host_logprob_counts = s.host_drawn + s.options.max_sequences;
-  s.host_chosen_logprobs =
-      reinterpret_cast<float*>(s.host_logprob_counts + s.options.max_sequences);
-  s.host_top_logprobs =
-      reinterpret_cast<cuda::TokenLogprob*>(s.host_chosen_logprobs + s.options.max_sequences);
-  s.host_seen = reinterpret_cast<cuda::SeenToken*>(s.host_top_logprobs +
-                                                   s.options.max_sequences * kMaxLogprobs);
+  s.host_draws = CudaLlamaModel::State::Draws::place(pinned, s.draws.row_count, s.draws.seen_count);
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "creating a stream"));
   CLEAVE_ASSIGN_OR_RETURN(s.gemm, cuda::Gemm::create());
@@ -1217,30 +1226,30 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
 absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOutput> outputs,
                                                           int64_t sequences, int64_t rows) {
   State& s = *this;
+  Draws& h = s.host_draws;
   bool want_logits = false, draw = false, logprobs = false;
-  int64_t seen_count = 0;  // Seen tokens of the penalized rows, row after row.
+  int64_t seen = 0;  // Seen tokens of the penalized rows, row after row.
   for (int64_t q = 0; q < sequences; ++q) {
     const RowOutput& out = outputs[q];
     want_logits = want_logits || out.logits;
     draw = draw || out.draw.has_value();
     // A row drawn by no one is drawn greedily: cheap, and its token is not read.
     const DeviceDraw d = out.draw.value_or(DeviceDraw{});
-    s.host_draws[q] = {.temperature = d.temperature,
-                       .top_k = d.top_k,
-                       .top_p = d.top_p,
-                       .min_p = d.min_p,
-                       .seed = d.seed,
-                       .index = d.index};
-    s.host_logprob_counts[q] = out.draw.has_value() ? d.logprobs : -1;
-    logprobs = logprobs || s.host_logprob_counts[q] >= 0;
-    const int64_t size = static_cast<int64_t>(d.seen.size());
-    s.host_penalties[q] = {.repetition = d.repetition_penalty,
-                           .presence = d.presence_penalty,
-                           .frequency = d.frequency_penalty,
-                           .begin = static_cast<int32_t>(seen_count),
-                           .size = static_cast<int32_t>(size)};
+    h.rows[q] = {.temperature = d.temperature,
+                 .top_k = d.top_k,
+                 .top_p = d.top_p,
+                 .min_p = d.min_p,
+                 .seed = d.seed,
+                 .index = d.index};
+    h.logprob_counts[q] = out.draw.has_value() ? d.logprobs : -1;
+    logprobs = logprobs || h.logprob_counts[q] >= 0;
+    h.penalties[q] = {.repetition = d.repetition_penalty,
+                      .presence = d.presence_penalty,
+                      .frequency = d.frequency_penalty,
+                      .begin = static_cast<int32_t>(seen),
+                      .size = static_cast<int32_t>(d.seen.size())};
     for (const SeenToken& t : d.seen)
-      s.host_seen[seen_count++] = {.token = static_cast<int32_t>(t.token), .count = t.count};
+      h.seen[seen++] = {.token = static_cast<int32_t>(t.token), .count = t.count};
   }
   if (!want_logits && !draw) {  // Prompt chunks that are not their prompt's last.
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
@@ -1262,58 +1271,39 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
                          "copying logits"));
   }
   if (draw) {
-    if (seen_count > 0) {
-      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-          cudaMemcpyAsync(s.penalties, s.host_penalties, sequences * sizeof(cuda::PenaltyRow),
-                          cudaMemcpyHostToDevice, s.stream),
-          "copying the penalties"));
-      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-          cudaMemcpyAsync(s.seen, s.host_seen, seen_count * sizeof(cuda::SeenToken),
-                          cudaMemcpyHostToDevice, s.stream),
-          "copying the seen tokens"));
-      CLEAVE_RETURN_IF_ERROR(
-          cuda::applyPenalties(logits, s.vocab, sequences, s.vocab, s.penalties, s.seen, s.stream));
-    }
+    const Draws& d = s.draws;
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-        cudaMemcpyAsync(s.draws, s.host_draws, sequences * sizeof(cuda::SamplingRow),
-                        cudaMemcpyHostToDevice, s.stream),
+        cudaMemcpyAsync(d.base, h.base, d.up_bytes, cudaMemcpyHostToDevice, s.stream),
         "copying the draws' settings"));
-    CLEAVE_RETURN_IF_ERROR(
-        cuda::sampleTokens(logits, s.vocab, sequences, s.vocab, s.draws, s.drawn, s.stream));
-    // Rows asking for log-probabilities have no penalties: their logits are the model's.
-    if (logprobs) {
-      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-          cudaMemcpyAsync(s.logprob_counts, s.host_logprob_counts, sequences * sizeof(int32_t),
-                          cudaMemcpyHostToDevice, s.stream),
-          "copying the log-probability counts"));
-      CLEAVE_RETURN_IF_ERROR(cuda::logSoftmaxAt(logits, s.vocab, sequences, s.vocab,
-                                                s.logprob_counts, s.drawn, s.chosen_logprobs,
-                                                s.top_logprobs, kMaxLogprobs, s.stream));
-      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-          cudaMemcpyAsync(s.host_chosen_logprobs, s.chosen_logprobs, sequences * sizeof(float),
-                          cudaMemcpyDeviceToHost, s.stream),
-          "copying the log-probabilities"));
+    if (seen > 0) {
       CLEAVE_RETURN_IF_ERROR(
-          cuda::cudaStatus(cudaMemcpyAsync(s.host_top_logprobs, s.top_logprobs,
-                                           sequences * kMaxLogprobs * sizeof(cuda::TokenLogprob),
-                                           cudaMemcpyDeviceToHost, s.stream),
-                           "copying the top log-probabilities"));
+          cuda::cudaStatus(cudaMemcpyAsync(d.seen, h.seen, seen * sizeof(cuda::SeenToken),
+                                           cudaMemcpyHostToDevice, s.stream),
+                           "copying the seen tokens"));
+      CLEAVE_RETURN_IF_ERROR(
+          cuda::applyPenalties(logits, s.vocab, sequences, s.vocab, d.penalties, d.seen, s.stream));
     }
     CLEAVE_RETURN_IF_ERROR(
-        cuda::cudaStatus(cudaMemcpyAsync(s.host_drawn, s.drawn, sequences * sizeof(int32_t),
+        cuda::sampleTokens(logits, s.vocab, sequences, s.vocab, d.rows, d.drawn, s.stream));
+    // Rows asking for log-probabilities have no penalties: their logits are the model's.
+    if (logprobs)
+      CLEAVE_RETURN_IF_ERROR(cuda::logSoftmaxAt(logits, s.vocab, sequences, s.vocab,
+                                                d.logprob_counts, d.drawn, d.chosen, d.top,
+                                                kMaxLogprobs, s.stream));
+    CLEAVE_RETURN_IF_ERROR(
+        cuda::cudaStatus(cudaMemcpyAsync(h.base + h.up_bytes, d.base + d.up_bytes, d.back_bytes,
                                          cudaMemcpyDeviceToHost, s.stream),
                          "copying the drawn tokens"));
   }
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
   StepOutput result;
   if (want_logits) result.logits = std::span<const float>(s.host_logits, sequences * s.vocab);
-  if (draw) result.tokens = std::span<const int32_t>(s.host_drawn, sequences);
+  if (draw) result.tokens = std::span<const int32_t>(h.drawn, sequences);
   if (logprobs) {
-    result.logprobs = std::span<const float>(s.host_chosen_logprobs, sequences);
+    result.logprobs = std::span<const float>(h.chosen, sequences);
     s.top_out.resize(sequences * kMaxLogprobs);
     for (int64_t i = 0; i < sequences * kMaxLogprobs; ++i)
-      s.top_out[i] = {.token = s.host_top_logprobs[i].token,
-                      .logprob = s.host_top_logprobs[i].logprob};
+      s.top_out[i] = {.token = h.top[i].token, .logprob = h.top[i].logprob};
     result.top = s.top_out;
   }
   return result;
