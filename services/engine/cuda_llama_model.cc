@@ -1220,7 +1220,10 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
     return StepOutput{};
   }
-  return s.results(outputs, sequences, rows);
+  auto results = s.results(outputs, sequences, rows);
+  // A failed call leaves nothing in flight to the pinned buffers the next step writes.
+  if (!results.ok()) cudaStreamSynchronize(s.stream);
+  return results;
 }
 
 absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOutput> outputs,
