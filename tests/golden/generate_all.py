@@ -22,6 +22,7 @@ GENERATORS = {
     "safetensors": "gen_safetensors.py",
     "configs": "gen_configs.py",
     "tokenizers": "gen_tokenizers.py",
+    "chat_templates": "gen_chat_templates.py",
     "engine_hf": "gen_engine_hf.py",
     "engine_gguf": "gen_engine_gguf.py",  # From engine_hf's folders.
     "kquant_gguf": "gen_kquant_gguf.py",

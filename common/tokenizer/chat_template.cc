@@ -1,0 +1,208 @@
+#include "common/tokenizer/chat_template.h"
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/jinja/builtins.h"
+#include "common/jinja/template.h"
+#include "common/model/gguf_file.h"
+#include "common/status_macros.h"
+#include "common/tokenizer/loaders.h"
+
+namespace cleave::tokenizer {
+namespace {
+
+using OrderedJson = nlohmann::ordered_json;
+
+constexpr size_t kMaxTemplateBytes = size_t{1} << 20;
+constexpr size_t kMaxConfigBytes = size_t{16} << 20;
+
+// JSON as a template sees it (Python's json.loads): key order kept, 2 an int and 2.0 a float.
+jinja::Value toValue(const OrderedJson& j) {
+  switch (j.type()) {
+    case OrderedJson::value_t::null: return jinja::Value::none();
+    case OrderedJson::value_t::boolean: return jinja::Value(j.get<bool>());
+    case OrderedJson::value_t::number_integer: return jinja::Value(j.get<int64_t>());
+    case OrderedJson::value_t::number_unsigned:
+      return j.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
+                 ? jinja::Value(static_cast<int64_t>(j.get<uint64_t>()))
+                 : jinja::Value(static_cast<double>(j.get<uint64_t>()));
+    case OrderedJson::value_t::number_float: return jinja::Value(j.get<double>());
+    case OrderedJson::value_t::string: return jinja::Value(j.get<std::string>());
+    case OrderedJson::value_t::array: {
+      jinja::List items;
+      for (const auto& item : j) items.push_back(toValue(item));
+      return jinja::Value(std::move(items));
+    }
+    case OrderedJson::value_t::object: {
+      jinja::Dict dict;
+      for (const auto& [k, v] : j.items()) dict.set(k, toValue(v));
+      return jinja::Value(std::move(dict));
+    }
+    default: return jinja::Value::none();
+  }
+}
+
+absl::StatusOr<OrderedJson> parseJson(absl::string_view text, absl::string_view field) {
+  OrderedJson j = OrderedJson::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(field, ": not valid JSON"));
+  return j;
+}
+
+absl::StatusOr<std::string> tokenText(const Tokenizer& tokenizer, std::optional<TokenId> id) {
+  if (!id) return std::string();
+  auto piece = tokenizer.piece(*id);
+  return piece.ok() ? *piece : std::string();
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> ChatTemplate::fromSource(const std::string& source,
+                                                      std::string bos_token,
+                                                      std::string eos_token) {
+  auto parsed = jinja::Template::parse(source);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("chat template: ", parsed.status().message()));
+  }
+  return ChatTemplate(std::make_shared<const jinja::Template>(*std::move(parsed)),
+                      std::move(bos_token), std::move(eos_token));
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::load(const std::string& model_path,
+                                                const Tokenizer& tokenizer) {
+  CLEAVE_ASSIGN_OR_RETURN(std::string bos, tokenText(tokenizer, tokenizer.bosId()));
+  CLEAVE_ASSIGN_OR_RETURN(std::string eos, tokenText(tokenizer, tokenizer.eosId()));
+  const std::filesystem::path p(model_path);
+  std::error_code ec;
+  const auto none = [&](absl::string_view where) {
+    return absl::NotFoundError(absl::StrCat(model_path, ": no chat template (", where,
+                                            "); pass one with --chat-template FILE"));
+  };
+  if (std::filesystem::is_directory(p, ec)) {
+    const auto jinja_file = p / "chat_template.jinja";
+    if (std::filesystem::is_regular_file(jinja_file, ec))
+      return loadFile(jinja_file.string(), tokenizer);
+    const auto config_path = p / "tokenizer_config.json";
+    if (!std::filesystem::is_regular_file(config_path, ec)) {
+      return none("no chat_template.jinja or tokenizer_config.json");
+    }
+    CLEAVE_ASSIGN_OR_RETURN(std::string text,
+                            readFileLimited(config_path.string(), kMaxConfigBytes));
+    CLEAVE_ASSIGN_OR_RETURN(OrderedJson config, parseJson(text, config_path.string()));
+    const auto it = config.is_object() ? config.find("chat_template") : config.end();
+    if (it == config.end() || it->is_null())
+      return none("tokenizer_config.json has no chat_template");
+    std::string source;
+    if (it->is_string()) {
+      source = it->get<std::string>();
+    } else if (it->is_array()) {
+      for (const auto& entry : *it) {
+        if (entry.is_object() && entry.value("name", "") == "default" &&
+            entry.contains("template") && entry["template"].is_string()) {
+          source = entry["template"].get<std::string>();
+        }
+      }
+      if (source.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            config_path.string(), ": field 'chat_template': no entry named \"default\""));
+      }
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat(config_path.string(),
+                       ": field 'chat_template': must be a string or a list of {name, template}"));
+    }
+    auto t = fromSource(source, bos, eos);
+    if (!t.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat(config_path.string(), ": ", t.status().message()));
+    return t;
+  }
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<model::GgufFile> file, model::GgufFile::open(model_path));
+  if (file->find("tokenizer.chat_template") == nullptr) return none("no tokenizer.chat_template");
+  CLEAVE_ASSIGN_OR_RETURN(std::string source, file->getString("tokenizer.chat_template"));
+  auto t = fromSource(source, bos, eos);
+  if (!t.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(model_path, ": tokenizer.chat_template: ", t.status().message()));
+  }
+  return t;
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::loadFile(const std::string& path,
+                                                    const Tokenizer& tokenizer) {
+  CLEAVE_ASSIGN_OR_RETURN(std::string bos, tokenText(tokenizer, tokenizer.bosId()));
+  CLEAVE_ASSIGN_OR_RETURN(std::string eos, tokenText(tokenizer, tokenizer.eosId()));
+  CLEAVE_ASSIGN_OR_RETURN(std::string source, readFileLimited(path, kMaxTemplateBytes));
+  auto t = fromSource(source, bos, eos);
+  if (!t.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", t.status().message()));
+  return t;
+}
+
+absl::StatusOr<std::string> ChatTemplate::render(const ChatInput& input) const {
+  OrderedJson context = OrderedJson::object();
+  OrderedJson messages = OrderedJson::array();
+  for (size_t i = 0; i < input.messages.size(); ++i) {
+    const ChatMessage& m = input.messages[i];
+    OrderedJson message = {{"role", m.role}, {"content", m.content}};
+    if (!m.fields_json.empty()) {
+      const std::string field = absl::StrCat("messages[", i, "].fields_json");
+      CLEAVE_ASSIGN_OR_RETURN(OrderedJson fields, parseJson(m.fields_json, field));
+      if (!fields.is_object())
+        return absl::InvalidArgumentError(absl::StrCat(field, ": must be a JSON object"));
+      for (const auto& [k, v] : fields.items()) message[k] = v;
+    }
+    // As Hugging Face: a field set to null is left out (templates test for presence).
+    for (auto it = message.begin(); it != message.end();) {
+      it = it->is_null() ? message.erase(it) : std::next(it);
+    }
+    messages.push_back(std::move(message));
+  }
+  context["messages"] = std::move(messages);
+  context["tools"] = nullptr;
+  if (!input.tools_json.empty()) {
+    CLEAVE_ASSIGN_OR_RETURN(OrderedJson tools, parseJson(input.tools_json, "tools_json"));
+    if (!tools.is_array() && !tools.is_null()) {
+      return absl::InvalidArgumentError("tools_json: must be a JSON array of tool schemas");
+    }
+    context["tools"] = std::move(tools);
+  }
+  context["documents"] = nullptr;
+  context["add_generation_prompt"] = input.add_generation_prompt;
+  context["bos_token"] = bos_;
+  context["eos_token"] = eos_;
+  if (!input.kwargs_json.empty()) {
+    CLEAVE_ASSIGN_OR_RETURN(OrderedJson kwargs,
+                            parseJson(input.kwargs_json, "template_kwargs_json"));
+    if (!kwargs.is_object()) {
+      return absl::InvalidArgumentError("template_kwargs_json: must be a JSON object");
+    }
+    for (const auto& [k, v] : kwargs.items()) {
+      if (k == "messages" || k == "tools") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("template_kwargs_json: '", k, "' is set by the request itself"));
+      }
+      context[k] = v;
+    }
+  }
+  return renderContext(context.dump());
+}
+
+absl::StatusOr<std::string> ChatTemplate::renderContext(absl::string_view context_json) const {
+  CLEAVE_ASSIGN_OR_RETURN(OrderedJson context, parseJson(context_json, "chat template context"));
+  if (!context.is_object())
+    return absl::InvalidArgumentError("chat template context: must be a JSON object");
+  jinja::Value vars = toValue(context);
+  auto rendered = template_->render(vars.asDict());
+  if (rendered.ok()) return rendered;
+  const absl::string_view message = rendered.status().message();
+  if (absl::StartsWith(message, jinja::kRaisedPrefix)) {
+    return absl::InvalidArgumentError(absl::StrCat("the chat template refused the conversation: ",
+                                                   message.substr(jinja::kRaisedPrefix.size())));
+  }
+  return absl::Status(rendered.status().code(), absl::StrCat("chat template: ", message));
+}
+
+}  // namespace cleave::tokenizer
