@@ -56,7 +56,7 @@ echo
 echo "== streaming through the router (cleave generate --router, greedy)"
 for prompt in "What is the capital of France?" "Write one sentence about the sea."; do
   echo "> $prompt"
-  "$bin/cleave" generate --router "$router" --max-tokens 48 "$prompt"
+  "$bin/cleave" generate --router "$router" --max-tokens 48 --system "Answer in one sentence." "$prompt"
 done
 
 echo

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/jinja/builtins.h"
@@ -142,6 +143,32 @@ absl::StatusOr<ChatTemplate> ChatTemplate::loadFile(const std::string& path,
 }
 
 absl::StatusOr<std::string> ChatTemplate::render(const ChatInput& input) const {
+  if (!input.continue_final_message) return renderTurns(input);
+  // As Hugging Face: mark the end of the last content, render, and cut at the mark.
+  constexpr absl::string_view kMark = "CLEAVE_CONTINUE_FINAL_MESSAGE ";
+  if (input.messages.empty() || input.messages.back().content.empty()) {
+    return absl::InvalidArgumentError(
+        "continue_final_message: the last message has no content to continue");
+  }
+  ChatInput marked = input;
+  marked.add_generation_prompt = false;
+  marked.messages.back().content.append(kMark.data(), kMark.size());
+  CLEAVE_ASSIGN_OR_RETURN(std::string text, renderTurns(marked));
+  const absl::string_view bare = absl::StripTrailingAsciiWhitespace(kMark);
+  const size_t at = absl::string_view(text).rfind(bare);
+  if (at == std::string::npos) {
+    return absl::InvalidArgumentError(
+        "continue_final_message: the chat template does not print the last message's content");
+  }
+  if (absl::string_view(text).substr(at, kMark.size()) == kMark) {
+    text.resize(at);
+  } else {
+    text = std::string(absl::StripTrailingAsciiWhitespace(absl::string_view(text).substr(0, at)));
+  }
+  return text;
+}
+
+absl::StatusOr<std::string> ChatTemplate::renderTurns(const ChatInput& input) const {
   OrderedJson context = OrderedJson::object();
   OrderedJson messages = OrderedJson::array();
   for (size_t i = 0; i < input.messages.size(); ++i) {

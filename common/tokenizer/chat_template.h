@@ -38,6 +38,9 @@ struct ChatInput {
   std::string tools_json;   // a JSON array of tool schemas, or empty for none
   std::string kwargs_json;  // a JSON object of extra template variables, or empty
   bool add_generation_prompt = true;
+  // The prompt ends where the last message's content ends (no generation prompt), so the
+  // reply continues it. The content must be non-empty and the template must print it.
+  bool continue_final_message = false;
 };
 
 class ChatTemplate {
@@ -61,6 +64,7 @@ class ChatTemplate {
  private:
   ChatTemplate(std::shared_ptr<const jinja::Template> t, std::string bos, std::string eos)
       : template_(std::move(t)), bos_(std::move(bos)), eos_(std::move(eos)) {}
+  absl::StatusOr<std::string> renderTurns(const ChatInput& input) const;
   std::shared_ptr<const jinja::Template> template_;
   std::string bos_;
   std::string eos_;

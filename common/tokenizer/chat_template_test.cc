@@ -125,6 +125,28 @@ TEST(ChatTemplateTest, RenderPassesFieldsToolsAndKeywordArguments) {
             "<no-think>></s>");
 }
 
+TEST(ChatTemplateTest, ContinuingTheFinalMessageEndsThePromptInsideIt) {
+  auto t = ChatTemplate::fromSource(
+      "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>\n{% endfor %}"
+      "{% if add_generation_prompt %}<assistant>{% endif %}",
+      "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ChatInput input;
+  input.messages = {{"user", "Count to three.", ""}, {"assistant", "One, two,", ""}};
+  input.continue_final_message = true;
+  auto out = t->render(input);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "<user>Count to three.</user>\n<assistant>One, two,");
+  // A template that drops the content cannot be continued.
+  auto silent =
+      ChatTemplate::fromSource("{% for m in messages %}<{{ m.role }}>{% endfor %}", "", "");
+  ASSERT_TRUE(silent.ok());
+  EXPECT_TRUE(
+      absl::StrContains(silent->render(input).status().message(), "continue_final_message"));
+  input.messages.back().content = "";
+  EXPECT_FALSE(t->render(input).ok());
+}
+
 TEST(ChatTemplateTest, BadRequestFieldsNameTheField) {
   auto t = ChatTemplate::fromSource("{{ messages | length }}", "", "");
   ASSERT_TRUE(t.ok());

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
+#include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/cli/commands.h"
 #include "services/cli/router_client.h"
@@ -27,9 +28,31 @@ int fail(const absl::Status& status) {
   return 1;
 }
 
-// The ChatML turn format SmolLM2, Qwen and others use.
-std::string chatTurn(const std::string& text) {
-  return "<|im_start|>user\n" + text + "<|im_end|>\n<|im_start|>assistant\n";
+// The conversation `cleave generate` sends: an optional system turn, then PROMPT as the user's.
+std::vector<tokenizer::ChatMessage> conversation(const std::string& system,
+                                                 const std::string& prompt) {
+  std::vector<tokenizer::ChatMessage> turns;
+  if (!system.empty()) turns.push_back({"system", system, ""});
+  turns.push_back({"user", prompt, ""});
+  return turns;
+}
+
+// The prompt text of a chat with the model's template (or --chat-template's); nullopt for
+// a model without one (PROMPT then goes as plain text, and that is said).
+absl::StatusOr<std::optional<std::string>> chatText(const std::string& model,
+                                                    const std::string& template_file,
+                                                    const tokenizer::Tokenizer& words,
+                                                    const std::string& system,
+                                                    const std::string& prompt) {
+  auto t = template_file.empty() ? tokenizer::ChatTemplate::load(model, words)
+                                 : tokenizer::ChatTemplate::loadFile(template_file, words);
+  if (absl::IsNotFound(t.status()) && template_file.empty()) {
+    std::fprintf(stderr, "cleave generate: %s; sending the prompt as plain text\n",
+                 std::string(t.status().message()).c_str());
+    return std::nullopt;
+  }
+  if (!t.ok()) return t.status();
+  return t->render({.messages = conversation(system, prompt)});
 }
 
 // "1 2 3" or "1,2,3" as token ids; InvalidArgument naming what is not one.
@@ -48,15 +71,20 @@ absl::StatusOr<std::vector<uint32_t>> parseIds(const std::string& text) {
 
 // `ids` set: the prompt as token ids (no chat wrapping), else the text.
 int generateThroughRouter(const std::string& address, const std::string& prompt,
-                          const std::vector<uint32_t>& ids, bool chat,
+                          const std::vector<uint32_t>& ids, bool chat, const std::string& system,
                           const engine::SamplingParams& s, int64_t max_tokens,
                           const std::string& stop, bool ignore_eos, bool print_ids) {
   v1::GenerateRequest request;
   if (!ids.empty()) {
     request.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
+  } else if (chat) {
+    for (const tokenizer::ChatMessage& turn : conversation(system, prompt)) {
+      v1::ChatMessage* m = request.mutable_chat()->add_messages();
+      m->set_role(turn.role);
+      m->set_content(turn.content);
+    }
   } else {
-    request.set_text(chat ? chatTurn(prompt) : prompt);
-    request.set_parse_special_tokens(chat);
+    request.set_text(prompt);
     request.set_add_special_tokens(true);
   }
   v1::SamplingParams* p = request.mutable_sampling();
@@ -121,6 +149,8 @@ int runGenerate(int argc, char** argv) {
   std::string router;
   bool print_ids = false;
   bool chat = true;
+  std::string system;
+  std::string chat_template;
   double temperature = 0.0, top_p = 1.0, min_p = 0.0, repetition_penalty = 1.0;
   double presence_penalty = 0.0, frequency_penalty = 0.0;
   int64_t top_k = 0, seed = 0;
@@ -153,7 +183,12 @@ int runGenerate(int argc, char** argv) {
                   "bf16: W8A16, W4A16) or auto (activations quantized per row where the GPU "
                   "has the instruction: W8A8 on sm_120, W4A4 on sm_120a; else widened)");
   flags.addBool("chat", &chat,
-                "Wrap PROMPT as a user turn of the model's chat format (--no-chat: raw text)");
+                "Send PROMPT as a user turn through the model's chat template (--no-chat: as "
+                "plain text)");
+  flags.addString("system", &system, "A system message before PROMPT (with --chat)");
+  flags.addString("chat-template", &chat_template,
+                  "A Jinja chat template file instead of the model's (offline; a router uses its "
+                  "own)");
   flags.addDouble("temperature", &temperature, "Sampling temperature (0: greedy)");
   flags.addInt("top-k", &top_k, "Keep the k most likely tokens (0: all)");
   flags.addDouble("top-p", &top_p, "Keep the smallest set of tokens with this much probability");
@@ -236,8 +271,8 @@ int runGenerate(int argc, char** argv) {
 #endif
   }
   if (!router.empty()) {
-    return generateThroughRouter(router, positional[0], ids, chat, sampling, max_tokens, stop,
-                                 ignore_eos, print_ids);
+    return generateThroughRouter(router, positional[0], ids, chat, system, sampling, max_tokens,
+                                 stop, ignore_eos, print_ids);
   }
   // Token-id prompts need no tokenizer; without one, tokens print as ids.
   auto tokenizer = tokenizer::Tokenizer::load(model);
@@ -256,9 +291,17 @@ int runGenerate(int argc, char** argv) {
   const model::ModelConfig& config = (*group)->config();
 
   std::vector<tokenizer::TokenId> prompt(ids.begin(), ids.end());
-  if (ids.empty()) {
-    const std::string text = chat ? chatTurn(positional[0]) : positional[0];
-    prompt = words->encode(text, {.add_special_tokens = true, .parse_special = chat});
+  if (ids.empty() && chat) {
+    auto text = chatText(model, chat_template, *words, system, positional[0]);
+    if (!text.ok()) return fail(text.status());
+    if (text->has_value()) {
+      // The template places the special tokens.
+      prompt = words->encode(**text, {.add_special_tokens = false, .parse_special = true});
+    } else {
+      prompt = words->encode(positional[0], {.add_special_tokens = true, .parse_special = false});
+    }
+  } else if (ids.empty()) {
+    prompt = words->encode(positional[0], {.add_special_tokens = true, .parse_special = false});
   }
   if (prompt.empty()) return fail(absl::InvalidArgumentError("the prompt has no tokens"));
   if (static_cast<int64_t>(prompt.size()) >= context) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cleave/v1/generation.grpc.pb.h"
+#include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -45,6 +46,8 @@ struct GenerationServiceOptions {
   int max_migrations = 3;
   // When set, every call must present one of these keys (else UNAUTHENTICATED).
   std::shared_ptr<ApiKeys> api_keys;
+  // Renders `chat` prompts (null: they are refused with FAILED_PRECONDITION).
+  std::shared_ptr<const tokenizer::ChatTemplate> chat_template;
 };
 
 class GenerationService final : public v1::Generation::Service {

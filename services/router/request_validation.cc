@@ -79,8 +79,20 @@ absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
         return absl::InvalidArgumentError("token_ids.ids is empty; send at least one token id");
       }
       break;
+    case v1::GenerateRequest::kChat:
+      if (request.chat().messages().empty()) {
+        return absl::InvalidArgumentError("chat.messages is empty; send at least one message");
+      }
+      for (int i = 0; i < request.chat().messages_size(); ++i) {
+        if (request.chat().messages(i).role().empty()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("chat.messages[", i,
+                           "].role is empty; set it (\"system\", \"user\", \"assistant\"...)"));
+        }
+      }
+      break;
     case v1::GenerateRequest::INPUT_NOT_SET:
-      return absl::InvalidArgumentError("no input: set either text or token_ids");
+      return absl::InvalidArgumentError("no input: set text, token_ids or chat");
   }
   if (request.has_logprobs() && request.logprobs() > kMaxLogprobs) {
     return invalid("logprobs", absl::StrCat("must be at most ", kMaxLogprobs), request.logprobs());

@@ -13,6 +13,7 @@
 #include "common/ready_file.h"
 #include "common/server_flags.h"
 #include "common/shutdown.h"
+#include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/router_server.h"
 
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   std::string worker_ca;
   double api_key_rate = 0;
   std::string model;
+  std::string chat_template_file;
   cleave::FlagSet flags("cleave-router", "[flags]",
                         "Serves the cleave.v1.Generation API, admits requests against the KV "
                         "budget of the registered decode workers and relays their token "
@@ -47,6 +49,8 @@ int main(int argc, char** argv) {
   flags.addString("model", &model,
                   "The model file or folder the workers serve: its tokenizer turns text prompts "
                   "into tokens (without it only token-id prompts are served)");
+  flags.addString("chat-template", &chat_template_file,
+                  "A Jinja chat template file for chat prompts, instead of the one in --model");
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "A worker silent this long is dropped; its requests move to other workers");
@@ -106,6 +110,23 @@ int main(int argc, char** argv) {
     if (!loaded.ok()) cleave::exitWithUsageError(flags, loaded.status());
     tokenizer = std::move(*loaded);
   }
+  std::shared_ptr<const cleave::tokenizer::ChatTemplate> chat_template;
+  if (!chat_template_file.empty() && tokenizer == nullptr) {
+    cleave::exitWithUsageError(flags, absl::InvalidArgumentError("--chat-template needs --model"));
+  }
+  if (tokenizer != nullptr) {
+    auto loaded = chat_template_file.empty()
+                      ? cleave::tokenizer::ChatTemplate::load(model, *tokenizer)
+                      : cleave::tokenizer::ChatTemplate::loadFile(chat_template_file, *tokenizer);
+    if (loaded.ok()) {
+      chat_template = std::make_shared<const cleave::tokenizer::ChatTemplate>(*std::move(loaded));
+    } else if (!chat_template_file.empty()) {
+      cleave::exitWithUsageError(flags, loaded.status());
+    } else {
+      // Text and token-id prompts are still served.
+      CLEAVE_LOG(WARNING) << loaded.status().message() << "; chat prompts will be refused";
+    }
+  }
 
   cleave::registerProcessMetrics("router");
   auto metrics = cleave::MetricsServer::start(server_flags.metrics_address,
@@ -123,7 +144,8 @@ int main(int argc, char** argv) {
       .listen_address = server_flags.listen,
       .generation = {.queue_capacity = static_cast<uint32_t>(queue_capacity),
                      .max_migrations = static_cast<int>(max_migrations),
-                     .api_keys = api_keys},
+                     .api_keys = api_keys,
+                     .chat_template = chat_template},
       .workers = {.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms),
                   .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
                   .queue_capacity = queue_capacity,

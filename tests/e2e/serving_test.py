@@ -7,6 +7,7 @@ client Cleave did not write).
     concurrency, so some wait in the router's queue);
   * 64 concurrent requests against --target-concurrency 16: the worker's decode batch
     reaches 16, never exceeds it, and stays there while requests wait;
+  * chat prompts are the model file's template rendered, and decode as offline;
   * bad input gets the documented status codes with messages that say what to fix;
   * client cancellation and deadline expiry leave no KV block reserved, in the router or
     in the worker.
@@ -166,6 +167,50 @@ class ServingTest(unittest.TestCase):
         print(f"decode worker efficiency over the load: {floor / spent:.2f}")
         self.wait_for_no_reservations()
 
+    def test_chat_prompts_go_through_the_models_template(self):
+        """A chat request is the model file's template rendered (SmolLM2's ChatML, its default
+        system turn when none is given), tokenized with special tokens parsed; its greedy
+        tokens equal the offline engine's for the same conversation."""
+        pb = self.pb
+        question = "Name three rivers in Europe."
+
+        def chat_request(messages, **chat):
+            return pb.GenerateRequest(
+                chat=pb.Chat(messages=[pb.ChatMessage(role=r, content=c) for r, c in messages],
+                             **chat),
+                echo_prompt_token_ids=True, sampling=pb.SamplingParams(temperature=0),
+                stopping=pb.StoppingCriteria(max_new_tokens=12, ignore_eos=True))
+
+        def tokenize(text):
+            return list(self.stub.Tokenize(pb.TokenizeRequest(text=text, parse_special_tokens=True),
+                                           timeout=30).ids)
+
+        def echoed(request):
+            for message in self.stub.Generate(request, timeout=120):
+                if message.prompt_token_ids:
+                    return list(message.prompt_token_ids)
+            self.fail("no prompt ids echoed")
+
+        turn = "<|im_start|>{}\n{}<|im_end|>\n"
+        default_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        self.assertEqual(echoed(chat_request([("user", question)])),
+                         tokenize(turn.format("system", default_system) +
+                                  turn.format("user", question) + "<|im_start|>assistant\n"))
+        # Continuing an assistant turn: the prompt ends inside it.
+        self.assertEqual(
+            echoed(chat_request([("system", "Be brief."), ("user", question),
+                                 ("assistant", "The Danube,")], continue_final_message=True)),
+            tokenize(turn.format("system", "Be brief.") + turn.format("user", question) +
+                     "<|im_start|>assistant\nThe Danube,"))
+        ids, _, _ = self.generate(chat_request([("system", "Answer in one sentence."),
+                                                ("user", question)]))
+        code, out, err = ct.run([ct.binary("cleave"), "generate", f"--model={MODEL}",
+                                 "--system=Answer in one sentence.", "--print-ids", "--ignore-eos",
+                                 "--max-tokens=12", "--threads=2", question], timeout=120)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(ids, [int(t) for t in out.split()])
+        self.wait_for_no_reservations()
+
     def test_bad_input_gets_a_status_that_says_what_to_fix(self):
         pb, C = self.pb, grpc.StatusCode
 
@@ -187,6 +232,15 @@ class ServingTest(unittest.TestCase):
                C.INVALID_ARGUMENT, "top_p")
         expect(pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(temperature=-1)),
                C.INVALID_ARGUMENT, "temperature")
+        expect(pb.GenerateRequest(chat=pb.Chat()), C.INVALID_ARGUMENT, "chat.messages")
+        expect(pb.GenerateRequest(chat=pb.Chat(messages=[pb.ChatMessage(content="hi")])),
+               C.INVALID_ARGUMENT, "chat.messages[0].role")
+        expect(pb.GenerateRequest(chat=pb.Chat(messages=[
+            pb.ChatMessage(role="user", content="hi", fields_json="{oops")])),
+               C.INVALID_ARGUMENT, "messages[0].fields_json")
+        expect(pb.GenerateRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="")],
+                                               continue_final_message=True)),
+               C.INVALID_ARGUMENT, "continue_final_message")
         self.wait_for_no_reservations()
 
     def test_cancel_and_deadline_free_every_block(self):

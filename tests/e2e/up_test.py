@@ -27,7 +27,7 @@ class UpTest(unittest.TestCase):
         self.assertIn("decode-0_metrics_port", up.ready)
         code, out, err = ct.run([ct.binary("cleave"), "generate",
                                  f"--router=127.0.0.1:{up.ready['grpc_port']}", "--max-tokens=8",
-                                 "What is the capital of France?"])
+                                 "--system=Answer in one sentence.", "What is the capital of France?"])
         self.assertEqual(code, 0, err)
         self.assertIn("Paris", out)
         up.proc.send_signal(signal.SIGINT)

@@ -136,7 +136,7 @@ class BinariesCliTest(unittest.TestCase):
                                 "not a token id below the vocabulary size 49152")
         # Greedy decoding is deterministic: the model's answer, streamed, then timings.
         code, out, err = ct.run([cleave, "generate", f"--model={model}", "--max-tokens=12",
-                                 "What is the capital of France?"], timeout=120)
+                                 "--system=Answer in one sentence.", "What is the capital of France?"], timeout=120)
         self.assertEqual(code, 0, err)
         self.assertIn("Paris", out)
         self.assertRegex(err, r"generated \d+ tokens")
@@ -145,7 +145,7 @@ class BinariesCliTest(unittest.TestCase):
                            "--seed=7", "Tell me about cats."], timeout=120)[1] for _ in range(2)]
         self.assertEqual(sampled[0], sampled[1])
         code, out, err = ct.run([cleave, "generate", f"--model={model}", "--max-tokens=12", "--stop=Paris",
-                                 "What is the capital of France?"], timeout=120)
+                                 "--system=Answer in one sentence.", "What is the capital of France?"], timeout=120)
         self.assertEqual(code, 0, err)
         self.assertNotIn("Paris", out)
         self.assertIn("France is", out)
@@ -182,7 +182,7 @@ class BinariesCliTest(unittest.TestCase):
         self.assert_usage_error([cleave, "generate", f"--model={model}", "--backend=tpu", "Hi"],
                                 "--backend is cpu or cuda, not 'tpu'")
         code, out, err = ct.run([cleave, "generate", f"--model={model}", "--backend=cuda",
-                                 "--max-tokens=12", "What is the capital of France?"], timeout=120)
+                                 "--max-tokens=12", "--system=Answer in one sentence.", "What is the capital of France?"], timeout=120)
         if code == 0:  # A GPU is here: the GPU model answers as the CPU one does.
             self.assertIn("Paris", out)
             return
