@@ -1,5 +1,6 @@
 #include "common/model/model_config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -276,6 +277,17 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   return c;
 }
 
+namespace {
+
+// Adds `id` to the ids generation stops at, once.
+void addStopId(ModelConfig& c, uint32_t id) {
+  if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end()) {
+    c.eos_token_ids.push_back(id);
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
   ModelConfig c;
   c.source = file.path();
@@ -344,9 +356,14 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     CLEAVE_ASSIGN_OR_RETURN(uint64_t bos, file.getUint("tokenizer.ggml.bos_token_id"));
     c.bos_token_id = static_cast<uint32_t>(bos);
   }
-  if (file.find("tokenizer.ggml.eos_token_id") != nullptr) {
-    CLEAVE_ASSIGN_OR_RETURN(uint64_t eos, file.getUint("tokenizer.ggml.eos_token_id"));
-    c.eos_token_ids.push_back(static_cast<uint32_t>(eos));
+  // End of sequence, and llama.cpp's end-of-turn and end-of-message tokens.
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                          "tokenizer.ggml.eom_token_id"}) {
+    if (file.find(key) == nullptr) continue;
+    CLEAVE_ASSIGN_OR_RETURN(uint64_t id, file.getUint(key));
+    if (id > UINT32_MAX)
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", key, " is too large"));
+    addStopId(c, static_cast<uint32_t>(id));
   }
   CLEAVE_ASSIGN_OR_RETURN(uint32_t experts, u32Or("expert_count", 0));
   if (experts > 0) {
@@ -393,13 +410,43 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
   return c;
 }
 
+namespace {
+
+// generation_config.json's eos_token_id (a chat model's end-of-turn ids, e.g. Llama 3's
+// <|eot_id|>, often only there) joins config.json's.
+absl::Status addGenerationConfig(const std::string& path, ModelConfig& c) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return absl::OkStatus();
+  CLEAVE_ASSIGN_OR_RETURN(std::string text, readFile(path));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
+  }
+  auto it = j.find("eos_token_id");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  const nlohmann::json ids = it->is_array() ? *it : nlohmann::json::array({*it});
+  for (const auto& id : ids) {
+    if (!id.is_number_unsigned() || id.get<uint64_t>() > UINT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": field 'eos_token_id': must be a token id or a list of them"));
+    }
+    addStopId(c, id.get<uint32_t>());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> loadModelConfig(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code error;
   if (fs::is_directory(path, error)) {
     std::string config = (fs::path(path) / "config.json").string();
     CLEAVE_ASSIGN_OR_RETURN(std::string text, readFile(config));
-    return parseConfigJson(text, config);
+    CLEAVE_ASSIGN_OR_RETURN(ModelConfig c, parseConfigJson(text, config));
+    CLEAVE_RETURN_IF_ERROR(
+        addGenerationConfig((fs::path(path) / "generation_config.json").string(), c));
+    return c;
   }
   if (path.size() >= 5 && path.substr(path.size() - 5) == ".gguf") {
     CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> file, GgufFile::open(path));

@@ -96,6 +96,8 @@ struct ModelConfig {
   bool attention_bias = false;  // Q/K/V projections have biases (Qwen2).
   bool qk_norm = false;         // RMSNorm on Q and K per head (Qwen3).
   std::optional<uint32_t> bos_token_id;
+  // Where generation stops: config.json's eos_token_id and generation_config.json's (end of
+  // turn); in a GGUF file the EOS, EOT and EOM ids.
   std::vector<uint32_t> eos_token_ids;
   std::optional<MoeConfig> moe;
   std::optional<MlaConfig> mla;

@@ -153,6 +153,31 @@ TEST(ModelConfigTest, BadFieldsNameTheFileAndField) {
   }
 }
 
+TEST(ModelConfigTest, GenerationConfigAddsItsEndOfTurnIds) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("cleave_generation_config_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  fs::copy_file(fs::path(kConfigs) / "llama3_rope" / "config.json", dir / "config.json",
+                fs::copy_options::overwrite_existing);
+  auto base = loadModelConfig(dir.string());
+  ASSERT_TRUE(base.ok()) << base.status();
+  std::vector<uint32_t> want = base->eos_token_ids;
+  ASSERT_FALSE(want.empty());
+  // The first id repeats config.json's (kept once); the others are added in order.
+  std::ofstream(dir / "generation_config.json")
+      << R"({"bos_token_id": 1, "eos_token_id": [)" << want[0] << R"(, 7, 5]})";
+  auto merged = loadModelConfig(dir.string());
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  want.push_back(7);
+  want.push_back(5);
+  EXPECT_EQ(merged->eos_token_ids, want);
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": "x"})";
+  auto bad = loadModelConfig(dir.string());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("generation_config.json: field 'eos_token_id'"));
+  fs::remove_all(dir);
+}
+
 TEST(ModelConfigTest, SmolLm2GgufMetadata) {
   std::string path = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!fs::exists(path)) GTEST_SKIP() << path << " missing; run scripts/install-deps.sh";
