@@ -1,6 +1,7 @@
 #include "common/jinja/builtins.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <ctime>
 #include <initializer_list>
@@ -83,9 +84,10 @@ Value walkAttribute(const Value& item, const std::string& path) {
     const std::string part =
         path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (v.isUndefined()) return v;
-    bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    v = digits ? getItem(v, Value(static_cast<int64_t>(std::stoll(part))))
-               : getItem(v, Value(part));
+    int64_t index = 0;
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), index);
+    const bool number = !part.empty() && ec == std::errc() && end == part.data() + part.size();
+    v = number ? getItem(v, Value(index)) : getItem(v, Value(part));
     if (dot == std::string::npos) break;
     start = dot + 1;
   }
@@ -191,9 +193,12 @@ absl::StatusOr<Value> toNumber(const std::string& name, const Value& input, cons
   const bool want_int = name == "int";
   CLEAVE_ASSIGN_OR_RETURN(auto a, bind(name, args, {"default", "base"}));
   const Value fallback = a[0].isUndefined() ? (want_int ? Value(0) : Value(0.0)) : a[0];
+  // A float too large for an int64 (or NaN) gives the default, as a failed conversion does.
+  const auto toInt = [&](double d) {
+    return d > -9.2e18 && d < 9.2e18 ? Value(static_cast<int64_t>(d)) : fallback;
+  };
   if (input.isNumber()) {
-    if (want_int)
-      return Value(input.isFloat() ? static_cast<int64_t>(input.asDouble()) : input.asInt());
+    if (want_int) return input.isFloat() ? toInt(input.asDouble()) : Value(input.asInt());
     return Value(input.asDouble());
   }
   if (!input.isString()) return fallback;
@@ -207,7 +212,7 @@ absl::StatusOr<Value> toNumber(const std::string& name, const Value& input, cons
   }
   const double d = std::strtod(s.c_str(), &end);
   if (end != s.c_str() + s.size()) return fallback;
-  if (want_int) return Value(static_cast<int64_t>(d));
+  if (want_int) return toInt(d);
   return Value(d);
 }
 
@@ -313,10 +318,10 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
   }
   if (name == "tojson") {
     CLEAVE_ASSIGN_OR_RETURN(
-        auto a, bind(name, args, {"indent", "ensure_ascii", "separators", "sort_keys"}));
-    JsonStyle style{.sort_keys = a[3].truthy(), .ensure_ascii = a[1].truthy()};
-    if (!a[0].isUndefined() && !a[0].isNone()) {
-      CLEAVE_ASSIGN_OR_RETURN(int64_t w, intArg(name, a[0]));
+        auto a, bind(name, args, {"ensure_ascii", "indent", "separators", "sort_keys"}));
+    JsonStyle style{.sort_keys = a[3].truthy(), .ensure_ascii = a[0].truthy()};
+    if (!a[1].isUndefined() && !a[1].isNone()) {
+      CLEAVE_ASSIGN_OR_RETURN(int64_t w, intArg(name, a[1]));
       style.indent = static_cast<int>(std::clamp<int64_t>(w, 0, 64));
     }
     if (!a[2].isUndefined() && !a[2].isNone()) {
@@ -334,7 +339,10 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
   if (name == "abs") {
     CLEAVE_RETURN_IF_ERROR(noArgs());
     if (input.isFloat()) return Value(std::fabs(input.asDouble()));
-    if (input.isNumber()) return Value(input.asInt() < 0 ? -input.asInt() : input.asInt());
+    if (input.isNumber()) {
+      if (input.asInt() == INT64_MIN) return bad(name, "integer overflow");
+      return Value(input.asInt() < 0 ? -input.asInt() : input.asInt());
+    }
     return bad(name, absl::StrCat("bad operand type for abs(): '", input.typeName(), "'"));
   }
   if (name == "round") {
@@ -344,12 +352,23 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
     if (!a[0].isUndefined()) {
       CLEAVE_ASSIGN_OR_RETURN(precision, intArg(name, a[0]));
     }
+    precision = std::clamp<int64_t>(precision, -30, 30);
     const std::string method = a[1].isString() ? a[1].asString() : "common";
+    if (method == "common") {
+      // Python's round(): an int stays as it is; a float rounds half to even on its exact
+      // binary value, which printf's rounding is.
+      if (!input.isFloat() && precision >= 0) return Value(input.asInt());
+      if (precision >= 0) {
+        char buf[512];
+        std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(precision), input.asDouble());
+        return Value(std::strtod(buf, nullptr));
+      }
+    }
     const double scale = std::pow(10.0, static_cast<double>(precision));
     const double x = input.asDouble() * scale;
     const double r = method == "floor"  ? std::floor(x)
                      : method == "ceil" ? std::ceil(x)
-                                        : std::round(x);
+                                        : std::nearbyint(x);
     return Value(r / scale);
   }
   if (name == "int" || name == "float") return toNumber(name, input, args);
@@ -402,6 +421,7 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
   if (name == "unique") {
     CLEAVE_ASSIGN_OR_RETURN(auto a, bind(name, args, {"case_sensitive", "attribute"}));
     CLEAVE_ASSIGN_OR_RETURN(List items, iterate(input));
+    if (items.size() > 10000) return bad(name, "more than 10000 items");
     List out, seen;
     for (const Value& item : items) {
       const Value key = keyOf(item, a[1], a[0].truthy());
@@ -421,8 +441,14 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
       const Value v = a[0].isString() ? walkAttribute(item, a[0].asString()) : item;
       if (!v.isNumber() || !total.isNumber())
         return bad(name, absl::StrCat("cannot add a ", v.typeName()));
-      total = (v.isFloat() || total.isFloat()) ? Value(total.asDouble() + v.asDouble())
-                                               : Value(total.asInt() + v.asInt());
+      if (v.isFloat() || total.isFloat()) {
+        total = Value(total.asDouble() + v.asDouble());
+        continue;
+      }
+      int64_t next = 0;
+      if (__builtin_add_overflow(total.asInt(), v.asInt(), &next))
+        return bad(name, "integer overflow");
+      total = Value(next);
     }
     return total;
   }
@@ -476,8 +502,13 @@ absl::StatusOr<bool> applyTest(const std::string& name, const Value& input, cons
     return input.isString() || input.isList() || input.isDict() || input.isUndefined();
   if (name == "sequence") return input.isString() || input.isList() || input.isDict();
   if (name == "callable") return input.isFunction();
-  if (name == "lower") return input.isString() && text::lower(input.asString()) == input.asString();
-  if (name == "upper") return input.isString() && text::upper(input.asString()) == input.asString();
+  if (name == "lower" || name == "upper") {
+    // str.islower / isupper: no character of the other case, and at least one cased one.
+    if (!input.isString()) return false;
+    const std::string& s = input.asString();
+    const bool cased = text::lower(s) != text::upper(s);
+    return cased && (name == "lower" ? text::lower(s) == s : text::upper(s) == s);
+  }
   if (name == "eq" || name == "equalto" || name == "==") return equal(input, arg);
   if (name == "ne" || name == "!=") return !equal(input, arg);
   if (name == "sameas") {
@@ -502,7 +533,7 @@ absl::StatusOr<bool> applyTest(const std::string& name, const Value& input, cons
     if (name == "even") return n % 2 == 0;
     CLEAVE_ASSIGN_OR_RETURN(int64_t d, intArg(name, arg));
     if (d == 0) return bad(name, "division by zero");
-    return n % d == 0;
+    return d == -1 || n % d == 0;
   }
   if (name == "in") {
     if (arg.isString() && input.isString())
@@ -703,9 +734,10 @@ const Dict& globals() {
              if (args.positional.size() == 1) std::swap(v[0], v[1]);
              if (v[2] == 0) return bad("range", "step must not be zero");
              List out;
-             for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
+             for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1];) {
                if (out.size() >= 100000) return bad("range", "more than 100000 items");
                out.emplace_back(i);
+               if (__builtin_add_overflow(i, v[2], &i)) break;
              }
              return Value(std::move(out));
            }));

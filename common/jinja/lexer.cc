@@ -1,11 +1,11 @@
 #include "common/jinja/lexer.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/jinja/text.h"
 #include "common/status_macros.h"
 
@@ -48,9 +48,8 @@ class Lexer {
         const size_t newline = chunk.rfind('\n');
         const size_t line_begin = newline == std::string::npos ? 0 : newline + 1;
         if (newline != std::string::npos || line_starting) {
-          bool blank = true;
-          for (size_t i = line_begin; i < chunk.size(); ++i) blank = blank && isBlank(chunk[i]);
-          if (blank) chunk.resize(line_begin);
+          const std::u32string tail = text::decode(chunk.substr(line_begin));
+          if (std::all_of(tail.begin(), tail.end(), text::isSpace)) chunk.resize(line_begin);
         }
       }
       if (modifier == '-' || modifier == '+') ++body;
@@ -165,14 +164,15 @@ class Lexer {
       }
       const char c = src_[pos_];
       const bool closes_here = depth == 0 && src_.compare(pos_, 2, std::string{closer, '}'}) == 0;
-      const bool closes_stripped =
-          depth == 0 && c == '-' && src_.compare(pos_ + 1, 2, std::string{closer, '}'}) == 0;
-      if (closes_here || closes_stripped) {
-        strip_next = closes_stripped;
-        advanceTo(pos_ + (closes_stripped ? 3 : 2));
+      // `-%}` strips what follows; `+%}` keeps the newline trim_blocks would drop.
+      const bool closes_marked = depth == 0 && (c == '-' || (c == '+' && !print)) &&
+                                 src_.compare(pos_ + 1, 2, std::string{closer, '}'}) == 0;
+      if (closes_here || closes_marked) {
+        strip_next = closes_marked && c == '-';
+        advanceTo(pos_ + (closes_marked ? 3 : 2));
         tokens_.push_back(
             {print ? TokenKind::kPrintClose : TokenKind::kBlockClose, "", 0, 0, line_});
-        if (!print && !strip_next) trimBlock();
+        if (!print && !closes_marked) trimBlock();
         return absl::OkStatus();
       }
       if (isNameStart(c)) {
@@ -181,7 +181,10 @@ class Lexer {
         tokens_.push_back({TokenKind::kName, src_.substr(pos_, end - pos_), 0, 0, line_});
         pos_ = end;
       } else if (std::isdigit(static_cast<unsigned char>(c))) {
-        CLEAVE_RETURN_IF_ERROR(number());
+        // After a '.', digits are an index (`x.0.1`), never a float.
+        const bool index = !tokens_.empty() && tokens_.back().kind == TokenKind::kOperator &&
+                           tokens_.back().text == ".";
+        CLEAVE_RETURN_IF_ERROR(number(index));
       } else if (c == '\'' || c == '"') {
         CLEAVE_RETURN_IF_ERROR(string());
       } else {
@@ -206,7 +209,8 @@ class Lexer {
     }
   }
 
-  absl::Status number() {
+  // `index`: digits after a '.', an integer however they go on (`x.0.1`).
+  absl::Status number(bool index) {
     size_t end = pos_;
     bool is_float = false;
     const auto digits = [&] {
@@ -216,13 +220,13 @@ class Lexer {
       }
     };
     digits();
-    if (end + 1 < src_.size() && src_[end] == '.' &&
+    if (!index && end + 1 < src_.size() && src_[end] == '.' &&
         std::isdigit(static_cast<unsigned char>(src_[end + 1]))) {
       is_float = true;
       ++end;
       digits();
     }
-    if (end < src_.size() && (src_[end] == 'e' || src_[end] == 'E')) {
+    if (!index && end < src_.size() && (src_[end] == 'e' || src_[end] == 'E')) {
       size_t e = end + 1;
       if (e < src_.size() && (src_[e] == '+' || src_[e] == '-')) ++e;
       if (e < src_.size() && std::isdigit(static_cast<unsigned char>(src_[e]))) {
@@ -261,14 +265,35 @@ class Lexer {
           case 'n': value += '\n'; break;
           case 't': value += '\t'; break;
           case 'r': value += '\r'; break;
-          case '0': value += '\0'; break;
+          case 'b': value += '\b'; break;
+          case 'f': value += '\f'; break;
+          case 'v': value += '\v'; break;
+          case 'a': value += '\a'; break;
           case '\\': value += '\\'; break;
           case '\'': value += '\''; break;
           case '"': value += '"'; break;
           case '\n': break;  // a line continuation
+          case '0':
+          case '1':
+          case '2':
+          case '3':
+          case '4':
+          case '5':
+          case '6':
+          case '7': {
+            // Up to three octal digits.
+            int code = e - '0';
+            for (int k = 0;
+                 k < 2 && i + 1 < src_.size() && src_[i + 1] >= '0' && src_[i + 1] <= '7'; ++k) {
+              code = code * 8 + (src_[++i] - '0');
+            }
+            value += text::encode(std::u32string(1, static_cast<char32_t>(code)));
+            break;
+          }
           case 'u':
+          case 'U':
           case 'x': {
-            const size_t n = e == 'u' ? 4 : 2;
+            const size_t n = e == 'u' ? 4 : e == 'U' ? 8 : 2;
             if (i + n >= src_.size()) return error("truncated escape in a string");
             const std::string hex = src_.substr(i + 1, n);
             char* end = nullptr;
@@ -305,8 +330,19 @@ class Lexer {
 }  // namespace
 
 absl::StatusOr<std::vector<Token>> tokenize(const std::string& source) {
-  // As Jinja: every line end reads as "\n" and one trailing line end is dropped.
-  return Lexer(absl::StrJoin(text::splitlines(source), "\n")).run();
+  // As Jinja: "\r\n" and "\r" read as "\n", and one trailing line end is dropped.
+  std::string normalized;
+  normalized.reserve(source.size());
+  for (size_t i = 0; i < source.size(); ++i) {
+    if (source[i] == '\r') {
+      normalized += '\n';
+      if (i + 1 < source.size() && source[i + 1] == '\n') ++i;
+    } else {
+      normalized += source[i];
+    }
+  }
+  if (!normalized.empty() && normalized.back() == '\n') normalized.pop_back();
+  return Lexer(std::move(normalized)).run();
 }
 
 }  // namespace cleave::jinja

@@ -1,5 +1,6 @@
 #include "common/jinja/parser.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -10,8 +11,10 @@
 namespace cleave::jinja {
 namespace {
 
-// Deeper nesting than this (statements or expressions) is refused rather than recursed into.
-constexpr int kMaxDepth = 200;
+// Deeper nesting than this (statements, or expressions in brackets) is refused rather than
+// recursed into; so is an expression tree deeper than kMaxTreeDepth (`a + b + c ...`).
+constexpr int kMaxDepth = 100;
+constexpr int kMaxTreeDepth = 128;
 
 class Parser {
  public:
@@ -230,12 +233,25 @@ class Parser {
     e->line = line;
     return e;
   }
+  // Records the depth of `e`'s tree; past kMaxTreeDepth, too_deep_ holds the error (loops
+  // that grow a tree check it at once, so no deeper tree is ever built).
+  ExprPtr settle(ExprPtr e) {
+    int d = 0;
+    for (const ExprPtr& c : e->children) d = c ? std::max(d, c->depth) : d;
+    for (const auto& [k, c] : e->keywords) d = std::max(d, c->depth);
+    e->depth = d + 1;
+    if (e->depth > kMaxTreeDepth && too_deep_.ok()) {
+      too_deep_ = absl::InvalidArgumentError(absl::StrCat(
+          "line ", e->line, ": expression nested too deeply (over ", kMaxTreeDepth, " levels)"));
+    }
+    return e;
+  }
   ExprPtr binary(const std::string& op, ExprPtr a, ExprPtr b) {
     auto e = make(Expr::Kind::kBinary, a->line);
     e->name = op;
     e->children.push_back(std::move(a));
     e->children.push_back(std::move(b));
-    return e;
+    return settle(std::move(e));
   }
 
   // `a, b` without parentheses is a tuple (as in `{{ a, b }}` or `set x = a, b`).
@@ -253,7 +269,7 @@ class Parser {
       CLEAVE_ASSIGN_OR_RETURN(ExprPtr item, parseExpression());
       tuple->children.push_back(std::move(item));
     }
-    return tuple;
+    return settle(std::move(tuple));
   }
 
   absl::StatusOr<ExprPtr> parseExpression(bool with_conditional = true) {
@@ -272,7 +288,8 @@ class Parser {
       } else {
         c->children.push_back(nullptr);
       }
-      e = std::move(c);
+      e = settle(std::move(c));
+      CLEAVE_RETURN_IF_ERROR(too_deep_);
     }
     --depth_;
     return e;
@@ -284,6 +301,7 @@ class Parser {
       ++at_;
       CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseAnd());
       e = binary("or", std::move(e), std::move(r));
+      CLEAVE_RETURN_IF_ERROR(too_deep_);
     }
     return e;
   }
@@ -294,6 +312,7 @@ class Parser {
       ++at_;
       CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseNot());
       e = binary("and", std::move(e), std::move(r));
+      CLEAVE_RETURN_IF_ERROR(too_deep_);
     }
     return e;
   }
@@ -307,13 +326,16 @@ class Parser {
       auto e = make(Expr::Kind::kUnary, line);
       e->name = "not";
       e->children.push_back(std::move(operand));
-      return e;
+      return settle(std::move(e));
     }
     return parseCompare();
   }
 
+  // `a < b < c` is Python's chain: a < b and b < c, b evaluated once.
   absl::StatusOr<ExprPtr> parseCompare() {
-    CLEAVE_ASSIGN_OR_RETURN(ExprPtr e, parseMath1());
+    CLEAVE_ASSIGN_OR_RETURN(ExprPtr first, parseMath1());
+    auto chain = make(Expr::Kind::kCompare, first->line);
+    chain->children.push_back(std::move(first));
     while (true) {
       std::string op;
       if (peek().kind == TokenKind::kOperator &&
@@ -330,9 +352,16 @@ class Parser {
         break;
       }
       CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseMath1());
-      e = binary(op, std::move(e), std::move(r));
+      chain->ops.push_back(op);
+      chain->children.push_back(std::move(r));
+      if (chain->children.size() > static_cast<size_t>(kMaxTreeDepth)) {
+        return error("comparison chain too long");
+      }
     }
-    return e;
+    if (chain->ops.empty()) return std::move(chain->children[0]);
+    if (chain->ops.size() == 1)
+      return binary(chain->ops[0], std::move(chain->children[0]), std::move(chain->children[1]));
+    return settle(std::move(chain));
   }
 
   absl::StatusOr<ExprPtr> parseMath1() {
@@ -341,6 +370,7 @@ class Parser {
       const std::string op = next().text;
       CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseConcat());
       e = binary(op, std::move(e), std::move(r));
+      CLEAVE_RETURN_IF_ERROR(too_deep_);
     }
     return e;
   }
@@ -351,6 +381,7 @@ class Parser {
       ++at_;
       CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseMath2());
       e = binary("~", std::move(e), std::move(r));
+      CLEAVE_RETURN_IF_ERROR(too_deep_);
     }
     return e;
   }
@@ -361,6 +392,7 @@ class Parser {
       const std::string op = next().text;
       CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parsePow());
       e = binary(op, std::move(e), std::move(r));
+      CLEAVE_RETURN_IF_ERROR(too_deep_);
     }
     return e;
   }
@@ -371,6 +403,7 @@ class Parser {
       ++at_;
       CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseUnary(true));
       e = binary("**", std::move(e), std::move(r));
+      CLEAVE_RETURN_IF_ERROR(too_deep_);
     }
     return e;
   }
@@ -385,6 +418,7 @@ class Parser {
       e = make(Expr::Kind::kUnary, t.line);
       e->name = t.text;
       e->children.push_back(std::move(operand));
+      e = settle(std::move(e));
     } else {
       CLEAVE_ASSIGN_OR_RETURN(e, parsePrimary());
     }
@@ -448,7 +482,7 @@ class Parser {
             ++at_;
           }
           CLEAVE_RETURN_IF_ERROR(expectOp("]"));
-          return e;
+          return settle(std::move(e));
         }
         if (t.text == "{") {
           ++at_;
@@ -463,7 +497,7 @@ class Parser {
             ++at_;
           }
           CLEAVE_RETURN_IF_ERROR(expectOp("}"));
-          return e;
+          return settle(std::move(e));
         }
         break;
       default: break;
@@ -504,13 +538,15 @@ class Parser {
           auto index = make(Expr::Kind::kLiteral, t.line);
           index->literal = Value(t.integer);
           item->children.push_back(std::move(index));
-          e = std::move(item);
+          e = settle(std::move(item));
+          CLEAVE_RETURN_IF_ERROR(too_deep_);
           continue;
         }
         auto a = make(Expr::Kind::kAttribute, t.line);
         a->name = t.text;
         a->children.push_back(std::move(e));
-        e = std::move(a);
+        e = settle(std::move(a));
+        CLEAVE_RETURN_IF_ERROR(too_deep_);
       } else if (isOp("[")) {
         const int line = next().line;
         ExprPtr bounds[3];
@@ -529,13 +565,15 @@ class Parser {
         s->children.push_back(std::move(e));
         for (int part = 0; part < (slice ? 3 : 1); ++part)
           s->children.push_back(std::move(bounds[part]));
-        e = std::move(s);
+        e = settle(std::move(s));
+        CLEAVE_RETURN_IF_ERROR(too_deep_);
       } else if (isOp("(")) {
         const int line = next().line;
         auto c = make(Expr::Kind::kCall, line);
         c->children.push_back(std::move(e));
         CLEAVE_RETURN_IF_ERROR(parseArguments(*c));
-        e = std::move(c);
+        e = settle(std::move(c));
+        CLEAVE_RETURN_IF_ERROR(too_deep_);
       } else {
         return e;
       }
@@ -559,6 +597,8 @@ class Parser {
           ++at_;
           CLEAVE_RETURN_IF_ERROR(parseArguments(*f));
         }
+        f = settle(std::move(f));
+        CLEAVE_RETURN_IF_ERROR(too_deep_);
         CLEAVE_ASSIGN_OR_RETURN(e, parsePostfix(std::move(f)));
       } else if (isName("is")) {
         ++at_;
@@ -589,7 +629,8 @@ class Parser {
           CLEAVE_ASSIGN_OR_RETURN(argument, parsePostfix(std::move(argument)));
           t->children.push_back(std::move(argument));
         }
-        e = std::move(t);
+        e = settle(std::move(t));
+        CLEAVE_RETURN_IF_ERROR(too_deep_);
       } else {
         return e;
       }
@@ -600,6 +641,7 @@ class Parser {
   size_t at_ = 0;
   int depth_ = 0;
   int loops_ = 0;
+  absl::Status too_deep_;
 };
 
 }  // namespace

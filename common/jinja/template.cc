@@ -1,6 +1,8 @@
 #include "common/jinja/template.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -31,14 +33,25 @@ absl::Status typeError(absl::string_view what) {
 
 class Renderer {
  public:
-  Renderer(const Dict& context, const RenderLimits& limits) : context_(context), limits_(limits) {}
+  Renderer(const Dict& context, const RenderLimits& limits)
+      : context_(context),
+        limits_(limits),
+        deadline_(std::chrono::steady_clock::now() + limits.max_time) {}
+
+  ~Renderer() {
+    // Namespaces may hold each other (`set ns.me = ns`): emptied here, none outlives the
+    // render or takes a deep chain of destructors with it.
+    for (const auto& ns : namespaces_) ns->attributes.items.clear();
+  }
 
   absl::StatusOr<std::string> run(const Body& body) {
     Dict root;
     Scope scope{{&root}};
     root_ = &root;
     std::string out;
-    CLEAVE_RETURN_IF_ERROR(exec(body, scope, out).status());
+    absl::Status s = exec(body, scope, out).status();
+    root.items.clear();
+    if (!s.ok()) return s;
     return out;
   }
 
@@ -47,6 +60,10 @@ class Renderer {
     if (++steps_ > limits_.max_steps) {
       return absl::ResourceExhaustedError(
           absl::StrCat("the template ran more than ", limits_.max_steps, " steps"));
+    }
+    if (steps_ % 4096 == 0 && std::chrono::steady_clock::now() > deadline_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the template ran longer than ", limits_.max_time.count(), " ms"));
     }
     return absl::OkStatus();
   }
@@ -69,11 +86,12 @@ class Renderer {
     return absl::OkStatus();
   }
 
-  Value lookup(const Scope& scope, const std::string& name) const {
+  Value lookup(const Scope& scope, const std::string& name) {
     for (auto it = scope.frames.rbegin(); it != scope.frames.rend(); ++it) {
       if (const Value* v = (*it)->find(name)) return *v;
     }
     if (const Value* v = context_.find(name)) return *v;
+    if (name == "namespace") return namespaceFunction();
     if (const Value* v = globals().find(name)) return *v;
     return Value::undefined(absl::StrCat("'", name, "' is undefined"));
   }
@@ -152,9 +170,15 @@ class Renderer {
         CLEAVE_RETURN_IF_ERROR(assign(scope, node.targets, Value(std::move(captured))));
         return Flow::kNormal;
       }
-      case Node::Kind::kMacro:
-        scope.frames.back()->set(node.name, macro(node));
+      case Node::Kind::kMacro: {
+        // The macro sees the loop variables and sets around its definition as they are now.
+        auto closure = std::make_shared<Dict>();
+        for (size_t i = 1; i < scope.frames.size(); ++i) {
+          for (const auto& [k, v] : scope.frames[i]->items) closure->set(k, v);
+        }
+        scope.frames.back()->set(node.name, macro(node, std::move(closure)));
         return Flow::kNormal;
+      }
       case Node::Kind::kBreak: return Flow::kBreak;
       case Node::Kind::kContinue: return Flow::kContinue;
     }
@@ -214,8 +238,18 @@ class Renderer {
     return Flow::kNormal;
   }
 
-  Value macro(const Node& node) {
-    return Value::function([this, &node](const CallArgs& args) -> absl::StatusOr<Value> {
+  // namespace(...) as the global makes it, remembered so the render can empty it at its end.
+  Value namespaceFunction() {
+    return Value::function([this](const CallArgs& args) -> absl::StatusOr<Value> {
+      CLEAVE_ASSIGN_OR_RETURN(Value ns, globals().find("namespace")->asFunction()(args));
+      namespaces_.push_back(&ns.asNamespace());
+      held_.push_back(ns);
+      return ns;
+    });
+  }
+
+  Value macro(const Node& node, std::shared_ptr<Dict> closure) {
+    return Value::function([this, &node, closure](const CallArgs& args) -> absl::StatusOr<Value> {
       if (depth_ >= limits_.max_call_depth) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "macro '", node.name, "' nested deeper than ", limits_.max_call_depth, " calls"));
@@ -225,7 +259,7 @@ class Renderer {
                                       " arguments, got ", args.positional.size()));
       }
       Dict frame;
-      Scope scope{{root_, &frame}};
+      Scope scope{{root_, closure.get(), &frame}};
       for (size_t i = 0; i < node.params.size(); ++i) {
         const auto& [name, fallback] = node.params[i];
         if (i < args.positional.size()) {
@@ -276,6 +310,15 @@ class Renderer {
   }
 
   absl::StatusOr<Value> eval(const Expr& e, Scope& scope) {
+    CLEAVE_ASSIGN_OR_RETURN(Value v, evalNode(e, scope));
+    if (v.depth() > limits_.max_value_depth) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the template built lists or dicts nested deeper than ", limits_.max_value_depth));
+    }
+    return v;
+  }
+
+  absl::StatusOr<Value> evalNode(const Expr& e, Scope& scope) {
     CLEAVE_RETURN_IF_ERROR(step());
     switch (e.kind) {
       case Expr::Kind::kLiteral: return e.literal;
@@ -341,9 +384,12 @@ class Renderer {
               absl::StrCat("bad operand type for unary ", e.name, ": '", v.typeName(), "'"));
         }
         if (e.name == "+") return v.isFloat() ? v : Value(v.asInt());
-        return v.isFloat() ? Value(-v.asDouble()) : Value(-v.asInt());
+        if (v.isFloat()) return Value(-v.asDouble());
+        if (v.asInt() == INT64_MIN) return typeError("integer overflow");
+        return Value(-v.asInt());
       }
       case Expr::Kind::kBinary: return binary(e, scope);
+      case Expr::Kind::kCompare: return chain(e, scope);
       case Expr::Kind::kConditional: {
         CLEAVE_ASSIGN_OR_RETURN(Value c, eval(*e.children[1], scope));
         if (c.truthy()) return eval(*e.children[0], scope);
@@ -383,13 +429,14 @@ class Renderer {
       return std::clamp(x, low, high);
     };
     std::vector<int64_t> picked;
+    // Indices stay within [-1, n], so a huge step ends the walk instead of overflowing.
     if (step > 0) {
       const int64_t start = clamp(bound[0], 0, 0, n), stop = clamp(bound[1], n, 0, n);
-      for (int64_t i = start; i < stop; i += step) picked.push_back(i);
+      for (int64_t i = start; i < stop; i = step >= stop - i ? stop : i + step) picked.push_back(i);
     } else {
       const int64_t start = clamp(bound[0], n - 1, -1, n - 1),
                     stop = clamp(bound[1], -1, -1, n - 1);
-      for (int64_t i = start; i > stop; i += step) picked.push_back(i);
+      for (int64_t i = start; i > stop; i = step <= stop - i ? stop : i + step) picked.push_back(i);
     }
     if (object.isString()) {
       std::u32string out;
@@ -401,19 +448,10 @@ class Renderer {
     return Value(std::move(out));
   }
 
-  absl::StatusOr<Value> binary(const Expr& e, Scope& scope) {
-    const std::string& op = e.name;
-    CLEAVE_ASSIGN_OR_RETURN(Value a, eval(*e.children[0], scope));
-    if (op == "and") return a.truthy() ? eval(*e.children[1], scope) : a;
-    if (op == "or") return a.truthy() ? a : eval(*e.children[1], scope);
-    CLEAVE_ASSIGN_OR_RETURN(Value b, eval(*e.children[1], scope));
+  // a OP b for the comparison operators (==, !=, <, <=, >, >=, in, not in).
+  static absl::StatusOr<Value> compare(const std::string& op, const Value& a, const Value& b) {
     if (op == "==") return Value(equal(a, b));
     if (op == "!=") return Value(!equal(a, b));
-    if (op == "~") {
-      std::string left = a.str(), right = b.str();
-      CLEAVE_RETURN_IF_ERROR(checkSize(left.size() + right.size()));
-      return Value(std::move(left) + right);
-    }
     if (op == "in" || op == "not in") {
       if (b.isString() && !a.isString()) {
         return typeError(
@@ -424,12 +462,40 @@ class Renderer {
     }
     if (a.isUndefined()) return undefinedUse(a);
     if (b.isUndefined()) return undefinedUse(b);
-    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
-      // a > b is b < a; a <= b is not b < a; a >= b is not a < b.
-      const bool swapped = op == ">" || op == "<=";
-      CLEAVE_ASSIGN_OR_RETURN(bool r, swapped ? less(b, a) : less(a, b));
-      return Value(op.size() == 2 ? !r : r);
+    // a > b is b < a; a <= b is not b < a; a >= b is not a < b.
+    const bool swapped = op == ">" || op == "<=";
+    CLEAVE_ASSIGN_OR_RETURN(bool r, swapped ? less(b, a) : less(a, b));
+    return Value(op.size() == 2 ? !r : r);
+  }
+
+  absl::StatusOr<Value> chain(const Expr& e, Scope& scope) {
+    CLEAVE_ASSIGN_OR_RETURN(Value left, eval(*e.children[0], scope));
+    for (size_t i = 0; i < e.ops.size(); ++i) {
+      CLEAVE_ASSIGN_OR_RETURN(Value right, eval(*e.children[i + 1], scope));
+      CLEAVE_ASSIGN_OR_RETURN(Value holds, compare(e.ops[i], left, right));
+      if (!holds.truthy()) return Value(false);
+      left = std::move(right);
     }
+    return Value(true);
+  }
+
+  absl::StatusOr<Value> binary(const Expr& e, Scope& scope) {
+    const std::string& op = e.name;
+    CLEAVE_ASSIGN_OR_RETURN(Value a, eval(*e.children[0], scope));
+    if (op == "and") return a.truthy() ? eval(*e.children[1], scope) : a;
+    if (op == "or") return a.truthy() ? a : eval(*e.children[1], scope);
+    CLEAVE_ASSIGN_OR_RETURN(Value b, eval(*e.children[1], scope));
+    if (op == "==" || op == "!=") return compare(op, a, b);
+    if (op == "~") {
+      std::string left = a.str(), right = b.str();
+      CLEAVE_RETURN_IF_ERROR(checkSize(left.size() + right.size()));
+      return Value(std::move(left) + right);
+    }
+    if (op == "in" || op == "not in" || op == "<" || op == ">" || op == "<=" || op == ">=") {
+      return compare(op, a, b);
+    }
+    if (a.isUndefined()) return undefinedUse(a);
+    if (b.isUndefined()) return undefinedUse(b);
     if (op == "+") {
       if (a.isString() && b.isString()) {
         CLEAVE_RETURN_IF_ERROR(checkSize(a.asString().size() + b.asString().size()));
@@ -446,8 +512,9 @@ class Renderer {
                       (b.isString() && (a.isInt() || a.isBool())))) {
       const std::string& s = a.isString() ? a.asString() : b.asString();
       const int64_t times = a.isString() ? b.asInt() : a.asInt();
-      if (times > 0 && static_cast<double>(s.size()) * static_cast<double>(times) >
-                           static_cast<double>(limits_.max_output_bytes)) {
+      if (s.empty() || times <= 0) return Value(std::string());
+      if (static_cast<double>(s.size()) * static_cast<double>(times) >
+          static_cast<double>(limits_.max_output_bytes)) {
         return absl::ResourceExhaustedError("string repetition larger than the output limit");
       }
       std::string out;
@@ -476,9 +543,23 @@ class Renderer {
       if (op == "*") return Value(x * y);
       if (op == "**") return Value(std::pow(x, y));
       if (y == 0) return typeError("float division by zero");
-      const double q = std::floor(x / y);
-      if (op == "//") return Value(q);
-      return Value(x - q * y);  // %
+      // CPython's float divmod: the remainder from fmod, the quotient from it.
+      double mod = std::fmod(x, y);
+      double div = (x - mod) / y;
+      if (mod != 0) {
+        if ((y < 0) != (mod < 0)) {
+          mod += y;
+          div -= 1.0;
+        }
+      } else {
+        mod = std::copysign(0.0, y);
+      }
+      double floordiv = std::copysign(0.0, x / y);
+      if (div != 0) {
+        floordiv = std::floor(div);
+        if (div - floordiv > 0.5) floordiv += 1.0;
+      }
+      return Value(op == "//" ? floordiv : mod);
     }
     const int64_t x = a.asInt(), y = b.asInt();
     int64_t r = 0;
@@ -488,11 +569,17 @@ class Renderer {
     if (op == "*") overflow = __builtin_mul_overflow(x, y, &r);
     if (op == "**") {
       if (y < 0) return Value(std::pow(static_cast<double>(x), static_cast<double>(y)));
+      // By squaring: at most 64 rounds before |r| overflows (|x| <= 1 never does).
       r = 1;
-      for (int64_t i = 0; i < y && !overflow; ++i) overflow = __builtin_mul_overflow(r, x, &r);
+      int64_t base = x;
+      for (int64_t e = y; e > 0 && !overflow; e >>= 1) {
+        if (e & 1) overflow = __builtin_mul_overflow(r, base, &r);
+        if (e > 1 && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
+      }
     }
     if (op == "//" || op == "%") {
       if (y == 0) return typeError("integer division or modulo by zero");
+      if (x == INT64_MIN && y == -1) return typeError("integer overflow");
       int64_t q = x / y;
       if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
       r = op == "//" ? q : x - q * y;
@@ -503,7 +590,10 @@ class Renderer {
 
   const Dict& context_;
   const RenderLimits& limits_;
+  const std::chrono::steady_clock::time_point deadline_;
   Dict* root_ = nullptr;
+  std::vector<Namespace*> namespaces_;  // every namespace this render made
+  std::vector<Value> held_;             // ...kept alive until they are emptied
   int64_t steps_ = 0;
   int depth_ = 0;
 };

@@ -4,11 +4,13 @@
 //
 // Rendering is bounded: a template that would write more than `max_output_bytes`, take
 // more than `max_steps` evaluation steps or nest macro calls deeper than `max_call_depth`
-// fails with an error saying so, so a bad model file cannot hang or exhaust a server.
+// fails with an error saying so, so a bad model file cannot hang or exhaust a server; so
+// does one that builds lists nested deeper than `max_value_depth` or runs past `max_time`.
 //
 // Threading: immutable after parse; render may be called from any thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,9 +22,11 @@
 namespace cleave::jinja {
 
 struct RenderLimits {
-  size_t max_output_bytes = size_t{16} << 20;
+  size_t max_output_bytes = size_t{16} << 20;  // also the largest str or list built
   int64_t max_steps = 20'000'000;
-  int max_call_depth = 64;
+  int max_call_depth = 16;
+  int max_value_depth = 64;  // nesting of the lists and dicts a template builds
+  std::chrono::milliseconds max_time{10'000};
 };
 
 class Template {

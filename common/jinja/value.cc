@@ -27,6 +27,16 @@ void Dict::set(const std::string& key, Value value) {
   items.emplace_back(key, std::move(value));
 }
 
+Value::Value(List list) : v_(std::make_shared<List>(std::move(list))) {
+  depth_ = 1;
+  for (const Value& v : asList()) depth_ = std::max(depth_, v.depth_ + 1);
+}
+
+Value::Value(Dict dict) : v_(std::make_shared<Dict>(std::move(dict))) {
+  depth_ = 1;
+  for (const auto& [k, v] : asDict().items) depth_ = std::max(depth_, v.depth_ + 1);
+}
+
 bool Value::truthy() const {
   switch (kind()) {
     case Kind::kUndefined:
@@ -81,28 +91,40 @@ std::string formatFloat(double f) {
 
 namespace {
 
+// Whether Python's str.isprintable() holds for `c` (control, format and separator
+// characters other than the space are not; the common ones are listed).
+bool printable(char32_t c) {
+  if (c < 0x20 || (c >= 0x7f && c <= 0xa0) || c == 0xad) return false;
+  if (c == 0x1680 || c == 0x180e || (c >= 0x2000 && c <= 0x200f) || (c >= 0x2028 && c <= 0x202f) ||
+      (c >= 0x205f && c <= 0x206f) || c == 0x3000 || c == 0xfeff) {
+    return false;
+  }
+  return true;
+}
+
 // Python's repr of a str: single quotes unless the text holds ' and no ", escapes for
-// backslashes, the quote and control characters; other characters as they are.
+// backslashes, the quote and characters that are not printable; others as they are.
 std::string reprString(const std::string& s) {
   const bool double_quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos;
   const char quote = double_quote ? '"' : '\'';
   std::string out(1, quote);
-  for (unsigned char c : s) {
+  for (char32_t c : text::decode(s)) {
+    char hex[16];
     switch (c) {
       case '\\': out += "\\\\"; break;
       case '\n': out += "\\n"; break;
       case '\r': out += "\\r"; break;
       case '\t': out += "\\t"; break;
       default:
-        if (c == static_cast<unsigned char>(quote)) {
+        if (c == static_cast<char32_t>(quote)) {
           out += '\\';
-          out += static_cast<char>(c);
-        } else if (c < 0x20 || c == 0x7f) {
-          char hex[8];
-          std::snprintf(hex, sizeof hex, "\\x%02x", c);
-          out += hex;
+          out += quote;
+        } else if (printable(c)) {
+          out += text::encode(std::u32string(1, c));
         } else {
-          out += static_cast<char>(c);
+          std::snprintf(hex, sizeof hex, c < 0x100 ? "\\x%02x" : "\\u%04x",
+                        static_cast<unsigned>(c));
+          out += hex;
         }
     }
   }

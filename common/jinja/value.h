@@ -70,10 +70,10 @@ class Value {
   Value(int64_t i) : v_(i) {}
   Value(int i) : v_(int64_t{i}) {}
   Value(double f) : v_(f) {}
-  Value(std::string s) : v_(std::move(s)) {}
-  Value(const char* s) : v_(std::string(s)) {}
-  Value(List list) : v_(std::make_shared<List>(std::move(list))) {}
-  Value(Dict dict) : v_(std::make_shared<Dict>(std::move(dict))) {}
+  Value(std::string s) : v_(std::make_shared<const std::string>(std::move(s))) {}
+  Value(const char* s) : Value(std::string(s)) {}
+  Value(List list);
+  Value(Dict dict);
   // A Python tuple: a list that prints as "(a, b)" / "(a,)".
   static Value tuple(List items) {
     Value v(std::move(items));
@@ -96,6 +96,7 @@ class Value {
   bool isString() const { return kind() == Kind::kString; }
   bool isList() const { return kind() == Kind::kList; }
   bool isTuple() const { return tuple_; }
+  int depth() const { return depth_; }
   bool isDict() const { return kind() == Kind::kDict; }
   bool isNamespace() const { return kind() == Kind::kNamespace; }
   bool isFunction() const { return kind() == Kind::kFunction; }
@@ -105,7 +106,7 @@ class Value {
   double asDouble() const {
     return isFloat() ? std::get<double>(v_) : static_cast<double>(asInt());
   }
-  const std::string& asString() const { return std::get<std::string>(v_); }
+  const std::string& asString() const { return *std::get<std::shared_ptr<const std::string>>(v_); }
   const List& asList() const { return *std::get<std::shared_ptr<List>>(v_); }
   List& mutableList() const { return *std::get<std::shared_ptr<List>>(v_); }
   const Dict& asDict() const { return *std::get<std::shared_ptr<Dict>>(v_); }
@@ -123,12 +124,17 @@ class Value {
   std::string typeName() const;
 
  private:
-  using Variant = std::variant<Undefined, std::nullptr_t, bool, int64_t, double, std::string,
-                               std::shared_ptr<List>, std::shared_ptr<Dict>,
-                               std::shared_ptr<Namespace>, std::shared_ptr<Function>>;
+  // Strings are shared, not copied, when a value is (templates pass contents around).
+  using Variant =
+      std::variant<Undefined, std::nullptr_t, bool, int64_t, double,
+                   std::shared_ptr<const std::string>, std::shared_ptr<List>, std::shared_ptr<Dict>,
+                   std::shared_ptr<Namespace>, std::shared_ptr<Function>>;
   explicit Value(Variant v) : v_(std::move(v)) {}
   Variant v_;
   bool tuple_ = false;
+  // Lists and dicts: 1 + the deepest item's depth (a namespace counts as 1), so a template
+  // cannot build nesting deep enough to overflow the stack when printed or freed.
+  int depth_ = 0;
 };
 
 // Python's ==: numbers by value (1 == 1.0 == True), strings, lists and dicts by content,

@@ -47,7 +47,45 @@ jinja::Value toValue(const OrderedJson& j) {
   }
 }
 
+// JSON from a request stays shallow and small-objected: deeper than this, or an array or
+// object with more members, is refused before parsing (each level costs stack when the
+// template reads it; each member, a search of its object).
+constexpr int kMaxJsonDepth = 32;
+constexpr int kMaxJsonMembers = 10000;
+
+absl::Status checkJsonShape(absl::string_view text, absl::string_view field) {
+  std::vector<int> members;  // per open bracket
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      members.push_back(0);
+      if (members.size() > static_cast<size_t>(kMaxJsonDepth)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": nested deeper than ", kMaxJsonDepth, " levels"));
+      }
+    } else if ((c == ']' || c == '}') && !members.empty()) {
+      members.pop_back();
+    } else if (c == ',' && !members.empty() && ++members.back() >= kMaxJsonMembers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": an array or object with more than ", kMaxJsonMembers, " members"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OrderedJson> parseJson(absl::string_view text, absl::string_view field) {
+  CLEAVE_RETURN_IF_ERROR(checkJsonShape(text, field));
   OrderedJson j = OrderedJson::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(field, ": not valid JSON"));
   return j;
@@ -62,13 +100,22 @@ absl::StatusOr<std::string> tokenText(const Tokenizer& tokenizer, std::optional<
 }  // namespace
 
 absl::StatusOr<ChatTemplate> ChatTemplate::fromSource(const std::string& source,
-                                                      std::string bos_token,
-                                                      std::string eos_token) {
+                                                      std::string bos_token, std::string eos_token,
+                                                      const std::string& tool_source) {
   auto parsed = jinja::Template::parse(source);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("chat template: ", parsed.status().message()));
   }
-  return ChatTemplate(std::make_shared<const jinja::Template>(*std::move(parsed)),
+  std::shared_ptr<const jinja::Template> tools;
+  if (!tool_source.empty()) {
+    auto parsed_tools = jinja::Template::parse(tool_source);
+    if (!parsed_tools.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tool_use chat template: ", parsed_tools.status().message()));
+    }
+    tools = std::make_shared<const jinja::Template>(*std::move(parsed_tools));
+  }
+  return ChatTemplate(std::make_shared<const jinja::Template>(*std::move(parsed)), std::move(tools),
                       std::move(bos_token), std::move(eos_token));
 }
 
@@ -92,19 +139,26 @@ absl::StatusOr<ChatTemplate> ChatTemplate::load(const std::string& model_path,
     }
     CLEAVE_ASSIGN_OR_RETURN(std::string text,
                             readFileLimited(config_path.string(), kMaxConfigBytes));
-    CLEAVE_ASSIGN_OR_RETURN(OrderedJson config, parseJson(text, config_path.string()));
+    // A model file, not a request: no shape limits beyond the file size.
+    const OrderedJson config = OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded()) {
+      return absl::InvalidArgumentError(absl::StrCat(config_path.string(), ": not valid JSON"));
+    }
     const auto it = config.is_object() ? config.find("chat_template") : config.end();
     if (it == config.end() || it->is_null())
       return none("tokenizer_config.json has no chat_template");
-    std::string source;
+    std::string source, tool_source;
     if (it->is_string()) {
       source = it->get<std::string>();
     } else if (it->is_array()) {
+      // Named templates: "default", and "tool_use" for requests that pass tools.
       for (const auto& entry : *it) {
-        if (entry.is_object() && entry.value("name", "") == "default" &&
-            entry.contains("template") && entry["template"].is_string()) {
-          source = entry["template"].get<std::string>();
+        if (!entry.is_object() || !entry.contains("template") || !entry["template"].is_string()) {
+          continue;
         }
+        const std::string name = entry.value("name", "");
+        if (name == "default") source = entry["template"].get<std::string>();
+        if (name == "tool_use") tool_source = entry["template"].get<std::string>();
       }
       if (source.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -115,7 +169,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::load(const std::string& model_path,
           absl::StrCat(config_path.string(),
                        ": field 'chat_template': must be a string or a list of {name, template}"));
     }
-    auto t = fromSource(source, bos, eos);
+    auto t = fromSource(source, bos, eos, tool_source);
     if (!t.ok())
       return absl::InvalidArgumentError(
           absl::StrCat(config_path.string(), ": ", t.status().message()));
@@ -124,7 +178,11 @@ absl::StatusOr<ChatTemplate> ChatTemplate::load(const std::string& model_path,
   CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<model::GgufFile> file, model::GgufFile::open(model_path));
   if (file->find("tokenizer.chat_template") == nullptr) return none("no tokenizer.chat_template");
   CLEAVE_ASSIGN_OR_RETURN(std::string source, file->getString("tokenizer.chat_template"));
-  auto t = fromSource(source, bos, eos);
+  std::string tool_source;
+  if (file->find("tokenizer.chat_template.tool_use") != nullptr) {
+    CLEAVE_ASSIGN_OR_RETURN(tool_source, file->getString("tokenizer.chat_template.tool_use"));
+  }
+  auto t = fromSource(source, bos, eos, tool_source);
   if (!t.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(model_path, ": tokenizer.chat_template: ", t.status().message()));
@@ -169,37 +227,40 @@ absl::StatusOr<std::string> ChatTemplate::render(const ChatInput& input) const {
 }
 
 absl::StatusOr<std::string> ChatTemplate::renderTurns(const ChatInput& input) const {
-  OrderedJson context = OrderedJson::object();
-  OrderedJson messages = OrderedJson::array();
+  jinja::List messages;
   for (size_t i = 0; i < input.messages.size(); ++i) {
     const ChatMessage& m = input.messages[i];
-    OrderedJson message = {{"role", m.role}, {"content", m.content}};
+    jinja::Dict message;
+    message.set("role", jinja::Value(m.role));
+    message.set("content", jinja::Value(m.content));
     if (!m.fields_json.empty()) {
       const std::string field = absl::StrCat("messages[", i, "].fields_json");
       CLEAVE_ASSIGN_OR_RETURN(OrderedJson fields, parseJson(m.fields_json, field));
       if (!fields.is_object())
         return absl::InvalidArgumentError(absl::StrCat(field, ": must be a JSON object"));
-      for (const auto& [k, v] : fields.items()) message[k] = v;
+      for (const auto& [k, v] : fields.items()) message.set(k, toValue(v));
     }
-    // As Hugging Face: a field set to null is left out (templates test for presence).
-    for (auto it = message.begin(); it != message.end();) {
-      it = it->is_null() ? message.erase(it) : std::next(it);
-    }
-    messages.push_back(std::move(message));
+    // As transformers' apply_chat_template: a field set to null is left out (templates test
+    // for presence).
+    std::erase_if(message.items, [](const auto& item) { return item.second.isNone(); });
+    messages.emplace_back(std::move(message));
   }
-  context["messages"] = std::move(messages);
-  context["tools"] = nullptr;
+  jinja::Dict context;
+  context.set("messages", jinja::Value(std::move(messages)));
+  jinja::Value tools = jinja::Value::none();
   if (!input.tools_json.empty()) {
-    CLEAVE_ASSIGN_OR_RETURN(OrderedJson tools, parseJson(input.tools_json, "tools_json"));
-    if (!tools.is_array() && !tools.is_null()) {
+    CLEAVE_ASSIGN_OR_RETURN(OrderedJson parsed, parseJson(input.tools_json, "tools_json"));
+    if (!parsed.is_array() && !parsed.is_null()) {
       return absl::InvalidArgumentError("tools_json: must be a JSON array of tool schemas");
     }
-    context["tools"] = std::move(tools);
+    tools = toValue(parsed);
   }
-  context["documents"] = nullptr;
-  context["add_generation_prompt"] = input.add_generation_prompt;
-  context["bos_token"] = bos_;
-  context["eos_token"] = eos_;
+  const bool with_tools = tools.isList() && !tools.asList().empty();
+  context.set("tools", std::move(tools));
+  context.set("documents", jinja::Value::none());
+  context.set("add_generation_prompt", jinja::Value(input.add_generation_prompt));
+  context.set("bos_token", jinja::Value(bos_));
+  context.set("eos_token", jinja::Value(eos_));
   if (!input.kwargs_json.empty()) {
     CLEAVE_ASSIGN_OR_RETURN(OrderedJson kwargs,
                             parseJson(input.kwargs_json, "template_kwargs_json"));
@@ -207,14 +268,14 @@ absl::StatusOr<std::string> ChatTemplate::renderTurns(const ChatInput& input) co
       return absl::InvalidArgumentError("template_kwargs_json: must be a JSON object");
     }
     for (const auto& [k, v] : kwargs.items()) {
-      if (k == "messages" || k == "tools") {
+      if (context.find(k) != nullptr) {
         return absl::InvalidArgumentError(
             absl::StrCat("template_kwargs_json: '", k, "' is set by the request itself"));
       }
-      context[k] = v;
+      context.set(k, toValue(v));
     }
   }
-  return renderContext(context.dump());
+  return renderWith(with_tools && tool_template_ ? *tool_template_ : *template_, context);
 }
 
 absl::StatusOr<std::string> ChatTemplate::renderContext(absl::string_view context_json) const {
@@ -222,7 +283,12 @@ absl::StatusOr<std::string> ChatTemplate::renderContext(absl::string_view contex
   if (!context.is_object())
     return absl::InvalidArgumentError("chat template context: must be a JSON object");
   jinja::Value vars = toValue(context);
-  auto rendered = template_->render(vars.asDict());
+  return renderWith(*template_, vars.asDict());
+}
+
+absl::StatusOr<std::string> ChatTemplate::renderWith(const jinja::Template& t,
+                                                     const jinja::Dict& context) const {
+  auto rendered = t.render(context);
   if (rendered.ok()) return rendered;
   const absl::string_view message = rendered.status().message();
   if (absl::StartsWith(message, jinja::kRaisedPrefix)) {

@@ -21,7 +21,8 @@
 
 namespace cleave::jinja {
 class Template;
-}
+struct Dict;
+}  // namespace cleave::jinja
 
 namespace cleave::tokenizer {
 
@@ -46,8 +47,11 @@ struct ChatInput {
 class ChatTemplate {
  public:
   // Parses `source` (errors name the line); bos/eos are the texts the template may print.
+  // `tool_source`, when not empty, renders requests that pass tools (a model's "tool_use"
+  // template).
   static absl::StatusOr<ChatTemplate> fromSource(const std::string& source, std::string bos_token,
-                                                 std::string eos_token);
+                                                 std::string eos_token,
+                                                 const std::string& tool_source = "");
   // The template `model_path` (a .gguf file or a Hugging Face folder) carries, with the
   // BOS/EOS texts of its `tokenizer`. NotFound when the model has none; errors name the file.
   static absl::StatusOr<ChatTemplate> load(const std::string& model_path,
@@ -55,17 +59,26 @@ class ChatTemplate {
   // The template in the file `path` (a .jinja text file), as --chat-template passes it.
   static absl::StatusOr<ChatTemplate> loadFile(const std::string& path, const Tokenizer& tokenizer);
 
-  // The prompt text of `input`. Bad JSON names the field; a template error or a
-  // raise_exception() in it (e.g. "roles must alternate") is InvalidArgument quoting it.
+  // The prompt text of `input`. Bad JSON names the field (InvalidArgument); a
+  // raise_exception() in the template (e.g. "roles must alternate") is InvalidArgument
+  // quoting it; the render limits of jinja/template.h are ResourceExhausted; other template
+  // errors keep their code, prefixed "chat template: ".
   absl::StatusOr<std::string> render(const ChatInput& input) const;
   // The prompt text for a whole render context (a JSON object), for tests and tools.
   absl::StatusOr<std::string> renderContext(absl::string_view context_json) const;
 
  private:
-  ChatTemplate(std::shared_ptr<const jinja::Template> t, std::string bos, std::string eos)
-      : template_(std::move(t)), bos_(std::move(bos)), eos_(std::move(eos)) {}
+  ChatTemplate(std::shared_ptr<const jinja::Template> t,
+               std::shared_ptr<const jinja::Template> tools, std::string bos, std::string eos)
+      : template_(std::move(t)),
+        tool_template_(std::move(tools)),
+        bos_(std::move(bos)),
+        eos_(std::move(eos)) {}
   absl::StatusOr<std::string> renderTurns(const ChatInput& input) const;
+  absl::StatusOr<std::string> renderWith(const jinja::Template& t,
+                                         const jinja::Dict& context) const;
   std::shared_ptr<const jinja::Template> template_;
+  std::shared_ptr<const jinja::Template> tool_template_;  // may be null
   std::string bos_;
   std::string eos_;
 };

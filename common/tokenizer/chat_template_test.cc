@@ -180,11 +180,76 @@ TEST(ChatTemplateTest, BoundsStopRunawayTemplates) {
     ASSERT_FALSE(out.ok());
     EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << out.status();
   }
-  std::string deep(1000, '(');
-  deep = "{{ " + deep + "1" + std::string(1000, ')') + " }}";
-  auto t = jinja::Template::parse(deep);
-  ASSERT_FALSE(t.ok());
-  EXPECT_TRUE(absl::StrContains(t.status().message(), "nested too deeply")) << t.status();
+  // Deep nesting, in brackets or in a long flat chain, is refused when parsed.
+  std::string chain = "{{ 0";
+  for (int i = 0; i < 300000; ++i) chain += "+0";
+  for (const std::string& source :
+       {"{{ " + std::string(1000, '(') + "1" + std::string(1000, ')') + " }}", chain + " }}"}) {
+    auto t = jinja::Template::parse(source);
+    ASSERT_FALSE(t.ok());
+    EXPECT_TRUE(absl::StrContains(t.status().message(), "nested too deeply")) << t.status();
+  }
+  std::string filters = "{{ 'a'";
+  for (int i = 0; i < 1000; ++i) filters += "|trim";
+  EXPECT_FALSE(jinja::Template::parse(filters + " }}").ok());
+  // Nesting built at run time, a clock limit, and integer edges that would be undefined.
+  const std::pair<const char*, absl::StatusCode> runs[] = {
+      {"{% set ns = namespace(a=[]) %}{% for i in range(1000) %}{% set ns.a = [ns.a] %}"
+       "{% endfor %}{{ ns.a }}",
+       absl::StatusCode::kResourceExhausted},
+      {"{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+       absl::StatusCode::kResourceExhausted},
+      {"{{ (-9223372036854775807 - 1) // -1 }}", absl::StatusCode::kInvalidArgument},
+      {"{{ (-9223372036854775807 - 1) % -1 }}", absl::StatusCode::kInvalidArgument},
+      {"{{ -(-9223372036854775807 - 1) }}", absl::StatusCode::kInvalidArgument},
+      {"{{ (-9223372036854775807 - 1) | abs }}", absl::StatusCode::kInvalidArgument},
+      {"{{ 9223372036854775807 + 1 }}", absl::StatusCode::kInvalidArgument},
+      {"{{ 3 ** 9223372036854775807 }}", absl::StatusCode::kInvalidArgument},
+  };
+  for (const auto& [source, code] : runs) {
+    SCOPED_TRACE(source);
+    auto t = jinja::Template::parse(source);
+    ASSERT_TRUE(t.ok()) << t.status();
+    auto out =
+        t->render({}, {.max_steps = int64_t{1} << 40, .max_time = std::chrono::milliseconds(300)});
+    ASSERT_FALSE(out.ok()) << *out;
+    EXPECT_EQ(out.status().code(), code) << out.status();
+  }
+  // Values that stay in range.
+  auto edges = jinja::Template::parse(
+      "{{ '1e300' | int }} {{ (-9223372036854775807 - 1) // 1 }} {{ -7 is divisibleby(-1) }} "
+      "{{ range(9223372036854775800, 9223372036854775807, 4) | list | length }} "
+      "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns.me.me is defined }}");
+  ASSERT_TRUE(edges.ok()) << edges.status();
+  auto out = edges->render({});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "0 -9223372036854775808 True 2 True");
+}
+
+TEST(ChatTemplateTest, RequestJsonIsShallowAndSmall) {
+  auto t = ChatTemplate::fromSource("{{ messages | length }}", "", "");
+  ASSERT_TRUE(t.ok());
+  ChatInput input;
+  input.messages = {
+      {"user", "a", R"({"x": )" + std::string(100000, '[') + std::string(100000, ']') + "}"}};
+  auto deep = t->render(input);
+  ASSERT_FALSE(deep.ok());
+  EXPECT_TRUE(absl::StrContains(deep.status().message(), "messages[0].fields_json: nested deeper"))
+      << deep.status();
+  std::string wide = "{";
+  for (int i = 0; i < 20000; ++i) wide += absl::StrCat(i ? "," : "", "\"k", i, "\": 1");
+  input.messages[0].fields_json = wide + "}";
+  auto many = t->render(input);
+  ASSERT_FALSE(many.ok());
+  EXPECT_TRUE(absl::StrContains(many.status().message(), "more than 10000 members"))
+      << many.status();
+  // Brackets inside strings do not count.
+  input.messages[0].fields_json = R"({"x": ")" + std::string(100, '[') + R"("})";
+  EXPECT_TRUE(t->render(input).ok());
+  // Variables the request sets itself cannot come again as template arguments.
+  input.messages[0].fields_json = "";
+  input.kwargs_json = R"({"add_generation_prompt": false})";
+  EXPECT_TRUE(absl::StrContains(t->render(input).status().message(), "add_generation_prompt"));
 }
 
 TEST(ChatTemplateTest, HuggingFaceFolderTemplates) {

@@ -271,6 +271,11 @@ int runGenerate(int argc, char** argv) {
 #endif
   }
   if (!router.empty()) {
+    if (!chat_template.empty()) {
+      exitWithUsageError(flags,
+                         absl::InvalidArgumentError(
+                             "--chat-template is for --model; a router renders with its own"));
+    }
     return generateThroughRouter(router, positional[0], ids, chat, system, sampling, max_tokens,
                                  stop, ignore_eos, print_ids);
   }

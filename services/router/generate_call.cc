@@ -96,11 +96,12 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     }
   } else if (request.has_chat()) {
     if (tokenizer_ == nullptr || options_.chat_template == nullptr) {
-      return error(grpc::StatusCode::FAILED_PRECONDITION,
-                   tokenizer_ == nullptr
-                       ? "this router has no tokenizer (start it with --model); send token_ids"
-                       : "this router has no chat template (the model file has none): start it "
-                         "with --chat-template FILE, or send text");
+      return error(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          tokenizer_ == nullptr
+              ? "this router has no tokenizer (start it with --model); send token_ids"
+              : absl::StrCat("this router has no chat template (", options_.no_chat_template_reason,
+                             "); start it with --chat-template FILE, or send text"));
     }
     tokenizer::ChatInput chat{.tools_json = request.chat().tools_json(),
                               .kwargs_json = request.chat().template_kwargs_json(),
@@ -110,7 +111,9 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     }
     absl::StatusOr<std::string> text = options_.chat_template->render(chat);
     if (!text.ok()) {
-      return error(grpc::StatusCode::INVALID_ARGUMENT,
+      // INVALID_ARGUMENT for what the conversation asks (or the template refuses);
+      // RESOURCE_EXHAUSTED when rendering hit its limits.
+      return error(static_cast<grpc::StatusCode>(text.status().code()),
                    absl::StrCat("chat: ", text.status().message()));
     }
     // The template places the special tokens; none are added.

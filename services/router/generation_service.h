@@ -46,8 +46,10 @@ struct GenerationServiceOptions {
   int max_migrations = 3;
   // When set, every call must present one of these keys (else UNAUTHENTICATED).
   std::shared_ptr<ApiKeys> api_keys;
-  // Renders `chat` prompts (null: they are refused with FAILED_PRECONDITION).
+  // Renders `chat` prompts (null: they are refused with FAILED_PRECONDITION, quoting
+  // `no_chat_template_reason`).
   std::shared_ptr<const tokenizer::ChatTemplate> chat_template;
+  std::string no_chat_template_reason = "no --model";
 };
 
 class GenerationService final : public v1::Generation::Service {

@@ -111,6 +111,7 @@ int main(int argc, char** argv) {
     tokenizer = std::move(*loaded);
   }
   std::shared_ptr<const cleave::tokenizer::ChatTemplate> chat_template;
+  std::string no_chat_template_reason = "no --model";
   if (!chat_template_file.empty() && tokenizer == nullptr) {
     cleave::exitWithUsageError(flags, absl::InvalidArgumentError("--chat-template needs --model"));
   }
@@ -125,6 +126,7 @@ int main(int argc, char** argv) {
     } else {
       // Text and token-id prompts are still served.
       CLEAVE_LOG(WARNING) << loaded.status().message() << "; chat prompts will be refused";
+      no_chat_template_reason = std::string(loaded.status().message());
     }
   }
 
@@ -145,7 +147,8 @@ int main(int argc, char** argv) {
       .generation = {.queue_capacity = static_cast<uint32_t>(queue_capacity),
                      .max_migrations = static_cast<int>(max_migrations),
                      .api_keys = api_keys,
-                     .chat_template = chat_template},
+                     .chat_template = chat_template,
+                     .no_chat_template_reason = no_chat_template_reason},
       .workers = {.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms),
                   .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
                   .queue_capacity = queue_capacity,

@@ -964,6 +964,27 @@ tail
     case("error_type_add_int_str", "{{ 1 + 'a' }}", messages=msgs, error="type")
     case("error_type_add_none", "{{ messages[0].content + none }}", messages=msgs,
          error="type")
+    # Corners found in review (each checked here against Jinja itself).
+    case("compare_chained", "{{ 3 > 2 > 1 }} {{ 1 < 3 < 2 }} {{ 1 == 1 != 2 }} {{ 'a' in 'abc' in ['abc'] }}")
+    case("tojson_positional_is_ensure_ascii", "{{ {'a': 'é'} | tojson(true) }}")
+    case("round_python", "{{ 2.5 | round }} {{ 3.5 | round }} {{ 3 | round }} {{ 0.125 | round(2) }} "
+         "{{ 2.675 | round(2) }} {{ 1.5 | round(0, 'floor') }} {{ 1.2 | round(0, 'ceil') }}")
+    case("block_plus_keeps_newline", "{% if true +%}\nx{% endif %}\n{% if true %}\ny{% endif %}")
+    case("attribute_integer_chain", "{% set x = [[1, [5, 2]]] %}{{ x.0.1 }} {{ x.0.1.0 }}")
+    case("string_escapes", "{{ 'a\\tb\\x41\\101\\u00e9\\U0001F600' }}|{{ ['\\b', '\\f', '\\v'] }}")
+    case("is_lower_needs_a_letter", "{{ '123' is lower }} {{ 'abc1' is lower }} {{ 'ABC' is upper }} "
+         "{{ '' is upper }}")
+    case("repr_non_printable", "{{ ['a\\xa0b', 'c\\x7fd', 'e\\u200bf', 'g\\x00'] }}")
+    case("float_floor_division", "{{ 1 // 0.1 }} {{ 1 % 0.1 }} {{ -7.5 // 2 }} {{ 7.5 % -2 }} "
+         "{{ -0.0 // 1 }}")
+    case("macro_sees_loop_variables",
+         "{% for y in [1, 2] %}{% macro m() %}[{{ y }}]{% endmacro %}{{ m() }}{% endfor %}")
+    case("power_and_big_exponents", "{{ 2 ** 10 }} {{ 1 ** 9223372036854775807 }} "
+         "{{ (-1) ** 9223372036854775807 }} {{ 0 ** 5 }} {{ 2 ** -1 }}")
+    case("slice_with_huge_step", "{{ 'abc'[1::9223372036854775807] }} {{ [1, 2, 3][::-9223372036854775807] }}")
+    case("empty_string_repetition", "[{{ '' * 9223372036854775807 }}][{{ 'ab' * 0 }}][{{ 'ab' * -3 }}]")
+    case("map_attribute_huge_index", "{{ [[1]] | map(attribute='99999999999999999999') | list | length }}")
+    case("newline_kinds", "a\r\nb\rc\x0bd\n")
     # The immutable sandbox forbids mutating lists and dicts from a template.
     case("error_list_append_sandboxed",
          "{% set lst = [] %}{% for m in messages %}{% set _ = lst.append(m.role) %}"
