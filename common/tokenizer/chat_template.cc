@@ -200,18 +200,61 @@ absl::StatusOr<ChatTemplate> ChatTemplate::loadFile(const std::string& path,
   return t;
 }
 
+namespace {
+
+// What continue_final_message appends to the last text, to find where it ends.
+constexpr absl::string_view kMark = "CLEAVE_CONTINUE_FINAL_MESSAGE ";
+
+// transformers 5's aliases: a message's reasoning, under any of its names, is also given as
+// `reasoning_content` (what templates read) and `thinking` (gpt-oss templates).
+void aliasReasoning(jinja::Dict& message) {
+  const jinja::Value* found = nullptr;
+  for (const char* name : {"reasoning_content", "thinking", "reasoning"}) {
+    if (found == nullptr) found = message.find(name);
+  }
+  if (found == nullptr) return;
+  const jinja::Value reasoning = *found;
+  jinja::Dict aliased;
+  aliased.set("thinking", reasoning);
+  for (auto& [k, v] : message.items) aliased.set(k, std::move(v));
+  aliased.set("reasoning_content", reasoning);
+  message = std::move(aliased);
+}
+
+// Appends kMark to the last message's text: its content, or the last text part of a list.
+absl::Status markFinalText(jinja::Dict& message) {
+  const jinja::Value* content = message.find("content");
+  if (content != nullptr && content->isString()) {
+    message.set("content", jinja::Value(content->asString() + std::string(kMark)));
+    return absl::OkStatus();
+  }
+  if (content != nullptr && content->isList()) {
+    jinja::List parts = content->asList();
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+      const jinja::Value* text = it->isDict() ? it->asDict().find("text") : nullptr;
+      if (text == nullptr || !text->isString()) continue;
+      jinja::Dict part = it->asDict();
+      part.set("text", jinja::Value(text->asString() + std::string(kMark)));
+      *it = jinja::Value(std::move(part));
+      message.set("content", jinja::Value(std::move(parts)));
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(
+      "continue_final_message: the last message has no text content to continue");
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> ChatTemplate::render(const ChatInput& input) const {
-  if (!input.continue_final_message) return renderTurns(input);
-  // As Hugging Face: mark the end of the last content, render, and cut at the mark.
-  constexpr absl::string_view kMark = "CLEAVE_CONTINUE_FINAL_MESSAGE ";
-  if (input.messages.empty() || input.messages.back().content.empty()) {
-    return absl::InvalidArgumentError(
-        "continue_final_message: the last message has no content to continue");
+  if (!input.continue_final_message) return renderTurns(input, false);
+  // As transformers: mark the end of the last text, render, and cut at the mark.
+  if (input.messages.empty()) {
+    return absl::InvalidArgumentError("continue_final_message: there is no message to continue");
   }
   ChatInput marked = input;
   marked.add_generation_prompt = false;
-  marked.messages.back().content.append(kMark.data(), kMark.size());
-  CLEAVE_ASSIGN_OR_RETURN(std::string text, renderTurns(marked));
+  CLEAVE_ASSIGN_OR_RETURN(std::string text, renderTurns(marked, true));
   const absl::string_view bare = absl::StripTrailingAsciiWhitespace(kMark);
   const size_t at = absl::string_view(text).rfind(bare);
   if (at == std::string::npos) {
@@ -226,7 +269,8 @@ absl::StatusOr<std::string> ChatTemplate::render(const ChatInput& input) const {
   return text;
 }
 
-absl::StatusOr<std::string> ChatTemplate::renderTurns(const ChatInput& input) const {
+absl::StatusOr<std::string> ChatTemplate::renderTurns(const ChatInput& input,
+                                                      bool mark_final) const {
   jinja::List messages;
   for (size_t i = 0; i < input.messages.size(); ++i) {
     const ChatMessage& m = input.messages[i];
@@ -236,13 +280,17 @@ absl::StatusOr<std::string> ChatTemplate::renderTurns(const ChatInput& input) co
     if (!m.fields_json.empty()) {
       const std::string field = absl::StrCat("messages[", i, "].fields_json");
       CLEAVE_ASSIGN_OR_RETURN(OrderedJson fields, parseJson(m.fields_json, field));
-      if (!fields.is_object())
+      if (!fields.is_object()) {
         return absl::InvalidArgumentError(absl::StrCat(field, ": must be a JSON object"));
+      }
       for (const auto& [k, v] : fields.items()) message.set(k, toValue(v));
     }
     // As transformers' apply_chat_template: a field set to null is left out (templates test
     // for presence).
     std::erase_if(message.items, [](const auto& item) { return item.second.isNone(); });
+    aliasReasoning(message);
+    if (mark_final && i + 1 == input.messages.size())
+      CLEAVE_RETURN_IF_ERROR(markFinalText(message));
     messages.emplace_back(std::move(message));
   }
   jinja::Dict context;

@@ -39,8 +39,9 @@ struct ChatInput {
   std::string tools_json;   // a JSON array of tool schemas, or empty for none
   std::string kwargs_json;  // a JSON object of extra template variables, or empty
   bool add_generation_prompt = true;
-  // The prompt ends where the last message's content ends (no generation prompt), so the
-  // reply continues it. The content must be non-empty and the template must print it.
+  // The prompt ends where the last message's text ends (its content, or the last text part
+  // of a content list; no generation prompt), so the reply continues it. The template must
+  // print that text.
   bool continue_final_message = false;
 };
 
@@ -74,7 +75,8 @@ class ChatTemplate {
         tool_template_(std::move(tools)),
         bos_(std::move(bos)),
         eos_(std::move(eos)) {}
-  absl::StatusOr<std::string> renderTurns(const ChatInput& input) const;
+  // mark_final: the last message's text ends with a mark render() cuts at.
+  absl::StatusOr<std::string> renderTurns(const ChatInput& input, bool mark_final) const;
   absl::StatusOr<std::string> renderWith(const jinja::Template& t,
                                          const jinja::Dict& context) const;
   std::shared_ptr<const jinja::Template> template_;

@@ -143,8 +143,35 @@ TEST(ChatTemplateTest, ContinuingTheFinalMessageEndsThePromptInsideIt) {
   ASSERT_TRUE(silent.ok());
   EXPECT_TRUE(
       absl::StrContains(silent->render(input).status().message(), "continue_final_message"));
+  // Empty content continues at the turn's start; a content list at its last text part.
   input.messages.back().content = "";
-  EXPECT_FALSE(t->render(input).ok());
+  out = t->render(input);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "<user>Count to three.</user>\n<assistant>");
+  auto parts = ChatTemplate::fromSource(
+      "{% for m in messages %}<{{ m.role }}>{% for p in m.content %}{{ p.text }}|{% endfor %}"
+      "{% endfor %}",
+      "", "");
+  ASSERT_TRUE(parts.ok());
+  input.messages = {{"assistant", "", R"({"content": [{"type": "text", "text": "One,"},
+                                                   {"type": "image"}]})"}};
+  out = parts->render(input);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "<assistant>One,");
+  input.messages = {{"assistant", "", R"({"content": [{"type": "image"}]})"}};
+  EXPECT_TRUE(absl::StrContains(parts->render(input).status().message(), "no text content"));
+}
+
+TEST(ChatTemplateTest, ReasoningIsGivenUnderEveryName) {
+  auto t = ChatTemplate::fromSource("{% for m in messages %}{{ m | tojson }}{% endfor %}", "", "");
+  ASSERT_TRUE(t.ok());
+  ChatInput input;
+  input.messages = {{"assistant", "4", R"({"reasoning": "2+2"})"}};
+  auto out = t->render(input);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(
+      *out,
+      R"({"thinking": "2+2", "role": "assistant", "content": "4", "reasoning": "2+2", "reasoning_content": "2+2"})");
 }
 
 TEST(ChatTemplateTest, BadRequestFieldsNameTheField) {
