@@ -6,17 +6,22 @@
 // models/SmolLM2-135M-Instruct.Q4_1.gguf (found from the working directory or the binary's).
 // Text: $CLEAVE_TOKENIZER_BENCH_TEXT (a file), else ~1 MB generated deterministically.
 // Counters: bytes_per_second is text bytes (encode) or decoded bytes (decode) per second.
+// ChatTemplate renders the model's chat template over a 16-turn conversation (~6 KB); its
+// peer is ChatPromptEncode, the tokenization of the prompt it renders, which the router does
+// next for every chat request: the render should cost a fraction of it.
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <benchmark/benchmark.h>
 
+#include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace {
@@ -104,6 +109,9 @@ struct Fixture {
   std::string text;
   std::vector<TokenId> ids;
   std::string error;
+  std::optional<cleave::tokenizer::ChatTemplate> chat;
+  cleave::tokenizer::ChatInput conversation;
+  std::string chat_prompt;
 
   Fixture() {
     const std::string path = findTokenizerPath();
@@ -125,6 +133,16 @@ struct Fixture {
       text = generateText(kTextBytes);
     }
     ids = tokenizer->encode(text, EncodeOptions{.add_special_tokens = false});
+    auto chat_template = cleave::tokenizer::ChatTemplate::load(path, *tokenizer);
+    if (chat_template.ok()) {
+      chat = *std::move(chat_template);
+      for (int turn = 0; turn < 16; ++turn) {
+        conversation.messages.push_back({turn % 2 == 0 ? "user" : "assistant",
+                                         text.substr(static_cast<size_t>(turn) * 400, 400), ""});
+      }
+      auto rendered = chat->render(conversation);
+      if (rendered.ok()) chat_prompt = *rendered;
+    }
   }
 };
 
@@ -184,6 +202,35 @@ void BM_IncrementalDecode(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
 }
 BENCHMARK(BM_IncrementalDecode)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_ChatTemplate(benchmark::State& state) {
+  const Fixture& f = fixture();
+  if (!f.chat || f.chat_prompt.empty()) {
+    state.SkipWithError("the model has no chat template");
+    return;
+  }
+  for (auto _ : state) {
+    auto prompt = f.chat->render(f.conversation);
+    benchmark::DoNotOptimize(prompt);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * f.chat_prompt.size()));
+}
+BENCHMARK(BM_ChatTemplate)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+void BM_ChatPromptEncode(benchmark::State& state) {
+  const Fixture& f = fixture();
+  if (f.chat_prompt.empty()) {
+    state.SkipWithError("the model has no chat template");
+    return;
+  }
+  for (auto _ : state) {
+    auto ids =
+        f.tokenizer->encode(f.chat_prompt, {.add_special_tokens = false, .parse_special = true});
+    benchmark::DoNotOptimize(ids.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * f.chat_prompt.size()));
+}
+BENCHMARK(BM_ChatPromptEncode)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 
