@@ -238,7 +238,8 @@ class ServingTest(unittest.TestCase):
         expect(pb.GenerateRequest(chat=pb.Chat(messages=[
             pb.ChatMessage(role="user", content="hi", fields_json="{oops")])),
                C.INVALID_ARGUMENT, "messages[0].fields_json")
-        expect(pb.GenerateRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="")],
+        expect(pb.GenerateRequest(chat=pb.Chat(messages=[pb.ChatMessage(
+            role="user", fields_json='{"content": [{"type": "image"}]}')],
                                                continue_final_message=True)),
                C.INVALID_ARGUMENT, "continue_final_message")
         self.wait_for_no_reservations()
