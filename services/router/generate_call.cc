@@ -95,32 +95,12 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
       return error(grpc::StatusCode::INVALID_ARGUMENT, "text tokenizes to no tokens");
     }
   } else if (request.has_chat()) {
-    if (tokenizer_ == nullptr || options_.chat_template == nullptr) {
-      return error(
-          grpc::StatusCode::FAILED_PRECONDITION,
-          tokenizer_ == nullptr
-              ? "this router has no tokenizer (start it with --model); send token_ids"
-              : absl::StrCat("this router has no chat template (", options_.no_chat_template_reason,
-                             "); start it with --chat-template FILE, or send text"));
+    absl::StatusOr<ChatPrompt> chat = chatPrompt(request.chat());
+    if (!chat.ok()) {
+      return error(static_cast<grpc::StatusCode>(chat.status().code()),
+                   std::string(chat.status().message()));
     }
-    tokenizer::ChatInput chat{.tools_json = request.chat().tools_json(),
-                              .kwargs_json = request.chat().template_kwargs_json(),
-                              .continue_final_message = request.chat().continue_final_message()};
-    for (const v1::ChatMessage& m : request.chat().messages()) {
-      chat.messages.push_back({m.role(), m.content(), m.fields_json()});
-    }
-    absl::StatusOr<std::string> text = options_.chat_template->render(chat);
-    if (!text.ok()) {
-      // INVALID_ARGUMENT for what the conversation asks (or the template refuses);
-      // RESOURCE_EXHAUSTED when rendering hit its limits.
-      return error(static_cast<grpc::StatusCode>(text.status().code()),
-                   absl::StrCat("chat: ", text.status().message()));
-    }
-    // The template places the special tokens; none are added.
-    prompt = tokenizer_->encode(*text, {.add_special_tokens = false, .parse_special = true});
-    if (prompt.empty()) {
-      return error(grpc::StatusCode::INVALID_ARGUMENT, "chat: the template renders no tokens");
-    }
+    prompt = std::move(chat->ids);
   } else {
     prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
   }

@@ -95,15 +95,61 @@ absl::StatusOr<const tokenizer::Tokenizer*> GenerationService::tokenizerFor(
   return tokenizer_.get();
 }
 
+absl::StatusOr<GenerationService::ChatPrompt> GenerationService::chatPrompt(
+    const v1::Chat& chat) const {
+  if (tokenizer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this router has no tokenizer (start it with --model); send token_ids");
+  }
+  if (options_.chat_template == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this router has no chat template (", options_.no_chat_template_reason,
+                     "); start it with --chat-template FILE, or send text"));
+  }
+  tokenizer::ChatInput input{.tools_json = chat.tools_json(),
+                             .kwargs_json = chat.template_kwargs_json(),
+                             .continue_final_message = chat.continue_final_message()};
+  for (const v1::ChatMessage& m : chat.messages()) {
+    input.messages.push_back({m.role(), m.content(), m.fields_json()});
+  }
+  absl::StatusOr<std::string> text = options_.chat_template->render(input);
+  if (!text.ok()) {
+    // INVALID_ARGUMENT for what the conversation asks (or the template refuses);
+    // RESOURCE_EXHAUSTED when rendering hit its limits.
+    return absl::Status(text.status().code(), absl::StrCat("chat: ", text.status().message()));
+  }
+  // The template places the special tokens; none are added.
+  ChatPrompt prompt{.text = *std::move(text)};
+  prompt.ids =
+      tokenizer_->encode(prompt.text, {.add_special_tokens = false, .parse_special = true});
+  if (prompt.ids.empty()) return absl::InvalidArgumentError("chat: the template renders no tokens");
+  return prompt;
+}
+
 grpc::Status GenerationService::Tokenize(grpc::ServerContext* context,
                                          const v1::TokenizeRequest* request,
                                          v1::TokenizeResponse* response) {
   if (grpc::Status denied = authorize(*context); !denied.ok()) return finish("Tokenize", denied);
   absl::StatusOr<const tokenizer::Tokenizer*> tok = tokenizerFor(request->model());
   if (!tok.ok()) return finish("Tokenize", toGrpcStatus(tok.status()));
-  for (uint32_t id :
-       (*tok)->encode(request->text(), {.add_special_tokens = request->add_special_tokens(),
-                                       .parse_special = request->parse_special_tokens()})) {
+  std::vector<uint32_t> ids;
+  if (request->has_chat()) {
+    if (!request->text().empty()) {
+      return finish("Tokenize",
+                    grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "set text or chat, not both"));
+    }
+    if (absl::Status valid = validateChat(request->chat()); !valid.ok()) {
+      return finish("Tokenize", toGrpcStatus(valid));
+    }
+    absl::StatusOr<ChatPrompt> chat = chatPrompt(request->chat());
+    if (!chat.ok()) return finish("Tokenize", toGrpcStatus(chat.status()));
+    ids = std::move(chat->ids);
+    response->set_chat_text(std::move(chat->text));
+  } else {
+    ids = (*tok)->encode(request->text(), {.add_special_tokens = request->add_special_tokens(),
+                                           .parse_special = request->parse_special_tokens()});
+  }
+  for (uint32_t id : ids) {
     response->add_ids(id);
     if (request->return_pieces()) response->add_pieces((*tok)->piece(id).value_or(""));
   }

@@ -115,6 +115,13 @@ class GenerationService final : public v1::Generation::Service {
   // workers in `lost` and adding those it cannot reach.
   grpc::Status place(const Sequence& sequence, std::vector<std::string>& lost,
                      std::unique_ptr<Placement>& placed);
+  // A chat request's prompt: the template's text and its ids (tokenized with special
+  // tokens parsed, none added). Errors carry the code to answer with.
+  struct ChatPrompt {
+    std::string text;
+    std::vector<uint32_t> ids;
+  };
+  absl::StatusOr<ChatPrompt> chatPrompt(const v1::Chat& chat) const;
   // The tokenizer for `model` (empty: the served one), or the error to return.
   absl::StatusOr<const tokenizer::Tokenizer*> tokenizerFor(const std::string& model) const;
 

@@ -67,6 +67,19 @@ absl::Status validateStopping(const v1::StoppingCriteria& s) {
 
 }  // namespace
 
+absl::Status validateChat(const v1::Chat& chat) {
+  if (chat.messages().empty()) {
+    return absl::InvalidArgumentError("chat.messages is empty; send at least one message");
+  }
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    if (chat.messages(i).role().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chat.messages[", i, "].role is empty; set it (\"system\", \"user\", \"assistant\"...)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
   switch (request.input_case()) {
     case v1::GenerateRequest::kText:

@@ -18,5 +18,7 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 // OK, or InvalidArgument whose message names the field and says what is allowed,
 // e.g. "sampling.top_p must be in (0, 1], got 1.5".
 absl::Status validateGenerateRequest(const v1::GenerateRequest& request);
+// A chat input's messages (non-empty, each with a role), as Generate and Tokenize take it.
+absl::Status validateChat(const v1::Chat& chat);
 
 }  // namespace cleave::router

@@ -193,9 +193,13 @@ class ServingTest(unittest.TestCase):
 
         turn = "<|im_start|>{}\n{}<|im_end|>\n"
         default_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-        self.assertEqual(echoed(chat_request([("user", question)])),
-                         tokenize(turn.format("system", default_system) +
-                                  turn.format("user", question) + "<|im_start|>assistant\n"))
+        expected = (turn.format("system", default_system) + turn.format("user", question) +
+                    "<|im_start|>assistant\n")
+        self.assertEqual(echoed(chat_request([("user", question)])), tokenize(expected))
+        # Tokenize takes the same conversation and shows the text it renders to.
+        counted = self.stub.Tokenize(pb.TokenizeRequest(chat=chat_request([("user", question)]).chat),
+                                     timeout=30)
+        self.assertEqual((counted.chat_text, list(counted.ids)), (expected, tokenize(expected)))
         # Continuing an assistant turn: the prompt ends inside it.
         self.assertEqual(
             echoed(chat_request([("system", "Be brief."), ("user", question),
@@ -233,6 +237,10 @@ class ServingTest(unittest.TestCase):
         expect(pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(temperature=-1)),
                C.INVALID_ARGUMENT, "temperature")
         expect(pb.GenerateRequest(chat=pb.Chat()), C.INVALID_ARGUMENT, "chat.messages")
+        with self.assertRaises(grpc.RpcError) as caught:
+            self.stub.Tokenize(pb.TokenizeRequest(text="hi", chat=pb.Chat(
+                messages=[pb.ChatMessage(role="user", content="hi")])), timeout=30)
+        self.assertEqual(caught.exception.code(), C.INVALID_ARGUMENT)
         expect(pb.GenerateRequest(chat=pb.Chat(messages=[pb.ChatMessage(content="hi")])),
                C.INVALID_ARGUMENT, "chat.messages[0].role")
         expect(pb.GenerateRequest(chat=pb.Chat(messages=[
