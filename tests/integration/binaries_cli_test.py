@@ -132,6 +132,22 @@ class BinariesCliTest(unittest.TestCase):
         self.assertIn('"piece":"Hello"', out)
         code, out, err = ct.run([cleave, "detokenize", f"--model={model}", "19556", "28", "905"])
         self.assertEqual((code, out), (0, "Hello, world\n"), err)
+        # A conversation through the model's chat template: its prompt, then its ids, which
+        # are the prompt's with special tokens parsed and none added.
+        conversation = ('{"messages": [{"role": "system", "content": "Be brief."}, '
+                        '{"role": "user", "content": "Hello"}], "add_generation_prompt": true}')
+        code, prompt, err = ct.run([cleave, "tokenize", f"--model={model}", "--chat",
+                                    "--show-prompt", conversation])
+        self.assertEqual((code, prompt), (0, "<|im_start|>system\nBe brief.<|im_end|>\n"
+                                             "<|im_start|>user\nHello<|im_end|>\n"
+                                             "<|im_start|>assistant\n"), err)
+        code, chat_ids, err = ct.run([cleave, "tokenize", f"--model={model}", "--chat", conversation])
+        self.assertEqual(code, 0, err)
+        code, text_ids, err = ct.run([cleave, "tokenize", f"--model={model}", "--parse-special",
+                                      "--no-add-special", prompt])
+        self.assertEqual((chat_ids, len(chat_ids.split()) > 10), (text_ids, True), err)
+        self.assert_usage_error([cleave, "tokenize", f"--model={model}", "--chat", "[{}]"],
+                                "role")
         self.assert_usage_error([cleave, "detokenize", f"--model={model}", "49152"],
                                 "not a token id below the vocabulary size 49152")
         # Greedy decoding is deterministic: the model's answer, streamed, then timings.
