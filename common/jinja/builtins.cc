@@ -196,6 +196,43 @@ Value stringMethod(const Value& self, const std::string& name) {
                                   : text::count(s.asString(), part));
     });
   }
+  if (name == "format") {
+    // str.format with plain fields: {}, {0}, {name}; {{ and }} are braces. No format specs.
+    return bound(self, [what](const Value& s, const CallArgs& args) -> absl::StatusOr<Value> {
+      const std::string& f = s.asString();
+      std::string out;
+      size_t next_auto = 0;
+      for (size_t i = 0; i < f.size(); ++i) {
+        if ((f[i] == '{' || f[i] == '}') && i + 1 < f.size() && f[i + 1] == f[i]) {
+          out += f[i++];
+          continue;
+        }
+        if (f[i] == '}') return bad(what, "single '}' in the format string");
+        if (f[i] != '{') {
+          out += f[i];
+          continue;
+        }
+        const size_t close = f.find('}', i);
+        if (close == std::string::npos) return bad(what, "unmatched '{' in the format string");
+        const std::string field = f.substr(i + 1, close - i - 1);
+        i = close;
+        const Value* value = nullptr;
+        if (field.empty() || std::all_of(field.begin(), field.end(), ::isdigit)) {
+          const size_t index = field.empty() ? next_auto++ : std::stoul(field.substr(0, 9));
+          if (index < args.positional.size()) value = &args.positional[index];
+        } else {
+          for (const auto& [k, v] : args.keyword) {
+            if (k == field) value = &v;
+          }
+        }
+        if (value == nullptr)
+          return bad(what, absl::StrCat("no argument for the field '{", field, "}'"));
+        out += value->str();
+        CLEAVE_RETURN_IF_ERROR(checkBuilt(what, static_cast<double>(out.size())));
+      }
+      return Value(std::move(out));
+    });
+  }
   if (name == "join") {
     return bound(self, [what](const Value& s, const CallArgs& args) -> absl::StatusOr<Value> {
       CLEAVE_ASSIGN_OR_RETURN(auto a, bind(what, args, {"iterable"}));

@@ -72,8 +72,10 @@ CallArgs testArgs(const CallArgs& args, size_t skip) {
   return rest;
 }
 
-absl::StatusOr<List> selectItems(const std::string& filter, const Value& input,
+absl::StatusOr<List> selectItems(const std::string& filter, const Value& input_value,
                                  const CallArgs& args) {
+  // As Jinja: a false input (none, empty) selects nothing.
+  const Value input = input_value.truthy() ? input_value : Value(List{});
   const bool by_attribute = filter == "selectattr" || filter == "rejectattr";
   const bool keep = filter == "select" || filter == "selectattr";
   CLEAVE_ASSIGN_OR_RETURN(List items, iterate(input));
@@ -165,12 +167,13 @@ absl::StatusOr<Value> sliceString(const std::string& s, bool reverse) {
 }  // namespace
 
 bool isFilter(absl::string_view name) {
-  static const char* kNames[] = {"abs",    "capitalize", "count",   "d",       "default",  "first",
-                                 "float",  "indent",     "int",     "items",   "join",     "last",
-                                 "length", "list",       "lower",   "map",     "max",      "min",
-                                 "reject", "rejectattr", "replace", "reverse", "round",    "safe",
-                                 "select", "selectattr", "sort",    "string",  "sum",      "title",
-                                 "tojson", "trim",       "unique",  "upper",   "wordcount"};
+  static const char* kNames[] = {
+      "abs",   "capitalize", "count",      "d",       "default", "dictsort",
+      "first", "float",      "indent",     "int",     "items",   "join",
+      "last",  "length",     "list",       "lower",   "map",     "max",
+      "min",   "reject",     "rejectattr", "replace", "reverse", "round",
+      "safe",  "select",     "selectattr", "sort",    "string",  "sum",
+      "title", "tojson",     "trim",       "unique",  "upper",   "wordcount"};
   return std::find(std::begin(kNames), std::end(kNames), name) != std::end(kNames);
 }
 
@@ -341,6 +344,18 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
     return Value(std::move(out));
   }
   if (name == "min" || name == "max") return minMax(name, input, args);
+  if (name == "dictsort") {
+    CLEAVE_ASSIGN_OR_RETURN(auto a, bind(name, args, {"case_sensitive", "by", "reverse"}));
+    if (!input.isDict()) return bad(name, absl::StrCat("expected a dict, got ", input.typeName()));
+    const std::string by = a[1].isString() ? a[1].asString() : "key";
+    if (by != "key" && by != "value") return bad(name, "by must be 'key' or 'value'");
+    List pairs;
+    for (const auto& [k, v] : input.asDict().items)
+      pairs.push_back(Value::tuple(List{Value(k), v}));
+    CLEAVE_ASSIGN_OR_RETURN(
+        List out, sorted(pairs, Value(by == "key" ? "0" : "1"), a[0].truthy(), a[2].truthy()));
+    return Value(std::move(out));
+  }
   if (name == "sum") {
     CLEAVE_ASSIGN_OR_RETURN(auto a, bind(name, args, {"attribute", "start"}));
     CLEAVE_ASSIGN_OR_RETURN(List items, iterate(input));
@@ -361,7 +376,7 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
     return total;
   }
   if (name == "map") {
-    CLEAVE_ASSIGN_OR_RETURN(List items, iterate(input));
+    CLEAVE_ASSIGN_OR_RETURN(List items, iterate(input.truthy() ? input : Value(List{})));
     List out;
     const Value* attribute = nullptr;
     const Value* fallback = nullptr;

@@ -122,6 +122,8 @@ class Parser {
     if (name == "if") {
       node->kind = Node::Kind::kIf;
       CLEAVE_ASSIGN_OR_RETURN(ExprPtr condition, parseExpression());
+      // As Jinja: an unknown filter or test directly inside an if fails only when reached.
+      Soft soft(*this, true);
       while (true) {
         CLEAVE_RETURN_IF_ERROR(expectBlockClose());
         Body branch;
@@ -149,6 +151,7 @@ class Parser {
       }
       if (isName("recursive")) return error("recursive loops are not supported");
       CLEAVE_RETURN_IF_ERROR(expectBlockClose());
+      Soft strict(*this, false);
       ++loops_;
       CLEAVE_RETURN_IF_ERROR(parseBody({"else", "endfor"}, node->body, stop));
       --loops_;
@@ -193,6 +196,7 @@ class Parser {
       CLEAVE_RETURN_IF_ERROR(expectBlockClose());
       const int loops = loops_;
       loops_ = 0;
+      Soft strict(*this, false);
       CLEAVE_RETURN_IF_ERROR(parseBody({"endmacro"}, node->body, stop));
       loops_ = loops;
     } else if (name == "break" || name == "continue") {
@@ -283,6 +287,7 @@ class Parser {
       c->children.push_back(std::move(condition));
       if (isName("else")) {
         ++at_;
+        Soft soft(*this, true);
         CLEAVE_ASSIGN_OR_RETURN(ExprPtr otherwise, parseExpression());
         c->children.push_back(std::move(otherwise));
       } else {
@@ -586,7 +591,7 @@ class Parser {
         ++at_;
         const int line = peek().line;
         CLEAVE_ASSIGN_OR_RETURN(std::string name, expectName());
-        if (!isFilter(name)) {
+        if (!isFilter(name) && !soft_) {
           return absl::InvalidArgumentError(
               absl::StrCat("line ", line, ": no filter named '", name, "'"));
         }
@@ -610,7 +615,7 @@ class Parser {
         }
         // `none`, `true` and `false` are test names here, not literals.
         CLEAVE_ASSIGN_OR_RETURN(std::string name, expectName());
-        if (!isTest(name)) {
+        if (!isTest(name) && !soft_) {
           return absl::InvalidArgumentError(
               absl::StrCat("line ", line, ": no test named '", name, "'"));
         }
@@ -642,6 +647,15 @@ class Parser {
   int depth_ = 0;
   int loops_ = 0;
   absl::Status too_deep_;
+  // Whether an unknown filter or test is an error when evaluated rather than now (inside an
+  // if's branches and a conditional's else, not inside a loop or macro there).
+  bool soft_ = false;
+  struct Soft {
+    Soft(Parser& p, bool soft) : parser(p), saved(p.soft_) { p.soft_ = soft; }
+    ~Soft() { parser.soft_ = saved; }
+    Parser& parser;
+    bool saved;
+  };
 };
 
 }  // namespace

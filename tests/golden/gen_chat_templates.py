@@ -24,8 +24,9 @@ oracle saw is exactly what the C++ test reads back. Error kinds:
               and tests are compile-time errors)
   raised: M   raise_exception(M) was called
   undefined   jinja2.UndefinedError (attribute of / call on an undefined value)
-  type        any other runtime error: TypeError, or the sandbox's
-              SecurityError for mutating a list (list.append)
+  type        any other runtime error: TypeError, the sandbox's
+              SecurityError for mutating a list (list.append), or an unknown
+              filter reached in an if branch (TemplateRuntimeError)
 """
 from __future__ import annotations
 
@@ -985,6 +986,17 @@ tail
     case("empty_string_repetition", "[{{ '' * 9223372036854775807 }}][{{ 'ab' * 0 }}][{{ 'ab' * -3 }}]")
     case("map_attribute_huge_index", "{{ [[1]] | map(attribute='99999999999999999999') | list | length }}")
     case("newline_kinds", "a\r\nb\rc\x0bd\n")
+    case("unknown_filter_in_untaken_if", "{% if false %}{{ x | from_json }}{% endif %}"
+         "{% if true %}{% else %}{{ 1 is nosuchtest }}{% endif %}{{ 1 if true else (2 | nope) }}ok")
+    case("unknown_filter_in_taken_if", "{% if true %}{{ 1 | nosuch }}{% endif %}", error="type")
+    case("unknown_filter_in_loop_inside_if",
+         "{% if false %}{% for a in [1] %}{{ a | nosuch }}{% endfor %}{% endif %}", error="syntax")
+    case("filter_dictsort", "{% set d = {'b': 2, 'A': 3, 'c': 1} %}{{ d | dictsort }} "
+         "{{ d | dictsort(true) }} {{ d | dictsort(by='value') }} {{ d | dictsort(reverse=true) }}")
+    case("str_format", "{{ '<{}|{}>'.format('a', 1) }} {{ '{1}{0}{{x}}'.format('a', 'b') }} "
+         "{{ '{name}!'.format(name='n') }}")
+    case("select_on_none", "{{ none | selectattr('type', 'equalto', 'x') | list }} "
+         "{{ none | rejectattr('x') | list | length }} {{ none | map(attribute='x') | list }}")
     # The immutable sandbox forbids mutating lists and dicts from a template.
     case("error_list_append_sandboxed",
          "{% set lst = [] %}{% for m in messages %}{% set _ = lst.append(m.role) %}"
@@ -999,7 +1011,7 @@ def classify(exc: Exception) -> str:
         return "undefined"
     if type(exc) is jinja2.TemplateError:  # what raise_exception throws
         return f"raised: {exc.message}"
-    if isinstance(exc, (TypeError, jinja2.sandbox.SecurityError)):
+    if isinstance(exc, (TypeError, jinja2.sandbox.SecurityError, jinja2.TemplateRuntimeError)):
         return "type"
     raise AssertionError(f"unexpected error kind {type(exc).__name__}: {exc}")
 
