@@ -18,7 +18,7 @@ absl::StatusOr<List> iterate(const Value& value) {
     case Value::Kind::kList: return value.asList();
     case Value::Kind::kDict: {
       List keys;
-      for (const auto& [k, v] : value.asDict().items) keys.emplace_back(k);
+      for (Value& k : value.asDict().keys()) keys.push_back(std::move(k));
       return keys;
     }
     case Value::Kind::kString: {
@@ -97,7 +97,10 @@ absl::StatusOr<bool> applyTest(const std::string& name, const Value& input, cons
   if (name == "in") {
     if (arg.isString() && input.isString())
       return arg.asString().find(input.asString()) != std::string::npos;
-    if (arg.isDict()) return input.isString() && arg.asDict().find(input.asString()) != nullptr;
+    if (arg.isDict()) {
+      if (input.isInt()) return arg.asDict().findInt(input.asInt()) != nullptr;
+      return input.isString() && arg.asDict().find(input.asString()) != nullptr;
+    }
     CLEAVE_ASSIGN_OR_RETURN(List items, iterate(arg));
     return std::any_of(items.begin(), items.end(), [&](const Value& v) { return equal(v, input); });
   }
@@ -256,9 +259,13 @@ Value dictMethod(const Value& self, const std::string& name) {
     return bound(self, [name, what](const Value& d, const CallArgs& args) -> absl::StatusOr<Value> {
       CLEAVE_ASSIGN_OR_RETURN(auto a, bind(what, args, {}));
       List out;
-      for (const auto& [k, v] : d.asDict().items) {
-        if (name == "items") out.push_back(Value::tuple(List{Value(k), v}));
-        if (name == "keys") out.emplace_back(k);
+      const Dict& dict = d.asDict();
+      const std::vector<Value> keys = dict.keys();
+      for (size_t i = 0; i < keys.size(); ++i) {
+        const Value& v = i < dict.items.size() ? dict.items[i].second
+                                               : dict.int_items[i - dict.items.size()].second;
+        if (name == "items") out.push_back(Value::tuple(List{keys[i], v}));
+        if (name == "keys") out.push_back(keys[i]);
         if (name == "values") out.push_back(v);
       }
       return Value(std::move(out));
@@ -267,7 +274,9 @@ Value dictMethod(const Value& self, const std::string& name) {
   if (name == "get") {
     return bound(self, [what](const Value& d, const CallArgs& args) -> absl::StatusOr<Value> {
       CLEAVE_ASSIGN_OR_RETURN(auto a, bind(what, args, {"key", "default"}));
-      const Value* found = a[0].isString() ? d.asDict().find(a[0].asString()) : nullptr;
+      const Value* found = a[0].isString() ? d.asDict().find(a[0].asString())
+                           : a[0].isInt()  ? d.asDict().findInt(a[0].asInt())
+                                           : nullptr;
       if (found != nullptr) return *found;
       return a[1].isUndefined() ? Value::none() : a[1];
     });
@@ -292,6 +301,10 @@ Value getAttribute(const Value& object, const std::string& name) {
 }
 
 Value getItem(const Value& object, const Value& key) {
+  if (object.isDict() && key.isNumber() && !key.isFloat()) {
+    if (const Value* v = object.asDict().findInt(key.asInt())) return *v;
+    return Value::undefined(absl::StrCat("'dict object' has no item ", key.asInt()));
+  }
   if (key.isNumber() && !key.isFloat() && (object.isList() || object.isString())) {
     int64_t i = key.asInt();
     if (object.isList()) {

@@ -158,6 +158,14 @@ absl::StatusOr<Value> toNumber(const std::string& name, const Value& input, cons
   return Value(d);
 }
 
+// A dict's (key, value) tuples in iteration order.
+List itemPairs(const Dict& dict) {
+  List pairs;
+  for (const auto& [k, v] : dict.items) pairs.push_back(Value::tuple(List{Value(k), v}));
+  for (const auto& [k, v] : dict.int_items) pairs.push_back(Value::tuple(List{Value(k), v}));
+  return pairs;
+}
+
 absl::StatusOr<Value> sliceString(const std::string& s, bool reverse) {
   std::u32string t = text::decode(s);
   if (reverse) std::reverse(t.begin(), t.end());
@@ -196,7 +204,7 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
       case Value::Kind::kUndefined: return Value(0);
       case Value::Kind::kString: return Value(static_cast<int64_t>(text::length(input.asString())));
       case Value::Kind::kList: return Value(static_cast<int64_t>(input.asList().size()));
-      case Value::Kind::kDict: return Value(static_cast<int64_t>(input.asDict().items.size()));
+      case Value::Kind::kDict: return Value(static_cast<int64_t>(input.asDict().size()));
       default:
         return bad(name, absl::StrCat("object of type '", input.typeName(), "' has no len()"));
     }
@@ -299,9 +307,7 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
     CLEAVE_RETURN_IF_ERROR(noArgs());
     if (input.isUndefined()) return Value(List{});
     if (!input.isDict()) return bad(name, absl::StrCat("expected a dict, got ", input.typeName()));
-    List pairs;
-    for (const auto& [k, v] : input.asDict().items)
-      pairs.push_back(Value::tuple(List{Value(k), v}));
+    const List pairs = itemPairs(input.asDict());
     return Value(std::move(pairs));
   }
   if (name == "reverse") {
@@ -349,9 +355,7 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
     if (!input.isDict()) return bad(name, absl::StrCat("expected a dict, got ", input.typeName()));
     const std::string by = a[1].isString() ? a[1].asString() : "key";
     if (by != "key" && by != "value") return bad(name, "by must be 'key' or 'value'");
-    List pairs;
-    for (const auto& [k, v] : input.asDict().items)
-      pairs.push_back(Value::tuple(List{Value(k), v}));
+    const List pairs = itemPairs(input.asDict());
     CLEAVE_ASSIGN_OR_RETURN(
         List out, sorted(pairs, Value(by == "key" ? "0" : "1"), a[0].truthy(), a[2].truthy()));
     return Value(std::move(out));

@@ -338,8 +338,13 @@ class Renderer {
         for (size_t i = 0; i + 1 < e.children.size(); i += 2) {
           CLEAVE_ASSIGN_OR_RETURN(Value k, eval(*e.children[i], scope));
           CLEAVE_ASSIGN_OR_RETURN(Value v, eval(*e.children[i + 1], scope));
-          if (!k.isString()) return typeError("dict keys must be strings");
-          dict.set(k.asString(), std::move(v));
+          if (k.isInt()) {
+            dict.setInt(k.asInt(), std::move(v));
+          } else if (k.isString()) {
+            dict.set(k.asString(), std::move(v));
+          } else {
+            return typeError("dict keys must be strings or integers");
+          }
         }
         return Value(std::move(dict));
       }

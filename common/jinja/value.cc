@@ -17,6 +17,32 @@ const Value* Dict::find(absl::string_view key) const {
   return nullptr;
 }
 
+const Value* Dict::findInt(int64_t key) const {
+  for (const auto& [k, v] : int_items) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+void Dict::setInt(int64_t key, Value value) {
+  for (auto& [k, v] : int_items) {
+    if (k == key) {
+      v = std::move(value);
+      return;
+    }
+  }
+  int_items.emplace_back(key, std::move(value));
+}
+
+size_t Dict::size() const { return items.size() + int_items.size(); }
+
+std::vector<Value> Dict::keys() const {
+  std::vector<Value> out;
+  for (const auto& [k, v] : items) out.emplace_back(k);
+  for (const auto& [k, v] : int_items) out.emplace_back(k);
+  return out;
+}
+
 void Dict::set(const std::string& key, Value value) {
   for (auto& [k, v] : items) {
     if (k == key) {
@@ -35,6 +61,7 @@ Value::Value(List list) : v_(std::make_shared<List>(std::move(list))) {
 Value::Value(Dict dict) : v_(std::make_shared<Dict>(std::move(dict))) {
   depth_ = 1;
   for (const auto& [k, v] : asDict().items) depth_ = std::max(depth_, v.depth_ + 1);
+  for (const auto& [k, v] : asDict().int_items) depth_ = std::max(depth_, v.depth_ + 1);
 }
 
 bool Value::truthy() const {
@@ -46,7 +73,7 @@ bool Value::truthy() const {
     case Kind::kFloat: return asDouble() != 0.0;
     case Kind::kString: return !asString().empty();
     case Kind::kList: return !asList().empty();
-    case Kind::kDict: return !asDict().items.empty();
+    case Kind::kDict: return asDict().size() > 0;
     case Kind::kNamespace:
     case Kind::kFunction: return true;
   }
@@ -167,6 +194,11 @@ std::string Value::repr() const {
         first = false;
         out += reprString(k) + ": " + v.repr();
       }
+      for (const auto& [k, v] : asDict().int_items) {
+        if (!first) out += ", ";
+        first = false;
+        out += absl::StrCat(k, ": ", v.repr());
+      }
       return out + "}";
     }
     case Kind::kNamespace: return "<Namespace>";
@@ -213,9 +245,14 @@ bool equal(const Value& a, const Value& b) {
     case Value::Kind::kDict: {
       const Dict& x = a.asDict();
       const Dict& y = b.asDict();
-      if (x.items.size() != y.items.size()) return false;
+      if (x.items.size() != y.items.size() || x.int_items.size() != y.int_items.size())
+        return false;
       for (const auto& [k, v] : x.items) {
         const Value* other = y.find(k);
+        if (other == nullptr || !equal(v, *other)) return false;
+      }
+      for (const auto& [k, v] : x.int_items) {
+        const Value* other = y.findInt(k);
         if (other == nullptr || !equal(v, *other)) return false;
       }
       return true;
@@ -338,13 +375,17 @@ absl::Status json(const Value& v, const JsonStyle& style, int depth, std::string
     case Value::Kind::kNamespace: {
       if (v.isNamespace()) break;
       const Dict& dict = v.asDict();
-      if (dict.items.empty()) {
+      if (dict.size() == 0) {
         out += "{}";
         return absl::OkStatus();
       }
       out += '{';
+      // json.dumps writes int keys as strings.
+      std::vector<std::pair<std::string, Value>> int_keyed;
+      for (const auto& [k, item] : dict.int_items) int_keyed.emplace_back(absl::StrCat(k), item);
       std::vector<const std::pair<std::string, Value>*> order;
       for (const auto& entry : dict.items) order.push_back(&entry);
+      for (const auto& entry : int_keyed) order.push_back(&entry);
       if (style.sort_keys) {
         std::stable_sort(order.begin(), order.end(),
                          [](const auto* a, const auto* b) { return a->first < b->first; });

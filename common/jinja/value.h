@@ -25,12 +25,19 @@ namespace cleave::jinja {
 class Value;
 using List = std::vector<Value>;
 
-// Insertion-ordered string-keyed map (Python dicts keep insertion order; chat data is small,
-// so lookups are linear).
+// Insertion-ordered map (Python dicts keep insertion order; chat data is small, so lookups
+// are linear). Keys are strs, or ints (a template's `{512: 128}`), kept apart: in iteration
+// the int keys follow the str keys.
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;
+  std::vector<std::pair<int64_t, Value>> int_items;
   const Value* find(absl::string_view key) const;
+  const Value* findInt(int64_t key) const;
   void set(const std::string& key, Value value);
+  void setInt(int64_t key, Value value);
+  size_t size() const;
+  // Every key as a Value, in iteration order.
+  std::vector<Value> keys() const;
 };
 
 // `namespace(...)`: the one object a template may assign attributes to.

@@ -995,6 +995,9 @@ tail
          "{{ d | dictsort(true) }} {{ d | dictsort(by='value') }} {{ d | dictsort(reverse=true) }}")
     case("str_format", "{{ '<{}|{}>'.format('a', 1) }} {{ '{1}{0}{{x}}'.format('a', 'b') }} "
          "{{ '{name}!'.format(name='n') }}")
+    case("dict_integer_keys", "{% set d = {2048: 512, 0: 0, 512: 128} %}{{ d[512] }} {{ d | dictsort }} "
+         "{{ d.items() | list }} {{ 0 in d }} {{ d | length }} {{ d }} {{ d | tojson }} "
+         "{{ d.get(2048) }} {{ d[7] is defined }}")
     case("select_on_none", "{{ none | selectattr('type', 'equalto', 'x') | list }} "
          "{{ none | rejectattr('x') | list | length }} {{ none | map(attribute='x') | list }}")
     # The immutable sandbox forbids mutating lists and dicts from a template.
