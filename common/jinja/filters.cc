@@ -197,7 +197,7 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
     if (input.isUndefined() || (a[1].truthy() && !input.truthy())) return fallback;
     return input;
   }
-  if (name == "safe") return input;
+  if (name == "safe") return input.isString() ? Value::markup(input.asString()) : input;
   if (name == "length" || name == "count") {
     CLEAVE_RETURN_IF_ERROR(noArgs());
     switch (input.kind()) {

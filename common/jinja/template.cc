@@ -27,6 +27,23 @@ absl::Status undefinedUse(const Value& v) {
   return absl::InvalidArgumentError(absl::StrCat("undefined value: ", v.undefinedName()));
 }
 
+// markupsafe's escape: & < > " ' as entities.
+std::string htmlEscape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&#34;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 absl::Status typeError(absl::string_view what) {
   return absl::InvalidArgumentError(std::string(what));
 }
@@ -503,6 +520,13 @@ class Renderer {
     if (b.isUndefined()) return undefinedUse(b);
     if (op == "+") {
       if (a.isString() && b.isString()) {
+        if (a.isMarkup() || b.isMarkup()) {
+          // Markup + str escapes the str, and the sum is Markup.
+          std::string joined = (a.isMarkup() ? a.asString() : htmlEscape(a.asString())) +
+                               (b.isMarkup() ? b.asString() : htmlEscape(b.asString()));
+          CLEAVE_RETURN_IF_ERROR(checkSize(joined.size()));
+          return Value::markup(std::move(joined));
+        }
         CLEAVE_RETURN_IF_ERROR(checkSize(a.asString().size() + b.asString().size()));
         return Value(a.asString() + b.asString());
       }

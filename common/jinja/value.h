@@ -81,6 +81,13 @@ class Value {
   Value(const char* s) : Value(std::string(s)) {}
   Value(List list);
   Value(Dict dict);
+  // A str marked safe (`|safe`: markupsafe's Markup): a plain str added to it is
+  // HTML-escaped first, as Jinja does even without autoescaping.
+  static Value markup(std::string s) {
+    Value v(std::move(s));
+    v.markup_ = true;
+    return v;
+  }
   // A Python tuple: a list that prints as "(a, b)" / "(a,)".
   static Value tuple(List items) {
     Value v(std::move(items));
@@ -103,6 +110,7 @@ class Value {
   bool isString() const { return kind() == Kind::kString; }
   bool isList() const { return kind() == Kind::kList; }
   bool isTuple() const { return tuple_; }
+  bool isMarkup() const { return markup_; }
   int depth() const { return depth_; }
   bool isDict() const { return kind() == Kind::kDict; }
   bool isNamespace() const { return kind() == Kind::kNamespace; }
@@ -139,6 +147,7 @@ class Value {
   explicit Value(Variant v) : v_(std::move(v)) {}
   Variant v_;
   bool tuple_ = false;
+  bool markup_ = false;
   // Lists and dicts: 1 + the deepest item's depth (a namespace counts as 1), so a template
   // cannot build nesting deep enough to overflow the stack when printed or freed.
   int depth_ = 0;

@@ -998,6 +998,8 @@ tail
     case("dict_integer_keys", "{% set d = {2048: 512, 0: 0, 512: 128} %}{{ d[512] }} {{ d | dictsort }} "
          "{{ d.items() | list }} {{ 0 in d }} {{ d | length }} {{ d }} {{ d | tojson }} "
          "{{ d.get(2048) }} {{ d[7] is defined }}")
+    case("safe_markup_concat", "{{ 'a<'|safe + '<b> & \"c\"' }} {{ \"<x>'\" + 'y'|safe }} "
+         "{{ ('a'|safe + '&') ~ '<' }} {{ 'p' ~ '<'|safe }} {{ ('<'|safe) | length }}")
     case("select_on_none", "{{ none | selectattr('type', 'equalto', 'x') | list }} "
          "{{ none | rejectattr('x') | list | length }} {{ none | map(attribute='x') | list }}")
     # The immutable sandbox forbids mutating lists and dicts from a template.
