@@ -7,7 +7,7 @@
 
 namespace cleave::jinja::args {
 namespace {
-constexpr double kMaxBuiltBytes = 64 << 20;
+constexpr double kMaxBuiltBytes = 16 << 20;
 }  // namespace
 
 absl::Status bad(absl::string_view what, absl::string_view why) {
@@ -16,7 +16,7 @@ absl::Status bad(absl::string_view what, absl::string_view why) {
 
 absl::Status checkBuilt(absl::string_view what, double bytes) {
   if (bytes > kMaxBuiltBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, ": result larger than 64 MiB"));
+    return absl::ResourceExhaustedError(absl::StrCat(what, ": result larger than 16 MiB"));
   }
   return absl::OkStatus();
 }

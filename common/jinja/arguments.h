@@ -28,7 +28,7 @@ absl::StatusOr<int64_t> intArg(absl::string_view what, const Value& v);
 // The str `v` holds, or nullopt for any other kind.
 std::optional<std::string> optionalString(const Value& v);
 
-// No filter or method builds a str longer than 64 MiB (a template's own limits are lower;
+// No filter or method builds a str longer than 16 MiB (a render's own limits apply too;
 // this keeps one call from allocating without bound before they are checked).
 absl::Status checkBuilt(absl::string_view what, double bytes);
 // The size of s.replace(from, to, count), checked before building it.

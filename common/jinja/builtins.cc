@@ -111,9 +111,10 @@ namespace {
 
 // A method bound to `self`: its arguments checked by `fn`.
 Value bound(Value self, std::function<absl::StatusOr<Value>(const Value&, const CallArgs&)> fn) {
-  return Value::function([self = std::move(self), fn = std::move(fn)](const CallArgs& args) {
-    return fn(self, args);
-  });
+  const Value captured = self;
+  return Value::function(
+      [self = std::move(self), fn = std::move(fn)](const CallArgs& args) { return fn(self, args); },
+      &captured);
 }
 
 Value stringMethod(const Value& self, const std::string& name) {

@@ -1,5 +1,6 @@
 // Jinja's filters (builtins.h), as Jinja 3 defines them.
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -144,8 +145,15 @@ absl::StatusOr<Value> toNumber(const std::string& name, const Value& input, cons
     return Value(input.asDouble());
   }
   if (!input.isString()) return fallback;
-  const std::string s = text::strip(input.asString(), std::nullopt, true, true);
+  std::string s = text::strip(input.asString(), std::nullopt, true, true);
   if (s.empty()) return fallback;
+  // Python reads "1_000" as 1000: an underscore between two digits.
+  for (size_t i = 1; i + 1 < s.size(); ++i) {
+    if (s[i] == '_' && std::isdigit(static_cast<unsigned char>(s[i - 1])) &&
+        std::isdigit(static_cast<unsigned char>(s[i + 1]))) {
+      s.erase(i, 1);
+    }
+  }
   char* end = nullptr;
   if (want_int) {
     errno = 0;
@@ -277,6 +285,21 @@ absl::StatusOr<Value> applyFilter(const std::string& name, const Value& input,
       // Python's round(): an int stays as it is; a float rounds half to even on its exact
       // binary value, which printf's rounding is.
       if (!input.isFloat() && precision >= 0) return Value(input.asInt());
+      if (!input.isFloat()) {
+        // An int to a negative precision stays an int: half to even at 10^-precision.
+        int64_t unit = 1;
+        for (int64_t p = precision; p < 0 && unit <= INT64_MAX / 10; ++p) unit *= 10;
+        const int64_t x = input.asInt();
+        int64_t q = x / unit, rem = x % unit;
+        if (rem < 0) {
+          rem += unit;
+          --q;
+        }
+        if (2 * rem > unit || (2 * rem == unit && q % 2 != 0)) ++q;
+        int64_t r = 0;
+        if (__builtin_mul_overflow(q, unit, &r)) return bad(name, "integer overflow");
+        return Value(r);
+      }
       if (precision >= 0) {
         char buf[512];
         std::snprintf(buf, sizeof buf, "%.*f", static_cast<int>(precision), input.asDouble());

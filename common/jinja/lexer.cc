@@ -296,6 +296,10 @@ class Lexer {
             const size_t n = e == 'u' ? 4 : e == 'U' ? 8 : 2;
             if (i + n >= src_.size()) return error("truncated escape in a string");
             const std::string hex = src_.substr(i + 1, n);
+            if (!std::all_of(hex.begin(), hex.end(),
+                             [](char h) { return std::isxdigit(static_cast<unsigned char>(h)); })) {
+              return error(absl::StrCat("bad escape '\\", std::string(1, e), hex, "'"));
+            }
             char* end = nullptr;
             const long code = std::strtol(hex.c_str(), &end, 16);
             if (end != hex.c_str() + n)

@@ -20,8 +20,12 @@ enum class Flow { kNormal, kBreak, kContinue };
 // The frames a name is looked up in, innermost last: the template's top level, then one
 // per for loop or macro call.
 struct Scope {
-  std::vector<Dict*> frames;
+  std::vector<std::shared_ptr<Dict>> frames;
 };
+
+// Evaluation nested deeper than this (expressions, blocks and macro calls together) is
+// refused, which bounds the stack a render takes.
+constexpr int kMaxRecursion = 400;
 
 absl::Status undefinedUse(const Value& v) {
   return absl::InvalidArgumentError(absl::StrCat("undefined value: ", v.undefinedName()));
@@ -56,19 +60,22 @@ class Renderer {
         deadline_(std::chrono::steady_clock::now() + limits.max_time) {}
 
   ~Renderer() {
-    // Namespaces may hold each other (`set ns.me = ns`): emptied here, none outlives the
-    // render or takes a deep chain of destructors with it.
+    // Namespaces may hold each other (`set ns.me = ns`), and frames the macros defined in
+    // them (which hold the frames): emptied here, none outlives the render or takes a deep
+    // chain of destructors with it.
     for (const auto& ns : namespaces_) ns->attributes.items.clear();
+    for (const auto& frame : captured_) {
+      frame->items.clear();
+      frame->int_items.clear();
+    }
+    if (root_) root_->items.clear();
   }
 
   absl::StatusOr<std::string> run(const Body& body) {
-    Dict root;
-    Scope scope{{&root}};
-    root_ = &root;
+    root_ = std::make_shared<Dict>();
+    Scope scope{{root_}};
     std::string out;
-    absl::Status s = exec(body, scope, out).status();
-    root.items.clear();
-    if (!s.ok()) return s;
+    CLEAVE_RETURN_IF_ERROR(exec(body, scope, out).status());
     return out;
   }
 
@@ -113,7 +120,21 @@ class Renderer {
     return Value::undefined(absl::StrCat("'", name, "' is undefined"));
   }
 
+  // Counts one level of evaluation while alive; `ok` is false past kMaxRecursion.
+  struct Nesting {
+    explicit Nesting(int& level) : level(level), ok(++level <= kMaxRecursion) {}
+    ~Nesting() { --level; }
+    int& level;
+    bool ok;
+  };
+  static absl::Status tooDeep() {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the template nested evaluation deeper than ", kMaxRecursion, " levels"));
+  }
+
   absl::StatusOr<Flow> exec(const Body& body, Scope& scope, std::string& out) {
+    Nesting nesting(recursion_);
+    if (!nesting.ok) return tooDeep();
     for (const NodePtr& node : body) {
       absl::StatusOr<Flow> flow = execNode(*node, scope, out);
       if (!flow.ok()) {
@@ -188,11 +209,10 @@ class Renderer {
         return Flow::kNormal;
       }
       case Node::Kind::kMacro: {
-        // The macro sees the loop variables and sets around its definition as they are now.
-        auto closure = std::make_shared<Dict>();
-        for (size_t i = 1; i < scope.frames.size(); ++i) {
-          for (const auto& [k, v] : scope.frames[i]->items) closure->set(k, v);
-        }
+        // The macro reads the frames around its definition (loop variables, sets) when it
+        // is called, as Jinja's closures do.
+        std::vector<std::shared_ptr<Dict>> closure(scope.frames.begin() + 1, scope.frames.end());
+        captured_.insert(captured_.end(), closure.begin(), closure.end());
         scope.frames.back()->set(node.name, macro(node, std::move(closure)));
         return Flow::kNormal;
       }
@@ -205,10 +225,12 @@ class Renderer {
   // A for loop's frame: fresh for every pass (a `set` in the body starts from the outer value
   // each time, as Jinja scopes it) and gone after the loop.
   struct Frame {
-    Frame(Scope& scope) : scope(scope) { scope.frames.push_back(&vars); }
+    explicit Frame(Scope& scope) : scope(scope), vars(std::make_shared<Dict>()) {
+      scope.frames.push_back(vars);
+    }
     ~Frame() { scope.frames.pop_back(); }
     Scope& scope;
-    Dict vars;
+    std::shared_ptr<Dict> vars;
   };
 
   absl::StatusOr<Flow> execFor(const Node& node, Scope& scope, std::string& out) {
@@ -243,7 +265,7 @@ class Renderer {
                    return typeError("loop.cycle needs at least one value");
                  return args.positional[static_cast<size_t>(i) % args.positional.size()];
                }));
-      frame.vars.set("loop", Value(std::move(loop)));
+      frame.vars->set("loop", Value(std::move(loop)));
       CLEAVE_RETURN_IF_ERROR(assign(scope, node.targets, items[static_cast<size_t>(i)]));
       CLEAVE_ASSIGN_OR_RETURN(Flow flow, exec(node.body, scope, out));
       if (flow == Flow::kBreak) break;
@@ -265,7 +287,7 @@ class Renderer {
     });
   }
 
-  Value macro(const Node& node, std::shared_ptr<Dict> closure) {
+  Value macro(const Node& node, std::vector<std::shared_ptr<Dict>> closure) {
     return Value::function([this, &node, closure](const CallArgs& args) -> absl::StatusOr<Value> {
       if (depth_ >= limits_.max_call_depth) {
         return absl::ResourceExhaustedError(absl::StrCat(
@@ -275,8 +297,10 @@ class Renderer {
         return typeError(absl::StrCat("macro '", node.name, "' takes ", node.params.size(),
                                       " arguments, got ", args.positional.size()));
       }
-      Dict frame;
-      Scope scope{{root_, closure.get(), &frame}};
+      Scope scope{{root_}};
+      scope.frames.insert(scope.frames.end(), closure.begin(), closure.end());
+      scope.frames.push_back(std::make_shared<Dict>());
+      Dict& frame = *scope.frames.back();
       for (size_t i = 0; i < node.params.size(); ++i) {
         const auto& [name, fallback] = node.params[i];
         if (i < args.positional.size()) {
@@ -327,10 +351,17 @@ class Renderer {
   }
 
   absl::StatusOr<Value> eval(const Expr& e, Scope& scope) {
+    Nesting nesting(recursion_);
+    if (!nesting.ok) return tooDeep();
     CLEAVE_ASSIGN_OR_RETURN(Value v, evalNode(e, scope));
     if (v.depth() > limits_.max_value_depth) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the template built lists or dicts nested deeper than ", limits_.max_value_depth));
+    }
+    // A value printing it could not write (lists sharing items multiply) is refused now.
+    if (v.weight() > static_cast<int64_t>(limits_.max_output_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat("the template built a value larger than ",
+                                                       limits_.max_output_bytes, " bytes"));
     }
     return v;
   }
@@ -570,7 +601,10 @@ class Renderer {
       if (op == "+") return Value(x + y);
       if (op == "-") return Value(x - y);
       if (op == "*") return Value(x * y);
-      if (op == "**") return Value(std::pow(x, y));
+      if (op == "**") {
+        if (x == 0 && y < 0) return typeError("0.0 cannot be raised to a negative power");
+        return Value(std::pow(x, y));
+      }
       if (y == 0) return typeError("float division by zero");
       // CPython's float divmod: the remainder from fmod, the quotient from it.
       double mod = std::fmod(x, y);
@@ -597,6 +631,7 @@ class Renderer {
     if (op == "-") overflow = __builtin_sub_overflow(x, y, &r);
     if (op == "*") overflow = __builtin_mul_overflow(x, y, &r);
     if (op == "**") {
+      if (y < 0 && x == 0) return typeError("0 cannot be raised to a negative power");
       if (y < 0) return Value(std::pow(static_cast<double>(x), static_cast<double>(y)));
       // By squaring: at most 64 rounds before |r| overflows (|x| <= 1 never does).
       r = 1;
@@ -609,9 +644,10 @@ class Renderer {
     if (op == "//" || op == "%") {
       if (y == 0) return typeError("integer division or modulo by zero");
       if (x == INT64_MIN && y == -1) return typeError("integer overflow");
-      int64_t q = x / y;
-      if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
-      r = op == "//" ? q : x - q * y;
+      // Floor division and a remainder with the divisor's sign, without overflow.
+      const int64_t m = x % y;
+      const bool adjust = m != 0 && ((m < 0) != (y < 0));
+      r = op == "//" ? x / y - (adjust ? 1 : 0) : m + (adjust ? y : 0);
     }
     if (overflow) return typeError("integer overflow");
     return Value(r);
@@ -620,7 +656,9 @@ class Renderer {
   const Dict& context_;
   const RenderLimits& limits_;
   const std::chrono::steady_clock::time_point deadline_;
-  Dict* root_ = nullptr;
+  std::shared_ptr<Dict> root_;
+  std::vector<std::shared_ptr<Dict>> captured_;  // frames macros hold, emptied at the end
+  int recursion_ = 0;
   std::vector<Namespace*> namespaces_;  // every namespace this render made
   std::vector<Value> held_;             // ...kept alive until they are emptied
   int64_t steps_ = 0;

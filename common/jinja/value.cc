@@ -53,15 +53,36 @@ void Dict::set(const std::string& key, Value value) {
   items.emplace_back(key, std::move(value));
 }
 
+namespace {
+
+constexpr int64_t kMaxWeight = int64_t{1} << 62;
+
+int64_t addWeight(int64_t a, int64_t b) {
+  return std::min(kMaxWeight, a + std::min(b, kMaxWeight));
+}
+
+}  // namespace
+
 Value::Value(List list) : v_(std::make_shared<List>(std::move(list))) {
   depth_ = 1;
-  for (const Value& v : asList()) depth_ = std::max(depth_, v.depth_ + 1);
+  weight_ = 2;
+  for (const Value& v : asList()) {
+    depth_ = std::max(depth_, v.depth_ + 1);
+    weight_ = addWeight(weight_, v.weight_ + 2);
+  }
 }
 
 Value::Value(Dict dict) : v_(std::make_shared<Dict>(std::move(dict))) {
   depth_ = 1;
-  for (const auto& [k, v] : asDict().items) depth_ = std::max(depth_, v.depth_ + 1);
-  for (const auto& [k, v] : asDict().int_items) depth_ = std::max(depth_, v.depth_ + 1);
+  weight_ = 2;
+  for (const auto& [k, v] : asDict().items) {
+    depth_ = std::max(depth_, v.depth_ + 1);
+    weight_ = addWeight(weight_, v.weight_ + static_cast<int64_t>(k.size()) + 6);
+  }
+  for (const auto& [k, v] : asDict().int_items) {
+    depth_ = std::max(depth_, v.depth_ + 1);
+    weight_ = addWeight(weight_, v.weight_ + 24);
+  }
 }
 
 bool Value::truthy() const {

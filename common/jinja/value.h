@@ -77,7 +77,9 @@ class Value {
   Value(int64_t i) : v_(i) {}
   Value(int i) : v_(int64_t{i}) {}
   Value(double f) : v_(f) {}
-  Value(std::string s) : v_(std::make_shared<const std::string>(std::move(s))) {}
+  Value(std::string s)
+      : v_(std::make_shared<const std::string>(std::move(s))),
+        weight_(static_cast<int64_t>(asString().size()) + 2) {}
   Value(const char* s) : Value(std::string(s)) {}
   Value(List list);
   Value(Dict dict);
@@ -94,7 +96,16 @@ class Value {
     v.tuple_ = true;
     return v;
   }
-  static Value function(Function f) { return Value(std::make_shared<Function>(std::move(f))); }
+  // `captured`: what the function holds (a bound method's object), so chains of functions
+  // count towards depth and weight.
+  static Value function(Function f, const Value* captured = nullptr) {
+    Value v(std::make_shared<Function>(std::move(f)));
+    if (captured != nullptr) {
+      v.depth_ = captured->depth_ + 1;
+      v.weight_ = captured->weight_ + 8;
+    }
+    return v;
+  }
   static Value makeNamespace(Dict attributes) {
     return Value(std::make_shared<Namespace>(Namespace{std::move(attributes)}));
   }
@@ -110,6 +121,10 @@ class Value {
   bool isString() const { return kind() == Kind::kString; }
   bool isList() const { return kind() == Kind::kList; }
   bool isTuple() const { return tuple_; }
+  // What printing this value could write, in bytes, roughly: a str's length, 8 for a
+  // scalar, a list's or dict's items summed (a shared item counted each time it appears, as
+  // printing it would), saturating at 2^62.
+  int64_t weight() const { return weight_; }
   bool isMarkup() const { return markup_; }
   int depth() const { return depth_; }
   bool isDict() const { return kind() == Kind::kDict; }
@@ -151,6 +166,7 @@ class Value {
   // Lists and dicts: 1 + the deepest item's depth (a namespace counts as 1), so a template
   // cannot build nesting deep enough to overflow the stack when printed or freed.
   int depth_ = 0;
+  int64_t weight_ = 8;
 };
 
 // Python's ==: numbers by value (1 == 1.0 == True), strings, lists and dicts by content,

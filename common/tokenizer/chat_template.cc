@@ -303,7 +303,7 @@ absl::StatusOr<std::string> ChatTemplate::renderTurns(const ChatInput& input,
     }
     tools = toValue(parsed);
   }
-  const bool with_tools = tools.isList() && !tools.asList().empty();
+  const bool with_tools = tools.isList();  // as transformers: any list, even empty
   context.set("tools", std::move(tools));
   context.set("documents", jinja::Value::none());
   context.set("add_generation_prompt", jinja::Value(input.add_generation_prompt));

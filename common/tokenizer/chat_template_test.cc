@@ -232,6 +232,19 @@ TEST(ChatTemplateTest, BoundsStopRunawayTemplates) {
       {"{{ (-9223372036854775807 - 1) | abs }}", absl::StatusCode::kInvalidArgument},
       {"{{ 9223372036854775807 + 1 }}", absl::StatusCode::kInvalidArgument},
       {"{{ 3 ** 9223372036854775807 }}", absl::StatusCode::kInvalidArgument},
+      // Lists sharing their items: printing would multiply them.
+      {"{% set ns = namespace(a='x') %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}"
+       "{% endfor %}{{ ns.a | tojson }}",
+       absl::StatusCode::kResourceExhausted},
+      // Functions holding functions: a chain as deep as the loop.
+      {"{% set ns = namespace(f=none) %}{% for i in range(3000) %}{% set ns.f = {'p': ns.f}.get %}"
+       "{% endfor %}",
+       absl::StatusCode::kResourceExhausted},
+      // Recursion through blocks and macros together stays within the stack's budget.
+      {"{% macro m(n) %}{% if n > 0 %}{% if n > 0 %}{% if n > 0 %}{% if n > 0 %}"
+       "{{ m(n - 1) ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 ~ 1 }}"
+       "{% endif %}{% endif %}{% endif %}{% endif %}{% endmacro %}{{ m(15) }}",
+       absl::StatusCode::kOk},
   };
   for (const auto& [source, code] : runs) {
     SCOPED_TRACE(source);
@@ -239,14 +252,15 @@ TEST(ChatTemplateTest, BoundsStopRunawayTemplates) {
     ASSERT_TRUE(t.ok()) << t.status();
     auto out =
         t->render({}, {.max_steps = int64_t{1} << 40, .max_time = std::chrono::milliseconds(300)});
-    ASSERT_FALSE(out.ok()) << *out;
     EXPECT_EQ(out.status().code(), code) << out.status();
   }
   // Values that stay in range.
   auto edges = jinja::Template::parse(
       "{{ '1e300' | int }} {{ (-9223372036854775807 - 1) // 1 }} {{ -7 is divisibleby(-1) }} "
       "{{ range(9223372036854775800, 9223372036854775807, 4) | list | length }} "
-      "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns.me.me is defined }}");
+      "{% set ns = namespace() %}{% set ns.me = ns %}{{ ns.me.me is defined }}"
+      "{% for i in range(3) %}{% set prev = ns.f %}{% macro f() %}{{ prev }}{% endmacro %}"
+      "{% set ns.f = f %}{% endfor %}");
   ASSERT_TRUE(edges.ok()) << edges.status();
   auto out = edges->render({});
   ASSERT_TRUE(out.ok()) << out.status();

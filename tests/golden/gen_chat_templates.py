@@ -1000,6 +1000,12 @@ tail
          "{{ d.get(2048) }} {{ d[7] is defined }}")
     case("safe_markup_concat", "{{ 'a<'|safe + '<b> & \"c\"' }} {{ \"<x>'\" + 'y'|safe }} "
          "{{ ('a'|safe + '&') ~ '<' }} {{ 'p' ~ '<'|safe }} {{ ('<'|safe) | length }}")
+    case("review_edges", "{{ 15 | round(-1) }} {{ 25 | round(-1) }} {{ -15 | round(-1) }} "
+         "{{ ' 1_0 ' | int }} {{ (-9223372036854775807 - 1) % 3 }} {{ 9223372036854775807 % -2 }} "
+         "{{ -7 // 2 }} {{ 7 % -3 }}")
+    case("macro_reads_variables_when_called",
+         "{% for v in [1, 2] %}{% macro m() %}{{ v }}{% endmacro %}{% set v = 9 %}{{ m() }}"
+         "{% endfor %}")
     case("select_on_none", "{{ none | selectattr('type', 'equalto', 'x') | list }} "
          "{{ none | rejectattr('x') | list | length }} {{ none | map(attribute='x') | list }}")
     # The immutable sandbox forbids mutating lists and dicts from a template.
