@@ -1,6 +1,7 @@
 #include "common/jinja/parser.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -300,27 +301,26 @@ class Parser {
     return e;
   }
 
-  absl::StatusOr<ExprPtr> parseOr() {
-    CLEAVE_ASSIGN_OR_RETURN(ExprPtr e, parseAnd());
-    while (isName("or")) {
+  // One level of left-associative binary operators: `next` operands joined by the
+  // operators (names or symbols) in `ops`.
+  using Level = absl::StatusOr<ExprPtr> (Parser::*)();
+  absl::StatusOr<ExprPtr> parseLevel(std::initializer_list<const char*> ops, Level next_level) {
+    CLEAVE_ASSIGN_OR_RETURN(ExprPtr e, (this->*next_level)());
+    while (true) {
+      const char* op = nullptr;
+      for (const char* candidate : ops) {
+        if (isOp(candidate) || isName(candidate)) op = candidate;
+      }
+      if (op == nullptr) return e;
       ++at_;
-      CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseAnd());
-      e = binary("or", std::move(e), std::move(r));
+      CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, (this->*next_level)());
+      e = binary(op, std::move(e), std::move(r));
       CLEAVE_RETURN_IF_ERROR(too_deep_);
     }
-    return e;
   }
 
-  absl::StatusOr<ExprPtr> parseAnd() {
-    CLEAVE_ASSIGN_OR_RETURN(ExprPtr e, parseNot());
-    while (isName("and")) {
-      ++at_;
-      CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseNot());
-      e = binary("and", std::move(e), std::move(r));
-      CLEAVE_RETURN_IF_ERROR(too_deep_);
-    }
-    return e;
-  }
+  absl::StatusOr<ExprPtr> parseOr() { return parseLevel({"or"}, &Parser::parseAnd); }
+  absl::StatusOr<ExprPtr> parseAnd() { return parseLevel({"and"}, &Parser::parseNot); }
 
   absl::StatusOr<ExprPtr> parseNot() {
     if (isName("not")) {
@@ -369,49 +369,14 @@ class Parser {
     return settle(std::move(chain));
   }
 
-  absl::StatusOr<ExprPtr> parseMath1() {
-    CLEAVE_ASSIGN_OR_RETURN(ExprPtr e, parseConcat());
-    while (isOp("+") || isOp("-")) {
-      const std::string op = next().text;
-      CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseConcat());
-      e = binary(op, std::move(e), std::move(r));
-      CLEAVE_RETURN_IF_ERROR(too_deep_);
-    }
-    return e;
-  }
-
-  absl::StatusOr<ExprPtr> parseConcat() {
-    CLEAVE_ASSIGN_OR_RETURN(ExprPtr e, parseMath2());
-    while (isOp("~")) {
-      ++at_;
-      CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseMath2());
-      e = binary("~", std::move(e), std::move(r));
-      CLEAVE_RETURN_IF_ERROR(too_deep_);
-    }
-    return e;
-  }
-
+  // Jinja's precedence, loosest first: + -, then ~, then * / // %, then **.
+  absl::StatusOr<ExprPtr> parseMath1() { return parseLevel({"+", "-"}, &Parser::parseConcat); }
+  absl::StatusOr<ExprPtr> parseConcat() { return parseLevel({"~"}, &Parser::parseMath2); }
   absl::StatusOr<ExprPtr> parseMath2() {
-    CLEAVE_ASSIGN_OR_RETURN(ExprPtr e, parsePow());
-    while (isOp("*") || isOp("/") || isOp("//") || isOp("%")) {
-      const std::string op = next().text;
-      CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parsePow());
-      e = binary(op, std::move(e), std::move(r));
-      CLEAVE_RETURN_IF_ERROR(too_deep_);
-    }
-    return e;
+    return parseLevel({"*", "/", "//", "%"}, &Parser::parsePow);
   }
-
-  absl::StatusOr<ExprPtr> parsePow() {
-    CLEAVE_ASSIGN_OR_RETURN(ExprPtr e, parseUnary(true));
-    while (isOp("**")) {
-      ++at_;
-      CLEAVE_ASSIGN_OR_RETURN(ExprPtr r, parseUnary(true));
-      e = binary("**", std::move(e), std::move(r));
-      CLEAVE_RETURN_IF_ERROR(too_deep_);
-    }
-    return e;
-  }
+  absl::StatusOr<ExprPtr> parsePow() { return parseLevel({"**"}, &Parser::parseOperand); }
+  absl::StatusOr<ExprPtr> parseOperand() { return parseUnary(true); }
 
   absl::StatusOr<ExprPtr> parseUnary(bool with_filter) {
     ExprPtr e;
