@@ -103,7 +103,8 @@ void stopAll(std::vector<Child>& children) {
 }  // namespace
 
 int runUp(int argc, char** argv) {
-  std::string model, listen = "127.0.0.1:50051", ready_file, kv_dtype = "auto", backend = "cpu";
+  std::string model, listen = "127.0.0.1:50051", ready_file, kv_dtype = "auto", backend = "cpu",
+                     chat_template;
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
   int64_t target = 16, planned = 2048, timeout_s = 300;
   uint64_t budget = 0;
@@ -131,6 +132,8 @@ int runUp(int argc, char** argv) {
                   "order: CUDA_VISIBLE_DEVICES is set per worker)");
   flags.addString("ready-file", &ready_file,
                   "When everything serves, write the router's ports here (JSON)");
+  flags.addString("chat-template", &chat_template,
+                  "The router's Jinja chat template file, instead of the model's");
   flags.addInt("startup-timeout-s", &timeout_s, "Give up when not serving within this");
   std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
   if (model.empty()) exitWithUsageError(flags, absl::InvalidArgumentError("--model is required"));
@@ -214,6 +217,7 @@ int runUp(int argc, char** argv) {
                                           "--metrics-port=0"};
   if (auto words = tokenizer::Tokenizer::load(model); words.ok()) {
     router_args.push_back("--model=" + model);
+    if (!chat_template.empty()) router_args.push_back("--chat-template=" + chat_template);
   } else {
     std::fprintf(stderr, "cleave up: %s: serving token-id prompts only\n",
                  std::string(words.status().message()).c_str());

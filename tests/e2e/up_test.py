@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
@@ -34,6 +35,17 @@ class UpTest(unittest.TestCase):
         self.assertEqual(up.proc.wait(60), 0, up.log())
         for pid in children:
             self.assertFalse(os.path.exists(f"/proc/{pid}"), f"child {pid} outlived cleave up")
+
+    def test_a_broken_chat_template_fails_up_with_the_routers_reason(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".jinja") as template:
+            template.write("{% if %}")
+            template.flush()
+            code, _, err = ct.run([ct.binary("cleave"), "up", f"--model={MODEL}",
+                                   "--listen=127.0.0.1:0", f"--chat-template={template.name}"],
+                                  timeout=120)
+        self.assertEqual(code, 1)
+        self.assertIn("chat template: line 1", err)
+        self.assertIn("cleave-router exited", err)
 
     def test_a_worker_that_cannot_start_fails_up_with_its_reason(self):
         code, _, err = ct.run([ct.binary("cleave"), "up", f"--model={MODEL}",
