@@ -55,15 +55,20 @@ absl::StatusOr<uint32_t> vocabularyOf(client::RouterClient& client, const std::s
                                               "; name one of ListModels with --model"));
 }
 
+// `chat`: text prompts go as a user turn of the model's chat template.
 loadgen::Sender senderFor(client::RouterClient& client, const std::string& model,
-                          double temperature, int64_t timeout_s) {
-  return [&client, model, temperature, timeout_s](const loadgen::PlannedRequest& planned,
-                                                  const std::function<void(uint32_t)>& on_tokens,
-                                                  uint32_t& prompt_tokens) {
+                          double temperature, int64_t timeout_s, bool chat) {
+  return [&client, model, temperature, timeout_s, chat](
+             const loadgen::PlannedRequest& planned, const std::function<void(uint32_t)>& on_tokens,
+             uint32_t& prompt_tokens) {
     v1::GenerateRequest request;
     request.set_model(model);
     request.set_request_id(absl::StrCat("bench-", planned.index));
-    if (!planned.prompt_text.empty()) {
+    if (!planned.prompt_text.empty() && chat) {
+      v1::ChatMessage* turn = request.mutable_chat()->add_messages();
+      turn->set_role("user");
+      turn->set_content(planned.prompt_text);
+    } else if (!planned.prompt_text.empty()) {
       request.set_text(planned.prompt_text);
     } else {
       request.mutable_token_ids()->mutable_ids()->Assign(planned.prompt_ids.begin(),
@@ -111,6 +116,7 @@ int runBench(int argc, char** argv) {
                              json_path, html_path, label = "cleave";
   int64_t concurrency = 16, requests = 64, warmup = 2, seed = 1, timeout_s = 600;
   double rate = 0, duration_s = 0, slo_ttft_ms = 0, slo_itl_ms = 0, temperature = 0;
+  bool chat = false;
   FlagSet flags("cleave bench", "--router ADDR [flags]",
                 "Load-tests a running router with streaming requests of random prompt tokens "
                 "(or a lengths file) that generate exactly their output length, and reports "
@@ -129,6 +135,8 @@ int runBench(int argc, char** argv) {
   flags.addString("output-len", &output_len, "Generated tokens: N or MIN:MAX (uniform)");
   flags.addString("lengths-file", &lengths_file,
                   "JSON lines of {\"prompt_tokens\"|\"prompt\", \"output_tokens\"} instead");
+  flags.addBool("chat", &chat,
+                "Send the lengths file's prompts as user turns through the model's chat template");
   flags.addDouble("slo-ttft-ms", &slo_ttft_ms, "Goodput SLO on time to first token (0: none)");
   flags.addDouble("slo-itl-ms", &slo_itl_ms,
                   "Goodput SLO on time per output token after the first (0: none)");
@@ -157,7 +165,11 @@ int runBench(int argc, char** argv) {
     if (!shapes.ok()) exitWithUsageError(flags, shapes.status());
     workload_options.shapes = *std::move(shapes);
     prompt_len = output_len = absl::StrCat("file:", lengths_file);
+    for (const loadgen::RequestShape& shape : workload_options.shapes) {
+      if (chat && shape.prompt.empty()) fail("--chat needs a \"prompt\" text on every row");
+    }
   } else {
+    if (chat) fail("--chat sends text prompts: give a --lengths-file whose rows have \"prompt\"");
     auto p = loadgen::LengthRange::parse(prompt_len, "--prompt-len");
     auto o = loadgen::LengthRange::parse(output_len, "--output-len");
     if (!p.ok()) exitWithUsageError(flags, p.status());
@@ -195,7 +207,7 @@ int runBench(int argc, char** argv) {
     return 1;
   }
   const loadgen::Workload workload(workload_options);
-  const loadgen::Sender send = senderFor(client, model, temperature, timeout_s);
+  const loadgen::Sender send = senderFor(client, model, temperature, timeout_s, chat);
 
   std::vector<std::string> args(argv, argv + argc);
   loadgen::BenchRun run{.label = label,

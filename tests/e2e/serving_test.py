@@ -13,11 +13,13 @@ client Cleave did not write).
     in the worker.
 """
 import concurrent.futures
+import json
 import os
 import random
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -214,6 +216,32 @@ class ServingTest(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertEqual(ids, [int(t) for t in out.split()])
         self.wait_for_no_reservations()
+
+    def test_bench_sends_conversations(self):
+        """`cleave bench --chat` sends a lengths file's prompts as user turns: every request
+        succeeds and each prompt grows by the template's turn markers and system turn."""
+        work = tempfile.mkdtemp(prefix="cleave-bench-chat-")
+        lengths = os.path.join(work, "lengths.jsonl")
+        with open(lengths, "w") as f:
+            for words in (3, 7, 11, 5):
+                f.write(json.dumps({"prompt": " ".join(WORDS[:words]), "output_tokens": 4}) + "\n")
+
+        def bench(*extra):
+            report = os.path.join(work, f"bench{len(extra)}.json")
+            code, out, err = ct.run([ct.binary("cleave"), "bench", f"--router={self.address}",
+                                     f"--lengths-file={lengths}", "--requests=4", "--warmup=0",
+                                     "--concurrency=2", f"--json={report}", *extra], timeout=120)
+            self.assertEqual(code, 0, out + err)
+            with open(report) as f:
+                summary = json.load(f)["points"][0]["summary"]
+            self.assertEqual((summary["requests"], summary["failed"]), (4, 0), summary)
+            return summary["prompt_tokens"]
+
+        plain, chat = bench(), bench("--chat")
+        self.assertGreater(chat, plain + 4 * 20)  # SmolLM2's default system turn alone is ~20
+        code, _, err = ct.run([ct.binary("cleave"), "bench", f"--router={self.address}", "--chat"])
+        self.assertEqual(code, 2)
+        self.assertIn("--lengths-file", err)
 
     def test_bad_input_gets_a_status_that_says_what_to_fix(self):
         pb, C = self.pb, grpc.StatusCode
