@@ -120,7 +120,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::fromSource(const std::string& source,
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::load(const std::string& model_path,
-                                                const Tokenizer& tokenizer) {
+                                                const Tokenizer& tokenizer,
+                                                const std::string& template_file) {
+  if (!template_file.empty()) return loadFile(template_file, tokenizer);
   CLEAVE_ASSIGN_OR_RETURN(std::string bos, tokenText(tokenizer, tokenizer.bosId()));
   CLEAVE_ASSIGN_OR_RETURN(std::string eos, tokenText(tokenizer, tokenizer.eosId()));
   const std::filesystem::path p(model_path);

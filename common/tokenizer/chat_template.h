@@ -53,10 +53,12 @@ class ChatTemplate {
   static absl::StatusOr<ChatTemplate> fromSource(const std::string& source, std::string bos_token,
                                                  std::string eos_token,
                                                  const std::string& tool_source = "");
-  // The template `model_path` (a .gguf file or a Hugging Face folder) carries, with the
-  // BOS/EOS texts of its `tokenizer`. NotFound when the model has none; errors name the file.
+  // The template `model_path` (a .gguf file or a Hugging Face folder) carries, or the one in
+  // `template_file` when given (--chat-template), with the BOS/EOS texts of its `tokenizer`.
+  // NotFound when the model has none; errors name the file.
   static absl::StatusOr<ChatTemplate> load(const std::string& model_path,
-                                           const Tokenizer& tokenizer);
+                                           const Tokenizer& tokenizer,
+                                           const std::string& template_file = "");
   // The template in the file `path` (a .jinja text file), as --chat-template passes it.
   static absl::StatusOr<ChatTemplate> loadFile(const std::string& path, const Tokenizer& tokenizer);
 

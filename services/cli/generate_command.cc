@@ -44,8 +44,7 @@ absl::StatusOr<std::optional<std::string>> chatText(const std::string& model,
                                                     const tokenizer::Tokenizer& words,
                                                     const std::string& system,
                                                     const std::string& prompt) {
-  auto t = template_file.empty() ? tokenizer::ChatTemplate::load(model, words)
-                                 : tokenizer::ChatTemplate::loadFile(template_file, words);
+  auto t = tokenizer::ChatTemplate::load(model, words, template_file);
   if (absl::IsNotFound(t.status()) && template_file.empty()) {
     std::fprintf(stderr, "cleave generate: %s; sending the prompt as plain text\n",
                  std::string(t.status().message()).c_str());

@@ -106,8 +106,7 @@ int runTokenize(int argc, char** argv) {
   if (chat) {
     auto conversation = parseConversation(text);
     if (!conversation.ok()) exitWithUsageError(flags, conversation.status());
-    auto t = chat_template.empty() ? tokenizer::ChatTemplate::load(model, **tokenizer)
-                                   : tokenizer::ChatTemplate::loadFile(chat_template, **tokenizer);
+    auto t = tokenizer::ChatTemplate::load(model, **tokenizer, chat_template);
     if (!t.ok()) return fail("cleave tokenize", t.status());
     auto prompt = t->render(*conversation);
     if (!prompt.ok()) return fail("cleave tokenize", prompt.status());

@@ -116,9 +116,7 @@ int main(int argc, char** argv) {
     cleave::exitWithUsageError(flags, absl::InvalidArgumentError("--chat-template needs --model"));
   }
   if (tokenizer != nullptr) {
-    auto loaded = chat_template_file.empty()
-                      ? cleave::tokenizer::ChatTemplate::load(model, *tokenizer)
-                      : cleave::tokenizer::ChatTemplate::loadFile(chat_template_file, *tokenizer);
+    auto loaded = cleave::tokenizer::ChatTemplate::load(model, *tokenizer, chat_template_file);
     if (loaded.ok()) {
       chat_template = std::make_shared<const cleave::tokenizer::ChatTemplate>(*std::move(loaded));
     } else if (!chat_template_file.empty()) {
