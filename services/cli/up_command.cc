@@ -104,7 +104,7 @@ void stopAll(std::vector<Child>& children) {
 
 int runUp(int argc, char** argv) {
   std::string model, listen = "127.0.0.1:50051", ready_file, kv_dtype = "auto", backend = "cpu",
-                     chat_template;
+                     chat_template, http_listen;
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
   int64_t target = 16, planned = 2048, timeout_s = 300;
   uint64_t budget = 0;
@@ -114,6 +114,9 @@ int runUp(int argc, char** argv) {
                 "--decode or --both it starts one combined worker.");
   flags.addString("model", &model, "Model: a GGUF file or a Hugging Face folder");
   flags.addString("listen", &listen, "The router's gRPC address (port 0 picks a free one)");
+  flags.addString("http-listen", &http_listen,
+                  "Also serve the OpenAI-compatible HTTP API on this host:port (the router's "
+                  "--http-listen)");
   flags.addInt("prefill", &prefill, "Prefill workers (--role=prefill)");
   flags.addInt("decode", &decode, "Decode workers (--role=decode)");
   flags.addInt("both", &both, "Combined workers (--role=both)");
@@ -215,6 +218,7 @@ int runUp(int argc, char** argv) {
   // served on token-id prompts alone.
   std::vector<std::string> router_args = {(bin / "cleave-router").string(), "--listen=" + listen,
                                           "--metrics-port=0"};
+  if (!http_listen.empty()) router_args.push_back("--http-listen=" + http_listen);
   if (auto words = tokenizer::Tokenizer::load(model); words.ok()) {
     router_args.push_back("--model=" + model);
     if (!chat_template.empty()) router_args.push_back("--chat-template=" + chat_template);
@@ -278,6 +282,11 @@ int runUp(int argc, char** argv) {
   std::printf("cleave up: serving %s\n", std::filesystem::path(model).filename().c_str());
   std::printf("  router   gRPC %s   metrics http://127.0.0.1:%d/metrics\n", router.c_str(),
               children[0].ready["metrics_port"].get<int>());
+  const int http_port = children[0].ready.value("http_port", 0);
+  if (http_port != 0) {
+    std::printf("  router   OpenAI-compatible API http://%s:%d/v1\n",
+                http_listen.substr(0, http_listen.rfind(':')).c_str(), http_port);
+  }
   for (size_t i = 1; i < children.size(); ++i) {
     std::printf("  %-8s gRPC 127.0.0.1:%d   metrics http://127.0.0.1:%d/metrics\n",
                 children[i].name.c_str(), children[i].ready["grpc_port"].get<int>(),
@@ -289,6 +298,7 @@ int runUp(int argc, char** argv) {
     std::vector<std::pair<std::string, int64_t>> fields = {
         {"grpc_port", children[0].ready["grpc_port"].get<int>()},
         {"metrics_port", children[0].ready["metrics_port"].get<int>()}};
+    if (http_port != 0) fields.push_back({"http_port", http_port});
     for (size_t i = 1; i < children.size(); ++i) {
       fields.push_back(
           {children[i].name + "_metrics_port", children[i].ready["metrics_port"].get<int>()});

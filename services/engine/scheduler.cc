@@ -351,6 +351,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     if (seq.stopper->stopped()) {
       event.finished = true;
       event.reason = seq.stopper->reason();
+      event.matched_stop = seq.stopper->matched();
       // At the length limit the last character may still be incomplete: flush it.
       if (event.reason == StopReason::kLength && seq.detokenizer)
         event.text += seq.detokenizer->finish();

@@ -61,6 +61,8 @@ struct TokenEvent {
   // tells whether the token also ends the request); its reservation stays.
   bool prefilled = false;
   StopReason reason = StopReason::kNone;
+  // The stop string that matched, or the stop token's decimal id, when `reason` says so.
+  std::string matched_stop;
 };
 
 class Scheduler {

@@ -212,6 +212,13 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
       ++completion_tokens;
     }
     message.mutable_logprobs()->CopyFrom(logprobs);
+    if (tokenizer_ != nullptr) {
+      auto tokenText = [&](uint32_t id) { return tokenizer_->decode({&id, 1}, false); };
+      for (v1::TokenLogprob& lp : *message.mutable_logprobs()) {
+        lp.set_text(tokenText(lp.token_id()));
+        for (v1::TopLogprob& top : *lp.mutable_top()) top.set_text(tokenText(top.token_id()));
+      }
+    }
     if (reason) {
       placed->finished = true;
       *message.mutable_final() = finalInfo(*reason, matched);

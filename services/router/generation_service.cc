@@ -109,6 +109,14 @@ absl::StatusOr<GenerationService::ChatPrompt> GenerationService::chatPrompt(
   tokenizer::ChatInput input{.tools_json = chat.tools_json(),
                              .kwargs_json = chat.template_kwargs_json(),
                              .continue_final_message = chat.continue_final_message()};
+  if (chat.has_add_generation_prompt()) {
+    if (chat.add_generation_prompt() && chat.continue_final_message()) {
+      return absl::InvalidArgumentError(
+          "chat: add_generation_prompt and continue_final_message cannot both be true (a reply "
+          "either starts a new turn or continues the last one)");
+    }
+    input.add_generation_prompt = chat.add_generation_prompt();
+  }
   for (const v1::ChatMessage& m : chat.messages()) {
     input.messages.push_back({m.role(), m.content(), m.fields_json()});
   }

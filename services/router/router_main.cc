@@ -15,6 +15,7 @@
 #include "common/shutdown.h"
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/router/openai_server.h"
 #include "services/router/router_server.h"
 
 int main(int argc, char** argv) {
@@ -40,6 +41,8 @@ int main(int argc, char** argv) {
   double api_key_rate = 0;
   std::string model;
   std::string chat_template_file;
+  std::string http_listen;
+  int64_t http_threads = 128;
   cleave::FlagSet flags("cleave-router", "[flags]",
                         "Serves the cleave.v1.Generation API, admits requests against the KV "
                         "budget of the registered decode workers and relays their token "
@@ -51,6 +54,11 @@ int main(int argc, char** argv) {
                   "into tokens (without it only token-id prompts are served)");
   flags.addString("chat-template", &chat_template_file,
                   "A Jinja chat template file for chat prompts, instead of the one in --model");
+  flags.addString("http-listen", &http_listen,
+                  "Also serve the OpenAI-compatible HTTP API (/v1/completions, "
+                  "/v1/chat/completions, /v1/models...) on this host:port (port 0 picks one)");
+  flags.addInt("http-threads", &http_threads,
+               "HTTP requests served at once (each streaming response holds one)");
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "A worker silent this long is dropped; its requests move to other workers");
@@ -156,10 +164,28 @@ int main(int argc, char** argv) {
   auto server = cleave::router::RouterServer::start(options);
   if (!server.ok()) cleave::exitWithUsageError(flags, server.status());
 
+  // Declared after the router: destroyed first, once the router's calls have ended.
+  std::unique_ptr<cleave::router::OpenAiServer> http;
+  if (!http_listen.empty()) {
+    if (http_threads < 1 || http_threads > 4096) {
+      (*server)->shutdown(std::chrono::milliseconds(0));
+      cleave::exitWithUsageError(flags,
+                                 absl::InvalidArgumentError("--http-threads must be in 1..4096"));
+    }
+    auto started = cleave::router::OpenAiServer::start(
+        {.listen = http_listen, .threads = static_cast<int>(http_threads)},
+        (*server)->inProcessChannel());
+    if (!started.ok()) {
+      (*server)->shutdown(std::chrono::milliseconds(0));
+      cleave::exitWithUsageError(flags, started.status());
+    }
+    http = std::move(*started);
+  }
   if (!server_flags.ready_file.empty()) {
-    absl::Status written = cleave::writeReadyFile(
-        server_flags.ready_file,
-        {{"grpc_port", (*server)->port()}, {"metrics_port", (*metrics)->port()}});
+    std::vector<std::pair<std::string, int64_t>> ports = {{"grpc_port", (*server)->port()},
+                                                          {"metrics_port", (*metrics)->port()}};
+    if (http != nullptr) ports.emplace_back("http_port", http->port());
+    absl::Status written = cleave::writeReadyFile(server_flags.ready_file, ports);
     if (!written.ok()) {
       (*server)->shutdown(std::chrono::milliseconds(0));
       cleave::exitWithUsageError(flags, written);
@@ -167,7 +193,10 @@ int main(int argc, char** argv) {
   }
 
   CLEAVE_LOG(INFO) << "cleave-router serving gRPC on port " << (*server)->port()
-                   << ", metrics on port " << (*metrics)->port();
+                   << ", metrics on port " << (*metrics)->port()
+                   << (http != nullptr ? ", the OpenAI-compatible HTTP API on port " +
+                                             std::to_string(http->port())
+                                       : "");
   int signal = cleave::serveUntilShutdownSignal();
   CLEAVE_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", shutting down";
   (*server)->shutdown(std::chrono::milliseconds(shutdown_grace_ms));

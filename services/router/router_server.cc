@@ -56,6 +56,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(
   return router;
 }
 
+std::shared_ptr<grpc::Channel> RouterServer::inProcessChannel() {
+  return server_->InProcessChannel(grpc::ChannelArguments());
+}
+
 RouterServer::~RouterServer() { shutdown(std::chrono::milliseconds(0)); }
 
 void RouterServer::shutdown(std::chrono::milliseconds grace) {

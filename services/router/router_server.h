@@ -15,8 +15,9 @@
 #include "services/router/worker_pool.h"
 
 namespace grpc {
+class Channel;
 class Server;
-}
+}  // namespace grpc
 
 namespace cleave::router {
 
@@ -44,6 +45,9 @@ class RouterServer {
   // Stops accepting calls, lets running calls end within `grace`, then cancels them.
   void shutdown(std::chrono::milliseconds grace);
   WorkerPool& workers() { return *pool_; }
+  // A channel to this server's services without a socket (for the HTTP API); calls on it
+  // pass the same interceptors, authentication and admission as remote ones.
+  std::shared_ptr<grpc::Channel> inProcessChannel();
 
  private:
   RouterServer() = default;

@@ -405,6 +405,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   if (r.has_logprobs()) *response.mutable_first_logprob() = tokenLogprob(*first);
   if (first->finished) {
     response.set_finish_reason(finishReason(first->reason));
+    response.set_matched_stop(first->matched_stop);
     absl::MutexLock lock(&mu_);
     forget(*id);  // The scheduler freed the reservation with the request.
   }
@@ -558,6 +559,7 @@ void WorkerCore::onStep(StepReport& report) {
     if (event.logprob) *e->add_logprobs() = tokenLogprob(event);
     if (event.finished) {
       e->set_finish_reason(finishReason(event.reason));
+      e->set_matched_stop(event.matched_stop);
       forget(event.id);
     }
   }

@@ -1,0 +1,217 @@
+#include "common/http_server.h"
+
+#include <civetweb.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace cleave {
+
+std::string_view HttpRequest::header(std::string_view name) const {
+  for (const auto& [key, value] : headers) {
+    if (key == name) return value;
+  }
+  return {};
+}
+
+std::string_view httpReason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 413: return "Payload Too Large";
+    case 415: return "Unsupported Media Type";
+    case 429: return "Too Many Requests";
+    case 499: return "Client Closed Request";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return "";
+  }
+}
+
+namespace {
+
+class CivetResponse final : public HttpResponse {
+ public:
+  explicit CivetResponse(mg_connection* conn) : conn_(conn) {}
+
+  void send(int status, std::string_view content_type, std::string_view body,
+            const std::vector<std::pair<std::string, std::string>>& headers) override {
+    if (answered_) return;
+    answered_ = true;
+    if (!head(status, content_type, headers, std::to_string(body.size()))) return;
+    if (!body.empty()) mg_write(conn_, body.data(), body.size());
+  }
+
+  bool startStream(int status, std::string_view content_type,
+                   const std::vector<std::pair<std::string, std::string>>& headers) override {
+    if (answered_) return false;
+    answered_ = true;
+    streaming_ = true;
+    alive_ = head(status, content_type, headers, "");
+    return alive_;
+  }
+
+  bool write(std::string_view data) override {
+    if (!streaming_ || !alive_) return false;
+    if (data.empty()) return true;
+    alive_ = mg_send_chunk(conn_, data.data(), static_cast<unsigned>(data.size())) > 0;
+    return alive_;
+  }
+
+  void endStream() override {
+    if (!streaming_ || !alive_) return;
+    mg_send_chunk(conn_, "", 0);
+    alive_ = false;
+  }
+
+  bool answered() const { return answered_; }
+
+ private:
+  // The status line and headers; an empty `length` means chunked.
+  bool head(int status, std::string_view content_type,
+            const std::vector<std::pair<std::string, std::string>>& headers,
+            const std::string& length) {
+    std::string type(content_type);
+    if (mg_response_header_start(conn_, status) != 0) return false;
+    mg_response_header_add(conn_, "Content-Type", type.c_str(), -1);
+    if (length.empty()) {
+      mg_response_header_add(conn_, "Transfer-Encoding", "chunked", -1);
+      mg_response_header_add(conn_, "Cache-Control", "no-cache", -1);
+    } else {
+      mg_response_header_add(conn_, "Content-Length", length.c_str(), -1);
+    }
+    for (const auto& [name, value] : headers) {
+      mg_response_header_add(conn_, name.c_str(), value.c_str(), static_cast<int>(value.size()));
+    }
+    return mg_response_header_send(conn_) == 0;
+  }
+
+  mg_connection* conn_;
+  bool answered_ = false;
+  bool streaming_ = false;
+  bool alive_ = false;
+};
+
+void sendPlain(mg_connection* conn, int status, const std::string& message) {
+  CivetResponse response(conn);
+  response.send(status, "application/json",
+                absl::StrCat(R"({"error":{"message":")", message, R"(","type":")",
+                             absl::AsciiStrToLower(std::string(httpReason(status))), R"(","code":)",
+                             status, "}}"),
+                {});
+}
+
+}  // namespace
+
+struct HttpServerAccess {
+  static int handle(mg_connection* conn, void* data) {
+    auto* server = static_cast<HttpServer*>(data);
+    const mg_request_info* info = mg_get_request_info(conn);
+    HttpRequest request;
+    request.method = info->request_method != nullptr ? info->request_method : "";
+    request.path = info->local_uri != nullptr ? info->local_uri : "";
+    request.query = info->query_string != nullptr ? info->query_string : "";
+    request.remote_address = info->remote_addr;
+    for (int i = 0; i < info->num_headers; ++i) {
+      request.headers.emplace_back(absl::AsciiStrToLower(info->http_headers[i].name),
+                                   info->http_headers[i].value);
+    }
+    const size_t limit = server->max_body_bytes_;
+    if (info->content_length > 0 && static_cast<uint64_t>(info->content_length) > limit) {
+      sendPlain(conn, 413, absl::StrCat("the request body is larger than ", limit, " bytes"));
+      return 413;
+    }
+    char buffer[16384];
+    for (;;) {
+      const int n = mg_read(conn, buffer, sizeof(buffer));
+      if (n <= 0) break;
+      request.body.append(buffer, static_cast<size_t>(n));
+      if (request.body.size() > limit) {
+        sendPlain(conn, 413, absl::StrCat("the request body is larger than ", limit, " bytes"));
+        return 413;
+      }
+    }
+    CivetResponse response(conn);
+    server->handler_(request, response);
+    if (!response.answered()) {
+      sendPlain(conn, 500, "the server did not answer this request");
+      return 500;
+    }
+    return 200;
+  }
+
+  static int logMessage(const mg_connection*, const char* message) {
+    CLEAVE_LOG(DEBUG) << "http: " << message;
+    return 1;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOptions& options,
+                                                              HttpHandler handler) {
+  if (options.threads < 1 || options.threads > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HTTP threads must be in 1..4096, got ", options.threads));
+  }
+  static const unsigned features = mg_init_library(MG_FEATURES_DEFAULT | MG_FEATURES_TLS);
+  std::string ports = options.listen;
+  if (!options.tls_pem_file.empty()) {
+    if ((features & MG_FEATURES_TLS) == 0 || mg_check_feature(MG_FEATURES_TLS) == 0) {
+      return absl::FailedPreconditionError(
+          "this build's HTTP server has no TLS; put a TLS proxy in front of the HTTP port");
+    }
+    ports += "s";
+  }
+  const std::string threads = std::to_string(options.threads);
+  std::vector<const char*> config = {
+      "listening_ports",   ports.c_str(), "num_threads", threads.c_str(),
+      "enable_keep_alive", "yes",         "tcp_nodelay", "1"};
+  if (!options.tls_pem_file.empty()) {
+    config.push_back("ssl_certificate");
+    config.push_back(options.tls_pem_file.c_str());
+  }
+  config.push_back(nullptr);
+
+  std::unique_ptr<HttpServer> server(new HttpServer());
+  server->handler_ = std::move(handler);
+  server->max_body_bytes_ = options.max_body_bytes;
+  mg_callbacks callbacks{};
+  callbacks.log_message = &HttpServerAccess::logMessage;
+  char error[256] = {};
+  mg_init_data init{};
+  init.callbacks = &callbacks;
+  init.user_data = server.get();
+  init.configuration_options = config.data();
+  mg_error_data error_data{};
+  error_data.text = error;
+  error_data.text_buffer_size = sizeof(error);
+  server->context_ = mg_start2(&init, &error_data);
+  if (server->context_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot serve HTTP on ", options.listen, " (", error,
+                                               "); the port may be in use or the address "
+                                               "malformed: pass another host:port (port 0 picks "
+                                               "a free one)"));
+  }
+  mg_set_request_handler(server->context_, "/", &HttpServerAccess::handle, server.get());
+  mg_server_port bound[4] = {};
+  const int n = mg_get_server_ports(server->context_, 4, bound);
+  if (n <= 0) return absl::UnavailableError(absl::StrCat("HTTP on ", options.listen, ": no port"));
+  server->port_ = bound[0].port;
+  return server;
+}
+
+HttpServer::~HttpServer() {
+  if (context_ != nullptr) mg_stop(context_);
+}
+
+}  // namespace cleave

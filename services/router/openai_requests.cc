@@ -1,0 +1,358 @@
+#include "services/router/openai_requests.h"
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "common/json_shape.h"
+#include "common/status_macros.h"
+
+namespace cleave::router::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status invalid(const std::string& param, const std::string& what) {
+  absl::Status status = absl::InvalidArgumentError(absl::StrCat(param, ": ", what));
+  status.SetPayload(kParamPayload, absl::Cord(param));
+  return status;
+}
+
+// Looks `name` up in `body`: null when absent or JSON null.
+const Json* field(const Json& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+absl::StatusOr<bool> boolean(const Json& body, const char* name, bool fallback) {
+  const Json* v = field(body, name);
+  if (v == nullptr) return fallback;
+  if (!v->is_boolean()) return invalid(name, "must be true or false");
+  return v->get<bool>();
+}
+
+// A float field copied into `set` when present.
+template <typename Set>
+absl::Status number(const Json& body, const char* name, Set set) {
+  const Json* v = field(body, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_number()) return invalid(name, "must be a number");
+  const double d = v->get<double>();
+  if (!std::isfinite(d)) return invalid(name, "must be finite");
+  set(static_cast<float>(d));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<int64_t>> integer(const Json& body, const char* name, int64_t lo,
+                                               int64_t hi) {
+  const Json* v = field(body, name);
+  if (v == nullptr) return std::optional<int64_t>();
+  if (!v->is_number_integer()) return invalid(name, "must be an integer");
+  if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    return invalid(name, absl::StrCat("must be at most ", hi));
+  }
+  const int64_t i =
+      v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
+  if (i < lo || i > hi) return invalid(name, absl::StrCat("must be in ", lo, "..", hi));
+  return std::optional<int64_t>(i);
+}
+
+absl::StatusOr<std::vector<uint32_t>> tokenIds(const Json& v, const std::string& name) {
+  std::vector<uint32_t> ids;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const Json& id = v[i];
+    if (!id.is_number_integer() || (!id.is_number_unsigned() && id.get<int64_t>() < 0) ||
+        id.get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
+      return invalid(absl::StrCat(name, "[", i, "]"), "must be a token id (an integer >= 0)");
+    }
+    ids.push_back(id.get<uint32_t>());
+  }
+  return ids;
+}
+
+// What the API asks for and Cleave does not do.
+absl::Status refuseUnsupported(const Json& body) {
+  for (const char* name : {"n", "best_of"}) {
+    CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> n, integer(body, name, 1, 1 << 20));
+    if (n && *n != 1) {
+      return invalid(name, "only 1 is supported; send one request per completion");
+    }
+  }
+  if (const Json* bias = field(body, "logit_bias"); bias != nullptr && !bias->empty()) {
+    return invalid("logit_bias", "is not supported");
+  }
+  if (const Json* s = field(body, "suffix"); s != nullptr && !(s->is_string() && s->empty())) {
+    return invalid("suffix", "is not supported");
+  }
+  CLEAVE_ASSIGN_OR_RETURN(bool include_stop, boolean(body, "include_stop_str_in_output", false));
+  if (include_stop) return invalid("include_stop_str_in_output", "only false is supported");
+  if (const Json* format = field(body, "response_format"); format != nullptr) {
+    const Json* type = format->is_object() ? field(*format, "type") : nullptr;
+    if (type == nullptr || *type != "text") {
+      return invalid("response_format",
+                     "only {\"type\": \"text\"} is supported (no constrained decoding)");
+    }
+  }
+  if (const Json* choice = field(body, "tool_choice");
+      choice != nullptr && *choice != "auto" && *choice != "none") {
+    return invalid("tool_choice",
+                   "only \"auto\" and \"none\" are supported (forcing a tool call needs "
+                   "constrained decoding)");
+  }
+  return absl::OkStatus();
+}
+
+// The sampling, stopping and streaming fields both endpoints share.
+absl::Status parseCommon(const Json& body, Call& call) {
+  CLEAVE_RETURN_IF_ERROR(refuseUnsupported(body));
+  v1::GenerateRequest& r = call.request;
+  if (const Json* model = field(body, "model"); model != nullptr) {
+    if (!model->is_string()) return invalid("model", "must be a string");
+    r.set_model(model->get<std::string>());
+  }
+  v1::SamplingParams& s = *r.mutable_sampling();
+  CLEAVE_RETURN_IF_ERROR(number(body, "temperature", [&](float f) { s.set_temperature(f); }));
+  CLEAVE_RETURN_IF_ERROR(number(body, "top_p", [&](float f) { s.set_top_p(f); }));
+  CLEAVE_RETURN_IF_ERROR(number(body, "min_p", [&](float f) { s.set_min_p(f); }));
+  CLEAVE_RETURN_IF_ERROR(
+      number(body, "presence_penalty", [&](float f) { s.set_presence_penalty(f); }));
+  CLEAVE_RETURN_IF_ERROR(
+      number(body, "frequency_penalty", [&](float f) { s.set_frequency_penalty(f); }));
+  CLEAVE_RETURN_IF_ERROR(
+      number(body, "repetition_penalty", [&](float f) { s.set_repetition_penalty(f); }));
+  // top_k -1 (or 0) means no top-k filter, as in vLLM.
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> top_k, integer(body, "top_k", -1, 1 << 30));
+  if (top_k && *top_k > 0) s.set_top_k(static_cast<int32_t>(*top_k));
+  // A negative seed names the same 64 bits as its two's complement.
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> seed,
+                          integer(body, "seed", std::numeric_limits<int64_t>::min(),
+                                  std::numeric_limits<int64_t>::max()));
+  if (seed) s.set_seed(static_cast<uint64_t>(*seed));
+
+  v1::StoppingCriteria& stop = *r.mutable_stopping();
+  if (const Json* v = field(body, "stop"); v != nullptr) {
+    if (v->is_string()) {
+      if (!v->get<std::string>().empty()) stop.add_stop(v->get<std::string>());
+    } else if (v->is_array()) {
+      for (size_t i = 0; i < v->size(); ++i) {
+        if (!(*v)[i].is_string()) return invalid(absl::StrCat("stop[", i, "]"), "must be a string");
+        stop.add_stop((*v)[i].get<std::string>());
+      }
+    } else {
+      return invalid("stop", "must be a string or an array of strings");
+    }
+  }
+  if (const Json* v = field(body, "stop_token_ids"); v != nullptr) {
+    if (!v->is_array()) return invalid("stop_token_ids", "must be an array of token ids");
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenIds(*v, "stop_token_ids"));
+    stop.mutable_stop_token_ids()->Add(ids.begin(), ids.end());
+  }
+  CLEAVE_ASSIGN_OR_RETURN(bool ignore_eos, boolean(body, "ignore_eos", false));
+  stop.set_ignore_eos(ignore_eos);
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,
+                          integer(body, "min_tokens", 0, std::numeric_limits<uint32_t>::max()));
+  if (min_tokens && *min_tokens > 0) stop.set_min_new_tokens(static_cast<uint32_t>(*min_tokens));
+
+  CLEAVE_ASSIGN_OR_RETURN(call.stream, boolean(body, "stream", false));
+  if (const Json* options = field(body, "stream_options"); options != nullptr) {
+    if (!options->is_object()) return invalid("stream_options", "must be an object");
+    if (!call.stream) return invalid("stream_options", "is only allowed with \"stream\": true");
+    CLEAVE_ASSIGN_OR_RETURN(call.include_usage, boolean(*options, "include_usage", false));
+  }
+  if (const Json* user = field(body, "user"); user != nullptr && !user->is_string()) {
+    return invalid("user", "must be a string");
+  }
+  return absl::OkStatus();
+}
+
+// max_tokens (and, for chat, max_completion_tokens, which wins).
+absl::Status parseMaxTokens(const Json& body, const char* name, Call& call) {
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> max,
+                          integer(body, name, 1, std::numeric_limits<uint32_t>::max()));
+  if (max) call.request.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(*max));
+  return absl::OkStatus();
+}
+
+// The chat fields of `body` into `chat`: messages, tools, template arguments.
+absl::Status parseChat(const Json& body, v1::Chat& chat) {
+  const Json* messages = field(body, "messages");
+  if (messages == nullptr || !messages->is_array() || messages->empty()) {
+    return invalid("messages", "must be a non-empty array of {\"role\", \"content\"} objects");
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const Json& m = (*messages)[i];
+    const std::string name = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return invalid(name, "must be an object");
+    const Json* role = field(m, "role");
+    if (role == nullptr || !role->is_string() || role->get<std::string>().empty()) {
+      return invalid(name + ".role", "must be a non-empty string");
+    }
+    v1::ChatMessage& out = *chat.add_messages();
+    out.set_role(role->get<std::string>());
+    Json rest = Json::object();
+    for (const auto& [key, value] : m.items()) {
+      if (key == "role") continue;
+      if (key == "content" && value.is_string()) {
+        out.set_content(value.get<std::string>());
+        continue;
+      }
+      if (key == "content" && value.is_array()) {
+        for (size_t j = 0; j < value.size(); ++j) {
+          const Json& part = value[j];
+          const std::string part_name = absl::StrCat(name, ".content[", j, "]");
+          const Json* type = part.is_object() ? field(part, "type") : nullptr;
+          if (type == nullptr || *type != "text") {
+            return invalid(part_name + ".type",
+                           "only \"text\" parts are supported (this deployment serves text)");
+          }
+          const Json* text = field(part, "text");
+          if (text == nullptr || !text->is_string()) {
+            return invalid(part_name + ".text", "must be a string");
+          }
+        }
+      } else if (key == "content" && !value.is_null()) {
+        return invalid(name + ".content", "must be a string, an array of text parts, or null");
+      }
+      rest[key] = value;
+    }
+    if (!rest.empty()) out.set_fields_json(rest.dump());
+  }
+  if (const Json* tools = field(body, "tools"); tools != nullptr) {
+    if (!tools->is_array()) return invalid("tools", "must be an array of tool schemas");
+    const Json* choice = field(body, "tool_choice");
+    if (choice == nullptr || *choice != "none") chat.set_tools_json(tools->dump());
+  }
+  if (const Json* kwargs = field(body, "chat_template_kwargs"); kwargs != nullptr) {
+    if (!kwargs->is_object()) return invalid("chat_template_kwargs", "must be an object");
+    if (!kwargs->empty()) chat.set_template_kwargs_json(kwargs->dump());
+  }
+  CLEAVE_ASSIGN_OR_RETURN(bool continue_final, boolean(body, "continue_final_message", false));
+  chat.set_continue_final_message(continue_final);
+  if (field(body, "add_generation_prompt") != nullptr) {
+    CLEAVE_ASSIGN_OR_RETURN(bool add, boolean(body, "add_generation_prompt", true));
+    // Both true is refused only when the client said so; the default yields.
+    if (add && continue_final) {
+      return invalid("add_generation_prompt",
+                     "cannot be true with continue_final_message (a reply either starts a new "
+                     "turn or continues the last one)");
+    }
+    chat.set_add_generation_prompt(add);
+  }
+  return absl::OkStatus();
+}
+
+// A completion prompt: a string, a list of token ids, or a list of one of those.
+absl::Status parsePrompt(const Json& body, v1::GenerateRequest& r) {
+  const Json* prompt = field(body, "prompt");
+  if (prompt == nullptr) return invalid("prompt", "is required");
+  const Json* p = prompt;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    p = &(*p)[0];
+  } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    return invalid("prompt", "holds several prompts; send one request per prompt");
+  }
+  if (p->is_string()) {
+    if (p->get<std::string>().empty()) return invalid("prompt", "must not be empty");
+    r.set_text(p->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (p->is_array() && !p->empty()) {
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenIds(*p, "prompt"));
+    r.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+    return absl::OkStatus();
+  }
+  return invalid("prompt", "must be a non-empty string or a non-empty array of token ids");
+}
+
+}  // namespace
+
+absl::StatusOr<Json> parseBody(const std::string& body) {
+  CLEAVE_RETURN_IF_ERROR(checkJsonShape(body, "request body"));
+  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("request body: not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("request body: must be a JSON object");
+  return j;
+}
+
+absl::StatusOr<Call> parseCompletionRequest(const Json& body) {
+  Call call{.endpoint = Endpoint::kCompletions};
+  v1::GenerateRequest& r = call.request;
+  CLEAVE_RETURN_IF_ERROR(parsePrompt(body, r));
+  CLEAVE_RETURN_IF_ERROR(parseCommon(body, call));
+  // OpenAI's default for completions: 16 new tokens.
+  r.mutable_stopping()->set_max_new_tokens(16);
+  CLEAVE_RETURN_IF_ERROR(parseMaxTokens(body, "max_tokens", call));
+  // Text is tokenized as Hugging Face tokenizers do by default: leading special tokens
+  // added, special-token text parsed.
+  CLEAVE_ASSIGN_OR_RETURN(bool add_special, boolean(body, "add_special_tokens", true));
+  r.set_add_special_tokens(add_special);
+  r.set_parse_special_tokens(true);
+  CLEAVE_ASSIGN_OR_RETURN(call.echo, boolean(body, "echo", false));
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> logprobs, integer(body, "logprobs", 0, 1 << 20));
+  if (logprobs) {
+    call.logprobs = true;
+    r.set_logprobs(static_cast<uint32_t>(*logprobs));
+  }
+  if (call.echo && call.logprobs) {
+    return invalid("echo", "cannot be combined with logprobs (prompt logprobs are not computed)");
+  }
+  if (call.echo) r.set_echo_prompt_token_ids(true);
+  return call;
+}
+
+absl::StatusOr<Call> parseChatRequest(const Json& body) {
+  Call call{.endpoint = Endpoint::kChatCompletions};
+  v1::GenerateRequest& r = call.request;
+  CLEAVE_RETURN_IF_ERROR(parseChat(body, *r.mutable_chat()));
+  CLEAVE_RETURN_IF_ERROR(parseCommon(body, call));
+  CLEAVE_RETURN_IF_ERROR(parseMaxTokens(body, "max_tokens", call));
+  CLEAVE_RETURN_IF_ERROR(parseMaxTokens(body, "max_completion_tokens", call));
+  CLEAVE_ASSIGN_OR_RETURN(call.logprobs, boolean(body, "logprobs", false));
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> top, integer(body, "top_logprobs", 0, 1 << 20));
+  if (top && !call.logprobs) return invalid("top_logprobs", "needs \"logprobs\": true");
+  if (call.logprobs) r.set_logprobs(top ? static_cast<uint32_t>(*top) : 0);
+  return call;
+}
+
+absl::StatusOr<v1::TokenizeRequest> parseTokenizeRequest(const Json& body) {
+  v1::TokenizeRequest r;
+  if (const Json* model = field(body, "model"); model != nullptr) {
+    if (!model->is_string()) return invalid("model", "must be a string");
+    r.set_model(model->get<std::string>());
+  }
+  if (field(body, "messages") != nullptr) {
+    CLEAVE_RETURN_IF_ERROR(parseChat(body, *r.mutable_chat()));
+    return r;
+  }
+  const Json* prompt = field(body, "prompt");
+  if (prompt == nullptr || !prompt->is_string()) {
+    return invalid("prompt", "must be a string (or send \"messages\" instead)");
+  }
+  r.set_text(prompt->get<std::string>());
+  CLEAVE_ASSIGN_OR_RETURN(bool add_special, boolean(body, "add_special_tokens", true));
+  r.set_add_special_tokens(add_special);
+  r.set_parse_special_tokens(true);
+  CLEAVE_ASSIGN_OR_RETURN(bool pieces, boolean(body, "return_token_strs", false));
+  r.set_return_pieces(pieces);
+  return r;
+}
+
+absl::StatusOr<v1::DetokenizeRequest> parseDetokenizeRequest(const Json& body) {
+  v1::DetokenizeRequest r;
+  if (const Json* model = field(body, "model"); model != nullptr) {
+    if (!model->is_string()) return invalid("model", "must be a string");
+    r.set_model(model->get<std::string>());
+  }
+  const Json* tokens = field(body, "tokens");
+  if (tokens == nullptr || !tokens->is_array()) {
+    return invalid("tokens", "must be an array of token ids");
+  }
+  CLEAVE_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenIds(*tokens, "tokens"));
+  r.mutable_ids()->Add(ids.begin(), ids.end());
+  r.set_skip_special_tokens(true);
+  return r;
+}
+
+}  // namespace cleave::router::openai

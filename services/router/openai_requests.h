@@ -1,0 +1,52 @@
+// The OpenAI-compatible HTTP API's requests (POST /v1/completions, /v1/chat/completions,
+// /tokenize, /detokenize) turned into cleave.v1 requests.
+//
+// Field names and defaults follow OpenAI's API, with vLLM's extensions (top_k, min_p,
+// repetition_penalty, stop_token_ids, ignore_eos, min_tokens, chat_template_kwargs,
+// add_generation_prompt, continue_final_message, add_special_tokens). Unknown fields are
+// ignored. Values the router checks (ranges, lengths) are checked there; here only types
+// and what the API cannot express: n/best_of above 1, logit_bias, suffix, non-text
+// content parts, response formats other than text and tool_choice "required" are refused.
+//
+// A refusal is InvalidArgument whose message names the field; the field itself is also
+// attached as the status payload kParamPayload (OpenAI's error "param").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "cleave/v1/generation.pb.h"
+#include "nlohmann/json_fwd.hpp"
+
+namespace cleave::router::openai {
+
+inline constexpr char kParamPayload[] = "type.cleave/openai.param";
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// One generation call.
+struct Call {
+  Endpoint endpoint = Endpoint::kCompletions;
+  v1::GenerateRequest request;
+  bool stream = false;
+  // stream_options.include_usage: a last chunk with the usage and no choices.
+  bool include_usage = false;
+  // Completions: the response text starts with the prompt text.
+  bool echo = false;
+  // Report logprobs (completions: `logprobs` was a number; chat: `logprobs` was true).
+  bool logprobs = false;
+};
+
+absl::StatusOr<Call> parseCompletionRequest(const nlohmann::json& body);
+absl::StatusOr<Call> parseChatRequest(const nlohmann::json& body);
+// POST /tokenize: {"prompt": ...} or {"messages": ...} (as the chat request).
+absl::StatusOr<v1::TokenizeRequest> parseTokenizeRequest(const nlohmann::json& body);
+// POST /detokenize: {"tokens": [ids]}.
+absl::StatusOr<v1::DetokenizeRequest> parseDetokenizeRequest(const nlohmann::json& body);
+
+// The body as JSON: bounded in depth and container size (as chat request JSON), an
+// object. InvalidArgument saying what is wrong otherwise.
+absl::StatusOr<nlohmann::json> parseBody(const std::string& body);
+
+}  // namespace cleave::router::openai

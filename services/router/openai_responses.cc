@@ -1,0 +1,228 @@
+#include "services/router/openai_responses.h"
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/support/status.h"
+
+namespace cleave::router::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string event(const Json& j) { return absl::StrCat("data: ", dumpJson(j), "\n\n"); }
+
+Json bytesOf(const std::string& text) {
+  Json bytes = Json::array();
+  for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+}  // namespace
+
+std::string dumpJson(const Json& j) {
+  return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
+}
+
+const char* finishReason(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_LENGTH:
+    case v1::FINISH_REASON_CONTEXT_LENGTH: return "length";
+    default: return "stop";
+  }
+}
+
+ResponseBuilder::ResponseBuilder(const Call& call, std::string model, int64_t created)
+    : call_(call), model_(std::move(model)), created_(created) {
+  logprobs_ = call.endpoint == Endpoint::kChatCompletions ? Json{{"content", Json::array()}}
+                                                          : Json{{"tokens", Json::array()},
+                                                                 {"token_logprobs", Json::array()},
+                                                                 {"top_logprobs", Json::array()},
+                                                                 {"text_offset", Json::array()}};
+}
+
+const char* ResponseBuilder::object() const {
+  if (call_.endpoint == Endpoint::kCompletions) return "text_completion";
+  return call_.stream ? "chat.completion.chunk" : "chat.completion";
+}
+
+Json ResponseBuilder::chunk(Json choice) const {
+  Json choices = Json::array();
+  if (!choice.is_null()) choices.push_back(std::move(choice));
+  return Json{{"id", id_},
+              {"object", object()},
+              {"created", created_},
+              {"model", model_},
+              {"choices", std::move(choices)}};
+}
+
+Json ResponseBuilder::usage() const {
+  const v1::Usage& u = final_->usage();
+  return Json{{"prompt_tokens", u.prompt_tokens()},
+              {"completion_tokens", u.completion_tokens()},
+              {"total_tokens", u.prompt_tokens() + u.completion_tokens()},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens()}}}};
+}
+
+Json ResponseBuilder::completionLogprobs(const v1::GenerateResponse& message) {
+  Json lp{{"tokens", Json::array()},
+          {"token_logprobs", Json::array()},
+          {"top_logprobs", Json::array()},
+          {"text_offset", Json::array()}};
+  for (const v1::TokenLogprob& t : message.logprobs()) {
+    lp["tokens"].push_back(t.text());
+    lp["token_logprobs"].push_back(t.logprob());
+    Json top = Json::object();
+    for (const v1::TopLogprob& alt : t.top()) top[alt.text()] = alt.logprob();
+    lp["top_logprobs"].push_back(std::move(top));
+    lp["text_offset"].push_back(text_offset_);
+    text_offset_ += static_cast<int64_t>(t.text().size());
+  }
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (const Json& v : lp[key]) logprobs_[key].push_back(v);
+  }
+  return lp;
+}
+
+Json ResponseBuilder::chatLogprobs(const v1::GenerateResponse& message) const {
+  Json content = Json::array();
+  for (const v1::TokenLogprob& t : message.logprobs()) {
+    Json top = Json::array();
+    for (const v1::TopLogprob& alt : t.top()) {
+      top.push_back(
+          {{"token", alt.text()}, {"logprob", alt.logprob()}, {"bytes", bytesOf(alt.text())}});
+    }
+    content.push_back({{"token", t.text()},
+                       {"logprob", t.logprob()},
+                       {"bytes", bytesOf(t.text())},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return content;
+}
+
+std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
+  std::string events;
+  if (!started_) {
+    started_ = true;
+    id_ = absl::StrCat(call_.endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-",
+                       message.request_id());
+    text_offset_ = static_cast<int64_t>(echo_.size());
+    text_ = echo_;
+    if (call_.stream && call_.endpoint == Endpoint::kChatCompletions) {
+      events += event(chunk({{"index", 0},
+                             {"delta", {{"role", "assistant"}, {"content", ""}}},
+                             {"logprobs", nullptr},
+                             {"finish_reason", nullptr}}));
+    }
+    if (call_.stream && !echo_.empty()) {
+      events += event(chunk(
+          {{"index", 0}, {"text", echo_}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+    }
+  }
+  text_ += message.text();
+  Json logprobs = nullptr;
+  if (call_.logprobs) {
+    if (call_.endpoint == Endpoint::kCompletions) {
+      logprobs = completionLogprobs(message);
+    } else {
+      Json content = chatLogprobs(message);
+      for (const Json& entry : content) logprobs_["content"].push_back(entry);
+      logprobs = Json{{"content", std::move(content)}};
+    }
+  }
+  if (message.has_final()) final_ = message.final();
+  if (!call_.stream) return "";
+  if (message.text().empty() && message.logprobs().empty() && !message.has_final()) return events;
+  Json choice{{"index", 0}, {"logprobs", std::move(logprobs)}};
+  if (call_.endpoint == Endpoint::kCompletions) {
+    choice["text"] = message.text();
+  } else {
+    choice["delta"] = message.text().empty() ? Json::object() : Json{{"content", message.text()}};
+  }
+  choice["finish_reason"] =
+      message.has_final() ? Json(finishReason(message.final().finish_reason())) : Json(nullptr);
+  if (message.has_final() && !message.final().matched_stop().empty()) {
+    choice["stop_reason"] = message.final().matched_stop();
+  }
+  events += event(chunk(std::move(choice)));
+  return events;
+}
+
+std::string ResponseBuilder::endStream() const {
+  std::string events;
+  if (call_.include_usage && final_) {
+    Json last = chunk(nullptr);
+    last["usage"] = usage();
+    events += event(last);
+  }
+  return events + "data: [DONE]\n\n";
+}
+
+Json ResponseBuilder::body() const {
+  Json choice{{"index", 0}, {"logprobs", call_.logprobs ? logprobs_ : Json(nullptr)}};
+  if (call_.endpoint == Endpoint::kCompletions) {
+    choice["text"] = text_;
+  } else {
+    choice["message"] = {{"role", "assistant"}, {"content", text_}};
+  }
+  choice["finish_reason"] = finishReason(final_->finish_reason());
+  choice["stop_reason"] =
+      final_->matched_stop().empty() ? Json(nullptr) : Json(final_->matched_stop());
+  Json j = chunk(std::move(choice));
+  j["usage"] = usage();
+  return j;
+}
+
+ApiError apiError(int grpc_code, const std::string& message, const std::string& param) {
+  int http = 500;
+  const char* type = "server_error";
+  switch (static_cast<grpc::StatusCode>(grpc_code)) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::OUT_OF_RANGE:
+    case grpc::StatusCode::UNIMPLEMENTED:
+      http = 400;
+      type = "invalid_request_error";
+      break;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      http = 401;
+      type = "authentication_error";
+      break;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      http = 403;
+      type = "permission_error";
+      break;
+    case grpc::StatusCode::NOT_FOUND:
+      http = 404;
+      type = "not_found_error";
+      break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      http = 429;
+      type = "rate_limit_error";
+      break;
+    case grpc::StatusCode::UNAVAILABLE:
+      http = 503;
+      type = "service_unavailable";
+      break;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      http = 504;
+      type = "timeout";
+      break;
+    case grpc::StatusCode::CANCELLED:
+      http = 499;
+      type = "cancelled";
+      break;
+    default: break;
+  }
+  Json error{{"message", message},
+             {"type", type},
+             {"param", param.empty() ? Json(nullptr) : Json(param)},
+             {"code", http}};
+  return {http, dumpJson(Json{{"error", std::move(error)}})};
+}
+
+ApiError apiError(const absl::Status& status) {
+  const auto param = status.GetPayload(kParamPayload);
+  return apiError(static_cast<int>(status.code()), std::string(status.message()),
+                  param ? std::string(*param) : "");
+}
+
+}  // namespace cleave::router::openai

@@ -1,0 +1,73 @@
+// The OpenAI-compatible HTTP API's responses, built from a cleave.v1 Generate stream:
+// whole bodies ("text_completion", "chat.completion") and server-sent event streams of
+// chunks ("chat.completion.chunk"), with usage, finish reasons, logprobs in each
+// endpoint's format, and OpenAI's error objects.
+//
+// Threading: a ResponseBuilder belongs to one request.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "cleave/v1/generation.pb.h"
+#include "nlohmann/json.hpp"
+#include "services/router/openai_requests.h"
+
+namespace cleave::router::openai {
+
+class ResponseBuilder {
+ public:
+  // `model` is echoed in every object; `created` is Unix seconds.
+  ResponseBuilder(const Call& call, std::string model, int64_t created);
+
+  // Completions with echo: the prompt's text, which the response text starts with.
+  void setEcho(std::string prompt_text) { echo_ = std::move(prompt_text); }
+
+  // Takes one message of the stream; for a streamed call, returns the events it makes
+  // ("data: {...}\n\n", possibly several, possibly none).
+  std::string add(const v1::GenerateResponse& message);
+  // For a streamed call, after the stream's final message: the usage chunk when asked
+  // for, then "data: [DONE]".
+  std::string endStream() const;
+  // For a call that is not streamed, after the stream's final message: the whole body.
+  nlohmann::json body() const;
+
+  bool finished() const { return final_.has_value(); }
+
+ private:
+  nlohmann::json chunk(nlohmann::json choice) const;
+  nlohmann::json usage() const;
+  nlohmann::json completionLogprobs(const v1::GenerateResponse& message);
+  nlohmann::json chatLogprobs(const v1::GenerateResponse& message) const;
+  const char* object() const;
+
+  const Call& call_;
+  std::string model_;
+  int64_t created_;
+  std::string id_;
+  std::string echo_;
+  bool started_ = false;
+  std::string text_;
+  nlohmann::json logprobs_;  // the whole response's, in the endpoint's format
+  int64_t text_offset_ = 0;  // completions logprobs: where the next token's text starts
+  std::optional<v1::FinalInfo> final_;
+};
+
+// "stop" or "length".
+const char* finishReason(v1::FinishReason reason);
+
+// An error as OpenAI's API reports it: {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int http_status = 500;
+  std::string body;
+};
+// From a gRPC status code and message (the router's, or a parse error's with its param).
+ApiError apiError(int grpc_code, const std::string& message, const std::string& param = "");
+ApiError apiError(const absl::Status& status);
+
+// Serializes with invalid UTF-8 replaced, never throwing.
+std::string dumpJson(const nlohmann::json& j);
+
+}  // namespace cleave::router::openai

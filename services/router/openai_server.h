@@ -1,0 +1,52 @@
+// The router's OpenAI-compatible HTTP API (cleave-router --http-listen), on its own port:
+//
+//   POST /v1/completions        text or token-id prompts; "stream": true for server-sent events
+//   POST /v1/chat/completions   conversations through the model's chat template
+//   GET  /v1/models             the served model
+//   POST /tokenize, /detokenize the model's tokenizer (vLLM's request shapes)
+//   GET  /health, /version
+//
+// Every call is made on the router's own cleave.v1.Generation service through an
+// in-process channel, so admission, API keys (the Authorization header is passed on),
+// rate limits, validation and metrics are the gRPC API's. A streamed response whose client
+// goes away cancels its call, which frees its KV blocks. An X-Request-Id header names the
+// request (as GenerateRequest.request_id) and is echoed.
+//
+// Threading: start() and the destructor from one owning thread (the destructor waits for
+// running requests); requests are served on the HTTP server's threads.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "cleave/v1/generation.grpc.pb.h"
+#include "common/http_server.h"
+#include "prometheus/counter.h"
+
+namespace cleave::router {
+
+class OpenAiServer {
+ public:
+  // Serves on options.listen, calling the router through `router`.
+  static absl::StatusOr<std::unique_ptr<OpenAiServer>> start(const HttpServerOptions& options,
+                                                             std::shared_ptr<grpc::Channel> router);
+  ~OpenAiServer();
+
+  int port() const { return http_->port(); }
+
+ private:
+  OpenAiServer(std::shared_ptr<grpc::Channel> router);
+  void handle(const HttpRequest& request, HttpResponse& response);
+  // Returns the HTTP status sent.
+  int route(const HttpRequest& request, HttpResponse& response);
+  int generate(bool chat, const HttpRequest& request, HttpResponse& response);
+  int listModels(const HttpRequest& request, HttpResponse& response);
+  int tokenize(bool detokenize, const HttpRequest& request, HttpResponse& response);
+
+  std::unique_ptr<v1::Generation::Stub> stub_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  // Last: destroyed first, so no request runs while the rest goes away.
+  std::unique_ptr<HttpServer> http_;
+};
+
+}  // namespace cleave::router

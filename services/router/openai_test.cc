@@ -1,0 +1,329 @@
+// The OpenAI-compatible API's translation: request fields into cleave.v1 requests (and the
+// refusals naming the field), Generate streams into OpenAI's objects and events.
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "grpcpp/support/status.h"
+#include "gtest/gtest.h"
+#include "services/router/openai_requests.h"
+#include "services/router/openai_responses.h"
+
+namespace cleave::router::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+TEST(OpenAiRequestTest, CompletionFieldsBecomeAGenerateRequest) {
+  auto call = parseCompletionRequest(Json::parse(R"({
+      "model": "m", "prompt": "Once upon", "max_tokens": 7, "temperature": 0.5,
+      "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": -1, "presence_penalty": 0.25,
+      "frequency_penalty": 0.5, "repetition_penalty": 1.1, "stop": ["\n", "The"],
+      "stop_token_ids": [2, 7], "ignore_eos": true, "logprobs": 3, "stream": true,
+      "stream_options": {"include_usage": true}, "user": "u", "n": 1, "unknown": {}})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  const v1::GenerateRequest& r = call->request;
+  EXPECT_EQ(r.model(), "m");
+  EXPECT_EQ(r.text(), "Once upon");
+  EXPECT_TRUE(r.add_special_tokens());
+  EXPECT_TRUE(r.parse_special_tokens());
+  EXPECT_EQ(r.stopping().max_new_tokens(), 7u);
+  EXPECT_FLOAT_EQ(r.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling().top_p(), 0.9f);
+  EXPECT_EQ(r.sampling().top_k(), 40);
+  EXPECT_FLOAT_EQ(r.sampling().min_p(), 0.05f);
+  EXPECT_EQ(r.sampling().seed(), ~uint64_t{0});
+  EXPECT_FLOAT_EQ(r.sampling().presence_penalty(), 0.25f);
+  EXPECT_FLOAT_EQ(r.sampling().frequency_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling().repetition_penalty(), 1.1f);
+  ASSERT_EQ(r.stopping().stop_size(), 2);
+  EXPECT_EQ(r.stopping().stop(1), "The");
+  ASSERT_EQ(r.stopping().stop_token_ids_size(), 2);
+  EXPECT_EQ(r.stopping().stop_token_ids(1), 7u);
+  EXPECT_TRUE(r.stopping().ignore_eos());
+  EXPECT_EQ(r.logprobs(), 3u);
+  EXPECT_TRUE(call->stream);
+  EXPECT_TRUE(call->include_usage);
+  EXPECT_TRUE(call->logprobs);
+}
+
+TEST(OpenAiRequestTest, CompletionDefaultsAreOpenAis) {
+  auto call = parseCompletionRequest(Json::parse(R"({"prompt": [[5, 6, 7]], "top_k": -1})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  const v1::GenerateRequest& r = call->request;
+  ASSERT_EQ(r.token_ids().ids_size(), 3);
+  EXPECT_EQ(r.token_ids().ids(2), 7u);
+  EXPECT_EQ(r.stopping().max_new_tokens(), 16u);  // OpenAI's default for completions
+  EXPECT_FALSE(r.sampling().has_top_k());
+  EXPECT_FALSE(r.sampling().has_temperature());
+  EXPECT_FALSE(r.has_logprobs());
+  EXPECT_FALSE(call->stream);
+  EXPECT_FALSE(call->logprobs);
+}
+
+TEST(OpenAiRequestTest, ChatMessagesKeepTheirFieldsForTheTemplate) {
+  auto call = parseChatRequest(Json::parse(R"({
+      "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+        {"role": "assistant", "content": null,
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}],
+      "chat_template_kwargs": {"enable_thinking": false},
+      "add_generation_prompt": false,
+      "max_tokens": 5, "max_completion_tokens": 9, "logprobs": true, "top_logprobs": 2})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  const v1::Chat& chat = call->request.chat();
+  ASSERT_EQ(chat.messages_size(), 4);
+  EXPECT_EQ(chat.messages(0).role(), "system");
+  EXPECT_EQ(chat.messages(0).content(), "Be brief.");
+  EXPECT_EQ(chat.messages(0).fields_json(), "");
+  EXPECT_EQ(Json::parse(chat.messages(1).fields_json()),
+            Json::parse(R"({"content": [{"type": "text", "text": "Hi"}]})"));
+  const Json assistant = Json::parse(chat.messages(2).fields_json());
+  EXPECT_TRUE(assistant["content"].is_null());
+  EXPECT_EQ(assistant["tool_calls"][0]["id"], "c1");
+  EXPECT_EQ(chat.messages(3).content(), "42");
+  EXPECT_EQ(Json::parse(chat.messages(3).fields_json()), Json::parse(R"({"tool_call_id": "c1"})"));
+  EXPECT_EQ(Json::parse(chat.tools_json())[0]["function"]["name"], "f");
+  EXPECT_EQ(Json::parse(chat.template_kwargs_json()), Json::parse(R"({"enable_thinking": false})"));
+  ASSERT_TRUE(chat.has_add_generation_prompt());
+  EXPECT_FALSE(chat.add_generation_prompt());
+  EXPECT_EQ(call->request.stopping().max_new_tokens(), 9u);  // max_completion_tokens wins
+  EXPECT_EQ(call->request.logprobs(), 2u);
+}
+
+TEST(OpenAiRequestTest, ChatWithoutMaxTokensRunsToTheContextAndToolChoiceNoneHidesTools) {
+  auto call = parseChatRequest(Json::parse(
+      R"({"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none"})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_FALSE(call->request.stopping().has_max_new_tokens());
+  EXPECT_EQ(call->request.chat().tools_json(), "");
+  EXPECT_FALSE(call->request.chat().has_add_generation_prompt());
+  EXPECT_FALSE(call->request.has_logprobs());
+}
+
+struct Refusal {
+  const char* body;
+  const char* param;
+};
+
+TEST(OpenAiRequestTest, RefusalsNameTheField) {
+  const Refusal completions[] = {
+      {R"({})", "prompt"},
+      {R"({"prompt": ""})", "prompt"},
+      {R"({"prompt": []})", "prompt"},
+      {R"({"prompt": ["a", "b"]})", "prompt"},
+      {R"({"prompt": [1, -2]})", "prompt[1]"},
+      {R"({"prompt": [1, 4294967296]})", "prompt[1]"},
+      {R"({"prompt": "a", "max_tokens": 0})", "max_tokens"},
+      {R"({"prompt": "a", "max_tokens": 1.5})", "max_tokens"},
+      {R"({"prompt": "a", "temperature": "hot"})", "temperature"},
+      {R"({"prompt": "a", "n": 2})", "n"},
+      {R"({"prompt": "a", "best_of": 3})", "best_of"},
+      {R"({"prompt": "a", "logit_bias": {"5": 10}})", "logit_bias"},
+      {R"({"prompt": "a", "suffix": "end"})", "suffix"},
+      {R"({"prompt": "a", "stop": 5})", "stop"},
+      {R"({"prompt": "a", "stop": ["x", 1]})", "stop[1]"},
+      {R"({"prompt": "a", "stop_token_ids": "2"})", "stop_token_ids"},
+      {R"({"prompt": "a", "stream_options": {"include_usage": true}})", "stream_options"},
+      {R"({"prompt": "a", "echo": true, "logprobs": 1})", "echo"},
+      {R"({"prompt": "a", "stream": "yes"})", "stream"},
+      {R"({"prompt": "a", "top_k": -2})", "top_k"},
+      {R"({"prompt": "a", "include_stop_str_in_output": true})", "include_stop_str_in_output"},
+      {R"({"prompt": "a", "model": 7})", "model"},
+  };
+  for (const Refusal& r : completions) {
+    auto call = parseCompletionRequest(Json::parse(r.body));
+    ASSERT_FALSE(call.ok()) << r.body;
+    EXPECT_EQ(call.status().code(), absl::StatusCode::kInvalidArgument) << r.body;
+    EXPECT_EQ(apiError(call.status()).http_status, 400);
+    EXPECT_EQ(Json::parse(apiError(call.status()).body)["error"]["param"], r.param) << r.body;
+    EXPECT_TRUE(absl::StartsWith(call.status().message(), r.param)) << call.status();
+  }
+  const Refusal chats[] = {
+      {R"({})", "messages"},
+      {R"({"messages": []})", "messages"},
+      {R"({"messages": ["hi"]})", "messages[0]"},
+      {R"({"messages": [{"content": "hi"}]})", "messages[0].role"},
+      {R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+       "messages[0].content[0].type"},
+      {R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})",
+       "messages[0].content[0].text"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tools": {}})", "tools"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
+       "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}],
+           "response_format": {"type": "json_object"}})",
+       "response_format"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []})",
+       "chat_template_kwargs"},
+      {R"({"messages": [{"role": "assistant", "content": "x"}], "continue_final_message": true,
+           "add_generation_prompt": true})",
+       "add_generation_prompt"},
+  };
+  for (const Refusal& r : chats) {
+    auto call = parseChatRequest(Json::parse(r.body));
+    ASSERT_FALSE(call.ok()) << r.body;
+    EXPECT_EQ(Json::parse(apiError(call.status()).body)["error"]["param"], r.param) << r.body;
+  }
+}
+
+TEST(OpenAiRequestTest, BodiesMustBeBoundedJsonObjects) {
+  EXPECT_FALSE(parseBody("{").ok());
+  EXPECT_FALSE(parseBody("[1]").ok());
+  EXPECT_FALSE(parseBody(std::string(40, '[') + std::string(40, ']')).ok());
+  EXPECT_TRUE(parseBody(R"({"prompt": "a"})").ok());
+}
+
+TEST(OpenAiRequestTest, TokenizeTakesAPromptOrMessages) {
+  auto text = parseTokenizeRequest(Json::parse(R"({"prompt": "a b", "return_token_strs": true})"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->text(), "a b");
+  EXPECT_TRUE(text->add_special_tokens());
+  EXPECT_TRUE(text->return_pieces());
+  auto chat =
+      parseTokenizeRequest(Json::parse(R"({"messages": [{"role": "user", "content": "q"}]})"));
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->chat().messages(0).content(), "q");
+  EXPECT_FALSE(parseTokenizeRequest(Json::parse(R"({"prompt": 5})")).ok());
+  auto ids = parseDetokenizeRequest(Json::parse(R"({"tokens": [3, 4]})"));
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->ids_size(), 2);
+  EXPECT_FALSE(parseDetokenizeRequest(Json::parse(R"({"tokens": [-1]})")).ok());
+}
+
+// A stream of three messages: "Hel" + "lo" + a final "!" that stops on a stop string.
+std::vector<v1::GenerateResponse> stream() {
+  std::vector<v1::GenerateResponse> messages(3);
+  const char* texts[] = {"Hel", "lo", "!"};
+  for (int i = 0; i < 3; ++i) {
+    messages[i].add_token_ids(10 + i);
+    messages[i].set_text(texts[i]);
+    v1::TokenLogprob* lp = messages[i].add_logprobs();
+    lp->set_token_id(10 + i);
+    lp->set_logprob(-0.5f * (i + 1));
+    lp->set_text(texts[i]);
+    v1::TopLogprob* top = lp->add_top();
+    top->set_token_id(99);
+    top->set_logprob(-0.25f);
+    top->set_text("é");
+  }
+  messages[0].set_request_id("r1");
+  v1::FinalInfo& final = *messages[2].mutable_final();
+  final.set_finish_reason(v1::FINISH_REASON_STOP_STRING);
+  final.set_matched_stop("\n");
+  final.mutable_usage()->set_prompt_tokens(4);
+  final.mutable_usage()->set_completion_tokens(3);
+  final.mutable_usage()->set_cached_prompt_tokens(2);
+  return messages;
+}
+
+// The JSON of each "data:" event.
+std::vector<Json> events(const std::string& text) {
+  std::vector<Json> out;
+  size_t at = 0;
+  while ((at = text.find("data: ", at)) != std::string::npos) {
+    const size_t end = text.find("\n\n", at);
+    const std::string data = text.substr(at + 6, end - at - 6);
+    out.push_back(data == "[DONE]" ? Json("[DONE]") : Json::parse(data));
+    at = end + 2;
+  }
+  return out;
+}
+
+TEST(OpenAiResponseTest, CompletionBodyHasTextUsageAndLogprobs) {
+  Call call{.endpoint = Endpoint::kCompletions, .echo = true, .logprobs = true};
+  ResponseBuilder builder(call, "smol", 1700000000);
+  builder.setEcho("Say: ");
+  for (const auto& m : stream()) EXPECT_EQ(builder.add(m), "");
+  ASSERT_TRUE(builder.finished());
+  const Json body = builder.body();
+  EXPECT_EQ(body["id"], "cmpl-r1");
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["created"], 1700000000);
+  EXPECT_EQ(body["model"], "smol");
+  const Json& choice = body["choices"][0];
+  EXPECT_EQ(choice["text"], "Say: Hello!");
+  EXPECT_EQ(choice["finish_reason"], "stop");
+  EXPECT_EQ(choice["stop_reason"], "\n");
+  EXPECT_EQ(choice["logprobs"]["tokens"], Json::parse(R"(["Hel", "lo", "!"])"));
+  EXPECT_EQ(choice["logprobs"]["text_offset"], Json::parse("[5, 8, 10]"));
+  EXPECT_FLOAT_EQ(choice["logprobs"]["token_logprobs"][2].get<float>(), -1.5f);
+  EXPECT_FLOAT_EQ(choice["logprobs"]["top_logprobs"][0]["é"].get<float>(), -0.25f);
+  EXPECT_EQ(body["usage"], Json::parse(R"({"prompt_tokens": 4, "completion_tokens": 3,
+      "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 2}})"));
+}
+
+TEST(OpenAiResponseTest, ChatStreamStartsWithTheRoleAndEndsWithUsageAndDone) {
+  Call call{.endpoint = Endpoint::kChatCompletions,
+            .stream = true,
+            .include_usage = true,
+            .logprobs = true};
+  ResponseBuilder builder(call, "smol", 1);
+  std::string text;
+  for (const auto& m : stream()) text += builder.add(m);
+  text += builder.endStream();
+  const std::vector<Json> e = events(text);
+  ASSERT_EQ(e.size(), 6u) << text;
+  for (size_t i = 0; i + 1 < e.size(); ++i) {
+    EXPECT_EQ(e[i]["id"], "chatcmpl-r1");
+    EXPECT_EQ(e[i]["object"], "chat.completion.chunk");
+  }
+  EXPECT_EQ(e[0]["choices"][0]["delta"], Json::parse(R"({"role": "assistant", "content": ""})"));
+  EXPECT_EQ(e[1]["choices"][0]["delta"]["content"], "Hel");
+  EXPECT_EQ(e[1]["choices"][0]["logprobs"]["content"][0]["token"], "Hel");
+  EXPECT_EQ(e[1]["choices"][0]["logprobs"]["content"][0]["bytes"], Json::parse("[72, 101, 108]"));
+  EXPECT_EQ(e[1]["choices"][0]["logprobs"]["content"][0]["top_logprobs"][0]["bytes"],
+            Json::parse("[195, 169]"));
+  EXPECT_TRUE(e[1]["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(e[3]["choices"][0]["delta"]["content"], "!");
+  EXPECT_EQ(e[3]["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(e[4]["choices"].empty());
+  EXPECT_EQ(e[4]["usage"]["total_tokens"], 7);
+  EXPECT_EQ(e[5], "[DONE]");
+}
+
+TEST(OpenAiResponseTest, ChatBodyHasTheAssistantMessage) {
+  Call call{.endpoint = Endpoint::kChatCompletions};
+  ResponseBuilder builder(call, "smol", 1);
+  std::vector<v1::GenerateResponse> messages = stream();
+  messages[2].mutable_final()->set_finish_reason(v1::FINISH_REASON_LENGTH);
+  messages[2].mutable_final()->clear_matched_stop();
+  for (const auto& m : messages) builder.add(m);
+  const Json body = builder.body();
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"],
+            Json::parse(R"({"role": "assistant", "content": "Hello!"})"));
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+  EXPECT_TRUE(body["choices"][0]["stop_reason"].is_null());
+}
+
+TEST(OpenAiResponseTest, ErrorsCarryOpenAisShapeAndHttpStatus) {
+  const struct {
+    grpc::StatusCode code;
+    int http;
+    const char* type;
+  } cases[] = {{grpc::StatusCode::INVALID_ARGUMENT, 400, "invalid_request_error"},
+               {grpc::StatusCode::UNAUTHENTICATED, 401, "authentication_error"},
+               {grpc::StatusCode::NOT_FOUND, 404, "not_found_error"},
+               {grpc::StatusCode::RESOURCE_EXHAUSTED, 429, "rate_limit_error"},
+               {grpc::StatusCode::UNAVAILABLE, 503, "service_unavailable"},
+               {grpc::StatusCode::INTERNAL, 500, "server_error"}};
+  for (const auto& c : cases) {
+    ApiError e = apiError(static_cast<int>(c.code), "why \xff");
+    EXPECT_EQ(e.http_status, c.http);
+    const Json body = Json::parse(e.body);
+    EXPECT_EQ(body["error"]["type"], c.type);
+    EXPECT_EQ(body["error"]["code"], c.http);
+    EXPECT_TRUE(body["error"]["param"].is_null());
+    EXPECT_EQ(body["error"]["message"], "why \xef\xbf\xbd");  // invalid UTF-8 replaced
+  }
+}
+
+}  // namespace
+}  // namespace cleave::router::openai

@@ -1,0 +1,335 @@
+"""End to end: the router's OpenAI-compatible HTTP API (--http-listen) in front of a
+cleave-worker on the SmolLM2 model, real processes on loopback, driven by OpenAI's own
+Python SDK (pinned in tests/integration/client_requirements.txt, installed into
+.tools/python by scripts/install-deps.sh) and by raw HTTP for what the SDK hides.
+
+  * completions and chat completions equal what the gRPC API returns for the same request
+    (greedy: text, token counts, logprobs); token-id prompts equal text prompts; streamed
+    deltas add up to the whole response, with the role first, the finish reason last, the
+    usage chunk and [DONE];
+  * stop strings, echo, logprobs (the requested number of alternatives, each token's text);
+  * refusals are OpenAI error objects with the HTTP status and the parameter at fault;
+  * a client that hangs up mid-stream leaves no KV block reserved;
+  * many streams at once all finish; API keys travel in the Authorization header.
+"""
+import concurrent.futures
+import http.client
+import json
+import os
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+import cleave_testing as ct  # noqa: E402
+
+sys.path.insert(0, os.path.join(ct.SOURCE_DIR, ".tools", "python"))
+try:
+    import openai  # noqa: E402
+except ImportError as e:  # The suite installs it; a missing SDK is a setup error, not a skip.
+    raise SystemExit(f"the openai SDK is missing ({e}); run scripts/install-deps.sh")
+
+MODEL = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+TARGET = 8
+
+
+def events(body):
+    """The JSON of each server-sent event ("[DONE]" as a string)."""
+    out = []
+    for block in body.split("\n\n"):
+        if block.startswith("data: "):
+            data = block[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+@unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
+class OpenAiApiTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        import grpc
+        cls.grpc = grpc
+        cls.pb = ct.stubs()["generation_pb2"]
+        cls.router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                                 "--metrics-port=0", f"--model={MODEL}",
+                                 "--http-listen=127.0.0.1:0", "--http-threads=32"])
+        cls.http_port = cls.router.ready["http_port"]
+        cls.address = f"127.0.0.1:{cls.router.ready['grpc_port']}"
+        cls.worker = ct.Process([ct.binary("cleave-worker"), f"--model={MODEL}",
+                                 f"--router={cls.address}", "--listen=127.0.0.1:0",
+                                 "--metrics-port=0", f"--target-concurrency={TARGET}",
+                                 "--planned-seq-len=256", "--threads=2"])
+        cls.channel = grpc.insecure_channel(cls.address)
+        cls.stub = ct.stubs()["generation_grpc"].GenerationStub(cls.channel)
+        ct.wait_for_workers(cls.stub, 1)
+        cls.model = cls.stub.ListModels(cls.pb.ListModelsRequest(), timeout=5).models[0].id
+        cls.client = openai.OpenAI(base_url=f"http://127.0.0.1:{cls.http_port}/v1",
+                                   api_key="unused", max_retries=0, timeout=120)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        worker_code = cls.worker.stop()
+        router_code = cls.router.stop()
+        assert worker_code == 0 and router_code == 0, (worker_code, router_code)
+
+    # --- helpers ---
+
+    def grpc_generate(self, request):
+        text, ids, logprobs, final = "", [], [], None
+        for message in self.stub.Generate(request, timeout=120):
+            text += message.text
+            ids += list(message.token_ids)
+            logprobs += list(message.logprobs)
+            if message.HasField("final"):
+                final = message.final
+        return text, ids, logprobs, final
+
+    def raw(self, method, path, body=None, headers=None):
+        """(status, headers, body text) of one HTTP request."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=120)
+        payload = body if isinstance(body, (str, bytes)) or body is None else json.dumps(body)
+        connection.request(method, path, body=payload,
+                           headers={"Content-Type": "application/json", **(headers or {})})
+        response = connection.getresponse()
+        text = response.read().decode()
+        connection.close()
+        return response.status, dict(response.getheaders()), text
+
+    def assertApiError(self, status, body, http_status, param=None):
+        self.assertEqual(status, http_status, body)
+        error = json.loads(body)["error"]
+        self.assertEqual(error["code"], http_status)
+        self.assertTrue(error["message"])
+        if param is not None:
+            self.assertEqual(error["param"], param, error)
+
+    # --- tests ---
+
+    def test_models_lists_the_served_model(self):
+        models = self.client.models.list().data
+        self.assertEqual([m.id for m in models], [self.model])
+        self.assertEqual(models[0].model_extra["max_model_len"],
+                         self.stub.ListModels(self.pb.ListModelsRequest(), timeout=5)
+                         .models[0].context_length)
+
+    def test_completion_equals_the_grpc_api(self):
+        prompt = "The three primary colors are"
+        response = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=12,
+                                                  temperature=0, logprobs=3,
+                                                  extra_body={"ignore_eos": True})
+        text, ids, logprobs, final = self.grpc_generate(self.pb.GenerateRequest(
+            text=prompt, add_special_tokens=True, parse_special_tokens=True,
+            sampling=self.pb.SamplingParams(temperature=0), logprobs=3,
+            stopping=self.pb.StoppingCriteria(max_new_tokens=12, ignore_eos=True)))
+        choice = response.choices[0]
+        self.assertEqual(choice.text, text)
+        self.assertEqual(choice.finish_reason, "length")
+        self.assertEqual(response.usage.completion_tokens, 12)
+        self.assertEqual(response.usage.prompt_tokens, final.usage.prompt_tokens)
+        self.assertEqual(response.usage.total_tokens, final.usage.prompt_tokens + 12)
+        self.assertTrue(response.id.startswith("cmpl-"))
+        self.assertEqual(response.object, "text_completion")
+        # Logprobs: one per token, each token's text, three alternatives, the greedy token
+        # the most likely; the same numbers as the gRPC API's.
+        lp = choice.logprobs
+        self.assertEqual(len(lp.tokens), 12)
+        self.assertEqual("".join(lp.tokens), text)
+        self.assertEqual(lp.text_offset[0], 0)
+        for i in range(12):
+            self.assertEqual(len(lp.top_logprobs[i]), 3, lp.top_logprobs[i])
+            self.assertAlmostEqual(max(lp.top_logprobs[i].values()), lp.token_logprobs[i],
+                                   places=5)
+            self.assertAlmostEqual(lp.token_logprobs[i], logprobs[i].logprob, delta=1e-3)
+            self.assertEqual(lp.text_offset[i], len("".join(lp.tokens[:i])))
+
+    def test_token_id_prompts_equal_text_prompts(self):
+        prompt = "Rivers of Europe include"
+        ids = list(self.stub.Tokenize(self.pb.TokenizeRequest(text=prompt, add_special_tokens=True,
+                                                              parse_special_tokens=True),
+                                      timeout=5).ids)
+        by_text = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=8,
+                                                 temperature=0)
+        by_ids = self.client.completions.create(model=self.model, prompt=ids, max_tokens=8,
+                                                temperature=0)
+        self.assertEqual(by_ids.choices[0].text, by_text.choices[0].text)
+        self.assertEqual(by_ids.usage.prompt_tokens, len(ids))
+        echoed = self.client.completions.create(model=self.model, prompt=[ids], max_tokens=8,
+                                                temperature=0, echo=True)
+        self.assertEqual(echoed.choices[0].text, prompt + by_text.choices[0].text)
+
+    def test_chat_equals_the_grpc_api_streamed_or_not(self):
+        messages = [{"role": "system", "content": "Answer in one sentence."},
+                    {"role": "user", "content": "What is the capital of France?"}]
+        whole = self.client.chat.completions.create(model=self.model, messages=messages,
+                                                    max_tokens=24, temperature=0)
+        chat = self.pb.Chat(messages=[self.pb.ChatMessage(**m) for m in messages])
+        text, ids, _, final = self.grpc_generate(self.pb.GenerateRequest(
+            chat=chat, sampling=self.pb.SamplingParams(temperature=0),
+            stopping=self.pb.StoppingCriteria(max_new_tokens=24)))
+        self.assertTrue(text)
+        self.assertEqual(whole.choices[0].message.content, text)
+        self.assertEqual(whole.choices[0].message.role, "assistant")
+        self.assertEqual(whole.usage.completion_tokens, len(ids))
+        prompt_ids = self.stub.Tokenize(self.pb.TokenizeRequest(chat=chat), timeout=5).ids
+        self.assertEqual(whole.usage.prompt_tokens, len(prompt_ids))
+        self.assertEqual(whole.choices[0].finish_reason,
+                         "length" if final.finish_reason == self.pb.FINISH_REASON_LENGTH
+                         else "stop")
+
+        stream = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=24, temperature=0, stream=True,
+            stream_options={"include_usage": True}, logprobs=True, top_logprobs=2)
+        chunks = list(stream)
+        self.assertEqual(chunks[0].choices[0].delta.role, "assistant")
+        content = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+        self.assertEqual("".join(content), text)
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        self.assertEqual(finishes[-1], whole.choices[0].finish_reason)
+        self.assertTrue(all(f is None for f in finishes[:-1]))
+        self.assertEqual(chunks[-1].choices, [])
+        self.assertEqual(chunks[-1].usage.total_tokens, whole.usage.total_tokens)
+        self.assertEqual(len({c.id for c in chunks}), 1)
+        tokens = [t for c in chunks if c.choices and c.choices[0].logprobs
+                  for t in c.choices[0].logprobs.content]
+        self.assertEqual(len(tokens), len(ids))
+        for t in tokens:
+            self.assertEqual(len(t.top_logprobs), 2)
+            self.assertEqual(bytes(t.bytes).decode(errors="replace"), t.token)
+            self.assertLessEqual(t.logprob, 0)
+
+    def test_chat_template_arguments_reach_the_template(self):
+        messages = [{"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "Hello! How"}]
+        status, _, body = self.raw("POST", "/tokenize", {"messages": messages,
+                                                         "continue_final_message": True,
+                                                         "add_generation_prompt": False})
+        self.assertEqual(status, 200, body)
+        rendered = json.loads(body)
+        self.assertTrue(rendered["prompt"].endswith("Hello! How"), rendered["prompt"])
+        self.assertEqual(rendered["count"], len(rendered["tokens"]))
+        status, _, body = self.raw("POST", "/tokenize", {"messages": messages[:1],
+                                                         "add_generation_prompt": False})
+        self.assertFalse(json.loads(body)["prompt"].endswith("<|im_start|>assistant\n"))
+        status, _, body = self.raw("POST", "/tokenize", {"messages": messages[:1]})
+        self.assertTrue(json.loads(body)["prompt"].endswith("<|im_start|>assistant\n"))
+        status, _, body = self.raw("POST", "/detokenize", {"tokens": rendered["tokens"]})
+        self.assertEqual(status, 200, body)
+        self.assertIn("Hello! How", json.loads(body)["prompt"])
+
+    def test_stop_strings_end_the_text(self):
+        free = self.client.completions.create(model=self.model, prompt="Count: one, two,",
+                                              max_tokens=16, temperature=0)
+        text = free.choices[0].text
+        stop = text.strip().split()[1] if len(text.strip().split()) > 1 else text.strip()[:2]
+        stopped = self.client.completions.create(model=self.model, prompt="Count: one, two,",
+                                                 max_tokens=16, temperature=0, stop=[stop])
+        self.assertEqual(stopped.choices[0].finish_reason, "stop")
+        self.assertEqual(stopped.choices[0].model_extra["stop_reason"], stop)
+        self.assertEqual(stopped.choices[0].text, text[:text.index(stop)])
+
+    def test_refusals_are_openai_errors_naming_the_parameter(self):
+        cases = [
+            ({"prompt": "x", "n": 2}, "/v1/completions", 400, "n"),
+            ({"prompt": "x", "temperature": "hot"}, "/v1/completions", 400, "temperature"),
+            ({"prompt": ["a", "b"]}, "/v1/completions", 400, "prompt"),
+            ({"messages": []}, "/v1/chat/completions", 400, "messages"),
+            ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+             "/v1/chat/completions", 400, "messages[0].content[0].type"),
+            ({"messages": [{"role": "user", "content": "x"}],
+              "response_format": {"type": "json_object"}}, "/v1/chat/completions", 400,
+             "response_format"),
+            # Values the router checks: its message names its field.
+            ({"prompt": "x", "top_p": 1.5}, "/v1/completions", 400, None),
+            ({"prompt": "x", "max_tokens": 100000}, "/v1/completions", 400, None),
+            ({"prompt": "x", "model": "nope"}, "/v1/completions", 404, None),
+        ]
+        for body, path, http_status, param in cases:
+            with self.subTest(body=body):
+                status, _, text = self.raw("POST", path, body)
+                self.assertApiError(status, text, http_status, param)
+        status, _, text = self.raw("POST", "/v1/completions", "{not json")
+        self.assertApiError(status, text, 400)
+        status, _, text = self.raw("POST", "/v1/completions", "[" * 100 + "]" * 100)
+        self.assertApiError(status, text, 400)
+        status, _, text = self.raw("POST", "/v1/embeddings", {"input": "x"})
+        self.assertApiError(status, text, 404)
+        status, headers, text = self.raw("GET", "/v1/completions")
+        self.assertApiError(status, text, 405)
+        self.assertEqual(headers.get("Allow"), "POST")
+        # The SDK raises the matching exceptions.
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.completions.create(model=self.model, prompt="x", best_of=2)
+        self.assertEqual(caught.exception.body["param"], "best_of")
+        with self.assertRaises(openai.NotFoundError):
+            self.client.chat.completions.create(model="nope", messages=[{"role": "user",
+                                                                         "content": "x"}])
+
+    def test_request_ids_are_echoed(self):
+        status, headers, text = self.raw("POST", "/v1/completions",
+                                         {"prompt": "Hello", "max_tokens": 2},
+                                         {"X-Request-Id": "client-7"})
+        self.assertEqual(status, 200, text)
+        self.assertEqual(headers.get("X-Request-Id"), "client-7")
+        self.assertEqual(json.loads(text)["id"], "cmpl-client-7")
+
+    def test_a_client_hanging_up_mid_stream_frees_its_blocks(self):
+        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=60)
+        connection.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": "Tell me a long story.", "max_tokens": 200, "ignore_eos": True,
+             "stream": True}), headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        self.assertEqual(response.status, 200)
+        self.assertEqual(response.getheader("Content-Type"), "text/event-stream")
+        first = response.fp.readline()  # the first event has arrived: the request is decoding
+        self.assertTrue(first.startswith(b"data: ") or first.strip().isalnum(), first)
+        connection.sock.close()
+        connection.close()
+        ct.wait_until_nothing_reserved(self.router, [self.worker], seconds=30)
+        self.assertGreaterEqual(ct.metric(self.router.ready["metrics_port"],
+                                          "cleave_http_requests_total",
+                                          path="/v1/completions", code="499"), 1)
+
+    def test_many_streams_at_once_all_finish(self):
+        def one(i):
+            stream = self.client.completions.create(
+                model=self.model, prompt=f"Story number {i}:", max_tokens=10, temperature=0.8,
+                seed=i, stream=True, extra_body={"ignore_eos": True})
+            chunks = list(stream)
+            return sum(1 for c in chunks if c.choices and c.choices[0].text is not None), \
+                chunks[-1].choices[0].finish_reason
+        with concurrent.futures.ThreadPoolExecutor(2 * TARGET) as pool:
+            results = list(pool.map(one, range(2 * TARGET)))
+        for count, finish in results:
+            self.assertEqual(finish, "length")
+            self.assertGreaterEqual(count, 1)
+        ct.wait_until_nothing_reserved(self.router, [self.worker])
+        self.assertGreaterEqual(ct.metric(self.router.ready["metrics_port"],
+                                          "cleave_http_requests_total",
+                                          path="/v1/completions", code="200"), 2 * TARGET)
+
+    def test_api_keys_travel_in_the_authorization_header(self):
+        with tempfile.TemporaryDirectory() as folder:
+            keys = os.path.join(folder, "keys")
+            with open(keys, "w") as f:
+                f.write("team-a secret-key-0123456789\n")
+            router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                                 "--metrics-port=0", f"--api-keys={keys}",
+                                 "--http-listen=127.0.0.1:0"])
+            try:
+                port = router.ready["http_port"]
+                base = f"http://127.0.0.1:{port}/v1"
+                with self.assertRaises(openai.AuthenticationError):
+                    openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+                models = openai.OpenAI(base_url=base, api_key="secret-key-0123456789",
+                                       max_retries=0).models.list()
+                self.assertEqual(models.data, [])  # no worker registered with this router
+                status, _ = ct.http_get(port, "/health")
+                self.assertEqual(status, 200)
+            finally:
+                self.assertEqual(router.stop(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
