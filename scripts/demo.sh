@@ -41,7 +41,8 @@ port() { sed -E "s/.*\"$2\": ([0-9]+).*/\1/" "$1"; }
 
 echo "== cleave up: router + a prefill worker + a decode worker, KV over UCX"
 start up "$work/up.json" "$bin/cleave" up --model "$model" --listen 127.0.0.1:0 \
-  --prefill 1 --decode 1 --threads 1 --target-concurrency 16 --planned-seq-len 1024
+  --prefill 1 --decode 1 --threads 1 --target-concurrency 16 --planned-seq-len 1024 \
+  --http-listen 127.0.0.1:0
 router="127.0.0.1:$(port "$work/up.json" grpc_port)"
 router_metrics=$(port "$work/up.json" metrics_port)
 worker_metrics=$(port "$work/up.json" decode-0_metrics_port)
@@ -58,6 +59,32 @@ for prompt in "What is the capital of France?" "Write one sentence about the sea
   echo "> $prompt"
   "$bin/cleave" generate --router "$router" --max-tokens 48 --system "Answer in one sentence." "$prompt"
 done
+
+echo
+http_port=$(port "$work/up.json" http_port)
+echo "== the OpenAI-compatible API: POST http://127.0.0.1:$http_port/v1/chat/completions, streamed"
+/usr/bin/python3 - "$http_port" <<'PY'
+import json, sys, urllib.request
+body = {"messages": [{"role": "user", "content": "Name three rivers in Europe."}],
+        "max_tokens": 48, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True}}
+request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+print("> Name three rivers in Europe.")
+with urllib.request.urlopen(request, timeout=120) as response:
+    for line in response:
+        data = line.decode().strip().removeprefix("data: ")
+        if not data or data == "[DONE]":
+            continue
+        chunk = json.loads(data)
+        if chunk["choices"]:
+            print(chunk["choices"][0]["delta"].get("content", ""), end="", flush=True)
+        else:
+            usage = chunk["usage"]
+            print(f"\n({usage['prompt_tokens']} prompt + {usage['completion_tokens']} "
+                  "completion tokens)")
+PY
 
 echo
 report="$root/build/demo"
@@ -78,7 +105,7 @@ def show(port, prefixes):
             print("  " + line)
     return body
 show(sys.argv[1], ("cleave_router_requests_total", "cleave_router_reserved_blocks",
-                   "cleave_router_workers"))
+                   "cleave_router_workers", "cleave_http_requests_total"))
 body = show(sys.argv[2], ("cleave_worker_steps_total", "cleave_worker_generated_tokens_total",
                           "cleave_worker_kv_blocks_free", "cleave_worker_kv_blocks_reserved",
                           "cleave_worker_step_seconds_total",
@@ -95,9 +122,10 @@ echo
 echo "== summary"
 echo "ran: cleave up with cleave-router (Generation API, worker registry, KV-budget admission,"
 echo "  token relay), a prefill worker and a decode worker on the CPU engine handing KV caches"
-echo "  over UCX, a streaming load test (cleave bench; report in build/demo/bench.html), and the"
-echo "  CLI. Deploy with docker-compose (deploy/, docs/operations.md); watch with the Prometheus"
-echo "  alerts and Grafana dashboard in deploy/ (docs/metrics.md)."
+echo "  over UCX, the CLI, the OpenAI-compatible HTTP API, and a streaming load test (cleave"
+echo "  bench; report in build/demo/bench.html). Deploy with docker-compose (deploy/,"
+echo "  docs/operations.md); watch with the Prometheus alerts and Grafana dashboard in deploy/"
+echo "  (docs/metrics.md)."
 echo "live efficiency of the decode worker over the run: $(cat "$work/efficiency") (roofline floor /"
 echo "  measured step time, cleave_worker_step_*; bench/live_efficiency.py compares it with"
 echo "  bench_engine at the same batch: docs/benchmarks.md)."

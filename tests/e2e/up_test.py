@@ -1,11 +1,13 @@
 """`cleave up` starts a router and workers, reports the router's ports once every worker
 has registered, serves requests through them, and stops every child on SIGINT."""
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 import cleave_testing as ct  # noqa: E402
@@ -22,7 +24,8 @@ class UpTest(unittest.TestCase):
     def test_up_serves_and_stops_everything_on_ctrl_c(self):
         up = ct.Process([ct.binary("cleave"), "up", f"--model={MODEL}", "--listen=127.0.0.1:0",
                          "--prefill=1", "--decode=1", "--threads=1", "--target-concurrency=4",
-                         "--planned-seq-len=256"], ready_timeout=120)
+                         "--planned-seq-len=256", "--http-listen=127.0.0.1:0"],
+                        ready_timeout=120)
         children = children_of(up.proc.pid)
         self.assertEqual(len(children), 3, up.log())  # router, prefill, decode
         self.assertIn("decode-0_metrics_port", up.ready)
@@ -31,6 +34,18 @@ class UpTest(unittest.TestCase):
                                  "--system=Answer in one sentence.", "What is the capital of France?"])
         self.assertEqual(code, 0, err)
         self.assertIn("Paris", out)
+        # The OpenAI-compatible API of the router, on the port the ready file names.
+        self.assertIn(f"OpenAI-compatible API http://127.0.0.1:{up.ready['http_port']}/v1",
+                      up.log())
+        body = json.dumps({"messages": [{"role": "system", "content": "Answer in one sentence."},
+                                        {"role": "user", "content": "What is the capital of France?"}],
+                           "max_tokens": 8, "temperature": 0}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{up.ready['http_port']}/v1/chat/completions", data=body,
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            reply = json.load(response)
+        self.assertIn("Paris", reply["choices"][0]["message"]["content"])
         up.proc.send_signal(signal.SIGINT)
         self.assertEqual(up.proc.wait(60), 0, up.log())
         for pid in children:
