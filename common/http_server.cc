@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -43,7 +44,8 @@ namespace {
 
 class CivetResponse final : public HttpResponse {
  public:
-  explicit CivetResponse(mg_connection* conn) : conn_(conn) {}
+  // HTTP/1.0 has no chunked encoding: a stream there ends by closing the connection.
+  CivetResponse(mg_connection* conn, bool chunked) : conn_(conn), chunked_(chunked) {}
 
   void send(int status, std::string_view content_type, std::string_view body,
             const std::vector<std::pair<std::string, std::string>>& headers) override {
@@ -58,6 +60,7 @@ class CivetResponse final : public HttpResponse {
     if (answered_) return false;
     answered_ = true;
     streaming_ = true;
+    if (!chunked_) mg_disable_connection_keep_alive(conn_);
     alive_ = head(status, content_type, headers, "");
     return alive_;
   }
@@ -65,13 +68,20 @@ class CivetResponse final : public HttpResponse {
   bool write(std::string_view data) override {
     if (!streaming_ || !alive_) return false;
     if (data.empty()) return true;
-    alive_ = mg_send_chunk(conn_, data.data(), static_cast<unsigned>(data.size())) > 0;
+    // One write per chunk (size line, data, CRLF), so a token is one packet.
+    std::string framed = chunked_
+                             ? absl::StrCat(absl::Hex(data.size()), "\r\n",
+                                            absl::string_view(data.data(), data.size()), "\r\n")
+                             : std::string(data);
+    alive_ = mg_write(conn_, framed.data(), framed.size()) == static_cast<int>(framed.size());
+    // A connection left inside a chunk cannot carry another request.
+    if (!alive_) mg_disable_connection_keep_alive(conn_);
     return alive_;
   }
 
   void endStream() override {
     if (!streaming_ || !alive_) return;
-    mg_send_chunk(conn_, "", 0);
+    if (chunked_) mg_write(conn_, "0\r\n\r\n", 5);
     alive_ = false;
   }
 
@@ -86,7 +96,7 @@ class CivetResponse final : public HttpResponse {
     if (mg_response_header_start(conn_, status) != 0) return false;
     mg_response_header_add(conn_, "Content-Type", type.c_str(), -1);
     if (length.empty()) {
-      mg_response_header_add(conn_, "Transfer-Encoding", "chunked", -1);
+      if (chunked_) mg_response_header_add(conn_, "Transfer-Encoding", "chunked", -1);
       mg_response_header_add(conn_, "Cache-Control", "no-cache", -1);
     } else {
       mg_response_header_add(conn_, "Content-Length", length.c_str(), -1);
@@ -98,19 +108,26 @@ class CivetResponse final : public HttpResponse {
   }
 
   mg_connection* conn_;
+  const bool chunked_;
   bool answered_ = false;
   bool streaming_ = false;
   bool alive_ = false;
 };
 
-void sendPlain(mg_connection* conn, int status, const std::string& message) {
-  CivetResponse response(conn);
-  response.send(status, "application/json",
-                absl::StrCat(R"({"error":{"message":")", message, R"(","type":")",
-                             absl::AsciiStrToLower(std::string(httpReason(status))), R"(","code":)",
-                             status, "}}"),
-                {});
+// An error the server answers itself, before the handler runs; `close` ends the connection
+// after it (the rest of the request is not read).
+void sendPlain(mg_connection* conn, int status, const std::string& message, bool close) {
+  if (close) mg_disable_connection_keep_alive(conn);
+  CivetResponse response(conn, true);
+  response.send(
+      status, "application/json",
+      absl::StrCat(R"({"error":{"message":")", message,
+                   R"(","type":"invalid_request_error","param":null,"code":)", status, "}}"),
+      {});
 }
+
+// How long a request body may take to arrive, in all.
+constexpr auto kBodyDeadline = std::chrono::seconds(30);
 
 }  // namespace
 
@@ -128,24 +145,32 @@ struct HttpServerAccess {
                                    info->http_headers[i].value);
     }
     const size_t limit = server->max_body_bytes_;
+    const std::string too_large = absl::StrCat("the request body is larger than ", limit, " bytes");
     if (info->content_length > 0 && static_cast<uint64_t>(info->content_length) > limit) {
-      sendPlain(conn, 413, absl::StrCat("the request body is larger than ", limit, " bytes"));
+      sendPlain(conn, 413, too_large, true);
       return 413;
     }
+    const auto deadline = std::chrono::steady_clock::now() + kBodyDeadline;
     char buffer[16384];
     for (;;) {
       const int n = mg_read(conn, buffer, sizeof(buffer));
       if (n <= 0) break;
       request.body.append(buffer, static_cast<size_t>(n));
       if (request.body.size() > limit) {
-        sendPlain(conn, 413, absl::StrCat("the request body is larger than ", limit, " bytes"));
+        sendPlain(conn, 413, too_large, true);
         return 413;
       }
+      if (std::chrono::steady_clock::now() > deadline) {
+        sendPlain(conn, 408, "the request body did not arrive within 30 s", true);
+        return 408;
+      }
     }
-    CivetResponse response(conn);
+    const bool chunked =
+        info->http_version != nullptr && std::string_view(info->http_version) != "1.0";
+    CivetResponse response(conn, chunked);
     server->handler_(request, response);
     if (!response.answered()) {
-      sendPlain(conn, 500, "the server did not answer this request");
+      sendPlain(conn, 500, "the server did not answer this request", false);
       return 500;
     }
     return 200;

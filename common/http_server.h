@@ -6,8 +6,10 @@
 // "text/event-stream". write() returns false once the client has gone, so the handler can
 // stop the work behind the stream.
 //
-// Request bodies larger than `max_body_bytes` are refused with 413 before the handler runs;
-// a handler that returns without answering makes the server answer 500.
+// Request bodies larger than `max_body_bytes`, or slower than 30 s in all, are refused
+// (413, 408) before the handler runs, and their connection closed; a handler that returns
+// without answering makes the server answer 500. Streams to HTTP/1.0 clients are not
+// chunked: the connection's end ends them.
 //
 // Threading: start() and the destructor from one owning thread; the handler runs on the
 // pool's threads, concurrently. The destructor stops accepting connections and waits for
@@ -63,7 +65,7 @@ struct HttpServerOptions {
   std::string listen = "127.0.0.1:8000";
   // Requests served at once (a streaming response holds its thread until it ends).
   int threads = 64;
-  size_t max_body_bytes = 32u << 20;
+  size_t max_body_bytes = 4u << 20;
   // TLS: a PEM file holding the certificate chain followed by its private key.
   std::string tls_pem_file;
 };

@@ -8,6 +8,7 @@ namespace cleave {
 
 absl::Status checkJsonShape(absl::string_view text, absl::string_view field) {
   std::vector<int> members;  // per open bracket
+  int containers = 0;
   bool in_string = false;
   for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
@@ -23,6 +24,10 @@ absl::Status checkJsonShape(absl::string_view text, absl::string_view field) {
       in_string = true;
     } else if (c == '[' || c == '{') {
       members.push_back(0);
+      if (++containers > kMaxRequestJsonContainers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": more than ", kMaxRequestJsonContainers, " arrays and objects"));
+      }
       if (members.size() > static_cast<size_t>(kMaxRequestJsonDepth)) {
         return absl::InvalidArgumentError(
             absl::StrCat(field, ": nested deeper than ", kMaxRequestJsonDepth, " levels"));

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/tokenizer/utf8.h"
 #include "grpcpp/client_context.h"
 #include "services/engine/stop_checker.h"
 #include "services/router/generation_service.h"
@@ -213,10 +214,17 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     }
     message.mutable_logprobs()->CopyFrom(logprobs);
     if (tokenizer_ != nullptr) {
-      auto tokenText = [&](uint32_t id) { return tokenizer_->decode({&id, 1}, false); };
+      // A token may be part of a character: its bytes go as they are, its text with
+      // U+FFFD (a proto string must be UTF-8).
+      auto describe = [&](auto& lp) {
+        const uint32_t id = lp.token_id();
+        std::string bytes = tokenizer_->decode({&id, 1}, false);
+        lp.set_text(tokenizer::sanitizeUtf8(bytes));
+        lp.set_token_bytes(std::move(bytes));
+      };
       for (v1::TokenLogprob& lp : *message.mutable_logprobs()) {
-        lp.set_text(tokenText(lp.token_id()));
-        for (v1::TopLogprob& top : *lp.mutable_top()) top.set_text(tokenText(top.token_id()));
+        describe(lp);
+        for (v1::TopLogprob& top : *lp.mutable_top()) describe(top);
       }
     }
     if (reason) {

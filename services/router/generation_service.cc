@@ -2,6 +2,7 @@
 
 #include "common/grpc_status.h"
 #include "common/metrics.h"
+#include "common/tokenizer/utf8.h"
 #include "common/version.h"
 #include "services/router/request_validation.h"
 
@@ -179,7 +180,7 @@ grpc::Status GenerationService::Detokenize(grpc::ServerContext* context,
     }
   }
   std::vector<uint32_t> ids(request->ids().begin(), request->ids().end());
-  response->set_text((*tok)->decode(ids, request->skip_special_tokens()));
+  response->set_text(tokenizer::sanitizeUtf8((*tok)->decode(ids, request->skip_special_tokens())));
   return finish("Detokenize", grpc::Status::OK);
 }
 

@@ -153,7 +153,7 @@ absl::Status parseCommon(const Json& body, Call& call) {
   stop.set_ignore_eos(ignore_eos);
   CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,
                           integer(body, "min_tokens", 0, std::numeric_limits<uint32_t>::max()));
-  if (min_tokens && *min_tokens > 0) stop.set_min_new_tokens(static_cast<uint32_t>(*min_tokens));
+  if (min_tokens && *min_tokens > 0) return invalid("min_tokens", "is not supported yet");
 
   CLEAVE_ASSIGN_OR_RETURN(call.stream, boolean(body, "stream", false));
   if (const Json* options = field(body, "stream_options"); options != nullptr) {
@@ -199,6 +199,9 @@ absl::Status parseChat(const Json& body, v1::Chat& chat) {
         continue;
       }
       if (key == "content" && value.is_array()) {
+        // Text parts are joined into one text (with newlines, as vLLM does): most
+        // templates print content as a string.
+        std::string joined;
         for (size_t j = 0; j < value.size(); ++j) {
           const Json& part = value[j];
           const std::string part_name = absl::StrCat(name, ".content[", j, "]");
@@ -211,7 +214,10 @@ absl::Status parseChat(const Json& body, v1::Chat& chat) {
           if (text == nullptr || !text->is_string()) {
             return invalid(part_name + ".text", "must be a string");
           }
+          absl::StrAppend(&joined, j == 0 ? "" : "\n", text->get<std::string>());
         }
+        out.set_content(std::move(joined));
+        continue;
       } else if (key == "content" && !value.is_null()) {
         return invalid(name + ".content", "must be a string, an array of text parts, or null");
       }

@@ -87,12 +87,13 @@ Json ResponseBuilder::chatLogprobs(const v1::GenerateResponse& message) const {
   for (const v1::TokenLogprob& t : message.logprobs()) {
     Json top = Json::array();
     for (const v1::TopLogprob& alt : t.top()) {
-      top.push_back(
-          {{"token", alt.text()}, {"logprob", alt.logprob()}, {"bytes", bytesOf(alt.text())}});
+      top.push_back({{"token", alt.text()},
+                     {"logprob", alt.logprob()},
+                     {"bytes", bytesOf(alt.token_bytes())}});
     }
     content.push_back({{"token", t.text()},
                        {"logprob", t.logprob()},
-                       {"bytes", bytesOf(t.text())},
+                       {"bytes", bytesOf(t.token_bytes())},
                        {"top_logprobs", std::move(top)}});
   }
   return content;
@@ -178,7 +179,6 @@ ApiError apiError(int grpc_code, const std::string& message, const std::string& 
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::OUT_OF_RANGE:
-    case grpc::StatusCode::UNIMPLEMENTED:
       http = 400;
       type = "invalid_request_error";
       break;
@@ -206,9 +206,10 @@ ApiError apiError(int grpc_code, const std::string& message, const std::string& 
       http = 504;
       type = "timeout";
       break;
-    case grpc::StatusCode::CANCELLED:
-      http = 499;
-      type = "cancelled";
+    case grpc::StatusCode::UNIMPLEMENTED: http = 501; break;
+    case grpc::StatusCode::CANCELLED:  // by the server (shutting down): worth a retry
+      http = 503;
+      type = "service_unavailable";
       break;
     default: break;
   }

@@ -1,5 +1,6 @@
 #include "services/router/openai_server.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include "absl/strings/str_cat.h"
@@ -176,7 +177,18 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
       chat ? openai::parseChatRequest(*body) : openai::parseCompletionRequest(*body);
   if (!call.ok()) return sendError(response, openai::apiError(call.status()));
   const std::string_view request_id = request.header("x-request-id");
-  if (!request_id.empty()) call->request.set_request_id(std::string(request_id));
+  if (!request_id.empty()) {
+    const bool printable = std::all_of(request_id.begin(), request_id.end(),
+                                       [](unsigned char c) { return c >= 0x21 && c <= 0x7e; });
+    if (!printable || request_id.size() > 128) {
+      return sendError(response,
+                       openai::apiError(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
+                                        "the X-Request-Id header must be at most 128 printable "
+                                        "ASCII characters",
+                                        "x-request-id"));
+    }
+    call->request.set_request_id(std::string(request_id));
+  }
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
 
   openai::ApiError error;

@@ -266,6 +266,60 @@ class OpenAiApiTest(unittest.TestCase):
             self.client.chat.completions.create(model="nope", messages=[{"role": "user",
                                                                          "content": "x"}])
 
+    def test_logprobs_of_tokens_that_split_a_character(self):
+        # Byte-level tokens of CJK text are parts of characters: their text is U+FFFD,
+        # their bytes exact, and the request completes (and frees its blocks).
+        response = self.client.completions.create(
+            model=self.model, prompt="你好，世界！我喜欢吃", max_tokens=12, temperature=0,
+            logprobs=5, extra_body={"ignore_eos": True})
+        self.assertEqual(response.usage.completion_tokens, 12)
+        chat = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": "用中文说你好"}],
+            max_tokens=12, temperature=0, logprobs=True, top_logprobs=5)
+        for t in chat.choices[0].logprobs.content:
+            self.assertEqual(bytes(t.bytes).decode(errors="replace"), t.token)
+            for alt in t.top_logprobs:
+                self.assertEqual(bytes(alt.bytes).decode(errors="replace"), alt.token)
+        joined = b"".join(bytes(t.bytes) for t in chat.choices[0].logprobs.content)
+        self.assertTrue(joined.decode(errors="replace").startswith(
+            chat.choices[0].message.content[:1]))
+        ct.wait_until_nothing_reserved(self.router, [self.worker])
+
+    def test_content_parts_are_joined_into_text(self):
+        parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
+        status, _, body = self.raw("POST", "/tokenize", {"messages": [{"role": "user",
+                                                                       "content": parts}]})
+        self.assertEqual(status, 200, body)
+        status, _, plain = self.raw("POST", "/tokenize", {"messages": [
+            {"role": "user", "content": "Hello\nthere"}]})
+        self.assertEqual(json.loads(body)["tokens"], json.loads(plain)["tokens"])
+
+    def test_http_framing_limits_and_old_clients(self):
+        # HTTP/1.0 gets an unchunked stream that ends with the connection.
+        import socket
+        payload = json.dumps({"prompt": "Hello", "max_tokens": 3, "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", self.http_port), timeout=60) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        self.assertNotIn(b"chunked", head.lower())
+        self.assertEqual(events(body.decode())[-1], "[DONE]")
+        # A body over the limit is refused and its connection closed, unread.
+        with socket.create_connection(("127.0.0.1", self.http_port), timeout=60) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100000000000\r\n\r\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        self.assertIn(b" 413 ", data.split(b"\r\n")[0])
+        self.assertIn(b"connection: close", data.lower())
+        # A malformed request id is the client's to fix.
+        status, _, text = self.raw("POST", "/v1/completions", {"prompt": "x"},
+                                   {"X-Request-Id": "a b"})
+        self.assertApiError(status, text, 400, "x-request-id")
+
     def test_request_ids_are_echoed(self):
         status, headers, text = self.raw("POST", "/v1/completions",
                                          {"prompt": "Hello", "max_tokens": 2},
