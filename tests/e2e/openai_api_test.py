@@ -16,6 +16,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -362,6 +363,13 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertGreaterEqual(ct.metric(self.router.ready["metrics_port"],
                                           "cleave_http_requests_total",
                                           path="/v1/completions", code="200"), 2 * TARGET)
+        # docs/metrics.md lists what such a router exports, no more and no less.
+        from deploy_files_test import documented_metrics
+        documented = documented_metrics()
+        _, body = ct.http_get(self.router.ready["metrics_port"])
+        exported = set(re.findall(r"^# TYPE (cleave_[a-z0-9_]+)", body, re.M))
+        self.assertEqual(exported - documented["Every process"],
+                         documented["cleave-router"] | documented["cleave-router --http-listen"])
 
     def test_api_keys_travel_in_the_authorization_header(self):
         with tempfile.TemporaryDirectory() as folder:
