@@ -188,23 +188,14 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOp
     return absl::InvalidArgumentError(
         absl::StrCat("HTTP threads must be in 1..4096, got ", options.threads));
   }
-  static const unsigned features = mg_init_library(MG_FEATURES_DEFAULT | MG_FEATURES_TLS);
-  std::string ports = options.listen;
-  if (!options.tls_pem_file.empty()) {
-    if ((features & MG_FEATURES_TLS) == 0 || mg_check_feature(MG_FEATURES_TLS) == 0) {
-      return absl::FailedPreconditionError(
-          "this build's HTTP server has no TLS; put a TLS proxy in front of the HTTP port");
-    }
-    ports += "s";
-  }
+  // Reference-counted; once per process is enough.
+  static const bool initialized = (mg_init_library(MG_FEATURES_DEFAULT), true);
+  (void)initialized;
+  const std::string& ports = options.listen;
   const std::string threads = std::to_string(options.threads);
   std::vector<const char*> config = {
       "listening_ports",   ports.c_str(), "num_threads", threads.c_str(),
       "enable_keep_alive", "yes",         "tcp_nodelay", "1"};
-  if (!options.tls_pem_file.empty()) {
-    config.push_back("ssl_certificate");
-    config.push_back(options.tls_pem_file.c_str());
-  }
   config.push_back(nullptr);
 
   std::unique_ptr<HttpServer> server(new HttpServer());

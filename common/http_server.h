@@ -1,5 +1,7 @@
 // A small HTTP/1.1 server for JSON APIs (civetweb underneath): every request goes to one
-// handler, on a pool of threads, one request per thread at a time.
+// handler, on a pool of threads, one request per thread at a time. Plain HTTP only: the
+// TLS of Debian's civetweb loads OpenSSL 3 at run time and crashes on its first handshake,
+// so HTTPS belongs to a proxy in front.
 //
 // A handler answers through HttpResponse, either whole (send) or as a chunked stream
 // (startStream, then write per piece, then endStream) — server-sent events are a stream of
@@ -66,8 +68,6 @@ struct HttpServerOptions {
   // Requests served at once (a streaming response holds its thread until it ends).
   int threads = 64;
   size_t max_body_bytes = 4u << 20;
-  // TLS: a PEM file holding the certificate chain followed by its private key.
-  std::string tls_pem_file;
 };
 
 class HttpServer {

@@ -54,9 +54,11 @@ int main(int argc, char** argv) {
                   "into tokens (without it only token-id prompts are served)");
   flags.addString("chat-template", &chat_template_file,
                   "A Jinja chat template file for chat prompts, instead of the one in --model");
-  flags.addString("http-listen", &http_listen,
-                  "Also serve the OpenAI-compatible HTTP API (/v1/completions, "
-                  "/v1/chat/completions, /v1/models...) on this host:port (port 0 picks one)");
+  flags.addString(
+      "http-listen", &http_listen,
+      "Also serve the OpenAI-compatible HTTP API (/v1/completions, "
+      "/v1/chat/completions, /v1/models...) on this host:port (port 0 picks one). Plain "
+      "HTTP: with --tls-cert only on loopback, for a TLS proxy in front");
   flags.addInt("http-threads", &http_threads,
                "HTTP requests served at once (each streaming response holds one)");
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");
@@ -167,6 +169,23 @@ int main(int argc, char** argv) {
   // Declared after the router: destroyed first, once the router's calls have ended.
   std::unique_ptr<cleave::router::OpenAiServer> http;
   if (!http_listen.empty()) {
+    // The HTTP API has no TLS of its own: a deployment that asks for TLS gets it on
+    // loopback only, behind a proxy that terminates TLS.
+    const std::string http_host = http_listen.substr(0, http_listen.rfind(':'));
+    const bool loopback = http_host == "127.0.0.1" || http_host == "localhost" ||
+                          http_host == "[::1]" || http_host.starts_with("127.");
+    if (!tls.cert_file.empty() && !loopback) {
+      (*server)->shutdown(std::chrono::milliseconds(0));
+      cleave::exitWithUsageError(
+          flags, absl::InvalidArgumentError(
+                     "--http-listen serves plain HTTP; with --tls-cert it must be a loopback "
+                     "address (127.0.0.1:PORT) behind a TLS-terminating proxy"));
+    }
+    if (api_keys != nullptr && !loopback) {
+      CLEAVE_LOG(WARNING) << "--http-listen " << http_listen
+                          << " is plain HTTP: API keys cross the network unencrypted; put a TLS "
+                             "proxy in front";
+    }
     if (http_threads < 1 || http_threads > 4096) {
       (*server)->shutdown(std::chrono::milliseconds(0));
       cleave::exitWithUsageError(flags,

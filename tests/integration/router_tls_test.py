@@ -52,6 +52,19 @@ class RouterTlsTest(unittest.TestCase):
         code = cls.router.stop()
         assert code == 0, f"router exited with {code}:\n{cls.router.log()}"
 
+    def test_the_plain_http_api_stays_on_loopback_with_tls(self):
+        args = [ct.binary("cleave-router"), "--listen=127.0.0.1:0", "--metrics-port=0",
+                f"--tls-cert={self.cert('server.pem')}", f"--tls-key={self.cert('server.key')}"]
+        code, _, err = ct.run(args + ["--http-listen=0.0.0.0:0"])
+        self.assertEqual(code, 2, err)
+        self.assertIn("loopback", err)
+        router = ct.Process(args + ["--http-listen=127.0.0.1:0"])
+        try:
+            status, _ = ct.http_get(router.ready["http_port"], "/health")
+            self.assertEqual(status, 200)
+        finally:
+            self.assertEqual(router.stop(), 0)
+
     def channel(self, client=None):
         key, chain = (read(self.cert(client + ".key")), read(self.cert(client + ".pem"))) \
             if client else (None, None)
