@@ -74,12 +74,6 @@ absl::StatusOr<std::vector<uint32_t>> tokenIds(const Json& v, const std::string&
 
 // What the API asks for and Cleave does not do.
 absl::Status refuseUnsupported(const Json& body) {
-  for (const char* name : {"n", "best_of"}) {
-    CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> n, integer(body, name, 1, 1 << 20));
-    if (n && *n != 1) {
-      return invalid(name, "only 1 is supported; send one request per completion");
-    }
-  }
   if (const Json* bias = field(body, "logit_bias"); bias != nullptr && !bias->empty()) {
     return invalid("logit_bias", "is not supported");
   }
@@ -107,6 +101,12 @@ absl::Status refuseUnsupported(const Json& body) {
 // The sampling, stopping and streaming fields both endpoints share.
 absl::Status parseCommon(const Json& body, Call& call) {
   CLEAVE_RETURN_IF_ERROR(refuseUnsupported(body));
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> n, integer(body, "n", 1, kMaxChoices));
+  call.n = n.value_or(1);
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> best_of, integer(body, "best_of", 1, 1 << 20));
+  if (best_of && *best_of != call.n) {
+    return invalid("best_of", "only equal to n is supported (every sample is returned)");
+  }
   v1::GenerateRequest& r = call.request;
   if (const Json* model = field(body, "model"); model != nullptr) {
     if (!model->is_string()) return invalid("model", "must be a string");

@@ -5,7 +5,7 @@
 // repetition_penalty, stop_token_ids, ignore_eos, min_tokens, chat_template_kwargs,
 // add_generation_prompt, continue_final_message, add_special_tokens). Unknown fields are
 // ignored. Values the router checks (ranges, lengths) are checked there; here only types
-// and what the API cannot express: n/best_of above 1, logit_bias, suffix, non-text
+// and what the API cannot express: best_of other than n, logit_bias, suffix, non-text
 // content parts, response formats other than text and tool_choice "required" are refused.
 //
 // A refusal is InvalidArgument whose message names the field; the field itself is also
@@ -36,7 +36,12 @@ struct Call {
   bool echo = false;
   // Report logprobs (completions: `logprobs` was a number; chat: `logprobs` was true).
   bool logprobs = false;
+  // Choices: each its own Generate call of `request` (with seed + i when a seed is set).
+  int n = 1;
 };
+
+// The most choices one request may ask for.
+inline constexpr int kMaxChoices = 16;
 
 absl::StatusOr<Call> parseCompletionRequest(const nlohmann::json& body);
 absl::StatusOr<Call> parseChatRequest(const nlohmann::json& body);

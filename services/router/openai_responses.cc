@@ -30,8 +30,9 @@ const char* finishReason(v1::FinishReason reason) {
   }
 }
 
-ResponseBuilder::ResponseBuilder(const Call& call, std::string model, int64_t created)
-    : call_(call), model_(std::move(model)), created_(created) {
+ResponseBuilder::ResponseBuilder(const Call& call, std::string id, std::string model,
+                                 int64_t created, int index)
+    : call_(call), id_(std::move(id)), model_(std::move(model)), created_(created), index_(index) {
   logprobs_ = call.endpoint == Endpoint::kChatCompletions ? Json{{"content", Json::array()}}
                                                           : Json{{"tokens", Json::array()},
                                                                  {"token_logprobs", Json::array()},
@@ -52,14 +53,6 @@ Json ResponseBuilder::chunk(Json choice) const {
               {"created", created_},
               {"model", model_},
               {"choices", std::move(choices)}};
-}
-
-Json ResponseBuilder::usage() const {
-  const v1::Usage& u = final_->usage();
-  return Json{{"prompt_tokens", u.prompt_tokens()},
-              {"completion_tokens", u.completion_tokens()},
-              {"total_tokens", u.prompt_tokens() + u.completion_tokens()},
-              {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens()}}}};
 }
 
 Json ResponseBuilder::completionLogprobs(const v1::GenerateResponse& message) {
@@ -103,19 +96,17 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
   std::string events;
   if (!started_) {
     started_ = true;
-    id_ = absl::StrCat(call_.endpoint == Endpoint::kCompletions ? "cmpl-" : "chatcmpl-",
-                       message.request_id());
     text_offset_ = static_cast<int64_t>(echo_.size());
     text_ = echo_;
     if (call_.stream && call_.endpoint == Endpoint::kChatCompletions) {
-      events += event(chunk({{"index", 0},
+      events += event(chunk({{"index", index_},
                              {"delta", {{"role", "assistant"}, {"content", ""}}},
                              {"logprobs", nullptr},
                              {"finish_reason", nullptr}}));
     }
     if (call_.stream && !echo_.empty()) {
       events += event(chunk(
-          {{"index", 0}, {"text", echo_}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+          {{"index", index_}, {"text", echo_}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
     }
   }
   text_ += message.text();
@@ -132,7 +123,7 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
   if (message.has_final()) final_ = message.final();
   if (!call_.stream) return "";
   if (message.text().empty() && message.logprobs().empty() && !message.has_final()) return events;
-  Json choice{{"index", 0}, {"logprobs", std::move(logprobs)}};
+  Json choice{{"index", index_}, {"logprobs", std::move(logprobs)}};
   if (call_.endpoint == Endpoint::kCompletions) {
     choice["text"] = message.text();
   } else {
@@ -147,18 +138,8 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
   return events;
 }
 
-std::string ResponseBuilder::endStream() const {
-  std::string events;
-  if (call_.include_usage && final_) {
-    Json last = chunk(nullptr);
-    last["usage"] = usage();
-    events += event(last);
-  }
-  return events + "data: [DONE]\n\n";
-}
-
-Json ResponseBuilder::body() const {
-  Json choice{{"index", 0}, {"logprobs", call_.logprobs ? logprobs_ : Json(nullptr)}};
+Json ResponseBuilder::choiceBody() const {
+  Json choice{{"index", index_}, {"logprobs", call_.logprobs ? logprobs_ : Json(nullptr)}};
   if (call_.endpoint == Endpoint::kCompletions) {
     choice["text"] = text_;
   } else {
@@ -167,9 +148,35 @@ Json ResponseBuilder::body() const {
   choice["finish_reason"] = finishReason(final_->finish_reason());
   choice["stop_reason"] =
       final_->matched_stop().empty() ? Json(nullptr) : Json(final_->matched_stop());
-  Json j = chunk(std::move(choice));
-  j["usage"] = usage();
-  return j;
+  return choice;
+}
+
+Json usageOf(const std::vector<std::unique_ptr<ResponseBuilder>>& choices) {
+  const v1::Usage& first = choices.front()->usage();
+  uint64_t completion = 0;
+  for (const auto& c : choices) completion += c->usage().completion_tokens();
+  return Json{{"prompt_tokens", first.prompt_tokens()},
+              {"completion_tokens", completion},
+              {"total_tokens", first.prompt_tokens() + completion},
+              {"prompt_tokens_details", {{"cached_tokens", first.cached_prompt_tokens()}}}};
+}
+
+Json responseBody(const std::vector<std::unique_ptr<ResponseBuilder>>& choices) {
+  Json body = choices.front()->chunk(nullptr);
+  for (const auto& c : choices) body["choices"].push_back(c->choiceBody());
+  body["usage"] = usageOf(choices);
+  return body;
+}
+
+std::string endOfStream(const Call& call,
+                        const std::vector<std::unique_ptr<ResponseBuilder>>& choices) {
+  std::string events;
+  if (call.include_usage) {
+    Json last = choices.front()->chunk(nullptr);
+    last["usage"] = usageOf(choices);
+    events += event(last);
+  }
+  return events + "data: [DONE]\n\n";
 }
 
 ApiError apiError(int grpc_code, const std::string& message, const std::string& param) {

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "cleave/v1/generation.pb.h"
@@ -17,10 +19,13 @@
 
 namespace cleave::router::openai {
 
+// One choice of a response: the objects and events of one Generate stream.
 class ResponseBuilder {
  public:
-  // `model` is echoed in every object; `created` is Unix seconds.
-  ResponseBuilder(const Call& call, std::string model, int64_t created);
+  // `id` ("cmpl-...") and `model` are echoed in every object; `created` is Unix seconds;
+  // `index` is the choice's.
+  ResponseBuilder(const Call& call, std::string id, std::string model, int64_t created,
+                  int index = 0);
 
   // Completions with echo: the prompt's text, which the response text starts with.
   void setEcho(std::string prompt_text) { echo_ = std::move(prompt_text); }
@@ -28,25 +33,24 @@ class ResponseBuilder {
   // Takes one message of the stream; for a streamed call, returns the events it makes
   // ("data: {...}\n\n", possibly several, possibly none).
   std::string add(const v1::GenerateResponse& message);
-  // For a streamed call, after the stream's final message: the usage chunk when asked
-  // for, then "data: [DONE]".
-  std::string endStream() const;
-  // For a call that is not streamed, after the stream's final message: the whole body.
-  nlohmann::json body() const;
+  // After the stream's final message: the choice, whole.
+  nlohmann::json choiceBody() const;
+  // An object of the response ("choices" holding `choice` unless null).
+  nlohmann::json chunk(nlohmann::json choice) const;
 
   bool finished() const { return final_.has_value(); }
+  const v1::Usage& usage() const { return final_->usage(); }
 
  private:
-  nlohmann::json chunk(nlohmann::json choice) const;
-  nlohmann::json usage() const;
   nlohmann::json completionLogprobs(const v1::GenerateResponse& message);
   nlohmann::json chatLogprobs(const v1::GenerateResponse& message) const;
   const char* object() const;
 
   const Call& call_;
+  std::string id_;
   std::string model_;
   int64_t created_;
-  std::string id_;
+  int index_;
   std::string echo_;
   bool started_ = false;
   std::string text_;
@@ -54,6 +58,14 @@ class ResponseBuilder {
   int64_t text_offset_ = 0;  // completions logprobs: where the next token's text starts
   std::optional<v1::FinalInfo> final_;
 };
+
+// The usage of a response whose choices all finished: the prompt counted once.
+nlohmann::json usageOf(const std::vector<std::unique_ptr<ResponseBuilder>>& choices);
+// The whole body of a response that is not streamed.
+nlohmann::json responseBody(const std::vector<std::unique_ptr<ResponseBuilder>>& choices);
+// The end of a streamed response: the usage chunk when asked for, then "data: [DONE]".
+std::string endOfStream(const Call& call,
+                        const std::vector<std::unique_ptr<ResponseBuilder>>& choices);
 
 // "stop" or "length".
 const char* finishReason(v1::FinishReason reason);

@@ -2,8 +2,14 @@
 
 #include <algorithm>
 #include <ctime>
+#include <deque>
+#include <optional>
+#include <random>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/version.h"
@@ -59,6 +65,35 @@ constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions
                              {"/v1/models", "GET"},       {"/tokenize", "POST"},
                              {"/detokenize", "POST"},     {"/health", "GET"},
                              {"/version", "GET"}};
+
+// The messages of several Generate streams in arrival order; a null message ends a stream.
+class Arrivals {
+ public:
+  void push(int choice, std::optional<v1::GenerateResponse> message) {
+    absl::MutexLock lock(&mu_);
+    queue_.emplace_back(choice, std::move(message));
+  }
+  // Waits for the next arrival.
+  std::pair<int, std::optional<v1::GenerateResponse>> pop() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Arrivals::ready));
+    auto next = std::move(queue_.front());
+    queue_.pop_front();
+    return next;
+  }
+
+ private:
+  bool ready() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty(); }
+  absl::Mutex mu_;
+  std::deque<std::pair<int, std::optional<v1::GenerateResponse>>> queue_ ABSL_GUARDED_BY(mu_);
+};
+
+// 24 random hex digits: a response id when the client named none.
+std::string randomId() {
+  static thread_local std::mt19937_64 random(std::random_device{}());
+  return absl::StrCat(absl::Hex(random(), absl::kZeroPad16),
+                      absl::Hex(random() >> 32, absl::kZeroPad8));
+}
 
 }  // namespace
 
@@ -176,7 +211,7 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   absl::StatusOr<openai::Call> call =
       chat ? openai::parseChatRequest(*body) : openai::parseCompletionRequest(*body);
   if (!call.ok()) return sendError(response, openai::apiError(call.status()));
-  const std::string_view request_id = request.header("x-request-id");
+  const std::string request_id(request.header("x-request-id"));
   if (!request_id.empty()) {
     const bool printable = std::all_of(request_id.begin(), request_id.end(),
                                        [](unsigned char c) { return c >= 0x21 && c <= 0x7e; });
@@ -219,50 +254,87 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
     }
   }
 
-  std::unique_ptr<grpc::ClientContext> context = callContext(request, error);
-  if (context == nullptr) return sendError(response, error);
-  openai::ResponseBuilder builder(*call, model, created);
-  builder.setEcho(std::move(echo));
-  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
-      stub_->Generate(context.get(), call->request);
+  // One Generate call per choice, each read on a thread of its own into one queue; this
+  // thread answers with what arrives.
+  const int n = call->n;
+  const std::string id =
+      absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id.empty() ? randomId() : request_id);
+  std::vector<std::unique_ptr<openai::ResponseBuilder>> builders;
+  std::vector<v1::GenerateRequest> requests(n, call->request);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  for (int i = 0; i < n; ++i) {
+    builders.push_back(std::make_unique<openai::ResponseBuilder>(*call, id, model, created, i));
+    builders.back()->setEcho(echo);
+    if (n > 1 && !request_id.empty()) requests[i].set_request_id(absl::StrCat(request_id, "-", i));
+    if (n > 1 && call->request.sampling().has_seed()) {
+      requests[i].mutable_sampling()->set_seed(call->request.sampling().seed() + i);
+    }
+    contexts.push_back(callContext(request, error));
+    if (contexts.back() == nullptr) return sendError(response, error);
+  }
+  auto cancelAll = [&] {
+    for (auto& context : contexts) context->TryCancel();  // Frees the requests' KV blocks.
+  };
+  Arrivals arrivals;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>>> readers(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    readers[i] = stub_->Generate(contexts[i].get(), requests[i]);
+    threads.emplace_back([&arrivals, reader = readers[i].get(), i] {
+      v1::GenerateResponse message;
+      while (reader->Read(&message)) arrivals.push(i, std::move(message));
+      arrivals.push(i, std::nullopt);
+    });
+  }
   Headers headers;
-  v1::GenerateResponse message;
+  if (!request_id.empty()) headers.emplace_back("X-Request-Id", std::string(request_id));
   bool streaming = false;
   bool gone = false;
+  std::optional<openai::ApiError> failed;
   // Headers wait for the first message, so that refusals (bad values, a full queue) get
   // their own HTTP status even when streaming.
-  while (reader->Read(&message)) {
-    if (headers.empty() && !message.request_id().empty()) {
-      headers.emplace_back("X-Request-Id", message.request_id());
+  for (int open = n; open > 0;) {
+    auto [i, message] = arrivals.pop();
+    if (!message) {  // Choice i's stream is over: its reader is done with the call.
+      --open;
+      const grpc::Status status = readers[i]->Finish();
+      if ((!status.ok() || !builders[i]->finished()) && !failed && !gone) {
+        failed = status.ok()
+                     ? openai::apiError(static_cast<int>(grpc::StatusCode::INTERNAL),
+                                        "the generation stream ended without its final message")
+                     : openai::apiError(status.error_code(), status.error_message());
+        cancelAll();  // One choice failed: the response has failed.
+      }
+      continue;
     }
-    std::string events = builder.add(message);
-    if (!call->stream || gone) continue;
+    if (failed || gone) continue;  // Draining what the cancelled calls still send.
+    if (headers.empty() && !message->request_id().empty()) {
+      headers.emplace_back("X-Request-Id", message->request_id());
+    }
+    std::string events = builders[i]->add(*message);
+    if (!call->stream) continue;
     if (!streaming) {
       streaming = true;
       gone = !response.startStream(200, "text/event-stream", headers);
     }
     if (!gone) gone = !response.write(events);
-    if (gone) context->TryCancel();  // Frees the request's KV blocks.
+    if (gone) cancelAll();
   }
-  const grpc::Status status = reader->Finish();
+  for (std::thread& t : threads) t.join();
   if (gone) return 499;
-  if (!status.ok() || !builder.finished()) {
-    const openai::ApiError failed =
-        status.ok() ? openai::apiError(static_cast<int>(grpc::StatusCode::INTERNAL),
-                                       "the generation stream ended without its final message")
-                    : openai::apiError(status.error_code(), status.error_message());
-    if (!streaming) return sendError(response, failed);
+  if (failed) {
+    if (!streaming) return sendError(response, *failed);
     // Mid-stream: the error as one more event.
-    response.write(absl::StrCat("data: ", failed.body, "\n\ndata: [DONE]\n\n"));
+    response.write(absl::StrCat("data: ", failed->body, "\n\ndata: [DONE]\n\n"));
     response.endStream();
-    return failed.http_status;
+    return failed->http_status;
   }
   if (call->stream) {
-    response.write(builder.endStream());
+    response.write(openai::endOfStream(*call, builders));
     response.endStream();
     return 200;
   }
-  return send(response, 200, builder.body(), headers);
+  return send(response, 200, openai::responseBody(builders), headers);
 }
 
 }  // namespace cleave::router

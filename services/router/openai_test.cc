@@ -120,8 +120,9 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {R"({"prompt": "a", "max_tokens": 0})", "max_tokens"},
       {R"({"prompt": "a", "max_tokens": 1.5})", "max_tokens"},
       {R"({"prompt": "a", "temperature": "hot"})", "temperature"},
-      {R"({"prompt": "a", "n": 2})", "n"},
-      {R"({"prompt": "a", "best_of": 3})", "best_of"},
+      {R"({"prompt": "a", "n": 17})", "n"},
+      {R"({"prompt": "a", "n": 0})", "n"},
+      {R"({"prompt": "a", "n": 2, "best_of": 3})", "best_of"},
       {R"({"prompt": "a", "logit_bias": {"5": 10}})", "logit_bias"},
       {R"({"prompt": "a", "suffix": "end"})", "suffix"},
       {R"({"prompt": "a", "stop": 5})", "stop"},
@@ -245,11 +246,13 @@ std::vector<Json> events(const std::string& text) {
 
 TEST(OpenAiResponseTest, CompletionBodyHasTextUsageAndLogprobs) {
   Call call{.endpoint = Endpoint::kCompletions, .echo = true, .logprobs = true};
-  ResponseBuilder builder(call, "smol", 1700000000);
+  std::vector<std::unique_ptr<ResponseBuilder>> choices;
+  choices.push_back(std::make_unique<ResponseBuilder>(call, "cmpl-r1", "smol", 1700000000));
+  ResponseBuilder& builder = *choices[0];
   builder.setEcho("Say: ");
   for (const auto& m : stream()) EXPECT_EQ(builder.add(m), "");
   ASSERT_TRUE(builder.finished());
-  const Json body = builder.body();
+  const Json body = responseBody(choices);
   EXPECT_EQ(body["id"], "cmpl-r1");
   EXPECT_EQ(body["object"], "text_completion");
   EXPECT_EQ(body["created"], 1700000000);
@@ -271,10 +274,11 @@ TEST(OpenAiResponseTest, ChatStreamStartsWithTheRoleAndEndsWithUsageAndDone) {
             .stream = true,
             .include_usage = true,
             .logprobs = true};
-  ResponseBuilder builder(call, "smol", 1);
+  std::vector<std::unique_ptr<ResponseBuilder>> choices;
+  choices.push_back(std::make_unique<ResponseBuilder>(call, "chatcmpl-r1", "smol", 1));
   std::string text;
-  for (const auto& m : stream()) text += builder.add(m);
-  text += builder.endStream();
+  for (const auto& m : stream()) text += choices[0]->add(m);
+  text += endOfStream(call, choices);
   const std::vector<Json> e = events(text);
   ASSERT_EQ(e.size(), 6u) << text;
   for (size_t i = 0; i + 1 < e.size(); ++i) {
@@ -299,18 +303,47 @@ TEST(OpenAiResponseTest, ChatStreamStartsWithTheRoleAndEndsWithUsageAndDone) {
 
 TEST(OpenAiResponseTest, ChatBodyHasTheAssistantMessage) {
   Call call{.endpoint = Endpoint::kChatCompletions};
-  ResponseBuilder builder(call, "smol", 1);
+  std::vector<std::unique_ptr<ResponseBuilder>> choices;
+  choices.push_back(std::make_unique<ResponseBuilder>(call, "chatcmpl-r1", "smol", 1));
   std::vector<v1::GenerateResponse> messages = stream();
   messages[2].mutable_final()->set_finish_reason(v1::FINISH_REASON_LENGTH);
   messages[2].mutable_final()->clear_matched_stop();
-  for (const auto& m : messages) builder.add(m);
-  const Json body = builder.body();
+  for (const auto& m : messages) choices[0]->add(m);
+  const Json body = responseBody(choices);
   EXPECT_EQ(body["object"], "chat.completion");
   EXPECT_EQ(body["choices"][0]["message"],
             Json::parse(R"({"role": "assistant", "content": "Hello!"})"));
   EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
   EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
   EXPECT_TRUE(body["choices"][0]["stop_reason"].is_null());
+}
+
+TEST(OpenAiResponseTest, SeveralChoicesShareTheIdAndCountThePromptOnce) {
+  Call call{.endpoint = Endpoint::kCompletions, .stream = true, .include_usage = true, .n = 2};
+  std::vector<std::unique_ptr<ResponseBuilder>> choices;
+  std::string text;
+  for (int i = 0; i < 2; ++i) {
+    choices.push_back(std::make_unique<ResponseBuilder>(call, "cmpl-x", "smol", 1, i));
+  }
+  const std::vector<v1::GenerateResponse> messages = stream();
+  for (const auto& m : messages) {  // interleaved, as they arrive
+    for (int i = 0; i < 2; ++i) text += choices[i]->add(m);
+  }
+  text += endOfStream(call, choices);
+  const std::vector<Json> e = events(text);
+  ASSERT_EQ(e.size(), 8u) << text;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(e[i]["id"], "cmpl-x");
+    EXPECT_EQ(e[i]["choices"][0]["index"], i % 2);
+  }
+  EXPECT_EQ(e[6]["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(e[6]["usage"]["completion_tokens"], 6);
+  EXPECT_EQ(e[6]["usage"]["total_tokens"], 10);
+  call.stream = false;
+  const Json body = responseBody(choices);
+  ASSERT_EQ(body["choices"].size(), 2u);
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][1]["text"], "Hello!");
 }
 
 TEST(OpenAiResponseTest, ErrorsCarryOpenAisShapeAndHttpStatus) {

@@ -232,7 +232,7 @@ class OpenAiApiTest(unittest.TestCase):
 
     def test_refusals_are_openai_errors_naming_the_parameter(self):
         cases = [
-            ({"prompt": "x", "n": 2}, "/v1/completions", 400, "n"),
+            ({"prompt": "x", "n": 17}, "/v1/completions", 400, "n"),
             ({"prompt": "x", "temperature": "hot"}, "/v1/completions", 400, "temperature"),
             ({"prompt": ["a", "b"]}, "/v1/completions", 400, "prompt"),
             ({"messages": []}, "/v1/chat/completions", 400, "messages"),
@@ -320,6 +320,34 @@ class OpenAiApiTest(unittest.TestCase):
         status, _, text = self.raw("POST", "/v1/completions", {"prompt": "x"},
                                    {"X-Request-Id": "a b"})
         self.assertApiError(status, text, 400, "x-request-id")
+
+    def test_several_choices_are_separate_samples_of_one_prompt(self):
+        sampled = self.client.completions.create(
+            model=self.model, prompt="My favourite animal is", max_tokens=12, temperature=1.0,
+            seed=7, n=3, extra_body={"ignore_eos": True})
+        self.assertEqual([c.index for c in sampled.choices], [0, 1, 2])
+        self.assertEqual(sampled.usage.completion_tokens, 3 * 12)
+        one = self.client.completions.create(model=self.model, prompt="My favourite animal is",
+                                             max_tokens=12, temperature=1.0, seed=7,
+                                             extra_body={"ignore_eos": True})
+        self.assertEqual(sampled.usage.prompt_tokens, one.usage.prompt_tokens)
+        # Choice i samples with seed + i: choice 0 is the single request's sample.
+        self.assertEqual(sampled.choices[0].text, one.choices[0].text)
+        self.assertGreater(len({c.text for c in sampled.choices}), 1)
+        stream = self.client.chat.completions.create(
+            model=self.model, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8,
+            temperature=0, n=2, stream=True, stream_options={"include_usage": True})
+        text = {0: "", 1: ""}
+        finished = set()
+        for chunk in stream:
+            for choice in chunk.choices:
+                text[choice.index] += choice.delta.content or ""
+                if choice.finish_reason:
+                    finished.add(choice.index)
+        self.assertEqual(finished, {0, 1})
+        self.assertEqual(text[0], text[1])  # greedy: the same reply twice
+        self.assertTrue(text[0])
+        ct.wait_until_nothing_reserved(self.router, [self.worker])
 
     def test_request_ids_are_echoed(self):
         status, headers, text = self.raw("POST", "/v1/completions",
