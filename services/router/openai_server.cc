@@ -29,8 +29,8 @@ int send(HttpResponse& response, int status, const Json& body, const Headers& he
   return status;
 }
 
-int sendError(HttpResponse& response, const openai::ApiError& error) {
-  response.send(error.http_status, "application/json", error.body);
+int sendError(HttpResponse& response, const openai::ApiError& error, const Headers& headers = {}) {
+  response.send(error.http_status, "application/json", error.body, headers);
   return error.http_status;
 }
 
@@ -88,7 +88,10 @@ class Arrivals {
   std::deque<std::pair<int, std::optional<v1::GenerateResponse>>> queue_ ABSL_GUARDED_BY(mu_);
 };
 
-// 24 random hex digits: a response id when the client named none.
+// X-Request-Id's limit: the router's 128 characters for a request id, less a choice's "-15".
+constexpr size_t kMaxRequestIdLength = 125;
+
+// 24 random hex digits: a request id when the client named none.
 std::string randomId() {
   static thread_local std::mt19937_64 random(std::random_device{}());
   return absl::StrCat(absl::Hex(random(), absl::kZeroPad16),
@@ -211,19 +214,25 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   absl::StatusOr<openai::Call> call =
       chat ? openai::parseChatRequest(*body) : openai::parseCompletionRequest(*body);
   if (!call.ok()) return sendError(response, openai::apiError(call.status()));
-  const std::string request_id(request.header("x-request-id"));
+  // The request's id: the client's X-Request-Id, else a new one. It names the response
+  // ("cmpl-ID"), comes back in X-Request-Id, and is each call's request_id ("ID-i" for
+  // choice i of several), so the router's logs name it too.
+  std::string request_id(request.header("x-request-id"));
   if (!request_id.empty()) {
     const bool printable = std::all_of(request_id.begin(), request_id.end(),
                                        [](unsigned char c) { return c >= 0x21 && c <= 0x7e; });
-    if (!printable || request_id.size() > 128) {
-      return sendError(response,
-                       openai::apiError(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
-                                        "the X-Request-Id header must be at most 128 printable "
-                                        "ASCII characters",
-                                        "x-request-id"));
+    if (!printable || request_id.size() > kMaxRequestIdLength) {
+      return sendError(
+          response,
+          openai::apiError(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
+                           absl::StrCat("the X-Request-Id header must be at most ",
+                                        kMaxRequestIdLength, " printable ASCII characters"),
+                           "x-request-id"));
     }
-    call->request.set_request_id(std::string(request_id));
+  } else {
+    request_id = randomId();
   }
+  const Headers headers = {{"X-Request-Id", request_id}};
   const int64_t created = static_cast<int64_t>(std::time(nullptr));
 
   openai::ApiError error;
@@ -257,15 +266,14 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   // One Generate call per choice, each read on a thread of its own into one queue; this
   // thread answers with what arrives.
   const int n = call->n;
-  const std::string id =
-      absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id.empty() ? randomId() : request_id);
+  const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
   std::vector<std::unique_ptr<openai::ResponseBuilder>> builders;
   std::vector<v1::GenerateRequest> requests(n, call->request);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   for (int i = 0; i < n; ++i) {
     builders.push_back(std::make_unique<openai::ResponseBuilder>(*call, id, model, created, i));
     builders.back()->setEcho(echo);
-    if (n > 1 && !request_id.empty()) requests[i].set_request_id(absl::StrCat(request_id, "-", i));
+    requests[i].set_request_id(n > 1 ? absl::StrCat(request_id, "-", i) : request_id);
     if (n > 1 && call->request.sampling().has_seed()) {
       requests[i].mutable_sampling()->set_seed(call->request.sampling().seed() + i);
     }
@@ -278,23 +286,47 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   Arrivals arrivals;
   std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>>> readers(n);
   std::vector<std::thread> threads;
+  threads.reserve(n);
   for (int i = 0; i < n; ++i) {
     readers[i] = stub_->Generate(contexts[i].get(), requests[i]);
-    threads.emplace_back([&arrivals, reader = readers[i].get(), i] {
-      v1::GenerateResponse message;
-      while (reader->Read(&message)) arrivals.push(i, std::move(message));
-      arrivals.push(i, std::nullopt);
-    });
+    try {
+      threads.emplace_back([&arrivals, reader = readers[i].get(), i] {
+        v1::GenerateResponse message;
+        while (reader->Read(&message)) arrivals.push(i, std::move(message));
+        arrivals.push(i, std::nullopt);
+      });
+    } catch (const std::system_error&) {  // No thread to spare: undo what started.
+      cancelAll();
+      for (int j = 0; j <= i; ++j) {
+        if (j == i) {
+          v1::GenerateResponse message;
+          while (readers[j]->Read(&message)) {
+          }
+        }
+        if (j < i) threads[j].join();
+        readers[j]->Finish();
+      }
+      return sendError(response,
+                       openai::apiError(static_cast<int>(grpc::StatusCode::UNAVAILABLE),
+                                        "the router has no thread to spare; retry"),
+                       headers);
+    }
   }
-  Headers headers;
-  if (!request_id.empty()) headers.emplace_back("X-Request-Id", std::string(request_id));
   bool streaming = false;
   bool gone = false;
   std::optional<openai::ApiError> failed;
-  // Headers wait for the first message, so that refusals (bad values, a full queue) get
-  // their own HTTP status even when streaming.
+  // Headers wait until every choice has its first message (or has ended), so that a
+  // refusal (a bad value, a full queue) gets its own HTTP status even when streaming;
+  // events until then are held.
+  std::vector<bool> heard(n, false);
+  int heard_from = 0;
+  std::string held;
   for (int open = n; open > 0;) {
     auto [i, message] = arrivals.pop();
+    if (!heard[i]) {
+      heard[i] = true;
+      ++heard_from;
+    }
     if (!message) {  // Choice i's stream is over: its reader is done with the call.
       --open;
       const grpc::Status status = readers[i]->Finish();
@@ -308,29 +340,28 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
       continue;
     }
     if (failed || gone) continue;  // Draining what the cancelled calls still send.
-    if (headers.empty() && !message->request_id().empty()) {
-      headers.emplace_back("X-Request-Id", message->request_id());
-    }
-    std::string events = builders[i]->add(*message);
-    if (!call->stream) continue;
+    held += builders[i]->add(*message);
+    if (!call->stream || heard_from < n) continue;
     if (!streaming) {
       streaming = true;
       gone = !response.startStream(200, "text/event-stream", headers);
     }
-    if (!gone) gone = !response.write(events);
+    if (!gone) gone = !response.write(held);
+    held.clear();
     if (gone) cancelAll();
   }
   for (std::thread& t : threads) t.join();
   if (gone) return 499;
   if (failed) {
-    if (!streaming) return sendError(response, *failed);
+    if (!streaming) return sendError(response, *failed, headers);
     // Mid-stream: the error as one more event.
     response.write(absl::StrCat("data: ", failed->body, "\n\ndata: [DONE]\n\n"));
     response.endStream();
     return failed->http_status;
   }
   if (call->stream) {
-    response.write(openai::endOfStream(*call, builders));
+    if (!streaming && !response.startStream(200, "text/event-stream", headers)) return 499;
+    response.write(held + openai::endOfStream(*call, builders));
     response.endStream();
     return 200;
   }

@@ -356,6 +356,24 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(status, 200, text)
         self.assertEqual(headers.get("X-Request-Id"), "client-7")
         self.assertEqual(json.loads(text)["id"], "cmpl-client-7")
+        # Without one the server names the request, the same way in the header and the id;
+        # several choices too.
+        status, headers, text = self.raw("POST", "/v1/chat/completions",
+                                         {"messages": [{"role": "user", "content": "Hi"}],
+                                          "max_tokens": 2, "n": 2})
+        self.assertEqual(status, 200, text)
+        self.assertTrue(headers.get("X-Request-Id"))
+        self.assertEqual(json.loads(text)["id"], "chatcmpl-" + headers["X-Request-Id"])
+        # The longest id still leaves room for a choice's suffix; longer is the client's to fix.
+        for length, expected in ((125, 200), (126, 400)):
+            status, headers, text = self.raw("POST", "/v1/completions",
+                                             {"prompt": "Hello", "max_tokens": 2, "n": 16},
+                                             {"X-Request-Id": "r" * length})
+            self.assertEqual(status, expected, text)
+            if expected == 400:
+                self.assertEqual(json.loads(text)["error"]["param"], "x-request-id")
+            else:
+                self.assertEqual(len(json.loads(text)["choices"]), 16)
 
     def test_a_client_hanging_up_mid_stream_frees_its_blocks(self):
         connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=60)
