@@ -72,6 +72,16 @@ absl::StatusOr<std::vector<uint32_t>> tokenIds(const Json& v, const std::string&
   return ids;
 }
 
+// "model", optional, into `request.model`.
+template <typename Request>
+absl::Status parseModel(const Json& body, Request& request) {
+  const Json* model = field(body, "model");
+  if (model == nullptr) return absl::OkStatus();
+  if (!model->is_string()) return invalid("model", "must be a string");
+  request.set_model(model->get<std::string>());
+  return absl::OkStatus();
+}
+
 // What the API asks for and Cleave does not do.
 absl::Status refuseUnsupported(const Json& body) {
   if (const Json* bias = field(body, "logit_bias"); bias != nullptr && !bias->empty()) {
@@ -108,10 +118,7 @@ absl::Status parseCommon(const Json& body, Call& call) {
     return invalid("best_of", "only equal to n is supported (every sample is returned)");
   }
   v1::GenerateRequest& r = call.request;
-  if (const Json* model = field(body, "model"); model != nullptr) {
-    if (!model->is_string()) return invalid("model", "must be a string");
-    r.set_model(model->get<std::string>());
-  }
+  CLEAVE_RETURN_IF_ERROR(parseModel(body, r));
   v1::SamplingParams& s = *r.mutable_sampling();
   CLEAVE_RETURN_IF_ERROR(number(body, "temperature", [&](float f) { s.set_temperature(f); }));
   CLEAVE_RETURN_IF_ERROR(number(body, "top_p", [&](float f) { s.set_top_p(f); }));
@@ -324,10 +331,7 @@ absl::StatusOr<Call> parseChatRequest(const Json& body) {
 
 absl::StatusOr<v1::TokenizeRequest> parseTokenizeRequest(const Json& body) {
   v1::TokenizeRequest r;
-  if (const Json* model = field(body, "model"); model != nullptr) {
-    if (!model->is_string()) return invalid("model", "must be a string");
-    r.set_model(model->get<std::string>());
-  }
+  CLEAVE_RETURN_IF_ERROR(parseModel(body, r));
   if (field(body, "messages") != nullptr) {
     CLEAVE_RETURN_IF_ERROR(parseChat(body, *r.mutable_chat()));
     return r;
@@ -347,10 +351,7 @@ absl::StatusOr<v1::TokenizeRequest> parseTokenizeRequest(const Json& body) {
 
 absl::StatusOr<v1::DetokenizeRequest> parseDetokenizeRequest(const Json& body) {
   v1::DetokenizeRequest r;
-  if (const Json* model = field(body, "model"); model != nullptr) {
-    if (!model->is_string()) return invalid("model", "must be a string");
-    r.set_model(model->get<std::string>());
-  }
+  CLEAVE_RETURN_IF_ERROR(parseModel(body, r));
   const Json* tokens = field(body, "tokens");
   if (tokens == nullptr || !tokens->is_array()) {
     return invalid("tokens", "must be an array of token ids");
