@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "cleave/v1/generation.pb.h"
 #include "nlohmann/json_fwd.hpp"
+#include "services/router/reasoning_splitter.h"
 
 namespace cleave::router::openai {
 
@@ -38,6 +39,8 @@ struct Call {
   bool logprobs = false;
   // Choices: each its own Generate call of `request` (with seed + i when a seed is set).
   int n = 1;
+  // Chat: how replies split into reasoning and content (the server's, not the request's).
+  ReasoningFormat reasoning = ReasoningFormat::kNone;
 };
 
 // The most choices one request may ask for.

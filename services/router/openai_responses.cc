@@ -32,7 +32,13 @@ const char* finishReason(v1::FinishReason reason) {
 
 ResponseBuilder::ResponseBuilder(const Call& call, std::string id, std::string model,
                                  int64_t created, int index)
-    : call_(call), id_(std::move(id)), model_(std::move(model)), created_(created), index_(index) {
+    : call_(call),
+      id_(std::move(id)),
+      model_(std::move(model)),
+      created_(created),
+      index_(index),
+      splitter_(call.endpoint == Endpoint::kChatCompletions ? call.reasoning
+                                                            : ReasoningFormat::kNone) {
   logprobs_ = call.endpoint == Endpoint::kChatCompletions ? Json{{"content", Json::array()}}
                                                           : Json{{"tokens", Json::array()},
                                                                  {"token_logprobs", Json::array()},
@@ -109,7 +115,14 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
           {{"index", index_}, {"text", echo_}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
     }
   }
-  text_ += message.text();
+  ReasoningSplitter::Parts parts = splitter_.push(message.text());
+  if (message.has_final()) {
+    ReasoningSplitter::Parts rest = splitter_.finish();
+    parts.reasoning += rest.reasoning;
+    parts.content += rest.content;
+  }
+  text_ += parts.content;
+  reasoning_ += parts.reasoning;
   Json logprobs = nullptr;
   if (call_.logprobs) {
     if (call_.endpoint == Endpoint::kCompletions) {
@@ -122,12 +135,18 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
   }
   if (message.has_final()) final_ = message.final();
   if (!call_.stream) return "";
-  if (message.text().empty() && message.logprobs().empty() && !message.has_final()) return events;
+  if (parts.content.empty() && parts.reasoning.empty() && message.logprobs().empty() &&
+      !message.has_final()) {
+    return events;
+  }
   Json choice{{"index", index_}, {"logprobs", std::move(logprobs)}};
   if (call_.endpoint == Endpoint::kCompletions) {
-    choice["text"] = message.text();
+    choice["text"] = parts.content;
   } else {
-    choice["delta"] = message.text().empty() ? Json::object() : Json{{"content", message.text()}};
+    Json delta = Json::object();
+    if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
+    if (!parts.content.empty()) delta["content"] = parts.content;
+    choice["delta"] = std::move(delta);
   }
   choice["finish_reason"] =
       message.has_final() ? Json(finishReason(message.final().finish_reason())) : Json(nullptr);
@@ -144,6 +163,12 @@ Json ResponseBuilder::choiceBody() const {
     choice["text"] = text_;
   } else {
     choice["message"] = {{"role", "assistant"}, {"content", text_}};
+    if (call_.reasoning != ReasoningFormat::kNone) {
+      // As vLLM's reasoning parsers: no text is null.
+      if (text_.empty()) choice["message"]["content"] = nullptr;
+      choice["message"]["reasoning_content"] =
+          reasoning_.empty() ? Json(nullptr) : Json(reasoning_);
+    }
   }
   choice["finish_reason"] = finishReason(final_->finish_reason());
   choice["stop_reason"] =

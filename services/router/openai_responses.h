@@ -53,7 +53,9 @@ class ResponseBuilder {
   int index_;
   std::string echo_;
   bool started_ = false;
+  ReasoningSplitter splitter_;
   std::string text_;
+  std::string reasoning_;
   nlohmann::json logprobs_;  // the whole response's, in the endpoint's format
   int64_t text_offset_ = 0;  // completions logprobs: where the next token's text starts
   std::optional<v1::FinalInfo> final_;

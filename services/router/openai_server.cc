@@ -100,8 +100,9 @@ std::string randomId() {
 
 }  // namespace
 
-OpenAiServer::OpenAiServer(std::shared_ptr<grpc::Channel> router)
+OpenAiServer::OpenAiServer(std::shared_ptr<grpc::Channel> router, ReasoningFormat reasoning)
     : stub_(v1::Generation::NewStub(std::move(router))),
+      reasoning_(reasoning),
       requests_(prometheus::BuildCounter()
                     .Name("cleave_http_requests_total")
                     .Help("Requests to the OpenAI-compatible HTTP API, by path and HTTP status")
@@ -110,8 +111,9 @@ OpenAiServer::OpenAiServer(std::shared_ptr<grpc::Channel> router)
 OpenAiServer::~OpenAiServer() { http_.reset(); }
 
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::start(
-    const HttpServerOptions& options, std::shared_ptr<grpc::Channel> router) {
-  std::unique_ptr<OpenAiServer> server(new OpenAiServer(std::move(router)));
+    const HttpServerOptions& options, std::shared_ptr<grpc::Channel> router,
+    ReasoningFormat reasoning) {
+  std::unique_ptr<OpenAiServer> server(new OpenAiServer(std::move(router), reasoning));
   OpenAiServer* self = server.get();
   auto http =
       HttpServer::start(options, [self](const HttpRequest& request, HttpResponse& response) {
@@ -214,6 +216,7 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   absl::StatusOr<openai::Call> call =
       chat ? openai::parseChatRequest(*body) : openai::parseCompletionRequest(*body);
   if (!call.ok()) return sendError(response, openai::apiError(call.status()));
+  if (chat) call->reasoning = reasoning_;
   // The request's id: the client's X-Request-Id, else a new one. It names the response
   // ("cmpl-ID"), comes back in X-Request-Id, and is each call's request_id ("ID-i" for
   // choice i of several), so the router's logs name it too.

@@ -6,6 +6,9 @@
 //   POST /tokenize, /detokenize the model's tokenizer (vLLM's request shapes)
 //   GET  /health, /version
 //
+// With a reasoning format (--reasoning-parser), chat replies come back split into
+// `reasoning_content` and `content` (reasoning_splitter.h).
+//
 // Every call is made on the router's own cleave.v1.Generation service through an
 // in-process channel, so admission, API keys (the Authorization header is passed on),
 // rate limits, validation and metrics are the gRPC API's. A streamed response whose client
@@ -22,20 +25,23 @@
 #include "cleave/v1/generation.grpc.pb.h"
 #include "common/http_server.h"
 #include "prometheus/counter.h"
+#include "services/router/reasoning_splitter.h"
 
 namespace cleave::router {
 
 class OpenAiServer {
  public:
-  // Serves on options.listen, calling the router through `router`.
-  static absl::StatusOr<std::unique_ptr<OpenAiServer>> start(const HttpServerOptions& options,
-                                                             std::shared_ptr<grpc::Channel> router);
+  // Serves on options.listen, calling the router through `router`; chat replies split
+  // into reasoning and content by `reasoning`.
+  static absl::StatusOr<std::unique_ptr<OpenAiServer>> start(
+      const HttpServerOptions& options, std::shared_ptr<grpc::Channel> router,
+      ReasoningFormat reasoning = ReasoningFormat::kNone);
   ~OpenAiServer();
 
   int port() const { return http_->port(); }
 
  private:
-  OpenAiServer(std::shared_ptr<grpc::Channel> router);
+  OpenAiServer(std::shared_ptr<grpc::Channel> router, ReasoningFormat reasoning);
   void handle(const HttpRequest& request, HttpResponse& response);
   // Returns the HTTP status sent.
   int route(const HttpRequest& request, HttpResponse& response);
@@ -44,6 +50,7 @@ class OpenAiServer {
   int tokenize(bool detokenize, const HttpRequest& request, HttpResponse& response);
 
   std::unique_ptr<v1::Generation::Stub> stub_;
+  const ReasoningFormat reasoning_;
   prometheus::Family<prometheus::Counter>& requests_;
   // Last: destroyed first, so no request runs while the rest goes away.
   std::unique_ptr<HttpServer> http_;

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   std::string chat_template_file;
   std::string http_listen;
   int64_t http_threads = 128;
+  std::string reasoning_parser;
   cleave::FlagSet flags("cleave-router", "[flags]",
                         "Serves the cleave.v1.Generation API, admits requests against the KV "
                         "budget of the registered decode workers and relays their token "
@@ -59,6 +60,10 @@ int main(int argc, char** argv) {
       "Also serve the OpenAI-compatible HTTP API (/v1/completions, "
       "/v1/chat/completions, /v1/models...) on this host:port (port 0 picks one). Plain "
       "HTTP: with --tls-cert only on loopback, for a TLS proxy in front");
+  flags.addString("reasoning-parser", &reasoning_parser,
+                  "With --http-listen: split chat replies of reasoning models into "
+                  "reasoning_content and content: qwen3 (replies that open <think>) or "
+                  "deepseek_r1 (replies that start inside it)");
   flags.addInt("http-threads", &http_threads,
                "HTTP requests served at once (each streaming response holds one)");
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");
@@ -168,6 +173,14 @@ int main(int argc, char** argv) {
 
   // Declared after the router: destroyed first, once the router's calls have ended.
   std::unique_ptr<cleave::router::OpenAiServer> http;
+  const absl::StatusOr<cleave::router::ReasoningFormat> reasoning =
+      cleave::router::reasoningFormat(reasoning_parser);
+  if (!reasoning.ok() || (!reasoning_parser.empty() && http_listen.empty())) {
+    (*server)->shutdown(std::chrono::milliseconds(0));
+    cleave::exitWithUsageError(
+        flags, reasoning.ok() ? absl::InvalidArgumentError("--reasoning-parser needs --http-listen")
+                              : reasoning.status());
+  }
   if (!http_listen.empty()) {
     // The HTTP API has no TLS of its own: a deployment that asks for TLS gets it on
     // loopback only, behind a proxy that terminates TLS.
@@ -193,7 +206,7 @@ int main(int argc, char** argv) {
     }
     auto started = cleave::router::OpenAiServer::start(
         {.listen = http_listen, .threads = static_cast<int>(http_threads)},
-        (*server)->inProcessChannel());
+        (*server)->inProcessChannel(), *reasoning);
     if (!started.ok()) {
       (*server)->shutdown(std::chrono::milliseconds(0));
       cleave::exitWithUsageError(flags, started.status());

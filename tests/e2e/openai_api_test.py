@@ -417,6 +417,56 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(exported - documented["Every process"],
                          documented["cleave-router"] | documented["cleave-router --http-listen"])
 
+    def test_a_reasoning_parser_splits_replies(self):
+        # With deepseek_r1 a reply starts inside the reasoning block; SmolLM2 never closes
+        # it, so its whole reply is reasoning: the same text the plain router answers.
+        messages = [{"role": "system", "content": "Answer in one sentence."},
+                    {"role": "user", "content": "What is the capital of France?"}]
+        plain = self.client.chat.completions.create(model=self.model, messages=messages,
+                                                    max_tokens=16, temperature=0)
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0", f"--model={MODEL}", "--http-listen=127.0.0.1:0",
+                             "--reasoning-parser=deepseek_r1"])
+        worker = None
+        try:
+            worker = ct.Process([ct.binary("cleave-worker"), f"--model={MODEL}",
+                                 f"--router=127.0.0.1:{router.ready['grpc_port']}",
+                                 "--listen=127.0.0.1:0", "--metrics-port=0",
+                                 "--target-concurrency=2", "--planned-seq-len=256", "--threads=1"])
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{router.ready['http_port']}/v1",
+                                   api_key="unused", max_retries=0, timeout=120)
+            deadline = time.monotonic() + 60
+            while not client.models.list().data:
+                self.assertLess(time.monotonic(), deadline, worker.log())
+                time.sleep(0.05)
+            split = client.chat.completions.create(model=self.model, messages=messages,
+                                                   max_tokens=16, temperature=0)
+            message = split.choices[0].message
+            self.assertIsNone(message.content)
+            self.assertEqual(message.model_extra["reasoning_content"],
+                             plain.choices[0].message.content)
+            stream = client.chat.completions.create(model=self.model, messages=messages,
+                                                    max_tokens=16, temperature=0, stream=True)
+            reasoning = ""
+            for chunk in stream:
+                for choice in chunk.choices:
+                    self.assertIsNone(choice.delta.content or None)
+                    reasoning += (choice.delta.model_extra or {}).get("reasoning_content") or ""
+            self.assertEqual(reasoning, plain.choices[0].message.content)
+            # Completions are never split.
+            done = client.completions.create(model=self.model, prompt="Paris is", max_tokens=4,
+                                             temperature=0)
+            self.assertTrue(done.choices[0].text)
+        finally:
+            if worker is not None:
+                self.assertEqual(worker.stop(), 0)
+            self.assertEqual(router.stop(), 0)
+        code, _, err = ct.run([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                               "--metrics-port=0", "--reasoning-parser=hermes",
+                               "--http-listen=127.0.0.1:0"])
+        self.assertEqual(code, 2)
+        self.assertIn("qwen3 or deepseek_r1", err)
+
     def test_api_keys_travel_in_the_authorization_header(self):
         with tempfile.TemporaryDirectory() as folder:
             keys = os.path.join(folder, "keys")

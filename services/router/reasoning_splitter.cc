@@ -1,0 +1,84 @@
+#include "services/router/reasoning_splitter.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace cleave::router {
+namespace {
+
+constexpr absl::string_view kOpen = "<think>";
+constexpr absl::string_view kClose = "</think>";
+
+// The length of the longest end of `text` that begins `tag` (text that may still become it).
+size_t partialTag(absl::string_view text, absl::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
+    if (absl::StartsWith(tag, text.substr(text.size() - n))) return n;
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<ReasoningFormat> reasoningFormat(absl::string_view name) {
+  if (name.empty() || name == "none") return ReasoningFormat::kNone;
+  if (name == "qwen3") return ReasoningFormat::kQwen3;
+  if (name == "deepseek_r1") return ReasoningFormat::kDeepSeekR1;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown reasoning parser '", name, "': use qwen3 or deepseek_r1 (or none)"));
+}
+
+ReasoningSplitter::ReasoningSplitter(ReasoningFormat format)
+    : reasoning_start_(format == ReasoningFormat::kDeepSeekR1),
+      state_(format == ReasoningFormat::kNone ? State::kContent : State::kStart) {}
+
+ReasoningSplitter::Parts ReasoningSplitter::push(absl::string_view text) {
+  Parts out;
+  held_.append(text.data(), text.size());
+  drain(out, false);
+  return out;
+}
+
+ReasoningSplitter::Parts ReasoningSplitter::finish() {
+  Parts out;
+  drain(out, true);
+  return out;
+}
+
+void ReasoningSplitter::drain(Parts& out, bool at_end) {
+  for (;;) {
+    switch (state_) {
+      case State::kStart: {
+        // Is the reply opening a block? Undecided while it spells a beginning of "<think>".
+        if (absl::StartsWith(held_, kOpen)) {
+          held_.erase(0, kOpen.size());
+          state_ = State::kReasoning;
+          continue;
+        }
+        if (!at_end && absl::StartsWith(kOpen, held_)) return;
+        state_ = reasoning_start_ ? State::kReasoning : State::kContent;
+        continue;
+      }
+      case State::kReasoning: {
+        const size_t close = absl::string_view(held_).find(kClose);
+        if (close != absl::string_view::npos) {
+          out.reasoning += held_.substr(0, close);
+          held_.erase(0, close + kClose.size());
+          state_ = State::kContent;
+          continue;
+        }
+        const size_t keep = at_end ? 0 : partialTag(held_, kClose);
+        out.reasoning += held_.substr(0, held_.size() - keep);
+        held_.erase(0, held_.size() - keep);
+        return;
+      }
+      case State::kContent:
+        out.content += held_;
+        held_.clear();
+        return;
+    }
+  }
+}
+
+}  // namespace cleave::router

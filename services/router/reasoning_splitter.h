@@ -1,0 +1,53 @@
+// Splits a reasoning model's reply into its reasoning (the text between <think> and
+// </think>) and its content (what follows), as the reply streams in — what the HTTP API
+// returns as `reasoning_content` and `content` with cleave-router --reasoning-parser.
+//
+//   qwen3        the reply reasons only when it starts with <think> (Qwen3, QwQ; with
+//                enable_thinking false the template closes the block itself and the
+//                reply is all content);
+//   deepseek_r1  the template opens the block, so the reply starts inside it (a leading
+//                <think> is dropped): reasoning until </think> (DeepSeek-R1 and its
+//                distills).
+// A reply that never closes its block is all reasoning. Tag text split across deltas is
+// held back until it is known to be a tag or not.
+//
+// Threading: one splitter per reply.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace cleave::router {
+
+enum class ReasoningFormat { kNone, kQwen3, kDeepSeekR1 };
+
+// "qwen3" or "deepseek_r1" ("" and "none": kNone); InvalidArgument naming the choices.
+absl::StatusOr<ReasoningFormat> reasoningFormat(absl::string_view name);
+
+class ReasoningSplitter {
+ public:
+  struct Parts {
+    std::string reasoning;
+    std::string content;
+  };
+
+  explicit ReasoningSplitter(ReasoningFormat format);
+
+  // The parts a text delta adds.
+  Parts push(absl::string_view text);
+  // At the end of the reply: what was held back.
+  Parts finish();
+
+ private:
+  enum class State { kStart, kReasoning, kContent };
+  // Moves what `held_` decides into `out`.
+  void drain(Parts& out, bool at_end);
+
+  const bool reasoning_start_;  // Whether a reply that opens no block starts in one.
+  State state_;
+  std::string held_;
+};
+
+}  // namespace cleave::router

@@ -1,0 +1,76 @@
+#include "services/router/reasoning_splitter.h"
+
+#include "gtest/gtest.h"
+
+namespace cleave::router {
+namespace {
+
+struct Split {
+  std::string reasoning;
+  std::string content;
+};
+
+// The reply fed in pieces of `step` bytes (0: whole).
+Split run(ReasoningFormat format, const std::string& reply, size_t step) {
+  ReasoningSplitter splitter(format);
+  Split out;
+  auto add = [&](const ReasoningSplitter::Parts& parts) {
+    out.reasoning += parts.reasoning;
+    out.content += parts.content;
+  };
+  if (step == 0) step = reply.size() + 1;
+  for (size_t at = 0; at < reply.size(); at += step) add(splitter.push(reply.substr(at, step)));
+  add(splitter.finish());
+  return out;
+}
+
+struct Case {
+  ReasoningFormat format;
+  std::string reply;
+  std::string reasoning;
+  std::string content;
+};
+
+TEST(ReasoningSplitterTest, SplitsAtTheTagsHoweverTheReplyArrives) {
+  using F = ReasoningFormat;
+  const Case cases[] = {
+      {F::kQwen3, "<think>\nWhy? Because.\n</think>\n\nThe answer.", "\nWhy? Because.\n",
+       "\n\nThe answer."},
+      {F::kQwen3, "The answer, no thinking.", "", "The answer, no thinking."},
+      {F::kQwen3, "<thin>k not a tag", "", "<thin>k not a tag"},
+      {F::kQwen3, "<", "", "<"},
+      {F::kQwen3, "<think>never closed </thi", "never closed </thi", ""},
+      {F::kQwen3, "Answer </think> stays", "", "Answer </think> stays"},
+      {F::kDeepSeekR1, "Let me see.</think>42", "Let me see.", "42"},
+      {F::kDeepSeekR1, "<think>Let me see.</think>42", "Let me see.", "42"},
+      {F::kDeepSeekR1, "Still thinking when it stopped", "Still thinking when it stopped", ""},
+      {F::kDeepSeekR1, "a < b </think>c </think>", "a < b ", "c </think>"},
+      {F::kNone, "<think>x</think>y", "", "<think>x</think>y"},
+  };
+  for (const Case& c : cases) {
+    for (size_t step : {0, 1, 2, 3, 5, 7}) {
+      const Split got = run(c.format, c.reply, step);
+      EXPECT_EQ(got.reasoning, c.reasoning) << c.reply << " step " << step;
+      EXPECT_EQ(got.content, c.content) << c.reply << " step " << step;
+    }
+  }
+}
+
+TEST(ReasoningSplitterTest, HoldsBackOnlyWhatMayBeATag) {
+  ReasoningSplitter splitter(ReasoningFormat::kDeepSeekR1);
+  ReasoningSplitter::Parts parts = splitter.push("step one </th");
+  EXPECT_EQ(parts.reasoning, "step one ");
+  parts = splitter.push("ink>done");
+  EXPECT_EQ(parts.reasoning, "");
+  EXPECT_EQ(parts.content, "done");
+}
+
+TEST(ReasoningSplitterTest, NamesItsFormats) {
+  EXPECT_EQ(*reasoningFormat("qwen3"), ReasoningFormat::kQwen3);
+  EXPECT_EQ(*reasoningFormat("deepseek_r1"), ReasoningFormat::kDeepSeekR1);
+  EXPECT_EQ(*reasoningFormat(""), ReasoningFormat::kNone);
+  EXPECT_FALSE(reasoningFormat("hermes").ok());
+}
+
+}  // namespace
+}  // namespace cleave::router
