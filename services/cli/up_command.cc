@@ -104,7 +104,7 @@ void stopAll(std::vector<Child>& children) {
 
 int runUp(int argc, char** argv) {
   std::string model, listen = "127.0.0.1:50051", ready_file, kv_dtype = "auto", backend = "cpu",
-                     chat_template, http_listen, reasoning_parser;
+                     chat_template, http_listen, reasoning_parser, tool_call_parser;
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
   int64_t target = 16, planned = 2048, timeout_s = 300;
   uint64_t budget = 0;
@@ -119,6 +119,8 @@ int runUp(int argc, char** argv) {
                   "--http-listen)");
   flags.addString("reasoning-parser", &reasoning_parser,
                   "With --http-listen: the router's --reasoning-parser (qwen3, deepseek_r1)");
+  flags.addString("tool-call-parser", &tool_call_parser,
+                  "With --http-listen: the router's --tool-call-parser (hermes, llama3_json)");
   flags.addInt("prefill", &prefill, "Prefill workers (--role=prefill)");
   flags.addInt("decode", &decode, "Decode workers (--role=decode)");
   flags.addInt("both", &both, "Combined workers (--role=both)");
@@ -222,6 +224,7 @@ int runUp(int argc, char** argv) {
                                           "--metrics-port=0"};
   if (!http_listen.empty()) router_args.push_back("--http-listen=" + http_listen);
   if (!reasoning_parser.empty()) router_args.push_back("--reasoning-parser=" + reasoning_parser);
+  if (!tool_call_parser.empty()) router_args.push_back("--tool-call-parser=" + tool_call_parser);
   if (auto words = tokenizer::Tokenizer::load(model); words.ok()) {
     router_args.push_back("--model=" + model);
     if (!chat_template.empty()) router_args.push_back("--chat-template=" + chat_template);

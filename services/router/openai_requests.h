@@ -19,6 +19,7 @@
 #include "cleave/v1/generation.pb.h"
 #include "nlohmann/json_fwd.hpp"
 #include "services/router/reasoning_splitter.h"
+#include "services/router/tool_call_parser.h"
 
 namespace cleave::router::openai {
 
@@ -41,6 +42,8 @@ struct Call {
   int n = 1;
   // Chat: how replies split into reasoning and content (the server's, not the request's).
   ReasoningFormat reasoning = ReasoningFormat::kNone;
+  // Chat: how tool calls are found in replies (the server's, when the request has tools).
+  ToolCallFormat tool_calls = ToolCallFormat::kNone;
 };
 
 // The most choices one request may ask for.

@@ -1,5 +1,7 @@
 #include "services/router/openai_responses.h"
 
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/status.h"
 
@@ -22,6 +24,12 @@ std::string dumpJson(const Json& j) {
   return j.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace);
 }
 
+std::string randomId() {
+  static thread_local std::mt19937_64 random(std::random_device{}());
+  return absl::StrCat(absl::Hex(random(), absl::kZeroPad16),
+                      absl::Hex(random() >> 32, absl::kZeroPad8));
+}
+
 const char* finishReason(v1::FinishReason reason) {
   switch (reason) {
     case v1::FINISH_REASON_LENGTH:
@@ -38,7 +46,9 @@ ResponseBuilder::ResponseBuilder(const Call& call, std::string id, std::string m
       created_(created),
       index_(index),
       splitter_(call.endpoint == Endpoint::kChatCompletions ? call.reasoning
-                                                            : ReasoningFormat::kNone) {
+                                                            : ReasoningFormat::kNone),
+      tools_(call.endpoint == Endpoint::kChatCompletions ? call.tool_calls
+                                                         : ToolCallFormat::kNone) {
   logprobs_ = call.endpoint == Endpoint::kChatCompletions ? Json{{"content", Json::array()}}
                                                           : Json{{"tokens", Json::array()},
                                                                  {"token_logprobs", Json::array()},
@@ -49,6 +59,10 @@ ResponseBuilder::ResponseBuilder(const Call& call, std::string id, std::string m
 const char* ResponseBuilder::object() const {
   if (call_.endpoint == Endpoint::kCompletions) return "text_completion";
   return call_.stream ? "chat.completion.chunk" : "chat.completion";
+}
+
+const char* ResponseBuilder::finishReasonOf(const v1::FinalInfo& final) const {
+  return tool_calls_.empty() ? finishReason(final.finish_reason()) : "tool_calls";
 }
 
 Json ResponseBuilder::chunk(Json choice) const {
@@ -116,10 +130,23 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
     }
   }
   ReasoningSplitter::Parts parts = splitter_.push(message.text());
+  Json calls = Json::array();
   if (message.has_final()) {
     ReasoningSplitter::Parts rest = splitter_.finish();
     parts.reasoning += rest.reasoning;
     parts.content += rest.content;
+  }
+  parts.content = tools_.push(parts.content);
+  if (message.has_final()) {
+    ParsedReply rest = tools_.finish();
+    parts.content += rest.content;
+    for (const ToolCall& call : rest.calls) {
+      calls.push_back({{"index", calls.size()},
+                       {"id", absl::StrCat("call_", randomId())},
+                       {"type", "function"},
+                       {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+    }
+    tool_calls_ = calls;
   }
   text_ += parts.content;
   reasoning_ += parts.reasoning;
@@ -146,10 +173,11 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
     Json delta = Json::object();
     if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
     if (!parts.content.empty()) delta["content"] = parts.content;
+    if (!calls.empty()) delta["tool_calls"] = std::move(calls);
     choice["delta"] = std::move(delta);
   }
   choice["finish_reason"] =
-      message.has_final() ? Json(finishReason(message.final().finish_reason())) : Json(nullptr);
+      message.has_final() ? Json(finishReasonOf(message.final())) : Json(nullptr);
   if (message.has_final() && !message.final().matched_stop().empty()) {
     choice["stop_reason"] = message.final().matched_stop();
   }
@@ -163,6 +191,10 @@ Json ResponseBuilder::choiceBody() const {
     choice["text"] = text_;
   } else {
     choice["message"] = {{"role", "assistant"}, {"content", text_}};
+    if (!tool_calls_.empty()) {
+      if (text_.empty()) choice["message"]["content"] = nullptr;
+      choice["message"]["tool_calls"] = tool_calls_;
+    }
     if (call_.reasoning != ReasoningFormat::kNone) {
       // As vLLM's reasoning parsers: no text is null.
       if (text_.empty()) choice["message"]["content"] = nullptr;
@@ -170,7 +202,7 @@ Json ResponseBuilder::choiceBody() const {
           reasoning_.empty() ? Json(nullptr) : Json(reasoning_);
     }
   }
-  choice["finish_reason"] = finishReason(final_->finish_reason());
+  choice["finish_reason"] = finishReasonOf(*final_);
   choice["stop_reason"] =
       final_->matched_stop().empty() ? Json(nullptr) : Json(final_->matched_stop());
   return choice;

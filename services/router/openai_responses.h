@@ -45,6 +45,8 @@ class ResponseBuilder {
   nlohmann::json completionLogprobs(const v1::GenerateResponse& message);
   nlohmann::json chatLogprobs(const v1::GenerateResponse& message) const;
   const char* object() const;
+  // "tool_calls" when the reply called tools, else finishReason()'s.
+  const char* finishReasonOf(const v1::FinalInfo& final) const;
 
   const Call& call_;
   std::string id_;
@@ -54,8 +56,10 @@ class ResponseBuilder {
   std::string echo_;
   bool started_ = false;
   ReasoningSplitter splitter_;
+  ToolCallStream tools_;
   std::string text_;
   std::string reasoning_;
+  nlohmann::json tool_calls_ = nlohmann::json::array();
   nlohmann::json logprobs_;  // the whole response's, in the endpoint's format
   int64_t text_offset_ = 0;  // completions logprobs: where the next token's text starts
   std::optional<v1::FinalInfo> final_;
@@ -68,6 +72,9 @@ nlohmann::json responseBody(const std::vector<std::unique_ptr<ResponseBuilder>>&
 // The end of a streamed response: the usage chunk when asked for, then "data: [DONE]".
 std::string endOfStream(const Call& call,
                         const std::vector<std::unique_ptr<ResponseBuilder>>& choices);
+
+// 24 random hex digits.
+std::string randomId();
 
 // "stop" or "length".
 const char* finishReason(v1::FinishReason reason);

@@ -4,7 +4,6 @@
 #include <ctime>
 #include <deque>
 #include <optional>
-#include <random>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -91,18 +90,12 @@ class Arrivals {
 // X-Request-Id's limit: the router's 128 characters for a request id, less a choice's "-15".
 constexpr size_t kMaxRequestIdLength = 125;
 
-// 24 random hex digits: a request id when the client named none.
-std::string randomId() {
-  static thread_local std::mt19937_64 random(std::random_device{}());
-  return absl::StrCat(absl::Hex(random(), absl::kZeroPad16),
-                      absl::Hex(random() >> 32, absl::kZeroPad8));
-}
-
 }  // namespace
 
-OpenAiServer::OpenAiServer(std::shared_ptr<grpc::Channel> router, ReasoningFormat reasoning)
+OpenAiServer::OpenAiServer(std::shared_ptr<grpc::Channel> router, const OpenAiOptions& options)
     : stub_(v1::Generation::NewStub(std::move(router))),
-      reasoning_(reasoning),
+      reasoning_(options.reasoning),
+      tool_calls_(options.tool_calls),
       requests_(prometheus::BuildCounter()
                     .Name("cleave_http_requests_total")
                     .Help("Requests to the OpenAI-compatible HTTP API, by path and HTTP status")
@@ -112,8 +105,8 @@ OpenAiServer::~OpenAiServer() { http_.reset(); }
 
 absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::start(
     const HttpServerOptions& options, std::shared_ptr<grpc::Channel> router,
-    ReasoningFormat reasoning) {
-  std::unique_ptr<OpenAiServer> server(new OpenAiServer(std::move(router), reasoning));
+    const OpenAiOptions& openai) {
+  std::unique_ptr<OpenAiServer> server(new OpenAiServer(std::move(router), openai));
   OpenAiServer* self = server.get();
   auto http =
       HttpServer::start(options, [self](const HttpRequest& request, HttpResponse& response) {
@@ -216,7 +209,11 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   absl::StatusOr<openai::Call> call =
       chat ? openai::parseChatRequest(*body) : openai::parseCompletionRequest(*body);
   if (!call.ok()) return sendError(response, openai::apiError(call.status()));
-  if (chat) call->reasoning = reasoning_;
+  if (chat) {
+    call->reasoning = reasoning_;
+    // Calls are looked for in replies to requests that offered tools.
+    if (!call->request.chat().tools_json().empty()) call->tool_calls = tool_calls_;
+  }
   // The request's id: the client's X-Request-Id, else a new one. It names the response
   // ("cmpl-ID"), comes back in X-Request-Id, and is each call's request_id ("ID-i" for
   // choice i of several), so the router's logs name it too.
@@ -233,7 +230,7 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
                            "x-request-id"));
     }
   } else {
-    request_id = randomId();
+    request_id = openai::randomId();
   }
   const Headers headers = {{"X-Request-Id", request_id}};
   const int64_t created = static_cast<int64_t>(std::time(nullptr));

@@ -7,7 +7,9 @@
 //   GET  /health, /version
 //
 // With a reasoning format (--reasoning-parser), chat replies come back split into
-// `reasoning_content` and `content` (reasoning_splitter.h).
+// `reasoning_content` and `content` (reasoning_splitter.h); with a tool call format
+// (--tool-call-parser), the calls in replies to requests with tools come back as
+// `tool_calls` (tool_call_parser.h).
 //
 // Every call is made on the router's own cleave.v1.Generation service through an
 // in-process channel, so admission, API keys (the Authorization header is passed on),
@@ -26,22 +28,30 @@
 #include "common/http_server.h"
 #include "prometheus/counter.h"
 #include "services/router/reasoning_splitter.h"
+#include "services/router/tool_call_parser.h"
 
 namespace cleave::router {
 
+struct OpenAiOptions {
+  // How chat replies split into reasoning and content (--reasoning-parser).
+  ReasoningFormat reasoning = ReasoningFormat::kNone;
+  // How tool calls are found in chat replies to requests that offer tools
+  // (--tool-call-parser).
+  ToolCallFormat tool_calls = ToolCallFormat::kNone;
+};
+
 class OpenAiServer {
  public:
-  // Serves on options.listen, calling the router through `router`; chat replies split
-  // into reasoning and content by `reasoning`.
-  static absl::StatusOr<std::unique_ptr<OpenAiServer>> start(
-      const HttpServerOptions& options, std::shared_ptr<grpc::Channel> router,
-      ReasoningFormat reasoning = ReasoningFormat::kNone);
+  // Serves on options.listen, calling the router through `router`.
+  static absl::StatusOr<std::unique_ptr<OpenAiServer>> start(const HttpServerOptions& options,
+                                                             std::shared_ptr<grpc::Channel> router,
+                                                             const OpenAiOptions& openai = {});
   ~OpenAiServer();
 
   int port() const { return http_->port(); }
 
  private:
-  OpenAiServer(std::shared_ptr<grpc::Channel> router, ReasoningFormat reasoning);
+  OpenAiServer(std::shared_ptr<grpc::Channel> router, const OpenAiOptions& options);
   void handle(const HttpRequest& request, HttpResponse& response);
   // Returns the HTTP status sent.
   int route(const HttpRequest& request, HttpResponse& response);
@@ -51,6 +61,7 @@ class OpenAiServer {
 
   std::unique_ptr<v1::Generation::Stub> stub_;
   const ReasoningFormat reasoning_;
+  const ToolCallFormat tool_calls_;
   prometheus::Family<prometheus::Counter>& requests_;
   // Last: destroyed first, so no request runs while the rest goes away.
   std::unique_ptr<HttpServer> http_;

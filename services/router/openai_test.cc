@@ -346,6 +346,57 @@ TEST(OpenAiResponseTest, SeveralChoicesShareTheIdAndCountThePromptOnce) {
   EXPECT_EQ(body["choices"][1]["text"], "Hello!");
 }
 
+// A reply that reasons, says a word and calls a tool, in deltas that split the tags.
+std::vector<v1::GenerateResponse> toolReply() {
+  const char* texts[] = {"<think>hm", "m</thi", "nk>On it.<tool", "_call>{\"name\": \"f\", ",
+                         "\"arguments\": {\"x\": 1}}</tool_call>"};
+  std::vector<v1::GenerateResponse> messages(5);
+  for (int i = 0; i < 5; ++i) messages[i].set_text(texts[i]);
+  messages[4].mutable_final()->set_finish_reason(v1::FINISH_REASON_STOP_TOKEN);
+  return messages;
+}
+
+TEST(OpenAiResponseTest, ReasoningAndToolCallsComeApart) {
+  Call call{.endpoint = Endpoint::kChatCompletions,
+            .reasoning = ReasoningFormat::kQwen3,
+            .tool_calls = ToolCallFormat::kHermes};
+  std::vector<std::unique_ptr<ResponseBuilder>> choices;
+  choices.push_back(std::make_unique<ResponseBuilder>(call, "chatcmpl-t", "m", 1));
+  for (const auto& m : toolReply()) choices[0]->add(m);
+  const Json message = responseBody(choices)["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "hmm");
+  EXPECT_EQ(message["content"], "On it.");
+  ASSERT_EQ(message["tool_calls"].size(), 1u);
+  EXPECT_EQ(message["tool_calls"][0]["type"], "function");
+  EXPECT_TRUE(absl::StartsWith(message["tool_calls"][0]["id"].get<std::string>(), "call_"));
+  EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "f");
+  EXPECT_EQ(Json::parse(message["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            Json::parse(R"({"x": 1})"));
+  EXPECT_EQ(responseBody(choices)["choices"][0]["finish_reason"], "tool_calls");
+
+  call.stream = true;
+  std::vector<std::unique_ptr<ResponseBuilder>> streamed;
+  streamed.push_back(std::make_unique<ResponseBuilder>(call, "chatcmpl-t", "m", 1));
+  std::string text;
+  for (const auto& m : toolReply()) text += streamed[0]->add(m);
+  std::string reasoning, content;
+  Json calls;
+  for (const Json& e : events(text)) {
+    const Json& delta = e["choices"][0]["delta"];
+    reasoning += delta.value("reasoning_content", "");
+    content += delta.value("content", "");
+    if (delta.contains("tool_calls")) calls = delta["tool_calls"];
+    if (!e["choices"][0]["finish_reason"].is_null()) {
+      EXPECT_EQ(e["choices"][0]["finish_reason"], "tool_calls");
+    }
+  }
+  EXPECT_EQ(reasoning, "hmm");
+  EXPECT_EQ(content, "On it.");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[0]["function"]["name"], "f");
+}
+
 TEST(OpenAiResponseTest, ErrorsCarryOpenAisShapeAndHttpStatus) {
   const struct {
     grpc::StatusCode code;

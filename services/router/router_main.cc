@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   std::string http_listen;
   int64_t http_threads = 128;
   std::string reasoning_parser;
+  std::string tool_call_parser;
   cleave::FlagSet flags("cleave-router", "[flags]",
                         "Serves the cleave.v1.Generation API, admits requests against the KV "
                         "budget of the registered decode workers and relays their token "
@@ -64,6 +65,9 @@ int main(int argc, char** argv) {
                   "With --http-listen: split chat replies of reasoning models into "
                   "reasoning_content and content: qwen3 (replies that open <think>) or "
                   "deepseek_r1 (replies that start inside it)");
+  flags.addString("tool-call-parser", &tool_call_parser,
+                  "With --http-listen: return the tool calls in chat replies to requests with "
+                  "tools as tool_calls: hermes (<tool_call> JSON </tool_call>) or llama3_json");
   flags.addInt("http-threads", &http_threads,
                "HTTP requests served at once (each streaming response holds one)");
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");
@@ -175,11 +179,18 @@ int main(int argc, char** argv) {
   std::unique_ptr<cleave::router::OpenAiServer> http;
   const absl::StatusOr<cleave::router::ReasoningFormat> reasoning =
       cleave::router::reasoningFormat(reasoning_parser);
-  if (!reasoning.ok() || (!reasoning_parser.empty() && http_listen.empty())) {
-    (*server)->shutdown(std::chrono::milliseconds(0));
-    cleave::exitWithUsageError(
-        flags, reasoning.ok() ? absl::InvalidArgumentError("--reasoning-parser needs --http-listen")
-                              : reasoning.status());
+  const absl::StatusOr<cleave::router::ToolCallFormat> tool_calls =
+      cleave::router::toolCallFormat(tool_call_parser);
+  for (const absl::Status& s :
+       {reasoning.status(), tool_calls.status(),
+        (reasoning_parser.empty() && tool_call_parser.empty()) || !http_listen.empty()
+            ? absl::OkStatus()
+            : absl::InvalidArgumentError("--reasoning-parser and --tool-call-parser need "
+                                         "--http-listen")}) {
+    if (!s.ok()) {
+      (*server)->shutdown(std::chrono::milliseconds(0));
+      cleave::exitWithUsageError(flags, s);
+    }
   }
   if (!http_listen.empty()) {
     // The HTTP API has no TLS of its own: a deployment that asks for TLS gets it on
@@ -206,7 +217,7 @@ int main(int argc, char** argv) {
     }
     auto started = cleave::router::OpenAiServer::start(
         {.listen = http_listen, .threads = static_cast<int>(http_threads)},
-        (*server)->inProcessChannel(), *reasoning);
+        (*server)->inProcessChannel(), {.reasoning = *reasoning, .tool_calls = *tool_calls});
     if (!started.ok()) {
       (*server)->shutdown(std::chrono::milliseconds(0));
       cleave::exitWithUsageError(flags, started.status());

@@ -54,7 +54,8 @@ class OpenAiApiTest(unittest.TestCase):
         cls.pb = ct.stubs()["generation_pb2"]
         cls.router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
                                  "--metrics-port=0", f"--model={MODEL}",
-                                 "--http-listen=127.0.0.1:0", "--http-threads=32"])
+                                 "--http-listen=127.0.0.1:0", "--http-threads=32",
+                                 "--tool-call-parser=hermes"])
         cls.http_port = cls.router.ready["http_port"]
         cls.address = f"127.0.0.1:{cls.router.ready['grpc_port']}"
         cls.worker = ct.Process([ct.binary("cleave-worker"), f"--model={MODEL}",
@@ -218,6 +219,35 @@ class OpenAiApiTest(unittest.TestCase):
         status, _, body = self.raw("POST", "/detokenize", {"tokens": rendered["tokens"]})
         self.assertEqual(status, 200, body)
         self.assertIn("Hello! How", json.loads(body)["prompt"])
+
+    def test_replies_to_requests_with_tools_are_looked_through_for_calls(self):
+        tools = [{"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}}]
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        reply = self.client.chat.completions.create(model=self.model, messages=messages,
+                                                    tools=tools, max_tokens=48, temperature=0)
+        chat = self.pb.Chat(messages=[self.pb.ChatMessage(**m) for m in messages],
+                            tools_json=json.dumps(tools))
+        text, _, _, _ = self.grpc_generate(self.pb.GenerateRequest(
+            chat=chat, sampling=self.pb.SamplingParams(temperature=0),
+            stopping=self.pb.StoppingCriteria(max_new_tokens=48)))
+        message = reply.choices[0].message
+        if message.tool_calls:  # what the model chose: each call named, its arguments JSON
+            self.assertEqual(reply.choices[0].finish_reason, "tool_calls")
+            for call in message.tool_calls:
+                self.assertTrue(call.function.name)
+                json.loads(call.function.arguments)
+            self.assertIn("<tool_call>", text)
+            self.assertEqual(message.content or "", text[:text.index("<tool_call>")])
+        else:  # nothing parsed as a call: the reply is the text, whole
+            self.assertEqual(message.content, text)
+        # tool_choice "none" hides the tools from the template and looks for no calls.
+        none = self.client.chat.completions.create(model=self.model, messages=messages,
+                                                   tools=tools, tool_choice="none", max_tokens=8,
+                                                   temperature=0)
+        self.assertIsNone(none.choices[0].message.tool_calls)
 
     def test_stop_strings_end_the_text(self):
         free = self.client.completions.create(model=self.model, prompt="Count: one, two,",

@@ -1,0 +1,59 @@
+// Finds the tool calls in a chat reply (cleave-router --tool-call-parser), as vLLM's parsers
+// of the same names do, so that the HTTP API returns them as `tool_calls`:
+//
+//   hermes       <tool_call>{"name": ..., "arguments": {...}}</tool_call>, any number, after
+//                optional text (Qwen2.5, Qwen3, Hermes 2/3 and others trained on that format);
+//   llama3_json  a reply that is JSON objects {"name": ..., "parameters": {...}} separated by
+//                ';' (Llama 3.1 and later with JSON tool calling).
+//
+// A reply whose calls do not parse is content, whole. While a reply streams, text before a
+// call passes through (a possible start of one held back until decided); calls are given
+// whole once the reply ends.
+//
+// Threading: one ToolCallStream per reply.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace cleave::router {
+
+enum class ToolCallFormat { kNone, kHermes, kLlama3Json };
+
+// "hermes" or "llama3_json" ("" and "none": kNone); InvalidArgument naming the choices.
+absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name);
+
+struct ToolCall {
+  std::string name;
+  std::string arguments;  // a JSON object, as text
+};
+
+struct ParsedReply {
+  std::string content;
+  std::vector<ToolCall> calls;
+};
+
+// A whole reply.
+ParsedReply parseToolCalls(ToolCallFormat format, absl::string_view reply);
+
+class ToolCallStream {
+ public:
+  explicit ToolCallStream(ToolCallFormat format) : format_(format) {}
+
+  // The content a text delta adds (possibly less than the delta: text that may start a
+  // call is held).
+  std::string push(absl::string_view text);
+  // At the end of the reply: the rest of the content and the calls.
+  ParsedReply finish();
+
+ private:
+  const ToolCallFormat format_;
+  bool calling_ = false;  // A call has started: everything from there is held.
+  bool passing_ = false;  // llama3_json: the reply is not calls; all of it is content.
+  std::string held_;
+};
+
+}  // namespace cleave::router
