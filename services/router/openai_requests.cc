@@ -256,27 +256,32 @@ absl::Status parseChat(const Json& body, v1::Chat& chat) {
   return absl::OkStatus();
 }
 
-// A completion prompt: a string, a list of token ids, or a list of one of those.
-absl::Status parsePrompt(const Json& body, v1::GenerateRequest& r) {
+// A completion's prompts: a string, a list of token ids, or a list of several of those.
+// Each into a request holding only its input.
+absl::StatusOr<std::vector<v1::GenerateRequest>> parsePrompts(const Json& body) {
   const Json* prompt = field(body, "prompt");
   if (prompt == nullptr) return invalid("prompt", "is required");
-  const Json* p = prompt;
-  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
-    p = &(*p)[0];
-  } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
-    return invalid("prompt", "holds several prompts; send one request per prompt");
+  std::vector<const Json*> items;
+  if (prompt->is_array() && !prompt->empty() &&
+      ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+    for (const Json& item : *prompt) items.push_back(&item);
+  } else {
+    items.push_back(prompt);
   }
-  if (p->is_string()) {
-    if (p->get<std::string>().empty()) return invalid("prompt", "must not be empty");
-    r.set_text(p->get<std::string>());
-    return absl::OkStatus();
+  std::vector<v1::GenerateRequest> prompts(items.size());
+  for (size_t k = 0; k < items.size(); ++k) {
+    const Json& p = *items[k];
+    const std::string name = items.size() > 1 ? absl::StrCat("prompt[", k, "]") : "prompt";
+    if (p.is_string() && !p.get<std::string>().empty()) {
+      prompts[k].set_text(p.get<std::string>());
+    } else if (p.is_array() && !p.empty()) {
+      CLEAVE_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenIds(p, name));
+      prompts[k].mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+    } else {
+      return invalid(name, "must be a non-empty string or a non-empty array of token ids");
+    }
   }
-  if (p->is_array() && !p->empty()) {
-    CLEAVE_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenIds(*p, "prompt"));
-    r.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
-    return absl::OkStatus();
-  }
-  return invalid("prompt", "must be a non-empty string or a non-empty array of token ids");
+  return prompts;
 }
 
 }  // namespace
@@ -292,8 +297,12 @@ absl::StatusOr<Json> parseBody(const std::string& body) {
 absl::StatusOr<Call> parseCompletionRequest(const Json& body) {
   Call call{.endpoint = Endpoint::kCompletions};
   v1::GenerateRequest& r = call.request;
-  CLEAVE_RETURN_IF_ERROR(parsePrompt(body, r));
+  CLEAVE_ASSIGN_OR_RETURN(std::vector<v1::GenerateRequest> prompts, parsePrompts(body));
   CLEAVE_RETURN_IF_ERROR(parseCommon(body, call));
+  if (prompts.size() * call.n > static_cast<size_t>(kMaxCompletions)) {
+    return invalid("prompt", absl::StrCat("prompts times n is ", prompts.size() * call.n,
+                                          "; at most ", kMaxCompletions, " per request"));
+  }
   // OpenAI's default for completions: 16 new tokens.
   r.mutable_stopping()->set_max_new_tokens(16);
   CLEAVE_RETURN_IF_ERROR(parseMaxTokens(body, "max_tokens", call));
@@ -311,7 +320,16 @@ absl::StatusOr<Call> parseCompletionRequest(const Json& body) {
   if (call.echo && call.logprobs) {
     return invalid("echo", "cannot be combined with logprobs (prompt logprobs are not computed)");
   }
-  if (call.echo) r.set_echo_prompt_token_ids(true);
+  // One request per prompt, sharing the rest.
+  for (const v1::GenerateRequest& prompt : prompts) {
+    v1::GenerateRequest& one = call.prompts.emplace_back(r);
+    if (prompt.has_text()) {
+      one.set_text(prompt.text());
+    } else {
+      *one.mutable_token_ids() = prompt.token_ids();
+    }
+  }
+  call.request = call.prompts.front();
   return call;
 }
 

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cleave/v1/generation.pb.h"
@@ -38,16 +39,20 @@ struct Call {
   bool echo = false;
   // Report logprobs (completions: `logprobs` was a number; chat: `logprobs` was true).
   bool logprobs = false;
-  // Choices: each its own Generate call of `request` (with seed + i when a seed is set).
+  // Choices per prompt: each its own Generate call (with seed + i when a seed is set).
   int n = 1;
+  // Completions: one request per prompt (several prompts make choices p * n + i); the
+  // first is also `request`. Empty for chat.
+  std::vector<v1::GenerateRequest> prompts;
   // Chat: how replies split into reasoning and content (the server's, not the request's).
   ReasoningFormat reasoning = ReasoningFormat::kNone;
   // Chat: how tool calls are found in replies (the server's, when the request has tools).
   ToolCallFormat tool_calls = ToolCallFormat::kNone;
 };
 
-// The most choices one request may ask for.
+// The most choices one request may ask for per prompt (n), and in all.
 inline constexpr int kMaxChoices = 16;
+inline constexpr int kMaxCompletions = 64;
 
 absl::StatusOr<Call> parseCompletionRequest(const nlohmann::json& body);
 absl::StatusOr<Call> parseChatRequest(const nlohmann::json& body);

@@ -208,20 +208,26 @@ Json ResponseBuilder::choiceBody() const {
   return choice;
 }
 
-Json usageOf(const std::vector<std::unique_ptr<ResponseBuilder>>& choices) {
-  const v1::Usage& first = choices.front()->usage();
-  uint64_t completion = 0;
-  for (const auto& c : choices) completion += c->usage().completion_tokens();
-  return Json{{"prompt_tokens", first.prompt_tokens()},
+Json usageOf(const Call& call, const std::vector<std::unique_ptr<ResponseBuilder>>& choices) {
+  uint64_t prompt = 0, cached = 0, completion = 0;
+  for (size_t k = 0; k < choices.size(); ++k) {
+    const v1::Usage& u = choices[k]->usage();
+    if (k % call.n == 0) {
+      prompt += u.prompt_tokens();
+      cached += u.cached_prompt_tokens();
+    }
+    completion += u.completion_tokens();
+  }
+  return Json{{"prompt_tokens", prompt},
               {"completion_tokens", completion},
-              {"total_tokens", first.prompt_tokens() + completion},
-              {"prompt_tokens_details", {{"cached_tokens", first.cached_prompt_tokens()}}}};
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
-Json responseBody(const std::vector<std::unique_ptr<ResponseBuilder>>& choices) {
+Json responseBody(const Call& call, const std::vector<std::unique_ptr<ResponseBuilder>>& choices) {
   Json body = choices.front()->chunk(nullptr);
   for (const auto& c : choices) body["choices"].push_back(c->choiceBody());
-  body["usage"] = usageOf(choices);
+  body["usage"] = usageOf(call, choices);
   return body;
 }
 
@@ -230,7 +236,7 @@ std::string endOfStream(const Call& call,
   std::string events;
   if (call.include_usage) {
     Json last = choices.front()->chunk(nullptr);
-    last["usage"] = usageOf(choices);
+    last["usage"] = usageOf(call, choices);
     events += event(last);
   }
   return events + "data: [DONE]\n\n";

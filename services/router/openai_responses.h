@@ -65,10 +65,13 @@ class ResponseBuilder {
   std::optional<v1::FinalInfo> final_;
 };
 
-// The usage of a response whose choices all finished: the prompt counted once.
-nlohmann::json usageOf(const std::vector<std::unique_ptr<ResponseBuilder>>& choices);
+// The usage of a response whose choices all finished: each prompt counted once (choices
+// p * call.n + i share prompt p).
+nlohmann::json usageOf(const Call& call,
+                       const std::vector<std::unique_ptr<ResponseBuilder>>& choices);
 // The whole body of a response that is not streamed.
-nlohmann::json responseBody(const std::vector<std::unique_ptr<ResponseBuilder>>& choices);
+nlohmann::json responseBody(const Call& call,
+                            const std::vector<std::unique_ptr<ResponseBuilder>>& choices);
 // The end of a streamed response: the usage chunk when asked for, then "data: [DONE]".
 std::string endOfStream(const Call& call,
                         const std::vector<std::unique_ptr<ResponseBuilder>>& choices);

@@ -87,8 +87,9 @@ class Arrivals {
   std::deque<std::pair<int, std::optional<v1::GenerateResponse>>> queue_ ABSL_GUARDED_BY(mu_);
 };
 
-// X-Request-Id's limit: the router's 128 characters for a request id, less a choice's "-15".
+// X-Request-Id's limit: the router's 128 characters for a request id, less a choice's "-63".
 constexpr size_t kMaxRequestIdLength = 125;
+static_assert(openai::kMaxCompletions <= 100, "a choice's suffix is at most 3 characters");
 
 }  // namespace
 
@@ -246,36 +247,42 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
       model = models.models(0).id();
     }
   }
-  std::string echo;
-  if (call->echo) {
-    if (call->request.has_text()) {
-      echo = call->request.text();
-    } else {
-      std::unique_ptr<grpc::ClientContext> context = callContext(request, error);
-      if (context == nullptr) return sendError(response, error);
-      v1::DetokenizeRequest ids;
-      ids.set_model(call->request.model());
-      *ids.mutable_ids() = call->request.token_ids().ids();
-      v1::DetokenizeResponse text;
-      grpc::Status status = stub_->Detokenize(context.get(), ids, &text);
-      if (!status.ok()) return sendError(response, status);
-      echo = text.text();
+  // The prompts (several for a batch of completions); each makes n choices.
+  const std::vector<v1::GenerateRequest> prompts =
+      call->prompts.empty() ? std::vector<v1::GenerateRequest>{call->request} : call->prompts;
+  std::vector<std::string> echoes(prompts.size());
+  for (size_t p = 0; p < prompts.size() && call->echo; ++p) {
+    if (prompts[p].has_text()) {
+      echoes[p] = prompts[p].text();
+      continue;
     }
+    std::unique_ptr<grpc::ClientContext> context = callContext(request, error);
+    if (context == nullptr) return sendError(response, error);
+    v1::DetokenizeRequest ids;
+    ids.set_model(prompts[p].model());
+    *ids.mutable_ids() = prompts[p].token_ids().ids();
+    v1::DetokenizeResponse text;
+    grpc::Status status = stub_->Detokenize(context.get(), ids, &text);
+    if (!status.ok()) return sendError(response, status);
+    echoes[p] = text.text();
   }
 
-  // One Generate call per choice, each read on a thread of its own into one queue; this
-  // thread answers with what arrives.
-  const int n = call->n;
+  // One Generate call per choice (choice p * n + i: sample i of prompt p), each read on a
+  // thread of its own into one queue; this thread answers with what arrives.
+  const int per_prompt = call->n;
+  const int n = static_cast<int>(prompts.size()) * per_prompt;
   const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
   std::vector<std::unique_ptr<openai::ResponseBuilder>> builders;
-  std::vector<v1::GenerateRequest> requests(n, call->request);
+  std::vector<v1::GenerateRequest> requests;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  for (int i = 0; i < n; ++i) {
-    builders.push_back(std::make_unique<openai::ResponseBuilder>(*call, id, model, created, i));
-    builders.back()->setEcho(echo);
-    requests[i].set_request_id(n > 1 ? absl::StrCat(request_id, "-", i) : request_id);
-    if (n > 1 && call->request.sampling().has_seed()) {
-      requests[i].mutable_sampling()->set_seed(call->request.sampling().seed() + i);
+  for (int k = 0; k < n; ++k) {
+    const int p = k / per_prompt, i = k % per_prompt;
+    builders.push_back(std::make_unique<openai::ResponseBuilder>(*call, id, model, created, k));
+    builders.back()->setEcho(echoes[p]);
+    v1::GenerateRequest& one = requests.emplace_back(prompts[p]);
+    one.set_request_id(n > 1 ? absl::StrCat(request_id, "-", k) : request_id);
+    if (i > 0 && one.sampling().has_seed()) {
+      one.mutable_sampling()->set_seed(one.sampling().seed() + i);
     }
     contexts.push_back(callContext(request, error));
     if (contexts.back() == nullptr) return sendError(response, error);
@@ -365,7 +372,7 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
     response.endStream();
     return 200;
   }
-  return send(response, 200, openai::responseBody(builders), headers);
+  return send(response, 200, openai::responseBody(*call, builders), headers);
 }
 
 }  // namespace cleave::router

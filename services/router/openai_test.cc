@@ -46,6 +46,20 @@ TEST(OpenAiRequestTest, CompletionFieldsBecomeAGenerateRequest) {
   EXPECT_TRUE(call->logprobs);
 }
 
+TEST(OpenAiRequestTest, SeveralPromptsMakeOneRequestEach) {
+  auto call = parseCompletionRequest(
+      Json::parse(R"({"prompt": ["one", [5, 6]], "max_tokens": 3, "temperature": 0, "n": 2})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  ASSERT_EQ(call->prompts.size(), 2u);
+  EXPECT_EQ(call->prompts[0].text(), "one");
+  EXPECT_EQ(call->prompts[1].token_ids().ids_size(), 2);
+  for (const v1::GenerateRequest& r : call->prompts) {
+    EXPECT_EQ(r.stopping().max_new_tokens(), 3u);
+    EXPECT_FLOAT_EQ(r.sampling().temperature(), 0.0f);
+  }
+  EXPECT_EQ(call->n, 2);
+}
+
 TEST(OpenAiRequestTest, CompletionDefaultsAreOpenAis) {
   auto call = parseCompletionRequest(Json::parse(R"({"prompt": [[5, 6, 7]], "top_k": -1})"));
   ASSERT_TRUE(call.ok()) << call.status();
@@ -114,7 +128,9 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {R"({})", "prompt"},
       {R"({"prompt": ""})", "prompt"},
       {R"({"prompt": []})", "prompt"},
-      {R"({"prompt": ["a", "b"]})", "prompt"},
+      {R"({"prompt": ["a", ""]})", "prompt[1]"},
+      {R"({"prompt": ["a", [1, -1]]})", "prompt[1][1]"},
+      {R"({"prompt": ["a", "b", "c", "d", "e"], "n": 16})", "prompt"},
       {R"({"prompt": [1, -2]})", "prompt[1]"},
       {R"({"prompt": [1, 4294967296]})", "prompt[1]"},
       {R"({"prompt": "a", "max_tokens": 0})", "max_tokens"},
@@ -252,7 +268,7 @@ TEST(OpenAiResponseTest, CompletionBodyHasTextUsageAndLogprobs) {
   builder.setEcho("Say: ");
   for (const auto& m : stream()) EXPECT_EQ(builder.add(m), "");
   ASSERT_TRUE(builder.finished());
-  const Json body = responseBody(choices);
+  const Json body = responseBody(call, choices);
   EXPECT_EQ(body["id"], "cmpl-r1");
   EXPECT_EQ(body["object"], "text_completion");
   EXPECT_EQ(body["created"], 1700000000);
@@ -309,7 +325,7 @@ TEST(OpenAiResponseTest, ChatBodyHasTheAssistantMessage) {
   messages[2].mutable_final()->set_finish_reason(v1::FINISH_REASON_LENGTH);
   messages[2].mutable_final()->clear_matched_stop();
   for (const auto& m : messages) choices[0]->add(m);
-  const Json body = responseBody(choices);
+  const Json body = responseBody(call, choices);
   EXPECT_EQ(body["object"], "chat.completion");
   EXPECT_EQ(body["choices"][0]["message"],
             Json::parse(R"({"role": "assistant", "content": "Hello!"})"));
@@ -340,7 +356,7 @@ TEST(OpenAiResponseTest, SeveralChoicesShareTheIdAndCountThePromptOnce) {
   EXPECT_EQ(e[6]["usage"]["completion_tokens"], 6);
   EXPECT_EQ(e[6]["usage"]["total_tokens"], 10);
   call.stream = false;
-  const Json body = responseBody(choices);
+  const Json body = responseBody(call, choices);
   ASSERT_EQ(body["choices"].size(), 2u);
   EXPECT_EQ(body["choices"][1]["index"], 1);
   EXPECT_EQ(body["choices"][1]["text"], "Hello!");
@@ -363,7 +379,7 @@ TEST(OpenAiResponseTest, ReasoningAndToolCallsComeApart) {
   std::vector<std::unique_ptr<ResponseBuilder>> choices;
   choices.push_back(std::make_unique<ResponseBuilder>(call, "chatcmpl-t", "m", 1));
   for (const auto& m : toolReply()) choices[0]->add(m);
-  const Json message = responseBody(choices)["choices"][0]["message"];
+  const Json message = responseBody(call, choices)["choices"][0]["message"];
   EXPECT_EQ(message["reasoning_content"], "hmm");
   EXPECT_EQ(message["content"], "On it.");
   ASSERT_EQ(message["tool_calls"].size(), 1u);
@@ -372,7 +388,7 @@ TEST(OpenAiResponseTest, ReasoningAndToolCallsComeApart) {
   EXPECT_EQ(message["tool_calls"][0]["function"]["name"], "f");
   EXPECT_EQ(Json::parse(message["tool_calls"][0]["function"]["arguments"].get<std::string>()),
             Json::parse(R"({"x": 1})"));
-  EXPECT_EQ(responseBody(choices)["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(responseBody(call, choices)["choices"][0]["finish_reason"], "tool_calls");
 
   call.stream = true;
   std::vector<std::unique_ptr<ResponseBuilder>> streamed;

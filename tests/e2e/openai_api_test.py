@@ -264,7 +264,7 @@ class OpenAiApiTest(unittest.TestCase):
         cases = [
             ({"prompt": "x", "n": 17}, "/v1/completions", 400, "n"),
             ({"prompt": "x", "temperature": "hot"}, "/v1/completions", 400, "temperature"),
-            ({"prompt": ["a", "b"]}, "/v1/completions", 400, "prompt"),
+            ({"prompt": ["a", "b", "c", "d", "e"], "n": 16}, "/v1/completions", 400, "prompt"),
             ({"messages": []}, "/v1/chat/completions", 400, "messages"),
             ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
              "/v1/chat/completions", 400, "messages[0].content[0].type"),
@@ -378,6 +378,22 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(text[0], text[1])  # greedy: the same reply twice
         self.assertTrue(text[0])
         ct.wait_until_nothing_reserved(self.router, [self.worker])
+
+    def test_a_batch_of_prompts_answers_each(self):
+        prompts = ["The sky is", "Two plus two is", "Bread is made from"]
+        singles = [self.client.completions.create(model=self.model, prompt=p, max_tokens=6,
+                                                  temperature=0) for p in prompts]
+        ids = list(self.stub.Tokenize(self.pb.TokenizeRequest(
+            text=prompts[1], add_special_tokens=True, parse_special_tokens=True), timeout=5).ids)
+        batch = self.client.completions.create(model=self.model,
+                                               prompt=[prompts[0], ids, prompts[2]],
+                                               max_tokens=6, temperature=0, n=2)
+        self.assertEqual([c.index for c in batch.choices], list(range(6)))
+        for k, choice in enumerate(batch.choices):
+            self.assertEqual(choice.text, singles[k // 2].choices[0].text, k)
+        self.assertEqual(batch.usage.prompt_tokens, sum(s.usage.prompt_tokens for s in singles))
+        self.assertEqual(batch.usage.completion_tokens,
+                         2 * sum(s.usage.completion_tokens for s in singles))
 
     def test_request_ids_are_echoed(self):
         status, headers, text = self.raw("POST", "/v1/completions",
