@@ -36,9 +36,10 @@ std::unique_ptr<grpc::ClientContext> workerContext(std::chrono::system_clock::ti
 // and stop tokens left out.
 class TextStream {
  public:
-  TextStream(const tokenizer::Tokenizer* tokenizer, const v1::StoppingCriteria& stopping)
+  TextStream(const tokenizer::Tokenizer* tokenizer, const v1::StoppingCriteria& stopping,
+             bool skip_special_tokens)
       : stopper_({.stop_strings = {stopping.stop().begin(), stopping.stop().end()}}) {
-    if (tokenizer != nullptr) detokenizer_.emplace(*tokenizer);
+    if (tokenizer != nullptr) detokenizer_.emplace(*tokenizer, skip_special_tokens);
   }
   // The text `token` adds; `last` with the reason when it ends the sequence.
   std::string push(uint32_t token, std::optional<v1::FinishReason> finish) {
@@ -156,7 +157,8 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   const double queue_wait_ms = placed->queue_wait_ms;
   const v1::PrefillResponse first_prefill = placed->prefilled;
 
-  TextStream text(tokenizer_.get(), request.stopping());
+  TextStream text(tokenizer_.get(), request.stopping(),
+                  !request.has_skip_special_tokens() || request.skip_special_tokens());
   uint32_t completion_tokens = 0;
   int migrations = 0;
   std::string path = placed->admission.worker->id;  // Decode workers used, for errors.

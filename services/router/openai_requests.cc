@@ -168,6 +168,10 @@ absl::Status parseCommon(const Json& body, Call& call) {
     if (!call.stream) return invalid("stream_options", "is only allowed with \"stream\": true");
     CLEAVE_ASSIGN_OR_RETURN(call.include_usage, boolean(*options, "include_usage", false));
   }
+  if (field(body, "skip_special_tokens") != nullptr) {
+    CLEAVE_ASSIGN_OR_RETURN(bool skip, boolean(body, "skip_special_tokens", true));
+    r.set_skip_special_tokens(skip);
+  }
   if (const Json* user = field(body, "user"); user != nullptr && !user->is_string()) {
     return invalid("user", "must be a string");
   }
@@ -338,6 +342,12 @@ absl::StatusOr<Call> parseChatRequest(const Json& body) {
   v1::GenerateRequest& r = call.request;
   CLEAVE_RETURN_IF_ERROR(parseChat(body, *r.mutable_chat()));
   CLEAVE_RETURN_IF_ERROR(parseCommon(body, call));
+  const Json* tools = field(body, "tools");
+  call.offers_tools = tools != nullptr && !tools->empty() && !r.chat().tools_json().empty();
+  if (const Json* kwargs = field(body, "chat_template_kwargs"); kwargs != nullptr) {
+    const Json* thinking = field(*kwargs, "enable_thinking");
+    call.thinking_off = thinking != nullptr && *thinking == false;
+  }
   CLEAVE_RETURN_IF_ERROR(parseMaxTokens(body, "max_tokens", call));
   CLEAVE_RETURN_IF_ERROR(parseMaxTokens(body, "max_completion_tokens", call));
   CLEAVE_ASSIGN_OR_RETURN(call.logprobs, boolean(body, "logprobs", false));

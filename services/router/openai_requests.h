@@ -46,8 +46,12 @@ struct Call {
   std::vector<v1::GenerateRequest> prompts;
   // Chat: how replies split into reasoning and content (the server's, not the request's).
   ReasoningFormat reasoning = ReasoningFormat::kNone;
-  // Chat: how tool calls are found in replies (the server's, when the request has tools).
+  // Chat: how tool calls are found in replies (the server's, when the request offers tools).
   ToolCallFormat tool_calls = ToolCallFormat::kNone;
+  // Chat: the request offers tools (a non-empty list, tool_choice not "none").
+  bool offers_tools = false;
+  // Chat: the template was asked not to think (chat_template_kwargs.enable_thinking false).
+  bool thinking_off = false;
 };
 
 // The most choices one request may ask for per prompt (n), and in all.

@@ -171,7 +171,10 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
     choice["text"] = parts.content;
   } else {
     Json delta = Json::object();
-    if (!parts.reasoning.empty()) delta["reasoning_content"] = parts.reasoning;
+    if (!parts.reasoning.empty()) {  // under vLLM's old name and its new one
+      delta["reasoning_content"] = parts.reasoning;
+      delta["reasoning"] = parts.reasoning;
+    }
     if (!parts.content.empty()) delta["content"] = parts.content;
     if (!calls.empty()) delta["tool_calls"] = std::move(calls);
     choice["delta"] = std::move(delta);
@@ -200,6 +203,7 @@ Json ResponseBuilder::choiceBody() const {
       if (text_.empty()) choice["message"]["content"] = nullptr;
       choice["message"]["reasoning_content"] =
           reasoning_.empty() ? Json(nullptr) : Json(reasoning_);
+      choice["message"]["reasoning"] = choice["message"]["reasoning_content"];
     }
   }
   choice["finish_reason"] = finishReasonOf(*final_);

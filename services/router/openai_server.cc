@@ -211,9 +211,17 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
       chat ? openai::parseChatRequest(*body) : openai::parseCompletionRequest(*body);
   if (!call.ok()) return sendError(response, openai::apiError(call.status()));
   if (chat) {
-    call->reasoning = reasoning_;
+    // A Qwen3 template asked not to think closes the block itself: the reply is content.
+    if (!(reasoning_ == ReasoningFormat::kQwen3 && call->thinking_off)) {
+      call->reasoning = reasoning_;
+    }
     // Calls are looked for in replies to requests that offered tools.
-    if (!call->request.chat().tools_json().empty()) call->tool_calls = tool_calls_;
+    if (call->offers_tools) call->tool_calls = tool_calls_;
+    // The parsers read tags a vocabulary may mark special: they must reach the text.
+    if ((call->reasoning != ReasoningFormat::kNone || call->tool_calls != ToolCallFormat::kNone) &&
+        !call->request.has_skip_special_tokens()) {
+      call->request.set_skip_special_tokens(false);
+    }
   }
   // The request's id: the client's X-Request-Id, else a new one. It names the response
   // ("cmpl-ID"), comes back in X-Request-Id, and is each call's request_id ("ID-i" for

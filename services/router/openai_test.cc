@@ -116,6 +116,20 @@ TEST(OpenAiRequestTest, ChatWithoutMaxTokensRunsToTheContextAndToolChoiceNoneHid
   EXPECT_EQ(call->request.chat().tools_json(), "");
   EXPECT_FALSE(call->request.chat().has_add_generation_prompt());
   EXPECT_FALSE(call->request.has_logprobs());
+  EXPECT_FALSE(call->offers_tools);
+  EXPECT_FALSE(call->thinking_off);
+  // An empty tool list reaches the template but offers nothing to call.
+  call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [], "chat_template_kwargs": {"enable_thinking": false},
+      "skip_special_tokens": false})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.chat().tools_json(), "[]");
+  EXPECT_FALSE(call->offers_tools);
+  EXPECT_TRUE(call->thinking_off);
+  EXPECT_FALSE(call->request.skip_special_tokens());
+  call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f"}}]})"));
+  EXPECT_TRUE(call->offers_tools);
 }
 
 struct Refusal {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
@@ -30,7 +31,7 @@ absl::StatusOr<ReasoningFormat> reasoningFormat(absl::string_view name) {
 }
 
 ReasoningSplitter::ReasoningSplitter(ReasoningFormat format)
-    : reasoning_start_(format == ReasoningFormat::kDeepSeekR1),
+    : reasoning_start_(format != ReasoningFormat::kNone),
       state_(format == ReasoningFormat::kNone ? State::kContent : State::kStart) {}
 
 ReasoningSplitter::Parts ReasoningSplitter::push(absl::string_view text) {
@@ -50,13 +51,15 @@ void ReasoningSplitter::drain(Parts& out, bool at_end) {
   for (;;) {
     switch (state_) {
       case State::kStart: {
-        // Is the reply opening a block? Undecided while it spells a beginning of "<think>".
-        if (absl::StartsWith(held_, kOpen)) {
-          held_.erase(0, kOpen.size());
+        // Does the reply open the block itself (after blanks)? Undecided while it spells
+        // a beginning of "<think>".
+        const absl::string_view start = absl::StripLeadingAsciiWhitespace(held_);
+        if (absl::StartsWith(start, kOpen)) {
+          held_.erase(0, held_.size() - start.size() + kOpen.size());
           state_ = State::kReasoning;
           continue;
         }
-        if (!at_end && absl::StartsWith(kOpen, held_)) return;
+        if (!at_end && absl::StartsWith(kOpen, start)) return;
         state_ = reasoning_start_ ? State::kReasoning : State::kContent;
         continue;
       }

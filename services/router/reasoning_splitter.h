@@ -2,14 +2,14 @@
 // </think>) and its content (what follows), as the reply streams in — what the HTTP API
 // returns as `reasoning_content` and `content` with cleave-router --reasoning-parser.
 //
-//   qwen3        the reply reasons only when it starts with <think> (Qwen3, QwQ; with
-//                enable_thinking false the template closes the block itself and the
-//                reply is all content);
-//   deepseek_r1  the template opens the block, so the reply starts inside it (a leading
-//                <think> is dropped): reasoning until </think> (DeepSeek-R1 and its
-//                distills).
-// A reply that never closes its block is all reasoning. Tag text split across deltas is
-// held back until it is known to be a tag or not.
+//   deepseek_r1  DeepSeek-R1 and its distills;
+//   qwen3        Qwen3, QwQ, Qwen3-Thinking: as deepseek_r1, except that a request whose
+//                chat_template_kwargs turn enable_thinking off is not split (the template
+//                closes the block itself; the server does not split it then).
+// The reply starts inside the reasoning block, whether the template opened it or the
+// reply does (a leading <think>, after blanks, is dropped), and reasons until </think>;
+// what follows is content. A reply that never closes its block is all reasoning. Tag text split
+// across deltas is held back until it is known to be a tag or not.
 //
 // Threading: one splitter per reply.
 #pragma once

@@ -8,35 +8,38 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/json_shape.h"
 
 namespace cleave::router {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;  // arguments keep the model's key order
 
 constexpr absl::string_view kCallOpen = "<tool_call>";
 constexpr absl::string_view kCallClose = "</tool_call>";
 
-// A call object: {"name": "...", "arguments" (or "parameters"): {...}}; nullopt otherwise.
+// A call object: {"name": "...", "arguments" (or "parameters"): ...}; nullopt otherwise
+// (JSON without both keys is an answer, not a call).
 std::optional<ToolCall> callFrom(absl::string_view text) {
+  if (!checkJsonShape(text, "tool call").ok()) return std::nullopt;  // model output, bounded
   const Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return std::nullopt;
   auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) {
     return std::nullopt;
   }
-  ToolCall call{.name = name->get<std::string>(), .arguments = "{}"};
-  for (const char* key : {"arguments", "parameters"}) {
-    auto args = j.find(key);
-    if (args == j.end() || args->is_null()) continue;
-    if (args->is_string()) {
-      call.arguments = args->get<std::string>();  // already JSON text
-    } else if (args->is_object()) {
-      call.arguments = args->dump(-1, ' ', false, Json::error_handler_t::replace);
-    } else {
-      return std::nullopt;
-    }
-    break;
+  auto args = j.find("arguments");
+  if (args == j.end()) args = j.find("parameters");
+  if (args == j.end()) return std::nullopt;
+  ToolCall call{.name = name->get<std::string>()};
+  if (args->is_string()) {
+    // Arguments given as JSON text stay as they are; other text becomes a JSON string.
+    const std::string& given = args->get_ref<const std::string&>();
+    const bool json_text = checkJsonShape(given, "arguments").ok() &&
+                           !Json::parse(given, nullptr, /*allow_exceptions=*/false).is_discarded();
+    call.arguments = json_text ? given : args->dump(-1, ' ', false, Json::error_handler_t::replace);
+  } else {
+    call.arguments = args->dump(-1, ' ', false, Json::error_handler_t::replace);
   }
   return call;
 }

@@ -91,8 +91,34 @@ TEST(ToolCallParserTest, Llama3Json) {
        "{\"name\": \"a\", \"parameters\": {}} and then prose",
        {}},
       {F::kLlama3Json, "Use {braces} later", "Use {braces} later", {}},
+      // JSON that names no arguments is an answer, not a call.
+      {F::kLlama3Json,
+       "{\"name\": \"Alice\", \"email\": \"a@x.io\"}",
+       "{\"name\": \"Alice\", \"email\": \"a@x.io\"}",
+       {}},
+      // Arguments as text: JSON text stays, other text becomes a JSON string.
+      {F::kLlama3Json, "{\"name\": \"f\", \"parameters\": \"Paris\"}", "", {{"f", "\"Paris\""}}},
+      {F::kLlama3Json,
+       "{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}",
+       "",
+       {{"f", R"({"x": 1})"}}},
+      {F::kLlama3Json, "{\"name\": \"f\", \"parameters\": [1, 2]}", "", {{"f", "[1, 2]"}}},
   };
   for (const Case& c : cases) check(c);
+}
+
+TEST(ToolCallParserTest, ArgumentsKeepTheModelsKeyOrderAndDeepJsonIsNoCall) {
+  ParsedReply reply =
+      parseToolCalls(ToolCallFormat::kHermes,
+                     R"(<tool_call>{"name": "f", "arguments": {"b": 1, "a": 2}}</tool_call>)");
+  ASSERT_EQ(reply.calls.size(), 1u);
+  EXPECT_EQ(reply.calls[0].arguments, R"({"b":1,"a":2})");
+  const std::string deep =
+      "<tool_call>{\"name\": \"f\", \"arguments\": " + std::string(100000, '[') +
+      std::string(100000, ']') + "}</tool_call>";
+  reply = parseToolCalls(ToolCallFormat::kHermes, deep);
+  EXPECT_TRUE(reply.calls.empty());
+  EXPECT_EQ(reply.content, deep);
 }
 
 TEST(ToolCallParserTest, NamesItsFormats) {

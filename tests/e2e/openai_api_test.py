@@ -249,6 +249,28 @@ class OpenAiApiTest(unittest.TestCase):
                                                    temperature=0)
         self.assertIsNone(none.choices[0].message.tool_calls)
 
+    def test_special_tokens_reach_the_text_when_asked(self):
+        # Past its end of turn (ignore_eos) the reply holds special tokens: left out of the
+        # text by default, there with skip_special_tokens false — as the tokenizer decodes.
+        messages = [{"role": "system", "content": "Answer in one sentence."},
+                    {"role": "user", "content": "What is the capital of France?"}]
+        texts = {}
+        for skip in (True, False):
+            body = {"messages": messages, "max_tokens": 24,
+                    "temperature": 0, "ignore_eos": True, "skip_special_tokens": skip}
+            status, _, reply = self.raw("POST", "/v1/chat/completions", body)
+            self.assertEqual(status, 200, reply)
+            texts[skip] = json.loads(reply)["choices"][0]["message"]["content"]
+        chat = self.pb.Chat(messages=[self.pb.ChatMessage(**m) for m in messages])
+        _, ids, _, _ = self.grpc_generate(self.pb.GenerateRequest(
+            chat=chat, sampling=self.pb.SamplingParams(temperature=0),
+            stopping=self.pb.StoppingCriteria(max_new_tokens=24, ignore_eos=True)))
+        for skip in (True, False):
+            decoded = self.stub.Detokenize(self.pb.DetokenizeRequest(
+                ids=ids, skip_special_tokens=skip), timeout=5).text
+            self.assertEqual(texts[skip], decoded)
+        self.assertNotEqual(texts[True], texts[False])  # the reply did pass its end of turn
+
     def test_stop_strings_end_the_text(self):
         free = self.client.completions.create(model=self.model, prompt="Count: one, two,",
                                               max_tokens=16, temperature=0)
