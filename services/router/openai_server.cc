@@ -87,6 +87,14 @@ class Arrivals {
   std::deque<std::pair<int, std::optional<v1::GenerateResponse>>> queue_ ABSL_GUARDED_BY(mu_);
 };
 
+// The next message of a single call read on the calling thread, as Arrivals::pop() gives it.
+std::pair<int, std::optional<v1::GenerateResponse>> readOne(
+    grpc::ClientReader<v1::GenerateResponse>& reader) {
+  std::pair<int, std::optional<v1::GenerateResponse>> next(0, v1::GenerateResponse());
+  if (!reader.Read(&*next.second)) next.second.reset();
+  return next;
+}
+
 // X-Request-Id's limit: the router's 128 characters for a request id, less a choice's "-63".
 constexpr size_t kMaxRequestIdLength = 125;
 static_assert(openai::kMaxCompletions <= 100, "a choice's suffix is at most 3 characters");
@@ -276,7 +284,8 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   }
 
   // One Generate call per choice (choice p * n + i: sample i of prompt p), each read on a
-  // thread of its own into one queue; this thread answers with what arrives.
+  // thread of its own into one queue (a single call, on this thread); this thread answers
+  // with what arrives.
   const int per_prompt = call->n;
   const int n = static_cast<int>(prompts.size()) * per_prompt;
   const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
@@ -304,6 +313,7 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   threads.reserve(n);
   for (int i = 0; i < n; ++i) {
     readers[i] = stub_->Generate(contexts[i].get(), requests[i]);
+    if (n == 1) break;  // One call is read on this thread.
     try {
       threads.emplace_back([&arrivals, reader = readers[i].get(), i] {
         v1::GenerateResponse message;
@@ -337,7 +347,7 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   int heard_from = 0;
   std::string held;
   for (int open = n; open > 0;) {
-    auto [i, message] = arrivals.pop();
+    auto [i, message] = n > 1 ? arrivals.pop() : readOne(*readers[0]);
     if (!heard[i]) {
       heard[i] = true;
       ++heard_from;
