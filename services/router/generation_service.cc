@@ -138,7 +138,11 @@ absl::StatusOr<GenerationService::ChatPrompt> GenerationService::chatPrompt(
 grpc::Status GenerationService::Tokenize(grpc::ServerContext* context,
                                          const v1::TokenizeRequest* request,
                                          v1::TokenizeResponse* response) {
-  if (grpc::Status denied = authorize(*context); !denied.ok()) return finish("Tokenize", denied);
+  // Rendering a chat template is work of its own (bounded, up to seconds): it counts
+  // against the key's rate as a Generate call does.
+  if (grpc::Status denied = authorize(*context, /*generate=*/request->has_chat()); !denied.ok()) {
+    return finish("Tokenize", denied);
+  }
   absl::StatusOr<const tokenizer::Tokenizer*> tok = tokenizerFor(request->model());
   if (!tok.ok()) return finish("Tokenize", toGrpcStatus(tok.status()));
   std::vector<uint32_t> ids;

@@ -72,8 +72,9 @@ class GenerationService final : public v1::Generation::Service {
  private:
   // Counts one finished call in cleave_router_requests_total and passes the status through.
   grpc::Status finish(const char* method, grpc::Status status);
-  // OK when no keys are configured or the call presents a valid one (for Generate, also
-  // within its key's rate); `client` is then the key's name (empty without keys).
+  // OK when no keys are configured or the call presents a valid one (for Generate and a
+  // chat Tokenize, `generate`, also within its key's rate); `client` is then the key's
+  // name (empty without keys).
   grpc::Status authorize(const grpc::ServerContext& context, bool generate = false,
                          std::string* client = nullptr) const;
   grpc::Status generate(grpc::ServerContext* context, const v1::GenerateRequest& request,

@@ -129,6 +129,17 @@ class RouterAuthTest(unittest.TestCase):
                 self.assertEqual(codes, [grpc.StatusCode.UNAVAILABLE,
                                          grpc.StatusCode.RESOURCE_EXHAUSTED,
                                          grpc.StatusCode.UNAVAILABLE])
+                # Rendering a chat draws on the rate too; plain tokenizing does not.
+                pb = self.pb["generation_pb2"]
+                metadata = [("authorization", f"Bearer {ALPHA}")]
+                chat = pb.TokenizeRequest(chat=pb.Chat(messages=[pb.ChatMessage(role="user",
+                                                                                 content="hi")]))
+                for request, code in ((chat, grpc.StatusCode.RESOURCE_EXHAUSTED),
+                                      (pb.TokenizeRequest(text="hi"),
+                                       grpc.StatusCode.FAILED_PRECONDITION)):
+                    with self.assertRaises(grpc.RpcError) as caught:
+                        stub.Tokenize(request, timeout=10, metadata=metadata)
+                    self.assertEqual(caught.exception.code(), code, caught.exception.details())
         finally:
             self.assertEqual(router.stop(), 0)
 
