@@ -4,7 +4,9 @@
 // goodput under an SLO, and TTFT / inter-token / end-to-end percentiles, and writes JSON
 // and an HTML report. --sweep runs one point per concurrency (or --sweep-rate per rate).
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "services/cli/commands.h"
 #include "services/cli/router_client.h"
 #include "services/loadgen/load_runner.h"
+#include "services/loadgen/openai_sender.h"
 #include "services/loadgen/report.h"
 
 namespace cleave::cli {
@@ -112,16 +115,22 @@ absl::Status writeFile(const std::string& path, const std::string& text) {
 }  // namespace
 
 int runBench(int argc, char** argv) {
-  std::string router, model, prompt_len = "128", output_len = "64", lengths_file, sweep, sweep_rate,
-                             json_path, html_path, label = "cleave";
-  int64_t concurrency = 16, requests = 64, warmup = 2, seed = 1, timeout_s = 600;
+  std::string router, openai_url, model, prompt_len = "128", output_len = "64", lengths_file, sweep,
+                                         sweep_rate, json_path, html_path, label = "cleave";
+  int64_t concurrency = 16, requests = 64, warmup = 2, seed = 1, timeout_s = 600, vocab_size = 0;
   double rate = 0, duration_s = 0, slo_ttft_ms = 0, slo_itl_ms = 0, temperature = 0;
   bool chat = false;
-  FlagSet flags("cleave bench", "--router ADDR [flags]",
+  FlagSet flags("cleave bench", "--router ADDR | --openai URL [flags]",
                 "Load-tests a running router with streaming requests of random prompt tokens "
                 "(or a lengths file) that generate exactly their output length, and reports "
                 "throughput, goodput and latency percentiles.");
   flags.addString("router", &router, "Router address host:port");
+  flags.addString("openai", &openai_url,
+                  "Instead of --router: an OpenAI-compatible HTTP API, http://HOST:PORT (a "
+                  "router's --http-listen, or another server's)");
+  flags.addInt("vocab-size", &vocab_size,
+               "With --openai: the vocabulary random prompt tokens come from, for a server that "
+               "does not report it");
   flags.addString("model", &model, "Model id (needed only when the router serves several)");
   flags.addInt("concurrency", &concurrency,
                "Clients in a closed loop; with --rate, the most requests in flight");
@@ -150,7 +159,8 @@ int runBench(int argc, char** argv) {
   auto fail = [&](const std::string& message) {
     exitWithUsageError(flags, absl::InvalidArgumentError(message));
   };
-  if (router.empty()) fail("--router is required");
+  if (router.empty() == openai_url.empty()) fail("give --router or --openai (one of them)");
+  if (vocab_size < 0 || vocab_size > (1 << 30)) fail("--vocab-size must be in 0..2^30");
   if (!positional.empty()) fail(absl::StrCat("unexpected argument '", positional[0], "'"));
   if (concurrency < 1 || warmup < 0 || requests < 0 || duration_s < 0 || rate < 0) {
     fail("--concurrency must be >= 1 and --warmup, --requests, --duration, --rate >= 0");
@@ -194,9 +204,31 @@ int runBench(int argc, char** argv) {
     points.emplace_back(concurrency, rate);
   }
 
-  client::RouterClient client({.address = router});
-  const absl::Status connected = client.waitUntilConnected();
-  absl::StatusOr<uint32_t> vocab = connected.ok() ? vocabularyOf(client, model) : connected;
+  std::unique_ptr<client::RouterClient> client;
+  absl::StatusOr<uint32_t> vocab = static_cast<uint32_t>(vocab_size);
+  loadgen::OpenAiTarget target{
+      .model = model, .chat = chat, .temperature = temperature, .timeout_s = timeout_s};
+  if (!openai_url.empty()) {
+    if (absl::Status parsed = loadgen::parseOpenAiUrl(openai_url, target); !parsed.ok()) {
+      exitWithUsageError(flags, parsed);
+    }
+    if (const char* key = std::getenv("CLEAVE_API_KEY"); key != nullptr) target.api_key = key;
+    absl::StatusOr<loadgen::OpenAiModel> served = loadgen::openAiModel(target);
+    if (!served.ok()) {
+      vocab = served.status();
+    } else if (vocab_size == 0) {
+      vocab =
+          served->vocab_size != 0
+              ? absl::StatusOr<uint32_t>(served->vocab_size)
+              : absl::FailedPreconditionError(absl::StrCat(openai_url,
+                                                           " does not report its vocabulary; pass "
+                                                           "--vocab-size"));
+    }
+  } else {
+    client = std::make_unique<client::RouterClient>(client::RouterClientOptions{.address = router});
+    const absl::Status connected = client->waitUntilConnected();
+    vocab = connected.ok() ? vocabularyOf(*client, model) : connected;
+  }
   if (!vocab.ok()) {
     std::fprintf(stderr, "cleave bench: %s\n", std::string(vocab.status().message()).c_str());
     return 1;
@@ -207,12 +239,14 @@ int runBench(int argc, char** argv) {
     return 1;
   }
   const loadgen::Workload workload(workload_options);
-  const loadgen::Sender send = senderFor(client, model, temperature, timeout_s, chat);
+  const loadgen::Sender send = client != nullptr
+                                   ? senderFor(*client, model, temperature, timeout_s, chat)
+                                   : loadgen::openAiSender(target);
 
   std::vector<std::string> args(argv, argv + argc);
   loadgen::BenchRun run{.label = label,
                         .command = absl::StrCat("cleave ", absl::StrJoin(args, " ")),
-                        .router = router,
+                        .router = router.empty() ? openai_url : router,
                         .prompt_len = prompt_len,
                         .output_len = output_len,
                         .slo = {slo_ttft_ms, slo_itl_ms}};

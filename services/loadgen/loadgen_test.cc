@@ -8,6 +8,7 @@
 
 #include "services/loadgen/lengths.h"
 #include "services/loadgen/load_runner.h"
+#include "services/loadgen/openai_sender.h"
 #include "services/loadgen/report.h"
 #include "services/loadgen/summary.h"
 #include "services/loadgen/svg_chart.h"
@@ -314,6 +315,22 @@ TEST(ReportTest, JsonRoundTripsAndHtmlHasEveryChart) {
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("x.json"));
   EXPECT_FALSE(runFromJson("nope", "y.json").ok());
+}
+
+TEST(OpenAiSenderTest, UrlsNameHostAndPort) {
+  OpenAiTarget target;
+  for (const char* url : {"http://127.0.0.1:8000", "http://127.0.0.1:8000/",
+                          "http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1/"}) {
+    ASSERT_TRUE(parseOpenAiUrl(url, target).ok()) << url;
+    EXPECT_EQ(target.host, "127.0.0.1");
+    EXPECT_EQ(target.port, 8000);
+  }
+  ASSERT_TRUE(parseOpenAiUrl("http://llm.internal:80", target).ok());
+  EXPECT_EQ(target.host, "llm.internal");
+  for (const char* url :
+       {"https://h:1", "h:1", "http://h", "http://h:0", "http://h:99999", "http://:8"}) {
+    EXPECT_FALSE(parseOpenAiUrl(url, target).ok()) << url;
+  }
 }
 
 }  // namespace

@@ -179,7 +179,8 @@ int OpenAiServer::listModels(const HttpRequest& request, HttpResponse& response)
                     {"created", static_cast<int64_t>(std::time(nullptr))},
                     {"owned_by", "cleave"},
                     {"root", m.id()},
-                    {"max_model_len", m.context_length()}});
+                    {"max_model_len", m.context_length()},
+                    {"vocab_size", m.vocab_size()}});
   }
   return send(response, 200, Json{{"object", "list"}, {"data", std::move(data)}});
 }

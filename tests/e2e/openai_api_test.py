@@ -535,6 +535,29 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(code, 2)
         self.assertIn("qwen3 or deepseek_r1", err)
 
+    def test_bench_measures_the_http_api_as_the_grpc_one(self):
+        # The same workload through both APIs: every request succeeds with exactly its
+        # output length, and the same prompt tokens are counted.
+        work = tempfile.mkdtemp(prefix="cleave-bench-http-")
+        summaries = {}
+        for name, target in (("grpc", f"--router={self.address}"),
+                             ("http", f"--openai=http://127.0.0.1:{self.http_port}/v1")):
+            report = os.path.join(work, f"{name}.json")
+            code, out, err = ct.run([ct.binary("cleave"), "bench", target, "--requests=6",
+                                     "--warmup=0", "--concurrency=3", "--prompt-len=24",
+                                     "--output-len=5", f"--json={report}"], timeout=120)
+            self.assertEqual(code, 0, out + err)
+            with open(report) as f:
+                summaries[name] = json.load(f)["points"][0]["summary"]
+        for summary in summaries.values():
+            self.assertEqual((summary["requests"], summary["failed"]), (6, 0), summary)
+            self.assertEqual(summary["output_tokens"], 6 * 5, summary)
+        self.assertEqual(summaries["http"]["prompt_tokens"], summaries["grpc"]["prompt_tokens"])
+        code, _, err = ct.run([ct.binary("cleave"), "bench", "--openai=http://127.0.0.1:1",
+                               "--requests=1"])
+        self.assertEqual(code, 1)
+        self.assertIn("cannot connect", err)
+
     def test_api_keys_travel_in_the_authorization_header(self):
         with tempfile.TemporaryDirectory() as folder:
             keys = os.path.join(folder, "keys")
