@@ -60,10 +60,22 @@ struct Route {
   const char* path;
   const char* method;
 };
+// A path ending in '/' takes any rest ("/v1/models/ID").
 constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-                             {"/v1/models", "GET"},       {"/tokenize", "POST"},
-                             {"/detokenize", "POST"},     {"/health", "GET"},
-                             {"/version", "GET"}};
+                             {"/v1/models", "GET"},       {"/v1/models/", "GET"},
+                             {"/tokenize", "POST"},       {"/detokenize", "POST"},
+                             {"/health", "GET"},          {"/version", "GET"}};
+
+const Route* routeOf(const std::string& path) {
+  for (const Route& r : kRoutes) {
+    const std::string_view route = r.path;
+    if (route.ends_with('/') ? path.starts_with(route) && path.size() > route.size()
+                             : path == route) {
+      return &r;
+    }
+  }
+  return nullptr;
+}
 
 // The messages of several Generate streams in arrival order; a null message ends a stream.
 class Arrivals {
@@ -128,19 +140,15 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::start(
 
 void OpenAiServer::handle(const HttpRequest& request, HttpResponse& response) {
   const int status = route(request, response);
-  std::string path = "other";
-  for (const Route& r : kRoutes) {
-    if (request.path == r.path) path = r.path;
-  }
-  requests_.Add({{"path", path}, {"code", std::to_string(status)}}).Increment();
+  const Route* found = routeOf(request.path);
+  requests_
+      .Add({{"path", found != nullptr ? found->path : "other"}, {"code", std::to_string(status)}})
+      .Increment();
   CLEAVE_LOG(DEBUG) << "http " << request.method << " " << request.path << " -> " << status;
 }
 
 int OpenAiServer::route(const HttpRequest& request, HttpResponse& response) {
-  const Route* found = nullptr;
-  for (const Route& r : kRoutes) {
-    if (request.path == r.path) found = &r;
-  }
+  const Route* found = routeOf(request.path);
   if (found == nullptr) {
     return sendError(response, openai::apiError(static_cast<int>(grpc::StatusCode::NOT_FOUND),
                                                 absl::StrCat("no route ", request.path)));
@@ -159,7 +167,7 @@ int OpenAiServer::route(const HttpRequest& request, HttpResponse& response) {
   const std::string_view path = found->path;
   if (path == "/health") return send(response, 200, Json::object());
   if (path == "/version") return send(response, 200, Json{{"version", versionString()}});
-  if (path == "/v1/models") return listModels(request, response);
+  if (path == "/v1/models" || path == "/v1/models/") return listModels(request, response);
   if (path == "/tokenize") return tokenize(false, request, response);
   if (path == "/detokenize") return tokenize(true, request, response);
   return generate(path == "/v1/chat/completions", request, response);
@@ -182,7 +190,16 @@ int OpenAiServer::listModels(const HttpRequest& request, HttpResponse& response)
                     {"max_model_len", m.context_length()},
                     {"vocab_size", m.vocab_size()}});
   }
-  return send(response, 200, Json{{"object", "list"}, {"data", std::move(data)}});
+  if (request.path == "/v1/models") {
+    return send(response, 200, Json{{"object", "list"}, {"data", std::move(data)}});
+  }
+  // GET /v1/models/ID: that model.
+  const std::string id = request.path.substr(std::string_view("/v1/models/").size());
+  for (const Json& model : data) {
+    if (model["id"] == id) return send(response, 200, model);
+  }
+  return sendError(response, openai::apiError(static_cast<int>(grpc::StatusCode::NOT_FOUND),
+                                              absl::StrCat("unknown model '", id, "'")));
 }
 
 int OpenAiServer::tokenize(bool detokenize, const HttpRequest& request, HttpResponse& response) {

@@ -112,6 +112,9 @@ class OpenAiApiTest(unittest.TestCase):
     def test_models_lists_the_served_model(self):
         models = self.client.models.list().data
         self.assertEqual([m.id for m in models], [self.model])
+        self.assertEqual(self.client.models.retrieve(self.model).id, self.model)
+        with self.assertRaises(openai.NotFoundError):
+            self.client.models.retrieve("nope")
         self.assertEqual(models[0].model_extra["max_model_len"],
                          self.stub.ListModels(self.pb.ListModelsRequest(), timeout=5)
                          .models[0].context_length)
