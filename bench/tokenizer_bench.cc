@@ -23,6 +23,7 @@
 
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/engine/json_constraint.h"
 
 namespace {
 
@@ -231,6 +232,33 @@ void BM_ChatPromptEncode(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * f.chat_prompt.size()));
 }
 BENCHMARK(BM_ChatPromptEncode)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The mask of a JSON-object constraint over the whole vocabulary, the work it adds to each
+// constrained draw: inside a string (nearly every token allowed, each simulated in full)
+// and where a value starts (most tokens rejected at their first byte).
+void BM_JsonObjectMask(benchmark::State& state) {
+  const Fixture& f = fixture();
+  if (!f.error.empty()) {
+    state.SkipWithError(f.error.c_str());
+    return;
+  }
+  static const auto bytes = std::make_shared<const cleave::engine::TokenBytes>(*f.tokenizer);
+  cleave::engine::JsonConstraint constraint(bytes, {*f.tokenizer->eosId()});
+  const std::string said = state.range(0) == 0 ? R"({"name": "Fel)" : R"({"name": )";
+  for (const TokenId id : f.tokenizer->encode(said, EncodeOptions{.add_special_tokens = false})) {
+    constraint.accept(id);
+  }
+  std::vector<float> logits(bytes->size(), 0.0f);
+  for (auto _ : state) {
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    constraint.mask(logits);
+    benchmark::DoNotOptimize(logits.data());
+  }
+  state.counters["allowed"] = static_cast<double>(std::count(logits.begin(), logits.end(), 0.0f));
+  state.counters["vocab"] = static_cast<double>(bytes->size());
+  state.SetLabel(state.range(0) == 0 ? "in a string" : "at a value");
+}
+BENCHMARK(BM_JsonObjectMask)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

@@ -24,6 +24,10 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
     }
   }
   CLEAVE_RETURN_IF_ERROR(validateSamplingParams(request.sampling));
+  if (request.json_object && (tokenizer_ == nullptr || request.stop.stop_token_ids.empty())) {
+    return absl::InvalidArgumentError(
+        "a JSON object output needs the model's tokenizer and an end-of-sequence token");
+  }
   if (request.stop.max_new_tokens <= 0)
     return absl::InvalidArgumentError("max_new_tokens must be > 0");
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_new_tokens;
@@ -149,6 +153,7 @@ absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_to
     return absl::InvalidArgumentError("the first token already ends the request");
   }
   seq->tokens.push_back(first_token);
+  if (seq->constraint) seq->constraint->accept(first_token);
   ready_.push_back(std::move(seq));
   return absl::OkStatus();
 }
@@ -164,6 +169,17 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::makeSequence(GenerationRequest r
   seq->stopper = std::make_unique<StopChecker>(seq->request.stop);
   if (tokenizer_ != nullptr)
     seq->detokenizer = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_);
+  if (seq->request.json_object) {  // validate() saw the tokenizer and an end token
+    if (token_bytes_ == nullptr) token_bytes_ = std::make_shared<const TokenBytes>(*tokenizer_);
+    seq->constraint =
+        std::make_unique<JsonConstraint>(token_bytes_, seq->request.stop.stop_token_ids);
+    const std::vector<uint32_t>& prompt = seq->request.prompt;
+    const int64_t output =
+        std::min<int64_t>(seq->request.output_in_prompt, static_cast<int64_t>(prompt.size()));
+    for (size_t i = prompt.size() - static_cast<size_t>(output); i < prompt.size(); ++i) {
+      seq->constraint->accept(prompt[i]);
+    }
+  }
   return seq;
 }
 
@@ -306,7 +322,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     RowOutput out;
     if (seq.cached + static_cast<int64_t>(batch[i].tokens.size()) >=
         static_cast<int64_t>(seq.request.prompt.size())) {
-      out.draw = seq.sampler->deviceDraw();
+      // A constrained row is masked and drawn here, from its logits.
+      if (!seq.constraint) out.draw = seq.sampler->deviceDraw();
       out.logits = !out.draw.has_value();
     }
     outputs.push_back(out);
@@ -339,8 +356,15 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     } else {
       if (step.logits.size() < (i + 1) * vocab)
         return absl::InternalError("the model returned no logits for a row that needs them");
-      sampled = seq.sampler->sample(step.logits.subspan(i * vocab, vocab));
+      std::span<const float> logits = step.logits.subspan(i * vocab, vocab);
+      if (seq.constraint) {
+        masked_.assign(logits.begin(), logits.end());
+        seq.constraint->mask(masked_);
+        logits = masked_;
+      }
+      sampled = seq.sampler->sample(logits);
     }
+    if (seq.constraint) seq.constraint->accept(sampled.token);
     seq.tokens.push_back(sampled.token);
     TokenEvent event{.id = seq.request.id, .token = sampled.token};
     if (seq.request.sampling.logprobs >= 0) event.logprob = sampled.logprob;

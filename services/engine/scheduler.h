@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/engine/json_constraint.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/sampler.h"
@@ -47,6 +48,11 @@ struct GenerationRequest {
   std::vector<uint32_t> prompt;
   SamplingParams sampling;
   StopCriteria stop;  // max_new_tokens must be > 0.
+  // Constrain the output to one JSON object (json_constraint.h), ended by one of
+  // stop.stop_token_ids (needs a tokenizer). The last `output_in_prompt` prompt tokens are
+  // output already (a moved sequence): the constraint starts past them.
+  bool json_object = false;
+  int64_t output_in_prompt = 0;
 };
 
 // What one step produced for one sequence.
@@ -141,6 +147,7 @@ class Scheduler {
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<StopChecker> stopper;
     std::unique_ptr<tokenizer::IncrementalDetokenizer> detokenizer;
+    std::unique_ptr<JsonConstraint> constraint;  // request.json_object
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
   };
 
@@ -159,6 +166,9 @@ class Scheduler {
   const tokenizer::Tokenizer* tokenizer_;
   SchedulerOptions options_;
   KvBlockPool cache_;
+  // The vocabulary's bytes per token, made when a request first needs a constraint.
+  std::shared_ptr<const TokenBytes> token_bytes_;
+  std::vector<float> masked_;  // a constrained row's logits
   std::deque<GenerationRequest> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::deque<std::unique_ptr<Sequence>> ready_;  // startDecode()d, waiting for a decode slot.

@@ -8,7 +8,10 @@
 #include <map>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "common/log.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace cleave::engine {
 namespace {
@@ -263,6 +266,64 @@ TEST_F(SchedulerTest, ReservedPrefillThenDecodeGivesTheSameTokens) {
   EXPECT_EQ(scheduler.reservedBlocks(), 0);
   EXPECT_EQ(scheduler.freeBlocks(), 40);
   EXPECT_TRUE(scheduler.idle());
+}
+
+// SmolLM2 (a byte-level vocabulary) constrained to a JSON object: its greedy reply parses
+// as one, and a sequence moved mid-reply (its first tokens now in the prompt) continues
+// with the same tokens, the constraint replaying what was already said.
+TEST(SchedulerJsonTest, JsonObjectRepliesParseAndMovedSequencesContinueThem) {
+  const std::string model = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " missing";
+  auto tokenizer = tokenizer::Tokenizer::load(model);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto group = TpGroup::load(model, {.tp = 1, .threads = 2});
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_TRUE((*group)->allocateKv(64, 16).ok());
+  Scheduler scheduler(**group, tokenizer->get(), {.max_batch_tokens = 256, .max_sequences = 4});
+  const std::vector<uint32_t> prompt =
+      (*tokenizer)
+          ->encode(
+              "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+              "Face<|im_end|>\n<|im_start|>user\nDescribe a cat as a JSON object with name and "
+              "age.<|im_end|>\n<|im_start|>assistant\n",
+              {.add_special_tokens = false, .parse_special = true});
+  const uint32_t eos = *(*tokenizer)->eosId();
+  auto run = [&](GenerationRequest request) {
+    std::vector<uint32_t> out;
+    EXPECT_TRUE(scheduler.add(request).ok());
+    while (!scheduler.idle()) {
+      auto events = scheduler.step();
+      EXPECT_TRUE(events.ok()) << events.status();
+      if (!events.ok()) break;
+      for (const TokenEvent& e : *events) out.push_back(e.token);
+    }
+    return out;
+  };
+  GenerationRequest request{.id = 1,
+                            .prompt = prompt,
+                            .stop = {.stop_token_ids = {eos}, .max_new_tokens = 96},
+                            .json_object = true};
+  const std::vector<uint32_t> reply = run(request);
+  ASSERT_FALSE(reply.empty());
+  ASSERT_EQ(reply.back(), eos) << "the object did not close within 96 tokens: "
+                               << (*tokenizer)->decode(reply, true);
+  const std::string text =
+      (*tokenizer)->decode(std::span<const uint32_t>(reply).first(reply.size() - 1), true);
+  const nlohmann::json parsed = nlohmann::json::parse(text, nullptr, false);
+  EXPECT_TRUE(parsed.is_object()) << text;
+
+  const size_t said = reply.size() / 2;
+  GenerationRequest moved = request;
+  moved.id = 2;
+  moved.prompt.insert(moved.prompt.end(), reply.begin(), reply.begin() + said);
+  moved.output_in_prompt = static_cast<int64_t>(said);
+  moved.stop.max_new_tokens = 96 - static_cast<int64_t>(said);
+  EXPECT_EQ(run(moved), std::vector<uint32_t>(reply.begin() + said, reply.end()));
+
+  // Without an end token there is no way to close the object: refused.
+  GenerationRequest endless = request;
+  endless.stop.stop_token_ids.clear();
+  EXPECT_EQ(scheduler.add(endless).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

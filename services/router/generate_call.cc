@@ -141,6 +141,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   if (!sampling.has_seed()) sampling.set_seed(std::random_device{}() * 0x100000001ull);
   Sequence sequence{.id = id,
                     .tokens = prompt,
+                    .prompt_tokens = prompt_tokens,
                     .remaining = max_new,
                     .blocks = blocks,
                     .sampling = sampling,
@@ -380,6 +381,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     *prefill.mutable_sampling() = sequence.sampling;
     *prefill.mutable_stopping() = stopping;
     if (sequence.logprobs) prefill.set_logprobs(*sequence.logprobs);
+    prefill.set_output_tokens(static_cast<uint32_t>(static_cast<int64_t>(sequence.tokens.size()) -
+                                                    sequence.prompt_tokens));
     v1::KvDestination* destination = prefill.mutable_destination();
     destination->set_decode_worker_id(worker.id);
     *destination->mutable_ranks() = worker.info.ranks();
@@ -434,6 +437,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     *start.mutable_sampling() = sequence.sampling;
     *start.mutable_stopping() = stopping;
     if (sequence.logprobs) start.set_logprobs(*sequence.logprobs);
+    start.set_output_tokens(prefill.output_tokens());
     v1::StartDecodeResponse started;
     status = worker.decode->StartDecode(workerContext(sequence.deadline).get(), start, &started);
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {

@@ -85,6 +85,7 @@ class GenerationService final : public v1::Generation::Service {
   struct Sequence {
     std::string id;  // Workers' id for its placement: the request's, then "<it>.<n>" after n moves.
     std::vector<uint32_t> tokens;  // The prompt, then every token sent to the client.
+    int64_t prompt_tokens = 0;     // Of `tokens`, the prompt's.
     int64_t remaining = 0;         // New tokens still allowed.
     int64_t blocks = 0;            // KV blocks for its whole life.
     v1::SamplingParams sampling;

@@ -108,6 +108,17 @@ TEST(OpenAiRequestTest, ChatMessagesKeepTheirFieldsForTheTemplate) {
   EXPECT_EQ(call->request.logprobs(), 2u);
 }
 
+TEST(OpenAiRequestTest, JsonObjectFormatConstrainsSampling) {
+  auto call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_object"}})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.sampling().response_format(), v1::RESPONSE_FORMAT_JSON_OBJECT);
+  call = parseCompletionRequest(
+      Json::parse(R"({"prompt": "x", "response_format": {"type": "text"}})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.sampling().response_format(), v1::RESPONSE_FORMAT_TEXT);
+}
+
 TEST(OpenAiRequestTest, ChatWithoutMaxTokensRunsToTheContextAndToolChoiceNoneHidesTools) {
   auto call = parseChatRequest(Json::parse(
       R"({"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none"})"));
@@ -188,7 +199,7 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
        "tool_choice"},
       {R"({"messages": [{"role": "user", "content": "x"}],
-           "response_format": {"type": "json_object"}})",
+           "response_format": {"type": "json_schema", "json_schema": {}}})",
        "response_format"},
       {R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs"},
       {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []})",

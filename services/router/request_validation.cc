@@ -115,6 +115,16 @@ absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
                    absl::StrCat(request.request_id().size(), " bytes"));
   }
   if (absl::Status s = validateSampling(request.sampling()); !s.ok()) return s;
+  if (!v1::ResponseFormat_IsValid(request.sampling().response_format())) {
+    return invalid("sampling.response_format", "is not a ResponseFormat",
+                   request.sampling().response_format());
+  }
+  if (request.sampling().response_format() == v1::RESPONSE_FORMAT_JSON_OBJECT &&
+      request.stopping().ignore_eos()) {
+    return absl::InvalidArgumentError(
+        "sampling.response_format: a JSON object ends with the end-of-sequence token; "
+        "stopping.ignore_eos must not be set");
+  }
   return validateStopping(request.stopping());
 }
 

@@ -28,6 +28,15 @@ absl::StatusOr<engine::GenerationRequest> toEngineRequest(uint64_t id, const Req
     return absl::UnimplementedError("stopping.min_new_tokens is not supported yet");
   }
   if (!stop.ignore_eos()) r.stop.stop_token_ids = eos;
+  if (s.response_format() == v1::RESPONSE_FORMAT_JSON_OBJECT) {
+    if (stop.ignore_eos() || eos.empty()) {
+      return absl::InvalidArgumentError(
+          "sampling.response_format: a JSON object ends with the end-of-sequence token; "
+          "stopping.ignore_eos must not be set");
+    }
+    r.json_object = true;
+    r.output_in_prompt = std::min<int64_t>(parts.output_tokens, parts.prompt->size());
+  }
   r.stop.stop_token_ids.insert(r.stop.stop_token_ids.end(), stop.stop_token_ids().begin(),
                                stop.stop_token_ids().end());
   r.stop.stop_strings.assign(stop.stop().begin(), stop.stop().end());

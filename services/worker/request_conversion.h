@@ -17,6 +17,7 @@ struct RequestParts {
   const v1::SamplingParams* sampling = nullptr;
   const v1::StoppingCriteria* stopping = nullptr;
   std::optional<uint32_t> logprobs;
+  uint32_t output_tokens = 0;  // generated tokens at the end of the prompt (a moved sequence)
 };
 
 // The parts of a PrefillRequest or StartDecodeRequest.
@@ -25,6 +26,7 @@ RequestParts partsOf(const Message& m) {
   RequestParts parts{
       .prompt = &m.prompt_token_ids(), .sampling = &m.sampling(), .stopping = &m.stopping()};
   if (m.has_logprobs()) parts.logprobs = m.logprobs();
+  parts.output_tokens = m.output_tokens();
   return parts;
 }
 

@@ -274,6 +274,35 @@ class OpenAiApiTest(unittest.TestCase):
             self.assertEqual(texts[skip], decoded)
         self.assertNotEqual(texts[True], texts[False])  # the reply did pass its end of turn
 
+    def test_json_object_replies_parse_as_objects(self):
+        # Constrained decoding: whatever the model would say, each reply that ends (rather
+        # than reaching max_tokens) is one JSON object, greedy or sampled, whole or streamed.
+        messages = [{"role": "user", "content": "Describe a cat as a JSON object with name and age."}]
+        unconstrained = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=60, temperature=0)
+        reply = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=120, temperature=0,
+            response_format={"type": "json_object"})
+        self.assertEqual(reply.choices[0].finish_reason, "stop")
+        self.assertIsInstance(json.loads(reply.choices[0].message.content), dict)
+        self.assertNotEqual(reply.choices[0].message.content, unconstrained.choices[0].message.content)
+        sampled = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=120, temperature=1.0, seed=11, n=8,
+            response_format={"type": "json_object"})
+        ended = [c for c in sampled.choices if c.finish_reason == "stop"]
+        self.assertGreaterEqual(len(ended), 4, [c.message.content for c in sampled.choices])
+        for choice in ended:
+            self.assertIsInstance(json.loads(choice.message.content), dict, choice.message.content)
+        for choice in sampled.choices:  # cut short: still a prefix of an object
+            self.assertTrue(choice.message.content.lstrip().startswith("{"), choice.message.content)
+        stream = self.client.completions.create(
+            model=self.model, prompt="A JSON object with a city and its country:", max_tokens=120,
+            temperature=0, stream=True, extra_body={"response_format": {"type": "json_object"}})
+        chunks = list(stream)
+        self.assertEqual(chunks[-1].choices[0].finish_reason, "stop")
+        self.assertIsInstance(json.loads("".join(c.choices[0].text for c in chunks)), dict)
+        ct.wait_until_nothing_reserved(self.router, [self.worker])
+
     def test_stop_strings_end_the_text(self):
         free = self.client.completions.create(model=self.model, prompt="Count: one, two,",
                                               max_tokens=16, temperature=0)
@@ -294,8 +323,10 @@ class OpenAiApiTest(unittest.TestCase):
             ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
              "/v1/chat/completions", 400, "messages[0].content[0].type"),
             ({"messages": [{"role": "user", "content": "x"}],
-              "response_format": {"type": "json_object"}}, "/v1/chat/completions", 400,
+              "response_format": {"type": "json_schema"}}, "/v1/chat/completions", 400,
              "response_format"),
+            ({"messages": [{"role": "user", "content": "x"}], "ignore_eos": True,
+              "response_format": {"type": "json_object"}}, "/v1/chat/completions", 400, None),
             # Values the router checks: its message names its field.
             ({"prompt": "x", "top_p": 1.5}, "/v1/completions", 400, None),
             ({"prompt": "x", "max_tokens": 100000}, "/v1/completions", 400, None),
