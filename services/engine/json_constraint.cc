@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <random>
 
 #include "common/tokenizer/tokenizer.h"
 
@@ -216,8 +217,31 @@ bool JsonGrammar::step(uint8_t c) {
 }
 
 TokenBytes::TokenBytes(const tokenizer::Tokenizer& tokenizer) : bytes_(tokenizer.vocabSize()) {
+  // A token's bytes in context: what it adds after an ordinary token (a decoder may strip
+  // the leading space of a text's first token).
+  const std::vector<tokenizer::TokenId> anchor =
+      tokenizer.encode("a", {.add_special_tokens = false});
+  const std::string before = tokenizer.decode(anchor, true);
+  std::vector<tokenizer::TokenId> pair = anchor;
+  pair.push_back(0);
   for (uint32_t id = 0; id < bytes_.size(); ++id) {
-    if (!tokenizer.isSpecial(id)) bytes_[id] = tokenizer.decode({&id, 1}, true);
+    if (tokenizer.isSpecial(id)) continue;
+    pair.back() = id;
+    const std::string both = tokenizer.decode(pair, true);
+    bytes_[id] =
+        both.starts_with(before) ? both.substr(before.size()) : tokenizer.decode({&id, 1}, true);
+  }
+  // The bytes add up: sample pairs of ordinary tokens decode to their bytes joined.
+  std::mt19937_64 random(bytes_.size());
+  std::vector<tokenizer::TokenId> three = anchor;
+  three.resize(anchor.size() + 2);
+  for (int checked = 0, tries = 0; checked < 256 && tries < 4096 && exact_; ++tries) {
+    const uint32_t x = random() % bytes_.size(), y = random() % bytes_.size();
+    if (bytes_[x].empty() || bytes_[y].empty()) continue;
+    three[anchor.size()] = x;
+    three[anchor.size() + 1] = y;
+    exact_ = tokenizer.decode(three, true) == before + bytes_[x] + bytes_[y];
+    ++checked;
   }
   group();
 }
@@ -280,8 +304,9 @@ void JsonConstraint::mask(std::span<float> logits) const {
   if (!any && !ends_.empty() && ends_[0] < logits.size()) logits[ends_[0]] = 0.0f;
 }
 
-void JsonConstraint::accept(uint32_t token) {
-  if (token < bytes_->size()) grammar_.pushAll((*bytes_)[token]);
+bool JsonConstraint::accept(uint32_t token) {
+  if (std::find(ends_.begin(), ends_.end(), token) != ends_.end()) return grammar_.complete();
+  return token < bytes_->size() && !(*bytes_)[token].empty() && grammar_.pushAll((*bytes_)[token]);
 }
 
 }  // namespace cleave::engine

@@ -10,9 +10,10 @@
 // tokens are capped at 16 bytes (a model can otherwise pad forever).
 //
 // The mask needs the bytes each token adds to the text: TokenBytes reads them from the
-// tokenizer, a token on its own. That is exact for byte-level vocabularies (GPT-2 style BPE,
-// as Llama 3, Qwen and SmolLM use); special tokens add none and are never allowed, except
-// those that end the sequence.
+// tokenizer, each token after an ordinary one (a decoder may strip a text's leading space),
+// and checks on sample pairs that the bytes of tokens put together are their text
+// (exact()); special tokens add none and are never allowed, except those that end the
+// sequence.
 //
 // Threading: a JsonConstraint belongs to one sequence; TokenBytes is immutable and shared.
 #pragma once
@@ -96,6 +97,9 @@ class TokenBytes {
  public:
   explicit TokenBytes(const tokenizer::Tokenizer& tokenizer);
   explicit TokenBytes(std::vector<std::string> bytes);
+  // Whether the bytes of tokens put together are the text of the tokens together (checked
+  // on sample pairs when read from a tokenizer); a constraint needs it.
+  bool exact() const { return exact_; }
   const std::string& operator[](uint32_t id) const { return bytes_[id]; }
   size_t size() const { return bytes_.size(); }
   const std::vector<uint32_t>& startingWith(uint8_t byte) const { return by_first_[byte]; }
@@ -107,6 +111,7 @@ class TokenBytes {
   std::vector<std::string> bytes_;
   std::vector<std::vector<uint32_t>> by_first_;
   std::vector<bool> plain_;
+  bool exact_ = true;
 };
 
 class JsonConstraint {
@@ -117,8 +122,8 @@ class JsonConstraint {
   // Sets the logits of the tokens that cannot come next to -infinity (logits.size() may
   // exceed the vocabulary: the rest are masked too).
   void mask(std::span<float> logits) const;
-  // Advances past `token` (one the mask allowed; another leaves the grammar as it was).
-  void accept(uint32_t token);
+  // Advances past `token`; false (the grammar as it was) for one the mask would not allow.
+  bool accept(uint32_t token);
   bool complete() const { return grammar_.complete(); }
 
  private:

@@ -203,5 +203,26 @@ TEST(JsonConstraintTest, TheMaskIsExactOnARealVocabulary) {
   EXPECT_TRUE(constraint.complete());
 }
 
+// A SentencePiece-style vocabulary whose decoder strips a text's leading space: a token's
+// bytes are read in context, so "▁x" adds " x", and the bytes of tokens put together are
+// their text.
+TEST(TokenBytesTest, ReadsEachTokenInContext) {
+  auto tokenizer = tokenizer::Tokenizer::load(std::string(CLEAVE_GOLDEN_DIR) +
+                                              "/tokenizers/spm_bpe/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const TokenBytes bytes(**tokenizer);
+  EXPECT_TRUE(bytes.exact());
+  int spaced = 0;
+  for (uint32_t id = 0; id < bytes.size(); ++id) {
+    auto piece = (*tokenizer)->piece(id);
+    if (!piece.ok() || (*tokenizer)->isSpecial(id)) continue;
+    if (piece->starts_with("\xe2\x96\x81") && piece->size() > 3) {  // "▁" and more
+      EXPECT_TRUE(bytes[id].starts_with(" ")) << *piece << " -> '" << bytes[id] << "'";
+      ++spaced;
+    }
+  }
+  EXPECT_GT(spaced, 50);
+}
+
 }  // namespace
 }  // namespace cleave::engine

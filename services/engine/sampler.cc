@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <unordered_set>
 
@@ -106,10 +107,19 @@ SampledToken Sampler::sample(std::span<const float> logits) {
     // Candidates sorted by logit, best first; only as many as the filters can keep. With
     // no top-k and no top-p nothing needs sorting: index order serves (min_p needs only
     // the top probability, which is the peak).
-    order_.resize(vocab);
-    std::iota(order_.begin(), order_.end(), 0u);
-    const uint32_t keep = params_.top_k > 0 ? std::min<uint32_t>(params_.top_k, vocab) : vocab;
-    const bool sorted = keep < vocab || params_.top_p < 1.0f;
+    // Masked tokens (-infinity: a constrained row's) are no candidates.
+    order_.clear();
+    for (uint32_t i = 0; i < vocab; ++i) {
+      if (l[i] != -std::numeric_limits<float>::infinity()) order_.push_back(i);
+    }
+    if (order_.empty()) {
+      order_.resize(vocab);
+      std::iota(order_.begin(), order_.end(), 0u);
+    }
+    const uint32_t candidates = static_cast<uint32_t>(order_.size());
+    const uint32_t keep =
+        params_.top_k > 0 ? std::min<uint32_t>(params_.top_k, candidates) : candidates;
+    const bool sorted = keep < candidates || params_.top_p < 1.0f;
     if (sorted) {
       std::partial_sort(
           order_.begin(), order_.begin() + keep, order_.end(),
@@ -179,6 +189,7 @@ SampledToken Sampler::sample(std::span<const float> logits) {
         return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
       });
       for (uint32_t i = 0; i < n; ++i) {
+        if (!std::isfinite(logits[best[i]])) break;  // masked: no alternative at all
         result.top.emplace_back(best[i],
                                 static_cast<float>(logSoftmaxAt(logits, best[i], peak, log_total)));
       }

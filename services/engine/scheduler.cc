@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 
 namespace cleave::engine {
@@ -24,9 +25,17 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
     }
   }
   CLEAVE_RETURN_IF_ERROR(validateSamplingParams(request.sampling));
-  if (request.json_object && (tokenizer_ == nullptr || request.stop.stop_token_ids.empty())) {
-    return absl::InvalidArgumentError(
-        "a JSON object output needs the model's tokenizer and an end-of-sequence token");
+  if (request.json_object) {
+    if (tokenizer_ == nullptr || request.stop.stop_token_ids.empty()) {
+      return absl::InvalidArgumentError(
+          "a JSON object output needs the model's tokenizer and an end-of-sequence token");
+    }
+    if (token_bytes_ == nullptr) token_bytes_ = std::make_shared<const TokenBytes>(*tokenizer_);
+    if (!token_bytes_->exact()) {
+      return absl::UnimplementedError(
+          "a JSON object output needs a vocabulary whose tokens' bytes add up (byte-level "
+          "BPE, as Llama 3, Qwen and SmolLM use); this model's decoder joins tokens otherwise");
+    }
   }
   if (request.stop.max_new_tokens <= 0)
     return absl::InvalidArgumentError("max_new_tokens must be > 0");
@@ -177,7 +186,11 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::makeSequence(GenerationRequest r
     const int64_t output =
         std::min<int64_t>(seq->request.output_in_prompt, static_cast<int64_t>(prompt.size()));
     for (size_t i = prompt.size() - static_cast<size_t>(output); i < prompt.size(); ++i) {
-      seq->constraint->accept(prompt[i]);
+      if (!seq->constraint->accept(prompt[i])) {
+        CLEAVE_LOG(WARNING) << "request " << seq->request.id
+                            << ": its output so far is not the start of a JSON object";
+        break;
+      }
     }
   }
   return seq;
@@ -364,7 +377,10 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
       }
       sampled = seq.sampler->sample(logits);
     }
-    if (seq.constraint) seq.constraint->accept(sampled.token);
+    if (seq.constraint && !seq.constraint->accept(sampled.token)) {
+      CLEAVE_LOG(WARNING) << "request " << seq.request.id << ": drew token " << sampled.token
+                          << ", which the JSON mask did not allow";
+    }
     seq.tokens.push_back(sampled.token);
     TokenEvent event{.id = seq.request.id, .token = sampled.token};
     if (seq.request.sampling.logprobs >= 0) event.logprob = sampled.logprob;

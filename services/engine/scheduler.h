@@ -167,8 +167,8 @@ class Scheduler {
   SchedulerOptions options_;
   KvBlockPool cache_;
   // The vocabulary's bytes per token, made when a request first needs a constraint.
-  std::shared_ptr<const TokenBytes> token_bytes_;
-  std::vector<float> masked_;  // a constrained row's logits
+  mutable std::shared_ptr<const TokenBytes> token_bytes_;  // engine thread only
+  std::vector<float> masked_;                              // a constrained row's logits
   std::deque<GenerationRequest> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;
   std::deque<std::unique_ptr<Sequence>> ready_;  // startDecode()d, waiting for a decode slot.

@@ -282,9 +282,14 @@ class OpenAiApiTest(unittest.TestCase):
             model=self.model, messages=messages, max_tokens=60, temperature=0)
         reply = self.client.chat.completions.create(
             model=self.model, messages=messages, max_tokens=120, temperature=0,
-            response_format={"type": "json_object"})
+            response_format={"type": "json_object"}, logprobs=True, top_logprobs=3)
         self.assertEqual(reply.choices[0].finish_reason, "stop")
         self.assertIsInstance(json.loads(reply.choices[0].message.content), dict)
+        for t in reply.choices[0].logprobs.content:  # masked alternatives are left out
+            self.assertIsInstance(t.logprob, float)
+            self.assertLessEqual(len(t.top_logprobs), 3)
+            for alt in t.top_logprobs:
+                self.assertIsInstance(alt.logprob, float)
         self.assertNotEqual(reply.choices[0].message.content, unconstrained.choices[0].message.content)
         sampled = self.client.chat.completions.create(
             model=self.model, messages=messages, max_tokens=120, temperature=1.0, seed=11, n=8,
@@ -555,6 +560,12 @@ class OpenAiApiTest(unittest.TestCase):
                     self.assertIsNone(choice.delta.content or None)
                     reasoning += (choice.delta.model_extra or {}).get("reasoning_content") or ""
             self.assertEqual(reasoning, plain.choices[0].message.content)
+            # A JSON-object reply is the object, not reasoning.
+            constrained = client.chat.completions.create(
+                model=self.model, messages=messages, max_tokens=120, temperature=0,
+                response_format={"type": "json_object"})
+            self.assertIsInstance(json.loads(constrained.choices[0].message.content), dict)
+            self.assertIsNone(constrained.choices[0].message.model_extra.get("reasoning_content"))
             # Completions are never split.
             done = client.completions.create(model=self.model, prompt="Paris is", max_tokens=4,
                                              temperature=0)
