@@ -17,4 +17,8 @@ inline constexpr int kMaxRequestJsonContainers = 100000;
 // not check that `text` is valid JSON.
 absl::Status checkJsonShape(absl::string_view text, absl::string_view field);
 
+// The end (one past its closing bracket) of the object or array `text` starts with, by its
+// brackets outside strings; npos when it does not close. Does not check the JSON within.
+size_t jsonContainerEnd(absl::string_view text);
+
 }  // namespace cleave

@@ -60,35 +60,12 @@ std::optional<std::vector<ToolCall>> hermesCalls(absl::string_view text) {
   return calls;
 }
 
-// The end of the JSON object that starts `text` (one past its '}'), or npos.
-size_t objectEnd(absl::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if ((c == '}' || c == ']') && --depth == 0) {
-      return i + 1;
-    }
-  }
-  return absl::string_view::npos;
-}
-
 std::optional<std::vector<ToolCall>> llama3Calls(absl::string_view text) {
   std::vector<ToolCall> calls;
   text = absl::StripAsciiWhitespace(text);
   while (!text.empty()) {
     if (text[0] != '{') return std::nullopt;
-    const size_t end = objectEnd(text);
+    const size_t end = jsonContainerEnd(text);
     if (end == absl::string_view::npos) return std::nullopt;
     std::optional<ToolCall> call = callFrom(text.substr(0, end));
     if (!call) return std::nullopt;
