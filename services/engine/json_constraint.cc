@@ -243,12 +243,14 @@ TokenBytes::TokenBytes(const tokenizer::Tokenizer& tokenizer) : bytes_(tokenizer
     exact_ = tokenizer.decode(three, true) == before + bytes_[x] + bytes_[y];
     ++checked;
   }
-  group();
+  sortIntoGroups();
 }
 
-TokenBytes::TokenBytes(std::vector<std::string> bytes) : bytes_(std::move(bytes)) { group(); }
+TokenBytes::TokenBytes(std::vector<std::string> bytes) : bytes_(std::move(bytes)) {
+  sortIntoGroups();
+}
 
-void TokenBytes::group() {
+void TokenBytes::sortIntoGroups() {
   by_first_.assign(256, {});
   plain_.assign(bytes_.size(), false);
   for (uint32_t id = 0; id < bytes_.size(); ++id) {
@@ -259,6 +261,21 @@ void TokenBytes::group() {
     JsonGrammar probe;
     if (b.find_first_of("\"\\") != std::string::npos || !probe.pushAll("{\"")) continue;
     plain_[id] = probe.pushAll(b) && probe.betweenStringCharacters();
+  }
+  // Within a first byte: one-byte tokens, then by second byte (stable: ids ascending).
+  auto second = [&](uint32_t id) {
+    return bytes_[id].size() < 2 ? -1 : static_cast<int>(static_cast<uint8_t>(bytes_[id][1]));
+  };
+  groups_.assign(256 * 258, 0);
+  for (int first = 0; first < 256; ++first) {
+    std::vector<uint32_t>& ids = by_first_[first];
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](uint32_t a, uint32_t b) { return second(a) < second(b); });
+    size_t* at = &groups_[static_cast<size_t>(first) * 258];
+    for (int k = -1, i = 0; k <= 256; ++k) {
+      at[k + 1] = static_cast<size_t>(i);
+      while (k < 256 && i < static_cast<int>(ids.size()) && second(ids[i]) == k) ++i;
+    }
   }
 }
 
@@ -273,18 +290,32 @@ void JsonConstraint::mask(std::span<float> logits) const {
     // Only tokens whose first byte the grammar takes can be allowed; between string
     // characters, plain text always is.
     const bool in_string = grammar_.betweenStringCharacters();
+    auto keep = [&](uint32_t id, bool allowed) {
+      if (id < logits.size()) keep_[id] = allowed;
+    };
     for (int first = 0; first < 256; ++first) {
       const std::vector<uint32_t>& ids = bytes.startingWith(static_cast<uint8_t>(first));
       if (ids.empty()) continue;
       JsonGrammar next = grammar_;
       if (!next.push(static_cast<uint8_t>(first))) continue;
-      for (uint32_t id : ids) {
-        if (id >= logits.size()) continue;
-        if (in_string && bytes.plainText(id)) {
-          keep_[id] = 1;
-        } else {
+      if (in_string) {  // nearly everything goes: plain text at once, the rest simulated
+        for (uint32_t id : ids) {
           JsonGrammar rest = grammar_;
-          keep_[id] = rest.pushAll(bytes[id]);
+          keep(id, bytes.plainText(id) || rest.pushAll(bytes[id]));
+        }
+        continue;
+      }
+      const auto [single, single_end] = bytes.group(static_cast<uint8_t>(first), -1);
+      for (size_t i = single; i < single_end; ++i) keep(ids[i], true);
+      // Then by second byte: a group whose second byte the grammar refuses is skipped whole.
+      for (int second = 0; second < 256; ++second) {
+        const auto [begin, end] = bytes.group(static_cast<uint8_t>(first), second);
+        if (begin == end) continue;
+        JsonGrammar two = next;
+        if (!two.push(static_cast<uint8_t>(second))) continue;
+        for (size_t i = begin; i < end; ++i) {
+          JsonGrammar rest = two;
+          keep(ids[i], rest.pushAll(std::string_view(bytes[ids[i]]).substr(2)));
         }
       }
     }

@@ -102,14 +102,22 @@ class TokenBytes {
   bool exact() const { return exact_; }
   const std::string& operator[](uint32_t id) const { return bytes_[id]; }
   size_t size() const { return bytes_.size(); }
+  // The tokens starting with `byte`: those of one byte first, then by second byte.
   const std::vector<uint32_t>& startingWith(uint8_t byte) const { return by_first_[byte]; }
+  // Within startingWith(first): [begin, end) of the one-byte tokens (second = -1) or of
+  // those whose second byte is `second`.
+  std::pair<size_t, size_t> group(uint8_t first, int second) const {
+    const size_t* at = &groups_[first * 258 + static_cast<size_t>(second + 1)];
+    return {at[0], at[1]};
+  }
   bool plainText(uint32_t id) const { return plain_[id]; }
 
  private:
-  void group();
+  void sortIntoGroups();
 
   std::vector<std::string> bytes_;
   std::vector<std::vector<uint32_t>> by_first_;
+  std::vector<size_t> groups_;  // per first byte, 258 offsets into by_first_[first]
   std::vector<bool> plain_;
   bool exact_ = true;
 };
