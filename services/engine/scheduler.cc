@@ -178,8 +178,8 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::makeSequence(GenerationRequest r
   seq->stopper = std::make_unique<StopChecker>(seq->request.stop);
   if (tokenizer_ != nullptr)
     seq->detokenizer = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_);
-  if (seq->request.json_object) {  // validate() saw the tokenizer and an end token
-    if (token_bytes_ == nullptr) token_bytes_ = std::make_shared<const TokenBytes>(*tokenizer_);
+  if (seq->request.json_object) {  // validate() saw the tokenizer and an end token, and
+                                   // made token_bytes_
     seq->constraint =
         std::make_unique<JsonConstraint>(token_bytes_, seq->request.stop.stop_token_ids);
     const std::vector<uint32_t>& prompt = seq->request.prompt;

@@ -92,14 +92,7 @@ absl::Status refuseUnsupported(const Json& body) {
   }
   CLEAVE_ASSIGN_OR_RETURN(bool include_stop, boolean(body, "include_stop_str_in_output", false));
   if (include_stop) return invalid("include_stop_str_in_output", "only false is supported");
-  if (const Json* format = field(body, "response_format"); format != nullptr) {
-    const Json* type = format->is_object() ? field(*format, "type") : nullptr;
-    if (type == nullptr || (*type != "text" && *type != "json_object")) {
-      return invalid("response_format",
-                     "only {\"type\": \"text\"} and {\"type\": \"json_object\"} are "
-                     "supported (not json_schema yet)");
-    }
-  }
+
   if (const Json* choice = field(body, "tool_choice");
       choice != nullptr && *choice != "auto" && *choice != "none") {
     return invalid("tool_choice",
@@ -121,9 +114,14 @@ absl::Status parseCommon(const Json& body, Call& call) {
   v1::GenerateRequest& r = call.request;
   CLEAVE_RETURN_IF_ERROR(parseModel(body, r));
   v1::SamplingParams& s = *r.mutable_sampling();
-  if (const Json* format = field(body, "response_format");
-      format != nullptr && *field(*format, "type") == "json_object") {
-    s.set_response_format(v1::RESPONSE_FORMAT_JSON_OBJECT);
+  if (const Json* format = field(body, "response_format"); format != nullptr) {
+    const Json* type = format->is_object() ? field(*format, "type") : nullptr;
+    if (type == nullptr || (*type != "text" && *type != "json_object")) {
+      return invalid("response_format",
+                     "only {\"type\": \"text\"} and {\"type\": \"json_object\"} are "
+                     "supported (not json_schema yet)");
+    }
+    if (*type == "json_object") s.set_response_format(v1::RESPONSE_FORMAT_JSON_OBJECT);
   }
   CLEAVE_RETURN_IF_ERROR(number(body, "temperature", [&](float f) { s.set_temperature(f); }));
   CLEAVE_RETURN_IF_ERROR(number(body, "top_p", [&](float f) { s.set_top_p(f); }));

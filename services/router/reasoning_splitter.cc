@@ -5,20 +5,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "services/router/partial_tag.h"
 
 namespace cleave::router {
 namespace {
 
 constexpr absl::string_view kOpen = "<think>";
 constexpr absl::string_view kClose = "</think>";
-
-// The length of the longest end of `text` that begins `tag` (text that may still become it).
-size_t partialTag(absl::string_view text, absl::string_view tag) {
-  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
-    if (absl::StartsWith(tag, text.substr(text.size() - n))) return n;
-  }
-  return 0;
-}
 
 }  // namespace
 
@@ -71,7 +64,7 @@ void ReasoningSplitter::drain(Parts& out, bool at_end) {
           state_ = State::kContent;
           continue;
         }
-        const size_t keep = at_end ? 0 : partialTag(held_, kClose);
+        const size_t keep = at_end ? 0 : partialTagLength(held_, kClose);
         out.reasoning += held_.substr(0, held_.size() - keep);
         held_.erase(0, held_.size() - keep);
         return;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/json_shape.h"
+#include "services/router/partial_tag.h"
 
 namespace cleave::router {
 namespace {
@@ -76,14 +77,6 @@ std::optional<std::vector<ToolCall>> llama3Calls(absl::string_view text) {
   return calls;
 }
 
-// The length of the longest end of `text` that begins `tag`.
-size_t partialTag(absl::string_view text, absl::string_view tag) {
-  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
-    if (absl::StartsWith(tag, text.substr(text.size() - n))) return n;
-  }
-  return 0;
-}
-
 }  // namespace
 
 absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name) {
@@ -121,7 +114,7 @@ std::string ToolCallStream::push(absl::string_view text) {
   if (format_ == ToolCallFormat::kHermes) {
     const size_t open = absl::string_view(held_).find(kCallOpen);
     const size_t keep =
-        open != std::string::npos ? held_.size() - open : partialTag(held_, kCallOpen);
+        open != std::string::npos ? held_.size() - open : partialTagLength(held_, kCallOpen);
     calling_ = open != std::string::npos;
     out = held_.substr(0, held_.size() - keep);
     held_.erase(0, held_.size() - keep);
