@@ -55,7 +55,9 @@ void KvBlockPool::retain(std::span<const int32_t> blocks) {
 }
 
 void KvBlockPool::release(std::span<const int32_t> blocks) {
-  for (int32_t b : blocks) {
+  // Last block first: a sequence's tail, shared least, is evicted before its head.
+  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
+    const int32_t b = *it;
     CLEAVE_CHECK(b >= 0 && b < totalBlocks() && blocks_[b].refcount > 0)
         << "release of unallocated block " << b;
     Block& block = blocks_[b];

@@ -37,7 +37,8 @@ class KvBlockPool {
   // Adds a reference to each block (allocated, or cached and unused).
   void retain(std::span<const int32_t> blocks);
   // Drops a reference from each block; an unreferenced block becomes free, or stays cached
-  // if it is published.
+  // if it is published (the blocks of one call evictable last to first: a sequence's head,
+  // which more requests share, outlives its tail).
   void release(std::span<const int32_t> blocks);
 
   // Prefix caching. The hash of block i of a sequence chains the hash of block i - 1

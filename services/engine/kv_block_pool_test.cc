@@ -74,5 +74,25 @@ TEST(KvBlockPoolPrefixTest, PublishedBlocksAreFoundReusedAndEvictedOldestFirst) 
   pool.release(all);
 }
 
+// A sequence's blocks go back last to first: its tail is evicted before its head, which
+// later prompts share more often.
+TEST(KvBlockPoolPrefixTest, AReleasedSequenceLosesItsTailFirst) {
+  KvBlockPool pool({.block_size = 1, .num_blocks = 3});
+  const std::vector<uint32_t> tokens = {3, 1, 4};
+  std::vector<int32_t> blocks = *pool.allocate(3);
+  std::vector<uint64_t> hashes;
+  uint64_t chain = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    chain = KvBlockPool::chainHash(chain, {&tokens[i], 1});
+    hashes.push_back(chain);
+    pool.publish(blocks[i], chain, {&tokens[i], 1});
+  }
+  pool.release(blocks);
+  EXPECT_EQ(*pool.allocate(1), std::vector<int32_t>{blocks[2]});
+  EXPECT_EQ(pool.lookup(hashes[0], {&tokens[0], 1}), blocks[0]);
+  EXPECT_EQ(pool.lookup(hashes[1], {&tokens[1], 1}), blocks[1]);
+  EXPECT_FALSE(pool.lookup(hashes[2], {&tokens[2], 1}).has_value());
+}
+
 }  // namespace
 }  // namespace cleave::engine

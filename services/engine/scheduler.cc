@@ -59,16 +59,49 @@ absl::Status Scheduler::add(GenerationRequest request) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t count) {
+absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t count,
+                                                        std::span<const uint32_t> prompt) {
   if (count < 1) return absl::InvalidArgumentError("num_blocks must be >= 1");
   if (auto it = reservations_.find(id); it != reservations_.end()) {
     if (static_cast<int64_t>(it->second.size()) == count) return it->second;
     return absl::AlreadyExistsError(
         absl::StrCat("request ", id, " already holds ", it->second.size(), " blocks, not ", count));
   }
-  CLEAVE_ASSIGN_OR_RETURN(std::vector<int32_t> blocks, cache_.allocate(count));
+  std::vector<int32_t> blocks = lookupPrefix(prompt).blocks;
+  if (static_cast<int64_t>(blocks.size()) > count) blocks.resize(count);
+  cache_.retain(blocks);
+  absl::StatusOr<std::vector<int32_t>> fresh =
+      cache_.allocate(count - static_cast<int64_t>(blocks.size()));
+  if (!fresh.ok()) {
+    cache_.release(blocks);
+    return fresh.status();
+  }
+  blocks.insert(blocks.end(), fresh->begin(), fresh->end());
   reservations_.emplace(id, blocks);
   return blocks;
+}
+
+Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt) const {
+  PrefixHit hit;
+  const int64_t bs = cache_.blockSize();
+  const int64_t reusable = (static_cast<int64_t>(prompt.size()) - 1) / bs;
+  for (int64_t j = 0; j < reusable; ++j) {
+    std::span<const uint32_t> tokens = prompt.subspan(j * bs, bs);
+    const uint64_t hash = KvBlockPool::chainHash(hit.chain, tokens);
+    std::optional<int32_t> block = cache_.lookup(hash, tokens);
+    if (!block) break;
+    hit.blocks.push_back(*block);
+    hit.chain = hash;
+  }
+  return hit;
+}
+
+void Scheduler::startPast(Sequence& seq, const PrefixHit& hit) {
+  seq.published = static_cast<int64_t>(hit.blocks.size());
+  seq.cached = seq.hit_tokens = seq.published * cache_.blockSize();
+  seq.chain = hit.chain;
+  prefix_hit_tokens_ += seq.hit_tokens;
+  prefix_lookup_tokens_ += static_cast<int64_t>(seq.request.prompt.size());
 }
 
 int64_t Scheduler::release(uint64_t id) {
@@ -134,9 +167,21 @@ absl::StatusOr<const std::vector<int32_t>*> Scheduler::reservationFor(
 
 absl::Status Scheduler::addPrefill(GenerationRequest request) {
   CLEAVE_RETURN_IF_ERROR(validate(request));
-  CLEAVE_ASSIGN_OR_RETURN(const std::vector<int32_t>* blocks,
-                          reservationFor(request, static_cast<int64_t>(request.prompt.size())));
-  running_.push_back(makeSequence(std::move(request), Mode::kPrefillOnly, *blocks));
+  CLEAVE_RETURN_IF_ERROR(
+      reservationFor(request, static_cast<int64_t>(request.prompt.size())).status());
+  // The cached prefix's blocks take the place of the reservation's first ones (the same
+  // ones when reserve() was given the prompt).
+  std::vector<int32_t>& blocks = reservations_.at(request.id);
+  const PrefixHit hit = lookupPrefix(request.prompt);
+  for (size_t j = 0; j < hit.blocks.size(); ++j) {
+    if (blocks[j] == hit.blocks[j]) continue;
+    cache_.retain({&hit.blocks[j], 1});
+    cache_.release({&blocks[j], 1});
+    blocks[j] = hit.blocks[j];
+  }
+  auto seq = makeSequence(std::move(request), Mode::kPrefillOnly, blocks);
+  startPast(*seq, hit);
+  running_.push_back(std::move(seq));
   return absl::OkStatus();
 }
 
@@ -154,7 +199,7 @@ absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_to
   // The prompt's KV is in place; the first token was sampled by the prefill: account for
   // it as this process would have.
   seq->cached = static_cast<int64_t>(seq->request.prompt.size());
-  seq->published = seq->cached / cache_.blockSize();  // Not this worker's to publish.
+  publishFull(*seq);
   seq->sampler->observe(first_token);
   std::string text = seq->detokenizer ? seq->detokenizer->push(first_token) : std::string();
   seq->stopper->push(first_token, text);
@@ -206,46 +251,30 @@ void Scheduler::admit() {
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_sequences) {
     GenerationRequest& next = waiting_.front();
     const int64_t total = static_cast<int64_t>(next.prompt.size()) + next.stop.max_new_tokens;
-    // Reuse published blocks for the longest cached prefix, keeping at least one prompt
-    // token to compute (its logits give the first output token).
-    const int64_t bs = cache_.blockSize();
-    const int64_t reusable = (static_cast<int64_t>(next.prompt.size()) - 1) / bs;
-    std::vector<int32_t> hits;
-    uint64_t chain = 0;
-    for (int64_t j = 0; j < reusable; ++j) {
-      std::span<const uint32_t> tokens = std::span<const uint32_t>(next.prompt).subspan(j * bs, bs);
-      const uint64_t hash = KvBlockPool::chainHash(chain, tokens);
-      std::optional<int32_t> block = cache_.lookup(hash, tokens);
-      if (!block) break;
-      hits.push_back(*block);
-      chain = hash;
-    }
-    cache_.retain(hits);
+    // The longest cached prefix's blocks, then fresh ones.
+    const PrefixHit hit = lookupPrefix(next.prompt);
+    std::vector<int32_t> blocks = hit.blocks;
+    cache_.retain(blocks);
     absl::StatusOr<std::vector<int32_t>> fresh =
-        cache_.allocate(cache_.blocksFor(total) - static_cast<int64_t>(hits.size()));
+        cache_.allocate(cache_.blocksFor(total) - static_cast<int64_t>(blocks.size()));
     if (!fresh.ok()) {
-      cache_.release(hits);
+      cache_.release(blocks);
       return;  // First come, first served: later requests wait too.
     }
-    hits.insert(hits.end(), fresh->begin(), fresh->end());
-    auto seq = makeSequence(std::move(next), Mode::kGenerate, std::move(hits));
+    blocks.insert(blocks.end(), fresh->begin(), fresh->end());
+    auto seq = makeSequence(std::move(next), Mode::kGenerate, std::move(blocks));
     waiting_.pop_front();
-    seq->cached = seq->published = static_cast<int64_t>(seq->blocks.size() - fresh->size());
-    seq->cached *= bs;
-    seq->chain = chain;
-    prefix_hit_tokens_ += seq->cached;
-    prefix_lookup_tokens_ += static_cast<int64_t>(seq->request.prompt.size());
+    startPast(*seq, hit);
     running_.push_back(std::move(seq));
   }
 }
 
-void Scheduler::publishPrompt(Sequence& seq) {
+void Scheduler::publishFull(Sequence& seq) {
   const int64_t bs = cache_.blockSize();
-  const int64_t full =
-      std::min<int64_t>(seq.cached, static_cast<int64_t>(seq.request.prompt.size())) / bs;
+  const int64_t full = std::min<int64_t>(seq.cached, static_cast<int64_t>(seq.tokens.size())) / bs;
   for (; seq.published < full; ++seq.published) {
     std::span<const uint32_t> tokens =
-        std::span<const uint32_t>(seq.request.prompt).subspan(seq.published * bs, bs);
+        std::span<const uint32_t>(seq.tokens).subspan(seq.published * bs, bs);
     seq.chain = KvBlockPool::chainHash(seq.chain, tokens);
     cache_.publish(seq.blocks[seq.published], seq.chain, tokens);
   }
@@ -346,7 +375,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   for (size_t i = 0; i < members.size(); ++i) {
     Sequence& seq = *members[i];
     seq.cached += static_cast<int64_t>(batch[i].tokens.size());
-    publishPrompt(seq);
+    publishFull(seq);
     if (!seq.prefilled()) continue;  // A prompt chunk that is not the last samples nothing.
     SampledToken sampled;
     if (outputs[i].draw.has_value() && !step.tokens.empty()) {
@@ -383,6 +412,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     }
     seq.tokens.push_back(sampled.token);
     TokenEvent event{.id = seq.request.id, .token = sampled.token};
+    if (seq.tokens.size() == seq.request.prompt.size() + 1) event.cached_tokens = seq.hit_tokens;
     if (seq.request.sampling.logprobs >= 0) event.logprob = sampled.logprob;
     event.top_logprobs = std::move(sampled.top);
     event.prefilled = seq.mode == Mode::kPrefillOnly;

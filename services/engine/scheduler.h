@@ -5,8 +5,10 @@
 // KV memory is reserved at admission for the whole request (prompt + max_new_tokens), so
 // a running sequence can never run out of blocks and nothing is ever preempted; a request
 // that does not fit yet waits (first come, first served); one that could never fit is
-// refused when added. Full prompt blocks are published in the cache (prefix caching): a
-// request starting with the same tokens reuses them and prefills only the rest.
+// refused when added. Full blocks are published in the cache as their KV is computed
+// (prefix caching), generated tokens' too: a request starting with the same tokens reuses
+// them and prefills only the rest, whether it generates here or only prefills (its
+// reservation's leading blocks become the cached ones).
 //
 // Disaggregated serving splits a request in three calls (proto/cleave/v1/worker.proto):
 // reserve() sets blocks aside for it, addPrefill() computes its prompt into them and
@@ -20,6 +22,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -69,6 +72,9 @@ struct TokenEvent {
   StopReason reason = StopReason::kNone;
   // The stop string that matched, or the stop token's decimal id, when `reason` says so.
   std::string matched_stop;
+  // On the first token this scheduler sampled for a sequence: its prompt tokens whose KV
+  // came from the prefix cache.
+  int64_t cached_tokens = 0;
 };
 
 class Scheduler {
@@ -87,12 +93,17 @@ class Scheduler {
 
   // Sets `count` blocks aside for request `id`. ResourceExhausted (taking nothing) when
   // fewer are free; AlreadyExists when `id` already holds a reservation of another size
-  // (the same size returns the same blocks).
-  absl::StatusOr<std::vector<int32_t>> reserve(uint64_t id, int64_t count);
+  // (the same size returns the same blocks). With `prompt` (the request's, known already),
+  // the cached blocks of its longest cached prefix come first, before allocation can evict
+  // them.
+  absl::StatusOr<std::vector<int32_t>> reserve(uint64_t id, int64_t count,
+                                               std::span<const uint32_t> prompt = {});
   // Frees the reservation of `id`, stopping its sequence if one runs; the blocks freed.
   int64_t release(uint64_t id);
   // Prefills `request` into its reservation (the same checks as add(), and the
-  // reservation must cover the prompt); its TokenEvent has prefilled = true.
+  // reservation must cover the prompt); its TokenEvent has prefilled = true. The blocks of
+  // its longest cached prefix replace the reservation's leading ones, and only the rest of
+  // the prompt is computed.
   absl::Status addPrefill(GenerationRequest request);
   // Decodes `request` from `first_token`, its prompt's KV being in its reservation already
   // (FailedPrecondition when `id` is running; NotFound without a reservation). It joins
@@ -142,8 +153,9 @@ class Scheduler {
     std::vector<int32_t> blocks;
     std::vector<uint32_t> tokens;  // Prompt, then generated tokens.
     int64_t cached = 0;            // Tokens whose KV is in the cache.
-    int64_t published = 0;         // Leading prompt blocks published for reuse.
+    int64_t published = 0;         // Leading blocks published for reuse.
     uint64_t chain = 0;            // Hash chain through the published blocks.
+    int64_t hit_tokens = 0;        // Prompt tokens the prefix cache supplied.
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<StopChecker> stopper;
     std::unique_ptr<tokenizer::IncrementalDetokenizer> detokenizer;
@@ -152,6 +164,15 @@ class Scheduler {
   };
 
   absl::Status validate(const GenerationRequest& request) const;
+  // The published blocks of the longest cached prefix of `prompt` that leaves at least one
+  // token to compute (its logits give the next token), and the hash chain through them.
+  struct PrefixHit {
+    std::vector<int32_t> blocks;
+    uint64_t chain = 0;
+  };
+  PrefixHit lookupPrefix(std::span<const uint32_t> prompt) const;
+  // Starts `seq` past the `hit` blocks it holds at its head, counting the lookup.
+  void startPast(Sequence& seq, const PrefixHit& hit);
   void admit();
   std::unique_ptr<Sequence> makeSequence(GenerationRequest request, Mode mode,
                                          std::vector<int32_t> blocks);
@@ -159,7 +180,8 @@ class Scheduler {
   // missing.
   absl::StatusOr<const std::vector<int32_t>*> reservationFor(const GenerationRequest& request,
                                                              int64_t tokens) const;
-  void publishPrompt(Sequence& seq);
+  // Publishes the sequence's full blocks whose KV is computed.
+  void publishFull(Sequence& seq);
   void finish(size_t index);
 
   TpGroup& model_;

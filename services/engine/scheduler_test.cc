@@ -196,6 +196,100 @@ TEST_F(SchedulerTest, PrefixCacheHitsGiveTheSameTokensAsMisses) {
   EXPECT_EQ(scheduler.cache().freeBlocks(), 64);
 }
 
+// Every event of `scheduler` until it is idle.
+std::vector<TokenEvent> events(Scheduler& scheduler) {
+  std::vector<TokenEvent> out;
+  for (int step = 0; step < 1000 && !scheduler.idle(); ++step) {
+    auto events = scheduler.step();
+    EXPECT_TRUE(events.ok()) << events.status();
+    if (!events.ok()) break;
+    out.insert(out.end(), events->begin(), events->end());
+  }
+  EXPECT_TRUE(scheduler.idle());
+  return out;
+}
+
+// Reserved prefills (a prefill worker computing for a peer, or a worker prefilling for its
+// own decode) take the cached prefix's blocks and compute only the rest; decoding from
+// those blocks gives the tokens of the prompt run alone.
+TEST_F(SchedulerTest, ReservedPrefillsReuseTheCachedPrefix) {
+  Scheduler scheduler(withBlocks(40), nullptr, {.max_batch_tokens = 16, .max_sequences = 8});
+  const std::vector<uint32_t> prompt = randomPrompt(22);  // 5 full blocks reusable (20 tokens)
+  const std::vector<uint32_t> want = alone(prompt, 4);
+  auto request = [&](uint64_t id) {
+    return GenerationRequest{.id = id, .prompt = prompt, .stop = {.max_new_tokens = 4}};
+  };
+  // A prefill for a peer: nothing cached yet.
+  auto first = scheduler.reserve(1, 6, prompt);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(scheduler.addPrefill(request(1)).ok());
+  std::vector<TokenEvent> out = events(scheduler);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].token, want[0]);
+  EXPECT_EQ(out[0].cached_tokens, 0);
+  EXPECT_EQ(scheduler.release(1), 6);
+
+  // The same prompt again, reserved with it: its first five blocks are the cached ones.
+  auto second = scheduler.reserve(2, 7, prompt);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(std::equal(first->begin(), first->begin() + 5, second->begin()));
+  ASSERT_TRUE(scheduler.addPrefill(request(2)).ok());
+  out = events(scheduler);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].token, want[0]);
+  EXPECT_EQ(out[0].cached_tokens, 20);
+  ASSERT_TRUE(scheduler.startDecode(request(2), want[0]).ok());
+  std::vector<uint32_t> got = {want[0]};
+  for (const TokenEvent& e : events(scheduler)) got.push_back(e.token);
+  EXPECT_EQ(got, want);
+
+  // Reserved without the prompt (a worker's own decode reservation): the prefill swaps the
+  // cached blocks in and gives the ones it replaced back.
+  auto third = scheduler.reserve(3, 7);
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(scheduler.freeBlocks(), 33);
+  ASSERT_TRUE(scheduler.addPrefill(request(3)).ok());
+  EXPECT_EQ(scheduler.freeBlocks(), 33);
+  const std::vector<int32_t> swapped = scheduler.reservation(3);
+  EXPECT_TRUE(std::equal(first->begin(), first->begin() + 5, swapped.begin()));
+  EXPECT_TRUE(std::equal(third->begin() + 5, third->end(), swapped.begin() + 5));
+  out = events(scheduler);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].cached_tokens, 20);
+  ASSERT_TRUE(scheduler.startDecode(request(3), want[0]).ok());
+  got = {want[0]};
+  for (const TokenEvent& e : events(scheduler)) got.push_back(e.token);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(scheduler.prefixHitTokens(), 40);
+  EXPECT_EQ(scheduler.prefixLookupTokens(), 3 * 22);
+  EXPECT_EQ(scheduler.reservedBlocks(), 0);
+  EXPECT_EQ(scheduler.freeBlocks(), 40);
+}
+
+// Generated tokens' blocks are cached too: the next turn of a conversation (the prompt,
+// the reply, more) reuses the reply's KV as well.
+TEST_F(SchedulerTest, GeneratedTokensAreCachedForTheNextTurn) {
+  Scheduler scheduler(withBlocks(40), nullptr, {.max_batch_tokens = 16, .max_sequences = 8});
+  std::vector<uint32_t> prompt = randomPrompt(22);
+  ASSERT_TRUE(scheduler.add({.id = 1, .prompt = prompt, .stop = {.max_new_tokens = 8}}).ok());
+  std::vector<uint32_t> reply;
+  for (const TokenEvent& e : events(scheduler)) reply.push_back(e.token);
+  ASSERT_EQ(reply.size(), 8u);
+  // KV exists for the prompt and the first 7 reply tokens (29 positions): 7 full blocks.
+  std::vector<uint32_t> next = prompt;
+  next.insert(next.end(), reply.begin(), reply.begin() + 6);
+  const std::vector<uint32_t> more = randomPrompt(3);
+  next.insert(next.end(), more.begin(), more.end());  // 31 tokens
+  ASSERT_TRUE(scheduler.add({.id = 2, .prompt = next, .stop = {.max_new_tokens = 3}}).ok());
+  std::vector<TokenEvent> out = events(scheduler);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].cached_tokens, 28);
+  std::vector<uint32_t> got;
+  for (const TokenEvent& e : out) got.push_back(e.token);
+  EXPECT_EQ(got, alone(next, 3));
+  EXPECT_EQ(scheduler.freeBlocks(), 40);
+}
+
 TEST_F(SchedulerTest, RequestsThatCanNeverRunAreRefusedWithTheReason) {
   Scheduler scheduler(withBlocks(4), nullptr, {});
   auto reason = [&](GenerationRequest r) {

@@ -171,6 +171,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     info.set_matched_stop(matched);
     info.mutable_usage()->set_prompt_tokens(static_cast<uint32_t>(prompt_tokens));
     info.mutable_usage()->set_completion_tokens(completion_tokens);
+    info.mutable_usage()->set_cached_prompt_tokens(first_prefill.cached_prompt_tokens());
     v1::Timings* t = info.mutable_timings();
     t->set_queue_wait_ms(queue_wait_ms);
     t->set_prefill_ms(first_prefill.prefill_ms());
@@ -402,12 +403,12 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     std::vector<std::string> failed;
     bool every_prefill_failed = false;
     while (true) {
-      absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, tokens, failed);
+      absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, sequence.tokens, failed);
       // No prefill worker at all (every one restarting): wait for one to register, as long
       // as a restart takes.
       if (!prefiller.ok() && failed.empty() &&
           pool_.awaitPrefill(worker, sequence.deadline, sequence.cancelled)) {
-        prefiller = pool_.pickPrefill(worker, tokens, failed);
+        prefiller = pool_.pickPrefill(worker, sequence.tokens, failed);
       }
       if (!prefiller.ok()) {
         if (failed.empty()) return toGrpcStatus(prefiller.status());

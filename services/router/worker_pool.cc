@@ -132,12 +132,14 @@ absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& 
         CLEAVE_LOG(INFO) << "worker " << it->first << " replaced by " << worker->id
                          << " at the same address";
         superseded.push_back(it->first);
+        prefixes_.forget(it->first);
         it = workers_.erase(it);
       } else {
         ++it;
       }
     }
     workers_[worker->id] = {.worker = worker, .last_seen = std::chrono::steady_clock::now()};
+    prefixes_.forget(worker->id);  // A new process: its cache is empty.
     ++changes_;
     updateGauges();
   }
@@ -172,6 +174,7 @@ void WorkerPool::remove(const std::string& worker_id, const std::string& reason)
   {
     absl::MutexLock lock(&mu_);
     if (workers_.erase(worker_id) == 0) return;
+    prefixes_.forget(worker_id);
     ++changes_;
     updateGauges();
   }
@@ -501,14 +504,31 @@ bool WorkerPool::awaitPrefill(const Worker& decode, std::chrono::system_clock::t
       give_up, cancelled, why);
 }
 
-absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64_t tokens,
+absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode,
+                                                     std::span<const uint32_t> prompt,
                                                      const std::vector<std::string>& exclude) {
+  const int64_t block_size = decode.info.kv_layout().block_size();
+  const std::vector<uint64_t> hashes = PrefixIndex::blockHashes(prompt, block_size);
+  const int64_t length = static_cast<int64_t>(prompt.size());
   absl::MutexLock lock(&mu_);
   Entry* best = nullptr;
+  int64_t tokens = length;  // What `best` would compute.
   for (auto& [id, entry] : workers_) {
     if (entry.worker->info.role() != v1::WORKER_ROLE_PREFILL) continue;
     if (entry.draining || contains(exclude, id)) continue;
-    if (best == nullptr || entry.prefill_tokens < best->prefill_tokens) best = &entry;
+    const int64_t computed = length - prefixes_.matched(id, hashes) * block_size;
+    const int64_t done = entry.prefill_tokens + computed;
+    // Ties go to the less loaded worker.
+    if (best == nullptr || done < best->prefill_tokens + tokens ||
+        (done == best->prefill_tokens + tokens && entry.prefill_tokens < best->prefill_tokens)) {
+      best = &entry;
+      tokens = computed;
+    }
+  }
+  if (best != nullptr) {
+    // Without a reported pool size, a guess as large as a worker of 64k blocks.
+    const int64_t capacity = best->worker->info.kv_capacity().total_blocks();
+    prefixes_.record(best->worker->id, hashes, capacity > 0 ? capacity : int64_t{1} << 16);
   }
   if (best == nullptr && decode.info.role() == v1::WORKER_ROLE_BOTH &&
       !contains(exclude, decode.id)) {

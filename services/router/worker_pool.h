@@ -36,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -49,6 +50,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
+#include "services/router/prefix_index.h"
 
 namespace cleave::router {
 
@@ -164,10 +166,12 @@ class WorkerPool {
   bool awaitPrefill(const Worker& decode, std::chrono::system_clock::time_point deadline,
                     const std::function<bool()>& cancelled);
 
-  // The worker to prefill `tokens` prompt tokens for `decode`: the prefill worker with the
-  // fewest outstanding prefill tokens (none of `exclude`), or `decode` itself when it has
-  // both roles and no prefill worker is left. Unavailable when there is none.
-  absl::StatusOr<PrefillLease> pickPrefill(const Worker& decode, int64_t tokens,
+  // The worker to prefill `prompt` for `decode`: of the prefill workers (none of
+  // `exclude`), the one that would finish it first — the fewest outstanding prefill tokens
+  // once the prompt's tokens it does not hold cached are added (prefix_index.h) — or
+  // `decode` itself when it has both roles and no prefill worker is left. Unavailable when
+  // there is none.
+  absl::StatusOr<PrefillLease> pickPrefill(const Worker& decode, std::span<const uint32_t> prompt,
                                            const std::vector<std::string>& exclude = {});
   void releasePrefill(const PrefillLease& lease);
 
@@ -183,7 +187,7 @@ class WorkerPool {
     std::chrono::steady_clock::time_point last_seen;
     int64_t reserved = 0;        // Blocks of admitted requests.
     int64_t admitted = 0;        // Requests holding blocks (prefilling, prefilled or decoding).
-    int64_t prefill_tokens = 0;  // Prompt tokens being prefilled here.
+    int64_t prefill_tokens = 0;  // Prompt tokens being prefilled here (cached ones not counted).
     bool draining = false;       // It is stopping: no new work.
   };
   std::optional<ModelView> modelLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -223,6 +227,7 @@ class WorkerPool {
   std::function<void(const std::string&)> on_leave_;
   mutable absl::Mutex mu_;
   std::unordered_map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
+  PrefixIndex prefixes_ ABSL_GUARDED_BY(mu_);  // What each prefill worker may have cached.
   struct Waiting {
     uint64_t ticket = 0;
     std::string client;

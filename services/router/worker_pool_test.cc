@@ -1,5 +1,7 @@
 #include "services/router/worker_pool.h"
 
+#include "services/engine/kv_block_pool.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -30,12 +32,17 @@ v1::RegisterRequest worker(const std::string& id, v1::WorkerRole role, uint32_t 
   kv->set_num_layers(2);
   kv->set_num_kv_heads(2);
   kv->set_head_dim(8);
-  if (role != v1::WORKER_ROLE_PREFILL) {
-    r.mutable_kv_capacity()->set_total_blocks(blocks);
-    r.mutable_kv_capacity()->set_target_concurrency(target);
-  }
+  r.mutable_kv_capacity()->set_total_blocks(blocks);
+  if (role != v1::WORKER_ROLE_PREFILL) r.mutable_kv_capacity()->set_target_concurrency(target);
   r.set_control_address("worker-" + id + ".invalid:1");  // Never called here.
   return r;
+}
+
+// A prompt of `n` tokens, counting up from `first`.
+std::vector<uint32_t> prompt(int n, uint32_t first = 1) {
+  std::vector<uint32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = first + i;
+  return p;
 }
 
 class WorkerPoolTest : public ::testing::Test {
@@ -141,20 +148,91 @@ TEST_F(WorkerPoolTest, AFullQueueAndCancellationAreReported) {
 
 TEST_F(WorkerPoolTest, PrefillGoesToTheLeastLoadedPrefillWorker) {
   ASSERT_TRUE(pool_.add(worker("d", v1::WORKER_ROLE_DECODE, 10, 4)).ok());
-  auto none = pool_.pickPrefill(*pool_.admit(1, soon(), never)->worker, 10);
+  auto none = pool_.pickPrefill(*pool_.admit(1, soon(), never)->worker, prompt(10));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
   ASSERT_TRUE(pool_.add(worker("p1", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
   ASSERT_TRUE(pool_.add(worker("p2", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
   auto admission = pool_.admit(1, soon(), never);
-  auto a = pool_.pickPrefill(*admission->worker, 100);
-  auto b = pool_.pickPrefill(*admission->worker, 10);
+  auto a = pool_.pickPrefill(*admission->worker, prompt(100));
+  auto b = pool_.pickPrefill(*admission->worker, prompt(10, 1000));
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(a->worker->id, b->worker->id);
-  auto c = pool_.pickPrefill(*admission->worker, 10);
+  auto c = pool_.pickPrefill(*admission->worker, prompt(10, 2000));
   EXPECT_EQ(c->worker->id, b->worker->id);  // 20 outstanding there, 100 on the other.
   pool_.releasePrefill(*a);
   pool_.releasePrefill(*b);
   pool_.releasePrefill(*c);
+}
+
+// A prompt goes where it would be done first: to the worker that computed its prefix
+// (only the rest counted as its work), unless the other would finish the whole prompt
+// sooner. A worker registering again starts with nothing cached.
+TEST_F(WorkerPoolTest, PrefillFollowsTheCachedPrefixUnlessAnotherWorkerIsDoneSooner) {
+  ASSERT_TRUE(pool_.add(worker("d", v1::WORKER_ROLE_DECODE, 100, 4)).ok());
+  ASSERT_TRUE(pool_.add(worker("p1", v1::WORKER_ROLE_PREFILL, 64, 0)).ok());
+  ASSERT_TRUE(pool_.add(worker("p2", v1::WORKER_ROLE_PREFILL, 64, 0)).ok());
+  auto admission = pool_.admit(1, soon(), never);
+  ASSERT_TRUE(admission.ok());
+  const Worker& decode = *admission->worker;
+  const std::vector<uint32_t> shared = prompt(100);  // 6 blocks of 16 a cache may supply
+  auto extended = [&](int more, uint32_t from) {
+    std::vector<uint32_t> p = shared;
+    for (int i = 0; i < more; ++i) p.push_back(from + static_cast<uint32_t>(i));
+    return p;
+  };
+  auto first = pool_.pickPrefill(decode, shared);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->tokens, 100);
+  const std::string home = first->worker->id, other = home == "p1" ? "p2" : "p1";
+  pool_.releasePrefill(*first);
+
+  auto again = pool_.pickPrefill(decode, extended(40, 500));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->worker->id, home);
+  EXPECT_EQ(again->tokens, 140 - 96);
+  // Busy with it, `home` would finish another copy after 44 + 4 tokens, the other after 100.
+  auto third = pool_.pickPrefill(decode, shared);
+  EXPECT_EQ(third->worker->id, home);
+  EXPECT_EQ(third->tokens, 4);
+  // 48 + 304 there, 400 on the other: still `home`.
+  auto big = pool_.pickPrefill(decode, extended(300, 1000));
+  EXPECT_EQ(big->worker->id, home);
+  EXPECT_EQ(big->tokens, 304);
+  // Now 352 + 4 there, 100 on the other: the other computes it all.
+  auto fourth = pool_.pickPrefill(decode, shared);
+  EXPECT_EQ(fourth->worker->id, other);
+  EXPECT_EQ(fourth->tokens, 100);
+  for (const auto& lease : {*again, *third, *big, *fourth}) pool_.releasePrefill(lease);
+
+  ASSERT_TRUE(pool_.add(worker(home, v1::WORKER_ROLE_PREFILL, 64, 0)).ok());
+  auto fifth = pool_.pickPrefill(decode, shared);
+  EXPECT_EQ(fifth->worker->id, other);
+  EXPECT_EQ(fifth->tokens, 4);
+  pool_.releasePrefill(*fifth);
+  pool_.release(*admission);
+}
+
+// The guess keeps a worker's most recent blocks, a prompt's head the longest; block names
+// are the engine's hash chain over the blocks a cache may supply.
+TEST(PrefixIndexTest, KeepsTheMostRecentBlocksHeadsLast) {
+  const std::vector<uint32_t> a = prompt(49), b = prompt(49, 1000);
+  const std::vector<uint64_t> ha = PrefixIndex::blockHashes(a, 16),
+                              hb = PrefixIndex::blockHashes(b, 16);
+  ASSERT_EQ(ha.size(), 3u);  // 48 of 49 tokens; the last is always computed
+  EXPECT_EQ(PrefixIndex::blockHashes(prompt(48), 16).size(), 2u);
+  EXPECT_TRUE(PrefixIndex::blockHashes(prompt(1), 16).empty());
+  EXPECT_EQ(ha[1], engine::KvBlockPool::chainHash(
+                       engine::KvBlockPool::chainHash(0, std::span(a).subspan(0, 16)),
+                       std::span(a).subspan(16, 16)));
+  PrefixIndex index;
+  index.record("w", ha, 4);
+  EXPECT_EQ(index.matched("w", ha), 3);
+  EXPECT_EQ(index.matched("v", ha), 0);
+  index.record("w", hb, 4);  // Six blocks for four places: `a`'s last two go.
+  EXPECT_EQ(index.matched("w", ha), 1);
+  EXPECT_EQ(index.matched("w", hb), 3);
+  index.forget("w");
+  EXPECT_EQ(index.matched("w", hb), 0);
 }
 
 // A request that lost its only worker (dropped for a late heartbeat, registering again)
@@ -328,7 +406,7 @@ TEST_F(WorkerPoolTest, AwaitingAPrefillWorkerEndsWhenOneRegistersOrPatienceRunsO
   });
   EXPECT_TRUE(pool.awaitPrefill(*admission->worker, soon(5000), never));
   registers.join();
-  auto picked = pool.pickPrefill(*admission->worker, 10);
+  auto picked = pool.pickPrefill(*admission->worker, prompt(10));
   ASSERT_TRUE(picked.ok());
   EXPECT_EQ(picked->worker->id, "p");
   pool.releasePrefill(*picked);

@@ -310,13 +310,15 @@ absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
 }
 
 absl::StatusOr<std::vector<int32_t>> WorkerCore::reservePrefillBlocks(
-    uint64_t id, int64_t blocks, grpc::ServerContext* context) {
+    uint64_t id, std::span<const uint32_t> prompt, grpc::ServerContext* context) {
+  const int64_t blocks =
+      (static_cast<int64_t>(prompt.size()) + model_.blockSize() - 1) / model_.blockSize();
   while (true) {
     int64_t total = 0;
     absl::StatusOr<std::vector<int32_t>> reserved =
         loop_->call([&](engine::Scheduler& s) -> absl::StatusOr<std::vector<int32_t>> {
           total = s.cache().totalBlocks();
-          return s.reserve(id, blocks);
+          return s.reserve(id, blocks, prompt);
         });
     // Blocks held by prompts computing or being sent free up soon; a prompt larger than
     // the pool never fits.
@@ -367,9 +369,9 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
       requests_[r.request_id()] = {.id = *id};
       names_[*id] = r.request_id();
     }
-    const int64_t blocks =
-        (r.prompt_token_ids_size() + model_.blockSize() - 1) / model_.blockSize();
-    absl::StatusOr<std::vector<int32_t>> reserved = reservePrefillBlocks(*id, blocks, context);
+    absl::StatusOr<std::vector<int32_t>> reserved = reservePrefillBlocks(
+        *id, {r.prompt_token_ids().data(), static_cast<size_t>(r.prompt_token_ids_size())},
+        context);
     if (!reserved.ok()) {
       absl::MutexLock lock(&mu_);
       forget(*id);
@@ -402,6 +404,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   if (!local) release(r.request_id());
   if (!first.ok()) return first.status();
   response.set_first_token_id(first->token);
+  response.set_cached_prompt_tokens(static_cast<uint32_t>(first->cached_tokens));
   if (r.has_logprobs()) *response.mutable_first_logprob() = tokenLogprob(*first);
   if (first->finished) {
     response.set_finish_reason(finishReason(first->reason));

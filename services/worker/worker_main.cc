@@ -87,7 +87,7 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
   *r.mutable_kv_layout() = kvLayout(c, group.kvType());
   v1::KvCapacity* capacity = r.mutable_kv_capacity();
   const bool decodes = role != Role::kPrefill;
-  capacity->set_total_blocks(decodes ? static_cast<uint32_t>(group.numBlocks()) : 0);
+  capacity->set_total_blocks(static_cast<uint32_t>(group.numBlocks()));
   capacity->set_target_concurrency(decodes ? static_cast<uint32_t>(target_concurrency) : 0);
   capacity->set_planned_seq_len(static_cast<uint32_t>(options.planned_seq_len));
   capacity->set_max_batch_tokens(static_cast<uint32_t>(kMaxBatchTokens));

@@ -243,6 +243,64 @@ class DisaggregationTest(unittest.TestCase):
         for pairing in ((1, 1), (2, 1), (1, 2), (2, 3)):
             self.assertEqual(self.serve(DEEPSEEK, *pairing, prompts, text=False), want, pairing)
 
+    def test_a_shared_prefix_is_computed_once_where_it_is_cached(self):
+        """Prompts sharing a long prefix, one after another, through two prefill workers:
+        the router sends each to the worker that computed the prefix, which takes the
+        prefix's KV from its cache and computes only the rest; the final message counts the
+        cached tokens (what that worker's metrics count too), and the tokens are the offline
+        engine's."""
+        pb = ct.stubs()["generation_pb2"]
+        rng = random.Random(21)
+        prefix = " ".join(rng.choice(WORDS) for _ in range(200))
+        prompts = [prefix, prefix + " river and quiet light", prefix + " a silver morning",
+                   prefix]
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0", f"--model={MODEL}"])
+        address = f"127.0.0.1:{router.ready['grpc_port']}"
+        common = [f"--model={MODEL}", f"--router={address}", "--listen=127.0.0.1:0",
+                  "--metrics-port=0", "--target-concurrency=4", "--planned-seq-len=256",
+                  "--threads=1", "--kv-dtype=f32"]
+        workers = [ct.Process([ct.binary("cleave-worker"), f"--role={role}", *common])
+                   for role in ("prefill", "prefill", "decode")]
+        channel = grpc.insecure_channel(address)
+        try:
+            stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
+            ct.wait_for_workers(stub, len(workers))
+            usage = []
+            for prompt in prompts:
+                request = pb.GenerateRequest(text=prompt, add_special_tokens=True,
+                                             sampling=pb.SamplingParams(temperature=0),
+                                             stopping=pb.StoppingCriteria(max_new_tokens=10))
+                ids, final = [], None
+                for message in stub.Generate(request, timeout=120):
+                    ids += list(message.token_ids)
+                    if message.HasField("final"):
+                        final = message.final
+                self.assertEqual(ids, offline(prompt, 10), prompt)
+                usage.append(final.usage)
+            lengths = [u.prompt_tokens for u in usage]
+            cached = [u.cached_prompt_tokens for u in usage]
+            print(f"\nshared prefix: prompt tokens {lengths}, cached {cached}")
+            self.assertGreater(lengths[0], 150)
+            self.assertEqual(cached[0], 0)
+            self.assertEqual(cached[3], (lengths[0] - 1) // 16 * 16)  # all it may reuse
+            for c, n in zip(cached[1:3], lengths[1:3]):
+                self.assertGreaterEqual(c, (lengths[0] - 16) // 16 * 16)
+                self.assertLess(c, n)
+            # One prefill worker saw every prompt and supplied those tokens; the other none.
+            looked_up = [metric(w.ready["metrics_port"],
+                                "cleave_worker_prefix_cache_lookup_tokens_total")
+                         for w in workers[:2]]
+            hits = [metric(w.ready["metrics_port"], "cleave_worker_prefix_cache_hit_tokens_total")
+                    for w in workers[:2]]
+            self.assertEqual(sorted(looked_up), [0, sum(lengths)])
+            self.assertEqual(sorted(hits), [0, sum(cached)])
+            ct.wait_until_nothing_reserved(router, workers)
+        finally:
+            channel.close()
+            codes = [w.stop() for w in workers] + [router.stop()]
+            self.assertEqual(codes, [0] * len(codes))
+
     def test_a_lost_prefill_worker_is_routed_around(self):
         rng = random.Random(6)
         prompts = [[rng.randrange(701) for _ in range(rng.randint(1, 40))] for _ in range(4)]
