@@ -63,7 +63,7 @@ loadgen::Sender senderFor(client::RouterClient& client, const std::string& model
                           double temperature, int64_t timeout_s, bool chat) {
   return [&client, model, temperature, timeout_s, chat](
              const loadgen::PlannedRequest& planned, const std::function<void(uint32_t)>& on_tokens,
-             uint32_t& prompt_tokens) {
+             loadgen::PromptUsage& prompt) {
     v1::GenerateRequest request;
     request.set_model(model);
     request.set_request_id(absl::StrCat("bench-", planned.index));
@@ -85,7 +85,10 @@ loadgen::Sender senderFor(client::RouterClient& client, const std::string& model
         request,
         [&](const v1::GenerateResponse& message) {
           on_tokens(static_cast<uint32_t>(message.token_ids_size()));
-          if (message.has_final()) prompt_tokens = message.final().usage().prompt_tokens();
+          if (message.has_final()) {
+            prompt.tokens = message.final().usage().prompt_tokens();
+            prompt.cached = message.final().usage().cached_prompt_tokens();
+          }
           return true;
         },
         std::chrono::seconds(timeout_s));
@@ -96,11 +99,13 @@ void printPoint(const SweepPoint& p) {
   const loadgen::Summary& s = p.summary;
   std::printf(
       "%-12s %5lld req %3lld failed  %7.2f req/s  %8.1f tok/s  goodput %6.2f req/s (%3.0f%%)  "
-      "TTFT p50 %7.1f p99 %7.1f ms  ITL p50 %6.1f p99 %6.1f ms  E2E p50 %7.0f p99 %7.0f ms\n",
+      "TTFT p50 %7.1f p99 %7.1f ms  ITL p50 %6.1f p99 %6.1f ms  E2E p50 %7.0f p99 %7.0f ms  "
+      "cached %3.0f%%\n",
       loadgen::loadOf(p).c_str(), static_cast<long long>(s.requests),
       static_cast<long long>(s.failed), s.request_rate, s.output_token_rate, s.goodput,
       100 * s.slo_attainment, s.ttft_ms.p50, s.ttft_ms.p99, s.itl_ms.p50, s.itl_ms.p99,
-      s.e2e_ms.p50, s.e2e_ms.p99);
+      s.e2e_ms.p50, s.e2e_ms.p99,
+      s.prompt_tokens > 0 ? 100.0 * s.cached_prompt_tokens / s.prompt_tokens : 0.0);
   std::fflush(stdout);
 }
 
@@ -117,7 +122,8 @@ absl::Status writeFile(const std::string& path, const std::string& text) {
 int runBench(int argc, char** argv) {
   std::string router, openai_url, model, prompt_len = "128", output_len = "64", lengths_file, sweep,
                                          sweep_rate, json_path, html_path, label = "cleave";
-  int64_t concurrency = 16, requests = 64, warmup = 2, seed = 1, timeout_s = 600, vocab_size = 0;
+  int64_t concurrency = 16, requests = 64, warmup = 2, seed = 1, timeout_s = 600, vocab_size = 0,
+          shared_prefix_len = 0, prefix_groups = 1;
   double rate = 0, duration_s = 0, slo_ttft_ms = 0, slo_itl_ms = 0, temperature = 0;
   bool chat = false;
   FlagSet flags("cleave bench", "--router ADDR | --openai URL [flags]",
@@ -142,6 +148,11 @@ int runBench(int argc, char** argv) {
   flags.addInt("warmup", &warmup, "Requests sent first at each point and not measured");
   flags.addString("prompt-len", &prompt_len, "Prompt tokens: N or MIN:MAX (uniform)");
   flags.addString("output-len", &output_len, "Generated tokens: N or MIN:MAX (uniform)");
+  flags.addInt("shared-prefix-len", &shared_prefix_len,
+               "Tokens of a prefix that prompts share (a system prompt, a document), before "
+               "their own --prompt-len tokens");
+  flags.addInt("prefix-groups", &prefix_groups,
+               "Distinct shared prefixes; request i takes prefix i % N");
   flags.addString("lengths-file", &lengths_file,
                   "JSON lines of {\"prompt_tokens\"|\"prompt\", \"output_tokens\"} instead");
   flags.addBool("chat", &chat,
@@ -167,8 +178,18 @@ int runBench(int argc, char** argv) {
   }
   if (requests == 0 && duration_s == 0) fail("set --requests or --duration (or both)");
   if (!sweep.empty() && !sweep_rate.empty()) fail("use --sweep or --sweep-rate, not both");
+  if (shared_prefix_len < 0 || shared_prefix_len > (1 << 24) || prefix_groups < 1 ||
+      prefix_groups > (1 << 24)) {
+    fail("--shared-prefix-len must be in 0..2^24 and --prefix-groups in 1..2^24");
+  }
+  if (shared_prefix_len > 0 && !lengths_file.empty()) {
+    fail("--shared-prefix-len prefixes random token prompts: leave out --lengths-file");
+  }
 
-  loadgen::WorkloadOptions workload_options{.seed = static_cast<uint64_t>(seed)};
+  loadgen::WorkloadOptions workload_options{
+      .seed = static_cast<uint64_t>(seed),
+      .shared_prefix_len = static_cast<uint32_t>(shared_prefix_len),
+      .prefix_groups = static_cast<uint32_t>(prefix_groups)};
   if (!lengths_file.empty()) {
     absl::StatusOr<std::vector<loadgen::RequestShape>> shapes =
         loadgen::readLengthsFile(lengths_file);
@@ -186,6 +207,10 @@ int runBench(int argc, char** argv) {
     if (!o.ok()) exitWithUsageError(flags, o.status());
     workload_options.prompt_len = *p;
     workload_options.output_len = *o;
+    if (shared_prefix_len > 0) {
+      prompt_len =
+          absl::StrCat(shared_prefix_len, " shared (", prefix_groups, " groups) + ", prompt_len);
+    }
   }
   // The sweep: (concurrency, rate) per point.
   std::vector<std::pair<int64_t, double>> points;

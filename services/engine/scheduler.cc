@@ -1,6 +1,7 @@
 #include "services/engine/scheduler.h"
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -83,6 +84,7 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
 
 Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt) const {
   PrefixHit hit;
+  if (!options_.prefix_caching) return hit;
   const int64_t bs = cache_.blockSize();
   const int64_t reusable = (static_cast<int64_t>(prompt.size()) - 1) / bs;
   for (int64_t j = 0; j < reusable; ++j) {
@@ -119,6 +121,10 @@ int64_t Scheduler::release(uint64_t id) {
       break;
     }
   }
+  if (auto spare = spares_.find(id); spare != spares_.end()) {
+    cache_.release(spare->second);
+    spares_.erase(spare);
+  }
   auto it = reservations_.find(id);
   if (it == reservations_.end()) return 0;
   const int64_t freed = static_cast<int64_t>(it->second.size());
@@ -139,9 +145,12 @@ int64_t Scheduler::decodingSequences() const {
 }
 
 int64_t Scheduler::reservedBlocks() const {
-  int64_t n = 0;
-  for (const auto& [id, blocks] : reservations_) n += static_cast<int64_t>(blocks.size());
-  return n;
+  // Reservations may share cached blocks: each counts once.
+  std::unordered_set<int32_t> held;
+  for (const auto* map : {&reservations_, &spares_}) {
+    for (const auto& [id, blocks] : *map) held.insert(blocks.begin(), blocks.end());
+  }
+  return static_cast<int64_t>(held.size());
 }
 
 absl::StatusOr<const std::vector<int32_t>*> Scheduler::reservationFor(
@@ -170,13 +179,14 @@ absl::Status Scheduler::addPrefill(GenerationRequest request) {
   CLEAVE_RETURN_IF_ERROR(
       reservationFor(request, static_cast<int64_t>(request.prompt.size())).status());
   // The cached prefix's blocks take the place of the reservation's first ones (the same
-  // ones when reserve() was given the prompt).
+  // ones when reserve() was given the prompt). Those replaced stay held until the
+  // reservation ends: their ids went out with it, and a peer's write may still land there.
   std::vector<int32_t>& blocks = reservations_.at(request.id);
   const PrefixHit hit = lookupPrefix(request.prompt);
   for (size_t j = 0; j < hit.blocks.size(); ++j) {
     if (blocks[j] == hit.blocks[j]) continue;
     cache_.retain({&hit.blocks[j], 1});
-    cache_.release({&blocks[j], 1});
+    spares_[request.id].push_back(blocks[j]);
     blocks[j] = hit.blocks[j];
   }
   auto seq = makeSequence(std::move(request), Mode::kPrefillOnly, blocks);
@@ -270,6 +280,7 @@ void Scheduler::admit() {
 }
 
 void Scheduler::publishFull(Sequence& seq) {
+  if (!options_.prefix_caching) return;
   const int64_t bs = cache_.blockSize();
   const int64_t full = std::min<int64_t>(seq.cached, static_cast<int64_t>(seq.tokens.size())) / bs;
   for (; seq.published < full; ++seq.published) {

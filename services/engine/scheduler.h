@@ -44,6 +44,9 @@ struct SchedulerOptions {
   // Sequences of one step, when the model takes at most so many (a GPU model's batch is
   // sized at start): prefill chunks past it wait for a later step. 0: no limit.
   int64_t max_step_sequences = 0;
+  // Reuse the KV of cached prompt prefixes; off, every prompt is computed whole and no
+  // block is published.
+  bool prefix_caching = true;
 };
 
 struct GenerationRequest {
@@ -102,8 +105,8 @@ class Scheduler {
   int64_t release(uint64_t id);
   // Prefills `request` into its reservation (the same checks as add(), and the
   // reservation must cover the prompt); its TokenEvent has prefilled = true. The blocks of
-  // its longest cached prefix replace the reservation's leading ones, and only the rest of
-  // the prompt is computed.
+  // its longest cached prefix replace the reservation's leading ones (those replaced stay
+  // held until the reservation ends), and only the rest of the prompt is computed.
   absl::Status addPrefill(GenerationRequest request);
   // Decodes `request` from `first_token`, its prompt's KV being in its reservation already
   // (FailedPrecondition when `id` is running; NotFound without a reservation). It joins
@@ -112,7 +115,7 @@ class Scheduler {
   absl::Status startDecode(GenerationRequest request, uint32_t first_token);
   // The blocks of `id`'s reservation (empty when it has none).
   std::vector<int32_t> reservation(uint64_t id) const;
-  // Blocks held by reservations, and those not held by anything.
+  // Blocks held by reservations (each once, shared or not), and those not held by anything.
   int64_t reservedBlocks() const;
   int64_t freeBlocks() const { return cache_.freeBlocks(); }
 
@@ -195,6 +198,8 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::deque<std::unique_ptr<Sequence>> ready_;  // startDecode()d, waiting for a decode slot.
   std::unordered_map<uint64_t, std::vector<int32_t>> reservations_;
+  // Blocks addPrefill() swapped out of a reservation for cached ones, held until it ends.
+  std::unordered_map<uint64_t, std::vector<int32_t>> spares_;
   int64_t prefix_hit_tokens_ = 0;
   int64_t prefix_lookup_tokens_ = 0;
   int64_t last_batch_sequences_ = 0;

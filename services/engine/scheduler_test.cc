@@ -233,6 +233,11 @@ TEST_F(SchedulerTest, ReservedPrefillsReuseTheCachedPrefix) {
   auto second = scheduler.reserve(2, 7, prompt);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_TRUE(std::equal(first->begin(), first->begin() + 5, second->begin()));
+  // Another reservation sharing them: shared blocks are reserved once.
+  ASSERT_TRUE(scheduler.reserve(4, 7, prompt).ok());
+  EXPECT_EQ(scheduler.reservedBlocks(), 9);
+  EXPECT_EQ(scheduler.release(4), 7);
+  EXPECT_EQ(scheduler.reservedBlocks(), 7);
   ASSERT_TRUE(scheduler.addPrefill(request(2)).ok());
   out = events(scheduler);
   ASSERT_EQ(out.size(), 1u);
@@ -244,12 +249,14 @@ TEST_F(SchedulerTest, ReservedPrefillsReuseTheCachedPrefix) {
   EXPECT_EQ(got, want);
 
   // Reserved without the prompt (a worker's own decode reservation): the prefill swaps the
-  // cached blocks in and gives the ones it replaced back.
+  // cached blocks in, and holds the ones it replaced (their ids went out) until the end.
   auto third = scheduler.reserve(3, 7);
   ASSERT_TRUE(third.ok());
   EXPECT_EQ(scheduler.freeBlocks(), 33);
+  EXPECT_EQ(scheduler.reservedBlocks(), 7);
   ASSERT_TRUE(scheduler.addPrefill(request(3)).ok());
-  EXPECT_EQ(scheduler.freeBlocks(), 33);
+  EXPECT_EQ(scheduler.freeBlocks(), 28);
+  EXPECT_EQ(scheduler.reservedBlocks(), 12);
   const std::vector<int32_t> swapped = scheduler.reservation(3);
   EXPECT_TRUE(std::equal(first->begin(), first->begin() + 5, swapped.begin()));
   EXPECT_TRUE(std::equal(third->begin() + 5, third->end(), swapped.begin() + 5));

@@ -68,9 +68,10 @@ class Run {
       record.output_tokens += n;
       if (!record.warmup) output_tokens_ += n;
     };
-    uint32_t prompt_tokens = record.prompt_tokens;
-    record.status = send_(request, on_tokens, prompt_tokens);
-    record.prompt_tokens = prompt_tokens;
+    PromptUsage prompt{.tokens = record.prompt_tokens};
+    record.status = send_(request, on_tokens, prompt);
+    record.prompt_tokens = prompt.tokens;
+    record.cached_prompt_tokens = prompt.cached;
     record.done_s = now();
     absl::MutexLock lock(&mu_);
     --in_flight_;

@@ -29,17 +29,25 @@ struct RequestRecord {
   double first_token_s = -1;  // -1: no token arrived.
   double done_s = 0;
   uint32_t prompt_tokens = 0;
+  uint32_t cached_prompt_tokens = 0;  // Of those, the ones the server's prefix cache held.
   uint32_t output_tokens = 0;
   std::vector<double> itl_s;  // Gap before each later token (a message of n tokens adds n).
   absl::Status status;
 };
 
+// What the server reports of a request's prompt: its tokens, and those whose KV its prefix
+// cache held.
+struct PromptUsage {
+  uint32_t tokens = 0;
+  uint32_t cached = 0;
+};
+
 // Sends one request; calls on_tokens(n) as each group of n generated tokens arrives, and
-// sets `prompt_tokens` when the server reports it. Returns the call's status. Called from
-// several threads at once.
+// sets `prompt` when the server reports it. Returns the call's status. Called from several
+// threads at once.
 using Sender = std::function<absl::Status(const PlannedRequest& request,
                                           const std::function<void(uint32_t)>& on_tokens,
-                                          uint32_t& prompt_tokens)>;
+                                          PromptUsage& prompt)>;
 
 struct RunProgress {
   int64_t done = 0;  // Measured requests finished (failed included).

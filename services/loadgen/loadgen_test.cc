@@ -115,6 +115,31 @@ TEST(WorkloadTest, RequestsAreAFunctionOfSeedAndIndex) {
   EXPECT_NE(workload.at(0).prompt_ids, other.at(0).prompt_ids);
 }
 
+TEST(WorkloadTest, GroupsShareTheirPrefixAndNothingElse) {
+  const Workload workload({.prompt_len = {10, 10},
+                           .output_len = {3, 3},
+                           .vocab_size = 1600,
+                           .shared_prefix_len = 50,
+                           .prefix_groups = 3});
+  auto head = [&](uint64_t i) {
+    const std::vector<uint32_t> p = workload.at(i).prompt_ids;
+    EXPECT_EQ(p.size(), 60u);
+    return std::vector<uint32_t>(p.begin(), p.begin() + 50);
+  };
+  auto tail = [&](uint64_t i) {
+    const std::vector<uint32_t> p = workload.at(i).prompt_ids;
+    return std::vector<uint32_t>(p.begin() + 50, p.end());
+  };
+  EXPECT_EQ(head(0), head(3));
+  EXPECT_EQ(head(1), head(7));
+  EXPECT_NE(head(0), head(1));
+  EXPECT_NE(head(1), head(2));
+  EXPECT_NE(tail(0), tail(3));
+  // The prefix is drawn apart from the requests' own tokens: without it they are the same.
+  const Workload plain({.prompt_len = {10, 10}, .output_len = {3, 3}, .vocab_size = 1600});
+  EXPECT_EQ(tail(4), plain.at(4).prompt_ids);
+}
+
 TEST(WorkloadTest, ShapesFromAFileAreCycled) {
   const Workload workload({.shapes = {{"", 4, 2}, {"text", 0, 7}}, .vocab_size = 100});
   EXPECT_EQ(workload.at(0).prompt_ids.size(), 4u);
@@ -186,7 +211,7 @@ struct SlowServer {
   std::atomic<int> now{0}, most{0}, calls{0};
   Sender sender() {
     return [this](const PlannedRequest& request, const std::function<void(uint32_t)>& on_tokens,
-                  uint32_t& prompt_tokens) {
+                  PromptUsage& prompt) {
       const int held = ++now;
       for (int seen = most.load(); held > seen && !most.compare_exchange_weak(seen, held);) {
       }
@@ -195,7 +220,7 @@ struct SlowServer {
       on_tokens(1);
       std::this_thread::sleep_for(delay / 2);
       on_tokens(request.output_tokens - 1);
-      prompt_tokens = 99;
+      prompt = {.tokens = 99, .cached = 32};
       --now;
       return absl::OkStatus();
     };
@@ -222,6 +247,7 @@ TEST(LoadRunnerTest, ClosedLoopKeepsConcurrencyRequestsInFlight) {
     EXPECT_TRUE(r.status.ok());
     EXPECT_EQ(r.output_tokens, 5u);
     EXPECT_EQ(r.prompt_tokens, 99u);
+    EXPECT_EQ(r.cached_prompt_tokens, 32u);
     EXPECT_EQ(r.itl_s.size(), 4u);  // The second message's 4 tokens.
     EXPECT_LE(r.sent_s, r.first_token_s);
     EXPECT_LE(r.first_token_s, r.done_s);

@@ -228,7 +228,7 @@ absl::StatusOr<OpenAiModel> openAiModel(const OpenAiTarget& target) {
 
 Sender openAiSender(OpenAiTarget target) {
   return [target](const PlannedRequest& planned, const std::function<void(uint32_t)>& on_tokens,
-                  uint32_t& prompt_tokens) -> absl::Status {
+                  PromptUsage& prompt) -> absl::Status {
     const bool chat = target.chat && !planned.prompt_text.empty();
     Json request{{"max_tokens", planned.output_tokens},
                  {"temperature", target.temperature},
@@ -268,7 +268,8 @@ Sender openAiSender(OpenAiTarget target) {
         }
       }
       if (const Json* usage = member(&j, "usage"); usage != nullptr && usage->is_object()) {
-        prompt_tokens = countOf(member(usage, "prompt_tokens"));
+        prompt.tokens = countOf(member(usage, "prompt_tokens"));
+        prompt.cached = countOf(member(member(usage, "prompt_tokens_details"), "cached_tokens"));
         completion = countOf(member(usage, "completion_tokens"));
       }
     };

@@ -32,6 +32,7 @@ json toJson(const Summary& s) {
           {"first_error", s.first_error},
           {"duration_s", s.duration_s},
           {"prompt_tokens", s.prompt_tokens},
+          {"cached_prompt_tokens", s.cached_prompt_tokens},
           {"output_tokens", s.output_tokens},
           {"request_rate", s.request_rate},
           {"output_token_rate", s.output_token_rate},
@@ -53,6 +54,7 @@ Summary summaryFrom(const json& j) {
   s.first_error = j.at("first_error").get<std::string>();
   s.duration_s = j.at("duration_s").get<double>();
   s.prompt_tokens = j.at("prompt_tokens").get<int64_t>();
+  s.cached_prompt_tokens = j.value("cached_prompt_tokens", int64_t{0});  // Older reports lack it.
   s.output_tokens = j.at("output_tokens").get<int64_t>();
   s.request_rate = j.at("request_rate").get<double>();
   s.output_token_rate = j.at("output_token_rate").get<double>();

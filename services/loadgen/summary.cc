@@ -46,6 +46,7 @@ Summary summarize(std::span<const RequestRecord> records, const Slo& slo) {
       continue;
     }
     s.prompt_tokens += r.prompt_tokens;
+    s.cached_prompt_tokens += r.cached_prompt_tokens;
     s.output_tokens += r.output_tokens;
     e2e.push_back(1e3 * (r.done_s - r.sent_s));
     queue.push_back(1e3 * (r.sent_s - r.arrival_s));

@@ -32,7 +32,8 @@ struct Summary {
   std::string first_error;
   // From the first measured request's send to the last one's end.
   double duration_s = 0;
-  int64_t prompt_tokens = 0;  // Of succeeded requests.
+  int64_t prompt_tokens = 0;         // Of succeeded requests.
+  int64_t cached_prompt_tokens = 0;  // Of those, the ones the server's prefix cache held.
   int64_t output_tokens = 0;
   double request_rate = 0;       // Succeeded requests per second.
   double output_token_rate = 0;  // Generated tokens per second.

@@ -1,5 +1,6 @@
 #include "services/loadgen/workload.h"
 
+#include <algorithm>
 #include <random>
 
 namespace cleave::loadgen {
@@ -20,7 +21,15 @@ PlannedRequest Workload::at(uint64_t index) const {
     request.output_tokens = options_.output_len.sample(rng);
   }
   std::uniform_int_distribution<uint32_t> token(options_.vocab_size / 16, options_.vocab_size - 1);
-  request.prompt_ids.reserve(prompt_tokens);
+  if (!request.prompt_text.empty()) return request;
+  request.prompt_ids.reserve(options_.shared_prefix_len + prompt_tokens);
+  if (options_.shared_prefix_len > 0) {
+    const uint64_t group = index % std::max<uint32_t>(options_.prefix_groups, 1);
+    std::seed_seq prefix_seq{options_.seed, group, uint64_t{0x70726566}};
+    std::mt19937_64 prefix_rng(prefix_seq);
+    for (uint32_t i = 0; i < options_.shared_prefix_len; ++i)
+      request.prompt_ids.push_back(token(prefix_rng));
+  }
   for (uint32_t i = 0; i < prompt_tokens; ++i) request.prompt_ids.push_back(token(rng));
   return request;
 }

@@ -19,6 +19,11 @@ struct WorkloadOptions {
   // tokens that vocabularies put first. Must be >= 16.
   uint32_t vocab_size = 0;
   uint64_t seed = 1;
+  // Token prompts start with one of `prefix_groups` shared prefixes of this many tokens
+  // (request i takes prefix i % prefix_groups), then their own prompt_len tokens: a system
+  // prompt or document that many requests share, for prefix caching to reuse.
+  uint32_t shared_prefix_len = 0;
+  uint32_t prefix_groups = 1;
 };
 
 struct PlannedRequest {

@@ -417,7 +417,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
       }
       status = prefiller->worker->prefill->Prefill(workerContext(sequence.deadline).get(), prefill,
                                                    &placed->prefilled);
-      pool_.releasePrefill(*prefiller);
+      pool_.releasePrefill(*prefiller, status.ok());
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
       CLEAVE_LOG(WARNING) << "prefill of " << sequence.id << " on " << prefiller->worker->id
                           << " failed (" << status.error_message() << "); trying another worker";

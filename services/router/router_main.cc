@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   int64_t heartbeat_interval_ms = 1000;
   int64_t lease_timeout_ms = 5000;
   int64_t max_migrations = 3;
+  std::string prefill_policy = "cache_aware";
   std::string api_keys_file;
   cleave::ServerTls tls;
   std::string worker_ca;
@@ -88,6 +89,10 @@ int main(int argc, char** argv) {
   flags.addDouble("api-key-rate", &api_key_rate,
                   "Generate calls per second each API key may make (bursts of one second's "
                   "worth); over it: RESOURCE_EXHAUSTED. 0: no limit");
+  flags.addString("prefill-policy", &prefill_policy,
+                  "How a prompt's prefill worker is chosen: cache_aware (the one that would "
+                  "finish it first, counting the prompt's prefix it holds cached as done) or "
+                  "least_loaded (the fewest prompt tokens outstanding)");
   flags.addInt("max-migrations", &max_migrations,
                "Times one request may move to another decode worker after losing its own");
   flags.addInt("shutdown-grace-ms", &shutdown_grace_ms,
@@ -105,6 +110,10 @@ int main(int argc, char** argv) {
         flags, absl::InvalidArgumentError("--queue-capacity must be in 0..1048576"));
   }
 
+  if (prefill_policy != "cache_aware" && prefill_policy != "least_loaded") {
+    cleave::exitWithUsageError(
+        flags, absl::InvalidArgumentError("--prefill-policy must be cache_aware or least_loaded"));
+  }
   if (max_migrations < 0 || max_migrations > 100) {
     cleave::exitWithUsageError(flags,
                                absl::InvalidArgumentError("--max-migrations must be in 0..100"));
@@ -169,7 +178,8 @@ int main(int argc, char** argv) {
       .workers = {.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms),
                   .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
                   .queue_capacity = queue_capacity,
-                  .worker_credentials = to_workers},
+                  .worker_credentials = to_workers,
+                  .prefix_aware = prefill_policy == "cache_aware"},
       .tokenizer = tokenizer,
       .tls = tls};
   auto server = cleave::router::RouterServer::start(options);

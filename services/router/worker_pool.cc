@@ -508,7 +508,7 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode,
                                                      std::span<const uint32_t> prompt,
                                                      const std::vector<std::string>& exclude) {
   const int64_t block_size = decode.info.kv_layout().block_size();
-  const std::vector<uint64_t> hashes = PrefixIndex::blockHashes(prompt, block_size);
+  std::vector<uint64_t> hashes = PrefixIndex::blockHashes(prompt, block_size);
   const int64_t length = static_cast<int64_t>(prompt.size());
   absl::MutexLock lock(&mu_);
   Entry* best = nullptr;
@@ -516,7 +516,8 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode,
   for (auto& [id, entry] : workers_) {
     if (entry.worker->info.role() != v1::WORKER_ROLE_PREFILL) continue;
     if (entry.draining || contains(exclude, id)) continue;
-    const int64_t computed = length - prefixes_.matched(id, hashes) * block_size;
+    const bool caches = options_.prefix_aware && entry.worker->info.kv_capacity().prefix_caching();
+    const int64_t computed = length - (caches ? prefixes_.matched(id, hashes) * block_size : 0);
     const int64_t done = entry.prefill_tokens + computed;
     // Ties go to the less loaded worker.
     if (best == nullptr || done < best->prefill_tokens + tokens ||
@@ -524,11 +525,6 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode,
       best = &entry;
       tokens = computed;
     }
-  }
-  if (best != nullptr) {
-    // Without a reported pool size, a guess as large as a worker of 64k blocks.
-    const int64_t capacity = best->worker->info.kv_capacity().total_blocks();
-    prefixes_.record(best->worker->id, hashes, capacity > 0 ? capacity : int64_t{1} << 16);
   }
   if (best == nullptr && decode.info.role() == v1::WORKER_ROLE_BOTH &&
       !contains(exclude, decode.id)) {
@@ -541,14 +537,20 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode,
         "(or --role=both)");
   }
   best->prefill_tokens += tokens;
-  return PrefillLease{.worker = best->worker, .tokens = tokens};
+  return PrefillLease{.worker = best->worker, .tokens = tokens, .blocks = std::move(hashes)};
 }
 
-void WorkerPool::releasePrefill(const PrefillLease& lease) {
+void WorkerPool::releasePrefill(const PrefillLease& lease, bool prefilled) {
   absl::MutexLock lock(&mu_);
   auto it = workers_.find(lease.worker->id);
-  if (it != workers_.end() && it->second.worker == lease.worker) {
-    it->second.prefill_tokens -= lease.tokens;
+  if (it == workers_.end() || it->second.worker != lease.worker) return;
+  it->second.prefill_tokens -= lease.tokens;
+  const v1::KvCapacity& capacity = lease.worker->info.kv_capacity();
+  if (prefilled && options_.prefix_aware && capacity.prefix_caching() &&
+      lease.worker->info.role() == v1::WORKER_ROLE_PREFILL) {
+    // Without a reported pool size, a guess as large as a worker of 64k blocks.
+    prefixes_.record(lease.worker->id, lease.blocks,
+                     capacity.total_blocks() > 0 ? capacity.total_blocks() : int64_t{1} << 16);
   }
 }
 

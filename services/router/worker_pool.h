@@ -78,6 +78,9 @@ struct WorkerPoolOptions {
   std::shared_ptr<LostWorkers> lost;
   // For the router's calls to workers (null: plaintext).
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials;
+  // Prefill goes where it would finish first counting cached prefixes (pickPrefill); off,
+  // to the prefill worker with the fewest prompt tokens outstanding.
+  bool prefix_aware = true;
 };
 
 // One registered worker. Immutable after registration except where noted.
@@ -95,6 +98,7 @@ struct Worker {
 struct PrefillLease {
   std::shared_ptr<const Worker> worker;
   int64_t tokens = 0;
+  std::vector<uint64_t> blocks;  // The prompt's blocks a cache may supply (prefix_index.h).
 };
 
 // A request's place on a decode worker: its blocks, held until release().
@@ -171,9 +175,14 @@ class WorkerPool {
   // once the prompt's tokens it does not hold cached are added (prefix_index.h) — or
   // `decode` itself when it has both roles and no prefill worker is left. Unavailable when
   // there is none.
+  // A worker's outstanding tokens count only what it computes, and what it holds counts
+  // from the end of its successful prefills (concurrent prompts of a new prefix are not
+  // sent to one worker on the strength of blocks nobody has computed yet). The KV
+  // transfer, whole prompts whatever was cached, is not counted.
   absl::StatusOr<PrefillLease> pickPrefill(const Worker& decode, std::span<const uint32_t> prompt,
                                            const std::vector<std::string>& exclude = {});
-  void releasePrefill(const PrefillLease& lease);
+  // `prefilled`: the prefill succeeded, so the worker holds the prompt's blocks now.
+  void releasePrefill(const PrefillLease& lease, bool prefilled = false);
 
   // One line per worker for GetServerInfo: role, model, admitted requests, reserved blocks.
   std::vector<v1::WorkerSummary> summaries() const;

@@ -33,6 +33,7 @@ v1::RegisterRequest worker(const std::string& id, v1::WorkerRole role, uint32_t 
   kv->set_num_kv_heads(2);
   kv->set_head_dim(8);
   r.mutable_kv_capacity()->set_total_blocks(blocks);
+  r.mutable_kv_capacity()->set_prefix_caching(true);
   if (role != v1::WORKER_ROLE_PREFILL) r.mutable_kv_capacity()->set_target_concurrency(target);
   r.set_control_address("worker-" + id + ".invalid:1");  // Never called here.
   return r;
@@ -184,7 +185,12 @@ TEST_F(WorkerPoolTest, PrefillFollowsTheCachedPrefixUnlessAnotherWorkerIsDoneSoo
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(first->tokens, 100);
   const std::string home = first->worker->id, other = home == "p1" ? "p2" : "p1";
-  pool_.releasePrefill(*first);
+  // Until it is computed, the prefix counts nowhere: a concurrent copy goes to the other.
+  auto concurrent = pool_.pickPrefill(decode, shared);
+  EXPECT_EQ(concurrent->worker->id, other);
+  EXPECT_EQ(concurrent->tokens, 100);
+  pool_.releasePrefill(*concurrent);  // Failed: the other holds nothing.
+  pool_.releasePrefill(*first, true);
 
   auto again = pool_.pickPrefill(decode, extended(40, 500));
   ASSERT_TRUE(again.ok());
@@ -202,14 +208,34 @@ TEST_F(WorkerPoolTest, PrefillFollowsTheCachedPrefixUnlessAnotherWorkerIsDoneSoo
   auto fourth = pool_.pickPrefill(decode, shared);
   EXPECT_EQ(fourth->worker->id, other);
   EXPECT_EQ(fourth->tokens, 100);
-  for (const auto& lease : {*again, *third, *big, *fourth}) pool_.releasePrefill(lease);
+  for (const auto& lease : {*again, *third, *big, *fourth}) pool_.releasePrefill(lease, true);
 
   ASSERT_TRUE(pool_.add(worker(home, v1::WORKER_ROLE_PREFILL, 64, 0)).ok());
   auto fifth = pool_.pickPrefill(decode, shared);
   EXPECT_EQ(fifth->worker->id, other);
   EXPECT_EQ(fifth->tokens, 4);
-  pool_.releasePrefill(*fifth);
+  pool_.releasePrefill(*fifth, true);
   pool_.release(*admission);
+}
+
+// --prefill-policy=least_loaded: cached prefixes are not counted.
+TEST(WorkerPoolPolicyTest, LeastLoadedPrefillIgnoresCachedPrefixes) {
+  WorkerPool pool(
+      {.prefix_aware = false}, [](auto) {}, [](const std::string&) {});
+  ASSERT_TRUE(pool.add(worker("d", v1::WORKER_ROLE_DECODE, 100, 4)).ok());
+  ASSERT_TRUE(pool.add(worker("p1", v1::WORKER_ROLE_PREFILL, 64, 0)).ok());
+  ASSERT_TRUE(pool.add(worker("p2", v1::WORKER_ROLE_PREFILL, 64, 0)).ok());
+  auto admission = pool.admit(1, std::chrono::system_clock::now() + std::chrono::seconds(2),
+                              [] { return false; });
+  ASSERT_TRUE(admission.ok());
+  auto first = pool.pickPrefill(*admission->worker, prompt(100));
+  auto second = pool.pickPrefill(*admission->worker, prompt(100));
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE(first->worker->id, second->worker->id);  // Not where the prefix went.
+  EXPECT_EQ(second->tokens, 100);
+  pool.releasePrefill(*first);
+  pool.releasePrefill(*second);
+  pool.release(*admission);
 }
 
 // The guess keeps a worker's most recent blocks, a prompt's head the longest; block names

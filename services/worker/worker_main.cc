@@ -91,6 +91,7 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
   capacity->set_target_concurrency(decodes ? static_cast<uint32_t>(target_concurrency) : 0);
   capacity->set_planned_seq_len(static_cast<uint32_t>(options.planned_seq_len));
   capacity->set_max_batch_tokens(static_cast<uint32_t>(kMaxBatchTokens));
+  capacity->set_prefix_caching(options.prefix_caching);
   r.set_control_address(address);
   for (int rank = 0; rank < group.tp(); ++rank) {
     v1::RankEndpoint* endpoint = r.add_ranks();
@@ -277,7 +278,8 @@ int run(int argc, char** argv) {
   WorkerCore core(**group, tokenizer.get(),
                   {.scheduler = {.max_batch_tokens = kMaxBatchTokens,
                                  .max_sequences = std::max<int64_t>(options.target_concurrency, 1),
-                                 .max_step_sequences = step_sequences},
+                                 .max_step_sequences = step_sequences,
+                                 .prefix_caching = options.prefix_caching},
                    .eos_ids = eos,
                    .layout = kvLayout(config, (*group)->kvType()),
                    .transport = transport.get(),

@@ -28,7 +28,7 @@ WorkerMetrics::WorkerMetrics(int64_t target_concurrency)
       blocks_total_(plainGauge("cleave_worker_kv_blocks_capacity", "KV blocks in the pool")),
       blocks_free_(plainGauge("cleave_worker_kv_blocks_free", "KV blocks held by nothing")),
       blocks_cached_(plainGauge("cleave_worker_kv_blocks_cached",
-                                "Free KV blocks still holding a reusable prompt prefix")),
+                                "Free KV blocks still holding a reusable prefix")),
       blocks_reserved_(plainGauge("cleave_worker_kv_blocks_reserved",
                                   "KV blocks held by reservations (reserved or decoding)")),
       prefix_lookup_tokens_(plainCounter("cleave_worker_prefix_cache_lookup_tokens_total",

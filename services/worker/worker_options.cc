@@ -48,6 +48,9 @@ void WorkerOptions::addFlags(FlagSet& flags) {
                "of the context and four planned-length sequences); a CPU worker only when "
                "this is set (else peers write its cache)");
   flags.addInt("threads", &threads, "CPU threads per rank (0: all cores / tp)");
+  flags.addBool("prefix-caching", &prefix_caching,
+                "Reuse the KV cache of prompt prefixes computed before (--no-prefix-caching: "
+                "compute every prompt whole)");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "Free a reservation not started within this, and a router's sequences once its "
                "token stream has been closed this long");

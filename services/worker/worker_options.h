@@ -30,6 +30,7 @@ struct WorkerOptions {
   int64_t planned_seq_len = 2048;
   int64_t kv_staging_tokens = 0;  // Host staging rows per side of transfers (kv_staging.h)
   int64_t threads = 0;
+  bool prefix_caching = true;
   int64_t lease_timeout_ms = 10000;
   // On SIGTERM/SIGINT: how long the worker keeps running what it holds after telling the
   // router it is draining, before it deregisters (the router moves what is left).

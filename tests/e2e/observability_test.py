@@ -129,7 +129,13 @@ class ObservabilityTest(unittest.TestCase):
         self.assertEqual(delta("router", "cleave_router_time_to_first_token_seconds_count"), sent)
         self.assertEqual(delta("router", "cleave_router_prefill_seconds_count"), sent)
         self.assertEqual(delta("router", "cleave_router_kv_transfer_seconds_count"), sent)
-        self.assertEqual(delta("prefill", "cleave_worker_prefill_tokens_total"), sent * PROMPT)
+        # Every prompt token was computed or came from the prefix cache (the sweep's points
+        # send the same prompts, request i of each being the same).
+        self.assertEqual(delta("prefill", "cleave_worker_prefix_cache_lookup_tokens_total"),
+                         sent * PROMPT)
+        self.assertEqual(delta("prefill", "cleave_worker_prefill_tokens_total")
+                         + delta("prefill", "cleave_worker_prefix_cache_hit_tokens_total"),
+                         sent * PROMPT)
         self.assertEqual(delta("prefill", "cleave_worker_generated_tokens_total"), sent)
         self.assertEqual(delta("prefill", "cleave_worker_kv_sent_bytes_total"),
                          sent * 3 * 16 * KV_BYTES_PER_POSITION)
