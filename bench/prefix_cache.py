@@ -16,8 +16,12 @@ computed at best (each group's prefix once, then every request's own tokens and 
 block before them), and the TTFT p50 ratio against the no-cache run measured in the same
 run.
 
-Run (after a build): /usr/bin/python3 bench/prefix_cache.py [--prefix 1024] [--groups 4]
-  [--own 64] [--requests 32] [--concurrency 4]
+Each worker's pool is sized by --target-concurrency and --planned-seq-len, as in a
+deployment; by default the groups' prefixes do not all fit in one worker's pool, so where
+each group's prompts go decides what stays cached.
+
+Run (after a build): /usr/bin/python3 bench/prefix_cache.py [--prefix 512] [--groups 8]
+  [--own 64] [--requests 48] [--concurrency 4]
 """
 import argparse
 import json
@@ -27,11 +31,11 @@ import tempfile
 from harness import MODEL, ct
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--prefix", type=int, default=1024, help="shared prefix tokens")
-parser.add_argument("--groups", type=int, default=4, help="distinct shared prefixes")
+parser.add_argument("--prefix", type=int, default=512, help="shared prefix tokens")
+parser.add_argument("--groups", type=int, default=8, help="distinct shared prefixes")
 parser.add_argument("--own", type=int, default=64, help="each request's own prompt tokens")
 parser.add_argument("--output", type=int, default=8, help="generated tokens per request")
-parser.add_argument("--requests", type=int, default=32)
+parser.add_argument("--requests", type=int, default=48)
 parser.add_argument("--concurrency", type=int, default=4)
 parser.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
 args = parser.parse_args()
