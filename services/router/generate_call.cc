@@ -336,6 +336,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     return error(grpc::StatusCode::UNAVAILABLE, "every worker left this router");
   }
   const int64_t tokens = static_cast<int64_t>(sequence.tokens.size());
+  // The blocks of the sequence a worker's prefix cache may hold.
+  const std::vector<uint64_t> prefix = PrefixIndex::blockHashes(sequence.tokens, model->block_size);
   v1::StoppingCriteria stopping = sequence.stopping;
   stopping.set_max_new_tokens(static_cast<uint32_t>(sequence.remaining));
   grpc::Status status;
@@ -348,7 +350,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
   while (true) {
     absl::StatusOr<Admission> admitted =
         pool_.admit(sequence.blocks, sequence.deadline, sequence.cancelled, lost, sequence.client,
-                    sequence.remaining);
+                    sequence.remaining, prefix);
     if (!admitted.ok()) return status.ok() ? toGrpcStatus(admitted.status()) : status;
     placed.reset(new Placement(*this, *admitted, sequence.id));
     placed->queue_wait_ms = msSince(placing);
@@ -403,12 +405,12 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     std::vector<std::string> failed;
     bool every_prefill_failed = false;
     while (true) {
-      absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, sequence.tokens, failed);
+      absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, tokens, prefix, failed);
       // No prefill worker at all (every one restarting): wait for one to register, as long
       // as a restart takes.
       if (!prefiller.ok() && failed.empty() &&
           pool_.awaitPrefill(worker, sequence.deadline, sequence.cancelled)) {
-        prefiller = pool_.pickPrefill(worker, sequence.tokens, failed);
+        prefiller = pool_.pickPrefill(worker, tokens, prefix, failed);
       }
       if (!prefiller.ok()) {
         if (failed.empty()) return toGrpcStatus(prefiller.status());

@@ -234,9 +234,23 @@ std::optional<WorkerPool::ModelView> WorkerPool::modelLocked() const {
                    .block_size = info.kv_layout().block_size()};
 }
 
-WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::string>& exclude) {
+int64_t WorkerPool::cachedBlocks(const Entry& entry, std::span<const uint64_t> prefix) const {
+  const v1::KvCapacity& capacity = entry.worker->info.kv_capacity();
+  if (!options_.prefix_aware || !capacity.prefix_caching() || prefix.empty()) return 0;
+  return prefixes_.matched(entry.worker->id, prefix);
+}
+
+WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::string>& exclude,
+                                    std::span<const uint64_t> prefix) {
+  // Its own cache counts only where the decode worker prefills too.
+  bool self_prefill = true;
+  for (const auto& [id, entry] : workers_) {
+    if (entry.worker->info.role() == v1::WORKER_ROLE_PREFILL && !entry.draining)
+      self_prefill = false;
+  }
   Entry* best = nullptr;
   double best_load = 0;
+  int64_t best_cached = 0;
   for (auto& [id, entry] : workers_) {
     const Worker& w = *entry.worker;
     if (!w.servesDecode()) continue;
@@ -247,7 +261,10 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
     if (entry.admitted >= 2 * int64_t{cap.target_concurrency()}) continue;
     if (int64_t{cap.total_blocks()} - entry.reserved < blocks) continue;
     const double load = static_cast<double>(entry.admitted) / cap.target_concurrency();
-    if (best == nullptr || load < best_load) best = &entry, best_load = load;
+    // Of the workers with room in their decode batch, the cache decides; past that, load.
+    const int64_t cached = self_prefill && load < 1 ? cachedBlocks(entry, prefix) : 0;
+    if (best == nullptr || cached > best_cached || (cached == best_cached && load < best_load))
+      best = &entry, best_load = load, best_cached = cached;
   }
   return best;
 }
@@ -256,10 +273,11 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
                                             std::chrono::system_clock::time_point deadline,
                                             const std::function<bool()>& cancelled,
                                             const std::vector<std::string>& exclude,
-                                            const std::string& client, int64_t new_tokens) {
+                                            const std::string& client, int64_t new_tokens,
+                                            std::span<const uint64_t> prefix) {
   const char* outcome = nullptr;
   absl::StatusOr<Admission> admission =
-      admitOrWait(blocks, deadline, cancelled, exclude, client, new_tokens, outcome);
+      admitOrWait(blocks, deadline, cancelled, exclude, client, new_tokens, prefix, outcome);
   admissions_
       .Add({{"outcome", outcome != nullptr ? outcome : admissionOutcome(admission.status())}})
       .Increment();
@@ -271,6 +289,7 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
                                                   const std::function<bool()>& cancelled,
                                                   const std::vector<std::string>& exclude,
                                                   const std::string& client, int64_t new_tokens,
+                                                  std::span<const uint64_t> prefix,
                                                   const char*& outcome) {
   absl::MutexLock lock(&mu_);
   int64_t largest = 0;
@@ -304,7 +323,7 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
                      largest, "; shorten the prompt or lower stopping.max_new_tokens"));
   }
   // Only a request that has to wait needs room in the queue.
-  const bool must_wait = !queue_.empty() || pick(blocks, exclude) == nullptr;
+  const bool must_wait = !queue_.empty() || pick(blocks, exclude, prefix) == nullptr;
   if (must_wait && static_cast<int64_t>(queue_.size()) >= options_.queue_capacity) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the admission queue is full (", options_.queue_capacity, " requests); retry later"));
@@ -333,7 +352,7 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
   absl::Status why;
   bool admitted = waitUntil(
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return nextInLine() == ticket && (chosen = pick(blocks, exclude)) != nullptr;
+        return nextInLine() == ticket && (chosen = pick(blocks, exclude, prefix)) != nullptr;
       },
       deadline, cancelled, why);
   // Its turn came too late to finish: the place goes to a request that can.
@@ -504,20 +523,17 @@ bool WorkerPool::awaitPrefill(const Worker& decode, std::chrono::system_clock::t
       give_up, cancelled, why);
 }
 
-absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode,
-                                                     std::span<const uint32_t> prompt,
+absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64_t length,
+                                                     std::span<const uint64_t> prefix,
                                                      const std::vector<std::string>& exclude) {
   const int64_t block_size = decode.info.kv_layout().block_size();
-  std::vector<uint64_t> hashes = PrefixIndex::blockHashes(prompt, block_size);
-  const int64_t length = static_cast<int64_t>(prompt.size());
   absl::MutexLock lock(&mu_);
   Entry* best = nullptr;
   int64_t tokens = length;  // What `best` would compute.
   for (auto& [id, entry] : workers_) {
     if (entry.worker->info.role() != v1::WORKER_ROLE_PREFILL) continue;
     if (entry.draining || contains(exclude, id)) continue;
-    const bool caches = options_.prefix_aware && entry.worker->info.kv_capacity().prefix_caching();
-    const int64_t computed = length - (caches ? prefixes_.matched(id, hashes) * block_size : 0);
+    const int64_t computed = length - cachedBlocks(entry, prefix) * block_size;
     const int64_t done = entry.prefill_tokens + computed;
     // Ties go to the less loaded worker.
     if (best == nullptr || done < best->prefill_tokens + tokens ||
@@ -529,7 +545,10 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode,
   if (best == nullptr && decode.info.role() == v1::WORKER_ROLE_BOTH &&
       !contains(exclude, decode.id)) {
     auto it = workers_.find(decode.id);
-    if (it != workers_.end()) best = &it->second;
+    if (it != workers_.end()) {
+      best = &it->second;
+      tokens = length - cachedBlocks(*best, prefix) * block_size;
+    }
   }
   if (best == nullptr) {
     return absl::UnavailableError(
@@ -537,7 +556,9 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode,
         "(or --role=both)");
   }
   best->prefill_tokens += tokens;
-  return PrefillLease{.worker = best->worker, .tokens = tokens, .blocks = std::move(hashes)};
+  return PrefillLease{.worker = best->worker,
+                      .tokens = tokens,
+                      .blocks = std::vector<uint64_t>(prefix.begin(), prefix.end())};
 }
 
 void WorkerPool::releasePrefill(const PrefillLease& lease, bool prefilled) {
@@ -546,8 +567,7 @@ void WorkerPool::releasePrefill(const PrefillLease& lease, bool prefilled) {
   if (it == workers_.end() || it->second.worker != lease.worker) return;
   it->second.prefill_tokens -= lease.tokens;
   const v1::KvCapacity& capacity = lease.worker->info.kv_capacity();
-  if (prefilled && options_.prefix_aware && capacity.prefix_caching() &&
-      lease.worker->info.role() == v1::WORKER_ROLE_PREFILL) {
+  if (prefilled && options_.prefix_aware && capacity.prefix_caching()) {
     // Without a reported pool size, a guess as large as a worker of 64k blocks.
     prefixes_.record(lease.worker->id, lease.blocks,
                      capacity.total_blocks() > 0 ? capacity.total_blocks() : int64_t{1} << 16);

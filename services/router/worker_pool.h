@@ -154,11 +154,15 @@ class WorkerPool {
   // (`cancelled` became true). Workers named in `exclude` (found unreachable by this request) are
   // passed over. `client` (an API key's name; empty when keys are off) shares the queue fairly: the
   // waiting client admitted least recently goes next, its oldest request first. `new_tokens`
-  // (the new tokens it may generate) scales its expected service time.
+  // (the new tokens it may generate) scales its expected service time. `prefix`: the
+  // prompt's blocks a cache may supply (PrefixIndex::blockHashes): where workers prefill
+  // for themselves (no prefill worker registered), of the workers with room in their
+  // decode batch the one holding the longest cached prefix goes first.
   absl::StatusOr<Admission> admit(int64_t blocks, std::chrono::system_clock::time_point deadline,
                                   const std::function<bool()>& cancelled,
                                   const std::vector<std::string>& exclude = {},
-                                  const std::string& client = "", int64_t new_tokens = 1);
+                                  const std::string& client = "", int64_t new_tokens = 1,
+                                  std::span<const uint64_t> prefix = {});
   // `served`: set when the request finished there normally; its time there less the decode
   // batch wait is a service time, which admission estimates go by.
   void release(const Admission& admission, std::optional<Served> served = std::nullopt);
@@ -170,7 +174,8 @@ class WorkerPool {
   bool awaitPrefill(const Worker& decode, std::chrono::system_clock::time_point deadline,
                     const std::function<bool()>& cancelled);
 
-  // The worker to prefill `prompt` for `decode`: of the prefill workers (none of
+  // The worker to prefill a prompt of `tokens` tokens whose cacheable blocks are `prefix`
+  // (PrefixIndex::blockHashes) for `decode`: of the prefill workers (none of
   // `exclude`), the one that would finish it first — the fewest outstanding prefill tokens
   // once the prompt's tokens it does not hold cached are added (prefix_index.h) — or
   // `decode` itself when it has both roles and no prefill worker is left. Unavailable when
@@ -179,7 +184,8 @@ class WorkerPool {
   // from the end of its successful prefills (concurrent prompts of a new prefix are not
   // sent to one worker on the strength of blocks nobody has computed yet). The KV
   // transfer, whole prompts whatever was cached, is not counted.
-  absl::StatusOr<PrefillLease> pickPrefill(const Worker& decode, std::span<const uint32_t> prompt,
+  absl::StatusOr<PrefillLease> pickPrefill(const Worker& decode, int64_t tokens,
+                                           std::span<const uint64_t> prefix,
                                            const std::vector<std::string>& exclude = {});
   // `prefilled`: the prefill succeeded, so the worker holds the prompt's blocks now.
   void releasePrefill(const PrefillLease& lease, bool prefilled = false);
@@ -200,8 +206,13 @@ class WorkerPool {
     bool draining = false;       // It is stopping: no new work.
   };
   std::optional<ModelView> modelLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The decode worker to admit `blocks` on now, if any.
-  Entry* pick(int64_t blocks, const std::vector<std::string>& exclude)
+  // The decode worker to admit `blocks` on now, if any: the least loaded, or with `prefix`
+  // (see admit()) the one with room in its decode batch that holds most of it.
+  Entry* pick(int64_t blocks, const std::vector<std::string>& exclude,
+              std::span<const uint64_t> prefix) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks of `prefix` the prefix cache of `entry` holds, as the router guesses it (0 for a
+  // worker that does not cache, or with the cache-aware policy off).
+  int64_t cachedBlocks(const Entry& entry, std::span<const uint64_t> prefix) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (under mu_) until `ready` or the deadline or cancellation; false with `why` set
   // when it gave up.
@@ -220,7 +231,7 @@ class WorkerPool {
                                         const std::function<bool()>& cancelled,
                                         const std::vector<std::string>& exclude,
                                         const std::string& client, int64_t new_tokens,
-                                        const char*& outcome);
+                                        std::span<const uint64_t> prefix, const char*& outcome);
   // How long from now a request allowed `new_tokens`, with `queued_ahead` waiting ahead of
   // it, would take to finish on the workers not in `exclude`; nullopt until enough requests
   // have finished to say.

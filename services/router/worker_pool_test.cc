@@ -46,6 +46,12 @@ std::vector<uint32_t> prompt(int n, uint32_t first = 1) {
   return p;
 }
 
+// The prefill worker for `p` (blocks of 16 tokens, as the test workers' layout says).
+absl::StatusOr<PrefillLease> pickFor(WorkerPool& pool, const Worker& decode,
+                                     const std::vector<uint32_t>& p) {
+  return pool.pickPrefill(decode, static_cast<int64_t>(p.size()), PrefixIndex::blockHashes(p, 16));
+}
+
 class WorkerPoolTest : public ::testing::Test {
  protected:
   WorkerPool pool_{{.queue_capacity = 2, .restart_patience = std::chrono::milliseconds(50)},
@@ -149,16 +155,16 @@ TEST_F(WorkerPoolTest, AFullQueueAndCancellationAreReported) {
 
 TEST_F(WorkerPoolTest, PrefillGoesToTheLeastLoadedPrefillWorker) {
   ASSERT_TRUE(pool_.add(worker("d", v1::WORKER_ROLE_DECODE, 10, 4)).ok());
-  auto none = pool_.pickPrefill(*pool_.admit(1, soon(), never)->worker, prompt(10));
+  auto none = pickFor(pool_, *pool_.admit(1, soon(), never)->worker, prompt(10));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kUnavailable);
   ASSERT_TRUE(pool_.add(worker("p1", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
   ASSERT_TRUE(pool_.add(worker("p2", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
   auto admission = pool_.admit(1, soon(), never);
-  auto a = pool_.pickPrefill(*admission->worker, prompt(100));
-  auto b = pool_.pickPrefill(*admission->worker, prompt(10, 1000));
+  auto a = pickFor(pool_, *admission->worker, prompt(100));
+  auto b = pickFor(pool_, *admission->worker, prompt(10, 1000));
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(a->worker->id, b->worker->id);
-  auto c = pool_.pickPrefill(*admission->worker, prompt(10, 2000));
+  auto c = pickFor(pool_, *admission->worker, prompt(10, 2000));
   EXPECT_EQ(c->worker->id, b->worker->id);  // 20 outstanding there, 100 on the other.
   pool_.releasePrefill(*a);
   pool_.releasePrefill(*b);
@@ -181,41 +187,78 @@ TEST_F(WorkerPoolTest, PrefillFollowsTheCachedPrefixUnlessAnotherWorkerIsDoneSoo
     for (int i = 0; i < more; ++i) p.push_back(from + static_cast<uint32_t>(i));
     return p;
   };
-  auto first = pool_.pickPrefill(decode, shared);
+  auto first = pickFor(pool_, decode, shared);
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(first->tokens, 100);
   const std::string home = first->worker->id, other = home == "p1" ? "p2" : "p1";
   // Until it is computed, the prefix counts nowhere: a concurrent copy goes to the other.
-  auto concurrent = pool_.pickPrefill(decode, shared);
+  auto concurrent = pickFor(pool_, decode, shared);
   EXPECT_EQ(concurrent->worker->id, other);
   EXPECT_EQ(concurrent->tokens, 100);
   pool_.releasePrefill(*concurrent);  // Failed: the other holds nothing.
   pool_.releasePrefill(*first, true);
 
-  auto again = pool_.pickPrefill(decode, extended(40, 500));
+  auto again = pickFor(pool_, decode, extended(40, 500));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->worker->id, home);
   EXPECT_EQ(again->tokens, 140 - 96);
   // Busy with it, `home` would finish another copy after 44 + 4 tokens, the other after 100.
-  auto third = pool_.pickPrefill(decode, shared);
+  auto third = pickFor(pool_, decode, shared);
   EXPECT_EQ(third->worker->id, home);
   EXPECT_EQ(third->tokens, 4);
   // 48 + 304 there, 400 on the other: still `home`.
-  auto big = pool_.pickPrefill(decode, extended(300, 1000));
+  auto big = pickFor(pool_, decode, extended(300, 1000));
   EXPECT_EQ(big->worker->id, home);
   EXPECT_EQ(big->tokens, 304);
   // Now 352 + 4 there, 100 on the other: the other computes it all.
-  auto fourth = pool_.pickPrefill(decode, shared);
+  auto fourth = pickFor(pool_, decode, shared);
   EXPECT_EQ(fourth->worker->id, other);
   EXPECT_EQ(fourth->tokens, 100);
   for (const auto& lease : {*again, *third, *big, *fourth}) pool_.releasePrefill(lease, true);
 
   ASSERT_TRUE(pool_.add(worker(home, v1::WORKER_ROLE_PREFILL, 64, 0)).ok());
-  auto fifth = pool_.pickPrefill(decode, shared);
+  auto fifth = pickFor(pool_, decode, shared);
   EXPECT_EQ(fifth->worker->id, other);
   EXPECT_EQ(fifth->tokens, 4);
   pool_.releasePrefill(*fifth, true);
   pool_.release(*admission);
+}
+
+// Workers that prefill for themselves (role both, no prefill worker): of those with room in
+// their decode batch, the one that computed the prompt's prefix is chosen, however loaded;
+// with no room there, load decides. A prefill worker joining makes the decode side's caches
+// irrelevant.
+TEST_F(WorkerPoolTest, BothWorkersTakeThePromptsWhosePrefixTheyHoldWhileTheirBatchHasRoom) {
+  ASSERT_TRUE(pool_.add(worker("b1", v1::WORKER_ROLE_BOTH, 100, 2)).ok());
+  ASSERT_TRUE(pool_.add(worker("b2", v1::WORKER_ROLE_BOTH, 100, 2)).ok());
+  const std::vector<uint32_t> shared = prompt(100);
+  const std::vector<uint64_t> prefix = PrefixIndex::blockHashes(shared, 16);
+  auto admit = [&] { return pool_.admit(8, soon(), never, {}, "", 1, prefix); };
+  auto first = admit();
+  ASSERT_TRUE(first.ok());
+  const std::string home = first->worker->id, other = home == "b1" ? "b2" : "b1";
+  auto lease = pickFor(pool_, *first->worker, shared);  // It prefills for itself.
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->worker->id, home);
+  pool_.releasePrefill(*lease, true);
+  auto second = admit();  // 1 of 2 there, none on the other: the cache wins.
+  EXPECT_EQ(second->worker->id, home);
+  auto again = pickFor(pool_, *second->worker, shared);
+  EXPECT_EQ(again->tokens, 4);
+  pool_.releasePrefill(*again, true);
+  auto third = admit();  // Its batch is full: the other.
+  EXPECT_EQ(third->worker->id, other);
+  auto plain = pool_.admit(8, soon(), never);  // No prefix: the least loaded.
+  EXPECT_EQ(plain->worker->id, other);
+  pool_.release(*plain);
+  // With a prefill worker, decode workers' caches do not count.
+  ASSERT_TRUE(pool_.add(worker("p", v1::WORKER_ROLE_PREFILL, 100, 0)).ok());
+  pool_.release(*second);
+  pool_.release(*third);
+  auto fourth = admit();  // 1 of 2 there, none on the other, which gets it.
+  EXPECT_EQ(fourth->worker->id, other);
+  for (const auto& a : {*first, *fourth}) pool_.release(a);
+  EXPECT_EQ(pool_.reservedBlocks(), 0);
 }
 
 // --prefill-policy=least_loaded: cached prefixes are not counted.
@@ -228,8 +271,8 @@ TEST(WorkerPoolPolicyTest, LeastLoadedPrefillIgnoresCachedPrefixes) {
   auto admission = pool.admit(1, std::chrono::system_clock::now() + std::chrono::seconds(2),
                               [] { return false; });
   ASSERT_TRUE(admission.ok());
-  auto first = pool.pickPrefill(*admission->worker, prompt(100));
-  auto second = pool.pickPrefill(*admission->worker, prompt(100));
+  auto first = pickFor(pool, *admission->worker, prompt(100));
+  auto second = pickFor(pool, *admission->worker, prompt(100));
   ASSERT_TRUE(first.ok() && second.ok());
   EXPECT_NE(first->worker->id, second->worker->id);  // Not where the prefix went.
   EXPECT_EQ(second->tokens, 100);
@@ -432,7 +475,7 @@ TEST_F(WorkerPoolTest, AwaitingAPrefillWorkerEndsWhenOneRegistersOrPatienceRunsO
   });
   EXPECT_TRUE(pool.awaitPrefill(*admission->worker, soon(5000), never));
   registers.join();
-  auto picked = pool.pickPrefill(*admission->worker, prompt(10));
+  auto picked = pickFor(pool, *admission->worker, prompt(10));
   ASSERT_TRUE(picked.ok());
   EXPECT_EQ(picked->worker->id, "p");
   pool.releasePrefill(*picked);
