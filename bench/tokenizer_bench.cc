@@ -233,6 +233,19 @@ void BM_ChatPromptEncode(benchmark::State& state) {
 }
 BENCHMARK(BM_ChatPromptEncode)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// Masks a vocabulary of `vocab` tokens each iteration; counts the tokens allowed.
+void maskEveryIteration(benchmark::State& state, const cleave::engine::JsonConstraint& constraint,
+                        size_t vocab) {
+  std::vector<float> logits(vocab, 0.0f);
+  for (auto _ : state) {
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    constraint.mask(logits);
+    benchmark::DoNotOptimize(logits.data());
+  }
+  state.counters["allowed"] = static_cast<double>(std::count(logits.begin(), logits.end(), 0.0f));
+  state.counters["vocab"] = static_cast<double>(vocab);
+}
+
 // The mask of a JSON-object constraint over the whole vocabulary, the work it adds to each
 // constrained draw: inside a string (nearly every token allowed, each simulated in full)
 // and where a value starts (most tokens rejected at their first byte).
@@ -248,17 +261,36 @@ void BM_JsonObjectMask(benchmark::State& state) {
   for (const TokenId id : f.tokenizer->encode(said, EncodeOptions{.add_special_tokens = false})) {
     constraint.accept(id);
   }
-  std::vector<float> logits(bytes->size(), 0.0f);
-  for (auto _ : state) {
-    std::fill(logits.begin(), logits.end(), 0.0f);
-    constraint.mask(logits);
-    benchmark::DoNotOptimize(logits.data());
-  }
-  state.counters["allowed"] = static_cast<double>(std::count(logits.begin(), logits.end(), 0.0f));
-  state.counters["vocab"] = static_cast<double>(bytes->size());
+  maskEveryIteration(state, constraint, bytes->size());
   state.SetLabel(state.range(0) == 0 ? "in a string" : "at a value");
 }
 BENCHMARK(BM_JsonObjectMask)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The same under a JSON schema (a larger state to copy per token simulated): inside a free
+// string, where a key starts (only the properties left), and where a value starts.
+void BM_JsonSchemaMask(benchmark::State& state) {
+  const Fixture& f = fixture();
+  if (!f.error.empty()) {
+    state.SkipWithError(f.error.c_str());
+    return;
+  }
+  static const auto bytes = std::make_shared<const cleave::engine::TokenBytes>(*f.tokenizer);
+  static const auto schema = *cleave::engine::JsonSchema::compile(R"({"type": "object",
+      "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                     "color": {"enum": ["red", "green", "blue"]},
+                     "tags": {"type": "array", "items": {"type": "string"}}},
+      "required": ["name", "age"]})");
+  cleave::engine::JsonConstraint constraint(bytes, {*f.tokenizer->eosId()}, schema);
+  const char* said[] = {R"({"name": "Fel)", R"({"name": "Felix", )", R"({"name": )"};
+  for (const TokenId id :
+       f.tokenizer->encode(said[state.range(0)], EncodeOptions{.add_special_tokens = false})) {
+    constraint.accept(id);
+  }
+  maskEveryIteration(state, constraint, bytes->size());
+  const char* labels[] = {"in a string", "at a key", "at a value"};
+  state.SetLabel(labels[state.range(0)]);
+}
+BENCHMARK(BM_JsonSchemaMask)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

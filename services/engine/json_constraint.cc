@@ -1,4 +1,5 @@
 #include "services/engine/json_constraint.h"
+#include "services/engine/json_grammar_inl.h"
 
 #include <algorithm>
 #include <limits>
@@ -7,215 +8,6 @@
 #include "common/tokenizer/tokenizer.h"
 
 namespace cleave::engine {
-namespace {
-
-bool isBlank(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-bool isDigit(uint8_t c) { return c >= '0' && c <= '9'; }
-bool isHex(uint8_t c) { return isDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
-
-}  // namespace
-
-bool JsonGrammar::pushAll(std::string_view bytes) {
-  JsonGrammar next = *this;
-  for (char c : bytes) {
-    if (!next.step(static_cast<uint8_t>(c))) return false;
-  }
-  *this = next;
-  return true;
-}
-
-bool JsonGrammar::push(uint8_t c) {
-  JsonGrammar next = *this;
-  if (!next.step(c)) return false;
-  *this = next;
-  return true;
-}
-
-bool JsonGrammar::blank(uint8_t c) {
-  if (!isBlank(c) || blanks_ >= kMaxBlanks) return false;
-  ++blanks_;
-  return true;
-}
-
-bool JsonGrammar::open(bool array) {
-  if (depth_ >= kMaxDepth) return false;
-  arrays_ = array ? arrays_ | (uint64_t{1} << depth_) : arrays_ & ~(uint64_t{1} << depth_);
-  ++depth_;
-  mode_ = array ? Mode::kValueOrEnd : Mode::kKeyOrEnd;
-  return true;
-}
-
-void JsonGrammar::valueEnded() { mode_ = depth_ == 0 ? Mode::kDone : Mode::kAfterValue; }
-
-bool JsonGrammar::value(uint8_t c) {
-  switch (c) {
-    case '{': return open(false);
-    case '[': return open(true);
-    case '"':
-      mode_ = Mode::kString;
-      key_ = false;
-      return true;
-    case 't': literal_ = "rue"; break;
-    case 'f': literal_ = "alse"; break;
-    case 'n': literal_ = "ull"; break;
-    default:
-      if (c != '-' && !isDigit(c)) return false;
-      mode_ = Mode::kNumber;
-      number_ = c == '-' ? Number::kMinus : c == '0' ? Number::kZero : Number::kInt;
-      digits_ = 1;
-      return true;
-  }
-  mode_ = Mode::kLiteral;
-  return true;
-}
-
-bool JsonGrammar::step(uint8_t c) {
-  if (!isBlank(c) || mode_ == Mode::kString) blanks_ = 0;
-  switch (mode_) {
-    case Mode::kStart: return c == '{' ? open(false) : blank(c);
-    case Mode::kKeyOrEnd:
-      if (c == '}') {
-        --depth_;
-        valueEnded();
-        return true;
-      }
-      [[fallthrough]];
-    case Mode::kKey:
-      if (c != '"') return blank(c);
-      mode_ = Mode::kString;
-      key_ = true;
-      return true;
-    case Mode::kColon:
-      if (c != ':') return blank(c);
-      mode_ = Mode::kValue;
-      return true;
-    case Mode::kValueOrEnd:
-      if (c == ']') {
-        --depth_;
-        valueEnded();
-        return true;
-      }
-      [[fallthrough]];
-    case Mode::kValue: return isBlank(c) ? blank(c) : value(c);
-    case Mode::kAfterValue:
-      if (c == ',') {
-        mode_ = topIsArray() ? Mode::kValue : Mode::kKey;
-        return true;
-      }
-      if (c == (topIsArray() ? ']' : '}')) {
-        --depth_;
-        valueEnded();
-        return true;
-      }
-      return blank(c);
-    case Mode::kString:
-      if (utf8_left_ > 0) {
-        if (c < utf8_lo_ || c > utf8_hi_) return false;
-        --utf8_left_;
-        utf8_lo_ = 0x80;
-        utf8_hi_ = 0xbf;
-        return true;
-      }
-      if (c == '"') {
-        if (key_) {
-          mode_ = Mode::kColon;
-        } else {
-          valueEnded();
-        }
-        return true;
-      }
-      if (c == '\\') {
-        mode_ = Mode::kEscape;
-        return true;
-      }
-      if (c < 0x20) return false;
-      if (c < 0x80) return true;
-      // A UTF-8 lead byte, and the range its first continuation byte must be in (no
-      // overlong forms, no surrogates, nothing past U+10FFFF).
-      if (c >= 0xc2 && c <= 0xdf) {
-        utf8_left_ = 1;
-      } else if (c >= 0xe0 && c <= 0xef) {
-        utf8_left_ = 2;
-        if (c == 0xe0) utf8_lo_ = 0xa0;
-        if (c == 0xed) utf8_hi_ = 0x9f;
-      } else if (c >= 0xf0 && c <= 0xf4) {
-        utf8_left_ = 3;
-        if (c == 0xf0) utf8_lo_ = 0x90;
-        if (c == 0xf4) utf8_hi_ = 0x8f;
-      } else {
-        return false;
-      }
-      return true;
-    case Mode::kEscape:
-      if (c == 'u') {
-        mode_ = Mode::kUnicode;
-        unicode_left_ = 4;
-        return true;
-      }
-      if (std::string_view("\"\\/bfnrt").find(static_cast<char>(c)) == std::string_view::npos) {
-        return false;
-      }
-      mode_ = Mode::kString;
-      return true;
-    case Mode::kUnicode:
-      if (!isHex(c)) return false;
-      // No surrogates (\uD800-\uDFFF): a lone one is not JSON parsers accept, and their
-      // pairing is not followed here.
-      if (unicode_left_ == 4) {
-        high_d_ = c == 'd' || c == 'D';
-      } else if (unicode_left_ == 3 && high_d_ && !(c >= '0' && c <= '7')) {
-        return false;
-      }
-      if (--unicode_left_ == 0) mode_ = Mode::kString;
-      return true;
-    case Mode::kNumber: {
-      auto take = [&](Number next) {
-        number_ = next;
-        digits_ = 1;
-        return true;
-      };
-      // Another digit of the current part, within its bound.
-      auto more = [&](int most) { return ++digits_ <= most; };
-      switch (number_) {
-        case Number::kMinus:
-          if (c == '0') return take(Number::kZero);
-          return isDigit(c) ? take(Number::kInt) : false;
-        case Number::kInt:
-          if (isDigit(c)) return more(kMaxDigits);
-          [[fallthrough]];
-        case Number::kZero:
-          if (c == '.') return take(Number::kDot);
-          if (c == 'e' || c == 'E') return take(Number::kExp);
-          break;
-        case Number::kDot: return isDigit(c) ? take(Number::kFrac) : false;
-        case Number::kFrac:
-          if (isDigit(c)) return more(kMaxDigits);
-          if (c == 'e' || c == 'E') return take(Number::kExp);
-          break;
-        case Number::kExp:
-          if (c == '+' || c == '-') return take(Number::kExpSign);
-          [[fallthrough]];
-        case Number::kExpSign: return isDigit(c) ? take(Number::kExpDigits) : false;
-        case Number::kExpDigits:
-          if (isDigit(c)) return more(kMaxExponentDigits);
-          break;
-      }
-      // The number is complete: `c` belongs to what follows it.
-      valueEnded();
-      return step(c);
-    }
-    case Mode::kLiteral:
-      if (c != static_cast<uint8_t>(*literal_)) return false;
-      if (*++literal_ == '\0') {
-        literal_ = nullptr;
-        valueEnded();
-      }
-      return true;
-    case Mode::kDone: return blank(c);
-  }
-  return false;
-}
-
 TokenBytes::TokenBytes(const tokenizer::Tokenizer& tokenizer) : bytes_(tokenizer.vocabSize()) {
   // A token's bytes in context: what it adds after an ordinary token (a decoder may strip
   // the leading space of a text's first token).
@@ -279,45 +71,66 @@ void TokenBytes::sortIntoGroups() {
   }
 }
 
-JsonConstraint::JsonConstraint(std::shared_ptr<const TokenBytes> bytes, std::vector<uint32_t> ends)
-    : bytes_(std::move(bytes)), ends_(std::move(ends)) {}
+JsonConstraint::JsonConstraint(std::shared_ptr<const TokenBytes> bytes, std::vector<uint32_t> ends,
+                               std::shared_ptr<const JsonSchema> schema)
+    : bytes_(std::move(bytes)),
+      ends_(std::move(ends)),
+      schema_(std::move(schema)),
+      grammar_(schema_.get()) {}
+
+namespace {
+
+// Marks in `keep` the tokens whose bytes `grammar` (not complete) takes: tokens grouped by
+// first byte, then by second, a refused group skipped whole; between string characters,
+// plain text at once.
+template <class Grammar>
+void allowed(const Grammar& grammar, const TokenBytes& bytes, std::vector<uint8_t>& keep) {
+  const bool in_string = grammar.betweenStringCharacters();
+  auto mark = [&](uint32_t id, bool allowed) {
+    if (id < keep.size()) keep[id] = allowed;
+  };
+  for (int first = 0; first < 256; ++first) {
+    const std::vector<uint32_t>& ids = bytes.startingWith(static_cast<uint8_t>(first));
+    if (ids.empty()) continue;
+    Grammar next = grammar;
+    if (!next.push(static_cast<uint8_t>(first))) continue;
+    if (in_string) {  // nearly everything goes: plain text at once, the rest simulated
+      for (uint32_t id : ids) {
+        if (bytes.plainText(id)) {
+          mark(id, true);
+          continue;
+        }
+        Grammar rest = grammar;
+        mark(id, rest.pushAll(bytes[id]));
+      }
+      continue;
+    }
+    const auto [single, single_end] = bytes.group(static_cast<uint8_t>(first), -1);
+    for (size_t i = single; i < single_end; ++i) mark(ids[i], true);
+    for (int second = 0; second < 256; ++second) {
+      const auto [begin, end] = bytes.group(static_cast<uint8_t>(first), second);
+      if (begin == end) continue;
+      Grammar two = next;
+      if (!two.push(static_cast<uint8_t>(second))) continue;
+      for (size_t i = begin; i < end; ++i) {
+        Grammar rest = two;
+        mark(ids[i], rest.pushAll(std::string_view(bytes[ids[i]]).substr(2)));
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void JsonConstraint::mask(std::span<float> logits) const {
   constexpr float kNever = -std::numeric_limits<float>::infinity();
-  const TokenBytes& bytes = *bytes_;
   keep_.assign(logits.size(), 0);
   if (!grammar_.complete()) {
-    // Only tokens whose first byte the grammar takes can be allowed; between string
-    // characters, plain text always is.
-    const bool in_string = grammar_.betweenStringCharacters();
-    auto keep = [&](uint32_t id, bool allowed) {
-      if (id < logits.size()) keep_[id] = allowed;
-    };
-    for (int first = 0; first < 256; ++first) {
-      const std::vector<uint32_t>& ids = bytes.startingWith(static_cast<uint8_t>(first));
-      if (ids.empty()) continue;
-      JsonGrammar next = grammar_;
-      if (!next.push(static_cast<uint8_t>(first))) continue;
-      if (in_string) {  // nearly everything goes: plain text at once, the rest simulated
-        for (uint32_t id : ids) {
-          JsonGrammar rest = grammar_;
-          keep(id, bytes.plainText(id) || rest.pushAll(bytes[id]));
-        }
-        continue;
-      }
-      const auto [single, single_end] = bytes.group(static_cast<uint8_t>(first), -1);
-      for (size_t i = single; i < single_end; ++i) keep(ids[i], true);
-      // Then by second byte: a group whose second byte the grammar refuses is skipped whole.
-      for (int second = 0; second < 256; ++second) {
-        const auto [begin, end] = bytes.group(static_cast<uint8_t>(first), second);
-        if (begin == end) continue;
-        JsonGrammar two = next;
-        if (!two.push(static_cast<uint8_t>(second))) continue;
-        for (size_t i = begin; i < end; ++i) {
-          JsonGrammar rest = two;
-          keep(ids[i], rest.pushAll(std::string_view(bytes[ids[i]]).substr(2)));
-        }
-      }
+    // Without a schema, the plain syntax (a smaller state to copy per token).
+    if (const JsonGrammar* plain = grammar_.plain(); plain != nullptr) {
+      allowed(*plain, *bytes_, keep_);
+    } else {
+      allowed(grammar_, *bytes_, keep_);
     }
   }
   for (uint32_t end : ends_) {

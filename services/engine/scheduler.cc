@@ -235,8 +235,8 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::makeSequence(GenerationRequest r
     seq->detokenizer = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_);
   if (seq->request.json_object) {  // validate() saw the tokenizer and an end token, and
                                    // made token_bytes_
-    seq->constraint =
-        std::make_unique<JsonConstraint>(token_bytes_, seq->request.stop.stop_token_ids);
+    seq->constraint = std::make_unique<JsonConstraint>(
+        token_bytes_, seq->request.stop.stop_token_ids, seq->request.json_schema);
     const std::vector<uint32_t>& prompt = seq->request.prompt;
     const int64_t output =
         std::min<int64_t>(seq->request.output_in_prompt, static_cast<int64_t>(prompt.size()));

@@ -59,6 +59,8 @@ struct GenerationRequest {
   // output already (a moved sequence): the constraint starts past them.
   bool json_object = false;
   int64_t output_in_prompt = 0;
+  // With json_object: the schema the object must be an instance of (json_schema.h).
+  std::shared_ptr<const JsonSchema> json_schema;
 };
 
 // What one step produced for one sequence.

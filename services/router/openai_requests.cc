@@ -116,12 +116,22 @@ absl::Status parseCommon(const Json& body, Call& call) {
   v1::SamplingParams& s = *r.mutable_sampling();
   if (const Json* format = field(body, "response_format"); format != nullptr) {
     const Json* type = format->is_object() ? field(*format, "type") : nullptr;
-    if (type == nullptr || (*type != "text" && *type != "json_object")) {
+    if (type == nullptr || (*type != "text" && *type != "json_object" && *type != "json_schema")) {
       return invalid("response_format",
-                     "only {\"type\": \"text\"} and {\"type\": \"json_object\"} are "
-                     "supported (not json_schema yet)");
+                     "type must be \"text\", \"json_object\" or \"json_schema\"");
     }
     if (*type == "json_object") s.set_response_format(v1::RESPONSE_FORMAT_JSON_OBJECT);
+    if (*type == "json_schema") {
+      const Json* wrapper = field(*format, "json_schema");
+      const Json* schema =
+          wrapper != nullptr && wrapper->is_object() ? field(*wrapper, "schema") : nullptr;
+      if (schema == nullptr || !schema->is_object()) {
+        return invalid("response_format",
+                       "json_schema needs {\"json_schema\": {\"name\": ..., \"schema\": {...}}}");
+      }
+      s.set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
+      s.set_json_schema(schema->dump());
+    }
   }
   CLEAVE_RETURN_IF_ERROR(number(body, "temperature", [&](float f) { s.set_temperature(f); }));
   CLEAVE_RETURN_IF_ERROR(number(body, "top_p", [&](float f) { s.set_top_p(f); }));

@@ -244,7 +244,7 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
     // Calls are looked for in replies to requests that offered tools.
     if (call->offers_tools) call->tool_calls = tool_calls_;
     // A JSON-object reply is the object: no reasoning block, no call to look for.
-    if (call->request.sampling().response_format() == v1::RESPONSE_FORMAT_JSON_OBJECT) {
+    if (call->request.sampling().response_format() != v1::RESPONSE_FORMAT_TEXT) {
       call->reasoning = ReasoningFormat::kNone;
       call->tool_calls = ToolCallFormat::kNone;
     }

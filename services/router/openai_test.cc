@@ -117,6 +117,13 @@ TEST(OpenAiRequestTest, JsonObjectFormatConstrainsSampling) {
       Json::parse(R"({"prompt": "x", "response_format": {"type": "text"}})"));
   ASSERT_TRUE(call.ok()) << call.status();
   EXPECT_EQ(call->request.sampling().response_format(), v1::RESPONSE_FORMAT_TEXT);
+  call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true,
+          "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.sampling().response_format(), v1::RESPONSE_FORMAT_JSON_SCHEMA);
+  EXPECT_EQ(Json::parse(call->request.sampling().json_schema()),
+            Json::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}})"));
 }
 
 TEST(OpenAiRequestTest, ChatWithoutMaxTokensRunsToTheContextAndToolChoiceNoneHidesTools) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "services/engine/json_schema.h"
 
 namespace cleave::router {
 namespace {
@@ -119,11 +120,28 @@ absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
     return invalid("sampling.response_format", "is not a ResponseFormat",
                    request.sampling().response_format());
   }
-  if (request.sampling().response_format() == v1::RESPONSE_FORMAT_JSON_OBJECT &&
-      request.stopping().ignore_eos()) {
+  const v1::ResponseFormat format = request.sampling().response_format();
+  if (format != v1::RESPONSE_FORMAT_TEXT && request.stopping().ignore_eos()) {
     return absl::InvalidArgumentError(
         "sampling.response_format: a JSON object ends with the end-of-sequence token; "
         "stopping.ignore_eos must not be set");
+  }
+  if (format != v1::RESPONSE_FORMAT_JSON_SCHEMA && !request.sampling().json_schema().empty()) {
+    return absl::InvalidArgumentError(
+        "sampling.json_schema is set but sampling.response_format is not "
+        "RESPONSE_FORMAT_JSON_SCHEMA");
+  }
+  if (format == v1::RESPONSE_FORMAT_JSON_SCHEMA) {
+    if (request.sampling().json_schema().size() > kMaxJsonSchemaBytes) {
+      return invalid("sampling.json_schema", "must be at most 1 MiB",
+                     absl::StrCat(request.sampling().json_schema().size(), " bytes"));
+    }
+    absl::StatusOr<std::shared_ptr<const engine::JsonSchema>> schema =
+        engine::JsonSchema::compile(request.sampling().json_schema());
+    if (!schema.ok()) {
+      return absl::Status(schema.status().code(),
+                          absl::StrCat("sampling.json_schema: ", schema.status().message()));
+    }
   }
   return validateStopping(request.stopping());
 }

@@ -26,6 +26,29 @@ v1::GenerateRequest validRequest() {
   return request;
 }
 
+// A JSON schema is compiled where the request arrives: what the decoder cannot enforce is
+// refused there, naming the keyword; a schema without its format, or with ignore_eos, too.
+TEST(RequestValidationTest, JsonSchemasAreCheckedOnArrival) {
+  v1::GenerateRequest r = validRequest();
+  r.mutable_sampling()->set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
+  r.mutable_sampling()->set_json_schema(R"({"type": "object", "properties": {"a": {}}})");
+  EXPECT_TRUE(validateGenerateRequest(r).ok()) << validateGenerateRequest(r);
+  r.mutable_sampling()->set_json_schema(R"({"type": "object", "minProperties": 1})");
+  EXPECT_EQ(validateGenerateRequest(r).code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(validateGenerateRequest(r).message()),
+              ::testing::HasSubstr("sampling.json_schema: at /: \"minProperties\""));
+  r.mutable_sampling()->set_json_schema("{");
+  EXPECT_EQ(validateGenerateRequest(r).code(), absl::StatusCode::kInvalidArgument);
+  r.mutable_sampling()->set_json_schema(std::string(kMaxJsonSchemaBytes + 1, ' '));
+  EXPECT_EQ(validateGenerateRequest(r).code(), absl::StatusCode::kInvalidArgument);
+  r.mutable_sampling()->set_json_schema(R"({"type": "object"})");
+  r.mutable_sampling()->set_response_format(v1::RESPONSE_FORMAT_TEXT);
+  EXPECT_EQ(validateGenerateRequest(r).code(), absl::StatusCode::kInvalidArgument);
+  r.mutable_sampling()->set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
+  r.mutable_stopping()->set_ignore_eos(true);
+  EXPECT_EQ(validateGenerateRequest(r).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RequestValidationTest, AcceptsAValidRequestAndUnsetOptionals) {
   EXPECT_TRUE(validateGenerateRequest(validRequest()).ok());
   v1::GenerateRequest minimal;

@@ -28,13 +28,23 @@ absl::StatusOr<engine::GenerationRequest> toEngineRequest(uint64_t id, const Req
     return absl::UnimplementedError("stopping.min_new_tokens is not supported yet");
   }
   if (!stop.ignore_eos()) r.stop.stop_token_ids = eos;
-  if (s.response_format() == v1::RESPONSE_FORMAT_JSON_OBJECT) {
+  if (s.response_format() == v1::RESPONSE_FORMAT_JSON_OBJECT ||
+      s.response_format() == v1::RESPONSE_FORMAT_JSON_SCHEMA) {
     if (stop.ignore_eos() || eos.empty()) {
       return absl::InvalidArgumentError(
           "sampling.response_format: a JSON object ends with the end-of-sequence token; "
           "stopping.ignore_eos must not be set");
     }
     r.json_object = true;
+    if (s.response_format() == v1::RESPONSE_FORMAT_JSON_SCHEMA) {
+      absl::StatusOr<std::shared_ptr<const engine::JsonSchema>> schema =
+          engine::JsonSchema::compile(s.json_schema());
+      if (!schema.ok()) {
+        return absl::Status(schema.status().code(),
+                            absl::StrCat("sampling.json_schema: ", schema.status().message()));
+      }
+      r.json_schema = *std::move(schema);
+    }
     r.output_in_prompt = std::min<int64_t>(parts.output_tokens, parts.prompt->size());
   }
   r.stop.stop_token_ids.insert(r.stop.stop_token_ids.end(), stop.stop_token_ids().begin(),

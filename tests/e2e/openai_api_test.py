@@ -13,6 +13,7 @@ Python SDK (pinned in tests/integration/client_requirements.txt, installed into
   * many streams at once all finish; API keys travel in the Authorization header.
 """
 import concurrent.futures
+import enum
 import http.client
 import json
 import os
@@ -20,6 +21,7 @@ import re
 import sys
 import tempfile
 import time
+import typing
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
@@ -306,6 +308,55 @@ class OpenAiApiTest(unittest.TestCase):
         chunks = list(stream)
         self.assertEqual(chunks[-1].choices[0].finish_reason, "stop")
         self.assertIsInstance(json.loads("".join(c.choices[0].text for c in chunks)), dict)
+        ct.wait_until_nothing_reserved(self.router, [self.worker])
+
+    def test_json_schema_replies_are_instances(self):
+        # A pydantic model's schema ($defs, an Enum, a list of objects, an Optional): every
+        # reply that ends is an instance, as the jsonschema package and pydantic both check;
+        # a schema keyword the decoder cannot enforce is refused, named.
+        import jsonschema
+        import pydantic
+
+        class Color(str, enum.Enum):
+            black = "black"
+            white = "white"
+            orange = "orange"
+
+        class Toy(pydantic.BaseModel):
+            name: str
+            squeaks: bool
+
+        class Cat(pydantic.BaseModel):
+            name: str
+            age: int
+            color: Color
+            toys: list[Toy]
+            nickname: typing.Optional[str] = None
+
+        schema = Cat.model_json_schema()
+        messages = [{"role": "user", "content": "Describe a cat as JSON."}]
+        fmt = {"type": "json_schema", "json_schema": {"name": "cat", "schema": schema}}
+        greedy = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=300, temperature=0,
+            response_format=fmt)
+        sampled = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=300, temperature=1.0, seed=5, n=8,
+            response_format=fmt)
+        choices = [greedy.choices[0]] + list(sampled.choices)
+        ended = [c for c in choices if c.finish_reason == "stop"]
+        print(f"\njson_schema: {len(ended)} of {len(choices)} replies ended; greedy: "
+              f"{greedy.choices[0].message.content}")
+        self.assertGreaterEqual(len(ended), 5, [c.message.content for c in choices])
+        for choice in ended:
+            reply = json.loads(choice.message.content)
+            jsonschema.validate(reply, schema)
+            Cat.model_validate(reply)
+        status, _, text = self.raw("POST", "/v1/chat/completions", {
+            "messages": messages, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"type": "object", "properties": {
+                    "a": {"type": "string", "pattern": "^x"}}}}}})
+        self.assertEqual(status, 501, text)
+        self.assertIn("at /properties/a: \\\"pattern\\\" is not supported", text)
         ct.wait_until_nothing_reserved(self.router, [self.worker])
 
     def test_stop_strings_end_the_text(self):

@@ -1,0 +1,137 @@
+// Constrained decoding to a JSON Schema (the API's response_format "json_schema"): a
+// schema compiled into nodes, and a grammar that follows JsonGrammar's syntax byte by byte
+// while checking each value against the node that applies to it.
+//
+// The output is always an instance of the schema; the grammar produces a subset of the
+// instances, chosen for models to write:
+// * objects hold only their declared `properties` (in any order, each at most once, the
+//   `required` ones before the object closes); `additionalProperties` is not needed for
+//   that and is ignored; an object schema without `properties` takes any members;
+// * arrays: `items` (one schema for every element), `minItems`, `maxItems`;
+// * `type` (one or a list), `enum` and `const` (written exactly as compact JSON), `anyOf`
+//   and `oneOf` whose branches differ in the kind of value they allow (object, array,
+//   string, number, boolean, null: the first byte picks the branch; pydantic's
+//   Optional[X] is such a union), `allOf` of one schema, `$ref` to "#", "#/$defs/..." or
+//   "#/definitions/..." (recursion allowed);
+// * `format` is an annotation (as JSON Schema defines it by default) and is not enforced;
+//   titles, descriptions, defaults and examples are ignored.
+// Anything else that constrains a value (`pattern`, `minLength`, `minimum`, `multipleOf`,
+// `uniqueItems`, `prefixItems`, `not`, `if`, ...) is refused when compiled
+// (Unimplemented, naming the keyword and where it is), never ignored.
+//
+// Threading: a JsonSchema is immutable and shared; a grammar belongs to one sequence.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/engine/json_grammar.h"
+
+namespace cleave::engine {
+
+class JsonSchema {
+ public:
+  // The kinds of JSON value, told apart by a value's first byte.
+  enum Kind : uint8_t { kObject, kArray, kString, kNumber, kTrue, kFalse, kNull, kKinds };
+
+  struct Node {
+    // The node a value of each kind follows; -1: that kind is not allowed here.
+    std::array<int32_t, kKinds> kinds{-1, -1, -1, -1, -1, -1, -1};
+    bool free = false;     // Below this value, anything JSON allows.
+    bool integer = false;  // A number here has no fraction or exponent.
+    // enum / const: the allowed values as compact JSON texts, sorted; empty when none.
+    std::vector<std::string> literals;
+    // Objects: declared property names as they are written between quotes (JSON-escaped),
+    // sorted, the node of each one's value, and a bit per required one.
+    std::vector<std::string> keys;
+    std::vector<int32_t> values;
+    uint64_t required = 0;
+    // Arrays: the elements' node, and how many there may be.
+    int32_t items = -1;
+    uint32_t min_items = 0;
+    uint32_t max_items = UINT32_MAX;
+  };
+
+  static constexpr int kMaxProperties = 64;
+  static constexpr int kMaxNodes = 10000;
+
+  // Compiles `text` (a JSON Schema). InvalidArgument for text that is not a schema,
+  // Unimplemented for a keyword the grammar cannot enforce; messages say where
+  // ("at /properties/age: ...").
+  static absl::StatusOr<std::shared_ptr<const JsonSchema>> compile(std::string_view text);
+
+  const Node& node(int32_t index) const { return nodes_[static_cast<size_t>(index)]; }
+  int32_t root() const { return 0; }
+
+ private:
+  friend class SchemaCompiler;
+  std::vector<Node> nodes_;
+};
+
+// JsonGrammar's syntax with `schema` followed; without a schema, exactly JsonGrammar (one
+// JSON object).
+class JsonSchemaGrammar {
+ public:
+  JsonSchemaGrammar() = default;
+  // `schema` (null: none) must outlive the grammar and its copies.
+  explicit JsonSchemaGrammar(const JsonSchema* schema) : schema_(schema) {}
+
+  bool push(uint8_t byte);
+  bool pushAll(std::string_view bytes);
+  bool complete() const { return syntax_.complete(); }
+  // Inside a string the schema does not constrain, between characters: any plain text
+  // (TokenBytes::plainText) continues it and leaves it so.
+  bool betweenStringCharacters() const;
+  // Without a schema: the syntax alone, which is all there is to follow.
+  const JsonGrammar* plain() const { return schema_ == nullptr ? &syntax_ : nullptr; }
+
+  // Containers the schema follows at once (deeper ones are refused).
+  static constexpr int kMaxFrames = 16;
+
+ private:
+  struct Frame {
+    int32_t node = -1;
+    int32_t value = -1;  // Objects: the node of the value of the key just read.
+    uint32_t count = 0;  // Arrays: elements begun.
+    uint64_t used = 0;   // Objects: the keys written (bits in node.keys order).
+  };
+  // Matching a value's (or key's) bytes against sorted candidates: those in [lo, hi) share
+  // the `offset` bytes read so far.
+  struct Match {
+    uint16_t lo = 0, hi = 0;
+    uint16_t offset = 0;
+  };
+
+  bool step(uint8_t c);
+  // `c` at syntax_'s current position, no number ending before it.
+  bool stepAt(uint8_t c);
+  bool beginValue(int32_t node, uint8_t c);
+  // Narrows `match_` over `candidates` by `c`; false when nothing is left (or, for keys,
+  // nothing unused).
+  bool narrow(const std::vector<std::string>& candidates, uint8_t c, const Frame* keys_of);
+  // The candidate matched in full by what was read, if any (-1).
+  int32_t matched(const std::vector<std::string>& candidates) const;
+  bool closeContainer(bool array);
+  // The value that was literal-matched, integer or free ended (at its own depth).
+  bool endValue();
+
+  const JsonSchema* schema_ = nullptr;  // Copies are made per token: no count to touch.
+  JsonGrammar syntax_;
+  std::array<Frame, kMaxFrames> frames_{};
+  uint8_t frames_used_ = 0;
+  // The value being read: free from this depth (-1: not free), literal-matched (its node),
+  // an integer, a key being matched.
+  int8_t free_depth_ = -1;
+  int32_t literal_ = -1;
+  uint8_t literal_depth_ = 0;
+  bool integer_ = false;
+  bool key_ = false;
+  Match match_;
+};
+
+}  // namespace cleave::engine

@@ -1,0 +1,182 @@
+// JsonSchema's compiler (what it follows, what it refuses and where), and
+// JsonSchemaGrammar on hand-written instances and non-instances of a pydantic-style schema,
+// every prefix of an instance, and random documents it lets through (checked as instances
+// by hand); the mask over a real vocabulary exact in the schema's states.
+#include "services/engine/json_schema.h"
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/tokenizer/tokenizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/engine/json_constraint.h"
+#include "services/engine/json_mask_check.h"
+
+namespace cleave::engine {
+namespace {
+
+using Json = nlohmann::json;
+using ::testing::HasSubstr;
+
+// A person as pydantic writes it: Optional fields as anyOf with null, a nested model
+// through $defs, an Enum, a bounded list.
+const char* kPerson = R"({
+  "title": "Person", "type": "object", "additionalProperties": false,
+  "properties": {
+    "name": {"type": "string", "title": "Name"},
+    "age": {"type": "integer"},
+    "height": {"type": "number", "format": "float"},
+    "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+    "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}], "default": null},
+    "color": {"enum": ["red", "green", 1.5]},
+    "extra": {}
+  },
+  "required": ["name", "age"],
+  "$defs": {"Pet": {"type": "object", "properties": {"kind": {"const": "cat"},
+                                                      "friend": {"$ref": "#/$defs/Pet"}},
+                    "required": ["kind"]}}
+})";
+
+std::shared_ptr<const JsonSchema> person() {
+  static const std::shared_ptr<const JsonSchema> schema = *JsonSchema::compile(kPerson);
+  return schema;
+}
+
+bool accepts(const std::string& text) {
+  JsonSchemaGrammar grammar(person().get());
+  return grammar.pushAll(text) && grammar.complete();
+}
+
+TEST(JsonSchemaTest, InstancesPassAndEverythingElseIsStopped) {
+  for (const char* good : {
+           R"({"name": "a", "age": 3})",
+           R"({"age": -3, "name": "x \"y\"\n", "tags": ["a", "b"], "pet": null, "color": "green"})",
+           R"({"name":"a","age":10,"pet":{"kind":"cat","friend":{"kind":"cat"}},"color":1.5})",
+           R"({"name": "a", "age": 0, "height": 1.5e3, "extra": {"any": [1, {"x": null}]}})",
+           R"({"extra": "s", "name": "", "age": 12, "tags": ["z"]})",
+       }) {
+    EXPECT_TRUE(accepts(good)) << good;
+    // Every prefix is taken as it comes, byte by byte.
+    JsonSchemaGrammar grammar(person().get());
+    for (char c : std::string(good)) ASSERT_TRUE(grammar.push(static_cast<uint8_t>(c))) << good;
+  }
+  for (const char* bad : {
+           R"({"name": "a"})",                                       // age required
+           R"({"name": "a", "age": 1.5})",                           // an integer
+           R"({"name": "a", "age": 1e3})",                           // an integer
+           R"({"name": 1, "age": 1})",                               // a string
+           R"({"name": "a", "age": 1, "x": 1})",                     // not a property
+           R"({"name": "a", "nam": "b", "age": 1})",                 // a prefix of a property
+           R"({"name": "a", "name": "b", "age": 1})",                // twice
+           R"({"name": "a", "age": 1, "tags": []})",                 // minItems
+           R"({"name": "a", "age": 1, "tags": ["a","b","c","d"]})",  // maxItems
+           R"({"name": "a", "age": 1, "tags": [1]})",                // items
+           R"({"name": "a", "age": 1, "color": "blue"})",            // enum
+           R"({"name": "a", "age": 1, "color": "re"})",              // a prefix of an enum value
+           R"({"name": "a", "age": 1, "color": 1.50})",              // enum values as compact JSON
+           R"({"name": "a", "age": 1, "pet": {"kind": "dog"}})",     // const
+           R"({"name": "a", "age": 1, "pet": {}})",                  // kind required
+           R"({"name": "a", "age": 1, "pet": "cat"})",               // object or null
+           R"({"name": "a", "age": 1, "extra": {"a": tru}})",        // still JSON inside
+           R"(["name"])",                                            // the root is an object
+       }) {
+    EXPECT_FALSE(accepts(bad)) << bad;
+  }
+}
+
+TEST(JsonSchemaTest, RefusesWhatItCannotEnforceSayingWhere) {
+  auto refusal = [](const std::string& schema) {
+    absl::StatusOr<std::shared_ptr<const JsonSchema>> compiled = JsonSchema::compile(schema);
+    return compiled.ok() ? std::string("ok") : std::string(compiled.status().message());
+  };
+  EXPECT_EQ(refusal(kPerson), "ok");
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"type": "string",
+               "pattern": "^x"}}})"),
+              HasSubstr("at /properties/a: \"pattern\" is not supported"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"n": {"type": "integer",
+               "minimum": 0}}})"),
+              HasSubstr("\"minimum\""));
+  EXPECT_THAT(refusal(R"({"type": "array"})"), HasSubstr("object at its root"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"},
+               {"enum": ["x"]}]}}})"),
+              HasSubstr("two branches both allow strings"));
+  EXPECT_THAT(refusal(R"({"$ref": "#/$defs/Missing"})"), HasSubstr("names nothing"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"type": "text"}}})"),
+              HasSubstr("unknown type \"text\""));
+  EXPECT_THAT(refusal("{not json"), HasSubstr("not JSON"));
+  EXPECT_EQ(JsonSchema::compile(R"({"type": "object", "properties": {"a": {"pattern": "x"}}})")
+                .status()
+                .code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(JsonSchema::compile("[1]").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Random documents grown byte by byte from what the grammar takes (closing brackets and
+// quotes favoured so they end) are instances: checked here against the schema's rules.
+TEST(JsonSchemaTest, EveryDocumentTheGrammarCompletesIsAnInstance) {
+  std::mt19937_64 random(11);
+  const std::string alphabet = "{}[]\",:0123456789.-E abcdefghijklmnopqrstuvwxyz";
+  int completed = 0;
+  for (int run = 0; run < 400 && completed < 60; ++run) {
+    JsonSchemaGrammar grammar(person().get());
+    std::string text;
+    for (int step = 0; step < 400 && !grammar.complete(); ++step) {
+      std::vector<char> allowed;
+      for (char c : alphabet) {
+        JsonSchemaGrammar next = grammar;
+        if (next.push(static_cast<uint8_t>(c))) allowed.push_back(c);
+      }
+      ASSERT_FALSE(allowed.empty()) << "a dead end after " << text;
+      // Prefer ending things: a closer, when one is allowed, half the time.
+      char pick = allowed[random() % allowed.size()];
+      for (char closer : {'}', ']', '"'}) {
+        if (random() % 2 == 0 &&
+            std::find(allowed.begin(), allowed.end(), closer) != allowed.end()) {
+          pick = closer;
+        }
+      }
+      ASSERT_TRUE(grammar.push(static_cast<uint8_t>(pick)));
+      text += pick;
+    }
+    if (!grammar.complete()) continue;
+    ++completed;
+    const Json j = Json::parse(text, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << text;
+    ASSERT_TRUE(j.contains("name") && j["name"].is_string()) << text;
+    // An integer (past int64, nlohmann reads it as a double with no fraction).
+    ASSERT_TRUE(j.contains("age") && j["age"].is_number() &&
+                std::floor(j["age"].get<double>()) == j["age"].get<double>())
+        << text;
+    for (const auto& [key, value] : j.items()) {
+      ASSERT_TRUE(Json::parse(kPerson)["properties"].contains(key)) << text;
+    }
+    if (j.contains("tags")) {
+      ASSERT_TRUE(j["tags"].is_array() && !j["tags"].empty() && j["tags"].size() <= 3) << text;
+    }
+    if (j.contains("color")) {
+      ASSERT_TRUE(j["color"] == "red" || j["color"] == "green" || j["color"] == 1.5) << text;
+    }
+    if (j.contains("pet") && !j["pet"].is_null()) ASSERT_EQ(j["pet"]["kind"], "cat") << text;
+    if (j.contains("height")) ASSERT_TRUE(j["height"].is_number()) << text;
+  }
+  EXPECT_GE(completed, 30);
+}
+
+// On SmolLM2's vocabulary, the grouped mask under a schema allows exactly the tokens whose
+// bytes the grammar takes, token by token, in the states an instance passes through (keys
+// matched against the properties, an enum, free strings, numbers).
+TEST(JsonSchemaTest, TheMaskIsExactOnARealVocabulary) {
+  uint32_t end = 0;
+  const std::shared_ptr<const TokenBytes> bytes = smolLm2TokenBytes(end);
+  if (bytes == nullptr) GTEST_SKIP() << "SmolLM2 missing";
+  JsonConstraint constraint(bytes, {end}, person());
+  expectMaskExact(
+      constraint, JsonSchemaGrammar(person().get()), *bytes, end,
+      R"({"name": "Fel\u00e9ix", "color": "green", "tags": ["a b"], "age": 12, "pet": null})", 2);
+}
+
+}  // namespace
+}  // namespace cleave::engine
