@@ -2,6 +2,7 @@
 #include "services/engine/json_grammar_inl.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -14,8 +15,10 @@ namespace cleave::engine {
 
 using Json = nlohmann::json;
 
-// Builds a JsonSchema's nodes from a schema document, one per schema object reached
-// (a $ref target once, so recursion is a cycle of node indices).
+// Builds a JsonSchema's nodes from a schema document, one per schema object reached. A
+// $ref becomes a node of its own, and so does a union; their kinds come from their target
+// or branches once everything is compiled (settle()), so recursion through either is a
+// cycle of node indices.
 class SchemaCompiler {
  public:
   explicit SchemaCompiler(const Json& document) : document_(document) {}
@@ -23,25 +26,60 @@ class SchemaCompiler {
   absl::StatusOr<std::shared_ptr<const JsonSchema>> run() {
     auto schema = std::make_shared<JsonSchema>();
     nodes_ = &schema->nodes_;
-    absl::StatusOr<int32_t> root = compile(document_, "");
+    absl::StatusOr<int32_t> root = compile(document_, "", 0);
     if (!root.ok()) return root.status();
-    if (nodes_->at(static_cast<size_t>(*root)).kinds[JsonSchema::kObject] < 0) {
+    if (absl::Status settled = settle(); !settled.ok()) return settled;
+    if (*root != 0 || at(0).kinds[JsonSchema::kObject] < 0) {
       return absl::UnimplementedError(
           "a JSON schema output must be an object at its root (\"type\": \"object\")");
     }
-    // The grammar starts at node 0: make it the root's.
-    if (*root != 0) (*nodes_)[0] = (*nodes_)[static_cast<size_t>(*root)];
     return std::shared_ptr<const JsonSchema>(std::move(schema));
+  }
+
+  static JsonSchema::Kind kindOf(uint8_t c) {
+    switch (c) {
+      case '{': return JsonSchema::kObject;
+      case '[': return JsonSchema::kArray;
+      case '"': return JsonSchema::kString;
+      case 't': return JsonSchema::kTrue;
+      case 'f': return JsonSchema::kFalse;
+      case 'n': return JsonSchema::kNull;
+      default: return JsonSchema::kNumber;
+    }
   }
 
  private:
   using Node = JsonSchema::Node;
 
+  // A node whose kinds are those of `from` (a $ref's target, or a union's branches).
+  struct Alias {
+    int32_t node;
+    std::vector<int32_t> from;
+    std::string path;
+    std::string keyword;
+  };
+
+  // Keywords that say nothing about which values are instances.
+  static bool annotation(const std::string& keyword) {
+    static const std::set<std::string> kAnnotations = {
+        "title",     "description", "default",     "examples",     "format",
+        "$schema",   "$id",         "$comment",    "deprecated",   "readOnly",
+        "writeOnly", "$defs",       "definitions", "discriminator"};
+    return kAnnotations.contains(keyword);
+  }
+  static bool followed(const std::string& keyword) {
+    static const std::set<std::string> kFollowed = {
+        "type",  "enum",     "const",    "properties", "required", "additionalProperties",
+        "items", "minItems", "maxItems", "anyOf",      "oneOf",    "allOf",
+        "$ref"};
+    return kFollowed.contains(keyword);
+  }
+
   static std::string where(const std::string& path) { return path.empty() ? "/" : path; }
-  absl::Status unsupported(const std::string& path, const std::string& what) {
+  static absl::Status unsupported(const std::string& path, const std::string& what) {
     return absl::UnimplementedError(absl::StrCat("at ", where(path), ": ", what));
   }
-  absl::Status invalid(const std::string& path, const std::string& what) {
+  static absl::Status invalid(const std::string& path, const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("at ", where(path), ": ", what));
   }
 
@@ -65,108 +103,129 @@ class SchemaCompiler {
     return any_;
   }
 
-  absl::StatusOr<int32_t> resolve(const std::string& ref, const std::string& path) {
+  absl::Status settle() {
+    // Kinds only ever go from unset to set: this ends.
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (const Alias& alias : aliases_) {
+        for (int k = 0; k < JsonSchema::kKinds; ++k) {
+          if (at(alias.node).kinds[k] >= 0) continue;
+          for (int32_t from : alias.from) {
+            if (at(from).kinds[k] < 0) continue;
+            at(alias.node).kinds[k] = at(from).kinds[k];
+            changed = true;
+            break;
+          }
+        }
+      }
+    }
+    static const char* kNames[] = {"objects", "arrays", "strings", "numbers",
+                                   "true",    "false",  "null"};
+    for (const Alias& alias : aliases_) {
+      for (int k = 0; k < JsonSchema::kKinds; ++k) {
+        for (int32_t from : alias.from) {
+          const int32_t to = at(from).kinds[k];
+          if (to >= 0 && to != at(alias.node).kinds[k]) {
+            return unsupported(alias.path,
+                               absl::StrCat(alias.keyword, ": two branches both allow ", kNames[k],
+                                            "; the grammar tells branches apart by the kind of "
+                                            "value only"));
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int32_t> resolve(const std::string& ref, const std::string& path, int depth) {
     if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
     if (ref != "#" && !ref.starts_with("#/")) {
       return unsupported(path, absl::StrCat("$ref \"", ref,
-                                            "\": only references within the "
-                                            "schema (\"#/...\") are followed"));
+                                            "\": only references within the schema (\"#/...\") "
+                                            "are followed"));
     }
     const Json::json_pointer pointer(ref == "#" ? "" : ref.substr(1));
     if (!document_.contains(pointer))
       return invalid(path, absl::StrCat("$ref \"", ref, "\" names nothing in the schema"));
-    if (++depth_ > 64) return unsupported(path, "$ref chains deeper than 64");
     // Reserved first: a reference back to it from inside is a cycle, not a loop.
     absl::StatusOr<int32_t> slot = newNode();
     if (!slot.ok()) return slot.status();
     refs_[ref] = *slot;
-    absl::StatusOr<int32_t> target = compile(document_.at(pointer), ref.substr(1));
-    --depth_;
+    absl::StatusOr<int32_t> target = compile(document_.at(pointer), ref.substr(1), depth + 1);
     if (!target.ok()) return target.status();
-    at(*slot) = at(*target);
+    aliases_.push_back({*slot, {*target}, path, "$ref"});
     return *slot;
   }
 
-  absl::StatusOr<int32_t> compile(const Json& s, const std::string& path) {
+  // Whether a oneOf branch names its kinds (else JSON Schema lets every other kind of value
+  // through it, and the branches would not exclude each other).
+  bool typed(const Json& s, int hops = 0) const {
+    if (!s.is_object() || hops > 8) return false;
+    if (s.contains("type") || s.contains("enum") || s.contains("const")) return true;
+    if (s.contains("$ref") && s["$ref"].is_string()) {
+      const std::string ref = s["$ref"].get<std::string>();
+      if (ref != "#" && !ref.starts_with("#/")) return false;
+      const Json::json_pointer pointer(ref == "#" ? "" : ref.substr(1));
+      return document_.contains(pointer) && typed(document_.at(pointer), hops + 1);
+    }
+    return false;
+  }
+
+  absl::StatusOr<int32_t> compile(const Json& s, const std::string& path, int depth) {
+    if (depth > 128) return unsupported(path, "schemas nested more than 128 deep");
     if (s.is_boolean()) {
       if (!s.get<bool>()) return unsupported(path, "the schema false allows no value");
       return anyNode();
     }
     if (!s.is_object()) return invalid(path, "a schema must be an object or a boolean");
-    static const std::set<std::string> kIgnored = {"title",        "description",
-                                                   "default",      "examples",
-                                                   "format",       "$schema",
-                                                   "$id",          "$comment",
-                                                   "deprecated",   "readOnly",
-                                                   "writeOnly",    "$defs",
-                                                   "definitions",  "additionalProperties",
-                                                   "discriminator"};
-    static const std::set<std::string> kFollowed = {"type",     "enum",  "const",    "properties",
-                                                    "required", "items", "minItems", "maxItems",
-                                                    "anyOf",    "oneOf", "allOf",    "$ref"};
     for (const auto& [keyword, value] : s.items()) {
-      if (kIgnored.contains(keyword) || kFollowed.contains(keyword)) continue;
+      if (annotation(keyword) || followed(keyword)) continue;
       return unsupported(path, absl::StrCat("\"", keyword,
-                                            "\" is not supported in a JSON schema "
-                                            "output; leave it out or describe it in the prompt"));
+                                            "\" is not supported in a JSON schema output; leave "
+                                            "it out or describe it in the prompt"));
     }
-    if (s.contains("$ref")) {
-      if (!s["$ref"].is_string()) return invalid(path, "$ref must be a string");
-      for (const char* other :
-           {"type", "enum", "const", "properties", "items", "anyOf", "oneOf", "allOf"}) {
-        if (s.contains(other))
-          return unsupported(path, absl::StrCat("$ref beside \"", other, "\""));
+    for (const char* combinator : {"$ref", "anyOf", "oneOf", "allOf"}) {
+      if (!s.contains(combinator)) continue;
+      for (const auto& [keyword, value] : s.items()) {
+        if (keyword == combinator || annotation(keyword)) continue;
+        if (keyword == "additionalProperties" && value == Json(true)) continue;
+        return unsupported(path, absl::StrCat("\"", keyword, "\" beside ", combinator));
       }
-      return resolve(s["$ref"].get<std::string>(), path);
-    }
-    for (const char* union_keyword : {"anyOf", "oneOf", "allOf"}) {
-      if (s.contains(union_keyword)) return compileUnion(s, union_keyword, path);
+      if (std::string_view(combinator) == "$ref") {
+        if (!s["$ref"].is_string()) return invalid(path, "$ref must be a string");
+        return resolve(s["$ref"].get<std::string>(), path, depth);
+      }
+      return compileUnion(s, combinator, path, depth);
     }
     absl::StatusOr<int32_t> made = newNode();
     if (!made.ok()) return made.status();
     const int32_t n = *made;
-    if (s.contains("enum") || s.contains("const")) {
-      std::vector<Json> values;
-      if (s.contains("const")) values.push_back(s["const"]);
-      if (s.contains("enum")) {
-        if (!s["enum"].is_array() || s["enum"].empty())
-          return invalid(path, "enum must be a non-empty array");
-        for (const Json& v : s["enum"]) values.push_back(v);
-      }
-      std::vector<std::string> literals;
-      for (const Json& v : values) {
-        literals.push_back(v.dump());
-        if (literals.back().size() > 4096)
-          return unsupported(path, "an enum value over 4096 bytes");
-      }
-      std::sort(literals.begin(), literals.end());
-      literals.erase(std::unique(literals.begin(), literals.end()), literals.end());
-      if (literals.size() > 60000) return unsupported(path, "more than 60000 enum values");
-      for (const std::string& l : literals) at(n).kinds[kindOf(static_cast<uint8_t>(l[0]))] = n;
-      at(n).literals = std::move(literals);
-      return n;
-    }
     std::vector<std::string> types;
     if (s.contains("type")) {
       const Json& t = s["type"];
       if (t.is_string()) {
         types.push_back(t.get<std::string>());
-      } else if (t.is_array()) {
+      } else if (t.is_array() && !t.empty()) {
         for (const Json& one : t) {
           if (!one.is_string()) return invalid(path, "type must be a string or a list of them");
           types.push_back(one.get<std::string>());
         }
       } else {
-        return invalid(path, "type must be a string or a list of them");
+        return invalid(path, "type must be a string or a non-empty list of them");
       }
-    } else if (s.contains("properties") || s.contains("required")) {
-      types.push_back("object");
-    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
-      types.push_back("array");
-    } else {
-      at(n).free = true;  // No constraint: any value.
-      at(n).kinds.fill(n);
-      return n;
+    }
+    if (s.contains("enum") || s.contains("const")) return compileLiterals(s, n, types, path);
+    if (types.empty()) {
+      if (s.contains("properties") || s.contains("required") ||
+          s.contains("additionalProperties")) {
+        types.push_back("object");
+      } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+        types.push_back("array");
+      } else {
+        at(n).free = true;  // No constraint: any value.
+        at(n).kinds.fill(n);
+        return n;
+      }
     }
     const bool number = std::find(types.begin(), types.end(), "number") != types.end();
     for (const std::string& type : types) {
@@ -189,15 +248,80 @@ class SchemaCompiler {
       }
     }
     if (at(n).kinds[JsonSchema::kObject] >= 0) {
-      if (absl::Status s_object = compileObject(s, n, path); !s_object.ok()) return s_object;
+      if (absl::Status object = compileObject(s, n, path, depth); !object.ok()) return object;
     }
     if (at(n).kinds[JsonSchema::kArray] >= 0) {
-      if (absl::Status s_array = compileArray(s, n, path); !s_array.ok()) return s_array;
+      if (absl::Status array = compileArray(s, n, path, depth); !array.ok()) return array;
     }
     return n;
   }
 
-  absl::Status compileObject(const Json& s, int32_t n, const std::string& path) {
+  // enum / const: the values (those of the `types` given), as compact JSON texts.
+  absl::StatusOr<int32_t> compileLiterals(const Json& s, int32_t n,
+                                          const std::vector<std::string>& types,
+                                          const std::string& path) {
+    for (const char* other : {"properties", "required", "items", "minItems", "maxItems"}) {
+      if (s.contains(other)) return unsupported(path, absl::StrCat("\"", other, "\" beside enum"));
+    }
+    std::vector<Json> values;
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array() || s["enum"].empty())
+        return invalid(path, "enum must be a non-empty array");
+      values.assign(s["enum"].begin(), s["enum"].end());
+    }
+    if (s.contains("const")) {
+      if (!values.empty() && std::find(values.begin(), values.end(), s["const"]) == values.end())
+        return invalid(path, "const is not one of enum: no value is both");
+      values = {s["const"]};
+    }
+    auto ofType = [](const Json& v, const std::string& type) {
+      if (type == "integer") {
+        return v.is_number_integer() ||
+               (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+      }
+      return (type == "object" && v.is_object()) || (type == "array" && v.is_array()) ||
+             (type == "string" && v.is_string()) || (type == "number" && v.is_number()) ||
+             (type == "boolean" && v.is_boolean()) || (type == "null" && v.is_null());
+    };
+    std::vector<std::string> literals;
+    for (const Json& v : values) {
+      if (!types.empty() && std::none_of(types.begin(), types.end(),
+                                         [&](const std::string& t) { return ofType(v, t); })) {
+        continue;
+      }
+      std::string text = v.dump();
+      if (text.size() > 4096) return unsupported(path, "an enum value over 4096 bytes");
+      // Written as the grammar takes it (numbers within its digit limits).
+      JsonGrammar check;
+      if (!check.pushAll("{\"v\":" + text + "}") || !check.complete())
+        return unsupported(path, absl::StrCat("the enum value ", text, " cannot be written"));
+      literals.push_back(std::move(text));
+    }
+    if (literals.empty()) return invalid(path, "no enum value has the type the schema gives");
+    std::sort(literals.begin(), literals.end());  // bytewise, as unsigned characters
+    literals.erase(std::unique(literals.begin(), literals.end()), literals.end());
+    if (literals.size() > 60000) return unsupported(path, "more than 60000 enum values");
+    for (const std::string& l : literals) at(n).kinds[kindOf(static_cast<uint8_t>(l[0]))] = n;
+    at(n).literals = std::move(literals);
+    return n;
+  }
+
+  absl::Status compileObject(const Json& s, int32_t n, const std::string& path, int depth) {
+    const Json extra = s.contains("additionalProperties") ? s["additionalProperties"] : Json(true);
+    if (!extra.is_boolean() && !extra.is_object())
+      return invalid(path, "additionalProperties must be a boolean or a schema");
+    if (!s.contains("properties") && !s.contains("required")) {
+      if (extra == Json(true)) {  // Any members.
+        absl::StatusOr<int32_t> any = anyNode();
+        if (!any.ok()) return any.status();
+        at(n).kinds[JsonSchema::kObject] = *any;
+      } else if (extra.is_object()) {  // A map: any keys, each value an instance of `extra`.
+        absl::StatusOr<int32_t> values = compile(extra, path + "/additionalProperties", depth + 1);
+        if (!values.ok()) return values.status();
+        at(n).map_values = *values;
+      }  // false: only {}.
+      return absl::OkStatus();
+    }
     std::map<std::string, Json> properties;  // by name
     if (s.contains("properties")) {
       if (!s["properties"].is_object()) return invalid(path, "properties must be an object");
@@ -209,12 +333,15 @@ class SchemaCompiler {
       for (const Json& name : s["required"]) {
         if (!name.is_string()) return invalid(path, "required must be an array of names");
         required.insert(name.get<std::string>());
-        properties.try_emplace(name.get<std::string>(), Json(true));  // Any value.
+        if (properties.contains(name.get<std::string>())) continue;
+        // Not declared: its value is what additionalProperties says.
+        if (extra == Json(false)) {
+          return invalid(path, absl::StrCat("\"", name.get<std::string>(),
+                                            "\" is required but not in properties, and "
+                                            "additionalProperties is false"));
+        }
+        properties[name.get<std::string>()] = extra;
       }
-    }
-    if (!s.contains("properties") && required.empty()) {
-      at(n).free = true;  // Any members.
-      return absl::OkStatus();
     }
     if (properties.size() > JsonSchema::kMaxProperties)
       return unsupported(path, "an object of more than 64 properties");
@@ -222,6 +349,7 @@ class SchemaCompiler {
     std::vector<std::pair<std::string, std::string>> written;  // (escaped, name)
     for (const auto& [name, schema] : properties) {
       const std::string quoted = Json(name).dump();
+      if (quoted.size() > 1024) return unsupported(path, "a property name over 1 KiB");
       written.emplace_back(quoted.substr(1, quoted.size() - 2), name);
     }
     std::sort(written.begin(), written.end());
@@ -231,7 +359,7 @@ class SchemaCompiler {
     for (size_t i = 0; i < written.size(); ++i) {
       const std::string& name = written[i].second;
       absl::StatusOr<int32_t> value =
-          compile(properties[name], absl::StrCat(path, "/properties/", name));
+          compile(properties[name], absl::StrCat(path, "/properties/", name), depth + 1);
       if (!value.ok()) return value.status();
       keys.push_back(written[i].first);
       values.push_back(*value);
@@ -244,9 +372,9 @@ class SchemaCompiler {
     return absl::OkStatus();
   }
 
-  absl::Status compileArray(const Json& s, int32_t n, const std::string& path) {
+  absl::Status compileArray(const Json& s, int32_t n, const std::string& path, int depth) {
     absl::StatusOr<int32_t> items =
-        s.contains("items") ? compile(s["items"], path + "/items") : anyNode();
+        s.contains("items") ? compile(s["items"], path + "/items", depth + 1) : anyNode();
     if (!items.ok()) return items.status();
     uint32_t low = 0, high = UINT32_MAX;
     for (auto [keyword, bound] : {std::pair{"minItems", &low}, std::pair{"maxItems", &high}}) {
@@ -263,69 +391,45 @@ class SchemaCompiler {
     return absl::OkStatus();
   }
 
-  // anyOf / oneOf whose branches allow different kinds of value; allOf of one schema.
-  absl::StatusOr<int32_t> compileUnion(const Json& s, const char* keyword,
-                                       const std::string& path) {
+  // anyOf / oneOf whose branches allow different kinds of value (checked in settle());
+  // allOf of one schema.
+  absl::StatusOr<int32_t> compileUnion(const Json& s, const char* keyword, const std::string& path,
+                                       int depth) {
     const Json& branches = s[keyword];
     if (!branches.is_array() || branches.empty())
       return invalid(path, absl::StrCat(keyword, " must be a non-empty array"));
-    for (const char* other : {"type", "enum", "const", "properties", "items"}) {
-      if (s.contains(other))
-        return unsupported(path, absl::StrCat(keyword, " beside \"", other, "\""));
-    }
     if (std::string_view(keyword) == "allOf") {
       if (branches.size() != 1) return unsupported(path, "allOf of more than one schema");
-      return compile(branches[0], path + "/allOf/0");
+      return compile(branches[0], path + "/allOf/0", depth + 1);
     }
     absl::StatusOr<int32_t> made = newNode();
     if (!made.ok()) return made.status();
-    std::array<int32_t, JsonSchema::kKinds> kinds{-1, -1, -1, -1, -1, -1, -1};
+    Alias alias{.node = *made, .path = path, .keyword = keyword};
     for (size_t i = 0; i < branches.size(); ++i) {
-      absl::StatusOr<int32_t> branch =
-          compile(branches[i], absl::StrCat(path, "/", keyword, "/", i));
-      if (!branch.ok()) return branch.status();
-      for (int k = 0; k < JsonSchema::kKinds; ++k) {
-        const int32_t to = at(*branch).kinds[k];
-        if (to < 0) continue;
-        if (kinds[k] >= 0 && kinds[k] != to) {
-          static const char* kNames[] = {"objects", "arrays", "strings", "numbers",
-                                         "true",    "false",  "null"};
-          return unsupported(path, absl::StrCat(keyword, ": two branches both allow ", kNames[k],
-                                                "; the grammar tells branches apart by the kind "
-                                                "of value only"));
-        }
-        kinds[k] = to;
+      const std::string at_branch = absl::StrCat(path, "/", keyword, "/", i);
+      if (std::string_view(keyword) == "oneOf" && !typed(branches[i])) {
+        return unsupported(at_branch,
+                           "a oneOf branch without \"type\", \"enum\" or \"const\" lets other "
+                           "kinds of value through; give each branch its type");
       }
+      absl::StatusOr<int32_t> branch = compile(branches[i], at_branch, depth + 1);
+      if (!branch.ok()) return branch.status();
+      alias.from.push_back(*branch);
     }
-    at(*made).kinds = kinds;
+    aliases_.push_back(std::move(alias));
     return *made;
   }
 
- public:
-  static JsonSchema::Kind kindOf(uint8_t c) {
-    switch (c) {
-      case '{': return JsonSchema::kObject;
-      case '[': return JsonSchema::kArray;
-      case '"': return JsonSchema::kString;
-      case 't': return JsonSchema::kTrue;
-      case 'f': return JsonSchema::kFalse;
-      case 'n': return JsonSchema::kNull;
-      default: return JsonSchema::kNumber;
-    }
-  }
-
- private:
   const Json& document_;
   std::vector<JsonSchema::Node>* nodes_ = nullptr;
   std::map<std::string, int32_t> refs_;
+  std::vector<Alias> aliases_;
   int32_t any_ = -1;
-  int depth_ = 0;
 };
 
 absl::StatusOr<std::shared_ptr<const JsonSchema>> JsonSchema::compile(std::string_view text) {
   const Json document = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (document.is_discarded()) return absl::InvalidArgumentError("the JSON schema is not JSON");
-  // The root is node 0: reserve it, then compile into the rest.
   try {
     SchemaCompiler compiler(document);
     return compiler.run();
@@ -422,6 +526,7 @@ bool JsonSchemaGrammar::stepAt(uint8_t c) {
     case Mode::kKey:
       if (c != '"') return syntax_.step(c);
       if (!syntax_.step(c)) return false;
+      if (schema_->node(top->node).map_values >= 0) return true;  // Any key of a map.
       key_ = true;
       match_ = {0, static_cast<uint16_t>(schema_->node(top->node).keys.size()), 0};
       // Some key must be left to write.
@@ -435,6 +540,10 @@ bool JsonSchemaGrammar::stepAt(uint8_t c) {
     case Mode::kUnicode:
       if (!before.key_) return syntax_.step(c);  // A string the schema leaves free.
       if (!syntax_.step(c)) return false;
+      if (const int32_t values = schema_->node(top->node).map_values; values >= 0) {
+        if (syntax_.mode_ == Mode::kColon) top->value = values;  // The map's key ended.
+        return true;
+      }
       if (before.mode_ == Mode::kString && before.utf8_left_ == 0 && c == '"') {
         // The key ends: it must be one of the object's, not written yet.
         key_ = false;
@@ -504,13 +613,12 @@ bool JsonSchemaGrammar::beginValue(int32_t node, uint8_t c) {
 bool JsonSchemaGrammar::narrow(const std::vector<std::string>& candidates, uint8_t c,
                                const Frame* keys_of) {
   // Sorted candidates sharing a prefix are contiguous: keep those with `c` next.
-  const char ch = static_cast<char>(c);
+  // Bytes compare as unsigned, as the candidates were sorted.
+  auto byte = [&](uint16_t i) { return static_cast<uint8_t>(candidates[i][match_.offset]); };
   uint16_t lo = match_.lo, hi = match_.hi;
-  while (lo < hi && (candidates[lo].size() <= match_.offset || candidates[lo][match_.offset] < ch))
-    ++lo;
+  while (lo < hi && (candidates[lo].size() <= match_.offset || byte(lo) < c)) ++lo;
   uint16_t end = lo;
-  while (end < hi && candidates[end].size() > match_.offset && candidates[end][match_.offset] == ch)
-    ++end;
+  while (end < hi && candidates[end].size() > match_.offset && byte(end) == c) ++end;
   match_ = {lo, end, static_cast<uint16_t>(match_.offset + 1)};
   if (lo == end) return false;
   if (keys_of == nullptr) return true;
@@ -538,7 +646,8 @@ bool JsonSchemaGrammar::closeContainer(bool array) {
 bool JsonSchemaGrammar::endValue() {
   integer_ = false;
   if (free_depth_ >= 0 && syntax_.depth_ == free_depth_) free_depth_ = -1;
-  if (literal_ < 0) return true;
+  // A number inside an enum value's object or array ends only itself.
+  if (literal_ < 0 || syntax_.depth_ != literal_depth_) return true;
   const bool whole = matched(schema_->node(literal_).literals) >= 0;
   literal_ = -1;
   return whole;

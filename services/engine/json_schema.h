@@ -5,19 +5,23 @@
 // The output is always an instance of the schema; the grammar produces a subset of the
 // instances, chosen for models to write:
 // * objects hold only their declared `properties` (in any order, each at most once, the
-//   `required` ones before the object closes); `additionalProperties` is not needed for
-//   that and is ignored; an object schema without `properties` takes any members;
+//   `required` ones before the object closes; a required name not declared takes what
+//   `additionalProperties` allows). Without `properties`, `additionalProperties` decides:
+//   any members (absent or true), none (false), or a map whose values follow its schema;
 // * arrays: `items` (one schema for every element), `minItems`, `maxItems`;
 // * `type` (one or a list), `enum` and `const` (written exactly as compact JSON), `anyOf`
 //   and `oneOf` whose branches differ in the kind of value they allow (object, array,
 //   string, number, boolean, null: the first byte picks the branch; pydantic's
-//   Optional[X] is such a union), `allOf` of one schema, `$ref` to "#", "#/$defs/..." or
-//   "#/definitions/..." (recursion allowed);
+//   Optional[X] is such a union; each oneOf branch must name its type), `allOf` of one
+//   schema, `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion allowed, also
+//   through unions); beside `$ref` and the unions only annotations;
 // * `format` is an annotation (as JSON Schema defines it by default) and is not enforced;
 //   titles, descriptions, defaults and examples are ignored.
 // Anything else that constrains a value (`pattern`, `minLength`, `minimum`, `multipleOf`,
 // `uniqueItems`, `prefixItems`, `not`, `if`, ...) is refused when compiled
-// (Unimplemented, naming the keyword and where it is), never ignored.
+// (Unimplemented, naming the keyword and where it is), never ignored. Followed containers
+// nest at most kMaxFrames deep in an output (an object that would open deeper is refused
+// while writing).
 //
 // Threading: a JsonSchema is immutable and shared; a grammar belongs to one sequence.
 #pragma once
@@ -51,6 +55,8 @@ class JsonSchema {
     std::vector<std::string> keys;
     std::vector<int32_t> values;
     uint64_t required = 0;
+    // A map (additionalProperties a schema, no properties): any keys, each value this node.
+    int32_t map_values = -1;
     // Arrays: the elements' node, and how many there may be.
     int32_t items = -1;
     uint32_t min_items = 0;

@@ -35,8 +35,9 @@ const char* kPerson = R"({
     "extra": {}
   },
   "required": ["name", "age"],
-  "$defs": {"Pet": {"type": "object", "properties": {"kind": {"const": "cat"},
-                                                      "friend": {"$ref": "#/$defs/Pet"}},
+  "$defs": {"Pet": {"type": "object", "properties": {
+                      "kind": {"const": "cat"},
+                      "friend": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]}},
                     "required": ["kind"]}}
 })";
 
@@ -55,6 +56,7 @@ TEST(JsonSchemaTest, InstancesPassAndEverythingElseIsStopped) {
            R"({"name": "a", "age": 3})",
            R"({"age": -3, "name": "x \"y\"\n", "tags": ["a", "b"], "pet": null, "color": "green"})",
            R"({"name":"a","age":10,"pet":{"kind":"cat","friend":{"kind":"cat"}},"color":1.5})",
+           R"({"name":"a","age":1,"pet":{"friend":{"kind":"cat","friend":null},"kind":"cat"}})",
            R"({"name": "a", "age": 0, "height": 1.5e3, "extra": {"any": [1, {"x": null}]}})",
            R"({"extra": "s", "name": "", "age": 12, "tags": ["z"]})",
        }) {
@@ -87,6 +89,42 @@ TEST(JsonSchemaTest, InstancesPassAndEverythingElseIsStopped) {
   }
 }
 
+// Each keyword the grammar follows holds beside the others: a type list, enum beside type,
+// const beside enum, additionalProperties without properties (none, or a map), numbers
+// inside enum values, keys beyond ASCII.
+TEST(JsonSchemaTest, KeywordsHoldTogether) {
+  auto check = [](const char* schema, std::vector<std::string> good, std::vector<std::string> bad) {
+    auto compiled = JsonSchema::compile(schema);
+    ASSERT_TRUE(compiled.ok()) << compiled.status() << " " << schema;
+    for (const std::string& text : good) {
+      JsonSchemaGrammar grammar(compiled->get());
+      EXPECT_TRUE(grammar.pushAll(text) && grammar.complete()) << schema << " " << text;
+    }
+    for (const std::string& text : bad) {
+      JsonSchemaGrammar grammar(compiled->get());
+      EXPECT_FALSE(grammar.pushAll(text) && grammar.complete()) << schema << " " << text;
+    }
+  };
+  check(R"({"type": "object", "properties": {"v": {"type": ["object", "integer"]},
+            "w": {"type": ["object", "array"], "items": {"type": "string"}}}})",
+        {R"({"v": 2, "w": ["a"]})", R"({"v": {"a": 1.5}, "w": {}})"},
+        {R"({"v": 1.5})", R"({"w": [1]})"});
+  check(R"({"type": "object", "properties": {"s": {"type": "string", "enum": ["a", 1]},
+            "c": {"const": "a", "enum": ["a", "b"]}, "i": {"type": "integer", "enum": [1, 2.5]}}})",
+        {R"({"s": "a", "c": "a", "i": 1})"}, {R"({"s": 1})", R"({"c": "b"})", R"({"i": 2.5})"});
+  check(R"({"type": "object", "properties": {"e": {"type": "object", "additionalProperties": false},
+            "m": {"type": "object", "additionalProperties": {"type": "integer"}}}})",
+        {R"({"e": {}, "m": {"k": 1, "j": -2}})", R"({"m": {}})"},
+        {R"({"e": {"x": 1}})", R"({"m": {"k": "s"}})", R"({"m": {"k": 1.5}})"});
+  check(R"({"type": "object", "required": ["b"], "additionalProperties": {"type": "integer"}})",
+        {R"({"b": 3})"}, {R"({"b": "s"})", R"({})"});
+  check(R"({"type": "object", "properties": {"v": {"const": {"a": 1}}, "w": {"enum": [[1, 20]]}}})",
+        {R"({"v": {"a":1}, "w": [1,20]})"}, {R"({"v": {"a":12}})", R"({"w": [1,2]})"});
+  check(
+      R"({"type": "object", "properties": {"a": {}, "é": {"enum": ["a", "é"]}}, "required": ["é"]})",
+      {R"({"a": 1, "é": "é"})", R"({"é": "a"})"}, {R"({"a": 1})", R"({"é": "e"})"});
+}
+
 TEST(JsonSchemaTest, RefusesWhatItCannotEnforceSayingWhere) {
   auto refusal = [](const std::string& schema) {
     absl::StatusOr<std::shared_ptr<const JsonSchema>> compiled = JsonSchema::compile(schema);
@@ -107,6 +145,25 @@ TEST(JsonSchemaTest, RefusesWhatItCannotEnforceSayingWhere) {
   EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"type": "text"}}})"),
               HasSubstr("unknown type \"text\""));
   EXPECT_THAT(refusal("{not json"), HasSubstr("not JSON"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"p": {"anyOf": [{"type": "object"},
+               {"type": "null"}], "required": ["a"]}}})"),
+              HasSubstr("at /properties/p: \"required\" beside anyOf"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"p": {"oneOf": [
+               {"properties": {"a": {}}}, {"type": "string"}]}}})"),
+              HasSubstr("at /properties/p/oneOf/0: a oneOf branch without \"type\""));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"p": {"enum": [[1, 2, 3]],
+               "maxItems": 2}}})"),
+              HasSubstr("\"maxItems\" beside enum"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"p": {"enum": [1e300]}}})"),
+              HasSubstr("cannot be written"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"p": {"type": []}}})"),
+              HasSubstr("non-empty list"));
+  EXPECT_THAT(refusal(R"({"type": "object", "required": ["x"], "additionalProperties": false})"),
+              HasSubstr("\"x\" is required but not in properties"));
+  std::string deep = "true";
+  for (int i = 0; i < 200; ++i) deep = R"({"type": "array", "items": )" + deep + "}";
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"d": )" + deep + "}}"),
+              HasSubstr("nested more than 128 deep"));
   EXPECT_EQ(JsonSchema::compile(R"({"type": "object", "properties": {"a": {"pattern": "x"}}})")
                 .status()
                 .code(),
