@@ -84,13 +84,18 @@ with urllib.request.urlopen(request, timeout=120) as response:
             usage = chunk["usage"]
             print(f"\n({usage['prompt_tokens']} prompt + {usage['completion_tokens']} "
                   "completion tokens)")
-# JSON mode: decoding constrained to one JSON object.
-body = {"messages": [{"role": "user", "content": "Describe a cat as a JSON object with name and age."}],
-        "max_tokens": 96, "temperature": 0, "response_format": {"type": "json_object"}}
+# Structured output: decoding constrained to instances of a JSON schema.
+schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+          "color": {"enum": ["black", "white", "orange", "grey"]}},
+          "required": ["name", "age", "color"]}
+body = {"messages": [{"role": "user", "content": "Describe a cat: its name, age and color."}],
+        "max_tokens": 96, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "cat", "schema": schema}}}
 request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions",
                                  data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-print('> Describe a cat as a JSON object with name and age.  (response_format: json_object)')
+print('> Describe a cat: its name, age and color.  (response_format: json_schema '
+      '{name: string, age: integer, color: black|white|orange|grey})')
 with urllib.request.urlopen(request, timeout=120) as response:
     reply = json.load(response)["choices"][0]["message"]["content"]
 print(json.dumps(json.loads(reply)))

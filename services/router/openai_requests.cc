@@ -93,13 +93,51 @@ absl::Status refuseUnsupported(const Json& body) {
   CLEAVE_ASSIGN_OR_RETURN(bool include_stop, boolean(body, "include_stop_str_in_output", false));
   if (include_stop) return invalid("include_stop_str_in_output", "only false is supported");
 
-  if (const Json* choice = field(body, "tool_choice");
-      choice != nullptr && *choice != "auto" && *choice != "none") {
-    return invalid("tool_choice",
-                   "only \"auto\" and \"none\" are supported (forcing a tool call needs "
-                   "constrained decoding)");
-  }
   return absl::OkStatus();
+}
+
+// tool_choice naming a function, or "required" with one tool: the reply is that function's
+// arguments, decoded as an instance of its parameters' schema. Sets `call.forced_tool`.
+absl::Status parseToolChoice(const Json& body, Call& call) {
+  const Json* choice = field(body, "tool_choice");
+  if (choice == nullptr || *choice == "auto" || *choice == "none") return absl::OkStatus();
+  const Json* tools = field(body, "tools");
+  if (tools == nullptr || !tools->is_array() || tools->empty())
+    return invalid("tool_choice", "forces a tool call, but the request has no tools");
+  std::string name;
+  if (*choice == "required") {
+    if (tools->size() != 1) {
+      return invalid("tool_choice",
+                     "\"required\" is supported with one tool (or name the function)");
+    }
+  } else {
+    const Json* function = choice->is_object() ? field(*choice, "function") : nullptr;
+    const Json* named =
+        function != nullptr && function->is_object() ? field(*function, "name") : nullptr;
+    if (named == nullptr || !named->is_string()) {
+      return invalid("tool_choice",
+                     "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                     "\"function\": {\"name\": ...}}");
+    }
+    name = named->get<std::string>();
+  }
+  for (const Json& tool : *tools) {
+    const Json* function = tool.is_object() ? field(tool, "function") : nullptr;
+    const Json* tool_name =
+        function != nullptr && function->is_object() ? field(*function, "name") : nullptr;
+    if (tool_name == nullptr || !tool_name->is_string()) continue;
+    if (!name.empty() && *tool_name != name) continue;
+    if (call.request.sampling().response_format() != v1::RESPONSE_FORMAT_TEXT)
+      return invalid("tool_choice", "cannot force a tool call and a response_format at once");
+    const Json* parameters = field(*function, "parameters");
+    call.forced_tool = tool_name->get<std::string>();
+    v1::SamplingParams& s = *call.request.mutable_sampling();
+    s.set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
+    s.set_json_schema(parameters != nullptr ? parameters->dump()
+                                            : R"({"type": "object", "properties": {}})");
+    return absl::OkStatus();
+  }
+  return invalid("tool_choice", absl::StrCat("names \"", name, "\", which is not in tools"));
 }
 
 // The sampling, stopping and streaming fields both endpoints share.
@@ -367,6 +405,7 @@ absl::StatusOr<Call> parseChatRequest(const Json& body) {
   CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> top, integer(body, "top_logprobs", 0, 1 << 20));
   if (top && !call.logprobs) return invalid("top_logprobs", "needs \"logprobs\": true");
   if (call.logprobs) r.set_logprobs(top ? static_cast<uint32_t>(*top) : 0);
+  CLEAVE_RETURN_IF_ERROR(parseToolChoice(body, call));
   return call;
 }
 

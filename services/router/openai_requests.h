@@ -6,7 +6,7 @@
 // add_generation_prompt, continue_final_message, add_special_tokens). Unknown fields are
 // ignored. Values the router checks (ranges, lengths) are checked there; here only types
 // and what the API cannot express: best_of other than n, logit_bias, suffix, non-text
-// content parts, response formats other than text and tool_choice "required" are refused.
+// content parts, and tool_choice "required" with several tools are refused.
 //
 // A refusal is InvalidArgument whose message names the field; the field itself is also
 // attached as the status payload kParamPayload (OpenAI's error "param").
@@ -52,6 +52,9 @@ struct Call {
   bool offers_tools = false;
   // Chat: the template was asked not to think (chat_template_kwargs.enable_thinking false).
   bool thinking_off = false;
+  // Chat: the function tool_choice forces (named, or "required" with one tool): the reply,
+  // an instance of its parameters' schema, is its arguments, returned as its one call.
+  std::string forced_tool;
 };
 
 // The most choices one request may ask for per prompt (n), and in all.

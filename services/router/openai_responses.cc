@@ -62,7 +62,9 @@ const char* ResponseBuilder::object() const {
 }
 
 const char* ResponseBuilder::finishReasonOf(const v1::FinalInfo& final) const {
-  return tool_calls_.empty() ? finishReason(final.finish_reason()) : "tool_calls";
+  // A forced call ends as OpenAI's do: "stop" (or "length").
+  if (tool_calls_.empty() || !call_.forced_tool.empty()) return finishReason(final.finish_reason());
+  return "tool_calls";
 }
 
 Json ResponseBuilder::chunk(Json choice) const {
@@ -137,9 +139,15 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
     parts.content += rest.content;
   }
   parts.content = tools_.push(parts.content);
+  if (!call_.forced_tool.empty()) {  // The reply is the forced call's arguments.
+    arguments_ += parts.content;
+    parts.content.clear();
+  }
   if (message.has_final()) {
     ParsedReply rest = tools_.finish();
     parts.content += rest.content;
+    if (!call_.forced_tool.empty())
+      rest.calls = {{.name = call_.forced_tool, .arguments = arguments_}};
     for (const ToolCall& call : rest.calls) {
       calls.push_back({{"index", calls.size()},
                        {"id", absl::StrCat("call_", randomId())},

@@ -59,6 +59,7 @@ class ResponseBuilder {
   ToolCallStream tools_;
   std::string text_;
   std::string reasoning_;
+  std::string arguments_;  // call.forced_tool's, as they arrive
   nlohmann::json tool_calls_ = nlohmann::json::array();
   nlohmann::json logprobs_;  // the whole response's, in the endpoint's format
   int64_t text_offset_ = 0;  // completions logprobs: where the next token's text starts

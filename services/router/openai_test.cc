@@ -108,6 +108,42 @@ TEST(OpenAiRequestTest, ChatMessagesKeepTheirFieldsForTheTemplate) {
   EXPECT_EQ(call->request.logprobs(), 2u);
 }
 
+// A named function (or "required" with one tool) is decoded as its parameters' schema.
+TEST(OpenAiRequestTest, AForcedToolCallIsDecodedAsItsParameters) {
+  auto call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "a"}},
+                {"type": "function", "function": {"name": "b", "parameters": {"type": "object",
+                  "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}],
+      "tool_choice": {"type": "function", "function": {"name": "b"}}})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->forced_tool, "b");
+  EXPECT_EQ(call->request.sampling().response_format(), v1::RESPONSE_FORMAT_JSON_SCHEMA);
+  EXPECT_EQ(Json::parse(call->request.sampling().json_schema()),
+            Json::parse(R"({"type": "object", "properties": {"n": {"type": "integer"}},
+                            "required": ["n"]})"));
+  EXPECT_FALSE(call->request.chat().tools_json().empty());  // The template sees the tools.
+  call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "a"}}], "tool_choice": "required"})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->forced_tool, "a");
+  EXPECT_EQ(Json::parse(call->request.sampling().json_schema()),
+            Json::parse(R"({"type": "object", "properties": {}})"));
+  // The reply is the call: its arguments, and "stop" as OpenAI ends forced calls.
+  ResponseBuilder builder(*call, "chatcmpl-1", "m", 0);
+  v1::GenerateResponse message;
+  message.set_text(R"({"n": )");
+  builder.add(message);
+  message.set_text("3}");
+  message.mutable_final()->set_finish_reason(v1::FINISH_REASON_STOP_TOKEN);
+  builder.add(message);
+  const Json choice = builder.choiceBody();
+  EXPECT_EQ(choice["finish_reason"], "stop");
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "a");
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], R"({"n": 3})");
+}
+
 TEST(OpenAiRequestTest, JsonObjectFormatConstrainsSampling) {
   auto call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
       "response_format": {"type": "json_object"}})"));
@@ -204,6 +240,21 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
        "messages[0].content[0].text"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tools": {}})", "tools"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})",
+       "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+           "tools": [{"type": "function", "function": {"name": "a"}},
+                     {"type": "function", "function": {"name": "b"}}]})",
+       "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}],
+           "tool_choice": {"type": "function", "function": {"name": "c"}},
+           "tools": [{"type": "function", "function": {"name": "a"}}]})",
+       "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "any",
+           "tools": [{"type": "function", "function": {"name": "a"}}]})",
+       "tool_choice"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"},
+           "tool_choice": {"type": "function", "function": {"name": "a"}},
+           "tools": [{"type": "function", "function": {"name": "a"}}]})",
        "tool_choice"},
       {R"({"messages": [{"role": "user", "content": "x"}],
            "response_format": {"type": "json_schema", "json_schema": {}}})",

@@ -253,6 +253,24 @@ class OpenAiApiTest(unittest.TestCase):
                                                    tools=tools, tool_choice="none", max_tokens=8,
                                                    temperature=0)
         self.assertIsNone(none.choices[0].message.tool_calls)
+        # A named function is called, whatever the model would say: its arguments are an
+        # instance of its parameters (also streamed, whole at the end).
+        import jsonschema
+        forced = self.client.chat.completions.create(
+            model=self.model, messages=messages, tools=tools, max_tokens=48, temperature=0,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        self.assertEqual(forced.choices[0].finish_reason, "stop")
+        [call] = forced.choices[0].message.tool_calls
+        self.assertEqual(call.function.name, "get_weather")
+        jsonschema.validate(json.loads(call.function.arguments),
+                            tools[0]["function"]["parameters"])
+        chunks = list(self.client.chat.completions.create(
+            model=self.model, messages=messages, tools=tools, max_tokens=48, temperature=0,
+            tool_choice="required", stream=True))
+        calls = [c for chunk in chunks for c in (chunk.choices[0].delta.tool_calls or [])
+                 if chunk.choices]
+        self.assertEqual([(c.function.name, c.function.arguments) for c in calls],
+                         [("get_weather", call.function.arguments)])
 
     def test_special_tokens_reach_the_text_when_asked(self):
         # Past its end of turn (ignore_eos) the reply holds special tokens: left out of the
