@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -72,7 +74,8 @@ absl::StatusOr<std::vector<uint32_t>> parseIds(const std::string& text) {
 int generateThroughRouter(const std::string& address, const std::string& prompt,
                           const std::vector<uint32_t>& ids, bool chat, const std::string& system,
                           const engine::SamplingParams& s, int64_t max_tokens,
-                          const std::string& stop, bool ignore_eos, bool print_ids) {
+                          const std::string& stop, bool ignore_eos, bool print_ids,
+                          const std::string& json_schema) {
   v1::GenerateRequest request;
   if (!ids.empty()) {
     request.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
@@ -95,6 +98,10 @@ int generateThroughRouter(const std::string& address, const std::string& prompt,
   p->set_presence_penalty(s.presence_penalty);
   p->set_frequency_penalty(s.frequency_penalty);
   p->set_seed(s.seed);
+  if (!json_schema.empty()) {
+    p->set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
+    p->set_json_schema(json_schema);
+  }
   request.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(max_tokens));
   if (!stop.empty()) request.mutable_stopping()->add_stop(stop);
   request.mutable_stopping()->set_ignore_eos(ignore_eos);
@@ -154,6 +161,7 @@ int runGenerate(int argc, char** argv) {
   double presence_penalty = 0.0, frequency_penalty = 0.0;
   int64_t top_k = 0, seed = 0;
   std::string stop;
+  std::string json_schema;
   bool ignore_eos = false;
   FlagSet flags("cleave generate", "--model MODEL [flags] PROMPT",
                 "Generates a continuation of PROMPT on the CPU and streams it to standard output; "
@@ -199,6 +207,9 @@ int runGenerate(int argc, char** argv) {
                   "Subtracted per occurrence in the output");
   flags.addInt("seed", &seed, "Random seed (same seed, same output)");
   flags.addString("stop", &stop, "Stop when this text appears (not printed)");
+  flags.addString("json-schema", &json_schema,
+                  "Constrain the output to an instance of this JSON schema (a file, or the schema "
+                  "itself when it starts with '{'; docs/serving.md says what is followed)");
   flags.addBool("ignore-eos", &ignore_eos,
                 "Generate --max-tokens tokens even past the end-of-sequence token");
   std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
@@ -219,6 +230,28 @@ int runGenerate(int argc, char** argv) {
   }
   if (model.empty() == router.empty()) {
     exitWithUsageError(flags, absl::InvalidArgumentError("give --model or --router (one of them)"));
+  }
+  std::shared_ptr<const engine::JsonSchema> schema;
+  if (!json_schema.empty()) {
+    if (!json_schema.starts_with("{")) {
+      std::ifstream in(json_schema, std::ios::binary);
+      if (!in)
+        exitWithUsageError(flags, absl::NotFoundError("--json-schema: cannot read " + json_schema));
+      json_schema.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    absl::StatusOr<std::shared_ptr<const engine::JsonSchema>> compiled =
+        engine::JsonSchema::compile(json_schema);
+    if (!compiled.ok()) {
+      exitWithUsageError(
+          flags, absl::Status(compiled.status().code(),
+                              absl::StrCat("--json-schema: ", compiled.status().message())));
+    }
+    if (ignore_eos) {
+      exitWithUsageError(flags, absl::InvalidArgumentError(
+                                    "--json-schema ends the output with end-of-sequence: leave "
+                                    "out --ignore-eos"));
+    }
+    schema = *std::move(compiled);
   }
   std::vector<uint32_t> ids;
   if (!prompt_ids.empty()) {
@@ -276,7 +309,7 @@ int runGenerate(int argc, char** argv) {
                              "--chat-template is for --model; a router renders with its own"));
     }
     return generateThroughRouter(router, positional[0], ids, chat, system, sampling, max_tokens,
-                                 stop, ignore_eos, print_ids);
+                                 stop, ignore_eos, print_ids, json_schema);
   }
   // Token-id prompts need no tokenizer; without one, tokens print as ids.
   auto tokenizer = tokenizer::Tokenizer::load(model);
@@ -331,6 +364,8 @@ int runGenerate(int argc, char** argv) {
   }
   engine::Scheduler scheduler(**group, words, {.max_batch_tokens = 512});
   engine::GenerationRequest request{.id = 1, .prompt = prompt, .sampling = sampling};
+  request.json_object = schema != nullptr;
+  request.json_schema = schema;
   request.stop = {
       .stop_token_ids = eos,
       .stop_strings = stop.empty() ? std::vector<std::string>{} : std::vector<std::string>{stop},

@@ -190,6 +190,38 @@ class BinariesCliTest(unittest.TestCase):
         self.assert_usage_error([cleave, "generate", f"--model={tiny}", "--prompt-ids=5", "Hi"],
                                 "give PROMPT or --prompt-ids, not both")
 
+    def test_generate_follows_a_json_schema(self):
+        """--json-schema (a file or inline): the output is an instance (checked with the
+        jsonschema package); a schema the decoder cannot enforce is a usage error naming the
+        keyword."""
+        import json
+        import jsonschema
+        model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+        if not os.path.exists(model):
+            self.skipTest("model missing")
+        cleave = ct.binary("cleave")
+        schema = {"type": "object", "properties": {
+            "name": {"type": "string"}, "age": {"type": "integer"},
+            "colors": {"type": "array", "items": {"enum": ["black", "white", "orange"]},
+                       "maxItems": 2}},
+            "required": ["name", "age", "colors"]}
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "cat.json")
+            with open(path, "w") as f:
+                json.dump(schema, f)
+            for given in (path, json.dumps(schema)):
+                code, out, err = ct.run([cleave, "generate", f"--model={model}", "--max-tokens=80",
+                                         "--threads=2", f"--json-schema={given}",
+                                         "Describe a cat: its name, age and colors."], timeout=120)
+                self.assertEqual(code, 0, err)
+                jsonschema.validate(json.loads(out), schema)
+        self.assert_usage_error([cleave, "generate", f"--model={model}",
+                                 '--json-schema={"type": "object", "minProperties": 2}', "Hi"],
+                                '--json-schema: at /: "minProperties" is not supported')
+        self.assert_usage_error([cleave, "generate", f"--model={model}",
+                                 "--json-schema=/nonexistent.json", "Hi"],
+                                "--json-schema: cannot read /nonexistent.json")
+
     def test_generate_backend_flag(self):
         model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
         if not os.path.exists(model):
