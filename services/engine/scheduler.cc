@@ -98,6 +98,38 @@ Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt) c
   return hit;
 }
 
+void Scheduler::extendFromCache(Sequence& seq) {
+  const int64_t bs = cache_.blockSize();
+  if (!options_.prefix_caching || seq.cached != seq.published * bs) return;
+  const std::span<const uint32_t> prompt(seq.request.prompt);
+  const int64_t reusable = (static_cast<int64_t>(prompt.size()) - 1) / bs;
+  const int64_t from = seq.published;
+  for (int64_t j = seq.published; j < reusable; ++j) {
+    const std::span<const uint32_t> tokens = prompt.subspan(j * bs, bs);
+    const uint64_t hash = KvBlockPool::chainHash(seq.chain, tokens);
+    const std::optional<int32_t> block = cache_.lookup(hash, tokens);
+    if (!block) break;
+    int32_t& own = seq.blocks[static_cast<size_t>(j)];
+    if (own != *block) {
+      // Its own block holds nothing yet. A reservation's ids went out: it stays held.
+      cache_.retain({&*block, 1});
+      if (seq.mode == Mode::kGenerate) {
+        cache_.release({&own, 1});
+      } else {
+        reservations_.at(seq.request.id)[static_cast<size_t>(j)] = *block;
+        spares_[seq.request.id].push_back(own);
+      }
+      own = *block;
+    }
+    seq.chain = hash;
+    seq.published = j + 1;
+  }
+  const int64_t gained = (seq.published - from) * bs;
+  seq.cached += gained;
+  seq.hit_tokens += gained;
+  prefix_hit_tokens_ += gained;
+}
+
 void Scheduler::startPast(Sequence& seq, const PrefixHit& hit) {
   seq.published = static_cast<int64_t>(hit.blocks.size());
   seq.cached = seq.hit_tokens = seq.published * cache_.blockSize();
@@ -349,15 +381,35 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     members.push_back(seq.get());
     --budget;
   }
+  // A prompt whose next block an earlier one computes in this step waits for it (and
+  // takes it from the cache next step): a prefix that several arrive with at once is
+  // computed once.
+  std::unordered_set<uint64_t> computing;
   for (auto& seq : running_) {
     if (seq->prefilled() || full()) continue;
-    const int64_t left = static_cast<int64_t>(seq->request.prompt.size()) - seq->cached;
+    extendFromCache(*seq);
+    const int64_t bs = cache_.blockSize();
+    const std::span<const uint32_t> prompt(seq->request.prompt);
+    if (options_.prefix_caching && seq->cached == seq->published * bs &&
+        seq->cached + bs < static_cast<int64_t>(prompt.size()) &&
+        computing.contains(KvBlockPool::chainHash(seq->chain, prompt.subspan(seq->cached, bs)))) {
+      continue;
+    }
+    const int64_t left = static_cast<int64_t>(prompt.size()) - seq->cached;
     const int64_t take = std::min(left, budget);
     batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, take),
                      .start = seq->cached,
                      .blocks = seq->blocks});
     members.push_back(seq.get());
     budget -= take;
+    // The full blocks this chunk completes (from its first whole one).
+    if (options_.prefix_caching && seq->cached == seq->published * bs) {
+      uint64_t chain = seq->chain;
+      for (int64_t at = seq->cached; at + bs <= seq->cached + take; at += bs) {
+        chain = KvBlockPool::chainHash(chain, prompt.subspan(at, bs));
+        computing.insert(chain);
+      }
+    }
   }
   last_batch_sequences_ = static_cast<int64_t>(batch.size());
   last_decode_sequences_ = decodingSequences();

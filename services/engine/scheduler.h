@@ -8,7 +8,9 @@
 // refused when added. Full blocks are published in the cache as their KV is computed
 // (prefix caching), generated tokens' too: a request starting with the same tokens reuses
 // them and prefills only the rest, whether it generates here or only prefills (its
-// reservation's leading blocks become the cached ones).
+// reservation's leading blocks become the cached ones). Prompts that arrive together with a
+// prefix nobody has computed yet compute it once: one computes each block, the others wait
+// a step and take it from the cache.
 //
 // Disaggregated serving splits a request in three calls (proto/cleave/v1/worker.proto):
 // reserve() sets blocks aside for it, addPrefill() computes its prompt into them and
@@ -178,6 +180,9 @@ class Scheduler {
   PrefixHit lookupPrefix(std::span<const uint32_t> prompt) const;
   // Starts `seq` past the `hit` blocks it holds at its head, counting the lookup.
   void startPast(Sequence& seq, const PrefixHit& hit);
+  // Before a prompt chunk: takes the blocks published since (by a prompt sharing the
+  // prefix) that continue `seq`'s cached prefix, in place of its own.
+  void extendFromCache(Sequence& seq);
   void admit();
   std::unique_ptr<Sequence> makeSequence(GenerationRequest request, Mode mode,
                                          std::vector<int32_t> blocks);

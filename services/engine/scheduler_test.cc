@@ -273,6 +273,57 @@ TEST_F(SchedulerTest, ReservedPrefillsReuseTheCachedPrefix) {
   EXPECT_EQ(scheduler.freeBlocks(), 40);
 }
 
+// Prompts that arrive together with a prefix nobody has computed compute it once: the
+// first computes each block, the others wait a step and take it from the cache — whether
+// they generate or prefill into reservations — and decode the tokens they would alone.
+TEST_F(SchedulerTest, PromptsArrivingTogetherComputeTheirSharedPrefixOnce) {
+  Scheduler scheduler(withBlocks(80), nullptr, {.max_batch_tokens = 64, .max_sequences = 8});
+  const std::vector<uint32_t> prefix = randomPrompt(40);  // 10 blocks of 4
+  std::vector<std::vector<uint32_t>> prompts;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(prefix);
+    const std::vector<uint32_t> tail = randomPrompt(5);
+    prompts.back().insert(prompts.back().end(), tail.begin(), tail.end());
+  }
+  for (uint64_t id = 1; id <= 3; ++id) {
+    ASSERT_TRUE(
+        scheduler.add({.id = id, .prompt = prompts[id - 1], .stop = {.max_new_tokens = 3}}).ok());
+  }
+  std::map<uint64_t, std::vector<TokenEvent>> by_id;
+  for (const TokenEvent& e : events(scheduler)) by_id[e.id].push_back(e);
+  EXPECT_EQ(scheduler.prefixHitTokens(), 40 + 40);
+  for (uint64_t id = 1; id <= 3; ++id) {
+    ASSERT_EQ(by_id[id].size(), 3u);
+    EXPECT_EQ(by_id[id][0].cached_tokens, id == 1 ? 0 : 40);
+    std::vector<uint32_t> got;
+    for (const TokenEvent& e : by_id[id]) got.push_back(e.token);
+    EXPECT_EQ(got, alone(prompts[id - 1], 3)) << id;
+  }
+  EXPECT_EQ(scheduler.freeBlocks(), 80);
+
+  // Reserved prefills (a prefill worker's): the later one's own blocks give way, and come
+  // back with its reservation.
+  const std::vector<uint32_t> other = randomPrompt(41);
+  ASSERT_TRUE(scheduler.reserve(4, 11, other).ok());
+  ASSERT_TRUE(scheduler.reserve(5, 11, other).ok());
+  ASSERT_TRUE(scheduler.addPrefill({.id = 4, .prompt = other, .stop = {.max_new_tokens = 2}}).ok());
+  ASSERT_TRUE(scheduler.addPrefill({.id = 5, .prompt = other, .stop = {.max_new_tokens = 2}}).ok());
+  std::map<uint64_t, TokenEvent> prefilled;
+  for (const TokenEvent& e : events(scheduler)) prefilled[e.id] = e;
+  EXPECT_EQ(prefilled[4].cached_tokens, 0);
+  EXPECT_EQ(prefilled[5].cached_tokens, 40);
+  EXPECT_EQ(prefilled[5].token, prefilled[4].token);
+  const std::vector<int32_t> four = scheduler.reservation(4), five = scheduler.reservation(5);
+  ASSERT_EQ(five.size(), 11u);
+  EXPECT_TRUE(std::equal(four.begin(), four.begin() + 10, five.begin()));
+  EXPECT_NE(four[10], five[10]);                   // the last token's block is each one's own
+  EXPECT_EQ(scheduler.reservedBlocks(), 12 + 10);  // 10 given way, still held
+  scheduler.release(4);
+  scheduler.release(5);
+  EXPECT_EQ(scheduler.reservedBlocks(), 0);
+  EXPECT_EQ(scheduler.freeBlocks(), 80);
+}
+
 // Generated tokens' blocks are cached too: the next turn of a conversation (the prompt,
 // the reply, more) reuses the reply's KV as well.
 TEST_F(SchedulerTest, GeneratedTokensAreCachedForTheNextTurn) {
