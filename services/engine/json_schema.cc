@@ -29,6 +29,13 @@ class SchemaCompiler {
     absl::StatusOr<int32_t> root = compile(document_, "", 0);
     if (!root.ok()) return root.status();
     if (absl::Status settled = settle(); !settled.ok()) return settled;
+    // Each discriminated branch in the place of the value it fixes.
+    for (const Discriminated& d : discriminated_) {
+      const std::string text = constantOf(d.schema, discriminator_names_[d.discriminator])->dump();
+      const std::vector<std::string>& values = at(at(d.discriminator).values[0]).literals;
+      const auto place = std::lower_bound(values.begin(), values.end(), text);
+      at(d.discriminator).branches[static_cast<size_t>(place - values.begin())] = d.branch;
+    }
     if (*root != 0 || at(0).kinds[JsonSchema::kObject] < 0) {
       return absl::UnimplementedError(
           "a JSON schema output must be an object at its root (\"type\": \"object\")");
@@ -57,6 +64,7 @@ class SchemaCompiler {
     std::vector<int32_t> from;
     std::string path;
     std::string keyword;
+    bool objects_discriminated = false;  // Its objects go to a discriminator node instead.
   };
 
   // Keywords that say nothing about which values are instances.
@@ -123,13 +131,15 @@ class SchemaCompiler {
                                    "true",    "false",  "null"};
     for (const Alias& alias : aliases_) {
       for (int k = 0; k < JsonSchema::kKinds; ++k) {
+        if (k == JsonSchema::kObject && alias.objects_discriminated) continue;
         for (int32_t from : alias.from) {
           const int32_t to = at(from).kinds[k];
           if (to >= 0 && to != at(alias.node).kinds[k]) {
             return unsupported(alias.path,
                                absl::StrCat(alias.keyword, ": two branches both allow ", kNames[k],
                                             "; the grammar tells branches apart by the kind of "
-                                            "value only"));
+                                            "value, or objects by a property each branch fixes "
+                                            "to its own constant"));
           }
         }
       }
@@ -405,6 +415,18 @@ class SchemaCompiler {
     absl::StatusOr<int32_t> made = newNode();
     if (!made.ok()) return made.status();
     Alias alias{.node = *made, .path = path, .keyword = keyword};
+    // Objects in several branches: told apart by a property each fixes to a constant.
+    std::vector<size_t> objects;
+    for (size_t i = 0; i < branches.size(); ++i) {
+      if (allowsObjects(resolved(branches[i]))) objects.push_back(i);
+    }
+    absl::StatusOr<int32_t> discriminator = -1;
+    if (objects.size() >= 2) {
+      discriminator = compileDiscriminator(s, branches, objects, keyword, path, depth);
+      if (!discriminator.ok()) return discriminator.status();
+      at(*made).kinds[JsonSchema::kObject] = *discriminator;
+      alias.objects_discriminated = true;
+    }
     for (size_t i = 0; i < branches.size(); ++i) {
       const std::string at_branch = absl::StrCat(path, "/", keyword, "/", i);
       if (std::string_view(keyword) == "oneOf" && !typed(branches[i])) {
@@ -415,15 +437,117 @@ class SchemaCompiler {
       absl::StatusOr<int32_t> branch = compile(branches[i], at_branch, depth + 1);
       if (!branch.ok()) return branch.status();
       alias.from.push_back(*branch);
+      if (*discriminator >= 0 && std::find(objects.begin(), objects.end(), i) != objects.end()) {
+        discriminated_.push_back({*discriminator, *branch, branches[i]});
+      }
     }
     aliases_.push_back(std::move(alias));
     return *made;
+  }
+
+  // The constant a branch's schema fixes its property `name` to (const, or an enum of one).
+  std::optional<Json> constantOf(const Json& branch, const std::string& name) const {
+    const Json* b = resolved(branch);
+    if (b == nullptr || !b->contains("properties") || !(*b)["properties"].is_object())
+      return std::nullopt;
+    const Json& properties = (*b)["properties"];
+    if (!properties.contains(name)) return std::nullopt;
+    const Json* p = resolved(properties[name]);
+    if (p == nullptr) return std::nullopt;
+    if (p->contains("const")) return (*p)["const"];
+    if (p->contains("enum") && (*p)["enum"].is_array() && (*p)["enum"].size() == 1)
+      return (*p)["enum"][0];
+    return std::nullopt;
+  }
+
+  // A schema with its $refs followed (up to 8), or null.
+  const Json* resolved(const Json& s) const {
+    const Json* at = &s;
+    for (int hops = 0; hops < 8 && at->is_object() && at->contains("$ref"); ++hops) {
+      const Json& ref = (*at)["$ref"];
+      if (!ref.is_string()) return nullptr;
+      const std::string text = ref.get<std::string>();
+      if (text != "#" && !text.starts_with("#/")) return nullptr;
+      const Json::json_pointer pointer(text == "#" ? "" : text.substr(1));
+      if (!document_.contains(pointer)) return nullptr;
+      at = &document_.at(pointer);
+    }
+    return at->is_object() ? at : nullptr;
+  }
+  static bool allowsObjects(const Json* s) {
+    if (s == nullptr) return false;
+    if (!s->contains("type")) return s->contains("properties") || s->contains("required");
+    const Json& type = (*s)["type"];
+    return type == "object" ||
+           (type.is_array() && std::find(type.begin(), type.end(), "object") != type.end());
+  }
+
+  // The node for objects of a union's `objects` branches: the one property every one of
+  // them fixes to its own constant (the schema's discriminator.propertyName, or the first
+  // such), written first; its value picks the branch (JsonSchemaGrammar::endValue).
+  absl::StatusOr<int32_t> compileDiscriminator(const Json& s, const Json& branches,
+                                               const std::vector<size_t>& objects,
+                                               const char* keyword, const std::string& path,
+                                               int depth) {
+    std::vector<std::string> names;
+    if (s.contains("discriminator") && s["discriminator"].is_object() &&
+        s["discriminator"].contains("propertyName") &&
+        s["discriminator"]["propertyName"].is_string()) {
+      names.push_back(s["discriminator"]["propertyName"].get<std::string>());
+    } else if (const Json* first = resolved(branches[objects[0]]);
+               first != nullptr && first->contains("properties") &&
+               (*first)["properties"].is_object()) {
+      for (const auto& [name, schema] : (*first)["properties"].items()) names.push_back(name);
+    }
+    for (const std::string& name : names) {
+      std::vector<std::pair<std::string, size_t>> values;  // (value as compact JSON, branch)
+      for (size_t branch : objects) {
+        std::optional<Json> value = constantOf(branches[branch], name);
+        if (!value) break;
+        values.emplace_back(value->dump(), branch);
+      }
+      if (values.size() != objects.size()) continue;
+      std::sort(values.begin(), values.end());
+      if (std::adjacent_find(values.begin(), values.end(), [](const auto& a, const auto& b) {
+            return a.first == b.first;
+          }) != values.end()) {
+        continue;  // Two branches fix it to the same value: it tells nothing apart.
+      }
+      Json key_schema = {{"enum", Json::array()}};
+      for (const auto& [text, branch] : values) key_schema["enum"].push_back(Json::parse(text));
+      absl::StatusOr<int32_t> key = compile(key_schema, path + "/discriminator", depth + 1);
+      if (!key.ok()) return key.status();
+      absl::StatusOr<int32_t> node = newNode();
+      if (!node.ok()) return node.status();
+      const std::string quoted = Json(name).dump();
+      Node& d = at(*node);
+      d.kinds[JsonSchema::kObject] = *node;
+      d.keys = {quoted.substr(1, quoted.size() - 2)};
+      d.values = {*key};
+      d.required = 1;
+      d.branches.assign(values.size(), -1);  // placed in run()
+      discriminator_names_[*node] = name;
+      return *node;
+    }
+    return unsupported(path, absl::StrCat(keyword,
+                                          ": several branches allow objects, and no "
+                                          "property has its own constant value in each; give "
+                                          "each object branch one (a discriminator)"));
   }
 
   const Json& document_;
   std::vector<JsonSchema::Node>* nodes_ = nullptr;
   std::map<std::string, int32_t> refs_;
   std::vector<Alias> aliases_;
+  // Object branches of discriminated unions: the discriminator node, the branch's node, its
+  // schema (for the value it fixes), placed in the discriminator's literal order in run().
+  struct Discriminated {
+    int32_t discriminator;
+    int32_t branch;
+    Json schema;
+  };
+  std::vector<Discriminated> discriminated_;
+  std::map<int32_t, std::string> discriminator_names_;  // discriminator node -> property
   int32_t any_ = -1;
 };
 
@@ -648,9 +772,25 @@ bool JsonSchemaGrammar::endValue() {
   if (free_depth_ >= 0 && syntax_.depth_ == free_depth_) free_depth_ = -1;
   // A number inside an enum value's object or array ends only itself.
   if (literal_ < 0 || syntax_.depth_ != literal_depth_) return true;
-  const bool whole = matched(schema_->node(literal_).literals) >= 0;
+  const int32_t k = matched(schema_->node(literal_).literals);
   literal_ = -1;
-  return whole;
+  if (k < 0) return false;
+  // A discriminated union's key: its value picks the object's branch from here on.
+  if (frames_used_ > 0) {
+    Frame& top = frames_[frames_used_ - 1];
+    const JsonSchema::Node& object = schema_->node(top.node);
+    if (!object.branches.empty()) {
+      const int32_t branch =
+          schema_->node(object.branches[static_cast<size_t>(k)]).kinds[JsonSchema::kObject];
+      if (branch < 0) return false;
+      const std::vector<std::string>& keys = schema_->node(branch).keys;
+      const auto key = std::find(keys.begin(), keys.end(), object.keys[0]);
+      if (key == keys.end()) return false;
+      top.node = branch;
+      top.used = uint64_t{1} << (key - keys.begin());
+    }
+  }
+  return true;
 }
 
 }  // namespace cleave::engine

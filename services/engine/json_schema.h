@@ -12,7 +12,9 @@
 // * `type` (one or a list), `enum` and `const` (written exactly as compact JSON), `anyOf`
 //   and `oneOf` whose branches differ in the kind of value they allow (object, array,
 //   string, number, boolean, null: the first byte picks the branch; pydantic's
-//   Optional[X] is such a union; each oneOf branch must name its type), `allOf` of one
+//   Optional[X] is such a union; each oneOf branch must name its type) or objects that a
+//   property fixed to its own constant in each branch tells apart (pydantic's
+//   discriminated unions: the property is written first and picks the branch), `allOf` of one
 //   schema, `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion allowed, also
 //   through unions); beside `$ref` and the unions only annotations;
 // * `format` is an annotation (as JSON Schema defines it by default) and is not enforced;
@@ -57,6 +59,10 @@ class JsonSchema {
     uint64_t required = 0;
     // A map (additionalProperties a schema, no properties): any keys, each value this node.
     int32_t map_values = -1;
+    // A discriminated union's objects: `keys` holds the one property each branch fixes to
+    // its own constant, written first; branches[i] follows once the value is literal i of
+    // values[0].
+    std::vector<int32_t> branches;
     // Arrays: the elements' node, and how many there may be.
     int32_t items = -1;
     uint32_t min_items = 0;

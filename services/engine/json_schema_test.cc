@@ -125,6 +125,49 @@ TEST(JsonSchemaTest, KeywordsHoldTogether) {
       {R"({"a": 1, "é": "é"})", R"({"é": "a"})"}, {R"({"a": 1})", R"({"é": "e"})"});
 }
 
+// A union of objects told apart by a property each fixes to its own constant (pydantic's
+// discriminated unions, with or without the discriminator annotation): that property is
+// written first, and its value picks the branch the rest of the object follows.
+TEST(JsonSchemaTest, DiscriminatedUnionsPickTheirBranchByTheKeyValue) {
+  const char* schema = R"({"type": "object", "properties": {"pet": {
+      "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}, {"type": "null"}],
+      "discriminator": {"propertyName": "kind"}}},
+    "required": ["pet"],
+    "$defs": {
+      "Cat": {"type": "object", "properties": {"kind": {"const": "cat", "type": "string"},
+              "lives": {"type": "integer"}}, "required": ["kind", "lives"]},
+      "Dog": {"type": "object", "properties": {"kind": {"enum": ["dog"]},
+              "good": {"type": "boolean"}}, "required": ["kind"]}}})";
+  auto compiled = JsonSchema::compile(schema);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  auto accepts = [&](const std::string& text) {
+    JsonSchemaGrammar grammar(compiled->get());
+    return grammar.pushAll(text) && grammar.complete();
+  };
+  EXPECT_TRUE(accepts(R"({"pet": {"kind": "cat", "lives": 9}})"));
+  EXPECT_TRUE(accepts(R"({"pet": {"kind": "dog", "good": true}})"));
+  EXPECT_TRUE(accepts(R"({"pet": {"kind": "dog"}})"));
+  EXPECT_TRUE(accepts(R"({"pet": null})"));
+  EXPECT_FALSE(accepts(R"({"pet": {"kind": "cat", "good": true}})"));  // a Dog's property
+  EXPECT_FALSE(accepts(R"({"pet": {"kind": "cat"}})"));                // lives required
+  EXPECT_FALSE(accepts(R"({"pet": {"lives": 9, "kind": "cat"}})"));    // the key comes first
+  EXPECT_FALSE(accepts(R"({"pet": {"kind": "cow"}})"));
+  EXPECT_FALSE(accepts(R"({"pet": {}})"));
+  // Without the annotation, the first property that tells the branches apart.
+  auto plain = JsonSchema::compile(R"({"anyOf": [
+      {"type": "object", "properties": {"name": {"const": "a"}, "x": {"type": "integer"}}},
+      {"type": "object", "properties": {"name": {"const": "b"}, "y": {"type": "string"}}}]})");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  JsonSchemaGrammar grammar(plain->get());
+  EXPECT_TRUE(grammar.pushAll(R"({"name": "b", "y": "z"})") && grammar.complete());
+  EXPECT_THAT(std::string(JsonSchema::compile(R"({"anyOf": [
+      {"type": "object", "properties": {"a": {"type": "integer"}}},
+      {"type": "object", "properties": {"b": {"type": "string"}}}]})")
+                              .status()
+                              .message()),
+              HasSubstr("no property has its own constant value in each"));
+}
+
 TEST(JsonSchemaTest, RefusesWhatItCannotEnforceSayingWhere) {
   auto refusal = [](const std::string& schema) {
     absl::StatusOr<std::shared_ptr<const JsonSchema>> compiled = JsonSchema::compile(schema);

@@ -105,12 +105,33 @@ absl::Status parseToolChoice(const Json& body, Call& call) {
   if (tools == nullptr || !tools->is_array() || tools->empty())
     return invalid("tool_choice", "forces a tool call, but the request has no tools");
   std::string name;
-  if (*choice == "required") {
-    if (tools->size() != 1) {
-      return invalid("tool_choice",
-                     "\"required\" is supported with one tool (or name the function)");
+  if (*choice == "required" && tools->size() > 1) {
+    // One call of any tool: {"name": ..., "arguments": ...}, the name picking the schema.
+    if (call.request.sampling().response_format() != v1::RESPONSE_FORMAT_TEXT)
+      return invalid("tool_choice", "cannot force a tool call and a response_format at once");
+    Json branches = Json::array();
+    for (const Json& tool : *tools) {
+      const Json* function = tool.is_object() ? field(tool, "function") : nullptr;
+      const Json* tool_name =
+          function != nullptr && function->is_object() ? field(*function, "name") : nullptr;
+      if (tool_name == nullptr || !tool_name->is_string())
+        return invalid("tools", "every tool needs function.name");
+      const Json* parameters = field(*function, "parameters");
+      branches.push_back(
+          {{"type", "object"},
+           {"properties",
+            {{"name", {{"const", *tool_name}}},
+             {"arguments", parameters != nullptr ? *parameters : Json{{"type", "object"}}}}},
+           {"required", {"name", "arguments"}}});
     }
-  } else {
+    call.forced_any_tool = true;
+    v1::SamplingParams& s = *call.request.mutable_sampling();
+    s.set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
+    s.set_json_schema(
+        Json{{"anyOf", branches}, {"discriminator", {{"propertyName", "name"}}}}.dump());
+    return absl::OkStatus();
+  }
+  if (*choice != "required") {
     const Json* function = choice->is_object() ? field(*choice, "function") : nullptr;
     const Json* named =
         function != nullptr && function->is_object() ? field(*function, "name") : nullptr;

@@ -5,8 +5,8 @@
 // repetition_penalty, stop_token_ids, ignore_eos, min_tokens, chat_template_kwargs,
 // add_generation_prompt, continue_final_message, add_special_tokens). Unknown fields are
 // ignored. Values the router checks (ranges, lengths) are checked there; here only types
-// and what the API cannot express: best_of other than n, logit_bias, suffix, non-text
-// content parts, and tool_choice "required" with several tools are refused.
+// and what the API cannot express: best_of other than n, logit_bias, suffix and content
+// parts other than text are refused.
 //
 // A refusal is InvalidArgument whose message names the field; the field itself is also
 // attached as the status payload kParamPayload (OpenAI's error "param").
@@ -55,6 +55,9 @@ struct Call {
   // Chat: the function tool_choice forces (named, or "required" with one tool): the reply,
   // an instance of its parameters' schema, is its arguments, returned as its one call.
   std::string forced_tool;
+  // Chat: tool_choice "required" with several tools: the reply is {"name", "arguments"} of
+  // one of them (a schema of their union), returned as that call.
+  bool forced_any_tool = false;
 };
 
 // The most choices one request may ask for per prompt (n), and in all.

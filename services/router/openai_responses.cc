@@ -63,7 +63,8 @@ const char* ResponseBuilder::object() const {
 
 const char* ResponseBuilder::finishReasonOf(const v1::FinalInfo& final) const {
   // A forced call ends as OpenAI's do: "stop" (or "length").
-  if (tool_calls_.empty() || !call_.forced_tool.empty()) return finishReason(final.finish_reason());
+  if (tool_calls_.empty() || !call_.forced_tool.empty() || call_.forced_any_tool)
+    return finishReason(final.finish_reason());
   return "tool_calls";
 }
 
@@ -139,7 +140,8 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
     parts.content += rest.content;
   }
   parts.content = tools_.push(parts.content);
-  if (!call_.forced_tool.empty()) {  // The reply is the forced call's arguments.
+  const bool forced = !call_.forced_tool.empty() || call_.forced_any_tool;
+  if (forced) {  // The reply is the forced call (its arguments, or its name and arguments).
     arguments_ += parts.content;
     parts.content.clear();
   }
@@ -148,6 +150,16 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
     parts.content += rest.content;
     if (!call_.forced_tool.empty())
       rest.calls = {{.name = call_.forced_tool, .arguments = arguments_}};
+    if (call_.forced_any_tool) {
+      const Json reply = Json::parse(arguments_, nullptr, /*allow_exceptions=*/false);
+      if (reply.is_object() && reply.contains("name") && reply["name"].is_string() &&
+          reply.contains("arguments")) {
+        rest.calls = {
+            {.name = reply["name"].get<std::string>(), .arguments = reply["arguments"].dump()}};
+      } else {
+        parts.content += arguments_;  // Cut short: not a call; the text, whole.
+      }
+    }
     for (const ToolCall& call : rest.calls) {
       calls.push_back({{"index", calls.size()},
                        {"id", absl::StrCat("call_", randomId())},

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "grpcpp/support/status.h"
 #include "gtest/gtest.h"
+#include "services/engine/json_schema.h"
 #include "services/router/openai_requests.h"
 #include "services/router/openai_responses.h"
 
@@ -128,6 +129,28 @@ TEST(OpenAiRequestTest, AForcedToolCallIsDecodedAsItsParameters) {
   EXPECT_EQ(call->forced_tool, "a");
   EXPECT_EQ(Json::parse(call->request.sampling().json_schema()),
             Json::parse(R"({"type": "object", "properties": {}})"));
+  // "required" with several tools: a union of {name, arguments} told apart by the name.
+  auto any = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "a"}},
+                {"type": "function", "function": {"name": "b", "parameters": {"type": "object",
+                  "properties": {"n": {"type": "integer"}}}}}], "tool_choice": "required"})"));
+  ASSERT_TRUE(any.ok()) << any.status();
+  EXPECT_TRUE(any->forced_any_tool);
+  auto schema = engine::JsonSchema::compile(any->request.sampling().json_schema());
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  engine::JsonSchemaGrammar grammar(schema->get());
+  EXPECT_TRUE(grammar.pushAll(R"({"name": "b", "arguments": {"n": 2}})") && grammar.complete());
+  ResponseBuilder picked(*any, "chatcmpl-2", "m", 0);
+  v1::GenerateResponse reply;
+  reply.set_text(R"({"name": "b", "arguments": {"n": 2}})");
+  reply.mutable_final()->set_finish_reason(v1::FINISH_REASON_STOP_TOKEN);
+  picked.add(reply);
+  const Json any_choice = picked.choiceBody();
+  ASSERT_EQ(any_choice["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(any_choice["message"]["tool_calls"][0]["function"]["name"], "b");
+  EXPECT_EQ(Json::parse(
+                any_choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            Json::parse(R"({"n": 2})"));
   // The reply is the call: its arguments, and "stop" as OpenAI ends forced calls.
   ResponseBuilder builder(*call, "chatcmpl-1", "m", 0);
   v1::GenerateResponse message;
@@ -243,8 +266,8 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
        "tool_choice"},
       {R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
            "tools": [{"type": "function", "function": {"name": "a"}},
-                     {"type": "function", "function": {"name": "b"}}]})",
-       "tool_choice"},
+                     {"type": "function", "function": {}}]})",
+       "tools"},
       {R"({"messages": [{"role": "user", "content": "x"}],
            "tool_choice": {"type": "function", "function": {"name": "c"}},
            "tools": [{"type": "function", "function": {"name": "a"}}]})",

@@ -271,6 +271,17 @@ class OpenAiApiTest(unittest.TestCase):
                  if chunk.choices]
         self.assertEqual([(c.function.name, c.function.arguments) for c in calls],
                          [("get_weather", call.function.arguments)])
+        # "required" with several tools: one call of one of them, its arguments an instance.
+        more = tools + [{"type": "function", "function": {
+            "name": "get_time", "parameters": {"type": "object", "properties": {
+                "zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}]
+        anyone = self.client.chat.completions.create(
+            model=self.model, messages=messages, tools=more, max_tokens=160, temperature=0,
+            tool_choice="required")
+        self.assertEqual(anyone.choices[0].finish_reason, "stop")
+        [picked] = anyone.choices[0].message.tool_calls
+        schema = {t["function"]["name"]: t["function"]["parameters"] for t in more}
+        jsonschema.validate(json.loads(picked.function.arguments), schema[picked.function.name])
 
     def test_special_tokens_reach_the_text_when_asked(self):
         # Past its end of turn (ignore_eos) the reply holds special tokens: left out of the
