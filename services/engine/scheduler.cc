@@ -82,12 +82,13 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
   return blocks;
 }
 
-Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt) const {
-  PrefixHit hit;
+Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt, int64_t from,
+                                             uint64_t chain) const {
+  PrefixHit hit{.chain = chain};
   if (!options_.prefix_caching) return hit;
   const int64_t bs = cache_.blockSize();
   const int64_t reusable = (static_cast<int64_t>(prompt.size()) - 1) / bs;
-  for (int64_t j = 0; j < reusable; ++j) {
+  for (int64_t j = from; j < reusable; ++j) {
     std::span<const uint32_t> tokens = prompt.subspan(j * bs, bs);
     const uint64_t hash = KvBlockPool::chainHash(hit.chain, tokens);
     std::optional<int32_t> block = cache_.lookup(hash, tokens);
@@ -101,30 +102,26 @@ Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt) c
 void Scheduler::extendFromCache(Sequence& seq) {
   const int64_t bs = cache_.blockSize();
   if (!options_.prefix_caching || seq.cached != seq.published * bs) return;
-  const std::span<const uint32_t> prompt(seq.request.prompt);
-  const int64_t reusable = (static_cast<int64_t>(prompt.size()) - 1) / bs;
-  const int64_t from = seq.published;
-  for (int64_t j = seq.published; j < reusable; ++j) {
-    const std::span<const uint32_t> tokens = prompt.subspan(j * bs, bs);
-    const uint64_t hash = KvBlockPool::chainHash(seq.chain, tokens);
-    const std::optional<int32_t> block = cache_.lookup(hash, tokens);
-    if (!block) break;
-    int32_t& own = seq.blocks[static_cast<size_t>(j)];
-    if (own != *block) {
-      // Its own block holds nothing yet. A reservation's ids went out: it stays held.
-      cache_.retain({&*block, 1});
-      if (seq.mode == Mode::kGenerate) {
-        cache_.release({&own, 1});
-      } else {
-        reservations_.at(seq.request.id)[static_cast<size_t>(j)] = *block;
-        spares_[seq.request.id].push_back(own);
-      }
-      own = *block;
+  const PrefixHit hit = lookupPrefix(seq.request.prompt, seq.published, seq.chain);
+  for (size_t i = 0; i < hit.blocks.size(); ++i) {
+    const size_t j = static_cast<size_t>(seq.published) + i;
+    const int32_t block = hit.blocks[i];
+    int32_t& own = seq.blocks[j];
+    if (own == block) continue;  // Taken at reserve() already.
+    // Its own block holds nothing yet. A reservation's ids went out (a peer's write may
+    // still land there): it stays held until the reservation ends.
+    cache_.retain({&block, 1});
+    if (seq.mode == Mode::kGenerate) {
+      cache_.release({&own, 1});
+    } else {
+      reservations_.at(seq.request.id)[j] = block;
+      spares_[seq.request.id].push_back(own);
     }
-    seq.chain = hash;
-    seq.published = j + 1;
+    own = block;
   }
-  const int64_t gained = (seq.published - from) * bs;
+  seq.chain = hit.chain;
+  seq.published += static_cast<int64_t>(hit.blocks.size());
+  const int64_t gained = static_cast<int64_t>(hit.blocks.size()) * bs;
   seq.cached += gained;
   seq.hit_tokens += gained;
   prefix_hit_tokens_ += gained;
@@ -210,19 +207,12 @@ absl::Status Scheduler::addPrefill(GenerationRequest request) {
   CLEAVE_RETURN_IF_ERROR(validate(request));
   CLEAVE_RETURN_IF_ERROR(
       reservationFor(request, static_cast<int64_t>(request.prompt.size())).status());
-  // The cached prefix's blocks take the place of the reservation's first ones (the same
-  // ones when reserve() was given the prompt). Those replaced stay held until the
-  // reservation ends: their ids went out with it, and a peer's write may still land there.
-  std::vector<int32_t>& blocks = reservations_.at(request.id);
-  const PrefixHit hit = lookupPrefix(request.prompt);
-  for (size_t j = 0; j < hit.blocks.size(); ++j) {
-    if (blocks[j] == hit.blocks[j]) continue;
-    cache_.retain({&hit.blocks[j], 1});
-    spares_[request.id].push_back(blocks[j]);
-    blocks[j] = hit.blocks[j];
-  }
+  const std::vector<int32_t>& blocks = reservations_.at(request.id);
   auto seq = makeSequence(std::move(request), Mode::kPrefillOnly, blocks);
-  startPast(*seq, hit);
+  // The cached prefix's blocks take the place of the reservation's first ones (the same
+  // ones when reserve() was given the prompt).
+  prefix_lookup_tokens_ += static_cast<int64_t>(seq->request.prompt.size());
+  extendFromCache(*seq);
   running_.push_back(std::move(seq));
   return absl::OkStatus();
 }

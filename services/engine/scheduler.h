@@ -172,12 +172,14 @@ class Scheduler {
 
   absl::Status validate(const GenerationRequest& request) const;
   // The published blocks of the longest cached prefix of `prompt` that leaves at least one
-  // token to compute (its logits give the next token), and the hash chain through them.
+  // token to compute (its logits give the next token), and the hash chain through them;
+  // from block `from` on, `chain` being the chain through the blocks before it.
   struct PrefixHit {
     std::vector<int32_t> blocks;
     uint64_t chain = 0;
   };
-  PrefixHit lookupPrefix(std::span<const uint32_t> prompt) const;
+  PrefixHit lookupPrefix(std::span<const uint32_t> prompt, int64_t from = 0,
+                         uint64_t chain = 0) const;
   // Starts `seq` past the `hit` blocks it holds at its head, counting the lookup.
   void startPast(Sequence& seq, const PrefixHit& hit);
   // Before a prompt chunk: takes the blocks published since (by a prompt sharing the
