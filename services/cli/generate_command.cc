@@ -163,6 +163,7 @@ int runGenerate(int argc, char** argv) {
   std::string stop;
   std::string json_schema;
   bool ignore_eos = false;
+  engine::SpeculativeOptions speculative;
   FlagSet flags("cleave generate", "--model MODEL [flags] PROMPT",
                 "Generates a continuation of PROMPT on the CPU and streams it to standard output; "
                 "timings go to standard error. Greedy unless --temperature > 0.");
@@ -212,7 +213,10 @@ int runGenerate(int argc, char** argv) {
                   "itself when it starts with '{'; docs/serving.md says what is followed)");
   flags.addBool("ignore-eos", &ignore_eos,
                 "Generate --max-tokens tokens even past the end-of-sequence token");
+  speculative.addFlags(flags);
   std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
+  if (absl::Status valid = engine::validate(speculative); !valid.ok())
+    exitWithUsageError(flags, valid);
   engine::SamplingParams sampling{.temperature = static_cast<float>(temperature),
                                   .top_k = static_cast<int32_t>(top_k),
                                   .top_p = static_cast<float>(top_p),
@@ -269,6 +273,11 @@ int runGenerate(int argc, char** argv) {
   if (max_tokens < 1 || threads < 1 || tp < 1 || context < 2) {
     exitWithUsageError(flags, absl::InvalidArgumentError(
                                   "--max-tokens, --threads, --tp must be >= 1 and --context >= 2"));
+  }
+  if (backend == "cuda" && speculative.tokens > 0) {
+    exitWithUsageError(flags,
+                       absl::InvalidArgumentError(
+                           "--speculative-tokens: the CUDA backend does not verify drafts yet"));
   }
   if (backend != "cpu" && backend != "cuda") {
     exitWithUsageError(flags, absl::InvalidArgumentError(
@@ -362,7 +371,8 @@ int runGenerate(int argc, char** argv) {
       !s.ok()) {
     return fail(s);
   }
-  engine::Scheduler scheduler(**group, words, {.max_batch_tokens = 512});
+  engine::Scheduler scheduler(**group, words,
+                              {.max_batch_tokens = 512, .speculative = speculative});
   engine::GenerationRequest request{.id = 1, .prompt = prompt, .sampling = sampling};
   request.json_object = schema != nullptr;
   request.json_schema = schema;
@@ -400,6 +410,11 @@ int runGenerate(int argc, char** argv) {
                static_cast<long long>(generated), static_cast<long long>(generated - 1),
                decode_s * 1e3, (generated - 1) / std::max(decode_s, 1e-9),
                static_cast<long long>(threads), static_cast<long long>(tp));
+  if (speculative.tokens > 0) {
+    std::fprintf(stderr, "speculative: %lld tokens drafted, %lld accepted\n",
+                 static_cast<long long>(scheduler.draftedTokens()),
+                 static_cast<long long>(scheduler.acceptedTokens()));
+  }
   return 0;
 }
 

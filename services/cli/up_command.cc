@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "nlohmann/json.hpp"
 #include "services/cli/commands.h"
 #include "services/cli/router_client.h"
+#include "services/engine/speculative.h"
 
 extern char** environ;
 
@@ -142,7 +144,11 @@ int runUp(int argc, char** argv) {
   flags.addString("chat-template", &chat_template,
                   "The router's Jinja chat template file, instead of the model's");
   flags.addInt("startup-timeout-s", &timeout_s, "Give up when not serving within this");
+  engine::SpeculativeOptions speculative;
+  speculative.addFlags(flags);
   std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
+  if (absl::Status valid = engine::validate(speculative); !valid.ok())
+    exitWithUsageError(flags, valid);
   if (model.empty()) exitWithUsageError(flags, absl::InvalidArgumentError("--model is required"));
   if (!positional.empty()) {
     exitWithUsageError(flags, absl::InvalidArgumentError("unexpected argument " + positional[0]));
@@ -261,6 +267,11 @@ int runUp(int argc, char** argv) {
                                        "--kv-dtype=" + kv_dtype,
                                        "--backend=" + backend};
       if (threads > 0) args.push_back(absl::StrCat("--threads=", threads));
+      if (speculative.tokens > 0 && std::string_view(role) != "prefill") {
+        args.push_back(absl::StrCat("--speculative-tokens=", speculative.tokens));
+        args.push_back(absl::StrCat("--prompt-lookup-min=", speculative.ngram.min));
+        args.push_back(absl::StrCat("--prompt-lookup-max=", speculative.ngram.max));
+      }
       if (backend == "cuda" && budget == 0)
         args.push_back(absl::StrCat("--gpu-memory-fraction=", kGpuMemoryShare / sharing));
       children.push_back(child);

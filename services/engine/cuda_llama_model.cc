@@ -1137,6 +1137,9 @@ absl::StatusOr<StepOutput> CudaLlamaModel::forwardAndDraw(std::span<const Sequen
                                                    outputs.size(), " row outputs"));
   const int64_t bs = s.options.block_size;
   CLEAVE_RETURN_IF_ERROR(validateBatch(batch, static_cast<uint32_t>(s.vocab), bs, s.kv_blocks));
+  if (logitRows(batch) != static_cast<int64_t>(batch.size()))
+    return absl::InvalidArgumentError(
+        "the CUDA model returns one row of logits per sequence (no speculative decoding)");
   const int64_t sequences = static_cast<int64_t>(batch.size());
   int64_t n = 0;
   bool decode = true;

@@ -32,6 +32,12 @@ LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool, Commu
   if (weights.config.mla) mla_.emplace(weights.config, weights.dims.heads.size, pool);
 }
 
+int64_t logitRows(std::span<const SequenceChunk> batch) {
+  int64_t rows = 0;
+  for (const SequenceChunk& chunk : batch) rows += chunk.logits;
+  return rows;
+}
+
 absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_size,
                            int64_t block_size, int64_t total_blocks) {
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
@@ -44,6 +50,11 @@ absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_
         return absl::InvalidArgumentError(
             absl::StrCat("token id ", id, " is outside the vocabulary (", vocab_size, ")"));
       }
+    }
+    if (chunk.logits < 1 || chunk.logits > static_cast<int64_t>(chunk.tokens.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("sequence ", s, " asks for ", chunk.logits,
+                                                     " rows of logits from ", chunk.tokens.size(),
+                                                     " tokens"));
     }
     const int64_t end = chunk.start + static_cast<int64_t>(chunk.tokens.size());
     if (chunk.start < 0 ||
@@ -66,36 +77,35 @@ absl::Status LlamaModel::reduce(float* data, int64_t count) {
   return comm_->allReduceSum({data, static_cast<size_t>(count)});
 }
 
-absl::Status LlamaModel::gatherLogits(int64_t sequences) {
+absl::Status LlamaModel::gatherLogits(int64_t rows) {
   const int64_t vocab = w_.config.vocab_size;
   if (comm_->size() == 1) {
-    std::memcpy(logits_.data(), local_logits_.data(), sequences * vocab * sizeof(float));
+    std::memcpy(logits_.data(), local_logits_.data(), rows * vocab * sizeof(float));
     return absl::OkStatus();
   }
-  // Rank r holds vocabulary rows vocab_r of every sequence; the gather lays them out rank
+  // Rank r holds vocabulary rows vocab_r of every row; the gather lays them out rank
   // after rank, and each rank's block is put back in place.
   std::vector<int64_t> counts(comm_->size());
   std::vector<Span> parts(comm_->size());
   for (int r = 0; r < comm_->size(); ++r) {
     parts[r] = *splitEvenly(vocab, 1, comm_->size(), r, "vocabulary rows");
-    counts[r] = sequences * parts[r].size;
+    counts[r] = rows * parts[r].size;
   }
-  gathered_.resize(sequences * vocab);
-  CLEAVE_RETURN_IF_ERROR(
-      comm_->allGather({local_logits_.data(), static_cast<size_t>(sequences * w_.dims.vocab.size)},
-                       counts, gathered_));
+  gathered_.resize(rows * vocab);
+  CLEAVE_RETURN_IF_ERROR(comm_->allGather(
+      {local_logits_.data(), static_cast<size_t>(rows * w_.dims.vocab.size)}, counts, gathered_));
   const float* block = gathered_.data();
   for (const Span& part : parts) {
-    for (int64_t s = 0; s < sequences; ++s) {
+    for (int64_t s = 0; s < rows; ++s) {
       std::memcpy(logits_.data() + s * vocab + part.begin, block + s * part.size,
                   part.size * sizeof(float));
     }
-    block += sequences * part.size;
+    block += rows * part.size;
   }
   return absl::OkStatus();
 }
 
-void LlamaModel::ensureScratch(int64_t tokens, int64_t sequences) {
+void LlamaModel::ensureScratch(int64_t tokens, int64_t rows) {
   const model::ModelConfig& c = w_.config;
   x_.resize(tokens * c.hidden_size);
   h_.resize(tokens * c.hidden_size);
@@ -114,9 +124,9 @@ void LlamaModel::ensureScratch(int64_t tokens, int64_t sequences) {
   up_.resize(tokens * w_.dims.ffn.size);
   positions_.resize(tokens);
   tables_.resize(tokens);
-  last_.resize(sequences * c.hidden_size);
-  local_logits_.resize(sequences * w_.dims.vocab.size);
-  logits_.resize(sequences * c.vocab_size);
+  last_.resize(rows * c.hidden_size);
+  local_logits_.resize(rows * w_.dims.vocab.size);
+  logits_.resize(rows * c.vocab_size);
 }
 
 void LlamaModel::addAndNorm(const float* delta, const float* norm, int64_t n) {
@@ -210,7 +220,8 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   const float eps = static_cast<float>(c.rms_norm_eps);
   int64_t n = 0;
   for (const SequenceChunk& chunk : batch) n += static_cast<int64_t>(chunk.tokens.size());
-  ensureScratch(n, static_cast<int64_t>(batch.size()));
+  const int64_t rows = logitRows(batch);
+  ensureScratch(n, rows);
 
   // Token rows of the batch, sequence after sequence: embeddings, positions, block tables.
   // A rank holds the embedding rows of its vocabulary range; the others are summed in.
@@ -270,19 +281,20 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     addAndNorm(h_.data(), nullptr, n);
   }
 
-  // Only each sequence's last token continues it: norm and project those rows.
-  int64_t end = 0;
-  for (size_t s = 0; s < batch.size(); ++s) {
-    end += static_cast<int64_t>(batch[s].tokens.size());
-    std::memcpy(last_.data() + s * hidden, x_.data() + (end - 1) * hidden, hidden * sizeof(float));
+  // Only each chunk's last `logits` tokens continue it: norm and project those rows.
+  int64_t end = 0, row = 0;
+  for (const SequenceChunk& chunk : batch) {
+    end += static_cast<int64_t>(chunk.tokens.size());
+    std::memcpy(last_.data() + row * hidden, x_.data() + (end - chunk.logits) * hidden,
+                chunk.logits * hidden * sizeof(float));
+    row += chunk.logits;
   }
-  const int64_t sequences = static_cast<int64_t>(batch.size());
-  cpu::rmsNorm(last_.data(), hidden, w_.output_norm.data(), sequences, hidden, eps, last_.data(),
+  cpu::rmsNorm(last_.data(), hidden, w_.output_norm.data(), rows, hidden, eps, last_.data(),
                hidden);
-  checkedMatmul(w_.output, last_.data(), hidden, sequences, local_logits_.data(),
-                w_.dims.vocab.size, pool_);
-  CLEAVE_RETURN_IF_ERROR(gatherLogits(sequences));
-  return std::span<const float>(logits_.data(), sequences * c.vocab_size);
+  checkedMatmul(w_.output, last_.data(), hidden, rows, local_logits_.data(), w_.dims.vocab.size,
+                pool_);
+  CLEAVE_RETURN_IF_ERROR(gatherLogits(rows));
+  return std::span<const float>(logits_.data(), rows * c.vocab_size);
 }
 
 LlamaRunner::LlamaRunner(const LlamaWeights& weights, cpu::ThreadPool& pool, int64_t max_context)

@@ -31,10 +31,17 @@ struct SequenceChunk {
   std::span<const uint32_t> tokens;  // New tokens, in order.
   int64_t start = 0;                 // Position of tokens[0]: tokens already in the cache.
   std::span<const int32_t> blocks;   // The sequence's blocks, covering start + tokens.size().
+  // Rows of logits the chunk returns: after each of its last `logits` tokens (1 <= logits <=
+  // tokens.size()). More than one verifies drafted tokens (speculative decoding).
+  int64_t logits = 1;
 };
 
-// OK when every chunk has tokens inside the vocabulary and a block table covering its
-// positions with ids in [0, total_blocks); InvalidArgument naming the sequence otherwise.
+// Rows of logits a batch returns: its chunks' `logits`, summed.
+int64_t logitRows(std::span<const SequenceChunk> batch);
+
+// OK when every chunk has tokens inside the vocabulary, 1 <= logits <= its tokens, and a block
+// table covering its positions with ids in [0, total_blocks); InvalidArgument naming the
+// sequence otherwise.
 // Every backend's forward() checks its batch with it before touching anything.
 absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_size,
                            int64_t block_size, int64_t total_blocks);
@@ -46,7 +53,8 @@ class LlamaModel {
   LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool, Communicator* comm = nullptr);
 
   // Writes every chunk's keys and values into `cache` and returns the logits after each
-  // chunk's last token: [batch.size(), vocab], valid until the next call. Errors (nothing
+  // chunk's last `logits` tokens, chunk after chunk: [logitRows(batch), vocab], valid until
+  // the next call. Errors (nothing
   // written): an empty batch or chunk, a token outside the vocabulary, a block table that
   // does not cover the chunk, a block id outside the cache; and a collective failing.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch,
@@ -55,7 +63,7 @@ class LlamaModel {
   const LlamaWeights& weights() const { return w_; }
 
  private:
-  void ensureScratch(int64_t tokens, int64_t sequences);
+  void ensureScratch(int64_t tokens, int64_t rows);
   // Multi-head attention of layer `l` (index l of the cache) over the normed rows in h_:
   // writes the chunk's keys and values into the cache and leaves o_proj's product in h_.
   void attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage& cache);
@@ -66,7 +74,7 @@ class LlamaModel {
   // Sums a row-parallel product over the group (nothing to do in a group of one).
   absl::Status reduce(float* data, int64_t count);
   // logits_ from each rank's rows of the vocabulary.
-  absl::Status gatherLogits(int64_t sequences);
+  absl::Status gatherLogits(int64_t rows);
 
   const LlamaWeights& w_;
   cpu::ThreadPool& pool_;
@@ -78,10 +86,10 @@ class LlamaModel {
   std::optional<MlaAttention> mla_;
   // Scratch, [tokens, width] each unless noted.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, moe_out_;
-  std::vector<float> last_;          // [sequences, hidden]
-  std::vector<float> local_logits_;  // [sequences, this rank's vocab rows]
-  std::vector<float> gathered_;      // [ranks][sequences, rank's vocab rows]
-  std::vector<float> logits_;        // [sequences, vocab]
+  std::vector<float> last_;          // [logit rows, hidden]
+  std::vector<float> local_logits_;  // [logit rows, this rank's vocab rows]
+  std::vector<float> gathered_;      // [ranks][logit rows, rank's vocab rows]
+  std::vector<float> logits_;        // [logit rows, vocab]
   std::vector<int32_t> positions_;
   std::vector<const int32_t*> tables_;
 };

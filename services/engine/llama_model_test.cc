@@ -354,6 +354,26 @@ TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
       for (int s = 0; s < 3; ++s)
         expectSame(logits->subspan(s * vocab, vocab), alone[s * 4 + step + 1], "decode");
     }
+    // Drafted tokens verified in one chunk: a row of logits after each of its last tokens,
+    // the same as decoding them one a step (here the first two continuations of sequence 0
+    // again, over their own KV), next to an ordinary decode row.
+    std::vector<SequenceChunk> verify = {
+        {.tokens = std::span<const uint32_t>(continuations[0]).first(2),
+         .start = length[0],
+         .blocks = tables[0],
+         .logits = 2},
+        {.tokens = std::span<const uint32_t>(&continuations[1][2], 1),
+         .start = length[1] + 2,
+         .blocks = tables[1]}};
+    EXPECT_EQ(logitRows(verify), 3);
+    logits = model.forward(verify, cache);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    ASSERT_EQ(logits->size(), 3 * vocab);
+    expectSame(logits->subspan(0, vocab), alone[1], "first verified row");
+    expectSame(logits->subspan(vocab, vocab), alone[2], "second verified row");
+    expectSame(logits->subspan(2 * vocab, vocab), alone[4 + 3], "decode row after them");
+    verify[0].logits = 3;
+    EXPECT_THAT(model.forward(verify, cache).status().message(), HasSubstr("3 rows of logits"));
     // A table too short for the chunk is refused before anything runs.
     SequenceChunk too_long{.tokens = prompts[2],
                            .start = 0,

@@ -350,6 +350,81 @@ bool Scheduler::cancel(uint64_t id) {
   return release(id) > 0;
 }
 
+void Scheduler::draft(std::span<Sequence* const> members, std::span<SequenceChunk> batch,
+                      int64_t& budget) {
+  const int64_t bs = cache_.blockSize();
+  for (size_t i = 0; i < members.size() && budget > 0; ++i) {
+    Sequence& seq = *members[i];
+    // Every draft accepted and the token after them stay within max_new_tokens and the
+    // sequence's blocks.
+    const int64_t generated = static_cast<int64_t>(seq.tokens.size() - seq.request.prompt.size());
+    const int64_t room = std::min({options_.speculative.tokens, budget,
+                                   seq.request.stop.max_new_tokens - generated - 1,
+                                   static_cast<int64_t>(seq.blocks.size()) * bs - seq.cached - 1});
+    if (room <= 0) continue;
+    proposeNgram(seq.tokens, options_.speculative.ngram, room, drafts_);
+    if (drafts_.empty()) continue;
+    seq.verify.assign(1, seq.tokens[seq.cached]);
+    seq.verify.insert(seq.verify.end(), drafts_.begin(), drafts_.end());
+    batch[i].tokens = seq.verify;
+    batch[i].logits = static_cast<int64_t>(seq.verify.size());
+    budget -= static_cast<int64_t>(drafts_.size());
+    drafted_tokens_ += static_cast<int64_t>(drafts_.size());
+  }
+}
+
+SampledToken Scheduler::sample(Sequence& seq, std::span<const float> logits) {
+  if (seq.constraint) {
+    masked_.assign(logits.begin(), logits.end());
+    seq.constraint->mask(masked_);
+    logits = masked_;
+  }
+  return seq.sampler->sample(logits);
+}
+
+void Scheduler::emit(Sequence& seq, SampledToken sampled, std::vector<TokenEvent>& events) {
+  if (seq.constraint && !seq.constraint->accept(sampled.token)) {
+    CLEAVE_LOG(WARNING) << "request " << seq.request.id << ": drew token " << sampled.token
+                        << ", which the JSON mask did not allow";
+  }
+  seq.tokens.push_back(sampled.token);
+  TokenEvent event{.id = seq.request.id, .token = sampled.token};
+  if (seq.tokens.size() == seq.request.prompt.size() + 1) event.cached_tokens = seq.hit_tokens;
+  if (seq.request.sampling.logprobs >= 0) event.logprob = sampled.logprob;
+  event.top_logprobs = std::move(sampled.top);
+  event.prefilled = seq.mode == Mode::kPrefillOnly;
+  std::string text = seq.detokenizer ? seq.detokenizer->push(sampled.token) : std::string();
+  event.text = seq.stopper->push(sampled.token, text);
+  if (seq.stopper->stopped()) {
+    event.finished = true;
+    event.reason = seq.stopper->reason();
+    event.matched_stop = seq.stopper->matched();
+    // At the length limit the last character may still be incomplete: flush it.
+    if (event.reason == StopReason::kLength && seq.detokenizer)
+      event.text += seq.detokenizer->finish();
+  }
+  events.push_back(std::move(event));
+}
+
+void Scheduler::verify(Sequence& seq, const SequenceChunk& chunk, std::span<const float> logits,
+                       std::vector<TokenEvent>& events) {
+  const int64_t vocab = model_.config().vocab_size;
+  int64_t rows = 0;  // Rows sampled: the last token's, then one per accepted draft.
+  for (;;) {
+    SampledToken sampled = sample(seq, logits.subspan(rows * vocab, vocab));
+    const uint32_t token = sampled.token;
+    emit(seq, std::move(sampled), events);
+    ++rows;
+    if (seq.stopper->stopped() || rows == chunk.logits || token != chunk.tokens[rows]) break;
+  }
+  accepted_tokens_ += rows - 1;
+  last_work_.accepted += rows - 1;
+  // The KV of the chunk's first `rows` tokens is the sequence's; the rest is overwritten
+  // from there on.
+  seq.cached = chunk.start + rows;
+  publishFull(seq);
+}
+
 absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   admit();
   std::vector<TokenEvent> events;
@@ -371,6 +446,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     members.push_back(seq.get());
     --budget;
   }
+  const size_t decoding = members.size();
   // A prompt whose next block an earlier one computes in this step waits for it (and
   // takes it from the cache next step): a prefix that several arrive with at once is
   // computed once.
@@ -401,6 +477,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
       }
     }
   }
+  if (options_.speculative.tokens > 0 && model_.multiRowLogits())
+    draft(std::span(members).first(decoding), std::span(batch).first(decoding), budget);
   last_batch_sequences_ = static_cast<int64_t>(batch.size());
   last_decode_sequences_ = decodingSequences();
   last_work_ = {};
@@ -409,6 +487,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     last_work_.tokens += n;
     last_work_.attended += n * chunk.start + n * (n + 1) / 2;  // Token i sees start + i + 1.
     last_work_.kv_positions += chunk.start + n;
+    if (chunk.logits > 1) last_work_.drafted += chunk.logits - 1;
   }
   // A row whose chunk ends its prompt samples; the backend draws it where it can.
   std::vector<RowOutput> outputs;
@@ -425,8 +504,15 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   }
   CLEAVE_ASSIGN_OR_RETURN(StepOutput step, model_.forwardAndDraw(batch, outputs));
   const int64_t vocab = model_.config().vocab_size;
-  for (size_t i = 0; i < members.size(); ++i) {
+  if (step.tokens.empty() && step.logits.size() < static_cast<size_t>(logitRows(batch) * vocab))
+    return absl::InternalError("the model returned fewer rows of logits than the step asked");
+  int64_t row = 0;  // The first row of logits of batch[i].
+  for (size_t i = 0; i < members.size(); row += batch[i].logits, ++i) {
     Sequence& seq = *members[i];
+    if (batch[i].logits > 1) {
+      verify(seq, batch[i], step.logits.subspan(row * vocab, batch[i].logits * vocab), events);
+      continue;
+    }
     seq.cached += static_cast<int64_t>(batch[i].tokens.size());
     publishFull(seq);
     if (!seq.prefilled()) continue;  // A prompt chunk that is not the last samples nothing.
@@ -449,37 +535,11 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
         }
       }
     } else {
-      if (step.logits.size() < (i + 1) * vocab)
+      if (step.logits.size() < static_cast<size_t>((row + 1) * vocab))
         return absl::InternalError("the model returned no logits for a row that needs them");
-      std::span<const float> logits = step.logits.subspan(i * vocab, vocab);
-      if (seq.constraint) {
-        masked_.assign(logits.begin(), logits.end());
-        seq.constraint->mask(masked_);
-        logits = masked_;
-      }
-      sampled = seq.sampler->sample(logits);
+      sampled = sample(seq, step.logits.subspan(row * vocab, vocab));
     }
-    if (seq.constraint && !seq.constraint->accept(sampled.token)) {
-      CLEAVE_LOG(WARNING) << "request " << seq.request.id << ": drew token " << sampled.token
-                          << ", which the JSON mask did not allow";
-    }
-    seq.tokens.push_back(sampled.token);
-    TokenEvent event{.id = seq.request.id, .token = sampled.token};
-    if (seq.tokens.size() == seq.request.prompt.size() + 1) event.cached_tokens = seq.hit_tokens;
-    if (seq.request.sampling.logprobs >= 0) event.logprob = sampled.logprob;
-    event.top_logprobs = std::move(sampled.top);
-    event.prefilled = seq.mode == Mode::kPrefillOnly;
-    std::string text = seq.detokenizer ? seq.detokenizer->push(sampled.token) : std::string();
-    event.text = seq.stopper->push(sampled.token, text);
-    if (seq.stopper->stopped()) {
-      event.finished = true;
-      event.reason = seq.stopper->reason();
-      event.matched_stop = seq.stopper->matched();
-      // At the length limit the last character may still be incomplete: flush it.
-      if (event.reason == StopReason::kLength && seq.detokenizer)
-        event.text += seq.detokenizer->finish();
-    }
-    events.push_back(std::move(event));
+    emit(seq, std::move(sampled), events);
   }
   for (size_t i = running_.size(); i-- > 0;) {
     const Sequence& seq = *running_[i];

@@ -35,6 +35,7 @@
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/sampler.h"
+#include "services/engine/speculative.h"
 #include "services/engine/stop_checker.h"
 #include "services/engine/tp_group.h"
 
@@ -49,6 +50,13 @@ struct SchedulerOptions {
   // Reuse the KV of cached prompt prefixes; off, every prompt is computed whole and no
   // block is published.
   bool prefix_caching = true;
+  // Speculative decoding: each decoding sequence drafts tokens by prompt lookup
+  // (speculative.h) and one forward pass verifies them. A sampled token that equals the
+  // draft before it accepts it, so the output is what decoding one token a step gives:
+  // greedy the same tokens, sampled the same distribution (with a seed the same tokens,
+  // each drawn once); only more come per step when drafts are right. Drafts take what is
+  // left of the step's token budget after decode tokens and prompt chunks.
+  SpeculativeOptions speculative;
 };
 
 struct GenerationRequest {
@@ -134,11 +142,14 @@ class Scheduler {
   int64_t lastBatchSequences() const { return last_batch_sequences_; }
   int64_t lastDecodeSequences() const { return last_decode_sequences_; }
   // The last step's work, for its roofline: tokens computed, positions they attended
-  // (summed over tokens), and distinct positions whose KV it read.
+  // (summed over tokens), and distinct positions whose KV it read; of the tokens, the drafts
+  // verified (speculative decoding), and of those, the ones accepted.
   struct StepWork {
     int64_t tokens = 0;
     int64_t attended = 0;
     int64_t kv_positions = 0;
+    int64_t drafted = 0;
+    int64_t accepted = 0;
   };
   const StepWork& lastStepWork() const { return last_work_; }
   int64_t waitingRequests() const { return static_cast<int64_t>(waiting_.size() + ready_.size()); }
@@ -147,6 +158,9 @@ class Scheduler {
   int64_t prefixHitTokens() const { return prefix_hit_tokens_; }
   // Prompt tokens looked up in the prefix cache (hit rate: hits / lookups).
   int64_t prefixLookupTokens() const { return prefix_lookup_tokens_; }
+  // Tokens drafted for speculative decoding, and those of them accepted, since the start.
+  int64_t draftedTokens() const { return drafted_tokens_; }
+  int64_t acceptedTokens() const { return accepted_tokens_; }
 
  private:
   enum class Mode {
@@ -167,6 +181,7 @@ class Scheduler {
     std::unique_ptr<StopChecker> stopper;
     std::unique_ptr<tokenizer::IncrementalDetokenizer> detokenizer;
     std::unique_ptr<JsonConstraint> constraint;  // request.json_object
+    std::vector<uint32_t> verify;                // A step's last token and drafts.
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
   };
 
@@ -194,6 +209,17 @@ class Scheduler {
                                                              int64_t tokens) const;
   // Publishes the sequence's full blocks whose KV is computed.
   void publishFull(Sequence& seq);
+  // Turns decode chunks (batch[i] for members[i], i < decoding) into last token + drafts
+  // from `budget`, which they use up.
+  void draft(std::span<Sequence* const> members, std::span<SequenceChunk> batch, int64_t& budget);
+  // A token drawn from `logits`, the row after `seq`'s last token (masked by its constraint).
+  SampledToken sample(Sequence& seq, std::span<const float> logits);
+  // Appends `sampled` to `seq`, and its event to `events`.
+  void emit(Sequence& seq, SampledToken sampled, std::vector<TokenEvent>& events);
+  // Samples `seq`'s rows after its chunk's tokens in turn while each token sampled equals
+  // the draft after it, emitting each; the sequence then continues past the accepted drafts.
+  void verify(Sequence& seq, const SequenceChunk& chunk, std::span<const float> logits,
+              std::vector<TokenEvent>& events);
   void finish(size_t index);
 
   TpGroup& model_;
@@ -211,6 +237,9 @@ class Scheduler {
   std::unordered_map<uint64_t, std::vector<int32_t>> spares_;
   int64_t prefix_hit_tokens_ = 0;
   int64_t prefix_lookup_tokens_ = 0;
+  int64_t drafted_tokens_ = 0;
+  int64_t accepted_tokens_ = 0;
+  std::vector<uint32_t> drafts_;  // draft()'s scratch
   int64_t last_batch_sequences_ = 0;
   int64_t last_decode_sequences_ = 0;
   StepWork last_work_;

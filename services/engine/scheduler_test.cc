@@ -420,6 +420,93 @@ TEST_F(SchedulerTest, ReservedPrefillThenDecodeGivesTheSameTokens) {
   EXPECT_TRUE(scheduler.idle());
 }
 
+// Speculative decoding gives the tokens decoding one token a step gives: greedy (generated
+// and reserved-then-decoded requests, against each run alone), and seeded sampling with
+// penalties (against the same requests without drafts); drafts are accepted, stop tokens
+// and max_new_tokens end a sequence inside an accepted run, and every block comes back.
+TEST_F(SchedulerTest, SpeculativeDecodingGivesTheTokensOfOneTokenASteps) {
+  // Prompts that repeat themselves, as text a reply quotes does; the tiny model's greedy
+  // replies loop too.
+  std::vector<std::vector<uint32_t>> prompts;
+  for (int length : {5, 7, 9}) {
+    std::vector<uint32_t> unit = randomPrompt(length), prompt;
+    for (int i = 0; i < 3; ++i) prompt.insert(prompt.end(), unit.begin(), unit.end());
+    prompts.push_back(prompt);
+  }
+  prompts.push_back(randomPrompt(11));
+  const SpeculativeOptions speculative{.tokens = 4, .ngram = {.min = 1, .max = 3}};
+  {
+    Scheduler scheduler(withBlocks(96), nullptr,
+                        {.max_batch_tokens = 64, .max_sequences = 8, .speculative = speculative});
+    for (uint64_t id = 0; id < prompts.size(); ++id) {
+      ASSERT_TRUE(
+          scheduler.add({.id = id, .prompt = prompts[id], .stop = {.max_new_tokens = 24}}).ok());
+    }
+    // Reserved, prefilled, then decoded (a decode worker's sequence).
+    GenerationRequest moved{.id = 9, .prompt = prompts[0], .stop = {.max_new_tokens = 3}};
+    ASSERT_TRUE(scheduler.reserve(9, 5).ok());  // ceil((15 + 3) / 4)
+    ASSERT_TRUE(scheduler.addPrefill(moved).ok());
+    const std::vector<uint32_t> want = alone(prompts[0], 24);
+    auto got = drain(scheduler);
+    ASSERT_TRUE(scheduler.startDecode(moved, want[0]).ok());
+    auto rest = drain(scheduler);
+    for (uint64_t id = 0; id < prompts.size(); ++id)
+      EXPECT_EQ(got[id], alone(prompts[id], 24)) << "request " << id;
+    ASSERT_EQ(got[9].size(), 1u);
+    EXPECT_THAT(rest[9], ::testing::ElementsAre(want[1], want[2]));
+    std::printf("drafted %ld, accepted %ld\n", long(scheduler.draftedTokens()),
+                long(scheduler.acceptedTokens()));
+    EXPECT_GT(scheduler.acceptedTokens(), 8);
+    EXPECT_LT(scheduler.acceptedTokens(), scheduler.draftedTokens());
+    EXPECT_EQ(scheduler.freeBlocks(), 96);
+    EXPECT_EQ(scheduler.reservedBlocks(), 0);
+  }
+  // A stop token that a draft would carry past ends the sequence at it.
+  {
+    const std::vector<uint32_t> want = alone(prompts[1], 24);
+    Scheduler scheduler(withBlocks(96), nullptr,
+                        {.max_batch_tokens = 64, .max_sequences = 8, .speculative = speculative});
+    const uint32_t stop = want[20];
+    const auto end = std::find(want.begin(), want.end(), stop);
+    ASSERT_TRUE(scheduler
+                    .add({.id = 1,
+                          .prompt = prompts[1],
+                          .stop = {.stop_token_ids = {stop}, .max_new_tokens = 24}})
+                    .ok());
+    EXPECT_EQ(drain(scheduler)[1], std::vector<uint32_t>(want.begin(), end + 1));
+    EXPECT_EQ(scheduler.freeBlocks(), 96);
+  }
+  // Seeded sampling with penalties: the same draws with and without drafts.
+  std::map<uint64_t, std::vector<uint32_t>> plain;
+  for (const int64_t tokens : {int64_t{0}, int64_t{4}}) {
+    Scheduler scheduler(withBlocks(96), nullptr,
+                        {.max_batch_tokens = 64,
+                         .max_sequences = 8,
+                         .speculative = {.tokens = tokens, .ngram = speculative.ngram}});
+    for (uint64_t id = 0; id < prompts.size(); ++id) {
+      ASSERT_TRUE(scheduler
+                      .add({.id = id,
+                            .prompt = prompts[id],
+                            .sampling = {.temperature = 0.05f,
+                                         .top_k = 20,
+                                         .repetition_penalty = 1.02f,
+                                         .seed = 11 + id},
+                            .stop = {.max_new_tokens = 20}})
+                      .ok());
+    }
+    auto got = drain(scheduler);
+    if (tokens == 0) {
+      plain = got;
+      continue;
+    }
+    EXPECT_EQ(got, plain);
+    std::printf("sampled: drafted %ld, accepted %ld\n", long(scheduler.draftedTokens()),
+                long(scheduler.acceptedTokens()));
+    EXPECT_GT(scheduler.draftedTokens(), 0);
+    EXPECT_EQ(scheduler.freeBlocks(), 96);
+  }
+}
+
 // SmolLM2 (a byte-level vocabulary) constrained to a JSON object: its greedy reply parses
 // as one, and a sequence moved mid-reply (its first tokens now in the prompt) continues
 // with the same tokens, the constraint replaying what was already said.

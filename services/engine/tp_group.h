@@ -109,6 +109,9 @@ class TpGroup {
                       std::span<const int32_t> rows);
 
   const model::ModelConfig& config() const;
+  // Whether a chunk may ask for more than one row of logits (SequenceChunk::logits): the CPU
+  // model's rows, not a backend's.
+  bool multiRowLogits() const { return backends_.empty() && !backend_factory_; }
   int tp() const { return static_cast<int>(ranks_.size()); }
   int64_t numBlocks() const { return num_blocks_; }
   int64_t blockSize() const { return block_size_; }

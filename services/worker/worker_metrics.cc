@@ -39,6 +39,11 @@ WorkerMetrics::WorkerMetrics(int64_t target_concurrency)
       tokens_(plainCounter("cleave_worker_generated_tokens_total", "Tokens sampled")),
       prefill_tokens_(plainCounter("cleave_worker_prefill_tokens_total",
                                    "Prompt tokens computed (prefix-cache hits excluded)")),
+      drafted_tokens_(plainCounter(
+          "cleave_worker_speculative_draft_tokens_total",
+          "Tokens drafted by prompt lookup and verified (speculative decoding; in steps' tokens)")),
+      accepted_tokens_(plainCounter("cleave_worker_speculative_accepted_tokens_total",
+                                    "Drafted tokens the model's own choice confirmed")),
       step_seconds_(histogram("cleave_worker_step_seconds",
                               "Wall time of one engine step (forward and sampling)",
                               {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2})),
@@ -78,7 +83,10 @@ void WorkerMetrics::onStep(const StepReport& report, std::optional<double> floor
   steps_.Increment();
   tokens_.Increment(static_cast<double>(report.events.size()));
   // Every decoding sequence computes one token; the rest of the step's tokens are prompt.
-  prefill_tokens_.Increment(static_cast<double>(report.work.tokens - report.decode_batch));
+  prefill_tokens_.Increment(
+      static_cast<double>(report.work.tokens - report.decode_batch - report.work.drafted));
+  drafted_tokens_.Increment(static_cast<double>(report.work.drafted));
+  accepted_tokens_.Increment(static_cast<double>(report.work.accepted));
   step_seconds_.Observe(seconds);
   if (floor_seconds && seconds > 0) {
     step_seconds_total_.Increment(seconds);

@@ -50,6 +50,8 @@ class WorkerMetrics {
   prometheus::Counter& steps_;
   prometheus::Counter& tokens_;
   prometheus::Counter& prefill_tokens_;
+  prometheus::Counter& drafted_tokens_;
+  prometheus::Counter& accepted_tokens_;
   prometheus::Histogram& step_seconds_;
   prometheus::Counter& step_seconds_total_;
   prometheus::Counter& floor_seconds_total_;

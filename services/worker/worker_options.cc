@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cpu/kv_format.h"
 #include "services/engine/tensor_parallel.h"
 
@@ -51,6 +52,7 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addBool("prefix-caching", &prefix_caching,
                 "Reuse the KV cache of prompt prefixes computed before (--no-prefix-caching: "
                 "compute every prompt whole)");
+  speculative.addFlags(flags);
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "Free a reservation not started within this, and a router's sequences once its "
                "token stream has been closed this long");
@@ -98,6 +100,11 @@ absl::Status validate(const WorkerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: ", kv.status().message()));
   if (options.backend == "cuda" && *kv == cpu::KvType::kF32)
     return absl::InvalidArgumentError("--kv-dtype: the GPU stores its KV cache as bf16 or fp8");
+  CLEAVE_RETURN_IF_ERROR(engine::validate(options.speculative));
+  if (options.backend == "cuda" && options.speculative.tokens > 0) {
+    return absl::InvalidArgumentError(
+        "--speculative-tokens: the CUDA backend does not verify drafts yet (leave it 0 there)");
+  }
   if (options.target_concurrency < 1 || options.target_concurrency > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("--target-concurrency must be in 1..4096, got ", options.target_concurrency));

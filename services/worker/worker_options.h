@@ -8,6 +8,7 @@
 #include "common/flags.h"
 #include "common/server_flags.h"
 #include "kernels/cpu/kv_format.h"
+#include "services/engine/speculative.h"
 
 namespace cleave::worker {
 
@@ -31,6 +32,7 @@ struct WorkerOptions {
   int64_t kv_staging_tokens = 0;  // Host staging rows per side of transfers (kv_staging.h)
   int64_t threads = 0;
   bool prefix_caching = true;
+  engine::SpeculativeOptions speculative;
   int64_t lease_timeout_ms = 10000;
   // On SIGTERM/SIGINT: how long the worker keeps running what it holds after telling the
   // router it is draining, before it deregisters (the router moves what is left).

@@ -23,13 +23,16 @@ TEST(WorkerOptionsTest, FlagsBindToOptions) {
   WorkerOptions options;
   FlagSet flags("cleave-worker", "", "");
   options.addFlags(flags);
-  std::vector<std::string> args = {"--role=prefill", "--tp=2", "--memory-budget=6GiB",
-                                   "--target-concurrency", "32"};
+  std::vector<std::string> args = {"--role=prefill",       "--tp=2", "--memory-budget=6GiB",
+                                   "--target-concurrency", "32",     "--speculative-tokens=3",
+                                   "--prompt-lookup-max=6"};
   ASSERT_TRUE(flags.parse(args).ok());
   EXPECT_EQ(options.role, "prefill");
   EXPECT_EQ(options.tp, 2);
   EXPECT_EQ(options.memory_budget, 6ull << 30);
   EXPECT_EQ(options.target_concurrency, 32);
+  EXPECT_EQ(options.speculative.tokens, 3);
+  EXPECT_EQ(options.speculative.ngram.max, 6);
 }
 
 TEST(WorkerOptionsTest, ValidatesEachValue) {
@@ -53,6 +56,13 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
       {"--kv-staging-tokens must be", [](WorkerOptions& o) { o.kv_staging_tokens = -1; }},
       {"--backend must be cpu or cuda", [](WorkerOptions& o) { o.backend = "tpu"; }},
       {"--kv-dtype: ", [](WorkerOptions& o) { o.kv_dtype = "int4"; }},
+      {"--speculative-tokens must be", [](WorkerOptions& o) { o.speculative.tokens = 17; }},
+      {"--prompt-lookup-min", [](WorkerOptions& o) { o.speculative.ngram.min = 0; }},
+      {"the CUDA backend does not verify drafts",
+       [](WorkerOptions& o) {
+         o.backend = "cuda";
+         o.speculative.tokens = 4;
+       }},
       {"the GPU stores its KV cache as bf16 or fp8",
        [](WorkerOptions& o) {
          o.backend = "cuda";

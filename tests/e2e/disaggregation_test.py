@@ -147,6 +147,27 @@ class DisaggregationTest(unittest.TestCase):
                 for prompt, got in zip(prompts, served):
                     self.assertEqual(got, offline(prompt, 10), prompt)
 
+    def test_speculative_decoding_gives_the_offline_engines_tokens(self):
+        # Prompts that repeat a phrase: the replies go on repeating it, so drafts land.
+        rng = random.Random(12)
+        prompts = [" ".join([" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8)))] * 3)
+                   for _ in range(6)]
+        counts = {}
+
+        def after(stub, pb, workers):
+            port = workers[-1].ready["metrics_port"]  # The decode worker's.
+            for name in ("draft", "accepted"):
+                counts[name] = metric(port, f"cleave_worker_speculative_{name}_tokens_total")
+
+        served = self.serve(MODEL, 1, 1, prompts, text=True, after=after,
+                            extra=("--speculative-tokens=4",))
+        print(f"\nspeculative decode worker: {counts['accepted']:.0f} of {counts['draft']:.0f} "
+              "drafted tokens accepted")
+        self.assertGreater(counts["accepted"], 0)
+        self.assertLess(counts["accepted"], counts["draft"])
+        for prompt, got in zip(prompts, served):
+            self.assertEqual(got, offline(prompt, 10), prompt)
+
     def test_fp8_and_bf16_caches_move_and_decode_like_the_offline_engine(self):
         rng = random.Random(10)
         prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40)))
