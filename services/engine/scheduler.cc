@@ -358,9 +358,10 @@ void Scheduler::draft(std::span<Sequence* const> members, std::span<SequenceChun
     // Every draft accepted and the token after them stay within max_new_tokens and the
     // sequence's blocks.
     const int64_t generated = static_cast<int64_t>(seq.tokens.size() - seq.request.prompt.size());
-    const int64_t room = std::min({options_.speculative.tokens, budget,
-                                   seq.request.stop.max_new_tokens - generated - 1,
-                                   static_cast<int64_t>(seq.blocks.size()) * bs - seq.cached - 1});
+    if (seq.draft_limit == 0) seq.draft_limit = options_.speculative.tokens;
+    const int64_t room =
+        std::min({seq.draft_limit, budget, seq.request.stop.max_new_tokens - generated - 1,
+                  static_cast<int64_t>(seq.blocks.size()) * bs - seq.cached - 1});
     if (room <= 0) continue;
     proposeNgram(seq.tokens, options_.speculative.ngram, room, drafts_);
     if (drafts_.empty()) continue;
@@ -417,8 +418,14 @@ void Scheduler::verify(Sequence& seq, const SequenceChunk& chunk, std::span<cons
     ++rows;
     if (seq.stopper->stopped() || rows == chunk.logits || token != chunk.tokens[rows]) break;
   }
-  accepted_tokens_ += rows - 1;
-  last_work_.accepted += rows - 1;
+  const int64_t accepted = rows - 1;
+  accepted_tokens_ += accepted;
+  last_work_.accepted += accepted;
+  // The next drafts: twice as many after all were right, one past the right ones after a
+  // miss (a sequence whose drafts keep missing verifies one at a time, at little cost).
+  seq.draft_limit = accepted == chunk.logits - 1
+                        ? std::min(options_.speculative.tokens, 2 * seq.draft_limit)
+                        : accepted + 1;
   // The KV of the chunk's first `rows` tokens is the sequence's; the rest is overwritten
   // from there on.
   seq.cached = chunk.start + rows;

@@ -182,6 +182,7 @@ class Scheduler {
     std::unique_ptr<tokenizer::IncrementalDetokenizer> detokenizer;
     std::unique_ptr<JsonConstraint> constraint;  // request.json_object
     std::vector<uint32_t> verify;                // A step's last token and drafts.
+    int64_t draft_limit = 0;                     // Drafts next step, at most (0: unset).
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
   };
 
