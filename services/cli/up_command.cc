@@ -149,6 +149,11 @@ int runUp(int argc, char** argv) {
   std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
   if (absl::Status valid = engine::validate(speculative); !valid.ok())
     exitWithUsageError(flags, valid);
+  if (backend == "cuda" && speculative.tokens > 0) {
+    exitWithUsageError(flags,
+                       absl::InvalidArgumentError(
+                           "--speculative-tokens: the CUDA backend does not verify drafts yet"));
+  }
   if (model.empty()) exitWithUsageError(flags, absl::InvalidArgumentError("--model is required"));
   if (!positional.empty()) {
     exitWithUsageError(flags, absl::InvalidArgumentError("unexpected argument " + positional[0]));

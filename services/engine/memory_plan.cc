@@ -12,8 +12,8 @@ namespace {
 std::string mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 // Activations of one step: the residual stream and its norm, Q/K/V and attention output,
-// the MLP's gate and up rows, per-sequence logits, and int8 copies for the quantized
-// products. Generous by design: an estimate low by 2x would overrun the budget.
+// the MLP's gate and up rows, logits per sequence (and per draft), and int8 copies for the
+// quantized products. Generous by design: an estimate low by 2x would overrun the budget.
 int64_t workspaceBytes(const model::ModelConfig& c, const MemoryPlanInput& in) {
   const int64_t tokens = in.max_batch_tokens;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
@@ -27,7 +27,9 @@ int64_t workspaceBytes(const model::ModelConfig& c, const MemoryPlanInput& in) {
       2 * c.hidden_size + 2 * q_dim + 2 * kv_dim + 2 * ffn + latent_heads;
   const int64_t activations = tokens * floats_per_token * 4;
   const int64_t quantized = tokens * std::max<int64_t>(c.hidden_size, ffn) * 2;
-  const int64_t logits = in.target_concurrency * int64_t{c.vocab_size} * 4;
+  const int64_t rows = std::min(in.target_concurrency * (1 + in.speculative_tokens),
+                                std::max(in.max_batch_tokens, in.target_concurrency));
+  const int64_t logits = rows * int64_t{c.vocab_size} * 4;
   return 2 * (activations + quantized + logits);
 }
 

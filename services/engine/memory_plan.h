@@ -37,6 +37,9 @@ struct MemoryPlanInput {
   int64_t target_concurrency = 1;  // Sequences that must fit at once.
   int64_t planned_seq_len = 2048;  // Prompt + output tokens of a typical sequence.
   int64_t max_batch_tokens = 512;  // Tokens of one step (sizes the workspace).
+  // Drafts a decoding sequence may verify per step (SpeculativeOptions::tokens): each
+  // returns a row of logits.
+  int64_t speculative_tokens = 0;
   int64_t block_size = 16;
   int64_t kv_element_bytes = 4;  // f32 keys and values.
   int64_t tp = 1;                // KV heads are split across ranks.

@@ -50,6 +50,24 @@ TEST(MemoryPlanTest, AFittingPlanAccountsForEveryByte) {
   EXPECT_THAT(plan->table(), HasSubstr("KV pool"));
 }
 
+// Verified drafts return a row of logits each: the workspace holds them, at most a step's
+// tokens of them.
+TEST(MemoryPlanTest, DraftsLogitsAreInTheWorkspace) {
+  auto workspace = [](int64_t drafts) {
+    auto plan = planMemory(smolLm2(), {.budget_bytes = int64_t{2} << 30,
+                                       .weight_bytes = 100 << 20,
+                                       .target_concurrency = 16,
+                                       .max_batch_tokens = 512,
+                                       .speculative_tokens = drafts});
+    return plan.ok() ? plan->workspace : -1;
+  };
+  const int64_t row = 2 * 49152 * 4;  // Logits of a row, twice (the estimate's margin).
+  EXPECT_EQ(workspace(4) - workspace(0), 16 * 4 * row);
+  EXPECT_EQ(workspace(16) - workspace(0), 16 * 16 * row);
+  EXPECT_EQ(workspace(64) - workspace(0), (512 - 16) * row);
+  EXPECT_EQ(workspace(100), workspace(64));
+}
+
 TEST(MemoryPlanTest, TooSmallABudgetRefusesWithTheNumbers) {
   auto plan = planMemory(smolLm2(), {.budget_bytes = 300 << 20,
                                      .weight_bytes = 100 << 20,

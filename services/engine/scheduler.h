@@ -54,7 +54,8 @@ struct SchedulerOptions {
   // (speculative.h) and one forward pass verifies them. A sampled token that equals the
   // draft before it accepts it, so the output is what decoding one token a step gives:
   // greedy the same tokens, sampled the same distribution (with a seed the same tokens,
-  // each drawn once); only more come per step when drafts are right. Drafts take what is
+  // each drawn once), up to the rounding of batched sums; only more come per step when
+  // drafts are right. Drafts take what is
   // left of the step's token budget after decode tokens and prompt chunks.
   SpeculativeOptions speculative;
 };

@@ -536,6 +536,10 @@ void WorkerCore::onStep(StepReport& report) {
   }
   absl::MutexLock lock(&mu_);
   std::unordered_map<std::string, v1::TokenEvents> out;
+  // A sequence's tokens of one step (accepted drafts: several, one after another) go out as
+  // one SequenceEvent, so the router spreads the step's time over them.
+  uint64_t last_id = 0;
+  v1::SequenceEvent* last = nullptr;
   for (engine::TokenEvent& event : report.events) {
     auto name = names_.find(event.id);
     if (name == names_.end()) continue;  // Released while the step ran.
@@ -548,9 +552,13 @@ void WorkerCore::onStep(StepReport& report) {
       continue;  // prefill() forgets a request its first token finished.
     }
     Request& request = requests_.at(name->second);
-    v1::TokenEvents& message = out[request.router_id];
-    v1::SequenceEvent* e = message.add_events();
-    e->set_request_id(name->second);
+    v1::SequenceEvent* e = last != nullptr && last_id == event.id ? last : nullptr;
+    if (e == nullptr) {
+      e = out[request.router_id].add_events();
+      e->set_request_id(name->second);
+    }
+    last_id = event.id;
+    last = e;
     if (!request.decode_started) {
       request.decode_started = true;
       const double waited_us =

@@ -173,6 +173,7 @@ int run(int argc, char** argv) {
                                      .target_concurrency = options.target_concurrency,
                                      .planned_seq_len = options.planned_seq_len,
                                      .max_batch_tokens = kMaxBatchTokens,
+                                     .speculative_tokens = options.speculative.tokens,
                                      .block_size = kBlockSize,
                                      .kv_element_bytes = cpu::kvElementBytes((*group)->kvType()),
                                      .tp = options.tp};

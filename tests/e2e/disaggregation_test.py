@@ -155,6 +155,12 @@ class DisaggregationTest(unittest.TestCase):
         counts = {}
 
         def after(stub, pb, workers):
+            # A step's accepted tokens of a sequence reach the client together.
+            request = pb.GenerateRequest(text=prompts[0], add_special_tokens=True,
+                                         sampling=pb.SamplingParams(temperature=0),
+                                         stopping=pb.StoppingCriteria(max_new_tokens=10))
+            sizes = [len(m.token_ids) for m in stub.Generate(request, timeout=120)]
+            counts["widest"] = max(sizes)
             port = workers[-1].ready["metrics_port"]  # The decode worker's.
             for name in ("draft", "accepted"):
                 counts[name] = metric(port, f"cleave_worker_speculative_{name}_tokens_total")
@@ -165,6 +171,7 @@ class DisaggregationTest(unittest.TestCase):
               "drafted tokens accepted")
         self.assertGreater(counts["accepted"], 0)
         self.assertLess(counts["accepted"], counts["draft"])
+        self.assertGreater(counts["widest"], 1)
         for prompt, got in zip(prompts, served):
             self.assertEqual(got, offline(prompt, 10), prompt)
 
