@@ -61,7 +61,9 @@ absl::Status Scheduler::add(GenerationRequest request) {
 }
 
 absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t count,
-                                                        std::span<const uint32_t> prompt) {
+                                                        std::span<const uint32_t> prompt,
+                                                        int64_t* cached) {
+  if (cached != nullptr) *cached = 0;
   if (count < 1) return absl::InvalidArgumentError("num_blocks must be >= 1");
   if (auto it = reservations_.find(id); it != reservations_.end()) {
     if (static_cast<int64_t>(it->second.size()) == count) return it->second;
@@ -77,6 +79,7 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
     cache_.release(blocks);
     return fresh.status();
   }
+  if (cached != nullptr) *cached = static_cast<int64_t>(blocks.size());
   blocks.insert(blocks.end(), fresh->begin(), fresh->end());
   reservations_.emplace(id, blocks);
   return blocks;

@@ -111,9 +111,10 @@ class Scheduler {
   // fewer are free; AlreadyExists when `id` already holds a reservation of another size
   // (the same size returns the same blocks). With `prompt` (the request's, known already),
   // the cached blocks of its longest cached prefix come first, before allocation can evict
-  // them.
+  // them; `cached` (when given) says how many (0 for an existing reservation).
   absl::StatusOr<std::vector<int32_t>> reserve(uint64_t id, int64_t count,
-                                               std::span<const uint32_t> prompt = {});
+                                               std::span<const uint32_t> prompt = {},
+                                               int64_t* cached = nullptr);
   // Frees the reservation of `id`, stopping its sequence if one runs; the blocks freed.
   int64_t release(uint64_t id);
   // Prefills `request` into its reservation (the same checks as add(), and the

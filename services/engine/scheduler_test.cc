@@ -230,9 +230,13 @@ TEST_F(SchedulerTest, ReservedPrefillsReuseTheCachedPrefix) {
   EXPECT_EQ(scheduler.release(1), 6);
 
   // The same prompt again, reserved with it: its first five blocks are the cached ones.
-  auto second = scheduler.reserve(2, 7, prompt);
+  int64_t cached = -1;
+  auto second = scheduler.reserve(2, 7, prompt, &cached);
   ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(cached, 5);
   EXPECT_TRUE(std::equal(first->begin(), first->begin() + 5, second->begin()));
+  ASSERT_TRUE(scheduler.reserve(2, 7, prompt, &cached).ok());  // Held already: none taken.
+  EXPECT_EQ(cached, 0);
   // Another reservation sharing them: shared blocks are reserved once.
   ASSERT_TRUE(scheduler.reserve(4, 7, prompt).ok());
   EXPECT_EQ(scheduler.reservedBlocks(), 9);

@@ -362,6 +362,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     reserve.set_num_blocks(static_cast<uint32_t>(sequence.blocks));
     reserve.set_prompt_tokens(static_cast<uint32_t>(tokens));
     reserve.set_max_new_tokens(static_cast<uint32_t>(sequence.remaining));
+    // The decode worker shares the blocks of the prefix its cache holds: not sent again.
+    reserve.mutable_prompt_token_ids()->Add(sequence.tokens.begin(), sequence.tokens.end());
     // The reservation outlives this router by at most the ttl (until StartDecode) or the
     // client's deadline.
     reserve.set_ttl_ms(10 * 60 * 1000);
@@ -397,8 +399,15 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
           absl::StrCat("decode worker ", worker.id, " named ", reserved.block_ids_size(),
                        " KV blocks for a prompt of ", prompt_blocks));
     }
+    if (reserved.cached_blocks() >= prompt_blocks) {
+      return grpc::Status(
+          grpc::StatusCode::INTERNAL,
+          absl::StrCat("decode worker ", worker.id, " holds ", reserved.cached_blocks(),
+                       " cached blocks of a prompt of ", prompt_blocks, ": none left to write"));
+    }
     destination->mutable_block_ids()->Add(reserved.block_ids().begin(),
                                           reserved.block_ids().begin() + prompt_blocks);
+    destination->set_skip_blocks(reserved.cached_blocks());
     // A prefill worker that cannot be reached or whose KV transfer fails is skipped; the
     // next one writes the same blocks again. When every one fails, the decode worker's side
     // may be what failed (a transfer into a worker that died): place the sequence again.

@@ -145,9 +145,21 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
     return invalid(absl::StrCat("num_blocks ", r.num_blocks(), " does not cover ", total,
                                 " tokens (", needed, " blocks)"));
   }
+  const std::vector<uint32_t> prompt(r.prompt_token_ids().begin(), r.prompt_token_ids().end());
+  if (!prompt.empty() && prompt.size() != r.prompt_tokens()) {
+    return invalid(absl::StrCat("prompt_token_ids has ", prompt.size(), " ids; prompt_tokens is ",
+                                r.prompt_tokens()));
+  }
+  for (uint32_t t : prompt) {
+    if (t >= c.vocab_size) {
+      return invalid(absl::StrCat("prompt_token_ids: token id ", t, " is outside the vocabulary (",
+                                  c.vocab_size, ")"));
+    }
+  }
   uint64_t id;
   bool repeated;
   std::vector<int32_t> staging;  // A repeated Reserve's rows, or the ones taken below.
+  int64_t cached = 0;            // Leading blocks from the prefix cache.
   {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(r.request_id());
@@ -160,6 +172,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
             absl::StrCat("request ", r.request_id(), " is already decoding"));
       }
       staging = it->second.staging;
+      cached = it->second.cached_blocks;
     }
   }
   const bool takes_rows = receive_staging_ && !repeated;
@@ -173,8 +186,12 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
     if (!rows.ok()) return rows.status();
     staging = std::move(*rows);
   }
-  absl::StatusOr<std::vector<int32_t>> blocks =
-      loop_->call([&](engine::Scheduler& s) { return s.reserve(id, r.num_blocks()); });
+  absl::StatusOr<std::vector<int32_t>> blocks = loop_->call([&](engine::Scheduler& s) {
+    int64_t taken = 0;
+    auto reserved = s.reserve(id, r.num_blocks(), prompt, &taken);
+    if (!repeated) cached = taken;
+    return reserved;
+  });
   if (!blocks.ok()) {
     if (takes_rows) receive_staging_->give(staging);
     return blocks.status();
@@ -191,6 +208,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
       entry.id = id;
       entry.router_id = r.router_id();
       if (takes_rows) entry.staging = staging;
+      entry.cached_blocks = cached;
       entry.expires = Clock::now() + ttl;
       if (r.deadline_unix_ms() > 0) {
         entry.deadline =
@@ -212,6 +230,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
   v1::ReserveResponse response;
   for (int32_t b : receive_staging_ ? staging : *blocks)
     response.add_block_ids(static_cast<uint32_t>(b));
+  response.set_cached_blocks(static_cast<uint32_t>(cached));
   return response;
 }
 
@@ -250,12 +269,22 @@ absl::Status WorkerCore::sendPrompt(uint64_t id, const v1::KvDestination& destin
     return absl::InvalidArgumentError(absl::StrCat("destination.block_ids has ", remote.size(),
                                                    " blocks; the prompt fills ", blocks.size()));
   }
+  // The decode worker's cache holds the leading skip_blocks already.
+  const size_t skip = destination.skip_blocks();
+  if (skip >= blocks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("destination.skip_blocks ", skip,
+                                                   " leaves none of the prompt's ", blocks.size(),
+                                                   " blocks to write"));
+  }
   // The CPU model's cache is what the transport reads.
-  if (!send_staging_) return sendKv(destination, blocks, remote, bytes);
+  if (!send_staging_) {
+    return sendKv(destination, std::span<const int32_t>(blocks).subspan(skip),
+                  std::span<const uint32_t>(remote).subspan(skip), bytes);
+  }
   // A backend with its own cache (a GPU) copies the prompt out through the send rows, as
   // many blocks at a time as they hold.
   const size_t chunk = static_cast<size_t>(send_staging_->size());
-  for (size_t at = 0; at < blocks.size(); at += chunk) {
+  for (size_t at = skip; at < blocks.size(); at += chunk) {
     const size_t n = std::min(chunk, blocks.size() - at);
     CLEAVE_ASSIGN_OR_RETURN(
         std::vector<int32_t> rows,
@@ -433,10 +462,12 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   // The staging rows are this call's while it copies them in: a concurrent StartDecode
   // finds none.
   std::vector<int32_t> staging;
+  int64_t cached = 0;  // Leading blocks the cache supplied: nothing to copy in.
   {
     absl::MutexLock lock(&mu_);
     if (auto it = requests_.find(r.request_id()); it != requests_.end()) {
       copy_in = !it->second.prefilled_here && !it->second.decoding;
+      cached = it->second.cached_blocks;
       staging = std::move(it->second.staging);
       it->second.staging.clear();
       // Before the engine can step it: its first event may come before this call returns.
@@ -458,7 +489,10 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
         return invalid(absl::StrCat("a prompt of ", request->prompt.size(), " tokens; Reserve ",
                                     "staged ", staging.size(), " blocks for its prompt_tokens"));
       }
-      CLEAVE_RETURN_IF_ERROR(model_.copyKv(engine::KvCopy::kFromHost, blocks, staging));
+      const size_t skip = std::min(static_cast<size_t>(cached), blocks.size());
+      CLEAVE_RETURN_IF_ERROR(model_.copyKv(engine::KvCopy::kFromHost,
+                                           std::span<const int32_t>(blocks).subspan(skip),
+                                           std::span<const int32_t>(staging).subspan(skip)));
     }
     return s.startDecode(*request, r.first_token_id());
   });

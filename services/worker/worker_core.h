@@ -102,6 +102,9 @@ class WorkerCore {
     // The receive staging rows its prompt is written into (a worker that stages
     // transfers), held until StartDecode has copied them in or the request is forgotten.
     std::vector<int32_t> staging;
+    // Leading prompt blocks its reservation took from the prefix cache: no transfer writes
+    // them, nothing is copied in for them.
+    int64_t cached_blocks = 0;
     Clock::time_point expires = Clock::time_point::max();  // Unless decoding by then.
     std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   };

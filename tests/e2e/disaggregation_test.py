@@ -73,11 +73,12 @@ def drain(call):
 class DisaggregationTest(unittest.TestCase):
     def serve(self, model, prefill_tp, decode_tp, prompts, text, prefill_workers=1,
               decode_workers=1, kill=None, kv_dtype="f32", extra=(), prefill_extra=(),
-              after=None):
+              after=None, decode_extra=()):
         """Token ids of greedy generations of `prompts` through router + prefill + decode;
         with kill="prefill" or "decode", the first worker of that role is killed (SIGKILL)
         after registering and before any request: the router must route around it. `extra`
-        goes to every worker (and `prefill_extra` to prefill workers after it); `after(stub, pb,
+        goes to every worker (and `prefill_extra` to prefill workers after it, `decode_extra`
+        to decode workers); `after(stub, pb,
         workers)` runs once the generations are done."""
         pb = ct.stubs()["generation_pb2"]
         router_args = [ct.binary("cleave-router"), "--listen=127.0.0.1:0", "--metrics-port=0"]
@@ -89,7 +90,7 @@ class DisaggregationTest(unittest.TestCase):
         workers = [ct.Process([ct.binary("cleave-worker"), "--role=prefill", f"--tp={prefill_tp}",
                                *common, *prefill_extra]) for _ in range(prefill_workers)]
         workers += [ct.Process([ct.binary("cleave-worker"), "--role=decode", f"--tp={decode_tp}",
-                                *common]) for _ in range(decode_workers)]
+                                *common, *decode_extra]) for _ in range(decode_workers)]
         victim = {"prefill": 0, "decode": prefill_workers}.get(kill)
         channel = grpc.insecure_channel(address)
         try:
@@ -116,7 +117,7 @@ class DisaggregationTest(unittest.TestCase):
                     self.assertGreater(final.timings.kv_transfer_ms, 0)
                 return ids
 
-            with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            with concurrent.futures.ThreadPoolExecutor(max(1, len(prompts))) as pool:
                 results = list(pool.map(generate, prompts))
             if after is not None:
                 after(stub, pb, workers)
@@ -362,6 +363,47 @@ class DisaggregationTest(unittest.TestCase):
             channel.close()
             codes = [w.stop() for w in workers] + [router.stop()]
             self.assertEqual(codes, [0] * len(codes))
+
+    def test_a_decode_worker_is_not_sent_the_prefix_it_holds(self):
+        """Prompts sharing a long prefix, one after another, through a prefill and a decode
+        worker (writing the decode worker's cache directly, then through its staging rows):
+        the decode worker's reservation starts with the prefix's cached blocks, the prefill
+        worker writes only the rest, and the tokens are the offline engine's."""
+        rng = random.Random(22)
+        prefix = " ".join(rng.choice(WORDS) for _ in range(150))
+        # Between them a prompt of its own, whose transfer reuses the staging rows: were the
+        # cached blocks' rows copied in, they would bring its KV into the shared prefix.
+        other = " ".join(rng.choice(WORDS) for _ in range(150))
+        prompts = [prefix + " the river", other, prefix + " a quiet silver morning", prefix]
+        for staging in ((), ("--kv-staging-tokens=1024",)):
+            with self.subTest(staging=staging):
+                sent, lengths = [], []
+
+                def after(stub, pb, workers):
+                    port = workers[0].ready["metrics_port"]  # The prefill worker's.
+                    for prompt in prompts:
+                        before = metric(port, "cleave_worker_kv_sent_bytes_total")
+                        request = pb.GenerateRequest(text=prompt, add_special_tokens=True,
+                                                     sampling=pb.SamplingParams(temperature=0),
+                                                     stopping=pb.StoppingCriteria(max_new_tokens=10))
+                        ids, final = [], None
+                        for message in stub.Generate(request, timeout=120):
+                            ids += list(message.token_ids)
+                            final = message.final if message.HasField("final") else final
+                        self.assertEqual(ids, offline(prompt, 10), prompt)
+                        sent.append(metric(port, "cleave_worker_kv_sent_bytes_total") - before)
+                        lengths.append(final.usage.prompt_tokens)
+
+                self.serve(MODEL, 1, 1, [], text=True, after=after, decode_extra=staging)
+                blocks = [(n + 15) // 16 for n in lengths]
+                per_block = sent[0] / blocks[0]  # Nothing cached yet: every block sent.
+                self.assertEqual(per_block, 2 * 30 * 3 * 64 * 4 * 16)  # f32 K and V, SmolLM2
+                written = [b / per_block for b in sent]
+                print(f"\nprompt blocks {blocks}, blocks sent {written} (staging: {staging})")
+                # The prefix's full blocks are not sent again; the last block always is.
+                self.assertEqual(written[1], blocks[1])
+                self.assertLessEqual(written[2], blocks[2] - (lengths[0] - 16) // 16)
+                self.assertEqual(written[3], 1)
 
     def test_a_lost_prefill_worker_is_routed_around(self):
         rng = random.Random(6)

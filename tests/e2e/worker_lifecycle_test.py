@@ -64,6 +64,15 @@ class WorkerLifecycleTest(unittest.TestCase):
         self.assertEqual(self.reserved(), 2)
         self.wait_until_freed(5)
 
+    def test_a_reserved_prompt_that_does_not_match_is_refused(self):
+        for ids, expected in (([1, 2, 3], "prompt_token_ids has 3 ids; prompt_tokens is 4"),
+                              ([1, 2, 3, 10 ** 8], "is outside the vocabulary")):
+            with self.assertRaises(grpc.RpcError) as caught:
+                self.reserve("bad-prompt", prompt_token_ids=ids)
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn(expected, caught.exception.details())
+        self.assertEqual(self.reserved(), 0)
+
     def test_a_sequence_whose_router_went_silent_is_freed(self):
         # The router never opens its token stream; with a 500 ms lease the worker gives up on
         # a sequence that would decode for many seconds more.
