@@ -59,6 +59,21 @@ def offline_ids(model, ids, max_tokens):
     return [int(t) for t in out.split()]
 
 
+def greedy(stub, pb, prompt, max_new_tokens=10):
+    """A greedy generation of the text `prompt` through the router: its token ids, its final
+    message, and how many tokens each streamed message carried."""
+    request = pb.GenerateRequest(text=prompt, add_special_tokens=True,
+                                 sampling=pb.SamplingParams(temperature=0),
+                                 stopping=pb.StoppingCriteria(max_new_tokens=max_new_tokens))
+    ids, final, sizes = [], None, []
+    for message in stub.Generate(request, timeout=120):
+        ids += list(message.token_ids)
+        sizes.append(len(message.token_ids))
+        if message.HasField("final"):
+            final = message.final
+    return ids, final, sizes
+
+
 def drain(call):
     """Reads a streaming call to its end or its cancellation."""
     try:
@@ -157,11 +172,7 @@ class DisaggregationTest(unittest.TestCase):
 
         def after(stub, pb, workers):
             # A step's accepted tokens of a sequence reach the client together.
-            request = pb.GenerateRequest(text=prompts[0], add_special_tokens=True,
-                                         sampling=pb.SamplingParams(temperature=0),
-                                         stopping=pb.StoppingCriteria(max_new_tokens=10))
-            sizes = [len(m.token_ids) for m in stub.Generate(request, timeout=120)]
-            counts["widest"] = max(sizes)
+            counts["widest"] = max(greedy(stub, pb, prompts[0])[2])
             port = workers[-1].ready["metrics_port"]  # The decode worker's.
             for name in ("draft", "accepted"):
                 counts[name] = metric(port, f"cleave_worker_speculative_{name}_tokens_total")
@@ -315,14 +326,7 @@ class DisaggregationTest(unittest.TestCase):
             usage = []
             background, streaming = None, None
             for prompt in prompts:
-                request = pb.GenerateRequest(text=prompt, add_special_tokens=True,
-                                             sampling=pb.SamplingParams(temperature=0),
-                                             stopping=pb.StoppingCriteria(max_new_tokens=10))
-                ids, final = [], None
-                for message in stub.Generate(request, timeout=120):
-                    ids += list(message.token_ids)
-                    if message.HasField("final"):
-                        final = message.final
+                ids, final, _ = greedy(stub, pb, prompt)
                 self.assertEqual(ids, offline(prompt, 10), prompt)
                 usage.append(final.usage)
                 if background is None:
@@ -383,13 +387,7 @@ class DisaggregationTest(unittest.TestCase):
                     port = workers[0].ready["metrics_port"]  # The prefill worker's.
                     for prompt in prompts:
                         before = metric(port, "cleave_worker_kv_sent_bytes_total")
-                        request = pb.GenerateRequest(text=prompt, add_special_tokens=True,
-                                                     sampling=pb.SamplingParams(temperature=0),
-                                                     stopping=pb.StoppingCriteria(max_new_tokens=10))
-                        ids, final = [], None
-                        for message in stub.Generate(request, timeout=120):
-                            ids += list(message.token_ids)
-                            final = message.final if message.HasField("final") else final
+                        ids, final, _ = greedy(stub, pb, prompt)
                         self.assertEqual(ids, offline(prompt, 10), prompt)
                         sent.append(metric(port, "cleave_worker_kv_sent_bytes_total") - before)
                         lengths.append(final.usage.prompt_tokens)
