@@ -150,7 +150,8 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                                                        : std::nullopt,
                     .deadline = context->deadline(),
                     .cancelled = [context] { return context->IsCancelled(); },
-                    .client = client};
+                    .client = client,
+                    .priority = request.priority()};
   std::vector<std::string> lost;  // Decode workers this request could not use.
   std::unique_ptr<Placement> placed;
   grpc::Status status = place(sequence, lost, placed);
@@ -350,7 +351,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
   while (true) {
     absl::StatusOr<Admission> admitted =
         pool_.admit(sequence.blocks, sequence.deadline, sequence.cancelled, lost, sequence.client,
-                    sequence.remaining, prefix);
+                    sequence.remaining, prefix, sequence.priority);
     if (!admitted.ok()) return status.ok() ? toGrpcStatus(admitted.status()) : status;
     placed.reset(new Placement(*this, *admitted, sequence.id));
     placed->queue_wait_ms = msSince(placing);

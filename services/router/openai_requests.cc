@@ -247,6 +247,11 @@ absl::Status parseCommon(const Json& body, Call& call) {
   if (const Json* user = field(body, "user"); user != nullptr && !user->is_string()) {
     return invalid("user", "must be a string");
   }
+  // vLLM's extension: lower is admitted first while requests wait.
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> priority,
+                          integer(body, "priority", std::numeric_limits<int32_t>::min(),
+                                  std::numeric_limits<int32_t>::max()));
+  if (priority) r.set_priority(static_cast<int32_t>(*priority));
   return absl::OkStatus();
 }
 

@@ -20,7 +20,8 @@ TEST(OpenAiRequestTest, CompletionFieldsBecomeAGenerateRequest) {
       "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": -1, "presence_penalty": 0.25,
       "frequency_penalty": 0.5, "repetition_penalty": 1.1, "stop": ["\n", "The"],
       "stop_token_ids": [2, 7], "ignore_eos": true, "logprobs": 3, "stream": true,
-      "stream_options": {"include_usage": true}, "user": "u", "n": 1, "unknown": {}})"));
+      "stream_options": {"include_usage": true}, "user": "u", "n": 1, "priority": -5,
+      "unknown": {}})"));
   ASSERT_TRUE(call.ok()) << call.status();
   const v1::GenerateRequest& r = call->request;
   EXPECT_EQ(r.model(), "m");
@@ -45,6 +46,7 @@ TEST(OpenAiRequestTest, CompletionFieldsBecomeAGenerateRequest) {
   EXPECT_TRUE(call->stream);
   EXPECT_TRUE(call->include_usage);
   EXPECT_TRUE(call->logprobs);
+  EXPECT_EQ(r.priority(), -5);
 }
 
 TEST(OpenAiRequestTest, SeveralPromptsMakeOneRequestEach) {
@@ -242,6 +244,8 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {R"({"prompt": "a", "include_stop_str_in_output": true})", "include_stop_str_in_output"},
       {R"({"prompt": "a", "model": 7})", "model"},
       {R"({"prompt": "a", "min_tokens": 3})", "min_tokens"},
+      {R"({"prompt": "a", "priority": 1.5})", "priority"},
+      {R"({"prompt": "a", "priority": 4294967296})", "priority"},
   };
   for (const Refusal& r : completions) {
     auto call = parseCompletionRequest(Json::parse(r.body));

@@ -274,10 +274,10 @@ absl::StatusOr<Admission> WorkerPool::admit(int64_t blocks,
                                             const std::function<bool()>& cancelled,
                                             const std::vector<std::string>& exclude,
                                             const std::string& client, int64_t new_tokens,
-                                            std::span<const uint64_t> prefix) {
+                                            std::span<const uint64_t> prefix, int32_t priority) {
   const char* outcome = nullptr;
-  absl::StatusOr<Admission> admission =
-      admitOrWait(blocks, deadline, cancelled, exclude, client, new_tokens, prefix, outcome);
+  absl::StatusOr<Admission> admission = admitOrWait(blocks, deadline, cancelled, exclude, client,
+                                                    new_tokens, prefix, priority, outcome);
   admissions_
       .Add({{"outcome", outcome != nullptr ? outcome : admissionOutcome(admission.status())}})
       .Increment();
@@ -290,7 +290,7 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
                                                   const std::vector<std::string>& exclude,
                                                   const std::string& client, int64_t new_tokens,
                                                   std::span<const uint64_t> prefix,
-                                                  const char*& outcome) {
+                                                  int32_t priority, const char*& outcome) {
   absl::MutexLock lock(&mu_);
   int64_t largest = 0;
   bool any = false, draining = false;
@@ -333,8 +333,9 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
   };
   // Refuse now what cannot be admitted and served before the deadline.
   if (must_wait) {
-    const std::optional<double> finish_s =
-        expectedFinishS(static_cast<int64_t>(queue_.size()), new_tokens, exclude);
+    const int64_t ahead = std::count_if(queue_.begin(), queue_.end(),
+                                        [&](const Waiting& w) { return w.priority <= priority; });
+    const std::optional<double> finish_s = expectedFinishS(ahead, new_tokens, exclude);
     const double left_s = secondsLeft();
     if (finish_s && *finish_s > left_s) {
       outcome = "deadline_unreachable";
@@ -342,11 +343,11 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
           "%d requests are waiting ahead; at the decode workers' recent pace this one would "
           "finish in about %.1f s, past its deadline in %.1f s; retry later or with a longer "
           "deadline",
-          queue_.size(), *finish_s, left_s));
+          ahead, *finish_s, left_s));
     }
   }
   const uint64_t ticket = next_ticket_++;
-  queue_.push_back({ticket, client});
+  queue_.push_back({ticket, client, priority});
   updateGauges();
   Entry* chosen = nullptr;
   absl::Status why;
@@ -425,7 +426,8 @@ uint64_t WorkerPool::nextInLine() const {
   for (const Waiting& w : queue_) {  // Oldest first, so a client's first entry is its oldest.
     auto it = last_served_.find(w.client);
     const uint64_t served = it == last_served_.end() ? 0 : it->second;
-    if (next == nullptr || served < next_served) {
+    if (next == nullptr || w.priority < next->priority ||
+        (w.priority == next->priority && served < next_served)) {
       next = &w;
       next_served = served;
     }

@@ -157,12 +157,14 @@ class WorkerPool {
   // (the new tokens it may generate) scales its expected service time. `prefix`: the
   // prompt's blocks a cache may supply (PrefixIndex::blockHashes): where workers prefill
   // for themselves (no prefill worker registered), of the workers with room in their
-  // decode batch the one holding the longest cached prefix goes first.
+  // decode batch the one holding the longest cached prefix goes first. `priority`: a waiting
+  // request of a lower value goes before every one of a higher value (clients take turns
+  // among equals); the queue ahead of it, for its deadline, is what it waits behind.
   absl::StatusOr<Admission> admit(int64_t blocks, std::chrono::system_clock::time_point deadline,
                                   const std::function<bool()>& cancelled,
                                   const std::vector<std::string>& exclude = {},
                                   const std::string& client = "", int64_t new_tokens = 1,
-                                  std::span<const uint64_t> prefix = {});
+                                  std::span<const uint64_t> prefix = {}, int32_t priority = 0);
   // `served`: set when the request finished there normally; its time there less the decode
   // batch wait is a service time, which admission estimates go by.
   void release(const Admission& admission, std::optional<Served> served = std::nullopt);
@@ -231,14 +233,16 @@ class WorkerPool {
                                         const std::function<bool()>& cancelled,
                                         const std::vector<std::string>& exclude,
                                         const std::string& client, int64_t new_tokens,
-                                        std::span<const uint64_t> prefix, const char*& outcome);
+                                        std::span<const uint64_t> prefix, int32_t priority,
+                                        const char*& outcome);
   // How long from now a request allowed `new_tokens`, with `queued_ahead` waiting ahead of
   // it, would take to finish on the workers not in `exclude`; nullopt until enough requests
   // have finished to say.
   std::optional<double> expectedFinishS(int64_t queued_ahead, int64_t new_tokens,
                                         const std::vector<std::string>& exclude) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The waiting request that may go next: fair between clients, oldest first within one.
+  // The waiting request that may go next: of the lowest priority value, fair between
+  // clients, oldest first within one.
   uint64_t nextInLine() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void updateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -251,6 +255,7 @@ class WorkerPool {
   struct Waiting {
     uint64_t ticket = 0;
     std::string client;
+    int32_t priority = 0;
   };
   std::vector<Waiting> queue_ ABSL_GUARDED_BY(mu_);  // Waiting admissions, oldest first.
   // When each client last had a waiting request admitted (a count of such admissions).

@@ -454,6 +454,49 @@ TEST(WorkerPoolFairnessTest, ClientsTakeTurnsInTheQueue) {
   EXPECT_EQ(pool.reservedBlocks(), 0);
 }
 
+// Waiting requests go by priority (lower first), whatever their client or arrival; clients
+// take turns among equals.
+TEST(WorkerPoolFairnessTest, LowerPriorityValuesAreAdmittedFirst) {
+  WorkerPool pool(
+      {.queue_capacity = 100}, [](auto) {}, [](const std::string&) {});
+  ASSERT_TRUE(pool.add(worker("w", v1::WORKER_ROLE_BOTH, 1000, 1)).ok());  // Admits 2.
+  auto later = std::chrono::system_clock::now() + std::chrono::seconds(30);
+  auto never = [] { return false; };
+  std::vector<Admission> running{*pool.admit(1, later, never), *pool.admit(1, later, never)};
+  std::mutex mu;
+  std::vector<std::string> order;  // Guarded by mu.
+  std::vector<std::thread> waiting;
+  auto enqueue = [&](const std::string& name, const std::string& client, int32_t priority) {
+    const int64_t depth = pool.queueDepth() + 1;
+    waiting.emplace_back([&, name, client, priority] {
+      absl::StatusOr<Admission> a = pool.admit(1, later, never, {}, client, 1, {}, priority);
+      ASSERT_TRUE(a.ok()) << a.status();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        order.push_back(name);
+      }
+      pool.release(*a);
+    });
+    while (pool.queueDepth() < depth) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
+  enqueue("batch-1", "a", 5);
+  enqueue("batch-2", "a", 5);
+  enqueue("default", "b", 0);
+  enqueue("urgent-1", "c", -3);
+  enqueue("batch-3", "b", 5);
+  enqueue("urgent-2", "c", -3);
+  enqueue("urgent-3", "d", -3);
+  // One slot frees: the queue drains one request at a time.
+  pool.release(running[0]);
+  for (std::thread& t : waiting) t.join();
+  pool.release(running[1]);
+  // c and d take turns among the urgent ones (c was served first, so d goes next), then the
+  // default one, then the batch ones, b's before a's second (a was served already).
+  EXPECT_EQ(order, (std::vector<std::string>{"urgent-1", "urgent-3", "urgent-2", "default",
+                                             "batch-1", "batch-3", "batch-2"}));
+  EXPECT_EQ(pool.reservedBlocks(), 0);
+}
+
 TEST_F(WorkerPoolTest, AwaitingAPrefillWorkerEndsWhenOneRegistersOrPatienceRunsOut) {
   WorkerPool pool(
       {.restart_patience = std::chrono::seconds(5)}, [](auto) {}, [](const std::string&) {});

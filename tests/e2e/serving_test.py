@@ -16,6 +16,7 @@ import concurrent.futures
 import json
 import os
 import random
+import statistics
 import re
 import subprocess
 import sys
@@ -167,6 +168,37 @@ class ServingTest(unittest.TestCase):
         self.assertGreater(floor, 0)
         self.assertLess(floor, spent)  # No step beats its floor.
         print(f"decode worker efficiency over the load: {floor / spent:.2f}")
+        self.wait_for_no_reservations()
+
+    def test_higher_priority_requests_pass_the_queue(self):
+        """96 requests of priority 0 fill the worker (twice its target admitted) and the
+        router's queue, 48 or more waiting; 4 of priority -1 sent then go in as soon as places
+        free, ahead of those waiting since before them: their queue wait is under one
+        request's service time, where 48 ahead of them would take about three."""
+        timings = {}  # name -> the final Timings
+
+        def run(name, priority):
+            _, _, final = self.generate(self.request(f"Count slowly, request {name}:",
+                                                     max_new_tokens=24, ignore_eos=True,
+                                                     priority=priority), timeout=600)
+            timings[name] = final.timings
+
+        with concurrent.futures.ThreadPoolExecutor(100) as pool:
+            futures = [pool.submit(run, f"batch-{i}", 0) for i in range(96)]
+            deadline = time.monotonic() + 60
+            while metric(self.router.ready["metrics_port"], "cleave_router_queue_depth") < 48:
+                self.assertLess(time.monotonic(), deadline, "the queue never filled")
+                time.sleep(0.01)
+            futures += [pool.submit(run, f"urgent-{i}", -1) for i in range(4)]
+            for f in futures:
+                f.result()
+        # A request's time once admitted: the worker's (its decode batch wait included).
+        service = statistics.median(t.total_ms - t.queue_wait_ms for n, t in timings.items()
+                                    if n.startswith("batch"))
+        urgent = max(t.queue_wait_ms for n, t in timings.items() if n.startswith("urgent"))
+        print(f"\npriority -1 waited at most {urgent:.0f} ms in the queue; a request's "
+              f"service takes {service:.0f} ms (median)")
+        self.assertLess(urgent, 1.5 * service)
         self.wait_for_no_reservations()
 
     def test_chat_prompts_go_through_the_models_template(self):
