@@ -40,6 +40,17 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
   }
   if (request.stop.max_new_tokens <= 0)
     return absl::InvalidArgumentError("max_new_tokens must be > 0");
+  if (request.stop.min_new_tokens < 0 ||
+      request.stop.min_new_tokens > request.stop.max_new_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_new_tokens must be in [0, max_new_tokens = ", request.stop.max_new_tokens,
+                     "], got ", request.stop.min_new_tokens));
+  }
+  if (request.json_object && request.stop.min_new_tokens > 0) {
+    return absl::InvalidArgumentError(
+        "min_new_tokens cannot hold off the end of a JSON object output");
+  }
+  CLEAVE_RETURN_IF_ERROR(engine::validate(request.adjustments, c.vocab_size));
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_new_tokens;
   if (total > c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("prompt + max_new_tokens = ", total,
@@ -377,10 +388,21 @@ void Scheduler::draft(std::span<Sequence* const> members, std::span<SequenceChun
   }
 }
 
+bool Scheduler::adjusted(const Sequence& seq) {
+  const int64_t generated = static_cast<int64_t>(seq.tokens.size() - seq.request.prompt.size());
+  return !seq.request.adjustments.empty() || generated < seq.request.stop.min_new_tokens;
+}
+
 SampledToken Scheduler::sample(Sequence& seq, std::span<const float> logits) {
-  if (seq.constraint) {
+  if (seq.constraint || adjusted(seq)) {
     masked_.assign(logits.begin(), logits.end());
-    seq.constraint->mask(masked_);
+    const int64_t generated = static_cast<int64_t>(seq.tokens.size() - seq.request.prompt.size());
+    applyAdjustments(seq.request.adjustments,
+                     generated < seq.request.stop.min_new_tokens
+                         ? std::span<const uint32_t>(seq.request.stop.stop_token_ids)
+                         : std::span<const uint32_t>(),
+                     masked_);
+    if (seq.constraint) seq.constraint->mask(masked_);
     logits = masked_;
   }
   return seq.sampler->sample(logits);
@@ -506,8 +528,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     RowOutput out;
     if (seq.cached + static_cast<int64_t>(batch[i].tokens.size()) >=
         static_cast<int64_t>(seq.request.prompt.size())) {
-      // A constrained row is masked and drawn here, from its logits.
-      if (!seq.constraint) out.draw = seq.sampler->deviceDraw();
+      // A constrained or adjusted row is drawn here, from its logits.
+      if (!seq.constraint && !adjusted(seq)) out.draw = seq.sampler->deviceDraw();
       out.logits = !out.draw.has_value();
     }
     outputs.push_back(out);

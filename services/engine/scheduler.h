@@ -34,6 +34,7 @@
 #include "services/engine/json_constraint.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/llama_model.h"
+#include "services/engine/logit_adjustments.h"
 #include "services/engine/sampler.h"
 #include "services/engine/speculative.h"
 #include "services/engine/stop_checker.h"
@@ -72,6 +73,9 @@ struct GenerationRequest {
   int64_t output_in_prompt = 0;
   // With json_object: the schema the object must be an instance of (json_schema.h).
   std::shared_ptr<const JsonSchema> json_schema;
+  // logit_bias and allowed_token_ids (logit_adjustments.h); stop tokens are held off until
+  // stop.min_new_tokens.
+  LogitAdjustments adjustments;
 };
 
 // What one step produced for one sequence.
@@ -215,8 +219,11 @@ class Scheduler {
   // Turns decode chunks (batch[i] for members[i], i < decoding) into last token + drafts
   // from `budget`, which they use up.
   void draft(std::span<Sequence* const> members, std::span<SequenceChunk> batch, int64_t& budget);
-  // A token drawn from `logits`, the row after `seq`'s last token (masked by its constraint).
+  // A token drawn from `logits`, the row after `seq`'s last token (adjusted as its request
+  // says, masked by its constraint).
   SampledToken sample(Sequence& seq, std::span<const float> logits);
+  // Whether `seq`'s next row is sampled from adjusted logits (on the host).
+  static bool adjusted(const Sequence& seq);
   // Appends `sampled` to `seq`, and its event to `events`.
   void emit(Sequence& seq, SampledToken sampled, std::vector<TokenEvent>& events);
   // Samples `seq`'s rows after its chunk's tokens in turn while each token sampled equals

@@ -511,6 +511,45 @@ TEST_F(SchedulerTest, SpeculativeDecodingGivesTheTokensOfOneTokenASteps) {
   }
 }
 
+// logit_bias, allowed_token_ids and min_new_tokens change what greedy decoding picks as the
+// adjusted logits say; bad values are refused naming the field.
+TEST_F(SchedulerTest, LogitAdjustmentsSteerTheDraws) {
+  Scheduler scheduler(withBlocks(64), nullptr, {.max_batch_tokens = 64, .max_sequences = 8});
+  const std::vector<uint32_t> prompt = randomPrompt(9);
+  const std::vector<uint32_t> greedy = alone(prompt, 6);
+  // A large bias makes one token every draw; a ban moves the first draw off greedy's.
+  GenerationRequest forced{.id = 1, .prompt = prompt, .stop = {.max_new_tokens = 4}};
+  forced.adjustments.bias = {{7, kMaxLogitBias}};
+  GenerationRequest banned{.id = 2, .prompt = prompt, .stop = {.max_new_tokens = 1}};
+  banned.adjustments.bias = {{greedy[0], -kMaxLogitBias}};
+  GenerationRequest allowed{.id = 3, .prompt = prompt, .stop = {.max_new_tokens = 6}};
+  allowed.adjustments.allowed = {11, 12, 13};
+  // The second greedy token stops the sequence, but not before four tokens.
+  GenerationRequest held{
+      .id = 4,
+      .prompt = prompt,
+      .stop = {.stop_token_ids = {greedy[1]}, .max_new_tokens = 6, .min_new_tokens = 4}};
+  for (GenerationRequest* r : {&forced, &banned, &allowed, &held})
+    ASSERT_TRUE(scheduler.add(*r).ok());
+  auto got = drain(scheduler);
+  EXPECT_EQ(got[1], std::vector<uint32_t>(4, 7));
+  ASSERT_EQ(got[2].size(), 1u);
+  EXPECT_NE(got[2][0], greedy[0]);
+  EXPECT_EQ(got[3].size(), 6u);
+  for (uint32_t t : got[3]) EXPECT_TRUE(t >= 11 && t <= 13) << t;
+  ASSERT_GE(got[4].size(), 4u);
+  EXPECT_EQ(got[4][0], greedy[0]);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NE(got[4][i], greedy[1]) << i;
+  EXPECT_EQ(scheduler.freeBlocks(), 64);
+
+  GenerationRequest bad{.id = 5, .prompt = prompt, .stop = {.max_new_tokens = 4}};
+  bad.adjustments.bias = {{weights_->config.vocab_size, 1.0f}};
+  EXPECT_THAT(scheduler.add(bad).message(), HasSubstr("logit_bias"));
+  bad.adjustments = {};
+  bad.stop.min_new_tokens = 5;
+  EXPECT_THAT(scheduler.add(bad).message(), HasSubstr("min_new_tokens"));
+}
+
 // SmolLM2 (a byte-level vocabulary) constrained to a JSON object: its greedy reply parses
 // as one, and a sequence moved mid-reply (its first tokens now in the prompt) continues
 // with the same tokens, the constraint replaying what was already said.

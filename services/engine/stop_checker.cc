@@ -9,8 +9,9 @@ StopChecker::StopChecker(StopCriteria criteria) : criteria_(std::move(criteria))
 std::string StopChecker::push(uint32_t id, const std::string& text) {
   if (stopped()) return "";
   ++generated_;
-  if (std::find(criteria_.stop_token_ids.begin(), criteria_.stop_token_ids.end(), id) !=
-      criteria_.stop_token_ids.end()) {
+  const bool may_stop = generated_ >= criteria_.min_new_tokens;
+  if (may_stop && std::find(criteria_.stop_token_ids.begin(), criteria_.stop_token_ids.end(), id) !=
+                      criteria_.stop_token_ids.end()) {
     reason_ = StopReason::kStopToken;
     matched_ = std::to_string(id);
     return flush();
@@ -19,7 +20,7 @@ std::string StopChecker::push(uint32_t id, const std::string& text) {
   // The earliest stop string in the held text ends the sequence; text before it is shown.
   size_t earliest = std::string::npos;
   for (const std::string& stop : criteria_.stop_strings) {
-    size_t at = held_.find(stop);
+    size_t at = may_stop ? held_.find(stop) : std::string::npos;
     if (at != std::string::npos && at < earliest) {
       earliest = at;
       matched_ = stop;

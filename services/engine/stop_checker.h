@@ -19,6 +19,9 @@ struct StopCriteria {
   std::vector<uint32_t> stop_token_ids;  // Including the model's end-of-sequence ids.
   std::vector<std::string> stop_strings;
   int64_t max_new_tokens = 0;  // 0: no limit.
+  // Neither stop tokens nor stop strings end the sequence before this many tokens (the
+  // scheduler holds stop tokens off until then).
+  int64_t min_new_tokens = 0;
 };
 
 class StopChecker {

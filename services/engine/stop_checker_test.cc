@@ -44,5 +44,23 @@ TEST(StopCheckerTest, StopTokensAndTheLimit) {
   EXPECT_EQ(limit.reason(), StopReason::kLength);
 }
 
+// Before min_new_tokens neither a stop token nor a stop string ends the sequence (its text
+// is shown); from then on both do.
+TEST(StopCheckerTest, NothingStopsBeforeTheMinimum) {
+  StopChecker early(
+      {.stop_token_ids = {7}, .stop_strings = {"END"}, .max_new_tokens = 10, .min_new_tokens = 3});
+  EXPECT_EQ(early.push(7, "<eos>"), "<eos>");
+  EXPECT_EQ(early.push(5, "END."), "END.");
+  EXPECT_FALSE(early.stopped());
+  EXPECT_EQ(early.push(5, "xEN"), "x");  // The third: a stop string may end it now.
+  EXPECT_EQ(early.push(5, "D!"), "");
+  EXPECT_EQ(early.reason(), StopReason::kStopString);
+  StopChecker token({.stop_token_ids = {7}, .max_new_tokens = 10, .min_new_tokens = 2});
+  token.push(7, "");
+  EXPECT_FALSE(token.stopped());
+  token.push(7, "");
+  EXPECT_EQ(token.reason(), StopReason::kStopToken);
+}
+
 }  // namespace
 }  // namespace cleave::engine

@@ -128,8 +128,25 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                  absl::StrCat("stopping.max_new_tokens: the prompt's ", prompt_tokens, " tokens + ",
                               max_new, " new ones exceed the context length ", context_length));
   }
-  if (request.stopping().has_min_new_tokens() && request.stopping().min_new_tokens() > 0) {
-    return error(grpc::StatusCode::UNIMPLEMENTED, "stopping.min_new_tokens is not supported yet");
+  if (request.stopping().min_new_tokens() > max_new) {
+    return error(grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("stopping.min_new_tokens ", request.stopping().min_new_tokens(),
+                              " exceeds the ", max_new, " new tokens the context leaves"));
+  }
+  auto outside = [&](uint32_t id) { return id >= model->vocab_size; };
+  for (const auto& [id, bias] : request.sampling().logit_bias()) {
+    if (outside(id)) {
+      return error(grpc::StatusCode::INVALID_ARGUMENT,
+                   absl::StrCat("sampling.logit_bias: token id ", id,
+                                " is outside the vocabulary (", model->vocab_size, " tokens)"));
+    }
+  }
+  for (uint32_t id : request.sampling().allowed_token_ids()) {
+    if (outside(id)) {
+      return error(grpc::StatusCode::INVALID_ARGUMENT,
+                   absl::StrCat("sampling.allowed_token_ids: token id ", id,
+                                " is outside the vocabulary (", model->vocab_size, " tokens)"));
+    }
   }
   const int64_t blocks = (prompt_tokens + max_new + model->block_size - 1) / model->block_size;
 
@@ -341,6 +358,10 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
   const std::vector<uint64_t> prefix = PrefixIndex::blockHashes(sequence.tokens, model->block_size);
   v1::StoppingCriteria stopping = sequence.stopping;
   stopping.set_max_new_tokens(static_cast<uint32_t>(sequence.remaining));
+  // A moved sequence's tokens already sent count toward its minimum.
+  const int64_t sent = tokens - sequence.prompt_tokens;
+  stopping.set_min_new_tokens(
+      static_cast<uint32_t>(std::max<int64_t>(0, int64_t{stopping.min_new_tokens()} - sent)));
   grpc::Status status;
   auto passOver = [&](const Worker& worker) {
     CLEAVE_LOG(WARNING) << "decode worker " << worker.id << " unreachable for " << sequence.id

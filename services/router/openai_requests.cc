@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/json_shape.h"
 #include "common/status_macros.h"
@@ -84,9 +85,6 @@ absl::Status parseModel(const Json& body, Request& request) {
 
 // What the API asks for and Cleave does not do.
 absl::Status refuseUnsupported(const Json& body) {
-  if (const Json* bias = field(body, "logit_bias"); bias != nullptr && !bias->empty()) {
-    return invalid("logit_bias", "is not supported");
-  }
   if (const Json* s = field(body, "suffix"); s != nullptr && !(s->is_string() && s->empty())) {
     return invalid("suffix", "is not supported");
   }
@@ -232,7 +230,24 @@ absl::Status parseCommon(const Json& body, Call& call) {
   stop.set_ignore_eos(ignore_eos);
   CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,
                           integer(body, "min_tokens", 0, std::numeric_limits<uint32_t>::max()));
-  if (min_tokens && *min_tokens > 0) return invalid("min_tokens", "is not supported yet");
+  if (min_tokens && *min_tokens > 0) stop.set_min_new_tokens(static_cast<uint32_t>(*min_tokens));
+  // {"token id": bias}, as OpenAI's; vLLM's allowed_token_ids.
+  if (const Json* v = field(body, "logit_bias"); v != nullptr && !v->is_null()) {
+    if (!v->is_object()) return invalid("logit_bias", "must be an object of token id: bias");
+    for (const auto& [key, bias] : v->items()) {
+      uint32_t id = 0;
+      if (!absl::SimpleAtoi(key, &id))
+        return invalid("logit_bias", absl::StrCat("key \"", key, "\" is not a token id"));
+      if (!bias.is_number())
+        return invalid(absl::StrCat("logit_bias[\"", key, "\"]"), "must be a number");
+      (*s.mutable_logit_bias())[id] = bias.get<float>();
+    }
+  }
+  if (const Json* v = field(body, "allowed_token_ids"); v != nullptr && !v->is_null()) {
+    if (!v->is_array()) return invalid("allowed_token_ids", "must be an array of token ids");
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenIds(*v, "allowed_token_ids"));
+    s.mutable_allowed_token_ids()->Add(ids.begin(), ids.end());
+  }
 
   CLEAVE_ASSIGN_OR_RETURN(call.stream, boolean(body, "stream", false));
   if (const Json* options = field(body, "stream_options"); options != nullptr) {

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
+#include "gmock/gmock.h"
 #include "grpcpp/support/status.h"
 #include "gtest/gtest.h"
 #include "services/engine/json_schema.h"
@@ -21,6 +22,7 @@ TEST(OpenAiRequestTest, CompletionFieldsBecomeAGenerateRequest) {
       "frequency_penalty": 0.5, "repetition_penalty": 1.1, "stop": ["\n", "The"],
       "stop_token_ids": [2, 7], "ignore_eos": true, "logprobs": 3, "stream": true,
       "stream_options": {"include_usage": true}, "user": "u", "n": 1, "priority": -5,
+      "logit_bias": {"17": -100, "4": 2.5}, "allowed_token_ids": [4, 17, 30], "min_tokens": 2,
       "unknown": {}})"));
   ASSERT_TRUE(call.ok()) << call.status();
   const v1::GenerateRequest& r = call->request;
@@ -47,6 +49,11 @@ TEST(OpenAiRequestTest, CompletionFieldsBecomeAGenerateRequest) {
   EXPECT_TRUE(call->include_usage);
   EXPECT_TRUE(call->logprobs);
   EXPECT_EQ(r.priority(), -5);
+  ASSERT_EQ(r.sampling().logit_bias_size(), 2);
+  EXPECT_FLOAT_EQ(r.sampling().logit_bias().at(17), -100.0f);
+  EXPECT_FLOAT_EQ(r.sampling().logit_bias().at(4), 2.5f);
+  EXPECT_THAT(r.sampling().allowed_token_ids(), ::testing::ElementsAre(4, 17, 30));
+  EXPECT_EQ(r.stopping().min_new_tokens(), 2u);
 }
 
 TEST(OpenAiRequestTest, SeveralPromptsMakeOneRequestEach) {
@@ -232,7 +239,10 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {R"({"prompt": "a", "n": 17})", "n"},
       {R"({"prompt": "a", "n": 0})", "n"},
       {R"({"prompt": "a", "n": 2, "best_of": 3})", "best_of"},
-      {R"({"prompt": "a", "logit_bias": {"5": 10}})", "logit_bias"},
+      {R"({"prompt": "a", "logit_bias": {"x": 10}})", "logit_bias"},
+      {R"({"prompt": "a", "logit_bias": {"5": "high"}})", "logit_bias[\"5\"]"},
+      {R"({"prompt": "a", "logit_bias": [5]})", "logit_bias"},
+      {R"({"prompt": "a", "allowed_token_ids": [1, -1]})", "allowed_token_ids[1]"},
       {R"({"prompt": "a", "suffix": "end"})", "suffix"},
       {R"({"prompt": "a", "stop": 5})", "stop"},
       {R"({"prompt": "a", "stop": ["x", 1]})", "stop[1]"},
@@ -243,7 +253,7 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {R"({"prompt": "a", "top_k": -2})", "top_k"},
       {R"({"prompt": "a", "include_stop_str_in_output": true})", "include_stop_str_in_output"},
       {R"({"prompt": "a", "model": 7})", "model"},
-      {R"({"prompt": "a", "min_tokens": 3})", "min_tokens"},
+      {R"({"prompt": "a", "min_tokens": -3})", "min_tokens"},
       {R"({"prompt": "a", "priority": 1.5})", "priority"},
       {R"({"prompt": "a", "priority": 4294967296})", "priority"},
   };

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/engine/json_schema.h"
+#include "services/engine/logit_adjustments.h"
 
 namespace cleave::router {
 namespace {
@@ -36,6 +37,22 @@ absl::Status validateSampling(const v1::SamplingParams& s) {
   }
   if (s.has_frequency_penalty() && !(s.frequency_penalty() >= -2 && s.frequency_penalty() <= 2)) {
     return invalid("sampling.frequency_penalty", "must be in [-2, 2]", s.frequency_penalty());
+  }
+  if (s.logit_bias_size() > kMaxLogitBiasEntries) {
+    return invalid("sampling.logit_bias",
+                   absl::StrCat("may hold at most ", kMaxLogitBiasEntries, " tokens"),
+                   s.logit_bias_size());
+  }
+  for (const auto& [token, bias] : s.logit_bias()) {
+    if (!(std::isfinite(bias) && std::fabs(bias) <= engine::kMaxLogitBias)) {
+      return invalid(absl::StrCat("sampling.logit_bias[", token, "]"), "must be in [-100, 100]",
+                     bias);
+    }
+  }
+  if (s.allowed_token_ids_size() > kMaxAllowedTokens) {
+    return invalid("sampling.allowed_token_ids",
+                   absl::StrCat("may hold at most ", kMaxAllowedTokens, " tokens"),
+                   s.allowed_token_ids_size());
   }
   return absl::OkStatus();
 }
@@ -121,6 +138,11 @@ absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
                    request.sampling().response_format());
   }
   const v1::ResponseFormat format = request.sampling().response_format();
+  if (format != v1::RESPONSE_FORMAT_TEXT && request.stopping().min_new_tokens() > 0) {
+    return absl::InvalidArgumentError(
+        "stopping.min_new_tokens cannot hold off the end of a JSON output "
+        "(sampling.response_format)");
+  }
   if (format != v1::RESPONSE_FORMAT_TEXT && request.stopping().ignore_eos()) {
     return absl::InvalidArgumentError(
         "sampling.response_format: a JSON object ends with the end-of-sequence token; "

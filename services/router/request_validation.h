@@ -15,6 +15,8 @@ inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr size_t kMaxStopStringBytes = 256;
 inline constexpr size_t kMaxRequestIdBytes = 128;
 inline constexpr size_t kMaxJsonSchemaBytes = 1 << 20;
+inline constexpr int kMaxLogitBiasEntries = 1024;
+inline constexpr int kMaxAllowedTokens = 65536;
 
 // OK, or InvalidArgument whose message names the field and says what is allowed,
 // e.g. "sampling.top_p must be in (0, 1], got 1.5".

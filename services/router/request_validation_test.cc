@@ -87,6 +87,23 @@ TEST(RequestValidationTest, EachBadValueIsNamedInTheError) {
        [](auto& r) {
          for (size_t i = 0; i < kMaxStopStrings; ++i) r.mutable_stopping()->add_stop("s");
        }},
+      {"sampling.logit_bias[3]",
+       [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[3] = 100.5f; }},
+      {"sampling.logit_bias",
+       [](auto& r) {
+         for (uint32_t t = 0; t <= kMaxLogitBiasEntries; ++t)
+           (*r.mutable_sampling()->mutable_logit_bias())[t] = 1.0f;
+       }},
+      {"sampling.allowed_token_ids",
+       [](auto& r) {
+         for (int t = 0; t <= kMaxAllowedTokens; ++t)
+           r.mutable_sampling()->add_allowed_token_ids(1);
+       }},
+      {"stopping.min_new_tokens cannot hold off the end of a JSON output",
+       [](auto& r) {
+         r.mutable_sampling()->set_response_format(v1::RESPONSE_FORMAT_JSON_OBJECT);
+         r.mutable_stopping()->set_min_new_tokens(2);
+       }},
       {"logprobs", [](auto& r) { r.set_logprobs(kMaxLogprobs + 1); }},
       {"request_id", [](auto& r) { r.set_request_id(std::string(kMaxRequestIdBytes + 1, 'r')); }},
   };

@@ -23,10 +23,10 @@ absl::StatusOr<engine::GenerationRequest> toEngineRequest(uint64_t id, const Req
   if (absl::Status valid = engine::validateSamplingParams(r.sampling); !valid.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.", valid.message()));
   }
+  r.adjustments.bias.assign(s.logit_bias().begin(), s.logit_bias().end());
+  r.adjustments.allowed.assign(s.allowed_token_ids().begin(), s.allowed_token_ids().end());
   const v1::StoppingCriteria& stop = *parts.stopping;
-  if (stop.has_min_new_tokens() && stop.min_new_tokens() > 0) {
-    return absl::UnimplementedError("stopping.min_new_tokens is not supported yet");
-  }
+  r.stop.min_new_tokens = stop.min_new_tokens();
   if (!stop.ignore_eos()) r.stop.stop_token_ids = eos;
   if (s.response_format() == v1::RESPONSE_FORMAT_JSON_OBJECT ||
       s.response_format() == v1::RESPONSE_FORMAT_JSON_SCHEMA) {

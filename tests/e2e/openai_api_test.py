@@ -388,6 +388,50 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertIn("at /properties/a: \\\"pattern\\\" is not supported", text)
         ct.wait_until_nothing_reserved(self.router, [self.worker])
 
+    def test_logit_bias_allowed_tokens_and_min_tokens_steer_the_reply(self):
+        prompt = "The three primary colors are"
+        greedy = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=6,
+                                                temperature=0, logprobs=0)
+        first = greedy.choices[0].logprobs.tokens[0]
+        status, _, body = self.raw("POST", "/tokenize", {"prompt": first,
+                                                         "add_special_tokens": False})
+        self.assertEqual(status, 200, body)
+        [first_id] = json.loads(body)["tokens"]
+        # A ban moves the first token off greedy's.
+        banned = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=6,
+                                                temperature=0, logprobs=0,
+                                                logit_bias={str(first_id): -100})
+        self.assertNotEqual(banned.choices[0].logprobs.tokens[0], first)
+        # Only these tokens, whatever the model would rather say.
+        status, _, body = self.raw("POST", "/tokenize", {"prompt": " red green blue",
+                                                         "add_special_tokens": False})
+        allowed = json.loads(body)["tokens"]
+        only = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=8,
+                                              temperature=0,
+                                              extra_body={"allowed_token_ids": allowed})
+        self.assertEqual(only.usage.completion_tokens, 8)
+        self.assertTrue(set(only.choices[0].text.split()) <= {"red", "green", "blue"},
+                        only.choices[0].text)
+        # A short reply goes on past its end-of-sequence until min_tokens.
+        messages = [{"role": "user", "content": "Say hi."}]
+        short = self.client.chat.completions.create(model=self.model, messages=messages,
+                                                    max_tokens=60, temperature=0)
+        self.assertEqual(short.choices[0].finish_reason, "stop")
+        n = short.usage.completion_tokens
+        longer = self.client.chat.completions.create(model=self.model, messages=messages,
+                                                     max_tokens=60, temperature=0,
+                                                     extra_body={"min_tokens": n + 5})
+        self.assertGreaterEqual(longer.usage.completion_tokens, n + 5)
+        self.assertTrue(longer.choices[0].message.content.startswith(
+            short.choices[0].message.content.rstrip()), longer.choices[0].message.content)
+        for body, param in (({"prompt": "x", "logit_bias": {"5": 101}}, None),
+                            ({"prompt": "x", "logit_bias": {"99999999": 1}}, None),
+                            ({"prompt": "x", "allowed_token_ids": [99999999]}, None),
+                            ({"prompt": "x", "logit_bias": {"x": 1}}, "logit_bias")):
+            with self.subTest(body=body):
+                status, _, text = self.raw("POST", "/v1/completions", body)
+                self.assertApiError(status, text, 400, param)
+
     def test_stop_strings_end_the_text(self):
         free = self.client.completions.create(model=self.model, prompt="Count: one, two,",
                                               max_tokens=16, temperature=0)

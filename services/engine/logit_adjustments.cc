@@ -1,0 +1,56 @@
+#include "services/engine/logit_adjustments.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave::engine {
+
+absl::Status validate(const LogitAdjustments& adjustments, uint32_t vocab_size) {
+  for (const auto& [token, bias] : adjustments.bias) {
+    if (token >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "logit_bias: token id ", token, " is outside the vocabulary (", vocab_size, ")"));
+    }
+    if (!(std::isfinite(bias) && std::fabs(bias) <= kMaxLogitBias)) {
+      return absl::InvalidArgumentError(absl::StrCat("logit_bias: the bias of token ", token,
+                                                     " must be in [-", kMaxLogitBias, ", ",
+                                                     kMaxLogitBias, "], got ", bias));
+    }
+  }
+  for (uint32_t token : adjustments.allowed) {
+    if (token >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "allowed_token_ids: token id ", token, " is outside the vocabulary (", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void applyAdjustments(const LogitAdjustments& adjustments, std::span<const uint32_t> held_off,
+                      std::span<float> logits) {
+  constexpr float kNever = -std::numeric_limits<float>::infinity();
+  for (const auto& [token, bias] : adjustments.bias) logits[token] += bias;
+  if (!adjustments.allowed.empty()) {
+    std::vector<float> kept;
+    kept.reserve(adjustments.allowed.size());
+    for (uint32_t token : adjustments.allowed) kept.push_back(logits[token]);
+    std::fill(logits.begin(), logits.end(), kNever);
+    for (size_t i = 0; i < kept.size(); ++i) logits[adjustments.allowed[i]] = kept[i];
+  }
+  if (held_off.empty()) return;
+  // Held off only while another token stays possible.
+  bool other = false;
+  for (size_t t = 0; t < logits.size() && !other; ++t) {
+    other = logits[t] != kNever &&
+            std::find(held_off.begin(), held_off.end(), static_cast<uint32_t>(t)) == held_off.end();
+  }
+  if (!other) return;
+  for (uint32_t token : held_off) {
+    if (token < logits.size()) logits[token] = kNever;
+  }
+}
+
+}  // namespace cleave::engine
