@@ -27,8 +27,9 @@ int64_t workspaceBytes(const model::ModelConfig& c, const MemoryPlanInput& in) {
       2 * c.hidden_size + 2 * q_dim + 2 * kv_dim + 2 * ffn + latent_heads;
   const int64_t activations = tokens * floats_per_token * 4;
   const int64_t quantized = tokens * std::max<int64_t>(c.hidden_size, ffn) * 2;
-  const int64_t rows = std::min(in.target_concurrency * (1 + in.speculative_tokens),
-                                std::max(in.max_batch_tokens, in.target_concurrency));
+  const int64_t rows =
+      std::min(in.target_concurrency * (1 + in.speculative_tokens) + kPromptLogprobRows,
+               std::max(in.max_batch_tokens, in.target_concurrency));
   const int64_t logits = rows * int64_t{c.vocab_size} * 4;
   return 2 * (activations + quantized + logits);
 }

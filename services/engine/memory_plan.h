@@ -31,6 +31,10 @@ inline constexpr int64_t kDeviceReserve = int64_t{512} << 20;
 // bookkeeping stay small however large the budget.
 inline constexpr int64_t kMaxKvBlocks = int64_t{1} << 20;
 
+// Rows of logits a step computes for prompt log-probabilities, at most (a prompt scored
+// token by token goes in chunks of this many).
+inline constexpr int64_t kPromptLogprobRows = 64;
+
 struct MemoryPlanInput {
   int64_t budget_bytes = 0;
   int64_t weight_bytes = 0;        // As loaded (packed) for this rank.

@@ -64,7 +64,7 @@ TEST(MemoryPlanTest, DraftsLogitsAreInTheWorkspace) {
   const int64_t row = 2 * 49152 * 4;  // Logits of a row, twice (the estimate's margin).
   EXPECT_EQ(workspace(4) - workspace(0), 16 * 4 * row);
   EXPECT_EQ(workspace(16) - workspace(0), 16 * 16 * row);
-  EXPECT_EQ(workspace(64) - workspace(0), (512 - 16) * row);
+  EXPECT_EQ(workspace(64) - workspace(0), (512 - 16 - kPromptLogprobRows) * row);
   EXPECT_EQ(workspace(100), workspace(64));
 }
 

@@ -174,25 +174,29 @@ SampledToken Sampler::sample(std::span<const float> logits) {
   }
   observe(chosen);
 
-  SampledToken result{.token = chosen};
-  if (params_.logprobs >= 0) {
-    const double peak = *std::max_element(logits.begin(), logits.end());
-    double total = 0;
-    for (float v : logits) total += std::exp(double(v) - peak);
-    const double log_total = std::log(total);
-    result.logprob = static_cast<float>(logSoftmaxAt(logits, chosen, peak, log_total));
-    if (params_.logprobs > 0) {
-      const uint32_t n = std::min<uint32_t>(params_.logprobs, vocab);
-      std::vector<uint32_t> best(vocab);
-      std::iota(best.begin(), best.end(), 0u);
-      std::partial_sort(best.begin(), best.begin() + n, best.end(), [&](uint32_t a, uint32_t b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-      });
-      for (uint32_t i = 0; i < n; ++i) {
-        if (!std::isfinite(logits[best[i]])) break;  // masked: no alternative at all
-        result.top.emplace_back(best[i],
-                                static_cast<float>(logSoftmaxAt(logits, best[i], peak, log_total)));
-      }
+  if (params_.logprobs >= 0) return scoreToken(logits, chosen, params_.logprobs);
+  return SampledToken{.token = chosen};
+}
+
+SampledToken scoreToken(std::span<const float> logits, uint32_t token, int32_t top) {
+  SampledToken result{.token = token};
+  const uint32_t vocab = static_cast<uint32_t>(logits.size());
+  const double peak = *std::max_element(logits.begin(), logits.end());
+  double total = 0;
+  for (float v : logits) total += std::exp(double(v) - peak);
+  const double log_total = std::log(total);
+  result.logprob = static_cast<float>(logSoftmaxAt(logits, token, peak, log_total));
+  if (top > 0) {
+    const uint32_t n = std::min<uint32_t>(top, vocab);
+    std::vector<uint32_t> best(vocab);
+    std::iota(best.begin(), best.end(), 0u);
+    std::partial_sort(best.begin(), best.begin() + n, best.end(), [&](uint32_t a, uint32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (uint32_t i = 0; i < n; ++i) {
+      if (!std::isfinite(logits[best[i]])) break;  // masked: no alternative at all
+      result.top.emplace_back(best[i],
+                              static_cast<float>(logSoftmaxAt(logits, best[i], peak, log_total)));
     }
   }
   return result;

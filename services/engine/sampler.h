@@ -77,6 +77,10 @@ struct SampledToken {
   std::vector<std::pair<uint32_t, float>> top;  // Best first, when logprobs > 0.
 };
 
+// `token`'s log-probability under `logits` (log-softmax, summed in double), and the `top`
+// most likely tokens' (best first, lowest id first among equals; none past a masked one).
+SampledToken scoreToken(std::span<const float> logits, uint32_t token, int32_t top);
+
 class Sampler {
  public:
   // `params` must be valid. `prompt` feeds the repetition penalty.

@@ -51,6 +51,15 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
         "min_new_tokens cannot hold off the end of a JSON object output");
   }
   CLEAVE_RETURN_IF_ERROR(engine::validate(request.adjustments, c.vocab_size));
+  if (request.prompt_logprobs < -1 || request.prompt_logprobs > kMaxLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs must be in [0, ", kMaxLogprobs,
+                                                   "] (or -1 for none), got ",
+                                                   request.prompt_logprobs));
+  }
+  if (request.prompt_logprobs >= 0 && !model_.multiRowLogits()) {
+    return absl::UnimplementedError(
+        "prompt log-probabilities are computed by the CPU backend only (not on GPUs yet)");
+  }
   const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_new_tokens;
   if (total > c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("prompt + max_new_tokens = ", total,
@@ -115,7 +124,10 @@ Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt, i
 
 void Scheduler::extendFromCache(Sequence& seq) {
   const int64_t bs = cache_.blockSize();
-  if (!options_.prefix_caching || seq.cached != seq.published * bs) return;
+  if (!options_.prefix_caching || seq.cached != seq.published * bs ||
+      seq.request.prompt_logprobs >= 0) {
+    return;
+  }
   const PrefixHit hit = lookupPrefix(seq.request.prompt, seq.published, seq.chain);
   for (size_t i = 0; i < hit.blocks.size(); ++i) {
     const size_t j = static_cast<size_t>(seq.published) + i;
@@ -297,8 +309,8 @@ void Scheduler::admit() {
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_sequences) {
     GenerationRequest& next = waiting_.front();
     const int64_t total = static_cast<int64_t>(next.prompt.size()) + next.stop.max_new_tokens;
-    // The longest cached prefix's blocks, then fresh ones.
-    const PrefixHit hit = lookupPrefix(next.prompt);
+    // The longest cached prefix's blocks, then fresh ones (a prompt scored: none).
+    const PrefixHit hit = next.prompt_logprobs < 0 ? lookupPrefix(next.prompt) : PrefixHit{};
     std::vector<int32_t> blocks = hit.blocks;
     cache_.retain(blocks);
     absl::StatusOr<std::vector<int32_t>> fresh =
@@ -415,7 +427,10 @@ void Scheduler::emit(Sequence& seq, SampledToken sampled, std::vector<TokenEvent
   }
   seq.tokens.push_back(sampled.token);
   TokenEvent event{.id = seq.request.id, .token = sampled.token};
-  if (seq.tokens.size() == seq.request.prompt.size() + 1) event.cached_tokens = seq.hit_tokens;
+  if (seq.tokens.size() == seq.request.prompt.size() + 1) {
+    event.cached_tokens = seq.hit_tokens;
+    event.prompt_logprobs = std::move(seq.prompt_scores);
+  }
   if (seq.request.sampling.logprobs >= 0) event.logprob = sampled.logprob;
   event.top_logprobs = std::move(sampled.top);
   event.prefilled = seq.mode == Mode::kPrefillOnly;
@@ -488,16 +503,18 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     extendFromCache(*seq);
     const int64_t bs = cache_.blockSize();
     const std::span<const uint32_t> prompt(seq->request.prompt);
-    if (options_.prefix_caching && seq->cached == seq->published * bs &&
+    const bool scored = seq->request.prompt_logprobs >= 0;
+    if (options_.prefix_caching && !scored && seq->cached == seq->published * bs &&
         seq->cached + bs < static_cast<int64_t>(prompt.size()) &&
         computing.contains(KvBlockPool::chainHash(seq->chain, prompt.subspan(seq->cached, bs)))) {
       continue;
     }
     const int64_t left = static_cast<int64_t>(prompt.size()) - seq->cached;
-    const int64_t take = std::min(left, budget);
+    const int64_t take = std::min({left, budget, scored ? kPromptLogprobRows : left});
     batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, take),
                      .start = seq->cached,
-                     .blocks = seq->blocks});
+                     .blocks = seq->blocks,
+                     .logits = scored ? take : 1});
     members.push_back(seq.get());
     budget -= take;
     // The full blocks this chunk completes (from its first whole one).
@@ -541,10 +558,19 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   int64_t row = 0;  // The first row of logits of batch[i].
   for (size_t i = 0; i < members.size(); row += batch[i].logits, ++i) {
     Sequence& seq = *members[i];
-    if (batch[i].logits > 1) {
+    if (batch[i].logits > 1 && seq.prefilled()) {  // A decoding sequence's drafts.
       verify(seq, batch[i], step.logits.subspan(row * vocab, batch[i].logits * vocab), events);
       continue;
     }
+    // A prompt scored: each row but one past its end scores the prompt token after it.
+    for (int64_t j = 0; j < batch[i].logits && seq.request.prompt_logprobs >= 0; ++j) {
+      const size_t next = static_cast<size_t>(batch[i].start + j + 1);
+      if (next >= seq.request.prompt.size()) break;
+      seq.prompt_scores.push_back(scoreToken(step.logits.subspan((row + j) * vocab, vocab),
+                                             seq.request.prompt[next],
+                                             seq.request.prompt_logprobs));
+    }
+    const int64_t last_row = row + batch[i].logits - 1;
     seq.cached += static_cast<int64_t>(batch[i].tokens.size());
     publishFull(seq);
     if (!seq.prefilled()) continue;  // A prompt chunk that is not the last samples nothing.
@@ -567,9 +593,9 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
         }
       }
     } else {
-      if (step.logits.size() < static_cast<size_t>((row + 1) * vocab))
+      if (step.logits.size() < static_cast<size_t>((last_row + 1) * vocab))
         return absl::InternalError("the model returned no logits for a row that needs them");
-      sampled = sample(seq, step.logits.subspan(row * vocab, vocab));
+      sampled = sample(seq, step.logits.subspan(last_row * vocab, vocab));
     }
     emit(seq, std::move(sampled), events);
   }

@@ -35,6 +35,7 @@
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/llama_model.h"
 #include "services/engine/logit_adjustments.h"
+#include "services/engine/memory_plan.h"
 #include "services/engine/sampler.h"
 #include "services/engine/speculative.h"
 #include "services/engine/stop_checker.h"
@@ -76,6 +77,12 @@ struct GenerationRequest {
   // logit_bias and allowed_token_ids (logit_adjustments.h); stop tokens are held off until
   // stop.min_new_tokens.
   LogitAdjustments adjustments;
+  // n >= 0: score the prompt, each token from the second on given those before it, with
+  // the n most likely tokens there (TokenEvent::prompt_logprobs); -1: none. Needs the CPU
+  // model (TpGroup::multiRowLogits). Such a prompt is computed whole (no prefix cache), in
+  // chunks of at most kPromptLogprobRows tokens; a reservation it prefills into must hold
+  // no cached blocks (reserve() without the prompt).
+  int32_t prompt_logprobs = -1;
 };
 
 // What one step produced for one sequence.
@@ -95,6 +102,8 @@ struct TokenEvent {
   // On the first token this scheduler sampled for a sequence: its prompt tokens whose KV
   // came from the prefix cache.
   int64_t cached_tokens = 0;
+  // On that first token, with GenerationRequest::prompt_logprobs: prompt tokens 1.. scored.
+  std::vector<SampledToken> prompt_logprobs;
 };
 
 class Scheduler {
@@ -188,6 +197,7 @@ class Scheduler {
     std::unique_ptr<tokenizer::IncrementalDetokenizer> detokenizer;
     std::unique_ptr<JsonConstraint> constraint;  // request.json_object
     std::vector<uint32_t> verify;                // A step's last token and drafts.
+    std::vector<SampledToken> prompt_scores;     // request.prompt_logprobs, so far.
     int64_t draft_limit = 0;                     // Drafts next step, at most (0: unset).
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
   };

@@ -511,6 +511,60 @@ TEST_F(SchedulerTest, SpeculativeDecodingGivesTheTokensOfOneTokenASteps) {
   }
 }
 
+// Prompt log-probabilities: every prompt token from the second on, scored given those
+// before it, as decoding the prompt one token at a time gives them; computed whole even
+// where the prefix cache holds the prompt, in chunks, and for a reserved prefill too.
+TEST_F(SchedulerTest, PromptLogprobsScoreEachTokenAsOneAtATime) {
+  const std::vector<uint32_t> prompt = randomPrompt(150);  // Past kPromptLogprobRows.
+  // Reference: the prompt fed one token at a time.
+  std::vector<SampledToken> want;
+  {
+    LlamaRunner runner(*weights_, pool_, 256);
+    for (size_t i = 0; i + 1 < prompt.size(); ++i) {
+      auto logits = runner.forward(std::span<const uint32_t>(&prompt[i], 1));
+      ASSERT_TRUE(logits.ok());
+      want.push_back(scoreToken(*logits, prompt[i + 1], 3));
+    }
+  }
+  const std::vector<uint32_t> first = alone(prompt, 1);
+  Scheduler scheduler(withBlocks(96), nullptr, {.max_batch_tokens = 100, .max_sequences = 4});
+  // The prompt once plainly: its blocks are cached after.
+  ASSERT_TRUE(scheduler.add({.id = 1, .prompt = prompt, .stop = {.max_new_tokens = 1}}).ok());
+  drain(scheduler);
+  auto check = [&](const TokenEvent& e) {
+    EXPECT_EQ(e.token, first[0]);
+    EXPECT_EQ(e.cached_tokens, 0);
+    ASSERT_EQ(e.prompt_logprobs.size(), prompt.size() - 1);
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const SampledToken& got = e.prompt_logprobs[i];
+      EXPECT_EQ(got.token, prompt[i + 1]);
+      worst = std::max(worst, double(std::fabs(got.logprob - want[i].logprob)));
+      ASSERT_EQ(got.top.size(), 3u);
+      for (size_t k = 0; k < 3; ++k) EXPECT_EQ(got.top[k].first, want[i].top[k].first) << i;
+    }
+    EXPECT_LE(worst, 1e-4);
+  };
+  GenerationRequest scored{
+      .id = 2, .prompt = prompt, .stop = {.max_new_tokens = 1}, .prompt_logprobs = 3};
+  ASSERT_TRUE(scheduler.add(scored).ok());
+  std::vector<TokenEvent> out = events(scheduler);
+  ASSERT_EQ(out.size(), 1u);
+  check(out[0]);
+  // Prefilled into a reservation (a prefill worker's).
+  scored.id = 3;
+  ASSERT_TRUE(scheduler.reserve(3, 38).ok());  // ceil(150 / 4)
+  ASSERT_TRUE(scheduler.addPrefill(scored).ok());
+  out = events(scheduler);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_TRUE(out[0].prefilled);
+  check(out[0]);
+  EXPECT_TRUE(out[0].finished);  // Its only token: the reservation ended with it.
+  EXPECT_EQ(scheduler.freeBlocks(), 96);
+  scored.prompt_logprobs = kMaxLogprobs + 1;
+  EXPECT_THAT(scheduler.add(scored).message(), HasSubstr("prompt_logprobs"));
+}
+
 // logit_bias, allowed_token_ids and min_new_tokens change what greedy decoding picks as the
 // adjusted logits say; bad values are refused naming the field.
 TEST_F(SchedulerTest, LogitAdjustmentsSteerTheDraws) {
