@@ -168,7 +168,10 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                     .deadline = context->deadline(),
                     .cancelled = [context] { return context->IsCancelled(); },
                     .client = client,
-                    .priority = request.priority()};
+                    .priority = request.priority(),
+                    .prompt_logprobs = request.has_prompt_logprobs()
+                                           ? std::optional<uint32_t>(request.prompt_logprobs())
+                                           : std::nullopt};
   std::vector<std::string> lost;  // Decode workers this request could not use.
   std::unique_ptr<Placement> placed;
   grpc::Status status = place(sequence, lost, placed);
@@ -216,6 +219,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     v1::GenerateResponse message;
     if (first_message) {
       message.set_request_id(request.request_id().empty() ? id : request.request_id());
+      *message.mutable_prompt_logprobs() = first_prefill.prompt_logprobs();
       if (request.echo_prompt_token_ids()) {
         message.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
       }
@@ -244,9 +248,11 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
         lp.set_text(tokenizer::sanitizeUtf8(bytes));
         lp.set_token_bytes(std::move(bytes));
       };
-      for (v1::TokenLogprob& lp : *message.mutable_logprobs()) {
-        describe(lp);
-        for (v1::TopLogprob& top : *lp.mutable_top()) describe(top);
+      for (auto* list : {message.mutable_logprobs(), message.mutable_prompt_logprobs()}) {
+        for (v1::TokenLogprob& lp : *list) {
+          describe(lp);
+          for (v1::TopLogprob& top : *lp.mutable_top()) describe(top);
+        }
       }
     }
     if (reason) {
@@ -384,8 +390,11 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     reserve.set_num_blocks(static_cast<uint32_t>(sequence.blocks));
     reserve.set_prompt_tokens(static_cast<uint32_t>(tokens));
     reserve.set_max_new_tokens(static_cast<uint32_t>(sequence.remaining));
-    // The decode worker shares the blocks of the prefix its cache holds: not sent again.
-    reserve.mutable_prompt_token_ids()->Add(sequence.tokens.begin(), sequence.tokens.end());
+    // The decode worker shares the blocks of the prefix its cache holds: not sent again
+    // (unless the prompt is scored: a worker prefilling for itself computes it whole).
+    const bool scored = sequence.prompt_logprobs && tokens == sequence.prompt_tokens;
+    if (!scored)
+      reserve.mutable_prompt_token_ids()->Add(sequence.tokens.begin(), sequence.tokens.end());
     // The reservation outlives this router by at most the ttl (until StartDecode) or the
     // client's deadline.
     reserve.set_ttl_ms(10 * 60 * 1000);
@@ -408,6 +417,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     *prefill.mutable_sampling() = sequence.sampling;
     *prefill.mutable_stopping() = stopping;
     if (sequence.logprobs) prefill.set_logprobs(*sequence.logprobs);
+    if (scored) prefill.set_prompt_logprobs(*sequence.prompt_logprobs);
     prefill.set_output_tokens(static_cast<uint32_t>(static_cast<int64_t>(sequence.tokens.size()) -
                                                     sequence.prompt_tokens));
     v1::KvDestination* destination = prefill.mutable_destination();

@@ -93,8 +93,9 @@ class GenerationService final : public v1::Generation::Service {
     std::optional<uint32_t> logprobs;
     std::chrono::system_clock::time_point deadline;
     std::function<bool()> cancelled;
-    std::string client;    // Its API key's name, for fair queueing.
-    int32_t priority = 0;  // GenerateRequest.priority: lower is admitted first.
+    std::string client;                       // Its API key's name, for fair queueing.
+    int32_t priority = 0;                     // GenerateRequest.priority: lower is admitted first.
+    std::optional<uint32_t> prompt_logprobs;  // Asked of its first placement's prefill.
   };
   // The sequence on one decode worker: its admission and reservation (both released when
   // this ends), its prefill's answer and, when it decodes, its token mailbox.

@@ -413,9 +413,9 @@ absl::StatusOr<Call> parseCompletionRequest(const Json& body) {
     call.logprobs = true;
     r.set_logprobs(static_cast<uint32_t>(*logprobs));
   }
-  if (call.echo && call.logprobs) {
-    return invalid("echo", "cannot be combined with logprobs (prompt logprobs are not computed)");
-  }
+  // echo with logprobs scores the prompt too (as an evaluation harness's loglikelihood).
+  if (call.echo && logprobs)
+    r.set_prompt_logprobs(static_cast<uint32_t>(std::min<int64_t>(*logprobs, 20)));
   // One request per prompt, sharing the rest.
   for (const v1::GenerateRequest& prompt : prompts) {
     v1::GenerateRequest& one = call.prompts.emplace_back(r);

@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/support/status.h"
 
@@ -98,6 +99,33 @@ Json ResponseBuilder::completionLogprobs(const v1::GenerateResponse& message) {
   return lp;
 }
 
+Json ResponseBuilder::promptLogprobs(const v1::GenerateResponse& message) {
+  // The first token's text: what the others' leave of the prompt's text.
+  std::string rest;
+  for (const v1::TokenLogprob& t : message.prompt_logprobs()) rest += t.text();
+  const std::string head =
+      absl::EndsWith(echo_, rest) ? echo_.substr(0, echo_.size() - rest.size()) : std::string();
+  Json lp{{"tokens", {head}},
+          {"token_logprobs", {nullptr}},
+          {"top_logprobs", {nullptr}},
+          {"text_offset", {0}}};
+  int64_t offset = static_cast<int64_t>(head.size());
+  for (const v1::TokenLogprob& t : message.prompt_logprobs()) {
+    lp["tokens"].push_back(t.text());
+    lp["token_logprobs"].push_back(t.logprob());
+    Json top = Json::object();
+    for (const v1::TopLogprob& alt : t.top()) top[alt.text()] = alt.logprob();
+    lp["top_logprobs"].push_back(std::move(top));
+    lp["text_offset"].push_back(offset);
+    offset += static_cast<int64_t>(t.text().size());
+  }
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    for (const Json& v : lp[key]) logprobs_[key].push_back(v);
+  }
+  text_offset_ = offset;
+  return lp;
+}
+
 Json ResponseBuilder::chatLogprobs(const v1::GenerateResponse& message) const {
   Json content = Json::array();
   for (const v1::TokenLogprob& t : message.logprobs()) {
@@ -121,6 +149,9 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
     started_ = true;
     text_offset_ = static_cast<int64_t>(echo_.size());
     text_ = echo_;
+    Json echoed = nullptr;
+    if (call_.echo && call_.logprobs && call_.endpoint == Endpoint::kCompletions)
+      echoed = promptLogprobs(message);
     if (call_.stream && call_.endpoint == Endpoint::kChatCompletions) {
       events += event(chunk({{"index", index_},
                              {"delta", {{"role", "assistant"}, {"content", ""}}},
@@ -128,8 +159,10 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
                              {"finish_reason", nullptr}}));
     }
     if (call_.stream && !echo_.empty()) {
-      events += event(chunk(
-          {{"index", index_}, {"text", echo_}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+      events += event(chunk({{"index", index_},
+                             {"text", echo_},
+                             {"logprobs", std::move(echoed)},
+                             {"finish_reason", nullptr}}));
     }
   }
   ReasoningSplitter::Parts parts = splitter_.push(message.text());

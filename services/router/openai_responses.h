@@ -43,6 +43,9 @@ class ResponseBuilder {
 
  private:
   nlohmann::json completionLogprobs(const v1::GenerateResponse& message);
+  // Completions with echo and logprobs: the prompt's tokens (the first without a
+  // log-probability), from the first message's prompt_logprobs.
+  nlohmann::json promptLogprobs(const v1::GenerateResponse& message);
   nlohmann::json chatLogprobs(const v1::GenerateResponse& message) const;
   const char* object() const;
   // "tool_calls" when the reply called tools, else finishReason()'s.

@@ -56,6 +56,17 @@ TEST(OpenAiRequestTest, CompletionFieldsBecomeAGenerateRequest) {
   EXPECT_EQ(r.stopping().min_new_tokens(), 2u);
 }
 
+// echo with logprobs scores the prompt (an evaluation harness's loglikelihood request).
+TEST(OpenAiRequestTest, EchoWithLogprobsScoresThePrompt) {
+  auto call = parseCompletionRequest(
+      Json::parse(R"({"prompt": "a b", "echo": true, "logprobs": 2, "max_tokens": 1})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.prompt_logprobs(), 2u);
+  call = parseCompletionRequest(Json::parse(R"({"prompt": "a b", "logprobs": 2})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_FALSE(call->request.has_prompt_logprobs());
+}
+
 TEST(OpenAiRequestTest, SeveralPromptsMakeOneRequestEach) {
   auto call = parseCompletionRequest(
       Json::parse(R"({"prompt": ["one", [5, 6]], "max_tokens": 3, "temperature": 0, "n": 2})"));
@@ -248,7 +259,6 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {R"({"prompt": "a", "stop": ["x", 1]})", "stop[1]"},
       {R"({"prompt": "a", "stop_token_ids": "2"})", "stop_token_ids"},
       {R"({"prompt": "a", "stream_options": {"include_usage": true}})", "stream_options"},
-      {R"({"prompt": "a", "echo": true, "logprobs": 1})", "echo"},
       {R"({"prompt": "a", "stream": "yes"})", "stream"},
       {R"({"prompt": "a", "top_k": -2})", "top_k"},
       {R"({"prompt": "a", "include_stop_str_in_output": true})", "include_stop_str_in_output"},
@@ -386,7 +396,14 @@ TEST(OpenAiResponseTest, CompletionBodyHasTextUsageAndLogprobs) {
   choices.push_back(std::make_unique<ResponseBuilder>(call, "cmpl-r1", "smol", 1700000000));
   ResponseBuilder& builder = *choices[0];
   builder.setEcho("Say: ");
-  for (const auto& m : stream()) EXPECT_EQ(builder.add(m), "");
+  std::vector<v1::GenerateResponse> messages = stream();
+  // echo with logprobs: the prompt's tokens from the second on, scored.
+  for (const auto& [text, logprob] : {std::pair<std::string, float>{":", -2.0f}, {" ", -0.5f}}) {
+    v1::TokenLogprob* lp = messages[0].add_prompt_logprobs();
+    lp->set_text(text);
+    lp->set_logprob(logprob);
+  }
+  for (const auto& m : messages) EXPECT_EQ(builder.add(m), "");
   ASSERT_TRUE(builder.finished());
   const Json body = responseBody(call, choices);
   EXPECT_EQ(body["id"], "cmpl-r1");
@@ -397,10 +414,13 @@ TEST(OpenAiResponseTest, CompletionBodyHasTextUsageAndLogprobs) {
   EXPECT_EQ(choice["text"], "Say: Hello!");
   EXPECT_EQ(choice["finish_reason"], "stop");
   EXPECT_EQ(choice["stop_reason"], "\n");
-  EXPECT_EQ(choice["logprobs"]["tokens"], Json::parse(R"(["Hel", "lo", "!"])"));
-  EXPECT_EQ(choice["logprobs"]["text_offset"], Json::parse("[5, 8, 10]"));
-  EXPECT_FLOAT_EQ(choice["logprobs"]["token_logprobs"][2].get<float>(), -1.5f);
-  EXPECT_FLOAT_EQ(choice["logprobs"]["top_logprobs"][0]["\xef\xbf\xbd"].get<float>(), -0.25f);
+  EXPECT_EQ(choice["logprobs"]["tokens"], Json::parse(R"(["Say", ":", " ", "Hel", "lo", "!"])"));
+  EXPECT_EQ(choice["logprobs"]["text_offset"], Json::parse("[0, 3, 4, 5, 8, 10]"));
+  EXPECT_TRUE(choice["logprobs"]["token_logprobs"][0].is_null());
+  EXPECT_TRUE(choice["logprobs"]["top_logprobs"][0].is_null());
+  EXPECT_FLOAT_EQ(choice["logprobs"]["token_logprobs"][1].get<float>(), -2.0f);
+  EXPECT_FLOAT_EQ(choice["logprobs"]["token_logprobs"][5].get<float>(), -1.5f);
+  EXPECT_FLOAT_EQ(choice["logprobs"]["top_logprobs"][3]["\xef\xbf\xbd"].get<float>(), -0.25f);
   EXPECT_EQ(body["usage"], Json::parse(R"({"prompt_tokens": 4, "completion_tokens": 3,
       "total_tokens": 7, "prompt_tokens_details": {"cached_tokens": 2}})"));
 }

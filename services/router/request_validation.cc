@@ -128,6 +128,10 @@ absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
   if (request.has_logprobs() && request.logprobs() > kMaxLogprobs) {
     return invalid("logprobs", absl::StrCat("must be at most ", kMaxLogprobs), request.logprobs());
   }
+  if (request.has_prompt_logprobs() && request.prompt_logprobs() > kMaxLogprobs) {
+    return invalid("prompt_logprobs", absl::StrCat("must be at most ", kMaxLogprobs),
+                   request.prompt_logprobs());
+  }
   if (request.request_id().size() > kMaxRequestIdBytes) {
     return invalid("request_id", absl::StrCat("must be at most ", kMaxRequestIdBytes, " bytes"),
                    absl::StrCat(request.request_id().size(), " bytes"));

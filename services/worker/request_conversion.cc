@@ -66,16 +66,21 @@ v1::FinishReason finishReason(engine::StopReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-v1::TokenLogprob tokenLogprob(const engine::TokenEvent& event) {
+v1::TokenLogprob tokenLogprob(const engine::SampledToken& scored) {
   v1::TokenLogprob out;
-  out.set_token_id(event.token);
-  out.set_logprob(event.logprob.value_or(0.0f));
-  for (const auto& [token, logprob] : event.top_logprobs) {
+  out.set_token_id(scored.token);
+  out.set_logprob(scored.logprob);
+  for (const auto& [token, logprob] : scored.top) {
     v1::TopLogprob* top = out.add_top();
     top->set_token_id(token);
     top->set_logprob(logprob);
   }
   return out;
+}
+
+v1::TokenLogprob tokenLogprob(const engine::TokenEvent& event) {
+  return tokenLogprob(engine::SampledToken{
+      .token = event.token, .logprob = event.logprob.value_or(0.0f), .top = event.top_logprobs});
 }
 
 }  // namespace cleave::worker

@@ -40,7 +40,8 @@ absl::StatusOr<engine::GenerationRequest> toEngineRequest(uint64_t id, const Req
 
 v1::FinishReason finishReason(engine::StopReason reason);
 
-// The logprob message of a sampled token.
+// The logprob message of a sampled token, and of a scored prompt token.
 v1::TokenLogprob tokenLogprob(const engine::TokenEvent& event);
+v1::TokenLogprob tokenLogprob(const engine::SampledToken& scored);
 
 }  // namespace cleave::worker

@@ -339,7 +339,7 @@ absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
 }
 
 absl::StatusOr<std::vector<int32_t>> WorkerCore::reservePrefillBlocks(
-    uint64_t id, std::span<const uint32_t> prompt, grpc::ServerContext* context) {
+    uint64_t id, std::span<const uint32_t> prompt, bool cached, grpc::ServerContext* context) {
   const int64_t blocks =
       (static_cast<int64_t>(prompt.size()) + model_.blockSize() - 1) / model_.blockSize();
   while (true) {
@@ -347,7 +347,7 @@ absl::StatusOr<std::vector<int32_t>> WorkerCore::reservePrefillBlocks(
     absl::StatusOr<std::vector<int32_t>> reserved =
         loop_->call([&](engine::Scheduler& s) -> absl::StatusOr<std::vector<int32_t>> {
           total = s.cache().totalBlocks();
-          return s.reserve(id, blocks, prompt);
+          return s.reserve(id, blocks, cached ? prompt : std::span<const uint32_t>());
         });
     // Blocks held by prompts computing or being sent free up soon; a prompt larger than
     // the pool never fits.
@@ -398,9 +398,10 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
       requests_[r.request_id()] = {.id = *id};
       names_[*id] = r.request_id();
     }
+    // A scored prompt is computed whole: no cached blocks for it.
     absl::StatusOr<std::vector<int32_t>> reserved = reservePrefillBlocks(
         *id, {r.prompt_token_ids().data(), static_cast<size_t>(r.prompt_token_ids_size())},
-        context);
+        !r.has_prompt_logprobs(), context);
     if (!reserved.ok()) {
       absl::MutexLock lock(&mu_);
       forget(*id);
@@ -409,6 +410,8 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   }
   absl::StatusOr<engine::GenerationRequest> request =
       toEngineRequest(*id, partsOf(r), options_.eos_ids, model_.config().max_position_embeddings);
+  if (request.ok() && r.has_prompt_logprobs())
+    request->prompt_logprobs = static_cast<int32_t>(r.prompt_logprobs());
   absl::StatusOr<engine::TokenEvent> first =
       request.ok() ? runPrefill(*id, *request, context) : request.status();
   v1::PrefillResponse response;
@@ -435,6 +438,8 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   response.set_first_token_id(first->token);
   response.set_cached_prompt_tokens(static_cast<uint32_t>(first->cached_tokens));
   if (r.has_logprobs()) *response.mutable_first_logprob() = tokenLogprob(*first);
+  for (const engine::SampledToken& scored : first->prompt_logprobs)
+    *response.add_prompt_logprobs() = tokenLogprob(scored);
   if (first->finished) {
     response.set_finish_reason(finishReason(first->reason));
     response.set_matched_stop(first->matched_stop);

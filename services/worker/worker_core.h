@@ -124,11 +124,12 @@ class WorkerCore {
                                                 const engine::GenerationRequest& request,
                                                 grpc::ServerContext* context);
   // The blocks of this worker's pool for `prompt`, which it computes for another worker
-  // (its cached prefix's first): waits (within the call's deadline, until it is cancelled)
-  // while the pool is full of prompts computing or being sent, which free their blocks
+  // (its cached prefix's first, when `cached`): waits (within the call's deadline, until it is
+  // cancelled) while the pool is full of prompts computing or being sent, which free their blocks
   // soon; ResourceExhausted when the wait ends or the prompt is larger than the pool.
   absl::StatusOr<std::vector<int32_t>> reservePrefillBlocks(uint64_t id,
                                                             std::span<const uint32_t> prompt,
+                                                            bool cached,
                                                             grpc::ServerContext* context);
   // Writes the prompt of `id` (its reserved blocks here) into the destination's blocks:
   // straight from the cache, or through the send staging rows a chunk at a time (waiting

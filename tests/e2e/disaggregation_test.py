@@ -391,6 +391,17 @@ class DisaggregationTest(unittest.TestCase):
                         self.assertEqual(ids, offline(prompt, 10), prompt)
                         sent.append(metric(port, "cleave_worker_kv_sent_bytes_total") - before)
                         lengths.append(final.usage.prompt_tokens)
+                    # A scored prompt is computed and sent whole, cached or not.
+                    before = metric(port, "cleave_worker_kv_sent_bytes_total")
+                    request = pb.GenerateRequest(text=prefix, add_special_tokens=True,
+                                                 prompt_logprobs=0,
+                                                 sampling=pb.SamplingParams(temperature=0),
+                                                 stopping=pb.StoppingCriteria(max_new_tokens=2))
+                    messages = list(stub.Generate(request, timeout=120))
+                    self.assertEqual(len(messages[0].prompt_logprobs),
+                                     messages[-1].final.usage.prompt_tokens - 1)
+                    self.assertEqual(messages[-1].final.usage.cached_prompt_tokens, 0)
+                    sent.append(metric(port, "cleave_worker_kv_sent_bytes_total") - before)
 
                 self.serve(MODEL, 1, 1, [], text=True, after=after, decode_extra=staging)
                 blocks = [(n + 15) // 16 for n in lengths]
@@ -402,6 +413,7 @@ class DisaggregationTest(unittest.TestCase):
                 self.assertEqual(written[1], blocks[1])
                 self.assertLessEqual(written[2], blocks[2] - (lengths[0] - 16) // 16)
                 self.assertEqual(written[3], 1)
+                self.assertEqual(written[4], blocks[3])
 
     def test_a_lost_prefill_worker_is_routed_around(self):
         rng = random.Random(6)

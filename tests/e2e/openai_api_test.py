@@ -432,6 +432,31 @@ class OpenAiApiTest(unittest.TestCase):
                 status, _, text = self.raw("POST", "/v1/completions", body)
                 self.assertApiError(status, text, 400, param)
 
+    def test_echo_with_logprobs_scores_the_prompt(self):
+        """An evaluation harness's loglikelihood request (echo, logprobs, one new token):
+        the prompt's tokens come back, the first unscored, the others with the
+        log-probabilities the gRPC API's prompt_logprobs gives them."""
+        prompt = "The capital of France is Paris"
+        response = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=1,
+                                                  temperature=0, logprobs=1, echo=True)
+        lp = response.choices[0].logprobs
+        messages = list(self.stub.Generate(self.pb.GenerateRequest(
+            text=prompt, add_special_tokens=True, parse_special_tokens=True, prompt_logprobs=1,
+            sampling=self.pb.SamplingParams(temperature=0),
+            stopping=self.pb.StoppingCriteria(max_new_tokens=1)), timeout=120))
+        scored = list(messages[0].prompt_logprobs)
+        n = len(scored) + 1  # The prompt's tokens, then the one generated.
+        self.assertEqual(len(lp.tokens), n + 1)
+        self.assertIsNone(lp.token_logprobs[0])
+        self.assertEqual("".join(lp.tokens[:n]), prompt)
+        self.assertTrue(response.choices[0].text.startswith(prompt))
+        for i, entry in enumerate(scored, start=1):
+            self.assertEqual(lp.tokens[i], entry.text)
+            self.assertAlmostEqual(lp.token_logprobs[i], entry.logprob, delta=1e-3)
+            self.assertEqual(lp.text_offset[i], len("".join(lp.tokens[:i])))
+        # " Paris" after "The capital of France is" is likely.
+        self.assertGreater(lp.token_logprobs[n - 1], -3.0)
+
     def test_stop_strings_end_the_text(self):
         free = self.client.completions.create(model=self.model, prompt="Count: one, two,",
                                               max_tokens=16, temperature=0)

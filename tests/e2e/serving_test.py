@@ -201,6 +201,37 @@ class ServingTest(unittest.TestCase):
         self.assertLess(urgent, 1.5 * service)
         self.wait_for_no_reservations()
 
+    def test_prompt_logprobs_score_the_prompt_as_generation_scored_it(self):
+        """A greedy reply's tokens, appended to its prompt and sent back with
+        prompt_logprobs, get the log-probabilities they had when generated (each the most
+        likely there), and every prompt token from the second on is scored."""
+        pb = self.pb
+        first = self.request("The capital of France is", max_new_tokens=8, ignore_eos=True,
+                             logprobs=0, echo_prompt_token_ids=True)
+        prompt_ids, reply, logprobs = [], [], []
+        for message in self.stub.Generate(first, timeout=120):
+            prompt_ids += list(message.prompt_token_ids)
+            reply += list(message.token_ids)
+            logprobs += [lp.logprob for lp in message.logprobs]
+        ids = prompt_ids + reply
+        scored = pb.GenerateRequest(token_ids=pb.TokenIds(ids=ids), prompt_logprobs=2,
+                                    sampling=pb.SamplingParams(temperature=0),
+                                    stopping=pb.StoppingCriteria(max_new_tokens=1))
+        messages = list(self.stub.Generate(scored, timeout=120))
+        entries = list(messages[0].prompt_logprobs)
+        self.assertEqual([e.token_id for e in entries], ids[1:])
+        self.assertTrue(all(e.text for e in entries))
+        self.assertTrue(all(len(e.top) == 2 for e in entries))
+        for j, token in enumerate(reply):
+            e = entries[len(prompt_ids) + j - 1]
+            self.assertEqual(e.top[0].token_id, token, j)
+            self.assertAlmostEqual(e.logprob, logprobs[j], delta=0.05)
+        self.assertTrue(all(len(m.prompt_logprobs) == 0 for m in messages[1:]))
+        with self.assertRaises(grpc.RpcError) as caught:
+            list(self.stub.Generate(pb.GenerateRequest(text="x", prompt_logprobs=21), timeout=30))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.wait_for_no_reservations()
+
     def test_chat_prompts_go_through_the_models_template(self):
         """A chat request is the model file's template rendered (SmolLM2's ChatML, its default
         system turn when none is given), tokenized with special tokens parsed; its greedy
