@@ -80,11 +80,28 @@ Json ResponseBuilder::chunk(Json choice) const {
 }
 
 Json ResponseBuilder::completionLogprobs(const v1::GenerateResponse& message) {
-  Json lp{{"tokens", Json::array()},
-          {"token_logprobs", Json::array()},
-          {"top_logprobs", Json::array()},
-          {"text_offset", Json::array()}};
-  for (const v1::TokenLogprob& t : message.logprobs()) {
+  return appendLogprobs(message.logprobs(), Json{{"tokens", Json::array()},
+                                                 {"token_logprobs", Json::array()},
+                                                 {"top_logprobs", Json::array()},
+                                                 {"text_offset", Json::array()}});
+}
+
+Json ResponseBuilder::promptLogprobs(const v1::GenerateResponse& message) {
+  // The first token's text: what the others' leave of the prompt's text.
+  std::string rest;
+  for (const v1::TokenLogprob& t : message.prompt_logprobs()) rest += t.text();
+  const std::string head =
+      absl::EndsWith(echo_, rest) ? echo_.substr(0, echo_.size() - rest.size()) : std::string();
+  text_offset_ = static_cast<int64_t>(head.size());
+  return appendLogprobs(message.prompt_logprobs(), Json{{"tokens", {head}},
+                                                        {"token_logprobs", {nullptr}},
+                                                        {"top_logprobs", {nullptr}},
+                                                        {"text_offset", {0}}});
+}
+
+Json ResponseBuilder::appendLogprobs(
+    const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& tokens, Json lp) {
+  for (const v1::TokenLogprob& t : tokens) {
     lp["tokens"].push_back(t.text());
     lp["token_logprobs"].push_back(t.logprob());
     Json top = Json::object();
@@ -96,33 +113,6 @@ Json ResponseBuilder::completionLogprobs(const v1::GenerateResponse& message) {
   for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
     for (const Json& v : lp[key]) logprobs_[key].push_back(v);
   }
-  return lp;
-}
-
-Json ResponseBuilder::promptLogprobs(const v1::GenerateResponse& message) {
-  // The first token's text: what the others' leave of the prompt's text.
-  std::string rest;
-  for (const v1::TokenLogprob& t : message.prompt_logprobs()) rest += t.text();
-  const std::string head =
-      absl::EndsWith(echo_, rest) ? echo_.substr(0, echo_.size() - rest.size()) : std::string();
-  Json lp{{"tokens", {head}},
-          {"token_logprobs", {nullptr}},
-          {"top_logprobs", {nullptr}},
-          {"text_offset", {0}}};
-  int64_t offset = static_cast<int64_t>(head.size());
-  for (const v1::TokenLogprob& t : message.prompt_logprobs()) {
-    lp["tokens"].push_back(t.text());
-    lp["token_logprobs"].push_back(t.logprob());
-    Json top = Json::object();
-    for (const v1::TopLogprob& alt : t.top()) top[alt.text()] = alt.logprob();
-    lp["top_logprobs"].push_back(std::move(top));
-    lp["text_offset"].push_back(offset);
-    offset += static_cast<int64_t>(t.text().size());
-  }
-  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
-    for (const Json& v : lp[key]) logprobs_[key].push_back(v);
-  }
-  text_offset_ = offset;
   return lp;
 }
 

@@ -46,6 +46,10 @@ class ResponseBuilder {
   // Completions with echo and logprobs: the prompt's tokens (the first without a
   // log-probability), from the first message's prompt_logprobs.
   nlohmann::json promptLogprobs(const v1::GenerateResponse& message);
+  // Appends completions-format entries of `tokens` to `lp` and to the response's, from
+  // text_offset_ on; returns `lp`.
+  nlohmann::json appendLogprobs(const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& tokens,
+                                nlohmann::json lp);
   nlohmann::json chatLogprobs(const v1::GenerateResponse& message) const;
   const char* object() const;
   // "tool_calls" when the reply called tools, else finishReason()'s.
