@@ -38,7 +38,9 @@ class TextStream {
  public:
   TextStream(const tokenizer::Tokenizer* tokenizer, const v1::StoppingCriteria& stopping,
              bool skip_special_tokens)
-      : stopper_({.stop_strings = {stopping.stop().begin(), stopping.stop().end()}}) {
+      : stopper_({.stop_strings = {stopping.stop().begin(), stopping.stop().end()},
+                  .min_new_tokens = stopping.min_new_tokens()}),
+        include_stop_(stopping.include_stop_str_in_output()) {
     if (tokenizer != nullptr) detokenizer_.emplace(*tokenizer, skip_special_tokens);
   }
   // The text `token` adds; `last` with the reason when it ends the sequence.
@@ -51,7 +53,7 @@ class TextStream {
     std::string text = stopper_.push(token, detokenizer_->push(token));
     if (stopper_.stopped()) {
       stopped_ = true;
-      return text;
+      return include_stop_ ? text + stopper_.matched() : text;
     }
     if (finish) {
       stopped_ = true;
@@ -63,6 +65,7 @@ class TextStream {
  private:
   engine::StopChecker stopper_;
   std::optional<tokenizer::IncrementalDetokenizer> detokenizer_;
+  bool include_stop_;  // stopping.include_stop_str_in_output
   bool stopped_ = false;
 };
 

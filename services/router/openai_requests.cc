@@ -88,8 +88,6 @@ absl::Status refuseUnsupported(const Json& body) {
   if (const Json* s = field(body, "suffix"); s != nullptr && !(s->is_string() && s->empty())) {
     return invalid("suffix", "is not supported");
   }
-  CLEAVE_ASSIGN_OR_RETURN(bool include_stop, boolean(body, "include_stop_str_in_output", false));
-  if (include_stop) return invalid("include_stop_str_in_output", "only false is supported");
 
   return absl::OkStatus();
 }
@@ -226,6 +224,8 @@ absl::Status parseCommon(const Json& body, Call& call) {
     CLEAVE_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenIds(*v, "stop_token_ids"));
     stop.mutable_stop_token_ids()->Add(ids.begin(), ids.end());
   }
+  CLEAVE_ASSIGN_OR_RETURN(bool include_stop, boolean(body, "include_stop_str_in_output", false));
+  stop.set_include_stop_str_in_output(include_stop);
   CLEAVE_ASSIGN_OR_RETURN(bool ignore_eos, boolean(body, "ignore_eos", false));
   stop.set_ignore_eos(ignore_eos);
   CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,

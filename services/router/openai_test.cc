@@ -261,7 +261,7 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {R"({"prompt": "a", "stream_options": {"include_usage": true}})", "stream_options"},
       {R"({"prompt": "a", "stream": "yes"})", "stream"},
       {R"({"prompt": "a", "top_k": -2})", "top_k"},
-      {R"({"prompt": "a", "include_stop_str_in_output": true})", "include_stop_str_in_output"},
+      {R"({"prompt": "a", "include_stop_str_in_output": 1})", "include_stop_str_in_output"},
       {R"({"prompt": "a", "model": 7})", "model"},
       {R"({"prompt": "a", "min_tokens": -3})", "min_tokens"},
       {R"({"prompt": "a", "priority": 1.5})", "priority"},

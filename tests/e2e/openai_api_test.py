@@ -467,6 +467,18 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(stopped.choices[0].finish_reason, "stop")
         self.assertEqual(stopped.choices[0].model_extra["stop_reason"], stop)
         self.assertEqual(stopped.choices[0].text, text[:text.index(stop)])
+        kept = self.client.completions.create(model=self.model, prompt="Count: one, two,",
+                                              max_tokens=16, temperature=0, stop=[stop],
+                                              extra_body={"include_stop_str_in_output": True})
+        self.assertEqual(kept.choices[0].text, text[:text.index(stop) + len(stop)])
+        # Before min_tokens a stop string does not end the text.
+        n = stopped.usage.completion_tokens
+        longer = self.client.completions.create(model=self.model, prompt="Count: one, two,",
+                                                max_tokens=16, temperature=0, stop=[stop],
+                                                extra_body={"min_tokens": n + 2})
+        self.assertGreaterEqual(longer.usage.completion_tokens, n + 2)
+        self.assertTrue(longer.choices[0].text.startswith(text[:text.index(stop) + len(stop)]),
+                        longer.choices[0].text)
 
     def test_refusals_are_openai_errors_naming_the_parameter(self):
         cases = [
