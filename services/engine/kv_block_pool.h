@@ -49,6 +49,8 @@ class KvBlockPool {
   void publish(int32_t block, uint64_t hash, std::span<const uint32_t> tokens);
   // The published block for `hash` holding exactly `tokens`, if any.
   std::optional<int32_t> lookup(uint64_t hash, std::span<const uint32_t> tokens) const;
+  // Whether `block` is published (its KV is a cached prefix's: not to be written).
+  bool published(int32_t block) const { return blocks_[block].hash.has_value(); }
 
   // Blocks allocate() can hand out now (free + cached and unused).
   int64_t freeBlocks() const { return static_cast<int64_t>(free_.size() + evictable_.size()); }

@@ -31,8 +31,8 @@ inline constexpr int64_t kDeviceReserve = int64_t{512} << 20;
 // bookkeeping stay small however large the budget.
 inline constexpr int64_t kMaxKvBlocks = int64_t{1} << 20;
 
-// Rows of logits a step computes for prompt log-probabilities, at most (a prompt scored
-// token by token goes in chunks of this many).
+// Rows of logits a step computes for prompt log-probabilities, at most (the prompts scored
+// token by token go in chunks of this many in all).
 inline constexpr int64_t kPromptLogprobRows = 64;
 
 struct MemoryPlanInput {

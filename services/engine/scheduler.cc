@@ -46,6 +46,10 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
         absl::StrCat("min_new_tokens must be in [0, max_new_tokens = ", request.stop.max_new_tokens,
                      "], got ", request.stop.min_new_tokens));
   }
+  if (request.json_object && !request.adjustments.allowed.empty()) {
+    return absl::InvalidArgumentError(
+        "allowed_token_ids cannot be combined with a JSON object output");
+  }
   if (request.json_object && request.stop.min_new_tokens > 0) {
     return absl::InvalidArgumentError(
         "min_new_tokens cannot hold off the end of a JSON object output");
@@ -237,8 +241,10 @@ absl::Status Scheduler::addPrefill(GenerationRequest request) {
   auto seq = makeSequence(std::move(request), Mode::kPrefillOnly, blocks);
   // The cached prefix's blocks take the place of the reservation's first ones (the same
   // ones when reserve() was given the prompt).
-  prefix_lookup_tokens_ += static_cast<int64_t>(seq->request.prompt.size());
   extendFromCache(*seq);
+  CLEAVE_RETURN_IF_ERROR(
+      writable(*seq, seq->published, cache_.blocksFor(seq->request.prompt.size())));
+  prefix_lookup_tokens_ += static_cast<int64_t>(seq->request.prompt.size());
   running_.push_back(std::move(seq));
   return absl::OkStatus();
 }
@@ -254,6 +260,9 @@ absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_to
                           reservationFor(request, static_cast<int64_t>(request.prompt.size()) +
                                                       request.stop.max_new_tokens));
   auto seq = makeSequence(std::move(request), Mode::kDecode, *blocks);
+  CLEAVE_RETURN_IF_ERROR(
+      writable(*seq, static_cast<int64_t>(seq->request.prompt.size()) / cache_.blockSize(),
+               static_cast<int64_t>(seq->blocks.size())));
   // The prompt's KV is in place; the first token was sampled by the prefill: account for
   // it as this process would have.
   seq->cached = static_cast<int64_t>(seq->request.prompt.size());
@@ -267,6 +276,18 @@ absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_to
   seq->tokens.push_back(first_token);
   if (seq->constraint) seq->constraint->accept(first_token);
   ready_.push_back(std::move(seq));
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::writable(const Sequence& seq, int64_t from, int64_t to) const {
+  for (int64_t j = from; j < to && j < static_cast<int64_t>(seq.blocks.size()); ++j) {
+    if (cache_.published(seq.blocks[j])) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "request ", seq.request.id, ": reserved block ", j,
+          " holds a cached prefix this sequence would write over (reserve it with this "
+          "prompt, or without one for a scored prompt)"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -498,6 +519,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   // takes it from the cache next step): a prefix that several arrive with at once is
   // computed once.
   std::unordered_set<uint64_t> computing;
+  int64_t scored_rows = kPromptLogprobRows;  // Rows left this step for scored prompts.
   for (auto& seq : running_) {
     if (seq->prefilled() || full()) continue;
     extendFromCache(*seq);
@@ -510,7 +532,9 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
       continue;
     }
     const int64_t left = static_cast<int64_t>(prompt.size()) - seq->cached;
-    const int64_t take = std::min({left, budget, scored ? kPromptLogprobRows : left});
+    if (scored && scored_rows == 0) continue;
+    const int64_t take = std::min({left, budget, scored ? scored_rows : left});
+    if (scored) scored_rows -= take;
     batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, take),
                      .start = seq->cached,
                      .blocks = seq->blocks,

@@ -79,9 +79,9 @@ struct GenerationRequest {
   LogitAdjustments adjustments;
   // n >= 0: score the prompt, each token from the second on given those before it, with
   // the n most likely tokens there (TokenEvent::prompt_logprobs); -1: none. Needs the CPU
-  // model (TpGroup::multiRowLogits). Such a prompt is computed whole (no prefix cache), in
-  // chunks of at most kPromptLogprobRows tokens; a reservation it prefills into must hold
-  // no cached blocks (reserve() without the prompt).
+  // model (TpGroup::multiRowLogits). Such a prompt is computed whole (no prefix cache),
+  // kPromptLogprobRows tokens a step for all scored prompts together; a reservation it
+  // prefills into must hold no cached blocks (reserve() without the prompt).
   int32_t prompt_logprobs = -1;
 };
 
@@ -220,6 +220,9 @@ class Scheduler {
   void admit();
   std::unique_ptr<Sequence> makeSequence(GenerationRequest request, Mode mode,
                                          std::vector<int32_t> blocks);
+  // FailedPrecondition when one of seq.blocks[from, to), which the sequence would write,
+  // is published (another prompt's cached KV: a reservation made for another prompt).
+  absl::Status writable(const Sequence& seq, int64_t from, int64_t to) const;
   // The reservation of `request` covering `tokens` positions, or an error naming what is
   // missing.
   absl::StatusOr<const std::vector<int32_t>*> reservationFor(const GenerationRequest& request,

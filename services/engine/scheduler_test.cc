@@ -561,8 +561,54 @@ TEST_F(SchedulerTest, PromptLogprobsScoreEachTokenAsOneAtATime) {
   check(out[0]);
   EXPECT_TRUE(out[0].finished);  // Its only token: the reservation ended with it.
   EXPECT_EQ(scheduler.freeBlocks(), 96);
+  // Two at once share the step's scored rows.
+  for (uint64_t id : {4, 5}) {
+    scored.id = id;
+    ASSERT_TRUE(scheduler.add(scored).ok());
+  }
+  out.clear();
+  while (!scheduler.idle()) {
+    auto step = scheduler.step();
+    ASSERT_TRUE(step.ok()) << step.status();
+    EXPECT_LE(scheduler.lastStepWork().tokens, kPromptLogprobRows);
+    out.insert(out.end(), step->begin(), step->end());
+  }
+  ASSERT_EQ(out.size(), 2u);
+  for (const TokenEvent& e : out) check(e);
   scored.prompt_logprobs = kMaxLogprobs + 1;
   EXPECT_THAT(scheduler.add(scored).message(), HasSubstr("prompt_logprobs"));
+}
+
+// A reservation that starts with cached blocks of one prompt is refused to a prefill or a
+// decode that would write over them: another prompt, a scored prompt (computed whole), a
+// shorter prompt decoding into them.
+TEST_F(SchedulerTest, CachedBlocksOfAReservationAreNeverWrittenOver) {
+  Scheduler scheduler(withBlocks(64), nullptr, {.max_batch_tokens = 64, .max_sequences = 4});
+  const std::vector<uint32_t> prompt = randomPrompt(22);  // 5 full blocks reusable.
+  ASSERT_TRUE(scheduler.add({.id = 1, .prompt = prompt, .stop = {.max_new_tokens = 2}}).ok());
+  drain(scheduler);
+  int64_t cached = 0;
+  ASSERT_TRUE(scheduler.reserve(2, 7, prompt, &cached).ok());
+  ASSERT_EQ(cached, 5);
+  const std::vector<uint32_t> other = randomPrompt(22);
+  EXPECT_EQ(scheduler.addPrefill({.id = 2, .prompt = other, .stop = {.max_new_tokens = 2}}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      scheduler
+          .addPrefill(
+              {.id = 2, .prompt = prompt, .stop = {.max_new_tokens = 2}, .prompt_logprobs = 0})
+          .code(),
+      absl::StatusCode::kFailedPrecondition);
+  const std::vector<uint32_t> shorter(prompt.begin(), prompt.begin() + 9);
+  EXPECT_EQ(
+      scheduler.startDecode({.id = 2, .prompt = shorter, .stop = {.max_new_tokens = 2}}, 1).code(),
+      absl::StatusCode::kFailedPrecondition);
+  // Its own prompt is fine.
+  ASSERT_TRUE(
+      scheduler.addPrefill({.id = 2, .prompt = prompt, .stop = {.max_new_tokens = 2}}).ok());
+  drain(scheduler);
+  EXPECT_EQ(scheduler.release(2), 7);
+  EXPECT_EQ(scheduler.freeBlocks(), 64);
 }
 
 // logit_bias, allowed_token_ids and min_new_tokens change what greedy decoding picks as the

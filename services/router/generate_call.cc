@@ -10,6 +10,7 @@
 #include "grpcpp/client_context.h"
 #include "services/engine/stop_checker.h"
 #include "services/router/generation_service.h"
+#include "services/router/request_validation.h"
 
 namespace cleave::router {
 namespace {
@@ -135,6 +136,15 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     return error(grpc::StatusCode::INVALID_ARGUMENT,
                  absl::StrCat("stopping.min_new_tokens ", request.stopping().min_new_tokens(),
                               " exceeds the ", max_new, " new tokens the context leaves"));
+  }
+  // Scores of a long prompt with many alternatives each would not fit one message.
+  if (request.has_prompt_logprobs() &&
+      (prompt_tokens - 1) * (int64_t{request.prompt_logprobs()} + 1) > kMaxPromptLogprobEntries) {
+    return error(grpc::StatusCode::INVALID_ARGUMENT,
+                 absl::StrCat("prompt_logprobs: ", prompt_tokens, " prompt tokens with ",
+                              request.prompt_logprobs(), " alternatives each exceed ",
+                              kMaxPromptLogprobEntries,
+                              " scores in all; ask fewer alternatives or score a shorter prompt"));
   }
   auto outside = [&](uint32_t id) { return id >= model->vocab_size; };
   for (const auto& [id, bias] : request.sampling().logit_bias()) {

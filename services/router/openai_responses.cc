@@ -93,10 +93,14 @@ Json ResponseBuilder::promptLogprobs(const v1::GenerateResponse& message) {
   const std::string head =
       absl::EndsWith(echo_, rest) ? echo_.substr(0, echo_.size() - rest.size()) : std::string();
   text_offset_ = static_cast<int64_t>(head.size());
-  return appendLogprobs(message.prompt_logprobs(), Json{{"tokens", {head}},
-                                                        {"token_logprobs", {nullptr}},
-                                                        {"top_logprobs", {nullptr}},
-                                                        {"text_offset", {0}}});
+  Json lp = appendLogprobs(message.prompt_logprobs(), Json{{"tokens", {head}},
+                                                           {"token_logprobs", {nullptr}},
+                                                           {"top_logprobs", {nullptr}},
+                                                           {"text_offset", {0}}});
+  // The completion's offsets count from the end of the echoed text, whether or not the
+  // prompt's token texts add up to it (a tokenizer may render a lone token otherwise).
+  text_offset_ = static_cast<int64_t>(echo_.size());
+  return lp;
 }
 
 Json ResponseBuilder::appendLogprobs(

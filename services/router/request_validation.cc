@@ -132,6 +132,11 @@ absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
     return invalid("prompt_logprobs", absl::StrCat("must be at most ", kMaxLogprobs),
                    request.prompt_logprobs());
   }
+  if (!request.sampling().allowed_token_ids().empty() &&
+      request.sampling().response_format() != v1::RESPONSE_FORMAT_TEXT) {
+    return absl::InvalidArgumentError(
+        "sampling.allowed_token_ids cannot be combined with a JSON response_format");
+  }
   if (request.request_id().size() > kMaxRequestIdBytes) {
     return invalid("request_id", absl::StrCat("must be at most ", kMaxRequestIdBytes, " bytes"),
                    absl::StrCat(request.request_id().size(), " bytes"));

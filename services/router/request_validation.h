@@ -17,6 +17,9 @@ inline constexpr size_t kMaxRequestIdBytes = 128;
 inline constexpr size_t kMaxJsonSchemaBytes = 1 << 20;
 inline constexpr int kMaxLogitBiasEntries = 1024;
 inline constexpr int kMaxAllowedTokens = 65536;
+// Prompt log-probabilities of one request, alternatives included: (prompt tokens - 1) *
+// (prompt_logprobs + 1) at most this (well under a 4 MiB message).
+inline constexpr int64_t kMaxPromptLogprobEntries = 32768;
 
 // OK, or InvalidArgument whose message names the field and says what is allowed,
 // e.g. "sampling.top_p must be in (0, 1], got 1.5".

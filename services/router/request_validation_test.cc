@@ -99,6 +99,11 @@ TEST(RequestValidationTest, EachBadValueIsNamedInTheError) {
          for (int t = 0; t <= kMaxAllowedTokens; ++t)
            r.mutable_sampling()->add_allowed_token_ids(1);
        }},
+      {"sampling.allowed_token_ids cannot be combined with a JSON response_format",
+       [](auto& r) {
+         r.mutable_sampling()->set_response_format(v1::RESPONSE_FORMAT_JSON_OBJECT);
+         r.mutable_sampling()->add_allowed_token_ids(5);
+       }},
       {"stopping.min_new_tokens cannot hold off the end of a JSON output",
        [](auto& r) {
          r.mutable_sampling()->set_response_format(v1::RESPONSE_FORMAT_JSON_OBJECT);

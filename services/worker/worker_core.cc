@@ -410,8 +410,12 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   }
   absl::StatusOr<engine::GenerationRequest> request =
       toEngineRequest(*id, partsOf(r), options_.eos_ids, model_.config().max_position_embeddings);
-  if (request.ok() && r.has_prompt_logprobs())
-    request->prompt_logprobs = static_cast<int32_t>(r.prompt_logprobs());
+  if (request.ok() && r.has_prompt_logprobs()) {
+    if (r.prompt_logprobs() > engine::kMaxLogprobs)
+      request = invalid(absl::StrCat("prompt_logprobs must be at most ", engine::kMaxLogprobs));
+    else
+      request->prompt_logprobs = static_cast<int32_t>(r.prompt_logprobs());
+  }
   absl::StatusOr<engine::TokenEvent> first =
       request.ok() ? runPrefill(*id, *request, context) : request.status();
   v1::PrefillResponse response;

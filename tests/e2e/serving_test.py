@@ -230,6 +230,13 @@ class ServingTest(unittest.TestCase):
         with self.assertRaises(grpc.RpcError) as caught:
             list(self.stub.Generate(pb.GenerateRequest(text="x", prompt_logprobs=21), timeout=30))
         self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        # Too many scores for one message: refused before anything runs.
+        with self.assertRaises(grpc.RpcError) as caught:
+            list(self.stub.Generate(pb.GenerateRequest(
+                token_ids=pb.TokenIds(ids=[1000 + i for i in range(1600)]), prompt_logprobs=20,
+                stopping=pb.StoppingCriteria(max_new_tokens=1)), timeout=30))
+        self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("prompt_logprobs", caught.exception.details())
         self.wait_for_no_reservations()
 
     def test_chat_prompts_go_through_the_models_template(self):
