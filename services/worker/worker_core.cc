@@ -231,6 +231,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
   for (int32_t b : receive_staging_ ? staging : *blocks)
     response.add_block_ids(static_cast<uint32_t>(b));
   response.set_cached_blocks(static_cast<uint32_t>(cached));
+  if (!repeated) metrics_.onReserveCached(cached);
   return response;
 }
 

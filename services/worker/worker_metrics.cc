@@ -61,6 +61,9 @@ WorkerMetrics::WorkerMetrics(int64_t target_concurrency)
           {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5})),
       kv_send_failures_(plainCounter("cleave_worker_kv_send_failures_total",
                                      "Prompt KV writes into a decode worker that failed")),
+      kv_cached_blocks_(plainCounter(
+          "cleave_worker_kv_reserve_cached_blocks_total",
+          "Prompt KV blocks a Reserve found in this worker's prefix cache (not sent to it)")),
       expired_(plainCounter("cleave_worker_requests_expired_total",
                             "Requests freed by the worker itself (ttl, deadline, router gone)")) {
   target_.Set(static_cast<double>(target_concurrency));
@@ -93,6 +96,10 @@ void WorkerMetrics::onStep(const StepReport& report, std::optional<double> floor
     floor_seconds_total_.Increment(*floor_seconds);
     efficiency_.Set(*floor_seconds / seconds);
   }
+}
+
+void WorkerMetrics::onReserveCached(int64_t blocks) {
+  kv_cached_blocks_.Increment(static_cast<double>(blocks));
 }
 
 void WorkerMetrics::onKvSent(uint64_t bytes, double seconds, bool ok) {

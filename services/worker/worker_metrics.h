@@ -25,6 +25,8 @@ class WorkerMetrics {
   // `floor_seconds`: the step's roofline floor, when the hardware is known.
   void onStep(const StepReport& report, std::optional<double> floor_seconds);
   void onKvSent(uint64_t bytes, double seconds, bool ok);
+  // A Reserve found `blocks` of its prompt in this worker's cache (not to be sent).
+  void onReserveCached(int64_t blocks);
   void onRequestExpired();
   // The staging rows of one direction ("send" or "receive"; kv_staging.h): how many there
   // are, and a gauge of how many are free (any thread).
@@ -59,6 +61,7 @@ class WorkerMetrics {
   prometheus::Counter& kv_sent_bytes_;
   prometheus::Histogram& kv_send_seconds_;
   prometheus::Counter& kv_send_failures_;
+  prometheus::Counter& kv_cached_blocks_;
   prometheus::Counter& expired_;
   // The report's cumulative prefix-cache counts at the last step (engine thread).
   int64_t last_lookup_tokens_ = 0;

@@ -137,8 +137,12 @@ class ObservabilityTest(unittest.TestCase):
                          + delta("prefill", "cleave_worker_prefix_cache_hit_tokens_total"),
                          sent * PROMPT)
         self.assertEqual(delta("prefill", "cleave_worker_generated_tokens_total"), sent)
+        # Every prompt's three blocks, less those the decode worker held already (the
+        # sweep's repeated prompts).
+        cached = delta("decode", "cleave_worker_kv_reserve_cached_blocks_total")
+        self.assertGreater(cached, 0)
         self.assertEqual(delta("prefill", "cleave_worker_kv_sent_bytes_total"),
-                         sent * 3 * 16 * KV_BYTES_PER_POSITION)
+                         (sent * 3 - cached) * 16 * KV_BYTES_PER_POSITION)
         self.assertEqual(delta("prefill", "cleave_worker_kv_send_seconds_count"), sent)
         self.assertEqual(delta("prefill", "cleave_worker_kv_send_failures_total"), 0)
         self.assertEqual(delta("decode", "cleave_worker_generated_tokens_total"),
