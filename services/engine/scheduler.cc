@@ -404,10 +404,9 @@ void Scheduler::draft(std::span<Sequence* const> members, std::span<SequenceChun
     Sequence& seq = *members[i];
     // Every draft accepted and the token after them stay within max_new_tokens and the
     // sequence's blocks.
-    const int64_t generated = static_cast<int64_t>(seq.tokens.size() - seq.request.prompt.size());
     if (seq.draft_limit == 0) seq.draft_limit = options_.speculative.tokens;
     const int64_t room =
-        std::min({seq.draft_limit, budget, seq.request.stop.max_new_tokens - generated - 1,
+        std::min({seq.draft_limit, budget, seq.request.stop.max_new_tokens - seq.generated() - 1,
                   static_cast<int64_t>(seq.blocks.size()) * bs - seq.cached - 1});
     if (room <= 0) continue;
     proposeNgram(seq.tokens, options_.speculative.ngram, room, drafts_);
@@ -422,18 +421,15 @@ void Scheduler::draft(std::span<Sequence* const> members, std::span<SequenceChun
 }
 
 bool Scheduler::adjusted(const Sequence& seq) {
-  const int64_t generated = static_cast<int64_t>(seq.tokens.size() - seq.request.prompt.size());
-  return !seq.request.adjustments.empty() || generated < seq.request.stop.min_new_tokens;
+  return !seq.request.adjustments.empty() || seq.holdingOff();
 }
 
 SampledToken Scheduler::sample(Sequence& seq, std::span<const float> logits) {
   if (seq.constraint || adjusted(seq)) {
     masked_.assign(logits.begin(), logits.end());
-    const int64_t generated = static_cast<int64_t>(seq.tokens.size() - seq.request.prompt.size());
     applyAdjustments(seq.request.adjustments,
-                     generated < seq.request.stop.min_new_tokens
-                         ? std::span<const uint32_t>(seq.request.stop.stop_token_ids)
-                         : std::span<const uint32_t>(),
+                     seq.holdingOff() ? std::span<const uint32_t>(seq.request.stop.stop_token_ids)
+                                      : std::span<const uint32_t>(),
                      masked_);
     if (seq.constraint) seq.constraint->mask(masked_);
     logits = masked_;

@@ -200,6 +200,12 @@ class Scheduler {
     std::vector<SampledToken> prompt_scores;     // request.prompt_logprobs, so far.
     int64_t draft_limit = 0;                     // Drafts next step, at most (0: unset).
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
+    // Tokens this scheduler has appended past the prompt.
+    int64_t generated() const {
+      return static_cast<int64_t>(tokens.size() - request.prompt.size());
+    }
+    // Stop tokens held off (min_new_tokens not reached yet).
+    bool holdingOff() const { return generated() < request.stop.min_new_tokens; }
   };
 
   absl::Status validate(const GenerationRequest& request) const;
