@@ -41,6 +41,10 @@ absl::StatusOr<std::string> modelSha256(const std::string& path) {
   } else {
     files.push_back(path);
   }
+  return filesSha256(files);
+}
+
+absl::StatusOr<std::string> filesSha256(const std::vector<std::string>& files) {
   std::unique_ptr<EVP_MD_CTX, FreeDigest> ctx(EVP_MD_CTX_new());
   EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
   for (const std::string& file : files) {

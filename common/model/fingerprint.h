@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -16,5 +17,8 @@ std::string modelIdFromPath(const std::string& path);
 // *.safetensors files (in name order, each name hashed before its bytes). Errors name the
 // file that cannot be read.
 absl::StatusOr<std::string> modelSha256(const std::string& path);
+
+// Lower-case hex SHA-256 over `files` in order, each file's name hashed before its bytes.
+absl::StatusOr<std::string> filesSha256(const std::vector<std::string>& files);
 
 }  // namespace cleave::model

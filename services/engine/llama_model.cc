@@ -72,6 +72,31 @@ absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_
   return absl::OkStatus();
 }
 
+int32_t LlamaModel::addAdapter(std::shared_ptr<const LoraAdapter> adapter) {
+  adapters_.push_back(std::move(adapter));
+  return static_cast<int32_t>(adapters_.size() - 1);
+}
+
+void LlamaModel::addLora(int64_t layer, LoraTarget target, const float* x, int64_t ldx, float* y,
+                         int64_t ldy) {
+  if (!lora_step_) return;
+  int64_t row = 0;
+  for (const SequenceChunk& chunk : batch_) {
+    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+    const LoraProjection* p =
+        chunk.adapter >= 0 ? adapters_[chunk.adapter]->find(layer, target) : nullptr;
+    if (p != nullptr) {
+      const int64_t r = p->a.rows(), out = p->b.rows();
+      lora_mid_.resize(n * r);
+      lora_out_.resize(n * out);
+      checkedMatmul(p->a, x + row * ldx, ldx, n, lora_mid_.data(), r, pool_);
+      checkedMatmul(p->b, lora_mid_.data(), r, n, lora_out_.data(), out, pool_);
+      cpu::addInPlace(y + row * ldy, ldy, lora_out_.data(), out, n, out);
+    }
+    row += n;
+  }
+}
+
 absl::Status LlamaModel::reduce(float* data, int64_t count) {
   if (comm_->size() == 1) return absl::OkStatus();
   return comm_->allReduceSum({data, static_cast<size_t>(count)});
@@ -155,6 +180,9 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
                             {&layer.wk, k_.data(), kv_dim},
                             {&layer.wv, v_.data(), kv_dim}},
                            pool_);
+  addLora(l, LoraTarget::kQ, h_.data(), hidden, q_.data(), q_dim);
+  addLora(l, LoraTarget::kK, h_.data(), hidden, k_.data(), kv_dim);
+  addLora(l, LoraTarget::kV, h_.data(), hidden, v_.data(), kv_dim);
   if (!layer.bq.empty()) {
     addRowBias(q_.data(), layer.bq.data(), n, q_dim);
     addRowBias(k_.data(), layer.bk.data(), n, kv_dim);
@@ -208,6 +236,7 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
                   .ldo = q_dim},
                  pool_);
   checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
+  addLora(l, LoraTarget::kO, attn_.data(), q_dim, h_.data(), hidden);
 }
 
 absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const SequenceChunk> batch,
@@ -221,6 +250,16 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   int64_t n = 0;
   for (const SequenceChunk& chunk : batch) n += static_cast<int64_t>(chunk.tokens.size());
   const int64_t rows = logitRows(batch);
+  lora_step_ = false;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const int32_t adapter = batch[s].adapter;
+    if (adapter < -1 || adapter >= static_cast<int32_t>(adapters_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s, " names adapter ", adapter, " of ", adapters_.size()));
+    }
+    lora_step_ |= adapter >= 0;
+  }
+  batch_ = batch;
   ensureScratch(n, rows);
 
   // Token rows of the batch, sequence after sequence: embeddings, positions, block tables.
@@ -272,11 +311,14 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     checkedMatmulsOfOneInput(h_.data(), hidden, n,
                              {{&layer.w_gate, gate_.data(), ffn}, {&layer.w_up, up_.data(), ffn}},
                              pool_);
+    addLora(static_cast<int64_t>(l), LoraTarget::kGate, h_.data(), hidden, gate_.data(), ffn);
+    addLora(static_cast<int64_t>(l), LoraTarget::kUp, h_.data(), hidden, up_.data(), ffn);
     pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
       cpu::siluMul(gate_.data() + begin * ffn, up_.data() + begin * ffn, ffn, end - begin, ffn,
                    gate_.data() + begin * ffn, ffn);
     });
     checkedMatmul(layer.w_down, gate_.data(), ffn, n, h_.data(), hidden, pool_);
+    addLora(static_cast<int64_t>(l), LoraTarget::kDown, gate_.data(), ffn, h_.data(), hidden);
     CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
     addAndNorm(h_.data(), nullptr, n);
   }

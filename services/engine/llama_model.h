@@ -23,6 +23,7 @@
 #include "services/engine/communicator.h"
 #include "services/engine/kv_storage.h"
 #include "services/engine/llama_weights.h"
+#include "services/engine/lora_adapter.h"
 #include "services/engine/mla_attention.h"
 
 namespace cleave::engine {
@@ -34,6 +35,9 @@ struct SequenceChunk {
   // Rows of logits the chunk returns: after each of its last `logits` tokens (1 <= logits <=
   // tokens.size()). More than one verifies drafted tokens (speculative decoding).
   int64_t logits = 1;
+  // The LoRA adapter the chunk runs with: an index of the model's adapters (addAdapter), or
+  // -1 for the base model alone.
+  int32_t adapter = -1;
 };
 
 // Rows of logits a batch returns: its chunks' `logits`, summed.
@@ -56,9 +60,14 @@ class LlamaModel {
   // chunk's last `logits` tokens, chunk after chunk: [logitRows(batch), vocab], valid until
   // the next call. Errors (nothing
   // written): an empty batch or chunk, a token outside the vocabulary, a block table that
-  // does not cover the chunk, a block id outside the cache; and a collective failing.
+  // does not cover the chunk, a block id outside the cache, an adapter index not added; and
+  // a collective failing.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch,
                                                  KvStorage& cache);
+
+  // Adds a LoRA adapter loaded for this rank's shard (loadLoraAdapter with weights()); chunks
+  // name it by the index returned (0, 1, ...).
+  int32_t addAdapter(std::shared_ptr<const LoraAdapter> adapter);
 
   const LlamaWeights& weights() const { return w_; }
 
@@ -71,6 +80,10 @@ class LlamaModel {
   // h_ = rmsNorm(x_) with it. Rows go over the pool in runs of 32, so a decode step's few
   // stay on this thread.
   void addAndNorm(const float* delta, const float* norm, int64_t n);
+  // y[rows] += B (A x[rows]) for the rows of each chunk of the step whose adapter updates
+  // projection `target` of layer `layer` (nothing without one).
+  void addLora(int64_t layer, LoraTarget target, const float* x, int64_t ldx, float* y,
+               int64_t ldy);
   // Sums a row-parallel product over the group (nothing to do in a group of one).
   absl::Status reduce(float* data, int64_t count);
   // logits_ from each rank's rows of the vocabulary.
@@ -84,12 +97,16 @@ class LlamaModel {
   cpu::RopeAngles angles_;
   std::optional<MoeRunner> moe_;
   std::optional<MlaAttention> mla_;
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters_;
+  std::span<const SequenceChunk> batch_;  // The step's, while forward() runs.
+  bool lora_step_ = false;                // Some chunk of the step has an adapter.
   // Scratch, [tokens, width] each unless noted.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, moe_out_;
-  std::vector<float> last_;          // [logit rows, hidden]
-  std::vector<float> local_logits_;  // [logit rows, this rank's vocab rows]
-  std::vector<float> gathered_;      // [ranks][logit rows, rank's vocab rows]
-  std::vector<float> logits_;        // [logit rows, vocab]
+  std::vector<float> last_;                 // [logit rows, hidden]
+  std::vector<float> local_logits_;         // [logit rows, this rank's vocab rows]
+  std::vector<float> gathered_;             // [ranks][logit rows, rank's vocab rows]
+  std::vector<float> lora_mid_, lora_out_;  // A x and B (A x) of one chunk
+  std::vector<float> logits_;               // [logit rows, vocab]
   std::vector<int32_t> positions_;
   std::vector<const int32_t*> tables_;
 };

@@ -17,6 +17,18 @@
 #include "services/engine/shared_memory_communicator.h"
 
 namespace cleave::engine {
+namespace {
+
+// A backend's step takes no adapters (addAdapter refuses them there).
+absl::Status refuseAdapters(std::span<const SequenceChunk> batch) {
+  for (const SequenceChunk& chunk : batch) {
+    if (chunk.adapter >= 0)
+      return absl::UnimplementedError("LoRA adapters run on the CPU backend only");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 struct TpGroup::Rank {
   int index = 0;
@@ -237,8 +249,34 @@ absl::StatusOr<std::vector<BackendMemory>> TpGroup::backendMemory(int64_t block_
   return memory;
 }
 
+absl::StatusOr<int32_t> TpGroup::addAdapter(const std::string& name, const std::string& folder) {
+  if (backend_factory_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "LoRA adapter '", name, "': adapters run on the CPU backend only, not on this one"));
+  }
+  if (adapterIndex(name) >= 0)
+    return absl::AlreadyExistsError(absl::StrCat("a LoRA adapter is already called '", name, "'"));
+  std::vector<std::shared_ptr<const LoraAdapter>> loaded(ranks_.size());
+  CLEAVE_RETURN_IF_ERROR(onEveryRank([&](Rank& rank) -> absl::Status {
+    CLEAVE_ASSIGN_OR_RETURN(loaded[rank.index], loadLoraAdapter(name, folder, *rank.weights));
+    return absl::OkStatus();
+  }));
+  int32_t index = -1;
+  for (const auto& rank : ranks_) index = rank->model->addAdapter(loaded[rank->index]);
+  adapters_.push_back(loaded[0]);
+  return index;
+}
+
+int32_t TpGroup::adapterIndex(absl::string_view name) const {
+  for (size_t i = 0; i < adapters_.size(); ++i) {
+    if (adapters_[i]->name == name) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
 absl::StatusOr<std::span<const float>> TpGroup::forward(std::span<const SequenceChunk> batch) {
   if (!backends_.empty()) {
+    CLEAVE_RETURN_IF_ERROR(refuseAdapters(batch));
     CLEAVE_RETURN_IF_ERROR(onEveryRank([&](Rank& rank) -> absl::Status {
       CLEAVE_ASSIGN_OR_RETURN(rank.output.logits, backends_[rank.index]->forward(batch));
       return absl::OkStatus();
@@ -262,6 +300,7 @@ absl::StatusOr<StepOutput> TpGroup::forwardAndDraw(std::span<const SequenceChunk
     CLEAVE_ASSIGN_OR_RETURN(std::span<const float> logits, forward(batch));
     return StepOutput{.logits = logits};
   }
+  CLEAVE_RETURN_IF_ERROR(refuseAdapters(batch));
   CLEAVE_RETURN_IF_ERROR(onEveryRank([&](Rank& rank) -> absl::Status {
     CLEAVE_ASSIGN_OR_RETURN(rank.output, backends_[rank.index]->forwardAndDraw(batch, rows));
     return absl::OkStatus();

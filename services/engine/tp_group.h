@@ -108,6 +108,16 @@ class TpGroup {
   absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
                       std::span<const int32_t> rows);
 
+  // Loads the LoRA adapter in `folder` for every rank (loadLoraAdapter) and returns the
+  // index chunks name it by (SequenceChunk::adapter). Errors: the loader's, a name already
+  // added (AlreadyExists), a group with a backend (FailedPrecondition: adapters run on the
+  // CPU model only).
+  absl::StatusOr<int32_t> addAdapter(const std::string& name, const std::string& folder);
+  // The adapters added, by index (rank 0's: every rank's has the same name, rank and file).
+  const std::vector<std::shared_ptr<const LoraAdapter>>& adapters() const { return adapters_; }
+  // The index of the adapter called `name`, or -1.
+  int32_t adapterIndex(absl::string_view name) const;
+
   const model::ModelConfig& config() const;
   // Whether a chunk may ask for more than one row of logits (SequenceChunk::logits): the CPU
   // model's rows, not a backend's.
@@ -148,6 +158,7 @@ class TpGroup {
   cpu::KvType kv_type_ = cpu::KvType::kF32;
   bool host_kv_ = false;  // a backend's group keeps host rows too
   std::span<const float> logits_;
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters_;  // rank 0's
 };
 
 }  // namespace cleave::engine

@@ -4,7 +4,7 @@
 Run with the oracle virtualenv (see setup_oracles.sh and README.md):
     .cache/oracle-venv/bin/python tests/golden/generate_all.py [name ...]
 where each optional name is one of: dequant kv_format safetensors configs tokenizers
-engine_hf engine_gguf kquant_gguf engine_llamacpp.
+engine_hf engine_gguf lora kquant_gguf engine_llamacpp.
 Every generator is deterministic (fixed seeds, fixed inputs), so a rerun with
 the pinned oracle versions rewrites identical bytes.
 """
@@ -25,6 +25,7 @@ GENERATORS = {
     "chat_templates": "gen_chat_templates.py",
     "engine_hf": "gen_engine_hf.py",
     "engine_gguf": "gen_engine_gguf.py",  # From engine_hf's folders.
+    "lora": "gen_lora.py",  # Adapters on engine_hf's folders.
     "kquant_gguf": "gen_kquant_gguf.py",
     "engine_llamacpp": "gen_engine_llamacpp.py",
 }

@@ -32,7 +32,7 @@ CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAK
     "${PIP[@]}" install llama-cpp-python==0.3.36
 
 if [ "${CLEAVE_ORACLE_NO_TORCH:-0}" != "1" ]; then
-    "${PIP[@]}" install torch==2.15.0 compressed-tensors==0.20.1
+    "${PIP[@]}" install torch==2.15.0 compressed-tensors==0.20.1 peft==0.21.2
 fi
 
 echo "oracle venv ready: $VENV"
