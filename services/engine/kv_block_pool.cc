@@ -81,6 +81,15 @@ uint64_t KvBlockPool::chainHash(uint64_t parent, std::span<const uint32_t> token
   return hash;
 }
 
+uint64_t KvBlockPool::adapterRoot(std::string_view sha256) {
+  uint64_t hash = 0x84222325cbf29ce4ull;  // apart from chainHash's basis
+  for (char c : sha256) {
+    hash ^= static_cast<uint8_t>(c);
+    hash *= 0x100000001b3ull;
+  }
+  return hash == 0 ? 1 : hash;
+}
+
 void KvBlockPool::publish(int32_t block, uint64_t hash, std::span<const uint32_t> tokens) {
   CLEAVE_CHECK(block >= 0 && block < totalBlocks() && blocks_[block].refcount > 0)
       << "publish of block " << block;

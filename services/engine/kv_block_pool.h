@@ -15,6 +15,7 @@
 #include <list>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -44,6 +45,9 @@ class KvBlockPool {
   // Prefix caching. The hash of block i of a sequence chains the hash of block i - 1
   // (0 for the first) with the block's tokens.
   static uint64_t chainHash(uint64_t parent, std::span<const uint32_t> tokens);
+  // The chain's start for the requests of a LoRA adapter (by its fingerprint, so every
+  // process agrees): their KV differs from the base model's for the same tokens.
+  static uint64_t adapterRoot(std::string_view sha256);
   // Publishes `block` (full, computed) under `hash`. A hash already published keeps its
   // block.
   void publish(int32_t block, uint64_t hash, std::span<const uint32_t> tokens);

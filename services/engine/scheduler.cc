@@ -26,6 +26,10 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
     }
   }
   CLEAVE_RETURN_IF_ERROR(validateSamplingParams(request.sampling));
+  if (request.adapter < -1 || request.adapter >= static_cast<int32_t>(model_.adapters().size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adapter ", request.adapter, " is not one of the ", model_.adapters().size(), " loaded"));
+  }
   if (request.json_object) {
     if (tokenizer_ == nullptr || request.stop.stop_token_ids.empty()) {
       return absl::InvalidArgumentError(
@@ -86,7 +90,7 @@ absl::Status Scheduler::add(GenerationRequest request) {
 
 absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t count,
                                                         std::span<const uint32_t> prompt,
-                                                        int64_t* cached) {
+                                                        int64_t* cached, int32_t adapter) {
   if (cached != nullptr) *cached = 0;
   if (count < 1) return absl::InvalidArgumentError("num_blocks must be >= 1");
   if (auto it = reservations_.find(id); it != reservations_.end()) {
@@ -94,7 +98,9 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
     return absl::AlreadyExistsError(
         absl::StrCat("request ", id, " already holds ", it->second.size(), " blocks, not ", count));
   }
-  std::vector<int32_t> blocks = lookupPrefix(prompt).blocks;
+  if (adapter < -1 || adapter >= static_cast<int32_t>(model_.adapters().size()))
+    return absl::InvalidArgumentError(absl::StrCat("no LoRA adapter ", adapter));
+  std::vector<int32_t> blocks = lookupPrefix(prompt, 0, chainRoot(adapter)).blocks;
   if (static_cast<int64_t>(blocks.size()) > count) blocks.resize(count);
   cache_.retain(blocks);
   absl::StatusOr<std::vector<int32_t>> fresh =
@@ -107,6 +113,10 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
   blocks.insert(blocks.end(), fresh->begin(), fresh->end());
   reservations_.emplace(id, blocks);
   return blocks;
+}
+
+uint64_t Scheduler::chainRoot(int32_t adapter) const {
+  return adapter < 0 ? 0 : KvBlockPool::adapterRoot(model_.adapters()[adapter]->sha256);
 }
 
 Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt, int64_t from,
@@ -298,6 +308,7 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::makeSequence(GenerationRequest r
   seq->mode = mode;
   seq->blocks = std::move(blocks);
   seq->tokens = seq->request.prompt;
+  seq->chain = chainRoot(seq->request.adapter);
   seq->sampler = std::make_unique<Sampler>(seq->request.sampling, seq->request.prompt);
   seq->stopper = std::make_unique<StopChecker>(seq->request.stop);
   if (tokenizer_ != nullptr)
@@ -331,7 +342,9 @@ void Scheduler::admit() {
     GenerationRequest& next = waiting_.front();
     const int64_t total = static_cast<int64_t>(next.prompt.size()) + next.stop.max_new_tokens;
     // The longest cached prefix's blocks, then fresh ones (a prompt scored: none).
-    const PrefixHit hit = next.prompt_logprobs < 0 ? lookupPrefix(next.prompt) : PrefixHit{};
+    const uint64_t root = chainRoot(next.adapter);
+    const PrefixHit hit =
+        next.prompt_logprobs < 0 ? lookupPrefix(next.prompt, 0, root) : PrefixHit{.chain = root};
     std::vector<int32_t> blocks = hit.blocks;
     cache_.retain(blocks);
     absl::StatusOr<std::vector<int32_t>> fresh =
@@ -506,7 +519,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     if (!seq->prefilled() || full()) continue;
     batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, 1),
                      .start = seq->cached,
-                     .blocks = seq->blocks});
+                     .blocks = seq->blocks,
+                     .adapter = seq->request.adapter});
     members.push_back(seq.get());
     --budget;
   }
@@ -534,7 +548,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, take),
                      .start = seq->cached,
                      .blocks = seq->blocks,
-                     .logits = scored ? take : 1});
+                     .logits = scored ? take : 1,
+                     .adapter = seq->request.adapter});
     members.push_back(seq.get());
     budget -= take;
     // The full blocks this chunk completes (from its first whole one).

@@ -83,6 +83,9 @@ struct GenerationRequest {
   // kPromptLogprobRows tokens a step for all scored prompts together; a reservation it
   // prefills into must hold no cached blocks (reserve() without the prompt).
   int32_t prompt_logprobs = -1;
+  // The LoRA adapter the request runs with (TpGroup::addAdapter's index), or -1: the base
+  // model. Its KV is cached apart: prefixes are shared only among requests of one adapter.
+  int32_t adapter = -1;
 };
 
 // What one step produced for one sequence.
@@ -125,9 +128,10 @@ class Scheduler {
   // (the same size returns the same blocks). With `prompt` (the request's, known already),
   // the cached blocks of its longest cached prefix come first, before allocation can evict
   // them; `cached` (when given) says how many (0 for an existing reservation).
+  // The prompt's cached prefix is that of `adapter`'s requests (GenerationRequest::adapter).
   absl::StatusOr<std::vector<int32_t>> reserve(uint64_t id, int64_t count,
                                                std::span<const uint32_t> prompt = {},
-                                               int64_t* cached = nullptr);
+                                               int64_t* cached = nullptr, int32_t adapter = -1);
   // Frees the reservation of `id`, stopping its sequence if one runs; the blocks freed.
   int64_t release(uint64_t id);
   // Prefills `request` into its reservation (the same checks as add(), and the
@@ -216,8 +220,9 @@ class Scheduler {
     std::vector<int32_t> blocks;
     uint64_t chain = 0;
   };
-  PrefixHit lookupPrefix(std::span<const uint32_t> prompt, int64_t from = 0,
-                         uint64_t chain = 0) const;
+  PrefixHit lookupPrefix(std::span<const uint32_t> prompt, int64_t from, uint64_t chain) const;
+  // The hash chain's start for the requests of `adapter` (-1: the base model's, 0).
+  uint64_t chainRoot(int32_t adapter) const;
   // Starts `seq` past the `hit` blocks it holds at its head, counting the lookup.
   void startPast(Sequence& seq, const PrefixHit& hit);
   // Before a prompt chunk: takes the blocks published since (by a prompt sharing the

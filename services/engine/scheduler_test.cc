@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 
@@ -275,6 +276,70 @@ TEST_F(SchedulerTest, ReservedPrefillsReuseTheCachedPrefix) {
   EXPECT_EQ(scheduler.prefixLookupTokens(), 3 * 22);
   EXPECT_EQ(scheduler.reservedBlocks(), 0);
   EXPECT_EQ(scheduler.freeBlocks(), 40);
+}
+
+// A request naming a LoRA adapter decodes PEFT's greedy tokens (the golden of
+// tests/golden/gen_lora.py) next to base-model requests of the same prompt in one batch, and
+// the prefix cache keeps each one's KV apart: a prompt is served from blocks of its own
+// adapter only, generating and reserved alike.
+TEST_F(SchedulerTest, AdapterRequestsGetTheAdaptersTokensAndTheirOwnPrefixCache) {
+  const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/lora/llama_all_r8";
+  std::ifstream in(folder + "/logits.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  TpGroup& group = withBlocks(80);
+  ASSERT_TRUE(group.addAdapter("all", folder).ok());
+  Scheduler scheduler(group, nullptr, {.max_batch_tokens = 64, .max_sequences = 8});
+  const nlohmann::json& case17 = golden["prompts"][2];
+  const std::vector<uint32_t> prompt = case17["ids"].get<std::vector<uint32_t>>();  // 4 blocks
+  const std::vector<uint32_t> want = case17["greedy_next"].get<std::vector<uint32_t>>();
+  const std::vector<uint32_t> base = alone(prompt, 8);
+  ASSERT_NE(base, want);
+  auto request = [&](uint64_t id, int32_t adapter) {
+    return GenerationRequest{
+        .id = id, .prompt = prompt, .stop = {.max_new_tokens = 8}, .adapter = adapter};
+  };
+  // Together: the base model's request first, so its blocks are published before the adapted
+  // one looks.
+  ASSERT_TRUE(scheduler.add(request(1, -1)).ok());
+  ASSERT_TRUE(scheduler.add(request(2, 0)).ok());
+  std::map<uint64_t, std::vector<TokenEvent>> by_id;
+  for (const TokenEvent& e : events(scheduler)) by_id[e.id].push_back(e);
+  auto tokens = [&](uint64_t id) {
+    std::vector<uint32_t> got;
+    for (const TokenEvent& e : by_id[id]) got.push_back(e.token);
+    return got;
+  };
+  EXPECT_EQ(tokens(1), base);
+  EXPECT_EQ(tokens(2), want);
+  EXPECT_EQ(by_id[2][0].cached_tokens, 0);
+  // Again, one after the other: each finds its own blocks.
+  for (uint64_t id : {3, 4}) {
+    ASSERT_TRUE(scheduler.add(request(id, id == 3 ? 0 : -1)).ok());
+    for (const TokenEvent& e : events(scheduler)) by_id[e.id].push_back(e);
+    EXPECT_EQ(by_id[id][0].cached_tokens, 16) << id;
+  }
+  EXPECT_EQ(tokens(3), want);
+  EXPECT_EQ(tokens(4), base);
+  // A reservation with the prompt takes the adapter's blocks; the prefill and decode into it
+  // give PEFT's tokens.
+  int64_t cached = -1;
+  ASSERT_TRUE(scheduler.reserve(5, 7, prompt, &cached, 0).ok());
+  EXPECT_EQ(cached, 4);
+  ASSERT_TRUE(scheduler.addPrefill(request(5, 0)).ok());
+  std::vector<TokenEvent> out = events(scheduler);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].cached_tokens, 16);
+  EXPECT_EQ(out[0].token, want[0]);
+  ASSERT_TRUE(scheduler.startDecode(request(5, 0), want[0]).ok());
+  std::vector<uint32_t> got = {want[0]};
+  for (const TokenEvent& e : events(scheduler)) got.push_back(e.token);
+  EXPECT_EQ(got, want);
+  // An adapter never loaded is refused.
+  EXPECT_EQ(scheduler.add(request(6, 1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler.reserve(6, 7, prompt, nullptr, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler.freeBlocks(), 80);
 }
 
 // Prompts that arrive together with a prefix nobody has computed compute it once: the
