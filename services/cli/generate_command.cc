@@ -75,8 +75,9 @@ int generateThroughRouter(const std::string& address, const std::string& prompt,
                           const std::vector<uint32_t>& ids, bool chat, const std::string& system,
                           const engine::SamplingParams& s, int64_t max_tokens,
                           const std::string& stop, bool ignore_eos, bool print_ids,
-                          const std::string& json_schema) {
+                          const std::string& json_schema, const std::string& lora) {
   v1::GenerateRequest request;
+  request.set_model(lora);  // Empty: the base model.
   if (!ids.empty()) {
     request.mutable_token_ids()->mutable_ids()->Assign(ids.begin(), ids.end());
   } else if (chat) {
@@ -164,6 +165,7 @@ int runGenerate(int argc, char** argv) {
   std::string json_schema;
   bool ignore_eos = false;
   engine::SpeculativeOptions speculative;
+  std::string lora;
   FlagSet flags("cleave generate", "--model MODEL [flags] PROMPT",
                 "Generates a continuation of PROMPT on the CPU and streams it to standard output; "
                 "timings go to standard error. Greedy unless --temperature > 0.");
@@ -214,6 +216,9 @@ int runGenerate(int argc, char** argv) {
   flags.addBool("ignore-eos", &ignore_eos,
                 "Generate --max-tokens tokens even past the end-of-sequence token");
   speculative.addFlags(flags);
+  flags.addString("lora", &lora,
+                  "Run with a LoRA adapter: with --model, its folder (as PEFT saves one); with "
+                  "--router, the name the workers serve it under (their --lora-modules)");
   std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
   if (absl::Status valid = engine::validate(speculative); !valid.ok())
     exitWithUsageError(flags, valid);
@@ -318,7 +323,7 @@ int runGenerate(int argc, char** argv) {
                              "--chat-template is for --model; a router renders with its own"));
     }
     return generateThroughRouter(router, positional[0], ids, chat, system, sampling, max_tokens,
-                                 stop, ignore_eos, print_ids, json_schema);
+                                 stop, ignore_eos, print_ids, json_schema, lora);
   }
   // Token-id prompts need no tokenizer; without one, tokens print as ids.
   auto tokenizer = tokenizer::Tokenizer::load(model);
@@ -335,6 +340,12 @@ int runGenerate(int argc, char** argv) {
   progress.finish();
   if (!group.ok()) return fail(group.status());
   const model::ModelConfig& config = (*group)->config();
+  int32_t adapter = -1;
+  if (!lora.empty()) {
+    absl::StatusOr<int32_t> added = (*group)->addAdapter("lora", lora);
+    if (!added.ok()) return fail(added.status());
+    adapter = *added;
+  }
 
   std::vector<tokenizer::TokenId> prompt(ids.begin(), ids.end());
   if (ids.empty() && chat) {
@@ -374,6 +385,7 @@ int runGenerate(int argc, char** argv) {
   engine::Scheduler scheduler(**group, words,
                               {.max_batch_tokens = 512, .speculative = speculative});
   engine::GenerationRequest request{.id = 1, .prompt = prompt, .sampling = sampling};
+  request.adapter = adapter;
   request.json_object = schema != nullptr;
   request.json_schema = schema;
   request.stop = {

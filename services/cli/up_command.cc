@@ -31,6 +31,7 @@
 #include "nlohmann/json.hpp"
 #include "services/cli/commands.h"
 #include "services/cli/router_client.h"
+#include "services/engine/lora_adapter.h"
 #include "services/engine/speculative.h"
 
 extern char** environ;
@@ -146,7 +147,13 @@ int runUp(int argc, char** argv) {
   flags.addInt("startup-timeout-s", &timeout_s, "Give up when not serving within this");
   engine::SpeculativeOptions speculative;
   speculative.addFlags(flags);
+  std::string lora_modules;
+  flags.addString("lora-modules", &lora_modules,
+                  "LoRA adapters every worker serves next to the model, NAME=PATH[,...] "
+                  "(cleave-worker --lora-modules); requests name one as their model");
   std::vector<std::string> positional = parseFlagsOrExit(flags, argc, argv);
+  if (absl::Status valid = engine::parseLoraModules(lora_modules).status(); !valid.ok())
+    exitWithUsageError(flags, valid);
   if (absl::Status valid = engine::validate(speculative); !valid.ok())
     exitWithUsageError(flags, valid);
   if (backend == "cuda" && speculative.tokens > 0) {
@@ -272,6 +279,7 @@ int runUp(int argc, char** argv) {
                                        "--kv-dtype=" + kv_dtype,
                                        "--backend=" + backend};
       if (threads > 0) args.push_back(absl::StrCat("--threads=", threads));
+      if (!lora_modules.empty()) args.push_back("--lora-modules=" + lora_modules);
       if (speculative.tokens > 0 && std::string_view(role) != "prefill") {
         args.push_back(absl::StrCat("--speculative-tokens=", speculative.tokens));
         args.push_back(absl::StrCat("--prompt-lookup-min=", speculative.ngram.min));

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/tokenizer/utf8.h"
 #include "grpcpp/client_context.h"
+#include "services/engine/kv_block_pool.h"
 #include "services/engine/stop_checker.h"
 #include "services/router/generation_service.h"
 #include "services/router/request_validation.h"
@@ -83,10 +84,18 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                  "no decode worker is registered with this router; start cleave-worker with "
                  "--router pointing at it");
   }
+  const WorkerPool::AdapterView* adapter = nullptr;
   if (!request.model().empty() && request.model() != model->model_id) {
-    return error(grpc::StatusCode::NOT_FOUND,
-                 absl::StrCat("unknown model '", request.model(), "'; this router serves '",
-                              model->model_id, "'"));
+    adapter = model->adapter(request.model());
+    if (adapter == nullptr) {
+      std::string served = absl::StrCat("'", model->model_id, "'");
+      for (const WorkerPool::AdapterView& a : model->adapters)
+        absl::StrAppend(&served, ", '", a.name, "'");
+      return error(
+          grpc::StatusCode::NOT_FOUND,
+          absl::StrCat("unknown model '", request.model(), "'; this router serves ", served,
+                       model->adapters.empty() ? "" : " (LoRA adapters of the first)"));
+    }
   }
   // The prompt.
   std::vector<uint32_t> prompt;
@@ -184,7 +193,9 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                     .priority = request.priority(),
                     .prompt_logprobs = request.has_prompt_logprobs()
                                            ? std::optional<uint32_t>(request.prompt_logprobs())
-                                           : std::nullopt};
+                                           : std::nullopt,
+                    .adapter = adapter ? adapter->name : std::string(),
+                    .chain_root = adapter ? engine::KvBlockPool::adapterRoot(adapter->sha256) : 0};
   std::vector<std::string> lost;  // Decode workers this request could not use.
   std::unique_ptr<Placement> placed;
   grpc::Status status = place(sequence, lost, placed);
@@ -374,7 +385,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
   }
   const int64_t tokens = static_cast<int64_t>(sequence.tokens.size());
   // The blocks of the sequence a worker's prefix cache may hold.
-  const std::vector<uint64_t> prefix = PrefixIndex::blockHashes(sequence.tokens, model->block_size);
+  const std::vector<uint64_t> prefix =
+      PrefixIndex::blockHashes(sequence.tokens, model->block_size, sequence.chain_root);
   v1::StoppingCriteria stopping = sequence.stopping;
   stopping.set_max_new_tokens(static_cast<uint32_t>(sequence.remaining));
   // A moved sequence's tokens already sent count toward its minimum.
@@ -403,6 +415,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     reserve.set_num_blocks(static_cast<uint32_t>(sequence.blocks));
     reserve.set_prompt_tokens(static_cast<uint32_t>(tokens));
     reserve.set_max_new_tokens(static_cast<uint32_t>(sequence.remaining));
+    reserve.set_adapter(sequence.adapter);
     // The decode worker shares the blocks of the prefix its cache holds: not sent again
     // (unless the prompt is scored: a worker prefilling for itself computes it whole).
     const bool scored = sequence.prompt_logprobs && tokens == sequence.prompt_tokens;
@@ -427,6 +440,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     v1::PrefillRequest prefill;
     prefill.set_request_id(sequence.id);
     prefill.mutable_prompt_token_ids()->Add(sequence.tokens.begin(), sequence.tokens.end());
+    prefill.set_adapter(sequence.adapter);
     *prefill.mutable_sampling() = sequence.sampling;
     *prefill.mutable_stopping() = stopping;
     if (sequence.logprobs) prefill.set_logprobs(*sequence.logprobs);
@@ -489,6 +503,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     placed->mailbox = relay_.open(sequence.id, worker.id);
     v1::StartDecodeRequest start;
     start.set_request_id(sequence.id);
+    start.set_adapter(sequence.adapter);
     start.mutable_prompt_token_ids()->Add(sequence.tokens.begin(), sequence.tokens.end());
     start.set_first_token_id(placed->prefilled.first_token_id());
     *start.mutable_sampling() = sequence.sampling;

@@ -90,7 +90,7 @@ absl::StatusOr<const tokenizer::Tokenizer*> GenerationService::tokenizerFor(
     const std::string& model) const {
   if (tokenizer_ == nullptr) return absl::FailedPreconditionError(kNoTokenizer);
   std::optional<WorkerPool::ModelView> served = pool_.model();
-  if (!model.empty() && (!served || model != served->model_id)) {
+  if (!model.empty() && (!served || (model != served->model_id && !served->adapter(model)))) {
     return absl::NotFoundError(absl::StrCat("unknown model '", model, "'"));
   }
   return tokenizer_.get();
@@ -198,6 +198,13 @@ grpc::Status GenerationService::ListModels(grpc::ServerContext* context,
     info->set_id(model->model_id);
     info->set_context_length(model->context_length);
     info->set_vocab_size(model->vocab_size);
+    info->set_block_size(model->block_size);
+    for (const WorkerPool::AdapterView& adapter : model->adapters) {
+      v1::ModelInfo* lora = response->add_models();
+      *lora = *info;
+      lora->set_id(adapter.name);
+      lora->set_parent(model->model_id);
+    }
   }
   return finish("ListModels", grpc::Status::OK);
 }

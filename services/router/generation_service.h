@@ -96,6 +96,8 @@ class GenerationService final : public v1::Generation::Service {
     std::string client;                       // Its API key's name, for fair queueing.
     int32_t priority = 0;                     // GenerateRequest.priority: lower is admitted first.
     std::optional<uint32_t> prompt_logprobs;  // Asked of its first placement's prefill.
+    std::string adapter;      // The LoRA adapter it runs with (empty: the base model), and
+    uint64_t chain_root = 0;  // where its blocks' hash chain starts (KvBlockPool::adapterRoot).
   };
   // The sequence on one decode worker: its admission and reservation (both released when
   // this ends), its prefill's answer and, when it decodes, its token mailbox.

@@ -187,6 +187,7 @@ int OpenAiServer::listModels(const HttpRequest& request, HttpResponse& response)
                     {"created", static_cast<int64_t>(std::time(nullptr))},
                     {"owned_by", "cleave"},
                     {"root", m.id()},
+                    {"parent", m.parent().empty() ? Json(nullptr) : Json(m.parent())},
                     {"max_model_len", m.context_length()},
                     {"vocab_size", m.vocab_size()}});
   }

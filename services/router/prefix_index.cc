@@ -6,12 +6,12 @@
 
 namespace cleave::router {
 
-std::vector<uint64_t> PrefixIndex::blockHashes(std::span<const uint32_t> prompt,
-                                               int64_t block_size) {
+std::vector<uint64_t> PrefixIndex::blockHashes(std::span<const uint32_t> prompt, int64_t block_size,
+                                               uint64_t root) {
   std::vector<uint64_t> hashes;
   if (block_size < 1 || prompt.empty()) return hashes;
   const int64_t reusable = (static_cast<int64_t>(prompt.size()) - 1) / block_size;
-  uint64_t chain = 0;
+  uint64_t chain = root;
   for (int64_t j = 0; j < reusable; ++j) {
     chain = engine::KvBlockPool::chainHash(chain, prompt.subspan(j * block_size, block_size));
     hashes.push_back(chain);

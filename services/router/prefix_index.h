@@ -23,7 +23,8 @@ namespace cleave::router {
 class PrefixIndex {
  public:
   // The hash chain of the blocks of `prompt` a cache may supply.
-  static std::vector<uint64_t> blockHashes(std::span<const uint32_t> prompt, int64_t block_size);
+  static std::vector<uint64_t> blockHashes(std::span<const uint32_t> prompt, int64_t block_size,
+                                           uint64_t root = 0);
 
   // How many of `hashes`, from the first, `worker` holds.
   int64_t matched(const std::string& worker, std::span<const uint64_t> hashes) const;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -31,6 +32,10 @@ absl::Status checkRegistration(const v1::RegisterRequest& r) {
     return bad("model needs a model_id and a 64-character sha256");
   if (r.model().vocab_size() < 1 || r.model().context_length() < 1)
     return bad("model.vocab_size and model.context_length must be >= 1");
+  for (const v1::LoraAdapterFingerprint& a : r.model().adapters()) {
+    if (a.name().empty() || a.name() == r.model().model_id() || a.sha256().size() != 64)
+      return bad("model.adapters need a name other than the model's and a 64-character sha256");
+  }
   const v1::KvLayout& kv = r.kv_layout();
   if (kv.dtype() == v1::KV_DTYPE_UNSPECIFIED || kv.block_size() < 1 || kv.num_layers() < 1 ||
       kv.num_kv_heads() < 1 || kv.head_dim() < 1)
@@ -53,6 +58,15 @@ const char* admissionOutcome(const absl::Status& status) {
     case absl::StatusCode::kCancelled: return "cancelled";
     default: return "other";
   }
+}
+
+// A worker's LoRA adapters as "name:sha256" in name order.
+std::vector<std::string> adapterSet(const v1::ModelFingerprint& model) {
+  std::vector<std::string> set;
+  for (const v1::LoraAdapterFingerprint& a : model.adapters())
+    set.push_back(absl::StrCat(a.name(), ":", a.sha256().substr(0, 12)));
+  std::sort(set.begin(), set.end());
+  return set;
 }
 
 bool contains(const std::vector<std::string>& ids, const std::string& id) {
@@ -122,6 +136,12 @@ absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& 
             request.model().sha256().substr(0, 12), " vs ", o.model().sha256().substr(0, 12),
             ", KV layout [", request.kv_layout().ShortDebugString(), "] vs [",
             o.kv_layout().ShortDebugString(), "]; load the same file on both"));
+      }
+      if (adapterSet(o.model()) != adapterSet(request.model())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "this worker's LoRA adapters [", absl::StrJoin(adapterSet(request.model()), ", "),
+            "] differ from worker ", id, "'s [", absl::StrJoin(adapterSet(o.model()), ", "),
+            "]; start every worker with the same --lora-modules"));
       }
     }
     replaced = workers_.erase(worker->id) > 0;
@@ -228,10 +248,13 @@ std::optional<WorkerPool::ModelView> WorkerPool::awaitModel(
 std::optional<WorkerPool::ModelView> WorkerPool::modelLocked() const {
   if (workers_.empty()) return std::nullopt;
   const v1::RegisterRequest& info = workers_.begin()->second.worker->info;
-  return ModelView{.model_id = info.model().model_id(),
-                   .context_length = info.model().context_length(),
-                   .vocab_size = info.model().vocab_size(),
-                   .block_size = info.kv_layout().block_size()};
+  ModelView view{.model_id = info.model().model_id(),
+                 .context_length = info.model().context_length(),
+                 .vocab_size = info.model().vocab_size(),
+                 .block_size = info.kv_layout().block_size()};
+  for (const v1::LoraAdapterFingerprint& a : info.model().adapters())
+    view.adapters.push_back({.name = a.name(), .sha256 = a.sha256()});
+  return view;
 }
 
 int64_t WorkerPool::cachedBlocks(const Entry& entry, std::span<const uint64_t> prefix) const {

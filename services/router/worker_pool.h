@@ -135,11 +135,22 @@ class WorkerPool {
 
   // What clients see: the model served (empty when no worker is registered), its
   // context length and KV block size.
+  struct AdapterView {
+    std::string name;
+    std::string sha256;
+  };
   struct ModelView {
     std::string model_id;
     uint32_t context_length = 0;
     uint32_t vocab_size = 0;
     uint32_t block_size = 0;
+    std::vector<AdapterView> adapters;  // The LoRA adapters every worker serves.
+    const AdapterView* adapter(absl::string_view name) const {
+      for (const AdapterView& a : adapters) {
+        if (a.name == name) return &a;
+      }
+      return nullptr;
+    }
   };
   std::optional<ModelView> model() const;
   // The same, waiting while no worker is registered (a lone worker the router dropped for a

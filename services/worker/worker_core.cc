@@ -6,6 +6,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/faults.h"
 #include "common/log.h"
@@ -128,6 +129,17 @@ void WorkerCore::abortPrefill(uint64_t id, const absl::Status& why) {
   prefills_.erase(it);
 }
 
+absl::StatusOr<int32_t> WorkerCore::adapterOf(const std::string& name) const {
+  if (name.empty()) return -1;
+  const int32_t index = model_.adapterIndex(name);
+  if (index >= 0) return index;
+  std::vector<std::string> loaded;
+  for (const auto& adapter : model_.adapters()) loaded.push_back(adapter->name);
+  return absl::NotFoundError(absl::StrCat("LoRA adapter '", name, "' is not loaded here (",
+                                          loaded.empty() ? "none is" : absl::StrJoin(loaded, ", "),
+                                          "; see --lora-modules)"));
+}
+
 absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest& r,
                                                         grpc::ServerContext* context) {
   const model::ModelConfig& c = model_.config();
@@ -156,6 +168,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
                                   c.vocab_size, ")"));
     }
   }
+  CLEAVE_ASSIGN_OR_RETURN(const int32_t adapter, adapterOf(r.adapter()));
   uint64_t id;
   bool repeated;
   std::vector<int32_t> staging;  // A repeated Reserve's rows, or the ones taken below.
@@ -188,7 +201,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
   }
   absl::StatusOr<std::vector<int32_t>> blocks = loop_->call([&](engine::Scheduler& s) {
     int64_t taken = 0;
-    auto reserved = s.reserve(id, r.num_blocks(), prompt, &taken);
+    auto reserved = s.reserve(id, r.num_blocks(), prompt, &taken, adapter);
     if (!repeated) cached = taken;
     return reserved;
   });
@@ -340,7 +353,8 @@ absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
 }
 
 absl::StatusOr<std::vector<int32_t>> WorkerCore::reservePrefillBlocks(
-    uint64_t id, std::span<const uint32_t> prompt, bool cached, grpc::ServerContext* context) {
+    uint64_t id, std::span<const uint32_t> prompt, bool cached, int32_t adapter,
+    grpc::ServerContext* context) {
   const int64_t blocks =
       (static_cast<int64_t>(prompt.size()) + model_.blockSize() - 1) / model_.blockSize();
   while (true) {
@@ -348,7 +362,8 @@ absl::StatusOr<std::vector<int32_t>> WorkerCore::reservePrefillBlocks(
     absl::StatusOr<std::vector<int32_t>> reserved =
         loop_->call([&](engine::Scheduler& s) -> absl::StatusOr<std::vector<int32_t>> {
           total = s.cache().totalBlocks();
-          return s.reserve(id, blocks, cached ? prompt : std::span<const uint32_t>());
+          return s.reserve(id, blocks, cached ? prompt : std::span<const uint32_t>(), nullptr,
+                           adapter);
         });
     // Blocks held by prompts computing or being sent free up soon; a prompt larger than
     // the pool never fits.
@@ -379,6 +394,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     return absl::FailedPreconditionError(
         "this worker has no KV transport, so it can only prefill for itself");
   }
+  CLEAVE_ASSIGN_OR_RETURN(const int32_t adapter, adapterOf(r.adapter()));
   std::optional<uint64_t> id = idOf(r.request_id());
   if (local && !id) {
     return absl::NotFoundError(
@@ -402,7 +418,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     // A scored prompt is computed whole: no cached blocks for it.
     absl::StatusOr<std::vector<int32_t>> reserved = reservePrefillBlocks(
         *id, {r.prompt_token_ids().data(), static_cast<size_t>(r.prompt_token_ids_size())},
-        !r.has_prompt_logprobs(), context);
+        !r.has_prompt_logprobs(), adapter, context);
     if (!reserved.ok()) {
       absl::MutexLock lock(&mu_);
       forget(*id);
@@ -417,6 +433,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     else
       request->prompt_logprobs = static_cast<int32_t>(r.prompt_logprobs());
   }
+  if (request.ok()) request->adapter = adapter;
   absl::StatusOr<engine::TokenEvent> first =
       request.ok() ? runPrefill(*id, *request, context) : request.status();
   v1::PrefillResponse response;
@@ -463,9 +480,11 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
     return absl::NotFoundError(
         absl::StrCat("request ", r.request_id(), " has no KV reservation on this worker"));
   }
+  CLEAVE_ASSIGN_OR_RETURN(const int32_t adapter, adapterOf(r.adapter()));
   absl::StatusOr<engine::GenerationRequest> request =
       toEngineRequest(*id, partsOf(r), options_.eos_ids, model_.config().max_position_embeddings);
   if (!request.ok()) return request.status();
+  request->adapter = adapter;
   // Not when prefilled here, nor for a sequence already decoding (the scheduler refuses
   // that one; its rows must stay).
   bool copy_in = true;

@@ -84,6 +84,11 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
   model->set_sha256(sha256);
   model->set_vocab_size(c.vocab_size);
   model->set_context_length(c.max_position_embeddings);
+  for (const auto& adapter : group.adapters()) {
+    v1::LoraAdapterFingerprint* a = model->add_adapters();
+    a->set_name(adapter->name);
+    a->set_sha256(adapter->sha256);
+  }
   *r.mutable_kv_layout() = kvLayout(c, group.kvType());
   v1::KvCapacity* capacity = r.mutable_kv_capacity();
   const bool decodes = role != Role::kPrefill;
@@ -166,10 +171,21 @@ int run(int argc, char** argv) {
   progress.finish();
   if (!group.ok()) die(group.status());
   const model::ModelConfig& config = (*group)->config();
+  int64_t adapter_bytes = 0;  // Rank 0's.
+  const std::vector<engine::LoraModuleSpec> adapters =
+      *engine::parseLoraModules(options.lora_modules);  // validate() checked them
+  for (const engine::LoraModuleSpec& spec : adapters) {
+    absl::StatusOr<int32_t> added = (*group)->addAdapter(spec.name, spec.path);
+    if (!added.ok()) die(added.status());
+    const engine::LoraAdapter& adapter = *(*group)->adapters()[*added];
+    adapter_bytes += adapter.bytes();
+    CLEAVE_LOG(INFO) << "LoRA adapter '" << spec.name << "' from " << spec.path << ": rank "
+                     << adapter.rank << ", " << adapter.bytes() / 1024 << " KiB on rank 0";
+  }
 
   // Memory: rank 0 holds the most (uneven splits give it the larger share).
   engine::MemoryPlanInput plan_input{.budget_bytes = static_cast<int64_t>(options.memory_budget),
-                                     .weight_bytes = (*group)->weightBytes(0),
+                                     .weight_bytes = (*group)->weightBytes(0) + adapter_bytes,
                                      .target_concurrency = options.target_concurrency,
                                      .planned_seq_len = options.planned_seq_len,
                                      .max_batch_tokens = kMaxBatchTokens,

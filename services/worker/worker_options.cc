@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/kv_format.h"
+#include "services/engine/lora_adapter.h"
 #include "services/engine/tensor_parallel.h"
 
 namespace cleave::worker {
@@ -53,6 +54,10 @@ void WorkerOptions::addFlags(FlagSet& flags) {
                 "Reuse the KV cache of prompt prefixes computed before (--no-prefix-caching: "
                 "compute every prompt whole)");
   speculative.addFlags(flags);
+  flags.addString("lora-modules", &lora_modules,
+                  "LoRA adapters to serve next to the model, NAME=PATH[,NAME=PATH...]: each a "
+                  "folder as PEFT saves one (adapter_config.json, adapter_model.safetensors); "
+                  "requests run with one by naming it as their model (CPU backend)");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "Free a reservation not started within this, and a router's sequences once its "
                "token stream has been closed this long");
@@ -104,6 +109,11 @@ absl::Status validate(const WorkerOptions& options) {
   if (options.backend == "cuda" && options.speculative.tokens > 0) {
     return absl::InvalidArgumentError(
         "--speculative-tokens: the CUDA backend does not verify drafts yet (leave it 0 there)");
+  }
+  CLEAVE_RETURN_IF_ERROR(engine::parseLoraModules(options.lora_modules).status());
+  if (options.backend == "cuda" && !options.lora_modules.empty()) {
+    return absl::InvalidArgumentError(
+        "--lora-modules: LoRA adapters run on the CPU backend only (not with --backend cuda)");
   }
   if (options.target_concurrency < 1 || options.target_concurrency > 4096) {
     return absl::InvalidArgumentError(

@@ -33,6 +33,9 @@ struct WorkerOptions {
   int64_t threads = 0;
   bool prefix_caching = true;
   engine::SpeculativeOptions speculative;
+  // LoRA adapters served next to the base model: NAME=PATH[,NAME=PATH...]
+  // (engine::parseLoraModules).
+  std::string lora_modules;
   int64_t lease_timeout_ms = 10000;
   // On SIGTERM/SIGINT: how long the worker keeps running what it holds after telling the
   // router it is draining, before it deregisters (the router moves what is left).

@@ -23,9 +23,14 @@ TEST(WorkerOptionsTest, FlagsBindToOptions) {
   WorkerOptions options;
   FlagSet flags("cleave-worker", "", "");
   options.addFlags(flags);
-  std::vector<std::string> args = {"--role=prefill",       "--tp=2", "--memory-budget=6GiB",
-                                   "--target-concurrency", "32",     "--speculative-tokens=3",
-                                   "--prompt-lookup-max=6"};
+  std::vector<std::string> args = {"--role=prefill",
+                                   "--tp=2",
+                                   "--memory-budget=6GiB",
+                                   "--target-concurrency",
+                                   "32",
+                                   "--speculative-tokens=3",
+                                   "--prompt-lookup-max=6",
+                                   "--lora-modules=sql=/a,chat=/b"};
   ASSERT_TRUE(flags.parse(args).ok());
   EXPECT_EQ(options.role, "prefill");
   EXPECT_EQ(options.tp, 2);
@@ -33,6 +38,7 @@ TEST(WorkerOptionsTest, FlagsBindToOptions) {
   EXPECT_EQ(options.target_concurrency, 32);
   EXPECT_EQ(options.speculative.tokens, 3);
   EXPECT_EQ(options.speculative.ngram.max, 6);
+  EXPECT_EQ(options.lora_modules, "sql=/a,chat=/b");
 }
 
 TEST(WorkerOptionsTest, ValidatesEachValue) {
@@ -62,6 +68,13 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
        [](WorkerOptions& o) {
          o.backend = "cuda";
          o.speculative.tokens = 4;
+       }},
+      {"--lora-modules: 'sql' is not NAME=PATH", [](WorkerOptions& o) { o.lora_modules = "sql"; }},
+      {"LoRA adapters run on the CPU backend only",
+       [](WorkerOptions& o) {
+         o.backend = "cuda";
+         o.kv_dtype = "bf16";
+         o.lora_modules = "sql=/a";
        }},
       {"the GPU stores its KV cache as bf16 or fp8",
        [](WorkerOptions& o) {
