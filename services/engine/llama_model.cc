@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/vector_ops.h"
 #include "services/engine/checked_matmul.h"
 
 namespace cleave::engine {
@@ -77,23 +78,64 @@ int32_t LlamaModel::addAdapter(std::shared_ptr<const LoraAdapter> adapter) {
   return static_cast<int32_t>(adapters_.size() - 1);
 }
 
-void LlamaModel::addLora(int64_t layer, LoraTarget target, const float* x, int64_t ldx, float* y,
-                         int64_t ldy) {
+void LlamaModel::addLora(int64_t layer, const float* x, int64_t ldx,
+                         std::initializer_list<LoraOutput> outputs) {
   if (!lora_step_) return;
-  int64_t row = 0;
-  for (const SequenceChunk& chunk : batch_) {
-    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-    const LoraProjection* p =
-        chunk.adapter >= 0 ? adapters_[chunk.adapter]->find(layer, target) : nullptr;
-    if (p != nullptr) {
-      const int64_t r = p->a.rows(), out = p->b.rows();
-      lora_mid_.resize(n * r);
-      lora_out_.resize(n * out);
-      checkedMatmul(p->a, x + row * ldx, ldx, n, lora_mid_.data(), r, pool_);
-      checkedMatmul(p->b, lora_mid_.data(), r, n, lora_out_.data(), out, pool_);
-      cpu::addInPlace(y + row * ldy, ldy, lora_out_.data(), out, n, out);
+  lora_runs_.clear();
+  int64_t width = 0;    // Of the outputs an adapter updates, end to end.
+  int64_t updated = 0;  // Rows of the widest output's runs.
+  int64_t step_rows = 0;
+  for (const LoraOutput& output : outputs) {
+    int64_t row = 0, out = 0, rows = 0;
+    for (const SequenceChunk& chunk : batch_) {
+      const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+      const LoraProjection* p =
+          chunk.adapter >= 0 ? adapters_[chunk.adapter]->find(layer, output.target) : nullptr;
+      if (p != nullptr) {
+        lora_runs_.push_back({p, &output, row, n, width});
+        out = p->out;
+        rows += n;
+      }
+      row += n;
     }
-    row += n;
+    width += out;
+    updated = std::max(updated, rows);
+    step_rows = row;
+  }
+  if (lora_runs_.empty()) return;
+  // Every update in one pool job. Row t of a run gets y[t] += sum_i (A x[t])[i] * bt[i] over
+  // its columns: r dots, then r runs of axpy. Each element sees the same operations in the
+  // same order whatever the split, so a row's result does not depend on the step it is in (a
+  // prompt and its decode, chunked or not, batched or alone, agree bit for bit). A decode
+  // step's few rows split by columns (each thread redoes their r dots, cheap next to a pool
+  // job per product); a prompt's many split by rows.
+  const bool by_rows = updated >= 4 * pool_.size();
+  pool_.parallelFor(by_rows ? step_rows : width, by_rows ? 1 : 64, [&](int64_t begin, int64_t end) {
+    for (const LoraRun& run : lora_runs_) {
+      if (by_rows) {
+        addLoraRun(run, x, ldx, std::max(begin, run.row), std::min(end, run.row + run.rows), 0,
+                   run.p->out);
+      } else {
+        addLoraRun(run, x, ldx, run.row, run.row + run.rows,
+                   std::max(begin, run.column) - run.column,
+                   std::min(end, run.column + run.p->out) - run.column);
+      }
+    }
+  });
+}
+
+void LlamaModel::addLoraRun(const LoraRun& run, const float* x, int64_t ldx, int64_t t0, int64_t t1,
+                            int64_t from, int64_t to) {
+  if (t0 >= t1 || from >= to) return;
+  const LoraProjection& p = *run.p;
+  thread_local std::vector<float> mid;
+  mid.resize(p.r);
+  for (int64_t t = t0; t < t1; ++t) {
+    for (int64_t i = 0; i < p.r; ++i) mid[i] = cpu::dot(p.a.data() + i * p.in, x + t * ldx, p.in);
+    float* y = run.output->y + t * run.output->ldy;
+    for (int64_t i = 0; i < p.r; ++i) {
+      cpu::axpy(mid[i], p.bt.data() + i * p.out + from, y + from, to - from);
+    }
   }
 }
 
@@ -180,9 +222,10 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
                             {&layer.wk, k_.data(), kv_dim},
                             {&layer.wv, v_.data(), kv_dim}},
                            pool_);
-  addLora(l, LoraTarget::kQ, h_.data(), hidden, q_.data(), q_dim);
-  addLora(l, LoraTarget::kK, h_.data(), hidden, k_.data(), kv_dim);
-  addLora(l, LoraTarget::kV, h_.data(), hidden, v_.data(), kv_dim);
+  addLora(l, h_.data(), hidden,
+          {{LoraTarget::kQ, q_.data(), q_dim},
+           {LoraTarget::kK, k_.data(), kv_dim},
+           {LoraTarget::kV, v_.data(), kv_dim}});
   if (!layer.bq.empty()) {
     addRowBias(q_.data(), layer.bq.data(), n, q_dim);
     addRowBias(k_.data(), layer.bk.data(), n, kv_dim);
@@ -236,7 +279,7 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
                   .ldo = q_dim},
                  pool_);
   checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
-  addLora(l, LoraTarget::kO, attn_.data(), q_dim, h_.data(), hidden);
+  addLora(l, attn_.data(), q_dim, {{LoraTarget::kO, h_.data(), hidden}});
 }
 
 absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const SequenceChunk> batch,
@@ -311,14 +354,14 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     checkedMatmulsOfOneInput(h_.data(), hidden, n,
                              {{&layer.w_gate, gate_.data(), ffn}, {&layer.w_up, up_.data(), ffn}},
                              pool_);
-    addLora(static_cast<int64_t>(l), LoraTarget::kGate, h_.data(), hidden, gate_.data(), ffn);
-    addLora(static_cast<int64_t>(l), LoraTarget::kUp, h_.data(), hidden, up_.data(), ffn);
+    addLora(static_cast<int64_t>(l), h_.data(), hidden,
+            {{LoraTarget::kGate, gate_.data(), ffn}, {LoraTarget::kUp, up_.data(), ffn}});
     pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
       cpu::siluMul(gate_.data() + begin * ffn, up_.data() + begin * ffn, ffn, end - begin, ffn,
                    gate_.data() + begin * ffn, ffn);
     });
     checkedMatmul(layer.w_down, gate_.data(), ffn, n, h_.data(), hidden, pool_);
-    addLora(static_cast<int64_t>(l), LoraTarget::kDown, gate_.data(), ffn, h_.data(), hidden);
+    addLora(static_cast<int64_t>(l), gate_.data(), ffn, {{LoraTarget::kDown, h_.data(), hidden}});
     CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
     addAndNorm(h_.data(), nullptr, n);
   }

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -80,10 +81,17 @@ class LlamaModel {
   // h_ = rmsNorm(x_) with it. Rows go over the pool in runs of 32, so a decode step's few
   // stay on this thread.
   void addAndNorm(const float* delta, const float* norm, int64_t n);
-  // y[rows] += B (A x[rows]) for the rows of each chunk of the step whose adapter updates
-  // projection `target` of layer `layer` (nothing without one).
-  void addLora(int64_t layer, LoraTarget target, const float* x, int64_t ldx, float* y,
-               int64_t ldy);
+  // One product of layer `layer` an adapter may update, and where its rows went.
+  struct LoraOutput {
+    LoraTarget target;
+    float* y;
+    int64_t ldy;
+  };
+  // y[rows] += B (A x[rows]) of each output for the rows of each chunk of the step whose
+  // adapter updates that projection (nothing without one). The outputs share the input x (a
+  // layer's Q, K and V; its gate and up).
+  void addLora(int64_t layer, const float* x, int64_t ldx,
+               std::initializer_list<LoraOutput> outputs);
   // Sums a row-parallel product over the group (nothing to do in a group of one).
   absl::Status reduce(float* data, int64_t count);
   // logits_ from each rank's rows of the vocabulary.
@@ -102,11 +110,21 @@ class LlamaModel {
   bool lora_step_ = false;                // Some chunk of the step has an adapter.
   // Scratch, [tokens, width] each unless noted.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, moe_out_;
-  std::vector<float> last_;                 // [logit rows, hidden]
-  std::vector<float> local_logits_;         // [logit rows, this rank's vocab rows]
-  std::vector<float> gathered_;             // [ranks][logit rows, rank's vocab rows]
-  std::vector<float> lora_mid_, lora_out_;  // A x and B (A x) of one chunk
-  std::vector<float> logits_;               // [logit rows, vocab]
+  std::vector<float> last_;          // [logit rows, hidden]
+  std::vector<float> local_logits_;  // [logit rows, this rank's vocab rows]
+  std::vector<float> gathered_;      // [ranks][logit rows, rank's vocab rows]
+  // The chunks of a step an adapter updates, for each output of one addLora().
+  struct LoraRun {
+    const LoraProjection* p;
+    const LoraOutput* output;
+    int64_t row, rows;  // The chunk's rows of the step.
+    int64_t column;     // Where its output starts among the call's outputs, end to end.
+  };
+  // Rows [t0, t1) of `run`, columns [from, to) of its output.
+  static void addLoraRun(const LoraRun& run, const float* x, int64_t ldx, int64_t t0, int64_t t1,
+                         int64_t from, int64_t to);
+  std::vector<LoraRun> lora_runs_;
+  std::vector<float> logits_;  // [logit rows, vocab]
   std::vector<int32_t> positions_;
   std::vector<const int32_t*> tables_;
 };

@@ -86,13 +86,15 @@ absl::StatusOr<std::vector<float>> readMatrix(const model::SafetensorsTensor& t,
   return out;
 }
 
-absl::StatusOr<cpu::CpuMatrix> f32Matrix(std::vector<float> values, int64_t rows, int64_t cols) {
-  auto owned = std::make_shared<std::vector<float>>(std::move(values));
-  const cpu::WeightMatrix source{.type = model::TensorType::kF32,
-                                 .rows = rows,
-                                 .cols = cols,
-                                 .data = reinterpret_cast<const uint8_t*>(owned->data())};
-  return cpu::CpuMatrix::create(source, owned);
+// A [r, in] and B [out, r] (this rank's parts) as a projection's update.
+LoraProjection projection(std::vector<float> a, int64_t r, int64_t in,
+                          const std::vector<float>& b) {
+  const int64_t out = static_cast<int64_t>(b.size()) / r;
+  std::vector<float> bt(b.size());
+  for (int64_t o = 0; o < out; ++o) {
+    for (int64_t i = 0; i < r; ++i) bt[i * out + o] = b[o * r + i];
+  }
+  return LoraProjection{.r = r, .in = in, .out = out, .a = std::move(a), .bt = std::move(bt)};
 }
 
 // llama.cpp's converter reorders the Q and K rows of "llama" GGUF files within each head so
@@ -147,7 +149,7 @@ int64_t LoraAdapter::bytes() const {
   int64_t total = 0;
   for (const auto& layer : layers) {
     for (const auto& p : layer) {
-      if (p) total += (p->a.rows() * p->a.cols() + p->b.rows() * p->b.cols()) * 4;
+      if (p) total += p->r * (p->in + p->out) * 4;
     }
   }
   return total;
@@ -278,15 +280,11 @@ absl::StatusOr<std::shared_ptr<const LoraAdapter>> loadLoraAdapter(const std::st
         std::copy_n(a.data() + i * shape.in + shape.part.begin, shape.part.size,
                     part.data() + i * shape.part.size);
       }
-      CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix am, f32Matrix(std::move(part), r, shape.part.size));
-      CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix bm, f32Matrix(std::move(b), shape.out, r));
-      adapter->layers[layer][t] = LoraProjection{std::move(am), std::move(bm)};
+      adapter->layers[layer][t] = projection(std::move(part), r, shape.part.size, b);
     } else {
       std::vector<float> part(b.begin() + shape.part.begin * r,
                               b.begin() + (shape.part.begin + shape.part.size) * r);
-      CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix am, f32Matrix(std::move(a), r, shape.in));
-      CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix bm, f32Matrix(std::move(part), shape.part.size, r));
-      adapter->layers[layer][t] = LoraProjection{std::move(am), std::move(bm)};
+      adapter->layers[layer][t] = projection(std::move(a), r, shape.in, part);
     }
   }
   if (pairs.empty()) {

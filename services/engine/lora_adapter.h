@@ -28,7 +28,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/cpu/matmul.h"
 #include "services/engine/llama_weights.h"
 
 namespace cleave::engine {
@@ -41,8 +40,9 @@ const char* loraTargetName(LoraTarget target);
 
 // One projection's update on this rank, the scale folded into B.
 struct LoraProjection {
-  cpu::CpuMatrix a;  // [r, in]: for O and down, this rank's input columns
-  cpu::CpuMatrix b;  // [out, r]: for Q, K, V, gate and up, this rank's output rows
+  int64_t r = 0, in = 0, out = 0;
+  std::vector<float> a;   // [r, in]: for O and down, this rank's input columns
+  std::vector<float> bt;  // B transposed, [r, out]: for Q, K, V, gate and up, this rank's rows
 };
 
 struct LoraAdapter {

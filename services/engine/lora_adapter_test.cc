@@ -160,8 +160,11 @@ TEST(LoraBatchTest, ChunksWithDifferentAdaptersInOneStepGetTheirOwnLogits) {
   std::mt19937 rng(7);
   std::uniform_int_distribution<uint32_t> token(0, 700);
   std::vector<std::vector<uint32_t>> prompts(4);
+  // On 2 threads a lone 5-token chunk's updates split by columns, the longer ones' and the
+  // step's by rows: the same bits either way.
+  const size_t sizes[] = {5, 8, 20, 11};
   for (size_t s = 0; s < prompts.size(); ++s) {
-    prompts[s].resize(5 + 6 * s);
+    prompts[s].resize(sizes[s]);
     for (uint32_t& t : prompts[s]) t = token(rng);
   }
   const int32_t adapters[] = {0, -1, 1, 0};
@@ -185,7 +188,7 @@ TEST(LoraBatchTest, ChunksWithDifferentAdaptersInOneStepGetTheirOwnLogits) {
   auto together = (*group)->forward(batch);
   ASSERT_TRUE(together.ok()) << together.status();
   for (int s = 0; s < 4; ++s) {
-    EXPECT_LE(worstRelative(together->subspan(s * vocab, vocab), alone[s], vocab), 1e-5) << s;
+    EXPECT_EQ(worstRelative(together->subspan(s * vocab, vocab), alone[s], vocab), 0) << s;
   }
   // The adapters change the logits: sequence 1 (none) against itself with adapter 0.
   batch = {{.tokens = prompts[1], .blocks = blocks[1], .adapter = 0}};

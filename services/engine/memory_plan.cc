@@ -23,10 +23,8 @@ int64_t workspaceBytes(const model::ModelConfig& c, const MemoryPlanInput& in) {
   // MLA adds the absorbed queries and attended latents, a latent row per head each.
   const int64_t latent_heads =
       c.mla ? 2 * int64_t{c.num_heads} * (c.mla->kv_lora_rank + c.mla->qk_rope_head_dim) : 0;
-  const int64_t lora =
-      in.lora_rank > 0 ? std::max<int64_t>({c.hidden_size, q_dim, ffn}) + in.lora_rank : 0;
   const int64_t floats_per_token =
-      2 * c.hidden_size + 2 * q_dim + 2 * kv_dim + 2 * ffn + latent_heads + lora;
+      2 * c.hidden_size + 2 * q_dim + 2 * kv_dim + 2 * ffn + latent_heads;
   const int64_t activations = tokens * floats_per_token * 4;
   const int64_t quantized = tokens * std::max<int64_t>(c.hidden_size, ffn) * 2;
   const int64_t rows =

@@ -44,9 +44,6 @@ struct MemoryPlanInput {
   // Drafts a decoding sequence may verify per step (SpeculativeOptions::tokens): each
   // returns a row of logits.
   int64_t speculative_tokens = 0;
-  // The largest rank of the LoRA adapters loaded (0: none): a product's update needs A x and
-  // B (A x) of a step's rows.
-  int64_t lora_rank = 0;
   int64_t block_size = 16;
   int64_t kv_element_bytes = 4;  // f32 keys and values.
   int64_t tp = 1;                // KV heads are split across ranks.

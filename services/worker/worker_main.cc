@@ -171,7 +171,7 @@ int run(int argc, char** argv) {
   progress.finish();
   if (!group.ok()) die(group.status());
   const model::ModelConfig& config = (*group)->config();
-  int64_t adapter_bytes = 0, adapter_rank = 0;  // Rank 0's bytes; the largest rank.
+  int64_t adapter_bytes = 0;  // Rank 0's.
   const std::vector<engine::LoraModuleSpec> adapters =
       *engine::parseLoraModules(options.lora_modules);  // validate() checked them
   for (const engine::LoraModuleSpec& spec : adapters) {
@@ -179,7 +179,6 @@ int run(int argc, char** argv) {
     if (!added.ok()) die(added.status());
     const engine::LoraAdapter& adapter = *(*group)->adapters()[*added];
     adapter_bytes += adapter.bytes();
-    adapter_rank = std::max(adapter_rank, adapter.rank);
     CLEAVE_LOG(INFO) << "LoRA adapter '" << spec.name << "' from " << spec.path << ": rank "
                      << adapter.rank << ", " << adapter.bytes() / 1024 << " KiB on rank 0";
   }
@@ -191,7 +190,6 @@ int run(int argc, char** argv) {
                                      .planned_seq_len = options.planned_seq_len,
                                      .max_batch_tokens = kMaxBatchTokens,
                                      .speculative_tokens = options.speculative.tokens,
-                                     .lora_rank = adapter_rank,
                                      .block_size = kBlockSize,
                                      .kv_element_bytes = cpu::kvElementBytes((*group)->kvType()),
                                      .tp = options.tp};
