@@ -400,10 +400,14 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     lost.push_back(worker.id);
     placed.reset();
   };
+  // A scored prompt is computed whole: no cached block is shared.
+  const bool scored = sequence.prompt_logprobs && tokens == sequence.prompt_tokens;
+  const std::span<const uint64_t> shareable =
+      scored ? std::span<const uint64_t>() : std::span<const uint64_t>(prefix);
   while (true) {
     absl::StatusOr<Admission> admitted =
         pool_.admit(sequence.blocks, sequence.deadline, sequence.cancelled, lost, sequence.client,
-                    sequence.remaining, prefix, sequence.priority);
+                    sequence.remaining, shareable, sequence.priority);
     if (!admitted.ok()) return status.ok() ? toGrpcStatus(admitted.status()) : status;
     placed.reset(new Placement(*this, *admitted, sequence.id));
     placed->queue_wait_ms = msSince(placing);
@@ -418,7 +422,6 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     reserve.set_adapter(sequence.adapter);
     // The decode worker shares the blocks of the prefix its cache holds: not sent again
     // (unless the prompt is scored: a worker prefilling for itself computes it whole).
-    const bool scored = sequence.prompt_logprobs && tokens == sequence.prompt_tokens;
     if (!scored)
       reserve.mutable_prompt_token_ids()->Add(sequence.tokens.begin(), sequence.tokens.end());
     // The reservation outlives this router by at most the ttl (until StartDecode) or the
@@ -436,6 +439,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
       continue;
     }
     if (!status.ok()) return status;
+    pool_.settle(placed->admission, reserved.cached_blocks(), shareable);
 
     v1::PrefillRequest prefill;
     prefill.set_request_id(sequence.id);

@@ -282,7 +282,8 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
     // A full batch may be prefilled ahead: when a whole batch finishes at once (requests of
     // one length), the next one is ready to decode.
     if (entry.admitted >= 2 * int64_t{cap.target_concurrency()}) continue;
-    if (int64_t{cap.total_blocks()} - entry.reserved < blocks) continue;
+    if (int64_t{cap.total_blocks()} - entry.reserved < blocks - sharedBlocks(entry, prefix))
+      continue;
     const double load = static_cast<double>(entry.admitted) / cap.target_concurrency();
     // Of the workers with room in their decode batch, the cache decides; past that, load.
     const int64_t cached = self_prefill && load < 1 ? cachedBlocks(entry, prefix) : 0;
@@ -395,14 +396,55 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
                             [&](const Waiting& w) { return w.ticket == ticket; }));
   ++changes_;  // The next in line may go now.
   if (admitted && must_wait) last_served_[client] = ++served_;
-  if (admitted) {
-    chosen->reserved += blocks;
-    chosen->admitted += 1;
+  if (!admitted) {
+    updateGauges();
+    return why;
   }
-  updateGauges();
-  if (!admitted) return why;
-  return Admission{
+  Admission admission{
       .worker = chosen->worker, .blocks = blocks, .since = std::chrono::steady_clock::now()};
+  admission.shared.assign(prefix.begin(), prefix.begin() + sharedBlocks(*chosen, prefix));
+  admission.own = blocks - static_cast<int64_t>(admission.shared.size());
+  share(*chosen, admission.shared, 1);
+  chosen->reserved += admission.own;
+  chosen->admitted += 1;
+  updateGauges();
+  return admission;
+}
+
+int64_t WorkerPool::sharedBlocks(const Entry& entry, std::span<const uint64_t> prefix) {
+  int64_t n = 0;
+  while (n < static_cast<int64_t>(prefix.size()) && entry.shared.contains(prefix[n])) ++n;
+  return n;
+}
+
+void WorkerPool::share(Entry& entry, std::span<const uint64_t> hashes, int64_t delta) {
+  for (uint64_t hash : hashes) {
+    int64_t& users = entry.shared[hash];
+    if (users == 0) entry.reserved += 1;  // The first to share a block counts it.
+    users += delta;
+    if (users == 0) {
+      entry.shared.erase(hash);
+      entry.reserved -= 1;
+    }
+  }
+}
+
+void WorkerPool::settle(Admission& admission, int64_t cached, std::span<const uint64_t> prefix) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(admission.worker->id);
+  if (it == workers_.end() || it->second.worker != admission.worker) return;
+  Entry& entry = it->second;
+  const std::vector<uint64_t> shared(
+      prefix.begin(), prefix.begin() + std::clamp<int64_t>(cached, 0, prefix.size()));
+  // The new shares first, so a block in both is never let go in between.
+  share(entry, shared, 1);
+  share(entry, admission.shared, -1);
+  entry.reserved -= admission.own;
+  admission.shared = shared;
+  admission.own = admission.blocks - static_cast<int64_t>(shared.size());
+  entry.reserved += admission.own;
+  ++changes_;
+  updateGauges();
 }
 
 std::optional<double> WorkerPool::expectedFinishS(int64_t queued_ahead, int64_t new_tokens,
@@ -495,7 +537,8 @@ void WorkerPool::release(const Admission& admission, std::optional<Served> serve
   auto it = workers_.find(admission.worker->id);
   // A worker that left took its accounting with it.
   if (it == workers_.end() || it->second.worker != admission.worker) return;
-  it->second.reserved -= admission.blocks;
+  share(it->second, admission.shared, -1);
+  it->second.reserved -= admission.own;
   it->second.admitted -= 1;
   ++changes_;
   updateGauges();

@@ -2,7 +2,10 @@
 // and admission against each decode worker's KV budget.
 //
 // Admission: a request needs ceil((prompt + max_new_tokens) / block_size) blocks for its
-// whole life. It goes to the least-loaded decode worker that has that many blocks free and
+// whole life, less the blocks of its prompt's cached prefix it shares with requests already
+// on a worker: a worker with prefix caching keeps one block per cached prefix block however
+// many sequences use it, and the router counts it once (see settle()). It goes to the
+// least-loaded decode worker that has the blocks it needs there free and
 // room under its target concurrency plus as many requests again prefilled ahead (blocks
 // permitting); otherwise it waits in a bounded FIFO (only the head may go, so a
 // large request is not starved by small ones) until room frees, its deadline passes or its
@@ -104,7 +107,12 @@ struct PrefillLease {
 // A request's place on a decode worker: its blocks, held until release().
 struct Admission {
   std::shared_ptr<const Worker> worker;
-  int64_t blocks = 0;
+  int64_t blocks = 0;  // Its reservation's size.
+  // The blocks of its prompt's cached prefix it shares with other requests on the worker
+  // (their PrefixIndex::blockHashes), counted once there however many share each, and the
+  // rest of its blocks, its own.
+  std::vector<uint64_t> shared;
+  int64_t own = 0;
   std::chrono::steady_clock::time_point since;
 };
 
@@ -176,6 +184,13 @@ class WorkerPool {
                                   const std::vector<std::string>& exclude = {},
                                   const std::string& client = "", int64_t new_tokens = 1,
                                   std::span<const uint64_t> prefix = {}, int32_t priority = 0);
+  // What the decode worker's Reserve answered: the first `cached` blocks of the prompt,
+  // whose hashes begin `prefix` (the same as admit()'s), came from its prefix cache. A
+  // cached block is one the worker holds once for every sequence using it, so the admission
+  // shares those and owns the rest. Until then it shares the leading blocks of `prefix`
+  // that requests admitted there share already (held there, so the worker's Reserve finds
+  // them cached, unless they were let go meanwhile).
+  void settle(Admission& admission, int64_t cached, std::span<const uint64_t> prefix);
   // `served`: set when the request finished there normally; its time there less the decode
   // batch wait is a service time, which admission estimates go by.
   void release(const Admission& admission, std::optional<Served> served = std::nullopt);
@@ -213,12 +228,18 @@ class WorkerPool {
   struct Entry {
     std::shared_ptr<Worker> worker;
     std::chrono::steady_clock::time_point last_seen;
-    int64_t reserved = 0;        // Blocks of admitted requests.
+    int64_t reserved = 0;  // Blocks of admitted requests (each shared one once).
+    // The shared blocks of admitted requests (Admission::shared), with how many share each.
+    std::unordered_map<uint64_t, int64_t> shared;
     int64_t admitted = 0;        // Requests holding blocks (prefilling, prefilled or decoding).
     int64_t prefill_tokens = 0;  // Prompt tokens being prefilled here (cached ones not counted).
     bool draining = false;       // It is stopping: no new work.
   };
   std::optional<ModelView> modelLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The leading blocks of `prefix` that requests admitted on `entry` share.
+  static int64_t sharedBlocks(const Entry& entry, std::span<const uint64_t> prefix);
+  // Counts one more admission sharing `hashes` on `entry` (<0: one fewer).
+  static void share(Entry& entry, std::span<const uint64_t> hashes, int64_t delta);
   // The decode worker to admit `blocks` on now, if any: the least loaded, or with `prefix`
   // (see admit()) the one with room in its decode batch that holds most of it.
   Entry* pick(int64_t blocks, const std::vector<std::string>& exclude,

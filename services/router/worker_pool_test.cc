@@ -125,6 +125,65 @@ TEST_F(WorkerPoolTest, AdmissionHoldsBlocksAndSlotsUntilReleased) {
   EXPECT_EQ(pool_.queueDepth(), 0);
 }
 
+// Requests whose prompts share a cached prefix on a decode worker count its blocks once:
+// the worker holds one copy of each, however many sequences use it.
+TEST_F(WorkerPoolTest, ASharedCachedPrefixCountsOnceOnItsDecodeWorker) {
+  ASSERT_TRUE(pool_.add(worker("a", v1::WORKER_ROLE_DECODE, 20, 8)).ok());
+  // 97 tokens: 6 whole blocks before the last token, 8 blocks with 31 new tokens.
+  const std::vector<uint64_t> prefix = PrefixIndex::blockHashes(prompt(97), 16);
+  ASSERT_EQ(prefix.size(), 6u);
+  // The first computes the prefix: its Reserve found nothing cached, every block its own.
+  auto first = pool_.admit(8, soon(), never, {}, "", 31, prefix);
+  ASSERT_TRUE(first.ok());
+  pool_.settle(*first, 0, prefix);
+  EXPECT_EQ(pool_.reservedBlocks(), 8);
+  // The second's Reserve found the prefix cached: 6 blocks shared (counted once from now
+  // on), 2 its own.
+  auto second = pool_.admit(8, soon(), never, {}, "", 31, prefix);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(pool_.reservedBlocks(), 16);
+  pool_.settle(*second, 6, prefix);
+  EXPECT_EQ(second->shared.size(), 6u);
+  EXPECT_EQ(second->own, 2);
+  EXPECT_EQ(pool_.reservedBlocks(), 16);
+  // Two more of the same prefix need 2 blocks each where 4 are left; without the sharing
+  // they would wait for 8.
+  auto third = pool_.admit(8, soon(), never, {}, "", 31, prefix);
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(third->own, 2);
+  EXPECT_EQ(pool_.reservedBlocks(), 18);
+  pool_.settle(*third, 6, prefix);
+  auto fourth = pool_.admit(8, soon(), never, {}, "", 31, prefix);
+  ASSERT_TRUE(fourth.ok());
+  EXPECT_EQ(pool_.reservedBlocks(), 20);
+  // Full: the same prefix waits, as does another prompt (another adapter's chain is another).
+  EXPECT_EQ(pool_.admit(8, soon(50), never, {}, "", 31, prefix).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(pool_.admit(1, soon(50), never, {}, "", 1, PrefixIndex::blockHashes(prompt(97), 16, 7))
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // The fourth's Reserve found only 2 of the 6 cached (the rest let go meanwhile): it owns 6.
+  pool_.settle(*fourth, 2, prefix);
+  EXPECT_EQ(fourth->own, 6);
+  EXPECT_EQ(pool_.reservedBlocks(), 24);
+  // The shared blocks count while any request shares them.
+  pool_.release(*second);
+  pool_.release(*third);
+  EXPECT_EQ(pool_.reservedBlocks(), 8 + 6 + 2);  // The first's, the fourth's own and shared.
+  pool_.release(*fourth);
+  EXPECT_EQ(pool_.reservedBlocks(), 8);
+  EXPECT_EQ(pool_.summaries()[0].kv_blocks_reserved(), 8u);
+  // A request that shares nothing (a scored prompt is computed whole) owns every block.
+  auto scored = pool_.admit(8, soon(), never);
+  ASSERT_TRUE(scored.ok());
+  EXPECT_TRUE(scored->shared.empty());
+  EXPECT_EQ(scored->own, 8);
+  pool_.release(*scored);
+  pool_.release(*first);
+  EXPECT_EQ(pool_.reservedBlocks(), 0);
+}
+
 TEST_F(WorkerPoolTest, AFullQueueAndCancellationAreReported) {
   ASSERT_TRUE(pool_.add(worker("a", v1::WORKER_ROLE_BOTH, 4, 1)).ok());
   auto held = pool_.admit(4, soon(), never);

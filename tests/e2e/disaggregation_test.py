@@ -15,6 +15,8 @@ reserved afterwards.
   * --kv-dtype fp8 and bf16 caches: what the prefill worker wrote decodes to the offline
     engine's tokens with the same cache type; workers whose cache types differ are refused
     by the router, with a message naming both layouts.
+  * Requests sharing a prompt prefix cached on the decode worker count its blocks once
+    there: four are admitted together where whole copies would fit one at a time.
 """
 import concurrent.futures
 import os
@@ -98,6 +100,7 @@ class DisaggregationTest(unittest.TestCase):
         pb = ct.stubs()["generation_pb2"]
         router_args = [ct.binary("cleave-router"), "--listen=127.0.0.1:0", "--metrics-port=0"]
         router = ct.Process(router_args + ([f"--model={model}"] if text else []))
+        self.router_metrics_port = router.ready["metrics_port"]
         address = f"127.0.0.1:{router.ready['grpc_port']}"
         common = [f"--model={model}", f"--router={address}", "--listen=127.0.0.1:0",
                   "--metrics-port=0", "--target-concurrency=8", "--planned-seq-len=128",
@@ -414,6 +417,53 @@ class DisaggregationTest(unittest.TestCase):
                 self.assertLessEqual(written[2], blocks[2] - (lengths[0] - 16) // 16)
                 self.assertEqual(written[3], 1)
                 self.assertEqual(written[4], blocks[3])
+
+    def test_requests_sharing_a_cached_prefix_decode_together_where_copies_would_not_fit(self):
+        """A decode worker whose KV holds one whole request of a long prompt but the prompt's
+        cached prefix once and the rest of four: once the prefix is cached there, four such
+        requests at once are admitted together (the router counts the shared blocks once,
+        as the worker holds them), none is refused, the tokens are the offline engine's,
+        and nothing stays reserved."""
+        pb = ct.stubs()["generation_pb2"]
+        rng = random.Random(23)
+        prompt = " ".join(rng.choice(WORDS) for _ in range(225))
+        new_tokens = 40
+        concurrent_ids, peak = [], []
+
+        def after(stub, pb, workers):
+            ids, final, _ = greedy(stub, pb, prompt, new_tokens)  # Caches the prefix.
+            blocks = (final.usage.prompt_tokens + new_tokens + 15) // 16
+            info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+            total = next(w.kv_blocks_total for w in info.workers
+                         if w.role == pb.WORKER_ROLE_DECODE)
+            self.assertLess(total, 2 * blocks)  # Two whole copies do not fit.
+            done = threading.Event()
+
+            def watch():
+                port = self.router_metrics_port
+                while not done.is_set():
+                    peak.append(metric(port, "cleave_router_admitted_requests"))
+                    time.sleep(0.01)
+
+            watcher = threading.Thread(target=watch)
+            watcher.start()
+            start = time.monotonic()
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                results = list(pool.map(lambda _: greedy(stub, pb, prompt, new_tokens)[0],
+                                        range(4)))
+            elapsed = time.monotonic() - start
+            done.set()
+            watcher.join()
+            concurrent_ids.extend(results)
+            print(f"\nshared prefix: {blocks} blocks a request, {total} on the decode worker, "
+                  f"at most {max(peak):.0f} requests admitted at once, four in {elapsed:.2f} s")
+            self.assertEqual(ids, offline(prompt, new_tokens))
+
+        self.serve(MODEL, 1, 1, [], text=True, after=after,
+                   extra=("--target-concurrency=4", "--planned-seq-len=128"))
+        self.assertEqual(max(peak), 4)
+        for ids in concurrent_ids:
+            self.assertEqual(ids, offline(prompt, new_tokens))
 
     def test_a_lost_prefill_worker_is_routed_around(self):
         rng = random.Random(6)
