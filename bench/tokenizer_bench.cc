@@ -24,6 +24,7 @@
 #include "common/tokenizer/chat_template.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/engine/json_constraint.h"
+#include "services/engine/regex_constraint.h"
 
 namespace {
 
@@ -234,7 +235,7 @@ void BM_ChatPromptEncode(benchmark::State& state) {
 BENCHMARK(BM_ChatPromptEncode)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // Masks a vocabulary of `vocab` tokens each iteration; counts the tokens allowed.
-void maskEveryIteration(benchmark::State& state, const cleave::engine::JsonConstraint& constraint,
+void maskEveryIteration(benchmark::State& state, const cleave::engine::OutputConstraint& constraint,
                         size_t vocab) {
   std::vector<float> logits(vocab, 0.0f);
   for (auto _ : state) {
@@ -291,6 +292,30 @@ void BM_JsonSchemaMask(benchmark::State& state) {
   state.SetLabel(labels[state.range(0)]);
 }
 BENCHMARK(BM_JsonSchemaMask)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// The mask of a regex constraint (regex_constraint.h): a choice among three words at its
+// start; a date half written; free text ([a-z ]+) where nearly every token walks to its
+// end. Each state's DFA transitions are cached by the first mask, so this is the steady cost.
+void BM_RegexMask(benchmark::State& state) {
+  const Fixture& f = fixture();
+  if (!f.error.empty()) {
+    state.SkipWithError(f.error.c_str());
+    return;
+  }
+  static const auto bytes = std::make_shared<const cleave::engine::TokenBytes>(*f.tokenizer);
+  const char* patterns[] = {"positive|negative|neutral", R"(\d{4}-\d{2}-\d{2})", "[a-z ]+"};
+  const char* said[] = {"", "2026-1", "the quick"};
+  auto regex = cleave::engine::Regex::compile(patterns[state.range(0)]);
+  cleave::engine::RegexConstraint constraint(bytes, {*f.tokenizer->eosId()}, *regex);
+  for (const TokenId id :
+       f.tokenizer->encode(said[state.range(0)], EncodeOptions{.add_special_tokens = false})) {
+    constraint.accept(id);
+  }
+  maskEveryIteration(state, constraint, bytes->size());
+  const char* labels[] = {"choice", "date", "free text"};
+  state.SetLabel(labels[state.range(0)]);
+}
+BENCHMARK(BM_RegexMask)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/tokenizer/chat_template.h"
@@ -75,7 +76,8 @@ int generateThroughRouter(const std::string& address, const std::string& prompt,
                           const std::vector<uint32_t>& ids, bool chat, const std::string& system,
                           const engine::SamplingParams& s, int64_t max_tokens,
                           const std::string& stop, bool ignore_eos, bool print_ids,
-                          const std::string& json_schema, const std::string& lora) {
+                          const std::string& json_schema, const std::string& regex,
+                          const std::string& lora) {
   v1::GenerateRequest request;
   request.set_model(lora);  // Empty: the base model.
   if (!ids.empty()) {
@@ -103,6 +105,7 @@ int generateThroughRouter(const std::string& address, const std::string& prompt,
     p->set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
     p->set_json_schema(json_schema);
   }
+  p->set_regex(regex);
   request.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(max_tokens));
   if (!stop.empty()) request.mutable_stopping()->add_stop(stop);
   request.mutable_stopping()->set_ignore_eos(ignore_eos);
@@ -163,6 +166,7 @@ int runGenerate(int argc, char** argv) {
   int64_t top_k = 0, seed = 0;
   std::string stop;
   std::string json_schema;
+  std::string regex;
   bool ignore_eos = false;
   engine::SpeculativeOptions speculative;
   std::string lora;
@@ -213,6 +217,9 @@ int runGenerate(int argc, char** argv) {
   flags.addString("json-schema", &json_schema,
                   "Constrain the output to an instance of this JSON schema (a file, or the schema "
                   "itself when it starts with '{'; docs/serving.md says what is followed)");
+  flags.addString("regex", &regex,
+                  "Constrain the output to match this regular expression whole (Python's "
+                  "re.fullmatch; docs/serving.md lists the syntax)");
   flags.addBool("ignore-eos", &ignore_eos,
                 "Generate --max-tokens tokens even past the end-of-sequence token");
   speculative.addFlags(flags);
@@ -261,6 +268,16 @@ int runGenerate(int argc, char** argv) {
                                     "out --ignore-eos"));
     }
     schema = *std::move(compiled);
+  }
+  absl::StatusOr<std::shared_ptr<const engine::Regex>> pattern = engine::outputPattern(regex, {});
+  if (!pattern.ok()) {
+    exitWithUsageError(flags, absl::InvalidArgumentError(absl::StrReplaceAll(
+                                  pattern.status().message(), {{"sampling.regex", "--regex"}})));
+  }
+  if (*pattern != nullptr && (ignore_eos || schema != nullptr)) {
+    exitWithUsageError(
+        flags, absl::InvalidArgumentError("--regex ends the output with end-of-sequence: leave out "
+                                          "--ignore-eos and --json-schema"));
   }
   std::vector<uint32_t> ids;
   if (!prompt_ids.empty()) {
@@ -323,7 +340,7 @@ int runGenerate(int argc, char** argv) {
                              "--chat-template is for --model; a router renders with its own"));
     }
     return generateThroughRouter(router, positional[0], ids, chat, system, sampling, max_tokens,
-                                 stop, ignore_eos, print_ids, json_schema, lora);
+                                 stop, ignore_eos, print_ids, json_schema, regex, lora);
   }
   // Token-id prompts need no tokenizer; without one, tokens print as ids.
   auto tokenizer = tokenizer::Tokenizer::load(model);
@@ -388,6 +405,7 @@ int runGenerate(int argc, char** argv) {
   request.adapter = adapter;
   request.json_object = schema != nullptr;
   request.json_schema = schema;
+  request.regex = *pattern;
   request.stop = {
       .stop_token_ids = eos,
       .stop_strings = stop.empty() ? std::vector<std::string>{} : std::vector<std::string>{stop},

@@ -123,7 +123,6 @@ void allowed(const Grammar& grammar, const TokenBytes& bytes, std::vector<uint8_
 }  // namespace
 
 void JsonConstraint::mask(std::span<float> logits) const {
-  constexpr float kNever = -std::numeric_limits<float>::infinity();
   keep_.assign(logits.size(), 0);
   if (!grammar_.complete()) {
     // Without a schema, the plain syntax (a smaller state to copy per token).
@@ -136,16 +135,7 @@ void JsonConstraint::mask(std::span<float> logits) const {
   for (uint32_t end : ends_) {
     if (end < logits.size()) keep_[end] = grammar_.complete();
   }
-  bool any = false;
-  for (size_t id = 0; id < logits.size(); ++id) {
-    if (keep_[id]) {
-      any = true;
-    } else {
-      logits[id] = kNever;
-    }
-  }
-  // A dead end (a vocabulary without the bytes the grammar needs): end the sequence.
-  if (!any && !ends_.empty() && ends_[0] < logits.size()) logits[ends_[0]] = 0.0f;
+  keepOnly(keep_, ends_, logits);
 }
 
 bool JsonConstraint::accept(uint32_t token) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "services/engine/json_schema.h"
+#include "services/engine/output_constraint.h"
 
 namespace cleave::tokenizer {
 class Tokenizer;
@@ -59,18 +60,15 @@ class TokenBytes {
   bool exact_ = true;
 };
 
-class JsonConstraint {
+class JsonConstraint : public OutputConstraint {
  public:
   // `ends`: the tokens that end the sequence (at least one). `schema`: what the output
   // must be an instance of (null: any JSON object).
   JsonConstraint(std::shared_ptr<const TokenBytes> bytes, std::vector<uint32_t> ends,
                  std::shared_ptr<const JsonSchema> schema = nullptr);
 
-  // Sets the logits of the tokens that cannot come next to -infinity (logits.size() may
-  // exceed the vocabulary: the rest are masked too).
-  void mask(std::span<float> logits) const;
-  // Advances past `token`; false (the grammar as it was) for one the mask would not allow.
-  bool accept(uint32_t token);
+  void mask(std::span<float> logits) const override;
+  bool accept(uint32_t token) override;
   bool complete() const { return grammar_.complete(); }
 
  private:

@@ -26,6 +26,7 @@ class SchemaCompiler {
   absl::StatusOr<std::shared_ptr<const JsonSchema>> run() {
     auto schema = std::make_shared<JsonSchema>();
     nodes_ = &schema->nodes_;
+    patterns_ = &schema->patterns_;
     absl::StatusOr<int32_t> root = compile(document_, "", 0);
     if (!root.ok()) return root.status();
     if (absl::Status settled = settle(); !settled.ok()) return settled;
@@ -77,9 +78,9 @@ class SchemaCompiler {
   }
   static bool followed(const std::string& keyword) {
     static const std::set<std::string> kFollowed = {
-        "type",  "enum",     "const",    "properties", "required", "additionalProperties",
-        "items", "minItems", "maxItems", "anyOf",      "oneOf",    "allOf",
-        "$ref"};
+        "type",  "enum",      "const",     "properties", "required", "additionalProperties",
+        "items", "minItems",  "maxItems",  "anyOf",      "oneOf",    "allOf",
+        "$ref",  "minLength", "maxLength", "pattern"};
     return kFollowed.contains(keyword);
   }
 
@@ -231,6 +232,8 @@ class SchemaCompiler {
         types.push_back("object");
       } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
         types.push_back("array");
+      } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern")) {
+        types.push_back("string");
       } else {
         at(n).free = true;  // No constraint: any value.
         at(n).kinds.fill(n);
@@ -263,14 +266,61 @@ class SchemaCompiler {
     if (at(n).kinds[JsonSchema::kArray] >= 0) {
       if (absl::Status array = compileArray(s, n, path, depth); !array.ok()) return array;
     }
+    if (at(n).kinds[JsonSchema::kString] >= 0) {
+      if (absl::Status string = compileString(s, n, path); !string.ok()) return string;
+    }
     return n;
+  }
+
+  // minLength, maxLength, pattern.
+  absl::Status compileString(const Json& s, int32_t n, const std::string& path) {
+    uint32_t low = 0, high = UINT32_MAX;
+    for (auto [keyword, bound] : {std::pair{"minLength", &low}, std::pair{"maxLength", &high}}) {
+      if (!s.contains(keyword)) continue;
+      if (!s[keyword].is_number_unsigned() || s[keyword].get<uint64_t>() > 1000000)
+        return invalid(path, absl::StrCat(keyword, " must be an integer in 0..1000000"));
+      *bound = s[keyword].get<uint32_t>();
+    }
+    if (low > high) return invalid(path, "minLength is larger than maxLength");
+    at(n).min_length = low;
+    at(n).max_length = high;
+    if (!s.contains("pattern")) return absl::OkStatus();
+    if (!s["pattern"].is_string()) return invalid(path, "pattern must be a string");
+    // JSON Schema searches: a pattern matches anywhere unless anchored. The strings
+    // written match it whole between the anchors it has, a subset of those it allows.
+    std::string_view p = s["pattern"].get_ref<const std::string&>();
+    const bool from_start = p.starts_with('^');
+    if (from_start) p.remove_prefix(1);
+    size_t escapes = 0;  // Backslashes before a final $: an odd count escapes it.
+    while (p.size() >= 2 + escapes && p[p.size() - 2 - escapes] == '\\') ++escapes;
+    const bool to_end = p.ends_with('$') && escapes % 2 == 0;
+    if (to_end) p.remove_suffix(1);
+    const std::string wrapped = absl::StrCat(from_start ? "" : "[\\s\\S]*", "(?:", std::string(p),
+                                             ")", to_end ? "" : "[\\s\\S]*");
+    absl::StatusOr<std::shared_ptr<const Regex>> regex = Regex::compile(wrapped);
+    if (!regex.ok()) {
+      return unsupported(path, absl::StrCat("pattern: ", regex.status().message(),
+                                            " in the pattern as wrapped: ", wrapped));
+    }
+    if (patterns_->size() >= JsonSchema::kMaxPatterns)
+      return unsupported(path, absl::StrCat("more than ", JsonSchema::kMaxPatterns, " patterns"));
+    RegexDfa dfa(*regex, JsonSchema::kMaxPatternStates);
+    if (!dfa.expandAll()) {
+      return unsupported(path,
+                         absl::StrCat("the pattern needs more than ", JsonSchema::kMaxPatternStates,
+                                      " automaton states; simplify it"));
+    }
+    at(n).pattern = static_cast<int32_t>(patterns_->size());
+    patterns_->push_back(std::move(dfa));
+    return absl::OkStatus();
   }
 
   // enum / const: the values (those of the `types` given), as compact JSON texts.
   absl::StatusOr<int32_t> compileLiterals(const Json& s, int32_t n,
                                           const std::vector<std::string>& types,
                                           const std::string& path) {
-    for (const char* other : {"properties", "required", "items", "minItems", "maxItems"}) {
+    for (const char* other : {"properties", "required", "items", "minItems", "maxItems",
+                              "minLength", "maxLength", "pattern"}) {
       if (s.contains(other)) return unsupported(path, absl::StrCat("\"", other, "\" beside enum"));
     }
     std::vector<Json> values;
@@ -537,6 +587,7 @@ class SchemaCompiler {
 
   const Json& document_;
   std::vector<JsonSchema::Node>* nodes_ = nullptr;
+  std::vector<RegexDfa>* patterns_ = nullptr;
   std::map<std::string, int32_t> refs_;
   std::vector<Alias> aliases_;
   // Object branches of discriminated unions: the discriminator node, the branch's node, its
@@ -583,7 +634,7 @@ bool JsonSchemaGrammar::push(uint8_t c) {
 bool JsonSchemaGrammar::betweenStringCharacters() const {
   if (!syntax_.betweenStringCharacters()) return false;
   if (schema_ == nullptr || free_depth_ >= 0) return true;
-  return literal_ < 0 && !key_;
+  return literal_ < 0 && !key_ && string_node_ < 0;
 }
 
 bool JsonSchemaGrammar::step(uint8_t c) {
@@ -662,7 +713,10 @@ bool JsonSchemaGrammar::stepAt(uint8_t c) {
     case Mode::kString:
     case Mode::kEscape:
     case Mode::kUnicode:
-      if (!before.key_) return syntax_.step(c);  // A string the schema leaves free.
+      if (!before.key_) {
+        if (string_node_ < 0) return syntax_.step(c);  // A string the schema leaves free.
+        return syntax_.step(c) && stringByte(before, c);
+      }
       if (!syntax_.step(c)) return false;
       if (const int32_t values = schema_->node(top->node).map_values; values >= 0) {
         if (syntax_.mode_ == Mode::kColon) top->value = values;  // The map's key ended.
@@ -731,7 +785,55 @@ bool JsonSchemaGrammar::beginValue(int32_t node, uint8_t c) {
     return true;
   }
   integer_ = kind == JsonSchema::kNumber && n.integer;
+  if (kind == JsonSchema::kString && n.constrainsStrings()) {
+    string_node_ = at;
+    string_state_ = n.pattern >= 0 ? schema_->pattern(n.pattern).start() : 0;
+    string_chars_ = 0;
+  }
   return true;
+}
+
+bool JsonSchemaGrammar::stringByte(const JsonGrammar& before, uint8_t c) {
+  using Mode = JsonGrammar::Mode;
+  constexpr std::string_view kLetters = "\"\\/bfnrt", kBytes = "\"\\/\b\f\n\r\t";
+  const JsonSchema::Node& n = schema_->node(string_node_);
+  if (before.mode_ == Mode::kString) {
+    if (before.utf8_left_ == 0 && c == '"') {  // The string ends.
+      const bool whole = string_chars_ >= n.min_length &&
+                         (n.pattern < 0 || schema_->pattern(n.pattern).accepting(string_state_));
+      string_node_ = -1;
+      return whole;
+    }
+    if (before.utf8_left_ == 0 && c == '\\') {  // An escape begins: one must be able to go on.
+      if (n.pattern < 0) return string_chars_ < n.max_length;
+      for (char b : kBytes) {
+        JsonSchemaGrammar probe = *this;
+        if (probe.content(std::string_view(&b, 1))) return true;
+      }
+      return false;
+    }
+    const char byte = static_cast<char>(c);
+    return content(std::string_view(&byte, 1));
+  }
+  if (before.mode_ == Mode::kEscape) {
+    // \uXXXX stands for one character; with a pattern, characters are written as they are.
+    if (c == 'u') return n.pattern < 0 && content("u");
+    const size_t i = kLetters.find(static_cast<char>(c));
+    return i != std::string_view::npos && content(kBytes.substr(i, 1));
+  }
+  return true;  // A \u escape's hex digits: its character was counted at the u.
+}
+
+bool JsonSchemaGrammar::content(std::string_view bytes) {
+  const JsonSchema::Node& n = schema_->node(string_node_);
+  if ((static_cast<uint8_t>(bytes[0]) & 0xC0) != 0x80 && ++string_chars_ > n.max_length)
+    return false;
+  if (n.pattern < 0) return true;
+  const RegexDfa& dfa = schema_->pattern(n.pattern);
+  for (char b : bytes) string_state_ = dfa.next(string_state_, static_cast<uint8_t>(b));
+  // Some way on to a match, within the characters left.
+  const uint32_t rest = dfa.charsToAccept(string_state_);
+  return rest != RegexDfa::kNever && uint64_t{string_chars_} + rest <= n.max_length;
 }
 
 bool JsonSchemaGrammar::narrow(const std::vector<std::string>& candidates, uint8_t c,

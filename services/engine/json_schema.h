@@ -19,8 +19,12 @@
 //   through unions); beside `$ref` and the unions only annotations;
 // * `format` is an annotation (as JSON Schema defines it by default) and is not enforced;
 //   titles, descriptions, defaults and examples are ignored.
-// Anything else that constrains a value (`pattern`, `minLength`, `minimum`, `multipleOf`,
-// `uniqueItems`, `prefixItems`, `not`, `if`, ...) is refused when compiled
+// * strings: `minLength` and `maxLength` (in characters), `pattern` (an ECMAScript regular
+//   expression, searched for as JSON Schema says: unanchored unless it starts with ^ or
+//   ends with $; the syntax regex.h follows, its automaton at most kMaxPatternStates;
+//   such a string is written without \u escapes, its characters as they are);
+// Anything else that constrains a value (`minimum`, `multipleOf`, `uniqueItems`,
+// `prefixItems`, `not`, `if`, ...) is refused when compiled
 // (Unimplemented, naming the keyword and where it is), never ignored. Followed containers
 // nest at most kMaxFrames deep in an output (an object that would open deeper is refused
 // while writing).
@@ -37,6 +41,7 @@
 
 #include "absl/status/statusor.h"
 #include "services/engine/json_grammar.h"
+#include "services/engine/regex.h"
 
 namespace cleave::engine {
 
@@ -67,10 +72,22 @@ class JsonSchema {
     int32_t items = -1;
     uint32_t min_items = 0;
     uint32_t max_items = UINT32_MAX;
+    // Strings: how many characters (code points, as written once unescaped) they may have,
+    // and the pattern they must match (an index into patterns(); -1: none).
+    uint32_t min_length = 0;
+    uint32_t max_length = UINT32_MAX;
+    int32_t pattern = -1;
+    bool constrainsStrings() const {
+      return min_length > 0 || max_length != UINT32_MAX || pattern >= 0;
+    }
   };
 
   static constexpr int kMaxProperties = 64;
   static constexpr int kMaxNodes = 10000;
+  // A string pattern's automaton is built whole when the schema is compiled: at most this
+  // many states each, and this many patterns.
+  static constexpr size_t kMaxPatternStates = 2048;
+  static constexpr size_t kMaxPatterns = 64;
 
   // Compiles `text` (a JSON Schema). InvalidArgument for text that is not a schema,
   // Unimplemented for a keyword the grammar cannot enforce; messages say where
@@ -79,10 +96,13 @@ class JsonSchema {
 
   const Node& node(int32_t index) const { return nodes_[static_cast<size_t>(index)]; }
   int32_t root() const { return 0; }
+  // Expanded (RegexDfa::expandAll): only read.
+  const RegexDfa& pattern(int32_t index) const { return patterns_[static_cast<size_t>(index)]; }
 
  private:
   friend class SchemaCompiler;
   std::vector<Node> nodes_;
+  std::vector<RegexDfa> patterns_;
 };
 
 // JsonGrammar's syntax with `schema` followed; without a schema, exactly JsonGrammar (one
@@ -144,6 +164,17 @@ class JsonSchemaGrammar {
   bool integer_ = false;
   bool key_ = false;
   Match match_;
+  // A string whose node constrains strings (Node::constrainsStrings; -1: none): the
+  // characters written and its pattern's state.
+  int32_t string_node_ = -1;
+  int32_t string_state_ = 0;
+  uint32_t string_chars_ = 0;
+  // `before` is the syntax before `c`, which syntax_ has taken, inside such a string.
+  bool stringByte(const JsonGrammar& before, uint8_t c);
+  // One character of the string's content, as `bytes` of UTF-8 (a continuation byte of a
+  // character begun before counts none): false when it leaves no way to a string the node
+  // allows.
+  bool content(std::string_view bytes);
 };
 
 }  // namespace cleave::engine

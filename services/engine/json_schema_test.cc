@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 
 #include "common/tokenizer/tokenizer.h"
 #include "gmock/gmock.h"
@@ -174,9 +175,18 @@ TEST(JsonSchemaTest, RefusesWhatItCannotEnforceSayingWhere) {
     return compiled.ok() ? std::string("ok") : std::string(compiled.status().message());
   };
   EXPECT_EQ(refusal(kPerson), "ok");
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"type": "array",
+               "uniqueItems": true}}})"),
+              HasSubstr("at /properties/a: \"uniqueItems\" is not supported"));
   EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"type": "string",
-               "pattern": "^x"}}})"),
-              HasSubstr("at /properties/a: \"pattern\" is not supported"));
+               "pattern": "(a)\\1"}}})"),
+              HasSubstr("at /properties/a: pattern: the regular expression uses a backreference"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"type": "string",
+               "pattern": "a[ab]{14}$"}}})"),
+              HasSubstr("more than 2048 automaton states"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"minLength": 3,
+               "maxLength": 2}}})"),
+              HasSubstr("minLength is larger than maxLength"));
   EXPECT_THAT(refusal(R"({"type": "object", "properties": {"n": {"type": "integer",
                "minimum": 0}}})"),
               HasSubstr("\"minimum\""));
@@ -207,11 +217,41 @@ TEST(JsonSchemaTest, RefusesWhatItCannotEnforceSayingWhere) {
   for (int i = 0; i < 200; ++i) deep = R"({"type": "array", "items": )" + deep + "}";
   EXPECT_THAT(refusal(R"({"type": "object", "properties": {"d": )" + deep + "}}"),
               HasSubstr("nested more than 128 deep"));
-  EXPECT_EQ(JsonSchema::compile(R"({"type": "object", "properties": {"a": {"pattern": "x"}}})")
+  EXPECT_EQ(JsonSchema::compile(R"({"type": "object", "properties": {"a": {"not": {}}}})")
                 .status()
                 .code(),
             absl::StatusCode::kUnimplemented);
   EXPECT_EQ(JsonSchema::compile("[1]").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A document grown byte by byte from `alphabet`, each byte one the grammar of `schema`
+// takes, closers ('}', ']', '"') preferred one time in `closer_odds` so documents end;
+// empty when it did not complete within 400 bytes. A dead end (no byte taken) fails.
+std::string growDocument(const JsonSchema* schema, std::string_view alphabet,
+                         std::mt19937_64& random, int closer_odds) {
+  JsonSchemaGrammar grammar(schema);
+  std::string text;
+  for (int step = 0; step < 400 && !grammar.complete(); ++step) {
+    std::vector<char> allowed;
+    for (char c : alphabet) {
+      JsonSchemaGrammar next = grammar;
+      if (next.push(static_cast<uint8_t>(c))) allowed.push_back(c);
+    }
+    if (allowed.empty()) {
+      ADD_FAILURE() << "a dead end after " << text;
+      return "";
+    }
+    char pick = allowed[random() % allowed.size()];
+    for (char closer : {'}', ']', '"'}) {
+      if (random() % closer_odds == 0 &&
+          std::find(allowed.begin(), allowed.end(), closer) != allowed.end()) {
+        pick = closer;
+      }
+    }
+    EXPECT_TRUE(grammar.push(static_cast<uint8_t>(pick)));
+    text += pick;
+  }
+  return grammar.complete() ? text : "";
 }
 
 // Random documents grown byte by byte from what the grammar takes (closing brackets and
@@ -220,28 +260,9 @@ TEST(JsonSchemaTest, EveryDocumentTheGrammarCompletesIsAnInstance) {
   std::mt19937_64 random(11);
   const std::string alphabet = "{}[]\",:0123456789.-E abcdefghijklmnopqrstuvwxyz";
   int completed = 0;
-  for (int run = 0; run < 400 && completed < 60; ++run) {
-    JsonSchemaGrammar grammar(person().get());
-    std::string text;
-    for (int step = 0; step < 400 && !grammar.complete(); ++step) {
-      std::vector<char> allowed;
-      for (char c : alphabet) {
-        JsonSchemaGrammar next = grammar;
-        if (next.push(static_cast<uint8_t>(c))) allowed.push_back(c);
-      }
-      ASSERT_FALSE(allowed.empty()) << "a dead end after " << text;
-      // Prefer ending things: a closer, when one is allowed, half the time.
-      char pick = allowed[random() % allowed.size()];
-      for (char closer : {'}', ']', '"'}) {
-        if (random() % 2 == 0 &&
-            std::find(allowed.begin(), allowed.end(), closer) != allowed.end()) {
-          pick = closer;
-        }
-      }
-      ASSERT_TRUE(grammar.push(static_cast<uint8_t>(pick)));
-      text += pick;
-    }
-    if (!grammar.complete()) continue;
+  for (int run = 0; run < 400 && completed < 60 && !HasFailure(); ++run) {
+    const std::string text = growDocument(person().get(), alphabet, random, 2);
+    if (text.empty()) continue;
     ++completed;
     const Json j = Json::parse(text, nullptr, false);
     ASSERT_TRUE(j.is_object()) << text;
@@ -265,6 +286,80 @@ TEST(JsonSchemaTest, EveryDocumentTheGrammarCompletesIsAnInstance) {
   EXPECT_GE(completed, 30);
 }
 
+const char* kCodes = R"({"type": "object", "properties": {
+    "code": {"type": "string", "pattern": "^[A-Z]{2,3}-\\d{2}$"},
+    "word": {"type": "string", "minLength": 2, "maxLength": 4},
+    "note": {"type": "string", "pattern": "ab", "maxLength": 6}},
+  "required": ["code", "word", "note"]})";
+
+// Whole documents: accepted and complete, or refused (at some byte).
+bool instance(const JsonSchema& schema, const std::string& text) {
+  JsonSchemaGrammar grammar(&schema);
+  return grammar.pushAll(text) && grammar.complete();
+}
+
+// minLength and maxLength count characters once unescaped; a pattern is searched for in
+// the unescaped string unless anchored.
+TEST(JsonSchemaTest, StringLengthsAndPatternsAreFollowed) {
+  auto schema = JsonSchema::compile(kCodes);
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  auto doc = [](const std::string& code, const std::string& word, const std::string& note) {
+    return R"({"code": ")" + code + R"(", "word": ")" + word + R"(", "note": ")" + note + R"("})";
+  };
+  EXPECT_TRUE(instance(**schema, doc("AB-12", "h\u00e9", "xxabyy")));  // raw UTF-8
+  EXPECT_TRUE(instance(**schema, doc("ABC-99", "\u00e9\u00e9\u00e9\u00e9", "ab")));
+  // Escapes count and match as the characters they stand for; under a pattern, \u is not
+  // written (the character is).
+  EXPECT_TRUE(instance(**schema, doc("XY-00", "\\n\\t", "\\nab")));
+  EXPECT_TRUE(instance(**schema, doc("XY-00", "\\u00e9\\u00e9\\u00e9", "a\\\"ab")));
+  EXPECT_FALSE(instance(**schema, doc("XY-00", "hi", "\\u0061b")));
+  // No dead ends: with 6 characters at most and "ab" still to come, a fifth x is refused.
+  JsonSchemaGrammar grammar(schema->get());
+  ASSERT_TRUE(grammar.pushAll(R"({"code": "AB-12", "word": "hi", "note": "xxxx)"));
+  JsonSchemaGrammar fifth = grammar;
+  EXPECT_FALSE(fifth.push('x'));
+  EXPECT_TRUE(grammar.pushAll("ab\"}"));
+  EXPECT_TRUE(grammar.complete());
+  for (const std::string& bad :
+       {doc("AB-1", "hi", "ab"), doc("ab-12", "hi", "ab"), doc("ABCD-12", "hi", "ab"),
+        doc("AB-123", "hi", "ab"), doc("AB-12", "h", "ab"), doc("AB-12", "hello", "ab"),
+        doc("AB-12", "\u00e9", "ab"), doc("AB-12", "\\u00e9", "ab"),
+        doc("AB-12", "\\u00e9\\n\\t\\\\x", "ab"), doc("AB-12", "hi", "a"), doc("AB-12", "hi", "ba"),
+        doc("AB-12", "hi", "xxxxab1"), doc("AB-12", "hi", "a\\u0063")}) {
+    EXPECT_FALSE(instance(**schema, bad)) << bad;
+  }
+}
+
+// Random documents the grammar completes, against std::regex's ECMAScript search (the
+// dialect JSON Schema names) and lengths counted in code points.
+TEST(JsonSchemaTest, GrownStringsMatchTheirPatternsAsECMAScriptSearches) {
+  auto schema = JsonSchema::compile(kCodes);
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  const std::regex code("^[A-Z]{2,3}-\\d{2}$", std::regex::ECMAScript);
+  const std::regex note("ab", std::regex::ECMAScript);
+  std::mt19937_64 random(5);
+  const std::string alphabet = "{}\",: abcdenortwxyzABXY-0129\\u";
+  int completed = 0;
+  for (int run = 0; run < 3000 && completed < 40 && !HasFailure(); ++run) {
+    const std::string text = growDocument(schema->get(), alphabet, random, 3);
+    if (text.empty()) continue;
+    ++completed;
+    const Json j = Json::parse(text, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << text;
+    const std::string c = j["code"], w = j["word"], n = j["note"];
+    EXPECT_TRUE(std::regex_search(c, code)) << text;
+    EXPECT_TRUE(std::regex_search(n, note)) << text;
+    auto characters = [](const std::string& utf8) {
+      return std::count_if(utf8.begin(), utf8.end(),
+                           [](char b) { return (static_cast<uint8_t>(b) & 0xC0) != 0x80; });
+    };
+    EXPECT_LE(characters(n), 6) << text;
+    EXPECT_GE(characters(w), 2) << text;
+    EXPECT_LE(characters(w), 4) << text;
+  }
+  EXPECT_GE(completed, 20);
+}
+
 // On SmolLM2's vocabulary, the grouped mask under a schema allows exactly the tokens whose
 // bytes the grammar takes, token by token, in the states an instance passes through (keys
 // matched against the properties, an enum, free strings, numbers).
@@ -276,6 +371,12 @@ TEST(JsonSchemaTest, TheMaskIsExactOnARealVocabulary) {
   expectMaskExact(
       constraint, JsonSchemaGrammar(person().get()), *bytes, end,
       R"({"name": "Fel\u00e9ix", "color": "green", "tags": ["a b"], "age": 12, "pet": null})", 2);
+  // Strings with lengths and patterns: each token simulated.
+  auto codes = JsonSchema::compile(kCodes);
+  ASSERT_TRUE(codes.ok()) << codes.status();
+  JsonConstraint constrained(bytes, {end}, *codes);
+  expectMaskExact(constrained, JsonSchemaGrammar(codes->get()), *bytes, end,
+                  R"({"code": "AB-12", "word": "h\u00e9", "note": "xab"})", 3);
 }
 
 }  // namespace

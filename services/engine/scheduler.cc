@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "services/engine/regex_constraint.h"
 
 namespace cleave::engine {
 
@@ -30,16 +31,20 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "adapter ", request.adapter, " is not one of the ", model_.adapters().size(), " loaded"));
   }
-  if (request.json_object) {
+  const char* constrained = request.json_object ? "a JSON object output"
+                            : request.regex     ? "a regex output"
+                                                : nullptr;
+  if (constrained != nullptr) {
     if (tokenizer_ == nullptr || request.stop.stop_token_ids.empty()) {
       return absl::InvalidArgumentError(
-          "a JSON object output needs the model's tokenizer and an end-of-sequence token");
+          absl::StrCat(constrained, " needs the model's tokenizer and an end-of-sequence token"));
     }
     if (token_bytes_ == nullptr) token_bytes_ = std::make_shared<const TokenBytes>(*tokenizer_);
     if (!token_bytes_->exact()) {
-      return absl::UnimplementedError(
-          "a JSON object output needs a vocabulary whose tokens' bytes add up (byte-level "
-          "BPE, as Llama 3, Qwen and SmolLM use); this model's decoder joins tokens otherwise");
+      return absl::UnimplementedError(absl::StrCat(
+          constrained,
+          " needs a vocabulary whose tokens' bytes add up (byte-level BPE, as Llama 3, Qwen and "
+          "SmolLM use); this model's decoder joins tokens otherwise"));
     }
   }
   if (request.stop.max_new_tokens <= 0)
@@ -50,13 +55,13 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
         absl::StrCat("min_new_tokens must be in [0, max_new_tokens = ", request.stop.max_new_tokens,
                      "], got ", request.stop.min_new_tokens));
   }
-  if (request.json_object && !request.adjustments.allowed.empty()) {
+  if (constrained != nullptr && !request.adjustments.allowed.empty()) {
     return absl::InvalidArgumentError(
-        "allowed_token_ids cannot be combined with a JSON object output");
+        absl::StrCat("allowed_token_ids cannot be combined with ", constrained));
   }
-  if (request.json_object && request.stop.min_new_tokens > 0) {
+  if (constrained != nullptr && request.stop.min_new_tokens > 0) {
     return absl::InvalidArgumentError(
-        "min_new_tokens cannot hold off the end of a JSON object output");
+        absl::StrCat("min_new_tokens cannot hold off the end of ", constrained));
   }
   CLEAVE_RETURN_IF_ERROR(engine::validate(request.adjustments, c.vocab_size));
   if (request.prompt_logprobs < -1 || request.prompt_logprobs > kMaxLogprobs) {
@@ -313,17 +318,22 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::makeSequence(GenerationRequest r
   seq->stopper = std::make_unique<StopChecker>(seq->request.stop);
   if (tokenizer_ != nullptr)
     seq->detokenizer = std::make_unique<tokenizer::IncrementalDetokenizer>(*tokenizer_);
-  if (seq->request.json_object) {  // validate() saw the tokenizer and an end token, and
-                                   // made token_bytes_
+  // validate() saw the tokenizer and an end token, and made token_bytes_.
+  if (seq->request.json_object) {
     seq->constraint = std::make_unique<JsonConstraint>(
         token_bytes_, seq->request.stop.stop_token_ids, seq->request.json_schema);
+  } else if (seq->request.regex) {
+    seq->constraint = std::make_unique<RegexConstraint>(
+        token_bytes_, seq->request.stop.stop_token_ids, seq->request.regex);
+  }
+  if (seq->constraint) {
     const std::vector<uint32_t>& prompt = seq->request.prompt;
     const int64_t output =
         std::min<int64_t>(seq->request.output_in_prompt, static_cast<int64_t>(prompt.size()));
     for (size_t i = prompt.size() - static_cast<size_t>(output); i < prompt.size(); ++i) {
       if (!seq->constraint->accept(prompt[i])) {
         CLEAVE_LOG(WARNING) << "request " << seq->request.id
-                            << ": its output so far is not the start of a JSON object";
+                            << ": its output so far is not the start of what it must be";
         break;
       }
     }
@@ -453,7 +463,7 @@ SampledToken Scheduler::sample(Sequence& seq, std::span<const float> logits) {
 void Scheduler::emit(Sequence& seq, SampledToken sampled, std::vector<TokenEvent>& events) {
   if (seq.constraint && !seq.constraint->accept(sampled.token)) {
     CLEAVE_LOG(WARNING) << "request " << seq.request.id << ": drew token " << sampled.token
-                        << ", which the JSON mask did not allow";
+                        << ", which its output's constraint did not allow";
   }
   seq.tokens.push_back(sampled.token);
   TokenEvent event{.id = seq.request.id, .token = sampled.token};

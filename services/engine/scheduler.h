@@ -36,6 +36,7 @@
 #include "services/engine/llama_model.h"
 #include "services/engine/logit_adjustments.h"
 #include "services/engine/memory_plan.h"
+#include "services/engine/regex.h"
 #include "services/engine/sampler.h"
 #include "services/engine/speculative.h"
 #include "services/engine/stop_checker.h"
@@ -74,6 +75,10 @@ struct GenerationRequest {
   int64_t output_in_prompt = 0;
   // With json_object: the schema the object must be an instance of (json_schema.h).
   std::shared_ptr<const JsonSchema> json_schema;
+  // Else, when set: the pattern the output must match whole (regex_constraint.h), ended as
+  // a JSON object is; output_in_prompt counts for it too.
+  std::shared_ptr<const Regex> regex;
+  bool constrained() const { return json_object || regex != nullptr; }
   // logit_bias and allowed_token_ids (logit_adjustments.h); stop tokens are held off until
   // stop.min_new_tokens.
   LogitAdjustments adjustments;
@@ -199,10 +204,10 @@ class Scheduler {
     std::unique_ptr<Sampler> sampler;
     std::unique_ptr<StopChecker> stopper;
     std::unique_ptr<tokenizer::IncrementalDetokenizer> detokenizer;
-    std::unique_ptr<JsonConstraint> constraint;  // request.json_object
-    std::vector<uint32_t> verify;                // A step's last token and drafts.
-    std::vector<SampledToken> prompt_scores;     // request.prompt_logprobs, so far.
-    int64_t draft_limit = 0;                     // Drafts next step, at most (0: unset).
+    std::unique_ptr<OutputConstraint> constraint;  // request.constrained()
+    std::vector<uint32_t> verify;                  // A step's last token and drafts.
+    std::vector<SampledToken> prompt_scores;       // request.prompt_logprobs, so far.
+    int64_t draft_limit = 0;                       // Drafts next step, at most (0: unset).
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
     // Tokens this scheduler has appended past the prompt.
     int64_t generated() const {

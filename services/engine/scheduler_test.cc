@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 
@@ -715,24 +716,28 @@ TEST_F(SchedulerTest, LogitAdjustmentsSteerTheDraws) {
   EXPECT_THAT(scheduler.add(bad).message(), HasSubstr("min_new_tokens"));
 }
 
-// SmolLM2 (a byte-level vocabulary) constrained to a JSON object: its greedy reply parses
-// as one, and a sequence moved mid-reply (its first tokens now in the prompt) continues
-// with the same tokens, the constraint replaying what was already said.
-TEST(SchedulerJsonTest, JsonObjectRepliesParseAndMovedSequencesContinueThem) {
+// SmolLM2's (a byte-level vocabulary) greedy reply to `question` with `constrain` applied
+// to the request, which must end with end-of-sequence within 96 tokens; a sequence moved
+// mid-reply (its first tokens now in the prompt) must continue with the same tokens, the
+// constraint replaying what was already said, and one without an end token is refused.
+// Empty when SmolLM2 is missing.
+std::string constrainedReply(const std::string& question,
+                             const std::function<void(GenerationRequest&)>& constrain) {
   const std::string model = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " missing";
+  if (!std::filesystem::exists(model)) return "";
   auto tokenizer = tokenizer::Tokenizer::load(model);
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
   auto group = TpGroup::load(model, {.tp = 1, .threads = 2});
-  ASSERT_TRUE(group.ok()) << group.status();
-  ASSERT_TRUE((*group)->allocateKv(64, 16).ok());
+  EXPECT_TRUE(group.ok()) << group.status();
+  if (!tokenizer.ok() || !group.ok()) return "";
+  EXPECT_TRUE((*group)->allocateKv(64, 16).ok());
   Scheduler scheduler(**group, tokenizer->get(), {.max_batch_tokens = 256, .max_sequences = 4});
   const std::vector<uint32_t> prompt =
       (*tokenizer)
           ->encode(
               "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-              "Face<|im_end|>\n<|im_start|>user\nDescribe a cat as a JSON object with name and "
-              "age.<|im_end|>\n<|im_start|>assistant\n",
+              "Face<|im_end|>\n<|im_start|>user\n" +
+                  question + "<|im_end|>\n<|im_start|>assistant\n",
               {.add_special_tokens = false, .parse_special = true});
   const uint32_t eos = *(*tokenizer)->eosId();
   auto run = [&](GenerationRequest request) {
@@ -746,19 +751,15 @@ TEST(SchedulerJsonTest, JsonObjectRepliesParseAndMovedSequencesContinueThem) {
     }
     return out;
   };
-  GenerationRequest request{.id = 1,
-                            .prompt = prompt,
-                            .stop = {.stop_token_ids = {eos}, .max_new_tokens = 96},
-                            .json_object = true};
+  GenerationRequest request{
+      .id = 1, .prompt = prompt, .stop = {.stop_token_ids = {eos}, .max_new_tokens = 96}};
+  constrain(request);
   const std::vector<uint32_t> reply = run(request);
-  ASSERT_FALSE(reply.empty());
-  ASSERT_EQ(reply.back(), eos) << "the object did not close within 96 tokens: "
-                               << (*tokenizer)->decode(reply, true);
-  const std::string text =
-      (*tokenizer)->decode(std::span<const uint32_t>(reply).first(reply.size() - 1), true);
-  const nlohmann::json parsed = nlohmann::json::parse(text, nullptr, false);
-  EXPECT_TRUE(parsed.is_object()) << text;
-
+  if (reply.empty() || reply.back() != eos) {
+    ADD_FAILURE() << "the reply did not end within 96 tokens: "
+                  << (*tokenizer)->decode(reply, true);
+    return "";
+  }
   const size_t said = reply.size() / 2;
   GenerationRequest moved = request;
   moved.id = 2;
@@ -766,11 +767,26 @@ TEST(SchedulerJsonTest, JsonObjectRepliesParseAndMovedSequencesContinueThem) {
   moved.output_in_prompt = static_cast<int64_t>(said);
   moved.stop.max_new_tokens = 96 - static_cast<int64_t>(said);
   EXPECT_EQ(run(moved), std::vector<uint32_t>(reply.begin() + said, reply.end()));
-
-  // Without an end token there is no way to close the object: refused.
   GenerationRequest endless = request;
   endless.stop.stop_token_ids.clear();
   EXPECT_EQ(scheduler.add(endless).code(), absl::StatusCode::kInvalidArgument);
+  return (*tokenizer)->decode(std::span<const uint32_t>(reply).first(reply.size() - 1), true);
+}
+
+TEST(SchedulerConstraintTest, JsonObjectRepliesParseAndMovedSequencesContinueThem) {
+  const std::string text = constrainedReply("Describe a cat as a JSON object with name and age.",
+                                            [](GenerationRequest& r) { r.json_object = true; });
+  if (text.empty() && !HasFailure()) GTEST_SKIP() << "SmolLM2 missing";
+  EXPECT_TRUE(nlohmann::json::parse(text, nullptr, false).is_object()) << text;
+}
+
+TEST(SchedulerConstraintTest, RegexRepliesMatchAndMovedSequencesContinueThem) {
+  const char* pattern = R"((19|20)\d{2}-(0[1-9]|1[0-2])-[0-3]\d, [A-Z][a-z]{2,12}\.)";
+  std::shared_ptr<const Regex> regex = *Regex::compile(pattern);
+  const std::string text = constrainedReply("When and where did Apollo 11 land?",
+                                            [&](GenerationRequest& r) { r.regex = regex; });
+  if (text.empty() && !HasFailure()) GTEST_SKIP() << "SmolLM2 missing";
+  EXPECT_TRUE(regex->fullMatch(text)) << text;
 }
 
 }  // namespace

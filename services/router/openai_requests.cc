@@ -157,6 +157,35 @@ absl::Status parseToolChoice(const Json& body, Call& call) {
   return invalid("tool_choice", absl::StrCat("names \"", name, "\", which is not in tools"));
 }
 
+// vLLM's guided_regex and guided_choice, or its structured_outputs {"regex": ...} or
+// {"choice": [...]}: SamplingParams.regex and .choice.
+absl::Status parseRegexOrChoice(const Json& body, v1::SamplingParams& s) {
+  const Json* structured = field(body, "structured_outputs");
+  if (structured != nullptr && !structured->is_object())
+    return invalid("structured_outputs", "must be an object");
+  auto either = [&](const char* guided, const char* key) -> std::pair<const Json*, std::string> {
+    if (const Json* j = field(body, guided); j != nullptr) return {j, guided};
+    if (structured != nullptr) {
+      if (const Json* j = field(*structured, key); j != nullptr)
+        return {j, absl::StrCat("structured_outputs.", key)};
+    }
+    return {nullptr, ""};
+  };
+  if (auto [regex, name] = either("guided_regex", "regex"); regex != nullptr) {
+    if (!regex->is_string()) return invalid(name, "must be a string");
+    s.set_regex(regex->get<std::string>());
+  }
+  if (auto [choice, name] = either("guided_choice", "choice"); choice != nullptr) {
+    if (!choice->is_array() || choice->empty())
+      return invalid(name, "must be a non-empty array of strings");
+    for (const Json& c : *choice) {
+      if (!c.is_string()) return invalid(name, "must be a non-empty array of strings");
+      s.add_choice(c.get<std::string>());
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The sampling, stopping and streaming fields both endpoints share.
 absl::Status parseCommon(const Json& body, Call& call) {
   CLEAVE_RETURN_IF_ERROR(refuseUnsupported(body));
@@ -188,6 +217,7 @@ absl::Status parseCommon(const Json& body, Call& call) {
       s.set_json_schema(schema->dump());
     }
   }
+  CLEAVE_RETURN_IF_ERROR(parseRegexOrChoice(body, s));
   CLEAVE_RETURN_IF_ERROR(number(body, "temperature", [&](float f) { s.set_temperature(f); }));
   CLEAVE_RETURN_IF_ERROR(number(body, "top_p", [&](float f) { s.set_top_p(f); }));
   CLEAVE_RETURN_IF_ERROR(number(body, "min_p", [&](float f) { s.set_min_p(f); }));

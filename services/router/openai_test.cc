@@ -205,6 +205,34 @@ TEST(OpenAiRequestTest, JsonObjectFormatConstrainsSampling) {
             Json::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}})"));
 }
 
+// vLLM's guided_regex / guided_choice, and its structured_outputs, become regex and choice.
+TEST(OpenAiRequestTest, GuidedRegexAndChoiceConstrainSampling) {
+  auto call = parseCompletionRequest(Json::parse(R"({"prompt": "x", "guided_regex": "\\d+"})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.sampling().regex(), "\\d+");
+  call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "guided_choice": ["yes", "no"]})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_THAT(call->request.sampling().choice(), ::testing::ElementsAre("yes", "no"));
+  call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "structured_outputs": {"choice": ["a"]}})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_THAT(call->request.sampling().choice(), ::testing::ElementsAre("a"));
+  call = parseCompletionRequest(
+      Json::parse(R"({"prompt": "x", "structured_outputs": {"regex": "[ab]"}})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.sampling().regex(), "[ab]");
+  for (const char* bad :
+       {R"({"prompt": "x", "guided_regex": 5})", R"({"prompt": "x", "guided_choice": []})",
+        R"({"prompt": "x", "guided_choice": ["a", 1]})",
+        R"({"prompt": "x", "structured_outputs": {"choice": "a"}})",
+        R"({"prompt": "x", "structured_outputs": 3})"}) {
+    EXPECT_EQ(parseCompletionRequest(Json::parse(bad)).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+}
+
 TEST(OpenAiRequestTest, ChatWithoutMaxTokensRunsToTheContextAndToolChoiceNoneHidesTools) {
   auto call = parseChatRequest(Json::parse(
       R"({"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none"})"));

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/engine/json_schema.h"
 #include "services/engine/logit_adjustments.h"
+#include "services/engine/regex.h"
 
 namespace cleave::router {
 namespace {
@@ -173,6 +174,26 @@ absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
       return absl::Status(schema.status().code(),
                           absl::StrCat("sampling.json_schema: ", schema.status().message()));
     }
+  }
+  const v1::SamplingParams& sampling = request.sampling();
+  if (!sampling.regex().empty() || !sampling.choice().empty()) {
+    if (format != v1::RESPONSE_FORMAT_TEXT) {
+      return absl::InvalidArgumentError(
+          "sampling.regex and sampling.choice cannot be combined with a JSON response_format");
+    }
+    if (!sampling.allowed_token_ids().empty()) {
+      return absl::InvalidArgumentError(
+          "sampling.allowed_token_ids cannot be combined with sampling.regex or choice");
+    }
+    if (request.stopping().ignore_eos() || request.stopping().min_new_tokens() > 0) {
+      return absl::InvalidArgumentError(
+          "sampling.regex/choice: the output ends with the end-of-sequence token once it "
+          "matches; stopping.ignore_eos and min_new_tokens must not be set");
+    }
+    absl::StatusOr<std::shared_ptr<const engine::Regex>> pattern = engine::outputPattern(
+        sampling.regex(),
+        std::vector<std::string>(sampling.choice().begin(), sampling.choice().end()));
+    if (!pattern.ok()) return pattern.status();
   }
   return validateStopping(request.stopping());
 }

@@ -49,6 +49,37 @@ TEST(RequestValidationTest, JsonSchemasAreCheckedOnArrival) {
   EXPECT_EQ(validateGenerateRequest(r).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A regex or choice is compiled on arrival too; it cannot be combined with the other
+// constraints, nor with ignore_eos or min_new_tokens (its end is the end-of-sequence token).
+TEST(RequestValidationTest, RegexesAndChoicesAreCheckedOnArrival) {
+  auto message = [](const v1::GenerateRequest& r) {
+    return std::string(validateGenerateRequest(r).message());
+  };
+  v1::GenerateRequest r = validRequest();
+  r.mutable_sampling()->set_regex(R"(\d{3}-[a-z]+)");
+  EXPECT_TRUE(validateGenerateRequest(r).ok()) << validateGenerateRequest(r);
+  r.mutable_sampling()->set_regex("(a)\\1");
+  EXPECT_EQ(validateGenerateRequest(r).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(message(r), ::testing::HasSubstr("sampling.regex: "));
+  EXPECT_THAT(message(r), ::testing::HasSubstr("backreference"));
+  r.mutable_sampling()->set_regex("a");
+  r.mutable_sampling()->add_choice("b");
+  EXPECT_THAT(message(r), ::testing::HasSubstr("cannot both be set"));
+  r.mutable_sampling()->clear_regex();
+  EXPECT_TRUE(validateGenerateRequest(r).ok()) << validateGenerateRequest(r);
+  r.mutable_sampling()->set_response_format(v1::RESPONSE_FORMAT_JSON_OBJECT);
+  EXPECT_THAT(message(r), ::testing::HasSubstr("JSON response_format"));
+  r.mutable_sampling()->set_response_format(v1::RESPONSE_FORMAT_TEXT);
+  r.mutable_sampling()->add_allowed_token_ids(3);
+  EXPECT_THAT(message(r), ::testing::HasSubstr("allowed_token_ids"));
+  r.mutable_sampling()->clear_allowed_token_ids();
+  r.mutable_stopping()->set_ignore_eos(true);
+  EXPECT_THAT(message(r), ::testing::HasSubstr("ignore_eos"));
+  r.mutable_stopping()->set_ignore_eos(false);
+  r.mutable_sampling()->add_choice("");
+  EXPECT_THAT(message(r), ::testing::HasSubstr("sampling.choice[1]"));
+}
+
 TEST(RequestValidationTest, AcceptsAValidRequestAndUnsetOptionals) {
   EXPECT_TRUE(validateGenerateRequest(validRequest()).ok());
   v1::GenerateRequest minimal;

@@ -47,6 +47,22 @@ absl::StatusOr<engine::GenerationRequest> toEngineRequest(uint64_t id, const Req
     }
     r.output_in_prompt = std::min<int64_t>(parts.output_tokens, parts.prompt->size());
   }
+  absl::StatusOr<std::shared_ptr<const engine::Regex>> pattern = engine::outputPattern(
+      s.regex(), std::vector<std::string>(s.choice().begin(), s.choice().end()));
+  if (!pattern.ok()) return pattern.status();
+  if (*pattern != nullptr) {
+    if (r.json_object) {
+      return absl::InvalidArgumentError(
+          "sampling.regex and sampling.choice cannot be combined with a JSON response_format");
+    }
+    if (stop.ignore_eos() || eos.empty()) {
+      return absl::InvalidArgumentError(
+          "sampling.regex/choice: the output ends with the end-of-sequence token once it "
+          "matches; stopping.ignore_eos must not be set");
+    }
+    r.regex = *std::move(pattern);
+    r.output_in_prompt = std::min<int64_t>(parts.output_tokens, parts.prompt->size());
+  }
   r.stop.stop_token_ids.insert(r.stop.stop_token_ids.end(), stop.stop_token_ids().begin(),
                                stop.stop_token_ids().end());
   r.stop.stop_strings.assign(stop.stop().begin(), stop.stop().end());

@@ -340,7 +340,8 @@ class OpenAiApiTest(unittest.TestCase):
         ct.wait_until_nothing_reserved(self.router, [self.worker])
 
     def test_json_schema_replies_are_instances(self):
-        # A pydantic model's schema ($defs, an Enum, a list of objects, an Optional): every
+        # A pydantic model's schema ($defs, an Enum, a list of objects, an Optional, string
+        # lengths and a pattern): every
         # reply that ends is an instance, as the jsonschema package and pydantic both check;
         # a schema keyword the decoder cannot enforce is refused, named.
         import jsonschema
@@ -352,11 +353,11 @@ class OpenAiApiTest(unittest.TestCase):
             orange = "orange"
 
         class Toy(pydantic.BaseModel):
-            name: str
+            name: str = pydantic.Field(pattern=r"^[A-Z][a-z]{1,15}$")
             squeaks: bool
 
         class Cat(pydantic.BaseModel):
-            name: str
+            name: str = pydantic.Field(min_length=2, max_length=20)
             age: int
             color: Color
             toys: list[Toy]
@@ -383,9 +384,44 @@ class OpenAiApiTest(unittest.TestCase):
         status, _, text = self.raw("POST", "/v1/chat/completions", {
             "messages": messages, "response_format": {"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"type": "object", "properties": {
-                    "a": {"type": "string", "pattern": "^x"}}}}}})
+                    "a": {"type": "integer", "minimum": 0}}}}}})
         self.assertEqual(status, 501, text)
-        self.assertIn("at /properties/a: \\\"pattern\\\" is not supported", text)
+        self.assertIn("at /properties/a: \\\"minimum\\\" is not supported", text)
+        ct.wait_until_nothing_reserved(self.router, [self.worker])
+
+    def test_guided_choice_and_regex_replies_match(self):
+        # vLLM's guided_choice and guided_regex (and structured_outputs): every reply that
+        # ends is one of the choices, or matches the pattern whole as Python's re does, greedy
+        # or sampled, whole or streamed; a pattern the decoder cannot follow is refused, named.
+        messages = [{"role": "user", "content": "Is the sea salty? Answer in one word."}]
+        choices = ["Yes, very", "No", "Only sometimes"]
+        reply = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=20, temperature=0,
+            extra_body={"guided_choice": choices})
+        self.assertEqual(reply.choices[0].finish_reason, "stop")
+        self.assertIn(reply.choices[0].message.content, choices)
+        sampled = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=20, temperature=1.0, seed=3, n=8,
+            extra_body={"structured_outputs": {"choice": choices}})
+        for choice in sampled.choices:
+            self.assertEqual(choice.finish_reason, "stop")
+            self.assertIn(choice.message.content, choices)
+        pattern = r"(19|20)\d{2}-(0[1-9]|1[0-2])-[0-3]\d, [A-Z][a-z]{2,12}"
+        for temperature, stream in ((0, False), (1.0, True)):
+            response = self.client.completions.create(
+                model=self.model, prompt="The date and the city of the first moon landing:",
+                max_tokens=40, temperature=temperature, seed=5, stream=stream,
+                extra_body={"guided_regex": pattern})
+            chunks = list(response) if stream else [response]
+            text = "".join(c.choices[0].text for c in chunks)
+            self.assertEqual(chunks[-1].choices[0].finish_reason, "stop", text)
+            self.assertIsNotNone(re.fullmatch(pattern, text, re.ASCII), text)
+            print(f"\nguided: {reply.choices[0].message.content!r}; regex "
+                  f"(temperature {temperature}): {text!r}")
+        status, _, body = self.raw("POST", "/v1/completions",
+                                   {"prompt": "x", "guided_regex": "(a)\\1"})
+        self.assertApiError(status, body, 400)
+        self.assertIn("backreference", json.loads(body)["error"]["message"])
         ct.wait_until_nothing_reserved(self.router, [self.worker])
 
     def test_logit_bias_allowed_tokens_and_min_tokens_steer_the_reply(self):

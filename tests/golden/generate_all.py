@@ -4,7 +4,7 @@
 Run with the oracle virtualenv (see setup_oracles.sh and README.md):
     .cache/oracle-venv/bin/python tests/golden/generate_all.py [name ...]
 where each optional name is one of: dequant kv_format safetensors configs tokenizers
-engine_hf engine_gguf lora kquant_gguf engine_llamacpp.
+engine_hf engine_gguf lora kquant_gguf engine_llamacpp regex.
 Every generator is deterministic (fixed seeds, fixed inputs), so a rerun with
 the pinned oracle versions rewrites identical bytes.
 """
@@ -28,6 +28,7 @@ GENERATORS = {
     "lora": "gen_lora.py",  # Adapters on engine_hf's folders.
     "kquant_gguf": "gen_kquant_gguf.py",
     "engine_llamacpp": "gen_engine_llamacpp.py",
+    "regex": "gen_regex.py",
 }
 MAX_FILE_BYTES = 1 << 20
 

@@ -1,0 +1,647 @@
+#include "services/engine/regex.h"
+
+#include <algorithm>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace cleave::engine {
+namespace {
+
+constexpr uint32_t kMaxCodepoint = 0x10FFFF;
+
+// A set of code points: sorted, disjoint, non-adjacent ranges.
+using CharSet = std::vector<std::pair<uint32_t, uint32_t>>;
+
+void normalize(CharSet& set) {
+  std::sort(set.begin(), set.end());
+  CharSet merged;
+  for (const auto& r : set) {
+    if (!merged.empty() && r.first <= merged.back().second + 1) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  set = std::move(merged);
+}
+
+// Every scalar value (surrogates are not characters) outside `set`.
+CharSet complement(const CharSet& set) {
+  CharSet out;
+  uint32_t from = 0;
+  for (const auto& [lo, hi] : set) {
+    if (lo > from) out.push_back({from, lo - 1});
+    from = hi + 1;
+  }
+  if (from <= kMaxCodepoint) out.push_back({from, kMaxCodepoint});
+  return out;
+}
+
+CharSet asciiClass(char name) {
+  CharSet set;
+  switch (name) {
+    case 'd': set = {{'0', '9'}}; break;
+    case 'w': set = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}; break;
+    case 's': set = {{'\t', '\r'}, {' ', ' '}}; break;
+  }
+  return set;
+}
+
+int utf8Length(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
+
+void encode(uint32_t c, uint8_t* out) {
+  const int n = utf8Length(c);
+  static constexpr uint8_t kLead[] = {0, 0, 0xC0, 0xE0, 0xF0};
+  for (int i = n - 1; i > 0; --i) {
+    out[i] = static_cast<uint8_t>(0x80 | (c & 0x3F));
+    c >>= 6;
+  }
+  out[0] = static_cast<uint8_t>(kLead[n] | c);
+}
+
+using ByteRanges = std::vector<std::pair<uint8_t, uint8_t>>;
+
+// The UTF-8 encodings of [lo, hi] (no surrogates inside) as sequences of byte ranges, each
+// sequence a product: every byte string it stands for encodes a code point of the range.
+void utf8Sequences(uint32_t lo, uint32_t hi, std::vector<ByteRanges>& out) {
+  for (uint32_t max : {0x7Fu, 0x7FFu, 0xFFFFu}) {
+    if (lo <= max && hi > max) {
+      utf8Sequences(lo, max, out);
+      utf8Sequences(max + 1, hi, out);
+      return;
+    }
+  }
+  const int n = utf8Length(lo);
+  // Split until, below each continuation byte, lo and hi agree or span the whole range.
+  for (int i = 1; i < n; ++i) {
+    const uint32_t m = (1u << (6 * i)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        utf8Sequences(lo, lo | m, out);
+        utf8Sequences((lo | m) + 1, hi, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        utf8Sequences(lo, (hi & ~m) - 1, out);
+        utf8Sequences(hi & ~m, hi, out);
+        return;
+      }
+    }
+  }
+  uint8_t a[4], b[4];
+  encode(lo, a);
+  encode(hi, b);
+  ByteRanges seq;
+  for (int i = 0; i < n; ++i) seq.push_back({a[i], b[i]});
+  out.push_back(std::move(seq));
+}
+
+// A parsed pattern.
+struct Node {
+  enum class Kind { kEmpty, kSet, kConcat, kAlt, kRepeat } kind = Kind::kEmpty;
+  CharSet set;
+  std::vector<Node> children;
+  int min = 0, max = -1;  // kRepeat: max -1 is unbounded
+};
+
+}  // namespace
+
+// Parses a pattern into a Node tree, then builds the NFA back to front (each node's states
+// are made knowing where they lead).
+class RegexCompiler {
+ public:
+  explicit RegexCompiler(std::string_view pattern) : p_(pattern) {}
+
+  absl::StatusOr<std::shared_ptr<const Regex>> compile() {
+    auto regex = std::make_shared<Regex>();
+    regex->pattern_ = std::string(p_);
+    if (!p_.empty() && p_[0] == '^') pos_ = 1;
+    Node root = alternation();
+    if (error_.ok() && pos_ < p_.size()) fail("unbalanced ')'");
+    if (!error_.ok()) return error_;
+    states_ = &regex->states_;
+    const int32_t match = add({.kind = Regex::State::Kind::kMatch});
+    regex->start_ = emit(root, match);
+    if (!error_.ok()) return error_;
+    return regex;
+  }
+
+ private:
+  void fail(const std::string& what) {
+    if (error_.ok()) {
+      error_ = absl::InvalidArgumentError(
+          absl::StrCat("the regular expression ", what, " (at byte ", pos_, ")"));
+    }
+  }
+  bool done() const { return pos_ >= p_.size() || !error_.ok(); }
+  char peek() const { return p_[pos_]; }
+  bool take(char c) {
+    if (pos_ < p_.size() && p_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+
+  Node alternation() {
+    Node alt{.kind = Node::Kind::kAlt};
+    alt.children.push_back(concatenation());
+    while (!done() && take('|')) alt.children.push_back(concatenation());
+    return alt.children.size() == 1 ? std::move(alt.children[0]) : alt;
+  }
+
+  Node concatenation() {
+    Node cat{.kind = Node::Kind::kConcat};
+    while (!done() && peek() != '|' && peek() != ')') {
+      if (peek() == '$' && pos_ + 1 == p_.size()) {
+        ++pos_;  // The match is whole anyway.
+        break;
+      }
+      cat.children.push_back(repetition());
+    }
+    return cat;
+  }
+
+  Node repetition() {
+    Node atom = this->atom();
+    bool repeated = false;
+    while (!done()) {
+      int min = 0, max = -1;
+      const size_t at = pos_;
+      if (take('*')) {
+      } else if (take('+')) {
+        min = 1;
+      } else if (take('?')) {
+        max = 1;
+      } else if (!counted(min, max)) {
+        break;
+      }
+      if (repeated) {
+        pos_ = at;
+        fail("repeats a repeat (put the inner one in a group)");
+        break;
+      }
+      repeated = true;
+      take('?');  // Lazy: the same language.
+      if (!done() && peek() == '+') fail("uses a possessive quantifier, which is not supported");
+      atom =
+          Node{.kind = Node::Kind::kRepeat, .children = {std::move(atom)}, .min = min, .max = max};
+    }
+    return atom;
+  }
+
+  // {m}, {m,}, {m,n}; anything else leaves '{' a literal.
+  bool counted(int& min, int& max) {
+    if (done() || peek() != '{') return false;
+    size_t i = pos_ + 1;
+    auto number = [&](int& value) {
+      const size_t from = i;
+      value = 0;
+      while (i < p_.size() && p_[i] >= '0' && p_[i] <= '9' && value <= Regex::kMaxRepeat)
+        value = value * 10 + (p_[i++] - '0');
+      return i > from;
+    };
+    if (!number(min)) return false;
+    max = min;
+    if (i < p_.size() && p_[i] == ',') {
+      ++i;
+      if (!number(max)) max = -1;
+    }
+    if (i >= p_.size() || p_[i] != '}') return false;
+    pos_ = i + 1;
+    if (min > Regex::kMaxRepeat || max > Regex::kMaxRepeat) {
+      fail(absl::StrCat("repeats more than ", Regex::kMaxRepeat, " times"));
+    } else if (max >= 0 && max < min) {
+      fail("has a repeat {m,n} with n < m");
+    }
+    return true;
+  }
+
+  Node single(CharSet set) { return Node{.kind = Node::Kind::kSet, .set = std::move(set)}; }
+
+  Node atom() {
+    const char c = peek();
+    if (c == '(') return group();
+    if (c == '[') return charClass();
+    if (c == '*' || c == '+' || c == '?') {
+      fail("has nothing to repeat");
+      return {};
+    }
+    if (c == '^' || c == '$') {
+      fail(absl::StrCat("has '", std::string(1, c),
+                        "' inside; only ^ at the start and $ at the end are supported"));
+      return {};
+    }
+    if (c == '.') {
+      ++pos_;
+      return single(complement({{'\n', '\n'}}));
+    }
+    if (c == '\\') {
+      CharSet set;
+      escape(set, false);
+      return single(std::move(set));
+    }
+    const uint32_t cp = codepoint();
+    return single({{cp, cp}});
+  }
+
+  Node group() {
+    const size_t open = pos_++;
+    if (++depth_ > kMaxDepth) {
+      fail(absl::StrCat("nests groups more than ", kMaxDepth, " deep"));
+      return {};
+    }
+    if (take('?')) {
+      if (take(':')) {
+      } else if (take('P') || (!done() && peek() == '<' && pos_ + 1 < p_.size() &&
+                               p_[pos_ + 1] != '=' && p_[pos_ + 1] != '!')) {
+        if (!take('<')) {
+          fail("uses (?P...) other than a named group (?P<name>...)");
+          return {};
+        }
+        while (!done() && peek() != '>') ++pos_;
+        if (!take('>')) fail("has an unterminated group name");
+      } else {
+        fail("uses (?...): lookaround, flags and conditionals are not supported");
+        return {};
+      }
+    }
+    Node inner = alternation();
+    --depth_;
+    if (!take(')')) {
+      pos_ = open;
+      fail("has an unterminated group '('");
+    }
+    return inner;
+  }
+
+  Node charClass() {
+    ++pos_;
+    const bool negated = take('^');
+    CharSet set;
+    bool first = true;
+    while (!done() && (peek() != ']' || first)) {
+      first = false;
+      uint32_t lo;
+      if (peek() == '\\') {
+        CharSet item;
+        if (!escape(item, true)) {  // A class escape (\d, ...): not a range's end.
+          set.insert(set.end(), item.begin(), item.end());
+          continue;
+        }
+        lo = item[0].first;
+      } else {
+        lo = codepoint();
+      }
+      uint32_t hi = lo;
+      if (pos_ + 1 < p_.size() && peek() == '-' && p_[pos_ + 1] != ']') {
+        ++pos_;
+        if (peek() == '\\') {
+          CharSet item;
+          if (!escape(item, true)) {
+            fail("has a range ending in a class escape");
+            break;
+          }
+          hi = item[0].first;
+        } else {
+          hi = codepoint();
+        }
+        if (hi < lo) fail("has a class range out of order");
+      }
+      set.push_back({lo, hi});
+    }
+    if (!take(']')) fail("has an unterminated class '['");
+    normalize(set);
+    return single(negated ? complement(set) : set);
+  }
+
+  // An escape at pos_ into `set`; true when it stands for one character.
+  bool escape(CharSet& set, bool in_class) {
+    ++pos_;
+    if (done()) {
+      fail("ends in a lone backslash");
+      return true;
+    }
+    const char c = p_[pos_++];
+    auto one = [&](uint32_t cp) {
+      set = {{cp, cp}};
+      return true;
+    };
+    switch (c) {
+      case 'n': return one('\n');
+      case 't': return one('\t');
+      case 'r': return one('\r');
+      case 'f': return one('\f');
+      case 'v': return one('\v');
+      case 'a': return one('\a');
+      case '0': return one(0);
+      case 'd':
+      case 'w':
+      case 's': set = asciiClass(c); return false;
+      case 'D':
+      case 'W':
+      case 'S': set = complement(asciiClass(static_cast<char>(c - 'A' + 'a'))); return false;
+      case 'x':
+      case 'u': {
+        const int digits = c == 'x' ? 2 : 4;
+        uint32_t cp = 0;
+        for (int i = 0; i < digits; ++i, ++pos_) {
+          const char h = pos_ < p_.size() ? p_[pos_] : ' ';
+          const int v = h >= '0' && h <= '9'   ? h - '0'
+                        : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                        : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                               : -1;
+          if (v < 0) {
+            fail(absl::StrCat("has \\", std::string(1, c), " without ", digits, " hex digits"));
+            return one(0);
+          }
+          cp = cp * 16 + static_cast<uint32_t>(v);
+        }
+        if (cp >= 0xD800 && cp <= 0xDFFF) fail("escapes a surrogate, which is not a character");
+        return one(cp);
+      }
+      case 'b':
+        if (in_class) return one('\b');
+        break;
+      default:
+        if (!(c >= '0' && c <= '9') && !(c >= 'a' && c <= 'z') && !(c >= 'A' && c <= 'Z') &&
+            static_cast<unsigned char>(c) < 0x80)
+          return one(static_cast<unsigned char>(c));  // Escaped punctuation.
+    }
+    --pos_;
+    fail(c >= '1' && c <= '9'
+             ? "uses a backreference, which is not supported"
+             : absl::StrCat("uses \\", std::string(1, c), ", which is not supported"));
+    return one(0);
+  }
+
+  // The UTF-8 character at pos_.
+  uint32_t codepoint() {
+    const auto b = static_cast<uint8_t>(p_[pos_]);
+    const int n = b < 0x80 ? 1 : b >= 0xF0 && b < 0xF5 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 ? 2 : 0;
+    uint32_t cp = n == 1 ? b : n == 2 ? b & 0x1F : n == 3 ? b & 0x0F : b & 0x07;
+    for (int i = 1; i < n; ++i) {
+      const auto next = pos_ + i < p_.size() ? static_cast<uint8_t>(p_[pos_ + i]) : 0;
+      if ((next & 0xC0) != 0x80) {
+        cp = 0, i = n;
+        fail("is not valid UTF-8");
+      }
+      cp = (cp << 6) | (next & 0x3F);
+    }
+    if (n == 0) fail("is not valid UTF-8");
+    const bool overlong = (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000);
+    if (n > 0 && error_.ok() && (overlong || cp > kMaxCodepoint || (cp >= 0xD800 && cp <= 0xDFFF)))
+      fail("is not valid UTF-8");
+    pos_ += std::max(n, 1);
+    return cp;
+  }
+
+  int32_t add(Regex::State s) {
+    if (static_cast<int64_t>(states_->size()) >= Regex::kMaxStates) {
+      fail(absl::StrCat("needs more than ", Regex::kMaxStates,
+                        " automaton states (smaller counted repeats)"));
+      return 0;
+    }
+    states_->push_back(s);
+    return static_cast<int32_t>(states_->size() - 1);
+  }
+  int32_t fork(int32_t next, int32_t alt) {
+    return add({.kind = Regex::State::Kind::kFork, .next = next, .alt = alt});
+  }
+
+  // The entry state of `node`'s states, which end at `out`.
+  int32_t emit(const Node& node, int32_t out) {
+    if (!error_.ok()) return out;
+    switch (node.kind) {
+      case Node::Kind::kEmpty: return out;
+      case Node::Kind::kSet: {
+        std::vector<ByteRanges> sequences;
+        for (const auto& [lo, hi] : node.set) {
+          // Around the surrogates, which have no encoding.
+          if (lo < 0xD800) utf8Sequences(lo, std::min(hi, 0xD7FFu), sequences);
+          if (hi > 0xDFFF) utf8Sequences(std::max(lo, 0xE000u), hi, sequences);
+        }
+        int32_t entry = -1;
+        for (const ByteRanges& seq : sequences) {
+          int32_t at = out;
+          for (auto it = seq.rbegin(); it != seq.rend(); ++it) {
+            at = add(
+                {.kind = Regex::State::Kind::kByte, .lo = it->first, .hi = it->second, .next = at});
+          }
+          entry = entry < 0 ? at : fork(at, entry);
+        }
+        // An empty set (a class of nothing) matches nothing: a byte range no byte is in.
+        return entry >= 0 ? entry
+                          : add({.kind = Regex::State::Kind::kByte, .lo = 1, .hi = 0, .next = out});
+      }
+      case Node::Kind::kConcat: {
+        int32_t at = out;
+        for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) at = emit(*it, at);
+        return at;
+      }
+      case Node::Kind::kAlt: {
+        int32_t entry = emit(node.children.back(), out);
+        for (size_t i = node.children.size() - 1; i-- > 0;)
+          entry = fork(emit(node.children[i], out), entry);
+        return entry;
+      }
+      case Node::Kind::kRepeat: {
+        const Node& child = node.children[0];
+        int32_t at = out;
+        if (node.max < 0) {  // child*: a fork back into the child or on
+          const int32_t loop = fork(-1, out);
+          const int32_t entry = emit(child, loop);
+          (*states_)[loop].next = entry;
+          at = loop;
+        } else {  // (child (child (...)?)?)?, max - min deep
+          for (int i = node.min; i < node.max; ++i) at = fork(emit(child, at), out);
+        }
+        for (int i = 0; i < node.min; ++i) at = emit(child, at);
+        return at;
+      }
+    }
+    return out;
+  }
+
+  static constexpr int kMaxDepth = 64;  // The parser and emit() recurse per group.
+  std::string_view p_;
+  size_t pos_ = 0;
+  int depth_ = 0;
+  absl::Status error_;
+  std::vector<Regex::State>* states_ = nullptr;
+};
+
+absl::StatusOr<std::shared_ptr<const Regex>> Regex::compile(std::string_view pattern) {
+  return RegexCompiler(pattern).compile();
+}
+
+std::string Regex::escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (std::string_view("\\.^$*+?()[]{}|-").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+RegexDfa::RegexDfa(std::shared_ptr<const Regex> regex, size_t max_states)
+    : regex_(std::move(regex)), max_states_(std::max<size_t>(max_states, 2)) {
+  std::vector<int32_t> start{regex_->start()};
+  regex_->close(start);
+  start_ = reset(std::move(start));
+}
+
+int32_t RegexDfa::reset(std::vector<int32_t> set) {
+  sets_.clear();
+  ids_.clear();
+  next_.clear();
+  accepting_.clear();
+  intern({});
+  start_ = intern(std::move(set));
+  return start_;
+}
+
+int32_t RegexDfa::intern(std::vector<int32_t> set) {
+  if (auto it = ids_.find(set); it != ids_.end()) return it->second;
+  if (sets_.size() >= max_states_) return kFull;
+  const auto id = static_cast<int32_t>(sets_.size());
+  const auto& states = regex_->states();
+  accepting_.push_back(std::any_of(set.begin(), set.end(), [&](int32_t s) {
+    return states[s].kind == Regex::State::Kind::kMatch;
+  }));
+  ids_.emplace(set, id);
+  sets_.push_back(std::move(set));
+  next_.resize(sets_.size() * 256, -1);
+  return id;
+}
+
+std::vector<int32_t> RegexDfa::stepSet(const std::vector<int32_t>& set, uint8_t byte) const {
+  std::vector<int32_t> next;
+  for (int32_t s : set) {
+    const Regex::State& state = regex_->states()[s];
+    if (state.kind == Regex::State::Kind::kByte && byte >= state.lo && byte <= state.hi)
+      next.push_back(state.next);
+  }
+  regex_->close(next);
+  return next;
+}
+
+int32_t RegexDfa::step(int32_t state, uint8_t byte) {
+  const size_t at = static_cast<size_t>(state) * 256 + byte;
+  if (next_[at] >= 0) return next_[at];
+  const int32_t id = intern(stepSet(sets_[state], byte));
+  if (id != kFull) next_[at] = id;  // intern() may have grown next_: index it again.
+  return id;
+}
+
+bool RegexDfa::expandAll() {
+  for (size_t state = 0; state < sets_.size(); ++state) {
+    for (int byte = 0; byte < 256; ++byte) {
+      if (step(static_cast<int32_t>(state), static_cast<uint8_t>(byte)) == kFull) return false;
+    }
+  }
+  // Distances back from the accepting states: a lead byte costs a character, a
+  // continuation byte nothing (a 0-1 breadth-first search on the reversed edges).
+  const size_t n = sets_.size();
+  std::vector<std::vector<std::pair<int32_t, uint8_t>>> into(n);
+  for (size_t s = 0; s < n; ++s) {
+    for (int b = 0; b < 256; ++b) {
+      into[next_[s * 256 + b]].push_back({static_cast<int32_t>(s), static_cast<uint8_t>(b)});
+    }
+  }
+  to_accept_.assign(n, kNever);
+  std::deque<int32_t> queue;
+  for (size_t s = 0; s < n; ++s) {
+    if (accepting_[s]) {
+      to_accept_[s] = 0;
+      queue.push_back(static_cast<int32_t>(s));
+    }
+  }
+  while (!queue.empty()) {
+    const int32_t t = queue.front();
+    queue.pop_front();
+    for (const auto& [s, b] : into[t]) {
+      const uint32_t cost = (b & 0xC0) == 0x80 ? 0 : 1;
+      if (to_accept_[t] + cost < to_accept_[s]) {
+        to_accept_[s] = to_accept_[t] + cost;
+        cost == 0 ? queue.push_front(s) : queue.push_back(s);
+      }
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<std::shared_ptr<const Regex>> outputPattern(std::string_view regex,
+                                                           const std::vector<std::string>& choice) {
+  if (regex.empty() && choice.empty()) return nullptr;
+  if (!regex.empty() && !choice.empty())
+    return absl::InvalidArgumentError("sampling.regex and sampling.choice cannot both be set");
+  if (regex.size() > kMaxRegexBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.regex must be at most 64 KiB, got ", regex.size(), " bytes"));
+  }
+  if (choice.size() > kMaxChoices) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.choice must have at most ",
+                                                   kMaxChoices, " entries, got ", choice.size()));
+  }
+  std::string pattern;
+  for (size_t i = 0; i < choice.size(); ++i) {
+    if (choice[i].empty() || choice[i].size() > kMaxChoiceBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.choice[", i, "] must be 1 to ",
+                                                     kMaxChoiceBytes, " bytes, got ",
+                                                     choice[i].size()));
+    }
+    absl::StrAppend(&pattern, i == 0 ? "" : "|", Regex::escape(choice[i]));
+  }
+  absl::StatusOr<std::shared_ptr<const Regex>> compiled =
+      Regex::compile(choice.empty() ? regex : pattern);
+  if (!compiled.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        choice.empty() ? "sampling.regex: " : "sampling.choice: ", compiled.status().message()));
+  }
+  return compiled;
+}
+
+void Regex::close(std::vector<int32_t>& states) const {
+  std::vector<int32_t> stack(states.begin(), states.end());
+  std::vector<int32_t> out;
+  std::vector<bool> seen(states_.size(), false);
+  while (!stack.empty()) {
+    const int32_t s = stack.back();
+    stack.pop_back();
+    if (s < 0 || seen[s]) continue;
+    seen[s] = true;
+    const State& state = states_[s];
+    if (state.kind == State::Kind::kFork) {
+      stack.push_back(state.alt);
+      stack.push_back(state.next);
+    } else {
+      out.push_back(s);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  states = std::move(out);
+}
+
+bool Regex::fullMatch(std::string_view text) const {
+  std::vector<int32_t> set{start_};
+  close(set);
+  for (char c : text) {
+    const auto b = static_cast<uint8_t>(c);
+    std::vector<int32_t> next;
+    for (int32_t s : set) {
+      const State& state = states_[s];
+      if (state.kind == State::Kind::kByte && b >= state.lo && b <= state.hi)
+        next.push_back(state.next);
+    }
+    close(next);
+    if (next.empty()) return false;
+    set = std::move(next);
+  }
+  return std::any_of(set.begin(), set.end(),
+                     [&](int32_t s) { return states_[s].kind == State::Kind::kMatch; });
+}
+
+}  // namespace cleave::engine
