@@ -268,7 +268,8 @@ void BM_JsonObjectMask(benchmark::State& state) {
 BENCHMARK(BM_JsonObjectMask)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // The same under a JSON schema (a larger state to copy per token simulated): inside a free
-// string, where a key starts (only the properties left), and where a value starts.
+// string, where a key starts (only the properties left), where a value starts, and inside
+// a number, free or bounded (json_number_bounds.h).
 void BM_JsonSchemaMask(benchmark::State& state) {
   const Fixture& f = fixture();
   if (!f.error.empty()) {
@@ -278,20 +279,23 @@ void BM_JsonSchemaMask(benchmark::State& state) {
   static const auto bytes = std::make_shared<const cleave::engine::TokenBytes>(*f.tokenizer);
   static const auto schema = *cleave::engine::JsonSchema::compile(R"({"type": "object",
       "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                     "weight": {"type": "number", "exclusiveMinimum": 0, "maximum": 120},
                      "color": {"enum": ["red", "green", "blue"]},
                      "tags": {"type": "array", "items": {"type": "string"}}},
       "required": ["name", "age"]})");
   cleave::engine::JsonConstraint constraint(bytes, {*f.tokenizer->eosId()}, schema);
-  const char* said[] = {R"({"name": "Fel)", R"({"name": "Felix", )", R"({"name": )"};
+  const char* said[] = {R"({"name": "Fel)", R"({"name": "Felix", )", R"({"name": )", R"({"age": 1)",
+                        R"({"weight": 1)"};
   for (const TokenId id :
        f.tokenizer->encode(said[state.range(0)], EncodeOptions{.add_special_tokens = false})) {
     constraint.accept(id);
   }
   maskEveryIteration(state, constraint, bytes->size());
-  const char* labels[] = {"in a string", "at a key", "at a value"};
+  const char* labels[] = {"in a string", "at a key", "at a value", "in a number",
+                          "in a bounded number"};
   state.SetLabel(labels[state.range(0)]);
 }
-BENCHMARK(BM_JsonSchemaMask)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_JsonSchemaMask)->DenseRange(0, 4)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 // The mask of a regex constraint (regex_constraint.h): a choice among three words at its
 // start; a date half written; free text ([a-z ]+) where nearly every token walks to its

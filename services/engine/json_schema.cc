@@ -5,11 +5,13 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace cleave::engine {
 
@@ -77,10 +79,26 @@ class SchemaCompiler {
     return kAnnotations.contains(keyword);
   }
   static bool followed(const std::string& keyword) {
-    static const std::set<std::string> kFollowed = {
-        "type",  "enum",      "const",     "properties", "required", "additionalProperties",
-        "items", "minItems",  "maxItems",  "anyOf",      "oneOf",    "allOf",
-        "$ref",  "minLength", "maxLength", "pattern"};
+    static const std::set<std::string> kFollowed = {"type",
+                                                    "enum",
+                                                    "const",
+                                                    "properties",
+                                                    "required",
+                                                    "additionalProperties",
+                                                    "items",
+                                                    "minItems",
+                                                    "maxItems",
+                                                    "anyOf",
+                                                    "oneOf",
+                                                    "allOf",
+                                                    "$ref",
+                                                    "minLength",
+                                                    "maxLength",
+                                                    "pattern",
+                                                    "minimum",
+                                                    "maximum",
+                                                    "exclusiveMinimum",
+                                                    "exclusiveMaximum"};
     return kFollowed.contains(keyword);
   }
 
@@ -234,6 +252,9 @@ class SchemaCompiler {
         types.push_back("array");
       } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern")) {
         types.push_back("string");
+      } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+                 s.contains("exclusiveMaximum")) {
+        types.push_back("number");
       } else {
         at(n).free = true;  // No constraint: any value.
         at(n).kinds.fill(n);
@@ -269,7 +290,60 @@ class SchemaCompiler {
     if (at(n).kinds[JsonSchema::kString] >= 0) {
       if (absl::Status string = compileString(s, n, path); !string.ok()) return string;
     }
+    if (at(n).kinds[JsonSchema::kNumber] >= 0) {
+      if (absl::Status number = compileNumber(s, n, path); !number.ok()) return number;
+    }
     return n;
+  }
+
+  // minimum, maximum, exclusiveMinimum, exclusiveMaximum: the tightest of each side.
+  absl::Status compileNumber(const Json& s, int32_t n, const std::string& path) {
+    NumberBounds b{.integer = at(n).integer};
+    auto tighten = [&](const char* keyword, bool low, bool exclusive) -> absl::Status {
+      const Json& v = s[keyword];
+      if (!v.is_number()) return invalid(path, absl::StrCat(keyword, " must be a number"));
+      const Decimal d = v.is_number_unsigned()  ? Decimal::fromUnsigned(v.get<uint64_t>())
+                        : v.is_number_integer() ? Decimal::fromInteger(v.get<int64_t>())
+                                                : Decimal::fromDouble(v.get<double>());
+      std::optional<Decimal>& bound = low ? b.low : b.high;
+      bool& bound_exclusive = low ? b.low_exclusive : b.high_exclusive;
+      const int c = bound ? compare(d, *bound) * (low ? 1 : -1) : 1;
+      if (c > 0 || (c == 0 && exclusive)) {
+        bound = d;
+        bound_exclusive = exclusive;
+      }
+      return absl::OkStatus();
+    };
+    for (const auto& [keyword, exclusive, low] :
+         {std::tuple{"minimum", "exclusiveMinimum", true},
+          std::tuple{"maximum", "exclusiveMaximum", false}}) {
+      // Draft 4: a boolean exclusive keyword makes its bound exclusive.
+      const bool draft4 = s.contains(exclusive) && s[exclusive].is_boolean();
+      if (draft4 && !s.contains(keyword))
+        return invalid(path, absl::StrCat(exclusive, " true or false needs ", keyword));
+      if (s.contains(keyword)) {
+        CLEAVE_RETURN_IF_ERROR(tighten(keyword, low, draft4 && s[exclusive].get<bool>()));
+      }
+      if (s.contains(exclusive) && !draft4) CLEAVE_RETURN_IF_ERROR(tighten(exclusive, low, true));
+    }
+    if (!b.any()) return absl::OkStatus();
+    at(n).bounds = b;
+    if (b.low && b.high) {
+      const int c = compare(*b.low, *b.high);
+      if (c > 0 || (c == 0 && (b.low_exclusive || b.high_exclusive))) {
+        return invalid(path, absl::StrCat("no number lies between the lower bound ", b.low->text(),
+                                          " and the upper bound ", b.high->text()));
+      }
+    }
+    if (!NumberText().reachable(b)) {
+      return unsupported(
+          path, absl::StrCat("no ", b.integer ? "integer" : "number",
+                             " of at most 15 significant digits, written without an exponent, "
+                             "lies within the bounds (",
+                             b.low ? b.low->text() : "none", " to ",
+                             b.high ? b.high->text() : "none", ")"));
+    }
+    return absl::OkStatus();
   }
 
   // minLength, maxLength, pattern.
@@ -319,8 +393,9 @@ class SchemaCompiler {
   absl::StatusOr<int32_t> compileLiterals(const Json& s, int32_t n,
                                           const std::vector<std::string>& types,
                                           const std::string& path) {
-    for (const char* other : {"properties", "required", "items", "minItems", "maxItems",
-                              "minLength", "maxLength", "pattern"}) {
+    for (const char* other :
+         {"properties", "required", "items", "minItems", "maxItems", "minLength", "maxLength",
+          "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
       if (s.contains(other)) return unsupported(path, absl::StrCat("\"", other, "\" beside enum"));
     }
     std::vector<Json> values;
@@ -646,10 +721,15 @@ bool JsonSchemaGrammar::step(uint8_t c) {
     if (!probe.step(c)) return false;
     if (probe.mode_ == Mode::kNumber) {  // The number goes on.
       if (literal_ >= 0 && !narrow(schema_->node(literal_).literals, c, nullptr)) return false;
+      if (number_node_ >= 0 && !number_.push(c, schema_->node(number_node_).bounds)) return false;
       syntax_ = probe;
       return true;
     }
     // `c` ends the number and belongs to what follows it.
+    if (number_node_ >= 0) {
+      if (!number_.complete(schema_->node(number_node_).bounds)) return false;
+      number_node_ = -1;
+    }
     syntax_.valueEnded();
     if (!endValue()) return false;
   }
@@ -785,6 +865,11 @@ bool JsonSchemaGrammar::beginValue(int32_t node, uint8_t c) {
     return true;
   }
   integer_ = kind == JsonSchema::kNumber && n.integer;
+  if (kind == JsonSchema::kNumber && n.bounds.any()) {
+    number_node_ = at;
+    number_ = NumberText();
+    return number_.push(c, n.bounds);
+  }
   if (kind == JsonSchema::kString && n.constrainsStrings()) {
     string_node_ = at;
     string_state_ = n.pattern >= 0 ? schema_->pattern(n.pattern).start() : 0;

@@ -23,8 +23,11 @@
 //   expression, searched for as JSON Schema says: unanchored unless it starts with ^ or
 //   ends with $; the syntax regex.h follows, its automaton at most kMaxPatternStates;
 //   such a string is written without \u escapes, its characters as they are);
-// Anything else that constrains a value (`minimum`, `multipleOf`, `uniqueItems`,
-// `prefixItems`, `not`, `if`, ...) is refused when compiled
+// * numbers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers, or
+//   draft 4's booleans beside minimum/maximum); such a number is a plain decimal of at most
+//   15 significant digits (json_number_bounds.h), never one that cannot end within them;
+// Anything else that constrains a value (`multipleOf`, `uniqueItems`, `prefixItems`,
+// `not`, `if`, ...) is refused when compiled
 // (Unimplemented, naming the keyword and where it is), never ignored. Followed containers
 // nest at most kMaxFrames deep in an output (an object that would open deeper is refused
 // while writing).
@@ -41,6 +44,7 @@
 
 #include "absl/status/statusor.h"
 #include "services/engine/json_grammar.h"
+#include "services/engine/json_number_bounds.h"
 #include "services/engine/regex.h"
 
 namespace cleave::engine {
@@ -80,6 +84,8 @@ class JsonSchema {
     bool constrainsStrings() const {
       return min_length > 0 || max_length != UINT32_MAX || pattern >= 0;
     }
+    // Numbers: their bounds (NumberBounds::any(): some).
+    NumberBounds bounds;
   };
 
   static constexpr int kMaxProperties = 64;
@@ -164,6 +170,9 @@ class JsonSchemaGrammar {
   bool integer_ = false;
   bool key_ = false;
   Match match_;
+  // A number whose node bounds it (-1: none), and its text so far.
+  int32_t number_node_ = -1;
+  NumberText number_;
   // A string whose node constrains strings (Node::constrainsStrings; -1: none): the
   // characters written and its pattern's state.
   int32_t string_node_ = -1;

@@ -188,8 +188,24 @@ TEST(JsonSchemaTest, RefusesWhatItCannotEnforceSayingWhere) {
                "maxLength": 2}}})"),
               HasSubstr("minLength is larger than maxLength"));
   EXPECT_THAT(refusal(R"({"type": "object", "properties": {"n": {"type": "integer",
-               "minimum": 0}}})"),
-              HasSubstr("\"minimum\""));
+               "multipleOf": 2}}})"),
+              HasSubstr("at /properties/n: \"multipleOf\" is not supported"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"n": {"minimum": 5,
+               "exclusiveMaximum": 5}}})"),
+              HasSubstr("at /properties/n: no number lies between the lower bound 5 and the upper "
+                        "bound 5"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"n": {"type": "integer",
+               "minimum": 0.2, "maximum": 0.8}}})"),
+              HasSubstr("no integer of at most 15 significant digits"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"n": {"minimum": 1e20}}})"),
+              HasSubstr("lies within the bounds (100000000000000000000 to none)"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"n": {"minimum": "1"}}})"),
+              HasSubstr("minimum must be a number"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"n": {"exclusiveMinimum": true}}})"),
+              HasSubstr("exclusiveMinimum true or false needs minimum"));
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"p": {"enum": [1, 2],
+               "minimum": 2}}})"),
+              HasSubstr("\"minimum\" beside enum"));
   EXPECT_THAT(refusal(R"({"type": "array"})"), HasSubstr("object at its root"));
   EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"},
                {"enum": ["x"]}]}}})"),
@@ -330,6 +346,85 @@ TEST(JsonSchemaTest, StringLengthsAndPatternsAreFollowed) {
   }
 }
 
+// pydantic's conint(ge=0, le=120), confloat(gt=-273.15), Field(lt=1.5); draft 4's boolean
+// exclusive bounds; the tighter of two bounds on a side.
+const char* kMeasures = R"({"type": "object", "properties": {
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "celsius": {"type": "number", "exclusiveMinimum": -273.15},
+    "ratio": {"anyOf": [{"type": "number", "exclusiveMaximum": 1.5}, {"type": "null"}]},
+    "d4": {"type": "number", "minimum": 2, "exclusiveMinimum": true, "maximum": 3},
+    "both": {"type": "integer", "minimum": -10, "exclusiveMinimum": -3, "maximum": 9,
+             "exclusiveMaximum": 10}},
+  "required": ["age", "celsius"]})";
+
+TEST(JsonSchemaTest, NumberBoundsAreFollowed) {
+  auto schema = JsonSchema::compile(kMeasures);
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  auto doc = [](const std::string& age, const std::string& celsius, const std::string& rest = "") {
+    return R"({"age": )" + age + R"(, "celsius": )" + celsius + rest + "}";
+  };
+  for (const std::string& good :
+       {doc("0", "-273.149"), doc("120", "0"), doc("37", "1000"), doc("7", "-273.14999999999"),
+        doc("1", "2", R"(, "ratio": 1.4999)"), doc("1", "2", R"(, "ratio": null)"),
+        doc("1", "2", R"(, "ratio": -100000)"), doc("1", "2", R"(, "d4": 2.5)"),
+        doc("1", "2", R"(, "d4": 3)"), doc("1", "2", R"(, "both": -2)"),
+        doc("1", "2", R"(, "both": 9)")}) {
+    EXPECT_TRUE(instance(**schema, good)) << good;
+  }
+  for (const std::string& bad :
+       {doc("-1", "0"), doc("121", "0"), doc("1000", "0"), doc("1.0", "0"), doc("5", "-273.15"),
+        doc("5", "-274"), doc("5", "-273.150000000001"), doc("5", "0", R"(, "ratio": 1.5)"),
+        doc("5", "0", R"(, "ratio": 2)"), doc("5", "0", R"(, "d4": 2)"),
+        doc("5", "0", R"(, "d4": 3.01)"), doc("5", "0", R"(, "both": -3)"),
+        doc("5", "0", R"(, "both": 10)"),
+        // Bounded numbers are plain decimals of at most 15 significant digits.
+        doc("5", "0.1234567890123456"), doc("37", "1e3"), doc("5", "0", R"(, "ratio": -1e5)")}) {
+    EXPECT_FALSE(instance(**schema, bad)) << bad;
+  }
+  // No dead ends: "12" may still become 120, "13" may not go on; "-" leads only to -0.
+  JsonSchemaGrammar grammar(schema->get());
+  ASSERT_TRUE(grammar.pushAll(R"({"age": 1)"));
+  EXPECT_TRUE(JsonSchemaGrammar(grammar).pushAll("20,"));
+  EXPECT_FALSE(JsonSchemaGrammar(grammar).pushAll("30"));
+  EXPECT_FALSE(JsonSchemaGrammar(schema->get()).pushAll(R"({"age": -1)"));
+  EXPECT_FALSE(JsonSchemaGrammar(schema->get()).pushAll(R"({"age": -0.)"));
+}
+
+// Random documents the grammar completes hold their bounds, as a validator comparing
+// doubles sees them.
+TEST(JsonSchemaTest, GrownNumbersLieWithinTheirBounds) {
+  auto schema = JsonSchema::compile(kMeasures);
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  std::mt19937_64 random(3);
+  const std::string alphabet = "{}\",: abcdeghilorstu0123456789.-enul";
+  int completed = 0, ratios = 0;
+  for (int run = 0; run < 3000 && completed < 60 && !HasFailure(); ++run) {
+    const std::string text = growDocument(schema->get(), alphabet, random, 3);
+    if (text.empty()) continue;
+    ++completed;
+    const Json j = Json::parse(text, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << text;
+    ASSERT_TRUE(j["age"].is_number_integer()) << text;
+    EXPECT_GE(j["age"].get<int64_t>(), 0) << text;
+    EXPECT_LE(j["age"].get<int64_t>(), 120) << text;
+    EXPECT_GT(j["celsius"].get<double>(), -273.15) << text;
+    if (j.contains("ratio") && !j["ratio"].is_null()) {
+      EXPECT_LT(j["ratio"].get<double>(), 1.5) << text;
+      ++ratios;
+    }
+    if (j.contains("d4")) {
+      EXPECT_GT(j["d4"].get<double>(), 2.0) << text;
+      EXPECT_LE(j["d4"].get<double>(), 3.0) << text;
+    }
+    if (j.contains("both")) {
+      EXPECT_GT(j["both"].get<int64_t>(), -3) << text;
+      EXPECT_LE(j["both"].get<int64_t>(), 9) << text;
+    }
+  }
+  EXPECT_GE(completed, 30);
+  EXPECT_GE(ratios, 3);
+}
+
 // Random documents the grammar completes, against std::regex's ECMAScript search (the
 // dialect JSON Schema names) and lengths counted in code points.
 TEST(JsonSchemaTest, GrownStringsMatchTheirPatternsAsECMAScriptSearches) {
@@ -377,6 +472,12 @@ TEST(JsonSchemaTest, TheMaskIsExactOnARealVocabulary) {
   JsonConstraint constrained(bytes, {end}, *codes);
   expectMaskExact(constrained, JsonSchemaGrammar(codes->get()), *bytes, end,
                   R"({"code": "AB-12", "word": "h\u00e9", "note": "xab"})", 3);
+  // Bounded numbers: each digit token checked against the bounds.
+  auto measures = JsonSchema::compile(kMeasures);
+  ASSERT_TRUE(measures.ok()) << measures.status();
+  JsonConstraint bounded(bytes, {end}, *measures);
+  expectMaskExact(bounded, JsonSchemaGrammar(measures->get()), *bytes, end,
+                  R"({"age": 119, "celsius": -273.1, "ratio": 1.25})", 2);
 }
 
 }  // namespace
