@@ -379,10 +379,13 @@ class SchemaCompiler {
     if (patterns_->size() >= JsonSchema::kMaxPatterns)
       return unsupported(path, absl::StrCat("more than ", JsonSchema::kMaxPatterns, " patterns"));
     RegexDfa dfa(*regex, JsonSchema::kMaxPatternStates);
-    if (!dfa.expandAll()) {
+    const bool built = dfa.expandAll(JsonSchema::kMaxPatternWork - pattern_work_);
+    pattern_work_ += dfa.work();
+    if (!built) {
       return unsupported(path,
                          absl::StrCat("the pattern needs more than ", JsonSchema::kMaxPatternStates,
-                                      " automaton states; simplify it"));
+                                      " automaton states, or the schema's patterns more than ",
+                                      JsonSchema::kMaxPatternWork, " steps to build; simplify it"));
     }
     at(n).pattern = static_cast<int32_t>(patterns_->size());
     patterns_->push_back(std::move(dfa));
@@ -663,6 +666,7 @@ class SchemaCompiler {
   const Json& document_;
   std::vector<JsonSchema::Node>* nodes_ = nullptr;
   std::vector<RegexDfa>* patterns_ = nullptr;
+  uint64_t pattern_work_ = 0;  // RegexDfa::work() of the patterns built so far.
   std::map<std::string, int32_t> refs_;
   std::vector<Alias> aliases_;
   // Object branches of discriminated unions: the discriminator node, the branch's node, its

@@ -91,9 +91,11 @@ class JsonSchema {
   static constexpr int kMaxProperties = 64;
   static constexpr int kMaxNodes = 10000;
   // A string pattern's automaton is built whole when the schema is compiled: at most this
-  // many states each, and this many patterns.
+  // many states each, this many patterns, and this much work for them all
+  // (RegexDfa::work(); about 0.1 s).
   static constexpr size_t kMaxPatternStates = 2048;
   static constexpr size_t kMaxPatterns = 64;
+  static constexpr uint64_t kMaxPatternWork = 8'000'000;
 
   // Compiles `text` (a JSON Schema). InvalidArgument for text that is not a schema,
   // Unimplemented for a keyword the grammar cannot enforce; messages say where

@@ -184,6 +184,10 @@ TEST(JsonSchemaTest, RefusesWhatItCannotEnforceSayingWhere) {
   EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"type": "string",
                "pattern": "a[ab]{14}$"}}})"),
               HasSubstr("more than 2048 automaton states"));
+  // Few states, but each a set of thousands of NFA states: refused for the work, at once.
+  EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"type": "string",
+               "pattern": "^(a{0,1000}){0,30}b$"}}})"),
+              HasSubstr("more than 8000000 steps to build"));
   EXPECT_THAT(refusal(R"({"type": "object", "properties": {"a": {"minLength": 3,
                "maxLength": 2}}})"),
               HasSubstr("minLength is larger than maxLength"));

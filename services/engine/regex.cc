@@ -1,6 +1,7 @@
 #include "services/engine/regex.h"
 
 #include <algorithm>
+#include <array>
 #include <deque>
 #include <utility>
 
@@ -125,6 +126,7 @@ class RegexCompiler {
     const int32_t match = add({.kind = Regex::State::Kind::kMatch});
     regex->start_ = emit(root, match);
     if (!error_.ok()) return error_;
+    regex->classify();
     return regex;
   }
 
@@ -322,6 +324,7 @@ class RegexCompiler {
     ++pos_;
     if (done()) {
       fail("ends in a lone backslash");
+      set = {{0, 0}};
       return true;
     }
     const char c = p_[pos_++];
@@ -477,6 +480,24 @@ absl::StatusOr<std::shared_ptr<const Regex>> Regex::compile(std::string_view pat
   return RegexCompiler(pattern).compile();
 }
 
+void Regex::classify() {
+  std::array<bool, 257> starts{};  // A byte where some state's range begins or ends after.
+  starts[0] = true;
+  for (const State& state : states_) {
+    if (state.kind != State::Kind::kByte) continue;
+    starts[state.lo] = true;
+    starts[state.hi + 1] = true;
+  }
+  int32_t c = -1;
+  for (int byte = 0; byte < 256; ++byte) {
+    if (starts[byte]) {
+      ++c;
+      class_first_.push_back(static_cast<uint8_t>(byte));
+    }
+    byte_class_[byte] = static_cast<uint8_t>(c);
+  }
+}
+
 std::string Regex::escape(std::string_view text) {
   std::string out;
   for (char c : text) {
@@ -531,15 +552,23 @@ std::vector<int32_t> RegexDfa::stepSet(const std::vector<int32_t>& set, uint8_t 
 int32_t RegexDfa::step(int32_t state, uint8_t byte) {
   const size_t at = static_cast<size_t>(state) * 256 + byte;
   if (next_[at] >= 0) return next_[at];
+  work_ += sets_[state].size() + 1;
   const int32_t id = intern(stepSet(sets_[state], byte));
-  if (id != kFull) next_[at] = id;  // intern() may have grown next_: index it again.
+  if (id == kFull) return id;
+  // Every byte of the class goes the same way (intern() may have grown next_: index anew).
+  const uint8_t c = regex_->byteClass(byte);
+  for (int b = regex_->classFirst(c); b < 256 && regex_->byteClass(static_cast<uint8_t>(b)) == c;
+       ++b) {
+    next_[static_cast<size_t>(state) * 256 + static_cast<size_t>(b)] = id;
+  }
   return id;
 }
 
-bool RegexDfa::expandAll() {
+bool RegexDfa::expandAll(uint64_t max_work) {
   for (size_t state = 0; state < sets_.size(); ++state) {
-    for (int byte = 0; byte < 256; ++byte) {
-      if (step(static_cast<int32_t>(state), static_cast<uint8_t>(byte)) == kFull) return false;
+    for (int c = 0; c < regex_->classes(); ++c) {
+      const uint8_t byte = regex_->classFirst(static_cast<uint8_t>(c));
+      if (step(static_cast<int32_t>(state), byte) == kFull || work_ > max_work) return false;
     }
   }
   // Distances back from the accepting states: a lead byte costs a character, a

@@ -16,6 +16,7 @@
 // Threading: immutable after compile().
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -53,12 +54,21 @@ class Regex {
   // The states reachable from `states` by epsilon moves (forks), sorted, each once; the set
   // a DFA state stands for.
   void close(std::vector<int32_t>& states) const;
+  // Bytes no state's range tells apart form a class: the runs of bytes between the ends of
+  // the ranges. Every byte of a class moves any set of states alike.
+  uint8_t byteClass(uint8_t byte) const { return byte_class_[byte]; }
+  int classes() const { return static_cast<int>(class_first_.size()); }
+  uint8_t classFirst(uint8_t c) const { return class_first_[c]; }
 
  private:
   friend class RegexCompiler;
+  void classify();
+
   std::string pattern_;
   std::vector<State> states_;
   int32_t start_ = 0;
+  std::array<uint8_t, 256> byte_class_{};
+  std::vector<uint8_t> class_first_;  // A class's first byte; its bytes run to the next's.
 };
 
 // A DFA over bytes for a Regex: each state a set of NFA states (Regex::close), its
@@ -90,8 +100,11 @@ class RegexDfa {
   // Forgets every state but the dead one; returns the state of `set`, the new start.
   int32_t reset(std::vector<int32_t> set);
   // Every state reachable from the start and its transitions; false when there are more
-  // than max_states. Then charsToAccept() is known too.
-  bool expandAll();
+  // than max_states, or building them takes more than `max_work` steps of NFA states (the
+  // cost of a state's transitions grows with its set). Then charsToAccept() is known too.
+  bool expandAll(uint64_t max_work);
+  // NFA states stepped through to build transitions so far.
+  uint64_t work() const { return work_; }
   // After expandAll(): the fewest characters (UTF-8 lead bytes) that take `state` to an
   // accepting one; kNever when none does.
   static constexpr uint32_t kNever = UINT32_MAX;
@@ -108,6 +121,7 @@ class RegexDfa {
   std::vector<uint8_t> accepting_;
   std::vector<uint32_t> to_accept_;
   int32_t start_ = kDead;
+  uint64_t work_ = 0;  // NFA states stepped through by step() so far.
 };
 
 // Limits of SamplingParams.regex and .choice.

@@ -65,6 +65,8 @@ TEST(RegexTest, RefusesWhatItCannotFollowSayingWhat) {
       {"\xff", "UTF-8"},
       {"(a{1000}){1000}", "automaton states"},
       {"\\", "lone backslash"},
+      {"[\\", "lone backslash"},
+      {"[a-\\", "lone backslash"},
   };
   EXPECT_THAT(Regex::compile(std::string(100000, '(')).status().message(),
               HasSubstr("more than 64 deep"));
