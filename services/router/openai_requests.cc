@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/json_shape.h"
 #include "common/status_macros.h"
+#include "services/router/openai_fields.h"
 
 namespace cleave::router::openai {
-namespace {
 
 using Json = nlohmann::json;
 
@@ -21,11 +21,12 @@ absl::Status invalid(const std::string& param, const std::string& what) {
   return status;
 }
 
-// Looks `name` up in `body`: null when absent or JSON null.
 const Json* field(const Json& body, const char* name) {
   auto it = body.find(name);
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
+
+namespace {
 
 absl::StatusOr<bool> boolean(const Json& body, const char* name, bool fallback) {
   const Json* v = field(body, name);

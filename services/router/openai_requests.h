@@ -26,7 +26,9 @@ namespace cleave::router::openai {
 
 inline constexpr char kParamPayload[] = "type.cleave/openai.param";
 
-enum class Endpoint { kCompletions, kChatCompletions };
+// kResponses: OpenAI's Responses API (responses_api.h), a chat call whose reply is rendered
+// as a response object; the fields marked "Chat" hold for it too.
+enum class Endpoint { kCompletions, kChatCompletions, kResponses };
 
 // One generation call.
 struct Call {

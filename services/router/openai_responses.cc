@@ -46,15 +46,13 @@ ResponseBuilder::ResponseBuilder(const Call& call, std::string id, std::string m
       model_(std::move(model)),
       created_(created),
       index_(index),
-      splitter_(call.endpoint == Endpoint::kChatCompletions ? call.reasoning
-                                                            : ReasoningFormat::kNone),
-      tools_(call.endpoint == Endpoint::kChatCompletions ? call.tool_calls
-                                                         : ToolCallFormat::kNone) {
-  logprobs_ = call.endpoint == Endpoint::kChatCompletions ? Json{{"content", Json::array()}}
-                                                          : Json{{"tokens", Json::array()},
-                                                                 {"token_logprobs", Json::array()},
-                                                                 {"top_logprobs", Json::array()},
-                                                                 {"text_offset", Json::array()}};
+      splitter_(call.endpoint != Endpoint::kCompletions ? call.reasoning : ReasoningFormat::kNone),
+      tools_(call.endpoint != Endpoint::kCompletions ? call.tool_calls : ToolCallFormat::kNone) {
+  logprobs_ = call.endpoint != Endpoint::kCompletions ? Json{{"content", Json::array()}}
+                                                      : Json{{"tokens", Json::array()},
+                                                             {"token_logprobs", Json::array()},
+                                                             {"top_logprobs", Json::array()},
+                                                             {"text_offset", Json::array()}};
 }
 
 const char* ResponseBuilder::object() const {
@@ -208,7 +206,8 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
     }
   }
   if (message.has_final()) final_ = message.final();
-  if (!call_.stream) return "";
+  // A Responses API stream is made of its own events (responses_api.h).
+  if (!call_.stream || call_.endpoint == Endpoint::kResponses) return "";
   if (parts.content.empty() && parts.reasoning.empty() && message.logprobs().empty() &&
       !message.has_final()) {
     return events;

@@ -40,6 +40,14 @@ class ResponseBuilder {
 
   bool finished() const { return final_.has_value(); }
   const v1::Usage& usage() const { return final_->usage(); }
+  // Chat-like endpoints, so far: the reply's text and reasoning (tool calls held back),
+  // its tool calls (chat's "tool_calls", known at the end) and its logprobs (chat's
+  // "content" entries).
+  const std::string& text() const { return text_; }
+  const std::string& reasoning() const { return reasoning_; }
+  const nlohmann::json& toolCalls() const { return tool_calls_; }
+  const nlohmann::json& logprobs() const { return logprobs_; }
+  const v1::FinalInfo& final() const { return *final_; }
 
  private:
   nlohmann::json completionLogprobs(const v1::GenerateResponse& message);

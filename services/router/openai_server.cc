@@ -16,6 +16,7 @@
 #include "grpcpp/client_context.h"
 #include "services/router/openai_requests.h"
 #include "services/router/openai_responses.h"
+#include "services/router/responses_api.h"
 
 namespace cleave::router {
 namespace {
@@ -62,9 +63,10 @@ struct Route {
 };
 // A path ending in '/' takes any rest ("/v1/models/ID").
 constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-                             {"/v1/models", "GET"},       {"/v1/models/", "GET"},
-                             {"/tokenize", "POST"},       {"/detokenize", "POST"},
-                             {"/health", "GET"},          {"/version", "GET"}};
+                             {"/v1/responses", "POST"},   {"/v1/models", "GET"},
+                             {"/v1/models/", "GET"},      {"/tokenize", "POST"},
+                             {"/detokenize", "POST"},     {"/health", "GET"},
+                             {"/version", "GET"}};
 
 const Route* routeOf(const std::string& path) {
   for (const Route& r : kRoutes) {
@@ -170,7 +172,10 @@ int OpenAiServer::route(const HttpRequest& request, HttpResponse& response) {
   if (path == "/v1/models" || path == "/v1/models/") return listModels(request, response);
   if (path == "/tokenize") return tokenize(false, request, response);
   if (path == "/detokenize") return tokenize(true, request, response);
-  return generate(path == "/v1/chat/completions", request, response);
+  if (path == "/v1/responses") return generate(openai::Endpoint::kResponses, request, response);
+  return generate(path == "/v1/chat/completions" ? openai::Endpoint::kChatCompletions
+                                                 : openai::Endpoint::kCompletions,
+                  request, response);
 }
 
 int OpenAiServer::listModels(const HttpRequest& request, HttpResponse& response) {
@@ -231,11 +236,15 @@ int OpenAiServer::tokenize(bool detokenize, const HttpRequest& request, HttpResp
   return send(response, 200, out);
 }
 
-int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& response) {
+int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request,
+                           HttpResponse& response) {
   absl::StatusOr<Json> body = openai::parseBody(request.body);
   if (!body.ok()) return sendError(response, openai::apiError(body.status()));
-  absl::StatusOr<openai::Call> call =
-      chat ? openai::parseChatRequest(*body) : openai::parseCompletionRequest(*body);
+  const bool chat = endpoint != openai::Endpoint::kCompletions;
+  absl::StatusOr<openai::Call> call = endpoint == openai::Endpoint::kResponses
+                                          ? openai::parseResponsesRequest(*body)
+                                      : chat ? openai::parseChatRequest(*body)
+                                             : openai::parseCompletionRequest(*body);
   if (!call.ok()) return sendError(response, openai::apiError(call.status()));
   if (chat) {
     // A Qwen3 template asked not to think closes the block itself: the reply is content.
@@ -312,7 +321,13 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   // with what arrives.
   const int per_prompt = call->n;
   const int n = static_cast<int>(prompts.size()) * per_prompt;
-  const std::string id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
+  const std::string id = absl::StrCat(endpoint == openai::Endpoint::kResponses ? "resp_"
+                                      : chat                                   ? "chatcmpl-"
+                                                                               : "cmpl-",
+                                      request_id);
+  // The Responses API renders the one reply as its own objects and events.
+  std::optional<openai::ResponsesRenderer> renderer;
+  if (endpoint == openai::Endpoint::kResponses) renderer.emplace(*body, id, model, created);
   std::vector<std::unique_ptr<openai::ResponseBuilder>> builders;
   std::vector<v1::GenerateRequest> requests;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
@@ -369,7 +384,7 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   // events until then are held.
   std::vector<bool> heard(n, false);
   int heard_from = 0;
-  std::string held;
+  std::string held = renderer && call->stream ? renderer->started() : "";
   for (int open = n; open > 0;) {
     auto [i, message] = n > 1 ? arrivals.pop() : readOne(*readers[0]);
     if (!heard[i]) {
@@ -390,6 +405,7 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
     }
     if (failed || gone) continue;  // Draining what the cancelled calls still send.
     held += builders[i]->add(*message);
+    if (renderer && call->stream && !message->has_final()) held += renderer->progress(*builders[i]);
     if (!call->stream || heard_from < n) continue;
     if (!streaming) {
       streaming = true;
@@ -404,17 +420,21 @@ int OpenAiServer::generate(bool chat, const HttpRequest& request, HttpResponse& 
   if (failed) {
     if (!streaming) return sendError(response, *failed, headers);
     // Mid-stream: the error as one more event.
-    response.write(absl::StrCat("data: ", failed->body, "\n\ndata: [DONE]\n\n"));
+    response.write(renderer ? renderer->failed(*failed)
+                            : absl::StrCat("data: ", failed->body, "\n\ndata: [DONE]\n\n"));
     response.endStream();
     return failed->http_status;
   }
   if (call->stream) {
     if (!streaming && !response.startStream(200, "text/event-stream", headers)) return 499;
-    response.write(held + openai::endOfStream(*call, builders));
+    response.write(held + (renderer ? renderer->finished(*builders[0])
+                                    : openai::endOfStream(*call, builders)));
     response.endStream();
     return 200;
   }
-  return send(response, 200, openai::responseBody(*call, builders), headers);
+  return send(response, 200,
+              renderer ? renderer->body(*builders[0]) : openai::responseBody(*call, builders),
+              headers);
 }
 
 }  // namespace cleave::router

@@ -2,6 +2,7 @@
 //
 //   POST /v1/completions        text or token-id prompts; "stream": true for server-sent events
 //   POST /v1/chat/completions   conversations through the model's chat template
+//   POST /v1/responses          OpenAI's Responses API on the chat path (responses_api.h)
 //   GET  /v1/models             the served model
 //   POST /tokenize, /detokenize the model's tokenizer (vLLM's request shapes)
 //   GET  /health, /version
@@ -27,6 +28,7 @@
 #include "cleave/v1/generation.grpc.pb.h"
 #include "common/http_server.h"
 #include "prometheus/counter.h"
+#include "services/router/openai_requests.h"
 #include "services/router/reasoning_splitter.h"
 #include "services/router/tool_call_parser.h"
 
@@ -55,7 +57,7 @@ class OpenAiServer {
   void handle(const HttpRequest& request, HttpResponse& response);
   // Returns the HTTP status sent.
   int route(const HttpRequest& request, HttpResponse& response);
-  int generate(bool chat, const HttpRequest& request, HttpResponse& response);
+  int generate(openai::Endpoint endpoint, const HttpRequest& request, HttpResponse& response);
   int listModels(const HttpRequest& request, HttpResponse& response);
   int tokenize(bool detokenize, const HttpRequest& request, HttpResponse& response);
 

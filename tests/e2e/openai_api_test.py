@@ -10,7 +10,8 @@ Python SDK (pinned in tests/integration/client_requirements.txt, installed into
   * stop strings, echo, logprobs (the requested number of alternatives, each token's text);
   * refusals are OpenAI error objects with the HTTP status and the parameter at fault;
   * a client that hangs up mid-stream leaves no KV block reserved;
-  * many streams at once all finish; API keys travel in the Authorization header.
+  * many streams at once all finish; API keys travel in the Authorization header;
+  * the Responses API answers as chat does, whole and as its typed events.
 """
 import concurrent.futures
 import enum
@@ -282,6 +283,88 @@ class OpenAiApiTest(unittest.TestCase):
         [picked] = anyone.choices[0].message.tool_calls
         schema = {t["function"]["name"]: t["function"]["parameters"] for t in more}
         jsonschema.validate(json.loads(picked.function.arguments), schema[picked.function.name])
+
+    def test_responses_api_answers_as_chat_does(self):
+        # OpenAI's Responses API through the SDK's client.responses: greedy text, whole or
+        # streamed as typed events, equals the chat completion of the same conversation; a
+        # named function is called (its arguments an instance) and its output, fed back as
+        # input items, is answered as chat answers it; text.format follows a JSON schema;
+        # what needs stored responses is refused, named.
+        import jsonschema
+        system, question = "Answer in one sentence.", "What is the capital of France?"
+        chat = self.client.chat.completions.create(
+            model=self.model, max_tokens=24, temperature=0,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": question}])
+        reply = self.client.responses.create(model=self.model, instructions=system, input=question,
+                                             max_output_tokens=24, temperature=0)
+        self.assertEqual(reply.object, "response")
+        self.assertEqual(reply.output_text, chat.choices[0].message.content)
+        self.assertEqual(reply.status,
+                         "completed" if chat.choices[0].finish_reason == "stop" else "incomplete")
+        self.assertEqual((reply.usage.input_tokens, reply.usage.output_tokens),
+                         (chat.usage.prompt_tokens, chat.usage.completion_tokens))
+        types, deltas, final = [], [], None
+        for event in self.client.responses.create(model=self.model, instructions=system,
+                                                  input=question, max_output_tokens=24,
+                                                  temperature=0, stream=True):
+            types.append(event.type)
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+            if event.type in ("response.completed", "response.incomplete"):
+                final = event.response
+        self.assertEqual(types[:4], ["response.created", "response.in_progress",
+                                     "response.output_item.added", "response.content_part.added"])
+        self.assertEqual("".join(deltas), reply.output_text)
+        self.assertEqual(final.output_text, reply.output_text)
+        self.assertEqual(final.usage.output_tokens, reply.usage.output_tokens)
+
+        parameters = {"type": "object", "properties": {"city": {"type": "string"}},
+                      "required": ["city"]}
+        tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
+                  "parameters": parameters}]
+        ask = {"role": "user", "content": "What is the weather in Paris?"}
+        called = self.client.responses.create(
+            model=self.model, input=[ask], tools=tools, max_output_tokens=48, temperature=0,
+            tool_choice={"type": "function", "name": "get_weather"})
+        [call] = [item for item in called.output if item.type == "function_call"]
+        self.assertEqual(call.name, "get_weather")
+        jsonschema.validate(json.loads(call.arguments), parameters)
+        answered = self.client.responses.create(
+            model=self.model, tools=tools, max_output_tokens=32, temperature=0, input=[
+                ask, {"type": "function_call", "call_id": call.call_id, "name": call.name,
+                      "arguments": call.arguments},
+                {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 24 C"}])
+        as_chat = self.client.chat.completions.create(
+            model=self.model, max_tokens=32, temperature=0,
+            tools=[{"type": "function", "function": {k: v for k, v in tools[0].items()
+                                                     if k != "type"}}],
+            messages=[ask, {"role": "assistant", "content": "", "tool_calls": [
+                {"id": call.call_id, "type": "function",
+                 "function": {"name": call.name, "arguments": call.arguments}}]},
+                {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny, 24 C"}])
+        self.assertEqual(answered.output_text, as_chat.choices[0].message.content or "")
+        print(f"\nresponses: {reply.output_text!r}; called {call.arguments}; "
+              f"then {answered.output_text!r}")
+
+        schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                                   "age": {"type": "integer", "minimum": 0}},
+                  "required": ["name", "age"], "additionalProperties": False}
+        shaped = self.client.responses.create(
+            model=self.model, input="Describe a cat as JSON.", max_output_tokens=60, temperature=0,
+            text={"format": {"type": "json_schema", "name": "cat", "schema": schema}})
+        self.assertEqual(shaped.status, "completed", shaped.output_text)
+        jsonschema.validate(json.loads(shaped.output_text), schema)
+
+        for body, param in (({"input": "x", "previous_response_id": "resp_1"},
+                             "previous_response_id"),
+                            ({"input": "x", "tools": [{"type": "web_search_preview"}]},
+                             "tools[0].type"),
+                            ({"input": [{"role": "user", "content": [
+                                {"type": "input_image", "image_url": "http://x/y.png"}]}]},
+                             "input[0].content[0].type")):
+            status, _, text = self.raw("POST", "/v1/responses", body)
+            self.assertApiError(status, text, 400, param)
+        ct.wait_until_nothing_reserved(self.router, [self.worker])
 
     def test_special_tokens_reach_the_text_when_asked(self):
         # Past its end of turn (ignore_eos) the reply holds special tokens: left out of the
