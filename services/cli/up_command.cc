@@ -123,7 +123,8 @@ int runUp(int argc, char** argv) {
   flags.addString("reasoning-parser", &reasoning_parser,
                   "With --http-listen: the router's --reasoning-parser (qwen3, deepseek_r1)");
   flags.addString("tool-call-parser", &tool_call_parser,
-                  "With --http-listen: the router's --tool-call-parser (hermes, llama3_json)");
+                  "With --http-listen: the router's --tool-call-parser (hermes, llama3_json, "
+                  "mistral, deepseek_v3)");
   flags.addInt("prefill", &prefill, "Prefill workers (--role=prefill)");
   flags.addInt("decode", &decode, "Decode workers (--role=decode)");
   flags.addInt("both", &both, "Combined workers (--role=both)");

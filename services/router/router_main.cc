@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
                   "deepseek_r1 (replies that start inside it)");
   flags.addString("tool-call-parser", &tool_call_parser,
                   "With --http-listen: return the tool calls in chat replies to requests with "
-                  "tools as tool_calls: hermes (<tool_call> JSON </tool_call>) or llama3_json");
+                  "tools as tool_calls: hermes (<tool_call> JSON </tool_call>), llama3_json, "
+                  "mistral ([TOOL_CALLS]) or deepseek_v3 (<｜tool▁calls▁begin｜>)");
   flags.addInt("http-threads", &http_threads,
                "HTTP requests served at once (each streaming response holds one)");
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");

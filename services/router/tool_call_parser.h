@@ -4,7 +4,14 @@
 //   hermes       <tool_call>{"name": ..., "arguments": {...}}</tool_call>, any number, after
 //                optional text (Qwen2.5, Qwen3, Hermes 2/3 and others trained on that format);
 //   llama3_json  a reply that is JSON objects {"name": ..., "parameters": {...}} separated by
-//                ';' (Llama 3.1 and later with JSON tool calling).
+//                ';' (Llama 3.1 and later with JSON tool calling);
+//   mistral      [TOOL_CALLS] and a JSON array of {"name", "arguments"} (Mistral 7B v0.3,
+//                Mixtral 8x22B), or [TOOL_CALLS]NAME[ARGS]{...} per call (later Mistral
+//                models), after optional text;
+//   deepseek_v3  <｜tool▁calls▁begin｜> and per call <｜tool▁call▁begin｜>function<｜tool▁sep｜>
+//                NAME, the arguments in a ```json fence, <｜tool▁call▁end｜> (DeepSeek-V3, R1;
+//                also V3.1's <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS; "deepseek_v31" names it
+//                too), after optional text.
 //
 // A reply whose calls do not parse is content, whole. While a reply streams, text before a
 // call passes through (a possible start of one held back until decided); calls are given
@@ -21,9 +28,10 @@
 
 namespace cleave::router {
 
-enum class ToolCallFormat { kNone, kHermes, kLlama3Json };
+enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kMistral, kDeepSeekV3 };
 
-// "hermes" or "llama3_json" ("" and "none": kNone); InvalidArgument naming the choices.
+// "hermes", "llama3_json", "mistral" or "deepseek_v3" ("" and "none": kNone);
+// InvalidArgument naming the choices.
 absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name);
 
 struct ToolCall {

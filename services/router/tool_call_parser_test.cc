@@ -1,5 +1,6 @@
 #include "services/router/tool_call_parser.h"
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "gtest/gtest.h"
@@ -107,6 +108,63 @@ TEST(ToolCallParserTest, Llama3Json) {
   for (const Case& c : cases) check(c);
 }
 
+TEST(ToolCallParserTest, Mistral) {
+  using F = ToolCallFormat;
+  const Case cases[] = {
+      {F::kMistral, "No tools needed.", "No tools needed.", {}},
+      // Mistral 7B v0.3 / Mixtral 8x22B: one JSON array of calls.
+      {F::kMistral,
+       R"([TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, )"
+       R"({"name": "get_time", "arguments": {"tz": "CET"}}])",
+       "",
+       {{"get_weather", R"({"city": "Paris"})"}, {"get_time", R"({"tz": "CET"})"}}},
+      // Later models: NAME[ARGS]{...} after each [TOOL_CALLS], after some text.
+      {F::kMistral,
+       R"(Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris [FR]"}[TOOL_CALLS]get_time)"
+       R"([ARGS]{})",
+       "Checking.",
+       {{"get_weather", R"({"city": "Paris [FR]"})"}, {"get_time", "{}"}}},
+      // Broken calls: the reply stays content.
+      {F::kMistral, "[TOOL_CALLS] [{\"name\": ", "[TOOL_CALLS] [{\"name\": ", {}},
+      {F::kMistral, "[TOOL_CALLS]get_weather{}", "[TOOL_CALLS]get_weather{}", {}},
+      {F::kMistral, "a [TOOL", "a [TOOL", {}},
+  };
+  for (const Case& c : cases) check(c);
+}
+
+// DeepSeek-V3's own chat template, rendered by transformers (the chat template goldens),
+// writes a tool-call turn; parsed back, it gives the calls it was rendered from.
+TEST(ToolCallParserTest, DeepSeekV3ReadsWhatItsTemplateWrites) {
+  std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/chat_templates/golden.json");
+  ASSERT_TRUE(in) << "tests/golden/gen_chat_templates.py";
+  const Json golden = Json::parse(in);
+  const Json* rendered = nullptr;
+  for (const Json& c : golden["cases"]) {
+    if (c["name"] == "deepseek_tools") rendered = &c;
+  }
+  ASSERT_NE(rendered, nullptr);
+  const std::string text = (*rendered)["expected"];
+  const std::string open = "<｜Assistant｜>", end = "<｜end▁of▁sentence｜>";
+  const size_t from = text.find(open) + open.size();
+  const std::string reply = text.substr(from, text.find(end, from) - from);
+  ASSERT_NE(reply.find("<｜tool▁calls▁begin｜>"), std::string::npos) << reply;
+  Case c{ToolCallFormat::kDeepSeekV3, reply, "", {}};
+  for (const Json& call : (*rendered)["context"]["messages"][2]["tool_calls"]) {
+    c.calls.push_back({call["function"]["name"], call["function"]["arguments"].dump()});
+  }
+  ASSERT_EQ(c.calls.size(), 2u);
+  check(c);
+  // After text; V3.1's form; a broken fence stays content.
+  check({ToolCallFormat::kDeepSeekV3,
+         "Let me see.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>"
+         "{\"tz\": \"UTC\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+         "Let me see.",
+         {{"get_time", R"({"tz": "UTC"})"}}});
+  const std::string broken =
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n{}<｜tool▁call▁end｜>";
+  check({ToolCallFormat::kDeepSeekV3, broken, broken, {}});
+}
+
 TEST(ToolCallParserTest, ArgumentsKeepTheModelsKeyOrderAndDeepJsonIsNoCall) {
   ParsedReply reply =
       parseToolCalls(ToolCallFormat::kHermes,
@@ -125,7 +183,10 @@ TEST(ToolCallParserTest, NamesItsFormats) {
   EXPECT_EQ(*toolCallFormat("hermes"), ToolCallFormat::kHermes);
   EXPECT_EQ(*toolCallFormat("llama3_json"), ToolCallFormat::kLlama3Json);
   EXPECT_EQ(*toolCallFormat("none"), ToolCallFormat::kNone);
-  EXPECT_FALSE(toolCallFormat("mistral").ok());
+  EXPECT_EQ(*toolCallFormat("mistral"), ToolCallFormat::kMistral);
+  EXPECT_EQ(*toolCallFormat("deepseek_v3"), ToolCallFormat::kDeepSeekV3);
+  EXPECT_EQ(*toolCallFormat("deepseek_v31"), ToolCallFormat::kDeepSeekV3);
+  EXPECT_FALSE(toolCallFormat("pythonic").ok());
 }
 
 }  // namespace
