@@ -47,7 +47,8 @@ ResponseBuilder::ResponseBuilder(const Call& call, std::string id, std::string m
       created_(created),
       index_(index),
       splitter_(call.endpoint != Endpoint::kCompletions ? call.reasoning : ReasoningFormat::kNone),
-      tools_(call.endpoint != Endpoint::kCompletions ? call.tool_calls : ToolCallFormat::kNone) {
+      tools_(call.endpoint != Endpoint::kCompletions ? call.tool_calls : ToolCallFormat::kNone,
+             call.request.chat().tools_json()) {
   logprobs_ = call.endpoint != Endpoint::kCompletions ? Json{{"content", Json::array()}}
                                                       : Json{{"tokens", Json::array()},
                                                              {"token_logprobs", Json::array()},

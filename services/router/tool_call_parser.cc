@@ -41,16 +41,16 @@ std::optional<ToolCall> callFrom(const Json& j) {
 }
 
 // JSON text the model wrote (bounded in shape); discarded when it is not JSON.
-Json parsed(absl::string_view text) {
+Json jsonOf(absl::string_view text) {
   if (!checkJsonShape(text, "tool call").ok()) return Json(Json::value_t::discarded);
   return Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
 }
 
-std::optional<ToolCall> callFrom(absl::string_view text) { return callFrom(parsed(text)); }
+std::optional<ToolCall> callFrom(absl::string_view text) { return callFrom(jsonOf(text)); }
 
 // A call's arguments written as a JSON object, compacted (keys in the model's order).
 std::optional<std::string> argumentsFrom(absl::string_view text) {
-  const Json j = parsed(absl::StripAsciiWhitespace(text));
+  const Json j = jsonOf(absl::StripAsciiWhitespace(text));
   if (!j.is_object()) return std::nullopt;
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -100,7 +100,7 @@ std::optional<std::vector<ToolCall>> mistralCalls(absl::string_view text) {
     if (!text.empty() && (text[0] == '[' || text[0] == '{')) {
       const size_t end = jsonContainerEnd(text);
       if (end == absl::string_view::npos) return std::nullopt;
-      const Json j = parsed(text.substr(0, end));
+      const Json j = jsonOf(text.substr(0, end));
       for (const Json& one : j.is_array() ? j : Json::array({j})) {
         std::optional<ToolCall> call = callFrom(one);
         if (!call) return std::nullopt;
@@ -157,23 +157,126 @@ std::optional<std::vector<ToolCall>> deepseekCalls(absl::string_view text) {
   return calls;
 }
 
+// A parameter's value as Qwen3-Coder writes it (text), as the JSON its schema types it:
+// strings stay text; numbers, booleans, null, objects and arrays are read as JSON when they
+// are such (else they stay text). A parameter the schema does not type stays text.
+Json typedValue(const std::string& value, const Json* schema) {
+  std::string type = "string";
+  if (schema != nullptr && schema->is_object() && schema->contains("type")) {
+    const Json& t = (*schema)["type"];
+    if (t.is_string()) type = t.get<std::string>();
+    for (const Json& one : t.is_array() ? t : Json::array()) {
+      if (one.is_string() && one != "null") {
+        type = one.get<std::string>();
+        break;
+      }
+    }
+  }
+  if (type == "string") return value;
+  const absl::string_view text = absl::StripAsciiWhitespace(value);
+  if (type == "boolean") {
+    if (absl::EqualsIgnoreCase(text, "true")) return true;
+    if (absl::EqualsIgnoreCase(text, "false")) return false;
+    return value;
+  }
+  const Json j = jsonOf(text);
+  const bool fits = (type == "integer" && j.is_number_integer()) ||
+                    (type == "number" && j.is_number()) || (type == "object" && j.is_object()) ||
+                    (type == "array" && j.is_array()) || (type == "null" && j.is_null());
+  return fits ? j : Json(value);
+}
+
+// The parameters' schemas of the tool named `name` in `tools` (chat's shape, or flat), or
+// null.
+const Json* propertiesOf(const Json& tools, const std::string& name) {
+  if (!tools.is_array()) return nullptr;
+  for (const Json& tool : tools) {
+    const Json* f = tool.is_object() && tool.contains("function") ? &tool["function"] : &tool;
+    if (!f->is_object() || !f->contains("name") || (*f)["name"] != name) continue;
+    const auto parameters = f->find("parameters");
+    if (parameters == f->end() || !parameters->is_object()) return nullptr;
+    const auto properties = parameters->find("properties");
+    return properties != parameters->end() && properties->is_object() ? &*properties : nullptr;
+  }
+  return nullptr;
+}
+
+// qwen3_coder: <tool_call><function=NAME><parameter=P>VALUE</parameter>...</function>
+// </tool_call>, any number (`text` starts at the first); values typed by `tools`' schemas.
+std::optional<std::vector<ToolCall>> qwen3CoderCalls(absl::string_view text, const Json& tools) {
+  constexpr absl::string_view kOpen = "<tool_call>", kClose = "</tool_call>",
+                              kFunction = "<function=", kParameter = "<parameter=",
+                              kParameterEnd = "</parameter>", kFunctionEnd = "</function>";
+  std::vector<ToolCall> calls;
+  for (size_t at = text.find(kOpen); at != absl::string_view::npos;) {
+    const size_t begin = at + kOpen.size();
+    const size_t end = text.find(kClose, begin);
+    absl::string_view body =
+        text.substr(begin, end == absl::string_view::npos ? absl::string_view::npos : end - begin);
+    const size_t function = body.find(kFunction);
+    const size_t name_end = body.find('>', function);
+    if (function == absl::string_view::npos || name_end == absl::string_view::npos)
+      return std::nullopt;
+    const std::string name(absl::StripAsciiWhitespace(
+        body.substr(function + kFunction.size(), name_end - function - kFunction.size())));
+    if (name.empty()) return std::nullopt;
+    body = body.substr(name_end + 1);
+    body = body.substr(0, body.find(kFunctionEnd));
+    const Json* properties = propertiesOf(tools, name);
+    Json arguments = Json::object();
+    for (size_t p = body.find(kParameter); p != absl::string_view::npos;) {
+      const size_t key_end = body.find('>', p);
+      if (key_end == absl::string_view::npos) return std::nullopt;
+      const std::string key(absl::StripAsciiWhitespace(
+          body.substr(p + kParameter.size(), key_end - p - kParameter.size())));
+      size_t value_end = body.find(kParameterEnd, key_end);
+      const size_t next = body.find(kParameter, key_end);
+      if (value_end == absl::string_view::npos || value_end > next) value_end = next;
+      absl::string_view value =
+          body.substr(key_end + 1, value_end == absl::string_view::npos ? absl::string_view::npos
+                                                                        : value_end - key_end - 1);
+      absl::ConsumePrefix(&value, "\n");
+      absl::ConsumeSuffix(&value, "\n");
+      const auto declared = properties != nullptr ? properties->find(key) : Json::const_iterator();
+      const Json* schema =
+          properties != nullptr && declared != properties->end() ? &*declared : nullptr;
+      if (key.empty()) return std::nullopt;
+      arguments[key] = typedValue(std::string(value), schema);
+      p = next;
+    }
+    calls.push_back({.name = name,
+                     .arguments = arguments.dump(-1, ' ', false, Json::error_handler_t::replace)});
+    if (end == absl::string_view::npos) break;
+    at = text.find(kOpen, end + kClose.size());
+  }
+  return calls;
+}
+
 // How a format's calls are found: from a marker that may follow content, or (no marker)
-// when the reply starts with `lead`; `parse` reads them from the marker (or the start) on.
+// when the reply starts with `lead`; `parse` reads them from the marker (or the start) on,
+// with the request's tools (a JSON array; null when none were sent).
 struct Format {
   absl::string_view open;
   char lead;
-  std::optional<std::vector<ToolCall>> (*parse)(absl::string_view);
+  std::optional<std::vector<ToolCall>> (*parse)(absl::string_view, const Json& tools);
 };
 
+template <std::optional<std::vector<ToolCall>> (*Read)(absl::string_view)>
+std::optional<std::vector<ToolCall>> untyped(absl::string_view text, const Json&) {
+  return Read(text);
+}
+
 const Format& formatOf(ToolCallFormat format) {
-  static const Format kHermes{"<tool_call>", 0, hermesCalls};
-  static const Format kLlama3{"", '{', llama3Calls};
-  static const Format kMistral{"[TOOL_CALLS]", 0, mistralCalls};
-  static const Format kDeepSeek{"<｜tool▁calls▁begin｜>", 0, deepseekCalls};
+  static const Format kHermes{"<tool_call>", 0, untyped<hermesCalls>};
+  static const Format kLlama3{"", '{', untyped<llama3Calls>};
+  static const Format kMistral{"[TOOL_CALLS]", 0, untyped<mistralCalls>};
+  static const Format kDeepSeek{"<｜tool▁calls▁begin｜>", 0, untyped<deepseekCalls>};
+  static const Format kQwen3Coder{"<tool_call>", 0, qwen3CoderCalls};
   switch (format) {
     case ToolCallFormat::kLlama3Json: return kLlama3;
     case ToolCallFormat::kMistral: return kMistral;
     case ToolCallFormat::kDeepSeekV3: return kDeepSeek;
+    case ToolCallFormat::kQwen3Coder: return kQwen3Coder;
     default: return kHermes;
   }
 }
@@ -186,12 +289,14 @@ absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name) {
   if (name == "llama3_json") return ToolCallFormat::kLlama3Json;
   if (name == "mistral") return ToolCallFormat::kMistral;
   if (name == "deepseek_v3" || name == "deepseek_v31") return ToolCallFormat::kDeepSeekV3;
+  if (name == "qwen3_coder") return ToolCallFormat::kQwen3Coder;
   return absl::InvalidArgumentError(
       absl::StrCat("unknown tool call parser '", name,
-                   "': use hermes, llama3_json, mistral or deepseek_v3 (or none)"));
+                   "': use hermes, llama3_json, mistral, deepseek_v3 or qwen3_coder (or none)"));
 }
 
-ParsedReply parseToolCalls(ToolCallFormat format, absl::string_view reply) {
+ParsedReply parseToolCalls(ToolCallFormat format, absl::string_view reply,
+                           absl::string_view tools_json) {
   ParsedReply parsed{.content = std::string(reply)};
   if (format == ToolCallFormat::kNone) return parsed;
   const Format& f = formatOf(format);
@@ -203,7 +308,8 @@ ParsedReply parseToolCalls(ToolCallFormat format, absl::string_view reply) {
     first = reply.find(f.open);
     if (first == absl::string_view::npos) return parsed;
   }
-  if (auto calls = f.parse(reply.substr(first)); calls && !calls->empty()) {
+  const Json tools = tools_json.empty() ? Json() : jsonOf(tools_json);
+  if (auto calls = f.parse(reply.substr(first), tools); calls && !calls->empty()) {
     parsed.content = std::string(reply.substr(0, first));
     parsed.calls = *std::move(calls);
   }
@@ -237,7 +343,7 @@ std::string ToolCallStream::push(absl::string_view text) {
 
 ParsedReply ToolCallStream::finish() {
   if (!calling_) return {.content = std::exchange(held_, std::string())};
-  ParsedReply parsed = parseToolCalls(format_, held_);
+  ParsedReply parsed = parseToolCalls(format_, held_, tools_json_);
   held_.clear();
   return parsed;
 }

@@ -11,7 +11,11 @@
 //   deepseek_v3  <｜tool▁calls▁begin｜> and per call <｜tool▁call▁begin｜>function<｜tool▁sep｜>
 //                NAME, the arguments in a ```json fence, <｜tool▁call▁end｜> (DeepSeek-V3, R1;
 //                also V3.1's <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS; "deepseek_v31" names it
-//                too), after optional text.
+//                too), after optional text;
+//   qwen3_coder  <tool_call><function=NAME><parameter=P>VALUE</parameter>...</function>
+//                </tool_call>, any number, after optional text (Qwen3-Coder); each value
+//                typed as the request's tools declare the parameter (a string stays text;
+//                numbers, booleans, objects, arrays are read as JSON).
 //
 // A reply whose calls do not parse is content, whole. While a reply streams, text before a
 // call passes through (a possible start of one held back until decided); calls are given
@@ -21,6 +25,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,10 +33,10 @@
 
 namespace cleave::router {
 
-enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kMistral, kDeepSeekV3 };
+enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder };
 
-// "hermes", "llama3_json", "mistral" or "deepseek_v3" ("" and "none": kNone);
-// InvalidArgument naming the choices.
+// "hermes", "llama3_json", "mistral", "deepseek_v3" or "qwen3_coder" ("" and "none":
+// kNone); InvalidArgument naming the choices.
 absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name);
 
 struct ToolCall {
@@ -44,12 +49,14 @@ struct ParsedReply {
   std::vector<ToolCall> calls;
 };
 
-// A whole reply.
-ParsedReply parseToolCalls(ToolCallFormat format, absl::string_view reply);
+// A whole reply; `tools_json` is the request's tools (chat's JSON array; "" when none).
+ParsedReply parseToolCalls(ToolCallFormat format, absl::string_view reply,
+                           absl::string_view tools_json = "");
 
 class ToolCallStream {
  public:
-  explicit ToolCallStream(ToolCallFormat format) : format_(format) {}
+  explicit ToolCallStream(ToolCallFormat format, std::string tools_json = "")
+      : format_(format), tools_json_(std::move(tools_json)) {}
 
   // The content a text delta adds (possibly less than the delta: text that may start a
   // call is held).
@@ -59,6 +66,7 @@ class ToolCallStream {
 
  private:
   const ToolCallFormat format_;
+  const std::string tools_json_;
   bool calling_ = false;  // A call has started: everything from there is held.
   bool passing_ = false;  // llama3_json: the reply is not calls; all of it is content.
   std::string held_;

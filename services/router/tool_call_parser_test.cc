@@ -15,13 +15,14 @@ struct Case {
   std::string reply;
   std::string content;
   std::vector<std::pair<std::string, std::string>> calls;  // name, arguments as JSON
+  std::string tools = "";                                  // the request's, chat's JSON
 };
 
 // The reply whole, and fed in pieces of every size up to 7: the same content and calls.
 void check(const Case& c) {
-  std::vector<ParsedReply> results = {parseToolCalls(c.format, c.reply)};
+  std::vector<ParsedReply> results = {parseToolCalls(c.format, c.reply, c.tools)};
   for (size_t step = 1; step <= 7; ++step) {
-    ToolCallStream stream(c.format);
+    ToolCallStream stream(c.format, c.tools);
     ParsedReply streamed;
     for (size_t at = 0; at < c.reply.size(); at += step) {
       streamed.content += stream.push(c.reply.substr(at, step));
@@ -165,6 +166,46 @@ TEST(ToolCallParserTest, DeepSeekV3ReadsWhatItsTemplateWrites) {
   check({ToolCallFormat::kDeepSeekV3, broken, broken, {}});
 }
 
+// Qwen3-Coder writes each parameter's value as text, as its template prints them (strings
+// bare, numbers and Python's True, objects as JSON); the tools' schemas type them back.
+TEST(ToolCallParserTest, Qwen3CoderTypesValuesByTheToolsSchemas) {
+  using F = ToolCallFormat;
+  const std::string tools = R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+        "coords": {"type": "object"}, "zip": {"type": "string"}, "ratio": {"type": ["number", "null"]},
+        "tags": {"type": "array"}}}}}])";
+  const Case cases[] = {
+      {F::kQwen3Coder, "Nothing to call.", "Nothing to call.", {}, tools},
+      {F::kQwen3Coder,
+       "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n"
+       "</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n"
+       "<parameter=coords>\n{\"lat\": 37.7, \"lon\": -122.4}\n</parameter>\n<parameter=zip>\n"
+       "94103\n</parameter>\n<parameter=ratio>\n0.5\n</parameter>\n<parameter=tags>\n[\"a\"]\n"
+       "</parameter>\n</function>\n</tool_call>",
+       "I'll check.\n",
+       {{"get_weather", R"({"city": "San Francisco", "days": 3, "metric": true,
+           "coords": {"lat": 37.7, "lon": -122.4}, "zip": "94103", "ratio": 0.5, "tags": ["a"]})"}},
+       tools},
+      // Two calls; a value over several lines; a value its type does not fit stays text; a
+      // parameter the schema does not name stays text.
+      {F::kQwen3Coder,
+       "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew\nYork\n</parameter>\n"
+       "<parameter=days>\nthree\n</parameter>\n<parameter=extra>\n7\n</parameter>\n</function>\n"
+       "</tool_call>\n<tool_call>\n<function=noop>\n</function>\n</tool_call>",
+       "",
+       {{"get_weather", R"({"city": "New\nYork", "days": "three", "extra": "7"})"}, {"noop", "{}"}},
+       tools},
+      // Without the request's tools every value is text.
+      {F::kQwen3Coder,
+       "<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>",
+       "",
+       {{"f", R"({"n": "3"})"}}},
+      {F::kQwen3Coder, "<tool_call>\n<function=f\n", "<tool_call>\n<function=f\n", {}, tools},
+  };
+  for (const Case& c : cases) check(c);
+}
+
 TEST(ToolCallParserTest, ArgumentsKeepTheModelsKeyOrderAndDeepJsonIsNoCall) {
   ParsedReply reply =
       parseToolCalls(ToolCallFormat::kHermes,
@@ -186,6 +227,7 @@ TEST(ToolCallParserTest, NamesItsFormats) {
   EXPECT_EQ(*toolCallFormat("mistral"), ToolCallFormat::kMistral);
   EXPECT_EQ(*toolCallFormat("deepseek_v3"), ToolCallFormat::kDeepSeekV3);
   EXPECT_EQ(*toolCallFormat("deepseek_v31"), ToolCallFormat::kDeepSeekV3);
+  EXPECT_EQ(*toolCallFormat("qwen3_coder"), ToolCallFormat::kQwen3Coder);
   EXPECT_FALSE(toolCallFormat("pythonic").ok());
 }
 
