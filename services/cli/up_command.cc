@@ -124,7 +124,7 @@ int runUp(int argc, char** argv) {
                   "With --http-listen: the router's --reasoning-parser (qwen3, deepseek_r1)");
   flags.addString("tool-call-parser", &tool_call_parser,
                   "With --http-listen: the router's --tool-call-parser (hermes, llama3_json, "
-                  "mistral, deepseek_v3, qwen3_coder)");
+                  "mistral, deepseek_v3, qwen3_coder, pythonic)");
   flags.addInt("prefill", &prefill, "Prefill workers (--role=prefill)");
   flags.addInt("decode", &decode, "Decode workers (--role=decode)");
   flags.addInt("both", &both, "Combined workers (--role=both)");

@@ -69,8 +69,8 @@ int main(int argc, char** argv) {
   flags.addString("tool-call-parser", &tool_call_parser,
                   "With --http-listen: return the tool calls in chat replies to requests with "
                   "tools as tool_calls: hermes (<tool_call> JSON </tool_call>), llama3_json, "
-                  "mistral ([TOOL_CALLS]), deepseek_v3 (<｜tool▁calls▁begin｜>) or qwen3_coder "
-                  "(<tool_call><function=...>)");
+                  "mistral ([TOOL_CALLS]), deepseek_v3 (<｜tool▁calls▁begin｜>), qwen3_coder "
+                  "(<tool_call><function=...>) or pythonic ([f(x=1)])");
   flags.addInt("http-threads", &http_threads,
                "HTTP requests served at once (each streaming response holds one)");
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");

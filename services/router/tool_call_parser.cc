@@ -1,11 +1,13 @@
 #include "services/router/tool_call_parser.h"
 
 #include <algorithm>
+#include <array>
 #include <nlohmann/json.hpp>
 #include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/json_shape.h"
@@ -186,6 +188,177 @@ Json typedValue(const std::string& value, const Json* schema) {
   return fits ? j : Json(value);
 }
 
+// pythonic: a reply that is a Python list of calls with literal keyword arguments,
+// [get_weather(city="Paris", days=3), f()] (Llama 3.2, Llama 4).
+class PythonCalls {
+ public:
+  explicit PythonCalls(absl::string_view text) : text_(text) {}
+
+  std::optional<std::vector<ToolCall>> read() {
+    std::vector<ToolCall> calls;
+    if (!take('[')) return std::nullopt;
+    while (!take(']')) {
+      if (!calls.empty() && !take(',')) return std::nullopt;
+      if (take(']')) break;  // A trailing comma.
+      std::optional<ToolCall> call = readCall();
+      if (!call) return std::nullopt;
+      calls.push_back(*std::move(call));
+    }
+    blanks();
+    if (at_ != text_.size()) return std::nullopt;  // More than the list: not calls.
+    return calls;
+  }
+
+ private:
+  static constexpr int kMaxDepth = 64;
+
+  void blanks() {
+    while (at_ < text_.size() && absl::ascii_isspace(static_cast<unsigned char>(text_[at_]))) ++at_;
+  }
+  bool take(char c) {
+    blanks();
+    if (at_ >= text_.size() || text_[at_] != c) return false;
+    ++at_;
+    return true;
+  }
+  std::string name() {
+    blanks();
+    const size_t from = at_;
+    while (at_ < text_.size() && (absl::ascii_isalnum(static_cast<unsigned char>(text_[at_])) ||
+                                  text_[at_] == '_' || (at_ > from && text_[at_] == '.'))) {
+      ++at_;
+    }
+    return std::string(text_.substr(from, at_ - from));
+  }
+  std::optional<ToolCall> readCall() {
+    ToolCall call{.name = name()};
+    if (call.name.empty() || absl::ascii_isdigit(static_cast<unsigned char>(call.name[0])) ||
+        !take('(')) {
+      return std::nullopt;
+    }
+    Json arguments = Json::object();
+    while (!take(')')) {
+      if (!arguments.empty() && !take(',')) return std::nullopt;
+      if (take(')')) break;
+      const std::string key = name();
+      if (key.empty() || !take('=')) return std::nullopt;
+      std::optional<Json> value = readValue(0);
+      if (!value) return std::nullopt;
+      arguments[key] = *std::move(value);
+    }
+    call.arguments = arguments.dump(-1, ' ', false, Json::error_handler_t::replace);
+    return call;
+  }
+  // A literal: a string, a number, True, False, None, a list, tuple or dict of literals.
+  std::optional<Json> readValue(int depth) {
+    blanks();
+    if (at_ >= text_.size() || depth > kMaxDepth) return std::nullopt;
+    const char c = text_[at_];
+    if (c == '"' || c == '\'') return readString(c);
+    if (c == '[' || c == '(') return readSequence(c == '[' ? ']' : ')', depth);
+    if (c == '{') return readDict(depth);
+    const std::string word = absl::ascii_isalpha(static_cast<unsigned char>(c)) ? name() : "";
+    if (word == "True") return Json(true);
+    if (word == "False") return Json(false);
+    if (word == "None") return Json(nullptr);
+    if (!word.empty()) return std::nullopt;
+    const size_t from = at_;
+    while (at_ < text_.size() &&
+           absl::string_view("+-.0123456789eE").find(text_[at_]) != absl::string_view::npos) {
+      ++at_;
+    }
+    const Json number = jsonOf(text_.substr(from, at_ - from));
+    return number.is_number() ? std::optional<Json>(number) : std::nullopt;
+  }
+  std::optional<Json> readSequence(char close, int depth) {
+    ++at_;
+    Json list = Json::array();
+    while (!take(close)) {
+      if (!list.empty() && !take(',')) return std::nullopt;
+      if (take(close)) break;
+      std::optional<Json> value = readValue(depth + 1);
+      if (!value) return std::nullopt;
+      list.push_back(*std::move(value));
+    }
+    return list;
+  }
+  std::optional<Json> readDict(int depth) {
+    ++at_;
+    Json dict = Json::object();
+    while (!take('}')) {
+      if (!dict.empty() && !take(',')) return std::nullopt;
+      if (take('}')) break;
+      std::optional<Json> key = readValue(depth + 1);
+      if (!key || !key->is_string() || !take(':')) return std::nullopt;
+      std::optional<Json> value = readValue(depth + 1);
+      if (!value) return std::nullopt;
+      dict[key->get<std::string>()] = *std::move(value);
+    }
+    return dict;
+  }
+  std::optional<Json> readString(char quote) {
+    std::string out;
+    for (++at_; at_ < text_.size(); ++at_) {
+      const char c = text_[at_];
+      if (c == quote) {
+        ++at_;
+        return Json(std::move(out));
+      }
+      if (c == '\n') return std::nullopt;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (++at_ >= text_.size()) return std::nullopt;
+      switch (const char e = text_[at_]) {
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case '0': out += '\0'; break;
+        case 'x':
+        case 'u': {
+          const size_t digits = e == 'x' ? 2 : 4;
+          uint32_t cp = 0;
+          if (at_ + digits >= text_.size() ||
+              !absl::SimpleHexAtoi(text_.substr(at_ + 1, digits), &cp) ||
+              (cp >= 0xD800 && cp <= 0xDFFF)) {
+            return std::nullopt;
+          }
+          appendUtf8(cp, out);
+          at_ += digits;
+          break;
+        }
+        default: out += e;  // \\, \', \" and others as the character.
+      }
+    }
+    return std::nullopt;
+  }
+  static void appendUtf8(uint32_t cp, std::string& out) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | (cp >> 6));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xE0 | (cp >> 12));
+      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+
+  absl::string_view text_;
+  size_t at_ = 0;
+};
+
+std::optional<std::vector<ToolCall>> pythonicCalls(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  // Llama 4 may wrap the list in its python tags.
+  absl::ConsumePrefix(&text, "<|python_start|>");
+  absl::ConsumeSuffix(&text, "<|python_end|>");
+  if (text.size() > (1 << 20)) return std::nullopt;
+  return PythonCalls(text).read();
+}
+
 // The parameters' schemas of the tool named `name` in `tools` (chat's shape, or flat), or
 // null.
 const Json* propertiesOf(const Json& tools, const std::string& name) {
@@ -253,13 +426,27 @@ std::optional<std::vector<ToolCall>> qwen3CoderCalls(absl::string_view text, con
 }
 
 // How a format's calls are found: from a marker that may follow content, or (no marker)
-// when the reply starts with `lead`; `parse` reads them from the marker (or the start) on,
-// with the request's tools (a JSON array; null when none were sent).
+// when the reply starts with one of `leads`; `parse` reads them from the marker (or the
+// start) on, with the request's tools (a JSON array; null when none were sent).
 struct Format {
   absl::string_view open;
-  char lead;
+  std::array<absl::string_view, 2> leads;
   std::optional<std::vector<ToolCall>> (*parse)(absl::string_view, const Json& tools);
 };
+
+// Whether `reply` (after blanks) starts with one of a format's leads; kMaybe while it is
+// the start of one.
+enum class Lead { kYes, kNo, kMaybe };
+Lead leadOf(const Format& f, absl::string_view reply) {
+  reply = absl::StripLeadingAsciiWhitespace(reply);
+  Lead answer = Lead::kNo;
+  for (absl::string_view lead : f.leads) {
+    if (lead.empty()) continue;
+    if (absl::StartsWith(reply, lead)) return Lead::kYes;
+    if (absl::StartsWith(lead, reply)) answer = Lead::kMaybe;
+  }
+  return answer;
+}
 
 template <std::optional<std::vector<ToolCall>> (*Read)(absl::string_view)>
 std::optional<std::vector<ToolCall>> untyped(absl::string_view text, const Json&) {
@@ -267,16 +454,18 @@ std::optional<std::vector<ToolCall>> untyped(absl::string_view text, const Json&
 }
 
 const Format& formatOf(ToolCallFormat format) {
-  static const Format kHermes{"<tool_call>", 0, untyped<hermesCalls>};
-  static const Format kLlama3{"", '{', untyped<llama3Calls>};
-  static const Format kMistral{"[TOOL_CALLS]", 0, untyped<mistralCalls>};
-  static const Format kDeepSeek{"<｜tool▁calls▁begin｜>", 0, untyped<deepseekCalls>};
-  static const Format kQwen3Coder{"<tool_call>", 0, qwen3CoderCalls};
+  static const Format kHermes{"<tool_call>", {}, untyped<hermesCalls>};
+  static const Format kLlama3{"", {"{"}, untyped<llama3Calls>};
+  static const Format kMistral{"[TOOL_CALLS]", {}, untyped<mistralCalls>};
+  static const Format kDeepSeek{"<｜tool▁calls▁begin｜>", {}, untyped<deepseekCalls>};
+  static const Format kQwen3Coder{"<tool_call>", {}, qwen3CoderCalls};
+  static const Format kPythonic{"", {"[", "<|python_start|>"}, untyped<pythonicCalls>};
   switch (format) {
     case ToolCallFormat::kLlama3Json: return kLlama3;
     case ToolCallFormat::kMistral: return kMistral;
     case ToolCallFormat::kDeepSeekV3: return kDeepSeek;
     case ToolCallFormat::kQwen3Coder: return kQwen3Coder;
+    case ToolCallFormat::kPythonic: return kPythonic;
     default: return kHermes;
   }
 }
@@ -290,9 +479,10 @@ absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name) {
   if (name == "mistral") return ToolCallFormat::kMistral;
   if (name == "deepseek_v3" || name == "deepseek_v31") return ToolCallFormat::kDeepSeekV3;
   if (name == "qwen3_coder") return ToolCallFormat::kQwen3Coder;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown tool call parser '", name,
-                   "': use hermes, llama3_json, mistral, deepseek_v3 or qwen3_coder (or none)"));
+  if (name == "pythonic") return ToolCallFormat::kPythonic;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown tool call parser '", name,
+      "': use hermes, llama3_json, mistral, deepseek_v3, qwen3_coder or pythonic (or none)"));
 }
 
 ParsedReply parseToolCalls(ToolCallFormat format, absl::string_view reply,
@@ -302,8 +492,7 @@ ParsedReply parseToolCalls(ToolCallFormat format, absl::string_view reply,
   const Format& f = formatOf(format);
   size_t first = 0;
   if (f.open.empty()) {
-    if (!absl::StartsWith(absl::StripLeadingAsciiWhitespace(reply), std::string(1, f.lead)))
-      return parsed;
+    if (leadOf(f, reply) != Lead::kYes) return parsed;
   } else {
     first = reply.find(f.open);
     if (first == absl::string_view::npos) return parsed;
@@ -330,15 +519,13 @@ std::string ToolCallStream::push(absl::string_view text) {
     held_.erase(0, held_.size() - keep);
     return out;
   }
-  // A reply is calls when it starts (after blanks) with the lead.
-  const absl::string_view start = absl::StripLeadingAsciiWhitespace(held_);
-  if (start.empty()) return "";
-  if (start[0] == f.lead) {
-    calling_ = true;
-    return "";
+  // A reply is calls when it starts (after blanks) with a lead.
+  switch (leadOf(f, held_)) {
+    case Lead::kYes: calling_ = true; return "";
+    case Lead::kMaybe: return "";
+    case Lead::kNo: passing_ = true; return std::exchange(held_, std::string());
   }
-  passing_ = true;
-  return std::exchange(held_, std::string());
+  return "";
 }
 
 ParsedReply ToolCallStream::finish() {

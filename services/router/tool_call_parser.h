@@ -15,7 +15,10 @@
 //   qwen3_coder  <tool_call><function=NAME><parameter=P>VALUE</parameter>...</function>
 //                </tool_call>, any number, after optional text (Qwen3-Coder); each value
 //                typed as the request's tools declare the parameter (a string stays text;
-//                numbers, booleans, objects, arrays are read as JSON).
+//                numbers, booleans, objects, arrays are read as JSON);
+//   pythonic     a reply that is a Python list of calls with literal keyword arguments,
+//                [f(city="Paris", days=3), g()] (Llama 3.2, Llama 4; inside
+//                <|python_start|> <|python_end|> too).
 //
 // A reply whose calls do not parse is content, whole. While a reply streams, text before a
 // call passes through (a possible start of one held back until decided); calls are given
@@ -33,10 +36,18 @@
 
 namespace cleave::router {
 
-enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kMistral, kDeepSeekV3, kQwen3Coder };
+enum class ToolCallFormat {
+  kNone,
+  kHermes,
+  kLlama3Json,
+  kMistral,
+  kDeepSeekV3,
+  kQwen3Coder,
+  kPythonic
+};
 
-// "hermes", "llama3_json", "mistral", "deepseek_v3" or "qwen3_coder" ("" and "none":
-// kNone); InvalidArgument naming the choices.
+// "hermes", "llama3_json", "mistral", "deepseek_v3", "qwen3_coder" or "pythonic" ("" and
+// "none": kNone); InvalidArgument naming the choices.
 absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name);
 
 struct ToolCall {
@@ -68,7 +79,7 @@ class ToolCallStream {
   const ToolCallFormat format_;
   const std::string tools_json_;
   bool calling_ = false;  // A call has started: everything from there is held.
-  bool passing_ = false;  // llama3_json: the reply is not calls; all of it is content.
+  bool passing_ = false;  // A reply that must start with calls does not: all is content.
   std::string held_;
 };
 

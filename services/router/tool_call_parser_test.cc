@@ -206,6 +206,35 @@ TEST(ToolCallParserTest, Qwen3CoderTypesValuesByTheToolsSchemas) {
   for (const Case& c : cases) check(c);
 }
 
+TEST(ToolCallParserTest, Pythonic) {
+  using F = ToolCallFormat;
+  const Case cases[] = {
+      {F::kPythonic, "It is sunny.", "It is sunny.", {}},
+      {F::kPythonic,
+       R"([get_weather(city='San Francisco', metric="celsius", days=3), get_time()])",
+       "",
+       {{"get_weather", R"({"city": "San Francisco", "metric": "celsius", "days": 3})"},
+        {"get_time", "{}"}}},
+      // Every literal: escapes, numbers, True/False/None, lists, tuples, dicts; a trailing
+      // comma; Llama 4's tags.
+      {F::kPythonic,
+       "<|python_start|>[f(s='it\\'s \\\"x\\\"\\n\\u00e9', n=-1.5e3, b=True, c=False, z=None, "
+       "l=[1, (2, 3)], d={'k': {'j': []}},)]<|python_end|>",
+       "",
+       {{"f", R"({"s": "it's \"x\"\n\u00e9", "n": -1500.0, "b": true, "c": false, "z": null,
+                  "l": [1, [2, 3]], "d": {"k": {"j": []}}})"}}},
+      // Not a list of calls: content, whole.
+      {F::kPythonic, "[1] is a citation.", "[1] is a citation.", {}},
+      {F::kPythonic, "[f(x=y)]", "[f(x=y)]", {}},
+      {F::kPythonic, "[f(1)]", "[f(1)]", {}},
+      {F::kPythonic, "[f(x='open", "[f(x='open", {}},
+      {F::kPythonic, "[f(x=1)] and more", "[f(x=1)] and more", {}},
+  };
+  for (const Case& c : cases) check(c);
+  const std::string deep = "[f(x=" + std::string(1000, '[') + std::string(1000, ']') + ")]";
+  EXPECT_TRUE(parseToolCalls(F::kPythonic, deep).calls.empty());
+}
+
 TEST(ToolCallParserTest, ArgumentsKeepTheModelsKeyOrderAndDeepJsonIsNoCall) {
   ParsedReply reply =
       parseToolCalls(ToolCallFormat::kHermes,
@@ -228,7 +257,8 @@ TEST(ToolCallParserTest, NamesItsFormats) {
   EXPECT_EQ(*toolCallFormat("deepseek_v3"), ToolCallFormat::kDeepSeekV3);
   EXPECT_EQ(*toolCallFormat("deepseek_v31"), ToolCallFormat::kDeepSeekV3);
   EXPECT_EQ(*toolCallFormat("qwen3_coder"), ToolCallFormat::kQwen3Coder);
-  EXPECT_FALSE(toolCallFormat("pythonic").ok());
+  EXPECT_EQ(*toolCallFormat("pythonic"), ToolCallFormat::kPythonic);
+  EXPECT_FALSE(toolCallFormat("granite").ok());
 }
 
 }  // namespace
