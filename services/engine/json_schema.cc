@@ -346,7 +346,32 @@ class SchemaCompiler {
     return absl::OkStatus();
   }
 
-  // minLength, maxLength, pattern.
+  // The pattern a string of a JSON Schema `format` is written to (whole), for the formats
+  // pydantic's common types carry; null for others, which stay annotations. Dates allow the
+  // days their month has (February 29 in any year).
+  static const char* formatPattern(const std::string& format) {
+    static const std::map<std::string, std::string> kFormats = [] {
+      const std::string date =
+          R"(\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30))"
+          R"(|02-(?:0[1-9]|1\d|2\d)))";
+      const std::string time =
+          R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))";
+      const std::string octet = R"((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+      return std::map<std::string, std::string>{
+          {"date", date},
+          {"time", time},
+          {"date-time", date + "T" + time},
+          {"uuid", R"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"},
+          {"email", R"([A-Za-z0-9_%+-]{1,32}(?:\.[A-Za-z0-9_%+-]{1,32}){0,3}@)"
+                    R"((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,30}[A-Za-z0-9])?\.){1,3}[A-Za-z]{2,12})"},
+          {"ipv4", absl::StrCat(octet, R"((?:\.)", octet, "){3}")},
+      };
+    }();
+    const auto it = kFormats.find(format);
+    return it == kFormats.end() ? nullptr : it->second.c_str();
+  }
+
+  // minLength, maxLength, and pattern (or a format formatPattern() knows).
   absl::Status compileString(const Json& s, int32_t n, const std::string& path) {
     uint32_t low = 0, high = UINT32_MAX;
     for (auto [keyword, bound] : {std::pair{"minLength", &low}, std::pair{"maxLength", &high}}) {
@@ -358,19 +383,28 @@ class SchemaCompiler {
     if (low > high) return invalid(path, "minLength is larger than maxLength");
     at(n).min_length = low;
     at(n).max_length = high;
-    if (!s.contains("pattern")) return absl::OkStatus();
-    if (!s["pattern"].is_string()) return invalid(path, "pattern must be a string");
-    // JSON Schema searches: a pattern matches anywhere unless anchored. The strings
-    // written match it whole between the anchors it has, a subset of those it allows.
-    std::string_view p = s["pattern"].get_ref<const std::string&>();
-    const bool from_start = p.starts_with('^');
-    if (from_start) p.remove_prefix(1);
-    size_t escapes = 0;  // Backslashes before a final $: an odd count escapes it.
-    while (p.size() >= 2 + escapes && p[p.size() - 2 - escapes] == '\\') ++escapes;
-    const bool to_end = p.ends_with('$') && escapes % 2 == 0;
-    if (to_end) p.remove_suffix(1);
-    const std::string wrapped = absl::StrCat(from_start ? "" : "[\\s\\S]*", "(?:", std::string(p),
-                                             ")", to_end ? "" : "[\\s\\S]*");
+    std::string wrapped;
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) return invalid(path, "pattern must be a string");
+      // JSON Schema searches: a pattern matches anywhere unless anchored. The strings
+      // written match it whole between the anchors it has, a subset of those it allows.
+      std::string_view p = s["pattern"].get_ref<const std::string&>();
+      const bool from_start = p.starts_with('^');
+      if (from_start) p.remove_prefix(1);
+      size_t escapes = 0;  // Backslashes before a final $: an odd count escapes it.
+      while (p.size() >= 2 + escapes && p[p.size() - 2 - escapes] == '\\') ++escapes;
+      const bool to_end = p.ends_with('$') && escapes % 2 == 0;
+      if (to_end) p.remove_suffix(1);
+      wrapped = absl::StrCat(from_start ? "" : "[\\s\\S]*", "(?:", std::string(p), ")",
+                             to_end ? "" : "[\\s\\S]*");
+    } else if (const Json* format = s.contains("format") ? &s["format"] : nullptr;
+               format != nullptr && format->is_string()) {
+      const char* whole = formatPattern(format->get_ref<const std::string&>());
+      if (whole == nullptr) return absl::OkStatus();  // An annotation.
+      wrapped = absl::StrCat("(?:", whole, ")");
+    } else {
+      return absl::OkStatus();
+    }
     absl::StatusOr<std::shared_ptr<const Regex>> regex = Regex::compile(wrapped);
     if (!regex.ok()) {
       return unsupported(path, absl::StrCat("pattern: ", regex.status().message(),

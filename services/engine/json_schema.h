@@ -17,8 +17,10 @@
 //   discriminated unions: the property is written first and picks the branch), `allOf` of one
 //   schema, `$ref` to "#", "#/$defs/..." or "#/definitions/..." (recursion allowed, also
 //   through unions); beside `$ref` and the unions only annotations;
-// * `format` is an annotation (as JSON Schema defines it by default) and is not enforced;
-//   titles, descriptions, defaults and examples are ignored.
+// * `format` date-time, date, time, uuid, email and ipv4 (pydantic's datetime, date, time,
+//   UUID, EmailStr, IPv4Address) are followed as patterns, unless a `pattern` is given;
+//   other formats are annotations (as JSON Schema defines them by default); titles,
+//   descriptions, defaults and examples are ignored.
 // * strings: `minLength` and `maxLength` (in characters), `pattern` (an ECMAScript regular
 //   expression, searched for as JSON Schema says: unanchored unless it starts with ^ or
 //   ends with $; the syntax regex.h follows, its automaton at most kMaxPatternStates;

@@ -4,7 +4,10 @@
 // by hand); the mask over a real vocabulary exact in the schema's states.
 #include "services/engine/json_schema.h"
 
+#include <arpa/inet.h>
+
 #include <cmath>
+#include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -427,6 +430,106 @@ TEST(JsonSchemaTest, GrownNumbersLieWithinTheirBounds) {
   }
   EXPECT_GE(completed, 30);
   EXPECT_GE(ratios, 3);
+}
+
+// pydantic's datetime, date, time, UUID, EmailStr and IPv4Address fields carry these formats.
+const char* kFormats = R"({"type": "object", "properties": {
+    "at": {"type": "string", "format": "date-time"}, "day": {"type": "string", "format": "date"},
+    "clock": {"type": "string", "format": "time"}, "id": {"type": "string", "format": "uuid"},
+    "mail": {"type": "string", "format": "email"}, "ip": {"type": "string", "format": "ipv4"},
+    "site": {"type": "string", "format": "uri"}},
+  "required": ["at", "day", "clock", "id", "mail", "ip", "site"]})";
+
+// A date that exists (February 29 in any year), checked by the C library's calendar.
+bool realDate(const std::string& text) {
+  int y = 0, m = 0, d = 0;
+  if (text.size() != 10 || std::sscanf(text.c_str(), "%4d-%2d-%2d", &y, &m, &d) != 3) return false;
+  std::tm t{};
+  t.tm_year = 2024 - 1900;  // A leap year: the formats allow February 29 in any year.
+  t.tm_mon = m - 1;
+  t.tm_mday = d;
+  const std::time_t seconds = timegm(&t);
+  std::tm back{};
+  gmtime_r(&seconds, &back);
+  return m >= 1 && m <= 12 && back.tm_mon == m - 1 && back.tm_mday == d;
+}
+
+bool realTime(const std::string& text) {
+  int h = -1, mi = -1, sec = -1, n = 0;
+  if (std::sscanf(text.c_str(), "%2d:%2d:%2d%n", &h, &mi, &sec, &n) != 3 || n != 8) return false;
+  std::string rest = text.substr(8);
+  if (rest.starts_with('.')) {
+    size_t digits = 1;
+    while (digits < rest.size() && std::isdigit(static_cast<unsigned char>(rest[digits]))) ++digits;
+    if (digits == 1 || digits > 7) return false;
+    rest = rest.substr(digits);
+  }
+  int oh = -1, om = -1;
+  const bool zone = rest == "Z" || ((rest.size() == 6 && (rest[0] == '+' || rest[0] == '-') &&
+                                     std::sscanf(rest.c_str() + 1, "%2d:%2d", &oh, &om) == 2 &&
+                                     oh < 24 && om < 60 && rest[3] == ':'));
+  return zone && h < 24 && mi < 60 && sec < 60;
+}
+
+TEST(JsonSchemaTest, FormatsOfCommonTypesAreFollowed) {
+  auto schema = JsonSchema::compile(kFormats);
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  auto doc = [](const std::string& at, const std::string& day, const std::string& id) {
+    return R"({"at": ")" + at + R"(", "day": ")" + day + R"(", "clock": "23:59:60Z", "id": ")" +
+           id + R"(", "mail": "a.b@c.io", "ip": "10.0.0.255", "site": "any text"})";
+  };
+  const std::string id = "123e4567-e89b-42d3-a456-426614174000";
+  // 23:59:60 (a leap second) is no time here.
+  EXPECT_FALSE(instance(**schema, doc("2026-12-05T13:48:05Z", "2026-02-28", id)));
+  auto good = [&](const std::string& at, const std::string& day, const std::string& clock) {
+    return R"({"at": ")" + at + R"(", "day": ")" + day + R"(", "clock": ")" + clock +
+           R"(", "id": ")" + id + R"(", "mail": "a.b@c.io", "ip": "10.0.0.255", "site": "x"})";
+  };
+  EXPECT_TRUE(instance(**schema, good("2026-12-05T13:48:05Z", "2024-02-29", "00:00:00+05:30")));
+  EXPECT_TRUE(
+      instance(**schema, good("1999-01-31T23:59:59.123456-08:00", "2026-04-30", "12:00:00Z")));
+  for (const auto& [at, day] :
+       std::vector<std::pair<std::string, std::string>>{{"2026-12-05 13:48:05Z", "2026-01-01"},
+                                                        {"2026-12-05T13:48:05", "2026-01-01"},
+                                                        {"2026-13-05T13:48:05Z", "2026-01-01"},
+                                                        {"2026-12-05T24:00:00Z", "2026-01-01"},
+                                                        {"2026-12-05T13:48:05Z", "2026-04-31"},
+                                                        {"2026-12-05T13:48:05Z", "2026-02-30"}}) {
+    EXPECT_FALSE(instance(**schema, good(at, day, "12:00:00Z"))) << at << " " << day;
+  }
+  // Grown documents: every value what the C library and inet_pton call valid.
+  std::mt19937_64 random(9);
+  const std::string alphabet = "{}\",: abcdefiklmopstyTZ.@+-0123456789";
+  int completed = 0;
+  for (int run = 0; run < 3000 && completed < 25 && !HasFailure(); ++run) {
+    const std::string text = growDocument(schema->get(), alphabet, random, 3);
+    if (text.empty()) continue;
+    ++completed;
+    const Json j = Json::parse(text, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << text;
+    const std::string at = j["at"];
+    ASSERT_GT(at.size(), 11u) << text;
+    EXPECT_TRUE(realDate(at.substr(0, 10)) && at[10] == 'T' && realTime(at.substr(11))) << at;
+    EXPECT_TRUE(realDate(j["day"])) << text;
+    EXPECT_TRUE(realTime(j["clock"])) << text;
+    const std::string uuid = j["id"];
+    EXPECT_TRUE(uuid.size() == 36 &&
+                std::all_of(uuid.begin(), uuid.end(),
+                            [&](char c) {
+                              return c == '-' || std::isxdigit(static_cast<unsigned char>(c));
+                            }) &&
+                uuid[8] == '-' && uuid[13] == '-' && uuid[18] == '-' && uuid[23] == '-')
+        << uuid;
+    in_addr address{};
+    const std::string ip = j["ip"];
+    EXPECT_EQ(inet_pton(AF_INET, ip.c_str(), &address), 1) << ip;
+    const std::string mail = j["mail"];
+    const size_t at_sign = mail.find('@');
+    EXPECT_TRUE(at_sign != std::string::npos && at_sign > 0 &&
+                mail.find('.', at_sign) != std::string::npos && mail.back() != '.')
+        << mail;
+  }
+  EXPECT_GE(completed, 10);
 }
 
 // Random documents the grammar completes, against std::regex's ECMAScript search (the

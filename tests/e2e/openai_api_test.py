@@ -102,6 +102,23 @@ class OpenAiApiTest(unittest.TestCase):
         connection.close()
         return response.status, dict(response.getheaders()), text
 
+    def ended_schema_replies(self, messages, schema, max_tokens, n, seed, at_least):
+        """The replies that ended, of a greedy one and n sampled ones constrained to `schema`
+        (at least `at_least` of them must end)."""
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        greedy = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=max_tokens, temperature=0,
+            response_format=fmt)
+        sampled = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=max_tokens, temperature=1.0,
+            seed=seed, n=n, response_format=fmt)
+        choices = [greedy.choices[0]] + list(sampled.choices)
+        ended = [c.message.content for c in choices if c.finish_reason == "stop"]
+        print(f"\njson_schema: {len(ended)} of {len(choices)} replies ended; greedy: "
+              f"{greedy.choices[0].message.content}")
+        self.assertGreaterEqual(len(ended), at_least, [c.message.content for c in choices])
+        return ended
+
     def assertApiError(self, status, body, http_status, param=None):
         self.assertEqual(status, http_status, body)
         error = json.loads(body)["error"]
@@ -449,28 +466,39 @@ class OpenAiApiTest(unittest.TestCase):
 
         schema = Cat.model_json_schema()
         messages = [{"role": "user", "content": "Describe a cat as JSON."}]
-        fmt = {"type": "json_schema", "json_schema": {"name": "cat", "schema": schema}}
-        greedy = self.client.chat.completions.create(
-            model=self.model, messages=messages, max_tokens=300, temperature=0,
-            response_format=fmt)
-        sampled = self.client.chat.completions.create(
-            model=self.model, messages=messages, max_tokens=300, temperature=1.0, seed=5, n=8,
-            response_format=fmt)
-        choices = [greedy.choices[0]] + list(sampled.choices)
-        ended = [c for c in choices if c.finish_reason == "stop"]
-        print(f"\njson_schema: {len(ended)} of {len(choices)} replies ended; greedy: "
-              f"{greedy.choices[0].message.content}")
-        self.assertGreaterEqual(len(ended), 7, [c.message.content for c in choices])
-        for choice in ended:
-            reply = json.loads(choice.message.content)
-            jsonschema.validate(reply, schema)
-            Cat.model_validate(reply)
+        for reply in self.ended_schema_replies(messages, schema, max_tokens=300, n=8, seed=5,
+                                               at_least=7):
+            jsonschema.validate(json.loads(reply), schema)
+            Cat.model_validate_json(reply)
         status, _, text = self.raw("POST", "/v1/chat/completions", {
             "messages": messages, "response_format": {"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"type": "object", "properties": {
                     "a": {"type": "integer", "multipleOf": 5}}}}}})
         self.assertEqual(status, 501, text)
         self.assertIn("at /properties/a: \\\"multipleOf\\\" is not supported", text)
+        ct.wait_until_nothing_reserved(self.router, [self.worker])
+
+    def test_formats_of_pydantic_types_validate(self):
+        # datetime, date, time, UUID and IPv4Address fields carry JSON Schema formats, which
+        # the decoder follows: every reply that ends is what pydantic accepts, greedy or
+        # sampled.
+        import datetime
+        import ipaddress
+        import uuid
+        import pydantic
+
+        class Meeting(pydantic.BaseModel):
+            title: str = pydantic.Field(max_length=30)
+            starts: datetime.datetime
+            day: datetime.date
+            at: datetime.time
+            id: uuid.UUID
+            host: ipaddress.IPv4Address
+
+        messages = [{"role": "user", "content": "Describe a team meeting as JSON."}]
+        for reply in self.ended_schema_replies(messages, Meeting.model_json_schema(),
+                                               max_tokens=200, n=6, seed=7, at_least=5):
+            Meeting.model_validate_json(reply)
         ct.wait_until_nothing_reserved(self.router, [self.worker])
 
     def test_guided_choice_and_regex_replies_match(self):
