@@ -153,11 +153,13 @@ struct Rendered {
   std::vector<Json> events;
 };
 Rendered render(const char* request, ToolCallFormat tools, const std::vector<std::string>& pieces,
-                const std::string& final_text, v1::FinishReason reason) {
+                const std::string& final_text, v1::FinishReason reason,
+                ReasoningFormat reasoning = ReasoningFormat::kNone) {
   const Json body = Json::parse(request);
   absl::StatusOr<Call> call = parseResponsesRequest(body);
   EXPECT_TRUE(call.ok()) << call.status();
   if (call->offers_tools) call->tool_calls = tools;
+  call->reasoning = reasoning;
   Rendered out;
   for (const bool stream : {false, true}) {
     call->stream = stream;
@@ -257,6 +259,39 @@ TEST(ResponsesRendererTest, ToolCallsAreFunctionCallItems) {
   ASSERT_EQ(done["output"].size(), 2u);
   EXPECT_EQ(done["output"][1]["arguments"], call["arguments"]);
   EXPECT_EQ(done["output"][1]["status"], "completed");
+}
+
+// With a reasoning parser, the reasoning is an item of its own before the message, whole
+// or streamed (its item done before the message's is added).
+TEST(ResponsesRendererTest, ReasoningIsAnItemBeforeTheMessage) {
+  const Rendered r = render(R"({"input": "x"})", ToolCallFormat::kNone,
+                            {"Paris is the ", "capital.</th", "ink>It is "}, "Paris.",
+                            v1::FINISH_REASON_STOP_TOKEN, ReasoningFormat::kDeepSeekR1);
+  ASSERT_EQ(r.body["output"].size(), 2u) << r.body.dump();
+  EXPECT_EQ(r.body["output"][0]["type"], "reasoning");
+  EXPECT_EQ(r.body["output"][0]["content"][0]["text"], "Paris is the capital.");
+  EXPECT_EQ(r.body["output"][1]["content"][0]["text"], "It is Paris.");
+  std::string reasoning, text;
+  std::vector<std::string> order;
+  for (const Json& e : r.events) {
+    if (e["type"] == "response.reasoning_text.delta") reasoning += e["delta"].get<std::string>();
+    if (e["type"] == "response.output_text.delta") text += e["delta"].get<std::string>();
+    if (e["type"] == "response.output_item.added" || e["type"] == "response.output_item.done") {
+      order.push_back(e["type"].get<std::string>().substr(21) + " " +
+                      e["item"]["type"].get<std::string>() + " " +
+                      std::to_string(e["output_index"].get<int>()));
+    }
+  }
+  EXPECT_EQ(reasoning, "Paris is the capital.");
+  EXPECT_EQ(text, "It is Paris.");
+  EXPECT_THAT(order, ::testing::ElementsAre("added reasoning 0", "done reasoning 0",
+                                            "added message 1", "done message 1"));
+  // The same items as the whole response's (ids are each renderer's own).
+  Json streamed = r.events.back()["response"]["output"], whole = r.body["output"];
+  for (Json* items : {&streamed, &whole}) {
+    for (Json& item : *items) item.erase("id");
+  }
+  EXPECT_EQ(streamed, whole);
 }
 
 TEST(ResponsesRendererTest, AnEmptyReplyIsAnEmptyMessageAndAFailureIsAnEvent) {
