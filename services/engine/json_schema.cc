@@ -86,6 +86,7 @@ class SchemaCompiler {
                                                     "required",
                                                     "additionalProperties",
                                                     "items",
+                                                    "prefixItems",
                                                     "minItems",
                                                     "maxItems",
                                                     "anyOf",
@@ -248,7 +249,8 @@ class SchemaCompiler {
       if (s.contains("properties") || s.contains("required") ||
           s.contains("additionalProperties")) {
         types.push_back("object");
-      } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+      } else if (s.contains("items") || s.contains("prefixItems") || s.contains("minItems") ||
+                 s.contains("maxItems")) {
         types.push_back("array");
       } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern")) {
         types.push_back("string");
@@ -431,8 +433,8 @@ class SchemaCompiler {
                                           const std::vector<std::string>& types,
                                           const std::string& path) {
     for (const char* other :
-         {"properties", "required", "items", "minItems", "maxItems", "minLength", "maxLength",
-          "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+         {"properties", "required", "items", "prefixItems", "minItems", "maxItems", "minLength",
+          "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
       if (s.contains(other)) return unsupported(path, absl::StrCat("\"", other, "\" beside enum"));
     }
     std::vector<Json> values;
@@ -544,19 +546,38 @@ class SchemaCompiler {
     return absl::OkStatus();
   }
 
+  // items, prefixItems (the first elements' schemas, a tuple; `items: false` then allows
+  // no more), minItems, maxItems.
   absl::Status compileArray(const Json& s, int32_t n, const std::string& path, int depth) {
-    absl::StatusOr<int32_t> items =
-        s.contains("items") ? compile(s["items"], path + "/items", depth + 1) : anyNode();
+    std::vector<int32_t> prefix;
+    if (s.contains("prefixItems")) {
+      const Json& list = s["prefixItems"];
+      if (!list.is_array()) return invalid(path, "prefixItems must be an array of schemas");
+      for (size_t i = 0; i < list.size(); ++i) {
+        absl::StatusOr<int32_t> element =
+            compile(list[i], absl::StrCat(path, "/prefixItems/", i), depth + 1);
+        if (!element.ok()) return element.status();
+        prefix.push_back(*element);
+      }
+    }
+    const bool closed = s.contains("items") && s["items"] == Json(false);
+    if (closed && prefix.empty()) return unsupported(path, "items false without prefixItems");
+    absl::StatusOr<int32_t> items = s.contains("items") && !closed
+                                        ? compile(s["items"], path + "/items", depth + 1)
+                                        : anyNode();
     if (!items.ok()) return items.status();
-    uint32_t low = 0, high = UINT32_MAX;
+    uint32_t low = 0, high = closed ? static_cast<uint32_t>(prefix.size()) : UINT32_MAX;
     for (auto [keyword, bound] : {std::pair{"minItems", &low}, std::pair{"maxItems", &high}}) {
       if (!s.contains(keyword)) continue;
       if (!s[keyword].is_number_unsigned() || s[keyword].get<uint64_t>() > 1000000)
         return invalid(path, absl::StrCat(keyword, " must be an integer in 0..1000000"));
       *bound = s[keyword].get<uint32_t>();
     }
-    if (low > high) return invalid(path, "minItems is larger than maxItems");
+    if (closed && s.contains("maxItems"))
+      high = std::min(high, static_cast<uint32_t>(prefix.size()));
+    if (low > high) return invalid(path, "minItems is larger than maxItems (or prefixItems)");
     Node& node = at(n);
+    node.prefix_items = std::move(prefix);
     node.items = *items;
     node.min_items = low;
     node.max_items = high;
@@ -861,8 +882,10 @@ bool JsonSchemaGrammar::stepAt(uint8_t c) {
       int32_t node;
       if (before.topIsArray()) {
         ++top->count;
-        if (top->count > schema_->node(top->node).max_items) return false;
-        node = schema_->node(top->node).items;
+        const JsonSchema::Node& array = schema_->node(top->node);
+        if (top->count > array.max_items) return false;
+        node = top->count <= array.prefix_items.size() ? array.prefix_items[top->count - 1]
+                                                       : array.items;
       } else {
         node = top->value;
       }

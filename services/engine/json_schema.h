@@ -8,7 +8,9 @@
 //   `required` ones before the object closes; a required name not declared takes what
 //   `additionalProperties` allows). Without `properties`, `additionalProperties` decides:
 //   any members (absent or true), none (false), or a map whose values follow its schema;
-// * arrays: `items` (one schema for every element), `minItems`, `maxItems`;
+// * arrays: `items` (one schema for every element), `prefixItems` (the first elements'
+//   schemas, as pydantic writes tuples; `items: false` allows no more), `minItems`,
+//   `maxItems`;
 // * `type` (one or a list), `enum` and `const` (written exactly as compact JSON), `anyOf`
 //   and `oneOf` whose branches differ in the kind of value they allow (object, array,
 //   string, number, boolean, null: the first byte picks the branch; pydantic's
@@ -28,8 +30,8 @@
 // * numbers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (numbers, or
 //   draft 4's booleans beside minimum/maximum); such a number is a plain decimal of at most
 //   15 significant digits (json_number_bounds.h), never one that cannot end within them;
-// Anything else that constrains a value (`multipleOf`, `uniqueItems`, `prefixItems`,
-// `not`, `if`, ...) is refused when compiled
+// Anything else that constrains a value (`multipleOf`, `uniqueItems`, `not`, `if`, ...) is
+// refused when compiled
 // (Unimplemented, naming the keyword and where it is), never ignored. Followed containers
 // nest at most kMaxFrames deep in an output (an object that would open deeper is refused
 // while writing).
@@ -74,7 +76,9 @@ class JsonSchema {
     // its own constant, written first; branches[i] follows once the value is literal i of
     // values[0].
     std::vector<int32_t> branches;
-    // Arrays: the elements' node, and how many there may be.
+    // Arrays: the first elements' nodes (prefixItems, a tuple), the other elements' node,
+    // and how many there may be.
+    std::vector<int32_t> prefix_items;
     int32_t items = -1;
     uint32_t min_items = 0;
     uint32_t max_items = UINT32_MAX;

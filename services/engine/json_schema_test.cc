@@ -432,6 +432,40 @@ TEST(JsonSchemaTest, GrownNumbersLieWithinTheirBounds) {
   EXPECT_GE(ratios, 3);
 }
 
+// Tuples as pydantic writes them (tuple[int, str]: prefixItems with minItems = maxItems), a
+// tuple with more elements of one schema, and prefixItems closed by items: false.
+TEST(JsonSchemaTest, TuplesFollowPrefixItems) {
+  auto schema = JsonSchema::compile(R"({"type": "object", "properties": {
+      "point": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+                "minItems": 2, "maxItems": 2},
+      "head": {"type": "array", "prefixItems": [{"type": "boolean"}], "items": {"type": "number"}},
+      "closed": {"type": "array", "prefixItems": [{"type": "null"}], "items": false}},
+    "required": ["point"]})");
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  for (const char* good :
+       {R"({"point": [1, "a"]})", R"({"point": [-7, ""], "head": [true, 1.5, 2]})",
+        R"({"point": [1, "a"], "head": [], "closed": [null]})",
+        R"({"point": [1, "a"], "closed": []})"}) {
+    EXPECT_TRUE(instance(**schema, good)) << good;
+  }
+  for (const char* bad :
+       {R"({"point": [1]})", R"({"point": [1, "a", 2]})", R"({"point": ["a", 1]})",
+        R"({"point": [1, "a"], "head": [1]})", R"({"point": [1, "a"], "head": [true, "x"]})",
+        R"({"point": [1, "a"], "closed": [null, null]})"}) {
+    EXPECT_FALSE(instance(**schema, bad)) << bad;
+  }
+  EXPECT_THAT(JsonSchema::compile(R"({"type": "object", "properties": {"a": {"type": "array",
+                 "items": false}}})")
+                  .status()
+                  .message(),
+              HasSubstr("items false without prefixItems"));
+  EXPECT_THAT(JsonSchema::compile(R"({"type": "object", "properties": {"a": {"prefixItems": [{}],
+                 "items": false, "minItems": 2}}})")
+                  .status()
+                  .message(),
+              HasSubstr("minItems is larger than maxItems (or prefixItems)"));
+}
+
 // pydantic's datetime, date, time, UUID, EmailStr and IPv4Address fields carry these formats.
 const char* kFormats = R"({"type": "object", "properties": {
     "at": {"type": "string", "format": "date-time"}, "day": {"type": "string", "format": "date"},

@@ -479,9 +479,9 @@ class OpenAiApiTest(unittest.TestCase):
         ct.wait_until_nothing_reserved(self.router, [self.worker])
 
     def test_formats_of_pydantic_types_validate(self):
-        # datetime, date, time, UUID and IPv4Address fields carry JSON Schema formats, which
-        # the decoder follows: every reply that ends is what pydantic accepts, greedy or
-        # sampled.
+        # datetime, date, time, UUID and IPv4Address fields carry JSON Schema formats, and a
+        # tuple prefixItems, which the decoder follows: every reply that ends is what pydantic
+        # accepts, greedy or sampled.
         import datetime
         import ipaddress
         import uuid
@@ -494,6 +494,7 @@ class OpenAiApiTest(unittest.TestCase):
             at: datetime.time
             id: uuid.UUID
             host: ipaddress.IPv4Address
+            room: tuple[int, typing.Annotated[str, pydantic.Field(max_length=12)]]
 
         messages = [{"role": "user", "content": "Describe a team meeting as JSON."}]
         for reply in self.ended_schema_replies(messages, Meeting.model_json_schema(),
