@@ -1,4 +1,5 @@
 #include "services/engine/regex.h"
+#include "services/engine/regex_nfa.h"
 
 #include <algorithm>
 #include <array>
@@ -10,36 +11,6 @@
 namespace cleave::engine {
 namespace {
 
-constexpr uint32_t kMaxCodepoint = 0x10FFFF;
-
-// A set of code points: sorted, disjoint, non-adjacent ranges.
-using CharSet = std::vector<std::pair<uint32_t, uint32_t>>;
-
-void normalize(CharSet& set) {
-  std::sort(set.begin(), set.end());
-  CharSet merged;
-  for (const auto& r : set) {
-    if (!merged.empty() && r.first <= merged.back().second + 1) {
-      merged.back().second = std::max(merged.back().second, r.second);
-    } else {
-      merged.push_back(r);
-    }
-  }
-  set = std::move(merged);
-}
-
-// Every scalar value (surrogates are not characters) outside `set`.
-CharSet complement(const CharSet& set) {
-  CharSet out;
-  uint32_t from = 0;
-  for (const auto& [lo, hi] : set) {
-    if (lo > from) out.push_back({from, lo - 1});
-    from = hi + 1;
-  }
-  if (from <= kMaxCodepoint) out.push_back({from, kMaxCodepoint});
-  return out;
-}
-
 CharSet asciiClass(char name) {
   CharSet set;
   switch (name) {
@@ -50,66 +21,9 @@ CharSet asciiClass(char name) {
   return set;
 }
 
-int utf8Length(uint32_t c) { return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4; }
-
-void encode(uint32_t c, uint8_t* out) {
-  const int n = utf8Length(c);
-  static constexpr uint8_t kLead[] = {0, 0, 0xC0, 0xE0, 0xF0};
-  for (int i = n - 1; i > 0; --i) {
-    out[i] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-    c >>= 6;
-  }
-  out[0] = static_cast<uint8_t>(kLead[n] | c);
-}
-
-using ByteRanges = std::vector<std::pair<uint8_t, uint8_t>>;
-
-// The UTF-8 encodings of [lo, hi] (no surrogates inside) as sequences of byte ranges, each
-// sequence a product: every byte string it stands for encodes a code point of the range.
-void utf8Sequences(uint32_t lo, uint32_t hi, std::vector<ByteRanges>& out) {
-  for (uint32_t max : {0x7Fu, 0x7FFu, 0xFFFFu}) {
-    if (lo <= max && hi > max) {
-      utf8Sequences(lo, max, out);
-      utf8Sequences(max + 1, hi, out);
-      return;
-    }
-  }
-  const int n = utf8Length(lo);
-  // Split until, below each continuation byte, lo and hi agree or span the whole range.
-  for (int i = 1; i < n; ++i) {
-    const uint32_t m = (1u << (6 * i)) - 1;
-    if ((lo & ~m) != (hi & ~m)) {
-      if ((lo & m) != 0) {
-        utf8Sequences(lo, lo | m, out);
-        utf8Sequences((lo | m) + 1, hi, out);
-        return;
-      }
-      if ((hi & m) != m) {
-        utf8Sequences(lo, (hi & ~m) - 1, out);
-        utf8Sequences(hi & ~m, hi, out);
-        return;
-      }
-    }
-  }
-  uint8_t a[4], b[4];
-  encode(lo, a);
-  encode(hi, b);
-  ByteRanges seq;
-  for (int i = 0; i < n; ++i) seq.push_back({a[i], b[i]});
-  out.push_back(std::move(seq));
-}
-
-// A parsed pattern.
-struct Node {
-  enum class Kind { kEmpty, kSet, kConcat, kAlt, kRepeat } kind = Kind::kEmpty;
-  CharSet set;
-  std::vector<Node> children;
-  int min = 0, max = -1;  // kRepeat: max -1 is unbounded
-};
-
 }  // namespace
 
-// Parses a pattern into a Node tree, then builds the NFA back to front (each node's states
+// Parses a pattern into an NfaNode tree, then builds the NFA back to front (each node's states
 // are made knowing where they lead).
 class RegexCompiler {
  public:
@@ -119,12 +33,16 @@ class RegexCompiler {
     auto regex = std::make_shared<Regex>();
     regex->pattern_ = std::string(p_);
     if (!p_.empty() && p_[0] == '^') pos_ = 1;
-    Node root = alternation();
+    NfaNode root = alternation();
     if (error_.ok() && pos_ < p_.size()) fail("unbalanced ')'");
     if (!error_.ok()) return error_;
-    states_ = &regex->states_;
-    const int32_t match = add({.kind = Regex::State::Kind::kMatch});
-    regex->start_ = emit(root, match);
+    NfaEmitter emitter(&regex->states_);
+    const int32_t match = emitter.add({.kind = Regex::State::Kind::kMatch});
+    regex->start_ = emitter.emit(root, match);
+    if (emitter.full()) {
+      fail(absl::StrCat("needs more than ", Regex::kMaxStates,
+                        " automaton states (smaller counted repeats)"));
+    }
     if (!error_.ok()) return error_;
     regex->classify();
     return regex;
@@ -147,15 +65,15 @@ class RegexCompiler {
     return false;
   }
 
-  Node alternation() {
-    Node alt{.kind = Node::Kind::kAlt};
+  NfaNode alternation() {
+    NfaNode alt{.kind = NfaNode::Kind::kAlt};
     alt.children.push_back(concatenation());
     while (!done() && take('|')) alt.children.push_back(concatenation());
     return alt.children.size() == 1 ? std::move(alt.children[0]) : alt;
   }
 
-  Node concatenation() {
-    Node cat{.kind = Node::Kind::kConcat};
+  NfaNode concatenation() {
+    NfaNode cat{.kind = NfaNode::Kind::kConcat};
     while (!done() && peek() != '|' && peek() != ')') {
       if (peek() == '$' && pos_ + 1 == p_.size()) {
         ++pos_;  // The match is whole anyway.
@@ -166,8 +84,8 @@ class RegexCompiler {
     return cat;
   }
 
-  Node repetition() {
-    Node atom = this->atom();
+  NfaNode repetition() {
+    NfaNode atom = this->atom();
     bool repeated = false;
     while (!done()) {
       int min = 0, max = -1;
@@ -188,8 +106,8 @@ class RegexCompiler {
       repeated = true;
       take('?');  // Lazy: the same language.
       if (!done() && peek() == '+') fail("uses a possessive quantifier, which is not supported");
-      atom =
-          Node{.kind = Node::Kind::kRepeat, .children = {std::move(atom)}, .min = min, .max = max};
+      atom = NfaNode{
+          .kind = NfaNode::Kind::kRepeat, .children = {std::move(atom)}, .min = min, .max = max};
     }
     return atom;
   }
@@ -221,9 +139,11 @@ class RegexCompiler {
     return true;
   }
 
-  Node single(CharSet set) { return Node{.kind = Node::Kind::kSet, .set = std::move(set)}; }
+  NfaNode single(CharSet set) {
+    return NfaNode{.kind = NfaNode::Kind::kSet, .set = std::move(set)};
+  }
 
-  Node atom() {
+  NfaNode atom() {
     const char c = peek();
     if (c == '(') return group();
     if (c == '[') return charClass();
@@ -249,7 +169,7 @@ class RegexCompiler {
     return single({{cp, cp}});
   }
 
-  Node group() {
+  NfaNode group() {
     const size_t open = pos_++;
     if (++depth_ > kMaxDepth) {
       fail(absl::StrCat("nests groups more than ", kMaxDepth, " deep"));
@@ -270,7 +190,7 @@ class RegexCompiler {
         return {};
       }
     }
-    Node inner = alternation();
+    NfaNode inner = alternation();
     --depth_;
     if (!take(')')) {
       pos_ = open;
@@ -279,7 +199,7 @@ class RegexCompiler {
     return inner;
   }
 
-  Node charClass() {
+  NfaNode charClass() {
     ++pos_;
     const bool negated = take('^');
     CharSet set;
@@ -401,102 +321,18 @@ class RegexCompiler {
     return cp;
   }
 
-  int32_t add(Regex::State s) {
-    if (static_cast<int64_t>(states_->size()) >= Regex::kMaxStates) {
-      fail(absl::StrCat("needs more than ", Regex::kMaxStates,
-                        " automaton states (smaller counted repeats)"));
-      return 0;
-    }
-    states_->push_back(s);
-    return static_cast<int32_t>(states_->size() - 1);
-  }
-  int32_t fork(int32_t next, int32_t alt) {
-    return add({.kind = Regex::State::Kind::kFork, .next = next, .alt = alt});
-  }
-
-  // The entry state of `node`'s states, which end at `out`.
-  int32_t emit(const Node& node, int32_t out) {
-    if (!error_.ok()) return out;
-    switch (node.kind) {
-      case Node::Kind::kEmpty: return out;
-      case Node::Kind::kSet: {
-        std::vector<ByteRanges> sequences;
-        for (const auto& [lo, hi] : node.set) {
-          // Around the surrogates, which have no encoding.
-          if (lo < 0xD800) utf8Sequences(lo, std::min(hi, 0xD7FFu), sequences);
-          if (hi > 0xDFFF) utf8Sequences(std::max(lo, 0xE000u), hi, sequences);
-        }
-        int32_t entry = -1;
-        for (const ByteRanges& seq : sequences) {
-          int32_t at = out;
-          for (auto it = seq.rbegin(); it != seq.rend(); ++it) {
-            at = add(
-                {.kind = Regex::State::Kind::kByte, .lo = it->first, .hi = it->second, .next = at});
-          }
-          entry = entry < 0 ? at : fork(at, entry);
-        }
-        // An empty set (a class of nothing) matches nothing: a byte range no byte is in.
-        return entry >= 0 ? entry
-                          : add({.kind = Regex::State::Kind::kByte, .lo = 1, .hi = 0, .next = out});
-      }
-      case Node::Kind::kConcat: {
-        int32_t at = out;
-        for (auto it = node.children.rbegin(); it != node.children.rend(); ++it) at = emit(*it, at);
-        return at;
-      }
-      case Node::Kind::kAlt: {
-        int32_t entry = emit(node.children.back(), out);
-        for (size_t i = node.children.size() - 1; i-- > 0;)
-          entry = fork(emit(node.children[i], out), entry);
-        return entry;
-      }
-      case Node::Kind::kRepeat: {
-        const Node& child = node.children[0];
-        int32_t at = out;
-        if (node.max < 0) {  // child*: a fork back into the child or on
-          const int32_t loop = fork(-1, out);
-          const int32_t entry = emit(child, loop);
-          (*states_)[loop].next = entry;
-          at = loop;
-        } else {  // (child (child (...)?)?)?, max - min deep
-          for (int i = node.min; i < node.max; ++i) at = fork(emit(child, at), out);
-        }
-        for (int i = 0; i < node.min; ++i) at = emit(child, at);
-        return at;
-      }
-    }
-    return out;
-  }
-
   static constexpr int kMaxDepth = 64;  // The parser and emit() recurse per group.
   std::string_view p_;
   size_t pos_ = 0;
   int depth_ = 0;
   absl::Status error_;
-  std::vector<Regex::State>* states_ = nullptr;
 };
 
 absl::StatusOr<std::shared_ptr<const Regex>> Regex::compile(std::string_view pattern) {
   return RegexCompiler(pattern).compile();
 }
 
-void Regex::classify() {
-  std::array<bool, 257> starts{};  // A byte where some state's range begins or ends after.
-  starts[0] = true;
-  for (const State& state : states_) {
-    if (state.kind != State::Kind::kByte) continue;
-    starts[state.lo] = true;
-    starts[state.hi + 1] = true;
-  }
-  int32_t c = -1;
-  for (int byte = 0; byte < 256; ++byte) {
-    if (starts[byte]) {
-      ++c;
-      class_first_.push_back(static_cast<uint8_t>(byte));
-    }
-    byte_class_[byte] = static_cast<uint8_t>(c);
-  }
-}
+void Regex::classify() { classifyBytes(states_, byte_class_, class_first_); }
 
 std::string Regex::escape(std::string_view text) {
   std::string out;

@@ -31,9 +31,10 @@ namespace cleave::engine {
 class Regex {
  public:
   // An NFA state: a byte range leading to `next`, a fork (epsilon moves to `next` and
-  // `alt`), or the match.
+  // `alt`), the match, or (in grammars, grammar.h) a call of the rule starting at `alt`
+  // that returns to `next`, a rule's match being its return.
   struct State {
-    enum class Kind : uint8_t { kByte, kFork, kMatch } kind;
+    enum class Kind : uint8_t { kByte, kFork, kMatch, kCall } kind;
     uint8_t lo = 0, hi = 0;
     int32_t next = -1, alt = -1;
   };
@@ -62,6 +63,7 @@ class Regex {
 
  private:
   friend class RegexCompiler;
+  friend class GrammarCompiler;
   void classify();
 
   std::string pattern_;
