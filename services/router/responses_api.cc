@@ -379,9 +379,12 @@ std::string ResponsesRenderer::closeOpenItem(const ResponseBuilder& reply) {
     const std::string text = reply.text().substr(0, text_sent_);
     Json item = messageItem(text, reply.logprobs()["content"], "completed");
     const Json& part = item["content"][0];
-    out += event(
-        "response.output_text.done",
-        {{"item_id", message_id_}, {"output_index", at}, {"content_index", 0}, {"text", text}});
+    out +=
+        event("response.output_text.done", {{"item_id", message_id_},
+                                            {"output_index", at},
+                                            {"content_index", 0},
+                                            {"text", text},
+                                            {"logprobs", part.value("logprobs", Json::array())}});
     out += event(
         "response.content_part.done",
         {{"item_id", message_id_}, {"output_index", at}, {"content_index", 0}, {"part", part}});
@@ -434,6 +437,8 @@ std::string ResponsesRenderer::progress(const ResponseBuilder& reply) {
                {"output_index", output_.size()},
                {"content_index", 0},
                {"delta", text.substr(text_sent_)}};
+    // The SDK's event types always carry logprobs (empty unless asked for).
+    delta["logprobs"] = Json::array();
     if (logprobs_) {
       const Json& all = reply.logprobs()["content"];
       delta["logprobs"] =

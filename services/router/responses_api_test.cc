@@ -221,6 +221,10 @@ TEST(ResponsesRendererTest, ATextReplyIsOneMessageWholeOrStreamed) {
     }
   }
   EXPECT_EQ(streamed, "Hello, world");
+  for (const Json& e : r.events) {  // The SDK's text events always carry logprobs.
+    if (e["type"] == "response.output_text.delta" || e["type"] == "response.output_text.done")
+      EXPECT_EQ(e["logprobs"], Json::array()) << e;
+  }
   EXPECT_EQ(r.events[0]["response"]["status"], "in_progress");
   EXPECT_EQ(r.events[0]["response"]["usage"], nullptr);
   const Json& done = r.events.back()["response"];

@@ -334,6 +334,12 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual("".join(deltas), reply.output_text)
         self.assertEqual(final.output_text, reply.output_text)
         self.assertEqual(final.usage.output_tokens, reply.usage.output_tokens)
+        # The SDK's stream helper reads every event into its types and gathers the text.
+        with self.client.responses.stream(model=self.model, instructions=system, input=question,
+                                          max_output_tokens=24, temperature=0) as stream:
+            for _ in stream:
+                pass
+            self.assertEqual(stream.get_final_response().output_text, reply.output_text)
 
         parameters = {"type": "object", "properties": {"city": {"type": "string"}},
                       "required": ["city"]}
