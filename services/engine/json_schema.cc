@@ -21,6 +21,18 @@ using Json = nlohmann::json;
 // $ref becomes a node of its own, and so does a union; their kinds come from their target
 // or branches once everything is compiled (settle()), so recursion through either is a
 // cycle of node indices.
+namespace {
+
+// Whether a string of node `n`, `written` characters in and its pattern's automaton at
+// `state`, can still end as a match of a length n allows.
+bool lengthsFit(const RegexDfa& dfa, int32_t state, uint32_t written, const JsonSchema::Node& n) {
+  const uint32_t fewest = dfa.charsToAccept(state), most = dfa.longestToAccept(state);
+  return fewest != RegexDfa::kNever && uint64_t{written} + fewest <= n.max_length &&
+         (most == RegexDfa::kUnbounded || uint64_t{written} + most >= n.min_length);
+}
+
+}  // namespace
+
 class SchemaCompiler {
  public:
   explicit SchemaCompiler(const Json& document) : document_(document) {}
@@ -349,13 +361,18 @@ class SchemaCompiler {
   }
 
   // The pattern a string of a JSON Schema `format` is written to (whole), for the formats
-  // pydantic's common types carry; null for others, which stay annotations. Dates allow the
-  // days their month has (February 29 in any year).
+  // pydantic's common types carry; null for others, which stay annotations. Dates are of
+  // years 1-9999 and the days their month has (February 29 in leap years).
   static const char* formatPattern(const std::string& format) {
     static const std::map<std::string, std::string> kFormats = [] {
-      const std::string date =
-          R"(\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30))"
-          R"(|02-(?:0[1-9]|1\d|2\d)))";
+      // Years 0001-9999; February 29 in leap years only.
+      const std::string year = R"((?:[1-9]\d{3}|0[1-9]\d{2}|00[1-9]\d|000[1-9]))";
+      const std::string leap =
+          R"((?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00))";
+      const std::string date = absl::StrCat(
+          "(?:", year,
+          R"(-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30))",
+          R"(|02-(?:0[1-9]|1\d|2[0-8]))|)", leap, "-02-29)");
       const std::string time =
           R"((?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d))";
       const std::string octet = R"((?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
@@ -422,6 +439,12 @@ class SchemaCompiler {
                          absl::StrCat("the pattern needs more than ", JsonSchema::kMaxPatternStates,
                                       " automaton states, or the schema's patterns more than ",
                                       JsonSchema::kMaxPatternWork, " steps to build; simplify it"));
+    }
+    // Lengths between the fewest and the most characters a match takes (a pattern that
+    // jumps over the range, "a|aaa" with length 2, is not seen here).
+    if (!lengthsFit(dfa, dfa.start(), 0, at(n))) {
+      return unsupported(path,
+                         "no string of the pattern has a length within minLength and maxLength");
     }
     at(n).pattern = static_cast<int32_t>(patterns_->size());
     patterns_->push_back(std::move(dfa));
@@ -977,9 +1000,8 @@ bool JsonSchemaGrammar::content(std::string_view bytes) {
   if (n.pattern < 0) return true;
   const RegexDfa& dfa = schema_->pattern(n.pattern);
   for (char b : bytes) string_state_ = dfa.next(string_state_, static_cast<uint8_t>(b));
-  // Some way on to a match, within the characters left.
-  const uint32_t rest = dfa.charsToAccept(string_state_);
-  return rest != RegexDfa::kNever && uint64_t{string_chars_} + rest <= n.max_length;
+  // Some way on to a match, within the characters left, and one long enough.
+  return lengthsFit(dfa, string_state_, string_chars_, n);
 }
 
 bool JsonSchemaGrammar::narrow(const std::vector<std::string>& candidates, uint8_t c,

@@ -474,12 +474,13 @@ const char* kFormats = R"({"type": "object", "properties": {
     "site": {"type": "string", "format": "uri"}},
   "required": ["at", "day", "clock", "id", "mail", "ip", "site"]})";
 
-// A date that exists (February 29 in any year), checked by the C library's calendar.
+// A date that exists in years 1-9999, checked by the C library's calendar.
 bool realDate(const std::string& text) {
   int y = 0, m = 0, d = 0;
   if (text.size() != 10 || std::sscanf(text.c_str(), "%4d-%2d-%2d", &y, &m, &d) != 3) return false;
+  if (y < 1) return false;
   std::tm t{};
-  t.tm_year = 2024 - 1900;  // A leap year: the formats allow February 29 in any year.
+  t.tm_year = y - 1900;
   t.tm_mon = m - 1;
   t.tm_mday = d;
   const std::time_t seconds = timegm(&t);
@@ -520,6 +521,8 @@ TEST(JsonSchemaTest, FormatsOfCommonTypesAreFollowed) {
            R"(", "id": ")" + id + R"(", "mail": "a.b@c.io", "ip": "10.0.0.255", "site": "x"})";
   };
   EXPECT_TRUE(instance(**schema, good("2026-12-05T13:48:05Z", "2024-02-29", "00:00:00+05:30")));
+  for (const char* day : {"2000-02-29", "0004-02-29", "9996-02-29", "0001-01-01"})
+    EXPECT_TRUE(instance(**schema, good("2026-12-05T13:48:05Z", day, "12:00:00Z"))) << day;
   EXPECT_TRUE(
       instance(**schema, good("1999-01-31T23:59:59.123456-08:00", "2026-04-30", "12:00:00Z")));
   for (const auto& [at, day] :
@@ -528,7 +531,11 @@ TEST(JsonSchemaTest, FormatsOfCommonTypesAreFollowed) {
                                                         {"2026-13-05T13:48:05Z", "2026-01-01"},
                                                         {"2026-12-05T24:00:00Z", "2026-01-01"},
                                                         {"2026-12-05T13:48:05Z", "2026-04-31"},
-                                                        {"2026-12-05T13:48:05Z", "2026-02-30"}}) {
+                                                        {"2026-12-05T13:48:05Z", "2026-02-30"},
+                                                        {"2026-12-05T13:48:05Z", "2026-02-29"},
+                                                        {"2026-12-05T13:48:05Z", "1900-02-29"},
+                                                        {"2026-12-05T13:48:05Z", "0000-01-01"},
+                                                        {"2023-02-29T13:48:05Z", "2026-01-01"}}) {
     EXPECT_FALSE(instance(**schema, good(at, day, "12:00:00Z"))) << at << " " << day;
   }
   // Grown documents: every value what the C library and inet_pton call valid.
@@ -564,6 +571,31 @@ TEST(JsonSchemaTest, FormatsOfCommonTypesAreFollowed) {
         << mail;
   }
   EXPECT_GE(completed, 10);
+}
+
+// A pattern with lengths: a string that could only match too short or too long is not
+// begun, and one that cannot fit at all is refused when compiled.
+TEST(JsonSchemaTest, PatternsAndLengthsLeaveNoDeadEnd) {
+  auto schema = JsonSchema::compile(R"({"type": "object", "properties": {
+      "a": {"type": "string", "pattern": "^(ab|c)$", "minLength": 2},
+      "b": {"type": "string", "pattern": "^x+$", "minLength": 3, "maxLength": 4}},
+    "required": ["a", "b"]})");
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  EXPECT_TRUE(instance(**schema, R"({"a": "ab", "b": "xxx"})"));
+  EXPECT_TRUE(instance(**schema, R"({"a": "ab", "b": "xxxx"})"));
+  JsonSchemaGrammar grammar(schema->get());
+  ASSERT_TRUE(grammar.pushAll(R"({"a": ")"));
+  EXPECT_FALSE(JsonSchemaGrammar(grammar).push('c'));  // "c" is a match, but too short.
+  EXPECT_FALSE(instance(**schema, R"({"a": "ab", "b": "xx"})"));
+  EXPECT_FALSE(instance(**schema, R"({"a": "ab", "b": "xxxxx"})"));
+  for (const char* bad : {R"({"type": "object", "properties": {"a": {"type": "string",
+                              "pattern": "^abcdef$", "maxLength": 3}}})",
+                          R"({"type": "object", "properties": {"a": {"type": "string",
+                              "pattern": "^a{1,2}$", "minLength": 3}}})"}) {
+    EXPECT_THAT(JsonSchema::compile(bad).status().message(),
+                HasSubstr("no string of the pattern has a length within minLength and maxLength"))
+        << bad;
+  }
 }
 
 // Random documents the grammar completes, against std::regex's ECMAScript search (the

@@ -119,11 +119,15 @@ class RegexCompiler {
     auto number = [&](int& value) {
       const size_t from = i;
       value = 0;
-      while (i < p_.size() && p_[i] >= '0' && p_[i] <= '9' && value <= Regex::kMaxRepeat)
-        value = value * 10 + (p_[i++] - '0');
+      for (; i < p_.size() && p_[i] >= '0' && p_[i] <= '9'; ++i)  // Saturating past the limit.
+        value = std::min(value * 10 + (p_[i] - '0'), Regex::kMaxRepeat + 1);
       return i > from;
     };
-    if (!number(min)) return false;
+    // {m}, {m,}, {m,n}, and as Python reads them, {,n} and {,} (from 0).
+    if (!number(min)) {
+      if (i >= p_.size() || p_[i] != ',') return false;
+      min = 0;
+    }
     max = min;
     if (i < p_.size() && p_[i] == ',') {
       ++i;
@@ -353,6 +357,7 @@ RegexDfa::RegexDfa(std::shared_ptr<const Regex> regex, size_t max_states)
 int32_t RegexDfa::reset(std::vector<int32_t> set) {
   sets_.clear();
   ids_.clear();
+  stored_ = 0;
   next_.clear();
   accepting_.clear();
   intern({});
@@ -362,7 +367,10 @@ int32_t RegexDfa::reset(std::vector<int32_t> set) {
 
 int32_t RegexDfa::intern(std::vector<int32_t> set) {
   if (auto it = ids_.find(set); it != ids_.end()) return it->second;
-  if (sets_.size() >= max_states_) return kFull;
+  // Past the states or the NFA states they hold in all (the dead and a start always fit).
+  if (sets_.size() >= max_states_ || (sets_.size() >= 2 && stored_ + set.size() > kMaxStored))
+    return kFull;
+  stored_ += set.size();
   const auto id = static_cast<int32_t>(sets_.size());
   const auto& states = regex_->states();
   accepting_.push_back(std::any_of(set.begin(), set.end(), [&](int32_t s) {
@@ -388,7 +396,8 @@ std::vector<int32_t> RegexDfa::stepSet(const std::vector<int32_t>& set, uint8_t 
 int32_t RegexDfa::step(int32_t state, uint8_t byte) {
   const size_t at = static_cast<size_t>(state) * 256 + byte;
   if (next_[at] >= 0) return next_[at];
-  work_ += sets_[state].size() + 1;
+  // The set's states, and the closure's marks over the whole NFA.
+  work_ += sets_[state].size() + 1 + regex_->states().size() / 64;
   const int32_t id = intern(stepSet(sets_[state], byte));
   if (id == kFull) return id;
   // Every byte of the class goes the same way (intern() may have grown next_: index anew).
@@ -432,6 +441,55 @@ bool RegexDfa::expandAll(uint64_t max_work) {
       if (to_accept_[t] + cost < to_accept_[s]) {
         to_accept_[s] = to_accept_[t] + cost;
         cost == 0 ? queue.push_front(s) : queue.push_back(s);
+      }
+    }
+  }
+  // The most characters on to an accepting state, through states that can reach one:
+  // unbounded where such a path meets a cycle (a depth-first walk; an edge back to a state
+  // on the walk is one).
+  to_longest_.assign(n, kNever);
+  std::vector<uint8_t> walked(n, 0);          // 1: on the walk, 2: done
+  std::vector<std::pair<int32_t, int>> walk;  // state, next byte class to look at
+  // `from`'s longest, given the edge on `byte` to `to`, whose longest is known.
+  auto relax = [&](int32_t from, int32_t to, uint8_t byte) {
+    const uint32_t cost = (byte & 0xC0) == 0x80 ? 0 : 1;
+    uint32_t& best = to_longest_[from];
+    const uint32_t via = to_longest_[to];
+    if (via == kUnbounded || best == kUnbounded) {
+      best = kUnbounded;
+    } else if (via != kNever && (best == kNever || via + cost > best)) {
+      best = via + cost;
+    }
+  };
+  for (size_t root = 0; root < n; ++root) {
+    if (walked[root] != 0 || to_accept_[root] == kNever) continue;
+    walk.push_back({static_cast<int32_t>(root), 0});
+    walked[root] = 1;
+    to_longest_[root] = accepting_[root] ? 0 : kNever;
+    while (!walk.empty()) {
+      auto& [s, c] = walk.back();
+      if (c == regex_->classes()) {
+        walked[s] = 2;
+        const int32_t done = s;
+        walk.pop_back();
+        if (walk.empty()) break;
+        // The parent takes the child's longest through the edge it came by.
+        const int32_t parent = walk.back().first;
+        const uint8_t byte = regex_->classFirst(static_cast<uint8_t>(walk.back().second - 1));
+        relax(parent, done, byte);
+        continue;
+      }
+      const uint8_t byte = regex_->classFirst(static_cast<uint8_t>(c++));
+      const int32_t t = next(s, byte);
+      if (to_accept_[t] == kNever) continue;
+      if (walked[t] == 1) {  // A cycle: as long as wanted.
+        to_longest_[s] = kUnbounded;
+      } else if (walked[t] == 2) {
+        relax(s, t, byte);
+      } else {
+        walked[t] = 1;
+        to_longest_[t] = accepting_[t] ? 0 : kNever;
+        walk.push_back({t, 0});
       }
     }
   }

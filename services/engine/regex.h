@@ -7,7 +7,7 @@
 //   \d \D \w \W \s \S (ASCII classes and their complements), . (any character but \n),
 //   classes [abc] [a-z] [^...] (with those escapes inside; ranges of any characters),
 //   groups (...) (?:...) (?P<name>...) (?<name>...), alternation |, quantifiers * + ? {m}
-//   {m,} {m,n} (m, n at most 1000) and their lazy forms (the same language), ^ at the start
+//   {m,} {m,n} {,n} (m, n at most 1000) and their lazy forms (the same language), ^ at the start
 //   and $ at the end (the match is whole anyway).
 // Anything else (backreferences, lookaround, \b, flags, possessive quantifiers), groups
 // nested more than 64 deep and patterns of more than kMaxStates states are InvalidArgument
@@ -82,7 +82,10 @@ class Regex {
 // thread.
 class RegexDfa {
  public:
-  static constexpr int32_t kDead = 0;   // The empty set: nothing can follow.
+  static constexpr int32_t kDead = 0;  // The empty set: nothing can follow.
+  // At most this many NFA states held by all the DFA states together (each set is kept
+  // twice): a pattern of huge sets is stepped uncached rather than stored.
+  static constexpr size_t kMaxStored = size_t{1} << 21;
   static constexpr int32_t kFull = -2;  // A new state, but max_states are held.
 
   RegexDfa(std::shared_ptr<const Regex> regex, size_t max_states);
@@ -111,6 +114,10 @@ class RegexDfa {
   // accepting one; kNever when none does.
   static constexpr uint32_t kNever = UINT32_MAX;
   uint32_t charsToAccept(int32_t state) const { return to_accept_[state]; }
+  // After expandAll(): the most characters that take `state` to an accepting one (kNever
+  // when none does; kUnbounded when as many as wanted can).
+  static constexpr uint32_t kUnbounded = UINT32_MAX - 1;
+  uint32_t longestToAccept(int32_t state) const { return to_longest_[state]; }
 
  private:
   int32_t intern(std::vector<int32_t> set);
@@ -122,8 +129,10 @@ class RegexDfa {
   std::vector<int32_t> next_;  // state * 256 + byte -> state (-1: not yet known)
   std::vector<uint8_t> accepting_;
   std::vector<uint32_t> to_accept_;
+  std::vector<uint32_t> to_longest_;
   int32_t start_ = kDead;
   uint64_t work_ = 0;  // NFA states stepped through by step() so far.
+  size_t stored_ = 0;  // The sets' sizes, together.
 };
 
 // Limits of SamplingParams.regex and .choice.

@@ -56,6 +56,8 @@ TEST(RegexTest, RefusesWhatItCannotFollowSayingWhat) {
       {"ab)", "unbalanced ')'"},
       {"[ab", "unterminated class"},
       {"a{1001}", "more than 1000"},
+      {"a{100000}", "more than 1000"},
+      {"a{2,99999999999}", "more than 1000"},
       {"a{3,2}", "n < m"},
       {"[z-a]", "out of order"},
       {"a^b", "only ^ at the start"},

@@ -47,6 +47,7 @@ PATTERNS = [
     (r"\{\"name\": \"[A-Za-z ]{1,20}\", \"age\": \d{1,3}\}",
      ['{"name": "Ada", "age": 36}', '{"name": "", "age": 1}']),
     (r"(true|false)\n?", ["true", "false\n", "True"]),
+    (r"x{,3}y{,}", ["xxxy{,}", "y{,}", "xxxxy{,}", "xy"]),
 ]
 
 
