@@ -82,6 +82,8 @@ class Regex {
 // thread.
 class RegexDfa {
  public:
+  using Source = Regex;
+  using Set = std::vector<int32_t>;
   static constexpr int32_t kDead = 0;  // The empty set: nothing can follow.
   // At most this many NFA states held by all the DFA states together (each set is kept
   // twice): a pattern of huge sets is stepped uncached rather than stored.

@@ -6,19 +6,22 @@
 
 namespace cleave::engine {
 
-RegexConstraint::RegexConstraint(std::shared_ptr<const TokenBytes> bytes,
-                                 std::vector<uint32_t> ends, std::shared_ptr<const Regex> regex)
+template <class Dfa>
+AutomatonConstraint<Dfa>::AutomatonConstraint(std::shared_ptr<const TokenBytes> bytes,
+                                              std::vector<uint32_t> ends,
+                                              std::shared_ptr<const typename Dfa::Source> source)
     : bytes_(std::move(bytes)),
       ends_(std::move(ends)),
-      dfa_(std::move(regex), kMaxDfaStates),
+      dfa_(std::move(source), kMaxDfaStates),
       current_(dfa_.start()) {}
 
-bool RegexConstraint::alive(int32_t state, std::string_view bytes) const {
+template <class Dfa>
+bool AutomatonConstraint<Dfa>::alive(int32_t state, std::string_view bytes) const {
   for (size_t i = 0; i < bytes.size(); ++i) {
     const int32_t next = dfa_.step(state, static_cast<uint8_t>(bytes[i]));
-    if (next == RegexDfa::kDead) return false;
-    if (next == RegexDfa::kFull) {  // On through NFA sets, uncached.
-      std::vector<int32_t> set = dfa_.set(state);
+    if (next == Dfa::kDead) return false;
+    if (next == Dfa::kFull) {  // On through NFA sets, uncached.
+      typename Dfa::Set set = dfa_.set(state);
       for (size_t j = i; j < bytes.size() && !set.empty(); ++j)
         set = dfa_.stepSet(set, static_cast<uint8_t>(bytes[j]));
       return !set.empty();
@@ -28,7 +31,8 @@ bool RegexConstraint::alive(int32_t state, std::string_view bytes) const {
   return true;
 }
 
-void RegexConstraint::mask(std::span<float> logits) const {
+template <class Dfa>
+void AutomatonConstraint<Dfa>::mask(std::span<float> logits) const {
   if (auto it = masks_.find(current_);
       it != masks_.end() && it->second.size() == (logits.size() + 63) / 64) {
     constexpr float kNever = -std::numeric_limits<float>::infinity();
@@ -52,8 +56,7 @@ void RegexConstraint::mask(std::span<float> logits) const {
   const TokenBytes& bytes = *bytes_;
   for (int first = 0; first < 256; ++first) {
     const std::vector<uint32_t>& ids = bytes.startingWith(static_cast<uint8_t>(first));
-    if (ids.empty() || dfa_.step(current_, static_cast<uint8_t>(first)) == RegexDfa::kDead)
-      continue;
+    if (ids.empty() || dfa_.step(current_, static_cast<uint8_t>(first)) == Dfa::kDead) continue;
     for (uint32_t id : ids) {
       if (id < keep_.size()) keep_[id] = alive(current_, bytes[id]);
     }
@@ -68,10 +71,11 @@ void RegexConstraint::mask(std::span<float> logits) const {
   keepOnly(keep_, ends_, logits);
 }
 
-bool RegexConstraint::accept(uint32_t token) {
+template <class Dfa>
+bool AutomatonConstraint<Dfa>::accept(uint32_t token) {
   if (std::find(ends_.begin(), ends_.end(), token) != ends_.end()) return matched();
   if (token >= bytes_->size() || (*bytes_)[token].empty()) return false;
-  std::vector<int32_t> set = dfa_.set(current_);
+  typename Dfa::Set set = dfa_.set(current_);
   for (char c : (*bytes_)[token]) {
     set = dfa_.stepSet(set, static_cast<uint8_t>(c));
     if (set.empty()) return false;
@@ -80,14 +84,17 @@ bool RegexConstraint::accept(uint32_t token) {
   int32_t state = current_;
   for (char c : (*bytes_)[token]) {
     state = dfa_.step(state, static_cast<uint8_t>(c));
-    if (state == RegexDfa::kFull) break;
+    if (state == Dfa::kFull) break;
   }
-  if (state == RegexDfa::kFull) {
+  if (state == Dfa::kFull) {
     masks_.clear();
     state = dfa_.reset(std::move(set));
   }
   current_ = state;
   return true;
 }
+
+template class AutomatonConstraint<RegexDfa>;
+template class AutomatonConstraint<GrammarDfa>;
 
 }  // namespace cleave::engine

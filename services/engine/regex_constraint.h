@@ -1,4 +1,5 @@
-// Constrained decoding to a regular expression (the API's regex and choice outputs): before
+// Constrained decoding to a regular expression (the API's regex and choice outputs) or to a
+// grammar (its grammar output; grammar.h, the same walk over a pushdown automaton): before
 // each draw, tokens whose bytes lead the pattern's automaton nowhere are masked out; a token
 // that ends the sequence is allowed once the output so far matches the whole pattern.
 //
@@ -18,39 +19,47 @@
 #include <memory>
 #include <vector>
 
+#include "services/engine/grammar.h"
 #include "services/engine/json_constraint.h"
 #include "services/engine/output_constraint.h"
 #include "services/engine/regex.h"
 
 namespace cleave::engine {
 
-class RegexConstraint : public OutputConstraint {
+// `Dfa` is RegexDfa (a regular expression) or GrammarDfa (grammar.h, a grammar): its
+// Source, Set, kDead, kFull, start, accepting, set, size, step, stepSet and reset.
+template <class Dfa>
+class AutomatonConstraint : public OutputConstraint {
  public:
   static constexpr size_t kMaxDfaStates = 4096;
   static constexpr size_t kMaxCachedMasks = 32;
 
   // `ends`: the tokens that end the sequence (at least one).
-  RegexConstraint(std::shared_ptr<const TokenBytes> bytes, std::vector<uint32_t> ends,
-                  std::shared_ptr<const Regex> regex);
+  AutomatonConstraint(std::shared_ptr<const TokenBytes> bytes, std::vector<uint32_t> ends,
+                      std::shared_ptr<const typename Dfa::Source> source);
 
   void mask(std::span<float> logits) const override;
   bool accept(uint32_t token) override;
-  // The output so far matches the whole pattern.
+  // The output so far is whole (matches the pattern; is the grammar's root).
   bool matched() const { return dfa_.accepting(current_); }
   // DFA states cached now (at most kMaxDfaStates).
   size_t cachedStates() const { return dfa_.size(); }
 
  private:
-  // Whether `bytes` lead somewhere from `state` (through NFA sets once the cache is full).
+  // Whether `bytes` lead somewhere from `state` (through uncached sets once the cache is
+  // full).
   bool alive(int32_t state, std::string_view bytes) const;
 
   std::shared_ptr<const TokenBytes> bytes_;
   std::vector<uint32_t> ends_;
-  mutable RegexDfa dfa_;
+  mutable Dfa dfa_;
   mutable std::vector<uint8_t> keep_;  // mask(): the tokens allowed
   // DFA state -> its mask's bits (as many as the logits masked), ends included.
   mutable std::map<int32_t, std::vector<uint64_t>> masks_;
   int32_t current_;
 };
+
+using RegexConstraint = AutomatonConstraint<RegexDfa>;
+using GrammarConstraint = AutomatonConstraint<GrammarDfa>;
 
 }  // namespace cleave::engine
