@@ -321,6 +321,31 @@ void BM_RegexMask(benchmark::State& state) {
 }
 BENCHMARK(BM_RegexMask)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// The same for a grammar (grammar.h): inside arithmetic, after an open bracket (the stack
+// one deep) and inside a number.
+void BM_GrammarMask(benchmark::State& state) {
+  const Fixture& f = fixture();
+  if (!f.error.empty()) {
+    state.SkipWithError(f.error.c_str());
+    return;
+  }
+  static const auto bytes = std::make_shared<const cleave::engine::TokenBytes>(*f.tokenizer);
+  static const auto grammar = *cleave::engine::Grammar::compile(R"g(
+      root   ::= expr
+      expr   ::= term (("+" | "-") term)*
+      term   ::= [0-9]+ | "(" expr ")")g");
+  const char* said[] = {"1+", "(2*(", "(12"};
+  cleave::engine::GrammarConstraint constraint(bytes, {*f.tokenizer->eosId()}, grammar);
+  for (const TokenId id :
+       f.tokenizer->encode(said[state.range(0)], EncodeOptions{.add_special_tokens = false})) {
+    constraint.accept(id);
+  }
+  maskEveryIteration(state, constraint, bytes->size());
+  const char* labels[] = {"after an operator", "in brackets", "in a number"};
+  state.SetLabel(labels[state.range(0)]);
+}
+BENCHMARK(BM_GrammarMask)->DenseRange(0, 2)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
 }  // namespace
 
 BENCHMARK_MAIN();

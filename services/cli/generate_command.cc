@@ -71,13 +71,19 @@ absl::StatusOr<std::vector<uint32_t>> parseIds(const std::string& text) {
   return ids;
 }
 
+// What the output must be (--json-schema, --regex, --grammar): texts; empty when unset.
+struct OutputShape {
+  std::string json_schema;
+  std::string regex;
+  std::string grammar;
+};
+
 // `ids` set: the prompt as token ids (no chat wrapping), else the text.
 int generateThroughRouter(const std::string& address, const std::string& prompt,
                           const std::vector<uint32_t>& ids, bool chat, const std::string& system,
                           const engine::SamplingParams& s, int64_t max_tokens,
                           const std::string& stop, bool ignore_eos, bool print_ids,
-                          const std::string& json_schema, const std::string& regex,
-                          const std::string& lora) {
+                          const OutputShape& shape, const std::string& lora) {
   v1::GenerateRequest request;
   request.set_model(lora);  // Empty: the base model.
   if (!ids.empty()) {
@@ -101,11 +107,12 @@ int generateThroughRouter(const std::string& address, const std::string& prompt,
   p->set_presence_penalty(s.presence_penalty);
   p->set_frequency_penalty(s.frequency_penalty);
   p->set_seed(s.seed);
-  if (!json_schema.empty()) {
+  if (!shape.json_schema.empty()) {
     p->set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
-    p->set_json_schema(json_schema);
+    p->set_json_schema(shape.json_schema);
   }
-  p->set_regex(regex);
+  p->set_regex(shape.regex);
+  p->set_grammar(shape.grammar);
   request.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(max_tokens));
   if (!stop.empty()) request.mutable_stopping()->add_stop(stop);
   request.mutable_stopping()->set_ignore_eos(ignore_eos);
@@ -167,6 +174,7 @@ int runGenerate(int argc, char** argv) {
   std::string stop;
   std::string json_schema;
   std::string regex;
+  std::string grammar;
   bool ignore_eos = false;
   engine::SpeculativeOptions speculative;
   std::string lora;
@@ -217,6 +225,9 @@ int runGenerate(int argc, char** argv) {
   flags.addString("json-schema", &json_schema,
                   "Constrain the output to an instance of this JSON schema (a file, or the schema "
                   "itself when it starts with '{'; docs/serving.md says what is followed)");
+  flags.addString("grammar", &grammar,
+                  "Constrain the output to a whole `root` of this GBNF grammar (a file, or the "
+                  "grammar itself when it holds '::='; docs/serving.md)");
   flags.addString("regex", &regex,
                   "Constrain the output to match this regular expression whole (Python's "
                   "re.fullmatch; docs/serving.md lists the syntax)");
@@ -279,6 +290,21 @@ int runGenerate(int argc, char** argv) {
         flags, absl::InvalidArgumentError("--regex ends the output with end-of-sequence: leave out "
                                           "--ignore-eos and --json-schema"));
   }
+  if (!grammar.empty() && grammar.find("::=") == std::string::npos) {
+    std::ifstream in(grammar, std::ios::binary);
+    if (!in) exitWithUsageError(flags, absl::NotFoundError("--grammar: cannot read " + grammar));
+    grammar.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  absl::StatusOr<std::shared_ptr<const engine::Grammar>> rules = engine::outputGrammar(grammar);
+  if (!rules.ok()) {
+    exitWithUsageError(flags, absl::InvalidArgumentError(absl::StrReplaceAll(
+                                  rules.status().message(), {{"sampling.grammar", "--grammar"}})));
+  }
+  if (*rules != nullptr && (ignore_eos || schema != nullptr || *pattern != nullptr)) {
+    exitWithUsageError(flags, absl::InvalidArgumentError(
+                                  "--grammar ends the output with end-of-sequence: leave out "
+                                  "--ignore-eos, --json-schema and --regex"));
+  }
   std::vector<uint32_t> ids;
   if (!prompt_ids.empty()) {
     auto parsed = parseIds(prompt_ids);
@@ -339,8 +365,9 @@ int runGenerate(int argc, char** argv) {
                          absl::InvalidArgumentError(
                              "--chat-template is for --model; a router renders with its own"));
     }
-    return generateThroughRouter(router, positional[0], ids, chat, system, sampling, max_tokens,
-                                 stop, ignore_eos, print_ids, json_schema, regex, lora);
+    return generateThroughRouter(
+        router, positional[0], ids, chat, system, sampling, max_tokens, stop, ignore_eos, print_ids,
+        {.json_schema = json_schema, .regex = regex, .grammar = grammar}, lora);
   }
   // Token-id prompts need no tokenizer; without one, tokens print as ids.
   auto tokenizer = tokenizer::Tokenizer::load(model);
@@ -406,6 +433,7 @@ int runGenerate(int argc, char** argv) {
   request.json_object = schema != nullptr;
   request.json_schema = schema;
   request.regex = *pattern;
+  request.grammar = *rules;
   request.stop = {
       .stop_token_ids = eos,
       .stop_strings = stop.empty() ? std::vector<std::string>{} : std::vector<std::string>{stop},

@@ -33,6 +33,7 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
   }
   const char* constrained = request.json_object ? "a JSON object output"
                             : request.regex     ? "a regex output"
+                            : request.grammar   ? "a grammar output"
                                                 : nullptr;
   if (constrained != nullptr) {
     if (tokenizer_ == nullptr || request.stop.stop_token_ids.empty()) {
@@ -325,6 +326,9 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::makeSequence(GenerationRequest r
   } else if (seq->request.regex) {
     seq->constraint = std::make_unique<RegexConstraint>(
         token_bytes_, seq->request.stop.stop_token_ids, seq->request.regex);
+  } else if (seq->request.grammar) {
+    seq->constraint = std::make_unique<GrammarConstraint>(
+        token_bytes_, seq->request.stop.stop_token_ids, seq->request.grammar);
   }
   if (seq->constraint) {
     const std::vector<uint32_t>& prompt = seq->request.prompt;

@@ -31,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/tokenizer/tokenizer.h"
+#include "services/engine/grammar.h"
 #include "services/engine/json_constraint.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/llama_model.h"
@@ -78,7 +79,9 @@ struct GenerationRequest {
   // Else, when set: the pattern the output must match whole (regex_constraint.h), ended as
   // a JSON object is; output_in_prompt counts for it too.
   std::shared_ptr<const Regex> regex;
-  bool constrained() const { return json_object || regex != nullptr; }
+  // Else, when set: the grammar whose root the output must be (grammar.h), ended likewise.
+  std::shared_ptr<const Grammar> grammar;
+  bool constrained() const { return json_object || regex != nullptr || grammar != nullptr; }
   // logit_bias and allowed_token_ids (logit_adjustments.h); stop tokens are held off until
   // stop.min_new_tokens.
   LogitAdjustments adjustments;

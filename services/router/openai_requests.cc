@@ -158,9 +158,10 @@ absl::Status parseToolChoice(const Json& body, Call& call) {
   return invalid("tool_choice", absl::StrCat("names \"", name, "\", which is not in tools"));
 }
 
-// vLLM's guided_regex and guided_choice, or its structured_outputs {"regex": ...} or
-// {"choice": [...]}: SamplingParams.regex and .choice.
-absl::Status parseRegexOrChoice(const Json& body, v1::SamplingParams& s) {
+// vLLM's guided_regex, guided_choice and guided_grammar, or its structured_outputs
+// {"regex": ...}, {"choice": [...]} or {"grammar": ...}: SamplingParams.regex, .choice and
+// .grammar.
+absl::Status parseGuidedOutputs(const Json& body, v1::SamplingParams& s) {
   const Json* structured = field(body, "structured_outputs");
   if (structured != nullptr && !structured->is_object())
     return invalid("structured_outputs", "must be an object");
@@ -175,6 +176,10 @@ absl::Status parseRegexOrChoice(const Json& body, v1::SamplingParams& s) {
   if (auto [regex, name] = either("guided_regex", "regex"); regex != nullptr) {
     if (!regex->is_string()) return invalid(name, "must be a string");
     s.set_regex(regex->get<std::string>());
+  }
+  if (auto [grammar, name] = either("guided_grammar", "grammar"); grammar != nullptr) {
+    if (!grammar->is_string()) return invalid(name, "must be a string (a GBNF grammar)");
+    s.set_grammar(grammar->get<std::string>());
   }
   if (auto [choice, name] = either("guided_choice", "choice"); choice != nullptr) {
     if (!choice->is_array() || choice->empty())
@@ -218,7 +223,7 @@ absl::Status parseCommon(const Json& body, Call& call) {
       s.set_json_schema(schema->dump());
     }
   }
-  CLEAVE_RETURN_IF_ERROR(parseRegexOrChoice(body, s));
+  CLEAVE_RETURN_IF_ERROR(parseGuidedOutputs(body, s));
   CLEAVE_RETURN_IF_ERROR(number(body, "temperature", [&](float f) { s.set_temperature(f); }));
   CLEAVE_RETURN_IF_ERROR(number(body, "top_p", [&](float f) { s.set_top_p(f); }));
   CLEAVE_RETURN_IF_ERROR(number(body, "min_p", [&](float f) { s.set_min_p(f); }));

@@ -218,6 +218,18 @@ TEST(OpenAiRequestTest, GuidedRegexAndChoiceConstrainSampling) {
       "structured_outputs": {"choice": ["a"]}})"));
   ASSERT_TRUE(call.ok()) << call.status();
   EXPECT_THAT(call->request.sampling().choice(), ::testing::ElementsAre("a"));
+  call =
+      parseCompletionRequest(Json::parse(R"({"prompt": "x", "guided_grammar": "root ::= \"a\""})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.sampling().grammar(), "root ::= \"a\"");
+  call = parseCompletionRequest(
+      Json::parse(R"({"prompt": "x", "structured_outputs": {"grammar": "root ::= [ab]"}})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.sampling().grammar(), "root ::= [ab]");
+  EXPECT_EQ(parseCompletionRequest(Json::parse(R"({"prompt": "x", "guided_grammar": 1})"))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   call = parseCompletionRequest(
       Json::parse(R"({"prompt": "x", "structured_outputs": {"regex": "[ab]"}})"));
   ASSERT_TRUE(call.ok()) << call.status();

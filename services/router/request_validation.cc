@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "services/engine/grammar.h"
 #include "services/engine/json_schema.h"
 #include "services/engine/logit_adjustments.h"
 #include "services/engine/regex.h"
@@ -176,24 +177,35 @@ absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
     }
   }
   const v1::SamplingParams& sampling = request.sampling();
-  if (!sampling.regex().empty() || !sampling.choice().empty()) {
+  const bool patterned = !sampling.regex().empty() || !sampling.choice().empty();
+  const bool grammar = !sampling.grammar().empty();
+  if (patterned || grammar) {
+    const char* field = grammar ? "sampling.grammar" : "sampling.regex and sampling.choice";
+    if (patterned && grammar) {
+      return absl::InvalidArgumentError(
+          "sampling.grammar cannot be combined with sampling.regex or sampling.choice");
+    }
     if (format != v1::RESPONSE_FORMAT_TEXT) {
       return absl::InvalidArgumentError(
-          "sampling.regex and sampling.choice cannot be combined with a JSON response_format");
+          absl::StrCat(field, " cannot be combined with a JSON response_format"));
     }
     if (!sampling.allowed_token_ids().empty()) {
       return absl::InvalidArgumentError(
-          "sampling.allowed_token_ids cannot be combined with sampling.regex or choice");
+          absl::StrCat("sampling.allowed_token_ids cannot be combined with ", field));
     }
     if (request.stopping().ignore_eos() || request.stopping().min_new_tokens() > 0) {
       return absl::InvalidArgumentError(
-          "sampling.regex/choice: the output ends with the end-of-sequence token once it "
-          "matches; stopping.ignore_eos and min_new_tokens must not be set");
+          absl::StrCat(field,
+                       ": the output ends with the end-of-sequence token once it is whole; "
+                       "stopping.ignore_eos and min_new_tokens must not be set"));
     }
-    absl::StatusOr<std::shared_ptr<const engine::Regex>> pattern = engine::outputPattern(
-        sampling.regex(),
-        std::vector<std::string>(sampling.choice().begin(), sampling.choice().end()));
-    if (!pattern.ok()) return pattern.status();
+    const absl::Status compiled =
+        grammar ? engine::outputGrammar(sampling.grammar()).status()
+                : engine::outputPattern(
+                      sampling.regex(),
+                      std::vector<std::string>(sampling.choice().begin(), sampling.choice().end()))
+                      .status();
+    if (!compiled.ok()) return compiled;
   }
   return validateStopping(request.stopping());
 }

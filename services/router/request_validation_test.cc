@@ -80,6 +80,28 @@ TEST(RequestValidationTest, RegexesAndChoicesAreCheckedOnArrival) {
   EXPECT_THAT(message(r), ::testing::HasSubstr("sampling.choice[1]"));
 }
 
+// A grammar is compiled on arrival, and alone among the output constraints.
+TEST(RequestValidationTest, GrammarsAreCheckedOnArrival) {
+  auto message = [](const v1::GenerateRequest& r) {
+    return std::string(validateGenerateRequest(r).message());
+  };
+  v1::GenerateRequest r = validRequest();
+  r.mutable_sampling()->set_grammar(R"(root ::= "a" [0-9]*)");
+  EXPECT_TRUE(validateGenerateRequest(r).ok()) << validateGenerateRequest(r);
+  r.mutable_sampling()->set_grammar("root ::= x");
+  EXPECT_EQ(validateGenerateRequest(r).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(message(r), ::testing::HasSubstr("sampling.grammar: the grammar uses rule 'x'"));
+  r.mutable_sampling()->set_grammar(R"(root ::= "a")");
+  r.mutable_sampling()->set_regex("a");
+  EXPECT_THAT(message(r), ::testing::HasSubstr("cannot be combined with sampling.regex"));
+  r.mutable_sampling()->clear_regex();
+  r.mutable_sampling()->set_response_format(v1::RESPONSE_FORMAT_JSON_OBJECT);
+  EXPECT_THAT(message(r), ::testing::HasSubstr("sampling.grammar cannot be combined with a JSON"));
+  r.mutable_sampling()->set_response_format(v1::RESPONSE_FORMAT_TEXT);
+  r.mutable_stopping()->set_min_new_tokens(2);
+  EXPECT_THAT(message(r), ::testing::HasSubstr("min_new_tokens must not be set"));
+}
+
 TEST(RequestValidationTest, AcceptsAValidRequestAndUnsetOptionals) {
   EXPECT_TRUE(validateGenerateRequest(validRequest()).ok());
   v1::GenerateRequest minimal;

@@ -50,17 +50,24 @@ absl::StatusOr<engine::GenerationRequest> toEngineRequest(uint64_t id, const Req
   absl::StatusOr<std::shared_ptr<const engine::Regex>> pattern = engine::outputPattern(
       s.regex(), std::vector<std::string>(s.choice().begin(), s.choice().end()));
   if (!pattern.ok()) return pattern.status();
-  if (*pattern != nullptr) {
-    if (r.json_object) {
-      return absl::InvalidArgumentError(
-          "sampling.regex and sampling.choice cannot be combined with a JSON response_format");
+  absl::StatusOr<std::shared_ptr<const engine::Grammar>> grammar =
+      engine::outputGrammar(s.grammar());
+  if (!grammar.ok()) return grammar.status();
+  if (*pattern != nullptr || *grammar != nullptr) {
+    // One output constraint; its end is the end-of-sequence token.
+    const char* field = *grammar != nullptr ? "sampling.grammar" : "sampling.regex/choice";
+    if (r.json_object || (*pattern != nullptr && *grammar != nullptr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " cannot be combined with a JSON response_format or another of them"));
     }
     if (stop.ignore_eos() || eos.empty()) {
       return absl::InvalidArgumentError(
-          "sampling.regex/choice: the output ends with the end-of-sequence token once it "
-          "matches; stopping.ignore_eos must not be set");
+          absl::StrCat(field,
+                       ": the output ends with the end-of-sequence token once it is whole; "
+                       "stopping.ignore_eos must not be set"));
     }
     r.regex = *std::move(pattern);
+    r.grammar = *std::move(grammar);
     r.output_in_prompt = std::min<int64_t>(parts.output_tokens, parts.prompt->size());
   }
   r.stop.stop_token_ids.insert(r.stop.stop_token_ids.end(), stop.stop_token_ids().begin(),

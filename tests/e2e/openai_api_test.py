@@ -543,6 +543,44 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertIn("backreference", json.loads(body)["error"]["message"])
         ct.wait_until_nothing_reserved(self.router, [self.worker])
 
+    def test_guided_grammar_replies_parse(self):
+        # vLLM's guided_grammar (and structured_outputs.grammar) in GBNF: every reply that
+        # ends is a sentence of the grammar, here arithmetic that Python's own parser reads
+        # as an expression of integers, greedy or sampled; a left-recursive grammar is
+        # refused, named.
+        import ast
+        grammar = r"""
+            root   ::= expr
+            expr   ::= term (("+" | "-") term){0,3}
+            term   ::= factor (("*" | "/") factor){0,2}
+            factor ::= [1-9] [0-9]{0,2} | "(" expr ")"
+        """
+        def arithmetic(node):
+            if isinstance(node, ast.Expression):
+                return arithmetic(node.body)
+            if isinstance(node, ast.BinOp):
+                return (isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))
+                        and arithmetic(node.left) and arithmetic(node.right))
+            return isinstance(node, ast.Constant) and isinstance(node.value, int)
+        messages = [{"role": "user", "content": "Write an arithmetic expression."}]
+        replies = []
+        for temperature, extra in ((0, {"guided_grammar": grammar}),
+                                   (1.0, {"structured_outputs": {"grammar": grammar}})):
+            reply = self.client.chat.completions.create(
+                model=self.model, messages=messages, max_tokens=60, temperature=temperature,
+                seed=11, n=1 if temperature == 0 else 6, extra_body=extra)
+            replies += [c for c in reply.choices if c.finish_reason == "stop"]
+        print(f"\ngrammar: {[c.message.content for c in replies]}")
+        self.assertGreaterEqual(len(replies), 4)
+        for choice in replies:
+            self.assertTrue(arithmetic(ast.parse(choice.message.content, mode="eval")),
+                            choice.message.content)
+        status, _, body = self.raw("POST", "/v1/completions", {
+            "prompt": "x", "guided_grammar": "root ::= root \"a\""})
+        self.assertApiError(status, body, 400)
+        self.assertIn("left recursion", json.loads(body)["error"]["message"])
+        ct.wait_until_nothing_reserved(self.router, [self.worker])
+
     def test_logit_bias_allowed_tokens_and_min_tokens_steer_the_reply(self):
         prompt = "The three primary colors are"
         greedy = self.client.completions.create(model=self.model, prompt=prompt, max_tokens=6,
