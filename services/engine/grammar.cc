@@ -459,6 +459,10 @@ GrammarDfa::GrammarDfa(std::shared_ptr<const Grammar> grammar, size_t max_states
 int32_t GrammarDfa::push(int32_t state, int32_t below) {
   const int32_t depth = stacks_[below].depth + 1;
   if (depth > kMaxDepth) return -1;
+  if (stacks_.size() >= kMaxStacks) {  // Only stacks made before.
+    const auto it = stack_ids_.find({state, below});
+    return it == stack_ids_.end() ? -1 : it->second;
+  }
   auto [it, added] = stack_ids_.emplace(std::pair{state, below}, stacks_.size());
   if (added) stacks_.push_back({state, below, depth});
   return it->second;
@@ -519,6 +523,7 @@ int32_t GrammarDfa::reset(Set set) {
   ids_.clear();
   next_.clear();
   accepting_.clear();
+  stored_ = 0;
   intern({});
   start_ = intern(std::move(set));
   return start_;
@@ -526,7 +531,10 @@ int32_t GrammarDfa::reset(Set set) {
 
 int32_t GrammarDfa::intern(Set set) {
   if (auto it = ids_.find(set); it != ids_.end()) return it->second;
-  if (sets_.size() >= max_states_ && sets_.size() >= 2) return kFull;
+  // Past the states or the configurations they hold in all (the dead and a start fit).
+  if (sets_.size() >= 2 && (sets_.size() >= max_states_ || stored_ + set.size() > kMaxStored))
+    return kFull;
+  stored_ += set.size();
   const auto id = static_cast<int32_t>(sets_.size());
   const std::vector<Regex::State>& states = grammar_->states();
   accepting_.push_back(std::any_of(set.begin(), set.end(), [&](const Config& c) {

@@ -73,7 +73,11 @@ class GrammarDfa {
   // Calls nested deeper than this, and configurations past kMaxConfigs in one set, are
   // dropped (a grammar that needs them cannot be followed that far).
   static constexpr int kMaxDepth = 1024;
+  static constexpr size_t kMaxStacks = size_t{1} << 20;  // Return stacks made, in all.
   static constexpr size_t kMaxConfigs = 4096;
+  // At most this many configurations held by all the DFA states together (each set is kept
+  // twice): past it, steps go on uncached.
+  static constexpr size_t kMaxStored = size_t{1} << 20;
 
   GrammarDfa(std::shared_ptr<const Grammar> grammar, size_t max_states);
   int32_t start() const { return start_; }
@@ -107,6 +111,7 @@ class GrammarDfa {
   std::map<Set, int32_t> ids_;
   std::vector<int32_t> next_;  // state * 256 + byte -> state (-1: not yet known)
   std::vector<uint8_t> accepting_;
+  size_t stored_ = 0;  // The sets' sizes, together.
   int32_t start_ = kDead;
 };
 
