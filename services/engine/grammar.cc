@@ -288,22 +288,12 @@ class GrammarCompiler {
 
   // The UTF-8 character at pos_.
   uint32_t codepoint() {
-    const auto b = static_cast<uint8_t>(p_[pos_]);
-    const int n = b < 0x80 ? 1 : b >= 0xF0 && b < 0xF5 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 ? 2 : 0;
-    if (n == 0 || pos_ + n > p_.size()) {
+    const size_t at = pos_;
+    uint32_t cp = 0;
+    if (!decodeUtf8(p_, pos_, cp)) {
+      pos_ = at;
       fail("is not valid UTF-8");
-      return 0;
     }
-    uint32_t cp = n == 1 ? b : n == 2 ? b & 0x1F : n == 3 ? b & 0x0F : b & 0x07;
-    for (int i = 1; i < n; ++i) {
-      const auto next = static_cast<uint8_t>(p_[pos_ + i]);
-      if ((next & 0xC0) != 0x80) {
-        fail("is not valid UTF-8");
-        return 0;
-      }
-      cp = (cp << 6) | (next & 0x3F);
-    }
-    pos_ += n;
     return cp;
   }
 

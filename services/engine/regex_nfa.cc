@@ -81,6 +81,23 @@ CharSet complement(const CharSet& set) {
   return out;
 }
 
+bool decodeUtf8(std::string_view text, size_t& pos, uint32_t& cp) {
+  const auto b = static_cast<uint8_t>(text[pos]);
+  const int n = b < 0x80 ? 1 : b >= 0xF0 && b < 0xF5 ? 4 : b >= 0xE0 ? 3 : b >= 0xC2 ? 2 : 0;
+  cp = n == 1 ? b : n == 2 ? b & 0x1F : n == 3 ? b & 0x0F : b & 0x07;
+  bool ok = n > 0;
+  for (int i = 1; i < n && ok; ++i) {
+    const auto next = pos + i < text.size() ? static_cast<uint8_t>(text[pos + i]) : 0;
+    ok = (next & 0xC0) == 0x80;
+    cp = (cp << 6) | (next & 0x3F);
+  }
+  const bool overlong = (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000);
+  ok = ok && !overlong && cp <= kMaxCodepoint && !(cp >= 0xD800 && cp <= 0xDFFF);
+  pos += static_cast<size_t>(std::max(n, 1));
+  if (!ok) cp = 0;
+  return ok;
+}
+
 void classifyBytes(const std::vector<Regex::State>& states, std::array<uint8_t, 256>& byte_class,
                    std::vector<uint8_t>& class_first) {
   std::array<bool, 257> starts{};  // A byte where some state's range begins or ends after.
