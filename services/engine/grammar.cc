@@ -155,26 +155,30 @@ class GrammarCompiler {
     return cat;
   }
 
+  // One repetition after an item (a second, as "a"*+, is refused: group the first).
   NfaNode postfix(NfaNode item) {
-    while (!done()) {
-      int min = 0, max = -1;
-      if (peek() == '*') {
-        ++pos_;
-      } else if (peek() == '+') {
-        ++pos_;
-        min = 1;
-      } else if (peek() == '?') {
-        ++pos_;
-        max = 1;
-      } else if (peek() == '{') {
-        if (!counted(min, max)) return item;
-      } else {
-        break;
-      }
-      item = NfaNode{
-          .kind = NfaNode::Kind::kRepeat, .children = {std::move(item)}, .min = min, .max = max};
+    if (done()) return item;
+    int min = 0, max = -1;
+    if (peek() == '*') {
+      ++pos_;
+    } else if (peek() == '+') {
+      ++pos_;
+      min = 1;
+    } else if (peek() == '?') {
+      ++pos_;
+      max = 1;
+    } else if (peek() == '{') {
+      if (!counted(min, max)) return item;
+    } else {
+      return item;
     }
-    return item;
+    blanks();
+    if (!done() && std::string_view("*+?{").find(peek()) != std::string_view::npos) {
+      fail("repeats a repeat; put the first in a group");
+      return item;
+    }
+    return NfaNode{
+        .kind = NfaNode::Kind::kRepeat, .children = {std::move(item)}, .min = min, .max = max};
   }
 
   bool counted(int& min, int& max) {

@@ -173,6 +173,7 @@ TEST(GrammarTest, RefusesWhatItCannotFollowSayingWhere) {
       {R"(root ::= "\u12")", "without 4 hex digits"},
       {R"g(root ::= "a" ) "b")g", "expects a rule name"},
       {R"(root ::= @)", "'@' where an item should be"},
+      {R"(root ::= "a"*+)", "repeats a repeat"},
       {"root ::= \"\xed\xa0\x80\"", "not valid UTF-8 (at line 1, column 11)"},
       {"root ::= [\xe0\x80\x80]", "not valid UTF-8"},
   };
