@@ -34,6 +34,10 @@ class GrammarCompiler {
       pos_ += 3;
       NfaNode body = alternation(0);
       if (!error_.ok()) return error_;
+      if (!names_.contains(name) && names_.size() >= Grammar::kMaxRules) {
+        pos_ = at;
+        return fail(absl::StrCat("has more than ", Grammar::kMaxRules, " rules"));
+      }
       const int32_t index = ruleIndex(name, at);
       if (static_cast<size_t>(index) < bodies.size() && defined[index].second != SIZE_MAX) {
         pos_ = at;
@@ -77,7 +81,7 @@ class GrammarCompiler {
     }
     nfa.start_ = starts[root->second];
     nfa.classify();
-    if (absl::Status left = leftRecursion(nfa, starts, defined); !left.ok()) return left;
+    if (absl::Status checked = checkRules(nfa, starts, defined); !checked.ok()) return checked;
     return grammar;
   }
 
@@ -341,23 +345,28 @@ class GrammarCompiler {
     return NfaNode{.kind = NfaNode::Kind::kSet, .set = negated ? complement(set) : set};
   }
 
-  // A rule that can call itself before reading a byte never ends expanding: refused.
-  absl::Status leftRecursion(const Regex& nfa, const std::vector<int32_t>& starts,
-                             const std::vector<std::pair<std::string, size_t>>& defined) {
+  // A rule that can call itself before reading a byte never ends expanding, and one that
+  // cannot end leads outputs into dead ends: both refused.
+  absl::Status checkRules(const Regex& nfa, const std::vector<int32_t>& starts,
+                          const std::vector<std::pair<std::string, size_t>>& defined) {
     const std::vector<Regex::State>& states = nfa.states();
     std::vector<int32_t> rule_of_start(states.size(), -1);
     for (size_t r = 0; r < starts.size(); ++r) rule_of_start[starts[r]] = static_cast<int32_t>(r);
     // Which rules can end without reading (fixpoint), then which each calls first.
-    std::vector<bool> nullable(starts.size(), false);
-    auto walk = [&](int32_t from, const std::function<void(int32_t callee)>& called) {
+    // Walks a rule from `from` to its end, past calls of rules `passable` marks, and past
+    // bytes when `reading`; true when it ends. Marks are stamped per walk (no clearing).
+    std::vector<uint32_t> stamp(states.size(), 0);
+    uint32_t walks = 0;
+    auto walk = [&](int32_t from, const std::vector<bool>& passable, bool reading,
+                    const std::function<void(int32_t callee)>& called) {
       std::vector<int32_t> stack{from};
-      std::vector<bool> seen(states.size(), false);
+      ++walks;
       bool ends = false;
       while (!stack.empty()) {
         const int32_t s = stack.back();
         stack.pop_back();
-        if (seen[s]) continue;
-        seen[s] = true;
+        if (stamp[s] == walks) continue;
+        stamp[s] = walks;
         const Regex::State& state = states[s];
         if (state.kind == Regex::State::Kind::kFork) {
           stack.push_back(state.next);
@@ -365,25 +374,33 @@ class GrammarCompiler {
         } else if (state.kind == Regex::State::Kind::kCall) {
           const int32_t callee = rule_of_start[state.alt];
           called(callee);
-          if (callee >= 0 && nullable[callee]) stack.push_back(state.next);
+          if (callee >= 0 && passable[callee]) stack.push_back(state.next);
         } else if (state.kind == Regex::State::Kind::kMatch) {
           ends = true;
+        } else if (reading && state.lo <= state.hi) {
+          stack.push_back(state.next);
         }
       }
       return ends;
     };
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (size_t r = 0; r < starts.size(); ++r) {
-        if (!nullable[r] && walk(starts[r], [](int32_t) {})) {
-          nullable[r] = true;
-          changed = true;
+    // Which rules can end without reading, and which can end at all (fixpoints).
+    auto ending = [&](bool reading) {
+      std::vector<bool> ends(starts.size(), false);
+      for (bool changed = true; changed;) {
+        changed = false;
+        for (size_t r = 0; r < starts.size(); ++r) {
+          if (!ends[r] && walk(starts[r], ends, reading, [](int32_t) {})) {
+            ends[r] = true;
+            changed = true;
+          }
         }
       }
-    }
+      return ends;
+    };
+    const std::vector<bool> nullable = ending(false);
     std::vector<std::vector<int32_t>> first_calls(starts.size());
     for (size_t r = 0; r < starts.size(); ++r) {
-      walk(starts[r], [&](int32_t callee) {
+      walk(starts[r], nullable, false, [&](int32_t callee) {
         if (callee >= 0) first_calls[r].push_back(callee);
       });
     }
@@ -415,6 +432,14 @@ class GrammarCompiler {
                                  " before reading anything); write it with repetition, as "
                                  "x ::= y (op y)*"));
       }
+    }
+    const std::vector<bool> finite = ending(true);
+    for (size_t r = 0; r < starts.size(); ++r) {
+      if (finite[r]) continue;
+      pos_ = defined[r].second;
+      return fail(absl::StrCat("has rule '", defined[r].first,
+                               "', which can never end (every way through it calls a rule that "
+                               "never ends, or itself)"));
     }
     return absl::OkStatus();
   }
@@ -492,7 +517,9 @@ GrammarDfa::Set GrammarDfa::close(Set set) {
           work.push_back({top.state, top.below});
         }
         break;
-      case Regex::State::Kind::kByte: out.push_back(c); break;
+      case Regex::State::Kind::kByte:
+        if (s.lo <= s.hi) out.push_back(c);  // An empty class leads nowhere.
+        break;
     }
   }
   std::sort(out.begin(), out.end());

@@ -11,8 +11,8 @@
 // [^...] with escapes \n \t \r \\ \" \] \xHH \uHHHH \UHHHHHHHH; `.` for any character; rule
 // references; ( ) groups; | ; postfix * + ? {m} {m,} {m,n} (counts up to 1000); # comments.
 // A rule named "root" is required. Left recursion (a rule that can reach itself before
-// reading anything), undefined rules and malformed text are InvalidArgument naming the line
-// and column.
+// reading anything), a rule that can never end, undefined rules, more than one repetition
+// on an item and malformed text are InvalidArgument naming the line and column.
 //
 // The rules compile to one byte-level NFA (regex_nfa.h) whose kCall states enter a rule and
 // whose kMatch state returns from one. GrammarDfa walks it as a pushdown automaton: a DFA
@@ -71,9 +71,10 @@ class GrammarDfa {
   static constexpr int32_t kDead = 0;
   static constexpr int32_t kFull = -2;
   // Calls nested deeper than this, and configurations past kMaxConfigs in one set, are
-  // dropped (a grammar that needs them cannot be followed that far).
+  // dropped: a grammar that needs them cannot be followed that far, and an output that
+  // reaches them ends there (the constraint then allows only the end).
   static constexpr int kMaxDepth = 1024;
-  static constexpr size_t kMaxStacks = size_t{1} << 20;  // Return stacks made, in all.
+  static constexpr size_t kMaxStacks = size_t{1} << 18;  // Return stacks made, in all.
   static constexpr size_t kMaxConfigs = 4096;
   // At most this many configurations held by all the DFA states together (each set is kept
   // twice): past it, steps go on uncached.

@@ -174,6 +174,7 @@ TEST(GrammarTest, RefusesWhatItCannotFollowSayingWhere) {
       {R"g(root ::= "a" ) "b")g", "expects a rule name"},
       {R"(root ::= @)", "'@' where an item should be"},
       {R"(root ::= "a"*+)", "repeats a repeat"},
+      {"root ::= \"a\" | \"b\" loop\nloop ::= \"c\" loop", "rule 'loop', which can never end"},
       {"root ::= \"\xed\xa0\x80\"", "not valid UTF-8 (at line 1, column 11)"},
       {"root ::= [\xe0\x80\x80]", "not valid UTF-8"},
   };
@@ -185,6 +186,17 @@ TEST(GrammarTest, RefusesWhatItCannotFollowSayingWhere) {
   }
   EXPECT_THAT(outputGrammar("root ::= x").status().message(), HasSubstr("sampling.grammar: "));
   EXPECT_EQ(*outputGrammar(""), nullptr);
+  // Repeats of nothing compile at once, to nothing; an empty class matches nothing.
+  const std::shared_ptr<const Grammar> empty =
+      compiled(R"(root ::= "a" (((""{1000}){1000}){1000}){1000} ("" | ()){1000})");
+  ASSERT_NE(empty, nullptr);
+  EXPECT_TRUE(empty->fullMatch("a"));
+  const std::shared_ptr<const Grammar> none = compiled(R"(root ::= "a" [] | "b")");
+  ASSERT_NE(none, nullptr);
+  EXPECT_FALSE(none->fullMatch("a"));
+  GrammarDfa dfa(none, 16);
+  EXPECT_EQ(dfa.step(dfa.start(), 'a'), GrammarDfa::kDead);  // No dead end past "a".
+  EXPECT_TRUE(none->fullMatch("b"));
   // Right recursion and a nullable rule before a call are fine.
   EXPECT_NE(compiled("root ::= \"a\" root | \"\"\nopt ::= \"\""), nullptr);
   EXPECT_NE(compiled("root ::= opt \"a\"\nopt ::= \"b\"?"), nullptr);

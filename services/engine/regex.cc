@@ -530,8 +530,8 @@ void Regex::close(std::vector<int32_t>& states) const {
     if (state.kind == State::Kind::kFork) {
       stack.push_back(state.alt);
       stack.push_back(state.next);
-    } else {
-      out.push_back(s);
+    } else if (state.kind != State::Kind::kByte || state.lo <= state.hi) {
+      out.push_back(s);  // (A range of no byte, an empty class, leads nowhere: left out.)
     }
   }
   std::sort(out.begin(), out.end());

@@ -117,6 +117,17 @@ void classifyBytes(const std::vector<Regex::State>& states, std::array<uint8_t, 
   }
 }
 
+bool matchesOnlyEmpty(const NfaNode& node) {
+  switch (node.kind) {
+    case NfaNode::Kind::kEmpty: return true;
+    case NfaNode::Kind::kConcat:
+    case NfaNode::Kind::kAlt:
+      return std::all_of(node.children.begin(), node.children.end(), matchesOnlyEmpty);
+    case NfaNode::Kind::kRepeat: return node.max == 0 || matchesOnlyEmpty(node.children[0]);
+    default: return false;
+  }
+}
+
 int32_t NfaEmitter::add(Regex::State s) {
   if (static_cast<int64_t>(states_->size()) >= Regex::kMaxStates) {
     full_ = true;
@@ -169,6 +180,9 @@ int32_t NfaEmitter::emit(const NfaNode& node, int32_t out) {
     }
     case NfaNode::Kind::kRepeat: {
       const NfaNode& child = node.children[0];
+      // Repeats of nothing are nothing (emitting them count by count would take as long
+      // as the counts multiply).
+      if (node.max == 0 || matchesOnlyEmpty(child)) return out;
       int32_t at = out;
       if (node.max < 0) {  // child*: a fork back into the child or on
         const int32_t loop = fork(-1, out);

@@ -34,6 +34,10 @@ struct NfaNode {
   int32_t rule = -1;      // kCall: the rule called
 };
 
+// Whether `node` can only match the empty string without any state of its own (empty
+// groups and sequences, and repeats of them).
+bool matchesOnlyEmpty(const NfaNode& node);
+
 // Appends states to `states`, back to front (each node's states made knowing where they
 // lead); at most Regex::kMaxStates in all, after which full() and nothing more is added.
 class NfaEmitter {

@@ -97,6 +97,18 @@ TEST(RegexTest, ChoicesMatchTheirTextsExactly) {
               HasSubstr("at most 64 KiB"));
 }
 
+// Repeats of nothing compile at once; an empty class leaves no state to wait on.
+TEST(RegexTest, EmptyRepeatsAndClassesLeadNowhere) {
+  const std::shared_ptr<const Regex> empty = compiled("a(?:(?:(?:(?:){1000}){1000}){1000}){1000}");
+  ASSERT_NE(empty, nullptr);
+  EXPECT_TRUE(empty->fullMatch("a"));
+  const std::shared_ptr<const Regex> none = compiled(R"(a[^\s\S]|b)");
+  ASSERT_NE(none, nullptr);
+  RegexDfa dfa(none, 16);
+  EXPECT_EQ(dfa.step(dfa.start(), 'a'), RegexDfa::kDead);
+  EXPECT_TRUE(none->fullMatch("b"));
+}
+
 // The NFA states after `text` from `set` (empty: no continuation can match).
 std::vector<int32_t> after(const Regex& regex, std::vector<int32_t> set, std::string_view text) {
   for (char c : text) {
