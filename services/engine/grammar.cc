@@ -573,10 +573,7 @@ int32_t GrammarDfa::step(int32_t state, uint8_t byte) {
   const int32_t id = intern(stepSet(sets_[state], byte));
   if (id == kFull) return id;
   // Every byte of the class goes the same way (intern() may have grown next_: index anew).
-  const Regex& nfa = grammar_->nfa();
-  const uint8_t c = nfa.byteClass(byte);
-  for (int b = nfa.classFirst(c); b < 256 && nfa.byteClass(static_cast<uint8_t>(b)) == c; ++b)
-    next_[static_cast<size_t>(state) * 256 + static_cast<size_t>(b)] = id;
+  grammar_->nfa().fillClass(byte, &next_[static_cast<size_t>(state) * 256], id);
   return id;
 }
 

@@ -391,11 +391,7 @@ int32_t RegexDfa::step(int32_t state, uint8_t byte) {
   const int32_t id = intern(stepSet(sets_[state], byte));
   if (id == kFull) return id;
   // Every byte of the class goes the same way (intern() may have grown next_: index anew).
-  const uint8_t c = regex_->byteClass(byte);
-  for (int b = regex_->classFirst(c); b < 256 && regex_->byteClass(static_cast<uint8_t>(b)) == c;
-       ++b) {
-    next_[static_cast<size_t>(state) * 256 + static_cast<size_t>(b)] = id;
-  }
+  regex_->fillClass(byte, &next_[static_cast<size_t>(state) * 256], id);
   return id;
 }
 

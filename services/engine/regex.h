@@ -60,6 +60,12 @@ class Regex {
   uint8_t byteClass(uint8_t byte) const { return byte_class_[byte]; }
   int classes() const { return static_cast<int>(class_first_.size()); }
   uint8_t classFirst(uint8_t c) const { return class_first_[c]; }
+  // Sets `row[b]` to `to` for every byte b of `byte`'s class.
+  void fillClass(uint8_t byte, int32_t* row, int32_t to) const {
+    const uint8_t c = byteClass(byte);
+    for (int b = classFirst(c); b < 256 && byteClass(static_cast<uint8_t>(b)) == c; ++b)
+      row[b] = to;
+  }
 
  private:
   friend class RegexCompiler;
