@@ -296,12 +296,8 @@ class GrammarCompiler {
 
   // The UTF-8 character at pos_.
   uint32_t codepoint() {
-    const size_t at = pos_;
     uint32_t cp = 0;
-    if (!decodeUtf8(p_, pos_, cp)) {
-      pos_ = at;
-      fail("is not valid UTF-8");
-    }
+    if (!decodeUtf8(p_, pos_, cp)) fail("is not valid UTF-8");
     return cp;
   }
 

@@ -306,12 +306,8 @@ class RegexCompiler {
 
   // The UTF-8 character at pos_.
   uint32_t codepoint() {
-    const size_t at = pos_;
     uint32_t cp = 0;
-    if (!decodeUtf8(p_, pos_, cp)) {
-      pos_ = at;
-      fail("is not valid UTF-8");
-    }
+    if (!decodeUtf8(p_, pos_, cp)) fail("is not valid UTF-8");
     return cp;
   }
 

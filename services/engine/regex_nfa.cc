@@ -93,9 +93,12 @@ bool decodeUtf8(std::string_view text, size_t& pos, uint32_t& cp) {
   }
   const bool overlong = (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000);
   ok = ok && !overlong && cp <= kMaxCodepoint && !(cp >= 0xD800 && cp <= 0xDFFF);
-  pos += static_cast<size_t>(std::max(n, 1));
-  if (!ok) cp = 0;
-  return ok;
+  if (!ok) {
+    cp = 0;
+    return false;
+  }
+  pos += static_cast<size_t>(n);
+  return true;
 }
 
 void classifyBytes(const std::vector<Regex::State>& states, std::array<uint8_t, 256>& byte_class,

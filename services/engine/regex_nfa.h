@@ -21,8 +21,8 @@ using CharSet = std::vector<std::pair<uint32_t, uint32_t>>;
 void normalize(CharSet& set);
 // Every scalar value (surrogates are not characters) outside `set`.
 CharSet complement(const CharSet& set);
-// The UTF-8 character at `pos` of `text` into `cp`, `pos` moved past it (at least one byte);
-// false when it is not one (truncated, overlong, a surrogate, past U+10FFFF).
+// The UTF-8 character at `pos` of `text` into `cp`, `pos` moved past it; false (`pos` left
+// where it was) when it is not one (truncated, overlong, a surrogate, past U+10FFFF).
 bool decodeUtf8(std::string_view text, size_t& pos, uint32_t& cp);
 
 // A parsed pattern or rule body.
