@@ -265,12 +265,6 @@ int64_t WorkerPool::cachedBlocks(const Entry& entry, std::span<const uint64_t> p
 
 WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::string>& exclude,
                                     std::span<const uint64_t> prefix) {
-  // Its own cache counts only where the decode worker prefills too.
-  bool self_prefill = true;
-  for (const auto& [id, entry] : workers_) {
-    if (entry.worker->info.role() == v1::WORKER_ROLE_PREFILL && !entry.draining)
-      self_prefill = false;
-  }
   Entry* best = nullptr;
   double best_load = 0;
   int64_t best_cached = 0;
@@ -286,7 +280,9 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
       continue;
     const double load = static_cast<double>(entry.admitted) / cap.target_concurrency();
     // Of the workers with room in their decode batch, the cache decides; past that, load.
-    const int64_t cached = self_prefill && load < 1 ? cachedBlocks(entry, prefix) : 0;
+    // A worker prefilling for itself computes less; one decoding what a prefill worker
+    // computed is sent less, and shares the cached blocks instead of taking new ones.
+    const int64_t cached = load < 1 ? cachedBlocks(entry, prefix) : 0;
     if (best == nullptr || cached > best_cached || (cached == best_cached && load < best_load))
       best = &entry, best_load = load, best_cached = cached;
   }
@@ -626,7 +622,8 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64
   best->prefill_tokens += tokens;
   return PrefillLease{.worker = best->worker,
                       .tokens = tokens,
-                      .blocks = std::vector<uint64_t>(prefix.begin(), prefix.end())};
+                      .blocks = std::vector<uint64_t>(prefix.begin(), prefix.end()),
+                      .decode_id = decode.id};
 }
 
 void WorkerPool::releasePrefill(const PrefillLease& lease, bool prefilled) {
@@ -634,11 +631,18 @@ void WorkerPool::releasePrefill(const PrefillLease& lease, bool prefilled) {
   auto it = workers_.find(lease.worker->id);
   if (it == workers_.end() || it->second.worker != lease.worker) return;
   it->second.prefill_tokens -= lease.tokens;
-  const v1::KvCapacity& capacity = lease.worker->info.kv_capacity();
-  if (prefilled && options_.prefix_aware && capacity.prefix_caching()) {
+  if (!prefilled || !options_.prefix_aware) return;
+  auto holds = [&](const Worker& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const v1::KvCapacity& capacity = worker.info.kv_capacity();
+    if (!capacity.prefix_caching()) return;
     // Without a reported pool size, a guess as large as a worker of 64k blocks.
-    prefixes_.record(lease.worker->id, lease.blocks,
+    prefixes_.record(worker.id, lease.blocks,
                      capacity.total_blocks() > 0 ? capacity.total_blocks() : int64_t{1} << 16);
+  };
+  holds(*lease.worker);
+  if (auto decode = workers_.find(lease.decode_id);
+      decode != workers_.end() && decode->first != lease.worker->id) {
+    holds(*decode->second.worker);
   }
 }
 

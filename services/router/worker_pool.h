@@ -102,6 +102,7 @@ struct PrefillLease {
   std::shared_ptr<const Worker> worker;
   int64_t tokens = 0;
   std::vector<uint64_t> blocks;  // The prompt's blocks a cache may supply (prefix_index.h).
+  std::string decode_id;         // Where the KV goes: its cache keeps the blocks too.
 };
 
 // A request's place on a decode worker: its blocks, held until release().
@@ -215,7 +216,8 @@ class WorkerPool {
   absl::StatusOr<PrefillLease> pickPrefill(const Worker& decode, int64_t tokens,
                                            std::span<const uint64_t> prefix,
                                            const std::vector<std::string>& exclude = {});
-  // `prefilled`: the prefill succeeded, so the worker holds the prompt's blocks now.
+  // `prefilled`: the prefill succeeded, so the worker holds the prompt's blocks now, and so
+  // does the decode worker the KV went to once it decodes.
   void releasePrefill(const PrefillLease& lease, bool prefilled = false);
 
   // One line per worker for GetServerInfo: role, model, admitted requests, reserved blocks.

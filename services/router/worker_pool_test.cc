@@ -285,8 +285,7 @@ TEST_F(WorkerPoolTest, PrefillFollowsTheCachedPrefixUnlessAnotherWorkerIsDoneSoo
 
 // Workers that prefill for themselves (role both, no prefill worker): of those with room in
 // their decode batch, the one that computed the prompt's prefix is chosen, however loaded;
-// with no room there, load decides. A prefill worker joining makes the decode side's caches
-// irrelevant.
+// with no room there, load decides.
 TEST_F(WorkerPoolTest, BothWorkersTakeThePromptsWhosePrefixTheyHoldWhileTheirBatchHasRoom) {
   ASSERT_TRUE(pool_.add(worker("b1", v1::WORKER_ROLE_BOTH, 100, 2)).ok());
   ASSERT_TRUE(pool_.add(worker("b2", v1::WORKER_ROLE_BOTH, 100, 2)).ok());
@@ -310,14 +309,55 @@ TEST_F(WorkerPoolTest, BothWorkersTakeThePromptsWhosePrefixTheyHoldWhileTheirBat
   auto plain = pool_.admit(8, soon(), never);  // No prefix: the least loaded.
   EXPECT_EQ(plain->worker->id, other);
   pool_.release(*plain);
-  // With a prefill worker, decode workers' caches do not count.
-  ASSERT_TRUE(pool_.add(worker("p", v1::WORKER_ROLE_PREFILL, 100, 0)).ok());
-  pool_.release(*second);
-  pool_.release(*third);
-  auto fourth = admit();  // 1 of 2 there, none on the other, which gets it.
-  EXPECT_EQ(fourth->worker->id, other);
-  for (const auto& a : {*first, *fourth}) pool_.release(a);
+  for (const auto& a : {*first, *second, *third}) pool_.release(a);
   EXPECT_EQ(pool_.reservedBlocks(), 0);
+}
+
+// Decode workers fed by a prefill worker: the one a prompt's KV went to caches its blocks, so
+// a prompt sharing them goes there while its batch has room (fewer blocks sent, the cached
+// ones shared). A failed prefill leaves no guess; neither does --no-prefix-caching there.
+TEST_F(WorkerPoolTest, DecodeWorkersTakeThePromptsWhosePrefixWasSentThere) {
+  ASSERT_TRUE(pool_.add(worker("d1", v1::WORKER_ROLE_DECODE, 100, 2)).ok());
+  ASSERT_TRUE(pool_.add(worker("d2", v1::WORKER_ROLE_DECODE, 100, 2)).ok());
+  ASSERT_TRUE(pool_.add(worker("p", v1::WORKER_ROLE_PREFILL, 100, 0)).ok());
+  const std::vector<uint32_t> shared = prompt(100);
+  const std::vector<uint64_t> prefix = PrefixIndex::blockHashes(shared, 16);
+  auto admit = [&] { return pool_.admit(8, soon(), never, {}, "", 1, prefix); };
+  auto first = admit();
+  ASSERT_TRUE(first.ok());
+  const std::string home = first->worker->id, other = home == "d1" ? "d2" : "d1";
+  auto failed = pickFor(pool_, *first->worker, shared);
+  ASSERT_TRUE(failed.ok());
+  EXPECT_EQ(failed->worker->id, "p");
+  pool_.releasePrefill(*failed, false);
+  auto unsent = admit();  // Nothing reached `home`: the less loaded one.
+  EXPECT_EQ(unsent->worker->id, other);
+  pool_.release(*unsent);
+  auto sent = pickFor(pool_, *first->worker, shared);
+  pool_.releasePrefill(*sent, true);
+  auto second = admit();  // 1 of 2 there, none on the other: the cache wins.
+  EXPECT_EQ(second->worker->id, home);
+  auto third = admit();  // Its batch is full: the other.
+  EXPECT_EQ(third->worker->id, other);
+  for (const auto& a : {*first, *second, *third}) pool_.release(a);
+  EXPECT_EQ(pool_.reservedBlocks(), 0);
+
+  // A decode worker without a prefix cache is never credited with one.
+  v1::RegisterRequest plain = worker("d3", v1::WORKER_ROLE_DECODE, 100, 2);
+  plain.mutable_kv_capacity()->set_prefix_caching(false);
+  WorkerPool pool(
+      {}, [](auto) {}, [](const std::string&) {});
+  ASSERT_TRUE(pool.add(plain).ok());
+  ASSERT_TRUE(pool.add(worker("d4", v1::WORKER_ROLE_DECODE, 100, 2)).ok());
+  ASSERT_TRUE(pool.add(worker("p", v1::WORKER_ROLE_PREFILL, 100, 0)).ok());
+  auto a = pool.admit(8, soon(), never, {"d4"}, "", 1, prefix);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->worker->id, "d3");
+  auto lease = pickFor(pool, *a->worker, shared);
+  pool.releasePrefill(*lease, true);
+  auto b = pool.admit(8, soon(), never, {}, "", 1, prefix);  // d3 holds nothing: load decides.
+  EXPECT_EQ(b->worker->id, "d4");
+  for (const auto& x : {*a, *b}) pool.release(x);
 }
 
 // --prefill-policy=least_loaded: cached prefixes are not counted.

@@ -418,6 +418,47 @@ class DisaggregationTest(unittest.TestCase):
                 self.assertEqual(written[3], 1)
                 self.assertEqual(written[4], blocks[3])
 
+    def test_a_prompt_goes_to_the_decode_worker_holding_its_prefix(self):
+        """Two decode workers and a prefill worker: while a request decodes on one of them, a
+        prompt sharing its prefix goes to that one (busier, but with room in its batch)
+        rather than the idle other, which is sent only the blocks after the prefix, and
+        decodes the offline engine's tokens."""
+        rng = random.Random(24)
+        prefix = " ".join(rng.choice(WORDS) for _ in range(150))
+        first, second = prefix + " the river", prefix + " a quiet silver morning"
+        found = {}
+
+        def after(stub, pb, workers):
+            ids_of = {p: list(stub.Tokenize(pb.TokenizeRequest(text=p, add_special_tokens=True),
+                                            timeout=5).ids) for p in (first, second)}
+            a, b = ids_of[first], ids_of[second]
+            common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+            # What the first's decode worker holds of the second: full blocks of the common
+            # tokens, of the first's prompt, and short of the second's last token.
+            found["shared"] = min(common // 16, len(a) // 16, (len(b) - 1) // 16)
+            found["blocks"] = (len(b) + 15) // 16
+            port = workers[0].ready["metrics_port"]  # The prefill worker's.
+            running = stub.Generate(pb.GenerateRequest(
+                text=first, add_special_tokens=True, sampling=pb.SamplingParams(temperature=0),
+                stopping=pb.StoppingCriteria(max_new_tokens=400, ignore_eos=True)), timeout=120)
+            next(running)  # Decoding.
+            before = metric(port, "cleave_worker_kv_sent_bytes_total")
+            ids, _, _ = greedy(stub, pb, second)
+            per_block = 2 * 30 * 3 * 64 * 4 * 16  # f32 K and V of one SmolLM2 block
+            found["sent"] = (metric(port, "cleave_worker_kv_sent_bytes_total") - before) / per_block
+            running.cancel()
+            drain(running)
+            self.assertEqual(ids, offline(second, 10))
+            found["hits"] = sorted(
+                metric(w.ready["metrics_port"], "cleave_worker_kv_reserve_cached_blocks_total")
+                for w in workers[1:])
+
+        self.serve(MODEL, 1, 1, [], text=True, after=after, decode_workers=2)
+        print(f"\n{found}")
+        self.assertGreater(found["shared"], 5)
+        self.assertEqual(found["sent"], found["blocks"] - found["shared"])
+        self.assertEqual(found["hits"], [0, found["shared"]])
+
     def test_requests_sharing_a_cached_prefix_decode_together_where_copies_would_not_fit(self):
         """A decode worker whose KV holds one whole request of a long prompt but the prompt's
         cached prefix once and the rest of four: once the prefix is cached there, four such
