@@ -8,6 +8,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/log.h"
 
 namespace cleave {
@@ -17,6 +18,31 @@ std::string_view HttpRequest::header(std::string_view name) const {
     if (key == name) return value;
   }
   return {};
+}
+
+std::optional<std::string> HttpRequest::param(std::string_view name) const {
+  auto decode = [](absl::string_view in) {
+    std::string out;
+    for (size_t i = 0; i < in.size(); ++i) {
+      if (in[i] == '+') {
+        out += ' ';
+      } else if (in[i] == '%' && i + 2 < in.size() &&
+                 std::isxdigit(static_cast<unsigned char>(in[i + 1])) &&
+                 std::isxdigit(static_cast<unsigned char>(in[i + 2]))) {
+        out += static_cast<char>(std::stoi(std::string(in.substr(i + 1, 2)), nullptr, 16));
+        i += 2;
+      } else {
+        out += in[i];
+      }
+    }
+    return out;
+  };
+  for (absl::string_view pair : absl::StrSplit(query, '&')) {
+    const size_t eq = pair.find('=');
+    if (decode(pair.substr(0, eq)) != name) continue;
+    return eq == absl::string_view::npos ? std::string() : decode(pair.substr(eq + 1));
+  }
+  return std::nullopt;
 }
 
 std::string_view httpReason(int status) {

@@ -20,6 +20,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -42,6 +43,8 @@ struct HttpRequest {
 
   // The value of header `name` (lower-case), or empty when absent.
   std::string_view header(std::string_view name) const;
+  // The first value of query parameter `name` ('+' and %XX decoded), or nullopt when absent.
+  std::optional<std::string> param(std::string_view name) const;
 };
 
 class HttpResponse {

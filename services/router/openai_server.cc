@@ -8,12 +8,15 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/version.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "services/router/openai_fields.h"
 #include "services/router/openai_requests.h"
 #include "services/router/openai_responses.h"
 #include "services/router/responses_api.h"
@@ -59,14 +62,21 @@ std::unique_ptr<grpc::ClientContext> callContext(const HttpRequest& request,
 // The routes and their methods; anything else is 404 or 405.
 struct Route {
   const char* path;
-  const char* method;
+  const char* methods;  // Comma-separated, as an Allow header lists them.
 };
 // A path ending in '/' takes any rest ("/v1/models/ID").
 constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-                             {"/v1/responses", "POST"},   {"/v1/models", "GET"},
-                             {"/v1/models/", "GET"},      {"/tokenize", "POST"},
-                             {"/detokenize", "POST"},     {"/health", "GET"},
-                             {"/version", "GET"}};
+                             {"/v1/responses", "POST"},   {"/v1/responses/", "GET, DELETE"},
+                             {"/v1/models", "GET"},       {"/v1/models/", "GET"},
+                             {"/tokenize", "POST"},       {"/detokenize", "POST"},
+                             {"/health", "GET"},          {"/version", "GET"}};
+
+bool allows(const Route& route, absl::string_view method) {
+  for (absl::string_view allowed : absl::StrSplit(route.methods, ", ")) {
+    if (allowed == method) return true;
+  }
+  return false;
+}
 
 const Route* routeOf(const std::string& path) {
   for (const Route& r : kRoutes) {
@@ -122,7 +132,10 @@ OpenAiServer::OpenAiServer(std::shared_ptr<grpc::Channel> router, const OpenAiOp
       requests_(prometheus::BuildCounter()
                     .Name("cleave_http_requests_total")
                     .Help("Requests to the OpenAI-compatible HTTP API, by path and HTTP status")
-                    .Register(metricsRegistry())) {}
+                    .Register(metricsRegistry())) {
+  if (options.response_store_bytes > 0)
+    store_ = std::make_unique<ResponseStore>(options.response_store_bytes);
+}
 
 OpenAiServer::~OpenAiServer() { http_.reset(); }
 
@@ -155,15 +168,15 @@ int OpenAiServer::route(const HttpRequest& request, HttpResponse& response) {
     return sendError(response, openai::apiError(static_cast<int>(grpc::StatusCode::NOT_FOUND),
                                                 absl::StrCat("no route ", request.path)));
   }
-  if (request.method != found->method) {
+  if (!allows(*found, request.method)) {
     response.send(
         405, "application/json",
         openai::dumpJson(Json{{"error",
-                               {{"message", absl::StrCat(request.path, " takes ", found->method)},
+                               {{"message", absl::StrCat(request.path, " takes ", found->methods)},
                                 {"type", "invalid_request_error"},
                                 {"param", nullptr},
                                 {"code", 405}}}}),
-        {{"Allow", found->method}});
+        {{"Allow", found->methods}});
     return 405;
   }
   const std::string_view path = found->path;
@@ -173,18 +186,25 @@ int OpenAiServer::route(const HttpRequest& request, HttpResponse& response) {
   if (path == "/tokenize") return tokenize(false, request, response);
   if (path == "/detokenize") return tokenize(true, request, response);
   if (path == "/v1/responses") return generate(openai::Endpoint::kResponses, request, response);
+  if (path == "/v1/responses/") return storedResponse(request, response);
   return generate(path == "/v1/chat/completions" ? openai::Endpoint::kChatCompletions
                                                  : openai::Endpoint::kCompletions,
                   request, response);
 }
 
-int OpenAiServer::listModels(const HttpRequest& request, HttpResponse& response) {
+int OpenAiServer::servedModels(const HttpRequest& request, HttpResponse& response,
+                               v1::ListModelsResponse& models) {
   openai::ApiError error;
   std::unique_ptr<grpc::ClientContext> context = callContext(request, error);
   if (context == nullptr) return sendError(response, error);
-  v1::ListModelsResponse models;
   grpc::Status status = stub_->ListModels(context.get(), v1::ListModelsRequest(), &models);
   if (!status.ok()) return sendError(response, status);
+  return 0;
+}
+
+int OpenAiServer::listModels(const HttpRequest& request, HttpResponse& response) {
+  v1::ListModelsResponse models;
+  if (const int sent = servedModels(request, response, models); sent != 0) return sent;
   Json data = Json::array();
   for (const v1::ModelInfo& m : models.models()) {
     data.push_back({{"id", m.id()},
@@ -206,6 +226,38 @@ int OpenAiServer::listModels(const HttpRequest& request, HttpResponse& response)
   }
   return sendError(response, openai::apiError(static_cast<int>(grpc::StatusCode::NOT_FOUND),
                                               absl::StrCat("unknown model '", id, "'")));
+}
+
+int OpenAiServer::storedResponse(const HttpRequest& request, HttpResponse& response) {
+  // The credentials must be good ones (the router checks them on any call) and the
+  // response's own.
+  v1::ListModelsResponse models;
+  if (const int sent = servedModels(request, response, models); sent != 0) return sent;
+  absl::string_view rest = absl::string_view(request.path).substr(strlen("/v1/responses/"));
+  const bool items = absl::ConsumeSuffix(&rest, "/input_items");
+  const std::string id(rest);
+  auto notFound = [&](std::string why) {
+    return sendError(response,
+                     openai::apiError(static_cast<int>(grpc::StatusCode::NOT_FOUND), why));
+  };
+  if (store_ == nullptr) {
+    return notFound("this router keeps no responses (started with --http-response-store-mib=0)");
+  }
+  if (id.empty() || id.find('/') != std::string::npos || (items && request.method != "GET")) {
+    return notFound(absl::StrCat("no route ", request.method, " ", request.path));
+  }
+  const std::string owner(request.header("authorization"));
+  if (request.method == "DELETE") {
+    if (!store_->erase(id, owner)) return notFound(absl::StrCat("no stored response '", id, "'"));
+    return send(response, 200, Json{{"id", id}, {"object", "response"}, {"deleted", true}});
+  }
+  std::optional<ResponseStore::Response> stored = store_->get(id, owner);
+  if (!stored) return notFound(absl::StrCat("no stored response '", id, "'"));
+  if (!items) return send(response, 200, stored->response);
+  absl::StatusOr<Json> page = openai::itemsPage(
+      stored->input, {request.param("limit"), request.param("order"), request.param("after")});
+  if (!page.ok()) return sendError(response, openai::apiError(page.status()));
+  return send(response, 200, *page);
 }
 
 int OpenAiServer::tokenize(bool detokenize, const HttpRequest& request, HttpResponse& response) {
@@ -241,10 +293,29 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
   absl::StatusOr<Json> body = openai::parseBody(request.body);
   if (!body.ok()) return sendError(response, openai::apiError(body.status()));
   const bool chat = endpoint != openai::Endpoint::kCompletions;
-  absl::StatusOr<openai::Call> call = endpoint == openai::Endpoint::kResponses
-                                          ? openai::parseResponsesRequest(*body)
-                                      : chat ? openai::parseChatRequest(*body)
-                                             : openai::parseCompletionRequest(*body);
+  const bool responses = endpoint == openai::Endpoint::kResponses;
+  // A response belongs to the credentials that made it (response_store.h).
+  const std::string owner(request.header("authorization"));
+  const Json* previous = responses ? openai::field(*body, "previous_response_id") : nullptr;
+  std::optional<Json> history;  // The stored conversation it continues.
+  if (previous != nullptr && store_ != nullptr) {
+    if (!previous->is_string()) {
+      return sendError(
+          response, openai::apiError(openai::invalid("previous_response_id", "must be a string")));
+    }
+    absl::StatusOr<Json> turns = store_->history(previous->get<std::string>(), owner);
+    if (!turns.ok()) {
+      return sendError(response, openai::apiError(static_cast<int>(grpc::StatusCode::NOT_FOUND),
+                                                  absl::StrCat("previous_response_id: ",
+                                                               turns.status().message()),
+                                                  "previous_response_id"));
+    }
+    history = std::move(*turns);
+  }
+  absl::StatusOr<openai::Call> call =
+      responses ? openai::parseResponsesRequest(*body, history ? &*history : nullptr)
+      : chat    ? openai::parseChatRequest(*body)
+                : openai::parseCompletionRequest(*body);
   if (!call.ok()) return sendError(response, openai::apiError(call.status()));
   if (chat) {
     // A Qwen3 template asked not to think closes the block itself: the reply is content.
@@ -321,13 +392,27 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
   // with what arrives.
   const int per_prompt = call->n;
   const int n = static_cast<int>(prompts.size()) * per_prompt;
-  const std::string id = absl::StrCat(endpoint == openai::Endpoint::kResponses ? "resp_"
-                                      : chat                                   ? "chatcmpl-"
-                                                                               : "cmpl-",
-                                      request_id);
+  // A stored response's id is new whatever X-Request-Id says: a conversation's chain never
+  // meets an id twice.
+  const std::string id = responses ? absl::StrCat("resp_", openai::randomId())
+                                   : absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
   // The Responses API renders the one reply as its own objects and events.
   std::optional<openai::ResponsesRenderer> renderer;
-  if (endpoint == openai::Endpoint::kResponses) renderer.emplace(*body, id, model, created);
+  const Json* store = responses ? openai::field(*body, "store") : nullptr;
+  const bool storing = responses && store_ != nullptr && !(store != nullptr && *store == false);
+  if (responses) {
+    Json echoed = *body;
+    echoed["store"] = storing;
+    renderer.emplace(echoed, id, model, created);
+  }
+  // Kept before the client has it: a follow-up may name it at once.
+  auto keep = [&](const Json& object) {
+    if (!storing) return;
+    store_->put(id, {.owner = owner,
+                     .previous = previous != nullptr ? previous->get<std::string>() : "",
+                     .input = openai::inputItems(*body),
+                     .response = object});
+  };
   std::vector<std::unique_ptr<openai::ResponseBuilder>> builders;
   std::vector<v1::GenerateRequest> requests;
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
@@ -426,15 +511,17 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
     return failed->http_status;
   }
   if (call->stream) {
+    const std::string rest =
+        held + (renderer ? renderer->finished(*builders[0]) : openai::endOfStream(*call, builders));
+    if (renderer) keep(renderer->streamed(*builders[0]));
     if (!streaming && !response.startStream(200, "text/event-stream", headers)) return 499;
-    response.write(held + (renderer ? renderer->finished(*builders[0])
-                                    : openai::endOfStream(*call, builders)));
+    response.write(rest);
     response.endStream();
     return 200;
   }
-  return send(response, 200,
-              renderer ? renderer->body(*builders[0]) : openai::responseBody(*call, builders),
-              headers);
+  const Json out = renderer ? renderer->body(*builders[0]) : openai::responseBody(*call, builders);
+  if (renderer) keep(out);
+  return send(response, 200, out, headers);
 }
 
 }  // namespace cleave::router

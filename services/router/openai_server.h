@@ -3,6 +3,8 @@
 //   POST /v1/completions        text or token-id prompts; "stream": true for server-sent events
 //   POST /v1/chat/completions   conversations through the model's chat template
 //   POST /v1/responses          OpenAI's Responses API on the chat path (responses_api.h)
+//   GET, DELETE /v1/responses/ID, GET /v1/responses/ID/input_items
+//                               stored responses (response_store.h)
 //   GET  /v1/models             the served model
 //   POST /tokenize, /detokenize the model's tokenizer (vLLM's request shapes)
 //   GET  /health, /version
@@ -30,6 +32,7 @@
 #include "prometheus/counter.h"
 #include "services/router/openai_requests.h"
 #include "services/router/reasoning_splitter.h"
+#include "services/router/response_store.h"
 #include "services/router/tool_call_parser.h"
 
 namespace cleave::router {
@@ -40,6 +43,8 @@ struct OpenAiOptions {
   // How tool calls are found in chat replies to requests that offer tools
   // (--tool-call-parser).
   ToolCallFormat tool_calls = ToolCallFormat::kNone;
+  // The memory kept for Responses API responses (--http-response-store-mib); 0 keeps none.
+  int64_t response_store_bytes = int64_t{256} << 20;
 };
 
 class OpenAiServer {
@@ -59,12 +64,19 @@ class OpenAiServer {
   int route(const HttpRequest& request, HttpResponse& response);
   int generate(openai::Endpoint endpoint, const HttpRequest& request, HttpResponse& response);
   int listModels(const HttpRequest& request, HttpResponse& response);
+  // The router's models, asked with the request's credentials: 0, or the HTTP status of
+  // the error sent.
+  int servedModels(const HttpRequest& request, HttpResponse& response,
+                   v1::ListModelsResponse& models);
   int tokenize(bool detokenize, const HttpRequest& request, HttpResponse& response);
+  // GET or DELETE /v1/responses/ID, GET /v1/responses/ID/input_items.
+  int storedResponse(const HttpRequest& request, HttpResponse& response);
 
   std::unique_ptr<v1::Generation::Stub> stub_;
   const ReasoningFormat reasoning_;
   const ToolCallFormat tool_calls_;
   prometheus::Family<prometheus::Counter>& requests_;
+  std::unique_ptr<ResponseStore> store_;  // Null when none is kept.
   // Last: destroyed first, so no request runs while the rest goes away.
   std::unique_ptr<HttpServer> http_;
 };

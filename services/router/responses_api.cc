@@ -1,5 +1,9 @@
 #include "services/router/responses_api.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "services/router/openai_fields.h"
@@ -110,7 +114,9 @@ absl::Status addItem(const Json& item, const std::string& name, Json& messages) 
   }
   if (kind == "reasoning") return absl::OkStatus();  // Templates drop earlier reasoning.
   if (kind == "item_reference") {
-    return invalid(name, "item references need stored responses, which this server keeps none of");
+    return invalid(name,
+                   "item references are not supported; send the item itself, or continue a "
+                   "stored response with previous_response_id");
   }
   return invalid(name + ".type", absl::StrCat("\"", kind,
                                               "\" items are not supported (message, function_call, "
@@ -195,14 +201,19 @@ const char* statusOf(const ResponseBuilder& reply) {
 
 }  // namespace
 
-absl::StatusOr<Call> parseResponsesRequest(const Json& body) {
-  for (const char* key : {"previous_response_id", "conversation"}) {
-    if (field(body, key) != nullptr) {
-      return invalid(key,
-                     "this server keeps no responses or conversations; send the whole "
-                     "conversation in \"input\"");
-    }
+absl::StatusOr<Call> parseResponsesRequest(const Json& body, const Json* history) {
+  if (field(body, "conversation") != nullptr) {
+    return invalid("conversation",
+                   "this server keeps no conversations; send previous_response_id or the whole "
+                   "conversation in \"input\"");
   }
+  if (field(body, "previous_response_id") != nullptr && history == nullptr) {
+    return invalid("previous_response_id",
+                   "this server keeps no responses (started with --http-response-store-mib=0); "
+                   "send the whole conversation in \"input\"");
+  }
+  if (const Json* store = field(body, "store"); store != nullptr && !store->is_boolean())
+    return invalid("store", "must be true or false");
   if (const Json* background = field(body, "background");
       background != nullptr && *background == true) {
     return invalid("background", "is not supported: responses are returned as they are made");
@@ -215,6 +226,10 @@ absl::StatusOr<Call> parseResponsesRequest(const Json& body) {
   if (const Json* instructions = field(body, "instructions"); instructions != nullptr) {
     if (!instructions->is_string()) return invalid("instructions", "must be a string");
     messages.push_back({{"role", "system"}, {"content", *instructions}});
+  }
+  for (size_t i = 0; history != nullptr && i < history->size(); ++i) {
+    CLEAVE_RETURN_IF_ERROR(
+        addItem((*history)[i], absl::StrCat("previous_response_id: item ", i), messages));
   }
   const Json* input = field(body, "input");
   if (input != nullptr && input->is_string() && !input->get<std::string>().empty()) {
@@ -245,6 +260,63 @@ absl::StatusOr<Call> parseResponsesRequest(const Json& body) {
   call.endpoint = Endpoint::kResponses;
   call.n = 1;
   return call;
+}
+
+Json inputItems(const Json& body) {
+  const Json* input = field(body, "input");
+  Json items = Json::array();
+  if (input != nullptr && input->is_string()) {
+    items.push_back({{"type", "message"},
+                     {"role", "user"},
+                     {"content", Json::array({{{"type", "input_text"}, {"text", *input}}})}});
+  } else if (input != nullptr && input->is_array()) {
+    items = *input;
+  }
+  for (Json& item : items) {
+    if (!item.is_object()) continue;
+    const std::string kind = item.value("type", "message");
+    item["type"] = kind;
+    if (kind == "message" && item.contains("content") && item["content"].is_string()) {
+      const bool output = item.value("role", "") == "assistant";
+      item["content"] = Json::array(
+          {{{"type", output ? "output_text" : "input_text"}, {"text", item["content"]}}});
+    }
+    if (!item.contains("id")) {
+      const char* prefix = kind == "message"                ? "msg_"
+                           : kind == "function_call"        ? "fc_"
+                           : kind == "function_call_output" ? "fco_"
+                                                            : "item_";
+      item["id"] = absl::StrCat(prefix, randomId());
+    }
+  }
+  return items;
+}
+
+absl::StatusOr<Json> itemsPage(const Json& items, const ItemsQuery& query) {
+  int64_t limit = 20;
+  if (query.limit && (!absl::SimpleAtoi(*query.limit, &limit) || limit < 1 || limit > 100))
+    return invalid("limit", "must be a whole number from 1 to 100");
+  const std::string order = query.order.value_or("desc");
+  if (order != "asc" && order != "desc") return invalid("order", "must be \"asc\" or \"desc\"");
+  std::vector<const Json*> ordered;
+  for (const Json& item : items) ordered.push_back(&item);
+  if (order == "desc") std::reverse(ordered.begin(), ordered.end());
+  size_t from = 0;
+  if (query.after) {
+    auto at = std::find_if(ordered.begin(), ordered.end(),
+                           [&](const Json* item) { return item->value("id", "") == *query.after; });
+    if (at == ordered.end()) return invalid("after", "names no item of this response's input");
+    from = static_cast<size_t>(at - ordered.begin()) + 1;
+  }
+  Json data = Json::array();
+  for (size_t i = from; i < ordered.size() && data.size() < static_cast<size_t>(limit); ++i)
+    data.push_back(*ordered[i]);
+  const bool more = from + data.size() < ordered.size();
+  return Json{{"object", "list"},
+              {"data", data},
+              {"first_id", data.empty() ? Json(nullptr) : data.front()["id"]},
+              {"last_id", data.empty() ? Json(nullptr) : data.back()["id"]},
+              {"has_more", more}};
 }
 
 ResponsesRenderer::ResponsesRenderer(const Json& request, std::string id, std::string model,
@@ -283,13 +355,13 @@ Json ResponsesRenderer::response(const char* status, Json output,
       {"model", model_},
       {"output", std::move(output)},
       {"parallel_tool_calls", echo("parallel_tool_calls", true)},
-      {"previous_response_id", nullptr},
+      {"previous_response_id", echo("previous_response_id", nullptr)},
       {"reasoning",
        {{"effort", reasoning != nullptr && reasoning->is_object() && reasoning->contains("effort")
                        ? (*reasoning)["effort"]
                        : Json(nullptr)},
         {"summary", nullptr}}},
-      {"store", false},
+      {"store", echo("store", false)},
       {"temperature", echo("temperature", 1.0)},
       {"text",
        {{"format", text != nullptr && text->is_object() && text->contains("format")
@@ -348,6 +420,10 @@ Json ResponsesRenderer::body(const ResponseBuilder& reply) const {
   }
   for (const Json& call : calls) output.push_back(call);
   return response(statusOf(reply), std::move(output), &reply);
+}
+
+Json ResponsesRenderer::streamed(const ResponseBuilder& reply) const {
+  return response(statusOf(reply), output_, &reply);
 }
 
 std::string ResponsesRenderer::event(const char* type, Json fields) {

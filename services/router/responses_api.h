@@ -5,8 +5,9 @@
 // templates drop earlier turns' reasoning) as the messages, `instructions` as a first system
 // message, function `tools` and `tool_choice` in chat's shapes, `text.format` as
 // response_format, `max_output_tokens` as the token limit; the sampling fields the chat API
-// takes pass through. What needs a store of earlier responses (previous_response_id,
-// item references, background) and tools other than functions are refused, naming the field.
+// takes pass through; `previous_response_id` puts a stored conversation (response_store.h)
+// before the input. Item references, `conversation`, `background` and tools other than
+// functions are refused, naming the field.
 //
 // The chat reply becomes a response object whose output holds a reasoning item (with a
 // reasoning parser), a message item with one output_text part, and a function_call item per
@@ -20,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -29,8 +31,24 @@
 
 namespace cleave::router::openai {
 
-// The chat call of a Responses API request (Endpoint::kResponses, one choice).
-absl::StatusOr<Call> parseResponsesRequest(const nlohmann::json& body);
+// The chat call of a Responses API request (Endpoint::kResponses, one choice). `history`:
+// the items of the stored conversation its previous_response_id continues (they come after
+// the instructions and before `input`); without it, previous_response_id is refused.
+absl::StatusOr<Call> parseResponsesRequest(const nlohmann::json& body,
+                                           const nlohmann::json* history = nullptr);
+
+// The request's input items as a stored response keeps them: a string input as a user
+// message, string contents as text parts, an id on every item.
+nlohmann::json inputItems(const nlohmann::json& body);
+
+// GET /v1/responses/ID/input_items's query: at most `limit` items (1-100, default 20), in
+// `order` ("asc", or "desc": newest first, the default), those after the item `after`.
+struct ItemsQuery {
+  std::optional<std::string> limit, order, after;
+};
+// A page of `items` (oldest first) as OpenAI lists them: {"object": "list", "data",
+// "first_id", "last_id", "has_more"}; InvalidArgument naming a bad parameter.
+absl::StatusOr<nlohmann::json> itemsPage(const nlohmann::json& items, const ItemsQuery& query);
 
 // The response object of one call, whole or as events.
 class ResponsesRenderer {
@@ -51,6 +69,8 @@ class ResponsesRenderer {
   std::string failed(const ApiError& error);
   // The response object of a reply that finished (not streamed).
   nlohmann::json body(const ResponseBuilder& reply) const;
+  // Streamed, after finished(): the response object response.completed carried.
+  nlohmann::json streamed(const ResponseBuilder& reply) const;
 
  private:
   // The response object with `output`, in `status` (usage from `reply` when it finished).

@@ -83,9 +83,93 @@ TEST(ResponsesRequestTest, ToolsAndFormatsTakeTheChatShapes) {
   EXPECT_EQ(call->request.logprobs(), 2u);
 }
 
+// A stored conversation (the items of earlier turns) comes after the new instructions and
+// before the new input; the earlier turns' outputs read as input items.
+TEST(ResponsesRequestTest, AStoredConversationComesBeforeTheInput) {
+  const Json body = Json::parse(R"({"input": "And 3?", "instructions": "Be brief.",
+      "previous_response_id": "resp_1", "store": false})");
+  const Json history = Json::parse(R"([
+      {"id": "msg_a", "type": "message", "role": "user",
+       "content": [{"type": "input_text", "text": "2?"}]},
+      {"id": "rs_b", "type": "reasoning", "status": "completed", "summary": [],
+       "content": [{"type": "reasoning_text", "text": "hm"}]},
+      {"id": "msg_c", "type": "message", "status": "completed", "role": "assistant",
+       "content": [{"type": "output_text", "text": "Two.", "annotations": []}]}])");
+  auto call = parseResponsesRequest(body, &history);
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(chatMessages(*call), Json::parse(R"([{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": "2?"}, {"role": "assistant", "content": "Two."},
+      {"role": "user", "content": "And 3?"}])"));
+  // Without a store to read it from, previous_response_id is refused; so is a store that
+  // is not a boolean.
+  EXPECT_THAT(parseResponsesRequest(body).status().message(), HasSubstr("keeps no responses"));
+  EXPECT_EQ(parseResponsesRequest(Json::parse(R"({"input": "x", "store": "yes"})"))
+                .status()
+                .GetPayload(kParamPayload)
+                .value_or(absl::Cord("")),
+            "store");
+}
+
+TEST(ResponsesRequestTest, InputItemsAreKeptAsItemsWithIds) {
+  Json items = inputItems(Json::parse(R"({"input": "Hi"})"));
+  ASSERT_EQ(items.size(), 1u);
+  EXPECT_THAT(items[0]["id"].get<std::string>(), ::testing::StartsWith("msg_"));
+  items[0].erase("id");
+  EXPECT_EQ(items[0], Json::parse(R"({"type": "message", "role": "user",
+      "content": [{"type": "input_text", "text": "Hi"}]})"));
+  items = inputItems(Json::parse(R"({"input": [{"role": "assistant", "content": "A"},
+      {"type": "function_call_output", "call_id": "c", "output": "1", "id": "mine"}]})"));
+  ASSERT_EQ(items.size(), 2u);
+  EXPECT_EQ(items[0]["content"], Json::parse(R"([{"type": "output_text", "text": "A"}])"));
+  EXPECT_EQ(items[0]["type"], "message");
+  EXPECT_EQ(items[1]["id"], "mine");
+  // What was kept parses back to the same messages.
+  auto again = parseResponsesRequest(Json{{"input", items}});
+  ASSERT_TRUE(again.ok()) << again.status();
+}
+
+TEST(ResponsesRequestTest, InputItemsArePagedNewestFirstByDefault) {
+  Json items = Json::array();
+  for (int i = 0; i < 5; ++i) items.push_back({{"id", "i" + std::to_string(i)}});
+  auto ids = [](const Json& page) {
+    std::string out;
+    for (const Json& item : page["data"]) out += item["id"].get<std::string>() + " ";
+    return out;
+  };
+  auto page = itemsPage(items, {});
+  ASSERT_TRUE(page.ok());
+  EXPECT_EQ(ids(*page), "i4 i3 i2 i1 i0 ");
+  EXPECT_EQ((*page)["first_id"], "i4");
+  EXPECT_EQ((*page)["last_id"], "i0");
+  EXPECT_EQ((*page)["has_more"], false);
+  page = itemsPage(items, {.limit = "2", .order = "asc"});
+  EXPECT_EQ(ids(*page), "i0 i1 ");
+  EXPECT_EQ((*page)["has_more"], true);
+  page = itemsPage(items, {.limit = "2", .order = "asc", .after = "i1"});
+  EXPECT_EQ(ids(*page), "i2 i3 ");
+  EXPECT_EQ((*page)["has_more"], true);
+  page = itemsPage(items, {.after = "i1"});
+  EXPECT_EQ(ids(*page), "i0 ");
+  EXPECT_EQ((*page)["has_more"], false);
+  page = itemsPage(items, {.after = "i0"});
+  EXPECT_TRUE((*page)["data"].empty());
+  EXPECT_TRUE((*page)["first_id"].is_null());
+  for (const auto& [query, param] :
+       std::vector<std::pair<ItemsQuery, std::string>>{{{.limit = "0"}, "limit"},
+                                                       {{.limit = "101"}, "limit"},
+                                                       {{.limit = "x"}, "limit"},
+                                                       {{.order = "up"}, "order"},
+                                                       {{.after = "nope"}, "after"}}) {
+    auto bad = itemsPage(items, query);
+    ASSERT_FALSE(bad.ok()) << param;
+    EXPECT_EQ(bad.status().GetPayload(kParamPayload).value_or(absl::Cord("")), param);
+  }
+}
+
 TEST(ResponsesRequestTest, RefusalsNameTheField) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"input": "x", "previous_response_id": "resp_1"})", "previous_response_id"},
+      {R"({"input": "x", "conversation": "conv_1"})", "conversation"},
       {R"({"input": "x", "background": true})", "background"},
       {R"({"input": ""})", "input"},
       {R"({"instructions": "x"})", "input"},

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   std::string chat_template_file;
   std::string http_listen;
   int64_t http_threads = 128;
+  int64_t http_response_store_mib = 256;
   std::string reasoning_parser;
   std::string tool_call_parser;
   cleave::FlagSet flags("cleave-router", "[flags]",
@@ -73,6 +74,10 @@ int main(int argc, char** argv) {
                   "(<tool_call><function=...>) or pythonic ([f(x=1)])");
   flags.addInt("http-threads", &http_threads,
                "HTTP requests served at once (each streaming response holds one)");
+  flags.addInt("http-response-store-mib", &http_response_store_mib,
+               "With --http-listen: memory for Responses API responses kept for "
+               "previous_response_id and GET /v1/responses/ID (least recently used go first); "
+               "0 keeps none");
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "A worker silent this long is dropped; its requests move to other workers");
@@ -222,6 +227,11 @@ int main(int argc, char** argv) {
                           << " is plain HTTP: API keys cross the network unencrypted; put a TLS "
                              "proxy in front";
     }
+    if (http_response_store_mib < 0 || http_response_store_mib > (int64_t{1} << 20)) {
+      (*server)->shutdown(std::chrono::milliseconds(0));
+      cleave::exitWithUsageError(
+          flags, absl::InvalidArgumentError("--http-response-store-mib must be in 0..1048576"));
+    }
     if (http_threads < 1 || http_threads > 4096) {
       (*server)->shutdown(std::chrono::milliseconds(0));
       cleave::exitWithUsageError(flags,
@@ -229,7 +239,10 @@ int main(int argc, char** argv) {
     }
     auto started = cleave::router::OpenAiServer::start(
         {.listen = http_listen, .threads = static_cast<int>(http_threads)},
-        (*server)->inProcessChannel(), {.reasoning = *reasoning, .tool_calls = *tool_calls});
+        (*server)->inProcessChannel(),
+        {.reasoning = *reasoning,
+         .tool_calls = *tool_calls,
+         .response_store_bytes = http_response_store_mib << 20});
     if (!started.ok()) {
       (*server)->shutdown(std::chrono::milliseconds(0));
       cleave::exitWithUsageError(flags, started.status());

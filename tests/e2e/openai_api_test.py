@@ -306,7 +306,7 @@ class OpenAiApiTest(unittest.TestCase):
         # streamed as typed events, equals the chat completion of the same conversation; a
         # named function is called (its arguments an instance) and its output, fed back as
         # input items, is answered as chat answers it; text.format follows a JSON schema;
-        # what needs stored responses is refused, named.
+        # what is not supported is refused, named.
         import jsonschema
         system, question = "Answer in one sentence.", "What is the capital of France?"
         chat = self.client.chat.completions.create(
@@ -378,8 +378,7 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(shaped.status, "completed", shaped.output_text)
         jsonschema.validate(json.loads(shaped.output_text), schema)
 
-        for body, param in (({"input": "x", "previous_response_id": "resp_1"},
-                             "previous_response_id"),
+        for body, param in (({"input": "x", "conversation": "conv_1"}, "conversation"),
                             ({"input": "x", "tools": [{"type": "web_search_preview"}]},
                              "tools[0].type"),
                             ({"input": [{"role": "user", "content": [
@@ -387,6 +386,72 @@ class OpenAiApiTest(unittest.TestCase):
                              "input[0].content[0].type")):
             status, _, text = self.raw("POST", "/v1/responses", body)
             self.assertApiError(status, text, 400, param)
+        ct.wait_until_nothing_reserved(self.router, [self.worker])
+
+    def test_stored_responses_continue_read_list_and_delete(self):
+        # A stored response continued by previous_response_id answers as chat answers the
+        # whole conversation (the first turn's instructions not carried over), streamed or
+        # not; it reads back whole and its input items list; store=false keeps nothing;
+        # other credentials see nothing; deleting a turn breaks the chains through it (404
+        # naming previous_response_id).
+        question, more, last = ("What is the capital of France?", "And of Italy?",
+                                "And of Spain?")
+        ask = dict(model=self.model, max_output_tokens=24, temperature=0)
+        first = self.client.responses.create(instructions="Answer in one sentence.",
+                                              input=question, **ask)
+        self.assertTrue(first.store)
+        self.assertIsNone(first.previous_response_id)
+        second = self.client.responses.create(previous_response_id=first.id, input=more, **ask)
+        self.assertEqual(second.previous_response_id, first.id)
+        turns = [{"role": "user", "content": question},
+                 {"role": "assistant", "content": first.output_text},
+                 {"role": "user", "content": more}]
+        chat = self.client.chat.completions.create(model=self.model, max_tokens=24,
+                                                   temperature=0, messages=turns)
+        self.assertEqual(second.output_text, chat.choices[0].message.content)
+        self.assertEqual(second.usage.input_tokens, chat.usage.prompt_tokens)
+        streamed, final = [], None
+        for event in self.client.responses.create(previous_response_id=second.id, input=last,
+                                                  stream=True, **ask):
+            if event.type == "response.output_text.delta":
+                streamed.append(event.delta)
+            if event.type in ("response.completed", "response.incomplete"):
+                final = event.response
+        chat = self.client.chat.completions.create(
+            model=self.model, max_tokens=24, temperature=0,
+            messages=turns + [{"role": "assistant", "content": second.output_text},
+                              {"role": "user", "content": last}])
+        self.assertEqual("".join(streamed), chat.choices[0].message.content)
+        third = self.client.responses.retrieve(final.id)
+        self.assertEqual((third.id, third.output_text, third.previous_response_id),
+                         (final.id, "".join(streamed), second.id))
+        self.assertEqual(third.output[0].id, final.output[0].id)
+        self.assertEqual(self.client.responses.retrieve(first.id).output_text, first.output_text)
+        items = self.client.responses.input_items.list(second.id)
+        self.assertEqual([(i.type, i.role, i.content[0].text) for i in items.data],
+                         [("message", "user", more)])
+
+        unkept = self.client.responses.create(input=question, store=False, **ask)
+        self.assertFalse(unkept.store)
+        mine, theirs = {"Authorization": "Bearer unused"}, {"Authorization": "Bearer other"}
+        status, _, text = self.raw("GET", f"/v1/responses/{unkept.id}", headers=mine)
+        self.assertApiError(status, text, 404)
+        status, _, text = self.raw("GET", f"/v1/responses/{first.id}", headers=theirs)
+        self.assertApiError(status, text, 404)
+        status, _, text = self.raw("GET", f"/v1/responses/{first.id}/input_items?limit=0",
+                                   headers=mine)
+        self.assertApiError(status, text, 400, "limit")
+        status, headers, text = self.raw("POST", f"/v1/responses/{first.id}", {}, headers=mine)
+        self.assertEqual((status, headers.get("Allow")), (405, "GET, DELETE"), text)
+
+        self.client.responses.delete(first.id)
+        with self.assertRaises(openai.NotFoundError):
+            self.client.responses.retrieve(first.id)
+        status, _, text = self.raw("POST", "/v1/responses",
+                                   {"input": "x", "previous_response_id": final.id},
+                                   headers={"Authorization": "Bearer unused"})
+        self.assertApiError(status, text, 404, "previous_response_id")
+        self.assertIn(f"'{first.id}'", json.loads(text)["error"]["message"])
         ct.wait_until_nothing_reserved(self.router, [self.worker])
 
     def test_special_tokens_reach_the_text_when_asked(self):
