@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <mutex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/log.h"
+#include "common/peer_socket.h"
 
 namespace cleave {
 
@@ -71,7 +73,18 @@ namespace {
 class CivetResponse final : public HttpResponse {
  public:
   // HTTP/1.0 has no chunked encoding: a stream there ends by closing the connection.
-  CivetResponse(mg_connection* conn, bool chunked) : conn_(conn), chunked_(chunked) {}
+  CivetResponse(mg_connection* conn, bool chunked, const mg_request_info& info)
+      : conn_(conn),
+        chunked_(chunked),
+        peer_address_(info.remote_addr),
+        peer_port_(info.remote_port),
+        local_port_(info.server_port) {}
+
+  bool clientGone() override {
+    std::call_once(found_,
+                   [&] { fd_ = findConnectedSocket(peer_address_, peer_port_, local_port_); });
+    return fd_ >= 0 && peerClosed(fd_);
+  }
 
   void send(int status, std::string_view content_type, std::string_view body,
             const std::vector<std::pair<std::string, std::string>>& headers) override {
@@ -135,6 +148,11 @@ class CivetResponse final : public HttpResponse {
 
   mg_connection* conn_;
   const bool chunked_;
+  // The connection's addresses, and its socket once looked for (-1: not found).
+  const std::string peer_address_;
+  const int peer_port_, local_port_;
+  std::once_flag found_;
+  int fd_ = -1;
   bool answered_ = false;
   bool streaming_ = false;
   bool alive_ = false;
@@ -144,7 +162,7 @@ class CivetResponse final : public HttpResponse {
 // after it (the rest of the request is not read).
 void sendPlain(mg_connection* conn, int status, const std::string& message, bool close) {
   if (close) mg_disable_connection_keep_alive(conn);
-  CivetResponse response(conn, true);
+  CivetResponse response(conn, true, *mg_get_request_info(conn));
   response.send(
       status, "application/json",
       absl::StrCat(R"({"error":{"message":")", message,
@@ -193,7 +211,7 @@ struct HttpServerAccess {
     }
     const bool chunked =
         info->http_version != nullptr && std::string_view(info->http_version) != "1.0";
-    CivetResponse response(conn, chunked);
+    CivetResponse response(conn, chunked, *info);
     server->handler_(request, response);
     if (!response.answered()) {
       sendPlain(conn, 500, "the server did not answer this request", false);

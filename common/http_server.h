@@ -61,6 +61,10 @@ class HttpResponse {
   virtual bool write(std::string_view data) = 0;
   // Ends a started stream.
   virtual void endStream() = 0;
+  // True once the client has closed its connection: nobody will read the response. May be
+  // called from any thread while the request is being served (every few hundred ms: the
+  // first call looks for the connection's socket).
+  virtual bool clientGone() { return false; }
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;

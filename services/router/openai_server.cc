@@ -1,6 +1,7 @@
 #include "services/router/openai_server.h"
 
 #include <algorithm>
+#include <atomic>
 #include <ctime>
 #include <deque>
 #include <optional>
@@ -431,6 +432,13 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
   auto cancelAll = [&] {
     for (auto& context : contexts) context->TryCancel();  // Frees the requests' KV blocks.
   };
+  // A client that leaves before its response is written cancels it too (a response sent
+  // whole writes nothing until then).
+  std::atomic<bool> left{false};
+  const ClientWatch::Ticket watching = watch_.watch(response, [&] {
+    left = true;
+    cancelAll();
+  });
   Arrivals arrivals;
   std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>>> readers(n);
   std::vector<std::thread> threads;
@@ -472,6 +480,7 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
   std::string held = renderer && call->stream ? renderer->started() : "";
   for (int open = n; open > 0;) {
     auto [i, message] = n > 1 ? arrivals.pop() : readOne(*readers[0]);
+    gone = gone || left;
     if (!heard[i]) {
       heard[i] = true;
       ++heard_from;

@@ -16,8 +16,9 @@
 //
 // Every call is made on the router's own cleave.v1.Generation service through an
 // in-process channel, so admission, API keys (the Authorization header is passed on),
-// rate limits, validation and metrics are the gRPC API's. A streamed response whose client
-// goes away cancels its call, which frees its KV blocks. An X-Request-Id header names the
+// rate limits, validation and metrics are the gRPC API's. A request whose client goes away
+// (a write fails, or ClientWatch sees the connection closed) cancels its calls, which frees
+// their KV blocks. An X-Request-Id header names the
 // request (as GenerateRequest.request_id) and is echoed.
 //
 // Threading: start() and the destructor from one owning thread (the destructor waits for
@@ -28,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "cleave/v1/generation.grpc.pb.h"
+#include "common/client_watch.h"
 #include "common/http_server.h"
 #include "prometheus/counter.h"
 #include "services/router/openai_requests.h"
@@ -77,6 +79,7 @@ class OpenAiServer {
   const ToolCallFormat tool_calls_;
   prometheus::Family<prometheus::Counter>& requests_;
   std::unique_ptr<ResponseStore> store_;  // Null when none is kept.
+  ClientWatch watch_;                     // Clients that leave before their response is written.
   // Last: destroyed first, so no request runs while the rest goes away.
   std::unique_ptr<HttpServer> http_;
 };

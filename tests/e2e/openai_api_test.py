@@ -918,6 +918,34 @@ class OpenAiApiTest(unittest.TestCase):
                                           "cleave_http_requests_total",
                                           path="/v1/completions", code="499"), 1)
 
+    def test_a_client_hanging_up_before_a_whole_response_frees_its_blocks(self):
+        # Not streamed, nothing is written until the end: the router notices the closed
+        # connection itself and cancels the request long before its 2000 tokens are done.
+        port = self.router.ready["metrics_port"]
+        def hung_up():
+            try:
+                return ct.metric(port, "cleave_http_requests_total",
+                                 path="/v1/chat/completions", code="499")
+            except AssertionError:  # none yet
+                return 0
+        before = hung_up()
+        connection = http.client.HTTPConnection("127.0.0.1", self.http_port, timeout=60)
+        connection.request("POST", "/v1/chat/completions", body=json.dumps(
+            {"messages": [{"role": "user", "content": "Tell me a long story."}],
+             "max_tokens": 2000, "ignore_eos": True}),
+            headers={"Content-Type": "application/json"})
+        deadline = time.monotonic() + 30
+        while ct.metric(port, "cleave_router_admitted_requests") < 1:
+            self.assertLess(time.monotonic(), deadline, "the request was never admitted")
+            time.sleep(0.05)
+        time.sleep(0.3)  # decoding
+        connection.sock.close()
+        connection.close()
+        closed = time.monotonic()
+        ct.wait_until_nothing_reserved(self.router, [self.worker], seconds=5)
+        print(f"\nblocks freed {time.monotonic() - closed:.2f} s after the client left")
+        self.assertEqual(hung_up(), before + 1)
+
     def test_many_streams_at_once_all_finish(self):
         def one(i):
             stream = self.client.completions.create(
