@@ -274,10 +274,12 @@ Json inputItems(const Json& body) {
   }
   for (Json& item : items) {
     if (!item.is_object()) continue;
-    const std::string kind = item.value("type", "message");
+    const std::string* type = stringField(item, "type");
+    const std::string kind = type != nullptr ? *type : "message";
     item["type"] = kind;
     if (kind == "message" && item.contains("content") && item["content"].is_string()) {
-      const bool output = item.value("role", "") == "assistant";
+      const std::string* role = stringField(item, "role");
+      const bool output = role != nullptr && *role == "assistant";
       item["content"] = Json::array(
           {{{"type", output ? "output_text" : "input_text"}, {"text", item["content"]}}});
     }
@@ -303,19 +305,24 @@ absl::StatusOr<Json> itemsPage(const Json& items, const ItemsQuery& query) {
   if (order == "desc") std::reverse(ordered.begin(), ordered.end());
   size_t from = 0;
   if (query.after) {
-    auto at = std::find_if(ordered.begin(), ordered.end(),
-                           [&](const Json* item) { return item->value("id", "") == *query.after; });
+    auto at = std::find_if(ordered.begin(), ordered.end(), [&](const Json* item) {
+      const std::string* id = item->is_object() ? stringField(*item, "id") : nullptr;
+      return id != nullptr && *id == *query.after;
+    });
     if (at == ordered.end()) return invalid("after", "names no item of this response's input");
     from = static_cast<size_t>(at - ordered.begin()) + 1;
   }
+  auto idOf = [](const Json& item) {
+    return item.is_object() && item.contains("id") ? item["id"] : Json(nullptr);
+  };
   Json data = Json::array();
   for (size_t i = from; i < ordered.size() && data.size() < static_cast<size_t>(limit); ++i)
     data.push_back(*ordered[i]);
   const bool more = from + data.size() < ordered.size();
   return Json{{"object", "list"},
               {"data", data},
-              {"first_id", data.empty() ? Json(nullptr) : data.front()["id"]},
-              {"last_id", data.empty() ? Json(nullptr) : data.back()["id"]},
+              {"first_id", data.empty() ? Json(nullptr) : idOf(data.front())},
+              {"last_id", data.empty() ? Json(nullptr) : idOf(data.back())},
               {"has_more", more}};
 }
 

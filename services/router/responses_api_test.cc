@@ -126,6 +126,11 @@ TEST(ResponsesRequestTest, InputItemsAreKeptAsItemsWithIds) {
   // What was kept parses back to the same messages.
   auto again = parseResponsesRequest(Json{{"input", items}});
   ASSERT_TRUE(again.ok()) << again.status();
+  // Items of any shape are kept as they are (the parser refuses them first).
+  items = inputItems(Json::parse(R"({"input": [{"type": 5, "role": 3, "content": "x"}, 7]})"));
+  EXPECT_EQ(items[1], 7);
+  EXPECT_FALSE(itemsPage(items, {.after = "x"}).ok());
+  EXPECT_TRUE(itemsPage(Json::parse("[7, {}]"), {}).ok());
 }
 
 TEST(ResponsesRequestTest, InputItemsArePagedNewestFirstByDefault) {
