@@ -158,9 +158,10 @@ absl::Status parseToolChoice(const Json& body, Call& call) {
   return invalid("tool_choice", absl::StrCat("names \"", name, "\", which is not in tools"));
 }
 
-// vLLM's guided_regex, guided_choice and guided_grammar, or its structured_outputs
-// {"regex": ...}, {"choice": [...]} or {"grammar": ...}: SamplingParams.regex, .choice and
-// .grammar.
+// vLLM's guided_json, guided_regex, guided_choice and guided_grammar, or its
+// structured_outputs {"json": ...}, {"json_object": true}, {"regex": ...}, {"choice": [...]}
+// or {"grammar": ...}: a JSON schema or JSON object response format, SamplingParams.regex,
+// .choice and .grammar.
 absl::Status parseGuidedOutputs(const Json& body, v1::SamplingParams& s) {
   const Json* structured = field(body, "structured_outputs");
   if (structured != nullptr && !structured->is_object())
@@ -173,6 +174,33 @@ absl::Status parseGuidedOutputs(const Json& body, v1::SamplingParams& s) {
     }
     return {nullptr, ""};
   };
+  // A JSON format replaces none given by response_format.
+  auto format = [&](const std::string& name, v1::ResponseFormat f, std::string schema) {
+    if (s.response_format() != v1::RESPONSE_FORMAT_TEXT)
+      return invalid(name, "cannot be combined with a JSON response_format");
+    s.set_response_format(f);
+    if (!schema.empty()) s.set_json_schema(std::move(schema));
+    return absl::OkStatus();
+  };
+  if (auto [json, name] = either("guided_json", "json"); json != nullptr) {
+    // The schema, or its JSON text.
+    const Json schema = json->is_string() ? Json::parse(json->get<std::string>(), nullptr,
+                                                        /*allow_exceptions=*/false)
+                                          : *json;
+    if (!schema.is_object())
+      return invalid(name, "must be a JSON schema: an object, or a string holding one");
+    CLEAVE_RETURN_IF_ERROR(format(name, v1::RESPONSE_FORMAT_JSON_SCHEMA, schema.dump()));
+  }
+  if (structured != nullptr) {
+    if (const Json* object = field(*structured, "json_object"); object != nullptr) {
+      if (!object->is_boolean())
+        return invalid("structured_outputs.json_object", "must be true or false");
+      if (*object == true) {
+        CLEAVE_RETURN_IF_ERROR(
+            format("structured_outputs.json_object", v1::RESPONSE_FORMAT_JSON_OBJECT, ""));
+      }
+    }
+  }
   if (auto [regex, name] = either("guided_regex", "regex"); regex != nullptr) {
     if (!regex->is_string()) return invalid(name, "must be a string");
     s.set_regex(regex->get<std::string>());

@@ -245,6 +245,40 @@ TEST(OpenAiRequestTest, GuidedRegexAndChoiceConstrainSampling) {
   }
 }
 
+// vLLM's guided_json (a schema, or its JSON text) and structured_outputs.json /
+// .json_object are the JSON response formats; with response_format too they are refused.
+TEST(OpenAiRequestTest, GuidedJsonIsAJsonSchemaFormat) {
+  const Json schema =
+      Json::parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}})");
+  for (const Json& body : {Json{{"prompt", "x"}, {"guided_json", schema}},
+                           Json{{"prompt", "x"}, {"guided_json", schema.dump()}},
+                           Json{{"prompt", "x"}, {"structured_outputs", {{"json", schema}}}}}) {
+    auto call = parseCompletionRequest(body);
+    ASSERT_TRUE(call.ok()) << body << ": " << call.status();
+    EXPECT_EQ(call->request.sampling().response_format(), v1::RESPONSE_FORMAT_JSON_SCHEMA);
+    EXPECT_EQ(Json::parse(call->request.sampling().json_schema()), schema);
+  }
+  auto call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "structured_outputs": {"json_object": true}})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.sampling().response_format(), v1::RESPONSE_FORMAT_JSON_OBJECT);
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"prompt": "x", "guided_json": "{not json"})", "guided_json"},
+      {R"({"prompt": "x", "guided_json": [1]})", "guided_json"},
+      {R"({"prompt": "x", "guided_json": {}, "response_format": {"type": "json_object"}})",
+       "guided_json"},
+      {R"({"prompt": "x", "structured_outputs": {"json_object": "yes"}})",
+       "structured_outputs.json_object"},
+  };
+  for (const auto& [body, param] : bad) {
+    auto refused = parseCompletionRequest(Json::parse(body));
+    ASSERT_FALSE(refused.ok()) << body;
+    EXPECT_EQ(std::string(refused.status().GetPayload(kParamPayload).value_or(absl::Cord(""))),
+              param)
+        << body;
+  }
+}
+
 TEST(OpenAiRequestTest, ChatWithoutMaxTokensRunsToTheContextAndToolChoiceNoneHidesTools) {
   auto call = parseChatRequest(Json::parse(
       R"({"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none"})"));
