@@ -7,6 +7,7 @@
 #include "common/version.h"
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
+#include "prometheus/text_serializer.h"
 
 namespace cleave {
 
@@ -41,6 +42,10 @@ void registerProcessMetrics(const std::string& component) {
     return true;
   }();
   (void)registered;
+}
+
+std::string metricsText() {
+  return prometheus::TextSerializer().Serialize(metricsRegistry().Collect());
 }
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string& address,

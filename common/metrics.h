@@ -30,6 +30,10 @@ void registerProcessMetrics(const std::string& component);
 prometheus::Gauge& plainGauge(const std::string& name, const std::string& help);
 prometheus::Counter& plainCounter(const std::string& name, const std::string& help);
 
+// metricsRegistry() in Prometheus's text format, as MetricsServer serves it (for another
+// server's /metrics route).
+std::string metricsText();
+
 class MetricsServer {
  public:
   // Serves metricsRegistry() on `address`:`port` (port 0 picks a free port). Fails with

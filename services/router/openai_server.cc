@@ -70,7 +70,8 @@ constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions
                              {"/v1/responses", "POST"},   {"/v1/responses/", "GET, DELETE"},
                              {"/v1/models", "GET"},       {"/v1/models/", "GET"},
                              {"/tokenize", "POST"},       {"/detokenize", "POST"},
-                             {"/health", "GET"},          {"/version", "GET"}};
+                             {"/health", "GET"},          {"/version", "GET"},
+                             {"/metrics", "GET"}};
 
 bool allows(const Route& route, absl::string_view method) {
   for (absl::string_view allowed : absl::StrSplit(route.methods, ", ")) {
@@ -183,6 +184,10 @@ int OpenAiServer::route(const HttpRequest& request, HttpResponse& response) {
   const std::string_view path = found->path;
   if (path == "/health") return send(response, 200, Json::object());
   if (path == "/version") return send(response, 200, Json{{"version", versionString()}});
+  if (path == "/metrics") {  // The metrics port's text, where vLLM's clients look for it.
+    response.send(200, "text/plain; version=0.0.4", metricsText());
+    return 200;
+  }
   if (path == "/v1/models" || path == "/v1/models/") return listModels(request, response);
   if (path == "/tokenize") return tokenize(false, request, response);
   if (path == "/detokenize") return tokenize(true, request, response);

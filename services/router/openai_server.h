@@ -8,6 +8,7 @@
 //   GET  /v1/models             the served model
 //   POST /tokenize, /detokenize the model's tokenizer (vLLM's request shapes)
 //   GET  /health, /version
+//   GET  /metrics               the metrics port's Prometheus text (common/metrics.h)
 //
 // With a reasoning format (--reasoning-parser), chat replies come back split into
 // `reasoning_content` and `content` (reasoning_splitter.h); with a tool call format

@@ -946,6 +946,18 @@ class OpenAiApiTest(unittest.TestCase):
         print(f"\nblocks freed {time.monotonic() - closed:.2f} s after the client left")
         self.assertEqual(hung_up(), before + 1)
 
+    def test_the_api_port_serves_the_metrics_too(self):
+        # GET /metrics on the HTTP port, where vLLM's dashboards scrape: the metrics port's
+        # families, in Prometheus's text format.
+        self.assertEqual(self.raw("GET", "/health")[0], 200)  # an HTTP request counted
+        status, headers, text = self.raw("GET", "/metrics")
+        self.assertEqual(status, 200, text)
+        self.assertTrue(headers["Content-Type"].startswith("text/plain"), headers)
+        _, other = ct.http_get(self.router.ready["metrics_port"])
+        families = [set(re.findall(r"^# TYPE (cleave_\S+)", t, re.M)) for t in (text, other)]
+        self.assertIn("cleave_router_admitted_requests", families[0])
+        self.assertEqual(families[0], families[1])
+
     def test_many_streams_at_once_all_finish(self):
         def one(i):
             stream = self.client.completions.create(
