@@ -326,6 +326,9 @@ absl::Status parseCommon(const Json& body, Call& call) {
   if (const Json* user = field(body, "user"); user != nullptr && !user->is_string()) {
     return invalid("user", "must be a string");
   }
+  CLEAVE_ASSIGN_OR_RETURN(call.token_ids, boolean(body, "return_token_ids", false));
+  if (call.token_ids) r.set_echo_prompt_token_ids(true);
+  CLEAVE_ASSIGN_OR_RETURN(call.tokens_as_ids, boolean(body, "return_tokens_as_token_ids", false));
   // vLLM's extension: lower is admitted first while requests wait.
   CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> priority,
                           integer(body, "priority", std::numeric_limits<int32_t>::min(),

@@ -41,6 +41,11 @@ struct Call {
   bool echo = false;
   // Report logprobs (completions: `logprobs` was a number; chat: `logprobs` was true).
   bool logprobs = false;
+  // vLLM's return_token_ids: each choice's token ids ("token_ids") and its prompt's
+  // ("prompt_token_ids").
+  bool token_ids = false;
+  // vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:ID", not by text.
+  bool tokens_as_ids = false;
   // Choices per prompt: each its own Generate call (with seed + i when a seed is set).
   int n = 1;
   // Completions: one request per prompt (several prompts make choices p * n + i); the

@@ -105,10 +105,11 @@ Json ResponseBuilder::promptLogprobs(const v1::GenerateResponse& message) {
 Json ResponseBuilder::appendLogprobs(
     const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& tokens, Json lp) {
   for (const v1::TokenLogprob& t : tokens) {
-    lp["tokens"].push_back(t.text());
+    lp["tokens"].push_back(tokenName(t.token_id(), t.text()));
     lp["token_logprobs"].push_back(t.logprob());
     Json top = Json::object();
-    for (const v1::TopLogprob& alt : t.top()) top[alt.text()] = alt.logprob();
+    for (const v1::TopLogprob& alt : t.top())
+      top[tokenName(alt.token_id(), alt.text())] = alt.logprob();
     lp["top_logprobs"].push_back(std::move(top));
     lp["text_offset"].push_back(text_offset_);
     text_offset_ += static_cast<int64_t>(t.text().size());
@@ -119,18 +120,27 @@ Json ResponseBuilder::appendLogprobs(
   return lp;
 }
 
+std::string ResponseBuilder::tokenName(uint32_t id, const std::string& text) const {
+  return call_.tokens_as_ids ? absl::StrCat("token_id:", id) : text;
+}
+
 Json ResponseBuilder::chatLogprobs(const v1::GenerateResponse& message) const {
+  // Named by id, a token's bytes are its name's.
+  auto bytes = [&](const std::string& name, const std::string& token_bytes) {
+    return bytesOf(call_.tokens_as_ids ? name : token_bytes);
+  };
   Json content = Json::array();
   for (const v1::TokenLogprob& t : message.logprobs()) {
     Json top = Json::array();
     for (const v1::TopLogprob& alt : t.top()) {
-      top.push_back({{"token", alt.text()},
-                     {"logprob", alt.logprob()},
-                     {"bytes", bytesOf(alt.token_bytes())}});
+      const std::string name = tokenName(alt.token_id(), alt.text());
+      top.push_back(
+          {{"token", name}, {"logprob", alt.logprob()}, {"bytes", bytes(name, alt.token_bytes())}});
     }
-    content.push_back({{"token", t.text()},
+    const std::string name = tokenName(t.token_id(), t.text());
+    content.push_back({{"token", name},
                        {"logprob", t.logprob()},
-                       {"bytes", bytesOf(t.token_bytes())},
+                       {"bytes", bytes(name, t.token_bytes())},
                        {"top_logprobs", std::move(top)}});
   }
   return content;
@@ -140,24 +150,30 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
   std::string events;
   if (!started_) {
     started_ = true;
+    prompt_ids_.assign(message.prompt_token_ids().begin(), message.prompt_token_ids().end());
     text_offset_ = static_cast<int64_t>(echo_.size());
     text_ = echo_;
     Json echoed = nullptr;
     if (call_.echo && call_.logprobs && call_.endpoint == Endpoint::kCompletions)
       echoed = promptLogprobs(message);
     if (call_.stream && call_.endpoint == Endpoint::kChatCompletions) {
-      events += event(chunk({{"index", index_},
-                             {"delta", {{"role", "assistant"}, {"content", ""}}},
-                             {"logprobs", nullptr},
-                             {"finish_reason", nullptr}}));
+      Json first = chunk({{"index", index_},
+                          {"delta", {{"role", "assistant"}, {"content", ""}}},
+                          {"logprobs", nullptr},
+                          {"finish_reason", nullptr}});
+      if (call_.token_ids) first["prompt_token_ids"] = prompt_ids_;
+      events += event(first);
     }
     if (call_.stream && !echo_.empty()) {
-      events += event(chunk({{"index", index_},
-                             {"text", echo_},
-                             {"logprobs", std::move(echoed)},
-                             {"finish_reason", nullptr}}));
+      Json choice{{"index", index_},
+                  {"text", echo_},
+                  {"logprobs", std::move(echoed)},
+                  {"finish_reason", nullptr}};
+      if (call_.token_ids) choice["prompt_token_ids"] = prompt_ids_;
+      events += event(chunk(std::move(choice)));
     }
   }
+  token_ids_.insert(token_ids_.end(), message.token_ids().begin(), message.token_ids().end());
   ReasoningSplitter::Parts parts = splitter_.push(message.text());
   Json calls = Json::array();
   if (message.has_final()) {
@@ -209,11 +225,20 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
   if (message.has_final()) final_ = message.final();
   // A Responses API stream is made of its own events (responses_api.h).
   if (!call_.stream || call_.endpoint == Endpoint::kResponses) return "";
+  const bool ids = call_.token_ids && !message.token_ids().empty();
   if (parts.content.empty() && parts.reasoning.empty() && message.logprobs().empty() &&
-      !message.has_final()) {
+      !message.has_final() && !ids) {
     return events;
   }
   Json choice{{"index", index_}, {"logprobs", std::move(logprobs)}};
+  if (call_.token_ids) {
+    choice["token_ids"] =
+        Json(std::vector<uint32_t>(message.token_ids().begin(), message.token_ids().end()));
+    // Completions: the prompt's with the choice's first tokens (unless echoed before).
+    if (call_.endpoint == Endpoint::kCompletions && echo_.empty() && !prompt_ids_sent_)
+      choice["prompt_token_ids"] = prompt_ids_;
+    prompt_ids_sent_ = true;
+  }
   if (call_.endpoint == Endpoint::kCompletions) {
     choice["text"] = parts.content;
   } else {
@@ -256,6 +281,10 @@ Json ResponseBuilder::choiceBody() const {
   choice["finish_reason"] = finishReasonOf(*final_);
   choice["stop_reason"] =
       final_->matched_stop().empty() ? Json(nullptr) : Json(final_->matched_stop());
+  if (call_.token_ids) {
+    choice["token_ids"] = token_ids_;
+    if (call_.endpoint == Endpoint::kCompletions) choice["prompt_token_ids"] = prompt_ids_;
+  }
   return choice;
 }
 
@@ -278,6 +307,9 @@ Json usageOf(const Call& call, const std::vector<std::unique_ptr<ResponseBuilder
 Json responseBody(const Call& call, const std::vector<std::unique_ptr<ResponseBuilder>>& choices) {
   Json body = choices.front()->chunk(nullptr);
   for (const auto& c : choices) body["choices"].push_back(c->choiceBody());
+  // Chat's one prompt, beside the choices.
+  if (call.token_ids && call.endpoint != Endpoint::kCompletions)
+    body["prompt_token_ids"] = choices.front()->promptTokenIds();
   body["usage"] = usageOf(call, choices);
   return body;
 }

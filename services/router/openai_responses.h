@@ -48,6 +48,8 @@ class ResponseBuilder {
   const nlohmann::json& toolCalls() const { return tool_calls_; }
   const nlohmann::json& logprobs() const { return logprobs_; }
   const v1::FinalInfo& final() const { return *final_; }
+  // return_token_ids: the prompt's token ids.
+  const std::vector<uint32_t>& promptTokenIds() const { return prompt_ids_; }
 
  private:
   nlohmann::json completionLogprobs(const v1::GenerateResponse& message);
@@ -59,6 +61,8 @@ class ResponseBuilder {
   nlohmann::json appendLogprobs(const google::protobuf::RepeatedPtrField<v1::TokenLogprob>& tokens,
                                 nlohmann::json lp);
   nlohmann::json chatLogprobs(const v1::GenerateResponse& message) const;
+  // A token's name in logprobs: its text, or "token_id:ID" (return_tokens_as_token_ids).
+  std::string tokenName(uint32_t id, const std::string& text) const;
   const char* object() const;
   // "tool_calls" when the reply called tools, else finishReason()'s.
   const char* finishReasonOf(const v1::FinalInfo& final) const;
@@ -77,7 +81,10 @@ class ResponseBuilder {
   std::string arguments_;  // call.forced_tool's, as they arrive
   nlohmann::json tool_calls_ = nlohmann::json::array();
   nlohmann::json logprobs_;  // the whole response's, in the endpoint's format
-  int64_t text_offset_ = 0;  // completions logprobs: where the next token's text starts
+  // return_token_ids: the prompt's (from the first message) and the reply's.
+  std::vector<uint32_t> prompt_ids_, token_ids_;
+  bool prompt_ids_sent_ = false;  // Streamed completions: with a choice's first tokens.
+  int64_t text_offset_ = 0;       // completions logprobs: where the next token's text starts
   std::optional<v1::FinalInfo> final_;
 };
 

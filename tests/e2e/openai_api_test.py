@@ -184,6 +184,51 @@ class OpenAiApiTest(unittest.TestCase):
                                                 temperature=0, echo=True)
         self.assertEqual(echoed.choices[0].text, prompt + by_text.choices[0].text)
 
+    def test_token_ids_come_back_when_asked(self):
+        # vLLM's return_token_ids: the reply's token ids (the gRPC API's) and the prompt's
+        # (the tokenizer's), whole or streamed, completions and chat; and
+        # return_tokens_as_token_ids names logprobs' tokens "token_id:ID".
+        prompt = "Rivers of Europe include"
+        prompt_ids = list(self.stub.Tokenize(self.pb.TokenizeRequest(
+            text=prompt, add_special_tokens=True), timeout=5).ids)
+        _, ids, _, _ = self.grpc_generate(self.pb.GenerateRequest(
+            text=prompt, add_special_tokens=True, sampling=self.pb.SamplingParams(temperature=0),
+            stopping=self.pb.StoppingCriteria(max_new_tokens=12, ignore_eos=True)))
+        ask = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+               "return_token_ids": True}
+        status, _, text = self.raw("POST", "/v1/completions", ask)
+        self.assertEqual(status, 200, text)
+        choice = json.loads(text)["choices"][0]
+        self.assertEqual((choice["token_ids"], choice["prompt_token_ids"]), (ids, prompt_ids))
+        stream = self.client.completions.create(model=self.model, stream=True, **{
+            k: v for k, v in ask.items() if k in ("prompt", "max_tokens", "temperature")},
+            extra_body={"ignore_eos": True, "return_token_ids": True})
+        chunks = [c.model_dump() for c in stream]
+        self.assertEqual(sum((c["choices"][0]["token_ids"] for c in chunks), []), ids)
+        self.assertEqual(chunks[0]["choices"][0]["prompt_token_ids"], prompt_ids)
+
+        messages = [{"role": "user", "content": "Name a river."}]
+        chat_ids = list(self.stub.Tokenize(self.pb.TokenizeRequest(chat=self.pb.Chat(
+            messages=[self.pb.ChatMessage(**m) for m in messages])), timeout=5).ids)
+        whole = self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=12, temperature=0, logprobs=True,
+            top_logprobs=2, extra_body={"return_token_ids": True,
+                                        "return_tokens_as_token_ids": True}).model_dump()
+        self.assertEqual(whole["prompt_token_ids"], chat_ids)
+        reply_ids = whole["choices"][0]["token_ids"]
+        self.assertEqual(len(reply_ids), whole["usage"]["completion_tokens"])
+        entries = whole["choices"][0]["logprobs"]["content"]
+        self.assertEqual([e["token"] for e in entries], [f"token_id:{i}" for i in reply_ids])
+        self.assertEqual(entries[0]["bytes"], list(f"token_id:{reply_ids[0]}".encode()))
+        self.assertTrue(all(t["token"].startswith("token_id:") for e in entries
+                            for t in e["top_logprobs"]))
+        streamed = [c.model_dump() for c in self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=12, temperature=0, stream=True,
+            extra_body={"return_token_ids": True})]
+        self.assertEqual(streamed[0]["prompt_token_ids"], chat_ids)
+        self.assertEqual(sum((c["choices"][0].get("token_ids") or [] for c in streamed
+                              if c["choices"]), []), reply_ids)
+
     def test_chat_equals_the_grpc_api_streamed_or_not(self):
         messages = [{"role": "system", "content": "Answer in one sentence."},
                     {"role": "user", "content": "What is the capital of France?"}]
