@@ -15,5 +15,7 @@ absl::Status invalid(const std::string& param, const std::string& what);
 
 // `name` in `body`: null when absent or JSON null.
 const nlohmann::json* field(const nlohmann::json& body, const char* name);
+// `name` in `object` when it is a string; null otherwise (`object` need not be an object).
+const std::string* stringField(const nlohmann::json& object, const char* name);
 
 }  // namespace cleave::router::openai

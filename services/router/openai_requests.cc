@@ -26,6 +26,11 @@ const Json* field(const Json& body, const char* name) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
+const std::string* stringField(const Json& object, const char* name) {
+  const Json* v = object.is_object() ? field(object, name) : nullptr;
+  return v != nullptr && v->is_string() ? &v->get_ref<const std::string&>() : nullptr;
+}
+
 namespace {
 
 absl::StatusOr<bool> boolean(const Json& body, const char* name, bool fallback) {

@@ -28,7 +28,8 @@ inline constexpr char kParamPayload[] = "type.cleave/openai.param";
 
 // kResponses: OpenAI's Responses API (responses_api.h), a chat call whose reply is rendered
 // as a response object; the fields marked "Chat" hold for it too.
-enum class Endpoint { kCompletions, kChatCompletions, kResponses };
+// kMessages: Anthropic's Messages API (messages_api.h), likewise.
+enum class Endpoint { kCompletions, kChatCompletions, kResponses, kMessages };
 
 // One generation call.
 struct Call {

@@ -223,8 +223,11 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
     }
   }
   if (message.has_final()) final_ = message.final();
-  // A Responses API stream is made of its own events (responses_api.h).
-  if (!call_.stream || call_.endpoint == Endpoint::kResponses) return "";
+  // A Responses or Messages API stream is made of its own events (reply_renderer.h).
+  if (!call_.stream || call_.endpoint == Endpoint::kResponses ||
+      call_.endpoint == Endpoint::kMessages) {
+    return "";
+  }
   const bool ids = call_.token_ids && !message.token_ids().empty();
   if (parts.content.empty() && parts.reasoning.empty() && message.logprobs().empty() &&
       !message.has_final() && !ids) {

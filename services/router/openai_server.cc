@@ -17,6 +17,7 @@
 #include "common/version.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "services/router/messages_api.h"
 #include "services/router/openai_fields.h"
 #include "services/router/openai_requests.h"
 #include "services/router/openai_responses.h"
@@ -47,7 +48,11 @@ int sendError(HttpResponse& response, const grpc::Status& status) {
 std::unique_ptr<grpc::ClientContext> callContext(const HttpRequest& request,
                                                  openai::ApiError& error) {
   auto context = std::make_unique<grpc::ClientContext>();
-  const std::string_view auth = request.header("authorization");
+  // Anthropic's clients send the key as x-api-key.
+  const std::string auth =
+      !request.header("authorization").empty() ? std::string(request.header("authorization"))
+      : !request.header("x-api-key").empty() ? "Bearer " + std::string(request.header("x-api-key"))
+                                             : std::string();
   for (unsigned char c : auth) {
     if (c < 0x20 || c > 0x7e) {
       error = openai::apiError(static_cast<int>(grpc::StatusCode::UNAUTHENTICATED),
@@ -56,7 +61,7 @@ std::unique_ptr<grpc::ClientContext> callContext(const HttpRequest& request,
       return nullptr;
     }
   }
-  if (!auth.empty()) context->AddMetadata("authorization", std::string(auth));
+  if (!auth.empty()) context->AddMetadata("authorization", auth);
   return context;
 }
 
@@ -66,12 +71,19 @@ struct Route {
   const char* methods;  // Comma-separated, as an Allow header lists them.
 };
 // A path ending in '/' takes any rest ("/v1/models/ID").
-constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-                             {"/v1/responses", "POST"},   {"/v1/responses/", "GET, DELETE"},
-                             {"/v1/models", "GET"},       {"/v1/models/", "GET"},
-                             {"/tokenize", "POST"},       {"/detokenize", "POST"},
-                             {"/health", "GET"},          {"/version", "GET"},
-                             {"/metrics", "GET"}};
+constexpr Route kRoutes[] = {{"/v1/completions", "POST"},
+                             {"/v1/chat/completions", "POST"},
+                             {"/v1/responses", "POST"},
+                             {"/v1/responses/", "GET, DELETE"},
+                             {"/v1/models", "GET"},
+                             {"/v1/models/", "GET"},
+                             {"/tokenize", "POST"},
+                             {"/detokenize", "POST"},
+                             {"/health", "GET"},
+                             {"/version", "GET"},
+                             {"/metrics", "GET"},
+                             {"/v1/messages", "POST"},
+                             {"/v1/messages/count_tokens", "POST"}};
 
 bool allows(const Route& route, absl::string_view method) {
   for (absl::string_view allowed : absl::StrSplit(route.methods, ", ")) {
@@ -90,6 +102,26 @@ const Route* routeOf(const std::string& path) {
   }
   return nullptr;
 }
+
+// A response whose errors are in Anthropic's shape (the Messages API's routes).
+class AnthropicErrors final : public HttpResponse {
+ public:
+  explicit AnthropicErrors(HttpResponse& inner) : inner_(inner) {}
+  void send(int status, std::string_view content_type, std::string_view body,
+            const Headers& headers) override {
+    if (status < 400) return inner_.send(status, content_type, body, headers);
+    inner_.send(status, content_type, openai::anthropicError(status, std::string(body)), headers);
+  }
+  bool startStream(int status, std::string_view content_type, const Headers& headers) override {
+    return inner_.startStream(status, content_type, headers);
+  }
+  bool write(std::string_view data) override { return inner_.write(data); }
+  void endStream() override { inner_.endStream(); }
+  bool clientGone() override { return inner_.clientGone(); }
+
+ private:
+  HttpResponse& inner_;
+};
 
 // The messages of several Generate streams in arrival order; a null message ends a stream.
 class Arrivals {
@@ -156,7 +188,9 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::start(
 }
 
 void OpenAiServer::handle(const HttpRequest& request, HttpResponse& response) {
-  const int status = route(request, response);
+  AnthropicErrors anthropic(response);
+  const bool messages = request.path.starts_with("/v1/messages");
+  const int status = route(request, messages ? anthropic : response);
   const Route* found = routeOf(request.path);
   requests_
       .Add({{"path", found != nullptr ? found->path : "other"}, {"code", std::to_string(status)}})
@@ -193,6 +227,8 @@ int OpenAiServer::route(const HttpRequest& request, HttpResponse& response) {
   if (path == "/detokenize") return tokenize(true, request, response);
   if (path == "/v1/responses") return generate(openai::Endpoint::kResponses, request, response);
   if (path == "/v1/responses/") return storedResponse(request, response);
+  if (path == "/v1/messages") return generate(openai::Endpoint::kMessages, request, response);
+  if (path == "/v1/messages/count_tokens") return countTokens(request, response);
   return generate(path == "/v1/chat/completions" ? openai::Endpoint::kChatCompletions
                                                  : openai::Endpoint::kCompletions,
                   request, response);
@@ -266,6 +302,23 @@ int OpenAiServer::storedResponse(const HttpRequest& request, HttpResponse& respo
   return send(response, 200, *page);
 }
 
+int OpenAiServer::countTokens(const HttpRequest& request, HttpResponse& response) {
+  absl::StatusOr<Json> body = openai::parseBody(request.body);
+  if (!body.ok()) return sendError(response, openai::apiError(body.status()));
+  absl::StatusOr<openai::Call> call = openai::parseMessagesRequest(*body, /*counting=*/true);
+  if (!call.ok()) return sendError(response, openai::apiError(call.status()));
+  openai::ApiError error;
+  std::unique_ptr<grpc::ClientContext> context = callContext(request, error);
+  if (context == nullptr) return sendError(response, error);
+  v1::TokenizeRequest tokenize;
+  tokenize.set_model(call->request.model());
+  *tokenize.mutable_chat() = call->request.chat();
+  v1::TokenizeResponse ids;
+  grpc::Status status = stub_->Tokenize(context.get(), tokenize, &ids);
+  if (!status.ok()) return sendError(response, status);
+  return send(response, 200, Json{{"input_tokens", ids.ids_size()}});
+}
+
 int OpenAiServer::tokenize(bool detokenize, const HttpRequest& request, HttpResponse& response) {
   absl::StatusOr<Json> body = openai::parseBody(request.body);
   if (!body.ok()) return sendError(response, openai::apiError(body.status()));
@@ -318,10 +371,12 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
     }
     history = std::move(*turns);
   }
+  const bool messages = endpoint == openai::Endpoint::kMessages;
   absl::StatusOr<openai::Call> call =
-      responses ? openai::parseResponsesRequest(*body, history ? &*history : nullptr)
-      : chat    ? openai::parseChatRequest(*body)
-                : openai::parseCompletionRequest(*body);
+      responses  ? openai::parseResponsesRequest(*body, history ? &*history : nullptr)
+      : messages ? openai::parseMessagesRequest(*body)
+      : chat     ? openai::parseChatRequest(*body)
+                 : openai::parseCompletionRequest(*body);
   if (!call.ok()) return sendError(response, openai::apiError(call.status()));
   if (chat) {
     // A Qwen3 template asked not to think closes the block itself: the reply is content.
@@ -400,17 +455,19 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
   const int n = static_cast<int>(prompts.size()) * per_prompt;
   // A stored response's id is new whatever X-Request-Id says: a conversation's chain never
   // meets an id twice.
-  const std::string id = responses ? absl::StrCat("resp_", openai::randomId())
-                                   : absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
-  // The Responses API renders the one reply as its own objects and events.
-  std::optional<openai::ResponsesRenderer> renderer;
+  const std::string id = responses  ? absl::StrCat("resp_", openai::randomId())
+                         : messages ? absl::StrCat("msg_", request_id)
+                                    : absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
+  // The Responses and Messages APIs render the one reply as their own objects and events.
+  std::unique_ptr<openai::ReplyRenderer> renderer;
   const Json* store = responses ? openai::field(*body, "store") : nullptr;
   const bool storing = responses && store_ != nullptr && !(store != nullptr && *store == false);
   if (responses) {
     Json echoed = *body;
     echoed["store"] = storing;
-    renderer.emplace(echoed, id, model, created);
+    renderer = std::make_unique<openai::ResponsesRenderer>(echoed, id, model, created);
   }
+  if (messages) renderer = std::make_unique<openai::MessagesRenderer>(id, model);
   // Kept before the client has it: a follow-up may name it at once.
   auto keep = [&](const Json& object) {
     if (!storing) return;
@@ -527,14 +584,14 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
   if (call->stream) {
     const std::string rest =
         held + (renderer ? renderer->finished(*builders[0]) : openai::endOfStream(*call, builders));
-    if (renderer) keep(renderer->streamed(*builders[0]));
+    if (responses) keep(static_cast<openai::ResponsesRenderer&>(*renderer).streamed(*builders[0]));
     if (!streaming && !response.startStream(200, "text/event-stream", headers)) return 499;
     response.write(rest);
     response.endStream();
     return 200;
   }
   const Json out = renderer ? renderer->body(*builders[0]) : openai::responseBody(*call, builders);
-  if (renderer) keep(out);
+  if (responses) keep(out);
   return send(response, 200, out, headers);
 }
 

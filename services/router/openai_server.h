@@ -5,6 +5,8 @@
 //   POST /v1/responses          OpenAI's Responses API on the chat path (responses_api.h)
 //   GET, DELETE /v1/responses/ID, GET /v1/responses/ID/input_items
 //                               stored responses (response_store.h)
+//   POST /v1/messages, /v1/messages/count_tokens
+//                               Anthropic's Messages API on the chat path (messages_api.h)
 //   GET  /v1/models             the served model
 //   POST /tokenize, /detokenize the model's tokenizer (vLLM's request shapes)
 //   GET  /health, /version
@@ -74,6 +76,8 @@ class OpenAiServer {
   int tokenize(bool detokenize, const HttpRequest& request, HttpResponse& response);
   // GET or DELETE /v1/responses/ID, GET /v1/responses/ID/input_items.
   int storedResponse(const HttpRequest& request, HttpResponse& response);
+  // POST /v1/messages/count_tokens: the prompt's tokens, as Anthropic's API counts them.
+  int countTokens(const HttpRequest& request, HttpResponse& response);
 
   std::unique_ptr<v1::Generation::Stub> stub_;
   const ReasoningFormat reasoning_;

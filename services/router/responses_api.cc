@@ -63,11 +63,6 @@ absl::StatusOr<std::string> textOf(const Json& content, const std::string& name)
   return joined;
 }
 
-const std::string* stringField(const Json& item, const char* key) {
-  const Json* v = field(item, key);
-  return v != nullptr && v->is_string() ? &v->get_ref<const std::string&>() : nullptr;
-}
-
 // One input item onto the chat messages.
 absl::Status addItem(const Json& item, const std::string& name, Json& messages) {
   if (!item.is_object()) return invalid(name, "must be an object");

@@ -28,6 +28,7 @@
 #include "nlohmann/json.hpp"
 #include "services/router/openai_requests.h"
 #include "services/router/openai_responses.h"
+#include "services/router/reply_renderer.h"
 
 namespace cleave::router::openai {
 
@@ -51,7 +52,7 @@ struct ItemsQuery {
 absl::StatusOr<nlohmann::json> itemsPage(const nlohmann::json& items, const ItemsQuery& query);
 
 // The response object of one call, whole or as events.
-class ResponsesRenderer {
+class ResponsesRenderer final : public ReplyRenderer {
  public:
   // `request`: the request's body (its settings are echoed); `id` ("resp_..."), `model`
   // and `created` (Unix seconds) name the response.
@@ -59,16 +60,16 @@ class ResponsesRenderer {
                     int64_t created);
 
   // Streamed: response.created and response.in_progress.
-  std::string started();
+  std::string started() override;
   // Streamed: the events for what `reply` holds beyond what earlier calls saw.
-  std::string progress(const ResponseBuilder& reply);
+  std::string progress(const ResponseBuilder& reply) override;
   // Streamed, after the reply's final message: the events closing its items, its function
   // calls, and response.completed or response.incomplete.
-  std::string finished(const ResponseBuilder& reply);
+  std::string finished(const ResponseBuilder& reply) override;
   // Streamed: an error after the stream began (an "error" event, then response.failed).
-  std::string failed(const ApiError& error);
+  std::string failed(const ApiError& error) override;
   // The response object of a reply that finished (not streamed).
-  nlohmann::json body(const ResponseBuilder& reply) const;
+  nlohmann::json body(const ResponseBuilder& reply) const override;
   // Streamed, after finished(): the response object response.completed carried.
   nlohmann::json streamed(const ResponseBuilder& reply) const;
 

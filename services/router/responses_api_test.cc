@@ -3,6 +3,8 @@
 // and into the API's event stream, whose deltas add up to the object's text.
 #include "services/router/responses_api.h"
 
+#include "services/router/reply_test_util.h"
+
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -13,16 +15,6 @@ namespace {
 
 using Json = nlohmann::json;
 using ::testing::HasSubstr;
-
-Json chatMessages(const Call& call) {
-  Json messages = Json::array();
-  for (const v1::ChatMessage& m : call.request.chat().messages()) {
-    Json one{{"role", m.role()}, {"content", m.content()}};
-    if (!m.fields_json().empty()) one.update(Json::parse(m.fields_json()));
-    messages.push_back(std::move(one));
-  }
-  return messages;
-}
 
 TEST(ResponsesRequestTest, InputItemsBecomeChatMessages) {
   auto call = parseResponsesRequest(Json::parse(R"({"input": "Hi", "instructions": "Be brief.",
@@ -200,47 +192,8 @@ TEST(ResponsesRequestTest, RefusalsNameTheField) {
   }
 }
 
-v1::GenerateResponse piece(const std::string& text) {
-  v1::GenerateResponse m;
-  m.set_text(text);
-  return m;
-}
-
-v1::GenerateResponse last(const std::string& text, v1::FinishReason reason) {
-  v1::GenerateResponse m = piece(text);
-  v1::FinalInfo& f = *m.mutable_final();
-  f.set_finish_reason(reason);
-  f.mutable_usage()->set_prompt_tokens(11);
-  f.mutable_usage()->set_cached_prompt_tokens(4);
-  f.mutable_usage()->set_completion_tokens(5);
-  return m;
-}
-
-// The events of a stream: each {"event", "data"}, checked as the API frames them.
-std::vector<Json> events(const std::string& stream) {
-  std::vector<Json> out;
-  size_t at = 0;
-  while (at < stream.size()) {
-    const size_t end = stream.find("\n\n", at);
-    EXPECT_NE(end, std::string::npos);
-    const std::string frame = stream.substr(at, end - at);
-    at = end + 2;
-    const size_t newline = frame.find('\n');
-    EXPECT_TRUE(frame.starts_with("event: ")) << frame;
-    EXPECT_EQ(frame.substr(newline + 1, 6), "data: ") << frame;
-    const Json data = Json::parse(frame.substr(newline + 7));
-    EXPECT_EQ(data["type"], frame.substr(7, newline - 7));
-    out.push_back(data);
-  }
-  return out;
-}
-
 // A reply made by feeding `pieces` (then `final_text` with `reason`) through a builder,
 // rendered whole and streamed.
-struct Rendered {
-  Json body;
-  std::vector<Json> events;
-};
 Rendered render(const char* request, ToolCallFormat tools, const std::vector<std::string>& pieces,
                 const std::string& final_text, v1::FinishReason reason,
                 ReasoningFormat reasoning = ReasoningFormat::kNone) {
@@ -249,30 +202,9 @@ Rendered render(const char* request, ToolCallFormat tools, const std::vector<std
   EXPECT_TRUE(call.ok()) << call.status();
   if (call->offers_tools) call->tool_calls = tools;
   call->reasoning = reasoning;
-  Rendered out;
-  for (const bool stream : {false, true}) {
-    call->stream = stream;
-    ResponseBuilder reply(*call, "resp_1", "m", 5);
-    ResponsesRenderer renderer(body, "resp_1", "m", 5);
-    std::string text = stream ? renderer.started() : "";
-    for (const std::string& p : pieces) {
-      EXPECT_EQ(reply.add(piece(p)), "");  // The builder makes no chat events here.
-      if (stream) text += renderer.progress(reply);
-    }
-    reply.add(last(final_text, reason));
-    if (stream) {
-      out.events = events(text + renderer.finished(reply));
-    } else {
-      out.body = renderer.body(reply);
-    }
-  }
-  return out;
-}
-
-std::vector<std::string> types(const std::vector<Json>& events) {
-  std::vector<std::string> out;
-  for (const Json& e : events) out.push_back(e["type"]);
-  return out;
+  return renderReply(
+      *call, [&] { return std::make_unique<ResponsesRenderer>(body, "resp_1", "m", 5); }, pieces,
+      last(final_text, reason));
 }
 
 TEST(ResponsesRendererTest, ATextReplyIsOneMessageWholeOrStreamed) {

@@ -1,12 +1,13 @@
-// libFuzzer target: an HTTP client's request body (any bytes) through the OpenAI-compatible
-// API's parsers: completions, chat, the Responses API (with the body's own input items as a
-// stored conversation too), the items a stored response keeps and their pages, tokenize
-// and detokenize.
+// libFuzzer target: an HTTP client's request body (any bytes) through the HTTP API's
+// parsers: completions, chat, the Responses API (with the body's own input items as a
+// stored conversation too), the items a stored response keeps and their pages, Anthropic's
+// Messages API (and its errors), tokenize and detokenize.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "nlohmann/json.hpp"
+#include "services/router/messages_api.h"
 #include "services/router/openai_fields.h"
 #include "services/router/openai_requests.h"
 #include "services/router/responses_api.h"
@@ -24,6 +25,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Json* input = body->is_object() ? openai::field(*body, "input") : nullptr;
   const Json history = input != nullptr && input->is_array() ? *input : Json::array();
   (void)openai::parseResponsesRequest(*body, &history);
+  (void)openai::parseMessagesRequest(*body);
+  (void)openai::parseMessagesRequest(*body, /*counting=*/true);
+  (void)openai::anthropicError(400, body->dump());
   (void)openai::parseTokenizeRequest(*body);
   (void)openai::parseDetokenizeRequest(*body);
   if (!body->is_object()) return 0;

@@ -160,11 +160,12 @@ def wait_until_nothing_reserved(router, workers, seconds=15.0):
         time.sleep(0.1)
 
 
-def wait_for_workers(stub, count, seconds=60.0):
-    """Waits until the router behind Generation `stub` lists `count` registered workers."""
+def wait_for_workers(stub, count, seconds=60.0, metadata=None):
+    """Waits until the router behind Generation `stub` lists `count` registered workers
+    (`metadata`: the call's, an API key's authorization for one)."""
     request = stubs()["generation_pb2"].GetServerInfoRequest()
     deadline = time.monotonic() + seconds
-    while len(stub.GetServerInfo(request, timeout=5).workers) < count:
+    while len(stub.GetServerInfo(request, timeout=5, metadata=metadata).workers) < count:
         if time.monotonic() > deadline:
             raise AssertionError(f"fewer than {count} workers registered in {seconds:.0f} s")
         time.sleep(0.05)
