@@ -109,6 +109,7 @@ int runUp(int argc, char** argv) {
   std::string model, listen = "127.0.0.1:50051", ready_file, kv_dtype = "auto", backend = "cpu",
                      chat_template, http_listen, reasoning_parser, tool_call_parser;
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
+  int64_t local_prefill_tokens = 0;
   int64_t target = 16, planned = 2048, timeout_s = 300;
   uint64_t budget = 0;
   FlagSet flags("cleave up", "--model MODEL [flags]",
@@ -129,6 +130,9 @@ int runUp(int argc, char** argv) {
   flags.addInt("decode", &decode, "Decode workers (--role=decode)");
   flags.addInt("both", &both, "Combined workers (--role=both)");
   flags.addInt("prefill-tp", &prefill_tp, "Tensor-parallel degree of prefill workers");
+  flags.addInt("local-prefill-tokens", &local_prefill_tokens,
+               "The router's --local-prefill-tokens: --both workers compute a prompt "
+               "themselves when at most this many of its tokens are not in their cache");
   flags.addInt("decode-tp", &decode_tp, "Tensor-parallel degree of decode and combined workers");
   flags.addInt("threads", &threads, "CPU threads per rank of each worker (0: the worker decides)");
   flags.addInt("target-concurrency", &target, "Each decode worker's target concurrency");
@@ -244,6 +248,9 @@ int runUp(int argc, char** argv) {
   if (!http_listen.empty()) router_args.push_back("--http-listen=" + http_listen);
   if (!reasoning_parser.empty()) router_args.push_back("--reasoning-parser=" + reasoning_parser);
   if (!tool_call_parser.empty()) router_args.push_back("--tool-call-parser=" + tool_call_parser);
+  if (local_prefill_tokens != 0) {
+    router_args.push_back(absl::StrCat("--local-prefill-tokens=", local_prefill_tokens));
+  }
   if (auto words = tokenizer::Tokenizer::load(model); words.ok()) {
     router_args.push_back("--model=" + model);
     if (!chat_template.empty()) router_args.push_back("--chat-template=" + chat_template);

@@ -281,6 +281,13 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     }
     if (reason) {
       placed->finished = true;
+      // Its decode worker's cache keeps the blocks of the prompt and the reply: the next
+      // turn of a conversation finds them there.
+      if (placed->mailbox != nullptr) {
+        pool_.decoded(
+            *placed->admission.worker,
+            PrefixIndex::blockHashes(sequence.tokens, model->block_size, sequence.chain_root));
+      }
       *message.mutable_final() = finalInfo(*reason, matched);
       writer->Write(message);
       status = grpc::Status::OK;

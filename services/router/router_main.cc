@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   int64_t lease_timeout_ms = 5000;
   int64_t max_migrations = 3;
   std::string prefill_policy = "cache_aware";
+  int64_t local_prefill_tokens = 0;
   std::string api_keys_file;
   cleave::ServerTls tls;
   std::string worker_ca;
@@ -100,6 +101,10 @@ int main(int argc, char** argv) {
                   "How a prompt's prefill worker is chosen: cache_aware (the one that would "
                   "finish it first, counting the prompt's prefix it holds cached as done) or "
                   "least_loaded (the fewest prompt tokens outstanding)");
+  flags.addInt("local-prefill-tokens", &local_prefill_tokens,
+               "A decode worker that prefills too (--role=both) computes a prompt itself, even "
+               "where prefill workers are registered, when at most this many of its tokens are "
+               "not in its cache (a conversation's next turn: nothing moves); 0: never");
   flags.addInt("max-migrations", &max_migrations,
                "Times one request may move to another decode worker after losing its own");
   flags.addInt("shutdown-grace-ms", &shutdown_grace_ms,
@@ -117,6 +122,10 @@ int main(int argc, char** argv) {
         flags, absl::InvalidArgumentError("--queue-capacity must be in 0..1048576"));
   }
 
+  if (local_prefill_tokens < 0) {
+    cleave::exitWithUsageError(flags,
+                               absl::InvalidArgumentError("--local-prefill-tokens must be >= 0"));
+  }
   if (prefill_policy != "cache_aware" && prefill_policy != "least_loaded") {
     cleave::exitWithUsageError(
         flags, absl::InvalidArgumentError("--prefill-policy must be cache_aware or least_loaded"));
@@ -186,7 +195,8 @@ int main(int argc, char** argv) {
                   .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
                   .queue_capacity = queue_capacity,
                   .worker_credentials = to_workers,
-                  .prefix_aware = prefill_policy == "cache_aware"},
+                  .prefix_aware = prefill_policy == "cache_aware",
+                  .local_prefill_tokens = local_prefill_tokens},
       .tokenizer = tokenizer,
       .tls = tls};
   auto server = cleave::router::RouterServer::start(options);

@@ -594,25 +594,33 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64
   absl::MutexLock lock(&mu_);
   Entry* best = nullptr;
   int64_t tokens = length;  // What `best` would compute.
-  for (auto& [id, entry] : workers_) {
-    if (entry.worker->info.role() != v1::WORKER_ROLE_PREFILL) continue;
-    if (entry.draining || contains(exclude, id)) continue;
-    const int64_t computed = length - cachedBlocks(entry, prefix) * block_size;
-    const int64_t done = entry.prefill_tokens + computed;
-    // Ties go to the less loaded worker.
-    if (best == nullptr || done < best->prefill_tokens + tokens ||
-        (done == best->prefill_tokens + tokens && entry.prefill_tokens < best->prefill_tokens)) {
-      best = &entry;
-      tokens = computed;
+  // A decode worker that prefills too: it computes a short rest itself, and all of a
+  // prompt where no prefill worker is registered.
+  auto self = decode.info.role() == v1::WORKER_ROLE_BOTH && !contains(exclude, decode.id)
+                  ? workers_.find(decode.id)
+                  : workers_.end();
+  const int64_t local =
+      self != workers_.end() ? length - cachedBlocks(self->second, prefix) * block_size : 0;
+  if (self != workers_.end() && local <= options_.local_prefill_tokens) {
+    best = &self->second;
+    tokens = local;
+  } else {
+    for (auto& [id, entry] : workers_) {
+      if (entry.worker->info.role() != v1::WORKER_ROLE_PREFILL) continue;
+      if (entry.draining || contains(exclude, id)) continue;
+      const int64_t computed = length - cachedBlocks(entry, prefix) * block_size;
+      const int64_t done = entry.prefill_tokens + computed;
+      // Ties go to the less loaded worker.
+      if (best == nullptr || done < best->prefill_tokens + tokens ||
+          (done == best->prefill_tokens + tokens && entry.prefill_tokens < best->prefill_tokens)) {
+        best = &entry;
+        tokens = computed;
+      }
     }
   }
-  if (best == nullptr && decode.info.role() == v1::WORKER_ROLE_BOTH &&
-      !contains(exclude, decode.id)) {
-    auto it = workers_.find(decode.id);
-    if (it != workers_.end()) {
-      best = &it->second;
-      tokens = length - cachedBlocks(*best, prefix) * block_size;
-    }
+  if (best == nullptr && self != workers_.end()) {
+    best = &self->second;
+    tokens = local;
   }
   if (best == nullptr) {
     return absl::UnavailableError(
@@ -632,18 +640,27 @@ void WorkerPool::releasePrefill(const PrefillLease& lease, bool prefilled) {
   if (it == workers_.end() || it->second.worker != lease.worker) return;
   it->second.prefill_tokens -= lease.tokens;
   if (!prefilled || !options_.prefix_aware) return;
-  auto holds = [&](const Worker& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const v1::KvCapacity& capacity = worker.info.kv_capacity();
-    if (!capacity.prefix_caching()) return;
-    // Without a reported pool size, a guess as large as a worker of 64k blocks.
-    prefixes_.record(worker.id, lease.blocks,
-                     capacity.total_blocks() > 0 ? capacity.total_blocks() : int64_t{1} << 16);
-  };
-  holds(*lease.worker);
+  holds(*lease.worker, lease.blocks);
   if (auto decode = workers_.find(lease.decode_id);
       decode != workers_.end() && decode->first != lease.worker->id) {
-    holds(*decode->second.worker);
+    holds(*decode->second.worker, lease.blocks);
   }
+}
+
+void WorkerPool::holds(const Worker& worker, std::span<const uint64_t> hashes) {
+  const v1::KvCapacity& capacity = worker.info.kv_capacity();
+  if (!capacity.prefix_caching()) return;
+  // Without a reported pool size, a guess as large as a worker of 64k blocks.
+  prefixes_.record(worker.id, hashes,
+                   capacity.total_blocks() > 0 ? capacity.total_blocks() : int64_t{1} << 16);
+}
+
+void WorkerPool::decoded(const Worker& worker, std::span<const uint64_t> hashes) {
+  if (!options_.prefix_aware) return;
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(worker.id);
+  if (it == workers_.end() || it->second.worker.get() != &worker) return;  // Gone since.
+  holds(worker, hashes);
 }
 
 std::vector<v1::WorkerSummary> WorkerPool::summaries() const {

@@ -84,6 +84,11 @@ struct WorkerPoolOptions {
   // Prefill goes where it would finish first counting cached prefixes (pickPrefill); off,
   // to the prefill worker with the fewest prompt tokens outstanding.
   bool prefix_aware = true;
+  // A decode worker that prefills too (role both) computes a prompt itself, even where
+  // prefill workers are registered, when at most this many of its tokens are not in its
+  // cache (a conversation's next turn): nothing moves, and the prefill workers' queues are
+  // skipped. 0: prefill workers always take the prompts.
+  int64_t local_prefill_tokens = 0;
 };
 
 // One registered worker. Immutable after registration except where noted.
@@ -219,6 +224,9 @@ class WorkerPool {
   // `prefilled`: the prefill succeeded, so the worker holds the prompt's blocks now, and so
   // does the decode worker the KV went to once it decodes.
   void releasePrefill(const PrefillLease& lease, bool prefilled = false);
+  // `worker` decoded a sequence whose blocks a cache may supply are `hashes` (prompt and
+  // generated tokens): its cache holds them now.
+  void decoded(const Worker& worker, std::span<const uint64_t> hashes);
 
   // One line per worker for GetServerInfo: role, model, admitted requests, reserved blocks.
   std::vector<v1::WorkerSummary> summaries() const;
@@ -246,6 +254,9 @@ class WorkerPool {
   // (see admit()) the one with room in its decode batch that holds most of it.
   Entry* pick(int64_t blocks, const std::vector<std::string>& exclude,
               std::span<const uint64_t> prefix) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `worker`'s cache holds `hashes` now (when it has a prefix cache).
+  void holds(const Worker& worker, std::span<const uint64_t> hashes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks of `prefix` the prefix cache of `entry` holds, as the router guesses it (0 for a
   // worker that does not cache, or with the cache-aware policy off).
   int64_t cachedBlocks(const Entry& entry, std::span<const uint64_t> prefix) const

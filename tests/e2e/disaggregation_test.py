@@ -459,6 +459,63 @@ class DisaggregationTest(unittest.TestCase):
         self.assertEqual(found["sent"], found["blocks"] - found["shared"])
         self.assertEqual(found["hits"], [0, found["shared"]])
 
+    def test_a_next_turn_is_prefilled_where_it_decodes(self):
+        """--local-prefill-tokens: a conversation's first turn is prefilled by the prefill
+        worker and decoded by a --role=both worker; its next turn (the prompt, the reply, a
+        few new tokens) is computed by the both worker itself, which holds all but those few
+        in its cache: the prefill worker computes and sends nothing, and the tokens are the
+        offline engine's."""
+        pb = ct.stubs()["generation_pb2"]
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0", f"--model={MODEL}",
+                             "--local-prefill-tokens=64"])
+        address = f"127.0.0.1:{router.ready['grpc_port']}"
+        common = [f"--model={MODEL}", f"--router={address}", "--listen=127.0.0.1:0",
+                  "--metrics-port=0", "--target-concurrency=4", "--planned-seq-len=512",
+                  "--threads=1"]
+        prefill = ct.Process([ct.binary("cleave-worker"), "--role=prefill", *common])
+        both = ct.Process([ct.binary("cleave-worker"), "--role=both", *common])
+        channel = grpc.insecure_channel(address)
+        try:
+            stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
+            ct.wait_for_workers(stub, 2)
+            rng = random.Random(25)
+            text = " ".join(rng.choice(WORDS) for _ in range(150))
+            first = list(stub.Tokenize(pb.TokenizeRequest(text=text, add_special_tokens=True),
+                                       timeout=5).ids)
+
+            def greedy_ids(ids):
+                request = pb.GenerateRequest(sampling=pb.SamplingParams(temperature=0),
+                                             stopping=pb.StoppingCriteria(max_new_tokens=10,
+                                                                          ignore_eos=True))
+                request.token_ids.ids.extend(ids)
+                return [t for m in stub.Generate(request, timeout=120) for t in m.token_ids]
+
+            def counters():
+                return [metric(w.ready["metrics_port"], name) for w in (prefill, both)
+                        for name in ("cleave_worker_prefill_tokens_total",
+                                     "cleave_worker_kv_sent_bytes_total")]
+
+            reply = greedy_ids(first)
+            before = counters()
+            self.assertGreater(before[0], 0)  # the first turn was the prefill worker's
+            second = first + reply + [t + 1 for t in first[:5]]
+            ids = greedy_ids(second)
+            after = counters()
+            computed = after[2] - before[2]
+            print(f"\nnext turn of {len(second)} tokens: {computed:.0f} computed where it "
+                  f"decodes; the prefill worker computed {after[0] - before[0]:.0f}")
+            self.assertEqual(after[0] - before[0], 0)  # nothing for the prefill worker
+            self.assertEqual(after[1] - before[1], 0)  # nothing sent
+            self.assertGreater(computed, 0)
+            self.assertLessEqual(computed, 64)
+            self.assertEqual(ids, offline_ids(MODEL, second, 10))
+            self.assertEqual(reply, offline_ids(MODEL, first, 10))
+        finally:
+            channel.close()
+            codes = [w.stop() for w in (prefill, both)] + [router.stop()]
+            self.assertEqual(codes, [0, 0, 0])
+
     def test_requests_sharing_a_cached_prefix_decode_together_where_copies_would_not_fit(self):
         """A decode worker whose KV holds one whole request of a long prompt but the prompt's
         cached prefix once and the rest of four: once the prefix is cached there, four such
