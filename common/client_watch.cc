@@ -2,8 +2,8 @@
 
 namespace cleave {
 
-ClientWatch::ClientWatch(std::chrono::milliseconds period)
-    : period_(period), thread_([this] { run(); }) {}
+ClientWatch::ClientWatch(std::chrono::milliseconds period, std::chrono::milliseconds settle)
+    : period_(period), settle_(settle), thread_([this] { run(); }) {}
 
 ClientWatch::~ClientWatch() {
   {
@@ -22,7 +22,9 @@ ClientWatch::Ticket::~Ticket() {
 ClientWatch::Ticket ClientWatch::watch(HttpResponse& response, std::function<void()> gone) {
   absl::MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
-  watched_.emplace(id, Watched{.response = &response, .gone = std::move(gone)});
+  watched_.emplace(id, Watched{.response = &response,
+                               .gone = std::move(gone),
+                               .since = std::chrono::steady_clock::now()});
   return Ticket(this, id);
 }
 
@@ -35,8 +37,9 @@ void ClientWatch::run() {
     mu_.Await(absl::Condition(&busy));
     if (stop_) break;
     mu_.AwaitWithTimeout(absl::Condition(&wake), absl::FromChrono(period_));
+    const auto settled = std::chrono::steady_clock::now() - settle_;
     for (auto it = watched_.begin(); it != watched_.end();) {
-      if (it->second.response->clientGone()) {
+      if (it->second.since <= settled && it->second.response->clientGone()) {
         it->second.gone();
         it = watched_.erase(it);  // Once.
       } else {

@@ -33,7 +33,7 @@ void sendRequest(int fd, const std::string& path) {
 }
 
 TEST(ClientWatchTest, AClientThatClosesIsNoticedOnceAndOneThatWaitsIsNot) {
-  ClientWatch watch(std::chrono::milliseconds(20));
+  ClientWatch watch(std::chrono::milliseconds(20), std::chrono::milliseconds(50));
   std::atomic<int> calls{0};
   absl::Notification handled;
   std::atomic<bool> noticed{false};

@@ -323,6 +323,10 @@ absl::Status parseCommon(const Json& body, Call& call) {
     if (!options->is_object()) return invalid("stream_options", "must be an object");
     if (!call.stream) return invalid("stream_options", "is only allowed with \"stream\": true");
     CLEAVE_ASSIGN_OR_RETURN(call.include_usage, boolean(*options, "include_usage", false));
+    CLEAVE_ASSIGN_OR_RETURN(call.continuous_usage,
+                            boolean(*options, "continuous_usage_stats", false));
+    // The prompt's size comes with the first message.
+    if (call.continuous_usage) r.set_echo_prompt_token_ids(true);
   }
   if (field(body, "skip_special_tokens") != nullptr) {
     CLEAVE_ASSIGN_OR_RETURN(bool skip, boolean(body, "skip_special_tokens", true));

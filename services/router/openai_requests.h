@@ -38,6 +38,8 @@ struct Call {
   bool stream = false;
   // stream_options.include_usage: a last chunk with the usage and no choices.
   bool include_usage = false;
+  // stream_options.continuous_usage_stats (vLLM's): every chunk carries the usage so far.
+  bool continuous_usage = false;
   // Completions: the response text starts with the prompt text.
   bool echo = false;
   // Report logprobs (completions: `logprobs` was a number; chat: `logprobs` was true).

@@ -13,6 +13,13 @@ using Json = nlohmann::json;
 
 std::string event(const Json& j) { return absl::StrCat("data: ", dumpJson(j), "\n\n"); }
 
+Json usageJson(uint64_t prompt, uint64_t cached, uint64_t completion) {
+  return Json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
 Json bytesOf(const std::string& text) {
   Json bytes = Json::array();
   for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
@@ -70,12 +77,20 @@ const char* ResponseBuilder::finishReasonOf(const v1::FinalInfo& final) const {
 
 Json ResponseBuilder::chunk(Json choice) const {
   Json choices = Json::array();
-  if (!choice.is_null()) choices.push_back(std::move(choice));
-  return Json{{"id", id_},
-              {"object", object()},
-              {"created", created_},
-              {"model", model_},
-              {"choices", std::move(choices)}};
+  const bool streamed = !choice.is_null();
+  if (streamed) choices.push_back(std::move(choice));
+  Json out{{"id", id_},
+           {"object", object()},
+           {"created", created_},
+           {"model", model_},
+           {"choices", std::move(choices)}};
+  // The usage so far (the prompt's cached tokens are known at the end).
+  if (streamed && call_.stream && call_.continuous_usage) {
+    out["usage"] = finished() ? usageJson(usage().prompt_tokens(), usage().cached_prompt_tokens(),
+                                          usage().completion_tokens())
+                              : usageJson(prompt_ids_.size(), 0, token_ids_.size());
+  }
+  return out;
 }
 
 Json ResponseBuilder::completionLogprobs(const v1::GenerateResponse& message) {
@@ -301,10 +316,7 @@ Json usageOf(const Call& call, const std::vector<std::unique_ptr<ResponseBuilder
     }
     completion += u.completion_tokens();
   }
-  return Json{{"prompt_tokens", prompt},
-              {"completion_tokens", completion},
-              {"total_tokens", prompt + completion},
-              {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+  return usageJson(prompt, cached, completion);
 }
 
 Json responseBody(const Call& call, const std::vector<std::unique_ptr<ResponseBuilder>>& choices) {

@@ -229,6 +229,25 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(sum((c["choices"][0].get("token_ids") or [] for c in streamed
                               if c["choices"]), []), reply_ids)
 
+    def test_continuous_usage_stats_count_as_the_stream_goes(self):
+        # vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far
+        # (the prompt's tokens, those generated up to it); the last ones the final usage.
+        messages = [{"role": "user", "content": "Name three rivers."}]
+        chunks = [c.model_dump() for c in self.client.chat.completions.create(
+            model=self.model, messages=messages, max_tokens=16, temperature=0, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+            extra_body={"ignore_eos": True})]
+        final = chunks[-1]["usage"]
+        self.assertEqual((final["completion_tokens"], chunks[-1]["choices"]), (16, []))
+        counts = [c["usage"]["completion_tokens"] for c in chunks]
+        self.assertEqual(counts, sorted(counts))
+        self.assertEqual(counts[0], 0)  # the role chunk
+        for c in chunks:
+            self.assertEqual(c["usage"]["prompt_tokens"], final["prompt_tokens"])
+            self.assertEqual(c["usage"]["total_tokens"],
+                             c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"])
+        self.assertEqual(chunks[-2]["usage"], final)  # the finishing chunk
+
     def test_chat_equals_the_grpc_api_streamed_or_not(self):
         messages = [{"role": "system", "content": "Answer in one sentence."},
                     {"role": "user", "content": "What is the capital of France?"}]
