@@ -11,9 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/process_init.h"
 #include "services/engine/gloo_communicator.h"
 
 int main(int argc, char** argv) {
+  cleave::initProcess();  // As the servers run.
   int ranks = 2, iters = 2000;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--ranks")) ranks = std::atoi(argv[i + 1]);

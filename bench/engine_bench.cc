@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/process_init.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/tp_group.h"
 #include "services/roofline/cpu_hardware.h"
@@ -59,6 +60,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cleave::initProcess();  // As the servers run.
   std::string path = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int reps = 5;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/process_init.h"
 #include "services/transfer/kv_transport.h"
 
 namespace {
@@ -51,6 +52,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cleave::initProcess();  // As the servers run.
   int64_t tokens = 4096;
   int reps = 5;
   for (int i = 1; i + 1 < argc; i += 2) {

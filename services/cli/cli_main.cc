@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "common/grpc_logging.h"
+#include "common/process_init.h"
 #include "common/version.h"
 #include "services/cli/commands.h"
 
@@ -44,6 +45,7 @@ void printUsage(std::FILE* out) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cleave::initProcess();
   cleave::routeGrpcLogsToDebug();
   if (argc < 2) {
     printUsage(stderr);

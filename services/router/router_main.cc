@@ -10,6 +10,7 @@
 #include "common/grpc_logging.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/process_init.h"
 #include "common/ready_file.h"
 #include "common/server_flags.h"
 #include "common/shutdown.h"
@@ -19,6 +20,7 @@
 #include "services/router/router_server.h"
 
 int main(int argc, char** argv) {
+  cleave::initProcess();
 #if defined(__GLIBC__)
   // One malloc arena for every thread. The router's threads only relay small messages, so
   // they do not contend for it; with an arena per thread, glibc's free memory fragments

@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/model/fingerprint.h"
+#include "common/process_init.h"
 #include "common/ready_file.h"
 #include "common/shutdown.h"
 #include "common/tls.h"
@@ -387,4 +388,7 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace cleave::worker
 
-int main(int argc, char** argv) { return cleave::worker::run(argc, argv); }
+int main(int argc, char** argv) {
+  cleave::initProcess();
+  return cleave::worker::run(argc, argv);
+}

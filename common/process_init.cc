@@ -1,0 +1,9 @@
+#include "common/process_init.h"
+
+#include "absl/synchronization/mutex.h"
+
+namespace cleave {
+
+void initProcess() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }
+
+}  // namespace cleave
