@@ -119,6 +119,18 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   } else {
     prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
   }
+  if (const int32_t keep = request.truncate_prompt_tokens(); keep != 0) {
+    if (keep < -1) {
+      return error(grpc::StatusCode::INVALID_ARGUMENT,
+                   absl::StrCat("truncate_prompt_tokens: ", keep,
+                                " is neither a number of tokens to keep nor -1 (as many as "
+                                "the context allows)"));
+    }
+    const size_t kept = keep > 0
+                            ? static_cast<size_t>(keep)
+                            : static_cast<size_t>(std::max<int64_t>(model->context_length - 1, 1));
+    if (prompt.size() > kept) prompt.erase(prompt.begin(), prompt.end() - kept);
+  }
   for (uint32_t id : prompt) {
     if (id >= model->vocab_size) {
       return error(grpc::StatusCode::INVALID_ARGUMENT,

@@ -335,6 +335,13 @@ absl::Status parseCommon(const Json& body, Call& call) {
   if (const Json* user = field(body, "user"); user != nullptr && !user->is_string()) {
     return invalid("user", "must be a string");
   }
+  // vLLM's: keep the prompt's last N tokens (-1: as many as the context allows).
+  CLEAVE_ASSIGN_OR_RETURN(
+      std::optional<int64_t> truncate,
+      integer(body, "truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max()));
+  if (truncate && *truncate == 0)
+    return invalid("truncate_prompt_tokens", "must be -1 or at least 1");
+  if (truncate) r.set_truncate_prompt_tokens(static_cast<int32_t>(*truncate));
   CLEAVE_ASSIGN_OR_RETURN(call.token_ids, boolean(body, "return_token_ids", false));
   if (call.token_ids) r.set_echo_prompt_token_ids(true);
   CLEAVE_ASSIGN_OR_RETURN(call.tokens_as_ids, boolean(body, "return_tokens_as_token_ids", false));

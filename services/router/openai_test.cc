@@ -279,6 +279,26 @@ TEST(OpenAiRequestTest, GuidedJsonIsAJsonSchemaFormat) {
   }
 }
 
+// vLLM's truncate_prompt_tokens: N > 0 or -1 travel as they are; 0 and below -1 are refused.
+TEST(OpenAiRequestTest, TruncatePromptTokensTravels) {
+  auto call =
+      parseCompletionRequest(Json::parse(R"({"prompt": "x", "truncate_prompt_tokens": 5})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.truncate_prompt_tokens(), 5);
+  call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "truncate_prompt_tokens": -1})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.truncate_prompt_tokens(), -1);
+  for (const char* bad : {R"({"prompt": "x", "truncate_prompt_tokens": 0})",
+                          R"({"prompt": "x", "truncate_prompt_tokens": -2})",
+                          R"({"prompt": "x", "truncate_prompt_tokens": "5"})"}) {
+    auto refused = parseCompletionRequest(Json::parse(bad));
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(std::string(refused.status().GetPayload(kParamPayload).value_or(absl::Cord(""))),
+              "truncate_prompt_tokens");
+  }
+}
+
 TEST(OpenAiRequestTest, ChatWithoutMaxTokensRunsToTheContextAndToolChoiceNoneHidesTools) {
   auto call = parseChatRequest(Json::parse(
       R"({"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none"})"));

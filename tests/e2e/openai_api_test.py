@@ -248,6 +248,31 @@ class OpenAiApiTest(unittest.TestCase):
                              c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"])
         self.assertEqual(chunks[-2]["usage"], final)  # the finishing chunk
 
+    def test_truncate_prompt_tokens_keeps_the_last_ones(self):
+        # vLLM's truncate_prompt_tokens: the prompt's last N tokens are what the model sees
+        # (and what usage counts); -1 keeps what the context allows; the gRPC API refuses
+        # other negative values.
+        prompt = "Rivers of Europe include the Danube, the Rhine and the"
+        ids = list(self.stub.Tokenize(self.pb.TokenizeRequest(text=prompt, add_special_tokens=True),
+                                      timeout=5).ids)
+        ask = dict(model=self.model, max_tokens=8, temperature=0)
+        cut = self.client.completions.create(prompt=prompt, extra_body={
+            "truncate_prompt_tokens": 6}, **ask)
+        tail = self.client.completions.create(prompt=ids[-6:], **ask)
+        self.assertEqual(cut.usage.prompt_tokens, 6)
+        self.assertEqual(cut.choices[0].text, tail.choices[0].text)
+        whole = self.client.completions.create(prompt=prompt, **ask)
+        kept = self.client.completions.create(prompt=prompt, extra_body={
+            "truncate_prompt_tokens": -1}, **ask)
+        self.assertEqual((kept.usage.prompt_tokens, kept.choices[0].text),
+                         (len(ids), whole.choices[0].text))
+        with self.assertRaises(self.grpc.RpcError) as caught:
+            list(self.stub.Generate(self.pb.GenerateRequest(
+                text=prompt, truncate_prompt_tokens=-2,
+                stopping=self.pb.StoppingCriteria(max_new_tokens=2)), timeout=30))
+        self.assertEqual(caught.exception.code(), self.grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("truncate_prompt_tokens", caught.exception.details())
+
     def test_chat_equals_the_grpc_api_streamed_or_not(self):
         messages = [{"role": "system", "content": "Answer in one sentence."},
                     {"role": "user", "content": "What is the capital of France?"}]
