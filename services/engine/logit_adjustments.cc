@@ -26,11 +26,31 @@ absl::Status validate(const LogitAdjustments& adjustments, uint32_t vocab_size) 
           "allowed_token_ids: token id ", token, " is outside the vocabulary (", vocab_size, ")"));
     }
   }
+  if (adjustments.banned.size() > kMaxBannedSequences) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad_words_token_ids: ", adjustments.banned.size(), " sequences; at most ",
+                     kMaxBannedSequences));
+  }
+  for (size_t i = 0; i < adjustments.banned.size(); ++i) {
+    const std::vector<uint32_t>& words = adjustments.banned[i];
+    if (words.empty() || words.size() > kMaxBannedLength) {
+      return absl::InvalidArgumentError(absl::StrCat("bad_words_token_ids[", i, "]: ", words.size(),
+                                                     " tokens; 1 to ", kMaxBannedLength,
+                                                     " allowed"));
+    }
+    for (uint32_t token : words) {
+      if (token >= vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("bad_words_token_ids[", i, "]: token id ",
+                                                       token, " is outside the vocabulary (",
+                                                       vocab_size, ")"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 
-void applyAdjustments(const LogitAdjustments& adjustments, std::span<const uint32_t> held_off,
-                      std::span<float> logits) {
+void applyAdjustments(const LogitAdjustments& adjustments, std::span<const uint32_t> output,
+                      std::span<const uint32_t> held_off, std::span<float> logits) {
   constexpr float kNever = -std::numeric_limits<float>::infinity();
   for (const auto& [token, bias] : adjustments.bias) logits[token] += bias;
   if (!adjustments.allowed.empty()) {
@@ -39,6 +59,13 @@ void applyAdjustments(const LogitAdjustments& adjustments, std::span<const uint3
     for (uint32_t token : adjustments.allowed) kept.push_back(logits[token]);
     std::fill(logits.begin(), logits.end(), kNever);
     for (size_t i = 0; i < kept.size(); ++i) logits[adjustments.allowed[i]] = kept[i];
+  }
+  for (const std::vector<uint32_t>& words : adjustments.banned) {
+    const size_t before = words.size() - 1;  // Tokens the output must end with.
+    if (output.size() >= before &&
+        std::equal(words.begin(), words.end() - 1, output.end() - before)) {
+      logits[words.back()] = kNever;
+    }
   }
   if (held_off.empty()) return;
   // Held off only while another token stays possible.

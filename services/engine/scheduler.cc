@@ -454,10 +454,15 @@ bool Scheduler::adjusted(const Sequence& seq) {
 SampledToken Scheduler::sample(Sequence& seq, std::span<const float> logits) {
   if (seq.constraint || adjusted(seq)) {
     masked_.assign(logits.begin(), logits.end());
-    applyAdjustments(seq.request.adjustments,
-                     seq.holdingOff() ? std::span<const uint32_t>(seq.request.stop.stop_token_ids)
-                                      : std::span<const uint32_t>(),
-                     masked_);
+    applyAdjustments(
+        seq.request.adjustments,
+        // The output so far, a moved sequence's earlier tokens included.
+        std::span<const uint32_t>(seq.tokens)
+            .subspan(seq.request.prompt.size() - std::clamp<size_t>(seq.request.output_in_prompt, 0,
+                                                                    seq.request.prompt.size())),
+        seq.holdingOff() ? std::span<const uint32_t>(seq.request.stop.stop_token_ids)
+                         : std::span<const uint32_t>(),
+        masked_);
     if (seq.constraint) seq.constraint->mask(masked_);
     logits = masked_;
   }

@@ -1,14 +1,17 @@
 // GenerationService::generate: one client request through admission and the worker
 // protocol (see generation_service.h).
+#include <algorithm>
 #include <random>
 #include <span>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/tokenizer/utf8.h"
 #include "grpcpp/client_context.h"
 #include "services/engine/kv_block_pool.h"
+#include "services/engine/logit_adjustments.h"
 #include "services/engine/stop_checker.h"
 #include "services/router/generation_service.h"
 #include "services/router/request_validation.h"
@@ -17,6 +20,63 @@ namespace cleave::router {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// SamplingParams.bad_words as token sequences (each word as it is and after a space, as
+// vLLM's), added to bad_words_token_ids, whose sizes and ids are checked.
+absl::Status banWords(const tokenizer::Tokenizer* words, uint32_t vocab_size,
+                      v1::SamplingParams& sampling) {
+  constexpr int kMaxWords = 64;
+  constexpr size_t kMaxWordBytes = 256;
+  if (sampling.bad_words_size() > 0 && words == nullptr) {
+    return absl::FailedPreconditionError(
+        "sampling.bad_words: this router has no tokenizer (start it with --model); send "
+        "bad_words_token_ids");
+  }
+  if (sampling.bad_words_size() > kMaxWords) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampling.bad_words: ", sampling.bad_words_size(), " words; at most ", kMaxWords));
+  }
+  std::vector<std::vector<uint32_t>> sequences;
+  for (const v1::TokenIds& given : sampling.bad_words_token_ids())
+    sequences.emplace_back(given.ids().begin(), given.ids().end());
+  for (const std::string& word : sampling.bad_words()) {
+    if (word.size() > kMaxWordBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words: a word of ", word.size(),
+                                                     " bytes; at most ", kMaxWordBytes));
+    }
+    const std::string bare(absl::StripLeadingAsciiWhitespace(word));
+    for (const std::string& text : {bare, " " + bare}) {
+      std::vector<uint32_t> ids =
+          words->encode(text, {.add_special_tokens = false, .parse_special = false});
+      if (ids.empty() || std::find(sequences.begin(), sequences.end(), ids) != sequences.end())
+        continue;
+      sequences.push_back(std::move(ids));
+    }
+  }
+  if (sequences.size() > engine::kMaxBannedSequences) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words: ", sequences.size(),
+                                                   " token sequences; at most ",
+                                                   engine::kMaxBannedSequences));
+  }
+  sampling.clear_bad_words();
+  sampling.clear_bad_words_token_ids();
+  for (std::vector<uint32_t>& ids : sequences) {
+    if (ids.empty() || ids.size() > engine::kMaxBannedLength) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words: a word of ", ids.size(),
+                                                     " tokens; 1 to ", engine::kMaxBannedLength,
+                                                     " allowed"));
+    }
+    for (uint32_t id : ids) {
+      if (id >= vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words_token_ids: token id ",
+                                                       id, " is outside the vocabulary (",
+                                                       vocab_size, " tokens)"));
+      }
+    }
+    sampling.add_bad_words_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+  }
+  return absl::OkStatus();
+}
 
 double msSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -190,6 +250,9 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   const std::string id = absl::StrCat(relay_.routerId(), "-", next_request_++);
   v1::SamplingParams sampling = request.sampling();
   if (!sampling.has_seed()) sampling.set_seed(std::random_device{}() * 0x100000001ull);
+  if (absl::Status banned = banWords(tokenizer_.get(), model->vocab_size, sampling); !banned.ok()) {
+    return error(static_cast<grpc::StatusCode>(banned.code()), std::string(banned.message()));
+  }
   Sequence sequence{.id = id,
                     .tokens = prompt,
                     .prompt_tokens = prompt_tokens,

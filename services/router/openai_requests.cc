@@ -312,6 +312,14 @@ absl::Status parseCommon(const Json& body, Call& call) {
       (*s.mutable_logit_bias())[id] = bias.get<float>();
     }
   }
+  // vLLM's bad_words: the router tokenizes them.
+  if (const Json* v = field(body, "bad_words"); v != nullptr) {
+    if (!v->is_array()) return invalid("bad_words", "must be an array of strings");
+    for (const Json& word : *v) {
+      if (!word.is_string()) return invalid("bad_words", "must be an array of strings");
+      s.add_bad_words(word.get<std::string>());
+    }
+  }
   if (const Json* v = field(body, "allowed_token_ids"); v != nullptr && !v->is_null()) {
     if (!v->is_array()) return invalid("allowed_token_ids", "must be an array of token ids");
     CLEAVE_ASSIGN_OR_RETURN(std::vector<uint32_t> ids, tokenIds(*v, "allowed_token_ids"));

@@ -25,6 +25,8 @@ absl::StatusOr<engine::GenerationRequest> toEngineRequest(uint64_t id, const Req
   }
   r.adjustments.bias.assign(s.logit_bias().begin(), s.logit_bias().end());
   r.adjustments.allowed.assign(s.allowed_token_ids().begin(), s.allowed_token_ids().end());
+  for (const v1::TokenIds& words : s.bad_words_token_ids())
+    r.adjustments.banned.emplace_back(words.ids().begin(), words.ids().end());
   const v1::StoppingCriteria& stop = *parts.stopping;
   r.stop.min_new_tokens = stop.min_new_tokens();
   if (!stop.ignore_eos()) r.stop.stop_token_ids = eos;

@@ -273,6 +273,28 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(caught.exception.code(), self.grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("truncate_prompt_tokens", caught.exception.details())
 
+    def test_bad_words_are_never_written(self):
+        # vLLM's bad_words: the words' token sequences (as they are and after a space) never
+        # appear in the output, which changes where the unconstrained reply had them.
+        prompt = "The capital of France is"
+        ask = dict(model=self.model, prompt=prompt, max_tokens=12, temperature=0)
+        free = self.client.completions.create(**ask, extra_body={"return_token_ids": True})
+        words = free.choices[0].text.split()[:2]  # what the model would write first
+        banned = self.client.completions.create(**ask, extra_body={
+            "bad_words": words, "return_token_ids": True})
+        ids = banned.model_dump()["choices"][0]["token_ids"]
+        self.assertNotEqual(banned.choices[0].text, free.choices[0].text)
+        for word in words:
+            for text in (word, " " + word):
+                seq = list(self.stub.Tokenize(self.pb.TokenizeRequest(text=text), timeout=5).ids)
+                hits = [i for i in range(len(ids) - len(seq) + 1) if ids[i:i + len(seq)] == seq]
+                self.assertEqual(hits, [], (text, seq, ids))
+        print(f"\nbad_words {words}: {free.choices[0].text!r} -> {banned.choices[0].text!r}")
+        status, _, text = self.raw("POST", "/v1/completions", {
+            "prompt": prompt, "max_tokens": 2, "bad_words": ["x" * 300]})
+        self.assertApiError(status, text, 400)
+        self.assertIn("bad_words", json.loads(text)["error"]["message"])
+
     def test_chat_equals_the_grpc_api_streamed_or_not(self):
         messages = [{"role": "system", "content": "Answer in one sentence."},
                     {"role": "user", "content": "What is the capital of France?"}]
