@@ -49,8 +49,8 @@ absl::Status validate(const LogitAdjustments& adjustments, uint32_t vocab_size) 
   return absl::OkStatus();
 }
 
-void applyAdjustments(const LogitAdjustments& adjustments, std::span<const uint32_t> output,
-                      std::span<const uint32_t> held_off, std::span<float> logits) {
+bool applyAdjustments(const LogitAdjustments& adjustments, std::span<const uint32_t> output,
+                      std::span<const uint32_t> held_off, std::span<float> logits, bool ban) {
   constexpr float kNever = -std::numeric_limits<float>::infinity();
   for (const auto& [token, bias] : adjustments.bias) logits[token] += bias;
   if (!adjustments.allowed.empty()) {
@@ -60,24 +60,27 @@ void applyAdjustments(const LogitAdjustments& adjustments, std::span<const uint3
     std::fill(logits.begin(), logits.end(), kNever);
     for (size_t i = 0; i < kept.size(); ++i) logits[adjustments.allowed[i]] = kept[i];
   }
+  bool banned = false;
   for (const std::vector<uint32_t>& words : adjustments.banned) {
     const size_t before = words.size() - 1;  // Tokens the output must end with.
-    if (output.size() >= before &&
+    if (ban && output.size() >= before &&
         std::equal(words.begin(), words.end() - 1, output.end() - before)) {
       logits[words.back()] = kNever;
+      banned = true;
     }
   }
-  if (held_off.empty()) return;
+  if (held_off.empty()) return banned;
   // Held off only while another token stays possible.
   bool other = false;
   for (size_t t = 0; t < logits.size() && !other; ++t) {
     other = logits[t] != kNever &&
             std::find(held_off.begin(), held_off.end(), static_cast<uint32_t>(t)) == held_off.end();
   }
-  if (!other) return;
+  if (!other) return banned;
   for (uint32_t token : held_off) {
     if (token < logits.size()) logits[token] = kNever;
   }
+  return banned;
 }
 
 }  // namespace cleave::engine

@@ -36,9 +36,10 @@ inline constexpr size_t kMaxBannedLength = 64;
 absl::Status validate(const LogitAdjustments& adjustments, uint32_t vocab_size);
 
 // Applies `adjustments` to `logits` (one row; `output`: the tokens generated so far, for the
-// banned sequences), then sets the logits of `held_off` (stop tokens before min_new_tokens)
-// to -infinity, unless that would leave no token possible.
-void applyAdjustments(const LogitAdjustments& adjustments, std::span<const uint32_t> output,
-                      std::span<const uint32_t> held_off, std::span<float> logits);
+// banned sequences; `ban` false leaves them out), then sets the logits of `held_off` (stop
+// tokens before min_new_tokens) to -infinity, unless that would leave no token possible.
+// Returns whether a banned sequence took a token away.
+bool applyAdjustments(const LogitAdjustments& adjustments, std::span<const uint32_t> output,
+                      std::span<const uint32_t> held_off, std::span<float> logits, bool ban = true);
 
 }  // namespace cleave::engine

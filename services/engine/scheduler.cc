@@ -1,6 +1,7 @@
 #include "services/engine/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -453,17 +454,25 @@ bool Scheduler::adjusted(const Sequence& seq) {
 
 SampledToken Scheduler::sample(Sequence& seq, std::span<const float> logits) {
   if (seq.constraint || adjusted(seq)) {
-    masked_.assign(logits.begin(), logits.end());
-    applyAdjustments(
-        seq.request.adjustments,
-        // The output so far, a moved sequence's earlier tokens included.
+    // The output so far, a moved sequence's earlier tokens included.
+    const std::span<const uint32_t> output =
         std::span<const uint32_t>(seq.tokens)
             .subspan(seq.request.prompt.size() - std::clamp<size_t>(seq.request.output_in_prompt, 0,
-                                                                    seq.request.prompt.size())),
+                                                                    seq.request.prompt.size()));
+    const std::span<const uint32_t> held_off =
         seq.holdingOff() ? std::span<const uint32_t>(seq.request.stop.stop_token_ids)
-                         : std::span<const uint32_t>(),
-        masked_);
-    if (seq.constraint) seq.constraint->mask(masked_);
+                         : std::span<const uint32_t>();
+    for (const bool ban : {true, false}) {
+      masked_.assign(logits.begin(), logits.end());
+      const bool banned = applyAdjustments(seq.request.adjustments, output, held_off, masked_, ban);
+      if (seq.constraint) seq.constraint->mask(masked_);
+      // A ban that leaves no token (it took every allowed or constrained one) is dropped.
+      if (!banned || std::any_of(masked_.begin(), masked_.end(), [](float l) {
+            return l != -std::numeric_limits<float>::infinity();
+          })) {
+        break;
+      }
+    }
     logits = masked_;
   }
   return seq.sampler->sample(logits);

@@ -716,6 +716,41 @@ TEST_F(SchedulerTest, LogitAdjustmentsSteerTheDraws) {
   EXPECT_THAT(scheduler.add(bad).message(), HasSubstr("min_new_tokens"));
 }
 
+// Banned sequences: greedy's first two tokens as a sequence keep its second token from
+// following its first (the first is still drawn); a one-token ban of greedy's first moves the
+// first draw; a moved sequence (its first token now in the prompt) is still banned from
+// completing the sequence; a ban that would leave no token (it takes the only allowed one)
+// is dropped rather than drawing from nothing.
+TEST_F(SchedulerTest, BannedSequencesAreNeverCompleted) {
+  Scheduler scheduler(withBlocks(64), nullptr, {.max_batch_tokens = 64, .max_sequences = 8});
+  const std::vector<uint32_t> prompt = randomPrompt(9);
+  const std::vector<uint32_t> greedy = alone(prompt, 4);
+  ASSERT_NE(greedy[0], greedy[1]);
+  GenerationRequest pair{.id = 1, .prompt = prompt, .stop = {.max_new_tokens = 2}};
+  pair.adjustments.banned = {{greedy[0], greedy[1]}};
+  GenerationRequest single{.id = 2, .prompt = prompt, .stop = {.max_new_tokens = 1}};
+  single.adjustments.banned = {{greedy[0]}};
+  std::vector<uint32_t> moved_prompt = prompt;
+  moved_prompt.push_back(greedy[0]);
+  GenerationRequest moved{.id = 3, .prompt = moved_prompt, .stop = {.max_new_tokens = 1}};
+  moved.adjustments.banned = {{greedy[0], greedy[1]}};
+  moved.output_in_prompt = 1;
+  GenerationRequest only{.id = 4, .prompt = prompt, .stop = {.max_new_tokens = 2}};
+  only.adjustments.allowed = {5};
+  only.adjustments.banned = {{5}};
+  for (GenerationRequest* r : {&pair, &single, &moved, &only}) ASSERT_TRUE(scheduler.add(*r).ok());
+  auto got = drain(scheduler);
+  ASSERT_EQ(got[1].size(), 2u);
+  EXPECT_EQ(got[1][0], greedy[0]);
+  EXPECT_NE(got[1][1], greedy[1]);
+  ASSERT_EQ(got[2].size(), 1u);
+  EXPECT_NE(got[2][0], greedy[0]);
+  ASSERT_EQ(got[3].size(), 1u);
+  EXPECT_NE(got[3][0], greedy[1]);
+  EXPECT_EQ(got[4], std::vector<uint32_t>(2, 5));
+  EXPECT_EQ(scheduler.freeBlocks(), 64);
+}
+
 // SmolLM2's (a byte-level vocabulary) greedy reply to `question` with `constrain` applied
 // to the request, which must end with end-of-sequence within 96 tokens; a sequence moved
 // mid-reply (its first tokens now in the prompt) must continue with the same tokens, the

@@ -45,12 +45,21 @@ absl::Status banWords(const tokenizer::Tokenizer* words, uint32_t vocab_size,
                                                      " bytes; at most ", kMaxWordBytes));
     }
     const std::string bare(absl::StripLeadingAsciiWhitespace(word));
-    for (const std::string& text : {bare, " " + bare}) {
-      std::vector<uint32_t> ids =
-          words->encode(text, {.add_special_tokens = false, .parse_special = false});
-      if (ids.empty() || std::find(sequences.begin(), sequences.end(), ids) != sequences.end())
+    if (bare.empty()) continue;  // Nothing to ban (a lone space is no word).
+    const std::vector<uint32_t> plain =
+        words->encode(bare, {.add_special_tokens = false, .parse_special = false});
+    // After a space too, where that makes a word of its own (a new first token, as many
+    // tokens; not a space token before the same word).
+    const std::vector<uint32_t> spaced =
+        words->encode(" " + bare, {.add_special_tokens = false, .parse_special = false});
+    for (const std::vector<uint32_t>* ids : {&plain, &spaced}) {
+      if (ids == &spaced &&
+          (spaced.size() != plain.size() || spaced.empty() || spaced.front() == plain.front())) {
         continue;
-      sequences.push_back(std::move(ids));
+      }
+      if (ids->empty() || std::find(sequences.begin(), sequences.end(), *ids) != sequences.end())
+        continue;
+      sequences.push_back(*ids);
     }
   }
   if (sequences.size() > engine::kMaxBannedSequences) {

@@ -45,14 +45,19 @@ int sendError(HttpResponse& response, const grpc::Status& status) {
 
 // A context for one call on the router, carrying the HTTP request's credentials; null when
 // they cannot travel as gRPC metadata (then `error` says why).
+// The request's credentials as an authorization value: its Authorization header, or
+// Anthropic's clients' x-api-key as a bearer key; empty when it has neither.
+std::string credentials(const HttpRequest& request) {
+  if (!request.header("authorization").empty()) return std::string(request.header("authorization"));
+  if (!request.header("x-api-key").empty())
+    return "Bearer " + std::string(request.header("x-api-key"));
+  return "";
+}
+
 std::unique_ptr<grpc::ClientContext> callContext(const HttpRequest& request,
                                                  openai::ApiError& error) {
   auto context = std::make_unique<grpc::ClientContext>();
-  // Anthropic's clients send the key as x-api-key.
-  const std::string auth =
-      !request.header("authorization").empty() ? std::string(request.header("authorization"))
-      : !request.header("x-api-key").empty() ? "Bearer " + std::string(request.header("x-api-key"))
-                                             : std::string();
+  const std::string auth = credentials(request);
   for (unsigned char c : auth) {
     if (c < 0x20 || c > 0x7e) {
       error = openai::apiError(static_cast<int>(grpc::StatusCode::UNAUTHENTICATED),
@@ -288,7 +293,7 @@ int OpenAiServer::storedResponse(const HttpRequest& request, HttpResponse& respo
   if (id.empty() || id.find('/') != std::string::npos || (items && request.method != "GET")) {
     return notFound(absl::StrCat("no route ", request.method, " ", request.path));
   }
-  const std::string owner(request.header("authorization"));
+  const std::string owner = credentials(request);
   if (request.method == "DELETE") {
     if (!store_->erase(id, owner)) return notFound(absl::StrCat("no stored response '", id, "'"));
     return send(response, 200, Json{{"id", id}, {"object", "response"}, {"deleted", true}});
@@ -354,7 +359,7 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
   const bool chat = endpoint != openai::Endpoint::kCompletions;
   const bool responses = endpoint == openai::Endpoint::kResponses;
   // A response belongs to the credentials that made it (response_store.h).
-  const std::string owner(request.header("authorization"));
+  const std::string owner = credentials(request);
   const Json* previous = responses ? openai::field(*body, "previous_response_id") : nullptr;
   std::optional<Json> history;  // The stored conversation it continues.
   if (previous != nullptr && store_ != nullptr) {

@@ -11,13 +11,19 @@ namespace {
 
 using Json = nlohmann::json;
 
-// What an entry counts against the limit besides its JSON text: the map and list nodes,
-// the strings' headers, the JSON trees' nodes.
+// What an entry counts against the limit: its JSON text times what a parsed tree of it
+// takes per byte of text (a node and its allocation per value, a map node per member; a
+// response's logprobs are many small values), plus the map and list entries.
+constexpr int64_t kTreeBytesPerTextByte = 4;
 constexpr int64_t kOverhead = 512;
 
+int64_t textBytes(const Json& j) {
+  return static_cast<int64_t>(j.dump(-1, ' ', false, Json::error_handler_t::replace).size());
+}
+
 int64_t sizeOf(const ResponseStore::Response& r) {
-  return kOverhead + static_cast<int64_t>(r.owner.size() + r.previous.size() +
-                                          r.input.dump().size() + r.response.dump().size());
+  return kOverhead + static_cast<int64_t>(r.owner.size() + r.previous.size()) +
+         kTreeBytesPerTextByte * (textBytes(r.input) + textBytes(r.response));
 }
 
 }  // namespace

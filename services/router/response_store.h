@@ -4,8 +4,9 @@
 //
 // Each response keeps its own input items, its output items and the id of the response it
 // continued, so a conversation of n turns holds each turn once; the context of a new turn is
-// the chain's inputs and outputs, oldest first. Memory is bounded: past `max_bytes` (the
-// items' JSON text plus a fixed overhead each) the least recently used responses go, and
+// the chain's inputs and outputs, oldest first. Memory is bounded: past `max_bytes` (each
+// response counted as 4 bytes per byte of its JSON text, what the parsed tree takes, plus a
+// fixed overhead) the least recently used responses go, and
 // continuing a conversation uses every response of its chain. A response belongs to the
 // credentials that made it (the Authorization header, compared whole): other credentials
 // see no such response.

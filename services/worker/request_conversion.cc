@@ -27,6 +27,9 @@ absl::StatusOr<engine::GenerationRequest> toEngineRequest(uint64_t id, const Req
   r.adjustments.allowed.assign(s.allowed_token_ids().begin(), s.allowed_token_ids().end());
   for (const v1::TokenIds& words : s.bad_words_token_ids())
     r.adjustments.banned.emplace_back(words.ids().begin(), words.ids().end());
+  // A moved sequence's earlier output counts toward its banned sequences.
+  if (!r.adjustments.banned.empty())
+    r.output_in_prompt = std::min<int64_t>(parts.output_tokens, parts.prompt->size());
   const v1::StoppingCriteria& stop = *parts.stopping;
   r.stop.min_new_tokens = stop.min_new_tokens();
   if (!stop.ignore_eos()) r.stop.stop_token_ids = eos;
