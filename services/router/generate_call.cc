@@ -21,8 +21,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// SamplingParams.bad_words as token sequences (each word as it is and after a space, as
-// vLLM's), added to bad_words_token_ids, whose sizes and ids are checked.
+// SamplingParams.bad_words as token sequences (each word as it is, and after a space where
+// that makes a word of its own, as vLLM's), added to bad_words_token_ids; all of them
+// checked as the workers check them.
 absl::Status banWords(const tokenizer::Tokenizer* words, uint32_t vocab_size,
                       v1::SamplingParams& sampling) {
   constexpr int kMaxWords = 64;
@@ -36,9 +37,15 @@ absl::Status banWords(const tokenizer::Tokenizer* words, uint32_t vocab_size,
     return absl::InvalidArgumentError(absl::StrCat(
         "sampling.bad_words: ", sampling.bad_words_size(), " words; at most ", kMaxWords));
   }
-  std::vector<std::vector<uint32_t>> sequences;
+  engine::LogitAdjustments banned;
   for (const v1::TokenIds& given : sampling.bad_words_token_ids())
-    sequences.emplace_back(given.ids().begin(), given.ids().end());
+    banned.banned.emplace_back(given.ids().begin(), given.ids().end());
+  auto add = [&](std::vector<uint32_t> ids) {
+    if (!ids.empty() &&
+        std::find(banned.banned.begin(), banned.banned.end(), ids) == banned.banned.end()) {
+      banned.banned.push_back(std::move(ids));
+    }
+  };
   for (const std::string& word : sampling.bad_words()) {
     if (word.size() > kMaxWordBytes) {
       return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words: a word of ", word.size(),
@@ -46,44 +53,22 @@ absl::Status banWords(const tokenizer::Tokenizer* words, uint32_t vocab_size,
     }
     const std::string bare(absl::StripLeadingAsciiWhitespace(word));
     if (bare.empty()) continue;  // Nothing to ban (a lone space is no word).
-    const std::vector<uint32_t> plain =
-        words->encode(bare, {.add_special_tokens = false, .parse_special = false});
-    // After a space too, where that makes a word of its own (a new first token, as many
-    // tokens; not a space token before the same word).
-    const std::vector<uint32_t> spaced =
-        words->encode(" " + bare, {.add_special_tokens = false, .parse_special = false});
-    for (const std::vector<uint32_t>* ids : {&plain, &spaced}) {
-      if (ids == &spaced &&
-          (spaced.size() != plain.size() || spaced.empty() || spaced.front() == plain.front())) {
-        continue;
-      }
-      if (ids->empty() || std::find(sequences.begin(), sequences.end(), *ids) != sequences.end())
-        continue;
-      sequences.push_back(*ids);
-    }
+    const tokenizer::EncodeOptions plain_text{.add_special_tokens = false, .parse_special = false};
+    std::vector<uint32_t> plain = words->encode(bare, plain_text);
+    std::vector<uint32_t> spaced = words->encode(" " + bare, plain_text);
+    // The spaced form only as a new first token and as many tokens (not a space token before
+    // the same word).
+    const bool own_word =
+        !plain.empty() && spaced.size() == plain.size() && spaced.front() != plain.front();
+    add(std::move(plain));
+    if (own_word) add(std::move(spaced));
   }
-  if (sequences.size() > engine::kMaxBannedSequences) {
-    return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words: ", sequences.size(),
-                                                   " token sequences; at most ",
-                                                   engine::kMaxBannedSequences));
-  }
+  if (absl::Status valid = engine::validate(banned, vocab_size); !valid.ok())
+    return absl::InvalidArgumentError(absl::StrCat("sampling.", valid.message()));
   sampling.clear_bad_words();
   sampling.clear_bad_words_token_ids();
-  for (std::vector<uint32_t>& ids : sequences) {
-    if (ids.empty() || ids.size() > engine::kMaxBannedLength) {
-      return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words: a word of ", ids.size(),
-                                                     " tokens; 1 to ", engine::kMaxBannedLength,
-                                                     " allowed"));
-    }
-    for (uint32_t id : ids) {
-      if (id >= vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words_token_ids: token id ",
-                                                       id, " is outside the vocabulary (",
-                                                       vocab_size, " tokens)"));
-      }
-    }
+  for (const std::vector<uint32_t>& ids : banned.banned)
     sampling.add_bad_words_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
-  }
   return absl::OkStatus();
 }
 
