@@ -1,6 +1,6 @@
 """What a disaggregated deployment costs a conversation's later turns, and what computing a
 short rest on the decode worker (--local-prefill-tokens) saves: conversations of several
-turns through a router, a prefill worker and a --role=both worker that decodes, on the
+turns through a router, a prefill worker and a decode worker (--role decode, or both), on the
 SmolLM2 model. Each turn's prompt is the previous prompt, its reply and a new user message
 (token ids, so nothing is re-tokenized), as a chat or agent loop sends them.
 
@@ -17,7 +17,7 @@ computed per turn (both workers' counters), KV bytes sent. The first turn is ali
 (nothing cached anywhere): it is the peer measured in the same run.
 
 Run (after a build): /usr/bin/python3 bench/multi_turn.py [--conversations 6] [--turns 4]
-  [--first 400] [--message 24] [--reply 48] [--local 256]
+  [--first 400] [--message 24] [--reply 48] [--local 256] [--role decode|both]
 """
 import argparse
 import random
@@ -36,6 +36,8 @@ parser.add_argument("--message", type=int, default=24, help="tokens of each new 
 parser.add_argument("--reply", type=int, default=48, help="tokens generated per turn")
 parser.add_argument("--local", type=int, default=256, help="--local-prefill-tokens of 'local'")
 parser.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
+parser.add_argument("--role", choices=("decode", "both"), default="decode",
+                    help="the decode worker's --role")
 args = parser.parse_args()
 
 pb = ct.stubs()["generation_pb2"]
@@ -52,7 +54,7 @@ class Deployment:
                   "--metrics-port=0", "--target-concurrency=2", f"--planned-seq-len={length}",
                   f"--threads={args.threads}"]
         self.workers = [ct.Process([ct.binary("cleave-worker"), "--role=prefill", *common]),
-                        ct.Process([ct.binary("cleave-worker"), "--role=both", *common])]
+                        ct.Process([ct.binary("cleave-worker"), f"--role={args.role}", *common])]
         self.channel = grpc.insecure_channel(address)
         self.stub = ct.stubs()["generation_grpc"].GenerationStub(self.channel)
         ct.wait_for_workers(self.stub, 2)
@@ -104,7 +106,7 @@ finally:
 
 print(f"{args.conversations} conversations x {args.turns} turns: first prompt {args.first} "
       f"tokens, +{args.reply} reply and +{args.message} message tokens a turn, "
-      f"--local-prefill-tokens {args.local} for 'local'")
+      f"--local-prefill-tokens {args.local} for 'local', a --role={args.role} decode worker")
 print("turn  setup   TTFT p50 ms  computed tokens  KV sent MiB   TTFT local/remote")
 for t in range(args.turns):
     p50 = {name: statistics.median(r[0] for r in results[name][t]) for name in setups}

@@ -131,8 +131,8 @@ int runUp(int argc, char** argv) {
   flags.addInt("both", &both, "Combined workers (--role=both)");
   flags.addInt("prefill-tp", &prefill_tp, "Tensor-parallel degree of prefill workers");
   flags.addInt("local-prefill-tokens", &local_prefill_tokens,
-               "The router's --local-prefill-tokens: --both workers compute a prompt "
-               "themselves when at most this many of its tokens are not in their cache");
+               "The router's --local-prefill-tokens: decode and --both workers compute a "
+               "prompt themselves when at most this many of its tokens are not in their cache");
   flags.addInt("decode-tp", &decode_tp, "Tensor-parallel degree of decode and combined workers");
   flags.addInt("threads", &threads, "CPU threads per rank of each worker (0: the worker decides)");
   flags.addInt("target-concurrency", &target, "Each decode worker's target concurrency");

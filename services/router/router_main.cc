@@ -104,9 +104,9 @@ int main(int argc, char** argv) {
                   "finish it first, counting the prompt's prefix it holds cached as done) or "
                   "least_loaded (the fewest prompt tokens outstanding)");
   flags.addInt("local-prefill-tokens", &local_prefill_tokens,
-               "A decode worker that prefills too (--role=both) computes a prompt itself, even "
-               "where prefill workers are registered, when at most this many of its tokens are "
-               "not in its cache (a conversation's next turn: nothing moves); 0: never");
+               "A decode worker (--role=decode or both) computes a prompt itself, even where "
+               "prefill workers are registered, when at most this many of its tokens are not in "
+               "its cache (a conversation's next turn: nothing moves); 0: never");
   flags.addInt("max-migrations", &max_migrations,
                "Times one request may move to another decode worker after losing its own");
   flags.addInt("shutdown-grace-ms", &shutdown_grace_ms,

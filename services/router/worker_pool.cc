@@ -594,11 +594,9 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64
   absl::MutexLock lock(&mu_);
   Entry* best = nullptr;
   int64_t tokens = length;  // What `best` would compute.
-  // A decode worker that prefills too: it computes a short rest itself, and all of a
-  // prompt where no prefill worker is registered.
-  auto self = decode.info.role() == v1::WORKER_ROLE_BOTH && !contains(exclude, decode.id)
-                  ? workers_.find(decode.id)
-                  : workers_.end();
+  // The decode worker computes a short rest itself (--local-prefill-tokens); one that
+  // prefills too (role both) all of a prompt where no prefill worker is registered.
+  auto self = !contains(exclude, decode.id) ? workers_.find(decode.id) : workers_.end();
   const int64_t local =
       self != workers_.end() ? length - cachedBlocks(self->second, prefix) * block_size : 0;
   if (self != workers_.end() && local <= options_.local_prefill_tokens) {
@@ -618,7 +616,7 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64
       }
     }
   }
-  if (best == nullptr && self != workers_.end()) {
+  if (best == nullptr && self != workers_.end() && decode.info.role() == v1::WORKER_ROLE_BOTH) {
     best = &self->second;
     tokens = local;
   }

@@ -84,10 +84,10 @@ struct WorkerPoolOptions {
   // Prefill goes where it would finish first counting cached prefixes (pickPrefill); off,
   // to the prefill worker with the fewest prompt tokens outstanding.
   bool prefix_aware = true;
-  // A decode worker that prefills too (role both) computes a prompt itself, even where
-  // prefill workers are registered, when at most this many of its tokens are not in its
-  // cache (a conversation's next turn): nothing moves, and the prefill workers' queues are
-  // skipped. 0: prefill workers always take the prompts.
+  // A decode worker (role decode or both) computes a prompt itself, even where prefill
+  // workers are registered, when at most this many of its tokens are not in its cache (a
+  // conversation's next turn): nothing moves, and the prefill workers' queues are skipped.
+  // 0: prefill workers always take the prompts.
   int64_t local_prefill_tokens = 0;
 };
 
@@ -210,10 +210,11 @@ class WorkerPool {
 
   // The worker to prefill a prompt of `tokens` tokens whose cacheable blocks are `prefix`
   // (PrefixIndex::blockHashes) for `decode`: of the prefill workers (none of
-  // `exclude`), the one that would finish it first — the fewest outstanding prefill tokens
-  // once the prompt's tokens it does not hold cached are added (prefix_index.h) — or
-  // `decode` itself when it has both roles and no prefill worker is left. Unavailable when
-  // there is none.
+  // `exclude`), `decode` itself when at most local_prefill_tokens of the prompt are missing
+  // from its cache, else the one that would finish it first — the fewest outstanding
+  // prefill tokens once the prompt's tokens it does not hold cached are added
+  // (prefix_index.h) — or `decode` itself when it has both roles and no prefill worker is
+  // left. Unavailable when there is none.
   // A worker's outstanding tokens count only what it computes, and what it holds counts
   // from the end of its successful prefills (concurrent prompts of a new prefix are not
   // sent to one worker on the strength of blocks nobody has computed yet). The KV

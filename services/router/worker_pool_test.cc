@@ -1,5 +1,6 @@
 #include "services/router/worker_pool.h"
 
+#include "absl/strings/str_cat.h"
 #include "services/engine/kv_block_pool.h"
 
 #include <gmock/gmock.h>
@@ -360,38 +361,66 @@ TEST_F(WorkerPoolTest, DecodeWorkersTakeThePromptsWhosePrefixWasSentThere) {
   for (const auto& x : {*a, *b}) pool.release(x);
 }
 
-// --local-prefill-tokens: a decode worker that prefills too (role both) computes a prompt
-// itself when little of it is missing from its cache (the blocks sent there, and those of the
+// --local-prefill-tokens: a decode worker (role decode or both) computes a prompt itself
+// when little of it is missing from its cache (the blocks sent there, and those of the
 // sequences it decoded, prompt and reply); otherwise, and with it 0, the prefill worker does.
 TEST(WorkerPoolLocalPrefillTest, ADecodeWorkerComputesAShortRestItself) {
-  for (const int64_t threshold : {int64_t{0}, int64_t{30}}) {
-    SCOPED_TRACE(threshold);
+  for (const auto role : {v1::WORKER_ROLE_BOTH, v1::WORKER_ROLE_DECODE})
+    for (const int64_t threshold : {int64_t{0}, int64_t{30}}) {
+      SCOPED_TRACE(absl::StrCat(v1::WorkerRole_Name(role), " ", threshold));
+      WorkerPool pool(
+          {.local_prefill_tokens = threshold}, [](auto) {}, [](const std::string&) {});
+      ASSERT_TRUE(pool.add(worker("b", role, 100, 4)).ok());
+      ASSERT_TRUE(pool.add(worker("p", v1::WORKER_ROLE_PREFILL, 100, 0)).ok());
+      auto admission = pool.admit(8, std::chrono::system_clock::now() + std::chrono::seconds(2),
+                                  [] { return false; });
+      ASSERT_TRUE(admission.ok());
+      const Worker& b = *admission->worker;
+      std::vector<uint32_t> turn = prompt(100);
+      auto first = pickFor(pool, b, turn);  // Nothing cached anywhere: the prefill worker.
+      EXPECT_EQ(first->worker->id, "p");
+      pool.releasePrefill(*first, true);  // Sent to b too: 6 blocks of 16 there.
+      turn.resize(110, 7);
+      auto next = pickFor(pool, b, turn);  // 14 tokens missing on b.
+      EXPECT_EQ(next->worker->id, threshold >= 14 ? "b" : "p");
+      EXPECT_EQ(next->tokens, 14);  // Cached on either.
+      pool.releasePrefill(*next, true);
+      // b decoded a reply: the full blocks of prompt and reply before the last token (9) are
+      // in its cache, not in p's (6).
+      turn.resize(160, 9);
+      pool.decoded(b, PrefixIndex::blockHashes(turn, 16));
+      turn.resize(170, 11);
+      auto after = pickFor(pool, b, turn);
+      EXPECT_EQ(after->worker->id, threshold > 0 ? "b" : "p");
+      EXPECT_EQ(after->tokens, threshold > 0 ? 170 - 9 * 16 : 170 - 6 * 16);
+      pool.releasePrefill(*after, true);
+      pool.release(*admission);
+    }
+}
+
+// Without a prefill worker, a decode worker (role decode) computes only a short rest; a
+// longer prompt has nowhere to go. One with both roles computes any.
+TEST(WorkerPoolLocalPrefillTest, OnlyAWorkerWithBothRolesComputesAWholePromptForItself) {
+  for (const auto role : {v1::WORKER_ROLE_BOTH, v1::WORKER_ROLE_DECODE}) {
+    SCOPED_TRACE(v1::WorkerRole_Name(role));
     WorkerPool pool(
-        {.local_prefill_tokens = threshold}, [](auto) {}, [](const std::string&) {});
-    ASSERT_TRUE(pool.add(worker("b", v1::WORKER_ROLE_BOTH, 100, 4)).ok());
-    ASSERT_TRUE(pool.add(worker("p", v1::WORKER_ROLE_PREFILL, 100, 0)).ok());
+        {.local_prefill_tokens = 30}, [](auto) {}, [](const std::string&) {});
+    ASSERT_TRUE(pool.add(worker("d", role, 100, 4)).ok());
     auto admission = pool.admit(8, std::chrono::system_clock::now() + std::chrono::seconds(2),
                                 [] { return false; });
     ASSERT_TRUE(admission.ok());
-    const Worker& b = *admission->worker;
-    std::vector<uint32_t> turn = prompt(100);
-    auto first = pickFor(pool, b, turn);  // Nothing cached anywhere: the prefill worker.
-    EXPECT_EQ(first->worker->id, "p");
-    pool.releasePrefill(*first, true);  // Sent to b too: 6 blocks of 16 there.
-    turn.resize(110, 7);
-    auto next = pickFor(pool, b, turn);  // 14 tokens missing on b.
-    EXPECT_EQ(next->worker->id, threshold >= 14 ? "b" : "p");
-    EXPECT_EQ(next->tokens, 14);  // Cached on either.
-    pool.releasePrefill(*next, true);
-    // b decoded a reply: the full blocks of prompt and reply before the last token (9) are
-    // in its cache, not in p's (6).
-    turn.resize(160, 9);
-    pool.decoded(b, PrefixIndex::blockHashes(turn, 16));
-    turn.resize(170, 11);
-    auto after = pickFor(pool, b, turn);
-    EXPECT_EQ(after->worker->id, threshold > 0 ? "b" : "p");
-    EXPECT_EQ(after->tokens, threshold > 0 ? 170 - 9 * 16 : 170 - 6 * 16);
-    pool.releasePrefill(*after, true);
+    auto whole = pickFor(pool, *admission->worker, prompt(100));
+    if (role == v1::WORKER_ROLE_BOTH) {
+      ASSERT_TRUE(whole.ok());
+      EXPECT_EQ(whole->worker->id, "d");
+      pool.releasePrefill(*whole, true);
+    } else {
+      EXPECT_EQ(whole.status().code(), absl::StatusCode::kUnavailable);
+    }
+    auto rest = pickFor(pool, *admission->worker, prompt(20));
+    ASSERT_TRUE(rest.ok());
+    EXPECT_EQ(rest->worker->id, "d");
+    pool.releasePrefill(*rest, true);
     pool.release(*admission);
   }
 }

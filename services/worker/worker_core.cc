@@ -384,6 +384,11 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     absl::MutexLock lock(&mu_);
     local = r.destination().decode_worker_id() == worker_id_;
   }
+  if (!local && !options_.prefills_for_peers) {
+    return absl::FailedPreconditionError(
+        "this is a decode worker: it prefills only prompts it decodes itself; send the prompt "
+        "to a worker started with --role=prefill or --role=both");
+  }
   using google::protobuf::util::MessageDifferencer;
   if (!local && !MessageDifferencer::Equals(r.destination().layout(), options_.layout)) {
     return absl::FailedPreconditionError(

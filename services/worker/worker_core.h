@@ -38,6 +38,9 @@ struct WorkerCoreOptions {
   // Writes prompt KV into other workers' pools (null: this worker prefills only for itself).
   transfer::KvTransport* transport = nullptr;
   std::chrono::milliseconds transfer_timeout{30000};
+  // False on a decode worker: Prefill computes only prompts this worker decodes itself (the
+  // router's --local-prefill-tokens), never one to send to a peer.
+  bool prefills_for_peers = true;
   // A cache elsewhere (a GPU): the group's host rows are a staging area (kv_staging.h),
   // not the pool: rows [0, staging_send_blocks) for prompts this worker sends, the next
   // staging_receive_blocks for prompts written into it. Both 0: the host rows are the cache

@@ -302,6 +302,7 @@ int run(int argc, char** argv) {
                    .eos_ids = eos,
                    .layout = kvLayout(config, (*group)->kvType()),
                    .transport = transport.get(),
+                   .prefills_for_peers = role != Role::kDecode,
                    .staging_send_blocks = staging.send,
                    .staging_receive_blocks = staging.receive,
                    .lease_timeout = std::chrono::milliseconds(options.lease_timeout_ms),
@@ -328,7 +329,7 @@ int run(int argc, char** argv) {
   builder.AddListeningPort(options.server.listen, *serving, &port);
   keepServerThreads(builder);
   if (role != Role::kPrefill) builder.RegisterService(&decode);
-  if (role != Role::kDecode) builder.RegisterService(&prefill);
+  builder.RegisterService(&prefill);  // A decode worker's computes only its own prompts.
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     die(absl::UnavailableError(absl::StrCat("cannot serve on ", options.server.listen)));

@@ -461,10 +461,15 @@ class DisaggregationTest(unittest.TestCase):
 
     def test_a_next_turn_is_prefilled_where_it_decodes(self):
         """--local-prefill-tokens: a conversation's first turn is prefilled by the prefill
-        worker and decoded by a --role=both worker; its next turn (the prompt, the reply, a
-        few new tokens) is computed by the both worker itself, which holds all but those few
-        in its cache: the prefill worker computes and sends nothing, and the tokens are the
-        offline engine's."""
+        worker and decoded by a decode worker (--role=decode, then --role=both); its next turn
+        (the prompt, the reply, a few new tokens) is computed by the decode worker itself,
+        which holds all but those few in its cache: the prefill worker computes and sends
+        nothing, and the tokens are the offline engine's."""
+        for role in ("decode", "both"):
+            with self.subTest(role=role):
+                self.next_turn_where_it_decodes(role)
+
+    def next_turn_where_it_decodes(self, role):
         pb = ct.stubs()["generation_pb2"]
         router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
                              "--metrics-port=0", f"--model={MODEL}",
@@ -474,7 +479,7 @@ class DisaggregationTest(unittest.TestCase):
                   "--metrics-port=0", "--target-concurrency=4", "--planned-seq-len=512",
                   "--threads=1"]
         prefill = ct.Process([ct.binary("cleave-worker"), "--role=prefill", *common])
-        both = ct.Process([ct.binary("cleave-worker"), "--role=both", *common])
+        decode = ct.Process([ct.binary("cleave-worker"), f"--role={role}", *common])
         channel = grpc.insecure_channel(address)
         try:
             stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
@@ -492,7 +497,7 @@ class DisaggregationTest(unittest.TestCase):
                 return [t for m in stub.Generate(request, timeout=120) for t in m.token_ids]
 
             def counters():
-                return [metric(w.ready["metrics_port"], name) for w in (prefill, both)
+                return [metric(w.ready["metrics_port"], name) for w in (prefill, decode)
                         for name in ("cleave_worker_prefill_tokens_total",
                                      "cleave_worker_kv_sent_bytes_total")]
 
@@ -513,7 +518,7 @@ class DisaggregationTest(unittest.TestCase):
             self.assertEqual(reply, offline_ids(MODEL, first, 10))
         finally:
             channel.close()
-            codes = [w.stop() for w in (prefill, both)] + [router.stop()]
+            codes = [w.stop() for w in (prefill, decode)] + [router.stop()]
             self.assertEqual(codes, [0, 0, 0])
 
     def test_requests_sharing_a_cached_prefix_decode_together_where_copies_would_not_fit(self):

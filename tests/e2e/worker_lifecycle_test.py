@@ -94,6 +94,30 @@ class WorkerLifecycleTest(unittest.TestCase):
         self.wait_until_freed(8)
         self.assertLess(time.monotonic() - started, 5)
 
+    def test_a_decode_worker_prefills_only_for_itself(self):
+        """A decode worker computes the prompts of its own reservations (the router's
+        --local-prefill-tokens) but refuses one whose KV would go to another worker, and
+        holds nothing after the refusal."""
+        worker = ct.Process([ct.binary("cleave-worker"), "--role=decode", f"--model={MODEL}",
+                             "--listen=127.0.0.1:0", "--metrics-port=0",
+                             "--target-concurrency=2", "--planned-seq-len=512", "--threads=1"])
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{worker.ready['grpc_port']}") as channel:
+                prefill = ct.stubs()["worker_grpc"].PrefillControlStub(channel)
+                with self.assertRaises(grpc.RpcError) as caught:
+                    prefill.Prefill(self.pb.PrefillRequest(
+                        request_id="elsewhere", prompt_token_ids=[1, 2, 3, 4],
+                        sampling=self.gen.SamplingParams(temperature=0),
+                        stopping=self.gen.StoppingCriteria(max_new_tokens=4),
+                        destination=self.pb.KvDestination(decode_worker_id=self.worker_id())),
+                        timeout=30)
+                self.assertEqual(caught.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+                self.assertIn("--role=prefill", caught.exception.details())
+            self.assertEqual(metric(worker.ready["metrics_port"],
+                                    "cleave_worker_kv_blocks_reserved"), 0)
+        finally:
+            self.assertEqual(worker.stop(), 0)
+
 
 if __name__ == "__main__":
     unittest.main()
