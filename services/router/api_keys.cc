@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/log.h"
+#include "common/retry_hint.h"
 
 namespace cleave::router {
 namespace {
@@ -131,8 +133,12 @@ absl::Status ApiKeys::takeRequest(const std::string& name) {
       burst, bucket.tokens + rate_ * std::chrono::duration<double>(now - bucket.filled).count());
   bucket.filled = now;
   if (bucket.tokens < 1) {
-    return absl::ResourceExhaustedError(absl::StrCat("API key '", name, "' is over its rate of ",
-                                                     rate_, " requests/s; retry later"));
+    const auto refill = std::chrono::milliseconds(
+        static_cast<int64_t>(std::ceil((1 - bucket.tokens) / rate_ * 1e3)));
+    return withRetryAfter(absl::ResourceExhaustedError(
+                              absl::StrCat("API key '", name, "' is over its rate of ", rate_,
+                                           " requests/s; retry in ", refill.count(), " ms")),
+                          refill);
   }
   bucket.tokens -= 1;
   return absl::OkStatus();

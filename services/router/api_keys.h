@@ -38,7 +38,8 @@ class ApiKeys {
   absl::StatusOr<std::string> check(const grpc::ServerContext& context);
   // As check(), for the value of an authorization header.
   absl::StatusOr<std::string> checkHeader(absl::string_view authorization);
-  // Counts one request against key `name`'s rate: ResourceExhausted when over it.
+  // Counts one request against key `name`'s rate: ResourceExhausted when over it, with the
+  // time until the key has a request to spend as its retry hint (retry_hint.h).
   absl::Status takeRequest(const std::string& name);
 
  private:

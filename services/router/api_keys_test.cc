@@ -1,5 +1,7 @@
 #include "services/router/api_keys.h"
 
+#include "common/retry_hint.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -66,6 +68,11 @@ TEST_F(ApiKeysTest, EachKeyHasItsOwnRate) {
   absl::Status over = (*keys)->takeRequest("a");
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(over.message(), HasSubstr("'a' is over its rate of 2 requests/s"));
+  // The hint: until the bucket holds a request again, at most half a second at 2/s.
+  const std::optional<std::chrono::milliseconds> after = retryAfter(over);
+  ASSERT_TRUE(after.has_value());
+  EXPECT_GT(after->count(), 250);
+  EXPECT_LE(after->count(), 500);
   EXPECT_TRUE((*keys)->takeRequest("b").ok());                  // Another key is not affected.
   std::this_thread::sleep_for(std::chrono::milliseconds(600));  // Refills one.
   EXPECT_TRUE((*keys)->takeRequest("a").ok());

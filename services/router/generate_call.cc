@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/retry_hint.h"
 #include "common/tokenizer/utf8.h"
 #include "grpcpp/client_context.h"
 #include "services/engine/kv_block_pool.h"
@@ -258,6 +259,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                                                        : std::nullopt,
                     .deadline = context->deadline(),
                     .cancelled = [context] { return context->IsCancelled(); },
+                    .call = context,
                     .client = client,
                     .priority = request.priority(),
                     .prompt_logprobs = request.has_prompt_logprobs()
@@ -484,7 +486,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     absl::StatusOr<Admission> admitted =
         pool_.admit(sequence.blocks, sequence.deadline, sequence.cancelled, lost, sequence.client,
                     sequence.remaining, shareable, sequence.priority);
-    if (!admitted.ok()) return status.ok() ? toGrpcStatus(admitted.status()) : status;
+    if (!admitted.ok())
+      return status.ok() ? toGrpcStatus(admitted.status(), *sequence.call) : status;
     placed.reset(new Placement(*this, *admitted, sequence.id));
     placed->queue_wait_ms = msSince(placing);
     const Worker& worker = *placed->admission.worker;

@@ -2,6 +2,7 @@
 
 #include "common/grpc_status.h"
 #include "common/metrics.h"
+#include "common/retry_hint.h"
 #include "common/tokenizer/utf8.h"
 #include "common/version.h"
 #include "services/router/request_validation.h"
@@ -64,13 +65,13 @@ grpc::Status GenerationService::finish(const char* method, grpc::Status status) 
   return status;
 }
 
-grpc::Status GenerationService::authorize(const grpc::ServerContext& context, bool generate,
+grpc::Status GenerationService::authorize(grpc::ServerContext& context, bool generate,
                                           std::string* client) const {
   if (options_.api_keys == nullptr) return grpc::Status::OK;
   absl::StatusOr<std::string> key = options_.api_keys->check(context);
   if (!key.ok()) return toGrpcStatus(key.status());
   if (client != nullptr) *client = *key;
-  return generate ? toGrpcStatus(options_.api_keys->takeRequest(*key)) : grpc::Status::OK;
+  return generate ? toGrpcStatus(options_.api_keys->takeRequest(*key), context) : grpc::Status::OK;
 }
 
 grpc::Status GenerationService::Generate(grpc::ServerContext* context,

@@ -74,8 +74,8 @@ class GenerationService final : public v1::Generation::Service {
   grpc::Status finish(const char* method, grpc::Status status);
   // OK when no keys are configured or the call presents a valid one (for Generate and a
   // chat Tokenize, `generate`, also within its key's rate); `client` is then the key's
-  // name (empty without keys).
-  grpc::Status authorize(const grpc::ServerContext& context, bool generate = false,
+  // name (empty without keys). A rate refusal carries its retry hint (retry_hint.h).
+  grpc::Status authorize(grpc::ServerContext& context, bool generate = false,
                          std::string* client = nullptr) const;
   grpc::Status generate(grpc::ServerContext* context, const v1::GenerateRequest& request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer,
@@ -93,8 +93,10 @@ class GenerationService final : public v1::Generation::Service {
     std::optional<uint32_t> logprobs;
     std::chrono::system_clock::time_point deadline;
     std::function<bool()> cancelled;
-    std::string client;                       // Its API key's name, for fair queueing.
-    int32_t priority = 0;                     // GenerateRequest.priority: lower is admitted first.
+    grpc::ServerContext* call =
+        nullptr;           // Its client's call (set): a refusal's retry hint goes there.
+    std::string client;    // Its API key's name, for fair queueing.
+    int32_t priority = 0;  // GenerateRequest.priority: lower is admitted first.
     std::optional<uint32_t> prompt_logprobs;  // Asked of its first placement's prefill.
     std::string adapter;      // The LoRA adapter it runs with (empty: the base model), and
     uint64_t chain_root = 0;  // where its blocks' hash chain starts (KvBlockPool::adapterRoot).

@@ -4,6 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/retry_hint.h"
 #include "grpcpp/support/status.h"
 
 namespace cleave::router::openai {
@@ -390,8 +391,11 @@ ApiError apiError(int grpc_code, const std::string& message, const std::string& 
 
 ApiError apiError(const absl::Status& status) {
   const auto param = status.GetPayload(kParamPayload);
-  return apiError(static_cast<int>(status.code()), std::string(status.message()),
-                  param ? std::string(*param) : "");
+  ApiError error = apiError(static_cast<int>(status.code()), std::string(status.message()),
+                            param ? std::string(*param) : "");
+  if (std::optional<std::chrono::milliseconds> after = retryAfter(status))
+    error.retry_after_ms = after->count();
+  return error;
 }
 
 }  // namespace cleave::router::openai

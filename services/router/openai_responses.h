@@ -109,10 +109,11 @@ const char* finishReason(v1::FinishReason reason);
 struct ApiError {
   int http_status = 500;
   std::string body;
+  int64_t retry_after_ms = 0;  // > 0: sent as Retry-After (whole seconds) and retry-after-ms.
 };
 // From a gRPC status code and message (the router's, or a parse error's with its param).
 ApiError apiError(int grpc_code, const std::string& message, const std::string& param = "");
-ApiError apiError(const absl::Status& status);
+ApiError apiError(const absl::Status& status);  // With its retry hint (retry_hint.h).
 
 // Serializes with invalid UTF-8 replaced, never throwing.
 std::string dumpJson(const nlohmann::json& j);

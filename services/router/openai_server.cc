@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/retry_hint.h"
 #include "common/version.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -34,7 +35,11 @@ int send(HttpResponse& response, int status, const Json& body, const Headers& he
   return status;
 }
 
-int sendError(HttpResponse& response, const openai::ApiError& error, const Headers& headers = {}) {
+int sendError(HttpResponse& response, const openai::ApiError& error, Headers headers = {}) {
+  if (error.retry_after_ms > 0) {
+    headers.emplace_back("retry-after", absl::StrCat((error.retry_after_ms + 999) / 1000));
+    headers.emplace_back("retry-after-ms", absl::StrCat(error.retry_after_ms));
+  }
   response.send(error.http_status, "application/json", error.body, headers);
   return error.http_status;
 }
@@ -560,6 +565,8 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
                      ? openai::apiError(static_cast<int>(grpc::StatusCode::INTERNAL),
                                         "the generation stream ended without its final message")
                      : openai::apiError(status.error_code(), status.error_message());
+        if (std::optional<std::chrono::milliseconds> after = retryAfter(*contexts[i]))
+          failed->retry_after_ms = after->count();
         cancelAll();  // One choice failed: the response has failed.
       }
       continue;

@@ -1,6 +1,7 @@
 #include "services/router/worker_pool.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/retry_hint.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/create_channel.h"
 
@@ -345,8 +347,13 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
   // Only a request that has to wait needs room in the queue.
   const bool must_wait = !queue_.empty() || pick(blocks, exclude, prefix) == nullptr;
   if (must_wait && static_cast<int64_t>(queue_.size()) >= options_.queue_capacity) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the admission queue is full (", options_.queue_capacity, " requests); retry later"));
+    // A place frees as a decoding sequence finishes (a second until the pace is known).
+    const double turnover_s =
+        service_s_.trusted() ? service_s_.mean() / decodeLoad(exclude).decoding : 1.0;
+    return withRetryAfter(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "the admission queue is full (", options_.queue_capacity, " requests); retry later")),
+        std::chrono::milliseconds(static_cast<int64_t>(std::ceil(turnover_s * 1e3))));
   }
   auto secondsLeft = [&] {
     return std::chrono::duration<double>(deadline - std::chrono::system_clock::now()).count();
@@ -359,11 +366,14 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
     const double left_s = secondsLeft();
     if (finish_s && *finish_s > left_s) {
       outcome = "deadline_unreachable";
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "%d requests are waiting ahead; at the decode workers' recent pace this one would "
-          "finish in about %.1f s, past its deadline in %.1f s; retry later or with a longer "
-          "deadline",
-          ahead, *finish_s, left_s));
+      // Once the queue has moved on by the excess, the same deadline would be reachable.
+      return withRetryAfter(
+          absl::ResourceExhaustedError(absl::StrFormat(
+              "%d requests are waiting ahead; at the decode workers' recent pace this one would "
+              "finish in about %.1f s, past its deadline in %.1f s; retry later or with a "
+              "longer deadline",
+              ahead, *finish_s, left_s)),
+          std::chrono::milliseconds(static_cast<int64_t>(std::ceil((*finish_s - left_s) * 1e3))));
     }
   }
   const uint64_t ticket = next_ticket_++;
@@ -443,22 +453,27 @@ void WorkerPool::settle(Admission& admission, int64_t cached, std::span<const ui
   updateGauges();
 }
 
+WorkerPool::DecodeLoad WorkerPool::decodeLoad(const std::vector<std::string>& exclude) const {
+  DecodeLoad load;
+  for (const auto& [id, entry] : workers_) {
+    if (!entry.worker->servesDecode() || entry.draining || contains(exclude, id)) continue;
+    load.decoding +=
+        std::min<int64_t>(entry.admitted, entry.worker->info.kv_capacity().target_concurrency());
+    load.admitted += entry.admitted;
+  }
+  load.decoding = std::max<int64_t>(load.decoding, 1);
+  return load;
+}
+
 std::optional<double> WorkerPool::expectedFinishS(int64_t queued_ahead, int64_t new_tokens,
                                                   const std::vector<std::string>& exclude) const {
   if (!service_s_.trusted()) return std::nullopt;
-  // The sequences decoding at once and the requests ahead of this one (admitted or waiting).
-  int64_t decoding = 0, ahead = queued_ahead;
-  for (const auto& [id, entry] : workers_) {
-    if (!entry.worker->servesDecode() || entry.draining || contains(exclude, id)) continue;
-    decoding +=
-        std::min<int64_t>(entry.admitted, entry.worker->info.kv_capacity().target_concurrency());
-    ahead += entry.admitted;
-  }
-  decoding = std::max<int64_t>(decoding, 1);
+  const DecodeLoad load = decodeLoad(exclude);
+  const int64_t ahead = queued_ahead + load.admitted;  // Admitted or waiting.
   // Places in the batch free at `decoding` per service time; this request decodes once all
   // but `decoding - 1` of those ahead have finished, then takes its own service time.
-  const double batch_wait_s = static_cast<double>(std::max<int64_t>(0, ahead + 1 - decoding)) /
-                              decoding * service_s_.mean();
+  const double batch_wait_s = static_cast<double>(std::max<int64_t>(0, ahead + 1 - load.decoding)) /
+                              load.decoding * service_s_.mean();
   return batch_wait_s + start_s_.mean() +
          token_s_.mean() * static_cast<double>(std::max<int64_t>(1, new_tokens));
 }

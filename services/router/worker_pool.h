@@ -175,15 +175,15 @@ class WorkerPool {
 
   // Waits for a decode worker that can hold `blocks` blocks. Errors: Unavailable (no
   // decode worker, after waiting up to the restart patience for one), InvalidArgument (no worker
-  // could ever hold it), ResourceExhausted (the queue is full), DeadlineExceeded, Cancelled
+  // could ever hold it), ResourceExhausted (the queue is full, or the recent pace says the
+  // deadline is out of reach; either with a retry hint, retry_hint.h), DeadlineExceeded, Cancelled
   // (`cancelled` became true). Workers named in `exclude` (found unreachable by this request) are
   // passed over. `client` (an API key's name; empty when keys are off) shares the queue fairly: the
   // waiting client admitted least recently goes next, its oldest request first. `new_tokens`
   // (the new tokens it may generate) scales its expected service time. `prefix`: the
-  // prompt's blocks a cache may supply (PrefixIndex::blockHashes): where workers prefill
-  // for themselves (no prefill worker registered), of the workers with room in their
-  // decode batch the one holding the longest cached prefix goes first. `priority`: a waiting
-  // request of a lower value goes before every one of a higher value (clients take turns
+  // prompt's blocks a cache may supply (PrefixIndex::blockHashes): of the workers with room
+  // in their decode batch, the one holding the longest cached prefix goes first. `priority`: a
+  // waiting request of a lower value goes before every one of a higher value (clients take turns
   // among equals); the queue ahead of it, for its deadline, is what it waits behind.
   absl::StatusOr<Admission> admit(int64_t blocks, std::chrono::system_clock::time_point deadline,
                                   const std::function<bool()>& cancelled,
@@ -281,6 +281,14 @@ class WorkerPool {
                                         const std::string& client, int64_t new_tokens,
                                         std::span<const uint64_t> prefix, int32_t priority,
                                         const char*& outcome);
+  // The sequences decoding at once on the decode workers not in `exclude` (at least 1), and
+  // the requests admitted there.
+  struct DecodeLoad {
+    int64_t decoding = 0;
+    int64_t admitted = 0;
+  };
+  DecodeLoad decodeLoad(const std::vector<std::string>& exclude) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How long from now a request allowed `new_tokens`, with `queued_ahead` waiting ahead of
   // it, would take to finish on the workers not in `exclude`; nullopt until enough requests
   // have finished to say.

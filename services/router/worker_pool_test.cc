@@ -1,6 +1,7 @@
 #include "services/router/worker_pool.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/retry_hint.h"
 #include "services/engine/kv_block_pool.h"
 
 #include <gmock/gmock.h>
@@ -198,7 +199,9 @@ TEST_F(WorkerPoolTest, AFullQueueAndCancellationAreReported) {
     });
   }
   while (pool_.queueDepth() < 2) std::this_thread::yield();
-  EXPECT_EQ(pool_.admit(1, soon(), never).status().code(), absl::StatusCode::kResourceExhausted);
+  const absl::Status full = pool_.admit(1, soon(), never).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(retryAfter(full), std::chrono::milliseconds(1000));  // No pace known yet.
   // A router with no queue at all still admits what fits at once.
   WorkerPool unqueued(
       {.queue_capacity = 0}, [](auto) {}, [](const std::string&) {});
@@ -519,6 +522,11 @@ TEST(WorkerPoolOverloadTest, RefusesAtOnceWhatCannotFinishBeforeItsDeadline) {
   absl::StatusOr<Admission> short_deadline = pool.admit(1, in(400), never, {}, "", 10);
   EXPECT_EQ(short_deadline.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(short_deadline.status().message(), HasSubstr("finish in about 0.6 s"));
+  // Its hint: once the queue moved on by the excess, about 0.2 s.
+  const auto excess = retryAfter(short_deadline.status());
+  ASSERT_TRUE(excess.has_value());
+  EXPECT_GE(excess->count(), 200);
+  EXPECT_LE(excess->count(), 300);
   absl::StatusOr<Admission> long_output = pool.admit(1, in(800), never, {}, "", 100);
   EXPECT_EQ(long_output.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(long_output.status().message(), HasSubstr("finish in about 2.4 s"));

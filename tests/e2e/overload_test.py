@@ -3,8 +3,9 @@ decode deployment, each request with a 5 s deadline.
 
   * the admission queue stays bounded; what cannot be served in time is refused at once
     with RESOURCE_EXHAUSTED (the queue is full, or the decode workers' recent pace says it
-    could not finish before its deadline) instead of timing out: almost nothing runs out of
-    time while decoding, and the deployment keeps serving at least half its capacity;
+    could not finish before its deadline) instead of timing out, each refusal with a retry
+    hint (grpc-retry-pushback-ms): almost nothing runs out of time while decoding, and the
+    deployment keeps serving at least half its capacity;
   * requests that are admitted keep their latency: p99 of (total - queue wait - wait for a
     place in the decode batch) stays within 2x of its value without overload. A decode
     worker admits twice its target concurrency so that a prefilled request is ready
@@ -19,6 +20,7 @@ figures are printed.
 import concurrent.futures
 import os
 import random
+import statistics
 import sys
 import threading
 import time
@@ -75,12 +77,13 @@ class OverloadTest(unittest.TestCase):
                             final = message.final
                     t = final.timings
                     return "OK", time.monotonic() - start, (t.total_ms - t.queue_wait_ms) / 1e3, \
-                        (t.total_ms - t.queue_wait_ms - t.decode_wait_ms) / 1e3
+                        (t.total_ms - t.queue_wait_ms - t.decode_wait_ms) / 1e3, None
                 except grpc.RpcError as e:
                     code = e.code().name
                     if code == "DEADLINE_EXCEEDED" and "decoding" in (e.details() or ""):
                         code = "DEADLINE_EXCEEDED_DECODING"
-                    return code, time.monotonic() - start, None, None
+                    hint = dict(e.trailing_metadata() or ()).get("grpc-retry-pushback-ms")
+                    return code, time.monotonic() - start, None, None, hint
 
             # Unloaded: the target concurrency, closed loop.
             with concurrent.futures.ThreadPoolExecutor(TARGET) as pool:
@@ -89,7 +92,7 @@ class OverloadTest(unittest.TestCase):
                 calm_s = time.monotonic() - started
             self.assertTrue(all(code == "OK" for code, *_ in calm), calm)
             capacity = len(calm) / calm_s
-            calm_p99 = p99([a for _, _, _, a in calm])
+            calm_p99 = p99([a for _, _, _, a, _ in calm])
 
             # Overload: Poisson arrivals at 10x capacity.
             pids = [router.proc.pid] + [w.proc.pid for w in workers]
@@ -123,15 +126,17 @@ class OverloadTest(unittest.TestCase):
             codes = {}
             for code, *_ in results:
                 codes[code] = codes.get(code, 0) + 1
-            admitted = [a for code, _, _, a in results if code == "OK"]
-            held = [h for code, _, h, _ in results if code == "OK"]
+            admitted = [a for code, _, _, a, _ in results if code == "OK"]
+            held = [h for code, _, h, _, _ in results if code == "OK"]
+            hints = [int(h) for code, *_, h in results if code == "RESOURCE_EXHAUSTED" and h]
             refused = [e for code, e, *_ in results if code == "RESOURCE_EXHAUSTED"]
             growth = [after / before - 1 for before, after in zip(rss_before, rss_after)]
             print(f"\ncapacity {capacity:.2f} req/s unloaded (p99 admitted latency "
                   f"{calm_p99:.2f} s); {SECONDS:.0f} s at {10 * capacity:.1f} req/s offered: "
                   f"{len(results)} requests, {codes}; admitted p99 {p99(admitted):.2f} s "
                   f"({p99(held):.2f} s with the wait for a decode batch place); "
-                  f"refusals p99 {1e3 * p99(refused):.0f} ms; queue depth max "
+                  f"refusals p99 {1e3 * p99(refused):.0f} ms, retry hint p50 "
+                  f"{statistics.median(hints or [0]):.0f} ms; queue depth max "
                   f"{max(depths):.0f} of {QUEUE}; RSS router/prefill/decode MiB at the start "
                   f"{', '.join(f'{k / 1024:.1f}' for k in rss_start)}, a quarter in "
                   f"{', '.join(f'{k / 1024:.1f}' for k in rss_before)}, at the end "
@@ -146,6 +151,7 @@ class OverloadTest(unittest.TestCase):
             self.assertGreaterEqual(len(admitted), 0.5 * capacity * SECONDS)
             self.assertLessEqual(p99(admitted), 2 * calm_p99)
             self.assertLess(p99(refused), 0.25)
+            self.assertEqual(len(hints), len(refused))  # Each refusal says when to come back.
             self.assertLessEqual(max(depths), QUEUE)
             for g in growth:
                 self.assertLess(g, 0.10)

@@ -7,8 +7,12 @@ from the .proto files and with the cleave CLI:
   * a key removed from the file is refused within seconds, without a restart;
   * the cleave CLI sends CLEAVE_API_KEY;
   * the router's log never contains a key;
-  * with --api-key-rate, a key past its rate gets RESOURCE_EXHAUSTED on Generate.
+  * with --api-key-rate, a key past its rate gets RESOURCE_EXHAUSTED on Generate, with the
+    time until it may call again as grpc-retry-pushback-ms (HTTP: 429 with Retry-After and
+    retry-after-ms).
 """
+import http.client
+import json
 import os
 import re
 import subprocess
@@ -114,21 +118,43 @@ class RouterAuthTest(unittest.TestCase):
 
     def test_a_key_over_its_rate_is_turned_away(self):
         router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
-                             "--metrics-port=0", f"--api-keys={self.keys}", "--api-key-rate=1"])
+                             "--http-listen=127.0.0.1:0", "--metrics-port=0",
+                             f"--api-keys={self.keys}", "--api-key-rate=1"])
         try:
             with grpc.insecure_channel(f"127.0.0.1:{router.ready['grpc_port']}") as channel:
                 stub = self.pb["generation_grpc"].GenerationStub(channel)
                 request = self.pb["generation_pb2"].GenerateRequest(text="hi")
-                codes = []
+                codes, hints = [], []
                 for key in (ALPHA, ALPHA, BETA):
                     with self.assertRaises(grpc.RpcError) as caught:
                         list(stub.Generate(request, timeout=10,
                                            metadata=[("authorization", f"Bearer {key}")]))
                     codes.append(caught.exception.code())
+                    hints.append(dict(caught.exception.trailing_metadata() or ())
+                                 .get("grpc-retry-pushback-ms"))
                 # No worker: the first call of each key gets past the key and its rate.
                 self.assertEqual(codes, [grpc.StatusCode.UNAVAILABLE,
                                          grpc.StatusCode.RESOURCE_EXHAUSTED,
                                          grpc.StatusCode.UNAVAILABLE])
+                # The refused one is told when the key has a call to spend: within a second.
+                self.assertEqual([h is None for h in hints], [True, False, True])
+                self.assertTrue(0 < int(hints[1]) <= 1000, hints)
+                # Over HTTP: 429, and the same hint in the headers OpenAI's and Anthropic's
+                # clients wait on.
+                conn = http.client.HTTPConnection("127.0.0.1", router.ready["http_port"],
+                                                  timeout=10)
+                conn.request("POST", "/v1/completions",
+                             json.dumps({"model": "m", "prompt": "hi", "max_tokens": 2}),
+                             {"Authorization": f"Bearer {BETA}",
+                              "Content-Type": "application/json"})
+                answer = conn.getresponse()
+                body = json.loads(answer.read())
+                conn.close()
+                self.assertEqual(answer.status, 429, body)
+                self.assertIn("over its rate", body["error"]["message"])
+                after_ms = int(answer.getheader("retry-after-ms"))
+                self.assertTrue(0 < after_ms <= 1000, after_ms)
+                self.assertEqual(answer.getheader("retry-after"), "1")
                 # Rendering a chat draws on the rate too; plain tokenizing does not.
                 pb = self.pb["generation_pb2"]
                 metadata = [("authorization", f"Bearer {ALPHA}")]
@@ -140,6 +166,28 @@ class RouterAuthTest(unittest.TestCase):
                     with self.assertRaises(grpc.RpcError) as caught:
                         stub.Tokenize(request, timeout=10, metadata=metadata)
                     self.assertEqual(caught.exception.code(), code, caught.exception.details())
+            # A channel whose retry policy (docs/reliability.md) covers RESOURCE_EXHAUSTED
+            # waits out the hint and gets past the rate on its own: the call then reaches
+            # the missing worker (UNAVAILABLE), where three quick retries would not have.
+            config = json.dumps({"methodConfig": [{
+                "name": [{"service": "cleave.v1.Generation"}],
+                "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.01s",
+                                "maxBackoff": "0.05s", "backoffMultiplier": 2,
+                                "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}]})
+            with grpc.insecure_channel(f"127.0.0.1:{router.ready['grpc_port']}",
+                                       options=[("grpc.service_config", config),
+                                                ("grpc.enable_retries", 1)]) as channel:
+                stub = self.pb["generation_grpc"].GenerationStub(channel)
+                metadata = [("authorization", f"Bearer {BETA}")]
+                time.sleep(1.1)  # BETA's bucket refills.
+                with self.assertRaises(grpc.RpcError) as caught:  # Spends it.
+                    list(stub.Generate(request, timeout=10, metadata=metadata))
+                self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAVAILABLE)
+                started = time.monotonic()
+                with self.assertRaises(grpc.RpcError) as caught:  # Refused, then retried.
+                    list(stub.Generate(request, timeout=10, metadata=metadata))
+                self.assertEqual(caught.exception.code(), grpc.StatusCode.UNAVAILABLE)
+                self.assertGreater(time.monotonic() - started, 0.5)
         finally:
             self.assertEqual(router.stop(), 0)
 
