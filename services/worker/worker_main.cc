@@ -38,7 +38,6 @@ namespace cleave::worker {
 namespace {
 
 constexpr int64_t kBlockSize = 16;
-constexpr int64_t kMaxBatchTokens = 512;
 
 [[noreturn]] void die(const absl::Status& status) {
   CLEAVE_LOG(ERROR) << "cleave-worker: " << status.message();
@@ -96,7 +95,7 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
   capacity->set_total_blocks(static_cast<uint32_t>(group.numBlocks()));
   capacity->set_target_concurrency(decodes ? static_cast<uint32_t>(target_concurrency) : 0);
   capacity->set_planned_seq_len(static_cast<uint32_t>(options.planned_seq_len));
-  capacity->set_max_batch_tokens(static_cast<uint32_t>(kMaxBatchTokens));
+  capacity->set_max_batch_tokens(static_cast<uint32_t>(batchTokens(options)));
   capacity->set_prefix_caching(options.prefix_caching);
   r.set_control_address(address);
   for (int rank = 0; rank < group.tp(); ++rank) {
@@ -138,6 +137,7 @@ int run(int argc, char** argv) {
   }
   if (absl::Status valid = validate(options); !valid.ok()) exitWithUsageError(flags, valid);
   const Role role = *parseRole(options.role);
+  const int64_t batch_tokens = batchTokens(options);
 
   const int threads_per_rank =
       options.threads > 0 ? static_cast<int>(options.threads)
@@ -152,10 +152,10 @@ int run(int argc, char** argv) {
   engine::StepBackendFactory step_backend;
   engine::BackendMemoryEstimator backend_memory;
   if (gpu) {
-    auto made = gpuBackend(options, kMaxBatchTokens, step_sequences);
+    auto made = gpuBackend(options, batch_tokens, step_sequences);
     if (!made.ok()) die(made.status());
     step_backend = std::move(*made);
-    auto counted = gpuBackendMemory(options, kMaxBatchTokens, step_sequences);
+    auto counted = gpuBackendMemory(options, batch_tokens, step_sequences);
     if (!counted.ok()) die(counted.status());
     backend_memory = std::move(*counted);
   }
@@ -189,7 +189,7 @@ int run(int argc, char** argv) {
                                      .weight_bytes = (*group)->weightBytes(0) + adapter_bytes,
                                      .target_concurrency = options.target_concurrency,
                                      .planned_seq_len = options.planned_seq_len,
-                                     .max_batch_tokens = kMaxBatchTokens,
+                                     .max_batch_tokens = batch_tokens,
                                      .speculative_tokens = options.speculative.tokens,
                                      .block_size = kBlockSize,
                                      .kv_element_bytes = cpu::kvElementBytes((*group)->kvType()),
@@ -294,7 +294,7 @@ int run(int argc, char** argv) {
   if (!metrics.ok()) die(metrics.status());
 
   WorkerCore core(**group, tokenizer.get(),
-                  {.scheduler = {.max_batch_tokens = kMaxBatchTokens,
+                  {.scheduler = {.max_batch_tokens = batch_tokens,
                                  .max_sequences = std::max<int64_t>(options.target_concurrency, 1),
                                  .max_step_sequences = step_sequences,
                                  .prefix_caching = options.prefix_caching,

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -43,6 +44,11 @@ void WorkerOptions::addFlags(FlagSet& flags) {
                "Sequences a decode worker must be able to run at once");
   flags.addInt("planned-seq-len", &planned_seq_len,
                "Typical sequence length (prompt + output) the KV plan must hold");
+  flags.addInt("max-batch-tokens", &max_batch_tokens,
+               "Tokens one engine step computes: every decoding sequence's next token, then "
+               "prompt chunks in the rest (chunked prefill). More: prompts take fewer, longer "
+               "steps; at least the target concurrency on a decode worker. 0: 512, or the "
+               "target concurrency + 128 when that is more");
   flags.addInt("kv-staging-tokens", &kv_staging_tokens,
                "Tokens of host rows each direction of KV transfers passes through, apart from "
                "the cache: a prompt goes out in chunks of this, and comes in whole (a longer "
@@ -83,6 +89,12 @@ absl::StatusOr<Role> parseRole(absl::string_view text) {
 
 cpu::KvType kvType(const WorkerOptions& options) { return *cpu::parseKvType(options.kv_dtype); }
 
+int64_t batchTokens(const WorkerOptions& options) {
+  if (options.max_batch_tokens > 0) return options.max_batch_tokens;
+  if (*parseRole(options.role) == Role::kPrefill) return kDefaultBatchTokens;
+  return std::max(kDefaultBatchTokens, options.target_concurrency + kDefaultBatchTokens / 4);
+}
+
 absl::Status validate(const WorkerOptions& options) {
   if (absl::StatusOr<Role> role = parseRole(options.role); !role.ok()) return role.status();
   if (options.model.empty()) {
@@ -118,6 +130,18 @@ absl::Status validate(const WorkerOptions& options) {
   if (options.target_concurrency < 1 || options.target_concurrency > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("--target-concurrency must be in 1..4096, got ", options.target_concurrency));
+  }
+  // A step shorter than the decode batch would leave sequences past it waiting every step.
+  if (options.max_batch_tokens < 0 || options.max_batch_tokens > (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-batch-tokens must be in 0..1048576 (0: automatic), got ", options.max_batch_tokens));
+  }
+  if (options.max_batch_tokens > 0 && *parseRole(options.role) != Role::kPrefill &&
+      options.max_batch_tokens < options.target_concurrency) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-batch-tokens ", options.max_batch_tokens, " is less than --target-concurrency ",
+        options.target_concurrency,
+        ": a decode step must hold a token of every sequence decoding; raise it or leave it 0"));
   }
   if (options.planned_seq_len < 1) {
     return absl::InvalidArgumentError(

@@ -29,6 +29,9 @@ struct WorkerOptions {
   double gpu_memory_fraction = 0.9;
   int64_t target_concurrency = 16;
   int64_t planned_seq_len = 2048;
+  // Tokens one engine step computes: every decoding sequence's next token, then prefill
+  // chunks in what is left (0: batchTokens() decides).
+  int64_t max_batch_tokens = 0;
   int64_t kv_staging_tokens = 0;  // Host staging rows per side of transfers (kv_staging.h)
   int64_t threads = 0;
   bool prefix_caching = true;
@@ -55,6 +58,12 @@ absl::StatusOr<Role> parseRole(absl::string_view text);
 // on every backend.
 // Call after validate().
 cpu::KvType kvType(const WorkerOptions& options);
+
+// Tokens per engine step: --max-batch-tokens, or for 0 kDefaultBatchTokens, raised for a
+// decode worker to its target concurrency plus kDefaultBatchTokens / 4 (a prefill chunk
+// beside a full decode batch). Call after validate().
+inline constexpr int64_t kDefaultBatchTokens = 512;
+int64_t batchTokens(const WorkerOptions& options);
 
 // Checks values that parse but cannot work: an unknown role, a missing model file, a TP
 // degree or concurrency out of range. The message names the flag and what to change.

@@ -30,7 +30,8 @@ TEST(WorkerOptionsTest, FlagsBindToOptions) {
                                    "32",
                                    "--speculative-tokens=3",
                                    "--prompt-lookup-max=6",
-                                   "--lora-modules=sql=/a,chat=/b"};
+                                   "--lora-modules=sql=/a,chat=/b",
+                                   "--max-batch-tokens=2048"};
   ASSERT_TRUE(flags.parse(args).ok());
   EXPECT_EQ(options.role, "prefill");
   EXPECT_EQ(options.tp, 2);
@@ -39,6 +40,7 @@ TEST(WorkerOptionsTest, FlagsBindToOptions) {
   EXPECT_EQ(options.speculative.tokens, 3);
   EXPECT_EQ(options.speculative.ngram.max, 6);
   EXPECT_EQ(options.lora_modules, "sql=/a,chat=/b");
+  EXPECT_EQ(options.max_batch_tokens, 2048);
 }
 
 TEST(WorkerOptionsTest, ValidatesEachValue) {
@@ -55,6 +57,13 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
       {"--moe-split is experts or columns", [](WorkerOptions& o) { o.moe_split = "rows"; }},
       {"--target-concurrency must be", [](WorkerOptions& o) { o.target_concurrency = 0; }},
       {"--planned-seq-len must be", [](WorkerOptions& o) { o.planned_seq_len = -5; }},
+      {"--max-batch-tokens must be in 0..1048576",
+       [](WorkerOptions& o) { o.max_batch_tokens = -1; }},
+      {"--max-batch-tokens 63 is less than --target-concurrency 64",
+       [](WorkerOptions& o) {
+         o.target_concurrency = 64;
+         o.max_batch_tokens = 63;
+       }},
       {"--metrics-port must be", [](WorkerOptions& o) { o.server.metrics_port = 65536; }},
       {"--threads must be", [](WorkerOptions& o) { o.threads = -1; }},
       {"--gpu-memory-fraction must be in [0, 1]",
@@ -89,6 +98,26 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
     EXPECT_FALSE(status.ok()) << c.expected;
     EXPECT_THAT(status.message(), HasSubstr(c.expected));
   }
+}
+
+// Automatic: 512 tokens a step, more where the decode batch would leave prefill too little;
+// a prefill worker's target does not count. An explicit value stands.
+TEST(WorkerOptionsTest, BatchTokensHoldTheDecodeBatchAndAPrefillChunk) {
+  WorkerOptions options = validOptions();
+  options.target_concurrency = 16;
+  EXPECT_EQ(batchTokens(options), 512);
+  options.target_concurrency = 1000;
+  EXPECT_EQ(batchTokens(options), 1128);
+  options.role = "prefill";
+  EXPECT_EQ(batchTokens(options), 512);
+  options.role = "decode";
+  options.max_batch_tokens = 4096;
+  EXPECT_TRUE(validate(options).ok());
+  EXPECT_EQ(batchTokens(options), 4096);
+  options.role = "prefill";  // No decode batch to hold.
+  options.max_batch_tokens = 64;
+  EXPECT_TRUE(validate(options).ok());
+  EXPECT_EQ(batchTokens(options), 64);
 }
 
 TEST(WorkerOptionsTest, AutoKvTypeIsBf16OnEveryBackend) {

@@ -34,9 +34,9 @@ class WorkerLifecycleTest(unittest.TestCase):
         cls.channel.close()
         assert cls.worker.stop() == 0
 
-    def worker_id(self):
-        """The worker's own id (address and incarnation), from cleave_worker_info."""
-        _, text = ct.http_get(self.worker.ready["metrics_port"])
+    def worker_id(self, worker=None):
+        """A worker's own id (address and incarnation), from cleave_worker_info."""
+        _, text = ct.http_get((worker or self.worker).ready["metrics_port"])
         return re.search(r'^cleave_worker_info\{[^}]*worker_id="([^"]+)"', text, re.M).group(1)
 
     def reserved(self):
@@ -48,11 +48,26 @@ class WorkerLifecycleTest(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, "the reservation was never freed")
             time.sleep(0.05)
 
-    def reserve(self, request_id, max_new_tokens=20, **kwargs):
-        blocks = (4 + max_new_tokens + 15) // 16
-        return self.decode.Reserve(self.pb.ReserveRequest(
-            request_id=request_id, router_id="test-router", num_blocks=blocks, prompt_tokens=4,
-            max_new_tokens=max_new_tokens, **kwargs), timeout=10)
+    def reserve(self, request_id, max_new_tokens=20, prompt_tokens=4, decode=None, **kwargs):
+        blocks = (prompt_tokens + max_new_tokens + 15) // 16
+        return (decode or self.decode).Reserve(self.pb.ReserveRequest(
+            request_id=request_id, router_id="test-router", num_blocks=blocks,
+            prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, **kwargs), timeout=10)
+
+    def first_token(self, worker, channel, request_id, prompt):
+        """The first token of `prompt` prefilled by `worker` for itself."""
+        decode = ct.stubs()["worker_grpc"].DecodeControlStub(channel)
+        self.reserve(request_id, prompt_tokens=len(prompt), decode=decode)
+        try:
+            return ct.stubs()["worker_grpc"].PrefillControlStub(channel).Prefill(
+                self.pb.PrefillRequest(
+                    request_id=request_id, prompt_token_ids=prompt,
+                    sampling=self.gen.SamplingParams(temperature=0),
+                    stopping=self.gen.StoppingCriteria(max_new_tokens=20, ignore_eos=True),
+                    destination=self.pb.KvDestination(
+                        decode_worker_id=self.worker_id(worker))), timeout=60).first_token_id
+        finally:
+            decode.Release(self.pb.ReleaseRequest(request_id=request_id), timeout=10)
 
     def test_an_unstarted_reservation_is_freed_after_its_ttl(self):
         self.reserve("ttl", ttl_ms=300)
@@ -115,6 +130,25 @@ class WorkerLifecycleTest(unittest.TestCase):
                 self.assertIn("--role=prefill", caught.exception.details())
             self.assertEqual(metric(worker.ready["metrics_port"],
                                     "cleave_worker_kv_blocks_reserved"), 0)
+        finally:
+            self.assertEqual(worker.stop(), 0)
+
+    def test_max_batch_tokens_chunks_a_prompt_over_steps(self):
+        """--max-batch-tokens 32: a 100-token prompt is computed in four steps (not one), and
+        its first token is the one a worker with 512-token steps computes."""
+        worker = ct.Process([ct.binary("cleave-worker"), "--role=both", f"--model={MODEL}",
+                             "--listen=127.0.0.1:0", "--metrics-port=0",
+                             "--target-concurrency=2", "--planned-seq-len=256", "--threads=1",
+                             "--max-batch-tokens=32", "--no-prefix-caching"])
+        try:
+            prompt = [1000 + (i * 7919) % 30000 for i in range(100)]
+            port = worker.ready["metrics_port"]
+            with grpc.insecure_channel(f"127.0.0.1:{worker.ready['grpc_port']}") as channel:
+                before = metric(port, "cleave_worker_steps_total")
+                chunked = self.first_token(worker, channel, "chunked", prompt)
+                steps = metric(port, "cleave_worker_steps_total") - before
+            self.assertEqual(steps, 4)
+            self.assertEqual(chunked, self.first_token(self.worker, self.channel, "whole", prompt))
         finally:
             self.assertEqual(worker.stop(), 0)
 
