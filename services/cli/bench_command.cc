@@ -47,14 +47,13 @@ absl::StatusOr<uint32_t> vocabularyOf(client::RouterClient& client, const std::s
   absl::StatusOr<v1::ListModelsResponse> models = client.listModels();
   if (!models.ok()) return models.status();
   for (const v1::ModelInfo& info : models->models()) {
-    if (info.id() == model || (model.empty() && models->models_size() == 1)) {
-      return info.vocab_size();
-    }
+    // Without --model, the base model (listed first; its names and adapters share the
+    // vocabulary).
+    if (info.id() == model || model.empty()) return info.vocab_size();
   }
   return absl::FailedPreconditionError(
       models->models().empty() ? "the router has no registered worker yet; start one or wait for it"
-                               : absl::StrCat("the router does not serve exactly one model",
-                                              model.empty() ? "" : absl::StrCat(" named ", model),
+                               : absl::StrCat("the router serves no model named ", model,
                                               "; name one of ListModels with --model"));
 }
 

@@ -107,7 +107,8 @@ void stopAll(std::vector<Child>& children) {
 
 int runUp(int argc, char** argv) {
   std::string model, listen = "127.0.0.1:50051", ready_file, kv_dtype = "auto", backend = "cpu",
-                     chat_template, http_listen, reasoning_parser, tool_call_parser;
+                     chat_template, http_listen, reasoning_parser, tool_call_parser,
+                     served_model_name;
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
   int64_t local_prefill_tokens = 0;
   int64_t target = 16, planned = 2048, timeout_s = 300, batch_tokens = 0;
@@ -121,6 +122,8 @@ int runUp(int argc, char** argv) {
   flags.addString("http-listen", &http_listen,
                   "Also serve the OpenAI-compatible HTTP API on this host:port (the router's "
                   "--http-listen)");
+  flags.addString("served-model-name", &served_model_name,
+                  "The router's --served-model-name: the names clients call the model by");
   flags.addString("reasoning-parser", &reasoning_parser,
                   "With --http-listen: the router's --reasoning-parser (qwen3, deepseek_r1)");
   flags.addString("tool-call-parser", &tool_call_parser,
@@ -250,6 +253,7 @@ int runUp(int argc, char** argv) {
   if (!http_listen.empty()) router_args.push_back("--http-listen=" + http_listen);
   if (!reasoning_parser.empty()) router_args.push_back("--reasoning-parser=" + reasoning_parser);
   if (!tool_call_parser.empty()) router_args.push_back("--tool-call-parser=" + tool_call_parser);
+  if (!served_model_name.empty()) router_args.push_back("--served-model-name=" + served_model_name);
   if (local_prefill_tokens != 0) {
     router_args.push_back(absl::StrCat("--local-prefill-tokens=", local_prefill_tokens));
   }

@@ -140,16 +140,12 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                  "--router pointing at it");
   }
   const WorkerPool::AdapterView* adapter = nullptr;
-  if (!request.model().empty() && request.model() != model->model_id) {
+  if (!model->isBase(request.model())) {
     adapter = model->adapter(request.model());
     if (adapter == nullptr) {
-      std::string served = absl::StrCat("'", model->model_id, "'");
-      for (const WorkerPool::AdapterView& a : model->adapters)
-        absl::StrAppend(&served, ", '", a.name, "'");
-      return error(
-          grpc::StatusCode::NOT_FOUND,
-          absl::StrCat("unknown model '", request.model(), "'; this router serves ", served,
-                       model->adapters.empty() ? "" : " (LoRA adapters of the first)"));
+      return error(grpc::StatusCode::NOT_FOUND,
+                   absl::StrCat("unknown model '", request.model(), "'; this router serves ",
+                                model->served()));
     }
   }
   // The prompt.

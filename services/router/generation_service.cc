@@ -91,8 +91,9 @@ absl::StatusOr<const tokenizer::Tokenizer*> GenerationService::tokenizerFor(
     const std::string& model) const {
   if (tokenizer_ == nullptr) return absl::FailedPreconditionError(kNoTokenizer);
   std::optional<WorkerPool::ModelView> served = pool_.model();
-  if (!model.empty() && (!served || (model != served->model_id && !served->adapter(model)))) {
-    return absl::NotFoundError(absl::StrCat("unknown model '", model, "'"));
+  if (!model.empty() && (!served || (!served->isBase(model) && !served->adapter(model)))) {
+    return absl::NotFoundError(absl::StrCat(
+        "unknown model '", model, "'", served ? "; this router serves " + served->served() : ""));
   }
   return tokenizer_.get();
 }
@@ -194,17 +195,22 @@ grpc::Status GenerationService::ListModels(grpc::ServerContext* context,
                                            v1::ListModelsResponse* response) {
   if (grpc::Status denied = authorize(*context); !denied.ok()) return finish("ListModels", denied);
   // The model of the registered workers; with none registered the list is empty.
+  // Each name of the base model (the first is the one replies report), then its adapters.
   if (std::optional<WorkerPool::ModelView> model = pool_.model()) {
-    v1::ModelInfo* info = response->add_models();
-    info->set_id(model->model_id);
-    info->set_context_length(model->context_length);
-    info->set_vocab_size(model->vocab_size);
-    info->set_block_size(model->block_size);
+    v1::ModelInfo base;
+    base.set_context_length(model->context_length);
+    base.set_vocab_size(model->vocab_size);
+    base.set_block_size(model->block_size);
+    for (const std::string& name : model->names) {
+      v1::ModelInfo* info = response->add_models();
+      *info = base;
+      info->set_id(name);
+    }
     for (const WorkerPool::AdapterView& adapter : model->adapters) {
       v1::ModelInfo* lora = response->add_models();
-      *lora = *info;
+      *lora = base;
       lora->set_id(adapter.name);
-      lora->set_parent(model->model_id);
+      lora->set_parent(model->names.front());
     }
   }
   return finish("ListModels", grpc::Status::OK);

@@ -1,11 +1,15 @@
 // cleave-router: the client-facing endpoint of a Cleave deployment.
+#include <algorithm>
 #include <csignal>
 #include <string>
+#include <vector>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/grpc_logging.h"
 #include "common/log.h"
@@ -44,6 +48,7 @@ int main(int argc, char** argv) {
   std::string worker_ca;
   double api_key_rate = 0;
   std::string model;
+  std::string served_model_name;
   std::string chat_template_file;
   std::string http_listen;
   int64_t http_threads = 128;
@@ -56,6 +61,9 @@ int main(int argc, char** argv) {
                         "streams. Also serves grpc.health.v1 and server reflection.");
   server_flags.addTo(flags);
   flags.addInt("queue-capacity", &queue_capacity, "Requests that may wait for admission");
+  flags.addString("served-model-name", &served_model_name,
+                  "The names clients call the model by, comma-separated (the first is the one "
+                  "replies and /v1/models report), instead of the id its workers register");
   flags.addString("model", &model,
                   "The model file or folder the workers serve: its tokenizer turns text prompts "
                   "into tokens (without it only token-id prompts are served)");
@@ -124,6 +132,17 @@ int main(int argc, char** argv) {
         flags, absl::InvalidArgumentError("--queue-capacity must be in 0..1048576"));
   }
 
+  std::vector<std::string> served_model_names;
+  for (absl::string_view name : absl::StrSplit(served_model_name, ',', absl::SkipEmpty())) {
+    name = absl::StripAsciiWhitespace(name);
+    if (name.empty() || std::find(served_model_names.begin(), served_model_names.end(), name) !=
+                            served_model_names.end()) {
+      cleave::exitWithUsageError(
+          flags,
+          absl::InvalidArgumentError("--served-model-name: names must be distinct and not blank"));
+    }
+    served_model_names.emplace_back(name);
+  }
   if (local_prefill_tokens < 0) {
     cleave::exitWithUsageError(flags,
                                absl::InvalidArgumentError("--local-prefill-tokens must be >= 0"));
@@ -198,7 +217,8 @@ int main(int argc, char** argv) {
                   .queue_capacity = queue_capacity,
                   .worker_credentials = to_workers,
                   .prefix_aware = prefill_policy == "cache_aware",
-                  .local_prefill_tokens = local_prefill_tokens},
+                  .local_prefill_tokens = local_prefill_tokens,
+                  .served_model_names = served_model_names},
       .tokenizer = tokenizer,
       .tls = tls};
   auto server = cleave::router::RouterServer::start(options);

@@ -108,6 +108,14 @@ WorkerPool::~WorkerPool() { expiry_.stop(); }
 
 absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& request) {
   if (absl::Status valid = checkRegistration(request); !valid.ok()) return valid;
+  for (const v1::LoraAdapterFingerprint& a : request.model().adapters()) {
+    if (contains(options_.served_model_names, a.name())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("LoRA adapter '", a.name(),
+                       "' has a name this router serves the base model by "
+                       "(--served-model-name); rename the adapter or the model"));
+    }
+  }
   auto worker = std::make_shared<Worker>();
   worker->info = request;
   worker->id = request.worker_id().empty() ? request.control_address() : request.worker_id();
@@ -251,12 +259,22 @@ std::optional<WorkerPool::ModelView> WorkerPool::modelLocked() const {
   if (workers_.empty()) return std::nullopt;
   const v1::RegisterRequest& info = workers_.begin()->second.worker->info;
   ModelView view{.model_id = info.model().model_id(),
+                 .names = options_.served_model_names.empty()
+                              ? std::vector<std::string>{info.model().model_id()}
+                              : options_.served_model_names,
                  .context_length = info.model().context_length(),
                  .vocab_size = info.model().vocab_size(),
                  .block_size = info.kv_layout().block_size()};
   for (const v1::LoraAdapterFingerprint& a : info.model().adapters())
     view.adapters.push_back({.name = a.name(), .sha256 = a.sha256()});
   return view;
+}
+
+std::string WorkerPool::ModelView::served() const {
+  std::string out = absl::StrCat("'", absl::StrJoin(names, "', '"), "'");
+  for (const AdapterView& a : adapters) absl::StrAppend(&out, ", '", a.name, "'");
+  if (!adapters.empty()) absl::StrAppend(&out, " (LoRA adapters of the first)");
+  return out;
 }
 
 int64_t WorkerPool::cachedBlocks(const Entry& entry, std::span<const uint64_t> prefix) const {

@@ -89,6 +89,9 @@ struct WorkerPoolOptions {
   // conversation's next turn): nothing moves, and the prefill workers' queues are skipped.
   // 0: prefill workers always take the prompts.
   int64_t local_prefill_tokens = 0;
+  // The names clients call the model by (--served-model-name; the first is the one
+  // reported); empty: the model id its workers register.
+  std::vector<std::string> served_model_names;
 };
 
 // One registered worker. Immutable after registration except where noted.
@@ -154,7 +157,8 @@ class WorkerPool {
     std::string sha256;
   };
   struct ModelView {
-    std::string model_id;
+    std::string model_id;            // As the workers register it.
+    std::vector<std::string> names;  // What clients call it: the served names, or model_id.
     uint32_t context_length = 0;
     uint32_t vocab_size = 0;
     uint32_t block_size = 0;
@@ -165,6 +169,12 @@ class WorkerPool {
       }
       return nullptr;
     }
+    // True when a request naming `name` runs on the base model (empty names it too).
+    bool isBase(absl::string_view name) const {
+      return name.empty() || std::find(names.begin(), names.end(), name) != names.end();
+    }
+    // Every name a request may give, quoted, for an error message.
+    std::string served() const;
   };
   std::optional<ModelView> model() const;
   // The same, waiting while no worker is registered (a lone worker the router dropped for a

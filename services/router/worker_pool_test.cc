@@ -726,3 +726,41 @@ TEST_F(WorkerPoolTest, AdmissionWaitsForADecodeWorkerWhileEveryOneRestarts) {
 
 }  // namespace
 }  // namespace cleave::router
+
+namespace cleave::router {
+namespace {
+
+// --served-model-name: requests name the model by its served names (or none), not by the id
+// its workers register; an adapter may not take one of those names.
+TEST(WorkerPoolServedNamesTest, TheModelGoesByItsServedNames) {
+  WorkerPool pool(
+      {.served_model_names = {"alias", "other"}}, [](auto) {}, [](const std::string&) {});
+  v1::RegisterRequest clash = worker("a", v1::WORKER_ROLE_BOTH, 64, 2);
+  v1::LoraAdapterFingerprint* adapter = clash.mutable_model()->add_adapters();
+  adapter->set_name("other");
+  adapter->set_sha256(std::string(64, 'b'));
+  const absl::Status refused = pool.add(clash).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.message(), HasSubstr("LoRA adapter 'other'"));
+  EXPECT_FALSE(pool.model().has_value());
+
+  adapter->set_name("sql");
+  ASSERT_TRUE(pool.add(clash).ok());
+  const std::optional<WorkerPool::ModelView> model = pool.model();
+  ASSERT_TRUE(model.has_value());
+  EXPECT_EQ(model->model_id, "m");
+  EXPECT_THAT(model->names, testing::ElementsAre("alias", "other"));
+  EXPECT_TRUE(model->isBase("") && model->isBase("alias") && model->isBase("other"));
+  EXPECT_FALSE(model->isBase("m"));
+  EXPECT_FALSE(model->isBase("sql"));
+  EXPECT_EQ(model->served(), "'alias', 'other', 'sql' (LoRA adapters of the first)");
+
+  WorkerPool plain(
+      {}, [](auto) {}, [](const std::string&) {});
+  ASSERT_TRUE(plain.add(worker("b", v1::WORKER_ROLE_BOTH, 64, 2)).ok());
+  EXPECT_TRUE(plain.model()->isBase("m"));
+  EXPECT_EQ(plain.model()->served(), "'m'");
+}
+
+}  // namespace
+}  // namespace cleave::router

@@ -58,7 +58,8 @@ class OpenAiApiTest(unittest.TestCase):
         cls.router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
                                  "--metrics-port=0", f"--model={MODEL}",
                                  "--http-listen=127.0.0.1:0", "--http-threads=32",
-                                 "--tool-call-parser=hermes"])
+                                 "--tool-call-parser=hermes",
+                                 "--served-model-name=cleave-smol, smol"])
         cls.http_port = cls.router.ready["http_port"]
         cls.address = f"127.0.0.1:{cls.router.ready['grpc_port']}"
         cls.worker = ct.Process([ct.binary("cleave-worker"), f"--model={MODEL}",
@@ -130,11 +131,22 @@ class OpenAiApiTest(unittest.TestCase):
     # --- tests ---
 
     def test_models_lists_the_served_model(self):
+        # --served-model-name: the model goes by its names (the first reported), not by the
+        # id its worker registers.
+        self.assertEqual(self.model, "cleave-smol")
         models = self.client.models.list().data
-        self.assertEqual([m.id for m in models], [self.model])
+        self.assertEqual([m.id for m in models], ["cleave-smol", "smol"])
         self.assertEqual(self.client.models.retrieve(self.model).id, self.model)
         with self.assertRaises(openai.NotFoundError):
             self.client.models.retrieve("nope")
+        registered = self.stub.GetServerInfo(self.pb.GetServerInfoRequest(),
+                                             timeout=5).workers[0].model
+        with self.assertRaises(openai.NotFoundError) as caught:
+            self.client.completions.create(model=registered, prompt="hi", max_tokens=1)
+        self.assertIn("this router serves 'cleave-smol', 'smol'", str(caught.exception))
+        reply = self.client.completions.create(model="smol", prompt="hi", max_tokens=2)
+        self.assertEqual(reply.model, "smol")
+        self.assertEqual(reply.usage.completion_tokens, 2)
         self.assertEqual(models[0].model_extra["max_model_len"],
                          self.stub.ListModels(self.pb.ListModelsRequest(), timeout=5)
                          .models[0].context_length)
@@ -1103,7 +1115,7 @@ class OpenAiApiTest(unittest.TestCase):
                                                     max_tokens=16, temperature=0)
         router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
                              "--metrics-port=0", f"--model={MODEL}", "--http-listen=127.0.0.1:0",
-                             "--reasoning-parser=deepseek_r1"])
+                             "--reasoning-parser=deepseek_r1", f"--served-model-name={self.model}"])
         worker = None
         try:
             worker = ct.Process([ct.binary("cleave-worker"), f"--model={MODEL}",
