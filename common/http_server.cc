@@ -213,6 +213,11 @@ struct HttpServerAccess {
         info->http_version != nullptr && std::string_view(info->http_version) != "1.0";
     CivetResponse response(conn, chunked, *info);
     server->handler_(request, response);
+    if (!response.answered() && response.clientGone()) {
+      // Cancelled for a client that closed its side: nothing more goes to it.
+      mg_disable_connection_keep_alive(conn);
+      return 499;
+    }
     if (!response.answered()) {
       sendPlain(conn, 500, "the server did not answer this request", false);
       return 500;

@@ -88,7 +88,10 @@ absl::Status addMessage(const Json& message, const std::string& name, Json& mess
   if (!calls.empty()) {
     if (messages.empty() || messages.back()["role"] != "assistant")
       messages.push_back({{"role", "assistant"}, {"content", ""}});
-    messages.back()["tool_calls"] = std::move(calls);
+    // Consecutive assistant turns are one: their calls add up.
+    Json& all = messages.back()["tool_calls"];
+    if (!all.is_array()) all = Json::array();
+    for (Json& call : calls) all.push_back(std::move(call));
   }
   return absl::OkStatus();
 }
@@ -190,6 +193,12 @@ absl::StatusOr<Call> parseMessagesRequest(const Json& body, bool counting) {
   for (size_t i = 0; i < input->size(); ++i) {
     CLEAVE_RETURN_IF_ERROR(addMessage((*input)[i], absl::StrCat("messages[", i, "]"), messages));
   }
+  // A last assistant turn of text is a prefill: the reply continues it.
+  if (const Json& last = messages.back();
+      last["role"] == "assistant" && !last.contains("tool_calls")) {
+    chat["continue_final_message"] = true;
+    chat["add_generation_prompt"] = false;
+  }
   chat["messages"] = std::move(messages);
   CLEAVE_RETURN_IF_ERROR(addTools(body, chat));
   // Structured outputs: output_config.format (output_format before it).
@@ -216,8 +225,8 @@ absl::StatusOr<Call> parseMessagesRequest(const Json& body, bool counting) {
   CLEAVE_ASSIGN_OR_RETURN(Call call, parseChatRequest(chat));
   call.endpoint = Endpoint::kMessages;
   call.n = 1;
-  // message_start reports the prompt's tokens: they come with the first message.
-  call.request.set_echo_prompt_token_ids(true);
+  // A stream's message_start reports the prompt's tokens: they come with the first message.
+  call.request.set_echo_prompt_token_ids(call.stream);
   return call;
 }
 

@@ -42,7 +42,40 @@ TEST(MessagesRequestTest, BlocksBecomeChatMessages) {
   EXPECT_THAT(call->request.stopping().stop(), ElementsAre("END"));
   EXPECT_FLOAT_EQ(call->request.sampling().temperature(), 0.5f);
   EXPECT_EQ(call->request.sampling().top_k(), 3);
+  // The prompt's ids come back only for a stream's message_start.
+  EXPECT_FALSE(call->request.echo_prompt_token_ids());
+  EXPECT_FALSE(call->request.chat().continue_final_message());
+}
+
+// Consecutive assistant turns are one (Anthropic merges them): their tool calls add up. A
+// last assistant turn of text is a prefill the reply continues.
+TEST(MessagesRequestTest, AssistantTurnsMergeAndALastOneIsContinued) {
+  auto call = parseMessagesRequest(Json::parse(R"({"model": "m", "max_tokens": 9,
+      "stream": true, "messages": [
+      {"role": "user", "content": "Both cities?"},
+      {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "w",
+        "input": {"city": "Paris"}}]},
+      {"role": "assistant", "content": [{"type": "tool_use", "id": "b", "name": "w",
+        "input": {"city": "Rome"}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "1"},
+        {"type": "tool_result", "tool_use_id": "b", "content": "2"}]}]})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(chatMessages(*call), Json::parse(R"([
+      {"role": "user", "content": "Both cities?"},
+      {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "a", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}},
+        {"id": "b", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Rome\"}"}}]},
+      {"role": "tool", "tool_call_id": "a", "content": "1"},
+      {"role": "tool", "tool_call_id": "b", "content": "2"}])"));
   EXPECT_TRUE(call->request.echo_prompt_token_ids());
+  EXPECT_FALSE(call->request.chat().continue_final_message());
+
+  auto prefilled = parseMessagesRequest(Json::parse(R"({"model": "m", "max_tokens": 9,
+      "messages": [{"role": "user", "content": "JSON please"},
+                   {"role": "assistant", "content": "{\"a\":"}]})"));
+  ASSERT_TRUE(prefilled.ok()) << prefilled.status();
+  EXPECT_TRUE(prefilled->request.chat().continue_final_message());
+  EXPECT_FALSE(prefilled->request.chat().add_generation_prompt());
 }
 
 TEST(MessagesRequestTest, ToolsChoicesAndFormatsTakeTheChatShapes) {

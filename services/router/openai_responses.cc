@@ -341,7 +341,8 @@ std::string endOfStream(const Call& call,
   return events + "data: [DONE]\n\n";
 }
 
-ApiError apiError(int grpc_code, const std::string& message, const std::string& param) {
+ApiError apiError(int grpc_code, const std::string& message, const std::string& param,
+                  const std::string& code) {
   int http = 500;
   const char* type = "server_error";
   switch (static_cast<grpc::StatusCode>(grpc_code)) {
@@ -385,7 +386,7 @@ ApiError apiError(int grpc_code, const std::string& message, const std::string& 
   Json error{{"message", message},
              {"type", type},
              {"param", param.empty() ? Json(nullptr) : Json(param)},
-             {"code", http}};
+             {"code", code.empty() ? Json(http) : Json(code)}};
   return {http, dumpJson(Json{{"error", std::move(error)}})};
 }
 

@@ -111,8 +111,11 @@ struct ApiError {
   std::string body;
   int64_t retry_after_ms = 0;  // > 0: sent as Retry-After (whole seconds) and retry-after-ms.
 };
-// From a gRPC status code and message (the router's, or a parse error's with its param).
-ApiError apiError(int grpc_code, const std::string& message, const std::string& param = "");
+// From a gRPC status code and message (the router's, or a parse error's with its param);
+// the error's "code" is the HTTP status unless `code` names one (as OpenAI's
+// "previous_response_not_found").
+ApiError apiError(int grpc_code, const std::string& message, const std::string& param = "",
+                  const std::string& code = "");
 ApiError apiError(const absl::Status& status);  // With its retry hint (retry_hint.h).
 
 // Serializes with invalid UTF-8 replaced, never throwing.

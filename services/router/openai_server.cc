@@ -373,11 +373,12 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
           response, openai::apiError(openai::invalid("previous_response_id", "must be a string")));
     }
     absl::StatusOr<Json> turns = store_->history(previous->get<std::string>(), owner);
-    if (!turns.ok()) {
-      return sendError(response, openai::apiError(static_cast<int>(grpc::StatusCode::NOT_FOUND),
-                                                  absl::StrCat("previous_response_id: ",
-                                                               turns.status().message()),
-                                                  "previous_response_id"));
+    if (!turns.ok()) {  // As OpenAI answers: clients then send the whole conversation.
+      return sendError(
+          response,
+          openai::apiError(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
+                           absl::StrCat("previous_response_id: ", turns.status().message()),
+                           "previous_response_id", "previous_response_not_found"));
     }
     history = std::move(*turns);
   }

@@ -4,9 +4,10 @@
 //
 // Each response keeps its own input items, its output items and the id of the response it
 // continued, so a conversation of n turns holds each turn once; the context of a new turn is
-// the chain's inputs and outputs, oldest first. Memory is bounded: past `max_bytes` (each
-// response counted as 4 bytes per byte of its JSON text, what the parsed tree takes, plus a
-// fixed overhead) the least recently used responses go, and
+// the chain's inputs and outputs, oldest first. Responses are kept as their JSON text (a
+// tenth of what a parsed tree of many small values, such as logprobs, takes; parsed again
+// when read), so memory is counted exactly: past `max_bytes` (the text, the ids and a fixed
+// overhead per response) the least recently used responses go, and
 // continuing a conversation uses every response of its chain. A response belongs to the
 // credentials that made it (the Authorization header, compared whole): other credentials
 // see no such response.
@@ -57,7 +58,8 @@ class ResponseStore {
 
  private:
   struct Entry {
-    Response response;
+    std::string owner, previous;
+    std::string input, response;  // JSON text.
     int64_t bytes = 0;
     std::list<std::string>::iterator lru;  // Position in lru_ (most recent last).
   };

@@ -142,3 +142,40 @@ TEST(ResponseStoreTest, RandomUseKeepsTheCountAndTheLimit) {
 
 }  // namespace
 }  // namespace cleave::router
+
+namespace cleave::router {
+namespace {
+
+// A response of many small values (logprobs) is kept as its text and counted by it: read back
+// equal, a stored string's invalid UTF-8 replaced.
+TEST(ResponseStoreTest, AResponseIsKeptAsItsTextAndReadBackEqual) {
+  nlohmann::json logprobs = nlohmann::json::array();
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    logprobs.push_back({{"token", std::string(1, static_cast<char>('a' + rng() % 26))},
+                        {"logprob", -static_cast<double>(rng() % 1000) / 100},
+                        {"bytes", nlohmann::json::array({97 + static_cast<int>(rng() % 26)})}});
+  }
+  ResponseStore::Response r = turn("r", "");
+  r.response["output"][0]["logprobs"] = logprobs;
+  const std::string text = r.response.dump();
+  ResponseStore store(int64_t{1} << 20);
+  store.put("r", r);
+  EXPECT_GE(store.bytes(), static_cast<int64_t>(text.size()));
+  EXPECT_LE(store.bytes(), static_cast<int64_t>(text.size()) + 1024);
+  std::optional<ResponseStore::Response> back = store.get("r", "Bearer k");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->response, r.response);
+  EXPECT_EQ(back->input, r.input);
+  EXPECT_EQ(back->owner, "Bearer k");
+  ResponseStore::Response bad = turn("b", "r");
+  bad.response["output"][0]["text"] = std::string("ok \xff\xfe");
+  store.put("b", bad);
+  back = store.get("b", "Bearer k");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->response["output"][0]["text"], "ok \xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(back->previous, "r");
+}
+
+}  // namespace
+}  // namespace cleave::router

@@ -19,6 +19,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import sys
 import tempfile
 import time
@@ -573,8 +574,14 @@ class OpenAiApiTest(unittest.TestCase):
         status, _, text = self.raw("POST", "/v1/responses",
                                    {"input": "x", "previous_response_id": final.id},
                                    headers={"Authorization": "Bearer unused"})
-        self.assertApiError(status, text, 404, "previous_response_id")
-        self.assertIn(f"'{first.id}'", json.loads(text)["error"]["message"])
+        # As OpenAI answers an unknown previous_response_id (clients then resend the whole
+        # conversation): 400, code previous_response_not_found.
+        self.assertEqual(status, 400, text)
+        error = json.loads(text)["error"]
+        self.assertEqual((error["code"], error["param"], error["type"]),
+                         ("previous_response_not_found", "previous_response_id",
+                          "invalid_request_error"))
+        self.assertIn(f"'{first.id}'", error["message"])
         ct.wait_until_nothing_reserved(self.router, [self.worker])
 
     def test_special_tokens_reach_the_text_when_asked(self):
@@ -1068,6 +1075,18 @@ class OpenAiApiTest(unittest.TestCase):
         ct.wait_until_nothing_reserved(self.router, [self.worker], seconds=5)
         print(f"\nblocks freed {time.monotonic() - closed:.2f} s after the client left")
         self.assertEqual(hung_up(), before + 1)
+        # A client that only closes its sending side counts as gone too (as it does for
+        # vLLM's server); it is sent nothing more, not an error in place of its answer.
+        body = json.dumps({"messages": [{"role": "user", "content": "Tell me a long story."}],
+                           "max_tokens": 2000, "ignore_eos": True}).encode()
+        with socket.create_connection(("127.0.0.1", self.http_port), timeout=30) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: "
+                      + str(len(body)).encode() + b"\r\n\r\n" + body)
+            s.shutdown(socket.SHUT_WR)
+            self.assertEqual(s.recv(4096), b"")  # closed within seconds, nothing written
+        ct.wait_until_nothing_reserved(self.router, [self.worker], seconds=5)
+        self.assertEqual(hung_up(), before + 2)
 
     def test_the_api_port_serves_the_metrics_too(self):
         # GET /metrics on the HTTP port, where vLLM's dashboards scrape: the metrics port's
