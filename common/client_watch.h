@@ -3,7 +3,9 @@
 // One thread looks at the connection of every response watched for at least `settle` each
 // period and calls the watch's callback (once) for a client that has closed it. (Finding a
 // connection's socket costs a pass over the process's descriptors: short requests, the
-// most, finish before they are looked at.)
+// most, finish before they are looked at.) The connections are looked at outside the lock,
+// so watching and ending a request never wait on a pass, except a request whose own
+// connection the pass is looking at.
 //
 // Threading: watch() from any thread; a Ticket is destroyed on its request's thread, and
 // once its destructor returns the callback is not running and will not run. Callbacks run
@@ -14,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -60,6 +63,8 @@ class ClientWatch {
   const std::chrono::milliseconds period_, settle_;
   absl::Mutex mu_;
   std::map<uint64_t, Watched> watched_ ABSL_GUARDED_BY(mu_);
+  // The ids whose connections the current pass looks at (their responses must stay).
+  std::vector<uint64_t> looking_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // Last: started once the rest is.

@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "common/peer_socket.h"
@@ -75,6 +78,56 @@ TEST(ClientWatchTest, AClientThatClosesIsNoticedOnceAndOneThatWaitsIsNot) {
   ASSERT_TRUE(handled.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(noticed.load());
   EXPECT_EQ(calls.load(), 1);
+}
+
+// A response whose connection check blocks until released (as a pass over many descriptors
+// takes long): it counts how often it was looked at.
+class SlowResponse final : public HttpResponse {
+ public:
+  void send(int, std::string_view, std::string_view,
+            const std::vector<std::pair<std::string, std::string>>&) override {}
+  bool startStream(int, std::string_view,
+                   const std::vector<std::pair<std::string, std::string>>&) override {
+    return false;
+  }
+  bool write(std::string_view) override { return false; }
+  void endStream() override {}
+  bool clientGone() override {
+    looking.Notify();
+    release.WaitForNotification();
+    return false;
+  }
+  absl::Notification looking, release;
+};
+
+// While a pass looks at one slow connection, other requests are watched and end without
+// waiting for it; the slow one's own ticket waits until the pass is done with its response.
+TEST(ClientWatchTest, APassLooksAtConnectionsOutsideTheLock) {
+  ClientWatch watch(std::chrono::milliseconds(5), std::chrono::milliseconds(0));
+  SlowResponse slow, other;
+  other.release.Notify();
+  std::optional<ClientWatch::Ticket> slow_ticket(watch.watch(slow, [] {}));
+  ASSERT_TRUE(slow.looking.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::Notification others_done;
+  std::thread others([&] {
+    for (int i = 0; i < 100; ++i) ClientWatch::Ticket t = watch.watch(other, [] {});
+    others_done.Notify();
+  });
+  // With the pass holding the lock, these would wait for the slow check to end.
+  const bool quick = others_done.WaitForNotificationWithTimeout(absl::Seconds(10));
+  std::atomic<bool> ended{false};
+  std::thread ending([&] {
+    slow_ticket.reset();
+    ended = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  const bool ended_early = ended.load();  // Its response is still being looked at.
+  slow.release.Notify();
+  others.join();
+  ending.join();
+  EXPECT_TRUE(quick);
+  EXPECT_FALSE(ended_early);
+  EXPECT_TRUE(ended.load());
 }
 
 TEST(PeerSocketTest, OnlyTheConnectionsOwnAddressesFindIt) {

@@ -567,6 +567,10 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
       status = prefiller->worker->prefill->Prefill(workerContext(sequence.deadline).get(), prefill,
                                                    &placed->prefilled);
       pool_.releasePrefill(*prefiller, status.ok());
+      if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+          status.error_code() == grpc::StatusCode::CANCELLED) {
+        placed->prefilling = prefiller->worker;
+      }
       if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
       CLEAVE_LOG(WARNING) << "prefill of " << sequence.id << " on " << prefiller->worker->id
                           << " failed (" << status.error_message() << "); trying another worker";
@@ -601,6 +605,17 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
 
 GenerationService::Placement::~Placement() {
   self.relay_.close(id);
+  if (prefilling != nullptr) {
+    v1::CancelRequest cancel;
+    cancel.set_request_id(id);
+    v1::CancelResponse cancelled;
+    auto ctx = workerContext(std::chrono::system_clock::now() + kCleanupTimeout);
+    if (grpc::Status s = prefilling->prefill->CancelPrefill(ctx.get(), cancel, &cancelled);
+        !s.ok()) {
+      CLEAVE_LOG(WARNING) << "stopping the prefill of " << id << " on " << prefilling->id << ": "
+                          << s.error_message() << "; releasing its reservation anyway";
+    }
+  }
   v1::ReleaseRequest release;
   release.set_request_id(id);
   v1::ReleaseResponse released;

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -73,8 +74,11 @@ absl::StatusOr<std::unique_ptr<KvTransport>> makeUcxTransport();
 // A transport whose peers are other loopback transports of this process.
 std::unique_ptr<KvTransport> makeLoopbackTransport();
 
-// Posts `writes` and polls until done or `timeout` passes (DeadlineExceeded).
+// Posts `writes` and polls until done, `timeout` passes (DeadlineExceeded) or `stop` (may
+// be empty) turns true (Aborted); an unfinished transfer is abandoned, so none of its writes
+// lands after the return.
 absl::Status writeAndWait(KvTransport& transport, const RemoteRegion& target,
-                          std::span<const Write> writes, std::chrono::milliseconds timeout);
+                          std::span<const Write> writes, std::chrono::milliseconds timeout,
+                          const std::function<bool()>& stop = {});
 
 }  // namespace cleave::transfer

@@ -88,6 +88,40 @@ TEST_P(TransportTest, AnAbandonedTransferStopsAndThePeerIsWrittenAgain) {
   EXPECT_TRUE(std::equal(second.begin(), second.end(), region.begin()));
 }
 
+// A transfer told to stop while unfinished is abandoned (Aborted): nothing of it lands after
+// writeAndWait returns (the loopback transport's writes land within post(): done at once);
+// one not told to stop completes.
+TEST_P(TransportTest, AStoppedTransferIsAbandoned) {
+  auto writer = make(), target = make();
+  ASSERT_NE(writer, nullptr);
+  ASSERT_NE(target, nullptr);
+  const size_t bytes = size_t{32} << 20;
+  std::vector<uint8_t> region(bytes, 0xAB);
+  auto key = target->registerMemory(region.data(), region.size());
+  ASSERT_TRUE(key.ok()) << key.status();
+  std::vector<uint8_t> source(bytes, 0x11);
+  RemoteRegion remote{.peer_address = target->address(),
+                      .base = reinterpret_cast<uint64_t>(region.data()),
+                      .key = *key,
+                      .bytes = region.size()};
+  const Write big{source.data(), 0, bytes};
+  absl::Status stopped =
+      writeAndWait(*writer, remote, {&big, 1}, std::chrono::seconds(10), [] { return true; });
+  if (GetParam() == "loopback") {
+    EXPECT_TRUE(stopped.ok()) << stopped;
+  } else {
+    EXPECT_TRUE(stopped.code() == absl::StatusCode::kAborted || stopped.ok()) << stopped;
+  }
+  // Whatever had moved before the stop, nothing moves after it.
+  const std::vector<uint8_t> after_stop = region;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_TRUE(region == after_stop);
+  absl::Status written =
+      writeAndWait(*writer, remote, {&big, 1}, std::chrono::seconds(10), [] { return false; });
+  ASSERT_TRUE(written.ok()) << written;
+  EXPECT_TRUE(region == source);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, TransportTest, ::testing::Values("loopback", "ucx"));
 
 }  // namespace

@@ -112,8 +112,10 @@ std::optional<uint64_t> WorkerCore::idOf(const std::string& request_id) {
 void WorkerCore::forget(uint64_t id) {
   auto it = names_.find(id);
   if (it == names_.end()) return;
-  if (auto r = requests_.find(it->second); r != requests_.end()) giveStaging(r->second);
-  requests_.erase(it->second);
+  if (auto r = requests_.find(it->second); r != requests_.end() && r->second.id == id) {
+    giveStaging(r->second);
+    requests_.erase(r);
+  }
   names_.erase(it);
 }
 
@@ -209,11 +211,14 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
     if (takes_rows) receive_staging_->give(staging);
     return blocks.status();
   }
-  bool lost = false;  // Released, or reserved by a concurrent call, while this one waited.
+  // Released, or reserved by a concurrent call, while this one waited; or the router gave
+  // up on this call (its Release may have come before this entry).
+  bool lost = !repeated && context != nullptr && context->IsCancelled();
   {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(r.request_id());
-    lost = repeated ? it == requests_.end() || it->second.id != id : it != requests_.end();
+    lost =
+        lost || (repeated ? it == requests_.end() || it->second.id != id : it != requests_.end());
     if (!lost) {
       const auto ttl = r.has_ttl_ms() && r.ttl_ms() > 0 ? std::chrono::milliseconds(r.ttl_ms())
                                                         : options_.lease_timeout;
@@ -237,7 +242,8 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
     if (takes_rows) receive_staging_->give(staging);
     loop_->call([&](engine::Scheduler& s) { return s.release(id); });
     return absl::AbortedError(
-        absl::StrCat("request ", r.request_id(), " was released or reserved again during Reserve"));
+        absl::StrCat("request ", r.request_id(),
+                     " was released, reserved again or its call cancelled during Reserve"));
   }
   // Where a prefill worker writes: the staging rows of the prompt, or the pool's blocks.
   v1::ReserveResponse response;
@@ -274,7 +280,18 @@ absl::StatusOr<engine::TokenEvent> WorkerCore::runPrefill(uint64_t id,
 }
 
 absl::Status WorkerCore::sendPrompt(uint64_t id, const v1::KvDestination& destination,
-                                    grpc::ServerContext* context, uint64_t& bytes) {
+                                    grpc::ServerContext* context, const std::atomic<bool>& stop,
+                                    uint64_t& bytes) {
+  auto stopped = [&] { return stop.load() || (context != nullptr && context->IsCancelled()); };
+  // Within the call's deadline too: past it the router may hand the blocks to another request.
+  auto timeout = [&] {
+    std::chrono::milliseconds left = options_.transfer_timeout;
+    if (context != nullptr && context->deadline() != std::chrono::system_clock::time_point::max()) {
+      left = std::min(left, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                context->deadline() - std::chrono::system_clock::now()));
+    }
+    return std::max(left, std::chrono::milliseconds(0));
+  };
   const std::vector<int32_t> blocks =
       loop_->call([&](engine::Scheduler& s) { return s.reservation(id); });
   const std::vector<uint32_t> remote(destination.block_ids().begin(),
@@ -293,13 +310,14 @@ absl::Status WorkerCore::sendPrompt(uint64_t id, const v1::KvDestination& destin
   // The CPU model's cache is what the transport reads.
   if (!send_staging_) {
     return sendKv(destination, std::span<const int32_t>(blocks).subspan(skip),
-                  std::span<const uint32_t>(remote).subspan(skip), bytes);
+                  std::span<const uint32_t>(remote).subspan(skip), bytes, stopped, timeout());
   }
   // A backend with its own cache (a GPU) copies the prompt out through the send rows, as
   // many blocks at a time as they hold.
   const size_t chunk = static_cast<size_t>(send_staging_->size());
   for (size_t at = skip; at < blocks.size(); at += chunk) {
     const size_t n = std::min(chunk, blocks.size() - at);
+    if (stopped()) return absl::AbortedError("the KV transfer was stopped");
     CLEAVE_ASSIGN_OR_RETURN(
         std::vector<int32_t> rows,
         takeRows(*send_staging_, static_cast<int64_t>(n), context, options_.transfer_timeout));
@@ -307,15 +325,17 @@ absl::Status WorkerCore::sendPrompt(uint64_t id, const v1::KvDestination& destin
     const std::span<const int32_t> part(blocks.data() + at, n);
     CLEAVE_RETURN_IF_ERROR(loop_->call(
         [&](engine::Scheduler&) { return model_.copyKv(engine::KvCopy::kToHost, part, rows); }));
-    CLEAVE_RETURN_IF_ERROR(
-        sendKv(destination, rows, std::span<const uint32_t>(remote).subspan(at, n), bytes));
+    CLEAVE_RETURN_IF_ERROR(sendKv(destination, rows,
+                                  std::span<const uint32_t>(remote).subspan(at, n), bytes, stopped,
+                                  timeout()));
   }
   return absl::OkStatus();
 }
 
 absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
                                 std::span<const int32_t> local, std::span<const uint32_t> remote,
-                                uint64_t& bytes) {
+                                uint64_t& bytes, const std::function<bool()>& stop,
+                                std::chrono::milliseconds timeout) {
   faults::delay("kv_send_delay_ms");
   if (faults::fire("kv_send_fail")) return absl::UnavailableError("injected fault kv_send_fail");
   const bool replicated = model::kvCacheShape(model_.config()).replicated;
@@ -332,15 +352,33 @@ absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
           .head_begin = rank.kv_head_begin(),
           .heads = heads,
           .num_blocks = static_cast<int64_t>(rank.kv_pool_bytes() / rank.block_bytes())};
+      // A peer's numbers, checked before any byte moves: a block past its pool would land
+      // in another layer's rows.
+      if (int64_t{rank.kv_head_end()} > destination.layout().num_kv_heads() ||
+          target.num_blocks < 1 || target.num_blocks > (int64_t{1} << 31)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("destination rank ", rank.rank(), " has heads [", rank.kv_head_begin(),
+                         ", ", rank.kv_head_end(), ") of ", destination.layout().num_kv_heads(),
+                         " and a pool of ", target.num_blocks, " blocks"));
+      }
+      for (uint32_t block : remote) {
+        if (block >= target.num_blocks) {
+          return absl::InvalidArgumentError(absl::StrCat("destination block ", block,
+                                                         " is outside rank ", rank.rank(),
+                                                         "'s pool of ", target.num_blocks));
+        }
+      }
       std::vector<transfer::Write> writes =
           kvWrites(model_.kv(r), model_.kvHeads(r), target, local, remote);
       if (writes.empty()) continue;
+      if (stop()) return absl::AbortedError("the KV transfer was stopped");
       transfer::RemoteRegion region{.peer_address = rank.worker_address(),
                                     .base = rank.kv_pool_base(),
                                     .key = rank.kv_pool_rkey(),
                                     .bytes = rank.kv_pool_bytes()};
       absl::Status sent =
-          transfer::writeAndWait(*options_.transport, region, writes, options_.transfer_timeout);
+          transfer::writeAndWait(*options_.transport, region, writes, timeout, stop);
+      if (sent.code() == absl::StatusCode::kAborted) return sent;
       if (!sent.ok()) {
         return absl::UnavailableError(absl::StrCat("KV transfer to ",
                                                    destination.decode_worker_id(), " rank ",
@@ -412,12 +450,12 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   }
   if (!local) {
     // The prompt is computed into blocks of this worker's own, then written out.
-    if (id)
-      return absl::AlreadyExistsError(absl::StrCat("request ", r.request_id(), " is running"));
     {
       absl::MutexLock lock(&mu_);
+      auto [it, fresh] = requests_.try_emplace(r.request_id(), Request{.id = next_id_});
+      if (!fresh)
+        return absl::AlreadyExistsError(absl::StrCat("request ", r.request_id(), " is running"));
       id = next_id_++;
-      requests_[r.request_id()] = {.id = *id};
       names_[*id] = r.request_id();
     }
     // A scored prompt is computed whole: no cached blocks for it.
@@ -448,11 +486,27 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
       it->second.prefilled_here = true;
   }
   if (first.ok() && !local && !first->finished) {
-    // Hand the prompt's KV to the decode worker, then free the local copy.
+    // Hand the prompt's KV to the decode worker, then free the local copy. Until the
+    // writes end, cancel() may stop them and waits for that.
     const auto sent_at = std::chrono::steady_clock::now();
     uint64_t bytes = 0;
     faults::crashPoint("prefill_before_kv_send");
-    absl::Status sent = sendPrompt(*id, r.destination(), context, bytes);
+    std::atomic<bool> stop{false};
+    absl::Status sent = absl::AbortedError("the prefill was cancelled before its KV was sent");
+    bool registered = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = requests_.find(r.request_id()); it != requests_.end() && it->second.id == *id) {
+        it->second.stop_sending = &stop;
+        registered = true;
+      }
+    }
+    if (registered) {
+      sent = sendPrompt(*id, r.destination(), context, stop, bytes);
+      absl::MutexLock lock(&mu_);
+      if (auto it = requests_.find(r.request_id()); it != requests_.end() && it->second.id == *id)
+        it->second.stop_sending = nullptr;
+    }
     if (!sent.ok()) first = sent;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - sent_at).count();
@@ -460,7 +514,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     response.set_kv_transfer_ms(seconds * 1e3);
     response.set_bytes_transferred(bytes);
   }
-  if (!local) release(r.request_id());
+  if (!local) releaseId(*id);
   if (!first.ok()) return first.status();
   response.set_first_token_id(first->token);
   response.set_cached_prompt_tokens(static_cast<uint32_t>(first->cached_tokens));
@@ -499,7 +553,7 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   int64_t cached = 0;  // Leading blocks the cache supplied: nothing to copy in.
   {
     absl::MutexLock lock(&mu_);
-    if (auto it = requests_.find(r.request_id()); it != requests_.end()) {
+    if (auto it = requests_.find(r.request_id()); it != requests_.end() && it->second.id == *id) {
       copy_in = !it->second.prefilled_here && !it->second.decoding;
       cached = it->second.cached_blocks;
       staging = std::move(it->second.staging);
@@ -533,6 +587,7 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(r.request_id());
+    if (it != requests_.end() && it->second.id != *id) it = requests_.end();  // Another since.
     if (started.ok() && it != requests_.end()) it->second.decoding = true;
     if (receive_staging_) {
       if (!started.ok() && it != requests_.end() && it->second.staging.empty()) {
@@ -547,17 +602,34 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
 
 uint32_t WorkerCore::release(const std::string& request_id) {
   std::optional<uint64_t> id = idOf(request_id);
-  if (!id) return 0;
-  const int64_t freed = loop_->call([&](engine::Scheduler& s) { return s.release(*id); });
+  return id ? releaseId(*id) : 0;
+}
+
+uint32_t WorkerCore::releaseId(uint64_t id) {
+  const int64_t freed = loop_->call([&](engine::Scheduler& s) { return s.release(id); });
   absl::MutexLock lock(&mu_);
-  abortPrefill(*id, absl::AbortedError("the reservation was released"));
-  forget(*id);
+  abortPrefill(id, absl::AbortedError("the reservation was released"));
+  forget(id);
   return static_cast<uint32_t>(freed);
 }
 
 bool WorkerCore::cancel(const std::string& request_id) {
   std::optional<uint64_t> id = idOf(request_id);
   if (!id) return false;
+  {
+    // A prompt being written to a peer stops first: nothing of it lands after this returns,
+    // and its blocks here are not freed while a transfer reads them.
+    absl::MutexLock lock(&mu_);
+    auto sending = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      auto it = requests_.find(request_id);
+      return it != requests_.end() && it->second.id == *id && it->second.stop_sending != nullptr;
+    };
+    if (sending()) {
+      requests_[request_id].stop_sending->store(true);
+      auto stopped = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !sending(); };
+      mu_.Await(absl::Condition(&stopped));
+    }
+  }
   const bool found = loop_->call([&](engine::Scheduler& s) { return s.cancel(*id); });
   absl::MutexLock lock(&mu_);
   abortPrefill(*id, absl::AbortedError("the request was cancelled"));

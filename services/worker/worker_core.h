@@ -6,9 +6,11 @@
 // the engine thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -82,6 +84,8 @@ class WorkerCore {
                                               grpc::ServerContext* context);
   absl::Status startDecode(const v1::StartDecodeRequest& request);
   uint32_t release(const std::string& request_id);
+  // Cancels a request; one whose prompt is being written to a peer stops first, and no
+  // write of it lands after this returns.
   bool cancel(const std::string& request_id);
   // Writes router_id's token events until the call is cancelled or another stream for the
   // same router replaces it (then ABORTED).
@@ -109,6 +113,9 @@ class WorkerCore {
     // them, nothing is copied in for them.
     int64_t cached_blocks = 0;
     Clock::time_point expires = Clock::time_point::max();  // Unless decoding by then.
+    // While its prompt is being written to a peer (a prefill for another worker): set to
+    // stop the writes; cancel() waits until the sender has let go (null again).
+    std::atomic<bool>* stop_sending = nullptr;
     std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   };
   struct Stream {
@@ -141,17 +148,25 @@ class WorkerCore {
   // Writes the prompt of `id` (its reserved blocks here) into the destination's blocks:
   // straight from the cache, or through the send staging rows a chunk at a time (waiting
   // for them within the call's deadline). Adds the bytes written to `bytes`.
+  // Stops (Aborted) when the call is cancelled or CancelPrefill comes (`stop`), and at the
+  // call's deadline: no write lands after it returns.
   absl::Status sendPrompt(uint64_t id, const v1::KvDestination& destination,
-                          grpc::ServerContext* context, uint64_t& bytes);
-  // Writes host rows `local` into the destination's blocks `remote`, one for one.
+                          grpc::ServerContext* context, const std::atomic<bool>& stop,
+                          uint64_t& bytes);
+  // Writes host rows `local` into the destination's blocks `remote`, one for one, each
+  // transfer stopped (Aborted) once `stop` is true, and within `timeout`.
   absl::Status sendKv(const v1::KvDestination& destination, std::span<const int32_t> local,
-                      std::span<const uint32_t> remote, uint64_t& bytes);
+                      std::span<const uint32_t> remote, uint64_t& bytes,
+                      const std::function<bool()>& stop, std::chrono::milliseconds timeout);
   // The engine id of `request_id`, if known.
   std::optional<uint64_t> idOf(const std::string& request_id);
   // Gives `request`'s receive staging rows back (none left after).
   void giveStaging(Request& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops `id`'s request, giving back its staging rows.
+  // Drops `id`'s request (its name's entry only while it is still `id`'s), giving back its
+  // staging rows.
   void forget(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees `id`'s reservation and forgets it; the blocks freed.
+  uint32_t releaseId(uint64_t id);
   // Fails a pending prefill of `id`, if any.
   void abortPrefill(uint64_t id, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

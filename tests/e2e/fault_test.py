@@ -34,10 +34,11 @@ PROMPTS = [" ".join(random.Random(seed).choice(WORDS) for _ in range(4 + 5 * see
 
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
 class FaultTest(unittest.TestCase):
-    def serve(self, workers, timeout=60, prompts=PROMPTS, extra=()):
+    def serve(self, workers, timeout=60, prompts=PROMPTS, extra=(), inspect=None):
         """Runs `prompts` at once through a router and `workers` ((role, CLEAVE_FAULTS or
         None) each, with `extra` flags); returns (results, processes): a result is
-        (ids, None) or (None, grpc.StatusCode). With staging, every row must come back."""
+        (ids, None) or (None, grpc.StatusCode). With staging, every row must come back.
+        `inspect(processes)` runs before they stop."""
         pb = ct.stubs()["generation_pb2"]
         router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
                              "--metrics-port=0", f"--model={MODEL}",
@@ -72,6 +73,8 @@ class FaultTest(unittest.TestCase):
             ct.wait_until_nothing_reserved(router, procs)
             if any(flag.startswith("--kv-staging-tokens") for flag in extra):
                 self.wait_until_staging_is_free(procs)
+            if inspect is not None:
+                inspect(procs)
             return results, procs
         finally:
             channel.close()
@@ -107,9 +110,19 @@ class FaultTest(unittest.TestCase):
             self.assertIn("injected fault", procs[0].log(), fault)
 
     def test_a_kv_send_slower_than_the_deadline_fails_cleanly(self):
+        # Past the deadline the router releases the reservation, whose blocks may go to
+        # another request: it first stops the prefill (CancelPrefill), and nothing is
+        # written once the delay is over.
+        sent = []
+
+        def after_the_delay(procs):
+            time.sleep(3.5)
+            sent.append(metric(procs[0].ready["metrics_port"], "cleave_worker_kv_sent_bytes_total"))
+
         results, _ = self.serve([("prefill", "kv_send_delay_ms=3000"), ("decode", None)],
-                                timeout=1.5, prompts=PROMPTS[:2])
+                                timeout=1.5, prompts=PROMPTS[:2], inspect=after_the_delay)
         self.assertEqual([code for _, code in results], [grpc.StatusCode.DEADLINE_EXCEEDED] * 2)
+        self.assertEqual(sent, [0])
         results, _ = self.serve([("prefill", "kv_send_delay_ms=1000"), ("decode", None)],
                                 timeout=60, prompts=PROMPTS[:2])
         self.assertExact(results, PROMPTS[:2])
