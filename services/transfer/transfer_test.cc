@@ -22,6 +22,15 @@ class TransportTest : public ::testing::TestWithParam<std::string> {
     EXPECT_TRUE(ucx.ok()) << ucx.status();
     return ucx.ok() ? std::move(*ucx) : nullptr;
   }
+  // `region`, registered with `target` for writes, as writers name it.
+  static RemoteRegion exposed(KvTransport& target, std::vector<uint8_t>& region) {
+    auto key = target.registerMemory(region.data(), region.size());
+    EXPECT_TRUE(key.ok()) << key.status();
+    return {.peer_address = target.address(),
+            .base = reinterpret_cast<uint64_t>(region.data()),
+            .key = key.ok() ? *key : std::string(),
+            .bytes = region.size()};
+  }
 };
 
 // Scattered writes of random bytes land exactly where they were aimed, nothing else moves.
@@ -30,8 +39,6 @@ TEST_P(TransportTest, WritesLandWhereTheyAreAimed) {
   ASSERT_NE(writer, nullptr);
   ASSERT_NE(target, nullptr);
   std::vector<uint8_t> region(1 << 20, 0xAB);  // Poisoned.
-  auto key = target->registerMemory(region.data(), region.size());
-  ASSERT_TRUE(key.ok()) << key.status();
   std::mt19937 rng(3);
   std::vector<uint8_t> source(300000);
   for (auto& b : source) b = static_cast<uint8_t>(rng());
@@ -39,10 +46,7 @@ TEST_P(TransportTest, WritesLandWhereTheyAreAimed) {
   const std::vector<Write> writes = {{source.data(), 17, 4093},
                                      {source.data() + 5000, 70001, 123456},
                                      {source.data() + 200000, region.size() - 999, 999}};
-  RemoteRegion remote{.peer_address = target->address(),
-                      .base = reinterpret_cast<uint64_t>(region.data()),
-                      .key = *key,
-                      .bytes = region.size()};
+  const RemoteRegion remote = exposed(*target, region);
   absl::Status written = writeAndWait(*writer, remote, writes, std::chrono::seconds(10));
   ASSERT_TRUE(written.ok()) << written;
   std::vector<uint8_t> want(region.size(), 0xAB);
@@ -66,13 +70,8 @@ TEST_P(TransportTest, AnAbandonedTransferStopsAndThePeerIsWrittenAgain) {
   ASSERT_NE(target, nullptr);
   const size_t bytes = size_t{32} << 20;
   std::vector<uint8_t> region(bytes, 0xAB);
-  auto key = target->registerMemory(region.data(), region.size());
-  ASSERT_TRUE(key.ok()) << key.status();
   std::vector<uint8_t> first(bytes, 0x11), second(1 << 20, 0x22);
-  RemoteRegion remote{.peer_address = target->address(),
-                      .base = reinterpret_cast<uint64_t>(region.data()),
-                      .key = *key,
-                      .bytes = region.size()};
+  const RemoteRegion remote = exposed(*target, region);
   const Write big{first.data(), 0, bytes};
   auto abandoned = writer->post(remote, {&big, 1});
   ASSERT_TRUE(abandoned.ok()) << abandoned.status();
@@ -97,13 +96,8 @@ TEST_P(TransportTest, AStoppedTransferIsAbandoned) {
   ASSERT_NE(target, nullptr);
   const size_t bytes = size_t{32} << 20;
   std::vector<uint8_t> region(bytes, 0xAB);
-  auto key = target->registerMemory(region.data(), region.size());
-  ASSERT_TRUE(key.ok()) << key.status();
   std::vector<uint8_t> source(bytes, 0x11);
-  RemoteRegion remote{.peer_address = target->address(),
-                      .base = reinterpret_cast<uint64_t>(region.data()),
-                      .key = *key,
-                      .bytes = region.size()};
+  const RemoteRegion remote = exposed(*target, region);
   const Write big{source.data(), 0, bytes};
   absl::Status stopped =
       writeAndWait(*writer, remote, {&big, 1}, std::chrono::seconds(10), [] { return true; });
