@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
+#include <unordered_set>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -73,8 +74,10 @@ void WorkerCore::sweep() {
     absl::MutexLock lock(&mu_);
     const auto now = Clock::now();
     const auto wall = std::chrono::system_clock::now();
+    std::unordered_set<std::string> routers;  // Those some request names.
     for (const auto& [name, r] : requests_) {
       if (r.router_id.empty()) continue;  // A prefill of this worker's own.
+      routers.insert(r.router_id);
       if (!r.decoding && now > r.expires) {
         expired.emplace_back(name, "its reservation was not started within its ttl");
       } else if (wall > r.deadline) {
@@ -84,10 +87,21 @@ void WorkerCore::sweep() {
         const bool silent = stream == streams_.end() || !stream->second.open;
         const auto since =
             stream == streams_.end() ? Clock::time_point() : stream->second.closed_at;
-        if (r.decoding && silent && now - since > options_.lease_timeout) {
+        // One not decoding yet may still be written by a prefill the lost router started:
+        // such writes end within the transfer timeout.
+        if (silent &&
+            now - since > options_.lease_timeout + (r.decoding ? std::chrono::milliseconds(0)
+                                                               : options_.transfer_timeout)) {
           expired.emplace_back(name, "its router's token stream stayed closed");
         }
       }
+    }
+    // The streams of routers gone (each restart is a new router id), once nothing names
+    // them: their undelivered events go with them.
+    for (auto it = streams_.begin(); it != streams_.end();) {
+      const bool gone = !it->second.open && now - it->second.closed_at > options_.lease_timeout &&
+                        !routers.contains(it->first);
+      it = gone ? streams_.erase(it) : std::next(it);
     }
   }
   for (const auto& [name, why] : expired) {
@@ -228,7 +242,8 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
       if (takes_rows) entry.staging = staging;
       entry.cached_blocks = cached;
       entry.expires = Clock::now() + ttl;
-      if (r.deadline_unix_ms() > 0) {
+      // Past year 2096 (or nonsense) is no deadline: the clock's nanoseconds would overflow.
+      if (r.deadline_unix_ms() > 0 && r.deadline_unix_ms() < int64_t{4'000'000'000'000}) {
         entry.deadline =
             std::chrono::system_clock::time_point(std::chrono::milliseconds(r.deadline_unix_ms()));
       }

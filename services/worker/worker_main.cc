@@ -302,6 +302,7 @@ int run(int argc, char** argv) {
                    .eos_ids = eos,
                    .layout = kvLayout(config, (*group)->kvType()),
                    .transport = transport.get(),
+                   .transfer_timeout = std::chrono::milliseconds(options.kv_transfer_timeout_ms),
                    .prefills_for_peers = role != Role::kDecode,
                    .staging_send_blocks = staging.send,
                    .staging_receive_blocks = staging.receive,

@@ -67,6 +67,10 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "Free a reservation not started within this, and a router's sequences once its "
                "token stream has been closed this long");
+  flags.addInt("kv-transfer-timeout-ms", &kv_transfer_timeout_ms,
+               "How long one KV transfer (a prompt's blocks to a decode worker) may take before "
+               "it is abandoned; a reservation of a router gone silent is kept this much longer "
+               "than --lease-timeout-ms, for a transfer it started");
   flags.addString("router-ca", &router_ca,
                   "Reach the router over TLS, verifying it with this CA (PEM)");
   flags.addString("tls-cert", &tls_cert,
@@ -156,6 +160,10 @@ absl::Status validate(const WorkerOptions& options) {
         absl::StrCat("--kv-staging-tokens must be >= 0, got ", options.kv_staging_tokens));
   }
   if (absl::Status valid = options.server.validate(); !valid.ok()) return valid;
+  if (options.kv_transfer_timeout_ms < 1 || options.lease_timeout_ms < 1) {
+    return absl::InvalidArgumentError(
+        "--kv-transfer-timeout-ms and --lease-timeout-ms must be >= 1");
+  }
   if (options.threads < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads must be >= 0, got ", options.threads));

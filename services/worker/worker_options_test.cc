@@ -66,6 +66,8 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
        }},
       {"--metrics-port must be", [](WorkerOptions& o) { o.server.metrics_port = 65536; }},
       {"--threads must be", [](WorkerOptions& o) { o.threads = -1; }},
+      {"--kv-transfer-timeout-ms and --lease-timeout-ms must be >= 1",
+       [](WorkerOptions& o) { o.kv_transfer_timeout_ms = 0; }},
       {"--gpu-memory-fraction must be in [0, 1]",
        [](WorkerOptions& o) { o.gpu_memory_fraction = 1.5; }},
       {"--kv-staging-tokens must be", [](WorkerOptions& o) { o.kv_staging_tokens = -1; }},

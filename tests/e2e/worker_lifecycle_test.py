@@ -25,7 +25,8 @@ class WorkerLifecycleTest(unittest.TestCase):
         cls.worker = ct.Process([ct.binary("cleave-worker"), "--role=both", f"--model={MODEL}",
                                  "--listen=127.0.0.1:0", "--metrics-port=0",
                                  "--target-concurrency=2", "--planned-seq-len=2048",
-                                 "--threads=2", "--lease-timeout-ms=500"])
+                                 "--threads=2", "--lease-timeout-ms=500",
+                                 "--kv-transfer-timeout-ms=1000"])
         cls.channel = grpc.insecure_channel(f"127.0.0.1:{cls.worker.ready['grpc_port']}")
         cls.decode = ct.stubs()["worker_grpc"].DecodeControlStub(cls.channel)
 
@@ -87,6 +88,16 @@ class WorkerLifecycleTest(unittest.TestCase):
             self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
             self.assertIn(expected, caught.exception.details())
         self.assertEqual(self.reserved(), 0)
+
+    def test_a_reservation_whose_router_went_silent_is_freed(self):
+        # Reserved with the router's long ttl, never started, and the router never opens its
+        # token stream: freed once the lease (0.5 s) and a transfer's time (1 s) are over,
+        # long before the ttl.
+        self.reserve("unstarted", ttl_ms=600000)
+        self.assertEqual(self.reserved(), 2)
+        started = time.monotonic()
+        self.wait_until_freed(8)
+        self.assertLess(time.monotonic() - started, 5)
 
     def test_a_sequence_whose_router_went_silent_is_freed(self):
         # The router never opens its token stream; with a 500 ms lease the worker gives up on
