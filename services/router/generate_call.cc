@@ -311,6 +311,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
     if (first_message) {
       message.set_request_id(request.request_id().empty() ? id : request.request_id());
       *message.mutable_prompt_logprobs() = first_prefill.prompt_logprobs();
+      message.set_cached_prompt_tokens(first_prefill.cached_prompt_tokens());
       if (request.echo_prompt_token_ids()) {
         message.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
       }

@@ -295,7 +295,13 @@ std::string MessagesRenderer::start(const ResponseBuilder& reply) {
   if (started_) return "";
   started_ = true;
   Json m = message(Json::array(), nullptr);
-  m["usage"] = {{"input_tokens", reply.promptTokenIds().size()}, {"output_tokens", 0}};
+  // As the end reports it: the prompt less what the cache supplied, and that apart.
+  const int64_t prompt = static_cast<int64_t>(reply.promptTokenIds().size());
+  const int64_t cached = std::min<int64_t>(reply.cachedPromptTokens(), prompt);
+  m["usage"] = {{"input_tokens", prompt - cached},
+                {"cache_creation_input_tokens", 0},
+                {"cache_read_input_tokens", cached},
+                {"output_tokens", 0}};
   return event("message_start", {{"message", std::move(m)}});
 }
 

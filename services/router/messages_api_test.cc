@@ -190,7 +190,9 @@ TEST(MessagesRendererTest, ATextReplyIsOneTextBlockWholeOrStreamed) {
               ElementsAre("message_start", "content_block_start", "content_block_delta",
                           "content_block_delta", "content_block_delta", "content_block_stop",
                           "message_delta", "message_stop"));
-  EXPECT_EQ(r.events[0]["message"]["usage"]["input_tokens"], 11);
+  // message_start counts the prompt as the end does: what the cache supplied apart.
+  EXPECT_EQ(r.events[0]["message"]["usage"]["input_tokens"], 7);
+  EXPECT_EQ(r.events[0]["message"]["usage"]["cache_read_input_tokens"], 4);
   EXPECT_TRUE(r.events[0]["message"]["content"].empty());
   std::string text;
   for (const Json& e : r.events) {

@@ -167,6 +167,7 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
   if (!started_) {
     started_ = true;
     prompt_ids_.assign(message.prompt_token_ids().begin(), message.prompt_token_ids().end());
+    cached_prompt_tokens_ = message.cached_prompt_tokens();
     text_offset_ = static_cast<int64_t>(echo_.size());
     text_ = echo_;
     Json echoed = nullptr;

@@ -50,6 +50,8 @@ class ResponseBuilder {
   const v1::FinalInfo& final() const { return *final_; }
   // return_token_ids: the prompt's token ids.
   const std::vector<uint32_t>& promptTokenIds() const { return prompt_ids_; }
+  // Of the prompt's tokens, those a KV cache supplied (known from the first message).
+  uint32_t cachedPromptTokens() const { return cached_prompt_tokens_; }
 
  private:
   nlohmann::json completionLogprobs(const v1::GenerateResponse& message);
@@ -83,6 +85,7 @@ class ResponseBuilder {
   nlohmann::json logprobs_;  // the whole response's, in the endpoint's format
   // return_token_ids: the prompt's (from the first message) and the reply's.
   std::vector<uint32_t> prompt_ids_, token_ids_;
+  uint32_t cached_prompt_tokens_ = 0;
   bool prompt_ids_sent_ = false;  // Streamed completions: with a choice's first tokens.
   int64_t text_offset_ = 0;       // completions logprobs: where the next token's text starts
   std::optional<v1::FinalInfo> final_;

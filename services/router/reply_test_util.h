@@ -76,7 +76,8 @@ struct Rendered {
   std::vector<Json> events;
 };
 
-// `call`'s reply fed as `pieces` (the first carrying 11 prompt token ids) then `end`,
+// `call`'s reply fed as `pieces` (the first carrying 11 prompt token ids, 4 of them cached,
+// as last() reports) then `end`,
 // through a builder and a renderer from `make()`, whole and streamed.
 template <typename Make>
 Rendered renderReply(Call call, Make make, const std::vector<std::string>& pieces,
@@ -90,6 +91,7 @@ Rendered renderReply(Call call, Make make, const std::vector<std::string>& piece
     for (size_t i = 0; i < pieces.size(); ++i) {
       v1::GenerateResponse message = piece(pieces[i]);
       for (uint32_t t = 1; i == 0 && t <= 11; ++t) message.add_prompt_token_ids(t);
+      if (i == 0) message.set_cached_prompt_tokens(4);
       EXPECT_EQ(reply.add(message), "");  // The builder makes no chat events here.
       if (stream) text += renderer->progress(reply);
     }

@@ -130,11 +130,14 @@ class LoraTest(unittest.TestCase):
                 request = pb.GenerateRequest(model=model, text=prompt, add_special_tokens=True,
                                              sampling=pb.SamplingParams(temperature=0),
                                              stopping=pb.StoppingCriteria(max_new_tokens=10))
-                ids, final = [], None
+                ids, final, first = [], None, None
                 for message in stub.Generate(request, timeout=120):
+                    first = message if first is None else first
                     ids += list(message.token_ids)
                     if message.HasField("final"):
                         final = message.final
+                # The first message already says what the cache supplied.
+                self.assertEqual(first.cached_prompt_tokens, final.usage.cached_prompt_tokens)
                 return ids, final.usage.cached_prompt_tokens
 
             jobs = [(p, m) for p in prompts for m in folders]
