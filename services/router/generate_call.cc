@@ -118,6 +118,16 @@ class TextStream {
     }
     return text;
   }
+  // The text still held back, at an end that came without a token.
+  std::string end() {
+    if (!detokenizer_ || stopped_) return "";
+    stopped_ = true;
+    return stopper_.flush() + detokenizer_->finish();
+  }
+  // A stop string matched here that the sequence's worker did not report (it started on
+  // that worker after the string's first tokens, on an earlier one): the sequence ends.
+  bool stoppedByString() const { return stopped_ && stopper_.stopped(); }
+  std::string matched() const { return stopper_.matched(); }
 
  private:
   engine::StopChecker stopper_;
@@ -306,7 +316,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   auto last_sent = Clock::now();
   bool first_message = true;
   auto send = [&](std::span<const uint32_t> tokens, const auto& logprobs,
-                  std::optional<v1::FinishReason> reason, const std::string& matched) {
+                  std::optional<v1::FinishReason> reason, std::string matched) {
     v1::GenerateResponse message;
     if (first_message) {
       message.set_request_id(request.request_id().empty() ? id : request.request_id());
@@ -329,8 +339,18 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
       sequence.tokens.push_back(tokens[i]);
       --sequence.remaining;
       ++completion_tokens;
+      if (!(last && reason) && text.stoppedByString()) {  // What comes after it is not sent.
+        reason = v1::FINISH_REASON_STOP_STRING;
+        matched = text.matched();
+        break;
+      }
     }
+    if (tokens.empty() && reason) message.mutable_text()->append(text.end());
     message.mutable_logprobs()->CopyFrom(logprobs);
+    if (message.logprobs_size() > message.token_ids_size()) {
+      message.mutable_logprobs()->DeleteSubrange(
+          message.token_ids_size(), message.logprobs_size() - message.token_ids_size());
+    }
     if (tokenizer_ != nullptr) {
       // A token may be part of a character: its bytes go as they are, its text with
       // U+FFFD (a proto string must be UTF-8).

@@ -58,11 +58,16 @@ void TokenRelay::addWorker(std::shared_ptr<const Worker> worker) {
   auto reader = std::make_unique<Reader>();
   reader->worker = std::move(worker);
   Reader* r = reader.get();
+  // Running before anyone can find it: whoever removes it joins a started thread.
+  r->thread = std::thread([this, r] { read(*r); });
+  std::unique_ptr<Reader> earlier;  // The same id registered again: its stream ends.
   {
     absl::MutexLock lock(&mu_);
-    readers_[r->worker->id] = std::move(reader);
+    std::unique_ptr<Reader>& slot = readers_[r->worker->id];
+    earlier = std::move(slot);
+    slot = std::move(reader);
   }
-  r->thread = std::thread([this, r] { read(*r); });
+  if (earlier != nullptr) stopReading(*earlier);
 }
 
 void TokenRelay::removeWorker(const std::string& worker_id) {
@@ -83,13 +88,16 @@ void TokenRelay::removeWorker(const std::string& worker_id) {
     mailbox->fail(absl::UnavailableError(
         absl::StrCat("decode worker ", worker_id, " left while the request was running")));
   }
-  if (reader == nullptr) return;
-  reader->stop = true;
+  if (reader != nullptr) stopReading(*reader);
+}
+
+void TokenRelay::stopReading(Reader& reader) {
+  reader.stop = true;
   {
-    absl::MutexLock lock(&reader->mu);
-    if (reader->context != nullptr) reader->context->TryCancel();
+    absl::MutexLock lock(&reader.mu);
+    if (reader.context != nullptr) reader.context->TryCancel();
   }
-  reader->thread.join();
+  reader.thread.join();
 }
 
 void TokenRelay::read(Reader& reader) {
@@ -141,6 +149,12 @@ std::shared_ptr<Mailbox> TokenRelay::open(const std::string& request_id,
                                           const std::string& worker_id) {
   auto mailbox = std::make_shared<Mailbox>();
   absl::MutexLock lock(&mu_);
+  // A worker that left before this: nothing will come (removeWorker failed the mailboxes
+  // open then); the request moves on at once.
+  if (!readers_.contains(worker_id)) {
+    mailbox->fail(absl::UnavailableError(
+        absl::StrCat("decode worker ", worker_id, " left before the request started decoding")));
+  }
   mailboxes_[request_id] = {.mailbox = mailbox, .worker_id = worker_id};
   return mailbox;
 }

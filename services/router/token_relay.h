@@ -41,17 +41,21 @@ class TokenRelay {
   ~TokenRelay();
 
   const std::string& routerId() const { return router_id_; }
+  // Starts reading `worker`'s token stream; one of the same id read before stops.
   void addWorker(std::shared_ptr<const Worker> worker);
   // Stops reading `worker_id` and fails the mailboxes of its requests (Unavailable).
   void removeWorker(const std::string& worker_id);
 
-  // The mailbox of `request_id`, decoding on `worker_id`. Open it before StartDecode.
+  // The mailbox of `request_id`, decoding on `worker_id`. Open it before StartDecode. A
+  // worker no longer read (it left) gives a mailbox failed with Unavailable.
   std::shared_ptr<Mailbox> open(const std::string& request_id, const std::string& worker_id);
   void close(const std::string& request_id);
 
  private:
   struct Reader;
   void read(Reader& reader);
+  // Ends `reader`'s stream and joins its thread (it must be out of readers_).
+  void stopReading(Reader& reader);
 
   const std::string router_id_;
   const std::shared_ptr<LostWorkers> lost_;

@@ -108,6 +108,7 @@ WorkerPool::~WorkerPool() { expiry_.stop(); }
 
 absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& request) {
   if (absl::Status valid = checkRegistration(request); !valid.ok()) return valid;
+  absl::MutexLock membership(&membership_mu_);
   for (const v1::LoraAdapterFingerprint& a : request.model().adapters()) {
     if (contains(options_.served_model_names, a.name())) {
       return absl::FailedPreconditionError(
@@ -201,6 +202,7 @@ bool WorkerPool::heartbeat(const v1::HeartbeatRequest& request) {
 }
 
 void WorkerPool::remove(const std::string& worker_id, const std::string& reason) {
+  absl::MutexLock membership(&membership_mu_);
   {
     absl::MutexLock lock(&mu_);
     if (workers_.erase(worker_id) == 0) return;
@@ -399,11 +401,30 @@ absl::StatusOr<Admission> WorkerPool::admitOrWait(int64_t blocks,
   updateGauges();
   Entry* chosen = nullptr;
   absl::Status why;
+  // At the head of the queue with no decode worker left that could ever hold it (they left
+  // or drain while it waited): after the restart patience it gives up, and those behind go.
+  std::optional<std::chrono::steady_clock::time_point> unfit_since;
+  bool unfit = false;
   bool admitted = waitUntil(
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return nextInLine() == ticket && (chosen = pick(blocks, exclude, prefix)) != nullptr;
+        if (nextInLine() != ticket) return false;
+        if ((chosen = pick(blocks, exclude, prefix)) != nullptr) return true;
+        if (survey() && blocks <= largest) {
+          unfit_since.reset();
+          return false;
+        }
+        const auto now = std::chrono::steady_clock::now();
+        if (!unfit_since) unfit_since = now;
+        unfit = now - *unfit_since >= options_.restart_patience;
+        return unfit;
       },
       deadline, cancelled, why);
+  if (unfit) {
+    why = absl::UnavailableError(
+        absl::StrCat("no decode worker that can hold the request's ", blocks,
+                     " KV blocks is left (they left or are draining); retry once one registers"));
+    admitted = false;
+  }
   // Its turn came too late to finish: the place goes to a request that can.
   if (admitted && must_wait) {
     const std::optional<double> finish_s = expectedFinishS(0, new_tokens, exclude);

@@ -313,6 +313,10 @@ class WorkerPool {
   WorkerPoolOptions options_;
   std::function<void(std::shared_ptr<const Worker>)> on_join_;
   std::function<void(const std::string&)> on_leave_;
+  // Held across a membership change and its on_join_/on_leave_ calls, so that those reach
+  // the relay in the order the changes were made (a worker registering again while its
+  // earlier registration expires).
+  absl::Mutex membership_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::unordered_map<std::string, Entry> workers_ ABSL_GUARDED_BY(mu_);
   PrefixIndex prefixes_ ABSL_GUARDED_BY(mu_);  // What each prefill worker may have cached.

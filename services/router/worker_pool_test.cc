@@ -65,6 +65,38 @@ class WorkerPoolTest : public ::testing::Test {
   static bool never() { return false; }
 };
 
+// A request at the head of the queue that no worker left can ever hold (the only one large
+// enough left while it waited) gives up after the restart patience; the one behind it, which
+// fits elsewhere, is admitted instead of waiting out its deadline.
+TEST_F(WorkerPoolTest, AHeadNoWorkerCanHoldAnyMoreLetsTheRestGo) {
+  ASSERT_TRUE(pool_.add(worker("big", v1::WORKER_ROLE_BOTH, 100, 1)).ok());
+  ASSERT_TRUE(pool_.add(worker("small", v1::WORKER_ROLE_BOTH, 10, 4)).ok());
+  auto held = pool_.admit(50, soon(), never);  // Only "big" holds it.
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->worker->id, "big");
+  std::optional<absl::StatusOr<Admission>> head, behind;
+  auto queued = [&](int64_t n) {
+    for (int i = 0; i < 5000 && pool_.queueDepth() < n; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return pool_.queueDepth() >= n;
+  };
+  // 60 blocks: only "big" could ever hold them, once "held" is gone.
+  std::thread head_thread([&] { head = pool_.admit(60, soon(10000), never); });
+  const bool head_waits = queued(1);
+  std::thread behind_thread([&] { behind = pool_.admit(2, soon(10000), never); });
+  const bool behind_waits = queued(2);
+  pool_.remove("big", "test");
+  head_thread.join();
+  behind_thread.join();
+  EXPECT_TRUE(head_waits && behind_waits);
+  EXPECT_EQ(head->status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(head->status().message(), HasSubstr("60 KV blocks"));
+  ASSERT_TRUE(behind->ok()) << behind->status();
+  EXPECT_EQ((*behind)->worker->id, "small");
+  pool_.release(**behind);
+  pool_.release(*held);
+}
+
 TEST_F(WorkerPoolTest, RefusesIncompleteAndIncompatibleWorkers) {
   v1::RegisterRequest bad = worker("a", v1::WORKER_ROLE_BOTH, 10, 2);
   bad.clear_kv_layout();
