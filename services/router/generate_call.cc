@@ -89,6 +89,14 @@ std::unique_ptr<grpc::ClientContext> workerContext(std::chrono::system_clock::ti
   return context;
 }
 
+// A call to a worker on behalf of the client's `call`: bounded by its deadline, and
+// cancelled with it (a client that leaves while its prompt is computed stops it).
+std::unique_ptr<grpc::ClientContext> callContext(grpc::ServerContext* call,
+                                                 std::chrono::system_clock::time_point deadline) {
+  if (call == nullptr) return workerContext(deadline);
+  return grpc::ClientContext::FromServerContext(*call);
+}
+
 // Turns a sequence's tokens into the text deltas a client sees: UTF-8 safe, stop strings
 // and stop tokens left out.
 class TextStream {
@@ -529,7 +537,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
                                        .count());
     }
     v1::ReserveResponse reserved;
-    status = worker.decode->Reserve(workerContext(sequence.deadline).get(), reserve, &reserved);
+    status = worker.decode->Reserve(callContext(sequence.call, sequence.deadline).get(), reserve,
+                                    &reserved);
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
       passOver(worker);
       continue;
@@ -585,8 +594,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
         every_prefill_failed = true;
         break;
       }
-      status = prefiller->worker->prefill->Prefill(workerContext(sequence.deadline).get(), prefill,
-                                                   &placed->prefilled);
+      status = prefiller->worker->prefill->Prefill(
+          callContext(sequence.call, sequence.deadline).get(), prefill, &placed->prefilled);
       pool_.releasePrefill(*prefiller, status.ok());
       if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
           status.error_code() == grpc::StatusCode::CANCELLED) {
@@ -615,7 +624,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     if (sequence.logprobs) start.set_logprobs(*sequence.logprobs);
     start.set_output_tokens(prefill.output_tokens());
     v1::StartDecodeResponse started;
-    status = worker.decode->StartDecode(workerContext(sequence.deadline).get(), start, &started);
+    status = worker.decode->StartDecode(callContext(sequence.call, sequence.deadline).get(), start,
+                                        &started);
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
       passOver(worker);
       continue;

@@ -153,6 +153,33 @@ class DisaggregationTest(unittest.TestCase):
             codes = [w.stop() for i, w in enumerate(workers) if i != victim] + [router.stop()]
             self.assertEqual(codes, [0] * len(codes))
 
+    def test_a_client_leaving_during_prefill_stops_the_prefill(self):
+        """A client that cancels while its long prompt is being computed stops the prefill
+        worker's work on it (the router's calls are cancelled with the client's), instead
+        of the whole prompt being computed and sent for nobody."""
+        found = {}
+
+        def after(stub, pb, workers):
+            port = workers[0].ready["metrics_port"]  # The prefill worker's.
+            rng = random.Random(31)
+            request = pb.GenerateRequest(sampling=pb.SamplingParams(temperature=0),
+                                         stopping=pb.StoppingCriteria(max_new_tokens=4))
+            request.token_ids.ids.extend(rng.randrange(1000, 40000) for _ in range(1500))
+            before = metric(port, "cleave_worker_prefill_tokens_total")
+            call = stub.Generate(request, timeout=60)
+            threading.Timer(0.3, call.cancel).start()
+            with self.assertRaises(grpc.RpcError) as caught:
+                list(call)
+            self.assertEqual(caught.exception.code(), grpc.StatusCode.CANCELLED)
+            time.sleep(4)  # Longer than the whole prompt takes on one thread.
+            found["computed"] = metric(port, "cleave_worker_prefill_tokens_total") - before
+            found["sent"] = metric(port, "cleave_worker_kv_sent_bytes_total")
+
+        self.serve(MODEL, 1, 1, [], text=False, after=after, extra=["--planned-seq-len=2048"])
+        print(f"\n{found}")
+        self.assertLess(found["computed"], 1500)
+        self.assertEqual(found["sent"], 0)
+
     def test_smollm2_greedy_matches_the_offline_engine(self):
         rng = random.Random(9)
         prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 40)))
