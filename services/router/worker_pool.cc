@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/grpc_keepalive.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/retry_hint.h"
@@ -121,10 +122,11 @@ absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& 
   worker->info = request;
   worker->id = request.worker_id().empty() ? request.control_address() : request.worker_id();
   worker->info.set_worker_id(worker->id);
-  auto channel =
-      grpc::CreateChannel(request.control_address(), options_.worker_credentials != nullptr
-                                                         ? options_.worker_credentials
-                                                         : grpc::InsecureChannelCredentials());
+  auto channel = grpc::CreateCustomChannel(request.control_address(),
+                                           options_.worker_credentials != nullptr
+                                               ? options_.worker_credentials
+                                               : grpc::InsecureChannelCredentials(),
+                                           keepaliveChannelArguments());
   worker->decode = v1::DecodeControl::NewStub(channel);
   worker->prefill = v1::PrefillControl::NewStub(channel);
   bool replaced = false;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "common/faults.h"
+#include "common/grpc_keepalive.h"
 #include "common/log.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -25,7 +26,8 @@ RouterRegistration::RouterRegistration(const std::string& router_address,
                                        std::shared_ptr<grpc::ChannelCredentials> credentials,
                                        v1::RegisterRequest request,
                                        std::function<v1::LoadSnapshot()> load)
-    : stub_(v1::Registry::NewStub(grpc::CreateChannel(router_address, std::move(credentials)))),
+    : stub_(v1::Registry::NewStub(grpc::CreateCustomChannel(router_address, std::move(credentials),
+                                                            keepaliveChannelArguments()))),
       request_(std::move(request)),
       load_(std::move(load)) {
   thread_.start([this](std::stop_token stop) { run(stop); });

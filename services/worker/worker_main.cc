@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
+#include "common/grpc_keepalive.h"
 #include "common/grpc_logging.h"
 #include "common/grpc_threads.h"
 #include "common/log.h"
@@ -329,6 +330,7 @@ int run(int argc, char** argv) {
   if (!serving.ok()) exitWithUsageError(flags, serving.status());
   builder.AddListeningPort(options.server.listen, *serving, &port);
   keepServerThreads(builder);
+  allowKeepalivePings(builder);
   if (role != Role::kPrefill) builder.RegisterService(&decode);
   builder.RegisterService(&prefill);  // A decode worker's computes only its own prompts.
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -16,7 +16,9 @@ never hung, and no KV block stays reserved on the router or on a live worker.
 import concurrent.futures
 import os
 import random
+import signal
 import sys
+import threading
 import time
 import unittest
 
@@ -172,6 +174,57 @@ class FaultTest(unittest.TestCase):
         self.assertExact(results)
         self.assertEqual(procs[1].proc.returncode, 1)
         self.assertIn("engine steps failed 3 times in a row", procs[1].log())
+
+    def test_a_prefill_worker_that_stops_answering_is_passed_over(self):
+        """A prefill worker stopped (SIGSTOP: its connections stay open, nothing answers)
+        while it computes a prompt: the router's call to it fails by keepalive within about
+        15 s, the prompt goes to another prefill worker, and the request completes as the
+        offline engine generates it, long before its 90 s deadline."""
+        pb = ct.stubs()["generation_pb2"]
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0", f"--model={MODEL}"])
+        address = f"127.0.0.1:{router.ready['grpc_port']}"
+        common = [f"--model={MODEL}", f"--router={address}", "--listen=127.0.0.1:0",
+                  "--metrics-port=0", "--target-concurrency=2", "--planned-seq-len=2048",
+                  "--threads=1"]
+        stopped = ct.Process([ct.binary("cleave-worker"), "--role=prefill", *common])
+        procs = [stopped, ct.Process([ct.binary("cleave-worker"), "--role=decode", *common])]
+        channel = grpc.insecure_channel(address)
+        prompt = " ".join(random.Random(41).choice(WORDS) for _ in range(700))
+        try:
+            stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
+            ct.wait_for_workers(stub, 2)
+            result = {}
+
+            def generate():
+                started = time.monotonic()
+                request = pb.GenerateRequest(
+                    text=prompt, add_special_tokens=True,
+                    sampling=pb.SamplingParams(temperature=0),
+                    stopping=pb.StoppingCriteria(max_new_tokens=MAX_NEW, ignore_eos=True))
+                try:
+                    result["ids"] = [t for m in stub.Generate(request, timeout=90)
+                                     for t in m.token_ids]
+                except grpc.RpcError as e:
+                    result["error"] = e.code()
+                result["seconds"] = time.monotonic() - started
+
+            caller = threading.Thread(target=generate)
+            caller.start()
+            time.sleep(0.5)  # Computing the prompt.
+            os.kill(stopped.proc.pid, signal.SIGSTOP)
+            procs.append(ct.Process([ct.binary("cleave-worker"), "--role=prefill", *common]))
+            caller.join()
+            print(f"\nserved in {result['seconds']:.1f} s with its prefill worker stopped")
+            self.assertNotIn("error", result)
+            self.assertEqual(result["ids"], offline(prompt)[:MAX_NEW])
+            self.assertLess(result["seconds"], 45)
+        finally:
+            os.kill(stopped.proc.pid, signal.SIGCONT)
+            channel.close()
+            for w in procs:
+                w.stop()
+            router.stop()
 
 
 if __name__ == "__main__":

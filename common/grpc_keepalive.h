@@ -1,0 +1,34 @@
+// Keepalive between the router and its workers. A peer that stops answering while its
+// connection stays open (a host gone without closing it, a process stopped or hung) fails
+// the calls in flight to it with UNAVAILABLE within about kKeepaliveTimeMs +
+// kKeepaliveTimeoutMs: the router then sends a prompt to another prefill worker instead of
+// waiting until the request's deadline (for a request without one, forever).
+#pragma once
+
+#include <grpcpp/server_builder.h>
+#include <grpcpp/support/channel_arguments.h>
+
+namespace cleave {
+
+inline constexpr int kKeepaliveTimeMs = 10000;    // A ping after this long...
+inline constexpr int kKeepaliveTimeoutMs = 5000;  // ...unanswered this long ends the link.
+
+// For a channel to a peer that allows the pings (below).
+inline grpc::ChannelArguments keepaliveChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  return args;
+}
+
+// A server accepts those pings (by default it answers pings more often than every five
+// minutes without data by closing the connection).
+inline void allowKeepalivePings(grpc::ServerBuilder& builder) {
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kKeepaliveTimeMs / 2);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+}
+
+}  // namespace cleave
