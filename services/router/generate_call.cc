@@ -149,7 +149,7 @@ class TextStream {
 grpc::Status GenerationService::generate(grpc::ServerContext* context,
                                          const v1::GenerateRequest& request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer,
-                                         const std::string& client) {
+                                         const std::string& client, Record& record) {
   const auto received = Clock::now();
   std::optional<WorkerPool::ModelView> model = pool_.model();
   if (!model) {
@@ -209,6 +209,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   }
   const int64_t context_length = model->context_length;
   const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
+  record.prompt_tokens = prompt_tokens;
   if (prompt_tokens >= context_length) {
     return error(grpc::StatusCode::INVALID_ARGUMENT,
                  absl::StrCat("the prompt has ", prompt_tokens, " tokens; the context length is ",
@@ -257,6 +258,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   // placement prefills all of it on a decode worker and decodes the rest there; when that
   // worker is lost mid-stream, the sequence is placed again (migrated) and continues.
   const std::string id = absl::StrCat(relay_.routerId(), "-", next_request_++);
+  if (record.id.empty()) record.id = id;
   v1::SamplingParams sampling = request.sampling();
   if (!sampling.has_seed()) sampling.set_seed(std::random_device{}() * 0x100000001ull);
   if (absl::Status banned = banWords(tokenizer_.get(), model->vocab_size, sampling); !banned.ok()) {
@@ -290,10 +292,12 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
 
   TextStream text(tokenizer_.get(), request.stopping(),
                   !request.has_skip_special_tokens() || request.skip_special_tokens());
-  uint32_t completion_tokens = 0;
+  uint32_t& completion_tokens = record.completion_tokens;
   int migrations = 0;
-  std::string path = placed->admission.worker->id;  // Decode workers used, for errors.
-  const double ttft_ms = msSince(received);
+  std::string& path = record.workers;  // Decode workers used, for errors.
+  path = placed->admission.worker->id;
+  record.cached_tokens = first_prefill.cached_prompt_tokens();
+  const double ttft_ms = record.ttft_ms = msSince(received);
   double decode_wait_ms = 0;  // Over every placement.
   auto finalInfo = [&](v1::FinishReason reason, const std::string& matched) {
     v1::FinalInfo info;
@@ -376,6 +380,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
       }
     }
     if (reason) {
+      record.finish = reason;
       placed->finished = true;
       // Its decode worker's cache keeps the blocks of the prompt and the reply: the next
       // turn of a conversation finds them there.

@@ -1,6 +1,9 @@
 #include "services/router/generation_service.h"
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/metrics.h"
 #include "common/retry_hint.h"
 #include "common/tokenizer/utf8.h"
@@ -77,14 +80,39 @@ grpc::Status GenerationService::authorize(grpc::ServerContext& context, bool gen
 grpc::Status GenerationService::Generate(grpc::ServerContext* context,
                                          const v1::GenerateRequest* request,
                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  const auto started = std::chrono::steady_clock::now();
   std::string client;
-  if (grpc::Status denied = authorize(*context, /*generate=*/true, &client); !denied.ok()) {
-    return finish("Generate", denied);
+  Record record{.id = request->request_id()};
+  grpc::Status status = authorize(*context, /*generate=*/true, &client);
+  if (status.ok()) status = toGrpcStatus(validateGenerateRequest(*request));
+  if (status.ok()) status = generate(context, *request, writer, client, record);
+  if (options_.log_requests) {
+    // Sizes and times only: what an operator correlates with metrics and client reports.
+    std::string line = absl::StrCat("request ", record.id.empty() ? "-" : record.id,
+                                    " key=", client.empty() ? "-" : client,
+                                    " model=", request->model().empty() ? "-" : request->model());
+    if (record.prompt_tokens >= 0) {
+      absl::StrAppend(&line, " prompt=", record.prompt_tokens, " cached=", record.cached_tokens,
+                      " completion=", record.completion_tokens);
+    }
+    if (record.ttft_ms >= 0) absl::StrAppendFormat(&line, " ttft_ms=%.1f", record.ttft_ms);
+    absl::StrAppendFormat(
+        &line, " total_ms=%.1f",
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+            .count());
+    if (!record.workers.empty()) absl::StrAppend(&line, " workers=", record.workers);
+    if (status.ok()) {
+      absl::StrAppend(
+          &line, " -> OK",
+          record.finish ? absl::StrCat(" ", v1::FinishReason_Name(*record.finish)) : std::string());
+    } else {
+      absl::StrAppend(&line, " -> ",
+                      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+                      ": ", status.error_message());
+    }
+    CLEAVE_LOG(INFO) << line;
   }
-  if (absl::Status invalid = validateGenerateRequest(*request); !invalid.ok()) {
-    return finish("Generate", toGrpcStatus(invalid));
-  }
-  return finish("Generate", generate(context, *request, writer, client));
+  return finish("Generate", status);
 }
 
 absl::StatusOr<const tokenizer::Tokenizer*> GenerationService::tokenizerFor(

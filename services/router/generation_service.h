@@ -50,6 +50,9 @@ struct GenerationServiceOptions {
   // `no_chat_template_reason`).
   std::shared_ptr<const tokenizer::ChatTemplate> chat_template;
   std::string no_chat_template_reason = "no --model";
+  // One log line (INFO) per Generate call when it ends: its id, key, sizes, times, workers
+  // and outcome — never the prompt or the reply.
+  bool log_requests = false;
 };
 
 class GenerationService final : public v1::Generation::Service {
@@ -77,9 +80,19 @@ class GenerationService final : public v1::Generation::Service {
   // name (empty without keys). A rate refusal carries its retry hint (retry_hint.h).
   grpc::Status authorize(grpc::ServerContext& context, bool generate = false,
                          std::string* client = nullptr) const;
+  // What a Generate call's log line says (options_.log_requests), filled as it runs.
+  struct Record {
+    std::string id;
+    int64_t prompt_tokens = -1;  // -1: not known (refused before).
+    int64_t cached_tokens = 0;
+    uint32_t completion_tokens = 0;
+    double ttft_ms = -1;
+    std::string workers;  // The decode workers it ran on, in order.
+    std::optional<v1::FinishReason> finish;
+  };
   grpc::Status generate(grpc::ServerContext* context, const v1::GenerateRequest& request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer,
-                        const std::string& client);
+                        grpc::ServerWriter<v1::GenerateResponse>* writer, const std::string& client,
+                        Record& record);
 
   // A request's sequence as the workers see it.
   struct Sequence {

@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   double api_key_rate = 0;
   std::string model;
   std::string served_model_name;
+  bool log_requests = false;
   std::string chat_template_file;
   std::string http_listen;
   int64_t http_threads = 128;
@@ -61,6 +62,10 @@ int main(int argc, char** argv) {
                         "streams. Also serves grpc.health.v1 and server reflection.");
   server_flags.addTo(flags);
   flags.addInt("queue-capacity", &queue_capacity, "Requests that may wait for admission");
+  flags.addBool("log-requests", &log_requests,
+                "Log one line per Generate call when it ends: its id, API key name, model, "
+                "prompt/cached/completion tokens, time to first token, total time, the decode "
+                "workers it ran on and its outcome (never the prompt or the reply)");
   flags.addString("served-model-name", &served_model_name,
                   "The names clients call the model by, comma-separated (the first is the one "
                   "replies and /v1/models report), instead of the id its workers register");
@@ -211,7 +216,8 @@ int main(int argc, char** argv) {
                      .max_migrations = static_cast<int>(max_migrations),
                      .api_keys = api_keys,
                      .chat_template = chat_template,
-                     .no_chat_template_reason = no_chat_template_reason},
+                     .no_chat_template_reason = no_chat_template_reason,
+                     .log_requests = log_requests},
       .workers = {.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms),
                   .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
                   .queue_capacity = queue_capacity,

@@ -45,7 +45,7 @@ class ServingTest(unittest.TestCase):
     def setUpClass(cls):
         cls.pb = ct.stubs()["generation_pb2"]
         cls.router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
-                                 "--metrics-port=0", f"--model={MODEL}"])
+                                 "--metrics-port=0", f"--model={MODEL}", "--log-requests"])
         cls.address = f"127.0.0.1:{cls.router.ready['grpc_port']}"
         cls.worker = ct.Process([ct.binary("cleave-worker"), f"--model={MODEL}",
                                  f"--router={cls.address}", "--listen=127.0.0.1:0",
@@ -93,6 +93,28 @@ class ServingTest(unittest.TestCase):
                 return
             time.sleep(0.05)
         self.fail(f"blocks still reserved: router {router}, worker {worker}")
+
+    def test_each_request_is_logged_without_its_text(self):
+        # --log-requests: one line per call when it ends, with sizes, times, the worker and
+        # the outcome; never the prompt or the reply.
+        ids, text, final = self.generate(self.request("zebra quartz", max_new_tokens=7,
+                                                      ignore_eos=True, request_id="logged-1"))
+        with self.assertRaises(grpc.RpcError):
+            self.generate(self.request("zebra quartz", model="nope", request_id="logged-2"))
+        deadline = time.monotonic() + 5
+        while "request logged-2 " not in self.router.log():
+            self.assertLess(time.monotonic(), deadline, self.router.log()[-2000:])
+            time.sleep(0.05)
+        log = self.router.log()
+        served = re.search(r"request logged-1 key=- model=- prompt=(\d+) cached=(\d+) "
+                           r"completion=7 ttft_ms=[\d.]+ total_ms=[\d.]+ workers=\S+ "
+                           r"-> OK FINISH_REASON_LENGTH", log)
+        self.assertIsNotNone(served, log[-2000:])
+        self.assertEqual(int(served.group(1)), final.usage.prompt_tokens)
+        self.assertIn("request logged-2 key=- model=nope total_ms=", log)
+        self.assertRegex(log, r"request logged-2 .* -> NOT_FOUND: unknown model 'nope'")
+        self.assertNotIn("zebra", log)
+        self.assertNotIn(text.strip(), log)
 
     def test_greedy_tokens_match_the_offline_engine(self):
         rng = random.Random(4)
