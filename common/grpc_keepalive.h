@@ -1,8 +1,9 @@
-// Keepalive between the router and its workers. A peer that stops answering while its
-// connection stays open (a host gone without closing it, a process stopped or hung) fails
-// the calls in flight to it with UNAVAILABLE within about kKeepaliveTimeMs +
-// kKeepaliveTimeoutMs: the router then sends a prompt to another prefill worker instead of
-// waiting until the request's deadline (for a request without one, forever).
+// Keepalive between the router and its workers, both ways. A peer that stops answering
+// while its connection stays open (a host gone without closing it, a process stopped or
+// hung) ends the connection within about kKeepaliveTimeMs + kKeepaliveTimeoutMs: a caller's
+// calls in flight fail with UNAVAILABLE (the router sends a prompt to another prefill worker
+// instead of waiting until the request's deadline, forever for one without), and a
+// server's are cancelled (a prefill for a router gone stops writing).
 #pragma once
 
 #include <grpcpp/server_builder.h>
@@ -24,11 +25,13 @@ inline grpc::ChannelArguments keepaliveChannelArguments() {
 }
 
 // A server accepts those pings (by default it answers pings more often than every five
-// minutes without data by closing the connection).
-inline void allowKeepalivePings(grpc::ServerBuilder& builder) {
+// minutes without data by closing the connection) and pings its callers the same way.
+inline void useKeepalive(grpc::ServerBuilder& builder) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
                              kKeepaliveTimeMs / 2);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
 }
 
 }  // namespace cleave

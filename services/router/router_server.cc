@@ -40,7 +40,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(
   // Without this, Linux lets a second server share the port and steal half the calls.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   keepServerThreads(builder);
-  allowKeepalivePings(builder);
+  useKeepalive(builder);
   builder.AddListeningPort(options.listen_address, *credentials, &port);
   builder.RegisterService(router->service_.get());
   builder.RegisterService(router->registry_.get());

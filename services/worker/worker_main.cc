@@ -330,7 +330,7 @@ int run(int argc, char** argv) {
   if (!serving.ok()) exitWithUsageError(flags, serving.status());
   builder.AddListeningPort(options.server.listen, *serving, &port);
   keepServerThreads(builder);
-  allowKeepalivePings(builder);
+  useKeepalive(builder);
   if (role != Role::kPrefill) builder.RegisterService(&decode);
   builder.RegisterService(&prefill);  // A decode worker's computes only its own prompts.
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
