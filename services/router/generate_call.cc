@@ -13,9 +13,9 @@
 #include "grpcpp/client_context.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/logit_adjustments.h"
-#include "services/engine/stop_checker.h"
 #include "services/router/generation_service.h"
 #include "services/router/request_validation.h"
+#include "services/router/text_stream.h"
 
 namespace cleave::router {
 namespace {
@@ -96,53 +96,6 @@ std::unique_ptr<grpc::ClientContext> callContext(grpc::ServerContext* call,
   if (call == nullptr) return workerContext(deadline);
   return grpc::ClientContext::FromServerContext(*call);
 }
-
-// Turns a sequence's tokens into the text deltas a client sees: UTF-8 safe, stop strings
-// and stop tokens left out.
-class TextStream {
- public:
-  TextStream(const tokenizer::Tokenizer* tokenizer, const v1::StoppingCriteria& stopping,
-             bool skip_special_tokens)
-      : stopper_({.stop_strings = {stopping.stop().begin(), stopping.stop().end()},
-                  .min_new_tokens = stopping.min_new_tokens()}),
-        include_stop_(stopping.include_stop_str_in_output()) {
-    if (tokenizer != nullptr) detokenizer_.emplace(*tokenizer, skip_special_tokens);
-  }
-  // The text `token` adds; `last` with the reason when it ends the sequence.
-  std::string push(uint32_t token, std::optional<v1::FinishReason> finish) {
-    if (!detokenizer_ || stopped_) return "";
-    if (finish == v1::FINISH_REASON_STOP_TOKEN) {  // Its text is not returned.
-      stopped_ = true;
-      return stopper_.flush() + detokenizer_->finish();
-    }
-    std::string text = stopper_.push(token, detokenizer_->push(token));
-    if (stopper_.stopped()) {
-      stopped_ = true;
-      return include_stop_ ? text + stopper_.matched() : text;
-    }
-    if (finish) {
-      stopped_ = true;
-      return text + stopper_.flush() + detokenizer_->finish();
-    }
-    return text;
-  }
-  // The text still held back, at an end that came without a token.
-  std::string end() {
-    if (!detokenizer_ || stopped_) return "";
-    stopped_ = true;
-    return stopper_.flush() + detokenizer_->finish();
-  }
-  // A stop string matched here that the sequence's worker did not report (it started on
-  // that worker after the string's first tokens, on an earlier one): the sequence ends.
-  bool stoppedByString() const { return stopped_ && stopper_.stopped(); }
-  std::string matched() const { return stopper_.matched(); }
-
- private:
-  engine::StopChecker stopper_;
-  std::optional<tokenizer::IncrementalDetokenizer> detokenizer_;
-  bool include_stop_;  // stopping.include_stop_str_in_output
-  bool stopped_ = false;
-};
 
 }  // namespace
 
