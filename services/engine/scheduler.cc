@@ -618,6 +618,27 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   const int64_t vocab = model_.config().vocab_size;
   if (step.tokens.empty() && step.logits.size() < static_cast<size_t>(logitRows(batch) * vocab))
     return absl::InternalError("the model returned fewer rows of logits than the step asked");
+  // Every row's output is checked before any sequence changes: a step that fails leaves
+  // each as it was (the next step computes the same chunk again).
+  for (size_t i = 0, row = 0; i < members.size();
+       row += static_cast<size_t>(batch[i].logits), ++i) {
+    const Sequence& seq = *members[i];
+    const bool rows_there =
+        step.logits.size() >= (row + static_cast<size_t>(batch[i].logits)) * vocab;
+    const bool drafts = batch[i].logits > 1 && seq.prefilled();
+    const bool samples = seq.cached + static_cast<int64_t>(batch[i].tokens.size()) >=
+                         static_cast<int64_t>(seq.request.prompt.size());
+    const bool drawn = samples && !drafts && outputs[i].draw.has_value() && !step.tokens.empty();
+    if ((drafts || seq.request.prompt_logprobs >= 0 || (samples && !drawn)) && !rows_there)
+      return absl::InternalError("the model returned no logits for a row that needs them");
+    if (!drawn) continue;
+    if (step.tokens[i] < 0 || step.tokens[i] >= vocab)
+      return absl::InternalError(absl::StrCat("the model drew token ", step.tokens[i],
+                                              ", outside its vocabulary of ", vocab));
+    if (outputs[i].draw->logprobs >= 0 &&
+        (step.logprobs.size() <= i || step.top.size() < (i + 1) * kMaxLogprobs))
+      return absl::InternalError("the model drew a row without the log-probabilities it asked");
+  }
   int64_t row = 0;  // The first row of logits of batch[i].
   for (size_t i = 0; i < members.size(); row += batch[i].logits, ++i) {
     Sequence& seq = *members[i];
@@ -639,15 +660,10 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     if (!seq.prefilled()) continue;  // A prompt chunk that is not the last samples nothing.
     SampledToken sampled;
     if (outputs[i].draw.has_value() && !step.tokens.empty()) {
-      if (step.tokens[i] < 0 || step.tokens[i] >= vocab)
-        return absl::InternalError(absl::StrCat("the model drew token ", step.tokens[i],
-                                                ", outside its vocabulary of ", vocab));
       sampled.token = static_cast<uint32_t>(step.tokens[i]);
       seq.sampler->observe(sampled.token);
       const int32_t n = outputs[i].draw->logprobs;
       if (n >= 0) {
-        if (step.logprobs.size() <= i || step.top.size() < (i + 1) * kMaxLogprobs)
-          return absl::InternalError("the model drew a row without the log-probabilities it asked");
         sampled.logprob = step.logprobs[i];
         for (int32_t k = 0; k < n && k < vocab; ++k) {
           const TokenLogprob& t = step.top[i * kMaxLogprobs + k];
@@ -656,8 +672,6 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
         }
       }
     } else {
-      if (step.logits.size() < static_cast<size_t>((last_row + 1) * vocab))
-        return absl::InternalError("the model returned no logits for a row that needs them");
       sampled = sample(seq, step.logits.subspan(last_row * vocab, vocab));
     }
     emit(seq, std::move(sampled), events);

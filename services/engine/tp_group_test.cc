@@ -447,11 +447,19 @@ class DrawingBackend final : public SeparateCacheBackend {
       }
     }
     steps_without_logits += !wanted;
+    if (calls++ == corrupt_call) {  // Its last drawn row comes back outside the vocabulary.
+      for (size_t i = rows.size(); i-- > 0;) {
+        if (!rows[i].draw) continue;
+        tokens_[i] = static_cast<int32_t>(vocab);
+        break;
+      }
+    }
     StepOutput out{.logits = wanted ? *logits : std::span<const float>(), .tokens = tokens_};
     if (!logprobs_.empty()) out.logprobs = logprobs_, out.top = top_;
     return out;
   }
   int drawn = 0, logit_rows = 0, steps_without_logits = 0;
+  int calls = 0, corrupt_call = -1;  // The call (0-based) whose draws come back bad.
 
  private:
   std::vector<int32_t> tokens_;
@@ -494,6 +502,51 @@ struct SeparateGroup {
 // The scheduler takes the tokens a backend draws for rows without log-probabilities, and
 // samples the others on the host from the logits it asks for only then: greedy rows (with
 // penalties too) match the CPU group's tokens, the others follow the backend's rule.
+// A step whose draws the scheduler must refuse (a row outside the vocabulary, as a faulty
+// device would return) changes no sequence: the next step computes the same rows again,
+// and every request's tokens are those of a run without the failure.
+TEST(TpGroupHostKvTest, AFailedStepLeavesEverySequenceAsItWas) {
+  const std::string path = kHf + "llama_f32";
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<uint32_t> token(0, 200);
+  std::vector<std::vector<uint32_t>> prompts(3, std::vector<uint32_t>(11));
+  for (auto& p : prompts)
+    for (uint32_t& t : p) t = token(rng);
+  auto run = [&](TpGroup& model, int* failures) {
+    Scheduler scheduler(model, nullptr, {.max_batch_tokens = 8, .max_sequences = 3});
+    for (uint64_t r = 0; r < prompts.size(); ++r)
+      EXPECT_TRUE(
+          scheduler.add({.id = r, .prompt = prompts[r], .stop = {.max_new_tokens = 5}}).ok());
+    std::map<uint64_t, std::vector<uint32_t>> out;
+    for (int step = 0; step < 100 && !scheduler.idle(); ++step) {
+      auto events = scheduler.step();
+      if (!events.ok()) {
+        ++*failures;
+        EXPECT_THAT(events.status().message(), HasSubstr("outside its vocabulary"));
+        continue;
+      }
+      for (const TokenEvent& e : *events) out[e.id].push_back(e.token);
+    }
+    EXPECT_TRUE(scheduler.idle());
+    return out;
+  };
+  auto cpu = TpGroup::load(path, {});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE((*cpu)->allocateKv(8, 16).ok());
+  int none = 0;
+  const auto want = run(**cpu, &none);
+  ASSERT_EQ(none, 0);
+  // Call 5: prompts are still being prefilled 8 tokens a step beside decoding rows.
+  for (const int bad : {2, 5, 7}) {
+    SCOPED_TRACE(bad);
+    SeparateGroup drawing(path, cpu::KvType::kF32, false, true);
+    static_cast<DrawingBackend*>(drawing.backends[0])->corrupt_call = bad;
+    int failures = 0;
+    EXPECT_EQ(run(*drawing.group, &failures), want);
+    EXPECT_EQ(failures, 1);
+  }
+}
+
 TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
   const std::string path = kHf + "llama_f32";
   std::mt19937 rng(9);
