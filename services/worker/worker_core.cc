@@ -620,7 +620,22 @@ uint32_t WorkerCore::release(const std::string& request_id) {
   return id ? releaseId(*id) : 0;
 }
 
+void WorkerCore::stopSending(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  auto sending = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto name = names_.find(id);
+    if (name == names_.end()) return false;
+    auto it = requests_.find(name->second);
+    return it != requests_.end() && it->second.id == id && it->second.stop_sending != nullptr;
+  };
+  if (!sending()) return;
+  requests_[names_[id]].stop_sending->store(true);
+  auto stopped = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !sending(); };
+  mu_.Await(absl::Condition(&stopped));
+}
+
 uint32_t WorkerCore::releaseId(uint64_t id) {
+  stopSending(id);
   const int64_t freed = loop_->call([&](engine::Scheduler& s) { return s.release(id); });
   absl::MutexLock lock(&mu_);
   abortPrefill(id, absl::AbortedError("the reservation was released"));
@@ -631,20 +646,7 @@ uint32_t WorkerCore::releaseId(uint64_t id) {
 bool WorkerCore::cancel(const std::string& request_id) {
   std::optional<uint64_t> id = idOf(request_id);
   if (!id) return false;
-  {
-    // A prompt being written to a peer stops first: nothing of it lands after this returns,
-    // and its blocks here are not freed while a transfer reads them.
-    absl::MutexLock lock(&mu_);
-    auto sending = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      auto it = requests_.find(request_id);
-      return it != requests_.end() && it->second.id == *id && it->second.stop_sending != nullptr;
-    };
-    if (sending()) {
-      requests_[request_id].stop_sending->store(true);
-      auto stopped = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !sending(); };
-      mu_.Await(absl::Condition(&stopped));
-    }
-  }
+  stopSending(*id);
   const bool found = loop_->call([&](engine::Scheduler& s) { return s.cancel(*id); });
   absl::MutexLock lock(&mu_);
   abortPrefill(*id, absl::AbortedError("the request was cancelled"));

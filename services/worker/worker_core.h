@@ -165,8 +165,11 @@ class WorkerCore {
   // Drops `id`'s request (its name's entry only while it is still `id`'s), giving back its
   // staging rows.
   void forget(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Frees `id`'s reservation and forgets it; the blocks freed.
+  // Frees `id`'s reservation and forgets it (after stopSending); the blocks freed.
   uint32_t releaseId(uint64_t id);
+  // A prompt of `id` being written to a peer stops: returns once no write of it can land
+  // and the sender has let go of its blocks.
+  void stopSending(uint64_t id);
   // Fails a pending prefill of `id`, if any.
   void abortPrefill(uint64_t id, const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

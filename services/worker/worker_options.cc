@@ -47,7 +47,7 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addInt("max-batch-tokens", &max_batch_tokens,
                "Tokens one engine step computes: every decoding sequence's next token, then "
                "prompt chunks in the rest (chunked prefill). More: prompts take fewer, longer "
-               "steps; at least the target concurrency on a decode worker. 0: 512, or the "
+               "steps; more than the target concurrency on a decode worker. 0: 512, or the "
                "target concurrency + 128 when that is more");
   flags.addInt("kv-staging-tokens", &kv_staging_tokens,
                "Tokens of host rows each direction of KV transfers passes through, apart from "
@@ -141,11 +141,12 @@ absl::Status validate(const WorkerOptions& options) {
         "--max-batch-tokens must be in 0..1048576 (0: automatic), got ", options.max_batch_tokens));
   }
   if (options.max_batch_tokens > 0 && *parseRole(options.role) != Role::kPrefill &&
-      options.max_batch_tokens < options.target_concurrency) {
+      options.max_batch_tokens <= options.target_concurrency) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--max-batch-tokens ", options.max_batch_tokens, " is less than --target-concurrency ",
+        "--max-batch-tokens ", options.max_batch_tokens, " does not exceed --target-concurrency ",
         options.target_concurrency,
-        ": a decode step must hold a token of every sequence decoding; raise it or leave it 0"));
+        ": a decode step must hold a token of every sequence decoding and leave room for "
+        "prompts; raise it or leave it 0"));
   }
   if (options.planned_seq_len < 1) {
     return absl::InvalidArgumentError(

@@ -59,10 +59,10 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
       {"--planned-seq-len must be", [](WorkerOptions& o) { o.planned_seq_len = -5; }},
       {"--max-batch-tokens must be in 0..1048576",
        [](WorkerOptions& o) { o.max_batch_tokens = -1; }},
-      {"--max-batch-tokens 63 is less than --target-concurrency 64",
+      {"--max-batch-tokens 64 does not exceed --target-concurrency 64",
        [](WorkerOptions& o) {
          o.target_concurrency = 64;
-         o.max_batch_tokens = 63;
+         o.max_batch_tokens = 64;
        }},
       {"--metrics-port must be", [](WorkerOptions& o) { o.server.metrics_port = 65536; }},
       {"--threads must be", [](WorkerOptions& o) { o.threads = -1; }},
