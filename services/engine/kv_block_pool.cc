@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/siphash.h"
 
 namespace cleave::engine {
 
@@ -71,22 +72,21 @@ void KvBlockPool::release(std::span<const int32_t> blocks) {
 }
 
 uint64_t KvBlockPool::chainHash(uint64_t parent, std::span<const uint32_t> tokens) {
-  uint64_t hash = parent ^ 0xcbf29ce484222325ull;
-  for (uint32_t t : tokens) {
-    for (int shift = 0; shift < 32; shift += 8) {
-      hash ^= (t >> shift) & 0xff;
-      hash *= 0x100000001b3ull;
-    }
+  // The parent, then the tokens, little-endian: one buffer for the keyed hash.
+  std::vector<uint8_t> bytes(8 + 4 * tokens.size());
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(parent >> (8 * i));
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    for (int i = 0; i < 4; ++i) bytes[8 + 4 * t + i] = static_cast<uint8_t>(tokens[t] >> (8 * i));
   }
-  return hash;
+  return sipHash24(processSipKey(), bytes);
 }
 
 uint64_t KvBlockPool::adapterRoot(std::string_view sha256) {
-  uint64_t hash = 0x84222325cbf29ce4ull;  // apart from chainHash's basis
-  for (char c : sha256) {
-    hash ^= static_cast<uint8_t>(c);
-    hash *= 0x100000001b3ull;
-  }
+  // Apart from every chain hash: those hash at least 8 bytes of parent first, this a
+  // leading marker byte and the fingerprint.
+  std::vector<uint8_t> bytes{0xad};
+  bytes.insert(bytes.end(), sha256.begin(), sha256.end());
+  const uint64_t hash = sipHash24(processSipKey(), bytes);
   return hash == 0 ? 1 : hash;
 }
 

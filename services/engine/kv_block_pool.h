@@ -43,10 +43,13 @@ class KvBlockPool {
   void release(std::span<const int32_t> blocks);
 
   // Prefix caching. The hash of block i of a sequence chains the hash of block i - 1
-  // (0 for the first) with the block's tokens.
+  // (0 for the first) with the block's tokens, keyed by a secret of this process
+  // (SipHash-2-4): nobody can choose tokens whose blocks collide with another's prefix and
+  // so read, or poison, a cache entry that is not theirs. Hashes mean nothing to another
+  // process (each keeps its own: the router's name blocks only in its own index).
   static uint64_t chainHash(uint64_t parent, std::span<const uint32_t> tokens);
-  // The chain's start for the requests of a LoRA adapter (by its fingerprint, so every
-  // process agrees): their KV differs from the base model's for the same tokens.
+  // The chain's start for the requests of a LoRA adapter (by its fingerprint): their KV
+  // differs from the base model's for the same tokens.
   static uint64_t adapterRoot(std::string_view sha256);
   // Publishes `block` (full, computed) under `hash`. A hash already published keeps its
   // block.
