@@ -111,6 +111,7 @@ int runUp(int argc, char** argv) {
                      served_model_name;
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
   int64_t local_prefill_tokens = 0;
+  bool log_requests = false;
   int64_t target = 16, planned = 2048, timeout_s = 300, batch_tokens = 0;
   uint64_t budget = 0;
   FlagSet flags("cleave up", "--model MODEL [flags]",
@@ -122,6 +123,8 @@ int runUp(int argc, char** argv) {
   flags.addString("http-listen", &http_listen,
                   "Also serve the OpenAI-compatible HTTP API on this host:port (the router's "
                   "--http-listen)");
+  flags.addBool("log-requests", &log_requests,
+                "The router's --log-requests: a log line per request when it ends");
   flags.addString("served-model-name", &served_model_name,
                   "The router's --served-model-name: the names clients call the model by");
   flags.addString("reasoning-parser", &reasoning_parser,
@@ -254,6 +257,7 @@ int runUp(int argc, char** argv) {
   if (!reasoning_parser.empty()) router_args.push_back("--reasoning-parser=" + reasoning_parser);
   if (!tool_call_parser.empty()) router_args.push_back("--tool-call-parser=" + tool_call_parser);
   if (!served_model_name.empty()) router_args.push_back("--served-model-name=" + served_model_name);
+  if (log_requests) router_args.push_back("--log-requests");
   if (local_prefill_tokens != 0) {
     router_args.push_back(absl::StrCat("--local-prefill-tokens=", local_prefill_tokens));
   }

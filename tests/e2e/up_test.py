@@ -24,7 +24,8 @@ class UpTest(unittest.TestCase):
     def test_up_serves_and_stops_everything_on_ctrl_c(self):
         up = ct.Process([ct.binary("cleave"), "up", f"--model={MODEL}", "--listen=127.0.0.1:0",
                          "--prefill=1", "--decode=1", "--threads=1", "--target-concurrency=4",
-                         "--planned-seq-len=256", "--http-listen=127.0.0.1:0"],
+                         "--planned-seq-len=256", "--http-listen=127.0.0.1:0",
+                         "--served-model-name=smol", "--log-requests"],
                         ready_timeout=120)
         children = children_of(up.proc.pid)
         self.assertEqual(len(children), 3, up.log())  # router, prefill, decode
@@ -39,13 +40,16 @@ class UpTest(unittest.TestCase):
                       up.log())
         body = json.dumps({"messages": [{"role": "system", "content": "Answer in one sentence."},
                                         {"role": "user", "content": "What is the capital of France?"}],
-                           "max_tokens": 8, "temperature": 0}).encode()
+                           "max_tokens": 8, "temperature": 0, "model": "smol"}).encode()
         request = urllib.request.Request(
             f"http://127.0.0.1:{up.ready['http_port']}/v1/chat/completions", data=body,
             headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as response:
             reply = json.load(response)
         self.assertIn("Paris", reply["choices"][0]["message"]["content"])
+        # The router's flags passed on: the model's name, and a log line per request.
+        self.assertEqual(reply["model"], "smol")
+        self.assertRegex(up.log(), r"request \S+ key=- model=smol prompt=\d+ .* -> OK")
         up.proc.send_signal(signal.SIGINT)
         self.assertEqual(up.proc.wait(60), 0, up.log())
         for pid in children:
