@@ -32,11 +32,11 @@ TEST(MessagesRequestTest, BlocksBecomeChatMessages) {
       {"role": "system", "content": "Be brief."},
       {"role": "user", "content": "Weather?"},
       {"role": "assistant", "content": "Looking.", "tool_calls": [{"id": "t1", "type": "function",
-        "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}}]},
+        "function": {"name": "w", "arguments": {"city": "Paris"}}}]},
       {"role": "tool", "tool_call_id": "t1", "content": "Sunny"},
       {"role": "user", "content": "And?"},
       {"role": "assistant", "content": "", "tool_calls": [{"id": "t2", "type": "function",
-        "function": {"name": "w", "arguments": "{}"}}]},
+        "function": {"name": "w", "arguments": {}}}]},
       {"role": "tool", "tool_call_id": "t2", "content": ""}])"));
   EXPECT_EQ(call->request.stopping().max_new_tokens(), 9u);
   EXPECT_THAT(call->request.stopping().stop(), ElementsAre("END"));
@@ -63,8 +63,8 @@ TEST(MessagesRequestTest, AssistantTurnsMergeAndALastOneIsContinued) {
   EXPECT_EQ(chatMessages(*call), Json::parse(R"([
       {"role": "user", "content": "Both cities?"},
       {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "a", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}},
-        {"id": "b", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Rome\"}"}}]},
+        {"id": "a", "type": "function", "function": {"name": "w", "arguments": {"city": "Paris"}}},
+        {"id": "b", "type": "function", "function": {"name": "w", "arguments": {"city": "Rome"}}}]},
       {"role": "tool", "tool_call_id": "a", "content": "1"},
       {"role": "tool", "tool_call_id": "b", "content": "2"}])"));
   EXPECT_TRUE(call->request.echo_prompt_token_ids());

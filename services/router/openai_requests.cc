@@ -56,6 +56,15 @@ absl::StatusOr<std::optional<int64_t>> integer(const Json& body, const char* nam
                                                int64_t hi) {
   const Json* v = field(body, name);
   if (v == nullptr) return std::optional<int64_t>();
+  // A whole number written as a float (1024.0) is that integer, as Python clients send it.
+  if (v->is_number_float()) {
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d != std::trunc(d) || d < static_cast<double>(lo) ||
+        d > static_cast<double>(hi)) {
+      return invalid(name, absl::StrCat("must be an integer in ", lo, "..", hi));
+    }
+    return std::optional<int64_t>(static_cast<int64_t>(d));
+  }
   if (!v->is_number_integer()) return invalid(name, "must be an integer");
   if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) {
     return invalid(name, absl::StrCat("must be at most ", hi));
@@ -127,6 +136,7 @@ absl::Status parseToolChoice(const Json& body, Call& call) {
            {"required", {"name", "arguments"}}});
     }
     call.forced_any_tool = true;
+    call.required_tool = true;
     v1::SamplingParams& s = *call.request.mutable_sampling();
     s.set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
     s.set_json_schema(
@@ -154,6 +164,7 @@ absl::Status parseToolChoice(const Json& body, Call& call) {
       return invalid("tool_choice", "cannot force a tool call and a response_format at once");
     const Json* parameters = field(*function, "parameters");
     call.forced_tool = tool_name->get<std::string>();
+    call.required_tool = *choice == "required";
     v1::SamplingParams& s = *call.request.mutable_sampling();
     s.set_response_format(v1::RESPONSE_FORMAT_JSON_SCHEMA);
     s.set_json_schema(parameters != nullptr ? parameters->dump()
@@ -417,6 +428,20 @@ absl::Status parseChat(const Json& body, v1::Chat& chat) {
       }
       rest[key] = value;
     }
+    // A call's arguments come back as the JSON text the reply gave; templates print them
+    // as an object (|tojson, |items), so they get the object, as vLLM gives them. Text that
+    // is no JSON object stays text.
+    if (auto calls = rest.find("tool_calls"); calls != rest.end() && calls->is_array()) {
+      for (Json& call : *calls) {
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+          continue;
+        Json& function = call["function"];
+        if (auto args = function.find("arguments"); args != function.end() && args->is_string()) {
+          Json parsed = Json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          if (parsed.is_object()) *args = std::move(parsed);
+        }
+      }
+    }
     if (!rest.empty()) out.set_fields_json(rest.dump());
   }
   if (const Json* tools = field(body, "tools"); tools != nullptr) {
@@ -535,7 +560,7 @@ absl::StatusOr<Call> parseChatRequest(const Json& body) {
   CLEAVE_RETURN_IF_ERROR(parseMaxTokens(body, "max_completion_tokens", call));
   CLEAVE_ASSIGN_OR_RETURN(call.logprobs, boolean(body, "logprobs", false));
   CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> top, integer(body, "top_logprobs", 0, 1 << 20));
-  if (top && !call.logprobs) return invalid("top_logprobs", "needs \"logprobs\": true");
+  if (top && *top > 0 && !call.logprobs) return invalid("top_logprobs", "needs \"logprobs\": true");
   if (call.logprobs) r.set_logprobs(top ? static_cast<uint32_t>(*top) : 0);
   CLEAVE_RETURN_IF_ERROR(parseToolChoice(body, call));
   return call;

@@ -68,6 +68,9 @@ struct Call {
   // Chat: tool_choice "required" with several tools: the reply is {"name", "arguments"} of
   // one of them (a schema of their union), returned as that call.
   bool forced_any_tool = false;
+  // Chat: the forced call came from tool_choice "required" (not a named function): it ends
+  // as "tool_calls", a named one as "stop" (as OpenAI and vLLM answer).
+  bool required_tool = false;
 };
 
 // The most choices one request may ask for per prompt (n), and in all.

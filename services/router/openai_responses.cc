@@ -70,9 +70,11 @@ const char* ResponseBuilder::object() const {
 }
 
 const char* ResponseBuilder::finishReasonOf(const v1::FinalInfo& final) const {
-  // A forced call ends as OpenAI's do: "stop" (or "length").
-  if (tool_calls_.empty() || !call_.forced_tool.empty() || call_.forced_any_tool)
-    return finishReason(final.finish_reason());
+  // A call of a named function ends as OpenAI's do: "stop" (or "length"); one forced by
+  // "required" as a call ("tool_calls", unless cut short).
+  const bool named = !call_.forced_tool.empty() && !call_.required_tool;
+  if (tool_calls_.empty() || named) return finishReason(final.finish_reason());
+  if (call_.required_tool && final.finish_reason() == v1::FINISH_REASON_LENGTH) return "length";
   return "tool_calls";
 }
 

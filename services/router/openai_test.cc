@@ -102,7 +102,9 @@ TEST(OpenAiRequestTest, ChatMessagesKeepTheirFieldsForTheTemplate) {
         {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]},
         {"role": "assistant", "content": null,
          "tool_calls": [{"id": "c1", "type": "function",
-                         "function": {"name": "f", "arguments": "{}"}}]},
+                         "function": {"name": "f", "arguments": "{\"a\": [1]}"}},
+                        {"id": "c2", "type": "function",
+                         "function": {"name": "f", "arguments": "not json"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "42"}],
       "tools": [{"type": "function", "function": {"name": "f"}}],
       "chat_template_kwargs": {"enable_thinking": false},
@@ -119,6 +121,10 @@ TEST(OpenAiRequestTest, ChatMessagesKeepTheirFieldsForTheTemplate) {
   const Json assistant = Json::parse(chat.messages(2).fields_json());
   EXPECT_TRUE(assistant["content"].is_null());
   EXPECT_EQ(assistant["tool_calls"][0]["id"], "c1");
+  // Arguments reach the template as the object they encode (as vLLM passes them); text that
+  // encodes none stays text.
+  EXPECT_EQ(assistant["tool_calls"][0]["function"]["arguments"], Json::parse(R"({"a": [1]})"));
+  EXPECT_EQ(assistant["tool_calls"][1]["function"]["arguments"], "not json");
   EXPECT_EQ(chat.messages(3).content(), "42");
   EXPECT_EQ(Json::parse(chat.messages(3).fields_json()), Json::parse(R"({"tool_call_id": "c1"})"));
   EXPECT_EQ(Json::parse(chat.tools_json())[0]["function"]["name"], "f");
@@ -166,12 +172,14 @@ TEST(OpenAiRequestTest, AForcedToolCallIsDecodedAsItsParameters) {
   reply.mutable_final()->set_finish_reason(v1::FINISH_REASON_STOP_TOKEN);
   picked.add(reply);
   const Json any_choice = picked.choiceBody();
+  EXPECT_EQ(any_choice["finish_reason"], "tool_calls");  // "required": a call, as vLLM's
   ASSERT_EQ(any_choice["message"]["tool_calls"].size(), 1u);
   EXPECT_EQ(any_choice["message"]["tool_calls"][0]["function"]["name"], "b");
   EXPECT_EQ(Json::parse(
                 any_choice["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
             Json::parse(R"({"n": 2})"));
-  // The reply is the call: its arguments, and "stop" as OpenAI ends forced calls.
+  // The reply is the call: its arguments, and "tool_calls" for "required" (a named
+  // function's call ends "stop", as OpenAI's do).
   ResponseBuilder builder(*call, "chatcmpl-1", "m", 0);
   v1::GenerateResponse message;
   message.set_text(R"({"n": )");
@@ -180,11 +188,35 @@ TEST(OpenAiRequestTest, AForcedToolCallIsDecodedAsItsParameters) {
   message.mutable_final()->set_finish_reason(v1::FINISH_REASON_STOP_TOKEN);
   builder.add(message);
   const Json choice = builder.choiceBody();
-  EXPECT_EQ(choice["finish_reason"], "stop");
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
   EXPECT_TRUE(choice["message"]["content"].is_null());
   ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u);
   EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "a");
   EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], R"({"n": 3})");
+  Call named = *call;
+  named.required_tool = false;
+  ResponseBuilder by_name(named, "chatcmpl-3", "m", 0);
+  by_name.add(message);
+  EXPECT_EQ(by_name.choiceBody()["finish_reason"], "stop");
+}
+
+// Whole numbers written as floats are those integers (Python clients send 1024.0); a
+// top_logprobs of 0 needs no logprobs.
+TEST(OpenAiRequestTest, WholeFloatsAreIntegersAndZeroTopLogprobsIsNothing) {
+  auto call = parseChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "x"}],
+      "max_tokens": 7.0, "n": 2.0, "top_logprobs": 0})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->request.stopping().max_new_tokens(), 7u);
+  EXPECT_EQ(call->n, 2);
+  EXPECT_FALSE(call->request.has_logprobs());
+  for (const char* bad :
+       {R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 7.5})",
+        R"({"messages": [{"role": "user", "content": "x"}], "n": 1e300})",
+        R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})"}) {
+    EXPECT_EQ(parseChatRequest(Json::parse(bad)).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
 }
 
 TEST(OpenAiRequestTest, JsonObjectFormatConstrainsSampling) {

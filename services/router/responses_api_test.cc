@@ -43,8 +43,8 @@ TEST(ResponsesRequestTest, InputItemsBecomeChatMessages) {
       {"role": "system", "content": "Use tools."},
       {"role": "user", "content": "a\nb"},
       {"role": "assistant", "content": "Let me look.", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}},
-        {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{}"}}]},
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
+        {"id": "c2", "type": "function", "function": {"name": "g", "arguments": {}}}]},
       {"role": "tool", "content": "2", "tool_call_id": "c1"},
       {"role": "tool", "content": "3", "tool_call_id": "c2"}])"));
 }
