@@ -1,8 +1,10 @@
 #include "services/router/openai_responses.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/retry_hint.h"
 #include "grpcpp/support/status.h"
@@ -76,6 +78,19 @@ const char* ResponseBuilder::finishReasonOf(const v1::FinalInfo& final) const {
   if (tool_calls_.empty() || named) return finishReason(final.finish_reason());
   if (call_.required_tool && final.finish_reason() == v1::FINISH_REASON_LENGTH) return "length";
   return "tool_calls";
+}
+
+Json ResponseBuilder::stopReasonOf(const v1::FinalInfo& final) const {
+  // As vLLM's: the stop string; the id of a stop_token_ids token, as a number; nothing for
+  // the model's own end of sequence.
+  const std::string& matched = final.matched_stop();
+  if (matched.empty()) return nullptr;
+  if (final.finish_reason() != v1::FINISH_REASON_STOP_TOKEN) return matched;
+  uint32_t id = 0;
+  const auto& asked = call_.request.stopping().stop_token_ids();
+  if (!absl::SimpleAtoi(matched, &id) || std::find(asked.begin(), asked.end(), id) == asked.end())
+    return nullptr;
+  return id;
 }
 
 Json ResponseBuilder::chunk(Json choice) const {
@@ -275,8 +290,9 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
   }
   choice["finish_reason"] =
       message.has_final() ? Json(finishReasonOf(message.final())) : Json(nullptr);
-  if (message.has_final() && !message.final().matched_stop().empty()) {
-    choice["stop_reason"] = message.final().matched_stop();
+  if (message.has_final()) {
+    if (Json reason = stopReasonOf(message.final()); !reason.is_null())
+      choice["stop_reason"] = std::move(reason);
   }
   events += event(chunk(std::move(choice)));
   return events;
@@ -301,8 +317,7 @@ Json ResponseBuilder::choiceBody() const {
     }
   }
   choice["finish_reason"] = finishReasonOf(*final_);
-  choice["stop_reason"] =
-      final_->matched_stop().empty() ? Json(nullptr) : Json(final_->matched_stop());
+  choice["stop_reason"] = stopReasonOf(*final_);
   if (call_.token_ids) {
     choice["token_ids"] = token_ids_;
     if (call_.endpoint == Endpoint::kCompletions) choice["prompt_token_ids"] = prompt_ids_;

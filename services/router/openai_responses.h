@@ -55,6 +55,8 @@ class ResponseBuilder {
 
  private:
   nlohmann::json completionLogprobs(const v1::GenerateResponse& message);
+  // The choice's stop_reason: what stopped it (null at a length or the model's own end).
+  nlohmann::json stopReasonOf(const v1::FinalInfo& final) const;
   // Completions with echo and logprobs: the prompt's tokens (the first without a
   // log-probability), from the first message's prompt_logprobs.
   nlohmann::json promptLogprobs(const v1::GenerateResponse& message);

@@ -600,6 +600,24 @@ TEST(OpenAiResponseTest, ChatBodyHasTheAssistantMessage) {
   EXPECT_TRUE(body["choices"][0]["stop_reason"].is_null());
 }
 
+// stop_reason as vLLM's: a stop_token_ids token's id as a number; nothing for the model's
+// own end of sequence (which the workers also report as a stop token).
+TEST(OpenAiResponseTest, AStopTokensReasonIsItsIdUnlessItIsTheModelsEnd) {
+  Call call{.endpoint = Endpoint::kChatCompletions};
+  call.request.mutable_stopping()->add_stop_token_ids(7);
+  for (const auto& [matched, want] :
+       std::vector<std::pair<std::string, Json>>{{"7", Json(7)}, {"2", Json(nullptr)}}) {
+    ResponseBuilder builder(call, "chatcmpl-s", "smol", 0);
+    v1::GenerateResponse last;
+    last.set_text("Hi");
+    last.mutable_final()->set_finish_reason(v1::FINISH_REASON_STOP_TOKEN);
+    last.mutable_final()->set_matched_stop(matched);
+    builder.add(last);
+    EXPECT_EQ(builder.choiceBody()["stop_reason"], want) << matched;
+    EXPECT_EQ(builder.choiceBody()["finish_reason"], "stop");
+  }
+}
+
 TEST(OpenAiResponseTest, SeveralChoicesShareTheIdAndCountThePromptOnce) {
   Call call{.endpoint = Endpoint::kCompletions, .stream = true, .include_usage = true, .n = 2};
   std::vector<std::unique_ptr<ResponseBuilder>> choices;
