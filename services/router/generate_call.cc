@@ -163,18 +163,24 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   const int64_t context_length = model->context_length;
   const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
   record.prompt_tokens = prompt_tokens;
+  // Worded as OpenAI's and vLLM's, which clients match to trim a conversation.
   if (prompt_tokens >= context_length) {
     return error(grpc::StatusCode::INVALID_ARGUMENT,
-                 absl::StrCat("the prompt has ", prompt_tokens, " tokens; the context length is ",
-                              context_length, " (prompt plus at least one new token)"));
+                 absl::StrCat("This model's maximum context length is ", context_length,
+                              " tokens. However, your prompt has ", prompt_tokens,
+                              " tokens and needs room for at least one new token. Please reduce "
+                              "the length of the prompt."));
   }
   const int64_t max_new = request.stopping().has_max_new_tokens()
                               ? request.stopping().max_new_tokens()
                               : context_length - prompt_tokens;
   if (prompt_tokens + max_new > context_length) {
     return error(grpc::StatusCode::INVALID_ARGUMENT,
-                 absl::StrCat("stopping.max_new_tokens: the prompt's ", prompt_tokens, " tokens + ",
-                              max_new, " new ones exceed the context length ", context_length));
+                 absl::StrCat("This model's maximum context length is ", context_length,
+                              " tokens. However, you requested ", prompt_tokens + max_new,
+                              " tokens (", prompt_tokens, " in the prompt, ", max_new,
+                              " in the completion: stopping.max_new_tokens). Please reduce the "
+                              "length of the prompt or completion."));
   }
   if (request.stopping().min_new_tokens() > max_new) {
     return error(grpc::StatusCode::INVALID_ARGUMENT,

@@ -348,8 +348,10 @@ class ServingTest(unittest.TestCase):
         expect(self.request("hi", model="no-such-model"), C.NOT_FOUND, "no-such-model")
         expect(pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1, 49152])), C.INVALID_ARGUMENT,
                "vocabulary")
+        # Worded as OpenAI's and vLLM's (clients match it to trim a conversation).
         expect(pb.GenerateRequest(token_ids=pb.TokenIds(ids=[1] * 9000)), C.INVALID_ARGUMENT,
-               "context length")
+               "This model's maximum context length is 8192 tokens. However, your prompt has "
+               "9000 tokens")
         expect(self.request("hi", max_new_tokens=0), C.INVALID_ARGUMENT, "max_new_tokens")
         expect(self.request("hi", max_new_tokens=8190), C.INVALID_ARGUMENT, "KV blocks")
         expect(pb.GenerateRequest(text="hi", sampling=pb.SamplingParams(top_p=1.5)),
