@@ -41,6 +41,18 @@ std::string randomId() {
                       absl::Hex(random() >> 32, absl::kZeroPad8));
 }
 
+// A tool call's id: "call_" and 24 hex digits; for Mistral's format 9 letters and digits, the
+// only ids its chat templates take back (as vLLM's Mistral parser makes them).
+std::string toolCallId(ToolCallFormat format) {
+  if (format != ToolCallFormat::kMistral) return absl::StrCat("call_", randomId());
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  static thread_local std::mt19937_64 random(std::random_device{}());
+  std::string id(9, ' ');
+  for (char& c : id) c = kAlphabet[random() % (sizeof(kAlphabet) - 1)];
+  return id;
+}
+
 const char* finishReason(v1::FinishReason reason) {
   switch (reason) {
     case v1::FINISH_REASON_LENGTH:
@@ -238,7 +250,7 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
     }
     for (const ToolCall& call : rest.calls) {
       calls.push_back({{"index", calls.size()},
-                       {"id", absl::StrCat("call_", randomId())},
+                       {"id", toolCallId(call_.tool_calls)},
                        {"type", "function"},
                        {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
     }

@@ -2,6 +2,9 @@
 // refusals naming the field), Generate streams into OpenAI's objects and events.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
+
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "grpcpp/support/status.h"
@@ -654,6 +657,25 @@ std::vector<v1::GenerateResponse> toolReply() {
   for (int i = 0; i < 5; ++i) messages[i].set_text(texts[i]);
   messages[4].mutable_final()->set_finish_reason(v1::FINISH_REASON_STOP_TOKEN);
   return messages;
+}
+
+// Mistral's chat templates take back only ids of 9 letters and digits: its calls get such.
+TEST(OpenAiResponseTest, MistralToolCallsHaveIdsItsTemplatesTake) {
+  Call call{.endpoint = Endpoint::kChatCompletions, .tool_calls = ToolCallFormat::kMistral};
+  ResponseBuilder builder(call, "chatcmpl-m", "m", 0);
+  v1::GenerateResponse reply;
+  reply.set_text(R"([TOOL_CALLS] [{"name": "f", "arguments": {"x": 1}}, )"
+                 R"({"name": "g", "arguments": {}}])");
+  reply.mutable_final()->set_finish_reason(v1::FINISH_REASON_STOP_TOKEN);
+  builder.add(reply);
+  const Json calls = builder.choiceBody()["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u);
+  for (const Json& c : calls) {
+    const std::string id = c["id"];
+    EXPECT_EQ(id.size(), 9u) << id;
+    EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](char ch) { return std::isalnum(ch); })) << id;
+  }
+  EXPECT_NE(calls[0]["id"], calls[1]["id"]);
 }
 
 TEST(OpenAiResponseTest, ReasoningAndToolCallsComeApart) {
