@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/siphash.h"
@@ -72,8 +73,9 @@ void KvBlockPool::release(std::span<const int32_t> blocks) {
 }
 
 uint64_t KvBlockPool::chainHash(uint64_t parent, std::span<const uint32_t> tokens) {
-  // The parent, then the tokens, little-endian: one buffer for the keyed hash.
-  std::vector<uint8_t> bytes(8 + 4 * tokens.size());
+  // The parent, then the tokens, little-endian: one buffer for the keyed hash (on the
+  // stack for a block of up to 64 tokens: this runs for every block looked up or computed).
+  absl::InlinedVector<uint8_t, 8 + 4 * 64> bytes(8 + 4 * tokens.size());
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<uint8_t>(parent >> (8 * i));
   for (size_t t = 0; t < tokens.size(); ++t) {
     for (int i = 0; i < 4; ++i) bytes[8 + 4 * t + i] = static_cast<uint8_t>(tokens[t] >> (8 * i));
