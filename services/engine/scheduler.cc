@@ -183,20 +183,7 @@ void Scheduler::startPast(Sequence& seq, const PrefixHit& hit) {
 }
 
 int64_t Scheduler::release(uint64_t id) {
-  for (auto it = ready_.begin(); it != ready_.end(); ++it) {
-    if ((*it)->request.id == id) {
-      ready_.erase(it);
-      break;
-    }
-  }
-  for (size_t i = 0; i < running_.size(); ++i) {
-    if (running_[i]->request.id == id) {
-      // A reserved sequence's blocks are the reservation's: freed below, once.
-      if (running_[i]->mode == Mode::kGenerate) cache_.release(running_[i]->blocks);
-      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
-      break;
-    }
-  }
+  stop(id);
   if (auto spare = spares_.find(id); spare != spares_.end()) {
     cache_.release(spare->second);
     spares_.erase(spare);
@@ -207,6 +194,23 @@ int64_t Scheduler::release(uint64_t id) {
   cache_.release(it->second);
   reservations_.erase(it);
   return freed;
+}
+
+void Scheduler::stop(uint64_t id) {
+  for (auto it = ready_.begin(); it != ready_.end(); ++it) {
+    if ((*it)->request.id == id) {
+      ready_.erase(it);
+      break;
+    }
+  }
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (running_[i]->request.id == id) {
+      // A reserved sequence's blocks are the reservation's: release() frees them, once.
+      if (running_[i]->mode == Mode::kGenerate) cache_.release(running_[i]->blocks);
+      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  }
 }
 
 std::vector<int32_t> Scheduler::reservation(uint64_t id) const {

@@ -97,6 +97,22 @@ std::unique_ptr<grpc::ClientContext> callContext(grpc::ServerContext* call,
   return grpc::ClientContext::FromServerContext(*call);
 }
 
+// Stops `prefiller`'s Prefill of request `id` (CancelPrefill): true once it answered, after
+// which none of that prefill's KV writes lands; false when it could not be reached (it may
+// be frozen, or cut off from this router but not from the decode worker, and still write).
+bool stopPrefill(const Worker& prefiller, const std::string& id) {
+  v1::CancelRequest cancel;
+  cancel.set_request_id(id);
+  v1::CancelResponse cancelled;
+  auto ctx = workerContext(std::chrono::system_clock::now() + kCleanupTimeout);
+  grpc::Status status = prefiller.prefill->CancelPrefill(ctx.get(), cancel, &cancelled);
+  if (!status.ok()) {
+    CLEAVE_LOG(WARNING) << "stopping the prefill of " << id << " on " << prefiller.id << ": "
+                        << status.error_message() << "; its KV blocks will be fenced";
+  }
+  return status.ok();
+}
+
 }  // namespace
 
 grpc::Status GenerationService::generate(grpc::ServerContext* context,
@@ -541,10 +557,12 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
                                           reserved.block_ids().begin() + prompt_blocks);
     destination->set_skip_blocks(reserved.cached_blocks());
     // A prefill worker that cannot be reached or whose KV transfer fails is skipped; the
-    // next one writes the same blocks again. When every one fails, the decode worker's side
-    // may be what failed (a transfer into a worker that died): place the sequence again.
+    // next one writes the same blocks again, once the failed one is known to have stopped
+    // writing (else the blocks are fenced and the sequence placed again, in other blocks).
+    // When every one fails, the decode worker's side may be what failed (a transfer into a
+    // worker that died): place the sequence again.
     std::vector<std::string> failed;
-    bool every_prefill_failed = false;
+    bool every_prefill_failed = false, writer_unconfirmed = false;
     while (true) {
       absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, tokens, prefix, failed);
       // No prefill worker at all (every one restarting): wait for one to register, as long
@@ -561,14 +579,24 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
       status = prefiller->worker->prefill->Prefill(
           callContext(sequence.call, sequence.deadline).get(), prefill, &placed->prefilled);
       pool_.releasePrefill(*prefiller, status.ok());
-      if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-          status.error_code() == grpc::StatusCode::CANCELLED) {
+      if (status.ok()) break;
+      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        // Given up (deadline, cancellation) or failed: stopped before the blocks are freed.
         placed->prefilling = prefiller->worker;
+        break;
       }
-      if (status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
       CLEAVE_LOG(WARNING) << "prefill of " << sequence.id << " on " << prefiller->worker->id
                           << " failed (" << status.error_message() << "); trying another worker";
       failed.push_back(prefiller->worker->id);
+      if (!stopPrefill(*prefiller->worker, sequence.id)) {
+        writer_unconfirmed = true;
+        break;
+      }
+    }
+    if (writer_unconfirmed) {
+      placed->writer_unconfirmed = true;
+      placed.reset();
+      continue;
     }
     if (every_prefill_failed) {
       passOver(worker);
@@ -600,25 +628,21 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
 
 GenerationService::Placement::~Placement() {
   self.relay_.close(id);
-  if (prefilling != nullptr) {
-    v1::CancelRequest cancel;
-    cancel.set_request_id(id);
-    v1::CancelResponse cancelled;
-    auto ctx = workerContext(std::chrono::system_clock::now() + kCleanupTimeout);
-    if (grpc::Status s = prefilling->prefill->CancelPrefill(ctx.get(), cancel, &cancelled);
-        !s.ok()) {
-      CLEAVE_LOG(WARNING) << "stopping the prefill of " << id << " on " << prefilling->id << ": "
-                          << s.error_message() << "; releasing its reservation anyway";
-    }
-  }
+  if (prefilling != nullptr && !stopPrefill(*prefilling, id)) writer_unconfirmed = true;
   v1::ReleaseRequest release;
   release.set_request_id(id);
+  release.set_writer_may_be_active(writer_unconfirmed);
   v1::ReleaseResponse released;
   auto ctx = workerContext(std::chrono::system_clock::now() + kCleanupTimeout);
   grpc::Status status = admission.worker->decode->Release(ctx.get(), release, &released);
   if (!status.ok()) {
     CLEAVE_LOG(WARNING) << "release of " << id << " on " << admission.worker->id << ": "
                         << status.error_message();
+  } else if (released.blocks_fenced() > 0) {
+    CLEAVE_LOG(WARNING) << "the " << released.blocks_fenced() << " KV blocks of " << id << " on "
+                        << admission.worker->id << " are fenced for " << released.fenced_ms()
+                        << " ms: a prefill worker that could not be stopped may still write "
+                           "into them";
   }
   std::optional<Served> served;
   if (finished) {
@@ -627,7 +651,8 @@ GenerationService::Placement::~Placement() {
       served->decode_s = std::chrono::duration<double>(Clock::now() - *first_decoded_at).count();
     }
   }
-  self.pool_.release(admission, served);
+  self.pool_.release(admission, served, released.blocks_fenced(),
+                     std::chrono::milliseconds(released.fenced_ms()));
 }
 
 }  // namespace cleave::router

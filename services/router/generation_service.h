@@ -131,10 +131,13 @@ class GenerationService final : public v1::Generation::Service {
     int64_t decoded_tokens = 0;
     v1::PrefillResponse prefilled;
     std::shared_ptr<Mailbox> mailbox;  // Null when the prefill finished the sequence.
-    // A prefill worker this router stopped waiting for (its call's deadline passed, or it
-    // was cancelled) that may still be writing into the reservation: stopped (CancelPrefill,
+    // A prefill worker whose Prefill call failed or was given up (its deadline passed, the
+    // client left) that may still be writing into the reservation: stopped (CancelPrefill,
     // after which none of its writes lands) before the reservation is released.
     std::shared_ptr<const Worker> prefilling;
+    // A prefill worker that could not be stopped may still write into the reservation: the
+    // decode worker fences its blocks rather than freeing them (ReleaseRequest).
+    bool writer_unconfirmed = false;
   };
   // Places `sequence` (admission, Reserve, Prefill, StartDecode), passing over decode
   // workers in `lost` and adding those it cannot reach.

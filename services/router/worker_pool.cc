@@ -87,6 +87,10 @@ WorkerPool::WorkerPool(WorkerPoolOptions options,
       queue_gauge_(plainGauge("cleave_router_queue_depth", "Requests waiting for admission")),
       reserved_gauge_(plainGauge("cleave_router_reserved_blocks",
                                  "KV blocks reserved for admitted requests on all decode workers")),
+      fenced_gauge_(plainGauge("cleave_router_fenced_blocks",
+                               "KV blocks of released requests kept out of use on decode "
+                               "workers while a KV write into them may still come (part of "
+                               "reserved_blocks)")),
       admitted_gauge_(plainGauge("cleave_router_admitted_requests",
                                  "Requests holding KV blocks on some decode worker")),
       workers_gauge_(plainGauge("cleave_router_workers", "Registered workers")),
@@ -195,6 +199,11 @@ bool WorkerPool::heartbeat(const v1::HeartbeatRequest& request) {
   auto it = workers_.find(request.worker_id());
   if (it == workers_.end()) return false;
   it->second.last_seen = std::chrono::steady_clock::now();
+  if (request.has_load() &&
+      it->second.fenced_unowned != request.load().kv_blocks_fenced_unowned()) {
+    it->second.fenced_unowned = request.load().kv_blocks_fenced_unowned();
+    ++changes_;
+  }
   if (request.draining() && !it->second.draining) {
     it->second.draining = true;
     ++changes_;
@@ -237,9 +246,22 @@ void WorkerPool::expire(std::stop_token stop) {
     {
       absl::MutexLock lock(&mu_);
       const auto now = std::chrono::steady_clock::now();
-      for (const auto& [id, entry] : workers_) {
+      bool unfenced = false;
+      for (auto& [id, entry] : workers_) {
         if (now - entry.last_seen > options_.lease_timeout) lost.push_back(id);
+        // Fences whose time came: their blocks are free again there.
+        auto& fenced = entry.fenced;
+        for (auto it = fenced.begin(); it != fenced.end();) {
+          if (it->first > now) {
+            ++it;
+            continue;
+          }
+          entry.reserved -= it->second;
+          it = fenced.erase(it);
+          unfenced = true;
+        }
       }
+      if (unfenced) ++changes_, updateGauges();
     }
     for (const std::string& id : lost) remove(id, "no heartbeat within the lease timeout");
   }
@@ -300,7 +322,8 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
     // A full batch may be prefilled ahead: when a whole batch finishes at once (requests of
     // one length), the next one is ready to decode.
     if (entry.admitted >= 2 * int64_t{cap.target_concurrency()}) continue;
-    if (int64_t{cap.total_blocks()} - entry.reserved < blocks - sharedBlocks(entry, prefix))
+    if (int64_t{cap.total_blocks()} - entry.reserved - entry.fenced_unowned <
+        blocks - sharedBlocks(entry, prefix))
       continue;
     const double load = static_cast<double>(entry.admitted) / cap.target_concurrency();
     // Of the workers with room in their decode batch, the cache decides; past that, load.
@@ -574,7 +597,8 @@ bool WorkerPool::waitUntil(const std::function<bool()>& ready,
   return true;
 }
 
-void WorkerPool::release(const Admission& admission, std::optional<Served> served) {
+void WorkerPool::release(const Admission& admission, std::optional<Served> served, int64_t fenced,
+                         std::chrono::milliseconds fenced_for) {
   absl::MutexLock lock(&mu_);
   if (served) {
     const double held_s =
@@ -590,18 +614,26 @@ void WorkerPool::release(const Admission& admission, std::optional<Served> serve
   // A worker that left took its accounting with it.
   if (it == workers_.end() || it->second.worker != admission.worker) return;
   share(it->second, admission.shared, -1);
-  it->second.reserved -= admission.own;
+  // Its fenced blocks (its cached prefix's among them, held there by the fence) are held a
+  // while more: counted again, once more if others share some of them, until then.
+  fenced = std::clamp<int64_t>(fenced, 0, admission.blocks);
+  it->second.reserved += fenced - admission.own;
+  if (fenced > 0) {
+    it->second.fenced.emplace_back(std::chrono::steady_clock::now() + fenced_for, fenced);
+  }
   it->second.admitted -= 1;
   ++changes_;
   updateGauges();
 }
 
 void WorkerPool::updateGauges() {
-  int64_t reserved = 0, admitted = 0;
+  int64_t reserved = 0, admitted = 0, fenced = 0;
   for (const auto& [id, entry] : workers_) {
     reserved += entry.reserved;
     admitted += entry.admitted;
+    for (const auto& fence : entry.fenced) fenced += fence.second;
   }
+  fenced_gauge_.Set(static_cast<double>(fenced));
   queue_gauge_.Set(static_cast<double>(queue_.size()));
   reserved_gauge_.Set(static_cast<double>(reserved));
   admitted_gauge_.Set(static_cast<double>(admitted));

@@ -208,8 +208,12 @@ class WorkerPool {
   // them cached, unless they were let go meanwhile).
   void settle(Admission& admission, int64_t cached, std::span<const uint64_t> prefix);
   // `served`: set when the request finished there normally; its time there less the decode
-  // batch wait is a service time, which admission estimates go by.
-  void release(const Admission& admission, std::optional<Served> served = std::nullopt);
+  // batch wait is a service time, which admission estimates go by. `fenced`: the worker's
+  // Release kept that many of its blocks out of use for `fenced_for` (a KV write into them
+  // may still come); they stay counted against the worker until then.
+  void release(const Admission& admission, std::optional<Served> served = std::nullopt,
+               int64_t fenced = 0,
+               std::chrono::milliseconds fenced_for = std::chrono::milliseconds(0));
 
   // Waits until a worker that can prefill for `decode` is registered (none draining: a
   // prefill worker, or `decode` itself when it has both roles): while every prefill worker
@@ -249,7 +253,11 @@ class WorkerPool {
   struct Entry {
     std::shared_ptr<Worker> worker;
     std::chrono::steady_clock::time_point last_seen;
-    int64_t reserved = 0;  // Blocks of admitted requests (each shared one once).
+    int64_t reserved = 0;  // Blocks of admitted requests (each shared one once) and fenced.
+    // Blocks released into a fence, counted in `reserved` until their time comes.
+    std::vector<std::pair<std::chrono::steady_clock::time_point, int64_t>> fenced;
+    // Blocks the worker fenced on its own (its heartbeat says): no router's, out of use.
+    int64_t fenced_unowned = 0;
     // The shared blocks of admitted requests (Admission::shared), with how many share each.
     std::unordered_map<uint64_t, int64_t> shared;
     int64_t admitted = 0;        // Requests holding blocks (prefilling, prefilled or decoding).
@@ -354,6 +362,7 @@ class WorkerPool {
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;            // Bumped by anything admission depends on.
   prometheus::Gauge& queue_gauge_;                       // cleave_router_queue_depth
   prometheus::Gauge& reserved_gauge_;                    // cleave_router_reserved_blocks
+  prometheus::Gauge& fenced_gauge_;                      // cleave_router_fenced_blocks
   prometheus::Gauge& admitted_gauge_;                    // cleave_router_admitted_requests
   prometheus::Gauge& workers_gauge_;                     // cleave_router_workers
   prometheus::Family<prometheus::Counter>& admissions_;  // ..._admissions_total{outcome}

@@ -159,6 +159,40 @@ TEST_F(WorkerPoolTest, AdmissionHoldsBlocksAndSlotsUntilReleased) {
   EXPECT_EQ(pool_.queueDepth(), 0);
 }
 
+// Blocks a Release fenced stay counted against their worker until the fence ends; blocks
+// the worker fenced on its own (its heartbeat says how many) are out of admission while it
+// says so.
+TEST_F(WorkerPoolTest, FencedBlocksStayCountedUntilTheirFenceEnds) {
+  ASSERT_TRUE(pool_.add(worker("a", v1::WORKER_ROLE_BOTH, 10, 2)).ok());
+  auto first = pool_.admit(6, soon(), never);
+  ASSERT_TRUE(first.ok());
+  pool_.release(*first, std::nullopt, 6, std::chrono::milliseconds(600));
+  EXPECT_EQ(pool_.reservedBlocks(), 6);
+  // 4 blocks left until the fence ends: a request for 5 waits for it.
+  const auto asked = std::chrono::steady_clock::now();
+  auto second = pool_.admit(5, soon(10000), never);
+  ASSERT_TRUE(second.ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - asked, std::chrono::milliseconds(500));
+  EXPECT_EQ(pool_.reservedBlocks(), 5);
+  pool_.release(*second);
+  EXPECT_EQ(pool_.reservedBlocks(), 0);
+
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("a");
+  beat.mutable_load()->set_kv_blocks_fenced_unowned(7);
+  ASSERT_TRUE(pool_.heartbeat(beat));
+  EXPECT_EQ(pool_.admit(4, soon(100), never).status().code(), absl::StatusCode::kDeadlineExceeded);
+  std::thread unfence([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    beat.mutable_load()->set_kv_blocks_fenced_unowned(0);
+    EXPECT_TRUE(pool_.heartbeat(beat));
+  });
+  auto third = pool_.admit(4, soon(10000), never);
+  unfence.join();
+  ASSERT_TRUE(third.ok());
+  pool_.release(*third);
+}
+
 // Requests whose prompts share a cached prefix on a decode worker count its blocks once:
 // the worker holds one copy of each, however many sequences use it.
 TEST_F(WorkerPoolTest, ASharedCachedPrefixCountsOnceOnItsDecodeWorker) {

@@ -19,7 +19,7 @@ grpc::Status DecodeService::StartDecode(grpc::ServerContext*, const v1::StartDec
 
 grpc::Status DecodeService::Release(grpc::ServerContext*, const v1::ReleaseRequest* request,
                                     v1::ReleaseResponse* response) {
-  response->set_blocks_freed(core_.release(request->request_id()));
+  *response = core_.release(*request);
   return grpc::Status::OK;
 }
 

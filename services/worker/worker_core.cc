@@ -69,7 +69,9 @@ WorkerCore::~WorkerCore() {
 }
 
 void WorkerCore::sweep() {
+  endQuarantines();
   std::vector<std::pair<std::string, std::string>> expired;  // request, why
+  std::vector<std::pair<uint64_t, std::string>> unstarted;   // fenced: id, why
   {
     absl::MutexLock lock(&mu_);
     const auto now = Clock::now();
@@ -78,22 +80,23 @@ void WorkerCore::sweep() {
     for (const auto& [name, r] : requests_) {
       if (r.router_id.empty()) continue;  // A prefill of this worker's own.
       routers.insert(r.router_id);
-      if (!r.decoding && now > r.expires) {
-        expired.emplace_back(name, "its reservation was not started within its ttl");
+      auto stream = streams_.find(r.router_id);
+      const bool lost =
+          (stream == streams_.end() || !stream->second.open) &&
+          now - (stream == streams_.end() ? Clock::time_point() : stream->second.closed_at) >
+              options_.lease_timeout;
+      if (!r.decoding) {
+        // A prefill worker this one cannot stop may still write into it: fenced, not freed.
+        // Past its deadline, its router (when not lost) releases it, fencing it if need be.
+        if (now > r.expires) {
+          unstarted.emplace_back(r.id, "its reservation was not started within its ttl");
+        } else if (lost) {
+          unstarted.emplace_back(r.id, "its router's token stream stayed closed");
+        }
       } else if (wall > r.deadline) {
         expired.emplace_back(name, "its deadline passed");
-      } else {
-        auto stream = streams_.find(r.router_id);
-        const bool silent = stream == streams_.end() || !stream->second.open;
-        const auto since =
-            stream == streams_.end() ? Clock::time_point() : stream->second.closed_at;
-        // One not decoding yet may still be written by a prefill the lost router started:
-        // such writes end within the transfer timeout.
-        if (silent &&
-            now - since > options_.lease_timeout + (r.decoding ? std::chrono::milliseconds(0)
-                                                               : options_.transfer_timeout)) {
-          expired.emplace_back(name, "its router's token stream stayed closed");
-        }
+      } else if (lost) {
+        expired.emplace_back(name, "its router's token stream stayed closed");
       }
     }
     // The streams of routers gone (each restart is a new router id), once nothing names
@@ -108,6 +111,13 @@ void WorkerCore::sweep() {
     CLEAVE_LOG(WARNING) << "freeing request " << name << ": " << why;
     metrics_.onRequestExpired();
     cancel(name);
+  }
+  for (const auto& [id, why] : unstarted) {
+    if (std::optional<int64_t> blocks = fence(id, /*unowned=*/true)) {
+      CLEAVE_LOG(WARNING) << "fencing the " << *blocks << " blocks of reservation " << id << " for "
+                          << options_.quarantine.count() << " ms: " << why;
+      metrics_.onRequestExpired();
+    }
   }
 }
 
@@ -353,6 +363,12 @@ absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
                                 std::chrono::milliseconds timeout) {
   faults::delay("kv_send_delay_ms");
   if (faults::fire("kv_send_fail")) return absl::UnavailableError("injected fault kv_send_fail");
+  // A writer nothing stops: as writes queued before a process froze, which land when it
+  // resumes, whatever the router and the call decided meanwhile.
+  const std::function<bool()> never = [] { return false; };
+  const bool unstoppable = faults::fire("kv_send_unstoppable");
+  const std::function<bool()>& stop_if = unstoppable ? never : stop;
+  if (unstoppable) timeout = std::chrono::minutes(1);
   const bool replicated = model::kvCacheShape(model_.config()).replicated;
   for (int r = 0; r < model_.tp(); ++r) {
     for (int j = 0; j < destination.ranks_size(); ++j) {
@@ -386,13 +402,13 @@ absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
       std::vector<transfer::Write> writes =
           kvWrites(model_.kv(r), model_.kvHeads(r), target, local, remote);
       if (writes.empty()) continue;
-      if (stop()) return absl::AbortedError("the KV transfer was stopped");
+      if (stop_if()) return absl::AbortedError("the KV transfer was stopped");
       transfer::RemoteRegion region{.peer_address = rank.worker_address(),
                                     .base = rank.kv_pool_base(),
                                     .key = rank.kv_pool_rkey(),
                                     .bytes = rank.kv_pool_bytes()};
       absl::Status sent =
-          transfer::writeAndWait(*options_.transport, region, writes, timeout, stop);
+          transfer::writeAndWait(*options_.transport, region, writes, timeout, stop_if);
       if (sent.code() == absl::StatusCode::kAborted) return sent;
       if (!sent.ok()) {
         return absl::UnavailableError(absl::StrCat("KV transfer to ",
@@ -615,9 +631,78 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   return started;
 }
 
-uint32_t WorkerCore::release(const std::string& request_id) {
-  std::optional<uint64_t> id = idOf(request_id);
-  return id ? releaseId(*id) : 0;
+v1::ReleaseResponse WorkerCore::release(const v1::ReleaseRequest& request) {
+  v1::ReleaseResponse response;
+  std::optional<uint64_t> id = idOf(request.request_id());
+  if (!id) return response;
+  if (request.writer_may_be_active()) {
+    if (std::optional<int64_t> blocks = fence(*id, /*unowned=*/false)) {
+      response.set_blocks_fenced(static_cast<uint32_t>(*blocks));
+      response.set_fenced_ms(static_cast<uint32_t>(options_.quarantine.count()));
+      return response;
+    }
+  }
+  response.set_blocks_freed(releaseId(*id));
+  return response;
+}
+
+std::optional<int64_t> WorkerCore::fence(uint64_t id, bool unowned) {
+  auto request = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Request* {
+    auto name = names_.find(id);
+    if (name == names_.end()) return nullptr;
+    auto it = requests_.find(name->second);
+    return it != requests_.end() && it->second.id == id && !it->second.decoding ? &it->second
+                                                                                : nullptr;
+  };
+  {
+    absl::MutexLock lock(&mu_);
+    if (request() == nullptr) return std::nullopt;
+  }
+  const int64_t blocks = loop_->call([&](engine::Scheduler& s) {
+    s.stop(id);  // A prompt this worker computes into it stops.
+    return static_cast<int64_t>(s.reservation(id).size());
+  });
+  absl::MutexLock lock(&mu_);
+  Request* held = request();
+  if (held == nullptr) return std::nullopt;  // Released meanwhile.
+  abortPrefill(id, absl::AbortedError("the reservation was released"));
+  fenced_.push_back(Fenced{.id = id,
+                           .blocks = blocks,
+                           .staging = std::exchange(held->staging, {}),
+                           .unowned = unowned,
+                           .until = Clock::now() + options_.quarantine});
+  forget(id);
+  metrics_.onFenced(fencedBlocks(/*unowned_only=*/false));
+  return blocks;
+}
+
+int64_t WorkerCore::fencedBlocks(bool unowned_only) const {
+  int64_t total = 0;
+  for (const Fenced& f : fenced_) total += f.unowned || !unowned_only ? f.blocks : 0;
+  return total;
+}
+
+void WorkerCore::endQuarantines() {
+  std::vector<Fenced> over;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto now = Clock::now();
+    auto done = [&](const Fenced& f) { return f.until <= now; };
+    for (Fenced& f : fenced_) {
+      if (done(f)) over.push_back(std::move(f));
+    }
+    if (over.empty()) return;
+    std::erase_if(fenced_, done);
+    metrics_.onFenced(fencedBlocks(/*unowned_only=*/false), /*added=*/false);
+  }
+  loop_->call([&](engine::Scheduler& s) {
+    for (const Fenced& f : over) s.release(f.id);
+    return 0;
+  });
+  absl::MutexLock lock(&mu_);
+  for (Fenced& f : over) {
+    if (receive_staging_) receive_staging_->give(f.staging);
+  }
 }
 
 void WorkerCore::stopSending(uint64_t id) {
@@ -798,6 +883,8 @@ v1::LoadSnapshot WorkerCore::load() {
     load.set_kv_blocks_reserved(static_cast<uint32_t>(s.reservedBlocks()));
     return 0;
   });
+  absl::MutexLock lock(&mu_);
+  load.set_kv_blocks_fenced_unowned(static_cast<uint32_t>(fencedBlocks(/*unowned_only=*/true)));
   return load;
 }
 

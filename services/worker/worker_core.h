@@ -49,10 +49,13 @@ struct WorkerCoreOptions {
   // (the CPU model), and transfers read and write the pool's blocks themselves.
   int64_t staging_send_blocks = 0;
   int64_t staging_receive_blocks = 0;
-  // A reservation not started within this is freed (ReserveRequest.ttl_ms overrides it),
+  // A reservation not started within this is fenced (ReserveRequest.ttl_ms overrides it),
   // and so are a router's requests once no token stream of that router has been open for
-  // this long (the router is presumed lost).
+  // this long (the router is presumed lost; those decoding are freed).
   std::chrono::milliseconds lease_timeout{10000};
+  // How long a fenced reservation's blocks stay out of use (ReleaseRequest.writer_may_be_active):
+  // a late KV write from a writer nobody could stop lands in them meanwhile.
+  std::chrono::milliseconds quarantine{300000};
   // Sequences this worker decodes at once (0 for a prefill-only worker), for the metrics.
   int64_t target_concurrency = 0;
   // What this machine can do (measured at start); each step's floor is computed against
@@ -83,7 +86,9 @@ class WorkerCore {
   absl::StatusOr<v1::PrefillResponse> prefill(const v1::PrefillRequest& request,
                                               grpc::ServerContext* context);
   absl::Status startDecode(const v1::StartDecodeRequest& request);
-  uint32_t release(const std::string& request_id);
+  // Frees a request's blocks, or fences them (a reservation not started whose writer may
+  // still write: see ReleaseRequest).
+  v1::ReleaseResponse release(const v1::ReleaseRequest& request);
   // Cancels a request; one whose prompt is being written to a peer stops first, and no
   // write of it lands after this returns.
   bool cancel(const std::string& request_id);
@@ -124,7 +129,8 @@ class WorkerCore {
     bool open = false;
     Clock::time_point closed_at = Clock::now();
   };
-  // Frees reservations whose ttl or deadline passed and requests of routers gone silent.
+  // Frees sequences whose deadline passed and those of routers gone silent; fences
+  // reservations not started whose ttl passed or whose router went silent; ends quarantines.
   void sweep();
   using PrefillResult = absl::StatusOr<engine::TokenEvent>;
 
@@ -167,6 +173,14 @@ class WorkerCore {
   void forget(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees `id`'s reservation and forgets it (after stopSending); the blocks freed.
   uint32_t releaseId(uint64_t id);
+  // Forgets `id`'s request, if it has not started decoding, keeping its blocks (and receive
+  // staging rows) out of use for options_.quarantine; `unowned` when no router counts them
+  // (the worker fenced it on its own). The blocks fenced, or nullopt (unknown or decoding).
+  std::optional<int64_t> fence(uint64_t id, bool unowned);
+  // Frees the fenced reservations whose quarantine is over.
+  void endQuarantines();
+  // Blocks fenced now (only those no router counts, when `unowned_only`).
+  int64_t fencedBlocks(bool unowned_only) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A prompt of `id` being written to a peer stops: returns once no write of it can land
   // and the sender has let go of its blocks.
   void stopSending(uint64_t id);
@@ -189,6 +203,14 @@ class WorkerCore {
   std::unordered_map<uint64_t, std::string> names_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<uint64_t, std::promise<PrefillResult>> prefills_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, Stream> streams_ ABSL_GUARDED_BY(mu_);
+  struct Fenced {
+    uint64_t id = 0;  // Its engine reservation, held.
+    int64_t blocks = 0;
+    std::vector<int32_t> staging;  // Receive staging rows, held.
+    bool unowned = false;
+    Clock::time_point until;
+  };
+  std::vector<Fenced> fenced_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<EngineLoop> loop_;              // Its thread calls onStep().
   ServiceThread sweeper_{"reservation-sweeper"};  // Last: it calls into everything above.
 };

@@ -308,6 +308,7 @@ int run(int argc, char** argv) {
                    .staging_send_blocks = staging.send,
                    .staging_receive_blocks = staging.receive,
                    .lease_timeout = std::chrono::milliseconds(options.lease_timeout_ms),
+                   .quarantine = std::chrono::milliseconds(options.kv_quarantine_ms),
                    .target_concurrency = role == Role::kPrefill ? 0 : options.target_concurrency,
                    .hardware = hardware,
                    .rank_per_device = gpu_hardware.has_value()});

@@ -65,7 +65,13 @@ WorkerMetrics::WorkerMetrics(int64_t target_concurrency)
           "cleave_worker_kv_reserve_cached_blocks_total",
           "Prompt KV blocks a Reserve found in this worker's prefix cache (not sent to it)")),
       expired_(plainCounter("cleave_worker_requests_expired_total",
-                            "Requests freed by the worker itself (ttl, deadline, router gone)")) {
+                            "Requests freed or fenced by the worker itself (ttl, deadline, "
+                            "router gone)")),
+      fenced_blocks_(plainGauge("cleave_worker_kv_blocks_fenced",
+                                "KV blocks of released reservations kept out of use for "
+                                "--kv-quarantine-ms (a KV write into them may still come)")),
+      fences_(plainCounter("cleave_worker_kv_fences_total",
+                           "Reservations fenced instead of freed (a writer may still write)")) {
   target_.Set(static_cast<double>(target_concurrency));
 }
 
@@ -112,6 +118,11 @@ void WorkerMetrics::onKvSent(uint64_t bytes, double seconds, bool ok) {
 }
 
 void WorkerMetrics::onRequestExpired() { expired_.Increment(); }
+
+void WorkerMetrics::onFenced(int64_t held_blocks, bool added) {
+  fenced_blocks_.Set(static_cast<double>(held_blocks));
+  if (added) fences_.Increment();
+}
 
 prometheus::Gauge& WorkerMetrics::stagingFree(const std::string& direction, int64_t capacity) {
   prometheus::BuildGauge()

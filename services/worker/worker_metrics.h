@@ -28,6 +28,8 @@ class WorkerMetrics {
   // A Reserve found `blocks` of its prompt in this worker's cache (not to be sent).
   void onReserveCached(int64_t blocks);
   void onRequestExpired();
+  // The blocks fenced now, after one more reservation was fenced (`added`) or some were freed.
+  void onFenced(int64_t held_blocks, bool added = true);
   // The staging rows of one direction ("send" or "receive"; kv_staging.h): how many there
   // are, and a gauge of how many are free (any thread).
   static prometheus::Gauge& stagingFree(const std::string& direction, int64_t capacity);
@@ -63,6 +65,8 @@ class WorkerMetrics {
   prometheus::Counter& kv_send_failures_;
   prometheus::Counter& kv_cached_blocks_;
   prometheus::Counter& expired_;
+  prometheus::Gauge& fenced_blocks_;
+  prometheus::Counter& fences_;
   // The report's cumulative prefix-cache counts at the last step (engine thread).
   int64_t last_lookup_tokens_ = 0;
   int64_t last_hit_tokens_ = 0;

@@ -65,12 +65,16 @@ void WorkerOptions::addFlags(FlagSet& flags) {
                   "folder as PEFT saves one (adapter_config.json, adapter_model.safetensors); "
                   "requests run with one by naming it as their model (CPU backend)");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
-               "Free a reservation not started within this, and a router's sequences once its "
-               "token stream has been closed this long");
+               "Fence a reservation not started within this, and drop a router's requests once "
+               "its token stream has been closed this long (sequences freed, reservations not "
+               "started fenced)");
   flags.addInt("kv-transfer-timeout-ms", &kv_transfer_timeout_ms,
                "How long one KV transfer (a prompt's blocks to a decode worker) may take before "
-               "it is abandoned; a reservation of a router gone silent is kept this much longer "
-               "than --lease-timeout-ms, for a transfer it started");
+               "it is abandoned");
+  flags.addInt("kv-quarantine-ms", &kv_quarantine_ms,
+               "How long the blocks of a fenced reservation stay out of use: one released while "
+               "a prefill worker nobody could stop may still write into it (frozen, or cut off "
+               "from the router), so that a late write lands where nothing reads");
   flags.addString("router-ca", &router_ca,
                   "Reach the router over TLS, verifying it with this CA (PEM)");
   flags.addString("tls-cert", &tls_cert,
@@ -161,9 +165,10 @@ absl::Status validate(const WorkerOptions& options) {
         absl::StrCat("--kv-staging-tokens must be >= 0, got ", options.kv_staging_tokens));
   }
   if (absl::Status valid = options.server.validate(); !valid.ok()) return valid;
-  if (options.kv_transfer_timeout_ms < 1 || options.lease_timeout_ms < 1) {
+  if (options.kv_transfer_timeout_ms < 1 || options.lease_timeout_ms < 1 ||
+      options.kv_quarantine_ms < 1) {
     return absl::InvalidArgumentError(
-        "--kv-transfer-timeout-ms and --lease-timeout-ms must be >= 1");
+        "--kv-transfer-timeout-ms, --kv-quarantine-ms and --lease-timeout-ms must be >= 1");
   }
   if (options.threads < 0) {
     return absl::InvalidArgumentError(

@@ -42,6 +42,8 @@ struct WorkerOptions {
   int64_t lease_timeout_ms = 10000;
   // How long one KV transfer may take before it is abandoned.
   int64_t kv_transfer_timeout_ms = 30000;
+  // How long a fenced reservation's blocks stay out of use (a writer may still write).
+  int64_t kv_quarantine_ms = 300000;
   // On SIGTERM/SIGINT: how long the worker keeps running what it holds after telling the
   // router it is draining, before it deregisters (the router moves what is left).
   int64_t drain_timeout_ms = 30000;

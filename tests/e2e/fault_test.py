@@ -11,7 +11,10 @@ never hung, and no KV block stays reserved on the router or on a live worker.
     drops it, its streams move, it registers again;
   * a prefill worker crashes before its KV send (crash_at=prefill_before_kv_send), or a
     decode worker after some steps (decode_crash_after_steps): the requests complete
-    elsewhere.
+    elsewhere;
+  * a prefill worker frozen with a KV send nothing stops (kv_send_unstoppable) writes its
+    prompt long after the router gave up on it: the blocks it writes are fenced, and the
+    request decoding next on that worker is exact.
 """
 import concurrent.futures
 import os
@@ -32,6 +35,16 @@ from serving_test import MODEL, WORDS, metric  # noqa: E402
 MAX_NEW = 48
 PROMPTS = [" ".join(random.Random(seed).choice(WORDS) for _ in range(4 + 5 * seed))
            for seed in range(4)]
+
+
+def stop_all(channel, procs, router, frozen=None):
+    """Ends a test's processes (`frozen`, one of `procs`, stopped with SIGSTOP)."""
+    if frozen is not None:
+        os.kill(frozen.proc.pid, signal.SIGCONT)
+    channel.close()
+    for w in procs:
+        w.stop()
+    router.stop()
 
 
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
@@ -79,10 +92,7 @@ class FaultTest(unittest.TestCase):
                 inspect(procs)
             return results, procs
         finally:
-            channel.close()
-            for w in procs:
-                w.stop()
-            router.stop()
+            stop_all(channel, procs, router)
 
     def wait_until_staging_is_free(self, procs, seconds=10.0):
         for i, w in enumerate(procs):
@@ -220,11 +230,92 @@ class FaultTest(unittest.TestCase):
             self.assertEqual(result["ids"], offline(prompt)[:MAX_NEW])
             self.assertLess(result["seconds"], 45)
         finally:
-            os.kill(stopped.proc.pid, signal.SIGCONT)
-            channel.close()
-            for w in procs:
-                w.stop()
-            router.stop()
+            stop_all(channel, procs, router, stopped)
+
+    def late_write(self, quarantine_ms):
+        """A prefill worker frozen (SIGSTOP) while its KV send waits, with a send nothing
+        stops: the request's deadline passes, its CancelPrefill goes unanswered, and the
+        router releases the decode worker's reservation saying a writer may still write.
+        Another prefill worker then serves a second request, decoding on the same decode
+        worker, and the frozen one resumes meanwhile and writes the first prompt's KV into
+        the blocks it was given. Returns (the second request's tokens, the offline engine's,
+        bytes the frozen worker wrote after resuming, blocks fenced then)."""
+        pb = ct.stubs()["generation_pb2"]
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0", f"--model={MODEL}",
+                             "--heartbeat-interval-ms=200", "--lease-timeout-ms=1000"])
+        address = f"127.0.0.1:{router.ready['grpc_port']}"
+        common = [f"--model={MODEL}", f"--router={address}", "--listen=127.0.0.1:0",
+                  "--metrics-port=0", "--target-concurrency=2", "--planned-seq-len=1024",
+                  "--threads=1"]
+        decode = ct.Process([ct.binary("cleave-worker"), "--role=decode", *common,
+                             f"--kv-quarantine-ms={quarantine_ms}"])
+        frozen = ct.Process(
+            [ct.binary("cleave-worker"), "--role=prefill", *common],
+            env=dict(os.environ, CLEAVE_FAULTS="kv_send_delay_ms=3000,kv_send_unstoppable=1"))
+        procs = [decode, frozen]
+        channel = grpc.insecure_channel(address)
+        first = " ".join(random.Random(51).choice(WORDS) for _ in range(350))
+        second = " ".join(random.Random(52).choice(WORDS) for _ in range(150))
+        expected = offline(second)
+
+        def request(prompt, new_tokens):
+            return pb.GenerateRequest(
+                text=prompt, add_special_tokens=True, sampling=pb.SamplingParams(temperature=0),
+                stopping=pb.StoppingCriteria(max_new_tokens=new_tokens, ignore_eos=True))
+
+        try:
+            stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
+            ct.wait_for_workers(stub, 2)
+            failed = {}
+
+            def give_up():
+                try:
+                    list(stub.Generate(request(first, 8), timeout=4))
+                except grpc.RpcError as e:
+                    failed["code"] = e.code()
+
+            caller = threading.Thread(target=give_up)
+            caller.start()
+            port = frozen.ready["metrics_port"]
+            deadline = time.monotonic() + 3
+            while metric(port, "cleave_worker_prefill_tokens_total") == 0:  # Computing.
+                self.assertLess(time.monotonic(), deadline, "the prompt was never computed")
+                time.sleep(0.01)
+            os.kill(frozen.proc.pid, signal.SIGSTOP)  # In its 3 s wait before sending.
+            procs.append(ct.Process([ct.binary("cleave-worker"), "--role=prefill", *common]))
+            caller.join()
+            self.assertEqual(failed.get("code"), grpc.StatusCode.DEADLINE_EXCEEDED)
+            # The router's CancelPrefill times out (5 s), then its Release fences.
+            fences = 0
+            deadline = time.monotonic() + 20
+            while fences == 0:
+                self.assertLess(time.monotonic(), deadline, "the reservation was never fenced")
+                time.sleep(0.1)
+                fences = metric(decode.ready["metrics_port"], "cleave_worker_kv_fences_total")
+            fenced = metric(decode.ready["metrics_port"], "cleave_worker_kv_blocks_fenced")
+            time.sleep(0.3)  # A quarantine of 1 ms is over and swept.
+            ct.wait_for_workers(stub, 2)  # The decode worker and the new prefill worker.
+            ids = []
+            for message in stub.Generate(request(second, len(expected)), timeout=120):
+                resume = len(ids) < 8 <= len(ids) + len(message.token_ids)
+                ids.extend(message.token_ids)
+                if resume:  # Its prompt is in its blocks: the late write lands now.
+                    os.kill(frozen.proc.pid, signal.SIGCONT)
+                    deadline = time.monotonic() + 10
+                    while metric(port, "cleave_worker_kv_sent_bytes_total") == 0:
+                        self.assertLess(time.monotonic(), deadline, "the late write never came")
+                        time.sleep(0.01)
+            return ids, expected, metric(port, "cleave_worker_kv_sent_bytes_total"), fenced
+        finally:
+            stop_all(channel, procs, router, frozen)
+
+    def test_a_late_kv_write_lands_in_fenced_blocks(self):
+        ids, expected, late_bytes, fenced = self.late_write(quarantine_ms=60000)
+        print(f"\n{late_bytes / 2**20:.1f} MiB written late into {fenced:.0f} fenced blocks")
+        self.assertGreater(late_bytes, 0)
+        self.assertGreater(fenced, 0)
+        self.assertEqual(ids, expected)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """A decode worker frees what no router will come back for: a reservation nobody starts
-is freed when its ttl passes, one whose deadline passed is freed, and a decoding sequence
-whose router's token stream stays closed past the lease is freed. Driven over the worker
-protocol directly (the router's side of cleave/v1/worker.proto), with no router running.
+is fenced when its ttl passes, and freed after the quarantine; one past its deadline is
+left to its router while that router is there; a decoding sequence whose router's token
+stream stays closed past the lease is freed; a Release saying a writer may still write
+fences the blocks instead of freeing them. Driven over the worker protocol directly (the
+router's side of cleave/v1/worker.proto), with no router running.
 """
 import os
 import re
@@ -26,7 +28,7 @@ class WorkerLifecycleTest(unittest.TestCase):
                                  "--listen=127.0.0.1:0", "--metrics-port=0",
                                  "--target-concurrency=2", "--planned-seq-len=2048",
                                  "--threads=2", "--lease-timeout-ms=500",
-                                 "--kv-transfer-timeout-ms=1000"])
+                                 "--kv-transfer-timeout-ms=1000", "--kv-quarantine-ms=1000"])
         cls.channel = grpc.insecure_channel(f"127.0.0.1:{cls.worker.ready['grpc_port']}")
         cls.decode = ct.stubs()["worker_grpc"].DecodeControlStub(cls.channel)
 
@@ -70,15 +72,49 @@ class WorkerLifecycleTest(unittest.TestCase):
         finally:
             decode.Release(self.pb.ReleaseRequest(request_id=request_id), timeout=10)
 
-    def test_an_unstarted_reservation_is_freed_after_its_ttl(self):
+    def fenced(self):
+        return metric(self.worker.ready["metrics_port"], "cleave_worker_kv_blocks_fenced")
+
+    def test_an_unstarted_reservation_is_fenced_after_its_ttl_then_freed(self):
         self.reserve("ttl", ttl_ms=300)
         self.assertEqual(self.reserved(), 2)
-        self.wait_until_freed(5)
-
-    def test_a_reservation_past_its_deadline_is_freed(self):
-        self.reserve("late", deadline_unix_ms=int(time.time() * 1000) + 300)
+        deadline = time.monotonic() + 5
+        while self.fenced() != 2:  # A prefill may still write into it: out of use a while.
+            self.assertLess(time.monotonic(), deadline, "the reservation was never fenced")
+            time.sleep(0.02)
         self.assertEqual(self.reserved(), 2)
         self.wait_until_freed(5)
+        self.assertEqual(self.fenced(), 0)
+
+    def test_a_reservation_past_its_deadline_is_its_routers_to_release(self):
+        # The router's token stream is open: whether a prefill may still write into the
+        # reservation is the router's to say, so the worker keeps it past its deadline.
+        stream = self.decode.StreamTokens(self.pb.StreamTokensRequest(router_id="test-router"))
+        try:
+            self.reserve("late", deadline_unix_ms=int(time.time() * 1000) + 300, ttl_ms=60000)
+            time.sleep(1.2)  # Past the deadline, the lease and a sweep or more.
+            self.assertEqual(self.reserved(), 2)
+            released = self.decode.Release(self.pb.ReleaseRequest(request_id="late"), timeout=10)
+            self.assertEqual((released.blocks_freed, released.blocks_fenced), (2, 0))
+            self.assertEqual(self.reserved(), 0)
+        finally:
+            stream.cancel()
+
+    def test_a_release_whose_writer_may_still_write_fences_the_blocks(self):
+        first = self.reserve("fenced", max_new_tokens=60)
+        released = self.decode.Release(self.pb.ReleaseRequest(
+            request_id="fenced", writer_may_be_active=True), timeout=10)
+        self.assertEqual((released.blocks_freed, released.blocks_fenced, released.fenced_ms),
+                         (0, 4, 1000))
+        self.assertEqual((self.reserved(), self.fenced()), (4, 4))
+        # The request is forgotten: the same id reserves afresh, in other blocks.
+        second = self.reserve("fenced", max_new_tokens=60)
+        self.assertFalse(set(first.block_ids) & set(second.block_ids))
+        self.assertEqual(self.reserved(), 8)
+        released = self.decode.Release(self.pb.ReleaseRequest(request_id="fenced"), timeout=10)
+        self.assertEqual((released.blocks_freed, released.blocks_fenced), (4, 0))
+        self.wait_until_freed(5)
+        self.assertEqual(self.fenced(), 0)
 
     def test_a_reserved_prompt_that_does_not_match_is_refused(self):
         for ids, expected in (([1, 2, 3], "prompt_token_ids has 3 ids; prompt_tokens is 4"),
@@ -91,8 +127,8 @@ class WorkerLifecycleTest(unittest.TestCase):
 
     def test_a_reservation_whose_router_went_silent_is_freed(self):
         # Reserved with the router's long ttl, never started, and the router never opens its
-        # token stream: freed once the lease (0.5 s) and a transfer's time (1 s) are over,
-        # long before the ttl.
+        # token stream: fenced once the lease (0.5 s) is over and freed after the quarantine
+        # (1 s), long before the ttl.
         self.reserve("unstarted", ttl_ms=600000)
         self.assertEqual(self.reserved(), 2)
         started = time.monotonic()
