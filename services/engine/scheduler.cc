@@ -197,6 +197,7 @@ int64_t Scheduler::release(uint64_t id) {
 }
 
 void Scheduler::stop(uint64_t id) {
+  std::erase_if(waiting_, [id](const GenerationRequest& r) { return r.id == id; });
   for (auto it = ready_.begin(); it != ready_.end(); ++it) {
     if ((*it)->request.id == id) {
       ready_.erase(it);

@@ -142,8 +142,8 @@ class Scheduler {
                                                int64_t* cached = nullptr, int32_t adapter = -1);
   // Frees the reservation of `id`, stopping its sequence if one runs; the blocks freed.
   int64_t release(uint64_t id);
-  // Stops the sequence of `id` if one runs or waits to decode, keeping its reservation
-  // (release() frees it later).
+  // Stops the sequence of `id` if one runs or waits (to be prefilled or to decode), keeping
+  // its reservation (release() frees it later).
   void stop(uint64_t id);
   // Prefills `request` into its reservation (the same checks as add(), and the
   // reservation must cover the prompt); its TokenEvent has prefilled = true. The blocks of

@@ -488,6 +488,26 @@ TEST_F(SchedulerTest, ReservedPrefillThenDecodeGivesTheSameTokens) {
   EXPECT_EQ(scheduler.reservedBlocks(), 0);
   EXPECT_EQ(scheduler.freeBlocks(), 40);
   EXPECT_TRUE(scheduler.idle());
+
+  // stop() ends a queued prefill or a sequence waiting to decode, and keeps the blocks
+  // (a fenced reservation) until release().
+  ASSERT_TRUE(scheduler.reserve(11, 7).ok());
+  ASSERT_TRUE(
+      scheduler.addPrefill({.id = 11, .prompt = prompt, .stop = {.max_new_tokens = 1}}).ok());
+  ASSERT_TRUE(scheduler.reserve(12, 7).ok());
+  ASSERT_TRUE(
+      scheduler.startDecode({.id = 12, .prompt = prompt, .stop = {.max_new_tokens = 6}}, want[0])
+          .ok());
+  const int64_t held = scheduler.reservedBlocks();  // With the cached prefix's, swapped in.
+  scheduler.stop(11);
+  scheduler.stop(12);
+  EXPECT_TRUE(scheduler.idle());
+  EXPECT_TRUE(drain(scheduler).empty());
+  EXPECT_EQ(scheduler.reservedBlocks(), held);
+  EXPECT_EQ(scheduler.release(11), 7);
+  EXPECT_EQ(scheduler.release(12), 7);
+  EXPECT_EQ(scheduler.reservedBlocks(), 0);
+  EXPECT_EQ(scheduler.freeBlocks(), 40);
 }
 
 // Speculative decoding gives the tokens decoding one token a step gives: greedy (generated

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 #include <span>
+#include <thread>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,7 @@
 #include "grpcpp/client_context.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/logit_adjustments.h"
+#include "services/router/context_overflow.h"
 #include "services/router/generation_service.h"
 #include "services/router/request_validation.h"
 #include "services/router/text_stream.h"
@@ -95,6 +97,20 @@ std::unique_ptr<grpc::ClientContext> callContext(grpc::ServerContext* call,
                                                  std::chrono::system_clock::time_point deadline) {
   if (call == nullptr) return workerContext(deadline);
   return grpc::ClientContext::FromServerContext(*call);
+}
+
+// Reserves refused for want of blocks the router counted free, each placed again.
+constexpr int kCrowdedRetries = 3;
+
+// Waits `pause`, or less when the call is cancelled or its deadline comes first; false then.
+bool pauseFor(std::chrono::milliseconds pause, std::chrono::system_clock::time_point deadline,
+              const std::function<bool()>& cancelled) {
+  const auto until = std::min(deadline, std::chrono::system_clock::now() + pause);
+  while (std::chrono::system_clock::now() < until) {
+    if (cancelled && cancelled()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return std::chrono::system_clock::now() < deadline;
 }
 
 // Stops `prefiller`'s Prefill of request `id` (CancelPrefill): true once it answered, after
@@ -182,7 +198,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   // Worded as OpenAI's and vLLM's, which clients match to trim a conversation.
   if (prompt_tokens >= context_length) {
     return error(grpc::StatusCode::INVALID_ARGUMENT,
-                 absl::StrCat("This model's maximum context length is ", context_length,
+                 absl::StrCat(kContextOverflow, context_length,
                               " tokens. However, your prompt has ", prompt_tokens,
                               " tokens and needs room for at least one new token. Please reduce "
                               "the length of the prompt."));
@@ -192,9 +208,9 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                               : context_length - prompt_tokens;
   if (prompt_tokens + max_new > context_length) {
     return error(grpc::StatusCode::INVALID_ARGUMENT,
-                 absl::StrCat("This model's maximum context length is ", context_length,
-                              " tokens. However, you requested ", prompt_tokens + max_new,
-                              " tokens (", prompt_tokens, " in the prompt, ", max_new,
+                 absl::StrCat(kContextOverflow, context_length, " tokens. However, you requested ",
+                              prompt_tokens + max_new, " tokens (", prompt_tokens,
+                              " in the prompt, ", max_new,
                               " in the completion: stopping.max_new_tokens). Please reduce the "
                               "length of the prompt or completion."));
   }
@@ -483,6 +499,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     lost.push_back(worker.id);
     placed.reset();
   };
+  int crowded = 0;  // Reserves refused for want of blocks the router counted free.
   // A scored prompt is computed whole: no cached block is shared.
   const bool scored = sequence.prompt_logprobs && tokens == sequence.prompt_tokens;
   const std::span<const uint64_t> shareable =
@@ -521,6 +538,18 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
                                     &reserved);
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
       passOver(worker);
+      continue;
+    }
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && crowded < kCrowdedRetries) {
+      // The worker holds more than this router counts (another router's requests: this one
+      // restarted); its next heartbeat says how much. Placed again after it.
+      CLEAVE_LOG(WARNING) << "decode worker " << worker.id << " is fuller than counted for "
+                          << sequence.id << " (" << status.error_message()
+                          << "); placing it again after its next heartbeat";
+      ++crowded;
+      placed.reset();
+      if (!pauseFor(2 * pool_.heartbeatInterval(), sequence.deadline, sequence.cancelled))
+        return status;
       continue;
     }
     if (!status.ok()) return status;

@@ -22,8 +22,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::start(
   // One id per router process: workers key token streams and reservations by it.
   WorkerPoolOptions workers = options.workers;
   if (workers.lost == nullptr) workers.lost = std::make_shared<LostWorkers>();
-  router->relay_ = std::make_unique<TokenRelay>(
-      absl::StrCat("router-", getpid(), "-", std::random_device{}() % 100000), workers.lost);
+  workers.router_id = absl::StrCat("router-", getpid(), "-", std::random_device{}() % 100000);
+  router->relay_ = std::make_unique<TokenRelay>(workers.router_id, workers.lost);
   TokenRelay* relay = router->relay_.get();
   router->pool_ = std::make_unique<WorkerPool>(
       workers, [relay](std::shared_ptr<const Worker> w) { relay->addWorker(std::move(w)); },

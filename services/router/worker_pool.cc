@@ -191,6 +191,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& 
   response.set_worker_id(worker->id);
   response.set_heartbeat_interval_ms(static_cast<uint32_t>(options_.heartbeat_interval.count()));
   response.set_lease_timeout_ms(static_cast<uint32_t>(options_.lease_timeout.count()));
+  response.set_router_id(options_.router_id);
   return response;
 }
 
@@ -199,9 +200,8 @@ bool WorkerPool::heartbeat(const v1::HeartbeatRequest& request) {
   auto it = workers_.find(request.worker_id());
   if (it == workers_.end()) return false;
   it->second.last_seen = std::chrono::steady_clock::now();
-  if (request.has_load() &&
-      it->second.fenced_unowned != request.load().kv_blocks_fenced_unowned()) {
-    it->second.fenced_unowned = request.load().kv_blocks_fenced_unowned();
+  if (request.has_load() && it->second.foreign != request.load().kv_blocks_foreign()) {
+    it->second.foreign = request.load().kv_blocks_foreign();
     ++changes_;
   }
   if (request.draining() && !it->second.draining) {
@@ -322,7 +322,7 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
     // A full batch may be prefilled ahead: when a whole batch finishes at once (requests of
     // one length), the next one is ready to decode.
     if (entry.admitted >= 2 * int64_t{cap.target_concurrency()}) continue;
-    if (int64_t{cap.total_blocks()} - entry.reserved - entry.fenced_unowned <
+    if (int64_t{cap.total_blocks()} - entry.reserved - entry.foreign <
         blocks - sharedBlocks(entry, prefix))
       continue;
     const double load = static_cast<double>(entry.admitted) / cap.target_concurrency();

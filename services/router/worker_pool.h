@@ -92,6 +92,8 @@ struct WorkerPoolOptions {
   // The names clients call the model by (--served-model-name; the first is the one
   // reported); empty: the model id its workers register.
   std::vector<std::string> served_model_names;
+  // This router's id (ReserveRequest.router_id), told to workers at registration.
+  std::string router_id;
 };
 
 // One registered worker. Immutable after registration except where noted.
@@ -246,6 +248,8 @@ class WorkerPool {
   // One line per worker for GetServerInfo: role, model, admitted requests, reserved blocks.
   std::vector<v1::WorkerSummary> summaries() const;
   int64_t queueDepth() const;
+  // How often workers heartbeat (their load comes with each heartbeat).
+  std::chrono::milliseconds heartbeatInterval() const { return options_.heartbeat_interval; }
   // Blocks the router holds reserved on all workers (0 once every request has ended).
   int64_t reservedBlocks() const;
 
@@ -256,8 +260,8 @@ class WorkerPool {
     int64_t reserved = 0;  // Blocks of admitted requests (each shared one once) and fenced.
     // Blocks released into a fence, counted in `reserved` until their time comes.
     std::vector<std::pair<std::chrono::steady_clock::time_point, int64_t>> fenced;
-    // Blocks the worker fenced on its own (its heartbeat says): no router's, out of use.
-    int64_t fenced_unowned = 0;
+    // Blocks the worker holds for others (its heartbeat's kv_blocks_foreign): out of use.
+    int64_t foreign = 0;
     // The shared blocks of admitted requests (Admission::shared), with how many share each.
     std::unordered_map<uint64_t, int64_t> shared;
     int64_t admitted = 0;        // Requests holding blocks (prefilling, prefilled or decoding).

@@ -160,8 +160,8 @@ TEST_F(WorkerPoolTest, AdmissionHoldsBlocksAndSlotsUntilReleased) {
 }
 
 // Blocks a Release fenced stay counted against their worker until the fence ends; blocks
-// the worker fenced on its own (its heartbeat says how many) are out of admission while it
-// says so.
+// the worker holds for others (its heartbeat says how many: another router's, or fenced on
+// its own) are out of admission while it says so.
 TEST_F(WorkerPoolTest, FencedBlocksStayCountedUntilTheirFenceEnds) {
   ASSERT_TRUE(pool_.add(worker("a", v1::WORKER_ROLE_BOTH, 10, 2)).ok());
   auto first = pool_.admit(6, soon(), never);
@@ -179,12 +179,12 @@ TEST_F(WorkerPoolTest, FencedBlocksStayCountedUntilTheirFenceEnds) {
 
   v1::HeartbeatRequest beat;
   beat.set_worker_id("a");
-  beat.mutable_load()->set_kv_blocks_fenced_unowned(7);
+  beat.mutable_load()->set_kv_blocks_foreign(7);
   ASSERT_TRUE(pool_.heartbeat(beat));
   EXPECT_EQ(pool_.admit(4, soon(100), never).status().code(), absl::StatusCode::kDeadlineExceeded);
   std::thread unfence([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    beat.mutable_load()->set_kv_blocks_fenced_unowned(0);
+    beat.mutable_load()->set_kv_blocks_foreign(0);
     EXPECT_TRUE(pool_.heartbeat(beat));
   });
   auto third = pool_.admit(4, soon(10000), never);

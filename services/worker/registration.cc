@@ -25,7 +25,7 @@ std::unique_ptr<grpc::ClientContext> deadlined() {
 RouterRegistration::RouterRegistration(const std::string& router_address,
                                        std::shared_ptr<grpc::ChannelCredentials> credentials,
                                        v1::RegisterRequest request,
-                                       std::function<v1::LoadSnapshot()> load)
+                                       std::function<v1::LoadSnapshot(const std::string&)> load)
     : stub_(v1::Registry::NewStub(grpc::CreateCustomChannel(router_address, std::move(credentials),
                                                             keepaliveChannelArguments()))),
       request_(std::move(request)),
@@ -56,7 +56,7 @@ void RouterRegistration::drain() {
 
 void RouterRegistration::run(std::stop_token stop) {
   bool registered = false;
-  std::string last_error;
+  std::string last_error, router_id;
   std::chrono::milliseconds interval(1000);
   while (!stop.stop_requested()) {
     if (!registered) {
@@ -65,6 +65,7 @@ void RouterRegistration::run(std::stop_token stop) {
       if (status.ok()) {
         registered = true;
         interval = std::chrono::milliseconds(response.heartbeat_interval_ms());
+        router_id = response.router_id();
         CLEAVE_LOG(INFO) << "registered with the router as " << response.worker_id();
         last_error.clear();
       } else if (status.error_message() != last_error) {
@@ -81,7 +82,7 @@ void RouterRegistration::run(std::stop_token stop) {
     v1::HeartbeatRequest beat;
     beat.set_worker_id(request_.worker_id());
     beat.set_draining(draining_);
-    *beat.mutable_load() = load_();
+    *beat.mutable_load() = load_(router_id);
     // heartbeat_stall=1,heartbeat_stall_ms=T: once, while sequences run, go silent for T.
     if (beat.load().running() > 0 && faults::fire("heartbeat_stall")) {
       faults::delay("heartbeat_stall_ms");

@@ -21,12 +21,14 @@ namespace cleave::worker {
 
 class RouterRegistration {
  public:
-  // `load` is called from the background thread before each heartbeat.
+  // `load` is called from the background thread before each heartbeat, with the id of the
+  // router registered with (RegisterResponse.router_id).
   // `credentials` for the channel to the router (TLS, with a client certificate when the
   // router asks workers for one).
   RouterRegistration(const std::string& router_address,
                      std::shared_ptr<grpc::ChannelCredentials> credentials,
-                     v1::RegisterRequest request, std::function<v1::LoadSnapshot()> load);
+                     v1::RegisterRequest request,
+                     std::function<v1::LoadSnapshot(const std::string& router_id)> load);
   ~RouterRegistration();  // Deregisters (best effort) and stops.
 
   // Tells the router at once (and in every heartbeat after) that this worker takes no new
@@ -38,7 +40,7 @@ class RouterRegistration {
 
   std::unique_ptr<v1::Registry::Stub> stub_;
   v1::RegisterRequest request_;
-  std::function<v1::LoadSnapshot()> load_;
+  std::function<v1::LoadSnapshot(const std::string& router_id)> load_;
   std::atomic<bool> draining_{false};
   ServiceThread thread_{"registration"};
 };

@@ -113,7 +113,7 @@ void WorkerCore::sweep() {
     cancel(name);
   }
   for (const auto& [id, why] : unstarted) {
-    if (std::optional<int64_t> blocks = fence(id, /*unowned=*/true)) {
+    if (std::optional<int64_t> blocks = fence(id, /*owned=*/false)) {
       CLEAVE_LOG(WARNING) << "fencing the " << *blocks << " blocks of reservation " << id << " for "
                           << options_.quarantine.count() << " ms: " << why;
       metrics_.onRequestExpired();
@@ -636,7 +636,7 @@ v1::ReleaseResponse WorkerCore::release(const v1::ReleaseRequest& request) {
   std::optional<uint64_t> id = idOf(request.request_id());
   if (!id) return response;
   if (request.writer_may_be_active()) {
-    if (std::optional<int64_t> blocks = fence(*id, /*unowned=*/false)) {
+    if (std::optional<int64_t> blocks = fence(*id, /*owned=*/true)) {
       response.set_blocks_fenced(static_cast<uint32_t>(*blocks));
       response.set_fenced_ms(static_cast<uint32_t>(options_.quarantine.count()));
       return response;
@@ -646,7 +646,7 @@ v1::ReleaseResponse WorkerCore::release(const v1::ReleaseRequest& request) {
   return response;
 }
 
-std::optional<int64_t> WorkerCore::fence(uint64_t id, bool unowned) {
+std::optional<int64_t> WorkerCore::fence(uint64_t id, bool owned) {
   auto request = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Request* {
     auto name = names_.find(id);
     if (name == names_.end()) return nullptr;
@@ -669,16 +669,16 @@ std::optional<int64_t> WorkerCore::fence(uint64_t id, bool unowned) {
   fenced_.push_back(Fenced{.id = id,
                            .blocks = blocks,
                            .staging = std::exchange(held->staging, {}),
-                           .unowned = unowned,
+                           .router_id = owned ? held->router_id : std::string(),
                            .until = Clock::now() + options_.quarantine});
   forget(id);
-  metrics_.onFenced(fencedBlocks(/*unowned_only=*/false));
+  metrics_.onFenced(fencedBlocks());
   return blocks;
 }
 
-int64_t WorkerCore::fencedBlocks(bool unowned_only) const {
+int64_t WorkerCore::fencedBlocks() const {
   int64_t total = 0;
-  for (const Fenced& f : fenced_) total += f.unowned || !unowned_only ? f.blocks : 0;
+  for (const Fenced& f : fenced_) total += f.blocks;
   return total;
 }
 
@@ -693,7 +693,7 @@ void WorkerCore::endQuarantines() {
     }
     if (over.empty()) return;
     std::erase_if(fenced_, done);
-    metrics_.onFenced(fencedBlocks(/*unowned_only=*/false), /*added=*/false);
+    metrics_.onFenced(fencedBlocks(), /*added=*/false);
   }
   loop_->call([&](engine::Scheduler& s) {
     for (const Fenced& f : over) s.release(f.id);
@@ -874,17 +874,27 @@ int64_t WorkerCore::heldRequests() {
   return static_cast<int64_t>(requests_.size());
 }
 
-v1::LoadSnapshot WorkerCore::load() {
+v1::LoadSnapshot WorkerCore::load(const std::string& router_id) {
+  // Requests of other routers, by engine id (their blocks are the engine's to count).
+  std::vector<uint64_t> foreign;
+  int64_t foreign_blocks = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, r] : requests_) {
+      if (!r.router_id.empty() && r.router_id != router_id) foreign.push_back(r.id);
+    }
+    for (const Fenced& f : fenced_) foreign_blocks += f.router_id != router_id ? f.blocks : 0;
+  }
   v1::LoadSnapshot load;
   loop_->call([&](engine::Scheduler& s) {
     load.set_running(static_cast<uint32_t>(s.runningSequences()));
     load.set_waiting(static_cast<uint32_t>(s.waitingRequests()));
     load.set_kv_blocks_free(static_cast<uint32_t>(s.freeBlocks()));
     load.set_kv_blocks_reserved(static_cast<uint32_t>(s.reservedBlocks()));
+    for (uint64_t id : foreign) foreign_blocks += static_cast<int64_t>(s.reservation(id).size());
     return 0;
   });
-  absl::MutexLock lock(&mu_);
-  load.set_kv_blocks_fenced_unowned(static_cast<uint32_t>(fencedBlocks(/*unowned_only=*/true)));
+  load.set_kv_blocks_foreign(static_cast<uint32_t>(foreign_blocks));
   return load;
 }
 

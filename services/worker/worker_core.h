@@ -96,7 +96,9 @@ class WorkerCore {
   // same router replaces it (then ABORTED).
   grpc::Status streamTokens(const std::string& router_id, grpc::ServerContext* context,
                             grpc::ServerWriter<v1::TokenEvents>* writer);
-  v1::LoadSnapshot load();
+  // `router_id`: the router this worker is registered with (RegisterResponse); what is held
+  // for others is kv_blocks_foreign.
+  v1::LoadSnapshot load(const std::string& router_id = "");
   // Requests (reserved, prefilling or decoding) this worker holds.
   int64_t heldRequests();
 
@@ -174,13 +176,13 @@ class WorkerCore {
   // Frees `id`'s reservation and forgets it (after stopSending); the blocks freed.
   uint32_t releaseId(uint64_t id);
   // Forgets `id`'s request, if it has not started decoding, keeping its blocks (and receive
-  // staging rows) out of use for options_.quarantine; `unowned` when no router counts them
+  // staging rows) out of use for options_.quarantine; `owned` when its router counts them
   // (the worker fenced it on its own). The blocks fenced, or nullopt (unknown or decoding).
-  std::optional<int64_t> fence(uint64_t id, bool unowned);
+  std::optional<int64_t> fence(uint64_t id, bool owned);
   // Frees the fenced reservations whose quarantine is over.
   void endQuarantines();
-  // Blocks fenced now (only those no router counts, when `unowned_only`).
-  int64_t fencedBlocks(bool unowned_only) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks fenced now.
+  int64_t fencedBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A prompt of `id` being written to a peer stops: returns once no write of it can land
   // and the sender has let go of its blocks.
   void stopSending(uint64_t id);
@@ -207,7 +209,7 @@ class WorkerCore {
     uint64_t id = 0;  // Its engine reservation, held.
     int64_t blocks = 0;
     std::vector<int32_t> staging;  // Receive staging rows, held.
-    bool unowned = false;
+    std::string router_id;         // The router counting them (a Release's), or empty.
     Clock::time_point until;
   };
   std::vector<Fenced> fenced_ ABSL_GUARDED_BY(mu_);

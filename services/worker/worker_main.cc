@@ -367,7 +367,7 @@ int run(int argc, char** argv) {
         options.router, *to_router,
         registration(options, role, **group, worker_id, address, (*metrics)->port(), *sha256,
                      options.target_concurrency, transport.get(), keys),
-        [&core] { return core.load(); });
+        [&core](const std::string& router_id) { return core.load(router_id); });
   }
   int signal = serveUntilShutdownSignal();
   CLEAVE_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << ", draining";

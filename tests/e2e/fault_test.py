@@ -310,6 +310,59 @@ class FaultTest(unittest.TestCase):
         finally:
             stop_all(channel, procs, router, frozen)
 
+    def test_a_restarted_router_admits_around_what_the_old_one_left(self):
+        """A router killed while its requests decode, and started again at its address: the
+        worker still holds the old router's sequences until its lease for that router's
+        stream ends, and says so in its heartbeats; the new router's requests, which would
+        not fit beside them, wait for room instead of failing, and complete exactly."""
+        pb = ct.stubs()["generation_pb2"]
+        with ct.listening_socket() as s:
+            port = s.getsockname()[1]
+        router_args = [ct.binary("cleave-router"), f"--listen=127.0.0.1:{port}",
+                       "--metrics-port=0", f"--model={MODEL}", "--heartbeat-interval-ms=200",
+                       "--lease-timeout-ms=1000"]
+        router = ct.Process(router_args)
+        # 64 blocks: three sequences of about 20 blocks leave less than a later request's 11.
+        worker = ct.Process([ct.binary("cleave-worker"), "--role=both", f"--model={MODEL}",
+                             f"--router=127.0.0.1:{port}", "--listen=127.0.0.1:0",
+                             "--metrics-port=0", "--target-concurrency=4",
+                             "--planned-seq-len=256", "--threads=1", "--lease-timeout-ms=3000"])
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        later = PROMPTS[:2]
+        try:
+            stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
+            ct.wait_for_workers(stub, 1)
+            calls = [stub.Generate(pb.GenerateRequest(
+                text=p, add_special_tokens=True, sampling=pb.SamplingParams(temperature=0),
+                stopping=pb.StoppingCriteria(max_new_tokens=300, ignore_eos=True)), timeout=120)
+                for p in PROMPTS[:3]]
+            for call in calls:
+                next(call)  # Decoding.
+            self.assertGreater(metric(worker.ready["metrics_port"],
+                                      "cleave_worker_kv_blocks_reserved"), 64 - 11)
+            router.proc.kill()
+            router.stop()
+            channel.close()
+            router = ct.Process(router_args)
+            channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+            stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
+            ct.wait_for_workers(stub, 1)
+            started = time.monotonic()
+
+            def generate(prompt):
+                request = pb.GenerateRequest(
+                    text=prompt, add_special_tokens=True, sampling=pb.SamplingParams(temperature=0),
+                    stopping=pb.StoppingCriteria(max_new_tokens=160, ignore_eos=True))
+                return [t for m in stub.Generate(request, timeout=60) for t in m.token_ids]
+
+            with concurrent.futures.ThreadPoolExecutor(len(later)) as pool:
+                results = list(pool.map(generate, later))
+            print(f"\nserved {time.monotonic() - started:.1f} s after the new router started")
+            self.assertEqual(results, [offline(p) for p in later])
+            ct.wait_until_nothing_reserved(router, [worker])
+        finally:
+            stop_all(channel, [worker], router)
+
     def test_a_late_kv_write_lands_in_fenced_blocks(self):
         ids, expected, late_bytes, fenced = self.late_write(quarantine_ms=60000)
         print(f"\n{late_bytes / 2**20:.1f} MiB written late into {fenced:.0f} fenced blocks")
