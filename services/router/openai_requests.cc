@@ -446,8 +446,8 @@ absl::Status parseChat(const Json& body, v1::Chat& chat) {
   }
   if (const Json* tools = field(body, "tools"); tools != nullptr) {
     if (!tools->is_array()) return invalid("tools", "must be an array of tool schemas");
-    const Json* choice = field(body, "tool_choice");
-    if (choice == nullptr || *choice != "none") chat.set_tools_json(tools->dump());
+    // Under tool_choice "none" too, as vLLM: the model knows the tools, and calls none.
+    chat.set_tools_json(tools->dump());
   }
   if (const Json* kwargs = field(body, "chat_template_kwargs"); kwargs != nullptr) {
     if (!kwargs->is_object()) return invalid("chat_template_kwargs", "must be an object");
@@ -551,7 +551,9 @@ absl::StatusOr<Call> parseChatRequest(const Json& body) {
   CLEAVE_RETURN_IF_ERROR(parseChat(body, *r.mutable_chat()));
   CLEAVE_RETURN_IF_ERROR(parseCommon(body, call));
   const Json* tools = field(body, "tools");
-  call.offers_tools = tools != nullptr && !tools->empty() && !r.chat().tools_json().empty();
+  const Json* choice = field(body, "tool_choice");
+  call.offers_tools =
+      tools != nullptr && !tools->empty() && (choice == nullptr || *choice != "none");
   if (const Json* kwargs = field(body, "chat_template_kwargs"); kwargs != nullptr) {
     const Json* thinking = field(*kwargs, "enable_thinking");
     call.thinking_off = thinking != nullptr && *thinking == false;

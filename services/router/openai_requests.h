@@ -75,7 +75,7 @@ struct Call {
 
 // The most choices one request may ask for per prompt (n), and in all.
 inline constexpr int kMaxChoices = 16;
-inline constexpr int kMaxCompletions = 64;
+inline constexpr int kMaxCompletions = 256;
 
 absl::StatusOr<Call> parseCompletionRequest(const nlohmann::json& body);
 absl::StatusOr<Call> parseChatRequest(const nlohmann::json& body);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/retry_hint.h"
 #include "grpcpp/support/status.h"
+#include "services/router/context_overflow.h"
 
 namespace cleave::router::openai {
 namespace {
@@ -416,7 +417,9 @@ ApiError apiError(int grpc_code, const std::string& message, const std::string& 
   Json error{{"message", message},
              {"type", type},
              {"param", param.empty() ? Json(nullptr) : Json(param)},
-             {"code", code.empty() ? Json(http) : Json(code)}};
+             {"code", !code.empty()                           ? Json(code)
+                      : message.starts_with(kContextOverflow) ? Json("context_length_exceeded")
+                                                              : Json(http)}};
   return {http, dumpJson(Json{{"error", std::move(error)}})};
 }
 

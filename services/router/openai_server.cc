@@ -163,9 +163,9 @@ std::pair<int, std::optional<v1::GenerateResponse>> readOne(
   return next;
 }
 
-// X-Request-Id's limit: the router's 128 characters for a request id, less a choice's "-63".
-constexpr size_t kMaxRequestIdLength = 125;
-static_assert(openai::kMaxCompletions <= 100, "a choice's suffix is at most 3 characters");
+// X-Request-Id's limit: the router's 128 characters for a request id, less a choice's "-255".
+constexpr size_t kMaxRequestIdLength = 124;
+static_assert(openai::kMaxCompletions <= 1000, "a choice's suffix is at most 4 characters");
 
 }  // namespace
 
@@ -173,6 +173,7 @@ OpenAiServer::OpenAiServer(std::shared_ptr<grpc::Channel> router, const OpenAiOp
     : stub_(v1::Generation::NewStub(std::move(router))),
       reasoning_(options.reasoning),
       tool_calls_(options.tool_calls),
+      cors_(options.allowed_origins),
       requests_(prometheus::BuildCounter()
                     .Name("cleave_http_requests_total")
                     .Help("Requests to the OpenAI-compatible HTTP API, by path and HTTP status")
@@ -197,11 +198,14 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::start(
   return server;
 }
 
-void OpenAiServer::handle(const HttpRequest& request, HttpResponse& response) {
+void OpenAiServer::handle(const HttpRequest& request, HttpResponse& raw) {
+  CorsResponse response(raw, cors_.allow(request.header("origin")));
   AnthropicErrors anthropic(response);
   const bool messages = request.path.starts_with("/v1/messages");
-  const int status = route(request, messages ? anthropic : response);
   const Route* found = routeOf(request.path);
+  int status = found != nullptr ? cors_.answerPreflight(request, found->methods, raw) : 0;
+  if (status == 0)
+    status = route(request, messages ? anthropic : static_cast<HttpResponse&>(response));
   requests_
       .Add({{"path", found != nullptr ? found->path : "other"}, {"code", std::to_string(status)}})
       .Increment();
@@ -394,7 +398,19 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
     if (!(reasoning_ == ReasoningFormat::kQwen3 && call->thinking_off)) {
       call->reasoning = reasoning_;
     }
-    // Calls are looked for in replies to requests that offered tools.
+    // Calls are looked for in replies to requests that offered tools; with no parser to
+    // find them, only a forced call can be answered (as vLLM refuses "auto").
+    if (call->offers_tools && tool_calls_ == ToolCallFormat::kNone && call->forced_tool.empty() &&
+        !call->forced_any_tool) {
+      return sendError(
+          response,
+          openai::apiError(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
+                           "\"auto\" tool choice needs a tool-call parser to find the calls in "
+                           "replies: start the router with --tool-call-parser (hermes, "
+                           "llama3_json, mistral, deepseek_v3, qwen3_coder or pythonic), or send "
+                           "tool_choice \"none\", \"required\" or a named function",
+                           "tool_choice"));
+    }
     if (call->offers_tools) call->tool_calls = tool_calls_;
     // A JSON-object reply is the object: no reasoning block, no call to look for.
     if (call->request.sampling().response_format() != v1::RESPONSE_FORMAT_TEXT) {

@@ -22,7 +22,8 @@
 // rate limits, validation and metrics are the gRPC API's. A request whose client goes away
 // (a write fails, or ClientWatch sees the connection closed) cancels its calls, which frees
 // their KV blocks. An X-Request-Id header names the
-// request (as GenerateRequest.request_id) and is echoed.
+// request (as GenerateRequest.request_id) and is echoed. Web pages of other origins may
+// call it (CORS, cors.h).
 //
 // Threading: start() and the destructor from one owning thread (the destructor waits for
 // running requests); requests are served on the HTTP server's threads.
@@ -35,6 +36,7 @@
 #include "common/client_watch.h"
 #include "common/http_server.h"
 #include "prometheus/counter.h"
+#include "services/router/cors.h"
 #include "services/router/openai_requests.h"
 #include "services/router/reasoning_splitter.h"
 #include "services/router/response_store.h"
@@ -50,6 +52,8 @@ struct OpenAiOptions {
   ToolCallFormat tool_calls = ToolCallFormat::kNone;
   // The memory kept for Responses API responses (--http-response-store-mib); 0 keeps none.
   int64_t response_store_bytes = int64_t{256} << 20;
+  // Origins whose web pages may call the API (--http-allowed-origins, cors.h).
+  std::string allowed_origins = "*";
 };
 
 class OpenAiServer {
@@ -82,6 +86,7 @@ class OpenAiServer {
   std::unique_ptr<v1::Generation::Stub> stub_;
   const ReasoningFormat reasoning_;
   const ToolCallFormat tool_calls_;
+  const CorsPolicy cors_;
   prometheus::Family<prometheus::Counter>& requests_;
   std::unique_ptr<ResponseStore> store_;  // Null when none is kept.
   ClientWatch watch_;                     // Clients that leave before their response is written.

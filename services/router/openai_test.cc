@@ -334,12 +334,14 @@ TEST(OpenAiRequestTest, TruncatePromptTokensTravels) {
   }
 }
 
-TEST(OpenAiRequestTest, ChatWithoutMaxTokensRunsToTheContextAndToolChoiceNoneHidesTools) {
+TEST(OpenAiRequestTest, ChatWithoutMaxTokensRunsToTheContextAndToolChoiceNoneOffersNoTools) {
+  // The template sees the tools (as vLLM's); no call is looked for.
   auto call = parseChatRequest(Json::parse(
-      R"({"messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none"})"));
+      R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "none",
+          "tools": [{"type": "function", "function": {"name": "f"}}]})"));
   ASSERT_TRUE(call.ok()) << call.status();
   EXPECT_FALSE(call->request.stopping().has_max_new_tokens());
-  EXPECT_EQ(call->request.chat().tools_json(), "");
+  EXPECT_THAT(call->request.chat().tools_json(), ::testing::HasSubstr("\"f\""));
   EXPECT_FALSE(call->request.chat().has_add_generation_prompt());
   EXPECT_FALSE(call->request.has_logprobs());
   EXPECT_FALSE(call->offers_tools);
@@ -370,7 +372,9 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {R"({"prompt": []})", "prompt"},
       {R"({"prompt": ["a", ""]})", "prompt[1]"},
       {R"({"prompt": ["a", [1, -1]]})", "prompt[1][1]"},
-      {R"({"prompt": ["a", "b", "c", "d", "e"], "n": 16})", "prompt"},
+      {R"({"prompt": ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o",
+                     "p", "q"], "n": 16})",
+       "prompt"},
       {R"({"prompt": [1, -2]})", "prompt[1]"},
       {R"({"prompt": [1, 4294967296]})", "prompt[1]"},
       {R"({"prompt": "a", "max_tokens": 0})", "max_tokens"},
@@ -741,6 +745,12 @@ TEST(OpenAiResponseTest, ErrorsCarryOpenAisShapeAndHttpStatus) {
     EXPECT_TRUE(body["error"]["param"].is_null());
     EXPECT_EQ(body["error"]["message"], "why \xef\xbf\xbd");  // invalid UTF-8 replaced
   }
+  // A context overflow carries OpenAI's code.
+  const Json overflow =
+      Json::parse(apiError(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
+                           "This model's maximum context length is 8192 tokens. However, ...")
+                      .body);
+  EXPECT_EQ(overflow["error"]["code"], "context_length_exceeded");
 }
 
 }  // namespace

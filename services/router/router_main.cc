@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   std::string http_listen;
   int64_t http_threads = 128;
   int64_t http_response_store_mib = 256;
+  std::string http_allowed_origins = "*";
   std::string reasoning_parser;
   std::string tool_call_parser;
   cleave::FlagSet flags("cleave-router", "[flags]",
@@ -94,6 +95,9 @@ int main(int argc, char** argv) {
                "With --http-listen: memory for Responses API responses kept for "
                "previous_response_id and GET /v1/responses/ID (least recently used go first); "
                "0 keeps none");
+  flags.addString("http-allowed-origins", &http_allowed_origins,
+                  "With --http-listen: origins whose web pages may call the API (CORS), "
+                  "comma-separated, or * for any; empty for none");
   flags.addInt("heartbeat-interval-ms", &heartbeat_interval_ms, "How often workers heartbeat");
   flags.addInt("lease-timeout-ms", &lease_timeout_ms,
                "A worker silent this long is dropped; its requests move to other workers");
@@ -280,7 +284,8 @@ int main(int argc, char** argv) {
         (*server)->inProcessChannel(),
         {.reasoning = *reasoning,
          .tool_calls = *tool_calls,
-         .response_store_bytes = http_response_store_mib << 20});
+         .response_store_bytes = http_response_store_mib << 20,
+         .allowed_origins = http_allowed_origins});
     if (!started.ok()) {
       (*server)->shutdown(std::chrono::milliseconds(0));
       cleave::exitWithUsageError(flags, started.status());

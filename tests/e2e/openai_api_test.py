@@ -390,11 +390,16 @@ class OpenAiApiTest(unittest.TestCase):
             self.assertEqual(message.content or "", text[:text.index("<tool_call>")])
         else:  # nothing parsed as a call: the reply is the text, whole
             self.assertEqual(message.content, text)
-        # tool_choice "none" hides the tools from the template and looks for no calls.
+        # tool_choice "none": the template still shows the tools (as vLLM's) and no call is
+        # looked for: the reply is the text, whole.
         none = self.client.chat.completions.create(model=self.model, messages=messages,
                                                    tools=tools, tool_choice="none", max_tokens=8,
                                                    temperature=0)
         self.assertIsNone(none.choices[0].message.tool_calls)
+        text, _, _, _ = self.grpc_generate(self.pb.GenerateRequest(
+            chat=chat, sampling=self.pb.SamplingParams(temperature=0),
+            stopping=self.pb.StoppingCriteria(max_new_tokens=8)))
+        self.assertEqual(none.choices[0].message.content, text)
         # A named function is called, whatever the model would say: its arguments are an
         # instance of its parameters (also streamed, whole at the end).
         import jsonschema
@@ -872,7 +877,7 @@ class OpenAiApiTest(unittest.TestCase):
         cases = [
             ({"prompt": "x", "n": 17}, "/v1/completions", 400, "n"),
             ({"prompt": "x", "temperature": "hot"}, "/v1/completions", 400, "temperature"),
-            ({"prompt": ["a", "b", "c", "d", "e"], "n": 16}, "/v1/completions", 400, "prompt"),
+            ({"prompt": ["a"] * 17, "n": 16}, "/v1/completions", 400, "prompt"),
             ({"messages": []}, "/v1/chat/completions", 400, "messages"),
             ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
              "/v1/chat/completions", 400, "messages[0].content[0].type"),
@@ -883,13 +888,16 @@ class OpenAiApiTest(unittest.TestCase):
               "response_format": {"type": "json_object"}}, "/v1/chat/completions", 400, None),
             # Values the router checks: its message names its field.
             ({"prompt": "x", "top_p": 1.5}, "/v1/completions", 400, None),
-            ({"prompt": "x", "max_tokens": 100000}, "/v1/completions", 400, None),
             ({"prompt": "x", "model": "nope"}, "/v1/completions", 404, None),
         ]
         for body, path, http_status, param in cases:
             with self.subTest(body=body):
                 status, _, text = self.raw("POST", path, body)
                 self.assertApiError(status, text, http_status, param)
+        # A context overflow has OpenAI's code, which clients look for to trim.
+        status, _, text = self.raw("POST", "/v1/completions", {"prompt": "x", "max_tokens": 100000})
+        self.assertEqual(status, 400, text)
+        self.assertEqual(json.loads(text)["error"]["code"], "context_length_exceeded")
         status, _, text = self.raw("POST", "/v1/completions", "{not json")
         self.assertApiError(status, text, 400)
         status, _, text = self.raw("POST", "/v1/completions", "[" * 100 + "]" * 100)
@@ -906,6 +914,48 @@ class OpenAiApiTest(unittest.TestCase):
         with self.assertRaises(openai.NotFoundError):
             self.client.chat.completions.create(model="nope", messages=[{"role": "user",
                                                                          "content": "x"}])
+
+    def test_web_pages_of_other_origins_may_call_it(self):
+        # A browser's preflight, then the call: any origin, as vLLM answers by default.
+        status, headers, _ = self.raw("OPTIONS", "/v1/chat/completions", None, {
+            "Origin": "https://chat.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        self.assertEqual(status, 200)
+        self.assertEqual(headers["Access-Control-Allow-Origin"], "*")
+        self.assertIn("POST", headers["Access-Control-Allow-Methods"])
+        self.assertEqual(headers["Access-Control-Allow-Headers"], "authorization, content-type")
+        status, headers, text = self.raw(
+            "POST", "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": True},
+            {"Origin": "https://chat.example"})
+        self.assertEqual(status, 200, text)
+        self.assertEqual(headers["Access-Control-Allow-Origin"], "*")
+        self.assertIn("X-Request-Id", headers["Access-Control-Expose-Headers"])
+        status, headers, text = self.raw("GET", "/v1/models")  # No Origin: no CORS header.
+        self.assertNotIn("Access-Control-Allow-Origin", headers)
+
+    def test_tools_without_a_parser_are_refused_unless_the_call_is_forced(self):
+        # A router with no --tool-call-parser could not find the calls in a reply: "auto" is
+        # refused (as vLLM refuses it), naming the flag; it needs no worker to say so.
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0", f"--model={MODEL}", "--http-listen=127.0.0.1:0"])
+        try:
+            tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+            for path, body in (
+                    ("/v1/chat/completions",
+                     {"messages": [{"role": "user", "content": "x"}], "tools": tools}),
+                    ("/v1/responses", {"input": "x", "tools": [{"type": "function", "name": "f"}]})):
+                connection = http.client.HTTPConnection("127.0.0.1", router.ready["http_port"],
+                                                        timeout=30)
+                connection.request("POST", path, body=json.dumps(body),
+                                   headers={"Content-Type": "application/json"})
+                response = connection.getresponse()
+                text = response.read().decode()
+                connection.close()
+                self.assertApiError(response.status, text, 400, "tool_choice")
+                self.assertIn("--tool-call-parser", json.loads(text)["error"]["message"])
+        finally:
+            router.stop()
 
     def test_logprobs_of_tokens_that_split_a_character(self):
         # Byte-level tokens of CJK text are parts of characters: their text is U+FFFD,
@@ -1004,6 +1054,11 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(batch.usage.prompt_tokens, sum(s.usage.prompt_tokens for s in singles))
         self.assertEqual(batch.usage.completion_tokens,
                          2 * sum(s.usage.completion_tokens for s in singles))
+        # As large a batch as evaluation harnesses send (lm-eval's batch_size), 256 at most.
+        many = self.client.completions.create(model=self.model, prompt=prompts * 43,
+                                              max_tokens=6, temperature=0)
+        self.assertEqual([c.text for c in many.choices],
+                         [s.choices[0].text for s in singles] * 43)
 
     def test_request_ids_are_echoed(self):
         status, headers, text = self.raw("POST", "/v1/completions",
@@ -1021,7 +1076,7 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertTrue(headers.get("X-Request-Id"))
         self.assertEqual(json.loads(text)["id"], "chatcmpl-" + headers["X-Request-Id"])
         # The longest id still leaves room for a choice's suffix; longer is the client's to fix.
-        for length, expected in ((125, 200), (126, 400)):
+        for length, expected in ((124, 200), (125, 400)):
             status, headers, text = self.raw("POST", "/v1/completions",
                                              {"prompt": "Hello", "max_tokens": 2, "n": 16},
                                              {"X-Request-Id": "r" * length})
