@@ -8,9 +8,8 @@ namespace cleave::router {
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
 CorsPolicy::CorsPolicy(std::string_view origins) {
-  for (absl::string_view origin :
-       absl::StrSplit(absl::string_view(origins.data(), origins.size()), ',',
-                      absl::SkipWhitespace())) {
+  for (absl::string_view origin : absl::StrSplit(absl::string_view(origins.data(), origins.size()),
+                                                 ',', absl::SkipWhitespace())) {
     origin = absl::StripAsciiWhitespace(origin);
     if (origin == "*") any_ = true;
     origins_.emplace_back(origin);

@@ -87,10 +87,6 @@ WorkerPool::WorkerPool(WorkerPoolOptions options,
       queue_gauge_(plainGauge("cleave_router_queue_depth", "Requests waiting for admission")),
       reserved_gauge_(plainGauge("cleave_router_reserved_blocks",
                                  "KV blocks reserved for admitted requests on all decode workers")),
-      fenced_gauge_(plainGauge("cleave_router_fenced_blocks",
-                               "KV blocks of released requests kept out of use on decode "
-                               "workers while a KV write into them may still come (part of "
-                               "reserved_blocks)")),
       admitted_gauge_(plainGauge("cleave_router_admitted_requests",
                                  "Requests holding KV blocks on some decode worker")),
       workers_gauge_(plainGauge("cleave_router_workers", "Registered workers")),
@@ -249,19 +245,12 @@ void WorkerPool::expire(std::stop_token stop) {
       bool unfenced = false;
       for (auto& [id, entry] : workers_) {
         if (now - entry.last_seen > options_.lease_timeout) lost.push_back(id);
-        // Fences whose time came: their blocks are free again there.
-        auto& fenced = entry.fenced;
-        for (auto it = fenced.begin(); it != fenced.end();) {
-          if (it->first > now) {
-            ++it;
-            continue;
-          }
-          entry.reserved -= it->second;
-          it = fenced.erase(it);
-          unfenced = true;
-        }
+        // Fences the worker's heartbeats count by now (or over).
+        const size_t before = entry.fenced.size();
+        std::erase_if(entry.fenced, [now](const auto& fence) { return fence.first <= now; });
+        unfenced = unfenced || entry.fenced.size() != before;
       }
-      if (unfenced) ++changes_, updateGauges();
+      if (unfenced) ++changes_;
     }
     for (const std::string& id : lost) remove(id, "no heartbeat within the lease timeout");
   }
@@ -322,7 +311,9 @@ WorkerPool::Entry* WorkerPool::pick(int64_t blocks, const std::vector<std::strin
     // A full batch may be prefilled ahead: when a whole batch finishes at once (requests of
     // one length), the next one is ready to decode.
     if (entry.admitted >= 2 * int64_t{cap.target_concurrency()}) continue;
-    if (int64_t{cap.total_blocks()} - entry.reserved - entry.foreign <
+    int64_t fenced = 0;
+    for (const auto& fence : entry.fenced) fenced += fence.second;
+    if (int64_t{cap.total_blocks()} - entry.reserved - entry.foreign - fenced <
         blocks - sharedBlocks(entry, prefix))
       continue;
     const double load = static_cast<double>(entry.admitted) / cap.target_concurrency();
@@ -614,12 +605,13 @@ void WorkerPool::release(const Admission& admission, std::optional<Served> serve
   // A worker that left took its accounting with it.
   if (it == workers_.end() || it->second.worker != admission.worker) return;
   share(it->second, admission.shared, -1);
-  // Its fenced blocks (its cached prefix's among them, held there by the fence) are held a
-  // while more: counted again, once more if others share some of them, until then.
-  fenced = std::clamp<int64_t>(fenced, 0, admission.blocks);
-  it->second.reserved += fenced - admission.own;
+  it->second.reserved -= admission.own;
+  // Its fenced blocks (its cached prefix's among them) stay out of use there: held here
+  // until the worker's heartbeats count them.
   if (fenced > 0) {
-    it->second.fenced.emplace_back(std::chrono::steady_clock::now() + fenced_for, fenced);
+    it->second.fenced.emplace_back(
+        std::chrono::steady_clock::now() + std::min(fenced_for, 2 * options_.heartbeat_interval),
+        std::min(fenced, admission.blocks));
   }
   it->second.admitted -= 1;
   ++changes_;
@@ -627,13 +619,11 @@ void WorkerPool::release(const Admission& admission, std::optional<Served> serve
 }
 
 void WorkerPool::updateGauges() {
-  int64_t reserved = 0, admitted = 0, fenced = 0;
+  int64_t reserved = 0, admitted = 0;
   for (const auto& [id, entry] : workers_) {
     reserved += entry.reserved;
     admitted += entry.admitted;
-    for (const auto& fence : entry.fenced) fenced += fence.second;
   }
-  fenced_gauge_.Set(static_cast<double>(fenced));
   queue_gauge_.Set(static_cast<double>(queue_.size()));
   reserved_gauge_.Set(static_cast<double>(reserved));
   admitted_gauge_.Set(static_cast<double>(admitted));
@@ -658,7 +648,8 @@ std::chrono::system_clock::time_point WorkerPool::patienceDeadline(
   return std::min(deadline, std::chrono::system_clock::now() + options_.restart_patience);
 }
 
-bool WorkerPool::awaitPrefill(const Worker& decode, std::chrono::system_clock::time_point deadline,
+bool WorkerPool::awaitPrefill(const Worker& decode, const std::vector<std::string>& exclude,
+                              std::chrono::system_clock::time_point deadline,
                               const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
   const auto give_up = patienceDeadline(deadline);
@@ -666,7 +657,7 @@ bool WorkerPool::awaitPrefill(const Worker& decode, std::chrono::system_clock::t
   return waitUntil(
       [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
         for (const auto& [id, entry] : workers_) {
-          if (entry.draining) continue;
+          if (entry.draining || contains(exclude, id)) continue;
           if (entry.worker->info.role() == v1::WORKER_ROLE_PREFILL) return true;
           if (id == decode.id && decode.info.role() == v1::WORKER_ROLE_BOTH) return true;
         }

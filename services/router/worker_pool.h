@@ -212,16 +212,18 @@ class WorkerPool {
   // `served`: set when the request finished there normally; its time there less the decode
   // batch wait is a service time, which admission estimates go by. `fenced`: the worker's
   // Release kept that many of its blocks out of use for `fenced_for` (a KV write into them
-  // may still come); they stay counted against the worker until then.
+  // may still come); they stay counted against the worker until its heartbeats count them
+  // (kv_blocks_foreign), for two heartbeat intervals or `fenced_for` if shorter.
   void release(const Admission& admission, std::optional<Served> served = std::nullopt,
                int64_t fenced = 0,
                std::chrono::milliseconds fenced_for = std::chrono::milliseconds(0));
 
-  // Waits until a worker that can prefill for `decode` is registered (none draining: a
-  // prefill worker, or `decode` itself when it has both roles): while every prefill worker
-  // is restarting, a request waits for one instead of failing. False when `deadline`
-  // passes, `cancelled()` turns true, or the restart patience runs out first.
-  bool awaitPrefill(const Worker& decode, std::chrono::system_clock::time_point deadline,
+  // Waits until a worker that can prefill for `decode` is registered (none draining nor in
+  // `exclude`: a prefill worker, or `decode` itself when it has both roles): while every
+  // prefill worker is restarting, a request waits for one instead of failing. False when
+  // `deadline` passes, `cancelled()` turns true, or the restart patience runs out first.
+  bool awaitPrefill(const Worker& decode, const std::vector<std::string>& exclude,
+                    std::chrono::system_clock::time_point deadline,
                     const std::function<bool()>& cancelled);
 
   // The worker to prefill a prompt of `tokens` tokens whose cacheable blocks are `prefix`
@@ -257,8 +259,8 @@ class WorkerPool {
   struct Entry {
     std::shared_ptr<Worker> worker;
     std::chrono::steady_clock::time_point last_seen;
-    int64_t reserved = 0;  // Blocks of admitted requests (each shared one once) and fenced.
-    // Blocks released into a fence, counted in `reserved` until their time comes.
+    int64_t reserved = 0;  // Blocks of admitted requests (each shared one once).
+    // Blocks released into a fence lately, held until the worker's heartbeats count them.
     std::vector<std::pair<std::chrono::steady_clock::time_point, int64_t>> fenced;
     // Blocks the worker holds for others (its heartbeat's kv_blocks_foreign): out of use.
     int64_t foreign = 0;
@@ -366,7 +368,6 @@ class WorkerPool {
   uint64_t changes_ ABSL_GUARDED_BY(mu_) = 0;            // Bumped by anything admission depends on.
   prometheus::Gauge& queue_gauge_;                       // cleave_router_queue_depth
   prometheus::Gauge& reserved_gauge_;                    // cleave_router_reserved_blocks
-  prometheus::Gauge& fenced_gauge_;                      // cleave_router_fenced_blocks
   prometheus::Gauge& admitted_gauge_;                    // cleave_router_admitted_requests
   prometheus::Gauge& workers_gauge_;                     // cleave_router_workers
   prometheus::Family<prometheus::Counter>& admissions_;  // ..._admissions_total{outcome}

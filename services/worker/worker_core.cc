@@ -113,7 +113,7 @@ void WorkerCore::sweep() {
     cancel(name);
   }
   for (const auto& [id, why] : unstarted) {
-    if (std::optional<int64_t> blocks = fence(id, /*owned=*/false)) {
+    if (std::optional<int64_t> blocks = fence(id)) {
       CLEAVE_LOG(WARNING) << "fencing the " << *blocks << " blocks of reservation " << id << " for "
                           << options_.quarantine.count() << " ms: " << why;
       metrics_.onRequestExpired();
@@ -204,6 +204,11 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
     auto it = requests_.find(r.request_id());
     repeated = it != requests_.end();
     id = repeated ? it->second.id : next_id_++;
+    if (repeated && it->second.ending) {
+      // Its blocks may be fenced: never named again.
+      return absl::AbortedError(
+          absl::StrCat("request ", r.request_id(), " is being released; reserve it again after"));
+    }
     if (repeated) {
       // Its staging rows went back when it started decoding: nothing is left to name.
       if (receive_staging_ && it->second.decoding) {
@@ -585,6 +590,11 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   {
     absl::MutexLock lock(&mu_);
     if (auto it = requests_.find(r.request_id()); it != requests_.end() && it->second.id == *id) {
+      if (it->second.ending || it->second.starting) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "request ", r.request_id(), " is being released, fenced or started by another call"));
+      }
+      it->second.starting = true;
       copy_in = !it->second.prefilled_here && !it->second.decoding;
       cached = it->second.cached_blocks;
       staging = std::move(it->second.staging);
@@ -619,6 +629,7 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(r.request_id());
     if (it != requests_.end() && it->second.id != *id) it = requests_.end();  // Another since.
+    if (it != requests_.end()) it->second.starting = false;
     if (started.ok() && it != requests_.end()) it->second.decoding = true;
     if (receive_staging_) {
       if (!started.ok() && it != requests_.end() && it->second.staging.empty()) {
@@ -636,9 +647,18 @@ v1::ReleaseResponse WorkerCore::release(const v1::ReleaseRequest& request) {
   std::optional<uint64_t> id = idOf(request.request_id());
   if (!id) return response;
   if (request.writer_may_be_active()) {
-    if (std::optional<int64_t> blocks = fence(*id, /*owned=*/true)) {
-      response.set_blocks_fenced(static_cast<uint32_t>(*blocks));
-      response.set_fenced_ms(static_cast<uint32_t>(options_.quarantine.count()));
+    bool decoding;
+    {
+      absl::MutexLock lock(&mu_);
+      const Request* r = requestOf(*id);
+      decoding = r != nullptr && (r->decoding || r->starting);
+    }
+    // Not decoding: fenced here, or (nullopt) being freed or fenced by another call already.
+    if (!decoding) {
+      if (std::optional<int64_t> blocks = fence(*id)) {
+        response.set_blocks_fenced(static_cast<uint32_t>(*blocks));
+        response.set_fenced_ms(static_cast<uint32_t>(options_.quarantine.count()));
+      }
       return response;
     }
   }
@@ -646,31 +666,32 @@ v1::ReleaseResponse WorkerCore::release(const v1::ReleaseRequest& request) {
   return response;
 }
 
-std::optional<int64_t> WorkerCore::fence(uint64_t id, bool owned) {
-  auto request = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> Request* {
-    auto name = names_.find(id);
-    if (name == names_.end()) return nullptr;
-    auto it = requests_.find(name->second);
-    return it != requests_.end() && it->second.id == id && !it->second.decoding ? &it->second
-                                                                                : nullptr;
-  };
+WorkerCore::Request* WorkerCore::requestOf(uint64_t id) {
+  auto name = names_.find(id);
+  if (name == names_.end()) return nullptr;
+  auto it = requests_.find(name->second);
+  return it != requests_.end() && it->second.id == id ? &it->second : nullptr;
+}
+
+std::optional<int64_t> WorkerCore::fence(uint64_t id) {
   {
     absl::MutexLock lock(&mu_);
-    if (request() == nullptr) return std::nullopt;
+    Request* r = requestOf(id);
+    if (r == nullptr || r->decoding || r->starting || r->ending) return std::nullopt;
+    r->ending = true;  // Ours now: no release, fence or StartDecode takes it.
   }
   const int64_t blocks = loop_->call([&](engine::Scheduler& s) {
     s.stop(id);  // A prompt this worker computes into it stops.
     return static_cast<int64_t>(s.reservation(id).size());
   });
   absl::MutexLock lock(&mu_);
-  Request* held = request();
-  if (held == nullptr) return std::nullopt;  // Released meanwhile.
+  Request* held = requestOf(id);  // Still there: it was ours to end.
   abortPrefill(id, absl::AbortedError("the reservation was released"));
-  fenced_.push_back(Fenced{.id = id,
-                           .blocks = blocks,
-                           .staging = std::exchange(held->staging, {}),
-                           .router_id = owned ? held->router_id : std::string(),
-                           .until = Clock::now() + options_.quarantine});
+  fenced_.push_back(
+      Fenced{.id = id,
+             .blocks = blocks,
+             .staging = held ? std::exchange(held->staging, {}) : std::vector<int32_t>(),
+             .until = Clock::now() + options_.quarantine});
   forget(id);
   metrics_.onFenced(fencedBlocks());
   return blocks;
@@ -720,6 +741,13 @@ void WorkerCore::stopSending(uint64_t id) {
 }
 
 uint32_t WorkerCore::releaseId(uint64_t id) {
+  {
+    absl::MutexLock lock(&mu_);
+    Request* r = requestOf(id);
+    // Unknown (forgotten: freed, or fenced with its blocks held), or another call's to end.
+    if (r == nullptr || r->ending) return 0;
+    r->ending = true;
+  }
   stopSending(id);
   const int64_t freed = loop_->call([&](engine::Scheduler& s) { return s.release(id); });
   absl::MutexLock lock(&mu_);
@@ -731,6 +759,12 @@ uint32_t WorkerCore::releaseId(uint64_t id) {
 bool WorkerCore::cancel(const std::string& request_id) {
   std::optional<uint64_t> id = idOf(request_id);
   if (!id) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    Request* r = requestOf(*id);
+    if (r == nullptr || r->ending) return false;  // Another call's to end.
+    r->ending = true;
+  }
   stopSending(*id);
   const bool found = loop_->call([&](engine::Scheduler& s) { return s.cancel(*id); });
   absl::MutexLock lock(&mu_);
@@ -883,7 +917,7 @@ v1::LoadSnapshot WorkerCore::load(const std::string& router_id) {
     for (const auto& [name, r] : requests_) {
       if (!r.router_id.empty() && r.router_id != router_id) foreign.push_back(r.id);
     }
-    for (const Fenced& f : fenced_) foreign_blocks += f.router_id != router_id ? f.blocks : 0;
+    foreign_blocks = fencedBlocks();  // Whoever fenced them, no router counts them.
   }
   v1::LoadSnapshot load;
   loop_->call([&](engine::Scheduler& s) {

@@ -96,8 +96,8 @@ class WorkerCore {
   // same router replaces it (then ABORTED).
   grpc::Status streamTokens(const std::string& router_id, grpc::ServerContext* context,
                             grpc::ServerWriter<v1::TokenEvents>* writer);
-  // `router_id`: the router this worker is registered with (RegisterResponse); what is held
-  // for others is kv_blocks_foreign.
+  // `router_id`: the router this worker is registered with (RegisterResponse); what that
+  // router does not count (other routers' requests, fenced blocks) is kv_blocks_foreign.
   v1::LoadSnapshot load(const std::string& router_id = "");
   // Requests (reserved, prefilling or decoding) this worker holds.
   int64_t heldRequests();
@@ -107,7 +107,10 @@ class WorkerCore {
   struct Request {
     uint64_t id = 0;
     std::string router_id;
-    bool decoding = false;        // StartDecode was accepted.
+    bool decoding = false;  // StartDecode was accepted.
+    bool starting = false;  // A StartDecode is handing it to the engine.
+    // Being freed (releaseId) or fenced: the other leaves it alone, and StartDecode refuses it.
+    bool ending = false;
     Clock::time_point ready_at;   // When StartDecode came.
     bool decode_started = false;  // Its first decode event was sent.
     // Its prompt's KV was computed here (a local prefill), not written in by a transfer:
@@ -176,9 +179,11 @@ class WorkerCore {
   // Frees `id`'s reservation and forgets it (after stopSending); the blocks freed.
   uint32_t releaseId(uint64_t id);
   // Forgets `id`'s request, if it has not started decoding, keeping its blocks (and receive
-  // staging rows) out of use for options_.quarantine; `owned` when its router counts them
-  // (the worker fenced it on its own). The blocks fenced, or nullopt (unknown or decoding).
-  std::optional<int64_t> fence(uint64_t id, bool owned);
+  // staging rows) out of use for options_.quarantine. The blocks fenced, or nullopt (unknown,
+  // decoding, or being freed or fenced already).
+  std::optional<int64_t> fence(uint64_t id);
+  // The request of engine id `id`, if it is still known under its name.
+  Request* requestOf(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the fenced reservations whose quarantine is over.
   void endQuarantines();
   // Blocks fenced now.
@@ -209,7 +214,6 @@ class WorkerCore {
     uint64_t id = 0;  // Its engine reservation, held.
     int64_t blocks = 0;
     std::vector<int32_t> staging;  // Receive staging rows, held.
-    std::string router_id;         // The router counting them (a Release's), or empty.
     Clock::time_point until;
   };
   std::vector<Fenced> fenced_ ABSL_GUARDED_BY(mu_);

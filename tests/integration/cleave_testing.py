@@ -151,8 +151,7 @@ def wait_until_nothing_reserved(router, workers, seconds=15.0):
     deadline = time.monotonic() + seconds
     while True:
         port = router.ready["metrics_port"]
-        held = {"router": metric(port, "cleave_router_reserved_blocks") -
-                metric(port, "cleave_router_fenced_blocks")}
+        held = {"router": metric(port, "cleave_router_reserved_blocks")}
         for i, w in enumerate(workers):
             if w.proc.poll() is None:
                 port = w.ready["metrics_port"]
