@@ -108,7 +108,7 @@ void stopAll(std::vector<Child>& children) {
 int runUp(int argc, char** argv) {
   std::string model, listen = "127.0.0.1:50051", ready_file, kv_dtype = "auto", backend = "cpu",
                      chat_template, http_listen, reasoning_parser, tool_call_parser,
-                     served_model_name;
+                     served_model_name, generation_config = "auto";
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
   int64_t local_prefill_tokens = 0;
   bool log_requests = false;
@@ -127,6 +127,9 @@ int runUp(int argc, char** argv) {
                 "The router's --log-requests: a log line per request when it ends");
   flags.addString("served-model-name", &served_model_name,
                   "The router's --served-model-name: the names clients call the model by");
+  flags.addString("generation-config", &generation_config,
+                  "The router's --generation-config: auto (requests that leave sampling unset "
+                  "get what the model folder's generation_config.json recommends) or none");
   flags.addString("reasoning-parser", &reasoning_parser,
                   "With --http-listen: the router's --reasoning-parser (qwen3, deepseek_r1)");
   flags.addString("tool-call-parser", &tool_call_parser,
@@ -258,6 +261,7 @@ int runUp(int argc, char** argv) {
   if (!tool_call_parser.empty()) router_args.push_back("--tool-call-parser=" + tool_call_parser);
   if (!served_model_name.empty()) router_args.push_back("--served-model-name=" + served_model_name);
   if (log_requests) router_args.push_back("--log-requests");
+  router_args.push_back("--generation-config=" + generation_config);
   if (local_prefill_tokens != 0) {
     router_args.push_back(absl::StrCat("--local-prefill-tokens=", local_prefill_tokens));
   }

@@ -17,6 +17,7 @@
 #include "services/router/context_overflow.h"
 #include "services/router/generation_service.h"
 #include "services/router/request_validation.h"
+#include "services/router/sampling_defaults.h"
 #include "services/router/text_stream.h"
 
 namespace cleave::router {
@@ -251,6 +252,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   const std::string id = absl::StrCat(relay_.routerId(), "-", next_request_++);
   if (record.id.empty()) record.id = id;
   v1::SamplingParams sampling = request.sampling();
+  applySamplingDefaults(options_.sampling_defaults, sampling);
   if (!sampling.has_seed()) sampling.set_seed(std::random_device{}() * 0x100000001ull);
   if (absl::Status banned = banWords(tokenizer_.get(), model->vocab_size, sampling); !banned.ok()) {
     return error(static_cast<grpc::StatusCode>(banned.code()), std::string(banned.message()));
@@ -500,6 +502,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     placed.reset();
   };
   int crowded = 0;  // Reserves refused for want of blocks the router counted free.
+  std::vector<std::string> unstoppable;  // Prefill workers whose writes could not be stopped.
   // A scored prompt is computed whole: no cached block is shared.
   const bool scored = sequence.prompt_logprobs && tokens == sequence.prompt_tokens;
   const std::span<const uint64_t> shareable =
@@ -548,8 +551,13 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
                           << "); placing it again after its next heartbeat";
       ++crowded;
       placed.reset();
-      if (!pauseFor(2 * pool_.heartbeatInterval(), sequence.deadline, sequence.cancelled))
-        return status;
+      if (!pauseFor(2 * pool_.heartbeatInterval(), sequence.deadline, sequence.cancelled)) {
+        return sequence.cancelled()
+                   ? error(grpc::StatusCode::CANCELLED, "cancelled by the client")
+                   : error(grpc::StatusCode::DEADLINE_EXCEEDED,
+                           "the deadline passed while the request waited for room on a decode "
+                           "worker");
+      }
       continue;
     }
     if (!status.ok()) return status;
@@ -590,18 +598,20 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     // writing (else the blocks are fenced and the sequence placed again, in other blocks).
     // When every one fails, the decode worker's side may be what failed (a transfer into a
     // worker that died): place the sequence again.
-    std::vector<std::string> failed;
+    // Those that could not be stopped are passed over by every placement of the sequence.
+    std::vector<std::string> failed = unstoppable;
     bool every_prefill_failed = false, writer_unconfirmed = false;
     while (true) {
       absl::StatusOr<PrefillLease> prefiller = pool_.pickPrefill(worker, tokens, prefix, failed);
-      // No prefill worker at all (every one restarting): wait for one to register, as long
-      // as a restart takes.
-      if (!prefiller.ok() && failed.empty() &&
-          pool_.awaitPrefill(worker, sequence.deadline, sequence.cancelled)) {
+      // No prefill worker (every one restarting, or none but those passed over): wait for
+      // one to register, as long as a restart takes.
+      const bool none_failed_here = failed.size() == unstoppable.size();
+      if (!prefiller.ok() && none_failed_here &&
+          pool_.awaitPrefill(worker, unstoppable, sequence.deadline, sequence.cancelled)) {
         prefiller = pool_.pickPrefill(worker, tokens, prefix, failed);
       }
       if (!prefiller.ok()) {
-        if (failed.empty()) return toGrpcStatus(prefiller.status());
+        if (none_failed_here) return toGrpcStatus(prefiller.status());
         every_prefill_failed = true;
         break;
       }
@@ -618,12 +628,16 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
                           << " failed (" << status.error_message() << "); trying another worker";
       failed.push_back(prefiller->worker->id);
       if (!stopPrefill(*prefiller->worker, sequence.id)) {
+        unstoppable.push_back(prefiller->worker->id);
         writer_unconfirmed = true;
         break;
       }
     }
     if (writer_unconfirmed) {
+      // Placed again in other blocks; a decode worker that could not be told to fence these
+      // is passed over (its reservation may stand: the same id would get the same blocks).
       placed->writer_unconfirmed = true;
+      if (!placed->release()) lost.push_back(worker.id);
       placed.reset();
       continue;
     }
@@ -655,7 +669,9 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
   }
 }
 
-GenerationService::Placement::~Placement() {
+bool GenerationService::Placement::release() {
+  if (released) return true;
+  released = true;
   self.relay_.close(id);
   if (prefilling != nullptr && !stopPrefill(*prefilling, id)) writer_unconfirmed = true;
   v1::ReleaseRequest release;
@@ -682,6 +698,7 @@ GenerationService::Placement::~Placement() {
   }
   self.pool_.release(admission, served, released.blocks_fenced(),
                      std::chrono::milliseconds(released.fenced_ms()));
+  return status.ok();
 }
 
 }  // namespace cleave::router

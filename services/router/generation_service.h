@@ -53,6 +53,8 @@ struct GenerationServiceOptions {
   // One log line (INFO) per Generate call when it ends: its id, key, sizes, times, workers
   // and outcome — never the prompt or the reply.
   bool log_requests = false;
+  // Sampling the model recommends (sampling_defaults.h), for requests that leave it unset.
+  v1::SamplingParams sampling_defaults;
 };
 
 class GenerationService final : public v1::Generation::Service {
@@ -119,7 +121,13 @@ class GenerationService final : public v1::Generation::Service {
   struct Placement {
     Placement(GenerationService& self, Admission admission, std::string id)
         : self(self), admission(std::move(admission)), id(std::move(id)) {}
-    ~Placement();
+    ~Placement() { release(); }
+    // Ends the placement, once: stops a prefill that may still write into the reservation
+    // (`prefilling`), releases the reservation (fenced when a writer may still write) and
+    // the admission. False when the decode worker could not be told (the reservation may
+    // still stand there).
+    bool release();
+    bool released = false;
     GenerationService& self;
     Admission admission;
     std::string id;

@@ -277,9 +277,9 @@ absl::Status parseCommon(const Json& body, Call& call) {
       number(body, "frequency_penalty", [&](float f) { s.set_frequency_penalty(f); }));
   CLEAVE_RETURN_IF_ERROR(
       number(body, "repetition_penalty", [&](float f) { s.set_repetition_penalty(f); }));
-  // top_k -1 (or 0) means no top-k filter, as in vLLM.
+  // top_k -1 (or 0) means no top-k filter, as in vLLM (and overrides the model's default).
   CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> top_k, integer(body, "top_k", -1, 1 << 30));
-  if (top_k && *top_k > 0) s.set_top_k(static_cast<int32_t>(*top_k));
+  if (top_k) s.set_top_k(static_cast<int32_t>(std::max<int64_t>(0, *top_k)));
   // A negative seed names the same 64 bits as its two's complement.
   CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> seed,
                           integer(body, "seed", std::numeric_limits<int64_t>::min(),

@@ -91,7 +91,8 @@ TEST(OpenAiRequestTest, CompletionDefaultsAreOpenAis) {
   ASSERT_EQ(r.token_ids().ids_size(), 3);
   EXPECT_EQ(r.token_ids().ids(2), 7u);
   EXPECT_EQ(r.stopping().max_new_tokens(), 16u);  // OpenAI's default for completions
-  EXPECT_FALSE(r.sampling().has_top_k());
+  EXPECT_EQ(r.sampling().top_k(), 0);             // Set: off, whatever the model recommends.
+  EXPECT_TRUE(r.sampling().has_top_k());
   EXPECT_FALSE(r.sampling().has_temperature());
   EXPECT_FALSE(r.has_logprobs());
   EXPECT_FALSE(call->stream);

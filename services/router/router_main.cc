@@ -1,6 +1,7 @@
 // cleave-router: the client-facing endpoint of a Cleave deployment.
 #include <algorithm>
 #include <csignal>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #endif
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/grpc_logging.h"
@@ -22,6 +24,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/openai_server.h"
 #include "services/router/router_server.h"
+#include "services/router/sampling_defaults.h"
 
 int main(int argc, char** argv) {
   cleave::initProcess();
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
   std::string model;
   std::string served_model_name;
   bool log_requests = false;
+  std::string generation_config = "auto";
   std::string chat_template_file;
   std::string http_listen;
   int64_t http_threads = 128;
@@ -73,6 +77,11 @@ int main(int argc, char** argv) {
   flags.addString("model", &model,
                   "The model file or folder the workers serve: its tokenizer turns text prompts "
                   "into tokens (without it only token-id prompts are served)");
+  flags.addString("generation-config", &generation_config,
+                  "auto: requests that leave temperature, top_p, top_k, min_p or "
+                  "repetition_penalty unset get the values the --model folder's "
+                  "generation_config.json recommends (as vLLM's default); a folder: its "
+                  "generation_config.json's; none (or vllm): they do not");
   flags.addString("chat-template", &chat_template_file,
                   "A Jinja chat template file for chat prompts, instead of the one in --model");
   flags.addString(
@@ -202,6 +211,29 @@ int main(int argc, char** argv) {
     }
   }
 
+  cleave::v1::SamplingParams sampling_defaults;
+  const std::string recommending = generation_config == "auto" ? model
+                                   : generation_config == "none" || generation_config == "vllm"
+                                       ? std::string()
+                                       : generation_config;
+  if (!recommending.empty() && recommending != model &&
+      !std::filesystem::is_directory(recommending)) {
+    cleave::exitWithUsageError(flags, absl::InvalidArgumentError(absl::StrCat(
+                                          "--generation-config must be auto, none or a folder "
+                                          "holding a generation_config.json, got '",
+                                          generation_config, "'")));
+  }
+  if (!recommending.empty()) {
+    auto defaults = cleave::router::readSamplingDefaults(recommending);
+    if (!defaults.ok()) cleave::exitWithUsageError(flags, defaults.status());
+    sampling_defaults = std::move(*defaults);
+    if (const std::string set = cleave::router::describeSamplingDefaults(sampling_defaults);
+        !set.empty()) {
+      CLEAVE_LOG(INFO) << "requests that leave them unset sample with the model's " << set
+                       << " (its generation_config.json; --generation-config none for not)";
+    }
+  }
+
   cleave::registerProcessMetrics("router");
   auto metrics = cleave::MetricsServer::start(server_flags.metrics_address,
                                               static_cast<int>(server_flags.metrics_port));
@@ -221,7 +253,8 @@ int main(int argc, char** argv) {
                      .api_keys = api_keys,
                      .chat_template = chat_template,
                      .no_chat_template_reason = no_chat_template_reason,
-                     .log_requests = log_requests},
+                     .log_requests = log_requests,
+                     .sampling_defaults = sampling_defaults},
       .workers = {.heartbeat_interval = std::chrono::milliseconds(heartbeat_interval_ms),
                   .lease_timeout = std::chrono::milliseconds(lease_timeout_ms),
                   .queue_capacity = queue_capacity,

@@ -116,6 +116,50 @@ class ServingTest(unittest.TestCase):
         self.assertNotIn("zebra", log)
         self.assertNotIn(text.strip(), log)
 
+    def test_the_models_recommended_sampling_fills_what_a_request_leaves_unset(self):
+        """A model folder whose generation_config.json recommends top_k 1
+        (--generation-config FOLDER, as auto takes it from --model): a request that sets no
+        top_k samples from the one most likely token, so its seeded draws are the greedy
+        tokens; with --generation-config none they are not."""
+        tiny = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine", "hf", "llama_f32")
+        with tempfile.TemporaryDirectory() as folder:
+            for name in ("config.json", "model.safetensors"):
+                os.symlink(os.path.join(tiny, name), os.path.join(folder, name))
+            with open(os.path.join(folder, "generation_config.json"), "w") as f:
+                json.dump({"do_sample": True, "temperature": 1.0, "top_k": 1}, f)
+            pb = self.pb
+            prompt = pb.TokenIds(ids=[5, 17, 101, 33, 250])
+            replies = {}
+            # The folder has no tokenizer: the router takes token ids, and names the folder
+            # whose recommendation it follows.
+            for config in (folder, "none"):
+                router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                                     "--metrics-port=0", f"--generation-config={config}"])
+                address = f"127.0.0.1:{router.ready['grpc_port']}"
+                worker = ct.Process([ct.binary("cleave-worker"), f"--model={folder}",
+                                     f"--router={address}", "--listen=127.0.0.1:0",
+                                     "--metrics-port=0", "--target-concurrency=2",
+                                     "--planned-seq-len=128", "--threads=1"])
+                try:
+                    with grpc.insecure_channel(address) as channel:
+                        stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
+                        ct.wait_for_workers(stub, 1)
+                        for name, sampling in (("sampled", pb.SamplingParams(seed=7)),
+                                               ("greedy", pb.SamplingParams(temperature=0))):
+                            request = pb.GenerateRequest(
+                                token_ids=prompt, sampling=sampling,
+                                stopping=pb.StoppingCriteria(max_new_tokens=24, ignore_eos=True))
+                            replies[config, name] = [t for m in stub.Generate(request, timeout=60)
+                                                     for t in m.token_ids]
+                    if config != "none":
+                        self.assertIn("temperature 1, top_k 1", router.log())
+                finally:
+                    worker.stop()
+                    router.stop()
+        self.assertEqual(replies[folder, "greedy"], replies["none", "greedy"])
+        self.assertEqual(replies[folder, "sampled"], replies[folder, "greedy"])
+        self.assertNotEqual(replies["none", "sampled"], replies["none", "greedy"])
+
     def test_greedy_tokens_match_the_offline_engine(self):
         rng = random.Random(4)
         prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))
