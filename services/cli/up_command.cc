@@ -112,7 +112,7 @@ int runUp(int argc, char** argv) {
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
   int64_t local_prefill_tokens = 0;
   bool log_requests = false;
-  int64_t target = 16, planned = 2048, timeout_s = 300, batch_tokens = 0;
+  int64_t target = 16, planned = 2048, timeout_s = 300, batch_tokens = 0, max_model_len = 0;
   uint64_t budget = 0;
   FlagSet flags("cleave up", "--model MODEL [flags]",
                 "Starts cleave-router and workers on this machine, waits until they are "
@@ -146,6 +146,8 @@ int runUp(int argc, char** argv) {
   flags.addInt("threads", &threads, "CPU threads per rank of each worker (0: the worker decides)");
   flags.addInt("target-concurrency", &target, "Each decode worker's target concurrency");
   flags.addInt("planned-seq-len", &planned, "Sequence length the KV plans must hold");
+  flags.addInt("max-model-len", &max_model_len,
+               "The workers' --max-model-len: the longest sequence served (0: the model's)");
   flags.addInt("max-batch-tokens", &batch_tokens,
                "The workers' --max-batch-tokens: tokens per engine step (0: automatic)");
   flags.addBytes("memory-budget", &budget,
@@ -302,6 +304,7 @@ int runUp(int argc, char** argv) {
                                        "--backend=" + backend};
       if (threads > 0) args.push_back(absl::StrCat("--threads=", threads));
       if (batch_tokens > 0) args.push_back(absl::StrCat("--max-batch-tokens=", batch_tokens));
+      if (max_model_len > 0) args.push_back(absl::StrCat("--max-model-len=", max_model_len));
       if (!lora_modules.empty()) args.push_back("--lora-modules=" + lora_modules);
       if (speculative.tokens > 0 && std::string_view(role) != "prefill") {
         args.push_back(absl::StrCat("--speculative-tokens=", speculative.tokens));

@@ -165,6 +165,13 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
         rank.weights,
         loadLlama(path, {.rank = rank.index, .size = options.tp, .moe_split = options.moe_split},
                   options.on_progress ? LayerLoaded(on_layer) : LayerLoaded()));
+    uint32_t& context = rank.weights->config.max_position_embeddings;
+    if (options.max_context > int64_t{context}) {
+      return absl::InvalidArgumentError(absl::StrCat("--max-model-len ", options.max_context,
+                                                     " exceeds the context length of ", path, " (",
+                                                     context, " tokens)"));
+    }
+    if (options.max_context > 0) context = static_cast<uint32_t>(options.max_context);
     rank.layers = static_cast<int64_t>(rank.weights->layers.size());
     rank.kv_heads = rank.weights->dims.kv_heads;
     rank.cpu_weight_bytes = rank.weights->weightBytes();

@@ -65,6 +65,10 @@ struct TpGroupOptions {
   // type), filled and read by copyKv — what a KV transport moves. Their number of blocks is
   // allocateKv's host_blocks: a staging area, not a mirror of the pool.
   bool host_kv = false;
+  // The longest sequence (prompt + output) the group runs, below the model's own context
+  // length (vLLM's --max-model-len): config().max_position_embeddings is then this, which
+  // also sizes a backend's workspace. 0: the model's.
+  int64_t max_context = 0;
 };
 
 class TpGroup {

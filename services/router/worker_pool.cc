@@ -150,6 +150,12 @@ absl::StatusOr<v1::RegisterResponse> WorkerPool::add(const v1::RegisterRequest& 
             ", KV layout [", request.kv_layout().ShortDebugString(), "] vs [",
             o.kv_layout().ShortDebugString(), "]; load the same file on both"));
       }
+      if (o.model().context_length() != request.model().context_length()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("this worker serves sequences of up to ", request.model().context_length(),
+                         " tokens, worker ", id, " of up to ", o.model().context_length(),
+                         "; start every worker with the same --max-model-len"));
+      }
       if (adapterSet(o.model()) != adapterSet(request.model())) {
         return absl::FailedPreconditionError(absl::StrCat(
             "this worker's LoRA adapters [", absl::StrJoin(adapterSet(request.model()), ", "),

@@ -108,6 +108,9 @@ TEST_F(WorkerPoolTest, RefusesIncompleteAndIncompatibleWorkers) {
   v1::RegisterRequest layout = worker("c", v1::WORKER_ROLE_DECODE, 10, 2);
   layout.mutable_kv_layout()->set_block_size(32);
   EXPECT_EQ(pool_.add(layout).status().code(), absl::StatusCode::kFailedPrecondition);
+  v1::RegisterRequest shorter = worker("d", v1::WORKER_ROLE_DECODE, 10, 2);
+  shorter.mutable_model()->set_context_length(1024);  // Started with --max-model-len 1024.
+  EXPECT_THAT(pool_.add(shorter).status().message(), HasSubstr("--max-model-len"));
   EXPECT_EQ(pool_.summaries().size(), 1u);
 }
 

@@ -137,6 +137,9 @@ int run(int argc, char** argv) {
                        absl::InvalidArgumentError("unexpected argument '" + positional[0] + "'"));
   }
   if (absl::Status valid = validate(options); !valid.ok()) exitWithUsageError(flags, valid);
+  // No sequence is planned longer than the longest served.
+  if (options.max_model_len > 0)
+    options.planned_seq_len = std::min(options.planned_seq_len, options.max_model_len);
   const Role role = *parseRole(options.role);
   const int64_t batch_tokens = batchTokens(options);
 
@@ -169,7 +172,8 @@ int run(int argc, char** argv) {
                                       .on_progress = engine::showLoadProgress(progress),
                                       .backend = step_backend,
                                       .backend_memory = backend_memory,
-                                      .host_kv = gpu});
+                                      .host_kv = gpu,
+                                      .max_context = options.max_model_len});
   progress.finish();
   if (!group.ok()) die(group.status());
   const model::ModelConfig& config = (*group)->config();

@@ -44,6 +44,10 @@ void WorkerOptions::addFlags(FlagSet& flags) {
                "Sequences a decode worker must be able to run at once");
   flags.addInt("planned-seq-len", &planned_seq_len,
                "Typical sequence length (prompt + output) the KV plan must hold");
+  flags.addInt("max-model-len", &max_model_len,
+               "The longest sequence (prompt + output) served, when less than the model's "
+               "context length (as vLLM's flag): what the router and /v1/models report, and "
+               "what a GPU's workspace is sized for (0: the model's)");
   flags.addInt("max-batch-tokens", &max_batch_tokens,
                "Tokens one engine step computes: every decoding sequence's next token, then "
                "prompt chunks in the rest (chunked prefill). More: prompts take fewer, longer "
@@ -151,6 +155,10 @@ absl::Status validate(const WorkerOptions& options) {
         options.target_concurrency,
         ": a decode step must hold a token of every sequence decoding and leave room for "
         "prompts; raise it or leave it 0"));
+  }
+  if (options.max_model_len < 0 || options.max_model_len > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-model-len must be in 0..2147483648, got ", options.max_model_len));
   }
   if (options.planned_seq_len < 1) {
     return absl::InvalidArgumentError(

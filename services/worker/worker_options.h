@@ -29,6 +29,8 @@ struct WorkerOptions {
   double gpu_memory_fraction = 0.9;
   int64_t target_concurrency = 16;
   int64_t planned_seq_len = 2048;
+  // The longest sequence served, below the model's context length; 0: the model's.
+  int64_t max_model_len = 0;
   // Tokens one engine step computes: every decoding sequence's next token, then prefill
   // chunks in what is left (0: batchTokens() decides).
   int64_t max_batch_tokens = 0;

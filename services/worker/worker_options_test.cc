@@ -66,6 +66,7 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
        }},
       {"--metrics-port must be", [](WorkerOptions& o) { o.server.metrics_port = 65536; }},
       {"--threads must be", [](WorkerOptions& o) { o.threads = -1; }},
+      {"--max-model-len must be in", [](WorkerOptions& o) { o.max_model_len = -1; }},
       {"--kv-transfer-timeout-ms, --kv-quarantine-ms and --lease-timeout-ms must be >= 1",
        [](WorkerOptions& o) { o.kv_transfer_timeout_ms = 0; }},
       {"--kv-transfer-timeout-ms, --kv-quarantine-ms and --lease-timeout-ms must be >= 1",

@@ -156,6 +156,41 @@ class WorkerLifecycleTest(unittest.TestCase):
         self.wait_until_freed(8)
         self.assertLess(time.monotonic() - started, 5)
 
+    def test_max_model_len_caps_the_context_served(self):
+        """--max-model-len (vLLM's flag): the router reports and enforces the shorter context;
+        one longer than the model's is refused at start, naming both."""
+        code, _, err = ct.run([ct.binary("cleave-worker"), f"--model={MODEL}",
+                               "--listen=127.0.0.1:0", "--metrics-port=0",
+                               "--max-model-len=100000"], timeout=60)
+        self.assertNotEqual(code, 0)
+        self.assertIn("--max-model-len 100000 exceeds the context length", err)
+        self.assertIn("8192 tokens", err)
+        router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                             "--metrics-port=0", f"--model={MODEL}"])
+        address = f"127.0.0.1:{router.ready['grpc_port']}"
+        worker = ct.Process([ct.binary("cleave-worker"), f"--model={MODEL}",
+                             f"--router={address}", "--listen=127.0.0.1:0", "--metrics-port=0",
+                             "--target-concurrency=2", "--max-model-len=256", "--threads=1"])
+        try:
+            with grpc.insecure_channel(address) as channel:
+                stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
+                ct.wait_for_workers(stub, 1)
+                models = stub.ListModels(self.gen.ListModelsRequest(), timeout=5).models
+                self.assertEqual(models[0].context_length, 256)
+                request = self.gen.GenerateRequest(
+                    token_ids=self.gen.TokenIds(ids=[1] * 200),
+                    stopping=self.gen.StoppingCriteria(max_new_tokens=100, ignore_eos=True))
+                with self.assertRaises(grpc.RpcError) as caught:
+                    list(stub.Generate(request, timeout=30))
+                self.assertEqual(caught.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn("maximum context length is 256 tokens", caught.exception.details())
+                request.stopping.max_new_tokens = 56  # Exactly the context: served.
+                ids = [t for m in stub.Generate(request, timeout=60) for t in m.token_ids]
+                self.assertEqual(len(ids), 56)
+        finally:
+            worker.stop()
+            router.stop()
+
     def test_a_decode_worker_prefills_only_for_itself(self):
         """A decode worker computes the prompts of its own reservations (the router's
         --local-prefill-tokens) but refuses one whose KV would go to another worker, and
