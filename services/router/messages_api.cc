@@ -134,6 +134,10 @@ absl::Status addTools(const Json& body, Json& chat) {
                      "must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"none\"} "
                      "or {\"type\": \"tool\", \"name\": ...}");
     }
+    if (const Json* single = field(*choice, "disable_parallel_tool_use");
+        single != nullptr && *single == true) {
+      chat["parallel_tool_calls"] = false;
+    }
   }
   return absl::OkStatus();
 }

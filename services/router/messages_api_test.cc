@@ -101,6 +101,10 @@ TEST(MessagesRequestTest, ToolsChoicesAndFormatsTakeTheChatShapes) {
   call = with(R"(, "tool_choice": {"type": "none"})");
   ASSERT_TRUE(call.ok()) << call.status();
   EXPECT_FALSE(call->offers_tools);
+  EXPECT_FALSE(call->single_tool_call);
+  call = with(R"(, "tool_choice": {"type": "auto", "disable_parallel_tool_use": true})");
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_TRUE(call->single_tool_call);
   call = parseMessagesRequest(Json::parse(R"({"max_tokens": 5, "messages": [{"role": "user",
       "content": "x"}], "output_config": {"effort": "low", "format": {"type": "json_schema",
       "schema": {"type": "object"}}}})"));

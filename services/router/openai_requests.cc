@@ -558,6 +558,8 @@ absl::StatusOr<Call> parseChatRequest(const Json& body) {
     const Json* thinking = field(*kwargs, "enable_thinking");
     call.thinking_off = thinking != nullptr && *thinking == false;
   }
+  CLEAVE_ASSIGN_OR_RETURN(const bool parallel, boolean(body, "parallel_tool_calls", true));
+  call.single_tool_call = !parallel;
   CLEAVE_RETURN_IF_ERROR(parseMaxTokens(body, "max_tokens", call));
   CLEAVE_RETURN_IF_ERROR(parseMaxTokens(body, "max_completion_tokens", call));
   CLEAVE_ASSIGN_OR_RETURN(call.logprobs, boolean(body, "logprobs", false));

@@ -71,6 +71,8 @@ struct Call {
   // Chat: the forced call came from tool_choice "required" (not a named function): it ends
   // as "tool_calls", a named one as "stop" (as OpenAI and vLLM answer).
   bool required_tool = false;
+  // Chat: parallel_tool_calls false: a reply's first call is returned, no more (as vLLM).
+  bool single_tool_call = false;
 };
 
 // The most choices one request may ask for per prompt (n), and in all.

@@ -249,6 +249,7 @@ std::string ResponseBuilder::add(const v1::GenerateResponse& message) {
         parts.content += arguments_;  // Cut short: not a call; the text, whole.
       }
     }
+    if (call_.single_tool_call && rest.calls.size() > 1) rest.calls.resize(1);
     for (const ToolCall& call : rest.calls) {
       calls.push_back({{"index", calls.size()},
                        {"id", toolCallId(call_.tool_calls)},

@@ -681,6 +681,16 @@ TEST(OpenAiResponseTest, MistralToolCallsHaveIdsItsTemplatesTake) {
     EXPECT_TRUE(std::all_of(id.begin(), id.end(), [](char ch) { return std::isalnum(ch); })) << id;
   }
   EXPECT_NE(calls[0]["id"], calls[1]["id"]);
+  // parallel_tool_calls false: the first call only.
+  auto single = parseChatRequest(Json::parse(
+      R"({"messages": [{"role": "user", "content": "x"}], "parallel_tool_calls": false})"));
+  ASSERT_TRUE(single.ok()) << single.status();
+  single->tool_calls = ToolCallFormat::kMistral;
+  ResponseBuilder first(*single, "chatcmpl-n", "m", 0);
+  first.add(reply);
+  const Json one = first.choiceBody()["message"]["tool_calls"];
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0]["function"]["name"], "f");
 }
 
 TEST(OpenAiResponseTest, ReasoningAndToolCallsComeApart) {
