@@ -225,6 +225,18 @@ int64_t Scheduler::decodingSequences() const {
   return n;
 }
 
+int64_t Scheduler::heldOnlyBy(std::span<const uint64_t> ids) const {
+  std::unordered_set<int32_t> held, elsewhere;
+  for (const auto* map : {&reservations_, &spares_}) {
+    for (const auto& [id, blocks] : *map) {
+      auto& into = std::find(ids.begin(), ids.end(), id) != ids.end() ? held : elsewhere;
+      into.insert(blocks.begin(), blocks.end());
+    }
+  }
+  return static_cast<int64_t>(
+      std::count_if(held.begin(), held.end(), [&](int32_t b) { return !elsewhere.contains(b); }));
+}
+
 int64_t Scheduler::reservedBlocks() const {
   // Reservations may share cached blocks: each counts once.
   std::unordered_set<int32_t> held;

@@ -159,6 +159,8 @@ class Scheduler {
   std::vector<int32_t> reservation(uint64_t id) const;
   // Blocks held by reservations (each once, shared or not), and those not held by anything.
   int64_t reservedBlocks() const;
+  // Blocks the reservations of `ids` hold (each once) that no other reservation holds.
+  int64_t heldOnlyBy(std::span<const uint64_t> ids) const;
   int64_t freeBlocks() const { return cache_.freeBlocks(); }
 
   // Runs one batch and returns the tokens it produced (none when idle).

@@ -504,6 +504,13 @@ TEST_F(SchedulerTest, ReservedPrefillThenDecodeGivesTheSameTokens) {
   EXPECT_TRUE(scheduler.idle());
   EXPECT_TRUE(drain(scheduler).empty());
   EXPECT_EQ(scheduler.reservedBlocks(), held);
+  // Blocks only some reservations hold: a block two share is either's only with both.
+  const std::vector<uint64_t> both = {11, 12};
+  EXPECT_EQ(scheduler.heldOnlyBy(both), held);
+  EXPECT_EQ(scheduler.heldOnlyBy({}), 0);
+  const std::vector<uint64_t> one = {11}, other = {12};
+  EXPECT_LE(scheduler.heldOnlyBy(one) + scheduler.heldOnlyBy(other), held);
+  EXPECT_GE(scheduler.heldOnlyBy(one), 2);  // Its own blocks past the cached prefix.
   EXPECT_EQ(scheduler.release(11), 7);
   EXPECT_EQ(scheduler.release(12), 7);
   EXPECT_EQ(scheduler.reservedBlocks(), 0);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/retry_hint.h"
@@ -558,6 +559,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
                            "the deadline passed while the request waited for room on a decode "
                            "worker");
       }
+      status = grpc::Status::OK;  // Not this placement's outcome: the next one's is.
       continue;
     }
     if (!status.ok()) return status;
@@ -611,6 +613,19 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
         prefiller = pool_.pickPrefill(worker, tokens, prefix, failed);
       }
       if (!prefiller.ok()) {
+        if (sequence.cancelled && sequence.cancelled())
+          return error(grpc::StatusCode::CANCELLED, "cancelled by the client");
+        if (std::chrono::system_clock::now() >= sequence.deadline) {
+          return error(grpc::StatusCode::DEADLINE_EXCEEDED,
+                       "the deadline passed while the request waited for a prefill worker");
+        }
+        if (none_failed_here && !unstoppable.empty()) {
+          return error(grpc::StatusCode::UNAVAILABLE,
+                       absl::StrCat("no prefill worker can take the prompt: ",
+                                    absl::StrJoin(unstoppable, ", "),
+                                    " could not be stopped after failing it, and no other is "
+                                    "registered"));
+        }
         if (none_failed_here) return toGrpcStatus(prefiller.status());
         every_prefill_failed = true;
         break;
@@ -639,6 +654,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
       placed->writer_unconfirmed = true;
       if (!placed->release()) lost.push_back(worker.id);
       placed.reset();
+      status = grpc::Status::OK;  // Not this placement's outcome: the next one's is.
       continue;
     }
     if (every_prefill_failed) {

@@ -358,7 +358,6 @@ Json ResponsesRenderer::response(const char* status, Json output,
       {"model", model_},
       {"output", std::move(output)},
       {"parallel_tool_calls", echo("parallel_tool_calls", true)},
-      {"parallel_tool_calls", echo("parallel_tool_calls", true)},
       {"previous_response_id", echo("previous_response_id", nullptr)},
       {"reasoning",
        {{"effort", reasoning != nullptr && reasoning->is_object() && reasoning->contains("effort")

@@ -70,6 +70,13 @@ WorkerCore::~WorkerCore() {
 
 void WorkerCore::sweep() {
   endQuarantines();
+  bool fencing;
+  {
+    absl::MutexLock lock(&mu_);
+    fencing = !fenced_.empty();
+  }
+  // What fences alone hold changes as the reservations sharing their blocks end.
+  if (fencing) reportFenced();
   std::vector<std::pair<std::string, std::string>> expired;  // request, why
   std::vector<std::pair<uint64_t, std::string>> unstarted;   // fenced: id, why
   {
@@ -270,7 +277,8 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
   }
   if (lost) {
     if (takes_rows) receive_staging_->give(staging);
-    loop_->call([&](engine::Scheduler& s) { return s.release(id); });
+    // A fresh reservation is this call's to free; a repeated one's, whoever ended it.
+    if (!repeated) loop_->call([&](engine::Scheduler& s) { return s.release(id); });
     return absl::AbortedError(
         absl::StrCat("request ", r.request_id(),
                      " was released, reserved again or its call cancelled during Reserve"));
@@ -532,7 +540,9 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     bool registered = false;
     {
       absl::MutexLock lock(&mu_);
-      if (auto it = requests_.find(r.request_id()); it != requests_.end() && it->second.id == *id) {
+      // Not once cancel() claimed it: it returns without waiting for a sender.
+      if (auto it = requests_.find(r.request_id());
+          it != requests_.end() && it->second.id == *id && !it->second.ending) {
         it->second.stop_sending = &stop;
         registered = true;
       }
@@ -647,20 +657,13 @@ v1::ReleaseResponse WorkerCore::release(const v1::ReleaseRequest& request) {
   std::optional<uint64_t> id = idOf(request.request_id());
   if (!id) return response;
   if (request.writer_may_be_active()) {
-    bool decoding;
-    {
-      absl::MutexLock lock(&mu_);
-      const Request* r = requestOf(*id);
-      decoding = r != nullptr && (r->decoding || r->starting);
-    }
-    // Not decoding: fenced here, or (nullopt) being freed or fenced by another call already.
-    if (!decoding) {
-      if (std::optional<int64_t> blocks = fence(*id)) {
-        response.set_blocks_fenced(static_cast<uint32_t>(*blocks));
-        response.set_fenced_ms(static_cast<uint32_t>(options_.quarantine.count()));
-      }
+    bool busy = false;  // Decoding, or being started: freed below.
+    if (std::optional<int64_t> blocks = fence(*id, &busy)) {
+      response.set_blocks_fenced(static_cast<uint32_t>(*blocks));
+      response.set_fenced_ms(static_cast<uint32_t>(options_.quarantine.count()));
       return response;
     }
+    if (!busy) return response;  // Gone, or another call's (freed or fenced) already.
   }
   response.set_blocks_freed(releaseId(*id));
   return response;
@@ -673,10 +676,11 @@ WorkerCore::Request* WorkerCore::requestOf(uint64_t id) {
   return it != requests_.end() && it->second.id == id ? &it->second : nullptr;
 }
 
-std::optional<int64_t> WorkerCore::fence(uint64_t id) {
+std::optional<int64_t> WorkerCore::fence(uint64_t id, bool* busy) {
   {
     absl::MutexLock lock(&mu_);
     Request* r = requestOf(id);
+    if (busy != nullptr) *busy = r != nullptr && !r->ending && (r->decoding || r->starting);
     if (r == nullptr || r->decoding || r->starting || r->ending) return std::nullopt;
     r->ending = true;  // Ours now: no release, fence or StartDecode takes it.
   }
@@ -684,23 +688,35 @@ std::optional<int64_t> WorkerCore::fence(uint64_t id) {
     s.stop(id);  // A prompt this worker computes into it stops.
     return static_cast<int64_t>(s.reservation(id).size());
   });
-  absl::MutexLock lock(&mu_);
-  Request* held = requestOf(id);  // Still there: it was ours to end.
-  abortPrefill(id, absl::AbortedError("the reservation was released"));
-  fenced_.push_back(
-      Fenced{.id = id,
-             .blocks = blocks,
-             .staging = held ? std::exchange(held->staging, {}) : std::vector<int32_t>(),
-             .until = Clock::now() + options_.quarantine});
-  forget(id);
-  metrics_.onFenced(fencedBlocks());
+  {
+    absl::MutexLock lock(&mu_);
+    Request* held = requestOf(id);  // Still there: it was ours to end.
+    abortPrefill(id, absl::AbortedError("the reservation was released"));
+    fenced_.push_back(
+        Fenced{.id = id,
+               .staging = held ? std::exchange(held->staging, {}) : std::vector<int32_t>(),
+               .until = Clock::now() + options_.quarantine});
+    forget(id);
+  }
+  metrics_.onFenced();
+  reportFenced();
   return blocks;
 }
 
-int64_t WorkerCore::fencedBlocks() const {
-  int64_t total = 0;
-  for (const Fenced& f : fenced_) total += f.blocks;
-  return total;
+std::vector<uint64_t> WorkerCore::fencedIds() const {
+  std::vector<uint64_t> ids;
+  for (const Fenced& f : fenced_) ids.push_back(f.id);
+  return ids;
+}
+
+void WorkerCore::reportFenced() {
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock lock(&mu_);
+    ids = fencedIds();
+  }
+  const int64_t held = loop_->call([&](engine::Scheduler& s) { return s.heldOnlyBy(ids); });
+  metrics_.setFencedBlocks(held);
 }
 
 void WorkerCore::endQuarantines() {
@@ -714,16 +730,18 @@ void WorkerCore::endQuarantines() {
     }
     if (over.empty()) return;
     std::erase_if(fenced_, done);
-    metrics_.onFenced(fencedBlocks(), /*added=*/false);
   }
   loop_->call([&](engine::Scheduler& s) {
     for (const Fenced& f : over) s.release(f.id);
     return 0;
   });
-  absl::MutexLock lock(&mu_);
-  for (Fenced& f : over) {
-    if (receive_staging_) receive_staging_->give(f.staging);
+  {
+    absl::MutexLock lock(&mu_);
+    for (Fenced& f : over) {
+      if (receive_staging_) receive_staging_->give(f.staging);
+    }
   }
+  reportFenced();
 }
 
 void WorkerCore::stopSending(uint64_t id) {
@@ -917,7 +935,9 @@ v1::LoadSnapshot WorkerCore::load(const std::string& router_id) {
     for (const auto& [name, r] : requests_) {
       if (!r.router_id.empty() && r.router_id != router_id) foreign.push_back(r.id);
     }
-    foreign_blocks = fencedBlocks();  // Whoever fenced them, no router counts them.
+    // Whoever fenced them, no router counts them.
+    const std::vector<uint64_t> fenced = fencedIds();
+    foreign.insert(foreign.end(), fenced.begin(), fenced.end());
   }
   v1::LoadSnapshot load;
   loop_->call([&](engine::Scheduler& s) {
@@ -925,7 +945,7 @@ v1::LoadSnapshot WorkerCore::load(const std::string& router_id) {
     load.set_waiting(static_cast<uint32_t>(s.waitingRequests()));
     load.set_kv_blocks_free(static_cast<uint32_t>(s.freeBlocks()));
     load.set_kv_blocks_reserved(static_cast<uint32_t>(s.reservedBlocks()));
-    for (uint64_t id : foreign) foreign_blocks += static_cast<int64_t>(s.reservation(id).size());
+    foreign_blocks = s.heldOnlyBy(foreign);  // A prefix this router's requests share too, not.
     return 0;
   });
   load.set_kv_blocks_foreign(static_cast<uint32_t>(foreign_blocks));

@@ -179,15 +179,17 @@ class WorkerCore {
   // Frees `id`'s reservation and forgets it (after stopSending); the blocks freed.
   uint32_t releaseId(uint64_t id);
   // Forgets `id`'s request, if it has not started decoding, keeping its blocks (and receive
-  // staging rows) out of use for options_.quarantine. The blocks fenced, or nullopt (unknown,
-  // decoding, or being freed or fenced already).
-  std::optional<int64_t> fence(uint64_t id);
+  // staging rows) out of use for options_.quarantine. The blocks fenced, or nullopt: unknown,
+  // being freed or fenced already, or (`busy` set, when given) decoding or being started.
+  std::optional<int64_t> fence(uint64_t id, bool* busy = nullptr);
+  // Sets the fenced-blocks gauge (blocks no reservation but a fenced one holds).
+  void reportFenced();
   // The request of engine id `id`, if it is still known under its name.
   Request* requestOf(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the fenced reservations whose quarantine is over.
   void endQuarantines();
-  // Blocks fenced now.
-  int64_t fencedBlocks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The engine ids of the fenced reservations.
+  std::vector<uint64_t> fencedIds() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A prompt of `id` being written to a peer stops: returns once no write of it can land
   // and the sender has let go of its blocks.
   void stopSending(uint64_t id);
@@ -211,8 +213,7 @@ class WorkerCore {
   std::unordered_map<uint64_t, std::promise<PrefillResult>> prefills_ ABSL_GUARDED_BY(mu_);
   std::unordered_map<std::string, Stream> streams_ ABSL_GUARDED_BY(mu_);
   struct Fenced {
-    uint64_t id = 0;  // Its engine reservation, held.
-    int64_t blocks = 0;
+    uint64_t id = 0;               // Its engine reservation, held.
     std::vector<int32_t> staging;  // Receive staging rows, held.
     Clock::time_point until;
   };

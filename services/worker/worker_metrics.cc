@@ -119,9 +119,10 @@ void WorkerMetrics::onKvSent(uint64_t bytes, double seconds, bool ok) {
 
 void WorkerMetrics::onRequestExpired() { expired_.Increment(); }
 
-void WorkerMetrics::onFenced(int64_t held_blocks, bool added) {
-  fenced_blocks_.Set(static_cast<double>(held_blocks));
-  if (added) fences_.Increment();
+void WorkerMetrics::onFenced() { fences_.Increment(); }
+
+void WorkerMetrics::setFencedBlocks(int64_t blocks) {
+  fenced_blocks_.Set(static_cast<double>(blocks));
 }
 
 prometheus::Gauge& WorkerMetrics::stagingFree(const std::string& direction, int64_t capacity) {

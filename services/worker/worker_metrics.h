@@ -28,8 +28,10 @@ class WorkerMetrics {
   // A Reserve found `blocks` of its prompt in this worker's cache (not to be sent).
   void onReserveCached(int64_t blocks);
   void onRequestExpired();
-  // The blocks fenced now, after one more reservation was fenced (`added`) or some were freed.
-  void onFenced(int64_t held_blocks, bool added = true);
+  // One more reservation was fenced.
+  void onFenced();
+  // The blocks fenced reservations hold that no other reservation holds.
+  void setFencedBlocks(int64_t blocks);
   // The staging rows of one direction ("send" or "receive"; kv_staging.h): how many there
   // are, and a gauge of how many are free (any thread).
   static prometheus::Gauge& stagingFree(const std::string& direction, int64_t capacity);
