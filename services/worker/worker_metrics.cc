@@ -68,7 +68,7 @@ WorkerMetrics::WorkerMetrics(int64_t target_concurrency)
                             "Requests freed or fenced by the worker itself (ttl, deadline, "
                             "router gone)")),
       fenced_blocks_(plainGauge("cleave_worker_kv_blocks_fenced",
-                                "KV blocks of released reservations kept out of use for "
+                                "KV blocks only fenced reservations hold, kept out of use for "
                                 "--kv-quarantine-ms (a KV write into them may still come)")),
       fences_(plainCounter("cleave_worker_kv_fences_total",
                            "Reservations fenced instead of freed (a writer may still write)")) {
