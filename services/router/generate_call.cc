@@ -101,8 +101,10 @@ std::unique_ptr<grpc::ClientContext> callContext(grpc::ServerContext* call,
   return grpc::ClientContext::FromServerContext(*call);
 }
 
-// Reserves refused for want of blocks the router counted free, each placed again.
+// Reserves refused for want of blocks the router counted free, each placed again; such a
+// refusal comes at once (one for want of staging rows, after a wait, is not retried).
 constexpr int kCrowdedRetries = 3;
+constexpr auto kCrowdedAnswer = std::chrono::seconds(1);
 
 // Waits `pause`, or less when the call is cancelled or its deadline comes first; false then.
 bool pauseFor(std::chrono::milliseconds pause, std::chrono::system_clock::time_point deadline,
@@ -538,15 +540,18 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
                                        .count());
     }
     v1::ReserveResponse reserved;
+    const auto reserving = Clock::now();
     status = worker.decode->Reserve(callContext(sequence.call, sequence.deadline).get(), reserve,
                                     &reserved);
     if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
       passOver(worker);
       continue;
     }
-    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && crowded < kCrowdedRetries) {
-      // The worker holds more than this router counts (another router's requests: this one
-      // restarted); its next heartbeat says how much. Placed again after it.
+    // Refused at once for want of blocks (not after waiting for staging rows): the worker
+    // holds more than this router counts (another router's requests: this one restarted);
+    // its next heartbeat says how much. Placed again after it.
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && crowded < kCrowdedRetries &&
+        Clock::now() - reserving < kCrowdedAnswer) {
       CLEAVE_LOG(WARNING) << "decode worker " << worker.id << " is fuller than counted for "
                           << sequence.id << " (" << status.error_message()
                           << "); placing it again after its next heartbeat";
