@@ -160,14 +160,15 @@ class CivetResponse final : public HttpResponse {
 
 // An error the server answers itself, before the handler runs; `close` ends the connection
 // after it (the rest of the request is not read).
-void sendPlain(mg_connection* conn, int status, const std::string& message, bool close) {
+void sendPlain(mg_connection* conn, int status, const std::string& message, bool close,
+               const std::vector<std::pair<std::string, std::string>>& headers) {
   if (close) mg_disable_connection_keep_alive(conn);
   CivetResponse response(conn, true, *mg_get_request_info(conn));
   response.send(
       status, "application/json",
       absl::StrCat(R"({"error":{"message":")", message,
                    R"(","type":"invalid_request_error","param":null,"code":)", status, "}}"),
-      {});
+      headers);
 }
 
 // How long a request body may take to arrive, in all.
@@ -188,10 +189,13 @@ struct HttpServerAccess {
       request.headers.emplace_back(absl::AsciiStrToLower(info->http_headers[i].name),
                                    info->http_headers[i].value);
     }
+    const std::vector<std::pair<std::string, std::string>> error_headers =
+        server->error_headers_ ? server->error_headers_(request)
+                               : std::vector<std::pair<std::string, std::string>>();
     const size_t limit = server->max_body_bytes_;
     const std::string too_large = absl::StrCat("the request body is larger than ", limit, " bytes");
     if (info->content_length > 0 && static_cast<uint64_t>(info->content_length) > limit) {
-      sendPlain(conn, 413, too_large, true);
+      sendPlain(conn, 413, too_large, true, error_headers);
       return 413;
     }
     const auto deadline = std::chrono::steady_clock::now() + kBodyDeadline;
@@ -201,11 +205,11 @@ struct HttpServerAccess {
       if (n <= 0) break;
       request.body.append(buffer, static_cast<size_t>(n));
       if (request.body.size() > limit) {
-        sendPlain(conn, 413, too_large, true);
+        sendPlain(conn, 413, too_large, true, error_headers);
         return 413;
       }
       if (std::chrono::steady_clock::now() > deadline) {
-        sendPlain(conn, 408, "the request body did not arrive within 30 s", true);
+        sendPlain(conn, 408, "the request body did not arrive within 30 s", true, error_headers);
         return 408;
       }
     }
@@ -219,7 +223,7 @@ struct HttpServerAccess {
       return 499;
     }
     if (!response.answered()) {
-      sendPlain(conn, 500, "the server did not answer this request", false);
+      sendPlain(conn, 500, "the server did not answer this request", false, error_headers);
       return 500;
     }
     return 200;
@@ -250,6 +254,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::start(const HttpServerOp
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->handler_ = std::move(handler);
   server->max_body_bytes_ = options.max_body_bytes;
+  server->error_headers_ = options.error_headers;
   mg_callbacks callbacks{};
   callbacks.log_message = &HttpServerAccess::logMessage;
   char error[256] = {};

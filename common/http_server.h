@@ -75,6 +75,9 @@ struct HttpServerOptions {
   // Requests served at once (a streaming response holds its thread until it ends).
   int threads = 64;
   size_t max_body_bytes = 4u << 20;
+  // Headers for the errors the server answers itself (413, 408, and 500 for a handler that
+  // did not answer), from the request's headers: e.g. CORS, so that a browser can read them.
+  std::function<std::vector<std::pair<std::string, std::string>>(const HttpRequest&)> error_headers;
 };
 
 class HttpServer {
@@ -91,6 +94,8 @@ class HttpServer {
  private:
   HttpServer() = default;
   HttpHandler handler_;
+  std::function<std::vector<std::pair<std::string, std::string>>(const HttpRequest&)>
+      error_headers_;
   size_t max_body_bytes_ = 0;
   mg_context* context_ = nullptr;
   int port_ = 0;

@@ -47,16 +47,23 @@ int CorsPolicy::answerPreflight(const HttpRequest& request, const char* methods,
   return 200;
 }
 
-CorsResponse::CorsResponse(HttpResponse& inner, std::string allow_origin)
-    : inner_(inner), allow_origin_(std::move(allow_origin)) {}
+Headers CorsPolicy::responseHeaders(std::string_view origin) const {
+  const std::string allowed = allow(origin);
+  if (allowed.empty()) return {};
+  // A page may read the headers it would want to: the request's id and retry hints.
+  Headers out = {{"Access-Control-Allow-Origin", allowed},
+                 {"Access-Control-Expose-Headers", "X-Request-Id, Retry-After, retry-after-ms"}};
+  if (allowed != "*") out.emplace_back("Vary", "Origin");
+  return out;
+}
+
+CorsResponse::CorsResponse(HttpResponse& inner, Headers headers)
+    : inner_(inner), headers_(std::move(headers)) {}
 
 Headers CorsResponse::with(const Headers& headers) const {
-  if (allow_origin_.empty()) return headers;
+  if (headers_.empty()) return headers;
   Headers out = headers;
-  out.emplace_back("Access-Control-Allow-Origin", allow_origin_);
-  // A page may read the headers it would want to: the request's id and retry hints.
-  out.emplace_back("Access-Control-Expose-Headers", "X-Request-Id, Retry-After, retry-after-ms");
-  if (allow_origin_ != "*") out.emplace_back("Vary", "Origin");
+  out.insert(out.end(), headers_.begin(), headers_.end());
   return out;
 }
 

@@ -24,6 +24,8 @@ class CorsPolicy {
   // The Access-Control-Allow-Origin to answer a request from `origin` with ("*" or the
   // origin itself), or empty when it is not allowed or there is none.
   std::string allow(std::string_view origin) const;
+  // The headers a response to a request from `origin` carries (none when not allowed).
+  std::vector<std::pair<std::string, std::string>> responseHeaders(std::string_view origin) const;
   // Answers `request` when it is a preflight (OPTIONS with Origin and
   // Access-Control-Request-Method) for a route taking `methods` (comma-separated): 200 with
   // what may follow, or 400 for an origin not allowed. Its HTTP status, or 0 when it was
@@ -36,10 +38,10 @@ class CorsPolicy {
   std::vector<std::string> origins_;
 };
 
-// A response carrying the CORS headers of `allow_origin` (CorsPolicy::allow; empty: none).
+// A response carrying `headers` too (CorsPolicy::responseHeaders).
 class CorsResponse final : public HttpResponse {
  public:
-  CorsResponse(HttpResponse& inner, std::string allow_origin);
+  CorsResponse(HttpResponse& inner, std::vector<std::pair<std::string, std::string>> headers);
   void send(int status, std::string_view content_type, std::string_view body,
             const std::vector<std::pair<std::string, std::string>>& headers) override;
   bool startStream(int status, std::string_view content_type,
@@ -52,7 +54,7 @@ class CorsResponse final : public HttpResponse {
   std::vector<std::pair<std::string, std::string>> with(
       const std::vector<std::pair<std::string, std::string>>& headers) const;
   HttpResponse& inner_;
-  std::string allow_origin_;
+  std::vector<std::pair<std::string, std::string>> headers_;
 };
 
 }  // namespace cleave::router

@@ -50,11 +50,13 @@ TEST(CorsTest, AnyOriginIsAnsweredAsVllmDoes) {
   EXPECT_EQ(answer.header("Vary"), "<none>");
   // Responses to it carry the origin; a request without one gets no CORS header.
   Recorded sent;
-  CorsResponse(sent, any.allow("https://ui.example")).startStream(200, "text/event-stream", {});
+  CorsResponse(sent, any.responseHeaders("https://ui.example"))
+      .startStream(200, "text/event-stream", {});
   EXPECT_EQ(sent.header("Access-Control-Allow-Origin"), "*");
   EXPECT_THAT(sent.header("Access-Control-Expose-Headers"), ::testing::HasSubstr("X-Request-Id"));
   Recorded plain;
-  CorsResponse(plain, any.allow("")).send(200, "application/json", "{}", {{"X-Request-Id", "a"}});
+  CorsResponse(plain, any.responseHeaders(""))
+      .send(200, "application/json", "{}", {{"X-Request-Id", "a"}});
   EXPECT_EQ(plain.headers, (Headers{{"X-Request-Id", "a"}}));
   // Not a preflight: left to the route.
   HttpRequest options = preflight("https://ui.example");

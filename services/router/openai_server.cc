@@ -189,8 +189,13 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::start(
     const OpenAiOptions& openai) {
   std::unique_ptr<OpenAiServer> server(new OpenAiServer(std::move(router), openai));
   OpenAiServer* self = server.get();
+  HttpServerOptions http_options = options;
+  // The server's own errors (a body too large, too slow) are readable by the pages too.
+  http_options.error_headers = [self](const HttpRequest& request) {
+    return self->cors_.responseHeaders(request.header("origin"));
+  };
   auto http =
-      HttpServer::start(options, [self](const HttpRequest& request, HttpResponse& response) {
+      HttpServer::start(http_options, [self](const HttpRequest& request, HttpResponse& response) {
         self->handle(request, response);
       });
   if (!http.ok()) return http.status();
@@ -199,7 +204,7 @@ absl::StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::start(
 }
 
 void OpenAiServer::handle(const HttpRequest& request, HttpResponse& raw) {
-  CorsResponse response(raw, cors_.allow(request.header("origin")));
+  CorsResponse response(raw, cors_.responseHeaders(request.header("origin")));
   AnthropicErrors anthropic(response);
   const bool messages = request.path.starts_with("/v1/messages");
   const Route* found = routeOf(request.path);

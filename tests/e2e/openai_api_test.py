@@ -933,6 +933,16 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertIn("X-Request-Id", headers["Access-Control-Expose-Headers"])
         status, headers, text = self.raw("GET", "/v1/models")  # No Origin: no CORS header.
         self.assertNotIn("Access-Control-Allow-Origin", headers)
+        # The server's own refusals (a body over the limit, refused unread) are readable by
+        # the page too.
+        with socket.create_connection(("127.0.0.1", self.http_port), timeout=60) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nOrigin: https://chat.example\r\n"
+                      b"Content-Length: 100000000000\r\n\r\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        self.assertIn(b" 413 ", data.split(b"\r\n")[0])
+        self.assertIn(b"access-control-allow-origin: *", data.lower())
 
     def test_tools_without_a_parser_are_refused_unless_the_call_is_forced(self):
         # A router with no --tool-call-parser could not find the calls in a reply: "auto" is
