@@ -698,15 +698,15 @@ bool GenerationService::Placement::release() {
   v1::ReleaseRequest release;
   release.set_request_id(id);
   release.set_writer_may_be_active(writer_unconfirmed);
-  v1::ReleaseResponse released;
+  v1::ReleaseResponse answer;
   auto ctx = workerContext(std::chrono::system_clock::now() + kCleanupTimeout);
-  grpc::Status status = admission.worker->decode->Release(ctx.get(), release, &released);
+  grpc::Status status = admission.worker->decode->Release(ctx.get(), release, &answer);
   if (!status.ok()) {
     CLEAVE_LOG(WARNING) << "release of " << id << " on " << admission.worker->id << ": "
                         << status.error_message();
-  } else if (released.blocks_fenced() > 0) {
-    CLEAVE_LOG(WARNING) << "the " << released.blocks_fenced() << " KV blocks of " << id << " on "
-                        << admission.worker->id << " are fenced for " << released.fenced_ms()
+  } else if (answer.blocks_fenced() > 0) {
+    CLEAVE_LOG(WARNING) << "the " << answer.blocks_fenced() << " KV blocks of " << id << " on "
+                        << admission.worker->id << " are fenced for " << answer.fenced_ms()
                         << " ms: a prefill worker that could not be stopped may still write "
                            "into them";
   }
@@ -717,8 +717,8 @@ bool GenerationService::Placement::release() {
       served->decode_s = std::chrono::duration<double>(Clock::now() - *first_decoded_at).count();
     }
   }
-  self.pool_.release(admission, served, released.blocks_fenced(),
-                     std::chrono::milliseconds(released.fenced_ms()));
+  self.pool_.release(admission, served, answer.blocks_fenced(),
+                     std::chrono::milliseconds(answer.fenced_ms()));
   return status.ok();
 }
 
