@@ -196,6 +196,18 @@ int64_t Scheduler::release(uint64_t id) {
   return freed;
 }
 
+int64_t Scheduler::trim(uint64_t id, int64_t keep) {
+  auto it = reservations_.find(id);
+  if (it == reservations_.end()) return 0;
+  std::vector<int32_t>& blocks = it->second;
+  const auto kept = static_cast<std::ptrdiff_t>(
+      std::clamp<int64_t>(keep, 0, static_cast<int64_t>(blocks.size())));
+  const std::vector<int32_t> rest(blocks.begin() + kept, blocks.end());
+  blocks.resize(static_cast<size_t>(kept));
+  cache_.release(rest);
+  return static_cast<int64_t>(rest.size());
+}
+
 void Scheduler::stop(uint64_t id) {
   std::erase_if(waiting_, [id](const GenerationRequest& r) { return r.id == id; });
   for (auto it = ready_.begin(); it != ready_.end(); ++it) {

@@ -145,6 +145,9 @@ class Scheduler {
   // Stops the sequence of `id` if one runs or waits (to be prefilled or to decode), keeping
   // its reservation (release() frees it later).
   void stop(uint64_t id);
+  // Frees the blocks of `id`'s reservation past its first `keep` (a stopped one's: the
+  // blocks no writer was told of); the blocks freed.
+  int64_t trim(uint64_t id, int64_t keep);
   // Prefills `request` into its reservation (the same checks as add(), and the
   // reservation must cover the prompt); its TokenEvent has prefilled = true. The blocks of
   // its longest cached prefix replace the reservation's leading ones (those replaced stay

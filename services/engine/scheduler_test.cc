@@ -511,8 +511,13 @@ TEST_F(SchedulerTest, ReservedPrefillThenDecodeGivesTheSameTokens) {
   const std::vector<uint64_t> one = {11}, other = {12};
   EXPECT_LE(scheduler.heldOnlyBy(one) + scheduler.heldOnlyBy(other), held);
   EXPECT_GE(scheduler.heldOnlyBy(one), 2);  // Its own blocks past the cached prefix.
+  // trim() frees the blocks past the first ones (a fenced reservation keeps its prompt's).
+  EXPECT_EQ(scheduler.trim(12, 6), 1);
+  EXPECT_EQ(scheduler.reservation(12).size(), 6u);
+  EXPECT_EQ(scheduler.trim(12, 9), 0);
+  EXPECT_EQ(scheduler.reservedBlocks(), held - 1);
   EXPECT_EQ(scheduler.release(11), 7);
-  EXPECT_EQ(scheduler.release(12), 7);
+  EXPECT_EQ(scheduler.release(12), 6);
   EXPECT_EQ(scheduler.reservedBlocks(), 0);
   EXPECT_EQ(scheduler.freeBlocks(), 40);
 }

@@ -263,6 +263,8 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
       entry.router_id = r.router_id();
       if (takes_rows) entry.staging = staging;
       entry.cached_blocks = cached;
+      entry.prompt_blocks =
+          (int64_t{r.prompt_tokens()} + model_.blockSize() - 1) / model_.blockSize();
       entry.expires = Clock::now() + ttl;
       // Past year 2096 (or nonsense) is no deadline: the clock's nanoseconds would overflow.
       if (r.deadline_unix_ms() > 0 && r.deadline_unix_ms() < int64_t{4'000'000'000'000}) {
@@ -677,15 +679,18 @@ WorkerCore::Request* WorkerCore::requestOf(uint64_t id) {
 }
 
 std::optional<int64_t> WorkerCore::fence(uint64_t id, bool* busy) {
+  int64_t prompt_blocks;
   {
     absl::MutexLock lock(&mu_);
     Request* r = requestOf(id);
     if (busy != nullptr) *busy = r != nullptr && !r->ending && (r->decoding || r->starting);
     if (r == nullptr || r->decoding || r->starting || r->ending) return std::nullopt;
     r->ending = true;  // Ours now: no release, fence or StartDecode takes it.
+    prompt_blocks = r->prompt_blocks;
   }
   const int64_t blocks = loop_->call([&](engine::Scheduler& s) {
-    s.stop(id);  // A prompt this worker computes into it stops.
+    s.stop(id);                 // A prompt this worker computes into it stops.
+    s.trim(id, prompt_blocks);  // No writer was told of the blocks past the prompt's.
     return static_cast<int64_t>(s.reservation(id).size());
   });
   {

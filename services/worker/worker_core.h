@@ -122,6 +122,7 @@ class WorkerCore {
     // Leading prompt blocks its reservation took from the prefix cache: no transfer writes
     // them, nothing is copied in for them.
     int64_t cached_blocks = 0;
+    int64_t prompt_blocks = 0;  // Those a prefill worker is told to write (and the cached).
     Clock::time_point expires = Clock::time_point::max();  // Unless decoding by then.
     // While its prompt is being written to a peer (a prefill for another worker): set to
     // stop the writes; cancel() waits until the sender has let go (null again).
@@ -178,9 +179,10 @@ class WorkerCore {
   void forget(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees `id`'s reservation and forgets it (after stopSending); the blocks freed.
   uint32_t releaseId(uint64_t id);
-  // Forgets `id`'s request, if it has not started decoding, keeping its blocks (and receive
-  // staging rows) out of use for options_.quarantine. The blocks fenced, or nullopt: unknown,
-  // being freed or fenced already, or (`busy` set, when given) decoding or being started.
+  // Forgets `id`'s request, if it has not started decoding, keeping its prompt's blocks (all
+  // a prefill worker may write; the rest are freed) and receive staging rows out of use for
+  // options_.quarantine. The blocks fenced, or nullopt: unknown, being freed or fenced
+  // already, or (`busy` set, when given) decoding or being started.
   std::optional<int64_t> fence(uint64_t id, bool* busy = nullptr);
   // Sets the fenced-blocks gauge (blocks no reservation but a fenced one holds).
   void reportFenced();
