@@ -47,11 +47,15 @@ int runInfo(int argc, char** argv) {
               info->queue_capacity());
   std::printf("workers: %d registered\n", info->workers_size());
   for (const v1::WorkerSummary& w : info->workers()) {
+    // Blocks held for others (fenced, another router's) show only when there are some.
+    const std::string foreign =
+        w.kv_blocks_foreign() > 0 ? absl::StrFormat(" (+%u held for others)", w.kv_blocks_foreign())
+                                  : std::string();
     std::printf("  %s\n",
-                absl::StrFormat("%-12s %-7s tp=%u model=%s running=%u/%u kv=%u/%u %s",
+                absl::StrFormat("%-12s %-7s tp=%u model=%s running=%u/%u kv=%u%s/%u %s",
                                 w.worker_id(), roleName(w.role()), w.tp_size(), w.model(),
                                 w.running(), w.target_concurrency(), w.kv_blocks_reserved(),
-                                w.kv_blocks_total(), w.healthy() ? "healthy" : "UNHEALTHY")
+                                foreign, w.kv_blocks_total(), w.healthy() ? "healthy" : "UNHEALTHY")
                     .c_str());
   }
   return 0;

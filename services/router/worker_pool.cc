@@ -763,6 +763,7 @@ std::vector<v1::WorkerSummary> WorkerPool::summaries() const {
     s.set_running(static_cast<uint32_t>(entry.admitted));
     s.set_kv_blocks_total(info.kv_capacity().total_blocks());
     s.set_kv_blocks_reserved(static_cast<uint32_t>(entry.reserved));
+    s.set_kv_blocks_foreign(static_cast<uint32_t>(entry.foreign));
     out.push_back(std::move(s));
   }
   std::sort(out.begin(), out.end(),

@@ -348,6 +348,13 @@ class FaultTest(unittest.TestCase):
             stub = ct.stubs()["generation_grpc"].GenerationStub(channel)
             ct.wait_for_workers(stub, 1)
             started = time.monotonic()
+            # The worker's heartbeats say what it holds for the old router (cleave info shows it).
+            foreign = 0
+            while foreign == 0 and time.monotonic() - started < 2:
+                info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+                foreign = info.workers[0].kv_blocks_foreign
+                time.sleep(0.05)
+            self.assertGreater(foreign, 64 - 11)
 
             def generate(prompt):
                 request = pb.GenerateRequest(
