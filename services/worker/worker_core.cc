@@ -763,14 +763,17 @@ void WorkerCore::stopSending(uint64_t id) {
   mu_.Await(absl::Condition(&stopped));
 }
 
+bool WorkerCore::claim(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  Request* r = requestOf(id);
+  // Unknown (forgotten: freed, or fenced with its blocks held), or another call's to end.
+  if (r == nullptr || r->ending) return false;
+  r->ending = true;
+  return true;
+}
+
 uint32_t WorkerCore::releaseId(uint64_t id) {
-  {
-    absl::MutexLock lock(&mu_);
-    Request* r = requestOf(id);
-    // Unknown (forgotten: freed, or fenced with its blocks held), or another call's to end.
-    if (r == nullptr || r->ending) return 0;
-    r->ending = true;
-  }
+  if (!claim(id)) return 0;
   stopSending(id);
   const int64_t freed = loop_->call([&](engine::Scheduler& s) { return s.release(id); });
   absl::MutexLock lock(&mu_);
@@ -781,13 +784,7 @@ uint32_t WorkerCore::releaseId(uint64_t id) {
 
 bool WorkerCore::cancel(const std::string& request_id) {
   std::optional<uint64_t> id = idOf(request_id);
-  if (!id) return false;
-  {
-    absl::MutexLock lock(&mu_);
-    Request* r = requestOf(*id);
-    if (r == nullptr || r->ending) return false;  // Another call's to end.
-    r->ending = true;
-  }
+  if (!id || !claim(*id)) return false;
   stopSending(*id);
   const bool found = loop_->call([&](engine::Scheduler& s) { return s.cancel(*id); });
   absl::MutexLock lock(&mu_);

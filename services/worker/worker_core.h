@@ -177,6 +177,9 @@ class WorkerCore {
   // Drops `id`'s request (its name's entry only while it is still `id`'s), giving back its
   // staging rows.
   void forget(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `id`'s request as being ended by the caller (Request::ending): false when it is
+  // unknown or another call's to end already.
+  bool claim(uint64_t id);
   // Frees `id`'s reservation and forgets it (after stopSending); the blocks freed.
   uint32_t releaseId(uint64_t id);
   // Forgets `id`'s request, if it has not started decoding, keeping its prompt's blocks (all
