@@ -23,7 +23,7 @@ EngineLoop::~EngineLoop() {
   thread_.join();
 }
 
-void EngineLoop::post(std::function<void(engine::Scheduler&)> fn) {
+void EngineLoop::post(Call fn) {
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(fn));
 }
@@ -36,7 +36,7 @@ void EngineLoop::run() {
   constexpr int kFailuresToExit = 3;
   int failures = 0;
   while (true) {
-    std::vector<std::function<void(engine::Scheduler&)>> calls;
+    std::vector<Call> calls;
     const bool busy = !scheduler_.idle();  // Read here: only this thread touches scheduler_.
     {
       absl::MutexLock lock(&mu_);
@@ -48,13 +48,16 @@ void EngineLoop::run() {
       if (stop_) return;
       calls.swap(queue_);
     }
-    for (auto& call : calls) call(scheduler_);
-    if (scheduler_.idle()) {
-      StepReport idle{.stepped = false};
-      describePool(idle);
-      sink_(idle);
-      continue;
+    std::vector<Deliver> results;
+    results.reserve(calls.size());
+    for (Call& call : calls) results.push_back(call(scheduler_));
+    if (!calls.empty()) {
+      StepReport pool{.stepped = false};
+      describePool(pool);
+      sink_(pool);
     }
+    for (Deliver& deliver : results) deliver();
+    if (scheduler_.idle()) continue;
     StepReport report{.step_index = step_index++};
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<std::vector<engine::TokenEvent>> events = scheduler_.step();

@@ -5,6 +5,10 @@
 //
 // Threading: call() from any thread (it blocks until the function has run); the sink runs
 // on the engine thread and must not call(). The destructor stops the thread.
+//
+// Contract: a call returns after the sink has seen the pool it left (a report with stepped =
+// false), so what the worker publishes (its gauges, its heartbeat) is never older than the
+// call that changed it.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +16,7 @@
 #include <future>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -47,18 +52,31 @@ class EngineLoop {
              const engine::SchedulerOptions& options, Sink sink);
   ~EngineLoop();
 
-  // Runs fn(scheduler) on the engine thread and returns its result.
+  // Runs fn(scheduler) on the engine thread and returns its result once the sink has seen
+  // the pool fn left.
   template <typename F>
   auto call(F&& fn) -> decltype(fn(std::declval<engine::Scheduler&>())) {
     using R = decltype(fn(std::declval<engine::Scheduler&>()));
-    auto task = std::make_shared<std::packaged_task<R(engine::Scheduler&)>>(std::forward<F>(fn));
-    std::future<R> result = task->get_future();
-    post([task](engine::Scheduler& s) { (*task)(s); });
+    auto promise = std::make_shared<std::promise<R>>();
+    std::future<R> result = promise->get_future();
+    post([&fn, promise](engine::Scheduler& s) -> Deliver {
+      if constexpr (std::is_void_v<R>) {
+        fn(s);
+        return [promise] { promise->set_value(); };
+      } else {
+        return [promise, value = std::make_shared<R>(fn(s))] {
+          promise->set_value(std::move(*value));
+        };
+      }
+    });
     return result.get();
   }
 
  private:
-  void post(std::function<void(engine::Scheduler&)> fn);
+  // A call runs on the scheduler and returns what hands its result to the caller.
+  using Deliver = std::function<void()>;
+  using Call = std::function<Deliver(engine::Scheduler&)>;
+  void post(Call fn);
   void run();
   // Fills the report's KV pool and prefix-cache fields.
   void describePool(StepReport& report) const;
@@ -66,7 +84,7 @@ class EngineLoop {
   engine::Scheduler scheduler_;
   Sink sink_;
   absl::Mutex mu_;
-  std::vector<std::function<void(engine::Scheduler&)>> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<Call> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
