@@ -4,6 +4,10 @@
 // calls in flight fail with UNAVAILABLE (the router sends a prompt to another prefill worker
 // instead of waiting until the request's deadline, forever for one without), and a
 // server's are cancelled (a prefill for a router gone stops writing).
+//
+// A peer restarted at its address is dialled again within about kMaxReconnectMs (gRPC's
+// default backoff grows to two minutes): a worker joins a restarted router before its lease
+// for the old router's sequences ends.
 #pragma once
 
 #include <grpcpp/server_builder.h>
@@ -13,6 +17,7 @@ namespace cleave {
 
 inline constexpr int kKeepaliveTimeMs = 10000;    // A ping after this long...
 inline constexpr int kKeepaliveTimeoutMs = 5000;  // ...unanswered this long ends the link.
+inline constexpr int kMaxReconnectMs = 1000;
 
 // For a channel to a peer that allows the pings (below).
 inline grpc::ChannelArguments keepaliveChannelArguments() {
@@ -21,6 +26,8 @@ inline grpc::ChannelArguments keepaliveChannelArguments() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kMaxReconnectMs / 4);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectMs);
   return args;
 }
 

@@ -51,13 +51,17 @@ void EngineLoop::run() {
     std::vector<Deliver> results;
     results.reserve(calls.size());
     for (Call& call : calls) results.push_back(call(scheduler_));
+    const bool idle = scheduler_.idle();
     if (!calls.empty()) {
-      StepReport pool{.stepped = false};
+      // Busy: the batch the last step ran is the batch still running.
+      StepReport pool{.stepped = false,
+                      .batch_size = idle ? 0 : scheduler_.lastBatchSequences(),
+                      .decode_batch = idle ? 0 : scheduler_.lastDecodeSequences()};
       describePool(pool);
       sink_(pool);
     }
     for (Deliver& deliver : results) deliver();
-    if (scheduler_.idle()) continue;
+    if (idle) continue;
     StepReport report{.step_index = step_index++};
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<std::vector<engine::TokenEvent>> events = scheduler_.step();

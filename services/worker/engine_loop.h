@@ -25,8 +25,8 @@
 
 namespace cleave::worker {
 
-// After each step, and after calls that leave the engine idle (stepped = false, no events:
-// the pool's numbers still changed).
+// After each step, and after each round of calls (stepped = false, no events: the pool's
+// numbers changed; the batch is the last step's, or empty when the engine is idle).
 struct StepReport {
   bool stepped = true;
   uint64_t step_index = 0;

@@ -16,6 +16,7 @@ const std::string kTinyModel = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llam
 // What the sink last saw, read by the test thread.
 struct Seen {
   std::atomic<int64_t> reserved{-1};
+  std::atomic<int64_t> decoding{-1};
   std::atomic<int64_t> steps{0};
 };
 
@@ -27,12 +28,13 @@ std::unique_ptr<engine::TpGroup> tinyModel(int64_t blocks) {
 }
 
 // A call returns only after the sink has seen the pool it left, idle or busy: a gauge read
-// right after a Reserve or a Release shows it.
+// right after a Reserve or a Release shows it, and the batch still running is not lost.
 TEST(EngineLoopTest, ACallReturnsAfterTheSinkSawThePoolItLeft) {
   std::unique_ptr<engine::TpGroup> model = tinyModel(64);
   Seen seen;
   EngineLoop loop(*model, nullptr, {}, [&](StepReport& report) {
     seen.reserved = report.reserved_blocks;
+    seen.decoding = report.decode_batch;
     if (report.stepped) ++seen.steps;
   });
   std::mt19937 rng(11);
@@ -56,9 +58,11 @@ TEST(EngineLoopTest, ACallReturnsAfterTheSinkSawThePoolItLeft) {
     reserved -= loop.call([&](engine::Scheduler& s) { return s.release(id); });
     // The decoding sequence holds blocks too, but not as a reservation.
     EXPECT_EQ(seen.reserved, reserved) << "after releasing " << id << ", busy";
+    EXPECT_EQ(seen.decoding, 1) << "after releasing " << id << ", busy";
   }
   EXPECT_EQ(reserved, 0);
   loop.call([](engine::Scheduler& s) { return s.cancel(100); });
+  EXPECT_EQ(seen.decoding, 0) << "idle";
 }
 
 }  // namespace

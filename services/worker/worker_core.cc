@@ -703,8 +703,8 @@ std::optional<int64_t> WorkerCore::fence(uint64_t id, bool* busy) {
                .until = Clock::now() + options_.quarantine});
     forget(id);
   }
+  reportFenced();  // The gauge first: who sees the count of fences sees their blocks.
   metrics_.onFenced();
-  reportFenced();
   return blocks;
 }
 
@@ -826,7 +826,7 @@ std::optional<double> WorkerCore::floorOf(const StepReport& report) const {
 void WorkerCore::onStep(StepReport& report) {
   metrics_.onStep(report, floorOf(report));
   // decode_crash_after_steps=N: the N-th step with sequences decoding is the last.
-  if (report.decode_batch > 0 && faults::fire("decode_crash_after_steps") &&
+  if (report.stepped && report.decode_batch > 0 && faults::fire("decode_crash_after_steps") &&
       faults::value("decode_crash_after_steps") == 0) {
     faults::crash("decode_crash_after_steps");
   }

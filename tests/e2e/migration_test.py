@@ -104,7 +104,11 @@ class MigrationTest(unittest.TestCase):
                     self.assertTrue(streaming.acquire(timeout=60), "streams did not start")
                 victim.proc.send_signal(stop_signal)
                 if draining:
-                    time.sleep(0.3)  # The draining heartbeat is sent as the signal arrives.
+                    # The draining heartbeat is sent as the signal arrives.
+                    deadline = time.monotonic() + 30
+                    while f"worker {victim_id} is draining" not in router.log():
+                        self.assertLess(time.monotonic(), deadline, "the router never heard")
+                        time.sleep(0.02)
                     held = []  # Requests the router has admitted to the draining worker.
 
                     def admitted_to_victim():

@@ -1109,9 +1109,8 @@ class OpenAiApiTest(unittest.TestCase):
         connection.sock.close()
         connection.close()
         ct.wait_until_nothing_reserved(self.router, [self.worker], seconds=30)
-        self.assertGreaterEqual(ct.metric(self.router.ready["metrics_port"],
-                                          "cleave_http_requests_total",
-                                          path="/v1/completions", code="499"), 1)
+        ct.wait_for_metric(self.router.ready["metrics_port"], "cleave_http_requests_total", 1,
+                           path="/v1/completions", code="499")
 
     def test_a_client_hanging_up_before_a_whole_response_frees_its_blocks(self):
         # Not streamed, nothing is written until the end: the router notices the closed
@@ -1137,8 +1136,11 @@ class OpenAiApiTest(unittest.TestCase):
         connection.sock.close()
         connection.close()
         closed = time.monotonic()
-        ct.wait_until_nothing_reserved(self.router, [self.worker], seconds=5)
+        # Long before the 2000 tokens would have ended (a minute and more).
+        ct.wait_until_nothing_reserved(self.router, [self.worker], seconds=15)
         print(f"\nblocks freed {time.monotonic() - closed:.2f} s after the client left")
+        ct.wait_for_metric(port, "cleave_http_requests_total", before + 1,
+                           path="/v1/chat/completions", code="499")
         self.assertEqual(hung_up(), before + 1)
         # A client that only closes its sending side counts as gone too (as it does for
         # vLLM's server); it is sent nothing more, not an error in place of its answer.
@@ -1179,9 +1181,8 @@ class OpenAiApiTest(unittest.TestCase):
             self.assertEqual(finish, "length")
             self.assertGreaterEqual(count, 1)
         ct.wait_until_nothing_reserved(self.router, [self.worker])
-        self.assertGreaterEqual(ct.metric(self.router.ready["metrics_port"],
-                                          "cleave_http_requests_total",
-                                          path="/v1/completions", code="200"), 2 * TARGET)
+        ct.wait_for_metric(self.router.ready["metrics_port"], "cleave_http_requests_total",
+                           2 * TARGET, path="/v1/completions", code="200")
         # docs/metrics.md lists what such a router exports, no more and no less.
         from deploy_files_test import documented_metrics
         documented = documented_metrics()

@@ -18,8 +18,10 @@ import cleave_testing as ct  # noqa: E402
 from serving_test import MODEL, metric  # noqa: E402
 
 
-QUARANTINE_MS = 2000
-LEASE_MS = 500
+# Long enough that no lease or quarantine ends between two statements of a test, however
+# slowly it runs.
+QUARANTINE_MS = 4000
+LEASE_MS = 2000
 
 
 @unittest.skipUnless(os.path.exists(MODEL), f"{MODEL} missing; run scripts/install-deps.sh")
@@ -95,8 +97,7 @@ class WorkerLifecycleTest(unittest.TestCase):
 
     def test_an_unstarted_reservation_is_fenced_after_its_ttl_then_freed(self):
         self.keep_router_alive()  # Only the ttl fences it.
-        self.reserve("ttl", ttl_ms=1000)
-        self.assertEqual(self.reserved(), 2)
+        self.assertEqual(len(self.reserve("ttl", ttl_ms=1000).block_ids), 2)
         deadline = time.monotonic() + 5
         while self.fenced() != 1:  # A prefill may still write its prompt's block a while.
             self.assertLess(time.monotonic(), deadline, "the reservation was never fenced")
@@ -110,7 +111,7 @@ class WorkerLifecycleTest(unittest.TestCase):
         # reservation is the router's to say, so the worker keeps it past its deadline.
         self.keep_router_alive()
         self.reserve("late", deadline_unix_ms=int(time.time() * 1000) + 300, ttl_ms=60000)
-        time.sleep(1.2)  # Past the deadline, the lease and a sweep or more.
+        time.sleep(LEASE_MS / 1000 + 0.7)  # Past the deadline, the lease and a sweep or more.
         self.assertEqual(self.reserved(), 2)
         released = self.decode.Release(self.pb.ReleaseRequest(request_id="late"), timeout=10)
         self.assertEqual((released.blocks_freed, released.blocks_fenced), (2, 0))
@@ -146,14 +147,14 @@ class WorkerLifecycleTest(unittest.TestCase):
 
     def test_a_reservation_whose_router_went_silent_is_freed(self):
         # Reserved with the router's long ttl, never started, and the router never opens its
-        # token stream: fenced once the lease (0.5 s) is over and freed after the quarantine
-        # (2 s), long before the ttl (600 s).
+        # token stream: fenced once the lease (2 s) is over and freed after the quarantine
+        # (4 s), long before the ttl (600 s).
         self.assertEqual(len(self.reserve("unstarted", ttl_ms=600000).block_ids), 2)
         self.wait_until_freed((LEASE_MS + QUARANTINE_MS) / 1000 + 10)
 
     def test_a_sequence_whose_router_went_silent_is_freed(self):
         # The router's token stream closes once the sequence decodes and is not opened again;
-        # with a 500 ms lease the worker gives up on a sequence that would decode for many
+        # with a 2 s lease the worker gives up on a sequence that would decode for many
         # seconds more.
         stream = self.decode.StreamTokens(self.pb.StreamTokensRequest(router_id="test-router"))
         self.addCleanup(stream.cancel)
@@ -172,7 +173,7 @@ class WorkerLifecycleTest(unittest.TestCase):
             timeout=10)
         self.assertGreater(self.reserved(), 0)
         stream.cancel()
-        self.wait_until_freed(8)
+        self.wait_until_freed(LEASE_MS / 1000 + 8)
 
     def test_max_model_len_caps_the_context_served(self):
         """--max-model-len (vLLM's flag): the router reports and enforces the shorter context;

@@ -143,6 +143,24 @@ def metric(port, name, **labels):
     return float(match.group(1))
 
 
+def wait_for_metric(port, name, at_least, seconds=15.0, **labels):
+    """Polls until a metric (as metric() reads it) reaches `at_least`; returns its value.
+    For what a process counts after its reply has left (an HTTP status is counted once the
+    response is written), or on another thread."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            value = metric(port, name, **labels)
+        except AssertionError:  # Not exported until first counted.
+            value = None
+        if value is not None and value >= at_least:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name}{labels or ''} stayed at {value}, below {at_least}, "
+                                 f"for {seconds} s")
+        time.sleep(0.02)
+
+
 def wait_until_nothing_reserved(router, workers, seconds=15.0):
     """Waits until the router and every worker still running hold no KV block (but fenced
     ones, held a while on purpose: docs/reliability.md; fenced reservations sharing a

@@ -117,7 +117,10 @@ class RouterTlsTest(unittest.TestCase):
                 while not stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10).workers:
                     self.assertLess(time.monotonic(), deadline, good.log())
                     time.sleep(0.1)
-                time.sleep(1.5)  # The worker without a certificate keeps being refused.
+                # The worker without a certificate keeps being refused.
+                while "client certificate" not in without.log():
+                    self.assertLess(time.monotonic(), deadline, without.log())
+                    time.sleep(0.1)
                 workers = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10).workers
                 self.assertEqual([w.address for w in workers],
                                  [f"127.0.0.1:{good.ready['grpc_port']}"])
