@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <random>
+#include <thread>
 
 #include "common/log.h"
 #include "services/engine/tp_group.h"
@@ -30,12 +32,16 @@ std::unique_ptr<engine::TpGroup> tinyModel(int64_t blocks) {
 // A call returns only after the sink has seen the pool it left, idle or busy: a gauge read
 // right after a Reserve or a Release shows it, and the batch still running is not lost.
 TEST(EngineLoopTest, ACallReturnsAfterTheSinkSawThePoolItLeft) {
-  std::unique_ptr<engine::TpGroup> model = tinyModel(64);
+  std::unique_ptr<engine::TpGroup> model = tinyModel(256);
   Seen seen;
   EngineLoop loop(*model, nullptr, {}, [&](StepReport& report) {
     seen.reserved = report.reserved_blocks;
     seen.decoding = report.decode_batch;
-    if (report.stepped) ++seen.steps;
+    if (!report.stepped) return;
+    ++seen.steps;
+    // Slow steps: the sequence below decodes for over a second, long past the calls made
+    // while it does.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   });
   std::mt19937 rng(11);
   int64_t reserved = 0;
@@ -50,7 +56,7 @@ TEST(EngineLoopTest, ACallReturnsAfterTheSinkSawThePoolItLeft) {
   std::vector<uint32_t> prompt(9);
   for (uint32_t& t : prompt) t = 1 + rng() % 200;
   ASSERT_TRUE(loop.call([&](engine::Scheduler& s) {
-                    return s.add({.id = 100, .prompt = prompt, .stop = {.max_new_tokens = 120}});
+                    return s.add({.id = 100, .prompt = prompt, .stop = {.max_new_tokens = 240}});
                   })
                   .ok());
   while (seen.steps < 2) std::this_thread::yield();
