@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <ctime>
 #include <deque>
 #include <optional>
@@ -173,6 +174,7 @@ OpenAiServer::OpenAiServer(std::shared_ptr<grpc::Channel> router, const OpenAiOp
     : stub_(v1::Generation::NewStub(std::move(router))),
       reasoning_(options.reasoning),
       tool_calls_(options.tool_calls),
+      sampling_defaults_(options.sampling_defaults),
       cors_(options.allowed_origins),
       requests_(prometheus::BuildCounter()
                     .Name("cleave_http_requests_total")
@@ -497,6 +499,14 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
   if (responses) {
     Json echoed = *body;
     echoed["store"] = storing;
+    // What the reply was sampled with: the model's recommendation where the request is silent.
+    // (Rounded: 0.6 is echoed as 0.6, not as the float's 0.6000000238.)
+    auto echo = [&](const char* key, bool set, float value) {
+      if (set && openai::field(echoed, key) == nullptr)
+        echoed[key] = std::round(static_cast<double>(value) * 1e6) / 1e6;
+    };
+    echo("temperature", sampling_defaults_.has_temperature(), sampling_defaults_.temperature());
+    echo("top_p", sampling_defaults_.has_top_p(), sampling_defaults_.top_p());
     renderer = std::make_unique<openai::ResponsesRenderer>(echoed, id, model, created);
   }
   if (messages) renderer = std::make_unique<openai::MessagesRenderer>(id, model);

@@ -54,6 +54,9 @@ struct OpenAiOptions {
   int64_t response_store_bytes = int64_t{256} << 20;
   // Origins whose web pages may call the API (--http-allowed-origins, cors.h).
   std::string allowed_origins = "*";
+  // What the router fills in where a request leaves sampling unset (--generation-config):
+  // a Responses API response echoes the temperature and top_p the reply was sampled with.
+  v1::SamplingParams sampling_defaults;
 };
 
 class OpenAiServer {
@@ -86,6 +89,7 @@ class OpenAiServer {
   std::unique_ptr<v1::Generation::Stub> stub_;
   const ReasoningFormat reasoning_;
   const ToolCallFormat tool_calls_;
+  const v1::SamplingParams sampling_defaults_;
   const CorsPolicy cors_;
   prometheus::Family<prometheus::Counter>& requests_;
   std::unique_ptr<ResponseStore> store_;  // Null when none is kept.

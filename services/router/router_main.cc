@@ -318,7 +318,8 @@ int main(int argc, char** argv) {
         {.reasoning = *reasoning,
          .tool_calls = *tool_calls,
          .response_store_bytes = http_response_store_mib << 20,
-         .allowed_origins = http_allowed_origins});
+         .allowed_origins = http_allowed_origins,
+         .sampling_defaults = sampling_defaults});
     if (!started.ok()) {
       (*server)->shutdown(std::chrono::milliseconds(0));
       cleave::exitWithUsageError(flags, started.status());

@@ -160,6 +160,41 @@ class ServingTest(unittest.TestCase):
         self.assertEqual(replies[folder, "sampled"], replies[folder, "greedy"])
         self.assertNotEqual(replies["none", "sampled"], replies["none", "greedy"])
 
+    def test_a_response_echoes_the_sampling_its_reply_was_drawn_with(self):
+        """The Responses API echoes temperature and top_p: the request's, else the model's
+        recommendation (--generation-config FOLDER), else OpenAI's 1.0."""
+        import http.client
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "generation_config.json"), "w") as f:
+                json.dump({"temperature": 0.6, "top_p": 0.9}, f)
+            router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
+                                 "--metrics-port=0", f"--model={MODEL}",
+                                 "--http-listen=127.0.0.1:0", f"--generation-config={folder}"])
+            worker = ct.Process([ct.binary("cleave-worker"), f"--model={MODEL}",
+                                 f"--router=127.0.0.1:{router.ready['grpc_port']}",
+                                 "--listen=127.0.0.1:0", "--metrics-port=0",
+                                 "--target-concurrency=2", "--planned-seq-len=128",
+                                 "--threads=1"])
+            try:
+                with grpc.insecure_channel(f"127.0.0.1:{router.ready['grpc_port']}") as channel:
+                    ct.wait_for_workers(ct.stubs()["generation_grpc"].GenerationStub(channel), 1)
+                echoed = []
+                for extra in ({}, {"temperature": 0.2}):
+                    connection = http.client.HTTPConnection(
+                        "127.0.0.1", router.ready["http_port"], timeout=60)
+                    connection.request("POST", "/v1/responses", json.dumps(
+                        {"input": "Hello", "max_output_tokens": 2, **extra}),
+                        {"Content-Type": "application/json"})
+                    answer = connection.getresponse()
+                    body = json.loads(answer.read())
+                    connection.close()
+                    self.assertEqual(answer.status, 200, body)
+                    echoed.append((body["temperature"], body["top_p"]))
+                self.assertEqual(echoed, [(0.6, 0.9), (0.2, 0.9)])
+            finally:
+                worker.stop()
+                router.stop()
+
     def test_greedy_tokens_match_the_offline_engine(self):
         rng = random.Random(4)
         prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60)))
