@@ -92,6 +92,16 @@ uint64_t KvBlockPool::adapterRoot(std::string_view sha256) {
   return hash == 0 ? 1 : hash;
 }
 
+uint64_t KvBlockPool::saltedRoot(uint64_t root, std::string_view salt) {
+  if (salt.empty()) return root;
+  // A marker byte of its own, the root, then the salt.
+  std::vector<uint8_t> bytes{0x5a};
+  for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<uint8_t>(root >> (8 * i)));
+  bytes.insert(bytes.end(), salt.begin(), salt.end());
+  const uint64_t hash = sipHash24(processSipKey(), bytes);
+  return hash == 0 ? 1 : hash;
+}
+
 void KvBlockPool::publish(int32_t block, uint64_t hash, std::span<const uint32_t> tokens) {
   CLEAVE_CHECK(block >= 0 && block < totalBlocks() && blocks_[block].refcount > 0)
       << "publish of block " << block;

@@ -28,6 +28,9 @@ struct KvBlockPoolOptions {
   int64_t num_blocks = 0;
 };
 
+// The longest cache salt a request may name (GenerationRequest::cache_salt).
+inline constexpr size_t kMaxCacheSaltBytes = 256;
+
 class KvBlockPool {
  public:
   explicit KvBlockPool(const KvBlockPoolOptions& options);
@@ -51,6 +54,11 @@ class KvBlockPool {
   // The chain's start for the requests of a LoRA adapter (by its fingerprint): their KV
   // differs from the base model's for the same tokens.
   static uint64_t adapterRoot(std::string_view sha256);
+  // The chain's start for the requests that name `salt` (vLLM's cache_salt), from the
+  // adapter's (or the base model's, 0): only requests of one salt share cached blocks, so
+  // one tenant cannot tell from its timings what another's prompts were. No salt: `root`.
+  // At most kMaxCacheSaltBytes.
+  static uint64_t saltedRoot(uint64_t root, std::string_view salt);
   // Publishes `block` (full, computed) under `hash`. A hash already published keeps its
   // block.
   void publish(int32_t block, uint64_t hash, std::span<const uint32_t> tokens);

@@ -32,6 +32,10 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "adapter ", request.adapter, " is not one of the ", model_.adapters().size(), " loaded"));
   }
+  if (request.cache_salt.size() > kMaxCacheSaltBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cache_salt has ", request.cache_salt.size(),
+                                                   " bytes; at most ", kMaxCacheSaltBytes));
+  }
   const char* constrained = request.json_object ? "a JSON object output"
                             : request.regex     ? "a regex output"
                             : request.grammar   ? "a grammar output"
@@ -97,7 +101,8 @@ absl::Status Scheduler::add(GenerationRequest request) {
 
 absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t count,
                                                         std::span<const uint32_t> prompt,
-                                                        int64_t* cached, int32_t adapter) {
+                                                        int64_t* cached, int32_t adapter,
+                                                        std::string_view cache_salt) {
   if (cached != nullptr) *cached = 0;
   if (count < 1) return absl::InvalidArgumentError("num_blocks must be >= 1");
   if (auto it = reservations_.find(id); it != reservations_.end()) {
@@ -107,7 +112,9 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
   }
   if (adapter < -1 || adapter >= static_cast<int32_t>(model_.adapters().size()))
     return absl::InvalidArgumentError(absl::StrCat("no LoRA adapter ", adapter));
-  std::vector<int32_t> blocks = lookupPrefix(prompt, 0, chainRoot(adapter)).blocks;
+  if (cache_salt.size() > kMaxCacheSaltBytes)
+    return absl::InvalidArgumentError(absl::StrCat("cache_salt has ", cache_salt.size(), " bytes"));
+  std::vector<int32_t> blocks = lookupPrefix(prompt, 0, chainRoot(adapter, cache_salt)).blocks;
   if (static_cast<int64_t>(blocks.size()) > count) blocks.resize(count);
   cache_.retain(blocks);
   absl::StatusOr<std::vector<int32_t>> fresh =
@@ -122,8 +129,9 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
   return blocks;
 }
 
-uint64_t Scheduler::chainRoot(int32_t adapter) const {
-  return adapter < 0 ? 0 : KvBlockPool::adapterRoot(model_.adapters()[adapter]->sha256);
+uint64_t Scheduler::chainRoot(int32_t adapter, std::string_view cache_salt) const {
+  return KvBlockPool::saltedRoot(
+      adapter < 0 ? 0 : KvBlockPool::adapterRoot(model_.adapters()[adapter]->sha256), cache_salt);
 }
 
 Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt, int64_t from,
@@ -344,7 +352,7 @@ std::unique_ptr<Scheduler::Sequence> Scheduler::makeSequence(GenerationRequest r
   seq->mode = mode;
   seq->blocks = std::move(blocks);
   seq->tokens = seq->request.prompt;
-  seq->chain = chainRoot(seq->request.adapter);
+  seq->chain = chainRoot(seq->request.adapter, seq->request.cache_salt);
   seq->sampler = std::make_unique<Sampler>(seq->request.sampling, seq->request.prompt);
   seq->stopper = std::make_unique<StopChecker>(seq->request.stop);
   if (tokenizer_ != nullptr)
@@ -386,7 +394,7 @@ void Scheduler::admit() {
     GenerationRequest& next = waiting_.front();
     const int64_t total = static_cast<int64_t>(next.prompt.size()) + next.stop.max_new_tokens;
     // The longest cached prefix's blocks, then fresh ones (a prompt scored: none).
-    const uint64_t root = chainRoot(next.adapter);
+    const uint64_t root = chainRoot(next.adapter, next.cache_salt);
     const PrefixHit hit =
         next.prompt_logprobs < 0 ? lookupPrefix(next.prompt, 0, root) : PrefixHit{.chain = root};
     std::vector<int32_t> blocks = hit.blocks;

@@ -94,6 +94,9 @@ struct GenerationRequest {
   // The LoRA adapter the request runs with (TpGroup::addAdapter's index), or -1: the base
   // model. Its KV is cached apart: prefixes are shared only among requests of one adapter.
   int32_t adapter = -1;
+  // Non-empty: the prefix cache is shared only among requests of this salt (and adapter);
+  // KvBlockPool::saltedRoot.
+  std::string cache_salt;
 };
 
 // What one step produced for one sequence.
@@ -136,10 +139,12 @@ class Scheduler {
   // (the same size returns the same blocks). With `prompt` (the request's, known already),
   // the cached blocks of its longest cached prefix come first, before allocation can evict
   // them; `cached` (when given) says how many (0 for an existing reservation).
-  // The prompt's cached prefix is that of `adapter`'s requests (GenerationRequest::adapter).
+  // The prompt's cached prefix is that of the requests of `adapter` and `cache_salt`
+  // (GenerationRequest's).
   absl::StatusOr<std::vector<int32_t>> reserve(uint64_t id, int64_t count,
                                                std::span<const uint32_t> prompt = {},
-                                               int64_t* cached = nullptr, int32_t adapter = -1);
+                                               int64_t* cached = nullptr, int32_t adapter = -1,
+                                               std::string_view cache_salt = {});
   // Frees the reservation of `id`, stopping its sequence if one runs; the blocks freed.
   int64_t release(uint64_t id);
   // Stops the sequence of `id` if one runs or waits (to be prefilled or to decode), keeping
@@ -238,7 +243,7 @@ class Scheduler {
   };
   PrefixHit lookupPrefix(std::span<const uint32_t> prompt, int64_t from, uint64_t chain) const;
   // The hash chain's start for the requests of `adapter` (-1: the base model's, 0).
-  uint64_t chainRoot(int32_t adapter) const;
+  uint64_t chainRoot(int32_t adapter, std::string_view cache_salt) const;
   // Starts `seq` past the `hit` blocks it holds at its head, counting the lookup.
   void startPast(Sequence& seq, const PrefixHit& hit);
   // Before a prompt chunk: takes the blocks published since (by a prompt sharing the

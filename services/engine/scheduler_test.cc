@@ -198,6 +198,37 @@ TEST_F(SchedulerTest, PrefixCacheHitsGiveTheSameTokensAsMisses) {
   EXPECT_EQ(scheduler.cache().freeBlocks(), 64);
 }
 
+// A cache salt keeps prefixes apart: only requests of one salt (and one adapter) share
+// cached blocks, whichever way they join (add(), or reserve() with the prompt); the tokens
+// are the same either way.
+TEST_F(SchedulerTest, RequestsShareCachedPrefixesOnlyWithinTheirCacheSalt) {
+  Scheduler scheduler(withBlocks(64), nullptr, {.max_batch_tokens = 64, .max_sequences = 4});
+  const std::vector<uint32_t> prompt = randomPrompt(33);
+  auto run = [&](uint64_t id, const std::string& salt) {
+    const int64_t hits = scheduler.prefixHitTokens();
+    EXPECT_TRUE(
+        scheduler
+            .add({.id = id, .prompt = prompt, .stop = {.max_new_tokens = 5}, .cache_salt = salt})
+            .ok());
+    auto tokens = drain(scheduler);
+    EXPECT_EQ(tokens[id], alone(prompt, 5)) << "salt '" << salt << "'";
+    return scheduler.prefixHitTokens() - hits;
+  };
+  EXPECT_EQ(run(1, "tenant-a"), 0);
+  EXPECT_EQ(run(2, "tenant-b"), 0);
+  EXPECT_EQ(run(3, ""), 0);
+  EXPECT_EQ(run(4, "tenant-a"), 32);  // 8 full blocks; the last token is always computed.
+  EXPECT_EQ(run(5, ""), 32);
+  int64_t cached = -1;
+  ASSERT_TRUE(scheduler.reserve(6, 10, prompt, &cached, -1, "tenant-c").ok());
+  EXPECT_EQ(cached, 0);
+  ASSERT_TRUE(scheduler.reserve(7, 10, prompt, &cached, -1, "tenant-b").ok());
+  EXPECT_EQ(cached, 8);
+  scheduler.release(6);
+  scheduler.release(7);
+  EXPECT_EQ(scheduler.cache().freeBlocks(), 64);
+}
+
 // Every event of `scheduler` until it is idle.
 std::vector<TokenEvent> events(Scheduler& scheduler) {
   std::vector<TokenEvent> out;

@@ -260,25 +260,28 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   if (absl::Status banned = banWords(tokenizer_.get(), model->vocab_size, sampling); !banned.ok()) {
     return error(static_cast<grpc::StatusCode>(banned.code()), std::string(banned.message()));
   }
-  Sequence sequence{.id = id,
-                    .tokens = prompt,
-                    .prompt_tokens = prompt_tokens,
-                    .remaining = max_new,
-                    .blocks = blocks,
-                    .sampling = sampling,
-                    .stopping = request.stopping(),
-                    .logprobs = request.has_logprobs() ? std::optional<uint32_t>(request.logprobs())
-                                                       : std::nullopt,
-                    .deadline = context->deadline(),
-                    .cancelled = [context] { return context->IsCancelled(); },
-                    .call = context,
-                    .client = client,
-                    .priority = request.priority(),
-                    .prompt_logprobs = request.has_prompt_logprobs()
-                                           ? std::optional<uint32_t>(request.prompt_logprobs())
-                                           : std::nullopt,
-                    .adapter = adapter ? adapter->name : std::string(),
-                    .chain_root = adapter ? engine::KvBlockPool::adapterRoot(adapter->sha256) : 0};
+  Sequence sequence{
+      .id = id,
+      .tokens = prompt,
+      .prompt_tokens = prompt_tokens,
+      .remaining = max_new,
+      .blocks = blocks,
+      .sampling = sampling,
+      .stopping = request.stopping(),
+      .logprobs =
+          request.has_logprobs() ? std::optional<uint32_t>(request.logprobs()) : std::nullopt,
+      .deadline = context->deadline(),
+      .cancelled = [context] { return context->IsCancelled(); },
+      .call = context,
+      .client = client,
+      .priority = request.priority(),
+      .prompt_logprobs = request.has_prompt_logprobs()
+                             ? std::optional<uint32_t>(request.prompt_logprobs())
+                             : std::nullopt,
+      .adapter = adapter ? adapter->name : std::string(),
+      .cache_salt = request.cache_salt(),
+      .chain_root = engine::KvBlockPool::saltedRoot(
+          adapter ? engine::KvBlockPool::adapterRoot(adapter->sha256) : 0, request.cache_salt())};
   std::vector<std::string> lost;  // Decode workers this request could not use.
   std::unique_ptr<Placement> placed;
   grpc::Status status = place(sequence, lost, placed);
@@ -527,6 +530,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     reserve.set_prompt_tokens(static_cast<uint32_t>(tokens));
     reserve.set_max_new_tokens(static_cast<uint32_t>(sequence.remaining));
     reserve.set_adapter(sequence.adapter);
+    reserve.set_cache_salt(sequence.cache_salt);
     // The decode worker shares the blocks of the prefix its cache holds: not sent again
     // (unless the prompt is scored: a worker prefilling for itself computes it whole).
     if (!scored)
@@ -574,6 +578,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     prefill.set_request_id(sequence.id);
     prefill.mutable_prompt_token_ids()->Add(sequence.tokens.begin(), sequence.tokens.end());
     prefill.set_adapter(sequence.adapter);
+    prefill.set_cache_salt(sequence.cache_salt);
     *prefill.mutable_sampling() = sequence.sampling;
     *prefill.mutable_stopping() = stopping;
     if (sequence.logprobs) prefill.set_logprobs(*sequence.logprobs);
@@ -673,6 +678,7 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     v1::StartDecodeRequest start;
     start.set_request_id(sequence.id);
     start.set_adapter(sequence.adapter);
+    start.set_cache_salt(sequence.cache_salt);
     start.mutable_prompt_token_ids()->Add(sequence.tokens.begin(), sequence.tokens.end());
     start.set_first_token_id(placed->prefilled.first_token_id());
     *start.mutable_sampling() = sequence.sampling;

@@ -114,7 +114,8 @@ class GenerationService final : public v1::Generation::Service {
     int32_t priority = 0;  // GenerateRequest.priority: lower is admitted first.
     std::optional<uint32_t> prompt_logprobs;  // Asked of its first placement's prefill.
     std::string adapter;      // The LoRA adapter it runs with (empty: the base model), and
-    uint64_t chain_root = 0;  // where its blocks' hash chain starts (KvBlockPool::adapterRoot).
+    std::string cache_salt;   // the salt its prefix cache is kept apart by (empty: none):
+    uint64_t chain_root = 0;  // where its blocks' hash chain starts (KvBlockPool::saltedRoot).
   };
   // The sequence on one decode worker: its admission and reservation (both released when
   // this ends), its prefill's answer and, when it decodes, its token mailbox.

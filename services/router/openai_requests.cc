@@ -369,6 +369,12 @@ absl::Status parseCommon(const Json& body, Call& call) {
                           integer(body, "priority", std::numeric_limits<int32_t>::min(),
                                   std::numeric_limits<int32_t>::max()));
   if (priority) r.set_priority(static_cast<int32_t>(*priority));
+  // vLLM's: the prefix cache is shared only among requests of one salt.
+  if (const Json* salt = field(body, "cache_salt"); salt != nullptr && !salt->is_null()) {
+    if (!salt->is_string() || salt->get_ref<const std::string&>().empty())
+      return invalid("cache_salt", "must be a non-empty string");
+    r.set_cache_salt(salt->get<std::string>());
+  }
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/engine/grammar.h"
 #include "services/engine/json_schema.h"
+#include "services/engine/kv_block_pool.h"
 #include "services/engine/logit_adjustments.h"
 #include "services/engine/regex.h"
 
@@ -142,6 +143,11 @@ absl::Status validateGenerateRequest(const v1::GenerateRequest& request) {
   if (request.request_id().size() > kMaxRequestIdBytes) {
     return invalid("request_id", absl::StrCat("must be at most ", kMaxRequestIdBytes, " bytes"),
                    absl::StrCat(request.request_id().size(), " bytes"));
+  }
+  if (request.cache_salt().size() > engine::kMaxCacheSaltBytes) {
+    return invalid("cache_salt",
+                   absl::StrCat("must be at most ", engine::kMaxCacheSaltBytes, " bytes"),
+                   absl::StrCat(request.cache_salt().size(), " bytes"));
   }
   if (absl::Status s = validateSampling(request.sampling()); !s.ok()) return s;
   if (!v1::ResponseFormat_IsValid(request.sampling().response_format())) {

@@ -162,10 +162,15 @@ void WorkerCore::abortPrefill(uint64_t id, const absl::Status& why) {
   prefills_.erase(it);
 }
 
-absl::StatusOr<int32_t> WorkerCore::adapterOf(const std::string& name) const {
-  if (name.empty()) return -1;
+absl::StatusOr<WorkerCore::CacheScope> WorkerCore::scopeOf(const std::string& name,
+                                                           const std::string& salt) const {
+  if (salt.size() > engine::kMaxCacheSaltBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("cache_salt has ", salt.size(),
+                                                   " bytes; at most ", engine::kMaxCacheSaltBytes));
+  }
+  if (name.empty()) return CacheScope{.salt = salt};
   const int32_t index = model_.adapterIndex(name);
-  if (index >= 0) return index;
+  if (index >= 0) return CacheScope{.adapter = index, .salt = salt};
   std::vector<std::string> loaded;
   for (const auto& adapter : model_.adapters()) loaded.push_back(adapter->name);
   return absl::NotFoundError(absl::StrCat("LoRA adapter '", name, "' is not loaded here (",
@@ -201,7 +206,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
                                   c.vocab_size, ")"));
     }
   }
-  CLEAVE_ASSIGN_OR_RETURN(const int32_t adapter, adapterOf(r.adapter()));
+  CLEAVE_ASSIGN_OR_RETURN(const CacheScope scope, scopeOf(r.adapter(), r.cache_salt()));
   uint64_t id;
   bool repeated;
   std::vector<int32_t> staging;  // A repeated Reserve's rows, or the ones taken below.
@@ -239,7 +244,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
   }
   absl::StatusOr<std::vector<int32_t>> blocks = loop_->call([&](engine::Scheduler& s) {
     int64_t taken = 0;
-    auto reserved = s.reserve(id, r.num_blocks(), prompt, &taken, adapter);
+    auto reserved = s.reserve(id, r.num_blocks(), prompt, &taken, scope.adapter, scope.salt);
     if (!repeated) cached = taken;
     return reserved;
   });
@@ -437,7 +442,7 @@ absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
 }
 
 absl::StatusOr<std::vector<int32_t>> WorkerCore::reservePrefillBlocks(
-    uint64_t id, std::span<const uint32_t> prompt, bool cached, int32_t adapter,
+    uint64_t id, std::span<const uint32_t> prompt, bool cached, const CacheScope& scope,
     grpc::ServerContext* context) {
   const int64_t blocks =
       (static_cast<int64_t>(prompt.size()) + model_.blockSize() - 1) / model_.blockSize();
@@ -447,7 +452,7 @@ absl::StatusOr<std::vector<int32_t>> WorkerCore::reservePrefillBlocks(
         loop_->call([&](engine::Scheduler& s) -> absl::StatusOr<std::vector<int32_t>> {
           total = s.cache().totalBlocks();
           return s.reserve(id, blocks, cached ? prompt : std::span<const uint32_t>(), nullptr,
-                           adapter);
+                           scope.adapter, scope.salt);
         });
     // Blocks held by prompts computing or being sent free up soon; a prompt larger than
     // the pool never fits.
@@ -483,7 +488,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     return absl::FailedPreconditionError(
         "this worker has no KV transport, so it can only prefill for itself");
   }
-  CLEAVE_ASSIGN_OR_RETURN(const int32_t adapter, adapterOf(r.adapter()));
+  CLEAVE_ASSIGN_OR_RETURN(const CacheScope scope, scopeOf(r.adapter(), r.cache_salt()));
   std::optional<uint64_t> id = idOf(r.request_id());
   if (local && !id) {
     return absl::NotFoundError(
@@ -507,7 +512,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     // A scored prompt is computed whole: no cached blocks for it.
     absl::StatusOr<std::vector<int32_t>> reserved = reservePrefillBlocks(
         *id, {r.prompt_token_ids().data(), static_cast<size_t>(r.prompt_token_ids_size())},
-        !r.has_prompt_logprobs(), adapter, context);
+        !r.has_prompt_logprobs(), scope, context);
     if (!reserved.ok()) {
       absl::MutexLock lock(&mu_);
       forget(*id);
@@ -522,7 +527,7 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
     else
       request->prompt_logprobs = static_cast<int32_t>(r.prompt_logprobs());
   }
-  if (request.ok()) request->adapter = adapter;
+  if (request.ok()) scope.applyTo(*request);
   absl::StatusOr<engine::TokenEvent> first =
       request.ok() ? runPrefill(*id, *request, context) : request.status();
   v1::PrefillResponse response;
@@ -587,11 +592,11 @@ absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
     return absl::NotFoundError(
         absl::StrCat("request ", r.request_id(), " has no KV reservation on this worker"));
   }
-  CLEAVE_ASSIGN_OR_RETURN(const int32_t adapter, adapterOf(r.adapter()));
+  CLEAVE_ASSIGN_OR_RETURN(const CacheScope scope, scopeOf(r.adapter(), r.cache_salt()));
   absl::StatusOr<engine::GenerationRequest> request =
       toEngineRequest(*id, partsOf(r), options_.eos_ids, model_.config().max_position_embeddings);
   if (!request.ok()) return request.status();
-  request->adapter = adapter;
+  scope.applyTo(*request);
   // Not when prefilled here, nor for a sequence already decoding (the scheduler refuses
   // that one; its rows must stay).
   bool copy_in = true;

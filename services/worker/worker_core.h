@@ -149,14 +149,25 @@ class WorkerCore {
   // (its cached prefix's first, when `cached`): waits (within the call's deadline, until it is
   // cancelled) while the pool is full of prompts computing or being sent, which free their blocks
   // soon; ResourceExhausted when the wait ends or the prompt is larger than the pool.
-  // (of `adapter`'s requests)
+  // (of `scope`'s requests)
+  struct CacheScope;
   absl::StatusOr<std::vector<int32_t>> reservePrefillBlocks(uint64_t id,
                                                             std::span<const uint32_t> prompt,
-                                                            bool cached, int32_t adapter,
+                                                            bool cached, const CacheScope& scope,
                                                             grpc::ServerContext* context);
-  // The index of the LoRA adapter a request names (-1 for none); NotFound naming the loaded
-  // ones for a name not loaded.
-  absl::StatusOr<int32_t> adapterOf(const std::string& name) const;
+  // What a request's KV is cached under: its LoRA adapter (an index, -1 for none) and cache
+  // salt. Requests share cached blocks only within one scope.
+  struct CacheScope {
+    int32_t adapter = -1;
+    std::string salt;
+    void applyTo(engine::GenerationRequest& request) const {
+      request.adapter = adapter;
+      request.cache_salt = salt;
+    }
+  };
+  // The scope a request names. NotFound naming the loaded adapters for one not loaded;
+  // InvalidArgument for a salt over kMaxCacheSaltBytes.
+  absl::StatusOr<CacheScope> scopeOf(const std::string& adapter, const std::string& salt) const;
   // Writes the prompt of `id` (its reserved blocks here) into the destination's blocks:
   // straight from the cache, or through the send staging rows a chunk at a time (waiting
   // for them within the call's deadline). Adds the bytes written to `bytes`.

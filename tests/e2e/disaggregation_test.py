@@ -61,12 +61,13 @@ def offline_ids(model, ids, max_tokens):
     return [int(t) for t in out.split()]
 
 
-def greedy(stub, pb, prompt, max_new_tokens=10):
+def greedy(stub, pb, prompt, max_new_tokens=10, cache_salt=""):
     """A greedy generation of the text `prompt` through the router: its token ids, its final
     message, and how many tokens each streamed message carried."""
     request = pb.GenerateRequest(text=prompt, add_special_tokens=True,
                                  sampling=pb.SamplingParams(temperature=0),
-                                 stopping=pb.StoppingCriteria(max_new_tokens=max_new_tokens))
+                                 stopping=pb.StoppingCriteria(max_new_tokens=max_new_tokens),
+                                 cache_salt=cache_salt)
     ids, final, sizes = [], None, []
     for message in stub.Generate(request, timeout=120):
         ids += list(message.token_ids)
@@ -397,7 +398,8 @@ class DisaggregationTest(unittest.TestCase):
         """Prompts sharing a long prefix, one after another, through a prefill and a decode
         worker (writing the decode worker's cache directly, then through its staging rows):
         the decode worker's reservation starts with the prefix's cached blocks, the prefill
-        worker writes only the rest, and the tokens are the offline engine's."""
+        worker writes only the rest, and the tokens are the offline engine's. A request with
+        a cache salt reuses no block of the others' on either worker, only its salt's."""
         rng = random.Random(22)
         prefix = " ".join(rng.choice(WORDS) for _ in range(150))
         # Between them a prompt of its own, whose transfer reuses the staging rows: were the
@@ -406,7 +408,7 @@ class DisaggregationTest(unittest.TestCase):
         prompts = [prefix + " the river", other, prefix + " a quiet silver morning", prefix]
         for staging in ((), ("--kv-staging-tokens=1024",)):
             with self.subTest(staging=staging):
-                sent, lengths = [], []
+                sent, lengths, salted = [], [], []
 
                 def after(stub, pb, workers):
                     port = workers[0].ready["metrics_port"]  # The prefill worker's.
@@ -427,6 +429,12 @@ class DisaggregationTest(unittest.TestCase):
                                      messages[-1].final.usage.prompt_tokens - 1)
                     self.assertEqual(messages[-1].final.usage.cached_prompt_tokens, 0)
                     sent.append(metric(port, "cleave_worker_kv_sent_bytes_total") - before)
+                    for _ in range(2):
+                        before = metric(port, "cleave_worker_kv_sent_bytes_total")
+                        ids, final, _ = greedy(stub, pb, prefix, cache_salt="tenant-a")
+                        self.assertEqual(ids, offline(prefix, 10))
+                        salted.append((final.usage.cached_prompt_tokens,
+                                       metric(port, "cleave_worker_kv_sent_bytes_total") - before))
 
                 self.serve(MODEL, 1, 1, [], text=True, after=after, decode_extra=staging)
                 blocks = [(n + 15) // 16 for n in lengths]
@@ -439,6 +447,9 @@ class DisaggregationTest(unittest.TestCase):
                 self.assertLessEqual(written[2], blocks[2] - (lengths[0] - 16) // 16)
                 self.assertEqual(written[3], 1)
                 self.assertEqual(written[4], blocks[3])
+                # Salted: the first computes and sends every block, the second only the last.
+                self.assertEqual(salted, [(0, blocks[3] * per_block),
+                                          ((blocks[3] - 1) * 16, per_block)])
 
     def test_a_prompt_goes_to_the_decode_worker_holding_its_prefix(self):
         """Two decode workers and a prefill worker: while a request decodes on one of them, a

@@ -915,6 +915,50 @@ class OpenAiApiTest(unittest.TestCase):
             self.client.chat.completions.create(model="nope", messages=[{"role": "user",
                                                                          "content": "x"}])
 
+    def test_a_cache_salt_keeps_the_prefix_cache_apart(self):
+        """vLLM's cache_salt: a prompt reuses the cached blocks only of requests with the same
+        salt (none being a salt of its own), and the reply is the same either way."""
+        import random
+        rng = random.Random(71)
+        words = ["river", "stone", "quiet", "lantern", "orbit", "maple", "signal", "copper"]
+        prompt = " ".join(rng.choice(words) for _ in range(120))  # Several full blocks.
+
+        def cached(salt, path="/v1/completions"):
+            body = {"prompt": prompt, "max_tokens": 6, "temperature": 0}
+            if path != "/v1/completions":
+                body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 6,
+                        "temperature": 0}
+            if salt is not None:
+                body["cache_salt"] = salt
+            status, _, text = self.raw("POST", path, body)
+            self.assertEqual(status, 200, text)
+            reply = json.loads(text)
+            choice = reply["choices"][0]
+            return (reply["usage"]["prompt_tokens_details"]["cached_tokens"],
+                    choice.get("text", choice.get("message", {}).get("content")))
+
+        first, text = cached("tenant-a")
+        self.assertEqual(first, 0)
+        self.assertEqual(cached("tenant-b"), (0, text))
+        self.assertEqual(cached(None), (0, text))
+        again, same = cached("tenant-a")
+        self.assertGreaterEqual(again, 96)  # All but the last, partial block.
+        self.assertEqual(same, text)
+        self.assertEqual(cached(None), (again, text))
+        # Chat and the Responses API pass it too.
+        self.assertEqual(cached("chat-a", "/v1/chat/completions")[0], 0)
+        self.assertGreater(cached("chat-a", "/v1/chat/completions")[0], 0)
+        self.assertEqual(cached("chat-b", "/v1/chat/completions")[0], 0)
+        status, _, text = self.raw("POST", "/v1/responses", {
+            "input": prompt, "max_output_tokens": 2, "cache_salt": "chat-a"})
+        self.assertEqual(status, 200, text)
+        for salt, param in (("", "cache_salt"), (7, "cache_salt"), ("s" * 257, None)):
+            with self.subTest(salt=salt):
+                status, _, text = self.raw("POST", "/v1/completions",
+                                           {"prompt": "x", "cache_salt": salt})
+                self.assertApiError(status, text, 400, param)
+                self.assertIn("cache_salt", text)
+
     def test_web_pages_of_other_origins_may_call_it(self):
         # A browser's preflight, then the call: any origin, as vLLM answers by default.
         status, headers, _ = self.raw("OPTIONS", "/v1/chat/completions", None, {
