@@ -376,6 +376,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   }
   cpu::rmsNorm(last_.data(), hidden, w_.output_norm.data(), rows, hidden, eps, last_.data(),
                hidden);
+  last_hidden_ = std::span<const float>(last_.data(), rows * hidden);
   checkedMatmul(w_.output, last_.data(), hidden, rows, local_logits_.data(), w_.dims.vocab.size,
                 pool_);
   CLEAVE_RETURN_IF_ERROR(gatherLogits(rows));

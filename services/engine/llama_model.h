@@ -65,6 +65,10 @@ class LlamaModel {
   // a collective failing.
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch,
                                                  KvStorage& cache);
+  // The last forward's hidden states behind its logits, after the final norm: [logit rows,
+  // hidden size], row for row; valid until the next call. (The model's last hidden state at
+  // a prompt's last token is what an embedding of a decoder model pools.)
+  std::span<const float> lastHidden() const { return last_hidden_; }
 
   // Adds a LoRA adapter loaded for this rank's shard (loadLoraAdapter with weights()); chunks
   // name it by the index returned (0, 1, ...).
@@ -110,9 +114,10 @@ class LlamaModel {
   bool lora_step_ = false;                // Some chunk of the step has an adapter.
   // Scratch, [tokens, width] each unless noted.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, moe_out_;
-  std::vector<float> last_;          // [logit rows, hidden]
-  std::vector<float> local_logits_;  // [logit rows, this rank's vocab rows]
-  std::vector<float> gathered_;      // [ranks][logit rows, rank's vocab rows]
+  std::vector<float> last_;             // [logit rows, hidden]
+  std::span<const float> last_hidden_;  // The rows of last_ the last forward filled.
+  std::vector<float> local_logits_;     // [logit rows, this rank's vocab rows]
+  std::vector<float> gathered_;         // [ranks][logit rows, rank's vocab rows]
   // The chunks of a step an adapter updates, for each output of one addLora().
   struct LoraRun {
     const LoraProjection* p;

@@ -95,6 +95,8 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
 
 absl::Status Scheduler::add(GenerationRequest request) {
   CLEAVE_RETURN_IF_ERROR(validate(request));
+  if (request.hidden_state)
+    return absl::InvalidArgumentError("hidden_state is for a prefill (addPrefill)");
   waiting_.push_back(std::move(request));
   return absl::OkStatus();
 }
@@ -289,6 +291,8 @@ absl::StatusOr<const std::vector<int32_t>*> Scheduler::reservationFor(
 
 absl::Status Scheduler::addPrefill(GenerationRequest request) {
   CLEAVE_RETURN_IF_ERROR(validate(request));
+  if (request.hidden_state && !model_.hiddenStates())
+    return absl::UnimplementedError("this model's backend returns no hidden states");
   CLEAVE_RETURN_IF_ERROR(
       reservationFor(request, static_cast<int64_t>(request.prompt.size())).status());
   const std::vector<int32_t>& blocks = reservations_.at(request.id);
@@ -525,6 +529,7 @@ void Scheduler::emit(Sequence& seq, SampledToken sampled, std::vector<TokenEvent
   if (seq.tokens.size() == seq.request.prompt.size() + 1) {
     event.cached_tokens = seq.hit_tokens;
     event.prompt_logprobs = std::move(seq.prompt_scores);
+    event.hidden = std::move(seq.hidden);
   }
   if (seq.request.sampling.logprobs >= 0) event.logprob = sampled.logprob;
   event.top_logprobs = std::move(sampled.top);
@@ -668,6 +673,10 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     const bool drawn = samples && !drafts && outputs[i].draw.has_value() && !step.tokens.empty();
     if ((drafts || seq.request.prompt_logprobs >= 0 || (samples && !drawn)) && !rows_there)
       return absl::InternalError("the model returned no logits for a row that needs them");
+    if (samples && seq.request.hidden_state &&
+        model_.lastHidden().size() < (row + static_cast<size_t>(batch[i].logits)) *
+                                         static_cast<size_t>(model_.config().hidden_size))
+      return absl::InternalError("the model returned no hidden state for a row that needs it");
     if (!drawn) continue;
     if (step.tokens[i] < 0 || step.tokens[i] >= vocab)
       return absl::InternalError(absl::StrCat("the model drew token ", step.tokens[i],
@@ -695,6 +704,11 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     seq.cached += static_cast<int64_t>(batch[i].tokens.size());
     publishFull(seq);
     if (!seq.prefilled()) continue;  // A prompt chunk that is not the last samples nothing.
+    if (seq.request.hidden_state) {
+      const int64_t hidden = model_.config().hidden_size;
+      const std::span<const float> h = model_.lastHidden().subspan(last_row * hidden, hidden);
+      seq.hidden.assign(h.begin(), h.end());
+    }
     SampledToken sampled;
     if (outputs[i].draw.has_value() && !step.tokens.empty()) {
       sampled.token = static_cast<uint32_t>(step.tokens[i]);

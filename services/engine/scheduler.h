@@ -97,6 +97,9 @@ struct GenerationRequest {
   // Non-empty: the prefix cache is shared only among requests of this salt (and adapter);
   // KvBlockPool::saltedRoot.
   std::string cache_salt;
+  // With addPrefill(): its TokenEvent also carries TokenEvent::hidden (an embedding's
+  // input). Needs a model with TpGroup::hiddenStates().
+  bool hidden_state = false;
 };
 
 // What one step produced for one sequence.
@@ -118,6 +121,9 @@ struct TokenEvent {
   int64_t cached_tokens = 0;
   // On that first token, with GenerationRequest::prompt_logprobs: prompt tokens 1.. scored.
   std::vector<SampledToken> prompt_logprobs;
+  // On that first token, with GenerationRequest::hidden_state: the model's last hidden state
+  // (after its final norm) at the prompt's last token, [hidden size].
+  std::vector<float> hidden;
 };
 
 class Scheduler {
@@ -154,7 +160,8 @@ class Scheduler {
   // blocks no writer was told of); the blocks freed.
   int64_t trim(uint64_t id, int64_t keep);
   // Prefills `request` into its reservation (the same checks as add(), and the
-  // reservation must cover the prompt); its TokenEvent has prefilled = true. The blocks of
+  // reservation must cover the prompt); its TokenEvent has prefilled = true.
+  // Unimplemented for hidden_state on a model without TpGroup::hiddenStates(). The blocks of
   // its longest cached prefix replace the reservation's leading ones (those replaced stay
   // held until the reservation ends), and only the rest of the prompt is computed.
   absl::Status addPrefill(GenerationRequest request);
@@ -223,6 +230,7 @@ class Scheduler {
     std::unique_ptr<OutputConstraint> constraint;  // request.constrained()
     std::vector<uint32_t> verify;                  // A step's last token and drafts.
     std::vector<SampledToken> prompt_scores;       // request.prompt_logprobs, so far.
+    std::vector<float> hidden;                     // request.hidden_state, once computed.
     int64_t draft_limit = 0;                       // Drafts next step, at most (0: unset).
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
     // Tokens this scheduler has appended past the prompt.

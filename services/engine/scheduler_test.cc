@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -14,6 +15,7 @@
 
 #include "common/log.h"
 #include "common/tokenizer/tokenizer.h"
+#include "kernels/cpu/matmul.h"
 
 namespace cleave::engine {
 namespace {
@@ -245,6 +247,55 @@ std::vector<TokenEvent> events(Scheduler& scheduler) {
 // Reserved prefills (a prefill worker computing for a peer, or a worker prefilling for its
 // own decode) take the cached prefix's blocks and compute only the rest; decoding from
 // those blocks gives the tokens of the prompt run alone.
+// A prefill asked for its hidden state returns the model's last hidden state at the prompt's
+// last token, after the final norm: projected by the output matrix, it gives the logits the
+// model computes for that prompt (which llama_model_test checks against transformers). A
+// prompt chunked over steps, or taking its prefix from the cache, gives the same state.
+TEST_F(SchedulerTest, APrefillsHiddenStateProjectsToItsLogits) {
+  Scheduler scheduler(withBlocks(40), nullptr, {.max_batch_tokens = 16, .max_sequences = 8});
+  const std::vector<uint32_t> prompt = randomPrompt(22);
+  const int64_t hidden = weights_->config.hidden_size;
+  const int64_t vocab = weights_->config.vocab_size;
+  std::vector<float> logits;
+  {
+    LlamaRunner runner(*weights_, pool_, 256);
+    auto computed = runner.forward(prompt);
+    ASSERT_TRUE(computed.ok()) << computed.status();
+    logits.assign(computed->begin(), computed->end());
+  }
+  std::vector<float> output(vocab * hidden, std::nanf(""));
+  ASSERT_TRUE(cpu::dequantizeRows(weights_->output.source(), 0, vocab, output.data()).ok());
+  std::vector<std::vector<float>> states;
+  for (uint64_t id = 1; id <= 2; ++id) {  // The second finds the first's blocks cached.
+    ASSERT_TRUE(scheduler.reserve(id, 6, prompt).ok());
+    ASSERT_TRUE(
+        scheduler
+            .addPrefill(
+                {.id = id, .prompt = prompt, .stop = {.max_new_tokens = 1}, .hidden_state = true})
+            .ok());
+    std::vector<TokenEvent> out = events(scheduler);
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].cached_tokens, id == 1 ? 0 : 20);
+    ASSERT_EQ(static_cast<int64_t>(out[0].hidden.size()), hidden);
+    states.push_back(out[0].hidden);
+    scheduler.release(id);
+  }
+  for (int64_t j = 0; j < vocab; ++j) {
+    double projected = 0;
+    for (int64_t k = 0; k < hidden; ++k)
+      projected += static_cast<double>(output[j * hidden + k]) * states[0][k];
+    ASSERT_NEAR(projected, logits[j], 1e-4 + 1e-4 * std::abs(logits[j])) << "token " << j;
+  }
+  for (int64_t k = 0; k < hidden; ++k) EXPECT_NEAR(states[1][k], states[0][k], 1e-5) << k;
+  // Only a prefill returns one.
+  EXPECT_EQ(
+      scheduler
+          .add({.id = 3, .prompt = prompt, .stop = {.max_new_tokens = 1}, .hidden_state = true})
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(scheduler.cache().freeBlocks(), 40);
+}
+
 TEST_F(SchedulerTest, ReservedPrefillsReuseTheCachedPrefix) {
   Scheduler scheduler(withBlocks(40), nullptr, {.max_batch_tokens = 16, .max_sequences = 8});
   const std::vector<uint32_t> prompt = randomPrompt(22);  // 5 full blocks reusable (20 tokens)

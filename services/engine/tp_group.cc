@@ -298,6 +298,11 @@ absl::StatusOr<std::span<const float>> TpGroup::forward(std::span<const Sequence
   return ranks_[0]->output.logits;
 }
 
+std::span<const float> TpGroup::lastHidden() const {
+  return backends_.empty() && ranks_[0]->model ? ranks_[0]->model->lastHidden()
+                                               : std::span<const float>();
+}
+
 absl::StatusOr<StepOutput> TpGroup::forwardAndDraw(std::span<const SequenceChunk> batch,
                                                    std::span<const RowOutput> rows) {
   if (rows.size() != batch.size())

@@ -103,6 +103,11 @@ class TpGroup {
   // tokens. Rank 0's results, valid until the next call.
   absl::StatusOr<StepOutput> forwardAndDraw(std::span<const SequenceChunk> batch,
                                             std::span<const RowOutput> rows);
+  // The last step's hidden states behind its logits rows (LlamaModel::lastHidden), rank 0's
+  // (every rank has the same): the CPU model's only (hiddenStates()), empty with a backend.
+  std::span<const float> lastHidden() const;
+  // Whether lastHidden() has the rows: the CPU model's, not a backend's.
+  bool hiddenStates() const { return multiRowLogits(); }
 
   // Brings host rows (kv()) rows[i] and the backends' cache blocks blocks[i] level, every
   // rank: the host rows take the backend's (kToHost: after a prefill, before a transfer

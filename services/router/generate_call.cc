@@ -17,6 +17,7 @@
 #include "services/engine/logit_adjustments.h"
 #include "services/router/context_overflow.h"
 #include "services/router/generation_service.h"
+#include "services/router/prompt_tokens.h"
 #include "services/router/request_validation.h"
 #include "services/router/sampling_defaults.h"
 #include "services/router/text_stream.h"
@@ -146,15 +147,9 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
                  "no decode worker is registered with this router; start cleave-worker with "
                  "--router pointing at it");
   }
-  const WorkerPool::AdapterView* adapter = nullptr;
-  if (!model->isBase(request.model())) {
-    adapter = model->adapter(request.model());
-    if (adapter == nullptr) {
-      return error(grpc::StatusCode::NOT_FOUND,
-                   absl::StrCat("unknown model '", request.model(), "'; this router serves ",
-                                model->served()));
-    }
-  }
+  absl::StatusOr<const WorkerPool::AdapterView*> named = adapterNamed(*model, request.model());
+  if (!named.ok()) return toGrpcStatus(named.status());
+  const WorkerPool::AdapterView* adapter = *named;
   // The prompt.
   std::vector<uint32_t> prompt;
   if (request.has_text()) {
@@ -177,25 +172,12 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   } else {
     prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
   }
-  if (const int32_t keep = request.truncate_prompt_tokens(); keep != 0) {
-    if (keep < -1) {
-      return error(grpc::StatusCode::INVALID_ARGUMENT,
-                   absl::StrCat("truncate_prompt_tokens: ", keep,
-                                " is neither a number of tokens to keep nor -1 (as many as "
-                                "the context allows)"));
-    }
-    const size_t kept = keep > 0
-                            ? static_cast<size_t>(keep)
-                            : static_cast<size_t>(std::max<int64_t>(model->context_length - 1, 1));
-    if (prompt.size() > kept) prompt.erase(prompt.begin(), prompt.end() - kept);
+  if (absl::Status s =
+          truncatePrompt(request.truncate_prompt_tokens(), model->context_length, prompt);
+      !s.ok()) {
+    return toGrpcStatus(s);
   }
-  for (uint32_t id : prompt) {
-    if (id >= model->vocab_size) {
-      return error(grpc::StatusCode::INVALID_ARGUMENT,
-                   absl::StrCat("token_ids: id ", id, " is outside the vocabulary (",
-                                model->vocab_size, " tokens)"));
-    }
-  }
+  if (absl::Status s = checkVocabulary(prompt, model->vocab_size); !s.ok()) return toGrpcStatus(s);
   const int64_t context_length = model->context_length;
   const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
   record.prompt_tokens = prompt_tokens;

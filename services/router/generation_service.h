@@ -73,6 +73,8 @@ class GenerationService final : public v1::Generation::Service {
                           v1::ListModelsResponse* response) override;
   grpc::Status GetServerInfo(grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
                              v1::GetServerInfoResponse* response) override;
+  grpc::Status Embed(grpc::ServerContext* context, const v1::EmbedRequest* request,
+                     v1::EmbedResponse* response) override;
 
  private:
   // Counts one finished call in cleave_router_requests_total and passes the status through.
@@ -92,6 +94,8 @@ class GenerationService final : public v1::Generation::Service {
     std::string workers;  // The decode workers it ran on, in order.
     std::optional<v1::FinishReason> finish;
   };
+  grpc::Status embed(grpc::ServerContext* context, const v1::EmbedRequest& request,
+                     v1::EmbedResponse& response);
   grpc::Status generate(grpc::ServerContext* context, const v1::GenerateRequest& request,
                         grpc::ServerWriter<v1::GenerateResponse>* writer, const std::string& client,
                         Record& record);

@@ -31,25 +31,11 @@ const std::string* stringField(const Json& object, const char* name) {
   return v != nullptr && v->is_string() ? &v->get_ref<const std::string&>() : nullptr;
 }
 
-namespace {
-
 absl::StatusOr<bool> boolean(const Json& body, const char* name, bool fallback) {
   const Json* v = field(body, name);
   if (v == nullptr) return fallback;
   if (!v->is_boolean()) return invalid(name, "must be true or false");
   return v->get<bool>();
-}
-
-// A float field copied into `set` when present.
-template <typename Set>
-absl::Status number(const Json& body, const char* name, Set set) {
-  const Json* v = field(body, name);
-  if (v == nullptr) return absl::OkStatus();
-  if (!v->is_number()) return invalid(name, "must be a number");
-  const double d = v->get<double>();
-  if (!std::isfinite(d)) return invalid(name, "must be finite");
-  set(static_cast<float>(d));
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<int64_t>> integer(const Json& body, const char* name, int64_t lo,
@@ -75,6 +61,15 @@ absl::StatusOr<std::optional<int64_t>> integer(const Json& body, const char* nam
   return std::optional<int64_t>(i);
 }
 
+absl::StatusOr<int32_t> truncatePromptTokens(const Json& body) {
+  CLEAVE_ASSIGN_OR_RETURN(
+      std::optional<int64_t> truncate,
+      integer(body, "truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max()));
+  if (truncate && *truncate == 0)
+    return invalid("truncate_prompt_tokens", "must be -1 or at least 1");
+  return static_cast<int32_t>(truncate.value_or(0));
+}
+
 absl::StatusOr<std::vector<uint32_t>> tokenIds(const Json& v, const std::string& name) {
   std::vector<uint32_t> ids;
   for (size_t i = 0; i < v.size(); ++i) {
@@ -86,6 +81,20 @@ absl::StatusOr<std::vector<uint32_t>> tokenIds(const Json& v, const std::string&
     ids.push_back(id.get<uint32_t>());
   }
   return ids;
+}
+
+namespace {
+
+// A float field copied into `set` when present.
+template <typename Set>
+absl::Status number(const Json& body, const char* name, Set set) {
+  const Json* v = field(body, name);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_number()) return invalid(name, "must be a number");
+  const double d = v->get<double>();
+  if (!std::isfinite(d)) return invalid(name, "must be finite");
+  set(static_cast<float>(d));
+  return absl::OkStatus();
 }
 
 // "model", optional, into `request.model`.
@@ -354,13 +363,8 @@ absl::Status parseCommon(const Json& body, Call& call) {
   if (const Json* user = field(body, "user"); user != nullptr && !user->is_string()) {
     return invalid("user", "must be a string");
   }
-  // vLLM's: keep the prompt's last N tokens (-1: as many as the context allows).
-  CLEAVE_ASSIGN_OR_RETURN(
-      std::optional<int64_t> truncate,
-      integer(body, "truncate_prompt_tokens", -1, std::numeric_limits<int32_t>::max()));
-  if (truncate && *truncate == 0)
-    return invalid("truncate_prompt_tokens", "must be -1 or at least 1");
-  if (truncate) r.set_truncate_prompt_tokens(static_cast<int32_t>(*truncate));
+  CLEAVE_ASSIGN_OR_RETURN(const int32_t truncate, truncatePromptTokens(body));
+  r.set_truncate_prompt_tokens(truncate);
   CLEAVE_ASSIGN_OR_RETURN(call.token_ids, boolean(body, "return_token_ids", false));
   if (call.token_ids) r.set_echo_prompt_token_ids(true);
   CLEAVE_ASSIGN_OR_RETURN(call.tokens_as_ids, boolean(body, "return_tokens_as_token_ids", false));

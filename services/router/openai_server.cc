@@ -20,6 +20,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "services/router/messages_api.h"
+#include "services/router/openai_embeddings.h"
 #include "services/router/openai_fields.h"
 #include "services/router/openai_requests.h"
 #include "services/router/openai_responses.h"
@@ -82,19 +83,13 @@ struct Route {
   const char* methods;  // Comma-separated, as an Allow header lists them.
 };
 // A path ending in '/' takes any rest ("/v1/models/ID").
-constexpr Route kRoutes[] = {{"/v1/completions", "POST"},
-                             {"/v1/chat/completions", "POST"},
-                             {"/v1/responses", "POST"},
-                             {"/v1/responses/", "GET, DELETE"},
-                             {"/v1/models", "GET"},
-                             {"/v1/models/", "GET"},
-                             {"/tokenize", "POST"},
-                             {"/detokenize", "POST"},
-                             {"/health", "GET"},
-                             {"/version", "GET"},
-                             {"/metrics", "GET"},
-                             {"/v1/messages", "POST"},
-                             {"/v1/messages/count_tokens", "POST"}};
+constexpr Route kRoutes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
+                             {"/v1/responses", "POST"},   {"/v1/responses/", "GET, DELETE"},
+                             {"/v1/models", "GET"},       {"/v1/embeddings", "POST"},
+                             {"/v1/models/", "GET"},      {"/tokenize", "POST"},
+                             {"/detokenize", "POST"},     {"/health", "GET"},
+                             {"/version", "GET"},         {"/metrics", "GET"},
+                             {"/v1/messages", "POST"},    {"/v1/messages/count_tokens", "POST"}};
 
 bool allows(const Route& route, absl::string_view method) {
   for (absl::string_view allowed : absl::StrSplit(route.methods, ", ")) {
@@ -250,6 +245,7 @@ int OpenAiServer::route(const HttpRequest& request, HttpResponse& response) {
   if (path == "/v1/responses/") return storedResponse(request, response);
   if (path == "/v1/messages") return generate(openai::Endpoint::kMessages, request, response);
   if (path == "/v1/messages/count_tokens") return countTokens(request, response);
+  if (path == "/v1/embeddings") return embeddings(request, response);
   return generate(path == "/v1/chat/completions" ? openai::Endpoint::kChatCompletions
                                                  : openai::Endpoint::kCompletions,
                   request, response);
@@ -321,6 +317,43 @@ int OpenAiServer::storedResponse(const HttpRequest& request, HttpResponse& respo
       stored->input, {request.param("limit"), request.param("order"), request.param("after")});
   if (!page.ok()) return sendError(response, openai::apiError(page.status()));
   return send(response, 200, *page);
+}
+
+int OpenAiServer::embeddings(const HttpRequest& request, HttpResponse& response) {
+  absl::StatusOr<Json> body = openai::parseBody(request.body);
+  if (!body.ok()) return sendError(response, openai::apiError(body.status()));
+  absl::StatusOr<openai::EmbeddingsCall> call = openai::parseEmbeddingsRequest(*body);
+  if (!call.ok()) return sendError(response, openai::apiError(call.status()));
+  const size_t n = call->inputs.size();
+  openai::ApiError error;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+  for (auto& context : contexts) {
+    context = callContext(request, error);
+    if (context == nullptr) return sendError(response, error);
+  }
+  std::string model = call->inputs[0].model();
+  if (model.empty()) {  // The response names the model the router serves.
+    v1::ListModelsResponse models;
+    if (const int sent = servedModels(request, response, models); sent != 0) return sent;
+    if (models.models_size() > 0) model = models.models(0).id();
+  }
+  // The inputs' calls, a few at a time: each is a prompt computed on a worker.
+  constexpr size_t kParallel = 16;
+  std::vector<v1::EmbedResponse> answers(n);
+  std::vector<grpc::Status> statuses(n);
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next++) < n;)
+      statuses[i] = stub_->Embed(contexts[i].get(), call->inputs[i], &answers[i]);
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < std::min(n, kParallel); ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& helper : helpers) helper.join();
+  for (const grpc::Status& status : statuses) {
+    if (!status.ok()) return sendError(response, status);
+  }
+  return send(response, 200, openai::embeddingsResponse(answers, call->base64, model));
 }
 
 int OpenAiServer::countTokens(const HttpRequest& request, HttpResponse& response) {

@@ -85,6 +85,8 @@ class OpenAiServer {
   int storedResponse(const HttpRequest& request, HttpResponse& response);
   // POST /v1/messages/count_tokens: the prompt's tokens, as Anthropic's API counts them.
   int countTokens(const HttpRequest& request, HttpResponse& response);
+  // POST /v1/embeddings: one Generation.Embed call per input, a few at a time.
+  int embeddings(const HttpRequest& request, HttpResponse& response);
 
   std::unique_ptr<v1::Generation::Stub> stub_;
   const ReasoningFormat reasoning_;

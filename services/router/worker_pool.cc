@@ -688,18 +688,9 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64
     best = &self->second;
     tokens = local;
   } else {
-    for (auto& [id, entry] : workers_) {
-      if (entry.worker->info.role() != v1::WORKER_ROLE_PREFILL) continue;
-      if (entry.draining || contains(exclude, id)) continue;
-      const int64_t computed = length - cachedBlocks(entry, prefix) * block_size;
-      const int64_t done = entry.prefill_tokens + computed;
-      // Ties go to the less loaded worker.
-      if (best == nullptr || done < best->prefill_tokens + tokens ||
-          (done == best->prefill_tokens + tokens && entry.prefill_tokens < best->prefill_tokens)) {
-        best = &entry;
-        tokens = computed;
-      }
-    }
+    std::tie(best, tokens) = fastestPrefill(length, prefix, exclude, [](v1::WorkerRole role) {
+      return role == v1::WORKER_ROLE_PREFILL;
+    });
   }
   if (best == nullptr && self != workers_.end() && decode.info.role() == v1::WORKER_ROLE_BOTH) {
     best = &self->second;
@@ -715,6 +706,45 @@ absl::StatusOr<PrefillLease> WorkerPool::pickPrefill(const Worker& decode, int64
                       .tokens = tokens,
                       .blocks = std::vector<uint64_t>(prefix.begin(), prefix.end()),
                       .decode_id = decode.id};
+}
+
+std::pair<WorkerPool::Entry*, int64_t> WorkerPool::fastestPrefill(
+    int64_t length, std::span<const uint64_t> prefix, const std::vector<std::string>& exclude,
+    const std::function<bool(v1::WorkerRole)>& takes) {
+  Entry* best = nullptr;
+  int64_t tokens = length;  // What `best` would compute.
+  for (auto& [id, entry] : workers_) {
+    if (!takes(entry.worker->info.role())) continue;
+    if (entry.draining || contains(exclude, id)) continue;
+    const int64_t computed =
+        length - cachedBlocks(entry, prefix) * entry.worker->info.kv_layout().block_size();
+    const int64_t done = entry.prefill_tokens + computed;
+    // Ties go to the less loaded worker.
+    if (best == nullptr || done < best->prefill_tokens + tokens ||
+        (done == best->prefill_tokens + tokens && entry.prefill_tokens < best->prefill_tokens)) {
+      best = &entry;
+      tokens = computed;
+    }
+  }
+  return {best, tokens};
+}
+
+absl::StatusOr<PrefillLease> WorkerPool::pickEmbedder(int64_t length,
+                                                      std::span<const uint64_t> prefix,
+                                                      const std::vector<std::string>& exclude) {
+  absl::MutexLock lock(&mu_);
+  auto [best, tokens] = fastestPrefill(length, prefix, exclude, [](v1::WorkerRole role) {
+    return role == v1::WORKER_ROLE_PREFILL || role == v1::WORKER_ROLE_BOTH;
+  });
+  if (best == nullptr) {
+    return absl::UnavailableError(
+        "no worker that prefills is registered with this router; start cleave-worker "
+        "--role=prefill or --role=both");
+  }
+  best->prefill_tokens += tokens;
+  return PrefillLease{.worker = best->worker,
+                      .tokens = tokens,
+                      .blocks = std::vector<uint64_t>(prefix.begin(), prefix.end())};
 }
 
 void WorkerPool::releasePrefill(const PrefillLease& lease, bool prefilled) {

@@ -42,6 +42,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -240,6 +241,12 @@ class WorkerPool {
   absl::StatusOr<PrefillLease> pickPrefill(const Worker& decode, int64_t tokens,
                                            std::span<const uint64_t> prefix,
                                            const std::vector<std::string>& exclude = {});
+  // The worker to compute a prompt for its own sake (an embedding: Generation.Embed), of
+  // those that prefill for others (role prefill or both; none draining nor in `exclude`):
+  // the one that would finish it first, as pickPrefill counts it. Unavailable when there is
+  // none. Released with releasePrefill.
+  absl::StatusOr<PrefillLease> pickEmbedder(int64_t tokens, std::span<const uint64_t> prefix,
+                                            const std::vector<std::string>& exclude = {});
   // `prefilled`: the prefill succeeded, so the worker holds the prompt's blocks now, and so
   // does the decode worker the KV went to once it decodes.
   void releasePrefill(const PrefillLease& lease, bool prefilled = false);
@@ -284,6 +291,13 @@ class WorkerPool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Blocks of `prefix` the prefix cache of `entry` holds, as the router guesses it (0 for a
   // worker that does not cache, or with the cache-aware policy off).
+  // Of the workers whose role `takes`, none draining nor in `exclude`: the one that would
+  // finish a prompt of `length` tokens whose cacheable blocks are `prefix` first (its
+  // outstanding tokens plus the prompt's it would compute), and what it would compute.
+  std::pair<Entry*, int64_t> fastestPrefill(int64_t length, std::span<const uint64_t> prefix,
+                                            const std::vector<std::string>& exclude,
+                                            const std::function<bool(v1::WorkerRole)>& takes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t cachedBlocks(const Entry& entry, std::span<const uint64_t> prefix) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits (under mu_) until `ready` or the deadline or cancellation; false with `why` set

@@ -44,6 +44,15 @@ grpc::Status PrefillService::Prefill(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status PrefillService::Embed(grpc::ServerContext* context,
+                                   const v1::EmbedPromptRequest* request,
+                                   v1::EmbedPromptResponse* response) {
+  absl::StatusOr<v1::EmbedPromptResponse> done = core_.embed(*request, context);
+  if (!done.ok()) return toGrpcStatus(done.status());
+  *response = std::move(*done);
+  return grpc::Status::OK;
+}
+
 grpc::Status PrefillService::CancelPrefill(grpc::ServerContext*, const v1::CancelRequest* request,
                                            v1::CancelResponse* response) {
   response->set_found(core_.cancel(request->request_id()));

@@ -32,6 +32,8 @@ class PrefillService final : public v1::PrefillControl::Service {
                        v1::PrefillResponse* response) override;
   grpc::Status CancelPrefill(grpc::ServerContext* context, const v1::CancelRequest* request,
                              v1::CancelResponse* response) override;
+  grpc::Status Embed(grpc::ServerContext* context, const v1::EmbedPromptRequest* request,
+                     v1::EmbedPromptResponse* response) override;
 
  private:
   WorkerCore& core_;

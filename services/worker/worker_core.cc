@@ -586,6 +586,54 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
   return response;
 }
 
+absl::StatusOr<v1::EmbedPromptResponse> WorkerCore::embed(const v1::EmbedPromptRequest& r,
+                                                          grpc::ServerContext* context) {
+  if (r.request_id().empty()) return invalid("request_id is empty");
+  if (r.prompt_token_ids().empty()) return invalid("prompt_token_ids is empty");
+  const model::ModelConfig& c = model_.config();
+  for (uint32_t t : r.prompt_token_ids()) {
+    if (t >= c.vocab_size) {
+      return invalid(absl::StrCat("prompt_token_ids: token id ", t, " is outside the vocabulary (",
+                                  c.vocab_size, ")"));
+    }
+  }
+  if (r.prompt_token_ids_size() >= c.max_position_embeddings) {
+    return invalid(absl::StrCat("prompt_token_ids has ", r.prompt_token_ids_size(),
+                                " ids; the context holds ", c.max_position_embeddings - 1,
+                                " besides the position the hidden state is taken at"));
+  }
+  if (!model_.hiddenStates()) {
+    return absl::UnimplementedError(
+        "this worker's backend returns no hidden states; embeddings are computed by CPU workers");
+  }
+  CLEAVE_ASSIGN_OR_RETURN(const CacheScope scope, scopeOf(r.adapter(), r.cache_salt()));
+  uint64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, fresh] = requests_.try_emplace(r.request_id(), Request{.id = next_id_});
+    if (!fresh)
+      return absl::AlreadyExistsError(absl::StrCat("request ", r.request_id(), " is running"));
+    id = next_id_++;
+    names_[id] = r.request_id();
+  }
+  engine::GenerationRequest request{
+      .id = id,
+      .prompt = {r.prompt_token_ids().begin(), r.prompt_token_ids().end()},
+      .stop = {.max_new_tokens = 1},
+      .hidden_state = true};
+  scope.applyTo(request);
+  absl::StatusOr<std::vector<int32_t>> reserved =
+      reservePrefillBlocks(id, request.prompt, /*cached=*/true, scope, context);
+  absl::StatusOr<engine::TokenEvent> done =
+      reserved.ok() ? runPrefill(id, request, context) : reserved.status();
+  releaseId(id);  // Frees what the finished prefill left, and forgets it.
+  if (!done.ok()) return done.status();
+  v1::EmbedPromptResponse response;
+  response.mutable_hidden()->Add(done->hidden.begin(), done->hidden.end());
+  response.set_cached_prompt_tokens(static_cast<uint32_t>(done->cached_tokens));
+  return response;
+}
+
 absl::Status WorkerCore::startDecode(const v1::StartDecodeRequest& r) {
   std::optional<uint64_t> id = idOf(r.request_id());
   if (!id) {

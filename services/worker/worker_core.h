@@ -83,6 +83,11 @@ class WorkerCore {
   // local blocks that are then written into the destination worker's reserved blocks over
   // the KV transport. Waits for the first token (and the transfer); a cancelled call
   // cancels the prefill.
+  // Computes a prompt in blocks of this worker's own (its cached prefix reused, and what it
+  // computes cached for later) and returns the model's last hidden state at its last token.
+  // The blocks are freed when it returns; a cancelled call cancels the prefill.
+  absl::StatusOr<v1::EmbedPromptResponse> embed(const v1::EmbedPromptRequest& request,
+                                                grpc::ServerContext* context);
   absl::StatusOr<v1::PrefillResponse> prefill(const v1::PrefillRequest& request,
                                               grpc::ServerContext* context);
   absl::Status startDecode(const v1::StartDecodeRequest& request);

@@ -429,6 +429,17 @@ class DisaggregationTest(unittest.TestCase):
                                      messages[-1].final.usage.prompt_tokens - 1)
                     self.assertEqual(messages[-1].final.usage.cached_prompt_tokens, 0)
                     sent.append(metric(port, "cleave_worker_kv_sent_bytes_total") - before)
+                    # An embedding is computed on the prefill worker, which sends nothing,
+                    # and the decode worker computes nothing of it.
+                    decode_port = workers[1].ready["metrics_port"]
+                    before = [metric(p, n) for p in (port, decode_port) for n in (
+                        "cleave_worker_prefill_tokens_total", "cleave_worker_kv_sent_bytes_total")]
+                    embedded = stub.Embed(pb.EmbedRequest(text=other), timeout=60)
+                    after_embed = [metric(p, n) for p in (port, decode_port) for n in (
+                        "cleave_worker_prefill_tokens_total", "cleave_worker_kv_sent_bytes_total")]
+                    self.assertEqual(len(embedded.embedding), 576)
+                    self.assertGreater(after_embed[0], before[0])
+                    self.assertEqual(after_embed[1:], before[1:])
                     for _ in range(2):
                         before = metric(port, "cleave_worker_kv_sent_bytes_total")
                         ids, final, _ = greedy(stub, pb, prefix, cache_salt="tenant-a")

@@ -902,7 +902,7 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertApiError(status, text, 400)
         status, _, text = self.raw("POST", "/v1/completions", "[" * 100 + "]" * 100)
         self.assertApiError(status, text, 400)
-        status, _, text = self.raw("POST", "/v1/embeddings", {"input": "x"})
+        status, _, text = self.raw("POST", "/v1/audio/speech", {"input": "x"})
         self.assertApiError(status, text, 404)
         status, headers, text = self.raw("GET", "/v1/completions")
         self.assertApiError(status, text, 405)
@@ -958,6 +958,74 @@ class OpenAiApiTest(unittest.TestCase):
                                            {"prompt": "x", "cache_salt": salt})
                 self.assertApiError(status, text, 400, param)
                 self.assertIn("cache_salt", text)
+
+    def test_embeddings_are_the_last_hidden_state_normalized(self):
+        """/v1/embeddings (as vLLM serves decoder models): each input's embedding is the
+        model's last hidden state at its last token, of unit norm unless normalize is false;
+        inputs keep their order, token ids embed as their text does, base64 carries the same
+        floats, a cached prefix changes nothing, and bad requests name their field."""
+        import base64
+        import math
+        import struct
+
+        def embed(body, status=200):
+            code, _, text = self.raw("POST", "/v1/embeddings", {"model": self.model, **body})
+            self.assertEqual(code, status, text)
+            return json.loads(text)
+
+        def close(a, b, tolerance=1e-5):
+            self.assertEqual(len(a), len(b))
+            worst = max(abs(x - y) for x, y in zip(a, b))
+            self.assertLess(worst, tolerance)
+
+        texts = ["The lighthouse keeper trimmed the wick at dusk.",
+                 "Copper wire carries the signal across the valley.",
+                 "The lighthouse keeper trimmed the wick at dusk."]
+        reply = embed({"input": texts})
+        self.assertEqual(reply["object"], "list")
+        self.assertEqual(reply["model"], self.model)
+        vectors = [item["embedding"] for item in reply["data"]]
+        self.assertEqual([item["index"] for item in reply["data"]], [0, 1, 2])
+        self.assertEqual({len(v) for v in vectors}, {576})  # SmolLM2's hidden size.
+        for v in vectors:
+            self.assertAlmostEqual(math.sqrt(sum(x * x for x in v)), 1.0, places=5)
+        close(vectors[0], vectors[2])  # The second time from the prefix cache.
+        self.assertLess(sum(x * y for x, y in zip(vectors[0], vectors[1])), 0.999)
+        ids = self.stub.Tokenize(self.pb.TokenizeRequest(text=texts[0], add_special_tokens=True),
+                                 timeout=10).ids
+        self.assertEqual(reply["usage"]["prompt_tokens"], len(ids) * 2 + len(
+            self.stub.Tokenize(self.pb.TokenizeRequest(text=texts[1], add_special_tokens=True),
+                               timeout=10).ids))
+        close(embed({"input": list(ids)})["data"][0]["embedding"], vectors[0])
+        raw = embed({"input": texts[0], "normalize": False})["data"][0]["embedding"]
+        norm = math.sqrt(sum(x * x for x in raw))
+        self.assertGreater(abs(norm - 1), 0.1)
+        close([x / norm for x in raw], vectors[0])
+        packed = embed({"input": texts[1], "encoding_format": "base64"})["data"][0]["embedding"]
+        unpacked = base64.b64decode(packed)
+        close(list(struct.unpack(f"<{len(unpacked) // 4}f", unpacked)), vectors[1], 1e-7)
+        # OpenAI's SDK (which asks for base64 and decodes it).
+        sdk = self.client.embeddings.create(model=self.model, input=texts[:2])
+        close(sdk.data[1].embedding, vectors[1], 1e-7)
+        # gRPC: the cached prefix of a repeated long input.
+        long_text = " ".join(texts * 8)
+        first, again = (self.stub.Embed(self.pb.EmbedRequest(text=long_text), timeout=60)
+                        for _ in range(2))
+        self.assertEqual(first.prompt_tokens, again.prompt_tokens)
+        self.assertGreater(again.cached_prompt_tokens, first.cached_prompt_tokens)
+        close(list(first.embedding), list(again.embedding))
+        for body, param in (({"input": ""}, "input"), ({"input": []}, "input"),
+                            ({"input": [1, -2]}, "input[1]"), ({"input": {"a": 1}}, "input"),
+                            ({"input": "x", "dimensions": 64}, "dimensions"),
+                            ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
+                            ({"input": ["x"] * 2049}, "input"),
+                            ({"input": "x", "model": "nope"}, None)):
+            with self.subTest(body=str(body)[:60]):
+                code, _, text = self.raw("POST", "/v1/embeddings", body)
+                self.assertApiError(code, text, 404 if body.get("model") else 400, param)
+        code, _, text = self.raw("POST", "/v1/embeddings", {"input": [7] * 9000})
+        self.assertEqual(code, 400, text)
+        self.assertEqual(json.loads(text)["error"]["code"], "context_length_exceeded")
 
     def test_web_pages_of_other_origins_may_call_it(self):
         # A browser's preflight, then the call: any origin, as vLLM answers by default.

@@ -1,13 +1,14 @@
 // libFuzzer target: an HTTP client's request body (any bytes) through the HTTP API's
 // parsers: completions, chat, the Responses API (with the body's own input items as a
 // stored conversation too), the items a stored response keeps and their pages, Anthropic's
-// Messages API (and its errors), tokenize and detokenize.
+// Messages API (and its errors), tokenize, detokenize and embeddings.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "nlohmann/json.hpp"
 #include "services/router/messages_api.h"
+#include "services/router/openai_embeddings.h"
 #include "services/router/openai_fields.h"
 #include "services/router/openai_requests.h"
 #include "services/router/responses_api.h"
@@ -30,6 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)openai::anthropicError(400, body->dump());
   (void)openai::parseTokenizeRequest(*body);
   (void)openai::parseDetokenizeRequest(*body);
+  (void)openai::parseEmbeddingsRequest(*body);
   if (!body->is_object()) return 0;
   const Json items = openai::inputItems(*body);
   auto text = [&](const char* key) -> std::optional<std::string> {
