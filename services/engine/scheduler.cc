@@ -79,7 +79,9 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
     return absl::UnimplementedError(
         "prompt log-probabilities are computed by the CPU backend only (not on GPUs yet)");
   }
-  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.stop.max_new_tokens;
+  // A prefill for its hidden state keeps no new token: the prompt alone must fit.
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) +
+                        (request.hidden_state ? 0 : request.stop.max_new_tokens);
   if (total > c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("prompt + max_new_tokens = ", total,
                                                    " is past the context length ",

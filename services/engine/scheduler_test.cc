@@ -252,7 +252,7 @@ std::vector<TokenEvent> events(Scheduler& scheduler) {
 // model computes for that prompt (which llama_model_test checks against transformers). A
 // prompt chunked over steps, or taking its prefix from the cache, gives the same state.
 TEST_F(SchedulerTest, APrefillsHiddenStateProjectsToItsLogits) {
-  Scheduler scheduler(withBlocks(40), nullptr, {.max_batch_tokens = 16, .max_sequences = 8});
+  Scheduler scheduler(withBlocks(64), nullptr, {.max_batch_tokens = 16, .max_sequences = 8});
   const std::vector<uint32_t> prompt = randomPrompt(22);
   const int64_t hidden = weights_->config.hidden_size;
   const int64_t vocab = weights_->config.vocab_size;
@@ -293,7 +293,22 @@ TEST_F(SchedulerTest, APrefillsHiddenStateProjectsToItsLogits) {
           .add({.id = 3, .prompt = prompt, .stop = {.max_new_tokens = 1}, .hidden_state = true})
           .code(),
       absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(scheduler.cache().freeBlocks(), 40);
+  // A prompt that fills the context has a hidden state (no new token follows it).
+  const int64_t context = weights_->config.max_position_embeddings;
+  const std::vector<uint32_t> whole = randomPrompt(static_cast<int>(context));
+  ASSERT_TRUE(scheduler.reserve(4, context / 4).ok());
+  ASSERT_TRUE(
+      scheduler
+          .addPrefill(
+              {.id = 4, .prompt = whole, .stop = {.max_new_tokens = 1}, .hidden_state = true})
+          .ok());
+  std::vector<TokenEvent> out = events(scheduler);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(static_cast<int64_t>(out[0].hidden.size()), hidden);
+  EXPECT_TRUE(std::all_of(out[0].hidden.begin(), out[0].hidden.end(),
+                          [](float v) { return std::isfinite(v); }));
+  scheduler.release(4);
+  EXPECT_EQ(scheduler.cache().freeBlocks(), 64);
 }
 
 TEST_F(SchedulerTest, ReservedPrefillsReuseTheCachedPrefix) {

@@ -15,13 +15,15 @@
 namespace cleave::router {
 namespace {
 
-// Workers tried for one input before its call fails: one that died or left mid-call is
-// passed over for the next.
+// Workers tried for one input before its call fails: one that died or left mid-call, or
+// cannot compute hidden states (a GPU worker), is passed over for the next.
 constexpr int kEmbedAttempts = 3;
 
-// An UNAVAILABLE answer or none: the worker is gone or going; another may compute it.
-bool workerLost(const grpc::Status& status) {
-  return status.error_code() == grpc::StatusCode::UNAVAILABLE;
+// The worker is gone or going (UNAVAILABLE, or no answer), or computes no hidden states
+// (UNIMPLEMENTED): another may compute it.
+bool anotherMay(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::UNIMPLEMENTED;
 }
 
 }  // namespace
@@ -69,13 +71,14 @@ grpc::Status GenerationService::embed(grpc::ServerContext* context, const v1::Em
             request.has_text() ? "text tokenizes to no tokens" : "set text or token_ids"};
   }
   const int64_t context_length = model->context_length;
-  if (absl::Status s = truncatePrompt(request.truncate_prompt_tokens(), context_length, prompt);
+  // An input may fill the context (no new token follows it): -1 keeps that many.
+  if (absl::Status s = truncatePrompt(request.truncate_prompt_tokens(), context_length + 1, prompt);
       !s.ok()) {
     return toGrpcStatus(s);
   }
   if (absl::Status s = checkVocabulary(prompt, model->vocab_size); !s.ok()) return toGrpcStatus(s);
   const int64_t tokens = static_cast<int64_t>(prompt.size());
-  if (tokens >= context_length) {
+  if (tokens > context_length) {
     return {grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrCat(kContextOverflow, context_length, " tokens. However, your input has ",
                          tokens, " tokens. Please reduce the length of the input.")};
@@ -92,19 +95,20 @@ grpc::Status GenerationService::embed(grpc::ServerContext* context, const v1::Em
       *adapter ? engine::KvBlockPool::adapterRoot((*adapter)->sha256) : 0, request.cache_salt());
   const std::vector<uint64_t> prefix = PrefixIndex::blockHashes(prompt, model->block_size, root);
 
-  std::vector<std::string> lost;  // Workers that died or left during this call.
+  std::vector<std::string> passed;  // Workers that failed this call in a way another may not.
   v1::EmbedPromptResponse done;
   grpc::Status status;
   for (int attempt = 0; attempt < kEmbedAttempts; ++attempt) {
-    absl::StatusOr<PrefillLease> lease = pool_.pickEmbedder(tokens, prefix, lost);
-    if (!lease.ok()) return toGrpcStatus(lease.status());
+    absl::StatusOr<PrefillLease> lease = pool_.pickEmbedder(tokens, prefix, passed);
+    // None left to try: the last one's answer says why.
+    if (!lease.ok()) return passed.empty() ? toGrpcStatus(lease.status()) : status;
     std::unique_ptr<grpc::ClientContext> call = grpc::ClientContext::FromServerContext(*context);
     status = lease->worker->prefill->Embed(call.get(), work, &done);
     pool_.releasePrefill(*lease, status.ok());
-    if (status.ok() || !workerLost(status) || context->IsCancelled()) break;
+    if (status.ok() || !anotherMay(status) || context->IsCancelled()) break;
     CLEAVE_LOG(WARNING) << "embedding " << id << ": worker " << lease->worker->id << " failed ("
                         << status.error_message() << "); trying another";
-    lost.push_back(lease->worker->id);
+    passed.push_back(lease->worker->id);
   }
   if (!status.ok()) return status;
   if (static_cast<int64_t>(done.hidden_size()) == 0) {

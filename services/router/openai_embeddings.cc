@@ -41,6 +41,8 @@ absl::StatusOr<EmbeddingsCall> parseEmbeddingsRequest(const Json& body) {
     CLEAVE_ASSIGN_OR_RETURN(bool add, boolean(body, "add_special_tokens", true));
     common.set_add_special_tokens(add);
   }
+  CLEAVE_ASSIGN_OR_RETURN(std::string salt, cacheSalt(body));
+  common.set_cache_salt(std::move(salt));
   if (field(body, "normalize") != nullptr) {
     CLEAVE_ASSIGN_OR_RETURN(bool normalize, boolean(body, "normalize", true));
     common.set_normalize(normalize);

@@ -26,8 +26,8 @@ struct EmbeddingsCall {
 
 // `input` (a string, token ids, or an array of either), `model`, `encoding_format`,
 // `dimensions` (refused: the embeddings have the model's hidden size), and vLLM's
-// `truncate_prompt_tokens`, `add_special_tokens` and `normalize`. InvalidArgument naming the
-// field otherwise.
+// `truncate_prompt_tokens`, `add_special_tokens`, `normalize` and `cache_salt`. InvalidArgument
+// naming the field otherwise.
 absl::StatusOr<EmbeddingsCall> parseEmbeddingsRequest(const nlohmann::json& body);
 
 // The response body: one item per input, in order, and the prompt tokens in all.

@@ -30,6 +30,9 @@ absl::StatusOr<std::optional<int64_t>> integer(const nlohmann::json& body, const
 // vLLM's truncate_prompt_tokens: keep the prompt's last N tokens (-1: as many as the context
 // allows); 0 when absent. InvalidArgument naming it for 0 or a value out of range.
 absl::StatusOr<int32_t> truncatePromptTokens(const nlohmann::json& body);
+// vLLM's cache_salt: the prefix cache is shared only among requests of one salt; empty when
+// absent. InvalidArgument naming it for anything but a non-empty string.
+absl::StatusOr<std::string> cacheSalt(const nlohmann::json& body);
 // The array `v` as token ids; InvalidArgument naming `name`[i] for one that is not.
 absl::StatusOr<std::vector<uint32_t>> tokenIds(const nlohmann::json& v, const std::string& name);
 

@@ -70,6 +70,14 @@ absl::StatusOr<int32_t> truncatePromptTokens(const Json& body) {
   return static_cast<int32_t>(truncate.value_or(0));
 }
 
+absl::StatusOr<std::string> cacheSalt(const Json& body) {
+  const Json* salt = field(body, "cache_salt");
+  if (salt == nullptr) return std::string();
+  if (!salt->is_string() || salt->get_ref<const std::string&>().empty())
+    return invalid("cache_salt", "must be a non-empty string");
+  return salt->get<std::string>();
+}
+
 absl::StatusOr<std::vector<uint32_t>> tokenIds(const Json& v, const std::string& name) {
   std::vector<uint32_t> ids;
   for (size_t i = 0; i < v.size(); ++i) {
@@ -373,12 +381,8 @@ absl::Status parseCommon(const Json& body, Call& call) {
                           integer(body, "priority", std::numeric_limits<int32_t>::min(),
                                   std::numeric_limits<int32_t>::max()));
   if (priority) r.set_priority(static_cast<int32_t>(*priority));
-  // vLLM's: the prefix cache is shared only among requests of one salt.
-  if (const Json* salt = field(body, "cache_salt"); salt != nullptr && !salt->is_null()) {
-    if (!salt->is_string() || salt->get_ref<const std::string&>().empty())
-      return invalid("cache_salt", "must be a non-empty string");
-    r.set_cache_salt(salt->get<std::string>());
-  }
+  CLEAVE_ASSIGN_OR_RETURN(std::string salt, cacheSalt(body));
+  r.set_cache_salt(std::move(salt));
   return absl::OkStatus();
 }
 

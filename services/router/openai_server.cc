@@ -337,22 +337,44 @@ int OpenAiServer::embeddings(const HttpRequest& request, HttpResponse& response)
     if (const int sent = servedModels(request, response, models); sent != 0) return sent;
     if (models.models_size() > 0) model = models.models(0).id();
   }
-  // The inputs' calls, a few at a time: each is a prompt computed on a worker.
+  // The inputs' calls, a few at a time: each is a prompt computed on a worker. The first
+  // that fails, or the client leaving, cancels the rest.
   constexpr size_t kParallel = 16;
   std::vector<v1::EmbedResponse> answers(n);
   std::vector<grpc::Status> statuses(n);
   std::atomic<size_t> next{0};
+  auto cancelAll = [&] {
+    for (auto& context : contexts) context->TryCancel();
+  };
+  std::atomic<bool> left{false};
+  const ClientWatch::Ticket watching = watch_.watch(response, [&] {
+    left = true;
+    cancelAll();
+  });
   auto work = [&] {
-    for (size_t i; (i = next++) < n;)
+    for (size_t i; (i = next++) < n;) {
       statuses[i] = stub_->Embed(contexts[i].get(), call->inputs[i], &answers[i]);
+      if (!statuses[i].ok()) cancelAll();
+    }
   };
   std::vector<std::thread> helpers;
-  for (size_t t = 1; t < std::min(n, kParallel); ++t) helpers.emplace_back(work);
+  for (size_t t = 1; t < std::min(n, kParallel); ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {  // Fewer threads: those started, and this one.
+      break;
+    }
+  }
   work();
   for (std::thread& helper : helpers) helper.join();
+  if (left) return 499;
+  // The first failure is the cause; the calls it cancelled say only that.
+  const grpc::Status* failed = nullptr;
   for (const grpc::Status& status : statuses) {
-    if (!status.ok()) return sendError(response, status);
+    if (status.ok()) continue;
+    if (failed == nullptr || failed->error_code() == grpc::StatusCode::CANCELLED) failed = &status;
   }
+  if (failed != nullptr) return sendError(response, *failed);
   return send(response, 200, openai::embeddingsResponse(answers, call->base64, model));
 }
 

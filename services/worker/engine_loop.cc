@@ -52,11 +52,14 @@ void EngineLoop::run() {
     results.reserve(calls.size());
     for (Call& call : calls) results.push_back(call(scheduler_));
     const bool idle = scheduler_.idle();
+    // Stepping before these calls and after them: the last step's batch still runs (one
+    // the calls started has not stepped yet).
+    const bool running = busy && !idle;
     if (!calls.empty()) {
       // Busy: the batch the last step ran is the batch still running.
       StepReport pool{.stepped = false,
-                      .batch_size = idle ? 0 : scheduler_.lastBatchSequences(),
-                      .decode_batch = idle ? 0 : scheduler_.lastDecodeSequences()};
+                      .batch_size = running ? scheduler_.lastBatchSequences() : 0,
+                      .decode_batch = running ? scheduler_.lastDecodeSequences() : 0};
       describePool(pool);
       sink_(pool);
     }

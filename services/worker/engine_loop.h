@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <future>
 #include <memory>
@@ -60,13 +61,17 @@ class EngineLoop {
     auto promise = std::make_shared<std::promise<R>>();
     std::future<R> result = promise->get_future();
     post([&fn, promise](engine::Scheduler& s) -> Deliver {
-      if constexpr (std::is_void_v<R>) {
-        fn(s);
-        return [promise] { promise->set_value(); };
-      } else {
-        return [promise, value = std::make_shared<R>(fn(s))] {
-          promise->set_value(std::move(*value));
-        };
+      try {
+        if constexpr (std::is_void_v<R>) {
+          fn(s);
+          return [promise] { promise->set_value(); };
+        } else {
+          return [promise, value = std::make_shared<R>(fn(s))] {
+            promise->set_value(std::move(*value));
+          };
+        }
+      } catch (...) {  // The caller's, as the call's own result.
+        return [promise, error = std::current_exception()] { promise->set_exception(error); };
       }
     });
     return result.get();

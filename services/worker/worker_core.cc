@@ -597,10 +597,9 @@ absl::StatusOr<v1::EmbedPromptResponse> WorkerCore::embed(const v1::EmbedPromptR
                                   c.vocab_size, ")"));
     }
   }
-  if (r.prompt_token_ids_size() >= c.max_position_embeddings) {
+  if (r.prompt_token_ids_size() > c.max_position_embeddings) {
     return invalid(absl::StrCat("prompt_token_ids has ", r.prompt_token_ids_size(),
-                                " ids; the context holds ", c.max_position_embeddings - 1,
-                                " besides the position the hidden state is taken at"));
+                                " ids; the context holds ", c.max_position_embeddings));
   }
   if (!model_.hiddenStates()) {
     return absl::UnimplementedError(
@@ -890,9 +889,9 @@ void WorkerCore::onStep(StepReport& report) {
   uint64_t last_id = 0;
   v1::SequenceEvent* last = nullptr;
   for (engine::TokenEvent& event : report.events) {
-    auto name = names_.find(event.id);
-    if (name == names_.end()) continue;  // Released while the step ran.
     if (event.prefilled) {
+      // Its call waits by engine id, whether or not the request was released meanwhile
+      // (then it finds nothing left to send).
       auto pending = prefills_.find(event.id);
       if (pending != prefills_.end()) {
         pending->second.set_value(event);
@@ -900,6 +899,8 @@ void WorkerCore::onStep(StepReport& report) {
       }
       continue;  // prefill() forgets a request its first token finished.
     }
+    auto name = names_.find(event.id);
+    if (name == names_.end()) continue;  // Released while the step ran.
     Request& request = requests_.at(name->second);
     v1::SequenceEvent* e = last != nullptr && last_id == event.id ? last : nullptr;
     if (e == nullptr) {

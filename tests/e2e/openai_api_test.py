@@ -949,9 +949,13 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual(cached("chat-a", "/v1/chat/completions")[0], 0)
         self.assertGreater(cached("chat-a", "/v1/chat/completions")[0], 0)
         self.assertEqual(cached("chat-b", "/v1/chat/completions")[0], 0)
-        status, _, text = self.raw("POST", "/v1/responses", {
-            "input": prompt, "max_output_tokens": 2, "cache_salt": "chat-a"})
-        self.assertEqual(status, 200, text)
+        # The Responses API renders the same conversation: chat-a's blocks are its own.
+        for salt, hit in (("chat-a", True), ("responses-c", False)):
+            status, _, text = self.raw("POST", "/v1/responses", {
+                "input": prompt, "max_output_tokens": 2, "cache_salt": salt})
+            self.assertEqual(status, 200, text)
+            cached = json.loads(text)["usage"]["input_tokens_details"]["cached_tokens"]
+            self.assertEqual(cached > 0, hit, (salt, cached))
         for salt, param in (("", "cache_salt"), (7, "cache_salt"), ("s" * 257, None)):
             with self.subTest(salt=salt):
                 status, _, text = self.raw("POST", "/v1/completions",
@@ -989,7 +993,7 @@ class OpenAiApiTest(unittest.TestCase):
         self.assertEqual({len(v) for v in vectors}, {576})  # SmolLM2's hidden size.
         for v in vectors:
             self.assertAlmostEqual(math.sqrt(sum(x * x for x in v)), 1.0, places=5)
-        close(vectors[0], vectors[2])  # The second time from the prefix cache.
+        close(vectors[0], vectors[2])  # The same input, computed twice.
         self.assertLess(sum(x * y for x, y in zip(vectors[0], vectors[1])), 0.999)
         ids = self.stub.Tokenize(self.pb.TokenizeRequest(text=texts[0], add_special_tokens=True),
                                  timeout=10).ids
@@ -1007,17 +1011,27 @@ class OpenAiApiTest(unittest.TestCase):
         # OpenAI's SDK (which asks for base64 and decodes it).
         sdk = self.client.embeddings.create(model=self.model, input=texts[:2])
         close(sdk.data[1].embedding, vectors[1], 1e-7)
-        # gRPC: the cached prefix of a repeated long input.
+        # gRPC: the cached prefix of a repeated long input, within its cache salt only; the
+        # HTTP API passes the salt too.
         long_text = " ".join(texts * 8)
-        first, again = (self.stub.Embed(self.pb.EmbedRequest(text=long_text), timeout=60)
-                        for _ in range(2))
+
+        def grpc_embed(salt=""):
+            return self.stub.Embed(self.pb.EmbedRequest(text=long_text, cache_salt=salt),
+                                   timeout=60)
+        first, again, salted = grpc_embed(), grpc_embed(), grpc_embed("tenant-e")
         self.assertEqual(first.prompt_tokens, again.prompt_tokens)
         self.assertGreater(again.cached_prompt_tokens, first.cached_prompt_tokens)
+        self.assertEqual(salted.cached_prompt_tokens, 0)
+        self.assertGreater(grpc_embed("tenant-e").cached_prompt_tokens, 0)
         close(list(first.embedding), list(again.embedding))
+        close(list(first.embedding), list(salted.embedding))
+        embed({"input": long_text, "cache_salt": "tenant-f"})
+        self.assertGreater(grpc_embed("tenant-f").cached_prompt_tokens, 0)
         for body, param in (({"input": ""}, "input"), ({"input": []}, "input"),
                             ({"input": [1, -2]}, "input[1]"), ({"input": {"a": 1}}, "input"),
                             ({"input": "x", "dimensions": 64}, "dimensions"),
                             ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
+                            ({"input": "x", "cache_salt": ""}, "cache_salt"),
                             ({"input": ["x"] * 2049}, "input"),
                             ({"input": "x", "model": "nope"}, None)):
             with self.subTest(body=str(body)[:60]):
