@@ -287,6 +287,24 @@ TEST_F(SchedulerTest, APrefillsHiddenStateProjectsToItsLogits) {
     ASSERT_NEAR(projected, logits[j], 1e-4 + 1e-4 * std::abs(logits[j])) << "token " << j;
   }
   for (int64_t k = 0; k < hidden; ++k) EXPECT_NEAR(states[1][k], states[0][k], 1e-5) << k;
+  {
+    // A tensor-parallel group of two returns the same state (rank 0's, whole after the
+    // all-reduce).
+    auto two = TpGroup::load(kTinyModel, {.tp = 2, .threads = 2});
+    ASSERT_TRUE(two.ok()) << two.status();
+    ASSERT_TRUE((*two)->allocateKv(16, 4).ok());
+    Scheduler split(**two, nullptr, {.max_batch_tokens = 16, .max_sequences = 8});
+    ASSERT_TRUE(split.reserve(1, 6).ok());
+    ASSERT_TRUE(
+        split
+            .addPrefill(
+                {.id = 1, .prompt = prompt, .stop = {.max_new_tokens = 1}, .hidden_state = true})
+            .ok());
+    std::vector<TokenEvent> out = events(split);
+    ASSERT_EQ(out.size(), 1u);
+    ASSERT_EQ(static_cast<int64_t>(out[0].hidden.size()), hidden);
+    for (int64_t k = 0; k < hidden; ++k) EXPECT_NEAR(out[0].hidden[k], states[0][k], 1e-4) << k;
+  }
   // Only a prefill returns one.
   EXPECT_EQ(
       scheduler
