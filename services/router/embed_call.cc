@@ -63,12 +63,18 @@ grpc::Status GenerationService::embed(grpc::ServerContext* context, const v1::Em
     prompt = tokenizer_->encode(
         request.text(),
         {.add_special_tokens = !request.has_add_special_tokens() || request.add_special_tokens()});
+  } else if (request.has_chat()) {
+    if (absl::Status valid = validateChat(request.chat()); !valid.ok()) return toGrpcStatus(valid);
+    absl::StatusOr<ChatPrompt> chat = chatPrompt(request.chat());
+    if (!chat.ok()) return toGrpcStatus(chat.status());
+    prompt = std::move(chat->ids);
   } else if (request.has_token_ids()) {
     prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
   }
   if (prompt.empty()) {
-    return {grpc::StatusCode::INVALID_ARGUMENT,
-            request.has_text() ? "text tokenizes to no tokens" : "set text or token_ids"};
+    return {grpc::StatusCode::INVALID_ARGUMENT, request.has_text() || request.has_chat()
+                                                    ? "the input tokenizes to no tokens"
+                                                    : "set text, token_ids or chat"};
   }
   const int64_t context_length = model->context_length;
   // An input may fill the context (no new token follows it): -1 keeps that many.

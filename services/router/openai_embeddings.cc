@@ -48,8 +48,20 @@ absl::StatusOr<EmbeddingsCall> parseEmbeddingsRequest(const Json& body) {
     common.set_normalize(normalize);
   }
 
+  // vLLM's chat form: one conversation, rendered by the chat template; no reply prompt
+  // unless asked (add_generation_prompt).
+  if (field(body, "messages") != nullptr) {
+    if (field(body, "input") != nullptr)
+      return invalid("input", "send input or messages, not both");
+    v1::EmbedRequest request = common;
+    v1::Chat& chat = *request.mutable_chat();
+    CLEAVE_RETURN_IF_ERROR(parseChat(body, chat));
+    if (field(body, "add_generation_prompt") == nullptr) chat.set_add_generation_prompt(false);
+    call.inputs.push_back(std::move(request));
+    return call;
+  }
   const Json* input = field(body, "input");
-  if (input == nullptr) return invalid("input", "is required");
+  if (input == nullptr) return invalid("input", "is required (or messages)");
   auto add = [&](const Json& one, const std::string& name) -> absl::Status {
     v1::EmbedRequest request = common;
     if (one.is_string()) {

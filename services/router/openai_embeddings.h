@@ -24,7 +24,9 @@ struct EmbeddingsCall {
   bool base64 = false;                   // encoding_format "base64".
 };
 
-// `input` (a string, token ids, or an array of either), `model`, `encoding_format`,
+// `input` (a string, token ids, or an array of either) or vLLM's `messages` (one
+// conversation through the chat template, no reply prompt unless add_generation_prompt),
+// `model`, `encoding_format`,
 // `dimensions` (refused: the embeddings have the model's hidden size), and vLLM's
 // `truncate_prompt_tokens`, `add_special_tokens`, `normalize` and `cache_salt`. InvalidArgument
 // naming the field otherwise.

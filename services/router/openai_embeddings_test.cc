@@ -37,6 +37,21 @@ TEST(EmbeddingsRequestTest, EachInputIsOneCallWithTheSharedSettings) {
   EXPECT_FALSE(call->base64);
 }
 
+TEST(EmbeddingsRequestTest, AConversationIsOneInputWithoutAReplyPrompt) {
+  auto call = parseEmbeddingsRequest(
+      Json::parse(R"({"messages": [{"role": "user", "content": "hi"}], "normalize": false})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  ASSERT_EQ(call->inputs.size(), 1u);
+  ASSERT_TRUE(call->inputs[0].has_chat());
+  EXPECT_EQ(call->inputs[0].chat().messages(0).content(), "hi");
+  EXPECT_FALSE(call->inputs[0].chat().add_generation_prompt());
+  EXPECT_FALSE(call->inputs[0].normalize());
+  call = parseEmbeddingsRequest(Json::parse(
+      R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": true})"));
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_TRUE(call->inputs[0].chat().add_generation_prompt());
+}
+
 TEST(EmbeddingsRequestTest, RefusalsNameTheField) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({})", "input"},
@@ -50,6 +65,8 @@ TEST(EmbeddingsRequestTest, RefusalsNameTheField) {
       {R"({"input": "a", "truncate_prompt_tokens": 0})", "truncate_prompt_tokens"},
       {R"({"input": "a", "normalize": "yes"})", "normalize"},
       {R"({"input": "a", "model": 1})", "model"},
+      {R"({"input": "a", "messages": [{"role": "user", "content": "b"}]})", "input"},
+      {R"({"messages": []})", "messages"},
   };
   for (const auto& [body, param] : cases) {
     absl::StatusOr<EmbeddingsCall> call = parseEmbeddingsRequest(Json::parse(body));

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cleave/v1/generation.pb.h"
 #include "nlohmann/json.hpp"
 
 namespace cleave::router::openai {
@@ -33,6 +34,10 @@ absl::StatusOr<int32_t> truncatePromptTokens(const nlohmann::json& body);
 // vLLM's cache_salt: the prefix cache is shared only among requests of one salt; empty when
 // absent. InvalidArgument naming it for anything but a non-empty string.
 absl::StatusOr<std::string> cacheSalt(const nlohmann::json& body);
+// The chat fields of `body` into `chat`: messages (text content, or text parts joined),
+// tools, chat_template_kwargs, continue_final_message, add_generation_prompt. InvalidArgument
+// naming the field otherwise.
+absl::Status parseChat(const nlohmann::json& body, v1::Chat& chat);
 // The array `v` as token ids; InvalidArgument naming `name`[i] for one that is not.
 absl::StatusOr<std::vector<uint32_t>> tokenIds(const nlohmann::json& v, const std::string& name);
 

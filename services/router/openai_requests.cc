@@ -91,6 +91,94 @@ absl::StatusOr<std::vector<uint32_t>> tokenIds(const Json& v, const std::string&
   return ids;
 }
 
+// The chat fields of `body` into `chat`: messages, tools, template arguments.
+absl::Status parseChat(const Json& body, v1::Chat& chat) {
+  const Json* messages = field(body, "messages");
+  if (messages == nullptr || !messages->is_array() || messages->empty()) {
+    return invalid("messages", "must be a non-empty array of {\"role\", \"content\"} objects");
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const Json& m = (*messages)[i];
+    const std::string name = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return invalid(name, "must be an object");
+    const Json* role = field(m, "role");
+    if (role == nullptr || !role->is_string() || role->get<std::string>().empty()) {
+      return invalid(name + ".role", "must be a non-empty string");
+    }
+    v1::ChatMessage& out = *chat.add_messages();
+    out.set_role(role->get<std::string>());
+    Json rest = Json::object();
+    for (const auto& [key, value] : m.items()) {
+      if (key == "role") continue;
+      if (key == "content" && value.is_string()) {
+        out.set_content(value.get<std::string>());
+        continue;
+      }
+      if (key == "content" && value.is_array()) {
+        // Text parts are joined into one text (with newlines, as vLLM does): most
+        // templates print content as a string.
+        std::string joined;
+        for (size_t j = 0; j < value.size(); ++j) {
+          const Json& part = value[j];
+          const std::string part_name = absl::StrCat(name, ".content[", j, "]");
+          const Json* type = part.is_object() ? field(part, "type") : nullptr;
+          if (type == nullptr || *type != "text") {
+            return invalid(part_name + ".type",
+                           "only \"text\" parts are supported (this deployment serves text)");
+          }
+          const Json* text = field(part, "text");
+          if (text == nullptr || !text->is_string()) {
+            return invalid(part_name + ".text", "must be a string");
+          }
+          absl::StrAppend(&joined, j == 0 ? "" : "\n", text->get<std::string>());
+        }
+        out.set_content(std::move(joined));
+        continue;
+      } else if (key == "content" && !value.is_null()) {
+        return invalid(name + ".content", "must be a string, an array of text parts, or null");
+      }
+      rest[key] = value;
+    }
+    // A call's arguments come back as the JSON text the reply gave; templates print them
+    // as an object (|tojson, |items), so they get the object, as vLLM gives them. Text that
+    // is no JSON object stays text.
+    if (auto calls = rest.find("tool_calls"); calls != rest.end() && calls->is_array()) {
+      for (Json& call : *calls) {
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+          continue;
+        Json& function = call["function"];
+        if (auto args = function.find("arguments"); args != function.end() && args->is_string()) {
+          Json parsed = Json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          if (parsed.is_object()) *args = std::move(parsed);
+        }
+      }
+    }
+    if (!rest.empty()) out.set_fields_json(rest.dump());
+  }
+  if (const Json* tools = field(body, "tools"); tools != nullptr) {
+    if (!tools->is_array()) return invalid("tools", "must be an array of tool schemas");
+    // Under tool_choice "none" too, as vLLM: the model knows the tools, and calls none.
+    chat.set_tools_json(tools->dump());
+  }
+  if (const Json* kwargs = field(body, "chat_template_kwargs"); kwargs != nullptr) {
+    if (!kwargs->is_object()) return invalid("chat_template_kwargs", "must be an object");
+    if (!kwargs->empty()) chat.set_template_kwargs_json(kwargs->dump());
+  }
+  CLEAVE_ASSIGN_OR_RETURN(bool continue_final, boolean(body, "continue_final_message", false));
+  chat.set_continue_final_message(continue_final);
+  if (field(body, "add_generation_prompt") != nullptr) {
+    CLEAVE_ASSIGN_OR_RETURN(bool add, boolean(body, "add_generation_prompt", true));
+    // Both true is refused only when the client said so; the default yields.
+    if (add && continue_final) {
+      return invalid("add_generation_prompt",
+                     "cannot be true with continue_final_message (a reply either starts a new "
+                     "turn or continues the last one)");
+    }
+    chat.set_add_generation_prompt(add);
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 // A float field copied into `set` when present.
@@ -391,94 +479,6 @@ absl::Status parseMaxTokens(const Json& body, const char* name, Call& call) {
   CLEAVE_ASSIGN_OR_RETURN(std::optional<int64_t> max,
                           integer(body, name, 1, std::numeric_limits<uint32_t>::max()));
   if (max) call.request.mutable_stopping()->set_max_new_tokens(static_cast<uint32_t>(*max));
-  return absl::OkStatus();
-}
-
-// The chat fields of `body` into `chat`: messages, tools, template arguments.
-absl::Status parseChat(const Json& body, v1::Chat& chat) {
-  const Json* messages = field(body, "messages");
-  if (messages == nullptr || !messages->is_array() || messages->empty()) {
-    return invalid("messages", "must be a non-empty array of {\"role\", \"content\"} objects");
-  }
-  for (size_t i = 0; i < messages->size(); ++i) {
-    const Json& m = (*messages)[i];
-    const std::string name = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return invalid(name, "must be an object");
-    const Json* role = field(m, "role");
-    if (role == nullptr || !role->is_string() || role->get<std::string>().empty()) {
-      return invalid(name + ".role", "must be a non-empty string");
-    }
-    v1::ChatMessage& out = *chat.add_messages();
-    out.set_role(role->get<std::string>());
-    Json rest = Json::object();
-    for (const auto& [key, value] : m.items()) {
-      if (key == "role") continue;
-      if (key == "content" && value.is_string()) {
-        out.set_content(value.get<std::string>());
-        continue;
-      }
-      if (key == "content" && value.is_array()) {
-        // Text parts are joined into one text (with newlines, as vLLM does): most
-        // templates print content as a string.
-        std::string joined;
-        for (size_t j = 0; j < value.size(); ++j) {
-          const Json& part = value[j];
-          const std::string part_name = absl::StrCat(name, ".content[", j, "]");
-          const Json* type = part.is_object() ? field(part, "type") : nullptr;
-          if (type == nullptr || *type != "text") {
-            return invalid(part_name + ".type",
-                           "only \"text\" parts are supported (this deployment serves text)");
-          }
-          const Json* text = field(part, "text");
-          if (text == nullptr || !text->is_string()) {
-            return invalid(part_name + ".text", "must be a string");
-          }
-          absl::StrAppend(&joined, j == 0 ? "" : "\n", text->get<std::string>());
-        }
-        out.set_content(std::move(joined));
-        continue;
-      } else if (key == "content" && !value.is_null()) {
-        return invalid(name + ".content", "must be a string, an array of text parts, or null");
-      }
-      rest[key] = value;
-    }
-    // A call's arguments come back as the JSON text the reply gave; templates print them
-    // as an object (|tojson, |items), so they get the object, as vLLM gives them. Text that
-    // is no JSON object stays text.
-    if (auto calls = rest.find("tool_calls"); calls != rest.end() && calls->is_array()) {
-      for (Json& call : *calls) {
-        if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
-          continue;
-        Json& function = call["function"];
-        if (auto args = function.find("arguments"); args != function.end() && args->is_string()) {
-          Json parsed = Json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
-          if (parsed.is_object()) *args = std::move(parsed);
-        }
-      }
-    }
-    if (!rest.empty()) out.set_fields_json(rest.dump());
-  }
-  if (const Json* tools = field(body, "tools"); tools != nullptr) {
-    if (!tools->is_array()) return invalid("tools", "must be an array of tool schemas");
-    // Under tool_choice "none" too, as vLLM: the model knows the tools, and calls none.
-    chat.set_tools_json(tools->dump());
-  }
-  if (const Json* kwargs = field(body, "chat_template_kwargs"); kwargs != nullptr) {
-    if (!kwargs->is_object()) return invalid("chat_template_kwargs", "must be an object");
-    if (!kwargs->empty()) chat.set_template_kwargs_json(kwargs->dump());
-  }
-  CLEAVE_ASSIGN_OR_RETURN(bool continue_final, boolean(body, "continue_final_message", false));
-  chat.set_continue_final_message(continue_final);
-  if (field(body, "add_generation_prompt") != nullptr) {
-    CLEAVE_ASSIGN_OR_RETURN(bool add, boolean(body, "add_generation_prompt", true));
-    // Both true is refused only when the client said so; the default yields.
-    if (add && continue_final) {
-      return invalid("add_generation_prompt",
-                     "cannot be true with continue_final_message (a reply either starts a new "
-                     "turn or continues the last one)");
-    }
-    chat.set_add_generation_prompt(add);
-  }
   return absl::OkStatus();
 }
 

@@ -1008,6 +1008,13 @@ class OpenAiApiTest(unittest.TestCase):
         packed = embed({"input": texts[1], "encoding_format": "base64"})["data"][0]["embedding"]
         unpacked = base64.b64decode(packed)
         close(list(struct.unpack(f"<{len(unpacked) // 4}f", unpacked)), vectors[1], 1e-7)
+        # vLLM's chat form: the conversation through the template, no reply prompt.
+        conversation = [{"role": "user", "content": texts[0]}]
+        rendered = self.stub.Tokenize(self.pb.TokenizeRequest(chat=self.pb.Chat(
+            messages=[self.pb.ChatMessage(role="user", content=texts[0])],
+            add_generation_prompt=False)), timeout=10).ids
+        close(embed({"messages": conversation})["data"][0]["embedding"],
+              embed({"input": list(rendered)})["data"][0]["embedding"])
         # OpenAI's SDK (which asks for base64 and decodes it).
         sdk = self.client.embeddings.create(model=self.model, input=texts[:2])
         close(sdk.data[1].embedding, vectors[1], 1e-7)
