@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "grpcpp/client_context.h"
@@ -30,10 +31,36 @@ bool anotherMay(const grpc::Status& status) {
 
 grpc::Status GenerationService::Embed(grpc::ServerContext* context, const v1::EmbedRequest* request,
                                       v1::EmbedResponse* response) {
+  const auto started = std::chrono::steady_clock::now();
+  std::string client;
   // Computing a prompt counts against the key's rate as a Generate call does.
-  if (grpc::Status denied = authorize(*context, /*generate=*/true); !denied.ok())
-    return finish("Embed", denied);
-  return finish("Embed", embed(context, *request, *response));
+  grpc::Status status = authorize(*context, /*generate=*/true, &client);
+  if (status.ok()) status = embed(context, *request, *response);
+  if (options_.log_requests) {
+    // As Generate's line: sizes and times, never the input.
+    std::string line = absl::StrCat("embed ",
+                                    !response->request_id().empty()  ? response->request_id()
+                                    : !request->request_id().empty() ? request->request_id()
+                                                                     : std::string("-"),
+                                    " key=", client.empty() ? "-" : client,
+                                    " model=", request->model().empty() ? "-" : request->model());
+    if (status.ok()) {
+      absl::StrAppend(&line, " prompt=", response->prompt_tokens(),
+                      " cached=", response->cached_prompt_tokens());
+    }
+    absl::StrAppendFormat(
+        &line, " total_ms=%.1f",
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+            .count());
+    absl::StrAppend(&line, " -> ",
+                    status.ok()
+                        ? "OK"
+                        : absl::StrCat(absl::StatusCodeToString(
+                                           static_cast<absl::StatusCode>(status.error_code())),
+                                       ": ", status.error_message()));
+    CLEAVE_LOG(INFO) << line;
+  }
+  return finish("Embed", status);
 }
 
 grpc::Status GenerationService::embed(grpc::ServerContext* context, const v1::EmbedRequest& request,

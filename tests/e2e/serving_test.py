@@ -99,6 +99,8 @@ class ServingTest(unittest.TestCase):
         # the outcome; never the prompt or the reply.
         ids, text, final = self.generate(self.request("zebra quartz", max_new_tokens=7,
                                                       ignore_eos=True, request_id="logged-1"))
+        embedded = self.stub.Embed(self.pb.EmbedRequest(text="zebra quartz",
+                                                        request_id="logged-3"), timeout=60)
         with self.assertRaises(grpc.RpcError):
             self.generate(self.request("zebra quartz", model="nope", request_id="logged-2"))
         deadline = time.monotonic() + 5
@@ -113,6 +115,8 @@ class ServingTest(unittest.TestCase):
         self.assertEqual(int(served.group(1)), final.usage.prompt_tokens)
         self.assertIn("request logged-2 key=- model=nope total_ms=", log)
         self.assertRegex(log, r"request logged-2 .* -> NOT_FOUND: unknown model 'nope'")
+        self.assertIn(f"embed logged-3 key=- model=- prompt={embedded.prompt_tokens} "
+                      f"cached={embedded.cached_prompt_tokens} total_ms=", log)
         self.assertNotIn("zebra", log)
         self.assertNotIn(text.strip(), log)
 
