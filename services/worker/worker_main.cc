@@ -333,6 +333,9 @@ int run(int argc, char** argv) {
                                .client_ca_file = options.router_ca,
                                .require_client_cert = true});
   if (!serving.ok()) exitWithUsageError(flags, serving.status());
+  // Without this, Linux lets a second worker share the port and take half the router's
+  // calls for this one; and a worker restarted at this address proves the old one gone.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(options.server.listen, *serving, &port);
   keepServerThreads(builder);
   useKeepalive(builder);

@@ -175,6 +175,17 @@ class WorkerLifecycleTest(unittest.TestCase):
         stream.cancel()
         self.wait_until_freed(LEASE_MS / 1000 + 8)
 
+    def test_a_second_worker_cannot_share_a_workers_port(self):
+        """Two workers started on one port: the second exits naming the address, rather than
+        sharing the port (Linux's SO_REUSEPORT) and answering half the calls meant for the
+        first."""
+        address = f"127.0.0.1:{self.worker.ready['grpc_port']}"
+        code, _, err = ct.run([ct.binary("cleave-worker"), f"--model={MODEL}",
+                               f"--listen={address}", "--metrics-port=0", "--threads=1"],
+                              timeout=60)
+        self.assertNotEqual(code, 0)
+        self.assertIn(f"cannot serve on {address}", err)
+
     def test_max_model_len_caps_the_context_served(self):
         """--max-model-len (vLLM's flag): the router reports and enforces the shorter context;
         one longer than the model's is refused at start, naming both."""
