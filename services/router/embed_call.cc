@@ -84,8 +84,7 @@ grpc::Status GenerationService::embed(grpc::ServerContext* context, const v1::Em
   std::vector<uint32_t> prompt;
   if (request.has_text()) {
     if (tokenizer_ == nullptr) {
-      return {grpc::StatusCode::FAILED_PRECONDITION,
-              "this router has no tokenizer (start it with --model); send token_ids"};
+      return {grpc::StatusCode::FAILED_PRECONDITION, kNoPromptTokenizer};
     }
     prompt = tokenizer_->encode(
         request.text(),

@@ -154,8 +154,7 @@ grpc::Status GenerationService::generate(grpc::ServerContext* context,
   std::vector<uint32_t> prompt;
   if (request.has_text()) {
     if (tokenizer_ == nullptr) {
-      return error(grpc::StatusCode::FAILED_PRECONDITION,
-                   "this router has no tokenizer (start it with --model); send token_ids");
+      return error(grpc::StatusCode::FAILED_PRECONDITION, kNoPromptTokenizer);
     }
     prompt = tokenizer_->encode(request.text(), {.add_special_tokens = request.add_special_tokens(),
                                                  .parse_special = request.parse_special_tokens()});

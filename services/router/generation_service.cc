@@ -8,6 +8,7 @@
 #include "common/retry_hint.h"
 #include "common/tokenizer/utf8.h"
 #include "common/version.h"
+#include "services/router/prompt_tokens.h"
 #include "services/router/request_validation.h"
 
 namespace cleave::router {
@@ -129,8 +130,7 @@ absl::StatusOr<const tokenizer::Tokenizer*> GenerationService::tokenizerFor(
 absl::StatusOr<GenerationService::ChatPrompt> GenerationService::chatPrompt(
     const v1::Chat& chat) const {
   if (tokenizer_ == nullptr) {
-    return absl::FailedPreconditionError(
-        "this router has no tokenizer (start it with --model); send token_ids");
+    return absl::FailedPreconditionError(kNoPromptTokenizer);
   }
   if (options_.chat_template == nullptr) {
     return absl::FailedPreconditionError(

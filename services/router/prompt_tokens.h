@@ -16,6 +16,10 @@
 
 namespace cleave::router {
 
+// The refusal of a text or chat prompt by a router without a tokenizer.
+inline constexpr char kNoPromptTokenizer[] =
+    "this router has no tokenizer (start it with --model); send token_ids";
+
 // The adapter `name` runs with: null for the base model (any of its names, or empty);
 // NotFound naming what the router serves for a name it does not.
 absl::StatusOr<const WorkerPool::AdapterView*> adapterNamed(const WorkerPool::ModelView& model,
