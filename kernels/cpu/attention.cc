@@ -1,6 +1,7 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/attention_kernels.h"
@@ -71,6 +72,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     const int64_t h = task % a.heads;
     const int64_t kvh = h / group;
     const int64_t context = a.positions[t] + 1;
+    const int64_t from = a.window > 0 ? std::max<int64_t>(0, context - a.window) : 0;
     const int32_t* table = a.block_tables[t];
     thread_local std::vector<float> row;  // A decoded key or value.
     row.resize(a.head_dim);
@@ -83,16 +85,19 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
       return row.data();
     };
     const float* q = a.q + t * a.ldq + h * a.head_dim;
+    // The scores of positions [from, context), then the sink's logit (no value).
+    const int64_t n = context - from;
     thread_local std::vector<float> scores;
-    scores.resize(context);
-    for (int64_t j = 0; j < context; ++j) {
-      scores[j] = dot(q, rowOf(a.k_pool, a.k_scale, j), a.head_dim) * a.scale;
+    scores.resize(n + 1);
+    for (int64_t j = from; j < context; ++j) {
+      scores[j - from] = dot(q, rowOf(a.k_pool, a.k_scale, j), a.head_dim) * a.scale;
     }
-    softmax(scores.data(), context, 1, context);
+    scores[n] = a.sinks != nullptr ? a.sinks[h] : -std::numeric_limits<float>::infinity();
+    softmax(scores.data(), n + 1, 1, n + 1);
     float* out = a.out + t * a.ldo + h * a.head_dim;
     for (int64_t d = 0; d < a.head_dim; ++d) out[d] = 0.0f;
-    for (int64_t j = 0; j < context; ++j) {
-      axpy(scores[j], rowOf(a.v_pool, a.v_scale, j), out, a.head_dim);
+    for (int64_t j = from; j < context; ++j) {
+      axpy(scores[j - from], rowOf(a.v_pool, a.v_scale, j), out, a.head_dim);
     }
   });
 }

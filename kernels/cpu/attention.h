@@ -6,12 +6,15 @@
 // contiguous (what a KV transfer between different TP layouts moves). Token t of the
 // batch belongs to a sequence whose blocks are listed in block_tables[t] (block j holds the
 // sequence's positions [j * block_size, (j + 1) * block_size)); it attends to positions
-// [0, positions[t]].
+// [0, positions[t]], or its last `window` positions of those when `window` > 0 (sliding-window
+// attention: [positions[t] - window + 1, positions[t]]).
 //
 //   q    [tokens, heads * head_dim]   row stride ldq
 //   out  [tokens, heads * head_dim]   row stride ldo
 // Query head h reads KV head h / (heads / kv_heads). Scores are scaled by `scale` and
-// softmaxed in float.
+// softmaxed in float. With `sinks`, head h's softmax has one more logit, sinks[h], that joins
+// the denominator and carries no value (gpt-oss's attention sinks): a head may attend to
+// nothing.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +40,8 @@ struct AttentionArgs {
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
   float scale = 1.0f;
+  const float* sinks = nullptr;  // [heads], or null: no sink.
+  int64_t window = 0;            // Positions a token attends to, itself included; 0: all.
   float* out = nullptr;
   int64_t ldo = 0;
 };

@@ -41,6 +41,12 @@ struct Avx2 {
     const __m256i past = _mm256_cmpgt_epi32(lanes, _mm256_set1_epi32(static_cast<int32_t>(n - 1)));
     return _mm256_blendv_ps(s, neg_inf(), _mm256_castsi256_ps(past));
   }
+  // s with -inf in the lanes before n.
+  static V dropBelow(V s, int64_t n) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i before = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), lanes);
+    return _mm256_blendv_ps(s, neg_inf(), _mm256_castsi256_ps(before));
+  }
   static float hmax(V x) { return simd::max8(x); }
   // The lanes summed as treeSum (attention_rows.h) sums 8 vectors.
   static float hsumTree(V x) { return simd::sum8(x); }

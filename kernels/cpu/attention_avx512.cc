@@ -39,6 +39,10 @@ struct Avx512 {
   static V keep(V s, int64_t n) {
     return _mm512_mask_mov_ps(neg_inf(), static_cast<__mmask16>((1u << n) - 1), s);
   }
+  // s with -inf in the lanes before n.
+  static V dropBelow(V s, int64_t n) {
+    return _mm512_mask_mov_ps(s, static_cast<__mmask16>((1u << n) - 1), neg_inf());
+  }
   static float hmax(V x) { return _mm512_reduce_max_ps(x); }
   // The lanes summed as treeSum (attention_rows.h) sums 16 vectors: x[i] + x[i + 8] first,
   // then + 4, + 2, + 1.

@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_kernels.h"
@@ -158,17 +157,18 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
     ot[i] = 0.0f;
   }
   for (int64_t e = 0; e < d; ++e) zero[e] = 0.0f;
-  for (int64_t g = 0; g < group; ++g) {
-    m[g] = -std::numeric_limits<float>::infinity();
-    l[g] = 0.0f;
+  for (int64_t g = 0; g < group; ++g) {  // From the sink, as attention_rows.h starts a lane.
+    m[g] = a.sinks != nullptr ? a.sinks[kvh * group + g] : kNoScore;
+    l[g] = a.sinks != nullptr ? 1.0f : 0.0f;
   }
+  const int64_t start = windowStart(a, limit);
   const auto* k_pool = static_cast<const uint8_t*>(a.k_pool);
   const auto* v_pool = static_cast<const uint8_t*>(a.v_pool);
   auto rowOf = [&](const uint8_t* pool, int64_t j) {
     return kvRow<kElement>(a, table, pool, kvh, j, d);
   };
 
-  for (int64_t j0 = 0; j0 <= limit; j0 += kLanes) {
+  for (int64_t j0 = firstChunk(a, limit, kLanes); j0 <= limit; j0 += kLanes) {
     const int64_t keys = std::min(kLanes, limit + 1 - j0);
     // The next chunk's rows are fetched while this one computes (a block's rows are one
     // stream, but each block is somewhere else).
@@ -205,7 +205,8 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
     }
     for (int64_t g = 0; g < group; ++g) {
       float* p = ps + g * kLanes;
-      const auto scores = Simd::keep(Simd::loadf(p), keys);  // -inf past the position.
+      auto scores = Simd::keep(Simd::loadf(p), keys);                // -inf past the position.
+      if (j0 < start) scores = Simd::dropBelow(scores, start - j0);  // And before the window.
       const float top = Simd::hmax(scores);
       const float peak = top > m[g] ? top : m[g];
       const auto probabilities = Simd::exp(Simd::sub(scores, Simd::set1(peak)));

@@ -13,6 +13,9 @@
 // so a tile reads its sequence's keys and values once, not once per token. A row's scores
 // past its token's position are masked; positions past the tile's last are never used (their
 // keys are masked, their values not read), so stale or unwritten cache rows there are harmless.
+// A sliding window (AttentionArgs::window) starts the keys at the chunk holding the tile's
+// first window start and masks each row's scores before its own; sinks start each row's
+// online softmax from its head's sink logit.
 //
 // attention_keys.h computes a token alone with the same operations per row, so the two agree
 // to the bit.
@@ -36,6 +39,7 @@
 // mul/add/sub/div/max(a, b), exp(v), neg_inf(), above(s, limits, j) (s with -inf in the lanes
 // whose limit is < j), load<KvType>(const uint8_t*) (kLanes stored elements widened, e4m3 as
 // value x 2^-8); and for attention_keys.h keep(s, n) (-inf in the lanes from n on),
+// dropBelow(s, n) (-inf in the lanes before n),
 // hmax(v), hsumTree(v) (the lanes summed in treeSum's order), exp1(x) and
 // transpose(rows, col, out).
 #pragma once
@@ -76,6 +80,23 @@ inline void widenRows(const AttentionArgs& a, const int32_t* table, const uint8_
       Simd::store(row + v, Simd::template load<kType>(stored + v * kElement));
   }
 }
+
+// The first position a token at `position` attends to (AttentionArgs::window).
+inline int64_t windowStart(const AttentionArgs& a, int64_t position) {
+  return a.window > 0 ? std::max<int64_t>(0, position - a.window + 1) : 0;
+}
+
+// Where a softmax of keys from position `position`'s window starts: its chunk of `keys`
+// positions (chunks are aligned to multiples of it, so a token alone and in a tile go through
+// the same chunks; a chunk wholly before a lane's window changes none of its sums).
+inline int64_t firstChunk(const AttentionArgs& a, int64_t position, int64_t keys) {
+  return windowStart(a, position) / keys * keys;
+}
+
+// A softmax's running maximum before any score: the lowest finite float, so that a chunk
+// with every score masked (-inf) leaves it, and its sums, as they were (exp(0) = 1) instead of
+// turning them into NaN.
+inline constexpr float kNoScore = -3.4028234663852886e38f;
 
 // Calls f.template operator()<I>() for I in [0, N), written out (no loop for the compiler to
 // keep rolled, so arrays indexed by I stay in registers).
@@ -134,25 +155,34 @@ void attentionRowsFixed(const AttentionArgs& a, const RowTile& tile, int64_t kvh
   float* pb = vf + kKeys * d;                                   // [kKeys][kLanes], probabilities
 
   // The queries, transposed and scaled; lanes past the tile copy its last row's position
-  // and have zero queries (finite scores, outputs not written).
-  int32_t limit[kLanes];
+  // and have zero queries (finite scores, outputs not written). Each lane's softmax starts
+  // from its head's sink (m = sink, l = exp(sink - m) = 1), or from nothing.
+  int32_t limit[kLanes], below[kLanes];
+  float m0[kLanes], l0[kLanes];
   const float q_factor = a.scale * k_factor;
   for (int64_t lane = 0; lane < kLanes; ++lane) {
     const int64_t r = tile.r0 + std::min(lane, lanes - 1);
     const int64_t token = tile.t0 + r / group;
+    const int64_t head = kvh * group + r % group;
     limit[lane] = a.positions[token];
-    const float* q = a.q + token * a.ldq + (kvh * group + r % group) * d;
+    below[lane] = -static_cast<int32_t>(windowStart(a, limit[lane]));
+    m0[lane] = a.sinks != nullptr ? a.sinks[head] : kNoScore;
+    l0[lane] = a.sinks != nullptr ? 1.0f : 0.0f;
+    const float* q = a.q + token * a.ldq + head * d;
     for (int64_t e = 0; e < d; ++e) qt[e * kLanes + lane] = lane < lanes ? q[e] * q_factor : 0.0f;
   }
   for (int64_t i = 0; i < d * kLanes; ++i) ot[i] = 0.0f;
   const int64_t first = limit[0], last = limit[kLanes - 1];  // Rows go by position.
   const typename Simd::I limits = Simd::loadi(limit);
+  // Lanes whose window starts after position j: above(s, starts, -j) masks them.
+  const typename Simd::I starts = Simd::loadi(below);
+  const int64_t latest_start = -below[kLanes - 1];
   const int32_t* table = a.block_tables[tile.t0];
   const auto* k_pool = static_cast<const uint8_t*>(a.k_pool);
   const auto* v_pool = static_cast<const uint8_t*>(a.v_pool);
 
-  V m = Simd::neg_inf(), l = Simd::zero();
-  for (int64_t j0 = 0; j0 <= last; j0 += kKeys) {
+  V m = Simd::loadf(m0), l = Simd::loadf(l0);
+  for (int64_t j0 = firstChunk(a, first, kKeys); j0 <= last; j0 += kKeys) {
     const float* krows = kf;
     const float* vrows = vf;
     if (kType == KvType::kF32 && j0 % bs + kKeys <= bs) {
@@ -167,6 +197,9 @@ void attentionRowsFixed(const AttentionArgs& a, const RowTile& tile, int64_t kvh
     for (int64_t k = 0; k < kKeys; ++k) s[k] = Simd::loadf(pb + k * kLanes);
     if (j0 + kKeys - 1 > first) {
       for (int64_t k = 0; k < kKeys; ++k) s[k] = Simd::above(s[k], limits, j0 + k);
+    }
+    if (j0 < latest_start) {
+      for (int64_t k = 0; k < kKeys; ++k) s[k] = Simd::above(s[k], starts, -(j0 + k));
     }
     V peak = m;
     for (int64_t k = 0; k < kKeys; ++k) peak = Simd::max(peak, s[k]);

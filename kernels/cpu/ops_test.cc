@@ -154,11 +154,19 @@ struct Chunk {
 // with scales 0.5 for keys and 2 for values) against float64 over the values the cache holds
 // (decoded), and each token computed alone against the batch, bit for bit. Every cache row no
 // chunk has written is NaN, so reading one shows.
+// With `window` > 0 a token attends to its last `window` positions only; with `sinks`, each
+// head's softmax has a sink logit (random, around the scores' scale).
+struct AttentionVariant {
+  int64_t window = 0;
+  bool sinks = false;
+};
+
 void checkPagedAttention(KvType type, int64_t d, int64_t heads, int64_t kv_heads,
                          int64_t block_size, int64_t pool_blocks, const std::vector<Chunk>& chunks,
-                         float scale) {
+                         float scale, AttentionVariant variant = {}) {
   SCOPED_TRACE(testing::Message() << kvTypeName(type) << " d " << d << " heads " << heads << "/"
-                                  << kv_heads << " block " << block_size);
+                                  << kv_heads << " block " << block_size << " window "
+                                  << variant.window << (variant.sinks ? " sinks" : ""));
   std::mt19937 rng(17 + static_cast<int>(type) + static_cast<int>(d + heads + block_size));
   const int64_t row = kv_heads * d;
   std::vector<int32_t> positions;
@@ -196,6 +204,8 @@ void checkPagedAttention(KvType type, int64_t d, int64_t heads, int64_t kv_heads
       }
     }
   }
+  std::vector<float> sinks = randomVector(heads, rng);
+  for (float& x : sinks) x *= 2.0f;
   std::vector<float> out(tokens * heads * d, std::nanf(""));
   ThreadPool pool(2);
   const AttentionArgs args{.q = q.data(),
@@ -213,6 +223,8 @@ void checkPagedAttention(KvType type, int64_t d, int64_t heads, int64_t kv_heads
                            .kv_heads = kv_heads,
                            .head_dim = d,
                            .scale = scale,
+                           .sinks = variant.sinks ? sinks.data() : nullptr,
+                           .window = variant.window,
                            .out = out.data(),
                            .ldo = heads * d};
   attention(args, pool);
@@ -236,19 +248,22 @@ void checkPagedAttention(KvType type, int64_t d, int64_t heads, int64_t kv_heads
     };
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kvh = h / (heads / kv_heads);
-      std::vector<double> p(positions[t] + 1);
-      double peak = -1e300, total = 0;
-      for (int64_t j = 0; j <= positions[t]; ++j) {
+      const int64_t from =
+          variant.window > 0 ? std::max<int64_t>(0, positions[t] - variant.window + 1) : 0;
+      std::vector<double> p(positions[t] + 1, 0.0);
+      double peak = variant.sinks ? sinks[h] : -1e300, total = 0;
+      for (int64_t j = from; j <= positions[t]; ++j) {
         double dot = 0;
         for (int64_t e = 0; e < d; ++e)
           dot += double(q[(t * heads + h) * d + e]) * rowAt(k, j, kvh)[e];
         p[j] = dot * scale;
         peak = std::max(peak, p[j]);
       }
-      for (double& x : p) total += (x = std::exp(x - peak));
+      for (int64_t j = from; j <= positions[t]; ++j) total += (p[j] = std::exp(p[j] - peak));
+      if (variant.sinks) total += std::exp(sinks[h] - peak);
       for (int64_t e = 0; e < d; ++e) {
         double ref = 0;
-        for (int64_t j = 0; j <= positions[t]; ++j) ref += p[j] / total * rowAt(v, j, kvh)[e];
+        for (int64_t j = from; j <= positions[t]; ++j) ref += p[j] / total * rowAt(v, j, kvh)[e];
         ASSERT_NEAR(out[(t * heads + h) * d + e], ref, 2e-5)
             << "token " << t << " (position " << positions[t] << ") head " << h << " dim " << e;
       }
@@ -299,6 +314,30 @@ TEST(AttentionTest, PrefillChunksMatchFloat64ForEveryCacheType) {
     }
   }
   checkPagedAttention(KvType::kF32, 32, 6, 2, 16, 8, {{{3, 1, 6, 0, 7}, 0, 70}}, 0.3f);
+}
+
+// gpt-oss attention: sliding windows (shorter than a chunk of keys, across chunks, longer than
+// the context) and per-head sinks, alone and together, for decoding tokens and prefill tiles
+// on every kernel (head_dim 12: portable; 8: AVX2; 64: the widest); a token alone agrees with
+// its tile bit for bit, as without them.
+TEST(AttentionTest, SlidingWindowsAndSinksMatchFloat64) {
+  std::mt19937 rng(11);
+  std::vector<int32_t> order(24);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  const std::vector<int32_t> a(order.begin(), order.begin() + 12),
+      b(order.begin() + 12, order.end());
+  const std::vector<Chunk> chunks = {{a, 30, 41}, {b, 0, 9}, {b, 60, 1}, {a, 75, 1}};
+  for (KvType type : {KvType::kF32, KvType::kBf16, KvType::kFp8E4M3}) {
+    for (int64_t d : {8, 12, 64}) {
+      for (AttentionVariant variant :
+           {AttentionVariant{.window = 5}, AttentionVariant{.window = 21},
+            AttentionVariant{.window = 500}, AttentionVariant{.sinks = true},
+            AttentionVariant{.window = 7, .sinks = true}}) {
+        checkPagedAttention(type, d, 8, 2, 8, 24, chunks, 0.3f, variant);
+      }
+    }
+  }
 }
 
 // Codes as ml_dtypes rounds (tests/golden/gen_kv_format.py): nearest, ties to even.
