@@ -29,6 +29,7 @@ constexpr ArchName kArchitectures[] = {
     {"deepseek_v3", "deepseek2", Architecture::kDeepseekV3},
     // DeepSeek-V2 and V2-Lite: V3's graph with softmax routing (V2's defaults below).
     {"deepseek_v2", "deepseek2", Architecture::kDeepseekV3},
+    {"gpt_oss", "gpt-oss", Architecture::kGptOss},
 };
 
 std::string supportedList() {
@@ -96,6 +97,20 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
           moe.dense_layers.push_back(layer.get<uint32_t>());
         }
       }
+      break;
+    }
+    case Architecture::kGptOss: {
+      // The router's top-k logits softmaxed: the softmax over all, renormalized over the k.
+      CLEAVE_ASSIGN_OR_RETURN(moe.num_experts, f.uint("num_local_experts"));
+      CLEAVE_ASSIGN_OR_RETURN(
+          moe.experts_per_token,
+          f.uint(f.has("num_experts_per_tok") ? "num_experts_per_tok" : "experts_per_token"));
+      moe.expert_intermediate_size = config.intermediate_size;
+      moe.norm_topk_prob = true;
+      moe.router_bias = moe.expert_bias = true;
+      CLEAVE_ASSIGN_OR_RETURN(moe.swiglu_limit, f.numberOr("swiglu_limit", 7.0));
+      CLEAVE_ASSIGN_OR_RETURN(moe.swiglu_alpha, f.numberOr("swiglu_alpha", 1.702));
+      if (!(moe.swiglu_limit > 0)) return f.error("swiglu_limit", "must be > 0");
       break;
     }
     case Architecture::kDeepseekV3: {
@@ -166,6 +181,34 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
   return absl::OkStatus();
 }
 
+// gpt-oss's sliding-window layers: "sliding_window" positions on the layers "layer_types"
+// names "sliding_attention" (by default every even layer, as transformers fills it in).
+absl::Status parseSlidingLayers(const JsonFields& f, ModelConfig& c) {
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> window, f.optionalUint("sliding_window"));
+  if (!window || *window == 0) return absl::OkStatus();
+  c.sliding_window = *window;
+  c.sliding_layers.assign(c.num_layers, false);
+  const nlohmann::json* types = f.get("layer_types");
+  if (types == nullptr || types->is_null()) {
+    for (uint32_t l = 0; l < c.num_layers; l += 2) c.sliding_layers[l] = true;
+    return absl::OkStatus();
+  }
+  if (!types->is_array() || types->size() != c.num_layers) {
+    return f.error("layer_types",
+                   absl::StrCat("must list the ", c.num_layers, " layers' attention types"));
+  }
+  for (uint32_t l = 0; l < c.num_layers; ++l) {
+    const nlohmann::json& t = (*types)[l];
+    if (t == "sliding_attention") {
+      c.sliding_layers[l] = true;
+    } else if (t != "full_attention") {
+      return f.error("layer_types", absl::StrCat("layer ", l, ": ", t.dump(),
+                                                 " is not sliding_attention or full_attention"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status checkShape(const ModelConfig& c, const std::string& source) {
   auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
@@ -213,6 +256,10 @@ bool ModelConfig::isMoeLayer(uint32_t layer) const {
   return moe->sparse_step <= 1 || (layer + 1) % moe->sparse_step == 0;
 }
 
+uint32_t ModelConfig::attentionWindow(uint32_t layer) const {
+  return layer < sliding_layers.size() && sliding_layers[layer] ? sliding_window : 0;
+}
+
 absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::string& name) {
   nlohmann::json json = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
   if (json.is_discarded() || !json.is_object()) {
@@ -247,6 +294,11 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   CLEAVE_ASSIGN_OR_RETURN(c.attention_bias,
                           f.boolOr("attention_bias", c.architecture == Architecture::kQwen2));
   c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
+  if (c.architecture == Architecture::kGptOss) {
+    c.o_bias = c.attention_bias;
+    c.attention_sinks = true;
+    CLEAVE_RETURN_IF_ERROR(parseSlidingLayers(f, c));
+  }
 
   // Rope: legacy rope_theta + rope_scaling, or rope_parameters holding both.
   CLEAVE_ASSIGN_OR_RETURN(JsonFields rope_parameters, f.object("rope_parameters"));
@@ -303,6 +355,12 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
                      "qwen3moe, deepseek2)"));
   }
   c.architecture = arch->arch;
+  if (c.architecture == Architecture::kGptOss) {
+    return absl::UnimplementedError(
+        absl::StrCat(file.path(),
+                     ": gpt-oss is read from Hugging Face checkpoints only (config.json and "
+                     "safetensors); use the model's folder"));
+  }
   const std::string p = c.model_type + ".";
   auto u32 = [&](const std::string& key) -> absl::StatusOr<uint32_t> {
     CLEAVE_ASSIGN_OR_RETURN(uint64_t v, file.getUint(p + key));

@@ -3,7 +3,8 @@
 //
 // Supported families: Llama (Llama 2/3, SmolLM2), Qwen2 (QKV bias), Qwen3 (q/k RMSNorm),
 // and MoE: Mixtral, Qwen3-MoE, DeepSeek-V3 (sigmoid scoring with group-limited top-k,
-// shared experts) with multi-head latent attention (MlaConfig).
+// shared experts) with multi-head latent attention (MlaConfig), gpt-oss (attention sinks,
+// sliding-window layers, biased experts with a clamped SwiGLU).
 #pragma once
 
 #include <cstdint>
@@ -18,7 +19,7 @@ namespace cleave::model {
 
 class GgufFile;
 
-enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kDeepseekV3 };
+enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kDeepseekV3, kGptOss };
 
 const char* architectureName(Architecture arch);
 
@@ -62,6 +63,13 @@ struct MoeConfig {
   // Every `sparse_step`-th layer is MoE (Qwen3-MoE decoder_sparse_step); others dense.
   uint32_t sparse_step = 1;
   std::vector<uint32_t> dense_layers;  // Qwen3-MoE mlp_only_layers.
+  // gpt-oss: the router and every expert projection have biases, and an expert's
+  // activation is a clamped SwiGLU: g = min(gate, limit), u = clamp(up, -limit, limit),
+  // out = (u + 1) * g * sigmoid(alpha * g). swiglu_limit 0: SiLU(gate) * up.
+  bool router_bias = false;
+  bool expert_bias = false;
+  double swiglu_limit = 0.0;
+  double swiglu_alpha = 1.702;
 };
 
 // Multi-head latent attention (DeepSeek-V2/V3): every position caches one latent row,
@@ -95,6 +103,13 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // Q/K/V projections have biases (Qwen2).
   bool qk_norm = false;         // RMSNorm on Q and K per head (Qwen3).
+  bool o_bias = false;          // The output projection has a bias too (gpt-oss).
+  // A learned logit per query head joins each softmax's denominator (gpt-oss "sinks").
+  bool attention_sinks = false;
+  // Layers with sliding_layers[l] set attend to their last sliding_window positions only
+  // (gpt-oss: every other layer); empty: every layer attends to the whole context.
+  uint32_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
   std::optional<uint32_t> bos_token_id;
   // Where generation stops: config.json's eos_token_id and generation_config.json's (end of
   // turn); in a GGUF file the EOS, EOT and EOM ids.
@@ -106,6 +121,8 @@ struct ModelConfig {
 
   // True when layer `layer` uses the MoE block.
   bool isMoeLayer(uint32_t layer) const;
+  // The positions layer `layer` attends to, itself included; 0: all.
+  uint32_t attentionWindow(uint32_t layer) const;
 };
 
 // What one position leaves in one layer's KV cache: `parts` tensors of `heads` rows of

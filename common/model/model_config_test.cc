@@ -90,6 +90,23 @@ void checkConfig(const std::string& path, const nlohmann::json& want) {
       EXPECT_EQ(c.moe->first_k_dense, moe["first_k_dense_replace"].get<uint32_t>());
     }
   }
+  EXPECT_EQ(c.attention_sinks, want.value("attention_sinks", false));
+  EXPECT_EQ(c.o_bias, want.value("o_proj_bias", false));
+  EXPECT_EQ(c.rope_scaling.truncate, want.value("rope_truncate", true));
+  if (want.contains("sliding_window")) {
+    EXPECT_EQ(c.sliding_window, want["sliding_window"].get<uint32_t>());
+    ASSERT_EQ(c.sliding_layers.size(), want["layer_types"].size());
+    for (uint32_t l = 0; l < c.num_layers; ++l) {
+      const bool sliding = want["layer_types"][l] == "sliding_attention";
+      EXPECT_EQ(c.attentionWindow(l), sliding ? c.sliding_window : 0u) << "layer " << l;
+    }
+    EXPECT_DOUBLE_EQ(c.moe->swiglu_limit, want["swiglu_limit"].get<double>());
+    EXPECT_DOUBLE_EQ(c.moe->swiglu_alpha, want["swiglu_alpha"].get<double>());
+    EXPECT_TRUE(c.moe->router_bias && c.moe->expert_bias);
+  } else {
+    EXPECT_EQ(c.sliding_window, 0u);
+    EXPECT_EQ(c.attentionWindow(0), 0u);
+  }
   if (c.mla) {
     const nlohmann::json& dims = want["mla_dims"];
     EXPECT_EQ(c.mla->kv_lora_rank, dims["kv_lora_rank"].get<uint32_t>());
@@ -144,6 +161,12 @@ TEST(ModelConfigTest, BadFieldsNameTheFileAndField) {
        R"({"model_type":"mixtral","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":9})"},
       {"topk_method \"group_limited_greedy\"",
        R"({"model_type":"deepseek_v2","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"n_routed_experts":4,"num_experts_per_tok":2,"moe_intermediate_size":4,"topk_method":"group_limited_greedy","n_group":2,"topk_group":1,"kv_lora_rank":4,"qk_nope_head_dim":4,"qk_rope_head_dim":2,"v_head_dim":4})"},
+      {"layer_types must list the 2 layers",
+       R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":2,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":4,"layer_types":["full_attention"]})"},
+      {"layer_types layer 1: \"local\" is not sliding_attention or full_attention",
+       R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":2,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":4,"layer_types":["full_attention","local"]})"},
+      {"swiglu_limit must be > 0",
+       R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"swiglu_limit":0})"},
   };
   for (const auto& [expected, json] : cases) {
     auto config = parseConfigJson(json, "my/config.json");

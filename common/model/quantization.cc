@@ -153,6 +153,7 @@ const char* quantSchemeName(QuantScheme scheme) {
     case QuantScheme::kNone: return "none";
     case QuantScheme::kFp8: return "fp8";
     case QuantScheme::kNvfp4: return "nvfp4";
+    case QuantScheme::kMxfp4: return "mxfp4";
   }
   return "unknown";
 }
@@ -169,6 +170,7 @@ const char* quantFormatName(QuantFormat format) {
 
 std::string QuantizationInfo::describe() const {
   if (scheme == QuantScheme::kNone) return "none";
+  if (scheme == QuantScheme::kMxfp4) return "mxfp4 experts, groups of 32";
   std::string granularity;
   if (scheme == QuantScheme::kNvfp4) {
     granularity = absl::StrCat("groups of ", group_size);
@@ -210,10 +212,15 @@ absl::StatusOr<QuantizationInfo> readQuantizationInfo(const std::string& folder)
     CLEAVE_RETURN_IF_ERROR(parseCompressedTensors(*q, info));
     return info;
   }
+  if (method == "mxfp4") {
+    info.scheme = QuantScheme::kMxfp4;
+    info.group_size = 32;
+    return info;
+  }
   if (method != "fp8") {
-    return bad(info.source,
-               absl::StrCat("quantization_config.quant_method \"", method,
-                            "\" is not supported (supported: fp8, modelopt, compressed-tensors)"));
+    return bad(info.source, absl::StrCat("quantization_config.quant_method \"", method,
+                                         "\" is not supported (supported: fp8, modelopt, "
+                                         "compressed-tensors, mxfp4)"));
   }
   if (!readBlock(*q, "weight_block_size", info.block_rows, info.block_cols)) {
     return bad(info.source,

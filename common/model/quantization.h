@@ -26,6 +26,11 @@
 //    `<module>.weight_packed`; the global scale is stored as its reciprocal,
 //    value = e2m1 * (e4m3(scale) / weight_global_scale).
 //
+//  MXFP4 (gpt-oss as OpenAI publishes it; config.json "quantization_config": {"quant_method":
+//  "mxfp4"}): only the routed experts are quantized, E2M1 codes with an E8M0 exponent per 32
+//  elements, in tensors of their own (services/engine/gpt_oss_experts.h reads them); every
+//  other weight is stored as floats.
+//
 // Activation scales (input_scale, input_global_scale) are found and kept, not applied: the
 // engines run these checkpoints weight-only, activations in their compute precision.
 #pragma once
@@ -39,7 +44,7 @@
 
 namespace cleave::model {
 
-enum class QuantScheme { kNone, kFp8, kNvfp4 };
+enum class QuantScheme { kNone, kFp8, kNvfp4, kMxfp4 };
 enum class QuantFormat { kNone, kHfFp8, kModelOpt, kCompressedTensors };
 
 const char* quantSchemeName(QuantScheme scheme);

@@ -43,6 +43,18 @@ absl::Status gpuRopeSupported(const model::ModelConfig& c, cpu::RopePairing pair
                    rope.attentionFactor(), "); run this model with --backend cpu"));
 }
 
+// OK unless the model needs what the GPU kernels lack: gpt-oss's attention sinks, sliding
+// windows, output-projection bias and biased, clamped experts.
+absl::Status gpuGraphSupported(const model::ModelConfig& c) {
+  const bool biased_experts =
+      c.moe && (c.moe->router_bias || c.moe->expert_bias || c.moe->swiglu_limit > 0);
+  if (!c.attention_sinks && c.sliding_window == 0 && !c.o_bias && !biased_experts)
+    return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      c.source, ": the GPU kernels have no attention sinks, sliding windows or biased experts (",
+      c.model_type, "); run this model with --backend cpu"));
+}
+
 // A layer's matrices (cuda_weights.h): bf16 for cuBLASLt, or NVFP4 / FP8 128x128 as the
 // checkpoint stores them, for the skinny GEMM.
 struct DeviceLayer {
@@ -560,6 +572,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepareFor(const LlamaWei
                                                                   BackendMemory* memory = nullptr) {
   CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w.config.rope_scaling));
   CLEAVE_RETURN_IF_ERROR(gpuRopeSupported(w.config, w.rope_pairing));
+  CLEAVE_RETURN_IF_ERROR(gpuGraphSupported(w.config));
   const bool bias = !w.layers.empty() && !w.layers[0].bq.empty();
   const bool qk_norm = !w.layers.empty() && !w.layers[0].q_norm.empty();
   const bool tied =

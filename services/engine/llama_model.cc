@@ -275,10 +275,13 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
                   .kv_heads = kv_heads,
                   .head_dim = head_dim,
                   .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                  .sinks = layer.sinks.empty() ? nullptr : layer.sinks.data(),
+                  .window = c.attentionWindow(static_cast<uint32_t>(l)),
                   .out = attn_.data(),
                   .ldo = q_dim},
                  pool_);
   checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
+  if (!layer.bo.empty()) addRowBias(h_.data(), layer.bo.data(), n, hidden);
   addLora(l, attn_.data(), q_dim, {{LoraTarget::kO, h_.data(), hidden}});
 }
 

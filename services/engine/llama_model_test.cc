@@ -275,10 +275,12 @@ TEST(KQuantGgufTest, MatchesTheModelItStoresAsCloselyAsLlamaCppDoes) {
 }
 
 // The same tokens give the same logits whether a sequence runs alone or batched with
-// others, whole or in prefill chunks, with its blocks anywhere in the cache.
+// others, whole or in prefill chunks, with its blocks anywhere in the cache (gpt-oss: its
+// 4-position windows start mid-block and span blocks).
 TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
   for (const std::string& path :
-       {std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llama_f32", kModel}) {
+       {std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llama_f32",
+        std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/gpt_oss_f32", kModel}) {
     if (!std::filesystem::exists(path)) continue;
     SCOPED_TRACE(path);
     auto weights = loadLlama(path);
@@ -462,7 +464,7 @@ INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                                            "deepseek_v3_moe_f32", "deepseek_v2_yarn_f32",
                                            "deepseek_v3_bf16", "deepseek_v2_lite_f32",
                                            "deepseek_v2_moe_f32", "mixtral_f32.gguf",
-                                           "qwen3_moe_f32.gguf"));
+                                           "qwen3_moe_f32.gguf", "gpt_oss_f32"));
 
 // FP8 and NVFP4 checkpoints in the ModelOpt and compressed-tensors conventions
 // (tests/golden/quantize_formats.py), run weight-only.
@@ -470,7 +472,8 @@ INSTANTIATE_TEST_SUITE_P(Quantized, HfLogitsTest,
                          ::testing::Values("llama_fp8_block128", "llama_fp8_modelopt",
                                            "llama_fp8_ct_channel", "llama_fp8_ct_block",
                                            "llama_nvfp4_modelopt", "llama_nvfp4_ct",
-                                           "qwen3_moe_nvfp4_ct", "deepseek_v3_fp8_block128"));
+                                           "qwen3_moe_nvfp4_ct", "deepseek_v3_fp8_block128",
+                                           "gpt_oss_mxfp4"));
 
 }  // namespace
 }  // namespace cleave::engine

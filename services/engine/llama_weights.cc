@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/model/quantization.h"
 #include "common/status_macros.h"
+#include "services/engine/gpt_oss_experts.h"
 
 namespace cleave::engine {
 namespace {
@@ -225,6 +226,8 @@ class SafetensorsSource final : public TensorSource {
         {"q_bias", "self_attn.q_proj.bias"},
         {"k_bias", "self_attn.k_proj.bias"},
         {"v_bias", "self_attn.v_proj.bias"},
+        {"o_bias", "self_attn.o_proj.bias"},
+        {"sinks", "self_attn.sinks"},
         {"q_norm", "self_attn.q_norm.weight"},
         {"k_norm", "self_attn.k_norm.weight"},
         {"q_a", "self_attn.q_a_proj.weight"},
@@ -305,9 +308,20 @@ class SafetensorsSource final : public TensorSource {
   }
   // Mixtral names its MoE block "block_sparse_moe" with experts w1 (gate), w3 (up),
   // w2 (down); Qwen3-MoE and DeepSeek-V3 "mlp" with gate_proj / up_proj / down_proj, and
-  // DeepSeek adds gate.e_score_correction_bias and shared_experts.
+  // DeepSeek adds gate.e_score_correction_bias and shared_experts; gpt-oss has a biased
+  // mlp.router and stacked experts (gpt_oss_experts.h).
   absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
                                const ShardDims& dims) const override {
+    if (c.architecture == Architecture::kGptOss) {
+      const std::string base = absl::StrCat("model.layers.", layer, ".mlp.router.");
+      MoeBlock block;
+      CLEAVE_ASSIGN_OR_RETURN(block.router,
+                              matrix(base + "weight", c.moe->num_experts, c.hidden_size));
+      CLEAVE_ASSIGN_OR_RETURN(block.router_bias, vector(base + "bias", c.moe->num_experts));
+      block.expert_begin = dims.experts.begin;
+      CLEAVE_ASSIGN_OR_RETURN(block.experts, loadGptOssExperts(ckpt_, c, dims, layer));
+      return block;
+    }
     const bool mixtral = c.architecture == Architecture::kMixtral;
     const std::string base =
         absl::StrCat("model.layers.", layer, ".", mixtral ? "block_sparse_moe." : "mlp.");
@@ -425,6 +439,12 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
       CLEAVE_ASSIGN_OR_RETURN(layer.bq, f.vector(name("q_bias"), q_dim, q_part));
       CLEAVE_ASSIGN_OR_RETURN(layer.bk, f.vector(name("k_bias"), kv_dim, kv_part));
       CLEAVE_ASSIGN_OR_RETURN(layer.bv, f.vector(name("v_bias"), kv_dim, kv_part));
+    }
+    if (c.o_bias && d.heads.begin == 0) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.bo, f.vector(name("o_bias"), hidden));
+    }
+    if (c.attention_sinks) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.sinks, f.vector(name("sinks"), c.num_heads, d.heads));
     }
     if (c.qk_norm) {
       CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, f.vector(name("q_norm"), c.head_dim));

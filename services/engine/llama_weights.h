@@ -38,6 +38,10 @@ struct LlamaLayer {
   std::optional<MlaWeights> mla;
   // Qwen2: biases of the Q/K/V projections (empty when the model has none).
   std::vector<float> bq, bk, bv;
+  // gpt-oss: the O projection's bias ([hidden]; held by the rank with the first heads, whose
+  // partial sum it joins, and empty elsewhere) and each query head's attention sink logit
+  // ([heads]).
+  std::vector<float> bo, sinks;
   // Qwen3: RMSNorm weights applied to each Q and K head before RoPE ([head_dim]; empty when
   // the model has none).
   std::vector<float> q_norm, k_norm;

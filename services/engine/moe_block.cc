@@ -12,6 +12,26 @@
 
 namespace cleave::engine {
 
+namespace {
+
+void addBias(float* x, const std::vector<float>& bias, int64_t rows) {
+  const int64_t cols = static_cast<int64_t>(bias.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < cols; ++i) x[r * cols + i] += bias[i];
+  }
+}
+
+// gpt-oss's expert activation (MoeConfig::swiglu_limit), into `gate`.
+void clampedSwiglu(float* gate, const float* up, int64_t n, float limit, float alpha) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::clamp(up[i], -limit, limit);
+    gate[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+  }
+}
+
+}  // namespace
+
 int64_t MoeBlock::bytes() const {
   int64_t total = router.bytes() +
                   (shared ? shared->gate.bytes() + shared->up.bytes() + shared->down.bytes() : 0);
@@ -92,7 +112,16 @@ void MoeRunner::runExpert(const MoeExpert& expert, int64_t m) {
   checkedMatmulsOfOneInput(gathered_.data(), hidden_, m,
                            {{&expert.gate, gate_.data(), ffn}, {&expert.up, up_.data(), ffn}},
                            pool_);
-  cpu::siluMul(gate_.data(), up_.data(), ffn, m, ffn, gate_.data(), ffn);
+  if (!expert.gate_bias.empty()) {
+    addBias(gate_.data(), expert.gate_bias, m);
+    addBias(up_.data(), expert.up_bias, m);
+  }
+  if (config_.swiglu_limit > 0) {
+    clampedSwiglu(gate_.data(), up_.data(), m * ffn, static_cast<float>(config_.swiglu_limit),
+                  static_cast<float>(config_.swiglu_alpha));
+  } else {
+    cpu::siluMul(gate_.data(), up_.data(), ffn, m, ffn, gate_.data(), ffn);
+  }
   CLEAVE_CHECK_OK(cpu::matmul({.weight = &expert.down,
                                .x = gate_.data(),
                                .ldx = ffn,
@@ -100,6 +129,7 @@ void MoeRunner::runExpert(const MoeExpert& expert, int64_t m) {
                                .y = expert_out_.data(),
                                .ldy = hidden_},
                               pool_));
+  if (!expert.down_bias.empty()) addBias(expert_out_.data(), expert.down_bias, m);
 }
 
 void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, float* out) {
@@ -112,6 +142,7 @@ void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, f
                                .y = router_logits_.data(),
                                .ldy = experts},
                               pool_));
+  if (!block.router_bias.empty()) addBias(router_logits_.data(), block.router_bias, tokens);
   // Per expert, the tokens routed to it and their weights.
   std::vector<std::vector<std::pair<int64_t, float>>> assigned(experts);
   for (int64_t t = 0; t < tokens; ++t) {

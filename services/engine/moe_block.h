@@ -1,6 +1,7 @@
-// The mixture-of-experts MLP of Mixtral, Qwen3-MoE and DeepSeek-V3: a router picks k of E
-// experts per token (softmax top-k, optionally renormalized; or DeepSeek's sigmoid scores
-// with a correction bias and group-limited top-k), each expert is a SwiGLU MLP, and a
+// The mixture-of-experts MLP of Mixtral, Qwen3-MoE, DeepSeek-V3 and gpt-oss: a router picks k
+// of E experts per token (softmax top-k, optionally renormalized; or DeepSeek's sigmoid scores
+// with a correction bias and group-limited top-k), each expert is a SwiGLU MLP (gpt-oss: with
+// biases and a clamped SwiGLU, MoeConfig::swiglu_limit), and a
 // token's output is the weighted sum of its experts' outputs plus, for DeepSeek, the
 // shared experts' output. Tokens are grouped by expert so each expert's weights are read once per
 // step for all the tokens routed to it.
@@ -22,6 +23,10 @@ struct MoeExpert {
   cpu::CpuMatrix gate;  // [expert_intermediate, hidden]
   cpu::CpuMatrix up;    // [expert_intermediate, hidden]
   cpu::CpuMatrix down;  // [hidden, expert_intermediate]
+  // gpt-oss's biases ([expert_intermediate], [expert_intermediate], [hidden]); empty when
+  // the model has none. A rank holding some of an expert's columns adds down_bias only if
+  // it holds the first (the others' sums are partial).
+  std::vector<float> gate_bias, up_bias, down_bias;
 };
 
 struct MoeBlock {
@@ -31,6 +36,7 @@ struct MoeBlock {
   int64_t expert_begin = 0;
   std::vector<MoeExpert> experts;
   std::vector<float> score_bias;    // [experts]; DeepSeek-V3's correction bias (else empty).
+  std::vector<float> router_bias;   // [experts]; added to the router's logits (gpt-oss).
   std::optional<MoeExpert> shared;  // DeepSeek's always-on shared experts, as one MLP.
   int64_t bytes() const;
 };

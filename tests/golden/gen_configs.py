@@ -134,6 +134,27 @@ CASES: dict[str, dict] = {
         "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "initializer_range": 0.02, "use_cache": True,
     },
+    # gpt-oss-20b as OpenAI publishes it (the MXFP4 quantization_config included): sliding and
+    # full attention layers alternating, experts_per_token next to num_experts_per_tok, YaRN
+    # without truncation.
+    "gpt_oss_20b": {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
+        "attention_dropout": 0.0, "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64,
+        "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+        "intermediate_size": 2880,
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(24)],
+        "max_position_embeddings": 131072, "num_attention_heads": 64, "num_experts_per_tok": 4,
+        "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32,
+        "output_router_logits": False, "pad_token_id": 199999,
+        "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                           "model.embed_tokens", "lm_head"],
+                                "quant_method": "mxfp4"},
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                         "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+        "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+        "tie_word_embeddings": False, "use_cache": True, "vocab_size": 201088,
+    },
     # Not a decoder family Cleave serves: the loader must reject it cleanly.
     "gpt2_unsupported": {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
@@ -143,7 +164,7 @@ CASES: dict[str, dict] = {
     },
 }
 
-SUPPORTED = {"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3"}
+SUPPORTED = {"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
 
 MODELING_FACTS = {
     # model_type: (file, must-contain snippet, facts)
@@ -157,6 +178,13 @@ MODELING_FACTS = {
                  "self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=False)"],
                 {"norm_topk_prob": True, "scoring": "softmax", "attention_bias": False,
                  "moe_intermediate_size": "intermediate_size"}),
+    "gpt_oss": ("gpt_oss/modeling_gpt_oss.py",
+                ["router_scores = torch.nn.functional.softmax(router_top_value, dim=1, dtype=router_top_value.dtype)",
+                 "self.intermediate_size = config.intermediate_size",
+                 "self.sinks = nn.Parameter(torch.empty(config.num_attention_heads))",
+                 "config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_bias"],
+                {"norm_topk_prob": True, "scoring": "softmax", "moe_intermediate_size": "intermediate_size",
+                 "attention_sinks": True, "o_proj_bias": "attention_bias"}),
     "qwen3_moe": ("qwen3_moe/modeling_qwen3_moe.py",
                   ["router_probs = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)"],
                   {"scoring": "softmax"}),
@@ -232,11 +260,19 @@ def derive(cfg, name: str, raw: dict) -> dict:
         for k, v in facts.items():
             if v == "intermediate_size":  # experts sized by the dense field
                 v = cfg.intermediate_size
+            elif v == "attention_bias":  # gpt-oss: O has a bias when Q/K/V have one
+                v = cfg.attention_bias
             tgt = e["moe"] if k in moe else e
             if tgt.get(k) is None:
                 tgt[k] = v
                 from_code[k] = f"transformers/models/{rel}"
     e["from_modeling_code"] = from_code
+    if mt == "gpt_oss":
+        e["sliding_window"] = cfg.sliding_window
+        e["layer_types"] = list(cfg.layer_types)
+        e["swiglu_limit"] = cfg.swiglu_limit
+        e["swiglu_alpha"] = cfg.swiglu_alpha
+        e["rope_truncate"] = rp.get("truncate", True)
     e["mla"] = mt == "deepseek_v3"
     if mt == "deepseek_v3":
         e["mla_dims"] = {k: getattr(cfg, k) for k in

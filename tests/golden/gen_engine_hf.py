@@ -44,8 +44,8 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
     sys.exit(0)
 import transformers
 from safetensors import safe_open
-from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, LlamaConfig, MixtralConfig,
-                          Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, GptOssConfig, LlamaConfig,
+                          MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DATA_DIR, b64, fnv1a64, pkg_version, write_json  # noqa: E402
@@ -191,6 +191,23 @@ CASES["deepseek_v3_bf16"] = (DeepseekV3Config, CASES["deepseek_v3_moe_f32"][1], 
 CASES["qwen3_moe_nvfp4_ct"] = (Qwen3MoeConfig, CASES["qwen3_moe_f32"][1], 108, "nvfp4_ct")
 
 
+# gpt-oss: per-head attention sinks, sliding windows of 4 positions on the even layers (shorter
+# than every prompt, so they bind), biases on Q/K/V/O, the router and the experts, and the
+# experts' clamped SwiGLU with a limit that binds on random weights (the real models' 7 would
+# not); YaRN as gpt-oss uses it (truncate false), scaled down to these positions.
+CASES["gpt_oss_f32"] = (GptOssConfig, dict(
+    hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, vocab_size=509, max_position_embeddings=256, rms_norm_eps=1e-5, num_local_experts=8,
+    num_experts_per_tok=2, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+    swiglu_limit=0.6, attention_bias=True, tie_word_embeddings=False,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                     "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64},
+    bos_token_id=0, eos_token_id=1), 116, torch.float32)
+# The same model with its experts in MXFP4 as OpenAI publishes gpt-oss (E2M1 codes with an E8M0
+# exponent per 32 elements, in _blocks and _scales tensors); everything else stays float.
+CASES["gpt_oss_mxfp4"] = (GptOssConfig, CASES["gpt_oss_f32"][1], 116, "mxfp4_experts")
+
+
 # ---------------------------------------------------------------- helpers
 def f32_bytes(t: torch.Tensor) -> bytes:
     return np.ascontiguousarray(t.detach().to(torch.float32).cpu().numpy(), dtype="<f4").tobytes()
@@ -213,6 +230,8 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             if name.endswith("norm.weight"):
                 assert p.dim() == 1, name
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith(".sinks"):  # gpt-oss: logits beside the scores, of their size
+                p.copy_(torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             else:

@@ -25,10 +25,15 @@ Kinds
                   tensors by compressed-tensors' own ModelOpt converter (weight_packed,
                   weight_global_scale = 1 / weight_scale_2, input_global_scale) with the
                   quantization_config compressed-tensors itself serializes.
+  mxfp4_experts   gpt-oss as OpenAI publishes it: only the stacked experts (gate_up_proj,
+                  down_proj) quantized, to U8 _blocks (E2M1 codes, low nibble first) and U8
+                  _scales (E8M0 exponents, one per 32 elements along the input), outputs
+                  first; config.json quantization_config {"quant_method": "mxfp4"}.
 
 Cross-checks (asserted): compressed-tensors' dequantize() reproduces the decoded weights
 of the fp8_ct_* kinds bit for bit, its unpack_fp4_from_uint8 + dequantize() those of
-nvfp4_ct, and torch's float8_e4m3fn decoding is used for every E4M3 value.
+nvfp4_ct, transformers' own MXFP4 converter (convert_moe_packed_tensors) those of
+mxfp4_experts, and torch's float8_e4m3fn decoding is used for every E4M3 value.
 """
 from __future__ import annotations
 
@@ -44,7 +49,10 @@ E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 BLOCK = (16, 32)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3",
            "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")  # the last four: DeepSeek's MLA
-KINDS = ("fp8_hf", "fp8_hf_128", "fp8_modelopt", "fp8_ct_channel", "fp8_ct_block", "nvfp4_modelopt", "nvfp4_ct")
+KINDS = ("fp8_hf", "fp8_hf_128", "fp8_modelopt", "fp8_ct_channel", "fp8_ct_block", "nvfp4_modelopt", "nvfp4_ct",
+         "mxfp4_experts")
+MXFP4_GROUP = 32
+MXFP4_EXPERTS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
 
 
 def is_quantized_linear(name: str, t: torch.Tensor) -> bool:
@@ -170,8 +178,52 @@ def quantize_one(name: str, w: torch.Tensor, kind: str) -> tuple[dict, torch.Ten
     return converted, dec
 
 
+def mxfp4_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """MXFP4 of stacked experts stored inputs first ([experts, in, out]): per 32 inputs of an
+    output row, the exponent 2^e with e = ceil(log2(amax / 6)) (the group's largest value fits
+    E2M1's 6), E2M1 codes of w / 2^e. Returns blocks [experts, out, in / 32, 16], scales
+    [experts, out, in / 32] (e + 127) and the decoded [experts, in, out]."""
+    rows_first = w.transpose(1, 2).contiguous()
+    experts, rows, cols = rows_first.shape
+    assert cols % MXFP4_GROUP == 0, cols
+    groups = rows_first.reshape(experts, rows, cols // MXFP4_GROUP, MXFP4_GROUP)
+    amax = groups.abs().amax(-1)
+    exponent = torch.where(amax > 0, torch.ceil(torch.log2(amax / E2M1_MAX)), torch.full_like(amax, -127.0))
+    exponent = exponent.clamp(-127, 127)
+    codes = e2m1_codes(groups / torch.exp2(exponent).unsqueeze(-1))
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    decoded = e2m1_decode(codes) * torch.exp2(exponent).unsqueeze(-1)
+    scales = (exponent + 127).to(torch.uint8)
+    return blocks, scales, decoded.reshape(experts, rows, cols).transpose(1, 2).contiguous()
+
+
+def quantize_mxfp4_experts(folder: Path) -> dict[str, torch.Tensor]:
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    tensors = load_file(str(folder / "model.safetensors"))
+    out, decoded = {}, {}
+    for name, t in tensors.items():
+        if not name.endswith(MXFP4_EXPERTS):
+            out[name] = t
+            continue
+        blocks, scales, dec = mxfp4_experts(t.to(torch.float32))
+        out[name + "_blocks"], out[name + "_scales"] = blocks, scales
+        theirs = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+        assert torch.equal(theirs, dec), name
+        decoded[name] = dec
+    assert decoded, "no stacked experts found"
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4",
+                                  "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                             "model.embed_tokens", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return decoded
+
+
 def quantize_checkpoint(folder: Path, kind: str) -> dict[str, torch.Tensor]:
     assert kind in KINDS, kind
+    if kind == "mxfp4_experts":
+        return quantize_mxfp4_experts(folder)
     tensors = load_file(str(folder / "model.safetensors"))
     out, decoded = {}, {}
     for name, t in tensors.items():
@@ -210,8 +262,9 @@ def write_decoded_checkpoint(src: Path, dst: Path, decoded: dict[str, torch.Tens
         module = name.rsplit(".", 1)[0]
         if name in decoded:
             float_tensors[name] = decoded[name].contiguous()
-        elif module + ".weight" in decoded:
-            continue  # a scale or the packed codes of a decoded weight
+        elif module + ".weight" in decoded or (name.endswith(("_blocks", "_scales"))
+                                               and name.rsplit("_", 1)[0] in decoded):
+            continue  # a scale or the packed codes of a decoded weight (MXFP4: x_blocks, x_scales)
         else:
             float_tensors[name] = t
     for name, t in decoded.items():
