@@ -57,6 +57,13 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// True (after saying why on stderr) when `status` is an error.
+bool failed(const absl::Status& status) {
+  if (status.ok()) return false;
+  std::fprintf(stderr, "bench_engine: %s\n", std::string(status.message()).c_str());
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -112,15 +119,10 @@ int main(int argc, char** argv) {
   if (given.attention_flops > 0) hw.attention_flops = given.attention_flops;
   double weight_bytes = 0;
   for (int r = 0; r < tp; ++r) weight_bytes += static_cast<double>(model.weightBytes(r));
-  auto floorOf = [&](int64_t sequences, int64_t tokens, int64_t attended, int64_t kv_positions) {
-    return roofline::stepFloor(c, hw,
-                               {.sequences = sequences,
-                                .new_tokens = tokens,
-                                .attended = attended,
-                                .kv_positions = kv_positions,
-                                .weight_bytes = weight_bytes,
-                                .bytes_per_kv = static_cast<double>(cpu::kvElementBytes(kv_type))})
-        .value();
+  auto floorOf = [&](roofline::Workload w) {
+    w.weight_bytes = weight_bytes;
+    w.bytes_per_kv = static_cast<double>(cpu::kvElementBytes(kv_type));
+    return roofline::stepFloor(c, hw, w).value();
   };
   std::printf(
       "model %s: %.1f MB of weights read per step; %d threads, tp %d, %s KV cache; measured "
@@ -143,12 +145,14 @@ int main(int argc, char** argv) {
   const int64_t longest = *std::max_element(prefill_lengths.begin(), prefill_lengths.end());
   const int64_t num_blocks =
       std::max<int64_t>(64 * ((context + 8 * (reps + 1) + 1) / 16 + 1), longest / 16 + 1) + 40;
-  if (!model.allocateKv(num_blocks, 16).ok()) return 1;
+  if (failed(model.allocateKv(num_blocks, 16))) return 1;
   engine::KvBlockPool cache({.block_size = 16, .num_blocks = num_blocks});
   std::mt19937 rng(1);
   auto randomTokens = [&](int n) {
     std::vector<uint32_t> t(n);
-    for (auto& id : t) id = 1000 + rng() % 20000;  // Ordinary vocabulary, not specials.
+    // Ordinary vocabulary, not specials (a tiny test model's: all of it).
+    const uint32_t vocab = c.vocab_size;
+    for (auto& id : t) id = vocab > 21000 ? 1000 + rng() % 20000 : rng() % vocab;
     return t;
   };
 
@@ -159,7 +163,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps + 1; ++r) {
       engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks};
       auto start = Clock::now();
-      if (!model.forward({&chunk, 1}).ok()) return 1;
+      if (failed(model.forward({&chunk, 1}).status())) return 1;
       if (r > 0)
         times.push_back(
             std::chrono::duration<double>(Clock::now() - start).count());  // r = 0 warms up.
@@ -169,7 +173,7 @@ int main(int argc, char** argv) {
     char name[32];
     std::snprintf(name, sizeof(name), "prefill %d", length);
     // Causal attention: token i attends over i + 1 positions.
-    report(name, t, length, floorOf(1, length, int64_t{length} * (length + 1) / 2, length));
+    report(name, t, length, floorOf(roofline::prefillChunk(length, 0, c.sliding_window)));
   }
 
   for (int batch : batches) {
@@ -183,8 +187,8 @@ int main(int argc, char** argv) {
     }
     for (int s = 0; s < batch; ++s)
       prefill.push_back({.tokens = prompts[s], .start = 0, .blocks = tables[s]});
-    if (!model.forward(prefill).ok()) return 1;
-    std::vector<uint32_t> next(batch, 1234);
+    if (failed(model.forward(prefill).status())) return 1;
+    std::vector<uint32_t> next(batch, 1234 % c.vocab_size);
     std::vector<double> times;
     int64_t position = context;
     for (int r = 0; r < reps + 1; ++r) {
@@ -193,7 +197,7 @@ int main(int argc, char** argv) {
         std::vector<engine::SequenceChunk> decode;
         for (int s = 0; s < batch; ++s)
           decode.push_back({.tokens = {&next[s], 1}, .start = position, .blocks = tables[s]});
-        if (!model.forward(decode).ok()) return 1;
+        if (failed(model.forward(decode).status())) return 1;
       }
       if (r > 0)
         times.push_back(std::chrono::duration<double>(Clock::now() - start).count() / steps);
@@ -204,7 +208,7 @@ int main(int argc, char** argv) {
     std::snprintf(name, sizeof(name), "decode batch %d", batch);
     // Positions attended in the middle step of a timed run.
     const int64_t positions = context + steps / 2 + 1;
-    report(name, t, batch, floorOf(batch, batch, batch * positions, batch * positions));
+    report(name, t, batch, floorOf(roofline::decodeStep(batch, positions, c.sliding_window)));
   }
   return 0;
 }

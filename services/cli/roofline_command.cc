@@ -102,9 +102,9 @@ int runRoofline(int argc, char** argv) {
   for (Case c :
        {Case{absl::StrFormat("decode step: %lld sequences x %lld positions",
                              static_cast<long long>(concurrency), static_cast<long long>(context)),
-             roofline::decodeStep(concurrency, context)},
+             roofline::decodeStep(concurrency, context, config->sliding_window)},
         Case{absl::StrFormat("prefill chunk: %lld tokens", static_cast<long long>(prefill)),
-             roofline::prefillChunk(prefill, 0)}}) {
+             roofline::prefillChunk(prefill, 0, config->sliding_window)}}) {
     c.workload.tp = static_cast<int>(tp);
     c.workload.bytes_per_weight = format->first;
     c.workload.bytes_per_kv = kv_bytes;

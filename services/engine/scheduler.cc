@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "services/engine/regex_constraint.h"
+#include "services/roofline/roofline.h"
 
 namespace cleave::engine {
 
@@ -638,11 +639,16 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   last_batch_sequences_ = static_cast<int64_t>(batch.size());
   last_decode_sequences_ = decodingSequences();
   last_work_ = {};
+  const int64_t window = model_.config().sliding_window;
   for (const SequenceChunk& chunk : batch) {
     const int64_t n = static_cast<int64_t>(chunk.tokens.size());
     last_work_.tokens += n;
-    last_work_.attended += n * chunk.start + n * (n + 1) / 2;  // Token i sees start + i + 1.
-    last_work_.kv_positions += chunk.start + n;
+    const roofline::AttentionSpan all = roofline::attentionSpan(chunk.start, n, 0);
+    const roofline::AttentionSpan windowed = roofline::attentionSpan(chunk.start, n, window);
+    last_work_.attended += all.attended;
+    last_work_.kv_positions += all.kv_positions;
+    last_work_.windowed_attended += windowed.attended;
+    last_work_.windowed_kv_positions += windowed.kv_positions;
     if (chunk.logits > 1) last_work_.drafted += chunk.logits - 1;
   }
   // A row whose chunk ends its prompt samples; the backend draws it where it can.

@@ -195,6 +195,9 @@ class Scheduler {
     int64_t tokens = 0;
     int64_t attended = 0;
     int64_t kv_positions = 0;
+    // The same in the sliding-window layers (roofline::Workload).
+    int64_t windowed_attended = 0;
+    int64_t windowed_kv_positions = 0;
     int64_t drafted = 0;
     int64_t accepted = 0;
   };

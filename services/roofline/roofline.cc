@@ -101,19 +101,38 @@ absl::StatusOr<Hardware> builtinHardware(const std::string& name, const std::str
                   .link_latency = p.latency};
 }
 
-Workload decodeStep(int64_t sequences, int64_t context) {
-  return {.sequences = sequences,
-          .new_tokens = sequences,
-          .attended = sequences * context,
-          .kv_positions = sequences * context};
+AttentionSpan attentionSpan(int64_t start, int64_t tokens, int64_t window) {
+  if (tokens <= 0) return {};
+  // Token i (from 0) sees min(start + i + 1, window) positions: the sum of min(x, window)
+  // over x in [start + 1, start + tokens].
+  const int64_t first = start + 1, last = start + tokens;
+  if (window <= 0) return {.attended = (first + last) * tokens / 2, .kv_positions = last};
+  const int64_t top = std::min(last, window);
+  int64_t attended = tokens * window;
+  if (first <= top) attended = (first + top) * (top - first + 1) / 2 + (last - top) * window;
+  return {.attended = attended, .kv_positions = last - std::max<int64_t>(0, start - window + 1)};
 }
 
-Workload prefillChunk(int64_t tokens, int64_t context) {
-  // Token i (from 0) attends over context + i + 1 positions.
+Workload decodeStep(int64_t sequences, int64_t context, int64_t window) {
+  const AttentionSpan all = attentionSpan(context - 1, context > 0 ? 1 : 0, 0);
+  const AttentionSpan windowed = attentionSpan(context - 1, context > 0 ? 1 : 0, window);
+  return {.sequences = sequences,
+          .new_tokens = sequences,
+          .attended = sequences * all.attended,
+          .kv_positions = sequences * all.kv_positions,
+          .windowed_attended = sequences * windowed.attended,
+          .windowed_kv_positions = sequences * windowed.kv_positions};
+}
+
+Workload prefillChunk(int64_t tokens, int64_t context, int64_t window) {
+  const AttentionSpan all = attentionSpan(context, tokens, 0);
+  const AttentionSpan windowed = attentionSpan(context, tokens, window);
   return {.sequences = 1,
           .new_tokens = tokens,
-          .attended = tokens * context + tokens * (tokens + 1) / 2,
-          .kv_positions = context + tokens};
+          .attended = all.attended,
+          .kv_positions = all.kv_positions,
+          .windowed_attended = windowed.attended,
+          .windowed_kv_positions = windowed.kv_positions};
 }
 
 double expectedDistinctExperts(int64_t experts, int64_t k, int64_t tokens) {
@@ -133,6 +152,9 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
   int64_t moe_layers = 0;
   for (uint32_t l = 0; l < c.num_layers; ++l) moe_layers += c.isMoeLayer(l);
   const int64_t dense_layers = c.num_layers - moe_layers;
+  int64_t sliding = 0;  // Layers attending to a window only.
+  for (uint32_t l = 0; l < c.num_layers; ++l) sliding += c.attentionWindow(l) > 0;
+  const double full = static_cast<double>(c.num_layers - sliding);
   Terms t;
   // Parameters read, and parameters each token multiplies with.
   double read = c.num_layers * attentionParams(c) + dense_layers * 3.0 * h * c.intermediate_size;
@@ -151,12 +173,14 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
   t.weight_bytes = w.weight_bytes > 0 ? w.weight_bytes : read * w.bytes_per_weight / tp;
   // MLA's latent is shared by all heads, so every rank keeps all of it.
   const double kv_share = c.mla ? 1.0 : 1.0 / std::min<double>(tp, c.num_kv_heads);
-  t.kv_bytes = double(w.kv_positions) * c.num_layers * kvElements(c) * w.bytes_per_kv * kv_share;
+  const double kv_positions = w.kv_positions * full + double(w.windowed_kv_positions) * sliding;
+  t.kv_bytes = kv_positions * kvElements(c) * w.bytes_per_kv * kv_share;
   // The residual stream read and written once per layer, in 16 bits.
   t.activation_bytes = double(w.new_tokens) * h * 2 * 2 * c.num_layers;
   t.linear_flops = (2.0 * w.new_tokens * per_token + 2.0 * w.sequences * lm_head) / tp;
   const auto [qk, v] = headDims(c);
-  t.attention_flops = 2.0 * w.attended * c.num_heads * (qk + v) * c.num_layers / tp;
+  const double attended = w.attended * full + double(w.windowed_attended) * sliding;
+  t.attention_flops = 2.0 * attended * c.num_heads * (qk + v) / tp;
   t.memory_seconds = (t.weight_bytes + t.kv_bytes + t.activation_bytes) / hw.bandwidth;
   t.compute_seconds = t.linear_flops / hw.peak_flops + t.attention_flops / hw.attention_flops;
   if (w.tp > 1 && hw.link_bandwidth > 0) {

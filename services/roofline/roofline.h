@@ -38,10 +38,14 @@ std::vector<std::string> builtinHardwareNames();
 
 struct Workload {
   int tp = 1;
-  int64_t sequences = 1;        // In the step.
-  int64_t new_tokens = 1;       // Tokens computed (decode: one per sequence).
-  int64_t attended = 0;         // Positions attended, summed over the new tokens (FLOPs).
-  int64_t kv_positions = 0;     // Distinct positions whose KV the step reads (bytes).
+  int64_t sequences = 1;     // In the step.
+  int64_t new_tokens = 1;    // Tokens computed (decode: one per sequence).
+  int64_t attended = 0;      // Positions attended, summed over the new tokens (FLOPs).
+  int64_t kv_positions = 0;  // Distinct positions whose KV the step reads (bytes).
+  // The same two in the model's sliding-window layers (ModelConfig::sliding_window), which
+  // see only a token's last positions; unused when the model has none.
+  int64_t windowed_attended = 0;
+  int64_t windowed_kv_positions = 0;
   double bytes_per_weight = 2;  // Stored format (0.5625 for NVFP4 with scales, ...).
   // When > 0, the weight bytes a rank reads, known exactly (a loaded dense model), instead
   // of parameters x bytes_per_weight.
@@ -49,10 +53,20 @@ struct Workload {
   double bytes_per_kv = 2;  // Per KV element.
 };
 
-// A decode step of `sequences` sequences with `context` positions each.
-Workload decodeStep(int64_t sequences, int64_t context);
+// What `tokens` new tokens after `start` cached ones of a sequence attend (positions summed
+// over the tokens: FLOPs) and read (distinct positions: bytes) in a layer that sees each
+// token's last `window` positions (0: all of them).
+struct AttentionSpan {
+  int64_t attended = 0;
+  int64_t kv_positions = 0;
+};
+AttentionSpan attentionSpan(int64_t start, int64_t tokens, int64_t window);
+
+// A decode step of `sequences` sequences with `context` positions each (`window`: the
+// model's sliding window, 0 for none).
+Workload decodeStep(int64_t sequences, int64_t context, int64_t window = 0);
 // A prefill chunk of `tokens` new tokens after `context` cached ones.
-Workload prefillChunk(int64_t tokens, int64_t context);
+Workload prefillChunk(int64_t tokens, int64_t context, int64_t window = 0);
 
 struct Terms {
   double weight_bytes = 0;  // Per rank.

@@ -79,6 +79,40 @@ TEST(RooflineTest, PrefillAttendsTheTriangle) {
   EXPECT_EQ(w.new_tokens, 4);
 }
 
+// Sliding-window layers (gpt-oss) see a token's last `window` positions: each span counted
+// position by position, and a model whose every other layer slides reads and computes the
+// full layers' attention plus the windowed ones'.
+TEST(RooflineTest, SlidingWindowLayersAttendTheirWindowOnly) {
+  for (int64_t window : {0, 1, 3, 5, 12, 40}) {
+    for (int64_t start : {0, 2, 9}) {
+      for (int64_t tokens : {1, 4, 11}) {
+        int64_t attended = 0, lowest = start;
+        for (int64_t p = start; p < start + tokens; ++p) {
+          const int64_t from = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+          attended += p + 1 - from;
+          lowest = std::min(lowest, from);
+        }
+        const AttentionSpan span = attentionSpan(start, tokens, window);
+        EXPECT_EQ(span.attended, attended) << window << " " << start << " " << tokens;
+        EXPECT_EQ(span.kv_positions, start + tokens - lowest) << window << " " << start;
+      }
+    }
+  }
+  EXPECT_EQ(attentionSpan(5, 0, 3).attended, 0);
+  const Workload w = decodeStep(3, 100, 8);
+  EXPECT_EQ(w.attended, 300);
+  EXPECT_EQ(w.windowed_attended, 24);
+  EXPECT_EQ(w.windowed_kv_positions, 24);
+  model::ModelConfig c = tinyDense();
+  auto plain = stepFloor(c, kUnit, w);
+  c.sliding_window = 8;
+  c.sliding_layers = {true, false};
+  auto windowed = stepFloor(c, kUnit, w);
+  ASSERT_TRUE(plain.ok() && windowed.ok());
+  EXPECT_DOUBLE_EQ(windowed->kv_bytes, plain->kv_bytes * (100 + 8) / 200);
+  EXPECT_DOUBLE_EQ(windowed->attention_flops, plain->attention_flops * (100 + 8) / 200);
+}
+
 TEST(RooflineTest, UnknownHardwareListsTheKnownOnes) {
   auto hw = builtinHardware("tpu", "bf16");
   EXPECT_EQ(hw.status().code(), absl::StatusCode::kNotFound);

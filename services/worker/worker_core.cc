@@ -869,6 +869,8 @@ std::optional<double> WorkerCore::floorOf(const StepReport& report) const {
        .new_tokens = report.work.tokens,
        .attended = report.work.attended,
        .kv_positions = report.work.kv_positions,
+       .windowed_attended = report.work.windowed_attended,
+       .windowed_kv_positions = report.work.windowed_kv_positions,
        .weight_bytes = weight_bytes,
        .bytes_per_kv = static_cast<double>(cpu::kvElementBytes(model_.kvType()))});
   if (!floor.ok()) return std::nullopt;
