@@ -41,10 +41,20 @@ void BM_Matmul(benchmark::State& state) {
   const int64_t bytes = rows * *cleave::model::tensorBytes(type, cols);
   std::vector<uint8_t> source(bytes);
   for (auto& b : source) b = static_cast<uint8_t>(rng() & 0x3f);  // Small, finite f16 scales.
+  // E2M1 (MXFP4, NVFP4) and FP8 take block scales: here one per 32 elements of a row, as
+  // gpt-oss's MXFP4 experts have them.
+  const bool scaled = type == TensorType::kE2M1 || type == TensorType::kF8E4M3;
+  std::vector<float> scales(scaled ? rows * ((cols + 31) / 32) : 0, 0.5f);
+  const cleave::cpu::BlockScales block_scales{
+      .data = scales.data(), .block_rows = 1, .block_cols = 32, .cols = (cols + 31) / 32};
   std::vector<cleave::cpu::CpuMatrix> weights;
   for (int c = 0; c < copies; ++c) {
     auto m = cleave::cpu::CpuMatrix::create(
-        {.type = type, .rows = rows, .cols = cols, .data = source.data()});
+        {.type = type,
+         .rows = rows,
+         .cols = cols,
+         .data = source.data(),
+         .scales = scaled ? block_scales : cleave::cpu::BlockScales{}});
     if (!m.ok()) {
       state.SkipWithError("unsupported weight");
       return;
@@ -75,6 +85,12 @@ BENCHMARK(BM_Matmul)
     ->ArgsProduct({{576}, {1536}, {1, 16}, {static_cast<int>(TensorType::kQ4_1)}})
     ->ArgsProduct({{49152}, {576}, {1, 16}, {static_cast<int>(TensorType::kQ8_0)}})
     ->ArgsProduct({{4096}, {14336}, {1, 4, 16}, {static_cast<int>(TensorType::kQ6_K)}})
+    // A gpt-oss expert's projection: MXFP4 as published, against Q4_0 and Q8_0 of it.
+    ->ArgsProduct({{2880},
+                   {2880},
+                   {1, 4, 16},
+                   {static_cast<int>(TensorType::kE2M1), static_cast<int>(TensorType::kQ4_0),
+                    static_cast<int>(TensorType::kQ8_0)}})
     // K-quants (what most GGUF files hold) against Q4_1 at a 2048-wide shape.
     ->ArgsProduct({{2048},
                    {2048},

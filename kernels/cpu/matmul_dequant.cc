@@ -2,6 +2,7 @@
 // per-thread buffer (exact, model/tensor_type.h; times its scales for FP8 and E2M1), then one
 // dot product per token. Correct
 // everywhere, and the formats' bytes are still read only once per call.
+#include <algorithm>
 #include <vector>
 
 #include "common/log.h"
@@ -19,9 +20,14 @@ absl::Status dequantizeRows(const WeightMatrix& w, int64_t row_begin, int64_t ro
         !status.ok())
       return status;
     if (s.data != nullptr) {
+      // Block by block: one division per block, not per element.
       const float* scale = s.data + ((s.row_offset + n) / s.block_rows) * s.cols;
-      for (int64_t c = 0; c < w.cols; ++c)
-        row[c] = (row[c] * scale[(s.col_offset + c) / s.block_cols]) * s.global;
+      for (int64_t c = 0; c < w.cols;) {
+        const int64_t block = (s.col_offset + c) / s.block_cols;
+        const int64_t end = std::min(w.cols, (block + 1) * s.block_cols - s.col_offset);
+        const float factor = scale[block];
+        for (; c < end; ++c) row[c] = (row[c] * factor) * s.global;
+      }
     }
   }
   return absl::OkStatus();

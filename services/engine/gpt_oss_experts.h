@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,7 +32,18 @@
 
 namespace cleave::engine {
 
-// The rank's experts of layer `layer`: dims.experts of them, each cut to dims.expert_ffn.
+// MXFP4 rows (`codes`: rows x cols / 2 bytes; `exps`: rows x cols / 32 E8M0 exponents) as
+// Q8_0 blocks holding the same values: an E2M1 code is k / 2 with k in {0, 1, 2, 3, 4, 6, 8,
+// 12} and a sign, so code x 2^(s - 127) = k x 2^(s - 128), an int8 and a half-float power of
+// two per 32 elements. The int8 kernels multiply those at Q8_0's speed (activations rounded to
+// int8 per 32, as for every quantized format) where E2M1 is dequantized row by row to floats.
+// nullopt when an exponent is beyond a half's range (or NaN).
+std::optional<std::shared_ptr<std::vector<uint8_t>>> mxfp4AsQ8_0(const std::vector<uint8_t>& codes,
+                                                                 const std::vector<uint8_t>& exps,
+                                                                 int64_t rows, int64_t cols);
+
+// The rank's experts of layer `layer`: dims.experts of them, each cut to dims.expert_ffn; MXFP4
+// projections as Q8_0 (mxfp4AsQ8_0) where their exponents allow, else E2M1.
 absl::StatusOr<std::vector<MoeExpert>> loadGptOssExperts(
     const model::SafetensorsCheckpoint& checkpoint, const model::ModelConfig& config,
     const ShardDims& dims, uint32_t layer);
