@@ -469,7 +469,8 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
           openai::apiError(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
                            "\"auto\" tool choice needs a tool-call parser to find the calls in "
                            "replies: start the router with --tool-call-parser (hermes, "
-                           "llama3_json, mistral, deepseek_v3, qwen3_coder or pythonic), or send "
+                           "llama3_json, mistral, deepseek_v3, qwen3_coder, pythonic or openai), "
+                           "or send "
                            "tool_choice \"none\", \"required\" or a named function",
                            "tool_choice"));
     }

@@ -19,16 +19,23 @@ absl::StatusOr<ReasoningFormat> reasoningFormat(absl::string_view name) {
   if (name.empty() || name == "none") return ReasoningFormat::kNone;
   if (name == "qwen3") return ReasoningFormat::kQwen3;
   if (name == "deepseek_r1") return ReasoningFormat::kDeepSeekR1;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown reasoning parser '", name, "': use qwen3 or deepseek_r1 (or none)"));
+  if (name == "openai_gptoss") return ReasoningFormat::kGptOss;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown reasoning parser '", name, "': use qwen3, deepseek_r1 or openai_gptoss (or none)"));
 }
 
 ReasoningSplitter::ReasoningSplitter(ReasoningFormat format)
     : reasoning_start_(format != ReasoningFormat::kNone),
-      state_(format == ReasoningFormat::kNone ? State::kContent : State::kStart) {}
+      state_(format == ReasoningFormat::kNone ? State::kContent : State::kStart) {
+  if (format == ReasoningFormat::kGptOss) harmony_.emplace();
+}
 
 ReasoningSplitter::Parts ReasoningSplitter::push(absl::string_view text) {
   Parts out;
+  if (harmony_) {
+    harmony_->push(text, false, out.reasoning, out.content);
+    return out;
+  }
   held_.append(text.data(), text.size());
   drain(out, false);
   return out;
@@ -36,6 +43,10 @@ ReasoningSplitter::Parts ReasoningSplitter::push(absl::string_view text) {
 
 ReasoningSplitter::Parts ReasoningSplitter::finish() {
   Parts out;
+  if (harmony_) {
+    harmony_->push("", true, out.reasoning, out.content);
+    return out;
+  }
   drain(out, true);
   return out;
 }

@@ -5,7 +5,9 @@
 //   deepseek_r1  DeepSeek-R1 and its distills;
 //   qwen3        Qwen3, QwQ, Qwen3-Thinking: as deepseek_r1, except that a request whose
 //                chat_template_kwargs turn enable_thinking off is not split (the template
-//                closes the block itself; the server does not split it then).
+//                closes the block itself; the server does not split it then);
+//   openai_gptoss  gpt-oss's harmony channels (harmony_splitter.h; what follows here is
+//                about the other two).
 // The reply starts inside the reasoning block, whether the template opened it or the
 // reply does (a leading <think>, after blanks, is dropped), and reasons until </think>;
 // what follows is content. A reply that never closes its block is all reasoning. Tag text split
@@ -14,16 +16,19 @@
 // Threading: one splitter per reply.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "services/router/harmony_splitter.h"
 
 namespace cleave::router {
 
-enum class ReasoningFormat { kNone, kQwen3, kDeepSeekR1 };
+enum class ReasoningFormat { kNone, kQwen3, kDeepSeekR1, kGptOss };
 
-// "qwen3" or "deepseek_r1" ("" and "none": kNone); InvalidArgument naming the choices.
+// "qwen3", "deepseek_r1" or "openai_gptoss" ("" and "none": kNone); InvalidArgument naming
+// the choices.
 absl::StatusOr<ReasoningFormat> reasoningFormat(absl::string_view name);
 
 class ReasoningSplitter {
@@ -48,6 +53,7 @@ class ReasoningSplitter {
   const bool reasoning_start_;  // Whether a reply that opens no block starts in one.
   State state_;
   std::string held_;
+  std::optional<HarmonySplitter> harmony_;  // openai_gptoss: it does the splitting.
 };
 
 }  // namespace cleave::router

@@ -58,6 +58,44 @@ TEST(ReasoningSplitterTest, SplitsAtTheTagsHoweverTheReplyArrives) {
   }
 }
 
+// gpt-oss's harmony replies (after the prompt's <|start|>assistant), as the model writes them
+// with its special tokens kept: analysis bodies are reasoning, final bodies and commentary
+// preambles content, a call to a function passed on for the openai tool-call parser.
+TEST(ReasoningSplitterTest, SplitsGptOssHarmonyChannels) {
+  using F = ReasoningFormat;
+  const std::string call = "<|channel|>commentary to=functions.get_weather<|message|>";
+  const Case cases[] = {
+      {F::kGptOss,
+       "<|channel|>analysis<|message|>User asks 2+2. Simple.<|end|><|start|>assistant"
+       "<|channel|>final<|message|>2 + 2 = 4.",
+       "User asks 2+2. Simple.", "2 + 2 = 4."},
+      // A tool call (its <|call|> is a stop token: the reply ends without it), with a
+      // preamble, the recipient before <|constrain|>.
+      {F::kGptOss,
+       "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>"
+       "commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>commentary "
+       "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+       "Need weather.", "Checking." + call + "{\"city\": \"Paris\"}<|call|>"},
+      // The recipient in the role part, and the call closed in the text.
+      {F::kGptOss,
+       "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{}"
+       "<|call|>",
+       "", call + "{}<|call|>"},
+      // Reasoning only (cut off), text that opens no message, a header cut off.
+      {F::kGptOss, "<|channel|>analysis<|message|>Hmm, a < b and <|", "Hmm, a < b and <|", ""},
+      {F::kGptOss, "Plain text.", "", "Plain text."},
+      {F::kGptOss, "<|channel|>fin", "", ""},
+      {F::kGptOss, "<|channel|>final<|message|>Done.<|return|>", "", "Done."},
+  };
+  for (const Case& c : cases) {
+    for (size_t step : {0, 1, 2, 3, 5, 7}) {
+      const Split got = run(c.format, c.reply, step);
+      EXPECT_EQ(got.reasoning, c.reasoning) << c.reply << " step " << step;
+      EXPECT_EQ(got.content, c.content) << c.reply << " step " << step;
+    }
+  }
+}
+
 TEST(ReasoningSplitterTest, HoldsBackOnlyWhatMayBeATag) {
   ReasoningSplitter splitter(ReasoningFormat::kDeepSeekR1);
   ReasoningSplitter::Parts parts = splitter.push("step one </th");
@@ -70,6 +108,7 @@ TEST(ReasoningSplitterTest, HoldsBackOnlyWhatMayBeATag) {
 TEST(ReasoningSplitterTest, NamesItsFormats) {
   EXPECT_EQ(*reasoningFormat("qwen3"), ReasoningFormat::kQwen3);
   EXPECT_EQ(*reasoningFormat("deepseek_r1"), ReasoningFormat::kDeepSeekR1);
+  EXPECT_EQ(*reasoningFormat("openai_gptoss"), ReasoningFormat::kGptOss);
   EXPECT_EQ(*reasoningFormat(""), ReasoningFormat::kNone);
   EXPECT_FALSE(reasoningFormat("hermes").ok());
 }

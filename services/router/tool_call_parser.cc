@@ -425,6 +425,33 @@ std::optional<std::vector<ToolCall>> qwen3CoderCalls(absl::string_view text, con
   return calls;
 }
 
+// openai: <|channel|>commentary to=functions.NAME<|message|>ARGS<|call|>, any number (`text`
+// starts at the first), as HarmonySplitter passes gpt-oss's calls on.
+std::optional<std::vector<ToolCall>> harmonyCalls(absl::string_view text) {
+  constexpr absl::string_view kOpen = "<|channel|>", kMessage = "<|message|>", kCall = "<|call|>",
+                              kTo = "to=functions.";
+  std::vector<ToolCall> calls;
+  size_t at = text.find(kOpen);
+  while (at != absl::string_view::npos) {
+    const size_t message = text.find(kMessage, at);
+    if (message == absl::string_view::npos) return std::nullopt;
+    const absl::string_view header = text.substr(at, message - at);
+    const size_t to = header.find(kTo);
+    if (to == absl::string_view::npos) return std::nullopt;  // Not a function's call.
+    absl::string_view name = header.substr(to + kTo.size());
+    name = name.substr(0, std::min(name.find_first_of(" \t\n<"), name.size()));
+    const size_t begin = message + kMessage.size();
+    const size_t end = text.find(kCall, begin);
+    std::optional<std::string> arguments = argumentsFrom(
+        text.substr(begin, end == absl::string_view::npos ? absl::string_view::npos : end - begin));
+    if (name.empty() || !arguments) return std::nullopt;
+    calls.push_back({.name = std::string(name), .arguments = *std::move(arguments)});
+    if (end == absl::string_view::npos) break;
+    at = text.find(kOpen, end + kCall.size());
+  }
+  return calls;
+}
+
 // How a format's calls are found: from a marker that may follow content, or (no marker)
 // when the reply starts with one of `leads`; `parse` reads them from the marker (or the
 // start) on, with the request's tools (a JSON array; null when none were sent).
@@ -460,12 +487,14 @@ const Format& formatOf(ToolCallFormat format) {
   static const Format kDeepSeek{"<｜tool▁calls▁begin｜>", {}, untyped<deepseekCalls>};
   static const Format kQwen3Coder{"<tool_call>", {}, qwen3CoderCalls};
   static const Format kPythonic{"", {"[", "<|python_start|>"}, untyped<pythonicCalls>};
+  static const Format kOpenAi{"<|channel|>", {}, untyped<harmonyCalls>};
   switch (format) {
     case ToolCallFormat::kLlama3Json: return kLlama3;
     case ToolCallFormat::kMistral: return kMistral;
     case ToolCallFormat::kDeepSeekV3: return kDeepSeek;
     case ToolCallFormat::kQwen3Coder: return kQwen3Coder;
     case ToolCallFormat::kPythonic: return kPythonic;
+    case ToolCallFormat::kOpenAi: return kOpenAi;
     default: return kHermes;
   }
 }
@@ -480,9 +509,11 @@ absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name) {
   if (name == "deepseek_v3" || name == "deepseek_v31") return ToolCallFormat::kDeepSeekV3;
   if (name == "qwen3_coder") return ToolCallFormat::kQwen3Coder;
   if (name == "pythonic") return ToolCallFormat::kPythonic;
+  if (name == "openai") return ToolCallFormat::kOpenAi;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown tool call parser '", name,
-      "': use hermes, llama3_json, mistral, deepseek_v3, qwen3_coder or pythonic (or none)"));
+      "': use hermes, llama3_json, mistral, deepseek_v3, qwen3_coder, pythonic or openai (or "
+      "none)"));
 }
 
 ParsedReply parseToolCalls(ToolCallFormat format, absl::string_view reply,

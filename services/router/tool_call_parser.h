@@ -18,7 +18,10 @@
 //                numbers, booleans, objects, arrays are read as JSON);
 //   pythonic     a reply that is a Python list of calls with literal keyword arguments,
 //                [f(city="Paris", days=3), g()] (Llama 3.2, Llama 4; inside
-//                <|python_start|> <|python_end|> too).
+//                <|python_start|> <|python_end|> too);
+//   openai       gpt-oss's harmony tool calls as --reasoning-parser openai_gptoss passes them
+//                on (harmony_splitter.h): <|channel|>commentary to=functions.NAME<|message|>
+//                ARGS<|call|>, any number, after optional content.
 //
 // A reply whose calls do not parse is content, whole. While a reply streams, text before a
 // call passes through (a possible start of one held back until decided); calls are given
@@ -43,11 +46,12 @@ enum class ToolCallFormat {
   kMistral,
   kDeepSeekV3,
   kQwen3Coder,
-  kPythonic
+  kPythonic,
+  kOpenAi
 };
 
-// "hermes", "llama3_json", "mistral", "deepseek_v3", "qwen3_coder" or "pythonic" ("" and
-// "none": kNone); InvalidArgument naming the choices.
+// "hermes", "llama3_json", "mistral", "deepseek_v3", "qwen3_coder", "pythonic" or "openai"
+// ("" and "none": kNone); InvalidArgument naming the choices.
 absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name);
 
 struct ToolCall {

@@ -235,6 +235,33 @@ TEST(ToolCallParserTest, Pythonic) {
   EXPECT_TRUE(parseToolCalls(F::kPythonic, deep).calls.empty());
 }
 
+// gpt-oss's calls as the openai_gptoss reasoning parser passes them on (harmony_splitter.h).
+TEST(ToolCallParserTest, OpenAiHarmonyCalls) {
+  using F = ToolCallFormat;
+  const std::string open = "<|channel|>commentary to=functions.";
+  const Case cases[] = {
+      {F::kOpenAi, "It is sunny.", "It is sunny.", {}},
+      {F::kOpenAi,
+       "Checking." + open + "get_weather<|message|>{\"city\": \"Paris\"}<|call|>",
+       "Checking.",
+       {{"get_weather", R"({"city": "Paris"})"}}},
+      {F::kOpenAi,
+       open + "a<|message|>{}<|call|>" + open + "b<|message|> {\"x\": [1]} <|call|>",
+       "",
+       {{"a", "{}"}, {"b", R"({"x": [1]})"}}},
+      // Arguments that are not a JSON object, or a tool that is not a function: content.
+      {F::kOpenAi,
+       open + "f<|message|>not json<|call|>",
+       open + "f<|message|>not json<|call|>",
+       {}},
+      {F::kOpenAi,
+       "<|channel|>commentary to=browser.search<|message|>{}<|call|>",
+       "<|channel|>commentary to=browser.search<|message|>{}<|call|>",
+       {}},
+  };
+  for (const Case& c : cases) check(c);
+}
+
 TEST(ToolCallParserTest, ArgumentsKeepTheModelsKeyOrderAndDeepJsonIsNoCall) {
   ParsedReply reply =
       parseToolCalls(ToolCallFormat::kHermes,
@@ -258,6 +285,7 @@ TEST(ToolCallParserTest, NamesItsFormats) {
   EXPECT_EQ(*toolCallFormat("deepseek_v31"), ToolCallFormat::kDeepSeekV3);
   EXPECT_EQ(*toolCallFormat("qwen3_coder"), ToolCallFormat::kQwen3Coder);
   EXPECT_EQ(*toolCallFormat("pythonic"), ToolCallFormat::kPythonic);
+  EXPECT_EQ(*toolCallFormat("openai"), ToolCallFormat::kOpenAi);
   EXPECT_FALSE(toolCallFormat("granite").ok());
 }
 
