@@ -1,5 +1,7 @@
 #include "services/router/reasoning_splitter.h"
 
+#include <span>
+
 #include "gtest/gtest.h"
 
 namespace cleave::router {
@@ -31,6 +33,17 @@ struct Case {
   std::string content;
 };
 
+// Every case whole and fed in pieces of several sizes.
+void checkAll(std::span<const Case> cases) {
+  for (const Case& c : cases) {
+    for (size_t step : {0, 1, 2, 3, 5, 7}) {
+      const Split got = run(c.format, c.reply, step);
+      EXPECT_EQ(got.reasoning, c.reasoning) << c.reply << " step " << step;
+      EXPECT_EQ(got.content, c.content) << c.reply << " step " << step;
+    }
+  }
+}
+
 TEST(ReasoningSplitterTest, SplitsAtTheTagsHoweverTheReplyArrives) {
   using F = ReasoningFormat;
   const Case cases[] = {
@@ -49,13 +62,7 @@ TEST(ReasoningSplitterTest, SplitsAtTheTagsHoweverTheReplyArrives) {
       {F::kDeepSeekR1, "a < b </think>c </think>", "a < b ", "c </think>"},
       {F::kNone, "<think>x</think>y", "", "<think>x</think>y"},
   };
-  for (const Case& c : cases) {
-    for (size_t step : {0, 1, 2, 3, 5, 7}) {
-      const Split got = run(c.format, c.reply, step);
-      EXPECT_EQ(got.reasoning, c.reasoning) << c.reply << " step " << step;
-      EXPECT_EQ(got.content, c.content) << c.reply << " step " << step;
-    }
-  }
+  checkAll(cases);
 }
 
 // gpt-oss's harmony replies (after the prompt's <|start|>assistant), as the model writes them
@@ -87,13 +94,7 @@ TEST(ReasoningSplitterTest, SplitsGptOssHarmonyChannels) {
       {F::kGptOss, "<|channel|>fin", "", ""},
       {F::kGptOss, "<|channel|>final<|message|>Done.<|return|>", "", "Done."},
   };
-  for (const Case& c : cases) {
-    for (size_t step : {0, 1, 2, 3, 5, 7}) {
-      const Split got = run(c.format, c.reply, step);
-      EXPECT_EQ(got.reasoning, c.reasoning) << c.reply << " step " << step;
-      EXPECT_EQ(got.content, c.content) << c.reply << " step " << step;
-    }
-  }
+  checkAll(cases);
 }
 
 TEST(ReasoningSplitterTest, HoldsBackOnlyWhatMayBeATag) {
