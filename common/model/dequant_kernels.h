@@ -20,6 +20,9 @@ void q4_1(const uint8_t* src, float* dst, size_t blocks);
 void q5_0(const uint8_t* src, float* dst, size_t blocks);
 void q5_1(const uint8_t* src, float* dst, size_t blocks);
 void q8_0(const uint8_t* src, float* dst, size_t blocks);
+void mxfp4(const uint8_t* src, float* dst, size_t blocks);
+// MXFP4's E2M1 codes as twice their value: 0, 1, 2, 3, 4, 6, 8, 12, then the negatives.
+extern const int8_t kMxfp4Twice[16];
 // `blocks` x 32 floats as Q8_0 blocks: scale max|x| / 127 rounded to half, codes rounded to
 // nearest (so within half a step, about max|x| / 254, of the floats).
 void quantizeQ8_0(const float* src, uint8_t* dst, size_t blocks);

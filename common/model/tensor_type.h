@@ -35,6 +35,10 @@ enum class TensorType : uint32_t {
   kI64 = 27,
   kF64 = 28,
   kBF16 = 30,
+  // MXFP4: per 32 elements an E8M0 exponent byte e, then 16 bytes of E2M1 codes (element j in
+  // the low nibble of byte j, element 16 + j in its high nibble); value = 2 x e2m1 x
+  // 2^(e - 128) (llama.cpp's block_mxfp4).
+  kMXFP4 = 39,
   // Not GGUF types (safetensors dtypes).
   kF8E4M3 = 1000,
   kF8E5M2 = 1001,

@@ -49,10 +49,11 @@ SCALE_FIELDS: dict[str, list[tuple[int, str]]] = {
     "Q5_K": [(0, "f16"), (2, "f16")],
     "Q6_K": [(208, "f16")],
     "Q8_K": [(0, "f32")],
+    "MXFP4": [],  # its exponent byte: every value is finite
 }
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-         "Q4_K", "Q5_K", "Q6_K", "Q8_K"]
+         "Q4_K", "Q5_K", "Q6_K", "Q8_K", "MXFP4"]
 
 
 def random_scales(rng: np.random.Generator, n: int) -> np.ndarray:
