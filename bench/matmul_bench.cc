@@ -41,6 +41,9 @@ void BM_Matmul(benchmark::State& state) {
   const int64_t bytes = rows * *cleave::model::tensorBytes(type, cols);
   std::vector<uint8_t> source(bytes);
   for (auto& b : source) b = static_cast<uint8_t>(rng() & 0x3f);  // Small, finite f16 scales.
+  if (type == TensorType::kMXFP4) {  // Exponents as trained weights have them (no subnormals).
+    for (int64_t at = 0; at < bytes; at += 17) source[at] = static_cast<uint8_t>(118 + rng() % 8);
+  }
   // E2M1 (MXFP4, NVFP4) and FP8 take block scales: here one per 32 elements of a row, as
   // gpt-oss's MXFP4 experts have them.
   const bool scaled = type == TensorType::kE2M1 || type == TensorType::kF8E4M3;
@@ -85,12 +88,13 @@ BENCHMARK(BM_Matmul)
     ->ArgsProduct({{576}, {1536}, {1, 16}, {static_cast<int>(TensorType::kQ4_1)}})
     ->ArgsProduct({{49152}, {576}, {1, 16}, {static_cast<int>(TensorType::kQ8_0)}})
     ->ArgsProduct({{4096}, {14336}, {1, 4, 16}, {static_cast<int>(TensorType::kQ6_K)}})
-    // A gpt-oss expert's projection: MXFP4 as published, against Q4_0 and Q8_0 of it.
+    // A gpt-oss expert's projection: MXFP4 (its int8 kernels), E2M1 with float block scales
+    // (NVFP4's path: rows dequantized to floats), Q4_0 and Q8_0.
     ->ArgsProduct({{2880},
                    {2880},
                    {1, 4, 16},
-                   {static_cast<int>(TensorType::kE2M1), static_cast<int>(TensorType::kQ4_0),
-                    static_cast<int>(TensorType::kQ8_0)}})
+                   {static_cast<int>(TensorType::kMXFP4), static_cast<int>(TensorType::kE2M1),
+                    static_cast<int>(TensorType::kQ4_0), static_cast<int>(TensorType::kQ8_0)}})
     // K-quants (what most GGUF files hold) against Q4_1 at a 2048-wide shape.
     ->ArgsProduct({{2048},
                    {2048},

@@ -21,6 +21,8 @@ void q5_0(const uint8_t* src, float* dst, size_t blocks);
 void q5_1(const uint8_t* src, float* dst, size_t blocks);
 void q8_0(const uint8_t* src, float* dst, size_t blocks);
 void mxfp4(const uint8_t* src, float* dst, size_t blocks);
+// MXFP4's block scale for twice-valued codes: 2^(e - 128), exact (subnormal for e < 2).
+float mxfp4Scale(uint8_t e);
 // MXFP4's E2M1 codes as twice their value: 0, 1, 2, 3, 4, 6, 8, 12, then the negatives.
 extern const int8_t kMxfp4Twice[16];
 // `blocks` x 32 floats as Q8_0 blocks: scale max|x| / 127 rounded to half, codes rounded to

@@ -34,14 +34,18 @@ void q4_0(const uint8_t* src, float* dst, size_t blocks) {
 
 const int8_t kMxfp4Twice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-// [e:e8m0][qs:16]: 2 x e2m1 x 2^(e - 128), the power of two built in a float's exponent bits
-// (subnormal for e < 2), as ggml builds it.
+// The power of two built in a float's exponent bits (subnormal for e < 2), as ggml builds it.
+float mxfp4Scale(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t{e} - 1) << 23;
+  float d;
+  std::memcpy(&d, &bits, 4);
+  return d;
+}
+
+// [e:e8m0][qs:16]: 2 x e2m1 x 2^(e - 128).
 void mxfp4(const uint8_t* src, float* dst, size_t blocks) {
   for (size_t b = 0; b < blocks; ++b, src += 17, dst += kBlock) {
-    const uint32_t e = src[0];
-    const uint32_t bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
-    float d;
-    std::memcpy(&d, &bits, 4);
+    const float d = mxfp4Scale(src[0]);
     const uint8_t* qs = src + 1;
     for (int j = 0; j < 16; ++j) {
       dst[j] = static_cast<float>(kMxfp4Twice[qs[j] & 0x0f]) * d;

@@ -17,7 +17,8 @@ namespace {
 using model::TensorType;
 
 bool isQuantized(TensorType type) {
-  return type == TensorType::kQ4_0 || type == TensorType::kQ4_1 || type == TensorType::kQ8_0;
+  return type == TensorType::kQ4_0 || type == TensorType::kQ4_1 || type == TensorType::kQ8_0 ||
+         type == TensorType::kMXFP4;
 }
 
 // Rows are split into a few tasks per thread, each a multiple of 16 rows (a packed group):

@@ -8,6 +8,8 @@
 //     products add in int16 (at most 30480) and widen once (VPMADDWD).
 //   Q8_0: the codes are stored + 128; made signed again, they multiply as |w| x (x * sign w)
 //     (pairs of at most 2 * 128 * 127) and widen every chunk.
+//   MXFP4: the codes are looked up (VPSHUFB) as twice their value, -12..12, and multiply as
+//     |w| x (x * sign w): pairs of at most 3048, a block's eight in int16 (at most 24384).
 // Tokens go in tiles so each block is unpacked once per tile; a token's sums run in the same
 // order whatever its tile, so its output does not depend on the batch.
 #include <immintrin.h>
@@ -82,14 +84,30 @@ inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivation
           low[h] = _mm256_and_si256(v, low_mask);
           high[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
         }
+        [[maybe_unused]] __m256i low_sign[kHalves], high_sign[kHalves];
+        if constexpr (kType == TensorType::kMXFP4) {
+          const __m256i lut = _mm256_broadcastsi128_si256(
+              _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
+          for (int h = 0; h < kHalves; ++h) {
+            low_sign[h] = _mm256_shuffle_epi8(lut, low[h]);
+            high_sign[h] = _mm256_shuffle_epi8(lut, high[h]);
+            low[h] = _mm256_abs_epi8(low_sign[h]);
+            high[h] = _mm256_abs_epi8(high_sign[h]);
+          }
+        }
 #pragma GCC unroll 4
         for (int i = 0; i < kCount; ++i) {
           const int8_t* xq = x.rowQ(t0 + i) + 32 * b;
           const __m256i xl = broadcast4(xq + 4 * c), xh = broadcast4(xq + 16 + 4 * c);
           for (int h = 0; h < kHalves; ++h) {
+            __m256i xlh = xl, xhh = xh;
+            if constexpr (kType == TensorType::kMXFP4) {
+              xlh = _mm256_sign_epi8(xl, low_sign[h]);
+              xhh = _mm256_sign_epi8(xh, high_sign[h]);
+            }
             pairs[h][i] =
-                _mm256_add_epi16(pairs[h][i], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], xl),
-                                                               _mm256_maddubs_epi16(high[h], xh)));
+                _mm256_add_epi16(pairs[h][i], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], xlh),
+                                                               _mm256_maddubs_epi16(high[h], xhh)));
           }
         }
       }
@@ -101,7 +119,11 @@ inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivation
     __m256 d[kHalves];
     [[maybe_unused]] __m256 m[kHalves];
     for (int h = 0; h < kHalves; ++h) {
-      d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * h)));
+      if constexpr (kType == TensorType::kMXFP4) {
+        d[h] = _mm256_loadu_ps(reinterpret_cast<const float*>(block) + 8 * h);
+      } else {
+        d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * h)));
+      }
       if constexpr (kType == TensorType::kQ4_1) {
         m[h] =
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 32 + 16 * h)));
@@ -166,6 +188,7 @@ void packedGroupsAvx2(const PackedRows& a) {
     case TensorType::kQ4_0: return groups<TensorType::kQ4_0>(a);
     case TensorType::kQ4_1: return groups<TensorType::kQ4_1>(a);
     case TensorType::kQ8_0: return groups<TensorType::kQ8_0>(a);
+    case TensorType::kMXFP4: return groups<TensorType::kMXFP4>(a);
     default: return;
   }
 }

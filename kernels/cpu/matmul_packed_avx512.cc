@@ -4,6 +4,8 @@
 // block holding its row's integer dot product; scales and offsets are applied per lane.
 // Tokens go in tiles (forEachTokenTile) so each block is widened once per tile. Q6_K's 6-bit values
 // are put together from their low nibbles and high bit pairs, and its halves summed apart.
+// MXFP4's codes are looked up (VPSHUFB) as twice their value + 12, 0..24 unsigned, the 12
+// taken back off with each token's block sum as Q4_0 takes off its 8.
 #include <immintrin.h>
 
 #include <cstring>
@@ -35,7 +37,12 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
   const __m512i low_mask = _mm512_set1_epi8(0x0f);
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* block = group + b * kGroupBlock;
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    __m512 d;
+    if constexpr (kType == TensorType::kMXFP4) {
+      d = _mm512_loadu_ps(block);
+    } else {
+      d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)));
+    }
     __m512 m = _mm512_setzero_ps();
     if constexpr (kType == TensorType::kQ4_1) {
       m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32)));
@@ -50,11 +57,18 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
         w[c] = _mm512_and_si512(v, low_mask);
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
       }
+      if constexpr (kType == TensorType::kMXFP4) {
+        const __m512i lut = _mm512_broadcast_i32x4(
+            _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+        for (int c = 0; c < 8; ++c) w[c] = _mm512_shuffle_epi8(lut, w[c]);
+      }
     }
     // The unsigned storage's offset times d (exact: a power of two), so each token's offset
     // term is one FMA with its dsum broadcast from memory: d * (-8 xs) = -(8d * xs), bit for bit.
     [[maybe_unused]] const __m512 offset_d =
-        _mm512_mul_ps(d, _mm512_set1_ps(kType == TensorType::kQ8_0 ? 128.0f : 8.0f));
+        _mm512_mul_ps(d, _mm512_set1_ps(kType == TensorType::kQ8_0    ? 128.0f
+                                        : kType == TensorType::kMXFP4 ? 12.0f
+                                                                      : 8.0f));
     // Unrolled, so the accumulators stay in registers (rolled, they go through the stack).
 #pragma GCC unroll 8
     for (int i = 0; i < kCount; ++i) {
@@ -65,7 +79,8 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
       const __m512 xs = _mm512_set1_ps(x.rowDsum(t)[b]);
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
                                _mm512_mul_ps(d, _mm512_set1_ps(x.rowD(t)[b])), acc[i]);
-      if constexpr (kType == TensorType::kQ4_0 || kType == TensorType::kQ8_0)
+      if constexpr (kType == TensorType::kQ4_0 || kType == TensorType::kQ8_0 ||
+                    kType == TensorType::kMXFP4)
         acc[i] = _mm512_fnmadd_ps(offset_d, xs, acc[i]);
       if constexpr (kType == TensorType::kQ4_1) acc[i] = _mm512_fmadd_ps(m, xs, acc[i]);
     }
@@ -169,6 +184,7 @@ void packedGroupsAvx512(const PackedRows& a) {
     case TensorType::kQ4_1: return groups<TensorType::kQ4_1>(a);
     case TensorType::kQ8_0: return groups<TensorType::kQ8_0>(a);
     case TensorType::kQ6_K: return groups<TensorType::kQ6_K>(a);
+    case TensorType::kMXFP4: return groups<TensorType::kMXFP4>(a);
     default: return;
   }
 }

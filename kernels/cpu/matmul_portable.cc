@@ -35,6 +35,14 @@ float blockDot(TensorType type, const uint8_t* block, const int8_t* xq, float dx
       for (int j = 0; j < 32; ++j) dot += qs[j] * xq[j];
       return half(block) * dx * static_cast<float>(dot);
     }
+    case TensorType::kMXFP4: {
+      const uint8_t* qs = block + 1;
+      for (int j = 0; j < 16; ++j) {
+        dot += model::dequant::kMxfp4Twice[qs[j] & 0x0f] * xq[j] +
+               model::dequant::kMxfp4Twice[qs[j] >> 4] * xq[j + 16];
+      }
+      return model::dequant::mxfp4Scale(block[0]) * dx * static_cast<float>(dot);
+    }
     default: return 0.0f;
   }
 }

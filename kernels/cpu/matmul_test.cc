@@ -58,6 +58,10 @@ std::vector<uint8_t> randomWeights(TensorType type, int64_t rows, int64_t cols, 
       putHalf(block + 208, scale(rng));  // d comes last.
       continue;
     }
+    if (type == TensorType::kMXFP4) {  // An exponent of 2^-9 .. 2^-4 times the twice-valued codes.
+      block[0] = static_cast<uint8_t>(119 + rng() % 6);
+      continue;
+    }
     putHalf(block, (rng() % 2 ? -1.0f : 1.0f) * scale(rng));
     if (type == TensorType::kQ4_1 || type == TensorType::kQ5_1 || type == TensorType::kQ4_K ||
         type == TensorType::kQ5_K) {
@@ -74,7 +78,8 @@ std::vector<float> dequantized(const WeightMatrix& w) {
 }
 
 bool isQuantized(TensorType t) {
-  return t == TensorType::kQ4_0 || t == TensorType::kQ4_1 || t == TensorType::kQ8_0;
+  return t == TensorType::kQ4_0 || t == TensorType::kQ4_1 || t == TensorType::kQ8_0 ||
+         t == TensorType::kMXFP4;
 }
 
 bool isSuperBlock(TensorType t) {
@@ -252,14 +257,12 @@ TEST_P(MatmulTest, ATokenGetsTheSameBitsAloneAsInABatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, MatmulTest,
-                         ::testing::Values(TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0,
-                                           TensorType::kF32, TensorType::kF16, TensorType::kBF16,
-                                           TensorType::kQ5_0, TensorType::kQ5_1, TensorType::kQ4_K,
-                                           TensorType::kQ5_K, TensorType::kQ6_K),
-                         [](const auto& info) {
-                           return std::string(model::tensorTypeName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Formats, MatmulTest,
+    ::testing::Values(TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0, TensorType::kF32,
+                      TensorType::kF16, TensorType::kBF16, TensorType::kQ5_0, TensorType::kQ5_1,
+                      TensorType::kQ4_K, TensorType::kQ5_K, TensorType::kQ6_K, TensorType::kMXFP4),
+    [](const auto& info) { return std::string(model::tensorTypeName(info.param)); });
 
 // Products of one input in one call give each product's bits from a call of its own, whatever
 // mix of kernels they take (packed int8, float, a Q6_K rewrite), on every path.

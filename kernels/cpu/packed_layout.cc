@@ -80,7 +80,7 @@ void pack(model::TensorType type, int64_t rows, int64_t cols, const uint8_t* src
   const int64_t blocks = cols / 32;
   const int64_t block_bytes = *model::tensorBytes(type, 32);
   const int64_t row_bytes = blocks * block_bytes;
-  const int64_t quant_offset = type == TensorType::kQ4_1 ? 4 : 2;
+  const int64_t quant_offset = type == TensorType::kQ4_1 ? 4 : type == TensorType::kMXFP4 ? 1 : 2;
   const int64_t group_block = groupBlockBytes(type);
   for (int64_t g = 0; g < groups(rows); ++g) {
     for (int64_t b = 0; b < blocks; ++b) {
@@ -90,7 +90,12 @@ void pack(model::TensorType type, int64_t rows, int64_t cols, const uint8_t* src
         const int64_t row = g * kGroupRows + r;
         if (row >= rows) break;  // Padding rows stay zero: zero scales, zero contribution.
         const uint8_t* block = src + row * row_bytes + b * block_bytes;
-        std::memcpy(out + 2 * r, block, 2);                                          // d
+        if (type == TensorType::kMXFP4) {
+          const float d = model::dequant::mxfp4Scale(block[0]);
+          std::memcpy(out + 4 * r, &d, 4);
+        } else {
+          std::memcpy(out + 2 * r, block, 2);  // d
+        }
         if (type == TensorType::kQ4_1) std::memcpy(out + 32 + 2 * r, block + 2, 2);  // m
         const uint8_t* q = block + quant_offset;
         if (type == TensorType::kQ8_0) {

@@ -6,10 +6,13 @@
 // Rows are grouped by 16 (the last group zero-padded). A group stores its blocks in order;
 // each block of the group is:
 //   d[16]            fp16 scale of each row's block                       32 bytes
+//                    (MXFP4: fp32, 2^(e - 128), since E8M0 reaches past a half: 64 bytes)
 //   m[16]            fp16 offset (Q4_1 only)                               32 bytes
 //   quants           Q4: 4 chunks of 64 bytes; in chunk c, lane r (bytes 4r..4r+3) holds
 //                    elements 4c..4c+3 of row r in the low nibbles and elements
 //                    16+4c..16+4c+3 in the high nibbles                   256 bytes
+//                    (MXFP4: its E2M1 codes, which the kernels look up: 0..15 to
+//                    twice their value, or that + 12 where they need it unsigned)
 //                    Q8: 8 chunks of 64 bytes; chunk c lane r holds elements 4c..4c+3 of
 //                    row r, each + 128 (so they read as unsigned)         512 bytes
 // Q6_K (its 256-element super-blocks are 8 blocks each) keeps its own bytes and scales: a
@@ -32,13 +35,14 @@ namespace cleave::cpu::packed {
 
 constexpr int64_t kGroupRows = 16;
 
-// The formats packed: Q4_0, Q4_1, Q8_0 and Q6_K.
+// The formats packed: Q4_0, Q4_1, Q8_0, Q6_K and MXFP4.
 constexpr bool packs(model::TensorType type) {
   return type == model::TensorType::kQ4_0 || type == model::TensorType::kQ4_1 ||
-         type == model::TensorType::kQ8_0 || type == model::TensorType::kQ6_K;
+         type == model::TensorType::kQ8_0 || type == model::TensorType::kQ6_K ||
+         type == model::TensorType::kMXFP4;
 }
 constexpr int64_t scaleBytes(model::TensorType type) {
-  return type == model::TensorType::kQ4_1 ? 64 : 32;
+  return type == model::TensorType::kQ4_1 || type == model::TensorType::kMXFP4 ? 64 : 32;
 }
 constexpr int64_t quantBytes(model::TensorType type) {
   return type == model::TensorType::kQ8_0 ? 512 : type == model::TensorType::kQ6_K ? 384 : 256;

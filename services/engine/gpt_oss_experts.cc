@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -68,39 +67,25 @@ absl::StatusOr<cpu::CpuMatrix> floatMatrix(const SafetensorsTensor& t, int64_t e
   return cpu::CpuMatrix::create(w, copy);
 }
 
-// The half-float bits of 2^p, or nullopt when a half cannot hold it (p outside [-24, 15]).
-std::optional<uint16_t> halfPowerOfTwo(int p) {
-  if (p > 15 || p < -24) return std::nullopt;
-  return static_cast<uint16_t>(p >= -14 ? (p + 15) << 10 : 1 << (p + 24));
-}
-
 }  // namespace
 
-std::optional<std::shared_ptr<std::vector<uint8_t>>> mxfp4AsQ8_0(const std::vector<uint8_t>& codes,
-                                                                 const std::vector<uint8_t>& exps,
-                                                                 int64_t rows, int64_t cols) {
-  static constexpr int8_t kTwice[8] = {0, 1, 2, 3, 4, 6, 8, 12};
-  const int64_t groups = cols / kMxfp4Group;
-  auto out = std::make_shared<std::vector<uint8_t>>(rows * groups * 34);
-  for (int64_t g = 0; g < rows * groups; ++g) {
-    const std::optional<uint16_t> d = halfPowerOfTwo(int{exps[g]} - 128);
-    if (!d || exps[g] == 0xFF) return std::nullopt;
-    uint8_t* block = out->data() + g * 34;
-    std::memcpy(block, &*d, 2);
-    const uint8_t* pairs = codes.data() + g * (kMxfp4Group / 2);
-    for (int64_t i = 0; i < kMxfp4Group; ++i) {
-      const uint8_t code = i % 2 == 0 ? pairs[i / 2] & 0x0f : pairs[i / 2] >> 4;
-      const int8_t k = kTwice[code & 7];
-      block[2 + i] = static_cast<uint8_t>(code & 8 ? -k : k);
-    }
+std::vector<uint8_t> mxfp4Blocks(const uint8_t* codes, const uint8_t* exps, int64_t groups) {
+  std::vector<uint8_t> out(groups * 17);
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* block = out.data() + g * 17;
+    block[0] = exps[g];
+    const uint8_t* pairs = codes + g * (kMxfp4Group / 2);
+    auto code = [&](int64_t i) { return i % 2 == 0 ? pairs[i / 2] & 0x0f : pairs[i / 2] >> 4; };
+    for (int64_t j = 0; j < 16; ++j)
+      block[1 + j] = static_cast<uint8_t>(code(j) | (code(j + 16) << 4));
   }
   return out;
 }
 
 namespace {
 
-// Expert `e`'s picked matrix from MXFP4 blocks and scales stored outputs first: as Q8_0 where
-// its scales allow (mxfp4AsQ8_0), else E2M1 with float block scales.
+// Expert `e`'s picked matrix from MXFP4 blocks and scales stored outputs first, as MXFP4
+// blocks (mxfp4Blocks) the int8 kernels read.
 absl::StatusOr<cpu::CpuMatrix> mxfp4Matrix(const SafetensorsTensor& blocks,
                                            const SafetensorsTensor& scales, int64_t e, int64_t outs,
                                            int64_t in, const Picked& p) {
@@ -110,36 +95,19 @@ absl::StatusOr<cpu::CpuMatrix> mxfp4Matrix(const SafetensorsTensor& blocks,
                                                    ") do not fall on MXFP4's 32-element groups"));
   }
   const int64_t row_bytes = in / 2, groups = in / kMxfp4Group;
-  const int64_t kept_bytes = p.cols.size / 2, kept_groups = p.cols.size / kMxfp4Group;
-  auto codes = std::make_shared<std::vector<uint8_t>>(p.rows.size * kept_bytes);
-  std::vector<uint8_t> exps(p.rows.size * kept_groups);
+  const int64_t kept_groups = p.cols.size / kMxfp4Group;
+  auto out = std::make_shared<std::vector<uint8_t>>();
+  out->reserve(p.rows.size * kept_groups * 17);
   for (int64_t r = 0; r < p.rows.size; ++r) {
     const int64_t row = e * outs + p.storedRow(r);
-    std::memcpy(codes->data() + r * kept_bytes, blocks.data + row * row_bytes + p.cols.begin / 2,
-                kept_bytes);
-    std::memcpy(exps.data() + r * kept_groups,
-                scales.data + row * groups + p.cols.begin / kMxfp4Group, kept_groups);
+    const std::vector<uint8_t> converted =
+        mxfp4Blocks(blocks.data + row * row_bytes + p.cols.begin / 2,
+                    scales.data + row * groups + p.cols.begin / kMxfp4Group, kept_groups);
+    out->insert(out->end(), converted.begin(), converted.end());
   }
-  if (auto q8 = mxfp4AsQ8_0(*codes, exps, p.rows.size, p.cols.size)) {
-    const cpu::WeightMatrix w{
-        .type = TensorType::kQ8_0, .rows = p.rows.size, .cols = p.cols.size, .data = (*q8)->data()};
-    return cpu::CpuMatrix::create(w, *q8);
-  }
-  auto factors = std::make_shared<std::vector<float>>(exps.size());
-  for (size_t g = 0; g < exps.size(); ++g) {
-    (*factors)[g] = exps[g] == 0xFF ? std::numeric_limits<float>::quiet_NaN()
-                                    : std::ldexp(1.0f, int{exps[g]} - 127);
-  }
-  const cpu::WeightMatrix w{.type = TensorType::kE2M1,
-                            .rows = p.rows.size,
-                            .cols = p.cols.size,
-                            .data = codes->data(),
-                            .scales = {.data = factors->data(),
-                                       .block_rows = 1,
-                                       .block_cols = kMxfp4Group,
-                                       .cols = kept_groups}};
-  return cpu::CpuMatrix::create(
-      w, std::make_shared<std::pair<decltype(codes), decltype(factors)>>(codes, factors));
+  const cpu::WeightMatrix w{
+      .type = TensorType::kMXFP4, .rows = p.rows.size, .cols = p.cols.size, .data = out->data()};
+  return cpu::CpuMatrix::create(w, out);
 }
 
 // Elements [offset + stride * i for i in part] of row `e` of the float tensor `t` ([experts,

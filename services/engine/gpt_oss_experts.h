@@ -14,13 +14,12 @@
 //  * and biases gate_up_proj_bias [experts, 2 ffn] (interleaved), down_proj_bias
 //    [experts, hidden] in either.
 // Each expert becomes [rows = outputs, cols = inputs] matrices as the CPU kernels take them:
-// float weights copied out transposed, MXFP4 rows copied with their scales as E2M1 block
-// scales. A rank takes its experts and, of each, its intermediate columns (ShardDims).
+// float weights copied out transposed, MXFP4 rows regrouped as GGUF MXFP4 blocks (the same
+// codes and exponents). A rank takes its experts and, of each, its intermediate columns
+// (ShardDims).
 #pragma once
 
 #include <cstdint>
-#include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,18 +31,14 @@
 
 namespace cleave::engine {
 
-// MXFP4 rows (`codes`: rows x cols / 2 bytes; `exps`: rows x cols / 32 E8M0 exponents) as
-// Q8_0 blocks holding the same values: an E2M1 code is k / 2 with k in {0, 1, 2, 3, 4, 6, 8,
-// 12} and a sign, so code x 2^(s - 127) = k x 2^(s - 128), an int8 and a half-float power of
-// two per 32 elements. The int8 kernels multiply those at Q8_0's speed (activations rounded to
-// int8 per 32, as for every quantized format) where E2M1 is dequantized row by row to floats.
-// nullopt when an exponent is beyond a half's range (or NaN).
-std::optional<std::shared_ptr<std::vector<uint8_t>>> mxfp4AsQ8_0(const std::vector<uint8_t>& codes,
-                                                                 const std::vector<uint8_t>& exps,
-                                                                 int64_t rows, int64_t cols);
+// `groups` MXFP4 groups as OpenAI stores them (`codes`: 16 bytes a group, element 2k in the
+// low nibble of byte k; `exps`: an E8M0 exponent each) as GGUF MXFP4 blocks
+// (model::TensorType::kMXFP4: the exponent, then element j in the low nibble of byte j and
+// element 16 + j in its high nibble), which the CPU's int8 kernels multiply.
+std::vector<uint8_t> mxfp4Blocks(const uint8_t* codes, const uint8_t* exps, int64_t groups);
 
 // The rank's experts of layer `layer`: dims.experts of them, each cut to dims.expert_ffn; MXFP4
-// projections as Q8_0 (mxfp4AsQ8_0) where their exponents allow, else E2M1.
+// projections as GGUF MXFP4 blocks (mxfp4Blocks).
 absl::StatusOr<std::vector<MoeExpert>> loadGptOssExperts(
     const model::SafetensorsCheckpoint& checkpoint, const model::ModelConfig& config,
     const ShardDims& dims, uint32_t layer);

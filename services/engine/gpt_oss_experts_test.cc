@@ -5,38 +5,34 @@
 #include <cmath>
 #include <random>
 
-#include "common/model/dequant_kernels.h"
+#include "common/model/tensor_type.h"
 
 namespace cleave::engine {
 namespace {
 
-// E2M1 code x 2^(exponent - 127), written from the format's definition.
-float mxfp4Value(uint8_t code, uint8_t exponent) {
-  static constexpr float kMagnitude[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = std::ldexp(kMagnitude[code & 7], int{exponent} - 127);
+// E2M1 code x 2^(exponent - 127), written from the OCP MX definition.
+double mxfp4Value(uint8_t code, uint8_t exponent) {
+  static constexpr double kMagnitude[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+  const double v = std::ldexp(kMagnitude[code & 7], int{exponent} - 127);
   return code & 8 ? -v : v;
 }
 
-// Every code with exponents across the half-float range (subnormal 2^-24 to 2^15) becomes the
-// same value as a Q8_0 element; an exponent a half cannot hold, or E8M0's NaN, leaves E2M1.
-TEST(Mxfp4AsQ8_0Test, HoldsTheSameValuesWhereAHalfHoldsTheScale) {
+// OpenAI's groups (element 2k in the low nibble of byte k) regrouped as GGUF MXFP4 blocks hold
+// the same values, every code and exponents across E8M0's range (subnormal floats included).
+TEST(Mxfp4BlocksTest, HoldTheValuesOfTheGroupsTheyComeFrom) {
   std::mt19937 rng(9);
-  const int64_t rows = 7, cols = 96;
-  std::vector<uint8_t> codes(rows * cols / 2), exps(rows * cols / 32);
+  const int64_t groups = 64;
+  std::vector<uint8_t> codes(groups * 16), exps(groups);
   for (uint8_t& c : codes) c = static_cast<uint8_t>(rng());
-  const uint8_t edges[] = {104, 113, 114, 127, 128, 143};  // 2^(e - 128): -24, -15, -14, ...
-  for (size_t g = 0; g < exps.size(); ++g) exps[g] = edges[g % 6];
-  auto q8 = mxfp4AsQ8_0(codes, exps, rows, cols);
-  ASSERT_TRUE(q8.has_value());
-  std::vector<float> got(rows * cols);
-  model::dequant::q8_0((*q8)->data(), got.data(), rows * cols / 32);
-  for (int64_t i = 0; i < rows * cols; ++i) {
+  for (int64_t g = 0; g < groups; ++g) exps[g] = static_cast<uint8_t>(g < 4 ? g : rng() % 254);
+  const std::vector<uint8_t> blocks = mxfp4Blocks(codes.data(), exps.data(), groups);
+  ASSERT_EQ(blocks.size(), static_cast<size_t>(groups * 17));
+  std::vector<float> got(groups * 32, std::nanf(""));
+  ASSERT_TRUE(
+      model::dequantize(model::TensorType::kMXFP4, blocks.data(), got.size(), got.data()).ok());
+  for (int64_t i = 0; i < groups * 32; ++i) {
     const uint8_t code = i % 2 == 0 ? codes[i / 2] & 0x0f : codes[i / 2] >> 4;
-    ASSERT_EQ(got[i], mxfp4Value(code, exps[i / 32])) << "element " << i;
-  }
-  for (uint8_t beyond : {uint8_t{103}, uint8_t{144}, uint8_t{0xFF}}) {
-    exps[5] = beyond;
-    EXPECT_FALSE(mxfp4AsQ8_0(codes, exps, rows, cols).has_value()) << int{beyond};
+    ASSERT_EQ(static_cast<double>(got[i]), mxfp4Value(code, exps[i / 32])) << "element " << i;
   }
 }
 
