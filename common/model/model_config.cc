@@ -352,15 +352,9 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
                      "\" is not supported (supported: llama, qwen2, qwen3, "
-                     "qwen3moe, deepseek2)"));
+                     "qwen3moe, deepseek2, gpt-oss)"));
   }
   c.architecture = arch->arch;
-  if (c.architecture == Architecture::kGptOss) {
-    return absl::UnimplementedError(
-        absl::StrCat(file.path(),
-                     ": gpt-oss is read from Hugging Face checkpoints only (config.json and "
-                     "safetensors); use the model's folder"));
-  }
   const std::string p = c.model_type + ".";
   auto u32 = [&](const std::string& key) -> absl::StatusOr<uint32_t> {
     CLEAVE_ASSIGN_OR_RETURN(uint64_t v, file.getUint(p + key));
@@ -452,7 +446,27 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
           absl::StrCat(file.path(), ": ", p, "expert_used_count must be in 1..", moe.num_experts));
     }
     if (c.architecture == Architecture::kLlama) c.architecture = Architecture::kMixtral;
+    if (c.architecture == Architecture::kGptOss) {
+      // llama.cpp's gpt-oss: softmax over the top-k logits, biases, and the clamped SwiGLU
+      // with its fixed limit and gain (no keys for them).
+      moe.norm_topk_prob = true;
+      moe.router_bias = moe.expert_bias = true;
+      moe.swiglu_limit = 7.0;
+      moe.swiglu_alpha = 1.702;
+    }
     c.moe = moe;
+  }
+  if (c.architecture == Architecture::kGptOss) {
+    // Sliding windows on the even layers (llama.cpp's pattern of 2), sinks, O's bias, and
+    // YaRN as gpt-oss was trained with it (not truncated).
+    c.attention_sinks = true;
+    c.o_bias = file.findTensor("blk.0.attn_output.bias") != nullptr;
+    CLEAVE_ASSIGN_OR_RETURN(c.sliding_window, u32Or("attention.sliding_window", 0));
+    if (c.sliding_window > 0) {
+      c.sliding_layers.assign(c.num_layers, false);
+      for (uint32_t l = 0; l < c.num_layers; l += 2) c.sliding_layers[l] = true;
+    }
+    c.rope_scaling.truncate = false;
   }
   if (c.architecture == Architecture::kDeepseekV3) {
     MlaConfig mla;

@@ -473,7 +473,7 @@ INSTANTIATE_TEST_SUITE_P(Quantized, HfLogitsTest,
                                            "llama_fp8_ct_channel", "llama_fp8_ct_block",
                                            "llama_nvfp4_modelopt", "llama_nvfp4_ct",
                                            "qwen3_moe_nvfp4_ct", "deepseek_v3_fp8_block128",
-                                           "gpt_oss_mxfp4"));
+                                           "gpt_oss_mxfp4", "gpt_oss_mxfp4.gguf"));
 
 }  // namespace
 }  // namespace cleave::engine

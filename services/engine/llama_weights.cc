@@ -129,8 +129,11 @@ class TensorSource {
 
 class GgufSource final : public TensorSource {
  public:
-  explicit GgufSource(const model::GgufFile& file) : file_(file) {}
+  GgufSource(const model::GgufFile& file, Architecture arch) : file_(file), arch_(arch) {}
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
+    // gpt-oss names its second norm for where it sits.
+    if (arch_ == Architecture::kGptOss && role == "ffn_norm")
+      return absl::StrCat("blk.", layer, ".post_attention_norm.weight");
     // Latent attention roles have no GGUF names: engineSupport() refuses such files.
     static const std::map<std::string, std::string> kNames = {{"attn_norm", "attn_norm.weight"},
                                                               {"q", "attn_q.weight"},
@@ -140,6 +143,8 @@ class GgufSource final : public TensorSource {
                                                               {"q_bias", "attn_q.bias"},
                                                               {"k_bias", "attn_k.bias"},
                                                               {"v_bias", "attn_v.bias"},
+                                                              {"o_bias", "attn_output.bias"},
+                                                              {"sinks", "attn_sinks.weight"},
                                                               {"q_norm", "attn_q_norm.weight"},
                                                               {"k_norm", "attn_k_norm.weight"},
                                                               {"ffn_norm", "ffn_norm.weight"},
@@ -204,11 +209,37 @@ class GgufSource final : public TensorSource {
     if (c.moe->score_correction_bias) {
       CLEAVE_ASSIGN_OR_RETURN(block.score_bias, vector(blk + "exp_probs_b.bias", experts));
     }
+    if (c.moe->router_bias) {
+      CLEAVE_ASSIGN_OR_RETURN(block.router_bias, vector(blk + "ffn_gate_inp.bias", experts));
+    }
+    if (c.moe->expert_bias) {
+      // `part` of row e of a stacked [experts, width] bias.
+      auto bias = [&](const std::string& name, uint64_t width, int64_t e,
+                      Span part) -> absl::StatusOr<std::vector<float>> {
+        CLEAVE_ASSIGN_OR_RETURN(Stored t, find(blk + name, {experts, width}));
+        std::vector<float> row(width);
+        CLEAVE_RETURN_IF_ERROR(model::dequantize(
+            t.type, t.data + e * *model::tensorBytes(t.type, width), width, row.data()));
+        return std::vector<float>(row.begin() + part.begin, row.begin() + part.begin + part.size);
+      };
+      for (size_t i = 0; i < block.experts.size(); ++i) {
+        MoeExpert& x = block.experts[i];
+        const int64_t e = dims.experts.begin + static_cast<int64_t>(i);
+        CLEAVE_ASSIGN_OR_RETURN(x.gate_bias, bias("ffn_gate_exps.bias", ffn, e, dims.expert_ffn));
+        CLEAVE_ASSIGN_OR_RETURN(x.up_bias, bias("ffn_up_exps.bias", ffn, e, dims.expert_ffn));
+        if (dims.expert_ffn.begin == 0) {  // The rank whose sum the bias joins.
+          CLEAVE_ASSIGN_OR_RETURN(x.down_bias,
+                                  bias("ffn_down_exps.bias", hidden, e,
+                                       {.begin = 0, .size = static_cast<int64_t>(hidden)}));
+        }
+      }
+    }
     return block;
   }
 
  private:
   const model::GgufFile& file_;
+  const Architecture arch_;
 };
 
 class SafetensorsSource final : public TensorSource {
@@ -489,7 +520,7 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& p
   // for adjacent-pair rotation; Qwen files keep Hugging Face's halves (its NEOX rope).
   w->rope_pairing =
       w->config.model_type == "llama" ? cpu::RopePairing::kAdjacent : cpu::RopePairing::kHalves;
-  CLEAVE_RETURN_IF_ERROR(loadTensors(GgufSource(*w->gguf), *w, on_layer));
+  CLEAVE_RETURN_IF_ERROR(loadTensors(GgufSource(*w->gguf, w->config.architecture), *w, on_layer));
   return w;
 }
 

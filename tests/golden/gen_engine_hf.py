@@ -196,18 +196,21 @@ CASES["qwen3_moe_nvfp4_ct"] = (Qwen3MoeConfig, CASES["qwen3_moe_f32"][1], 108, "
 
 # gpt-oss: per-head attention sinks, sliding windows of 4 positions on the even layers (shorter
 # than every prompt, so they bind), biases on Q/K/V/O, the router and the experts, and the
-# experts' clamped SwiGLU with a limit that binds on random weights (the real models' 7 would
-# not); YaRN as gpt-oss uses it (truncate false), scaled down to these positions.
+# experts' clamped SwiGLU at the real models' limit of 7 (which GGUF files cannot state:
+# llama.cpp fixes it), made to bind in gpt_oss_f32 by expert gate/up weights 8 times the usual
+# scale (EXPERT_GAIN); YaRN as gpt-oss uses it (truncate false), scaled down to these positions.
 CASES["gpt_oss_f32"] = (GptOssConfig, dict(
     hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     head_dim=16, vocab_size=509, max_position_embeddings=256, rms_norm_eps=1e-5, num_local_experts=8,
     num_experts_per_tok=2, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
-    swiglu_limit=0.6, attention_bias=True, tie_word_embeddings=False,
+    swiglu_limit=7.0, attention_bias=True, tie_word_embeddings=False,
     rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
                      "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64},
     bos_token_id=0, eos_token_id=1), 116, torch.float32)
-# The same model with its experts in MXFP4 as OpenAI publishes gpt-oss (E2M1 codes with an E8M0
-# exponent per 32 elements, in _blocks and _scales tensors); everything else stays float.
+# The same model at the usual scale with its experts in MXFP4 as OpenAI publishes gpt-oss (E2M1
+# codes with an E8M0 exponent per 32 elements, in _blocks and _scales tensors); everything
+# else stays float. (With the clamp binding, the activations an int8 engine rounds would be
+# too large for a bound that still checks the format.)
 CASES["gpt_oss_mxfp4"] = (GptOssConfig, CASES["gpt_oss_f32"][1], 116, "mxfp4_experts")
 
 
@@ -226,7 +229,10 @@ def max_rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float(((a - ref).abs().amax(-1) / ref.abs().amax(-1)).max())
 
 
-def randomize(model: torch.nn.Module, seed: int) -> None:
+EXPERT_GAIN = {"gpt_oss_f32": 8.0}  # gate_up_proj's scale, times the usual
+
+
+def randomize(model: torch.nn.Module, seed: int, expert_gain: float = 1.0) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -240,6 +246,8 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             else:
                 assert p.dim() >= 2, name
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+                if name.endswith("mlp.experts.gate_up_proj"):  # gpt-oss: past the SwiGLU clamp
+                    p.mul_(expert_gain)
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
@@ -423,7 +431,7 @@ def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
     cfg = cls(**kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
-    randomize(model, seed)
+    randomize(model, seed, EXPERT_GAIN.get(name, 1.0))
     quant = wdtype if isinstance(wdtype, str) else None
     if quant:
         wdtype = torch.float32
