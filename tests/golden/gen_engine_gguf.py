@@ -8,6 +8,11 @@ rope). Float32, so the files check the layout and nothing else.
 
 Each file is checked with llama.cpp itself: its logits at every position of the HF golden's
 prompts must match transformers' (logits.json) — so the layout is llama.cpp's, not ours.
+gpt-oss: llama.cpp's YaRN always truncates its correction range, where gpt-oss's config says
+not to (the golden logits and Cleave follow the config), so gpt_oss_f32.gguf is checked
+against transformers run with truncation; gpt_oss_mxfp4.gguf, the same layout with MXFP4
+experts, by its experts' values (the gguf package's decoding against transformers' MXFP4
+converter's).
 The engine test (HfLogitsTest, "NAME.gguf") loads these files against the same transformers logits.
 
 Run: .cache/oracle-venv/bin/python tests/golden/gen_engine_gguf.py
@@ -115,9 +120,10 @@ def mxfp4_gguf(blocks, scales):
 
 
 def write_gpt_oss(case):
-    """gpt-oss with OpenAI's MXFP4 experts, as convert_hf_to_gguf.py's GptOssModel writes it:
-    gate and up split from gate_up_proj's interleaved rows (and its bias), the MXFP4 blocks
-    repacked, the second norm named post_attention_norm, the sinks attn_sinks."""
+    """gpt-oss as convert_hf_to_gguf.py's GptOssModel writes it: gate and up split from
+    gate_up_proj's interleaved rows (and its bias), OpenAI's MXFP4 blocks repacked (float
+    experts, transformers' [experts, in, out], transposed), the second norm named
+    post_attention_norm, the sinks attn_sinks."""
     cfg = json.load(open(os.path.join(HF, case, "config.json")))
     t = load_file(os.path.join(HF, case, "model.safetensors"))
     path = os.path.join(OUT, f"{case}.gguf")
@@ -142,7 +148,8 @@ def write_gpt_oss(case):
     w.add_expert_feed_forward_length(cfg["intermediate_size"])
     w.add_sliding_window(cfg["sliding_window"])
     w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
+    mxfp4 = "mlp.experts.gate_up_proj_blocks" in " ".join(t)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if mxfp4 else gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("none")
 
     def tensor(name, array):
@@ -162,12 +169,18 @@ def write_gpt_oss(case):
         tensor(blk + "ffn_gate_inp.weight", t[hf + "mlp.router.weight"])
         tensor(blk + "ffn_gate_inp.bias", t[hf + "mlp.router.bias"])
         experts = hf + "mlp.experts."
-        gate_up = mxfp4_gguf(t[experts + "gate_up_proj_blocks"], t[experts + "gate_up_proj_scales"])
-        down = mxfp4_gguf(t[experts + "down_proj_blocks"], t[experts + "down_proj_scales"])
-        mxfp4 = gguf.GGMLQuantizationType.MXFP4
-        w.add_tensor(blk + "ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, 0::2]), raw_dtype=mxfp4)
-        w.add_tensor(blk + "ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, 1::2]), raw_dtype=mxfp4)
-        w.add_tensor(blk + "ffn_down_exps.weight", np.ascontiguousarray(down), raw_dtype=mxfp4)
+        if mxfp4:
+            gate_up = mxfp4_gguf(t[experts + "gate_up_proj_blocks"], t[experts + "gate_up_proj_scales"])
+            down = mxfp4_gguf(t[experts + "down_proj_blocks"], t[experts + "down_proj_scales"])
+            kind = gguf.GGMLQuantizationType.MXFP4
+            w.add_tensor(blk + "ffn_gate_exps.weight", np.ascontiguousarray(gate_up[:, 0::2]), raw_dtype=kind)
+            w.add_tensor(blk + "ffn_up_exps.weight", np.ascontiguousarray(gate_up[:, 1::2]), raw_dtype=kind)
+            w.add_tensor(blk + "ffn_down_exps.weight", np.ascontiguousarray(down), raw_dtype=kind)
+        else:
+            gate_up = t[experts + "gate_up_proj"]
+            tensor(blk + "ffn_gate_exps.weight", gate_up[:, :, 0::2].transpose(0, 2, 1))
+            tensor(blk + "ffn_up_exps.weight", gate_up[:, :, 1::2].transpose(0, 2, 1))
+            tensor(blk + "ffn_down_exps.weight", t[experts + "down_proj"].transpose(0, 2, 1))
         bias = t[experts + "gate_up_proj_bias"]
         tensor(blk + "ffn_gate_exps.bias", bias[:, 0::2])
         tensor(blk + "ffn_up_exps.bias", bias[:, 1::2])
@@ -179,9 +192,57 @@ def write_gpt_oss(case):
     return path
 
 
-def check_with_llamacpp(case, path, tolerance):
+def check_mxfp4_blocks(path, case):
+    """The MXFP4 experts of `path`, decoded by the gguf package, are the weights transformers'
+    MXFP4 converter decodes from `case`'s blocks (gate and up split from their interleaved rows)."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    import torch
+    t = load_file(os.path.join(HF, case, "model.safetensors"))
+    reader = gguf.GGUFReader(path)
+    checked = 0
+    for tensor in reader.tensors:
+        if tensor.tensor_type != gguf.GGMLQuantizationType.MXFP4:
+            continue
+        layer, name = int(tensor.name.split(".")[1]), tensor.name.split(".")[2]
+        source = "gate_up_proj" if name in ("ffn_gate_exps", "ffn_up_exps") else "down_proj"
+        prefix = f"model.layers.{layer}.mlp.experts.{source}"
+        weights = convert_moe_packed_tensors(torch.from_numpy(t[prefix + "_blocks"]),
+                                             torch.from_numpy(t[prefix + "_scales"]),
+                                             dtype=torch.float32).numpy()  # [experts, in, out]
+        if source == "gate_up_proj":
+            weights = weights[:, :, 0::2] if name == "ffn_gate_exps" else weights[:, :, 1::2]
+        want = weights.transpose(0, 2, 1)
+        got = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(want.shape)
+        if not np.array_equal(got, want):
+            raise SystemExit(f"{path}: {tensor.name} does not hold {prefix}'s values")
+        checked += 1
+    print(f"{os.path.basename(path)}: {checked} MXFP4 tensors hold the checkpoint's values exactly")
+
+
+def truncated_yarn_logits(case, prompts):
+    """transformers' logits of `case` with YaRN's correction range truncated to whole
+    dimensions, as llama.cpp computes YaRN whatever the config says (gpt-oss's is
+    truncate: false, which the golden and Cleave follow; on these tiny models the two differ
+    by about 7e-2)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    folder = os.path.join(HF, case)
+    config = AutoConfig.from_pretrained(folder)
+    config.rope_parameters["truncate"] = True
+    if "quantization_config" in json.load(open(os.path.join(folder, "config.json"))):
+        raise SystemExit(f"{case}: check the float case's file; transformers cannot run MXFP4 here")
+    model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    with torch.no_grad():
+        return [model(input_ids=torch.tensor([p["ids"]])).logits[0].numpy() for p in prompts]
+
+
+def check_with_llamacpp(case, path, tolerance, reference=None):
     import llama_cpp
     golden = json.load(open(os.path.join(HF, case, "logits.json")))
+    if reference is not None:
+        for prompt, logits in zip(golden["prompts"], reference):
+            prompt["logits_b64"] = base64.b64encode(logits.astype(np.float32).tobytes())
     llm = llama_cpp.Llama(model_path=path, n_ctx=256, n_threads=2, logits_all=True, verbose=False,
                           type_k=0, type_v=0)  # An f32 KV cache, as the golden computed.
     worst = 0.0
@@ -203,6 +264,10 @@ if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
     for case, arch in CASES.items():
         check_with_llamacpp(case, write(case, arch), 1e-4)
-    # MXFP4 experts: llama.cpp multiplies them with activations rounded to 8 bits, as Cleave's
-    # CPU engine does, hence the golden's own bound (2e-2) instead of float's.
-    check_with_llamacpp("gpt_oss_mxfp4", write_gpt_oss("gpt_oss_mxfp4"), 2e-2)
+    # gpt-oss: the float file against transformers with llama.cpp's truncated YaRN (2e-6 when
+    # written), which shows the layout is llama.cpp's; the MXFP4 file shares it but for the
+    # experts' blocks, whose bytes are checked against the gguf package's MXFP4 decoding.
+    check_with_llamacpp("gpt_oss_f32", write_gpt_oss("gpt_oss_f32"), 1e-4,
+                        truncated_yarn_logits("gpt_oss_f32", json.load(open(os.path.join(
+                            HF, "gpt_oss_f32", "logits.json")))["prompts"]))
+    check_mxfp4_blocks(write_gpt_oss("gpt_oss_mxfp4"), "gpt_oss_mxfp4")
