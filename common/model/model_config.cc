@@ -185,10 +185,16 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
 // names "sliding_attention" (by default every even layer, as transformers fills it in).
 absl::Status parseSlidingLayers(const JsonFields& f, ModelConfig& c) {
   CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> window, f.optionalUint("sliding_window"));
-  if (!window || *window == 0) return absl::OkStatus();
+  const nlohmann::json* types = f.get("layer_types");
+  if (!window || *window == 0) {
+    if (types != nullptr && types->is_array() &&
+        std::find(types->begin(), types->end(), "sliding_attention") != types->end()) {
+      return f.error("sliding_window", "must be positive when layer_types names sliding layers");
+    }
+    return absl::OkStatus();
+  }
   c.sliding_window = *window;
   c.sliding_layers.assign(c.num_layers, false);
-  const nlohmann::json* types = f.get("layer_types");
   if (types == nullptr || types->is_null()) {
     for (uint32_t l = 0; l < c.num_layers; l += 2) c.sliding_layers[l] = true;
     return absl::OkStatus();

@@ -165,6 +165,8 @@ TEST(ModelConfigTest, BadFieldsNameTheFileAndField) {
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":2,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":4,"layer_types":["full_attention"]})"},
       {"layer_types layer 1: \"local\" is not sliding_attention or full_attention",
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":2,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":4,"layer_types":["full_attention","local"]})"},
+      {"sliding_window must be positive when layer_types names sliding layers",
+       R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":null,"layer_types":["sliding_attention"]})"},
       {"swiglu_limit must be > 0",
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"swiglu_limit":0})"},
   };

@@ -155,6 +155,14 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source,
   return matrix;
 }
 
+void CpuMatrix::dropSource() {
+  if (!packed()) return;
+  source_.data = nullptr;
+  source_.scales.data = nullptr;
+  kernel_.data = nullptr;
+  owner_.reset();
+}
+
 int64_t CpuMatrix::bytes() const {
   if (packed()) return packed_bytes_;
   if (rewritten_) return static_cast<int64_t>(rewritten_->size());

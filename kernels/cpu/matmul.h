@@ -58,13 +58,19 @@ class CpuMatrix {
  public:
   // Fails for formats matmul() does not take, a column count that is not a whole number of
   // blocks, or an ISA this CPU lacks. `source.data` must outlive this: packed or not, it is
-  // what source() hands another backend (dequantizeRows) when it makes its own copy.
+  // what source() hands another backend (dequantizeRows) when it makes its own copy
+  // (unless dropSource()).
   static absl::StatusOr<CpuMatrix> create(const WeightMatrix& source, Isa isa = bestIsa());
   // The same, for `source.data` held by `owner`: kept alive as long as this reads it.
   static absl::StatusOr<CpuMatrix> create(const WeightMatrix& source,
                                           std::shared_ptr<const void> owner, Isa isa = bestIsa());
 
   const WeightMatrix& source() const { return source_; }
+  // For a packed matrix whose source no other backend will upload (one the loader made, not a
+  // mapped file): releases the source (and its owner), so only the packed copy stays in
+  // memory. source() then keeps its shape and type but no data, which dequantizeRows refuses.
+  // Unpacked, nothing changes (the kernels read the source).
+  void dropSource();
   model::TensorType type() const { return source_.type; }
   // What the kernels read: the source, or a rewrite of it in a format they run faster (Q4_K
   // as Q4_1 blocks, the same codes with each sub-block's scale and offset in half). Packed

@@ -13,6 +13,10 @@
 namespace cleave::cpu {
 
 absl::Status dequantizeRows(const WeightMatrix& w, int64_t row_begin, int64_t row_end, float* out) {
+  if (w.data == nullptr) {
+    return absl::FailedPreconditionError(
+        "the weights are kept only in the CPU kernels' packed layout (CpuMatrix::dropSource)");
+  }
   const BlockScales& s = w.scales;
   for (int64_t n = row_begin; n < row_end; ++n) {
     float* row = out + (n - row_begin) * w.cols;

@@ -387,6 +387,38 @@ TEST(QuantizedActivationsTest, ErrorIsBoundedByHalfAStep) {
   }
 }
 
+// A packed matrix that drops its source (the loader's own copy) multiplies as before, holds
+// its packed bytes only, and refuses to be dequantized for another backend; an unpacked one
+// keeps its source.
+TEST(MatmulDropSourceTest, APackedMatrixKeepsOnlyItsPackedCopy) {
+  std::mt19937 rng(3);
+  ThreadPool pool(2);
+  const int64_t rows = 40, cols = 128, tokens = 3;
+  auto bytes =
+      std::make_shared<std::vector<uint8_t>>(randomWeights(TensorType::kMXFP4, rows, cols, rng));
+  const WeightMatrix w{
+      .type = TensorType::kMXFP4, .rows = rows, .cols = cols, .data = bytes->data()};
+  std::vector<float> x(tokens * cols), before(tokens * rows), after(tokens * rows, std::nanf(""));
+  std::normal_distribution<float> normal;
+  for (float& v : x) v = normal(rng);
+  for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isaSupported(isa)) continue;
+    auto m = CpuMatrix::create(w, bytes, isa);
+    ASSERT_TRUE(m.ok()) << m.status();
+    const MatmulArgs args{.weight = &*m, .x = x.data(), .ldx = cols, .tokens = tokens, .ldy = rows};
+    MatmulArgs first = args, second = args;
+    first.y = before.data();
+    second.y = after.data();
+    ASSERT_TRUE(matmul(first, pool).ok());
+    m->dropSource();
+    ASSERT_TRUE(matmul(second, pool).ok());
+    EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.size() * 4)) << isaName(isa);
+    std::vector<float> row(cols);
+    EXPECT_EQ(dequantizeRows(m->source(), 0, 1, row.data()).ok(), !m->packed()) << isaName(isa);
+    EXPECT_EQ(m->source().data != nullptr, !m->packed());
+  }
+}
+
 TEST(MatmulErrorsTest, UnsupportedFormatsAndShapes) {
   std::vector<uint8_t> bytes(1024);
   WeightMatrix q2k{.type = TensorType::kQ2_K, .rows = 1, .cols = 256, .data = bytes.data()};

@@ -146,6 +146,8 @@ absl::Status uploadDequantized(const cpu::CpuMatrix& m, bf16* dst, const char* w
 absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst, int64_t index,
                         int64_t first, const char* what) {
   const cpu::WeightMatrix& src = m.source();
+  if (src.data == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat(what, ": kept only in the CPU's layout"));
   const cpu::BlockScales& s = src.scales;
   const int64_t rows = m.rows(), cols = m.cols();
   if (cols != dst.cols || first + rows > dst.rows || index < 0 || index >= dst.experts ||

@@ -107,7 +107,9 @@ absl::StatusOr<cpu::CpuMatrix> mxfp4Matrix(const SafetensorsTensor& blocks,
   }
   const cpu::WeightMatrix w{
       .type = TensorType::kMXFP4, .rows = p.rows.size, .cols = p.cols.size, .data = out->data()};
-  return cpu::CpuMatrix::create(w, out);
+  CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix matrix, cpu::CpuMatrix::create(w, out));
+  matrix.dropSource();  // Packed, the regrouped copy is not read again: one copy in memory.
+  return matrix;
 }
 
 // Elements [offset + stride * i for i in part] of row `e` of the float tensor `t` ([experts,

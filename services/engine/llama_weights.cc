@@ -217,9 +217,15 @@ class GgufSource final : public TensorSource {
       auto bias = [&](const std::string& name, uint64_t width, int64_t e,
                       Span part) -> absl::StatusOr<std::vector<float>> {
         CLEAVE_ASSIGN_OR_RETURN(Stored t, find(blk + name, {experts, width}));
+        const std::optional<uint64_t> row_bytes = model::tensorBytes(t.type, width);
+        if (!row_bytes) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(file_.path(), ": tensor \"", blk, name, "\": rows of ", width, " ",
+                           model::tensorTypeName(t.type), " elements are not whole blocks"));
+        }
         std::vector<float> row(width);
-        CLEAVE_RETURN_IF_ERROR(model::dequantize(
-            t.type, t.data + e * *model::tensorBytes(t.type, width), width, row.data()));
+        CLEAVE_RETURN_IF_ERROR(
+            model::dequantize(t.type, t.data + e * *row_bytes, width, row.data()));
         return std::vector<float>(row.begin() + part.begin, row.begin() + part.begin + part.size);
       };
       for (size_t i = 0; i < block.experts.size(); ++i) {
