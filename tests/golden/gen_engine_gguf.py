@@ -37,12 +37,12 @@ def permute(w, heads):
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write(case, arch):
+def open_writer(case, arch):
+    """`case`'s config, tensors and a GGUF writer for it holding the keys every file has."""
     cfg = json.load(open(os.path.join(HF, case, "config.json")))
     t = load_file(os.path.join(HF, case, "model.safetensors"))
-    path = os.path.join(OUT, f"{case}.gguf")
-    w = gguf.GGUFWriter(path, arch)
-    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w = gguf.GGUFWriter(os.path.join(OUT, f"{case}.gguf"), arch)
+    heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     w.add_name(case)
     w.add_context_length(cfg["max_position_embeddings"])
@@ -50,11 +50,25 @@ def write(case, arch):
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
+    w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    return cfg, t, w
+
+
+def close_writer(w):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(w.path)
+
+
+def write(case, arch):
+    cfg, t, w = open_writer(case, arch)
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     experts = cfg.get("num_local_experts", cfg.get("num_experts"))
     if experts:
         w.add_expert_count(experts)
@@ -101,11 +115,7 @@ def write(case, arch):
         for gguf_name, hf_name in (("ffn_gate_exps", gate), ("ffn_up_exps", up), ("ffn_down_exps", down)):
             stacked = np.stack([t[hf + f"{moe}.experts.{e}.{hf_name}.weight"] for e in range(experts)])
             tensor(blk + gguf_name + ".weight", stacked)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return close_writer(w)
 
 
 def mxfp4_gguf(blocks, scales):
@@ -124,25 +134,11 @@ def write_gpt_oss(case):
     gate_up_proj's interleaved rows (and its bias), OpenAI's MXFP4 blocks repacked (float
     experts, transformers' [experts, in, out], transposed), the second norm named
     post_attention_norm, the sinks attn_sinks."""
-    cfg = json.load(open(os.path.join(HF, case, "config.json")))
-    t = load_file(os.path.join(HF, case, "model.safetensors"))
-    path = os.path.join(OUT, f"{case}.gguf")
-    w = gguf.GGUFWriter(path, "gpt-oss")
+    cfg, t, w = open_writer(case, "gpt-oss")
     rope = cfg["rope_parameters"]
-    w.add_name(case)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_key_length(cfg["head_dim"])
-    w.add_value_length(cfg["head_dim"])
-    w.add_rope_freq_base(rope["rope_theta"])
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(rope["factor"])
     w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_expert_count(cfg["num_local_experts"])
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_expert_feed_forward_length(cfg["intermediate_size"])
@@ -185,11 +181,7 @@ def write_gpt_oss(case):
         tensor(blk + "ffn_gate_exps.bias", bias[:, 0::2])
         tensor(blk + "ffn_up_exps.bias", bias[:, 1::2])
         tensor(blk + "ffn_down_exps.bias", t[experts + "down_proj_bias"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return close_writer(w)
 
 
 def check_mxfp4_blocks(path, case):
