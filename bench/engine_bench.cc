@@ -118,16 +118,22 @@ int main(int argc, char** argv) {
   if (given.peak_flops > 0) hw.peak_flops = given.peak_flops;
   if (given.attention_flops > 0) hw.attention_flops = given.attention_flops;
   double weight_bytes = 0;
-  for (int r = 0; r < tp; ++r) weight_bytes += static_cast<double>(model.weightBytes(r));
+  double routed_expert_bytes = 0;
+  for (int r = 0; r < tp; ++r) {
+    weight_bytes += static_cast<double>(model.weightBytes(r));
+    routed_expert_bytes += static_cast<double>(model.routedExpertBytes(r));
+  }
   auto floorOf = [&](roofline::Workload w) {
     w.weight_bytes = weight_bytes;
+    w.routed_expert_bytes = routed_expert_bytes;
     w.bytes_per_kv = static_cast<double>(cpu::kvElementBytes(kv_type));
     return roofline::stepFloor(c, hw, w).value();
   };
   std::printf(
-      "model %s: %.1f MB of weights read per step; %d threads, tp %d, %s KV cache; measured "
-      "read bandwidth %.1f GB/s\n",
-      path.c_str(), weight_bytes / 1e6, threads, tp, cpu::kvTypeName(kv_type), hw.bandwidth / 1e9);
+      "model %s: %.1f MB of weights (%.1f MB of them routed experts, read as chosen); %d "
+      "threads, tp %d, %s KV cache; measured read bandwidth %.1f GB/s\n",
+      path.c_str(), weight_bytes / 1e6, routed_expert_bytes / 1e6, threads, tp,
+      cpu::kvTypeName(kv_type), hw.bandwidth / 1e9);
   std::printf("SIMD peak: %.0f GOP/s for the weights' products (%s), f32 %.0f GFLOP/s\n",
               hw.peak_flops / 1e9,
               quantized && hw.peak_flops != hw.attention_flops ? "int8" : "f32",

@@ -561,6 +561,16 @@ int64_t LlamaLayer::bytes() const {
          (moe ? moe->bytes() : 0) + (mla ? mla->bytes() : 0);
 }
 
+int64_t LlamaWeights::routedExpertBytes() const {
+  int64_t bytes = 0;
+  for (const LlamaLayer& l : layers) {
+    if (!l.moe) continue;
+    for (const MoeExpert& e : l.moe->experts)
+      bytes += e.gate.bytes() + e.up.bytes() + e.down.bytes();
+  }
+  return bytes;
+}
+
 int64_t LlamaWeights::weightBytes() const {
   int64_t bytes = output.bytes() + static_cast<int64_t>(output_norm.size()) * 4;
   for (const LlamaLayer& l : layers) bytes += l.bytes();

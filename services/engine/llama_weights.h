@@ -80,6 +80,9 @@ struct LlamaWeights {
   cpu::CpuMatrix output;           // [vocab, hidden]; the embedding table when tied.
   // Bytes a decode step streams for the weights (all matrices + norms + one embedding row).
   int64_t weightBytes() const;
+  // Of those, the routed experts' (every expert of every MoE layer this rank holds): a step
+  // reads only the experts its tokens chose.
+  int64_t routedExpertBytes() const;
 };
 
 // Loads rank `shard` of a Llama-family model from `path`: a GGUF file, or a folder with

@@ -37,6 +37,7 @@ struct TpGroup::Rank {
   int64_t layers = 0;  // The shard's, kept past the release.
   Span kv_heads;
   int64_t cpu_weight_bytes = 0;
+  int64_t cpu_routed_expert_bytes = 0;
   std::unique_ptr<cpu::ThreadPool> pool;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<LlamaModel> model;
@@ -175,6 +176,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
     rank.layers = static_cast<int64_t>(rank.weights->layers.size());
     rank.kv_heads = rank.weights->dims.kv_heads;
     rank.cpu_weight_bytes = rank.weights->weightBytes();
+    rank.cpu_routed_expert_bytes = rank.weights->routedExpertBytes();
     return absl::OkStatus();
   }));
   const LlamaWeights& first = *group->ranks_[0]->weights;
@@ -361,6 +363,11 @@ int64_t TpGroup::weightBytes(int rank) const {
     if (const int64_t stored = backends_[rank]->weightBytes(); stored > 0) return stored;
   }
   return ranks_[rank]->cpu_weight_bytes;
+}
+
+int64_t TpGroup::routedExpertBytes(int rank) const {
+  if (!backends_.empty() && backends_[rank]->weightBytes() > 0) return 0;
+  return ranks_[rank]->cpu_routed_expert_bytes;
 }
 
 KvStorage& TpGroup::kv(int rank) {

@@ -138,6 +138,9 @@ class TpGroup {
   // Weight bytes rank `rank` streams per step (as its backend stores them, once made), and
   // its KV bytes per block.
   int64_t weightBytes(int rank) const;
+  // Of weightBytes(rank), the routed experts' (LlamaWeights::routedExpertBytes); 0 where the
+  // backend counts its own weights.
+  int64_t routedExpertBytes(int rank) const;
   int64_t kvBlockBytes(int rank) const;
   // The host rows a KV transport reads and writes for rank `rank` (after allocateKv(): the
   // CPU model's cache or its staging rows, or a backend's host rows with host_kv), and its

@@ -171,6 +171,9 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
   const double lm_head = static_cast<double>(c.vocab_size) * h;
   read += lm_head;
   t.weight_bytes = w.weight_bytes > 0 ? w.weight_bytes : read * w.bytes_per_weight / tp;
+  if (w.weight_bytes > 0 && c.moe && c.moe->num_experts > 0) {
+    t.weight_bytes -= w.routed_expert_bytes * (1.0 - t.expected_experts / c.moe->num_experts);
+  }
   // MLA's latent is shared by all heads, so every rank keeps all of it.
   const double kv_share = c.mla ? 1.0 : 1.0 / std::min<double>(tp, c.num_kv_heads);
   const double kv_positions = w.kv_positions * full + double(w.windowed_kv_positions) * sliding;

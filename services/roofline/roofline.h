@@ -47,9 +47,11 @@ struct Workload {
   int64_t windowed_attended = 0;
   int64_t windowed_kv_positions = 0;
   double bytes_per_weight = 2;  // Stored format (0.5625 for NVFP4 with scales, ...).
-  // When > 0, the weight bytes a rank reads, known exactly (a loaded dense model), instead
-  // of parameters x bytes_per_weight.
+  // When > 0, the weight bytes a rank holds, known exactly (a loaded model), instead of
+  // parameters x bytes_per_weight; of them routed_expert_bytes are a MoE model's routed
+  // experts, of which a step reads the share its tokens are expected to choose.
   double weight_bytes = 0;
+  double routed_expert_bytes = 0;
   double bytes_per_kv = 2;  // Per KV element.
 };
 

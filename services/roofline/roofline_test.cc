@@ -72,6 +72,26 @@ TEST(RooflineTest, MoeLayersReadTheExpectedExperts) {
   EXPECT_GT(many->expected_experts, 15.9);
 }
 
+// A loaded MoE model's weight bytes: a step reads its routed experts only in the share its
+// tokens are expected to choose (k of E for one token, nearly all for many).
+TEST(RooflineTest, LoadedMoeWeightsCountTheExpertsAStepReads) {
+  model::ModelConfig c = tinyDense();
+  c.moe =
+      model::MoeConfig{.num_experts = 32, .experts_per_token = 4, .expert_intermediate_size = 32};
+  Workload one = decodeStep(1, 10);
+  one.weight_bytes = 1000;
+  one.routed_expert_bytes = 800;
+  auto t = stepFloor(c, kUnit, one);
+  ASSERT_TRUE(t.ok());
+  EXPECT_DOUBLE_EQ(t->weight_bytes, 200 + 800 * 4.0 / 32);
+  Workload many = decodeStep(256, 10);
+  many.weight_bytes = 1000;
+  many.routed_expert_bytes = 800;
+  t = stepFloor(c, kUnit, many);
+  ASSERT_TRUE(t.ok());
+  EXPECT_NEAR(t->weight_bytes, 1000, 1e-6);
+}
+
 TEST(RooflineTest, PrefillAttendsTheTriangle) {
   const Workload w = prefillChunk(4, 10);
   EXPECT_EQ(w.attended, 11 + 12 + 13 + 14);  // FLOPs: each token over its positions.

@@ -859,9 +859,11 @@ std::optional<double> WorkerCore::floorOf(const StepReport& report) const {
   // Ranks sharing this machine: the floor of the whole group's bytes and FLOPs. A rank per
   // device: the largest rank's (rank 0's) share on one, and the collectives between them.
   const bool own = options_.rank_per_device;
-  double weight_bytes = 0;
-  for (int r = 0; r < (own ? 1 : model_.tp()); ++r)
+  double weight_bytes = 0, routed = 0;
+  for (int r = 0; r < (own ? 1 : model_.tp()); ++r) {
     weight_bytes += static_cast<double>(model_.weightBytes(r));
+    routed += static_cast<double>(model_.routedExpertBytes(r));
+  }
   absl::StatusOr<roofline::Terms> floor = roofline::stepFloor(
       model_.config(), *options_.hardware,
       {.tp = own ? model_.tp() : 1,
@@ -872,6 +874,7 @@ std::optional<double> WorkerCore::floorOf(const StepReport& report) const {
        .windowed_attended = report.work.windowed_attended,
        .windowed_kv_positions = report.work.windowed_kv_positions,
        .weight_bytes = weight_bytes,
+       .routed_expert_bytes = routed,
        .bytes_per_kv = static_cast<double>(cpu::kvElementBytes(model_.kvType()))});
   if (!floor.ok()) return std::nullopt;
   return floor->floor_seconds;
