@@ -32,6 +32,12 @@ void addInPlace(float* x, int64_t ldx, const float* y, int64_t ldy, int64_t rows
   }
 }
 
+void addRowBias(float* x, const float* bias, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < cols; ++i) x[r * cols + i] += bias[i];
+  }
+}
+
 void softmax(float* x, int64_t ld, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     float* v = x + r * ld;

@@ -17,6 +17,9 @@ void siluMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, in
 // x[r] += y[r].
 void addInPlace(float* x, int64_t ldx, const float* y, int64_t ldy, int64_t rows, int64_t cols);
 
+// x[r][i] += bias[i] for each of `rows` contiguous rows of `cols`.
+void addRowBias(float* x, const float* bias, int64_t rows, int64_t cols);
+
 // In-place softmax over each row's first `cols` values.
 void softmax(float* x, int64_t ld, int64_t rows, int64_t cols);
 

@@ -12,16 +12,8 @@
 #include "services/engine/checked_matmul.h"
 
 namespace cleave::engine {
-namespace {
 
-// x[t] += bias for each of `rows` rows of `cols`.
-void addRowBias(float* x, const float* bias, int64_t rows, int64_t cols) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < cols; ++i) x[r * cols + i] += bias[i];
-  }
-}
-
-}  // namespace
+using cpu::addRowBias;
 
 LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool, Communicator* comm)
     : w_(weights),

@@ -15,10 +15,7 @@ namespace cleave::engine {
 namespace {
 
 void addBias(float* x, const std::vector<float>& bias, int64_t rows) {
-  const int64_t cols = static_cast<int64_t>(bias.size());
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < cols; ++i) x[r * cols + i] += bias[i];
-  }
+  cpu::addRowBias(x, bias.data(), rows, static_cast<int64_t>(bias.size()));
 }
 
 // gpt-oss's expert activation (MoeConfig::swiglu_limit), into `gate`.
