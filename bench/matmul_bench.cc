@@ -44,12 +44,12 @@ void BM_Matmul(benchmark::State& state) {
   if (type == TensorType::kMXFP4) {  // Exponents as trained weights have them (no subnormals).
     for (int64_t at = 0; at < bytes; at += 17) source[at] = static_cast<uint8_t>(118 + rng() % 8);
   }
-  // E2M1 (MXFP4, NVFP4) and FP8 take block scales: here one per 32 elements of a row, as
-  // gpt-oss's MXFP4 experts have them.
+  // E2M1 and FP8 take block scales: here one per 16 elements of a row, as NVFP4 checkpoints
+  // have them.
   const bool scaled = type == TensorType::kE2M1 || type == TensorType::kF8E4M3;
-  std::vector<float> scales(scaled ? rows * ((cols + 31) / 32) : 0, 0.5f);
+  std::vector<float> scales(scaled ? rows * ((cols + 15) / 16) : 0, 0.5f);
   const cleave::cpu::BlockScales block_scales{
-      .data = scales.data(), .block_rows = 1, .block_cols = 32, .cols = (cols + 31) / 32};
+      .data = scales.data(), .block_rows = 1, .block_cols = 16, .cols = (cols + 15) / 16};
   std::vector<cleave::cpu::CpuMatrix> weights;
   for (int c = 0; c < copies; ++c) {
     auto m = cleave::cpu::CpuMatrix::create(
@@ -88,13 +88,14 @@ BENCHMARK(BM_Matmul)
     ->ArgsProduct({{576}, {1536}, {1, 16}, {static_cast<int>(TensorType::kQ4_1)}})
     ->ArgsProduct({{49152}, {576}, {1, 16}, {static_cast<int>(TensorType::kQ8_0)}})
     ->ArgsProduct({{4096}, {14336}, {1, 4, 16}, {static_cast<int>(TensorType::kQ6_K)}})
-    // A gpt-oss expert's projection: MXFP4 (its int8 kernels), E2M1 with float block scales
-    // (NVFP4's path: rows dequantized to floats), Q4_0 and Q8_0.
+    // A gpt-oss expert's projection in the 4-bit formats: MXFP4, NVFP4 as GGUF stores it and
+    // as safetensors checkpoints do (E2M1 codes, a float scale per 16), Q4_0; and Q8_0.
     ->ArgsProduct({{2880},
                    {2880},
                    {1, 4, 16},
-                   {static_cast<int>(TensorType::kMXFP4), static_cast<int>(TensorType::kE2M1),
-                    static_cast<int>(TensorType::kQ4_0), static_cast<int>(TensorType::kQ8_0)}})
+                   {static_cast<int>(TensorType::kMXFP4), static_cast<int>(TensorType::kNVFP4),
+                    static_cast<int>(TensorType::kE2M1), static_cast<int>(TensorType::kQ4_0),
+                    static_cast<int>(TensorType::kQ8_0)}})
     // K-quants (what most GGUF files hold) against Q4_1 at a 2048-wide shape.
     ->ArgsProduct({{2048},
                    {2048},

@@ -54,6 +54,30 @@ void mxfp4(const uint8_t* src, float* dst, size_t blocks) {
   }
 }
 
+// Unsigned E4M3 (4 exponent bits biased by 7, 3 mantissa bits) halved, as ggml decodes it.
+float nvfp4Scale(uint8_t d) {
+  if (d == 0 || d == 0x7F) return 0.0f;
+  const int exponent = (d >> 3) & 0x0f;
+  const float mantissa = static_cast<float>(d & 0x07);
+  const float value =
+      exponent == 0 ? std::ldexp(mantissa, -9) : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+  return value * 0.5f;
+}
+
+// [d:ue4m3 x 4][qs:32]: 2 x e2m1 x ue4m3(d[s]) / 2, sub-block s of 16 in qs[8s..8s+7].
+void nvfp4(const uint8_t* src, float* dst, size_t blocks) {
+  for (size_t b = 0; b < blocks; ++b, src += 36) {
+    for (int s = 0; s < 4; ++s, dst += 16) {
+      const float d = nvfp4Scale(src[s]);
+      const uint8_t* qs = src + 4 + 8 * s;
+      for (int j = 0; j < 8; ++j) {
+        dst[j] = static_cast<float>(kMxfp4Twice[qs[j] & 0x0f]) * d;
+        dst[j + 8] = static_cast<float>(kMxfp4Twice[qs[j] >> 4]) * d;
+      }
+    }
+  }
+}
+
 // [d:f16][m:f16][qs:16]
 void q4_1(const uint8_t* src, float* dst, size_t blocks) {
   for (size_t b = 0; b < blocks; ++b, src += 20, dst += kBlock) {

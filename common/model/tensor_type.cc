@@ -33,6 +33,7 @@ constexpr Entry kTypes[] = {
     {{TensorType::kQ6_K, "Q6_K", 256, 210, true}, dequant::q6_K},
     {{TensorType::kQ8_K, "Q8_K", 256, 292, true}, dequant::q8_K},
     {{TensorType::kMXFP4, "MXFP4", 32, 17, true}, dequant::mxfp4},
+    {{TensorType::kNVFP4, "NVFP4", 64, 36, true}, dequant::nvfp4},
     {{TensorType::kI8, "I8", 1, 1, true}, nullptr},
     {{TensorType::kI16, "I16", 1, 2, true}, nullptr},
     {{TensorType::kI32, "I32", 1, 4, true}, nullptr},

@@ -39,6 +39,11 @@ enum class TensorType : uint32_t {
   // the low nibble of byte j, element 16 + j in its high nibble); value = 2 x e2m1 x
   // 2^(e - 128) (llama.cpp's block_mxfp4).
   kMXFP4 = 39,
+  // NVFP4: per 64 elements four UE4M3 scale bytes (one per 16 elements), then 32 bytes of
+  // E2M1 codes: sub-block s in bytes 8s..8s+7, element j (< 8) in the low nibble of byte j
+  // and element 8 + j in its high nibble; value = 2 x e2m1 x ue4m3(d[s]) / 2 (llama.cpp's
+  // block_nvfp4; a per-tensor scale, where a model has one, is not part of the blocks).
+  kNVFP4 = 40,
   // Not GGUF types (safetensors dtypes).
   kF8E4M3 = 1000,
   kF8E5M2 = 1001,

@@ -144,7 +144,8 @@ TEST_P(DequantGoldenTest, MatchesTheGgufPackageBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(AllFormats, DequantGoldenTest,
                          ::testing::Values("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0",
-                                           "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "MXFP4"));
+                                           "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "MXFP4",
+                                           "NVFP4"));
 
 TEST(DequantSmolLm2Test, RealTensorsMatchTheGgufPackage) {
   std::string path = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -74,6 +74,15 @@ absl::StatusOr<std::optional<Rewrite>> rewriteForInt8Kernels(const WeightMatrix&
   return std::nullopt;
 }
 
+// NVFP4 as safetensors checkpoints store it (E2M1 codes, a scale per 16 elements of a row),
+// which the int8 kernels read packed as GGUF's NVFP4 is: halves of 32-element blocks. (Other
+// E2M1 slices, and FP8, are dequantized a row at a time.)
+bool packsAsNvfp4(const WeightMatrix& w) {
+  const BlockScales& s = w.scales;
+  return w.type == TensorType::kE2M1 && s.block_rows == 1 && s.block_cols == 16 &&
+         s.col_offset % 16 == 0 && w.cols % 32 == 0;
+}
+
 }  // namespace
 
 int64_t WeightMatrix::rowBytes() const { return *model::tensorBytes(type, cols); }
@@ -85,7 +94,8 @@ bool isDequantizedPerRow(TensorType type) { return type == TensorType::kQ4_K || 
 
 bool matmulSupports(TensorType type) {
   return isQuantized(type) || isDequantizedPerRow(type) || requantizedToQ8_0(type) ||
-         type == TensorType::kF32 || type == TensorType::kF16 || type == TensorType::kBF16;
+         type == TensorType::kNVFP4 || type == TensorType::kF32 || type == TensorType::kF16 ||
+         type == TensorType::kBF16;
 }
 
 absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa) {
@@ -125,26 +135,39 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
   const WeightMatrix& kernel = matrix.kernel_;
   // The AVX-512 kernels read every packed format, the AVX2 kernel all but Q6_K (which
   // rewriteForInt8Kernels turned into Q8_0 for it).
+  // NVFP4 is packed for every path (the portable one too: it has no other int8 kernel).
+  const bool nvfp4 = packsAsNvfp4(source);
   const bool packs =
-      packed::packs(kernel.type) &&
-      (isa == Isa::kAvx512 || (isa == Isa::kAvx2 && kernel.type != TensorType::kQ6_K));
-  if (packs) {
-    const int64_t bytes =
-        packed::groups(kernel.rows) * packed::groupBytes(kernel.type, kernel.cols / 32);
-    // 64-byte aligned so each 512-bit load stays within one cache line.
-    matrix.packed_ = allocateOnHugePages(std::max<int64_t>((bytes + 63) / 64 * 64, 64));
-    if (matrix.packed_ == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("matmul: cannot allocate ", bytes, " bytes"));
-    }
-    packed::pack(kernel.type, kernel.rows, kernel.cols, kernel.data, matrix.packed_.get());
-    matrix.packed_bytes_ = bytes;
-    if (matrix.rewritten_) {  // The packed copy replaces the rewrite.
-      matrix.rewritten_.reset();
-      matrix.kernel_.data = nullptr;
-    }
-    // The kernel reads the packed copy; source_ stays what another backend uploads from.
+      kernel.type == TensorType::kNVFP4 ||
+      (packed::packs(kernel.type) &&
+       (isa == Isa::kAvx512 || (isa == Isa::kAvx2 && kernel.type != TensorType::kQ6_K)));
+  if (!packs && !nvfp4) return matrix;
+  const TensorType packed_type = nvfp4 ? TensorType::kNVFP4 : kernel.type;
+  const int64_t bytes =
+      packed::groups(kernel.rows) * packed::groupBytes(packed_type, kernel.cols / 32);
+  // 64-byte aligned so each 512-bit load stays within one cache line.
+  matrix.packed_ = allocateOnHugePages(std::max<int64_t>((bytes + 63) / 64 * 64, 64));
+  if (matrix.packed_ == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("matmul: cannot allocate ", bytes, " bytes"));
   }
+  if (nvfp4) {
+    const BlockScales& s = source.scales;
+    packed::packE2M1(
+        source.rows, source.cols, source.data,
+        [&](int64_t row, int64_t group) {
+          return s.data[(s.row_offset + row) * s.cols + s.col_offset / 16 + group] * s.global;
+        },
+        matrix.packed_.get());
+    matrix.kernel_ = {.type = TensorType::kNVFP4, .rows = source.rows, .cols = source.cols};
+  } else {
+    packed::pack(kernel.type, kernel.rows, kernel.cols, kernel.data, matrix.packed_.get());
+  }
+  matrix.packed_bytes_ = bytes;
+  if (matrix.rewritten_) {  // The packed copy replaces the rewrite.
+    matrix.rewritten_.reset();
+    matrix.kernel_.data = nullptr;
+  }
+  // The kernel reads the packed copy; source_ stays what another backend uploads from.
   return matrix;
 }
 
@@ -186,13 +209,15 @@ void productRows(const MatmulArgs& args, const QuantizedActivations* xq, int64_t
   const CpuMatrix& w = *args.weight;
   if (w.packed()) {
     static_assert(kRowAlign % packed::kGroupRows == 0);
-    (w.isa() == Isa::kAvx512 ? kernels::packedGroupsAvx512 : kernels::packedGroupsAvx2)(
-        {.weight = &w,
-         .x = xq,
-         .y = args.y,
-         .ldy = args.ldy,
-         .group_begin = begin / packed::kGroupRows,
-         .group_end = packed::groups(end)});
+    (w.isa() == Isa::kAvx512 ? kernels::packedGroupsAvx512
+     : w.isa() == Isa::kAvx2
+         ? kernels::packedGroupsAvx2
+         : kernels::packedNvfp4Portable)({.weight = &w,
+                                          .x = xq,
+                                          .y = args.y,
+                                          .ldy = args.ldy,
+                                          .group_begin = begin / packed::kGroupRows,
+                                          .group_end = packed::groups(end)});
     return;
   }
   if (isQuantized(w.kernelType())) {

@@ -4,14 +4,15 @@
 //
 // W has `rows` output features, each a row of `cols` input features. It arrives in its
 // stored format (WeightMatrix: GGUF block formats Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K,
-// Q6_K, or F32, F16, BF16, or FP8 E4M3 or FP4 E2M1 codes with their scales) and is turned
-// once, at load, into a CpuMatrix for an int8 kernel where one fits: Q4_K is rewritten as
+// Q6_K, MXFP4, NVFP4, or F32, F16, BF16, or FP8 E4M3 or FP4 E2M1 codes with their scales) and is
+// turned once, at load, into a CpuMatrix for an int8 kernel where one fits: Q4_K is rewritten as
 // Q4_1 blocks, and Q5_0, Q5_1, Q5_K and Q6_K are requantized to Q8_0 (but for Q6_K on
 // AVX-512, whose kernel reads it as it is); Q4_0, Q4_1, Q8_0 and Q6_K are repacked
 // row-interleaved for the AVX2 and AVX-512 kernels (packed_layout.h: the same codes and scales
-// rearranged, nothing dequantized). FP8 and E2M1 are dequantized a row at a time; other
-// cases use the stored bytes in place. Quantized weights multiply x
-// quantized per 32-element block to int8. x is [tokens, cols] with row stride ldx; y is
+// rearranged, nothing dequantized). NVFP4 (GGUF blocks, or E2M1 codes with a scale per 16
+// elements of a row) is packed for every path, the portable one too. Other FP8 and E2M1
+// are dequantized a row at a time; other cases use the stored bytes in place. Quantized weights
+// multiply x quantized per 32-element block to int8. x is [tokens, cols] with row stride ldx; y is
 // [tokens, rows] with row stride ldy. Rows are spread over the pool's threads; each weight
 // byte is read once per call whatever the number of tokens.
 #pragma once

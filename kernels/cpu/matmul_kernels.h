@@ -41,9 +41,11 @@ struct FloatRows {
 // Quantized weights (Q4_0, Q4_1, Q8_0) against quantized activations.
 void quantRowsPortable(const QuantRows& args);
 
-// Quantized weights in the row-interleaved layout (Q6_K on AVX-512 only).
+// Quantized weights in the row-interleaved layout (Q6_K on AVX-512 only; the portable path
+// NVFP4 only, which it has in no other layout).
 void packedGroupsAvx2(const PackedRows& args);
 void packedGroupsAvx512(const PackedRows& args);
+void packedNvfp4Portable(const PackedRows& args);
 
 // Float weights (F32, F16, BF16) against float activations.
 void floatRowsPortable(const FloatRows& args);

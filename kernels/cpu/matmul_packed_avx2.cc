@@ -10,6 +10,8 @@
 //     (pairs of at most 2 * 128 * 127) and widen every chunk.
 //   MXFP4: the codes are looked up (VPSHUFB) as twice their value, -12..12, and multiply as
 //     |w| x (x * sign w): pairs of at most 3048, a block's eight in int16 (at most 24384).
+//   NVFP4: as MXFP4, but each half block (low nibbles, high nibbles) has its own scale, so
+//     the halves sum apart; half the token tile, for the registers they take.
 // Tokens go in tiles so each block is unpacked once per tile; a token's sums run in the same
 // order whatever its tile, so its output does not depend on the batch.
 #include <immintrin.h>
@@ -26,7 +28,9 @@ namespace {
 using model::TensorType;
 
 constexpr int kHalfRows = 8;
-constexpr int kTokenTile = 4;  // Tokens sharing each unpacked block (16 registers).
+// Tokens sharing each unpacked block (16 registers).
+template <TensorType kType>
+constexpr int kTokenTile = kType == TensorType::kNVFP4 ? 2 : 4;
 
 inline __m256i broadcast4(const int8_t* p) {
   int32_t v;
@@ -42,6 +46,8 @@ inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivation
                  float* y, int64_t ldy, int valid) {
   constexpr int64_t kGroupBlock = packed::groupBlockBytes(kType);
   constexpr int64_t kScales = packed::scaleBytes(kType);
+  constexpr bool kFp4 = kType == TensorType::kMXFP4 || kType == TensorType::kNVFP4;
+  constexpr bool kSplit = kType == TensorType::kNVFP4;  // Halves of a block summed apart.
   const __m256i ones = _mm256_set1_epi16(1);
   const __m256i low_mask = _mm256_set1_epi8(0x0f);
   __m256 acc[kHalves][kCount];
@@ -51,6 +57,7 @@ inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivation
     const uint8_t* block = group + b * kGroupBlock;
     const uint8_t* quants = block + kScales;
     __m256i dot[kHalves][kCount];
+    [[maybe_unused]] __m256i dot_high[kHalves][kCount];
     if constexpr (kType == TensorType::kQ8_0) {
       for (int h = 0; h < kHalves; ++h)
         for (int i = 0; i < kCount; ++i) dot[h][i] = _mm256_setzero_si256();
@@ -73,8 +80,13 @@ inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivation
       }
     } else {
       __m256i pairs[kHalves][kCount];
-      for (int h = 0; h < kHalves; ++h)
-        for (int i = 0; i < kCount; ++i) pairs[h][i] = _mm256_setzero_si256();
+      [[maybe_unused]] __m256i pairs_high[kHalves][kCount];
+      for (int h = 0; h < kHalves; ++h) {
+        for (int i = 0; i < kCount; ++i) {
+          pairs[h][i] = _mm256_setzero_si256();
+          if constexpr (kSplit) pairs_high[h][i] = _mm256_setzero_si256();
+        }
+      }
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) {
         __m256i low[kHalves], high[kHalves];
@@ -85,7 +97,7 @@ inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivation
           high[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low_mask);
         }
         [[maybe_unused]] __m256i low_sign[kHalves], high_sign[kHalves];
-        if constexpr (kType == TensorType::kMXFP4) {
+        if constexpr (kFp4) {
           const __m256i lut = _mm256_broadcastsi128_si256(
               _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12));
           for (int h = 0; h < kHalves; ++h) {
@@ -101,26 +113,38 @@ inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivation
           const __m256i xl = broadcast4(xq + 4 * c), xh = broadcast4(xq + 16 + 4 * c);
           for (int h = 0; h < kHalves; ++h) {
             __m256i xlh = xl, xhh = xh;
-            if constexpr (kType == TensorType::kMXFP4) {
+            if constexpr (kFp4) {
               xlh = _mm256_sign_epi8(xl, low_sign[h]);
               xhh = _mm256_sign_epi8(xh, high_sign[h]);
             }
-            pairs[h][i] =
-                _mm256_add_epi16(pairs[h][i], _mm256_add_epi16(_mm256_maddubs_epi16(low[h], xlh),
-                                                               _mm256_maddubs_epi16(high[h], xhh)));
+            if constexpr (kSplit) {
+              pairs[h][i] = _mm256_add_epi16(pairs[h][i], _mm256_maddubs_epi16(low[h], xlh));
+              pairs_high[h][i] =
+                  _mm256_add_epi16(pairs_high[h][i], _mm256_maddubs_epi16(high[h], xhh));
+            } else {
+              pairs[h][i] = _mm256_add_epi16(pairs[h][i],
+                                             _mm256_add_epi16(_mm256_maddubs_epi16(low[h], xlh),
+                                                              _mm256_maddubs_epi16(high[h], xhh)));
+            }
           }
         }
       }
-      for (int h = 0; h < kHalves; ++h)
-        for (int i = 0; i < kCount; ++i) dot[h][i] = _mm256_madd_epi16(pairs[h][i], ones);
+      for (int h = 0; h < kHalves; ++h) {
+        for (int i = 0; i < kCount; ++i) {
+          dot[h][i] = _mm256_madd_epi16(pairs[h][i], ones);
+          if constexpr (kSplit) dot_high[h][i] = _mm256_madd_epi16(pairs_high[h][i], ones);
+        }
+      }
     }
     // The scales are read here, after the products: held across them, GCC moved them through
     // general registers a half-word at a time.
     __m256 d[kHalves];
-    [[maybe_unused]] __m256 m[kHalves];
+    [[maybe_unused]] __m256 m[kHalves], d_high[kHalves];
     for (int h = 0; h < kHalves; ++h) {
-      if constexpr (kType == TensorType::kMXFP4) {
+      if constexpr (kFp4) {
         d[h] = _mm256_loadu_ps(reinterpret_cast<const float*>(block) + 8 * h);
+        if constexpr (kSplit)
+          d_high[h] = _mm256_loadu_ps(reinterpret_cast<const float*>(block) + 16 + 8 * h);
       } else {
         d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16 * h)));
       }
@@ -137,6 +161,9 @@ inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivation
       for (int h = 0; h < kHalves; ++h) {
         acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[h][i]),
                                     _mm256_mul_ps(d[h], _mm256_set1_ps(dx)), acc[h][i]);
+        if constexpr (kSplit)
+          acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_high[h][i]),
+                                      _mm256_mul_ps(d_high[h], _mm256_set1_ps(dx)), acc[h][i]);
         if constexpr (kType == TensorType::kQ4_0)
           acc[h][i] = _mm256_fmadd_ps(d[h], _mm256_set1_ps(-8.0f * xs), acc[h][i]);
         if constexpr (kType == TensorType::kQ4_1)
@@ -170,11 +197,11 @@ void groups(const PackedRows& a) {
     float* y = a.y + g * packed::kGroupRows;
     if (rows > kHalfRows) {
       const int valid = static_cast<int>(rows - kHalfRows);
-      forEachTokenTile<kTokenTile>(tokens, [&]<int kCount>(int64_t t) {
+      forEachTokenTile<kTokenTile<kType>>(tokens, [&]<int kCount>(int64_t t) {
         tile<kType, kCount, 2>(group, blocks, *a.x, t, y, a.ldy, valid);
       });
     } else {
-      forEachTokenTile<kTokenTile>(tokens, [&]<int kCount>(int64_t t) {
+      forEachTokenTile<kTokenTile<kType>>(tokens, [&]<int kCount>(int64_t t) {
         tile<kType, kCount, 1>(group, blocks, *a.x, t, y, a.ldy, static_cast<int>(rows));
       });
     }
@@ -189,6 +216,7 @@ void packedGroupsAvx2(const PackedRows& a) {
     case TensorType::kQ4_1: return groups<TensorType::kQ4_1>(a);
     case TensorType::kQ8_0: return groups<TensorType::kQ8_0>(a);
     case TensorType::kMXFP4: return groups<TensorType::kMXFP4>(a);
+    case TensorType::kNVFP4: return groups<TensorType::kNVFP4>(a);
     default: return;
   }
 }

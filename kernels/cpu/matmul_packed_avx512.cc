@@ -5,7 +5,8 @@
 // Tokens go in tiles (forEachTokenTile) so each block is widened once per tile. Q6_K's 6-bit values
 // are put together from their low nibbles and high bit pairs, and its halves summed apart.
 // MXFP4's codes are looked up (VPSHUFB) as twice their value + 12, 0..24 unsigned, the 12
-// taken back off with each token's block sum as Q4_0 takes off its 8.
+// taken back off with each token's block sum as Q4_0 takes off its 8; NVFP4's the same way,
+// its halves summed apart as Q6_K's are.
 #include <immintrin.h>
 
 #include <cstring>
@@ -20,6 +21,12 @@ using model::TensorType;
 
 // Tokens sharing each unpacked block: 8 accumulators next to the block's 8 weight vectors.
 constexpr int kTokenTile = 8;
+
+// E2M1 codes 0..15 to twice their value + 12 (0..24), for VPSHUFB.
+inline __m512i twiceE2M1Plus12() {
+  return _mm512_broadcast_i32x4(
+      _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+}
 
 inline __m512i broadcast4(const int8_t* p) {
   int32_t v;
@@ -58,8 +65,7 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
         w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask);
       }
       if constexpr (kType == TensorType::kMXFP4) {
-        const __m512i lut = _mm512_broadcast_i32x4(
-            _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+        const __m512i lut = twiceE2M1Plus12();
         for (int c = 0; c < 8; ++c) w[c] = _mm512_shuffle_epi8(lut, w[c]);
       }
     }
@@ -88,9 +94,58 @@ inline void groupTile(const uint8_t* group, int64_t blocks, const QuantizedActiv
   for (int i = 0; i < kCount; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ldy, rows_mask, acc[i]);
 }
 
+// Tokens [t0, t0 + kCount) times block b of a group whose two halves (its first and second
+// 16 elements) have scales of their own, added to acc: w[0..3] are the first half's weights
+// and w[4..7] the second's, stored + kOffset, which comes back off as kOffset times each
+// half's sum of x. Each half's products sum apart.
+template <int kCount, int kOffset>
+inline void addHalves(const __m512i (&w)[8], __m512 d_first, __m512 d_second,
+                      const QuantizedActivations& x, int64_t t0, int64_t b, __m512 (&acc)[kCount]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < kCount; ++i) {
+    const int64_t t = t0 + i;
+    const int8_t* xq = x.rowQ(t) + 32 * b;
+    __m512i first = _mm512_setzero_si512(), second = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      first = _mm512_dpbusd_epi32(first, w[c], broadcast4(xq + 4 * c));
+      second = _mm512_dpbusd_epi32(second, w[c + 4], broadcast4(xq + 16 + 4 * c));
+    }
+    const int32_t first_sum = x.rowHalfSum(t)[b];
+    const int32_t second_sum = x.rowSum(t)[b] - first_sum;
+    first = _mm512_sub_epi32(first, _mm512_set1_epi32(kOffset * first_sum));
+    second = _mm512_sub_epi32(second, _mm512_set1_epi32(kOffset * second_sum));
+    const __m512 dx = _mm512_set1_ps(x.rowD(t)[b]);
+    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), _mm512_mul_ps(d_first, dx), acc[i]);
+    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), _mm512_mul_ps(d_second, dx), acc[i]);
+  }
+}
+
+// NVFP4: MXFP4's codes, with a scale per half block (fp32, packed_layout.h).
+template <int kCount>
+inline void nvfp4Tile(const uint8_t* group, int64_t blocks, const QuantizedActivations& x,
+                      int64_t t0, float* y, int64_t ldy, __mmask16 rows_mask) {
+  constexpr int64_t kGroupBlock = packed::groupBlockBytes(TensorType::kNVFP4);
+  __m512 acc[kCount];
+  for (int i = 0; i < kCount; ++i) acc[i] = _mm512_setzero_ps();
+  const __m512i low_mask = _mm512_set1_epi8(0x0f);
+  const __m512i lut = twiceE2M1Plus12();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* block = group + b * kGroupBlock;
+    const float* d = reinterpret_cast<const float*>(block);
+    const uint8_t* quants = block + packed::scaleBytes(TensorType::kNVFP4);
+    __m512i w[8];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(quants + 64 * c);
+      w[c] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, low_mask));
+      w[c + 4] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), low_mask));
+    }
+    addHalves<kCount, 12>(w, _mm512_loadu_ps(d), _mm512_loadu_ps(d + 16), x, t0, b, acc);
+  }
+  for (int i = 0; i < kCount; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ldy, rows_mask, acc[i]);
+}
+
 // Q6_K: each block's two halves have their own scale (the super-block's d times the
-// half's int8 scale), so each half's products sum apart; values are stored + 32, taken
-// back off with 32 times the half's sum of x.
+// half's int8 scale); values are stored + 32.
 template <int kCount>
 inline void q6Tile(const uint8_t* group, int64_t blocks, const QuantizedActivations& x, int64_t t0,
                    float* y, int64_t ldy, __mmask16 rows_mask) {
@@ -128,23 +183,7 @@ inline void q6Tile(const uint8_t* group, int64_t blocks, const QuantizedActivati
       w[4 * h + 3] =
           _mm512_ternarylogic_epi32(w[4 * h + 3], _mm512_srli_epi16(v, 2), high_mask, 0xF8);
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < kCount; ++i) {
-      const int64_t t = t0 + i;
-      const int8_t* xq = x.rowQ(t) + 32 * b;
-      __m512i first = _mm512_setzero_si512(), second = _mm512_setzero_si512();
-      for (int c = 0; c < 4; ++c) {
-        first = _mm512_dpbusd_epi32(first, w[c], broadcast4(xq + 4 * c));
-        second = _mm512_dpbusd_epi32(second, w[c + 4], broadcast4(xq + 16 + 4 * c));
-      }
-      const int32_t first_sum = x.rowHalfSum(t)[b];
-      const int32_t second_sum = x.rowSum(t)[b] - first_sum;
-      first = _mm512_sub_epi32(first, _mm512_set1_epi32(32 * first_sum));
-      second = _mm512_sub_epi32(second, _mm512_set1_epi32(32 * second_sum));
-      const __m512 dx = _mm512_set1_ps(x.rowD(t)[b]);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(first), _mm512_mul_ps(d_first, dx), acc[i]);
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(second), _mm512_mul_ps(d_second, dx), acc[i]);
-    }
+    addHalves<kCount, 32>(w, d_first, d_second, x, t0, b, acc);
   }
   for (int i = 0; i < kCount; ++i) _mm512_mask_storeu_ps(y + (t0 + i) * ldy, rows_mask, acc[i]);
 }
@@ -154,6 +193,8 @@ inline void tile(const uint8_t* group, int64_t blocks, const QuantizedActivation
                  float* y, int64_t ldy, __mmask16 rows_mask) {
   if constexpr (kType == TensorType::kQ6_K) {
     q6Tile<kCount>(group, blocks, x, t0, y, ldy, rows_mask);
+  } else if constexpr (kType == TensorType::kNVFP4) {
+    nvfp4Tile<kCount>(group, blocks, x, t0, y, ldy, rows_mask);
   } else {
     groupTile<kType, kCount>(group, blocks, x, t0, y, ldy, rows_mask);
   }
@@ -185,6 +226,7 @@ void packedGroupsAvx512(const PackedRows& a) {
     case TensorType::kQ8_0: return groups<TensorType::kQ8_0>(a);
     case TensorType::kQ6_K: return groups<TensorType::kQ6_K>(a);
     case TensorType::kMXFP4: return groups<TensorType::kMXFP4>(a);
+    case TensorType::kNVFP4: return groups<TensorType::kNVFP4>(a);
     default: return;
   }
 }

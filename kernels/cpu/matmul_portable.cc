@@ -1,8 +1,10 @@
 // Portable row kernels: the reference the SIMD paths are tested against.
+#include <algorithm>
 #include <cstring>
 
 #include "common/model/dequant_kernels.h"
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/packed_layout.h"
 
 namespace cleave::cpu::kernels {
 namespace {
@@ -64,6 +66,41 @@ float loadFloat(TensorType type, const uint8_t* row, int64_t k) {
 }
 
 }  // namespace
+
+void packedNvfp4Portable(const PackedRows& a) {
+  constexpr int64_t kGroupBlock = packed::groupBlockBytes(TensorType::kNVFP4);
+  const CpuMatrix& w = *a.weight;
+  const int64_t blocks = w.cols() / 32;
+  const int64_t group_bytes = packed::groupBytes(TensorType::kNVFP4, blocks);
+  for (int64_t g = a.group_begin; g < a.group_end; ++g) {
+    const int64_t rows = std::min<int64_t>(packed::kGroupRows, w.rows() - g * packed::kGroupRows);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t t = 0; t < a.x->rows; ++t) {
+        float sum = 0.0f;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const uint8_t* block = w.packedData() + g * group_bytes + b * kGroupBlock;
+          const uint8_t* quants = block + packed::scaleBytes(TensorType::kNVFP4);
+          const int8_t* xq = a.x->rowQ(t) + 32 * b;
+          int32_t first = 0, second = 0;
+          for (int c = 0; c < 4; ++c) {
+            for (int i = 0; i < 4; ++i) {
+              const uint8_t q = quants[64 * c + 4 * r + i];
+              first += model::dequant::kMxfp4Twice[q & 0x0f] * xq[4 * c + i];
+              second += model::dequant::kMxfp4Twice[q >> 4] * xq[16 + 4 * c + i];
+            }
+          }
+          float d_first, d_second;
+          std::memcpy(&d_first, block + 4 * r, 4);
+          std::memcpy(&d_second, block + 64 + 4 * r, 4);
+          const float dx = a.x->rowD(t)[b];
+          sum += static_cast<float>(first) * (d_first * dx) +
+                 static_cast<float>(second) * (d_second * dx);
+        }
+        a.y[t * a.ldy + g * packed::kGroupRows + r] = sum;
+      }
+    }
+  }
+}
 
 void quantRowsPortable(const QuantRows& a) {
   const WeightMatrix& w = *a.weight;

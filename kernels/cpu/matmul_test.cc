@@ -62,6 +62,18 @@ std::vector<uint8_t> randomWeights(TensorType type, int64_t rows, int64_t cols, 
       block[0] = static_cast<uint8_t>(119 + rng() % 6);
       continue;
     }
+    if (type == TensorType::kNVFP4) {
+      // UE4M3 scales of 2^-7 .. 2^-2, bit 7 (not read) at random; now and then 0x7F (NaN:
+      // read as 0) or a subnormal.
+      for (int s = 0; s < 4; ++s) {
+        const int pick = static_cast<int>(rng() % 16);
+        block[s] = pick == 0 ? 0x7F
+                   : pick == 1
+                       ? static_cast<uint8_t>(1 + rng() % 7)
+                       : static_cast<uint8_t>((rng() % 2) << 7 | (1 + rng() % 6) << 3 | rng() % 8);
+      }
+      continue;
+    }
     putHalf(block, (rng() % 2 ? -1.0f : 1.0f) * scale(rng));
     if (type == TensorType::kQ4_1 || type == TensorType::kQ5_1 || type == TensorType::kQ4_K ||
         type == TensorType::kQ5_K) {
@@ -113,7 +125,17 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
     std::vector<float> x(s.tokens * s.cols);
     for (float& v : x) v = normal(rng);
     // What the kernel multiplies: x itself, or its per-block int8 quantization.
-    std::vector<double> x_seen(x.begin(), x.end());
+    const std::vector<double> x_float(x.begin(), x.end());
+    std::vector<double> x_quantized = x_float;
+    if (s.cols % 32 == 0) {
+      QuantizedActivations q;
+      quantizeActivations(x.data(), s.tokens, s.cols, s.cols, q);
+      for (int64_t t = 0; t < s.tokens; ++t) {
+        for (int64_t k = 0; k < s.cols; ++k) {
+          x_quantized[t * s.cols + k] = static_cast<double>(q.rowD(t)[k / 32]) * q.rowQ(t)[k];
+        }
+      }
+    }
     // Q4_K runs as Q4_1 blocks, Q5_x, Q5_K and Q6_K (but on AVX-512) as Q8_0 (matmul.h):
     // int8 activations,
     // and the rewrite's values, read back from the portable path's matrix (packed ones hold
@@ -121,15 +143,6 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
     auto portable = CpuMatrix::create(w, Isa::kPortable);
     ASSERT_TRUE(portable.ok()) << portable.status();
     const bool rewritten = portable->kernelType() != type;
-    if (isQuantized(portable->kernelType())) {
-      QuantizedActivations q;
-      quantizeActivations(x.data(), s.tokens, s.cols, s.cols, q);
-      for (int64_t t = 0; t < s.tokens; ++t) {
-        for (int64_t k = 0; k < s.cols; ++k) {
-          x_seen[t * s.cols + k] = static_cast<double>(q.rowD(t)[k / 32]) * q.rowQ(t)[k];
-        }
-      }
-    }
     std::vector<float> wf = dequantized(w);
     std::vector<float> w_seen = wf;
     if (rewritten) {
@@ -161,8 +174,11 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
         EXPECT_EQ(matrix->kernelType(), TensorType::kQ6_K);  // Read as it is, packed.
         EXPECT_TRUE(matrix->packed());
       }
-      // The SIMD paths read every int8 format row-interleaved.
+      // The SIMD paths read every int8 format row-interleaved; every path reads NVFP4 so.
       if (isQuantized(matrix->kernelType())) EXPECT_EQ(matrix->packed(), isa != Isa::kPortable);
+      if (type == TensorType::kNVFP4) EXPECT_TRUE(matrix->packed());
+      const bool int8 = matrix->packed() || isQuantized(matrix->kernelType());
+      const std::vector<double>& x_seen = int8 ? x_quantized : x_float;
       // What this path's kernel holds: the stored values (Q6_K on AVX-512), or the rewrite.
       const std::vector<float>& w_kernel = matrix->kernelType() == type ? wf : w_seen;
       std::vector<float> y(s.tokens * s.rows, std::nanf("poison"));
@@ -257,12 +273,15 @@ TEST_P(MatmulTest, ATokenGetsTheSameBitsAloneAsInABatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, MatmulTest,
-    ::testing::Values(TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0, TensorType::kF32,
-                      TensorType::kF16, TensorType::kBF16, TensorType::kQ5_0, TensorType::kQ5_1,
-                      TensorType::kQ4_K, TensorType::kQ5_K, TensorType::kQ6_K, TensorType::kMXFP4),
-    [](const auto& info) { return std::string(model::tensorTypeName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Formats, MatmulTest,
+                         ::testing::Values(TensorType::kQ4_0, TensorType::kQ4_1, TensorType::kQ8_0,
+                                           TensorType::kF32, TensorType::kF16, TensorType::kBF16,
+                                           TensorType::kQ5_0, TensorType::kQ5_1, TensorType::kQ4_K,
+                                           TensorType::kQ5_K, TensorType::kQ6_K, TensorType::kMXFP4,
+                                           TensorType::kNVFP4),
+                         [](const auto& info) {
+                           return std::string(model::tensorTypeName(info.param));
+                         });
 
 // Products of one input in one call give each product's bits from a call of its own, whatever
 // mix of kernels they take (packed int8, float, a Q6_K rewrite), on every path.
@@ -390,6 +409,88 @@ TEST(QuantizedActivationsTest, ErrorIsBoundedByHalfAStep) {
 // A packed matrix that drops its source (the loader's own copy) multiplies as before, holds
 // its packed bytes only, and refuses to be dequantized for another backend; an unpacked one
 // keeps its source.
+// NVFP4 as safetensors checkpoints hold it (E2M1 codes; a float scale per 16 elements of a
+// row and a global one), a tensor-parallel slice of a larger matrix: every path packs it as
+// NVFP4 and multiplies int8 activations, but for a slice whose columns do not start on a
+// scale group, dequantized a row at a time. Each against float64 of the values.
+TEST(MatmulE2M1Test, ScaledSlicesMatchTheFloat64Reference) {
+  std::mt19937 rng(4242);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> magnitude(0.01f, 2.0f);
+  ThreadPool pool(2);
+  const int64_t full_rows = 45, full_cols = 352, tokens = 7;
+  std::vector<uint8_t> codes(full_rows * full_cols / 2);
+  for (uint8_t& b : codes) b = static_cast<uint8_t>(rng());
+  std::vector<float> grid(full_rows * full_cols / 16);
+  for (float& g : grid) g = magnitude(rng);
+  struct Slice {
+    int64_t row_offset, col_offset, rows, cols;
+    bool packs;
+  };
+  for (const Slice& slice : {Slice{0, 0, 45, 352, true}, Slice{3, 64, 37, 256, true},
+                             Slice{16, 16, 29, 320, true}, Slice{1, 8, 20, 320, false}}) {
+    SCOPED_TRACE(::testing::Message() << "rows " << slice.row_offset << "+" << slice.rows
+                                      << " cols " << slice.col_offset << "+" << slice.cols);
+    // The slice's codes, rows of cols / 2 bytes; its scales stay in the whole grid.
+    std::vector<uint8_t> bytes(slice.rows * slice.cols / 2);
+    for (int64_t r = 0; r < slice.rows; ++r) {
+      std::memcpy(bytes.data() + r * slice.cols / 2,
+                  codes.data() + (slice.row_offset + r) * full_cols / 2 + slice.col_offset / 2,
+                  slice.cols / 2);
+    }
+    const WeightMatrix w{.type = TensorType::kE2M1,
+                         .rows = slice.rows,
+                         .cols = slice.cols,
+                         .data = bytes.data(),
+                         .scales = {.data = grid.data(),
+                                    .block_rows = 1,
+                                    .block_cols = 16,
+                                    .cols = full_cols / 16,
+                                    .row_offset = slice.row_offset,
+                                    .col_offset = slice.col_offset,
+                                    .global = 0.0371f}};
+    std::vector<float> wf(slice.rows * slice.cols, std::nanf("poison"));
+    ASSERT_TRUE(dequantizeRows(w, 0, slice.rows, wf.data()).ok());
+    std::vector<float> x(tokens * slice.cols);
+    for (float& v : x) v = normal(rng);
+    QuantizedActivations q;
+    quantizeActivations(x.data(), tokens, slice.cols, slice.cols, q);
+    for (Isa isa : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512}) {
+      if (!isaSupported(isa)) continue;
+      SCOPED_TRACE(isaName(isa));
+      auto matrix = CpuMatrix::create(w, isa);
+      ASSERT_TRUE(matrix.ok()) << matrix.status();
+      const bool packed = slice.packs;
+      ASSERT_EQ(matrix->packed(), packed);
+      if (packed) EXPECT_EQ(matrix->kernelType(), TensorType::kNVFP4);
+      std::vector<float> y(tokens * slice.rows, std::nanf("poison"));
+      ASSERT_TRUE(matmul({.weight = &*matrix,
+                          .x = x.data(),
+                          .ldx = slice.cols,
+                          .tokens = tokens,
+                          .y = y.data(),
+                          .ldy = slice.rows},
+                         pool)
+                      .ok());
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t n = 0; n < slice.rows; ++n) {
+          double ref = 0, size = 0;
+          for (int64_t k = 0; k < slice.cols; ++k) {
+            const double xk = packed ? static_cast<double>(q.rowD(t)[k / 32]) * q.rowQ(t)[k]
+                                     : static_cast<double>(x[t * slice.cols + k]);
+            const double term = static_cast<double>(wf[n * slice.cols + k]) * xk;
+            ref += term;
+            size += std::fabs(term);
+          }
+          const float got = y[t * slice.rows + n];
+          ASSERT_FALSE(std::isnan(got)) << "t=" << t << " n=" << n;
+          ASSERT_NEAR(got, ref, 2e-6 * size + 1e-7) << "t=" << t << " n=" << n;
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulDropSourceTest, APackedMatrixKeepsOnlyItsPackedCopy) {
   std::mt19937 rng(3);
   ThreadPool pool(2);

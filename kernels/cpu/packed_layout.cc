@@ -71,10 +71,75 @@ void packQ6_K(int64_t rows, int64_t cols, const uint8_t* src, uint8_t* dst) {
   }
 }
 
+// NVFP4 from any source: row(r, b, codes, scales) puts row r's block b (32 elements) as its
+// 32 E2M1 codes (0..15, in element order) and the scales of its two halves (for the codes'
+// own values: halved here for the twice-valued lookup).
+template <typename Row>
+void packNvfp4(int64_t rows, int64_t cols, uint8_t* dst, Row&& row) {
+  constexpr model::TensorType kType = model::TensorType::kNVFP4;
+  const int64_t blocks = cols / 32;
+  std::memset(dst, 0, groups(rows) * groupBytes(kType, blocks));
+  uint8_t codes[32];
+  float scales[2];
+  for (int64_t g = 0; g < groups(rows); ++g) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* out = dst + (g * blocks + b) * groupBlockBytes(kType);
+      uint8_t* quants = out + scaleBytes(kType);
+      for (int64_t r = 0; r < kGroupRows; ++r) {
+        const int64_t n = g * kGroupRows + r;
+        if (n >= rows) break;  // Padding rows stay zero: zero scales, zero contribution.
+        row(n, b, codes, scales);
+        for (int h = 0; h < 2; ++h) {
+          const float d = scales[h] * 0.5f;
+          std::memcpy(out + 64 * h + 4 * r, &d, 4);
+        }
+        for (int c = 0; c < 4; ++c) {
+          for (int i = 0; i < 4; ++i) {
+            quants[c * 64 + 4 * r + i] =
+                static_cast<uint8_t>(codes[4 * c + i] | (codes[16 + 4 * c + i] << 4));
+          }
+        }
+      }
+    }
+  }
+}
+
+// GGUF NVFP4: block b is sub-blocks 2(b % 2) and 2(b % 2) + 1 of super-block b / 2.
+void packNvfp4Blocks(int64_t rows, int64_t cols, const uint8_t* src, uint8_t* dst) {
+  const int64_t row_bytes = cols / 64 * 36;
+  packNvfp4(rows, cols, dst, [&](int64_t n, int64_t b, uint8_t* codes, float* scales) {
+    const uint8_t* super = src + n * row_bytes + b / 2 * 36;
+    for (int h = 0; h < 2; ++h) {
+      const int s = 2 * static_cast<int>(b % 2) + h;
+      // nvfp4Scale is already halved: the block's value for the codes' own values.
+      scales[h] = 2.0f * model::dequant::nvfp4Scale(super[s]);
+      const uint8_t* qs = super + 4 + 8 * s;
+      for (int j = 0; j < 8; ++j) {
+        codes[16 * h + j] = qs[j] & 0x0f;
+        codes[16 * h + 8 + j] = qs[j] >> 4;
+      }
+    }
+  });
+}
+
 }  // namespace
+
+void packE2M1(int64_t rows, int64_t cols, const uint8_t* codes,
+              absl::FunctionRef<float(int64_t row, int64_t group)> scale, uint8_t* dst) {
+  packNvfp4(rows, cols, dst, [&](int64_t n, int64_t b, uint8_t* out, float* scales) {
+    const uint8_t* bytes = codes + n * (cols / 2) + 16 * b;
+    for (int j = 0; j < 16; ++j) {
+      out[2 * j] = bytes[j] & 0x0f;
+      out[2 * j + 1] = bytes[j] >> 4;
+    }
+    scales[0] = scale(n, 2 * b);
+    scales[1] = scale(n, 2 * b + 1);
+  });
+}
 
 void pack(model::TensorType type, int64_t rows, int64_t cols, const uint8_t* src, uint8_t* dst) {
   using model::TensorType;
+  if (type == TensorType::kNVFP4) return packNvfp4Blocks(rows, cols, src, dst);
   std::memset(dst, 0, groups(rows) * groupBytes(type, cols / 32));
   if (type == TensorType::kQ6_K) return packQ6_K(rows, cols, src, dst);
   const int64_t blocks = cols / 32;

@@ -6,13 +6,15 @@
 // Rows are grouped by 16 (the last group zero-padded). A group stores its blocks in order;
 // each block of the group is:
 //   d[16]            fp16 scale of each row's block                       32 bytes
-//                    (MXFP4: fp32, 2^(e - 128), since E8M0 reaches past a half: 64 bytes)
+//                    (MXFP4: fp32, 2^(e - 128), since E8M0 reaches past a half: 64 bytes;
+//                    NVFP4: fp32, d[2][16], each row's scale of the block's first and
+//                    second 16 elements, halved for the twice-valued codes: 128 bytes)
 //   m[16]            fp16 offset (Q4_1 only)                               32 bytes
 //   quants           Q4: 4 chunks of 64 bytes; in chunk c, lane r (bytes 4r..4r+3) holds
 //                    elements 4c..4c+3 of row r in the low nibbles and elements
 //                    16+4c..16+4c+3 in the high nibbles                   256 bytes
-//                    (MXFP4: its E2M1 codes, which the kernels look up: 0..15 to
-//                    twice their value, or that + 12 where they need it unsigned)
+//                    (MXFP4, NVFP4: their E2M1 codes, which the kernels look up: 0..15
+//                    to twice their value, or that + 12 where they need it unsigned)
 //                    Q8: 8 chunks of 64 bytes; chunk c lane r holds elements 4c..4c+3 of
 //                    row r, each + 128 (so they read as unsigned)         512 bytes
 // Q6_K (its 256-element super-blocks are 8 blocks each) keeps its own bytes and scales: a
@@ -29,20 +31,24 @@
 
 #include <cstdint>
 
+#include "absl/functional/function_ref.h"
 #include "common/model/tensor_type.h"
 
 namespace cleave::cpu::packed {
 
 constexpr int64_t kGroupRows = 16;
 
-// The formats packed: Q4_0, Q4_1, Q8_0, Q6_K and MXFP4.
+// The formats packed: Q4_0, Q4_1, Q8_0, Q6_K, MXFP4 and NVFP4 (from GGUF blocks, or from E2M1
+// codes with their scales: packE2M1).
 constexpr bool packs(model::TensorType type) {
   return type == model::TensorType::kQ4_0 || type == model::TensorType::kQ4_1 ||
          type == model::TensorType::kQ8_0 || type == model::TensorType::kQ6_K ||
-         type == model::TensorType::kMXFP4;
+         type == model::TensorType::kMXFP4 || type == model::TensorType::kNVFP4;
 }
 constexpr int64_t scaleBytes(model::TensorType type) {
-  return type == model::TensorType::kQ4_1 || type == model::TensorType::kMXFP4 ? 64 : 32;
+  return type == model::TensorType::kNVFP4                                       ? 128
+         : type == model::TensorType::kQ4_1 || type == model::TensorType::kMXFP4 ? 64
+                                                                                 : 32;
 }
 constexpr int64_t quantBytes(model::TensorType type) {
   return type == model::TensorType::kQ8_0 ? 512 : type == model::TensorType::kQ6_K ? 384 : 256;
@@ -67,6 +73,12 @@ namespace cleave::cpu::packed {
 // Rearranges `rows` x `cols` weights stored in GGUF block format (`src`) into the
 // row-interleaved layout at `dst` (groups(rows) * groupBytes(type, blocks) bytes).
 void pack(model::TensorType type, int64_t rows, int64_t cols, const uint8_t* src, uint8_t* dst);
+
+// Packs `rows` x `cols` E2M1 codes (two per byte, element 2k in the low nibble; cols a
+// multiple of 32) as NVFP4: `scale(r, g)` is the value that multiplies the codes of row r's
+// elements [16g, 16g + 16).
+void packE2M1(int64_t rows, int64_t cols, const uint8_t* codes,
+              absl::FunctionRef<float(int64_t row, int64_t group)> scale, uint8_t* dst);
 
 inline int64_t groups(int64_t rows) { return (rows + kGroupRows - 1) / kGroupRows; }
 

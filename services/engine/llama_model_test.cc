@@ -210,7 +210,8 @@ double worstRelativeError(const LlamaWeights& weights, cpu::ThreadPool& pool,
 // for every position of three prompts (per-position max error relative to the largest
 // logit), and its greedy continuations. "NAME" loads the folder engine/hf/NAME; "NAME.gguf"
 // the GGUF file engine/gguf/NAME.gguf made from it as llama.cpp's converter lays it out
-// (tests/golden/gen_engine_gguf.py), against the same transformers logits.
+// (tests/golden/gen_engine_gguf.py), against the same transformers logits, or against its own
+// engine/gguf/NAME.logits.json where the file holds other values (NVFP4 blocks).
 class HfLogitsTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HfLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
@@ -218,8 +219,10 @@ TEST_P(HfLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
   const bool gguf = absl::EndsWith(param, ".gguf");
   const std::string name = gguf ? param.substr(0, param.size() - 5) : param;
   const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/" + name;
-  std::ifstream in(folder + "/logits.json");
-  ASSERT_TRUE(in.good()) << folder;
+  const std::string own = std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/" + name + ".logits.json";
+  const std::string logits = gguf && std::filesystem::exists(own) ? own : folder + "/logits.json";
+  std::ifstream in(logits);
+  ASSERT_TRUE(in.good()) << logits;
   nlohmann::json golden = nlohmann::json::parse(in);
   auto weights =
       loadLlama(gguf ? std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/" + param : folder);
@@ -454,6 +457,27 @@ TEST(Nvfp4CheckpointTest, InconsistentCheckpointsAreRefused) {
   std::filesystem::remove_all(dir);
 }
 
+// A GGUF NVFP4 weight with a per-tensor scale tensor beside it ("X.scale" next to
+// "X.weight", which some producers write) is refused, naming it, rather than read without it.
+TEST(Nvfp4GgufTest, APerTensorScaleBesideTheBlocksIsRefused) {
+  std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/qwen3_nvfp4.gguf",
+                   std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(bytes.empty());
+  // A tensor renamed in place (names of one length): output_norm.weight becomes the scale of
+  // layer 1's NVFP4 query weight.
+  const size_t at = bytes.find("output_norm.weight");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 18, "blk.1.attn_q.scale");
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("cleave_nvfp4_scale_" + std::to_string(getpid()) + ".gguf");
+  std::ofstream(path, std::ios::binary) << bytes;
+  auto weights = loadLlama(path.string());
+  std::filesystem::remove(path);
+  EXPECT_EQ(weights.status().code(), absl::StatusCode::kUnimplemented) << weights.status();
+  EXPECT_THAT(weights.status().message(), HasSubstr("\"blk.1.attn_q.scale\" (a per-tensor scale"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
                          ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
                                            "llama_fp8", "smollm2_like_f32", "qwen2_f32",
@@ -474,7 +498,8 @@ INSTANTIATE_TEST_SUITE_P(Quantized, HfLogitsTest,
                                            "llama_fp8_ct_channel", "llama_fp8_ct_block",
                                            "llama_nvfp4_modelopt", "llama_nvfp4_ct",
                                            "qwen3_moe_nvfp4_ct", "deepseek_v3_fp8_block128",
-                                           "gpt_oss_mxfp4", "gpt_oss_mxfp4.gguf"));
+                                           "gpt_oss_mxfp4", "gpt_oss_mxfp4.gguf",
+                                           "qwen3_nvfp4.gguf"));
 
 }  // namespace
 }  // namespace cleave::engine

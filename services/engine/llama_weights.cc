@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/model/quantization.h"
 #include "common/status_macros.h"
@@ -165,6 +166,16 @@ class GgufSource final : public TensorSource {
       return absl::InvalidArgumentError(absl::StrCat(file_.path(), ": tensor \"", name,
                                                      "\" has dims ", shapeText(t->dims),
                                                      ", the config implies ", shapeText(stored)));
+    }
+    // Some NVFP4 producers write a per-tensor scale beside the blocks; reading the blocks
+    // without it would give wrong values.
+    if (t->type == model::TensorType::kNVFP4 && absl::EndsWith(name, ".weight")) {
+      const std::string scale = absl::StrCat(name.substr(0, name.size() - 7), ".scale");
+      if (file_.findTensor(scale) != nullptr) {
+        return absl::UnimplementedError(absl::StrCat(
+            file_.path(), ": tensor \"", scale, "\" (a per-tensor scale of the NVFP4 blocks of \"",
+            name, "\") is not supported: write the scale into the blocks' own scales"));
+      }
     }
     return Stored{t->type, t->data};
   }

@@ -50,10 +50,11 @@ SCALE_FIELDS: dict[str, list[tuple[int, str]]] = {
     "Q6_K": [(208, "f16")],
     "Q8_K": [(0, "f32")],
     "MXFP4": [],  # its exponent byte: every value is finite
+    "NVFP4": [],  # its UE4M3 scale bytes: every value is finite (0x7F, the NaN, reads as 0)
 }
 
 TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-         "Q4_K", "Q5_K", "Q6_K", "Q8_K", "MXFP4"]
+         "Q4_K", "Q5_K", "Q6_K", "Q8_K", "MXFP4", "NVFP4"]
 
 
 def random_scales(rng: np.random.Generator, n: int) -> np.ndarray:

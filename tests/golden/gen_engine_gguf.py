@@ -15,6 +15,14 @@ experts, by its experts' values (the gguf package's decoding against transformer
 converter's).
 The engine test (HfLogitsTest, "NAME.gguf") loads these files against the same transformers logits.
 
+qwen3_nvfp4.gguf is qwen3_f32 with its decoder's linear weights whose rows are whole 64-element
+blocks in NVFP4, quantized by llama.cpp's own reference quantizer (quantize_row_nvfp4_ref), the
+others float32, as llama.cpp's NVFP4 file type leaves them. Its golden, qwen3_nvfp4.logits.json,
+is transformers' on qwen3_f32 with those weights replaced by the gguf package's decoding of the
+blocks and their inputs rounded to int8 per 32 elements, as the engine multiplies NVFP4
+(gen_engine_hf.int8_inputs); llama.cpp, which rounds its inputs to Q8_0 instead (an fp16 scale),
+is checked against it loosely.
+
 Run: .cache/oracle-venv/bin/python tests/golden/gen_engine_gguf.py
 """
 import base64
@@ -37,11 +45,12 @@ def permute(w, heads):
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def open_writer(case, arch):
-    """`case`'s config, tensors and a GGUF writer for it holding the keys every file has."""
+def open_writer(case, arch, name=None):
+    """`case`'s config, tensors and a GGUF writer for it (the file `name`, or the case's)
+    holding the keys every file has."""
     cfg = json.load(open(os.path.join(HF, case, "config.json")))
     t = load_file(os.path.join(HF, case, "model.safetensors"))
-    w = gguf.GGUFWriter(os.path.join(OUT, f"{case}.gguf"), arch)
+    w = gguf.GGUFWriter(os.path.join(OUT, f"{name or case}.gguf"), arch)
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     w.add_name(case)
@@ -66,8 +75,26 @@ def close_writer(w):
     return str(w.path)
 
 
-def write(case, arch):
-    cfg, t, w = open_writer(case, arch)
+def nvfp4_blocks(weight):
+    """`weight` ([rows, cols], cols a multiple of 64) as llama.cpp's reference quantizer writes
+    it in NVFP4 blocks: [rows, cols / 64 * 36] bytes."""
+    import ctypes
+    import glob
+    import llama_cpp
+    lib = ctypes.CDLL(sorted(glob.glob(os.path.join(os.path.dirname(llama_cpp.__file__), "lib",
+                                                    "libggml-base.so*")))[0])
+    x = np.ascontiguousarray(weight, dtype=np.float32)
+    out = np.empty((x.shape[0], x.shape[1] // 64 * 36), dtype=np.uint8)
+    lib.quantize_row_nvfp4_ref.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.quantize_row_nvfp4_ref(x.ctypes.data, out.ctypes.data, x.size)
+    return out
+
+
+def write(case, arch, nvfp4=False):
+    """`case` as llama.cpp's converter writes it: float32, or with `nvfp4` its dense decoder's
+    linear weights of whole 64-element rows in NVFP4 (the file <case without _f32>_nvfp4)."""
+    name = case.removesuffix("_f32") + "_nvfp4" if nvfp4 else None
+    cfg, t, w = open_writer(case, arch, name)
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     experts = cfg.get("num_local_experts", cfg.get("num_experts"))
     if experts:
@@ -76,12 +103,15 @@ def write(case, arch):
     if arch == "qwen3moe":
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_NVFP4 if nvfp4 else gguf.LlamaFileType.ALL_F32)
     # No tokenizer: the prompts are token ids.
     w.add_tokenizer_model("none")
 
     def tensor(name, array):
-        w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
+        if nvfp4 and name.startswith("blk.") and array.ndim == 2 and array.shape[1] % 64 == 0:
+            w.add_tensor(name, nvfp4_blocks(array), raw_dtype=gguf.GGMLQuantizationType.NVFP4)
+        else:
+            w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
 
     tensor("token_embd.weight", t["model.embed_tokens.weight"])
     tensor("output_norm.weight", t["model.norm.weight"])
@@ -229,9 +259,51 @@ def truncated_yarn_logits(case, prompts):
         return [model(input_ids=torch.tensor([p["ids"]])).logits[0].numpy() for p in prompts]
 
 
-def check_with_llamacpp(case, path, tolerance, reference=None):
+def write_nvfp4_golden(case, path):
+    """The golden of `path` (NVFP4 weights of `case`), next to it as <file>.logits.json."""
+    import sys
+    from pathlib import Path
+    import torch
+    sys.path.insert(0, HERE)
+    import gen_engine_hf as hf
+    model = hf.load(Path(HF) / case, torch.float32)
+    params = dict(model.named_parameters())
+    # GGUF names back to the checkpoint's (this file's dense layers, unpermuted).
+    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj"}
+    decoded = {}
+    for tensor in gguf.GGUFReader(path).tensors:
+        if tensor.tensor_type != gguf.GGMLQuantizationType.NVFP4:
+            continue
+        _, layer, kind, _ = tensor.name.split(".")
+        name = f"model.layers.{layer}.{names[kind]}.weight"
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(params[name].shape)
+        with torch.no_grad():
+            params[name].copy_(torch.from_numpy(values))
+        decoded[name] = True
+    with hf.int8_inputs(model, decoded):
+        entries, redraws = hf.prompt_entries(model, model.config.vocab_size, 20261206)
+    golden = {
+        "producer": hf.PRODUCER + f", gguf {hf.pkg_version('gguf')}",
+        "case": os.path.basename(path),
+        "weights": f"{case} with its {len(decoded)} NVFP4 weights replaced by the gguf package's decoding",
+        "activations": "rounded to int8 per 32-element block at the input of each NVFP4 layer "
+                       "(gen_engine_hf.round_to_int8_blocks)",
+        "compute_dtype": "float32",
+        "tolerance": {"metric": hf.TOLERANCE["metric"], "max_rel": hf.TOLERANCE["int8_inputs"]},
+        "greedy": {"max_new_tokens": hf.NEW_TOKENS, "min_margin_required": hf.MIN_GREEDY_MARGIN,
+                   "prompt_redraws": redraws},
+        "prompts": entries,
+    }
+    out = path.removesuffix(".gguf") + ".logits.json"
+    hf.write_json(Path(out), golden)
+    return out
+
+
+def check_with_llamacpp(case, path, tolerance, reference=None, golden_path=None):
     import llama_cpp
-    golden = json.load(open(os.path.join(HF, case, "logits.json")))
+    golden = json.load(open(golden_path or os.path.join(HF, case, "logits.json")))
     if reference is not None:
         for prompt, logits in zip(golden["prompts"], reference):
             prompt["logits_b64"] = base64.b64encode(logits.astype(np.float32).tobytes())
@@ -263,3 +335,7 @@ if __name__ == "__main__":
                         truncated_yarn_logits("gpt_oss_f32", json.load(open(os.path.join(
                             HF, "gpt_oss_f32", "logits.json")))["prompts"]))
     check_mxfp4_blocks(write_gpt_oss("gpt_oss_mxfp4"), "gpt_oss_mxfp4")
+    # NVFP4: llama.cpp rounds its activations to Q8_0 blocks (an fp16 scale, halves away from
+    # zero) where the golden rounds them as the engine does.
+    nvfp4 = write("qwen3_f32", "qwen3", nvfp4=True)
+    check_with_llamacpp("qwen3_f32", nvfp4, 2e-2, golden_path=write_nvfp4_golden("qwen3_f32", nvfp4))

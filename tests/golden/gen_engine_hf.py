@@ -12,7 +12,10 @@ For every case writes tests/golden/data/engine/hf/<case>/:
   quantized cases the decoder's linear layers stored FP8 or NVFP4 in one of the
                   conventions of quantize_formats.py (Hugging Face fp8, ModelOpt,
                   compressed-tensors); the logits are transformers' on the same model with
-                  each weight replaced by what its stored bytes decode to
+                  each weight replaced by what its stored bytes decode to; for NVFP4, each
+                  such layer whose input is whole 32-element blocks also has its input
+                  rounded to int8 per block (d = max|x| / 127, codes rounded half to even),
+                  as the CPU engine's NVFP4 kernels multiply it
   routing.json    MoE cases only: router decisions of every MoE layer's gate
                   for random hidden states, from transformers' own router
                   modules, so routing can be checked without attention
@@ -27,7 +30,9 @@ Oracle: transformers (modeling code of each family) on torch, CPU, one thread.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+from base64 import b64decode
 import logging
 import shutil
 import sys
@@ -67,7 +72,12 @@ TOLERANCE = {
     # MXFP4 experts: the CPU engine multiplies them as Q8_0 blocks of the same values, its
     # activations rounded to int8 per 32 (as for every quantized format it runs)
     "int8_activations": 2e-2,
+    # NVFP4: the reference rounds the activations to int8 as the engine does (int8_inputs), so
+    # what is left is the order of float sums, and a code rounded the other way where an input
+    # lies within that of a half step
+    "int8_inputs": 1e-3,
 }
+INT8_INPUT_KINDS = ("nvfp4_modelopt", "nvfp4_ct")
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -284,6 +294,56 @@ def greedy_margins(model, ids: list[int], gen: list[int]) -> tuple[list[float], 
     return margins, top.indices[:, 0].tolist() == gen
 
 
+def round_to_int8_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x with each 32-element block of its last dimension rounded to int8 codes times
+    max|block| / 127, in float32 as the engine's activation quantizer computes it."""
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    inverse = torch.where(amax != 0, 127.0 / amax, torch.zeros_like(amax))
+    codes = torch.round(blocks * inverse)  # half to even
+    return (codes * (amax / 127.0)).reshape(x.shape)
+
+
+@contextlib.contextmanager
+def int8_inputs(model, decoded: dict):
+    """Within: every linear product with a weight of `decoded` (checkpoint names; a fused
+    experts parameter counts when all its experts' weights are there) whose input is whole
+    32-element blocks takes its input through round_to_int8_blocks."""
+    storages = set()
+    for name, p in model.named_parameters():
+        if name in decoded:
+            storages.add(p.untyped_storage().data_ptr())
+        elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            prefix, fused = name.rsplit(".", 1)
+            parts = ("gate_proj", "up_proj") if fused == "gate_up_proj" else ("down_proj",)
+            names = [f"{prefix}.{e}.{part}.weight" for e in range(p.shape[0]) for part in parts]
+            held = sum(n in decoded for n in names)
+            assert held in (0, len(names)), name
+            if held:
+                storages.add(p.untyped_storage().data_ptr())
+    assert storages
+    # Experts run their eager loop of linear products, not a fused kernel.
+    configs = {id(m.config): m.config for m in model.modules()
+               if hasattr(m, "config") and hasattr(m.config, "_experts_implementation")}
+    experts = {key: c._experts_implementation for key, c in configs.items()}
+    for c in configs.values():
+        c._experts_implementation = "eager"
+    linear = torch.nn.functional.linear
+
+    def rounded_linear(x, weight, bias=None):
+        if weight.untyped_storage().data_ptr() in storages and x.shape[-1] % 32 == 0:
+            x = round_to_int8_blocks(x)
+        return linear(x, weight, bias)
+
+    torch.nn.functional.linear = rounded_linear
+    try:
+        yield
+    finally:
+        torch.nn.functional.linear = linear
+        for key, c in configs.items():
+            c._experts_implementation = experts[key]
+
+
 def tensor_list(folder: Path) -> list[dict]:
     out = []
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
@@ -424,6 +484,20 @@ def draw_prompts(model, vocab: int, seed: int) -> tuple[list[list[int]], int]:
         redraws += 1
 
 
+def prompt_entries(model, vocab: int, seed: int) -> tuple[list[dict], int]:
+    """Prompts drawn for `model` (draw_prompts), each with its logits at every position and
+    its greedy continuation; and the redraws it took."""
+    prompts, redraws = draw_prompts(model, vocab, seed)
+    entries = []
+    for ids in prompts:
+        raw = f32_bytes(full_logits(model, ids))
+        gen = greedy(model, ids)
+        margins, _ = greedy_margins(model, ids, gen)
+        entries.append({"ids": ids, "len": len(ids), "logits_shape": [len(ids), vocab], "logits_b64": b64(raw),
+                        "logits_fnv1a64": fnv1a64(raw), "greedy_next": gen, "greedy_margins": margins})
+    return entries, redraws
+
+
 def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
     d = OUT / name
     if d.exists():
@@ -452,24 +526,17 @@ def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
     cfg = f32.config
     vocab = cfg.vocab_size
     assert vocab % 64 != 0, name
-    prompts, redraws = draw_prompts(f32, vocab, seed)
-    entries = []
+    with int8_inputs(f32, decoded) if quant in INT8_INPUT_KINDS else contextlib.nullcontext():
+        entries, redraws = prompt_entries(f32, vocab, seed)
     worst = 0.0
-    for ids in prompts:
-        lg = full_logits(f32, ids)
-        raw = f32_bytes(lg)
-        gen = greedy(f32, ids)
-        margins, _ = greedy_margins(f32, ids, gen)
-        e = {"ids": ids, "len": len(ids), "logits_shape": [len(ids), vocab], "logits_b64": b64(raw),
-             "logits_fnv1a64": fnv1a64(raw), "greedy_next": gen, "greedy_margins": margins}
-        if lo is not None:
-            lb = full_logits(lo, ids)
-            rawb = f32_bytes(lb)
-            worst = max(worst, max_rel(lb, lg))
-            genb = greedy(lo, ids)
-            e.update({"logits_bf16_compute_b64": b64(rawb), "logits_bf16_compute_fnv1a64": fnv1a64(rawb),
-                      "greedy_next_bf16_compute": genb})
-        entries.append(e)
+    for e in entries if lo is not None else []:
+        lg = torch.frombuffer(bytearray(b64decode(e["logits_b64"])), dtype=torch.float32).reshape(
+            e["logits_shape"])
+        lb = full_logits(lo, e["ids"])
+        rawb = f32_bytes(lb)
+        worst = max(worst, max_rel(lb, lg))
+        e.update({"logits_bf16_compute_b64": b64(rawb), "logits_bf16_compute_fnv1a64": fnv1a64(rawb),
+                  "greedy_next_bf16_compute": greedy(lo, e["ids"])})
     saved_cfg = json.loads((d / "config.json").read_text())
     doc = {
         "producer": PRODUCER,
@@ -484,8 +551,12 @@ def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
         "torch_version": torch.__version__,
         "seed": seed,
         "vocab_size": vocab,
+        **({"activations": "rounded to int8 per 32-element block (round_to_int8_blocks) at the input "
+                           "of each quantized layer whose input is whole blocks"}
+           if quant in INT8_INPUT_KINDS else {}),
         "tolerance": {"metric": TOLERANCE["metric"],
                       "max_rel": TOLERANCE["int8_activations"] if quant == "mxfp4_experts"
+                      else TOLERANCE["int8_inputs"] if quant in INT8_INPUT_KINDS
                       else TOLERANCE["float32"] if wdtype == torch.float32 else TOLERANCE["bfloat16"]},
         "greedy": {"max_new_tokens": NEW_TOKENS, "eos": "ignored (eos_token_id=None)",
                    "min_margin_required": MIN_GREEDY_MARGIN, "prompt_redraws": redraws},
