@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "common/process_init.h"
 #include "services/engine/kv_block_pool.h"
 #include "services/engine/tp_group.h"
@@ -110,7 +111,7 @@ int main(int argc, char** argv) {
   }
   engine::TpGroup& model = **group;
   const model::ModelConfig& c = model.config();
-  const bool quantized = model::tensorTypeTraits(model.weightType()).value().block_elements > 1;
+  const bool quantized = model.multipliesInt8();
   // The hardware and the floor of each step exactly as a worker computes them live, so a
   // worker's cleave_worker_step_efficiency compares with this table.
   roofline::Hardware hw = roofline::measureCpuHardware(threads, quantized, reps, int64_t{1} << 30);
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
   auto floorOf = [&](roofline::Workload w) {
     w.weight_bytes = weight_bytes;
     w.routed_expert_bytes = routed_expert_bytes;
+    w.float_products = model.floatProducts();
     w.bytes_per_kv = static_cast<double>(cpu::kvElementBytes(kv_type));
     return roofline::stepFloor(c, hw, w).value();
   };
@@ -134,10 +136,26 @@ int main(int argc, char** argv) {
       "threads, tp %d, %s KV cache; measured read bandwidth %.1f GB/s\n",
       path.c_str(), weight_bytes / 1e6, routed_expert_bytes / 1e6, threads, tp,
       cpu::kvTypeName(kv_type), hw.bandwidth / 1e9);
-  std::printf("SIMD peak: %.0f GOP/s for the weights' products (%s), f32 %.0f GFLOP/s\n",
-              hw.peak_flops / 1e9,
-              quantized && hw.peak_flops != hw.attention_flops ? "int8" : "f32",
-              hw.attention_flops / 1e9);
+  // The products at the f32 peak in a model quantized in part (gpt-oss: its attention and head).
+  std::string float_products;
+  if (quantized) {
+    const roofline::Workload::FloatProducts f = model.floatProducts();
+    for (const auto& [share, name] : {std::pair{f.attention, "attention"},
+                                      {f.mlp, "MLP"},
+                                      {f.experts, "experts"},
+                                      {f.lm_head, "head"}}) {
+      if (share > 0) {
+        float_products +=
+            absl::StrFormat("%s%s %.0f%%", float_products.empty() ? "" : ", ", name, 100 * share);
+      }
+    }
+  }
+  std::printf(
+      "SIMD peak: %.0f GOP/s for the weights' products (%s), f32 %.0f GFLOP/s (for "
+      "attention%s%s)\n",
+      hw.peak_flops / 1e9, quantized && hw.peak_flops != hw.attention_flops ? "int8" : "f32",
+      hw.attention_flops / 1e9,
+      float_products.empty() ? "" : " and float weights: ", float_products.c_str());
   std::printf("%-20s %10s %10s %10s %10s %10s %8s\n", "case", "time (ms)", "tokens/s", "mem (ms)",
               "comp (ms)", "floor (ms)", "floor/t");
   auto report = [&](const char* name, double t, double tokens_per_step,

@@ -198,10 +198,9 @@ int64_t CpuMatrix::bytes() const {
   return rows() * source_.rowBytes() + scale_bytes;
 }
 
-namespace {
+bool CpuMatrix::multipliesInt8() const { return isQuantized(kernelType()) || packed(); }
 
-// Whether `w`'s kernel reads quantized activations.
-bool readsQuantized(const CpuMatrix& w) { return isQuantized(w.kernelType()) || w.packed(); }
+namespace {
 
 // Rows [begin, end) of one product; `xq` holds its activations quantized where it reads them.
 void productRows(const MatmulArgs& args, const QuantizedActivations* xq, int64_t begin,
@@ -265,8 +264,9 @@ absl::Status matmulsOfOneInput(std::span<const MatmulArgs> products, ThreadPool&
   }
   if (first.tokens == 0) return absl::OkStatus();
   thread_local QuantizedActivations x;
-  const bool quantized = std::any_of(products.begin(), products.end(),
-                                     [](const MatmulArgs& p) { return readsQuantized(*p.weight); });
+  const bool quantized = std::any_of(products.begin(), products.end(), [](const MatmulArgs& p) {
+    return p.weight->multipliesInt8();
+  });
   if (quantized)
     quantizeActivations(first.x, first.tokens, first.weight->cols(), first.ldx, x, bestIsa(),
                         &pool);

@@ -85,6 +85,9 @@ class CpuMatrix {
   const uint8_t* packedData() const { return packed_.get(); }
   // Bytes one product streams from memory.
   int64_t bytes() const;
+  // Whether products multiply activations rounded to int8 (an int8 kernel), at the int8
+  // peak, rather than floats.
+  bool multipliesInt8() const;
 
  private:
   WeightMatrix source_;

@@ -457,6 +457,33 @@ TEST(Nvfp4CheckpointTest, InconsistentCheckpointsAreRefused) {
   std::filesystem::remove_all(dir);
 }
 
+// Which products a loaded model multiplies as floats (their compute floor's peak): gpt-oss's
+// bf16 attention and head around int8-kernel MXFP4 experts; NVFP4 layers on the int8 kernels
+// but for an MLP's down projection of 176 columns (not whole blocks: a third of the MLP) and
+// the float head; a float model's every product (a kind it lacks: 0).
+TEST(FloatProductsTest, FollowEachMatrixsKernel) {
+  struct Case {
+    const char* path;
+    double attention, mlp, experts, lm_head;
+    bool int8;
+  };
+  const std::string hf = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/";
+  for (const Case& c :
+       {Case{"gpt_oss_mxfp4", 1, 0, 0, 1, true},
+        Case{"llama_nvfp4_modelopt", 0, 1.0 / 3, 0, 1, true},
+        Case{"qwen3_moe_nvfp4_ct", 0, 0, 0, 1, true}, Case{"llama_f32", 1, 1, 0, 1, false}}) {
+    SCOPED_TRACE(c.path);
+    auto weights = loadLlama(hf + c.path);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    const roofline::Workload::FloatProducts f = (*weights)->floatProducts();
+    EXPECT_DOUBLE_EQ(f.attention, c.attention);
+    EXPECT_DOUBLE_EQ(f.mlp, c.mlp);
+    EXPECT_DOUBLE_EQ(f.experts, c.experts);
+    EXPECT_DOUBLE_EQ(f.lm_head, c.lm_head);
+    EXPECT_EQ((*weights)->multipliesInt8(), c.int8);
+  }
+}
+
 // A GGUF NVFP4 weight with a per-tensor scale tensor beside it ("X.scale" next to
 // "X.weight", which some producers write) is refused, naming it, rather than read without it.
 TEST(Nvfp4GgufTest, APerTensorScaleBesideTheBlocksIsRefused) {

@@ -1,5 +1,6 @@
 #include "services/engine/llama_weights.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -580,6 +581,56 @@ int64_t LlamaWeights::routedExpertBytes() const {
       bytes += e.gate.bytes() + e.up.bytes() + e.down.bytes();
   }
   return bytes;
+}
+
+namespace {
+
+// Parameters of a kind of product, and those of them multiplied as floats.
+struct Share {
+  double all = 0, floats = 0;
+  void add(const cpu::CpuMatrix& m) {
+    const double params = static_cast<double>(m.rows()) * static_cast<double>(m.cols());
+    all += params;
+    if (!m.multipliesInt8()) floats += params;
+  }
+  void add(const MoeExpert& e) {
+    for (const cpu::CpuMatrix* m : {&e.gate, &e.up, &e.down}) add(*m);
+  }
+  double share() const { return all > 0 ? floats / all : 0.0; }
+};
+
+// Attention, MLP (and shared experts), routed experts, head.
+std::array<Share, 4> sharesOf(const LlamaWeights& w) {
+  std::array<Share, 4> shares;
+  auto& [attention, mlp, experts, head] = shares;
+  head.add(w.output);
+  for (const LlamaLayer& l : w.layers) {
+    for (const cpu::CpuMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo}) attention.add(*m);
+    if (l.moe) {
+      for (const MoeExpert& e : l.moe->experts) experts.add(e);
+      if (l.moe->shared) mlp.add(*l.moe->shared);
+    } else {
+      for (const cpu::CpuMatrix* m : {&l.w_gate, &l.w_up, &l.w_down}) mlp.add(*m);
+    }
+  }
+  return shares;
+}
+
+}  // namespace
+
+bool LlamaWeights::multipliesInt8() const {
+  for (const Share& s : sharesOf(*this)) {
+    if (s.floats < s.all) return true;
+  }
+  return false;
+}
+
+roofline::Workload::FloatProducts LlamaWeights::floatProducts() const {
+  const auto [attention, mlp, experts, head] = sharesOf(*this);
+  return {.attention = attention.share(),
+          .mlp = mlp.share(),
+          .experts = experts.share(),
+          .lm_head = head.share()};
 }
 
 int64_t LlamaWeights::weightBytes() const {

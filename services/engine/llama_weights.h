@@ -25,6 +25,7 @@
 #include "services/engine/mla_attention.h"
 #include "services/engine/moe_block.h"
 #include "services/engine/tensor_parallel.h"
+#include "services/roofline/roofline.h"
 
 namespace cleave::engine {
 
@@ -83,6 +84,11 @@ struct LlamaWeights {
   // Of those, the routed experts' (every expert of every MoE layer this rank holds): a step
   // reads only the experts its tokens chose.
   int64_t routedExpertBytes() const;
+  // Of each kind of product, the share of parameters multiplied as floats rather than int8
+  // (0 for a kind the model lacks), for their compute floor.
+  roofline::Workload::FloatProducts floatProducts() const;
+  // Whether any product runs on the int8 kernels.
+  bool multipliesInt8() const;
 };
 
 // Loads rank `shard` of a Llama-family model from `path`: a GGUF file, or a folder with

@@ -38,6 +38,8 @@ struct TpGroup::Rank {
   Span kv_heads;
   int64_t cpu_weight_bytes = 0;
   int64_t cpu_routed_expert_bytes = 0;
+  roofline::Workload::FloatProducts cpu_float_products;
+  bool cpu_multiplies_int8 = false;
   std::unique_ptr<cpu::ThreadPool> pool;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<LlamaModel> model;
@@ -177,6 +179,8 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
     rank.kv_heads = rank.weights->dims.kv_heads;
     rank.cpu_weight_bytes = rank.weights->weightBytes();
     rank.cpu_routed_expert_bytes = rank.weights->routedExpertBytes();
+    rank.cpu_float_products = rank.weights->floatProducts();
+    rank.cpu_multiplies_int8 = rank.weights->multipliesInt8();
     return absl::OkStatus();
   }));
   const LlamaWeights& first = *group->ranks_[0]->weights;
@@ -368,6 +372,16 @@ int64_t TpGroup::weightBytes(int rank) const {
 int64_t TpGroup::routedExpertBytes(int rank) const {
   if (!backends_.empty() && backends_[rank]->weightBytes() > 0) return 0;
   return ranks_[rank]->cpu_routed_expert_bytes;
+}
+
+roofline::Workload::FloatProducts TpGroup::floatProducts() const {
+  if (!backends_.empty()) return {};
+  return ranks_[0]->cpu_float_products;
+}
+
+bool TpGroup::multipliesInt8() const {
+  if (!backends_.empty()) return model::tensorTypeTraits(weight_type_)->block_elements > 1;
+  return ranks_[0]->cpu_multiplies_int8;
 }
 
 KvStorage& TpGroup::kv(int rank) {

@@ -141,6 +141,12 @@ class TpGroup {
   // Of weightBytes(rank), the routed experts' (LlamaWeights::routedExpertBytes); 0 where the
   // backend counts its own weights.
   int64_t routedExpertBytes(int rank) const;
+  // Which products multiply floats on the CPU backend (LlamaWeights::floatProducts); none
+  // with another backend, which counts one peak.
+  roofline::Workload::FloatProducts floatProducts() const;
+  // Whether any product runs on the CPU's int8 kernels (so its floor needs the int8 peak);
+  // with another backend, whether the linear layers are stored block-quantized.
+  bool multipliesInt8() const;
   int64_t kvBlockBytes(int rank) const;
   // The host rows a KV transport reads and writes for rank `rank` (after allocateKv(): the
   // CPU model's cache or its staging rows, or a backend's host rows with host_kv), and its

@@ -13,6 +13,7 @@ Hardware measureCpuHardware(int threads, bool quantized_weights, int reps,
   return {.name = absl::StrCat("cpu (", threads, " threads)"),
           .bandwidth = cpu::readBandwidth(pool, reps, bandwidth_bytes),
           .peak_flops = quantized_weights && int8_peak > 0 ? int8_peak : f32_peak,
+          .float_peak_flops = f32_peak,
           .attention_flops = f32_peak};
 }
 

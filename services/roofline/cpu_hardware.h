@@ -1,7 +1,7 @@
 // This CPU as a roofline::Hardware, measured on the spot with `threads` threads: read
 // bandwidth and the SIMD peak of the weights' products (int8 for block-quantized weights, as
-// the quantized kernels issue it: AVX-512 VNNI or AVX2; f32 FMA otherwise; attention always at
-// the f32 peak).
+// the quantized kernels issue it: AVX-512 VNNI or AVX2; f32 FMA otherwise; float weights'
+// products and attention always at the f32 peak).
 // Workers, `cleave roofline --hardware cpu` and bench_engine all measure through this, so
 // a live step's floor and a benchmark's floor are the same number for the same step.
 #pragma once

@@ -156,18 +156,22 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
   for (uint32_t l = 0; l < c.num_layers; ++l) sliding += c.attentionWindow(l) > 0;
   const double full = static_cast<double>(c.num_layers - sliding);
   Terms t;
-  // Parameters read, and parameters each token multiplies with.
-  double read = c.num_layers * attentionParams(c) + dense_layers * 3.0 * h * c.intermediate_size;
-  double per_token = read;
+  // Parameters read, and those each token multiplies with, by product (their peaks may
+  // differ: Workload::float_products).
+  const double attention = c.num_layers * attentionParams(c);
+  double mlp = dense_layers * 3.0 * h * c.intermediate_size, experts = 0, router = 0;
+  double read = attention + mlp;
   if (c.moe && moe_layers > 0) {
     const model::MoeConfig& m = *c.moe;
     const double expert = 3.0 * h * m.expert_intermediate_size;
     const double shared = 3.0 * h * m.shared_experts * m.shared_expert_intermediate_size;
-    const double router = h * m.num_experts;
     t.expected_experts = expectedDistinctExperts(m.num_experts, m.experts_per_token, w.new_tokens);
-    read += moe_layers * (t.expected_experts * expert + shared + router);
-    per_token += moe_layers * (m.experts_per_token * expert + shared + router);
+    read += moe_layers * (t.expected_experts * expert + shared + h * m.num_experts);
+    mlp += moe_layers * shared;
+    experts = moe_layers * m.experts_per_token * expert;
+    router = moe_layers * h * m.num_experts;
   }
+  const double per_token = attention + mlp + experts + router;
   const double lm_head = static_cast<double>(c.vocab_size) * h;
   read += lm_head;
   t.weight_bytes = w.weight_bytes > 0 ? w.weight_bytes : read * w.bytes_per_weight / tp;
@@ -181,11 +185,22 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
   // The residual stream read and written once per layer, in 16 bits.
   t.activation_bytes = double(w.new_tokens) * h * 2 * 2 * c.num_layers;
   t.linear_flops = (2.0 * w.new_tokens * per_token + 2.0 * w.sequences * lm_head) / tp;
+  const double float_peak = hw.float_peak_flops > 0 ? hw.float_peak_flops : hw.peak_flops;
+  const Workload::FloatProducts& f = w.float_products;
+  auto seconds = [&](double params, double rows, double float_share) {
+    return 2.0 * rows * params / tp *
+           (float_share / float_peak + (1.0 - float_share) / hw.peak_flops);
+  };
+  const double tokens = static_cast<double>(w.new_tokens);
+  const double linear_seconds = seconds(attention, tokens, f.attention) +
+                                seconds(mlp, tokens, f.mlp) + seconds(experts, tokens, f.experts) +
+                                seconds(router, tokens, 1.0) +
+                                seconds(lm_head, static_cast<double>(w.sequences), f.lm_head);
   const auto [qk, v] = headDims(c);
   const double attended = w.attended * full + double(w.windowed_attended) * sliding;
   t.attention_flops = 2.0 * attended * c.num_heads * (qk + v) / tp;
   t.memory_seconds = (t.weight_bytes + t.kv_bytes + t.activation_bytes) / hw.bandwidth;
-  t.compute_seconds = t.linear_flops / hw.peak_flops + t.attention_flops / hw.attention_flops;
+  t.compute_seconds = linear_seconds + t.attention_flops / hw.attention_flops;
   if (w.tp > 1 && hw.link_bandwidth > 0) {
     const double bytes = double(w.new_tokens) * h * 2;
     const double one = hw.link_latency + 2.0 * (tp - 1) / tp * bytes / hw.link_bandwidth;

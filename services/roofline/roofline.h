@@ -24,8 +24,12 @@ namespace cleave::roofline {
 // What one rank (one GPU, or this CPU) can do.
 struct Hardware {
   std::string name;
-  double bandwidth = 0;        // Memory, bytes/s.
-  double peak_flops = 0;       // For the weights' products, FLOP/s.
+  double bandwidth = 0;   // Memory, bytes/s.
+  double peak_flops = 0;  // For the weights' products, FLOP/s.
+  // For the products of weights kept in float where peak_flops is a quantized format's (the
+  // int8 kernels' on CPUs), FLOP/s; 0: peak_flops. Which products those are is the
+  // workload's (Workload::float_products).
+  double float_peak_flops = 0;
   double attention_flops = 0;  // For attention (bf16 on GPUs, f32 on CPUs), FLOP/s.
   double link_bandwidth = 0;   // Between ranks, one way, bytes/s (0: one rank only).
   double link_latency = 0;     // Of one small all-reduce, s.
@@ -53,6 +57,17 @@ struct Workload {
   double weight_bytes = 0;
   double routed_expert_bytes = 0;
   double bytes_per_kv = 2;  // Per KV element.
+  // Of each kind of product, the share of parameters whose weights are float, multiplied at
+  // Hardware::float_peak_flops, in a model quantized in part (gpt-oss: MXFP4 experts, bf16
+  // attention and head; an NVFP4 MLP whose down projection is not whole blocks). MoE
+  // routers always are.
+  struct FloatProducts {
+    double attention = 0;  // Q, K, V, O (and MLA's projections).
+    double mlp = 0;        // Dense layers' MLPs and shared experts.
+    double experts = 0;    // Routed experts.
+    double lm_head = 0;
+  };
+  FloatProducts float_products;
 };
 
 // What `tokens` new tokens after `start` cached ones of a sequence attend (positions summed

@@ -92,6 +92,37 @@ TEST(RooflineTest, LoadedMoeWeightsCountTheExpertsAStepReads) {
   EXPECT_NEAR(t->weight_bytes, 1000, 1e-6);
 }
 
+// A model quantized in part: each product at its weights' peak (float ones at
+// float_peak_flops, the router always), by hand from the MoE model above: per token 2 x 12288
+// attention, 24576 dense MLP, 2 x 6144 routed-expert and 1024 router parameters, 6400 head.
+TEST(RooflineTest, FloatProductsRunAtTheFloatPeak) {
+  model::ModelConfig c = tinyDense();
+  c.moe =
+      model::MoeConfig{.num_experts = 16, .experts_per_token = 2, .expert_intermediate_size = 32};
+  c.moe->first_k_dense = 1;
+  Hardware hw = kUnit;
+  hw.float_peak_flops = 0.25e9;
+  Workload w = decodeStep(3, 0);
+  const double attention = 2 * 12288, mlp = 24576, experts = 2 * 6144, router = 1024, head = 6400;
+  auto t = stepFloor(c, hw, w);
+  ASSERT_TRUE(t.ok());
+  EXPECT_DOUBLE_EQ(t->linear_flops, 2 * 3 * (attention + mlp + experts + router + head));
+  EXPECT_NEAR(t->compute_seconds, 2 * 3 * (attention + mlp + experts + router / 0.25 + head) / 1e9,
+              1e-15);
+  // gpt-oss's: bf16 but the experts; and a third of the MLP (its down projection).
+  w.float_products = {.attention = 1, .mlp = 1.0 / 3, .lm_head = 1};
+  t = stepFloor(c, hw, w);
+  ASSERT_TRUE(t.ok());
+  EXPECT_DOUBLE_EQ(t->linear_flops, 2 * 3 * (attention + mlp + experts + router + head));
+  EXPECT_NEAR(t->compute_seconds,
+              2 * 3 * ((attention + router + head + mlp / 3) / 0.25 + mlp * 2 / 3 + experts) / 1e9,
+              1e-15);
+  // Without a float peak, every product runs at peak_flops.
+  t = stepFloor(c, kUnit, w);
+  ASSERT_TRUE(t.ok());
+  EXPECT_NEAR(t->compute_seconds, t->linear_flops / 1e9, 1e-15);
+}
+
 TEST(RooflineTest, PrefillAttendsTheTriangle) {
   const Workload w = prefillChunk(4, 10);
   EXPECT_EQ(w.attended, 11 + 12 + 13 + 14);  // FLOPs: each token over its positions.

@@ -875,7 +875,8 @@ std::optional<double> WorkerCore::floorOf(const StepReport& report) const {
        .windowed_kv_positions = report.work.windowed_kv_positions,
        .weight_bytes = weight_bytes,
        .routed_expert_bytes = routed,
-       .bytes_per_kv = static_cast<double>(cpu::kvElementBytes(model_.kvType()))});
+       .bytes_per_kv = static_cast<double>(cpu::kvElementBytes(model_.kvType())),
+       .float_products = model_.floatProducts()});
   if (!floor.ok()) return std::nullopt;
   return floor->floor_seconds;
 }
