@@ -12,8 +12,8 @@ For every case writes tests/golden/data/engine/hf/<case>/:
   quantized cases the decoder's linear layers stored FP8 or NVFP4 in one of the
                   conventions of quantize_formats.py (Hugging Face fp8, ModelOpt,
                   compressed-tensors); the logits are transformers' on the same model with
-                  each weight replaced by what its stored bytes decode to; for NVFP4, each
-                  such layer whose input is whole 32-element blocks also has its input
+                  each weight replaced by what its stored bytes decode to; for NVFP4 and
+                  MXFP4, each such layer whose input is whole 32-element blocks also has its input
                   rounded to int8 per block (d = max|x| / 127, codes rounded half to even),
                   as the CPU engine's NVFP4 kernels multiply it
   routing.json    MoE cases only: router decisions of every MoE layer's gate
@@ -69,15 +69,12 @@ TOLERANCE = {
     "metric": "per position: max_v |cleave[v] - golden[v]| / max_v |golden[v]|; take the max over positions",
     "float32": 1e-4,
     "bfloat16": 2e-2,
-    # MXFP4 experts: the CPU engine multiplies them as Q8_0 blocks of the same values, its
-    # activations rounded to int8 per 32 (as for every quantized format it runs)
-    "int8_activations": 2e-2,
-    # NVFP4: the reference rounds the activations to int8 as the engine does (int8_inputs), so
-    # what is left is the order of float sums, and a code rounded the other way where an input
-    # lies within that of a half step
+    # NVFP4 and MXFP4: the reference rounds the activations to int8 as the engine's int8
+    # kernels do (int8_inputs), so what is left is the order of float sums, and a code rounded
+    # the other way where an input lies within that of a half step
     "int8_inputs": 1e-3,
 }
-INT8_INPUT_KINDS = ("nvfp4_modelopt", "nvfp4_ct")
+INT8_INPUT_KINDS = ("nvfp4_modelopt", "nvfp4_ct", "mxfp4_experts")
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -306,9 +303,10 @@ def round_to_int8_blocks(x: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def int8_inputs(model, decoded: dict):
-    """Within: every linear product with a weight of `decoded` (checkpoint names; a fused
-    experts parameter counts when all its experts' weights are there) whose input is whole
-    32-element blocks takes its input through round_to_int8_blocks."""
+    """Within: every linear product (F.linear, or `@` with the weight on the right: gpt-oss's
+    experts) with a weight of `decoded` (checkpoint names; a fused experts parameter counts
+    when all its experts' weights are there) whose input is whole 32-element blocks takes its
+    input through round_to_int8_blocks."""
     storages = set()
     for name, p in model.named_parameters():
         if name in decoded:
@@ -328,18 +326,19 @@ def int8_inputs(model, decoded: dict):
     experts = {key: c._experts_implementation for key, c in configs.items()}
     for c in configs.values():
         c._experts_implementation = "eager"
-    linear = torch.nn.functional.linear
+    linear, matmul = torch.nn.functional.linear, torch.Tensor.__matmul__
 
-    def rounded_linear(x, weight, bias=None):
-        if weight.untyped_storage().data_ptr() in storages and x.shape[-1] % 32 == 0:
-            x = round_to_int8_blocks(x)
-        return linear(x, weight, bias)
+    def rounded(x, weight):
+        held = isinstance(weight, torch.Tensor) and weight.untyped_storage().data_ptr() in storages
+        return round_to_int8_blocks(x) if held and x.shape[-1] % 32 == 0 else x
 
-    torch.nn.functional.linear = rounded_linear
+    torch.nn.functional.linear = lambda x, weight, bias=None: linear(rounded(x, weight), weight, bias)
+    torch.Tensor.__matmul__ = lambda x, weight: matmul(rounded(x, weight), weight)
     try:
         yield
     finally:
         torch.nn.functional.linear = linear
+        torch.Tensor.__matmul__ = matmul
         for key, c in configs.items():
             c._experts_implementation = experts[key]
 
@@ -555,8 +554,7 @@ def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
                            "of each quantized layer whose input is whole blocks"}
            if quant in INT8_INPUT_KINDS else {}),
         "tolerance": {"metric": TOLERANCE["metric"],
-                      "max_rel": TOLERANCE["int8_activations"] if quant == "mxfp4_experts"
-                      else TOLERANCE["int8_inputs"] if quant in INT8_INPUT_KINDS
+                      "max_rel": TOLERANCE["int8_inputs"] if quant in INT8_INPUT_KINDS
                       else TOLERANCE["float32"] if wdtype == torch.float32 else TOLERANCE["bfloat16"]},
         "greedy": {"max_new_tokens": NEW_TOKENS, "eos": "ignored (eos_token_id=None)",
                    "min_margin_required": MIN_GREEDY_MARGIN, "prompt_redraws": redraws},
