@@ -156,13 +156,18 @@ Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt, i
   return hit;
 }
 
-void Scheduler::extendFromCache(Sequence& seq) {
-  const int64_t bs = cache_.blockSize();
-  if (!options_.prefix_caching || seq.cached != seq.published * bs ||
+Scheduler::PrefixHit Scheduler::continuation(const Sequence& seq) const {
+  if (!options_.prefix_caching || seq.cached != seq.published * cache_.blockSize() ||
       seq.request.prompt_logprobs >= 0) {
-    return;
+    return {.chain = seq.chain};
   }
-  const PrefixHit hit = lookupPrefix(seq.request.prompt, seq.published, seq.chain);
+  return lookupPrefix(seq.request.prompt, seq.published, seq.chain);
+}
+
+void Scheduler::extendFromCache(Sequence& seq) { take(seq, continuation(seq)); }
+
+void Scheduler::take(Sequence& seq, const PrefixHit& hit) {
+  const int64_t bs = cache_.blockSize();
   for (size_t i = 0; i < hit.blocks.size(); ++i) {
     const size_t j = static_cast<size_t>(seq.published) + i;
     const int32_t block = hit.blocks[i];
@@ -301,10 +306,12 @@ absl::Status Scheduler::addPrefill(GenerationRequest request) {
   const std::vector<int32_t>& blocks = reservations_.at(request.id);
   auto seq = makeSequence(std::move(request), Mode::kPrefillOnly, blocks);
   // The cached prefix's blocks take the place of the reservation's first ones (the same
-  // ones when reserve() was given the prompt).
-  extendFromCache(*seq);
-  CLEAVE_RETURN_IF_ERROR(
-      writable(*seq, seq->published, cache_.blocksFor(seq->request.prompt.size())));
+  // ones when reserve() was given the prompt): checked before they do, so a refusal leaves
+  // the reservation and the hit counters as they were.
+  const PrefixHit hit = continuation(*seq);
+  CLEAVE_RETURN_IF_ERROR(writable(*seq, seq->published + static_cast<int64_t>(hit.blocks.size()),
+                                  cache_.blocksFor(seq->request.prompt.size())));
+  take(*seq, hit);
   prefix_lookup_tokens_ += static_cast<int64_t>(seq->request.prompt.size());
   running_.push_back(std::move(seq));
   return absl::OkStatus();

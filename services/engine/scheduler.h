@@ -258,8 +258,13 @@ class Scheduler {
   // Starts `seq` past the `hit` blocks it holds at its head, counting the lookup.
   void startPast(Sequence& seq, const PrefixHit& hit);
   // Before a prompt chunk: takes the blocks published since (by a prompt sharing the
-  // prefix) that continue `seq`'s cached prefix, in place of its own.
+  // prefix) that continue `seq`'s cached prefix, in place of its own: take(continuation()).
   void extendFromCache(Sequence& seq);
+  // The published blocks that continue `seq`'s cached prefix (none when it takes none: no
+  // prefix caching, a scored prompt, or a chunk computed past its cached blocks).
+  PrefixHit continuation(const Sequence& seq) const;
+  // Takes `hit` (continuation(seq)) in place of `seq`'s own blocks, counting the hit.
+  void take(Sequence& seq, const PrefixHit& hit);
   void admit();
   std::unique_ptr<Sequence> makeSequence(GenerationRequest request, Mode mode,
                                          std::vector<int32_t> blocks);

@@ -794,7 +794,8 @@ TEST_F(SchedulerTest, PromptLogprobsScoreEachTokenAsOneAtATime) {
 
 // A reservation that starts with cached blocks of one prompt is refused to a prefill or a
 // decode that would write over them: another prompt, a scored prompt (computed whole), a
-// shorter prompt decoding into them.
+// shorter prompt decoding into them. A refusal leaves the reservation's blocks and the
+// prefix-hit counters as they were.
 TEST_F(SchedulerTest, CachedBlocksOfAReservationAreNeverWrittenOver) {
   Scheduler scheduler(withBlocks(64), nullptr, {.max_batch_tokens = 64, .max_sequences = 4});
   const std::vector<uint32_t> prompt = randomPrompt(22);  // 5 full blocks reusable.
@@ -806,6 +807,20 @@ TEST_F(SchedulerTest, CachedBlocksOfAReservationAreNeverWrittenOver) {
   const std::vector<uint32_t> other = randomPrompt(22);
   EXPECT_EQ(scheduler.addPrefill({.id = 2, .prompt = other, .stop = {.max_new_tokens = 2}}).code(),
             absl::StatusCode::kFailedPrecondition);
+  // A prompt whose first two blocks are cached (request 3's) would take them in place of the
+  // reservation's first two, then write over its cached block 2: refused before any block is
+  // swapped or any hit counted.
+  ASSERT_TRUE(scheduler.add({.id = 3, .prompt = other, .stop = {.max_new_tokens = 1}}).ok());
+  drain(scheduler);
+  std::vector<uint32_t> mixed = randomPrompt(22);
+  std::copy(other.begin(), other.begin() + 8, mixed.begin());
+  const std::vector<int32_t> held = scheduler.reservation(2);
+  const int64_t hits = scheduler.prefixHitTokens(), lookups = scheduler.prefixLookupTokens();
+  EXPECT_EQ(scheduler.addPrefill({.id = 2, .prompt = mixed, .stop = {.max_new_tokens = 2}}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(scheduler.reservation(2), held);
+  EXPECT_EQ(scheduler.prefixHitTokens(), hits);
+  EXPECT_EQ(scheduler.prefixLookupTokens(), lookups);
   EXPECT_EQ(
       scheduler
           .addPrefill(
