@@ -26,8 +26,8 @@ float mxfp4Scale(uint8_t e);
 // MXFP4's E2M1 codes as twice their value: 0, 1, 2, 3, 4, 6, 8, 12, then the negatives.
 extern const int8_t kMxfp4Twice[16];
 void nvfp4(const uint8_t* src, float* dst, size_t blocks);
-// NVFP4's sub-block scale for twice-valued codes: half the unsigned E4M3 value of `d` (bit 7
-// is not read; 0x7F, E4M3's NaN, is 0), exact.
+// NVFP4's sub-block scale for twice-valued codes: half the unsigned E4M3 value of `d`'s low
+// seven bits (bit 7 is ignored, but that 0x7F alone, E4M3's NaN, is 0: 0xFF is 240), exact.
 float nvfp4Scale(uint8_t d);
 // `blocks` x 32 floats as Q8_0 blocks: scale max|x| / 127 rounded to half, codes rounded to
 // nearest (so within half a step, about max|x| / 254, of the floats).

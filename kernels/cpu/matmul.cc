@@ -74,16 +74,15 @@ absl::StatusOr<std::optional<Rewrite>> rewriteForInt8Kernels(const WeightMatrix&
   return std::nullopt;
 }
 
-// NVFP4 as safetensors checkpoints store it (E2M1 codes, a scale per 16 elements of a row),
-// which the int8 kernels read packed as GGUF's NVFP4 is: halves of 32-element blocks. (Other
+}  // namespace
+
+// The int8 kernels read it packed as GGUF's NVFP4 is: halves of 32-element blocks. (Other
 // E2M1 slices, and FP8, are dequantized a row at a time.)
-bool packsAsNvfp4(const WeightMatrix& w) {
+bool isNvfp4Rows(const WeightMatrix& w) {
   const BlockScales& s = w.scales;
   return w.type == TensorType::kE2M1 && s.block_rows == 1 && s.block_cols == 16 &&
          s.col_offset % 16 == 0 && w.cols % 32 == 0;
 }
-
-}  // namespace
 
 int64_t WeightMatrix::rowBytes() const { return *model::tensorBytes(type, cols); }
 
@@ -136,7 +135,7 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
   // The AVX-512 kernels read every packed format, the AVX2 kernel all but Q6_K (which
   // rewriteForInt8Kernels turned into Q8_0 for it).
   // NVFP4 is packed for every path (the portable one too: it has no other int8 kernel).
-  const bool nvfp4 = packsAsNvfp4(source);
+  const bool nvfp4 = isNvfp4Rows(source);
   const bool packs =
       kernel.type == TensorType::kNVFP4 ||
       (packed::packs(kernel.type) &&
@@ -154,9 +153,7 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
     const BlockScales& s = source.scales;
     packed::packE2M1(
         source.rows, source.cols, source.data,
-        [&](int64_t row, int64_t group) {
-          return s.data[(s.row_offset + row) * s.cols + s.col_offset / 16 + group] * s.global;
-        },
+        [&](int64_t row, int64_t group) { return s.rowGroup(row, group) * s.global; },
         matrix.packed_.get());
     matrix.kernel_ = {.type = TensorType::kNVFP4, .rows = source.rows, .cols = source.cols};
   } else {

@@ -43,6 +43,11 @@ struct BlockScales {
   int64_t row_offset = 0;
   int64_t col_offset = 0;
   float global = 1.0f;
+  // With block_rows 1 and col_offset a multiple of block_cols: the scale of the slice's row
+  // `row`, columns [group * block_cols, (group + 1) * block_cols) (global not applied).
+  float rowGroup(int64_t row, int64_t group) const {
+    return data[(row_offset + row) * cols + col_offset / block_cols + group];
+  }
 };
 
 struct WeightMatrix {
@@ -53,6 +58,11 @@ struct WeightMatrix {
   BlockScales scales;             // Set for (and only for) FP8 and E2M1 weights.
   int64_t rowBytes() const;
 };
+
+// Whether `w` is NVFP4 as checkpoints store it — E2M1 codes, a scale per 16 elements of a row
+// — starting on a scale group and spanning whole 32-element blocks: what the int8 kernels
+// pack as NVFP4 (and the GPU's NVFP4 kernels take).
+bool isNvfp4Rows(const WeightMatrix& w);
 
 // The backend's form of a weight matrix for one ISA. Threading: immutable after create().
 class CpuMatrix {

@@ -63,7 +63,7 @@ std::vector<uint8_t> randomWeights(TensorType type, int64_t rows, int64_t cols, 
       continue;
     }
     if (type == TensorType::kNVFP4) {
-      // UE4M3 scales of 2^-7 .. 2^-2, bit 7 (not read) at random; now and then 0x7F (NaN:
+      // UE4M3 scales of 2^-7 .. 2^-2, bit 7 (ignored) at random; now and then 0x7F (NaN:
       // read as 0) or a subnormal.
       for (int s = 0; s < 4; ++s) {
         const int pick = static_cast<int>(rng() % 16);
@@ -406,9 +406,6 @@ TEST(QuantizedActivationsTest, ErrorIsBoundedByHalfAStep) {
   }
 }
 
-// A packed matrix that drops its source (the loader's own copy) multiplies as before, holds
-// its packed bytes only, and refuses to be dequantized for another backend; an unpacked one
-// keeps its source.
 // NVFP4 as safetensors checkpoints hold it (E2M1 codes; a float scale per 16 elements of a
 // row and a global one), a tensor-parallel slice of a larger matrix: every path packs it as
 // NVFP4 and multiplies int8 activations, but for a slice whose columns do not start on a
@@ -491,6 +488,9 @@ TEST(MatmulE2M1Test, ScaledSlicesMatchTheFloat64Reference) {
   }
 }
 
+// A packed matrix that drops its source (the loader's own copy) multiplies as before, holds
+// its packed bytes only, and refuses to be dequantized for another backend; an unpacked one
+// keeps its source.
 TEST(MatmulDropSourceTest, APackedMatrixKeepsOnlyItsPackedCopy) {
   std::mt19937 rng(3);
   ThreadPool pool(2);

@@ -69,9 +69,8 @@ bool isE4m3Value(float v) {
 // them (checkpoints that store them as wider floats may hold others: those load as bf16).
 bool groupScalesAreE4m3(const cpu::BlockScales& s, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = s.data + (s.row_offset + r) * s.cols + s.col_offset / 16;
     for (int64_t g = 0; g < cols / 16; ++g) {
-      if (!isE4m3Value(row[g])) return false;
+      if (!isE4m3Value(s.rowGroup(r, g))) return false;
     }
   }
   return true;
@@ -82,8 +81,7 @@ bool groupScalesAreE4m3(const cpu::BlockScales& s, int64_t rows, int64_t cols) {
 ExpertWeightFormat nativeFormat(const cpu::CpuMatrix& m) {
   const cpu::WeightMatrix& w = m.source();
   const cpu::BlockScales& s = w.scales;
-  if (w.type == model::TensorType::kE2M1 && s.block_rows == 1 && s.block_cols == 16 &&
-      s.col_offset % 16 == 0 && m.cols() % 32 == 0 && groupScalesAreE4m3(s, m.rows(), m.cols()))
+  if (cpu::isNvfp4Rows(w) && groupScalesAreE4m3(s, m.rows(), m.cols()))
     return ExpertWeightFormat::kNvfp4;
   if (w.type == model::TensorType::kF8E4M3 && s.block_rows == kFp8Block &&
       s.block_cols == kFp8Block && s.global == 1.0f && s.row_offset % kFp8Block == 0 &&
@@ -181,9 +179,7 @@ absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst,
       std::vector<uint8_t> groups(rows * cols / 16);
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t g = 0; g < cols / 16; ++g) {
-          CLEAVE_ASSIGN_OR_RETURN(
-              groups[r * (cols / 16) + g],
-              exactE4m3(s.data[(s.row_offset + r) * s.cols + s.col_offset / 16 + g]));
+          CLEAVE_ASSIGN_OR_RETURN(groups[r * (cols / 16) + g], exactE4m3(s.rowGroup(r, g)));
         }
       }
       CLEAVE_RETURN_IF_ERROR(uploadBytes(

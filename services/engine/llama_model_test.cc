@@ -460,7 +460,8 @@ TEST(Nvfp4CheckpointTest, InconsistentCheckpointsAreRefused) {
 // Which products a loaded model multiplies as floats (their compute floor's peak): gpt-oss's
 // bf16 attention and head around int8-kernel MXFP4 experts; NVFP4 layers on the int8 kernels
 // but for an MLP's down projection of 176 columns (not whole blocks: a third of the MLP) and
-// the float head; a float model's every product (a kind it lacks: 0).
+// the float head; a float model's every product (a kind it lacks: 0), FP8's too (dequantized a
+// row at a time; DeepSeek-V3's latent attention and experts).
 TEST(FloatProductsTest, FollowEachMatrixsKernel) {
   struct Case {
     const char* path;
@@ -471,7 +472,8 @@ TEST(FloatProductsTest, FollowEachMatrixsKernel) {
   for (const Case& c :
        {Case{"gpt_oss_mxfp4", 1, 0, 0, 1, true},
         Case{"llama_nvfp4_modelopt", 0, 1.0 / 3, 0, 1, true},
-        Case{"qwen3_moe_nvfp4_ct", 0, 0, 0, 1, true}, Case{"llama_f32", 1, 1, 0, 1, false}}) {
+        Case{"qwen3_moe_nvfp4_ct", 0, 0, 0, 1, true}, Case{"llama_f32", 1, 1, 0, 1, false},
+        Case{"deepseek_v3_fp8_block128", 1, 1, 1, 1, false}}) {
     SCOPED_TRACE(c.path);
     auto weights = loadLlama(hf + c.path);
     ASSERT_TRUE(weights.ok()) << weights.status();

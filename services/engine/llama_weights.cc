@@ -168,11 +168,12 @@ class GgufSource final : public TensorSource {
                                                      "\" has dims ", shapeText(t->dims),
                                                      ", the config implies ", shapeText(stored)));
     }
-    // Some NVFP4 producers write a per-tensor scale beside the blocks; reading the blocks
-    // without it would give wrong values.
+    // Some NVFP4 producers write a per-tensor scale beside the blocks (X.scale or
+    // X.weight.scale); reading the blocks without it would give wrong values.
     if (t->type == model::TensorType::kNVFP4 && absl::EndsWith(name, ".weight")) {
-      const std::string scale = absl::StrCat(name.substr(0, name.size() - 7), ".scale");
-      if (file_.findTensor(scale) != nullptr) {
+      for (const std::string& scale :
+           {absl::StrCat(name.substr(0, name.size() - 7), ".scale"), name + ".scale"}) {
+        if (file_.findTensor(scale) == nullptr) continue;
         return absl::UnimplementedError(absl::StrCat(
             file_.path(), ": tensor \"", scale, "\" (a per-tensor scale of the NVFP4 blocks of \"",
             name, "\") is not supported: write the scale into the blocks' own scales"));
@@ -567,18 +568,38 @@ absl::StatusOr<MoeBlock> loadMoeBlock(const model::SafetensorsCheckpoint& checkp
   return SafetensorsSource(checkpoint, {}).moe(layer, config, whole);
 }
 
+void LlamaLayer::forEachMatrix(
+    const std::function<void(MatrixKind, const cpu::CpuMatrix&)>& fn) const {
+  for (const cpu::CpuMatrix* m : {&wq, &wk, &wv, &wo}) fn(MatrixKind::kAttention, *m);
+  if (mla) {
+    for (const cpu::CpuMatrix* m : {&mla->q_a, &mla->q_b, &mla->kv_a})
+      fn(MatrixKind::kAttention, *m);
+    for (const auto* heads : {&mla->k_absorb, &mla->v_up})
+      for (const cpu::CpuMatrix& m : *heads) fn(MatrixKind::kAttention, m);
+  }
+  for (const cpu::CpuMatrix* m : {&w_gate, &w_up, &w_down}) fn(MatrixKind::kMlp, *m);
+  if (!moe) return;
+  fn(MatrixKind::kRouter, moe->router);
+  auto expert = [&](MatrixKind kind, const MoeExpert& e) {
+    for (const cpu::CpuMatrix* m : {&e.gate, &e.up, &e.down}) fn(kind, *m);
+  };
+  if (moe->shared) expert(MatrixKind::kMlp, *moe->shared);
+  for (const MoeExpert& e : moe->experts) expert(MatrixKind::kRoutedExpert, e);
+}
+
 int64_t LlamaLayer::bytes() const {
-  return wq.bytes() + wk.bytes() + wv.bytes() + wo.bytes() + w_gate.bytes() + w_up.bytes() +
-         w_down.bytes() + static_cast<int64_t>(attn_norm.size() + ffn_norm.size()) * 4 +
-         (moe ? moe->bytes() : 0) + (mla ? mla->bytes() : 0);
+  int64_t total = static_cast<int64_t>(attn_norm.size() + ffn_norm.size()) * 4;
+  if (mla) total += static_cast<int64_t>(mla->q_a_norm.size() + mla->kv_a_norm.size()) * 4;
+  forEachMatrix([&](MatrixKind, const cpu::CpuMatrix& m) { total += m.bytes(); });
+  return total;
 }
 
 int64_t LlamaWeights::routedExpertBytes() const {
   int64_t bytes = 0;
   for (const LlamaLayer& l : layers) {
-    if (!l.moe) continue;
-    for (const MoeExpert& e : l.moe->experts)
-      bytes += e.gate.bytes() + e.up.bytes() + e.down.bytes();
+    l.forEachMatrix([&](MatrixKind kind, const cpu::CpuMatrix& m) {
+      if (kind == MatrixKind::kRoutedExpert) bytes += m.bytes();
+    });
   }
   return bytes;
 }
@@ -593,26 +614,18 @@ struct Share {
     all += params;
     if (!m.multipliesInt8()) floats += params;
   }
-  void add(const MoeExpert& e) {
-    for (const cpu::CpuMatrix* m : {&e.gate, &e.up, &e.down}) add(*m);
-  }
   double share() const { return all > 0 ? floats / all : 0.0; }
 };
 
-// Attention, MLP (and shared experts), routed experts, head.
-std::array<Share, 4> sharesOf(const LlamaWeights& w) {
-  std::array<Share, 4> shares;
-  auto& [attention, mlp, experts, head] = shares;
-  head.add(w.output);
+// By MatrixKind, and the head last.
+std::array<Share, 5> sharesOf(const LlamaWeights& w) {
+  std::array<Share, 5> shares;
   for (const LlamaLayer& l : w.layers) {
-    for (const cpu::CpuMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo}) attention.add(*m);
-    if (l.moe) {
-      for (const MoeExpert& e : l.moe->experts) experts.add(e);
-      if (l.moe->shared) mlp.add(*l.moe->shared);
-    } else {
-      for (const cpu::CpuMatrix* m : {&l.w_gate, &l.w_up, &l.w_down}) mlp.add(*m);
-    }
+    l.forEachMatrix([&](MatrixKind kind, const cpu::CpuMatrix& m) {
+      shares[static_cast<size_t>(kind)].add(m);
+    });
   }
+  shares[4].add(w.output);
   return shares;
 }
 
@@ -626,11 +639,12 @@ bool LlamaWeights::multipliesInt8() const {
 }
 
 roofline::Workload::FloatProducts LlamaWeights::floatProducts() const {
-  const auto [attention, mlp, experts, head] = sharesOf(*this);
-  return {.attention = attention.share(),
-          .mlp = mlp.share(),
-          .experts = experts.share(),
-          .lm_head = head.share()};
+  const std::array<Share, 5> s = sharesOf(*this);
+  auto of = [&](MatrixKind kind) { return s[static_cast<size_t>(kind)].share(); };
+  return {.attention = of(MatrixKind::kAttention),
+          .mlp = of(MatrixKind::kMlp),
+          .experts = of(MatrixKind::kRoutedExpert),
+          .lm_head = s[4].share()};
 }
 
 int64_t LlamaWeights::weightBytes() const {

@@ -29,6 +29,14 @@
 
 namespace cleave::engine {
 
+// What a layer's matrix computes (LlamaLayer::forEachMatrix).
+enum class MatrixKind {
+  kAttention,     // Q, K, V, O, and MLA's projections.
+  kMlp,           // A dense MLP, or the always-on shared experts.
+  kRoutedExpert,  // One of the experts a MoE router chooses among.
+  kRouter,
+};
+
 struct LlamaLayer {
   std::vector<float> attn_norm;  // [hidden]
   cpu::CpuMatrix wq;             // [heads * head_dim, hidden]
@@ -56,6 +64,8 @@ struct LlamaLayer {
   // Set on mixture-of-experts layers instead of the dense MLP above.
   std::optional<MoeBlock> moe;
   int64_t bytes() const;  // Of the weights as kept.
+  // Calls fn on every matrix the layer holds (those a dense or MLA layer leaves empty too).
+  void forEachMatrix(const std::function<void(MatrixKind, const cpu::CpuMatrix&)>& fn) const;
 };
 
 // Rows [row_begin, row_begin + rows) of the embedding table in their stored format.

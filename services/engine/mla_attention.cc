@@ -25,14 +25,6 @@ absl::StatusOr<cpu::CpuMatrix> floatMatrix(std::vector<float> values, int64_t ro
 
 }  // namespace
 
-int64_t MlaWeights::bytes() const {
-  int64_t total = q_a.bytes() + q_b.bytes() + kv_a.bytes() +
-                  static_cast<int64_t>(q_a_norm.size() + kv_a_norm.size()) * 4;
-  for (const cpu::CpuMatrix& m : k_absorb) total += m.bytes();
-  for (const cpu::CpuMatrix& m : v_up) total += m.bytes();
-  return total;
-}
-
 absl::Status absorbKvB(std::shared_ptr<const cpu::CpuMatrix> kv_b, const model::MlaConfig& mla,
                        int64_t heads, MlaWeights& w) {
   const int64_t nope = mla.qk_nope_head_dim, v = mla.v_head_dim, lora = mla.kv_lora_rank;

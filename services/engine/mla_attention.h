@@ -37,7 +37,6 @@ struct MlaWeights {
   std::vector<float> kv_a_norm;  // [kv_lora_rank]
   std::vector<cpu::CpuMatrix> k_absorb;  // Per head, W_UKᵀ: [kv_lora_rank, qk_nope_head_dim]
   std::vector<cpu::CpuMatrix> v_up;      // Per head, W_UV:  [v_head_dim, kv_lora_rank]
-  int64_t bytes() const;                 // Of the weights as kept.
 };
 
 // Splits kv_b_proj ([heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank], this rank's

@@ -29,13 +29,6 @@ void clampedSwiglu(float* gate, const float* up, int64_t n, float limit, float a
 
 }  // namespace
 
-int64_t MoeBlock::bytes() const {
-  int64_t total = router.bytes() +
-                  (shared ? shared->gate.bytes() + shared->up.bytes() + shared->down.bytes() : 0);
-  for (const MoeExpert& e : experts) total += e.gate.bytes() + e.up.bytes() + e.down.bytes();
-  return total;
-}
-
 Routing routeSoftmaxTopK(const float* logits, int64_t experts, int64_t k, bool normalize,
                          float scaling) {
   std::vector<float> probs(logits, logits + experts);

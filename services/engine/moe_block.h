@@ -38,7 +38,6 @@ struct MoeBlock {
   std::vector<float> score_bias;    // [experts]; DeepSeek-V3's correction bias (else empty).
   std::vector<float> router_bias;   // [experts]; added to the router's logits (gpt-oss).
   std::optional<MoeExpert> shared;  // DeepSeek's always-on shared experts, as one MLP.
-  int64_t bytes() const;
 };
 
 // Routing of one token: expert ids best first and their weights.

@@ -375,13 +375,22 @@ int64_t TpGroup::routedExpertBytes(int rank) const {
 }
 
 roofline::Workload::FloatProducts TpGroup::floatProducts() const {
-  if (!backends_.empty()) return {};
-  return ranks_[0]->cpu_float_products;
+  roofline::Workload::FloatProducts most;  // Ranks may differ (a slice not of whole blocks).
+  if (!backends_.empty()) return most;
+  for (const auto& rank : ranks_) {
+    const roofline::Workload::FloatProducts& f = rank->cpu_float_products;
+    most = {.attention = std::max(most.attention, f.attention),
+            .mlp = std::max(most.mlp, f.mlp),
+            .experts = std::max(most.experts, f.experts),
+            .lm_head = std::max(most.lm_head, f.lm_head)};
+  }
+  return most;
 }
 
 bool TpGroup::multipliesInt8() const {
   if (!backends_.empty()) return model::tensorTypeTraits(weight_type_)->block_elements > 1;
-  return ranks_[0]->cpu_multiplies_int8;
+  return std::any_of(ranks_.begin(), ranks_.end(),
+                     [](const auto& rank) { return rank->cpu_multiplies_int8; });
 }
 
 KvStorage& TpGroup::kv(int rank) {

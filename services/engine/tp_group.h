@@ -141,8 +141,9 @@ class TpGroup {
   // Of weightBytes(rank), the routed experts' (LlamaWeights::routedExpertBytes); 0 where the
   // backend counts its own weights.
   int64_t routedExpertBytes(int rank) const;
-  // Which products multiply floats on the CPU backend (LlamaWeights::floatProducts); none
-  // with another backend, which counts one peak.
+  // Of each kind of product, the largest float share of any rank on the CPU backend
+  // (LlamaWeights::floatProducts; the slowest rank's); none with another backend, which
+  // counts one peak.
   roofline::Workload::FloatProducts floatProducts() const;
   // Whether any product runs on the CPU's int8 kernels (so its floor needs the int8 peak);
   // with another backend, whether the linear layers are stored block-quantized.

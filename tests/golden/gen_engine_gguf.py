@@ -95,6 +95,8 @@ def write(case, arch, nvfp4=False):
     linear weights of whole 64-element rows in NVFP4 (the file <case without _f32>_nvfp4)."""
     name = case.removesuffix("_f32") + "_nvfp4" if nvfp4 else None
     cfg, t, w = open_writer(case, arch, name)
+    # write_nvfp4_golden maps the blocks back to dense, unpermuted checkpoint tensors.
+    assert not nvfp4 or (arch != "llama" and not cfg.get("num_experts")), case
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     experts = cfg.get("num_local_experts", cfg.get("num_experts"))
     if experts:

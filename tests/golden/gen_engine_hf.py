@@ -307,10 +307,11 @@ def int8_inputs(model, decoded: dict):
     experts) with a weight of `decoded` (checkpoint names; a fused experts parameter counts
     when all its experts' weights are there) whose input is whole 32-element blocks takes its
     input through round_to_int8_blocks."""
-    storages = set()
+    storages, hooked = set(), set()
     for name, p in model.named_parameters():
         if name in decoded:
             storages.add(p.untyped_storage().data_ptr())
+            hooked.add(name)
         elif name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             prefix, fused = name.rsplit(".", 1)
             parts = ("gate_proj", "up_proj") if fused == "gate_up_proj" else ("down_proj",)
@@ -319,7 +320,11 @@ def int8_inputs(model, decoded: dict):
             assert held in (0, len(names)), name
             if held:
                 storages.add(p.untyped_storage().data_ptr())
+                hooked.add(name)
     assert storages
+    # Matched by storage: no other parameter may share one (a tied weight would be hooked too).
+    for name, p in model.named_parameters():
+        assert name in hooked or p.untyped_storage().data_ptr() not in storages, name
     # Experts run their eager loop of linear products, not a fused kernel.
     configs = {id(m.config): m.config for m in model.modules()
                if hasattr(m, "config") and hasattr(m.config, "_experts_implementation")}
