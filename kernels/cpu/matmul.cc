@@ -97,7 +97,9 @@ bool matmulSupports(TensorType type) {
          type == TensorType::kBF16;
 }
 
-absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa) {
+namespace {
+
+absl::Status checkSource(const WeightMatrix& source) {
   if (!matmulSupports(source.type)) {
     return absl::UnimplementedError(absl::StrCat(
         "matmul: weight format ", model::tensorTypeName(source.type), " is not supported"));
@@ -117,6 +119,23 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
            source.scales.cols)) {
     return absl::InvalidArgumentError("matmul: the block scales do not cover the matrix");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<CpuMatrix> CpuMatrix::asStored(const WeightMatrix& source,
+                                              std::shared_ptr<const void> owner) {
+  CLEAVE_RETURN_IF_ERROR(checkSource(source));
+  CpuMatrix matrix;
+  matrix.source_ = matrix.kernel_ = source;
+  matrix.isa_ = Isa::kPortable;
+  matrix.owner_ = std::move(owner);
+  return matrix;
+}
+
+absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa) {
+  CLEAVE_RETURN_IF_ERROR(checkSource(source));
   if (!isaSupported(isa)) {
     return absl::FailedPreconditionError(
         absl::StrCat("matmul: this CPU cannot run ", isaName(isa)));
@@ -225,11 +244,15 @@ void productRows(const MatmulArgs& args, const QuantizedActivations* xq, int64_t
                                 .row_end = end});
     return;
   }
-  // Float weights, and formats dequantized a row at a time, take float activations.
-  auto kernel = isDequantizedPerRow(w.kernelType()) ? kernels::dequantizedRows
-                : w.isa() == Isa::kAvx512           ? kernels::floatRowsAvx512
-                : w.isa() == Isa::kAvx2             ? kernels::floatRowsAvx2
-                                                    : kernels::floatRowsPortable;
+  // Float weights, and formats dequantized a row at a time (every block format a matrix kept
+  // as stored holds), take float activations.
+  const TensorType type = w.kernelType();
+  const bool is_float =
+      type == TensorType::kF32 || type == TensorType::kF16 || type == TensorType::kBF16;
+  auto kernel = !is_float                 ? kernels::dequantizedRows
+                : w.isa() == Isa::kAvx512 ? kernels::floatRowsAvx512
+                : w.isa() == Isa::kAvx2   ? kernels::floatRowsAvx2
+                                          : kernels::floatRowsPortable;
   kernel({.weight = &w.kernelSource(),
           .x = args.x,
           .ldx = args.ldx,

@@ -75,6 +75,11 @@ class CpuMatrix {
   // The same, for `source.data` held by `owner`: kept alive as long as this reads it.
   static absl::StatusOr<CpuMatrix> create(const WeightMatrix& source,
                                           std::shared_ptr<const void> owner, Isa isa = bestIsa());
+  // The same checks, but kept as stored: not rewritten or packed for the int8 kernels (no
+  // copy, no time spent), for a matrix another backend makes its own copy of. Its products
+  // still run, slowly: quantized rows a row at a time, or dequantized.
+  static absl::StatusOr<CpuMatrix> asStored(const WeightMatrix& source,
+                                            std::shared_ptr<const void> owner);
 
   const WeightMatrix& source() const { return source_; }
   // For a packed matrix whose source no other backend will upload (one the loader made, not a

@@ -488,6 +488,58 @@ TEST(MatmulE2M1Test, ScaledSlicesMatchTheFloat64Reference) {
   }
 }
 
+// A matrix kept as stored (for another backend to copy) is neither rewritten nor packed, holds
+// only its source's bytes, and still multiplies right: the int8 formats a row at a time, every
+// other block format dequantized, float activations.
+TEST(MatmulAsStoredTest, MultipliesTheStoredFormat) {
+  std::mt19937 rng(77);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ThreadPool pool(2);
+  const int64_t rows = 37, cols = 256, tokens = 5;
+  std::vector<float> x(tokens * cols);
+  for (float& v : x) v = normal(rng);
+  QuantizedActivations q;
+  quantizeActivations(x.data(), tokens, cols, cols, q);
+  for (TensorType type :
+       {TensorType::kQ4_0, TensorType::kQ8_0, TensorType::kMXFP4, TensorType::kNVFP4,
+        TensorType::kQ4_K, TensorType::kQ5_K, TensorType::kQ6_K, TensorType::kBF16}) {
+    SCOPED_TRACE(model::tensorTypeName(type));
+    std::vector<uint8_t> bytes = randomWeights(type, rows, cols, rng);
+    const WeightMatrix w{.type = type, .rows = rows, .cols = cols, .data = bytes.data()};
+    auto matrix = CpuMatrix::asStored(w, nullptr);
+    ASSERT_TRUE(matrix.ok()) << matrix.status();
+    EXPECT_FALSE(matrix->packed());
+    EXPECT_EQ(matrix->kernelType(), type);
+    EXPECT_EQ(matrix->bytes(), static_cast<int64_t>(bytes.size()));
+    const std::vector<float> wf = dequantized(w);
+    std::vector<float> y(tokens * rows, std::nanf("poison"));
+    ASSERT_TRUE(matmul({.weight = &*matrix,
+                        .x = x.data(),
+                        .ldx = cols,
+                        .tokens = tokens,
+                        .y = y.data(),
+                        .ldy = rows},
+                       pool)
+                    .ok());
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t n = 0; n < rows; ++n) {
+        double ref = 0, size = 0;
+        for (int64_t k = 0; k < cols; ++k) {
+          const double xk = isQuantized(type)
+                                ? static_cast<double>(q.rowD(t)[k / 32]) * q.rowQ(t)[k]
+                                : static_cast<double>(x[t * cols + k]);
+          const double term = static_cast<double>(wf[n * cols + k]) * xk;
+          ref += term;
+          size += std::fabs(term);
+        }
+        ASSERT_NEAR(y[t * rows + n], ref, 2e-6 * size + 1e-7) << "t=" << t << " n=" << n;
+      }
+    }
+  }
+  EXPECT_FALSE(
+      CpuMatrix::asStored({.type = TensorType::kQ4_0, .rows = 2, .cols = 30}, nullptr).ok());
+}
+
 // A packed matrix that drops its source (the loader's own copy) multiplies as before, holds
 // its packed bytes only, and refuses to be dequantized for another backend; an unpacked one
 // keeps its source.

@@ -34,6 +34,9 @@ struct Slice {
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
+  // Whether the CPU kernels will multiply the matrices (TpShard::cpu_kernels): else they are
+  // kept as stored, for another backend to copy.
+  void setCpuKernels(bool cpu_kernels) { cpu_kernels_ = cpu_kernels; }
   // The name of a per-layer tensor, `role` being one of the keys of the name tables below.
   virtual std::string layerTensor(uint32_t layer, const std::string& role) const = 0;
   virtual std::string embeddingName() const = 0;
@@ -75,9 +78,8 @@ class TensorSource {
     return matrixOf(stored, name, rows, cols, slice);
   }
   // `slice` of the [rows, cols] matrix `stored` (found under `name`, for errors).
-  static absl::StatusOr<cpu::CpuMatrix> matrixOf(const StoredMatrix& stored,
-                                                 const std::string& name, uint64_t rows,
-                                                 uint64_t cols, Slice slice) {
+  absl::StatusOr<cpu::CpuMatrix> matrixOf(const StoredMatrix& stored, const std::string& name,
+                                          uint64_t rows, uint64_t cols, Slice slice) const {
     const Stored& t = stored.codes;
     cpu::WeightMatrix w{.type = t.type,
                         .rows = static_cast<int64_t>(rows),
@@ -110,9 +112,10 @@ class TensorSource {
       w.cols = slice.span.size;
       w.scales.col_offset = slice.span.begin;
     }
-    auto m = cpu::CpuMatrix::create(
-        w, std::make_shared<std::pair<decltype(copy), decltype(stored.scale_values)>>(
-               copy, stored.scale_values));
+    auto owner = std::make_shared<std::pair<decltype(copy), decltype(stored.scale_values)>>(
+        copy, stored.scale_values);
+    auto m = cpu_kernels_ ? cpu::CpuMatrix::create(w, std::move(owner))
+                          : cpu::CpuMatrix::asStored(w, std::move(owner));
     if (!m.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("tensor \"", name, "\": ", m.status().message()));
@@ -127,6 +130,9 @@ class TensorSource {
       out = std::vector<float>(out.begin() + part->begin, out.begin() + part->begin + part->size);
     return out;
   }
+
+ private:
+  bool cpu_kernels_ = true;
 };
 
 class GgufSource final : public TensorSource {
@@ -539,7 +545,9 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& p
   // for adjacent-pair rotation; Qwen files keep Hugging Face's halves (its NEOX rope).
   w->rope_pairing =
       w->config.model_type == "llama" ? cpu::RopePairing::kAdjacent : cpu::RopePairing::kHalves;
-  CLEAVE_RETURN_IF_ERROR(loadTensors(GgufSource(*w->gguf, w->config.architecture), *w, on_layer));
+  GgufSource source(*w->gguf, w->config.architecture);
+  source.setCpuKernels(shard.cpu_kernels);
+  CLEAVE_RETURN_IF_ERROR(loadTensors(source, *w, on_layer));
   return w;
 }
 
@@ -556,8 +564,9 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
                                                                     : cpu::RopePairing::kHalves;
   CLEAVE_ASSIGN_OR_RETURN(model::QuantizationInfo quantization,
                           model::readQuantizationInfo(folder));
-  CLEAVE_RETURN_IF_ERROR(
-      loadTensors(SafetensorsSource(*w->safetensors, quantization), *w, on_layer));
+  SafetensorsSource source(*w->safetensors, quantization);
+  source.setCpuKernels(shard.cpu_kernels);
+  CLEAVE_RETURN_IF_ERROR(loadTensors(source, *w, on_layer));
   return w;
 }
 

@@ -31,6 +31,10 @@ struct TpShard {
   int rank = 0;
   int size = 1;
   MoeSplit moe_split = MoeSplit::kExperts;
+  // False when another backend (a GPU's) makes its own copy of the weights and runs the
+  // model: the loaded matrices are then kept as stored (cpu::CpuMatrix::asStored), neither
+  // rewritten nor packed for the CPU kernels.
+  bool cpu_kernels = true;
 };
 
 // A contiguous run [begin, begin + size).

@@ -164,10 +164,13 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
     options.on_progress(progress);
   };
   CLEAVE_RETURN_IF_ERROR(group->onEveryRank([&](Rank& rank) -> absl::Status {
-    CLEAVE_ASSIGN_OR_RETURN(
-        rank.weights,
-        loadLlama(path, {.rank = rank.index, .size = options.tp, .moe_split = options.moe_split},
-                  options.on_progress ? LayerLoaded(on_layer) : LayerLoaded()));
+    CLEAVE_ASSIGN_OR_RETURN(rank.weights,
+                            loadLlama(path,
+                                      {.rank = rank.index,
+                                       .size = options.tp,
+                                       .moe_split = options.moe_split,
+                                       .cpu_kernels = !options.backend},
+                                      options.on_progress ? LayerLoaded(on_layer) : LayerLoaded()));
     uint32_t& context = rank.weights->config.max_position_embeddings;
     if (options.max_context > int64_t{context}) {
       return absl::InvalidArgumentError(absl::StrCat("--max-model-len ", options.max_context,
