@@ -87,6 +87,19 @@ std::optional<uint64_t> tensorBytes(TensorType type, uint64_t num_elements) {
   return blocks * entry->traits.block_bytes;
 }
 
+void nvfp4AsE2M1(const uint8_t* blocks, uint64_t values, uint8_t* codes, uint8_t* scales) {
+  for (uint64_t b = 0; b < values / 64; ++b, blocks += 36) {
+    for (int s = 0; s < 4; ++s) {
+      *scales++ = blocks[s];
+      // Sub-block s: element j (< 8) in the low nibble of qs[j], 8 + j in its high nibble.
+      const uint8_t* qs = blocks + 4 + 8 * s;
+      auto code = [&](int e) { return e < 8 ? qs[e] & 0x0f : qs[e - 8] >> 4; };
+      for (int k = 0; k < 8; ++k)
+        *codes++ = static_cast<uint8_t>(code(2 * k) | code(2 * k + 1) << 4);
+    }
+  }
+}
+
 absl::Status dequantize(TensorType type, const uint8_t* src, uint64_t n, float* dst) {
   const Entry* entry = findEntry(type);
   if (entry == nullptr || !entry->traits.dequantizable) {

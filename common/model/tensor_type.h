@@ -73,4 +73,10 @@ std::optional<uint64_t> tensorBytes(TensorType type, uint64_t num_elements);
 // Exact: equal bit for bit to the reference definitions of each format.
 absl::Status dequantize(TensorType type, const uint8_t* src, uint64_t num_elements, float* dst);
 
+// `values` (a multiple of 64) NVFP4 values in GGUF blocks as safetensors checkpoints store
+// NVFP4: `codes` gets their E2M1 codes two per byte, element 2k in the low nibble
+// (values / 2 bytes), `scales` each 16 values' scale byte as the blocks hold it, unsigned
+// e4m3 (values / 16 bytes). The same values: e2m1(code) x ue4m3(scale).
+void nvfp4AsE2M1(const uint8_t* blocks, uint64_t values, uint8_t* codes, uint8_t* scales);
+
 }  // namespace cleave::model

@@ -147,6 +147,27 @@ INSTANTIATE_TEST_SUITE_P(AllFormats, DequantGoldenTest,
                                            "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "MXFP4",
                                            "NVFP4"));
 
+// NVFP4 blocks (the gguf package's random ones, every scale byte 0x7F and 0xFF included)
+// rewritten as E2M1 codes and their scale bytes hold the values the package decodes:
+// e2m1(code) x ue4m3(scale), where the ue4m3 value is twice nvfp4Scale's half.
+TEST(Nvfp4AsE2M1Test, HoldsTheValuesOfTheBlocks) {
+  auto file = GgufFile::open(std::string(CLEAVE_GOLDEN_DIR) + "/gguf/quant_NVFP4.gguf");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const GgufTensor* q = (*file)->findTensor("q");
+  const GgufTensor* expected = (*file)->findTensor("expected");
+  ASSERT_TRUE(q != nullptr && expected != nullptr);
+  const uint64_t n = q->num_elements;
+  std::vector<uint8_t> codes(n / 2, 0xAB), scales(n / 16, 0xAB);
+  nvfp4AsE2M1(q->data, n, codes.data(), scales.data());
+  std::vector<float> e2m1(n, std::nanf("poison"));
+  ASSERT_TRUE(dequantize(TensorType::kE2M1, codes.data(), n, e2m1.data()).ok());
+  for (uint64_t i = 0; i < n; ++i) {
+    float want;
+    std::memcpy(&want, expected->data + 4 * i, 4);
+    ASSERT_EQ(e2m1[i] * (2.0f * dequant::nvfp4Scale(scales[i / 16])), want) << i;
+  }
+}
+
 TEST(DequantSmolLm2Test, RealTensorsMatchTheGgufPackage) {
   std::string path = std::string(CLEAVE_MODEL_DIR) + "/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!std::filesystem::exists(path))

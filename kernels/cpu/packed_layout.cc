@@ -104,20 +104,26 @@ void packNvfp4(int64_t rows, int64_t cols, uint8_t* dst, Row&& row) {
   }
 }
 
-// GGUF NVFP4: block b is sub-blocks 2(b % 2) and 2(b % 2) + 1 of super-block b / 2.
+// 32 E2M1 codes from 16 bytes of them in pairs (element 2k in the low nibble of byte k).
+void unpairE2M1(const uint8_t* pairs, uint8_t* codes) {
+  for (int j = 0; j < 16; ++j) {
+    codes[2 * j] = pairs[j] & 0x0f;
+    codes[2 * j + 1] = pairs[j] >> 4;
+  }
+}
+
+// GGUF NVFP4: block b is the first or second half of 64-element block b / 2, taken as E2M1
+// codes and scale bytes (model::nvfp4AsE2M1).
 void packNvfp4Blocks(int64_t rows, int64_t cols, const uint8_t* src, uint8_t* dst) {
   const int64_t row_bytes = cols / 64 * 36;
   packNvfp4(rows, cols, dst, [&](int64_t n, int64_t b, uint8_t* codes, float* scales) {
-    const uint8_t* super = src + n * row_bytes + b / 2 * 36;
+    uint8_t pairs[32], bytes[4];
+    model::nvfp4AsE2M1(src + n * row_bytes + b / 2 * 36, 64, pairs, bytes);
+    const int64_t half = b % 2;
+    unpairE2M1(pairs + 16 * half, codes);
     for (int h = 0; h < 2; ++h) {
-      const int s = 2 * static_cast<int>(b % 2) + h;
-      // nvfp4Scale is already halved: the block's value for the codes' own values.
-      scales[h] = 2.0f * model::dequant::nvfp4Scale(super[s]);
-      const uint8_t* qs = super + 4 + 8 * s;
-      for (int j = 0; j < 8; ++j) {
-        codes[16 * h + j] = qs[j] & 0x0f;
-        codes[16 * h + 8 + j] = qs[j] >> 4;
-      }
+      // nvfp4Scale is halved for twice-valued codes: the scale of the codes' own values.
+      scales[h] = 2.0f * model::dequant::nvfp4Scale(bytes[2 * half + h]);
     }
   });
 }
@@ -127,11 +133,7 @@ void packNvfp4Blocks(int64_t rows, int64_t cols, const uint8_t* src, uint8_t* ds
 void packE2M1(int64_t rows, int64_t cols, const uint8_t* codes,
               absl::FunctionRef<float(int64_t row, int64_t group)> scale, uint8_t* dst) {
   packNvfp4(rows, cols, dst, [&](int64_t n, int64_t b, uint8_t* out, float* scales) {
-    const uint8_t* bytes = codes + n * (cols / 2) + 16 * b;
-    for (int j = 0; j < 16; ++j) {
-      out[2 * j] = bytes[j] & 0x0f;
-      out[2 * j + 1] = bytes[j] >> 4;
-    }
+    unpairE2M1(codes + n * (cols / 2) + 16 * b, out);
     scales[0] = scale(n, 2 * b);
     scales[1] = scale(n, 2 * b + 1);
   });

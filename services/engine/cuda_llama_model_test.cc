@@ -77,11 +77,12 @@ void compareLogits(std::span<const float> got, std::span<const float> want, int6
 }
 
 // Quantized weights widened to bf16 unless `operands` says otherwise, so the bounds hold on
-// every device.
+// every device. The CPU reference keeps the weights as stored (TpShard::cpu_kernels false):
+// NVFP4 and FP8 multiply float activations there, not the int8 kernels' rounded ones.
 void checkModel(const std::string& path, cuda::KvDtype kv = cuda::KvDtype::kBf16,
                 double tolerance = 5e-2, double min_greedy_fraction = 1.0,
                 cuda::GemmOperands operands = cuda::GemmOperands::kWidened) {
-  auto weights = loadLlama(path);
+  auto weights = loadLlama(path, {.cpu_kernels = false});
   ASSERT_TRUE(weights.ok()) << weights.status();
   const LlamaWeights& w = **weights;
   const int64_t vocab = w.config.vocab_size;
@@ -169,6 +170,14 @@ INSTANTIATE_TEST_SUITE_P(Dense, CudaTinyModelTest,
                                            "qwen3_f32", "llama_fp8_block128",
                                            "llama_fp8_ct_channel", "llama_nvfp4_modelopt",
                                            "llama_nvfp4_ct"));
+
+// llama.cpp's NVFP4 blocks (qwen3_nvfp4.gguf: its attention, gate and up projections) on the
+// GPU's NVFP4 path, rearranged at upload, against the CPU's float computation of the same
+// values.
+TEST(CudaLlamaModelTest, GgufNvfp4MatchesTheCpuBackend) {
+  CLEAVE_REQUIRE_GPU();
+  checkModel(goldenDir() + "/engine/gguf/qwen3_nvfp4.gguf");
+}
 
 // An e4m3 KV cache (3 mantissa bits) against the CPU's f32 one: a looser bound, the same
 // greedy tokens away from near-ties.
@@ -477,6 +486,12 @@ TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {
   EXPECT_EQ(nativeFormat(small_blocks->layers[0].wq), F::kBf16);
   auto moe = load("qwen3_moe_nvfp4_ct");
   EXPECT_EQ(nativeFormat(moe->layers[0].moe->experts[0].down), F::kNvfp4);
+  // llama.cpp's NVFP4 blocks too: their codes and scales rearranged at upload.
+  auto gguf = loadLlama(goldenDir() + "/engine/gguf/qwen3_nvfp4.gguf", {.cpu_kernels = false});
+  ASSERT_TRUE(gguf.ok()) << gguf.status();
+  const LlamaLayer& g = (*gguf)->layers[0];
+  EXPECT_EQ(stackFormat({&g.wq, &g.wk, &g.wv}), F::kNvfp4);
+  EXPECT_EQ(nativeFormat(g.w_down), F::kBf16);  // 176 columns: float32 in the file.
   EXPECT_EQ(nativeFormat(moe->layers[0].moe->router), F::kBf16);
   // Group scales stored as wider floats that are not all e4m3 values: bf16.
   cpu::WeightMatrix source = l.wq.source();

@@ -2,6 +2,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <optional>
+#include <vector>
+
 #include "absl/base/casts.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -76,12 +79,38 @@ bool groupScalesAreE4m3(const cpu::BlockScales& s, int64_t rows, int64_t cols) {
   return true;
 }
 
+// A GGUF NVFP4 block's scale byte (unsigned e4m3, bit 7 ignored, 0x7F read as 0) as the
+// e4m3 byte the kernels read; nullopt for 0xFF, whose 480 e4m3 cannot hold (no quantizer
+// writes it).
+std::optional<uint8_t> e4m3OfUe4m3(uint8_t byte) {
+  if (byte == 0x7F) return 0;
+  if ((byte & 0x7F) == 0x7F) return std::nullopt;
+  return static_cast<uint8_t>(byte & 0x7F);
+}
+
+// Every scale byte of GGUF NVFP4 blocks as e4m3.
+bool ggufScalesAreE4m3(const cpu::WeightMatrix& w) {
+  const int64_t row_bytes = w.cols / 64 * 36;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t b = 0; b < w.cols / 64; ++b) {
+      const uint8_t* block = w.data + r * row_bytes + b * 36;
+      for (int s = 0; s < 4; ++s) {
+        if (!e4m3OfUe4m3(block[s])) return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 ExpertWeightFormat nativeFormat(const cpu::CpuMatrix& m) {
   const cpu::WeightMatrix& w = m.source();
   const cpu::BlockScales& s = w.scales;
   if (cpu::isNvfp4Rows(w) && groupScalesAreE4m3(s, m.rows(), m.cols()))
+    return ExpertWeightFormat::kNvfp4;
+  // llama.cpp's NVFP4 blocks: the same codes and scales, rearranged at upload.
+  if (w.type == model::TensorType::kNVFP4 && w.data != nullptr && ggufScalesAreE4m3(w))
     return ExpertWeightFormat::kNvfp4;
   if (w.type == model::TensorType::kF8E4M3 && s.block_rows == kFp8Block &&
       s.block_cols == kFp8Block && s.global == 1.0f && s.row_offset % kFp8Block == 0 &&
@@ -175,17 +204,29 @@ absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst,
       return uploadBytes(grid, scales.data(), scales.size() * 4, what);
     }
     case ExpertWeightFormat::kNvfp4: {
-      CLEAVE_RETURN_IF_ERROR(uploadBytes(base + first * cols / 2, src.data, rows * cols / 2, what));
       std::vector<uint8_t> groups(rows * cols / 16);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t g = 0; g < cols / 16; ++g) {
-          CLEAVE_ASSIGN_OR_RETURN(groups[r * (cols / 16) + g], exactE4m3(s.rowGroup(r, g)));
+      float row_scale = s.global;
+      if (src.type == model::TensorType::kNVFP4) {
+        // value = e2m1 x ue4m3: the codes paired, the scale bytes as e4m3, no row scale.
+        std::vector<uint8_t> codes(rows * cols / 2);
+        model::nvfp4AsE2M1(src.data, rows * cols, codes.data(), groups.data());
+        for (uint8_t& g : groups) g = *e4m3OfUe4m3(g);  // nativeFormat checked each.
+        CLEAVE_RETURN_IF_ERROR(
+            uploadBytes(base + first * cols / 2, codes.data(), codes.size(), what));
+        row_scale = 1.0f;
+      } else {
+        CLEAVE_RETURN_IF_ERROR(
+            uploadBytes(base + first * cols / 2, src.data, rows * cols / 2, what));
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t g = 0; g < cols / 16; ++g) {
+            CLEAVE_ASSIGN_OR_RETURN(groups[r * (cols / 16) + g], exactE4m3(s.rowGroup(r, g)));
+          }
         }
       }
       CLEAVE_RETURN_IF_ERROR(uploadBytes(
           const_cast<uint8_t*>(dst.group_scales) + (index * dst.rows + first) * (cols / 16),
           groups.data(), groups.size(), what));
-      const std::vector<float> row_scales(rows, s.global);
+      const std::vector<float> row_scales(rows, row_scale);
       return uploadBytes(const_cast<float*>(dst.row_scales) + index * dst.rows + first,
                          row_scales.data(), rows * 4, what);
     }

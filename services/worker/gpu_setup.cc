@@ -57,13 +57,14 @@ absl::StatusOr<roofline::Hardware> gpuHardware(model::TensorType weights) {
   // The peak of the products as they run here: FP8 and E2M1 weights meet quantized
   // activations only where the GPU has the native MMA (moe_gemm.h); elsewhere bf16.
   using cuda::ExpertWeightFormat;
-  const char* dtype = weights == model::TensorType::kF8E4M3 &&
-                              cuda::nativeOperandsPreferred(ExpertWeightFormat::kFp8Block128)
-                          ? "fp8"
-                      : weights == model::TensorType::kE2M1 &&
-                              cuda::nativeOperandsPreferred(ExpertWeightFormat::kNvfp4)
-                          ? "fp4"
-                          : "bf16";
+  const char* dtype =
+      weights == model::TensorType::kF8E4M3 &&
+              cuda::nativeOperandsPreferred(ExpertWeightFormat::kFp8Block128)
+          ? "fp8"
+      : (weights == model::TensorType::kE2M1 || weights == model::TensorType::kNVFP4) &&
+              cuda::nativeOperandsPreferred(ExpertWeightFormat::kNvfp4)
+          ? "fp4"
+          : "bf16";
   for (const auto& [part, profile] : known) {
     if (name.find(part) != std::string::npos) return roofline::builtinHardware(profile, dtype);
   }
