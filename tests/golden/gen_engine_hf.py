@@ -15,7 +15,7 @@ For every case writes tests/golden/data/engine/hf/<case>/:
                   each weight replaced by what its stored bytes decode to; for NVFP4 and
                   MXFP4, each such layer whose input is whole 32-element blocks also has its input
                   rounded to int8 per block (d = max|x| / 127, codes rounded half to even),
-                  as the CPU engine's NVFP4 kernels multiply it
+                  as the CPU engine's int8 kernels multiply it
   routing.json    MoE cases only: router decisions of every MoE layer's gate
                   for random hidden states, from transformers' own router
                   modules, so routing can be checked without attention
