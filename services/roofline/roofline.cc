@@ -166,15 +166,16 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
     const double expert = 3.0 * h * m.expert_intermediate_size;
     const double shared = 3.0 * h * m.shared_experts * m.shared_expert_intermediate_size;
     t.expected_experts = expectedDistinctExperts(m.num_experts, m.experts_per_token, w.new_tokens);
-    read += moe_layers * (t.expected_experts * expert + shared + h * m.num_experts);
+    read += moe_layers * (t.expected_experts * expert + shared);
     mlp += moe_layers * shared;
     experts = moe_layers * m.experts_per_token * expert;
     router = moe_layers * h * m.num_experts;
   }
-  const double per_token = attention + mlp + experts + router;
+  // Split over the ranks, but for the router, which every rank holds and runs whole.
+  const double split_per_token = attention + mlp + experts;
   const double lm_head = static_cast<double>(c.vocab_size) * h;
   read += lm_head;
-  t.weight_bytes = w.weight_bytes > 0 ? w.weight_bytes : read * w.bytes_per_weight / tp;
+  t.weight_bytes = w.weight_bytes > 0 ? w.weight_bytes : (read / tp + router) * w.bytes_per_weight;
   if (w.weight_bytes > 0 && c.moe && c.moe->num_experts > 0) {
     t.weight_bytes -= w.routed_expert_bytes * (1.0 - t.expected_experts / c.moe->num_experts);
   }
@@ -184,18 +185,19 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
   t.kv_bytes = kv_positions * kvElements(c) * w.bytes_per_kv * kv_share;
   // The residual stream read and written once per layer, in 16 bits.
   t.activation_bytes = double(w.new_tokens) * h * 2 * 2 * c.num_layers;
-  t.linear_flops = (2.0 * w.new_tokens * per_token + 2.0 * w.sequences * lm_head) / tp;
+  t.linear_flops = (2.0 * w.new_tokens * split_per_token + 2.0 * w.sequences * lm_head) / tp +
+                   2.0 * w.new_tokens * router;
   const double float_peak = hw.float_peak_flops > 0 ? hw.float_peak_flops : hw.peak_flops;
   const Workload::FloatProducts& f = w.float_products;
-  auto seconds = [&](double params, double rows, double float_share) {
-    return 2.0 * rows * params / tp *
+  auto seconds = [&](double params, double rows, double float_share, double ranks) {
+    return 2.0 * rows * params / ranks *
            (float_share / float_peak + (1.0 - float_share) / hw.peak_flops);
   };
   const double tokens = static_cast<double>(w.new_tokens);
-  const double linear_seconds = seconds(attention, tokens, f.attention) +
-                                seconds(mlp, tokens, f.mlp) + seconds(experts, tokens, f.experts) +
-                                seconds(router, tokens, 1.0) +
-                                seconds(lm_head, static_cast<double>(w.sequences), f.lm_head);
+  const double linear_seconds =
+      seconds(attention, tokens, f.attention, tp) + seconds(mlp, tokens, f.mlp, tp) +
+      seconds(experts, tokens, f.experts, tp) + seconds(router, tokens, 1.0, 1) +
+      seconds(lm_head, static_cast<double>(w.sequences), f.lm_head, tp);
   const auto [qk, v] = headDims(c);
   const double attended = w.attended * full + double(w.windowed_attended) * sliding;
   t.attention_flops = 2.0 * attended * c.num_heads * (qk + v) / tp;

@@ -5,7 +5,8 @@
 //
 // Per rank, a step reads the weights it touches in their stored format — for an MoE layer
 // the expected number of distinct experts a batch of B tokens routes to,
-// E x (1 - (1 - k/E)^B), not k — plus every attended position's KV; it computes
+// E x (1 - (1 - k/E)^B), not k, and the router whole (every rank holds and runs it) — plus
+// every attended position's KV; it computes
 // 2 x parameters touched x tokens plus attention (2 x positions x heads x (qk + v dims)
 // per layer, each token over every position it attends); its activations pass through
 // memory once per layer (the residual stream read and written in 16 bits); and it

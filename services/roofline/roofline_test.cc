@@ -123,6 +123,23 @@ TEST(RooflineTest, FloatProductsRunAtTheFloatPeak) {
   EXPECT_NEAR(t->compute_seconds, t->linear_flops / 1e9, 1e-15);
 }
 
+// The router is held and run whole by every rank: split over two ranks, a MoE step's other
+// parameters halve and the router's stay.
+TEST(RooflineTest, EveryRankHoldsTheRouter) {
+  model::ModelConfig c = tinyDense();
+  c.moe =
+      model::MoeConfig{.num_experts = 16, .experts_per_token = 2, .expert_intermediate_size = 32};
+  c.moe->first_k_dense = 1;
+  Workload two = decodeStep(1, 0);
+  two.tp = 2;
+  auto t = stepFloor(c, kUnit, two);
+  ASSERT_TRUE(t.ok());
+  const double expert = 3 * 64 * 32, router = 64 * 16, head = 6400;
+  const double split = 2 * 12288 + 24576 + 2 * expert;  // Attention, the dense MLP, 2 experts.
+  EXPECT_DOUBLE_EQ(t->weight_bytes, ((split + head) / 2 + router) * 2);
+  EXPECT_DOUBLE_EQ(t->linear_flops, 2 * (split + head) / 2 + 2 * router);
+}
+
 TEST(RooflineTest, PrefillAttendsTheTriangle) {
   const Workload w = prefillChunk(4, 10);
   EXPECT_EQ(w.attended, 11 + 12 + 13 + 14);  // FLOPs: each token over its positions.
