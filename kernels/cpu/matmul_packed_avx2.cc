@@ -11,7 +11,7 @@
 //   MXFP4: the codes are looked up (VPSHUFB) as twice their value, -12..12, and multiply as
 //     |w| x (x * sign w): pairs of at most 3048, a block's eight in int16 (at most 24384).
 //   NVFP4: as MXFP4, but each half block (low nibbles, high nibbles) has its own scale, so
-//     the halves sum apart; half the token tile, for the registers they take.
+//     the halves sum apart.
 // Tokens go in tiles so each block is unpacked once per tile; a token's sums run in the same
 // order whatever its tile, so its output does not depend on the batch.
 #include <immintrin.h>
@@ -28,9 +28,7 @@ namespace {
 using model::TensorType;
 
 constexpr int kHalfRows = 8;
-// Tokens sharing each unpacked block (16 registers).
-template <TensorType kType>
-constexpr int kTokenTile = kType == TensorType::kNVFP4 ? 2 : 4;
+constexpr int kTokenTile = 4;  // Tokens sharing each unpacked block (16 registers).
 
 inline __m256i broadcast4(const int8_t* p) {
   int32_t v;
@@ -197,11 +195,11 @@ void groups(const PackedRows& a) {
     float* y = a.y + g * packed::kGroupRows;
     if (rows > kHalfRows) {
       const int valid = static_cast<int>(rows - kHalfRows);
-      forEachTokenTile<kTokenTile<kType>>(tokens, [&]<int kCount>(int64_t t) {
+      forEachTokenTile<kTokenTile>(tokens, [&]<int kCount>(int64_t t) {
         tile<kType, kCount, 2>(group, blocks, *a.x, t, y, a.ldy, valid);
       });
     } else {
-      forEachTokenTile<kTokenTile<kType>>(tokens, [&]<int kCount>(int64_t t) {
+      forEachTokenTile<kTokenTile>(tokens, [&]<int kCount>(int64_t t) {
         tile<kType, kCount, 1>(group, blocks, *a.x, t, y, a.ldy, static_cast<int>(rows));
       });
     }
