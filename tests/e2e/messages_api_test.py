@@ -38,6 +38,7 @@ WEATHER = {"name": "get_weather", "description": "The weather in a city",
 class MessagesApiTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        import grpc
         cls.keys = tempfile.NamedTemporaryFile("w", suffix=".keys")
         cls.keys.write(f"tests {KEY}\n")
         cls.keys.flush()
@@ -50,7 +51,7 @@ class MessagesApiTest(unittest.TestCase):
                                  f"--router={address}", "--listen=127.0.0.1:0",
                                  "--metrics-port=0", "--target-concurrency=4",
                                  "--planned-seq-len=256", "--threads=2"])
-        cls.channel = ct.channel(address)
+        cls.channel = grpc.insecure_channel(address)
         stub = ct.stubs()["generation_grpc"].GenerationStub(cls.channel)
         ct.wait_for_workers(stub, 1, metadata=(("authorization", f"Bearer {KEY}"),))
         base = f"http://127.0.0.1:{cls.router.ready['http_port']}"

@@ -67,7 +67,7 @@ class OpenAiApiTest(unittest.TestCase):
                                  f"--router={cls.address}", "--listen=127.0.0.1:0",
                                  "--metrics-port=0", f"--target-concurrency={TARGET}",
                                  "--planned-seq-len=256", "--threads=2"])
-        cls.channel = ct.channel(cls.address)
+        cls.channel = grpc.insecure_channel(cls.address)
         cls.stub = ct.stubs()["generation_grpc"].GenerationStub(cls.channel)
         ct.wait_for_workers(cls.stub, 1)
         cls.model = cls.stub.ListModels(cls.pb.ListModelsRequest(), timeout=5).models[0].id

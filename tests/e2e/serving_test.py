@@ -51,7 +51,7 @@ class ServingTest(unittest.TestCase):
                                  f"--router={cls.address}", "--listen=127.0.0.1:0",
                                  "--metrics-port=0", f"--target-concurrency={TARGET}",
                                  "--planned-seq-len=256", "--threads=2"])
-        cls.channel = ct.channel(cls.address)
+        cls.channel = grpc.insecure_channel(cls.address)
         cls.stub = ct.stubs()["generation_grpc"].GenerationStub(cls.channel)
         deadline = time.monotonic() + 60
         while not cls.stub.ListModels(cls.pb.ListModelsRequest(), timeout=5).models:

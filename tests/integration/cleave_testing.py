@@ -182,19 +182,6 @@ def wait_until_nothing_reserved(router, workers, seconds=15.0):
         time.sleep(0.1)
 
 
-def channel(address):
-    """A gRPC channel to `address` for a test class's whole life. Between its calls it idles
-    while other tests run; a connection the router closed in that time (its keepalive ping
-    found nothing reading the idle channel) fails the next call with UNAVAILABLE, "Broken
-    pipe", before the router sees it: such calls are retried, twice at most."""
-    import grpc
-    retry = {"methodConfig": [{"name": [{}], "retryPolicy": {
-        "maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
-        "retryableStatusCodes": ["UNAVAILABLE"]}}]}
-    return grpc.insecure_channel(address, options=[("grpc.enable_retries", 1),
-                                                   ("grpc.service_config", json.dumps(retry))])
-
-
 def wait_for_workers(stub, count, seconds=60.0, metadata=None):
     """Waits until the router behind Generation `stub` lists `count` registered workers
     (`metadata`: the call's, an API key's authorization for one)."""
