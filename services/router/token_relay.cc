@@ -17,6 +17,17 @@ std::optional<absl::StatusOr<v1::SequenceEvent>> Mailbox::next(std::chrono::mill
   if (!events_.empty()) {
     v1::SequenceEvent event = std::move(events_.front());
     events_.pop_front();
+    // Events that queued up while the reader of this mailbox was busy (writing the last ones
+    // to its client) go as one: one wake-up and one write for all of them, not one per token.
+    while (!events_.empty() && !event.has_finish_reason()) {
+      v1::SequenceEvent& later = events_.front();
+      event.mutable_token_ids()->MergeFrom(later.token_ids());
+      event.mutable_logprobs()->MergeFrom(later.logprobs());
+      event.set_batch_wait_us(event.batch_wait_us() + later.batch_wait_us());
+      if (later.has_finish_reason()) event.set_finish_reason(later.finish_reason());
+      event.set_matched_stop(std::move(*later.mutable_matched_stop()));
+      events_.pop_front();
+    }
     return event;
   }
   if (!failure_.ok()) return failure_;

@@ -22,7 +22,8 @@ namespace cleave::router {
 class Mailbox {
  public:
   // The next event, waiting up to `timeout` (nullopt when none came); an error when the
-  // worker's stream was lost for good.
+  // worker's stream was lost for good. Events queued since the last call come as one, their
+  // tokens (and logprobs) in order, ending where one finishes the sequence.
   std::optional<absl::StatusOr<v1::SequenceEvent>> next(std::chrono::milliseconds timeout);
   void push(v1::SequenceEvent event);
   void fail(absl::Status status);
