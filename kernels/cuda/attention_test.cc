@@ -32,7 +32,17 @@ struct Case {
   std::vector<int> context;          // per sequence
   std::vector<int> new_tokens = {};  // prefill only: how many of the context are new
   KvDtype kv = KvDtype::kBf16;
+  int window = 0;      // sliding window (positions, the token's own included); 0: none
+  bool sinks = false;  // a sink logit per head (gpt-oss)
 };
+
+// A sink logit per head, in [-2, 4): some heads' sinks outweigh every score, some do not.
+std::vector<float> randomSinks(int heads, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-2.0f, 4.0f);
+  std::vector<float> sinks(heads);
+  for (float& v : sinks) v = dist(rng);
+  return sinks;
+}
 
 // Scales of the e4m3 cases: values in [-1, 1) stored as value / scale.
 constexpr float kKScale = 0.07f, kVScale = 0.05f;
@@ -92,7 +102,8 @@ PagedCache makeCache(const Case& c, std::mt19937& rng) {
 // and sits at position positions[t].
 std::vector<float> cpuReference(const Case& c, const PagedCache& cache, const std::vector<bf16>& q,
                                 const std::vector<int>& seq_of,
-                                const std::vector<int32_t>& positions) {
+                                const std::vector<int32_t>& positions,
+                                const std::vector<float>& sinks) {
   const int heads = c.kv_heads * c.group;
   std::vector<float> qf = testing::toFloat(q);
   std::vector<const int32_t*> tables;
@@ -112,6 +123,8 @@ std::vector<float> cpuReference(const Case& c, const PagedCache& cache, const st
                   .kv_heads = c.kv_heads,
                   .head_dim = c.head_dim,
                   .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
+                  .sinks = c.sinks ? sinks.data() : nullptr,
+                  .window = c.window,
                   .out = out.data(),
                   .ldo = heads * c.head_dim},
                  pool);
@@ -122,7 +135,9 @@ std::string describe(const Case& c) {
   std::string s = "head_dim " + std::to_string(c.head_dim) + ", block " +
                   std::to_string(c.block_size) + ", kv_heads " + std::to_string(c.kv_heads) +
                   ", group " + std::to_string(c.group) +
-                  (c.kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16") + ", contexts";
+                  (c.kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16") +
+                  (c.window ? ", window " + std::to_string(c.window) : "") +
+                  (c.sinks ? ", sinks" : "") + ", contexts";
   for (int len : c.context) s += " " + std::to_string(len);
   return s;
 }
@@ -152,7 +167,8 @@ void checkDecode(const Case& c, uint32_t seed) {
   std::iota(seq_of.begin(), seq_of.end(), 0);
   std::vector<int32_t> positions(batch);
   for (int b = 0; b < batch; ++b) positions[b] = c.context[b] - 1;
-  const std::vector<float> want = cpuReference(c, cache, q, seq_of, positions);
+  const std::vector<float> sinks = randomSinks(heads, rng);
+  const std::vector<float> want = cpuReference(c, cache, q, seq_of, positions, sinks);
 
   auto plan =
       planDecodeAttention({.heads = heads,
@@ -162,7 +178,8 @@ void checkDecode(const Case& c, uint32_t seed) {
                            .max_batch = batch,
                            .max_context = *std::max_element(c.context.begin(), c.context.end()),
                            .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-                           .kv_dtype = c.kv},
+                           .kv_dtype = c.kv,
+                           .window = c.window},
                           multiprocessors());
   ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<bf16> dq(q), dout(q.size());
@@ -170,6 +187,7 @@ void checkDecode(const Case& c, uint32_t seed) {
   DeviceBuffer<int32_t> dtables(cache.tables),
       dlens(std::vector<int32_t>(c.context.begin(), c.context.end()));
   DeviceBuffer<uint8_t> workspace(std::max<size_t>(plan->workspace_bytes, 1));
+  DeviceBuffer<float> dsinks(sinks);
   absl::Status run = runDecodeAttention(*plan,
                                         {.q = dq.get(),
                                          .q_stride = heads * c.head_dim,
@@ -181,6 +199,7 @@ void checkDecode(const Case& c, uint32_t seed) {
                                          .max_blocks_per_seq = cache.max_blocks_per_seq,
                                          .seq_lens = dlens.get(),
                                          .batch = batch,
+                                         .sinks = c.sinks ? dsinks.get() : nullptr,
                                          .out = dout.get(),
                                          .out_stride = heads * c.head_dim,
                                          .workspace = workspace.get()},
@@ -220,6 +239,35 @@ TEST(DecodeAttentionTest, MatchesCpuBackend) {
        .kv_heads = 4,
        .group = 2,
        .context = std::vector<int>(64, 129)},
+      // gpt-oss: sliding windows (contexts inside and past them, one long enough to split
+      // into partitions) and attention sinks, alone and together.
+      {.head_dim = 64,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {1, 54, 128, 129, 300, 4133},
+       .window = 128},
+      {.head_dim = 64,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {1, 54, 300, 4133},
+       .sinks = true},
+      {.head_dim = 64,
+       .block_size = 64,
+       .kv_heads = 1,
+       .group = 8,
+       .context = {3, 5, 97, 2000},
+       .window = 4,
+       .sinks = true},
+      {.head_dim = 128,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 2,
+       .context = {70, 5000},
+       .kv = KvDtype::kFp8E4M3,
+       .window = 1000,
+       .sinks = true},
   };
   for (const Case& c : cases) checkDecode(c, seed);
 }
@@ -232,12 +280,13 @@ TEST(DecodeAttentionTest, PlanRefusesUnsupportedShapes) {
                                   .max_batch = 1,
                                   .max_context = 16,
                                   .scale = 1};
-  DecodeAttentionShape head_dim = good, block = good, heads = good;
+  DecodeAttentionShape head_dim = good, block = good, heads = good, window = good;
   head_dim.head_dim = 96;
   block.block_size = 24;
   heads.heads = 6;
   heads.kv_heads = 4;
-  for (const DecodeAttentionShape& bad : {head_dim, block, heads})
+  window.window = -1;
+  for (const DecodeAttentionShape& bad : {head_dim, block, heads, window})
     EXPECT_EQ(planDecodeAttention(bad, 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -260,7 +309,8 @@ void checkPrefill(const Case& c, uint32_t seed) {
   }
   const int tokens = q_starts.back();
   std::vector<bf16> q = testing::randomBf16(static_cast<size_t>(tokens) * heads * c.head_dim, rng);
-  const std::vector<float> want = cpuReference(c, cache, q, seq_of, positions);
+  const std::vector<float> sinks = randomSinks(heads, rng);
+  const std::vector<float> want = cpuReference(c, cache, q, seq_of, positions, sinks);
 
   auto plan = planPrefillAttention(
       {.heads = heads,
@@ -270,9 +320,11 @@ void checkPrefill(const Case& c, uint32_t seed) {
        .max_sequences = sequences,
        .max_new_tokens = *std::max_element(c.new_tokens.begin(), c.new_tokens.end()),
        .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
-       .kv_dtype = c.kv});
+       .kv_dtype = c.kv,
+       .window = c.window});
   ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<bf16> dq(q), dout(q.size());
+  DeviceBuffer<float> dsinks(sinks);
   DeviceBuffer<uint8_t> dk(cache.k_bytes), dv(cache.v_bytes);
   DeviceBuffer<int32_t> dtables(cache.tables), dstarts(q_starts),
       dcontext(std::vector<int32_t>(c.context.begin(), c.context.end()));
@@ -288,6 +340,7 @@ void checkPrefill(const Case& c, uint32_t seed) {
                                           .q_starts = dstarts.get(),
                                           .context_lens = dcontext.get(),
                                           .sequences = sequences,
+                                          .sinks = c.sinks ? dsinks.get() : nullptr,
                                           .out = dout.get(),
                                           .out_stride = heads * c.head_dim},
                                          nullptr);
@@ -346,6 +399,39 @@ TEST(PrefillAttentionTest, MatchesCpuBackendWithCachedPrefixes) {
        .context = {70, 300},
        .new_tokens = {33, 300},
        .kv = KvDtype::kFp8E4M3},
+      // gpt-oss: sliding windows shorter than a key tile and longer, over cached prefixes,
+      // and attention sinks.
+      {.head_dim = 64,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {70, 300, 129},
+       .new_tokens = {70, 200, 1},
+       .window = 4},
+      {.head_dim = 64,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {300, 700},
+       .new_tokens = {300, 129},
+       .window = 128,
+       .sinks = true},
+      {.head_dim = 64,
+       .block_size = 32,
+       .kv_heads = 1,
+       .group = 8,
+       .context = {54, 200},
+       .new_tokens = {54, 135},
+       .sinks = true},
+      {.head_dim = 128,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {70, 300},
+       .new_tokens = {33, 300},
+       .kv = KvDtype::kFp8E4M3,
+       .window = 100,
+       .sinks = true},
   };
   for (const Case& c : cases) checkPrefill(c, seed);
 }

@@ -12,11 +12,11 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTile = kWarps * 16;  // KV positions per pipeline stage, 16 per warp
-constexpr float kLog2e = 1.4426950408889634f;
 
 struct DecodeParams {
   DecodeAttentionArgs args;
   int heads, kv_heads, block_shift, q_tiles, partitions;
+  int window;          // 0: every position
   float scale_log2;    // softmax scale in exp2 units
   float* partial_out;  // [batch][partitions][heads][D]
   float* partial_lse;  // [batch][partitions][heads], log2 units
@@ -24,6 +24,11 @@ struct DecodeParams {
 
 template <int D, bool kFp8>
 using Stages = KvStages<D, kTile, kThreads, kFp8>;
+
+// The first position a sequence of `len` attends to: its window's.
+__device__ __forceinline__ int firstAttended(int len, int window) {
+  return window > 0 ? max(0, len - window) : 0;
+}
 
 template <int D, bool kFp8>
 constexpr int decodeSharedBytes() {
@@ -41,8 +46,9 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
   const DecodeAttentionArgs& a = p.args;
   const int seq = blockIdx.z;
   const int len = a.seq_lens[seq];
-  const int partition_size = contextPartSize<kTile>(len, p.partitions);
-  const int start = blockIdx.x * partition_size;
+  const int lo = firstAttended(len, p.window);
+  const int partition_size = contextPartSize<kTile>(len - lo, p.partitions);
+  const int start = lo + blockIdx.x * partition_size;
   if (start >= len) {
     // An empty sequence (outside the contract) still gets a defined output: zeros.
     if (len <= 0 && blockIdx.x == 0 && p.partitions == 1) {
@@ -140,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
     const int head = head0 + row;
     if (p.partitions == 1) {
       a.out[seq * a.out_stride + static_cast<int64_t>(head) * D + d] =
-          __float2bfloat16(value * a.v_scale / sum);
+          __float2bfloat16(normalized(value * a.v_scale, sum, top, a.sinks, head));
     } else {
       const int64_t slot = (static_cast<int64_t>(seq) * p.partitions + blockIdx.x) * p.heads + head;
       p.partial_out[slot * D + d] = value * a.v_scale / sum;
@@ -156,8 +162,9 @@ __global__ void __launch_bounds__(D) mergePartitionsKernel(const DecodeParams p)
   const int head = blockIdx.x;
   const int seq = blockIdx.y;
   const int len = max(a.seq_lens[seq], 0);
-  const int partition_size = contextPartSize<kTile>(len, p.partitions);
-  const int used = (len + partition_size - 1) / partition_size;
+  const int span = len - firstAttended(len, p.window);
+  const int partition_size = contextPartSize<kTile>(span, p.partitions);
+  const int used = (span + partition_size - 1) / partition_size;
   if (used == 0) {  // An empty sequence: zeros, not 0 / 0.
     a.out[seq * a.out_stride + static_cast<int64_t>(head) * D + threadIdx.x] =
         __float2bfloat16(0.0f);
@@ -173,7 +180,7 @@ __global__ void __launch_bounds__(D) mergePartitionsKernel(const DecodeParams p)
     value += weight * p.partial_out[(base + i * p.heads) * D + threadIdx.x];
   }
   a.out[seq * a.out_stride + static_cast<int64_t>(head) * D + threadIdx.x] =
-      __float2bfloat16(value / sum);
+      __float2bfloat16(normalized(value, sum, top, a.sinks, head));
 }
 
 template <int D, bool kFp8>
@@ -205,6 +212,7 @@ absl::StatusOr<DecodeAttentionPlan> planDecodeAttention(const DecodeAttentionSha
     return s;
   if (shape.max_batch < 1 || shape.max_context < 1)
     return absl::InvalidArgumentError("decode attention: max_batch and max_context must be >= 1");
+  if (shape.window < 0) return absl::InvalidArgumentError("decode attention: window must be >= 0");
   DecodeAttentionPlan plan{.shape = shape};
   const int group = shape.heads / shape.kv_heads;
   plan.q_tiles = (group + 15) / 16;
@@ -212,11 +220,14 @@ absl::StatusOr<DecodeAttentionPlan> planDecodeAttention(const DecodeAttentionSha
   // least four stages of work in every partition.
   const int blocks = shape.max_batch * shape.kv_heads * plan.q_tiles;
   const int wanted = std::max(1, (4 * multiprocessors + blocks - 1) / blocks);
-  const int longest = (shape.max_context + kTile - 1) / kTile * kTile;
+  // A sliding window bounds the positions a sequence reads, however long it is.
+  const int reach =
+      shape.window > 0 ? std::min(shape.max_context, shape.window) : shape.max_context;
+  const int longest = (reach + kTile - 1) / kTile * kTile;
   int size = (longest + wanted - 1) / wanted;
   size = std::max(4 * kTile, (size + kTile - 1) / kTile * kTile);
   plan.partition_size = std::min(size, longest);
-  plan.partitions = (shape.max_context + plan.partition_size - 1) / plan.partition_size;
+  plan.partitions = (reach + plan.partition_size - 1) / plan.partition_size;
   if (plan.partitions > 1) {
     const size_t slots = static_cast<size_t>(shape.max_batch) * plan.partitions * shape.heads;
     plan.workspace_bytes = slots * (shape.head_dim + 1) * sizeof(float);
@@ -245,6 +256,7 @@ absl::Status runDecodeAttention(const DecodeAttentionPlan& plan, const DecodeAtt
                       .block_shift = __builtin_ctz(static_cast<unsigned>(plan.shape.block_size)),
                       .q_tiles = plan.q_tiles,
                       .partitions = plan.partitions,
+                      .window = plan.shape.window,
                       .scale_log2 = plan.shape.scale * args.k_scale * kLog2e};
   if (plan.partitions > 1) {
     params.partial_out = static_cast<float*>(args.workspace);

@@ -12,7 +12,9 @@
 //           plan's kv_dtype (bf16, or e4m3 with per-tensor scales k_scale, v_scale)
 //   out     [batch][heads][head_dim] bf16, row stride out_stride
 // Query head h reads KV head h / (heads / kv_heads); sequence b attends to its positions
-// [0, seq_lens[b]) through block_tables[b * max_blocks_per_seq + ...].
+// [0, seq_lens[b]) through block_tables[b * max_blocks_per_seq + ...], or to the last
+// `window` of them (sliding-window layers). With `sinks`, head h's softmax has one more
+// logit, sinks[h], that joins the denominator and carries no value (gpt-oss).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,12 +37,14 @@ struct DecodeAttentionShape {
   int max_context = 0;
   float scale = 0.0f;  // usually 1 / sqrt(head_dim)
   KvDtype kv_dtype = KvDtype::kBf16;
+  int window = 0;  // positions a token attends to, itself included; 0: all
 };
 
 struct DecodeAttentionPlan {
   DecodeAttentionShape shape;
   int q_tiles = 1;         // 16-row tiles of one KV head's group of query heads
-  int partition_size = 0;  // positions per partition at max_context, a multiple of 64
+  int partition_size = 0;  // positions per partition at max_context (or the window), a
+                           // multiple of 64
   int partitions = 1;      // per sequence (a shorter one splits into as many, each shorter
                            // but at least 256 positions); 1 = no merge kernel
   size_t workspace_bytes = 0;
@@ -62,6 +66,7 @@ struct DecodeAttentionArgs {
   int max_blocks_per_seq = 0;
   const int32_t* seq_lens = nullptr;  // [batch], each in [1, max_context]
   int batch = 0;                      // <= max_batch
+  const float* sinks = nullptr;       // [heads] f32 logits on the device, or null: none
   __nv_bfloat16* out = nullptr;
   int64_t out_stride = 0;
   void* workspace = nullptr;  // plan.workspace_bytes of device memory

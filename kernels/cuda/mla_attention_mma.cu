@@ -13,7 +13,6 @@ constexpr int kHeads = kMmaHeads;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kColumns = kLora / kWarps;  // Value columns each warp accumulates.
-constexpr float kLog2e = 1.4426950408889634f;
 static_assert(kTile == 8 * kWarps, "each warp scores 8 positions of a stage");
 static_assert(kRow % 32 == 0 && kColumns % 16 == 0);
 

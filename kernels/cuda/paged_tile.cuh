@@ -175,6 +175,21 @@ __device__ __forceinline__ void loadRowTile(bf16* tile, const bf16* src, int64_t
   }
 }
 
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+// value / sum of a softmax whose scores (log2 units) peak at `top`, with head `head`'s sink
+// logit (natural units) joining the denominator when there are sinks (gpt-oss): the sink's
+// weight and the scores' are both taken against the larger of the two peaks, so that
+// neither overflows.
+__device__ __forceinline__ float normalized(float value, float sum, float top, const float* sinks,
+                                            int head) {
+  if (sinks == nullptr) return value / sum;
+  const float sink = sinks[head] * kLog2e;
+  const float peak = fmaxf(top, sink);
+  const float kept = exp2f(top - peak);
+  return value * kept / (sum * kept + exp2f(sink - peak));
+}
+
 // Online softmax of one warp's 16 query rows (flash-attention): the running maximum (in
 // log2 units) and sum of the two rows a lane holds (g and g + 8).
 struct OnlineSoftmax {

@@ -11,11 +11,11 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRows = kWarps * 16;  // query rows per block, 16 per warp
 constexpr int kTile = 64;           // key positions per pipeline stage
-constexpr float kLog2e = 1.4426950408889634f;
 
 struct PrefillParams {
   PrefillAttentionArgs args;
   int heads, kv_heads, block_shift;
+  int window;  // 0: every position up to the query's
   float scale_log2;
 };
 
@@ -47,8 +47,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
   const int head = blockIdx.y;
   const int kv_head = head / (p.heads / p.kv_heads);
   const int rows = min(kRows, new_tokens - row0);
-  // Keys past the block's last query position are masked for every row: never load them.
+  // Keys past the block's last query position are masked for every row, and with a window
+  // those before its first query position's window: never load them.
   const int end = first_position + row0 + rows;
+  const int lo = p.window > 0 ? max(0, first_position + row0 - p.window + 1) : 0;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
@@ -58,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
   loadRowTile<D, kRows, kThreads>(
       q_tile, a.q + (q_begin + row0) * a.q_stride + static_cast<int64_t>(head) * D, a.q_stride,
       rows);
-  stages.load(0, 0, end);
+  stages.load(0, lo, end);
   cpAsyncCommit();
 
   const int g = lane / 4;
@@ -69,10 +71,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
   float acc[D / 8][4] = {};
   OnlineSoftmax softmax;
   int stage = 0;
-  for (int first = 0; first < end; first += kTile, stage ^= 1) {
+  for (int first = lo; first < end; first += kTile, stage ^= 1) {
     cpAsyncWait<0>();
     __syncthreads();
-    if (first == 0) loadQFragments<D>(q, q_tile, warp * 16, lane);
+    if (first == lo) loadQFragments<D>(q, q_tile, warp * 16, lane);
     const bf16* k = stages.ready(stage);
     if (first + kTile < end) stages.load(stage ^ 1, first + kTile, end);
     cpAsyncCommit();
@@ -88,7 +90,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = first + n * 8 + 2 * t + (e & 1);
-        s[n][e] = key <= query_pos + 8 * (e >> 1) && key < end ? s[n][e] * p.scale_log2 : -INFINITY;
+        const int query = query_pos + 8 * (e >> 1);
+        const bool seen = key <= query && key < end && (p.window == 0 || key > query - p.window);
+        s[n][e] = seen ? s[n][e] * p.scale_log2 : -INFINITY;
       }
     float rescale[2];
     softmax.update<kTile / 8>(s, rescale);
@@ -105,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + warp * 16 + g + 8 * r;
     if (row >= new_tokens) continue;
-    const float inverse = a.v_scale / softmax.sum[r];
+    const float inverse = normalized(a.v_scale, softmax.sum[r], softmax.max[r], a.sinks, head);
     bf16* out = a.out + (q_begin + row) * a.out_stride + static_cast<int64_t>(head) * D;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
@@ -142,6 +146,7 @@ absl::StatusOr<PrefillAttentionPlan> planPrefillAttention(const PrefillAttention
   if (shape.max_sequences < 1 || shape.max_new_tokens < 1)
     return absl::InvalidArgumentError(
         "prefill attention: max_sequences and max_new_tokens must be >= 1");
+  if (shape.window < 0) return absl::InvalidArgumentError("prefill attention: window must be >= 0");
   absl::Status allowed = withAttentionVariant(
       shape.head_dim, shape.kv_dtype, "prefill attention",
       [](auto d, auto f) { return allowSharedMemory<decltype(d)::value, decltype(f)::value>(); });
@@ -166,6 +171,7 @@ absl::Status runPrefillAttention(const PrefillAttentionPlan& plan, const Prefill
       .heads = plan.shape.heads,
       .kv_heads = plan.shape.kv_heads,
       .block_shift = __builtin_ctz(static_cast<unsigned>(plan.shape.block_size)),
+      .window = plan.shape.window,
       .scale_log2 = plan.shape.scale * args.k_scale * kLog2e};
   return withAttentionVariant(
       plan.shape.head_dim, plan.shape.kv_dtype, "prefill attention", [&](auto d, auto f) {

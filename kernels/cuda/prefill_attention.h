@@ -6,7 +6,9 @@
 // Sequences are packed: sequence s's new tokens are rows [q_starts[s], q_starts[s + 1])
 // of q and out; after this step it holds context_lens[s] positions, so its new token i
 // sits at position context_lens[s] - (q_starts[s + 1] - q_starts[s]) + i and attends to
-// positions [0, that position]. The kernel cannot check what lives on the device: the
+// positions [0, that position], or to the last `window` of them (sliding-window layers); with
+// `sinks`, head h's softmax has one more logit, sinks[h], that joins the denominator and
+// carries no value (gpt-oss). The kernel cannot check what lives on the device: the
 // caller keeps every sequence's new tokens <= the plan's max_new_tokens (rows past it are
 // left unwritten) and <= its context_lens (a row at a negative position reads as NaN).
 //
@@ -33,6 +35,7 @@ struct PrefillAttentionShape {
   int max_new_tokens = 0;  // the most new tokens of one sequence in a step
   float scale = 0.0f;
   KvDtype kv_dtype = KvDtype::kBf16;
+  int window = 0;  // positions a token attends to, itself included; 0: all
 };
 
 struct PrefillAttentionPlan {
@@ -54,6 +57,7 @@ struct PrefillAttentionArgs {
   const int32_t* q_starts = nullptr;      // [sequences + 1]
   const int32_t* context_lens = nullptr;  // [sequences]
   int sequences = 0;
+  const float* sinks = nullptr;  // [heads] f32 logits on the device, or null: none
   __nv_bfloat16* out = nullptr;
   int64_t out_stride = 0;
 };
