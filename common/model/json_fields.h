@@ -22,6 +22,8 @@ class JsonFields {
     auto it = object_.find(key);
     return it != object_.end() && !it->is_null();
   }
+  // Whether the object names `key` at all, null included.
+  bool names(const std::string& key) const { return object_.contains(key); }
   const nlohmann::json* get(const std::string& key) const {
     auto it = object_.find(key);
     return it == object_.end() || it->is_null() ? nullptr : &*it;

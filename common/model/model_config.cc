@@ -22,6 +22,9 @@ struct ArchName {
 };
 constexpr ArchName kArchitectures[] = {
     {"llama", "llama", Architecture::kLlama},
+    // Mistral (7B, Nemo, Small): Llama's graph, every layer attending to `sliding_window`
+    // positions when the config sets one; llama.cpp files name it "llama".
+    {"mistral", "llama", Architecture::kLlama},
     {"qwen2", "qwen2", Architecture::kQwen2},
     {"qwen3", "qwen3", Architecture::kQwen3},
     {"mixtral", "mixtral", Architecture::kMixtral},
@@ -215,6 +218,19 @@ absl::Status parseSlidingLayers(const JsonFields& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// Mistral's window: "sliding_window" positions on every layer; null for none, and absent
+// 4096, as transformers' MistralConfig defaults it.
+absl::Status parseMistralWindow(const JsonFields& f, ModelConfig& c) {
+  std::optional<uint32_t> window = 4096;
+  if (f.names("sliding_window")) {
+    CLEAVE_ASSIGN_OR_RETURN(window, f.optionalUint("sliding_window"));
+  }
+  if (!window || *window == 0) return absl::OkStatus();
+  c.sliding_window = *window;
+  c.sliding_layers.assign(c.num_layers, true);
+  return absl::OkStatus();
+}
+
 absl::Status checkShape(const ModelConfig& c, const std::string& source) {
   auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
@@ -278,7 +294,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   if (c.model_type.empty()) return f.missing("model_type");
   const ArchName* arch = nullptr;
   for (const ArchName& a : kArchitectures) {
-    if (c.model_type == a.hf) arch = &a;
+    if (arch == nullptr && c.model_type == a.hf) arch = &a;
   }
   if (arch == nullptr) {
     return absl::InvalidArgumentError(
@@ -305,6 +321,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
     c.attention_sinks = true;
     CLEAVE_RETURN_IF_ERROR(parseSlidingLayers(f, c));
   }
+  if (c.model_type == "mistral") CLEAVE_RETURN_IF_ERROR(parseMistralWindow(f, c));
 
   // Rope: legacy rope_theta + rope_scaling, or rope_parameters holding both.
   CLEAVE_ASSIGN_OR_RETURN(JsonFields rope_parameters, f.object("rope_parameters"));
@@ -352,7 +369,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
   CLEAVE_ASSIGN_OR_RETURN(c.model_type, file.getString("general.architecture"));
   const ArchName* arch = nullptr;
   for (const ArchName& a : kArchitectures) {
-    if (c.model_type == a.gguf) arch = &a;
+    if (arch == nullptr && c.model_type == a.gguf) arch = &a;
   }
   if (arch == nullptr) {
     return absl::InvalidArgumentError(

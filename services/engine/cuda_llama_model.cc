@@ -43,18 +43,25 @@ absl::Status gpuRopeSupported(const model::ModelConfig& c, cpu::RopePairing pair
                    rope.attentionFactor(), "); run this model with --backend cpu"));
 }
 
-// OK unless the model needs what the GPU model lacks: gpt-oss's output-projection bias and
-// biased, clamped experts (its attention sinks and sliding windows are in the attention
-// kernels, not yet wired here).
+// Whether every layer attends to the same window (or none): Mistral's one, on every layer.
+bool oneWindow(const model::ModelConfig& c) {
+  for (uint32_t l = 0; l < c.num_layers; ++l) {
+    if (c.attentionWindow(l) != c.attentionWindow(0)) return false;
+  }
+  return true;
+}
+
+// OK unless the model needs what the GPU model lacks: gpt-oss's attention sinks, windows on
+// some layers only, output-projection bias and biased, clamped experts (the attention kernels
+// have sinks and windows; the model passes one window to all layers).
 absl::Status gpuGraphSupported(const model::ModelConfig& c) {
   const bool biased_experts =
       c.moe && (c.moe->router_bias || c.moe->expert_bias || c.moe->swiglu_limit > 0);
-  if (!c.attention_sinks && c.sliding_window == 0 && !c.o_bias && !biased_experts)
-    return absl::OkStatus();
+  if (!c.attention_sinks && oneWindow(c) && !c.o_bias && !biased_experts) return absl::OkStatus();
   return absl::UnimplementedError(absl::StrCat(
       c.source, ": the GPU backend does not run ", c.model_type,
-      " yet (attention sinks, sliding windows, biased output projection and experts); run this "
-      "model with --backend cpu"));
+      " yet (attention sinks, windows on some layers only, biased output projection and experts); "
+      "run this model with --backend cpu"));
 }
 
 // A layer's matrices (cuda_weights.h): bf16 for cuBLASLt, or NVFP4 / FP8 128x128 as the
@@ -472,7 +479,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
                                    .max_batch = static_cast<int>(s.options.max_sequences),
                                    .max_context = static_cast<int>(options.max_context),
                                    .scale = scale,
-                                   .kv_dtype = options.kv_dtype},
+                                   .kv_dtype = options.kv_dtype,
+                                   .window = static_cast<int>(c.attentionWindow(0))},
                                   prop.multiProcessorCount));
     CLEAVE_ASSIGN_OR_RETURN(
         s.prefill_plan,
@@ -483,7 +491,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
                                     .max_sequences = static_cast<int>(s.options.max_sequences),
                                     .max_new_tokens = static_cast<int>(s.options.max_step_tokens),
                                     .scale = scale,
-                                    .kv_dtype = options.kv_dtype}));
+                                    .kv_dtype = options.kv_dtype,
+                                    .window = static_cast<int>(c.attentionWindow(0))}));
   }
   s.layout(nullptr);
   if (s.seen_capacity > INT32_MAX)  // The penalties index their seen tokens with int32.

@@ -96,6 +96,32 @@ CASES: dict[str, dict] = {
         "bos_token_id": 151643, "eos_token_id": 151645, "tie_word_embeddings": True,
         "torch_dtype": "bfloat16", "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
     },
+    # Mistral 7B v0.1: a 4096-position window on every layer.
+    "mistral_7b_v01": {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_act": "silu",
+        "hidden_size": 64, "intermediate_size": 224, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "vocab_size": 32000, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+        "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+    },
+    # Mistral-Nemo / Small: no window (null), head_dim set apart from hidden / heads.
+    "mistral_nemo": {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_act": "silu",
+        "hidden_size": 80, "intermediate_size": 224, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 131072, "max_position_embeddings": 1024000,
+        "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": None,
+        "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+    },
+    # No sliding_window key at all: transformers' MistralConfig default (4096).
+    "mistral_window_default": {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_act": "silu",
+        "hidden_size": 64, "intermediate_size": 224, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 32768, "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "bos_token_id": 1, "eos_token_id": 2,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    },
     "mixtral": {
         "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_act": "silu",
         "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -164,13 +190,17 @@ CASES: dict[str, dict] = {
     },
 }
 
-SUPPORTED = {"llama", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
+SUPPORTED = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
 
 MODELING_FACTS = {
     # model_type: (file, must-contain snippet, facts)
     "qwen2": ("qwen2/modeling_qwen2.py",
               ["self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=True)"],
               {"attention_bias": True}),
+    "mistral": ("mistral/modeling_mistral.py",
+                ["self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=False)",
+                 "sliding_window=getattr(self.config, \"sliding_window\", None)"],
+                {"attention_bias": False}),
     "mixtral": ("mixtral/modeling_mixtral.py",
                 ["router_top_value /= router_top_value.sum(dim=-1, keepdim=True)",
                  "router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)",
@@ -273,6 +303,10 @@ def derive(cfg, name: str, raw: dict) -> dict:
         e["swiglu_limit"] = cfg.swiglu_limit
         e["swiglu_alpha"] = cfg.swiglu_alpha
         e["rope_truncate"] = rp.get("truncate", True)
+    if mt == "mistral":  # every layer attends to the window, when there is one
+        e["sliding_window"] = cfg.sliding_window
+        e["layer_types"] = [("sliding_attention" if cfg.sliding_window else "full_attention")
+                            for _ in range(cfg.num_hidden_layers)]
     e["mla"] = mt == "deepseek_v3"
     if mt == "deepseek_v3":
         e["mla_dims"] = {k: getattr(cfg, k) for k in

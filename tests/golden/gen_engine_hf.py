@@ -50,7 +50,7 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
 import transformers
 from safetensors import safe_open
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, GptOssConfig, LlamaConfig,
-                          MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+                          MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DATA_DIR, b64, fnv1a64, pkg_version, write_json  # noqa: E402
@@ -109,6 +109,11 @@ CASES: dict[str, tuple] = {
         **LLAMA_BASE, "hidden_size": 192, "intermediate_size": 96, "num_hidden_layers": 1,
         "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 64, "vocab_size": 211,
         "rope_theta": 100000.0, "tie_word_embeddings": True}, 104, torch.float32),
+    # Mistral: Llama's graph with a sliding window on every layer, shorter than the prompts
+    "mistral_f32": (MistralConfig, dict(
+        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=613, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=1000000.0,
+        sliding_window=6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2), 111, torch.float32),
     "qwen2_f32": (Qwen2Config, dict(
         hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=701, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1000000.0,
