@@ -239,8 +239,8 @@ TEST(DecodeAttentionTest, MatchesCpuBackend) {
        .kv_heads = 4,
        .group = 2,
        .context = std::vector<int>(64, 129)},
-      // gpt-oss: sliding windows (contexts inside and past them, one long enough to split
-      // into partitions) and attention sinks, alone and together.
+      // gpt-oss: sliding windows (contexts inside, at and past them) and attention sinks, alone
+      // and together; windows long enough to be split into partitions, with and without sinks.
       {.head_dim = 64,
        .block_size = 16,
        .kv_heads = 2,
@@ -268,6 +268,12 @@ TEST(DecodeAttentionTest, MatchesCpuBackend) {
        .kv = KvDtype::kFp8E4M3,
        .window = 1000,
        .sinks = true},
+      {.head_dim = 128,
+       .block_size = 32,
+       .kv_heads = 4,
+       .group = 2,
+       .context = {999, 1000, 1001, 4133},
+       .window = 1000},
   };
   for (const Case& c : cases) checkDecode(c, seed);
 }
@@ -434,6 +440,18 @@ TEST(PrefillAttentionTest, MatchesCpuBackendWithCachedPrefixes) {
        .sinks = true},
   };
   for (const Case& c : cases) checkPrefill(c, seed);
+}
+
+TEST(PrefillAttentionTest, PlanRefusesANegativeWindow) {
+  auto plan = planPrefillAttention({.heads = 8,
+                                    .kv_heads = 8,
+                                    .head_dim = 64,
+                                    .block_size = 16,
+                                    .max_sequences = 1,
+                                    .max_new_tokens = 16,
+                                    .scale = 1,
+                                    .window = -1});
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Latent attention (absorbed form): every head attends over one cached head of
