@@ -33,6 +33,10 @@ constexpr ArchName kArchitectures[] = {
     // DeepSeek-V2 and V2-Lite: V3's graph with softmax routing (V2's defaults below).
     {"deepseek_v2", "deepseek2", Architecture::kDeepseekV3},
     {"gpt_oss", "gpt-oss", Architecture::kGptOss},
+    // Phi-3 and Phi-4: Llama's graph with Q, K, V in one matrix (qkv_proj) and gate and up in
+    // another (gate_up_proj), and a window on every layer when the config sets one (Phi-3-mini
+    // 4k: 2047). From Hugging Face folders only.
+    {"phi3", "", Architecture::kPhi3},
 };
 
 std::string supportedList() {
@@ -218,10 +222,12 @@ absl::Status parseSlidingLayers(const JsonFields& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
-// Mistral's window: "sliding_window" positions on every layer; null for none, and absent
-// 4096, as transformers' MistralConfig defaults it.
-absl::Status parseMistralWindow(const JsonFields& f, ModelConfig& c) {
-  std::optional<uint32_t> window = 4096;
+// Mistral's and Phi-3's window: "sliding_window" positions on every layer; null for none,
+// and `absent` when the key is missing, as transformers' config class defaults it (Mistral
+// 4096, Phi-3 none).
+absl::Status parseUniformWindow(const JsonFields& f, std::optional<uint32_t> absent,
+                                ModelConfig& c) {
+  std::optional<uint32_t> window = absent;
   if (f.names("sliding_window")) {
     CLEAVE_ASSIGN_OR_RETURN(window, f.optionalUint("sliding_window"));
   }
@@ -321,7 +327,9 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
     c.attention_sinks = true;
     CLEAVE_RETURN_IF_ERROR(parseSlidingLayers(f, c));
   }
-  if (c.model_type == "mistral") CLEAVE_RETURN_IF_ERROR(parseMistralWindow(f, c));
+  if (c.model_type == "mistral") CLEAVE_RETURN_IF_ERROR(parseUniformWindow(f, 4096, c));
+  if (c.architecture == Architecture::kPhi3)
+    CLEAVE_RETURN_IF_ERROR(parseUniformWindow(f, std::nullopt, c));
 
   // Rope: legacy rope_theta + rope_scaling, or rope_parameters holding both.
   CLEAVE_ASSIGN_OR_RETURN(JsonFields rope_parameters, f.object("rope_parameters"));
@@ -332,6 +340,14 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
     CLEAVE_RETURN_IF_ERROR(parseRopeScaling(rope, c.rope_scaling));
   } else if (f.has("rope_parameters")) {
     CLEAVE_RETURN_IF_ERROR(parseRopeScaling(rope_parameters, c.rope_scaling));
+  }
+  // Rotary embedding on part of each head (Phi-4-mini's 0.75) is not implemented.
+  CLEAVE_ASSIGN_OR_RETURN(double partial, f.numberOr("partial_rotary_factor", 1.0));
+  CLEAVE_ASSIGN_OR_RETURN(partial, rope_parameters.numberOr("partial_rotary_factor", partial));
+  if (partial != 1.0) {
+    return absl::UnimplementedError(
+        absl::StrCat(name, ": partial_rotary_factor ", partial,
+                     " (rotary embedding on part of each head) is not supported; only 1 is"));
   }
 
   CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> bos, f.optionalUint("bos_token_id"));

@@ -19,7 +19,16 @@ namespace cleave::model {
 
 class GgufFile;
 
-enum class Architecture { kLlama, kQwen2, kQwen3, kMixtral, kQwen3Moe, kDeepseekV3, kGptOss };
+enum class Architecture {
+  kLlama,
+  kQwen2,
+  kQwen3,
+  kMixtral,
+  kQwen3Moe,
+  kDeepseekV3,
+  kGptOss,
+  kPhi3
+};
 
 const char* architectureName(Architecture arch);
 

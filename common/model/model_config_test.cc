@@ -169,6 +169,12 @@ TEST(ModelConfigTest, BadFieldsNameTheFileAndField) {
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":2,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":4,"layer_types":["full_attention","local"]})"},
       {"sliding_window must be positive when layer_types names sliding layers",
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":null,"layer_types":["sliding_attention"]})"},
+      {"partial_rotary_factor 0.75 (rotary embedding on part of each head) is not supported",
+       R"({"model_type":"phi3","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"partial_rotary_factor":0.75})"},
+      {"partial_rotary_factor 0.5",
+       R"({"model_type":"phi3","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"rope_parameters":{"rope_type":"default","rope_theta":10000,"partial_rotary_factor":0.5}})"},
+      {"sliding_window must be a non-negative integer",
+       R"({"model_type":"mistral","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"sliding_window":"wide"})"},
       {"swiglu_limit must be > 0",
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"swiglu_limit":0})"},
   };

@@ -155,8 +155,8 @@ TEST(CudaLlamaModelTest, SmolLm2MatchesTheCpuBackend) {
 
 // The dense tiny models of tests/golden/gen_engine_hf.py: Llama (f32, bf16, FP8 and NVFP4
 // in each convention, llama3 rope scaling), SmolLM2's shape, Qwen2 (QKV bias), Qwen3 (q/k
-// norm), Mistral (a sliding window on every layer). NVFP4 and 128x128-block FP8 matrices stay
-// quantized (the skinny GEMM), others are uploaded as bf16.
+// norm), Mistral (a sliding window on every layer), Phi-3 (fused QKV and gate/up, a window). NVFP4
+// and 128x128-block FP8 matrices stay quantized (the skinny GEMM), others are uploaded as bf16.
 class CudaTinyModelTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(CudaTinyModelTest, MatchesTheCpuBackend) {
@@ -167,9 +167,9 @@ TEST_P(CudaTinyModelTest, MatchesTheCpuBackend) {
 INSTANTIATE_TEST_SUITE_P(Dense, CudaTinyModelTest,
                          ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
                                            "llama_fp8", "smollm2_like_f32", "qwen2_f32",
-                                           "qwen3_f32", "mistral_f32", "llama_fp8_block128",
-                                           "llama_fp8_ct_channel", "llama_nvfp4_modelopt",
-                                           "llama_nvfp4_ct"));
+                                           "qwen3_f32", "mistral_f32", "phi3_f32",
+                                           "llama_fp8_block128", "llama_fp8_ct_channel",
+                                           "llama_nvfp4_modelopt", "llama_nvfp4_ct"));
 
 // llama.cpp's NVFP4 blocks (qwen3_nvfp4.gguf: its attention, gate and up projections) on the
 // GPU's NVFP4 path, rearranged at upload, against the CPU's float computation of the same

@@ -279,6 +279,7 @@ class SafetensorsSource final : public TensorSource {
         {"k", "self_attn.k_proj.weight"},
         {"v", "self_attn.v_proj.weight"},
         {"o", "self_attn.o_proj.weight"},
+        {"qkv", "self_attn.qkv_proj.weight"},
         {"q_bias", "self_attn.q_proj.bias"},
         {"k_bias", "self_attn.k_proj.bias"},
         {"v_bias", "self_attn.v_proj.bias"},
@@ -295,6 +296,7 @@ class SafetensorsSource final : public TensorSource {
         {"ffn_norm", "post_attention_layernorm.weight"},
         {"gate", "mlp.gate_proj.weight"},
         {"up", "mlp.up_proj.weight"},
+        {"gate_up", "mlp.gate_up_proj.weight"},
         {"down", "mlp.down_proj.weight"}};
     return absl::StrCat("model.layers.", layer, ".", kNames.at(role));
   }
@@ -467,6 +469,11 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
   const Span q_part{.begin = d.heads.begin * c.head_dim, .size = d.heads.size * c.head_dim};
   const Span kv_part{.begin = d.kv_heads.begin * c.head_dim, .size = d.kv_heads.size * c.head_dim};
   const auto rows = TensorSource::rows, cols = TensorSource::cols;
+  // Phi-3 stores Q, K, V in one matrix and gate, up in another: row runs `at` rows on.
+  const bool fused = c.architecture == model::Architecture::kPhi3;
+  auto shifted = [](Span part, uint64_t at) {
+    return Span{.begin = part.begin + static_cast<int64_t>(at), .size = part.size};
+  };
   CLEAVE_ASSIGN_OR_RETURN(TensorSource::Stored embd,
                           f.find(f.embeddingName(), {c.vocab_size, hidden}));
   w.token_embd = {.type = embd.type,
@@ -485,6 +492,17 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
       CLEAVE_ASSIGN_OR_RETURN(
           layer.wo, f.matrix(name("o"), hidden, uint64_t{c.num_heads} * v,
                              cols({.begin = d.heads.begin * v, .size = d.heads.size * v})));
+    } else if (fused) {  // Q, K and V: row runs of one matrix.
+      const std::string qkv = name("qkv");
+      const uint64_t qkv_rows = q_dim + 2 * kv_dim;
+      CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored,
+                              f.findMatrix(qkv, qkv_rows, hidden));
+      CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrixOf(stored, qkv, qkv_rows, hidden, rows(q_part)));
+      CLEAVE_ASSIGN_OR_RETURN(
+          layer.wk, f.matrixOf(stored, qkv, qkv_rows, hidden, rows(shifted(kv_part, q_dim))));
+      CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrixOf(stored, qkv, qkv_rows, hidden,
+                                                   rows(shifted(kv_part, q_dim + kv_dim))));
+      CLEAVE_ASSIGN_OR_RETURN(layer.wo, f.matrix(name("o"), hidden, q_dim, cols(q_part)));
     } else {
       CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrix(name("q"), q_dim, hidden, rows(q_part)));
       CLEAVE_ASSIGN_OR_RETURN(layer.wk, f.matrix(name("k"), kv_dim, hidden, rows(kv_part)));
@@ -511,6 +529,15 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
     CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm, f.vector(name("ffn_norm"), hidden));
     if (c.isMoeLayer(i)) {
       CLEAVE_ASSIGN_OR_RETURN(layer.moe, f.moe(i, c, d));
+    } else if (fused) {  // Gate and up: the first and second halves of one matrix's rows.
+      const std::string gate_up = name("gate_up");
+      CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored,
+                              f.findMatrix(gate_up, 2 * ffn, hidden));
+      CLEAVE_ASSIGN_OR_RETURN(layer.w_gate,
+                              f.matrixOf(stored, gate_up, 2 * ffn, hidden, rows(d.ffn)));
+      CLEAVE_ASSIGN_OR_RETURN(
+          layer.w_up, f.matrixOf(stored, gate_up, 2 * ffn, hidden, rows(shifted(d.ffn, ffn))));
+      CLEAVE_ASSIGN_OR_RETURN(layer.w_down, f.matrix(name("down"), hidden, ffn, cols(d.ffn)));
     } else {
       CLEAVE_ASSIGN_OR_RETURN(layer.w_gate, f.matrix(name("gate"), ffn, hidden, rows(d.ffn)));
       CLEAVE_ASSIGN_OR_RETURN(layer.w_up, f.matrix(name("up"), ffn, hidden, rows(d.ffn)));

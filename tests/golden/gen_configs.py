@@ -122,6 +122,28 @@ CASES: dict[str, dict] = {
         "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "bos_token_id": 1, "eos_token_id": 2,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     },
+    # Phi-3-mini-4k: fused qkv_proj / gate_up_proj, a 2047-position window on every layer.
+    "phi3_mini_4k": {
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_act": "silu",
+        "hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 32064, "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+        "rope_scaling": None, "sliding_window": 2047, "bos_token_id": 1, "eos_token_id": 32000,
+        "pad_token_id": 32000, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "attention_dropout": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "initializer_range": 0.02,
+        "use_cache": True,
+    },
+    # Phi-4: no window, grouped KV heads.
+    "phi4": {
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_act": "silu",
+        "hidden_size": 80, "intermediate_size": 224, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 100352, "max_position_embeddings": 16384,
+        "original_max_position_embeddings": 16384, "rms_norm_eps": 1e-05, "rope_theta": 250000,
+        "rope_scaling": None, "sliding_window": None, "bos_token_id": 100257, "eos_token_id": 100265,
+        "pad_token_id": 100349, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "attention_dropout": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "initializer_range": 0.02,
+        "use_cache": True,
+    },
     "mixtral": {
         "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_act": "silu",
         "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -190,7 +212,7 @@ CASES: dict[str, dict] = {
     },
 }
 
-SUPPORTED = {"llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
+SUPPORTED = {"llama", "mistral", "phi3", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
 
 MODELING_FACTS = {
     # model_type: (file, must-contain snippet, facts)
@@ -201,6 +223,11 @@ MODELING_FACTS = {
                 ["self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=False)",
                  "sliding_window=getattr(self.config, \"sliding_window\", None)"],
                 {"attention_bias": False}),
+    "phi3": ("phi3/modeling_phi3.py",
+             ["self.qkv_proj = nn.Linear(config.hidden_size, op_size, bias=False)",
+              "gate, up_states = up_states.chunk(2, dim=-1)",
+              "sliding_window=getattr(self.config, \"sliding_window\", None)"],
+             {"attention_bias": False}),
     "mixtral": ("mixtral/modeling_mixtral.py",
                 ["router_top_value /= router_top_value.sum(dim=-1, keepdim=True)",
                  "router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)",
@@ -303,7 +330,7 @@ def derive(cfg, name: str, raw: dict) -> dict:
         e["swiglu_limit"] = cfg.swiglu_limit
         e["swiglu_alpha"] = cfg.swiglu_alpha
         e["rope_truncate"] = rp.get("truncate", True)
-    if mt == "mistral":  # every layer attends to the window, when there is one
+    if mt in ("mistral", "phi3"):  # every layer attends to the window, when there is one
         e["sliding_window"] = cfg.sliding_window
         e["layer_types"] = [("sliding_attention" if cfg.sliding_window else "full_attention")
                             for _ in range(cfg.num_hidden_layers)]

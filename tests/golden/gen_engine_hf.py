@@ -50,7 +50,7 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
 import transformers
 from safetensors import safe_open
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, GptOssConfig, LlamaConfig,
-                          MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+                          MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DATA_DIR, b64, fnv1a64, pkg_version, write_json  # noqa: E402
@@ -114,6 +114,12 @@ CASES: dict[str, tuple] = {
         hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, vocab_size=613, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=1000000.0,
         sliding_window=6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2), 111, torch.float32),
+    # Phi-3: Q, K, V fused in qkv_proj, gate and up in gate_up_proj; a window on every layer
+    "phi3_f32": (Phi3Config, dict(
+        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=617, max_position_embeddings=256, original_max_position_embeddings=256, rms_norm_eps=1e-5,
+        rope_theta=10000.0, sliding_window=7, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0), 112, torch.float32),
     "qwen2_f32": (Qwen2Config, dict(
         hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=701, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1000000.0,
