@@ -492,21 +492,22 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
       CLEAVE_ASSIGN_OR_RETURN(
           layer.wo, f.matrix(name("o"), hidden, uint64_t{c.num_heads} * v,
                              cols({.begin = d.heads.begin * v, .size = d.heads.size * v})));
-    } else if (fused) {  // Q, K and V: row runs of one matrix.
-      const std::string qkv = name("qkv");
-      const uint64_t qkv_rows = q_dim + 2 * kv_dim;
-      CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored,
-                              f.findMatrix(qkv, qkv_rows, hidden));
-      CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrixOf(stored, qkv, qkv_rows, hidden, rows(q_part)));
-      CLEAVE_ASSIGN_OR_RETURN(
-          layer.wk, f.matrixOf(stored, qkv, qkv_rows, hidden, rows(shifted(kv_part, q_dim))));
-      CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrixOf(stored, qkv, qkv_rows, hidden,
-                                                   rows(shifted(kv_part, q_dim + kv_dim))));
-      CLEAVE_ASSIGN_OR_RETURN(layer.wo, f.matrix(name("o"), hidden, q_dim, cols(q_part)));
     } else {
-      CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrix(name("q"), q_dim, hidden, rows(q_part)));
-      CLEAVE_ASSIGN_OR_RETURN(layer.wk, f.matrix(name("k"), kv_dim, hidden, rows(kv_part)));
-      CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrix(name("v"), kv_dim, hidden, rows(kv_part)));
+      if (fused) {  // Q, K and V: row runs of one matrix.
+        const std::string qkv = name("qkv");
+        const uint64_t qkv_rows = q_dim + 2 * kv_dim;
+        CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored,
+                                f.findMatrix(qkv, qkv_rows, hidden));
+        CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrixOf(stored, qkv, qkv_rows, hidden, rows(q_part)));
+        CLEAVE_ASSIGN_OR_RETURN(
+            layer.wk, f.matrixOf(stored, qkv, qkv_rows, hidden, rows(shifted(kv_part, q_dim))));
+        CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrixOf(stored, qkv, qkv_rows, hidden,
+                                                     rows(shifted(kv_part, q_dim + kv_dim))));
+      } else {
+        CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrix(name("q"), q_dim, hidden, rows(q_part)));
+        CLEAVE_ASSIGN_OR_RETURN(layer.wk, f.matrix(name("k"), kv_dim, hidden, rows(kv_part)));
+        CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrix(name("v"), kv_dim, hidden, rows(kv_part)));
+      }
       CLEAVE_ASSIGN_OR_RETURN(layer.wo, f.matrix(name("o"), hidden, q_dim, cols(q_part)));
     }
     if (c.attention_bias) {
@@ -529,18 +530,19 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
     CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm, f.vector(name("ffn_norm"), hidden));
     if (c.isMoeLayer(i)) {
       CLEAVE_ASSIGN_OR_RETURN(layer.moe, f.moe(i, c, d));
-    } else if (fused) {  // Gate and up: the first and second halves of one matrix's rows.
-      const std::string gate_up = name("gate_up");
-      CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored,
-                              f.findMatrix(gate_up, 2 * ffn, hidden));
-      CLEAVE_ASSIGN_OR_RETURN(layer.w_gate,
-                              f.matrixOf(stored, gate_up, 2 * ffn, hidden, rows(d.ffn)));
-      CLEAVE_ASSIGN_OR_RETURN(
-          layer.w_up, f.matrixOf(stored, gate_up, 2 * ffn, hidden, rows(shifted(d.ffn, ffn))));
-      CLEAVE_ASSIGN_OR_RETURN(layer.w_down, f.matrix(name("down"), hidden, ffn, cols(d.ffn)));
     } else {
-      CLEAVE_ASSIGN_OR_RETURN(layer.w_gate, f.matrix(name("gate"), ffn, hidden, rows(d.ffn)));
-      CLEAVE_ASSIGN_OR_RETURN(layer.w_up, f.matrix(name("up"), ffn, hidden, rows(d.ffn)));
+      if (fused) {  // Gate and up: the first and second halves of one matrix's rows.
+        const std::string gate_up = name("gate_up");
+        CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored,
+                                f.findMatrix(gate_up, 2 * ffn, hidden));
+        CLEAVE_ASSIGN_OR_RETURN(layer.w_gate,
+                                f.matrixOf(stored, gate_up, 2 * ffn, hidden, rows(d.ffn)));
+        CLEAVE_ASSIGN_OR_RETURN(
+            layer.w_up, f.matrixOf(stored, gate_up, 2 * ffn, hidden, rows(shifted(d.ffn, ffn))));
+      } else {
+        CLEAVE_ASSIGN_OR_RETURN(layer.w_gate, f.matrix(name("gate"), ffn, hidden, rows(d.ffn)));
+        CLEAVE_ASSIGN_OR_RETURN(layer.w_up, f.matrix(name("up"), ffn, hidden, rows(d.ffn)));
+      }
       CLEAVE_ASSIGN_OR_RETURN(layer.w_down, f.matrix(name("down"), hidden, ffn, cols(d.ffn)));
     }
     if (on_layer) on_layer(layer.bytes());
