@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/model/mxfp4_as_nvfp4.h"
 #include "common/model/tensor_type.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
@@ -102,6 +104,17 @@ bool ggufScalesAreE4m3(const cpu::WeightMatrix& w) {
   return true;
 }
 
+// Says once per process that MXFP4 blocks were rounded (model::mxfp4AsNvfp4): the first
+// matrix that had any.
+void noteRoundedMxfp4(int64_t rounded, int64_t blocks, const char* what) {
+  static std::atomic<bool> said{false};
+  if (rounded == 0 || said.exchange(true)) return;
+  CLEAVE_LOG(INFO) << what << ": " << rounded << " of " << blocks
+                   << " MXFP4 blocks lie more than 17 exponents below their row's largest; "
+                      "on the GPU their values are rounded to E2M1 at the smallest e4m3 scale "
+                      "(each moves by at most 2^-10 of the row scale). Said once.";
+}
+
 }  // namespace
 
 ExpertWeightFormat nativeFormat(const cpu::CpuMatrix& m) {
@@ -112,6 +125,9 @@ ExpertWeightFormat nativeFormat(const cpu::CpuMatrix& m) {
   // llama.cpp's NVFP4 blocks: the same codes and scales, rearranged at upload.
   if (w.type == model::TensorType::kNVFP4 && w.data != nullptr && ggufScalesAreE4m3(w))
     return ExpertWeightFormat::kNvfp4;
+  // MXFP4 (gpt-oss's experts): the same codes under e4m3 group and f32 row scales
+  // (model::mxfp4AsNvfp4).
+  if (w.type == model::TensorType::kMXFP4 && w.data != nullptr) return ExpertWeightFormat::kNvfp4;
   if (w.type == model::TensorType::kF8E4M3 && s.block_rows == kFp8Block &&
       s.block_cols == kFp8Block && s.global == 1.0f && s.row_offset % kFp8Block == 0 &&
       s.col_offset % kFp8Block == 0 && m.cols() % kFp8Block == 0)
@@ -204,31 +220,34 @@ absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst,
       return uploadBytes(grid, scales.data(), scales.size() * 4, what);
     }
     case ExpertWeightFormat::kNvfp4: {
-      std::vector<uint8_t> groups(rows * cols / 16);
-      float row_scale = s.global;
-      if (src.type == model::TensorType::kNVFP4) {
+      model::Nvfp4Rows n;  // codes (empty: src.data as they are), group and row scales
+      if (src.type == model::TensorType::kMXFP4) {
+        n = model::mxfp4AsNvfp4(src.data, rows, cols);
+        noteRoundedMxfp4(n.rounded_blocks, rows * cols / 32, what);
+      } else if (src.type == model::TensorType::kNVFP4) {
         // value = e2m1 x ue4m3: the codes paired, the scale bytes as e4m3, no row scale.
-        std::vector<uint8_t> codes(rows * cols / 2);
-        model::nvfp4AsE2M1(src.data, rows * cols, codes.data(), groups.data());
-        for (uint8_t& g : groups) g = *e4m3OfUe4m3(g);  // nativeFormat checked each.
-        CLEAVE_RETURN_IF_ERROR(
-            uploadBytes(base + first * cols / 2, codes.data(), codes.size(), what));
-        row_scale = 1.0f;
+        n.codes.resize(rows * cols / 2);
+        n.scales.resize(rows * cols / 16);
+        model::nvfp4AsE2M1(src.data, rows * cols, n.codes.data(), n.scales.data());
+        for (uint8_t& g : n.scales) g = *e4m3OfUe4m3(g);  // nativeFormat checked each.
+        n.row_scales.assign(rows, 1.0f);
       } else {
-        CLEAVE_RETURN_IF_ERROR(
-            uploadBytes(base + first * cols / 2, src.data, rows * cols / 2, what));
+        n.scales.resize(rows * cols / 16);
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t g = 0; g < cols / 16; ++g) {
-            CLEAVE_ASSIGN_OR_RETURN(groups[r * (cols / 16) + g], exactE4m3(s.rowGroup(r, g)));
+            CLEAVE_ASSIGN_OR_RETURN(n.scales[r * (cols / 16) + g], exactE4m3(s.rowGroup(r, g)));
           }
         }
+        n.row_scales.assign(rows, s.global);
       }
+      CLEAVE_RETURN_IF_ERROR(uploadBytes(base + first * cols / 2,
+                                         n.codes.empty() ? src.data : n.codes.data(),
+                                         rows * cols / 2, what));
       CLEAVE_RETURN_IF_ERROR(uploadBytes(
           const_cast<uint8_t*>(dst.group_scales) + (index * dst.rows + first) * (cols / 16),
-          groups.data(), groups.size(), what));
-      const std::vector<float> row_scales(rows, row_scale);
+          n.scales.data(), n.scales.size(), what));
       return uploadBytes(const_cast<float*>(dst.row_scales) + index * dst.rows + first,
-                         row_scales.data(), rows * 4, what);
+                         n.row_scales.data(), rows * 4, what);
     }
   }
   return absl::InternalError("unknown weight format");

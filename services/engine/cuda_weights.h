@@ -20,9 +20,9 @@
 
 namespace cleave::engine {
 
-// The format a kernel can read `m` in as stored — NVFP4, FP8 128x128, else bf16 (every
-// stored format dequantizes to it) — given where its scales fall (a tensor-parallel slice
-// must start on a scale block).
+// The format a kernel can read `m` in as stored — NVFP4 (MXFP4 too, rewritten at upload by
+// model::mxfp4AsNvfp4), FP8 128x128, else bf16 (every stored format dequantizes to it) —
+// given where its scales fall (a tensor-parallel slice must start on a scale block).
 cuda::ExpertWeightFormat nativeFormat(const cpu::CpuMatrix& m);
 
 // The format of matrices stacked into one [sum of rows][cols] ExpertWeights: their common
