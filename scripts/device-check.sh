@@ -24,7 +24,7 @@ tests=(cuda_device_test cuda_elementwise_test cuda_sampling_test cuda_gemm_test 
 
 scripts/build.sh default
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib" "$out/data/engine/hf"
+mkdir -p "$out/bin" "$out/lib" "$out/data/engine/hf" "$out/data/engine/gguf"
 for t in "${tests[@]}" bench_cuda cleave cleave-router cleave-worker; do
   found="$(find build/default -type f -name "$t" -perm -u+x | head -1)"
   [ -n "$found" ] || { echo "device-check: $t was not built (is nvcc in /usr/local/cuda?)" >&2; exit 1; }
@@ -51,11 +51,16 @@ if [ -n "$ucs" ] && [ -d "$(dirname "$ucs")/ucx" ]; then
   cp -L "$(dirname "$ucs")"/ucx/libuct_cma.so.0 "$out/lib/ucx/"
   ln -sf libuct_cma.so.0 "$out/lib/ucx/libuct_cma.so"
 fi
-for m in llama_f32 llama3_rope_f32 llama_bf16 llama_fp8 smollm2_like_f32 qwen2_f32 qwen3_f32 \
-         qwen3_moe_f32 mixtral_f32 qwen3_moe_nvfp4_ct llama_fp8_ct_channel llama_nvfp4_modelopt \
-         llama_nvfp4_ct llama_fp8_block128 deepseek_v3_moe_f32 deepseek_v3_bf16 \
-         deepseek_v3_fp8_block128 deepseek_v2_yarn_f32 deepseek_v2_lite_f32 deepseek_v2_moe_f32; do
-  cp -r "tests/golden/data/engine/hf/$m" "$out/data/engine/hf/"
+# The tiny models the CUDA model test names (a folder of data/engine/hf, or "../gguf/F.gguf"),
+# read off its source so that a case added there travels too.
+hf=tests/golden/data/engine/hf
+for m in $(grep -o '"[A-Za-z0-9_./-]*"' services/engine/cuda_llama_model_test.cc | tr -d '"' |
+           sort -u); do
+  if [ -d "$hf/$m" ] && [ -f "$hf/$m/config.json" ]; then
+    cp -r "$hf/$m" "$out/data/engine/hf/"
+  elif [ -f "$hf/$m" ] && [[ "$m" == ../gguf/*.gguf ]]; then
+    cp "$hf/$m" "$out/data/engine/gguf/"
+  fi
 done
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash

@@ -95,24 +95,34 @@ TEST(SiluMulTest, MatchesCpuBackend) {
 TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
   CLEAVE_REQUIRE_GPU();
   std::mt19937 rng(testing::freshSeed());
-  for (auto [layout, kv] : {std::pair{RopeLayout::kHalves, KvDtype::kBf16},
-                            std::pair{RopeLayout::kAdjacent, KvDtype::kBf16},
-                            std::pair{RopeLayout::kHalves, KvDtype::kFp8E4M3}}) {
+  // llama3 scaling, and YaRN (gpt-oss's: an attention factor of 1.14 on cos and sin).
+  for (auto [layout, kv, yarn] : {std::tuple{RopeLayout::kHalves, KvDtype::kBf16, false},
+                                  std::tuple{RopeLayout::kAdjacent, KvDtype::kBf16, false},
+                                  std::tuple{RopeLayout::kHalves, KvDtype::kFp8E4M3, false},
+                                  std::tuple{RopeLayout::kHalves, KvDtype::kBf16, true}}) {
     SCOPED_TRACE(::testing::Message() << (layout == RopeLayout::kHalves ? "halves" : "adjacent")
-                                      << (kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16"));
+                                      << (kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16")
+                                      << (yarn ? ", yarn" : ", llama3"));
     const bool fp8 = kv == KvDtype::kFp8E4M3;
     const float k_scale = fp8 ? 0.02f : 1.0f, v_scale = fp8 ? 0.01f : 1.0f;
     const int heads = 6, kv_heads = 2, head_dim = 128, block_size = 16, tokens = 23, blocks = 5;
     model::ModelConfig config;
     config.head_dim = head_dim;
     config.rope_theta = 500000.0;
-    config.rope_scaling.type = "llama3";
-    config.rope_scaling.factor = 8.0;
-    config.rope_scaling.low_freq_factor = 1.0;
-    config.rope_scaling.high_freq_factor = 4.0;
-    config.rope_scaling.original_max_position_embeddings = 8192;
+    if (yarn) {
+      config.rope_scaling.type = "yarn";
+      config.rope_scaling.factor = 4.0;
+      config.rope_scaling.original_max_position_embeddings = 4096;
+    } else {
+      config.rope_scaling.type = "llama3";
+      config.rope_scaling.factor = 8.0;
+      config.rope_scaling.low_freq_factor = 1.0;
+      config.rope_scaling.high_freq_factor = 4.0;
+      config.rope_scaling.original_max_position_embeddings = 8192;
+    }
     const cpu::Rope rope(config, layout == RopeLayout::kHalves ? cpu::RopePairing::kHalves
                                                                : cpu::RopePairing::kAdjacent);
+    ASSERT_EQ(rope.attentionFactor() != 1.0, yarn);
     const int width = (heads + 2 * kv_heads) * head_dim;
     std::vector<bf16> qkv = testing::randomBf16(static_cast<size_t>(tokens) * width, rng);
     std::vector<int32_t> positions(tokens), slots(tokens);
@@ -138,6 +148,7 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
                                   .positions = dpos.get(),
                                   .slots = dslots.get(),
                                   .inv_freq = dfreq.get(),
+                                  .attention_factor = static_cast<float>(rope.attentionFactor()),
                                   .tokens = tokens,
                                   .heads = heads,
                                   .kv_heads = kv_heads,

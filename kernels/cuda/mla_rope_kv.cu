@@ -44,7 +44,8 @@ __global__ void __launch_bounds__(kThreads) mlaRopeKvKernel(const MlaRopeKvArgs 
     const bf16* src = head < a.heads ? a.q + token * a.q_stride +
                                            static_cast<int64_t>(head) * (a.nope + a.rope) + a.nope
                                      : c + a.kv_lora;
-    const RotatedPair r = rotatePair(src, pair, half, a.layout, position * a.inv_freq[pair]);
+    const RotatedPair r =
+        rotatePair(src, pair, half, a.layout, position * a.inv_freq[pair], a.attention_factor);
     if (head < a.heads) {
       bf16* dst = a.q_abs + token * a.q_abs_stride + static_cast<int64_t>(head) * row + a.kv_lora;
       dst[r.first] = __float2bfloat16(r.y0);

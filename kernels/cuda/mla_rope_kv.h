@@ -35,6 +35,7 @@ struct MlaRopeKvArgs {
   const int32_t* positions = nullptr;  // [tokens]
   const int32_t* slots = nullptr;      // [tokens]
   const float* inv_freq = nullptr;     // [rope / 2], device memory
+  float attention_factor = 1.0f;       // on cos and sin (rope_kv.h)
   int64_t tokens = 0;
   int heads = 0;
   int nope = 0;

@@ -208,6 +208,9 @@ absl::Status runMoeGemm(const MoeGemmArgs& a, cudaStream_t stream) {
   p.tile_count = a.layout.tile_count;
   p.slots = a.plan->k;
   p.gather = a.gather;
+  p.bias = static_cast<const bf16*>(a.bias);
+  p.swiglu_limit = a.activation.limit;
+  p.swiglu_alpha = a.activation.alpha;
   const int64_t x_rows = a.gather ? a.tokens : a.plan->max_rows;
   CLEAVE_ASSIGN_OR_RETURN(const bool native,
                           nativeOperands(a.weights, a.operands, a.scratch, a.scratch_bytes, x_rows,
@@ -233,8 +236,6 @@ absl::Status runSkinnyGemm(const SkinnyGemmArgs& a, cudaStream_t stream) {
   const int tile_rows = a.rows <= 16 ? 16 : 64;
   const int64_t tiles = (a.rows + tile_rows - 1) / tile_rows;
   if (tiles > 65535) return absl::InvalidArgumentError("skinny_gemm: over 65535 row tiles");
-  if (a.bias != nullptr && a.silu_mul)
-    return absl::InvalidArgumentError("skinny_gemm: a bias with the fused SiLU-and-mul");
   Params p = params(a.weights, a.x, a.x_stride, out_cols, a.y, a.y_stride);
   p.dense_rows = a.rows;
   p.bias = static_cast<const bf16*>(a.bias);

@@ -6,8 +6,10 @@
 // src(r) is the token of row r's pair (gather: the gate/up projection reads the hidden
 // states of tokens) or r itself (the down projection reads the previous product's rows).
 // With silu_mul the weight holds gate rows [0, I) then up rows [I, 2I) and
-//   y[r][n] = silu(gate[r][n]) * up[r][n]                n < I
-// so the intermediate never leaves the kernel unactivated.
+//   y[r][n] = act(gate[r][n], up[r][n])                   n < I
+// (GatedActivation: SiLU(gate) * up, or gpt-oss's clamped SwiGLU) so the intermediate never
+// leaves the kernel unactivated. A bias per weight row and expert (gpt-oss's experts; a
+// dense layer's bias) joins each product before the activation.
 //
 // Weight formats (all experts of a layer in one array, expert-major):
 //   bf16   [E][N][K]
@@ -68,6 +70,14 @@ int64_t nativeScratchBytes(ExpertWeightFormat format, int64_t rows, int64_t k);
 // scratch and a shape they take).
 bool nativeOperandsPreferred(ExpertWeightFormat format);
 
+// The activation of a fused gate/up product: SiLU(gate) * up; with limit > 0, gpt-oss's
+// clamped SwiGLU (up' + 1) * g * sigmoid(alpha * g), g = min(gate, limit),
+// up' = clamp(up, -limit, limit) (model::MoeConfig::swiglu_limit).
+struct GatedActivation {
+  float limit = 0.0f;
+  float alpha = 1.702f;
+};
+
 struct MoeGemmArgs {
   const MoeLayoutPlan* plan = nullptr;
   MoeLayout layout;
@@ -75,8 +85,10 @@ struct MoeGemmArgs {
   int64_t x_stride = 0;
   bool gather = false;  // x rows are tokens (pair / k); otherwise layout rows
   ExpertWeights weights;
+  const void* bias = nullptr;  // bf16 [experts][weights.rows], or null
   bool silu_mul = false;
-  void* y = nullptr;  // bf16 [plan->max_rows][out width]
+  GatedActivation activation;  // of silu_mul
+  void* y = nullptr;           // bf16 [plan->max_rows][out width]
   int64_t y_stride = 0;
   // Native operands: x quantized into scratch first (gather: `tokens` rows of x; otherwise
   // the layout's rows), nativeScratchBytes(format, those rows, K) bytes, 256-byte aligned.
@@ -98,7 +110,7 @@ struct SkinnyGemmArgs {
   bool silu_mul = false;
   void* y = nullptr;  // bf16
   int64_t y_stride = 0;
-  const void* bias = nullptr;  // bf16 [out width], added to every row (not with silu_mul)
+  const void* bias = nullptr;                   // bf16 [weights.rows], added before the activation
   GemmOperands operands = GemmOperands::kAuto;  // as MoeGemmArgs, over `rows` rows
   void* scratch = nullptr;
   int64_t scratch_bytes = 0;

@@ -78,8 +78,21 @@ struct Params {
   int64_t k = 0;         // K
   bf16* y = nullptr;
   int64_t y_stride = 0;
-  const bf16* bias = nullptr;  // dense, not silu: [out_cols], added to each row
+  // [experts][rows]: each weight row's bias, added to its product before the activation.
+  const bf16* bias = nullptr;
+  float swiglu_limit = 0.0f;  // GatedActivation (moe_gemm.h)
+  float swiglu_alpha = 1.0f;
 };
+
+// A fused gate/up product's activation (GatedActivation, moe_gemm.h).
+__device__ __forceinline__ float gatedActivation(float gate, float up, const Params& p) {
+  if (p.swiglu_limit > 0.0f) {
+    gate = fminf(gate, p.swiglu_limit);
+    up = fminf(fmaxf(up, -p.swiglu_limit), p.swiglu_limit);
+    return (up + 1.0f) * (gate / (1.0f + __expf(-p.swiglu_alpha * gate)));
+  }
+  return gate / (1.0f + __expf(-gate)) * up;
+}
 
 // E2M1 code (sign bit 3) to float, exactly: 2^(e-1) (1 + m/2), e = 0: m/2.
 __device__ __forceinline__ float e2m1ToFloat(uint32_t code) {
@@ -365,15 +378,19 @@ __device__ __forceinline__ void moeGemmTile(const Params& p) {
         if constexpr (kNativeFp4) x_scale = src_row[r] >= 0 ? p.x_scales[src_row[r]] : 0.0f;
         float v0 = acc[mi][0][j][2 * h] * row_scale[0][j][0] * x_scale;
         float v1 = acc[mi][0][j][2 * h + 1] * row_scale[0][j][1] * x_scale;
-        if constexpr (kSilu) {
-          const float u0 = acc[mi][1][j][2 * h] * row_scale[kProjections - 1][j][0] * x_scale;
-          const float u1 = acc[mi][1][j][2 * h + 1] * row_scale[kProjections - 1][j][1] * x_scale;
-          v0 = v0 / (1.0f + __expf(-v0)) * u0;
-          v1 = v1 / (1.0f + __expf(-v1)) * u1;
-        }
         if (p.bias != nullptr) {
-          v0 += __bfloat162float(p.bias[col]);
-          v1 += __bfloat162float(p.bias[col + 1]);
+          v0 += __bfloat162float(p.bias[expert_row + col]);
+          v1 += __bfloat162float(p.bias[expert_row + col + 1]);
+        }
+        if constexpr (kSilu) {
+          float u0 = acc[mi][1][j][2 * h] * row_scale[kProjections - 1][j][0] * x_scale;
+          float u1 = acc[mi][1][j][2 * h + 1] * row_scale[kProjections - 1][j][1] * x_scale;
+          if (p.bias != nullptr) {
+            u0 += __bfloat162float(p.bias[expert_row + p.half + col]);
+            u1 += __bfloat162float(p.bias[expert_row + p.half + col + 1]);
+          }
+          v0 = gatedActivation(v0, u0, p);
+          v1 = gatedActivation(v1, u1, p);
         }
         *reinterpret_cast<uint32_t*>(p.y + row * p.y_stride + col) = packBf16(v0, v1);
       }

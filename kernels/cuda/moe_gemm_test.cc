@@ -248,10 +248,27 @@ bool nativeRuns(ExpertWeightFormat format, int tile_rows) {
 
 double silu(double x) { return x / (1.0 + std::exp(-x)); }
 
+// What joins a product in the epilogue: a bias per expert and weight row ([experts][rows],
+// empty: none) before the activation, and the activation of a fused gate/up.
+struct Epilogue {
+  std::vector<float> bias;
+  GatedActivation activation;
+};
+
+// The activation in float64, from its definition (moe_gemm.h).
+double activate(double gate, double up, const GatedActivation& a) {
+  if (a.limit <= 0) return silu(gate) * up;
+  const double g = std::min<double>(gate, a.limit);
+  const double u = std::clamp<double>(up, -a.limit, a.limit);
+  return (u + 1.0) * g / (1.0 + std::exp(-double(a.alpha) * g));
+}
+
 // out[pair][n] of one projection in float64: x rows of the pair's token (or of the pair
-// itself), times its expert's dequantized rows; SiLU(gate) * up when silu.
+// itself), times its expert's dequantized rows, plus the epilogue's bias; the activation of
+// gate and up when silu.
 std::vector<double> reference(const HostWeights& w, const std::vector<float>& x, int64_t x_stride,
-                              const std::vector<int32_t>& ids, int k, bool gather, bool silu_mul) {
+                              const std::vector<int32_t>& ids, int k, bool gather, bool silu_mul,
+                              const Epilogue& epilogue = {}) {
   const int64_t out_cols = silu_mul ? w.rows / 2 : w.rows;
   std::vector<double> out(ids.size() * out_cols, 0.0);
   for (size_t pair = 0; pair < ids.size(); ++pair) {
@@ -259,12 +276,13 @@ std::vector<double> reference(const HostWeights& w, const std::vector<float>& x,
     const float* xr = x.data() + (gather ? pair / k : pair) * x_stride;
     auto dot = [&](int64_t row) {
       const float* wr = w.dequantized.data() + (ids[pair] * w.rows + row) * w.cols;
-      double sum = 0;
+      double sum = epilogue.bias.empty() ? 0.0 : epilogue.bias[ids[pair] * w.rows + row];
       for (int64_t c = 0; c < w.cols; ++c) sum += double(xr[c]) * wr[c];
       return sum;
     };
     for (int64_t n = 0; n < out_cols; ++n)
-      out[pair * out_cols + n] = silu_mul ? silu(dot(n)) * dot(out_cols + n) : dot(n);
+      out[pair * out_cols + n] =
+          silu_mul ? activate(dot(n), dot(out_cols + n), epilogue.activation) : dot(n);
   }
   return out;
 }
@@ -275,6 +293,7 @@ struct ProjectionCase {
   bool silu;
   int64_t rows, cols;
   GemmOperands operands = GemmOperands::kWidened;
+  bool gpt_oss = false;  // biased, and (with silu) the clamped SwiGLU
 };
 
 // Widened operands against float64 of the dequantized weights and the bf16 activations;
@@ -315,6 +334,12 @@ TEST_P(MoeGemmTest, MatchesAFloat64Reference) {
   DeviceBuffer<bf16> dx(x);
   const int64_t out_cols = c.silu ? c.rows / 2 : c.rows, y_stride = out_cols + 2;
   DeviceBuffer<bf16> dy(layout.plan.max_rows * y_stride);  // poisoned
+  // gpt-oss: biases in [-8, 8) (so that gate and up cross the clamp at 7 both ways) and its
+  // clamped SwiGLU.
+  const std::vector<bf16> bias = testing::randomBf16(experts * c.rows, rng, 8.0f);
+  DeviceBuffer<bf16> dbias(bias);
+  Epilogue epilogue;
+  if (c.gpt_oss) epilogue = {.bias = toFloat(bias), .activation = {.limit = 7.0f, .alpha = 1.702f}};
   const int64_t scratch_bytes = nativeScratchBytes(c.format, tokens, c.cols);
   DeviceBuffer<uint8_t> scratch(std::max<int64_t>(scratch_bytes, 1));
   const absl::Status run = runMoeGemm({.plan = &layout.plan,
@@ -323,7 +348,9 @@ TEST_P(MoeGemmTest, MatchesAFloat64Reference) {
                                        .x_stride = x_stride,
                                        .gather = true,
                                        .weights = dw.view,
+                                       .bias = c.gpt_oss ? dbias.get() : nullptr,
                                        .silu_mul = c.silu,
+                                       .activation = epilogue.activation,
                                        .y = dy.get(),
                                        .y_stride = y_stride,
                                        .operands = c.operands,
@@ -344,7 +371,7 @@ TEST_P(MoeGemmTest, MatchesAFloat64Reference) {
     const double bound = c.format == ExpertWeightFormat::kFp8Block128 ? 0.05 : 0.15;
     EXPECT_LE(testing::compare(seen, x_tight).relative_l2, bound) << "the quantized activations";
   }
-  const std::vector<double> want = reference(w, seen, c.cols, ids, k, true, c.silu);
+  const std::vector<double> want = reference(w, seen, c.cols, ids, k, true, c.silu, epilogue);
   std::vector<float> got_pairs, want_pairs;
   for (size_t pair = 0; pair < ids.size(); ++pair) {
     const int32_t row = layout.host.pair_row[pair];
@@ -355,10 +382,10 @@ TEST_P(MoeGemmTest, MatchesAFloat64Reference) {
     }
   }
   const testing::Difference d = testing::compare(got_pairs, want_pairs);
-  std::printf("%s %s tile %d%s [%lld x %lld]: relative L2 %.2e, max abs %.2e\n",
+  std::printf("%s %s tile %d%s%s [%lld x %lld]: relative L2 %.2e, max abs %.2e\n",
               expertWeightFormatName(c.format), gemmOperandsName(c.operands), c.tile_rows,
-              c.silu ? " silu" : "", static_cast<long long>(c.rows), static_cast<long long>(c.cols),
-              d.relative_l2, d.max_abs);
+              c.silu ? " silu" : "", c.gpt_oss ? " gpt-oss" : "", static_cast<long long>(c.rows),
+              static_cast<long long>(c.cols), d.relative_l2, d.max_abs);
   EXPECT_EQ(d.non_finite, 0);
   EXPECT_LE(d.relative_l2, 1e-2);  // bf16 activations and outputs
 }
@@ -376,6 +403,18 @@ INSTANTIATE_TEST_SUITE_P(
                       ProjectionCase{ExpertWeightFormat::kFp8Block128, 16, false, 80, 256},
                       ProjectionCase{ExpertWeightFormat::kFp8Block128, 16, true, 320, 256},
                       ProjectionCase{ExpertWeightFormat::kFp8Block128, 64, true, 320, 384}));
+
+// gpt-oss's experts: biases on gate, up and down, the clamped SwiGLU.
+constexpr GemmOperands kWidened = GemmOperands::kWidened;
+INSTANTIATE_TEST_SUITE_P(
+    GptOss, MoeGemmTest,
+    ::testing::Values(ProjectionCase{ExpertWeightFormat::kBf16, 16, true, 96, 160, kWidened, true},
+                      ProjectionCase{ExpertWeightFormat::kBf16, 64, true, 96, 160, kWidened, true},
+                      ProjectionCase{ExpertWeightFormat::kBf16, 16, false, 80, 96, kWidened, true},
+                      ProjectionCase{ExpertWeightFormat::kNvfp4, 64, true, 160, 224, kWidened,
+                                     true},
+                      ProjectionCase{ExpertWeightFormat::kNvfp4, 16, true, 160, 192,
+                                     GemmOperands::kNative, true}));
 
 // K with a partial last stage (nvfp4 320 = 256 + 64), widths not multiples of 64 (80), up
 // rows starting inside an FP8 128-row block (2 x 160).
@@ -419,6 +458,10 @@ TEST(SkinnyGemmTest, MatchesAFloat64Reference) {
           DeviceBuffer<bf16> dx(x);
           const int64_t out_cols = silu ? n / 2 : n;
           DeviceBuffer<bf16> dy(rows * out_cols);  // poisoned, exactly sized
+          // A bias on every row of the weight (before the activation), in [-1, 1).
+          const std::vector<bf16> bias = testing::randomBf16(n, rng);
+          DeviceBuffer<bf16> dbias(bias);
+          const Epilogue epilogue{.bias = toFloat(bias)};
           const int64_t scratch_bytes = nativeScratchBytes(format, rows, k);
           DeviceBuffer<uint8_t> scratch(std::max<int64_t>(scratch_bytes, 1));
           const absl::Status run = runSkinnyGemm({.x = dx.get(),
@@ -428,6 +471,7 @@ TEST(SkinnyGemmTest, MatchesAFloat64Reference) {
                                                   .silu_mul = silu,
                                                   .y = dy.get(),
                                                   .y_stride = out_cols,
+                                                  .bias = dbias.get(),
                                                   .operands = operands,
                                                   .scratch = scratch.get(),
                                                   .scratch_bytes = scratch_bytes},
@@ -437,7 +481,7 @@ TEST(SkinnyGemmTest, MatchesAFloat64Reference) {
           const std::vector<int32_t> ids(rows, 0);
           const std::vector<float> seen =
               native ? dequantizedRows(format, scratch.get(), rows, k) : toFloat(x);
-          const std::vector<double> want = reference(w, seen, k, ids, 1, false, silu);
+          const std::vector<double> want = reference(w, seen, k, ids, 1, false, silu, epilogue);
           const testing::Difference d = testing::compare(
               toFloat(dy.copyToHost()), std::vector<float>(want.begin(), want.end()));
           EXPECT_EQ(d.non_finite, 0);

@@ -40,16 +40,17 @@ __global__ void __launch_bounds__(kWarps * 32) routeKernel(const MoeRoutingArgs 
   float* choice = choice_all[warp];
   const float* logits = a.logits + token * a.stride;
   const int e_count = a.experts;
+  auto logit = [&](int e) { return logits[e] + (a.logit_bias ? a.logit_bias[e] : 0.0f); };
 
   if (a.scoring == MoeScoring::kSoftmax) {
     float top = -FLT_MAX;
-    for (int e = lane; e < e_count; e += 32) top = fmaxf(top, logits[e]);
+    for (int e = lane; e < e_count; e += 32) top = fmaxf(top, logit(e));
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2)
       top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
     float sum = 0.0f;
     for (int e = lane; e < e_count; e += 32) {
-      score[e] = expf(logits[e] - top);
+      score[e] = expf(logit(e) - top);
       sum += score[e];
     }
 #pragma unroll
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kWarps * 32) routeKernel(const MoeRoutingArgs 
     }
   } else {
     for (int e = lane; e < e_count; e += 32) {
-      score[e] = 1.0f / (1.0f + expf(-logits[e]));
+      score[e] = 1.0f / (1.0f + expf(-logit(e)));
       choice[e] = rankable(score[e] + (a.bias ? a.bias[e] : 0.0f));
     }
   }

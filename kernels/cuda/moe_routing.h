@@ -3,8 +3,9 @@
 // routeSoftmaxTopK and routeSigmoidGroupedTopK (services/engine/moe_block.h), with the same
 // order, ties to the lower expert id, and the same weights.
 //
-//   softmax   Mixtral, Qwen3-MoE, DeepSeek-V2: softmax over the logits, top k, renormalized
-//             when asked, times `scaling`.
+//   softmax   Mixtral, Qwen3-MoE, DeepSeek-V2, gpt-oss: softmax over the logits, top k,
+//             renormalized when asked (gpt-oss's softmax over its top k logits is this,
+//             renormalized), times `scaling`.
 //   sigmoid   DeepSeek-V3: s = sigmoid(logit), choice c = s + bias; each of n_group groups
 //             of consecutive experts scores the sum of its two best c; the topk_group best
 //             groups stay; the top k c among their experts win, weighted by s (renormalized
@@ -22,7 +23,8 @@ namespace cleave::cuda {
 enum class MoeScoring { kSoftmax, kSigmoidGrouped };
 
 struct MoeRoutingArgs {
-  const float* logits = nullptr;  // [tokens][experts], row stride `stride`
+  const float* logits = nullptr;      // [tokens][experts], row stride `stride`
+  const float* logit_bias = nullptr;  // [experts] added to every row's logits (gpt-oss), or null
   int64_t stride = 0;
   int64_t tokens = 0;
   int experts = 0;  // <= 512

@@ -21,19 +21,22 @@ __device__ __forceinline__ void sinCos(float angle, float* sin_out, float* cos_o
   __sincosf(r, sin_out, cos_out);
 }
 
-// Pair `pair` of a head of 2 * half values, rotated by `angle` in `layout`'s pairing: the
-// two indices it occupies and their new values.
+// Pair `pair` of a head of 2 * half values, rotated by `angle` in `layout`'s pairing and
+// scaled by `factor` (YaRN's attention factor on cos and sin; 1 otherwise): the two indices
+// it occupies and their new values.
 struct RotatedPair {
   int first, second;
   float y0, y1;
 };
 __device__ __forceinline__ RotatedPair rotatePair(const __nv_bfloat16* head, int pair, int half,
-                                                  RopeLayout layout, float angle) {
+                                                  RopeLayout layout, float angle, float factor) {
   RotatedPair r;
   r.first = layout == RopeLayout::kHalves ? pair : 2 * pair;
   r.second = layout == RopeLayout::kHalves ? pair + half : 2 * pair + 1;
   float sin_angle, cos_angle;
   sinCos(angle, &sin_angle, &cos_angle);
+  sin_angle *= factor;
+  cos_angle *= factor;
   const float x0 = __bfloat162float(head[r.first]);
   const float x1 = __bfloat162float(head[r.second]);
   r.y0 = x0 * cos_angle - x1 * sin_angle;

@@ -34,7 +34,8 @@ __global__ void ropeKvKernel(const RopeKvArgs a) {
       storeKv<kFp8>(a.v_cache, at + 2 * pair + 1, __bfloat162float(src[2 * pair + 1]), a.v_scale);
       continue;
     }
-    const RotatedPair r = rotatePair(src, pair, half, a.layout, position * a.inv_freq[pair]);
+    const RotatedPair r =
+        rotatePair(src, pair, half, a.layout, position * a.inv_freq[pair], a.attention_factor);
     if (head < a.heads) {
       bf16* dst = a.q_out + token * a.q_stride + static_cast<int64_t>(head) * a.head_dim;
       dst[r.first] = __float2bfloat16(r.y0);

@@ -9,7 +9,8 @@
 //             scale, saturated)
 // Token t is at positions[t] and goes to cache slot slots[t] = block * block_size + offset.
 // The angle of pair i is positions[t] * inv_freq[i] (inv_freq already holds the model's
-// rope scaling, e.g. cpu::Rope::inverseFrequencies()).
+// rope scaling, e.g. cpu::Rope::inverseFrequencies()); cos and sin are multiplied by
+// attention_factor (YaRN's, cpu::Rope::attentionFactor(); 1 for other scalings).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,6 +34,7 @@ struct RopeKvArgs {
   const int32_t* positions = nullptr;  // [tokens]
   const int32_t* slots = nullptr;      // [tokens]
   const float* inv_freq = nullptr;     // [head_dim / 2], device memory
+  float attention_factor = 1.0f;
   int64_t tokens = 0;
   int heads = 0;
   int kv_heads = 0;

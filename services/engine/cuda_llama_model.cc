@@ -33,36 +33,14 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-// OK when the GPU rope kernels rotate as cpu::Rope does: they take its inverse frequencies
-// but have no YaRN attention factor on cos and sin.
-absl::Status gpuRopeSupported(const model::ModelConfig& c, cpu::RopePairing pairing) {
-  const cpu::Rope rope(c, pairing);
-  if (rope.attentionFactor() == 1.0) return absl::OkStatus();
-  return absl::UnimplementedError(
-      absl::StrCat(c.source, ": the GPU rope kernel has no YaRN attention factor (",
-                   rope.attentionFactor(), "); run this model with --backend cpu"));
-}
-
-// Whether every layer attends to the same window (or none): Mistral's one, on every layer.
-bool oneWindow(const model::ModelConfig& c) {
-  for (uint32_t l = 0; l < c.num_layers; ++l) {
-    if (c.attentionWindow(l) != c.attentionWindow(0)) return false;
-  }
-  return true;
-}
-
-// OK unless the model needs what the GPU model lacks: gpt-oss's attention sinks, windows on
-// some layers only, output-projection bias and biased, clamped experts (the attention kernels
-// have sinks and windows; the model passes one window to all layers).
-absl::Status gpuGraphSupported(const model::ModelConfig& c) {
-  const bool biased_experts =
-      c.moe && (c.moe->router_bias || c.moe->expert_bias || c.moe->swiglu_limit > 0);
-  if (!c.attention_sinks && oneWindow(c) && !c.o_bias && !biased_experts) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      c.source, ": the GPU backend does not run ", c.model_type,
-      " yet (attention sinks, windows on some layers only, biased output projection and experts); "
-      "run this model with --backend cpu"));
-}
+// What a model's layers hold besides their matrices and norms (the same on every layer).
+struct LayerTraits {
+  bool qkv_bias = false;  // Qwen2, gpt-oss
+  bool qk_norm = false;   // Qwen3
+  bool o_bias = false;    // gpt-oss, on the rank holding the first heads
+  bool sinks = false;     // gpt-oss's attention sinks
+  bool tied = false;      // the output projection is the embedding table
+};
 
 // A layer's matrices (cuda_weights.h): bf16 for cuBLASLt, or NVFP4 / FP8 128x128 as the
 // checkpoint stores them, for the skinny GEMM.
@@ -72,7 +50,9 @@ struct DeviceLayer {
   bf16* bqkv = nullptr;      // [q_dim + 2 kv_dim], when the model has biases
   bf16* q_norm = nullptr;
   bf16* k_norm = nullptr;
+  float* sinks = nullptr;                // [heads], when the model has attention sinks
   cuda::ExpertWeights wo;                // [hidden][q_dim]
+  bf16* bo = nullptr;                    // [hidden], when this rank adds the O bias
   float k_scale = 1.0f, v_scale = 1.0f;  // An e4m3 cache's (LlamaLayer).
   bf16* ffn_norm = nullptr;
   cuda::ExpertWeights wgu;    // [2 ffn][hidden]: gate rows, then up rows
@@ -132,7 +112,7 @@ struct CudaLlamaModel::State {
   std::vector<int64_t> rank_vocab_rows;
   int64_t max_blocks_per_seq = 0;
   int64_t kv_blocks = 0;  // usable; block kv_blocks is the padding rows' scratch block
-  bool qkv_bias = false, qk_norm = false, tied = false;
+  LayerTraits traits;
   CudaMemoryPlan plan;
   int64_t weight_bytes = 0;
   uint8_t* base = nullptr;
@@ -149,6 +129,7 @@ struct CudaLlamaModel::State {
   bf16* output_norm = nullptr;
   bf16* output = nullptr;  // [vocab_rows][hidden]; embed when tied
   float* inv_freq = nullptr;
+  float rope_factor = 1.0f;  // YaRN's attention factor on cos and sin
   // Workspace, [max_step_tokens][width] unless noted.
   bf16 *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *o = nullptr,
        *gu = nullptr, *act = nullptr;
@@ -214,8 +195,14 @@ struct CudaLlamaModel::State {
   void* pin_tried = nullptr;          // the host rows copyKv last tried to lock
   cudaStream_t stream = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
-  cuda::DecodeAttentionPlan decode_plan;
-  cuda::PrefillAttentionPlan prefill_plan;
+  // Attention plans, one pair per distinct window of the layers (gpt-oss: its sliding
+  // window and none), and each layer's.
+  struct AttentionPlans {
+    cuda::DecodeAttentionPlan decode;
+    cuda::PrefillAttentionPlan prefill;
+  };
+  std::vector<AttentionPlans> attention_plans;
+  std::vector<int> layer_plan;
   cuda::MlaAttentionPlan mla_plan;            // Latent attention's instead of the two above.
   std::map<int64_t, cudaGraphExec_t> graphs;  // decode batch bucket -> graph
   std::set<int64_t> warmed;                   // buckets run once eagerly
@@ -279,12 +266,14 @@ struct CudaLlamaModel::State {
         d.wo = placeWeights(arena, f.o, 1, hidden, heads * v_dim);
       } else {
         d.wqkv = placeWeights(arena, f.qkv, 1, qkv_dim, hidden);
-        if (qkv_bias) d.bqkv = arena.take<bf16>(qkv_dim);
-        if (qk_norm) {
+        if (traits.qkv_bias) d.bqkv = arena.take<bf16>(qkv_dim);
+        if (traits.qk_norm) {
           d.q_norm = arena.take<bf16>(head_dim);
           d.k_norm = arena.take<bf16>(head_dim);
         }
+        if (traits.sinks) d.sinks = arena.take<float>(heads);
         d.wo = placeWeights(arena, f.o, 1, hidden, q_dim);
+        if (traits.o_bias) d.bo = arena.take<bf16>(hidden);
       }
       d.ffn_norm = arena.take<bf16>(hidden);
       if (is_moe[l]) {
@@ -296,7 +285,7 @@ struct CudaLlamaModel::State {
     }
     embed = arena.take<bf16>(vocab_rows * hidden);
     output_norm = arena.take<bf16>(hidden);
-    output = tied ? embed : arena.take<bf16>(vocab_rows * hidden);
+    output = traits.tied ? embed : arena.take<bf16>(vocab_rows * hidden);
     inv_freq = arena.take<float>(cpu::rotaryDim(config) / 2);
     plan.weights = arena.used();
     const int64_t t = options.max_step_tokens;
@@ -347,8 +336,10 @@ struct CudaLlamaModel::State {
     const int64_t seen_rows = shard_rank == 0 ? seen_capacity : 0;  // Only rank 0 draws.
     const int64_t draw_bytes = Draws::place(nullptr, options.max_sequences, seen_rows).bytes;
     draws = Draws::place(arena.take<uint8_t>(draw_bytes), options.max_sequences, seen_rows);
-    attention_workspace = arena.take<uint8_t>(
-        static_cast<int64_t>(std::max(decode_plan.workspace_bytes, mla_plan.workspace_bytes)));
+    size_t attention_bytes = mla_plan.workspace_bytes;
+    for (const AttentionPlans& p : attention_plans)
+      attention_bytes = std::max(attention_bytes, p.decode.workspace_bytes);
+    attention_workspace = arena.take<uint8_t>(static_cast<int64_t>(attention_bytes));
     meta = arena.take<int32_t>(metaCount());
     plan.workspace = arena.used() - plan.weights;
     kv = arena.take<uint8_t>(cache_parts * layers * layerKvElements() * kvElementBytes());
@@ -376,8 +367,8 @@ namespace {
 // expert format), null for random ones.
 absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     const model::ModelConfig& c, const ShardDims& dims, const CudaModelOptions& options,
-    bool qkv_bias, bool qk_norm, bool tied, const MoeBlock* moe_example,
-    std::vector<LayerFormats> formats, bool allocate = true, BackendMemory* memory = nullptr) {
+    const LayerTraits& traits, const MoeBlock* moe_example, std::vector<LayerFormats> formats,
+    bool allocate = true, BackendMemory* memory = nullptr) {
   if (options.operands == cuda::GemmOperands::kNative)
     return absl::InvalidArgumentError(
         "the CUDA model takes auto or widened GEMM operands (auto uses the native ones wherever a "
@@ -435,9 +426,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     s.rank_vocab_rows.push_back(other.vocab.size);
   }
   s.layers = c.num_layers;
-  s.qkv_bias = qkv_bias;
-  s.qk_norm = qk_norm;
-  s.tied = tied;
+  s.traits = traits;
   s.formats = std::move(formats);
   s.formats.resize(s.layers);
   s.is_moe.assign(s.layers, false);
@@ -470,29 +459,37 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
                                 .kv_dtype = options.kv_dtype},
                                prop.multiProcessorCount));
   } else {
-    CLEAVE_ASSIGN_OR_RETURN(
-        s.decode_plan,
-        cuda::planDecodeAttention({.heads = static_cast<int>(s.heads),
-                                   .kv_heads = static_cast<int>(s.kv_heads),
-                                   .head_dim = static_cast<int>(s.head_dim),
-                                   .block_size = static_cast<int>(options.block_size),
-                                   .max_batch = static_cast<int>(s.options.max_sequences),
-                                   .max_context = static_cast<int>(options.max_context),
-                                   .scale = scale,
-                                   .kv_dtype = options.kv_dtype,
-                                   .window = static_cast<int>(c.attentionWindow(0))},
-                                  prop.multiProcessorCount));
-    CLEAVE_ASSIGN_OR_RETURN(
-        s.prefill_plan,
-        cuda::planPrefillAttention({.heads = static_cast<int>(s.heads),
-                                    .kv_heads = static_cast<int>(s.kv_heads),
-                                    .head_dim = static_cast<int>(s.head_dim),
-                                    .block_size = static_cast<int>(options.block_size),
-                                    .max_sequences = static_cast<int>(s.options.max_sequences),
-                                    .max_new_tokens = static_cast<int>(s.options.max_step_tokens),
-                                    .scale = scale,
-                                    .kv_dtype = options.kv_dtype,
-                                    .window = static_cast<int>(c.attentionWindow(0))}));
+    std::vector<int> windows;  // of attention_plans, in order
+    for (uint32_t l = 0; l < c.num_layers; ++l) {
+      const int window = static_cast<int>(c.attentionWindow(l));
+      auto known = std::find(windows.begin(), windows.end(), window);
+      s.layer_plan.push_back(static_cast<int>(known - windows.begin()));
+      if (known != windows.end()) continue;
+      windows.push_back(window);
+      CudaLlamaModel::State::AttentionPlans& p = s.attention_plans.emplace_back();
+      CLEAVE_ASSIGN_OR_RETURN(p.decode, cuda::planDecodeAttention(
+                                            {.heads = static_cast<int>(s.heads),
+                                             .kv_heads = static_cast<int>(s.kv_heads),
+                                             .head_dim = static_cast<int>(s.head_dim),
+                                             .block_size = static_cast<int>(options.block_size),
+                                             .max_batch = static_cast<int>(s.options.max_sequences),
+                                             .max_context = static_cast<int>(options.max_context),
+                                             .scale = scale,
+                                             .kv_dtype = options.kv_dtype,
+                                             .window = window},
+                                            prop.multiProcessorCount));
+      CLEAVE_ASSIGN_OR_RETURN(
+          p.prefill,
+          cuda::planPrefillAttention({.heads = static_cast<int>(s.heads),
+                                      .kv_heads = static_cast<int>(s.kv_heads),
+                                      .head_dim = static_cast<int>(s.head_dim),
+                                      .block_size = static_cast<int>(options.block_size),
+                                      .max_sequences = static_cast<int>(s.options.max_sequences),
+                                      .max_new_tokens = static_cast<int>(s.options.max_step_tokens),
+                                      .scale = scale,
+                                      .kv_dtype = options.kv_dtype,
+                                      .window = window}));
+    }
   }
   s.layout(nullptr);
   if (s.seen_capacity > INT32_MAX)  // The penalties index their seen tokens with int32.
@@ -561,10 +558,12 @@ absl::Status uploadMla(const MlaWeights& src, const CudaLlamaModel::State& s, De
   return absl::OkStatus();
 }
 
-absl::Status uploadInverseFrequencies(const model::ModelConfig& c, cpu::RopePairing pairing,
-                                      float* dst) {
-  CLEAVE_RETURN_IF_ERROR(gpuRopeSupported(c, pairing));
+// The rotation of `c` as cpu::Rope computes it: its inverse frequencies into `dst`, its
+// attention factor into `factor`.
+absl::Status uploadRope(const model::ModelConfig& c, cpu::RopePairing pairing, float* dst,
+                        float& factor) {
   const cpu::Rope rope(c, pairing);
+  factor = static_cast<float>(rope.attentionFactor());
   const std::vector<float>& f = rope.inverseFrequencies();
   return uploadBytes(dst, f.data(), f.size() * sizeof(float), "rope frequencies");
 }
@@ -582,12 +581,13 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepareFor(const LlamaWei
                                                                   bool allocate,
                                                                   BackendMemory* memory = nullptr) {
   CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w.config.rope_scaling));
-  CLEAVE_RETURN_IF_ERROR(gpuRopeSupported(w.config, w.rope_pairing));
-  CLEAVE_RETURN_IF_ERROR(gpuGraphSupported(w.config));
-  const bool bias = !w.layers.empty() && !w.layers[0].bq.empty();
-  const bool qk_norm = !w.layers.empty() && !w.layers[0].q_norm.empty();
-  const bool tied =
-      w.output.source().data == w.token_embd.data && w.token_embd.type == w.output.type();
+  const bool any = !w.layers.empty();
+  const LayerTraits traits{
+      .qkv_bias = any && !w.layers[0].bq.empty(),
+      .qk_norm = any && !w.layers[0].q_norm.empty(),
+      .o_bias = any && !w.layers[0].bo.empty(),
+      .sinks = any && !w.layers[0].sinks.empty(),
+      .tied = w.output.source().data == w.token_embd.data && w.token_embd.type == w.output.type()};
   const MoeBlock* moe_example = nullptr;
   for (const LlamaLayer& l : w.layers) {
     if (l.moe && moe_example == nullptr) moe_example = &*l.moe;
@@ -603,8 +603,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepareFor(const LlamaWei
     }
     formats.push_back(f);
   }
-  return prepare(w.config, w.dims, options, bias, qk_norm, tied, moe_example, std::move(formats),
-                 allocate, memory);
+  return prepare(w.config, w.dims, options, traits, moe_example, std::move(formats), allocate,
+                 memory);
 }
 
 }  // namespace
@@ -649,17 +649,26 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
       CLEAVE_RETURN_IF_ERROR(uploadRows(src.wk, dst.wqkv, 0, s.q_dim, "wk"));
       CLEAVE_RETURN_IF_ERROR(uploadRows(src.wv, dst.wqkv, 0, s.q_dim + s.kv_dim, "wv"));
     }
-    if (s.qkv_bias) {
+    if (s.traits.qkv_bias) {
       std::vector<float> bias = src.bq;
       bias.insert(bias.end(), src.bk.begin(), src.bk.end());
       bias.insert(bias.end(), src.bv.begin(), src.bv.end());
       CLEAVE_RETURN_IF_ERROR(uploadBf16(bias, dst.bqkv, "qkv bias"));
     }
-    if (s.qk_norm) {
+    if (s.traits.qk_norm) {
       CLEAVE_RETURN_IF_ERROR(uploadBf16(src.q_norm, dst.q_norm, "q_norm"));
       CLEAVE_RETURN_IF_ERROR(uploadBf16(src.k_norm, dst.k_norm, "k_norm"));
     }
     CLEAVE_RETURN_IF_ERROR(uploadRows(src.wo, dst.wo, 0, 0, "wo"));
+    if (static_cast<int64_t>(src.bo.size()) != (s.traits.o_bias ? s.hidden : 0) ||
+        static_cast<int64_t>(src.sinks.size()) != (s.traits.sinks ? s.heads : 0))
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, "'s O bias or attention sinks differ from the first layer's (",
+                       src.bo.size(), " and ", src.sinks.size(), " values)"));
+    if (s.traits.o_bias) CLEAVE_RETURN_IF_ERROR(uploadBf16(src.bo, dst.bo, "o_proj bias"));
+    if (s.traits.sinks)
+      CLEAVE_RETURN_IF_ERROR(
+          uploadBytes(dst.sinks, src.sinks.data(), src.sinks.size() * 4, "attention sinks"));
     CLEAVE_RETURN_IF_ERROR(uploadBf16(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
     if (src.moe) {
       CLEAVE_RETURN_IF_ERROR(uploadMoe(*src.moe, *s.moe, s.moe_layer[l]));
@@ -676,8 +685,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     CLEAVE_RETURN_IF_ERROR(uploadBf16(table, s.embed, "token embeddings"));
   }
   CLEAVE_RETURN_IF_ERROR(uploadBf16(w.output_norm, s.output_norm, "output_norm"));
-  if (!s.tied) CLEAVE_RETURN_IF_ERROR(uploadDequantized(w.output, s.output, "output"));
-  CLEAVE_RETURN_IF_ERROR(uploadInverseFrequencies(w.config, w.rope_pairing, s.inv_freq));
+  if (!s.traits.tied) CLEAVE_RETURN_IF_ERROR(uploadDequantized(w.output, s.output, "output"));
+  CLEAVE_RETURN_IF_ERROR(uploadRope(w.config, w.rope_pairing, s.inv_freq, s.rope_factor));
   // The uploads ran on the default stream, which the model's non-blocking stream does not
   // wait for: they finish before the first step can read them.
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaDeviceSynchronize(), "uploading the weights"));
@@ -687,9 +696,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
 absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
     const model::ModelConfig& config, const CudaModelOptions& options, uint64_t seed) {
   CLEAVE_ASSIGN_OR_RETURN(const ShardDims whole, planShard(config, {}));
-  CLEAVE_ASSIGN_OR_RETURN(
-      std::unique_ptr<State> state,
-      prepare(config, whole, options, false, false, config.tie_word_embeddings, nullptr, {}));
+  const LayerTraits traits{.qkv_bias = config.attention_bias,
+                           .o_bias = config.o_bias,
+                           .sinks = config.attention_sinks,
+                           .tied = config.tie_word_embeddings};
+  CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state,
+                          prepare(config, whole, options, traits, nullptr, {}));
   State& s = *state;
   uint64_t stream_id = seed;
   auto fill = [&](bf16* p, int64_t count, float low, float high) {
@@ -720,6 +732,13 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
     } else {
       CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wqkv), s.qkv_dim * s.hidden, -in_scale, in_scale));
       CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wo), s.hidden * s.q_dim, -in_scale, in_scale));
+      if (d.bqkv != nullptr) CLEAVE_RETURN_IF_ERROR(fill(d.bqkv, s.qkv_dim, -0.1f, 0.1f));
+      if (d.bo != nullptr) CLEAVE_RETURN_IF_ERROR(fill(d.bo, s.hidden, -0.1f, 0.1f));
+      if (d.sinks != nullptr) {
+        const std::vector<float> sinks(s.heads, 0.5f);
+        CLEAVE_RETURN_IF_ERROR(
+            uploadBytes(d.sinks, sinks.data(), sinks.size() * 4, "random attention sinks"));
+      }
     }
     CLEAVE_RETURN_IF_ERROR(fill(d.ffn_norm, s.hidden, 0.8f, 1.2f));
     if (s.is_moe[l]) {
@@ -731,8 +750,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
   }
   CLEAVE_RETURN_IF_ERROR(fill(s.embed, s.vocab_rows * s.hidden, -1.0f, 1.0f));
   CLEAVE_RETURN_IF_ERROR(fill(s.output_norm, s.hidden, 0.8f, 1.2f));
-  if (!s.tied) CLEAVE_RETURN_IF_ERROR(fill(s.output, s.vocab_rows * s.hidden, -in_scale, in_scale));
-  CLEAVE_RETURN_IF_ERROR(uploadInverseFrequencies(config, cpu::RopePairing::kHalves, s.inv_freq));
+  if (!s.traits.tied)
+    CLEAVE_RETURN_IF_ERROR(fill(s.output, s.vocab_rows * s.hidden, -in_scale, in_scale));
+  CLEAVE_RETURN_IF_ERROR(uploadRope(config, cpu::RopePairing::kHalves, s.inv_freq, s.rope_factor));
   // The default stream's uploads (inverse frequencies) included.
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaDeviceSynchronize(), "filling random weights"));
   return std::unique_ptr<CudaLlamaModel>(new CudaLlamaModel(std::move(state)));
@@ -920,6 +940,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                 .positions = positions(meta),
                                 .slots = slots(meta),
                                 .inv_freq = inv_freq,
+                                .attention_factor = rope_factor,
                                 .tokens = n,
                                 .heads = static_cast<int>(heads),
                                 .nope = static_cast<int>(nope),
@@ -971,7 +992,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
       CLEAVE_RETURN_IF_ERROR(linear(attn, heads * v_dim, d.wo, nullptr, o));
     } else {
       CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.wqkv, d.bqkv, qkv));
-      if (qk_norm) {
+      if (traits.qk_norm) {
         CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = qkv,
                                               .x_stride = qkv_dim,
                                               .weight = d.q_norm,
@@ -998,6 +1019,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                                 .positions = positions(meta),
                                                 .slots = slots(meta),
                                                 .inv_freq = inv_freq,
+                                                .attention_factor = rope_factor,
                                                 .tokens = n,
                                                 .heads = static_cast<int>(heads),
                                                 .kv_heads = static_cast<int>(kv_heads),
@@ -1012,9 +1034,10 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                                 .k_scale = d.k_scale,
                                                 .v_scale = d.v_scale},
                                                st));
+      const AttentionPlans& plans = attention_plans[layer_plan[l]];
       if (decode) {
         CLEAVE_RETURN_IF_ERROR(
-            cuda::runDecodeAttention(decode_plan,
+            cuda::runDecodeAttention(plans.decode,
                                      {.q = q,
                                       .q_stride = q_dim,
                                       .k_cache = keys(l),
@@ -1025,13 +1048,14 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                       .max_blocks_per_seq = static_cast<int>(max_blocks_per_seq),
                                       .seq_lens = contexts(meta),
                                       .batch = static_cast<int>(sequences),
+                                      .sinks = d.sinks,
                                       .out = attn,
                                       .out_stride = q_dim,
                                       .workspace = attention_workspace},
                                      st));
       } else {
         CLEAVE_RETURN_IF_ERROR(
-            cuda::runPrefillAttention(prefill_plan,
+            cuda::runPrefillAttention(plans.prefill,
                                       {.q = q,
                                        .q_stride = q_dim,
                                        .k_cache = keys(l),
@@ -1043,11 +1067,12 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                        .q_starts = qStarts(meta),
                                        .context_lens = contexts(meta),
                                        .sequences = static_cast<int>(sequences),
+                                       .sinks = d.sinks,
                                        .out = attn,
                                        .out_stride = q_dim},
                                       st));
       }
-      CLEAVE_RETURN_IF_ERROR(linear(attn, q_dim, d.wo, nullptr, o));
+      CLEAVE_RETURN_IF_ERROR(linear(attn, q_dim, d.wo, d.bo, o));
     }
     CLEAVE_RETURN_IF_ERROR(reduce(o, n));
     // x += o; h = norm(x).

@@ -6,8 +6,10 @@
 // and the paged KV cache live in one device allocation sized at create(). The residual
 // stream and activations are bf16, the KV cache bf16 or e4m3; norms, softmax and accumulation f32;
 // logits f32. Layer by layer: fused residual-add + RMSNorm, one QKV product (+ bias), per-head q/k
-// norm, RoPE fused with the KV-cache write, paged attention (the decode kernel when every chunk is
-// one token, the prefill kernel otherwise), O product, the same for the MLP.
+// norm, RoPE fused with the KV-cache write (YaRN's attention factor on cos and sin), paged
+// attention (the decode kernel when every chunk is one token, the prefill kernel otherwise; a
+// plan per distinct sliding window of the layers, gpt-oss's attention sinks), O product (+ bias),
+// the same for the MLP.
 //
 // Decode steps (every chunk one token) replay a CUDA graph captured per batch-size bucket
 // (powers of two up to max_sequences); padding rows write a scratch block no sequence
@@ -17,9 +19,9 @@
 // the latent path of mla_attention.h (low-rank Q, the latent row cached, absorbed queries,
 // the latent attention kernel, W_UV per head); the cache then has one part of one head.
 //
-// Mixture-of-experts layers (Qwen3-MoE, Mixtral, DeepSeek-style shared experts) run
-// through cuda_moe_layer.h, their experts in NVFP4 or 128x128-block FP8 when the checkpoint
-// stores them so, else bf16.
+// Mixture-of-experts layers (Qwen3-MoE, Mixtral, DeepSeek-style shared experts, gpt-oss's
+// biased router and experts) run through cuda_moe_layer.h, their experts in NVFP4 or
+// 128x128-block FP8 when the checkpoint stores them so, else bf16 (gpt-oss's MXFP4 too).
 //
 // Tensor parallelism: a model made from one rank's shard of the weights (tensor_parallel.h)
 // with its rank's NcclCommunicator all-reduces the partial sums of the vocabulary-parallel

@@ -358,24 +358,21 @@ TEST_P(CudaMoeModelTest, MatchesTheCpuBackend) {
 INSTANTIATE_TEST_SUITE_P(Moe, CudaMoeModelTest,
                          ::testing::Values("qwen3_moe_f32", "mixtral_f32", "qwen3_moe_nvfp4_ct"));
 
+// gpt-oss: attention sinks, a sliding window on every other layer, biases on Q/K/V/O, the
+// router and the experts, the clamped SwiGLU, YaRN's attention factor; experts stored as
+// floats or as OpenAI's MXFP4 (bf16 on the GPU), from Hugging Face folders and GGUF.
+INSTANTIATE_TEST_SUITE_P(GptOss, CudaMoeModelTest,
+                         ::testing::Values("gpt_oss_f32", "gpt_oss_mxfp4",
+                                           "../gguf/gpt_oss_mxfp4.gguf"));
+
 // DeepSeek-V3's multi-head latent attention (the latent cache, absorbed queries, the
 // CUDA-core latent attention kernel) with its MoE: float, bf16 and FP8 128x128 checkpoints
-// (low-rank Q, interleaved rope), and V2-Lite's full-rank Q, rotate-half rope and YaRN.
+// (low-rank Q, interleaved rope), V2-Lite's full-rank Q, rotate-half rope and YaRN, and
+// YaRN with an attention factor other than 1 on cos and sin (deepseek_v2_yarn_f32).
 INSTANTIATE_TEST_SUITE_P(LatentAttention, CudaMoeModelTest,
                          ::testing::Values("deepseek_v3_moe_f32", "deepseek_v3_bf16",
                                            "deepseek_v3_fp8_block128", "deepseek_v2_lite_f32",
-                                           "deepseek_v2_moe_f32"));
-
-// YaRN's attention factor is not in the GPU rope kernel: such a model is refused by name.
-TEST(CudaLlamaModelTest, RefusesAYarnAttentionFactor) {
-  CLEAVE_REQUIRE_GPU();
-  auto weights = loadLlama(goldenDir() + "/engine/hf/deepseek_v2_yarn_f32");
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  auto gpu = CudaLlamaModel::create(**weights,
-                                    {.max_step_tokens = 64, .max_sequences = 2, .max_context = 64});
-  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(gpu.status().message(), ::testing::HasSubstr("YaRN"));
-}
+                                           "deepseek_v2_moe_f32", "deepseek_v2_yarn_f32"));
 
 // Random MoE weights (what the benchmarks run) in both expert formats give finite logits,
 // through the decode graphs too; with latent attention as well (DeepSeek-V3's shape).
@@ -384,6 +381,7 @@ TEST(CudaLlamaModelTest, RandomMoeModelsRun) {
   const std::pair<const char*, cuda::ExpertWeightFormat> cases[] = {
       {"qwen3_moe_f32", cuda::ExpertWeightFormat::kBf16},
       {"qwen3_moe_f32", cuda::ExpertWeightFormat::kNvfp4},
+      {"gpt_oss_f32", cuda::ExpertWeightFormat::kBf16},
       {"deepseek_v3_moe_f32", cuda::ExpertWeightFormat::kBf16}};
   for (const auto& [name, format] : cases) {
     SCOPED_TRACE(name);

@@ -34,6 +34,12 @@ absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const Sha
   s.expert_begin = dims.experts.begin;
   s.local_experts = dims.experts.size;
   s.shared_inter = c.moe->shared_experts > 0 ? dims.shared_ffn.size : 0;
+  s.router_bias = c.moe->router_bias;
+  s.gate_up_bias = c.moe->expert_bias;
+  s.down_bias = c.moe->expert_bias && dims.expert_ffn.begin == 0;
+  if (c.moe->swiglu_limit > 0)
+    s.activation = {.limit = static_cast<float>(c.moe->swiglu_limit),
+                    .alpha = static_cast<float>(c.moe->swiglu_alpha)};
   if (s.local_experts < 1) return absl::InvalidArgumentError("a rank without experts");
   if (example != nullptr) {
     if (example->experts.empty()) return absl::InvalidArgumentError("a MoE layer has no experts");
@@ -65,8 +71,11 @@ CudaMoeWeights placeMoeWeights(Arena& arena, const CudaMoeShape& s) {
   const int64_t all = s.routing.num_experts;
   w.router = arena.take<bf16>(all * s.hidden);
   if (s.routing.score_correction_bias) w.score_bias = arena.take<float>(all);
+  if (s.router_bias) w.router_bias = arena.take<float>(all);
   w.gate_up = placeWeights(arena, s.format, s.experts(), 2 * s.inter, s.hidden);
+  if (s.gate_up_bias) w.gate_up_bias = arena.take<bf16>(s.experts() * 2 * s.inter);
   w.down = placeWeights(arena, s.format, s.experts(), s.hidden, s.inter);
+  if (s.down_bias) w.down_bias = arena.take<bf16>(s.experts() * s.hidden);
   if (s.shared_inter > 0) {
     w.shared_gu = arena.take<bf16>(2 * s.shared_inter * s.hidden);
     w.shared_down = arena.take<bf16>(s.hidden * s.shared_inter);
@@ -111,14 +120,37 @@ absl::Status uploadMoe(const MoeBlock& block, const CudaMoeShape& s, const CudaM
       static_cast<int64_t>(block.experts.size()) != s.experts())
     return absl::InvalidArgumentError("a MoE layer's experts are not this rank's");
   CLEAVE_RETURN_IF_ERROR(uploadDequantized(block.router, dst.router, "the router"));
+  const int64_t all = s.routing.num_experts;
+  // A bias vector of the layer: `size` values where the shape expects them, none otherwise.
+  auto biasOk = [](const std::vector<float>& v, bool expected, int64_t size, const char* what) {
+    if (expected ? static_cast<int64_t>(v.size()) == size : v.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("a MoE layer's ", what, " has ", v.size(),
+                                                   " values; expected ", expected ? size : 0));
+  };
+  CLEAVE_RETURN_IF_ERROR(biasOk(block.score_bias, dst.score_bias != nullptr, all, "score bias"));
+  CLEAVE_RETURN_IF_ERROR(biasOk(block.router_bias, s.router_bias, all, "router bias"));
   if (dst.score_bias != nullptr)
-    CLEAVE_RETURN_IF_ERROR(uploadBytes(dst.score_bias, block.score_bias.data(),
-                                       block.score_bias.size() * 4, "the score bias"));
+    CLEAVE_RETURN_IF_ERROR(
+        uploadBytes(dst.score_bias, block.score_bias.data(), all * 4, "the score bias"));
+  if (s.router_bias)
+    CLEAVE_RETURN_IF_ERROR(
+        uploadBytes(dst.router_bias, block.router_bias.data(), all * 4, "the router bias"));
   for (int64_t e = 0; e < s.experts(); ++e) {
     const MoeExpert& x = block.experts[e];
     CLEAVE_RETURN_IF_ERROR(uploadRows(x.gate, dst.gate_up, e, 0, "an expert's gate"));
     CLEAVE_RETURN_IF_ERROR(uploadRows(x.up, dst.gate_up, e, s.inter, "an expert's up"));
     CLEAVE_RETURN_IF_ERROR(uploadRows(x.down, dst.down, e, 0, "an expert's down"));
+    CLEAVE_RETURN_IF_ERROR(biasOk(x.gate_bias, s.gate_up_bias, s.inter, "expert gate bias"));
+    CLEAVE_RETURN_IF_ERROR(biasOk(x.up_bias, s.gate_up_bias, s.inter, "expert up bias"));
+    CLEAVE_RETURN_IF_ERROR(biasOk(x.down_bias, s.down_bias, s.hidden, "expert down bias"));
+    if (s.gate_up_bias) {
+      bf16* at = dst.gate_up_bias + e * 2 * s.inter;
+      CLEAVE_RETURN_IF_ERROR(uploadBf16(x.gate_bias, at, "an expert's gate bias"));
+      CLEAVE_RETURN_IF_ERROR(uploadBf16(x.up_bias, at + s.inter, "an expert's up bias"));
+    }
+    if (s.down_bias)
+      CLEAVE_RETURN_IF_ERROR(
+          uploadBf16(x.down_bias, dst.down_bias + e * s.hidden, "an expert's down bias"));
   }
   if (s.shared_inter > 0) {
     if (!block.shared)
@@ -197,10 +229,15 @@ absl::Status fillRandomMoe(const CudaMoeShape& s, const CudaMoeWeights& w, uint6
     CLEAVE_RETURN_IF_ERROR(fill(w.shared_down, s.hidden * s.shared_inter,
                                 1.0f / std::sqrt(static_cast<float>(s.shared_inter))));
   }
-  if (w.score_bias != nullptr) {
+  for (float* bias : {w.score_bias, w.router_bias}) {
+    if (bias == nullptr) continue;
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-        cudaMemsetAsync(w.score_bias, 0, s.routing.num_experts * 4, stream), "random score bias"));
+        cudaMemsetAsync(bias, 0, s.routing.num_experts * 4, stream), "random router biases"));
   }
+  if (w.gate_up_bias != nullptr)
+    CLEAVE_RETURN_IF_ERROR(fill(w.gate_up_bias, s.experts() * 2 * s.inter, 0.1f));
+  if (w.down_bias != nullptr)
+    CLEAVE_RETURN_IF_ERROR(fill(w.down_bias, s.experts() * s.hidden, 0.1f));
   return absl::OkStatus();
 }
 
@@ -221,6 +258,7 @@ absl::Status enqueueMoe(const CudaMoeShape& s, const CudaMoeWeights& w, const Cu
   const bool sigmoid = s.routing.scoring == model::MoeScoring::kSigmoid;
   CLEAVE_RETURN_IF_ERROR(cuda::routeExperts(
       {.logits = ws.router_logits,
+       .logit_bias = w.router_bias,
        .stride = experts,
        .tokens = n,
        .experts = static_cast<int>(experts),
@@ -244,7 +282,9 @@ absl::Status enqueueMoe(const CudaMoeShape& s, const CudaMoeWeights& w, const Cu
                                            .x_stride = s.hidden,
                                            .gather = true,
                                            .weights = w.gate_up,
+                                           .bias = w.gate_up_bias,
                                            .silu_mul = true,
+                                           .activation = s.activation,
                                            .y = ws.act,
                                            .y_stride = s.inter,
                                            .operands = s.operands,
@@ -257,6 +297,7 @@ absl::Status enqueueMoe(const CudaMoeShape& s, const CudaMoeWeights& w, const Cu
                                            .x = ws.act,
                                            .x_stride = s.inter,
                                            .weights = w.down,
+                                           .bias = w.down_bias,
                                            .y = ws.y,
                                            .y_stride = s.hidden,
                                            .operands = s.operands,

@@ -1,7 +1,8 @@
 // A mixture-of-experts MLP on the GPU, the MoE layers of CudaLlamaModel: router product
-// (cuBLASLt, f32 logits), fused routing (kernels/cuda/moe_routing.h), the token layout in
-// 16-row tiles for decode steps and 64-row tiles for prefill (moe_layout.h), the fused
-// gate/up and the down grouped GEMMs (moe_gemm.h), then the routing-weighted combine with
+// (cuBLASLt, f32 logits), fused routing (kernels/cuda/moe_routing.h; gpt-oss's router bias
+// added there), the token layout in 16-row tiles for decode steps and 64-row tiles for
+// prefill (moe_layout.h), the fused gate/up and the down grouped GEMMs (moe_gemm.h; gpt-oss's
+// expert biases and clamped SwiGLU in their epilogues), then the routing-weighted combine with
 // the shared experts' output (a dense MLP through cuBLASLt) added in the same pass.
 //
 // Expert weights keep their checkpoint format where a kernel reads it (and where the
@@ -41,6 +42,13 @@ struct CudaMoeShape {
   int64_t expert_begin = 0;
   int64_t local_experts = 0;
   int64_t shared_inter = 0;
+  // gpt-oss: a bias on the router's logits; biases on the experts' gate and up rows, and on
+  // their down rows where this rank holds each expert's first intermediate columns (a
+  // partial sum elsewhere); its clamped SwiGLU.
+  bool router_bias = false;
+  bool gate_up_bias = false;
+  bool down_bias = false;
+  cuda::GatedActivation activation;
   cuda::ExpertWeightFormat format = cuda::ExpertWeightFormat::kBf16;
   cuda::GemmOperands operands = cuda::GemmOperands::kAuto;  // of the expert GEMMs
   cuda::MoeLayoutPlan decode_plan;   // 16-row tiles, for the rows of a decode step
@@ -58,12 +66,15 @@ absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& config, cons
 
 // Device pieces of one layer's weights.
 struct CudaMoeWeights {
-  __nv_bfloat16* router = nullptr;       // [all experts][hidden]
-  float* score_bias = nullptr;           // [all experts], DeepSeek-V3's correction bias, or null
-  cuda::ExpertWeights gate_up;           // [experts][2 inter][hidden]: gate rows, then up rows
-  cuda::ExpertWeights down;              // [experts][hidden][inter]
-  __nv_bfloat16* shared_gu = nullptr;    // [2 shared_inter][hidden], or null
-  __nv_bfloat16* shared_down = nullptr;  // [hidden][shared_inter]
+  __nv_bfloat16* router = nullptr;        // [all experts][hidden]
+  float* score_bias = nullptr;            // [all experts], DeepSeek-V3's correction bias, or null
+  float* router_bias = nullptr;           // [all experts], or null
+  cuda::ExpertWeights gate_up;            // [experts][2 inter][hidden]: gate rows, then up rows
+  __nv_bfloat16* gate_up_bias = nullptr;  // [experts][2 inter], or null
+  cuda::ExpertWeights down;               // [experts][hidden][inter]
+  __nv_bfloat16* down_bias = nullptr;     // [experts][hidden], or null
+  __nv_bfloat16* shared_gu = nullptr;     // [2 shared_inter][hidden], or null
+  __nv_bfloat16* shared_down = nullptr;   // [hidden][shared_inter]
 };
 
 // The step workspace every MoE layer uses in turn.

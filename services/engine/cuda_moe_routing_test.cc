@@ -1,7 +1,7 @@
 // GPU routing against the CPU backend's (services/engine/moe_block.h) on random logits:
-// Mixtral (8 experts, top 2), Qwen3-MoE (128, top 8, renormalized) and DeepSeek-V3
-// (256, top 8 of 4 of 8 groups, correction bias, scaling 2.5): the same experts in the
-// same order, weights within 1e-5.
+// Mixtral (8 experts, top 2), Qwen3-MoE (128, top 8, renormalized), gpt-oss (32, top 4,
+// renormalized, a bias on the router's logits) and DeepSeek-V3 (256, top 8 of 4 of 8 groups,
+// correction bias, scaling 2.5): the same experts in the same order, weights within 1e-5.
 #include "kernels/cuda/moe_routing.h"
 
 #include <random>
@@ -24,6 +24,7 @@ struct Case {
   int n_group = 1, topk_group = 1;
   bool normalize = false;
   float scaling = 1.0f;
+  bool logit_bias = false;
 };
 
 TEST(MoeRoutingTest, MatchesCpuRouting) {
@@ -33,18 +34,22 @@ TEST(MoeRoutingTest, MatchesCpuRouting) {
   for (const Case& c :
        {Case{"mixtral", 8, 2, MoeScoring::kSoftmax},
         Case{"qwen3-moe", 128, 8, MoeScoring::kSoftmax, 1, 1, true},
+        Case{"gpt-oss", 32, 4, MoeScoring::kSoftmax, 1, 1, true, 1.0f, true},
         Case{"deepseek-v2-lite", 64, 6, MoeScoring::kSoftmax, 1, 1, false, 16.0f},
         Case{"deepseek-v3", 256, 8, MoeScoring::kSigmoidGrouped, 8, 4, true, 2.5f},
         Case{"sigmoid, one group", 64, 6, MoeScoring::kSigmoidGrouped, 1, 1, false, 1.0f}}) {
     SCOPED_TRACE(c.name);
     const int64_t tokens = 37, stride = c.experts + 3;
-    std::vector<float> logits(tokens * stride), bias(c.experts);
+    std::vector<float> logits(tokens * stride), bias(c.experts), logit_bias(c.experts);
     for (float& x : logits) x = dist(rng);
     for (float& b : bias) b = 0.1f * dist(rng);
+    for (float& b : logit_bias) b = dist(rng);
     const bool sigmoid = c.scoring == MoeScoring::kSigmoidGrouped;
-    DeviceBuffer<float> dlogits(logits), dbias(bias), dweights(tokens * c.k);
+    DeviceBuffer<float> dlogits(logits), dbias(bias), dlogit_bias(logit_bias),
+        dweights(tokens * c.k);
     DeviceBuffer<int32_t> dids(tokens * c.k);
     ASSERT_TRUE(routeExperts({.logits = dlogits.get(),
+                              .logit_bias = c.logit_bias ? dlogit_bias.get() : nullptr,
                               .stride = stride,
                               .tokens = tokens,
                               .experts = c.experts,
@@ -63,7 +68,12 @@ TEST(MoeRoutingTest, MatchesCpuRouting) {
     const std::vector<int32_t> ids = dids.copyToHost();
     const std::vector<float> weights = dweights.copyToHost();
     for (int64_t t = 0; t < tokens; ++t) {
-      const float* row = logits.data() + t * stride;
+      // The CPU adds the router's bias to its logits before routing (MoeRunner::forward).
+      std::vector<float> row_copy(logits.begin() + t * stride,
+                                  logits.begin() + t * stride + c.experts);
+      if (c.logit_bias)
+        for (int e = 0; e < c.experts; ++e) row_copy[e] += logit_bias[e];
+      const float* row = row_copy.data();
       const engine::Routing want =
           sigmoid ? engine::routeSigmoidGroupedTopK(row, bias.data(),
                                                     {.experts = c.experts,
