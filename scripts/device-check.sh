@@ -51,15 +51,17 @@ if [ -n "$ucs" ] && [ -d "$(dirname "$ucs")/ucx" ]; then
   cp -L "$(dirname "$ucs")"/ucx/libuct_cma.so.0 "$out/lib/ucx/"
   ln -sf libuct_cma.so.0 "$out/lib/ucx/libuct_cma.so"
 fi
-# The tiny models the CUDA model test names (a folder of data/engine/hf, or "../gguf/F.gguf"),
-# read off its source so that a case added there travels too.
-hf=tests/golden/data/engine/hf
+# The tiny models the CUDA model test names (a folder of data/engine/hf, "../gguf/F.gguf", or
+# either as "/engine/hf/..." or "/engine/gguf/..."), read off its source so that a case added
+# there travels too.
+engine=tests/golden/data/engine
 for m in $(grep -o '"[A-Za-z0-9_./-]*"' services/engine/cuda_llama_model_test.cc | tr -d '"' |
+           sed -e 's|^/engine/hf/||' -e 's|^/engine/gguf/|../gguf/|' -e 's|^\.\./gguf/|gguf/|' |
            sort -u); do
-  if [ -d "$hf/$m" ] && [ -f "$hf/$m/config.json" ]; then
-    cp -r "$hf/$m" "$out/data/engine/hf/"
-  elif [ -f "$hf/$m" ] && [[ "$m" == ../gguf/*.gguf ]]; then
-    cp "$hf/$m" "$out/data/engine/gguf/"
+  if [[ "$m" == gguf/*.gguf ]] && [ -f "$engine/$m" ]; then
+    cp "$engine/$m" "$out/data/engine/gguf/"
+  elif [ -f "$engine/hf/$m/config.json" ]; then
+    cp -r "$engine/hf/$m" "$out/data/engine/hf/"
   fi
 done
 cat > "$out/run.sh" <<'RUN'

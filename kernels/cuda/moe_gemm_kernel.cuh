@@ -81,7 +81,7 @@ struct Params {
   // [experts][rows]: each weight row's bias, added to its product before the activation.
   const bf16* bias = nullptr;
   float swiglu_limit = 0.0f;  // GatedActivation (moe_gemm.h)
-  float swiglu_alpha = 1.0f;
+  float swiglu_alpha = 1.702f;
 };
 
 // A fused gate/up product's activation (GatedActivation, moe_gemm.h).

@@ -360,7 +360,7 @@ INSTANTIATE_TEST_SUITE_P(Moe, CudaMoeModelTest,
 
 // gpt-oss: attention sinks, a sliding window on every other layer, biases on Q/K/V/O, the
 // router and the experts, the clamped SwiGLU, YaRN's attention factor; experts stored as
-// floats or as OpenAI's MXFP4 (bf16 on the GPU), from Hugging Face folders and GGUF.
+// floats or as OpenAI's MXFP4 (NVFP4 on the GPU), from Hugging Face folders and GGUF.
 INSTANTIATE_TEST_SUITE_P(GptOss, CudaMoeModelTest,
                          ::testing::Values("gpt_oss_f32", "gpt_oss_mxfp4",
                                            "../gguf/gpt_oss_mxfp4.gguf"));
@@ -491,6 +491,17 @@ TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {
   EXPECT_EQ(stackFormat({&g.wq, &g.wk, &g.wv}), F::kNvfp4);
   EXPECT_EQ(nativeFormat(g.w_down), F::kBf16);  // 176 columns: float32 in the file.
   EXPECT_EQ(nativeFormat(moe->layers[0].moe->router), F::kBf16);
+  // gpt-oss's MXFP4 experts, loaded for another backend from its Hugging Face folder and its
+  // GGUF file: NVFP4 (rewritten at upload, model::mxfp4AsNvfp4).
+  for (const std::string path : {goldenDir() + "/engine/hf/gpt_oss_mxfp4",
+                                 goldenDir() + "/engine/gguf/gpt_oss_mxfp4.gguf"}) {
+    SCOPED_TRACE(path);
+    auto oss = loadLlama(path, {.cpu_kernels = false});
+    ASSERT_TRUE(oss.ok()) << oss.status();
+    const MoeExpert& x = (*oss)->layers[0].moe->experts[0];
+    EXPECT_EQ(stackFormat({&x.gate, &x.up}), F::kNvfp4);
+    EXPECT_EQ(nativeFormat(x.down), F::kNvfp4);
+  }
   // Group scales stored as wider floats that are not all e4m3 values: bf16.
   cpu::WeightMatrix source = l.wq.source();
   std::vector<float> scales(source.rows * source.scales.cols);

@@ -47,7 +47,7 @@ absl::StatusOr<const SafetensorsTensor*> tensorOf(const model::SafetensorsCheckp
 
 // Expert `e`'s picked matrix from a float tensor stored inputs first ([experts, in, outs]).
 absl::StatusOr<cpu::CpuMatrix> floatMatrix(const SafetensorsTensor& t, int64_t e, int64_t in,
-                                           int64_t outs, const Picked& p) {
+                                           int64_t outs, const Picked& p, bool cpu_kernels) {
   if (t.dtype != TensorType::kF32 && t.dtype != TensorType::kF16 && t.dtype != TensorType::kBF16) {
     return absl::InvalidArgumentError(
         absl::StrCat(t.file, ": tensor \"", t.name, "\" is ", model::tensorTypeName(t.dtype),
@@ -64,7 +64,7 @@ absl::StatusOr<cpu::CpuMatrix> floatMatrix(const SafetensorsTensor& t, int64_t e
   }
   const cpu::WeightMatrix w{
       .type = t.dtype, .rows = p.rows.size, .cols = p.cols.size, .data = copy->data()};
-  return cpu::CpuMatrix::create(w, copy);
+  return cpu_kernels ? cpu::CpuMatrix::create(w, copy) : cpu::CpuMatrix::asStored(w, copy);
 }
 
 }  // namespace
@@ -88,7 +88,7 @@ namespace {
 // blocks (mxfp4Blocks) the int8 kernels read.
 absl::StatusOr<cpu::CpuMatrix> mxfp4Matrix(const SafetensorsTensor& blocks,
                                            const SafetensorsTensor& scales, int64_t e, int64_t outs,
-                                           int64_t in, const Picked& p) {
+                                           int64_t in, const Picked& p, bool cpu_kernels) {
   if (p.cols.begin % kMxfp4Group != 0 || p.cols.size % kMxfp4Group != 0) {
     return absl::InvalidArgumentError(absl::StrCat("tensor \"", blocks.name, "\": columns [",
                                                    p.cols.begin, ", ", p.cols.begin + p.cols.size,
@@ -107,6 +107,7 @@ absl::StatusOr<cpu::CpuMatrix> mxfp4Matrix(const SafetensorsTensor& blocks,
   }
   const cpu::WeightMatrix w{
       .type = TensorType::kMXFP4, .rows = p.rows.size, .cols = p.cols.size, .data = out->data()};
+  if (!cpu_kernels) return cpu::CpuMatrix::asStored(w, out);  // Read by another backend.
   CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix matrix, cpu::CpuMatrix::create(w, out));
   matrix.dropSource();  // Packed, the regrouped copy is not read again: one copy in memory.
   return matrix;
@@ -129,7 +130,8 @@ absl::StatusOr<std::vector<float>> biasOf(const SafetensorsTensor& t, int64_t e,
 
 absl::StatusOr<std::vector<MoeExpert>> loadGptOssExperts(const model::SafetensorsCheckpoint& ckpt,
                                                          const model::ModelConfig& c,
-                                                         const ShardDims& d, uint32_t layer) {
+                                                         const ShardDims& d, uint32_t layer,
+                                                         bool cpu_kernels) {
   const std::string base = absl::StrCat("model.layers.", layer, ".mlp.experts.");
   const int64_t experts = c.moe->num_experts, hidden = c.hidden_size,
                 ffn = c.moe->expert_intermediate_size;
@@ -175,14 +177,16 @@ absl::StatusOr<std::vector<MoeExpert>> loadGptOssExperts(const model::Safetensor
   for (int64_t e = d.experts.begin; e < d.experts.begin + d.experts.size; ++e) {
     MoeExpert x;
     if (mxfp4) {
-      CLEAVE_ASSIGN_OR_RETURN(x.gate,
-                              mxfp4Matrix(*gate_up, *gate_up_scales, e, 2 * ffn, hidden, gate));
-      CLEAVE_ASSIGN_OR_RETURN(x.up, mxfp4Matrix(*gate_up, *gate_up_scales, e, 2 * ffn, hidden, up));
-      CLEAVE_ASSIGN_OR_RETURN(x.down, mxfp4Matrix(*down, *down_scales, e, hidden, ffn, down_part));
+      CLEAVE_ASSIGN_OR_RETURN(
+          x.gate, mxfp4Matrix(*gate_up, *gate_up_scales, e, 2 * ffn, hidden, gate, cpu_kernels));
+      CLEAVE_ASSIGN_OR_RETURN(
+          x.up, mxfp4Matrix(*gate_up, *gate_up_scales, e, 2 * ffn, hidden, up, cpu_kernels));
+      CLEAVE_ASSIGN_OR_RETURN(
+          x.down, mxfp4Matrix(*down, *down_scales, e, hidden, ffn, down_part, cpu_kernels));
     } else {
-      CLEAVE_ASSIGN_OR_RETURN(x.gate, floatMatrix(*gate_up, e, hidden, 2 * ffn, gate));
-      CLEAVE_ASSIGN_OR_RETURN(x.up, floatMatrix(*gate_up, e, hidden, 2 * ffn, up));
-      CLEAVE_ASSIGN_OR_RETURN(x.down, floatMatrix(*down, e, ffn, hidden, down_part));
+      CLEAVE_ASSIGN_OR_RETURN(x.gate, floatMatrix(*gate_up, e, hidden, 2 * ffn, gate, cpu_kernels));
+      CLEAVE_ASSIGN_OR_RETURN(x.up, floatMatrix(*gate_up, e, hidden, 2 * ffn, up, cpu_kernels));
+      CLEAVE_ASSIGN_OR_RETURN(x.down, floatMatrix(*down, e, ffn, hidden, down_part, cpu_kernels));
     }
     CLEAVE_ASSIGN_OR_RETURN(x.gate_bias, biasOf(*gate_up_bias, e, 2 * ffn, d.expert_ffn, 2, 0));
     CLEAVE_ASSIGN_OR_RETURN(x.up_bias, biasOf(*gate_up_bias, e, 2 * ffn, d.expert_ffn, 2, 1));

@@ -38,9 +38,11 @@ namespace cleave::engine {
 std::vector<uint8_t> mxfp4Blocks(const uint8_t* codes, const uint8_t* exps, int64_t groups);
 
 // The rank's experts of layer `layer`: dims.experts of them, each cut to dims.expert_ffn; MXFP4
-// projections as GGUF MXFP4 blocks (mxfp4Blocks).
+// projections as GGUF MXFP4 blocks (mxfp4Blocks). With `cpu_kernels` (TpShard::cpu_kernels)
+// the matrices are packed for the CPU's kernels and the regrouped copies dropped; without,
+// they are kept as stored for another backend to read (cpu::CpuMatrix::asStored).
 absl::StatusOr<std::vector<MoeExpert>> loadGptOssExperts(
     const model::SafetensorsCheckpoint& checkpoint, const model::ModelConfig& config,
-    const ShardDims& dims, uint32_t layer);
+    const ShardDims& dims, uint32_t layer, bool cpu_kernels = true);
 
 }  // namespace cleave::engine

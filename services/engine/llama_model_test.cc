@@ -487,24 +487,31 @@ TEST(FloatProductsTest, FollowEachMatrixsKernel) {
 }
 
 // Weights loaded for another backend (TpShard::cpu_kernels false) stay as stored — no packed
-// copy — and the CPU model still runs them right: gpt-oss's MXFP4 experts as GGUF blocks, a
-// row at a time, against the golden (int8 activations either way).
+// copy, their source readable — and the CPU model still runs them right: gpt-oss's MXFP4
+// experts from its GGUF file and its Hugging Face folder (regrouped as GGUF blocks), a row at
+// a time, against the golden (int8 activations either way).
 TEST(CpuKernelsTest, WeightsForAnotherBackendStayAsStored) {
-  const std::string path = std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/gpt_oss_mxfp4.gguf";
-  auto packed = loadLlama(path);
-  auto stored = loadLlama(path, {.cpu_kernels = false});
-  ASSERT_TRUE(packed.ok()) << packed.status();
-  ASSERT_TRUE(stored.ok()) << stored.status();
-  const cpu::CpuMatrix& kept = (*stored)->layers[0].moe->experts[0].down;
-  EXPECT_TRUE((*packed)->layers[0].moe->experts[0].down.packed());
-  EXPECT_FALSE(kept.packed());
-  EXPECT_EQ(kept.kernelType(), model::TensorType::kMXFP4);
   std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/gpt_oss_mxfp4/logits.json");
   const nlohmann::json golden = nlohmann::json::parse(in);
   cpu::ThreadPool pool(2);
-  for (const auto& prompt : golden["prompts"]) {
-    EXPECT_LE(worstRelativeError(**stored, pool, prompt),
-              golden["tolerance"]["max_rel"].get<double>());
+  for (const char* file : {"/engine/gguf/gpt_oss_mxfp4.gguf", "/engine/hf/gpt_oss_mxfp4"}) {
+    SCOPED_TRACE(file);
+    const std::string path = std::string(CLEAVE_GOLDEN_DIR) + file;
+    auto packed = loadLlama(path);
+    auto stored = loadLlama(path, {.cpu_kernels = false});
+    ASSERT_TRUE(packed.ok()) << packed.status();
+    ASSERT_TRUE(stored.ok()) << stored.status();
+    for (const cpu::CpuMatrix* kept :
+         {&(*stored)->layers[0].moe->experts[0].down, &(*stored)->layers[0].moe->experts[0].gate}) {
+      EXPECT_FALSE(kept->packed());
+      EXPECT_EQ(kept->kernelType(), model::TensorType::kMXFP4);
+      EXPECT_NE(kept->source().data, nullptr);  // What another backend copies.
+    }
+    EXPECT_TRUE((*packed)->layers[0].moe->experts[0].down.packed());
+    for (const auto& prompt : golden["prompts"]) {
+      EXPECT_LE(worstRelativeError(**stored, pool, prompt),
+                golden["tolerance"]["max_rel"].get<double>());
+    }
   }
 }
 

@@ -37,6 +37,7 @@ class TensorSource {
   // Whether the CPU kernels will multiply the matrices (TpShard::cpu_kernels): else they are
   // kept as stored, for another backend to copy.
   void setCpuKernels(bool cpu_kernels) { cpu_kernels_ = cpu_kernels; }
+  bool cpuKernels() const { return cpu_kernels_; }
   // The name of a per-layer tensor, `role` being one of the keys of the name tables below.
   virtual std::string layerTensor(uint32_t layer, const std::string& role) const = 0;
   virtual std::string embeddingName() const = 0;
@@ -377,7 +378,8 @@ class SafetensorsSource final : public TensorSource {
                               matrix(base + "weight", c.moe->num_experts, c.hidden_size));
       CLEAVE_ASSIGN_OR_RETURN(block.router_bias, vector(base + "bias", c.moe->num_experts));
       block.expert_begin = dims.experts.begin;
-      CLEAVE_ASSIGN_OR_RETURN(block.experts, loadGptOssExperts(ckpt_, c, dims, layer));
+      CLEAVE_ASSIGN_OR_RETURN(block.experts,
+                              loadGptOssExperts(ckpt_, c, dims, layer, cpuKernels()));
       return block;
     }
     const bool mixtral = c.architecture == Architecture::kMixtral;
