@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   int reps = 5;
   int tp = 1;
-  int context = 128;  // Positions each decoding sequence holds.
+  int context = 128;    // Positions each decoding sequence holds.
+  int block_size = 16;  // KV-cache positions per block (a worker's --block-size)
   std::vector<int> prefill_lengths = {128, 512};
   std::vector<int> batches = {1, 4, 16, 64};
   cpu::KvType kv_type = cpu::kDefaultKvType;  // What workers store unless told otherwise.
@@ -87,6 +88,8 @@ int main(int argc, char** argv) {
       tp = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--context") && i + 1 < argc)
       context = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--block-size") && i + 1 < argc)
+      block_size = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--prefill") && i + 1 < argc) {
       if (!parseCounts(argv[++i], prefill_lengths))
         return std::fprintf(stderr, "bench_engine: --prefill needs lengths of 1 or more\n"), 2;
@@ -167,10 +170,13 @@ int main(int argc, char** argv) {
 
   // Room for 64 decoding sequences (their context and every timed step) or the longest prompt.
   const int64_t longest = *std::max_element(prefill_lengths.begin(), prefill_lengths.end());
+  if (block_size < 1) return std::fprintf(stderr, "bench_engine: --block-size must be >= 1\n"), 2;
   const int64_t num_blocks =
-      std::max<int64_t>(64 * ((context + 8 * (reps + 1) + 1) / 16 + 1), longest / 16 + 1) + 40;
-  if (failed(model.allocateKv(num_blocks, 16))) return 1;
-  engine::KvBlockPool cache({.block_size = 16, .num_blocks = num_blocks});
+      std::max<int64_t>(64 * ((context + 8 * (reps + 1) + 1) / block_size + 1),
+                        longest / block_size + 1) +
+      40;
+  if (failed(model.allocateKv(num_blocks, block_size))) return 1;
+  engine::KvBlockPool cache({.block_size = block_size, .num_blocks = num_blocks});
   std::mt19937 rng(1);
   auto randomTokens = [&](int n) {
     std::vector<uint32_t> t(n);

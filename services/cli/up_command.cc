@@ -112,7 +112,8 @@ int runUp(int argc, char** argv) {
   int64_t prefill = 0, decode = 0, both = 0, prefill_tp = 1, decode_tp = 1, threads = 0;
   int64_t local_prefill_tokens = 0;
   bool log_requests = false;
-  int64_t target = 16, planned = 2048, timeout_s = 300, batch_tokens = 0, max_model_len = 0;
+  int64_t target = 16, planned = 2048, timeout_s = 300, batch_tokens = 0, max_model_len = 0,
+          block_size = 16;
   uint64_t budget = 0;
   FlagSet flags("cleave up", "--model MODEL [flags]",
                 "Starts cleave-router and workers on this machine, waits until they are "
@@ -156,6 +157,9 @@ int runUp(int argc, char** argv) {
                  "the worker ranks sharing it; on the CPU, what the plan needs)");
   flags.addString("kv-dtype", &kv_dtype,
                   "Every worker's KV cache element type: f32, bf16 or fp8 (auto: bf16)");
+  flags.addInt("block-size", &block_size,
+               "Every worker's --block-size: KV-cache positions per block, a power of two in "
+               "8..256");
   flags.addString("backend", &backend,
                   "Where the workers run: cpu, or cuda (each worker its own --tp GPUs, in "
                   "order: CUDA_VISIBLE_DEVICES is set per worker)");
@@ -302,6 +306,7 @@ int runUp(int argc, char** argv) {
                                        absl::StrCat("--planned-seq-len=", planned),
                                        absl::StrCat("--memory-budget=", budget),
                                        "--kv-dtype=" + kv_dtype,
+                                       absl::StrCat("--block-size=", block_size),
                                        "--backend=" + backend};
       if (threads > 0) args.push_back(absl::StrCat("--threads=", threads));
       if (batch_tokens > 0) args.push_back(absl::StrCat("--max-batch-tokens=", batch_tokens));

@@ -38,8 +38,6 @@
 namespace cleave::worker {
 namespace {
 
-constexpr int64_t kBlockSize = 16;
-
 [[noreturn]] void die(const absl::Status& status) {
   CLEAVE_LOG(ERROR) << "cleave-worker: " << status.message();
   std::exit(1);
@@ -54,15 +52,15 @@ v1::KvDtype kvDtype(cpu::KvType type) {
   return v1::KV_DTYPE_UNSPECIFIED;
 }
 
-v1::KvLayout kvLayout(const model::ModelConfig& c, cpu::KvType type) {
+v1::KvLayout kvLayout(const model::ModelConfig& c, cpu::KvType type, int64_t block_size) {
   v1::KvLayout layout;
   layout.set_dtype(kvDtype(type));
-  layout.set_block_size(static_cast<uint32_t>(kBlockSize));
+  layout.set_block_size(static_cast<uint32_t>(block_size));
   layout.set_num_layers(c.num_layers);
   const model::KvCacheShape shape = model::kvCacheShape(c);
   layout.set_num_kv_heads(shape.heads);
   layout.set_head_dim(shape.head_dim);
-  layout.set_bytes_per_block(uint64_t(shape.parts) * c.num_layers * shape.heads * kBlockSize *
+  layout.set_bytes_per_block(uint64_t(shape.parts) * c.num_layers * shape.heads * block_size *
                              shape.head_dim * cpu::kvElementBytes(type));
   return layout;
 }
@@ -90,7 +88,7 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
     a->set_name(adapter->name);
     a->set_sha256(adapter->sha256);
   }
-  *r.mutable_kv_layout() = kvLayout(c, group.kvType());
+  *r.mutable_kv_layout() = kvLayout(c, group.kvType(), options.block_size);
   v1::KvCapacity* capacity = r.mutable_kv_capacity();
   const bool decodes = role != Role::kPrefill;
   capacity->set_total_blocks(static_cast<uint32_t>(group.numBlocks()));
@@ -196,13 +194,13 @@ int run(int argc, char** argv) {
                                      .planned_seq_len = options.planned_seq_len,
                                      .max_batch_tokens = batch_tokens,
                                      .speculative_tokens = options.speculative.tokens,
-                                     .block_size = kBlockSize,
+                                     .block_size = options.block_size,
                                      .kv_element_bytes = cpu::kvElementBytes((*group)->kvType()),
                                      .tp = options.tp};
   if (gpu) {
     // The GPUs' own counts (bf16 weights, the kernels' workspace), and with no budget given
     // the devices filled.
-    auto memory = (*group)->backendMemory(kBlockSize);
+    auto memory = (*group)->backendMemory(options.block_size);
     if (!memory.ok()) die(memory.status());
     engine::useBackendMemory(*memory, options.gpu_memory_fraction, plan_input);
   }
@@ -211,7 +209,8 @@ int run(int argc, char** argv) {
     plan_input.budget_bytes = int64_t{1} << 50;
     auto probe = engine::planMemory(config, plan_input);
     if (!probe.ok()) die(probe.status());
-    const int64_t blocks_per_sequence = (options.planned_seq_len + kBlockSize - 1) / kBlockSize;
+    const int64_t blocks_per_sequence =
+        (options.planned_seq_len + options.block_size - 1) / options.block_size;
     plan_input.budget_bytes =
         probe->weights + probe->workspace +
         options.target_concurrency * blocks_per_sequence * probe->kv_block_bytes;
@@ -226,10 +225,10 @@ int run(int argc, char** argv) {
   const StagingSizes staging =
       staged ? planStaging(role != Role::kDecode, role != Role::kPrefill, options.kv_staging_tokens,
                            config.max_position_embeddings, options.planned_seq_len, plan->kv_blocks,
-                           kBlockSize)
+                           options.block_size)
              : StagingSizes{};
   if (absl::Status kv =
-          (*group)->allocateKv(plan->kv_blocks, kBlockSize, staging.send + staging.receive);
+          (*group)->allocateKv(plan->kv_blocks, options.block_size, staging.send + staging.receive);
       !kv.ok())
     die(kv);
   if (staged) {
@@ -304,7 +303,7 @@ int run(int argc, char** argv) {
                                  .prefix_caching = options.prefix_caching,
                                  .speculative = options.speculative},
                    .eos_ids = eos,
-                   .layout = kvLayout(config, (*group)->kvType()),
+                   .layout = kvLayout(config, (*group)->kvType(), options.block_size),
                    .transport = transport.get(),
                    .transfer_timeout = std::chrono::milliseconds(options.kv_transfer_timeout_ms),
                    .prefills_for_peers = role != Role::kDecode,

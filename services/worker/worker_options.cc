@@ -27,6 +27,10 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addString("kv-dtype", &kv_dtype,
                   "KV cache element type: f32, bf16 or fp8 (e4m3, a quarter of f32's bytes); "
                   "auto: bf16; every worker of a router must use the same");
+  flags.addInt("block-size", &block_size,
+               "Positions per KV-cache block, a power of two in 8..256: larger blocks read a "
+               "long context in fewer runs (faster decode attention) but cache and share "
+               "prompt prefixes only in whole blocks; every worker of a router must use the same");
   flags.addString("router", &router, "Router address host:port to register with");
   flags.addString("advertise", &advertise,
                   "host:port the router reaches this worker at, when --listen is 0.0.0.0 or "
@@ -129,6 +133,11 @@ absl::Status validate(const WorkerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: ", kv.status().message()));
   if (options.backend == "cuda" && *kv == cpu::KvType::kF32)
     return absl::InvalidArgumentError("--kv-dtype: the GPU stores its KV cache as bf16 or fp8");
+  if (options.block_size < 8 || options.block_size > 256 ||
+      (options.block_size & (options.block_size - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block-size must be a power of two in 8..256, got ", options.block_size));
+  }
   CLEAVE_RETURN_IF_ERROR(engine::validate(options.speculative));
   if (options.backend == "cuda" && options.speculative.tokens > 0) {
     return absl::InvalidArgumentError(

@@ -35,6 +35,7 @@ struct WorkerOptions {
   // chunks in what is left (0: batchTokens() decides).
   int64_t max_batch_tokens = 0;
   int64_t kv_staging_tokens = 0;  // Host staging rows per side of transfers (kv_staging.h)
+  int64_t block_size = 16;        // Positions per KV-cache block: a power of two in [8, 256]
   int64_t threads = 0;
   bool prefix_caching = true;
   engine::SpeculativeOptions speculative;

@@ -31,7 +31,8 @@ TEST(WorkerOptionsTest, FlagsBindToOptions) {
                                    "--speculative-tokens=3",
                                    "--prompt-lookup-max=6",
                                    "--lora-modules=sql=/a,chat=/b",
-                                   "--max-batch-tokens=2048"};
+                                   "--max-batch-tokens=2048",
+                                   "--block-size=64"};
   ASSERT_TRUE(flags.parse(args).ok());
   EXPECT_EQ(options.role, "prefill");
   EXPECT_EQ(options.tp, 2);
@@ -41,6 +42,7 @@ TEST(WorkerOptionsTest, FlagsBindToOptions) {
   EXPECT_EQ(options.speculative.ngram.max, 6);
   EXPECT_EQ(options.lora_modules, "sql=/a,chat=/b");
   EXPECT_EQ(options.max_batch_tokens, 2048);
+  EXPECT_EQ(options.block_size, 64);
 }
 
 TEST(WorkerOptionsTest, ValidatesEachValue) {
@@ -76,6 +78,12 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
       {"--kv-staging-tokens must be", [](WorkerOptions& o) { o.kv_staging_tokens = -1; }},
       {"--backend must be cpu or cuda", [](WorkerOptions& o) { o.backend = "tpu"; }},
       {"--kv-dtype: ", [](WorkerOptions& o) { o.kv_dtype = "int4"; }},
+      {"--block-size must be a power of two in 8..256, got 24",
+       [](WorkerOptions& o) { o.block_size = 24; }},
+      {"--block-size must be a power of two in 8..256, got 4",
+       [](WorkerOptions& o) { o.block_size = 4; }},
+      {"--block-size must be a power of two in 8..256, got 512",
+       [](WorkerOptions& o) { o.block_size = 512; }},
       {"--speculative-tokens must be", [](WorkerOptions& o) { o.speculative.tokens = 17; }},
       {"--prompt-lookup-min", [](WorkerOptions& o) { o.speculative.ngram.min = 0; }},
       {"the CUDA backend does not verify drafts",

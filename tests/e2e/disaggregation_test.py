@@ -226,7 +226,7 @@ class DisaggregationTest(unittest.TestCase):
         print(f"\nSmolLM2 fp8 KV cache: {same} of {len(prompts)} prompts give the f32 cache's "
               "10 greedy tokens")
 
-    def test_workers_with_different_cache_types_are_not_paired(self):
+    def test_workers_with_different_cache_types_or_block_sizes_are_not_paired(self):
         router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
                              "--metrics-port=0"])
         address = f"127.0.0.1:{router.ready['grpc_port']}"
@@ -234,25 +234,27 @@ class DisaggregationTest(unittest.TestCase):
                   "--metrics-port=0", "--target-concurrency=2", "--planned-seq-len=64",
                   "--threads=1"]
         prefill = ct.Process([ct.binary("cleave-worker"), "--role=prefill", *common])
-        decode = None
+        decodes = []
         try:
             stub = ct.stubs()["generation_grpc"].GenerationStub(
                 grpc.insecure_channel(address))
             ct.wait_for_workers(stub, 1)
-            # Refused, it keeps asking (the other may leave); the router never pairs them.
-            decode = ct.Process([ct.binary("cleave-worker"), "--role=decode", "--kv-dtype=fp8",
-                                 *common])
-            deadline = time.monotonic() + 60
-            while "the router refused this worker" not in decode.log():
-                self.assertLess(time.monotonic(), deadline, decode.log())
-                time.sleep(0.1)
-            self.assertIn("KV layout", decode.log())
-            self.assertIn("KV_DTYPE_FP8_E4M3", decode.log())
+            # Refused, each keeps asking (the other may leave); the router never pairs them.
+            for flag, shown in (("--kv-dtype=fp8", "KV_DTYPE_FP8_E4M3"),
+                                ("--block-size=64", "block_size: 64")):
+                decode = ct.Process([ct.binary("cleave-worker"), "--role=decode", flag, *common])
+                decodes.append(decode)
+                deadline = time.monotonic() + 60
+                while "the router refused this worker" not in decode.log():
+                    self.assertLess(time.monotonic(), deadline, decode.log())
+                    time.sleep(0.1)
+                self.assertIn("KV layout", decode.log())
+                self.assertIn(shown, decode.log())
             info = stub.GetServerInfo(ct.stubs()["generation_pb2"].GetServerInfoRequest(),
                                       timeout=5)
             self.assertEqual(len(info.workers), 1)
         finally:
-            codes = [w.stop() for w in (decode, prefill) if w is not None] + [router.stop()]
+            codes = [w.stop() for w in (*decodes, prefill)] + [router.stop()]
             self.assertEqual(codes, [0] * len(codes))
 
     def test_every_tp_pairing_gives_the_tokens_of_tp1_to_tp1(self):

@@ -77,14 +77,16 @@ class UpTest(unittest.TestCase):
 class GoldenModelUpTest(unittest.TestCase):
     def test_a_gpt_oss_mxfp4_checkpoint_served_disaggregated_decodes_transformers_tokens(self):
         """A tiny gpt-oss (MXFP4 experts, attention sinks, 4-position sliding windows) served by a
-        prefill and a decode worker: the KV a prefill leaves moves to the decode worker, which
-        continues each golden prompt with the greedy tokens transformers chose."""
+        prefill and a decode worker with KV blocks of 8 positions (not the default 16): the KV
+        a prefill leaves moves to the decode worker, which continues each golden prompt with
+        the greedy tokens transformers chose."""
         folder = os.path.join(ct.SOURCE_DIR, "tests/golden/data/engine/hf/gpt_oss_mxfp4")
         with open(os.path.join(folder, "logits.json")) as f:
             golden = json.load(f)
         up = ct.Process([ct.binary("cleave"), "up", f"--model={folder}", "--listen=127.0.0.1:0",
                          "--prefill=1", "--decode=1", "--threads=1", "--target-concurrency=4",
-                         "--planned-seq-len=64", "--http-listen=127.0.0.1:0"], ready_timeout=120)
+                         "--planned-seq-len=64", "--http-listen=127.0.0.1:0", "--block-size=8"],
+                        ready_timeout=120)
         try:
             for prompt in golden["prompts"]:
                 body = json.dumps({"prompt": prompt["ids"], "max_tokens": len(prompt["greedy_next"]),
