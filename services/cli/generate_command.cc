@@ -21,6 +21,7 @@
 #include "services/engine/tp_group.h"
 #if CLEAVE_HAVE_CUDA
 #include "services/engine/cuda_llama_model.h"
+#include "services/engine/memory_plan.h"
 #endif
 
 namespace cleave::cli {
@@ -322,11 +323,6 @@ int runGenerate(int argc, char** argv) {
     exitWithUsageError(flags, absl::InvalidArgumentError(
                                   "--max-tokens, --threads, --tp must be >= 1 and --context >= 2"));
   }
-  if (backend == "cuda" && speculative.tokens > 0) {
-    exitWithUsageError(flags,
-                       absl::InvalidArgumentError(
-                           "--speculative-tokens: the CUDA backend does not verify drafts yet"));
-  }
   if (backend != "cpu" && backend != "cuda") {
     exitWithUsageError(flags, absl::InvalidArgumentError(
                                   absl::StrCat("--backend is cpu or cuda, not '", backend, "'")));
@@ -352,8 +348,11 @@ int runGenerate(int argc, char** argv) {
 #if CLEAVE_HAVE_CUDA
     const cuda::GemmOperands operands =
         gemm_operands == "widened" ? cuda::GemmOperands::kWidened : cuda::GemmOperands::kAuto;
-    step_backend =
-        engine::cudaStepBackend({.kv_dtype = engine::gpuKvDtype(*kv_type), .operands = operands});
+    // One sequence: its row, its drafts, the rows of a prompt scored for log-probabilities.
+    step_backend = engine::cudaStepBackend(
+        {.max_logit_rows = 1 + speculative.tokens + engine::kPromptLogprobRows,
+         .kv_dtype = engine::gpuKvDtype(*kv_type),
+         .operands = operands});
 #else
     return fail(absl::UnimplementedError(
         "this build has no CUDA backend: configure with -DCLEAVE_CUDA=ON where nvcc exists"));

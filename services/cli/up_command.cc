@@ -179,11 +179,6 @@ int runUp(int argc, char** argv) {
     exitWithUsageError(flags, valid);
   if (absl::Status valid = engine::validate(speculative); !valid.ok())
     exitWithUsageError(flags, valid);
-  if (backend == "cuda" && speculative.tokens > 0) {
-    exitWithUsageError(flags,
-                       absl::InvalidArgumentError(
-                           "--speculative-tokens: the CUDA backend does not verify drafts yet"));
-  }
   if (model.empty()) exitWithUsageError(flags, absl::InvalidArgumentError("--model is required"));
   if (!positional.empty()) {
     exitWithUsageError(flags, absl::InvalidArgumentError("unexpected argument " + positional[0]));

@@ -133,9 +133,10 @@ struct CudaLlamaModel::State {
   // Workspace, [max_step_tokens][width] unless noted.
   bf16 *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *o = nullptr,
        *gu = nullptr, *act = nullptr;
-  bf16* last = nullptr;       // [max_sequences][hidden]
-  float* logits = nullptr;    // [max_sequences][vocab_rows]
-  float* gathered = nullptr;  // TP: every rank's logits, rank-major [rank][sequences][rows]
+  // [L()] rows each: the final hidden states behind the rows of logits, and the logits.
+  bf16* last = nullptr;       // [L()][hidden]
+  float* logits = nullptr;    // [L()][vocab_rows]
+  float* gathered = nullptr;  // TP: every rank's logits, rank-major [rank][logit rows][rows]
   float* ordered = nullptr;   // TP, rank 0: the gathered logits in vocabulary order
   // The draws' settings and results, one block laid out alike on the GPU and in pinned host
   // memory, so each direction is one copy: per row what goes up (how it is drawn, its
@@ -187,8 +188,14 @@ struct CudaLlamaModel::State {
   int32_t* meta = nullptr;  // ids, positions, slots, q_starts, contexts, last rows, tables
   uint8_t* kv = nullptr;    // [layer][K, V][block][kv head][slot][head_dim], kv_dtype
 
-  int32_t* host_meta = nullptr;       // pinned
-  float* host_logits = nullptr;       // pinned
+  int32_t* host_meta = nullptr;   // pinned
+  float* host_logits = nullptr;   // pinned, [L()][vocab]
+  int64_t step_logit_rows = 0;    // of the last step
+  bool multi_row_logits = false;  // options.max_logit_rows was given
+  // lastHidden(): the last step's rows, copied on first use after it.
+  mutable std::vector<float> hidden_out;
+  mutable std::vector<bf16> hidden_staged;
+  mutable bool hidden_copied = false;
   Draws host_draws;                   // pinned
   std::vector<TokenLogprob> top_out;  // host_draws.top as the engine's type
   void* pinned_rows = nullptr;        // host KV rows copyKv registered (page-locked), if any
@@ -223,14 +230,15 @@ struct CudaLlamaModel::State {
   // Offsets into meta, in int32 units.
   int64_t T() const { return options.max_step_tokens; }
   int64_t S() const { return options.max_sequences; }
+  int64_t L() const { return options.max_logit_rows; }  // rows of logits, >= S()
   int32_t* ids(int32_t* m) const { return m; }
   int32_t* positions(int32_t* m) const { return m + T(); }
   int32_t* slots(int32_t* m) const { return m + 2 * T(); }
   int32_t* qStarts(int32_t* m) const { return m + 3 * T(); }
   int32_t* contexts(int32_t* m) const { return m + 3 * T() + S() + 1; }
-  int32_t* lastRows(int32_t* m) const { return m + 3 * T() + 2 * S() + 1; }
-  int32_t* tables(int32_t* m) const { return m + 3 * T() + 3 * S() + 1; }
-  int64_t metaCount() const { return 3 * T() + 3 * S() + 1 + S() * max_blocks_per_seq; }
+  int32_t* lastRows(int32_t* m) const { return m + 3 * T() + 2 * S() + 1; }  // [L()]
+  int32_t* tables(int32_t* m) const { return m + 3 * T() + 2 * S() + 1 + L(); }
+  int64_t metaCount() const { return 3 * T() + 2 * S() + 1 + L() + S() * max_blocks_per_seq; }
   int64_t layerKvElements() const {
     return (kv_blocks + 1) * kv_heads * options.block_size * cache_head_dim;
   }
@@ -326,11 +334,11 @@ struct CudaLlamaModel::State {
       quantized_bytes = std::max(quantized_bytes, need);
     }
     quantized = quantized_bytes > 0 ? arena.take<uint8_t>(quantized_bytes) : nullptr;
-    last = arena.take<bf16>(options.max_sequences * hidden);
-    logits = arena.take<float>(options.max_sequences * vocab_rows);
+    last = arena.take<bf16>(L() * hidden);
+    logits = arena.take<float>(L() * vocab_rows);
     if (rank_vocab_rows.size() > 1) {
-      gathered = arena.take<float>(options.max_sequences * vocab);
-      if (shard_rank == 0) ordered = arena.take<float>(options.max_sequences * vocab);
+      gathered = arena.take<float>(L() * vocab);
+      if (shard_rank == 0) ordered = arena.take<float>(L() * vocab);
     }
     seen_capacity = options.max_sequences * std::min<int64_t>(options.max_context, vocab);
     const int64_t seen_rows = shard_rank == 0 ? seen_capacity : 0;  // Only rank 0 draws.
@@ -346,8 +354,10 @@ struct CudaLlamaModel::State {
     plan.kv_cache = arena.used() - plan.weights - plan.workspace;
   }
 
-  absl::Status enqueue(int64_t n, int64_t sequences, bool decode);
-  absl::Status run(int64_t n, int64_t sequences, bool decode);
+  // `logit_rows` rows of logits (their token rows in lastRows); a decode step's are its
+  // sequences.
+  absl::Status enqueue(int64_t n, int64_t sequences, int64_t logit_rows, bool decode);
+  absl::Status run(int64_t n, int64_t sequences, int64_t logit_rows, bool decode);
   absl::StatusOr<cudaGraphExec_t> capture(int64_t n, int64_t sequences);
   // The part of forwardAndDraw() after the batch checks (which fail alike on every rank).
   absl::StatusOr<StepOutput> step(std::span<const SequenceChunk> batch,
@@ -357,6 +367,8 @@ struct CudaLlamaModel::State {
   // for it and copies the logits where any row wants them, both to pinned host memory.
   absl::StatusOr<StepOutput> results(std::span<const RowOutput> outputs, int64_t sequences,
                                      int64_t rows);
+  // After a step of `logit_rows` rows of logits, more than its sequences: copies them all.
+  absl::StatusOr<StepOutput> allLogits(int64_t logit_rows);
 };
 
 namespace {
@@ -395,6 +407,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   // Decode graphs round the batch up to a power of two: size every step for that.
   s.options.max_sequences = nextPowerOfTwo(options.max_sequences);
   s.options.max_step_tokens = std::max(options.max_step_tokens, s.options.max_sequences);
+  s.multi_row_logits = options.max_logit_rows > 0;
+  s.options.max_logit_rows =
+      std::clamp(options.max_logit_rows, s.options.max_sequences, s.options.max_step_tokens);
   s.hidden = c.hidden_size;
   s.heads = dims.heads.size;
   s.kv_heads = dims.kv_heads.size;
@@ -522,10 +537,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
       cudaMallocHost(reinterpret_cast<void**>(&s.host_meta), s.metaCount() * sizeof(int32_t)),
       "pinned step metadata"));
   std::memset(s.host_meta, 0, s.metaCount() * sizeof(int32_t));
-  CLEAVE_RETURN_IF_ERROR(
-      cuda::cudaStatus(cudaMallocHost(reinterpret_cast<void**>(&s.host_logits),
-                                      s.options.max_sequences * s.vocab * sizeof(float)),
-                       "pinned logits"));
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+      cudaMallocHost(reinterpret_cast<void**>(&s.host_logits), s.L() * s.vocab * sizeof(float)),
+      "pinned logits"));
   uint8_t* pinned = nullptr;
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaMallocHost(reinterpret_cast<void**>(&pinned), static_cast<size_t>(s.draws.bytes)),
@@ -838,7 +852,8 @@ int64_t CudaLlamaModel::weightBytes() const { return state_->weight_bytes; }
 
 // Every kernel of one step over the metadata already in `meta`: `n` token rows of
 // `sequences` sequences.
-absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool decode) {
+absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_t logit_rows,
+                                            bool decode) {
   const float eps = static_cast<float>(config.rms_norm_eps);
   cudaStream_t st = stream;
   auto product = [&](const bf16* in, int64_t in_dim, const bf16* w, const bf16* bias,
@@ -1122,33 +1137,34 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, bool d
                                           .out_stride = hidden},
                                          st));
   }
-  // Each sequence's last row (the norm is per row, so normalizing all rows above and
-  // gathering now is the same as gathering first).
-  CLEAVE_RETURN_IF_ERROR(cuda::embed(lastRows(meta), sequences, h, n, hidden, last, hidden, st));
+  // The rows of logits: each sequence's last row, or its last few (the norm is per row, so
+  // normalizing all rows above and gathering now is the same as gathering first).
+  CLEAVE_RETURN_IF_ERROR(cuda::embed(lastRows(meta), logit_rows, h, n, hidden, last, hidden, st));
   CLEAVE_RETURN_IF_ERROR(
-      product(last, hidden, output, nullptr, vocab_rows, logits, true, sequences));
+      product(last, hidden, output, nullptr, vocab_rows, logits, true, logit_rows));
   if (comm == nullptr) return absl::OkStatus();
   std::vector<int64_t> counts;
-  for (int64_t rows : rank_vocab_rows) counts.push_back(rows * sequences);
+  for (int64_t rows : rank_vocab_rows) counts.push_back(rows * logit_rows);
   return comm->enqueueAllGather(logits, counts, gathered, st);
 }
 
 // Runs a step, replaying (or capturing) the decode bucket's graph when graphs are on. A
 // bucket whose capture fails runs eagerly from then on (slower by its launch overheads, not
 // broken), and the log says why once.
-absl::Status CudaLlamaModel::State::run(int64_t n, int64_t sequences, bool decode) {
+absl::Status CudaLlamaModel::State::run(int64_t n, int64_t sequences, int64_t logit_rows,
+                                        bool decode) {
   if (!decode || !options.cuda_graphs || eager.contains(sequences))
-    return enqueue(n, sequences, decode);
+    return enqueue(n, sequences, logit_rows, decode);
   if (auto it = graphs.find(sequences); it != graphs.end())
     return cuda::cudaStatus(cudaGraphLaunch(it->second, stream), "replaying a decode graph");
-  if (warmed.insert(sequences).second) return enqueue(n, sequences, decode);
+  if (warmed.insert(sequences).second) return enqueue(n, sequences, sequences, decode);
   absl::StatusOr<cudaGraphExec_t> exec = capture(n, sequences);
   if (!exec.ok()) {
     cudaGetLastError();  // A failed capture's error is not sticky; a sticky one fails below.
     CLEAVE_LOG(WARNING) << "GPU " << options.device << ": decode steps of " << sequences
                         << " sequences run without a CUDA graph: " << exec.status();
     eager.insert(sequences);
-    return enqueue(n, sequences, decode);
+    return enqueue(n, sequences, sequences, decode);
   }
   graphs.emplace(sequences, *exec);
   return cuda::cudaStatus(cudaGraphLaunch(*exec, stream), "launching a decode graph");
@@ -1158,7 +1174,7 @@ absl::Status CudaLlamaModel::State::run(int64_t n, int64_t sequences, bool decod
 absl::StatusOr<cudaGraphExec_t> CudaLlamaModel::State::capture(int64_t n, int64_t sequences) {
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capturing a decode step"));
-  absl::Status enqueued = enqueue(n, sequences, true);
+  absl::Status enqueued = enqueue(n, sequences, sequences, true);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
   cudaGraphExec_t exec = nullptr;
@@ -1186,9 +1202,10 @@ absl::StatusOr<StepOutput> CudaLlamaModel::forwardAndDraw(std::span<const Sequen
                                                    outputs.size(), " row outputs"));
   const int64_t bs = s.options.block_size;
   CLEAVE_RETURN_IF_ERROR(validateBatch(batch, static_cast<uint32_t>(s.vocab), bs, s.kv_blocks));
-  if (logitRows(batch) != static_cast<int64_t>(batch.size()))
-    return absl::InvalidArgumentError(
-        "the CUDA model returns one row of logits per sequence (no speculative decoding)");
+  if (logitRows(batch) > s.L())
+    return absl::InvalidArgumentError(absl::StrCat("a step asks for ", logitRows(batch),
+                                                   " rows of logits, past the model's ", s.L(),
+                                                   " (max_logit_rows)"));
   const int64_t sequences = static_cast<int64_t>(batch.size());
   int64_t n = 0;
   bool decode = true;
@@ -1235,6 +1252,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
   int32_t* m = s.host_meta;
   const int32_t scratch = static_cast<int32_t>(s.kv_blocks);
   int64_t t = 0;
+  int64_t logit_rows = 0;  // lastRows filled
   s.qStarts(m)[0] = 0;
   for (int64_t q = 0; q < rows; ++q) {
     int32_t* table = s.tables(m) + q * s.max_blocks_per_seq;
@@ -1243,7 +1261,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
       s.positions(m)[t] = 0;
       s.slots(m)[t] = static_cast<int32_t>(scratch * bs);
       s.contexts(m)[q] = 1;
-      s.lastRows(m)[q] = static_cast<int32_t>(t);
+      s.lastRows(m)[logit_rows++] = static_cast<int32_t>(t);
       std::fill(table, table + s.max_blocks_per_seq, scratch);
       ++t;
       s.qStarts(m)[q + 1] = static_cast<int32_t>(t);
@@ -1258,7 +1276,8 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
     }
     s.qStarts(m)[q + 1] = static_cast<int32_t>(t);
     s.contexts(m)[q] = static_cast<int32_t>(chunk.start + chunk.tokens.size());
-    s.lastRows(m)[q] = static_cast<int32_t>(t - 1);
+    for (int64_t j = t - chunk.logits; j < t; ++j)
+      s.lastRows(m)[logit_rows++] = static_cast<int32_t>(j);
     const int64_t used = std::min<int64_t>(chunk.blocks.size(), s.max_blocks_per_seq);
     std::copy(chunk.blocks.begin(), chunk.blocks.begin() + used, table);
     std::fill(table + used, table + s.max_blocks_per_seq, scratch);
@@ -1267,12 +1286,15 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaMemcpyAsync(s.meta, m, s.metaCount() * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
       "copying step metadata"));
-  CLEAVE_RETURN_IF_ERROR(s.run(tokens, rows, decode));
+  s.step_logit_rows = logit_rows;
+  s.hidden_copied = false;
+  CLEAVE_RETURN_IF_ERROR(s.run(tokens, rows, logit_rows, decode));
   if (s.comm != nullptr && s.shard_rank != 0) {  // Rank 0 returns the group's results.
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
     return StepOutput{};
   }
-  auto results = s.results(outputs, sequences, rows);
+  // Several rows of some chunk (drafts, scored prompts): every row's logits, nothing drawn.
+  auto results = logit_rows > rows ? s.allLogits(logit_rows) : s.results(outputs, sequences, rows);
   // A failed call leaves nothing in flight to the pinned buffers the next step writes.
   if (!results.ok()) cudaStreamSynchronize(s.stream);
   return results;
@@ -1364,6 +1386,44 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
   return result;
 }
 
+absl::StatusOr<StepOutput> CudaLlamaModel::State::allLogits(int64_t logit_rows) {
+  State& s = *this;
+  float* logits = s.logits;
+  if (s.comm != nullptr) {
+    CLEAVE_RETURN_IF_ERROR(cuda::joinColumnSlices(s.gathered, s.rank_vocab_rows, logit_rows,
+                                                  logit_rows, s.ordered, s.stream));
+    logits = s.ordered;
+  }
+  CLEAVE_RETURN_IF_ERROR(
+      cuda::cudaStatus(cudaMemcpyAsync(s.host_logits, logits, logit_rows * s.vocab * sizeof(float),
+                                       cudaMemcpyDeviceToHost, s.stream),
+                       "copying logits"));
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
+  return StepOutput{.logits = std::span<const float>(s.host_logits, logit_rows * s.vocab)};
+}
+
+bool CudaLlamaModel::multiRowLogits() const { return state_->multi_row_logits; }
+
+std::span<const float> CudaLlamaModel::lastHidden() const {
+  const State& s = *state_;
+  if ((s.comm != nullptr && s.shard_rank != 0) || s.step_logit_rows == 0) return {};
+  if (!s.hidden_copied) {
+    // The step ended (forwardAndDraw synchronized its stream) before this copy reads `last`.
+    const int64_t count = s.step_logit_rows * s.hidden;
+    s.hidden_staged.resize(count);
+    if (cudaSetDevice(s.options.device) != cudaSuccess ||
+        cudaMemcpy(s.hidden_staged.data(), s.last, count * sizeof(bf16), cudaMemcpyDeviceToHost) !=
+            cudaSuccess) {
+      CLEAVE_LOG(ERROR) << "GPU " << s.options.device << ": copying hidden states failed";
+      return {};
+    }
+    s.hidden_out.resize(count);
+    for (int64_t i = 0; i < count; ++i) s.hidden_out[i] = __bfloat162float(s.hidden_staged[i]);
+    s.hidden_copied = true;
+  }
+  return s.hidden_out;
+}
+
 namespace {
 
 // One rank's model, holding the group's communicators alive as long as any rank runs.
@@ -1384,6 +1444,8 @@ class CudaRankBackend final : public StepBackend {
     return model_->copyKv(direction, blocks, rows, host);
   }
   int64_t weightBytes() const override { return model_->weightBytes(); }
+  bool multiRowLogits() const override { return model_->multiRowLogits(); }
+  std::span<const float> lastHidden() const override { return model_->lastHidden(); }
 
  private:
   std::shared_ptr<std::vector<std::unique_ptr<NcclCommunicator>>> group_;  // Outlives model_.

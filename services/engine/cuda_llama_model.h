@@ -54,7 +54,11 @@ struct CudaModelOptions {
   int device = 0;
   int64_t max_step_tokens = 2048;  // tokens of one forward step
   int64_t max_sequences = 64;      // sequences of one forward step
-  int64_t max_context = 4096;      // positions of one sequence
+  // Rows of logits one step may return (SequenceChunk::logits summed: drafts to verify,
+  // prompt log-probabilities), at most max_step_tokens; 0: one per sequence, and
+  // multiRowLogits() false. The logits buffers are sized for this many rows.
+  int64_t max_logit_rows = 0;
+  int64_t max_context = 4096;  // positions of one sequence
   int64_t block_size = 16;
   int64_t kv_blocks = 0;  // 0: max_sequences sequences of max_context positions
   bool cuda_graphs = true;
@@ -109,10 +113,17 @@ class CudaLlamaModel : public StepBackend {
   // The same step, drawing on the GPU the rows that ask for it (their penalties, the draw,
   // the log-probabilities asked for: sampling.h) and copying the logits [batch][vocab] (the
   // model's, unpenalized) to the host only when some row wants them; under tensor
-  // parallelism rank 0 returns the results, the others none. Also InvalidArgument when the
-  // rows' seen tokens together pass max_sequences x max_context.
+  // parallelism rank 0 returns the results, the others none. A step with a chunk of several
+  // rows of logits draws nothing: it returns every row's logits [logitRows(batch)][vocab] and
+  // no tokens (the caller samples). Also InvalidArgument when the rows' seen tokens together
+  // pass max_sequences x max_context, or the rows of logits pass max_logit_rows.
   absl::StatusOr<StepOutput> forwardAndDraw(std::span<const SequenceChunk> batch,
                                             std::span<const RowOutput> outputs) override;
+  // Whether options.max_logit_rows was given (StepBackend::multiRowLogits).
+  bool multiRowLogits() const override;
+  // The last step's final hidden states behind its rows of logits, copied from the GPU on
+  // the first call after a step (StepBackend::lastHidden); empty on ranks other than 0.
+  std::span<const float> lastHidden() const override;
   // Device <-> host copies of whole blocks (runs consecutive on both sides in one copy each).
   // `host` is page-locked on first use (TpGroup makes that at allocateKv, with no blocks) and
   // stays so while the model lives: it must outlive the model (or be replaced by another

@@ -513,6 +513,77 @@ TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {
   EXPECT_EQ(nativeFormat(*odd), F::kBf16);
 }
 
+// Chunks asking for several rows of logits (a prompt scored for log-probabilities, a decode
+// token with drafts to verify) beside single-row ones: every row's logits and the hidden
+// states behind them as the CPU model's, nothing drawn in those steps; past max_logit_rows a
+// step is refused, and without it the model says it has one row per sequence.
+TEST(CudaLlamaModelTest, SeveralRowsOfLogitsAndTheirHiddenStatesMatchTheCpuBackend) {
+  CLEAVE_REQUIRE_GPU();
+  auto weights = loadLlama(goldenDir() + "/engine/hf/smollm2_like_f32", {.cpu_kernels = false});
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const LlamaWeights& w = **weights;
+  const int64_t vocab = w.config.vocab_size, hidden = w.config.hidden_size;
+  auto gpu = CudaLlamaModel::create(
+      w, {.max_step_tokens = 64, .max_sequences = 2, .max_context = 64, .max_logit_rows = 24});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  EXPECT_TRUE((*gpu)->multiRowLogits());
+  cpu::ThreadPool pool(2);
+  LlamaModel cpu_model(w, pool);
+  KvStorage cache({.num_layers = static_cast<int64_t>(w.layers.size()),
+                   .kv_heads = w.dims.kv_heads.size,
+                   .head_dim = w.config.head_dim,
+                   .block_size = 16,
+                   .num_blocks = (*gpu)->kvBlocks()});
+  std::mt19937 rng(cuda::testing::freshSeed());
+  std::uniform_int_distribution<uint32_t> token(0, static_cast<uint32_t>(vocab - 1));
+  std::vector<uint32_t> a(20), b(9);
+  for (uint32_t& t : a) t = token(rng);
+  for (uint32_t& t : b) t = token(rng);
+  const std::vector<int32_t> a_blocks = {3, 1}, b_blocks = {0};
+  // Step 1: a's prompt scored row by row (20 rows), b's prompt's last row.
+  // Step 2: a decodes one token with three drafts (4 rows), b one token.
+  std::vector<uint32_t> a_next(4), b_next(1);
+  for (uint32_t& t : a_next) t = token(rng);
+  b_next[0] = token(rng);
+  const std::vector<std::vector<SequenceChunk>> steps = {
+      {{.tokens = a, .start = 0, .blocks = a_blocks, .logits = 20},
+       {.tokens = b, .start = 0, .blocks = b_blocks, .logits = 1}},
+      {{.tokens = a_next, .start = 20, .blocks = a_blocks, .logits = 4},
+       {.tokens = b_next, .start = 9, .blocks = b_blocks, .logits = 1}}};
+  for (const std::vector<SequenceChunk>& batch : steps) {
+    SCOPED_TRACE(::testing::Message() << logitRows(batch) << " rows");
+    auto want = cpu_model.forward(batch, cache);
+    ASSERT_TRUE(want.ok()) << want.status();
+    const std::vector<float> expected(want->begin(), want->end());
+    const std::vector<float> expected_hidden(cpu_model.lastHidden().begin(),
+                                             cpu_model.lastHidden().end());
+    const std::vector<RowOutput> outputs(batch.size(), RowOutput{.draw = DeviceDraw{}});
+    auto got = (*gpu)->forwardAndDraw(batch, outputs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(got->tokens.empty());  // Several rows of some chunk: nothing drawn.
+    ASSERT_EQ(got->logits.size(), expected.size());
+    Comparison c;
+    compareLogits(got->logits, expected, vocab, c);
+    EXPECT_LE(c.worst_relative, 5e-2);
+    const std::span<const float> got_hidden = (*gpu)->lastHidden();
+    ASSERT_EQ(got_hidden.size(), static_cast<size_t>(logitRows(batch) * hidden));
+    const cuda::testing::Difference d = cuda::testing::compare(
+        std::vector<float>(got_hidden.begin(), got_hidden.end()), expected_hidden);
+    EXPECT_EQ(d.non_finite, 0);
+    EXPECT_LE(d.relative_l2, 5e-2);
+  }
+  // 25 rows: past max_logit_rows.
+  std::vector<uint32_t> long_prompt(25, 7);
+  const std::vector<int32_t> long_blocks = {4, 5};
+  const SequenceChunk too_many{
+      .tokens = long_prompt, .start = 0, .blocks = long_blocks, .logits = 25};
+  EXPECT_EQ((*gpu)->forward({&too_many, 1}).status().code(), absl::StatusCode::kInvalidArgument);
+  auto single =
+      CudaLlamaModel::create(w, {.max_step_tokens = 64, .max_sequences = 2, .max_context = 64});
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_FALSE((*single)->multiRowLogits());
+}
+
 TEST(CudaLlamaModelTest, GraphReplayEqualsEagerSteps) {
   CLEAVE_REQUIRE_GPU();
   auto weights = loadLlama(goldenDir() + "/engine/hf/smollm2_like_f32");

@@ -78,7 +78,8 @@ absl::Status Scheduler::validate(const GenerationRequest& request) const {
   }
   if (request.prompt_logprobs >= 0 && !model_.multiRowLogits()) {
     return absl::UnimplementedError(
-        "prompt log-probabilities are computed by the CPU backend only (not on GPUs yet)");
+        "prompt log-probabilities need a model that returns several rows of logits a step; "
+        "this one's backend does not");
   }
   // A prefill for its hidden state keeps no new token: the prompt alone must fit.
   const int64_t total = static_cast<int64_t>(request.prompt.size()) +

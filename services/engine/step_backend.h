@@ -75,6 +75,14 @@ class StepBackend {
                               std::span<const int32_t> rows, KvStorage& host) = 0;
   // Weight bytes a step reads, as the backend stores them (0: as the CPU model's).
   virtual int64_t weightBytes() const { return 0; }
+  // Whether a chunk may ask for more than one row of logits (SequenceChunk::logits: drafts to
+  // verify, prompt log-probabilities), up to the rows the scheduler's steps can ask for, and
+  // lastHidden() has the hidden states behind them.
+  virtual bool multiRowLogits() const { return false; }
+  // The last step's final hidden states (after the output norm) behind its rows of logits,
+  // [logitRows(batch)][hidden] as floats, as LlamaModel::lastHidden; valid until the next
+  // step. Empty where multiRowLogits() is false, and on a tensor-parallel rank other than 0.
+  virtual std::span<const float> lastHidden() const { return {}; }
 };
 
 // Counts BackendMemory for rank r's backend from ranks[r] (read only during the call), with

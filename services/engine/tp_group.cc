@@ -308,8 +308,8 @@ absl::StatusOr<std::span<const float>> TpGroup::forward(std::span<const Sequence
 }
 
 std::span<const float> TpGroup::lastHidden() const {
-  return backends_.empty() && ranks_[0]->model ? ranks_[0]->model->lastHidden()
-                                               : std::span<const float>();
+  if (!backends_.empty()) return backends_[0]->lastHidden();
+  return ranks_[0]->model ? ranks_[0]->model->lastHidden() : std::span<const float>();
 }
 
 absl::StatusOr<StepOutput> TpGroup::forwardAndDraw(std::span<const SequenceChunk> batch,

@@ -104,9 +104,9 @@ class TpGroup {
   absl::StatusOr<StepOutput> forwardAndDraw(std::span<const SequenceChunk> batch,
                                             std::span<const RowOutput> rows);
   // The last step's hidden states behind its logits rows (LlamaModel::lastHidden), rank 0's
-  // (every rank has the same): the CPU model's only (hiddenStates()), empty with a backend.
+  // (every rank has the same): the CPU model's, or a backend's that has them (hiddenStates()).
   std::span<const float> lastHidden() const;
-  // Whether lastHidden() has the rows: the CPU model's, not a backend's.
+  // Whether lastHidden() has the rows: the CPU model's, and a backend's with multiRowLogits.
   bool hiddenStates() const { return multiRowLogits(); }
 
   // Brings host rows (kv()) rows[i] and the backends' cache blocks blocks[i] level, every
@@ -129,8 +129,11 @@ class TpGroup {
 
   const model::ModelConfig& config() const;
   // Whether a chunk may ask for more than one row of logits (SequenceChunk::logits): the CPU
-  // model's rows, not a backend's.
-  bool multiRowLogits() const { return backends_.empty() && !backend_factory_; }
+  // model's rows, and a backend's that says so (StepBackend::multiRowLogits; none before
+  // allocateKv makes them).
+  bool multiRowLogits() const {
+    return backends_.empty() ? !backend_factory_ : backends_[0]->multiRowLogits();
+  }
   int tp() const { return static_cast<int>(ranks_.size()); }
   int64_t numBlocks() const { return num_blocks_; }
   int64_t blockSize() const { return block_size_; }

@@ -392,6 +392,12 @@ class SeparateCacheBackend : public StepBackend {
     return absl::OkStatus();
   }
   KvStorage& cache() { return cache_; }
+  // As the CUDA model with max_logit_rows: several rows of a chunk, and their hidden states.
+  bool multiRowLogits() const override { return multi_row; }
+  std::span<const float> lastHidden() const override {
+    return multi_row ? model_.lastHidden() : std::span<const float>();
+  }
+  bool multi_row = false;
 
  private:
   std::unique_ptr<LlamaWeights> weights_;
@@ -480,10 +486,11 @@ class DrawingBackend final : public SeparateCacheBackend {
 struct SeparateGroup {
   std::vector<SeparateCacheBackend*> backends;
   std::unique_ptr<TpGroup> group;
-  SeparateGroup(const std::string& path, cpu::KvType type, bool host_kv, bool draws = false) {
+  SeparateGroup(const std::string& path, cpu::KvType type, bool host_kv, bool draws = false,
+                bool multi_row = false) {
     TpGroupOptions options{.kv_type = type, .host_kv = host_kv};
     options.backend =
-        [this, type, path, draws](
+        [this, type, path, draws, multi_row](
             std::span<const LlamaWeights* const> ranks, int64_t blocks,
             int64_t block_size) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
       std::vector<std::unique_ptr<StepBackend>> made;
@@ -495,6 +502,7 @@ struct SeparateGroup {
             draws
                 ? std::make_unique<DrawingBackend>(std::move(*own), blocks, block_size, type)
                 : std::make_unique<SeparateCacheBackend>(std::move(*own), blocks, block_size, type);
+        backend->multi_row = multi_row;
         backends.push_back(backend.get());
         made.push_back(std::move(backend));
       }
@@ -638,6 +646,101 @@ TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
     for (const TokenEvent& e : *events) rest.push_back(e.token);
   }
   EXPECT_EQ(rest, (std::vector<uint32_t>{4 % vocab, 5 % vocab, 6 % vocab}));
+}
+
+// A backend with several rows of logits a step (as the CUDA model with max_logit_rows): the
+// scheduler verifies drafts on it, scores prompts for log-probabilities and takes hidden
+// states from it, with the CPU group's results; without them, it refuses such requests.
+TEST(TpGroupHostKvTest, ABackendWithSeveralRowsOfLogitsVerifiesDraftsAndScoresPrompts) {
+  const std::string path = kHf + "llama_f32";
+  std::mt19937 rng(4);
+  std::uniform_int_distribution<uint32_t> token(0, 200);
+  // Prompts that repeat themselves, so that prompt lookup drafts.
+  std::vector<std::vector<uint32_t>> prompts;
+  for (int length : {5, 7}) {
+    std::vector<uint32_t> unit(length), prompt;
+    for (uint32_t& t : unit) t = token(rng);
+    for (int i = 0; i < 3; ++i) prompt.insert(prompt.end(), unit.begin(), unit.end());
+    prompts.push_back(prompt);
+  }
+  struct Result {
+    std::map<uint64_t, std::vector<uint32_t>> tokens;
+    std::vector<SampledToken> scored;
+    std::vector<float> hidden;
+    int64_t drafted = 0;
+  };
+  auto run = [&](TpGroup& model) {
+    Scheduler scheduler(model, nullptr,
+                        {.max_batch_tokens = 32,
+                         .max_sequences = 4,
+                         .speculative = {.tokens = 3, .ngram = {.min = 1, .max = 3}}});
+    for (uint64_t r = 0; r < prompts.size(); ++r)
+      EXPECT_TRUE(
+          scheduler.add({.id = r, .prompt = prompts[r], .stop = {.max_new_tokens = 12}}).ok());
+    EXPECT_TRUE(scheduler
+                    .add({.id = 5,
+                          .prompt = prompts[1],
+                          .stop = {.max_new_tokens = 1},
+                          .prompt_logprobs = 2})
+                    .ok());
+    // An embedding's prefill: its hidden state (a reserved, prefill-only sequence).
+    EXPECT_TRUE(scheduler.reserve(6, 2).ok());
+    EXPECT_TRUE(scheduler
+                    .addPrefill({.id = 6,
+                                 .prompt = prompts[0],
+                                 .stop = {.max_new_tokens = 1},
+                                 .hidden_state = true})
+                    .ok());
+    Result out;
+    for (int step = 0; step < 100 && !scheduler.idle(); ++step) {
+      auto events = scheduler.step();
+      EXPECT_TRUE(events.ok()) << events.status();
+      if (!events.ok()) break;
+      for (const TokenEvent& e : *events) {
+        out.tokens[e.id].push_back(e.token);
+        if (e.id == 5 && !e.prompt_logprobs.empty()) out.scored = e.prompt_logprobs;
+        if (e.id == 6 && !e.hidden.empty()) out.hidden = e.hidden;
+      }
+    }
+    EXPECT_TRUE(scheduler.idle());
+    out.drafted = scheduler.draftedTokens();
+    return out;
+  };
+  auto cpu = TpGroup::load(path, {});
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE((*cpu)->allocateKv(8, 16).ok());  // As SeparateGroup's.
+  const Result want = run(**cpu);
+  ASSERT_GT(want.drafted, 0);
+  ASSERT_EQ(want.scored.size(), prompts[1].size() - 1);
+  ASSERT_FALSE(want.hidden.empty());
+  SeparateGroup backend(path, cpu::KvType::kF32, false, false, true);
+  ASSERT_TRUE(backend.group->multiRowLogits());
+  const Result got = run(*backend.group);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.drafted, want.drafted);
+  ASSERT_EQ(got.scored.size(), want.scored.size());
+  for (size_t i = 0; i < want.scored.size(); ++i) {
+    EXPECT_EQ(got.scored[i].token, want.scored[i].token) << i;
+    EXPECT_NEAR(got.scored[i].logprob, want.scored[i].logprob, 1e-5) << i;
+    EXPECT_EQ(got.scored[i].top, want.scored[i].top) << i;
+  }
+  EXPECT_EQ(got.hidden, want.hidden);
+  // A backend with one row per sequence: no drafts; such requests refused, naming why.
+  SeparateGroup single(path, cpu::KvType::kF32, false);
+  ASSERT_FALSE(single.group->multiRowLogits());
+  Scheduler scheduler(*single.group, nullptr, {.max_sequences = 2});
+  EXPECT_EQ(
+      scheduler
+          .add({.id = 1, .prompt = prompts[0], .stop = {.max_new_tokens = 1}, .prompt_logprobs = 0})
+          .code(),
+      absl::StatusCode::kUnimplemented);
+  ASSERT_TRUE(scheduler.reserve(2, 2).ok());
+  EXPECT_EQ(
+      scheduler
+          .addPrefill(
+              {.id = 2, .prompt = prompts[0], .stop = {.max_new_tokens = 1}, .hidden_state = true})
+          .code(),
+      absl::StatusCode::kUnimplemented);
 }
 
 // The worker's path for a backend with its own cache: prefill there, copy the prompt's

@@ -11,6 +11,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe_gemm.h"
 #include "services/engine/cuda_llama_model.h"
+#include "services/engine/memory_plan.h"
 #endif
 
 namespace cleave::worker {
@@ -19,10 +20,15 @@ namespace cleave::worker {
 
 namespace {
 
+// Rows of logits a step can ask for: a row per sequence, a draft's each, and the rows of
+// prompts scored for log-probabilities (engine::kPromptLogprobRows in all).
 engine::CudaModelOptions modelOptions(const WorkerOptions& options, int64_t max_step_tokens,
                                       int64_t max_sequences) {
-  return {.max_step_tokens = std::max(max_step_tokens, max_sequences),
+  const int64_t step_tokens = std::max(max_step_tokens, max_sequences);
+  return {.max_step_tokens = step_tokens,
           .max_sequences = max_sequences,
+          .max_logit_rows = std::min(step_tokens, max_sequences * (1 + options.speculative.tokens) +
+                                                      engine::kPromptLogprobRows),
           .kv_dtype = engine::gpuKvDtype(kvType(options))};
 }
 

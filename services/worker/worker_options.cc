@@ -139,10 +139,6 @@ absl::Status validate(const WorkerOptions& options) {
         absl::StrCat("--block-size must be a power of two in 8..256, got ", options.block_size));
   }
   CLEAVE_RETURN_IF_ERROR(engine::validate(options.speculative));
-  if (options.backend == "cuda" && options.speculative.tokens > 0) {
-    return absl::InvalidArgumentError(
-        "--speculative-tokens: the CUDA backend does not verify drafts yet (leave it 0 there)");
-  }
   CLEAVE_RETURN_IF_ERROR(engine::parseLoraModules(options.lora_modules).status());
   if (options.backend == "cuda" && !options.lora_modules.empty()) {
     return absl::InvalidArgumentError(

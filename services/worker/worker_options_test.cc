@@ -86,11 +86,6 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
        [](WorkerOptions& o) { o.block_size = 512; }},
       {"--speculative-tokens must be", [](WorkerOptions& o) { o.speculative.tokens = 17; }},
       {"--prompt-lookup-min", [](WorkerOptions& o) { o.speculative.ngram.min = 0; }},
-      {"the CUDA backend does not verify drafts",
-       [](WorkerOptions& o) {
-         o.backend = "cuda";
-         o.speculative.tokens = 4;
-       }},
       {"--lora-modules: 'sql' is not NAME=PATH", [](WorkerOptions& o) { o.lora_modules = "sql"; }},
       {"LoRA adapters run on the CPU backend only",
        [](WorkerOptions& o) {
