@@ -188,10 +188,11 @@ struct CudaLlamaModel::State {
   int32_t* meta = nullptr;  // ids, positions, slots, q_starts, contexts, last rows, tables
   uint8_t* kv = nullptr;    // [layer][K, V][block][kv head][slot][head_dim], kv_dtype
 
-  int32_t* host_meta = nullptr;   // pinned
-  float* host_logits = nullptr;   // pinned, [L()][vocab]
-  int64_t step_logit_rows = 0;    // of the last step
-  bool multi_row_logits = false;  // options.max_logit_rows was given
+  int32_t* host_meta = nullptr;         // pinned
+  float* host_logits = nullptr;         // pinned, [L()][vocab]
+  int64_t step_logit_rows = 0;          // of the last step
+  std::vector<int64_t> chunk_last_row;  // of the last step: each sequence's last logits row
+  bool multi_row_logits = false;        // options.max_logit_rows was given
   // lastHidden(): the last step's rows, copied on first use after it.
   mutable std::vector<float> hidden_out;
   mutable std::vector<bf16> hidden_staged;
@@ -363,12 +364,11 @@ struct CudaLlamaModel::State {
   absl::StatusOr<StepOutput> step(std::span<const SequenceChunk> batch,
                                   std::span<const RowOutput> outputs, int64_t sequences, int64_t n,
                                   bool decode);
-  // After a step of `rows` sequences (the first `sequences` real): draws the rows that ask
-  // for it and copies the logits where any row wants them, both to pinned host memory.
+  // After a step of `rows` sequences (the first `sequences` real) and `logit_rows` rows of
+  // logits: draws the rows that ask for it and copies the logits where any row wants them
+  // (every row's when some chunk has several: logit_rows > rows), both to pinned host memory.
   absl::StatusOr<StepOutput> results(std::span<const RowOutput> outputs, int64_t sequences,
-                                     int64_t rows);
-  // After a step of `logit_rows` rows of logits, more than its sequences: copies them all.
-  absl::StatusOr<StepOutput> allLogits(int64_t logit_rows);
+                                     int64_t rows, int64_t logit_rows);
 };
 
 namespace {
@@ -537,9 +537,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
       cudaMallocHost(reinterpret_cast<void**>(&s.host_meta), s.metaCount() * sizeof(int32_t)),
       "pinned step metadata"));
   std::memset(s.host_meta, 0, s.metaCount() * sizeof(int32_t));
-  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-      cudaMallocHost(reinterpret_cast<void**>(&s.host_logits), s.L() * s.vocab * sizeof(float)),
-      "pinned logits"));
+  if (s.shard_rank == 0)  // Rank 0 returns the group's results.
+    CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+        cudaMallocHost(reinterpret_cast<void**>(&s.host_logits), s.L() * s.vocab * sizeof(float)),
+        "pinned logits"));
   uint8_t* pinned = nullptr;
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaMallocHost(reinterpret_cast<void**>(&pinned), static_cast<size_t>(s.draws.bytes)),
@@ -1253,6 +1254,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
   const int32_t scratch = static_cast<int32_t>(s.kv_blocks);
   int64_t t = 0;
   int64_t logit_rows = 0;  // lastRows filled
+  s.chunk_last_row.clear();
   s.qStarts(m)[0] = 0;
   for (int64_t q = 0; q < rows; ++q) {
     int32_t* table = s.tables(m) + q * s.max_blocks_per_seq;
@@ -1278,6 +1280,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
     s.contexts(m)[q] = static_cast<int32_t>(chunk.start + chunk.tokens.size());
     for (int64_t j = t - chunk.logits; j < t; ++j)
       s.lastRows(m)[logit_rows++] = static_cast<int32_t>(j);
+    s.chunk_last_row.push_back(logit_rows - 1);
     const int64_t used = std::min<int64_t>(chunk.blocks.size(), s.max_blocks_per_seq);
     std::copy(chunk.blocks.begin(), chunk.blocks.begin() + used, table);
     std::fill(table + used, table + s.max_blocks_per_seq, scratch);
@@ -1294,14 +1297,15 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
     return StepOutput{};
   }
   // Several rows of some chunk (drafts, scored prompts): every row's logits, nothing drawn.
-  auto results = logit_rows > rows ? s.allLogits(logit_rows) : s.results(outputs, sequences, rows);
+  auto results = s.results(outputs, sequences, rows, logit_rows);
   // A failed call leaves nothing in flight to the pinned buffers the next step writes.
   if (!results.ok()) cudaStreamSynchronize(s.stream);
   return results;
 }
 
 absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOutput> outputs,
-                                                          int64_t sequences, int64_t rows) {
+                                                          int64_t sequences, int64_t rows,
+                                                          int64_t logit_rows) {
   State& s = *this;
   Draws& h = s.host_draws;
   bool want_logits = false, draw = false, logprobs = false;
@@ -1328,24 +1332,41 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
     for (const SeenToken& t : d.seen)
       h.seen[seen++] = {.token = static_cast<int32_t>(t.token), .count = t.count};
   }
-  if (!want_logits && !draw) {  // Prompt chunks that are not their prompt's last.
+  // Some chunk has several rows of logits (drafts, a scored prompt): the host gets every row.
+  const bool several = logit_rows > rows;
+  if (!want_logits && !draw && !several) {  // Prompt chunks that are not their prompt's last.
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
     return StepOutput{};
   }
-  // Logits [sequences][vocab]: under tensor parallelism the gathered ones are every rank's
+  // Logits [logit rows][vocab]: under tensor parallelism the gathered ones are every rank's
   // [rows][its vocabulary rows], rank after rank, put back in vocabulary order first.
+  const int64_t host_rows = several ? logit_rows : want_logits ? sequences : 0;
   float* logits = s.logits;
   if (s.comm != nullptr) {
-    CLEAVE_RETURN_IF_ERROR(cuda::joinColumnSlices(s.gathered, s.rank_vocab_rows, rows, sequences,
-                                                  s.ordered, s.stream));
+    CLEAVE_RETURN_IF_ERROR(
+        cuda::joinColumnSlices(s.gathered, s.rank_vocab_rows, several ? logit_rows : rows,
+                               several ? logit_rows : sequences, s.ordered, s.stream));
     logits = s.ordered;
   }
   // The model's logits go back before the penalties change the drawn rows' in place.
-  if (want_logits) {
+  if (host_rows > 0) {
     CLEAVE_RETURN_IF_ERROR(
-        cuda::cudaStatus(cudaMemcpyAsync(s.host_logits, logits, sequences * s.vocab * sizeof(float),
+        cuda::cudaStatus(cudaMemcpyAsync(s.host_logits, logits, host_rows * s.vocab * sizeof(float),
                                          cudaMemcpyDeviceToHost, s.stream),
                          "copying logits"));
+  }
+  // Then each sequence's last row moves to row q (in order, so no row is overwritten before
+  // it is read: a sequence's last row is at or past its index) for the draws below, which
+  // come out as a step of one row per sequence would draw them.
+  if (several && draw) {
+    for (int64_t q = 0; q < sequences; ++q) {
+      const int64_t from = chunk_last_row[q];
+      if (from == q) continue;
+      CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+          cudaMemcpyAsync(logits + q * s.vocab, logits + from * s.vocab, s.vocab * sizeof(float),
+                          cudaMemcpyDeviceToDevice, s.stream),
+          "gathering the drawn rows"));
+    }
   }
   if (draw) {
     const Draws& d = s.draws;
@@ -1374,7 +1395,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
   }
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
   StepOutput result;
-  if (want_logits) result.logits = std::span<const float>(s.host_logits, sequences * s.vocab);
+  if (host_rows > 0) result.logits = std::span<const float>(s.host_logits, host_rows * s.vocab);
   if (draw) result.tokens = std::span<const int32_t>(h.drawn, sequences);
   if (logprobs) {
     result.logprobs = std::span<const float>(h.chosen, sequences);
@@ -1384,22 +1405,6 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
     result.top = s.top_out;
   }
   return result;
-}
-
-absl::StatusOr<StepOutput> CudaLlamaModel::State::allLogits(int64_t logit_rows) {
-  State& s = *this;
-  float* logits = s.logits;
-  if (s.comm != nullptr) {
-    CLEAVE_RETURN_IF_ERROR(cuda::joinColumnSlices(s.gathered, s.rank_vocab_rows, logit_rows,
-                                                  logit_rows, s.ordered, s.stream));
-    logits = s.ordered;
-  }
-  CLEAVE_RETURN_IF_ERROR(
-      cuda::cudaStatus(cudaMemcpyAsync(s.host_logits, logits, logit_rows * s.vocab * sizeof(float),
-                                       cudaMemcpyDeviceToHost, s.stream),
-                       "copying logits"));
-  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
-  return StepOutput{.logits = std::span<const float>(s.host_logits, logit_rows * s.vocab)};
 }
 
 bool CudaLlamaModel::multiRowLogits() const { return state_->multi_row_logits; }

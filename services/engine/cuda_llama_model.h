@@ -114,9 +114,9 @@ class CudaLlamaModel : public StepBackend {
   // the log-probabilities asked for: sampling.h) and copying the logits [batch][vocab] (the
   // model's, unpenalized) to the host only when some row wants them; under tensor
   // parallelism rank 0 returns the results, the others none. A step with a chunk of several
-  // rows of logits draws nothing: it returns every row's logits [logitRows(batch)][vocab] and
-  // no tokens (the caller samples). Also InvalidArgument when the rows' seen tokens together
-  // pass max_sequences x max_context, or the rows of logits pass max_logit_rows.
+  // rows of logits returns every row's logits [logitRows(batch)][vocab], and draws each
+  // chunk's last row as any step does. Also InvalidArgument when the rows' seen tokens
+  // together pass max_sequences x max_context, or the rows of logits pass max_logit_rows.
   absl::StatusOr<StepOutput> forwardAndDraw(std::span<const SequenceChunk> batch,
                                             std::span<const RowOutput> outputs) override;
   // Whether options.max_logit_rows was given (StepBackend::multiRowLogits).

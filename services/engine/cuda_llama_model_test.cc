@@ -493,8 +493,8 @@ TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {
   EXPECT_EQ(nativeFormat(moe->layers[0].moe->router), F::kBf16);
   // gpt-oss's MXFP4 experts, loaded for another backend from its Hugging Face folder and its
   // GGUF file: NVFP4 (rewritten at upload, model::mxfp4AsNvfp4).
-  for (const std::string path : {goldenDir() + "/engine/hf/gpt_oss_mxfp4",
-                                 goldenDir() + "/engine/gguf/gpt_oss_mxfp4.gguf"}) {
+  for (const std::string& path : {goldenDir() + "/engine/hf/gpt_oss_mxfp4",
+                                  goldenDir() + "/engine/gguf/gpt_oss_mxfp4.gguf"}) {
     SCOPED_TRACE(path);
     auto oss = loadLlama(path, {.cpu_kernels = false});
     ASSERT_TRUE(oss.ok()) << oss.status();
@@ -514,9 +514,10 @@ TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {
 }
 
 // Chunks asking for several rows of logits (a prompt scored for log-probabilities, a decode
-// token with drafts to verify) beside single-row ones: every row's logits and the hidden
-// states behind them as the CPU model's, nothing drawn in those steps; past max_logit_rows a
-// step is refused, and without it the model says it has one row per sequence.
+// token with drafts to verify) beside single-row ones, then a decode step through the graphs:
+// every row's logits and the hidden states behind them as the CPU model's, and each chunk's
+// last row drawn on the GPU as in any step (greedy: its logits' argmax); past max_logit_rows
+// a step is refused, and without it the model says it has one row per sequence.
 TEST(CudaLlamaModelTest, SeveralRowsOfLogitsAndTheirHiddenStatesMatchTheCpuBackend) {
   CLEAVE_REQUIRE_GPU();
   auto weights = loadLlama(goldenDir() + "/engine/hf/smollm2_like_f32", {.cpu_kernels = false});
@@ -524,7 +525,7 @@ TEST(CudaLlamaModelTest, SeveralRowsOfLogitsAndTheirHiddenStatesMatchTheCpuBacke
   const LlamaWeights& w = **weights;
   const int64_t vocab = w.config.vocab_size, hidden = w.config.hidden_size;
   auto gpu = CudaLlamaModel::create(
-      w, {.max_step_tokens = 64, .max_sequences = 2, .max_context = 64, .max_logit_rows = 24});
+      w, {.max_step_tokens = 64, .max_sequences = 2, .max_logit_rows = 24, .max_context = 64});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   EXPECT_TRUE((*gpu)->multiRowLogits());
   cpu::ThreadPool pool(2);
@@ -542,14 +543,17 @@ TEST(CudaLlamaModelTest, SeveralRowsOfLogitsAndTheirHiddenStatesMatchTheCpuBacke
   const std::vector<int32_t> a_blocks = {3, 1}, b_blocks = {0};
   // Step 1: a's prompt scored row by row (20 rows), b's prompt's last row.
   // Step 2: a decodes one token with three drafts (4 rows), b one token.
-  std::vector<uint32_t> a_next(4), b_next(1);
-  for (uint32_t& t : a_next) t = token(rng);
-  b_next[0] = token(rng);
+  // Step 3: one token each (a decode step, one row per sequence).
+  std::vector<uint32_t> a_next(4), b_next(1), a_last(1), b_last(1);
+  for (std::vector<uint32_t>* v : {&a_next, &b_next, &a_last, &b_last})
+    for (uint32_t& t : *v) t = token(rng);
   const std::vector<std::vector<SequenceChunk>> steps = {
       {{.tokens = a, .start = 0, .blocks = a_blocks, .logits = 20},
        {.tokens = b, .start = 0, .blocks = b_blocks, .logits = 1}},
       {{.tokens = a_next, .start = 20, .blocks = a_blocks, .logits = 4},
-       {.tokens = b_next, .start = 9, .blocks = b_blocks, .logits = 1}}};
+       {.tokens = b_next, .start = 9, .blocks = b_blocks, .logits = 1}},
+      {{.tokens = a_last, .start = 24, .blocks = a_blocks},
+       {.tokens = b_last, .start = 10, .blocks = b_blocks}}};
   for (const std::vector<SequenceChunk>& batch : steps) {
     SCOPED_TRACE(::testing::Message() << logitRows(batch) << " rows");
     auto want = cpu_model.forward(batch, cache);
@@ -557,14 +561,22 @@ TEST(CudaLlamaModelTest, SeveralRowsOfLogitsAndTheirHiddenStatesMatchTheCpuBacke
     const std::vector<float> expected(want->begin(), want->end());
     const std::vector<float> expected_hidden(cpu_model.lastHidden().begin(),
                                              cpu_model.lastHidden().end());
-    const std::vector<RowOutput> outputs(batch.size(), RowOutput{.draw = DeviceDraw{}});
+    const std::vector<RowOutput> outputs(batch.size(),
+                                         RowOutput{.logits = true, .draw = DeviceDraw{}});
     auto got = (*gpu)->forwardAndDraw(batch, outputs);
     ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_TRUE(got->tokens.empty());  // Several rows of some chunk: nothing drawn.
     ASSERT_EQ(got->logits.size(), expected.size());
     Comparison c;
     compareLogits(got->logits, expected, vocab, c);
     EXPECT_LE(c.worst_relative, 5e-2);
+    // Each chunk's last row drawn greedily: the argmax (lowest index) of its logits row.
+    ASSERT_EQ(got->tokens.size(), batch.size());
+    int64_t row = -1;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      row += batch[i].logits;
+      const float* logits = got->logits.data() + row * vocab;
+      EXPECT_EQ(got->tokens[i], std::max_element(logits, logits + vocab) - logits) << "chunk " << i;
+    }
     const std::span<const float> got_hidden = (*gpu)->lastHidden();
     ASSERT_EQ(got_hidden.size(), static_cast<size_t>(logitRows(batch) * hidden));
     const cuda::testing::Difference d = cuda::testing::compare(

@@ -37,9 +37,11 @@ struct TokenLogprob {
   float logprob = 0.0f;
 };
 
-// A step's results: logits [batch][vocab] (empty when no row asked for them) and tokens
-// [batch] (the drawn rows' tokens, the others unspecified; empty when the backend draws
-// nothing: the caller then samples every row from the logits, which it always gets then).
+// A step's results: logits [logitRows(batch)][vocab] (empty when no row asked for them; a
+// step with a chunk of several rows returns them all) and tokens [batch] (the drawn rows'
+// tokens, drawn from each chunk's last row; the others unspecified; empty when the backend
+// draws nothing: the caller then samples every row from the logits, which it always gets
+// then).
 // For drawn rows that asked for log-probabilities (DeviceDraw::logprobs = n >= 0):
 // logprobs[row] their token's, top[row * kMaxLogprobs + i] for i < n the best tokens', best
 // first (both empty when no drawn row asked).

@@ -417,18 +417,22 @@ class DrawingBackend final : public SeparateCacheBackend {
                                             std::span<const RowOutput> rows) override {
     auto logits = forward(batch);
     if (!logits.ok()) return logits.status();
-    const size_t vocab = logits->size() / batch.size();
+    const size_t vocab = logits->size() / static_cast<size_t>(logitRows(batch));
     tokens_.assign(batch.size(), -1);
     logprobs_.clear();
     top_.clear();
-    bool wanted = false;
-    for (size_t i = 0; i < rows.size(); ++i) {
+    // Several rows of some chunk: every row's logits go back (as the CUDA model's do), and
+    // each chunk's last row is drawn.
+    bool wanted = logitRows(batch) > static_cast<int64_t>(batch.size());
+    size_t last = 0;  // Chunk i's last row of logits.
+    for (size_t i = 0; i < rows.size(); last += static_cast<size_t>(batch[i].logits), ++i) {
       wanted = wanted || rows[i].logits;
       logit_rows += rows[i].logits;
       if (!rows[i].draw) continue;
       const DeviceDraw& d = *rows[i].draw;
+      const size_t at = last + static_cast<size_t>(batch[i].logits) - 1;
       // The penalties by their definition (sampler.h), on a copy of the row.
-      std::vector<float> row(logits->begin() + i * vocab, logits->begin() + (i + 1) * vocab);
+      std::vector<float> row(logits->begin() + at * vocab, logits->begin() + (at + 1) * vocab);
       for (const SeenToken& t : d.seen) {
         float& x = row[t.token];
         if (d.repetition_penalty != 1.0f)
@@ -441,7 +445,7 @@ class DrawingBackend final : public SeparateCacheBackend {
                                             : (d.seed + d.index) % vocab);
       ++drawn;
       if (d.logprobs >= 0) {  // Of the model's logits, by their definition, in double.
-        const std::span<const float> raw = logits->subspan(i * vocab, vocab);
+        const std::span<const float> raw = logits->subspan(at * vocab, vocab);
         const double peak = *std::max_element(raw.begin(), raw.end());
         double total = 0;
         for (float v : raw) total += std::exp(double(v) - peak);
@@ -648,9 +652,10 @@ TEST(TpGroupHostKvTest, TheSchedulerTakesTheTokensTheBackendDraws) {
   EXPECT_EQ(rest, (std::vector<uint32_t>{4 % vocab, 5 % vocab, 6 % vocab}));
 }
 
-// A backend with several rows of logits a step (as the CUDA model with max_logit_rows): the
-// scheduler verifies drafts on it, scores prompts for log-probabilities and takes hidden
-// states from it, with the CPU group's results; without them, it refuses such requests.
+// A backend with several rows of logits a step that draws (as the CUDA model with
+// max_logit_rows): the scheduler verifies drafts on it, scores prompts for log-probabilities
+// and takes hidden states from it, with the CPU group's results (greedy requests); without
+// them, it refuses such requests.
 TEST(TpGroupHostKvTest, ABackendWithSeveralRowsOfLogitsVerifiesDraftsAndScoresPrompts) {
   const std::string path = kHf + "llama_f32";
   std::mt19937 rng(4);
@@ -713,9 +718,12 @@ TEST(TpGroupHostKvTest, ABackendWithSeveralRowsOfLogitsVerifiesDraftsAndScoresPr
   ASSERT_GT(want.drafted, 0);
   ASSERT_EQ(want.scored.size(), prompts[1].size() - 1);
   ASSERT_FALSE(want.hidden.empty());
-  SeparateGroup backend(path, cpu::KvType::kF32, false, false, true);
+  // The backend draws each chunk's last row as the CUDA model does, in steps of several rows
+  // too, and returns every row's logits in those.
+  SeparateGroup backend(path, cpu::KvType::kF32, false, true, true);
   ASSERT_TRUE(backend.group->multiRowLogits());
   const Result got = run(*backend.group);
+  EXPECT_GT(static_cast<DrawingBackend*>(backend.backends[0])->drawn, 0);
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_EQ(got.drafted, want.drafted);
   ASSERT_EQ(got.scored.size(), want.scored.size());
