@@ -14,7 +14,7 @@ constexpr int kBottom = -9;      // the smallest e4m3 power of two, 2^-9 (subnor
 // The e4m3 byte of 2^d, kBottom <= d <= kTop.
 uint8_t e4m3PowerOfTwo(int d) {
   if (d >= -6) return static_cast<uint8_t>((d + 7) << 3);  // normal: biased exponent d + 7
-  return static_cast<uint8_t>(1 << (d - kBottom));        // subnormal: mantissa x 2^-9
+  return static_cast<uint8_t>(1 << (d - kBottom));         // subnormal: mantissa x 2^-9
 }
 
 // The E2M1 magnitudes of codes 0..7.
