@@ -33,10 +33,10 @@ constexpr ArchName kArchitectures[] = {
     // DeepSeek-V2 and V2-Lite: V3's graph with softmax routing (V2's defaults below).
     {"deepseek_v2", "deepseek2", Architecture::kDeepseekV3},
     {"gpt_oss", "gpt-oss", Architecture::kGptOss},
-    // Phi-3 and Phi-4: Llama's graph with Q, K, V in one matrix (qkv_proj) and gate and up in
-    // another (gate_up_proj), and a window on every layer when the config sets one (Phi-3-mini
-    // 4k: 2047). From Hugging Face folders only.
-    {"phi3", "", Architecture::kPhi3},
+    // Phi-3 and Phi-4: Llama's graph with Q, K, V in one matrix (qkv_proj; GGUF attn_qkv) and
+    // gate and up in another (gate_up_proj; GGUF ffn_up), and a window on every layer when the
+    // config sets one (Phi-3-mini 4k: 2047).
+    {"phi3", "phi3", Architecture::kPhi3},
 };
 
 std::string supportedList() {
@@ -391,7 +391,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
                      "\" is not supported (supported: llama, qwen2, qwen3, "
-                     "qwen3moe, deepseek2, gpt-oss)"));
+                     "qwen3moe, deepseek2, gpt-oss, phi3)"));
   }
   c.architecture = arch->arch;
   const std::string p = c.model_type + ".";
@@ -506,6 +506,24 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
       for (uint32_t l = 0; l < c.num_layers; l += 2) c.sliding_layers[l] = true;
     }
     c.rope_scaling.truncate = false;
+  }
+  if (c.architecture == Architecture::kPhi3) {
+    // A window on every layer, as transformers applies Phi-3's sliding_window (llama.cpp
+    // turns it off for Phi-3 files; the model was trained with it).
+    CLEAVE_ASSIGN_OR_RETURN(c.sliding_window, u32Or("attention.sliding_window", 0));
+    if (c.sliding_window > 0) c.sliding_layers.assign(c.num_layers, true);
+    CLEAVE_ASSIGN_OR_RETURN(uint32_t rotated, u32Or("rope.dimension_count", c.head_dim));
+    if (rotated != c.head_dim) {
+      return absl::UnimplementedError(
+          absl::StrCat(file.path(), ": ", p, "rope.dimension_count ", rotated, " of head size ",
+                       c.head_dim, " (rotary embedding on part of each head) is not supported"));
+    }
+    if (file.findTensor("rope_factors_long.weight") != nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat(file.path(),
+                       ": rope_factors_long.weight (Phi-3's longrope scaling, the "
+                       "128k-context variants) is not supported"));
+    }
   }
   if (c.architecture == Architecture::kDeepseekV3) {
     MlaConfig mla;

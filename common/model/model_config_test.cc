@@ -267,6 +267,41 @@ TEST(ModelConfigTest, GgufMoeAndUnsupportedArchitectures) {
   EXPECT_THAT(missing.status().message(), HasSubstr("llama.block_count"));
 }
 
+// llama.cpp's Phi-3 files: a window on every layer from phi3.attention.sliding_window (as
+// transformers applies it); rotary embedding on part of each head and longrope refused,
+// naming what.
+TEST(ModelConfigTest, GgufPhi3) {
+  using testing::GgufBuilder;
+  auto phi3 = [](uint32_t rotated, bool longrope) {
+    GgufBuilder b;
+    b.kvString("general.architecture", "phi3")
+        .kvU32("phi3.block_count", 3)
+        .kvU32("phi3.context_length", 4096)
+        .kvU32("phi3.embedding_length", 64)
+        .kvU32("phi3.feed_forward_length", 176)
+        .kvU32("phi3.attention.head_count", 4)
+        .kvU32("phi3.attention.head_count_kv", 4)
+        .kvU32("phi3.rope.dimension_count", rotated)
+        .kvU32("phi3.attention.sliding_window", 2047)
+        .kvU32("phi3.vocab_size", 100);
+    if (longrope) b.tensor("rope_factors_long.weight", {8}, 0, 0, std::string(32, '\0'));
+    auto file = GgufFile::parse(MappedFile::fromBuffer("phi3.gguf", b.build()));
+    EXPECT_TRUE(file.ok()) << file.status();
+    return configFromGguf(**file);
+  };
+  auto c = phi3(16, false);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kPhi3);
+  EXPECT_EQ(c->head_dim, 16u);
+  for (uint32_t l = 0; l < 3; ++l) EXPECT_EQ(c->attentionWindow(l), 2047u) << l;
+  auto partial = phi3(12, false);
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(partial.status().message(), HasSubstr("phi3.rope.dimension_count 12"));
+  auto longrope = phi3(16, true);
+  EXPECT_EQ(longrope.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(longrope.status().message(), HasSubstr("longrope"));
+}
+
 TEST(ModelConfigTest, MoeLayerSchedule) {
   ModelConfig c;
   c.moe = MoeConfig{};

@@ -159,7 +159,10 @@ class GgufSource final : public TensorSource {
                                                               {"ffn_norm", "ffn_norm.weight"},
                                                               {"gate", "ffn_gate.weight"},
                                                               {"up", "ffn_up.weight"},
-                                                              {"down", "ffn_down.weight"}};
+                                                              {"down", "ffn_down.weight"},
+                                                              // Phi-3's fused matrices.
+                                                              {"qkv", "attn_qkv.weight"},
+                                                              {"gate_up", "ffn_up.weight"}};
     return absl::StrCat("blk.", layer, ".", kNames.at(role));
   }
   std::string embeddingName() const override { return "token_embd.weight"; }

@@ -13,6 +13,11 @@ not to (the golden logits and Cleave follow the config), so gpt_oss_f32.gguf is 
 against transformers run with truncation; gpt_oss_mxfp4.gguf, the same layout with MXFP4
 experts, by its experts' values (the gguf package's decoding against transformers' MXFP4
 converter's).
+phi3_f32.gguf is Phi-3 as convert_hf_to_gguf.py's Phi3MiniModel writes it: qkv_proj as attn_qkv,
+gate_up_proj (gate rows first) as ffn_up, rotate-half rope (no permutation), the window as
+phi3.attention.sliding_window. llama.cpp turns Phi-3's window off, so it is checked against
+transformers only at positions before the window's end (where the window changes nothing);
+Cleave applies the window, as transformers does, and the engine test compares every position.
 The engine test (HfLogitsTest, "NAME.gguf") loads these files against the same transformers logits.
 
 qwen3_nvfp4.gguf is qwen3_f32 with its decoder's linear weights whose rows are whole 64-element
@@ -147,6 +152,36 @@ def write(case, arch, nvfp4=False):
         for gguf_name, hf_name in (("ffn_gate_exps", gate), ("ffn_up_exps", up), ("ffn_down_exps", down)):
             stacked = np.stack([t[hf + f"{moe}.experts.{e}.{hf_name}.weight"] for e in range(experts)])
             tensor(blk + gguf_name + ".weight", stacked)
+    return close_writer(w)
+
+
+def write_phi3(case):
+    """Phi-3 as convert_hf_to_gguf.py's Phi3MiniModel writes it (float32): the fused
+    qkv_proj and gate_up_proj under llama.cpp's names, Hugging Face's row order kept."""
+    cfg, t, w = open_writer(case, "phi3")
+    heads = cfg["num_attention_heads"]
+    w.add_rope_dimension_count(cfg["hidden_size"] // heads)
+    w.add_rope_scaling_orig_ctx_len(cfg["original_max_position_embeddings"])
+    if cfg.get("sliding_window"):
+        w.add_sliding_window(cfg["sliding_window"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("none")
+
+    def tensor(name, array):
+        w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
+
+    tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    tensor("output_norm.weight", t["model.norm.weight"])
+    tensor("output.weight", t["lm_head.weight"])
+    for layer in range(cfg["num_hidden_layers"]):
+        hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
+        tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
+        tensor(blk + "attn_qkv.weight", t[hf + "self_attn.qkv_proj.weight"])
+        tensor(blk + "attn_output.weight", t[hf + "self_attn.o_proj.weight"])
+        tensor(blk + "ffn_norm.weight", t[hf + "post_attention_layernorm.weight"])
+        tensor(blk + "ffn_up.weight", t[hf + "mlp.gate_up_proj.weight"])
+        tensor(blk + "ffn_down.weight", t[hf + "mlp.down_proj.weight"])
     return close_writer(w)
 
 
@@ -303,7 +338,9 @@ def write_nvfp4_golden(case, path):
     return out
 
 
-def check_with_llamacpp(case, path, tolerance, reference=None, golden_path=None):
+def check_with_llamacpp(case, path, tolerance, reference=None, golden_path=None, positions=None):
+    """llama.cpp's logits of `path` against `case`'s golden (or `reference`), at every position
+    of each prompt or its first `positions`."""
     import llama_cpp
     golden = json.load(open(golden_path or os.path.join(HF, case, "logits.json")))
     if reference is not None:
@@ -318,7 +355,7 @@ def check_with_llamacpp(case, path, tolerance, reference=None, golden_path=None)
         llm.reset()
         llm.eval(prompt["ids"])
         got = np.array(llm.scores[: len(prompt["ids"])], dtype=np.float32)
-        for row_got, row_want in zip(got, want):
+        for row_got, row_want in list(zip(got, want))[:positions]:
             worst = max(worst, float(np.abs(row_got - row_want).max() / np.abs(row_want).max()))
     print(f"{os.path.basename(path)}: llama.cpp against transformers, max relative logit error "
           f"{worst:.2e} (bound {tolerance:.0e})")
@@ -337,6 +374,9 @@ if __name__ == "__main__":
                         truncated_yarn_logits("gpt_oss_f32", json.load(open(os.path.join(
                             HF, "gpt_oss_f32", "logits.json")))["prompts"]))
     check_mxfp4_blocks(write_gpt_oss("gpt_oss_mxfp4"), "gpt_oss_mxfp4")
+    # Phi-3: llama.cpp ignores its window (7 positions here), so only the first 7 positions.
+    phi3 = json.load(open(os.path.join(HF, "phi3_f32", "config.json")))
+    check_with_llamacpp("phi3_f32", write_phi3("phi3_f32"), 1e-4, positions=phi3["sliding_window"])
     # NVFP4: llama.cpp rounds its activations to Q8_0 blocks (an fp16 scale, halves away from
     # zero) where the golden rounds them as the engine does.
     nvfp4 = write("qwen3_f32", "qwen3", nvfp4=True)
