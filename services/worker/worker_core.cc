@@ -597,7 +597,7 @@ absl::StatusOr<v1::EmbedPromptResponse> WorkerCore::embed(const v1::EmbedPromptR
                                   c.vocab_size, ")"));
     }
   }
-  if (r.prompt_token_ids_size() > c.max_position_embeddings) {
+  if (static_cast<int64_t>(r.prompt_token_ids_size()) > int64_t{c.max_position_embeddings}) {
     return invalid(absl::StrCat("prompt_token_ids has ", r.prompt_token_ids_size(),
                                 " ids; the context holds ", c.max_position_embeddings));
   }
