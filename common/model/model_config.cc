@@ -518,6 +518,10 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
           absl::StrCat(file.path(), ": ", p, "rope.dimension_count ", rotated, " of head size ",
                        c.head_dim, " (rotary embedding on part of each head) is not supported"));
     }
+    if (file.findTensor("blk.0.attn_qkv.bias") != nullptr) {
+      return absl::UnimplementedError(absl::StrCat(
+          file.path(), ": blk.0.attn_qkv.bias (a bias on Phi-3's fused QKV) is not supported"));
+    }
     if (file.findTensor("rope_factors_long.weight") != nullptr) {
       return absl::UnimplementedError(
           absl::StrCat(file.path(),

@@ -272,7 +272,7 @@ TEST(ModelConfigTest, GgufMoeAndUnsupportedArchitectures) {
 // naming what.
 TEST(ModelConfigTest, GgufPhi3) {
   using testing::GgufBuilder;
-  auto phi3 = [](uint32_t rotated, bool longrope) {
+  auto phi3 = [](uint32_t rotated, bool longrope, uint32_t window = 2047, bool qkv_bias = false) {
     GgufBuilder b;
     b.kvString("general.architecture", "phi3")
         .kvU32("phi3.block_count", 3)
@@ -282,9 +282,10 @@ TEST(ModelConfigTest, GgufPhi3) {
         .kvU32("phi3.attention.head_count", 4)
         .kvU32("phi3.attention.head_count_kv", 4)
         .kvU32("phi3.rope.dimension_count", rotated)
-        .kvU32("phi3.attention.sliding_window", 2047)
+        .kvU32("phi3.attention.sliding_window", window)
         .kvU32("phi3.vocab_size", 100);
     if (longrope) b.tensor("rope_factors_long.weight", {8}, 0, 0, std::string(32, '\0'));
+    if (qkv_bias) b.tensor("blk.0.attn_qkv.bias", {192}, 0, 0, std::string(768, '\0'));
     auto file = GgufFile::parse(MappedFile::fromBuffer("phi3.gguf", b.build()));
     EXPECT_TRUE(file.ok()) << file.status();
     return configFromGguf(**file);
@@ -294,6 +295,13 @@ TEST(ModelConfigTest, GgufPhi3) {
   EXPECT_EQ(c->architecture, Architecture::kPhi3);
   EXPECT_EQ(c->head_dim, 16u);
   for (uint32_t l = 0; l < 3; ++l) EXPECT_EQ(c->attentionWindow(l), 2047u) << l;
+  EXPECT_TRUE(c->tie_word_embeddings);   // No output.weight in the file.
+  auto unwindowed = phi3(16, false, 0);  // Phi-4's files: a window of 0, none.
+  ASSERT_TRUE(unwindowed.ok()) << unwindowed.status();
+  EXPECT_EQ(unwindowed->attentionWindow(0), 0u);
+  auto biased = phi3(16, false, 2047, true);
+  EXPECT_EQ(biased.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(biased.status().message(), HasSubstr("blk.0.attn_qkv.bias"));
   auto partial = phi3(12, false);
   EXPECT_EQ(partial.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(partial.status().message(), HasSubstr("phi3.rope.dimension_count 12"));

@@ -31,6 +31,7 @@
 #include "nlohmann/json.hpp"
 #include "services/cli/commands.h"
 #include "services/cli/router_client.h"
+#include "services/engine/kv_block_pool.h"
 #include "services/engine/lora_adapter.h"
 #include "services/engine/speculative.h"
 
@@ -178,6 +179,8 @@ int runUp(int argc, char** argv) {
   if (absl::Status valid = engine::parseLoraModules(lora_modules).status(); !valid.ok())
     exitWithUsageError(flags, valid);
   if (absl::Status valid = engine::validate(speculative); !valid.ok())
+    exitWithUsageError(flags, valid);
+  if (absl::Status valid = engine::validateBlockSize(block_size); !valid.ok())
     exitWithUsageError(flags, valid);
   if (model.empty()) exitWithUsageError(flags, absl::InvalidArgumentError("--model is required"));
   if (!positional.empty()) {

@@ -9,6 +9,13 @@
 
 namespace cleave::engine {
 
+absl::Status validateBlockSize(int64_t block_size) {
+  if (block_size >= 8 && block_size <= 256 && (block_size & (block_size - 1)) == 0)
+    return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--block-size must be a power of two in 8..256, got ", block_size));
+}
+
 KvBlockPool::KvBlockPool(const KvBlockPoolOptions& options) : options_(options) {
   blocks_.resize(options.num_blocks);
   for (int64_t b = options.num_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));

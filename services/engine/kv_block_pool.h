@@ -28,6 +28,10 @@ struct KvBlockPoolOptions {
   int64_t num_blocks = 0;
 };
 
+// The block sizes a worker serves with (--block-size): powers of two in 8..256.
+// InvalidArgument naming the flag otherwise.
+absl::Status validateBlockSize(int64_t block_size);
+
 // The longest cache salt a request may name (GenerationRequest::cache_salt).
 inline constexpr size_t kMaxCacheSaltBytes = 256;
 

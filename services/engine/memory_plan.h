@@ -27,8 +27,8 @@ struct BackendMemory {
 // devices: CUDA graphs, cuBLASLt's workspace, NCCL's buffers past their headroom.
 inline constexpr int64_t kDeviceReserve = int64_t{512} << 20;
 
-// The most blocks a pool has (16.7M tokens of blocks of 16): the block ids and their
-// bookkeeping stay small however large the budget.
+// The most blocks a pool has (16.7M tokens of blocks of 16, 8.4M of 8): the block ids and
+// their bookkeeping stay small however large the budget.
 inline constexpr int64_t kMaxKvBlocks = int64_t{1} << 20;
 
 // Rows of logits a step computes for prompt log-probabilities, at most (the prompts scored

@@ -86,8 +86,9 @@ struct GenerationRequest {
   // stop.min_new_tokens.
   LogitAdjustments adjustments;
   // n >= 0: score the prompt, each token from the second on given those before it, with
-  // the n most likely tokens there (TokenEvent::prompt_logprobs); -1: none. Needs the CPU
-  // model (TpGroup::multiRowLogits). Such a prompt is computed whole (no prefix cache),
+  // the n most likely tokens there (TokenEvent::prompt_logprobs); -1: none. Needs a model
+  // with several rows of logits a step (TpGroup::multiRowLogits). Such a prompt is computed
+  // whole (no prefix cache),
   // kPromptLogprobRows tokens a step for all scored prompts together; a reservation it
   // prefills into must hold no cached blocks (reserve() without the prompt).
   int32_t prompt_logprobs = -1;

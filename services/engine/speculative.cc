@@ -14,7 +14,7 @@ void SpeculativeOptions::addFlags(FlagSet& flags) {
                "Speculative decoding: tokens each decoding sequence drafts per step by prompt "
                "lookup (what followed the last n-gram where it occurred before in the "
                "sequence), verified in one pass; the output is the same, faster where text "
-               "repeats. 0: off; CPU backend only");
+               "repeats. 0: off");
   flags.addInt("prompt-lookup-min", &ngram.min,
                "Speculative decoding: the shortest n-gram whose earlier occurrence drafts");
   flags.addInt("prompt-lookup-max", &ngram.max,

@@ -20,8 +20,9 @@ struct NgramOptions {
 };
 
 struct SpeculativeOptions {
-  // Drafts per sequence and step, at most (0: off). Only the CPU model verifies drafts
-  // (TpGroup::multiRowLogits): with a backend nothing is drafted.
+  // Drafts per sequence and step, at most (0: off). Verified by a model that returns several
+  // rows of logits a step (TpGroup::multiRowLogits: the CPU model, the CUDA one with
+  // max_logit_rows); with another backend nothing is drafted.
   int64_t tokens = 0;
   NgramOptions ngram;
 

@@ -424,7 +424,8 @@ class DrawingBackend final : public SeparateCacheBackend {
     top_.clear();
     // Several rows of some chunk: every row's logits go back (as the CUDA model's do), and
     // each chunk's last row is drawn.
-    bool wanted = logitRows(batch) > static_cast<int64_t>(batch.size());
+    const bool several = logitRows(batch) > static_cast<int64_t>(batch.size());
+    bool wanted = several;
     size_t last = 0;  // Chunk i's last row of logits.
     for (size_t i = 0; i < rows.size(); last += static_cast<size_t>(batch[i].logits), ++i) {
       wanted = wanted || rows[i].logits;
@@ -445,6 +446,7 @@ class DrawingBackend final : public SeparateCacheBackend {
                                             ? std::max_element(row.begin(), row.end()) - row.begin()
                                             : (d.seed + d.index) % vocab);
       ++drawn;
+      drawn_beside_several += several;
       if (d.logprobs >= 0) {  // Of the model's logits, by their definition, in double.
         const std::span<const float> raw = logits->subspan(at * vocab, vocab);
         const double peak = *std::max_element(raw.begin(), raw.end());
@@ -478,6 +480,7 @@ class DrawingBackend final : public SeparateCacheBackend {
     return out;
   }
   int drawn = 0, logit_rows = 0, steps_without_logits = 0;
+  int drawn_beside_several = 0;      // Draws in steps where some chunk had several rows.
   int calls = 0, corrupt_call = -1;  // The call (0-based) whose draws come back bad.
 
  private:
@@ -724,7 +727,8 @@ TEST(TpGroupHostKvTest, ABackendWithSeveralRowsOfLogitsVerifiesDraftsAndScoresPr
   SeparateGroup backend(path, cpu::KvType::kF32, false, true, true);
   ASSERT_TRUE(backend.group->multiRowLogits());
   const Result got = run(*backend.group);
-  EXPECT_GT(static_cast<DrawingBackend*>(backend.backends[0])->drawn, 0);
+  // Its draws were taken in steps with several rows of some chunk too.
+  EXPECT_GT(static_cast<DrawingBackend*>(backend.backends[0])->drawn_beside_several, 0);
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_EQ(got.drafted, want.drafted);
   ASSERT_EQ(got.scored.size(), want.scored.size());
@@ -734,22 +738,40 @@ TEST(TpGroupHostKvTest, ABackendWithSeveralRowsOfLogitsVerifiesDraftsAndScoresPr
     EXPECT_EQ(got.scored[i].top, want.scored[i].top) << i;
   }
   EXPECT_EQ(got.hidden, want.hidden);
-  // A backend with one row per sequence: no drafts; such requests refused, naming why.
+  // A backend with one row per sequence: the same tokens with nothing drafted; scored prompts
+  // and hidden states refused, naming why.
   SeparateGroup single(path, cpu::KvType::kF32, false);
   ASSERT_FALSE(single.group->multiRowLogits());
+  // One request alone, asked to draft: as the CPU group decodes it without drafts.
+  auto alone = [&](TpGroup& model, int64_t drafts, int64_t* drafted) {
+    Scheduler s(model, nullptr,
+                {.max_batch_tokens = 32,
+                 .max_sequences = 4,
+                 .speculative = {.tokens = drafts, .ngram = {.min = 1, .max = 3}}});
+    EXPECT_TRUE(s.add({.id = 0, .prompt = prompts[0], .stop = {.max_new_tokens = 12}}).ok());
+    std::vector<uint32_t> out;
+    for (int step = 0; step < 100 && !s.idle(); ++step) {
+      auto events = s.step();
+      EXPECT_TRUE(events.ok()) << events.status();
+      if (!events.ok()) break;
+      for (const TokenEvent& e : *events) out.push_back(e.token);
+    }
+    *drafted = s.draftedTokens();
+    return out;
+  };
+  int64_t drafted = -1, cpu_drafted = -1;
+  EXPECT_EQ(alone(*single.group, 3, &drafted), alone(**cpu, 0, &cpu_drafted));
+  EXPECT_EQ(drafted, 0);
   Scheduler scheduler(*single.group, nullptr, {.max_sequences = 2});
-  EXPECT_EQ(
-      scheduler
-          .add({.id = 1, .prompt = prompts[0], .stop = {.max_new_tokens = 1}, .prompt_logprobs = 0})
-          .code(),
-      absl::StatusCode::kUnimplemented);
+  const absl::Status scored = scheduler.add(
+      {.id = 1, .prompt = prompts[0], .stop = {.max_new_tokens = 1}, .prompt_logprobs = 0});
+  EXPECT_EQ(scored.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(scored.message(), HasSubstr("several rows of logits"));
   ASSERT_TRUE(scheduler.reserve(2, 2).ok());
-  EXPECT_EQ(
-      scheduler
-          .addPrefill(
-              {.id = 2, .prompt = prompts[0], .stop = {.max_new_tokens = 1}, .hidden_state = true})
-          .code(),
-      absl::StatusCode::kUnimplemented);
+  const absl::Status hidden = scheduler.addPrefill(
+      {.id = 2, .prompt = prompts[0], .stop = {.max_new_tokens = 1}, .hidden_state = true});
+  EXPECT_EQ(hidden.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(hidden.message(), HasSubstr("no hidden states"));
 }
 
 // The worker's path for a backend with its own cache: prefill there, copy the prompt's

@@ -603,8 +603,7 @@ absl::StatusOr<v1::EmbedPromptResponse> WorkerCore::embed(const v1::EmbedPromptR
   }
   if (!model_.hiddenStates()) {
     return absl::UnimplementedError(
-        "this worker's backend returns no hidden states; embeddings are computed by CPU and "
-        "CUDA workers");
+        "this worker's backend returns no hidden states, which embeddings need");
   }
   CLEAVE_ASSIGN_OR_RETURN(const CacheScope scope, scopeOf(r.adapter(), r.cache_salt()));
   uint64_t id;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/kv_format.h"
+#include "services/engine/kv_block_pool.h"
 #include "services/engine/lora_adapter.h"
 #include "services/engine/tensor_parallel.h"
 
@@ -133,11 +134,7 @@ absl::Status validate(const WorkerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat("--kv-dtype: ", kv.status().message()));
   if (options.backend == "cuda" && *kv == cpu::KvType::kF32)
     return absl::InvalidArgumentError("--kv-dtype: the GPU stores its KV cache as bf16 or fp8");
-  if (options.block_size < 8 || options.block_size > 256 ||
-      (options.block_size & (options.block_size - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--block-size must be a power of two in 8..256, got ", options.block_size));
-  }
+  CLEAVE_RETURN_IF_ERROR(engine::validateBlockSize(options.block_size));
   CLEAVE_RETURN_IF_ERROR(engine::validate(options.speculative));
   CLEAVE_RETURN_IF_ERROR(engine::parseLoraModules(options.lora_modules).status());
   if (options.backend == "cuda" && !options.lora_modules.empty()) {

@@ -249,7 +249,8 @@ class DisaggregationTest(unittest.TestCase):
                     self.assertLess(time.monotonic(), deadline, decode.log())
                     time.sleep(0.1)
                 self.assertIn("KV layout", decode.log())
-                self.assertIn(shown, decode.log())
+                self.assertIn(shown, decode.log())  # This worker's layout, and the others':
+                self.assertIn("block_size: 16", decode.log())
             info = stub.GetServerInfo(ct.stubs()["generation_pb2"].GetServerInfoRequest(),
                                       timeout=5)
             self.assertEqual(len(info.workers), 1)

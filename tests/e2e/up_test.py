@@ -9,6 +9,8 @@ import tempfile
 import unittest
 import urllib.request
 
+import grpc
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
 import cleave_testing as ct  # noqa: E402
 from serving_test import MODEL  # noqa: E402
@@ -88,6 +90,11 @@ class GoldenModelUpTest(unittest.TestCase):
                          "--planned-seq-len=64", "--http-listen=127.0.0.1:0", "--block-size=8"],
                         ready_timeout=120)
         try:
+            # The workers serve with the blocks asked for (the router reports their layout's).
+            stub = ct.stubs()["generation_grpc"].GenerationStub(
+                grpc.insecure_channel(f"127.0.0.1:{up.ready['grpc_port']}"))
+            listed = stub.ListModels(ct.stubs()["generation_pb2"].ListModelsRequest(), timeout=10)
+            self.assertEqual(listed.models[0].block_size, 8)
             for prompt in golden["prompts"]:
                 body = json.dumps({"prompt": prompt["ids"], "max_tokens": len(prompt["greedy_next"]),
                                    "temperature": 0, "return_token_ids": True}).encode()
