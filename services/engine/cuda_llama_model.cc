@@ -1296,7 +1296,6 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
     return StepOutput{};
   }
-  // Several rows of some chunk (drafts, scored prompts): every row's logits, nothing drawn.
   auto results = s.results(outputs, sequences, rows, logit_rows);
   // A failed call leaves nothing in flight to the pinned buffers the next step writes.
   if (!results.ok()) cudaStreamSynchronize(s.stream);
@@ -1334,7 +1333,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
   }
   // Some chunk has several rows of logits (drafts, a scored prompt): the host gets every row.
   const bool several = logit_rows > rows;
-  if (!want_logits && !draw && !several) {  // Prompt chunks that are not their prompt's last.
+  if (!want_logits && !draw && !several) {  // Prompt chunks the host does not read.
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
     return StepOutput{};
   }

@@ -666,10 +666,13 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     RowOutput out;
     if (seq.cached + static_cast<int64_t>(batch[i].tokens.size()) >=
         static_cast<int64_t>(seq.request.prompt.size())) {
-      // A constrained or adjusted row is drawn here, from its logits.
-      if (!seq.constraint && !adjusted(seq)) out.draw = seq.sampler->deviceDraw();
+      // A constrained or adjusted row is drawn here, from its logits; drafts are verified here.
+      const bool drafts = batch[i].logits > 1 && seq.prefilled();
+      if (!drafts && !seq.constraint && !adjusted(seq)) out.draw = seq.sampler->deviceDraw();
       out.logits = !out.draw.has_value();
     }
+    // A prompt being scored: the host reads every row of its chunk, one row or many.
+    if (seq.request.prompt_logprobs >= 0 && !seq.prefilled()) out.logits = true;
     outputs.push_back(out);
   }
   CLEAVE_ASSIGN_OR_RETURN(StepOutput step, model_.forwardAndDraw(batch, outputs));

@@ -738,6 +738,30 @@ TEST(TpGroupHostKvTest, ABackendWithSeveralRowsOfLogitsVerifiesDraftsAndScoresPr
     EXPECT_EQ(got.scored[i].top, want.scored[i].top) << i;
   }
   EXPECT_EQ(got.hidden, want.hidden);
+  // A prompt scored one token a step: chunks of one row that the host reads all the same.
+  auto scoredAlone = [&](TpGroup& model) {
+    Scheduler s(model, nullptr, {.max_batch_tokens = 1, .max_sequences = 1});
+    EXPECT_TRUE(
+        s.add({.id = 1, .prompt = prompts[1], .stop = {.max_new_tokens = 1}, .prompt_logprobs = 1})
+            .ok());
+    std::vector<SampledToken> scored;
+    for (int step = 0; step < 100 && !s.idle(); ++step) {
+      auto events = s.step();
+      EXPECT_TRUE(events.ok()) << events.status();
+      if (!events.ok()) break;
+      for (const TokenEvent& e : *events)
+        if (!e.prompt_logprobs.empty()) scored = e.prompt_logprobs;
+    }
+    return scored;
+  };
+  const std::vector<SampledToken> one_by_one = scoredAlone(*backend.group);
+  const std::vector<SampledToken> cpu_one_by_one = scoredAlone(**cpu);
+  ASSERT_EQ(one_by_one.size(), prompts[1].size() - 1);
+  ASSERT_EQ(cpu_one_by_one.size(), one_by_one.size());
+  for (size_t i = 0; i < one_by_one.size(); ++i) {
+    EXPECT_EQ(one_by_one[i].token, cpu_one_by_one[i].token) << i;
+    EXPECT_EQ(one_by_one[i].logprob, cpu_one_by_one[i].logprob) << i;
+  }
   // A backend with one row per sequence: the same tokens with nothing drafted; scored prompts
   // and hidden states refused, naming why.
   SeparateGroup single(path, cpu::KvType::kF32, false);
