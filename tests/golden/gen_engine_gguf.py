@@ -72,6 +72,19 @@ def open_writer(case, arch, name=None):
     return cfg, t, w
 
 
+def float_writer(w, t, cfg):
+    """A function adding a float32 tensor to `w`, after it has added the embeddings, the final
+    norm and (untied) the head from `t`."""
+    def tensor(name, array):
+        w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
+
+    tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    tensor("output_norm.weight", t["model.norm.weight"])
+    if not cfg.get("tie_word_embeddings"):
+        tensor("output.weight", t["lm_head.weight"])
+    return tensor
+
+
 def close_writer(w):
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -167,13 +180,7 @@ def write_phi3(case):
     w.add_vocab_size(cfg["vocab_size"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("none")
-
-    def tensor(name, array):
-        w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
-
-    tensor("token_embd.weight", t["model.embed_tokens.weight"])
-    tensor("output_norm.weight", t["model.norm.weight"])
-    tensor("output.weight", t["lm_head.weight"])
+    tensor = float_writer(w, t, cfg)
     for layer in range(cfg["num_hidden_layers"]):
         hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
         tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
@@ -214,13 +221,7 @@ def write_gpt_oss(case):
     mxfp4 = "mlp.experts.gate_up_proj_blocks" in " ".join(t)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if mxfp4 else gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("none")
-
-    def tensor(name, array):
-        w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
-
-    tensor("token_embd.weight", t["model.embed_tokens.weight"])
-    tensor("output_norm.weight", t["model.norm.weight"])
-    tensor("output.weight", t["lm_head.weight"])
+    tensor = float_writer(w, t, cfg)
     for layer in range(cfg["num_hidden_layers"]):
         hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
         tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
