@@ -111,37 +111,58 @@ timeout "$(limit 240)" "$dir/bin/bench_cuda" "$@" 2>&1 | tee "$logs/bench_cuda.l
 result "bench_cuda rc=${PIPESTATUS[0]}"
 # Serving from GPU workers: a token-id prompt through the router (prefill worker -> KV over
 # UCX through host rows -> decode worker) against the same prompt offline on one GPU;
-# greedy, so the ids must be equal. serve KV_DTYPE [MODEL] (a folder of data/engine/hf).
+# greedy, so the ids must be equal. serve KV_DTYPE [MODEL [DRAFTS]] (a folder of
+# data/engine/hf; DRAFTS > 0: the workers verify that many prompt-lookup drafts a step, on
+# the GPU's several rows of logits, and must still give the offline ids).
 serve() {
-  local kv="$1" name="${2:-llama_f32}"
-  local model="$dir/data/engine/hf/$name" ready="$logs/up-$1-$name.json"
+  local kv="$1" name="${2:-llama_f32}" drafts="${3:-0}"
+  local model="$dir/data/engine/hf/$name" ready="$logs/up-$1-$name-$drafts.json"
   local tag="$kv $name"
+  [ "$drafts" -gt 0 ] && tag="$tag drafts $drafts"
   local ids="5 9 17 33 2 8 91 4 77 12 3 150 6 18 29 40 1 2 3 4 60 61"
+  # With drafts: P, what the model says after P, then P again, so prompt lookup drafts.
+  if [ "$drafts" -gt 0 ]; then
+    local p="5 9 17 33 2 8 91 4" said
+    said=$(timeout "$(limit 60)" "$dir/bin/cleave" generate --model "$model" --backend cuda \
+           --kv-dtype "$kv" --prompt-ids "$p" --max-tokens 8 --print-ids 2>/dev/null)
+    ids="$p $said $p"
+  fi
   local offline served port up
   rm -f "$ready"
   offline=$(timeout "$(limit 60)" "$dir/bin/cleave" generate --model "$model" --backend cuda \
             --kv-dtype "$kv" --prompt-ids "$ids" --max-tokens 24 --print-ids \
-            2>"$logs/offline-$kv-$name.log")
+            2>"$logs/offline-$kv-$name-$drafts.log")
   UCX_LOG_LEVEL=info timeout "$(limit 150)" "$dir/bin/cleave" up --model "$model" --backend cuda --kv-dtype "$kv" \
       --prefill 1 --decode 1 --threads 2 --listen 127.0.0.1:0 --ready-file "$ready" \
-      > "$logs/up-$kv-$name.log" 2>&1 &
+      --speculative-tokens "$drafts" > "$logs/up-$kv-$name-$drafts.log" 2>&1 &
   up=$!
   for _ in $(seq 120); do [ -s "$ready" ] && break; kill -0 "$up" 2>/dev/null || break; sleep 1; done
   port=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["grpc_port"])' "$ready" 2>/dev/null)
   served=$(timeout "$(limit 60)" "$dir/bin/cleave" generate --router "127.0.0.1:$port" --prompt-ids "$ids" \
-           --max-tokens 24 --print-ids 2>"$logs/served-$kv-$name.log")
+           --max-tokens 24 --print-ids 2>"$logs/served-$kv-$name-$drafts.log")
+  if [ "$drafts" -gt 0 ]; then  # How many the decode worker drafted (its metrics).
+    tag="$tag ($(python3 - "$ready" <<'PY' 2>/dev/null
+import json, sys, urllib.request
+port = json.load(open(sys.argv[1]))["decode-0_metrics_port"]
+text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+print(next(l.split()[-1] for l in text.splitlines()
+           if l.startswith("cleave_worker_speculative_draft_tokens_total ")), "drafted")
+PY
+))"
+  fi
   kill -INT "$up" 2>/dev/null; wait "$up" 2>/dev/null
   if [ -n "$offline" ] && [ "$offline" = "$served" ]; then
     result "$(printf 'serve %-18s PASSED  served ids = offline GPU ids (%s)' "$tag" "$offline")"
   else
     result "$(printf 'serve %-18s FAILED  offline [%s] served [%s]' "$tag" "$offline" "$served")"
-    tail -n 5 "$logs/offline-$kv-$name.log" "$logs/served-$kv-$name.log" "$logs/up-$kv-$name.log"
+    tail -n 5 "$logs/offline-$kv-$name-$drafts.log" "$logs/served-$kv-$name-$drafts.log" "$logs/up-$kv-$name-$drafts.log"
   fi
-  grep -h "KV transfer" "$logs/served-$kv-$name.log"
+  grep -h "KV transfer" "$logs/served-$kv-$name-$drafts.log"
 }
 serve bf16
 serve fp8
 serve bf16 deepseek_v3_moe_f32  # Latent attention: one latent part moved per block.
+serve bf16 llama_f32 4  # Drafts verified on the GPU's several rows of logits.
 echo
 cat "$logs/summary.txt"
 RUN
