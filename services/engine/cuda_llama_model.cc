@@ -1338,13 +1338,14 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOut
     return StepOutput{};
   }
   // Logits [logit rows][vocab]: under tensor parallelism the gathered ones are every rank's
-  // [rows][its vocabulary rows], rank after rank, put back in vocabulary order first.
+  // [logit rows][its vocabulary rows] (logit rows = rows unless `several`), rank after rank,
+  // put back in vocabulary order first.
   const int64_t host_rows = several ? logit_rows : want_logits ? sequences : 0;
   float* logits = s.logits;
   if (s.comm != nullptr) {
-    CLEAVE_RETURN_IF_ERROR(
-        cuda::joinColumnSlices(s.gathered, s.rank_vocab_rows, several ? logit_rows : rows,
-                               several ? logit_rows : sequences, s.ordered, s.stream));
+    CLEAVE_RETURN_IF_ERROR(cuda::joinColumnSlices(s.gathered, s.rank_vocab_rows, logit_rows,
+                                                  several ? logit_rows : sequences, s.ordered,
+                                                  s.stream));
     logits = s.ordered;
   }
   // The model's logits go back before the penalties change the drawn rows' in place.
