@@ -1,6 +1,7 @@
 #include "common/model/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -37,6 +38,10 @@ constexpr ArchName kArchitectures[] = {
     // gate and up in another (gate_up_proj; GGUF ffn_up), and a window on every layer when the
     // config sets one (Phi-3-mini 4k: 2047).
     {"phi3", "phi3", Architecture::kPhi3},
+    // GLM-4.5, GLM-4.5-Air, GLM-4.6: DeepSeek-V3's sigmoid routing with a correction bias,
+    // shared experts and dense first layers, on grouped-query attention (Q/K/V biases,
+    // optional per-head Q/K norms) rotating half of each head.
+    {"glm4_moe", "glm4moe", Architecture::kGlm4Moe},
 };
 
 std::string supportedList() {
@@ -120,6 +125,7 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       if (!(moe.swiglu_limit > 0)) return f.error("swiglu_limit", "must be > 0");
       break;
     }
+    case Architecture::kGlm4Moe:
     case Architecture::kDeepseekV3: {
       // DeepSeek-V2 routes by softmax over the experts, greedy or group-limited, and scales
       // the chosen weights without renormalizing them (its norm_topk_prob is unused).
@@ -158,6 +164,7 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       if (moe.topk_group == 0 || moe.topk_group > moe.n_group) {
         return f.error("topk_group", absl::StrCat("must be in 1..n_group (", moe.n_group, ")"));
       }
+      if (config.architecture == Architecture::kGlm4Moe) break;  // Grouped-query attention.
       MlaConfig mla;
       CLEAVE_ASSIGN_OR_RETURN(mla.q_lora_rank, f.uintOr("q_lora_rank", 0));
       CLEAVE_ASSIGN_OR_RETURN(mla.kv_lora_rank, f.uint("kv_lora_rank"));
@@ -322,6 +329,9 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   CLEAVE_ASSIGN_OR_RETURN(c.attention_bias,
                           f.boolOr("attention_bias", c.architecture == Architecture::kQwen2));
   c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
+  if (c.architecture == Architecture::kGlm4Moe) {
+    CLEAVE_ASSIGN_OR_RETURN(c.qk_norm, f.boolOr("use_qk_norm", false));
+  }
   if (c.architecture == Architecture::kGptOss) {
     c.o_bias = c.attention_bias;
     c.attention_sinks = true;
@@ -341,13 +351,26 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   } else if (f.has("rope_parameters")) {
     CLEAVE_RETURN_IF_ERROR(parseRopeScaling(rope_parameters, c.rope_scaling));
   }
-  // Rotary embedding on part of each head (Phi-4-mini's 0.75) is not implemented.
-  CLEAVE_ASSIGN_OR_RETURN(double partial, f.numberOr("partial_rotary_factor", 1.0));
+  // Rotary embedding on the leading part of each head: GLM-4.5 (0.5 unless the config says
+  // otherwise, as transformers defaults it) and Phi-4-mini (0.75), whose transformers
+  // classes rotate the first partial_rotary_factor · head_dim values; other families' do not.
+  const bool glm = c.architecture == Architecture::kGlm4Moe;
+  CLEAVE_ASSIGN_OR_RETURN(double partial, f.numberOr("partial_rotary_factor", glm ? 0.5 : 1.0));
   CLEAVE_ASSIGN_OR_RETURN(partial, rope_parameters.numberOr("partial_rotary_factor", partial));
   if (partial != 1.0) {
-    return absl::UnimplementedError(
-        absl::StrCat(name, ": partial_rotary_factor ", partial,
-                     " (rotary embedding on part of each head) is not supported; only 1 is"));
+    if (!glm && c.architecture != Architecture::kPhi3) {
+      return absl::UnimplementedError(absl::StrCat(
+          name, ": partial_rotary_factor ", partial, " (rotary embedding on part of each head) is ",
+          "supported for glm4_moe and phi3 only; model_type \"", c.model_type, "\" rotates all"));
+    }
+    const double dims = partial * c.head_dim;
+    if (!(partial > 0 && partial < 1) || dims != std::floor(dims) ||
+        static_cast<uint32_t>(dims) % 2 != 0) {
+      return f.error("partial_rotary_factor",
+                     absl::StrCat(partial, " of head_dim ", c.head_dim,
+                                  " must be in (0, 1) and give an even number of dimensions"));
+    }
+    c.rotary_dim = static_cast<uint32_t>(dims);
   }
 
   CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> bos, f.optionalUint("bos_token_id"));
@@ -391,7 +414,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
                      "\" is not supported (supported: llama, qwen2, qwen3, "
-                     "qwen3moe, deepseek2, gpt-oss, phi3)"));
+                     "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe)"));
   }
   c.architecture = arch->arch;
   const std::string p = c.model_type + ".";
@@ -412,6 +435,15 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     return file.getFloat(p + key);
   };
   CLEAVE_ASSIGN_OR_RETURN(c.num_layers, u32("block_count"));
+  // GLM-4.5's files count its multi-token-prediction layers (after the others) in
+  // block_count; they are not run.
+  CLEAVE_ASSIGN_OR_RETURN(uint32_t nextn, u32Or("nextn_predict_layers", 0));
+  if (nextn >= c.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", p, "nextn_predict_layers ",
+                                                   nextn, " must be below ", p, "block_count ",
+                                                   c.num_layers));
+  }
+  c.num_layers -= nextn;
   CLEAVE_ASSIGN_OR_RETURN(c.max_position_embeddings, u32("context_length"));
   CLEAVE_ASSIGN_OR_RETURN(c.hidden_size, u32("embedding_length"));
   CLEAVE_ASSIGN_OR_RETURN(c.intermediate_size, u32Or("feed_forward_length", 0));
@@ -512,12 +544,6 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     // turns it off for Phi-3 files; the model was trained with it).
     CLEAVE_ASSIGN_OR_RETURN(c.sliding_window, u32Or("attention.sliding_window", 0));
     if (c.sliding_window > 0) c.sliding_layers.assign(c.num_layers, true);
-    CLEAVE_ASSIGN_OR_RETURN(uint32_t rotated, u32Or("rope.dimension_count", c.head_dim));
-    if (rotated != c.head_dim) {
-      return absl::UnimplementedError(
-          absl::StrCat(file.path(), ": ", p, "rope.dimension_count ", rotated, " of head size ",
-                       c.head_dim, " (rotary embedding on part of each head) is not supported"));
-    }
     if (file.findTensor("blk.0.attn_qkv.bias") != nullptr) {
       return absl::UnimplementedError(absl::StrCat(
           file.path(), ": blk.0.attn_qkv.bias (a bias on Phi-3's fused QKV) is not supported"));
@@ -527,6 +553,23 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
           absl::StrCat(file.path(),
                        ": rope_factors_long.weight (Phi-3's longrope scaling, the "
                        "128k-context variants) is not supported"));
+    }
+  }
+  if (c.architecture != Architecture::kDeepseekV3) {
+    // Rotary embedding on the leading part of each head (GLM-4.5, Phi-4-mini), NEOX-paired.
+    CLEAVE_ASSIGN_OR_RETURN(uint32_t rotated, u32Or("rope.dimension_count", c.head_dim));
+    if (rotated != c.head_dim) {
+      if (c.architecture != Architecture::kGlm4Moe && c.architecture != Architecture::kPhi3) {
+        return absl::UnimplementedError(absl::StrCat(
+            file.path(), ": ", p, "rope.dimension_count ", rotated, " of head size ", c.head_dim,
+            " (rotary embedding on part of each head) is supported for glm4moe and phi3 only"));
+      }
+      if (rotated == 0 || rotated > c.head_dim || rotated % 2 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file.path(), ": ", p, "rope.dimension_count ", rotated,
+                         " must be even and in 2..", c.head_dim, " (the head size)"));
+      }
+      c.rotary_dim = rotated;
     }
   }
   if (c.architecture == Architecture::kDeepseekV3) {

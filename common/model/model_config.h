@@ -4,7 +4,9 @@
 // Supported families: Llama (Llama 2/3, SmolLM2), Qwen2 (QKV bias), Qwen3 (q/k RMSNorm),
 // and MoE: Mixtral, Qwen3-MoE, DeepSeek-V3 (sigmoid scoring with group-limited top-k,
 // shared experts) with multi-head latent attention (MlaConfig), gpt-oss (attention sinks,
-// sliding-window layers, biased experts with a clamped SwiGLU).
+// sliding-window layers, biased experts with a clamped SwiGLU), GLM-4.5 (DeepSeek-V3's
+// routing and shared experts on grouped-query attention with rotary embedding on half of
+// each head).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +29,8 @@ enum class Architecture {
   kQwen3Moe,
   kDeepseekV3,
   kGptOss,
-  kPhi3
+  kPhi3,
+  kGlm4Moe
 };
 
 const char* architectureName(Architecture arch);
@@ -109,6 +112,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  // The leading dimensions of each query and key head that rotate (partial_rotary_factor ·
+  // head_dim: GLM-4.5's half); 0: all of head_dim. The rest pass through unrotated.
+  uint32_t rotary_dim = 0;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // Q/K/V projections have biases (Qwen2).
   bool qk_norm = false;         // RMSNorm on Q and K per head (Qwen3).

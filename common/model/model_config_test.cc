@@ -60,6 +60,10 @@ void checkConfig(const std::string& path, const nlohmann::json& want) {
   }
   EXPECT_EQ(c.tie_word_embeddings, want["tie_word_embeddings"].get<bool>());
   EXPECT_EQ(c.attention_bias, want["attention_bias"].get<bool>());
+  if (!c.mla) {  // MLA's rotary part is qk_rope_head_dim, below.
+    EXPECT_EQ(c.rotary_dim == 0 ? c.head_dim : c.rotary_dim, want["rotary_dim"].get<uint32_t>());
+  }
+  if (want.contains("qk_norm")) EXPECT_EQ(c.qk_norm, want["qk_norm"].get<bool>());
   EXPECT_EQ(c.bos_token_id, optionalId(want["bos_token_id"]));
   std::vector<uint32_t> eos;
   if (want["eos_token_id"].is_array())
@@ -169,10 +173,11 @@ TEST(ModelConfigTest, BadFieldsNameTheFileAndField) {
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":2,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":4,"layer_types":["full_attention","local"]})"},
       {"sliding_window must be positive when layer_types names sliding layers",
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":null,"layer_types":["sliding_attention"]})"},
-      {"partial_rotary_factor 0.75 (rotary embedding on part of each head) is not supported",
+      {"partial_rotary_factor 0.5 (rotary embedding on part of each head) is supported for "
+       "glm4_moe and phi3 only",
+       R"({"model_type":"llama","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"rope_parameters":{"rope_type":"default","rope_theta":10000,"partial_rotary_factor":0.5}})"},
+      {"partial_rotary_factor 0.75 of head_dim 4 must be in (0, 1) and give an even number",
        R"({"model_type":"phi3","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"partial_rotary_factor":0.75})"},
-      {"partial_rotary_factor 0.5",
-       R"({"model_type":"phi3","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"rope_parameters":{"rope_type":"default","rope_theta":10000,"partial_rotary_factor":0.5}})"},
       {"sliding_window must be a non-negative integer",
        R"({"model_type":"mistral","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"sliding_window":"wide"})"},
       {"swiglu_limit must be > 0",
@@ -302,12 +307,65 @@ TEST(ModelConfigTest, GgufPhi3) {
   auto biased = phi3(16, false, 2047, true);
   EXPECT_EQ(biased.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(biased.status().message(), HasSubstr("blk.0.attn_qkv.bias"));
-  auto partial = phi3(12, false);
-  EXPECT_EQ(partial.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(partial.status().message(), HasSubstr("phi3.rope.dimension_count 12"));
+  auto partial = phi3(12, false);  // Phi-4-mini's files rotate part of each head.
+  ASSERT_TRUE(partial.ok()) << partial.status();
+  EXPECT_EQ(partial->rotary_dim, 12u);
+  auto odd = phi3(11, false);
+  EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(odd.status().message(), HasSubstr("phi3.rope.dimension_count 11 must be even"));
   auto longrope = phi3(16, true);
   EXPECT_EQ(longrope.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(longrope.status().message(), HasSubstr("longrope"));
+}
+
+// llama.cpp's GLM-4.5 files: block_count counts the multi-token-prediction layer, the rotary
+// part of each head is rope.dimension_count, routing as DeepSeek-V3's from the expert keys.
+TEST(ModelConfigTest, GgufGlm4Moe) {
+  using testing::GgufBuilder;
+  auto glm = [](uint32_t nextn, uint32_t rotated) {
+    GgufBuilder b;
+    b.kvString("general.architecture", "glm4moe")
+        .kvU32("glm4moe.block_count", 3 + nextn)
+        .kvU32("glm4moe.context_length", 4096)
+        .kvU32("glm4moe.embedding_length", 64)
+        .kvU32("glm4moe.feed_forward_length", 176)
+        .kvU32("glm4moe.attention.head_count", 4)
+        .kvU32("glm4moe.attention.head_count_kv", 2)
+        .kvU32("glm4moe.attention.key_length", 32)
+        .kvU32("glm4moe.rope.dimension_count", rotated)
+        .kvU32("glm4moe.expert_count", 8)
+        .kvU32("glm4moe.expert_used_count", 2)
+        .kvU32("glm4moe.expert_feed_forward_length", 16)
+        .kvU32("glm4moe.expert_shared_count", 1)
+        .kvU32("glm4moe.leading_dense_block_count", 1)
+        .kvU32("glm4moe.expert_gating_func", 2)
+        .kvBool("glm4moe.expert_weights_norm", true)
+        .kvU32("glm4moe.nextn_predict_layers", nextn)
+        .kvU32("glm4moe.vocab_size", 100);
+    b.tensor("blk.1.exp_probs_b.bias", {8}, 0, 0, std::string(32, '\0'));
+    auto file = GgufFile::parse(MappedFile::fromBuffer("glm.gguf", b.build()));
+    EXPECT_TRUE(file.ok()) << file.status();
+    return configFromGguf(**file);
+  };
+  auto c = glm(1, 16);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kGlm4Moe);
+  EXPECT_EQ(c->num_layers, 3u);  // The prediction layer is not run.
+  EXPECT_EQ(c->head_dim, 32u);
+  EXPECT_EQ(c->rotary_dim, 16u);
+  ASSERT_TRUE(c->moe.has_value());
+  EXPECT_EQ(c->moe->scoring, MoeScoring::kSigmoid);
+  EXPECT_TRUE(c->moe->score_correction_bias);
+  EXPECT_TRUE(c->moe->norm_topk_prob);
+  EXPECT_EQ(c->moe->shared_experts, 1u);
+  EXPECT_FALSE(c->isMoeLayer(0));
+  EXPECT_TRUE(c->isMoeLayer(2));
+  auto all = glm(0, 32);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->num_layers, 3u);
+  EXPECT_EQ(all->rotary_dim, 0u);  // Every dimension rotates.
+  auto wide = glm(0, 40);
+  EXPECT_THAT(wide.status().message(), HasSubstr("glm4moe.rope.dimension_count 40 must be even"));
 }
 
 TEST(ModelConfigTest, MoeLayerSchedule) {

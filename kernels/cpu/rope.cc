@@ -14,7 +14,8 @@ absl::Status ropeSupported(const model::RopeScaling& scaling) {
 }
 
 int64_t rotaryDim(const model::ModelConfig& config) {
-  return config.mla ? config.mla->qk_rope_head_dim : config.head_dim;
+  if (config.mla) return config.mla->qk_rope_head_dim;
+  return config.rotary_dim > 0 ? config.rotary_dim : config.head_dim;
 }
 
 Rope::Rope(const model::ModelConfig& config, RopePairing pairing)

@@ -29,7 +29,8 @@ struct RopeAngles {
   std::vector<float> sin;
 };
 
-// The dimensions of a head that rotate: all of head_dim, or MLA's qk_rope_head_dim.
+// The dimensions of a head that rotate: MLA's qk_rope_head_dim, else the leading
+// config.rotary_dim (GLM-4.5's half), else all of head_dim.
 int64_t rotaryDim(const model::ModelConfig& config);
 
 // Rotates heads of rotaryDim(config) values (for MLA: the rope part, laid out as its own

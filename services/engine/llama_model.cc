@@ -230,10 +230,12 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
     cpu::rmsNorm(k_.data(), head_dim, layer.k_norm.data(), n * kv_heads, head_dim, eps, k_.data(),
                  head_dim);
   }
-  // RoPE row by row over the pool, with the step's angles computed once.
+  // RoPE row by row over the pool, with the step's angles computed once; it rotates the
+  // leading cpu::rotaryDim values of each head.
   pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
-    rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles_, begin);
-    rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles_, begin);
+    rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles_, begin, head_dim);
+    rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles_, begin,
+                head_dim);
   });
   uint8_t* keys = cache.keys(l);
   uint8_t* values = cache.values(l);

@@ -547,8 +547,8 @@ INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                                            "deepseek_v3_moe_f32", "deepseek_v2_yarn_f32",
                                            "deepseek_v3_bf16", "deepseek_v2_lite_f32",
                                            "deepseek_v2_moe_f32", "mixtral_f32.gguf",
-                                           "qwen3_moe_f32.gguf", "gpt_oss_f32",
-                                           "gpt_oss_f32.gguf"));
+                                           "qwen3_moe_f32.gguf", "gpt_oss_f32", "gpt_oss_f32.gguf",
+                                           "glm4_moe_f32", "glm4_moe_f32.gguf"));
 
 // FP8 and NVFP4 checkpoints in the ModelOpt and compressed-tensors conventions
 // (tests/golden/quantize_formats.py), run weight-only.

@@ -122,6 +122,17 @@ class TensorSource {
           absl::StrCat("tensor \"", name, "\": ", m.status().message()));
     return m;
   }
+  // `part` of the columns of a gated MLP [width] wide (its gate and up rows, its down
+  // columns): a routed expert's whole, or a rank's run of a dense or shared MLP.
+  absl::StatusOr<MoeExpert> gatedMlp(const std::string& gate, const std::string& up,
+                                     const std::string& down, uint64_t width, uint64_t hidden,
+                                     Span part) const {
+    MoeExpert mlp;
+    CLEAVE_ASSIGN_OR_RETURN(mlp.gate, matrix(gate, width, hidden, rows(part)));
+    CLEAVE_ASSIGN_OR_RETURN(mlp.up, matrix(up, width, hidden, rows(part)));
+    CLEAVE_ASSIGN_OR_RETURN(mlp.down, matrix(down, hidden, width, cols(part)));
+    return mlp;
+  }
   absl::StatusOr<std::vector<float>> vector(const std::string& name, uint64_t size,
                                             std::optional<Span> part = std::nullopt) const {
     CLEAVE_ASSIGN_OR_RETURN(Stored t, find(name, {size}));
@@ -140,8 +151,8 @@ class GgufSource final : public TensorSource {
  public:
   GgufSource(const model::GgufFile& file, Architecture arch) : file_(file), arch_(arch) {}
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
-    // gpt-oss names its second norm for where it sits.
-    if (arch_ == Architecture::kGptOss && role == "ffn_norm")
+    // gpt-oss and GLM-4.5 name their second norm for where it sits.
+    if ((arch_ == Architecture::kGptOss || arch_ == Architecture::kGlm4Moe) && role == "ffn_norm")
       return absl::StrCat("blk.", layer, ".post_attention_norm.weight");
     // Latent attention roles have no GGUF names: engineSupport() refuses such files.
     static const std::map<std::string, std::string> kNames = {{"attn_norm", "attn_norm.weight"},
@@ -193,13 +204,10 @@ class GgufSource final : public TensorSource {
   }
   // As llama.cpp's converter writes them: a layer's experts stacked in one tensor per
   // projection (ffn_gate_exps, ffn_up_exps: [experts, ffn, hidden]; ffn_down_exps:
-  // [experts, hidden, ffn]), the router as ffn_gate_inp, DeepSeek's bias as exp_probs_b.
+  // [experts, hidden, ffn]), the router as ffn_gate_inp, DeepSeek's bias as exp_probs_b,
+  // shared experts as one MLP (ffn_gate_shexp, ffn_up_shexp, ffn_down_shexp).
   absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
                                const ShardDims& dims) const override {
-    if (c.moe->shared_experts > 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          file_.path(), ": shared experts are read from Hugging Face checkpoints only"));
-    }
     const uint64_t hidden = c.hidden_size, ffn = c.moe->expert_intermediate_size;
     const uint64_t experts = c.moe->num_experts;
     const std::string blk = absl::StrCat("blk.", layer, ".");
@@ -231,6 +239,14 @@ class GgufSource final : public TensorSource {
     }
     if (c.moe->score_correction_bias) {
       CLEAVE_ASSIGN_OR_RETURN(block.score_bias, vector(blk + "exp_probs_b.bias", experts));
+    }
+    if (c.moe->shared_experts > 0) {
+      CLEAVE_ASSIGN_OR_RETURN(
+          block.shared,
+          gatedMlp(blk + "ffn_gate_shexp.weight", blk + "ffn_up_shexp.weight",
+                   blk + "ffn_down_shexp.weight",
+                   uint64_t{c.moe->shared_experts} * c.moe->shared_expert_intermediate_size, hidden,
+                   dims.shared_ffn));
     }
     if (c.moe->router_bias) {
       CLEAVE_ASSIGN_OR_RETURN(block.router_bias, vector(blk + "ffn_gate_inp.bias", experts));
@@ -390,15 +406,10 @@ class SafetensorsSource final : public TensorSource {
         absl::StrCat("model.layers.", layer, ".", mixtral ? "block_sparse_moe." : "mlp.");
     const uint64_t hidden = c.hidden_size, ffn = c.moe->expert_intermediate_size;
     // `part` of the MLP's columns: all of a routed expert's, a run of the shared experts'.
-    auto mlp = [&](const std::string& x, uint64_t width, Span part) -> absl::StatusOr<MoeExpert> {
-      MoeExpert expert;
-      CLEAVE_ASSIGN_OR_RETURN(expert.gate, matrix(x + (mixtral ? "w1.weight" : "gate_proj.weight"),
-                                                  width, hidden, rows(part)));
-      CLEAVE_ASSIGN_OR_RETURN(expert.up, matrix(x + (mixtral ? "w3.weight" : "up_proj.weight"),
-                                                width, hidden, rows(part)));
-      CLEAVE_ASSIGN_OR_RETURN(expert.down, matrix(x + (mixtral ? "w2.weight" : "down_proj.weight"),
-                                                  hidden, width, cols(part)));
-      return expert;
+    auto mlp = [&](const std::string& x, uint64_t width, Span part) {
+      return gatedMlp(x + (mixtral ? "w1.weight" : "gate_proj.weight"),
+                      x + (mixtral ? "w3.weight" : "up_proj.weight"),
+                      x + (mixtral ? "w2.weight" : "down_proj.weight"), width, hidden, part);
     };
     MoeBlock block;
     CLEAVE_ASSIGN_OR_RETURN(block.router, matrix(base + "gate.weight", c.moe->num_experts, hidden));

@@ -78,8 +78,8 @@ TEST(MoeRoutingTest, SigmoidGroupLimitedTopKMatchesDeepSeekV3) {
 // Whole MoE blocks (routing, experts and DeepSeek's shared experts) against the output
 // transformers' own MoE modules gave for the same hidden states.
 TEST(MoeBlockTest, BlockOutputsMatchTransformers) {
-  for (const char* model :
-       {"mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32", "deepseek_v3_moe_f32"}) {
+  for (const char* model : {"mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",
+                            "deepseek_v3_moe_f32", "glm4_moe_f32"}) {
     SCOPED_TRACE(model);
     const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/" + model;
     auto config = model::loadModelConfig(folder);

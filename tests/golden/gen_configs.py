@@ -203,6 +203,21 @@ CASES: dict[str, dict] = {
         "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
         "tie_word_embeddings": False, "use_cache": True, "vocab_size": 201088,
     },
+    # GLM-4.5-Air as published: DeepSeek-V3's routing (sigmoid, correction bias, one group),
+    # a shared expert and a dense first layer, on grouped-query attention with Q/K/V biases,
+    # rotary embedding on half of each head, and one multi-token-prediction layer (not run).
+    "glm45_air": {
+        "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "attention_bias": True,
+        "attention_dropout": 0.0, "pad_token_id": 151329, "eos_token_id": [151329, 151336, 151338],
+        "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096, "partial_rotary_factor": 0.5,
+        "initializer_range": 0.02, "intermediate_size": 10944, "max_position_embeddings": 131072,
+        "moe_intermediate_size": 1408, "norm_topk_prob": True, "num_attention_heads": 96, "n_group": 1,
+        "topk_group": 1, "n_routed_experts": 128, "n_shared_experts": 1, "routed_scaling_factor": 1.0,
+        "num_experts_per_tok": 8, "first_k_dense_replace": 1, "num_hidden_layers": 46,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 1000000,
+        "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "use_cache": True, "use_qk_norm": False, "vocab_size": 151552,
+    },
     # Not a decoder family Cleave serves: the loader must reject it cleanly.
     "gpt2_unsupported": {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
@@ -212,7 +227,8 @@ CASES: dict[str, dict] = {
     },
 }
 
-SUPPORTED = {"llama", "mistral", "phi3", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss"}
+SUPPORTED = {"llama", "mistral", "phi3", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss",
+             "glm4_moe"}
 
 MODELING_FACTS = {
     # model_type: (file, must-contain snippet, facts)
@@ -242,6 +258,11 @@ MODELING_FACTS = {
                  "config.num_attention_heads * self.head_dim, config.hidden_size, bias=config.attention_bias"],
                 {"norm_topk_prob": True, "scoring": "softmax", "moe_intermediate_size": "intermediate_size",
                  "attention_sinks": True, "o_proj_bias": "attention_bias"}),
+    "glm4_moe": ("glm4_moe/modeling_glm4_moe.py",
+                 ["scores = router_logits.sigmoid()",
+                  "q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]",
+                  "if self.use_qk_norm:"],
+                 {"scoring": "sigmoid"}),
     "qwen3_moe": ("qwen3_moe/modeling_qwen3_moe.py",
                   ["router_probs = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)"],
                   {"scoring": "softmax"}),
@@ -284,7 +305,12 @@ def derive(cfg, name: str, raw: dict) -> dict:
         "bos_token_id": cfg.bos_token_id,
         "eos_token_id": cfg.eos_token_id,
         "attention_bias": getattr(cfg, "attention_bias", None),
+        # the leading dimensions of each head that rotate, as the rotary embedding class sizes them
+        "rotary_dim": int((head_dim if head_dim is not None else cfg.hidden_size // heads)
+                          * rp.get("partial_rotary_factor", 1.0)),
     })
+    if mt == "glm4_moe":
+        e["qk_norm"] = cfg.use_qk_norm
     moe = {k: None for k in ["num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
                              "shared_experts", "scoring", "n_group", "topk_group",
                              "routed_scaling_factor", "first_k_dense_replace"]}

@@ -13,6 +13,8 @@ not to (the golden logits and Cleave follow the config), so gpt_oss_f32.gguf is 
 against transformers run with truncation; gpt_oss_mxfp4.gguf, the same layout with MXFP4
 experts, by its experts' values (the gguf package's decoding against transformers' MXFP4
 converter's).
+glm4_moe_f32.gguf is GLM-4.5 as convert_hf_to_gguf.py's Glm4MoeModel writes it, with a stand-in
+multi-token-prediction layer after the others (write_glm4moe).
 phi3_f32.gguf is Phi-3 as convert_hf_to_gguf.py's Phi3MiniModel writes it: qkv_proj as attn_qkv,
 gate_up_proj (gate rows first) as ffn_up, rotate-half rope (no permutation), the window as
 phi3.attention.sliding_window. llama.cpp turns Phi-3's window off, so it is checked against
@@ -50,9 +52,9 @@ def permute(w, heads):
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def open_writer(case, arch, name=None):
+def open_writer(case, arch, name=None, extra_blocks=0):
     """`case`'s config, tensors and a GGUF writer for it (the file `name`, or the case's)
-    holding the keys every file has."""
+    holding the keys every file has; block_count counts `extra_blocks` after the layers."""
     cfg = json.load(open(os.path.join(HF, case, "config.json")))
     t = load_file(os.path.join(HF, case, "model.safetensors"))
     w = gguf.GGUFWriter(os.path.join(OUT, f"{name or case}.gguf"), arch)
@@ -61,7 +63,7 @@ def open_writer(case, arch, name=None):
     w.add_name(case)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_block_count(cfg["num_hidden_layers"] + extra_blocks)
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(cfg["num_key_value_heads"])
@@ -189,6 +191,61 @@ def write_phi3(case):
         tensor(blk + "ffn_norm.weight", t[hf + "post_attention_layernorm.weight"])
         tensor(blk + "ffn_up.weight", t[hf + "mlp.gate_up_proj.weight"])
         tensor(blk + "ffn_down.weight", t[hf + "mlp.down_proj.weight"])
+    return close_writer(w)
+
+
+def write_glm4moe(case):
+    """GLM-4.5 as convert_hf_to_gguf.py's Glm4MoeModel writes it (float32): DeepSeek-style
+    expert keys (sigmoid gating, weights scale and norm, shared experts as *_shexp, the
+    correction bias as exp_probs_b), the rotary part of each head as rope.dimension_count,
+    the second norm as post_attention_norm, Hugging Face's rotate-half rows kept (NEOX rope).
+    The checkpoint's multi-token-prediction layer, which GLM-4.5 files carry after the others
+    and count in block_count, is stood in for by a copy of the last layer's tensors plus
+    random nextn.* tensors: a reader must leave it out to match transformers."""
+    cfg, t, w = open_writer(case, "glm4moe", extra_blocks=1)
+    layers, experts = cfg["num_hidden_layers"], cfg["n_routed_experts"]
+    head_dim = cfg["head_dim"]
+    w.add_nextn_predict_layers(1)
+    w.add_rope_dimension_count(int(head_dim * cfg["rope_parameters"]["partial_rotary_factor"]))
+    w.add_expert_count(experts)
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    w.add_expert_weights_norm(cfg["norm_topk_prob"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("none")
+    tensor = float_writer(w, t, cfg)
+    rng = np.random.default_rng(7)
+    hidden = cfg["hidden_size"]
+    for layer in range(layers + 1):
+        hf, blk = f"model.layers.{min(layer, layers - 1)}.", f"blk.{layer}."
+        tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
+        for p in "qkv":
+            tensor(blk + f"attn_{p}.weight", t[hf + f"self_attn.{p}_proj.weight"])
+            tensor(blk + f"attn_{p}.bias", t[hf + f"self_attn.{p}_proj.bias"])
+        tensor(blk + "attn_output.weight", t[hf + "self_attn.o_proj.weight"])
+        if cfg.get("use_qk_norm"):
+            tensor(blk + "attn_q_norm.weight", t[hf + "self_attn.q_norm.weight"])
+            tensor(blk + "attn_k_norm.weight", t[hf + "self_attn.k_norm.weight"])
+        tensor(blk + "post_attention_norm.weight", t[hf + "post_attention_layernorm.weight"])
+        if layer < cfg["first_k_dense_replace"]:
+            for p in ("gate", "up", "down"):
+                tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
+            continue
+        tensor(blk + "ffn_gate_inp.weight", t[hf + "mlp.gate.weight"])
+        tensor(blk + "exp_probs_b.bias", t[hf + "mlp.gate.e_score_correction_bias"])
+        for p in ("gate", "up", "down"):
+            tensor(blk + f"ffn_{p}_exps.weight",
+                   np.stack([t[hf + f"mlp.experts.{e}.{p}_proj.weight"] for e in range(experts)]))
+            tensor(blk + f"ffn_{p}_shexp.weight", t[hf + f"mlp.shared_experts.{p}_proj.weight"])
+        if layer == layers:  # The prediction layer's own tensors.
+            tensor(blk + "nextn.eh_proj.weight", rng.standard_normal((hidden, 2 * hidden)) / hidden)
+            for n in ("enorm", "hnorm", "shared_head_norm"):
+                tensor(blk + f"nextn.{n}.weight", 1 + 0.1 * rng.standard_normal(hidden))
     return close_writer(w)
 
 
@@ -378,6 +435,7 @@ if __name__ == "__main__":
     # Phi-3: llama.cpp ignores its window (7 positions here), so only the first 7 positions.
     phi3 = json.load(open(os.path.join(HF, "phi3_f32", "config.json")))
     check_with_llamacpp("phi3_f32", write_phi3("phi3_f32"), 1e-4, positions=phi3["sliding_window"])
+    check_with_llamacpp("glm4_moe_f32", write_glm4moe("glm4_moe_f32"), 1e-4)
     # NVFP4: llama.cpp rounds its activations to Q8_0 blocks (an fp16 scale, halves away from
     # zero) where the golden rounds them as the engine does.
     nvfp4 = write("qwen3_f32", "qwen3", nvfp4=True)

@@ -49,8 +49,9 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
     sys.exit(0)
 import transformers
 from safetensors import safe_open
-from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, GptOssConfig, LlamaConfig,
-                          MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Glm4MoeConfig, GptOssConfig,
+                          LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config,
+                          Qwen3MoeConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import DATA_DIR, b64, fnv1a64, pkg_version, write_json  # noqa: E402
@@ -232,6 +233,18 @@ CASES["gpt_oss_f32"] = (GptOssConfig, dict(
 CASES["gpt_oss_mxfp4"] = (GptOssConfig, CASES["gpt_oss_f32"][1], 116, "mxfp4_experts")
 
 
+# GLM-4.5: DeepSeek-V3's routing (sigmoid, correction bias, one group, scaled weights), a shared
+# expert and a dense first layer, on grouped-query attention with Q/K/V biases and per-head Q/K
+# norms (GLM-4.5's use_qk_norm; Air has none), rotating the first half of each head.
+CASES["glm4_moe_f32"] = (Glm4MoeConfig, dict(
+    hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=509, max_position_embeddings=256,
+    rms_norm_eps=1e-5, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=1,
+    first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True, attention_bias=True,
+    use_qk_norm=True, partial_rotary_factor=0.5, rope_theta=1000000.0, num_nextn_predict_layers=0,
+    tie_word_embeddings=False, bos_token_id=0, eos_token_id=1), 117, torch.float32)
+
+
 # ---------------------------------------------------------------- helpers
 def f32_bytes(t: torch.Tensor) -> bytes:
     return np.ascontiguousarray(t.detach().to(torch.float32).cpu().numpy(), dtype="<f4").tobytes()
@@ -386,7 +399,9 @@ def route_reference(kind: str, gate, x: torch.Tensor):
     n_group = gate.num_group
     per = choice.shape[-1] // n_group
     gs = choice.view(-1, n_group, per).topk(min(2, per), dim=-1).values.sum(-1)
-    g_margin = choice_margin(gs, gate.topk_group)
+    # every group kept (GLM-4.5's one group): no group choice to be near a tie
+    g_margin = (choice_margin(gs, gate.topk_group) if gate.topk_group < n_group
+                else torch.full((gs.shape[0],), float("inf")))
     keep = torch.zeros_like(gs, dtype=torch.bool)
     keep.scatter_(1, gs.topk(gate.topk_group, dim=-1).indices, True)
     masked = choice.masked_fill(~keep.repeat_interleave(per, dim=1), float("-inf"))
@@ -398,7 +413,7 @@ def route_reference(kind: str, gate, x: torch.Tensor):
 @torch.no_grad()
 def routing_golden(name: str, model, cfg, seed: int) -> dict:
     mt = cfg.model_type
-    kind = "sigmoid_grouped" if mt == "deepseek_v3" else "softmax"
+    kind = "sigmoid_grouped" if mt in ("deepseek_v3", "glm4_moe") else "softmax"
     g = torch.Generator().manual_seed(seed + 7000)
     layers = []
     for li, layer in enumerate(model.model.layers):
@@ -586,7 +601,7 @@ def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
             "max_rel_float32_compute": TOLERANCE["float32"],
         }
     write_json(d / "logits.json", doc)
-    if cfg.model_type in ("mixtral", "qwen3_moe", "deepseek_v3"):
+    if cfg.model_type in ("mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe"):
         rt = routing_golden(name, f32, cfg, seed)
         names = {t["name"] for t in doc["tensors"]}
         for layer in rt["layers"]:
