@@ -95,19 +95,24 @@ TEST(SiluMulTest, MatchesCpuBackend) {
 TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
   CLEAVE_REQUIRE_GPU();
   std::mt19937 rng(testing::freshSeed());
-  // llama3 scaling, and YaRN (gpt-oss's: an attention factor of 1.14 on cos and sin).
-  for (auto [layout, kv, yarn] : {std::tuple{RopeLayout::kHalves, KvDtype::kBf16, false},
-                                  std::tuple{RopeLayout::kAdjacent, KvDtype::kBf16, false},
-                                  std::tuple{RopeLayout::kHalves, KvDtype::kFp8E4M3, false},
-                                  std::tuple{RopeLayout::kHalves, KvDtype::kBf16, true}}) {
+  // llama3 scaling, YaRN (gpt-oss's: an attention factor of 1.14 on cos and sin), and the
+  // first half or 48 of 128 values of each head rotating (GLM-4.5's partial rotary).
+  for (auto [layout, kv, yarn, rotary] :
+       {std::tuple{RopeLayout::kHalves, KvDtype::kBf16, false, 0},
+        std::tuple{RopeLayout::kAdjacent, KvDtype::kBf16, false, 0},
+        std::tuple{RopeLayout::kHalves, KvDtype::kFp8E4M3, false, 0},
+        std::tuple{RopeLayout::kHalves, KvDtype::kBf16, true, 0},
+        std::tuple{RopeLayout::kHalves, KvDtype::kBf16, false, 64},
+        std::tuple{RopeLayout::kAdjacent, KvDtype::kFp8E4M3, false, 48}}) {
     SCOPED_TRACE(::testing::Message() << (layout == RopeLayout::kHalves ? "halves" : "adjacent")
                                       << (kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16")
-                                      << (yarn ? ", yarn" : ", llama3"));
+                                      << (yarn ? ", yarn" : ", llama3") << ", rotary " << rotary);
     const bool fp8 = kv == KvDtype::kFp8E4M3;
     const float k_scale = fp8 ? 0.02f : 1.0f, v_scale = fp8 ? 0.01f : 1.0f;
     const int heads = 6, kv_heads = 2, head_dim = 128, block_size = 16, tokens = 23, blocks = 5;
     model::ModelConfig config;
     config.head_dim = head_dim;
+    config.rotary_dim = static_cast<uint32_t>(rotary);
     config.rope_theta = 500000.0;
     if (yarn) {
       config.rope_scaling.type = "yarn";
@@ -134,9 +139,12 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
       positions[t] = position(rng);
       slots[t] = free_slots[t];
     }
-    // Reference: the CPU backend's rotation of the float copies.
+    // Reference: the CPU backend's rotation of the float copies (the leading values of each
+    // head_dim-wide head).
     std::vector<float> ref = testing::toFloat(qkv);
-    rope.apply(ref.data(), width, tokens, heads + kv_heads, positions.data());
+    cpu::RopeAngles angles;
+    rope.angles(positions.data(), tokens, angles);
+    rope.apply(ref.data(), width, tokens, heads + kv_heads, angles, 0, head_dim);
 
     const size_t cache_elements = static_cast<size_t>(blocks) * kv_heads * block_size * head_dim;
     DeviceBuffer<bf16> dqkv(qkv), dq(static_cast<size_t>(tokens) * heads * head_dim);
@@ -153,6 +161,7 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
                                   .heads = heads,
                                   .kv_heads = kv_heads,
                                   .head_dim = head_dim,
+                                  .rotary_dim = rotary,
                                   .block_size = block_size,
                                   .layout = layout,
                                   .q_out = dq.get(),

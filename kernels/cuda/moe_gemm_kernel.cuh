@@ -87,8 +87,11 @@ struct Params {
 // A fused gate/up product's activation (GatedActivation, moe_gemm.h).
 __device__ __forceinline__ float gatedActivation(float gate, float up, const Params& p) {
   if (p.swiglu_limit > 0.0f) {
-    gate = fminf(gate, p.swiglu_limit);
-    up = fminf(fmaxf(up, -p.swiglu_limit), p.swiglu_limit);
+    // Comparisons, not fminf/fmaxf, so a NaN product stays NaN as on the CPU (std::min,
+    // std::clamp) instead of becoming the limit.
+    const float limit = p.swiglu_limit;
+    gate = gate > limit ? limit : gate;
+    up = up > limit ? limit : (up < -limit ? -limit : up);
     return (up + 1.0f) * (gate / (1.0f + __expf(-p.swiglu_alpha * gate)));
   }
   return gate / (1.0f + __expf(-gate)) * up;

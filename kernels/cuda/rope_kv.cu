@@ -14,6 +14,9 @@ template <bool kFp8>
 __global__ void ropeKvKernel(const RopeKvArgs a) {
   const int64_t token = blockIdx.x;
   const int half = a.head_dim / 2;
+  // Pairs [0, rotated) rotate within the leading rotary_dim values; the others copy two
+  // values each past them.
+  const int rotated = (a.rotary_dim > 0 ? a.rotary_dim : a.head_dim) / 2;
   const float position = static_cast<float>(a.positions[token]);
   const bf16* row = a.qkv + token * a.qkv_stride;
   const int64_t slot = a.slots[token];
@@ -34,8 +37,15 @@ __global__ void ropeKvKernel(const RopeKvArgs a) {
       storeKv<kFp8>(a.v_cache, at + 2 * pair + 1, __bfloat162float(src[2 * pair + 1]), a.v_scale);
       continue;
     }
-    const RotatedPair r =
-        rotatePair(src, pair, half, a.layout, position * a.inv_freq[pair], a.attention_factor);
+    RotatedPair r;
+    if (pair < rotated) {
+      r = rotatePair(src, pair, rotated, a.layout, position * a.inv_freq[pair], a.attention_factor);
+    } else {
+      r.first = 2 * pair;  // == 2 * rotated + 2 * (pair - rotated)
+      r.second = r.first + 1;
+      r.y0 = __bfloat162float(src[r.first]);
+      r.y1 = __bfloat162float(src[r.second]);
+    }
     if (head < a.heads) {
       bf16* dst = a.q_out + token * a.q_stride + static_cast<int64_t>(head) * a.head_dim;
       dst[r.first] = __float2bfloat16(r.y0);
@@ -53,6 +63,9 @@ __global__ void ropeKvKernel(const RopeKvArgs a) {
 absl::Status ropeKvWrite(const RopeKvArgs& args, cudaStream_t stream) {
   if (args.tokens == 0) return absl::OkStatus();
   if (args.head_dim % 2 != 0) return absl::InvalidArgumentError("rope_kv: head_dim must be even");
+  if (args.rotary_dim % 2 != 0 || args.rotary_dim < 0 || args.rotary_dim > args.head_dim) {
+    return absl::InvalidArgumentError("rope_kv: rotary_dim must be even and at most head_dim");
+  }
   if (args.kv_dtype == KvDtype::kFp8E4M3)
     ropeKvKernel<true><<<static_cast<unsigned>(args.tokens), 256, 0, stream>>>(args);
   else

@@ -10,7 +10,9 @@
 // Token t is at positions[t] and goes to cache slot slots[t] = block * block_size + offset.
 // The angle of pair i is positions[t] * inv_freq[i] (inv_freq already holds the model's
 // rope scaling, e.g. cpu::Rope::inverseFrequencies()); cos and sin are multiplied by
-// attention_factor (YaRN's, cpu::Rope::attentionFactor(); 1 for other scalings).
+// attention_factor (YaRN's, cpu::Rope::attentionFactor(); 1 for other scalings). Only the
+// leading rotary_dim values of each query and key head rotate (GLM-4.5's half; the pairs
+// are taken within them); the rest are copied as they are.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,12 +35,13 @@ struct RopeKvArgs {
   int64_t qkv_stride = 0;
   const int32_t* positions = nullptr;  // [tokens]
   const int32_t* slots = nullptr;      // [tokens]
-  const float* inv_freq = nullptr;     // [head_dim / 2], device memory
+  const float* inv_freq = nullptr;     // [rotary_dim / 2], device memory
   float attention_factor = 1.0f;
   int64_t tokens = 0;
   int heads = 0;
   int kv_heads = 0;
-  int head_dim = 0;  // even
+  int head_dim = 0;    // even
+  int rotary_dim = 0;  // even, <= head_dim; 0: head_dim
   int block_size = 16;
   RopeLayout layout = RopeLayout::kHalves;
   __nv_bfloat16* q_out = nullptr;

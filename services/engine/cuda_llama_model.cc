@@ -94,6 +94,8 @@ struct CudaLlamaModel::State {
   cuda::RopeLayout rope_layout = cuda::RopeLayout::kHalves;
   int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, q_dim = 0, kv_dim = 0, qkv_dim = 0,
           ffn = 0, vocab = 0, layers = 0;
+  // The leading values of each query and key head that rotate; 0: all (model::ModelConfig).
+  int64_t rotary_dim = 0;
   // The KV cache: parts (keys and values, or MLA's one latent) of kv_heads rows of
   // cache_head_dim per position (model::kvCacheShape).
   int64_t cache_parts = 2, cache_head_dim = 0;
@@ -414,6 +416,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.heads = dims.heads.size;
   s.kv_heads = dims.kv_heads.size;
   s.head_dim = c.head_dim;
+  s.rotary_dim = c.rotary_dim;
   s.q_dim = s.heads * s.head_dim;
   s.kv_dim = s.kv_heads * s.head_dim;
   s.qkv_dim = s.q_dim + 2 * s.kv_dim;
@@ -455,6 +458,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
                             cudaMoeShape(c, dims, moe_example, options.random_expert_format,
                                          s.options.max_step_tokens, s.options.max_sequences));
     s.moe->operands = options.operands;
+    // MXFP4 experts (gpt-oss) were trained and are served elsewhere with bf16 activations:
+    // auto keeps them W4A16 rather than rounding the activations to FP4 (W4A4 on sm_120a).
+    const bool mxfp4 = moe_example != nullptr && !moe_example->experts.empty() &&
+                       moe_example->experts[0].gate.source().type == model::TensorType::kMXFP4;
+    if (mxfp4 && options.operands == cuda::GemmOperands::kAuto)
+      s.moe->operands = cuda::GemmOperands::kWidened;
   }
   // Quantized dense matrices and MoE experts run on the expert-GEMM kernels.
   CLEAVE_RETURN_IF_ERROR(cuda::prepareMoeGemm());
@@ -1040,6 +1049,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                                                 .heads = static_cast<int>(heads),
                                                 .kv_heads = static_cast<int>(kv_heads),
                                                 .head_dim = static_cast<int>(head_dim),
+                                                .rotary_dim = static_cast<int>(rotary_dim),
                                                 .block_size = static_cast<int>(options.block_size),
                                                 .layout = rope_layout,
                                                 .q_out = q,

@@ -365,6 +365,12 @@ INSTANTIATE_TEST_SUITE_P(GptOss, CudaMoeModelTest,
                          ::testing::Values("gpt_oss_f32", "gpt_oss_mxfp4",
                                            "../gguf/gpt_oss_mxfp4.gguf"));
 
+// GLM-4.5: DeepSeek-V3's routing and shared expert on grouped-query attention with Q/K/V
+// biases and Q/K norms, the first half of each head rotating; from Hugging Face and from GGUF
+// (whose multi-token-prediction layer is left out).
+INSTANTIATE_TEST_SUITE_P(Glm, CudaMoeModelTest,
+                         ::testing::Values("glm4_moe_f32", "../gguf/glm4_moe_f32.gguf"));
+
 // DeepSeek-V3's multi-head latent attention (the latent cache, absorbed queries, the
 // CUDA-core latent attention kernel) with its MoE: float, bf16 and FP8 128x128 checkpoints
 // (low-rank Q, interleaved rope), V2-Lite's full-rank Q, rotate-half rope and YaRN, and
@@ -382,6 +388,7 @@ TEST(CudaLlamaModelTest, RandomMoeModelsRun) {
       {"qwen3_moe_f32", cuda::ExpertWeightFormat::kBf16},
       {"qwen3_moe_f32", cuda::ExpertWeightFormat::kNvfp4},
       {"gpt_oss_f32", cuda::ExpertWeightFormat::kBf16},
+      {"glm4_moe_f32", cuda::ExpertWeightFormat::kNvfp4},
       {"deepseek_v3_moe_f32", cuda::ExpertWeightFormat::kBf16}};
   for (const auto& [name, format] : cases) {
     SCOPED_TRACE(name);
@@ -416,7 +423,9 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
   int gpus = 0;
   ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
   if (gpus < 2) GTEST_SKIP() << "one GPU: tensor parallelism needs two";
-  for (const char* name : {"llama_f32", "qwen2_f32", "qwen3_moe_f32"}) {
+  // gpt-oss: the O and expert down-projection biases join one rank's partial sums only.
+  for (const char* name :
+       {"llama_f32", "qwen2_f32", "qwen3_moe_f32", "gpt_oss_f32", "glm4_moe_f32"}) {
     SCOPED_TRACE(name);
     const std::string path = goldenDir() + "/engine/hf/" + name;
     std::vector<std::vector<float>> steps[2];
