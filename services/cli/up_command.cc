@@ -132,12 +132,12 @@ int runUp(int argc, char** argv) {
   flags.addString("generation-config", &generation_config,
                   "The router's --generation-config: auto (requests that leave sampling unset "
                   "get what the model folder's generation_config.json recommends) or none");
-  flags.addString(
-      "reasoning-parser", &reasoning_parser,
-      "With --http-listen: the router's --reasoning-parser (qwen3, deepseek_r1, openai_gptoss)");
+  flags.addString("reasoning-parser", &reasoning_parser,
+                  "With --http-listen: the router's --reasoning-parser (qwen3, deepseek_r1, glm45, "
+                  "openai_gptoss)");
   flags.addString("tool-call-parser", &tool_call_parser,
                   "With --http-listen: the router's --tool-call-parser (hermes, llama3_json, "
-                  "mistral, deepseek_v3, qwen3_coder, pythonic, openai)");
+                  "mistral, deepseek_v3, qwen3_coder, glm45, pythonic, openai)");
   flags.addInt("prefill", &prefill, "Prefill workers (--role=prefill)");
   flags.addInt("decode", &decode, "Decode workers (--role=decode)");
   flags.addInt("both", &both, "Combined workers (--role=both)");

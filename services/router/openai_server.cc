@@ -466,13 +466,14 @@ int OpenAiServer::generate(openai::Endpoint endpoint, const HttpRequest& request
         !call->forced_any_tool) {
       return sendError(
           response,
-          openai::apiError(static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
-                           "\"auto\" tool choice needs a tool-call parser to find the calls in "
-                           "replies: start the router with --tool-call-parser (hermes, "
-                           "llama3_json, mistral, deepseek_v3, qwen3_coder, pythonic or openai), "
-                           "or send "
-                           "tool_choice \"none\", \"required\" or a named function",
-                           "tool_choice"));
+          openai::apiError(
+              static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT),
+              "\"auto\" tool choice needs a tool-call parser to find the calls in "
+              "replies: start the router with --tool-call-parser (hermes, "
+              "llama3_json, mistral, deepseek_v3, qwen3_coder, glm45, pythonic or openai), "
+              "or send "
+              "tool_choice \"none\", \"required\" or a named function",
+              "tool_choice"));
     }
     if (call->offers_tools) call->tool_calls = tool_calls_;
     // A JSON-object reply is the object: no reasoning block, no call to look for.

@@ -19,13 +19,15 @@ absl::StatusOr<ReasoningFormat> reasoningFormat(absl::string_view name) {
   if (name.empty() || name == "none") return ReasoningFormat::kNone;
   if (name == "qwen3") return ReasoningFormat::kQwen3;
   if (name == "deepseek_r1") return ReasoningFormat::kDeepSeekR1;
+  if (name == "glm45") return ReasoningFormat::kGlm45;
   if (name == "openai_gptoss") return ReasoningFormat::kGptOss;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown reasoning parser '", name, "': use qwen3, deepseek_r1 or openai_gptoss (or none)"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown reasoning parser '", name,
+                                                 "': use qwen3, deepseek_r1, glm45 or "
+                                                 "openai_gptoss (or none)"));
 }
 
 ReasoningSplitter::ReasoningSplitter(ReasoningFormat format)
-    : reasoning_start_(format != ReasoningFormat::kNone),
+    : reasoning_start_(format != ReasoningFormat::kNone && format != ReasoningFormat::kGlm45),
       state_(format == ReasoningFormat::kNone ? State::kContent : State::kStart) {
   if (format == ReasoningFormat::kGptOss) harmony_.emplace();
 }

@@ -6,12 +6,15 @@
 //   qwen3        Qwen3, QwQ, Qwen3-Thinking: as deepseek_r1, except that a request whose
 //                chat_template_kwargs turn enable_thinking off is not split (the template
 //                closes the block itself; the server does not split it then);
+//   glm45        GLM-4.5, GLM-4.6: the reply reasons only when it opens the block itself
+//                (its template opens none; with thinking off it closes an empty one in the
+//                prompt), so a reply without a leading <think> is all content;
 //   openai_gptoss  gpt-oss's harmony channels (harmony_splitter.h; what follows here is
-//                about the other two).
-// The reply starts inside the reasoning block, whether the template opened it or the
-// reply does (a leading <think>, after blanks, is dropped), and reasons until </think>;
-// what follows is content. A reply that never closes its block is all reasoning. Tag text split
-// across deltas is held back until it is known to be a tag or not.
+//                about the others).
+// For qwen3 and deepseek_r1 the reply starts inside the reasoning block, whether the
+// template opened it or the reply does (a leading <think>, after blanks, is dropped), and
+// reasons until </think>; what follows is content. A reply that never closes its block is all
+// reasoning. Tag text split across deltas is held back until it is known to be a tag or not.
 //
 // Threading: one splitter per reply.
 #pragma once
@@ -25,10 +28,10 @@
 
 namespace cleave::router {
 
-enum class ReasoningFormat { kNone, kQwen3, kDeepSeekR1, kGptOss };
+enum class ReasoningFormat { kNone, kQwen3, kDeepSeekR1, kGlm45, kGptOss };
 
-// "qwen3", "deepseek_r1" or "openai_gptoss" ("" and "none": kNone); InvalidArgument naming
-// the choices.
+// "qwen3", "deepseek_r1", "glm45" or "openai_gptoss" ("" and "none": kNone); InvalidArgument
+// naming the choices.
 absl::StatusOr<ReasoningFormat> reasoningFormat(absl::string_view name);
 
 class ReasoningSplitter {

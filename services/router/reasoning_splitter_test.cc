@@ -61,6 +61,11 @@ TEST(ReasoningSplitterTest, SplitsAtTheTagsHoweverTheReplyArrives) {
       {F::kDeepSeekR1, "Still thinking when it stopped", "Still thinking when it stopped", ""},
       {F::kDeepSeekR1, "a < b </think>c </think>", "a < b ", "c </think>"},
       {F::kNone, "<think>x</think>y", "", "<think>x</think>y"},
+      // GLM-4.5 reasons only in a block it opens; a reply that opens none is content.
+      {F::kGlm45, "<think>Let me see.</think>\n42", "Let me see.", "\n42"},
+      {F::kGlm45, "\n42, no thinking", "", "\n42, no thinking"},
+      {F::kGlm45, "<think>cut off", "cut off", ""},
+      {F::kGlm45, "<thin", "", "<thin"},
   };
   checkAll(cases);
 }
@@ -110,6 +115,7 @@ TEST(ReasoningSplitterTest, NamesItsFormats) {
   EXPECT_EQ(*reasoningFormat("qwen3"), ReasoningFormat::kQwen3);
   EXPECT_EQ(*reasoningFormat("deepseek_r1"), ReasoningFormat::kDeepSeekR1);
   EXPECT_EQ(*reasoningFormat("openai_gptoss"), ReasoningFormat::kGptOss);
+  EXPECT_EQ(*reasoningFormat("glm45"), ReasoningFormat::kGlm45);
   EXPECT_EQ(*reasoningFormat(""), ReasoningFormat::kNone);
   EXPECT_FALSE(reasoningFormat("hermes").ok());
 }

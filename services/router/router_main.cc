@@ -92,14 +92,15 @@ int main(int argc, char** argv) {
   flags.addString("reasoning-parser", &reasoning_parser,
                   "With --http-listen: split chat replies of reasoning models into "
                   "reasoning_content and content: qwen3 (replies that open <think>), "
-                  "deepseek_r1 (replies that start inside it) or openai_gptoss (gpt-oss's "
-                  "harmony channels)");
+                  "deepseek_r1 (replies that start inside it), glm45 (replies that reason only "
+                  "in a block they open) or openai_gptoss (gpt-oss's harmony channels)");
   flags.addString("tool-call-parser", &tool_call_parser,
                   "With --http-listen: return the tool calls in chat replies to requests with "
                   "tools as tool_calls: hermes (<tool_call> JSON </tool_call>), llama3_json, "
                   "mistral ([TOOL_CALLS]), deepseek_v3 (<｜tool▁calls▁begin｜>), qwen3_coder "
-                  "(<tool_call><function=...>), pythonic ([f(x=1)]) or openai (gpt-oss's "
-                  "harmony calls, with --reasoning-parser openai_gptoss)");
+                  "(<tool_call><function=...>), glm45 (<tool_call>NAME<arg_key>...), pythonic "
+                  "([f(x=1)]) or openai (gpt-oss's harmony calls, with --reasoning-parser "
+                  "openai_gptoss)");
   flags.addInt("http-threads", &http_threads,
                "HTTP requests served at once (each streaming response holds one)");
   flags.addInt("http-response-store-mib", &http_response_store_mib,

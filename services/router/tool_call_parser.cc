@@ -425,6 +425,65 @@ std::optional<std::vector<ToolCall>> qwen3CoderCalls(absl::string_view text, con
   return calls;
 }
 
+// glm45: <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...</tool_call>, any
+// number (`text` starts at the first), as GLM-4.5's template writes them: a string value bare,
+// others as JSON. A value is text where `tools` declares the parameter a string, else JSON
+// where it reads as JSON (Python's True, False, None too), else text.
+std::optional<std::vector<ToolCall>> glm45Calls(absl::string_view text, const Json& tools) {
+  constexpr absl::string_view kOpen = "<tool_call>", kClose = "</tool_call>", kKey = "<arg_key>",
+                              kKeyEnd = "</arg_key>", kValue = "<arg_value>",
+                              kValueEnd = "</arg_value>";
+  std::vector<ToolCall> calls;
+  for (size_t at = text.find(kOpen); at != absl::string_view::npos;) {
+    const size_t begin = at + kOpen.size();
+    const size_t end = text.find(kClose, begin);
+    absl::string_view body =
+        text.substr(begin, end == absl::string_view::npos ? absl::string_view::npos : end - begin);
+    const size_t name_end = std::min(body.find('\n'), body.find(kKey));
+    const std::string name(absl::StripAsciiWhitespace(body.substr(0, name_end)));
+    if (name.empty() || name.find_first_of("<>{}") != std::string::npos) return std::nullopt;
+    const Json* properties = propertiesOf(tools, name);
+    Json arguments = Json::object();
+    for (size_t k = body.find(kKey); k != absl::string_view::npos; k = body.find(kKey, k)) {
+      const size_t key_end = body.find(kKeyEnd, k);
+      const size_t value = body.find(kValue, key_end);
+      const size_t value_end = body.find(kValueEnd, value);
+      if (key_end == absl::string_view::npos || value == absl::string_view::npos ||
+          value_end == absl::string_view::npos ||
+          !absl::StripAsciiWhitespace(
+               body.substr(key_end + kKeyEnd.size(), value - key_end - kKeyEnd.size()))
+               .empty()) {
+        return std::nullopt;
+      }
+      const std::string key(
+          absl::StripAsciiWhitespace(body.substr(k + kKey.size(), key_end - k - kKey.size())));
+      if (key.empty()) return std::nullopt;
+      const absl::string_view raw = absl::StripAsciiWhitespace(
+          body.substr(value + kValue.size(), value_end - value - kValue.size()));
+      const auto declared = properties != nullptr ? properties->find(key) : Json::const_iterator();
+      const bool string = properties != nullptr && declared != properties->end() &&
+                          declared->is_object() && declared->value("type", Json()) == "string";
+      Json typed;  // None: null.
+      if (string) {
+        typed = std::string(raw);
+      } else if (Json j = jsonOf(raw); !j.is_discarded()) {
+        typed = std::move(j);
+      } else if (raw == "True" || raw == "False") {
+        typed = raw == "True";
+      } else if (raw != "None") {
+        typed = std::string(raw);
+      }
+      arguments[key] = std::move(typed);
+      k = value_end + kValueEnd.size();
+    }
+    calls.push_back({.name = name,
+                     .arguments = arguments.dump(-1, ' ', false, Json::error_handler_t::replace)});
+    if (end == absl::string_view::npos) break;
+    at = text.find(kOpen, end + kClose.size());
+  }
+  return calls;
+}
+
 // openai: <|channel|>commentary to=functions.NAME<|message|>ARGS<|call|>, any number (`text`
 // starts at the first), as HarmonySplitter passes gpt-oss's calls on.
 std::optional<std::vector<ToolCall>> harmonyCalls(absl::string_view text) {
@@ -486,6 +545,7 @@ const Format& formatOf(ToolCallFormat format) {
   static const Format kMistral{"[TOOL_CALLS]", {}, untyped<mistralCalls>};
   static const Format kDeepSeek{"<｜tool▁calls▁begin｜>", {}, untyped<deepseekCalls>};
   static const Format kQwen3Coder{"<tool_call>", {}, qwen3CoderCalls};
+  static const Format kGlm45{"<tool_call>", {}, glm45Calls};
   static const Format kPythonic{"", {"[", "<|python_start|>"}, untyped<pythonicCalls>};
   static const Format kOpenAi{"<|channel|>", {}, untyped<harmonyCalls>};
   switch (format) {
@@ -493,6 +553,7 @@ const Format& formatOf(ToolCallFormat format) {
     case ToolCallFormat::kMistral: return kMistral;
     case ToolCallFormat::kDeepSeekV3: return kDeepSeek;
     case ToolCallFormat::kQwen3Coder: return kQwen3Coder;
+    case ToolCallFormat::kGlm45: return kGlm45;
     case ToolCallFormat::kPythonic: return kPythonic;
     case ToolCallFormat::kOpenAi: return kOpenAi;
     default: return kHermes;
@@ -508,12 +569,13 @@ absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name) {
   if (name == "mistral") return ToolCallFormat::kMistral;
   if (name == "deepseek_v3" || name == "deepseek_v31") return ToolCallFormat::kDeepSeekV3;
   if (name == "qwen3_coder") return ToolCallFormat::kQwen3Coder;
+  if (name == "glm45") return ToolCallFormat::kGlm45;
   if (name == "pythonic") return ToolCallFormat::kPythonic;
   if (name == "openai") return ToolCallFormat::kOpenAi;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown tool call parser '", name,
-      "': use hermes, llama3_json, mistral, deepseek_v3, qwen3_coder, pythonic or openai (or "
-      "none)"));
+      "': use hermes, llama3_json, mistral, deepseek_v3, qwen3_coder, glm45, pythonic or openai "
+      "(or none)"));
 }
 
 ParsedReply parseToolCalls(ToolCallFormat format, absl::string_view reply,

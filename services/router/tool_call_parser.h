@@ -16,6 +16,10 @@
 //                </tool_call>, any number, after optional text (Qwen3-Coder); each value
 //                typed as the request's tools declare the parameter (a string stays text;
 //                numbers, booleans, objects, arrays are read as JSON);
+//   glm45        <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...
+//                </tool_call>, any number, after optional text (GLM-4.5, GLM-4.6); a value is
+//                text where the tools declare the parameter a string, else JSON where it
+//                reads as JSON;
 //   pythonic     a reply that is a Python list of calls with literal keyword arguments,
 //                [f(city="Paris", days=3), g()] (Llama 3.2, Llama 4; inside
 //                <|python_start|> <|python_end|> too);
@@ -46,11 +50,13 @@ enum class ToolCallFormat {
   kMistral,
   kDeepSeekV3,
   kQwen3Coder,
+  kGlm45,
   kPythonic,
   kOpenAi
 };
 
-// "hermes", "llama3_json", "mistral", "deepseek_v3", "qwen3_coder", "pythonic" or "openai"
+// "hermes", "llama3_json", "mistral", "deepseek_v3", "qwen3_coder", "glm45", "pythonic" or
+// "openai"
 // ("" and "none": kNone); InvalidArgument naming the choices.
 absl::StatusOr<ToolCallFormat> toolCallFormat(absl::string_view name);
 

@@ -206,6 +206,43 @@ TEST(ToolCallParserTest, Qwen3CoderTypesValuesByTheToolsSchemas) {
   for (const Case& c : cases) check(c);
 }
 
+// GLM-4.5's calls as its template writes them: a key and a value per argument, strings bare,
+// everything else as JSON; the tools' schemas keep declared strings text.
+TEST(ToolCallParserTest, Glm45ReadsKeysAndValues) {
+  using F = ToolCallFormat;
+  const std::string tools = R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "zip": {"type": "string"}, "days": {"type": "integer"}}}}}])";
+  const Case cases[] = {
+      {F::kGlm45, "No call.", "No call.", {}, tools},
+      {F::kGlm45,
+       "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing"
+       "</arg_value>\n<arg_key>zip</arg_key>\n<arg_value>100000</arg_value>\n<arg_key>days"
+       "</arg_key>\n<arg_value>3</arg_value>\n<arg_key>units</arg_key>\n<arg_value>{\"t\": "
+       "\"C\"}</arg_value>\n</tool_call>",
+       "Let me check.\n",
+       {{"get_weather", R"({"city": "Beijing", "zip": "100000", "days": 3, "units": {"t": "C"}})"}},
+       tools},
+      // Two calls, one without arguments; without tools, values read as JSON where they are.
+      {F::kGlm45,
+       "<tool_call>f\n<arg_key>n</arg_key>\n<arg_value>7</arg_value>\n<arg_key>s</arg_key>\n"
+       "<arg_value>New\nYork</arg_value>\n<arg_key>b</arg_key>\n<arg_value>True</arg_value>\n"
+       "</tool_call>\n<tool_call>get_time\n</tool_call>",
+       "",
+       {{"f", R"({"n": 7, "s": "New\nYork", "b": true})"}, {"get_time", "{}"}}},
+      // A key without its value, or text between them: content, whole.
+      {F::kGlm45,
+       "<tool_call>f\n<arg_key>n</arg_key>\n</tool_call>",
+       "<tool_call>f\n<arg_key>n</arg_key>\n</tool_call>",
+       {}},
+      {F::kGlm45,
+       "<tool_call>f\n<arg_key>n</arg_key>x<arg_value>1</arg_value></tool_call>",
+       "<tool_call>f\n<arg_key>n</arg_key>x<arg_value>1</arg_value></tool_call>",
+       {}},
+  };
+  for (const Case& c : cases) check(c);
+}
+
 TEST(ToolCallParserTest, Pythonic) {
   using F = ToolCallFormat;
   const Case cases[] = {
@@ -285,6 +322,7 @@ TEST(ToolCallParserTest, NamesItsFormats) {
   EXPECT_EQ(*toolCallFormat("deepseek_v31"), ToolCallFormat::kDeepSeekV3);
   EXPECT_EQ(*toolCallFormat("qwen3_coder"), ToolCallFormat::kQwen3Coder);
   EXPECT_EQ(*toolCallFormat("pythonic"), ToolCallFormat::kPythonic);
+  EXPECT_EQ(*toolCallFormat("glm45"), ToolCallFormat::kGlm45);
   EXPECT_EQ(*toolCallFormat("openai"), ToolCallFormat::kOpenAi);
   EXPECT_FALSE(toolCallFormat("granite").ok());
 }
