@@ -42,6 +42,10 @@ constexpr ArchName kArchitectures[] = {
     // shared experts and dense first layers, on grouped-query attention (Q/K/V biases,
     // optional per-head Q/K norms) rotating half of each head.
     {"glm4_moe", "glm4moe", Architecture::kGlm4Moe},
+    // Gemma 3 (1B: gemma3_text; 4B, 12B, 27B: gemma3, the text model's config under
+    // text_config): five sliding-window layers to one global, sandwich norms, a GELU MLP.
+    {"gemma3_text", "gemma3", Architecture::kGemma3},
+    {"gemma3", "gemma3", Architecture::kGemma3},
 };
 
 std::string supportedList() {
@@ -244,6 +248,105 @@ absl::Status parseUniformWindow(const JsonFields& f, std::optional<uint32_t> abs
   return absl::OkStatus();
 }
 
+// Gemma 3's config.json as published leaves most fields to transformers' Gemma3TextConfig
+// defaults (the 4B's text_config names five); they are filled in here. A multimodal
+// checkpoint's text model is its text_config, with the top level's token ids.
+nlohmann::json gemma3TextConfig(const nlohmann::json& json) {
+  const bool nested = json.value("model_type", "") == "gemma3" && json.contains("text_config") &&
+                      json["text_config"].is_object();
+  nlohmann::json text = nested ? json["text_config"] : json;
+  // The multimodal checkpoint's token ids are its top level's (text_config keeps defaults).
+  for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (nested && json.contains(id) && !json[id].is_null()) text[id] = json[id];
+  }
+  static const nlohmann::json kDefaults = {{"vocab_size", 262208u},
+                                           {"hidden_size", 2304u},
+                                           {"intermediate_size", 9216u},
+                                           {"num_hidden_layers", 26u},
+                                           {"num_attention_heads", 8u},
+                                           {"num_key_value_heads", 4u},
+                                           {"head_dim", 256u},
+                                           {"max_position_embeddings", 131072u},
+                                           {"rms_norm_eps", 1e-6},
+                                           {"query_pre_attn_scalar", 256u},
+                                           {"sliding_window", 4096u},
+                                           {"tie_word_embeddings", true},
+                                           {"hidden_activation", "gelu_pytorch_tanh"},
+                                           {"bos_token_id", 2u},
+                                           {"eos_token_id", 1u}};
+  for (const auto& [key, value] : kDefaults.items()) {
+    if (!text.contains(key)) text[key] = value;
+  }
+  text["model_type"] = json.value("model_type", "gemma3_text");
+  return text;
+}
+
+// Gemma 3's fields beyond Llama's: the MLP's activation, the softmax scale, the sliding
+// layers (layer_types, or every sliding_window_pattern-th layer global) and their own rotary
+// base (rope_parameters.sliding_attention, or the legacy rope_local_base_freq), the global
+// layers' rotation (rope_parameters.full_attention, or rope_theta and rope_scaling), and the
+// soft caps.
+absl::Status parseGemma3(const JsonFields& f, ModelConfig& c) {
+  c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
+  c.sandwich_norms = true;
+  c.qk_norm = true;
+  CLEAVE_ASSIGN_OR_RETURN(std::string activation, f.stringOr("hidden_activation", ""));
+  if (activation != "gelu_pytorch_tanh" && activation != "gelu_new") {
+    return f.error("hidden_activation",
+                   absl::StrCat("\"", activation,
+                                "\" is not supported (gelu_pytorch_tanh: GELU's tanh form)"));
+  }
+  c.mlp_activation = MlpActivation::kGeluTanh;
+  CLEAVE_ASSIGN_OR_RETURN(double scalar, f.numberOr("query_pre_attn_scalar", 256));
+  if (!(scalar > 0)) return f.error("query_pre_attn_scalar", "must be positive");
+  c.attention_scale = 1.0 / std::sqrt(scalar);
+  CLEAVE_ASSIGN_OR_RETURN(c.final_logit_softcap, f.numberOr("final_logit_softcapping", 0.0));
+  CLEAVE_ASSIGN_OR_RETURN(double attention_cap, f.numberOr("attn_logit_softcapping", 0.0));
+  if (attention_cap != 0) {
+    return absl::UnimplementedError(
+        absl::StrCat(c.source,
+                     ": attn_logit_softcapping (attention scores soft-capped, as in "
+                     "Gemma 2) is not supported"));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(bool bidirectional, f.boolOr("use_bidirectional_attention", false));
+  if (bidirectional) {
+    return absl::UnimplementedError(
+        absl::StrCat(c.source, ": use_bidirectional_attention (an encoder) is not supported"));
+  }
+  if (c.final_logit_softcap < 0) return f.error("final_logit_softcapping", "must be positive");
+
+  CLEAVE_ASSIGN_OR_RETURN(JsonFields rope, f.object("rope_parameters"));
+  CLEAVE_ASSIGN_OR_RETURN(JsonFields global, rope.object("full_attention"));
+  CLEAVE_ASSIGN_OR_RETURN(JsonFields local, rope.object("sliding_attention"));
+  CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, f.numberOr("rope_theta", 1000000.0));
+  CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, global.numberOr("rope_theta", c.rope_theta));
+  c.rope_scaling = RopeScaling();
+  if (f.has("rope_scaling")) {
+    CLEAVE_ASSIGN_OR_RETURN(JsonFields scaling, f.object("rope_scaling"));
+    CLEAVE_RETURN_IF_ERROR(parseRopeScaling(scaling, c.rope_scaling));
+  } else if (rope.has("full_attention")) {
+    CLEAVE_RETURN_IF_ERROR(parseRopeScaling(global, c.rope_scaling));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(c.sliding_rope_theta, f.numberOr("rope_local_base_freq", 10000.0));
+  CLEAVE_ASSIGN_OR_RETURN(c.sliding_rope_theta, local.numberOr("rope_theta", c.sliding_rope_theta));
+  CLEAVE_ASSIGN_OR_RETURN(std::string local_type, local.stringOr("rope_type", "default"));
+  if (local_type != "default") {
+    return local.error(
+        "rope_type",
+        absl::StrCat("\"", local_type, "\" is not supported for sliding layers (default)"));
+  }
+
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> window, f.optionalUint("sliding_window"));
+  if (f.has("layer_types")) return parseSlidingLayers(f, c);
+  if (!window || *window == 0) return absl::OkStatus();
+  CLEAVE_ASSIGN_OR_RETURN(uint32_t pattern, f.uintOr("sliding_window_pattern", 6));
+  if (pattern == 0) return f.error("sliding_window_pattern", "must be positive");
+  c.sliding_window = *window;
+  c.sliding_layers.assign(c.num_layers, false);
+  for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % pattern != 0;
+  return absl::OkStatus();
+}
+
 absl::Status checkShape(const ModelConfig& c, const std::string& source) {
   auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
@@ -300,7 +403,12 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": not a JSON object"));
   }
-  JsonFields f(json, name);
+  // Gemma 3's text model: its fields (under text_config in multimodal checkpoints) with
+  // transformers' defaults filled in.
+  const std::string type = json.is_object() ? json.value("model_type", "") : "";
+  const bool nested = type == "gemma3" && json.contains("text_config");
+  if (type == "gemma3_text" || type == "gemma3") json = gemma3TextConfig(json);
+  JsonFields f(json, name, nested ? "text_config." : "");
   ModelConfig c;
   c.source = name;
   CLEAVE_ASSIGN_OR_RETURN(c.model_type, f.stringOr("model_type", ""));
@@ -373,6 +481,8 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
     c.rotary_dim = static_cast<uint32_t>(dims);
   }
 
+  if (c.architecture == Architecture::kGemma3) CLEAVE_RETURN_IF_ERROR(parseGemma3(f, c));
+
   CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> bos, f.optionalUint("bos_token_id"));
   c.bos_token_id = bos;
   if (const nlohmann::json* eos = f.get("eos_token_id")) {
@@ -414,7 +524,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
                      "\" is not supported (supported: llama, qwen2, qwen3, "
-                     "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe)"));
+                     "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe, gemma3)"));
   }
   c.architecture = arch->arch;
   const std::string p = c.model_type + ".";
@@ -553,6 +663,24 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
           absl::StrCat(file.path(),
                        ": rope_factors_long.weight (Phi-3's longrope scaling, the "
                        "128k-context variants) is not supported"));
+    }
+  }
+  if (c.architecture == Architecture::kGemma3) {
+    // As llama.cpp runs gemma3 files (whose norm weights hold 1 + w already): every sixth
+    // layer global, the others sliding with base 10000 and no rope scaling; Gemma 3 27B (62
+    // layers) scales its queries by hidden / heads (its query_pre_attn_scalar, which the files
+    // do not state), the others by head_dim.
+    c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
+    c.sandwich_norms = true;
+    c.mlp_activation = MlpActivation::kGeluTanh;
+    c.attention_scale = 1.0 / std::sqrt(static_cast<double>(
+                                  c.num_layers == 62 ? c.hidden_size / c.num_heads : c.head_dim));
+    c.sliding_rope_theta = 10000.0;
+    CLEAVE_ASSIGN_OR_RETURN(c.final_logit_softcap, f64Or("final_logit_softcapping", 0.0));
+    CLEAVE_ASSIGN_OR_RETURN(c.sliding_window, u32Or("attention.sliding_window", 0));
+    if (c.sliding_window > 0) {
+      c.sliding_layers.assign(c.num_layers, false);
+      for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % 6 != 0;
     }
   }
   if (c.architecture != Architecture::kDeepseekV3) {

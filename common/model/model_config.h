@@ -6,7 +6,8 @@
 // shared experts) with multi-head latent attention (MlaConfig), gpt-oss (attention sinks,
 // sliding-window layers, biased experts with a clamped SwiGLU), GLM-4.5 (DeepSeek-V3's
 // routing and shared experts on grouped-query attention with rotary embedding on half of
-// each head).
+// each head), Gemma 3 (sandwich norms, GELU MLP, local and global layers with their own
+// rotary bases).
 #pragma once
 
 #include <cstdint>
@@ -30,7 +31,8 @@ enum class Architecture {
   kDeepseekV3,
   kGptOss,
   kPhi3,
-  kGlm4Moe
+  kGlm4Moe,
+  kGemma3
 };
 
 const char* architectureName(Architecture arch);
@@ -54,6 +56,10 @@ struct RopeScaling {
 };
 
 enum class MoeScoring { kSoftmax, kSigmoid };
+
+// The gated MLP's activation of its gate rows: SiLU, or GELU's tanh approximation (Gemma's
+// gelu_pytorch_tanh).
+enum class MlpActivation { kSilu, kGeluTanh };
 
 struct MoeConfig {
   uint32_t num_experts = 0;
@@ -119,6 +125,18 @@ struct ModelConfig {
   bool attention_bias = false;  // Q/K/V projections have biases (Qwen2).
   bool qk_norm = false;         // RMSNorm on Q and K per head (Qwen3).
   bool o_bias = false;          // The output projection has a bias too (gpt-oss).
+  // Gemma 3: the embeddings times embedding_scale (√hidden_size); a norm after attention and
+  // after the MLP as well as before them (sandwich_norms); the MLP's gate through
+  // mlp_activation; a softmax scale of attention_scale (query_pre_attn_scalar^-½; 0 keeps
+  // 1/√head_dim); sliding layers rotating with base sliding_rope_theta and no scaling (0: as
+  // the other layers); the logits soft-capped to ±final_logit_softcap (cap · tanh(x / cap);
+  // 0: none).
+  double embedding_scale = 1.0;
+  bool sandwich_norms = false;
+  MlpActivation mlp_activation = MlpActivation::kSilu;
+  double attention_scale = 0.0;
+  double sliding_rope_theta = 0.0;
+  double final_logit_softcap = 0.0;
   // A learned logit per query head joins each softmax's denominator (gpt-oss "sinks").
   bool attention_sinks = false;
   // Layers with sliding_layers[l] set attend to their last sliding_window positions only

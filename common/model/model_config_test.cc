@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -64,6 +65,21 @@ void checkConfig(const std::string& path, const nlohmann::json& want) {
     EXPECT_EQ(c.rotary_dim == 0 ? c.head_dim : c.rotary_dim, want["rotary_dim"].get<uint32_t>());
   }
   if (want.contains("qk_norm")) EXPECT_EQ(c.qk_norm, want["qk_norm"].get<bool>());
+  if (want.contains("sandwich_norms")) {  // Gemma 3
+    EXPECT_TRUE(c.sandwich_norms);
+    EXPECT_DOUBLE_EQ(c.embedding_scale, want["embedding_scale"].get<double>());
+    EXPECT_EQ(c.mlp_activation, MlpActivation::kGeluTanh);
+    EXPECT_DOUBLE_EQ(c.attention_scale,
+                     1.0 / std::sqrt(want["query_pre_attn_scalar"].get<double>()));
+    EXPECT_DOUBLE_EQ(c.sliding_rope_theta, want["sliding_rope_theta"].get<double>());
+    EXPECT_DOUBLE_EQ(c.final_logit_softcap, want["final_logit_softcapping"].is_null()
+                                                ? 0.0
+                                                : want["final_logit_softcapping"].get<double>());
+  } else {
+    EXPECT_FALSE(c.sandwich_norms);
+    EXPECT_EQ(c.embedding_scale, 1.0);
+    EXPECT_EQ(c.attention_scale, 0.0);
+  }
   EXPECT_EQ(c.bos_token_id, optionalId(want["bos_token_id"]));
   std::vector<uint32_t> eos;
   if (want["eos_token_id"].is_array())
@@ -366,6 +382,41 @@ TEST(ModelConfigTest, GgufGlm4Moe) {
   EXPECT_EQ(all->rotary_dim, 0u);  // Every dimension rotates.
   auto wide = glm(0, 40);
   EXPECT_THAT(wide.status().message(), HasSubstr("glm4moe.rope.dimension_count 40 must be even"));
+}
+
+// llama.cpp's Gemma 3 files: what they leave unsaid is llama.cpp's rule (every sixth layer
+// global, the sliding layers' base 10000, the 27B's 62 layers scaling queries by hidden /
+// heads, the others by head_dim).
+TEST(ModelConfigTest, GgufGemma3) {
+  using testing::GgufBuilder;
+  auto gemma = [](uint32_t layers, uint32_t hidden, uint32_t heads, uint32_t head_dim) {
+    GgufBuilder b;
+    b.kvString("general.architecture", "gemma3")
+        .kvU32("gemma3.block_count", layers)
+        .kvU32("gemma3.context_length", 131072)
+        .kvU32("gemma3.embedding_length", hidden)
+        .kvU32("gemma3.feed_forward_length", 4 * hidden)
+        .kvU32("gemma3.attention.head_count", heads)
+        .kvU32("gemma3.attention.head_count_kv", heads / 2)
+        .kvU32("gemma3.attention.key_length", head_dim)
+        .kvU32("gemma3.attention.sliding_window", 1024)
+        .kvU32("gemma3.vocab_size", 100);
+    auto file = GgufFile::parse(MappedFile::fromBuffer("gemma3.gguf", b.build()));
+    EXPECT_TRUE(file.ok()) << file.status();
+    return configFromGguf(**file);
+  };
+  auto c = gemma(34, 2560, 8, 256);  // 4B
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kGemma3);
+  EXPECT_TRUE(c->sandwich_norms);
+  EXPECT_EQ(c->mlp_activation, MlpActivation::kGeluTanh);
+  EXPECT_DOUBLE_EQ(c->embedding_scale, std::sqrt(2560.0));
+  EXPECT_DOUBLE_EQ(c->attention_scale, 1.0 / 16);
+  EXPECT_DOUBLE_EQ(c->sliding_rope_theta, 10000.0);
+  for (uint32_t l = 0; l < 12; ++l) EXPECT_EQ(c->attentionWindow(l), l % 6 == 5 ? 0u : 1024u) << l;
+  auto big = gemma(62, 5376, 32, 128);  // 27B: query_pre_attn_scalar 168
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_DOUBLE_EQ(big->attention_scale, 1.0 / std::sqrt(168.0));
 }
 
 TEST(ModelConfigTest, MoeLayerSchedule) {

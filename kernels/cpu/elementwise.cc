@@ -26,6 +26,25 @@ void siluMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, in
   }
 }
 
+void geluTanhMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, int64_t cols,
+                 float* out, int64_t ld_out) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = gate + r * ld_in;
+    const float* u = up + r * ld_in;
+    float* o = out + r * ld_out;
+    for (int64_t i = 0; i < cols; ++i) {
+      const float v = g[i];
+      o[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v))) * u[i];
+    }
+  }
+}
+
+void softCap(float* x, int64_t n, float cap) {
+  const float inverse = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inverse);
+}
+
 void addInPlace(float* x, int64_t ldx, const float* y, int64_t ldy, int64_t rows, int64_t cols) {
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < cols; ++i) x[r * ldx + i] += y[r * ldy + i];

@@ -14,6 +14,14 @@ void rmsNorm(const float* x, int64_t ldx, const float* weight, int64_t rows, int
 void siluMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, int64_t cols,
              float* out, int64_t ld_out);
 
+// out[r][i] = gelu(gate[r][i]) * up[r][i] with GELU's tanh form, gelu(v) =
+// v/2 · (1 + tanh(√(2/π) (v + 0.044715 v³))) (Gemma's gelu_pytorch_tanh); out may alias gate.
+void geluTanhMul(const float* gate, const float* up, int64_t ld_in, int64_t rows, int64_t cols,
+                 float* out, int64_t ld_out);
+
+// x[i] = cap · tanh(x[i] / cap) for `n` values (Gemma's soft cap of its logits).
+void softCap(float* x, int64_t n, float cap);
+
 // x[r] += y[r].
 void addInPlace(float* x, int64_t ldx, const float* y, int64_t ldy, int64_t rows, int64_t cols);
 

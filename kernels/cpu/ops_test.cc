@@ -30,7 +30,7 @@ std::vector<float> randomVector(size_t n, std::mt19937& rng, float scale = 1.0f)
   return v;
 }
 
-TEST(ElementwiseTest, RmsNormSiluMulAndSoftmaxMatchFloat64) {
+TEST(ElementwiseTest, RmsNormGatedActivationsSoftCapAndSoftmaxMatchFloat64) {
   std::mt19937 rng(11);
   const int64_t rows = 3, cols = 577;
   std::vector<float> x = randomVector(rows * cols, rng, 3.0f), w = randomVector(cols, rng);
@@ -50,6 +50,17 @@ TEST(ElementwiseTest, RmsNormSiluMulAndSoftmaxMatchFloat64) {
     double g = gate[i];
     ASSERT_NEAR(out[i], g / (1 + std::exp(-g)) * up[i], 1e-5 * (1 + std::fabs(g * up[i])));
   }
+  geluTanhMul(gate.data(), up.data(), cols, 1, cols, out.data(), cols);
+  for (int64_t i = 0; i < cols; ++i) {
+    const double g = gate[i];
+    const double gelu = 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+    ASSERT_NEAR(out[i], gelu * up[i], 1e-5 * (1 + std::fabs(g * up[i])));
+  }
+  std::vector<float> capped = randomVector(cols, rng, 40.0f);
+  const std::vector<float> uncapped = capped;
+  softCap(capped.data(), cols, 30.0f);
+  for (int64_t i = 0; i < cols; ++i)
+    ASSERT_NEAR(capped[i], 30.0 * std::tanh(uncapped[i] / 30.0), 1e-5);
   std::vector<float> s = randomVector(cols, rng, 10.0f), ref(s.begin(), s.end());
   softmax(s.data(), cols, 1, cols);
   double peak = *std::max_element(ref.begin(), ref.end()), total = 0;

@@ -383,6 +383,14 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     const model::ModelConfig& c, const ShardDims& dims, const CudaModelOptions& options,
     const LayerTraits& traits, const MoeBlock* moe_example, std::vector<LayerFormats> formats,
     bool allocate = true, BackendMemory* memory = nullptr) {
+  if (c.sandwich_norms || c.mlp_activation != model::MlpActivation::kSilu ||
+      c.embedding_scale != 1.0 || c.attention_scale > 0 || c.sliding_rope_theta > 0 ||
+      c.final_logit_softcap > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        c.source, ": ", model::architectureName(c.architecture),
+        " (norms after attention and the MLP, a GELU MLP, scaled embeddings, per-layer rotary "
+        "bases) runs on the CPU backend only; use --backend cpu"));
+  }
   if (options.operands == cuda::GemmOperands::kNative)
     return absl::InvalidArgumentError(
         "the CUDA model takes auto or widened GEMM operands (auto uses the native ones wherever a "

@@ -469,6 +469,17 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
 // Which matrices of the quantized goldens the GPU keeps quantized (no GPU needed): NVFP4
 // where K is a multiple of 32 (not the MLP down projection of 176 columns), FP8 only with
 // DeepSeek's 128 x 128 blocks, everything else bf16; stacks only when every part agrees.
+// Gemma 3's graph (sandwich norms, GELU, scaled embeddings, two rotary bases) is the CPU
+// backend's only: the GPU model refuses it by name before touching a device.
+TEST(CudaWeightsTest, Gemma3IsRefusedNamingTheBackendThatRunsIt) {
+  auto w = loadLlama(goldenDir() + "/engine/hf/gemma3_f32", {.cpu_kernels = false});
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto estimate = CudaLlamaModel::estimate(**w, {});
+  EXPECT_EQ(estimate.status().code(), absl::StatusCode::kUnimplemented) << estimate.status();
+  EXPECT_THAT(estimate.status().message(), ::testing::HasSubstr("gemma3_text"));
+  EXPECT_THAT(estimate.status().message(), ::testing::HasSubstr("--backend cpu"));
+}
+
 TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {
   using F = cuda::ExpertWeightFormat;
   auto load = [](const char* name) {

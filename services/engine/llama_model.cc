@@ -15,12 +15,27 @@ namespace cleave::engine {
 
 using cpu::addRowBias;
 
+namespace {
+
+// The rotation of the sliding layers of a model whose base differs from the others': that
+// base, no rope scaling.
+std::optional<cpu::Rope> slidingRope(const model::ModelConfig& c, cpu::RopePairing pairing) {
+  if (c.sliding_rope_theta <= 0) return std::nullopt;
+  model::ModelConfig local = c;
+  local.rope_theta = c.sliding_rope_theta;
+  local.rope_scaling = model::RopeScaling();
+  return cpu::Rope(local, pairing);
+}
+
+}  // namespace
+
 LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool, Communicator* comm)
     : w_(weights),
       pool_(pool),
       solo_(comm ? nullptr : soloCommunicator()),
       comm_(comm ? comm : solo_.get()),
-      rope_(weights.config, weights.rope_pairing) {
+      rope_(weights.config, weights.rope_pairing),
+      sliding_rope_(slidingRope(weights.config, weights.rope_pairing)) {
   if (weights.config.moe) moe_.emplace(*weights.config.moe, weights.config.hidden_size, pool);
   if (weights.config.mla) mla_.emplace(weights.config, weights.dims.heads.size, pool);
 }
@@ -188,6 +203,16 @@ void LlamaModel::ensureScratch(int64_t tokens, int64_t rows) {
   logits_.resize(rows * c.vocab_size);
 }
 
+void LlamaModel::normRows(float* rows, const std::vector<float>& norm, int64_t n) {
+  if (norm.empty()) return;
+  const int64_t hidden = w_.config.hidden_size;
+  const float eps = static_cast<float>(w_.config.rms_norm_eps);
+  pool_.parallelFor(n, 32, [&](int64_t begin, int64_t end) {
+    float* x = rows + begin * hidden;
+    cpu::rmsNorm(x, hidden, norm.data(), end - begin, hidden, eps, x, hidden);
+  });
+}
+
 void LlamaModel::addAndNorm(const float* delta, const float* norm, int64_t n) {
   const int64_t hidden = w_.config.hidden_size;
   const float eps = static_cast<float>(w_.config.rms_norm_eps);
@@ -231,11 +256,14 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
                  head_dim);
   }
   // RoPE row by row over the pool, with the step's angles computed once; it rotates the
-  // leading cpu::rotaryDim values of each head.
+  // leading cpu::rotaryDim values of each head. Sliding layers may have their own.
+  const uint32_t window = c.attentionWindow(static_cast<uint32_t>(l));
+  const bool local = sliding_rope_ && window > 0;
+  const cpu::Rope& rope = local ? *sliding_rope_ : rope_;
+  const cpu::RopeAngles& angles = local ? sliding_angles_ : angles_;
   pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
-    rope_.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles_, begin, head_dim);
-    rope_.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles_, begin,
-                head_dim);
+    rope.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles, begin, head_dim);
+    rope.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles, begin, head_dim);
   });
   uint8_t* keys = cache.keys(l);
   uint8_t* values = cache.values(l);
@@ -268,9 +296,10 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
                   .heads = heads,
                   .kv_heads = kv_heads,
                   .head_dim = head_dim,
-                  .scale = 1.0f / std::sqrt(static_cast<float>(head_dim)),
+                  .scale = c.attention_scale > 0 ? static_cast<float>(c.attention_scale)
+                                                 : 1.0f / std::sqrt(static_cast<float>(head_dim)),
                   .sinks = layer.sinks.empty() ? nullptr : layer.sinks.data(),
-                  .window = c.attentionWindow(static_cast<uint32_t>(l)),
+                  .window = window,
                   .out = attn_.data(),
                   .ldo = q_dim},
                  pool_);
@@ -321,8 +350,13 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     }
   }
   CLEAVE_RETURN_IF_ERROR(reduce(x_.data(), n * hidden));
+  if (c.embedding_scale != 1.0) {  // Gemma: √hidden_size.
+    const float scale = static_cast<float>(c.embedding_scale);
+    for (int64_t i = 0; i < n * hidden; ++i) x_[i] *= scale;
+  }
 
   rope_.angles(positions_.data(), n, angles_);
+  if (sliding_rope_) sliding_rope_->angles(positions_.data(), n, sliding_angles_);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LlamaLayer& layer = w_.layers[l];
     addAndNorm(nullptr, layer.attn_norm.data(), n);
@@ -341,10 +375,12 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
       attend(layer, static_cast<int64_t>(l), n, cache);
     }
     CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
+    normRows(h_.data(), layer.post_attn_norm, n);
     addAndNorm(h_.data(), layer.ffn_norm.data(), n);
     if (layer.moe) {
       moe_->forward(*layer.moe, h_.data(), n, moe_out_.data());
       CLEAVE_RETURN_IF_ERROR(reduce(moe_out_.data(), n * hidden));
+      normRows(moe_out_.data(), layer.post_ffn_norm, n);
       addAndNorm(moe_out_.data(), nullptr, n);
       continue;
     }
@@ -353,13 +389,16 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
                              pool_);
     addLora(static_cast<int64_t>(l), h_.data(), hidden,
             {{LoraTarget::kGate, gate_.data(), ffn}, {LoraTarget::kUp, up_.data(), ffn}});
+    const auto activation =
+        c.mlp_activation == model::MlpActivation::kGeluTanh ? cpu::geluTanhMul : cpu::siluMul;
     pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
-      cpu::siluMul(gate_.data() + begin * ffn, up_.data() + begin * ffn, ffn, end - begin, ffn,
-                   gate_.data() + begin * ffn, ffn);
+      activation(gate_.data() + begin * ffn, up_.data() + begin * ffn, ffn, end - begin, ffn,
+                 gate_.data() + begin * ffn, ffn);
     });
     checkedMatmul(layer.w_down, gate_.data(), ffn, n, h_.data(), hidden, pool_);
     addLora(static_cast<int64_t>(l), gate_.data(), ffn, {{LoraTarget::kDown, h_.data(), hidden}});
     CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
+    normRows(h_.data(), layer.post_ffn_norm, n);
     addAndNorm(h_.data(), nullptr, n);
   }
 
@@ -377,6 +416,9 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   checkedMatmul(w_.output, last_.data(), hidden, rows, local_logits_.data(), w_.dims.vocab.size,
                 pool_);
   CLEAVE_RETURN_IF_ERROR(gatherLogits(rows));
+  if (c.final_logit_softcap > 0) {
+    cpu::softCap(logits_.data(), rows * c.vocab_size, static_cast<float>(c.final_logit_softcap));
+  }
   return std::span<const float>(logits_.data(), rows * c.vocab_size);
 }
 

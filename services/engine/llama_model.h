@@ -85,6 +85,9 @@ class LlamaModel {
   // h_ = rmsNorm(x_) with it. Rows go over the pool in runs of 32, so a decode step's few
   // stay on this thread.
   void addAndNorm(const float* delta, const float* norm, int64_t n);
+  // RMSNorm of `n` rows of hidden values in place with weights `norm`; nothing when empty
+  // (Gemma's norms of the attention and MLP outputs).
+  void normRows(float* rows, const std::vector<float>& norm, int64_t n);
   // One product of layer `layer` an adapter may update, and where its rows went.
   struct LoraOutput {
     LoraTarget target;
@@ -107,6 +110,9 @@ class LlamaModel {
   Communicator* comm_;
   cpu::Rope rope_;
   cpu::RopeAngles angles_;
+  // Gemma 3's sliding layers rotate with their own base (ModelConfig::sliding_rope_theta).
+  std::optional<cpu::Rope> sliding_rope_;
+  cpu::RopeAngles sliding_angles_;
   std::optional<MoeRunner> moe_;
   std::optional<MlaAttention> mla_;
   std::vector<std::shared_ptr<const LoraAdapter>> adapters_;

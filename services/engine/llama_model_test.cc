@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -256,6 +257,66 @@ TEST_P(HfLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
 // Q6_K for the output, one attn_v and one ffn_down) against the exact model it stores (every
 // tensor dequantized by gguf-py, run by llama.cpp in float32): the engine, its activations
 // quantized to int8, lands no farther from it than llama.cpp does on the same file.
+// gemma3_f32 as a multimodal Gemma 3 checkpoint holds its text model: the config under
+// text_config (with the top level's end-of-turn ids), every tensor under `prefix`.
+std::filesystem::path gemma3Multimodal(const std::string& prefix) {
+  namespace fs = std::filesystem;
+  const fs::path from = fs::path(CLEAVE_GOLDEN_DIR) / "engine/hf/gemma3_f32";
+  const fs::path to = fs::temp_directory_path() /
+                      ("cleave_gemma3_" + std::to_string(getpid()) + "_" + prefix.substr(0, 5));
+  fs::create_directories(to);
+  std::ifstream config_in(from / "config.json");
+  nlohmann::json config = {{"model_type", "gemma3"},
+                           {"architectures", {"Gemma3ForConditionalGeneration"}},
+                           {"eos_token_id", {1, 106}},
+                           {"text_config", nlohmann::json::parse(config_in)}};
+  std::ofstream(to / "config.json") << config.dump();
+  // The safetensors header renamed; the data after it unchanged.
+  std::ifstream in(from / "model.safetensors", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_size));
+  nlohmann::json renamed;
+  for (const auto& [name, entry] : header.items()) {
+    renamed[name == "__metadata__" ? name : prefix + name.substr(std::string("model.").size())] =
+        entry;
+  }
+  std::string text = renamed.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t size = text.size();
+  std::ofstream out(to / "model.safetensors", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&size), 8);
+  out << text << bytes.substr(8 + header_size);
+  return to;
+}
+
+// Gemma 3 4B-27B ship as multimodal checkpoints: their text model runs as the text-only one
+// does, from the published layout (language_model.model.) and transformers 5's
+// (model.language_model.).
+TEST(Gemma3Test, AMultimodalCheckpointRunsItsTextModel) {
+  cpu::ThreadPool pool(2);
+  auto plain = loadLlama(std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/gemma3_f32");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  const std::vector<uint32_t> prompt = {5, 300, 17, 42, 499, 8, 61};
+  LlamaRunner want_runner(**plain, pool, 64);
+  auto want = want_runner.forward(prompt);
+  ASSERT_TRUE(want.ok()) << want.status();
+  const std::vector<float> expected(want->begin(), want->end());
+  for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
+    SCOPED_TRACE(prefix);
+    const std::filesystem::path folder = gemma3Multimodal(prefix);
+    auto weights = loadLlama(folder.string());
+    std::filesystem::remove_all(folder);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    EXPECT_EQ((*weights)->config.eos_token_ids, (std::vector<uint32_t>{1, 106}));
+    LlamaRunner runner(**weights, pool, 64);
+    auto got = runner.forward(prompt);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+  }
+}
+
 TEST(KQuantGgufTest, MatchesTheModelItStoresAsCloselyAsLlamaCppDoes) {
   const std::string base = std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/llama_q4_k_m";
   std::ifstream in(base + ".json");
@@ -540,7 +601,8 @@ INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
                          ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
                                            "llama_fp8", "smollm2_like_f32", "qwen2_f32",
                                            "qwen3_f32", "qwen2_f32.gguf", "qwen3_f32.gguf",
-                                           "mistral_f32", "phi3_f32", "phi3_f32.gguf"));
+                                           "mistral_f32", "phi3_f32", "phi3_f32.gguf", "gemma3_f32",
+                                           "gemma3_pattern6_f32", "gemma3_pattern6_f32.gguf"));
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",

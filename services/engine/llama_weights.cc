@@ -38,6 +38,15 @@ class TensorSource {
   // kept as stored, for another backend to copy.
   void setCpuKernels(bool cpu_kernels) { cpu_kernels_ = cpu_kernels; }
   bool cpuKernels() const { return cpu_kernels_; }
+  // What the stored RMSNorm weights lack: Gemma's checkpoints store w for a scale of 1 + w
+  // (llama.cpp's files store 1 + w).
+  void setNormOffset(float offset) { norm_offset_ = offset; }
+  // RMSNorm weights `name` of `size` (as the norms multiply: the stored ones plus the offset).
+  absl::StatusOr<std::vector<float>> norm(const std::string& name, uint64_t size) const {
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> w, vector(name, size));
+    for (float& v : w) v += norm_offset_;
+    return w;
+  }
   // The name of a per-layer tensor, `role` being one of the keys of the name tables below.
   virtual std::string layerTensor(uint32_t layer, const std::string& role) const = 0;
   virtual std::string embeddingName() const = 0;
@@ -145,6 +154,7 @@ class TensorSource {
 
  private:
   bool cpu_kernels_ = true;
+  float norm_offset_ = 0.0f;
 };
 
 class GgufSource final : public TensorSource {
@@ -154,6 +164,9 @@ class GgufSource final : public TensorSource {
     // gpt-oss and GLM-4.5 name their second norm for where it sits.
     if ((arch_ == Architecture::kGptOss || arch_ == Architecture::kGlm4Moe) && role == "ffn_norm")
       return absl::StrCat("blk.", layer, ".post_attention_norm.weight");
+    // Gemma 3's norms after attention and after the MLP.
+    if (role == "post_attn_norm") return absl::StrCat("blk.", layer, ".post_attention_norm.weight");
+    if (role == "post_ffn_norm") return absl::StrCat("blk.", layer, ".post_ffw_norm.weight");
     // Latent attention roles have no GGUF names: engineSupport() refuses such files.
     static const std::map<std::string, std::string> kNames = {{"attn_norm", "attn_norm.weight"},
                                                               {"q", "attn_q.weight"},
@@ -289,10 +302,25 @@ class GgufSource final : public TensorSource {
 
 class SafetensorsSource final : public TensorSource {
  public:
+  // `arch`: Gemma 3 names its norms for where they sit, and a multimodal checkpoint keeps the
+  // text model under language_model (model.language_model. as transformers 5 writes it,
+  // language_model.model. as published) rather than model.
   SafetensorsSource(const model::SafetensorsCheckpoint& checkpoint,
-                    model::QuantizationInfo quantization)
-      : ckpt_(checkpoint), quant_(std::move(quantization)) {}
+                    model::QuantizationInfo quantization, Architecture arch = Architecture::kLlama)
+      : ckpt_(checkpoint), quant_(std::move(quantization)), arch_(arch) {
+    for (const char* prefix : {"model.language_model.", "language_model.model."}) {
+      if (ckpt_.find(absl::StrCat(prefix, "embed_tokens.weight")) != nullptr) prefix_ = prefix;
+    }
+  }
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
+    if (arch_ == Architecture::kGemma3) {
+      static const std::map<std::string, std::string> kGemma = {
+          {"ffn_norm", "pre_feedforward_layernorm.weight"},
+          {"post_attn_norm", "post_attention_layernorm.weight"},
+          {"post_ffn_norm", "post_feedforward_layernorm.weight"}};
+      if (auto it = kGemma.find(role); it != kGemma.end())
+        return absl::StrCat(prefix_, "layers.", layer, ".", it->second);
+    }
     static const std::map<std::string, std::string> kNames = {
         {"attn_norm", "input_layernorm.weight"},
         {"q", "self_attn.q_proj.weight"},
@@ -318,15 +346,15 @@ class SafetensorsSource final : public TensorSource {
         {"up", "mlp.up_proj.weight"},
         {"gate_up", "mlp.gate_up_proj.weight"},
         {"down", "mlp.down_proj.weight"}};
-    return absl::StrCat("model.layers.", layer, ".", kNames.at(role));
+    return absl::StrCat(prefix_, "layers.", layer, ".", kNames.at(role));
   }
-  std::string embeddingName() const override { return "model.embed_tokens.weight"; }
-  std::string outputNormName() const override { return "model.norm.weight"; }
+  std::string embeddingName() const override { return prefix_ + "embed_tokens.weight"; }
+  std::string outputNormName() const override { return prefix_ + "norm.weight"; }
   std::string outputName() const override { return "lm_head.weight"; }
   // ModelOpt and compressed-tensors FP8 KV checkpoints: self_attn.k_scale (or, in older
   // ModelOpt exports, self_attn.k_proj.k_scale), one positive float.
   absl::StatusOr<float> kvScale(uint32_t layer, const std::string& kv) const override {
-    const std::string base = absl::StrCat("model.layers.", layer, ".self_attn.");
+    const std::string base = absl::StrCat(prefix_, "layers.", layer, ".self_attn.");
     for (const std::string& name :
          {absl::StrCat(base, kv, "_scale"), absl::StrCat(base, kv, "_proj.", kv, "_scale")}) {
       const model::SafetensorsTensor* t = ckpt_.find(name);
@@ -391,7 +419,7 @@ class SafetensorsSource final : public TensorSource {
   absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
                                const ShardDims& dims) const override {
     if (c.architecture == Architecture::kGptOss) {
-      const std::string base = absl::StrCat("model.layers.", layer, ".mlp.router.");
+      const std::string base = absl::StrCat(prefix_, "layers.", layer, ".mlp.router.");
       MoeBlock block;
       CLEAVE_ASSIGN_OR_RETURN(block.router,
                               matrix(base + "weight", c.moe->num_experts, c.hidden_size));
@@ -403,7 +431,7 @@ class SafetensorsSource final : public TensorSource {
     }
     const bool mixtral = c.architecture == Architecture::kMixtral;
     const std::string base =
-        absl::StrCat("model.layers.", layer, ".", mixtral ? "block_sparse_moe." : "mlp.");
+        absl::StrCat(prefix_, "layers.", layer, ".", mixtral ? "block_sparse_moe." : "mlp.");
     const uint64_t hidden = c.hidden_size, ffn = c.moe->expert_intermediate_size;
     // `part` of the MLP's columns: all of a routed expert's, a run of the shared experts'.
     auto mlp = [&](const std::string& x, uint64_t width, Span part) {
@@ -435,6 +463,8 @@ class SafetensorsSource final : public TensorSource {
  private:
   const model::SafetensorsCheckpoint& ckpt_;
   model::QuantizationInfo quant_;
+  Architecture arch_;
+  std::string prefix_ = "model.";
 };
 
 absl::Status checkSupported(const model::ModelConfig& c) {
@@ -501,7 +531,7 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
   for (uint32_t i = 0; i < c.num_layers; ++i) {
     auto name = [&](const char* role) { return f.layerTensor(i, role); };
     LlamaLayer layer;
-    CLEAVE_ASSIGN_OR_RETURN(layer.attn_norm, f.vector(name("attn_norm"), hidden));
+    CLEAVE_ASSIGN_OR_RETURN(layer.attn_norm, f.norm(name("attn_norm"), hidden));
     if (c.mla) {
       const int64_t v = c.mla->v_head_dim;
       CLEAVE_ASSIGN_OR_RETURN(layer.mla, loadMla(f, c, d, i));
@@ -538,12 +568,16 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
       CLEAVE_ASSIGN_OR_RETURN(layer.sinks, f.vector(name("sinks"), c.num_heads, d.heads));
     }
     if (c.qk_norm) {
-      CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, f.vector(name("q_norm"), c.head_dim));
-      CLEAVE_ASSIGN_OR_RETURN(layer.k_norm, f.vector(name("k_norm"), c.head_dim));
+      CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, f.norm(name("q_norm"), c.head_dim));
+      CLEAVE_ASSIGN_OR_RETURN(layer.k_norm, f.norm(name("k_norm"), c.head_dim));
     }
     CLEAVE_ASSIGN_OR_RETURN(layer.k_scale, f.kvScale(i, "k"));
     CLEAVE_ASSIGN_OR_RETURN(layer.v_scale, f.kvScale(i, "v"));
-    CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm, f.vector(name("ffn_norm"), hidden));
+    CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm, f.norm(name("ffn_norm"), hidden));
+    if (c.sandwich_norms) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.post_attn_norm, f.norm(name("post_attn_norm"), hidden));
+      CLEAVE_ASSIGN_OR_RETURN(layer.post_ffn_norm, f.norm(name("post_ffn_norm"), hidden));
+    }
     if (c.isMoeLayer(i)) {
       CLEAVE_ASSIGN_OR_RETURN(layer.moe, f.moe(i, c, d));
     } else {
@@ -564,7 +598,7 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
     if (on_layer) on_layer(layer.bytes());
     w.layers.push_back(std::move(layer));
   }
-  CLEAVE_ASSIGN_OR_RETURN(w.output_norm, f.vector(f.outputNormName(), hidden));
+  CLEAVE_ASSIGN_OR_RETURN(w.output_norm, f.norm(f.outputNormName(), hidden));
   const std::string head = c.tie_word_embeddings ? f.embeddingName() : f.outputName();
   CLEAVE_ASSIGN_OR_RETURN(w.output, f.matrix(head, c.vocab_size, hidden, rows(d.vocab)));
   return absl::OkStatus();
@@ -609,8 +643,9 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
                                                                     : cpu::RopePairing::kHalves;
   CLEAVE_ASSIGN_OR_RETURN(model::QuantizationInfo quantization,
                           model::readQuantizationInfo(folder));
-  SafetensorsSource source(*w->safetensors, quantization);
+  SafetensorsSource source(*w->safetensors, quantization, w->config.architecture);
   source.setCpuKernels(shard.cpu_kernels);
+  if (w->config.architecture == model::Architecture::kGemma3) source.setNormOffset(1.0f);
   CLEAVE_RETURN_IF_ERROR(loadTensors(source, *w, on_layer));
   return w;
 }
@@ -642,7 +677,9 @@ void LlamaLayer::forEachMatrix(
 }
 
 int64_t LlamaLayer::bytes() const {
-  int64_t total = static_cast<int64_t>(attn_norm.size() + ffn_norm.size()) * 4;
+  int64_t total = static_cast<int64_t>(attn_norm.size() + ffn_norm.size() + post_attn_norm.size() +
+                                       post_ffn_norm.size()) *
+                  4;
   if (mla) total += static_cast<int64_t>(mla->q_a_norm.size() + mla->kv_a_norm.size()) * 4;
   forEachMatrix([&](MatrixKind, const cpu::CpuMatrix& m) { total += m.bytes(); });
   return total;

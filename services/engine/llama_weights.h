@@ -58,9 +58,12 @@ struct LlamaLayer {
   // scales, self_attn.k_scale and v_scale; 1 without them). Other cache types ignore them.
   float k_scale = 1.0f, v_scale = 1.0f;
   std::vector<float> ffn_norm;  // [hidden]
-  cpu::CpuMatrix w_gate;        // [intermediate, hidden]
-  cpu::CpuMatrix w_up;          // [intermediate, hidden]
-  cpu::CpuMatrix w_down;        // [hidden, intermediate]
+  // Gemma 3: norms of the attention's and the MLP's outputs before their residual adds
+  // ([hidden]; empty in models without them).
+  std::vector<float> post_attn_norm, post_ffn_norm;
+  cpu::CpuMatrix w_gate;  // [intermediate, hidden]
+  cpu::CpuMatrix w_up;    // [intermediate, hidden]
+  cpu::CpuMatrix w_down;  // [hidden, intermediate]
   // Set on mixture-of-experts layers instead of the dense MLP above.
   std::optional<MoeBlock> moe;
   int64_t bytes() const;  // Of the weights as kept.

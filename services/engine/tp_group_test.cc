@@ -210,6 +210,7 @@ INSTANTIATE_TEST_SUITE_P(
         tpCase(kHf + "llama_f32", 2, kShm), tpCase(kHf + "qwen2_f32", 2, kShm),
         tpCase(kHf + "qwen3_f32", 2, kShm), tpCase(kHf + "llama_bf16", 2, kShm),
         tpCase(kHf + "phi3_f32", 2, kShm), tpCase(kHf + "mistral_f32", 2, kShm),
+        tpCase(kHf + "gemma3_f32", 2, kShm), tpCase(kHf + "gemma3_f32", 2, kGloo),
         tpCase(kHf + "llama_fp8", 2, kShm), tpCase(kHf + "llama_fp8_ct_channel", 2, kShm),
         tpCase(kHf + "llama_nvfp4_modelopt", 2, kShm), tpCase(kHf + "qwen3_moe_nvfp4_ct", 2, kShm),
         tpCase(kHf + "mixtral_f32", 2, kShm), tpCase(kHf + "qwen3_moe_f32", 2, kShm),

@@ -218,6 +218,33 @@ CASES: dict[str, dict] = {
         "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "use_cache": True, "use_qk_norm": False, "vocab_size": 151552,
     },
+    # Gemma 3 1B as published (a text model): five sliding layers to one global by
+    # sliding_window_pattern, the local rotary base as rope_local_base_freq.
+    "gemma3_1b": {
+        "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": None, "bos_token_id": 2, "cache_implementation": "hybrid",
+        "eos_token_id": [1, 106], "final_logit_softcapping": None, "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+        "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+        "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+        "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+        "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 262144,
+    },
+    # Gemma 3 4B as published (multimodal): the text model's config under text_config naming
+    # five fields, the rest transformers' defaults; linear rope scaling on the global layers.
+    "gemma3_4b": {
+        "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+        "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+        "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                        "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024},
+        "torch_dtype": "bfloat16",
+        "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                          "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                          "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False},
+    },
     # Not a decoder family Cleave serves: the loader must reject it cleanly.
     "gpt2_unsupported": {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "activation_function": "gelu_new",
@@ -228,7 +255,7 @@ CASES: dict[str, dict] = {
 }
 
 SUPPORTED = {"llama", "mistral", "phi3", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "gpt_oss",
-             "glm4_moe"}
+             "glm4_moe", "gemma3", "gemma3_text"}
 
 MODELING_FACTS = {
     # model_type: (file, must-contain snippet, facts)
@@ -275,6 +302,9 @@ def _modeling_source(rel: str) -> str:
 
 def derive(cfg, name: str, raw: dict) -> dict:
     mt = cfg.model_type
+    outer = cfg
+    if mt == "gemma3":  # multimodal: the text model's config, the top level's token ids
+        cfg = cfg.get_text_config()
     e: dict = {"architecture": mt, "cleave_supported": mt in SUPPORTED}
     if mt not in SUPPORTED:
         # gpt2 uses its own names; report what the object exposes through its attribute_map
@@ -285,6 +315,9 @@ def derive(cfg, name: str, raw: dict) -> dict:
     kv = getattr(cfg, "num_key_value_heads", None)
     head_dim = getattr(cfg, "head_dim", None)
     rp = dict(getattr(cfg, "rope_parameters", None) or {})
+    gemma = mt in ("gemma3", "gemma3_text")
+    if gemma:  # per layer type: the global layers' rotation here, the sliding ones' below
+        rp = dict(rp["full_attention"])
     e.update({
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -298,12 +331,12 @@ def derive(cfg, name: str, raw: dict) -> dict:
         "rope_theta": float(rp["rope_theta"]),
         "rope_type": rp.get("rope_type", rp.get("type")),
         # as written in config.json (null when absent / null there)
-        "rope_scaling": raw.get("rope_scaling"),
+        "rope_scaling": rp if gemma else raw.get("rope_scaling"),
         # the oracle's normalized view: scaling fields plus rope_theta and rope_type
         "rope_parameters": rp,
         "tie_word_embeddings": bool(cfg.tie_word_embeddings),
-        "bos_token_id": cfg.bos_token_id,
-        "eos_token_id": cfg.eos_token_id,
+        "bos_token_id": outer.bos_token_id if getattr(outer, "bos_token_id", None) is not None else cfg.bos_token_id,
+        "eos_token_id": outer.eos_token_id if getattr(outer, "eos_token_id", None) is not None else cfg.eos_token_id,
         "attention_bias": getattr(cfg, "attention_bias", None),
         # the leading dimensions of each head that rotate, as the rotary embedding class sizes them
         "rotary_dim": int((head_dim if head_dim is not None else cfg.hidden_size // heads)
@@ -311,6 +344,18 @@ def derive(cfg, name: str, raw: dict) -> dict:
     })
     if mt == "glm4_moe":
         e["qk_norm"] = cfg.use_qk_norm
+    if gemma:
+        src = _modeling_source("gemma3/modeling_gemma3.py")
+        for snippet in ["embed_scale=self.config.hidden_size**0.5", "output * (1.0 + self.weight.float())",
+                        "self.scaling = config.query_pre_attn_scalar**-0.5",
+                        "hidden_states = self.post_feedforward_layernorm(hidden_states)"]:
+            assert snippet in src, f"modeling code changed: {snippet}"
+        e.update({"qk_norm": True, "embedding_scale": cfg.hidden_size ** 0.5, "sandwich_norms": True,
+                  "hidden_activation": cfg.hidden_activation,
+                  "query_pre_attn_scalar": cfg.query_pre_attn_scalar,
+                  "sliding_rope_theta": float(cfg.rope_parameters["sliding_attention"]["rope_theta"]),
+                  "final_logit_softcapping": cfg.final_logit_softcapping,
+                  "sliding_window": cfg.sliding_window, "layer_types": list(cfg.layer_types)})
     moe = {k: None for k in ["num_experts", "experts_per_token", "moe_intermediate_size", "norm_topk_prob",
                              "shared_experts", "scoring", "n_group", "topk_group",
                              "routed_scaling_factor", "first_k_dense_replace"]}

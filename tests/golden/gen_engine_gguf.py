@@ -13,6 +13,8 @@ not to (the golden logits and Cleave follow the config), so gpt_oss_f32.gguf is 
 against transformers run with truncation; gpt_oss_mxfp4.gguf, the same layout with MXFP4
 experts, by its experts' values (the gguf package's decoding against transformers' MXFP4
 converter's).
+gemma3_pattern6_f32.gguf is Gemma 3 as convert_hf_to_gguf.py's Gemma3Model writes it (norm weights
+stored as 1 + w; write_gemma3).
 glm4_moe_f32.gguf is GLM-4.5 as convert_hf_to_gguf.py's Glm4MoeModel writes it, with a stand-in
 multi-token-prediction layer after the others (write_glm4moe).
 phi3_f32.gguf is Phi-3 as convert_hf_to_gguf.py's Phi3MiniModel writes it: qkv_proj as attn_qkv,
@@ -69,7 +71,8 @@ def open_writer(case, arch, name=None, extra_blocks=0):
     w.add_head_count_kv(cfg["num_key_value_heads"])
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    rope = cfg["rope_parameters"]  # Gemma 3: per layer type; the global layers' base here
+    w.add_rope_freq_base(rope.get("rope_theta") or rope["full_attention"]["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     return cfg, t, w
 
@@ -246,6 +249,51 @@ def write_glm4moe(case):
             tensor(blk + "nextn.eh_proj.weight", rng.standard_normal((hidden, 2 * hidden)) / hidden)
             for n in ("enorm", "hnorm", "shared_head_norm"):
                 tensor(blk + f"nextn.{n}.weight", 1 + 0.1 * rng.standard_normal(hidden))
+    return close_writer(w)
+
+
+def write_gemma3(case):
+    """Gemma 3 as convert_hf_to_gguf.py's Gemma3Model writes it (float32): every norm weight
+    stored as 1 + w (the scale the model applies), the norms after attention and after the MLP
+    as post_attention_norm and post_ffw_norm, the one before the MLP as ffn_norm, rotate-half
+    rows kept (NEOX rope), the global layers' linear rope scaling under rope.scaling, the window
+    as attention.sliding_window, tied embeddings (no output.weight). What the file cannot state
+    llama.cpp fixes: every sixth layer global, the sliding layers' base 10000, the queries
+    scaled by head_dim (but in the 27B) - the case is built to match."""
+    cfg, t, w = open_writer(case, "gemma3")
+    rope = cfg["rope_parameters"]
+    assert cfg["query_pre_attn_scalar"] == cfg["head_dim"] and not cfg.get("final_logit_softcapping")
+    assert rope["sliding_attention"]["rope_theta"] == 10000.0
+    assert cfg["layer_types"] == ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                  for i in range(cfg["num_hidden_layers"])]
+    w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    w.add_rope_scaling_factor(rope["full_attention"]["factor"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("none")
+
+    def tensor(name, array):
+        w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
+
+    def norm(name, weight):
+        tensor(name, weight + 1.0)
+
+    tensor("token_embd.weight", t["model.embed_tokens.weight"])
+    norm("output_norm.weight", t["model.norm.weight"])
+    for layer in range(cfg["num_hidden_layers"]):
+        hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
+        norm(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
+        for p in "qkv":
+            tensor(blk + f"attn_{p}.weight", t[hf + f"self_attn.{p}_proj.weight"])
+        tensor(blk + "attn_output.weight", t[hf + "self_attn.o_proj.weight"])
+        norm(blk + "attn_q_norm.weight", t[hf + "self_attn.q_norm.weight"])
+        norm(blk + "attn_k_norm.weight", t[hf + "self_attn.k_norm.weight"])
+        norm(blk + "post_attention_norm.weight", t[hf + "post_attention_layernorm.weight"])
+        norm(blk + "ffn_norm.weight", t[hf + "pre_feedforward_layernorm.weight"])
+        norm(blk + "post_ffw_norm.weight", t[hf + "post_feedforward_layernorm.weight"])
+        for p in ("gate", "up", "down"):
+            tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
     return close_writer(w)
 
 
@@ -436,6 +484,9 @@ if __name__ == "__main__":
     phi3 = json.load(open(os.path.join(HF, "phi3_f32", "config.json")))
     check_with_llamacpp("phi3_f32", write_phi3("phi3_f32"), 1e-4, positions=phi3["sliding_window"])
     check_with_llamacpp("glm4_moe_f32", write_glm4moe("glm4_moe_f32"), 1e-4)
+    # Gemma 3: llama.cpp's CPU GELU reads a table of fp16 inputs (1.5e-3 when written; a layout
+    # or scale error moves the logits by 1e-1 and more).
+    check_with_llamacpp("gemma3_pattern6_f32", write_gemma3("gemma3_pattern6_f32"), 3e-3)
     # NVFP4: llama.cpp rounds its activations to Q8_0 blocks (an fp16 scale, halves away from
     # zero) where the golden rounds them as the engine does.
     nvfp4 = write("qwen3_f32", "qwen3", nvfp4=True)

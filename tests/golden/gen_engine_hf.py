@@ -49,8 +49,8 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
     sys.exit(0)
 import transformers
 from safetensors import safe_open
-from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Glm4MoeConfig, GptOssConfig,
-                          LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config,
+from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Gemma3TextConfig, Glm4MoeConfig,
+                          GptOssConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config,
                           Qwen3MoeConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -243,6 +243,31 @@ CASES["glm4_moe_f32"] = (Glm4MoeConfig, dict(
     first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True, attention_bias=True,
     use_qk_norm=True, partial_rotary_factor=0.5, rope_theta=1000000.0, num_nextn_predict_layers=0,
     tie_word_embeddings=False, bos_token_id=0, eos_token_id=1), 117, torch.float32)
+
+
+# Gemma 3: norms before and after attention and the MLP (weights w for a scale of 1 + w), GELU
+# (tanh) MLP, embeddings times sqrt(hidden), Q/K norms, a softmax scale of query_pre_attn_scalar
+# (24, not head_dim), two sliding layers (window 4, rotary base 1e4) and a global one (base 1e6,
+# linear scaling 4), tied embeddings, and the logits soft-capped at 10 (Gemma 2's cap, which
+# Gemma 3's class applies when set) so the cap binds.
+CASES["gemma3_f32"] = (Gemma3TextConfig, dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, vocab_size=509, max_position_embeddings=256, rms_norm_eps=1e-6, query_pre_attn_scalar=24,
+    sliding_window=4, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+    final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+    bos_token_id=2, eos_token_id=1, pad_token_id=0), 118, torch.float32)
+# Gemma 3 as the 1B-12B models are (what a GGUF file can state; gen_engine_gguf.py writes it):
+# six layers, every sixth global by the default pattern, query_pre_attn_scalar = head_dim,
+# no soft cap, linear scaling 8 on the global layer.
+CASES["gemma3_pattern6_f32"] = (Gemma3TextConfig, dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1,
+    head_dim=16, vocab_size=509, max_position_embeddings=256, rms_norm_eps=1e-6, query_pre_attn_scalar=16,
+    sliding_window=5, rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+    hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+    bos_token_id=2, eos_token_id=1, pad_token_id=0), 119, torch.float32)
 
 
 # ---------------------------------------------------------------- helpers
