@@ -118,6 +118,14 @@ void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads, const Rope
   }
 }
 
+std::optional<Rope> slidingRope(const model::ModelConfig& config, RopePairing pairing) {
+  if (config.sliding_rope_theta <= 0) return std::nullopt;
+  model::ModelConfig local = config;
+  local.rope_theta = config.sliding_rope_theta;
+  local.rope_scaling = model::RopeScaling();
+  return Rope(local, pairing);
+}
+
 void Rope::apply(float* x, int64_t ld, int64_t tokens, int64_t heads,
                  const int32_t* positions) const {
   RopeAngles table;

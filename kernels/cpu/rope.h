@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -63,5 +64,9 @@ class Rope {
   std::vector<float> inv_freq_;  // [head_dim / 2]
   double attention_factor_ = 1.0;
 };
+
+// The rotation of the sliding-window layers of a model whose base differs from the other
+// layers' (Gemma 3: ModelConfig::sliding_rope_theta, no rope scaling); none otherwise.
+std::optional<Rope> slidingRope(const model::ModelConfig& config, RopePairing pairing);
 
 }  // namespace cleave::cpu

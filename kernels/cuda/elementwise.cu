@@ -53,8 +53,20 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) rmsNormKernel(const RmsNor
   }
 }
 
-__global__ void siluMulKernel(const bf16* gate, const bf16* up, int64_t in_stride, int64_t rows,
-                              int64_t cols, bf16* out, int64_t out_stride) {
+// The gate's activation: SiLU, or GELU's tanh form (kernels/cpu/elementwise.h).
+template <bool kGelu>
+__device__ __forceinline__ float gateActivation(float g) {
+  if constexpr (kGelu) {
+    constexpr float kSqrt2OverPi = 0.7978845608028654f;
+    return 0.5f * g * (1.0f + tanhf(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
+  } else {
+    return g / (1.0f + __expf(-g));
+  }
+}
+
+template <bool kGelu>
+__global__ void gatedMulKernel(const bf16* gate, const bf16* up, int64_t in_stride, int64_t rows,
+                               int64_t cols, bf16* out, int64_t out_stride) {
   const int64_t pairs = cols / 2;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows * pairs;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -62,10 +74,28 @@ __global__ void siluMulKernel(const bf16* gate, const bf16* up, int64_t in_strid
     const int64_t c = (i % pairs) * 2;
     const bf162 g = *reinterpret_cast<const bf162*>(gate + r * in_stride + c);
     const bf162 u = *reinterpret_cast<const bf162*>(up + r * in_stride + c);
-    const float g0 = __low2float(g), g1 = __high2float(g);
-    *reinterpret_cast<bf162*>(out + r * out_stride + c) = __floats2bfloat162_rn(
-        g0 / (1.0f + __expf(-g0)) * __low2float(u), g1 / (1.0f + __expf(-g1)) * __high2float(u));
+    *reinterpret_cast<bf162*>(out + r * out_stride + c) =
+        __floats2bfloat162_rn(gateActivation<kGelu>(__low2float(g)) * __low2float(u),
+                              gateActivation<kGelu>(__high2float(g)) * __high2float(u));
   }
+}
+
+__global__ void scaleKernel(bf16* x, int64_t count, float factor) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = __float2bfloat16(__bfloat162float(x[i]) * factor);
+}
+
+__global__ void softCapKernel(float* x, int64_t count, float cap) {
+  const float inverse = 1.0f / cap;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = cap * tanhf(x[i] * inverse);
+}
+
+// Blocks of 256 threads for a grid-stride loop over `count` items.
+unsigned strideBlocks(int64_t count) {
+  return static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 65535));
 }
 
 // One block per token, 16-byte copies.
@@ -159,10 +189,32 @@ absl::Status siluMul(const __nv_bfloat16* gate, const __nv_bfloat16* up, int64_t
                      cudaStream_t stream) {
   if (rows == 0) return absl::OkStatus();
   if (cols % 2 != 0) return absl::InvalidArgumentError("silu_mul: cols must be even");
-  const int64_t pairs = rows * cols / 2;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 65535));
-  siluMulKernel<<<blocks, 256, 0, stream>>>(gate, up, in_stride, rows, cols, out, out_stride);
+  gatedMulKernel<false><<<strideBlocks(rows * cols / 2), 256, 0, stream>>>(
+      gate, up, in_stride, rows, cols, out, out_stride);
   return launchStatus("silu_mul");
+}
+
+absl::Status geluTanhMul(const __nv_bfloat16* gate, const __nv_bfloat16* up, int64_t in_stride,
+                         int64_t rows, int64_t cols, __nv_bfloat16* out, int64_t out_stride,
+                         cudaStream_t stream) {
+  if (rows == 0) return absl::OkStatus();
+  if (cols % 2 != 0) return absl::InvalidArgumentError("gelu_tanh_mul: cols must be even");
+  gatedMulKernel<true><<<strideBlocks(rows * cols / 2), 256, 0, stream>>>(gate, up, in_stride, rows,
+                                                                          cols, out, out_stride);
+  return launchStatus("gelu_tanh_mul");
+}
+
+absl::Status scale(__nv_bfloat16* x, int64_t count, float factor, cudaStream_t stream) {
+  if (count == 0) return absl::OkStatus();
+  scaleKernel<<<strideBlocks(count), 256, 0, stream>>>(x, count, factor);
+  return launchStatus("scale");
+}
+
+absl::Status softCap(float* x, int64_t count, float cap, cudaStream_t stream) {
+  if (count == 0) return absl::OkStatus();
+  if (!(cap > 0)) return absl::InvalidArgumentError("soft_cap: the cap must be positive");
+  softCapKernel<<<strideBlocks(count), 256, 0, stream>>>(x, count, cap);
+  return launchStatus("soft_cap");
 }
 
 absl::Status embed(const int32_t* ids, int64_t tokens, const __nv_bfloat16* table, int64_t vocab,

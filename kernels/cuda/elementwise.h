@@ -40,6 +40,18 @@ absl::Status siluMul(const __nv_bfloat16* gate, const __nv_bfloat16* up, int64_t
                      int64_t rows, int64_t cols, __nv_bfloat16* out, int64_t out_stride,
                      cudaStream_t stream);
 
+// out[r][i] = gelu(gate[r][i]) * up[r][i], GELU's tanh form (Gemma); cols even, out may
+// alias gate.
+absl::Status geluTanhMul(const __nv_bfloat16* gate, const __nv_bfloat16* up, int64_t in_stride,
+                         int64_t rows, int64_t cols, __nv_bfloat16* out, int64_t out_stride,
+                         cudaStream_t stream);
+
+// x[i] *= factor for `count` values (Gemma's embeddings times √hidden).
+absl::Status scale(__nv_bfloat16* x, int64_t count, float factor, cudaStream_t stream);
+
+// x[i] = cap · tanh(x[i] / cap) for `count` values (Gemma's logit soft cap); cap > 0.
+absl::Status softCap(float* x, int64_t count, float cap, cudaStream_t stream);
+
 // out[t] = table[ids[t]] (table [vocab][cols], cols a multiple of 8). Ids are checked
 // before they reach the GPU; an id outside [0, vocab) gives a row of NaN.
 absl::Status embed(const int32_t* ids, int64_t tokens, const __nv_bfloat16* table, int64_t vocab,

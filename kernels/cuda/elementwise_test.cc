@@ -74,22 +74,53 @@ TEST(RmsNormTest, MatchesCpuBackend) {
   }
 }
 
-TEST(SiluMulTest, MatchesCpuBackend) {
+// SiLU's and GELU's (tanh form, Gemma's) gated products against the CPU backend's.
+TEST(GatedMulTest, MatchesCpuBackend) {
   CLEAVE_REQUIRE_GPU();
   std::mt19937 rng(testing::freshSeed());
   const int64_t rows = 19, cols = 1536;
   std::vector<bf16> gate_up = testing::randomBf16(rows * 2 * cols, rng, 4.0f);
   std::vector<float> in = testing::toFloat(gate_up);
-  std::vector<float> want(rows * cols);
-  cpu::siluMul(in.data(), in.data() + cols, 2 * cols, rows, cols, want.data(), cols);
-  DeviceBuffer<bf16> din(gate_up), dout(rows * cols);
-  absl::Status s =
-      siluMul(din.get(), din.get() + cols, 2 * cols, rows, cols, dout.get(), cols, nullptr);
-  ASSERT_TRUE(s.ok()) << s;
+  for (const bool gelu : {false, true}) {
+    SCOPED_TRACE(gelu ? "gelu_tanh" : "silu");
+    std::vector<float> want(rows * cols);
+    (gelu ? cpu::geluTanhMul : cpu::siluMul)(in.data(), in.data() + cols, 2 * cols, rows, cols,
+                                             want.data(), cols);
+    DeviceBuffer<bf16> din(gate_up), dout(rows * cols);  // poisoned
+    absl::Status s = (gelu ? geluTanhMul : siluMul)(din.get(), din.get() + cols, 2 * cols, rows,
+                                                    cols, dout.get(), cols, nullptr);
+    ASSERT_TRUE(s.ok()) << s;
+    CUDA_ASSERT_OK(cudaDeviceSynchronize());
+    const auto d = testing::compare(testing::toFloat(dout.copyToHost()), want);
+    EXPECT_EQ(d.non_finite, 0);
+    EXPECT_LE(d.relative_l2, 8e-3);
+  }
+}
+
+// Gemma's embedding scale (bf16 in place) and logit soft cap (f32) against the CPU's.
+TEST(ScaleAndSoftCapTest, MatchTheCpuBackend) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  const int64_t count = 70001;
+  std::vector<bf16> x = testing::randomBf16(count, rng, 2.0f);
+  DeviceBuffer<bf16> dx(x);
+  ASSERT_TRUE(scale(dx.get(), count, 48.0f, nullptr).ok());
+  std::vector<float> want = testing::toFloat(x);
+  for (float& v : want) v *= 48.0f;
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
-  const auto d = testing::compare(testing::toFloat(dout.copyToHost()), want);
-  EXPECT_EQ(d.non_finite, 0);
-  EXPECT_LE(d.relative_l2, 8e-3);
+  const auto scaled = testing::compare(testing::toFloat(dx.copyToHost()), want);
+  EXPECT_EQ(scaled.non_finite, 0);
+  EXPECT_LE(scaled.relative_l2, 8e-3);
+
+  std::vector<float> logits = testing::toFloat(testing::randomBf16(count, rng, 60.0f));
+  DeviceBuffer<float> dlogits(logits);
+  ASSERT_TRUE(softCap(dlogits.get(), count, 30.0f, nullptr).ok());
+  cpu::softCap(logits.data(), count, 30.0f);
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const auto capped = testing::compare(dlogits.copyToHost(), logits);
+  EXPECT_EQ(capped.non_finite, 0);
+  EXPECT_LE(capped.relative_l2, 1e-5);
+  EXPECT_FALSE(softCap(dlogits.get(), count, 0.0f, nullptr).ok());
 }
 
 TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {

@@ -55,6 +55,9 @@ struct DeviceLayer {
   bf16* bo = nullptr;                    // [hidden], when this rank adds the O bias
   float k_scale = 1.0f, v_scale = 1.0f;  // An e4m3 cache's (LlamaLayer).
   bf16* ffn_norm = nullptr;
+  // Gemma 3: norms of the attention's and the MLP's outputs, before the residual adds.
+  bf16* post_attn_norm = nullptr;
+  bf16* post_ffn_norm = nullptr;
   cuda::ExpertWeights wgu;    // [2 ffn][hidden]: gate rows, then up rows
   cuda::ExpertWeights wdown;  // [hidden][ffn]
   // Multi-head latent attention (mla_attention.h), bf16, instead of wqkv; wo is then
@@ -132,6 +135,12 @@ struct CudaLlamaModel::State {
   bf16* output = nullptr;  // [vocab_rows][hidden]; embed when tied
   float* inv_freq = nullptr;
   float rope_factor = 1.0f;  // YaRN's attention factor on cos and sin
+  // Gemma 3 (model::ModelConfig): the sliding layers' rotation (null: as the others), the
+  // embeddings' scale, the logits' soft cap (0: none), the MLP's GELU.
+  float* sliding_inv_freq = nullptr;
+  float embedding_scale = 1.0f;
+  float final_softcap = 0.0f;
+  bool gelu = false;
   // Workspace, [max_step_tokens][width] unless noted.
   bf16 *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *o = nullptr,
        *gu = nullptr, *act = nullptr;
@@ -287,6 +296,10 @@ struct CudaLlamaModel::State {
         if (traits.o_bias) d.bo = arena.take<bf16>(hidden);
       }
       d.ffn_norm = arena.take<bf16>(hidden);
+      if (config.sandwich_norms) {
+        d.post_attn_norm = arena.take<bf16>(hidden);
+        d.post_ffn_norm = arena.take<bf16>(hidden);
+      }
       if (is_moe[l]) {
         moe_layer[l] = placeMoeWeights(arena, *moe);
         continue;
@@ -298,6 +311,8 @@ struct CudaLlamaModel::State {
     output_norm = arena.take<bf16>(hidden);
     output = traits.tied ? embed : arena.take<bf16>(vocab_rows * hidden);
     inv_freq = arena.take<float>(cpu::rotaryDim(config) / 2);
+    if (config.sliding_rope_theta > 0)
+      sliding_inv_freq = arena.take<float>(cpu::rotaryDim(config) / 2);
     plan.weights = arena.used();
     const int64_t t = options.max_step_tokens;
     x = arena.take<bf16>(t * hidden);
@@ -316,8 +331,9 @@ struct CudaLlamaModel::State {
     }
     o = arena.take<bf16>(t * hidden);
     if (has_dense) {
-      // The unactivated gate/up rows only for cuBLASLt's product; the skinny GEMM fuses it.
-      bool bf16_gate_up = false;
+      // The unactivated gate/up rows only for cuBLASLt's product, or a GELU MLP's; the skinny
+      // GEMM fuses SiLU.
+      bool bf16_gate_up = gelu;
       for (int64_t l = 0; l < layers; ++l)
         bf16_gate_up =
             bf16_gate_up || (!is_moe[l] && formats[l].gate_up == cuda::ExpertWeightFormat::kBf16);
@@ -383,14 +399,6 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     const model::ModelConfig& c, const ShardDims& dims, const CudaModelOptions& options,
     const LayerTraits& traits, const MoeBlock* moe_example, std::vector<LayerFormats> formats,
     bool allocate = true, BackendMemory* memory = nullptr) {
-  if (c.sandwich_norms || c.mlp_activation != model::MlpActivation::kSilu ||
-      c.embedding_scale != 1.0 || c.attention_scale > 0 || c.sliding_rope_theta > 0 ||
-      c.final_logit_softcap > 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        c.source, ": ", model::architectureName(c.architecture),
-        " (norms after attention and the MLP, a GELU MLP, scaled embeddings, per-layer rotary "
-        "bases) runs on the CPU backend only; use --backend cpu"));
-  }
   if (options.operands == cuda::GemmOperands::kNative)
     return absl::InvalidArgumentError(
         "the CUDA model takes auto or widened GEMM operands (auto uses the native ones wherever a "
@@ -425,6 +433,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.kv_heads = dims.kv_heads.size;
   s.head_dim = c.head_dim;
   s.rotary_dim = c.rotary_dim;
+  s.gelu = c.mlp_activation == model::MlpActivation::kGeluTanh;
+  s.embedding_scale = static_cast<float>(c.embedding_scale);
+  s.final_softcap = static_cast<float>(c.final_logit_softcap);
   s.q_dim = s.heads * s.head_dim;
   s.kv_dim = s.kv_heads * s.head_dim;
   s.qkv_dim = s.q_dim + 2 * s.kv_dim;
@@ -478,7 +489,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.max_blocks_per_seq = (options.max_context + options.block_size - 1) / options.block_size;
   s.kv_blocks =
       options.kv_blocks > 0 ? options.kv_blocks : options.max_sequences * s.max_blocks_per_seq;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const float scale = c.attention_scale > 0 ? static_cast<float>(c.attention_scale)
+                                            : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   if (s.mla) {
     CLEAVE_ASSIGN_OR_RETURN(
         s.mla_plan,
@@ -600,6 +612,15 @@ absl::Status uploadRope(const model::ModelConfig& c, cpu::RopePairing pairing, f
   return uploadBytes(dst, f.data(), f.size() * sizeof(float), "rope frequencies");
 }
 
+// The sliding layers' inverse frequencies into `dst` when they have their own rotation
+// (cpu::slidingRope; no attention factor: no scaling).
+absl::Status uploadSlidingRope(const model::ModelConfig& c, cpu::RopePairing pairing, float* dst) {
+  const std::optional<cpu::Rope> rope = cpu::slidingRope(c, pairing);
+  if (!rope) return absl::OkStatus();
+  const std::vector<float>& f = rope->inverseFrequencies();
+  return uploadBytes(dst, f.data(), f.size() * sizeof(float), "sliding rope frequencies");
+}
+
 }  // namespace
 
 CudaLlamaModel::CudaLlamaModel(std::unique_ptr<State> state) : state_(std::move(state)) {}
@@ -702,6 +723,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
       CLEAVE_RETURN_IF_ERROR(
           uploadBytes(dst.sinks, src.sinks.data(), src.sinks.size() * 4, "attention sinks"));
     CLEAVE_RETURN_IF_ERROR(uploadBf16(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
+    if (dst.post_attn_norm != nullptr) {
+      CLEAVE_RETURN_IF_ERROR(uploadBf16(src.post_attn_norm, dst.post_attn_norm, "post_attn_norm"));
+      CLEAVE_RETURN_IF_ERROR(uploadBf16(src.post_ffn_norm, dst.post_ffn_norm, "post_ffn_norm"));
+    }
     if (src.moe) {
       CLEAVE_RETURN_IF_ERROR(uploadMoe(*src.moe, *s.moe, s.moe_layer[l]));
       continue;
@@ -719,6 +744,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
   CLEAVE_RETURN_IF_ERROR(uploadBf16(w.output_norm, s.output_norm, "output_norm"));
   if (!s.traits.tied) CLEAVE_RETURN_IF_ERROR(uploadDequantized(w.output, s.output, "output"));
   CLEAVE_RETURN_IF_ERROR(uploadRope(w.config, w.rope_pairing, s.inv_freq, s.rope_factor));
+  CLEAVE_RETURN_IF_ERROR(uploadSlidingRope(w.config, w.rope_pairing, s.sliding_inv_freq));
   // The uploads ran on the default stream, which the model's non-blocking stream does not
   // wait for: they finish before the first step can read them.
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaDeviceSynchronize(), "uploading the weights"));
@@ -773,6 +799,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
       }
     }
     CLEAVE_RETURN_IF_ERROR(fill(d.ffn_norm, s.hidden, 0.8f, 1.2f));
+    if (d.post_attn_norm != nullptr) {
+      CLEAVE_RETURN_IF_ERROR(fill(d.post_attn_norm, s.hidden, 0.8f, 1.2f));
+      CLEAVE_RETURN_IF_ERROR(fill(d.post_ffn_norm, s.hidden, 0.8f, 1.2f));
+    }
     if (s.is_moe[l]) {
       CLEAVE_RETURN_IF_ERROR(fillRandomMoe(*s.moe, s.moe_layer[l], stream_id++, s.stream));
       continue;
@@ -785,6 +815,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
   if (!s.traits.tied)
     CLEAVE_RETURN_IF_ERROR(fill(s.output, s.vocab_rows * s.hidden, -in_scale, in_scale));
   CLEAVE_RETURN_IF_ERROR(uploadRope(config, cpu::RopePairing::kHalves, s.inv_freq, s.rope_factor));
+  CLEAVE_RETURN_IF_ERROR(uploadSlidingRope(config, cpu::RopePairing::kHalves, s.sliding_inv_freq));
   // The default stream's uploads (inverse frequencies) included.
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaDeviceSynchronize(), "filling random weights"));
   return std::unique_ptr<CudaLlamaModel>(new CudaLlamaModel(std::move(state)));
@@ -912,6 +943,24 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
     if (comm == nullptr) return absl::OkStatus();
     return comm->enqueueAllReduceBf16(data, rows * hidden, st);
   };
+  // Gemma 3's norm of a block's output (o, summed over the ranks) before the residual add;
+  // nothing without one.
+  auto postNorm = [&](const bf16* weight) -> absl::Status {
+    if (weight == nullptr) return absl::OkStatus();
+    return cuda::rmsNorm({.x = o,
+                          .x_stride = hidden,
+                          .weight = weight,
+                          .rows = n,
+                          .cols = hidden,
+                          .eps = eps,
+                          .out = o,
+                          .out_stride = hidden},
+                         st);
+  };
+  // The MLP's activated gate rows of gu times its up rows, into act.
+  auto activate = [&]() {
+    return (gelu ? cuda::geluTanhMul : cuda::siluMul)(gu, gu + ffn, 2 * ffn, n, ffn, act, ffn, st);
+  };
   if (comm == nullptr) {
     CLEAVE_RETURN_IF_ERROR(cuda::embed(ids(meta), n, embed, vocab, hidden, x, hidden, st));
   } else {
@@ -919,6 +968,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
         cuda::embedShard(ids(meta), n, embed, vocab_begin, vocab_rows, hidden, x, hidden, st));
     CLEAVE_RETURN_IF_ERROR(reduce(x, n));
   }
+  if (embedding_scale != 1.0f)  // Gemma: √hidden.
+    CLEAVE_RETURN_IF_ERROR(cuda::scale(x, n * hidden, embedding_scale, st));
   CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = x,
                                         .x_stride = hidden,
                                         .weight = layer[0].attn_norm,
@@ -930,6 +981,9 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                                        st));
   for (int64_t l = 0; l < layers; ++l) {
     const DeviceLayer& d = layer[l];
+    // Gemma 3's sliding layers rotate with their own base.
+    const bool local_rope =
+        sliding_inv_freq != nullptr && config.attentionWindow(static_cast<uint32_t>(l)) > 0;
     if (mla) {
       // Latent attention: Q (through its low rank), the latent row, the absorbed queries
       // (each head's no-rope part times its W_UKᵀ; the rope part rotated by the cache
@@ -1047,27 +1101,28 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                                               .group = kv_heads},
                                              st));
       }
-      CLEAVE_RETURN_IF_ERROR(cuda::ropeKvWrite({.qkv = qkv,
-                                                .qkv_stride = qkv_dim,
-                                                .positions = positions(meta),
-                                                .slots = slots(meta),
-                                                .inv_freq = inv_freq,
-                                                .attention_factor = rope_factor,
-                                                .tokens = n,
-                                                .heads = static_cast<int>(heads),
-                                                .kv_heads = static_cast<int>(kv_heads),
-                                                .head_dim = static_cast<int>(head_dim),
-                                                .rotary_dim = static_cast<int>(rotary_dim),
-                                                .block_size = static_cast<int>(options.block_size),
-                                                .layout = rope_layout,
-                                                .q_out = q,
-                                                .q_stride = q_dim,
-                                                .k_cache = keys(l),
-                                                .v_cache = values(l),
-                                                .kv_dtype = options.kv_dtype,
-                                                .k_scale = d.k_scale,
-                                                .v_scale = d.v_scale},
-                                               st));
+      CLEAVE_RETURN_IF_ERROR(
+          cuda::ropeKvWrite({.qkv = qkv,
+                             .qkv_stride = qkv_dim,
+                             .positions = positions(meta),
+                             .slots = slots(meta),
+                             .inv_freq = local_rope ? sliding_inv_freq : inv_freq,
+                             .attention_factor = local_rope ? 1.0f : rope_factor,
+                             .tokens = n,
+                             .heads = static_cast<int>(heads),
+                             .kv_heads = static_cast<int>(kv_heads),
+                             .head_dim = static_cast<int>(head_dim),
+                             .rotary_dim = static_cast<int>(rotary_dim),
+                             .block_size = static_cast<int>(options.block_size),
+                             .layout = rope_layout,
+                             .q_out = q,
+                             .q_stride = q_dim,
+                             .k_cache = keys(l),
+                             .v_cache = values(l),
+                             .kv_dtype = options.kv_dtype,
+                             .k_scale = d.k_scale,
+                             .v_scale = d.v_scale},
+                            st));
       const AttentionPlans& plans = attention_plans[layer_plan[l]];
       if (decode) {
         CLEAVE_RETURN_IF_ERROR(
@@ -1109,6 +1164,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
       CLEAVE_RETURN_IF_ERROR(linear(attn, q_dim, d.wo, d.bo, o));
     }
     CLEAVE_RETURN_IF_ERROR(reduce(o, n));
+    CLEAVE_RETURN_IF_ERROR(postNorm(d.post_attn_norm));
     // x += o; h = norm(x).
     CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = o,
                                           .x_stride = hidden,
@@ -1126,7 +1182,10 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
     } else {
       if (d.wgu.format == cuda::ExpertWeightFormat::kBf16) {
         CLEAVE_RETURN_IF_ERROR(product(h, hidden, bf16Data(d.wgu), nullptr, 2 * ffn, gu));
-        CLEAVE_RETURN_IF_ERROR(cuda::siluMul(gu, gu + ffn, 2 * ffn, n, ffn, act, ffn, st));
+        CLEAVE_RETURN_IF_ERROR(activate());
+      } else if (gelu) {  // The skinny GEMM fuses SiLU only: its rows, then GELU.
+        CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.wgu, nullptr, gu));
+        CLEAVE_RETURN_IF_ERROR(activate());
       } else {
         CLEAVE_RETURN_IF_ERROR(cuda::runSkinnyGemm({.x = h,
                                                     .x_stride = hidden,
@@ -1143,6 +1202,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
       CLEAVE_RETURN_IF_ERROR(linear(act, ffn, d.wdown, nullptr, o));
     }
     CLEAVE_RETURN_IF_ERROR(reduce(o, n));
+    CLEAVE_RETURN_IF_ERROR(postNorm(d.post_ffn_norm));
     const bf16* next_norm = l + 1 < layers ? layer[l + 1].attn_norm : output_norm;
     CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = o,
                                           .x_stride = hidden,
@@ -1161,6 +1221,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
   CLEAVE_RETURN_IF_ERROR(cuda::embed(lastRows(meta), logit_rows, h, n, hidden, last, hidden, st));
   CLEAVE_RETURN_IF_ERROR(
       product(last, hidden, output, nullptr, vocab_rows, logits, true, logit_rows));
+  if (final_softcap > 0)  // Elementwise: on each rank's rows before the gather.
+    CLEAVE_RETURN_IF_ERROR(cuda::softCap(logits, logit_rows * vocab_rows, final_softcap, st));
   if (comm == nullptr) return absl::OkStatus();
   std::vector<int64_t> counts;
   for (int64_t rows : rank_vocab_rows) counts.push_back(rows * logit_rows);

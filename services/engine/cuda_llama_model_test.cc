@@ -171,6 +171,13 @@ INSTANTIATE_TEST_SUITE_P(Dense, CudaTinyModelTest,
                                            "llama_fp8_block128", "llama_fp8_ct_channel",
                                            "llama_nvfp4_modelopt", "llama_nvfp4_ct"));
 
+// Gemma 3: norms after attention and the MLP, the GELU (tanh) MLP, embeddings times √hidden,
+// query_pre_attn_scalar's softmax scale, sliding layers with their own rotary base, the
+// logits' soft cap (gemma3_f32); as the 1B-12B models and their GGUF files (pattern6).
+INSTANTIATE_TEST_SUITE_P(Gemma3, CudaTinyModelTest,
+                         ::testing::Values("gemma3_f32", "gemma3_pattern6_f32",
+                                           "../gguf/gemma3_pattern6_f32.gguf"));
+
 // llama.cpp's NVFP4 blocks (qwen3_nvfp4.gguf: its attention, gate and up projections) on the
 // GPU's NVFP4 path, rearranged at upload, against the CPU's float computation of the same
 // values.
@@ -425,7 +432,7 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
   if (gpus < 2) GTEST_SKIP() << "one GPU: tensor parallelism needs two";
   // gpt-oss: the O and expert down-projection biases join one rank's partial sums only.
   for (const char* name :
-       {"llama_f32", "qwen2_f32", "qwen3_moe_f32", "gpt_oss_f32", "glm4_moe_f32"}) {
+       {"llama_f32", "qwen2_f32", "qwen3_moe_f32", "gpt_oss_f32", "glm4_moe_f32", "gemma3_f32"}) {
     SCOPED_TRACE(name);
     const std::string path = goldenDir() + "/engine/hf/" + name;
     std::vector<std::vector<float>> steps[2];
@@ -469,17 +476,6 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
 // Which matrices of the quantized goldens the GPU keeps quantized (no GPU needed): NVFP4
 // where K is a multiple of 32 (not the MLP down projection of 176 columns), FP8 only with
 // DeepSeek's 128 x 128 blocks, everything else bf16; stacks only when every part agrees.
-// Gemma 3's graph (sandwich norms, GELU, scaled embeddings, two rotary bases) is the CPU
-// backend's only: the GPU model refuses it by name before touching a device.
-TEST(CudaWeightsTest, Gemma3IsRefusedNamingTheBackendThatRunsIt) {
-  auto w = loadLlama(goldenDir() + "/engine/hf/gemma3_f32", {.cpu_kernels = false});
-  ASSERT_TRUE(w.ok()) << w.status();
-  auto estimate = CudaLlamaModel::estimate(**w, {});
-  EXPECT_EQ(estimate.status().code(), absl::StatusCode::kUnimplemented) << estimate.status();
-  EXPECT_THAT(estimate.status().message(), ::testing::HasSubstr("gemma3_text"));
-  EXPECT_THAT(estimate.status().message(), ::testing::HasSubstr("--backend cpu"));
-}
-
 TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {
   using F = cuda::ExpertWeightFormat;
   auto load = [](const char* name) {

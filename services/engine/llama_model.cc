@@ -15,27 +15,13 @@ namespace cleave::engine {
 
 using cpu::addRowBias;
 
-namespace {
-
-// The rotation of the sliding layers of a model whose base differs from the others': that
-// base, no rope scaling.
-std::optional<cpu::Rope> slidingRope(const model::ModelConfig& c, cpu::RopePairing pairing) {
-  if (c.sliding_rope_theta <= 0) return std::nullopt;
-  model::ModelConfig local = c;
-  local.rope_theta = c.sliding_rope_theta;
-  local.rope_scaling = model::RopeScaling();
-  return cpu::Rope(local, pairing);
-}
-
-}  // namespace
-
 LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool, Communicator* comm)
     : w_(weights),
       pool_(pool),
       solo_(comm ? nullptr : soloCommunicator()),
       comm_(comm ? comm : solo_.get()),
       rope_(weights.config, weights.rope_pairing),
-      sliding_rope_(slidingRope(weights.config, weights.rope_pairing)) {
+      sliding_rope_(cpu::slidingRope(weights.config, weights.rope_pairing)) {
   if (weights.config.moe) moe_.emplace(*weights.config.moe, weights.config.hidden_size, pool);
   if (weights.config.mla) mla_.emplace(weights.config, weights.dims.heads.size, pool);
 }
