@@ -399,6 +399,19 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     const model::ModelConfig& c, const ShardDims& dims, const CudaModelOptions& options,
     const LayerTraits& traits, const MoeBlock* moe_example, std::vector<LayerFormats> formats,
     bool allocate = true, BackendMemory* memory = nullptr) {
+  // What the kernels do not run, refused before any device is touched.
+  if (!c.mla && c.head_dim != 16 && c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128) {
+    return absl::UnimplementedError(absl::StrCat(
+        c.source, ": head_dim ", c.head_dim, " (", model::architectureName(c.architecture),
+        "; Gemma 3 1B-12B have 256) is not run by the CUDA attention kernels (head sizes ",
+        cuda::kHeadDims, "); use --backend cpu"));
+  }
+  if (c.mlp_activation != model::MlpActivation::kSilu && c.moe) {
+    return absl::UnimplementedError(
+        absl::StrCat(c.source,
+                     ": experts gated by GELU are not run by the CUDA expert GEMMs; "
+                     "use --backend cpu"));
+  }
   if (options.operands == cuda::GemmOperands::kNative)
     return absl::InvalidArgumentError(
         "the CUDA model takes auto or widened GEMM operands (auto uses the native ones wherever a "
@@ -755,6 +768,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
     const model::ModelConfig& config, const CudaModelOptions& options, uint64_t seed) {
   CLEAVE_ASSIGN_OR_RETURN(const ShardDims whole, planShard(config, {}));
   const LayerTraits traits{.qkv_bias = config.attention_bias,
+                           .qk_norm = config.qk_norm,
                            .o_bias = config.o_bias,
                            .sinks = config.attention_sinks,
                            .tied = config.tie_word_embeddings};
@@ -791,6 +805,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
       CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wqkv), s.qkv_dim * s.hidden, -in_scale, in_scale));
       CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wo), s.hidden * s.q_dim, -in_scale, in_scale));
       if (d.bqkv != nullptr) CLEAVE_RETURN_IF_ERROR(fill(d.bqkv, s.qkv_dim, -0.1f, 0.1f));
+      if (d.q_norm != nullptr) {
+        CLEAVE_RETURN_IF_ERROR(fill(d.q_norm, s.head_dim, 0.8f, 1.2f));
+        CLEAVE_RETURN_IF_ERROR(fill(d.k_norm, s.head_dim, 0.8f, 1.2f));
+      }
       if (d.bo != nullptr) CLEAVE_RETURN_IF_ERROR(fill(d.bo, s.hidden, -0.1f, 0.1f));
       if (d.sinks != nullptr) {
         const std::vector<float> sinks(s.heads, 0.5f);
