@@ -1378,7 +1378,7 @@ class OpenAiApiTest(unittest.TestCase):
                                "--metrics-port=0", "--reasoning-parser=hermes",
                                "--http-listen=127.0.0.1:0"])
         self.assertEqual(code, 2)
-        self.assertIn("qwen3, deepseek_r1 or openai_gptoss", err)
+        self.assertIn("qwen3, deepseek_r1, glm45 or openai_gptoss", err)
 
     def test_bench_measures_the_http_api_as_the_grpc_one(self):
         # The same workload through both APIs: every request succeeds with exactly its
