@@ -243,6 +243,31 @@ TEST(ToolCallParserTest, Glm45ReadsKeysAndValues) {
   for (const Case& c : cases) check(c);
 }
 
+// A GLM-4.5-style template (the chat template goldens, rendered by transformers) writes a
+// tool-call turn; parsed back with the request's tools, it gives the calls it was rendered
+// from, a number the schema does not declare read back as a number.
+TEST(ToolCallParserTest, Glm45ReadsWhatItsTemplateWrites) {
+  std::ifstream in(std::string(CLEAVE_GOLDEN_DIR) + "/chat_templates/golden.json");
+  ASSERT_TRUE(in) << "tests/golden/gen_chat_templates.py";
+  const Json golden = Json::parse(in);
+  const Json* rendered = nullptr;
+  for (const Json& c : golden["cases"]) {
+    if (c["name"] == "glm45_tools") rendered = &c;
+  }
+  ASSERT_NE(rendered, nullptr);
+  const std::string text = (*rendered)["expected"];
+  const std::string open = "</think>", end = "<|observation|>";
+  const size_t from = text.find(open) + open.size();
+  const std::string reply = text.substr(from, text.find(end, from) - from);
+  ASSERT_NE(reply.find("<arg_key>"), std::string::npos) << reply;
+  Case c{ToolCallFormat::kGlm45, reply, "\n", {}, (*rendered)["context"]["tools"].dump()};
+  for (const Json& call : (*rendered)["context"]["messages"][2]["tool_calls"]) {
+    c.calls.push_back({call["function"]["name"], call["function"]["arguments"].dump()});
+  }
+  ASSERT_EQ(c.calls.size(), 2u);
+  check(c);
+}
+
 TEST(ToolCallParserTest, Pythonic) {
   using F = ToolCallFormat;
   const Case cases[] = {

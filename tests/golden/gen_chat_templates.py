@@ -14,7 +14,7 @@ based `tojson` filter and the globals raise_exception, strftime_now, dict and
 namespace.
 
 Every template here was written for this file, in the style of the chat
-templates of the Qwen2/SmolLM2 (ChatML), Llama 3, Mistral, Qwen3, DeepSeek and
+templates of the Qwen2/SmolLM2 (ChatML), Llama 3, Mistral, Qwen3, DeepSeek, GLM-4.5 and
 Gemma families, except the real SmolLM2 template, which is read from
 models/SmolLM2-135M-Instruct.Q4_1.gguf (those cases are skipped without it).
 
@@ -419,6 +419,72 @@ QWEN3 = T(r"""
 {%- endif %}
 """)
 
+# GLM-4.5's style: a tools block listing each tool as JSON, every assistant turn opening a
+# <think> block (empty when it has no reasoning), calls as <tool_call>NAME then
+# <arg_key>/<arg_value> pairs (strings bare, other values as JSON), tool results as
+# <|observation|>, and an empty <think></think> after the generation prompt with thinking off.
+GLM45 = T(r"""
+[gMASK]<sop>
+{%- if tools -%}
+<|system|>
+# Tools
+
+You may call one or more functions. Their signatures:
+<tools>
+{% for tool in tools %}
+{{ tool | tojson(ensure_ascii=False) }}
+{% endfor %}
+</tools>
+
+Write each call as:
+<tool_call>{function-name}
+<arg_key>{arg-key-1}</arg_key>
+<arg_value>{arg-value-1}</arg_value>
+...
+</tool_call>
+{%- endif -%}
+{%- for m in messages %}
+    {%- if m.role == 'system' -%}
+<|system|>
+{{ m.content }}
+    {%- elif m.role == 'user' -%}
+<|user|>
+{{ m.content }}
+    {%- elif m.role == 'assistant' -%}
+<|assistant|>
+{{- '\n<think>' + (m.reasoning_content.strip() if m.reasoning_content else '') + '</think>' }}
+        {%- if m.content %}
+{{ m.content.strip() }}
+        {%- endif %}
+        {%- for tc in m.tool_calls or [] %}
+            {%- set f = tc.function if tc.function else tc %}
+            {{- '\n<tool_call>' + f.name }}
+            {%- if f.arguments is mapping %}
+                {%- for k, v in f.arguments.items() %}
+                    {{- '\n<arg_key>' + k + '</arg_key>\n<arg_value>' }}
+                    {{- v if v is string else v | tojson(ensure_ascii=False) }}
+                    {{- '</arg_value>' }}
+                {%- endfor %}
+            {%- endif %}
+            {{- '\n</tool_call>' }}
+        {%- endfor %}
+    {%- elif m.role == 'tool' -%}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
+<|observation|>
+        {%- endif %}
+<tool_response>
+{{ m.content }}
+</tool_response>
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt -%}
+<|assistant|>
+    {%- if enable_thinking is defined and not enable_thinking %}
+<think></think>
+    {%- endif %}
+{%- endif %}
+""")
+
 DEEPSEEK = T(r"""
 {%- set ns = namespace(system_prompt='', is_first=false, is_tool=false) %}
 {%- for message in messages %}
@@ -584,6 +650,17 @@ def add_realistic_cases() -> None:
     case("deepseek_tool_last", DEEPSEEK, messages=CHAT_TOOLS[:5],
          add_generation_prompt=True, **DS_TOKENS)
     case("deepseek_think_stripped", DEEPSEEK, messages=CHAT_REASONING[:3], **DS_TOKENS)
+
+    # GLM-4.5 style: the tools block, two calls with mapping arguments (a number among them),
+    # tool results under one observation; thinking off after the generation prompt.
+    glm_tools = [dict(m) for m in CHAT_TOOLS]
+    glm_tools[2] = {**CHAT_TOOLS[2], "tool_calls": [
+        CHAT_TOOLS[2]["tool_calls"][0],
+        {"type": "function", "function": {"name": "get_time",
+                                           "arguments": {"tz": "Asia/Tokyo", "offset": 9}}}]}
+    case("glm45_tools", GLM45, messages=glm_tools, tools=WEATHER_TOOLS, add_generation_prompt=True)
+    case("glm45_thinking_off", GLM45, messages=CHAT_REASONING[:4], add_generation_prompt=True,
+         enable_thinking=False)
 
     case("gemma_system_folded", GEMMA, messages=CHAT_SYSTEM, add_generation_prompt=True,
          **GEMMA_TOKENS)
