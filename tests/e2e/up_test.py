@@ -77,24 +77,24 @@ class UpTest(unittest.TestCase):
 
 
 class GoldenModelUpTest(unittest.TestCase):
-    def test_a_gpt_oss_mxfp4_checkpoint_served_disaggregated_decodes_transformers_tokens(self):
-        """A tiny gpt-oss (MXFP4 experts, attention sinks, 4-position sliding windows) served by a
-        prefill and a decode worker with KV blocks of 8 positions (not the default 16): the KV
-        a prefill leaves moves to the decode worker, which continues each golden prompt with
-        the greedy tokens transformers chose."""
-        folder = os.path.join(ct.SOURCE_DIR, "tests/golden/data/engine/hf/gpt_oss_mxfp4")
+    def serve_and_compare(self, case, block_size):
+        """Serves tests/golden/data/engine/hf/CASE with a prefill and a decode worker (KV blocks
+        of `block_size` positions): each golden prompt's KV moves from the prefill worker to the
+        decode worker, which must continue it with the greedy tokens transformers chose."""
+        folder = os.path.join(ct.SOURCE_DIR, "tests/golden/data/engine/hf", case)
         with open(os.path.join(folder, "logits.json")) as f:
             golden = json.load(f)
         up = ct.Process([ct.binary("cleave"), "up", f"--model={folder}", "--listen=127.0.0.1:0",
                          "--prefill=1", "--decode=1", "--threads=1", "--target-concurrency=4",
-                         "--planned-seq-len=64", "--http-listen=127.0.0.1:0", "--block-size=8"],
+                         "--planned-seq-len=64", "--http-listen=127.0.0.1:0",
+                         f"--block-size={block_size}"],
                         ready_timeout=120)
         try:
             # The workers serve with the blocks asked for (the router reports their layout's).
             stub = ct.stubs()["generation_grpc"].GenerationStub(
                 grpc.insecure_channel(f"127.0.0.1:{up.ready['grpc_port']}"))
             listed = stub.ListModels(ct.stubs()["generation_pb2"].ListModelsRequest(), timeout=10)
-            self.assertEqual(listed.models[0].block_size, 8)
+            self.assertEqual(listed.models[0].block_size, block_size)
             for prompt in golden["prompts"]:
                 body = json.dumps({"prompt": prompt["ids"], "max_tokens": len(prompt["greedy_next"]),
                                    "temperature": 0, "return_token_ids": True}).encode()
@@ -107,6 +107,18 @@ class GoldenModelUpTest(unittest.TestCase):
         finally:
             up.proc.send_signal(signal.SIGINT)
             up.proc.wait(60)
+
+    def test_a_gpt_oss_mxfp4_checkpoint_served_disaggregated_decodes_transformers_tokens(self):
+        """A tiny gpt-oss (MXFP4 experts, attention sinks, 4-position sliding windows), with KV
+        blocks of 8 positions (not the default 16)."""
+        self.serve_and_compare("gpt_oss_mxfp4", 8)
+
+    def test_gemma3_and_glm45_served_disaggregated_decode_transformers_tokens(self):
+        """Gemma 3 (sliding and global layers with their own rotary bases, sandwich norms, the
+        logits' soft cap) and GLM-4.5 (half of each head rotating, a shared expert)."""
+        for case in ("gemma3_f32", "glm4_moe_f32"):
+            with self.subTest(case):
+                self.serve_and_compare(case, 16)
 
 
 if __name__ == "__main__":
