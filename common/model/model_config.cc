@@ -701,14 +701,32 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     }
   }
   if (c.architecture == Architecture::kDeepseekV3) {
+    // llama.cpp's deepseek2 files: latent attention written as one KV head whose key is the
+    // latent row (key_length = kv_lora + rope, value_length = kv_lora), the heads' own sizes
+    // as key_length_mla and value_length_mla (older files: the heads' sizes as key_length and
+    // value_length); the rope part rotates adjacent pairs. YaRN's mscale_all_dim is stored as
+    // 0.1 · mscale_all_dim (yarn_log_multiplier); mscale is taken equal to it, as DeepSeek-V2-Lite,
+    // V3, R1 and Kimi-K2 publish them.
     MlaConfig mla;
     CLEAVE_ASSIGN_OR_RETURN(mla.q_lora_rank, u32Or("attention.q_lora_rank", 0));
     CLEAVE_ASSIGN_OR_RETURN(mla.kv_lora_rank, u32Or("attention.kv_lora_rank", 0));
     CLEAVE_ASSIGN_OR_RETURN(mla.qk_rope_head_dim, u32Or("rope.dimension_count", 0));
+    CLEAVE_ASSIGN_OR_RETURN(c.head_dim, u32Or("attention.key_length_mla", c.head_dim));
     CLEAVE_ASSIGN_OR_RETURN(mla.v_head_dim, u32Or("attention.value_length", 0));
-    mla.qk_nope_head_dim =
-        c.head_dim > mla.qk_rope_head_dim ? c.head_dim - mla.qk_rope_head_dim : 0;
+    CLEAVE_ASSIGN_OR_RETURN(mla.v_head_dim, u32Or("attention.value_length_mla", mla.v_head_dim));
+    if (mla.kv_lora_rank == 0 || mla.qk_rope_head_dim == 0 || mla.qk_rope_head_dim % 2 != 0 ||
+        mla.v_head_dim == 0 || c.head_dim <= mla.qk_rope_head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.path(), ": ", p, "attention.kv_lora_rank, ", p, "rope.dimension_count (even), ", p,
+          "attention.key_length_mla (above the rope part) and ", p,
+          "attention.value_length_mla must be positive"));
+    }
+    mla.qk_nope_head_dim = c.head_dim - mla.qk_rope_head_dim;
+    mla.rope_interleave = true;
     c.mla = mla;
+    c.num_kv_heads = c.num_heads;  // The one "KV head" is the latent, every rank's whole.
+    CLEAVE_ASSIGN_OR_RETURN(double log_mul, f64Or("rope.scaling.yarn_log_multiplier", 0.0));
+    c.rope_scaling.mscale = c.rope_scaling.mscale_all_dim = log_mul / 0.1;
   }
   CLEAVE_RETURN_IF_ERROR(checkShape(c, file.path()));
   return c;
@@ -768,16 +786,6 @@ KvCacheShape kvCacheShape(const ModelConfig& config) {
             .replicated = true};
   }
   return {.parts = 2, .heads = config.num_kv_heads, .head_dim = config.head_dim};
-}
-
-absl::Status engineSupport(const ModelConfig& config) {
-  if (config.mla && absl::EndsWith(config.source, ".gguf")) {
-    return absl::UnimplementedError(absl::StrCat(
-        config.source,
-        ": multi-head latent attention is run from Hugging Face checkpoints only; use the "
-        "safetensors folder"));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace cleave::model

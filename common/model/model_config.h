@@ -177,7 +177,4 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file);
 // `path`: a .gguf file, a config.json, or a folder holding config.json.
 absl::StatusOr<ModelConfig> loadModelConfig(const std::string& path);
 
-// OK when the engine can run this model; otherwise Unimplemented saying what is missing.
-absl::Status engineSupport(const ModelConfig& config);
-
 }  // namespace cleave::model

@@ -71,9 +71,6 @@ void printConfig(const model::ModelConfig& c) {
                 c.mla->q_lora_rank, c.mla->kv_lora_rank, c.mla->qk_nope_head_dim,
                 c.mla->qk_rope_head_dim, c.mla->v_head_dim);
   }
-  absl::Status support = model::engineSupport(c);
-  std::printf("  engine support: %s\n",
-              support.ok() ? "yes" : std::string(support.message()).c_str());
 }
 
 void printTensors(const std::vector<TensorRow>& rows, bool list) {

@@ -385,7 +385,9 @@ INSTANTIATE_TEST_SUITE_P(Glm, CudaMoeModelTest,
 INSTANTIATE_TEST_SUITE_P(LatentAttention, CudaMoeModelTest,
                          ::testing::Values("deepseek_v3_moe_f32", "deepseek_v3_bf16",
                                            "deepseek_v3_fp8_block128", "deepseek_v2_lite_f32",
-                                           "deepseek_v2_moe_f32", "deepseek_v2_yarn_f32"));
+                                           "deepseek_v2_moe_f32", "deepseek_v2_yarn_f32",
+                                           "deepseek_v3_wide_latent_f32",
+                                           "../gguf/deepseek_v3_wide_latent_f32.gguf"));
 
 // Random MoE weights (what the benchmarks run) in both expert formats give finite logits,
 // through the decode graphs too; with latent attention as well (DeepSeek-V3's shape).

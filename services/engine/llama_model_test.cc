@@ -608,7 +608,8 @@ INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",
                                            "deepseek_v3_moe_f32", "deepseek_v2_yarn_f32",
                                            "deepseek_v3_bf16", "deepseek_v2_lite_f32",
-                                           "deepseek_v2_moe_f32", "mixtral_f32.gguf",
+                                           "deepseek_v2_moe_f32", "deepseek_v3_wide_latent_f32",
+                                           "deepseek_v3_wide_latent_f32.gguf", "mixtral_f32.gguf",
                                            "qwen3_moe_f32.gguf", "gpt_oss_f32", "gpt_oss_f32.gguf",
                                            "glm4_moe_f32", "glm4_moe_f32.gguf"));
 

@@ -66,6 +66,26 @@ class TensorSource {
                                       std::vector<uint64_t> dims) const = 0;
   virtual absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
                                        const ShardDims& dims) const = 0;
+  // Layer `layer`'s kv_b_proj for the rank's heads as MLA runs it (absorbKvB): each head's
+  // W_UKᵀ into w.k_absorb, its W_UV into w.v_up. From kv_b_proj; a GGUF file may hold the
+  // two already split.
+  virtual absl::Status latentUp(uint32_t layer, const model::ModelConfig& c, const ShardDims& d,
+                                MlaWeights& w) const {
+    const model::MlaConfig& m = *c.mla;
+    const std::string name = layerTensor(layer, "kv_b");
+    const int64_t kv_b = m.qk_nope_head_dim + m.v_head_dim;
+    CLEAVE_ASSIGN_OR_RETURN(
+        cpu::CpuMatrix up,
+        matrix(name, uint64_t{c.num_heads} * kv_b, m.kv_lora_rank,
+               rows({.begin = d.heads.begin * kv_b, .size = d.heads.size * kv_b})));
+    absl::Status absorbed =
+        absorbKvB(std::make_shared<const cpu::CpuMatrix>(std::move(up)), m, d.heads.size, w);
+    if (!absorbed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", name, "\": ", absorbed.message()));
+    }
+    return absl::OkStatus();
+  }
   // The stored codes of matrix `name` ([rows, cols] as the model sees it) and, for FP8 or
   // NVFP4 weights, their scales over the whole matrix (offsets 0).
   struct StoredMatrix {
@@ -167,27 +187,54 @@ class GgufSource final : public TensorSource {
     // Gemma 3's norms after attention and after the MLP.
     if (role == "post_attn_norm") return absl::StrCat("blk.", layer, ".post_attention_norm.weight");
     if (role == "post_ffn_norm") return absl::StrCat("blk.", layer, ".post_ffw_norm.weight");
-    // Latent attention roles have no GGUF names: engineSupport() refuses such files.
-    static const std::map<std::string, std::string> kNames = {{"attn_norm", "attn_norm.weight"},
-                                                              {"q", "attn_q.weight"},
-                                                              {"k", "attn_k.weight"},
-                                                              {"v", "attn_v.weight"},
-                                                              {"o", "attn_output.weight"},
-                                                              {"q_bias", "attn_q.bias"},
-                                                              {"k_bias", "attn_k.bias"},
-                                                              {"v_bias", "attn_v.bias"},
-                                                              {"o_bias", "attn_output.bias"},
-                                                              {"sinks", "attn_sinks.weight"},
-                                                              {"q_norm", "attn_q_norm.weight"},
-                                                              {"k_norm", "attn_k_norm.weight"},
-                                                              {"ffn_norm", "ffn_norm.weight"},
-                                                              {"gate", "ffn_gate.weight"},
-                                                              {"up", "ffn_up.weight"},
-                                                              {"down", "ffn_down.weight"},
-                                                              // Phi-3's fused matrices.
-                                                              {"qkv", "attn_qkv.weight"},
-                                                              {"gate_up", "ffn_up.weight"}};
+    static const std::map<std::string, std::string> kNames = {
+        {"attn_norm", "attn_norm.weight"},
+        {"q", "attn_q.weight"},
+        {"k", "attn_k.weight"},
+        {"v", "attn_v.weight"},
+        {"o", "attn_output.weight"},
+        {"q_bias", "attn_q.bias"},
+        {"k_bias", "attn_k.bias"},
+        {"v_bias", "attn_v.bias"},
+        {"o_bias", "attn_output.bias"},
+        {"sinks", "attn_sinks.weight"},
+        {"q_norm", "attn_q_norm.weight"},
+        {"k_norm", "attn_k_norm.weight"},
+        {"ffn_norm", "ffn_norm.weight"},
+        {"gate", "ffn_gate.weight"},
+        {"up", "ffn_up.weight"},
+        {"down", "ffn_down.weight"},
+        // Phi-3's fused matrices.
+        {"qkv", "attn_qkv.weight"},
+        {"gate_up", "ffn_up.weight"},
+        // DeepSeek's latent attention.
+        {"q_a", "attn_q_a.weight"},
+        {"q_a_norm", "attn_q_a_norm.weight"},
+        {"q_b", "attn_q_b.weight"},
+        {"kv_a", "attn_kv_a_mqa.weight"},
+        {"kv_a_norm", "attn_kv_a_norm.weight"},
+        {"kv_b", "attn_kv_b.weight"}};
     return absl::StrCat("blk.", layer, ".", kNames.at(role));
+  }
+  // llama.cpp's files split kv_b_proj per head (older ones keep it whole): attn_k_b
+  // [heads][kv_lora][nope] holds each head's W_UKᵀ, attn_v_b [heads][v][kv_lora] its W_UV.
+  absl::Status latentUp(uint32_t layer, const model::ModelConfig& c, const ShardDims& d,
+                        MlaWeights& w) const override {
+    if (file_.findTensor(layerTensor(layer, "kv_b")) != nullptr)
+      return TensorSource::latentUp(layer, c, d, w);
+    const model::MlaConfig& m = *c.mla;
+    const std::string blk = absl::StrCat("blk.", layer, ".");
+    w.k_absorb.clear();
+    w.v_up.clear();
+    for (int64_t h = d.heads.begin; h < d.heads.begin + d.heads.size; ++h) {
+      CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix k, slab(blk + "attn_k_b.weight", c.num_heads,
+                                                     m.kv_lora_rank, m.qk_nope_head_dim, h));
+      CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix v, slab(blk + "attn_v_b.weight", c.num_heads,
+                                                     m.v_head_dim, m.kv_lora_rank, h));
+      w.k_absorb.push_back(std::move(k));
+      w.v_up.push_back(std::move(v));
+    }
+    return absl::OkStatus();
   }
   std::string embeddingName() const override { return "token_embd.weight"; }
   std::string outputNormName() const override { return "output_norm.weight"; }
@@ -225,17 +272,8 @@ class GgufSource final : public TensorSource {
     const uint64_t experts = c.moe->num_experts;
     const std::string blk = absl::StrCat("blk.", layer, ".");
     // Expert e's [rows, cols] slab of the stacked tensor `name`.
-    auto slab = [&](const std::string& name, uint64_t rows, uint64_t cols, int64_t e,
-                    Slice slice) -> absl::StatusOr<cpu::CpuMatrix> {
-      CLEAVE_ASSIGN_OR_RETURN(Stored t, find(blk + name, {experts, rows, cols}));
-      const std::optional<uint64_t> row_bytes = model::tensorBytes(t.type, cols);
-      if (!row_bytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(file_.path(), ": tensor \"", blk, name, "\": rows of ", cols, " ",
-                         model::tensorTypeName(t.type), " elements are not whole blocks"));
-      }
-      const StoredMatrix expert{.codes = {t.type, t.data + e * rows * *row_bytes}};
-      return matrixOf(expert, blk + name, rows, cols, slice);
+    auto slab = [&](const std::string& name, uint64_t rows, uint64_t cols, int64_t e, Slice slice) {
+      return this->slab(blk + name, experts, rows, cols, e, slice);
     };
     MoeBlock block;
     CLEAVE_ASSIGN_OR_RETURN(block.router, matrix(blk + "ffn_gate_inp.weight", experts, hidden));
@@ -293,6 +331,21 @@ class GgufSource final : public TensorSource {
       }
     }
     return block;
+  }
+
+  // Slab `index` ([rows, cols], a `slice` of it) of the stacked tensor `name` ([count, rows,
+  // cols]): a layer's expert, or a head's latent projection.
+  absl::StatusOr<cpu::CpuMatrix> slab(const std::string& name, uint64_t count, uint64_t rows,
+                                      uint64_t cols, int64_t index, Slice slice = {}) const {
+    CLEAVE_ASSIGN_OR_RETURN(Stored t, find(name, {count, rows, cols}));
+    const std::optional<uint64_t> row_bytes = model::tensorBytes(t.type, cols);
+    if (!row_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file_.path(), ": tensor \"", name, "\": rows of ", cols, " ",
+                       model::tensorTypeName(t.type), " elements are not whole blocks"));
+    }
+    const StoredMatrix part{.codes = {t.type, t.data + index * rows * *row_bytes}};
+    return matrixOf(part, name, rows, cols, slice);
   }
 
  private:
@@ -467,19 +520,13 @@ class SafetensorsSource final : public TensorSource {
   std::string prefix_ = "model.";
 };
 
-absl::Status checkSupported(const model::ModelConfig& c) {
-  CLEAVE_RETURN_IF_ERROR(model::engineSupport(c));
-  return cpu::ropeSupported(c.rope_scaling);
-}
-
 // Layer `i`'s latent attention projections for the rank's query heads.
 absl::StatusOr<MlaWeights> loadMla(const TensorSource& f, const model::ModelConfig& c,
                                    const ShardDims& d, uint32_t i) {
   const model::MlaConfig& m = *c.mla;
   auto name = [&](const char* role) { return f.layerTensor(i, role); };
   const uint64_t hidden = c.hidden_size, heads = c.num_heads;
-  const uint64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim,
-                 kv_b = m.qk_nope_head_dim + m.v_head_dim;
+  const uint64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
   const auto rows = TensorSource::rows;
   const Span q_part{.begin = d.heads.begin * int64_t(qk), .size = d.heads.size * int64_t(qk)};
   MlaWeights w;
@@ -493,16 +540,7 @@ absl::StatusOr<MlaWeights> loadMla(const TensorSource& f, const model::ModelConf
   CLEAVE_ASSIGN_OR_RETURN(w.kv_a,
                           f.matrix(name("kv_a"), m.kv_lora_rank + m.qk_rope_head_dim, hidden));
   CLEAVE_ASSIGN_OR_RETURN(w.kv_a_norm, f.vector(name("kv_a_norm"), m.kv_lora_rank));
-  CLEAVE_ASSIGN_OR_RETURN(cpu::CpuMatrix up,
-                          f.matrix(name("kv_b"), heads * kv_b, m.kv_lora_rank,
-                                   rows({.begin = d.heads.begin * int64_t(kv_b),
-                                         .size = d.heads.size * int64_t(kv_b)})));
-  absl::Status absorbed =
-      absorbKvB(std::make_shared<const cpu::CpuMatrix>(std::move(up)), m, d.heads.size, w);
-  if (!absorbed.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor \"", name("kv_b"), "\": ", absorbed.message()));
-  }
+  CLEAVE_RETURN_IF_ERROR(f.latentUp(i, c, d, w));
   return w;
 }
 
@@ -618,12 +656,13 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& p
   auto w = std::make_unique<LlamaWeights>();
   CLEAVE_ASSIGN_OR_RETURN(w->gguf, model::GgufFile::open(path));
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::configFromGguf(*w->gguf));
-  CLEAVE_RETURN_IF_ERROR(checkSupported(w->config));
+  CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w->config.rope_scaling));
   CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
   // llama.cpp's converter permutes the Q/K rows of "llama" files (Llama, Mistral, Mixtral)
-  // for adjacent-pair rotation; Qwen files keep Hugging Face's halves (its NEOX rope).
-  w->rope_pairing =
-      w->config.model_type == "llama" ? cpu::RopePairing::kAdjacent : cpu::RopePairing::kHalves;
+  // for adjacent-pair rotation, and DeepSeek's rope part rotates adjacent pairs as trained;
+  // Qwen files keep Hugging Face's halves (its NEOX rope).
+  w->rope_pairing = w->config.model_type == "llama" || w->config.mla ? cpu::RopePairing::kAdjacent
+                                                                     : cpu::RopePairing::kHalves;
   GgufSource source(*w->gguf, w->config.architecture);
   source.setCpuKernels(shard.cpu_kernels);
   CLEAVE_RETURN_IF_ERROR(loadTensors(source, *w, on_layer));
@@ -635,7 +674,7 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
                                                                    const LayerLoaded& on_layer) {
   auto w = std::make_unique<LlamaWeights>();
   CLEAVE_ASSIGN_OR_RETURN(w->config, model::loadModelConfig(folder));
-  CLEAVE_RETURN_IF_ERROR(checkSupported(w->config));
+  CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w->config.rope_scaling));
   CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
   CLEAVE_ASSIGN_OR_RETURN(w->safetensors, model::SafetensorsCheckpoint::open(folder));
   // Hugging Face heads rotate halves; DeepSeek's latent rope part rotates adjacent pairs.

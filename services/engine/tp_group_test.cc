@@ -230,7 +230,8 @@ INSTANTIATE_TEST_SUITE_P(
         tpCase(kHf + "gpt_oss_mxfp4", 2, kGloo), tpCase(kGguf + "gpt_oss_mxfp4.gguf", 2, kShm),
         tpCase(kGguf + "phi3_f32.gguf", 2, kShm), tpCase(kHf + "glm4_moe_f32", 2, kShm),
         tpCase(kHf + "glm4_moe_f32", 2, kGloo, MoeSplit::kColumns),
-        tpCase(kGguf + "glm4_moe_f32.gguf", 2, kShm, MoeSplit::kColumns)));
+        tpCase(kGguf + "glm4_moe_f32.gguf", 2, kShm, MoeSplit::kColumns),
+        tpCase(kGguf + "deepseek_v3_wide_latent_f32.gguf", 2, kShm)));
 
 // A bf16 or e4m3 KV cache gives the f32 cache's logits up to the rounding of the keys and
 // values (8 and 4 significant bits), teacher-forced on the f32 run's tokens; on two ranks

@@ -15,6 +15,8 @@ experts, by its experts' values (the gguf package's decoding against transformer
 converter's).
 gemma3_pattern6_f32.gguf is Gemma 3 as convert_hf_to_gguf.py's Gemma3Model writes it (norm weights
 stored as 1 + w; write_gemma3).
+deepseek_v3_wide_latent_f32.gguf is DeepSeek-V3 as convert_hf_to_gguf.py's DeepseekV2Model writes
+it (kv_b_proj split into attn_k_b and attn_v_b; write_deepseek2).
 glm4_moe_f32.gguf is GLM-4.5 as convert_hf_to_gguf.py's Glm4MoeModel writes it, with a stand-in
 multi-token-prediction layer after the others (write_glm4moe).
 phi3_f32.gguf is Phi-3 as convert_hf_to_gguf.py's Phi3MiniModel writes it: qkv_proj as attn_qkv,
@@ -54,9 +56,10 @@ def permute(w, heads):
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def open_writer(case, arch, name=None, extra_blocks=0):
+def open_writer(case, arch, name=None, extra_blocks=0, kv=None):
     """`case`'s config, tensors and a GGUF writer for it (the file `name`, or the case's)
-    holding the keys every file has; block_count counts `extra_blocks` after the layers."""
+    holding the keys every file has; block_count counts `extra_blocks` after the layers; `kv`
+    (head_count_kv, key_length, value_length) replaces the config's KV heads and head size."""
     cfg = json.load(open(os.path.join(HF, case, "config.json")))
     t = load_file(os.path.join(HF, case, "model.safetensors"))
     w = gguf.GGUFWriter(os.path.join(OUT, f"{name or case}.gguf"), arch)
@@ -68,9 +71,10 @@ def open_writer(case, arch, name=None, extra_blocks=0):
     w.add_block_count(cfg["num_hidden_layers"] + extra_blocks)
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    kv_heads, key_length, value_length = kv or (cfg["num_key_value_heads"], head_dim, head_dim)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(key_length)
+    w.add_value_length(value_length)
     rope = cfg["rope_parameters"]  # Gemma 3: per layer type; the global layers' base here
     w.add_rope_freq_base(rope.get("rope_theta") or rope["full_attention"]["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
@@ -297,6 +301,64 @@ def write_gemma3(case):
     return close_writer(w)
 
 
+def write_deepseek2(case):
+    """DeepSeek-V3 as convert_hf_to_gguf.py's DeepseekV2Model writes it (float32): latent
+    attention as one KV head (head_count_kv 1, key_length = latent + rope, value_length =
+    latent, the heads' sizes as key_length_mla / value_length_mla), kv_b_proj split per head
+    into attn_k_b (W_UK transposed: [heads, latent, no-rope dims]) and attn_v_b ([heads, v,
+    latent]), the rope part's adjacent pairs kept (llama.cpp's NORM rope), DeepSeek-style expert
+    keys with the group-limited routing's expert_group_count / expert_group_used_count."""
+    cfg = json.load(open(os.path.join(HF, case, "config.json")))
+    lora, rope, nope, v = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    cfg, t, w = open_writer(case, "deepseek2", kv=(1, lora + rope, lora))
+    heads, layers, experts = cfg["num_attention_heads"], cfg["num_hidden_layers"], cfg["n_routed_experts"]
+    assert cfg.get("rope_interleave", True) and cfg.get("q_lora_rank")
+    w.add_key_length_mla(nope + rope)
+    w.add_value_length_mla(v)
+    w.add_q_lora_rank(cfg["q_lora_rank"])
+    w.add_kv_lora_rank(lora)
+    w.add_rope_dimension_count(rope)
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_count(experts)
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    w.add_expert_weights_norm(cfg["norm_topk_prob"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_group_count(cfg["n_group"])
+    w.add_expert_group_used_count(cfg["topk_group"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("none")
+    tensor = float_writer(w, t, cfg)
+    for layer in range(layers):
+        hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
+        a = hf + "self_attn."
+        tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
+        tensor(blk + "attn_q_a.weight", t[a + "q_a_proj.weight"])
+        tensor(blk + "attn_q_a_norm.weight", t[a + "q_a_layernorm.weight"])
+        tensor(blk + "attn_q_b.weight", t[a + "q_b_proj.weight"])
+        tensor(blk + "attn_kv_a_mqa.weight", t[a + "kv_a_proj_with_mqa.weight"])
+        tensor(blk + "attn_kv_a_norm.weight", t[a + "kv_a_layernorm.weight"])
+        kv_b = t[a + "kv_b_proj.weight"].reshape(heads, nope + v, lora)
+        tensor(blk + "attn_k_b.weight", kv_b[:, :nope, :].transpose(0, 2, 1))
+        tensor(blk + "attn_v_b.weight", kv_b[:, nope:, :])
+        tensor(blk + "attn_output.weight", t[a + "o_proj.weight"])
+        tensor(blk + "ffn_norm.weight", t[hf + "post_attention_layernorm.weight"])
+        if layer < cfg["first_k_dense_replace"]:
+            for p in ("gate", "up", "down"):
+                tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
+            continue
+        tensor(blk + "ffn_gate_inp.weight", t[hf + "mlp.gate.weight"])
+        tensor(blk + "exp_probs_b.bias", t[hf + "mlp.gate.e_score_correction_bias"])
+        for p in ("gate", "up", "down"):
+            tensor(blk + f"ffn_{p}_exps.weight",
+                   np.stack([t[hf + f"mlp.experts.{e}.{p}_proj.weight"] for e in range(experts)]))
+            tensor(blk + f"ffn_{p}_shexp.weight", t[hf + f"mlp.shared_experts.{p}_proj.weight"])
+    return close_writer(w)
+
+
 def mxfp4_gguf(blocks, scales):
     """OpenAI's MXFP4 ([..., groups, 16] bytes, element 2k in the low nibble of byte k; an E8M0
     exponent per group) as llama.cpp's converter repacks it: per group the exponent, then
@@ -484,6 +546,7 @@ if __name__ == "__main__":
     phi3 = json.load(open(os.path.join(HF, "phi3_f32", "config.json")))
     check_with_llamacpp("phi3_f32", write_phi3("phi3_f32"), 1e-4, positions=phi3["sliding_window"])
     check_with_llamacpp("glm4_moe_f32", write_glm4moe("glm4_moe_f32"), 1e-4)
+    check_with_llamacpp("deepseek_v3_wide_latent_f32", write_deepseek2("deepseek_v3_wide_latent_f32"), 1e-4)
     # Gemma 3: llama.cpp's CPU GELU reads a table of fp16 inputs (1.5e-3 when written; a layout
     # or scale error moves the logits by 1e-1 and more).
     check_with_llamacpp("gemma3_pattern6_f32", write_gemma3("gemma3_pattern6_f32"), 3e-3)

@@ -206,6 +206,13 @@ CASES["deepseek_v2_moe_f32"] = (DeepseekV2Config, dict(
     q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
     tie_word_embeddings=False, attention_bias=False, bos_token_id=0, eos_token_id=1), 115, torch.float32)
 
+# DeepSeek-V3 with a latent wider than the heads (kv_lora 32, q/k heads 16 + 8, values 24), so
+# a GGUF file's key_length (latent + rope, 40) and key_length_mla (a head, 24) differ, as do
+# value_length (32) and value_length_mla (24); gen_engine_gguf.py writes it as llama.cpp does.
+CASES["deepseek_v3_wide_latent_f32"] = (DeepseekV3Config, {
+    **CASES["deepseek_v3_moe_f32"][1], "q_lora_rank": 24, "kv_lora_rank": 32, "v_head_dim": 24},
+    120, torch.float32)
+
 # DeepSeek-V3 stored in bf16 (the weights of deepseek_v3_moe_f32 rounded).
 CASES["deepseek_v3_bf16"] = (DeepseekV3Config, CASES["deepseek_v3_moe_f32"][1], 110, torch.bfloat16)
 
