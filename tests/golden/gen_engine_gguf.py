@@ -201,6 +201,40 @@ def write_phi3(case):
     return close_writer(w)
 
 
+def deepseek_moe_keys(w, t, cfg):
+    """A DeepSeek-style MoE's keys as llama.cpp's converter writes them (sigmoid gating, the
+    weights' scale and renormalization, shared experts, dense first layers), and the rest of
+    a float32 file's; returns float_writer's tensor writer."""
+    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+    w.add_expert_count(cfg["n_routed_experts"])
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_expert_shared_count(cfg["n_shared_experts"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+    w.add_expert_weights_norm(cfg["norm_topk_prob"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("none")
+    return float_writer(w, t, cfg)
+
+
+def deepseek_mlp(tensor, t, cfg, layer, hf, blk):
+    """A DeepSeek-style layer's MLP as llama.cpp's converter writes it: dense in the first
+    first_k_dense_replace layers, else the router (ffn_gate_inp), the correction bias
+    (exp_probs_b), the routed experts stacked (ffn_*_exps) and the shared ones (ffn_*_shexp)."""
+    if layer < cfg["first_k_dense_replace"]:
+        for p in ("gate", "up", "down"):
+            tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
+        return
+    tensor(blk + "ffn_gate_inp.weight", t[hf + "mlp.gate.weight"])
+    tensor(blk + "exp_probs_b.bias", t[hf + "mlp.gate.e_score_correction_bias"])
+    for p in ("gate", "up", "down"):
+        tensor(blk + f"ffn_{p}_exps.weight",
+               np.stack([t[hf + f"mlp.experts.{e}.{p}_proj.weight"] for e in range(cfg["n_routed_experts"])]))
+        tensor(blk + f"ffn_{p}_shexp.weight", t[hf + f"mlp.shared_experts.{p}_proj.weight"])
+
+
 def write_glm4moe(case):
     """GLM-4.5 as convert_hf_to_gguf.py's Glm4MoeModel writes it (float32): DeepSeek-style
     expert keys (sigmoid gating, weights scale and norm, shared experts as *_shexp, the
@@ -210,22 +244,11 @@ def write_glm4moe(case):
     and count in block_count, is stood in for by a copy of the last layer's tensors plus
     random nextn.* tensors: a reader must leave it out to match transformers."""
     cfg, t, w = open_writer(case, "glm4moe", extra_blocks=1)
-    layers, experts = cfg["num_hidden_layers"], cfg["n_routed_experts"]
+    layers = cfg["num_hidden_layers"]
     head_dim = cfg["head_dim"]
     w.add_nextn_predict_layers(1)
     w.add_rope_dimension_count(int(head_dim * cfg["rope_parameters"]["partial_rotary_factor"]))
-    w.add_expert_count(experts)
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    w.add_expert_shared_count(cfg["n_shared_experts"])
-    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
-    w.add_expert_weights_norm(cfg["norm_topk_prob"])
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("none")
-    tensor = float_writer(w, t, cfg)
+    tensor = deepseek_moe_keys(w, t, cfg)
     rng = np.random.default_rng(7)
     hidden = cfg["hidden_size"]
     for layer in range(layers + 1):
@@ -239,16 +262,7 @@ def write_glm4moe(case):
             tensor(blk + "attn_q_norm.weight", t[hf + "self_attn.q_norm.weight"])
             tensor(blk + "attn_k_norm.weight", t[hf + "self_attn.k_norm.weight"])
         tensor(blk + "post_attention_norm.weight", t[hf + "post_attention_layernorm.weight"])
-        if layer < cfg["first_k_dense_replace"]:
-            for p in ("gate", "up", "down"):
-                tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
-            continue
-        tensor(blk + "ffn_gate_inp.weight", t[hf + "mlp.gate.weight"])
-        tensor(blk + "exp_probs_b.bias", t[hf + "mlp.gate.e_score_correction_bias"])
-        for p in ("gate", "up", "down"):
-            tensor(blk + f"ffn_{p}_exps.weight",
-                   np.stack([t[hf + f"mlp.experts.{e}.{p}_proj.weight"] for e in range(experts)]))
-            tensor(blk + f"ffn_{p}_shexp.weight", t[hf + f"mlp.shared_experts.{p}_proj.weight"])
+        deepseek_mlp(tensor, t, cfg, layer, hf, blk)
         if layer == layers:  # The prediction layer's own tensors.
             tensor(blk + "nextn.eh_proj.weight", rng.standard_normal((hidden, 2 * hidden)) / hidden)
             for n in ("enorm", "hnorm", "shared_head_norm"):
@@ -311,27 +325,16 @@ def write_deepseek2(case):
     cfg = json.load(open(os.path.join(HF, case, "config.json")))
     lora, rope, nope, v = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
     cfg, t, w = open_writer(case, "deepseek2", kv=(1, lora + rope, lora))
-    heads, layers, experts = cfg["num_attention_heads"], cfg["num_hidden_layers"], cfg["n_routed_experts"]
+    heads, layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
     assert cfg.get("rope_interleave", True) and cfg.get("q_lora_rank")
     w.add_key_length_mla(nope + rope)
     w.add_value_length_mla(v)
     w.add_q_lora_rank(cfg["q_lora_rank"])
     w.add_kv_lora_rank(lora)
     w.add_rope_dimension_count(rope)
-    w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
-    w.add_expert_count(experts)
-    w.add_expert_used_count(cfg["num_experts_per_tok"])
-    w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
-    w.add_expert_shared_count(cfg["n_shared_experts"])
-    w.add_expert_weights_scale(cfg["routed_scaling_factor"])
-    w.add_expert_weights_norm(cfg["norm_topk_prob"])
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     w.add_expert_group_count(cfg["n_group"])
     w.add_expert_group_used_count(cfg["topk_group"])
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("none")
-    tensor = float_writer(w, t, cfg)
+    tensor = deepseek_moe_keys(w, t, cfg)
     for layer in range(layers):
         hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
         a = hf + "self_attn."
@@ -346,16 +349,7 @@ def write_deepseek2(case):
         tensor(blk + "attn_v_b.weight", kv_b[:, nope:, :])
         tensor(blk + "attn_output.weight", t[a + "o_proj.weight"])
         tensor(blk + "ffn_norm.weight", t[hf + "post_attention_layernorm.weight"])
-        if layer < cfg["first_k_dense_replace"]:
-            for p in ("gate", "up", "down"):
-                tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
-            continue
-        tensor(blk + "ffn_gate_inp.weight", t[hf + "mlp.gate.weight"])
-        tensor(blk + "exp_probs_b.bias", t[hf + "mlp.gate.e_score_correction_bias"])
-        for p in ("gate", "up", "down"):
-            tensor(blk + f"ffn_{p}_exps.weight",
-                   np.stack([t[hf + f"mlp.experts.{e}.{p}_proj.weight"] for e in range(experts)]))
-            tensor(blk + f"ffn_{p}_shexp.weight", t[hf + f"mlp.shared_experts.{p}_proj.weight"])
+        deepseek_mlp(tensor, t, cfg, layer, hf, blk)
     return close_writer(w)
 
 
