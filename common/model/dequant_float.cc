@@ -75,6 +75,13 @@ float e2m1ToFloat(uint8_t code) {
   return (code & 8) ? -magnitude : magnitude;
 }
 
+void i4(const uint8_t* src, float* dst, size_t blocks) {
+  for (size_t i = 0; i < blocks; ++i) {
+    dst[2 * i] = static_cast<float>(src[i] & 0x0f) - 8.0f;
+    dst[2 * i + 1] = static_cast<float>(src[i] >> 4) - 8.0f;
+  }
+}
+
 void e2m1(const uint8_t* src, float* dst, size_t blocks) {
   // Both codes of every byte value, low nibble first: one load per byte, no branches.
   static const auto* kPairs = [] {

@@ -44,5 +44,7 @@ void q8_K(const uint8_t* src, float* dst, size_t blocks);
 // one byte, low nibble first.
 float e2m1ToFloat(uint8_t code);
 void e2m1(const uint8_t* src, float* dst, size_t blocks);
+// Offset-8 int4 pairs, low nibble first: value = nibble - 8.
+void i4(const uint8_t* src, float* dst, size_t blocks);
 
 }  // namespace cleave::model::dequant

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/dequant_kernels.h"
 #include "common/status_macros.h"
 
 namespace cleave::model {
@@ -140,10 +142,33 @@ absl::Status parseCompressedTensors(const json& q, QuantizationInfo& info) {
                                          "\" is not supported for FP8 (supported: tensor, "
                                          "channel, block with block_structure [rows, cols])"));
   }
+  if (type == "int" && bits == 4) {
+    if (format != "pack-quantized") {
+      return bad(info.source, absl::StrCat("quantization_config.format \"", format,
+                                           "\" is not supported for int4 weights (supported: "
+                                           "pack-quantized)"));
+    }
+    if (!w.value("symmetric", true)) {
+      return bad(info.source, where + ": asymmetric int4 weights (zero points) are not supported");
+    }
+    if (w.contains("actorder") && !w["actorder"].is_null() && w["actorder"] != "static") {
+      return bad(info.source, where + ".actorder: activation-ordered groups are not supported");
+    }
+    info.scheme = QuantScheme::kInt4;
+    if (strategy == "channel") return absl::OkStatus();
+    const int group = w.value("group_size", 0);
+    if (strategy != "group" || group <= 0 || group % 8 != 0) {
+      return bad(info.source, absl::StrCat(where, ".strategy \"", strategy,
+                                           "\" is not supported for int4 (supported: channel, "
+                                           "group with a group_size that is a multiple of 8)"));
+    }
+    info.group_size = static_cast<uint32_t>(group);
+    return absl::OkStatus();
+  }
   return bad(info.source,
              absl::StrCat(where, ": ", type, " ", bits,
                           "-bit weights are not supported (supported: float 8-bit FP8, float "
-                          "4-bit NVFP4)"));
+                          "4-bit NVFP4, int 4-bit)"));
 }
 
 }  // namespace
@@ -154,6 +179,7 @@ const char* quantSchemeName(QuantScheme scheme) {
     case QuantScheme::kFp8: return "fp8";
     case QuantScheme::kNvfp4: return "nvfp4";
     case QuantScheme::kMxfp4: return "mxfp4";
+    case QuantScheme::kInt4: return "int4";
   }
   return "unknown";
 }
@@ -172,7 +198,9 @@ std::string QuantizationInfo::describe() const {
   if (scheme == QuantScheme::kNone) return "none";
   if (scheme == QuantScheme::kMxfp4) return "mxfp4 experts, groups of 32";
   std::string granularity;
-  if (scheme == QuantScheme::kNvfp4) {
+  if (scheme == QuantScheme::kInt4 && group_size == 0) {
+    granularity = "per channel";
+  } else if (scheme == QuantScheme::kNvfp4 || scheme == QuantScheme::kInt4) {
     granularity = absl::StrCat("groups of ", group_size);
   } else if (block_rows == 0 && block_cols == 0) {
     granularity = "per tensor";
@@ -237,8 +265,9 @@ absl::StatusOr<QuantizedWeight> resolveQuantizedWeight(const SafetensorsCheckpoi
   const std::string name(weight_name);
   const std::string module = name.substr(0, name.rfind('.'));
   const bool nvfp4 = info.scheme == QuantScheme::kNvfp4;
+  const bool int4 = info.scheme == QuantScheme::kInt4;
   const bool compressed = info.format == QuantFormat::kCompressedTensors;
-  const std::string codes_name = nvfp4 && compressed ? module + ".weight_packed" : name;
+  const std::string codes_name = (nvfp4 || int4) && compressed ? module + ".weight_packed" : name;
   if (info.scheme == QuantScheme::kNone)
     return bad(absl::StrCat("tensor \"", name, "\""), "the checkpoint is not quantized");
   QuantizedWeight out;
@@ -271,6 +300,34 @@ absl::StatusOr<QuantizedWeight> resolveQuantizedWeight(const SafetensorsCheckpoi
   };
   const std::vector<std::vector<uint64_t>> scalar = {{}, {1}};
   const std::vector<TensorType> floats = {TensorType::kF32, TensorType::kBF16, TensorType::kF16};
+  if (int4) {
+    if (w.dtype != TensorType::kI32) return bad(where, "must be I32 (eight int4 values per word)");
+    for (const char* refused : {"weight_zero_point", "weight_g_idx"}) {
+      if (checkpoint.find(module + "." + refused) != nullptr) {
+        return bad(where, absl::StrCat("its companion \"", module, ".", refused,
+                                       "\" (zero points or activation order) is not supported"));
+      }
+    }
+    CLEAVE_ASSIGN_OR_RETURN(const SafetensorsTensor* shape,
+                            companion("weight_shape", {TensorType::kI64, TensorType::kI32}, {{2}}));
+    std::vector<float> dims(2);
+    CLEAVE_RETURN_IF_ERROR(dequantize(shape->dtype, shape->data, 2, dims.data()));
+    out.codes = TensorType::kI4;
+    out.rows = w.shape[0];
+    out.cols = static_cast<uint64_t>(dims[1]);
+    if (dims[0] != static_cast<float>(out.rows) || out.cols == 0 || out.cols % 8 != 0 ||
+        out.cols / 8 != w.shape[1]) {
+      return bad(where,
+                 absl::StrCat("holds ", shapeText(w.shape), " words, which is not the [", dims[0],
+                              ", ", dims[1], "] of its weight_shape in whole words of 8"));
+    }
+    out.block_rows = 1;
+    out.block_cols = info.group_size ? info.group_size : out.cols;
+    CLEAVE_ASSIGN_OR_RETURN(
+        out.scale, companion("weight_scale", floats,
+                             {{out.rows, (out.cols + out.block_cols - 1) / out.block_cols}}));
+    return out;
+  }
   if (!nvfp4) {
     if (w.dtype != TensorType::kF8E4M3) return bad(where, "must be F8_E4M3");
     out.codes = TensorType::kF8E4M3;
@@ -339,6 +396,35 @@ absl::StatusOr<ScaleGrid> scaleGrid(const QuantizedWeight& weight, const Quantiz
     grid.global = info.format == QuantFormat::kCompressedTensors ? 1.0f / global : global;
   }
   return grid;
+}
+
+std::optional<std::vector<uint8_t>> int4AsQ4_0(const QuantizedWeight& weight,
+                                               const ScaleGrid& grid) {
+  constexpr uint64_t kBlock = 32, kBlockBytes = 18;
+  if (weight.codes != TensorType::kI4 || weight.cols % kBlock != 0 ||
+      grid.block_cols % kBlock != 0 || grid.block_rows != 1) {
+    return std::nullopt;
+  }
+  const uint64_t blocks = weight.cols / kBlock;
+  std::vector<uint8_t> out(weight.rows * blocks * kBlockBytes);
+  for (uint64_t r = 0; r < weight.rows; ++r) {
+    const uint8_t* codes = weight.weight->data + r * weight.cols / 2;
+    for (uint64_t b = 0; b < blocks; ++b) {
+      const float scale = grid.values[r * grid.grid_cols + b * kBlock / grid.block_cols];
+      const uint16_t half = dequant::floatToHalf(scale);
+      if (dequant::halfToFloat(half) != scale) return std::nullopt;
+      uint8_t* block = out.data() + (r * blocks + b) * kBlockBytes;
+      std::memcpy(block, &half, 2);
+      // Q4_0 holds element j in the low nibble of byte j and element 16 + j in its high one.
+      auto code = [&](uint64_t j) {
+        const uint8_t byte = codes[(b * kBlock + j) / 2];
+        return static_cast<uint8_t>(j % 2 == 0 ? byte & 0x0f : byte >> 4);
+      };
+      for (uint64_t j = 0; j < 16; ++j)
+        block[2 + j] = static_cast<uint8_t>(code(j) | (code(16 + j) << 4));
+    }
+  }
+  return out;
 }
 
 absl::Status dequantizeWeight(const QuantizedWeight& weight, const QuantizationInfo& info,

@@ -26,6 +26,14 @@
 //    `<module>.weight_packed`; the global scale is stored as its reciprocal,
 //    value = e2m1 * (e4m3(scale) / weight_global_scale).
 //
+//  Int4 weights (W4A16), symmetric, a scale per group of consecutive elements of a row:
+//  * compressed-tensors ("format": "pack-quantized", weights {"type": "int", "num_bits": 4,
+//    "symmetric": true, "strategy": "group" with "group_size", or "channel"}): codes in
+//    `<module>.weight_packed` I32 [rows, cols / 8] (element i at bits 4i of the row's words,
+//    stored as value + 8), `<module>.weight_scale` in any float dtype [rows, cols / group],
+//    `<module>.weight_shape` [rows, cols]; value = code * scale. Asymmetric weights (zero
+//    points) and activation ordering (g_idx) are refused.
+//
 //  MXFP4 (gpt-oss as OpenAI publishes it; config.json "quantization_config": {"quant_method":
 //  "mxfp4"}): only the routed experts are quantized, E2M1 codes with an E8M0 exponent per 32
 //  elements, in tensors of their own (services/engine/gpt_oss_experts.h reads them); every
@@ -36,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,7 +53,7 @@
 
 namespace cleave::model {
 
-enum class QuantScheme { kNone, kFp8, kNvfp4, kMxfp4 };
+enum class QuantScheme { kNone, kFp8, kNvfp4, kMxfp4, kInt4 };
 enum class QuantFormat { kNone, kHfFp8, kModelOpt, kCompressedTensors };
 
 const char* quantSchemeName(QuantScheme scheme);
@@ -57,7 +66,7 @@ struct QuantizationInfo {
   // (per tensor: 0 x 0; per output channel: 1 x 0).
   uint32_t block_rows = 0;
   uint32_t block_cols = 0;
-  // NVFP4: elements per scale along a row.
+  // NVFP4 and int4: elements per scale along a row (int4 per channel: 0, the whole row).
   uint32_t group_size = 0;
   // Modules the checkpoint says it left unquantized (e.g. "lm_head"), as written there.
   std::vector<std::string> excluded_modules;
@@ -73,7 +82,7 @@ struct QuantizationInfo {
 absl::StatusOr<QuantizationInfo> readQuantizationInfo(const std::string& folder);
 
 struct QuantizedWeight {
-  TensorType codes = TensorType::kF8E4M3;           // kF8E4M3, or kE2M1 for NVFP4.
+  TensorType codes = TensorType::kF8E4M3;           // kF8E4M3, kE2M1 (NVFP4) or kI4.
   const SafetensorsTensor* weight = nullptr;        // The codes.
   const SafetensorsTensor* scale = nullptr;         // Block, channel, tensor or group scales.
   const SafetensorsTensor* global_scale = nullptr;  // NVFP4.
@@ -105,6 +114,13 @@ struct ScaleGrid {
   float global = 1.0f;
 };
 absl::StatusOr<ScaleGrid> scaleGrid(const QuantizedWeight& weight, const QuantizationInfo& info);
+
+// A resolved int4 weight as GGUF Q4_0 blocks ([rows][cols / 32] of an fp16 scale and 16
+// bytes of codes), which the CPU kernels multiply: the same codes, each group's scale as
+// every one of its blocks' scale. Nullopt when that is not exact: groups or rows not whole
+// 32-element blocks, or a scale that is not an fp16 value (the caller keeps floats).
+std::optional<std::vector<uint8_t>> int4AsQ4_0(const QuantizedWeight& weight,
+                                               const ScaleGrid& grid);
 
 // Dequantizes a resolved weight into `out` (rows * cols floats, row-major), exactly as the
 // convention defines it.

@@ -7,9 +7,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 namespace cleave::model {
 namespace {
@@ -67,6 +69,8 @@ TEST_F(QuantizationConfigTest, TheGoldenCheckpointsAreRecognized) {
             "nvfp4 groups of 16 (modelopt)"},
            {"llama_nvfp4_ct", QuantScheme::kNvfp4, QuantFormat::kCompressedTensors, 0, 0,
             "nvfp4 groups of 16 (compressed-tensors)"},
+           {"qwen3_moe_int4_ct", QuantScheme::kInt4, QuantFormat::kCompressedTensors, 0, 0,
+            "int4 groups of 32 (compressed-tensors)"},
        }) {
     SCOPED_TRACE(c.model);
     auto info = readQuantizationInfo(kEngineDir + c.model);
@@ -98,7 +102,24 @@ TEST_F(QuantizationConfigTest, UnsupportedSchemesNameTheField) {
   for (const Case& c : std::vector<Case>{
            {{{"quant_method", "gptq"}}, "quant_method \"gptq\" is not supported"},
            {compressed("pack-quantized", {{"type", "int"}, {"num_bits", 4}, {"strategy", "group"}}),
-            "int 4-bit weights are not supported"},
+            "strategy \"group\" is not supported for int4"},
+           {compressed("pack-quantized", {{"type", "int"},
+                                          {"num_bits", 4},
+                                          {"strategy", "group"},
+                                          {"group_size", 128},
+                                          {"symmetric", false}}),
+            "asymmetric int4 weights (zero points) are not supported"},
+           {compressed("pack-quantized", {{"type", "int"},
+                                          {"num_bits", 4},
+                                          {"strategy", "group"},
+                                          {"group_size", 128},
+                                          {"actorder", "group"}}),
+            "actorder: activation-ordered groups are not supported"},
+           {compressed("marlin-24", {{"type", "int"}, {"num_bits", 4}, {"strategy", "channel"}}),
+            "format \"marlin-24\" is not supported for int4"},
+           {compressed("pack-quantized",
+                       {{"type", "int"}, {"num_bits", 8}, {"strategy", "channel"}}),
+            "int 8-bit weights are not supported"},
            {compressed("float-quantized",
                        {{"type", "float"}, {"num_bits", 8}, {"strategy", "token"}}),
             "strategy \"token\" is not supported for FP8"},
@@ -131,6 +152,45 @@ TEST_F(QuantizationConfigTest, GroupsMustAgree) {
       {"weights", {{"type", "float"}, {"num_bits", 8}, {"strategy", "tensor"}}}};
   auto info = read(config);
   EXPECT_THAT(info.status().message(), HasSubstr("config_groups.group_1.weights differs"));
+}
+
+// Int4 rows become Q4_0 blocks with the same codes and each group's scale, exactly: where a
+// scale is no fp16 value, or a group is not whole blocks, there is no such file (nullopt).
+TEST(Int4AsQ4_0Test, KeepsTheCodesAndScalesExactlyOrDeclines) {
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<int> byte(0, 255);
+  const uint64_t rows = 3, cols = 128;
+  std::vector<uint8_t> codes(rows * cols / 2);
+  for (uint8_t& b : codes) b = static_cast<uint8_t>(byte(rng));
+  SafetensorsTensor packed{.name = "x.weight_packed",
+                           .dtype = TensorType::kI32,
+                           .shape = {rows, cols / 8},
+                           .data = codes.data()};
+  QuantizedWeight w{.codes = TensorType::kI4,
+                    .weight = &packed,
+                    .rows = rows,
+                    .cols = cols,
+                    .block_rows = 1,
+                    .block_cols = 64};
+  ScaleGrid grid{.values = {0.5f, 0.0078125f, 0.25f, 3.0f, 0.125f, 1.5f},
+                 .block_rows = 1,
+                 .block_cols = 64,
+                 .grid_cols = 2};
+  std::optional<std::vector<uint8_t>> q4 = int4AsQ4_0(w, grid);
+  ASSERT_TRUE(q4.has_value());
+  std::vector<float> got(rows * cols, std::nanf("")), want(rows * cols);
+  ASSERT_TRUE(dequantize(TensorType::kQ4_0, q4->data(), rows * cols, got.data()).ok());
+  ASSERT_TRUE(dequantize(TensorType::kI4, codes.data(), rows * cols, want.data()).ok());
+  for (uint64_t i = 0; i < rows * cols; ++i)
+    want[i] *= grid.values[(i / cols) * 2 + (i % cols) / 64];
+  EXPECT_EQ(got, want);
+  grid.values[4] = 0.1f;  // Not an fp16 value.
+  EXPECT_FALSE(int4AsQ4_0(w, grid).has_value());
+  grid.values[4] = 0.125f;
+  grid.block_cols = w.block_cols = 16;  // Groups smaller than a block.
+  grid.grid_cols = 8;
+  grid.values.assign(rows * 8, 0.5f);
+  EXPECT_FALSE(int4AsQ4_0(w, grid).has_value());
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ constexpr Entry kTypes[] = {
     {{TensorType::kU8, "U8", 1, 1, true}, nullptr},
     {{TensorType::kBool, "BOOL", 1, 1, true}, nullptr},
     {{TensorType::kE2M1, "E2M1", 2, 1, true}, dequant::e2m1},
+    {{TensorType::kI4, "I4", 2, 1, true}, dequant::i4},
 };
 
 const Entry* findEntry(TensorType type) {

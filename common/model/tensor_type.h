@@ -52,6 +52,10 @@ enum class TensorType : uint32_t {
   // FP4 E2M1 codes, two per byte, element 2k in the low nibble (NVFP4 weights; the block
   // scales travel separately). A "block" is one byte of two elements.
   kE2M1 = 1004,
+  // Signed 4-bit integers stored as value + 8, two per byte, element 2k in the low nibble
+  // (compressed-tensors' pack-quantized int32 words read as bytes; the group scales travel
+  // separately). A "block" is one byte of two elements.
+  kI4 = 1005,
 };
 
 struct TensorTypeTraits {

@@ -98,6 +98,12 @@ TEST(FloatFormatsTest, E2m1MatchesItsDefinition) {
   }
   EXPECT_EQ(*tensorBytes(TensorType::kE2M1, 64), 32u);
   EXPECT_FALSE(tensorBytes(TensorType::kE2M1, 31).has_value());
+  // compressed-tensors' int4: the nibble less 8, low nibble first.
+  ASSERT_TRUE(dequantize(TensorType::kI4, bytes.data(), 512, out.data()).ok());
+  for (int b = 0; b < 256; ++b) {
+    EXPECT_EQ(out[2 * b], (b & 15) - 8) << b;
+    EXPECT_EQ(out[2 * b + 1], (b >> 4) - 8) << b;
+  }
 }
 
 TEST(TensorTypeTest, SizesOfBlockFormats) {

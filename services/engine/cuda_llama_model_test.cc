@@ -363,7 +363,8 @@ TEST_P(CudaMoeModelTest, MatchesTheCpuBackend) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Moe, CudaMoeModelTest,
-                         ::testing::Values("qwen3_moe_f32", "mixtral_f32", "qwen3_moe_nvfp4_ct"));
+                         ::testing::Values("qwen3_moe_f32", "mixtral_f32", "qwen3_moe_nvfp4_ct",
+                                           "qwen3_moe_int4_ct"));
 
 // gpt-oss: attention sinks, a sliding window on every other layer, biases on Q/K/V/O, the
 // router and the experts, the clamped SwiGLU, YaRN's attention factor; experts stored as

@@ -619,9 +619,9 @@ INSTANTIATE_TEST_SUITE_P(Quantized, HfLogitsTest,
                          ::testing::Values("llama_fp8_block128", "llama_fp8_modelopt",
                                            "llama_fp8_ct_channel", "llama_fp8_ct_block",
                                            "llama_nvfp4_modelopt", "llama_nvfp4_ct",
-                                           "qwen3_moe_nvfp4_ct", "deepseek_v3_fp8_block128",
-                                           "gpt_oss_mxfp4", "gpt_oss_mxfp4.gguf",
-                                           "qwen3_nvfp4.gguf"));
+                                           "qwen3_moe_nvfp4_ct", "qwen3_moe_int4_ct",
+                                           "deepseek_v3_fp8_block128", "gpt_oss_mxfp4",
+                                           "gpt_oss_mxfp4.gguf", "qwen3_nvfp4.gguf"));
 
 }  // namespace
 }  // namespace cleave::engine

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -92,6 +93,7 @@ class TensorSource {
     Stored codes;
     std::shared_ptr<std::vector<float>> scale_values;
     cpu::BlockScales scales;
+    std::shared_ptr<std::vector<uint8_t>> rewritten;  // The codes, when made at load.
   };
   virtual absl::StatusOr<StoredMatrix> findMatrix(const std::string& name, uint64_t rows,
                                                   uint64_t cols) const {
@@ -142,8 +144,9 @@ class TensorSource {
       w.cols = slice.span.size;
       w.scales.col_offset = slice.span.begin;
     }
-    auto owner = std::make_shared<std::pair<decltype(copy), decltype(stored.scale_values)>>(
-        copy, stored.scale_values);
+    auto owner = std::make_shared<
+        std::tuple<decltype(copy), decltype(stored.scale_values), decltype(stored.rewritten)>>(
+        copy, stored.scale_values, stored.rewritten);
     auto m = cpu_kernels_ ? cpu::CpuMatrix::create(w, std::move(owner))
                           : cpu::CpuMatrix::asStored(w, std::move(owner));
     if (!m.ok())
@@ -456,6 +459,20 @@ class SafetensorsSource final : public TensorSource {
                        q.cols, "] matrix, the config implies [", rows, ", ", cols, "]"));
     }
     CLEAVE_ASSIGN_OR_RETURN(model::ScaleGrid grid, model::scaleGrid(q, quant_));
+    if (q.codes == model::TensorType::kI4) {
+      // Int4 as the CPU kernels' Q4_0 blocks where that is exact, else as floats.
+      auto codes = std::make_shared<std::vector<uint8_t>>();
+      model::TensorType type = model::TensorType::kQ4_0;
+      if (std::optional<std::vector<uint8_t>> q4 = model::int4AsQ4_0(q, grid)) {
+        *codes = *std::move(q4);
+      } else {
+        type = model::TensorType::kF32;
+        codes->resize(rows * cols * sizeof(float));
+        CLEAVE_RETURN_IF_ERROR(
+            model::dequantizeWeight(q, quant_, reinterpret_cast<float*>(codes->data())));
+      }
+      return StoredMatrix{.codes = {type, codes->data()}, .rewritten = codes};
+    }
     StoredMatrix out{.codes = {q.codes, q.weight->data},
                      .scale_values = std::make_shared<std::vector<float>>(std::move(grid.values))};
     out.scales = {.data = out.scale_values->data(),

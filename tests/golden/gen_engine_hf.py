@@ -75,7 +75,7 @@ TOLERANCE = {
     # the other way where an input lies within that of a half step
     "int8_inputs": 1e-3,
 }
-INT8_INPUT_KINDS = ("nvfp4_modelopt", "nvfp4_ct", "mxfp4_experts")
+INT8_INPUT_KINDS = ("nvfp4_modelopt", "nvfp4_ct", "int4_ct", "mxfp4_experts")
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -218,6 +218,9 @@ CASES["deepseek_v3_bf16"] = (DeepseekV3Config, CASES["deepseek_v3_moe_f32"][1], 
 
 # The MoE experts (routed, 32 columns per down projection) in NVFP4; the router stays float.
 CASES["qwen3_moe_nvfp4_ct"] = (Qwen3MoeConfig, CASES["qwen3_moe_f32"][1], 108, "nvfp4_ct")
+# Every decoder linear weight (attention, routed experts) in compressed-tensors' int4 W4A16, a
+# bf16 scale per 32 elements (compressed-tensors wants whole groups: these shapes have them).
+CASES["qwen3_moe_int4_ct"] = (Qwen3MoeConfig, CASES["qwen3_moe_f32"][1], 108, "int4_ct")
 
 
 # gpt-oss: per-head attention sinks, sliding windows of 4 positions on the even layers (shorter

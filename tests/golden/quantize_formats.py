@@ -25,6 +25,10 @@ Kinds
                   tensors by compressed-tensors' own ModelOpt converter (weight_packed,
                   weight_global_scale = 1 / weight_scale_2, input_global_scale) with the
                   quantization_config compressed-tensors itself serializes.
+  int4_ct         compressed-tensors pack-quantized int4 (W4A16), symmetric, a BF16 scale
+                  per 32 elements of a row (absmax / 7.5 rounded to bf16, as compressed-tensors
+                  stores scales in the model dtype), packed by compressed-tensors' own
+                  PackedQuantizationCompressor; its unpacking gives the codes round(w / s).
   mxfp4_experts   gpt-oss as OpenAI publishes it: only the stacked experts (gate_up_proj,
                   down_proj) quantized, to U8 _blocks (E2M1 codes, low nibble first) and U8
                   _scales (E8M0 exponents, one per 32 elements along the input), outputs
@@ -50,7 +54,8 @@ BLOCK = (16, 32)
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3",
            "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")  # the last four: DeepSeek's MLA
 KINDS = ("fp8_hf", "fp8_hf_128", "fp8_modelopt", "fp8_ct_channel", "fp8_ct_block", "nvfp4_modelopt", "nvfp4_ct",
-         "mxfp4_experts")
+         "int4_ct", "mxfp4_experts")
+INT4_GROUP = 32
 MXFP4_GROUP = 32
 MXFP4_EXPERTS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
 
@@ -113,6 +118,11 @@ def ct_config(kind: str) -> dict:
         from compressed_tensors.quantization.quant_scheme import NVFP4
         scheme = QuantizationScheme(targets=["Linear"], **NVFP4)
         fmt = "nvfp4-pack-quantized"
+    elif kind == "int4_ct":
+        weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group",
+                                   group_size=INT4_GROUP)
+        scheme = QuantizationScheme(targets=["Linear"], weights=weights)
+        fmt = "pack-quantized"
     else:
         strategy = "channel" if kind == "fp8_ct_channel" else "block"
         weights = QuantizationArgs(num_bits=8, type="float", symmetric=True, strategy=strategy,
@@ -143,6 +153,30 @@ def ct_decode_nvfp4(packed: torch.Tensor, scale: torch.Tensor, global_scale: tor
                       global_scale=global_scale, dtype=torch.float32)
 
 
+def int4_ct(module: str, w: torch.Tensor) -> tuple[dict, torch.Tensor]:
+    """compressed-tensors' pack-quantized int4 of `w`, packed and decoded by its own compressor."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.quantization import QuantizationScheme
+    rows, cols = w.shape
+    groups = -(-cols // INT4_GROUP)
+    padded = torch.nn.functional.pad(w, (0, groups * INT4_GROUP - cols)).reshape(rows, groups, INT4_GROUP)
+    scale = (padded.abs().amax(-1).clamp(min=1e-8) / 7.5).to(torch.bfloat16)
+    scheme = QuantizationScheme.model_validate(ct_config("int4_ct")["config_groups"]["group_0"])
+    stored = PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
+    assert set(stored) == {"weight_packed", "weight_scale", "weight_shape"}, stored.keys()
+    # The format's definition: each code (round(w / s) clamped to [-8, 7]) times its scale, in
+    # float32; compressed-tensors' unpacking gives those codes, and its decompress() the
+    # products in the scales' dtype (bf16).
+    s = scale.to(torch.float32).repeat_interleave(INT4_GROUP, dim=1)[:, :cols]
+    codes = unpack_from_int32(stored["weight_packed"], 4, stored["weight_shape"]).to(torch.float32)
+    assert torch.equal(codes, torch.clamp(torch.round(w / s), -8, 7)), module
+    dec = codes * s
+    rounded = PackedQuantizationCompressor.decompress(dict(stored), scheme)["weight"]
+    assert torch.equal(rounded, dec.to(rounded.dtype)), module
+    return {f"{module}.{k}": v for k, v in stored.items()}, dec
+
+
 def quantize_one(name: str, w: torch.Tensor, kind: str) -> tuple[dict, torch.Tensor]:
     """{stored tensor name: tensor} replacing weight `name`, and the weight they decode to."""
     module = name[:-len(".weight")]
@@ -162,6 +196,8 @@ def quantize_one(name: str, w: torch.Tensor, kind: str) -> tuple[dict, torch.Ten
         q, scale, dec = fp8_with_scales(w, BLOCK)
         assert torch.equal(ct_decode_fp8(q, scale, kind), dec), name
         return {name: q, module + ".weight_scale": scale}, dec
+    if kind == "int4_ct":
+        return int4_ct(module, w)
     params, dec = nvfp4_modelopt(w)
     stored = {f"{module}.{k}": v for k, v in params.items()}
     if kind == "nvfp4_modelopt":
