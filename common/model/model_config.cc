@@ -405,8 +405,14 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   }
   // Gemma 3's text model: its fields (under text_config in multimodal checkpoints) with
   // transformers' defaults filled in.
-  const std::string type = json.is_object() ? json.value("model_type", "") : "";
+  const auto type_field = json.find("model_type");
+  const std::string type = type_field != json.end() && type_field->is_string()
+                               ? type_field->get<std::string>()
+                               : std::string();
   const bool nested = type == "gemma3" && json.contains("text_config");
+  if (nested && !json["text_config"].is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": text_config must be an object"));
+  }
   if (type == "gemma3_text" || type == "gemma3") json = gemma3TextConfig(json);
   JsonFields f(json, name, nested ? "text_config." : "");
   ModelConfig c;
@@ -625,6 +631,18 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     if (moe.experts_per_token == 0 || moe.experts_per_token > moe.num_experts) {
       return absl::InvalidArgumentError(
           absl::StrCat(file.path(), ": ", p, "expert_used_count must be in 1..", moe.num_experts));
+    }
+    if (moe.n_group == 0 || moe.num_experts % moe.n_group != 0 || moe.topk_group == 0 ||
+        moe.topk_group > moe.n_group) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.path(), ": ", p, "expert_group_count must divide expert_count (", moe.num_experts,
+          ") and ", p, "expert_group_used_count be in 1..expert_group_count"));
+    }
+    if (moe.scoring == MoeScoring::kSoftmax && moe.topk_group < moe.n_group) {
+      return absl::UnimplementedError(absl::StrCat(
+          file.path(), ": ", p,
+          "expert_group_used_count below expert_group_count with softmax gating (DeepSeek-V2's "
+          "group_limited_greedy) is not supported"));
     }
     if (c.architecture == Architecture::kLlama) c.architecture = Architecture::kMixtral;
     if (c.architecture == Architecture::kGptOss) {

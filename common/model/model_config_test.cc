@@ -195,6 +195,8 @@ TEST(ModelConfigTest, BadFieldsNameTheFileAndField) {
        R"({"model_type":"phi3","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"partial_rotary_factor":0.75})"},
       {"sliding_window must be a non-negative integer",
        R"({"model_type":"mistral","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"sliding_window":"wide"})"},
+      {"model_type must be a string", R"({"model_type":3,"hidden_size":8})"},
+      {"text_config must be an object", R"({"model_type":"gemma3","text_config":[1]})"},
       {"swiglu_limit must be > 0",
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"swiglu_limit":0})"},
   };

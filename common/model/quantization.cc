@@ -151,13 +151,16 @@ absl::Status parseCompressedTensors(const json& q, QuantizationInfo& info) {
     if (!w.value("symmetric", true)) {
       return bad(info.source, where + ": asymmetric int4 weights (zero points) are not supported");
     }
-    if (w.contains("actorder") && !w["actorder"].is_null() && w["actorder"] != "static") {
+    if (w.contains("actorder") && !w["actorder"].is_null() && w["actorder"] != "static" &&
+        w["actorder"] != "weight") {
       return bad(info.source, where + ".actorder: activation-ordered groups are not supported");
     }
     info.scheme = QuantScheme::kInt4;
     if (strategy == "channel") return absl::OkStatus();
-    const int group = w.value("group_size", 0);
-    if (strategy != "group" || group <= 0 || group % 8 != 0) {
+    const auto size = w.find("group_size");
+    const uint64_t group =
+        size != w.end() && size->is_number_unsigned() ? size->get<uint64_t>() : 0;
+    if (strategy != "group" || group == 0 || group > 65536 || group % 8 != 0) {
       return bad(info.source, absl::StrCat(where, ".strategy \"", strategy,
                                            "\" is not supported for int4 (supported: channel, "
                                            "group with a group_size that is a multiple of 8)"));
@@ -310,12 +313,20 @@ absl::StatusOr<QuantizedWeight> resolveQuantizedWeight(const SafetensorsCheckpoi
     }
     CLEAVE_ASSIGN_OR_RETURN(const SafetensorsTensor* shape,
                             companion("weight_shape", {TensorType::kI64, TensorType::kI32}, {{2}}));
-    std::vector<float> dims(2);
-    CLEAVE_RETURN_IF_ERROR(dequantize(shape->dtype, shape->data, 2, dims.data()));
+    int64_t dims[2];  // As integers: a float would round columns past 2^24.
+    for (int i = 0; i < 2; ++i) {
+      if (shape->dtype == TensorType::kI64) {
+        std::memcpy(&dims[i], shape->data + 8 * i, 8);
+      } else {
+        int32_t narrow;
+        std::memcpy(&narrow, shape->data + 4 * i, 4);
+        dims[i] = narrow;
+      }
+    }
     out.codes = TensorType::kI4;
     out.rows = w.shape[0];
-    out.cols = static_cast<uint64_t>(dims[1]);
-    if (dims[0] != static_cast<float>(out.rows) || out.cols == 0 || out.cols % 8 != 0 ||
+    out.cols = dims[1] > 0 ? static_cast<uint64_t>(dims[1]) : 0;
+    if (dims[0] != static_cast<int64_t>(out.rows) || out.cols == 0 || out.cols % 8 != 0 ||
         out.cols / 8 != w.shape[1]) {
       return bad(where,
                  absl::StrCat("holds ", shapeText(w.shape), " words, which is not the [", dims[0],

@@ -119,6 +119,8 @@ class TensorSource {
                         .data = t.data,
                         .scales = stored.scales};
     std::shared_ptr<std::vector<uint8_t>> copy;
+    // Codes made at load (int4's Q4_0) are kept only for the part this rank reads.
+    std::shared_ptr<std::vector<uint8_t>> rewritten = stored.rewritten;
     const uint64_t whole = slice.axis == Slice::Axis::kRows ? rows : cols;
     if (slice.span.begin == 0 && static_cast<uint64_t>(slice.span.size) == whole) {
       slice.axis = Slice::Axis::kAll;  // A group of one keeps the stored bytes in place.
@@ -127,6 +129,11 @@ class TensorSource {
       w.data += slice.span.begin * w.rowBytes();
       w.rows = slice.span.size;
       w.scales.row_offset = slice.span.begin;
+      if (rewritten) {
+        copy = std::make_shared<std::vector<uint8_t>>(w.data, w.data + w.rows * w.rowBytes());
+        w.data = copy->data();
+        rewritten.reset();
+      }
     } else if (slice.axis == Slice::Axis::kCols) {
       const std::optional<uint64_t> skip = model::tensorBytes(t.type, slice.span.begin);
       const std::optional<uint64_t> keep = model::tensorBytes(t.type, slice.span.size);
@@ -143,10 +150,11 @@ class TensorSource {
       w.data = copy->data();
       w.cols = slice.span.size;
       w.scales.col_offset = slice.span.begin;
+      rewritten.reset();
     }
     auto owner = std::make_shared<
-        std::tuple<decltype(copy), decltype(stored.scale_values), decltype(stored.rewritten)>>(
-        copy, stored.scale_values, stored.rewritten);
+        std::tuple<decltype(copy), decltype(stored.scale_values), decltype(rewritten)>>(
+        copy, stored.scale_values, rewritten);
     auto m = cpu_kernels_ ? cpu::CpuMatrix::create(w, std::move(owner))
                           : cpu::CpuMatrix::asStored(w, std::move(owner));
     if (!m.ok())
