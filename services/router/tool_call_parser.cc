@@ -18,6 +18,12 @@ namespace {
 
 using Json = nlohmann::ordered_json;  // arguments keep the model's key order
 
+// JSON written compactly (", " and ": " as Python's json.dumps writes them), invalid UTF-8
+// replaced.
+std::string compactJson(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 // A call object: {"name": "...", "arguments" (or "parameters"): ...}; nullopt otherwise
 // (JSON without both keys is an answer, not a call).
 std::optional<ToolCall> callFrom(const Json& j) {
@@ -35,9 +41,9 @@ std::optional<ToolCall> callFrom(const Json& j) {
     const std::string& given = args->get_ref<const std::string&>();
     const bool json_text = checkJsonShape(given, "arguments").ok() &&
                            !Json::parse(given, nullptr, /*allow_exceptions=*/false).is_discarded();
-    call.arguments = json_text ? given : args->dump(-1, ' ', false, Json::error_handler_t::replace);
+    call.arguments = json_text ? given : compactJson(*args);
   } else {
-    call.arguments = args->dump(-1, ' ', false, Json::error_handler_t::replace);
+    call.arguments = compactJson(*args);
   }
   return call;
 }
@@ -54,7 +60,7 @@ std::optional<ToolCall> callFrom(absl::string_view text) { return callFrom(jsonO
 std::optional<std::string> argumentsFrom(absl::string_view text) {
   const Json j = jsonOf(absl::StripAsciiWhitespace(text));
   if (!j.is_object()) return std::nullopt;
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return compactJson(j);
 }
 
 // hermes: <tool_call>{...}</tool_call>, any number (`text` starts at the first).
@@ -246,7 +252,7 @@ class PythonCalls {
       if (!value) return std::nullopt;
       arguments[key] = *std::move(value);
     }
-    call.arguments = arguments.dump(-1, ' ', false, Json::error_handler_t::replace);
+    call.arguments = compactJson(arguments);
     return call;
   }
   // A literal: a string, a number, True, False, None, a list, tuple or dict of literals.
@@ -374,18 +380,42 @@ const Json* propertiesOf(const Json& tools, const std::string& name) {
   return nullptr;
 }
 
-// qwen3_coder: <tool_call><function=NAME><parameter=P>VALUE</parameter>...</function>
-// </tool_call>, any number (`text` starts at the first); values typed by `tools`' schemas.
-std::optional<std::vector<ToolCall>> qwen3CoderCalls(absl::string_view text, const Json& tools) {
-  constexpr absl::string_view kOpen = "<tool_call>", kClose = "</tool_call>",
-                              kFunction = "<function=", kParameter = "<parameter=",
-                              kParameterEnd = "</parameter>", kFunctionEnd = "</function>";
+// Each <tool_call>...</tool_call> body of `text` (the last may be unclosed) as `read` reads
+// it into a call; nullopt when one does not read.
+template <typename Read>
+std::optional<std::vector<ToolCall>> taggedCalls(absl::string_view text, Read read) {
+  constexpr absl::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
   std::vector<ToolCall> calls;
   for (size_t at = text.find(kOpen); at != absl::string_view::npos;) {
     const size_t begin = at + kOpen.size();
     const size_t end = text.find(kClose, begin);
-    absl::string_view body =
-        text.substr(begin, end == absl::string_view::npos ? absl::string_view::npos : end - begin);
+    std::optional<ToolCall> call = read(
+        text.substr(begin, end == absl::string_view::npos ? absl::string_view::npos : end - begin));
+    if (!call) return std::nullopt;
+    calls.push_back(*std::move(call));
+    if (end == absl::string_view::npos) break;
+    at = text.find(kOpen, end + kClose.size());
+  }
+  return calls;
+}
+
+// The schema `properties` (propertiesOf) gives parameter `key`, or null.
+const Json* schemaOf(const Json* properties, const std::string& key) {
+  if (properties == nullptr) return nullptr;
+  const auto declared = properties->find(key);
+  return declared != properties->end() ? &*declared : nullptr;
+}
+
+ToolCall callOf(std::string name, const Json& arguments) {
+  return {.name = std::move(name), .arguments = compactJson(arguments)};
+}
+
+// qwen3_coder: <tool_call><function=NAME><parameter=P>VALUE</parameter>...</function>
+// </tool_call>, any number (`text` starts at the first); values typed by `tools`' schemas.
+std::optional<std::vector<ToolCall>> qwen3CoderCalls(absl::string_view text, const Json& tools) {
+  constexpr absl::string_view kFunction = "<function=", kParameter = "<parameter=",
+                              kParameterEnd = "</parameter>", kFunctionEnd = "</function>";
+  return taggedCalls(text, [&](absl::string_view body) -> std::optional<ToolCall> {
     const size_t function = body.find(kFunction);
     const size_t name_end = body.find('>', function);
     if (function == absl::string_view::npos || name_end == absl::string_view::npos)
@@ -410,19 +440,12 @@ std::optional<std::vector<ToolCall>> qwen3CoderCalls(absl::string_view text, con
                                                                         : value_end - key_end - 1);
       absl::ConsumePrefix(&value, "\n");
       absl::ConsumeSuffix(&value, "\n");
-      const auto declared = properties != nullptr ? properties->find(key) : Json::const_iterator();
-      const Json* schema =
-          properties != nullptr && declared != properties->end() ? &*declared : nullptr;
       if (key.empty()) return std::nullopt;
-      arguments[key] = typedValue(std::string(value), schema);
+      arguments[key] = typedValue(std::string(value), schemaOf(properties, key));
       p = next;
     }
-    calls.push_back({.name = name,
-                     .arguments = arguments.dump(-1, ' ', false, Json::error_handler_t::replace)});
-    if (end == absl::string_view::npos) break;
-    at = text.find(kOpen, end + kClose.size());
-  }
-  return calls;
+    return callOf(name, arguments);
+  });
 }
 
 // glm45: <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...</tool_call>, any
@@ -430,15 +453,9 @@ std::optional<std::vector<ToolCall>> qwen3CoderCalls(absl::string_view text, con
 // others as JSON. A value is text where `tools` declares the parameter a string, else JSON
 // where it reads as JSON (Python's True, False, None too), else text.
 std::optional<std::vector<ToolCall>> glm45Calls(absl::string_view text, const Json& tools) {
-  constexpr absl::string_view kOpen = "<tool_call>", kClose = "</tool_call>", kKey = "<arg_key>",
-                              kKeyEnd = "</arg_key>", kValue = "<arg_value>",
+  constexpr absl::string_view kKey = "<arg_key>", kKeyEnd = "</arg_key>", kValue = "<arg_value>",
                               kValueEnd = "</arg_value>";
-  std::vector<ToolCall> calls;
-  for (size_t at = text.find(kOpen); at != absl::string_view::npos;) {
-    const size_t begin = at + kOpen.size();
-    const size_t end = text.find(kClose, begin);
-    absl::string_view body =
-        text.substr(begin, end == absl::string_view::npos ? absl::string_view::npos : end - begin);
+  return taggedCalls(text, [&](absl::string_view body) -> std::optional<ToolCall> {
     const size_t name_end = std::min(body.find('\n'), body.find(kKey));
     const std::string name(absl::StripAsciiWhitespace(body.substr(0, name_end)));
     if (name.empty() || name.find_first_of("<>{}") != std::string::npos) return std::nullopt;
@@ -460,9 +477,9 @@ std::optional<std::vector<ToolCall>> glm45Calls(absl::string_view text, const Js
       if (key.empty()) return std::nullopt;
       const absl::string_view raw = absl::StripAsciiWhitespace(
           body.substr(value + kValue.size(), value_end - value - kValue.size()));
-      const auto declared = properties != nullptr ? properties->find(key) : Json::const_iterator();
-      const bool string = properties != nullptr && declared != properties->end() &&
-                          declared->is_object() && declared->value("type", Json()) == "string";
+      const Json* schema = schemaOf(properties, key);
+      const bool string =
+          schema != nullptr && schema->is_object() && schema->value("type", Json()) == "string";
       Json typed;  // None: null.
       if (string) {
         typed = std::string(raw);
@@ -476,12 +493,8 @@ std::optional<std::vector<ToolCall>> glm45Calls(absl::string_view text, const Js
       arguments[key] = std::move(typed);
       k = value_end + kValueEnd.size();
     }
-    calls.push_back({.name = name,
-                     .arguments = arguments.dump(-1, ' ', false, Json::error_handler_t::replace)});
-    if (end == absl::string_view::npos) break;
-    at = text.find(kOpen, end + kClose.size());
-  }
-  return calls;
+    return callOf(name, arguments);
+  });
 }
 
 // openai: <|channel|>commentary to=functions.NAME<|message|>ARGS<|call|>, any number (`text`
