@@ -1,4 +1,5 @@
 // `cleave inspect MODEL`: a model's architecture, its tensors and its weight bytes.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -56,6 +57,21 @@ void printConfig(const model::ModelConfig& c) {
   std::printf("  bos %s, eos [%s]\n",
               c.bos_token_id ? std::to_string(*c.bos_token_id).c_str() : "none",
               absl::StrJoin(c.eos_token_ids, ", ").c_str());
+  if (c.rotary_dim > 0) std::printf("  rotary dims: the first %u of each head\n", c.rotary_dim);
+  if (c.sliding_window > 0) {
+    const int64_t sliding = std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true);
+    std::printf("  sliding window %u on %lld of %u layers", c.sliding_window,
+                static_cast<long long>(sliding), c.num_layers);
+    if (c.sliding_rope_theta > 0) std::printf(" (their rope_theta %g)", c.sliding_rope_theta);
+    std::printf("\n");
+  }
+  if (c.sandwich_norms) {
+    std::printf(
+        "  norms after attention and the MLP, %s MLP, embeddings x %g, softmax scale %g, "
+        "final logit soft cap %g\n",
+        c.mlp_activation == model::MlpActivation::kGeluTanh ? "GELU (tanh)" : "SiLU",
+        c.embedding_scale, c.attention_scale, c.final_logit_softcap);
+  }
   if (c.moe) {
     const model::MoeConfig& m = *c.moe;
     std::printf(

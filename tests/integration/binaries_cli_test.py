@@ -120,6 +120,21 @@ class BinariesCliTest(unittest.TestCase):
         self.assertEqual(code, 1)
         self.assertIn("/nonexistent.gguf", err)
 
+    def test_inspect_shows_what_sets_a_family_apart(self):
+        """Gemma 3's windows, rotary bases and norms; GLM-4.5's partial rotary; int4 weights."""
+        golden = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine")
+        code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "gemma3_f32")])
+        self.assertEqual(code, 0, err)
+        self.assertIn("sliding window 4 on 2 of 3 layers (their rope_theta 10000)", out)
+        self.assertIn("norms after attention and the MLP, GELU (tanh) MLP, embeddings x 8", out)
+        self.assertIn("final logit soft cap 10", out)
+        code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "gguf", "glm4_moe_f32.gguf")])
+        self.assertEqual(code, 0, err)
+        self.assertIn("rotary dims: the first 8 of each head", out)
+        code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "qwen3_moe_int4_ct")])
+        self.assertEqual(code, 0, err)
+        self.assertIn("quantization int4 groups of 32 (compressed-tensors)", out)
+
     def test_tokenize_detokenize_and_generate_on_the_real_model(self):
         model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
         if not os.path.exists(model):
