@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -71,6 +72,20 @@ class JsonFields {
     auto v = optionalNumber(key);
     if (!v.ok()) return v.status();
     return v->value_or(fallback);
+  }
+
+  // An array of numbers (absent or null: empty).
+  absl::StatusOr<std::vector<double>> numbers(const std::string& key) const {
+    std::vector<double> out;
+    const nlohmann::json* v = get(key);
+    if (v == nullptr) return out;
+    if (!v->is_array())
+      return error(key, absl::StrCat("must be an array of numbers, got ", v->dump()));
+    for (const nlohmann::json& x : *v) {
+      if (!x.is_number()) return error(key, absl::StrCat("must hold numbers only, got ", x.dump()));
+      out.push_back(x.get<double>());
+    }
+    return out;
   }
 
   absl::StatusOr<bool> boolOr(const std::string& key, bool fallback) const {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -61,11 +62,12 @@ absl::Status parseRopeScaling(const JsonFields& rope, RopeScaling& out) {
     CLEAVE_ASSIGN_OR_RETURN(type, rope.stringOr("type", "none"));
   }
   if (type == "default") type = "none";
+  if (type == "su") type = "longrope";  // Its name in the first Phi-3 128k checkpoints.
   if (type != "none" && type != "linear" && type != "dynamic" && type != "llama3" &&
-      type != "yarn") {
-    return rope.error(
-        "rope_type",
-        absl::StrCat("\"", type, "\" is not supported (none, linear, dynamic, llama3, yarn)"));
+      type != "yarn" && type != "longrope") {
+    return rope.error("rope_type", absl::StrCat("\"", type,
+                                                "\" is not supported (none, linear, dynamic, "
+                                                "llama3, yarn, longrope)"));
   }
   out.type = type;
   CLEAVE_ASSIGN_OR_RETURN(out.factor, rope.numberOr("factor", 1.0));
@@ -79,6 +81,10 @@ absl::Status parseRopeScaling(const JsonFields& rope, RopeScaling& out) {
   CLEAVE_ASSIGN_OR_RETURN(out.truncate, rope.boolOr("truncate", true));
   CLEAVE_ASSIGN_OR_RETURN(out.mscale_all_dim, rope.numberOr("mscale_all_dim", 0.0));
   CLEAVE_ASSIGN_OR_RETURN(out.attention_factor, rope.optionalNumber("attention_factor"));
+  if (out.type == "longrope") {
+    CLEAVE_ASSIGN_OR_RETURN(out.short_factor, rope.numbers("short_factor"));
+    CLEAVE_ASSIGN_OR_RETURN(out.long_factor, rope.numbers("long_factor"));
+  }
   if (out.type != "none" && !(out.factor > 0)) return rope.error("factor", "must be > 0");
   if ((out.type == "llama3" || out.type == "yarn") && out.original_max_position_embeddings == 0) {
     return rope.error("original_max_position_embeddings", "is required for this rope type");
@@ -347,6 +353,24 @@ absl::Status parseGemma3(const JsonFields& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// longrope's context stretch and attention factor, as transformers derives them: the
+// pretraining context is `original` (0: the model's whole context), the stretch `factor`
+// when the file states one, else the model's context over the original.
+void finishLongrope(uint32_t original, std::optional<double> factor, ModelConfig& c) {
+  RopeScaling& s = c.rope_scaling;
+  s.original_max_position_embeddings = original > 0 ? original : c.max_position_embeddings;
+  s.factor = factor ? *factor
+                    : static_cast<double>(c.max_position_embeddings) /
+                          std::max<uint32_t>(s.original_max_position_embeddings, 1);
+  if (!s.attention_factor) {
+    s.attention_factor =
+        s.factor <= 1.0
+            ? 1.0
+            : std::sqrt(1.0 + std::log(s.factor) / std::log(static_cast<double>(
+                                                       s.original_max_position_embeddings)));
+  }
+}
+
 absl::Status checkShape(const ModelConfig& c, const std::string& source) {
   auto bad = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
@@ -364,6 +388,23 @@ absl::Status checkShape(const ModelConfig& c, const std::string& source) {
   }
   if (c.num_layers > 1024 || c.num_heads > 1024 || c.hidden_size > (1u << 20)) {
     return bad("dimensions are implausibly large");
+  }
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "longrope") {
+    const size_t pairs = (c.rotary_dim > 0 ? c.rotary_dim : c.head_dim) / 2;
+    auto positive = [](double f) { return f > 0 && std::isfinite(f); };
+    if (s.short_factor.size() != pairs || s.long_factor.size() != pairs ||
+        !std::all_of(s.short_factor.begin(), s.short_factor.end(), positive) ||
+        !std::all_of(s.long_factor.begin(), s.long_factor.end(), positive)) {
+      return bad(absl::StrCat(
+          "longrope needs one positive short and one positive long factor per rotary pair (", pairs,
+          "; rope_scaling.short_factor and long_factor, or GGUF rope_factors_short and "
+          "rope_factors_long), got ",
+          s.short_factor.size(), " and ", s.long_factor.size()));
+    }
+    if (s.original_max_position_embeddings < 2) {
+      return bad("longrope's original_max_position_embeddings must be at least 2");
+    }
   }
   return absl::OkStatus();
 }
@@ -459,11 +500,19 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   CLEAVE_ASSIGN_OR_RETURN(JsonFields rope_parameters, f.object("rope_parameters"));
   CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, f.numberOr("rope_theta", 10000.0));
   CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, rope_parameters.numberOr("rope_theta", c.rope_theta));
-  if (f.has("rope_scaling")) {
-    CLEAVE_ASSIGN_OR_RETURN(JsonFields rope, f.object("rope_scaling"));
+  if (f.has("rope_scaling") || f.has("rope_parameters")) {
+    CLEAVE_ASSIGN_OR_RETURN(JsonFields rope,
+                            f.has("rope_scaling") ? f.object("rope_scaling") : rope_parameters);
     CLEAVE_RETURN_IF_ERROR(parseRopeScaling(rope, c.rope_scaling));
-  } else if (f.has("rope_parameters")) {
-    CLEAVE_RETURN_IF_ERROR(parseRopeScaling(rope_parameters, c.rope_scaling));
+    if (c.rope_scaling.type == "longrope") {
+      // Phi-3's configs give the pretraining context at the top level, which wins over the
+      // scaling object's (as transformers reads it).
+      CLEAVE_ASSIGN_OR_RETURN(uint32_t original,
+                              f.uintOr("original_max_position_embeddings",
+                                       c.rope_scaling.original_max_position_embeddings));
+      CLEAVE_ASSIGN_OR_RETURN(std::optional<double> factor, rope.optionalNumber("factor"));
+      finishLongrope(original, factor, c);
+    }
   }
   // Rotary embedding on the leading part of each head: GLM-4.5 (0.5 unless the config says
   // otherwise, as transformers defaults it) and Phi-4-mini (0.75), whose transformers
@@ -508,6 +557,24 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
 }
 
 namespace {
+
+// A 1-D float32 tensor of rope factors (llama.cpp's rope_factors_*), as doubles.
+absl::StatusOr<std::vector<double>> ropeFactors(const GgufFile& file, const std::string& name) {
+  const GgufTensor* t = file.findTensor(name);
+  if (t == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat(file.path(), ": ", name, " is missing"));
+  if (t->type != TensorType::kF32 || t->dims.size() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file.path(), ": ", name, " must be a 1-D float32 tensor"));
+  }
+  std::vector<double> out(t->num_elements);
+  for (size_t i = 0; i < out.size(); ++i) {
+    float v;
+    std::memcpy(&v, t->data + 4 * i, 4);
+    out[i] = v;
+  }
+  return out;
+}
 
 // Adds `id` to the ids generation stops at, once.
 void addStopId(ModelConfig& c, uint32_t id) {
@@ -677,10 +744,20 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
           file.path(), ": blk.0.attn_qkv.bias (a bias on Phi-3's fused QKV) is not supported"));
     }
     if (file.findTensor("rope_factors_long.weight") != nullptr) {
-      return absl::UnimplementedError(
-          absl::StrCat(file.path(),
-                       ": rope_factors_long.weight (Phi-3's longrope scaling, the "
-                       "128k-context variants) is not supported"));
+      // longrope, as llama.cpp's converter writes it: the factors as tensors, the pretraining
+      // context and the attention factor as keys.
+      c.rope_scaling = RopeScaling();
+      c.rope_scaling.type = "longrope";
+      CLEAVE_ASSIGN_OR_RETURN(c.rope_scaling.short_factor,
+                              ropeFactors(file, "rope_factors_short.weight"));
+      CLEAVE_ASSIGN_OR_RETURN(c.rope_scaling.long_factor,
+                              ropeFactors(file, "rope_factors_long.weight"));
+      CLEAVE_ASSIGN_OR_RETURN(uint32_t original, u32Or("rope.scaling.original_context_length", 0));
+      if (file.find(p + "rope.scaling.attn_factor") != nullptr) {
+        CLEAVE_ASSIGN_OR_RETURN(c.rope_scaling.attention_factor,
+                                file.getFloat(p + "rope.scaling.attn_factor"));
+      }
+      finishLongrope(original, std::nullopt, c);
     }
   }
   if (c.architecture == Architecture::kGemma3) {

@@ -38,7 +38,7 @@ enum class Architecture {
 const char* architectureName(Architecture arch);
 
 struct RopeScaling {
-  // "none", "linear", "dynamic", "llama3" or "yarn".
+  // "none", "linear", "dynamic", "llama3", "yarn" or "longrope".
   std::string type = "none";
   double factor = 1.0;
   // llama3
@@ -53,6 +53,13 @@ struct RopeScaling {
   double mscale_all_dim = 0.0;
   std::optional<double> attention_factor;
   bool truncate = true;  // Correction range rounded out to whole dimensions.
+  // longrope (Phi-3's 128k variants, Phi-3.5-mini, Phi-4-mini): rotary pair i's frequency
+  // divided by long_factor[i] when the served context (max_position_embeddings as the worker
+  // runs it) is longer than original_max_position_embeddings, else by short_factor[i] — one
+  // choice for every position, as vLLM and llama.cpp make it; attention_factor is always set
+  // (from `factor`, or the model's context over the original, when the file gives none).
+  std::vector<double> short_factor;
+  std::vector<double> long_factor;
 };
 
 enum class MoeScoring { kSoftmax, kSigmoid };

@@ -289,12 +289,19 @@ TEST(ModelConfigTest, GgufMoeAndUnsupportedArchitectures) {
   EXPECT_THAT(missing.status().message(), HasSubstr("llama.block_count"));
 }
 
+// Float32 bytes of `values` (a GGUF tensor's data).
+std::string f32Bytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), 4 * values.size());
+}
+
 // llama.cpp's Phi-3 files: a window on every layer from phi3.attention.sliding_window (as
-// transformers applies it); rotary embedding on part of each head and longrope refused,
-// naming what.
+// transformers applies it); rotary embedding on part of each head; longrope's factors from
+// the rope_factors_* tensors (a missing or misshapen one refused, naming it); a bias on the
+// fused QKV refused.
 TEST(ModelConfigTest, GgufPhi3) {
   using testing::GgufBuilder;
-  auto phi3 = [](uint32_t rotated, bool longrope, uint32_t window = 2047, bool qkv_bias = false) {
+  // longrope: 0 none, else that many factors per set (with the attention factor key when 2).
+  auto phi3 = [](uint32_t rotated, int longrope, uint32_t window = 2047, bool qkv_bias = false) {
     GgufBuilder b;
     b.kvString("general.architecture", "phi3")
         .kvU32("phi3.block_count", 3)
@@ -305,8 +312,16 @@ TEST(ModelConfigTest, GgufPhi3) {
         .kvU32("phi3.attention.head_count_kv", 4)
         .kvU32("phi3.rope.dimension_count", rotated)
         .kvU32("phi3.attention.sliding_window", window)
-        .kvU32("phi3.vocab_size", 100);
-    if (longrope) b.tensor("rope_factors_long.weight", {8}, 0, 0, std::string(32, '\0'));
+        .kvU32("phi3.vocab_size", 100)
+        .kvU32("phi3.rope.scaling.original_context_length", 1024);
+    if (longrope > 0) {
+      std::vector<float> factors(longrope);
+      for (int i = 0; i < longrope; ++i) factors[i] = 1.0f + 0.5f * static_cast<float>(i);
+      b.tensor("rope_factors_long.weight", {factors.size()}, 0, 0, f32Bytes(factors));
+      for (float& f : factors) f = 1.0f / f;
+      b.tensor("rope_factors_short.weight", {factors.size()}, 0, 64, f32Bytes(factors));
+      if (longrope == 2) b.kvF32("phi3.rope.scaling.attn_factor", 1.25f);
+    }
     if (qkv_bias) b.tensor("blk.0.attn_qkv.bias", {192}, 0, 0, std::string(768, '\0'));
     auto file = GgufFile::parse(MappedFile::fromBuffer("phi3.gguf", b.build()));
     EXPECT_TRUE(file.ok()) << file.status();
@@ -330,9 +345,68 @@ TEST(ModelConfigTest, GgufPhi3) {
   auto odd = phi3(11, false);
   EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(odd.status().message(), HasSubstr("phi3.rope.dimension_count 11 must be even"));
-  auto longrope = phi3(16, true);
-  EXPECT_EQ(longrope.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(longrope.status().message(), HasSubstr("longrope"));
+  auto longrope = phi3(12, 6);  // Phi-4-mini: factors for the 6 pairs that rotate.
+  ASSERT_TRUE(longrope.ok()) << longrope.status();
+  const RopeScaling& r = longrope->rope_scaling;
+  EXPECT_EQ(r.type, "longrope");
+  EXPECT_EQ(r.original_max_position_embeddings, 1024u);
+  EXPECT_DOUBLE_EQ(r.factor, 4.0);  // Context 4096 over 1024, as the converter derives it.
+  ASSERT_TRUE(r.attention_factor.has_value());
+  EXPECT_NEAR(*r.attention_factor, std::sqrt(1 + std::log(4.0) / std::log(1024.0)), 1e-12);
+  ASSERT_EQ(r.long_factor.size(), 6u);
+  EXPECT_EQ(r.long_factor[5], 3.5);
+  EXPECT_FLOAT_EQ(static_cast<float>(r.short_factor[1]), 1 / 1.5f);
+  auto stated = phi3(4, 2);  // The file's attention factor wins.
+  ASSERT_TRUE(stated.ok()) << stated.status();
+  EXPECT_DOUBLE_EQ(*stated->rope_scaling.attention_factor, 1.25);
+  auto short_set = phi3(16, 6);  // 8 pairs rotate: 6 factors are too few.
+  EXPECT_EQ(short_set.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(short_set.status().message(), HasSubstr("per rotary pair (8"));
+}
+
+// A config.json with longrope (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini): the factors, the
+// top-level original_max_position_embeddings over the scaling object's, the stretch from the
+// contexts unless stated, the attention factor derived unless stated; "su" read as longrope;
+// factors of the wrong count or sign refused, naming the fields.
+TEST(ModelConfigTest, Longrope) {
+  auto parse = [](const std::string& rope, const std::string& top = "") {
+    return parseConfigJson(
+        R"({"model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "intermediate_size": 176, "vocab_size": 100,
+            "max_position_embeddings": 131072, "partial_rotary_factor": 0.75, )" +
+            top + R"("rope_scaling": )" + rope + "}",
+        "config.json");
+  };
+  const std::string factors =
+      R"("short_factor": [1, 1.5, 2, 2.5, 3, 3.5], "long_factor": [4, 5, 6, 7, 8, 9])";
+  auto c = parse(R"({"type": "longrope", )" + factors + "}",
+                 R"("original_max_position_embeddings": 4096, )");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const RopeScaling& r = c->rope_scaling;
+  EXPECT_EQ(r.type, "longrope");
+  EXPECT_EQ(c->rotary_dim, 12u);
+  EXPECT_EQ(r.original_max_position_embeddings, 4096u);
+  EXPECT_DOUBLE_EQ(r.factor, 32.0);
+  EXPECT_NEAR(*r.attention_factor, std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12);
+  EXPECT_EQ(r.short_factor, (std::vector<double>{1, 1.5, 2, 2.5, 3, 3.5}));
+  EXPECT_EQ(r.long_factor.back(), 9);
+  auto inner = parse(R"({"rope_type": "su", "original_max_position_embeddings": 8192, "factor": 2,
+                         "attention_factor": 1.5, )" +
+                     factors + "}");
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  EXPECT_EQ(inner->rope_scaling.type, "longrope");
+  EXPECT_EQ(inner->rope_scaling.original_max_position_embeddings, 8192u);
+  EXPECT_DOUBLE_EQ(inner->rope_scaling.factor, 2.0);
+  EXPECT_DOUBLE_EQ(*inner->rope_scaling.attention_factor, 1.5);
+  auto few = parse(R"({"type": "longrope", "short_factor": [1, 2], "long_factor": [1, 2]})");
+  EXPECT_EQ(few.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(few.status().message(), HasSubstr("rope_scaling.short_factor"));
+  auto negative = parse(R"({"type": "longrope", "short_factor": [1, 1, 1, 1, 1, -1],
+                            "long_factor": [1, 1, 1, 1, 1, 1]})");
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
+  auto text = parse(R"({"type": "longrope", "short_factor": "1", "long_factor": []})");
+  EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(text.status().message(), HasSubstr("rope_scaling.short_factor must be an array"));
 }
 
 // llama.cpp's GLM-4.5 files: block_count counts the multi-token-prediction layer, the rotary

@@ -153,6 +153,35 @@ TEST(RopeTest, Llama3ScalingKeepsHighAndSlowsLowFrequencies) {
   EXPECT_FALSE(ropeSupported({.type = "dynamic"}).ok());
 }
 
+// longrope: each pair's frequency over its long factor when the context served is longer
+// than the original, else over its short one, at every position; cos and sin times the
+// attention factor either way.
+TEST(RopeTest, LongropeChoosesItsFactorsByTheServedContext) {
+  model::ModelConfig c = ropeConfig(8);
+  c.rope_scaling = {.type = "longrope",
+                    .original_max_position_embeddings = 4096,
+                    .attention_factor = 1.25,
+                    .short_factor = {1, 2, 3, 4},
+                    .long_factor = {5, 6, 7, 8}};
+  c.max_position_embeddings = 4096;
+  const Rope short_rope(c, RopePairing::kHalves);
+  c.max_position_embeddings = 4097;
+  const Rope long_rope(c, RopePairing::kHalves);
+  for (int i = 0; i < 4; ++i) {
+    const double plain = std::pow(10000.0, -2.0 * i / 8);
+    EXPECT_FLOAT_EQ(short_rope.inverseFrequencies()[i], static_cast<float>(plain / (1 + i))) << i;
+    EXPECT_FLOAT_EQ(long_rope.inverseFrequencies()[i], static_cast<float>(plain / (5 + i))) << i;
+  }
+  EXPECT_EQ(short_rope.attentionFactor(), 1.25);
+  EXPECT_EQ(long_rope.attentionFactor(), 1.25);
+  std::vector<float> x = {1, 0, 0, 0, 0, 0, 0, 0};
+  const int32_t position = 3;
+  long_rope.apply(x.data(), 8, 1, 1, &position);
+  EXPECT_NEAR(x[0], 1.25 * std::cos(3.0 / 5), 1e-6);
+  EXPECT_NEAR(x[4], 1.25 * std::sin(3.0 / 5), 1e-6);
+  EXPECT_TRUE(ropeSupported({.type = "longrope"}).ok());
+}
+
 // Tokens at positions [start, start + tokens) of a sequence whose blocks are `blocks`; it has
 // written positions [0, start + tokens) (a cached prefix, then these).
 struct Chunk {

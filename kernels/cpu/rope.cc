@@ -7,7 +7,7 @@ namespace cleave::cpu {
 
 absl::Status ropeSupported(const model::RopeScaling& scaling) {
   if (scaling.type == "none" || scaling.type == "linear" || scaling.type == "llama3" ||
-      scaling.type == "yarn") {
+      scaling.type == "yarn" || scaling.type == "longrope") {
     return absl::OkStatus();
   }
   return absl::UnimplementedError("rope scaling \"" + scaling.type + "\" is not implemented yet");
@@ -22,9 +22,16 @@ Rope::Rope(const model::ModelConfig& config, RopePairing pairing)
     : head_dim_(rotaryDim(config)), pairing_(pairing), inv_freq_(rotaryDim(config) / 2) {
   const double base = config.rope_theta;
   const model::RopeScaling& s = config.rope_scaling;
+  // longrope: one set of factors for every position, chosen by the context served.
+  const std::vector<double>& longrope =
+      config.max_position_embeddings > s.original_max_position_embeddings ? s.long_factor
+                                                                          : s.short_factor;
   for (int64_t i = 0; i < head_dim_ / 2; ++i) {
     double inv = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(head_dim_));
-    if (s.type == "linear") {
+    if (s.type == "longrope") {
+      inv /= longrope[i];
+      attention_factor_ = s.attention_factor.value_or(1.0);
+    } else if (s.type == "linear") {
       inv /= s.factor;
     } else if (s.type == "llama3") {
       // Long wavelengths are slowed by `factor`, short ones kept, the band between blended.

@@ -2,8 +2,9 @@
 //
 // For head dimension D and pair index i < D/2, the angle at position p is
 // p * theta_i with theta_i = base^(-2i/D), adjusted by the model's rope scaling ("linear",
-// the "llama3" frequency bands, or "yarn" with its attention factor on cos and sin;
-// ropeSupported() says which). Two pairings exist:
+// the "llama3" frequency bands, "yarn" with its attention factor on cos and sin, or
+// "longrope"'s factor per pair — its long or short set, by the context the model is served
+// with — and attention factor; ropeSupported() says which). Two pairings exist:
 //   kHalves   (x[i], x[i + D/2])  — Hugging Face checkpoints ("rotate_half")
 //   kAdjacent (x[2i], x[2i + 1])  — GGUF llama-family files, whose Q/K weights are
 //                                   permuted at conversion to match

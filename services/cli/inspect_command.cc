@@ -51,6 +51,15 @@ void printConfig(const model::ModelConfig& c) {
               c.vocab_size, c.max_position_embeddings, c.rms_norm_eps, c.rope_theta,
               c.rope_scaling.type.c_str());
   if (c.rope_scaling.type != "none") std::printf(" (factor %g)", c.rope_scaling.factor);
+  if (c.rope_scaling.type == "longrope") {
+    // Which set runs depends on the context served (--max-model-len), as vLLM chooses it.
+    std::printf(
+        "\n  longrope: original context %u, attention factor %g; the long factors for "
+        "a served context above %u, else the short ones",
+        c.rope_scaling.original_max_position_embeddings,
+        c.rope_scaling.attention_factor.value_or(1.0),
+        c.rope_scaling.original_max_position_embeddings);
+  }
   std::printf("\n  tie_word_embeddings %s, attention_bias %s, qk_norm %s\n",
               c.tie_word_embeddings ? "yes" : "no", c.attention_bias ? "yes" : "no",
               c.qk_norm ? "yes" : "no");

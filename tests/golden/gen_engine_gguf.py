@@ -24,6 +24,8 @@ gate_up_proj (gate rows first) as ffn_up, rotate-half rope (no permutation), the
 phi3.attention.sliding_window. llama.cpp turns Phi-3's window off, so it is checked against
 transformers only at positions before the window's end (where the window changes nothing);
 Cleave applies the window, as transformers does, and the engine test compares every position.
+phi3_longrope_f32.gguf adds longrope as the converter writes it (rope_factors_long and
+rope_factors_short tensors, rope.scaling.attn_factor) and a partial rotary dimension count.
 The engine test (HfLogitsTest, "NAME.gguf") loads these files against the same transformers logits.
 
 qwen3_nvfp4.gguf is qwen3_f32 with its decoder's linear weights whose rows are whole 64-element
@@ -38,6 +40,7 @@ Run: .cache/oracle-venv/bin/python tests/golden/gen_engine_gguf.py
 """
 import base64
 import json
+import math
 import os
 
 import gguf
@@ -182,8 +185,16 @@ def write_phi3(case):
     qkv_proj and gate_up_proj under llama.cpp's names, Hugging Face's row order kept."""
     cfg, t, w = open_writer(case, "phi3")
     heads = cfg["num_attention_heads"]
-    w.add_rope_dimension_count(cfg["hidden_size"] // heads)
-    w.add_rope_scaling_orig_ctx_len(cfg["original_max_position_embeddings"])
+    rope = cfg["rope_parameters"]
+    w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * cfg["hidden_size"]) // heads)
+    original = cfg["original_max_position_embeddings"]
+    w.add_rope_scaling_orig_ctx_len(original)
+    if rope.get("rope_type") == "longrope":
+        # the attention factor from the contexts' ratio, the factors as tensors
+        scale = cfg["max_position_embeddings"] / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
     w.add_vocab_size(cfg["vocab_size"])
@@ -539,6 +550,9 @@ if __name__ == "__main__":
     # Phi-3: llama.cpp ignores its window (7 positions here), so only the first 7 positions.
     phi3 = json.load(open(os.path.join(HF, "phi3_f32", "config.json")))
     check_with_llamacpp("phi3_f32", write_phi3("phi3_f32"), 1e-4, positions=phi3["sliding_window"])
+    # longrope with rotary embedding on 0.75 of each head (Phi-4-mini's shape): llama.cpp's context
+    # (256) is past the original (4), so it takes the long factors, as transformers does here
+    check_with_llamacpp("phi3_longrope_f32", write_phi3("phi3_longrope_f32"), 1e-4)
     check_with_llamacpp("glm4_moe_f32", write_glm4moe("glm4_moe_f32"), 1e-4)
     check_with_llamacpp("deepseek_v3_wide_latent_f32", write_deepseek2("deepseek_v3_wide_latent_f32"), 1e-4)
     # Gemma 3: llama.cpp's CPU GELU reads a table of fp16 inputs (1.5e-3 when written; a layout

@@ -121,6 +121,26 @@ CASES: dict[str, tuple] = {
         vocab_size=617, max_position_embeddings=256, original_max_position_embeddings=256, rms_norm_eps=1e-5,
         rope_theta=10000.0, sliding_window=7, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
         pad_token_id=0), 112, torch.float32),
+    # longrope as Phi-4-mini has it (rotary embedding on 0.75 of each head), its context 8x the
+    # pretraining one, so the long factors and the derived attention factor apply (every prompt is
+    # longer than the original context, so transformers takes the long ones for every position)
+    "phi3_longrope_f32": (Phi3Config, dict(
+        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=619, max_position_embeddings=32, original_max_position_embeddings=4, rms_norm_eps=1e-5,
+        rope_theta=10000.0, partial_rotary_factor=0.75, sliding_window=None, tie_word_embeddings=True,
+        rope_scaling={"type": "longrope", "short_factor": [1.0, 1.02, 1.1, 1.3, 1.7, 2.4],
+                      "long_factor": [1.0, 1.4, 2.3, 3.9, 6.2, 9.5]},
+        bos_token_id=1, eos_token_id=2, pad_token_id=0), 113, torch.float32),
+    # the short factors: a context no longer than the pretraining one, the attention factor from
+    # a stated stretch
+    "phi3_longrope_short_f32": (Phi3Config, dict(
+        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=621, max_position_embeddings=256, original_max_position_embeddings=256, rms_norm_eps=1e-5,
+        rope_theta=10000.0, sliding_window=None, tie_word_embeddings=False,
+        rope_scaling={"type": "longrope", "factor": 16.0,
+                      "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                      "long_factor": [2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0]},
+        bos_token_id=1, eos_token_id=2, pad_token_id=0), 114, torch.float32),
     "qwen2_f32": (Qwen2Config, dict(
         hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=701, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=1000000.0,

@@ -121,7 +121,7 @@ class BinariesCliTest(unittest.TestCase):
         self.assertIn("/nonexistent.gguf", err)
 
     def test_inspect_shows_what_sets_a_family_apart(self):
-        """Gemma 3's windows, rotary bases and norms; GLM-4.5's partial rotary; int4 weights."""
+        """Gemma 3's windows, rotary bases and norms; GLM-4.5's partial rotary; int4 weights; longrope."""
         golden = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine")
         code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "gemma3_f32")])
         self.assertEqual(code, 0, err)
@@ -134,6 +134,10 @@ class BinariesCliTest(unittest.TestCase):
         code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "qwen3_moe_int4_ct")])
         self.assertEqual(code, 0, err)
         self.assertIn("quantization int4 groups of 32 (compressed-tensors)", out)
+        code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "gguf", "phi3_longrope_f32.gguf")])
+        self.assertEqual(code, 0, err)
+        self.assertIn("rope_scaling longrope (factor 8)", out)
+        self.assertIn("longrope: original context 4, attention factor 1.58", out)
 
     def test_tokenize_detokenize_and_generate_on_the_real_model(self):
         model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
