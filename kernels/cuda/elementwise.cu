@@ -43,13 +43,12 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) rmsNormKernel(const RmsNor
   }
   const float inverse = rsqrtf(warpSum(squares) / static_cast<float>(a.cols) + a.eps);
   __syncwarp();
-  const bf162* weight = reinterpret_cast<const bf162*>(a.weight);
+  const float2* weight = reinterpret_cast<const float2*>(a.weight);
   bf162* out = reinterpret_cast<bf162*>(a.out + outer * a.out_stride + inner);
   for (int64_t i = lane; i < pairs; i += 32) {
     const bf162 v = source[i];
-    const bf162 w = weight[i];
-    out[i] = __floats2bfloat162_rn(__low2float(v) * inverse * __low2float(w),
-                                   __high2float(v) * inverse * __high2float(w));
+    const float2 w = weight[i];
+    out[i] = __floats2bfloat162_rn(__low2float(v) * inverse * w.x, __high2float(v) * inverse * w.y);
   }
 }
 
@@ -153,7 +152,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
-__global__ void fillUniformKernel(bf16* data, int64_t count, float low, float high, uint64_t seed) {
+template <typename T>
+__global__ void fillUniformKernel(T* data, int64_t count, float low, float high, uint64_t seed) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(i + 1);  // splitmix64
@@ -161,18 +161,33 @@ __global__ void fillUniformKernel(bf16* data, int64_t count, float low, float hi
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     z ^= z >> 31;
     const float unit = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-    data[i] = __float2bfloat16(low + (high - low) * unit);
+    data[i] = static_cast<T>(low + (high - low) * unit);
   }
+}
+
+}  // namespace
+
+namespace {
+
+template <typename T>
+absl::Status fillUniformOf(T* data, int64_t count, float low, float high, uint64_t seed,
+                           cudaStream_t stream) {
+  if (count == 0) return absl::OkStatus();
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 65535));
+  fillUniformKernel<<<blocks, 256, 0, stream>>>(data, count, low, high, seed);
+  return launchStatus("fill_uniform");
 }
 
 }  // namespace
 
 absl::Status fillUniform(__nv_bfloat16* data, int64_t count, float low, float high, uint64_t seed,
                          cudaStream_t stream) {
-  if (count == 0) return absl::OkStatus();
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((count + 255) / 256, 65535));
-  fillUniformKernel<<<blocks, 256, 0, stream>>>(data, count, low, high, seed);
-  return launchStatus("fill_uniform");
+  return fillUniformOf(data, count, low, high, seed, stream);
+}
+
+absl::Status fillUniform(float* data, int64_t count, float low, float high, uint64_t seed,
+                         cudaStream_t stream) {
+  return fillUniformOf(data, count, low, high, seed, stream);
 }
 
 absl::Status rmsNorm(const RmsNormArgs& args, cudaStream_t stream) {

@@ -21,7 +21,8 @@ struct RmsNormArgs {
   // (the pre-norm residual stream of a transformer block).
   __nv_bfloat16* residual = nullptr;
   int64_t residual_stride = 0;
-  const __nv_bfloat16* weight = nullptr;  // [cols]
+  // [cols], f32: Gemma's 1 + w (and GGUF files' f32 norms) would lose bits as bf16.
+  const float* weight = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;  // even
   float eps = 1e-6f;
@@ -74,9 +75,11 @@ absl::Status argmax(const float* logits, int64_t stride, int64_t rows, int64_t v
 absl::Status joinColumnSlices(const float* slices, std::span<const int64_t> widths,
                               int64_t slice_rows, int64_t rows, float* out, cudaStream_t stream);
 
-// data[i] = uniform in [low, high) from a hash of (seed, i), rounded to bf16: random
-// weights for benchmarks without host traffic.
+// data[i] = uniform in [low, high) from a hash of (seed, i), rounded to bf16 (or f32):
+// random weights for benchmarks without host traffic.
 absl::Status fillUniform(__nv_bfloat16* data, int64_t count, float low, float high, uint64_t seed,
+                         cudaStream_t stream);
+absl::Status fillUniform(float* data, int64_t count, float low, float high, uint64_t seed,
                          cudaStream_t stream);
 
 }  // namespace cleave::cuda

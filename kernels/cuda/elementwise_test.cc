@@ -38,7 +38,9 @@ TEST(RmsNormTest, MatchesCpuBackend) {
       const int64_t rows = 37;
       std::vector<bf16> x = testing::randomBf16(rows * cols, rng, 3.0f);
       std::vector<bf16> residual = testing::randomBf16(rows * cols, rng, 3.0f);
-      std::vector<bf16> weight = testing::randomBf16(cols, rng, 2.0f);
+      // f32 weights with bits below bf16's: Gemma's 1 + w must not be rounded.
+      std::vector<float> weight = testing::toFloat(testing::randomBf16(cols, rng, 2.0f));
+      for (float& v : weight) v = 1.0f + v * 0.37f;
       std::vector<float> input = testing::toFloat(x);
       if (with_residual) {
         std::vector<float> r = testing::toFloat(residual);
@@ -46,10 +48,10 @@ TEST(RmsNormTest, MatchesCpuBackend) {
         input = roundedToBf16(input);
       }
       std::vector<float> want(rows * cols);
-      std::vector<float> w = testing::toFloat(weight);
-      cpu::rmsNorm(input.data(), cols, w.data(), rows, cols, 1e-5f, want.data(), cols);
+      cpu::rmsNorm(input.data(), cols, weight.data(), rows, cols, 1e-5f, want.data(), cols);
 
-      DeviceBuffer<bf16> dx(x), dres(residual), dw(weight), dout(x.size());
+      DeviceBuffer<bf16> dx(x), dres(residual), dout(x.size());
+      DeviceBuffer<float> dw(weight);
       absl::Status s = rmsNorm({.x = dx.get(),
                                 .x_stride = cols,
                                 .residual = with_residual ? dres.get() : nullptr,

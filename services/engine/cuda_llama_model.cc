@@ -44,26 +44,28 @@ struct LayerTraits {
 
 // A layer's matrices (cuda_weights.h): bf16 for cuBLASLt, or NVFP4 / FP8 128x128 as the
 // checkpoint stores them, for the skinny GEMM.
+// Norm weights are f32 (cuda::RmsNormArgs), but for kv_a_norm, which the latent cache's
+// fused norm reads as bf16.
 struct DeviceLayer {
-  bf16* attn_norm = nullptr;
+  float* attn_norm = nullptr;
   cuda::ExpertWeights wqkv;  // [q_dim + 2 kv_dim][hidden]: wq, wk, wv rows
   bf16* bqkv = nullptr;      // [q_dim + 2 kv_dim], when the model has biases
-  bf16* q_norm = nullptr;
-  bf16* k_norm = nullptr;
+  float* q_norm = nullptr;
+  float* k_norm = nullptr;
   float* sinks = nullptr;                // [heads], when the model has attention sinks
   cuda::ExpertWeights wo;                // [hidden][q_dim]
   bf16* bo = nullptr;                    // [hidden], when this rank adds the O bias
   float k_scale = 1.0f, v_scale = 1.0f;  // An e4m3 cache's (LlamaLayer).
-  bf16* ffn_norm = nullptr;
+  float* ffn_norm = nullptr;
   // Gemma 3: norms of the attention's and the MLP's outputs, before the residual adds.
-  bf16* post_attn_norm = nullptr;
-  bf16* post_ffn_norm = nullptr;
+  float* post_attn_norm = nullptr;
+  float* post_ffn_norm = nullptr;
   cuda::ExpertWeights wgu;    // [2 ffn][hidden]: gate rows, then up rows
   cuda::ExpertWeights wdown;  // [hidden][ffn]
   // Multi-head latent attention (mla_attention.h), bf16, instead of wqkv; wo is then
   // [hidden][heads * v_head_dim].
   cuda::ExpertWeights q_a;       // [q_lora][hidden], when Q is low-rank
-  bf16* q_a_norm = nullptr;      // [q_lora]
+  float* q_a_norm = nullptr;     // [q_lora]
   cuda::ExpertWeights q_b;       // [heads * (nope + rope)][q_lora or hidden]
   cuda::ExpertWeights kv_a;      // [kv_lora + rope][hidden]
   bf16* kv_a_norm = nullptr;     // [kv_lora]
@@ -131,7 +133,7 @@ struct CudaLlamaModel::State {
   std::vector<CudaMoeWeights> moe_layer;
   CudaMoeWorkspace moe_ws;
   bf16* embed = nullptr;  // [vocab_rows][hidden]
-  bf16* output_norm = nullptr;
+  float* output_norm = nullptr;
   bf16* output = nullptr;  // [vocab_rows][hidden]; embed when tied
   float* inv_freq = nullptr;
   float rope_factor = 1.0f;  // YaRN's attention factor on cos and sin
@@ -270,13 +272,13 @@ struct CudaLlamaModel::State {
     moe_layer.assign(layers, {});
     for (int64_t l = 0; l < layers; ++l) {
       DeviceLayer& d = layer[l];
-      d.attn_norm = arena.take<bf16>(hidden);
+      d.attn_norm = arena.take<float>(hidden);
       const LayerFormats& f = formats[l];
       if (mla) {
         const auto bf16_format = cuda::ExpertWeightFormat::kBf16;
         if (q_low > 0) {
           d.q_a = placeWeights(arena, bf16_format, 1, q_low, hidden);
-          d.q_a_norm = arena.take<bf16>(q_low);
+          d.q_a_norm = arena.take<float>(q_low);
         }
         d.q_b = placeWeights(arena, bf16_format, 1, q_dim, q_low > 0 ? q_low : hidden);
         d.kv_a = placeWeights(arena, bf16_format, 1, latent_row, hidden);
@@ -288,17 +290,17 @@ struct CudaLlamaModel::State {
         d.wqkv = placeWeights(arena, f.qkv, 1, qkv_dim, hidden);
         if (traits.qkv_bias) d.bqkv = arena.take<bf16>(qkv_dim);
         if (traits.qk_norm) {
-          d.q_norm = arena.take<bf16>(head_dim);
-          d.k_norm = arena.take<bf16>(head_dim);
+          d.q_norm = arena.take<float>(head_dim);
+          d.k_norm = arena.take<float>(head_dim);
         }
         if (traits.sinks) d.sinks = arena.take<float>(heads);
         d.wo = placeWeights(arena, f.o, 1, hidden, q_dim);
         if (traits.o_bias) d.bo = arena.take<bf16>(hidden);
       }
-      d.ffn_norm = arena.take<bf16>(hidden);
+      d.ffn_norm = arena.take<float>(hidden);
       if (config.sandwich_norms) {
-        d.post_attn_norm = arena.take<bf16>(hidden);
-        d.post_ffn_norm = arena.take<bf16>(hidden);
+        d.post_attn_norm = arena.take<float>(hidden);
+        d.post_ffn_norm = arena.take<float>(hidden);
       }
       if (is_moe[l]) {
         moe_layer[l] = placeMoeWeights(arena, *moe);
@@ -308,7 +310,7 @@ struct CudaLlamaModel::State {
       d.wdown = placeWeights(arena, f.down, 1, hidden, ffn);
     }
     embed = arena.take<bf16>(vocab_rows * hidden);
-    output_norm = arena.take<bf16>(hidden);
+    output_norm = arena.take<float>(hidden);
     output = traits.tied ? embed : arena.take<bf16>(vocab_rows * hidden);
     inv_freq = arena.take<float>(cpu::rotaryDim(config) / 2);
     if (config.sliding_rope_theta > 0)
@@ -599,7 +601,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
 absl::Status uploadMla(const MlaWeights& src, const CudaLlamaModel::State& s, DeviceLayer& dst) {
   if (s.q_low > 0) {
     CLEAVE_RETURN_IF_ERROR(uploadRows(src.q_a, dst.q_a, 0, 0, "q_a_proj"));
-    CLEAVE_RETURN_IF_ERROR(uploadBf16(src.q_a_norm, dst.q_a_norm, "q_a_layernorm"));
+    CLEAVE_RETURN_IF_ERROR(uploadF32(src.q_a_norm, dst.q_a_norm, "q_a_layernorm"));
   }
   CLEAVE_RETURN_IF_ERROR(uploadRows(src.q_b, dst.q_b, 0, 0, "q_b_proj"));
   CLEAVE_RETURN_IF_ERROR(uploadRows(src.kv_a, dst.kv_a, 0, 0, "kv_a_proj_with_mqa"));
@@ -704,7 +706,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     if (src.moe.has_value() != s.is_moe[l])
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, "'s MLP does not match the config (dense or MoE)"));
-    CLEAVE_RETURN_IF_ERROR(uploadBf16(src.attn_norm, dst.attn_norm, "attn_norm"));
+    CLEAVE_RETURN_IF_ERROR(uploadF32(src.attn_norm, dst.attn_norm, "attn_norm"));
     if (src.mla.has_value() != s.mla)
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, "'s attention does not match the config (MLA or not)"));
@@ -722,8 +724,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
       CLEAVE_RETURN_IF_ERROR(uploadBf16(bias, dst.bqkv, "qkv bias"));
     }
     if (s.traits.qk_norm) {
-      CLEAVE_RETURN_IF_ERROR(uploadBf16(src.q_norm, dst.q_norm, "q_norm"));
-      CLEAVE_RETURN_IF_ERROR(uploadBf16(src.k_norm, dst.k_norm, "k_norm"));
+      CLEAVE_RETURN_IF_ERROR(uploadF32(src.q_norm, dst.q_norm, "q_norm"));
+      CLEAVE_RETURN_IF_ERROR(uploadF32(src.k_norm, dst.k_norm, "k_norm"));
     }
     CLEAVE_RETURN_IF_ERROR(uploadRows(src.wo, dst.wo, 0, 0, "wo"));
     if (static_cast<int64_t>(src.bo.size()) != (s.traits.o_bias ? s.hidden : 0) ||
@@ -735,10 +737,10 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     if (s.traits.sinks)
       CLEAVE_RETURN_IF_ERROR(
           uploadBytes(dst.sinks, src.sinks.data(), src.sinks.size() * 4, "attention sinks"));
-    CLEAVE_RETURN_IF_ERROR(uploadBf16(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
+    CLEAVE_RETURN_IF_ERROR(uploadF32(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
     if (dst.post_attn_norm != nullptr) {
-      CLEAVE_RETURN_IF_ERROR(uploadBf16(src.post_attn_norm, dst.post_attn_norm, "post_attn_norm"));
-      CLEAVE_RETURN_IF_ERROR(uploadBf16(src.post_ffn_norm, dst.post_ffn_norm, "post_ffn_norm"));
+      CLEAVE_RETURN_IF_ERROR(uploadF32(src.post_attn_norm, dst.post_attn_norm, "post_attn_norm"));
+      CLEAVE_RETURN_IF_ERROR(uploadF32(src.post_ffn_norm, dst.post_ffn_norm, "post_ffn_norm"));
     }
     if (src.moe) {
       CLEAVE_RETURN_IF_ERROR(uploadMoe(*src.moe, *s.moe, s.moe_layer[l]));
@@ -754,7 +756,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     CLEAVE_RETURN_IF_ERROR(model::dequantize(e.type, e.data, e.rows * e.cols, table.data()));
     CLEAVE_RETURN_IF_ERROR(uploadBf16(table, s.embed, "token embeddings"));
   }
-  CLEAVE_RETURN_IF_ERROR(uploadBf16(w.output_norm, s.output_norm, "output_norm"));
+  CLEAVE_RETURN_IF_ERROR(uploadF32(w.output_norm, s.output_norm, "output_norm"));
   if (!s.traits.tied) CLEAVE_RETURN_IF_ERROR(uploadDequantized(w.output, s.output, "output"));
   CLEAVE_RETURN_IF_ERROR(uploadRope(w.config, w.rope_pairing, s.inv_freq, s.rope_factor));
   CLEAVE_RETURN_IF_ERROR(uploadSlidingRope(w.config, w.rope_pairing, s.sliding_inv_freq));
@@ -776,7 +778,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
                           prepare(config, whole, options, traits, nullptr, {}));
   State& s = *state;
   uint64_t stream_id = seed;
-  auto fill = [&](bf16* p, int64_t count, float low, float high) {
+  auto fill = [&](auto* p, int64_t count, float low, float high) {
     return cuda::fillUniform(p, count, low, high, stream_id++ * 0x100000001b3ull, s.stream);
   };
   const float in_scale = 1.0f / std::sqrt(static_cast<float>(s.hidden));
@@ -963,7 +965,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
   };
   // Gemma 3's norm of a block's output (o, summed over the ranks) before the residual add;
   // nothing without one.
-  auto postNorm = [&](const bf16* weight) -> absl::Status {
+  auto postNorm = [&](const float* weight) -> absl::Status {
     if (weight == nullptr) return absl::OkStatus();
     return cuda::rmsNorm({.x = o,
                           .x_stride = hidden,
@@ -1221,7 +1223,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
     }
     CLEAVE_RETURN_IF_ERROR(reduce(o, n));
     CLEAVE_RETURN_IF_ERROR(postNorm(d.post_ffn_norm));
-    const bf16* next_norm = l + 1 < layers ? layer[l + 1].attn_norm : output_norm;
+    const float* next_norm = l + 1 < layers ? layer[l + 1].attn_norm : output_norm;
     CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = o,
                                           .x_stride = hidden,
                                           .residual = x,
@@ -1384,12 +1386,17 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
     std::fill(table + used, table + s.max_blocks_per_seq, scratch);
   }
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaSetDevice(s.options.device), "selecting the GPU"));
-  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
-      cudaMemcpyAsync(s.meta, m, s.metaCount() * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
-      "copying step metadata"));
   s.step_logit_rows = logit_rows;
   s.hidden_copied = false;
-  CLEAVE_RETURN_IF_ERROR(s.run(tokens, rows, logit_rows, decode));
+  absl::Status ran = cuda::cudaStatus(
+      cudaMemcpyAsync(s.meta, m, s.metaCount() * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
+      "copying step metadata");
+  if (ran.ok()) ran = s.run(tokens, rows, logit_rows, decode);
+  if (!ran.ok()) {
+    // Nothing may still read the pinned metadata the next step writes.
+    cudaStreamSynchronize(s.stream);
+    return ran;
+  }
   if (s.comm != nullptr && s.shard_rank != 0) {  // Rank 0 returns the group's results.
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaStreamSynchronize(s.stream), "running a step"));
     return StepOutput{};

@@ -180,6 +180,10 @@ absl::Status uploadBf16(const std::vector<float>& v, bf16* dst, const char* what
   return uploadBytes(dst, staged.data(), staged.size() * sizeof(bf16), what);
 }
 
+absl::Status uploadF32(const std::vector<float>& v, float* dst, const char* what) {
+  return uploadBytes(dst, v.data(), v.size() * sizeof(float), what);
+}
+
 absl::Status uploadDequantized(const cpu::CpuMatrix& m, bf16* dst, const char* what) {
   std::vector<float> values(static_cast<size_t>(m.rows() * m.cols()));
   CLEAVE_RETURN_IF_ERROR(cpu::dequantizeRows(m.source(), 0, m.rows(), values.data()));

@@ -48,5 +48,7 @@ absl::Status uploadBytes(void* dst, const void* src, size_t bytes, const char* w
 // Host floats, or any stored matrix dequantized, as bf16 at `dst`.
 absl::Status uploadBf16(const std::vector<float>& values, __nv_bfloat16* dst, const char* what);
 absl::Status uploadDequantized(const cpu::CpuMatrix& m, __nv_bfloat16* dst, const char* what);
+// Host floats kept f32 at `dst` (norm weights).
+absl::Status uploadF32(const std::vector<float>& values, float* dst, const char* what);
 
 }  // namespace cleave::engine
