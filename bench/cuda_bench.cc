@@ -746,8 +746,7 @@ void moeDecodeStep(const char* name, const model::ModelConfig& c, double copy_gb
   for (uint32_t l = 0; l < c.num_layers; ++l) moe_layers += c.isMoeLayer(l) ? 1 : 0;
   const double experts_per_layer =
       expectedTouched(batch, c.moe->experts_per_token, c.moe->num_experts);
-  const double routed =
-      static_cast<double>(moe_layers) * shape->experts() * engine::moeExpertBytes(*shape);
+  const double routed = static_cast<double>((*model)->routedExpertBytes());
   const double touched = moe_layers * experts_per_layer * engine::moeExpertBytes(*shape);
   // Each sequence's KV positions a layer reads: its context, or its window on a sliding layer.
   const model::KvCacheShape kv_shape = model::kvCacheShape(c);

@@ -121,7 +121,8 @@ struct CudaLlamaModel::State {
   int64_t kv_blocks = 0;  // usable; block kv_blocks is the padding rows' scratch block
   LayerTraits traits;
   CudaMemoryPlan plan;
-  int64_t weight_bytes = 0;
+  int64_t weight_bytes = 0;         // weightBytes()
+  int64_t routed_expert_bytes = 0;  // routedExpertBytes()
   uint8_t* base = nullptr;
 
   std::vector<DeviceLayer> layer;
@@ -593,7 +594,14 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
       cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "creating a stream"));
   CLEAVE_ASSIGN_OR_RETURN(s.gemm, cuda::Gemm::create());
-  s.weight_bytes = s.plan.weights;
+  // What a decode step reads (as the CPU model counts it): every weight but the untied
+  // embedding table, of which it gathers rows; the routed experts apart, since a batch reads
+  // only those its tokens pick.
+  s.weight_bytes = s.plan.weights - (s.traits.tied ? 0 : s.vocab_rows * s.hidden * 2);
+  if (s.moe) {
+    const int64_t moe_layers = std::count(s.is_moe.begin(), s.is_moe.end(), true);
+    s.routed_expert_bytes = moe_layers * s.moe->experts() * moeExpertBytes(*s.moe);
+  }
   return state;
 }
 
@@ -918,6 +926,8 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
 int64_t CudaLlamaModel::kvBlocks() const { return state_->kv_blocks; }
 const CudaMemoryPlan& CudaLlamaModel::memoryPlan() const { return state_->plan; }
 int64_t CudaLlamaModel::weightBytes() const { return state_->weight_bytes; }
+
+int64_t CudaLlamaModel::routedExpertBytes() const { return state_->routed_expert_bytes; }
 
 // Every kernel of one step over the metadata already in `meta`: `n` token rows of
 // `sequences` sequences.

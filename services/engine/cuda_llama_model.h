@@ -135,6 +135,7 @@ class CudaLlamaModel : public StepBackend {
   const CudaMemoryPlan& memoryPlan() const;
   // Bytes a decode step at batch B reads for the weights (what its roofline counts).
   int64_t weightBytes() const override;
+  int64_t routedExpertBytes() const override;
 
   struct State;
 

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 #include <vector>
@@ -185,9 +186,18 @@ absl::Status uploadF32(const std::vector<float>& v, float* dst, const char* what
 }
 
 absl::Status uploadDequantized(const cpu::CpuMatrix& m, bf16* dst, const char* what) {
-  std::vector<float> values(static_cast<size_t>(m.rows() * m.cols()));
-  CLEAVE_RETURN_IF_ERROR(cpu::dequantizeRows(m.source(), 0, m.rows(), values.data()));
-  return uploadBf16(values, dst, what);
+  // A run of rows at a time (about 16 M values: 96 MB staged), so a large embedding table
+  // (Gemma 3's 262k x 5376) is never whole on the host as floats.
+  const int64_t cols = m.cols();
+  const int64_t step = std::max<int64_t>(1, (int64_t{1} << 24) / std::max<int64_t>(cols, 1));
+  std::vector<float> values;
+  for (int64_t row = 0; row < m.rows(); row += step) {
+    const int64_t end = std::min(m.rows(), row + step);
+    values.resize(static_cast<size_t>((end - row) * cols));
+    CLEAVE_RETURN_IF_ERROR(cpu::dequantizeRows(m.source(), row, end, values.data()));
+    CLEAVE_RETURN_IF_ERROR(uploadBf16(values, dst + row * cols, what));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status uploadRows(const cpu::CpuMatrix& m, const cuda::ExpertWeights& dst, int64_t index,

@@ -75,8 +75,10 @@ class StepBackend {
   // different lengths.
   virtual absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
                               std::span<const int32_t> rows, KvStorage& host) = 0;
-  // Weight bytes a step reads, as the backend stores them (0: as the CPU model's).
+  // Weight bytes a step reads, as the backend stores them (0: as the CPU model's), of which
+  // routedExpertBytes() are routed experts (a step reads those its tokens pick).
   virtual int64_t weightBytes() const { return 0; }
+  virtual int64_t routedExpertBytes() const { return 0; }
   // Whether a chunk may ask for more than one row of logits (SequenceChunk::logits: drafts to
   // verify, prompt log-probabilities), up to the rows the scheduler's steps can ask for, and
   // lastHidden() has the hidden states behind them.

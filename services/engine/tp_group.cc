@@ -373,7 +373,8 @@ int64_t TpGroup::weightBytes(int rank) const {
 }
 
 int64_t TpGroup::routedExpertBytes(int rank) const {
-  if (!backends_.empty() && backends_[rank]->weightBytes() > 0) return 0;
+  if (!backends_.empty() && backends_[rank]->weightBytes() > 0)
+    return backends_[rank]->routedExpertBytes();
   return ranks_[rank]->cpu_routed_expert_bytes;
 }
 

@@ -141,8 +141,8 @@ class TpGroup {
   // Weight bytes rank `rank` streams per step (as its backend stores them, once made), and
   // its KV bytes per block.
   int64_t weightBytes(int rank) const;
-  // Of weightBytes(rank), the routed experts' (LlamaWeights::routedExpertBytes); 0 where the
-  // backend counts its own weights.
+  // Of weightBytes(rank), the routed experts' (LlamaWeights::routedExpertBytes, or the
+  // backend's as it stores them).
   int64_t routedExpertBytes(int rank) const;
   // Of each kind of product, the largest float share of any rank on the CPU backend
   // (LlamaWeights::floatProducts; the slowest rank's); none with another backend, which
