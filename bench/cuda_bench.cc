@@ -630,7 +630,7 @@ double expectedTouched(int tokens, int k, int experts) {
 void moeLayer(double copy_gbs, cuda::ExpertWeightFormat format, int reps, cuda::Gemm& gemm) {
   const model::ModelConfig c = qwen3MoeShape(1);
   const int batch = 16;
-  auto shape = engine::cudaMoeShape(c, *engine::planShard(c, {}), nullptr, format, batch, batch);
+  auto shape = engine::cudaMoeShape(c, *engine::planShard(c, {}), {}, format, batch, batch);
   check(shape.status(), "moe shape");
   check(cuda::prepareMoeGemm(), "moe gemm");
   engine::Arena count;
@@ -739,7 +739,7 @@ void moeDecodeStep(const char* name, const model::ModelConfig& c, double copy_gb
                                                      .random_expert_format = format},
                                                     9);
   check(model.status(), "random MoE model");
-  auto shape = engine::cudaMoeShape(c, *engine::planShard(c, {}), nullptr, format, batch, batch);
+  auto shape = engine::cudaMoeShape(c, *engine::planShard(c, {}), {}, format, batch, batch);
   check(shape.status(), "moe shape");
   const double ms = medianDecodeStepMs(**model, c.vocab_size, batch, context, steps);
   int moe_layers = 0;

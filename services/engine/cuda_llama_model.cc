@@ -396,12 +396,12 @@ namespace {
 
 // Shapes, plans and the one allocation, before any weight is written; with !allocate, the
 // plan alone (sized, nothing allocated, no communicator needed). Either way the device's
-// memory goes to `memory` when it is not null. `moe_example`: a MoE layer of the weights (their
-// expert format), null for random ones.
+// memory goes to `memory` when it is not null. `moe_blocks`: the weights' MoE layers (their
+// expert format), none for random ones.
 absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     const model::ModelConfig& c, const ShardDims& dims, const CudaModelOptions& options,
-    const LayerTraits& traits, const MoeBlock* moe_example, std::vector<LayerFormats> formats,
-    bool allocate = true, BackendMemory* memory = nullptr) {
+    const LayerTraits& traits, std::span<const MoeBlock* const> moe_blocks,
+    std::vector<LayerFormats> formats, bool allocate = true, BackendMemory* memory = nullptr) {
   // What the kernels do not run, refused before any device is touched.
   if (!c.mla && c.head_dim != 16 && c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128) {
     return absl::UnimplementedError(absl::StrCat(
@@ -490,13 +490,13 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
       s.has_dense = s.has_dense || !s.is_moe[l];
     }
     CLEAVE_ASSIGN_OR_RETURN(s.moe,
-                            cudaMoeShape(c, dims, moe_example, options.random_expert_format,
+                            cudaMoeShape(c, dims, moe_blocks, options.random_expert_format,
                                          s.options.max_step_tokens, s.options.max_sequences));
     s.moe->operands = options.operands;
     // MXFP4 experts (gpt-oss) were trained and are served elsewhere with bf16 activations:
     // auto keeps them W4A16 rather than rounding the activations to FP4 (W4A4 on sm_120a).
-    const bool mxfp4 = moe_example != nullptr && !moe_example->experts.empty() &&
-                       moe_example->experts[0].gate.source().type == model::TensorType::kMXFP4;
+    const bool mxfp4 = !moe_blocks.empty() && !moe_blocks[0]->experts.empty() &&
+                       moe_blocks[0]->experts[0].gate.source().type == model::TensorType::kMXFP4;
     if (mxfp4 && options.operands == cuda::GemmOperands::kAuto)
       s.moe->operands = cuda::GemmOperands::kWidened;
   }
@@ -664,9 +664,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepareFor(const LlamaWei
       .o_bias = any && !w.layers[0].bo.empty(),
       .sinks = any && !w.layers[0].sinks.empty(),
       .tied = w.output.source().data == w.token_embd.data && w.token_embd.type == w.output.type()};
-  const MoeBlock* moe_example = nullptr;
+  std::vector<const MoeBlock*> moe_blocks;
   for (const LlamaLayer& l : w.layers) {
-    if (l.moe && moe_example == nullptr) moe_example = &*l.moe;
+    if (l.moe) moe_blocks.push_back(&*l.moe);
   }
   std::vector<LayerFormats> formats;
   for (const LlamaLayer& l : w.layers) {
@@ -679,7 +679,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepareFor(const LlamaWei
     }
     formats.push_back(f);
   }
-  return prepare(w.config, w.dims, options, traits, moe_example, std::move(formats), allocate,
+  return prepare(w.config, w.dims, options, traits, moe_blocks, std::move(formats), allocate,
                  memory);
 }
 
@@ -783,7 +783,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
                            .sinks = config.attention_sinks,
                            .tied = config.tie_word_embeddings};
   CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state,
-                          prepare(config, whole, options, traits, nullptr, {}));
+                          prepare(config, whole, options, traits, {}, {}));
   State& s = *state;
   uint64_t stream_id = seed;
   auto fill = [&](auto* p, int64_t count, float low, float high) {

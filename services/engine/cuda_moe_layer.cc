@@ -24,8 +24,9 @@ using cuda::ExpertWeightFormat;
 }  // namespace
 
 absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const ShardDims& dims,
-                                          const MoeBlock* example, ExpertWeightFormat format,
-                                          int64_t max_tokens, int64_t max_decode) {
+                                          std::span<const MoeBlock* const> blocks,
+                                          ExpertWeightFormat format, int64_t max_tokens,
+                                          int64_t max_decode) {
   if (!c.moe) return absl::InvalidArgumentError("the model has no mixture-of-experts layers");
   CudaMoeShape s;
   s.routing = *c.moe;
@@ -41,12 +42,21 @@ absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const Sha
     s.activation = {.limit = static_cast<float>(c.moe->swiglu_limit),
                     .alpha = static_cast<float>(c.moe->swiglu_alpha)};
   if (s.local_experts < 1) return absl::InvalidArgumentError("a rank without experts");
-  if (example != nullptr) {
-    if (example->experts.empty()) return absl::InvalidArgumentError("a MoE layer has no experts");
-    const MoeExpert& e = example->experts[0];
-    format = nativeFormat(e.gate);
-    if (nativeFormat(e.up) != format || nativeFormat(e.down) != format)
-      format = ExpertWeightFormat::kBf16;
+  if (!blocks.empty()) {
+    if (blocks[0]->experts.empty()) return absl::InvalidArgumentError("a MoE layer has no experts");
+    const ExpertWeightFormat first = nativeFormat(blocks[0]->experts[0].gate);
+    format = first;
+    for (const MoeBlock* block : blocks) {
+      for (const MoeExpert& e : block->experts) {
+        if (nativeFormat(e.gate) != first || nativeFormat(e.up) != first ||
+            nativeFormat(e.down) != first) {
+          format = ExpertWeightFormat::kBf16;
+        }
+      }
+    }
+    if (format != first) {
+      CLEAVE_LOG(INFO) << "experts stored in more than one format: all widened to bf16 on the GPU";
+    }
   }
   const int64_t align = format == ExpertWeightFormat::kFp8Block128 ? 128
                         : format == ExpertWeightFormat::kNvfp4     ? 32

@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
@@ -58,11 +59,14 @@ struct CudaMoeShape {
 };
 
 // The shape of `config`'s MoE layers on the rank of `dims` for steps of at most
-// `max_tokens` tokens (decode steps: `max_decode` rows), experts stored as `example`'s
-// (null: `format`, for random weights). Errors name what the kernels cannot take.
+// `max_tokens` tokens (decode steps: `max_decode` rows), experts stored in `blocks`' common
+// format — bf16 (widened at upload) where any of their experts' matrices differs, as in a
+// checkpoint that left some layers unquantized — or, with no blocks, in `format` (random
+// weights). Errors name what the kernels cannot take.
 absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& config, const ShardDims& dims,
-                                          const MoeBlock* example, cuda::ExpertWeightFormat format,
-                                          int64_t max_tokens, int64_t max_decode);
+                                          std::span<const MoeBlock* const> blocks,
+                                          cuda::ExpertWeightFormat format, int64_t max_tokens,
+                                          int64_t max_decode);
 
 // Device pieces of one layer's weights.
 struct CudaMoeWeights {
