@@ -12,8 +12,11 @@ namespace cleave::cuda {
 
 // OK for cudaSuccess. Otherwise ResourceExhausted for an allocation failure and Internal
 // for anything else, with `op` and CUDA's own words: "rms_norm launch: invalid argument".
+// The thread's last error is cleared, so a failure the caller tolerates (a P2P link that is
+// not there) is not blamed on the next kernel launch; sticky errors stay.
 inline absl::Status cudaStatus(cudaError_t error, std::string_view op) {
   if (error == cudaSuccess) return absl::OkStatus();
+  (void)cudaGetLastError();
   std::string message = std::string(op) + ": " + cudaGetErrorString(error);
   if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
   return absl::InternalError(message);

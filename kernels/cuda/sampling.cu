@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
     float running = before;
     int chosen = -1;
     for (int i = begin; i < end && chosen < 0; ++i) {
-      if (row[i] < threshold) continue;
+      if (!(row[i] >= threshold)) continue;  // As every other pass: NaN is never kept.
       running += weight(row[i]);
       if (u < running) chosen = i;
     }
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kLogprobThreads)
     cub::KeyValuePair<int, float> best(-1, -FLT_MAX);
     for (int i = threadIdx.x; i < vocab; i += kLogprobThreads) {
       const float v = row[i];
-      if (isnan(v)) continue;
+      if (!(v > -INFINITY)) continue;  // NaN, and masked (-inf) ones: no alternative, as the CPU.
       // Only candidates after the previous one in the order.
       const bool after =
           previous.key < 0 || v < previous.value || (v == previous.value && i > previous.key);

@@ -1,5 +1,6 @@
 #include "services/engine/nccl_communicator.h"
 
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <atomic>
@@ -19,15 +20,24 @@ absl::Status ncclStatus(ncclResult_t result, const char* op) {
   return absl::InternalError(absl::StrCat("NCCL ", op, ": ", ncclGetErrorString(result)));
 }
 
+// ncclCommRevoke (NCCL 2.28 and later): stops a communicator's in-flight work and frees
+// nothing. Looked up when the loaded NCCL is older than the headers.
+using RevokeFn = ncclResult_t (*)(ncclComm_t, int);
+RevokeFn revokeFunction() {
+  static const RevokeFn revoke = reinterpret_cast<RevokeFn>(dlsym(RTLD_DEFAULT, "ncclCommRevoke"));
+  return revoke;
+}
+
 }  // namespace
 
 // The group's communicators, for abortGroup(); each rank's destructor frees its own unless
-// the group was aborted (ncclCommAbort frees them).
+// the group was aborted with ncclCommAbort (which frees them all).
 struct NcclCommunicator::Group {
   absl::Mutex mu;
   std::vector<ncclComm_t> comms ABSL_GUARDED_BY(mu);
   bool aborted ABSL_GUARDED_BY(mu) = false;
-  std::atomic<bool> aborted_flag{false};  // The same, readable without the lock.
+  bool freed ABSL_GUARDED_BY(mu) = false;  // Aborted with ncclCommAbort, not revoked.
+  std::atomic<bool> aborted_flag{false};   // The same, readable without the lock.
   bool isAborted() const { return aborted_flag.load(std::memory_order_acquire); }
 };
 
@@ -89,8 +99,16 @@ NcclCommunicator::~NcclCommunicator() {
   if (stream_) cudaStreamDestroy(stream_);
   if (!group_) return;
   absl::MutexLock lock(&group_->mu);
-  // Under the lock: an abort on another thread either freed it already or will skip it.
-  if (!group_->aborted && comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  // Under the lock: an abort on another thread either freed it already or will skip it. A
+  // revoked communicator is quiescent: abort frees it without waiting for its peers (the
+  // CUDA graphs that captured it are gone by now, with the model that made them).
+  if (comm_ && !group_->freed) {
+    if (group_->aborted) {
+      ncclCommAbort(static_cast<ncclComm_t>(comm_));
+    } else {
+      ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+    }
+  }
   group_->comms[rank_] = nullptr;
 }
 
@@ -131,8 +149,19 @@ void NcclCommunicator::abortGroup() {
   if (group_->aborted) return;
   group_->aborted = true;
   group_->aborted_flag.store(true, std::memory_order_release);
+  // Revoked, the communicators stop their work and stay allocated, so a peer thread already
+  // inside an NCCL call does not touch freed memory, and nothing waits here: ncclCommAbort
+  // (older NCCL) frees them, and since NCCL 2.26 waits for every CUDA graph that captured
+  // them to be destroyed first — graphs the failing rank's own model still holds.
+  const RevokeFn revoke = revokeFunction();
+  group_->freed = revoke == nullptr;
   for (ncclComm_t c : group_->comms) {
-    if (c != nullptr) ncclCommAbort(c);
+    if (c == nullptr) continue;
+    if (revoke != nullptr) {
+      revoke(c, 0);
+    } else {
+      ncclCommAbort(c);
+    }
   }
   CLEAVE_LOG(ERROR) << "tensor-parallel group aborted: a rank could not finish its step";
 }

@@ -53,8 +53,9 @@ class NcclCommunicator : public Communicator {
   int device() const { return device_; }
   // Whether small all-reduces go over P2P.
   bool p2p() const { return p2p_ != nullptr; }
-  // Ends every rank's collectives of the group now (ncclCommAbort on each, the P2P kernels
-  // released): for a rank that cannot finish its step, so its peers do not wait forever.
+  // Ends every rank's collectives of the group now (ncclCommRevoke on each — ncclCommAbort
+  // where the NCCL loaded has no revoke —, the P2P kernels released): for a rank that cannot
+  // finish its step, so its peers do not wait forever.
   // Every later collective of the group fails. Any rank's thread may call it.
   void abortGroup();
   // FailedPrecondition once the group was aborted (every collective checks it first; a
