@@ -65,6 +65,7 @@ bool readBlock(const json& object, const char* key, uint32_t& rows, uint32_t& co
 // "quantization_config" (`field` names the object in messages).
 absl::Status parseModelOpt(const json& q, const std::string& field, QuantizationInfo& info) {
   info.format = QuantFormat::kModelOpt;
+  info.activations_quantized = true;  // FP8 and NVFP4 are W8A8 and W4A4 there.
   const std::string algo = q.value("quant_algo", "");
   readStrings(q, "exclude_modules", info.excluded_modules);
   if (algo == "FP8") {
@@ -97,6 +98,8 @@ absl::Status parseCompressedTensors(const json& q, QuantizationInfo& info) {
     if (!it->is_object() || !it->contains("weights") || !(*it)["weights"].is_object())
       return bad(info.source, where + ".weights must be an object");
     const json& w = (*it)["weights"];
+    auto activations = it->find("input_activations");
+    if (activations != it->end() && !activations->is_null()) info.activations_quantized = true;
     if (first != nullptr && w != *first) {
       return bad(info.source, where +
                                   ".weights differs from the first group's (checkpoints mixing "
@@ -259,6 +262,8 @@ absl::StatusOr<QuantizationInfo> readQuantizationInfo(const std::string& folder)
   }
   info.scheme = QuantScheme::kFp8;
   info.format = QuantFormat::kHfFp8;
+  info.activations_quantized =
+      q->contains("activation_scheme") && !(*q)["activation_scheme"].is_null();
   return info;
 }
 

@@ -68,6 +68,11 @@ struct QuantizationInfo {
   uint32_t block_cols = 0;
   // NVFP4 and int4: elements per scale along a row (int4 per channel: 0, the whole row).
   uint32_t group_size = 0;
+  // Whether the checkpoint was made to run with its activations quantized too (W8A8, W4A4:
+  // ModelOpt's FP8 and NVFP4, compressed-tensors groups with input_activations, fp8 with an
+  // activation_scheme), not weight-only (NVFP4A16, int4, MXFP4). The CPU runs every one
+  // weight-only; the CUDA backend's native FP8/FP4 products are for these alone.
+  bool activations_quantized = false;
   // Modules the checkpoint says it left unquantized (e.g. "lm_head"), as written there.
   std::vector<std::string> excluded_modules;
   // The file the scheme was read from.

@@ -55,22 +55,25 @@ TEST_F(QuantizationConfigTest, TheGoldenCheckpointsAreRecognized) {
     QuantFormat format;
     uint32_t block_rows, block_cols;
     const char* description;
+    bool activations;  // activations_quantized: made to run W8A8 / W4A4
   };
   for (const Case& c : std::vector<Case>{
            {"llama_fp8", QuantScheme::kFp8, QuantFormat::kHfFp8, 16, 32,
-            "fp8 16x32 blocks (hf-fp8)"},
+            "fp8 16x32 blocks (hf-fp8)", true},
            {"llama_fp8_modelopt", QuantScheme::kFp8, QuantFormat::kModelOpt, 0, 0,
-            "fp8 per tensor (modelopt)"},
+            "fp8 per tensor (modelopt)", true},
            {"llama_fp8_ct_channel", QuantScheme::kFp8, QuantFormat::kCompressedTensors, 1, 0,
-            "fp8 per channel (compressed-tensors)"},
+            "fp8 per channel (compressed-tensors)", false},
            {"llama_fp8_ct_block", QuantScheme::kFp8, QuantFormat::kCompressedTensors, 16, 32,
-            "fp8 16x32 blocks (compressed-tensors)"},
+            "fp8 16x32 blocks (compressed-tensors)", false},
            {"llama_nvfp4_modelopt", QuantScheme::kNvfp4, QuantFormat::kModelOpt, 0, 0,
-            "nvfp4 groups of 16 (modelopt)"},
+            "nvfp4 groups of 16 (modelopt)", true},
            {"llama_nvfp4_ct", QuantScheme::kNvfp4, QuantFormat::kCompressedTensors, 0, 0,
-            "nvfp4 groups of 16 (compressed-tensors)"},
+            "nvfp4 groups of 16 (compressed-tensors)", true},
            {"qwen3_moe_int4_ct", QuantScheme::kInt4, QuantFormat::kCompressedTensors, 0, 0,
-            "int4 groups of 32 (compressed-tensors)"},
+            "int4 groups of 32 (compressed-tensors)", false},
+           {"gpt_oss_mxfp4", QuantScheme::kMxfp4, QuantFormat::kNone, 0, 0,
+            "mxfp4 experts, groups of 32", false},
        }) {
     SCOPED_TRACE(c.model);
     auto info = readQuantizationInfo(kEngineDir + c.model);
@@ -80,7 +83,8 @@ TEST_F(QuantizationConfigTest, TheGoldenCheckpointsAreRecognized) {
     EXPECT_EQ(info->block_rows, c.block_rows);
     EXPECT_EQ(info->block_cols, c.block_cols);
     EXPECT_EQ(info->describe(), c.description);
-    if (c.format != QuantFormat::kHfFp8)
+    EXPECT_EQ(info->activations_quantized, c.activations);
+    if (c.format != QuantFormat::kHfFp8 && c.scheme != QuantScheme::kMxfp4)
       EXPECT_THAT(info->excluded_modules, ::testing::Contains("lm_head"));
   }
 }

@@ -493,12 +493,6 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
                             cudaMoeShape(c, dims, moe_blocks, options.random_expert_format,
                                          s.options.max_step_tokens, s.options.max_sequences));
     s.moe->operands = options.operands;
-    // MXFP4 experts (gpt-oss) were trained and are served elsewhere with bf16 activations:
-    // auto keeps them W4A16 rather than rounding the activations to FP4 (W4A4 on sm_120a).
-    const bool mxfp4 = !moe_blocks.empty() && !moe_blocks[0]->experts.empty() &&
-                       moe_blocks[0]->experts[0].gate.source().type == model::TensorType::kMXFP4;
-    if (mxfp4 && options.operands == cuda::GemmOperands::kAuto)
-      s.moe->operands = cuda::GemmOperands::kWidened;
   }
   // Quantized dense matrices and MoE experts run on the expert-GEMM kernels.
   CLEAVE_RETURN_IF_ERROR(cuda::prepareMoeGemm());
@@ -668,6 +662,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepareFor(const LlamaWei
   for (const LlamaLayer& l : w.layers) {
     if (l.moe) moe_blocks.push_back(&*l.moe);
   }
+  // Native FP8/FP4 products round the activations: only for checkpoints made to run so.
+  // Weight-only ones (NVFP4A16, gpt-oss's MXFP4, GGUF files) keep bf16 activations, as vLLM
+  // runs them (Marlin's W4A16).
+  CudaModelOptions chosen = options;
+  if (chosen.operands == cuda::GemmOperands::kAuto && !w.activations_quantized)
+    chosen.operands = cuda::GemmOperands::kWidened;
   std::vector<LayerFormats> formats;
   for (const LlamaLayer& l : w.layers) {
     LayerFormats f{
@@ -679,7 +679,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepareFor(const LlamaWei
     }
     formats.push_back(f);
   }
-  return prepare(w.config, w.dims, options, traits, moe_blocks, std::move(formats), allocate,
+  return prepare(w.config, w.dims, chosen, traits, moe_blocks, std::move(formats), allocate,
                  memory);
 }
 

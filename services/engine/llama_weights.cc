@@ -707,6 +707,7 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
                                                                     : cpu::RopePairing::kHalves;
   CLEAVE_ASSIGN_OR_RETURN(model::QuantizationInfo quantization,
                           model::readQuantizationInfo(folder));
+  w->activations_quantized = quantization.activations_quantized;
   SafetensorsSource source(*w->safetensors, quantization, w->config.architecture);
   source.setCpuKernels(shard.cpu_kernels);
   if (w->config.architecture == model::Architecture::kGemma3) source.setNormOffset(1.0f);

@@ -92,6 +92,9 @@ struct LlamaWeights {
   std::vector<LlamaLayer> layers;
   std::vector<float> output_norm;  // [hidden]
   cpu::CpuMatrix output;           // [vocab, hidden]; the embedding table when tied.
+  // The checkpoint's activations are meant to be quantized too
+  // (model::QuantizationInfo::activations_quantized); GGUF files: no.
+  bool activations_quantized = false;
   // Bytes a decode step streams for the weights (all matrices + norms + one embedding row).
   int64_t weightBytes() const;
   // Of those, the routed experts' (every expert of every MoE layer this rank holds): a step
