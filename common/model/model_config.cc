@@ -27,6 +27,9 @@ constexpr ArchName kArchitectures[] = {
     // Mistral (7B, Nemo, Small): Llama's graph, every layer attending to `sliding_window`
     // positions when the config sets one; llama.cpp files name it "llama".
     {"mistral", "llama", Architecture::kLlama},
+    // Ministral 3: Mistral's graph with YaRN and Llama 4's query temperature past the
+    // original context (query_scale_beta); no GGUF layout is read for it.
+    {"ministral3", "-", Architecture::kLlama},
     {"qwen2", "qwen2", Architecture::kQwen2},
     {"qwen3", "qwen3", Architecture::kQwen3},
     {"mixtral", "mixtral", Architecture::kMixtral},
@@ -287,6 +290,35 @@ nlohmann::json gemma3TextConfig(const nlohmann::json& json) {
   return text;
 }
 
+// Mistral 3's multimodal checkpoints (Mistral-Small-3.1/3.2, Ministral 3): the text model is
+// text_config (model_type mistral, its default, or ministral3), with the top level's token
+// ids; Ministral 3's rotation defaults to transformers' (YaRN 16x over 16384 positions, the
+// query temperature 0.1) when it names none.
+nlohmann::json mistral3TextConfig(const nlohmann::json& json) {
+  nlohmann::json text = json["text_config"];
+  for (const char* id : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (json.contains(id) && !json[id].is_null() && !text.contains(id)) text[id] = json[id];
+  }
+  if (!text.contains("model_type")) text["model_type"] = "mistral";
+  return text;
+}
+
+// Ministral 3's transformers defaults: no window, YaRN with Llama 4's query temperature.
+nlohmann::json ministral3Defaults(nlohmann::json text) {
+  if (!text.contains("rope_parameters") && !text.contains("rope_scaling")) {
+    text["rope_parameters"] = {{"rope_type", "yarn"},
+                               {"rope_theta", 1000000.0},
+                               {"factor", 16.0},
+                               {"original_max_position_embeddings", 16384u},
+                               {"beta_fast", 32.0},
+                               {"beta_slow", 1.0},
+                               {"mscale", 1.0},
+                               {"mscale_all_dim", 1.0},
+                               {"llama_4_scaling_beta", 0.1}};
+  }
+  return text;
+}
+
 // Gemma 3's fields beyond Llama's: the MLP's activation, the softmax scale, the sliding
 // layers (layer_types, or every sliding_window_pattern-th layer global) and their own rotary
 // base (rope_parameters.sliding_attention, or the legacy rope_local_base_freq), the global
@@ -439,6 +471,11 @@ uint32_t ModelConfig::attentionWindow(uint32_t layer) const {
   return layer < sliding_layers.size() && sliding_layers[layer] ? sliding_window : 0;
 }
 
+double ModelConfig::queryScale(int64_t position) const {
+  if (query_scale_beta == 0 || query_scale_period == 0) return 1.0;
+  return 1.0 + query_scale_beta * std::log1p(static_cast<double>(position / query_scale_period));
+}
+
 absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::string& name) {
   nlohmann::json json = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
   if (json.is_discarded() || !json.is_object()) {
@@ -450,11 +487,20 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   const std::string type = type_field != json.end() && type_field->is_string()
                                ? type_field->get<std::string>()
                                : std::string();
-  const bool nested = type == "gemma3" && json.contains("text_config");
+  const bool nested = (type == "gemma3" || type == "mistral3") && json.contains("text_config");
   if (nested && !json["text_config"].is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": text_config must be an object"));
   }
+  if (type == "mistral3" && !nested) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": a mistral3 config must hold its text model's in text_config"));
+  }
   if (type == "gemma3_text" || type == "gemma3") json = gemma3TextConfig(json);
+  if (type == "mistral3") json = mistral3TextConfig(json);
+  if (const auto text_type = json.find("model_type");
+      text_type != json.end() && *text_type == "ministral3") {
+    json = ministral3Defaults(std::move(json));
+  }
   JsonFields f(json, name, nested ? "text_config." : "");
   ModelConfig c;
   c.source = name;
@@ -493,6 +539,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
     CLEAVE_RETURN_IF_ERROR(parseSlidingLayers(f, c));
   }
   if (c.model_type == "mistral") CLEAVE_RETURN_IF_ERROR(parseUniformWindow(f, 4096, c));
+  if (c.model_type == "ministral3") CLEAVE_RETURN_IF_ERROR(parseUniformWindow(f, std::nullopt, c));
   if (c.architecture == Architecture::kPhi3)
     CLEAVE_RETURN_IF_ERROR(parseUniformWindow(f, std::nullopt, c));
 
@@ -504,6 +551,14 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
     CLEAVE_ASSIGN_OR_RETURN(JsonFields rope,
                             f.has("rope_scaling") ? f.object("rope_scaling") : rope_parameters);
     CLEAVE_RETURN_IF_ERROR(parseRopeScaling(rope, c.rope_scaling));
+    if (c.model_type == "ministral3") {
+      CLEAVE_ASSIGN_OR_RETURN(c.query_scale_beta, rope.numberOr("llama_4_scaling_beta", 0.0));
+      c.query_scale_period = c.rope_scaling.original_max_position_embeddings;
+      if (c.query_scale_beta != 0 && c.query_scale_period == 0) {
+        return rope.error("original_max_position_embeddings",
+                          "is required with llama_4_scaling_beta (the query temperature's period)");
+      }
+    }
     if (c.rope_scaling.type == "longrope") {
       // Phi-3's configs give the pretraining context at the top level, which wins over the
       // scaling object's (as transformers reads it).

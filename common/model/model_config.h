@@ -144,6 +144,13 @@ struct ModelConfig {
   double attention_scale = 0.0;
   double sliding_rope_theta = 0.0;
   double final_logit_softcap = 0.0;
+  // Ministral 3 (Llama 4's attention temperature): each query, after its rotation, times
+  // 1 + query_scale_beta · ln(1 + ⌊position / query_scale_period⌋) — 1 within the original
+  // context, growing past it. 0: none.
+  double query_scale_beta = 0.0;
+  uint32_t query_scale_period = 0;
+  // The query's factor at `position`.
+  double queryScale(int64_t position) const;
   // A learned logit per query head joins each softmax's denominator (gpt-oss "sinks").
   bool attention_sinks = false;
   // Layers with sliding_layers[l] set attend to their last sliding_window positions only

@@ -364,6 +364,37 @@ TEST(ModelConfigTest, GgufPhi3) {
   EXPECT_THAT(short_set.status().message(), HasSubstr("per rotary pair (8"));
 }
 
+// Mistral 3's multimodal configs: the text model is text_config (mistral by default, or
+// ministral3, whose rotation defaults to transformers' YaRN with Llama 4's query temperature);
+// a mistral3 config without one is refused naming it.
+TEST(ModelConfigTest, Mistral3TextConfig) {
+  auto parse = [](const std::string& text) { return parseConfigJson(text, "config.json"); };
+  const std::string dims =
+      R"("hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 176, "vocab_size": 100)";
+  auto small = parse(R"({"model_type": "mistral3", "text_config": {)" + dims +
+                     R"(, "sliding_window": null, "max_position_embeddings": 131072}})");
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(small->model_type, "mistral");
+  EXPECT_EQ(small->attentionWindow(0), 0u);
+  EXPECT_EQ(small->max_position_embeddings, 131072u);
+  auto ministral = parse(
+      R"({"model_type": "mistral3", "text_config": {"model_type": "ministral3", )" + dims + "}}");
+  ASSERT_TRUE(ministral.ok()) << ministral.status();
+  EXPECT_EQ(ministral->model_type, "ministral3");
+  EXPECT_EQ(ministral->rope_scaling.type, "yarn");
+  EXPECT_EQ(ministral->rope_scaling.factor, 16.0);
+  EXPECT_EQ(ministral->query_scale_beta, 0.1);
+  EXPECT_EQ(ministral->query_scale_period, 16384u);
+  EXPECT_EQ(ministral->queryScale(16383), 1.0);
+  EXPECT_NEAR(ministral->queryScale(40000), 1 + 0.1 * std::log(3.0), 1e-12);
+  auto bare = parse(R"({"model_type": "mistral3", )" + dims + "}");
+  EXPECT_EQ(bare.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bare.status().message(), HasSubstr("text_config"));
+  auto text = parse(R"({"model_type": "mistral3", "text_config": 7})");
+  EXPECT_THAT(text.status().message(), HasSubstr("text_config must be an object"));
+}
+
 // A config.json with longrope (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini): the factors, the
 // top-level original_max_position_embeddings over the scaling object's, the stretch from the
 // contexts unless stated, the attention factor derived unless stated; "su" read as longrope;

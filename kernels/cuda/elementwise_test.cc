@@ -128,8 +128,9 @@ TEST(ScaleAndSoftCapTest, MatchTheCpuBackend) {
 TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
   CLEAVE_REQUIRE_GPU();
   std::mt19937 rng(testing::freshSeed());
-  // llama3 scaling, YaRN (gpt-oss's: an attention factor of 1.14 on cos and sin), and the
-  // first half or 48 of 128 values of each head rotating (GLM-4.5's partial rotary).
+  // llama3 scaling, YaRN (gpt-oss's: an attention factor of 1.14 on cos and sin; with
+  // Ministral 3's query temperature every 4096 positions), and the first half or 48 of 128
+  // values of each head rotating (GLM-4.5's partial rotary).
   for (auto [layout, kv, yarn, rotary] :
        {std::tuple{RopeLayout::kHalves, KvDtype::kBf16, false, 0},
         std::tuple{RopeLayout::kAdjacent, KvDtype::kBf16, false, 0},
@@ -178,6 +179,14 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
     cpu::RopeAngles angles;
     rope.angles(positions.data(), tokens, angles);
     rope.apply(ref.data(), width, tokens, heads + kv_heads, angles, 0, head_dim);
+    if (yarn) {
+      config.query_scale_beta = 0.1;
+      config.query_scale_period = 4096;
+      for (int t = 0; t < tokens; ++t) {
+        const float scale = static_cast<float>(config.queryScale(positions[t]));
+        for (int i = 0; i < heads * head_dim; ++i) ref[t * width + i] *= scale;
+      }
+    }
 
     const size_t cache_elements = static_cast<size_t>(blocks) * kv_heads * block_size * head_dim;
     DeviceBuffer<bf16> dqkv(qkv), dq(static_cast<size_t>(tokens) * heads * head_dim);
@@ -190,6 +199,8 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
                                   .slots = dslots.get(),
                                   .inv_freq = dfreq.get(),
                                   .attention_factor = static_cast<float>(rope.attentionFactor()),
+                                  .query_scale_beta = yarn ? 0.1f : 0.0f,
+                                  .query_scale_period = yarn ? 4096 : 0,
                                   .tokens = tokens,
                                   .heads = heads,
                                   .kv_heads = kv_heads,

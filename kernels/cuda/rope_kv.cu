@@ -47,6 +47,13 @@ __global__ void ropeKvKernel(const RopeKvArgs a) {
       r.y1 = __bfloat162float(src[r.second]);
     }
     if (head < a.heads) {
+      if (a.query_scale_beta != 0.0f && a.query_scale_period > 0) {
+        const float scale =
+            1.0f + a.query_scale_beta *
+                       log1pf(static_cast<float>(a.positions[token] / a.query_scale_period));
+        r.y0 *= scale;
+        r.y1 *= scale;
+      }
       bf16* dst = a.q_out + token * a.q_stride + static_cast<int64_t>(head) * a.head_dim;
       dst[r.first] = __float2bfloat16(r.y0);
       dst[r.second] = __float2bfloat16(r.y1);

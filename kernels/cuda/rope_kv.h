@@ -12,7 +12,9 @@
 // rope scaling, e.g. cpu::Rope::inverseFrequencies()); cos and sin are multiplied by
 // attention_factor (YaRN's, cpu::Rope::attentionFactor(); 1 for other scalings). Only the
 // leading rotary_dim values of each query and key head rotate (GLM-4.5's half; the pairs
-// are taken within them); the rest are copied as they are.
+// are taken within them); the rest are copied as they are. With query_scale_beta, each
+// query is then multiplied by 1 + beta · ln(1 + ⌊position / query_scale_period⌋)
+// (Ministral 3's temperature, model::ModelConfig::queryScale).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,6 +39,8 @@ struct RopeKvArgs {
   const int32_t* slots = nullptr;      // [tokens]
   const float* inv_freq = nullptr;     // [rotary_dim / 2], device memory
   float attention_factor = 1.0f;
+  float query_scale_beta = 0.0f;
+  int query_scale_period = 0;
   int64_t tokens = 0;
   int heads = 0;
   int kv_heads = 0;

@@ -67,6 +67,10 @@ void printConfig(const model::ModelConfig& c) {
               c.bos_token_id ? std::to_string(*c.bos_token_id).c_str() : "none",
               absl::StrJoin(c.eos_token_ids, ", ").c_str());
   if (c.rotary_dim > 0) std::printf("  rotary dims: the first %u of each head\n", c.rotary_dim);
+  if (c.query_scale_beta != 0) {
+    std::printf("  query temperature: 1 + %g ln(1 + floor(position / %u))\n", c.query_scale_beta,
+                c.query_scale_period);
+  }
   if (c.sliding_window > 0) {
     const int64_t sliding = std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true);
     std::printf("  sliding window %u on %lld of %u layers", c.sliding_window,

@@ -1138,6 +1138,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                              .slots = slots(meta),
                              .inv_freq = local_rope ? sliding_inv_freq : inv_freq,
                              .attention_factor = local_rope ? 1.0f : rope_factor,
+                             .query_scale_beta = static_cast<float>(config.query_scale_beta),
+                             .query_scale_period = static_cast<int>(config.query_scale_period),
                              .tokens = n,
                              .heads = static_cast<int>(heads),
                              .kv_heads = static_cast<int>(kv_heads),

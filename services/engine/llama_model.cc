@@ -250,6 +250,13 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
   pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
     rope.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles, begin, head_dim);
     rope.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles, begin, head_dim);
+    // Ministral 3's query temperature past the original context.
+    for (int64_t i = begin; i < end && c.query_scale_beta != 0; ++i) {
+      const float scale = static_cast<float>(c.queryScale(positions_[i]));
+      if (scale == 1.0f) continue;
+      float* row = q_.data() + i * q_dim;
+      for (int64_t j = 0; j < q_dim; ++j) row[j] *= scale;
+    }
   });
   uint8_t* keys = cache.keys(l);
   uint8_t* values = cache.values(l);

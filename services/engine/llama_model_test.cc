@@ -253,21 +253,21 @@ TEST_P(HfLogitsTest, LogitsAndGreedyTokensMatchTransformers) {
   EXPECT_LE(worst, tolerance);
 }
 
-// A Q4_K_M file made by llama.cpp's quantizer (tests/golden/gen_kquant_gguf.py: Q4_K, and
-// Q6_K for the output, one attn_v and one ffn_down) against the exact model it stores (every
-// tensor dequantized by gguf-py, run by llama.cpp in float32): the engine, its activations
-// quantized to int8, lands no farther from it than llama.cpp does on the same file.
-// gemma3_f32 as a multimodal Gemma 3 checkpoint holds its text model: the config under
-// text_config (with the top level's end-of-turn ids), every tensor under `prefix`.
-std::filesystem::path gemma3Multimodal(const std::string& prefix) {
+// The text-only golden `name` as a multimodal checkpoint of `model_type` holds its text
+// model: the config under text_config (with the top level's end-of-turn ids), every text
+// tensor under `prefix`, the head beside it (language_model.lm_head as published, lm_head
+// as transformers 5 writes it).
+std::filesystem::path multimodalCheckpoint(const std::string& name, const std::string& model_type,
+                                           const std::string& prefix) {
   namespace fs = std::filesystem;
-  const fs::path from = fs::path(CLEAVE_GOLDEN_DIR) / "engine/hf/gemma3_f32";
-  const fs::path to = fs::temp_directory_path() /
-                      ("cleave_gemma3_" + std::to_string(getpid()) + "_" + prefix.substr(0, 5));
+  const fs::path from = fs::path(CLEAVE_GOLDEN_DIR) / "engine/hf" / name;
+  const fs::path to =
+      fs::temp_directory_path() /
+      ("cleave_" + name + "_" + std::to_string(getpid()) + "_" + prefix.substr(0, 5));
   fs::create_directories(to);
   std::ifstream config_in(from / "config.json");
-  nlohmann::json config = {{"model_type", "gemma3"},
-                           {"architectures", {"Gemma3ForConditionalGeneration"}},
+  nlohmann::json config = {{"model_type", model_type},
+                           {"architectures", {"ForConditionalGeneration"}},
                            {"eos_token_id", {1, 106}},
                            {"text_config", nlohmann::json::parse(config_in)}};
   std::ofstream(to / "config.json") << config.dump();
@@ -278,9 +278,15 @@ std::filesystem::path gemma3Multimodal(const std::string& prefix) {
   std::memcpy(&header_size, bytes.data(), 8);
   const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, header_size));
   nlohmann::json renamed;
-  for (const auto& [name, entry] : header.items()) {
-    renamed[name == "__metadata__" ? name : prefix + name.substr(std::string("model.").size())] =
-        entry;
+  const bool published = prefix == "language_model.model.";
+  for (const auto& [tensor, entry] : header.items()) {
+    if (tensor == "__metadata__" || (tensor == "lm_head.weight" && !published)) {
+      renamed[tensor] = entry;
+    } else if (tensor == "lm_head.weight") {
+      renamed["language_model.lm_head.weight"] = entry;
+    } else {
+      renamed[prefix + tensor.substr(std::string("model.").size())] = entry;
+    }
   }
   std::string text = renamed.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -291,32 +297,45 @@ std::filesystem::path gemma3Multimodal(const std::string& prefix) {
   return to;
 }
 
-// Gemma 3 4B-27B ship as multimodal checkpoints: their text model runs as the text-only one
-// does, from the published layout (language_model.model.) and transformers 5's
-// (model.language_model.).
-TEST(Gemma3Test, AMultimodalCheckpointRunsItsTextModel) {
+// Gemma 3 4B-27B and Mistral 3 (Mistral-Small-3.1/3.2, Ministral 3) ship as multimodal
+// checkpoints: their text model runs as the text-only one does, from the published layout
+// (language_model.model., the head as language_model.lm_head) and transformers 5's
+// (model.language_model.), bit for bit.
+TEST(MultimodalTest, ACheckpointRunsItsTextModel) {
   cpu::ThreadPool pool(2);
-  auto plain = loadLlama(std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/gemma3_f32");
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  const std::vector<uint32_t> prompt = {5, 300, 17, 42, 499, 8, 61};
-  LlamaRunner want_runner(**plain, pool, 64);
-  auto want = want_runner.forward(prompt);
-  ASSERT_TRUE(want.ok()) << want.status();
-  const std::vector<float> expected(want->begin(), want->end());
-  for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
-    SCOPED_TRACE(prefix);
-    const std::filesystem::path folder = gemma3Multimodal(prefix);
-    auto weights = loadLlama(folder.string());
-    std::filesystem::remove_all(folder);
-    ASSERT_TRUE(weights.ok()) << weights.status();
-    EXPECT_EQ((*weights)->config.eos_token_ids, (std::vector<uint32_t>{1, 106}));
-    LlamaRunner runner(**weights, pool, 64);
-    auto got = runner.forward(prompt);
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+  for (const auto& [name, model_type] :
+       {std::pair{"gemma3_f32", "gemma3"}, std::pair{"ministral3_f32", "mistral3"}}) {
+    auto plain = loadLlama(std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/" + name);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    const std::vector<uint32_t> prompt = {5, 300, 17, 42, 499, 8, 61, 9, 33, 100, 4};
+    LlamaRunner want_runner(**plain, pool, 64);
+    auto want = want_runner.forward(prompt);
+    ASSERT_TRUE(want.ok()) << want.status();
+    const std::vector<float> expected(want->begin(), want->end());
+    for (const std::string prefix : {"language_model.model.", "model.language_model."}) {
+      SCOPED_TRACE(std::string(name) + " " + prefix);
+      const std::filesystem::path folder = multimodalCheckpoint(name, model_type, prefix);
+      auto weights = loadLlama(folder.string());
+      std::filesystem::remove_all(folder);
+      ASSERT_TRUE(weights.ok()) << weights.status();
+      // Gemma 3's text_config keeps default ids, so the top level's count; Mistral 3's its own.
+      const std::vector<uint32_t> eos = model_type == std::string("gemma3")
+                                            ? std::vector<uint32_t>{1, 106}
+                                            : (*plain)->config.eos_token_ids;
+      EXPECT_EQ((*weights)->config.eos_token_ids, eos);
+      LlamaRunner runner(**weights, pool, 64);
+      auto got = runner.forward(prompt);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+      EXPECT_EQ((*weights)->config.query_scale_beta, (*plain)->config.query_scale_beta);
+    }
   }
 }
 
+// A Q4_K_M file made by llama.cpp's quantizer (tests/golden/gen_kquant_gguf.py: Q4_K, and
+// Q6_K for the output, one attn_v and one ffn_down) against the exact model it stores (every
+// tensor dequantized by gguf-py, run by llama.cpp in float32): the engine, its activations
+// quantized to int8, lands no farther from it than llama.cpp does on the same file.
 TEST(KQuantGgufTest, MatchesTheModelItStoresAsCloselyAsLlamaCppDoes) {
   const std::string base = std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/llama_q4_k_m";
   std::ifstream in(base + ".json");
@@ -597,14 +616,13 @@ TEST(Nvfp4GgufTest, APerTensorScaleBesideTheBlocksIsRefused) {
   EXPECT_THAT(weights.status().message(), HasSubstr("\"blk.1.attn_q.scale\" (a per-tensor scale"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
-                         ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
-                                           "llama_fp8", "smollm2_like_f32", "qwen2_f32",
-                                           "qwen3_f32", "qwen2_f32.gguf", "qwen3_f32.gguf",
-                                           "mistral_f32", "phi3_f32", "phi3_f32.gguf",
-                                           "phi3_longrope_f32", "phi3_longrope_f32.gguf",
-                                           "phi3_longrope_short_f32", "gemma3_f32",
-                                           "gemma3_pattern6_f32", "gemma3_pattern6_f32.gguf"));
+INSTANTIATE_TEST_SUITE_P(
+    Dense, HfLogitsTest,
+    ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16", "llama_fp8", "smollm2_like_f32",
+                      "qwen2_f32", "qwen3_f32", "qwen2_f32.gguf", "qwen3_f32.gguf", "mistral_f32",
+                      "ministral3_f32", "phi3_f32", "phi3_f32.gguf", "phi3_longrope_f32",
+                      "phi3_longrope_f32.gguf", "phi3_longrope_short_f32", "gemma3_f32",
+                      "gemma3_pattern6_f32", "gemma3_pattern6_f32.gguf"));
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",

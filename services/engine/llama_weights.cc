@@ -366,9 +366,9 @@ class GgufSource final : public TensorSource {
 
 class SafetensorsSource final : public TensorSource {
  public:
-  // `arch`: Gemma 3 names its norms for where they sit, and a multimodal checkpoint keeps the
-  // text model under language_model (model.language_model. as transformers 5 writes it,
-  // language_model.model. as published) rather than model.
+  // `arch`: Gemma 3 names its norms for where they sit, and a multimodal checkpoint (Gemma 3,
+  // Mistral 3) keeps the text model under language_model (model.language_model. as
+  // transformers 5 writes it, language_model.model. as published) rather than model.
   SafetensorsSource(const model::SafetensorsCheckpoint& checkpoint,
                     model::QuantizationInfo quantization, Architecture arch = Architecture::kLlama)
       : ckpt_(checkpoint), quant_(std::move(quantization)), arch_(arch) {
@@ -414,7 +414,13 @@ class SafetensorsSource final : public TensorSource {
   }
   std::string embeddingName() const override { return prefix_ + "embed_tokens.weight"; }
   std::string outputNormName() const override { return prefix_ + "norm.weight"; }
-  std::string outputName() const override { return "lm_head.weight"; }
+  // The published multimodal layout keeps the head beside its text model.
+  std::string outputName() const override {
+    return prefix_ == "language_model.model." &&
+                   ckpt_.find("language_model.lm_head.weight") != nullptr
+               ? "language_model.lm_head.weight"
+               : "lm_head.weight";
+  }
   // ModelOpt and compressed-tensors FP8 KV checkpoints: self_attn.k_scale (or, in older
   // ModelOpt exports, self_attn.k_proj.k_scale), one positive float.
   absl::StatusOr<float> kvScale(uint32_t layer, const std::string& kv) const override {

@@ -50,7 +50,8 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
 import transformers
 from safetensors import safe_open
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Gemma3TextConfig, Glm4MoeConfig,
-                          GptOssConfig, LlamaConfig, MistralConfig, MixtralConfig, Phi3Config, Qwen2Config, Qwen3Config,
+                          GptOssConfig, LlamaConfig, Ministral3Config, MistralConfig, MixtralConfig, Phi3Config,
+                          Qwen2Config, Qwen3Config,
                           Qwen3MoeConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -115,6 +116,15 @@ CASES: dict[str, tuple] = {
         hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, vocab_size=613, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=1000000.0,
         sliding_window=6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2), 111, torch.float32),
+    # Ministral 3: Mistral's graph with YaRN and Llama 4's query temperature, 1 + beta ln(1 + floor(p / 8)):
+    # the original context is 8 positions, so the prompts' later positions are scaled 1.21 and 1.33
+    "ministral3_f32": (Ministral3Config, dict(
+        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=623, max_position_embeddings=64, rms_norm_eps=1e-5, sliding_window=None,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
+                         "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.3},
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 115, torch.float32),
     # Phi-3: Q, K, V fused in qkv_proj, gate and up in gate_up_proj; a window on every layer
     "phi3_f32": (Phi3Config, dict(
         hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

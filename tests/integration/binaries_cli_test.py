@@ -138,6 +138,9 @@ class BinariesCliTest(unittest.TestCase):
         self.assertEqual(code, 0, err)
         self.assertIn("rope_scaling longrope (factor 8)", out)
         self.assertIn("longrope: original context 4, attention factor 1.58", out)
+        code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "ministral3_f32")])
+        self.assertEqual(code, 0, err)
+        self.assertIn("query temperature: 1 + 0.3 ln(1 + floor(position / 8))", out)
 
     def test_tokenize_detokenize_and_generate_on_the_real_model(self):
         model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
