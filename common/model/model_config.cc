@@ -30,6 +30,9 @@ constexpr ArchName kArchitectures[] = {
     // Ministral 3: Mistral's graph with YaRN and Llama 4's query temperature past the
     // original context (query_scale_beta); no GGUF layout is read for it.
     {"ministral3", "-", Architecture::kLlama},
+    // SmolLM3: Llama's graph with every fourth layer unrotated (nope_layers); no GGUF layout
+    // is read for it.
+    {"smollm3", "-", Architecture::kLlama},
     {"qwen2", "qwen2", Architecture::kQwen2},
     {"qwen3", "qwen3", Architecture::kQwen3},
     {"mixtral", "mixtral", Architecture::kMixtral},
@@ -239,6 +242,38 @@ absl::Status parseSlidingLayers(const JsonFields& f, ModelConfig& c) {
                                                  " is not sliding_attention or full_attention"));
     }
   }
+  return absl::OkStatus();
+}
+
+// SmolLM3: the layers no_rope_layers marks 0 (by default every no_rope_layer_interval-th, 4)
+// attend without rotary embedding; with use_sliding_window, the layers layer_types names
+// sliding (by default those without rotation) attend to their last sliding_window positions.
+absl::Status parseSmolLm3(const JsonFields& f, ModelConfig& c) {
+  c.nope_layers.assign(c.num_layers, false);
+  if (const nlohmann::json* list = f.get("no_rope_layers")) {
+    if (!list->is_array() || list->size() != c.num_layers) {
+      return f.error("no_rope_layers",
+                     absl::StrCat("must list the ", c.num_layers, " layers' 1 (rotary) or 0"));
+    }
+    for (uint32_t l = 0; l < c.num_layers; ++l) {
+      const nlohmann::json& v = (*list)[l];
+      if (!v.is_number_integer() || (v != 0 && v != 1)) {
+        return f.error("no_rope_layers",
+                       absl::StrCat("layer ", l, ": ", v.dump(), " is not 0 or 1"));
+      }
+      c.nope_layers[l] = v == 0;
+    }
+  } else {
+    CLEAVE_ASSIGN_OR_RETURN(uint32_t interval, f.uintOr("no_rope_layer_interval", 4));
+    if (interval == 0) return f.error("no_rope_layer_interval", "must be positive");
+    for (uint32_t l = 0; l < c.num_layers; ++l) c.nope_layers[l] = (l + 1) % interval == 0;
+  }
+  CLEAVE_ASSIGN_OR_RETURN(bool sliding, f.boolOr("use_sliding_window", false));
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> window, f.optionalUint("sliding_window"));
+  if (!sliding || !window || *window == 0) return absl::OkStatus();
+  if (f.has("layer_types")) return parseSlidingLayers(f, c);
+  c.sliding_window = *window;
+  c.sliding_layers = c.nope_layers;
   return absl::OkStatus();
 }
 
@@ -526,7 +561,9 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   if (c.num_heads == 0) return f.error("num_attention_heads", "must be positive");
   CLEAVE_ASSIGN_OR_RETURN(c.head_dim, f.uintOr("head_dim", c.hidden_size / c.num_heads));
   CLEAVE_ASSIGN_OR_RETURN(c.rms_norm_eps, f.numberOr("rms_norm_eps", 1e-6));
-  CLEAVE_ASSIGN_OR_RETURN(c.tie_word_embeddings, f.boolOr("tie_word_embeddings", false));
+  // SmolLM3's config class ties them unless told otherwise.
+  CLEAVE_ASSIGN_OR_RETURN(c.tie_word_embeddings,
+                          f.boolOr("tie_word_embeddings", c.model_type == "smollm3"));
   CLEAVE_ASSIGN_OR_RETURN(c.attention_bias,
                           f.boolOr("attention_bias", c.architecture == Architecture::kQwen2));
   c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
@@ -540,6 +577,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   }
   if (c.model_type == "mistral") CLEAVE_RETURN_IF_ERROR(parseUniformWindow(f, 4096, c));
   if (c.model_type == "ministral3") CLEAVE_RETURN_IF_ERROR(parseUniformWindow(f, std::nullopt, c));
+  if (c.model_type == "smollm3") CLEAVE_RETURN_IF_ERROR(parseSmolLm3(f, c));
   if (c.architecture == Architecture::kPhi3)
     CLEAVE_RETURN_IF_ERROR(parseUniformWindow(f, std::nullopt, c));
 

@@ -151,6 +151,10 @@ struct ModelConfig {
   uint32_t query_scale_period = 0;
   // The query's factor at `position`.
   double queryScale(int64_t position) const;
+  // Layers whose queries and keys are not rotated (SmolLM3's every fourth: "NoPE"); empty:
+  // every layer rotates.
+  std::vector<bool> nope_layers;
+  bool rotates(uint32_t layer) const { return layer >= nope_layers.size() || !nope_layers[layer]; }
   // A learned logit per query head joins each softmax's denominator (gpt-oss "sinks").
   bool attention_sinks = false;
   // Layers with sliding_layers[l] set attend to their last sliding_window positions only

@@ -364,6 +364,38 @@ TEST(ModelConfigTest, GgufPhi3) {
   EXPECT_THAT(short_set.status().message(), HasSubstr("per rotary pair (8"));
 }
 
+// SmolLM3: every fourth layer unrotated by default, or as no_rope_layers lists them; with
+// use_sliding_window those layers (or the ones layer_types names) attend to a window; tied
+// embeddings unless told otherwise; a malformed list refused naming it.
+TEST(ModelConfigTest, SmolLm3NopeLayers) {
+  auto parse = [](const std::string& extra) {
+    return parseConfigJson(R"({"model_type": "smollm3", "hidden_size": 64, "num_hidden_layers": 8,
+                               "num_attention_heads": 4, "intermediate_size": 96,
+                               "vocab_size": 100)" +
+                               extra + "}",
+                           "config.json");
+  };
+  auto c = parse("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (uint32_t l = 0; l < 8; ++l) EXPECT_EQ(c->rotates(l), l != 3 && l != 7) << l;
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->attentionWindow(3), 0u);
+  auto listed =
+      parse(R"(, "no_rope_layers": [0, 1, 1, 1, 1, 1, 1, 0], "tie_word_embeddings": false)");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_FALSE(listed->rotates(0));
+  EXPECT_TRUE(listed->rotates(3));
+  EXPECT_FALSE(listed->tie_word_embeddings);
+  auto windowed = parse(R"(, "use_sliding_window": true, "sliding_window": 64)");
+  ASSERT_TRUE(windowed.ok()) << windowed.status();
+  EXPECT_EQ(windowed->attentionWindow(3), 64u);
+  EXPECT_EQ(windowed->attentionWindow(2), 0u);
+  auto short_list = parse(R"(, "no_rope_layers": [1, 0])");
+  EXPECT_THAT(short_list.status().message(), HasSubstr("no_rope_layers must list the 8 layers"));
+  auto bad_value = parse(R"(, "no_rope_layers": [1, 1, 2, 1, 1, 1, 1, 0])");
+  EXPECT_THAT(bad_value.status().message(), HasSubstr("layer 2: 2 is not 0 or 1"));
+}
+
 // Mistral 3's multimodal configs: the text model is text_config (mistral by default, or
 // ministral3, whose rotation defaults to transformers' YaRN with Llama 4's query temperature);
 // a mistral3 config without one is refused naming it.

@@ -137,7 +137,8 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
         std::tuple{RopeLayout::kHalves, KvDtype::kFp8E4M3, false, 0},
         std::tuple{RopeLayout::kHalves, KvDtype::kBf16, true, 0},
         std::tuple{RopeLayout::kHalves, KvDtype::kBf16, false, 64},
-        std::tuple{RopeLayout::kAdjacent, KvDtype::kFp8E4M3, false, 48}}) {
+        std::tuple{RopeLayout::kAdjacent, KvDtype::kFp8E4M3, false, 48},
+        std::tuple{RopeLayout::kHalves, KvDtype::kBf16, false, -1}}) {
     SCOPED_TRACE(::testing::Message() << (layout == RopeLayout::kHalves ? "halves" : "adjacent")
                                       << (kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16")
                                       << (yarn ? ", yarn" : ", llama3") << ", rotary " << rotary);
@@ -146,7 +147,9 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
     const int heads = 6, kv_heads = 2, head_dim = 128, block_size = 16, tokens = 23, blocks = 5;
     model::ModelConfig config;
     config.head_dim = head_dim;
-    config.rotary_dim = static_cast<uint32_t>(rotary);
+    // rotary -1: a layer that does not rotate (SmolLM3's NoPE): queries and keys copied.
+    const bool rotate = rotary >= 0;
+    config.rotary_dim = static_cast<uint32_t>(std::max(rotary, 0));
     config.rope_theta = 500000.0;
     if (yarn) {
       config.rope_scaling.type = "yarn";
@@ -178,7 +181,7 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
     std::vector<float> ref = testing::toFloat(qkv);
     cpu::RopeAngles angles;
     rope.angles(positions.data(), tokens, angles);
-    rope.apply(ref.data(), width, tokens, heads + kv_heads, angles, 0, head_dim);
+    if (rotate) rope.apply(ref.data(), width, tokens, heads + kv_heads, angles, 0, head_dim);
     if (yarn) {
       config.query_scale_beta = 0.1;
       config.query_scale_period = 4096;
@@ -205,7 +208,8 @@ TEST(RopeKvTest, RotatesQueriesAndKeysAndWritesTheCache) {
                                   .heads = heads,
                                   .kv_heads = kv_heads,
                                   .head_dim = head_dim,
-                                  .rotary_dim = rotary,
+                                  .rotary_dim = std::max(rotary, 0),
+                                  .rotate = rotate,
                                   .block_size = block_size,
                                   .layout = layout,
                                   .q_out = dq.get(),

@@ -16,7 +16,7 @@ __global__ void ropeKvKernel(const RopeKvArgs a) {
   const int half = a.head_dim / 2;
   // Pairs [0, rotated) rotate within the leading rotary_dim values; the others copy two
   // values each past them.
-  const int rotated = (a.rotary_dim > 0 ? a.rotary_dim : a.head_dim) / 2;
+  const int rotated = a.rotate ? (a.rotary_dim > 0 ? a.rotary_dim : a.head_dim) / 2 : 0;
   const float position = static_cast<float>(a.positions[token]);
   const bf16* row = a.qkv + token * a.qkv_stride;
   const int64_t slot = a.slots[token];

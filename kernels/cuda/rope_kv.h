@@ -46,6 +46,7 @@ struct RopeKvArgs {
   int kv_heads = 0;
   int head_dim = 0;    // even
   int rotary_dim = 0;  // even, <= head_dim; 0: head_dim
+  bool rotate = true;  // false: queries and keys kept as they are (SmolLM3's NoPE layers)
   int block_size = 16;
   RopeLayout layout = RopeLayout::kHalves;
   __nv_bfloat16* q_out = nullptr;

@@ -67,6 +67,11 @@ void printConfig(const model::ModelConfig& c) {
               c.bos_token_id ? std::to_string(*c.bos_token_id).c_str() : "none",
               absl::StrJoin(c.eos_token_ids, ", ").c_str());
   if (c.rotary_dim > 0) std::printf("  rotary dims: the first %u of each head\n", c.rotary_dim);
+  if (!c.nope_layers.empty()) {
+    const int64_t nope = std::count(c.nope_layers.begin(), c.nope_layers.end(), true);
+    std::printf("  without rotary embedding (NoPE): %lld of %u layers\n",
+                static_cast<long long>(nope), c.num_layers);
+  }
   if (c.query_scale_beta != 0) {
     std::printf("  query temperature: 1 + %g ln(1 + floor(position / %u))\n", c.query_scale_beta,
                 c.query_scale_period);

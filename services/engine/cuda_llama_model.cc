@@ -1145,6 +1145,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                              .kv_heads = static_cast<int>(kv_heads),
                              .head_dim = static_cast<int>(head_dim),
                              .rotary_dim = static_cast<int>(rotary_dim),
+                             .rotate = config.rotates(static_cast<uint32_t>(l)),
                              .block_size = static_cast<int>(options.block_size),
                              .layout = rope_layout,
                              .q_out = q,

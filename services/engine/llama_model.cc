@@ -247,9 +247,13 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
   const bool local = sliding_rope_ && window > 0;
   const cpu::Rope& rope = local ? *sliding_rope_ : rope_;
   const cpu::RopeAngles& angles = local ? sliding_angles_ : angles_;
+  const bool rotate = c.rotates(static_cast<uint32_t>(l));  // SmolLM3's NoPE layers: not.
   pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
-    rope.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles, begin, head_dim);
-    rope.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles, begin, head_dim);
+    if (rotate) {
+      rope.apply(q_.data() + begin * q_dim, q_dim, end - begin, heads, angles, begin, head_dim);
+      rope.apply(k_.data() + begin * kv_dim, kv_dim, end - begin, kv_heads, angles, begin,
+                 head_dim);
+    }
     // Ministral 3's query temperature past the original context.
     for (int64_t i = begin; i < end && c.query_scale_beta != 0; ++i) {
       const float scale = static_cast<float>(c.queryScale(positions_[i]));

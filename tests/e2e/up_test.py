@@ -113,12 +113,13 @@ class GoldenModelUpTest(unittest.TestCase):
         blocks of 8 positions (not the default 16)."""
         self.serve_and_compare("gpt_oss_mxfp4", 8)
 
-    def test_gemma3_glm45_ministral3_and_longrope_served_disaggregated_decode_transformers_tokens(self):
+    def test_newer_families_served_disaggregated_decode_transformers_tokens(self):
         """Gemma 3 (sliding and global layers with their own rotary bases, sandwich norms, the
         logits' soft cap), GLM-4.5 (half of each head rotating, a shared expert), Ministral 3
         (the query temperature past the original context, on both workers) and Phi-4-mini's
-        longrope (the long factors, chosen by the context both workers serve)."""
-        for case in ("gemma3_f32", "glm4_moe_f32", "ministral3_f32", "phi3_longrope_f32"):
+        longrope (the long factors, chosen by the context both workers serve) and SmolLM3 (a layer
+        without rotary embedding)."""
+        for case in ("gemma3_f32", "glm4_moe_f32", "ministral3_f32", "phi3_longrope_f32", "smollm3_f32"):
             with self.subTest(case):
                 self.serve_and_compare(case, 16)
 

@@ -141,6 +141,9 @@ class BinariesCliTest(unittest.TestCase):
         code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "ministral3_f32")])
         self.assertEqual(code, 0, err)
         self.assertIn("query temperature: 1 + 0.3 ln(1 + floor(position / 8))", out)
+        code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "smollm3_f32")])
+        self.assertEqual(code, 0, err)
+        self.assertIn("without rotary embedding (NoPE): 1 of 4 layers", out)
 
     def test_tokenize_detokenize_and_generate_on_the_real_model(self):
         model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
