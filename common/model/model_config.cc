@@ -30,9 +30,9 @@ constexpr ArchName kArchitectures[] = {
     // Ministral 3: Mistral's graph with YaRN and Llama 4's query temperature past the
     // original context (query_scale_beta); no GGUF layout is read for it.
     {"ministral3", "-", Architecture::kLlama},
-    // SmolLM3: Llama's graph with every fourth layer unrotated (nope_layers); no GGUF layout
-    // is read for it.
-    {"smollm3", "-", Architecture::kLlama},
+    // SmolLM3: Llama's graph with every fourth layer unrotated (nope_layers); llama.cpp's
+    // files permute Q and K as for llama.
+    {"smollm3", "smollm3", Architecture::kLlama},
     {"qwen2", "qwen2", Architecture::kQwen2},
     {"qwen3", "qwen3", Architecture::kQwen3},
     {"mixtral", "mixtral", Architecture::kMixtral},
@@ -826,6 +826,11 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
       for (uint32_t l = 0; l < c.num_layers; l += 2) c.sliding_layers[l] = true;
     }
     c.rope_scaling.truncate = false;
+  }
+  if (c.model_type == "smollm3") {
+    // No key states the NoPE layers: llama.cpp takes every fourth, as the checkpoints have them.
+    c.nope_layers.assign(c.num_layers, false);
+    for (uint32_t l = 3; l < c.num_layers; l += 4) c.nope_layers[l] = true;
   }
   if (c.architecture == Architecture::kPhi3) {
     // A window on every layer, as transformers applies Phi-3's sliding_window (llama.cpp

@@ -24,6 +24,8 @@ gate_up_proj (gate rows first) as ffn_up, rotate-half rope (no permutation), the
 phi3.attention.sliding_window. llama.cpp turns Phi-3's window off, so it is checked against
 transformers only at positions before the window's end (where the window changes nothing);
 Cleave applies the window, as transformers does, and the engine test compares every position.
+smollm3_f32.gguf is SmolLM3 as convert_hf_to_gguf.py's SmolLM3Model writes it (Q and K permuted as
+for llama; nothing states the unrotated layers: llama.cpp takes every fourth).
 phi3_longrope_f32.gguf adds longrope as the converter writes it (rope_factors_long and
 rope_factors_short tensors, rope.scaling.attn_factor) and a partial rotary dimension count.
 The engine test (HfLogitsTest, "NAME.gguf") loads these files against the same transformers logits.
@@ -155,7 +157,7 @@ def write(case, arch, nvfp4=False):
         hf = f"model.layers.{layer}."
         blk = f"blk.{layer}."
         q, k = t[hf + "self_attn.q_proj.weight"], t[hf + "self_attn.k_proj.weight"]
-        if arch == "llama":
+        if arch in ("llama", "smollm3"):
             q, k = permute(q, heads), permute(k, kv_heads)
         tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
         tensor(blk + "attn_q.weight", q)
@@ -554,6 +556,8 @@ if __name__ == "__main__":
     # (256) is past the original (4), so it takes the long factors, as transformers does here
     check_with_llamacpp("phi3_longrope_f32", write_phi3("phi3_longrope_f32"), 1e-4)
     check_with_llamacpp("glm4_moe_f32", write_glm4moe("glm4_moe_f32"), 1e-4)
+    # SmolLM3: Q and K permuted as for llama; llama.cpp leaves every fourth layer unrotated
+    check_with_llamacpp("smollm3_f32", write("smollm3_f32", "smollm3"), 1e-4)
     check_with_llamacpp("deepseek_v3_wide_latent_f32", write_deepseek2("deepseek_v3_wide_latent_f32"), 1e-4)
     # Gemma 3: llama.cpp's CPU GELU reads a table of fp16 inputs (1.5e-3 when written; a layout
     # or scale error moves the logits by 1e-1 and more).
