@@ -33,6 +33,9 @@ constexpr ArchName kArchitectures[] = {
     // SmolLM3: Llama's graph with every fourth layer unrotated (nope_layers); llama.cpp's
     // files permute Q and K as for llama.
     {"smollm3", "smollm3", Architecture::kLlama},
+    // Seed-OSS: Llama's graph with biases on Q, K and V (and on O when the config says);
+    // no GGUF layout is read for it.
+    {"seed_oss", "-", Architecture::kLlama},
     {"qwen2", "qwen2", Architecture::kQwen2},
     {"qwen3", "qwen3", Architecture::kQwen3},
     {"mixtral", "mixtral", Architecture::kMixtral},
@@ -565,7 +568,21 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   CLEAVE_ASSIGN_OR_RETURN(c.tie_word_embeddings,
                           f.boolOr("tie_word_embeddings", c.model_type == "smollm3"));
   CLEAVE_ASSIGN_OR_RETURN(c.attention_bias,
-                          f.boolOr("attention_bias", c.architecture == Architecture::kQwen2));
+                          f.boolOr("attention_bias", c.architecture == Architecture::kQwen2 ||
+                                                         c.model_type == "seed_oss"));
+  // Which families' attention_bias covers the output projection too (transformers' classes):
+  // Llama's, SmolLM3's and Gemma 3's; Seed-OSS says apart; the others' never.
+  if (c.model_type == "llama" || c.model_type == "smollm3" ||
+      c.architecture == Architecture::kGemma3)
+    c.o_bias = c.attention_bias;
+  if (c.model_type == "seed_oss") {
+    CLEAVE_ASSIGN_OR_RETURN(c.o_bias, f.boolOr("attention_out_bias", false));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(bool mlp_bias, f.boolOr("mlp_bias", false));
+  if (mlp_bias) {
+    return absl::UnimplementedError(
+        absl::StrCat(name, ": mlp_bias (biases on the MLP's projections) is not supported"));
+  }
   c.qk_norm = c.architecture == Architecture::kQwen3 || c.architecture == Architecture::kQwen3Moe;
   if (c.architecture == Architecture::kGlm4Moe) {
     CLEAVE_ASSIGN_OR_RETURN(c.qk_norm, f.boolOr("use_qk_norm", false));
@@ -750,6 +767,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
   }
   c.tie_word_embeddings = file.findTensor("output.weight") == nullptr;
   c.attention_bias = file.findTensor("blk.0.attn_q.bias") != nullptr;
+  c.o_bias = file.findTensor("blk.0.attn_output.bias") != nullptr;
   c.qk_norm = file.findTensor("blk.0.attn_q_norm.weight") != nullptr;
   if (file.find("tokenizer.ggml.bos_token_id") != nullptr) {
     CLEAVE_ASSIGN_OR_RETURN(uint64_t bos, file.getUint("tokenizer.ggml.bos_token_id"));
@@ -819,7 +837,6 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     // Sliding windows on the even layers (llama.cpp's pattern of 2), sinks, O's bias, and
     // YaRN as gpt-oss was trained with it (not truncated).
     c.attention_sinks = true;
-    c.o_bias = file.findTensor("blk.0.attn_output.bias") != nullptr;
     CLEAVE_ASSIGN_OR_RETURN(c.sliding_window, u32Or("attention.sliding_window", 0));
     if (c.sliding_window > 0) {
       c.sliding_layers.assign(c.num_layers, false);

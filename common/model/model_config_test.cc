@@ -364,6 +364,34 @@ TEST(ModelConfigTest, GgufPhi3) {
   EXPECT_THAT(short_set.status().message(), HasSubstr("per rotary pair (8"));
 }
 
+// Which families' attention_bias puts a bias on O too (Llama's, SmolLM3's; Seed-OSS by
+// attention_out_bias; Qwen2's and Mistral's never), and mlp_bias refused.
+TEST(ModelConfigTest, AttentionAndMlpBiases) {
+  auto parse = [](const std::string& type, const std::string& extra) {
+    return parseConfigJson(R"({"model_type": ")" + type +
+                               R"(", "hidden_size": 64, "num_hidden_layers": 2,
+                               "num_attention_heads": 4, "intermediate_size": 96,
+                               "vocab_size": 100)" +
+                               extra + "}",
+                           "config.json");
+  };
+  for (const auto& [type, extra, q, o] :
+       {std::tuple{"llama", R"(, "attention_bias": true)", true, true},
+        std::tuple{"smollm3", R"(, "attention_bias": true)", true, true},
+        std::tuple{"qwen2", "", true, false}, std::tuple{"seed_oss", "", true, false},
+        std::tuple{"seed_oss", R"(, "attention_out_bias": true)", true, true},
+        std::tuple{"llama", "", false, false}}) {
+    SCOPED_TRACE(std::string(type) + extra);
+    auto c = parse(type, extra);
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->attention_bias, q);
+    EXPECT_EQ(c->o_bias, o);
+  }
+  auto mlp = parse("llama", R"(, "mlp_bias": true)");
+  EXPECT_EQ(mlp.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(mlp.status().message(), HasSubstr("mlp_bias"));
+}
+
 // SmolLM3: every fourth layer unrotated by default, or as no_rope_layers lists them; with
 // use_sliding_window those layers (or the ones layer_types names) attend to a window; tied
 // embeddings unless told otherwise; a malformed list refused naming it.

@@ -164,14 +164,13 @@ TEST_P(CudaTinyModelTest, MatchesTheCpuBackend) {
   checkModel(goldenDir() + "/engine/hf/" + GetParam());
 }
 
-INSTANTIATE_TEST_SUITE_P(Dense, CudaTinyModelTest,
-                         ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
-                                           "llama_fp8", "smollm2_like_f32", "qwen2_f32",
-                                           "qwen3_f32", "mistral_f32", "ministral3_f32",
-                                           "smollm3_f32", "phi3_f32", "phi3_longrope_f32",
-                                           "phi3_longrope_short_f32", "llama_fp8_block128",
-                                           "llama_fp8_ct_channel", "llama_nvfp4_modelopt",
-                                           "llama_nvfp4_ct"));
+INSTANTIATE_TEST_SUITE_P(
+    Dense, CudaTinyModelTest,
+    ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16", "llama_fp8", "smollm2_like_f32",
+                      "qwen2_f32", "qwen3_f32", "mistral_f32", "ministral3_f32", "llama_bias_f32",
+                      "seed_oss_f32", "smollm3_f32", "phi3_f32", "phi3_longrope_f32",
+                      "phi3_longrope_short_f32", "llama_fp8_block128", "llama_fp8_ct_channel",
+                      "llama_nvfp4_modelopt", "llama_nvfp4_ct"));
 
 // Gemma 3: norms after attention and the MLP, the GELU (tanh) MLP, embeddings times √hidden,
 // query_pre_attn_scalar's softmax scale, sliding layers with their own rotary base, the

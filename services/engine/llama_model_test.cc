@@ -616,15 +616,14 @@ TEST(Nvfp4GgufTest, APerTensorScaleBesideTheBlocksIsRefused) {
   EXPECT_THAT(weights.status().message(), HasSubstr("\"blk.1.attn_q.scale\" (a per-tensor scale"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dense, HfLogitsTest,
-                         ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16",
-                                           "llama_fp8", "smollm2_like_f32", "qwen2_f32",
-                                           "qwen3_f32", "qwen2_f32.gguf", "qwen3_f32.gguf",
-                                           "mistral_f32", "ministral3_f32", "smollm3_f32",
-                                           "smollm3_f32.gguf", "phi3_f32", "phi3_f32.gguf",
-                                           "phi3_longrope_f32", "phi3_longrope_f32.gguf",
-                                           "phi3_longrope_short_f32", "gemma3_f32",
-                                           "gemma3_pattern6_f32", "gemma3_pattern6_f32.gguf"));
+INSTANTIATE_TEST_SUITE_P(
+    Dense, HfLogitsTest,
+    ::testing::Values("llama_f32", "llama3_rope_f32", "llama_bf16", "llama_fp8", "smollm2_like_f32",
+                      "qwen2_f32", "qwen3_f32", "qwen2_f32.gguf", "qwen3_f32.gguf", "mistral_f32",
+                      "ministral3_f32", "llama_bias_f32", "seed_oss_f32", "smollm3_f32",
+                      "smollm3_f32.gguf", "phi3_f32", "phi3_f32.gguf", "phi3_longrope_f32",
+                      "phi3_longrope_f32.gguf", "phi3_longrope_short_f32", "gemma3_f32",
+                      "gemma3_pattern6_f32", "gemma3_pattern6_f32.gguf"));
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",

@@ -231,6 +231,7 @@ INSTANTIATE_TEST_SUITE_P(
         tpCase(kHf + "gpt_oss_mxfp4", 2, kGloo), tpCase(kGguf + "gpt_oss_mxfp4.gguf", 2, kShm),
         tpCase(kGguf + "phi3_f32.gguf", 2, kShm), tpCase(kHf + "phi3_longrope_f32", 2, kShm),
         tpCase(kHf + "ministral3_f32", 2, kShm), tpCase(kHf + "smollm3_f32", 2, kShm),
+        tpCase(kHf + "llama_bias_f32", 2, kShm), tpCase(kHf + "seed_oss_f32", 2, kShm),
         tpCase(kGguf + "smollm3_f32.gguf", 2, kShm), tpCase(kHf + "glm4_moe_f32", 2, kShm),
         tpCase(kHf + "glm4_moe_f32", 2, kGloo, MoeSplit::kColumns),
         tpCase(kGguf + "glm4_moe_f32.gguf", 2, kShm, MoeSplit::kColumns),

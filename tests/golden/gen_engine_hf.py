@@ -51,7 +51,7 @@ import transformers
 from safetensors import safe_open
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Gemma3TextConfig, Glm4MoeConfig,
                           GptOssConfig, LlamaConfig, Ministral3Config, MistralConfig, MixtralConfig, Phi3Config,
-                          Qwen2Config, Qwen3Config, SmolLM3Config,
+                          Qwen2Config, Qwen3Config, SeedOssConfig, SmolLM3Config,
                           Qwen3MoeConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -125,6 +125,16 @@ CASES: dict[str, tuple] = {
                          "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
                          "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.3},
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 115, torch.float32),
+    # Llama with attention_bias: biases on Q, K, V and O (transformers' LlamaAttention puts one on all four)
+    "llama_bias_f32": (LlamaConfig, {
+        **LLAMA_BASE, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 629, "attention_bias": True}, 117, torch.float32),
+    # Seed-OSS: biases on Q, K and V only (attention_out_bias false, as published), rope_theta 1e7
+    "seed_oss_f32": (SeedOssConfig, dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=631, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000000.0,
+        attention_dropout=0.0, residual_dropout=0.0, tie_word_embeddings=False, bos_token_id=0, eos_token_id=2,
+        pad_token_id=1), 118, torch.float32),
     # SmolLM3: Llama's graph with every fourth layer unrotated (NoPE; here the last of 4), tied embeddings
     "smollm3_f32": (SmolLM3Config, dict(
         hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
