@@ -56,6 +56,14 @@ constexpr ArchName kArchitectures[] = {
     // text_config): five sliding-window layers to one global, sandwich norms, a GELU MLP.
     {"gemma3_text", "gemma3", Architecture::kGemma3},
     {"gemma3", "gemma3", Architecture::kGemma3},
+    // MiniMax-M2 (and M2.1): Mixtral's layout (block_sparse_moe, experts w1/w2/w3) routed by
+    // sigmoid scores with a correction bias, renormalized; Q and K each normed across all
+    // their heads; rotary embedding on the first rotary_dim values of each head.
+    {"minimax_m2", "-", Architecture::kMiniMaxM2},
+    // OLMo 2: norms after attention and after the MLP only, Q and K normed across heads.
+    // OLMo 3 adds sliding-window layers (three of every four) with their own rotation.
+    {"olmo2", "-", Architecture::kOlmo2},
+    {"olmo3", "-", Architecture::kOlmo2},
 };
 
 std::string supportedList() {
@@ -128,6 +136,20 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
           moe.dense_layers.push_back(layer.get<uint32_t>());
         }
       }
+      break;
+    }
+    case Architecture::kMiniMaxM2: {
+      // Sigmoid scores; the top k of score + correction bias, their scores renormalized.
+      CLEAVE_ASSIGN_OR_RETURN(moe.num_experts, f.uint("num_local_experts"));
+      CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, f.uint("num_experts_per_tok"));
+      moe.expert_intermediate_size = config.intermediate_size;
+      moe.norm_topk_prob = true;
+      moe.scoring = MoeScoring::kSigmoid;
+      moe.score_correction_bias = true;
+      CLEAVE_ASSIGN_OR_RETURN(std::string scoring, f.stringOr("scoring_func", "sigmoid"));
+      if (scoring != "sigmoid")
+        return f.error("scoring_func",
+                       absl::StrCat("\"", scoring, "\" is not supported (sigmoid)"));
       break;
     }
     case Architecture::kGptOss: {
@@ -357,6 +379,55 @@ nlohmann::json ministral3Defaults(nlohmann::json text) {
   return text;
 }
 
+// The rotation of each kind of layer (Gemma 3, OLMo 3): rope_parameters.full_attention for the
+// global layers (or the legacy rope_theta and rope_scaling; base `global_theta` when neither
+// names one), rope_parameters.sliding_attention for the sliding layers, which rotate
+// unscaled with base `sliding_theta` unless it names its own.
+absl::Status parseRopePerLayerType(const JsonFields& f, double global_theta, double sliding_theta,
+                                   ModelConfig& c) {
+  CLEAVE_ASSIGN_OR_RETURN(JsonFields rope, f.object("rope_parameters"));
+  CLEAVE_ASSIGN_OR_RETURN(JsonFields global, rope.object("full_attention"));
+  CLEAVE_ASSIGN_OR_RETURN(JsonFields local, rope.object("sliding_attention"));
+  CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, global.numberOr("rope_theta", global_theta));
+  c.rope_scaling = RopeScaling();
+  if (f.has("rope_scaling")) {
+    CLEAVE_ASSIGN_OR_RETURN(JsonFields scaling, f.object("rope_scaling"));
+    CLEAVE_RETURN_IF_ERROR(parseRopeScaling(scaling, c.rope_scaling));
+  } else if (rope.has("full_attention")) {
+    CLEAVE_RETURN_IF_ERROR(parseRopeScaling(global, c.rope_scaling));
+  }
+  CLEAVE_ASSIGN_OR_RETURN(c.sliding_rope_theta, local.numberOr("rope_theta", sliding_theta));
+  CLEAVE_ASSIGN_OR_RETURN(std::string local_type, local.stringOr("rope_type", "default"));
+  if (local_type != "default") {
+    return local.error(
+        "rope_type",
+        absl::StrCat("\"", local_type, "\" is not supported for sliding layers (default)"));
+  }
+  return absl::OkStatus();
+}
+
+// OLMo 2 and 3: post norms only, Q and K normed across heads; OLMo 3's sliding layers
+// (layer_types, by default three of every four; a window of sliding_window, 4096 when absent)
+// rotate with their own parameters.
+absl::Status parseOlmo(const JsonFields& f, ModelConfig& c) {
+  c.pre_norms = false;
+  c.post_norms = true;
+  c.qk_norm = c.qk_norm_across_heads = true;
+  if (c.model_type != "olmo3") return absl::OkStatus();
+  CLEAVE_ASSIGN_OR_RETURN(double theta, f.numberOr("rope_theta", 500000.0));
+  CLEAVE_RETURN_IF_ERROR(parseRopePerLayerType(f, theta, theta, c));
+  std::optional<uint32_t> window = 4096;
+  if (f.names("sliding_window")) {
+    CLEAVE_ASSIGN_OR_RETURN(window, f.optionalUint("sliding_window"));
+  }
+  if (!window || *window == 0) return absl::OkStatus();
+  if (f.has("layer_types")) return parseSlidingLayers(f, c);
+  c.sliding_window = *window;
+  c.sliding_layers.assign(c.num_layers, false);
+  for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % 4 != 0;
+  return absl::OkStatus();
+}
+
 // Gemma 3's fields beyond Llama's: the MLP's activation, the softmax scale, the sliding
 // layers (layer_types, or every sliding_window_pattern-th layer global) and their own rotary
 // base (rope_parameters.sliding_attention, or the legacy rope_local_base_freq), the global
@@ -364,7 +435,7 @@ nlohmann::json ministral3Defaults(nlohmann::json text) {
 // soft caps.
 absl::Status parseGemma3(const JsonFields& f, ModelConfig& c) {
   c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
-  c.sandwich_norms = true;
+  c.post_norms = true;
   c.qk_norm = true;
   CLEAVE_ASSIGN_OR_RETURN(std::string activation, f.stringOr("hidden_activation", ""));
   if (activation != "gelu_pytorch_tanh" && activation != "gelu_new") {
@@ -391,26 +462,9 @@ absl::Status parseGemma3(const JsonFields& f, ModelConfig& c) {
   }
   if (c.final_logit_softcap < 0) return f.error("final_logit_softcapping", "must be positive");
 
-  CLEAVE_ASSIGN_OR_RETURN(JsonFields rope, f.object("rope_parameters"));
-  CLEAVE_ASSIGN_OR_RETURN(JsonFields global, rope.object("full_attention"));
-  CLEAVE_ASSIGN_OR_RETURN(JsonFields local, rope.object("sliding_attention"));
-  CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, f.numberOr("rope_theta", 1000000.0));
-  CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, global.numberOr("rope_theta", c.rope_theta));
-  c.rope_scaling = RopeScaling();
-  if (f.has("rope_scaling")) {
-    CLEAVE_ASSIGN_OR_RETURN(JsonFields scaling, f.object("rope_scaling"));
-    CLEAVE_RETURN_IF_ERROR(parseRopeScaling(scaling, c.rope_scaling));
-  } else if (rope.has("full_attention")) {
-    CLEAVE_RETURN_IF_ERROR(parseRopeScaling(global, c.rope_scaling));
-  }
-  CLEAVE_ASSIGN_OR_RETURN(c.sliding_rope_theta, f.numberOr("rope_local_base_freq", 10000.0));
-  CLEAVE_ASSIGN_OR_RETURN(c.sliding_rope_theta, local.numberOr("rope_theta", c.sliding_rope_theta));
-  CLEAVE_ASSIGN_OR_RETURN(std::string local_type, local.stringOr("rope_type", "default"));
-  if (local_type != "default") {
-    return local.error(
-        "rope_type",
-        absl::StrCat("\"", local_type, "\" is not supported for sliding layers (default)"));
-  }
+  CLEAVE_ASSIGN_OR_RETURN(double global_theta, f.numberOr("rope_theta", 1000000.0));
+  CLEAVE_ASSIGN_OR_RETURN(double local_theta, f.numberOr("rope_local_base_freq", 10000.0));
+  CLEAVE_RETURN_IF_ERROR(parseRopePerLayerType(f, global_theta, local_theta, c));
 
   CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> window, f.optionalUint("sliding_window"));
   if (f.has("layer_types")) return parseSlidingLayers(f, c);
@@ -587,6 +641,16 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   if (c.architecture == Architecture::kGlm4Moe) {
     CLEAVE_ASSIGN_OR_RETURN(c.qk_norm, f.boolOr("use_qk_norm", false));
   }
+  if (c.architecture == Architecture::kMiniMaxM2) {
+    CLEAVE_ASSIGN_OR_RETURN(c.qk_norm, f.boolOr("use_qk_norm", true));
+    CLEAVE_ASSIGN_OR_RETURN(std::string qk_norm_type, f.stringOr("qk_norm_type", "per_layer"));
+    if (qk_norm_type != "per_layer") {
+      return f.error("qk_norm_type", absl::StrCat("\"", qk_norm_type,
+                                                  "\" is not supported (per_layer: one norm "
+                                                  "across all heads)"));
+    }
+    c.qk_norm_across_heads = c.qk_norm;
+  }
   if (c.architecture == Architecture::kGptOss) {
     c.o_bias = c.attention_bias;
     c.attention_sinks = true;
@@ -627,14 +691,22 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   // Rotary embedding on the leading part of each head: GLM-4.5 (0.5 unless the config says
   // otherwise, as transformers defaults it) and Phi-4-mini (0.75), whose transformers
   // classes rotate the first partial_rotary_factor · head_dim values; other families' do not.
+  // MiniMax-M2's checkpoints give rotary_dim instead (a factor, when both are set, wins).
   const bool glm = c.architecture == Architecture::kGlm4Moe;
-  CLEAVE_ASSIGN_OR_RETURN(double partial, f.numberOr("partial_rotary_factor", glm ? 0.5 : 1.0));
+  const bool minimax = c.architecture == Architecture::kMiniMaxM2;
+  double partial_default = glm ? 0.5 : 1.0;
+  if (minimax && f.has("rotary_dim")) {
+    CLEAVE_ASSIGN_OR_RETURN(uint32_t rotary, f.uint("rotary_dim"));
+    partial_default = static_cast<double>(rotary) / c.head_dim;
+  }
+  CLEAVE_ASSIGN_OR_RETURN(double partial, f.numberOr("partial_rotary_factor", partial_default));
   CLEAVE_ASSIGN_OR_RETURN(partial, rope_parameters.numberOr("partial_rotary_factor", partial));
   if (partial != 1.0) {
-    if (!glm && c.architecture != Architecture::kPhi3) {
+    if (!glm && !minimax && c.architecture != Architecture::kPhi3) {
       return absl::UnimplementedError(absl::StrCat(
           name, ": partial_rotary_factor ", partial, " (rotary embedding on part of each head) is ",
-          "supported for glm4_moe and phi3 only; model_type \"", c.model_type, "\" rotates all"));
+          "supported for glm4_moe, minimax_m2 and phi3 only; model_type \"", c.model_type,
+          "\" rotates all"));
     }
     const double dims = partial * c.head_dim;
     if (!(partial > 0 && partial < 1) || dims != std::floor(dims) ||
@@ -647,6 +719,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   }
 
   if (c.architecture == Architecture::kGemma3) CLEAVE_RETURN_IF_ERROR(parseGemma3(f, c));
+  if (c.architecture == Architecture::kOlmo2) CLEAVE_RETURN_IF_ERROR(parseOlmo(f, c));
 
   CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> bos, f.optionalUint("bos_token_id"));
   c.bos_token_id = bos;
@@ -881,7 +954,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     // layers) scales its queries by hidden / heads (its query_pre_attn_scalar, which the files
     // do not state), the others by head_dim.
     c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
-    c.sandwich_norms = true;
+    c.post_norms = true;
     c.mlp_activation = MlpActivation::kGeluTanh;
     c.attention_scale = 1.0 / std::sqrt(static_cast<double>(
                                   c.num_layers == 62 ? c.hidden_size / c.num_heads : c.head_dim));

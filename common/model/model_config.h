@@ -7,7 +7,9 @@
 // sliding-window layers, biased experts with a clamped SwiGLU), GLM-4.5 (DeepSeek-V3's
 // routing and shared experts on grouped-query attention with rotary embedding on half of
 // each head), Gemma 3 (sandwich norms, GELU MLP, local and global layers with their own
-// rotary bases).
+// rotary bases), MiniMax-M2 (sigmoid routing with a correction bias; Q and K each normed
+// across all their heads), OLMo 2 and 3 (norms after attention and the MLP only, Q and K
+// normed across heads; OLMo 3's sliding layers with their own rotation).
 #pragma once
 
 #include <cstdint>
@@ -32,7 +34,9 @@ enum class Architecture {
   kGptOss,
   kPhi3,
   kGlm4Moe,
-  kGemma3
+  kGemma3,
+  kMiniMaxM2,
+  kOlmo2
 };
 
 const char* architectureName(Architecture arch);
@@ -131,15 +135,20 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // Q/K/V projections have biases (Qwen2).
   bool qk_norm = false;         // RMSNorm on Q and K per head (Qwen3).
-  bool o_bias = false;          // The output projection has a bias too (gpt-oss).
+  // With qk_norm: one RMSNorm over all of a token's query heads (num_heads · head_dim weights)
+  // and one over all its key heads, as OLMo 2 and MiniMax-M2 norm them, rather than per head.
+  bool qk_norm_across_heads = false;
+  bool o_bias = false;  // The output projection has a bias too (gpt-oss).
   // Gemma 3: the embeddings times embedding_scale (√hidden_size); a norm after attention and
-  // after the MLP as well as before them (sandwich_norms); the MLP's gate through
+  // after the MLP (post_norms) as well as before them (pre_norms; OLMo 2 has the post norms
+  // only, and its residual stream enters attention and the MLP as it is); the MLP's gate through
   // mlp_activation; a softmax scale of attention_scale (query_pre_attn_scalar^-½; 0 keeps
   // 1/√head_dim); sliding layers rotating with base sliding_rope_theta and no scaling (0: as
   // the other layers); the logits soft-capped to ±final_logit_softcap (cap · tanh(x / cap);
   // 0: none).
   double embedding_scale = 1.0;
-  bool sandwich_norms = false;
+  bool pre_norms = true;
+  bool post_norms = false;
   MlpActivation mlp_activation = MlpActivation::kSilu;
   double attention_scale = 0.0;
   double sliding_rope_theta = 0.0;

@@ -66,7 +66,7 @@ void checkConfig(const std::string& path, const nlohmann::json& want) {
   }
   if (want.contains("qk_norm")) EXPECT_EQ(c.qk_norm, want["qk_norm"].get<bool>());
   if (want.contains("sandwich_norms")) {  // Gemma 3
-    EXPECT_TRUE(c.sandwich_norms);
+    EXPECT_TRUE(c.post_norms);
     EXPECT_DOUBLE_EQ(c.embedding_scale, want["embedding_scale"].get<double>());
     EXPECT_EQ(c.mlp_activation, MlpActivation::kGeluTanh);
     EXPECT_DOUBLE_EQ(c.attention_scale,
@@ -76,7 +76,7 @@ void checkConfig(const std::string& path, const nlohmann::json& want) {
                                                 ? 0.0
                                                 : want["final_logit_softcapping"].get<double>());
   } else {
-    EXPECT_FALSE(c.sandwich_norms);
+    EXPECT_FALSE(c.post_norms);
     EXPECT_EQ(c.embedding_scale, 1.0);
     EXPECT_EQ(c.attention_scale, 0.0);
   }
@@ -424,6 +424,67 @@ TEST(ModelConfigTest, SmolLm3NopeLayers) {
   EXPECT_THAT(bad_value.status().message(), HasSubstr("layer 2: 2 is not 0 or 1"));
 }
 
+// MiniMax-M2 as published: rotary_dim rather than a factor (64 of 128), Q/K norms across
+// heads, sigmoid routing with a correction bias, renormalized; other norm layouts and
+// scorings refused naming the field.
+TEST(ModelConfigTest, MiniMaxM2) {
+  auto parse = [](const std::string& extra) {
+    return parseConfigJson(R"({"model_type": "minimax_m2", "hidden_size": 3072,
+                               "num_hidden_layers": 62, "num_attention_heads": 48,
+                               "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 1536,
+                               "num_local_experts": 256, "num_experts_per_tok": 8,
+                               "vocab_size": 200064, "rope_theta": 5000000, "rotary_dim": 64,
+                               "qk_norm_type": "per_layer", "scoring_func": "sigmoid",
+                               "use_qk_norm": true)" +
+                               extra + "}",
+                           "config.json");
+  };
+  auto c = parse("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kMiniMaxM2);
+  EXPECT_EQ(c->rotary_dim, 64u);
+  EXPECT_TRUE(c->qk_norm && c->qk_norm_across_heads);
+  ASSERT_TRUE(c->moe.has_value());
+  EXPECT_EQ(c->moe->num_experts, 256u);
+  EXPECT_EQ(c->moe->expert_intermediate_size, 1536u);
+  EXPECT_EQ(c->moe->scoring, MoeScoring::kSigmoid);
+  EXPECT_TRUE(c->moe->score_correction_bias && c->moe->norm_topk_prob);
+  EXPECT_EQ(c->moe->n_group, 1u);
+  EXPECT_EQ(c->rope_theta, 5000000.0);
+  auto per_head = parse(R"(, "qk_norm_type": "per_head")");
+  EXPECT_THAT(per_head.status().message(), HasSubstr("qk_norm_type \"per_head\" is not"));
+  auto softmax = parse(R"(, "scoring_func": "softmax")");
+  EXPECT_THAT(softmax.status().message(), HasSubstr("scoring_func \"softmax\" is not"));
+}
+
+// OLMo 2 and 3: post norms only, Q/K norms across heads; OLMo 3 by transformers' defaults (a
+// window of 4096 on three layers of every four, every layer type rotating with rope_theta).
+TEST(ModelConfigTest, Olmo) {
+  auto parse = [](const std::string& type, const std::string& extra) {
+    return parseConfigJson(R"({"model_type": ")" + type + R"(", "hidden_size": 64,
+                               "num_hidden_layers": 8, "num_attention_heads": 4,
+                               "intermediate_size": 96, "vocab_size": 100)" +
+                               extra + "}",
+                           "config.json");
+  };
+  auto olmo2 = parse("olmo2", R"(, "rope_theta": 500000)");
+  ASSERT_TRUE(olmo2.ok()) << olmo2.status();
+  EXPECT_FALSE(olmo2->pre_norms);
+  EXPECT_TRUE(olmo2->post_norms && olmo2->qk_norm && olmo2->qk_norm_across_heads);
+  EXPECT_EQ(olmo2->attentionWindow(0), 0u);
+  auto olmo3 = parse("olmo3", R"(, "rope_theta": 250000)");
+  ASSERT_TRUE(olmo3.ok()) << olmo3.status();
+  for (uint32_t l = 0; l < 8; ++l) EXPECT_EQ(olmo3->attentionWindow(l), l % 4 == 3 ? 0u : 4096u);
+  EXPECT_EQ(olmo3->rope_theta, 250000.0);
+  EXPECT_EQ(olmo3->sliding_rope_theta, 250000.0);
+  auto none = parse("olmo3", R"(, "sliding_window": null)");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->attentionWindow(0), 0u);
+  auto scaled =
+      parse("olmo3", R"(, "rope_parameters": {"sliding_attention": {"rope_type": "yarn"}})");
+  EXPECT_THAT(scaled.status().message(), HasSubstr("not supported for sliding layers"));
+}
+
 // Mistral 3's multimodal configs: the text model is text_config (mistral by default, or
 // ministral3, whose rotation defaults to transformers' YaRN with Llama 4's query temperature);
 // a mistral3 config without one is refused naming it.
@@ -574,7 +635,7 @@ TEST(ModelConfigTest, GgufGemma3) {
   auto c = gemma(34, 2560, 8, 256);  // 4B
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->architecture, Architecture::kGemma3);
-  EXPECT_TRUE(c->sandwich_norms);
+  EXPECT_TRUE(c->post_norms);
   EXPECT_EQ(c->mlp_activation, MlpActivation::kGeluTanh);
   EXPECT_DOUBLE_EQ(c->embedding_scale, std::sqrt(2560.0));
   EXPECT_DOUBLE_EQ(c->attention_scale, 1.0 / 16);

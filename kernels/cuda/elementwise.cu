@@ -41,13 +41,20 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) rmsNormKernel(const RmsNor
     }
     squares += __low2float(v) * __low2float(v) + __high2float(v) * __high2float(v);
   }
-  const float inverse = rsqrtf(warpSum(squares) / static_cast<float>(a.cols) + a.eps);
+  squares = warpSum(squares);
+  if (a.squares_out != nullptr) {
+    if (lane == 0) a.squares_out[row] = squares;
+    return;
+  }
+  const float mean = a.squares != nullptr ? a.squares[row] / static_cast<float>(a.norm_cols)
+                                          : squares / static_cast<float>(a.cols);
+  const float inverse = a.weight != nullptr ? rsqrtf(mean + a.eps) : 1.0f;
   __syncwarp();
   const float2* weight = reinterpret_cast<const float2*>(a.weight);
   bf162* out = reinterpret_cast<bf162*>(a.out + outer * a.out_stride + inner);
   for (int64_t i = lane; i < pairs; i += 32) {
     const bf162 v = source[i];
-    const float2 w = weight[i];
+    const float2 w = weight != nullptr ? weight[i] : make_float2(1.0f, 1.0f);
     out[i] = __floats2bfloat162_rn(__low2float(v) * inverse * w.x, __high2float(v) * inverse * w.y);
   }
 }
@@ -194,6 +201,8 @@ absl::Status rmsNorm(const RmsNormArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return absl::OkStatus();
   if (args.cols % 2 != 0) return absl::InvalidArgumentError("rms_norm: cols must be even");
   if (args.group < 1) return absl::InvalidArgumentError("rms_norm: group must be >= 1");
+  if (args.squares != nullptr && args.norm_cols < args.cols)
+    return absl::InvalidArgumentError("rms_norm: norm_cols must cover the row");
   const auto blocks = static_cast<unsigned>((args.rows + kRowsPerBlock - 1) / kRowsPerBlock);
   rmsNormKernel<<<blocks, kRowsPerBlock * 32, 0, stream>>>(args);
   return launchStatus("rms_norm");

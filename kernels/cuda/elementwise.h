@@ -21,7 +21,8 @@ struct RmsNormArgs {
   // (the pre-norm residual stream of a transformer block).
   __nv_bfloat16* residual = nullptr;
   int64_t residual_stride = 0;
-  // [cols], f32: Gemma's 1 + w (and GGUF files' f32 norms) would lose bits as bf16.
+  // [cols], f32: Gemma's 1 + w (and GGUF files' f32 norms) would lose bits as bf16. Null:
+  // out = v unnormed (a layer without a norm before its attention or MLP: OLMo 2).
   const float* weight = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;  // even
@@ -31,6 +32,14 @@ struct RmsNormArgs {
   // Rows per stride: row r is at (r / group) * stride + (r % group) * cols — the heads of
   // one token's projection for per-head q/k norm.
   int64_t group = 1;
+  // A row split over tensor-parallel ranks (Q's heads normed together: OLMo 2, MiniMax-M2)
+  // takes two calls around an all-reduce of the sums. When `squares_out` is set, the call
+  // only writes each row's sum of v^2 there ([rows] f32). When `squares` is set, the row's
+  // mean square is squares[r] / norm_cols (the sum over the whole row, every rank's part)
+  // rather than its own.
+  float* squares_out = nullptr;
+  const float* squares = nullptr;
+  int64_t norm_cols = 0;
 };
 // out[r] = v / sqrt(mean(v^2) + eps) * weight, v = x[r] (or the new residual[r]). Per-head
 // q/k norm is the same op over rows = tokens * heads, cols = head_dim, group = heads.

@@ -76,6 +76,76 @@ TEST(RmsNormTest, MatchesCpuBackend) {
   }
 }
 
+// A row split over two ranks (OLMo 2's Q normed across heads): each part's sums of squares
+// (squares_out), summed as the all-reduce would, then each part normed with the whole row's
+// sums, against the CPU's norm of the whole row. Without weights the kernel only adds the
+// residual and copies the sum (a layer with no norm before its attention).
+TEST(RmsNormTest, RowSplitOverRanksAndNoWeight) {
+  CLEAVE_REQUIRE_GPU();
+  std::mt19937 rng(testing::freshSeed());
+  const int64_t rows = 21, cols = 96, split = 32;
+  std::vector<bf16> x = testing::randomBf16(rows * cols, rng, 3.0f);
+  std::vector<float> weight = testing::toFloat(testing::randomBf16(cols, rng, 2.0f));
+  const std::vector<float> input = testing::toFloat(x);
+  std::vector<float> want(rows * cols);
+  cpu::rmsNorm(input.data(), cols, weight.data(), rows, cols, 1e-6f, want.data(), cols);
+  DeviceBuffer<bf16> dx(x);
+  DeviceBuffer<bf16> dout(std::vector<bf16>(x.size(), __float2bfloat16(NAN)));
+  DeviceBuffer<float> dw(weight);
+  const int64_t begin[2] = {0, split}, width[2] = {split, cols - split};
+  std::vector<float> sums(rows, 0.0f);
+  for (int part = 0; part < 2; ++part) {
+    DeviceBuffer<float> squares(std::vector<float>(rows, NAN));
+    ASSERT_TRUE(rmsNorm({.x = dx.get() + begin[part],
+                         .x_stride = cols,
+                         .rows = rows,
+                         .cols = width[part],
+                         .squares_out = squares.get()},
+                        nullptr)
+                    .ok());
+    const std::vector<float> partial = squares.copyToHost();
+    for (int64_t r = 0; r < rows; ++r) sums[r] += partial[r];
+  }
+  DeviceBuffer<float> dsums(sums);
+  for (int part = 0; part < 2; ++part) {
+    ASSERT_TRUE(rmsNorm({.x = dx.get() + begin[part],
+                         .x_stride = cols,
+                         .weight = dw.get() + begin[part],
+                         .rows = rows,
+                         .cols = width[part],
+                         .eps = 1e-6f,
+                         .out = dout.get() + begin[part],
+                         .out_stride = cols,
+                         .squares = dsums.get(),
+                         .norm_cols = cols},
+                        nullptr)
+                    .ok());
+  }
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const auto d = testing::compare(testing::toFloat(dout.copyToHost()), want);
+  EXPECT_EQ(d.non_finite, 0);
+  EXPECT_LE(d.relative_l2, 8e-3);
+
+  std::vector<bf16> residual = testing::randomBf16(rows * cols, rng, 3.0f);
+  DeviceBuffer<bf16> dres(residual);
+  DeviceBuffer<bf16> copied(std::vector<bf16>(x.size(), __float2bfloat16(NAN)));
+  ASSERT_TRUE(rmsNorm({.x = dx.get(),
+                       .x_stride = cols,
+                       .residual = dres.get(),
+                       .residual_stride = cols,
+                       .rows = rows,
+                       .cols = cols,
+                       .out = copied.get(),
+                       .out_stride = cols},
+                      nullptr)
+                  .ok());
+  CUDA_ASSERT_OK(cudaDeviceSynchronize());
+  const std::vector<float> sum = testing::toFloat(dres.copyToHost());
+  const auto c = testing::compare(testing::toFloat(copied.copyToHost()), sum);
+  EXPECT_EQ(c.max_abs, 0.0) << "no weight: the residual sum copied";
+  EXPECT_EQ(c.non_finite, 0);
+}
+
 // SiLU's and GELU's (tanh form, Gemma's) gated products against the CPU backend's.
 TEST(GatedMulTest, MatchesCpuBackend) {
   CLEAVE_REQUIRE_GPU();

@@ -62,7 +62,9 @@ void printConfig(const model::ModelConfig& c) {
   }
   std::printf("\n  tie_word_embeddings %s, attention_bias %s, qk_norm %s\n",
               c.tie_word_embeddings ? "yes" : "no", c.attention_bias ? "yes" : "no",
-              c.qk_norm ? "yes" : "no");
+              !c.qk_norm               ? "no"
+              : c.qk_norm_across_heads ? "yes (across all heads)"
+                                       : "yes");
   std::printf("  bos %s, eos [%s]\n",
               c.bos_token_id ? std::to_string(*c.bos_token_id).c_str() : "none",
               absl::StrJoin(c.eos_token_ids, ", ").c_str());
@@ -83,10 +85,11 @@ void printConfig(const model::ModelConfig& c) {
     if (c.sliding_rope_theta > 0) std::printf(" (their rope_theta %g)", c.sliding_rope_theta);
     std::printf("\n");
   }
-  if (c.sandwich_norms) {
+  if (c.post_norms) {
     std::printf(
-        "  norms after attention and the MLP, %s MLP, embeddings x %g, softmax scale %g, "
+        "  norms after attention and the MLP%s, %s MLP, embeddings x %g, softmax scale %g, "
         "final logit soft cap %g\n",
+        c.pre_norms ? " (and before)" : " only",
         c.mlp_activation == model::MlpActivation::kGeluTanh ? "GELU (tanh)" : "SiLU",
         c.embedding_scale, c.attention_scale, c.final_logit_softcap);
   }

@@ -111,6 +111,9 @@ struct CudaLlamaModel::State {
   float mla_scale = 1.0f;
   bf16 *mla_q_low = nullptr, *mla_q = nullptr, *mla_latent = nullptr, *mla_q_abs = nullptr,
        *mla_attended = nullptr;
+  // Q and K normed across heads (ModelConfig::qk_norm_across_heads): each token's sums of
+  // squares, Q's then K's, [2][max_step_tokens], summed over the ranks.
+  float* qk_squares = nullptr;
   // Tensor parallelism: this rank's rows of the vocabulary (embedding, lm-head) and every
   // rank's row count (the logits' all-gather); null comm for a group of one.
   NcclCommunicator* comm = nullptr;
@@ -273,7 +276,7 @@ struct CudaLlamaModel::State {
     moe_layer.assign(layers, {});
     for (int64_t l = 0; l < layers; ++l) {
       DeviceLayer& d = layer[l];
-      d.attn_norm = arena.take<float>(hidden);
+      if (config.pre_norms) d.attn_norm = arena.take<float>(hidden);
       const LayerFormats& f = formats[l];
       if (mla) {
         const auto bf16_format = cuda::ExpertWeightFormat::kBf16;
@@ -290,16 +293,16 @@ struct CudaLlamaModel::State {
       } else {
         d.wqkv = placeWeights(arena, f.qkv, 1, qkv_dim, hidden);
         if (traits.qkv_bias) d.bqkv = arena.take<bf16>(qkv_dim);
-        if (traits.qk_norm) {
-          d.q_norm = arena.take<float>(head_dim);
-          d.k_norm = arena.take<float>(head_dim);
+        if (traits.qk_norm) {  // Per head, or the rank's part of a norm across heads.
+          d.q_norm = arena.take<float>(config.qk_norm_across_heads ? q_dim : head_dim);
+          d.k_norm = arena.take<float>(config.qk_norm_across_heads ? kv_dim : head_dim);
         }
         if (traits.sinks) d.sinks = arena.take<float>(heads);
         d.wo = placeWeights(arena, f.o, 1, hidden, q_dim);
         if (traits.o_bias) d.bo = arena.take<bf16>(hidden);
       }
-      d.ffn_norm = arena.take<float>(hidden);
-      if (config.sandwich_norms) {
+      if (config.pre_norms) d.ffn_norm = arena.take<float>(hidden);
+      if (config.post_norms) {
         d.post_attn_norm = arena.take<float>(hidden);
         d.post_ffn_norm = arena.take<float>(hidden);
       }
@@ -329,6 +332,7 @@ struct CudaLlamaModel::State {
       attn = arena.take<bf16>(t * heads * v_dim);
     } else {
       qkv = arena.take<bf16>(t * qkv_dim);
+      if (config.qk_norm_across_heads) qk_squares = arena.take<float>(2 * t);
       q = arena.take<bf16>(t * q_dim);
       attn = arena.take<bf16>(t * q_dim);
     }
@@ -714,7 +718,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     if (src.moe.has_value() != s.is_moe[l])
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, "'s MLP does not match the config (dense or MoE)"));
-    CLEAVE_RETURN_IF_ERROR(uploadF32(src.attn_norm, dst.attn_norm, "attn_norm"));
+    if (src.attn_norm.empty() != (dst.attn_norm == nullptr) ||
+        src.ffn_norm.empty() != (dst.ffn_norm == nullptr))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", l, "'s norms before attention and the MLP do not match the config"));
+    if (dst.attn_norm != nullptr)
+      CLEAVE_RETURN_IF_ERROR(uploadF32(src.attn_norm, dst.attn_norm, "attn_norm"));
     if (src.mla.has_value() != s.mla)
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, "'s attention does not match the config (MLA or not)"));
@@ -745,7 +754,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     if (s.traits.sinks)
       CLEAVE_RETURN_IF_ERROR(
           uploadBytes(dst.sinks, src.sinks.data(), src.sinks.size() * 4, "attention sinks"));
-    CLEAVE_RETURN_IF_ERROR(uploadF32(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
+    if (dst.ffn_norm != nullptr)
+      CLEAVE_RETURN_IF_ERROR(uploadF32(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
     if (dst.post_attn_norm != nullptr) {
       CLEAVE_RETURN_IF_ERROR(uploadF32(src.post_attn_norm, dst.post_attn_norm, "post_attn_norm"));
       CLEAVE_RETURN_IF_ERROR(uploadF32(src.post_ffn_norm, dst.post_ffn_norm, "post_ffn_norm"));
@@ -798,7 +808,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
   };
   for (int64_t l = 0; l < s.layers; ++l) {
     const DeviceLayer& d = s.layer[l];
-    CLEAVE_RETURN_IF_ERROR(fill(d.attn_norm, s.hidden, 0.8f, 1.2f));
+    if (d.attn_norm != nullptr) CLEAVE_RETURN_IF_ERROR(fill(d.attn_norm, s.hidden, 0.8f, 1.2f));
     if (s.mla) {
       if (s.q_low > 0) {
         CLEAVE_RETURN_IF_ERROR(fillMatrix(d.q_a, s.q_low, s.hidden));
@@ -816,8 +826,9 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
       CLEAVE_RETURN_IF_ERROR(fill(bf16Data(d.wo), s.hidden * s.q_dim, -in_scale, in_scale));
       if (d.bqkv != nullptr) CLEAVE_RETURN_IF_ERROR(fill(d.bqkv, s.qkv_dim, -0.1f, 0.1f));
       if (d.q_norm != nullptr) {
-        CLEAVE_RETURN_IF_ERROR(fill(d.q_norm, s.head_dim, 0.8f, 1.2f));
-        CLEAVE_RETURN_IF_ERROR(fill(d.k_norm, s.head_dim, 0.8f, 1.2f));
+        const bool across = s.config.qk_norm_across_heads;
+        CLEAVE_RETURN_IF_ERROR(fill(d.q_norm, across ? s.q_dim : s.head_dim, 0.8f, 1.2f));
+        CLEAVE_RETURN_IF_ERROR(fill(d.k_norm, across ? s.kv_dim : s.head_dim, 0.8f, 1.2f));
       }
       if (d.bo != nullptr) CLEAVE_RETURN_IF_ERROR(fill(d.bo, s.hidden, -0.1f, 0.1f));
       if (d.sinks != nullptr) {
@@ -826,7 +837,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
             uploadBytes(d.sinks, sinks.data(), sinks.size() * 4, "random attention sinks"));
       }
     }
-    CLEAVE_RETURN_IF_ERROR(fill(d.ffn_norm, s.hidden, 0.8f, 1.2f));
+    if (d.ffn_norm != nullptr) CLEAVE_RETURN_IF_ERROR(fill(d.ffn_norm, s.hidden, 0.8f, 1.2f));
     if (d.post_attn_norm != nullptr) {
       CLEAVE_RETURN_IF_ERROR(fill(d.post_attn_norm, s.hidden, 0.8f, 1.2f));
       CLEAVE_RETURN_IF_ERROR(fill(d.post_ffn_norm, s.hidden, 0.8f, 1.2f));
@@ -987,6 +998,41 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                           .out_stride = hidden},
                          st);
   };
+  // Q and K each normed across all their heads (OLMo 2, MiniMax-M2). A rank holds some heads
+  // of each row: its sums of squares, summed over the group, then the norm with those.
+  auto normQkAcrossHeads = [&](const DeviceLayer& d) -> absl::Status {
+    struct Part {
+      bf16* x;
+      const float* weight;
+      int64_t cols, whole;
+      float* squares;
+    };
+    const Part parts[] = {
+        {qkv, d.q_norm, q_dim, int64_t{config.num_heads} * head_dim, qk_squares},
+        {qkv + q_dim, d.k_norm, kv_dim, int64_t{config.num_kv_heads} * head_dim, qk_squares + n}};
+    if (comm != nullptr) {
+      for (const Part& p : parts) {
+        CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm(
+            {.x = p.x, .x_stride = qkv_dim, .rows = n, .cols = p.cols, .squares_out = p.squares},
+            st));
+      }
+      CLEAVE_RETURN_IF_ERROR(comm->enqueueAllReduceF32(qk_squares, 2 * n, st));
+    }
+    for (const Part& p : parts) {
+      CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = p.x,
+                                            .x_stride = qkv_dim,
+                                            .weight = p.weight,
+                                            .rows = n,
+                                            .cols = p.cols,
+                                            .eps = eps,
+                                            .out = p.x,
+                                            .out_stride = qkv_dim,
+                                            .squares = comm != nullptr ? p.squares : nullptr,
+                                            .norm_cols = p.whole},
+                                           st));
+    }
+    return absl::OkStatus();
+  };
   // The MLP's activated gate rows of gu times its up rows, into act.
   auto activate = [&]() {
     return (gelu ? cuda::geluTanhMul : cuda::siluMul)(gu, gu + ffn, 2 * ffn, n, ffn, act, ffn, st);
@@ -1109,7 +1155,9 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
       CLEAVE_RETURN_IF_ERROR(linear(attn, heads * v_dim, d.wo, nullptr, o));
     } else {
       CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.wqkv, d.bqkv, qkv));
-      if (traits.qk_norm) {
+      if (traits.qk_norm && config.qk_norm_across_heads) {
+        CLEAVE_RETURN_IF_ERROR(normQkAcrossHeads(d));
+      } else if (traits.qk_norm) {
         CLEAVE_RETURN_IF_ERROR(cuda::rmsNorm({.x = qkv,
                                               .x_stride = qkv_dim,
                                               .weight = d.q_norm,

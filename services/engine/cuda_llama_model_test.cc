@@ -179,6 +179,10 @@ INSTANTIATE_TEST_SUITE_P(Gemma3, CudaTinyModelTest,
                          ::testing::Values("gemma3_f32", "gemma3_pattern6_f32",
                                            "../gguf/gemma3_pattern6_f32.gguf"));
 
+// OLMo 2 and 3: no norms before attention and the MLP (the residual stream copied in), norms
+// after them, Q and K normed across heads; OLMo 3's sliding layers with their own rotation.
+INSTANTIATE_TEST_SUITE_P(Olmo, CudaTinyModelTest, ::testing::Values("olmo2_f32", "olmo3_f32"));
+
 // llama.cpp's NVFP4 blocks (qwen3_nvfp4.gguf: its attention, gate and up projections) on the
 // GPU's NVFP4 path, rearranged at upload, against the CPU's float computation of the same
 // values.
@@ -380,6 +384,10 @@ INSTANTIATE_TEST_SUITE_P(GptOss, CudaMoeModelTest,
 INSTANTIATE_TEST_SUITE_P(Glm, CudaMoeModelTest,
                          ::testing::Values("glm4_moe_f32", "../gguf/glm4_moe_f32.gguf"));
 
+// MiniMax-M2: sigmoid routing with a correction bias and no groups, Q and K normed across
+// heads, half of each head rotating.
+INSTANTIATE_TEST_SUITE_P(MiniMax, CudaMoeModelTest, ::testing::Values("minimax_m2_f32"));
+
 // DeepSeek-V3's multi-head latent attention (the latent cache, absorbed queries, the
 // CUDA-core latent attention kernel) with its MoE: float, bf16 and FP8 128x128 checkpoints
 // (low-rank Q, interleaved rope), V2-Lite's full-rank Q, rotate-half rope and YaRN, and
@@ -435,8 +443,8 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
   ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
   if (gpus < 2) GTEST_SKIP() << "one GPU: tensor parallelism needs two";
   // gpt-oss: the O and expert down-projection biases join one rank's partial sums only.
-  for (const char* name :
-       {"llama_f32", "qwen2_f32", "qwen3_moe_f32", "gpt_oss_f32", "glm4_moe_f32", "gemma3_f32"}) {
+  for (const char* name : {"llama_f32", "qwen2_f32", "qwen3_moe_f32", "gpt_oss_f32", "glm4_moe_f32",
+                           "gemma3_f32", "minimax_m2_f32", "olmo3_f32"}) {
     SCOPED_TRACE(name);
     const std::string path = goldenDir() + "/engine/hf/" + name;
     std::vector<std::vector<float>> steps[2];

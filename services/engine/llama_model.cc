@@ -211,7 +211,45 @@ void LlamaModel::addAndNorm(const float* delta, const float* norm, int64_t n) {
   });
 }
 
-void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage& cache) {
+void LlamaModel::addAndPrepare(const float* delta, const std::vector<float>& norm, int64_t n) {
+  addAndNorm(delta, norm.empty() ? nullptr : norm.data(), n);
+  if (norm.empty()) std::memcpy(h_.data(), x_.data(), n * w_.config.hidden_size * sizeof(float));
+}
+
+absl::Status LlamaModel::normQkAcrossHeads(const LlamaLayer& layer, int64_t n) {
+  const model::ModelConfig& c = w_.config;
+  const int64_t q_dim = w_.dims.heads.size * c.head_dim;
+  const int64_t kv_dim = w_.dims.kv_heads.size * c.head_dim;
+  qk_squares_.resize(2 * n);
+  auto squares = [](const float* x, int64_t count) {
+    double sum = 0;
+    for (int64_t i = 0; i < count; ++i) sum += double{x[i]} * x[i];
+    return static_cast<float>(sum);
+  };
+  pool_.parallelFor(n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      qk_squares_[i] = squares(q_.data() + i * q_dim, q_dim);
+      qk_squares_[n + i] = squares(k_.data() + i * kv_dim, kv_dim);
+    }
+  });
+  CLEAVE_RETURN_IF_ERROR(reduce(qk_squares_.data(), 2 * n));
+  const double eps = c.rms_norm_eps;
+  const double q_all = static_cast<double>(c.num_heads) * c.head_dim;
+  const double k_all = static_cast<double>(c.num_kv_heads) * c.head_dim;
+  pool_.parallelFor(n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float q_inverse = static_cast<float>(1.0 / std::sqrt(qk_squares_[i] / q_all + eps));
+      const float k_inverse = static_cast<float>(1.0 / std::sqrt(qk_squares_[n + i] / k_all + eps));
+      float* q = q_.data() + i * q_dim;
+      float* k = k_.data() + i * kv_dim;
+      for (int64_t j = 0; j < q_dim; ++j) q[j] = q[j] * q_inverse * layer.q_norm[j];
+      for (int64_t j = 0; j < kv_dim; ++j) k[j] = k[j] * k_inverse * layer.k_norm[j];
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage& cache) {
   const model::ModelConfig& c = w_.config;
   const int64_t hidden = c.hidden_size;
   const int64_t head_dim = c.head_dim;
@@ -234,7 +272,9 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
     addRowBias(k_.data(), layer.bk.data(), n, kv_dim);
     addRowBias(v_.data(), layer.bv.data(), n, kv_dim);
   }
-  if (!layer.q_norm.empty()) {
+  if (!layer.q_norm.empty() && c.qk_norm_across_heads) {
+    CLEAVE_RETURN_IF_ERROR(normQkAcrossHeads(layer, n));
+  } else if (!layer.q_norm.empty()) {
     // Every head of every token is one row of head_dim values.
     cpu::rmsNorm(q_.data(), head_dim, layer.q_norm.data(), n * heads, head_dim, eps, q_.data(),
                  head_dim);
@@ -303,6 +343,7 @@ void LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage
   checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
   if (!layer.bo.empty()) addRowBias(h_.data(), layer.bo.data(), n, hidden);
   addLora(l, attn_.data(), q_dim, {{LoraTarget::kO, h_.data(), hidden}});
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const SequenceChunk> batch,
@@ -356,7 +397,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   if (sliding_rope_) sliding_rope_->angles(positions_.data(), n, sliding_angles_);
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LlamaLayer& layer = w_.layers[l];
-    addAndNorm(nullptr, layer.attn_norm.data(), n);
+    addAndPrepare(nullptr, layer.attn_norm, n);
     if (layer.mla) {
       mla_->forward(*layer.mla,
                     {.x = h_.data(),
@@ -369,11 +410,11 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
       const int64_t o_dim = w_.dims.heads.size * c.mla->v_head_dim;
       checkedMatmul(layer.wo, attn_.data(), o_dim, n, h_.data(), hidden, pool_);
     } else {
-      attend(layer, static_cast<int64_t>(l), n, cache);
+      CLEAVE_RETURN_IF_ERROR(attend(layer, static_cast<int64_t>(l), n, cache));
     }
     CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
     normRows(h_.data(), layer.post_attn_norm, n);
-    addAndNorm(h_.data(), layer.ffn_norm.data(), n);
+    addAndPrepare(h_.data(), layer.ffn_norm, n);
     if (layer.moe) {
       moe_->forward(*layer.moe, h_.data(), n, moe_out_.data());
       CLEAVE_RETURN_IF_ERROR(reduce(moe_out_.data(), n * hidden));

@@ -80,11 +80,19 @@ class LlamaModel {
   void ensureScratch(int64_t tokens, int64_t rows);
   // Multi-head attention of layer `l` (index l of the cache) over the normed rows in h_:
   // writes the chunk's keys and values into the cache and leaves o_proj's product in h_.
-  void attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage& cache);
+  // Errors: a collective failing (Q and K normed across heads split over the ranks).
+  absl::Status attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage& cache);
+  // OLMo 2's and MiniMax-M2's Q and K norms: each token's query heads normed as one row with
+  // layer.q_norm, its key heads with layer.k_norm; the heads of a row are spread over the
+  // ranks, so each rank's sums of squares are summed over the group first.
+  absl::Status normQkAcrossHeads(const LlamaLayer& layer, int64_t n);
   // The residual stream's n rows: x_ += delta (when given), then (when `norm` is given)
   // h_ = rmsNorm(x_) with it. Rows go over the pool in runs of 32, so a decode step's few
   // stay on this thread.
   void addAndNorm(const float* delta, const float* norm, int64_t n);
+  // x_ += delta (when given), then the input of the next attention or MLP into h_: x_ normed
+  // with `norm`, or x_ itself where the layer has no norm before it (OLMo 2).
+  void addAndPrepare(const float* delta, const std::vector<float>& norm, int64_t n);
   // RMSNorm of `n` rows of hidden values in place with weights `norm`; nothing when empty
   // (Gemma's norms of the attention and MLP outputs).
   void normRows(float* rows, const std::vector<float>& norm, int64_t n);
@@ -120,6 +128,7 @@ class LlamaModel {
   bool lora_step_ = false;                // Some chunk of the step has an adapter.
   // Scratch, [tokens, width] each unless noted.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, moe_out_;
+  std::vector<float> qk_squares_;       // [2, tokens]: Q's, then K's sums of squares.
   std::vector<float> last_;             // [logit rows, hidden]
   std::span<const float> last_hidden_;  // The rows of last_ the last forward filled.
   std::vector<float> local_logits_;     // [logit rows, this rank's vocab rows]

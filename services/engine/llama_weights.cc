@@ -42,9 +42,11 @@ class TensorSource {
   // What the stored RMSNorm weights lack: Gemma's checkpoints store w for a scale of 1 + w
   // (llama.cpp's files store 1 + w).
   void setNormOffset(float offset) { norm_offset_ = offset; }
-  // RMSNorm weights `name` of `size` (as the norms multiply: the stored ones plus the offset).
-  absl::StatusOr<std::vector<float>> norm(const std::string& name, uint64_t size) const {
-    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> w, vector(name, size));
+  // RMSNorm weights `name` of `size` (as the norms multiply: the stored ones plus the
+  // offset), or the `part` of them a rank uses.
+  absl::StatusOr<std::vector<float>> norm(const std::string& name, uint64_t size,
+                                          std::optional<Span> part = std::nullopt) const {
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> w, vector(name, size, part));
     for (float& v : w) v += norm_offset_;
     return w;
   }
@@ -377,7 +379,7 @@ class SafetensorsSource final : public TensorSource {
     }
   }
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
-    if (arch_ == Architecture::kGemma3) {
+    if (arch_ == Architecture::kGemma3 || arch_ == Architecture::kOlmo2) {
       static const std::map<std::string, std::string> kGemma = {
           {"ffn_norm", "pre_feedforward_layernorm.weight"},
           {"post_attn_norm", "post_attention_layernorm.weight"},
@@ -496,10 +498,10 @@ class SafetensorsSource final : public TensorSource {
                   .global = grid.global};
     return out;
   }
-  // Mixtral names its MoE block "block_sparse_moe" with experts w1 (gate), w3 (up),
-  // w2 (down); Qwen3-MoE and DeepSeek-V3 "mlp" with gate_proj / up_proj / down_proj, and
-  // DeepSeek adds gate.e_score_correction_bias and shared_experts; gpt-oss has a biased
-  // mlp.router and stacked experts (gpt_oss_experts.h).
+  // Mixtral and MiniMax-M2 name their MoE block "block_sparse_moe" with experts w1 (gate), w3
+  // (up), w2 (down) — MiniMax-M2's correction bias beside the gate; Qwen3-MoE and DeepSeek-V3 "mlp"
+  // with gate_proj / up_proj / down_proj, and DeepSeek adds gate.e_score_correction_bias and
+  // shared_experts; gpt-oss has a biased mlp.router and stacked experts (gpt_oss_experts.h).
   absl::StatusOr<MoeBlock> moe(uint32_t layer, const model::ModelConfig& c,
                                const ShardDims& dims) const override {
     if (c.architecture == Architecture::kGptOss) {
@@ -513,7 +515,8 @@ class SafetensorsSource final : public TensorSource {
                               loadGptOssExperts(ckpt_, c, dims, layer, cpuKernels()));
       return block;
     }
-    const bool mixtral = c.architecture == Architecture::kMixtral;
+    const bool minimax = c.architecture == Architecture::kMiniMaxM2;
+    const bool mixtral = c.architecture == Architecture::kMixtral || minimax;
     const std::string base =
         absl::StrCat(prefix_, "layers.", layer, ".", mixtral ? "block_sparse_moe." : "mlp.");
     const uint64_t hidden = c.hidden_size, ffn = c.moe->expert_intermediate_size;
@@ -532,8 +535,9 @@ class SafetensorsSource final : public TensorSource {
       block.experts.push_back(std::move(expert));
     }
     if (c.moe->score_correction_bias) {
-      CLEAVE_ASSIGN_OR_RETURN(block.score_bias,
-                              vector(base + "gate.e_score_correction_bias", c.moe->num_experts));
+      CLEAVE_ASSIGN_OR_RETURN(
+          block.score_bias,
+          vector(base + (minimax ? "" : "gate.") + "e_score_correction_bias", c.moe->num_experts));
     }
     if (c.moe->shared_experts > 0) {
       CLEAVE_ASSIGN_OR_RETURN(block.shared, mlp(base + "shared_experts.",
@@ -600,7 +604,9 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
   for (uint32_t i = 0; i < c.num_layers; ++i) {
     auto name = [&](const char* role) { return f.layerTensor(i, role); };
     LlamaLayer layer;
-    CLEAVE_ASSIGN_OR_RETURN(layer.attn_norm, f.norm(name("attn_norm"), hidden));
+    if (c.pre_norms) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.attn_norm, f.norm(name("attn_norm"), hidden));
+    }
     if (c.mla) {
       const int64_t v = c.mla->v_head_dim;
       CLEAVE_ASSIGN_OR_RETURN(layer.mla, loadMla(f, c, d, i));
@@ -636,14 +642,19 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
     if (c.attention_sinks) {
       CLEAVE_ASSIGN_OR_RETURN(layer.sinks, f.vector(name("sinks"), c.num_heads, d.heads));
     }
-    if (c.qk_norm) {
+    if (c.qk_norm && c.qk_norm_across_heads) {  // The rank's heads' part of each.
+      CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, f.norm(name("q_norm"), q_dim, q_part));
+      CLEAVE_ASSIGN_OR_RETURN(layer.k_norm, f.norm(name("k_norm"), kv_dim, kv_part));
+    } else if (c.qk_norm) {
       CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, f.norm(name("q_norm"), c.head_dim));
       CLEAVE_ASSIGN_OR_RETURN(layer.k_norm, f.norm(name("k_norm"), c.head_dim));
     }
     CLEAVE_ASSIGN_OR_RETURN(layer.k_scale, f.kvScale(i, "k"));
     CLEAVE_ASSIGN_OR_RETURN(layer.v_scale, f.kvScale(i, "v"));
-    CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm, f.norm(name("ffn_norm"), hidden));
-    if (c.sandwich_norms) {
+    if (c.pre_norms) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm, f.norm(name("ffn_norm"), hidden));
+    }
+    if (c.post_norms) {
       CLEAVE_ASSIGN_OR_RETURN(layer.post_attn_norm, f.norm(name("post_attn_norm"), hidden));
       CLEAVE_ASSIGN_OR_RETURN(layer.post_ffn_norm, f.norm(name("post_ffn_norm"), hidden));
     }

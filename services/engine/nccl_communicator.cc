@@ -188,6 +188,14 @@ absl::Status NcclCommunicator::enqueueAllReduceBf16(void* data, int64_t count,
                     "bf16 all-reduce");
 }
 
+absl::Status NcclCommunicator::enqueueAllReduceF32(float* data, int64_t count,
+                                                   cudaStream_t stream) {
+  if (absl::Status s = usable(); !s.ok()) return s;
+  return ncclStatus(ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat, ncclSum,
+                                  static_cast<ncclComm_t>(comm_), stream),
+                    "f32 all-reduce");
+}
+
 absl::Status NcclCommunicator::enqueueAllGather(const float* in, std::span<const int64_t> counts,
                                                 float* out, cudaStream_t stream) {
   if (absl::Status s = usable(); !s.ok()) return s;

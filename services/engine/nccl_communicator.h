@@ -46,6 +46,8 @@ class NcclCommunicator : public Communicator {
   // graph may capture them): the data is final when the stream gets past them. bf16 sums
   // accumulate in f32 on the P2P path, in NCCL's own way above it.
   absl::Status enqueueAllReduceBf16(void* data, int64_t count, cudaStream_t stream);
+  // f32 sums over NCCL (a few values a row: Q and K normed across heads).
+  absl::Status enqueueAllReduceF32(float* data, int64_t count, cudaStream_t stream);
   absl::Status enqueueAllGather(const float* in, std::span<const int64_t> counts, float* out,
                                 cudaStream_t stream);
 

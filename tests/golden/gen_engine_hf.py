@@ -50,7 +50,8 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
 import transformers
 from safetensors import safe_open
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Gemma3TextConfig, Glm4MoeConfig,
-                          GptOssConfig, LlamaConfig, Ministral3Config, MistralConfig, MixtralConfig, Phi3Config,
+                          GptOssConfig, LlamaConfig, MiniMaxM2Config, Ministral3Config, MistralConfig, MixtralConfig,
+                          Olmo2Config, Olmo3Config, Phi3Config,
                           Qwen2Config, Qwen3Config, SeedOssConfig, SmolLM3Config,
                           Qwen3MoeConfig)
 
@@ -323,6 +324,28 @@ CASES["gemma3_pattern6_f32"] = (Gemma3TextConfig, dict(
                                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
     hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
     bos_token_id=2, eos_token_id=1, pad_token_id=0), 119, torch.float32)
+
+# MiniMax-M2: Mixtral's layout routed by sigmoid scores with a correction bias (renormalized), Q and K each
+# normed across all their heads, rotary embedding on the first rotary_dim (half) of each head.
+CASES["minimax_m2_f32"] = (MiniMaxM2Config, dict(
+    hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, rotary_dim=8, vocab_size=637, max_position_embeddings=256, rms_norm_eps=1e-6,
+    num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
+    bos_token_id=1, eos_token_id=2, pad_token_id=0), 120, torch.float32)
+# OLMo 2: norms after attention and the MLP only, Q and K normed across heads.
+CASES["olmo2_f32"] = (Olmo2Config, dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=639, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=500000.0,
+    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 121, torch.float32)
+# OLMo 3: OLMo 2 with three sliding layers (window 5) to one global, the global one with YaRN
+# (factor 4 over 16 positions), the sliding ones unscaled.
+CASES["olmo3_f32"] = (Olmo3Config, dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=641, max_position_embeddings=64, rms_norm_eps=1e-6, sliding_window=5,
+    rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                        "rope_theta": 500000.0, "beta_fast": 32.0, "beta_slow": 1.0},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}},
+    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 122, torch.float32)
 
 
 # ---------------------------------------------------------------- helpers

@@ -121,12 +121,12 @@ class BinariesCliTest(unittest.TestCase):
         self.assertIn("/nonexistent.gguf", err)
 
     def test_inspect_shows_what_sets_a_family_apart(self):
-        """Gemma 3's windows, rotary bases and norms; GLM-4.5's partial rotary; int4 weights; longrope."""
+        """Gemma 3's windows, rotary bases and norms; GLM-4.5's partial rotary; int4 weights; longrope; OLMo 3."""
         golden = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine")
         code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "gemma3_f32")])
         self.assertEqual(code, 0, err)
         self.assertIn("sliding window 4 on 2 of 3 layers (their rope_theta 10000)", out)
-        self.assertIn("norms after attention and the MLP, GELU (tanh) MLP, embeddings x 8", out)
+        self.assertIn("norms after attention and the MLP (and before), GELU (tanh) MLP, embeddings x 8", out)
         self.assertIn("final logit soft cap 10", out)
         code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "gguf", "glm4_moe_f32.gguf")])
         self.assertEqual(code, 0, err)
@@ -144,6 +144,11 @@ class BinariesCliTest(unittest.TestCase):
         code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "smollm3_f32")])
         self.assertEqual(code, 0, err)
         self.assertIn("without rotary embedding (NoPE): 1 of 4 layers", out)
+        code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "olmo3_f32")])
+        self.assertEqual(code, 0, err)
+        self.assertIn("qk_norm yes (across all heads)", out)
+        self.assertIn("norms after attention and the MLP only, SiLU MLP", out)
+        self.assertIn("sliding window 5 on 3 of 4 layers (their rope_theta 500000)", out)
 
     def test_tokenize_detokenize_and_generate_on_the_real_model(self):
         model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
