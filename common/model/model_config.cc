@@ -64,6 +64,10 @@ constexpr ArchName kArchitectures[] = {
     // OLMo 3 adds sliding-window layers (three of every four) with their own rotation.
     {"olmo2", "-", Architecture::kOlmo2},
     {"olmo3", "-", Architecture::kOlmo2},
+    // Granite 3.x (dense): Llama's graph with the embeddings, each block's output and the
+    // logits scaled, and a softmax scale of its own (attention_multiplier); attention_bias
+    // covers O too.
+    {"granite", "granite", Architecture::kGranite},
 };
 
 std::string supportedList() {
@@ -428,6 +432,22 @@ absl::Status parseOlmo(const JsonFields& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// Granite's multipliers, as transformers' GraniteConfig defaults them (1, and a softmax scale
+// of 1 — the published configs state each).
+absl::Status parseGranite(const JsonFields& f, ModelConfig& c) {
+  CLEAVE_ASSIGN_OR_RETURN(c.embedding_scale, f.numberOr("embedding_multiplier", 1.0));
+  CLEAVE_ASSIGN_OR_RETURN(c.residual_scale, f.numberOr("residual_multiplier", 1.0));
+  CLEAVE_ASSIGN_OR_RETURN(c.attention_scale, f.numberOr("attention_multiplier", 1.0));
+  CLEAVE_ASSIGN_OR_RETURN(c.logits_scaling, f.numberOr("logits_scaling", 1.0));
+  for (const auto& [key, value] : {std::pair{"embedding_multiplier", c.embedding_scale},
+                                   std::pair{"residual_multiplier", c.residual_scale},
+                                   std::pair{"attention_multiplier", c.attention_scale},
+                                   std::pair{"logits_scaling", c.logits_scaling}}) {
+    if (!(value > 0) || !std::isfinite(value)) return f.error(key, "must be a positive number");
+  }
+  return absl::OkStatus();
+}
+
 // Gemma 3's fields beyond Llama's: the MLP's activation, the softmax scale, the sliding
 // layers (layer_types, or every sliding_window_pattern-th layer global) and their own rotary
 // base (rope_parameters.sliding_attention, or the legacy rope_local_base_freq), the global
@@ -627,7 +647,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   // Which families' attention_bias covers the output projection too (transformers' classes):
   // Llama's, SmolLM3's and Gemma 3's; Seed-OSS says apart; the others' never.
   if (c.model_type == "llama" || c.model_type == "smollm3" ||
-      c.architecture == Architecture::kGemma3)
+      c.architecture == Architecture::kGemma3 || c.architecture == Architecture::kGranite)
     c.o_bias = c.attention_bias;
   if (c.model_type == "seed_oss") {
     CLEAVE_ASSIGN_OR_RETURN(c.o_bias, f.boolOr("attention_out_bias", false));
@@ -720,6 +740,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
 
   if (c.architecture == Architecture::kGemma3) CLEAVE_RETURN_IF_ERROR(parseGemma3(f, c));
   if (c.architecture == Architecture::kOlmo2) CLEAVE_RETURN_IF_ERROR(parseOlmo(f, c));
+  if (c.architecture == Architecture::kGranite) CLEAVE_RETURN_IF_ERROR(parseGranite(f, c));
 
   CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> bos, f.optionalUint("bos_token_id"));
   c.bos_token_id = bos;
@@ -780,7 +801,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
                      "\" is not supported (supported: llama, qwen2, qwen3, "
-                     "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe, gemma3)"));
+                     "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe, gemma3, smollm3, granite)"));
   }
   c.architecture = arch->arch;
   const std::string p = c.model_type + ".";
@@ -964,6 +985,20 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     if (c.sliding_window > 0) {
       c.sliding_layers.assign(c.num_layers, false);
       for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % 6 != 0;
+    }
+  }
+  if (c.architecture == Architecture::kGranite) {
+    // llama.cpp's names for the four multipliers (its converter writes each).
+    CLEAVE_ASSIGN_OR_RETURN(c.embedding_scale, f64Or("embedding_scale", 1.0));
+    CLEAVE_ASSIGN_OR_RETURN(c.residual_scale, f64Or("residual_scale", 1.0));
+    CLEAVE_ASSIGN_OR_RETURN(c.attention_scale, f64Or("attention.scale", 1.0));
+    CLEAVE_ASSIGN_OR_RETURN(c.logits_scaling, f64Or("logit_scale", 1.0));
+    for (double v : {c.embedding_scale, c.residual_scale, c.attention_scale, c.logits_scaling}) {
+      if (!(v > 0) || !std::isfinite(v)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            file.path(), ": ", p, "embedding_scale, residual_scale, attention.scale and ",
+            "logit_scale must be positive numbers"));
+      }
     }
   }
   if (c.architecture != Architecture::kDeepseekV3) {

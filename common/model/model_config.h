@@ -9,7 +9,8 @@
 // each head), Gemma 3 (sandwich norms, GELU MLP, local and global layers with their own
 // rotary bases), MiniMax-M2 (sigmoid routing with a correction bias; Q and K each normed
 // across all their heads), OLMo 2 and 3 (norms after attention and the MLP only, Q and K
-// normed across heads; OLMo 3's sliding layers with their own rotation).
+// normed across heads; OLMo 3's sliding layers with their own rotation), Granite 3 (Llama's
+// graph with scaled embeddings, residual adds and logits, and its own softmax scale).
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,8 @@ enum class Architecture {
   kGlm4Moe,
   kGemma3,
   kMiniMaxM2,
-  kOlmo2
+  kOlmo2,
+  kGranite
 };
 
 const char* architectureName(Architecture arch);
@@ -153,6 +155,10 @@ struct ModelConfig {
   double attention_scale = 0.0;
   double sliding_rope_theta = 0.0;
   double final_logit_softcap = 0.0;
+  // Granite: each attention and MLP output times residual_scale before the residual stream
+  // adds it (residual_multiplier), and the logits divided by logits_scaling.
+  double residual_scale = 1.0;
+  double logits_scaling = 1.0;
   // Ministral 3 (Llama 4's attention temperature): each query, after its rotation, times
   // 1 + query_scale_beta · ln(1 + ⌊position / query_scale_period⌋) — 1 within the original
   // context, growing past it. 0: none.

@@ -457,6 +457,30 @@ TEST(ModelConfigTest, MiniMaxM2) {
   EXPECT_THAT(softmax.status().message(), HasSubstr("scoring_func \"softmax\" is not"));
 }
 
+// Granite 3's multipliers (granite-3.3-8b's), and one that is not positive refused naming it.
+TEST(ModelConfigTest, Granite) {
+  auto parse = [](const std::string& extra) {
+    return parseConfigJson(R"({"model_type": "granite", "hidden_size": 4096,
+                               "num_hidden_layers": 40, "num_attention_heads": 32,
+                               "num_key_value_heads": 8, "intermediate_size": 12800,
+                               "vocab_size": 49159, "embedding_multiplier": 12.0,
+                               "residual_multiplier": 0.22, "attention_multiplier": 0.0078125,
+                               "attention_bias": false)" +
+                               extra + "}",
+                           "config.json");
+  };
+  auto c = parse(R"(, "logits_scaling": 16.0)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kGranite);
+  EXPECT_EQ(c->embedding_scale, 12.0);
+  EXPECT_EQ(c->residual_scale, 0.22);
+  EXPECT_EQ(c->attention_scale, 0.0078125);
+  EXPECT_EQ(c->logits_scaling, 16.0);
+  EXPECT_FALSE(c->o_bias);
+  auto zero = parse(R"(, "logits_scaling": 0)");
+  EXPECT_THAT(zero.status().message(), HasSubstr("logits_scaling must be a positive number"));
+}
+
 // OLMo 2 and 3: post norms only, Q/K norms across heads; OLMo 3 by transformers' defaults (a
 // window of 4096 on three layers of every four, every layer type rotating with rope_theta).
 TEST(ModelConfigTest, Olmo) {

@@ -35,8 +35,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) rmsNormKernel(const RmsNor
   for (int64_t i = lane; i < pairs; i += 32) {
     bf162 v = x[i];
     if (residual) {
-      v = __floats2bfloat162_rn(__low2float(v) + __low2float(residual[i]),
-                                __high2float(v) + __high2float(residual[i]));
+      v = __floats2bfloat162_rn(__low2float(v) * a.x_scale + __low2float(residual[i]),
+                                __high2float(v) * a.x_scale + __high2float(residual[i]));
       residual[i] = v;
     }
     squares += __low2float(v) * __low2float(v) + __high2float(v) * __high2float(v);
@@ -86,10 +86,16 @@ __global__ void gatedMulKernel(const bf16* gate, const bf16* up, int64_t in_stri
   }
 }
 
-__global__ void scaleKernel(bf16* x, int64_t count, float factor) {
+__device__ __forceinline__ float toFloat(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float toFloat(float v) { return v; }
+__device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+
+template <typename T>
+__global__ void scaleKernel(T* x, int64_t count, float factor) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    x[i] = __float2bfloat16(__bfloat162float(x[i]) * factor);
+    store(x + i, toFloat(x[i]) * factor);
 }
 
 __global__ void softCapKernel(float* x, int64_t count, float cap) {
@@ -228,10 +234,23 @@ absl::Status geluTanhMul(const __nv_bfloat16* gate, const __nv_bfloat16* up, int
   return launchStatus("gelu_tanh_mul");
 }
 
-absl::Status scale(__nv_bfloat16* x, int64_t count, float factor, cudaStream_t stream) {
+namespace {
+
+template <typename T>
+absl::Status scaleOf(T* x, int64_t count, float factor, cudaStream_t stream) {
   if (count == 0) return absl::OkStatus();
   scaleKernel<<<strideBlocks(count), 256, 0, stream>>>(x, count, factor);
   return launchStatus("scale");
+}
+
+}  // namespace
+
+absl::Status scale(__nv_bfloat16* x, int64_t count, float factor, cudaStream_t stream) {
+  return scaleOf(x, count, factor, stream);
+}
+
+absl::Status scale(float* x, int64_t count, float factor, cudaStream_t stream) {
+  return scaleOf(x, count, factor, stream);
 }
 
 absl::Status softCap(float* x, int64_t count, float cap, cudaStream_t stream) {

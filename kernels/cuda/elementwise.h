@@ -21,6 +21,8 @@ struct RmsNormArgs {
   // (the pre-norm residual stream of a transformer block).
   __nv_bfloat16* residual = nullptr;
   int64_t residual_stride = 0;
+  // With residual: x times x_scale first (Granite's residual_multiplier).
+  float x_scale = 1.0f;
   // [cols], f32: Gemma's 1 + w (and GGUF files' f32 norms) would lose bits as bf16. Null:
   // out = v unnormed (a layer without a norm before its attention or MLP: OLMo 2).
   const float* weight = nullptr;
@@ -56,8 +58,9 @@ absl::Status geluTanhMul(const __nv_bfloat16* gate, const __nv_bfloat16* up, int
                          int64_t rows, int64_t cols, __nv_bfloat16* out, int64_t out_stride,
                          cudaStream_t stream);
 
-// x[i] *= factor for `count` values (Gemma's embeddings times √hidden).
+// x[i] *= factor for `count` values (Gemma's embeddings times √hidden; Granite's logits).
 absl::Status scale(__nv_bfloat16* x, int64_t count, float factor, cudaStream_t stream);
+absl::Status scale(float* x, int64_t count, float factor, cudaStream_t stream);
 
 // x[i] = cap · tanh(x[i] / cap) for `count` values (Gemma's logit soft cap); cap > 0.
 absl::Status softCap(float* x, int64_t count, float cap, cudaStream_t stream);

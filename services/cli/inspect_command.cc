@@ -93,6 +93,12 @@ void printConfig(const model::ModelConfig& c) {
         c.mlp_activation == model::MlpActivation::kGeluTanh ? "GELU (tanh)" : "SiLU",
         c.embedding_scale, c.attention_scale, c.final_logit_softcap);
   }
+  if (c.residual_scale != 1.0 || c.logits_scaling != 1.0) {  // Granite
+    std::printf(
+        "  embeddings x %g, block outputs x %g before the residual add, softmax scale %g, "
+        "logits / %g\n",
+        c.embedding_scale, c.residual_scale, c.attention_scale, c.logits_scaling);
+  }
   if (c.moe) {
     const model::MoeConfig& m = *c.moe;
     std::printf(

@@ -146,6 +146,10 @@ struct CudaLlamaModel::State {
   float* sliding_inv_freq = nullptr;
   float embedding_scale = 1.0f;
   float final_softcap = 0.0f;
+  // Granite: each block's output times residual_scale before the residual add, the logits
+  // times logits_scale (1 / logits_scaling).
+  float residual_scale = 1.0f;
+  float logits_scale = 1.0f;
   bool gelu = false;
   // Workspace, [max_step_tokens][width] unless noted.
   bf16 *x = nullptr, *h = nullptr, *qkv = nullptr, *q = nullptr, *attn = nullptr, *o = nullptr,
@@ -456,6 +460,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.gelu = c.mlp_activation == model::MlpActivation::kGeluTanh;
   s.embedding_scale = static_cast<float>(c.embedding_scale);
   s.final_softcap = static_cast<float>(c.final_logit_softcap);
+  s.residual_scale = static_cast<float>(c.residual_scale);
+  s.logits_scale = static_cast<float>(1.0 / c.logits_scaling);
   s.q_dim = s.heads * s.head_dim;
   s.kv_dim = s.kv_heads * s.head_dim;
   s.qkv_dim = s.q_dim + 2 * s.kv_dim;
@@ -1251,6 +1257,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                                           .x_stride = hidden,
                                           .residual = x,
                                           .residual_stride = hidden,
+                                          .x_scale = residual_scale,
                                           .weight = d.ffn_norm,
                                           .rows = n,
                                           .cols = hidden,
@@ -1289,6 +1296,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                                           .x_stride = hidden,
                                           .residual = x,
                                           .residual_stride = hidden,
+                                          .x_scale = residual_scale,
                                           .weight = next_norm,
                                           .rows = n,
                                           .cols = hidden,
@@ -1302,6 +1310,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
   CLEAVE_RETURN_IF_ERROR(cuda::embed(lastRows(meta), logit_rows, h, n, hidden, last, hidden, st));
   CLEAVE_RETURN_IF_ERROR(
       product(last, hidden, output, nullptr, vocab_rows, logits, true, logit_rows));
+  if (logits_scale != 1.0f)  // Granite; elementwise too.
+    CLEAVE_RETURN_IF_ERROR(cuda::scale(logits, logit_rows * vocab_rows, logits_scale, st));
   if (final_softcap > 0)  // Elementwise: on each rank's rows before the gather.
     CLEAVE_RETURN_IF_ERROR(cuda::softCap(logits, logit_rows * vocab_rows, final_softcap, st));
   if (comm == nullptr) return absl::OkStatus();

@@ -183,6 +183,10 @@ INSTANTIATE_TEST_SUITE_P(Gemma3, CudaTinyModelTest,
 // after them, Q and K normed across heads; OLMo 3's sliding layers with their own rotation.
 INSTANTIATE_TEST_SUITE_P(Olmo, CudaTinyModelTest, ::testing::Values("olmo2_f32", "olmo3_f32"));
 
+// Granite 3: embeddings, residual adds (in the fused norm) and logits scaled, its own softmax
+// scale, biases on Q, K, V and O.
+INSTANTIATE_TEST_SUITE_P(Granite, CudaTinyModelTest, ::testing::Values("granite_f32"));
+
 // llama.cpp's NVFP4 blocks (qwen3_nvfp4.gguf: its attention, gate and up projections) on the
 // GPU's NVFP4 path, rearranged at upload, against the CPU's float computation of the same
 // values.

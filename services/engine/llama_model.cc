@@ -211,9 +211,16 @@ void LlamaModel::addAndNorm(const float* delta, const float* norm, int64_t n) {
   });
 }
 
-void LlamaModel::addAndPrepare(const float* delta, const std::vector<float>& norm, int64_t n) {
+void LlamaModel::addAndPrepare(float* delta, const std::vector<float>& norm, int64_t n) {
+  scaleDelta(delta, n);
   addAndNorm(delta, norm.empty() ? nullptr : norm.data(), n);
   if (norm.empty()) std::memcpy(h_.data(), x_.data(), n * w_.config.hidden_size * sizeof(float));
+}
+
+void LlamaModel::scaleDelta(float* delta, int64_t n) {
+  const float scale = static_cast<float>(w_.config.residual_scale);
+  if (delta == nullptr || scale == 1.0f) return;
+  for (int64_t i = 0; i < n * w_.config.hidden_size; ++i) delta[i] *= scale;
 }
 
 absl::Status LlamaModel::normQkAcrossHeads(const LlamaLayer& layer, int64_t n) {
@@ -419,6 +426,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
       moe_->forward(*layer.moe, h_.data(), n, moe_out_.data());
       CLEAVE_RETURN_IF_ERROR(reduce(moe_out_.data(), n * hidden));
       normRows(moe_out_.data(), layer.post_ffn_norm, n);
+      scaleDelta(moe_out_.data(), n);
       addAndNorm(moe_out_.data(), nullptr, n);
       continue;
     }
@@ -437,6 +445,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
     addLora(static_cast<int64_t>(l), gate_.data(), ffn, {{LoraTarget::kDown, h_.data(), hidden}});
     CLEAVE_RETURN_IF_ERROR(reduce(h_.data(), n * hidden));
     normRows(h_.data(), layer.post_ffn_norm, n);
+    scaleDelta(h_.data(), n);
     addAndNorm(h_.data(), nullptr, n);
   }
 
@@ -454,6 +463,10 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   checkedMatmul(w_.output, last_.data(), hidden, rows, local_logits_.data(), w_.dims.vocab.size,
                 pool_);
   CLEAVE_RETURN_IF_ERROR(gatherLogits(rows));
+  if (c.logits_scaling != 1.0) {  // Granite.
+    const float divisor = static_cast<float>(c.logits_scaling);
+    for (int64_t i = 0; i < rows * c.vocab_size; ++i) logits_[i] /= divisor;
+  }
   if (c.final_logit_softcap > 0) {
     cpu::softCap(logits_.data(), rows * c.vocab_size, static_cast<float>(c.final_logit_softcap));
   }

@@ -90,9 +90,12 @@ class LlamaModel {
   // h_ = rmsNorm(x_) with it. Rows go over the pool in runs of 32, so a decode step's few
   // stay on this thread.
   void addAndNorm(const float* delta, const float* norm, int64_t n);
-  // x_ += delta (when given), then the input of the next attention or MLP into h_: x_ normed
+  // x_ += delta (when given, scaled in place by scaleDelta), then the input of the next
+  // attention or MLP into h_: x_ normed
   // with `norm`, or x_ itself where the layer has no norm before it (OLMo 2).
-  void addAndPrepare(const float* delta, const std::vector<float>& norm, int64_t n);
+  void addAndPrepare(float* delta, const std::vector<float>& norm, int64_t n);
+  // delta's n rows times the model's residual_scale (Granite), before the stream adds them.
+  void scaleDelta(float* delta, int64_t n);
   // RMSNorm of `n` rows of hidden values in place with weights `norm`; nothing when empty
   // (Gemma's norms of the attention and MLP outputs).
   void normRows(float* rows, const std::vector<float>& norm, int64_t n);

@@ -702,12 +702,12 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& p
   CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
   // llama.cpp's converter permutes the Q/K rows of "llama" files (Llama, Mistral, Mixtral)
   // for adjacent-pair rotation, and DeepSeek's rope part rotates adjacent pairs as trained;
-  // Qwen files keep Hugging Face's halves (its NEOX rope).
-  // llama.cpp's converter permutes llama's (and SmolLM3's) Q and K rows to adjacent pairs.
-  w->rope_pairing =
-      w->config.model_type == "llama" || w->config.model_type == "smollm3" || w->config.mla
-          ? cpu::RopePairing::kAdjacent
-          : cpu::RopePairing::kHalves;
+  // Qwen files keep Hugging Face's halves (its NEOX rope). SmolLM3's and Granite's files are
+  // permuted as llama's.
+  w->rope_pairing = w->config.model_type == "llama" || w->config.model_type == "smollm3" ||
+                            w->config.model_type == "granite" || w->config.mla
+                        ? cpu::RopePairing::kAdjacent
+                        : cpu::RopePairing::kHalves;
   GgufSource source(*w->gguf, w->config.architecture);
   source.setCpuKernels(shard.cpu_kernels);
   CLEAVE_RETURN_IF_ERROR(loadTensors(source, *w, on_layer));

@@ -26,6 +26,9 @@ transformers only at positions before the window's end (where the window changes
 Cleave applies the window, as transformers does, and the engine test compares every position.
 smollm3_f32.gguf is SmolLM3 as convert_hf_to_gguf.py's SmolLM3Model writes it (Q and K permuted as
 for llama; nothing states the unrotated layers: llama.cpp takes every fourth).
+granite_f32.gguf is Granite 3 as convert_hf_to_gguf.py's GraniteModel writes it (the multipliers
+as granite.embedding_scale, residual_scale, attention.scale and logit_scale; Q, K and their biases
+permuted as for llama).
 phi3_longrope_f32.gguf adds longrope as the converter writes it (rope_factors_long and
 rope_factors_short tensors, rope.scaling.attn_factor) and a partial rotary dimension count.
 The engine test (HfLogitsTest, "NAME.gguf") loads these files against the same transformers logits.
@@ -137,6 +140,11 @@ def write(case, arch, nvfp4=False):
     if arch == "qwen3moe":
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     w.add_vocab_size(cfg["vocab_size"])
+    if arch == "granite":  # GraniteModel's four multipliers
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_NVFP4 if nvfp4 else gguf.LlamaFileType.ALL_F32)
     # No tokenizer: the prompts are token ids.
     w.add_tokenizer_model("none")
@@ -157,16 +165,21 @@ def write(case, arch, nvfp4=False):
         hf = f"model.layers.{layer}."
         blk = f"blk.{layer}."
         q, k = t[hf + "self_attn.q_proj.weight"], t[hf + "self_attn.k_proj.weight"]
-        if arch in ("llama", "smollm3"):
+        if arch in ("llama", "smollm3", "granite"):
             q, k = permute(q, heads), permute(k, kv_heads)
         tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
         tensor(blk + "attn_q.weight", q)
         tensor(blk + "attn_k.weight", k)
         tensor(blk + "attn_v.weight", t[hf + "self_attn.v_proj.weight"])
         tensor(blk + "attn_output.weight", t[hf + "self_attn.o_proj.weight"])
-        if arch == "qwen2":
+        if arch == "qwen2" or cfg.get("attention_bias"):
             for p in "qkv":
-                tensor(blk + f"attn_{p}.bias", t[hf + f"self_attn.{p}_proj.bias"])
+                bias = t[hf + f"self_attn.{p}_proj.bias"]
+                if arch != "qwen2" and p in "qk":  # permuted with its rows
+                    bias = permute(bias, heads if p == "q" else kv_heads)
+                tensor(blk + f"attn_{p}.bias", bias)
+        if arch == "granite" and cfg.get("attention_bias"):
+            tensor(blk + "attn_output.bias", t[hf + "self_attn.o_proj.bias"])
         if arch in ("qwen3", "qwen3moe"):
             tensor(blk + "attn_q_norm.weight", t[hf + "self_attn.q_norm.weight"])
             tensor(blk + "attn_k_norm.weight", t[hf + "self_attn.k_norm.weight"])
@@ -558,6 +571,8 @@ if __name__ == "__main__":
     check_with_llamacpp("glm4_moe_f32", write_glm4moe("glm4_moe_f32"), 1e-4)
     # SmolLM3: Q and K permuted as for llama; llama.cpp leaves every fourth layer unrotated
     check_with_llamacpp("smollm3_f32", write("smollm3_f32", "smollm3"), 1e-4)
+    # Granite: the four multipliers as keys; Q, K (and their biases) permuted as for llama
+    check_with_llamacpp("granite_f32", write("granite_f32", "granite"), 1e-4)
     check_with_llamacpp("deepseek_v3_wide_latent_f32", write_deepseek2("deepseek_v3_wide_latent_f32"), 1e-4)
     # Gemma 3: llama.cpp's CPU GELU reads a table of fp16 inputs (1.5e-3 when written; a layout
     # or scale error moves the logits by 1e-1 and more).

@@ -50,7 +50,7 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
 import transformers
 from safetensors import safe_open
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Gemma3TextConfig, Glm4MoeConfig,
-                          GptOssConfig, LlamaConfig, MiniMaxM2Config, Ministral3Config, MistralConfig, MixtralConfig,
+                          GptOssConfig, GraniteConfig, LlamaConfig, MiniMaxM2Config, Ministral3Config, MistralConfig, MixtralConfig,
                           Olmo2Config, Olmo3Config, Phi3Config,
                           Qwen2Config, Qwen3Config, SeedOssConfig, SmolLM3Config,
                           Qwen3MoeConfig)
@@ -346,6 +346,15 @@ CASES["olmo3_f32"] = (Olmo3Config, dict(
                                         "rope_theta": 500000.0, "beta_fast": 32.0, "beta_slow": 1.0},
                      "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}},
     tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 122, torch.float32)
+
+# Granite 3: Llama's graph with the embeddings times 12, each block's output times 0.22 before the residual
+# add, a softmax scale of 0.15 (not 1/sqrt(16)), the logits divided by 8, and biases on Q, K, V and O.
+CASES["granite_f32"] = (GraniteConfig, dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=643, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000000.0,
+    embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.15, logits_scaling=8.0,
+    attention_bias=True, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0),
+    123, torch.float32)
 
 
 # ---------------------------------------------------------------- helpers

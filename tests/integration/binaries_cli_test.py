@@ -121,7 +121,7 @@ class BinariesCliTest(unittest.TestCase):
         self.assertIn("/nonexistent.gguf", err)
 
     def test_inspect_shows_what_sets_a_family_apart(self):
-        """Gemma 3's windows, rotary bases and norms; GLM-4.5's partial rotary; int4 weights; longrope; OLMo 3."""
+        """Gemma 3's windows, rotary bases and norms; GLM-4.5's partial rotary; int4 weights; longrope; OLMo 3; Granite."""
         golden = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine")
         code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "gemma3_f32")])
         self.assertEqual(code, 0, err)
@@ -149,6 +149,10 @@ class BinariesCliTest(unittest.TestCase):
         self.assertIn("qk_norm yes (across all heads)", out)
         self.assertIn("norms after attention and the MLP only, SiLU MLP", out)
         self.assertIn("sliding window 5 on 3 of 4 layers (their rope_theta 500000)", out)
+        code, out, err = ct.run([ct.binary("cleave"), "inspect", os.path.join(golden, "hf", "granite_f32")])
+        self.assertEqual(code, 0, err)
+        self.assertIn("embeddings x 12, block outputs x 0.22 before the residual add, softmax scale 0.15, "
+                      "logits / 8", out)
 
     def test_tokenize_detokenize_and_generate_on_the_real_model(self):
         model = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
