@@ -149,7 +149,7 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       moe.expert_intermediate_size = config.intermediate_size;
       moe.norm_topk_prob = true;
       moe.scoring = MoeScoring::kSigmoid;
-      moe.score_correction_bias = true;
+      CLEAVE_ASSIGN_OR_RETURN(moe.score_correction_bias, f.boolOr("use_routing_bias", true));
       CLEAVE_ASSIGN_OR_RETURN(std::string scoring, f.stringOr("scoring_func", "sigmoid"));
       if (scoring != "sigmoid")
         return f.error("scoring_func",
@@ -240,10 +240,15 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
   return absl::OkStatus();
 }
 
-// gpt-oss's sliding-window layers: "sliding_window" positions on the layers "layer_types"
-// names "sliding_attention" (by default every even layer, as transformers fills it in).
-absl::Status parseSlidingLayers(const JsonFields& f, ModelConfig& c) {
-  CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> window, f.optionalUint("sliding_window"));
+// gpt-oss's sliding-window layers: "sliding_window" positions (`absent` when the key is
+// missing) on the layers "layer_types" names "sliding_attention" (by default every even
+// layer, as transformers fills it in).
+absl::Status parseSlidingLayers(const JsonFields& f, ModelConfig& c,
+                                std::optional<uint32_t> absent = std::nullopt) {
+  std::optional<uint32_t> window = absent;
+  if (f.names("sliding_window")) {
+    CLEAVE_ASSIGN_OR_RETURN(window, f.optionalUint("sliding_window"));
+  }
   const nlohmann::json* types = f.get("layer_types");
   if (!window || *window == 0) {
     if (types != nullptr && types->is_array() &&
@@ -399,6 +404,10 @@ absl::Status parseRopePerLayerType(const JsonFields& f, double global_theta, dou
     CLEAVE_RETURN_IF_ERROR(parseRopeScaling(scaling, c.rope_scaling));
   } else if (rope.has("full_attention")) {
     CLEAVE_RETURN_IF_ERROR(parseRopeScaling(global, c.rope_scaling));
+  } else if (f.has("rope_parameters") && !rope.has("sliding_attention")) {
+    // One flat object: the global layers' rotation.
+    CLEAVE_ASSIGN_OR_RETURN(c.rope_theta, rope.numberOr("rope_theta", c.rope_theta));
+    CLEAVE_RETURN_IF_ERROR(parseRopeScaling(rope, c.rope_scaling));
   }
   CLEAVE_ASSIGN_OR_RETURN(c.sliding_rope_theta, local.numberOr("rope_theta", sliding_theta));
   CLEAVE_ASSIGN_OR_RETURN(std::string local_type, local.stringOr("rope_type", "default"));
@@ -420,12 +429,12 @@ absl::Status parseOlmo(const JsonFields& f, ModelConfig& c) {
   if (c.model_type != "olmo3") return absl::OkStatus();
   CLEAVE_ASSIGN_OR_RETURN(double theta, f.numberOr("rope_theta", 500000.0));
   CLEAVE_RETURN_IF_ERROR(parseRopePerLayerType(f, theta, theta, c));
+  if (f.has("layer_types")) return parseSlidingLayers(f, c, 4096);
   std::optional<uint32_t> window = 4096;
   if (f.names("sliding_window")) {
     CLEAVE_ASSIGN_OR_RETURN(window, f.optionalUint("sliding_window"));
   }
   if (!window || *window == 0) return absl::OkStatus();
-  if (f.has("layer_types")) return parseSlidingLayers(f, c);
   c.sliding_window = *window;
   c.sliding_layers.assign(c.num_layers, false);
   for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % 4 != 0;
@@ -637,7 +646,10 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   CLEAVE_ASSIGN_OR_RETURN(c.max_position_embeddings, f.uintOr("max_position_embeddings", 2048));
   if (c.num_heads == 0) return f.error("num_attention_heads", "must be positive");
   CLEAVE_ASSIGN_OR_RETURN(c.head_dim, f.uintOr("head_dim", c.hidden_size / c.num_heads));
-  CLEAVE_ASSIGN_OR_RETURN(c.rms_norm_eps, f.numberOr("rms_norm_eps", 1e-6));
+  // transformers' defaults: OLMo's 1e-5, the others' 1e-6 (published configs state it).
+  CLEAVE_ASSIGN_OR_RETURN(
+      c.rms_norm_eps,
+      f.numberOr("rms_norm_eps", c.architecture == Architecture::kOlmo2 ? 1e-5 : 1e-6));
   // SmolLM3's config class ties them unless told otherwise.
   CLEAVE_ASSIGN_OR_RETURN(c.tie_word_embeddings,
                           f.boolOr("tie_word_embeddings", c.model_type == "smollm3"));
@@ -988,7 +1000,8 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     }
   }
   if (c.architecture == Architecture::kGranite) {
-    // llama.cpp's names for the four multipliers (its converter writes each).
+    // llama.cpp's names for the four multipliers (its converter writes each; a missing one
+    // is transformers' default, 1 — llama.cpp would take 1/√head_dim for the softmax).
     CLEAVE_ASSIGN_OR_RETURN(c.embedding_scale, f64Or("embedding_scale", 1.0));
     CLEAVE_ASSIGN_OR_RETURN(c.residual_scale, f64Or("residual_scale", 1.0));
     CLEAVE_ASSIGN_OR_RETURN(c.attention_scale, f64Or("attention.scale", 1.0));

@@ -451,6 +451,9 @@ TEST(ModelConfigTest, MiniMaxM2) {
   EXPECT_TRUE(c->moe->score_correction_bias && c->moe->norm_topk_prob);
   EXPECT_EQ(c->moe->n_group, 1u);
   EXPECT_EQ(c->rope_theta, 5000000.0);
+  auto unbiased = parse(R"(, "use_routing_bias": false)");
+  ASSERT_TRUE(unbiased.ok()) << unbiased.status();
+  EXPECT_FALSE(unbiased->moe->score_correction_bias);
   auto per_head = parse(R"(, "qk_norm_type": "per_head")");
   EXPECT_THAT(per_head.status().message(), HasSubstr("qk_norm_type \"per_head\" is not"));
   auto softmax = parse(R"(, "scoring_func": "softmax")");
@@ -504,6 +507,20 @@ TEST(ModelConfigTest, Olmo) {
   auto none = parse("olmo3", R"(, "sliding_window": null)");
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_EQ(none->attentionWindow(0), 0u);
+  EXPECT_EQ(olmo3->rms_norm_eps, 1e-5);  // OLMo's default
+  // layer_types without a window: transformers' 4096.
+  auto typed = parse("olmo3", R"(, "layer_types": ["sliding_attention", "full_attention",
+                                  "sliding_attention", "full_attention", "sliding_attention",
+                                  "full_attention", "sliding_attention", "full_attention"])");
+  ASSERT_TRUE(typed.ok()) << typed.status();
+  EXPECT_EQ(typed->attentionWindow(0), 4096u);
+  EXPECT_EQ(typed->attentionWindow(1), 0u);
+  // One flat rotation object: the global layers'.
+  auto flat = parse("olmo3", R"(, "rope_parameters": {"rope_type": "yarn", "factor": 8.0,
+                                 "original_max_position_embeddings": 8192, "rope_theta": 1e6})");
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  EXPECT_EQ(flat->rope_scaling.type, "yarn");
+  EXPECT_EQ(flat->rope_theta, 1e6);
   auto scaled =
       parse("olmo3", R"(, "rope_parameters": {"sliding_attention": {"rope_type": "yarn"}})");
   EXPECT_THAT(scaled.status().message(), HasSubstr("not supported for sliding layers"));
