@@ -59,10 +59,11 @@ constexpr ArchName kArchitectures[] = {
     // MiniMax-M2 (and M2.1): Mixtral's layout (block_sparse_moe, experts w1/w2/w3) routed by
     // sigmoid scores with a correction bias, renormalized; Q and K each normed across all
     // their heads; rotary embedding on the first rotary_dim values of each head.
-    {"minimax_m2", "-", Architecture::kMiniMaxM2},
+    {"minimax_m2", "minimax-m2", Architecture::kMiniMaxM2},
     // OLMo 2: norms after attention and after the MLP only, Q and K normed across heads.
-    // OLMo 3 adds sliding-window layers (three of every four) with their own rotation.
-    {"olmo2", "-", Architecture::kOlmo2},
+    // OLMo 3 adds sliding-window layers (three of every four) with their own rotation (its
+    // GGUF files, whose windows llama.cpp states its own way, are not read).
+    {"olmo2", "olmo2", Architecture::kOlmo2},
     {"olmo3", "-", Architecture::kOlmo2},
     // Granite 3.x (dense): Llama's graph with the embeddings, each block's output and the
     // logits scaled, and a softmax scale of its own (attention_multiplier); attention_bias
@@ -813,7 +814,8 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     return absl::InvalidArgumentError(
         absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
                      "\" is not supported (supported: llama, qwen2, qwen3, "
-                     "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe, gemma3, smollm3, granite)"));
+                     "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe, gemma3, smollm3, granite, "
+                     "minimax-m2, olmo2)"));
   }
   c.architecture = arch->arch;
   const std::string p = c.model_type + ".";
@@ -928,6 +930,11 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
           "expert_group_used_count below expert_group_count with softmax gating (DeepSeek-V2's "
           "group_limited_greedy) is not supported"));
     }
+    if (c.architecture == Architecture::kMiniMaxM2) {
+      // llama.cpp's minimax-m2: sigmoid scores, the top k renormalized (no keys say so).
+      moe.scoring = MoeScoring::kSigmoid;
+      moe.norm_topk_prob = true;
+    }
     if (c.architecture == Architecture::kLlama) c.architecture = Architecture::kMixtral;
     if (c.architecture == Architecture::kGptOss) {
       // llama.cpp's gpt-oss: softmax over the top-k logits, biases, and the clamped SwiGLU
@@ -999,6 +1006,21 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
       for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % 6 != 0;
     }
   }
+  if (c.architecture == Architecture::kMiniMaxM2 || c.architecture == Architecture::kOlmo2) {
+    // Q and K normed across heads (attn_q_norm of heads x head size); OLMo's norms after
+    // attention and the MLP only.
+    c.qk_norm_across_heads = c.qk_norm;
+    if (c.architecture == Architecture::kOlmo2) {
+      c.pre_norms = false;
+      c.post_norms = true;
+      if (file.find(p + "attention.sliding_window") != nullptr) {
+        return absl::UnimplementedError(absl::StrCat(
+            file.path(), ": ", p,
+            "attention.sliding_window (OLMo 3's windows) is not read from GGUF files; serve "
+            "the checkpoint's folder"));
+      }
+    }
+  }
   if (c.architecture == Architecture::kGranite) {
     // llama.cpp's names for the four multipliers (its converter writes each; a missing one
     // is transformers' default, 1 — llama.cpp would take 1/√head_dim for the softmax).
@@ -1018,10 +1040,12 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     // Rotary embedding on the leading part of each head (GLM-4.5, Phi-4-mini), NEOX-paired.
     CLEAVE_ASSIGN_OR_RETURN(uint32_t rotated, u32Or("rope.dimension_count", c.head_dim));
     if (rotated != c.head_dim) {
-      if (c.architecture != Architecture::kGlm4Moe && c.architecture != Architecture::kPhi3) {
+      if (c.architecture != Architecture::kGlm4Moe && c.architecture != Architecture::kPhi3 &&
+          c.architecture != Architecture::kMiniMaxM2) {
         return absl::UnimplementedError(absl::StrCat(
             file.path(), ": ", p, "rope.dimension_count ", rotated, " of head size ", c.head_dim,
-            " (rotary embedding on part of each head) is supported for glm4moe and phi3 only"));
+            " (rotary embedding on part of each head) is supported for glm4moe, minimax-m2 and "
+            "phi3 only"));
       }
       if (rotated == 0 || rotated > c.head_dim || rotated % 2 != 0) {
         return absl::InvalidArgumentError(

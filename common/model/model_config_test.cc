@@ -294,6 +294,35 @@ std::string f32Bytes(const std::vector<float>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), 4 * values.size());
 }
 
+// llama.cpp's OLMo 2 files: norms after attention and the MLP only, Q and K normed across
+// heads (attn_q_norm present); a window (OLMo 3's) refused naming the key.
+TEST(ModelConfigTest, GgufOlmo2) {
+  using testing::GgufBuilder;
+  auto olmo2 = [](bool window) {
+    GgufBuilder b;
+    b.kvString("general.architecture", "olmo2")
+        .kvU32("olmo2.block_count", 2)
+        .kvU32("olmo2.context_length", 4096)
+        .kvU32("olmo2.embedding_length", 64)
+        .kvU32("olmo2.feed_forward_length", 96)
+        .kvU32("olmo2.attention.head_count", 4)
+        .kvU32("olmo2.vocab_size", 100);
+    if (window) b.kvU32("olmo2.attention.sliding_window", 4096);
+    b.tensor("blk.0.attn_q_norm.weight", {64}, 0, 0, std::string(256, '\0'));
+    auto file = GgufFile::parse(MappedFile::fromBuffer("olmo2.gguf", b.build()));
+    EXPECT_TRUE(file.ok()) << file.status();
+    return configFromGguf(**file);
+  };
+  auto c = olmo2(false);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kOlmo2);
+  EXPECT_FALSE(c->pre_norms);
+  EXPECT_TRUE(c->post_norms && c->qk_norm && c->qk_norm_across_heads);
+  auto windowed = olmo2(true);
+  EXPECT_EQ(windowed.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(windowed.status().message(), HasSubstr("olmo2.attention.sliding_window"));
+}
+
 // llama.cpp's Phi-3 files: a window on every layer from phi3.attention.sliding_window (as
 // transformers applies it); rotary embedding on part of each head; longrope's factors from
 // the rope_factors_* tensors (a missing or misshapen one refused, naming it); a bias on the

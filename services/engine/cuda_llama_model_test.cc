@@ -390,7 +390,8 @@ INSTANTIATE_TEST_SUITE_P(Glm, CudaMoeModelTest,
 
 // MiniMax-M2: sigmoid routing with a correction bias and no groups, Q and K normed across
 // heads, half of each head rotating.
-INSTANTIATE_TEST_SUITE_P(MiniMax, CudaMoeModelTest, ::testing::Values("minimax_m2_f32"));
+INSTANTIATE_TEST_SUITE_P(MiniMax, CudaMoeModelTest,
+                         ::testing::Values("minimax_m2_f32", "../gguf/minimax_m2_f32.gguf"));
 
 // DeepSeek-V3's multi-head latent attention (the latent cache, absorbed queries, the
 // CUDA-core latent attention kernel) with its MoE: float, bf16 and FP8 128x128 checkpoints

@@ -624,7 +624,7 @@ INSTANTIATE_TEST_SUITE_P(
                       "smollm3_f32.gguf", "phi3_f32", "phi3_f32.gguf", "phi3_longrope_f32",
                       "phi3_longrope_f32.gguf", "phi3_longrope_short_f32", "gemma3_f32",
                       "gemma3_pattern6_f32", "gemma3_pattern6_f32.gguf", "olmo2_f32", "olmo3_f32",
-                      "granite_f32", "granite_f32.gguf"));
+                      "granite_f32", "granite_f32.gguf", "olmo2_f32.gguf"));
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",
@@ -633,7 +633,8 @@ INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                                            "deepseek_v2_moe_f32", "deepseek_v3_wide_latent_f32",
                                            "deepseek_v3_wide_latent_f32.gguf", "mixtral_f32.gguf",
                                            "qwen3_moe_f32.gguf", "gpt_oss_f32", "gpt_oss_f32.gguf",
-                                           "glm4_moe_f32", "glm4_moe_f32.gguf", "minimax_m2_f32"));
+                                           "glm4_moe_f32", "glm4_moe_f32.gguf", "minimax_m2_f32",
+                                           "minimax_m2_f32.gguf"));
 
 // FP8 and NVFP4 checkpoints in the ModelOpt and compressed-tensors conventions
 // (tests/golden/quantize_formats.py), run weight-only.

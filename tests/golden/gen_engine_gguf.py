@@ -29,6 +29,10 @@ for llama; nothing states the unrotated layers: llama.cpp takes every fourth).
 granite_f32.gguf is Granite 3 as convert_hf_to_gguf.py's GraniteModel writes it (the multipliers
 as granite.embedding_scale, residual_scale, attention.scale and logit_scale; Q, K and their biases
 permuted as for llama).
+olmo2_f32.gguf and minimax_m2_f32.gguf are OLMo 2 (Olmo2Model) and MiniMax-M2 (MiniMaxM2Model) as the
+converter writes them: Q and K unpermuted (NEOX rope) with their norms across heads as attn_q_norm
+and attn_k_norm; OLMo's post_attention_norm and post_ffw_norm; MiniMax's experts stacked, its
+correction bias as exp_probs_b, rope.dimension_count its rotary_dim.
 phi3_longrope_f32.gguf adds longrope as the converter writes it (rope_factors_long and
 rope_factors_short tensors, rope.scaling.attn_factor) and a partial rotary dimension count.
 The engine test (HfLogitsTest, "NAME.gguf") loads these files against the same transformers logits.
@@ -139,6 +143,10 @@ def write(case, arch, nvfp4=False):
         w.add_expert_used_count(cfg["num_experts_per_tok"])
     if arch == "qwen3moe":
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    if arch == "minimax-m2":  # MiniMaxM2Model: the experts' width and the rotated dims; the
+        w.add_expert_feed_forward_length(cfg["intermediate_size"])  # published config's
+        w.add_rope_dimension_count(cfg["rotary_dim"])  # scoring_func "sigmoid" gives the gating
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     w.add_vocab_size(cfg["vocab_size"])
     if arch == "granite":  # GraniteModel's four multipliers
         w.add_embedding_scale(cfg["embedding_multiplier"])
@@ -159,15 +167,17 @@ def write(case, arch, nvfp4=False):
     tensor("output_norm.weight", t["model.norm.weight"])
     if not cfg.get("tie_word_embeddings"):
         tensor("output.weight", t["lm_head.weight"])
-    moe = "block_sparse_moe" if arch == "llama" else "mlp"
-    gate, up, down = ("w1", "w3", "w2") if arch == "llama" else ("gate_proj", "up_proj", "down_proj")
+    mixtral_layout = arch in ("llama", "minimax-m2")
+    moe = "block_sparse_moe" if mixtral_layout else "mlp"
+    gate, up, down = ("w1", "w3", "w2") if mixtral_layout else ("gate_proj", "up_proj", "down_proj")
     for layer in range(cfg["num_hidden_layers"]):
         hf = f"model.layers.{layer}."
         blk = f"blk.{layer}."
         q, k = t[hf + "self_attn.q_proj.weight"], t[hf + "self_attn.k_proj.weight"]
         if arch in ("llama", "smollm3", "granite"):
             q, k = permute(q, heads), permute(k, kv_heads)
-        tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
+        if arch != "olmo2":  # OLMo 2: norms after attention and the MLP only
+            tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
         tensor(blk + "attn_q.weight", q)
         tensor(blk + "attn_k.weight", k)
         tensor(blk + "attn_v.weight", t[hf + "self_attn.v_proj.weight"])
@@ -180,15 +190,21 @@ def write(case, arch, nvfp4=False):
                 tensor(blk + f"attn_{p}.bias", bias)
         if arch == "granite" and cfg.get("attention_bias"):
             tensor(blk + "attn_output.bias", t[hf + "self_attn.o_proj.bias"])
-        if arch in ("qwen3", "qwen3moe"):
+        if arch in ("qwen3", "qwen3moe", "olmo2", "minimax-m2"):  # per head, or across heads
             tensor(blk + "attn_q_norm.weight", t[hf + "self_attn.q_norm.weight"])
             tensor(blk + "attn_k_norm.weight", t[hf + "self_attn.k_norm.weight"])
-        tensor(blk + "ffn_norm.weight", t[hf + "post_attention_layernorm.weight"])
+        if arch == "olmo2":
+            tensor(blk + "post_attention_norm.weight", t[hf + "post_attention_layernorm.weight"])
+            tensor(blk + "post_ffw_norm.weight", t[hf + "post_feedforward_layernorm.weight"])
+        else:
+            tensor(blk + "ffn_norm.weight", t[hf + "post_attention_layernorm.weight"])
         if not experts:
             for p in ("gate", "up", "down"):
                 tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
             continue
         tensor(blk + "ffn_gate_inp.weight", t[hf + f"{moe}.gate.weight"])
+        if arch == "minimax-m2":
+            tensor(blk + "exp_probs_b.bias", t[hf + f"{moe}.e_score_correction_bias"])
         for gguf_name, hf_name in (("ffn_gate_exps", gate), ("ffn_up_exps", up), ("ffn_down_exps", down)):
             stacked = np.stack([t[hf + f"{moe}.experts.{e}.{hf_name}.weight"] for e in range(experts)])
             tensor(blk + gguf_name + ".weight", stacked)
@@ -573,6 +589,10 @@ if __name__ == "__main__":
     check_with_llamacpp("smollm3_f32", write("smollm3_f32", "smollm3"), 1e-4)
     # Granite: the four multipliers as keys; Q, K (and their biases) permuted as for llama
     check_with_llamacpp("granite_f32", write("granite_f32", "granite"), 1e-4)
+    # Q and K normed across heads: OLMo 2 (norms after attention and the MLP only) and MiniMax-M2
+    # (sigmoid routing with exp_probs_b, half of each head rotating)
+    check_with_llamacpp("olmo2_f32", write("olmo2_f32", "olmo2"), 1e-4)
+    check_with_llamacpp("minimax_m2_f32", write("minimax_m2_f32", "minimax-m2"), 1e-4)
     check_with_llamacpp("deepseek_v3_wide_latent_f32", write_deepseek2("deepseek_v3_wide_latent_f32"), 1e-4)
     # Gemma 3: llama.cpp's CPU GELU reads a table of fp16 inputs (1.5e-3 when written; a layout
     # or scale error moves the logits by 1e-1 and more).

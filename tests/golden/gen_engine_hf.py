@@ -328,20 +328,20 @@ CASES["gemma3_pattern6_f32"] = (Gemma3TextConfig, dict(
 # MiniMax-M2: Mixtral's layout routed by sigmoid scores with a correction bias (renormalized), Q and K each
 # normed across all their heads, rotary embedding on the first rotary_dim (half) of each head.
 CASES["minimax_m2_f32"] = (MiniMaxM2Config, dict(
-    hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=16, rotary_dim=8, vocab_size=637, max_position_embeddings=256, rms_norm_eps=1e-6,
+    hidden_size=64, intermediate_size=16, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, rotary_dim=8, vocab_size=251, max_position_embeddings=256, rms_norm_eps=1e-6,
     num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False,
     bos_token_id=1, eos_token_id=2, pad_token_id=0), 120, torch.float32)
 # OLMo 2: norms after attention and the MLP only, Q and K normed across heads.
 CASES["olmo2_f32"] = (Olmo2Config, dict(
-    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    vocab_size=639, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=500000.0,
+    hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=253, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=500000.0,
     tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 121, torch.float32)
 # OLMo 3: OLMo 2 with three sliding layers (window 5) to one global, the global one with YaRN
 # (factor 4 over 16 positions), the sliding ones unscaled.
 CASES["olmo3_f32"] = (Olmo3Config, dict(
-    hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    vocab_size=641, max_position_embeddings=64, rms_norm_eps=1e-6, sliding_window=5,
+    hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=257, max_position_embeddings=64, rms_norm_eps=1e-6, sliding_window=5,
     rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                                         "rope_theta": 500000.0, "beta_fast": 32.0, "beta_slow": 1.0},
                      "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}},
@@ -350,8 +350,8 @@ CASES["olmo3_f32"] = (Olmo3Config, dict(
 # Granite 3: Llama's graph with the embeddings times 12, each block's output times 0.22 before the residual
 # add, a softmax scale of 0.15 (not 1/sqrt(16)), the logits divided by 8, and biases on Q, K, V and O.
 CASES["granite_f32"] = (GraniteConfig, dict(
-    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    vocab_size=643, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000000.0,
+    hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=259, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000000.0,
     embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.15, logits_scaling=8.0,
     attention_bias=True, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0),
     123, torch.float32)
