@@ -56,6 +56,9 @@ constexpr ArchName kArchitectures[] = {
     // text_config): five sliding-window layers to one global, sandwich norms, a GELU MLP.
     {"gemma3_text", "gemma3", Architecture::kGemma3},
     {"gemma3", "gemma3", Architecture::kGemma3},
+    // Gemma 2: Gemma 3's norms, MLP and scales without Q/K norms, every other layer sliding,
+    // the attention scores soft-capped.
+    {"gemma2", "-", Architecture::kGemma2},
     // MiniMax-M2 (and M2.1): Mixtral's layout (block_sparse_moe, experts w1/w2/w3) routed by
     // sigmoid scores with a correction bias, renormalized; Q and K each normed across all
     // their heads; rotary embedding on the first rotary_dim values of each head.
@@ -458,15 +461,13 @@ absl::Status parseGranite(const JsonFields& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
-// Gemma 3's fields beyond Llama's: the MLP's activation, the softmax scale, the sliding
-// layers (layer_types, or every sliding_window_pattern-th layer global) and their own rotary
-// base (rope_parameters.sliding_attention, or the legacy rope_local_base_freq), the global
-// layers' rotation (rope_parameters.full_attention, or rope_theta and rope_scaling), and the
-// soft caps.
-absl::Status parseGemma3(const JsonFields& f, ModelConfig& c) {
+// What Gemma 2 and 3 share beyond Llama's graph: embeddings times √hidden, norms after
+// attention and the MLP too, the GELU MLP, the softmax scale of query_pre_attn_scalar, and the
+// soft caps of the attention scores and the logits — `caps` when the config has no key for
+// them (a null one: none).
+absl::Status parseGemma(const JsonFields& f, std::pair<double, double> caps, ModelConfig& c) {
   c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
   c.post_norms = true;
-  c.qk_norm = true;
   CLEAVE_ASSIGN_OR_RETURN(std::string activation, f.stringOr("hidden_activation", ""));
   if (activation != "gelu_pytorch_tanh" && activation != "gelu_new") {
     return f.error("hidden_activation",
@@ -477,20 +478,39 @@ absl::Status parseGemma3(const JsonFields& f, ModelConfig& c) {
   CLEAVE_ASSIGN_OR_RETURN(double scalar, f.numberOr("query_pre_attn_scalar", 256));
   if (!(scalar > 0)) return f.error("query_pre_attn_scalar", "must be positive");
   c.attention_scale = 1.0 / std::sqrt(scalar);
-  CLEAVE_ASSIGN_OR_RETURN(c.final_logit_softcap, f.numberOr("final_logit_softcapping", 0.0));
-  CLEAVE_ASSIGN_OR_RETURN(double attention_cap, f.numberOr("attn_logit_softcapping", 0.0));
-  if (attention_cap != 0) {
-    return absl::UnimplementedError(
-        absl::StrCat(c.source,
-                     ": attn_logit_softcapping (attention scores soft-capped, as in "
-                     "Gemma 2) is not supported"));
+  for (auto [key, absent, cap] :
+       {std::tuple{"attn_logit_softcapping", caps.first, &c.attention_softcap},
+        std::tuple{"final_logit_softcapping", caps.second, &c.final_logit_softcap}}) {
+    std::optional<double> value = absent;
+    if (f.names(key)) {
+      CLEAVE_ASSIGN_OR_RETURN(value, f.optionalNumber(key));
+    }
+    *cap = value.value_or(0.0);
+    if (*cap < 0 || !std::isfinite(*cap)) return f.error(key, "must be positive (or null: none)");
   }
   CLEAVE_ASSIGN_OR_RETURN(bool bidirectional, f.boolOr("use_bidirectional_attention", false));
   if (bidirectional) {
     return absl::UnimplementedError(
         absl::StrCat(c.source, ": use_bidirectional_attention (an encoder) is not supported"));
   }
-  if (c.final_logit_softcap < 0) return f.error("final_logit_softcapping", "must be positive");
+  return absl::OkStatus();
+}
+
+// Gemma 2: one rotation for every layer, a window of sliding_window (4096) on every other
+// layer (layer_types, else the even ones), the scores capped at 50 and the logits at 30 unless
+// the config says otherwise.
+absl::Status parseGemma2(const JsonFields& f, ModelConfig& c) {
+  CLEAVE_RETURN_IF_ERROR(parseGemma(f, {50.0, 30.0}, c));
+  return parseSlidingLayers(f, c, 4096);
+}
+
+// Gemma 3's fields beyond those: per-head Q/K norms, the sliding layers (layer_types, or every
+// sliding_window_pattern-th layer global) and their own rotary base
+// (rope_parameters.sliding_attention, or the legacy rope_local_base_freq), the global layers'
+// rotation (rope_parameters.full_attention, or rope_theta and rope_scaling).
+absl::Status parseGemma3(const JsonFields& f, ModelConfig& c) {
+  CLEAVE_RETURN_IF_ERROR(parseGemma(f, {0.0, 0.0}, c));
+  c.qk_norm = true;
 
   CLEAVE_ASSIGN_OR_RETURN(double global_theta, f.numberOr("rope_theta", 1000000.0));
   CLEAVE_ASSIGN_OR_RETURN(double local_theta, f.numberOr("rope_local_base_freq", 10000.0));
@@ -660,7 +680,8 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   // Which families' attention_bias covers the output projection too (transformers' classes):
   // Llama's, SmolLM3's and Gemma 3's; Seed-OSS says apart; the others' never.
   if (c.model_type == "llama" || c.model_type == "smollm3" ||
-      c.architecture == Architecture::kGemma3 || c.architecture == Architecture::kGranite)
+      c.architecture == Architecture::kGemma3 || c.architecture == Architecture::kGemma2 ||
+      c.architecture == Architecture::kGranite)
     c.o_bias = c.attention_bias;
   if (c.model_type == "seed_oss") {
     CLEAVE_ASSIGN_OR_RETURN(c.o_bias, f.boolOr("attention_out_bias", false));
@@ -752,6 +773,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   }
 
   if (c.architecture == Architecture::kGemma3) CLEAVE_RETURN_IF_ERROR(parseGemma3(f, c));
+  if (c.architecture == Architecture::kGemma2) CLEAVE_RETURN_IF_ERROR(parseGemma2(f, c));
   if (c.architecture == Architecture::kOlmo2) CLEAVE_RETURN_IF_ERROR(parseOlmo(f, c));
   if (c.architecture == Architecture::kGranite) CLEAVE_RETURN_IF_ERROR(parseGranite(f, c));
 

@@ -36,6 +36,7 @@ enum class Architecture {
   kPhi3,
   kGlm4Moe,
   kGemma3,
+  kGemma2,
   kMiniMaxM2,
   kOlmo2,
   kGranite
@@ -155,6 +156,8 @@ struct ModelConfig {
   double attention_scale = 0.0;
   double sliding_rope_theta = 0.0;
   double final_logit_softcap = 0.0;
+  // Gemma 2: each attention score soft-capped to ±attention_softcap before the softmax; 0: none.
+  double attention_softcap = 0.0;
   // Granite: each attention and MLP output times residual_scale before the residual stream
   // adds it (residual_multiplier), and the logits divided by logits_scaling.
   double residual_scale = 1.0;

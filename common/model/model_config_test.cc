@@ -489,6 +489,37 @@ TEST(ModelConfigTest, MiniMaxM2) {
   EXPECT_THAT(softmax.status().message(), HasSubstr("scoring_func \"softmax\" is not"));
 }
 
+// Gemma 2: transformers' soft caps when the config has no key (50 on the scores, 30 on the
+// logits), none for a null one; every other layer sliding (4096 by default); no Q/K norms.
+TEST(ModelConfigTest, Gemma2) {
+  auto parse = [](const std::string& extra) {
+    return parseConfigJson(R"({"model_type": "gemma2", "hidden_size": 3584,
+                               "num_hidden_layers": 42, "num_attention_heads": 16,
+                               "num_key_value_heads": 8, "head_dim": 256,
+                               "intermediate_size": 14336, "vocab_size": 256000,
+                               "hidden_activation": "gelu_pytorch_tanh")" +
+                               extra + "}",
+                           "config.json");
+  };
+  auto c = parse("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kGemma2);
+  EXPECT_EQ(c->attention_softcap, 50.0);
+  EXPECT_EQ(c->final_logit_softcap, 30.0);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_TRUE(c->pre_norms && c->post_norms);
+  EXPECT_EQ(c->attentionWindow(0), 4096u);
+  EXPECT_EQ(c->attentionWindow(1), 0u);
+  EXPECT_EQ(c->sliding_rope_theta, 0.0);
+  EXPECT_DOUBLE_EQ(c->attention_scale, 1.0 / 16.0);  // query_pre_attn_scalar 256
+  auto uncapped = parse(R"(, "attn_logit_softcapping": null, "final_logit_softcapping": null)");
+  ASSERT_TRUE(uncapped.ok()) << uncapped.status();
+  EXPECT_EQ(uncapped->attention_softcap, 0.0);
+  EXPECT_EQ(uncapped->final_logit_softcap, 0.0);
+  auto negative = parse(R"(, "attn_logit_softcapping": -1)");
+  EXPECT_THAT(negative.status().message(), HasSubstr("attn_logit_softcapping must be positive"));
+}
+
 // Granite 3's multipliers (granite-3.3-8b's), and one that is not positive refused naming it.
 TEST(ModelConfigTest, Granite) {
   auto parse = [](const std::string& extra) {

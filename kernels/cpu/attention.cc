@@ -45,7 +45,9 @@ std::vector<kernels::RowTile> planTiles(const AttentionArgs& a, int64_t lanes) {
 void attention(const AttentionArgs& a, ThreadPool& pool) {
   const Isa isa = bestIsa();
   const bool avx512 = isa == Isa::kAvx512 && a.head_dim % 16 == 0 && a.head_dim <= 256;
-  if (avx512 || (isa >= Isa::kAvx2 && a.head_dim % 8 == 0 && a.head_dim <= 256)) {
+  // Soft-capped scores (Gemma 2) take the scalar path, prefill and decode alike.
+  const bool simd = a.softcap == 0.0f;
+  if (simd && (avx512 || (isa >= Isa::kAvx2 && a.head_dim % 8 == 0 && a.head_dim <= 256))) {
     const std::vector<kernels::RowTile> tiles =
         planTiles(a, avx512 ? kernels::kRowLanesAvx512 : kernels::kRowLanesAvx2);
     pool.run(static_cast<int64_t>(tiles.size()) * a.kv_heads, [&](int64_t task) {
@@ -92,6 +94,7 @@ void attention(const AttentionArgs& a, ThreadPool& pool) {
     for (int64_t j = from; j < context; ++j) {
       scores[j - from] = dot(q, rowOf(a.k_pool, a.k_scale, j), a.head_dim) * a.scale;
     }
+    if (a.softcap > 0) softCap(scores.data(), n, a.softcap);
     scores[n] = a.sinks != nullptr ? a.sinks[h] : -std::numeric_limits<float>::infinity();
     softmax(scores.data(), n + 1, 1, n + 1);
     float* out = a.out + t * a.ldo + h * a.head_dim;

@@ -41,6 +41,7 @@ struct AttentionArgs {
   int64_t head_dim = 0;
   float scale = 1.0f;
   const float* sinks = nullptr;  // [heads], or null: no sink.
+  float softcap = 0.0f;          // Scores capped to ±softcap (cap·tanh(s/cap)); 0: none.
   int64_t window = 0;            // Positions a token attends to, itself included; 0: all.
   float* out = nullptr;
   int64_t ldo = 0;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/flags.h"
@@ -88,10 +89,13 @@ void printConfig(const model::ModelConfig& c) {
   if (c.post_norms) {
     std::printf(
         "  norms after attention and the MLP%s, %s MLP, embeddings x %g, softmax scale %g, "
-        "final logit soft cap %g\n",
+        "final logit soft cap %g%s\n",
         c.pre_norms ? " (and before)" : " only",
         c.mlp_activation == model::MlpActivation::kGeluTanh ? "GELU (tanh)" : "SiLU",
-        c.embedding_scale, c.attention_scale, c.final_logit_softcap);
+        c.embedding_scale, c.attention_scale, c.final_logit_softcap,
+        c.attention_softcap > 0
+            ? absl::StrCat(", attention score soft cap ", c.attention_softcap).c_str()
+            : "");
   }
   if (c.residual_scale != 1.0 || c.logits_scaling != 1.0) {  // Granite
     std::printf(

@@ -417,6 +417,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
         "; Gemma 3 1B-12B have 256) is not run by the CUDA attention kernels (head sizes ",
         cuda::kHeadDims, "); use --backend cpu"));
   }
+  if (c.attention_softcap > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        c.source, ": attention scores soft-capped (", model::architectureName(c.architecture),
+        "'s attn_logit_softcapping) are not run by the CUDA attention kernels; use "
+        "--backend cpu"));
+  }
   if (c.mlp_activation != model::MlpActivation::kSilu && c.moe) {
     return absl::UnimplementedError(
         absl::StrCat(c.source,

@@ -494,7 +494,7 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
 // where K is a multiple of 32 (not the MLP down projection of 176 columns), FP8 only with
 // DeepSeek's 128 x 128 blocks, everything else bf16; stacks only when every part agrees.
 // What the kernels do not run is refused by name before a device is touched: heads of 256
-// (Gemma 3 1B-12B), experts gated by GELU.
+// (Gemma 3 1B-12B), experts gated by GELU, soft-capped attention scores (Gemma 2).
 TEST(CudaWeightsTest, ShapesTheKernelsDoNotRunAreRefused) {
   auto config = model::loadModelConfig(goldenDir() + "/engine/hf/gemma3_f32");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -510,6 +510,11 @@ TEST(CudaWeightsTest, ShapesTheKernelsDoNotRunAreRefused) {
   refused = CudaLlamaModel::createRandom(*moe, {}, 1);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented) << refused.status();
   EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("GELU"));
+  auto gemma2 = model::loadModelConfig(goldenDir() + "/engine/hf/gemma2_f32");
+  ASSERT_TRUE(gemma2.ok()) << gemma2.status();
+  refused = CudaLlamaModel::createRandom(*gemma2, {}, 1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented) << refused.status();
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("attn_logit_softcapping"));
 }
 
 TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {

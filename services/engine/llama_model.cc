@@ -343,6 +343,7 @@ absl::Status LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, K
                   .scale = c.attention_scale > 0 ? static_cast<float>(c.attention_scale)
                                                  : 1.0f / std::sqrt(static_cast<float>(head_dim)),
                   .sinks = layer.sinks.empty() ? nullptr : layer.sinks.data(),
+                  .softcap = static_cast<float>(c.attention_softcap),
                   .window = window,
                   .out = attn_.data(),
                   .ldo = q_dim},

@@ -379,7 +379,8 @@ class SafetensorsSource final : public TensorSource {
     }
   }
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
-    if (arch_ == Architecture::kGemma3 || arch_ == Architecture::kOlmo2) {
+    if (arch_ == Architecture::kGemma3 || arch_ == Architecture::kGemma2 ||
+        arch_ == Architecture::kOlmo2) {
       static const std::map<std::string, std::string> kGemma = {
           {"ffn_norm", "pre_feedforward_layernorm.weight"},
           {"post_attn_norm", "post_attention_layernorm.weight"},
@@ -730,7 +731,9 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
   w->activations_quantized = quantization.activations_quantized;
   SafetensorsSource source(*w->safetensors, quantization, w->config.architecture);
   source.setCpuKernels(shard.cpu_kernels);
-  if (w->config.architecture == model::Architecture::kGemma3) source.setNormOffset(1.0f);
+  if (w->config.architecture == model::Architecture::kGemma3 ||
+      w->config.architecture == model::Architecture::kGemma2)
+    source.setNormOffset(1.0f);
   CLEAVE_RETURN_IF_ERROR(loadTensors(source, *w, on_layer));
   return w;
 }

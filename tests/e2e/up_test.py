@@ -119,9 +119,9 @@ class GoldenModelUpTest(unittest.TestCase):
         (the query temperature past the original context, on both workers) and Phi-4-mini's
         longrope (the long factors, chosen by the context both workers serve), SmolLM3 (a layer
         without rotary embedding), MiniMax-M2 and OLMo 3 (Q and K normed across heads; OLMo's
-        norms after attention and the MLP only)."""
+        norms after attention and the MLP only) and Gemma 2 (soft-capped attention scores)."""
         for case in ("gemma3_f32", "glm4_moe_f32", "ministral3_f32", "phi3_longrope_f32", "smollm3_f32",
-                     "minimax_m2_f32", "olmo3_f32"):
+                     "minimax_m2_f32", "olmo3_f32", "gemma2_f32"):
             with self.subTest(case):
                 self.serve_and_compare(case, 16)
 

@@ -49,7 +49,7 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
     sys.exit(0)
 import transformers
 from safetensors import safe_open
-from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Gemma3TextConfig, Glm4MoeConfig,
+from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Gemma2Config, Gemma3TextConfig, Glm4MoeConfig,
                           GptOssConfig, GraniteConfig, LlamaConfig, MiniMaxM2Config, Ministral3Config, MistralConfig, MixtralConfig,
                           Olmo2Config, Olmo3Config, Phi3Config,
                           Qwen2Config, Qwen3Config, SeedOssConfig, SmolLM3Config,
@@ -314,6 +314,14 @@ CASES["gemma3_f32"] = (Gemma3TextConfig, dict(
                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
     final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
     bos_token_id=2, eos_token_id=1, pad_token_id=0), 118, torch.float32)
+# Gemma 2: Gemma 3's norms, GELU MLP and scales without Q/K norms, a window (4) on every other layer, one
+# rotation for all, the attention scores soft-capped at 1.5 and the logits at 10 (both bind here).
+CASES["gemma2_f32"] = (Gemma2Config, dict(
+    hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, vocab_size=263, max_position_embeddings=256, rms_norm_eps=1e-6, query_pre_attn_scalar=24,
+    sliding_window=4, rope_theta=10000.0, attn_logit_softcapping=1.5, final_logit_softcapping=10.0,
+    hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=2, eos_token_id=1,
+    pad_token_id=0), 124, torch.float32)
 # Gemma 3 as the 1B-12B models are (what a GGUF file can state; gen_engine_gguf.py writes it):
 # six layers, every sixth global by the default pattern, query_pre_attn_scalar = head_dim,
 # no soft cap, linear scaling 8 on the global layer.
