@@ -34,6 +34,7 @@ struct Case {
   KvDtype kv = KvDtype::kBf16;
   int window = 0;      // sliding window (positions, the token's own included); 0: none
   bool sinks = false;  // a sink logit per head (gpt-oss)
+  float softcap = 0;   // scores capped to ±softcap (Gemma 2); 0: none
 };
 
 // A sink logit per head, in [-2, 4): some heads' sinks outweigh every score, some do not.
@@ -124,6 +125,7 @@ std::vector<float> cpuReference(const Case& c, const PagedCache& cache, const st
                   .head_dim = c.head_dim,
                   .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                   .sinks = c.sinks ? sinks.data() : nullptr,
+                  .softcap = c.softcap,
                   .window = c.window,
                   .out = out.data(),
                   .ldo = heads * c.head_dim},
@@ -132,12 +134,12 @@ std::vector<float> cpuReference(const Case& c, const PagedCache& cache, const st
 }
 
 std::string describe(const Case& c) {
-  std::string s = "head_dim " + std::to_string(c.head_dim) + ", block " +
-                  std::to_string(c.block_size) + ", kv_heads " + std::to_string(c.kv_heads) +
-                  ", group " + std::to_string(c.group) +
-                  (c.kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16") +
-                  (c.window ? ", window " + std::to_string(c.window) : "") +
-                  (c.sinks ? ", sinks" : "") + ", contexts";
+  std::string s =
+      "head_dim " + std::to_string(c.head_dim) + ", block " + std::to_string(c.block_size) +
+      ", kv_heads " + std::to_string(c.kv_heads) + ", group " + std::to_string(c.group) +
+      (c.kv == KvDtype::kFp8E4M3 ? ", e4m3" : ", bf16") +
+      (c.window ? ", window " + std::to_string(c.window) : "") + (c.sinks ? ", sinks" : "") +
+      (c.softcap > 0 ? ", soft cap " + std::to_string(c.softcap) : "") + ", contexts";
   for (int len : c.context) s += " " + std::to_string(len);
   return s;
 }
@@ -179,7 +181,8 @@ void checkDecode(const Case& c, uint32_t seed) {
                            .max_context = *std::max_element(c.context.begin(), c.context.end()),
                            .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
                            .kv_dtype = c.kv,
-                           .window = c.window},
+                           .window = c.window,
+                           .softcap = c.softcap},
                           multiprocessors());
   ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<bf16> dq(q), dout(q.size());
@@ -277,6 +280,22 @@ TEST(DecodeAttentionTest, MatchesCpuBackend) {
        .group = 2,
        .context = {999, 1000, 1001, 4133},
        .window = 1000},
+      // Gemma 2: soft-capped scores (a cap that binds: the random scores reach about ±1), with
+      // and without its window on every other layer, split into partitions, e4m3 too.
+      {.head_dim = 128,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 2,
+       .context = {1, 54, 300, 4133},
+       .softcap = 0.25f},
+      {.head_dim = 64,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {3, 129, 4133},
+       .kv = KvDtype::kFp8E4M3,
+       .window = 128,
+       .softcap = 0.25f},
   };
   for (const Case& c : cases) checkDecode(c, seed);
 }
@@ -330,7 +349,8 @@ void checkPrefill(const Case& c, uint32_t seed) {
        .max_new_tokens = *std::max_element(c.new_tokens.begin(), c.new_tokens.end()),
        .scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim)),
        .kv_dtype = c.kv,
-       .window = c.window});
+       .window = c.window,
+       .softcap = c.softcap});
   ASSERT_TRUE(plan.ok()) << plan.status();
   DeviceBuffer<bf16> dq(q), dout(q.size());
   DeviceBuffer<float> dsinks(sinks);
@@ -454,6 +474,22 @@ TEST(PrefillAttentionTest, MatchesCpuBackendWithCachedPrefixes) {
        .kv = KvDtype::kFp8E4M3,
        .window = 100,
        .sinks = true},
+      // Gemma 2: soft-capped scores, over a cached prefix, with a window too.
+      {.head_dim = 128,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 2,
+       .context = {70, 300},
+       .new_tokens = {70, 129},
+       .softcap = 0.25f},
+      {.head_dim = 64,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {300},
+       .new_tokens = {200},
+       .window = 64,
+       .softcap = 0.25f},
   };
   for (const Case& c : cases) checkPrefill(c, seed);
 }

@@ -17,7 +17,7 @@ struct DecodeParams {
   DecodeAttentionArgs args;
   int heads, kv_heads, block_shift, q_tiles, partitions;
   int window;          // 0: every position
-  float scale_log2;    // softmax scale in exp2 units
+  ScoreScale score;    // raw score to exp2 units
   float* partial_out;  // [batch][partitions][heads][D]
   float* partial_lse;  // [batch][partitions][heads], log2 units
 };
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int pos = first + warp * 16 + n * 8 + 2 * t + (e & 1);
-        s[n][e] = pos < end ? s[n][e] * p.scale_log2 : -INFINITY;
+        s[n][e] = pos < end ? scaledScore(s[n][e], p.score) : -INFINITY;
       }
     float rescale[2];
     softmax.update<2>(s, rescale);
@@ -213,6 +213,8 @@ absl::StatusOr<DecodeAttentionPlan> planDecodeAttention(const DecodeAttentionSha
   if (shape.max_batch < 1 || shape.max_context < 1)
     return absl::InvalidArgumentError("decode attention: max_batch and max_context must be >= 1");
   if (shape.window < 0) return absl::InvalidArgumentError("decode attention: window must be >= 0");
+  if (!(shape.softcap >= 0))
+    return absl::InvalidArgumentError("decode attention: softcap must be >= 0 (0: none)");
   DecodeAttentionPlan plan{.shape = shape};
   const int group = shape.heads / shape.kv_heads;
   plan.q_tiles = (group + 15) / 16;
@@ -257,7 +259,7 @@ absl::Status runDecodeAttention(const DecodeAttentionPlan& plan, const DecodeAtt
                       .q_tiles = plan.q_tiles,
                       .partitions = plan.partitions,
                       .window = plan.shape.window,
-                      .scale_log2 = plan.shape.scale * args.k_scale * kLog2e};
+                      .score = scoreScale(plan.shape.scale, args.k_scale, plan.shape.softcap)};
   if (plan.partitions > 1) {
     params.partial_out = static_cast<float*>(args.workspace);
     params.partial_lse = params.partial_out + static_cast<size_t>(plan.shape.max_batch) *

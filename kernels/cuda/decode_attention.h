@@ -38,6 +38,8 @@ struct DecodeAttentionShape {
   float scale = 0.0f;  // usually 1 / sqrt(head_dim)
   KvDtype kv_dtype = KvDtype::kBf16;
   int window = 0;  // positions a token attends to, itself included; 0: all
+  // Scores capped to ±softcap (cap · tanh(s / cap)) before the softmax (Gemma 2); 0: none.
+  float softcap = 0.0f;
 };
 
 struct DecodeAttentionPlan {

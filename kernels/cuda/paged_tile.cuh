@@ -177,6 +177,22 @@ __device__ __forceinline__ void loadRowTile(bf16* tile, const bf16* src, int64_t
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 
+// How a raw score (q·k as the cache stores k) becomes a logit in exp2 units: times the
+// softmax scale, or — with Gemma 2's soft cap — cap · tanh(scale · s / cap).
+struct ScoreScale {
+  float log2 = 0.0f;         // scale · k_scale · log2(e)
+  float cap_log2 = 0.0f;     // cap · log2(e); 0: no cap
+  float cap_inverse = 0.0f;  // scale · k_scale / cap
+};
+inline ScoreScale scoreScale(float scale, float k_scale, float cap) {
+  return {.log2 = scale * k_scale * kLog2e,
+          .cap_log2 = cap > 0 ? cap * kLog2e : 0.0f,
+          .cap_inverse = cap > 0 ? scale * k_scale / cap : 0.0f};
+}
+__device__ __forceinline__ float scaledScore(float s, const ScoreScale& k) {
+  return k.cap_log2 > 0 ? k.cap_log2 * tanhf(s * k.cap_inverse) : s * k.log2;
+}
+
 // value / sum of a softmax whose scores (log2 units) peak at `top`, with head `head`'s sink
 // logit (natural units) joining the denominator when there are sinks (gpt-oss): the sink's
 // weight and the scores' are both taken against the larger of the two peaks, so that

@@ -15,8 +15,8 @@ constexpr int kTile = 64;           // key positions per pipeline stage
 struct PrefillParams {
   PrefillAttentionArgs args;
   int heads, kv_heads, block_shift;
-  int window;  // 0: every position up to the query's
-  float scale_log2;
+  int window;        // 0: every position up to the query's
+  ScoreScale score;  // raw score to exp2 units
 };
 
 template <int D, bool kFp8>
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
         const int key = first + n * 8 + 2 * t + (e & 1);
         const int query = query_pos + 8 * (e >> 1);
         const bool seen = key <= query && key < end && (p.window == 0 || key > query - p.window);
-        s[n][e] = seen ? s[n][e] * p.scale_log2 : -INFINITY;
+        s[n][e] = seen ? scaledScore(s[n][e], p.score) : -INFINITY;
       }
     float rescale[2];
     softmax.update<kTile / 8>(s, rescale);
@@ -147,6 +147,8 @@ absl::StatusOr<PrefillAttentionPlan> planPrefillAttention(const PrefillAttention
     return absl::InvalidArgumentError(
         "prefill attention: max_sequences and max_new_tokens must be >= 1");
   if (shape.window < 0) return absl::InvalidArgumentError("prefill attention: window must be >= 0");
+  if (!(shape.softcap >= 0))
+    return absl::InvalidArgumentError("prefill attention: softcap must be >= 0 (0: none)");
   absl::Status allowed = withAttentionVariant(
       shape.head_dim, shape.kv_dtype, "prefill attention",
       [](auto d, auto f) { return allowSharedMemory<decltype(d)::value, decltype(f)::value>(); });
@@ -172,7 +174,7 @@ absl::Status runPrefillAttention(const PrefillAttentionPlan& plan, const Prefill
       .kv_heads = plan.shape.kv_heads,
       .block_shift = __builtin_ctz(static_cast<unsigned>(plan.shape.block_size)),
       .window = plan.shape.window,
-      .scale_log2 = plan.shape.scale * args.k_scale * kLog2e};
+      .score = scoreScale(plan.shape.scale, args.k_scale, plan.shape.softcap)};
   return withAttentionVariant(
       plan.shape.head_dim, plan.shape.kv_dtype, "prefill attention", [&](auto d, auto f) {
         return launch<decltype(d)::value, decltype(f)::value>(plan, params, stream);

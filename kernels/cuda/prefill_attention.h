@@ -36,6 +36,8 @@ struct PrefillAttentionShape {
   float scale = 0.0f;
   KvDtype kv_dtype = KvDtype::kBf16;
   int window = 0;  // positions a token attends to, itself included; 0: all
+  // Scores capped to ±softcap (cap · tanh(s / cap)) before the softmax (Gemma 2); 0: none.
+  float softcap = 0.0f;
 };
 
 struct PrefillAttentionPlan {

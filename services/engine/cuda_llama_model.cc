@@ -417,12 +417,6 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
         "; Gemma 3 1B-12B have 256) is not run by the CUDA attention kernels (head sizes ",
         cuda::kHeadDims, "); use --backend cpu"));
   }
-  if (c.attention_softcap > 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        c.source, ": attention scores soft-capped (", model::architectureName(c.architecture),
-        "'s attn_logit_softcapping) are not run by the CUDA attention kernels; use "
-        "--backend cpu"));
-  }
   if (c.mlp_activation != model::MlpActivation::kSilu && c.moe) {
     return absl::UnimplementedError(
         absl::StrCat(c.source,
@@ -515,6 +509,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.max_blocks_per_seq = (options.max_context + options.block_size - 1) / options.block_size;
   s.kv_blocks =
       options.kv_blocks > 0 ? options.kv_blocks : options.max_sequences * s.max_blocks_per_seq;
+  const float softcap = static_cast<float>(c.attention_softcap);  // Gemma 2's
   const float scale = c.attention_scale > 0 ? static_cast<float>(c.attention_scale)
                                             : 1.0f / std::sqrt(static_cast<float>(s.head_dim));
   if (s.mla) {
@@ -546,7 +541,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
                                              .max_context = static_cast<int>(options.max_context),
                                              .scale = scale,
                                              .kv_dtype = options.kv_dtype,
-                                             .window = window},
+                                             .window = window,
+                                             .softcap = softcap},
                                             prop.multiProcessorCount));
       CLEAVE_ASSIGN_OR_RETURN(
           p.prefill,
@@ -558,7 +554,8 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
                                       .max_new_tokens = static_cast<int>(s.options.max_step_tokens),
                                       .scale = scale,
                                       .kv_dtype = options.kv_dtype,
-                                      .window = window}));
+                                      .window = window,
+                                      .softcap = softcap}));
     }
   }
   s.layout(nullptr);
