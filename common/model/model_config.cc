@@ -72,6 +72,9 @@ constexpr ArchName kArchitectures[] = {
     // logits scaled, and a softmax scale of its own (attention_multiplier); attention_bias
     // covers O too.
     {"granite", "granite", Architecture::kGranite},
+    // EXAONE 4.0: OLMo 2's norms (after attention and the MLP only) with per-head Q/K norms;
+    // three sliding-window layers to one global, the global ones without rotary embedding.
+    {"exaone4", "-", Architecture::kExaone4},
 };
 
 std::string supportedList() {
@@ -445,6 +448,39 @@ absl::Status parseOlmo(const JsonFields& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// EXAONE 4.0: post norms only, per-head Q/K norms; with a window (sliding_window, 4096 when
+// absent, null for none) the layers layer_types names sliding (by default all but every
+// sliding_window_pattern-th, 4) attend to it and the others attend to everything without
+// rotary embedding.
+absl::Status parseExaone4(const JsonFields& f, ModelConfig& c) {
+  c.pre_norms = false;
+  c.post_norms = true;
+  c.qk_norm = true;
+  if (f.has("layer_types")) {
+    CLEAVE_RETURN_IF_ERROR(parseSlidingLayers(f, c, 4096));
+  } else {
+    std::optional<uint32_t> window = 4096;
+    if (f.names("sliding_window")) {
+      CLEAVE_ASSIGN_OR_RETURN(window, f.optionalUint("sliding_window"));
+    }
+    if (!window || *window == 0) return absl::OkStatus();
+    if (const nlohmann::json* pattern = f.get("sliding_window_pattern");
+        pattern != nullptr && !pattern->is_number_unsigned()) {
+      return f.error("sliding_window_pattern",
+                     "must be a number of layers when layer_types is absent");
+    }
+    CLEAVE_ASSIGN_OR_RETURN(uint32_t every, f.uintOr("sliding_window_pattern", 4));
+    if (every == 0) return f.error("sliding_window_pattern", "must be positive");
+    c.sliding_window = *window;
+    c.sliding_layers.assign(c.num_layers, false);
+    for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % every != 0;
+  }
+  if (c.sliding_window == 0) return absl::OkStatus();
+  c.nope_layers.assign(c.num_layers, false);  // The global layers: no rotary embedding.
+  for (uint32_t l = 0; l < c.num_layers; ++l) c.nope_layers[l] = c.attentionWindow(l) == 0;
+  return absl::OkStatus();
+}
+
 // Granite's multipliers, as transformers' GraniteConfig defaults them (1, and a softmax scale
 // of 1 — the published configs state each).
 absl::Status parseGranite(const JsonFields& f, ModelConfig& c) {
@@ -669,8 +705,10 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   CLEAVE_ASSIGN_OR_RETURN(c.head_dim, f.uintOr("head_dim", c.hidden_size / c.num_heads));
   // transformers' defaults: OLMo's 1e-5, the others' 1e-6 (published configs state it).
   CLEAVE_ASSIGN_OR_RETURN(
-      c.rms_norm_eps,
-      f.numberOr("rms_norm_eps", c.architecture == Architecture::kOlmo2 ? 1e-5 : 1e-6));
+      c.rms_norm_eps, f.numberOr("rms_norm_eps", c.architecture == Architecture::kOlmo2 ||
+                                                         c.architecture == Architecture::kExaone4
+                                                     ? 1e-5
+                                                     : 1e-6));
   // SmolLM3's config class ties them unless told otherwise.
   CLEAVE_ASSIGN_OR_RETURN(c.tie_word_embeddings,
                           f.boolOr("tie_word_embeddings", c.model_type == "smollm3"));
@@ -776,6 +814,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   if (c.architecture == Architecture::kGemma2) CLEAVE_RETURN_IF_ERROR(parseGemma2(f, c));
   if (c.architecture == Architecture::kOlmo2) CLEAVE_RETURN_IF_ERROR(parseOlmo(f, c));
   if (c.architecture == Architecture::kGranite) CLEAVE_RETURN_IF_ERROR(parseGranite(f, c));
+  if (c.architecture == Architecture::kExaone4) CLEAVE_RETURN_IF_ERROR(parseExaone4(f, c));
 
   CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> bos, f.optionalUint("bos_token_id"));
   c.bos_token_id = bos;

@@ -39,7 +39,8 @@ enum class Architecture {
   kGemma2,
   kMiniMaxM2,
   kOlmo2,
-  kGranite
+  kGranite,
+  kExaone4
 };
 
 const char* architectureName(Architecture arch);

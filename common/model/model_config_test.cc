@@ -520,6 +520,35 @@ TEST(ModelConfigTest, Gemma2) {
   EXPECT_THAT(negative.status().message(), HasSubstr("attn_logit_softcapping must be positive"));
 }
 
+// EXAONE 4.0: post norms only with per-head Q/K norms; by transformers' defaults every fourth
+// layer global and unrotated, the others sliding over 4096 positions; no window: every layer
+// global and rotated; a pattern string without layer_types refused naming it.
+TEST(ModelConfigTest, Exaone4) {
+  auto parse = [](const std::string& extra) {
+    return parseConfigJson(R"({"model_type": "exaone4", "hidden_size": 64,
+                               "num_hidden_layers": 8, "num_attention_heads": 4,
+                               "intermediate_size": 96, "vocab_size": 100)" +
+                               extra + "}",
+                           "config.json");
+  };
+  auto c = parse("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kExaone4);
+  EXPECT_FALSE(c->pre_norms);
+  EXPECT_TRUE(c->post_norms && c->qk_norm);
+  EXPECT_FALSE(c->qk_norm_across_heads);
+  for (uint32_t l = 0; l < 8; ++l) {
+    EXPECT_EQ(c->attentionWindow(l), l % 4 == 3 ? 0u : 4096u) << l;
+    EXPECT_EQ(c->rotates(l), l % 4 != 3) << l;
+  }
+  auto global = parse(R"(, "sliding_window": null)");
+  ASSERT_TRUE(global.ok()) << global.status();
+  EXPECT_EQ(global->attentionWindow(3), 0u);
+  EXPECT_TRUE(global->rotates(3));
+  auto lettered = parse(R"(, "sliding_window_pattern": "LLLG")");
+  EXPECT_THAT(lettered.status().message(), HasSubstr("sliding_window_pattern must be a number"));
+}
+
 // Granite 3's multipliers (granite-3.3-8b's), and one that is not positive refused naming it.
 TEST(ModelConfigTest, Granite) {
   auto parse = [](const std::string& extra) {

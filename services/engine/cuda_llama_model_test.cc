@@ -185,7 +185,8 @@ INSTANTIATE_TEST_SUITE_P(Gemma2, CudaTinyModelTest, ::testing::Values("gemma2_f3
 
 // OLMo 2 and 3: no norms before attention and the MLP (the residual stream copied in), norms
 // after them, Q and K normed across heads; OLMo 3's sliding layers with their own rotation.
-INSTANTIATE_TEST_SUITE_P(Olmo, CudaTinyModelTest, ::testing::Values("olmo2_f32", "olmo3_f32"));
+INSTANTIATE_TEST_SUITE_P(Olmo, CudaTinyModelTest,
+                         ::testing::Values("olmo2_f32", "olmo3_f32", "exaone4_f32"));
 
 // Granite 3: embeddings, residual adds (in the fused norm) and logits scaled, its own softmax
 // scale, biases on Q, K, V and O.

@@ -380,7 +380,7 @@ class SafetensorsSource final : public TensorSource {
   }
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
     if (arch_ == Architecture::kGemma3 || arch_ == Architecture::kGemma2 ||
-        arch_ == Architecture::kOlmo2) {
+        arch_ == Architecture::kOlmo2 || arch_ == Architecture::kExaone4) {
       static const std::map<std::string, std::string> kGemma = {
           {"ffn_norm", "pre_feedforward_layernorm.weight"},
           {"post_attn_norm", "post_attention_layernorm.weight"},
