@@ -75,6 +75,10 @@ constexpr ArchName kArchitectures[] = {
     // EXAONE 4.0: OLMo 2's norms (after attention and the MLP only) with per-head Q/K norms;
     // three sliding-window layers to one global, the global ones without rotary embedding.
     {"exaone4", "-", Architecture::kExaone4},
+    // GLM-4 (GLM-4-9B/32B-0414, GLM-Z1): norms before and after attention and the MLP, Q/K/V
+    // biases, gate and up in one matrix, rotary embedding on adjacent pairs of the first half
+    // of each head.
+    {"glm4", "-", Architecture::kGlm4},
 };
 
 std::string supportedList() {
@@ -714,6 +718,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
                           f.boolOr("tie_word_embeddings", c.model_type == "smollm3"));
   CLEAVE_ASSIGN_OR_RETURN(c.attention_bias,
                           f.boolOr("attention_bias", c.architecture == Architecture::kQwen2 ||
+                                                         c.architecture == Architecture::kGlm4 ||
                                                          c.model_type == "seed_oss"));
   // Which families' attention_bias covers the output projection too (transformers' classes):
   // Llama's, SmolLM3's and Gemma 3's; Seed-OSS says apart; the others' never.
@@ -784,7 +789,8 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   // otherwise, as transformers defaults it) and Phi-4-mini (0.75), whose transformers
   // classes rotate the first partial_rotary_factor · head_dim values; other families' do not.
   // MiniMax-M2's checkpoints give rotary_dim instead (a factor, when both are set, wins).
-  const bool glm = c.architecture == Architecture::kGlm4Moe;
+  const bool glm =
+      c.architecture == Architecture::kGlm4Moe || c.architecture == Architecture::kGlm4;
   const bool minimax = c.architecture == Architecture::kMiniMaxM2;
   double partial_default = glm ? 0.5 : 1.0;
   if (minimax && f.has("rotary_dim")) {
@@ -815,6 +821,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   if (c.architecture == Architecture::kOlmo2) CLEAVE_RETURN_IF_ERROR(parseOlmo(f, c));
   if (c.architecture == Architecture::kGranite) CLEAVE_RETURN_IF_ERROR(parseGranite(f, c));
   if (c.architecture == Architecture::kExaone4) CLEAVE_RETURN_IF_ERROR(parseExaone4(f, c));
+  if (c.architecture == Architecture::kGlm4) c.post_norms = true;
 
   CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> bos, f.optionalUint("bos_token_id"));
   c.bos_token_id = bos;

@@ -10,7 +10,9 @@
 // rotary bases), MiniMax-M2 (sigmoid routing with a correction bias; Q and K each normed
 // across all their heads), OLMo 2 and 3 (norms after attention and the MLP only, Q and K
 // normed across heads; OLMo 3's sliding layers with their own rotation), Granite 3 (Llama's
-// graph with scaled embeddings, residual adds and logits, and its own softmax scale).
+// graph with scaled embeddings, residual adds and logits, and its own softmax scale), Gemma 2
+// (Gemma 3's graph with soft-capped attention scores), EXAONE 4.0 (OLMo's norms, unrotated
+// global layers), GLM-4 (sandwich norms, adjacent-pair partial rotary).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +42,8 @@ enum class Architecture {
   kMiniMaxM2,
   kOlmo2,
   kGranite,
-  kExaone4
+  kExaone4,
+  kGlm4
 };
 
 const char* architectureName(Architecture arch);

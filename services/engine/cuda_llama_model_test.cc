@@ -188,6 +188,10 @@ INSTANTIATE_TEST_SUITE_P(Gemma2, CudaTinyModelTest, ::testing::Values("gemma2_f3
 INSTANTIATE_TEST_SUITE_P(Olmo, CudaTinyModelTest,
                          ::testing::Values("olmo2_f32", "olmo3_f32", "exaone4_f32"));
 
+// GLM-4 (dense): sandwich norms (no 1 + w), Q/K/V biases, gate and up fused, rotary embedding on
+// adjacent pairs of the first half of each head.
+INSTANTIATE_TEST_SUITE_P(Glm4, CudaTinyModelTest, ::testing::Values("glm4_f32"));
+
 // Granite 3: embeddings, residual adds (in the fused norm) and logits scaled, its own softmax
 // scale, biases on Q, K, V and O.
 INSTANTIATE_TEST_SUITE_P(Granite, CudaTinyModelTest, ::testing::Values("granite_f32"));

@@ -379,6 +379,12 @@ class SafetensorsSource final : public TensorSource {
     }
   }
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
+    if (arch_ == Architecture::kGlm4) {  // Its post norms, and post_attention_layernorm before
+      if (role == "post_attn_norm")      // the MLP (the default name).
+        return absl::StrCat(prefix_, "layers.", layer, ".post_self_attn_layernorm.weight");
+      if (role == "post_ffn_norm")
+        return absl::StrCat(prefix_, "layers.", layer, ".post_mlp_layernorm.weight");
+    }
     if (arch_ == Architecture::kGemma3 || arch_ == Architecture::kGemma2 ||
         arch_ == Architecture::kOlmo2 || arch_ == Architecture::kExaone4) {
       static const std::map<std::string, std::string> kGemma = {
@@ -591,6 +597,8 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
   const auto rows = TensorSource::rows, cols = TensorSource::cols;
   // Phi-3 stores Q, K, V in one matrix and gate, up in another: row runs `at` rows on.
   const bool fused = c.architecture == model::Architecture::kPhi3;
+  // GLM-4 keeps Q, K and V apart but gate and up in one matrix, as Phi-3 does.
+  const bool fused_gate_up = fused || c.architecture == model::Architecture::kGlm4;
   auto shifted = [](Span part, uint64_t at) {
     return Span{.begin = part.begin + static_cast<int64_t>(at), .size = part.size};
   };
@@ -662,7 +670,7 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
     if (c.isMoeLayer(i)) {
       CLEAVE_ASSIGN_OR_RETURN(layer.moe, f.moe(i, c, d));
     } else {
-      if (fused) {  // Gate and up: the first and second halves of one matrix's rows.
+      if (fused_gate_up) {  // Gate and up: the first and second halves of one matrix's rows.
         const std::string gate_up = name("gate_up");
         CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored,
                                 f.findMatrix(gate_up, 2 * ffn, hidden));
@@ -723,9 +731,12 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
   CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w->config.rope_scaling));
   CLEAVE_ASSIGN_OR_RETURN(w->dims, planShard(w->config, shard));
   CLEAVE_ASSIGN_OR_RETURN(w->safetensors, model::SafetensorsCheckpoint::open(folder));
-  // Hugging Face heads rotate halves; DeepSeek's latent rope part rotates adjacent pairs.
-  w->rope_pairing = w->config.mla && w->config.mla->rope_interleave ? cpu::RopePairing::kAdjacent
-                                                                    : cpu::RopePairing::kHalves;
+  // Hugging Face heads rotate halves; DeepSeek's latent rope part (rope_interleave) and GLM-4's
+  // rotary part rotate adjacent pairs.
+  w->rope_pairing = (w->config.mla && w->config.mla->rope_interleave) ||
+                            w->config.architecture == Architecture::kGlm4
+                        ? cpu::RopePairing::kAdjacent
+                        : cpu::RopePairing::kHalves;
   CLEAVE_ASSIGN_OR_RETURN(model::QuantizationInfo quantization,
                           model::readQuantizationInfo(folder));
   w->activations_quantized = quantization.activations_quantized;

@@ -49,7 +49,7 @@ except ImportError:  # CLEAVE_ORACLE_NO_TORCH=1
     sys.exit(0)
 import transformers
 from safetensors import safe_open
-from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Exaone4Config, Gemma2Config, Gemma3TextConfig, Glm4MoeConfig,
+from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Exaone4Config, Gemma2Config, Gemma3TextConfig, Glm4Config, Glm4MoeConfig,
                           GptOssConfig, GraniteConfig, LlamaConfig, MiniMaxM2Config, Ministral3Config, MistralConfig, MixtralConfig,
                           Olmo2Config, Olmo3Config, Phi3Config,
                           Qwen2Config, Qwen3Config, SeedOssConfig, SmolLM3Config,
@@ -314,6 +314,13 @@ CASES["gemma3_f32"] = (Gemma3TextConfig, dict(
                      "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
     final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
     bos_token_id=2, eos_token_id=1, pad_token_id=0), 118, torch.float32)
+# GLM-4 (dense): norms before and after attention and the MLP, Q/K/V biases, gate and up in one matrix,
+# rotary embedding on adjacent pairs of the first half of each head.
+CASES["glm4_f32"] = (Glm4Config, dict(
+    hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, vocab_size=277, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
+    partial_rotary_factor=0.5, attention_bias=True, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    pad_token_id=0), 126, torch.float32)
 # EXAONE 4.0: OLMo 2's norms with per-head Q/K norms, three sliding layers (window 4) to one global, the
 # global one without rotary embedding.
 CASES["exaone4_f32"] = (Exaone4Config, dict(
