@@ -116,12 +116,13 @@ class GoldenModelUpTest(unittest.TestCase):
     def test_newer_families_served_disaggregated_decode_transformers_tokens(self):
         """Gemma 3 (sliding and global layers with their own rotary bases, sandwich norms, the
         logits' soft cap), GLM-4.5 (half of each head rotating, a shared expert), Ministral 3
-        (the query temperature past the original context, on both workers) and Phi-4-mini's
+        (the query temperature past the original context, on both workers), Phi-4-mini's
         longrope (the long factors, chosen by the context both workers serve), SmolLM3 (a layer
         without rotary embedding), MiniMax-M2 and OLMo 3 (Q and K normed across heads; OLMo's
-        norms after attention and the MLP only) and Gemma 2 (soft-capped attention scores)."""
+        norms after attention and the MLP only), Gemma 2 (soft-capped attention scores), EXAONE
+        4.0 (unrotated global layers) and GLM-4 (adjacent-pair partial rotary)."""
         for case in ("gemma3_f32", "glm4_moe_f32", "ministral3_f32", "phi3_longrope_f32", "smollm3_f32",
-                     "minimax_m2_f32", "olmo3_f32", "gemma2_f32"):
+                     "minimax_m2_f32", "olmo3_f32", "gemma2_f32", "exaone4_f32", "glm4_f32"):
             with self.subTest(case):
                 self.serve_and_compare(case, 16)
 
