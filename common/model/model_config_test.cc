@@ -189,7 +189,7 @@ TEST(ModelConfigTest, BadFieldsNameTheFileAndField) {
       {"sliding_window must be positive when layer_types names sliding layers",
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":null,"layer_types":["sliding_attention"]})"},
       {"partial_rotary_factor 0.5 (rotary embedding on part of each head) is supported for "
-       "glm4_moe, minimax_m2 and phi3 only",
+       "glm4, glm4_moe, minimax_m2 and phi3 only",
        R"({"model_type":"llama","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"rope_parameters":{"rope_type":"default","rope_theta":10000,"partial_rotary_factor":0.5}})"},
       {"partial_rotary_factor 0.75 of head_dim 4 must be in (0, 1) and give an even number",
        R"({"model_type":"phi3","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"partial_rotary_factor":0.75})"},
@@ -512,6 +512,7 @@ TEST(ModelConfigTest, Gemma2) {
   EXPECT_EQ(c->attentionWindow(1), 0u);
   EXPECT_EQ(c->sliding_rope_theta, 0.0);
   EXPECT_DOUBLE_EQ(c->attention_scale, 1.0 / 16.0);  // query_pre_attn_scalar 256
+  EXPECT_TRUE(c->tie_word_embeddings);  // Published configs leave it to the class: tied.
   auto uncapped = parse(R"(, "attn_logit_softcapping": null, "final_logit_softcapping": null)");
   ASSERT_TRUE(uncapped.ok()) << uncapped.status();
   EXPECT_EQ(uncapped->attention_softcap, 0.0);
