@@ -114,26 +114,26 @@ CASES: dict[str, tuple] = {
         "rope_theta": 100000.0, "tie_word_embeddings": True}, 104, torch.float32),
     # Mistral: Llama's graph with a sliding window on every layer, shorter than the prompts
     "mistral_f32": (MistralConfig, dict(
-        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, vocab_size=613, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=1000000.0,
+        hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=281, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=1000000.0,
         sliding_window=6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2), 111, torch.float32),
     # Ministral 3: Mistral's graph with YaRN and Llama 4's query temperature, 1 + beta ln(1 + floor(p / 8)):
     # the original context is 8 positions, so the prompts' later positions are scaled 1.21 and 1.33
     "ministral3_f32": (Ministral3Config, dict(
-        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, vocab_size=623, max_position_embeddings=64, rms_norm_eps=1e-5, sliding_window=None,
+        hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=283, max_position_embeddings=64, rms_norm_eps=1e-5, sliding_window=None,
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0,
                          "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
                          "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.3},
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 115, torch.float32),
     # Llama with attention_bias: biases on Q, K, V and O (transformers' LlamaAttention puts one on all four)
     "llama_bias_f32": (LlamaConfig, {
-        **LLAMA_BASE, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 629, "attention_bias": True}, 117, torch.float32),
+        **LLAMA_BASE, "hidden_size": 64, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 293, "attention_bias": True}, 117, torch.float32),
     # Seed-OSS: biases on Q, K and V only (attention_out_bias false, as published), rope_theta 1e7
     "seed_oss_f32": (SeedOssConfig, dict(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, vocab_size=631, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000000.0,
+        hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=307, max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000000.0,
         attention_dropout=0.0, residual_dropout=0.0, tie_word_embeddings=False, bos_token_id=0, eos_token_id=2,
         pad_token_id=1), 118, torch.float32),
     # SmolLM3: Llama's graph with every fourth layer unrotated (NoPE; here the last of 4), tied embeddings
@@ -160,8 +160,8 @@ CASES: dict[str, tuple] = {
     # the short factors: a context no longer than the pretraining one, the attention factor from
     # a stated stretch
     "phi3_longrope_short_f32": (Phi3Config, dict(
-        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=621, max_position_embeddings=256, original_max_position_embeddings=256, rms_norm_eps=1e-5,
+        hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=311, max_position_embeddings=256, original_max_position_embeddings=256, rms_norm_eps=1e-5,
         rope_theta=10000.0, sliding_window=None, tie_word_embeddings=False,
         rope_scaling={"type": "longrope", "factor": 16.0,
                       "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
@@ -189,7 +189,7 @@ CASES: dict[str, tuple] = {
         attention_bias=False, bos_token_id=1, eos_token_id=2), 108, torch.float32),
     "qwen3_moe_nonorm_f32": (Qwen3MoeConfig, dict(
         hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=509, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=251, max_position_embeddings=256,
         rms_norm_eps=1e-6, rope_theta=1000000.0, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False,
         decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False, use_sliding_window=False,
         attention_bias=False, bos_token_id=1, eos_token_id=2), 109, torch.float32),
@@ -205,7 +205,7 @@ CASES: dict[str, tuple] = {
     # with an attention factor != 1 (mscale != mscale_all_dim).
     "deepseek_v2_yarn_f32": (DeepseekV3Config, dict(
         hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, vocab_size=509, max_position_embeddings=256,
+        num_attention_heads=4, num_key_value_heads=4, vocab_size=257, max_position_embeddings=256,
         rms_norm_eps=1e-6, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
         n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
         scoring_func="sigmoid", topk_method="noaux_tc", q_lora_rank=None, kv_lora_rank=16,
@@ -246,7 +246,7 @@ CASES["deepseek_v3_fp8_block128"] = (DeepseekV3Config, {
 # without renormalization, weights times routed_scaling_factor (2 here, so it shows).
 CASES["deepseek_v2_moe_f32"] = (DeepseekV2Config, dict(
     hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=4, vocab_size=509, max_position_embeddings=256,
+    num_attention_heads=4, num_key_value_heads=4, vocab_size=263, max_position_embeddings=256,
     rms_norm_eps=1e-6, n_routed_experts=8, num_experts_per_tok=2, topk_method="greedy",
     n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.0, norm_topk_prob=False,
     q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
