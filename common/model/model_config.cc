@@ -71,7 +71,7 @@ constexpr ArchName kArchitectures[] = {
     // GLM-4 (GLM-4-9B/32B-0414, GLM-Z1): norms before and after attention and the MLP, Q/K/V
     // biases, gate and up in one matrix, rotary embedding on adjacent pairs of the first half
     // of each head.
-    {"glm4", "-", Architecture::kGlm4},
+    {"glm4", "glm4", Architecture::kGlm4},
 };
 
 absl::StatusOr<std::string> readFile(const std::string& path) {

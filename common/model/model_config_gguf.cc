@@ -48,7 +48,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
         absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
                      "\" is not supported (supported: llama, qwen2, qwen3, "
                      "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe, gemma3, smollm3, granite, "
-                     "minimax-m2, olmo2)"));
+                     "minimax-m2, olmo2, glm4)"));
   }
   c.architecture = arch->arch;
   const std::string p = c.model_type + ".";
@@ -222,6 +222,8 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
       finishLongrope(original, std::nullopt, c);
     }
   }
+  if (c.architecture == Architecture::kGlm4)
+    c.post_norms = true;  // post_attention_norm, post_ffw_norm
   if (c.architecture == Architecture::kGemma3) {
     // As llama.cpp runs gemma3 files (whose norm weights hold 1 + w already): every sixth
     // layer global, the others sliding with base 10000 and no rope scaling; Gemma 3 27B (62
@@ -274,12 +276,12 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     // Rotary embedding on the leading part of each head (GLM-4.5, Phi-4-mini), NEOX-paired.
     CLEAVE_ASSIGN_OR_RETURN(uint32_t rotated, u32Or("rope.dimension_count", c.head_dim));
     if (rotated != c.head_dim) {
-      if (c.architecture != Architecture::kGlm4Moe && c.architecture != Architecture::kPhi3 &&
-          c.architecture != Architecture::kMiniMaxM2) {
+      if (c.architecture != Architecture::kGlm4Moe && c.architecture != Architecture::kGlm4 &&
+          c.architecture != Architecture::kPhi3 && c.architecture != Architecture::kMiniMaxM2) {
         return absl::UnimplementedError(absl::StrCat(
             file.path(), ": ", p, "rope.dimension_count ", rotated, " of head size ", c.head_dim,
-            " (rotary embedding on part of each head) is supported for glm4moe, minimax-m2 and "
-            "phi3 only"));
+            " (rotary embedding on part of each head) is supported for glm4, glm4moe, minimax-m2 "
+            "and phi3 only"));
       }
       if (rotated == 0 || rotated > c.head_dim || rotated % 2 != 0) {
         return absl::InvalidArgumentError(

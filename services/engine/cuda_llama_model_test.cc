@@ -190,7 +190,8 @@ INSTANTIATE_TEST_SUITE_P(Olmo, CudaTinyModelTest,
 
 // GLM-4 (dense): sandwich norms (no 1 + w), Q/K/V biases, gate and up fused, rotary embedding on
 // adjacent pairs of the first half of each head.
-INSTANTIATE_TEST_SUITE_P(Glm4, CudaTinyModelTest, ::testing::Values("glm4_f32"));
+INSTANTIATE_TEST_SUITE_P(Glm4, CudaTinyModelTest,
+                         ::testing::Values("glm4_f32", "../gguf/glm4_f32.gguf"));
 
 // Granite 3: embeddings, residual adds (in the fused norm) and logits scaled, its own softmax
 // scale, biases on Q, K, V and O.

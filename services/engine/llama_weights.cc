@@ -712,9 +712,10 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaGguf(const std::string& p
   // llama.cpp's converter permutes the Q/K rows of "llama" files (Llama, Mistral, Mixtral)
   // for adjacent-pair rotation, and DeepSeek's rope part rotates adjacent pairs as trained;
   // Qwen files keep Hugging Face's halves (its NEOX rope). SmolLM3's and Granite's files are
-  // permuted as llama's.
+  // permuted as llama's; GLM-4's rotary part pairs adjacent values as trained.
   w->rope_pairing = w->config.model_type == "llama" || w->config.model_type == "smollm3" ||
-                            w->config.model_type == "granite" || w->config.mla
+                            w->config.model_type == "granite" || w->config.model_type == "glm4" ||
+                            w->config.mla
                         ? cpu::RopePairing::kAdjacent
                         : cpu::RopePairing::kHalves;
   GgufSource source(*w->gguf, w->config.architecture);

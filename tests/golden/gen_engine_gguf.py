@@ -32,7 +32,8 @@ permuted as for llama).
 olmo2_f32.gguf and minimax_m2_f32.gguf are OLMo 2 (Olmo2Model) and MiniMax-M2 (MiniMaxM2Model) as the
 converter writes them: Q and K unpermuted (NEOX rope) with their norms across heads as attn_q_norm
 and attn_k_norm; OLMo's post_attention_norm and post_ffw_norm; MiniMax's experts stacked, its
-correction bias as exp_probs_b, rope.dimension_count its rotary_dim.
+correction bias as exp_probs_b, rope.dimension_count its rotary_dim. glm4_f32.gguf is GLM-4 (dense) as
+Glm4Model writes it (write_glm4).
 phi3_longrope_f32.gguf adds longrope as the converter writes it (rope_factors_long and
 rope_factors_short tensors, rope.scaling.attn_factor) and a partial rotary dimension count.
 The engine test (HfLogitsTest, "NAME.gguf") loads these files against the same transformers logits.
@@ -238,6 +239,32 @@ def write_phi3(case):
         tensor(blk + "attn_qkv.weight", t[hf + "self_attn.qkv_proj.weight"])
         tensor(blk + "attn_output.weight", t[hf + "self_attn.o_proj.weight"])
         tensor(blk + "ffn_norm.weight", t[hf + "post_attention_layernorm.weight"])
+        tensor(blk + "ffn_up.weight", t[hf + "mlp.gate_up_proj.weight"])
+        tensor(blk + "ffn_down.weight", t[hf + "mlp.down_proj.weight"])
+    return close_writer(w)
+
+
+def write_glm4(case):
+    """GLM-4 (dense) as convert_hf_to_gguf.py's Glm4Model writes it (float32): Q and K unpermuted
+    (its rotary part already pairs adjacent values), rope.dimension_count the rotated half, the
+    norm after attention as post_attention_norm, the one before the MLP as ffn_norm, the one after
+    it as post_ffw_norm, gate_up_proj as ffn_up."""
+    cfg, t, w = open_writer(case, "glm4")
+    w.add_rope_dimension_count(int(cfg["head_dim"] * cfg["rope_parameters"]["partial_rotary_factor"]))
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("none")
+    tensor = float_writer(w, t, cfg)
+    for layer in range(cfg["num_hidden_layers"]):
+        hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
+        tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"])
+        for p in "qkv":
+            tensor(blk + f"attn_{p}.weight", t[hf + f"self_attn.{p}_proj.weight"])
+            tensor(blk + f"attn_{p}.bias", t[hf + f"self_attn.{p}_proj.bias"])
+        tensor(blk + "attn_output.weight", t[hf + "self_attn.o_proj.weight"])
+        tensor(blk + "post_attention_norm.weight", t[hf + "post_self_attn_layernorm.weight"])
+        tensor(blk + "ffn_norm.weight", t[hf + "post_attention_layernorm.weight"])
+        tensor(blk + "post_ffw_norm.weight", t[hf + "post_mlp_layernorm.weight"])
         tensor(blk + "ffn_up.weight", t[hf + "mlp.gate_up_proj.weight"])
         tensor(blk + "ffn_down.weight", t[hf + "mlp.down_proj.weight"])
     return close_writer(w)
@@ -593,6 +620,8 @@ if __name__ == "__main__":
     # (sigmoid routing with exp_probs_b, half of each head rotating)
     check_with_llamacpp("olmo2_f32", write("olmo2_f32", "olmo2"), 1e-4)
     check_with_llamacpp("minimax_m2_f32", write("minimax_m2_f32", "minimax-m2"), 1e-4)
+    # GLM-4 (dense): adjacent pairs on half of each head, sandwich norms, gate and up fused
+    check_with_llamacpp("glm4_f32", write_glm4("glm4_f32"), 1e-4)
     check_with_llamacpp("deepseek_v3_wide_latent_f32", write_deepseek2("deepseek_v3_wide_latent_f32"), 1e-4)
     # Gemma 3: llama.cpp's CPU GELU reads a table of fp16 inputs (1.5e-3 when written; a layout
     # or scale error moves the logits by 1e-1 and more).
