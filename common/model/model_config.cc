@@ -51,7 +51,7 @@ constexpr ArchName kArchitectures[] = {
     {"gemma3", "gemma3", Architecture::kGemma3},
     // Gemma 2: Gemma 3's norms, MLP and scales without Q/K norms, every other layer sliding,
     // the attention scores soft-capped.
-    {"gemma2", "-", Architecture::kGemma2},
+    {"gemma2", "gemma2", Architecture::kGemma2},
     // MiniMax-M2 (and M2.1): Mixtral's layout (block_sparse_moe, experts w1/w2/w3) routed by
     // sigmoid scores with a correction bias, renormalized; Q and K each normed across all
     // their heads; rotary embedding on the first rotary_dim values of each head.

@@ -48,7 +48,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
         absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
                      "\" is not supported (supported: llama, qwen2, qwen3, "
                      "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe, gemma3, smollm3, granite, "
-                     "minimax-m2, olmo2, glm4)"));
+                     "minimax-m2, olmo2, glm4, gemma2)"));
   }
   c.architecture = arch->arch;
   const std::string p = c.model_type + ".";
@@ -224,22 +224,33 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
   }
   if (c.architecture == Architecture::kGlm4)
     c.post_norms = true;  // post_attention_norm, post_ffw_norm
-  if (c.architecture == Architecture::kGemma3) {
-    // As llama.cpp runs gemma3 files (whose norm weights hold 1 + w already): every sixth
-    // layer global, the others sliding with base 10000 and no rope scaling; Gemma 3 27B (62
-    // layers) scales its queries by hidden / heads (its query_pre_attn_scalar, which the files
-    // do not state), the others by head_dim.
+  if (c.architecture == Architecture::kGemma3 || c.architecture == Architecture::kGemma2) {
+    // As llama.cpp runs gemma2 and gemma3 files (whose norm weights hold 1 + w already):
+    // Gemma 3 every sixth layer global, the others sliding with base 10000 and no rope
+    // scaling; Gemma 2 every other layer sliding (the even ones), one rotation, the attention
+    // scores soft-capped. The 27B models (Gemma 3: 62 layers, Gemma 2: 46) scale their queries
+    // by hidden / heads (their query_pre_attn_scalar, which the files do not state), the
+    // others by head_dim.
+    const bool gemma3 = c.architecture == Architecture::kGemma3;
     c.embedding_scale = std::sqrt(static_cast<double>(c.hidden_size));
     c.post_norms = true;
     c.mlp_activation = MlpActivation::kGeluTanh;
-    c.attention_scale = 1.0 / std::sqrt(static_cast<double>(
-                                  c.num_layers == 62 ? c.hidden_size / c.num_heads : c.head_dim));
-    c.sliding_rope_theta = 10000.0;
+    const bool large = c.num_layers == (gemma3 ? 62u : 46u);
+    c.attention_scale =
+        1.0 / std::sqrt(static_cast<double>(large ? c.hidden_size / c.num_heads : c.head_dim));
+    if (gemma3) c.sliding_rope_theta = 10000.0;
     CLEAVE_ASSIGN_OR_RETURN(c.final_logit_softcap, f64Or("final_logit_softcapping", 0.0));
+    CLEAVE_ASSIGN_OR_RETURN(c.attention_softcap, f64Or("attn_logit_softcapping", 0.0));
+    if (c.final_logit_softcap < 0 || c.attention_softcap < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": ", p, "final_logit_softcapping and ", p,
+                       "attn_logit_softcapping must not be negative"));
+    }
     CLEAVE_ASSIGN_OR_RETURN(c.sliding_window, u32Or("attention.sliding_window", 0));
     if (c.sliding_window > 0) {
       c.sliding_layers.assign(c.num_layers, false);
-      for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % 6 != 0;
+      for (uint32_t l = 0; l < c.num_layers; ++l)
+        c.sliding_layers[l] = gemma3 ? (l + 1) % 6 != 0 : l % 2 == 0;
     }
   }
   if (c.architecture == Architecture::kMiniMaxM2 || c.architecture == Architecture::kOlmo2) {

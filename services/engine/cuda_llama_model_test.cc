@@ -181,7 +181,8 @@ INSTANTIATE_TEST_SUITE_P(Gemma3, CudaTinyModelTest,
 
 // Gemma 2: Gemma 3's graph without Q/K norms, every other layer sliding, the attention scores
 // soft-capped in the attention kernels.
-INSTANTIATE_TEST_SUITE_P(Gemma2, CudaTinyModelTest, ::testing::Values("gemma2_f32"));
+INSTANTIATE_TEST_SUITE_P(Gemma2, CudaTinyModelTest,
+                         ::testing::Values("gemma2_f32", "../gguf/gemma2_f32.gguf"));
 
 // OLMo 2 and 3: no norms before attention and the MLP (the residual stream copied in), norms
 // after them, Q and K normed across heads; OLMo 3's sliding layers with their own rotation.

@@ -625,7 +625,7 @@ INSTANTIATE_TEST_SUITE_P(
                       "phi3_longrope_f32.gguf", "phi3_longrope_short_f32", "gemma3_f32",
                       "gemma3_pattern6_f32", "gemma3_pattern6_f32.gguf", "olmo2_f32", "olmo3_f32",
                       "granite_f32", "granite_f32.gguf", "olmo2_f32.gguf", "gemma2_f32",
-                      "exaone4_f32", "glm4_f32", "glm4_f32.gguf"));
+                      "exaone4_f32", "glm4_f32", "glm4_f32.gguf", "gemma2_f32.gguf"));
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",

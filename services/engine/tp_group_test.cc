@@ -242,7 +242,8 @@ INSTANTIATE_TEST_SUITE_P(
         tpCase(kGguf + "granite_f32.gguf", 2, kShm), tpCase(kGguf + "olmo2_f32.gguf", 2, kShm),
         tpCase(kGguf + "minimax_m2_f32.gguf", 2, kShm, MoeSplit::kColumns),
         tpCase(kHf + "gemma2_f32", 2, kShm), tpCase(kHf + "exaone4_f32", 2, kShm),
-        tpCase(kHf + "glm4_f32", 2, kShm), tpCase(kGguf + "glm4_f32.gguf", 2, kShm)));
+        tpCase(kHf + "glm4_f32", 2, kShm), tpCase(kGguf + "glm4_f32.gguf", 2, kShm),
+        tpCase(kGguf + "gemma2_f32.gguf", 2, kShm)));
 
 // A bf16 or e4m3 KV cache gives the f32 cache's logits up to the rounding of the keys and
 // values (8 and 4 significant bits), teacher-forced on the f32 run's tokens; on two ranks

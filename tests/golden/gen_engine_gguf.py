@@ -33,7 +33,8 @@ olmo2_f32.gguf and minimax_m2_f32.gguf are OLMo 2 (Olmo2Model) and MiniMax-M2 (M
 converter writes them: Q and K unpermuted (NEOX rope) with their norms across heads as attn_q_norm
 and attn_k_norm; OLMo's post_attention_norm and post_ffw_norm; MiniMax's experts stacked, its
 correction bias as exp_probs_b, rope.dimension_count its rotary_dim. glm4_f32.gguf is GLM-4 (dense) as
-Glm4Model writes it (write_glm4).
+Glm4Model writes it (write_glm4). gemma2_f32.gguf is Gemma 2 as Gemma2Model writes it (write_gemma2;
+llama.cpp reads it at 7e-4, its GELU through an fp16 table as for Gemma 3).
 phi3_longrope_f32.gguf adds longrope as the converter writes it (rope_factors_long and
 rope_factors_short tensors, rope.scaling.attn_factor) and a partial rotary dimension count.
 The engine test (HfLogitsTest, "NAME.gguf") loads these files against the same transformers logits.
@@ -359,7 +360,13 @@ def write_gemma3(case):
     w.add_vocab_size(cfg["vocab_size"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("none")
+    write_gemma_tensors(w, t, cfg, qk_norm=True)
+    return close_writer(w)
 
+
+def write_gemma_tensors(w, t, cfg, qk_norm):
+    """Gemma 2's and 3's tensors as their converters write them: every norm weight as 1 + w,
+    tied embeddings; Gemma 3's Q/K norms when `qk_norm`."""
     def tensor(name, array):
         w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
 
@@ -374,13 +381,32 @@ def write_gemma3(case):
         for p in "qkv":
             tensor(blk + f"attn_{p}.weight", t[hf + f"self_attn.{p}_proj.weight"])
         tensor(blk + "attn_output.weight", t[hf + "self_attn.o_proj.weight"])
-        norm(blk + "attn_q_norm.weight", t[hf + "self_attn.q_norm.weight"])
-        norm(blk + "attn_k_norm.weight", t[hf + "self_attn.k_norm.weight"])
+        if qk_norm:
+            norm(blk + "attn_q_norm.weight", t[hf + "self_attn.q_norm.weight"])
+            norm(blk + "attn_k_norm.weight", t[hf + "self_attn.k_norm.weight"])
         norm(blk + "post_attention_norm.weight", t[hf + "post_attention_layernorm.weight"])
         norm(blk + "ffn_norm.weight", t[hf + "pre_feedforward_layernorm.weight"])
         norm(blk + "post_ffw_norm.weight", t[hf + "post_feedforward_layernorm.weight"])
         for p in ("gate", "up", "down"):
             tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
+
+
+def write_gemma2(case):
+    """Gemma 2 as convert_hf_to_gguf.py's Gemma2Model writes it (float32): Gemma 3's tensors
+    without Q/K norms, both soft caps and the window as keys. llama.cpp fixes what the file
+    cannot state: every other layer sliding (the even ones), the queries scaled by the head size
+    (but in the 27B) - the case is built to match."""
+    cfg, t, w = open_writer(case, "gemma2")
+    assert cfg["query_pre_attn_scalar"] == cfg["head_dim"]
+    assert cfg["layer_types"] == ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                  for i in range(cfg["num_hidden_layers"])]
+    w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("none")
+    write_gemma_tensors(w, t, cfg, qk_norm=False)
     return close_writer(w)
 
 
@@ -626,6 +652,7 @@ if __name__ == "__main__":
     # Gemma 3: llama.cpp's CPU GELU reads a table of fp16 inputs (1.5e-3 when written; a layout
     # or scale error moves the logits by 1e-1 and more).
     check_with_llamacpp("gemma3_pattern6_f32", write_gemma3("gemma3_pattern6_f32"), 3e-3)
+    check_with_llamacpp("gemma2_f32", write_gemma2("gemma2_f32"), 3e-3)
     # NVFP4: llama.cpp rounds its activations to Q8_0 blocks (an fp16 scale, halves away from
     # zero) where the golden rounds them as the engine does.
     nvfp4 = write("qwen3_f32", "qwen3", nvfp4=True)

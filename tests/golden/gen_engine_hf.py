@@ -329,10 +329,11 @@ CASES["exaone4_f32"] = (Exaone4Config, dict(
     sliding_window=4, sliding_window_pattern=4, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
     pad_token_id=0), 125, torch.float32)
 # Gemma 2: Gemma 3's norms, GELU MLP and scales without Q/K norms, a window (4) on every other layer, one
-# rotation for all, the attention scores soft-capped at 1.5 and the logits at 10 (both bind here).
+# rotation for all, the attention scores soft-capped at 1.5 and the logits at 10 (both bind here);
+# query_pre_attn_scalar the head size, as the 2B and 9B have it (what a GGUF file implies).
 CASES["gemma2_f32"] = (Gemma2Config, dict(
     hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=16, vocab_size=263, max_position_embeddings=256, rms_norm_eps=1e-6, query_pre_attn_scalar=24,
+    head_dim=16, vocab_size=263, max_position_embeddings=256, rms_norm_eps=1e-6, query_pre_attn_scalar=16,
     sliding_window=4, rope_theta=10000.0, attn_logit_softcapping=1.5, final_logit_softcapping=10.0,
     hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, bos_token_id=2, eos_token_id=1,
     pad_token_id=0), 124, torch.float32)
