@@ -187,15 +187,27 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
   return absl::OkStatus();
 }
 
+// config.json's "sliding_window": `absent` when the key is missing, none when it is null.
+absl::StatusOr<std::optional<uint32_t>> slidingWindow(const JsonFields& f,
+                                                      std::optional<uint32_t> absent) {
+  if (!f.names("sliding_window")) return absent;
+  return f.optionalUint("sliding_window");
+}
+
+// A window of `window` on every layer but each `every`-th (Gemma 3's, OLMo 3's and EXAONE 4's
+// defaults).
+void slideAllButEvery(uint32_t window, uint32_t every, ModelConfig& c) {
+  c.sliding_window = window;
+  c.sliding_layers.assign(c.num_layers, false);
+  for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % every != 0;
+}
+
 // gpt-oss's sliding-window layers: "sliding_window" positions (`absent` when the key is
 // missing) on the layers "layer_types" names "sliding_attention" (by default every even
 // layer, as transformers fills it in).
 absl::Status parseSlidingLayers(const JsonFields& f, ModelConfig& c,
                                 std::optional<uint32_t> absent = std::nullopt) {
-  std::optional<uint32_t> window = absent;
-  if (f.names("sliding_window")) {
-    CLEAVE_ASSIGN_OR_RETURN(window, f.optionalUint("sliding_window"));
-  }
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> window, slidingWindow(f, absent));
   const nlohmann::json* types = f.get("layer_types");
   if (!window || *window == 0) {
     if (types != nullptr && types->is_array() &&
@@ -263,10 +275,7 @@ absl::Status parseSmolLm3(const JsonFields& f, ModelConfig& c) {
 // 4096, Phi-3 none).
 absl::Status parseUniformWindow(const JsonFields& f, std::optional<uint32_t> absent,
                                 ModelConfig& c) {
-  std::optional<uint32_t> window = absent;
-  if (f.names("sliding_window")) {
-    CLEAVE_ASSIGN_OR_RETURN(window, f.optionalUint("sliding_window"));
-  }
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> window, slidingWindow(f, absent));
   if (!window || *window == 0) return absl::OkStatus();
   c.sliding_window = *window;
   c.sliding_layers.assign(c.num_layers, true);
@@ -377,14 +386,8 @@ absl::Status parseOlmo(const JsonFields& f, ModelConfig& c) {
   CLEAVE_ASSIGN_OR_RETURN(double theta, f.numberOr("rope_theta", 500000.0));
   CLEAVE_RETURN_IF_ERROR(parseRopePerLayerType(f, theta, theta, c));
   if (f.has("layer_types")) return parseSlidingLayers(f, c, 4096);
-  std::optional<uint32_t> window = 4096;
-  if (f.names("sliding_window")) {
-    CLEAVE_ASSIGN_OR_RETURN(window, f.optionalUint("sliding_window"));
-  }
-  if (!window || *window == 0) return absl::OkStatus();
-  c.sliding_window = *window;
-  c.sliding_layers.assign(c.num_layers, false);
-  for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % 4 != 0;
+  CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> window, slidingWindow(f, 4096));
+  if (window && *window > 0) slideAllButEvery(*window, 4, c);
   return absl::OkStatus();
 }
 
@@ -399,10 +402,7 @@ absl::Status parseExaone4(const JsonFields& f, ModelConfig& c) {
   if (f.has("layer_types")) {
     CLEAVE_RETURN_IF_ERROR(parseSlidingLayers(f, c, 4096));
   } else {
-    std::optional<uint32_t> window = 4096;
-    if (f.names("sliding_window")) {
-      CLEAVE_ASSIGN_OR_RETURN(window, f.optionalUint("sliding_window"));
-    }
+    CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> window, slidingWindow(f, 4096));
     if (!window || *window == 0) return absl::OkStatus();
     if (const nlohmann::json* pattern = f.get("sliding_window_pattern");
         pattern != nullptr && !pattern->is_number_unsigned()) {
@@ -411,9 +411,7 @@ absl::Status parseExaone4(const JsonFields& f, ModelConfig& c) {
     }
     CLEAVE_ASSIGN_OR_RETURN(uint32_t every, f.uintOr("sliding_window_pattern", 4));
     if (every == 0) return f.error("sliding_window_pattern", "must be positive");
-    c.sliding_window = *window;
-    c.sliding_layers.assign(c.num_layers, false);
-    for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % every != 0;
+    slideAllButEvery(*window, every, c);
   }
   if (c.sliding_window == 0) return absl::OkStatus();
   c.nope_layers.assign(c.num_layers, false);  // The global layers: no rotary embedding.
@@ -497,9 +495,7 @@ absl::Status parseGemma3(const JsonFields& f, ModelConfig& c) {
   if (!window || *window == 0) return absl::OkStatus();
   CLEAVE_ASSIGN_OR_RETURN(uint32_t pattern, f.uintOr("sliding_window_pattern", 6));
   if (pattern == 0) return f.error("sliding_window_pattern", "must be positive");
-  c.sliding_window = *window;
-  c.sliding_layers.assign(c.num_layers, false);
-  for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % pattern != 0;
+  slideAllButEvery(*window, pattern, c);
   return absl::OkStatus();
 }
 
