@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kLogprobThreads)
     cub::KeyValuePair<int, float> best(-1, -FLT_MAX);
     for (int i = threadIdx.x; i < vocab; i += kLogprobThreads) {
       const float v = row[i];
-      if (!(v > -INFINITY)) continue;  // NaN, and masked (-inf) ones: no alternative, as the CPU.
+      if (!isfinite(v)) continue;  // NaN, masked (-inf) and +inf ones: no alternative, as the CPU.
       // Only candidates after the previous one in the order.
       const bool after =
           previous.key < 0 || v < previous.value || (v == previous.value && i > previous.key);

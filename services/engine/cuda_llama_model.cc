@@ -616,7 +616,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
 absl::Status uploadMla(const MlaWeights& src, const CudaLlamaModel::State& s, DeviceLayer& dst) {
   if (s.q_low > 0) {
     CLEAVE_RETURN_IF_ERROR(uploadRows(src.q_a, dst.q_a, 0, 0, "q_a_proj"));
-    CLEAVE_RETURN_IF_ERROR(uploadF32(src.q_a_norm, dst.q_a_norm, "q_a_layernorm"));
+    CLEAVE_RETURN_IF_ERROR(uploadF32(src.q_a_norm, dst.q_a_norm, s.q_low, "q_a_layernorm"));
   }
   CLEAVE_RETURN_IF_ERROR(uploadRows(src.q_b, dst.q_b, 0, 0, "q_b_proj"));
   CLEAVE_RETURN_IF_ERROR(uploadRows(src.kv_a, dst.kv_a, 0, 0, "kv_a_proj_with_mqa"));
@@ -732,7 +732,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
       return absl::InvalidArgumentError(absl::StrCat(
           "layer ", l, "'s norms before attention and the MLP do not match the config"));
     if (dst.attn_norm != nullptr)
-      CLEAVE_RETURN_IF_ERROR(uploadF32(src.attn_norm, dst.attn_norm, "attn_norm"));
+      CLEAVE_RETURN_IF_ERROR(uploadF32(src.attn_norm, dst.attn_norm, s.hidden, "attn_norm"));
     if (src.mla.has_value() != s.mla)
       return absl::InvalidArgumentError(
           absl::StrCat("layer ", l, "'s attention does not match the config (MLA or not)"));
@@ -750,8 +750,11 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
       CLEAVE_RETURN_IF_ERROR(uploadBf16(bias, dst.bqkv, "qkv bias"));
     }
     if (s.traits.qk_norm) {
-      CLEAVE_RETURN_IF_ERROR(uploadF32(src.q_norm, dst.q_norm, "q_norm"));
-      CLEAVE_RETURN_IF_ERROR(uploadF32(src.k_norm, dst.k_norm, "k_norm"));
+      const bool across = s.config.qk_norm_across_heads;
+      CLEAVE_RETURN_IF_ERROR(
+          uploadF32(src.q_norm, dst.q_norm, across ? s.q_dim : s.head_dim, "q_norm"));
+      CLEAVE_RETURN_IF_ERROR(
+          uploadF32(src.k_norm, dst.k_norm, across ? s.kv_dim : s.head_dim, "k_norm"));
     }
     CLEAVE_RETURN_IF_ERROR(uploadRows(src.wo, dst.wo, 0, 0, "wo"));
     if (static_cast<int64_t>(src.bo.size()) != (s.traits.o_bias ? s.hidden : 0) ||
@@ -764,10 +767,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
       CLEAVE_RETURN_IF_ERROR(
           uploadBytes(dst.sinks, src.sinks.data(), src.sinks.size() * 4, "attention sinks"));
     if (dst.ffn_norm != nullptr)
-      CLEAVE_RETURN_IF_ERROR(uploadF32(src.ffn_norm, dst.ffn_norm, "ffn_norm"));
+      CLEAVE_RETURN_IF_ERROR(uploadF32(src.ffn_norm, dst.ffn_norm, s.hidden, "ffn_norm"));
     if (dst.post_attn_norm != nullptr) {
-      CLEAVE_RETURN_IF_ERROR(uploadF32(src.post_attn_norm, dst.post_attn_norm, "post_attn_norm"));
-      CLEAVE_RETURN_IF_ERROR(uploadF32(src.post_ffn_norm, dst.post_ffn_norm, "post_ffn_norm"));
+      CLEAVE_RETURN_IF_ERROR(
+          uploadF32(src.post_attn_norm, dst.post_attn_norm, s.hidden, "post_attn_norm"));
+      CLEAVE_RETURN_IF_ERROR(
+          uploadF32(src.post_ffn_norm, dst.post_ffn_norm, s.hidden, "post_ffn_norm"));
     }
     if (src.moe) {
       CLEAVE_RETURN_IF_ERROR(uploadMoe(*src.moe, *s.moe, s.moe_layer[l]));
@@ -783,7 +788,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
     CLEAVE_RETURN_IF_ERROR(model::dequantize(e.type, e.data, e.rows * e.cols, table.data()));
     CLEAVE_RETURN_IF_ERROR(uploadBf16(table, s.embed, "token embeddings"));
   }
-  CLEAVE_RETURN_IF_ERROR(uploadF32(w.output_norm, s.output_norm, "output_norm"));
+  CLEAVE_RETURN_IF_ERROR(uploadF32(w.output_norm, s.output_norm, s.hidden, "output_norm"));
   if (!s.traits.tied) CLEAVE_RETURN_IF_ERROR(uploadDequantized(w.output, s.output, "output"));
   CLEAVE_RETURN_IF_ERROR(uploadRope(w.config, w.rope_pairing, s.inv_freq, s.rope_factor));
   CLEAVE_RETURN_IF_ERROR(uploadSlidingRope(w.config, w.rope_pairing, s.sliding_inv_freq));
@@ -1628,6 +1633,7 @@ class CudaRankBackend final : public StepBackend {
     return model_->copyKv(direction, blocks, rows, host);
   }
   int64_t weightBytes() const override { return model_->weightBytes(); }
+  int64_t routedExpertBytes() const override { return model_->routedExpertBytes(); }
   bool multiRowLogits() const override { return model_->multiRowLogits(); }
   std::span<const float> lastHidden() const override { return model_->lastHidden(); }
 

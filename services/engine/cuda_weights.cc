@@ -181,7 +181,11 @@ absl::Status uploadBf16(const std::vector<float>& v, bf16* dst, const char* what
   return uploadBytes(dst, staged.data(), staged.size() * sizeof(bf16), what);
 }
 
-absl::Status uploadF32(const std::vector<float>& v, float* dst, const char* what) {
+absl::Status uploadF32(const std::vector<float>& v, float* dst, int64_t count, const char* what) {
+  if (static_cast<int64_t>(v.size()) != count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " holds ", v.size(), " values where the model takes ", count));
+  }
   return uploadBytes(dst, v.data(), v.size() * sizeof(float), what);
 }
 

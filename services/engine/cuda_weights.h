@@ -49,6 +49,9 @@ absl::Status uploadBytes(void* dst, const void* src, size_t bytes, const char* w
 absl::Status uploadBf16(const std::vector<float>& values, __nv_bfloat16* dst, const char* what);
 absl::Status uploadDequantized(const cpu::CpuMatrix& m, __nv_bfloat16* dst, const char* what);
 // Host floats kept f32 at `dst` (norm weights).
-absl::Status uploadF32(const std::vector<float>& values, float* dst, const char* what);
+// `values` must hold `count` floats (an InvalidArgument naming `what` otherwise: a norm of
+// another width would overrun its piece of the arena, or leave it unwritten).
+absl::Status uploadF32(const std::vector<float>& values, float* dst, int64_t count,
+                       const char* what);
 
 }  // namespace cleave::engine
