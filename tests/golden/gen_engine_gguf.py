@@ -95,6 +95,13 @@ def open_writer(case, arch, name=None, extra_blocks=0, kv=None):
     return cfg, t, w
 
 
+def float_file_keys(w, cfg):
+    """The keys of a float32 file without a tokenizer (the prompts are token ids)."""
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("none")
+
+
 def float_writer(w, t, cfg):
     """A function adding a float32 tensor to `w`, after it has added the embeddings, the final
     norm and (untied) the head from `t`."""
@@ -230,9 +237,7 @@ def write_phi3(case):
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     if cfg.get("sliding_window"):
         w.add_sliding_window(cfg["sliding_window"])
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("none")
+    float_file_keys(w, cfg)
     tensor = float_writer(w, t, cfg)
     for layer in range(cfg["num_hidden_layers"]):
         hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
@@ -252,9 +257,7 @@ def write_glm4(case):
     it as post_ffw_norm, gate_up_proj as ffn_up."""
     cfg, t, w = open_writer(case, "glm4")
     w.add_rope_dimension_count(int(cfg["head_dim"] * cfg["rope_parameters"]["partial_rotary_factor"]))
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("none")
+    float_file_keys(w, cfg)
     tensor = float_writer(w, t, cfg)
     for layer in range(cfg["num_hidden_layers"]):
         hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
@@ -283,9 +286,7 @@ def deepseek_moe_keys(w, t, cfg):
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     w.add_expert_weights_scale(cfg["routed_scaling_factor"])
     w.add_expert_weights_norm(cfg["norm_topk_prob"])
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("none")
+    float_file_keys(w, cfg)
     return float_writer(w, t, cfg)
 
 
@@ -357,9 +358,7 @@ def write_gemma3(case):
     w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
     w.add_rope_scaling_factor(rope["full_attention"]["factor"])
     w.add_sliding_window(cfg["sliding_window"])
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("none")
+    float_file_keys(w, cfg)
     write_gemma_tensors(w, t, cfg, qk_norm=True)
     return close_writer(w)
 
@@ -403,9 +402,7 @@ def write_gemma2(case):
     w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
     w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     w.add_sliding_window(cfg["sliding_window"])
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("none")
+    float_file_keys(w, cfg)
     write_gemma_tensors(w, t, cfg, qk_norm=False)
     return close_writer(w)
 
