@@ -45,9 +45,7 @@ std::vector<kernels::RowTile> planTiles(const AttentionArgs& a, int64_t lanes) {
 void attention(const AttentionArgs& a, ThreadPool& pool) {
   const Isa isa = bestIsa();
   const bool avx512 = isa == Isa::kAvx512 && a.head_dim % 16 == 0 && a.head_dim <= 256;
-  // Soft-capped scores (Gemma 2) take the scalar path, prefill and decode alike.
-  const bool simd = a.softcap == 0.0f;
-  if (simd && (avx512 || (isa >= Isa::kAvx2 && a.head_dim % 8 == 0 && a.head_dim <= 256))) {
+  if (avx512 || (isa >= Isa::kAvx2 && a.head_dim % 8 == 0 && a.head_dim <= 256)) {
     const std::vector<kernels::RowTile> tiles =
         planTiles(a, avx512 ? kernels::kRowLanesAvx512 : kernels::kRowLanesAvx2);
     pool.run(static_cast<int64_t>(tiles.size()) * a.kv_heads, [&](int64_t task) {

@@ -203,6 +203,7 @@ void attentionKeysFixed(const AttentionArgs& a, int64_t t, int64_t kvh, float* s
           keyScores<Simd, kD, kRows>(qs + g0 * d, rows, d, ps + g0 * kLanes);
       });
     }
+    if (a.softcap > 0) softCap(ps, group * kLanes, a.softcap);  // Gemma 2: as attention_rows.h
     for (int64_t g = 0; g < group; ++g) {
       float* p = ps + g * kLanes;
       auto scores = Simd::keep(Simd::loadf(p), keys);                // -inf past the position.

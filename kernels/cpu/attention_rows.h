@@ -50,6 +50,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_kernels.h"
+#include "kernels/cpu/elementwise.h"
 
 namespace cleave::cpu::kernels {
 
@@ -193,6 +194,7 @@ void attentionRowsFixed(const AttentionArgs& a, const RowTile& tile, int64_t kvh
       widenRows<Simd, kType, kKeys>(a, table, v_pool, kvh, j0, last, d, vf);
     }
     scoresOf<Simd, kD>(qt, krows, d, pb);
+    if (a.softcap > 0) softCap(pb, kKeys * kLanes, a.softcap);  // Gemma 2: as attention_keys.h
     V s[kKeys];
     for (int64_t k = 0; k < kKeys; ++k) s[k] = Simd::loadf(pb + k * kLanes);
     if (j0 + kKeys - 1 > first) {
