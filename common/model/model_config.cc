@@ -72,6 +72,12 @@ constexpr ArchName kArchitectures[] = {
     // biases, gate and up in one matrix, rotary embedding on adjacent pairs of the first half
     // of each head.
     {"glm4", "glm4", Architecture::kGlm4},
+    // Qwen3.5 (dense; qwen3_5 holds the text model's config under text_config): Gated DeltaNet
+    // linear attention on three layers of four, gated attention with per-head Q/K norms on a
+    // quarter of each head's values rotated on the others, every norm weight stored as an
+    // offset from 1. No GGUF layout is read for it.
+    {"qwen3_5_text", "-", Architecture::kQwen35},
+    {"qwen3_5", "-", Architecture::kQwen35},
 };
 
 absl::StatusOr<std::string> readFile(const std::string& path) {
@@ -147,6 +153,23 @@ absl::Status checkShape(const ModelConfig& c, const std::string& source) {
   if (c.num_layers > 1024 || c.num_heads > 1024 || c.hidden_size > (1u << 20)) {
     return bad("dimensions are implausibly large");
   }
+  if (const LinearAttentionConfig* la = c.linear_attention ? &*c.linear_attention : nullptr) {
+    if (la->key_heads == 0 || la->value_heads == 0 || la->key_head_dim == 0 ||
+        la->value_head_dim == 0 || la->conv_kernel < 2 || la->key_head_dim > 1024 ||
+        la->value_head_dim > 1024 || la->value_heads > 1024 || la->conv_kernel > 64) {
+      return bad(absl::StrCat("linear attention's linear_num_key_heads, linear_num_value_heads, ",
+                              "linear_key_head_dim, linear_value_head_dim (1..1024) and ",
+                              "linear_conv_kernel_dim (2..64) are out of range"));
+    }
+    if (la->value_heads % la->key_heads != 0) {
+      return bad(absl::StrCat("linear_num_key_heads (", la->key_heads,
+                              ") must divide linear_num_value_heads (", la->value_heads, ")"));
+    }
+    if (la->layers.size() != c.num_layers) {
+      return bad(
+          absl::StrCat("layer_types names ", la->layers.size(), " layers of ", c.num_layers));
+    }
+  }
   const RopeScaling& s = c.rope_scaling;
   if (s.type == "longrope") {
     const size_t pairs = (c.rotary_dim > 0 ? c.rotary_dim : c.head_dim) / 2;
@@ -185,6 +208,18 @@ bool ModelConfig::isMoeLayer(uint32_t layer) const {
 
 uint32_t ModelConfig::attentionWindow(uint32_t layer) const {
   return layer < sliding_layers.size() && sliding_layers[layer] ? sliding_window : 0;
+}
+
+uint32_t ModelConfig::kvLayers() const {
+  uint32_t linear = 0;
+  for (uint32_t l = 0; l < num_layers; ++l) linear += isLinearLayer(l);
+  return num_layers - linear;
+}
+
+uint32_t ModelConfig::kvLayer(uint32_t layer) const {
+  uint32_t before = 0;
+  for (uint32_t l = 0; l < layer; ++l) before += !isLinearLayer(l);
+  return before;
 }
 
 double ModelConfig::queryScale(int64_t position) const {

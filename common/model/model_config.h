@@ -12,7 +12,8 @@
 // normed across heads; OLMo 3's sliding layers with their own rotation), Granite 3 (Llama's
 // graph with scaled embeddings, residual adds and logits, and its own softmax scale), Gemma 2
 // (Gemma 3's graph with soft-capped attention scores), EXAONE 4.0 (OLMo's norms, unrotated
-// global layers), GLM-4 (sandwich norms, adjacent-pair partial rotary).
+// global layers), GLM-4 (sandwich norms, adjacent-pair partial rotary), Qwen3.5 (Gated
+// DeltaNet linear attention on most layers, gated attention on the others).
 #pragma once
 
 #include <cstdint>
@@ -43,7 +44,8 @@ enum class Architecture {
   kOlmo2,
   kGranite,
   kExaone4,
-  kGlm4
+  kGlm4,
+  kQwen35
 };
 
 const char* architectureName(Architecture arch);
@@ -122,6 +124,28 @@ struct MlaConfig {
   bool rope_interleave = true;
 };
 
+// Gated DeltaNet linear attention (Qwen3.5): a layer keeps, per sequence, a fixed-size
+// state instead of KV rows. Its input projection gives each token queries and keys
+// (key_heads of key_head_dim), values (value_heads of value_head_dim), an output gate z
+// (as wide as the values), and per value head a write strength b and a decay input a. The
+// queries, keys and values pass a causal depthwise convolution of conv_kernel taps (each
+// sequence keeps its last conv_kernel - 1 inputs) and SiLU; queries and keys are L2-normed
+// and each value head's state S [key_head_dim, value_head_dim] (value head h reads key head
+// h / (value_heads / key_heads)) is updated per token as
+//   S = exp(g)·S;  S += k ⊗ β(v − Sᵀk);  out = Sᵀq / √key_head_dim
+// with β = sigmoid(b), g = −exp(A_log)·softplus(a + dt_bias); each head's out is RMS-normed
+// (its own weights), times SiLU(z), and projected back to the hidden size.
+struct LinearAttentionConfig {
+  uint32_t key_heads = 0;
+  uint32_t value_heads = 0;  // A multiple of key_heads.
+  uint32_t key_head_dim = 0;
+  uint32_t value_head_dim = 0;
+  uint32_t conv_kernel = 4;
+  // layers[l]: layer l is a linear-attention layer (config.json layer_types
+  // "linear_attention"); the others attend over the KV cache.
+  std::vector<bool> layers;
+};
+
 struct ModelConfig {
   Architecture architecture = Architecture::kLlama;
   std::string model_type;  // As the file names it ("llama", "qwen3_moe", GGUF "qwen3moe").
@@ -189,6 +213,10 @@ struct ModelConfig {
   std::vector<uint32_t> eos_token_ids;
   std::optional<MoeConfig> moe;
   std::optional<MlaConfig> mla;
+  std::optional<LinearAttentionConfig> linear_attention;
+  // Qwen3.5's gated attention: the query projection gives each head its queries and then as
+  // many gate values; the attention output times sigmoid(gate) before the O projection.
+  bool attention_output_gate = false;
   // The file it came from.
   std::string source;
 
@@ -196,6 +224,18 @@ struct ModelConfig {
   bool isMoeLayer(uint32_t layer) const;
   // The positions layer `layer` attends to, itself included; 0: all.
   uint32_t attentionWindow(uint32_t layer) const;
+  // True when layer `layer` is a linear-attention layer (no KV rows).
+  bool isLinearLayer(uint32_t layer) const {
+    return linear_attention && layer < linear_attention->layers.size() &&
+           linear_attention->layers[layer];
+  }
+  // Layers that keep KV rows (all but the linear-attention ones), and layer `layer`'s index
+  // among them (for a layer that keeps them).
+  uint32_t kvLayers() const;
+  uint32_t kvLayer(uint32_t layer) const;
+  // Linear-attention layers, and layer `layer`'s index among them.
+  uint32_t linearLayers() const { return num_layers - kvLayers(); }
+  uint32_t linearLayer(uint32_t layer) const { return layer - kvLayer(layer); }
 };
 
 // What one position leaves in one layer's KV cache: `parts` tensors of `heads` rows of

@@ -202,6 +202,27 @@ void slideAllButEvery(uint32_t window, uint32_t every, ModelConfig& c) {
   for (uint32_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = (l + 1) % every != 0;
 }
 
+// Which of `layers` layers layer_types names `type`, the others being "full_attention".
+absl::StatusOr<std::vector<bool>> layersOfType(const JsonFields& f, uint32_t layers,
+                                               const std::string& type) {
+  const nlohmann::json* types = f.get("layer_types");
+  if (types == nullptr || !types->is_array() || types->size() != layers) {
+    return f.error("layer_types",
+                   absl::StrCat("must list the ", layers, " layers' attention types"));
+  }
+  std::vector<bool> marked(layers, false);
+  for (uint32_t l = 0; l < layers; ++l) {
+    const nlohmann::json& t = (*types)[l];
+    if (t == type) {
+      marked[l] = true;
+    } else if (t != "full_attention") {
+      return f.error("layer_types", absl::StrCat("layer ", l, ": ", t.dump(), " is not ", type,
+                                                 " or full_attention"));
+    }
+  }
+  return marked;
+}
+
 // gpt-oss's sliding-window layers: "sliding_window" positions (`absent` when the key is
 // missing) on the layers "layer_types" names "sliding_attention" (by default every even
 // layer, as transformers fills it in).
@@ -222,19 +243,7 @@ absl::Status parseSlidingLayers(const JsonFields& f, ModelConfig& c,
     for (uint32_t l = 0; l < c.num_layers; l += 2) c.sliding_layers[l] = true;
     return absl::OkStatus();
   }
-  if (!types->is_array() || types->size() != c.num_layers) {
-    return f.error("layer_types",
-                   absl::StrCat("must list the ", c.num_layers, " layers' attention types"));
-  }
-  for (uint32_t l = 0; l < c.num_layers; ++l) {
-    const nlohmann::json& t = (*types)[l];
-    if (t == "sliding_attention") {
-      c.sliding_layers[l] = true;
-    } else if (t != "full_attention") {
-      return f.error("layer_types", absl::StrCat("layer ", l, ": ", t.dump(),
-                                                 " is not sliding_attention or full_attention"));
-    }
-  }
+  CLEAVE_ASSIGN_OR_RETURN(c.sliding_layers, layersOfType(f, c.num_layers, "sliding_attention"));
   return absl::OkStatus();
 }
 
@@ -499,6 +508,41 @@ absl::Status parseGemma3(const JsonFields& f, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// Qwen3.5's text model: Gated DeltaNet on the layers layer_types names "linear_attention" (by
+// default all but every full_attention_interval-th, 4), gated attention with per-head Q/K
+// norms on the others (transformers' Qwen3_5TextConfig defaults for the heads).
+absl::Status parseQwen35(const JsonFields& f, ModelConfig& c) {
+  c.qk_norm = true;
+  c.attention_output_gate = true;
+  LinearAttentionConfig la;
+  CLEAVE_ASSIGN_OR_RETURN(la.key_heads, f.uintOr("linear_num_key_heads", 16));
+  CLEAVE_ASSIGN_OR_RETURN(la.value_heads, f.uintOr("linear_num_value_heads", 32));
+  CLEAVE_ASSIGN_OR_RETURN(la.key_head_dim, f.uintOr("linear_key_head_dim", 128));
+  CLEAVE_ASSIGN_OR_RETURN(la.value_head_dim, f.uintOr("linear_value_head_dim", 128));
+  CLEAVE_ASSIGN_OR_RETURN(la.conv_kernel, f.uintOr("linear_conv_kernel_dim", 4));
+  la.layers.assign(c.num_layers, false);
+  if (f.has("layer_types")) {
+    CLEAVE_ASSIGN_OR_RETURN(la.layers, layersOfType(f, c.num_layers, "linear_attention"));
+  } else {
+    CLEAVE_ASSIGN_OR_RETURN(uint32_t interval, f.uintOr("full_attention_interval", 4));
+    if (interval == 0) return f.error("full_attention_interval", "must be positive");
+    for (uint32_t l = 0; l < c.num_layers; ++l) la.layers[l] = (l + 1) % interval != 0;
+  }
+  c.linear_attention = std::move(la);
+  return absl::OkStatus();
+}
+
+// Qwen3.5's published (multimodal) checkpoints hold the text model's config under
+// text_config, with the token ids and the tied head at the top level.
+nlohmann::json qwen35TextConfig(const nlohmann::json& json) {
+  nlohmann::json text = json["text_config"];
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"}) {
+    if (json.contains(key) && !json[key].is_null() && !text.contains(key)) text[key] = json[key];
+  }
+  text["model_type"] = "qwen3_5_text";
+  return text;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::string& name) {
@@ -512,16 +556,19 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   const std::string type = type_field != json.end() && type_field->is_string()
                                ? type_field->get<std::string>()
                                : std::string();
-  const bool nested = (type == "gemma3" || type == "mistral3") && json.contains("text_config");
+  const bool nested =
+      (type == "gemma3" || type == "mistral3" || type == "qwen3_5") && json.contains("text_config");
   if (nested && !json["text_config"].is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": text_config must be an object"));
   }
-  if (type == "mistral3" && !nested) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": a mistral3 config must hold its text model's in text_config"));
+  if ((type == "mistral3" || type == "qwen3_5") && !nested) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": a ", type,
+                                                   " config must hold its text model's in "
+                                                   "text_config"));
   }
   if (type == "gemma3_text" || type == "gemma3") json = gemma3TextConfig(json);
   if (type == "mistral3") json = mistral3TextConfig(json);
+  if (type == "qwen3_5") json = qwen35TextConfig(json);
   if (const auto text_type = json.find("model_type");
       text_type != json.end() && *text_type == "ministral3") {
     json = ministral3Defaults(std::move(json));
@@ -549,9 +596,11 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   CLEAVE_ASSIGN_OR_RETURN(c.vocab_size, f.uint("vocab_size"));
   CLEAVE_ASSIGN_OR_RETURN(c.max_position_embeddings, f.uintOr("max_position_embeddings", 2048));
   if (c.num_heads == 0) return f.error("num_attention_heads", "must be positive");
-  CLEAVE_ASSIGN_OR_RETURN(c.head_dim, f.uintOr("head_dim", c.architecture == Architecture::kGlm4
-                                                               ? 128
-                                                               : c.hidden_size / c.num_heads));
+  CLEAVE_ASSIGN_OR_RETURN(c.head_dim,
+                          f.uintOr("head_dim", c.architecture == Architecture::kGlm4 ? 128
+                                               : c.architecture == Architecture::kQwen35
+                                                   ? 256
+                                                   : c.hidden_size / c.num_heads));
   // transformers' defaults for a key the file leaves out (published configs state them):
   // OLMo's and EXAONE's eps 1e-5, GLM-4's 1.5625e-7 and heads of 128, the others' 1e-6.
   const bool glm4 = c.architecture == Architecture::kGlm4;
@@ -641,7 +690,8 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   const bool glm =
       c.architecture == Architecture::kGlm4Moe || c.architecture == Architecture::kGlm4;
   const bool minimax = c.architecture == Architecture::kMiniMaxM2;
-  double partial_default = glm ? 0.5 : 1.0;
+  const bool qwen35 = c.architecture == Architecture::kQwen35;
+  double partial_default = glm ? 0.5 : qwen35 ? 0.25 : 1.0;
   if (minimax && f.has("rotary_dim")) {
     CLEAVE_ASSIGN_OR_RETURN(uint32_t rotary, f.uint("rotary_dim"));
     partial_default = static_cast<double>(rotary) / c.head_dim;
@@ -649,11 +699,11 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   CLEAVE_ASSIGN_OR_RETURN(double partial, f.numberOr("partial_rotary_factor", partial_default));
   CLEAVE_ASSIGN_OR_RETURN(partial, rope_parameters.numberOr("partial_rotary_factor", partial));
   if (partial != 1.0) {
-    if (!glm && !minimax && c.architecture != Architecture::kPhi3) {
+    if (!glm && !minimax && !qwen35 && c.architecture != Architecture::kPhi3) {
       return absl::UnimplementedError(absl::StrCat(
           name, ": partial_rotary_factor ", partial, " (rotary embedding on part of each head) is ",
-          "supported for glm4, glm4_moe, minimax_m2 and phi3 only; model_type \"", c.model_type,
-          "\" rotates all"));
+          "supported for glm4, glm4_moe, minimax_m2, phi3 and qwen3_5 only; model_type \"",
+          c.model_type, "\" rotates all"));
     }
     const double dims = partial * c.head_dim;
     if (!(partial > 0 && partial < 1) || dims != std::floor(dims) ||
@@ -671,6 +721,7 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   if (c.architecture == Architecture::kGranite) CLEAVE_RETURN_IF_ERROR(parseGranite(f, c));
   if (c.architecture == Architecture::kExaone4) CLEAVE_RETURN_IF_ERROR(parseExaone4(f, c));
   if (c.architecture == Architecture::kGlm4) c.post_norms = true;
+  if (qwen35) CLEAVE_RETURN_IF_ERROR(parseQwen35(f, c));
 
   CLEAVE_ASSIGN_OR_RETURN(std::optional<uint32_t> bos, f.optionalUint("bos_token_id"));
   c.bos_token_id = bos;

@@ -189,7 +189,7 @@ TEST(ModelConfigTest, BadFieldsNameTheFileAndField) {
       {"sliding_window must be positive when layer_types names sliding layers",
        R"({"model_type":"gpt_oss","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"num_local_experts":4,"num_experts_per_tok":2,"sliding_window":null,"layer_types":["sliding_attention"]})"},
       {"partial_rotary_factor 0.5 (rotary embedding on part of each head) is supported for "
-       "glm4, glm4_moe, minimax_m2 and phi3 only",
+       "glm4, glm4_moe, minimax_m2, phi3 and qwen3_5 only",
        R"({"model_type":"llama","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"rope_parameters":{"rope_type":"default","rope_theta":10000,"partial_rotary_factor":0.5}})"},
       {"partial_rotary_factor 0.75 of head_dim 4 must be in (0, 1) and give an even number",
        R"({"model_type":"phi3","hidden_size":8,"intermediate_size":8,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":5,"partial_rotary_factor":0.75})"},
@@ -548,6 +548,57 @@ TEST(ModelConfigTest, Exaone4) {
   EXPECT_TRUE(global->rotates(3));
   auto lettered = parse(R"(, "sliding_window_pattern": "LLLG")");
   EXPECT_THAT(lettered.status().message(), HasSubstr("sliding_window_pattern must be a number"));
+}
+
+// Qwen3.5 as published (multimodal: the text model under text_config, token ids and the tied
+// head at the top level; mrope's sections, which text alone rotates as plain RoPE, ignored):
+// every fourth layer attends, the others are linear attention; a quarter of each head
+// rotates. Layer types other than the two, or a linear config that cannot be split, refused.
+TEST(ModelConfigTest, Qwen35) {
+  auto parse = [](const std::string& text_extra, const std::string& top_extra = "") {
+    return parseConfigJson(
+        R"({"model_type": "qwen3_5", "eos_token_id": 248046, "tie_word_embeddings": true,
+            "text_config": {"model_type": "qwen3_5_text", "hidden_size": 1024,
+              "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 2,
+              "head_dim": 256, "intermediate_size": 3584, "vocab_size": 248320,
+              "linear_num_key_heads": 16, "linear_num_value_heads": 16,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 10000000,
+                "partial_rotary_factor": 0.25, "mrope_interleaved": true,
+                "mrope_section": [11, 11, 10]})" +
+            text_extra + "}" + top_extra + "}",
+        "config.json");
+  };
+  auto c = parse("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, Architecture::kQwen35);
+  EXPECT_TRUE(c->tie_word_embeddings && c->qk_norm && c->attention_output_gate);
+  EXPECT_EQ(c->eos_token_ids, std::vector<uint32_t>{248046});
+  EXPECT_EQ(c->rotary_dim, 64u);
+  EXPECT_EQ(c->rope_theta, 1e7);
+  ASSERT_TRUE(c->linear_attention.has_value());
+  EXPECT_EQ(c->linear_attention->key_heads, 16u);
+  EXPECT_EQ(c->linear_attention->key_head_dim, 128u);
+  EXPECT_EQ(c->linear_attention->value_head_dim, 128u);
+  EXPECT_EQ(c->linear_attention->conv_kernel, 4u);
+  for (uint32_t l = 0; l < 8; ++l) EXPECT_EQ(c->isLinearLayer(l), l % 4 != 3) << l;
+  EXPECT_EQ(c->kvLayers(), 2u);
+  EXPECT_EQ(c->kvLayer(7), 1u);
+  EXPECT_EQ(c->linearLayer(6), 5u);
+  auto listed = parse(R"(, "layer_types": ["full_attention", "linear_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "full_attention", "linear_attention"])");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->kvLayers(), 3u);
+  EXPECT_EQ(listed->kvLayer(6), 2u);
+  auto sliding = parse(R"(, "layer_types": ["sliding_attention", "linear_attention",
+      "linear_attention", "linear_attention", "linear_attention", "full_attention",
+      "full_attention", "linear_attention"])");
+  EXPECT_THAT(sliding.status().message(),
+              HasSubstr("layer 0: \"sliding_attention\" is not linear_attention"));
+  auto uneven = parse(R"(, "linear_num_value_heads": 24)");
+  EXPECT_THAT(uneven.status().message(), HasSubstr("linear_num_key_heads (16) must divide"));
+  auto flat = parseConfigJson(R"({"model_type": "qwen3_5", "hidden_size": 64})", "config.json");
+  EXPECT_THAT(flat.status().message(), HasSubstr("must hold its text model's in text_config"));
 }
 
 // Granite 3's multipliers (granite-3.3-8b's), and one that is not positive refused naming it.

@@ -421,7 +421,8 @@ int runGenerate(int argc, char** argv) {
     if (end.size() == 1) eos.push_back(end[0]);
   }
   constexpr int64_t kBlockSize = 16;
-  if (absl::Status s = (*group)->allocateKv((context + kBlockSize - 1) / kBlockSize, kBlockSize);
+  if (absl::Status s = (*group)->allocateKv((context + kBlockSize - 1) / kBlockSize, kBlockSize,
+                                            /*host_blocks=*/0, /*state_slots=*/1);
       !s.ok()) {
     return fail(s);
   }

@@ -417,6 +417,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
         "; Gemma 3 1B-12B have 256) is not run by the CUDA attention kernels (head sizes ",
         cuda::kHeadDims, "); use --backend cpu"));
   }
+  if (c.linear_attention || c.attention_output_gate) {
+    return absl::UnimplementedError(absl::StrCat(
+        c.source, ": ", model::architectureName(c.architecture),
+        "'s linear-attention and gated-attention layers are not run by the CUDA kernels; use "
+        "--backend cpu"));
+  }
   if (c.mlp_activation != model::MlpActivation::kSilu && c.moe) {
     return absl::UnimplementedError(
         absl::StrCat(c.source,

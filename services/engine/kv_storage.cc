@@ -14,6 +14,7 @@ KvStorage::KvStorage(const KvStorageOptions& options) : options_(options) {
   data_ = cpu::allocateOnHugePages(std::max<int64_t>(total, 1), 4096);
   CLEAVE_CHECK(data_ != nullptr) << "cannot allocate " << total << " bytes of KV cache";
   std::memset(data_.get(), 0, total);  // Zero already; touched now so no step faults it in.
+  states_ = std::make_unique<float[]>(options_.state_slots * options_.state_floats);
 }
 
 int64_t KvStorage::bytes() const { return options_.parts * options_.num_layers * poolBytes(); }

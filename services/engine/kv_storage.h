@@ -11,6 +11,11 @@
 // different TP layouts moves. Which block holds which positions of which sequence is the
 // KvBlockPool's business (kv_block_pool.h); storage only holds the rows.
 //
+// A model with linear-attention layers (model::LinearAttentionConfig) keeps their per-sequence
+// state apart, in `state_slots` slots of `state_floats` floats each (every linear layer's
+// state of this rank's heads, gated_delta_net.h); a sequence's chunks name their slot
+// (SequenceChunk::state). Those layers have no KV rows: num_layers counts the others.
+//
 // Threading: written and read by one rank thread; a KV transport may read or write
 // blocks the scheduler has handed to a transfer.
 #pragma once
@@ -31,6 +36,8 @@ struct KvStorageOptions {
   int64_t num_blocks = 0;
   cpu::KvType type = cpu::KvType::kF32;
   int parts = 2;  // Keys and values; 1: the keys are read as values too.
+  int64_t state_slots = 0;
+  int64_t state_floats = 0;  // Per slot.
 };
 
 class KvStorage {
@@ -54,6 +61,9 @@ class KvStorage {
   uint8_t* keys(int64_t layer) { return data_.get() + options_.parts * layer * poolBytes(); }
   uint8_t* values(int64_t layer) { return keys(layer) + (options_.parts - 1) * poolBytes(); }
   int parts() const { return options_.parts; }
+  // Slot `slot`'s linear-attention state: state_floats floats (zero when allocated).
+  int64_t stateSlots() const { return options_.state_slots; }
+  float* state(int64_t slot) { return states_.get() + slot * options_.state_floats; }
   // Byte offset in data() of heads [head, ...) of `block` of layer `layer`'s keys
   // (kv = 0) or values (kv = 1 < parts()); one head's part of a block is headBlockBytes()
   // long.
@@ -68,6 +78,7 @@ class KvStorage {
 
   KvStorageOptions options_;
   std::shared_ptr<uint8_t> data_;  // On huge pages (kernels/cpu/huge_pages.h).
+  std::unique_ptr<float[]> states_;
 };
 
 // Copies every layer's keys and values of block from_blocks[i] of `from` into block

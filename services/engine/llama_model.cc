@@ -24,6 +24,7 @@ LlamaModel::LlamaModel(const LlamaWeights& weights, cpu::ThreadPool& pool, Commu
       sliding_rope_(cpu::slidingRope(weights.config, weights.rope_pairing)) {
   if (weights.config.moe) moe_.emplace(*weights.config.moe, weights.config.hidden_size, pool);
   if (weights.config.mla) mla_.emplace(weights.config, weights.dims.heads.size, pool);
+  if (weights.config.linear_attention) linear_.emplace(weights.config, weights.dims, pool);
 }
 
 int64_t logitRows(std::span<const SequenceChunk> batch) {
@@ -33,7 +34,7 @@ int64_t logitRows(std::span<const SequenceChunk> batch) {
 }
 
 absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_size,
-                           int64_t block_size, int64_t total_blocks) {
+                           int64_t block_size, int64_t total_blocks, int64_t state_slots) {
   if (batch.empty()) return absl::InvalidArgumentError("empty batch");
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceChunk& chunk = batch[s];
@@ -60,6 +61,18 @@ absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_
       if (b < 0 || b >= total_blocks) {
         return absl::InvalidArgumentError(
             absl::StrCat("sequence ", s, ": block ", b, " is outside the cache"));
+      }
+    }
+    if (state_slots == 0) continue;
+    if (chunk.state < 0 || chunk.state >= state_slots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", s, ": state slot ", chunk.state, " is outside the cache's ", state_slots,
+          " (a model with linear-attention layers needs one per sequence)"));
+    }
+    for (size_t other = 0; other < s; ++other) {
+      if (batch[other].state == chunk.state) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequences ", other, " and ", s, " share state slot ", chunk.state));
       }
     }
   }
@@ -178,7 +191,9 @@ void LlamaModel::ensureScratch(int64_t tokens, int64_t rows) {
     k_.resize(tokens * kv_dim);
     v_.resize(tokens * kv_dim);
     attn_.resize(tokens * q_dim);
+    if (c.attention_output_gate) q_gate_.resize(tokens * 2 * q_dim);
   }
+  if (linear_) mixer_.resize(tokens * c.hidden_size);
   if (moe_) moe_out_.resize(tokens * c.hidden_size);
   gate_.resize(tokens * w_.dims.ffn.size);
   up_.resize(tokens * w_.dims.ffn.size);
@@ -265,15 +280,26 @@ absl::Status LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, K
   const int64_t kv_dim = kv_heads * head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t block_size = cache.blockSize();
-  checkedMatmulsOfOneInput(h_.data(), hidden, n,
-                           {{&layer.wq, q_.data(), q_dim},
-                            {&layer.wk, k_.data(), kv_dim},
-                            {&layer.wv, v_.data(), kv_dim}},
-                           pool_);
+  // Gated attention: wq gives each head its queries, then its gates (split below).
+  const bool gated = c.attention_output_gate;
+  float* q_out = gated ? q_gate_.data() : q_.data();
+  const int64_t ldq_out = gated ? 2 * q_dim : q_dim;
+  checkedMatmulsOfOneInput(
+      h_.data(), hidden, n,
+      {{&layer.wq, q_out, ldq_out}, {&layer.wk, k_.data(), kv_dim}, {&layer.wv, v_.data(), kv_dim}},
+      pool_);
   addLora(l, h_.data(), hidden,
-          {{LoraTarget::kQ, q_.data(), q_dim},
+          {{LoraTarget::kQ, q_out, ldq_out},
            {LoraTarget::kK, k_.data(), kv_dim},
            {LoraTarget::kV, v_.data(), kv_dim}});
+  if (gated) {  // The queries to q_; the gates stay in the second half of each head's row.
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < heads; ++h) {
+        std::memcpy(q_.data() + i * q_dim + h * head_dim,
+                    q_gate_.data() + i * 2 * q_dim + h * 2 * head_dim, head_dim * sizeof(float));
+      }
+    }
+  }
   if (!layer.bq.empty()) {
     addRowBias(q_.data(), layer.bq.data(), n, q_dim);
     addRowBias(k_.data(), layer.bk.data(), n, kv_dim);
@@ -309,8 +335,9 @@ absl::Status LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, K
       for (int64_t j = 0; j < q_dim; ++j) row[j] *= scale;
     }
   });
-  uint8_t* keys = cache.keys(l);
-  uint8_t* values = cache.values(l);
+  const int64_t kv_layer = c.kvLayer(static_cast<uint32_t>(l));
+  uint8_t* keys = cache.keys(kv_layer);
+  uint8_t* values = cache.values(kv_layer);
   // Each head's row goes to its place in the block ([block][head][position][head_dim]),
   // in the cache's element type.
   const cpu::KvType kv_type = cache.type();
@@ -348,6 +375,17 @@ absl::Status LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, K
                   .out = attn_.data(),
                   .ldo = q_dim},
                  pool_);
+  if (gated) {  // Each output value times the sigmoid of its gate.
+    pool_.parallelFor(n, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        for (int64_t h = 0; h < heads; ++h) {
+          float* o = attn_.data() + i * q_dim + h * head_dim;
+          const float* g = q_gate_.data() + i * 2 * q_dim + h * 2 * head_dim + head_dim;
+          for (int64_t j = 0; j < head_dim; ++j) o[j] /= 1.0f + std::exp(-g[j]);
+        }
+      }
+    });
+  }
   checkedMatmul(layer.wo, attn_.data(), q_dim, n, h_.data(), hidden, pool_);
   if (!layer.bo.empty()) addRowBias(h_.data(), layer.bo.data(), n, hidden);
   addLora(l, attn_.data(), q_dim, {{LoraTarget::kO, h_.data(), hidden}});
@@ -356,8 +394,14 @@ absl::Status LlamaModel::attend(const LlamaLayer& layer, int64_t l, int64_t n, K
 
 absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const SequenceChunk> batch,
                                                            KvStorage& cache) {
-  CLEAVE_RETURN_IF_ERROR(
-      validateBatch(batch, w_.config.vocab_size, cache.blockSize(), cache.totalBlocks()));
+  const int64_t state_floats = linearStateFloats(w_.config, w_.dims);
+  if (state_floats > 0 && (cache.stateSlots() < 1 || cache.options().state_floats != state_floats))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the cache holds ", cache.stateSlots(), " state slots of ", cache.options().state_floats,
+        " floats; the model's linear-attention layers need slots of ", state_floats));
+  CLEAVE_RETURN_IF_ERROR(validateBatch(batch, w_.config.vocab_size, cache.blockSize(),
+                                       cache.totalBlocks(),
+                                       state_floats > 0 ? cache.stateSlots() : 0));
   const model::ModelConfig& c = w_.config;
   const int64_t hidden = c.hidden_size;
   const int64_t ffn = w_.dims.ffn.size;
@@ -406,7 +450,19 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   for (size_t l = 0; l < w_.layers.size(); ++l) {
     const LlamaLayer& layer = w_.layers[l];
     addAndPrepare(nullptr, layer.attn_norm, n);
-    if (layer.mla) {
+    if (layer.linear) {
+      // Each sequence's state of this layer: its slot's share of the layer.
+      const int64_t layer_floats = state_floats / c.linearLayers();
+      const int64_t offset = c.linearLayer(static_cast<uint32_t>(l)) * layer_floats;
+      linear_runs_.clear();
+      for (const SequenceChunk& chunk : batch) {
+        linear_runs_.push_back({.tokens = static_cast<int64_t>(chunk.tokens.size()),
+                                .reset = chunk.start == 0,
+                                .state = cache.state(chunk.state) + offset});
+      }
+      linear_->forward(*layer.linear, h_.data(), linear_runs_, mixer_.data());
+      std::swap(h_, mixer_);
+    } else if (layer.mla) {
       mla_->forward(*layer.mla,
                     {.x = h_.data(),
                      .tokens = n,
@@ -414,7 +470,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
                      .block_tables = tables_.data(),
                      .rope = &rope_,
                      .angles = &angles_},
-                    cache, static_cast<int64_t>(l), layer.k_scale, attn_.data());
+                    cache, c.kvLayer(static_cast<uint32_t>(l)), layer.k_scale, attn_.data());
       const int64_t o_dim = w_.dims.heads.size * c.mla->v_head_dim;
       checkedMatmul(layer.wo, attn_.data(), o_dim, n, h_.data(), hidden, pool_);
     } else {
@@ -476,12 +532,14 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
 
 LlamaRunner::LlamaRunner(const LlamaWeights& weights, cpu::ThreadPool& pool, int64_t max_context)
     : model_(weights, pool),
-      cache_({.num_layers = static_cast<int64_t>(weights.layers.size()),
+      cache_({.num_layers = weights.config.kvLayers(),
               .kv_heads = weights.dims.kv_heads.size,
               .head_dim = model::kvCacheShape(weights.config).head_dim,
               .block_size = 16,
               .num_blocks = (max_context + 15) / 16,
-              .parts = model::kvCacheShape(weights.config).parts}),
+              .parts = model::kvCacheShape(weights.config).parts,
+              .state_slots = weights.config.linear_attention ? 1 : 0,
+              .state_floats = linearStateFloats(weights.config, weights.dims)}),
       max_context_(max_context) {
   for (int32_t b = 0; b < cache_.totalBlocks(); ++b) blocks_.push_back(b);
 }
@@ -492,7 +550,10 @@ absl::StatusOr<std::span<const float>> LlamaRunner::forward(std::span<const uint
                                               position_ + tokens.size(),
                                               " tokens, past the context of ", max_context_));
   }
-  SequenceChunk chunk{.tokens = tokens, .start = position_, .blocks = blocks_};
+  SequenceChunk chunk{.tokens = tokens,
+                      .start = position_,
+                      .blocks = blocks_,
+                      .state = cache_.stateSlots() > 0 ? 0 : -1};
   CLEAVE_ASSIGN_OR_RETURN(std::span<const float> logits, model_.forward({&chunk, 1}, cache_));
   position_ += static_cast<int64_t>(tokens.size());
   return logits;

@@ -22,6 +22,7 @@
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/thread_pool.h"
 #include "services/engine/communicator.h"
+#include "services/engine/gated_delta_net.h"
 #include "services/engine/kv_storage.h"
 #include "services/engine/llama_weights.h"
 #include "services/engine/lora_adapter.h"
@@ -39,17 +40,21 @@ struct SequenceChunk {
   // The LoRA adapter the chunk runs with: an index of the model's adapters (addAdapter), or
   // -1 for the base model alone.
   int32_t adapter = -1;
+  // A model with linear-attention layers: the sequence's slot of the cache's state area
+  // (KvStorage::state), which a chunk at start 0 resets. -1 otherwise.
+  int32_t state = -1;
 };
 
 // Rows of logits a batch returns: its chunks' `logits`, summed.
 int64_t logitRows(std::span<const SequenceChunk> batch);
 
-// OK when every chunk has tokens inside the vocabulary, 1 <= logits <= its tokens, and a block
-// table covering its positions with ids in [0, total_blocks); InvalidArgument naming the
-// sequence otherwise.
+// OK when every chunk has tokens inside the vocabulary, 1 <= logits <= its tokens, a block
+// table covering its positions with ids in [0, total_blocks), and (when state_slots > 0) a
+// state slot in [0, state_slots) no other chunk of the batch names; InvalidArgument naming
+// the sequence otherwise.
 // Every backend's forward() checks its batch with it before touching anything.
 absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_size,
-                           int64_t block_size, int64_t total_blocks);
+                           int64_t block_size, int64_t total_blocks, int64_t state_slots = 0);
 
 class LlamaModel {
  public:
@@ -78,7 +83,7 @@ class LlamaModel {
 
  private:
   void ensureScratch(int64_t tokens, int64_t rows);
-  // Multi-head attention of layer `l` (index l of the cache) over the normed rows in h_:
+  // Multi-head attention of layer `l` (index kvLayer(l) of the cache) over the normed rows in h_:
   // writes the chunk's keys and values into the cache and leaves o_proj's product in h_.
   // Errors: a collective failing (Q and K normed across heads split over the ranks).
   absl::Status attend(const LlamaLayer& layer, int64_t l, int64_t n, KvStorage& cache);
@@ -126,13 +131,17 @@ class LlamaModel {
   cpu::RopeAngles sliding_angles_;
   std::optional<MoeRunner> moe_;
   std::optional<MlaAttention> mla_;
+  std::optional<GatedDeltaNet> linear_;
+  std::vector<LinearStateRun> linear_runs_;  // The step's, for one layer at a time.
   std::vector<std::shared_ptr<const LoraAdapter>> adapters_;
   std::span<const SequenceChunk> batch_;  // The step's, while forward() runs.
   bool lora_step_ = false;                // Some chunk of the step has an adapter.
   // Scratch, [tokens, width] each unless noted.
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_, moe_out_;
-  std::vector<float> qk_squares_;       // [2, tokens]: Q's, then K's sums of squares.
-  std::vector<float> last_;             // [logit rows, hidden]
+  std::vector<float> q_gate_;      // [tokens, heads * 2 * head_dim]: gated attention's wq product
+  std::vector<float> mixer_;       // [tokens, hidden]: a linear-attention layer's output
+  std::vector<float> qk_squares_;  // [2, tokens]: Q's, then K's sums of squares.
+  std::vector<float> last_;        // [logit rows, hidden]
   std::span<const float> last_hidden_;  // The rows of last_ the last forward filled.
   std::vector<float> local_logits_;     // [logit rows, this rank's vocab rows]
   std::vector<float> gathered_;         // [ranks][logit rows, rank's vocab rows]

@@ -469,6 +469,101 @@ TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
 
 // An FP8 checkpoint whose config.json lost its quantization_config, or whose scales are
 // missing, is refused with the file's field or the tensor named.
+// Qwen3.5's linear-attention layers keep each sequence's state in the slot its chunks name: the
+// three golden prompts run together in chunks of 1-4 tokens a step (each state carried from
+// chunk to chunk), every row's logits asked for, give transformers' logits at every position.
+// The slots start poisoned with NaN (a chunk at position 0 must reset its slot), and a second
+// round reuses them in another order (left holding the first round's states).
+TEST(LinearAttentionTest, BatchedChunksKeepEachSequencesState) {
+  const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/qwen3_5_f32";
+  std::ifstream in(folder + "/logits.json");
+  ASSERT_TRUE(in.good()) << folder;
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto weights = loadLlama(folder);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  const LlamaWeights& w = **weights;
+  const int64_t vocab = w.config.vocab_size;
+  const double tolerance = golden["tolerance"]["max_rel"].get<double>();
+  cpu::ThreadPool pool(2);
+  LlamaModel model(w, pool);
+  constexpr int64_t kBlocksPerSequence = 8;  // 32 positions of 4.
+  KvStorage cache({.num_layers = w.config.kvLayers(),
+                   .kv_heads = w.dims.kv_heads.size,
+                   .head_dim = w.config.head_dim,
+                   .block_size = 4,
+                   .num_blocks = 3 * kBlocksPerSequence,
+                   .state_slots = 5,
+                   .state_floats = linearStateFloats(w.config, w.dims)});
+  ASSERT_EQ(cache.stateSlots(), 5);
+  std::fill(cache.state(0), cache.state(0) + 5 * cache.options().state_floats, std::nanf(""));
+  std::vector<std::vector<uint32_t>> ids;
+  std::vector<std::vector<float>> want;
+  std::vector<std::vector<int32_t>> tables;
+  for (const auto& prompt : golden["prompts"]) {
+    ids.push_back(prompt["ids"].get<std::vector<uint32_t>>());
+    std::string raw;
+    ASSERT_TRUE(absl::Base64Unescape(prompt["logits_b64"].get<std::string>(), &raw));
+    want.emplace_back(raw.size() / sizeof(float));
+    std::memcpy(want.back().data(), raw.data(), raw.size());
+    tables.emplace_back();
+    for (int64_t b = 0; b < kBlocksPerSequence; ++b)
+      tables.back().push_back(static_cast<int32_t>(tables.size() - 1) * kBlocksPerSequence + b);
+  }
+  ASSERT_EQ(ids.size(), 3u);
+  for (const std::vector<int32_t> slots : {std::vector<int32_t>{4, 2, 0}, {0, 4, 3}}) {
+    std::vector<int64_t> done(3, 0);
+    double worst = 0;
+    for (int step = 0; done != std::vector<int64_t>{int64_t(ids[0].size()), int64_t(ids[1].size()),
+                                                    int64_t(ids[2].size())};
+         ++step) {
+      std::vector<SequenceChunk> batch;
+      std::vector<int> seqs;
+      for (int s = 0; s < 3; ++s) {
+        const int64_t left = static_cast<int64_t>(ids[s].size()) - done[s];
+        if (left == 0) continue;
+        const int64_t take = std::min<int64_t>(left, 1 + (step + s) % 4);
+        batch.push_back({.tokens = std::span<const uint32_t>(ids[s]).subspan(done[s], take),
+                         .start = done[s],
+                         .blocks = tables[s],
+                         .logits = take,
+                         .state = slots[s]});
+        seqs.push_back(s);
+      }
+      auto logits = model.forward(batch, cache);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      int64_t row = 0;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const int s = seqs[i];
+        for (int64_t t = 0; t < batch[i].logits; ++t, ++row) {
+          const float* got = logits->data() + row * vocab;
+          const float* expect = want[s].data() + (done[s] + t) * vocab;
+          double peak = 0, err = 0;
+          for (int64_t v = 0; v < vocab; ++v) {
+            peak = std::max(peak, std::fabs(double(expect[v])));
+            err = std::max(err, std::fabs(double(got[v]) - expect[v]));
+          }
+          ASSERT_FALSE(std::isnan(err)) << "sequence " << s << " position " << done[s] + t;
+          worst = std::max(worst, err / peak);
+        }
+        done[s] += batch[i].logits;
+      }
+    }
+    std::printf("slots %d %d %d: max relative logit error %.2e\n", slots[0], slots[1], slots[2],
+                worst);
+    EXPECT_LE(worst, tolerance);
+  }
+  // A batch naming no slot, a slot outside the cache, or one slot twice is refused.
+  std::vector<SequenceChunk> bad = {
+      {.tokens = std::span<const uint32_t>(ids[0]).first(1), .blocks = tables[0]}};
+  EXPECT_THAT(model.forward(bad, cache).status().message(), HasSubstr("state slot -1"));
+  bad[0].state = 5;
+  EXPECT_THAT(model.forward(bad, cache).status().message(), HasSubstr("state slot 5"));
+  bad[0].state = 1;
+  bad.push_back(bad[0]);
+  bad[1].blocks = tables[1];
+  EXPECT_THAT(model.forward(bad, cache).status().message(), HasSubstr("share state slot 1"));
+}
+
 TEST(Fp8CheckpointTest, InconsistentCheckpointsAreRefused) {
   const std::filesystem::path source = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llama_fp8";
   const std::filesystem::path dir =
@@ -625,7 +720,8 @@ INSTANTIATE_TEST_SUITE_P(
                       "phi3_longrope_f32.gguf", "phi3_longrope_short_f32", "gemma3_f32",
                       "gemma3_pattern6_f32", "gemma3_pattern6_f32.gguf", "olmo2_f32", "olmo3_f32",
                       "granite_f32", "granite_f32.gguf", "olmo2_f32.gguf", "gemma2_f32",
-                      "exaone4_f32", "glm4_f32", "glm4_f32.gguf", "gemma2_f32.gguf"));
+                      "exaone4_f32", "glm4_f32", "glm4_f32.gguf", "gemma2_f32.gguf",
+                      "qwen3_5_f32"));
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",

@@ -418,7 +418,16 @@ class SafetensorsSource final : public TensorSource {
         {"gate", "mlp.gate_proj.weight"},
         {"up", "mlp.up_proj.weight"},
         {"gate_up", "mlp.gate_up_proj.weight"},
-        {"down", "mlp.down_proj.weight"}};
+        {"down", "mlp.down_proj.weight"},
+        {"linear_qkv", "linear_attn.in_proj_qkv.weight"},
+        {"linear_z", "linear_attn.in_proj_z.weight"},
+        {"linear_b", "linear_attn.in_proj_b.weight"},
+        {"linear_a", "linear_attn.in_proj_a.weight"},
+        {"linear_conv", "linear_attn.conv1d.weight"},
+        {"linear_a_log", "linear_attn.A_log"},
+        {"linear_dt_bias", "linear_attn.dt_bias"},
+        {"linear_norm", "linear_attn.norm.weight"},
+        {"linear_out", "linear_attn.out_proj.weight"}};
     return absl::StrCat(prefix_, "layers.", layer, ".", kNames.at(role));
   }
   std::string embeddingName() const override { return prefix_ + "embed_tokens.weight"; }
@@ -586,6 +595,55 @@ absl::StatusOr<MlaWeights> loadMla(const TensorSource& f, const model::ModelConf
   return w;
 }
 
+// Layer `i`'s Gated DeltaNet projections for the rank's key heads and their value heads.
+absl::StatusOr<GatedDeltaNetWeights> loadGatedDeltaNet(const TensorSource& f,
+                                                       const model::ModelConfig& c,
+                                                       const ShardDims& d, uint32_t i) {
+  const model::LinearAttentionConfig& la = *c.linear_attention;
+  auto name = [&](const char* role) { return f.layerTensor(i, role); };
+  const uint64_t hidden = c.hidden_size;
+  const int64_t dk = la.key_head_dim, dv = la.value_head_dim;
+  const int64_t key_dim = int64_t{la.key_heads} * dk, value_dim = int64_t{la.value_heads} * dv;
+  const int64_t channels = 2 * key_dim + value_dim;
+  // The rank's rows of in_proj_qkv (and channels of the convolution): its query, key and
+  // value heads, at their sections' offsets.
+  const Span q_part{.begin = d.linear_key_heads.begin * dk, .size = d.linear_key_heads.size * dk};
+  const Span k_part{.begin = key_dim + q_part.begin, .size = q_part.size};
+  const Span v_part{.begin = 2 * key_dim + d.linear_value_heads.begin * dv,
+                    .size = d.linear_value_heads.size * dv};
+  const Span v_cols{.begin = d.linear_value_heads.begin * dv, .size = v_part.size};
+  const auto rows = TensorSource::rows;
+  GatedDeltaNetWeights w;
+  const std::string qkv = name("linear_qkv");
+  CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored, f.findMatrix(qkv, channels, hidden));
+  CLEAVE_ASSIGN_OR_RETURN(w.q, f.matrixOf(stored, qkv, channels, hidden, rows(q_part)));
+  CLEAVE_ASSIGN_OR_RETURN(w.k, f.matrixOf(stored, qkv, channels, hidden, rows(k_part)));
+  CLEAVE_ASSIGN_OR_RETURN(w.v, f.matrixOf(stored, qkv, channels, hidden, rows(v_part)));
+  CLEAVE_ASSIGN_OR_RETURN(w.z, f.matrix(name("linear_z"), value_dim, hidden, rows(v_cols)));
+  CLEAVE_ASSIGN_OR_RETURN(
+      w.b, f.matrix(name("linear_b"), la.value_heads, hidden, rows(d.linear_value_heads)));
+  CLEAVE_ASSIGN_OR_RETURN(
+      w.a, f.matrix(name("linear_a"), la.value_heads, hidden, rows(d.linear_value_heads)));
+  CLEAVE_ASSIGN_OR_RETURN(
+      w.out, f.matrix(name("linear_out"), hidden, value_dim, TensorSource::cols(v_cols)));
+  // conv1d.weight [channels, 1, taps]: the rank's channels, each row of taps contiguous.
+  const std::string conv = name("linear_conv");
+  CLEAVE_ASSIGN_OR_RETURN(TensorSource::Stored taps,
+                          f.find(conv, {uint64_t(channels), 1, la.conv_kernel}));
+  std::vector<float> all(channels * la.conv_kernel);
+  CLEAVE_RETURN_IF_ERROR(model::dequantize(taps.type, taps.data, all.size(), all.data()));
+  for (const Span& part : {q_part, k_part, v_part}) {
+    w.conv.insert(w.conv.end(), all.begin() + part.begin * la.conv_kernel,
+                  all.begin() + (part.begin + part.size) * la.conv_kernel);
+  }
+  CLEAVE_ASSIGN_OR_RETURN(w.a_log,
+                          f.vector(name("linear_a_log"), la.value_heads, d.linear_value_heads));
+  CLEAVE_ASSIGN_OR_RETURN(w.dt_bias,
+                          f.vector(name("linear_dt_bias"), la.value_heads, d.linear_value_heads));
+  CLEAVE_ASSIGN_OR_RETURN(w.norm, f.vector(name("linear_norm"), la.value_head_dim));
+  return w;
+}
+
 // Everything but the source and the RoPE pairing is the same for every file format.
 absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoaded& on_layer) {
   const model::ModelConfig& c = w.config;
@@ -616,7 +674,10 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
     if (c.pre_norms) {
       CLEAVE_ASSIGN_OR_RETURN(layer.attn_norm, f.norm(name("attn_norm"), hidden));
     }
-    if (c.mla) {
+    const bool linear = c.isLinearLayer(i);
+    if (linear) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.linear, loadGatedDeltaNet(f, c, d, i));
+    } else if (c.mla) {
       const int64_t v = c.mla->v_head_dim;
       CLEAVE_ASSIGN_OR_RETURN(layer.mla, loadMla(f, c, d, i));
       CLEAVE_ASSIGN_OR_RETURN(
@@ -633,6 +694,12 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
             layer.wk, f.matrixOf(stored, qkv, qkv_rows, hidden, rows(shifted(kv_part, q_dim))));
         CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrixOf(stored, qkv, qkv_rows, hidden,
                                                      rows(shifted(kv_part, q_dim + kv_dim))));
+      } else if (c.attention_output_gate) {  // Each head's query rows, then its gate rows.
+        CLEAVE_ASSIGN_OR_RETURN(
+            layer.wq, f.matrix(name("q"), 2 * q_dim, hidden,
+                               rows({.begin = 2 * q_part.begin, .size = 2 * q_part.size})));
+        CLEAVE_ASSIGN_OR_RETURN(layer.wk, f.matrix(name("k"), kv_dim, hidden, rows(kv_part)));
+        CLEAVE_ASSIGN_OR_RETURN(layer.wv, f.matrix(name("v"), kv_dim, hidden, rows(kv_part)));
       } else {
         CLEAVE_ASSIGN_OR_RETURN(layer.wq, f.matrix(name("q"), q_dim, hidden, rows(q_part)));
         CLEAVE_ASSIGN_OR_RETURN(layer.wk, f.matrix(name("k"), kv_dim, hidden, rows(kv_part)));
@@ -640,26 +707,30 @@ absl::Status loadTensors(const TensorSource& f, LlamaWeights& w, const LayerLoad
       }
       CLEAVE_ASSIGN_OR_RETURN(layer.wo, f.matrix(name("o"), hidden, q_dim, cols(q_part)));
     }
-    if (c.attention_bias) {
+    if (c.attention_bias && !linear) {
       CLEAVE_ASSIGN_OR_RETURN(layer.bq, f.vector(name("q_bias"), q_dim, q_part));
       CLEAVE_ASSIGN_OR_RETURN(layer.bk, f.vector(name("k_bias"), kv_dim, kv_part));
       CLEAVE_ASSIGN_OR_RETURN(layer.bv, f.vector(name("v_bias"), kv_dim, kv_part));
     }
-    if (c.o_bias && d.heads.begin == 0) {
+    if (c.o_bias && d.heads.begin == 0 && !linear) {
       CLEAVE_ASSIGN_OR_RETURN(layer.bo, f.vector(name("o_bias"), hidden));
     }
-    if (c.attention_sinks) {
+    if (c.attention_sinks && !linear) {
       CLEAVE_ASSIGN_OR_RETURN(layer.sinks, f.vector(name("sinks"), c.num_heads, d.heads));
     }
-    if (c.qk_norm && c.qk_norm_across_heads) {  // The rank's heads' part of each.
+    if (linear) {
+      // No Q/K norms, no KV cache scales.
+    } else if (c.qk_norm && c.qk_norm_across_heads) {  // The rank's heads' part of each.
       CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, f.norm(name("q_norm"), q_dim, q_part));
       CLEAVE_ASSIGN_OR_RETURN(layer.k_norm, f.norm(name("k_norm"), kv_dim, kv_part));
     } else if (c.qk_norm) {
       CLEAVE_ASSIGN_OR_RETURN(layer.q_norm, f.norm(name("q_norm"), c.head_dim));
       CLEAVE_ASSIGN_OR_RETURN(layer.k_norm, f.norm(name("k_norm"), c.head_dim));
     }
-    CLEAVE_ASSIGN_OR_RETURN(layer.k_scale, f.kvScale(i, "k"));
-    CLEAVE_ASSIGN_OR_RETURN(layer.v_scale, f.kvScale(i, "v"));
+    if (!linear) {
+      CLEAVE_ASSIGN_OR_RETURN(layer.k_scale, f.kvScale(i, "k"));
+      CLEAVE_ASSIGN_OR_RETURN(layer.v_scale, f.kvScale(i, "v"));
+    }
     if (c.pre_norms) {
       CLEAVE_ASSIGN_OR_RETURN(layer.ffn_norm, f.norm(name("ffn_norm"), hidden));
     }
@@ -743,8 +814,11 @@ absl::StatusOr<std::unique_ptr<LlamaWeights>> loadLlamaSafetensors(const std::st
   w->activations_quantized = quantization.activations_quantized;
   SafetensorsSource source(*w->safetensors, quantization, w->config.architecture);
   source.setCpuKernels(shard.cpu_kernels);
+  // Gemma's and Qwen3.5's RMSNorms scale by 1 + w (Qwen3.5's gated norm in linear attention by
+  // its w, read as a plain vector).
   if (w->config.architecture == model::Architecture::kGemma3 ||
-      w->config.architecture == model::Architecture::kGemma2)
+      w->config.architecture == model::Architecture::kGemma2 ||
+      w->config.architecture == model::Architecture::kQwen35)
     source.setNormOffset(1.0f);
   CLEAVE_RETURN_IF_ERROR(loadTensors(source, *w, on_layer));
   return w;
@@ -760,6 +834,11 @@ absl::StatusOr<MoeBlock> loadMoeBlock(const model::SafetensorsCheckpoint& checkp
 void LlamaLayer::forEachMatrix(
     const std::function<void(MatrixKind, const cpu::CpuMatrix&)>& fn) const {
   for (const cpu::CpuMatrix* m : {&wq, &wk, &wv, &wo}) fn(MatrixKind::kAttention, *m);
+  if (linear) {
+    for (const cpu::CpuMatrix* m :
+         {&linear->q, &linear->k, &linear->v, &linear->z, &linear->b, &linear->a, &linear->out})
+      fn(MatrixKind::kAttention, *m);
+  }
   if (mla) {
     for (const cpu::CpuMatrix* m : {&mla->q_a, &mla->q_b, &mla->kv_a})
       fn(MatrixKind::kAttention, *m);
@@ -781,6 +860,11 @@ int64_t LlamaLayer::bytes() const {
                                        post_ffn_norm.size()) *
                   4;
   if (mla) total += static_cast<int64_t>(mla->q_a_norm.size() + mla->kv_a_norm.size()) * 4;
+  if (linear) {
+    total += static_cast<int64_t>(linear->conv.size() + linear->a_log.size() +
+                                  linear->dt_bias.size() + linear->norm.size()) *
+             4;
+  }
   forEachMatrix([&](MatrixKind, const cpu::CpuMatrix& m) { total += m.bytes(); });
   return total;
 }

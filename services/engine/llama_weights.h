@@ -22,6 +22,7 @@
 #include "common/model/safetensors_file.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/rope.h"
+#include "services/engine/gated_delta_net.h"
 #include "services/engine/mla_attention.h"
 #include "services/engine/moe_block.h"
 #include "services/engine/tensor_parallel.h"
@@ -39,12 +40,15 @@ enum class MatrixKind {
 
 struct LlamaLayer {
   std::vector<float> attn_norm;  // [hidden]
-  cpu::CpuMatrix wq;             // [heads * head_dim, hidden]
+  cpu::CpuMatrix wq;  // [heads * head_dim, hidden]; gated attention: each head's gate rows after
+                      // its query rows ([heads * 2 * head_dim, hidden])
   cpu::CpuMatrix wk;             // [kv_heads * head_dim, hidden]
   cpu::CpuMatrix wv;             // [kv_heads * head_dim, hidden]
   cpu::CpuMatrix wo;             // [hidden, heads * head_dim] (MLA: heads * v_head_dim)
   // Multi-head latent attention models: these instead of wq, wk and wv.
   std::optional<MlaWeights> mla;
+  // Linear-attention layers: these instead of attention (wq, wk, wv and wo empty).
+  std::optional<GatedDeltaNetWeights> linear;
   // Qwen2: biases of the Q/K/V projections (empty when the model has none).
   std::vector<float> bq, bk, bv;
   // gpt-oss: the O projection's bias ([hidden]; held by the rank with the first heads, whose

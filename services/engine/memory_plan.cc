@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "services/engine/gated_delta_net.h"
 
 namespace cleave::engine {
 namespace {
@@ -55,7 +56,7 @@ int64_t kvBytesPerToken(const model::ModelConfig& c, int64_t kv_element_bytes, i
   const model::KvCacheShape shape = model::kvCacheShape(c);
   const int64_t kv_heads =
       shape.replicated ? shape.heads : std::max<int64_t>(1, (shape.heads + tp - 1) / tp);
-  return shape.parts * int64_t{c.num_layers} * kv_heads * shape.head_dim * kv_element_bytes;
+  return shape.parts * int64_t{c.kvLayers()} * kv_heads * shape.head_dim * kv_element_bytes;
 }
 
 std::string MemoryPlan::table() const {
@@ -66,6 +67,10 @@ std::string MemoryPlan::table() const {
   absl::StrAppend(&t,
                   absl::StrFormat("  %-22s %14s  (%lld blocks of %s)\n", "KV pool", mib(kv_pool),
                                   static_cast<long long>(kv_blocks), mib(kv_block_bytes)));
+  if (state_slots > 0) {
+    absl::StrAppend(&t, absl::StrFormat("  %-22s %14s  (%lld slots)\n", "linear-attention state",
+                                        mib(state_bytes), static_cast<long long>(state_slots)));
+  }
   absl::StrAppend(&t, absl::StrFormat("  %-22s %14lld\n", "sequences at plan",
                                       static_cast<long long>(sequences_at_planned_len)));
   return t;
@@ -83,9 +88,16 @@ absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& c, const MemoryP
   plan.kv_block_bytes = in.kv_block_bytes > 0
                             ? in.kv_block_bytes
                             : in.block_size * kvBytesPerToken(c, in.kv_element_bytes, in.tp);
+  if (c.linear_attention) {
+    // Rank 0 holds the most heads (uneven splits give it the larger share).
+    absl::StatusOr<ShardDims> dims = planShard(c, {.rank = 0, .size = static_cast<int>(in.tp)});
+    if (!dims.ok()) return dims.status();
+    plan.state_slots = in.target_concurrency;
+    plan.state_bytes = plan.state_slots * linearStateFloats(c, *dims) * 4;
+  }
   const int64_t blocks_per_sequence = (in.planned_seq_len + in.block_size - 1) / in.block_size;
   const int64_t needed_kv = in.target_concurrency * blocks_per_sequence * plan.kv_block_bytes;
-  const int64_t left = in.budget_bytes - plan.weights - plan.workspace;
+  const int64_t left = in.budget_bytes - plan.weights - plan.workspace - plan.state_bytes;
   plan.kv_blocks = std::clamp<int64_t>(left / plan.kv_block_bytes, 0, kMaxKvBlocks);
   plan.kv_pool = plan.kv_blocks * plan.kv_block_bytes;
   plan.sequences_at_planned_len = plan.kv_blocks / blocks_per_sequence;
@@ -94,9 +106,10 @@ absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& c, const MemoryP
         "the KV pool cannot hold the target concurrency: ", in.target_concurrency, " sequences of ",
         in.planned_seq_len, " tokens need ", mib(needed_kv), " of KV, but the budget of ",
         mib(in.budget_bytes), " leaves ", mib(std::max<int64_t>(0, left)), " after weights (",
-        mib(plan.weights), ") and workspace (", mib(plan.workspace), "), room for ",
-        plan.sequences_at_planned_len, " sequences. Raise --memory-budget to at least ",
-        mib(plan.weights + plan.workspace + needed_kv),
+        mib(plan.weights), "), workspace (", mib(plan.workspace), ") and linear-attention state (",
+        mib(plan.state_bytes), "), room for ", plan.sequences_at_planned_len,
+        " sequences. Raise --memory-budget to at least ",
+        mib(plan.weights + plan.workspace + plan.state_bytes + needed_kv),
         ", or lower --target-concurrency or --planned-seq-len"));
   }
   return plan;

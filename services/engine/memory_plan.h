@@ -59,6 +59,10 @@ struct MemoryPlan {
   int64_t workspace = 0;
   int64_t kv_pool = 0;
   int64_t kv_block_bytes = 0;  // One block of one rank, all layers, keys + values.
+  // Linear-attention models: one state slot per target sequence (TpGroup::allocateKv's
+  // state_slots), set aside before the KV pool; 0 for other models.
+  int64_t state_slots = 0;
+  int64_t state_bytes = 0;
   int64_t kv_blocks = 0;
   int64_t sequences_at_planned_len = 0;  // How many planned-length sequences the pool holds.
   // The plan as a table for the log.

@@ -17,7 +17,29 @@ Scheduler::Scheduler(TpGroup& model, const tokenizer::Tokenizer* tokenizer,
     : model_(model),
       tokenizer_(tokenizer),
       options_(options),
-      cache_({.block_size = model.blockSize(), .num_blocks = model.numBlocks()}) {}
+      cache_({.block_size = model.blockSize(), .num_blocks = model.numBlocks()}) {
+  if (model.config().linear_attention) {
+    // A linear-attention layer's state covers a whole prefix and cannot step back: no KV
+    // block alone resumes a sequence, and rejected drafts would stay in it.
+    options_.prefix_caching = false;
+    options_.speculative.tokens = 0;
+    for (int32_t slot = static_cast<int32_t>(model.stateSlots()) - 1; slot >= 0; --slot)
+      free_states_.push_back(slot);
+  }
+}
+
+absl::Status Scheduler::splitServing() const {
+  if (!model_.config().linear_attention) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      model::architectureName(model_.config().architecture),
+      "'s linear-attention state does not move between workers yet: serve it with --role both"));
+}
+
+void Scheduler::freeState(Sequence& seq) {
+  if (seq.state < 0) return;
+  free_states_.push_back(seq.state);
+  seq.state = -1;
+}
 
 absl::Status Scheduler::validate(const GenerationRequest& request) const {
   const model::ModelConfig& c = model_.config();
@@ -110,6 +132,7 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
                                                         int64_t* cached, int32_t adapter,
                                                         std::string_view cache_salt) {
   if (cached != nullptr) *cached = 0;
+  CLEAVE_RETURN_IF_ERROR(splitServing());
   if (count < 1) return absl::InvalidArgumentError("num_blocks must be >= 1");
   if (auto it = reservations_.find(id); it != reservations_.end()) {
     if (static_cast<int64_t>(it->second.size()) == count) return it->second;
@@ -239,6 +262,7 @@ void Scheduler::stop(uint64_t id) {
     if (running_[i]->request.id == id) {
       // A reserved sequence's blocks are the reservation's: release() frees them, once.
       if (running_[i]->mode == Mode::kGenerate) cache_.release(running_[i]->blocks);
+      freeState(*running_[i]);
       running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
       break;
     }
@@ -299,6 +323,7 @@ absl::StatusOr<const std::vector<int32_t>*> Scheduler::reservationFor(
 }
 
 absl::Status Scheduler::addPrefill(GenerationRequest request) {
+  CLEAVE_RETURN_IF_ERROR(splitServing());
   CLEAVE_RETURN_IF_ERROR(validate(request));
   if (request.hidden_state && !model_.hiddenStates())
     return absl::UnimplementedError("this model's backend returns no hidden states");
@@ -319,6 +344,7 @@ absl::Status Scheduler::addPrefill(GenerationRequest request) {
 }
 
 absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_token) {
+  CLEAVE_RETURN_IF_ERROR(splitServing());
   CLEAVE_RETURN_IF_ERROR(validate(request));
   if (first_token >= model_.config().vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("first token id ", first_token,
@@ -406,6 +432,8 @@ void Scheduler::admit() {
     ready_.pop_front();
   }
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_sequences) {
+    // A model with linear-attention layers runs as many sequences as it has state slots.
+    if (model_.config().linear_attention && free_states_.empty()) return;
     GenerationRequest& next = waiting_.front();
     const int64_t total = static_cast<int64_t>(next.prompt.size()) + next.stop.max_new_tokens;
     // The longest cached prefix's blocks, then fresh ones (a prompt scored: none).
@@ -422,6 +450,10 @@ void Scheduler::admit() {
     }
     blocks.insert(blocks.end(), fresh->begin(), fresh->end());
     auto seq = makeSequence(std::move(next), Mode::kGenerate, std::move(blocks));
+    if (model_.config().linear_attention) {
+      seq->state = free_states_.back();
+      free_states_.pop_back();
+    }
     waiting_.pop_front();
     startPast(*seq, hit);
     running_.push_back(std::move(seq));
@@ -442,6 +474,7 @@ void Scheduler::publishFull(Sequence& seq) {
 
 void Scheduler::finish(size_t index) {
   Sequence& seq = *running_[index];
+  freeState(seq);
   if (seq.mode == Mode::kGenerate) {
     cache_.release(seq.blocks);
   } else if (seq.mode == Mode::kDecode || seq.stopper->stopped()) {
@@ -601,7 +634,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, 1),
                      .start = seq->cached,
                      .blocks = seq->blocks,
-                     .adapter = seq->request.adapter});
+                     .adapter = seq->request.adapter,
+                     .state = seq->state});
     members.push_back(seq.get());
     --budget;
   }
@@ -630,7 +664,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
                      .start = seq->cached,
                      .blocks = seq->blocks,
                      .logits = scored ? take : 1,
-                     .adapter = seq->request.adapter});
+                     .adapter = seq->request.adapter,
+                     .state = seq->state});
     members.push_back(seq.get());
     budget -= take;
     // The full blocks this chunk completes (from its first whole one).

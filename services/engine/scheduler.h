@@ -12,6 +12,11 @@
 // prefix nobody has computed yet compute it once: one computes each block, the others wait
 // a step and take it from the cache.
 //
+// A model with linear-attention layers (Qwen3.5) also gives each running sequence one of the
+// group's state slots (TpGroup::stateSlots), from admission to its end; it runs without
+// prefix caching and speculative decoding (its state covers the whole prefix and cannot
+// step back), and not split between workers (its state does not move with the KV yet).
+//
 // Disaggregated serving splits a request in three calls (proto/cleave/v1/worker.proto):
 // reserve() sets blocks aside for it, addPrefill() computes its prompt into them and
 // samples the first token, startDecode() continues it from that token. A reservation is
@@ -236,6 +241,7 @@ class Scheduler {
     std::vector<SampledToken> prompt_scores;       // request.prompt_logprobs, so far.
     std::vector<float> hidden;                     // request.hidden_state, once computed.
     int64_t draft_limit = 0;                       // Drafts next step, at most (0: unset).
+    int32_t state = -1;  // Its linear-attention state slot (SequenceChunk::state), or -1.
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
     // Tokens this scheduler has appended past the prompt.
     int64_t generated() const {
@@ -246,6 +252,11 @@ class Scheduler {
   };
 
   absl::Status validate(const GenerationRequest& request) const;
+  // Unimplemented for a model whose per-sequence state (linear attention) a KV transfer
+  // does not carry: reserve(), addPrefill() and startDecode() refuse it.
+  absl::Status splitServing() const;
+  // Returns `seq`'s state slot, if it holds one.
+  void freeState(Sequence& seq);
   // The published blocks of the longest cached prefix of `prompt` that leaves at least one
   // token to compute (its logits give the next token), and the hash chain through them;
   // from block `from` on, `chain` being the chain through the blocks before it.
@@ -298,6 +309,7 @@ class Scheduler {
   const tokenizer::Tokenizer* tokenizer_;
   SchedulerOptions options_;
   KvBlockPool cache_;
+  std::vector<int32_t> free_states_;  // State slots no sequence holds, the next one last.
   // The vocabulary's bytes per token, made when a request first needs a constraint.
   mutable std::shared_ptr<const TokenBytes> token_bytes_;  // engine thread only
   std::vector<float> masked_;                              // a constrained row's logits

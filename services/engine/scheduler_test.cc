@@ -109,6 +109,61 @@ TEST_F(SchedulerTest, ContinuousBatchingGivesEachRequestItsOwnGreedyTokens) {
   EXPECT_EQ(scheduler.cache().freeBlocks(), scheduler.cache().totalBlocks());
 }
 
+// Qwen3.5's linear-attention layers: each running sequence holds one of the group's two
+// state slots, so at most two run though four may; chunked prefills (a budget of 6 tokens)
+// and requests that join as others finish still give transformers' greedy tokens, with
+// prefix caching and drafts asked for (both off for such a model: a second run of a prompt
+// computes it whole). Split serving is refused, naming the flag to serve it with.
+TEST(LinearAttentionSchedulerTest, SequencesTakeTurnsOnTheStateSlots) {
+  const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/qwen3_5_f32";
+  std::ifstream in(folder + "/logits.json");
+  ASSERT_TRUE(in.good()) << folder;
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto group = TpGroup::load(folder, {.tp = 1, .threads = 2});
+  ASSERT_TRUE(group.ok()) << group.status();
+  EXPECT_FALSE((*group)->allocateKv(64, 4).ok());  // No state slots.
+  ASSERT_TRUE((*group)->allocateKv(64, 4, 0, /*state_slots=*/2).ok());
+  Scheduler scheduler(**group, nullptr,
+                      {.max_batch_tokens = 6,
+                       .max_sequences = 4,
+                       .prefix_caching = true,
+                       .speculative = {.tokens = 3}});
+  std::vector<std::vector<uint32_t>> prompts, want;
+  for (const auto& prompt : golden["prompts"]) {
+    prompts.push_back(prompt["ids"].get<std::vector<uint32_t>>());
+    want.push_back(prompt["greedy_next"].get<std::vector<uint32_t>>());
+  }
+  prompts.push_back(prompts[2]);  // Again: computed whole, from a fresh state.
+  want.push_back(want[2]);
+  for (uint64_t id = 0; id < prompts.size(); ++id) {
+    ASSERT_TRUE(scheduler
+                    .add({.id = id,
+                          .prompt = prompts[id],
+                          .stop = {.max_new_tokens = static_cast<int64_t>(want[id].size())}})
+                    .ok());
+  }
+  std::map<uint64_t, std::vector<uint32_t>> got;
+  int64_t most = 0;
+  for (int step = 0; step < 200 && !scheduler.idle(); ++step) {
+    auto events = scheduler.step();
+    ASSERT_TRUE(events.ok()) << events.status();
+    most = std::max(most, scheduler.runningSequences());
+    for (const TokenEvent& e : *events) got[e.id].push_back(e.token);
+  }
+  ASSERT_TRUE(scheduler.idle());
+  EXPECT_EQ(most, 2);
+  for (uint64_t id = 0; id < prompts.size(); ++id) EXPECT_EQ(got[id], want[id]) << "request " << id;
+  EXPECT_EQ(scheduler.prefixHitTokens(), 0);
+  EXPECT_EQ(scheduler.draftedTokens(), 0);
+  EXPECT_EQ(scheduler.cache().freeBlocks(), scheduler.cache().totalBlocks());
+  auto reserved = scheduler.reserve(9, 4);
+  EXPECT_EQ(reserved.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(reserved.status().message(), HasSubstr("--role both"));
+  EXPECT_EQ(scheduler.startDecode({.id = 9, .prompt = prompts[0], .stop = {.max_new_tokens = 1}}, 3)
+                .code(),
+            absl::StatusCode::kUnimplemented);
+}
+
 // A model that takes at most two sequences a step (a GPU model's batch): the other prefills
 // wait for a later step, and every request still gets its own greedy tokens.
 TEST_F(SchedulerTest, StepsHoldAtMostTheModelsSequences) {

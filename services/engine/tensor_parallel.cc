@@ -60,6 +60,15 @@ absl::StatusOr<ShardDims> planShard(const model::ModelConfig& c, TpShard shard) 
     const int64_t group = c.num_kv_heads ? c.num_heads / c.num_kv_heads : 0;
     d.heads = {.begin = d.kv_heads.begin * group, .size = d.kv_heads.size * group};
   }
+  if (c.linear_attention) {
+    // Linear attention: a run of key heads with the value heads that read them.
+    const model::LinearAttentionConfig& la = *c.linear_attention;
+    CLEAVE_ASSIGN_OR_RETURN(d.linear_key_heads, splitEvenly(la.key_heads, 1, shard.size, shard.rank,
+                                                            "linear-attention key heads"));
+    const int64_t group = la.value_heads / la.key_heads;
+    d.linear_value_heads = {.begin = d.linear_key_heads.begin * group,
+                            .size = d.linear_key_heads.size * group};
+  }
   CLEAVE_ASSIGN_OR_RETURN(d.vocab,
                           splitEvenly(c.vocab_size, 1, shard.size, shard.rank, "vocabulary rows"));
   if (c.intermediate_size > 0) {

@@ -8,6 +8,9 @@
 //   embedding        vocab-parallel: a rank looks up the ids in its vocabulary range and
 //                    writes zeros for the others; all-reduced
 //   lm-head          vocab-parallel: each rank's logits for its range, all-gathered
+//   linear attention like Q/K/V and O: a run of key heads with their value heads (and
+//                    those channels of the convolution, the gate z, b and a), each rank's
+//                    recurrent state for its heads
 //   MoE              experts split across ranks (each rank runs the tokens routed to its
 //                    experts: expert parallelism, the default), or every expert's
 //                    intermediate columns split like the dense MLP (MoeSplit::kColumns:
@@ -53,6 +56,10 @@ struct ShardDims {
   Span vocab;       // Embedding and lm-head rows.
   Span experts;     // Routed experts.
   Span expert_ffn;  // Each routed expert's intermediate columns.
+  // Linear attention's key heads, and the value heads that read them (model_config.h
+  // LinearAttentionConfig).
+  Span linear_key_heads;
+  Span linear_value_heads;
 };
 
 // Rank `index` of `parts` takes its share of `total` elements in whole `unit`s, the first

@@ -34,7 +34,8 @@ struct TpGroup::Rank {
   int index = 0;
   // The CPU model and its weights: released once backends hold their own copy.
   std::unique_ptr<LlamaWeights> weights;
-  int64_t layers = 0;  // The shard's, kept past the release.
+  int64_t layers = 0;        // The shard's with KV rows, kept past the release.
+  int64_t state_floats = 0;  // Its linear-attention state per sequence (KvStorageOptions).
   Span kv_heads;
   int64_t cpu_weight_bytes = 0;
   int64_t cpu_routed_expert_bytes = 0;
@@ -178,7 +179,8 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
                                                      context, " tokens)"));
     }
     if (options.max_context > 0) context = static_cast<uint32_t>(options.max_context);
-    rank.layers = static_cast<int64_t>(rank.weights->layers.size());
+    rank.layers = rank.weights->config.kvLayers();
+    rank.state_floats = linearStateFloats(rank.weights->config, rank.weights->dims);
     rank.kv_heads = rank.weights->dims.kv_heads;
     rank.cpu_weight_bytes = rank.weights->weightBytes();
     rank.cpu_routed_expert_bytes = rank.weights->routedExpertBytes();
@@ -188,8 +190,10 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
   }));
   const LlamaWeights& first = *group->ranks_[0]->weights;
   group->config_ = first.config;
-  group->weight_type_ =
-      first.layers[0].mla ? first.layers[0].mla->q_b.type() : first.layers[0].wq.type();
+  const LlamaLayer& layer0 = first.layers[0];
+  group->weight_type_ = layer0.mla      ? layer0.mla->q_b.type()
+                        : layer0.linear ? layer0.linear->q.type()
+                                        : layer0.wq.type();
   CLEAVE_RETURN_IF_ERROR(group->onEveryRank([&](Rank& rank) -> absl::Status {
     rank.pool = std::make_unique<cpu::ThreadPool>(threads_per_rank);
     if (options.tp > 1 && options.transport == TpTransport::kGloo) {
@@ -203,14 +207,20 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
   return group;
 }
 
-absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size, int64_t host_blocks) {
-  if (num_blocks < 1 || block_size < 1 || host_blocks < 0) {
+absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size, int64_t host_blocks,
+                                 int64_t state_slots) {
+  if (num_blocks < 1 || block_size < 1 || host_blocks < 0 || state_slots < 0) {
     return absl::InvalidArgumentError(absl::StrCat("a KV pool of ", num_blocks, " blocks of ",
                                                    block_size, " positions (", host_blocks,
                                                    " host blocks)"));
   }
   num_blocks_ = num_blocks;
   block_size_ = block_size;
+  state_slots_ = config_.linear_attention ? state_slots : 0;
+  if (config_.linear_attention && state_slots < 1) {
+    return absl::InvalidArgumentError(
+        "a model with linear-attention layers needs state slots (one per running sequence)");
+  }
   if (backend_factory_) {
     if (ranks_[0]->weights == nullptr)
       return absl::FailedPreconditionError(
@@ -242,10 +252,13 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size, int64_t
                        .block_size = block_size,
                        .num_blocks = rows,
                        .type = kv_type_,
-                       .parts = shape.parts};
+                       .parts = shape.parts,
+                       .state_slots = state_slots_,
+                       .state_floats = rank.state_floats};
     rank.kv = std::make_unique<KvStorage>(o);
     if (backends_.empty() && host_blocks > 0) {
       o.num_blocks = host_blocks;
+      o.state_slots = 0;
       rank.staging = std::make_unique<KvStorage>(o);
     }
     if (!backends_.empty()) return backends_[rank.index]->copyKv(KvCopy::kToHost, {}, {}, *rank.kv);

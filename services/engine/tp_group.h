@@ -88,7 +88,10 @@ class TpGroup {
   // too: transfers then stage through them as a backend's do, and a peer writes only
   // there. Errors: a bad size, a backend that cannot start (naming why; the weights stay
   // then), a second allocation with a backend (FailedPrecondition).
-  absl::Status allocateKv(int64_t num_blocks, int64_t block_size, int64_t host_blocks = 0);
+  // A model with linear-attention layers also gets `state_slots` slots of their state
+  // (KvStorage::state; SequenceChunk::state names one), at least one.
+  absl::Status allocateKv(int64_t num_blocks, int64_t block_size, int64_t host_blocks = 0,
+                          int64_t state_slots = 0);
 
   // What each rank's backend would hold with blocks of `block_size` positions
   // (TpGroupOptions::backend_memory), before allocateKv makes them. FailedPrecondition
@@ -136,6 +139,7 @@ class TpGroup {
   }
   int tp() const { return static_cast<int>(ranks_.size()); }
   int64_t numBlocks() const { return num_blocks_; }
+  int64_t stateSlots() const { return state_slots_; }
   int64_t blockSize() const { return block_size_; }
   cpu::KvType kvType() const { return kv_type_; }
   // Weight bytes rank `rank` streams per step (as its backend stores them, once made), and
@@ -177,6 +181,7 @@ class TpGroup {
   std::vector<std::unique_ptr<StepBackend>> backends_;  // one per rank
   int64_t num_blocks_ = 0;
   int64_t block_size_ = 16;
+  int64_t state_slots_ = 0;
   cpu::KvType kv_type_ = cpu::KvType::kF32;
   bool host_kv_ = false;  // a backend's group keeps host rows too
   std::span<const float> logits_;

@@ -113,7 +113,7 @@ struct Trace {
 
 Trace run(TpGroup& group, int steps, const std::vector<uint32_t>* forced = nullptr) {
   const int64_t vocab = group.config().vocab_size;
-  EXPECT_TRUE(group.allocateKv(48, 4).ok());
+  EXPECT_TRUE(group.allocateKv(48, 4, 0, /*state_slots=*/3).ok());
   KvBlockPool pool({.block_size = 4, .num_blocks = 48});
   std::mt19937 rng(7);
   std::vector<std::vector<uint32_t>> seqs;
@@ -131,7 +131,8 @@ Trace run(TpGroup& group, int steps, const std::vector<uint32_t>* forced = nullp
     for (int s = 0; s < 3; ++s) {
       batch.push_back({.tokens = std::span<const uint32_t>(seqs[s]).subspan(start[s]),
                        .start = start[s],
-                       .blocks = tables[s]});
+                       .blocks = tables[s],
+                       .state = s});
     }
     auto logits = group.forward(batch);
     EXPECT_TRUE(logits.ok()) << logits.status();
@@ -243,7 +244,9 @@ INSTANTIATE_TEST_SUITE_P(
         tpCase(kGguf + "minimax_m2_f32.gguf", 2, kShm, MoeSplit::kColumns),
         tpCase(kHf + "gemma2_f32", 2, kShm), tpCase(kHf + "exaone4_f32", 2, kShm),
         tpCase(kHf + "glm4_f32", 2, kShm), tpCase(kGguf + "glm4_f32.gguf", 2, kShm),
-        tpCase(kGguf + "gemma2_f32.gguf", 2, kShm)));
+        tpCase(kGguf + "gemma2_f32.gguf", 2, kShm),
+        // Linear attention: each rank its key heads' state.
+        tpCase(kHf + "qwen3_5_f32", 2, kShm), tpCase(kHf + "qwen3_5_f32", 2, kGloo)));
 
 // A bf16 or e4m3 KV cache gives the f32 cache's logits up to the rounding of the keys and
 // values (8 and 4 significant bits), teacher-forced on the f32 run's tokens; on two ranks

@@ -43,7 +43,26 @@ double attentionParams(const model::ModelConfig& c) {
   }
   const double q = static_cast<double>(c.num_heads) * c.head_dim,
                kv = static_cast<double>(c.num_kv_heads) * c.head_dim;
-  return h * (2 * q + 2 * kv);
+  // Gated attention's query projection gives each head as many gate values.
+  return h * ((c.attention_output_gate ? 3 : 2) * q + 2 * kv);
+}
+
+// One linear-attention layer: its projections' parameters (queries, keys, values, gate z, b,
+// a; the output), the floats of one sequence's state, and the FLOPs of one token's state
+// update per layer (decay, Sᵀk, the rank-one update, Sᵀq: about 7 per state element).
+struct LinearLayerCost {
+  double params = 0, state_floats = 0, flops_per_token = 0;
+};
+LinearLayerCost linearLayerCost(const model::ModelConfig& c) {
+  if (!c.linear_attention) return {};
+  const model::LinearAttentionConfig& la = *c.linear_attention;
+  const double h = c.hidden_size;
+  const double kd = double(la.key_heads) * la.key_head_dim;
+  const double vd = double(la.value_heads) * la.value_head_dim;
+  const double state = double(la.value_heads) * la.key_head_dim * la.value_head_dim;
+  return {.params = h * (2 * kd + 2 * vd + 2.0 * la.value_heads) + vd * h,
+          .state_floats = state + (la.conv_kernel - 1.0) * (2 * kd + vd),
+          .flops_per_token = 7.0 * state};
 }
 
 // KV elements one position stores per layer, and how many ranks share them.
@@ -153,12 +172,15 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
   for (uint32_t l = 0; l < c.num_layers; ++l) moe_layers += c.isMoeLayer(l);
   const int64_t dense_layers = c.num_layers - moe_layers;
   int64_t sliding = 0;  // Layers attending to a window only.
-  for (uint32_t l = 0; l < c.num_layers; ++l) sliding += c.attentionWindow(l) > 0;
-  const double full = static_cast<double>(c.num_layers - sliding);
+  for (uint32_t l = 0; l < c.num_layers; ++l)
+    sliding += !c.isLinearLayer(l) && c.attentionWindow(l) > 0;
+  const double full = static_cast<double>(c.kvLayers() - sliding);
+  const double linear_layers = c.linearLayers();
+  const LinearLayerCost linear = linearLayerCost(c);
   Terms t;
   // Parameters read, and those each token multiplies with, by product (their peaks may
   // differ: Workload::float_products).
-  const double attention = c.num_layers * attentionParams(c);
+  const double attention = c.kvLayers() * attentionParams(c) + linear_layers * linear.params;
   double mlp = dense_layers * 3.0 * h * c.intermediate_size, experts = 0, router = 0;
   double read = attention + mlp;
   if (c.moe && moe_layers > 0) {
@@ -183,6 +205,9 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
   const double kv_share = c.mla ? 1.0 : 1.0 / std::min<double>(tp, c.num_kv_heads);
   const double kv_positions = w.kv_positions * full + double(w.windowed_kv_positions) * sliding;
   t.kv_bytes = kv_positions * kvElements(c) * w.bytes_per_kv * kv_share;
+  // Each linear-attention layer reads and writes every sequence's state (floats), split by
+  // heads over the ranks.
+  t.kv_bytes += 2.0 * w.sequences * linear_layers * linear.state_floats * 4 / tp;
   // The residual stream read and written once per layer, in 16 bits.
   t.activation_bytes = double(w.new_tokens) * h * 2 * 2 * c.num_layers;
   t.linear_flops = (2.0 * w.new_tokens * split_per_token + 2.0 * w.sequences * lm_head) / tp +
@@ -200,7 +225,9 @@ absl::StatusOr<Terms> stepFloor(const model::ModelConfig& c, const Hardware& hw,
       seconds(lm_head, static_cast<double>(w.sequences), f.lm_head, tp);
   const auto [qk, v] = headDims(c);
   const double attended = w.attended * full + double(w.windowed_attended) * sliding;
-  t.attention_flops = 2.0 * attended * c.num_heads * (qk + v) / tp;
+  t.attention_flops =
+      (2.0 * attended * c.num_heads * (qk + v) + tokens * linear_layers * linear.flops_per_token) /
+      tp;
   t.memory_seconds = (t.weight_bytes + t.kv_bytes + t.activation_bytes) / hw.bandwidth;
   t.compute_seconds = linear_seconds + t.attention_flops / hw.attention_flops;
   if (w.tp > 1 && hw.link_bandwidth > 0) {

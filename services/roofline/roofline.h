@@ -88,7 +88,7 @@ Workload prefillChunk(int64_t tokens, int64_t context, int64_t window = 0);
 
 struct Terms {
   double weight_bytes = 0;  // Per rank.
-  double kv_bytes = 0;
+  double kv_bytes = 0;      // And linear-attention state, read and written.
   double activation_bytes = 0;
   double linear_flops = 0;
   double attention_flops = 0;

@@ -56,11 +56,11 @@ v1::KvLayout kvLayout(const model::ModelConfig& c, cpu::KvType type, int64_t blo
   v1::KvLayout layout;
   layout.set_dtype(kvDtype(type));
   layout.set_block_size(static_cast<uint32_t>(block_size));
-  layout.set_num_layers(c.num_layers);
+  layout.set_num_layers(c.kvLayers());
   const model::KvCacheShape shape = model::kvCacheShape(c);
   layout.set_num_kv_heads(shape.heads);
   layout.set_head_dim(shape.head_dim);
-  layout.set_bytes_per_block(uint64_t(shape.parts) * c.num_layers * shape.heads * block_size *
+  layout.set_bytes_per_block(uint64_t(shape.parts) * c.kvLayers() * shape.heads * block_size *
                              shape.head_dim * cpu::kvElementBytes(type));
   return layout;
 }
@@ -175,6 +175,12 @@ int run(int argc, char** argv) {
   progress.finish();
   if (!group.ok()) die(group.status());
   const model::ModelConfig& config = (*group)->config();
+  if (config.linear_attention && role != Role::kBoth) {
+    die(absl::UnimplementedError(
+        absl::StrCat(options.model, ": ", model::architectureName(config.architecture),
+                     "'s linear-attention state does not move between workers yet; serve it "
+                     "with --role both")));
+  }
   int64_t adapter_bytes = 0;  // Rank 0's.
   const std::vector<engine::LoraModuleSpec> adapters =
       *engine::parseLoraModules(options.lora_modules);  // validate() checked them
@@ -212,7 +218,7 @@ int run(int argc, char** argv) {
     const int64_t blocks_per_sequence =
         (options.planned_seq_len + options.block_size - 1) / options.block_size;
     plan_input.budget_bytes =
-        probe->weights + probe->workspace +
+        probe->weights + probe->workspace + probe->state_bytes +
         options.target_concurrency * blocks_per_sequence * probe->kv_block_bytes;
   }
   auto plan = engine::planMemory(config, plan_input);
@@ -227,8 +233,8 @@ int run(int argc, char** argv) {
                            config.max_position_embeddings, options.planned_seq_len, plan->kv_blocks,
                            options.block_size)
              : StagingSizes{};
-  if (absl::Status kv =
-          (*group)->allocateKv(plan->kv_blocks, options.block_size, staging.send + staging.receive);
+  if (absl::Status kv = (*group)->allocateKv(plan->kv_blocks, options.block_size,
+                                             staging.send + staging.receive, plan->state_slots);
       !kv.ok())
     die(kv);
   if (staged) {

@@ -52,7 +52,7 @@ from safetensors import safe_open
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Exaone4Config, Gemma2Config, Gemma3TextConfig, Glm4Config, Glm4MoeConfig,
                           GptOssConfig, GraniteConfig, LlamaConfig, MiniMaxM2Config, Ministral3Config, MistralConfig, MixtralConfig,
                           Olmo2Config, Olmo3Config, Phi3Config,
-                          Qwen2Config, Qwen3Config, SeedOssConfig, SmolLM3Config,
+                          Qwen2Config, Qwen3Config, Qwen3_5TextConfig, SeedOssConfig, SmolLM3Config,
                           Qwen3MoeConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -379,6 +379,18 @@ CASES["granite_f32"] = (GraniteConfig, dict(
     attention_bias=True, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0),
     123, torch.float32)
 
+# Qwen3.5 (text): Gated DeltaNet linear attention on three layers of four, gated full attention (a sigmoid
+# gate per query value, Q/K norms, rotary embedding on a quarter of each head) on the third; norms stored as
+# offsets from 1. Key and value heads of different sizes (8, 12), two value heads per key head.
+CASES["qwen3_5_f32"] = (Qwen3_5TextConfig, dict(
+    hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, vocab_size=267, max_position_embeddings=256, rms_norm_eps=1e-6,
+    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+    linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2,
+    linear_num_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                               "partial_rotary_factor": 0.25},
+    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 127, torch.float32)
+
 
 # ---------------------------------------------------------------- helpers
 def f32_bytes(t: torch.Tensor) -> bytes:
@@ -407,6 +419,10 @@ def randomize(model: torch.nn.Module, seed: int, expert_gain: float = 1.0) -> No
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
             elif name.endswith(".sinks"):  # gpt-oss: logits beside the scores, of their size
                 p.copy_(torch.randn(p.shape, generator=g))
+            elif name.endswith(".A_log"):  # Gated DeltaNet: decay rates in [1, 16), as trained
+                p.copy_(torch.empty(p.shape).uniform_(1, 16, generator=g).log())
+            elif name.endswith(".dt_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
             elif name.endswith(".bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             else:

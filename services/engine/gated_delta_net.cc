@@ -1,0 +1,169 @@
+#include "services/engine/gated_delta_net.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/vector_ops.h"
+#include "services/engine/checked_matmul.h"
+
+namespace cleave::engine {
+namespace {
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// torch's softplus (beta 1, threshold 20).
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// x / sqrt(sum x² + 1e-6), as the reference's l2norm.
+void l2Normalize(float* x, int64_t n) {
+  const float inverse = 1.0f / std::sqrt(cpu::dot(x, x, n) + 1e-6f);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inverse;
+}
+
+}  // namespace
+
+int64_t gatedDeltaNetStateFloats(const model::LinearAttentionConfig& c, const ShardDims& d) {
+  const int64_t channels =
+      2 * d.linear_key_heads.size * c.key_head_dim + d.linear_value_heads.size * c.value_head_dim;
+  return (c.conv_kernel - 1) * channels +
+         d.linear_value_heads.size * int64_t{c.key_head_dim} * c.value_head_dim;
+}
+
+int64_t linearStateFloats(const model::ModelConfig& c, const ShardDims& d) {
+  if (!c.linear_attention) return 0;
+  return c.linearLayers() * gatedDeltaNetStateFloats(*c.linear_attention, d);
+}
+
+GatedDeltaNet::GatedDeltaNet(const model::ModelConfig& config, const ShardDims& dims,
+                             cpu::ThreadPool& pool)
+    : c_(*config.linear_attention),
+      hidden_(config.hidden_size),
+      eps_(static_cast<float>(config.rms_norm_eps)),
+      key_heads_(dims.linear_key_heads.size),
+      value_heads_(dims.linear_value_heads.size),
+      kd_(key_heads_ * c_.key_head_dim),
+      vd_(value_heads_ * c_.value_head_dim),
+      channels_(2 * kd_ + vd_),
+      pool_(pool) {}
+
+void GatedDeltaNet::ensureScratch(int64_t rows) {
+  mixed_.resize(rows * channels_);
+  z_.resize(rows * vd_);
+  o_.resize(rows * vd_);
+  b_.resize(rows * value_heads_);
+  a_.resize(rows * value_heads_);
+}
+
+void GatedDeltaNet::convolve(const GatedDeltaNetWeights& w, float* rows, int64_t tokens,
+                             float* conv_state) {
+  const int64_t taps = c_.conv_kernel;
+  const int64_t history = taps - 1;
+  pool_.parallelFor(channels_, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> window(taps);  // The inputs the next output reads, oldest first.
+    for (int64_t ch = begin; ch < end; ++ch) {
+      for (int64_t j = 0; j < history; ++j) window[j] = conv_state[j * channels_ + ch];
+      const float* weight = w.conv.data() + ch * taps;
+      for (int64_t t = 0; t < tokens; ++t) {
+        float* x = rows + t * channels_ + ch;
+        window[history] = *x;
+        float sum = 0;
+        for (int64_t j = 0; j < taps; ++j) sum += weight[j] * window[j];
+        *x = sum * sigmoid(sum);  // SiLU
+        for (int64_t j = 0; j < history; ++j) window[j] = window[j + 1];
+      }
+      for (int64_t j = 0; j < history; ++j) conv_state[j * channels_ + ch] = window[j];
+    }
+  });
+}
+
+void GatedDeltaNet::recur(const GatedDeltaNetWeights& w, int64_t row, int64_t tokens, int64_t h,
+                          float* s) {
+  const int64_t dk = c_.key_head_dim, dv = c_.value_head_dim;
+  const int64_t kh = h / (value_heads_ / key_heads_);
+  const float a_rate = -std::exp(w.a_log[h]);
+  std::vector<float> kv(dv);
+  for (int64_t t = row; t < row + tokens; ++t) {
+    const float* q = mixed_.data() + t * channels_ + kh * dk;
+    const float* k = q + kd_;
+    const float* v = mixed_.data() + t * channels_ + 2 * kd_ + h * dv;
+    const float beta = sigmoid(b_[t * value_heads_ + h]);
+    const float decay = std::exp(a_rate * softplus(a_[t * value_heads_ + h] + w.dt_bias[h]));
+    // S = decay·S; kv = Sᵀk; S += k ⊗ β(v − kv); o = Sᵀq.
+    std::fill(kv.begin(), kv.end(), 0.0f);
+    for (int64_t i = 0; i < dk; ++i) {
+      float* si = s + i * dv;
+      for (int64_t j = 0; j < dv; ++j) si[j] *= decay;
+      cpu::axpy(k[i], si, kv.data(), dv);
+    }
+    for (int64_t j = 0; j < dv; ++j) kv[j] = beta * (v[j] - kv[j]);
+    float* o = o_.data() + t * vd_ + h * dv;
+    std::fill(o, o + dv, 0.0f);
+    for (int64_t i = 0; i < dk; ++i) {
+      float* si = s + i * dv;
+      cpu::axpy(k[i], kv.data(), si, dv);
+      cpu::axpy(q[i], si, o, dv);
+    }
+  }
+}
+
+void GatedDeltaNet::forward(const GatedDeltaNetWeights& w, const float* x,
+                            std::span<const LinearStateRun> runs, float* out) {
+  int64_t rows = 0;
+  for (const LinearStateRun& run : runs) rows += run.tokens;
+  ensureScratch(rows);
+  checkedMatmulsOfOneInput(x, hidden_, rows,
+                           {{&w.q, mixed_.data(), channels_},
+                            {&w.k, mixed_.data() + kd_, channels_},
+                            {&w.v, mixed_.data() + 2 * kd_, channels_},
+                            {&w.z, z_.data(), vd_},
+                            {&w.b, b_.data(), value_heads_},
+                            {&w.a, a_.data(), value_heads_}},
+                           pool_);
+  const int64_t conv_floats = (c_.conv_kernel - 1) * channels_;
+  const int64_t head_floats = int64_t{c_.key_head_dim} * c_.value_head_dim;
+  int64_t row = 0;
+  for (const LinearStateRun& run : runs) {
+    if (run.reset) std::memset(run.state, 0, (conv_floats + value_heads_ * head_floats) * 4);
+    convolve(w, mixed_.data() + row * channels_, run.tokens, run.state);
+    row += run.tokens;
+  }
+  // Queries and keys L2-normed per head, the queries also scaled by 1/√key_head_dim.
+  const int64_t dk = c_.key_head_dim;
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  pool_.parallelFor(rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* q = mixed_.data() + t * channels_;
+      for (int64_t head = 0; head < 2 * key_heads_; ++head) l2Normalize(q + head * dk, dk);
+      for (int64_t i = 0; i < kd_; ++i) q[i] *= q_scale;
+    }
+  });
+  // Each run's value heads are independent: one job per (run, head).
+  std::vector<std::pair<int64_t, const LinearStateRun*>> starts;
+  row = 0;
+  for (const LinearStateRun& run : runs) {
+    starts.emplace_back(row, &run);
+    row += run.tokens;
+  }
+  pool_.parallelFor(static_cast<int64_t>(starts.size()) * value_heads_, 1,
+                    [&](int64_t begin, int64_t end) {
+                      for (int64_t job = begin; job < end; ++job) {
+                        const auto& [first, run] = starts[job / value_heads_];
+                        const int64_t h = job % value_heads_;
+                        recur(w, first, run->tokens, h, run->state + conv_floats + h * head_floats);
+                      }
+                    });
+  // Each head's output RMS-normed with the shared weights, times SiLU(z).
+  const int64_t dv = c_.value_head_dim;
+  pool_.parallelFor(rows, 1, [&](int64_t begin, int64_t end) {
+    float* o = o_.data() + begin * vd_;
+    const float* z = z_.data() + begin * vd_;
+    const int64_t heads = (end - begin) * value_heads_;
+    cpu::rmsNorm(o, dv, w.norm.data(), heads, dv, eps_, o, dv);
+    for (int64_t head = 0; head < heads; ++head)
+      cpu::siluMulRow(z + head * dv, o + head * dv, o + head * dv, dv);
+  });
+  checkedMatmul(w.out, o_.data(), vd_, rows, out, hidden_, pool_);
+}
+
+}  // namespace cleave::engine

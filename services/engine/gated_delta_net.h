@@ -1,0 +1,87 @@
+// Gated DeltaNet linear attention (model::LinearAttentionConfig, Qwen3.5) on the CPU: one
+// layer over a step's token rows, each sequence's convolution inputs and recurrent state kept
+// in its slot of the KvStorage's state area rather than in KV blocks.
+//
+// A rank holds a run of key heads with the value heads that read them (ShardDims
+// linear_key_heads, linear_value_heads): its share of every projection but the output one,
+// whose product is a partial sum to all-reduce, and its heads' state.
+//
+// One layer's state of one sequence, this rank's heads ([stateFloats] floats):
+//   conv   [conv_kernel - 1][channels]  the sequence's last inputs to the convolution, oldest
+//                                       first (channels: the rank's query, key, value rows)
+//   S      [value heads][key_head_dim][value_head_dim]
+// A chunk starting at position 0 starts from zeros; a later chunk continues from the state
+// the previous chunk of its sequence left, so chunks of one sequence must run in order.
+//
+// Threading: one rank thread calls forward(); the work spreads over the pool.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/model/model_config.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+#include "services/engine/tensor_parallel.h"
+
+namespace cleave::engine {
+
+// One layer's weights, this rank's share (kd: its key heads · key_head_dim; vd: its value
+// heads · value_head_dim).
+struct GatedDeltaNetWeights {
+  cpu::CpuMatrix q, k;         // [kd, hidden] each: in_proj_qkv's query and key rows
+  cpu::CpuMatrix v;            // [vd, hidden]: its value rows
+  cpu::CpuMatrix z;            // [vd, hidden]: the output gate
+  cpu::CpuMatrix b, a;         // [value heads, hidden]: write strength and decay inputs
+  std::vector<float> conv;     // [channels][conv_kernel], channels = kd, kd, vd in order
+  std::vector<float> a_log;    // [value heads]
+  std::vector<float> dt_bias;  // [value heads]
+  std::vector<float> norm;     // [value_head_dim]: the gated RMSNorm's weights
+  cpu::CpuMatrix out;          // [hidden, vd]
+};
+
+// Floats of one layer's state of one sequence on a rank holding `dims`' heads.
+int64_t gatedDeltaNetStateFloats(const model::LinearAttentionConfig& config, const ShardDims& dims);
+// Floats of one sequence's state over all of the model's linear-attention layers on that rank
+// (0 for a model without them): KvStorageOptions::state_floats.
+int64_t linearStateFloats(const model::ModelConfig& config, const ShardDims& dims);
+
+// One sequence's rows of a step: `tokens` consecutive rows, its layer state at `state`
+// (stateFloats floats), zeroed first when `reset` (the chunk starts the sequence).
+struct LinearStateRun {
+  int64_t tokens = 0;
+  bool reset = false;
+  float* state = nullptr;
+};
+
+class GatedDeltaNet {
+ public:
+  GatedDeltaNet(const model::ModelConfig& config, const ShardDims& dims, cpu::ThreadPool& pool);
+
+  // The layer's output for the step's rows: x [rows, hidden] (normed), runs covering the rows
+  // in order; writes out [rows, hidden] (this rank's partial sum) and advances each run's
+  // state. x and out may not overlap.
+  void forward(const GatedDeltaNetWeights& w, const float* x, std::span<const LinearStateRun> runs,
+               float* out);
+
+ private:
+  void ensureScratch(int64_t rows);
+  // Convolution and SiLU of one run's rows of mixed_ (channels wide) in place, from and into
+  // its conv state.
+  void convolve(const GatedDeltaNetWeights& w, float* rows, int64_t tokens, float* conv_state);
+  // The delta rule over one run's rows for value head `h`: o_ rows of that head.
+  void recur(const GatedDeltaNetWeights& w, int64_t row, int64_t tokens, int64_t h, float* s);
+
+  const model::LinearAttentionConfig& c_;
+  const int64_t hidden_;
+  const float eps_;
+  const int64_t key_heads_, value_heads_;  // This rank's.
+  const int64_t kd_, vd_, channels_;
+  cpu::ThreadPool& pool_;
+  // Scratch: mixed_ [rows, channels] (q, k, v), z_ and o_ [rows, vd], b_ and a_ [rows,
+  // value heads].
+  std::vector<float> mixed_, z_, o_, b_, a_;
+};
+
+}  // namespace cleave::engine
