@@ -28,17 +28,15 @@ Scheduler::Scheduler(TpGroup& model, const tokenizer::Tokenizer* tokenizer,
   }
 }
 
-absl::Status Scheduler::splitServing() const {
-  if (!model_.config().linear_attention) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      model::architectureName(model_.config().architecture),
-      "'s linear-attention state does not move between workers yet: serve it with --role both"));
-}
-
 void Scheduler::freeState(Sequence& seq) {
-  if (seq.state < 0) return;
+  if (seq.state < 0 || seq.mode != Mode::kGenerate) return;  // Else the reservation's.
   free_states_.push_back(seq.state);
   seq.state = -1;
+}
+
+int32_t Scheduler::reservedState(uint64_t id) const {
+  auto it = reserved_states_.find(id);
+  return it == reserved_states_.end() ? -1 : it->second;
 }
 
 absl::Status Scheduler::validate(const GenerationRequest& request) const {
@@ -132,7 +130,6 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
                                                         int64_t* cached, int32_t adapter,
                                                         std::string_view cache_salt) {
   if (cached != nullptr) *cached = 0;
-  CLEAVE_RETURN_IF_ERROR(splitServing());
   if (count < 1) return absl::InvalidArgumentError("num_blocks must be >= 1");
   if (auto it = reservations_.find(id); it != reservations_.end()) {
     if (static_cast<int64_t>(it->second.size()) == count) return it->second;
@@ -143,6 +140,11 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
     return absl::InvalidArgumentError(absl::StrCat("no LoRA adapter ", adapter));
   if (cache_salt.size() > kMaxCacheSaltBytes)
     return absl::InvalidArgumentError(absl::StrCat("cache_salt has ", cache_salt.size(), " bytes"));
+  const bool stateful = model_.config().linear_attention.has_value();
+  if (stateful && free_states_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat("every one of the ", model_.stateSlots(),
+                                                     " linear-attention state slots is held"));
+  }
   std::vector<int32_t> blocks = lookupPrefix(prompt, 0, chainRoot(adapter, cache_salt)).blocks;
   if (static_cast<int64_t>(blocks.size()) > count) blocks.resize(count);
   cache_.retain(blocks);
@@ -155,6 +157,10 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
   if (cached != nullptr) *cached = static_cast<int64_t>(blocks.size());
   blocks.insert(blocks.end(), fresh->begin(), fresh->end());
   reservations_.emplace(id, blocks);
+  if (stateful) {
+    reserved_states_.emplace(id, free_states_.back());
+    free_states_.pop_back();
+  }
   return blocks;
 }
 
@@ -229,6 +235,10 @@ int64_t Scheduler::release(uint64_t id) {
   if (auto spare = spares_.find(id); spare != spares_.end()) {
     cache_.release(spare->second);
     spares_.erase(spare);
+  }
+  if (auto state = reserved_states_.find(id); state != reserved_states_.end()) {
+    free_states_.push_back(state->second);
+    reserved_states_.erase(state);
   }
   auto it = reservations_.find(id);
   if (it == reservations_.end()) return 0;
@@ -323,7 +333,6 @@ absl::StatusOr<const std::vector<int32_t>*> Scheduler::reservationFor(
 }
 
 absl::Status Scheduler::addPrefill(GenerationRequest request) {
-  CLEAVE_RETURN_IF_ERROR(splitServing());
   CLEAVE_RETURN_IF_ERROR(validate(request));
   if (request.hidden_state && !model_.hiddenStates())
     return absl::UnimplementedError("this model's backend returns no hidden states");
@@ -331,6 +340,7 @@ absl::Status Scheduler::addPrefill(GenerationRequest request) {
       reservationFor(request, static_cast<int64_t>(request.prompt.size())).status());
   const std::vector<int32_t>& blocks = reservations_.at(request.id);
   auto seq = makeSequence(std::move(request), Mode::kPrefillOnly, blocks);
+  seq->state = reservedState(seq->request.id);
   // The cached prefix's blocks take the place of the reservation's first ones (the same
   // ones when reserve() was given the prompt): checked before they do, so a refusal leaves
   // the reservation and the hit counters as they were.
@@ -344,7 +354,6 @@ absl::Status Scheduler::addPrefill(GenerationRequest request) {
 }
 
 absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_token) {
-  CLEAVE_RETURN_IF_ERROR(splitServing());
   CLEAVE_RETURN_IF_ERROR(validate(request));
   if (first_token >= model_.config().vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat("first token id ", first_token,
@@ -355,6 +364,7 @@ absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_to
                           reservationFor(request, static_cast<int64_t>(request.prompt.size()) +
                                                       request.stop.max_new_tokens));
   auto seq = makeSequence(std::move(request), Mode::kDecode, *blocks);
+  seq->state = reservedState(seq->request.id);
   CLEAVE_RETURN_IF_ERROR(
       writable(*seq, static_cast<int64_t>(seq->request.prompt.size()) / cache_.blockSize(),
                static_cast<int64_t>(seq->blocks.size())));

@@ -12,10 +12,11 @@
 // prefix nobody has computed yet compute it once: one computes each block, the others wait
 // a step and take it from the cache.
 //
-// A model with linear-attention layers (Qwen3.5) also gives each running sequence one of the
-// group's state slots (TpGroup::stateSlots), from admission to its end; it runs without
-// prefix caching and speculative decoding (its state covers the whole prefix and cannot
-// step back), and not split between workers (its state does not move with the KV yet).
+// A model with linear-attention layers (Qwen3.5) also gives each sequence one of the group's
+// state slots (TpGroup::stateSlots): add()'s from admission to its end, a reservation's from
+// reserve() to release() (its prefill leaves the state there for its decode; reserve() is
+// ResourceExhausted while every slot is held). It runs without prefix caching and
+// speculative decoding: its state covers the whole prefix and cannot step back.
 //
 // Disaggregated serving splits a request in three calls (proto/cleave/v1/worker.proto):
 // reserve() sets blocks aside for it, addPrefill() computes its prompt into them and
@@ -252,11 +253,11 @@ class Scheduler {
   };
 
   absl::Status validate(const GenerationRequest& request) const;
-  // Unimplemented for a model whose per-sequence state (linear attention) a KV transfer
-  // does not carry: reserve(), addPrefill() and startDecode() refuse it.
-  absl::Status splitServing() const;
-  // Returns `seq`'s state slot, if it holds one.
+  // Returns the state slot of `seq` if it holds one of its own (add()'s sequences; a
+  // reserved one's is its reservation's).
   void freeState(Sequence& seq);
+  // The state slot of `id`'s reservation, or -1.
+  int32_t reservedState(uint64_t id) const;
   // The published blocks of the longest cached prefix of `prompt` that leaves at least one
   // token to compute (its logits give the next token), and the hash chain through them;
   // from block `from` on, `chain` being the chain through the blocks before it.
@@ -309,7 +310,8 @@ class Scheduler {
   const tokenizer::Tokenizer* tokenizer_;
   SchedulerOptions options_;
   KvBlockPool cache_;
-  std::vector<int32_t> free_states_;  // State slots no sequence holds, the next one last.
+  std::vector<int32_t> free_states_;  // State slots nothing holds, the next one last.
+  std::unordered_map<uint64_t, int32_t> reserved_states_;  // A reservation's slot.
   // The vocabulary's bytes per token, made when a request first needs a constraint.
   mutable std::shared_ptr<const TokenBytes> token_bytes_;  // engine thread only
   std::vector<float> masked_;                              // a constrained row's logits

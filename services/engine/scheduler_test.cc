@@ -113,7 +113,7 @@ TEST_F(SchedulerTest, ContinuousBatchingGivesEachRequestItsOwnGreedyTokens) {
 // state slots, so at most two run though four may; chunked prefills (a budget of 6 tokens)
 // and requests that join as others finish still give transformers' greedy tokens, with
 // prefix caching and drafts asked for (both off for such a model: a second run of a prompt
-// computes it whole). Split serving is refused, naming the flag to serve it with.
+// computes it whole).
 TEST(LinearAttentionSchedulerTest, SequencesTakeTurnsOnTheStateSlots) {
   const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/qwen3_5_f32";
   std::ifstream in(folder + "/logits.json");
@@ -156,12 +156,37 @@ TEST(LinearAttentionSchedulerTest, SequencesTakeTurnsOnTheStateSlots) {
   EXPECT_EQ(scheduler.prefixHitTokens(), 0);
   EXPECT_EQ(scheduler.draftedTokens(), 0);
   EXPECT_EQ(scheduler.cache().freeBlocks(), scheduler.cache().totalBlocks());
-  auto reserved = scheduler.reserve(9, 4);
-  EXPECT_EQ(reserved.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(reserved.status().message(), HasSubstr("--role both"));
-  EXPECT_EQ(scheduler.startDecode({.id = 9, .prompt = prompts[0], .stop = {.max_new_tokens = 1}}, 3)
-                .code(),
-            absl::StatusCode::kUnimplemented);
+
+  // Reserved: the prefill leaves its state in the reservation's slot for the decode, which
+  // continues it; with both slots reserved a third reservation waits for one.
+  const std::vector<uint32_t>& prompt = prompts[1];
+  const int64_t total = static_cast<int64_t>(prompt.size() + want[1].size());
+  ASSERT_TRUE(scheduler.reserve(7, (total + 3) / 4).ok());
+  ASSERT_TRUE(scheduler.reserve(8, 1).ok());
+  auto third = scheduler.reserve(9, 1);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), HasSubstr("state slots is held"));
+  EXPECT_EQ(scheduler.release(8), 1);
+  const StopCriteria stop{.max_new_tokens = static_cast<int64_t>(want[1].size())};
+  auto drain = [](Scheduler& scheduler) {
+    std::map<uint64_t, std::vector<uint32_t>> out;
+    for (int step = 0; step < 100 && !scheduler.idle(); ++step) {
+      auto events = scheduler.step();
+      EXPECT_TRUE(events.ok()) << events.status();
+      if (!events.ok()) break;
+      for (const TokenEvent& e : *events) out[e.id].push_back(e.token);
+    }
+    return out;
+  };
+  ASSERT_TRUE(scheduler.addPrefill({.id = 7, .prompt = prompt, .stop = stop}).ok());
+  std::map<uint64_t, std::vector<uint32_t>> first = drain(scheduler);
+  ASSERT_EQ(first[7].size(), 1u);
+  ASSERT_TRUE(scheduler.startDecode({.id = 7, .prompt = prompt, .stop = stop}, first[7][0]).ok());
+  std::map<uint64_t, std::vector<uint32_t>> rest = drain(scheduler);
+  first[7].insert(first[7].end(), rest[7].begin(), rest[7].end());
+  EXPECT_EQ(first[7], want[1]);
+  EXPECT_EQ(scheduler.cache().freeBlocks(), scheduler.cache().totalBlocks());
+  EXPECT_TRUE(scheduler.reserve(9, 1).ok() && scheduler.reserve(10, 1).ok());  // Both free.
 }
 
 // A model that takes at most two sequences a step (a GPU model's batch): the other prefills

@@ -484,6 +484,12 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
         absl::StrCat("destination KV layout [", r.destination().layout().ShortDebugString(),
                      "] differs from this worker's [", options_.layout.ShortDebugString(), "]"));
   }
+  if (!local && model_.config().linear_attention) {
+    return absl::UnimplementedError(absl::StrCat(
+        model::architectureName(model_.config().architecture),
+        "'s linear-attention state does not move between workers yet: the worker that decodes a "
+        "prompt prefills it (--role both)"));
+  }
   if (!local && options_.transport == nullptr) {
     return absl::FailedPreconditionError(
         "this worker has no KV transport, so it can only prefill for itself");

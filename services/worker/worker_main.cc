@@ -95,7 +95,8 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
   capacity->set_target_concurrency(decodes ? static_cast<uint32_t>(target_concurrency) : 0);
   capacity->set_planned_seq_len(static_cast<uint32_t>(options.planned_seq_len));
   capacity->set_max_batch_tokens(static_cast<uint32_t>(batchTokens(options)));
-  capacity->set_prefix_caching(options.prefix_caching);
+  // A linear-attention model's scheduler caches no prefixes (scheduler.h).
+  capacity->set_prefix_caching(options.prefix_caching && !group.config().linear_attention);
   r.set_control_address(address);
   for (int rank = 0; rank < group.tp(); ++rank) {
     v1::RankEndpoint* endpoint = r.add_ranks();

@@ -77,15 +77,16 @@ class UpTest(unittest.TestCase):
 
 
 class GoldenModelUpTest(unittest.TestCase):
-    def serve_and_compare(self, case, block_size):
-        """Serves tests/golden/data/engine/hf/CASE with a prefill and a decode worker (KV blocks
-        of `block_size` positions): each golden prompt's KV moves from the prefill worker to the
-        decode worker, which must continue it with the greedy tokens transformers chose."""
+    def serve_and_compare(self, case, block_size, workers=("--prefill=1", "--decode=1")):
+        """Serves tests/golden/data/engine/hf/CASE with `workers` (by default a prefill and a
+        decode worker; KV blocks of `block_size` positions): each golden prompt's KV moves from
+        the prefill worker to the decode worker, which must continue it with the greedy tokens
+        transformers chose."""
         folder = os.path.join(ct.SOURCE_DIR, "tests/golden/data/engine/hf", case)
         with open(os.path.join(folder, "logits.json")) as f:
             golden = json.load(f)
         up = ct.Process([ct.binary("cleave"), "up", f"--model={folder}", "--listen=127.0.0.1:0",
-                         "--prefill=1", "--decode=1", "--threads=1", "--target-concurrency=4",
+                         *workers, "--threads=1", "--target-concurrency=4",
                          "--planned-seq-len=64", "--http-listen=127.0.0.1:0",
                          f"--block-size={block_size}"],
                         ready_timeout=120)
@@ -125,6 +126,14 @@ class GoldenModelUpTest(unittest.TestCase):
                      "minimax_m2_f32", "olmo3_f32", "gemma2_f32", "exaone4_f32", "glm4_f32"):
             with self.subTest(case):
                 self.serve_and_compare(case, 16)
+
+    def test_a_linear_attention_model_served_by_combined_workers_decodes_transformers_tokens(self):
+        """Qwen3.5 (Gated DeltaNet layers, whose per-sequence state stays with the worker that
+        computed it): a combined worker prefills and decodes each prompt itself, alone and as
+        a tensor-parallel pair."""
+        for tp in (1, 2):
+            with self.subTest(tp=tp):
+                self.serve_and_compare("qwen3_5_f32", 16, ("--both=1", f"--decode-tp={tp}"))
 
 
 if __name__ == "__main__":
