@@ -78,6 +78,10 @@ constexpr ArchName kArchitectures[] = {
     // offset from 1. No GGUF layout is read for it.
     {"qwen3_5_text", "-", Architecture::kQwen35},
     {"qwen3_5", "-", Architecture::kQwen35},
+    // Qwen3.5-MoE: Qwen3.5 with a mixture of experts on every layer (softmax top-k,
+    // renormalized) beside one shared expert whose output a learned sigmoid gate scales.
+    {"qwen3_5_moe_text", "-", Architecture::kQwen35},
+    {"qwen3_5_moe", "-", Architecture::kQwen35},
 };
 
 absl::StatusOr<std::string> readFile(const std::string& path) {

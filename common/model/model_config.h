@@ -90,6 +90,9 @@ struct MoeConfig {
   MoeScoring scoring = MoeScoring::kSoftmax;
   uint32_t shared_experts = 0;
   uint32_t shared_expert_intermediate_size = 0;  // Per shared expert.
+  // Qwen3.5-MoE: the shared expert's output times sigmoid(x · shared_expert_gate), a learned
+  // gate of each token's input.
+  bool shared_expert_gate = false;
   // Group-limited routing (DeepSeek-V3): pick topk_group of n_group groups first.
   uint32_t n_group = 1;
   uint32_t topk_group = 1;

@@ -176,6 +176,18 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       config.mla = mla;
       break;
     }
+    case Architecture::kQwen35: {
+      if (config.model_type != "qwen3_5_moe_text") return absl::OkStatus();  // Dense.
+      CLEAVE_ASSIGN_OR_RETURN(moe.num_experts, f.uint("num_experts"));
+      CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, f.uint("num_experts_per_tok"));
+      CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.uint("moe_intermediate_size"));
+      moe.norm_topk_prob = true;
+      moe.shared_experts = 1;
+      CLEAVE_ASSIGN_OR_RETURN(moe.shared_expert_intermediate_size,
+                              f.uint("shared_expert_intermediate_size"));
+      moe.shared_expert_gate = true;
+      break;
+    }
     default: return absl::OkStatus();
   }
   if (moe.num_experts == 0 || moe.experts_per_token == 0 ||
@@ -539,7 +551,8 @@ nlohmann::json qwen35TextConfig(const nlohmann::json& json) {
   for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"}) {
     if (json.contains(key) && !json[key].is_null() && !text.contains(key)) text[key] = json[key];
   }
-  text["model_type"] = "qwen3_5_text";
+  text["model_type"] =
+      json.value("model_type", "") == "qwen3_5_moe" ? "qwen3_5_moe_text" : "qwen3_5_text";
   return text;
 }
 
@@ -556,19 +569,20 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   const std::string type = type_field != json.end() && type_field->is_string()
                                ? type_field->get<std::string>()
                                : std::string();
+  const bool qwen35_vl = type == "qwen3_5" || type == "qwen3_5_moe";
   const bool nested =
-      (type == "gemma3" || type == "mistral3" || type == "qwen3_5") && json.contains("text_config");
+      (type == "gemma3" || type == "mistral3" || qwen35_vl) && json.contains("text_config");
   if (nested && !json["text_config"].is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": text_config must be an object"));
   }
-  if ((type == "mistral3" || type == "qwen3_5") && !nested) {
+  if ((type == "mistral3" || qwen35_vl) && !nested) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": a ", type,
                                                    " config must hold its text model's in "
                                                    "text_config"));
   }
   if (type == "gemma3_text" || type == "gemma3") json = gemma3TextConfig(json);
   if (type == "mistral3") json = mistral3TextConfig(json);
-  if (type == "qwen3_5") json = qwen35TextConfig(json);
+  if (qwen35_vl) json = qwen35TextConfig(json);
   if (const auto text_type = json.find("model_type");
       text_type != json.end() && *text_type == "ministral3") {
     json = ministral3Defaults(std::move(json));
@@ -589,7 +603,10 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   }
   c.architecture = arch->arch;
   CLEAVE_ASSIGN_OR_RETURN(c.hidden_size, f.uint("hidden_size"));
-  CLEAVE_ASSIGN_OR_RETURN(c.intermediate_size, f.uint("intermediate_size"));
+  // Qwen3.5-MoE has no dense MLP.
+  CLEAVE_ASSIGN_OR_RETURN(c.intermediate_size, c.model_type == "qwen3_5_moe_text"
+                                                   ? f.uintOr("intermediate_size", 0)
+                                                   : f.uint("intermediate_size"));
   CLEAVE_ASSIGN_OR_RETURN(c.num_layers, f.uint("num_hidden_layers"));
   CLEAVE_ASSIGN_OR_RETURN(c.num_heads, f.uint("num_attention_heads"));
   CLEAVE_ASSIGN_OR_RETURN(c.num_kv_heads, f.uintOr("num_key_value_heads", c.num_heads));

@@ -599,6 +599,24 @@ TEST(ModelConfigTest, Qwen35) {
   EXPECT_THAT(uneven.status().message(), HasSubstr("linear_num_key_heads (16) must divide"));
   auto flat = parseConfigJson(R"({"model_type": "qwen3_5", "hidden_size": 64})", "config.json");
   EXPECT_THAT(flat.status().message(), HasSubstr("must hold its text model's in text_config"));
+  // Qwen3.5-MoE (35B-A3B's shape): experts on every layer, no dense MLP size, one gated
+  // shared expert.
+  auto moe = parseConfigJson(
+      R"({"model_type": "qwen3_5_moe", "text_config": {"hidden_size": 2048,
+          "num_hidden_layers": 40, "num_attention_heads": 16, "num_key_value_heads": 2,
+          "vocab_size": 248320, "num_experts": 256, "num_experts_per_tok": 8,
+          "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512}})",
+      "config.json");
+  ASSERT_TRUE(moe.ok()) << moe.status();
+  EXPECT_EQ(moe->model_type, "qwen3_5_moe_text");
+  EXPECT_EQ(moe->intermediate_size, 0u);
+  EXPECT_EQ(moe->head_dim, 256u);
+  ASSERT_TRUE(moe->moe.has_value());
+  EXPECT_TRUE(moe->moe->norm_topk_prob && moe->moe->shared_expert_gate);
+  EXPECT_EQ(moe->moe->shared_experts, 1u);
+  EXPECT_EQ(moe->moe->shared_expert_intermediate_size, 512u);
+  for (uint32_t l = 0; l < 40; ++l) EXPECT_TRUE(moe->isMoeLayer(l)) << l;
+  EXPECT_EQ(moe->kvLayers(), 10u);
 }
 
 // Granite 3's multipliers (granite-3.3-8b's), and one that is not positive refused naming it.

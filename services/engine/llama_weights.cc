@@ -556,10 +556,20 @@ class SafetensorsSource final : public TensorSource {
           vector(base + (minimax ? "" : "gate.") + "e_score_correction_bias", c.moe->num_experts));
     }
     if (c.moe->shared_experts > 0) {
-      CLEAVE_ASSIGN_OR_RETURN(block.shared, mlp(base + "shared_experts.",
-                                                uint64_t{c.moe->shared_experts} *
-                                                    c.moe->shared_expert_intermediate_size,
-                                                dims.shared_ffn));
+      // Qwen3.5-MoE calls its one shared expert shared_expert, gated by shared_expert_gate.
+      const bool gated = c.moe->shared_expert_gate;
+      CLEAVE_ASSIGN_OR_RETURN(
+          block.shared,
+          mlp(base + (gated ? "shared_expert." : "shared_experts."),
+              uint64_t{c.moe->shared_experts} * c.moe->shared_expert_intermediate_size,
+              dims.shared_ffn));
+      if (gated) {
+        const std::string name = base + "shared_expert_gate.weight";
+        CLEAVE_ASSIGN_OR_RETURN(Stored gate, find(name, {1, hidden}));
+        block.shared_gate.resize(hidden);
+        CLEAVE_RETURN_IF_ERROR(
+            model::dequantize(gate.type, gate.data, hidden, block.shared_gate.data()));
+      }
     }
     return block;
   }

@@ -42,9 +42,9 @@ struct LlamaLayer {
   std::vector<float> attn_norm;  // [hidden]
   cpu::CpuMatrix wq;  // [heads * head_dim, hidden]; gated attention: each head's gate rows after
                       // its query rows ([heads * 2 * head_dim, hidden])
-  cpu::CpuMatrix wk;             // [kv_heads * head_dim, hidden]
-  cpu::CpuMatrix wv;             // [kv_heads * head_dim, hidden]
-  cpu::CpuMatrix wo;             // [hidden, heads * head_dim] (MLA: heads * v_head_dim)
+  cpu::CpuMatrix wk;  // [kv_heads * head_dim, hidden]
+  cpu::CpuMatrix wv;  // [kv_heads * head_dim, hidden]
+  cpu::CpuMatrix wo;  // [hidden, heads * head_dim] (MLA: heads * v_head_dim)
   // Multi-head latent attention models: these instead of wq, wk and wv.
   std::optional<MlaWeights> mla;
   // Linear-attention layers: these instead of attention (wq, wk, wv and wo empty).

@@ -8,6 +8,7 @@
 
 #include "common/log.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/vector_ops.h"
 #include "services/engine/checked_matmul.h"
 
 namespace cleave::engine {
@@ -157,6 +158,12 @@ void MoeRunner::forward(const MoeBlock& block, const float* x, int64_t tokens, f
     gathered_.assign(x, x + tokens * hidden_);
     runExpert(*block.shared, tokens);
     std::memcpy(out, expert_out_.data(), tokens * hidden_ * sizeof(float));
+    // A scalar per token: linear, so a rank's partial sum takes it as the whole would.
+    for (int64_t t = 0; !block.shared_gate.empty() && t < tokens; ++t) {
+      const float g = cpu::dot(x + t * hidden_, block.shared_gate.data(), hidden_);
+      const float scale = 1.0f / (1.0f + std::exp(-g));
+      for (int64_t i = 0; i < hidden_; ++i) out[t * hidden_ + i] *= scale;
+    }
   } else {
     std::memset(out, 0, tokens * hidden_ * sizeof(float));
   }

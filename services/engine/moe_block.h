@@ -38,6 +38,8 @@ struct MoeBlock {
   std::vector<float> score_bias;    // [experts]; DeepSeek-V3's correction bias (else empty).
   std::vector<float> router_bias;   // [experts]; added to the router's logits (gpt-oss).
   std::optional<MoeExpert> shared;  // DeepSeek's always-on shared experts, as one MLP.
+  // [hidden]; Qwen3.5-MoE: the shared output times sigmoid(x · shared_gate) (else empty).
+  std::vector<float> shared_gate;
 };
 
 // Routing of one token: expert ids best first and their weights.

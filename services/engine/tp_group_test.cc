@@ -246,7 +246,10 @@ INSTANTIATE_TEST_SUITE_P(
         tpCase(kHf + "glm4_f32", 2, kShm), tpCase(kGguf + "glm4_f32.gguf", 2, kShm),
         tpCase(kGguf + "gemma2_f32.gguf", 2, kShm),
         // Linear attention: each rank its key heads' state.
-        tpCase(kHf + "qwen3_5_f32", 2, kShm), tpCase(kHf + "qwen3_5_f32", 2, kGloo)));
+        tpCase(kHf + "qwen3_5_f32", 2, kShm), tpCase(kHf + "qwen3_5_f32", 2, kGloo),
+        // Qwen3.5-MoE's gated shared expert: each rank scales its partial sum.
+        tpCase(kHf + "qwen3_5_moe_f32", 2, kShm),
+        tpCase(kHf + "qwen3_5_moe_f32", 2, kShm, MoeSplit::kColumns)));
 
 // A bf16 or e4m3 KV cache gives the f32 cache's logits up to the rounding of the keys and
 // values (8 and 4 significant bits), teacher-forced on the f32 run's tokens; on two ranks

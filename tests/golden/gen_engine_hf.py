@@ -52,7 +52,8 @@ from safetensors import safe_open
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Exaone4Config, Gemma2Config, Gemma3TextConfig, Glm4Config, Glm4MoeConfig,
                           GptOssConfig, GraniteConfig, LlamaConfig, MiniMaxM2Config, Ministral3Config, MistralConfig, MixtralConfig,
                           Olmo2Config, Olmo3Config, Phi3Config,
-                          Qwen2Config, Qwen3Config, Qwen3_5TextConfig, SeedOssConfig, SmolLM3Config,
+                          Qwen2Config, Qwen3Config, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, SeedOssConfig,
+                          SmolLM3Config,
                           Qwen3MoeConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -391,6 +392,18 @@ CASES["qwen3_5_f32"] = (Qwen3_5TextConfig, dict(
                                                "partial_rotary_factor": 0.25},
     tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 127, torch.float32)
 
+# Qwen3.5-MoE: the same layers with a mixture of experts on each (softmax top-2 of 8, renormalized) beside one
+# shared expert whose output a sigmoid gate of the token's input scales.
+CASES["qwen3_5_moe_f32"] = (Qwen3_5MoeTextConfig, dict(
+    hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    vocab_size=261, max_position_embeddings=256, rms_norm_eps=1e-6,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+    linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+    linear_num_value_heads=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+    shared_expert_intermediate_size=24,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 128, torch.float32)
+
 
 # ---------------------------------------------------------------- helpers
 def f32_bytes(t: torch.Tensor) -> bytes:
@@ -435,8 +448,44 @@ def randomize(model: torch.nn.Module, seed: int, expert_gain: float = 1.0) -> No
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
+def exact_gated_delta_rule(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, **kwargs):
+    """Gated DeltaNet's recurrence token by token in float64, for transformers' two float32 kernels
+    (chunked for a prompt, recurrent for a token), which differ from one another by ~1e-7 per layer
+    and ~2e-5 in these models' logits. Same arguments and layout ([batch, tokens, heads, dim])."""
+    ratio = value.shape[2] // key.shape[2]
+    q, k = (x.repeat_interleave(ratio, dim=2) for x in (query, key))
+    q, k, v, b, decay = (x.transpose(1, 2).to(torch.float64) for x in (q, k, value, beta, g))
+    if use_qk_l2norm_in_kernel:
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    q = q / q.shape[-1] ** 0.5
+    batch, heads, tokens, dk = k.shape
+    state = (torch.zeros(batch, heads, dk, v.shape[-1], dtype=torch.float64) if initial_state is None
+             else initial_state.to(torch.float64))
+    out = torch.zeros_like(v)
+    for t in range(tokens):
+        state = state * decay[:, :, t].exp()[..., None, None]
+        kv = (state * k[:, :, t, :, None]).sum(-2)
+        state = state + k[:, :, t, :, None] * ((v[:, :, t] - kv) * b[:, :, t, None])[..., None, :]
+        out[:, :, t] = (state * q[:, :, t, :, None]).sum(-2)
+    return out.transpose(1, 2).to(value.dtype), state if output_final_state else None
+
+
+# Cases whose logits come from the model run in float64: a small random MoE with linear attention
+# turns float32 rounding into ~4e-5 of its logits (transformers' own float32 run is that far from
+# its float64 one), too close to the tolerance to tell rounding from a fault.
+REFERENCE_DTYPE = {"qwen3_5_f32": torch.float64, "qwen3_5_moe_f32": torch.float64}
+
+for _module in (transformers.models.qwen3_5.modeling_qwen3_5, transformers.models.qwen3_5_moe.modeling_qwen3_5_moe):
+    _module.torch_chunk_gated_delta_rule = exact_gated_delta_rule
+    _module.torch_recurrent_gated_delta_rule = exact_gated_delta_rule
+
+
 def load(folder: Path, dtype: torch.dtype):
-    m = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="eager")
+    # transformers' grouped expert products take no float64; its loop over the experts does.
+    extra = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
+    m = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="eager", **extra)
     m.eval()
     m.generation_config.eos_token_id = None  # greedy runs the full 8 steps
     m.generation_config.pad_token_id = 0
@@ -702,7 +751,7 @@ def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
             write_decoded_checkpoint(d, Path(tmp), decoded)
             f32 = load(Path(tmp), torch.float32)
     else:
-        f32 = load(d, torch.float32)   # bf16 weights are upcast exactly
+        f32 = load(d, REFERENCE_DTYPE.get(name, torch.float32))   # bf16 weights are upcast exactly
     lo = load(d, wdtype) if wdtype != torch.float32 else None
     cfg = f32.config
     vocab = cfg.vocab_size
@@ -726,7 +775,7 @@ def run_case(name: str, cls, kwargs: dict, seed: int, wdtype) -> None:
         "architecture_class": type(f32).__name__,
         "config_dtype": saved_cfg.get("dtype"),
         "weights_dtype": quant or str(wdtype).replace("torch.", ""),
-        "compute_dtype": "float32",
+        "compute_dtype": str(REFERENCE_DTYPE.get(name, torch.float32)).replace("torch.", ""),
         "attn_implementation": "eager",
         "transformers_version": pkg_version("transformers"),
         "torch_version": torch.__version__,
