@@ -1,5 +1,6 @@
 #include "services/engine/gated_delta_net.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -23,11 +24,14 @@ void l2Normalize(float* x, int64_t n) {
 
 }  // namespace
 
+int64_t gatedDeltaNetGroupFloats(const model::LinearAttentionConfig& c) {
+  const int64_t ratio = c.value_heads / c.key_heads;
+  const int64_t channels = 2 * int64_t{c.key_head_dim} + ratio * c.value_head_dim;
+  return (c.conv_kernel - 1) * channels + ratio * int64_t{c.key_head_dim} * c.value_head_dim;
+}
+
 int64_t gatedDeltaNetStateFloats(const model::LinearAttentionConfig& c, const ShardDims& d) {
-  const int64_t channels =
-      2 * d.linear_key_heads.size * c.key_head_dim + d.linear_value_heads.size * c.value_head_dim;
-  return (c.conv_kernel - 1) * channels +
-         d.linear_value_heads.size * int64_t{c.key_head_dim} * c.value_head_dim;
+  return d.linear_key_heads.size * gatedDeltaNetGroupFloats(c);
 }
 
 int64_t linearStateFloats(const model::ModelConfig& c, const ShardDims& d) {
@@ -45,7 +49,23 @@ GatedDeltaNet::GatedDeltaNet(const model::ModelConfig& config, const ShardDims& 
       kd_(key_heads_ * c_.key_head_dim),
       vd_(value_heads_ * c_.value_head_dim),
       channels_(2 * kd_ + vd_),
+      group_channels_(channels_ / std::max<int64_t>(key_heads_, 1)),
+      group_floats_(gatedDeltaNetGroupFloats(c_)),
       pool_(pool) {}
+
+int64_t GatedDeltaNet::convOffset(int64_t ch) const {
+  const int64_t dk = c_.key_head_dim;
+  const int64_t group_values = vd_ / key_heads_;
+  int64_t group = 0, at = 0;
+  if (ch < kd_) {  // A query channel.
+    group = ch / dk, at = ch % dk;
+  } else if (ch < 2 * kd_) {  // A key channel.
+    group = (ch - kd_) / dk, at = dk + (ch - kd_) % dk;
+  } else {  // A value channel.
+    group = (ch - 2 * kd_) / group_values, at = 2 * dk + (ch - 2 * kd_) % group_values;
+  }
+  return group * group_floats_ + at;
+}
 
 void GatedDeltaNet::ensureScratch(int64_t rows) {
   mixed_.resize(rows * channels_);
@@ -56,13 +76,14 @@ void GatedDeltaNet::ensureScratch(int64_t rows) {
 }
 
 void GatedDeltaNet::convolve(const GatedDeltaNetWeights& w, float* rows, int64_t tokens,
-                             float* conv_state) {
+                             float* state) {
   const int64_t taps = c_.conv_kernel;
   const int64_t history = taps - 1;
   pool_.parallelFor(channels_, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> window(taps);  // The inputs the next output reads, oldest first.
     for (int64_t ch = begin; ch < end; ++ch) {
-      for (int64_t j = 0; j < history; ++j) window[j] = conv_state[j * channels_ + ch];
+      float* kept = state + convOffset(ch);  // Its inputs, a row of group_channels_ apart.
+      for (int64_t j = 0; j < history; ++j) window[j] = kept[j * group_channels_];
       const float* weight = w.conv.data() + ch * taps;
       for (int64_t t = 0; t < tokens; ++t) {
         float* x = rows + t * channels_ + ch;
@@ -72,7 +93,7 @@ void GatedDeltaNet::convolve(const GatedDeltaNetWeights& w, float* rows, int64_t
         *x = sum * sigmoid(sum);  // SiLU
         for (int64_t j = 0; j < history; ++j) window[j] = window[j + 1];
       }
-      for (int64_t j = 0; j < history; ++j) conv_state[j * channels_ + ch] = window[j];
+      for (int64_t j = 0; j < history; ++j) kept[j * group_channels_] = window[j];
     }
   });
 }
@@ -120,11 +141,12 @@ void GatedDeltaNet::forward(const GatedDeltaNetWeights& w, const float* x,
                             {&w.b, b_.data(), value_heads_},
                             {&w.a, a_.data(), value_heads_}},
                            pool_);
-  const int64_t conv_floats = (c_.conv_kernel - 1) * channels_;
   const int64_t head_floats = int64_t{c_.key_head_dim} * c_.value_head_dim;
+  const int64_t ratio = value_heads_ / key_heads_;
+  const int64_t conv_floats = (c_.conv_kernel - 1) * group_channels_;  // Of a group.
   int64_t row = 0;
   for (const LinearStateRun& run : runs) {
-    if (run.reset) std::memset(run.state, 0, (conv_floats + value_heads_ * head_floats) * 4);
+    if (run.reset) std::memset(run.state, 0, key_heads_ * group_floats_ * sizeof(float));
     convolve(w, mixed_.data() + row * channels_, run.tokens, run.state);
     row += run.tokens;
   }
@@ -145,14 +167,16 @@ void GatedDeltaNet::forward(const GatedDeltaNetWeights& w, const float* x,
     starts.emplace_back(row, &run);
     row += run.tokens;
   }
-  pool_.parallelFor(static_cast<int64_t>(starts.size()) * value_heads_, 1,
-                    [&](int64_t begin, int64_t end) {
-                      for (int64_t job = begin; job < end; ++job) {
-                        const auto& [first, run] = starts[job / value_heads_];
-                        const int64_t h = job % value_heads_;
-                        recur(w, first, run->tokens, h, run->state + conv_floats + h * head_floats);
-                      }
-                    });
+  pool_.parallelFor(
+      static_cast<int64_t>(starts.size()) * value_heads_, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t job = begin; job < end; ++job) {
+          const auto& [first, run] = starts[job / value_heads_];
+          const int64_t h = job % value_heads_;
+          float* s =
+              run->state + (h / ratio) * group_floats_ + conv_floats + (h % ratio) * head_floats;
+          recur(w, first, run->tokens, h, s);
+        }
+      });
   // Each head's output RMS-normed with the shared weights, times SiLU(z).
   const int64_t dv = c_.value_head_dim;
   pool_.parallelFor(rows, 1, [&](int64_t begin, int64_t end) {

@@ -6,12 +6,15 @@
 // linear_key_heads, linear_value_heads): its share of every projection but the output one,
 // whose product is a partial sum to all-reduce, and its heads' state.
 //
-// One layer's state of one sequence, this rank's heads ([stateFloats] floats):
-//   conv   [conv_kernel - 1][channels]  the sequence's last inputs to the convolution, oldest
-//                                       first (channels: the rank's query, key, value rows)
-//   S      [value heads][key_head_dim][value_head_dim]
-// A chunk starting at position 0 starts from zeros; a later chunk continues from the state
-// the previous chunk of its sequence left, so chunks of one sequence must run in order.
+// One layer's state of one sequence, this rank's key heads one after another, key head g's:
+//   conv   [conv_kernel - 1][2·key_head_dim + r·value_head_dim]   the last inputs of its
+//          query, key and its r = value_heads / key_heads value heads' channels to the
+//          convolution, oldest first
+//   S      [r][key_head_dim][value_head_dim]
+// (gatedDeltaNetGroupFloats each), so any run of key heads is one run of floats: what a
+// transfer between workers of different TP layouts moves, as it moves KV heads. A chunk
+// starting at position 0 starts from zeros; a later chunk continues from the state the
+// previous chunk of its sequence left, so chunks of one sequence must run in order.
 //
 // Threading: one rank thread calls forward(); the work spreads over the pool.
 #pragma once
@@ -41,10 +44,13 @@ struct GatedDeltaNetWeights {
   cpu::CpuMatrix out;          // [hidden, vd]
 };
 
+// Floats of one key head's share of one layer's state of one sequence (its group).
+int64_t gatedDeltaNetGroupFloats(const model::LinearAttentionConfig& config);
 // Floats of one layer's state of one sequence on a rank holding `dims`' heads.
 int64_t gatedDeltaNetStateFloats(const model::LinearAttentionConfig& config, const ShardDims& dims);
 // Floats of one sequence's state over all of the model's linear-attention layers on that rank
-// (0 for a model without them): KvStorageOptions::state_floats.
+// (0 for a model without them): KvStorageOptions::state_floats. Laid out [linear layer][the
+// rank's key heads][group].
 int64_t linearStateFloats(const model::ModelConfig& config, const ShardDims& dims);
 
 // One sequence's rows of a step: `tokens` consecutive rows, its layer state at `state`
@@ -68,8 +74,11 @@ class GatedDeltaNet {
  private:
   void ensureScratch(int64_t rows);
   // Convolution and SiLU of one run's rows of mixed_ (channels wide) in place, from and into
-  // its conv state.
-  void convolve(const GatedDeltaNetWeights& w, float* rows, int64_t tokens, float* conv_state);
+  // the conv rows of its layer state `state`.
+  void convolve(const GatedDeltaNetWeights& w, float* rows, int64_t tokens, float* state);
+  // Where channel `ch` of mixed_ keeps its inputs in a layer state: its group's conv rows,
+  // at this offset from the group's start (one row of group_channels_ per input).
+  int64_t convOffset(int64_t ch) const;
   // The delta rule over one run's rows for value head `h`: o_ rows of that head.
   void recur(const GatedDeltaNetWeights& w, int64_t row, int64_t tokens, int64_t h, float* s);
 
@@ -78,6 +87,7 @@ class GatedDeltaNet {
   const float eps_;
   const int64_t key_heads_, value_heads_;  // This rank's.
   const int64_t kd_, vd_, channels_;
+  const int64_t group_channels_, group_floats_;  // Of one key head's group.
   cpu::ThreadPool& pool_;
   // Scratch: mixed_ [rows, channels] (q, k, v), z_ and o_ [rows, vd], b_ and a_ [rows,
   // value heads].
