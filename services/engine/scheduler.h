@@ -179,6 +179,8 @@ class Scheduler {
   absl::Status startDecode(GenerationRequest request, uint32_t first_token);
   // The blocks of `id`'s reservation (empty when it has none).
   std::vector<int32_t> reservation(uint64_t id) const;
+  // The linear-attention state slot of `id`'s reservation (TpGroup::stateSlots), or -1.
+  int32_t reservedState(uint64_t id) const;
   // Blocks held by reservations (each once, shared or not), and those not held by anything.
   int64_t reservedBlocks() const;
   // Blocks the reservations of `ids` hold (each once) that no other reservation holds.
@@ -256,8 +258,7 @@ class Scheduler {
   // Returns the state slot of `seq` if it holds one of its own (add()'s sequences; a
   // reserved one's is its reservation's).
   void freeState(Sequence& seq);
-  // The state slot of `id`'s reservation, or -1.
-  int32_t reservedState(uint64_t id) const;
+
   // The published blocks of the longest cached prefix of `prompt` that leaves at least one
   // token to compute (its logits give the next token), and the hash chain through them;
   // from block `from` on, `chain` being the chain through the blocks before it.

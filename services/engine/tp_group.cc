@@ -37,6 +37,7 @@ struct TpGroup::Rank {
   int64_t layers = 0;        // The shard's with KV rows, kept past the release.
   int64_t state_floats = 0;  // Its linear-attention state per sequence (KvStorageOptions).
   Span kv_heads;
+  Span linear_key_heads;
   int64_t cpu_weight_bytes = 0;
   int64_t cpu_routed_expert_bytes = 0;
   roofline::Workload::FloatProducts cpu_float_products;
@@ -182,6 +183,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
     rank.layers = rank.weights->config.kvLayers();
     rank.state_floats = linearStateFloats(rank.weights->config, rank.weights->dims);
     rank.kv_heads = rank.weights->dims.kv_heads;
+    rank.linear_key_heads = rank.weights->dims.linear_key_heads;
     rank.cpu_weight_bytes = rank.weights->weightBytes();
     rank.cpu_routed_expert_bytes = rank.weights->routedExpertBytes();
     rank.cpu_float_products = rank.weights->floatProducts();
@@ -265,6 +267,13 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size, int64_t
     return absl::OkStatus();
   });
 }
+
+float* TpGroup::states(int rank) {
+  Rank& r = *ranks_[rank];
+  return r.kv != nullptr && r.kv->stateSlots() > 0 ? r.kv->state(0) : nullptr;
+}
+
+int64_t TpGroup::stateFloats(int rank) const { return ranks_[rank]->state_floats; }
 
 absl::StatusOr<std::vector<BackendMemory>> TpGroup::backendMemory(int64_t block_size) const {
   if (!backend_memory_) return absl::FailedPreconditionError("no backend memory estimator");
@@ -416,6 +425,8 @@ KvStorage& TpGroup::kv(int rank) {
 }
 
 Span TpGroup::kvHeads(int rank) const { return ranks_[rank]->kv_heads; }
+
+Span TpGroup::linearKeyHeads(int rank) const { return ranks_[rank]->linear_key_heads; }
 
 int64_t TpGroup::kvBlockBytes(int rank) const {
   const model::KvCacheShape shape = model::kvCacheShape(config_);

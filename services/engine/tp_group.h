@@ -140,6 +140,10 @@ class TpGroup {
   int tp() const { return static_cast<int>(ranks_.size()); }
   int64_t numBlocks() const { return num_blocks_; }
   int64_t stateSlots() const { return state_slots_; }
+  // Rank `rank`'s linear-attention state slots (stateSlots() of stateFloats(rank) floats each,
+  // KvStorage::state): what a KV transport registers beside the pool. Null without them.
+  float* states(int rank);
+  int64_t stateFloats(int rank) const;
   int64_t blockSize() const { return block_size_; }
   cpu::KvType kvType() const { return kv_type_; }
   // Weight bytes rank `rank` streams per step (as its backend stores them, once made), and
@@ -161,6 +165,8 @@ class TpGroup {
   // KV heads.
   KvStorage& kv(int rank);
   Span kvHeads(int rank) const;
+  // Rank `rank`'s linear-attention key heads (ShardDims::linear_key_heads; empty without).
+  Span linearKeyHeads(int rank) const;
   // The stored format of the linear layers (that of the first layer's Q projection).
   model::TensorType weightType() const { return weight_type_; }
 

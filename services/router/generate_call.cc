@@ -586,6 +586,8 @@ grpc::Status GenerationService::place(const Sequence& sequence, std::vector<std:
     destination->mutable_block_ids()->Add(reserved.block_ids().begin(),
                                           reserved.block_ids().begin() + prompt_blocks);
     destination->set_skip_blocks(reserved.cached_blocks());
+    // A linear-attention model's state goes to the slot the reservation holds.
+    if (reserved.has_state_slot()) destination->set_state_slot(reserved.state_slot());
     // A prefill worker that cannot be reached or whose KV transfer fails is skipped; the
     // next one writes the same blocks again, once the failed one is known to have stopped
     // writing (else the blocks are fenced and the sequence placed again, in other blocks).

@@ -36,6 +36,27 @@ std::vector<transfer::Write> kvWrites(engine::KvStorage& local, engine::Span loc
   return writes;
 }
 
+std::vector<transfer::Write> stateWrites(const float* local_state, engine::Span local_heads,
+                                         const RemoteStateLayout& remote, int64_t remote_slot,
+                                         int64_t layers, int64_t group_bytes) {
+  std::vector<transfer::Write> writes;
+  const int64_t first = std::max(local_heads.begin, remote.key_head_begin);
+  const int64_t last =
+      std::min(local_heads.begin + local_heads.size, remote.key_head_begin + remote.key_heads);
+  if (first >= last) return writes;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(local_state);
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    const int64_t local_at = (layer * local_heads.size + first - local_heads.begin) * group_bytes;
+    const int64_t remote_at =
+        ((remote_slot * layers + layer) * remote.key_heads + first - remote.key_head_begin) *
+        group_bytes;
+    writes.push_back({.local = bytes + local_at,
+                      .remote_offset = static_cast<uint64_t>(remote_at),
+                      .bytes = static_cast<uint64_t>((last - first) * group_bytes)});
+  }
+  return writes;
+}
+
 bool sendsToRank(bool replicated, int local_rank, int local_ranks, int remote_index) {
   return !replicated || remote_index % local_ranks == local_rank;
 }

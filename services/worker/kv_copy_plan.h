@@ -30,6 +30,21 @@ std::vector<transfer::Write> kvWrites(engine::KvStorage& local, engine::Span loc
                                       std::span<const int32_t> local_blocks,
                                       std::span<const uint32_t> remote_blocks);
 
+// A remote rank's linear-attention state slots (RankEndpoint, KvLayout).
+struct RemoteStateLayout {
+  int64_t key_head_begin = 0;
+  int64_t key_heads = 0;
+  int64_t slots = 0;
+};
+
+// The writes of one sequence's linear-attention state from `local_state` (its slot on a
+// rank holding key heads `local_heads`: [layer][head][group]) into slot `remote_slot` of
+// `remote`, `group_bytes` per key head and layer: for each of `layers` layers, one write of
+// the key heads both ranks hold. Empty when they share none.
+std::vector<transfer::Write> stateWrites(const float* local_state, engine::Span local_heads,
+                                         const RemoteStateLayout& remote, int64_t remote_slot,
+                                         int64_t layers, int64_t group_bytes);
+
 // Whether local rank `local_rank` of `local_ranks` sends destination rank `remote_index`
 // its rows. Every pair that shares heads does, except for a replicated cache (MLA's
 // latent, the same on every rank), which each destination rank gets once, from the local

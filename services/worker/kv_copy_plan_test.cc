@@ -142,3 +142,58 @@ TEST(KvCopyPlanTest, ALatentCacheReachesEveryRankOnce) {
 
 }  // namespace
 }  // namespace cleave::worker
+
+namespace cleave::worker {
+namespace {
+
+// A sequence's linear-attention state ([layer][key head][group]) held by a prefill group of
+// `from` ranks arrives whole in slot 2 of a decode group of `to` ranks (3 key heads, split
+// unevenly), each value at its (layer, head, element), and no other slot changes.
+TEST(StateCopyPlanTest, EveryTpPairingMovesTheSlotWhole) {
+  const int64_t layers = 2, heads = 3, group = 5, slots = 3, slot = 2;
+  auto value = [](int64_t layer, int64_t head, int64_t i) {
+    return static_cast<float>(1000 * layer + 100 * head + i);
+  };
+  for (int from = 1; from <= 3; ++from) {
+    for (int to = 1; to <= 3; ++to) {
+      SCOPED_TRACE(testing::Message() << "TP " << from << " -> TP " << to);
+      std::vector<std::vector<float>> dst(to);
+      std::vector<engine::Span> dst_heads;
+      for (int s = 0; s < to; ++s) {
+        dst_heads.push_back(*engine::splitEvenly(heads, 1, to, s, "key heads"));
+        dst[s].assign(slots * layers * dst_heads[s].size * group, -1.0f);
+      }
+      for (int r = 0; r < from; ++r) {
+        const engine::Span mine = *engine::splitEvenly(heads, 1, from, r, "key heads");
+        std::vector<float> src;
+        for (int64_t l = 0; l < layers; ++l)
+          for (int64_t h = mine.begin; h < mine.begin + mine.size; ++h)
+            for (int64_t i = 0; i < group; ++i) src.push_back(value(l, h, i));
+        for (int s = 0; s < to; ++s) {
+          const RemoteStateLayout remote{
+              .key_head_begin = dst_heads[s].begin, .key_heads = dst_heads[s].size, .slots = slots};
+          for (const transfer::Write& w :
+               stateWrites(src.data(), mine, remote, slot, layers, group * 4)) {
+            ASSERT_LE(w.remote_offset + w.bytes, dst[s].size() * 4);
+            std::memcpy(reinterpret_cast<uint8_t*>(dst[s].data()) + w.remote_offset, w.local,
+                        w.bytes);
+          }
+        }
+      }
+      for (int s = 0; s < to; ++s) {
+        const engine::Span& held = dst_heads[s];
+        for (int64_t at = 0; at < static_cast<int64_t>(dst[s].size()); ++at) {
+          const int64_t per_slot = layers * held.size * group;
+          const int64_t in_slot = at % per_slot;
+          const int64_t l = in_slot / (held.size * group);
+          const int64_t h = held.begin + in_slot / group % held.size;
+          const float want = at / per_slot == slot ? value(l, h, in_slot % group) : -1.0f;
+          ASSERT_EQ(dst[s][at], want) << "rank " << s << " float " << at;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace cleave::worker

@@ -14,6 +14,7 @@
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "services/engine/gated_delta_net.h"
 #include "services/worker/kv_copy_plan.h"
 #include "services/worker/request_conversion.h"
 
@@ -21,6 +22,25 @@ namespace cleave::worker {
 namespace {
 
 absl::Status invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// Writes `writes` (`what`: "KV", "state") into `region` of rank `rank` of decode worker `to`
+// and counts their bytes; Aborted once `stop` is true, Unavailable naming the peer when the
+// transfer fails.
+absl::Status writeToRank(transfer::KvTransport& transport, const transfer::RemoteRegion& region,
+                         std::span<const transfer::Write> writes, const char* what,
+                         const std::string& to, uint32_t rank, uint64_t& bytes,
+                         const std::function<bool()>& stop, std::chrono::milliseconds timeout) {
+  if (writes.empty()) return absl::OkStatus();
+  if (stop()) return absl::AbortedError("the KV transfer was stopped");
+  absl::Status sent = transfer::writeAndWait(transport, region, writes, timeout, stop);
+  if (sent.code() == absl::StatusCode::kAborted) return sent;
+  if (!sent.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat(what, " transfer to ", to, " rank ", rank, ": ", sent.message()));
+  }
+  for (const transfer::Write& w : writes) bytes += w.bytes;
+  return absl::OkStatus();
+}
 
 // `n` rows of `slots`, waiting until the call's deadline (at most `limit`) or until it is
 // cancelled; `context` may be null.
@@ -211,6 +231,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
   bool repeated;
   std::vector<int32_t> staging;  // A repeated Reserve's rows, or the ones taken below.
   int64_t cached = 0;            // Leading blocks from the prefix cache.
+  int32_t state_slot = -1;       // Its linear-attention state slot, for such a model.
   {
     absl::MutexLock lock(&mu_);
     auto it = requests_.find(r.request_id());
@@ -246,6 +267,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
     int64_t taken = 0;
     auto reserved = s.reserve(id, r.num_blocks(), prompt, &taken, scope.adapter, scope.salt);
     if (!repeated) cached = taken;
+    state_slot = s.reservedState(id);
     return reserved;
   });
   if (!blocks.ok()) {
@@ -295,6 +317,7 @@ absl::StatusOr<v1::ReserveResponse> WorkerCore::reserve(const v1::ReserveRequest
   for (int32_t b : receive_staging_ ? staging : *blocks)
     response.add_block_ids(static_cast<uint32_t>(b));
   response.set_cached_blocks(static_cast<uint32_t>(cached));
+  if (state_slot >= 0) response.set_state_slot(static_cast<uint32_t>(state_slot));
   if (!repeated) metrics_.onReserveCached(cached);
   return response;
 }
@@ -354,8 +377,10 @@ absl::Status WorkerCore::sendPrompt(uint64_t id, const v1::KvDestination& destin
   }
   // The CPU model's cache is what the transport reads.
   if (!send_staging_) {
-    return sendKv(destination, std::span<const int32_t>(blocks).subspan(skip),
-                  std::span<const uint32_t>(remote).subspan(skip), bytes, stopped, timeout());
+    CLEAVE_RETURN_IF_ERROR(sendKv(destination, std::span<const int32_t>(blocks).subspan(skip),
+                                  std::span<const uint32_t>(remote).subspan(skip), bytes, stopped,
+                                  timeout()));
+    return sendState(id, destination, bytes, stopped, timeout());
   }
   // A backend with its own cache (a GPU) copies the prompt out through the send rows, as
   // many blocks at a time as they hold.
@@ -373,6 +398,52 @@ absl::Status WorkerCore::sendPrompt(uint64_t id, const v1::KvDestination& destin
     CLEAVE_RETURN_IF_ERROR(sendKv(destination, rows,
                                   std::span<const uint32_t>(remote).subspan(at, n), bytes, stopped,
                                   timeout()));
+  }
+  return sendState(id, destination, bytes, stopped, timeout());
+}
+
+absl::Status WorkerCore::sendState(uint64_t id, const v1::KvDestination& destination,
+                                   uint64_t& bytes, const std::function<bool()>& stop,
+                                   std::chrono::milliseconds timeout) {
+  const model::ModelConfig& c = model_.config();
+  if (!c.linear_attention) return absl::OkStatus();
+  if (!destination.has_state_slot()) {
+    return absl::InvalidArgumentError(
+        "destination.state_slot is required: the model's linear-attention layers keep a state "
+        "per sequence (ReserveResponse.state_slot)");
+  }
+  const int32_t slot = loop_->call([&](engine::Scheduler& s) { return s.reservedState(id); });
+  if (slot < 0) return absl::InternalError("the prefilled prompt holds no state slot");
+  const int64_t layers = c.linearLayers();
+  const int64_t group_bytes = engine::gatedDeltaNetGroupFloats(*c.linear_attention) * 4;
+  for (int r = 0; r < model_.tp(); ++r) {
+    const float* local = model_.states(r) + slot * model_.stateFloats(r);
+    for (const v1::RankEndpoint& rank : destination.ranks()) {
+      const int64_t heads = int64_t{rank.linear_key_head_end()} - rank.linear_key_head_begin();
+      const int64_t slot_bytes = layers * heads * group_bytes;
+      // A peer's numbers, checked before any byte moves.
+      if (heads <= 0 || rank.linear_key_head_end() > c.linear_attention->key_heads ||
+          rank.state_bytes() < static_cast<uint64_t>(slot_bytes) * (destination.state_slot() + 1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("destination rank ", rank.rank(), " has linear-attention key heads [",
+                         rank.linear_key_head_begin(), ", ", rank.linear_key_head_end(), ") of ",
+                         c.linear_attention->key_heads, " and ", rank.state_bytes(),
+                         " bytes of state slots: no slot ", destination.state_slot()));
+      }
+      const RemoteStateLayout remote{
+          .key_head_begin = rank.linear_key_head_begin(),
+          .key_heads = heads,
+          .slots = static_cast<int64_t>(rank.state_bytes() / static_cast<uint64_t>(slot_bytes))};
+      CLEAVE_RETURN_IF_ERROR(writeToRank(*options_.transport,
+                                         {.peer_address = rank.worker_address(),
+                                          .base = rank.state_base(),
+                                          .key = rank.state_rkey(),
+                                          .bytes = rank.state_bytes()},
+                                         stateWrites(local, model_.linearKeyHeads(r), remote,
+                                                     destination.state_slot(), layers, group_bytes),
+                                         "state", destination.decode_worker_id(), rank.rank(),
+                                         bytes, stop, timeout));
+    }
   }
   return absl::OkStatus();
 }
@@ -419,23 +490,14 @@ absl::Status WorkerCore::sendKv(const v1::KvDestination& destination,
                                                          "'s pool of ", target.num_blocks));
         }
       }
-      std::vector<transfer::Write> writes =
-          kvWrites(model_.kv(r), model_.kvHeads(r), target, local, remote);
-      if (writes.empty()) continue;
-      if (stop_if()) return absl::AbortedError("the KV transfer was stopped");
-      transfer::RemoteRegion region{.peer_address = rank.worker_address(),
-                                    .base = rank.kv_pool_base(),
-                                    .key = rank.kv_pool_rkey(),
-                                    .bytes = rank.kv_pool_bytes()};
-      absl::Status sent =
-          transfer::writeAndWait(*options_.transport, region, writes, timeout, stop_if);
-      if (sent.code() == absl::StatusCode::kAborted) return sent;
-      if (!sent.ok()) {
-        return absl::UnavailableError(absl::StrCat("KV transfer to ",
-                                                   destination.decode_worker_id(), " rank ",
-                                                   rank.rank(), ": ", sent.message()));
-      }
-      for (const transfer::Write& w : writes) bytes += w.bytes;
+      CLEAVE_RETURN_IF_ERROR(
+          writeToRank(*options_.transport,
+                      {.peer_address = rank.worker_address(),
+                       .base = rank.kv_pool_base(),
+                       .key = rank.kv_pool_rkey(),
+                       .bytes = rank.kv_pool_bytes()},
+                      kvWrites(model_.kv(r), model_.kvHeads(r), target, local, remote), "KV",
+                      destination.decode_worker_id(), rank.rank(), bytes, stop_if, timeout));
     }
   }
   return absl::OkStatus();
@@ -484,11 +546,10 @@ absl::StatusOr<v1::PrefillResponse> WorkerCore::prefill(const v1::PrefillRequest
         absl::StrCat("destination KV layout [", r.destination().layout().ShortDebugString(),
                      "] differs from this worker's [", options_.layout.ShortDebugString(), "]"));
   }
-  if (!local && model_.config().linear_attention) {
-    return absl::UnimplementedError(absl::StrCat(
-        model::architectureName(model_.config().architecture),
-        "'s linear-attention state does not move between workers yet: the worker that decodes a "
-        "prompt prefills it (--role both)"));
+  if (!local && model_.config().linear_attention && !r.destination().has_state_slot()) {
+    return absl::InvalidArgumentError(
+        "destination.state_slot is required: the model's linear-attention layers keep a state "
+        "per sequence (ReserveResponse.state_slot)");
   }
   if (!local && options_.transport == nullptr) {
     return absl::FailedPreconditionError(

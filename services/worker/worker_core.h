@@ -186,6 +186,11 @@ class WorkerCore {
   absl::Status sendKv(const v1::KvDestination& destination, std::span<const int32_t> local,
                       std::span<const uint32_t> remote, uint64_t& bytes,
                       const std::function<bool()>& stop, std::chrono::milliseconds timeout);
+  // A model with linear-attention layers: writes the state the prompt of `id` left in its
+  // reservation's slot into the destination's state_slot (InvalidArgument without one, or
+  // for a destination whose ranks name no state slots), as sendKv writes blocks.
+  absl::Status sendState(uint64_t id, const v1::KvDestination& destination, uint64_t& bytes,
+                         const std::function<bool()>& stop, std::chrono::milliseconds timeout);
   // The engine id of `request_id`, if known.
   std::optional<uint64_t> idOf(const std::string& request_id);
   // Gives `request`'s receive staging rows back (none left after).

@@ -25,6 +25,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
+#include "services/engine/gated_delta_net.h"
 #include "services/engine/memory_plan.h"
 #include "services/roofline/cpu_hardware.h"
 #include "services/transfer/kv_transport.h"
@@ -62,6 +63,12 @@ v1::KvLayout kvLayout(const model::ModelConfig& c, cpu::KvType type, int64_t blo
   layout.set_head_dim(shape.head_dim);
   layout.set_bytes_per_block(uint64_t(shape.parts) * c.kvLayers() * shape.heads * block_size *
                              shape.head_dim * cpu::kvElementBytes(type));
+  if (c.linear_attention) {
+    layout.set_linear_layers(c.linearLayers());
+    layout.set_linear_key_heads(c.linear_attention->key_heads);
+    layout.set_linear_state_group_bytes(
+        static_cast<uint64_t>(engine::gatedDeltaNetGroupFloats(*c.linear_attention)) * 4);
+  }
   return layout;
 }
 
@@ -69,7 +76,8 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
                                  const std::string& worker_id, const std::string& address,
                                  int metrics_port, const std::string& sha256,
                                  int64_t target_concurrency, transfer::KvTransport* transport,
-                                 const std::vector<std::string>& keys) {
+                                 const std::vector<std::string>& keys,
+                                 const std::vector<std::string>& state_keys) {
   const model::ModelConfig& c = group.config();
   v1::RegisterRequest r;
   r.set_worker_id(worker_id);
@@ -104,6 +112,11 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
     endpoint->set_kv_head_begin(static_cast<uint32_t>(group.kvHeads(rank).begin));
     endpoint->set_kv_head_end(
         static_cast<uint32_t>(group.kvHeads(rank).begin + group.kvHeads(rank).size));
+    if (c.linear_attention) {
+      const engine::Span heads = group.linearKeyHeads(rank);
+      endpoint->set_linear_key_head_begin(static_cast<uint32_t>(heads.begin));
+      endpoint->set_linear_key_head_end(static_cast<uint32_t>(heads.begin + heads.size));
+    }
     if (transport == nullptr) {
       endpoint->set_transport("local");  // No KV transport: the worker serves only itself.
       continue;
@@ -116,6 +129,12 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
     endpoint->set_kv_pool_base(reinterpret_cast<uint64_t>(kv.data()));
     endpoint->set_kv_pool_bytes(static_cast<uint64_t>(kv.bytes()));
     endpoint->set_block_bytes(static_cast<uint64_t>(group.kvBlockBytes(rank)));
+    if (rank < static_cast<int>(state_keys.size())) {
+      endpoint->set_state_rkey(state_keys[rank]);
+      endpoint->set_state_base(reinterpret_cast<uint64_t>(group.states(rank)));
+      endpoint->set_state_bytes(
+          static_cast<uint64_t>(group.stateSlots() * group.stateFloats(rank) * 4));
+    }
   }
   r.set_metrics_port(static_cast<uint32_t>(metrics_port));
   r.set_version(version());
@@ -176,12 +195,6 @@ int run(int argc, char** argv) {
   progress.finish();
   if (!group.ok()) die(group.status());
   const model::ModelConfig& config = (*group)->config();
-  if (config.linear_attention && role != Role::kBoth) {
-    die(absl::UnimplementedError(
-        absl::StrCat(options.model, ": ", model::architectureName(config.architecture),
-                     "'s linear-attention state does not move between workers yet; serve it "
-                     "with --role both")));
-  }
   int64_t adapter_bytes = 0;  // Rank 0's.
   const std::vector<engine::LoraModuleSpec> adapters =
       *engine::parseLoraModules(options.lora_modules);  // validate() checked them
@@ -263,7 +276,7 @@ int run(int argc, char** argv) {
 
   // The KV transport: decode ranks register their pools for prefill workers to write into.
   std::unique_ptr<transfer::KvTransport> transport;
-  std::vector<std::string> keys;
+  std::vector<std::string> keys, state_keys;  // And the linear-attention state slots'.
   if (auto ucx = transfer::makeUcxTransport(); ucx.ok()) {
     transport = std::move(*ucx);
     for (int rank = 0; rank < (*group)->tp() && role != Role::kPrefill; ++rank) {
@@ -271,6 +284,13 @@ int run(int argc, char** argv) {
       auto key = transport->registerMemory(kv.data(), static_cast<uint64_t>(kv.bytes()));
       if (!key.ok()) die(key.status());
       keys.push_back(*key);
+      if (float* states = (*group)->states(rank)) {
+        auto state_key = transport->registerMemory(
+            states,
+            static_cast<uint64_t>((*group)->stateSlots() * (*group)->stateFloats(rank) * 4));
+        if (!state_key.ok()) die(state_key.status());
+        state_keys.push_back(*state_key);
+      }
     }
   } else if (role != Role::kBoth) {
     die(ucx.status());
@@ -378,7 +398,7 @@ int run(int argc, char** argv) {
     registered = std::make_unique<RouterRegistration>(
         options.router, *to_router,
         registration(options, role, **group, worker_id, address, (*metrics)->port(), *sha256,
-                     options.target_concurrency, transport.get(), keys),
+                     options.target_concurrency, transport.get(), keys, state_keys),
         [&core](const std::string& router_id) { return core.load(router_id); });
   }
   int signal = serveUntilShutdownSignal();

@@ -127,13 +127,17 @@ class GoldenModelUpTest(unittest.TestCase):
             with self.subTest(case):
                 self.serve_and_compare(case, 16)
 
-    def test_a_linear_attention_model_served_by_combined_workers_decodes_transformers_tokens(self):
-        """Qwen3.5 (Gated DeltaNet layers, whose per-sequence state stays with the worker that
-        computed it): a combined worker prefills and decodes each prompt itself, alone and as
-        a tensor-parallel pair."""
-        for tp in (1, 2):
-            with self.subTest(tp=tp):
-                self.serve_and_compare("qwen3_5_f32", 16, ("--both=1", f"--decode-tp={tp}"))
+    def test_linear_attention_models_served_disaggregated_decode_transformers_tokens(self):
+        """Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet layers, whose per-sequence state moves with
+        the prompt's KV into the decode worker's state slot): a combined worker prefilling for
+        itself; a prefill and a decode worker of one rank each; and a prefill rank writing to a
+        decode pair (each decode rank gets its key heads' state)."""
+        layouts = {"both": ("--both=1",), "split": ("--prefill=1", "--decode=1"),
+                   "tp1 to tp2": ("--prefill=1", "--decode=1", "--decode-tp=2")}
+        for case in ("qwen3_5_f32", "qwen3_5_moe_f32"):
+            for name, workers in layouts.items():
+                with self.subTest(case=case, layout=name):
+                    self.serve_and_compare(case, 16, workers)
 
 
 if __name__ == "__main__":
