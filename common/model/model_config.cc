@@ -82,6 +82,9 @@ constexpr ArchName kArchitectures[] = {
     // renormalized) beside one shared expert whose output a learned sigmoid gate scales.
     {"qwen3_5_moe_text", "-", Architecture::kQwen35},
     {"qwen3_5_moe", "-", Architecture::kQwen35},
+    // Qwen3-Next: Qwen3.5-MoE's graph with each key head's projections side by side
+    // (LinearAttentionConfig::grouped_projections) and Qwen3-MoE's choice of MoE layers.
+    {"qwen3_next", "-", Architecture::kQwen35},
 };
 
 absl::StatusOr<std::string> readFile(const std::string& path) {

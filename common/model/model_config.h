@@ -144,6 +144,10 @@ struct LinearAttentionConfig {
   uint32_t key_head_dim = 0;
   uint32_t value_head_dim = 0;
   uint32_t conv_kernel = 4;
+  // Qwen3-Next's projections: in_proj_qkvz holds each key head's query, key, values and z
+  // together (and in_proj_ba its value heads' b, then a) rather than Qwen3.5's one matrix per
+  // kind.
+  bool grouped_projections = false;
   // layers[l]: layer l is a linear-attention layer (config.json layer_types
   // "linear_attention"); the others attend over the KV cache.
   std::vector<bool> layers;

@@ -60,6 +60,20 @@ absl::Status parseRopeScaling(const JsonFields& rope, RopeScaling& out) {
   return absl::OkStatus();
 }
 
+// Qwen3-MoE's (and Qwen3-Next's) dense layers: every decoder_sparse_step-th layer is MoE but
+// those mlp_only_layers lists.
+absl::Status parseMoeLayers(const JsonFields& f, MoeConfig& moe) {
+  CLEAVE_ASSIGN_OR_RETURN(moe.sparse_step, f.uintOr("decoder_sparse_step", 1));
+  if (const nlohmann::json* dense = f.get("mlp_only_layers")) {
+    if (!dense->is_array()) return f.error("mlp_only_layers", "must be an array of layer indices");
+    for (const auto& layer : *dense) {
+      if (!layer.is_number_unsigned()) return f.error("mlp_only_layers", "must hold layer indices");
+      moe.dense_layers.push_back(layer.get<uint32_t>());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
   MoeConfig moe;
   switch (config.architecture) {
@@ -77,16 +91,7 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, f.uint("num_experts_per_tok"));
       CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.uint("moe_intermediate_size"));
       CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, f.boolOr("norm_topk_prob", false));
-      CLEAVE_ASSIGN_OR_RETURN(moe.sparse_step, f.uintOr("decoder_sparse_step", 1));
-      if (const nlohmann::json* dense = f.get("mlp_only_layers")) {
-        if (!dense->is_array())
-          return f.error("mlp_only_layers", "must be an array of layer indices");
-        for (const auto& layer : *dense) {
-          if (!layer.is_number_unsigned())
-            return f.error("mlp_only_layers", "must hold layer indices");
-          moe.dense_layers.push_back(layer.get<uint32_t>());
-        }
-      }
+      CLEAVE_RETURN_IF_ERROR(parseMoeLayers(f, moe));
       break;
     }
     case Architecture::kMiniMaxM2: {
@@ -177,11 +182,15 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       break;
     }
     case Architecture::kQwen35: {
-      if (config.model_type != "qwen3_5_moe_text") return absl::OkStatus();  // Dense.
+      // Qwen3-Next: Qwen3-MoE's choice of MoE layers (none without experts).
+      const bool next = config.model_type == "qwen3_next";
+      if (config.model_type != "qwen3_5_moe_text" && !next) return absl::OkStatus();  // Dense.
       CLEAVE_ASSIGN_OR_RETURN(moe.num_experts, f.uint("num_experts"));
+      if (next && moe.num_experts == 0) return absl::OkStatus();
       CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, f.uint("num_experts_per_tok"));
       CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.uint("moe_intermediate_size"));
-      moe.norm_topk_prob = true;
+      CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, f.boolOr("norm_topk_prob", true));
+      if (next) CLEAVE_RETURN_IF_ERROR(parseMoeLayers(f, moe));
       moe.shared_experts = 1;
       CLEAVE_ASSIGN_OR_RETURN(moe.shared_expert_intermediate_size,
                               f.uint("shared_expert_intermediate_size"));
@@ -532,6 +541,7 @@ absl::Status parseQwen35(const JsonFields& f, ModelConfig& c) {
   CLEAVE_ASSIGN_OR_RETURN(la.key_head_dim, f.uintOr("linear_key_head_dim", 128));
   CLEAVE_ASSIGN_OR_RETURN(la.value_head_dim, f.uintOr("linear_value_head_dim", 128));
   CLEAVE_ASSIGN_OR_RETURN(la.conv_kernel, f.uintOr("linear_conv_kernel_dim", 4));
+  la.grouped_projections = c.model_type == "qwen3_next";
   la.layers.assign(c.num_layers, false);
   if (f.has("layer_types")) {
     CLEAVE_ASSIGN_OR_RETURN(la.layers, layersOfType(f, c.num_layers, "linear_attention"));
@@ -603,10 +613,11 @@ absl::StatusOr<ModelConfig> parseConfigJson(absl::string_view text, const std::s
   }
   c.architecture = arch->arch;
   CLEAVE_ASSIGN_OR_RETURN(c.hidden_size, f.uint("hidden_size"));
-  // Qwen3.5-MoE has no dense MLP.
-  CLEAVE_ASSIGN_OR_RETURN(c.intermediate_size, c.model_type == "qwen3_5_moe_text"
-                                                   ? f.uintOr("intermediate_size", 0)
-                                                   : f.uint("intermediate_size"));
+  // Qwen3.5-MoE has no dense MLP (Qwen3-Next only on its mlp_only_layers).
+  CLEAVE_ASSIGN_OR_RETURN(c.intermediate_size,
+                          c.model_type == "qwen3_5_moe_text" || c.model_type == "qwen3_next"
+                              ? f.uintOr("intermediate_size", 0)
+                              : f.uint("intermediate_size"));
   CLEAVE_ASSIGN_OR_RETURN(c.num_layers, f.uint("num_hidden_layers"));
   CLEAVE_ASSIGN_OR_RETURN(c.num_heads, f.uint("num_attention_heads"));
   CLEAVE_ASSIGN_OR_RETURN(c.num_kv_heads, f.uintOr("num_key_value_heads", c.num_heads));

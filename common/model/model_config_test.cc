@@ -617,6 +617,22 @@ TEST(ModelConfigTest, Qwen35) {
   EXPECT_EQ(moe->moe->shared_expert_intermediate_size, 512u);
   for (uint32_t l = 0; l < 40; ++l) EXPECT_TRUE(moe->isMoeLayer(l)) << l;
   EXPECT_EQ(moe->kvLayers(), 10u);
+  EXPECT_FALSE(moe->linear_attention->grouped_projections);
+  // Qwen3-Next (80B-A3B's shape): grouped projections, Qwen3-MoE's dense layers.
+  auto next = parseConfigJson(
+      R"({"model_type": "qwen3_next", "hidden_size": 2048, "intermediate_size": 5120,
+          "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+          "vocab_size": 151936, "num_experts": 512, "num_experts_per_tok": 10,
+          "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+          "decoder_sparse_step": 1, "mlp_only_layers": [0], "norm_topk_prob": true,
+          "full_attention_interval": 4, "partial_rotary_factor": 0.25, "head_dim": 256})",
+      "config.json");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE(next->linear_attention->grouped_projections);
+  EXPECT_EQ(next->linear_attention->value_heads, 32u);
+  EXPECT_FALSE(next->isMoeLayer(0));
+  EXPECT_TRUE(next->isMoeLayer(1) && next->moe->shared_expert_gate);
+  EXPECT_EQ(next->kvLayers(), 12u);
 }
 
 // Granite 3's multipliers (granite-3.3-8b's), and one that is not positive refused naming it.

@@ -79,6 +79,15 @@ void printConfig(const model::ModelConfig& c) {
     std::printf("  query temperature: 1 + %g ln(1 + floor(position / %u))\n", c.query_scale_beta,
                 c.query_scale_period);
   }
+  if (const auto& la = c.linear_attention) {
+    std::printf(
+        "  linear attention (Gated DeltaNet) on %u of %u layers: %u key heads of %u, %u value "
+        "heads of %u, convolution of %u taps%s; the others attend%s\n",
+        c.linearLayers(), c.num_layers, la->key_heads, la->key_head_dim, la->value_heads,
+        la->value_head_dim, la->conv_kernel,
+        la->grouped_projections ? ", projections grouped by key head" : "",
+        c.attention_output_gate ? " with an output gate" : "");
+  }
   if (c.sliding_window > 0) {
     const int64_t sliding = std::count(c.sliding_layers.begin(), c.sliding_layers.end(), true);
     std::printf("  sliding window %u on %lld of %u layers", c.sliding_window,

@@ -75,6 +75,31 @@ void GatedDeltaNet::ensureScratch(int64_t rows) {
   a_.resize(rows * value_heads_);
 }
 
+void GatedDeltaNet::ungroup(int64_t rows) {
+  const int64_t dk = c_.key_head_dim;
+  const int64_t r = value_heads_ / key_heads_;
+  const int64_t values = r * c_.value_head_dim;  // One key head's value (and z) columns.
+  const int64_t group = 2 * dk + 2 * values;
+  auto copy = [](const float* from, int64_t n, float* to) {
+    std::memcpy(to, from, n * sizeof(float));
+  };
+  pool_.parallelFor(rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* mixed = mixed_.data() + t * channels_;
+      for (int64_t g = 0; g < key_heads_; ++g) {
+        const float* from = grouped_.data() + t * (channels_ + vd_) + g * group;
+        copy(from, dk, mixed + g * dk);
+        copy(from + dk, dk, mixed + kd_ + g * dk);
+        copy(from + 2 * dk, values, mixed + 2 * kd_ + g * values);
+        copy(from + 2 * dk + values, values, z_.data() + t * vd_ + g * values);
+        const float* ba = ba_.data() + t * 2 * value_heads_ + g * 2 * r;
+        copy(ba, r, b_.data() + t * value_heads_ + g * r);
+        copy(ba + r, r, a_.data() + t * value_heads_ + g * r);
+      }
+    }
+  });
+}
+
 void GatedDeltaNet::convolve(const GatedDeltaNetWeights& w, float* rows, int64_t tokens,
                              float* state) {
   const int64_t taps = c_.conv_kernel;
@@ -133,14 +158,24 @@ void GatedDeltaNet::forward(const GatedDeltaNetWeights& w, const float* x,
   int64_t rows = 0;
   for (const LinearStateRun& run : runs) rows += run.tokens;
   ensureScratch(rows);
-  checkedMatmulsOfOneInput(x, hidden_, rows,
-                           {{&w.q, mixed_.data(), channels_},
-                            {&w.k, mixed_.data() + kd_, channels_},
-                            {&w.v, mixed_.data() + 2 * kd_, channels_},
-                            {&w.z, z_.data(), vd_},
-                            {&w.b, b_.data(), value_heads_},
-                            {&w.a, a_.data(), value_heads_}},
-                           pool_);
+  if (w.qkvz.rows() > 0) {
+    grouped_.resize(rows * (channels_ + vd_));
+    ba_.resize(rows * 2 * value_heads_);
+    checkedMatmulsOfOneInput(
+        x, hidden_, rows,
+        {{&w.qkvz, grouped_.data(), channels_ + vd_}, {&w.ba, ba_.data(), 2 * value_heads_}},
+        pool_);
+    ungroup(rows);
+  } else {
+    checkedMatmulsOfOneInput(x, hidden_, rows,
+                             {{&w.q, mixed_.data(), channels_},
+                              {&w.k, mixed_.data() + kd_, channels_},
+                              {&w.v, mixed_.data() + 2 * kd_, channels_},
+                              {&w.z, z_.data(), vd_},
+                              {&w.b, b_.data(), value_heads_},
+                              {&w.a, a_.data(), value_heads_}},
+                             pool_);
+  }
   const int64_t head_floats = int64_t{c_.key_head_dim} * c_.value_head_dim;
   const int64_t ratio = value_heads_ / key_heads_;
   const int64_t conv_floats = (c_.conv_kernel - 1) * group_channels_;  // Of a group.

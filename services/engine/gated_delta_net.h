@@ -33,10 +33,14 @@ namespace cleave::engine {
 // One layer's weights, this rank's share (kd: its key heads · key_head_dim; vd: its value
 // heads · value_head_dim).
 struct GatedDeltaNetWeights {
-  cpu::CpuMatrix q, k;         // [kd, hidden] each: in_proj_qkv's query and key rows
-  cpu::CpuMatrix v;            // [vd, hidden]: its value rows
-  cpu::CpuMatrix z;            // [vd, hidden]: the output gate
-  cpu::CpuMatrix b, a;         // [value heads, hidden]: write strength and decay inputs
+  cpu::CpuMatrix q, k;  // [kd, hidden] each: in_proj_qkv's query and key rows
+  cpu::CpuMatrix v;     // [vd, hidden]: its value rows
+  cpu::CpuMatrix z;     // [vd, hidden]: the output gate
+  cpu::CpuMatrix b, a;  // [value heads, hidden]: write strength and decay inputs
+  // Qwen3-Next (grouped_projections) instead of q, k, v, z, b and a: each of the rank's key
+  // heads' q, k, its r value heads' v, then z rows ([key heads · (2·key_head_dim +
+  // 2r·value_head_dim), hidden]), and their b then a rows ([key heads · 2r, hidden]).
+  cpu::CpuMatrix qkvz, ba;
   std::vector<float> conv;     // [channels][conv_kernel], channels = kd, kd, vd in order
   std::vector<float> a_log;    // [value heads]
   std::vector<float> dt_bias;  // [value heads]
@@ -90,8 +94,10 @@ class GatedDeltaNet {
   const int64_t group_channels_, group_floats_;  // Of one key head's group.
   cpu::ThreadPool& pool_;
   // Scratch: mixed_ [rows, channels] (q, k, v), z_ and o_ [rows, vd], b_ and a_ [rows,
-  // value heads].
-  std::vector<float> mixed_, z_, o_, b_, a_;
+  // value heads]; grouped_ and ba_ the grouped projections' products.
+  std::vector<float> mixed_, z_, o_, b_, a_, grouped_, ba_;
+  // The grouped products' rows spread into mixed_, z_, b_ and a_.
+  void ungroup(int64_t rows);
 };
 
 }  // namespace cleave::engine

@@ -420,6 +420,8 @@ class SafetensorsSource final : public TensorSource {
         {"gate_up", "mlp.gate_up_proj.weight"},
         {"down", "mlp.down_proj.weight"},
         {"linear_qkv", "linear_attn.in_proj_qkv.weight"},
+        {"linear_qkvz", "linear_attn.in_proj_qkvz.weight"},
+        {"linear_ba", "linear_attn.in_proj_ba.weight"},
         {"linear_z", "linear_attn.in_proj_z.weight"},
         {"linear_b", "linear_attn.in_proj_b.weight"},
         {"linear_a", "linear_attn.in_proj_a.weight"},
@@ -624,16 +626,29 @@ absl::StatusOr<GatedDeltaNetWeights> loadGatedDeltaNet(const TensorSource& f,
   const Span v_cols{.begin = d.linear_value_heads.begin * dv, .size = v_part.size};
   const auto rows = TensorSource::rows;
   GatedDeltaNetWeights w;
-  const std::string qkv = name("linear_qkv");
-  CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored, f.findMatrix(qkv, channels, hidden));
-  CLEAVE_ASSIGN_OR_RETURN(w.q, f.matrixOf(stored, qkv, channels, hidden, rows(q_part)));
-  CLEAVE_ASSIGN_OR_RETURN(w.k, f.matrixOf(stored, qkv, channels, hidden, rows(k_part)));
-  CLEAVE_ASSIGN_OR_RETURN(w.v, f.matrixOf(stored, qkv, channels, hidden, rows(v_part)));
-  CLEAVE_ASSIGN_OR_RETURN(w.z, f.matrix(name("linear_z"), value_dim, hidden, rows(v_cols)));
-  CLEAVE_ASSIGN_OR_RETURN(
-      w.b, f.matrix(name("linear_b"), la.value_heads, hidden, rows(d.linear_value_heads)));
-  CLEAVE_ASSIGN_OR_RETURN(
-      w.a, f.matrix(name("linear_a"), la.value_heads, hidden, rows(d.linear_value_heads)));
+  if (la.grouped_projections) {
+    // Each key head's rows together: the rank's key heads are one run of each matrix.
+    const int64_t ratio = la.value_heads / la.key_heads;
+    const int64_t group = 2 * dk + 2 * ratio * dv;
+    const Span& heads = d.linear_key_heads;
+    CLEAVE_ASSIGN_OR_RETURN(
+        w.qkvz, f.matrix(name("linear_qkvz"), la.key_heads * group, hidden,
+                         rows({.begin = heads.begin * group, .size = heads.size * group})));
+    CLEAVE_ASSIGN_OR_RETURN(
+        w.ba, f.matrix(name("linear_ba"), 2 * la.value_heads, hidden,
+                       rows({.begin = heads.begin * 2 * ratio, .size = heads.size * 2 * ratio})));
+  } else {
+    const std::string qkv = name("linear_qkv");
+    CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored, f.findMatrix(qkv, channels, hidden));
+    CLEAVE_ASSIGN_OR_RETURN(w.q, f.matrixOf(stored, qkv, channels, hidden, rows(q_part)));
+    CLEAVE_ASSIGN_OR_RETURN(w.k, f.matrixOf(stored, qkv, channels, hidden, rows(k_part)));
+    CLEAVE_ASSIGN_OR_RETURN(w.v, f.matrixOf(stored, qkv, channels, hidden, rows(v_part)));
+    CLEAVE_ASSIGN_OR_RETURN(w.z, f.matrix(name("linear_z"), value_dim, hidden, rows(v_cols)));
+    CLEAVE_ASSIGN_OR_RETURN(
+        w.b, f.matrix(name("linear_b"), la.value_heads, hidden, rows(d.linear_value_heads)));
+    CLEAVE_ASSIGN_OR_RETURN(
+        w.a, f.matrix(name("linear_a"), la.value_heads, hidden, rows(d.linear_value_heads)));
+  }
   CLEAVE_ASSIGN_OR_RETURN(
       w.out, f.matrix(name("linear_out"), hidden, value_dim, TensorSource::cols(v_cols)));
   // conv1d.weight [channels, 1, taps]: the rank's channels, each row of taps contiguous.
@@ -845,8 +860,8 @@ void LlamaLayer::forEachMatrix(
     const std::function<void(MatrixKind, const cpu::CpuMatrix&)>& fn) const {
   for (const cpu::CpuMatrix* m : {&wq, &wk, &wv, &wo}) fn(MatrixKind::kAttention, *m);
   if (linear) {
-    for (const cpu::CpuMatrix* m :
-         {&linear->q, &linear->k, &linear->v, &linear->z, &linear->b, &linear->a, &linear->out})
+    for (const cpu::CpuMatrix* m : {&linear->q, &linear->k, &linear->v, &linear->z, &linear->b,
+                                    &linear->a, &linear->qkvz, &linear->ba, &linear->out})
       fn(MatrixKind::kAttention, *m);
   }
   if (mla) {

@@ -194,7 +194,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
   group->config_ = first.config;
   const LlamaLayer& layer0 = first.layers[0];
   group->weight_type_ = layer0.mla      ? layer0.mla->q_b.type()
-                        : layer0.linear ? layer0.linear->q.type()
+                        : layer0.linear ? layer0.linear->out.type()
                                         : layer0.wq.type();
   CLEAVE_RETURN_IF_ERROR(group->onEveryRank([&](Rank& rank) -> absl::Status {
     rank.pool = std::make_unique<cpu::ThreadPool>(threads_per_rank);

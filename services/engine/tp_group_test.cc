@@ -201,7 +201,13 @@ TEST_P(TpEquivalenceTest, MatchesASingleRank) {
               want.argmax.size());
   const bool quantized = (path.ends_with(".gguf") && !path.ends_with("_f32.gguf")) ||
                          absl::StrContains(path, "nvfp4") || absl::StrContains(path, "mxfp4");
-  EXPECT_LE(worst, quantized ? 0.15 : 1e-5);
+  // The tiny MoE models with linear attention are ill-conditioned: weights perturbed by
+  // float32's rounding move their logits by 2.4e-5 (Qwen3-Next) and 3.2e-5 (Qwen3.5-MoE) where
+  // Qwen3-MoE's move 6.9e-7 (tests/golden/float32_sensitivity.py), so the order of a sum moves
+  // them as much.
+  const bool ill_conditioned =
+      absl::StrContains(path, "qwen3_next") || absl::StrContains(path, "qwen3_5_moe");
+  EXPECT_LE(worst, quantized ? 0.15 : ill_conditioned ? 5e-5 : 1e-5);
   if (!quantized) EXPECT_EQ(got.argmax, want.argmax);
 }
 
@@ -249,7 +255,9 @@ INSTANTIATE_TEST_SUITE_P(
         tpCase(kHf + "qwen3_5_f32", 2, kShm), tpCase(kHf + "qwen3_5_f32", 2, kGloo),
         // Qwen3.5-MoE's gated shared expert: each rank scales its partial sum.
         tpCase(kHf + "qwen3_5_moe_f32", 2, kShm),
-        tpCase(kHf + "qwen3_5_moe_f32", 2, kShm, MoeSplit::kColumns)));
+        tpCase(kHf + "qwen3_5_moe_f32", 2, kShm, MoeSplit::kColumns),
+        // Qwen3-Next's grouped projections: each rank its key heads' run of rows.
+        tpCase(kHf + "qwen3_next_f32", 2, kShm)));
 
 // A bf16 or e4m3 KV cache gives the f32 cache's logits up to the rounding of the keys and
 // values (8 and 4 significant bits), teacher-forced on the f32 run's tokens; on two ranks

@@ -128,13 +128,13 @@ class GoldenModelUpTest(unittest.TestCase):
                 self.serve_and_compare(case, 16)
 
     def test_linear_attention_models_served_disaggregated_decode_transformers_tokens(self):
-        """Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet layers, whose per-sequence state moves with
+        """Qwen3.5, Qwen3.5-MoE and Qwen3-Next (Gated DeltaNet layers, whose per-sequence state moves with
         the prompt's KV into the decode worker's state slot): a combined worker prefilling for
         itself; a prefill and a decode worker of one rank each; and a prefill rank writing to a
         decode pair (each decode rank gets its key heads' state)."""
         layouts = {"both": ("--both=1",), "split": ("--prefill=1", "--decode=1"),
                    "tp1 to tp2": ("--prefill=1", "--decode=1", "--decode-tp=2")}
-        for case in ("qwen3_5_f32", "qwen3_5_moe_f32"):
+        for case in ("qwen3_5_f32", "qwen3_5_moe_f32", "qwen3_next_f32"):
             for name, workers in layouts.items():
                 with self.subTest(case=case, layout=name):
                     self.serve_and_compare(case, 16, workers)

@@ -52,7 +52,8 @@ from safetensors import safe_open
 from transformers import (AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config, Exaone4Config, Gemma2Config, Gemma3TextConfig, Glm4Config, Glm4MoeConfig,
                           GptOssConfig, GraniteConfig, LlamaConfig, MiniMaxM2Config, Ministral3Config, MistralConfig, MixtralConfig,
                           Olmo2Config, Olmo3Config, Phi3Config,
-                          Qwen2Config, Qwen3Config, Qwen3_5MoeTextConfig, Qwen3_5TextConfig, SeedOssConfig,
+                          Qwen2Config, Qwen3Config, Qwen3NextConfig, Qwen3_5MoeTextConfig, Qwen3_5TextConfig,
+                          SeedOssConfig,
                           SmolLM3Config,
                           Qwen3MoeConfig)
 
@@ -404,6 +405,18 @@ CASES["qwen3_5_moe_f32"] = (Qwen3_5MoeTextConfig, dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
     tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 128, torch.float32)
 
+# Qwen3-Next: Qwen3.5-MoE's layers with each key head's q, k, v, z (and b, a) side by side in one projection,
+# two value heads per key head; MoE on every layer but the second (mlp_only_layers), a dense MLP there.
+CASES["qwen3_next_f32"] = (Qwen3NextConfig, dict(
+    hidden_size=32, intermediate_size=24, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, vocab_size=259, max_position_embeddings=256, rms_norm_eps=1e-6,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2,
+    linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+    shared_expert_intermediate_size=24, mlp_only_layers=[1], norm_topk_prob=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 129, torch.float32)
+
 
 # ---------------------------------------------------------------- helpers
 def f32_bytes(t: torch.Tensor) -> bytes:
@@ -475,9 +488,11 @@ def exact_gated_delta_rule(query, key, value, g, beta, initial_state=None, outpu
 # Cases whose logits come from the model run in float64: a small random MoE with linear attention
 # turns float32 rounding into ~4e-5 of its logits (transformers' own float32 run is that far from
 # its float64 one), too close to the tolerance to tell rounding from a fault.
-REFERENCE_DTYPE = {"qwen3_5_f32": torch.float64, "qwen3_5_moe_f32": torch.float64}
+REFERENCE_DTYPE = {"qwen3_5_f32": torch.float64, "qwen3_5_moe_f32": torch.float64,
+                   "qwen3_next_f32": torch.float64}
 
-for _module in (transformers.models.qwen3_5.modeling_qwen3_5, transformers.models.qwen3_5_moe.modeling_qwen3_5_moe):
+for _module in (transformers.models.qwen3_5.modeling_qwen3_5, transformers.models.qwen3_5_moe.modeling_qwen3_5_moe,
+                transformers.models.qwen3_next.modeling_qwen3_next):
     _module.torch_chunk_gated_delta_rule = exact_gated_delta_rule
     _module.torch_recurrent_gated_delta_rule = exact_gated_delta_rule
 
