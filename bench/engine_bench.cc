@@ -175,7 +175,9 @@ int main(int argc, char** argv) {
       std::max<int64_t>(64 * ((context + 8 * (reps + 1) + 1) / block_size + 1),
                         longest / block_size + 1) +
       40;
-  if (failed(model.allocateKv(num_blocks, block_size))) return 1;
+  // A model with linear-attention layers keeps each sequence's state in a slot of its own.
+  const int64_t slots = std::max<int64_t>(*std::max_element(batches.begin(), batches.end()), 1);
+  if (failed(model.allocateKv(num_blocks, block_size, /*host_blocks=*/0, slots))) return 1;
   engine::KvBlockPool cache({.block_size = block_size, .num_blocks = num_blocks});
   std::mt19937 rng(1);
   auto randomTokens = [&](int n) {
@@ -191,7 +193,7 @@ int main(int argc, char** argv) {
     auto blocks = *cache.allocate(cache.blocksFor(length));
     std::vector<double> times;
     for (int r = 0; r < reps + 1; ++r) {
-      engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks};
+      engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks, .state = 0};
       auto start = Clock::now();
       if (failed(model.forward({&chunk, 1}).status())) return 1;
       if (r > 0)
@@ -216,7 +218,7 @@ int main(int argc, char** argv) {
       tables.push_back(*cache.allocate(cache.blocksFor(context + steps * (reps + 1) + 1)));
     }
     for (int s = 0; s < batch; ++s)
-      prefill.push_back({.tokens = prompts[s], .start = 0, .blocks = tables[s]});
+      prefill.push_back({.tokens = prompts[s], .start = 0, .blocks = tables[s], .state = s});
     if (failed(model.forward(prefill).status())) return 1;
     std::vector<uint32_t> next(batch, 1234 % c.vocab_size);
     std::vector<double> times;
@@ -226,7 +228,8 @@ int main(int argc, char** argv) {
       for (int step = 0; step < steps; ++step, ++position) {
         std::vector<engine::SequenceChunk> decode;
         for (int s = 0; s < batch; ++s)
-          decode.push_back({.tokens = {&next[s], 1}, .start = position, .blocks = tables[s]});
+          decode.push_back(
+              {.tokens = {&next[s], 1}, .start = position, .blocks = tables[s], .state = s});
         if (failed(model.forward(decode).status())) return 1;
       }
       if (r > 0)
