@@ -76,7 +76,7 @@ constexpr ArchName kArchitectures[] = {
     // linear attention on three layers of four, gated attention with per-head Q/K norms on a
     // quarter of each head's values rotated on the others, every norm weight stored as an
     // offset from 1. No GGUF layout is read for it.
-    {"qwen3_5_text", "-", Architecture::kQwen35},
+    {"qwen3_5_text", "qwen35", Architecture::kQwen35},
     {"qwen3_5", "-", Architecture::kQwen35},
     // Qwen3.5-MoE: Qwen3.5 with a mixture of experts on every layer (softmax top-k,
     // renormalized) beside one shared expert whose output a learned sigmoid gate scales.

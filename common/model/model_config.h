@@ -148,6 +148,10 @@ struct LinearAttentionConfig {
   // together (and in_proj_ba its value heads' b, then a) rather than Qwen3.5's one matrix per
   // kind.
   bool grouped_projections = false;
+  // llama.cpp's Qwen3.5 files order the value heads tiled ([value head 0 of every key head,
+  // then value head 1 of every key head, ...]) rather than grouped by key head: value head h
+  // reads key head h % key_heads, not h / (value_heads / key_heads).
+  bool tiled_value_heads = false;
   // layers[l]: layer l is a linear-attention layer (config.json layer_types
   // "linear_attention"); the others attend over the KV cache.
   std::vector<bool> layers;

@@ -48,7 +48,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
         absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
                      "\" is not supported (supported: llama, qwen2, qwen3, "
                      "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe, gemma3, smollm3, granite, "
-                     "minimax-m2, olmo2, glm4, gemma2)"));
+                     "minimax-m2, olmo2, glm4, gemma2, qwen35)"));
   }
   c.architecture = arch->arch;
   const std::string p = c.model_type + ".";
@@ -283,12 +283,39 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
       }
     }
   }
+  if (c.architecture == Architecture::kQwen35) {
+    // llama.cpp's qwen35 files: the Gated DeltaNet layers' sizes as ssm.* keys (key heads as
+    // groups, value heads as the time-step rank, all value dims as the inner size), every
+    // full_attention_interval-th layer attending with its gate and per-head Q/K norms; the
+    // value heads in tiled order (LinearAttentionConfig::tiled_value_heads).
+    LinearAttentionConfig la;
+    CLEAVE_ASSIGN_OR_RETURN(la.conv_kernel, u32("ssm.conv_kernel"));
+    CLEAVE_ASSIGN_OR_RETURN(la.key_head_dim, u32("ssm.state_size"));
+    CLEAVE_ASSIGN_OR_RETURN(la.key_heads, u32("ssm.group_count"));
+    CLEAVE_ASSIGN_OR_RETURN(la.value_heads, u32("ssm.time_step_rank"));
+    CLEAVE_ASSIGN_OR_RETURN(uint32_t inner, u32("ssm.inner_size"));
+    CLEAVE_ASSIGN_OR_RETURN(uint32_t interval, u32Or("full_attention_interval", 4));
+    if (la.value_heads == 0 || inner % la.value_heads != 0 || interval == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": ", p, "ssm.inner_size (", inner, ") must be a multiple of ",
+                       p, "ssm.time_step_rank (", la.value_heads, "), and ", p,
+                       "full_attention_interval positive"));
+    }
+    la.value_head_dim = inner / la.value_heads;
+    la.tiled_value_heads = true;
+    la.layers.assign(c.num_layers, false);
+    for (uint32_t l = 0; l < c.num_layers; ++l) la.layers[l] = (l + 1) % interval != 0;
+    c.linear_attention = std::move(la);
+    c.qk_norm = true;
+    c.attention_output_gate = true;
+  }
   if (c.architecture != Architecture::kDeepseekV3) {
     // Rotary embedding on the leading part of each head (GLM-4.5, Phi-4-mini), NEOX-paired.
     CLEAVE_ASSIGN_OR_RETURN(uint32_t rotated, u32Or("rope.dimension_count", c.head_dim));
     if (rotated != c.head_dim) {
       if (c.architecture != Architecture::kGlm4Moe && c.architecture != Architecture::kGlm4 &&
-          c.architecture != Architecture::kPhi3 && c.architecture != Architecture::kMiniMaxM2) {
+          c.architecture != Architecture::kPhi3 && c.architecture != Architecture::kMiniMaxM2 &&
+          c.architecture != Architecture::kQwen35) {
         return absl::UnimplementedError(absl::StrCat(
             file.path(), ": ", p, "rope.dimension_count ", rotated, " of head size ", c.head_dim,
             " (rotary embedding on part of each head) is supported for glm4, glm4moe, minimax-m2 "

@@ -55,16 +55,26 @@ GatedDeltaNet::GatedDeltaNet(const model::ModelConfig& config, const ShardDims& 
 
 int64_t GatedDeltaNet::convOffset(int64_t ch) const {
   const int64_t dk = c_.key_head_dim;
-  const int64_t group_values = vd_ / key_heads_;
   int64_t group = 0, at = 0;
   if (ch < kd_) {  // A query channel.
     group = ch / dk, at = ch % dk;
   } else if (ch < 2 * kd_) {  // A key channel.
     group = (ch - kd_) / dk, at = dk + (ch - kd_) % dk;
-  } else {  // A value channel.
-    group = (ch - 2 * kd_) / group_values, at = 2 * dk + (ch - 2 * kd_) % group_values;
+  } else {  // A value channel: its head's place in its key head's group.
+    const int64_t dv = c_.value_head_dim;
+    const int64_t h = (ch - 2 * kd_) / dv;
+    group = keyHeadOf(h);
+    at = 2 * dk + indexInGroup(h) * dv + (ch - 2 * kd_) % dv;
   }
   return group * group_floats_ + at;
+}
+
+int64_t GatedDeltaNet::keyHeadOf(int64_t h) const {
+  return c_.tiled_value_heads ? h % key_heads_ : h / (value_heads_ / key_heads_);
+}
+
+int64_t GatedDeltaNet::indexInGroup(int64_t h) const {
+  return c_.tiled_value_heads ? h / key_heads_ : h % (value_heads_ / key_heads_);
 }
 
 void GatedDeltaNet::ensureScratch(int64_t rows) {
@@ -126,8 +136,8 @@ void GatedDeltaNet::convolve(const GatedDeltaNetWeights& w, float* rows, int64_t
 void GatedDeltaNet::recur(const GatedDeltaNetWeights& w, int64_t row, int64_t tokens, int64_t h,
                           float* s) {
   const int64_t dk = c_.key_head_dim, dv = c_.value_head_dim;
-  const int64_t kh = h / (value_heads_ / key_heads_);
-  const float a_rate = -std::exp(w.a_log[h]);
+  const int64_t kh = keyHeadOf(h);
+  const float a_rate = w.a_rate[h];
   std::vector<float> kv(dv);
   for (int64_t t = row; t < row + tokens; ++t) {
     const float* q = mixed_.data() + t * channels_ + kh * dk;
@@ -202,16 +212,16 @@ void GatedDeltaNet::forward(const GatedDeltaNetWeights& w, const float* x,
     starts.emplace_back(row, &run);
     row += run.tokens;
   }
-  pool_.parallelFor(
-      static_cast<int64_t>(starts.size()) * value_heads_, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t job = begin; job < end; ++job) {
-          const auto& [first, run] = starts[job / value_heads_];
-          const int64_t h = job % value_heads_;
-          float* s =
-              run->state + (h / ratio) * group_floats_ + conv_floats + (h % ratio) * head_floats;
-          recur(w, first, run->tokens, h, s);
-        }
-      });
+  pool_.parallelFor(static_cast<int64_t>(starts.size()) * value_heads_, 1,
+                    [&](int64_t begin, int64_t end) {
+                      for (int64_t job = begin; job < end; ++job) {
+                        const auto& [first, run] = starts[job / value_heads_];
+                        const int64_t h = job % value_heads_;
+                        float* s = run->state + keyHeadOf(h) * group_floats_ + conv_floats +
+                                   indexInGroup(h) * head_floats;
+                        recur(w, first, run->tokens, h, s);
+                      }
+                    });
   // Each head's output RMS-normed with the shared weights, times SiLU(z).
   const int64_t dv = c_.value_head_dim;
   pool_.parallelFor(rows, 1, [&](int64_t begin, int64_t end) {

@@ -42,7 +42,7 @@ struct GatedDeltaNetWeights {
   // 2r·value_head_dim), hidden]), and their b then a rows ([key heads · 2r, hidden]).
   cpu::CpuMatrix qkvz, ba;
   std::vector<float> conv;     // [channels][conv_kernel], channels = kd, kd, vd in order
-  std::vector<float> a_log;    // [value heads]
+  std::vector<float> a_rate;   // [value heads]: −exp(A_log), each head's decay rate
   std::vector<float> dt_bias;  // [value heads]
   std::vector<float> norm;     // [value_head_dim]: the gated RMSNorm's weights
   cpu::CpuMatrix out;          // [hidden, vd]
@@ -83,6 +83,10 @@ class GatedDeltaNet {
   // Where channel `ch` of mixed_ keeps its inputs in a layer state: its group's conv rows,
   // at this offset from the group's start (one row of group_channels_ per input).
   int64_t convOffset(int64_t ch) const;
+  // Value head h's key head, and its place among that key head's value heads
+  // (LinearAttentionConfig::tiled_value_heads says how they are ordered).
+  int64_t keyHeadOf(int64_t h) const;
+  int64_t indexInGroup(int64_t h) const;
   // The delta rule over one run's rows for value head `h`: o_ rows of that head.
   void recur(const GatedDeltaNetWeights& w, int64_t row, int64_t tokens, int64_t h, float* s);
 

@@ -564,6 +564,18 @@ TEST(LinearAttentionTest, BatchedChunksKeepEachSequencesState) {
   EXPECT_THAT(model.forward(bad, cache).status().message(), HasSubstr("share state slot 1"));
 }
 
+// llama.cpp's Qwen3.5 files tile the value heads over the key heads: no rank could hold a run
+// of them, so more than one rank is refused, naming what runs instead.
+TEST(LinearAttentionTest, AGgufFileWithTiledValueHeadsRunsOnOneRank) {
+  const std::string path = std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/qwen3_5_f32.gguf";
+  auto split = loadLlama(path, {.rank = 1, .size = 2});
+  EXPECT_EQ(split.status().code(), absl::StatusCode::kUnimplemented) << split.status();
+  EXPECT_THAT(split.status().message(), HasSubstr("run it with --tp 1"));
+  auto whole = loadLlama(path);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_TRUE(whole->get()->config.linear_attention->tiled_value_heads);
+}
+
 TEST(Fp8CheckpointTest, InconsistentCheckpointsAreRefused) {
   const std::filesystem::path source = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/llama_fp8";
   const std::filesystem::path dir =
@@ -720,8 +732,8 @@ INSTANTIATE_TEST_SUITE_P(
                       "phi3_longrope_f32.gguf", "phi3_longrope_short_f32", "gemma3_f32",
                       "gemma3_pattern6_f32", "gemma3_pattern6_f32.gguf", "olmo2_f32", "olmo3_f32",
                       "granite_f32", "granite_f32.gguf", "olmo2_f32.gguf", "gemma2_f32",
-                      "exaone4_f32", "glm4_f32", "glm4_f32.gguf", "gemma2_f32.gguf",
-                      "qwen3_5_f32"));
+                      "exaone4_f32", "glm4_f32", "glm4_f32.gguf", "gemma2_f32.gguf", "qwen3_5_f32",
+                      "qwen3_5_f32.gguf"));
 
 INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                          ::testing::Values("mixtral_f32", "qwen3_moe_f32", "qwen3_moe_nonorm_f32",

@@ -39,6 +39,9 @@ class TensorSource {
   // kept as stored, for another backend to copy.
   void setCpuKernels(bool cpu_kernels) { cpu_kernels_ = cpu_kernels; }
   bool cpuKernels() const { return cpu_kernels_; }
+  // Whether tensors are laid out as llama.cpp's converter writes them (GGUF) rather than as
+  // the checkpoint has them.
+  virtual bool ggufLayout() const { return false; }
   // What the stored RMSNorm weights lack: Gemma's checkpoints store w for a scale of 1 + w
   // (llama.cpp's files store 1 + w).
   void setNormOffset(float offset) { norm_offset_ = offset; }
@@ -193,9 +196,12 @@ class TensorSource {
 class GgufSource final : public TensorSource {
  public:
   GgufSource(const model::GgufFile& file, Architecture arch) : file_(file), arch_(arch) {}
+  bool ggufLayout() const override { return true; }
   std::string layerTensor(uint32_t layer, const std::string& role) const override {
-    // gpt-oss and GLM-4.5 name their second norm for where it sits.
-    if ((arch_ == Architecture::kGptOss || arch_ == Architecture::kGlm4Moe) && role == "ffn_norm")
+    // gpt-oss, GLM-4.5 and Qwen3.5 name their second norm for where it sits.
+    if ((arch_ == Architecture::kGptOss || arch_ == Architecture::kGlm4Moe ||
+         arch_ == Architecture::kQwen35) &&
+        role == "ffn_norm")
       return absl::StrCat("blk.", layer, ".post_attention_norm.weight");
     // Gemma 3's norms after attention and after the MLP.
     if (role == "post_attn_norm") return absl::StrCat("blk.", layer, ".post_attention_norm.weight");
@@ -226,7 +232,17 @@ class GgufSource final : public TensorSource {
         {"q_b", "attn_q_b.weight"},
         {"kv_a", "attn_kv_a_mqa.weight"},
         {"kv_a_norm", "attn_kv_a_norm.weight"},
-        {"kv_b", "attn_kv_b.weight"}};
+        {"kv_b", "attn_kv_b.weight"},
+        // Qwen3.5's Gated DeltaNet (A as −exp(A_log)).
+        {"linear_qkv", "attn_qkv.weight"},
+        {"linear_z", "attn_gate.weight"},
+        {"linear_b", "ssm_beta.weight"},
+        {"linear_a", "ssm_alpha.weight"},
+        {"linear_conv", "ssm_conv1d.weight"},
+        {"linear_a_log", "ssm_a"},
+        {"linear_dt_bias", "ssm_dt.bias"},
+        {"linear_norm", "ssm_norm.weight"},
+        {"linear_out", "ssm_out.weight"}};
     return absl::StrCat("blk.", layer, ".", kNames.at(role));
   }
   // llama.cpp's files split kv_b_proj per head (older ones keep it whole): attn_k_b
@@ -654,15 +670,21 @@ absl::StatusOr<GatedDeltaNetWeights> loadGatedDeltaNet(const TensorSource& f,
   // conv1d.weight [channels, 1, taps]: the rank's channels, each row of taps contiguous.
   const std::string conv = name("linear_conv");
   CLEAVE_ASSIGN_OR_RETURN(TensorSource::Stored taps,
-                          f.find(conv, {uint64_t(channels), 1, la.conv_kernel}));
+                          f.ggufLayout()
+                              ? f.find(conv, {uint64_t(channels), la.conv_kernel})  // Squeezed.
+                              : f.find(conv, {uint64_t(channels), 1, la.conv_kernel}));
   std::vector<float> all(channels * la.conv_kernel);
   CLEAVE_RETURN_IF_ERROR(model::dequantize(taps.type, taps.data, all.size(), all.data()));
   for (const Span& part : {q_part, k_part, v_part}) {
     w.conv.insert(w.conv.end(), all.begin() + part.begin * la.conv_kernel,
                   all.begin() + (part.begin + part.size) * la.conv_kernel);
   }
-  CLEAVE_ASSIGN_OR_RETURN(w.a_log,
+  // −exp(A_log): llama.cpp's files store it so (ssm_a), checkpoints A_log.
+  CLEAVE_ASSIGN_OR_RETURN(w.a_rate,
                           f.vector(name("linear_a_log"), la.value_heads, d.linear_value_heads));
+  if (!f.ggufLayout()) {
+    for (float& a : w.a_rate) a = -std::exp(a);
+  }
   CLEAVE_ASSIGN_OR_RETURN(w.dt_bias,
                           f.vector(name("linear_dt_bias"), la.value_heads, d.linear_value_heads));
   CLEAVE_ASSIGN_OR_RETURN(w.norm, f.vector(name("linear_norm"), la.value_head_dim));
@@ -886,7 +908,7 @@ int64_t LlamaLayer::bytes() const {
                   4;
   if (mla) total += static_cast<int64_t>(mla->q_a_norm.size() + mla->kv_a_norm.size()) * 4;
   if (linear) {
-    total += static_cast<int64_t>(linear->conv.size() + linear->a_log.size() +
+    total += static_cast<int64_t>(linear->conv.size() + linear->a_rate.size() +
                                   linear->dt_bias.size() + linear->norm.size()) *
              4;
   }

@@ -63,6 +63,14 @@ absl::StatusOr<ShardDims> planShard(const model::ModelConfig& c, TpShard shard) 
   if (c.linear_attention) {
     // Linear attention: a run of key heads with the value heads that read them.
     const model::LinearAttentionConfig& la = *c.linear_attention;
+    if (la.tiled_value_heads && shard.size > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          c.source,
+          ": its linear-attention value heads are tiled over the key heads (llama.cpp's "
+          "Qwen3.5 layout), so no rank holds a run of them; run it with --tp 1, or the Hugging "
+          "Face checkpoint with --tp ",
+          shard.size));
+    }
     CLEAVE_ASSIGN_OR_RETURN(d.linear_key_heads, splitEvenly(la.key_heads, 1, shard.size, shard.rank,
                                                             "linear-attention key heads"));
     const int64_t group = la.value_heads / la.key_heads;

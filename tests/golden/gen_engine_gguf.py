@@ -102,14 +102,14 @@ def float_file_keys(w, cfg):
     w.add_tokenizer_model("none")
 
 
-def float_writer(w, t, cfg):
+def float_writer(w, t, cfg, norm_offset=0.0):
     """A function adding a float32 tensor to `w`, after it has added the embeddings, the final
-    norm and (untied) the head from `t`."""
+    norm (plus `norm_offset`) and (untied) the head from `t`."""
     def tensor(name, array):
         w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
 
     tensor("token_embd.weight", t["model.embed_tokens.weight"])
-    tensor("output_norm.weight", t["model.norm.weight"])
+    tensor("output_norm.weight", t["model.norm.weight"] + norm_offset)
     if not cfg.get("tie_word_embeddings"):
         tensor("output.weight", t["lm_head.weight"])
     return tensor
@@ -271,6 +271,68 @@ def write_glm4(case):
         tensor(blk + "post_ffw_norm.weight", t[hf + "post_mlp_layernorm.weight"])
         tensor(blk + "ffn_up.weight", t[hf + "mlp.gate_up_proj.weight"])
         tensor(blk + "ffn_down.weight", t[hf + "mlp.down_proj.weight"])
+    return close_writer(w)
+
+
+def tiled_value_heads(x, axis, key_heads, per_key, size):
+    """Value heads from grouped by key head (HF: [k0: v0..v{r-1}, k1: ...]) to tiled ([v0 of every
+    key head, v1 of every key head, ...]) along `axis`, `size` elements each, as llama.cpp's
+    converter reorders Qwen3.5's (ggml broadcasts the key heads over them by tiling)."""
+    shape = list(x.shape)
+    x = x.reshape(shape[:axis] + [key_heads, per_key, size] + shape[axis + 1:])
+    return np.swapaxes(x, axis, axis + 1).reshape(shape)
+
+
+def write_qwen35(case):
+    """Qwen3.5 (dense) as convert_hf_to_gguf.py's Qwen3_5TextModel writes it (float32): the
+    linear layers' ssm.* keys, every norm but the gated one stored as 1 + w, A_log as
+    -exp(A_log), dt_bias as ssm_dt.bias, the convolution squeezed, in_proj_qkv as attn_qkv and
+    in_proj_z as attn_gate, in_proj_b / in_proj_a as ssm_beta / ssm_alpha, and every value-head
+    dimension (V rows, z rows, b, a, A_log, dt_bias, the convolution's V channels, out_proj's
+    columns) in tiled order; post_attention_layernorm as post_attention_norm."""
+    cfg, t, w = open_writer(case, "qwen35")
+    key_heads, value_heads = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv, r = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], value_heads // key_heads
+    w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(dk)
+    w.add_ssm_group_count(key_heads)
+    w.add_ssm_time_step_rank(value_heads)
+    w.add_ssm_inner_size(dv * value_heads)
+    w.add_full_attention_interval(4)
+    rotary = int(cfg["head_dim"] * cfg["rope_parameters"]["partial_rotary_factor"])
+    w.add_rope_dimension_count(rotary)
+    # Interleaved M-RoPE's sections: text alone (every axis at one position) rotates as plain RoPE
+    # whatever they are, but llama.cpp wants them within the rotary pairs (11, 11, 10 in a real file).
+    w.add_rope_dimension_sections([rotary // 4, rotary // 2 - rotary // 4, 0, 0])
+    float_file_keys(w, cfg)
+    tensor = float_writer(w, t, cfg, norm_offset=1.0)
+    tile = lambda x, axis, size: tiled_value_heads(x, axis, key_heads, r, size)  # noqa: E731
+    for layer in range(cfg["num_hidden_layers"]):
+        hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
+        tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"] + 1)
+        tensor(blk + "post_attention_norm.weight", t[hf + "post_attention_layernorm.weight"] + 1)
+        for p in ("gate", "up", "down"):
+            tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
+        if cfg["layer_types"][layer] == "full_attention":
+            for p in "qkv":
+                tensor(blk + f"attn_{p}.weight", t[hf + f"self_attn.{p}_proj.weight"])
+            tensor(blk + "attn_output.weight", t[hf + "self_attn.o_proj.weight"])
+            tensor(blk + "attn_q_norm.weight", t[hf + "self_attn.q_norm.weight"] + 1)
+            tensor(blk + "attn_k_norm.weight", t[hf + "self_attn.k_norm.weight"] + 1)
+            continue
+        la = hf + "linear_attn."
+        qkv = t[la + "in_proj_qkv.weight"]
+        qk = 2 * key_heads * dk
+        tensor(blk + "attn_qkv.weight", np.concatenate([qkv[:qk], tile(qkv[qk:], 0, dv)]))
+        tensor(blk + "attn_gate.weight", tile(t[la + "in_proj_z.weight"], 0, dv))
+        tensor(blk + "ssm_beta.weight", tile(t[la + "in_proj_b.weight"], 0, 1))
+        tensor(blk + "ssm_alpha.weight", tile(t[la + "in_proj_a.weight"], 0, 1))
+        tensor(blk + "ssm_a", tile(-np.exp(t[la + "A_log"]), 0, 1))
+        tensor(blk + "ssm_dt.bias", tile(t[la + "dt_bias"], 0, 1))
+        conv = t[la + "conv1d.weight"].squeeze(1)
+        tensor(blk + "ssm_conv1d.weight", np.concatenate([conv[:qk], tile(conv[qk:], 0, dv)]))
+        tensor(blk + "ssm_norm.weight", t[la + "norm.weight"])
+        tensor(blk + "ssm_out.weight", tile(t[la + "out_proj.weight"], 1, dv))
     return close_writer(w)
 
 
@@ -646,6 +708,8 @@ if __name__ == "__main__":
     # GLM-4 (dense): adjacent pairs on half of each head, sandwich norms, gate and up fused
     check_with_llamacpp("glm4_f32", write_glm4("glm4_f32"), 1e-4)
     check_with_llamacpp("deepseek_v3_wide_latent_f32", write_deepseek2("deepseek_v3_wide_latent_f32"), 1e-4)
+    # Qwen3.5: Gated DeltaNet layers with their value heads tiled, the norms as 1 + w
+    check_with_llamacpp("qwen3_5_f32", write_qwen35("qwen3_5_f32"), 1e-4)
     # Gemma 3: llama.cpp's CPU GELU reads a table of fp16 inputs (1.5e-3 when written; a layout
     # or scale error moves the logits by 1e-1 and more).
     check_with_llamacpp("gemma3_pattern6_f32", write_gemma3("gemma3_pattern6_f32"), 3e-3)

@@ -382,16 +382,17 @@ CASES["granite_f32"] = (GraniteConfig, dict(
     123, torch.float32)
 
 # Qwen3.5 (text): Gated DeltaNet linear attention on three layers of four, gated full attention (a sigmoid
-# gate per query value, Q/K norms, rotary embedding on a quarter of each head) on the third; norms stored as
-# offsets from 1. Key and value heads of different sizes (8, 12), two value heads per key head.
+# gate per query value, Q/K norms, rotary embedding on a quarter of each head) on the fourth, as the default
+# full_attention_interval places it (what a GGUF file states); norms stored as offsets from 1. Two value heads
+# per key head, all of 12 (llama.cpp's graph takes key and value heads of one size; Qwen3-Next's golden has
+# them apart).
 CASES["qwen3_5_f32"] = (Qwen3_5TextConfig, dict(
     hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
     head_dim=16, vocab_size=267, max_position_embeddings=256, rms_norm_eps=1e-6,
-    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
-    linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=12, linear_num_key_heads=2,
+    linear_conv_kernel_dim=4, linear_key_head_dim=12, linear_value_head_dim=12, linear_num_key_heads=2,
     linear_num_value_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                                                "partial_rotary_factor": 0.25},
-    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 127, torch.float32)
+    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 130, torch.float32)
 
 # Qwen3.5-MoE: the same layers with a mixture of experts on each (softmax top-2 of 8, renormalized) beside one
 # shared expert whose output a sigmoid gate of the token's input scales.
