@@ -80,7 +80,7 @@ constexpr ArchName kArchitectures[] = {
     {"qwen3_5", "-", Architecture::kQwen35},
     // Qwen3.5-MoE: Qwen3.5 with a mixture of experts on every layer (softmax top-k,
     // renormalized) beside one shared expert whose output a learned sigmoid gate scales.
-    {"qwen3_5_moe_text", "-", Architecture::kQwen35},
+    {"qwen3_5_moe_text", "qwen35moe", Architecture::kQwen35},
     {"qwen3_5_moe", "-", Architecture::kQwen35},
     // Qwen3-Next: Qwen3.5-MoE's graph with each key head's projections side by side
     // (LinearAttentionConfig::grouped_projections) and Qwen3-MoE's choice of MoE layers.

@@ -48,7 +48,7 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
         absl::StrCat(file.path(), ": general.architecture \"", c.model_type,
                      "\" is not supported (supported: llama, qwen2, qwen3, "
                      "qwen3moe, deepseek2, gpt-oss, phi3, glm4moe, gemma3, smollm3, granite, "
-                     "minimax-m2, olmo2, glm4, gemma2, qwen35)"));
+                     "minimax-m2, olmo2, glm4, gemma2, qwen35, qwen35moe)"));
   }
   c.architecture = arch->arch;
   const std::string p = c.model_type + ".";
@@ -142,8 +142,9 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
       CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, file.getBool(p + "expert_weights_norm"));
     } else {
       // As llama.cpp reads such files: Mixtral ("llama") and Qwen3-MoE renormalize their top k.
-      moe.norm_topk_prob =
-          c.architecture == Architecture::kLlama || c.architecture == Architecture::kQwen3Moe;
+      moe.norm_topk_prob = c.architecture == Architecture::kLlama ||
+                           c.architecture == Architecture::kQwen3Moe ||
+                           c.architecture == Architecture::kQwen35;
     }
     moe.score_correction_bias = file.findTensor("blk." + std::to_string(moe.first_k_dense) +
                                                 ".exp_probs_b.bias") != nullptr;
@@ -308,6 +309,12 @@ absl::StatusOr<ModelConfig> configFromGguf(const GgufFile& file) {
     c.linear_attention = std::move(la);
     c.qk_norm = true;
     c.attention_output_gate = true;
+    if (c.moe) {  // qwen35moe: one shared expert, scaled by its gate (ffn_gate_inp_shexp).
+      c.moe->shared_experts = 1;
+      CLEAVE_ASSIGN_OR_RETURN(c.moe->shared_expert_intermediate_size,
+                              u32("expert_shared_feed_forward_length"));
+      c.moe->shared_expert_gate = true;
+    }
   }
   if (c.architecture != Architecture::kDeepseekV3) {
     // Rotary embedding on the leading part of each head (GLM-4.5, Phi-4-mini), NEOX-paired.

@@ -744,7 +744,7 @@ INSTANTIATE_TEST_SUITE_P(Moe, HfLogitsTest,
                                            "qwen3_moe_f32.gguf", "gpt_oss_f32", "gpt_oss_f32.gguf",
                                            "glm4_moe_f32", "glm4_moe_f32.gguf", "minimax_m2_f32",
                                            "minimax_m2_f32.gguf", "qwen3_5_moe_f32",
-                                           "qwen3_next_f32"));
+                                           "qwen3_5_moe_f32.gguf", "qwen3_next_f32"));
 
 // FP8 and NVFP4 checkpoints in the ModelOpt and compressed-tensors conventions
 // (tests/golden/quantize_formats.py), run weight-only.

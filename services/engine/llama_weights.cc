@@ -178,6 +178,13 @@ class TensorSource {
     CLEAVE_ASSIGN_OR_RETURN(mlp.down, matrix(down, hidden, width, cols(part)));
     return mlp;
   }
+  // A gate of one row of `hidden` weights ([1, hidden]; Qwen3.5-MoE's shared-expert gate).
+  absl::StatusOr<std::vector<float>> gateRow(const std::string& name, uint64_t hidden) const {
+    CLEAVE_ASSIGN_OR_RETURN(Stored gate, find(name, {1, hidden}));
+    std::vector<float> out(hidden);
+    CLEAVE_RETURN_IF_ERROR(model::dequantize(gate.type, gate.data, hidden, out.data()));
+    return out;
+  }
   absl::StatusOr<std::vector<float>> vector(const std::string& name, uint64_t size,
                                             std::optional<Span> part = std::nullopt) const {
     CLEAVE_ASSIGN_OR_RETURN(Stored t, find(name, {size}));
@@ -327,6 +334,10 @@ class GgufSource final : public TensorSource {
                    blk + "ffn_down_shexp.weight",
                    uint64_t{c.moe->shared_experts} * c.moe->shared_expert_intermediate_size, hidden,
                    dims.shared_ffn));
+    }
+    if (c.moe->shared_expert_gate) {  // Qwen3.5-MoE's
+      CLEAVE_ASSIGN_OR_RETURN(block.shared_gate,
+                              gateRow(blk + "ffn_gate_inp_shexp.weight", hidden));
     }
     if (c.moe->router_bias) {
       CLEAVE_ASSIGN_OR_RETURN(block.router_bias, vector(blk + "ffn_gate_inp.bias", experts));
@@ -582,11 +593,8 @@ class SafetensorsSource final : public TensorSource {
               uint64_t{c.moe->shared_experts} * c.moe->shared_expert_intermediate_size,
               dims.shared_ffn));
       if (gated) {
-        const std::string name = base + "shared_expert_gate.weight";
-        CLEAVE_ASSIGN_OR_RETURN(Stored gate, find(name, {1, hidden}));
-        block.shared_gate.resize(hidden);
-        CLEAVE_RETURN_IF_ERROR(
-            model::dequantize(gate.type, gate.data, hidden, block.shared_gate.data()));
+        CLEAVE_ASSIGN_OR_RETURN(block.shared_gate,
+                                gateRow(base + "shared_expert_gate.weight", hidden));
       }
     }
     return block;

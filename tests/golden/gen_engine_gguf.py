@@ -83,7 +83,8 @@ def open_writer(case, arch, name=None, extra_blocks=0, kv=None):
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"] + extra_blocks)
-    w.add_feed_forward_length(cfg["intermediate_size"])
+    if "intermediate_size" in cfg:  # Qwen3.5-MoE has no dense MLP
+        w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     kv_heads, key_length, value_length = kv or (cfg["num_key_value_heads"], head_dim, head_dim)
     w.add_head_count_kv(kv_heads)
@@ -283,14 +284,20 @@ def tiled_value_heads(x, axis, key_heads, per_key, size):
     return np.swapaxes(x, axis, axis + 1).reshape(shape)
 
 
-def write_qwen35(case):
+def write_qwen35(case, arch="qwen35"):
     """Qwen3.5 (dense) as convert_hf_to_gguf.py's Qwen3_5TextModel writes it (float32): the
     linear layers' ssm.* keys, every norm but the gated one stored as 1 + w, A_log as
     -exp(A_log), dt_bias as ssm_dt.bias, the convolution squeezed, in_proj_qkv as attn_qkv and
     in_proj_z as attn_gate, in_proj_b / in_proj_a as ssm_beta / ssm_alpha, and every value-head
     dimension (V rows, z rows, b, a, A_log, dt_bias, the convolution's V channels, out_proj's
     columns) in tiled order; post_attention_layernorm as post_attention_norm."""
-    cfg, t, w = open_writer(case, "qwen35")
+    cfg, t, w = open_writer(case, arch)
+    experts = cfg.get("num_experts", 0)
+    if experts:  # Qwen3_5MoeTextModel: Qwen2MoeModel's expert keys, the shared expert's width
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     key_heads, value_heads = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
     dk, dv, r = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], value_heads // key_heads
     w.add_ssm_conv_kernel(cfg["linear_conv_kernel_dim"])
@@ -311,8 +318,16 @@ def write_qwen35(case):
         hf, blk = f"model.layers.{layer}.", f"blk.{layer}."
         tensor(blk + "attn_norm.weight", t[hf + "input_layernorm.weight"] + 1)
         tensor(blk + "post_attention_norm.weight", t[hf + "post_attention_layernorm.weight"] + 1)
-        for p in ("gate", "up", "down"):
-            tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
+        if experts:
+            tensor(blk + "ffn_gate_inp.weight", t[hf + "mlp.gate.weight"])
+            tensor(blk + "ffn_gate_inp_shexp.weight", t[hf + "mlp.shared_expert_gate.weight"])
+            for p in ("gate", "up", "down"):
+                stacked = np.stack([t[hf + f"mlp.experts.{e}.{p}_proj.weight"] for e in range(experts)])
+                tensor(blk + f"ffn_{p}_exps.weight", stacked)
+                tensor(blk + f"ffn_{p}_shexp.weight", t[hf + f"mlp.shared_expert.{p}_proj.weight"])
+        else:
+            for p in ("gate", "up", "down"):
+                tensor(blk + f"ffn_{p}.weight", t[hf + f"mlp.{p}_proj.weight"])
         if cfg["layer_types"][layer] == "full_attention":
             for p in "qkv":
                 tensor(blk + f"attn_{p}.weight", t[hf + f"self_attn.{p}_proj.weight"])
@@ -710,6 +725,7 @@ if __name__ == "__main__":
     check_with_llamacpp("deepseek_v3_wide_latent_f32", write_deepseek2("deepseek_v3_wide_latent_f32"), 1e-4)
     # Qwen3.5: Gated DeltaNet layers with their value heads tiled, the norms as 1 + w
     check_with_llamacpp("qwen3_5_f32", write_qwen35("qwen3_5_f32"), 1e-4)
+    check_with_llamacpp("qwen3_5_moe_f32", write_qwen35("qwen3_5_moe_f32", "qwen35moe"), 1e-4)
     # Gemma 3: llama.cpp's CPU GELU reads a table of fp16 inputs (1.5e-3 when written; a layout
     # or scale error moves the logits by 1e-1 and more).
     check_with_llamacpp("gemma3_pattern6_f32", write_gemma3("gemma3_pattern6_f32"), 3e-3)

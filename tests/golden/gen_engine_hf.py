@@ -394,12 +394,12 @@ CASES["qwen3_5_f32"] = (Qwen3_5TextConfig, dict(
                                                "partial_rotary_factor": 0.25},
     tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0), 130, torch.float32)
 
-# Qwen3.5-MoE: the same layers with a mixture of experts on each (softmax top-2 of 8, renormalized) beside one
-# shared expert whose output a sigmoid gate of the token's input scales.
+# Qwen3.5-MoE: the same layers (attention on the fourth, as a GGUF file states it) with a mixture of experts
+# on each (softmax top-2 of 8, renormalized) beside one shared expert whose output a sigmoid gate of the
+# token's input scales.
 CASES["qwen3_5_moe_f32"] = (Qwen3_5MoeTextConfig, dict(
     hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
     vocab_size=261, max_position_embeddings=256, rms_norm_eps=1e-6,
-    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
     linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
     linear_num_value_heads=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
     shared_expert_intermediate_size=24,
