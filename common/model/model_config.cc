@@ -176,6 +176,11 @@ absl::Status checkShape(const ModelConfig& c, const std::string& source) {
       return bad(
           absl::StrCat("layer_types names ", la->layers.size(), " layers of ", c.num_layers));
     }
+    if (c.kvLayers() == 0) {
+      return bad(
+          "layer_types (or full_attention_interval) leaves no full_attention layer; a "
+          "model of linear-attention layers alone is not supported");
+    }
   }
   const RopeScaling& s = c.rope_scaling;
   if (s.type == "longrope") {

@@ -189,8 +189,12 @@ absl::Status parseMoe(const JsonFields& f, ModelConfig& config) {
       if (next && moe.num_experts == 0) return absl::OkStatus();
       CLEAVE_ASSIGN_OR_RETURN(moe.experts_per_token, f.uint("num_experts_per_tok"));
       CLEAVE_ASSIGN_OR_RETURN(moe.expert_intermediate_size, f.uint("moe_intermediate_size"));
-      CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, f.boolOr("norm_topk_prob", true));
-      if (next) CLEAVE_RETURN_IF_ERROR(parseMoeLayers(f, moe));
+      // Qwen3.5-MoE's router always renormalizes (its config has no such field).
+      moe.norm_topk_prob = true;
+      if (next) {
+        CLEAVE_ASSIGN_OR_RETURN(moe.norm_topk_prob, f.boolOr("norm_topk_prob", true));
+        CLEAVE_RETURN_IF_ERROR(parseMoeLayers(f, moe));
+      }
       moe.shared_experts = 1;
       CLEAVE_ASSIGN_OR_RETURN(moe.shared_expert_intermediate_size,
                               f.uint("shared_expert_intermediate_size"));

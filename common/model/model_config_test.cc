@@ -595,6 +595,8 @@ TEST(ModelConfigTest, Qwen35) {
       "full_attention", "linear_attention"])");
   EXPECT_THAT(sliding.status().message(),
               HasSubstr("layer 0: \"sliding_attention\" is not linear_attention"));
+  auto all_linear = parse(R"(, "full_attention_interval": 9)");
+  EXPECT_THAT(all_linear.status().message(), HasSubstr("leaves no full_attention layer"));
   auto uneven = parse(R"(, "linear_num_value_heads": 24)");
   EXPECT_THAT(uneven.status().message(), HasSubstr("linear_num_key_heads (16) must divide"));
   auto flat = parseConfigJson(R"({"model_type": "qwen3_5", "hidden_size": 64})", "config.json");

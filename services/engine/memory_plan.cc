@@ -24,8 +24,18 @@ int64_t workspaceBytes(const model::ModelConfig& c, const MemoryPlanInput& in) {
   // MLA adds the absorbed queries and attended latents, a latent row per head each.
   const int64_t latent_heads =
       c.mla ? 2 * int64_t{c.num_heads} * (c.mla->kv_lora_rank + c.mla->qk_rope_head_dim) : 0;
+  // Linear attention's projections (queries, keys, values, their gate, the grouped copies)
+  // and output, and gated attention's queries with their gates.
+  int64_t linear = 0;
+  if (c.linear_attention) {
+    const model::LinearAttentionConfig& la = *c.linear_attention;
+    const int64_t kd = int64_t{la.key_heads} * la.key_head_dim;
+    const int64_t vd = int64_t{la.value_heads} * la.value_head_dim;
+    linear = 2 * (2 * kd + 2 * vd) + vd + c.hidden_size;
+  }
+  const int64_t gates = c.attention_output_gate ? 2 * q_dim : 0;
   const int64_t floats_per_token =
-      2 * c.hidden_size + 2 * q_dim + 2 * kv_dim + 2 * ffn + latent_heads;
+      2 * c.hidden_size + 2 * q_dim + 2 * kv_dim + 2 * ffn + latent_heads + linear + gates;
   const int64_t activations = tokens * floats_per_token * 4;
   const int64_t quantized = tokens * std::max<int64_t>(c.hidden_size, ffn) * 2;
   const int64_t rows =
@@ -92,7 +102,9 @@ absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& c, const MemoryP
     // Rank 0 holds the most heads (uneven splits give it the larger share).
     absl::StatusOr<ShardDims> dims = planShard(c, {.rank = 0, .size = static_cast<int>(in.tp)});
     if (!dims.ok()) return dims.status();
-    plan.state_slots = in.target_concurrency;
+    // The router admits up to twice a worker's target (a batch prefilled ahead), each
+    // reservation holding its slot from Reserve to Release.
+    plan.state_slots = 2 * in.target_concurrency;
     plan.state_bytes = plan.state_slots * linearStateFloats(c, *dims) * 4;
   }
   const int64_t blocks_per_sequence = (in.planned_seq_len + in.block_size - 1) / in.block_size;

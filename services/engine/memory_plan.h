@@ -59,8 +59,9 @@ struct MemoryPlan {
   int64_t workspace = 0;
   int64_t kv_pool = 0;
   int64_t kv_block_bytes = 0;  // One block of one rank, all layers, keys + values.
-  // Linear-attention models: one state slot per target sequence (TpGroup::allocateKv's
-  // state_slots), set aside before the KV pool; 0 for other models.
+  // Linear-attention models: two state slots per target sequence (the router admits twice
+  // the target; TpGroup::allocateKv's state_slots), set aside before the KV pool; 0 for
+  // other models.
   int64_t state_slots = 0;
   int64_t state_bytes = 0;
   int64_t kv_blocks = 0;

@@ -191,6 +191,10 @@ class Scheduler {
   absl::StatusOr<std::vector<TokenEvent>> step();
 
   bool idle() const { return waiting_.empty() && running_.empty() && ready_.empty(); }
+  // Whether a step that failed may simply run again. Not for a model with linear-attention
+  // layers: the failed step may have advanced its sequences' state, which a second run would
+  // advance again.
+  bool stepsRetryable() const { return !model_.config().linear_attention; }
   int64_t runningSequences() const { return static_cast<int64_t>(running_.size()); }
   // Running sequences past their prompt (each decodes one token per step).
   int64_t decodingSequences() const;

@@ -76,7 +76,8 @@ void EngineLoop::run() {
     if (!events.ok()) {
       // Requests are checked when they join, so a failing step is a broken invariant.
       CLEAVE_LOG(ERROR) << "engine step failed: " << events.status();
-      if (++failures >= kFailuresToExit) {
+      // A stateful model's first failure already leaves its sequences' state unknown.
+      if (++failures >= (scheduler_.stepsRetryable() ? kFailuresToExit : 1)) {
         CLEAVE_LOG(ERROR) << "engine steps failed " << failures
                           << " times in a row: exiting so that the router moves this worker's "
                              "sequences";

@@ -416,6 +416,18 @@ absl::Status WorkerCore::sendState(uint64_t id, const v1::KvDestination& destina
   if (slot < 0) return absl::InternalError("the prefilled prompt holds no state slot");
   const int64_t layers = c.linearLayers();
   const int64_t group_bytes = engine::gatedDeltaNetGroupFloats(*c.linear_attention) * 4;
+  // Every key head must land somewhere: a head no rank takes would keep the slot's old state.
+  std::vector<bool> covered(c.linear_attention->key_heads, false);
+  for (const v1::RankEndpoint& rank : destination.ranks()) {
+    for (uint32_t h = rank.linear_key_head_begin();
+         h < std::min(rank.linear_key_head_end(), c.linear_attention->key_heads); ++h)
+      covered[h] = true;
+  }
+  if (std::find(covered.begin(), covered.end(), false) != covered.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("destination ranks do not hold every one of the ",
+                     c.linear_attention->key_heads, " linear-attention key heads"));
+  }
   for (int r = 0; r < model_.tp(); ++r) {
     const float* local = model_.states(r) + slot * model_.stateFloats(r);
     for (const v1::RankEndpoint& rank : destination.ranks()) {
@@ -423,7 +435,7 @@ absl::Status WorkerCore::sendState(uint64_t id, const v1::KvDestination& destina
       const int64_t slot_bytes = layers * heads * group_bytes;
       // A peer's numbers, checked before any byte moves.
       if (heads <= 0 || rank.linear_key_head_end() > c.linear_attention->key_heads ||
-          rank.state_bytes() < static_cast<uint64_t>(slot_bytes) * (destination.state_slot() + 1)) {
+          rank.state_bytes() / static_cast<uint64_t>(slot_bytes) <= destination.state_slot()) {
         return absl::InvalidArgumentError(
             absl::StrCat("destination rank ", rank.rank(), " has linear-attention key heads [",
                          rank.linear_key_head_begin(), ", ", rank.linear_key_head_end(), ") of ",
