@@ -21,6 +21,10 @@ Scheduler::Scheduler(TpGroup& model, const tokenizer::Tokenizer* tokenizer,
   if (model.config().linear_attention) {
     // A linear-attention layer's state covers a whole prefix and cannot step back: no KV
     // block alone resumes a sequence, and rejected drafts would stay in it.
+    if (options_.speculative.tokens > 0) {
+      CLEAVE_LOG(WARNING) << "speculative decoding is off: the model's linear-attention state "
+                             "cannot take back rejected drafts";
+    }
     options_.prefix_caching = false;
     options_.speculative.tokens = 0;
     for (int32_t slot = static_cast<int32_t>(model.stateSlots()) - 1; slot >= 0; --slot)
