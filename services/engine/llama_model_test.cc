@@ -297,14 +297,15 @@ std::filesystem::path multimodalCheckpoint(const std::string& name, const std::s
   return to;
 }
 
-// Gemma 3 4B-27B and Mistral 3 (Mistral-Small-3.1/3.2, Ministral 3) ship as multimodal
+// Gemma 3 4B-27B, Mistral 3 (Mistral-Small-3.1/3.2, Ministral 3) and Qwen3.5 ship as multimodal
 // checkpoints: their text model runs as the text-only one does, from the published layout
 // (language_model.model., the head as language_model.lm_head) and transformers 5's
 // (model.language_model.), bit for bit.
 TEST(MultimodalTest, ACheckpointRunsItsTextModel) {
   cpu::ThreadPool pool(2);
   for (const auto& [name, model_type] :
-       {std::pair{"gemma3_f32", "gemma3"}, std::pair{"ministral3_f32", "mistral3"}}) {
+       {std::pair{"gemma3_f32", "gemma3"}, std::pair{"ministral3_f32", "mistral3"},
+        std::pair{"qwen3_5_f32", "qwen3_5"}, std::pair{"qwen3_5_moe_f32", "qwen3_5_moe"}}) {
     auto plain = loadLlama(std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/" + name);
     ASSERT_TRUE(plain.ok()) << plain.status();
     const std::vector<uint32_t> prompt = {5, 200, 17, 42, 249, 8, 61, 9, 33, 100, 4};
@@ -318,7 +319,8 @@ TEST(MultimodalTest, ACheckpointRunsItsTextModel) {
       auto weights = loadLlama(folder.string());
       std::filesystem::remove_all(folder);
       ASSERT_TRUE(weights.ok()) << weights.status();
-      // Gemma 3's text_config keeps default ids, so the top level's count; Mistral 3's its own.
+      // Gemma 3's text_config keeps default ids, so the top level's count; Mistral 3's and
+      // Qwen3.5's their own.
       const std::vector<uint32_t> eos = model_type == std::string("gemma3")
                                             ? std::vector<uint32_t>{1, 106}
                                             : (*plain)->config.eos_token_ids;
