@@ -187,7 +187,6 @@ void GatedDeltaNet::forward(const GatedDeltaNetWeights& w, const float* x,
                              pool_);
   }
   const int64_t head_floats = int64_t{c_.key_head_dim} * c_.value_head_dim;
-  const int64_t ratio = value_heads_ / key_heads_;
   const int64_t conv_floats = (c_.conv_kernel - 1) * group_channels_;  // Of a group.
   int64_t row = 0;
   for (const LinearStateRun& run : runs) {
