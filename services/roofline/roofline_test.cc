@@ -57,6 +57,28 @@ TEST(RooflineTest, ADenseDecodeStepByHand) {
   EXPECT_NEAR(split->collective_seconds, 4 * (1e-6 + 128e-9), 1e-15);
 }
 
+// tinyDense with its first layer linear attention (2 key heads of 4, 4 value heads of 8, 4
+// taps) and gated attention on the second, by hand: the linear layer's projections are
+// 64 x (2 x 8 + 2 x 32 + 2 x 4) + 32 x 64 = 7680 parameters, the gated layer's attention
+// 64 x (3 x 64 + 2 x 32) = 16384; one layer keeps KV. Each sequence's state is 4 x 4 x 8 = 128
+// floats of S and 3 x (16 + 32) = 144 of convolution inputs, read and written once a step.
+TEST(RooflineTest, ALinearAttentionLayerReadsAndWritesItsStates) {
+  model::ModelConfig c = tinyDense();
+  c.attention_output_gate = true;
+  c.linear_attention = model::LinearAttentionConfig{.key_heads = 2,
+                                                    .value_heads = 4,
+                                                    .key_head_dim = 4,
+                                                    .value_head_dim = 8,
+                                                    .conv_kernel = 4,
+                                                    .layers = {true, false}};
+  auto t = stepFloor(c, kUnit, decodeStep(3, 10));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_DOUBLE_EQ(t->weight_bytes, (7680 + 16384 + 2 * 24576 + 6400) * 2);
+  EXPECT_DOUBLE_EQ(t->kv_bytes, 3 * 10 * 64 * 2 + 2.0 * 3 * (128 + 144) * 4);
+  // Scores and values of the one attention layer, and ~7 FLOPs per state element a token.
+  EXPECT_DOUBLE_EQ(t->attention_flops, 3 * (2 * 10 * 4 * 32) + 3 * 7 * 128);
+}
+
 TEST(RooflineTest, MoeLayersReadTheExpectedExperts) {
   model::ModelConfig c = tinyDense();
   c.moe =
