@@ -83,7 +83,8 @@ constexpr ArchName kArchitectures[] = {
     {"qwen3_5_moe_text", "qwen35moe", Architecture::kQwen35},
     {"qwen3_5_moe", "-", Architecture::kQwen35},
     // Qwen3-Next: Qwen3.5-MoE's graph with each key head's projections side by side
-    // (LinearAttentionConfig::grouped_projections) and Qwen3-MoE's choice of MoE layers.
+    // (LinearAttentionConfig::grouped_qkvz, grouped_ba) and Qwen3-MoE's choice of MoE layers;
+    // llama.cpp's files (qwen3next) split q, k, v and z as Qwen3.5's but keep b and a grouped.
     {"qwen3_next", "-", Architecture::kQwen35},
 };
 

@@ -145,9 +145,11 @@ struct LinearAttentionConfig {
   uint32_t value_head_dim = 0;
   uint32_t conv_kernel = 4;
   // Qwen3-Next's projections: in_proj_qkvz holds each key head's query, key, values and z
-  // together (and in_proj_ba its value heads' b, then a) rather than Qwen3.5's one matrix per
-  // kind.
-  bool grouped_projections = false;
+  // together (grouped_qkvz), in_proj_ba each key head's value heads' b, then a (grouped_ba),
+  // rather than Qwen3.5's one matrix per kind. llama.cpp's qwen3next files split the first
+  // into Qwen3.5's matrices but keep the second.
+  bool grouped_qkvz = false;
+  bool grouped_ba = false;
   // llama.cpp's Qwen3.5 files order the value heads tiled ([value head 0 of every key head,
   // then value head 1 of every key head, ...]) rather than grouped by key head: value head h
   // reads key head h % key_heads, not h / (value_heads / key_heads).

@@ -545,7 +545,7 @@ absl::Status parseQwen35(const JsonFields& f, ModelConfig& c) {
   CLEAVE_ASSIGN_OR_RETURN(la.key_head_dim, f.uintOr("linear_key_head_dim", 128));
   CLEAVE_ASSIGN_OR_RETURN(la.value_head_dim, f.uintOr("linear_value_head_dim", 128));
   CLEAVE_ASSIGN_OR_RETURN(la.conv_kernel, f.uintOr("linear_conv_kernel_dim", 4));
-  la.grouped_projections = c.model_type == "qwen3_next";
+  la.grouped_qkvz = la.grouped_ba = c.model_type == "qwen3_next";
   la.layers.assign(c.num_layers, false);
   if (f.has("layer_types")) {
     CLEAVE_ASSIGN_OR_RETURN(la.layers, layersOfType(f, c.num_layers, "linear_attention"));

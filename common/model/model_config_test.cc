@@ -619,7 +619,7 @@ TEST(ModelConfigTest, Qwen35) {
   EXPECT_EQ(moe->moe->shared_expert_intermediate_size, 512u);
   for (uint32_t l = 0; l < 40; ++l) EXPECT_TRUE(moe->isMoeLayer(l)) << l;
   EXPECT_EQ(moe->kvLayers(), 10u);
-  EXPECT_FALSE(moe->linear_attention->grouped_projections);
+  EXPECT_FALSE(moe->linear_attention->grouped_qkvz || moe->linear_attention->grouped_ba);
   // Qwen3-Next (80B-A3B's shape): grouped projections, Qwen3-MoE's dense layers.
   auto next = parseConfigJson(
       R"({"model_type": "qwen3_next", "hidden_size": 2048, "intermediate_size": 5120,
@@ -630,7 +630,7 @@ TEST(ModelConfigTest, Qwen35) {
           "full_attention_interval": 4, "partial_rotary_factor": 0.25, "head_dim": 256})",
       "config.json");
   ASSERT_TRUE(next.ok()) << next.status();
-  EXPECT_TRUE(next->linear_attention->grouped_projections);
+  EXPECT_TRUE(next->linear_attention->grouped_qkvz && next->linear_attention->grouped_ba);
   EXPECT_EQ(next->linear_attention->value_heads, 32u);
   EXPECT_FALSE(next->isMoeLayer(0));
   EXPECT_TRUE(next->isMoeLayer(1) && next->moe->shared_expert_gate);

@@ -85,7 +85,7 @@ void printConfig(const model::ModelConfig& c) {
         "heads of %u, convolution of %u taps%s; the others attend%s\n",
         c.linearLayers(), c.num_layers, la->key_heads, la->key_head_dim, la->value_heads,
         la->value_head_dim, la->conv_kernel,
-        la->grouped_projections ? ", projections grouped by key head" : "",
+        la->grouped_qkvz ? ", projections grouped by key head" : "",
         c.attention_output_gate ? " with an output gate" : "");
   }
   if (c.sliding_window > 0) {

@@ -28,7 +28,7 @@ struct ProductOutput {
 // Products of one input x (a layer's Q, K and V; its gate and up): the activations quantized
 // once and one pool job for all (cpu::matmulsOfOneInput).
 inline void checkedMatmulsOfOneInput(const float* x, int64_t ldx, int64_t tokens,
-                                     std::initializer_list<ProductOutput> outputs,
+                                     std::span<const ProductOutput> outputs,
                                      cpu::ThreadPool& pool) {
   std::array<cpu::MatmulArgs, 8> products;  // matmulsOfOneInput's most.
   CLEAVE_CHECK(outputs.size() <= products.size());
@@ -37,6 +37,11 @@ inline void checkedMatmulsOfOneInput(const float* x, int64_t ldx, int64_t tokens
     products[n++] = {
         .weight = o.weight, .x = x, .ldx = ldx, .tokens = tokens, .y = o.y, .ldy = o.ldy};
   CLEAVE_CHECK_OK(cpu::matmulsOfOneInput(std::span(products.data(), n), pool));
+}
+inline void checkedMatmulsOfOneInput(const float* x, int64_t ldx, int64_t tokens,
+                                     std::initializer_list<ProductOutput> outputs,
+                                     cpu::ThreadPool& pool) {
+  checkedMatmulsOfOneInput(x, ldx, tokens, std::span(outputs.begin(), outputs.size()), pool);
 }
 
 }  // namespace cleave::engine

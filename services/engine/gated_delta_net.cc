@@ -1,6 +1,7 @@
 #include "services/engine/gated_delta_net.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -85,7 +86,7 @@ void GatedDeltaNet::ensureScratch(int64_t rows) {
   a_.resize(rows * value_heads_);
 }
 
-void GatedDeltaNet::ungroup(int64_t rows) {
+void GatedDeltaNet::ungroup(int64_t rows, bool qkvz, bool ba) {
   const int64_t dk = c_.key_head_dim;
   const int64_t r = value_heads_ / key_heads_;
   const int64_t values = r * c_.value_head_dim;  // One key head's value (and z) columns.
@@ -97,14 +98,18 @@ void GatedDeltaNet::ungroup(int64_t rows) {
     for (int64_t t = begin; t < end; ++t) {
       float* mixed = mixed_.data() + t * channels_;
       for (int64_t g = 0; g < key_heads_; ++g) {
-        const float* from = grouped_.data() + t * (channels_ + vd_) + g * group;
-        copy(from, dk, mixed + g * dk);
-        copy(from + dk, dk, mixed + kd_ + g * dk);
-        copy(from + 2 * dk, values, mixed + 2 * kd_ + g * values);
-        copy(from + 2 * dk + values, values, z_.data() + t * vd_ + g * values);
-        const float* ba = ba_.data() + t * 2 * value_heads_ + g * 2 * r;
-        copy(ba, r, b_.data() + t * value_heads_ + g * r);
-        copy(ba + r, r, a_.data() + t * value_heads_ + g * r);
+        if (qkvz) {
+          const float* from = grouped_.data() + t * (channels_ + vd_) + g * group;
+          copy(from, dk, mixed + g * dk);
+          copy(from + dk, dk, mixed + kd_ + g * dk);
+          copy(from + 2 * dk, values, mixed + 2 * kd_ + g * values);
+          copy(from + 2 * dk + values, values, z_.data() + t * vd_ + g * values);
+        }
+        if (ba) {
+          const float* from = ba_.data() + t * 2 * value_heads_ + g * 2 * r;
+          copy(from, r, b_.data() + t * value_heads_ + g * r);
+          copy(from + r, r, a_.data() + t * value_heads_ + g * r);
+        }
       }
     }
   });
@@ -168,24 +173,29 @@ void GatedDeltaNet::forward(const GatedDeltaNetWeights& w, const float* x,
   int64_t rows = 0;
   for (const LinearStateRun& run : runs) rows += run.tokens;
   ensureScratch(rows);
-  if (w.qkvz.rows() > 0) {
+  // The projections (of one input, in one pool job), grouped ones into their own scratch.
+  const bool grouped_qkvz = w.qkvz.rows() > 0, grouped_ba = w.ba.rows() > 0;
+  std::array<ProductOutput, 6> products;
+  size_t n = 0;
+  if (grouped_qkvz) {
     grouped_.resize(rows * (channels_ + vd_));
-    ba_.resize(rows * 2 * value_heads_);
-    checkedMatmulsOfOneInput(
-        x, hidden_, rows,
-        {{&w.qkvz, grouped_.data(), channels_ + vd_}, {&w.ba, ba_.data(), 2 * value_heads_}},
-        pool_);
-    ungroup(rows);
+    products[n++] = {&w.qkvz, grouped_.data(), channels_ + vd_};
   } else {
-    checkedMatmulsOfOneInput(x, hidden_, rows,
-                             {{&w.q, mixed_.data(), channels_},
-                              {&w.k, mixed_.data() + kd_, channels_},
-                              {&w.v, mixed_.data() + 2 * kd_, channels_},
-                              {&w.z, z_.data(), vd_},
-                              {&w.b, b_.data(), value_heads_},
-                              {&w.a, a_.data(), value_heads_}},
-                             pool_);
+    products[n++] = {&w.q, mixed_.data(), channels_};
+    products[n++] = {&w.k, mixed_.data() + kd_, channels_};
+    products[n++] = {&w.v, mixed_.data() + 2 * kd_, channels_};
+    products[n++] = {&w.z, z_.data(), vd_};
   }
+  if (grouped_ba) {
+    ba_.resize(rows * 2 * value_heads_);
+    products[n++] = {&w.ba, ba_.data(), 2 * value_heads_};
+  } else {
+    products[n++] = {&w.b, b_.data(), value_heads_};
+    products[n++] = {&w.a, a_.data(), value_heads_};
+  }
+  checkedMatmulsOfOneInput(x, hidden_, rows, std::span<const ProductOutput>(products.data(), n),
+                           pool_);
+  if (grouped_qkvz || grouped_ba) ungroup(rows, grouped_qkvz, grouped_ba);
   const int64_t head_floats = int64_t{c_.key_head_dim} * c_.value_head_dim;
   const int64_t conv_floats = (c_.conv_kernel - 1) * group_channels_;  // Of a group.
   int64_t row = 0;

@@ -37,8 +37,8 @@ struct GatedDeltaNetWeights {
   cpu::CpuMatrix v;     // [vd, hidden]: its value rows
   cpu::CpuMatrix z;     // [vd, hidden]: the output gate
   cpu::CpuMatrix b, a;  // [value heads, hidden]: write strength and decay inputs
-  // Qwen3-Next (grouped_projections) instead of q, k, v, z, b and a: each of the rank's key
-  // heads' q, k, its r value heads' v, then z rows ([key heads · (2·key_head_dim +
+  // Qwen3-Next (grouped_qkvz, grouped_ba) instead of q, k, v, z (and of b, a): each of the
+  // rank's key heads' q, k, its r value heads' v, then z rows ([key heads · (2·key_head_dim +
   // 2r·value_head_dim), hidden]), and their b then a rows ([key heads · 2r, hidden]).
   cpu::CpuMatrix qkvz, ba;
   std::vector<float> conv;     // [channels][conv_kernel], channels = kd, kd, vd in order
@@ -100,8 +100,8 @@ class GatedDeltaNet {
   // Scratch: mixed_ [rows, channels] (q, k, v), z_ and o_ [rows, vd], b_ and a_ [rows,
   // value heads]; grouped_ and ba_ the grouped projections' products.
   std::vector<float> mixed_, z_, o_, b_, a_, grouped_, ba_;
-  // The grouped products' rows spread into mixed_, z_, b_ and a_.
-  void ungroup(int64_t rows);
+  // The grouped products' rows spread into mixed_ and z_ (qkvz), b_ and a_ (ba).
+  void ungroup(int64_t rows, bool qkvz, bool ba);
 };
 
 }  // namespace cleave::engine

@@ -115,10 +115,30 @@ struct Reference {
 // j * key heads + g.
 int64_t tiled(int64_t h) { return (h % kRatio) * kKeyHeads + h / kRatio; }
 
-// The kernel's weights from the checkpoint's, the value heads tiled when `tile` (each
-// row, channel and column of a value head moved together, as llama.cpp's converter moves them).
-GatedDeltaNetWeights kernelWeights(const Checkpoint& c, bool tile,
+// How the kernel gets the projections: one matrix per kind (Qwen3.5's checkpoints), the same
+// with the value heads tiled (llama.cpp's Qwen3.5 files: each row, channel and column of a
+// value head moved together), or each key head's rows together (Qwen3-Next's in_proj_qkvz
+// and in_proj_ba).
+enum class Layout { kSeparate, kTiled, kGrouped };
+
+// Rows `runs` ({first, count} each) of the [rows, kHidden] matrix `m`, end to end.
+cpu::CpuMatrix gathered(const std::vector<float>& m,
+                        const std::vector<std::pair<int64_t, int64_t>>& runs,
+                        std::vector<std::shared_ptr<std::vector<float>>>& keep) {
+  auto out = std::make_shared<std::vector<float>>();
+  for (const auto& [first, count] : runs)
+    out->insert(out->end(), m.begin() + first * kHidden, m.begin() + (first + count) * kHidden);
+  keep.push_back(out);
+  return *cpu::CpuMatrix::create({.type = model::TensorType::kF32,
+                                  .rows = static_cast<int64_t>(out->size()) / kHidden,
+                                  .cols = kHidden,
+                                  .data = reinterpret_cast<const uint8_t*>(out->data())});
+}
+
+// The kernel's weights from the checkpoint's, in `layout`.
+GatedDeltaNetWeights kernelWeights(const Checkpoint& c, Layout layout,
                                    std::vector<std::shared_ptr<std::vector<float>>>& keep) {
+  const bool tile = layout == Layout::kTiled;
   auto place = [&](int64_t h) { return tile ? tiled(h) : h; };
   auto rowsOf = [&](const std::vector<float>& m, int64_t first, int64_t rows, int64_t head_rows) {
     auto out = std::make_shared<std::vector<float>>(rows * kHidden);
@@ -139,6 +159,25 @@ GatedDeltaNetWeights kernelWeights(const Checkpoint& c, bool tile,
   w.z = rowsOf(c.z, 0, kVd, kDv);
   w.b = rowsOf(c.b, 0, kValueHeads, 1);
   w.a = rowsOf(c.a, 0, kValueHeads, 1);
+  if (layout == Layout::kGrouped) {
+    // Per key head g: its q, k, its value heads' v and z rows; then its b rows and a rows.
+    std::vector<float> qkvz(c.qkv);
+    qkvz.insert(qkvz.end(), c.z.begin(), c.z.end());  // z's rows after qkv's: row kChannels + .
+    std::vector<float> ba(c.b);
+    ba.insert(ba.end(), c.a.begin(), c.a.end());
+    std::vector<std::pair<int64_t, int64_t>> qkvz_runs, ba_runs;
+    for (int64_t g = 0; g < kKeyHeads; ++g) {
+      const int64_t values = kRatio * kDv;
+      qkvz_runs.insert(qkvz_runs.end(), {{g * kDk, kDk},
+                                         {kKd + g * kDk, kDk},
+                                         {2 * kKd + g * values, values},
+                                         {kChannels + g * values, values}});
+      ba_runs.insert(ba_runs.end(), {{g * kRatio, kRatio}, {kValueHeads + g * kRatio, kRatio}});
+    }
+    w = GatedDeltaNetWeights{};
+    w.qkvz = gathered(qkvz, qkvz_runs, keep);
+    w.ba = gathered(ba, ba_runs, keep);
+  }
   w.conv = c.conv;
   w.a_rate.resize(kValueHeads);
   w.dt_bias.resize(kValueHeads);
@@ -165,13 +204,16 @@ GatedDeltaNetWeights kernelWeights(const Checkpoint& c, bool tile,
 
 // Two sequences through the kernel in chunks (5 and 1 tokens, then 1 and 3, then 2 and 2), the
 // second in a slot left dirty by an earlier sequence, against the float64 reference token by
-// token: the value heads grouped (checkpoints) and tiled (llama.cpp's files) give the same
-// outputs. Outputs start poisoned.
+// token, with the projections in each Layout. Outputs start poisoned.
 TEST(GatedDeltaNetTest, ChunkedSequencesMatchAFloat64Reference) {
   std::mt19937 rng(11);
   const Checkpoint checkpoint = randomCheckpoint(rng);
-  for (const bool tile : {false, true}) {
-    SCOPED_TRACE(tile ? "tiled value heads" : "grouped value heads");
+  for (const Layout layout : {Layout::kSeparate, Layout::kTiled, Layout::kGrouped}) {
+    const bool tile = layout == Layout::kTiled;
+    const char* name = tile                         ? "tiled"
+                       : layout == Layout::kGrouped ? "grouped projections"
+                                                    : "separate";
+    SCOPED_TRACE(name);
     model::ModelConfig config;
     config.hidden_size = kHidden;
     config.rms_norm_eps = 1e-6;
@@ -185,7 +227,7 @@ TEST(GatedDeltaNetTest, ChunkedSequencesMatchAFloat64Reference) {
     dims.linear_key_heads = {.begin = 0, .size = kKeyHeads};
     dims.linear_value_heads = {.begin = 0, .size = kValueHeads};
     std::vector<std::shared_ptr<std::vector<float>>> keep;
-    const GatedDeltaNetWeights w = kernelWeights(checkpoint, tile, keep);
+    const GatedDeltaNetWeights w = kernelWeights(checkpoint, layout, keep);
     cpu::ThreadPool pool(2);
     GatedDeltaNet layer(config, dims, pool);
     const int64_t floats = gatedDeltaNetStateFloats(*config.linear_attention, dims);
@@ -216,7 +258,7 @@ TEST(GatedDeltaNetTest, ChunkedSequencesMatchAFloat64Reference) {
         worst = std::max(worst, err / peak);
       }
     }
-    std::printf("%s: max relative error %.2e\n", tile ? "tiled" : "grouped", worst);
+    std::printf("%s: max relative error %.2e\n", name, worst);
     EXPECT_LT(worst, 1e-5);
   }
 }

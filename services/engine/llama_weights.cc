@@ -249,7 +249,8 @@ class GgufSource final : public TensorSource {
         {"linear_a_log", "ssm_a"},
         {"linear_dt_bias", "ssm_dt.bias"},
         {"linear_norm", "ssm_norm.weight"},
-        {"linear_out", "ssm_out.weight"}};
+        {"linear_out", "ssm_out.weight"},
+        {"linear_ba", "ssm_ba.weight"}};
     return absl::StrCat("blk.", layer, ".", kNames.at(role));
   }
   // llama.cpp's files split kv_b_proj per head (older ones keep it whole): attn_k_b
@@ -650,17 +651,24 @@ absl::StatusOr<GatedDeltaNetWeights> loadGatedDeltaNet(const TensorSource& f,
   const Span v_cols{.begin = d.linear_value_heads.begin * dv, .size = v_part.size};
   const auto rows = TensorSource::rows;
   GatedDeltaNetWeights w;
-  if (la.grouped_projections) {
-    // Each key head's rows together: the rank's key heads are one run of each matrix.
-    const int64_t ratio = la.value_heads / la.key_heads;
-    const int64_t group = 2 * dk + 2 * ratio * dv;
-    const Span& heads = d.linear_key_heads;
-    CLEAVE_ASSIGN_OR_RETURN(
-        w.qkvz, f.matrix(name("linear_qkvz"), la.key_heads * group, hidden,
-                         rows({.begin = heads.begin * group, .size = heads.size * group})));
+  // Grouped projections hold each key head's rows together: the rank's key heads are one run.
+  const int64_t ratio = la.value_heads / la.key_heads;
+  const Span& heads = d.linear_key_heads;
+  if (la.grouped_ba) {
     CLEAVE_ASSIGN_OR_RETURN(
         w.ba, f.matrix(name("linear_ba"), 2 * la.value_heads, hidden,
                        rows({.begin = heads.begin * 2 * ratio, .size = heads.size * 2 * ratio})));
+  } else {
+    CLEAVE_ASSIGN_OR_RETURN(
+        w.b, f.matrix(name("linear_b"), la.value_heads, hidden, rows(d.linear_value_heads)));
+    CLEAVE_ASSIGN_OR_RETURN(
+        w.a, f.matrix(name("linear_a"), la.value_heads, hidden, rows(d.linear_value_heads)));
+  }
+  if (la.grouped_qkvz) {
+    const int64_t group = 2 * dk + 2 * ratio * dv;
+    CLEAVE_ASSIGN_OR_RETURN(
+        w.qkvz, f.matrix(name("linear_qkvz"), la.key_heads * group, hidden,
+                         rows({.begin = heads.begin * group, .size = heads.size * group})));
   } else {
     const std::string qkv = name("linear_qkv");
     CLEAVE_ASSIGN_OR_RETURN(TensorSource::StoredMatrix stored, f.findMatrix(qkv, channels, hidden));
@@ -668,10 +676,6 @@ absl::StatusOr<GatedDeltaNetWeights> loadGatedDeltaNet(const TensorSource& f,
     CLEAVE_ASSIGN_OR_RETURN(w.k, f.matrixOf(stored, qkv, channels, hidden, rows(k_part)));
     CLEAVE_ASSIGN_OR_RETURN(w.v, f.matrixOf(stored, qkv, channels, hidden, rows(v_part)));
     CLEAVE_ASSIGN_OR_RETURN(w.z, f.matrix(name("linear_z"), value_dim, hidden, rows(v_cols)));
-    CLEAVE_ASSIGN_OR_RETURN(
-        w.b, f.matrix(name("linear_b"), la.value_heads, hidden, rows(d.linear_value_heads)));
-    CLEAVE_ASSIGN_OR_RETURN(
-        w.a, f.matrix(name("linear_a"), la.value_heads, hidden, rows(d.linear_value_heads)));
   }
   CLEAVE_ASSIGN_OR_RETURN(
       w.out, f.matrix(name("linear_out"), hidden, value_dim, TensorSource::cols(v_cols)));
