@@ -36,6 +36,18 @@ except ImportError as e:  # The suite installs it; a missing SDK is a setup erro
     raise SystemExit(f"the openai SDK is missing ({e}); run scripts/install-deps.sh")
 
 MODEL = os.path.join(ct.SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def sdk_client(base_url):
+    """The SDK's client for the router at `base_url`, without retries (a failure shows), that
+    keeps an idle connection 0.2 s only: the router's HTTP server closes one idle for 0.5 s
+    (civetweb's keep-alive timeout), and a request sent on it as it closes fails, where the
+    SDK's default (5 s, and two retries) would reuse it and retry."""
+    import httpx2
+    limits = httpx2.Limits(max_connections=1000, max_keepalive_connections=100,
+                           keepalive_expiry=0.2)
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120,
+                         http_client=openai.DefaultHttpxClient(limits=limits))
 TARGET = 8
 
 
@@ -71,8 +83,7 @@ class OpenAiApiTest(unittest.TestCase):
         cls.stub = ct.stubs()["generation_grpc"].GenerationStub(cls.channel)
         ct.wait_for_workers(cls.stub, 1)
         cls.model = cls.stub.ListModels(cls.pb.ListModelsRequest(), timeout=5).models[0].id
-        cls.client = openai.OpenAI(base_url=f"http://127.0.0.1:{cls.http_port}/v1",
-                                   api_key="unused", max_retries=0, timeout=120)
+        cls.client = sdk_client(f"http://127.0.0.1:{cls.http_port}/v1")
 
     @classmethod
     def tearDownClass(cls):
@@ -1340,8 +1351,7 @@ class OpenAiApiTest(unittest.TestCase):
                                  f"--router=127.0.0.1:{router.ready['grpc_port']}",
                                  "--listen=127.0.0.1:0", "--metrics-port=0",
                                  "--target-concurrency=2", "--planned-seq-len=256", "--threads=1"])
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{router.ready['http_port']}/v1",
-                                   api_key="unused", max_retries=0, timeout=120)
+            client = sdk_client(f"http://127.0.0.1:{router.ready['http_port']}/v1")
             deadline = time.monotonic() + 60
             while not client.models.list().data:
                 self.assertLess(time.monotonic(), deadline, worker.log())
