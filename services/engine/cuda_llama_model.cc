@@ -16,12 +16,14 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gated_delta_net.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mla_attention.h"
 #include "kernels/cuda/mla_rope_kv.h"
 #include "kernels/cuda/prefill_attention.h"
 #include "kernels/cuda/rope_kv.h"
 #include "kernels/cuda/sampling.h"
+#include "kernels/cuda/sigmoid_gate.h"
 #include "services/engine/cuda_arena.h"
 #include "services/engine/cuda_moe_layer.h"
 #include "services/engine/cuda_weights.h"
@@ -71,6 +73,14 @@ struct DeviceLayer {
   bf16* kv_a_norm = nullptr;     // [kv_lora]
   cuda::ExpertWeights k_absorb;  // [heads][kv_lora][nope]: each head's W_UKᵀ
   cuda::ExpertWeights v_up;      // [heads][v][kv_lora]: each head's W_UV
+  // Linear-attention layers (Gated DeltaNet, kernels/cuda/gated_delta_net.h) instead of
+  // attention: the input projection, bf16, [q, k, v, z, b, a rows of this rank's heads, each
+  // key head's value heads together][hidden]; wo is then [hidden][value heads · d_v].
+  cuda::ExpertWeights lin_proj;
+  float* conv = nullptr;      // [channels][conv_kernel]
+  float* a_rate = nullptr;    // [value heads]
+  float* dt_bias = nullptr;   // [value heads]
+  float* lin_norm = nullptr;  // [d_v]
 };
 
 // The formats of a layer's matrices (bf16 for random weights).
@@ -114,6 +124,28 @@ struct CudaLlamaModel::State {
   // Q and K normed across heads (ModelConfig::qk_norm_across_heads): each token's sums of
   // squares, Q's then K's, [2][max_step_tokens], summed over the ranks.
   float* qk_squares = nullptr;
+  // Gated attention (Qwen3.5, Qwen3-Next): a qkv row ends with each head's gate values
+  // ([q_dim] at gate_offset), and the attention's output is times their sigmoid.
+  bool gated = false;
+  int64_t gate_offset = 0;
+  // Layers with a KV cache (all but linear-attention ones): each layer's place among them
+  // (-1 for a linear layer) and among the linear layers (-1 for the others).
+  int64_t kv_layers = 0;
+  std::vector<int> kv_index, linear_index;
+  // Linear attention (Gated DeltaNet) on this rank: its heads and sizes, the input
+  // projection's width (q, k, v, z, b, a), the channels of the convolution (q, k, v), and a
+  // layer's state floats; each sequence's state is one of state_slots slots of slot_floats
+  // (every linear layer's), slot state_slots the padding rows'.
+  struct Linear {
+    int key_heads = 0, value_heads = 0, dk = 0, dv = 0, taps = 0;
+    int64_t kd = 0, vd = 0, channels = 0, proj_dim = 0, layer_floats = 0;
+  };
+  std::optional<Linear> lin;
+  int64_t state_slots = 0, slot_floats = 0;
+  float* states = nullptr;        // [state_slots + 1][slot_floats]
+  bf16* lin_projected = nullptr;  // [max_step_tokens][proj_dim]
+  float* lin_mixed = nullptr;     // [max_step_tokens][channels]
+  bf16* lin_out = nullptr;        // [max_step_tokens][vd]
   // Tensor parallelism: this rank's rows of the vocabulary (embedding, lm-head) and every
   // rank's row count (the logits' all-gather); null comm for a group of one.
   NcclCommunicator* comm = nullptr;
@@ -206,7 +238,8 @@ struct CudaLlamaModel::State {
   void* attention_workspace = nullptr;
   void* quantized = nullptr;  // the activations of a quantized dense product, quantized
   int64_t quantized_bytes = 0;
-  int32_t* meta = nullptr;  // ids, positions, slots, q_starts, contexts, last rows, tables
+  int32_t* meta = nullptr;  // ids, positions, slots, q_starts, contexts, last rows, tables,
+                            // state slots
   uint8_t* kv = nullptr;    // [layer][K, V][block][kv head][slot][head_dim], kv_dtype
 
   int32_t* host_meta = nullptr;         // pinned
@@ -260,16 +293,18 @@ struct CudaLlamaModel::State {
   int32_t* contexts(int32_t* m) const { return m + 3 * T() + S() + 1; }
   int32_t* lastRows(int32_t* m) const { return m + 3 * T() + 2 * S() + 1; }  // [L()]
   int32_t* tables(int32_t* m) const { return m + 3 * T() + 2 * S() + 1 + L(); }
-  int64_t metaCount() const { return 3 * T() + 2 * S() + 1 + L() + S() * max_blocks_per_seq; }
+  int32_t* stateSlots(int32_t* m) const { return tables(m) + S() * max_blocks_per_seq; }
+  int64_t metaCount() const { return 3 * T() + 2 * S() + 1 + L() + S() * max_blocks_per_seq + S(); }
   int64_t layerKvElements() const {
     return (kv_blocks + 1) * kv_heads * options.block_size * cache_head_dim;
   }
   int64_t kvElementBytes() const { return options.kv_dtype == cuda::KvDtype::kFp8E4M3 ? 1 : 2; }
-  void* keys(int64_t l) const {
-    return kv + cache_parts * l * layerKvElements() * kvElementBytes();
+  // The cache of KV layer `k` (kv_index of a model layer).
+  void* keys(int64_t k) const {
+    return kv + cache_parts * k * layerKvElements() * kvElementBytes();
   }
-  void* values(int64_t l) const {
-    return static_cast<uint8_t*>(keys(l)) +
+  void* values(int64_t k) const {
+    return static_cast<uint8_t*>(keys(k)) +
            (cache_parts - 1) * layerKvElements() * kvElementBytes();
   }
 
@@ -282,7 +317,14 @@ struct CudaLlamaModel::State {
       DeviceLayer& d = layer[l];
       if (config.pre_norms) d.attn_norm = arena.take<float>(hidden);
       const LayerFormats& f = formats[l];
-      if (mla) {
+      if (linear_index[l] >= 0) {
+        d.lin_proj = placeWeights(arena, cuda::ExpertWeightFormat::kBf16, 1, lin->proj_dim, hidden);
+        d.conv = arena.take<float>(lin->channels * lin->taps);
+        d.a_rate = arena.take<float>(lin->value_heads);
+        d.dt_bias = arena.take<float>(lin->value_heads);
+        d.lin_norm = arena.take<float>(lin->dv);
+        d.wo = placeWeights(arena, f.o, 1, hidden, lin->vd);
+      } else if (mla) {
         const auto bf16_format = cuda::ExpertWeightFormat::kBf16;
         if (q_low > 0) {
           d.q_a = placeWeights(arena, bf16_format, 1, q_low, hidden);
@@ -340,6 +382,12 @@ struct CudaLlamaModel::State {
       q = arena.take<bf16>(t * q_dim);
       attn = arena.take<bf16>(t * q_dim);
     }
+    if (lin) {
+      lin_projected = arena.take<bf16>(t * lin->proj_dim);
+      lin_mixed = arena.take<float>(t * lin->channels);
+      lin_out = arena.take<bf16>(t * lin->vd);
+      states = arena.take<float>((state_slots + 1) * slot_floats);
+    }
     o = arena.take<bf16>(t * hidden);
     if (has_dense) {
       // The unactivated gate/up rows only for cuBLASLt's product, or a GELU MLP's; the skinny
@@ -356,8 +404,9 @@ struct CudaLlamaModel::State {
     quantized_bytes = 0;
     for (int64_t l = 0; l < layers; ++l) {
       const LayerFormats& f = formats[l];
+      const int64_t o_in = linear_index[l] >= 0 ? lin->vd : mla ? heads * v_dim : q_dim;
       int64_t need = std::max(cuda::nativeScratchBytes(f.qkv, t, hidden),
-                              cuda::nativeScratchBytes(f.o, t, mla ? heads * v_dim : q_dim));
+                              cuda::nativeScratchBytes(f.o, t, o_in));
       if (!is_moe[l])
         need = std::max({need, cuda::nativeScratchBytes(f.gate_up, t, hidden),
                          cuda::nativeScratchBytes(f.down, t, ffn)});
@@ -380,7 +429,7 @@ struct CudaLlamaModel::State {
     attention_workspace = arena.take<uint8_t>(static_cast<int64_t>(attention_bytes));
     meta = arena.take<int32_t>(metaCount());
     plan.workspace = arena.used() - plan.weights;
-    kv = arena.take<uint8_t>(cache_parts * layers * layerKvElements() * kvElementBytes());
+    kv = arena.take<uint8_t>(cache_parts * kv_layers * layerKvElements() * kvElementBytes());
     plan.kv_cache = arena.used() - plan.weights - plan.workspace;
   }
 
@@ -417,12 +466,21 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
         "; Gemma 3 1B-12B have 256) is not run by the CUDA attention kernels (head sizes ",
         cuda::kHeadDims, "); use --backend cpu"));
   }
-  if (c.linear_attention || c.attention_output_gate) {
-    return absl::UnimplementedError(absl::StrCat(
-        c.source, ": ", model::architectureName(c.architecture),
-        "'s linear-attention and gated-attention layers are not run by the CUDA kernels; use "
-        "--backend cpu"));
+  if (c.linear_attention) {
+    const model::LinearAttentionConfig& la = *c.linear_attention;
+    if (absl::Status ok = cuda::gatedDeltaNetSupported(
+            static_cast<int>(la.key_head_dim), static_cast<int>(la.value_head_dim),
+            static_cast<int>(la.conv_kernel), static_cast<int>(la.key_heads),
+            static_cast<int>(la.value_heads));
+        !ok.ok())
+      return absl::UnimplementedError(
+          absl::StrCat(c.source, ": ", ok.message(), "; use --backend cpu"));
   }
+  if (c.attention_output_gate && (traits.qkv_bias || c.mla))
+    return absl::UnimplementedError(absl::StrCat(
+        c.source,
+        ": gated attention with Q/K/V biases or latent attention is not run by the CUDA "
+        "kernels; use --backend cpu"));
   if (c.mlp_activation != model::MlpActivation::kSilu && c.moe) {
     return absl::UnimplementedError(
         absl::StrCat(c.source,
@@ -471,6 +529,38 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   s.q_dim = s.heads * s.head_dim;
   s.kv_dim = s.kv_heads * s.head_dim;
   s.qkv_dim = s.q_dim + 2 * s.kv_dim;
+  if (c.attention_output_gate) {
+    s.gated = true;
+    s.gate_offset = s.qkv_dim;
+    s.qkv_dim += s.q_dim;
+  }
+  for (uint32_t l = 0; l < c.num_layers; ++l) {
+    const bool linear = c.isLinearLayer(l);
+    s.kv_index.push_back(linear ? -1 : static_cast<int>(c.kvLayer(l)));
+    s.linear_index.push_back(linear ? static_cast<int>(c.linearLayer(l)) : -1);
+  }
+  s.kv_layers = c.kvLayers();
+  if (c.linear_attention) {
+    const model::LinearAttentionConfig& la = *c.linear_attention;
+    s.lin = CudaLlamaModel::State::Linear{};
+    CudaLlamaModel::State::Linear& lin = *s.lin;
+    lin.key_heads = static_cast<int>(dims.linear_key_heads.size);
+    lin.value_heads = static_cast<int>(dims.linear_value_heads.size);
+    lin.dk = static_cast<int>(la.key_head_dim);
+    lin.dv = static_cast<int>(la.value_head_dim);
+    lin.taps = static_cast<int>(la.conv_kernel);
+    lin.kd = int64_t{lin.key_heads} * lin.dk;
+    lin.vd = int64_t{lin.value_heads} * lin.dv;
+    lin.channels = 2 * lin.kd + lin.vd;
+    lin.proj_dim = lin.channels + lin.vd + 2 * lin.value_heads;
+    lin.layer_floats =
+        lin.key_heads * cuda::gatedDeltaNetGroupFloats(
+                            lin.dk, lin.dv, lin.taps, lin.value_heads / std::max(lin.key_heads, 1));
+    s.slot_floats = c.linearLayers() * lin.layer_floats;
+    // One slot per sequence a step can hold unless the caller sizes them (TpGroup: the
+    // scheduler's slots).
+    s.state_slots = options.state_slots > 0 ? options.state_slots : s.options.max_sequences;
+  }
   const model::KvCacheShape cache_shape = model::kvCacheShape(c);
   s.cache_parts = cache_shape.parts;
   s.cache_head_dim = cache_shape.head_dim;
@@ -618,6 +708,121 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
   return state;
 }
 
+// A matrix's rows as floats, checked to be [rows][cols]; errors name `what`.
+absl::StatusOr<std::vector<float>> hostRows(const cpu::CpuMatrix& m, int64_t rows, int64_t cols,
+                                            const char* what) {
+  if (m.rows() != rows || m.cols() != cols)
+    return absl::InvalidArgumentError(absl::StrCat(what, " is [", m.rows(), ", ", m.cols(),
+                                                   "], expected [", rows, ", ", cols, "]"));
+  std::vector<float> values(static_cast<size_t>(rows * cols));
+  CLEAVE_RETURN_IF_ERROR(cpu::dequantizeRows(m.source(), 0, rows, values.data()));
+  return values;
+}
+
+// Gated attention's stacked projection: each head's query rows (wq holds them before its
+// gate rows), K, V, then each head's gate rows at gate_offset.
+absl::Status uploadGatedQkv(const LlamaLayer& src, const CudaLlamaModel::State& s,
+                            DeviceLayer& dst) {
+  const int64_t hidden = s.hidden, hd = s.head_dim;
+  CLEAVE_ASSIGN_OR_RETURN(std::vector<float> q, hostRows(src.wq, 2 * s.q_dim, hidden, "wq"));
+  CLEAVE_ASSIGN_OR_RETURN(std::vector<float> k, hostRows(src.wk, s.kv_dim, hidden, "wk"));
+  CLEAVE_ASSIGN_OR_RETURN(std::vector<float> v, hostRows(src.wv, s.kv_dim, hidden, "wv"));
+  std::vector<float> qkv(static_cast<size_t>(s.qkv_dim * hidden));
+  for (int64_t h = 0; h < s.heads; ++h) {
+    std::copy_n(q.data() + 2 * h * hd * hidden, hd * hidden, qkv.data() + h * hd * hidden);
+    std::copy_n(q.data() + (2 * h + 1) * hd * hidden, hd * hidden,
+                qkv.data() + (s.gate_offset + h * hd) * hidden);
+  }
+  std::copy(k.begin(), k.end(), qkv.begin() + s.q_dim * hidden);
+  std::copy(v.begin(), v.end(), qkv.begin() + (s.q_dim + s.kv_dim) * hidden);
+  return uploadBf16(qkv, bf16Data(dst.wqkv), "gated attention's q, k, v and gates");
+}
+
+// A linear-attention layer's weights in the kernels' order (gated_delta_net.h): the rank's
+// q, k, v, z, b and a rows stacked, each key head's value heads together, whatever order the
+// checkpoint keeps them in (Qwen3-Next's grouped projections, llama.cpp's tiled value heads).
+absl::Status uploadLinear(const GatedDeltaNetWeights& w, const CudaLlamaModel::State& s,
+                          DeviceLayer& dst) {
+  const CudaLlamaModel::State::Linear& lin = *s.lin;
+  const int64_t hidden = s.hidden, dk = lin.dk, dv = lin.dv;
+  const int64_t keys = lin.key_heads, values = lin.value_heads, ratio = values / keys;
+  // Where the kernels keep a stored value head.
+  const bool tiled = s.config.linear_attention->tiled_value_heads;
+  auto placeOf = [&](int64_t h) { return tiled ? (h % keys) * ratio + h / keys : h; };
+  const int64_t q0 = 0, k0 = lin.kd, v0 = 2 * lin.kd, z0 = lin.channels;
+  const int64_t b0 = lin.channels + lin.vd, a0 = b0 + values;
+  std::vector<float> proj(static_cast<size_t>(lin.proj_dim * hidden));
+  auto put = [&](const std::vector<float>& from, int64_t from_row, int64_t to_row, int64_t rows) {
+    std::copy_n(from.data() + from_row * hidden, rows * hidden, proj.data() + to_row * hidden);
+  };
+  if (w.qkvz.rows() > 0) {  // Per key head: q, k, its value heads' v, then their z.
+    const int64_t group = 2 * dk + 2 * ratio * dv;
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> m,
+                            hostRows(w.qkvz, keys * group, hidden, "in_proj_qkvz"));
+    for (int64_t g = 0; g < keys; ++g) {
+      put(m, g * group, q0 + g * dk, dk);
+      put(m, g * group + dk, k0 + g * dk, dk);
+      put(m, g * group + 2 * dk, v0 + g * ratio * dv, ratio * dv);
+      put(m, g * group + 2 * dk + ratio * dv, z0 + g * ratio * dv, ratio * dv);
+    }
+  } else {
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> q, hostRows(w.q, lin.kd, hidden, "linear q"));
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> k, hostRows(w.k, lin.kd, hidden, "linear k"));
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> v, hostRows(w.v, lin.vd, hidden, "linear v"));
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> z, hostRows(w.z, lin.vd, hidden, "linear z"));
+    put(q, 0, q0, lin.kd);
+    put(k, 0, k0, lin.kd);
+    for (int64_t h = 0; h < values; ++h) {
+      put(v, h * dv, v0 + placeOf(h) * dv, dv);
+      put(z, h * dv, z0 + placeOf(h) * dv, dv);
+    }
+  }
+  if (w.ba.rows() > 0) {  // Per key head: its value heads' b, then their a.
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> m, hostRows(w.ba, 2 * values, hidden, "in_proj_ba"));
+    for (int64_t g = 0; g < keys; ++g) {
+      put(m, g * 2 * ratio, b0 + g * ratio, ratio);
+      put(m, g * 2 * ratio + ratio, a0 + g * ratio, ratio);
+    }
+  } else {
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> b, hostRows(w.b, values, hidden, "linear b"));
+    CLEAVE_ASSIGN_OR_RETURN(std::vector<float> a, hostRows(w.a, values, hidden, "linear a"));
+    for (int64_t h = 0; h < values; ++h) {
+      put(b, h, b0 + placeOf(h), 1);
+      put(a, h, a0 + placeOf(h), 1);
+    }
+  }
+  CLEAVE_RETURN_IF_ERROR(uploadBf16(proj, bf16Data(dst.lin_proj), "linear attention projections"));
+  const int64_t taps = lin.taps;
+  if (static_cast<int64_t>(w.conv.size()) != lin.channels * taps ||
+      static_cast<int64_t>(w.a_rate.size()) != values ||
+      static_cast<int64_t>(w.dt_bias.size()) != values)
+    return absl::InvalidArgumentError(
+        absl::StrCat("linear attention: ", w.conv.size(), " convolution weights, ", w.a_rate.size(),
+                     " decay rates and ", w.dt_bias.size(), " dt biases for ", lin.channels,
+                     " channels of ", taps, " taps and ", values, " value heads"));
+  std::vector<float> conv(w.conv.begin(), w.conv.begin() + 2 * lin.kd * taps);
+  conv.resize(w.conv.size());
+  std::vector<float> a_rate(values), dt_bias(values);
+  for (int64_t h = 0; h < values; ++h) {
+    std::copy_n(w.conv.data() + (2 * lin.kd + h * dv) * taps, dv * taps,
+                conv.data() + (2 * lin.kd + placeOf(h) * dv) * taps);
+    a_rate[placeOf(h)] = w.a_rate[h];
+    dt_bias[placeOf(h)] = w.dt_bias[h];
+  }
+  CLEAVE_RETURN_IF_ERROR(uploadF32(conv, dst.conv, lin.channels * taps, "linear conv1d"));
+  CLEAVE_RETURN_IF_ERROR(uploadF32(a_rate, dst.a_rate, values, "linear A_log"));
+  CLEAVE_RETURN_IF_ERROR(uploadF32(dt_bias, dst.dt_bias, values, "linear dt_bias"));
+  CLEAVE_RETURN_IF_ERROR(uploadF32(w.norm, dst.lin_norm, dv, "linear norm"));
+  // The output projection's columns follow the value heads.
+  CLEAVE_ASSIGN_OR_RETURN(std::vector<float> out, hostRows(w.out, hidden, lin.vd, "out_proj"));
+  std::vector<float> placed(out.size());
+  for (int64_t row = 0; row < hidden; ++row)
+    for (int64_t h = 0; h < values; ++h)
+      std::copy_n(out.data() + row * lin.vd + h * dv, dv,
+                  placed.data() + row * lin.vd + placeOf(h) * dv);
+  return uploadBf16(placed, bf16Data(dst.wo), "linear out_proj");
+}
+
 // A layer's latent attention projections, as bf16 (its per-head matrices stacked).
 absl::Status uploadMla(const MlaWeights& src, const CudaLlamaModel::State& s, DeviceLayer& dst) {
   if (s.q_low > 0) {
@@ -670,12 +875,19 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepareFor(const LlamaWei
                                                                   bool allocate,
                                                                   BackendMemory* memory = nullptr) {
   CLEAVE_RETURN_IF_ERROR(cpu::ropeSupported(w.config.rope_scaling));
-  const bool any = !w.layers.empty();
+  // The attention layers' traits, read off the first (Qwen3.5's first layers are linear).
+  const LlamaLayer* first = nullptr;
+  for (const LlamaLayer& l : w.layers) {
+    if (!l.linear) {
+      first = &l;
+      break;
+    }
+  }
   const LayerTraits traits{
-      .qkv_bias = any && !w.layers[0].bq.empty(),
-      .qk_norm = any && !w.layers[0].q_norm.empty(),
-      .o_bias = any && !w.layers[0].bo.empty(),
-      .sinks = any && !w.layers[0].sinks.empty(),
+      .qkv_bias = first && !first->bq.empty(),
+      .qk_norm = first && !first->q_norm.empty(),
+      .o_bias = first && !first->bo.empty(),
+      .sinks = first && !first->sinks.empty(),
       .tied = w.output.source().data == w.token_embd.data && w.token_embd.type == w.output.type()};
   std::vector<const MoeBlock*> moe_blocks;
   for (const LlamaLayer& l : w.layers) {
@@ -689,9 +901,11 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepareFor(const LlamaWei
     chosen.operands = cuda::GemmOperands::kWidened;
   std::vector<LayerFormats> formats;
   for (const LlamaLayer& l : w.layers) {
-    LayerFormats f{
-        .qkv = l.mla ? cuda::ExpertWeightFormat::kBf16 : stackFormat({&l.wq, &l.wk, &l.wv}),
-        .o = stackFormat({&l.wo})};
+    // Latent, gated and linear attention's projections are bf16 (rows rearranged at upload).
+    const bool bf16_attention = l.mla || l.linear || w.config.attention_output_gate;
+    LayerFormats f{.qkv = bf16_attention ? cuda::ExpertWeightFormat::kBf16
+                                         : stackFormat({&l.wq, &l.wk, &l.wv}),
+                   .o = l.linear ? cuda::ExpertWeightFormat::kBf16 : stackFormat({&l.wo})};
     if (!l.moe) {
       f.gate_up = stackFormat({&l.w_gate, &l.w_up});
       f.down = stackFormat({&l.w_down});
@@ -711,7 +925,7 @@ absl::StatusOr<BackendMemory> CudaLlamaModel::estimate(const LlamaWeights& w,
   BackendMemory e;
   CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<State> state, prepareFor(w, one, /*allocate=*/false, &e));
   const State& s = *state;
-  e.kv_block_bytes = s.cache_parts * s.layers * s.kv_heads * s.options.block_size *
+  e.kv_block_bytes = s.cache_parts * s.kv_layers * s.kv_heads * s.options.block_size *
                      s.cache_head_dim * s.kvElementBytes();
   e.weights = s.plan.weights;
   // The cache of one block holds the padding rows' scratch block too: fixed, like the rest.
@@ -739,39 +953,48 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::create(
           "layer ", l, "'s norms before attention and the MLP do not match the config"));
     if (dst.attn_norm != nullptr)
       CLEAVE_RETURN_IF_ERROR(uploadF32(src.attn_norm, dst.attn_norm, s.hidden, "attn_norm"));
-    if (src.mla.has_value() != s.mla)
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", l, "'s attention does not match the config (MLA or not)"));
-    if (s.mla) {
-      CLEAVE_RETURN_IF_ERROR(uploadMla(*src.mla, s, dst));
+    if (src.linear.has_value() != (s.linear_index[l] >= 0))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", l, "'s attention does not match the config (linear attention or not)"));
+    if (src.linear) {
+      CLEAVE_RETURN_IF_ERROR(uploadLinear(*src.linear, s, dst));
     } else {
-      CLEAVE_RETURN_IF_ERROR(uploadRows(src.wq, dst.wqkv, 0, 0, "wq"));
-      CLEAVE_RETURN_IF_ERROR(uploadRows(src.wk, dst.wqkv, 0, s.q_dim, "wk"));
-      CLEAVE_RETURN_IF_ERROR(uploadRows(src.wv, dst.wqkv, 0, s.q_dim + s.kv_dim, "wv"));
+      if (src.mla.has_value() != s.mla)
+        return absl::InvalidArgumentError(
+            absl::StrCat("layer ", l, "'s attention does not match the config (MLA or not)"));
+      if (s.mla) {
+        CLEAVE_RETURN_IF_ERROR(uploadMla(*src.mla, s, dst));
+      } else if (s.gated) {
+        CLEAVE_RETURN_IF_ERROR(uploadGatedQkv(src, s, dst));
+      } else {
+        CLEAVE_RETURN_IF_ERROR(uploadRows(src.wq, dst.wqkv, 0, 0, "wq"));
+        CLEAVE_RETURN_IF_ERROR(uploadRows(src.wk, dst.wqkv, 0, s.q_dim, "wk"));
+        CLEAVE_RETURN_IF_ERROR(uploadRows(src.wv, dst.wqkv, 0, s.q_dim + s.kv_dim, "wv"));
+      }
+      if (s.traits.qkv_bias) {
+        std::vector<float> bias = src.bq;
+        bias.insert(bias.end(), src.bk.begin(), src.bk.end());
+        bias.insert(bias.end(), src.bv.begin(), src.bv.end());
+        CLEAVE_RETURN_IF_ERROR(uploadBf16(bias, dst.bqkv, "qkv bias"));
+      }
+      if (s.traits.qk_norm) {
+        const bool across = s.config.qk_norm_across_heads;
+        CLEAVE_RETURN_IF_ERROR(
+            uploadF32(src.q_norm, dst.q_norm, across ? s.q_dim : s.head_dim, "q_norm"));
+        CLEAVE_RETURN_IF_ERROR(
+            uploadF32(src.k_norm, dst.k_norm, across ? s.kv_dim : s.head_dim, "k_norm"));
+      }
+      CLEAVE_RETURN_IF_ERROR(uploadRows(src.wo, dst.wo, 0, 0, "wo"));
+      if (static_cast<int64_t>(src.bo.size()) != (s.traits.o_bias ? s.hidden : 0) ||
+          static_cast<int64_t>(src.sinks.size()) != (s.traits.sinks ? s.heads : 0))
+        return absl::InvalidArgumentError(absl::StrCat(
+            "layer ", l, "'s O bias or attention sinks differ from the first layer's (",
+            src.bo.size(), " and ", src.sinks.size(), " values)"));
+      if (s.traits.o_bias) CLEAVE_RETURN_IF_ERROR(uploadBf16(src.bo, dst.bo, "o_proj bias"));
+      if (s.traits.sinks)
+        CLEAVE_RETURN_IF_ERROR(
+            uploadBytes(dst.sinks, src.sinks.data(), src.sinks.size() * 4, "attention sinks"));
     }
-    if (s.traits.qkv_bias) {
-      std::vector<float> bias = src.bq;
-      bias.insert(bias.end(), src.bk.begin(), src.bk.end());
-      bias.insert(bias.end(), src.bv.begin(), src.bv.end());
-      CLEAVE_RETURN_IF_ERROR(uploadBf16(bias, dst.bqkv, "qkv bias"));
-    }
-    if (s.traits.qk_norm) {
-      const bool across = s.config.qk_norm_across_heads;
-      CLEAVE_RETURN_IF_ERROR(
-          uploadF32(src.q_norm, dst.q_norm, across ? s.q_dim : s.head_dim, "q_norm"));
-      CLEAVE_RETURN_IF_ERROR(
-          uploadF32(src.k_norm, dst.k_norm, across ? s.kv_dim : s.head_dim, "k_norm"));
-    }
-    CLEAVE_RETURN_IF_ERROR(uploadRows(src.wo, dst.wo, 0, 0, "wo"));
-    if (static_cast<int64_t>(src.bo.size()) != (s.traits.o_bias ? s.hidden : 0) ||
-        static_cast<int64_t>(src.sinks.size()) != (s.traits.sinks ? s.heads : 0))
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer ", l, "'s O bias or attention sinks differ from the first layer's (",
-                       src.bo.size(), " and ", src.sinks.size(), " values)"));
-    if (s.traits.o_bias) CLEAVE_RETURN_IF_ERROR(uploadBf16(src.bo, dst.bo, "o_proj bias"));
-    if (s.traits.sinks)
-      CLEAVE_RETURN_IF_ERROR(
-          uploadBytes(dst.sinks, src.sinks.data(), src.sinks.size() * 4, "attention sinks"));
     if (dst.ffn_norm != nullptr)
       CLEAVE_RETURN_IF_ERROR(uploadF32(src.ffn_norm, dst.ffn_norm, s.hidden, "ffn_norm"));
     if (dst.post_attn_norm != nullptr) {
@@ -829,7 +1052,15 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel>> CudaLlamaModel::createRandom(
   for (int64_t l = 0; l < s.layers; ++l) {
     const DeviceLayer& d = s.layer[l];
     if (d.attn_norm != nullptr) CLEAVE_RETURN_IF_ERROR(fill(d.attn_norm, s.hidden, 0.8f, 1.2f));
-    if (s.mla) {
+    if (s.linear_index[l] >= 0) {
+      const State::Linear& lin = *s.lin;
+      CLEAVE_RETURN_IF_ERROR(fillMatrix(d.lin_proj, lin.proj_dim, s.hidden));
+      CLEAVE_RETURN_IF_ERROR(fill(d.conv, lin.channels * lin.taps, -0.5f, 0.5f));
+      CLEAVE_RETURN_IF_ERROR(fill(d.a_rate, lin.value_heads, -1.0f, -0.05f));
+      CLEAVE_RETURN_IF_ERROR(fill(d.dt_bias, lin.value_heads, -1.0f, 1.0f));
+      CLEAVE_RETURN_IF_ERROR(fill(d.lin_norm, lin.dv, 0.8f, 1.2f));
+      CLEAVE_RETURN_IF_ERROR(fillMatrix(d.wo, s.hidden, lin.vd));
+    } else if (s.mla) {
       if (s.q_low > 0) {
         CLEAVE_RETURN_IF_ERROR(fillMatrix(d.q_a, s.q_low, s.hidden));
         CLEAVE_RETURN_IF_ERROR(fill(d.q_a_norm, s.q_low, 0.8f, 1.2f));
@@ -885,14 +1116,14 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
   State& s = *state_;
   const KvStorageOptions& o = host.options();
   const int64_t element = cpu::kvElementBytes(o.type);
-  if (o.num_layers != s.layers || o.kv_heads != s.kv_heads || o.head_dim != s.cache_head_dim ||
+  if (o.num_layers != s.kv_layers || o.kv_heads != s.kv_heads || o.head_dim != s.cache_head_dim ||
       o.parts != s.cache_parts || o.block_size != s.options.block_size ||
       element != s.kvElementBytes() ||
       (o.type == cpu::KvType::kFp8E4M3) != (s.options.kv_dtype == cuda::KvDtype::kFp8E4M3))
     return absl::InvalidArgumentError(
         absl::StrCat("host KV rows [", o.num_layers, " layers, ", o.kv_heads, " heads, head_dim ",
                      o.head_dim, ", blocks of ", o.block_size, ", ", cpu::kvTypeName(o.type),
-                     "] do not match the GPU cache's [", s.layers, ", ", s.kv_heads, ", ",
+                     "] do not match the GPU cache's [", s.kv_layers, ", ", s.kv_heads, ", ",
                      s.cache_head_dim, ", ", s.options.block_size, ", ",
                      s.options.kv_dtype == cuda::KvDtype::kFp8E4M3 ? "fp8_e4m3" : "bf16", "]"));
   if (blocks.size() != rows.size())
@@ -931,7 +1162,7 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
            rows[end] == rows[end - 1] + 1)
       ++end;
     const int64_t bytes = static_cast<int64_t>(end - i) * block_bytes;
-    for (int64_t l = 0; l < s.layers; ++l) {
+    for (int64_t l = 0; l < s.kv_layers; ++l) {
       for (int kv = 0; kv < s.cache_parts; ++kv) {
         uint8_t* device =
             static_cast<uint8_t*>(kv == 0 ? s.keys(l) : s.values(l)) + blocks[i] * block_bytes;
@@ -952,6 +1183,26 @@ absl::Status CudaLlamaModel::copyKv(KvCopy direction, std::span<const int32_t> b
     i = end;
   }
   return cuda::cudaStatus(cudaStreamSynchronize(s.stream), "KV row copies");
+}
+
+absl::Status CudaLlamaModel::copyState(KvCopy direction, int32_t slot, KvStorage& host) {
+  State& s = *state_;
+  if (!s.lin) return absl::FailedPreconditionError("the model has no linear-attention state");
+  if (host.options().state_floats != s.slot_floats || slot < 0 || slot >= s.state_slots ||
+      slot >= host.stateSlots())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state slot ", slot, " of ", s.state_slots, " GPU slots of ", s.slot_floats,
+        " floats and ", host.stateSlots(), " host slots of ", host.options().state_floats));
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaSetDevice(s.options.device), "selecting the GPU"));
+  const bool to_host = direction == KvCopy::kToHost;
+  float* device = s.states + slot * s.slot_floats;
+  float* rows = host.state(slot);
+  CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
+      cudaMemcpyAsync(to_host ? rows : device, to_host ? device : rows,
+                      static_cast<size_t>(s.slot_floats) * sizeof(float),
+                      to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, s.stream),
+      to_host ? "copying a state slot to the host" : "copying a state slot to the GPU"));
+  return cuda::cudaStatus(cudaStreamSynchronize(s.stream), "state slot copy");
 }
 
 int64_t CudaLlamaModel::kvBlocks() const { return state_->kv_blocks; }
@@ -1080,7 +1331,36 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
     // Gemma 3's sliding layers rotate with their own base.
     const bool local_rope =
         sliding_inv_freq != nullptr && config.attentionWindow(static_cast<uint32_t>(l)) > 0;
-    if (mla) {
+    if (linear_index[l] >= 0) {
+      // Gated DeltaNet: one input projection, the convolution and the delta rule over each
+      // sequence's state, then O.
+      CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.lin_proj, nullptr, lin_projected));
+      CLEAVE_RETURN_IF_ERROR(
+          cuda::gatedDeltaNet({.proj = lin_projected,
+                               .proj_stride = lin->proj_dim,
+                               .mixed = lin_mixed,
+                               .q_starts = qStarts(meta),
+                               .positions = positions(meta),
+                               .state_slots = stateSlots(meta),
+                               .states = states,
+                               .slot_floats = slot_floats,
+                               .layer_offset = linear_index[l] * lin->layer_floats,
+                               .conv = d.conv,
+                               .a_rate = d.a_rate,
+                               .dt_bias = d.dt_bias,
+                               .norm = d.lin_norm,
+                               .sequences = static_cast<int>(sequences),
+                               .key_heads = lin->key_heads,
+                               .value_heads = lin->value_heads,
+                               .key_head_dim = lin->dk,
+                               .value_head_dim = lin->dv,
+                               .conv_kernel = lin->taps,
+                               .eps = eps,
+                               .out = lin_out,
+                               .out_stride = lin->vd},
+                              st));
+      CLEAVE_RETURN_IF_ERROR(linear(lin_out, lin->vd, d.wo, nullptr, o));
+    } else if (mla) {
       // Latent attention: Q (through its low rank), the latent row, the absorbed queries
       // (each head's no-rope part times its W_UKᵀ; the rope part rotated by the cache
       // write), attention over the latent, each head's result times its W_UV, then O.
@@ -1133,7 +1413,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                                 .layout = rope_layout,
                                 .q_abs = mla_q_abs,
                                 .q_abs_stride = heads * latent_row,
-                                .cache = keys(l),
+                                .cache = keys(kv_index[l]),
                                 .kv_dtype = options.kv_dtype,
                                 .kv_scale = d.k_scale},
                                st));
@@ -1141,7 +1421,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
           cuda::mlaAttention(mla_plan,
                              {.q = mla_q_abs,
                               .q_stride = heads * latent_row,
-                              .cache = keys(l),
+                              .cache = keys(kv_index[l]),
                               .kv_dtype = options.kv_dtype,
                               .kv_scale = d.k_scale,
                               .positions = positions(meta),
@@ -1218,8 +1498,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                              .layout = rope_layout,
                              .q_out = q,
                              .q_stride = q_dim,
-                             .k_cache = keys(l),
-                             .v_cache = values(l),
+                             .k_cache = keys(kv_index[l]),
+                             .v_cache = values(kv_index[l]),
                              .kv_dtype = options.kv_dtype,
                              .k_scale = d.k_scale,
                              .v_scale = d.v_scale},
@@ -1230,8 +1510,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
             cuda::runDecodeAttention(plans.decode,
                                      {.q = q,
                                       .q_stride = q_dim,
-                                      .k_cache = keys(l),
-                                      .v_cache = values(l),
+                                      .k_cache = keys(kv_index[l]),
+                                      .v_cache = values(kv_index[l]),
                                       .k_scale = d.k_scale,
                                       .v_scale = d.v_scale,
                                       .block_tables = tables(meta),
@@ -1248,8 +1528,8 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
             cuda::runPrefillAttention(plans.prefill,
                                       {.q = q,
                                        .q_stride = q_dim,
-                                       .k_cache = keys(l),
-                                       .v_cache = values(l),
+                                       .k_cache = keys(kv_index[l]),
+                                       .v_cache = values(kv_index[l]),
                                        .k_scale = d.k_scale,
                                        .v_scale = d.v_scale,
                                        .block_tables = tables(meta),
@@ -1262,6 +1542,9 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                                        .out_stride = q_dim},
                                       st));
       }
+      if (gated)  // Gated attention: each output value times σ of its gate.
+        CLEAVE_RETURN_IF_ERROR(
+            cuda::sigmoidGate(attn, q_dim, qkv + gate_offset, qkv_dim, n, q_dim, st));
       CLEAVE_RETURN_IF_ERROR(linear(attn, q_dim, d.wo, d.bo, o));
     }
     CLEAVE_RETURN_IF_ERROR(reduce(o, n));
@@ -1387,7 +1670,8 @@ absl::StatusOr<StepOutput> CudaLlamaModel::forwardAndDraw(std::span<const Sequen
     return absl::InvalidArgumentError(absl::StrCat("a step of ", batch.size(), " sequences given ",
                                                    outputs.size(), " row outputs"));
   const int64_t bs = s.options.block_size;
-  CLEAVE_RETURN_IF_ERROR(validateBatch(batch, static_cast<uint32_t>(s.vocab), bs, s.kv_blocks));
+  CLEAVE_RETURN_IF_ERROR(validateBatch(batch, static_cast<uint32_t>(s.vocab), bs, s.kv_blocks,
+                                       s.lin ? s.state_slots : 0));
   if (logitRows(batch) > s.L())
     return absl::InvalidArgumentError(absl::StrCat("a step asks for ", logitRows(batch),
                                                    " rows of logits, past the model's ", s.L(),
@@ -1449,6 +1733,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
       s.slots(m)[t] = static_cast<int32_t>(scratch * bs);
       s.contexts(m)[q] = 1;
       s.lastRows(m)[logit_rows++] = static_cast<int32_t>(t);
+      s.stateSlots(m)[q] = static_cast<int32_t>(s.state_slots);  // the padding rows' slot
       std::fill(table, table + s.max_blocks_per_seq, scratch);
       ++t;
       s.qStarts(m)[q + 1] = static_cast<int32_t>(t);
@@ -1462,6 +1747,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
       s.slots(m)[t] = static_cast<int32_t>(chunk.blocks[pos / bs] * bs + pos % bs);
     }
     s.qStarts(m)[q + 1] = static_cast<int32_t>(t);
+    s.stateSlots(m)[q] = std::max(chunk.state, 0);
     s.contexts(m)[q] = static_cast<int32_t>(chunk.start + chunk.tokens.size());
     for (int64_t j = t - chunk.logits; j < t; ++j)
       s.lastRows(m)[logit_rows++] = static_cast<int32_t>(j);
@@ -1638,6 +1924,9 @@ class CudaRankBackend final : public StepBackend {
                       std::span<const int32_t> rows, KvStorage& host) override {
     return model_->copyKv(direction, blocks, rows, host);
   }
+  absl::Status copyState(KvCopy direction, int32_t slot, KvStorage& host) override {
+    return model_->copyState(direction, slot, host);
+  }
   int64_t weightBytes() const override { return model_->weightBytes(); }
   int64_t routedExpertBytes() const override { return model_->routedExpertBytes(); }
   bool multiRowLogits() const override { return model_->multiRowLogits(); }
@@ -1671,8 +1960,8 @@ int64_t modelContext(const model::ModelConfig& config, const CudaModelOptions& b
 }  // namespace
 
 StepBackendFactory cudaStepBackend(const CudaModelOptions& base) {
-  return [base](std::span<const LlamaWeights* const> ranks, int64_t num_blocks,
-                int64_t block_size) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
+  return [base](std::span<const LlamaWeights* const> ranks, int64_t num_blocks, int64_t block_size,
+                int64_t state_slots) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
     const int n = static_cast<int>(ranks.size());
     auto group = std::make_shared<std::vector<std::unique_ptr<NcclCommunicator>>>();
     if (n > 1) {
@@ -1689,6 +1978,7 @@ StepBackendFactory cudaStepBackend(const CudaModelOptions& base) {
       options.comm = n > 1 ? (*group)[r].get() : nullptr;
       options.kv_blocks = num_blocks;
       options.block_size = block_size;
+      options.state_slots = state_slots;
       options.max_context =
           std::min<int64_t>(num_blocks * block_size, modelContext(weights.config, base));
       CLEAVE_ASSIGN_OR_RETURN(std::unique_ptr<CudaLlamaModel> model,

@@ -15,6 +15,13 @@
 // (powers of two up to max_sequences); padding rows write a scratch block no sequence
 // owns.
 //
+// Qwen3.5's and Qwen3-Next's layers: gated attention (wqkv's rows end with each head's gate
+// rows, and the attention's output is times their sigmoid before O) and linear attention
+// (Gated DeltaNet: one input projection, kernels/cuda/gated_delta_net.h, then O). A linear
+// layer has no KV cache; each sequence's state over those layers is a slot of its own
+// (options.state_slots, f32, laid out as the CPU's KvStorage::state, gated_delta_net.h),
+// which a chunk at position 0 starts afresh.
+//
 // DeepSeek's multi-head latent attention replaces the QKV product, RoPE and attention with
 // the latent path of mla_attention.h (low-rank Q, the latent row cached, absorbed queries,
 // the latent attention kernel, W_UV per head); the cache then has one part of one head.
@@ -61,6 +68,9 @@ struct CudaModelOptions {
   int64_t max_context = 4096;  // positions of one sequence
   int64_t block_size = 16;
   int64_t kv_blocks = 0;  // 0: max_sequences sequences of max_context positions
+  // A model with linear-attention layers: slots of their state (SequenceChunk::state names
+  // one), 0: max_sequences. Ignored by other models.
+  int64_t state_slots = 0;
   bool cuda_graphs = true;
   // The KV cache's element type; e4m3 halves its bytes (scaled per layer by the
   // checkpoint's k_scale and v_scale, 1 without them).
@@ -130,6 +140,9 @@ class CudaLlamaModel : public StepBackend {
   // host pool first).
   absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
                       std::span<const int32_t> rows, KvStorage& host) override;
+  // One linear-attention state slot to or from the host's (StepBackend::copyState); `host`
+  // must hold slots of this model's slot floats.
+  absl::Status copyState(KvCopy direction, int32_t slot, KvStorage& host) override;
 
   int64_t kvBlocks() const;
   const CudaMemoryPlan& memoryPlan() const;

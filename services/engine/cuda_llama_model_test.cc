@@ -86,21 +86,26 @@ void checkModel(const std::string& path, cuda::KvDtype kv = cuda::KvDtype::kBf16
   ASSERT_TRUE(weights.ok()) << weights.status();
   const LlamaWeights& w = **weights;
   const int64_t vocab = w.config.vocab_size;
+  // Linear-attention models: each sequence's state in a slot (the last ones of four).
+  const bool linear = w.config.linear_attention.has_value();
   auto gpu = CudaLlamaModel::create(w, {.max_step_tokens = 256,
                                         .max_sequences = 4,
                                         .max_context = 256,
+                                        .state_slots = 4,
                                         .kv_dtype = kv,
                                         .operands = operands});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   cpu::ThreadPool pool(2);
   LlamaModel cpu_model(w, pool);
   const model::KvCacheShape shape = model::kvCacheShape(w.config);
-  KvStorage cache({.num_layers = static_cast<int64_t>(w.layers.size()),
+  KvStorage cache({.num_layers = w.config.kvLayers(),
                    .kv_heads = w.dims.kv_heads.size,
                    .head_dim = shape.head_dim,
                    .block_size = 16,
                    .num_blocks = (*gpu)->kvBlocks(),
-                   .parts = shape.parts});
+                   .parts = shape.parts,
+                   .state_slots = linear ? 4 : 0,
+                   .state_floats = linearStateFloats(w.config, w.dims)});
 
   std::mt19937 rng(cuda::testing::freshSeed());
   std::uniform_int_distribution<uint32_t> token(0, static_cast<uint32_t>(vocab - 1));
@@ -121,7 +126,10 @@ void checkModel(const std::string& path, cuda::KvDtype kv = cuda::KvDtype::kBf16
   Comparison c;
   std::vector<SequenceChunk> batch(lengths.size());
   for (size_t s = 0; s < lengths.size(); ++s)
-    batch[s] = {.tokens = tokens[s], .start = 0, .blocks = blocks[s]};
+    batch[s] = {.tokens = tokens[s],
+                .start = 0,
+                .blocks = blocks[s],
+                .state = linear ? static_cast<int32_t>(3 - s) : -1};
   for (int step = 0; step < 12; ++step) {
     SCOPED_TRACE(::testing::Message() << path << " step " << step);
     auto want = cpu_model.forward(batch, cache);
@@ -197,6 +205,12 @@ INSTANTIATE_TEST_SUITE_P(Glm4, CudaTinyModelTest,
 // Granite 3: embeddings, residual adds (in the fused norm) and logits scaled, its own softmax
 // scale, biases on Q, K, V and O.
 INSTANTIATE_TEST_SUITE_P(Granite, CudaTinyModelTest, ::testing::Values("granite_f32"));
+
+// Qwen3.5: Gated DeltaNet layers (their states in slots beside the KV cache) between gated
+// attention layers (a sigmoid gate per query value, a quarter of each head rotating); from
+// Hugging Face and from llama.cpp's GGUF, whose value heads are tiled over the key heads.
+INSTANTIATE_TEST_SUITE_P(Qwen35, CudaTinyModelTest,
+                         ::testing::Values("qwen3_5_f32", "../gguf/qwen3_5_f32.gguf"));
 
 // llama.cpp's NVFP4 blocks (qwen3_nvfp4.gguf: its attention, gate and up projections) on the
 // GPU's NVFP4 path, rearranged at upload, against the CPU's float computation of the same
@@ -404,6 +418,13 @@ INSTANTIATE_TEST_SUITE_P(Glm, CudaMoeModelTest,
 INSTANTIATE_TEST_SUITE_P(MiniMax, CudaMoeModelTest,
                          ::testing::Values("minimax_m2_f32", "../gguf/minimax_m2_f32.gguf"));
 
+// Qwen3.5-MoE (a shared expert gated by σ(x · shared_expert_gate), from Hugging Face and
+// GGUF) and Qwen3-Next (grouped q/k/v/z and b/a projections, dense and MoE layers) on the
+// linear-attention layers of Qwen3.5.
+INSTANTIATE_TEST_SUITE_P(Qwen35Moe, CudaMoeModelTest,
+                         ::testing::Values("qwen3_5_moe_f32", "../gguf/qwen3_5_moe_f32.gguf",
+                                           "qwen3_next_f32"));
+
 // DeepSeek-V3's multi-head latent attention (the latent cache, absorbed queries, the
 // CUDA-core latent attention kernel) with its MoE: float, bf16 and FP8 128x128 checkpoints
 // (low-rank Q, interleaved rope), V2-Lite's full-rank Q, rotate-half rope and YaRN, and
@@ -459,21 +480,25 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
   ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
   if (gpus < 2) GTEST_SKIP() << "one GPU: tensor parallelism needs two";
   // gpt-oss: the O and expert down-projection biases join one rank's partial sums only.
-  for (const char* name : {"llama_f32", "qwen2_f32", "qwen3_moe_f32", "gpt_oss_f32", "glm4_moe_f32",
-                           "gemma3_f32", "minimax_m2_f32", "olmo3_f32"}) {
+  // Qwen3.5 and Qwen3-Next: each rank runs its key heads' share of the linear layers.
+  for (const char* name :
+       {"llama_f32", "qwen2_f32", "qwen3_moe_f32", "gpt_oss_f32", "glm4_moe_f32", "gemma3_f32",
+        "minimax_m2_f32", "olmo3_f32", "qwen3_5_f32", "qwen3_next_f32"}) {
     SCOPED_TRACE(name);
     const std::string path = goldenDir() + "/engine/hf/" + name;
     std::vector<std::vector<float>> steps[2];
     for (int tp : {1, 2}) {
       auto group = TpGroup::load(path, {.tp = tp, .backend = cudaStepBackend({})});
       ASSERT_TRUE(group.ok()) << group.status();
-      ASSERT_TRUE((*group)->allocateKv(16, 16).ok());
+      ASSERT_TRUE((*group)->allocateKv(16, 16, 0, /*state_slots=*/4).ok());
       // Three sequences: decode steps run the graph bucket of four, one padding row.
       std::vector<std::vector<uint32_t>> tokens = {
           {3, 14, 15, 92, 65, 35, 89, 79}, {2, 71, 82}, {16, 18, 3, 39, 88}};
       std::vector<std::vector<int32_t>> blocks = {{0, 1}, {2, 3}, {4, 5}};
       std::vector<SequenceChunk> batch;
-      for (int q = 0; q < 3; ++q) batch.push_back({tokens[q], 0, blocks[q]});
+      const bool linear = (*group)->config().linear_attention.has_value();
+      for (int q = 0; q < 3; ++q)
+        batch.push_back({.tokens = tokens[q], .blocks = blocks[q], .state = linear ? q : -1});
       for (int step = 0; step < 5; ++step) {
         // Drawn greedily on the GPU from the ranks' gathered logits, and returned too.
         const std::vector<RowOutput> rows(3, RowOutput{.logits = true, .draw = DeviceDraw{}});
@@ -521,6 +546,14 @@ TEST(CudaWeightsTest, ShapesTheKernelsDoNotRunAreRefused) {
   refused = CudaLlamaModel::createRandom(*moe, {}, 1);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented) << refused.status();
   EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("GELU"));
+  // Linear-attention key heads past the delta-rule kernel's 128 rows.
+  auto hybrid = model::loadModelConfig(goldenDir() + "/engine/hf/qwen3_5_f32");
+  ASSERT_TRUE(hybrid.ok()) << hybrid.status();
+  hybrid->linear_attention->key_head_dim = 256;
+  refused = CudaLlamaModel::createRandom(*hybrid, {}, 1);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented) << refused.status();
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("key heads of 256"));
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("--backend cpu"));
 }
 
 TEST(CudaWeightsTest, QuantizedMatricesKeepTheFormatsTheKernelsRead) {

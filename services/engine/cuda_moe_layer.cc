@@ -13,6 +13,7 @@
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/moe_routing.h"
 #include "kernels/cuda/quantize_rows.h"
+#include "kernels/cuda/sigmoid_gate.h"
 #include "services/engine/cuda_weights.h"
 
 namespace cleave::engine {
@@ -35,6 +36,7 @@ absl::StatusOr<CudaMoeShape> cudaMoeShape(const model::ModelConfig& c, const Sha
   s.expert_begin = dims.experts.begin;
   s.local_experts = dims.experts.size;
   s.shared_inter = c.moe->shared_experts > 0 ? dims.shared_ffn.size : 0;
+  s.shared_gate = s.shared_inter > 0 && c.moe->shared_expert_gate;
   s.router_bias = c.moe->router_bias;
   s.gate_up_bias = c.moe->expert_bias;
   s.down_bias = c.moe->expert_bias && dims.expert_ffn.begin == 0;
@@ -89,6 +91,7 @@ CudaMoeWeights placeMoeWeights(Arena& arena, const CudaMoeShape& s) {
   if (s.shared_inter > 0) {
     w.shared_gu = arena.take<bf16>(2 * s.shared_inter * s.hidden);
     w.shared_down = arena.take<bf16>(s.hidden * s.shared_inter);
+    if (s.shared_gate) w.shared_gate = arena.take<float>(s.hidden);
   }
   return w;
 }
@@ -172,6 +175,12 @@ absl::Status uploadMoe(const MoeBlock& block, const CudaMoeShape& s, const CudaM
                                              "the shared experts' up"));
     CLEAVE_RETURN_IF_ERROR(
         uploadDequantized(block.shared->down, dst.shared_down, "the shared experts' down"));
+    if (block.shared_gate.empty() == s.shared_gate)
+      return absl::InvalidArgumentError(
+          "a MoE layer's shared_expert_gate does not match the config's (present or not)");
+    if (s.shared_gate)
+      CLEAVE_RETURN_IF_ERROR(
+          uploadF32(block.shared_gate, dst.shared_gate, s.hidden, "shared_expert_gate"));
   }
   return absl::OkStatus();
 }
@@ -239,6 +248,9 @@ absl::Status fillRandomMoe(const CudaMoeShape& s, const CudaMoeWeights& w, uint6
     CLEAVE_RETURN_IF_ERROR(fill(w.shared_down, s.hidden * s.shared_inter,
                                 1.0f / std::sqrt(static_cast<float>(s.shared_inter))));
   }
+  if (w.shared_gate != nullptr)
+    CLEAVE_RETURN_IF_ERROR(cuda::fillUniform(w.shared_gate, s.hidden, -in_scale, in_scale,
+                                             id++ * 0x9e3779b97f4a7c15ull, stream));
   for (float* bias : {w.score_bias, w.router_bias}) {
     if (bias == nullptr) continue;
     CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(
@@ -336,6 +348,9 @@ absl::Status enqueueMoe(const CudaMoeShape& s, const CudaMoeWeights& w, const Cu
                                      .y = ws.shared_out,
                                      .y_stride = s.hidden},
                                     stream));
+    if (s.shared_gate)  // Each token's shared output times σ(h · gate).
+      CLEAVE_RETURN_IF_ERROR(cuda::sigmoidRowGate(ws.shared_out, s.hidden, h, s.hidden,
+                                                  w.shared_gate, s.hidden, n, s.hidden, stream));
   }
   return cuda::combineExperts({.y = ws.y,
                                .y_stride = s.hidden,

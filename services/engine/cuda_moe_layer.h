@@ -43,6 +43,8 @@ struct CudaMoeShape {
   int64_t expert_begin = 0;
   int64_t local_experts = 0;
   int64_t shared_inter = 0;
+  // Qwen3.5-MoE: the shared experts' output times σ(h · shared_gate) (MoeBlock::shared_gate).
+  bool shared_gate = false;
   // gpt-oss: a bias on the router's logits; biases on the experts' gate and up rows, and on
   // their down rows where this rank holds each expert's first intermediate columns (a
   // partial sum elsewhere); its clamped SwiGLU.
@@ -79,6 +81,7 @@ struct CudaMoeWeights {
   __nv_bfloat16* down_bias = nullptr;     // [experts][hidden], or null
   __nv_bfloat16* shared_gu = nullptr;     // [2 shared_inter][hidden], or null
   __nv_bfloat16* shared_down = nullptr;   // [hidden][shared_inter]
+  float* shared_gate = nullptr;           // [hidden], with CudaMoeShape::shared_gate
 };
 
 // The step workspace every MoE layer uses in turn.

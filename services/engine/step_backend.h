@@ -75,6 +75,14 @@ class StepBackend {
   // different lengths.
   virtual absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
                               std::span<const int32_t> rows, KvStorage& host) = 0;
+  // A model with linear-attention layers: copies state slot `slot` (every linear layer's
+  // state of this rank's heads) to or from the same slot of `host`'s state area
+  // (KvStorage::state, the same layout), and returns once it is there. This default:
+  // Unimplemented (a backend running no such model).
+  virtual absl::Status copyState(KvCopy direction, int32_t slot, KvStorage& host) {
+    (void)direction, (void)slot, (void)host;
+    return absl::UnimplementedError("this backend keeps no linear-attention state");
+  }
   // Weight bytes a step reads, as the backend stores them (0: as the CPU model's), of which
   // routedExpertBytes() are routed experts (a step reads those its tokens pick).
   virtual int64_t weightBytes() const { return 0; }
@@ -96,8 +104,10 @@ using BackendMemoryEstimator = std::function<absl::StatusOr<std::vector<BackendM
 
 // Makes one backend per rank of a group, rank r's for ranks[r] (its shard of the weights,
 // read only during the call), each with a KV pool of `num_blocks` blocks of `block_size`
-// positions.
+// positions and, for a model with linear-attention layers, `state_slots` slots of their
+// state (SequenceChunk::state).
 using StepBackendFactory = std::function<absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>>(
-    std::span<const LlamaWeights* const> ranks, int64_t num_blocks, int64_t block_size)>;
+    std::span<const LlamaWeights* const> ranks, int64_t num_blocks, int64_t block_size,
+    int64_t state_slots)>;
 
 }  // namespace cleave::engine

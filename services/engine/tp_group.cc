@@ -230,7 +230,7 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size, int64_t
     backends_.clear();
     std::vector<const LlamaWeights*> shards;
     for (const auto& rank : ranks_) shards.push_back(rank->weights.get());
-    CLEAVE_ASSIGN_OR_RETURN(backends_, backend_factory_(shards, num_blocks, block_size));
+    CLEAVE_ASSIGN_OR_RETURN(backends_, backend_factory_(shards, num_blocks, block_size, state_slots_));
     if (backends_.size() != ranks_.size())
       return absl::InternalError("the backend factory made the wrong number of ranks");
     // The backends made their own copy (a GPU's): the CPU model, its weights and their file
@@ -382,6 +382,17 @@ absl::Status TpGroup::copyKv(KvCopy direction, std::span<const int32_t> blocks,
   if (!host_kv_) return absl::FailedPreconditionError("copyKv on a group without host KV rows");
   return onEveryRank([&](Rank& rank) -> absl::Status {
     return backends_[rank.index]->copyKv(direction, blocks, rows, *rank.kv);
+  });
+}
+
+absl::Status TpGroup::copyState(KvCopy direction, int32_t slot) {
+  if (state_slots_ == 0 || backends_.empty()) return absl::OkStatus();
+  if (slot < 0 || slot >= state_slots_)
+    return absl::InvalidArgumentError(
+        absl::StrCat("state slot ", slot, " is outside the group's ", state_slots_));
+  if (!host_kv_) return absl::FailedPreconditionError("copyState on a group without host rows");
+  return onEveryRank([&](Rank& rank) -> absl::Status {
+    return backends_[rank.index]->copyState(direction, slot, *rank.kv);
   });
 }
 

@@ -119,6 +119,11 @@ class TpGroup {
   // FailedPrecondition without host_kv; InvalidArgument for spans of different lengths.
   absl::Status copyKv(KvCopy direction, std::span<const int32_t> blocks,
                       std::span<const int32_t> rows);
+  // The same for state slot `slot` of a model with linear-attention layers (states()): the
+  // host slot takes the backends' or the reverse. A no-op on the CPU model, whose states are
+  // those host slots, and for a model without linear attention. InvalidArgument for a slot
+  // outside [0, stateSlots()).
+  absl::Status copyState(KvCopy direction, int32_t slot);
 
   // Loads the LoRA adapter in `folder` for every rank (loadLoraAdapter) and returns the
   // index chunks name it by (SequenceChunk::adapter). Errors: the loader's, a name already

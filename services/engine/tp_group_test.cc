@@ -527,10 +527,10 @@ struct SeparateGroup {
   SeparateGroup(const std::string& path, cpu::KvType type, bool host_kv, bool draws = false,
                 bool multi_row = false) {
     TpGroupOptions options{.kv_type = type, .host_kv = host_kv};
-    options.backend =
-        [this, type, path, draws, multi_row](
-            std::span<const LlamaWeights* const> ranks, int64_t blocks,
-            int64_t block_size) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
+    options.backend = [this, type, path, draws, multi_row](
+                          std::span<const LlamaWeights* const> ranks, int64_t blocks,
+                          int64_t block_size,
+                          int64_t) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
       std::vector<std::unique_ptr<StepBackend>> made;
       for (size_t r = 0; r < ranks.size(); ++r) {
         absl::StatusOr<std::unique_ptr<LlamaWeights>> own =
@@ -978,7 +978,7 @@ TEST(TpGroupHostKvTest, TheBackendsTakeOverTheWeights) {
     TpGroupOptions options{.tp = tp, .host_kv = true};
     int made = 0;
     options.backend = [&made](
-                          std::span<const LlamaWeights* const> ranks, int64_t,
+                          std::span<const LlamaWeights* const> ranks, int64_t, int64_t,
                           int64_t) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
       std::vector<std::unique_ptr<StepBackend>> backends;
       for (const LlamaWeights* w : ranks) {
