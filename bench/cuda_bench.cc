@@ -6,8 +6,10 @@
 // over the copy bandwidth); the skinny GEMM against cuBLASLt at decode batch sizes;
 // Qwen3-30B-A3B-shaped MoE: one MoE layer at batch 16 in bf16 and NVFP4 (W4A16) against the
 // bytes of the experts it touches, and a whole decode step; decode steps of DeepSeek-V2-Lite
-// and gpt-oss-120b shapes (its MXFP4 experts as the NVFP4 they load as); last, small
-// all-reduces, one-shot P2P against NCCL.
+// and gpt-oss-120b shapes (its MXFP4 experts as the NVFP4 they load as); Qwen3.5's Gated
+// DeltaNet layer (convolution and delta rule) at decode batch 16 against the bytes of the
+// states it reads and writes, and over a 4096-token prompt; last, small all-reduces,
+// one-shot P2P against NCCL.
 //
 // Times are medians of event-timed repetitions after warm-up; attention inputs rotate
 // between two sets larger than the L2 cache; every input is random (never zeros).
@@ -31,6 +33,7 @@
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/gated_delta_net.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/mla_attention.h"
 #include "kernels/cuda/moe_gemm.h"
@@ -765,6 +768,77 @@ void moeDecodeStep(const char* name, const model::ModelConfig& c, double copy_gb
   addRow({what, ms, fmt("%.2f ms", ms), fmt("%.0f%% of floor", 100 * floor_ms / ms), target});
 }
 
+// One Gated DeltaNet layer (the convolution and the delta rule, not the projections) of
+// Qwen3.5-397B-A17B's shape on one GPU of two (8 key heads, 32 value heads, heads of 128,
+// 4 taps): `sequences` sequences of `rows` rows each. A decode step's floor is its states
+// read and written once (f32) plus the projection read and the output written, over the
+// copy bandwidth; a prefill's is reported as rows per second.
+void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps) {
+  const int key_heads = 8, value_heads = 32, dk = 128, dv = 128, taps = 4;
+  const int64_t kd = int64_t{key_heads} * dk, vd = int64_t{value_heads} * dv;
+  const int64_t channels = 2 * kd + vd, proj_dim = channels + vd + 2 * value_heads;
+  const int64_t slot_floats =
+      key_heads * cuda::gatedDeltaNetGroupFloats(dk, dv, taps, value_heads / key_heads);
+  const int64_t tokens = int64_t{sequences} * rows;
+  bf16* proj = randomBf16(tokens * proj_dim, 41);
+  bf16* out = deviceAlloc<bf16>(tokens * vd);
+  float* mixed = deviceAlloc<float>(tokens * channels);
+  float* states = deviceAlloc<float>(sequences * slot_floats);
+  check(cuda::fillUniform(states, sequences * slot_floats, -0.1f, 0.1f, 43, nullptr), "states");
+  float* conv = deviceAlloc<float>(channels * taps);
+  check(cuda::fillUniform(conv, channels * taps, -0.5f, 0.5f, 44, nullptr), "conv");
+  float* per_head = deviceAlloc<float>(2 * value_heads + dv);
+  check(cuda::fillUniform(per_head, value_heads, -1.0f, -0.1f, 45, nullptr), "a_rate");
+  check(cuda::fillUniform(per_head + value_heads, value_heads + dv, 0.5f, 1.0f, 46, nullptr),
+        "dt_bias, norm");
+  std::vector<int32_t> meta;  // q_starts, positions, slots
+  for (int q = 0; q <= sequences; ++q) meta.push_back(q * rows);
+  for (int64_t t = 0; t < tokens; ++t) meta.push_back(static_cast<int32_t>(100 + t % rows));
+  for (int q = 0; q < sequences; ++q) meta.push_back(q);
+  int32_t* d_meta = deviceAlloc<int32_t>(meta.size());
+  check(cudaMemcpy(d_meta, meta.data(), meta.size() * 4, cudaMemcpyHostToDevice), "meta");
+  const cuda::GatedDeltaNetArgs args{.proj = proj,
+                                     .proj_stride = proj_dim,
+                                     .mixed = mixed,
+                                     .q_starts = d_meta,
+                                     .positions = d_meta + sequences + 1,
+                                     .state_slots = d_meta + sequences + 1 + tokens,
+                                     .states = states,
+                                     .slot_floats = slot_floats,
+                                     .conv = conv,
+                                     .a_rate = per_head,
+                                     .dt_bias = per_head + value_heads,
+                                     .norm = per_head + 2 * value_heads,
+                                     .sequences = sequences,
+                                     .key_heads = key_heads,
+                                     .value_heads = value_heads,
+                                     .key_head_dim = dk,
+                                     .value_head_dim = dv,
+                                     .conv_kernel = taps,
+                                     .out = out,
+                                     .out_stride = vd};
+  const double ms =
+      medianMs([&](int) { check(cuda::gatedDeltaNet(args, nullptr), "gated delta net"); }, reps);
+  char what[160];
+  if (rows == 1) {
+    const double bytes = 2.0 * sequences * slot_floats * 4 + tokens * (proj_dim + vd) * 2.0 +
+                         2.0 * tokens * channels * 4;
+    const double floor_ms = bytes / (copy_gbs * 1e9) * 1e3;
+    std::snprintf(what, sizeof(what), "Gated DeltaNet layer Qwen3.5 TP2 decode b%d (floor %.3f ms)",
+                  sequences, floor_ms);
+    addRow({what, ms, fmt("%.0f GB/s", bytes / ms / 1e6),
+            fmt("%.0f%% of floor", 100 * floor_ms / ms), ""});
+  } else {
+    std::snprintf(what, sizeof(what), "Gated DeltaNet layer Qwen3.5 TP2 prefill %d x %d rows",
+                  sequences, rows);
+    addRow({what, ms, fmt("%.0f rows/s", tokens / ms * 1e3), "", ""});
+  }
+  for (void* p : {static_cast<void*>(proj), static_cast<void*>(out), static_cast<void*>(mixed),
+                  static_cast<void*>(states), static_cast<void*>(conv),
+                  static_cast<void*>(per_head), static_cast<void*>(d_meta)})
+    cudaFree(p);
+}
+
 }  // namespace
 }  // namespace cleave
 
@@ -832,6 +906,8 @@ int main(int argc, char** argv) {
     moeDecodeStep("gpt-oss-120b", gptOss120bShape(quick ? 6 : 36), copy,
                   cuda::ExpertWeightFormat::kNvfp4, quick, "");
   });
+  attempt("Gated DeltaNet", [&] { gatedDeltaNet(16, 1, copy, reps); });
+  attempt("Gated DeltaNet", [&] { gatedDeltaNet(1, 4096, copy, quick ? 2 : 5); });
   // Last: NCCL's set-up is what may hang on a machine without working peer access.
   attempt("all-reduce", [&] { allReduce(reps); });
   std::printf("\n%-66s %10s %16s %14s %8s\n", "benchmark", "median ms", "achieved", "of ceiling",

@@ -26,7 +26,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/build/device-check}"
 cd "$root"
 tests=(cuda_device_test cuda_elementwise_test cuda_sampling_test cuda_gemm_test cuda_attention_test
-       cuda_moe_test cuda_moe_gemm_test nccl_communicator_test cuda_model_test)
+       cuda_gated_layers_test cuda_moe_test cuda_moe_gemm_test nccl_communicator_test cuda_model_test)
 
 scripts/build.sh default
 rm -rf "$out"

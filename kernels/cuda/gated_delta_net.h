@@ -59,10 +59,10 @@ struct GatedDeltaNetArgs {
   int64_t out_stride = 0;
 };
 
-// What the kernels take: conv_kernel 2..6, key_head_dim <= 128, value_head_dim <= 256 and
-// value_head_dim × (key_head_dim rounded up to 32, 64 or 128) / 32 <= 512 (Qwen3.5's and
-// Qwen3-Next's heads of 128: 512 threads), value_heads a multiple of key_heads.
-// InvalidArgument naming the size otherwise.
+// What the kernels take: conv_kernel 2..6, key_head_dim <= 128, value_head_dim <= 256 and,
+// for key heads over 32, value_head_dim × (key_head_dim rounded up to 64 or 128) / 32 <= 512
+// (Qwen3.5's and Qwen3-Next's heads of 128: 512 threads), value_heads a multiple of
+// key_heads. InvalidArgument naming the size otherwise.
 absl::Status gatedDeltaNetSupported(int key_head_dim, int value_head_dim, int conv_kernel,
                                     int key_heads, int value_heads);
 

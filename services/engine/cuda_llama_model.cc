@@ -929,7 +929,10 @@ absl::StatusOr<BackendMemory> CudaLlamaModel::estimate(const LlamaWeights& w,
                      s.cache_head_dim * s.kvElementBytes();
   e.weights = s.plan.weights;
   // The cache of one block holds the padding rows' scratch block too: fixed, like the rest.
-  e.workspace = s.plan.workspace + s.plan.kv_cache - e.kv_block_bytes;
+  // The linear-attention state slots are not: the memory plan sets them aside itself
+  // (MemoryPlan::state_bytes) and create() gets their number; the padding rows' slot stays.
+  e.workspace = s.plan.workspace + s.plan.kv_cache - e.kv_block_bytes -
+                s.state_slots * s.slot_floats * static_cast<int64_t>(sizeof(float));
   return e;
 }
 
@@ -1191,8 +1194,8 @@ absl::Status CudaLlamaModel::copyState(KvCopy direction, int32_t slot, KvStorage
   if (host.options().state_floats != s.slot_floats || slot < 0 || slot >= s.state_slots ||
       slot >= host.stateSlots())
     return absl::InvalidArgumentError(absl::StrCat(
-        "state slot ", slot, " of ", s.state_slots, " GPU slots of ", s.slot_floats,
-        " floats and ", host.stateSlots(), " host slots of ", host.options().state_floats));
+        "state slot ", slot, " of ", s.state_slots, " GPU slots of ", s.slot_floats, " floats and ",
+        host.stateSlots(), " host slots of ", host.options().state_floats));
   CLEAVE_RETURN_IF_ERROR(cuda::cudaStatus(cudaSetDevice(s.options.device), "selecting the GPU"));
   const bool to_host = direction == KvCopy::kToHost;
   float* device = s.states + slot * s.slot_floats;
@@ -1733,7 +1736,9 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
       s.slots(m)[t] = static_cast<int32_t>(scratch * bs);
       s.contexts(m)[q] = 1;
       s.lastRows(m)[logit_rows++] = static_cast<int32_t>(t);
-      s.stateSlots(m)[q] = static_cast<int32_t>(s.state_slots);  // the padding rows' slot
+      // The padding rows' slot, shared: each is token 0 at position 0, so each resets it and
+      // writes the same state there, which no sequence reads.
+      s.stateSlots(m)[q] = static_cast<int32_t>(s.state_slots);
       std::fill(table, table + s.max_blocks_per_seq, scratch);
       ++t;
       s.qStarts(m)[q + 1] = static_cast<int32_t>(t);

@@ -261,15 +261,19 @@ TEST(CudaLlamaModelTest, NativeOperandsStayCloseToTheCpuBackend) {
 // dense, a latent-attention and an NVFP4 model; the device's memory comes with it.
 TEST(CudaLlamaModelTest, TheEstimateIsWhatCreateAllocates) {
   CLEAVE_REQUIRE_GPU();
-  for (const char* name : {"llama_f32", "deepseek_v3_moe_f32", "llama_nvfp4_ct"}) {
+  // Qwen3.5: the state slots are the memory plan's to count (MemoryPlan::state_bytes), not
+  // the estimate's.
+  for (const char* name : {"llama_f32", "deepseek_v3_moe_f32", "llama_nvfp4_ct", "qwen3_5_f32"}) {
     SCOPED_TRACE(name);
     auto weights = loadLlama(goldenDir() + "/engine/hf/" + name);
     ASSERT_TRUE(weights.ok()) << weights.status();
+    const int64_t slot_bytes = linearStateFloats((*weights)->config, (*weights)->dims) * 4;
     for (cuda::KvDtype dtype : {cuda::KvDtype::kBf16, cuda::KvDtype::kFp8E4M3}) {
       CudaModelOptions options{.max_step_tokens = 96,
                                .max_sequences = 5,
                                .max_context = 256,
                                .kv_blocks = 37,
+                               .state_slots = 3,
                                .kv_dtype = dtype};
       auto estimate = CudaLlamaModel::estimate(**weights, options);
       ASSERT_TRUE(estimate.ok()) << estimate.status();
@@ -280,7 +284,7 @@ TEST(CudaLlamaModelTest, TheEstimateIsWhatCreateAllocates) {
       const CudaMemoryPlan& plan = (*model)->memoryPlan();
       EXPECT_EQ(plan.weights, estimate->weights);
       EXPECT_EQ((*model)->weightBytes(), estimate->weights);
-      const int64_t counted = estimate->workspace + 37 * estimate->kv_block_bytes;
+      const int64_t counted = estimate->workspace + 37 * estimate->kv_block_bytes + 3 * slot_bytes;
       EXPECT_NEAR(static_cast<double>(plan.workspace + plan.kv_cache), static_cast<double>(counted),
                   512.0);
     }
