@@ -296,6 +296,23 @@ TEST(DecodeAttentionTest, MatchesCpuBackend) {
        .kv = KvDtype::kFp8E4M3,
        .window = 128,
        .softcap = 0.25f},
+      // Heads of 256 (Gemma 3, Qwen3.5, Qwen3-Next): two blocks a head, each with half of the
+      // values; split into partitions, Qwen3.5's group of 16 (two q tiles), e4m3, a window.
+      {.head_dim = 256, .block_size = 16, .kv_heads = 2, .group = 4, .context = {1, 54, 97, 4133}},
+      {.head_dim = 256, .block_size = 64, .kv_heads = 1, .group = 16, .context = {300, 2000}},
+      {.head_dim = 256,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 2,
+       .context = {1, 97, 4133},
+       .kv = KvDtype::kFp8E4M3},
+      {.head_dim = 256,
+       .block_size = 32,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {3, 129, 2000},
+       .window = 128,
+       .softcap = 0.25f},
   };
   for (const Case& c : cases) checkDecode(c, seed);
 }
@@ -388,6 +405,20 @@ TEST(PrefillAttentionTest, MatchesCpuBackendWithCachedPrefixes) {
        .group = 3,
        .context = {1, 54, 97},
        .new_tokens = {1, 54, 97}},
+      // Heads of 256: two blocks a head, keys in stages of 32; over cached prefixes, e4m3.
+      {.head_dim = 256,
+       .block_size = 16,
+       .kv_heads = 2,
+       .group = 4,
+       .context = {70, 300, 129},
+       .new_tokens = {33, 300, 1}},
+      {.head_dim = 256,
+       .block_size = 64,
+       .kv_heads = 1,
+       .group = 16,
+       .context = {1000, 65},
+       .new_tokens = {200, 65},
+       .kv = KvDtype::kFp8E4M3},
       // Chunks over cached prefixes, one sequence longer than a 64-row tile several times.
       {.head_dim = 128,
        .block_size = 16,

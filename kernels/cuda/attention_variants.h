@@ -16,7 +16,7 @@ enum class KvDtype {
   kFp8E4M3,  // one byte, with a per-tensor scale for K and for V (value = stored x scale)
 };
 
-inline constexpr const char* kHeadDims = "16, 32, 64, 128";
+inline constexpr const char* kHeadDims = "16, 32, 64, 128, 256";
 
 // Calls fn(std::integral_constant<int, D>{}, std::bool_constant<fp8>{}) for head_dim D in
 // kHeadDims and the cache type; InvalidArgument naming `op` for another head_dim.
@@ -30,6 +30,7 @@ absl::Status withAttentionVariant(int head_dim, KvDtype kv, const char* op, Fn&&
     case 32: return withKv(std::integral_constant<int, 32>{});
     case 64: return withKv(std::integral_constant<int, 64>{});
     case 128: return withKv(std::integral_constant<int, 128>{});
+    case 256: return withKv(std::integral_constant<int, 256>{});
   }
   return absl::InvalidArgumentError(std::string(op) + ": head_dim " + std::to_string(head_dim) +
                                     " (supported: " + kHeadDims + ")");

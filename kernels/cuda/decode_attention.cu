@@ -23,7 +23,12 @@ struct DecodeParams {
 };
 
 template <int D, bool kFp8>
-using Stages = KvStages<D, kTile, kThreads, kFp8>;
+using Stages = KvStages<D, kValueColumns<D>, kTile, kThreads, kFp8>;
+
+// Heads over 128 values keep the query tile where stage 1 goes (until its first load), so
+// that a head of 256's stages fit sm_120's 99 KB.
+template <int D>
+inline constexpr bool kQueryInStage = D > 128;
 
 // The first position a sequence of `len` attends to: its window's.
 __device__ __forceinline__ int firstAttended(int len, int window) {
@@ -32,16 +37,23 @@ __device__ __forceinline__ int firstAttended(int len, int window) {
 
 template <int D, bool kFp8>
 constexpr int decodeSharedBytes() {
-  return 16 * D * static_cast<int>(sizeof(bf16)) + Stages<D, kFp8>::kBytes;  // Q tile, stages
+  constexpr int q_tile = kQueryInStage<D> ? 0 : 16 * D * static_cast<int>(sizeof(bf16));
+  return q_tile + Stages<D, kFp8>::kBytes;  // Q tile, stages
 }
 
-// grid (partitions, kv_heads * q_tiles, batch), kThreads threads. Each warp owns 16 of a
-// stage's 64 positions with its own online softmax; the warps merge at the end.
+// grid (partitions, kv_heads * q_tiles * value parts, batch), kThreads threads. Each warp
+// owns 16 of a stage's 64 positions with its own online softmax; the warps merge at the
+// end. A head of 256 has two value parts: each block accumulates 128 of its output values.
 template <int D, bool kFp8>
 __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodeParams p) {
+  constexpr int DV = kValueColumns<D>;
   extern __shared__ __align__(128) unsigned char shared[];
-  bf16* q_tile = reinterpret_cast<bf16*>(shared);
-  unsigned char* area = shared + 16 * D * sizeof(bf16);
+  unsigned char* area = kQueryInStage<D> ? shared : shared + 16 * D * sizeof(bf16);
+  bf16* q_tile = reinterpret_cast<bf16*>(
+      kQueryInStage<D> ? area + Stages<D, kFp8>::kSecondStageOffset : shared);
+  const int value_part = blockIdx.y % kValueParts<D>;
+  const int tile_index = blockIdx.y / kValueParts<D>;  // kv head * q_tiles + q tile
+  const int col0 = value_part * DV;
 
   const DecodeAttentionArgs& a = p.args;
   const int seq = blockIdx.z;
@@ -53,24 +65,25 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
     // An empty sequence (outside the contract) still gets a defined output: zeros.
     if (len <= 0 && blockIdx.x == 0 && p.partitions == 1) {
       const int group = p.heads / p.kv_heads;
-      const int head0 = (blockIdx.y / p.q_tiles) * group + (blockIdx.y % p.q_tiles) * 16;
-      const int rows = min(16, group - (blockIdx.y % p.q_tiles) * 16);
-      for (int i = threadIdx.x; i < rows * D; i += kThreads)
-        a.out[seq * a.out_stride + static_cast<int64_t>(head0) * D + i] = __float2bfloat16(0.0f);
+      const int head0 = (tile_index / p.q_tiles) * group + (tile_index % p.q_tiles) * 16;
+      const int rows = min(16, group - (tile_index % p.q_tiles) * 16);
+      for (int i = threadIdx.x; i < rows * DV; i += kThreads)
+        a.out[seq * a.out_stride + static_cast<int64_t>(head0 + i / DV) * D + col0 + i % DV] =
+            __float2bfloat16(0.0f);
     }
     return;
   }
   const int end = min(len, start + partition_size);
   const int group = p.heads / p.kv_heads;
-  const int kv_head = blockIdx.y / p.q_tiles;
-  const int head0 = kv_head * group + (blockIdx.y % p.q_tiles) * 16;
-  const int rows = min(16, group - (blockIdx.y % p.q_tiles) * 16);
+  const int kv_head = tile_index / p.q_tiles;
+  const int head0 = kv_head * group + (tile_index % p.q_tiles) * 16;
+  const int rows = min(16, group - (tile_index % p.q_tiles) * 16);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
 
   const Stages<D, kFp8> stages{area,          a.k_cache,  a.v_cache, table,
-                               p.block_shift, p.kv_heads, kv_head};
+                               p.block_shift, p.kv_heads, kv_head,   col0};
   // The group's query heads of this token are consecutive rows of D elements.
   loadRowTile<D, 16, kThreads>(q_tile, a.q + seq * a.q_stride + static_cast<int64_t>(head0) * D, D,
                                rows);
@@ -78,14 +91,18 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
   cpAsyncCommit();
 
   uint32_t q[D / 16][4];
-  float acc[D / 8][4] = {};
+  float acc[DV / 8][4] = {};
   OnlineSoftmax softmax;
   const int t = lane % 4;
   int stage = 0;
   for (int first = start; first < end; first += kTile, stage ^= 1) {
     cpAsyncWait<0>();
     __syncthreads();  // This stage landed; everyone is done with the other one.
-    if (first == start) loadQFragments<D>(q, q_tile, 0, lane);
+    if (first == start) {
+      loadQFragments<D>(q, q_tile, 0, lane);
+      // Every warp has its fragments before stage 1's copies overwrite the tile.
+      if constexpr (kQueryInStage<D>) __syncthreads();
+    }
     const bf16* k = stages.ready(stage);
     if (first + kTile < end) stages.load(stage ^ 1, first + kTile, end);
     cpAsyncCommit();
@@ -101,26 +118,26 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
       }
     float rescale[2];
     softmax.update<2>(s, rescale);
-    rescaleRows<D / 8>(acc, rescale);
+    rescaleRows<DV / 8>(acc, rescale);
     uint32_t prob[4];
     probabilityFragment<2>(s, 0, prob);
-    accumulatePV<D>(acc, prob, k + kTile * D, warp * 16, lane);
+    accumulatePV<DV>(acc, prob, k + kTile * D, warp * 16, lane);
   }
 
   // Merge the warps: their accumulators and (max, sum) pairs go through shared memory,
   // reusing the stages.
   cpAsyncWait<0>();
   __syncthreads();
-  float* partial = reinterpret_cast<float*>(area);  // [warp][16 rows][D]
-  float* stats = partial + kWarps * 16 * D;         // [warp][16 rows][max, sum]
+  float* partial = reinterpret_cast<float*>(area);  // [warp][16 rows][DV]
+  float* stats = partial + kWarps * 16 * DV;        // [warp][16 rows][max, sum]
   const int g = lane / 4;
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    float* row_g = partial + (warp * 16 + g) * D + n * 8 + 2 * t;
+  for (int n = 0; n < DV / 8; ++n) {
+    float* row_g = partial + (warp * 16 + g) * DV + n * 8 + 2 * t;
     row_g[0] = acc[n][0];
     row_g[1] = acc[n][1];
-    row_g[8 * D] = acc[n][2];
-    row_g[8 * D + 1] = acc[n][3];
+    row_g[8 * DV] = acc[n][2];
+    row_g[8 * DV + 1] = acc[n][3];
   }
   if (t == 0) {
 #pragma unroll
@@ -130,9 +147,9 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < rows * D; i += kThreads) {
-    const int row = i / D;
-    const int d = i % D;
+  for (int i = threadIdx.x; i < rows * DV; i += kThreads) {
+    const int row = i / DV;
+    const int d = col0 + i % DV;  // the output column
     float top = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) top = fmaxf(top, stats[(w * 16 + row) * 2]);
@@ -141,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) decodeAttentionKernel(const DecodePa
     for (int w = 0; w < kWarps; ++w) {
       const float weight = exp2f(stats[(w * 16 + row) * 2] - top);
       sum += weight * stats[(w * 16 + row) * 2 + 1];
-      value += weight * partial[(w * 16 + row) * D + d];
+      value += weight * partial[(w * 16 + row) * DV + d - col0];
     }
     const int head = head0 + row;
     if (p.partitions == 1) {
@@ -186,7 +203,8 @@ __global__ void __launch_bounds__(D) mergePartitionsKernel(const DecodeParams p)
 template <int D, bool kFp8>
 absl::Status launch(const DecodeAttentionPlan& plan, const DecodeParams& params,
                     cudaStream_t stream) {
-  const dim3 grid(plan.partitions, plan.shape.kv_heads * plan.q_tiles, params.args.batch);
+  const dim3 grid(plan.partitions, plan.shape.kv_heads * plan.q_tiles * kValueParts<D>,
+                  params.args.batch);
   decodeAttentionKernel<D, kFp8><<<grid, kThreads, decodeSharedBytes<D, kFp8>(), stream>>>(params);
   if (absl::Status s = launchStatus("decode_attention"); !s.ok()) return s;
   if (plan.partitions == 1) return absl::OkStatus();
@@ -220,7 +238,8 @@ absl::StatusOr<DecodeAttentionPlan> planDecodeAttention(const DecodeAttentionSha
   plan.q_tiles = (group + 15) / 16;
   // Split the context until the largest batch gives about four blocks per SM, keeping at
   // least four stages of work in every partition.
-  const int blocks = shape.max_batch * shape.kv_heads * plan.q_tiles;
+  const int value_parts = shape.head_dim > 128 ? 2 : 1;  // kValueParts
+  const int blocks = shape.max_batch * shape.kv_heads * plan.q_tiles * value_parts;
   const int wanted = std::max(1, (4 * multiprocessors + blocks - 1) / blocks);
   // A sliding window bounds the positions a sequence reads, however long it is.
   const int reach =

@@ -43,11 +43,13 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 
 // Starts copying positions [first, first + Rows) of kv head `kv_head` into `tile`; positions
 // at or past `end` are zero-filled (their block-table entries are never read). All
-// `Threads` threads of the block call it; the copies land after cpAsyncWait.
-template <int D, int Rows, int Threads>
+// `Threads` threads of the block call it; the copies land after cpAsyncWait. The tile holds
+// D columns of cache rows of S elements from column `col0` (a part of a wide head's values).
+template <int D, int Rows, int Threads, int S = D>
 __device__ __forceinline__ void loadPagedTile(bf16* tile, const bf16* cache,
                                               const int32_t* block_table, int block_shift,
-                                              int kv_heads, int kv_head, int first, int end) {
+                                              int kv_heads, int kv_head, int first, int end,
+                                              int col0 = 0) {
   constexpr int kChunks = D / 8;
   for (int i = threadIdx.x; i < Rows * kChunks; i += Threads) {
     const int row = i / kChunks;
@@ -58,7 +60,7 @@ __device__ __forceinline__ void loadPagedTile(bf16* tile, const bf16* cache,
     if (valid) {
       const int64_t block = block_table[pos >> block_shift];
       const int64_t slot = pos & ((1 << block_shift) - 1);
-      src = cache + (((block * kv_heads + kv_head) << block_shift) + slot) * D + chunk * 8;
+      src = cache + (((block * kv_heads + kv_head) << block_shift) + slot) * S + col0 + chunk * 8;
     }
     cpAsync16(tile + swizzled<D>(row, chunk), src, valid);
   }
@@ -67,11 +69,13 @@ __device__ __forceinline__ void loadPagedTile(bf16* tile, const bf16* cache,
 // FP8 (e4m3) caches, one byte per element: positions [first, first + Rows) of kv head
 // `kv_head` are staged as raw [Rows][D] bytes (zero-filled past `end`), then widened into a
 // swizzled bf16 tile (e4m3 values are exact in bf16); the tensor's scale is applied by the
-// caller (folded into the softmax scale for K and the output for V).
-template <int D, int Rows, int Threads>
+// caller (folded into the softmax scale for K and the output for V). Columns as
+// loadPagedTile's.
+template <int D, int Rows, int Threads, int S = D>
 __device__ __forceinline__ void loadPagedTileFp8(uint8_t* staging, const uint8_t* cache,
                                                  const int32_t* block_table, int block_shift,
-                                                 int kv_heads, int kv_head, int first, int end) {
+                                                 int kv_heads, int kv_head, int first, int end,
+                                                 int col0 = 0) {
   static_assert(D % 16 == 0);
   constexpr int kChunks = D / 16;
   for (int i = threadIdx.x; i < Rows * kChunks; i += Threads) {
@@ -83,7 +87,7 @@ __device__ __forceinline__ void loadPagedTileFp8(uint8_t* staging, const uint8_t
     if (valid) {
       const int64_t block = block_table[pos >> block_shift];
       const int64_t slot = pos & ((1 << block_shift) - 1);
-      src = cache + (((block * kv_heads + kv_head) << block_shift) + slot) * D + chunk * 16;
+      src = cache + (((block * kv_heads + kv_head) << block_shift) + slot) * S + col0 + chunk * 16;
     }
     cpAsync16(staging + row * D + chunk * 16, src, valid);
   }
@@ -117,49 +121,66 @@ __device__ __forceinline__ void widenFp8Tile(bf16* tile, const uint8_t* staging)
 }
 
 // Two pipeline stages of K and V tiles of `Rows` positions each, for a bf16 or an e4m3
-// cache, in kBytes of shared memory:
-//   bf16  [stage][K, V][Rows][D] swizzled bf16
-//   e4m3  [stage][K, V][Rows][D] staged bytes, then one widened [K, V][Rows][D] bf16 tile
-template <int D, int Rows, int Threads, bool kFp8>
+// cache, in kBytes of shared memory; K tiles hold whole heads of D values, V tiles the DV
+// values from column v_col0 (a wide head's values split between blocks; DV = D otherwise):
+//   bf16  [stage][K [Rows][D], V [Rows][DV]] swizzled bf16
+//   e4m3  [stage][K, V] staged bytes, then one widened [K, V] bf16 tile
+template <int D, int DV, int Rows, int Threads, bool kFp8>
 struct KvStages {
-  static constexpr int kBytes = 2 * 2 * Rows * D * static_cast<int>(sizeof(bf16));
+  static constexpr int kStageElements = Rows * (D + DV);
+  static constexpr int kBytes = 4 * kStageElements;  // bf16: 2 stages; e4m3: 2 + widened
+  // Where stage 1's copies go (free until the first stage-1 load: a place for the query
+  // tile before then).
+  static constexpr int kSecondStageOffset = (kFp8 ? 1 : 2) * kStageElements;
   unsigned char* area;
   const void* k_cache;
   const void* v_cache;
   const int32_t* table;
   int block_shift, kv_heads, kv_head;
+  int v_col0 = 0;
 
   // Starts copying positions [first, first + Rows) (zero past `end`) into `stage`.
   __device__ __forceinline__ void load(int stage, int first, int end) const {
     if constexpr (kFp8) {
-      uint8_t* k = area + stage * 2 * Rows * D;
+      uint8_t* k = area + stage * kStageElements;
       loadPagedTileFp8<D, Rows, Threads>(k, static_cast<const uint8_t*>(k_cache), table,
                                          block_shift, kv_heads, kv_head, first, end);
-      loadPagedTileFp8<D, Rows, Threads>(k + Rows * D, static_cast<const uint8_t*>(v_cache), table,
-                                         block_shift, kv_heads, kv_head, first, end);
+      loadPagedTileFp8<DV, Rows, Threads, D>(k + Rows * D, static_cast<const uint8_t*>(v_cache),
+                                             table, block_shift, kv_heads, kv_head, first, end,
+                                             v_col0);
     } else {
-      bf16* k = reinterpret_cast<bf16*>(area) + stage * 2 * Rows * D;
+      bf16* k = reinterpret_cast<bf16*>(area) + stage * kStageElements;
       loadPagedTile<D, Rows, Threads>(k, static_cast<const bf16*>(k_cache), table, block_shift,
                                       kv_heads, kv_head, first, end);
-      loadPagedTile<D, Rows, Threads>(k + Rows * D, static_cast<const bf16*>(v_cache), table,
-                                      block_shift, kv_heads, kv_head, first, end);
+      loadPagedTile<DV, Rows, Threads, D>(k + Rows * D, static_cast<const bf16*>(v_cache), table,
+                                          block_shift, kv_heads, kv_head, first, end, v_col0);
     }
   }
-  // The bf16 K tile of `stage` (V follows at + Rows * D). Every thread calls it once the
-  // stage's copies landed (cpAsyncWait + __syncthreads); for e4m3 it widens, then syncs.
+  // The bf16 K tile of `stage` (its V tile follows at + Rows * D). Every thread calls it
+  // once the stage's copies landed (cpAsyncWait + __syncthreads); for e4m3 it widens, then
+  // syncs.
   __device__ __forceinline__ const bf16* ready(int stage) const {
     if constexpr (kFp8) {
-      bf16* widened = reinterpret_cast<bf16*>(area + 2 * 2 * Rows * D);
-      const uint8_t* staged = area + stage * 2 * Rows * D;
+      bf16* widened = reinterpret_cast<bf16*>(area + 2 * kStageElements);
+      const uint8_t* staged = area + stage * kStageElements;
       widenFp8Tile<D, Rows, Threads>(widened, staged);
-      widenFp8Tile<D, Rows, Threads>(widened + Rows * D, staged + Rows * D);
+      widenFp8Tile<DV, Rows, Threads>(widened + Rows * D, staged + Rows * D);
       __syncthreads();
       return widened;
     } else {
-      return reinterpret_cast<const bf16*>(area) + stage * 2 * Rows * D;
+      return reinterpret_cast<const bf16*>(area) + stage * kStageElements;
     }
   }
 };
+
+// The V columns one block of a head accumulates: the whole head up to 128 values, a half
+// of a head of 256 (two blocks share such a head, each reading all of K and its half of V,
+// which keeps the accumulators and the stages within a block's registers and shared
+// memory).
+template <int D>
+inline constexpr int kValueColumns = D > 128 ? 128 : D;
+template <int D>
+inline constexpr int kValueParts = D / kValueColumns<D>;
 
 // Starts copying rows [0, Rows) of a row-major matrix (row r at src + r * stride) into
 // `tile`; rows at or past `valid_rows` are zero-filled.
@@ -263,6 +284,24 @@ __device__ __forceinline__ void accumulatePV(float (&acc)[D / 8][4], const uint3
     ldmatrixX4Trans(b, v_tile + swizzled<D>(row, 2 * n2 + (lane >> 4)));
     mmaBf16(acc[2 * n2], p, b[0], b[1]);
     mmaBf16(acc[2 * n2 + 1], p, b[2], b[3]);
+  }
+}
+
+// s[2] += Q · K^T for 16 key positions starting at tile row `first_row`, the warp's A
+// fragments read from the swizzled Q tile (rows [q_row, +16)) step by step: for heads too
+// wide to keep every k-step's fragments in registers.
+template <int D>
+__device__ __forceinline__ void accumulateQKFromTile(float (&s)[2][4], const bf16* q_tile,
+                                                     int q_row, const bf16* k_tile, int first_row,
+                                                     int lane) {
+  const int row = first_row + (lane & 7) + ((lane >> 4) << 3);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a[4], b[4];
+    ldmatrixX4(a, q_tile + swizzled<D>(q_row + (lane & 15), 2 * kk + (lane >> 4)));
+    ldmatrixX4(b, k_tile + swizzled<D>(row, 2 * kk + ((lane >> 3) & 1)));
+    mmaBf16(s[0], a, b[0], b[1]);
+    mmaBf16(s[1], a, b[2], b[3]);
   }
 }
 

@@ -10,7 +10,14 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRows = kWarps * 16;  // query rows per block, 16 per warp
-constexpr int kTile = 64;           // key positions per pipeline stage
+// Key positions per pipeline stage: 64, or 32 for heads over 128 values (whose stages,
+// with the query tile, then fit sm_120's 99 KB).
+template <int D>
+inline constexpr int kKeys = D > 128 ? 32 : 64;
+// Heads over 128 values read the queries' fragments from the tile at each k-step rather
+// than keeping them in registers.
+template <int D>
+inline constexpr bool kQueryFromTile = D > 128;
 
 struct PrefillParams {
   PrefillAttentionArgs args;
@@ -20,18 +27,21 @@ struct PrefillParams {
 };
 
 template <int D, bool kFp8>
-using Stages = KvStages<D, kTile, kThreads, kFp8>;
+using Stages = KvStages<D, kValueColumns<D>, kKeys<D>, kThreads, kFp8>;
 
 template <int D, bool kFp8>
 constexpr int prefillSharedBytes() {
   return kRows * D * static_cast<int>(sizeof(bf16)) + Stages<D, kFp8>::kBytes;  // Q, stages
 }
 
-// grid (query tiles, heads, sequences), kThreads threads. The warps share every K/V stage
-// and each runs the online softmax of its own 16 query rows.
+// grid (query tiles, heads * value parts, sequences), kThreads threads. The warps share
+// every K/V stage and each runs the online softmax of its own 16 query rows. A head of 256
+// has two value parts: each block accumulates 128 of its output values.
 template <int D, bool kFp8>
 // minBlocks = 1: without it ptxas squeezes the head_dim 16 variant into 72 registers and spills.
 __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const PrefillParams p) {
+  constexpr int DV = kValueColumns<D>;
+  constexpr int kTile = kKeys<D>;
   extern __shared__ __align__(128) unsigned char shared[];
   bf16* q_tile = reinterpret_cast<bf16*>(shared);
   unsigned char* area = shared + kRows * D * sizeof(bf16);
@@ -44,7 +54,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
   if (row0 >= new_tokens) return;
   const int context = a.context_lens[seq];
   const int first_position = context - new_tokens;  // of the sequence's first new token
-  const int head = blockIdx.y;
+  const int head = blockIdx.y / kValueParts<D>;
+  const int col0 = (blockIdx.y % kValueParts<D>)*DV;
   const int kv_head = head / (p.heads / p.kv_heads);
   const int rows = min(kRows, new_tokens - row0);
   // Keys past the block's last query position are masked for every row, and with a window
@@ -56,7 +67,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
   const int32_t* table = a.block_tables + static_cast<int64_t>(seq) * a.max_blocks_per_seq;
 
   const Stages<D, kFp8> stages{area,          a.k_cache,  a.v_cache, table,
-                               p.block_shift, p.kv_heads, kv_head};
+                               p.block_shift, p.kv_heads, kv_head,   col0};
   loadRowTile<D, kRows, kThreads>(
       q_tile, a.q + (q_begin + row0) * a.q_stride + static_cast<int64_t>(head) * D, a.q_stride,
       rows);
@@ -67,14 +78,16 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
   const int t = lane % 4;
   // Position of this lane's first query row (the second is 8 rows on).
   const int query_pos = first_position + row0 + warp * 16 + g;
-  uint32_t q[D / 16][4];
-  float acc[D / 8][4] = {};
+  uint32_t q[kQueryFromTile<D> ? 1 : D / 16][4];
+  float acc[DV / 8][4] = {};
   OnlineSoftmax softmax;
   int stage = 0;
   for (int first = lo; first < end; first += kTile, stage ^= 1) {
     cpAsyncWait<0>();
     __syncthreads();
-    if (first == lo) loadQFragments<D>(q, q_tile, warp * 16, lane);
+    if constexpr (!kQueryFromTile<D>) {
+      if (first == lo) loadQFragments<D>(q, q_tile, warp * 16, lane);
+    }
     const bf16* k = stages.ready(stage);
     if (first + kTile < end) stages.load(stage ^ 1, first + kTile, end);
     cpAsyncCommit();
@@ -83,7 +96,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
 #pragma unroll
     for (int j = 0; j < kTile / 16; ++j) {
       float(&pair)[2][4] = *reinterpret_cast<float(*)[2][4]>(&s[2 * j]);
-      accumulateQK<D>(pair, q, k, 16 * j, lane);
+      if constexpr (kQueryFromTile<D>) {
+        accumulateQKFromTile<D>(pair, q_tile, warp * 16, k, 16 * j, lane);
+      } else {
+        accumulateQK<D>(pair, q, k, 16 * j, lane);
+      }
     }
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
@@ -96,12 +113,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
       }
     float rescale[2];
     softmax.update<kTile / 8>(s, rescale);
-    rescaleRows<D / 8>(acc, rescale);
+    rescaleRows<DV / 8>(acc, rescale);
 #pragma unroll
     for (int j = 0; j < kTile / 16; ++j) {
       uint32_t prob[4];
       probabilityFragment<kTile / 8>(s, j, prob);
-      accumulatePV<D>(acc, prob, k + kTile * D, 16 * j, lane);
+      accumulatePV<DV>(acc, prob, k + kTile * D, 16 * j, lane);
     }
   }
 
@@ -110,9 +127,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefillAttentionKernel(const Pref
     const int row = row0 + warp * 16 + g + 8 * r;
     if (row >= new_tokens) continue;
     const float inverse = normalized(a.v_scale, softmax.sum[r], softmax.max[r], a.sinks, head);
-    bf16* out = a.out + (q_begin + row) * a.out_stride + static_cast<int64_t>(head) * D;
+    bf16* out = a.out + (q_begin + row) * a.out_stride + static_cast<int64_t>(head) * D + col0;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
+    for (int n = 0; n < DV / 8; ++n) {
       *reinterpret_cast<uint32_t*>(out + n * 8 + 2 * t) =
           packBf16(acc[n][2 * r] * inverse, acc[n][2 * r + 1] * inverse);
     }
@@ -130,7 +147,7 @@ absl::Status allowSharedMemory() {
 template <int D, bool kFp8>
 absl::Status launch(const PrefillAttentionPlan& plan, const PrefillParams& params,
                     cudaStream_t stream) {
-  const dim3 grid(plan.query_tiles, plan.shape.heads, params.args.sequences);
+  const dim3 grid(plan.query_tiles, plan.shape.heads * kValueParts<D>, params.args.sequences);
   prefillAttentionKernel<D, kFp8>
       <<<grid, kThreads, prefillSharedBytes<D, kFp8>(), stream>>>(params);
   return launchStatus("prefill_attention");

@@ -460,11 +460,12 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
     const LayerTraits& traits, std::span<const MoeBlock* const> moe_blocks,
     std::vector<LayerFormats> formats, bool allocate = true, BackendMemory* memory = nullptr) {
   // What the kernels do not run, refused before any device is touched.
-  if (!c.mla && c.head_dim != 16 && c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128) {
+  if (!c.mla && c.head_dim != 16 && c.head_dim != 32 && c.head_dim != 64 && c.head_dim != 128 &&
+      c.head_dim != 256) {
     return absl::UnimplementedError(absl::StrCat(
         c.source, ": head_dim ", c.head_dim, " (", model::architectureName(c.architecture),
-        "; Gemma 3 1B-12B have 256) is not run by the CUDA attention kernels (head sizes ",
-        cuda::kHeadDims, "); use --backend cpu"));
+        ") is not run by the CUDA attention kernels (head sizes ", cuda::kHeadDims,
+        "); use --backend cpu"));
   }
   if (c.linear_attention) {
     const model::LinearAttentionConfig& la = *c.linear_attention;

@@ -533,16 +533,16 @@ TEST(CudaLlamaModelTest, TwoGpuTensorParallelMatchesOneGpu) {
 // Which matrices of the quantized goldens the GPU keeps quantized (no GPU needed): NVFP4
 // where K is a multiple of 32 (not the MLP down projection of 176 columns), FP8 only with
 // DeepSeek's 128 x 128 blocks, everything else bf16; stacks only when every part agrees.
-// What the kernels do not run is refused by name before a device is touched: heads of 256
-// (Gemma 3 1B-12B), experts gated by GELU.
+// What the kernels do not run is refused by name before a device is touched: heads of 96,
+// experts gated by GELU, linear-attention key heads of 256.
 TEST(CudaWeightsTest, ShapesTheKernelsDoNotRunAreRefused) {
   auto config = model::loadModelConfig(goldenDir() + "/engine/hf/gemma3_f32");
   ASSERT_TRUE(config.ok()) << config.status();
   model::ModelConfig wide = *config;
-  wide.head_dim = 256;
+  wide.head_dim = 96;
   auto refused = CudaLlamaModel::createRandom(wide, {}, 1);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented) << refused.status();
-  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("head_dim 256"));
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("head_dim 96"));
   EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("--backend cpu"));
   auto moe = model::loadModelConfig(goldenDir() + "/engine/hf/qwen3_moe_f32");
   ASSERT_TRUE(moe.ok()) << moe.status();
