@@ -6,7 +6,8 @@
 // over the copy bandwidth); the skinny GEMM against cuBLASLt at decode batch sizes;
 // Qwen3-30B-A3B-shaped MoE: one MoE layer at batch 16 in bf16 and NVFP4 (W4A16) against the
 // bytes of the experts it touches, and a whole decode step; decode steps of DeepSeek-V2-Lite
-// and gpt-oss-120b shapes (its MXFP4 experts as the NVFP4 they load as); Qwen3.5's Gated
+// and gpt-oss-120b shapes (its MXFP4 experts as the NVFP4 they load as) and of Qwen3-Next-80B-A3B
+// (NVFP4 experts; its linear-attention states counted as read and written); Qwen3.5's Gated
 // DeltaNet layer (convolution and delta rule) at decode batch 16 against the bytes of the
 // states it reads and writes, and over a 4096-token prompt; last, small all-reduces,
 // one-shot P2P against NCCL.
@@ -30,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/model/model_config.h"
 #include "kernels/cuda/decode_attention.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/elementwise.h"
@@ -41,6 +43,7 @@
 #include "kernels/cuda/prefill_attention.h"
 #include "services/engine/cuda_llama_model.h"
 #include "services/engine/cuda_moe_layer.h"
+#include "services/engine/gated_delta_net.h"
 #include "services/engine/nccl_communicator.h"
 
 namespace cleave {
@@ -384,7 +387,8 @@ double medianDecodeStepMs(engine::CudaLlamaModel& model, int64_t vocab, int batc
   std::vector<uint32_t> prompt(context - 1);
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<uint32_t>((i * 7919) % vocab);
   for (int s = 0; s < batch; ++s) {
-    engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks[s]};
+    // Each sequence in its own linear-attention state slot (ignored by other models).
+    engine::SequenceChunk chunk{.tokens = prompt, .start = 0, .blocks = blocks[s], .state = s};
     check(model.forward({&chunk, 1}).status(), "prefill");
   }
   std::vector<std::vector<uint32_t>> next(batch, std::vector<uint32_t>{1});
@@ -394,7 +398,8 @@ double medianDecodeStepMs(engine::CudaLlamaModel& model, int64_t vocab, int batc
   for (int step = 0; step < steps; ++step) {
     std::vector<engine::SequenceChunk> chunks;
     for (int s = 0; s < batch; ++s)
-      chunks.push_back({.tokens = next[s], .start = context - 1 + step, .blocks = blocks[s]});
+      chunks.push_back(
+          {.tokens = next[s], .start = context - 1 + step, .blocks = blocks[s], .state = s});
     const auto t0 = std::chrono::steady_clock::now();
     auto out = model.forwardAndDraw(chunks, rows);
     const auto t1 = std::chrono::steady_clock::now();
@@ -751,16 +756,20 @@ void moeDecodeStep(const char* name, const model::ModelConfig& c, double copy_gb
       expectedTouched(batch, c.moe->experts_per_token, c.moe->num_experts);
   const double routed = static_cast<double>((*model)->routedExpertBytes());
   const double touched = moe_layers * experts_per_layer * engine::moeExpertBytes(*shape);
-  // Each sequence's KV positions a layer reads: its context, or its window on a sliding layer.
+  // Each sequence's KV positions a layer reads: its context, or its window on a sliding layer
+  // (none on a linear-attention layer, which reads and writes the sequence's f32 state).
   const model::KvCacheShape kv_shape = model::kvCacheShape(c);
   double positions = 0;
   for (uint32_t l = 0; l < c.num_layers; ++l) {
+    if (c.isLinearLayer(l)) continue;
     const uint32_t window = c.attentionWindow(l);
     positions += window > 0 ? std::min<double>(window, context) : context;
   }
   const double kv = 2.0 * batch * positions * kv_shape.parts * kv_shape.heads * kv_shape.head_dim;
+  const double states =
+      2.0 * batch * engine::linearStateFloats(c, *engine::planShard(c, {})) * sizeof(float);
   const double floor_ms =
-      ((*model)->weightBytes() - routed + touched + kv) / (copy_gbs * 1e9) * 1e3;
+      ((*model)->weightBytes() - routed + touched + kv + states) / (copy_gbs * 1e9) * 1e3;
   char what[160];
   std::snprintf(what, sizeof(what), "decode step %s %s%s b%d ctx%d (floor %.2f ms)", name,
                 cuda::expertWeightFormatName(format),
@@ -839,6 +848,27 @@ void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps) {
     cudaFree(p);
 }
 
+// Qwen3-Next-80B-A3B's config.json (transformers' defaults, as published): three Gated
+// DeltaNet layers to one gated-attention layer with heads of 256, 512 experts of which 10 a
+// token, a gated shared expert.
+model::ModelConfig qwen3NextShape(int layers) {
+  const std::string json =
+      R"({"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+    "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 5632,
+    "num_hidden_layers": )" +
+      std::to_string(layers) + R"(, "num_attention_heads": 16,
+    "num_key_value_heads": 2, "head_dim": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000000,
+    "partial_rotary_factor": 0.25, "max_position_embeddings": 262144,
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 32, "full_attention_interval": 4,
+    "decoder_sparse_step": 1, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "num_experts_per_tok": 10, "num_experts": 512,
+    "norm_topk_prob": true, "mlp_only_layers": [], "tie_word_embeddings": false})";
+  auto c = model::parseConfigJson(json, "Qwen3-Next-80B-A3B shape");
+  check(c.status(), "Qwen3-Next config");
+  return *c;
+}
+
 }  // namespace
 }  // namespace cleave
 
@@ -867,9 +897,15 @@ int main(int argc, char** argv) {
   attempt("matmul", [&] { peak = matmulPeak(**gemm, reps); });
   if (copy <= 0 || peak <= 0) return 1;  // Every other row is a fraction of these.
   const AttentionShape decode_shapes[] = {
-      {32, 4096, 32, 8, 128, 16}, {32, 4096, 32, 8, 128, 64},
-      {1, 4096, 32, 8, 128, 16},  {64, 1024, 32, 8, 128, 16},
-      {16, 2048, 32, 4, 64, 16},  {32, 4096, 32, 8, 128, 16, cuda::KvDtype::kFp8E4M3}};
+      {32, 4096, 32, 8, 128, 16},
+      {32, 4096, 32, 8, 128, 64},
+      {1, 4096, 32, 8, 128, 16},
+      {64, 1024, 32, 8, 128, 16},
+      {16, 2048, 32, 4, 64, 16},
+      {32, 4096, 32, 8, 128, 16, cuda::KvDtype::kFp8E4M3},
+      // Heads of 256 (Qwen3.5, Qwen3-Next): each of the head's two blocks reads all of K, so
+      // its rate against the cache's bytes is at most 2/3 of the copy.
+      {32, 4096, 16, 2, 256, 16}};
   for (const AttentionShape& a : decode_shapes) {
     const bool target = &a == &decode_shapes[0];
     attempt("decode attention",
@@ -904,6 +940,10 @@ int main(int argc, char** argv) {
   });
   attempt("MoE decode step", [&] {
     moeDecodeStep("gpt-oss-120b", gptOss120bShape(quick ? 6 : 36), copy,
+                  cuda::ExpertWeightFormat::kNvfp4, quick, "");
+  });
+  attempt("MoE decode step", [&] {
+    moeDecodeStep("Qwen3-Next-80B-A3B", qwen3NextShape(quick ? 8 : 48), copy,
                   cuda::ExpertWeightFormat::kNvfp4, quick, "");
   });
   attempt("Gated DeltaNet", [&] { gatedDeltaNet(16, 1, copy, reps); });

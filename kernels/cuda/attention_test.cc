@@ -297,9 +297,16 @@ TEST(DecodeAttentionTest, MatchesCpuBackend) {
        .window = 128,
        .softcap = 0.25f},
       // Heads of 256 (Gemma 3, Qwen3.5, Qwen3-Next): two blocks a head, each with half of the
-      // values; split into partitions, Qwen3.5's group of 16 (two q tiles), e4m3, a window.
+      // values; split into partitions, Qwen3.5's group of 16 (one q tile) and a group of 24
+      // (two) with sinks, e4m3, a window split into partitions with soft caps.
       {.head_dim = 256, .block_size = 16, .kv_heads = 2, .group = 4, .context = {1, 54, 97, 4133}},
       {.head_dim = 256, .block_size = 64, .kv_heads = 1, .group = 16, .context = {300, 2000}},
+      {.head_dim = 256,
+       .block_size = 16,
+       .kv_heads = 1,
+       .group = 24,
+       .context = {5, 700, 3000},
+       .sinks = true},
       {.head_dim = 256,
        .block_size = 16,
        .kv_heads = 2,
@@ -310,8 +317,8 @@ TEST(DecodeAttentionTest, MatchesCpuBackend) {
        .block_size = 32,
        .kv_heads = 2,
        .group = 4,
-       .context = {3, 129, 2000},
-       .window = 128,
+       .context = {3, 129, 2000, 4133},
+       .window = 1500,
        .softcap = 0.25f},
   };
   for (const Case& c : cases) checkDecode(c, seed);
@@ -419,6 +426,14 @@ TEST(PrefillAttentionTest, MatchesCpuBackendWithCachedPrefixes) {
        .context = {1000, 65},
        .new_tokens = {200, 65},
        .kv = KvDtype::kFp8E4M3},
+      {.head_dim = 256,
+       .block_size = 32,
+       .kv_heads = 2,
+       .group = 2,
+       .context = {400, 90},
+       .new_tokens = {150, 90},
+       .window = 100,
+       .softcap = 0.25f},
       // Chunks over cached prefixes, one sequence longer than a 64-row tile several times.
       {.head_dim = 128,
        .block_size = 16,

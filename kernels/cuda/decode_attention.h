@@ -31,7 +31,7 @@ namespace cleave::cuda {
 struct DecodeAttentionShape {
   int heads = 0;
   int kv_heads = 0;
-  int head_dim = 0;     // 16, 32, 64 or 128
+  int head_dim = 0;     // 16, 32, 64, 128 or 256 (two blocks a head, each with half the values)
   int block_size = 16;  // a power of two
   int max_batch = 0;
   int max_context = 0;

@@ -29,7 +29,7 @@ namespace cleave::cuda {
 struct PrefillAttentionShape {
   int heads = 0;
   int kv_heads = 0;
-  int head_dim = 0;     // 16, 32, 64 or 128
+  int head_dim = 0;     // 16, 32, 64, 128 or 256 (two blocks a head, each with half the values)
   int block_size = 16;  // a power of two
   int max_sequences = 0;
   int max_new_tokens = 0;  // the most new tokens of one sequence in a step

@@ -230,7 +230,8 @@ absl::Status TpGroup::allocateKv(int64_t num_blocks, int64_t block_size, int64_t
     backends_.clear();
     std::vector<const LlamaWeights*> shards;
     for (const auto& rank : ranks_) shards.push_back(rank->weights.get());
-    CLEAVE_ASSIGN_OR_RETURN(backends_, backend_factory_(shards, num_blocks, block_size, state_slots_));
+    CLEAVE_ASSIGN_OR_RETURN(backends_,
+                            backend_factory_(shards, num_blocks, block_size, state_slots_));
     if (backends_.size() != ranks_.size())
       return absl::InternalError("the backend factory made the wrong number of ranks");
     // The backends made their own copy (a GPU's): the CPU model, its weights and their file

@@ -415,9 +415,8 @@ absl::Status WorkerCore::sendState(uint64_t id, const v1::KvDestination& destina
   const int32_t slot = loop_->call([&](engine::Scheduler& s) { return s.reservedState(id); });
   if (slot < 0) return absl::InternalError("the prefilled prompt holds no state slot");
   // A backend with its own states (a GPU) copies the slot out first.
-  CLEAVE_RETURN_IF_ERROR(loop_->call([&](engine::Scheduler&) {
-    return model_.copyState(engine::KvCopy::kToHost, slot);
-  }));
+  CLEAVE_RETURN_IF_ERROR(loop_->call(
+      [&](engine::Scheduler&) { return model_.copyState(engine::KvCopy::kToHost, slot); }));
   const int64_t layers = c.linearLayers();
   const int64_t group_bytes = engine::gatedDeltaNetGroupFloats(*c.linear_attention) * 4;
   // Every key head must land somewhere: a head no rank takes would keep the slot's old state.
