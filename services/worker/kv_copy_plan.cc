@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace cleave::worker {
 
 std::vector<transfer::Write> kvWrites(engine::KvStorage& local, engine::Span local_heads,
@@ -34,6 +36,40 @@ std::vector<transfer::Write> kvWrites(engine::KvStorage& local, engine::Span loc
     }
   }
   return writes;
+}
+
+absl::StatusOr<std::vector<RemoteStateLayout>> remoteStateLayouts(
+    const v1::KvDestination& destination, int64_t key_heads, int64_t layers, int64_t group_bytes) {
+  if (!destination.has_state_slot()) {
+    return absl::InvalidArgumentError(
+        "destination.state_slot is required: the model's linear-attention layers keep a state "
+        "per sequence (ReserveResponse.state_slot)");
+  }
+  std::vector<bool> covered(static_cast<size_t>(key_heads), false);
+  std::vector<RemoteStateLayout> layouts;
+  for (const v1::RankEndpoint& rank : destination.ranks()) {
+    const int64_t begin = rank.linear_key_head_begin(), end = rank.linear_key_head_end();
+    const int64_t slot_bytes = layers * (end - begin) * group_bytes;
+    const int64_t slots =
+        slot_bytes > 0
+            ? static_cast<int64_t>(rank.state_bytes() / static_cast<uint64_t>(slot_bytes))
+            : 0;
+    if (end <= begin || end > key_heads || slots <= int64_t{destination.state_slot()}) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("destination rank ", rank.rank(), " has linear-attention key heads [", begin,
+                       ", ", end, ") of ", key_heads, " and ", rank.state_bytes(),
+                       " bytes of state slots: no slot ", destination.state_slot()));
+    }
+    for (int64_t h = begin; h < end; ++h) covered[h] = true;
+    layouts.push_back({.key_head_begin = begin, .key_heads = end - begin, .slots = slots});
+  }
+  if (const auto missing = std::find(covered.begin(), covered.end(), false);
+      missing != covered.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "destination ranks do not hold every one of the ", key_heads,
+        " linear-attention key heads (none holds key head ", missing - covered.begin(), ")"));
+  }
+  return layouts;
 }
 
 std::vector<transfer::Write> stateWrites(const float* local_state, engine::Span local_heads,

@@ -9,6 +9,8 @@
 #include <span>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "cleave/v1/worker.pb.h"
 #include "services/engine/kv_storage.h"
 #include "services/engine/tensor_parallel.h"
 #include "services/transfer/kv_transport.h"
@@ -36,6 +38,15 @@ struct RemoteStateLayout {
   int64_t key_heads = 0;
   int64_t slots = 0;
 };
+
+// Every destination rank's state slots (RankEndpoint linear_key_head_begin/end, state_bytes)
+// for a model whose `layers` linear layers have `key_heads` key heads of `group_bytes` bytes
+// each, checked before any byte moves: each rank's key heads a non-empty run inside
+// [0, key_heads), every key head held by some rank (one no rank held would keep the slot's
+// old state), and destination.state_slot() inside every rank's slots. InvalidArgument
+// naming the rank, or the heads no rank holds, otherwise.
+absl::StatusOr<std::vector<RemoteStateLayout>> remoteStateLayouts(
+    const v1::KvDestination& destination, int64_t key_heads, int64_t layers, int64_t group_bytes);
 
 // The writes of one sequence's linear-attention state from `local_state` (its slot on a
 // rank holding key heads `local_heads`: [layer][head][group]) into slot `remote_slot` of

@@ -1,8 +1,10 @@
 #include "services/worker/kv_copy_plan.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
 
 namespace cleave::worker {
@@ -192,6 +194,76 @@ TEST(StateCopyPlanTest, EveryTpPairingMovesTheSlotWhole) {
         }
       }
     }
+  }
+}
+
+}  // namespace
+}  // namespace cleave::worker
+
+namespace cleave::worker {
+namespace {
+
+// A destination of two decode ranks holding key heads [0, 2) and [2, 3) of a model whose two
+// linear layers have 3 key heads of 20 bytes, each rank with 4 slots, slot 3 asked for.
+v1::KvDestination stateDestination() {
+  v1::KvDestination d;
+  d.set_state_slot(3);
+  for (const auto& [begin, end] : {std::pair{0u, 2u}, std::pair{2u, 3u}}) {
+    v1::RankEndpoint* r = d.add_ranks();
+    r->set_rank(d.ranks_size() - 1);
+    r->set_linear_key_head_begin(begin);
+    r->set_linear_key_head_end(end);
+    r->set_state_bytes(4 * 2 * (end - begin) * 20);
+  }
+  return d;
+}
+
+TEST(StateCopyPlanTest, APeersSlotsAreCheckedBeforeAnyByteMoves) {
+  auto good = remoteStateLayouts(stateDestination(), 3, 2, 20);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_EQ(good->size(), 2u);
+  EXPECT_EQ((*good)[0].key_head_begin, 0);
+  EXPECT_EQ((*good)[0].key_heads, 2);
+  EXPECT_EQ((*good)[0].slots, 4);
+  EXPECT_EQ((*good)[1].key_head_begin, 2);
+  EXPECT_EQ((*good)[1].key_heads, 1);
+  EXPECT_EQ((*good)[1].slots, 4);
+
+  struct Bad {
+    const char* what;
+    std::function<void(v1::KvDestination&)> spoil;
+    const char* message;
+  };
+  const std::vector<Bad> bad = {
+      {"no slot", [](v1::KvDestination& d) { d.clear_state_slot(); }, "state_slot is required"},
+      {"slot past a rank's slots", [](v1::KvDestination& d) { d.set_state_slot(4); }, "no slot 4"},
+      {"too few state bytes",
+       [](v1::KvDestination& d) { d.mutable_ranks(1)->set_state_bytes(3 * 2 * 20 + 39); },
+       "destination rank 1"},
+      {"no key heads",
+       [](v1::KvDestination& d) { d.mutable_ranks(1)->set_linear_key_head_begin(3); },
+       "key heads [3, 3) of 3"},
+      {"heads backwards",
+       [](v1::KvDestination& d) { d.mutable_ranks(0)->set_linear_key_head_begin(2); },
+       "key heads [2, 2)"},
+      {"heads past the model's",
+       [](v1::KvDestination& d) { d.mutable_ranks(1)->set_linear_key_head_end(4000000000u); },
+       "of 3"},
+      {"a head nobody holds",
+       [](v1::KvDestination& d) {
+         d.mutable_ranks(0)->set_linear_key_head_end(1);
+         d.mutable_ranks(0)->set_state_bytes(4 * 2 * 20);
+       },
+       "none holds key head 1"},
+      {"no ranks", [](v1::KvDestination& d) { d.clear_ranks(); }, "key head 0"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.what);
+    v1::KvDestination d = stateDestination();
+    b.spoil(d);
+    auto refused = remoteStateLayouts(d, 3, 2, 20);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_THAT(refused.status().message(), testing::HasSubstr(b.message));
   }
 }
 

@@ -407,54 +407,27 @@ absl::Status WorkerCore::sendState(uint64_t id, const v1::KvDestination& destina
                                    std::chrono::milliseconds timeout) {
   const model::ModelConfig& c = model_.config();
   if (!c.linear_attention) return absl::OkStatus();
-  if (!destination.has_state_slot()) {
-    return absl::InvalidArgumentError(
-        "destination.state_slot is required: the model's linear-attention layers keep a state "
-        "per sequence (ReserveResponse.state_slot)");
-  }
+  const int64_t layers = c.linearLayers();
+  const int64_t group_bytes = engine::gatedDeltaNetGroupFloats(*c.linear_attention) * 4;
+  // The peer's numbers, checked before any byte moves.
+  CLEAVE_ASSIGN_OR_RETURN(
+      const std::vector<RemoteStateLayout> remotes,
+      remoteStateLayouts(destination, c.linear_attention->key_heads, layers, group_bytes));
   const int32_t slot = loop_->call([&](engine::Scheduler& s) { return s.reservedState(id); });
   if (slot < 0) return absl::InternalError("the prefilled prompt holds no state slot");
   // A backend with its own states (a GPU) copies the slot out first.
   CLEAVE_RETURN_IF_ERROR(loop_->call(
       [&](engine::Scheduler&) { return model_.copyState(engine::KvCopy::kToHost, slot); }));
-  const int64_t layers = c.linearLayers();
-  const int64_t group_bytes = engine::gatedDeltaNetGroupFloats(*c.linear_attention) * 4;
-  // Every key head must land somewhere: a head no rank takes would keep the slot's old state.
-  std::vector<bool> covered(c.linear_attention->key_heads, false);
-  for (const v1::RankEndpoint& rank : destination.ranks()) {
-    for (uint32_t h = rank.linear_key_head_begin();
-         h < std::min(rank.linear_key_head_end(), c.linear_attention->key_heads); ++h)
-      covered[h] = true;
-  }
-  if (std::find(covered.begin(), covered.end(), false) != covered.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("destination ranks do not hold every one of the ",
-                     c.linear_attention->key_heads, " linear-attention key heads"));
-  }
   for (int r = 0; r < model_.tp(); ++r) {
     const float* local = model_.states(r) + slot * model_.stateFloats(r);
-    for (const v1::RankEndpoint& rank : destination.ranks()) {
-      const int64_t heads = int64_t{rank.linear_key_head_end()} - rank.linear_key_head_begin();
-      const int64_t slot_bytes = layers * heads * group_bytes;
-      // A peer's numbers, checked before any byte moves.
-      if (heads <= 0 || rank.linear_key_head_end() > c.linear_attention->key_heads ||
-          rank.state_bytes() / static_cast<uint64_t>(slot_bytes) <= destination.state_slot()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("destination rank ", rank.rank(), " has linear-attention key heads [",
-                         rank.linear_key_head_begin(), ", ", rank.linear_key_head_end(), ") of ",
-                         c.linear_attention->key_heads, " and ", rank.state_bytes(),
-                         " bytes of state slots: no slot ", destination.state_slot()));
-      }
-      const RemoteStateLayout remote{
-          .key_head_begin = rank.linear_key_head_begin(),
-          .key_heads = heads,
-          .slots = static_cast<int64_t>(rank.state_bytes() / static_cast<uint64_t>(slot_bytes))};
+    for (int i = 0; i < destination.ranks_size(); ++i) {
+      const v1::RankEndpoint& rank = destination.ranks(i);
       CLEAVE_RETURN_IF_ERROR(writeToRank(*options_.transport,
                                          {.peer_address = rank.worker_address(),
                                           .base = rank.state_base(),
                                           .key = rank.state_rkey(),
                                           .bytes = rank.state_bytes()},
-                                         stateWrites(local, model_.linearKeyHeads(r), remote,
+                                         stateWrites(local, model_.linearKeyHeads(r), remotes[i],
                                                      destination.state_slot(), layers, group_bytes),
                                          "state", destination.decode_worker_id(), rank.rank(),
                                          bytes, stop, timeout));
