@@ -400,16 +400,18 @@ TEST(KvCacheScalesTest, CheckpointScalesAreLoadedAndUsed) {
 class SeparateCacheBackend : public StepBackend {
  public:
   SeparateCacheBackend(std::unique_ptr<LlamaWeights> w, int64_t blocks, int64_t block_size,
-                       cpu::KvType type)
+                       cpu::KvType type, int64_t state_slots = 0)
       : weights_(std::move(w)),
         pool_(1),
         model_(*weights_, pool_),
-        cache_({.num_layers = static_cast<int64_t>(weights_->layers.size()),
+        cache_({.num_layers = weights_->config.kvLayers(),
                 .kv_heads = weights_->dims.kv_heads.size,
                 .head_dim = weights_->config.head_dim,
                 .block_size = block_size,
                 .num_blocks = blocks,
-                .type = type}) {}
+                .type = type,
+                .state_slots = weights_->config.linear_attention ? state_slots : 0,
+                .state_floats = linearStateFloats(weights_->config, weights_->dims)}) {}
   absl::StatusOr<std::span<const float>> forward(std::span<const SequenceChunk> batch) override {
     return model_.forward(batch, cache_);
   }
@@ -419,6 +421,16 @@ class SeparateCacheBackend : public StepBackend {
       copyBlocks(cache_, blocks, host, rows);
     } else {
       copyBlocks(host, rows, cache_, blocks);
+    }
+    return absl::OkStatus();
+  }
+  // As the CUDA model's: its own state slots, copied slot for slot.
+  absl::Status copyState(KvCopy direction, int32_t slot, KvStorage& host) override {
+    const size_t bytes = static_cast<size_t>(cache_.options().state_floats) * sizeof(float);
+    if (direction == KvCopy::kToHost) {
+      std::memcpy(host.state(slot), cache_.state(slot), bytes);
+    } else {
+      std::memcpy(cache_.state(slot), host.state(slot), bytes);
     }
     return absl::OkStatus();
   }
@@ -527,19 +539,19 @@ struct SeparateGroup {
   SeparateGroup(const std::string& path, cpu::KvType type, bool host_kv, bool draws = false,
                 bool multi_row = false) {
     TpGroupOptions options{.kv_type = type, .host_kv = host_kv};
-    options.backend = [this, type, path, draws, multi_row](
-                          std::span<const LlamaWeights* const> ranks, int64_t blocks,
-                          int64_t block_size,
-                          int64_t) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
+    options.backend =
+        [this, type, path, draws, multi_row](
+            std::span<const LlamaWeights* const> ranks, int64_t blocks, int64_t block_size,
+            int64_t state_slots) -> absl::StatusOr<std::vector<std::unique_ptr<StepBackend>>> {
       std::vector<std::unique_ptr<StepBackend>> made;
       for (size_t r = 0; r < ranks.size(); ++r) {
         absl::StatusOr<std::unique_ptr<LlamaWeights>> own =
             loadLlama(path, {.rank = static_cast<int>(r), .size = static_cast<int>(ranks.size())});
         if (!own.ok()) return own.status();
-        auto backend =
-            draws
-                ? std::make_unique<DrawingBackend>(std::move(*own), blocks, block_size, type)
-                : std::make_unique<SeparateCacheBackend>(std::move(*own), blocks, block_size, type);
+        auto backend = draws ? std::make_unique<DrawingBackend>(std::move(*own), blocks, block_size,
+                                                                type, state_slots)
+                             : std::make_unique<SeparateCacheBackend>(
+                                   std::move(*own), blocks, block_size, type, state_slots);
         backend->multi_row = multi_row;
         backends.push_back(backend.get());
         made.push_back(std::move(backend));
@@ -549,7 +561,8 @@ struct SeparateGroup {
     auto loaded = TpGroup::load(path, options);
     CLEAVE_CHECK_OK(loaded.status());
     group = std::move(*loaded);
-    CLEAVE_CHECK_OK(group->allocateKv(8, 16, 5));  // host rows: a staging area
+    // Host rows: a staging area; three state slots for a model with linear attention.
+    CLEAVE_CHECK_OK(group->allocateKv(8, 16, 5, 3));
   }
 };
 
@@ -881,6 +894,62 @@ TEST(TpGroupHostKvTest, RowsMovedThroughTheHostDecodeAsTheirOwnDo) {
     auto got = receiver.group->forward({&there, 1});
     ASSERT_TRUE(got.ok());
     EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+  }
+}
+
+// A linear-attention model's state goes out of a backend's own slots and into another's as
+// KV rows do (the GPU's copyState around a transfer): slot 2 of the sender to its host slot
+// 2 (nothing else written), moved to the receiver's host slot 1, copied in; with the KV rows
+// moved alike, the receiver decodes what the sender does.
+TEST(TpGroupHostKvTest, AStateMovedThroughTheHostDecodesAsItsOwnDoes) {
+  for (const char* name : {"qwen3_5_f32", "qwen3_next_f32"}) {
+    SCOPED_TRACE(name);
+    SeparateGroup sender(kHf + name, cpu::KvType::kF32, true),
+        receiver(kHf + name, cpu::KvType::kF32, true);
+    std::mt19937 rng(11);
+    std::uniform_int_distribution<uint32_t> token(0, 200);
+    std::vector<uint32_t> prompt(21);
+    for (uint32_t& t : prompt) t = token(rng);
+    const std::vector<int32_t> blocks = {5, 2}, rows = {3, 0}, placed = {4, 6};
+    const SequenceChunk prefill{.tokens = prompt, .blocks = blocks, .state = 2};
+    ASSERT_TRUE(sender.group->forward({&prefill, 1}).ok());
+    const int64_t floats = sender.group->stateFloats(0);
+    ASSERT_GT(floats, 0);
+    float* out = sender.group->states(0);
+    std::fill(out, out + 3 * floats, std::nanf(""));
+    ASSERT_TRUE(sender.group->copyState(KvCopy::kToHost, 2).ok());
+    const float* own = sender.backends[0]->cache().state(2);
+    EXPECT_TRUE(std::equal(own, own + floats, out + 2 * floats));
+    EXPECT_TRUE(std::all_of(out, out + 2 * floats, [](float v) { return std::isnan(v); }));
+    ASSERT_TRUE(sender.group->copyKv(KvCopy::kToHost, blocks, rows).ok());
+    // "Transfer": the state into the receiver's host slot 1, the KV rows into its rows 0, 1.
+    std::copy(out + 2 * floats, out + 3 * floats, receiver.group->states(0) + floats);
+    KvStorage &host = sender.group->kv(0), &dst = receiver.group->kv(0);
+    const size_t block = static_cast<size_t>(host.kvHeads() * host.headBlockBytes());
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (int64_t l = 0; l < host.options().num_layers; ++l)
+        for (int kv = 0; kv < 2; ++kv)
+          std::memcpy(dst.data() + dst.offset(l, kv, static_cast<int32_t>(i), 0),
+                      host.data() + host.offset(l, kv, rows[i], 0), block);
+    const std::vector<int32_t> landed = {0, 1};
+    ASSERT_TRUE(receiver.group->copyKv(KvCopy::kFromHost, placed, landed).ok());
+    ASSERT_TRUE(receiver.group->copyState(KvCopy::kFromHost, 1).ok());
+    const std::vector<uint32_t> next = {prompt.back()};
+    const SequenceChunk here{.tokens = next, .start = 21, .blocks = blocks, .state = 2};
+    const SequenceChunk there{.tokens = next, .start = 21, .blocks = placed, .state = 1};
+    auto want = sender.group->forward({&here, 1});
+    ASSERT_TRUE(want.ok());
+    const std::vector<float> expected(want->begin(), want->end());
+    auto got = receiver.group->forward({&there, 1});
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+    // A slot outside the group's is refused; the CPU model's states are its host slots.
+    EXPECT_EQ(sender.group->copyState(KvCopy::kToHost, 3).code(),
+              absl::StatusCode::kInvalidArgument);
+    auto cpu = TpGroup::load(kHf + name, {});
+    ASSERT_TRUE(cpu.ok());
+    ASSERT_TRUE((*cpu)->allocateKv(4, 16, 0, 2).ok());
+    EXPECT_TRUE((*cpu)->copyState(KvCopy::kToHost, 1).ok());
   }
 }
 
