@@ -845,6 +845,17 @@ TEST(TpGroupHostKvTest, ABackendWithSeveralRowsOfLogitsVerifiesDraftsAndScoresPr
 // blocks to rows of the host staging area (5 blocks beside a pool of 8), a transport moves
 // those rows into rows of the receiver's staging area, the receiver copies them into other
 // blocks of its backend and decodes: the same logits as the group that computed the prompt.
+// Group `a` stepping `here` and group `b` stepping `there` give the same logits, bit for bit.
+void expectSameLogits(TpGroup& a, const SequenceChunk& here, TpGroup& b,
+                      const SequenceChunk& there) {
+  auto want = a.forward({&here, 1});
+  ASSERT_TRUE(want.ok()) << want.status();
+  const std::vector<float> expected(want->begin(), want->end());
+  auto got = b.forward({&there, 1});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+}
+
 TEST(TpGroupHostKvTest, RowsMovedThroughTheHostDecodeAsTheirOwnDo) {
   for (cpu::KvType type : {cpu::KvType::kF32, cpu::KvType::kBf16, cpu::KvType::kFp8E4M3}) {
     SCOPED_TRACE(cpu::kvTypeName(type));
@@ -888,12 +899,7 @@ TEST(TpGroupHostKvTest, RowsMovedThroughTheHostDecodeAsTheirOwnDo) {
     const std::vector<uint32_t> next = {prompt.back()};
     const SequenceChunk there{.tokens = next, .start = 37, .blocks = placed};
     const SequenceChunk here{.tokens = next, .start = 37, .blocks = blocks};
-    auto want = sender.group->forward({&here, 1});
-    ASSERT_TRUE(want.ok());
-    const std::vector<float> expected(want->begin(), want->end());
-    auto got = receiver.group->forward({&there, 1});
-    ASSERT_TRUE(got.ok());
-    EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+    expectSameLogits(*sender.group, here, *receiver.group, there);
   }
 }
 
@@ -937,12 +943,7 @@ TEST(TpGroupHostKvTest, AStateMovedThroughTheHostDecodesAsItsOwnDoes) {
     const std::vector<uint32_t> next = {prompt.back()};
     const SequenceChunk here{.tokens = next, .start = 21, .blocks = blocks, .state = 2};
     const SequenceChunk there{.tokens = next, .start = 21, .blocks = placed, .state = 1};
-    auto want = sender.group->forward({&here, 1});
-    ASSERT_TRUE(want.ok());
-    const std::vector<float> expected(want->begin(), want->end());
-    auto got = receiver.group->forward({&there, 1});
-    ASSERT_TRUE(got.ok());
-    EXPECT_EQ(std::vector<float>(got->begin(), got->end()), expected);
+    expectSameLogits(*sender.group, here, *receiver.group, there);
     // A slot outside the group's is refused; the CPU model's states are its host slots.
     EXPECT_EQ(sender.group->copyState(KvCopy::kToHost, 3).code(),
               absl::StatusCode::kInvalidArgument);
