@@ -792,6 +792,7 @@ void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps) {
   bf16* proj = randomBf16(tokens * proj_dim, 41);
   bf16* out = deviceAlloc<bf16>(tokens * vd);
   float* mixed = deviceAlloc<float>(tokens * channels);
+  float* raw = deviceAlloc<float>(tokens * vd);  // a prefill's outputs before the norm
   float* states = deviceAlloc<float>(sequences * slot_floats);
   check(cuda::fillUniform(states, sequences * slot_floats, -0.1f, 0.1f, 43, nullptr), "states");
   float* conv = deviceAlloc<float>(channels * taps);
@@ -806,26 +807,31 @@ void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps) {
   for (int q = 0; q < sequences; ++q) meta.push_back(q);
   int32_t* d_meta = deviceAlloc<int32_t>(meta.size());
   check(cudaMemcpy(d_meta, meta.data(), meta.size() * 4, cudaMemcpyHostToDevice), "meta");
-  const cuda::GatedDeltaNetArgs args{.proj = proj,
-                                     .proj_stride = proj_dim,
-                                     .mixed = mixed,
-                                     .q_starts = d_meta,
-                                     .positions = d_meta + sequences + 1,
-                                     .state_slots = d_meta + sequences + 1 + tokens,
-                                     .states = states,
-                                     .slot_floats = slot_floats,
-                                     .conv = conv,
-                                     .a_rate = per_head,
-                                     .dt_bias = per_head + value_heads,
-                                     .norm = per_head + 2 * value_heads,
-                                     .sequences = sequences,
-                                     .key_heads = key_heads,
-                                     .value_heads = value_heads,
-                                     .key_head_dim = dk,
-                                     .value_head_dim = dv,
-                                     .conv_kernel = taps,
-                                     .out = out,
-                                     .out_stride = vd};
+  const cuda::GatedDeltaNetArgs args{
+      .proj = proj,
+      .proj_stride = proj_dim,
+      .mixed = mixed,
+      .q_starts = d_meta,
+      .positions = d_meta + sequences + 1,
+      .state_slots = d_meta + sequences + 1 + tokens,
+      .states = states,
+      .slot_floats = slot_floats,
+      .conv = conv,
+      .a_rate = per_head,
+      .dt_bias = per_head + value_heads,
+      .norm = per_head + 2 * value_heads,
+      .sequences = sequences,
+      .key_heads = key_heads,
+      .value_heads = value_heads,
+      .key_head_dim = dk,
+      .value_head_dim = dv,
+      .conv_kernel = taps,
+      .out = out,
+      .out_stride = vd,
+      // As the model runs them: a prefill's columns split.
+      .column_groups = rows > 1 ? cuda::gatedDeltaNetColumnGroups(dk, dv) : 1,
+      .raw = raw,
+      .tokens = static_cast<int>(tokens)};
   const double ms =
       medianMs([&](int) { check(cuda::gatedDeltaNet(args, nullptr), "gated delta net"); }, reps);
   char what[160];
@@ -843,7 +849,7 @@ void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps) {
     addRow({what, ms, fmt("%.0f rows/s", tokens / ms * 1e3), "", ""});
   }
   for (void* p : {static_cast<void*>(proj), static_cast<void*>(out), static_cast<void*>(mixed),
-                  static_cast<void*>(states), static_cast<void*>(conv),
+                  static_cast<void*>(raw), static_cast<void*>(states), static_cast<void*>(conv),
                   static_cast<void*>(per_head), static_cast<void*>(d_meta)})
     cudaFree(p);
 }

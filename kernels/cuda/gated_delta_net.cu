@@ -12,8 +12,9 @@ constexpr int kMaxDeltaThreads = 512;
 // A block's threads when a column's rows are split P ways: 512 leaves 128 registers a
 // thread; with one thread a column (P = 1, every row's k and q kept across the two passes
 // over S) 256, leaving it room enough not to spill.
-__host__ __device__ constexpr int maxDeltaThreads(int parts) {
-  return parts == 1 ? kMaxDeltaThreads / 2 : kMaxDeltaThreads;
+// A head's columns split over blocks (column groups) take at most 256 threads a block too.
+__host__ __device__ constexpr int maxDeltaThreads(int parts, bool split = false) {
+  return parts == 1 || split ? kMaxDeltaThreads / 2 : kMaxDeltaThreads;
 }
 constexpr int kConvThreads = 128;
 
@@ -91,24 +92,29 @@ __global__ void __launch_bounds__(kConvThreads) convolveKernel(const GatedDeltaN
   for (int j = 0; j + 1 < kTaps; ++j) kept[j * s.group_channels] = window[j];
 }
 
-// Block = (value head blockIdx.x, sequence blockIdx.y); thread (j, p) = (tid / P, tid % P)
-// holds S[32p + i][j]: the P threads of a column sit side by side in one warp, so their
-// partial sums over the rows meet by shuffles.
-template <int P>
-__global__ void __launch_bounds__(maxDeltaThreads(P)) deltaRuleKernel(const GatedDeltaNetArgs a) {
-  extern __shared__ float shared[];  // q [dk], k [dk], v [dv], then the reductions [2 + 32]
+// Block = (value head blockIdx.x / column_groups and its column group, sequence
+// blockIdx.y); thread (c, p) = (tid / P, tid % P) holds S[32p + i][j] of the group's column
+// j = col0 + c: the P threads of a column sit side by side in one warp, so their partial
+// sums over the rows meet by shuffles.
+// (minBlocks 1: without it ptxas keeps the split variants to 128 registers and spills.)
+template <int P, bool kSplit>
+__global__ void __launch_bounds__(maxDeltaThreads(P, kSplit), 1)
+    deltaRuleKernel(const GatedDeltaNetArgs a) {
+  extern __shared__ float shared[];  // q [dk], k [dk], v [width], then the reductions [2 + 32]
   const Shape s(a);
-  const int h = blockIdx.x, seq = blockIdx.y;
+  const int groups = kSplit ? a.column_groups : 1;
+  const int h = blockIdx.x / groups, seq = blockIdx.y;
+  const int width = s.dv / groups, col0 = (blockIdx.x % groups) * width;
   const int begin = a.q_starts[seq], end = a.q_starts[seq + 1];
   if (begin == end) return;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
-  const int j = tid / P, part = tid % P;
-  const bool column = j < s.dv;
+  const int c = tid / P, part = tid % P, j = col0 + c;
+  const bool column = c < width;
   const int key_head = h / s.ratio;
   float* qs = shared;
   float* ks = qs + s.dk;
   float* vs = ks + s.dk;
-  float* sums = vs + s.dv;
+  float* sums = vs + width;
   float* state = layerState(a, seq) + key_head * s.group_floats + s.conv_floats +
                  int64_t{h % s.ratio} * s.dk * s.dv;
   const bool reset = a.positions[begin] == 0;
@@ -119,15 +125,15 @@ __global__ void __launch_bounds__(maxDeltaThreads(P)) deltaRuleKernel(const Gate
     S[r] = !reset && column && i < s.dk ? state[i * s.dv + j] : 0.0f;
   }
   const float a_rate = a.a_rate[h], dt_bias = a.dt_bias[h];
-  const float norm = column ? a.norm[j] : 0.0f;
+  const float norm = column && !kSplit ? a.norm[j] : 0.0f;
   const float q_scale = rsqrtf(static_cast<float>(s.dk));
-  const int loaded = 2 * s.dk + s.dv;
+  const int loaded = 2 * s.dk + width;
   for (int t = begin; t < end; ++t) {
     const float* row = a.mixed + int64_t{t} * s.channels;
     for (int i = tid; i < loaded; i += blockDim.x) {
       shared[i] = i < s.dk       ? row[key_head * s.dk + i]
                   : i < 2 * s.dk ? row[s.kd + key_head * s.dk + i - s.dk]
-                                 : row[2 * s.kd + h * s.dv + i - 2 * s.dk];
+                                 : row[2 * s.kd + h * s.dv + col0 + i - 2 * s.dk];
     }
     __syncthreads();
     if (warp == 0) {  // q's and k's inverse L2 norms (q's times 1/√dk)
@@ -158,7 +164,7 @@ __global__ void __launch_bounds__(maxDeltaThreads(P)) deltaRuleKernel(const Gate
 #pragma unroll
     for (int offset = P / 2; offset > 0; offset /= 2)
       kv += __shfl_xor_sync(0xffffffffu, kv, offset);
-    const float delta = column ? beta * (vs[j] - kv) : 0.0f;
+    const float delta = column ? beta * (vs[c] - kv) : 0.0f;
     float o = 0.0f;
 #pragma unroll
     for (int r = 0; r < kRowsPerPart; ++r) {
@@ -170,6 +176,11 @@ __global__ void __launch_bounds__(maxDeltaThreads(P)) deltaRuleKernel(const Gate
     }
 #pragma unroll
     for (int offset = P / 2; offset > 0; offset /= 2) o += __shfl_xor_sync(0xffffffffu, o, offset);
+    if constexpr (kSplit) {  // The head's other columns are other blocks': gatedNormKernel.
+      if (column && part == 0) a.raw[int64_t{t} * s.vd + h * s.dv + j] = o;
+      __syncthreads();  // before the next row overwrites q, k, v and the sums
+      continue;
+    }
     // The gated RMSNorm over the head's d_v outputs.
     const float squares = warpSum(column && part == 0 ? o * o : 0.0f);
     if (lane == 0) sums[2 + warp] = squares;
@@ -187,6 +198,26 @@ __global__ void __launch_bounds__(maxDeltaThreads(P)) deltaRuleKernel(const Gate
   for (int r = 0; r < kRowsPerPart; ++r) {
     const int i = part * kRowsPerPart + r;
     if (column && i < s.dk) state[i * s.dv + j] = S[r];
+  }
+}
+
+// Warp = (token, value head) of `raw`: the head's outputs RMS-normed with `norm`, times
+// SiLU(z), written bf16 (what the delta rule does itself without column groups).
+__global__ void __launch_bounds__(128) gatedNormKernel(const GatedDeltaNetArgs a) {
+  const Shape s(a);
+  const int64_t item = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
+  if (item >= int64_t{a.tokens} * a.value_heads) return;
+  const int64_t t = item / a.value_heads;
+  const int h = static_cast<int>(item % a.value_heads), lane = threadIdx.x % 32;
+  const float* o = a.raw + t * s.vd + h * s.dv;
+  float squares = 0.0f;
+  for (int j = lane; j < s.dv; j += 32) squares += o[j] * o[j];
+  const float inverse = rsqrtf(warpSum(squares) / static_cast<float>(s.dv) + a.eps);
+  const bf16* z = a.proj + t * a.proj_stride + 2 * s.kd + s.vd + h * s.dv;
+  for (int j = lane; j < s.dv; j += 32) {
+    const float zj = __bfloat162float(z[j]);
+    a.out[t * a.out_stride + h * s.dv + j] =
+        __float2bfloat16(o[j] * inverse * a.norm[j] * zj * sigmoidOf(zj));
   }
 }
 
@@ -217,11 +248,20 @@ absl::Status launchConvolve(const GatedDeltaNetArgs& a, int channels, cudaStream
 
 template <int P>
 absl::Status launchDeltaRule(const GatedDeltaNetArgs& a, cudaStream_t stream) {
-  const int threads = deltaThreads(a.key_head_dim, a.value_head_dim);
-  const size_t shared =
-      sizeof(float) * (2 * a.key_head_dim + a.value_head_dim + 2 + kMaxDeltaThreads / 32);
-  deltaRuleKernel<P><<<dim3(a.value_heads, a.sequences), threads, shared, stream>>>(a);
-  return launchStatus("gated_delta_net delta rule");
+  const int width = a.value_head_dim / a.column_groups;
+  const int threads = deltaThreads(a.key_head_dim, width);
+  const size_t shared = sizeof(float) * (2 * a.key_head_dim + width + 2 + kMaxDeltaThreads / 32);
+  const dim3 grid(a.value_heads * a.column_groups, a.sequences);
+  if (a.column_groups == 1) {
+    deltaRuleKernel<P, false><<<grid, threads, shared, stream>>>(a);
+    return launchStatus("gated_delta_net delta rule");
+  }
+  deltaRuleKernel<P, true><<<grid, threads, shared, stream>>>(a);
+  if (absl::Status s = launchStatus("gated_delta_net delta rule"); !s.ok()) return s;
+  if (a.tokens == 0) return absl::OkStatus();
+  const int64_t warps = int64_t{a.tokens} * a.value_heads;
+  gatedNormKernel<<<static_cast<unsigned>((warps + 3) / 4), 128, 0, stream>>>(a);
+  return launchStatus("gated_delta_net gated norm");
 }
 
 }  // namespace
@@ -248,12 +288,30 @@ int64_t gatedDeltaNetGroupFloats(int key_head_dim, int value_head_dim, int conv_
   return (conv_kernel - 1) * channels + int64_t{ratio} * key_head_dim * value_head_dim;
 }
 
+int gatedDeltaNetColumnGroups(int key_head_dim, int value_head_dim) {
+  for (int groups : {4, 2}) {
+    if (value_head_dim % groups == 0 &&
+        deltaThreads(key_head_dim, value_head_dim / groups) <=
+            maxDeltaThreads(partsOf(key_head_dim), true))
+      return groups;
+  }
+  return 1;
+}
+
 absl::Status gatedDeltaNet(const GatedDeltaNetArgs& a, cudaStream_t stream) {
   if (a.sequences == 0) return absl::OkStatus();
   if (absl::Status ok = gatedDeltaNetSupported(a.key_head_dim, a.value_head_dim, a.conv_kernel,
                                                a.key_heads, a.value_heads);
       !ok.ok())
     return ok;
+  if (a.column_groups < 1 || a.value_head_dim % a.column_groups != 0 ||
+      (a.column_groups > 1 && (a.raw == nullptr || a.tokens < 0 ||
+                               deltaThreads(a.key_head_dim, a.value_head_dim / a.column_groups) >
+                                   maxDeltaThreads(partsOf(a.key_head_dim), true))))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gated_delta_net: ", a.column_groups, " column groups of value heads of ", a.value_head_dim,
+        " (a divisor leaving at most 256 threads a block, with a raw-output "
+        "scratch and the rows)"));
   const int channels = 2 * a.key_heads * a.key_head_dim + a.value_heads * a.value_head_dim;
   if (absl::Status launched = launchConvolve(a, channels, stream); !launched.ok()) return launched;
   switch (partsOf(a.key_head_dim)) {

@@ -11,6 +11,9 @@
 //                q and k L2-normed (q also by 1/√d_k), β = σ(b), g = a_rate·softplus(a +
 //                dt_bias), S = e^g·S, S += k ⊗ β(v − Sᵀk), o = Sᵀq, then o RMS-normed with
 //                `norm` and times SiLU(z), written bf16.
+// Each column of S evolves on its own (only the norm joins a head's outputs), so a head's
+// columns may be split over `column_groups` blocks: more blocks for a few long sequences
+// (a prefill), whose raw outputs a third kernel then norms.
 // A sequence whose first row is at position 0 starts from a zero state; its state is
 // written back after its last row, so chunks of one sequence run in order, one per step.
 //
@@ -57,6 +60,12 @@ struct GatedDeltaNetArgs {
   float eps = 1e-6f;
   __nv_bfloat16* out = nullptr;  // [tokens][out_stride]: value head h at h·d_v
   int64_t out_stride = 0;
+  // Blocks a value head's columns are split over, a divisor of value_head_dim. Above 1,
+  // `raw` ([tokens][value_heads·d_v] f32 scratch) holds the outputs before the gated norm,
+  // and `tokens` must be the step's rows (q_starts[sequences]).
+  int column_groups = 1;
+  float* raw = nullptr;
+  int tokens = 0;
 };
 
 // What the kernels take: conv_kernel 2..6, key_head_dim <= 128, value_head_dim <= 256 and,
@@ -68,6 +77,10 @@ absl::Status gatedDeltaNetSupported(int key_head_dim, int value_head_dim, int co
 
 // Floats of one key head's group of one layer's state (the CPU's gatedDeltaNetGroupFloats).
 int64_t gatedDeltaNetGroupFloats(int key_head_dim, int value_head_dim, int conv_kernel, int ratio);
+
+// Column groups for a step of few, long sequences (a prefill): 4, 2 or 1, the most that
+// divide value_head_dim within the split blocks' 256 threads.
+int gatedDeltaNetColumnGroups(int key_head_dim, int value_head_dim);
 
 absl::Status gatedDeltaNet(const GatedDeltaNetArgs& args, cudaStream_t stream);
 

@@ -106,11 +106,11 @@ void reference(const Shape& s, const Weights& w, const std::vector<float>& proj,
   }
 }
 
-void check(const Shape& s) {
-  CLEAVE_REQUIRE_GPU();
+// With `column_groups` > 1 each head's columns are split over blocks (a prefill's form).
+void check(const Shape& s, int column_groups = 1) {
   SCOPED_TRACE(::testing::Message()
                << "key heads " << s.key_heads << " value heads " << s.value_heads << " dk " << s.dk
-               << " dv " << s.dv << " taps " << s.taps);
+               << " dv " << s.dv << " taps " << s.taps << " column groups " << column_groups);
   ASSERT_TRUE(gatedDeltaNetSupported(s.dk, s.dv, s.taps, s.key_heads, s.value_heads).ok());
   std::mt19937 rng(testing::freshSeed());
   std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
@@ -152,6 +152,7 @@ void check(const Shape& s) {
   DeviceBuffer<float> d_states(states), d_conv(w.conv), d_a_rate(w.a_rate), d_dt_bias(w.dt_bias),
       d_norm(w.norm);
   DeviceBuffer<bf16> out(static_cast<size_t>(tokens) * s.vd() + 3);  // poisoned (NaN)
+  DeviceBuffer<float> raw(static_cast<size_t>(tokens) * s.vd());
   ASSERT_TRUE(gatedDeltaNet({.proj = d_proj.get(),
                              .proj_stride = s.projDim(),
                              .mixed = mixed.get(),
@@ -173,7 +174,10 @@ void check(const Shape& s) {
                              .conv_kernel = s.taps,
                              .eps = 1e-6f,
                              .out = out.get(),
-                             .out_stride = s.vd()},
+                             .out_stride = s.vd(),
+                             .column_groups = column_groups,
+                             .raw = raw.get(),
+                             .tokens = tokens},
                             nullptr)
                   .ok());
   CUDA_ASSERT_OK(cudaDeviceSynchronize());
@@ -202,16 +206,27 @@ void check(const Shape& s) {
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(std::isnan(got[tokens * int64_t{s.vd()} + i]));
 }
 
+// Each shape with a block a head, then with the column groups a prefill takes.
+void checkBothForms(const Shape& s) {
+  check(s);
+  const int groups = gatedDeltaNetColumnGroups(s.dk, s.dv);
+  if (groups > 1) check(s, groups);
+}
+
 TEST(GatedDeltaNetKernelTest, SmallHeadsOneThreadPerColumn) {
-  check({.key_heads = 2, .value_heads = 6, .dk = 5, .dv = 7, .taps = 3});
+  CLEAVE_REQUIRE_GPU();
+  check({.key_heads = 2, .value_heads = 6, .dk = 5, .dv = 7, .taps = 3});  // 7: no groups
+  checkBothForms({.key_heads = 2, .value_heads = 6, .dk = 5, .dv = 12, .taps = 3});
 }
 
 TEST(GatedDeltaNetKernelTest, ColumnsSplitInTwo) {
-  check({.key_heads = 1, .value_heads = 2, .dk = 40, .dv = 24, .taps = 4});
+  CLEAVE_REQUIRE_GPU();
+  checkBothForms({.key_heads = 1, .value_heads = 2, .dk = 40, .dv = 24, .taps = 4});
 }
 
 TEST(GatedDeltaNetKernelTest, Qwen35Heads) {
-  check({.key_heads = 2, .value_heads = 4, .dk = 128, .dv = 128, .taps = 4});
+  CLEAVE_REQUIRE_GPU();
+  checkBothForms({.key_heads = 2, .value_heads = 4, .dk = 128, .dv = 128, .taps = 4});
 }
 
 TEST(GatedDeltaNetKernelTest, RefusesShapesTheKernelsDoNotTake) {
@@ -220,6 +235,11 @@ TEST(GatedDeltaNetKernelTest, RefusesShapesTheKernelsDoNotTake) {
   EXPECT_FALSE(gatedDeltaNetSupported(128, 128, 7, 1, 1).ok());
   EXPECT_FALSE(gatedDeltaNetSupported(128, 128, 4, 2, 3).ok());
   EXPECT_TRUE(gatedDeltaNetSupported(32, 256, 2, 4, 8).ok());
+  // Column groups: the most of 4, 2 that divide d_v within 256 threads a block.
+  EXPECT_EQ(gatedDeltaNetColumnGroups(128, 128), 4);
+  EXPECT_EQ(gatedDeltaNetColumnGroups(128, 6), 2);
+  EXPECT_EQ(gatedDeltaNetColumnGroups(5, 7), 1);
+  EXPECT_EQ(gatedDeltaNetColumnGroups(32, 256), 4);
 }
 
 }  // namespace

@@ -142,7 +142,11 @@ struct CudaLlamaModel::State {
   };
   std::optional<Linear> lin;
   int64_t state_slots = 0, slot_floats = 0;
-  float* states = nullptr;        // [state_slots + 1][slot_floats]
+  float* states = nullptr;  // [state_slots + 1][slot_floats]
+  // Prefill steps split each value head's columns over this many blocks (their raw outputs,
+  // [max_step_tokens][vd] f32, normed apart); decode steps keep one block a head.
+  int lin_column_groups = 1;
+  float* lin_raw = nullptr;
   bf16* lin_projected = nullptr;  // [max_step_tokens][proj_dim]
   float* lin_mixed = nullptr;     // [max_step_tokens][channels]
   bf16* lin_out = nullptr;        // [max_step_tokens][vd]
@@ -386,6 +390,7 @@ struct CudaLlamaModel::State {
       lin_projected = arena.take<bf16>(t * lin->proj_dim);
       lin_mixed = arena.take<float>(t * lin->channels);
       lin_out = arena.take<bf16>(t * lin->vd);
+      if (lin_column_groups > 1) lin_raw = arena.take<float>(t * lin->vd);
       states = arena.take<float>((state_slots + 1) * slot_floats);
     }
     o = arena.take<bf16>(t * hidden);
@@ -558,6 +563,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
         lin.key_heads * cuda::gatedDeltaNetGroupFloats(
                             lin.dk, lin.dv, lin.taps, lin.value_heads / std::max(lin.key_heads, 1));
     s.slot_floats = c.linearLayers() * lin.layer_floats;
+    s.lin_column_groups = cuda::gatedDeltaNetColumnGroups(lin.dk, lin.dv);
     // One slot per sequence a step can hold unless the caller sizes them (TpGroup: the
     // scheduler's slots).
     s.state_slots = options.state_slots > 0 ? options.state_slots : s.options.max_sequences;
@@ -1361,7 +1367,10 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
                                .conv_kernel = lin->taps,
                                .eps = eps,
                                .out = lin_out,
-                               .out_stride = lin->vd},
+                               .out_stride = lin->vd,
+                               .column_groups = decode ? 1 : lin_column_groups,
+                               .raw = lin_raw,
+                               .tokens = static_cast<int>(n)},
                               st));
       CLEAVE_RETURN_IF_ERROR(linear(lin_out, lin->vd, d.wo, nullptr, o));
     } else if (mla) {
