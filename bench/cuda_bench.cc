@@ -782,7 +782,7 @@ void moeDecodeStep(const char* name, const model::ModelConfig& c, double copy_gb
 // 4 taps): `sequences` sequences of `rows` rows each. A decode step's floor is its states
 // read and written once (f32) plus the projection read and the output written, over the
 // copy bandwidth; a prefill's is reported as rows per second.
-void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps) {
+void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps, int column_groups = 1) {
   const int key_heads = 8, value_heads = 32, dk = 128, dv = 128, taps = 4;
   const int64_t kd = int64_t{key_heads} * dk, vd = int64_t{value_heads} * dv;
   const int64_t channels = 2 * kd + vd, proj_dim = channels + vd + 2 * value_heads;
@@ -807,31 +807,29 @@ void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps) {
   for (int q = 0; q < sequences; ++q) meta.push_back(q);
   int32_t* d_meta = deviceAlloc<int32_t>(meta.size());
   check(cudaMemcpy(d_meta, meta.data(), meta.size() * 4, cudaMemcpyHostToDevice), "meta");
-  const cuda::GatedDeltaNetArgs args{
-      .proj = proj,
-      .proj_stride = proj_dim,
-      .mixed = mixed,
-      .q_starts = d_meta,
-      .positions = d_meta + sequences + 1,
-      .state_slots = d_meta + sequences + 1 + tokens,
-      .states = states,
-      .slot_floats = slot_floats,
-      .conv = conv,
-      .a_rate = per_head,
-      .dt_bias = per_head + value_heads,
-      .norm = per_head + 2 * value_heads,
-      .sequences = sequences,
-      .key_heads = key_heads,
-      .value_heads = value_heads,
-      .key_head_dim = dk,
-      .value_head_dim = dv,
-      .conv_kernel = taps,
-      .out = out,
-      .out_stride = vd,
-      // As the model runs them: a prefill's columns split.
-      .column_groups = rows > 1 ? cuda::gatedDeltaNetColumnGroups(dk, dv) : 1,
-      .raw = raw,
-      .tokens = static_cast<int>(tokens)};
+  const cuda::GatedDeltaNetArgs args{.proj = proj,
+                                     .proj_stride = proj_dim,
+                                     .mixed = mixed,
+                                     .q_starts = d_meta,
+                                     .positions = d_meta + sequences + 1,
+                                     .state_slots = d_meta + sequences + 1 + tokens,
+                                     .states = states,
+                                     .slot_floats = slot_floats,
+                                     .conv = conv,
+                                     .a_rate = per_head,
+                                     .dt_bias = per_head + value_heads,
+                                     .norm = per_head + 2 * value_heads,
+                                     .sequences = sequences,
+                                     .key_heads = key_heads,
+                                     .value_heads = value_heads,
+                                     .key_head_dim = dk,
+                                     .value_head_dim = dv,
+                                     .conv_kernel = taps,
+                                     .out = out,
+                                     .out_stride = vd,
+                                     .column_groups = column_groups,
+                                     .raw = raw,
+                                     .tokens = static_cast<int>(tokens)};
   const double ms =
       medianMs([&](int) { check(cuda::gatedDeltaNet(args, nullptr), "gated delta net"); }, reps);
   char what[160];
@@ -844,8 +842,9 @@ void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps) {
     addRow({what, ms, fmt("%.0f GB/s", bytes / ms / 1e6),
             fmt("%.0f%% of floor", 100 * floor_ms / ms), ""});
   } else {
-    std::snprintf(what, sizeof(what), "Gated DeltaNet layer Qwen3.5 TP2 prefill %d x %d rows",
-                  sequences, rows);
+    std::snprintf(what, sizeof(what),
+                  "Gated DeltaNet layer Qwen3.5 TP2 prefill %d x %d rows, %d column group%s",
+                  sequences, rows, column_groups, column_groups > 1 ? "s" : "");
     addRow({what, ms, fmt("%.0f rows/s", tokens / ms * 1e3), "", ""});
   }
   for (void* p : {static_cast<void*>(proj), static_cast<void*>(out), static_cast<void*>(mixed),
@@ -953,7 +952,11 @@ int main(int argc, char** argv) {
                   cuda::ExpertWeightFormat::kNvfp4, quick, "");
   });
   attempt("Gated DeltaNet", [&] { gatedDeltaNet(16, 1, copy, reps); });
+  // A prefill with a block a head, then split as the model runs it.
   attempt("Gated DeltaNet", [&] { gatedDeltaNet(1, 4096, copy, quick ? 2 : 5); });
+  attempt("Gated DeltaNet", [&] {
+    gatedDeltaNet(1, 4096, copy, quick ? 2 : 5, cuda::gatedDeltaNetColumnGroups(128, 128));
+  });
   // Last: NCCL's set-up is what may hang on a machine without working peer access.
   attempt("all-reduce", [&] { allReduce(reps); });
   std::printf("\n%-66s %10s %16s %14s %8s\n", "benchmark", "median ms", "achieved", "of ceiling",

@@ -240,6 +240,26 @@ TEST(GatedDeltaNetKernelTest, RefusesShapesTheKernelsDoNotTake) {
   EXPECT_EQ(gatedDeltaNetColumnGroups(128, 6), 2);
   EXPECT_EQ(gatedDeltaNetColumnGroups(5, 7), 1);
   EXPECT_EQ(gatedDeltaNetColumnGroups(32, 256), 4);
+  // Column groups that do not divide d_v, or without their scratch, are refused before
+  // anything runs.
+  float raw = 0;
+  const GatedDeltaNetArgs good{.sequences = 1,
+                               .key_heads = 1,
+                               .value_heads = 1,
+                               .key_head_dim = 128,
+                               .value_head_dim = 128,
+                               .conv_kernel = 4,
+                               .column_groups = 4,
+                               .raw = &raw,
+                               .tokens = 1};
+  GatedDeltaNetArgs bad = good;
+  bad.column_groups = 3;
+  EXPECT_EQ(gatedDeltaNet(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  bad.column_groups = 0;
+  EXPECT_EQ(gatedDeltaNet(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.raw = nullptr;
+  EXPECT_EQ(gatedDeltaNet(bad, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -147,6 +147,7 @@ struct CudaLlamaModel::State {
   // [max_step_tokens][vd] f32, normed apart); decode steps keep one block a head.
   int lin_column_groups = 1;
   float* lin_raw = nullptr;
+  int multiprocessors = 0;        // the device's
   bf16* lin_projected = nullptr;  // [max_step_tokens][proj_dim]
   float* lin_mixed = nullptr;     // [max_step_tokens][channels]
   bf16* lin_out = nullptr;        // [max_step_tokens][vd]
@@ -564,6 +565,7 @@ absl::StatusOr<std::unique_ptr<CudaLlamaModel::State>> prepare(
                             lin.dk, lin.dv, lin.taps, lin.value_heads / std::max(lin.key_heads, 1));
     s.slot_floats = c.linearLayers() * lin.layer_floats;
     s.lin_column_groups = cuda::gatedDeltaNetColumnGroups(lin.dk, lin.dv);
+    s.multiprocessors = prop.multiProcessorCount;
     // One slot per sequence a step can hold unless the caller sizes them (TpGroup: the
     // scheduler's slots).
     s.state_slots = options.state_slots > 0 ? options.state_slots : s.options.max_sequences;
@@ -1345,33 +1347,36 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
       // Gated DeltaNet: one input projection, the convolution and the delta rule over each
       // sequence's state, then O.
       CLEAVE_RETURN_IF_ERROR(linear(h, hidden, d.lin_proj, nullptr, lin_projected));
-      CLEAVE_RETURN_IF_ERROR(
-          cuda::gatedDeltaNet({.proj = lin_projected,
-                               .proj_stride = lin->proj_dim,
-                               .mixed = lin_mixed,
-                               .q_starts = qStarts(meta),
-                               .positions = positions(meta),
-                               .state_slots = stateSlots(meta),
-                               .states = states,
-                               .slot_floats = slot_floats,
-                               .layer_offset = linear_index[l] * lin->layer_floats,
-                               .conv = d.conv,
-                               .a_rate = d.a_rate,
-                               .dt_bias = d.dt_bias,
-                               .norm = d.lin_norm,
-                               .sequences = static_cast<int>(sequences),
-                               .key_heads = lin->key_heads,
-                               .value_heads = lin->value_heads,
-                               .key_head_dim = lin->dk,
-                               .value_head_dim = lin->dv,
-                               .conv_kernel = lin->taps,
-                               .eps = eps,
-                               .out = lin_out,
-                               .out_stride = lin->vd,
-                               .column_groups = decode ? 1 : lin_column_groups,
-                               .raw = lin_raw,
-                               .tokens = static_cast<int>(n)},
-                              st));
+      CLEAVE_RETURN_IF_ERROR(cuda::gatedDeltaNet(
+          {.proj = lin_projected,
+           .proj_stride = lin->proj_dim,
+           .mixed = lin_mixed,
+           .q_starts = qStarts(meta),
+           .positions = positions(meta),
+           .state_slots = stateSlots(meta),
+           .states = states,
+           .slot_floats = slot_floats,
+           .layer_offset = linear_index[l] * lin->layer_floats,
+           .conv = d.conv,
+           .a_rate = d.a_rate,
+           .dt_bias = d.dt_bias,
+           .norm = d.lin_norm,
+           .sequences = static_cast<int>(sequences),
+           .key_heads = lin->key_heads,
+           .value_heads = lin->value_heads,
+           .key_head_dim = lin->dk,
+           .value_head_dim = lin->dv,
+           .conv_kernel = lin->taps,
+           .eps = eps,
+           .out = lin_out,
+           .out_stride = lin->vd,
+           // Split only a step of too few blocks to fill the GPU.
+           .column_groups = decode || sequences * lin->value_heads >= 2 * multiprocessors
+                                ? 1
+                                : lin_column_groups,
+           .raw = lin_raw,
+           .tokens = static_cast<int>(n)},
+          st));
       CLEAVE_RETURN_IF_ERROR(linear(lin_out, lin->vd, d.wo, nullptr, o));
     } else if (mla) {
       // Latent attention: Q (through its low rank), the latent row, the absorbed queries
