@@ -290,9 +290,8 @@ int64_t gatedDeltaNetGroupFloats(int key_head_dim, int value_head_dim, int conv_
 
 int gatedDeltaNetColumnGroups(int key_head_dim, int value_head_dim) {
   for (int groups : {4, 2}) {
-    if (value_head_dim % groups == 0 &&
-        deltaThreads(key_head_dim, value_head_dim / groups) <=
-            maxDeltaThreads(partsOf(key_head_dim), true))
+    if (value_head_dim % groups == 0 && deltaThreads(key_head_dim, value_head_dim / groups) <=
+                                            maxDeltaThreads(partsOf(key_head_dim), true))
       return groups;
   }
   return 1;
