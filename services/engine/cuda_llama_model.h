@@ -99,8 +99,11 @@ class CudaLlamaModel : public StepBackend {
   // What create(weights, options) would allocate, counted without allocating, for any
   // kv_blocks: weights + workspace + kv_blocks * kv_block_bytes (the workspace holding all
   // but the pool: activations, attention partials, step metadata, the padding rows'
-  // scratch block), and the device's memory now (free less NCCL's headroom under tensor
-  // parallelism). Needs the device, not a communicator. Errors as create()'s, but memory.
+  // scratch block and state slot), and the device's memory now (free less NCCL's headroom
+  // under tensor parallelism); a linear-attention model's create() also takes
+  // options.state_slots slots of linearStateFloats floats, which the caller's memory plan
+  // counts (MemoryPlan::state_bytes). Needs the device, not a communicator. Errors as
+  // create()'s, but memory.
   static absl::StatusOr<BackendMemory> estimate(const LlamaWeights& weights,
                                                 const CudaModelOptions& options);
   // Uploads `weights` (read only during the call) to GPU `options.device`. Errors: no such
