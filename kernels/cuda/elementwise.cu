@@ -5,6 +5,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/warp_math.cuh"
 
 namespace cleave::cuda {
 namespace {
@@ -13,12 +14,6 @@ using bf16 = __nv_bfloat16;
 using bf162 = __nv_bfloat162;
 
 constexpr int kRowsPerBlock = 4;  // one warp per row
-
-__device__ __forceinline__ float warpSum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 __global__ void __launch_bounds__(kRowsPerBlock * 32) rmsNormKernel(const RmsNormArgs a) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;

@@ -1,6 +1,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gated_delta_net.h"
+#include "kernels/cuda/warp_math.cuh"
 
 namespace cleave::cuda {
 namespace {
@@ -18,16 +19,8 @@ __host__ __device__ constexpr int maxDeltaThreads(int parts, bool split = false)
 }
 constexpr int kConvThreads = 128;
 
-__device__ __forceinline__ float sigmoidOf(float x) { return 1.0f / (1.0f + __expf(-x)); }
-
 // torch's softplus (beta 1, threshold 20).
 __device__ __forceinline__ float softplusOf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-__device__ __forceinline__ float warpSum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
 
 // The shape of one layer's state, as the CPU lays it out (gated_delta_net.h).
 struct Shape {

@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/moe_routing.h"
+#include "kernels/cuda/warp_math.cuh"
 
 namespace cleave::cuda {
 namespace {
@@ -53,8 +54,7 @@ __global__ void __launch_bounds__(kWarps * 32) routeKernel(const MoeRoutingArgs 
       score[e] = expf(logit(e) - top);
       sum += score[e];
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    sum = warpSum(sum);
     for (int e = lane; e < e_count; e += 32) {
       score[e] /= sum;
       choice[e] = rankable(score[e]);
@@ -118,9 +118,7 @@ __global__ void __launch_bounds__(kWarps * 32) routeKernel(const MoeRoutingArgs 
     if (lane == 0) choice[index] = -INFINITY;  // Chosen: below every candidate from now on.
     __syncwarp();
   }
-  float sum = lane < a.k ? my_weight : 0.0f;
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const float sum = warpSum(lane < a.k ? my_weight : 0.0f);
   if (lane < a.k) {
     float w = my_weight;
     if (a.scoring == MoeScoring::kSoftmax) {

@@ -1,5 +1,6 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/sigmoid_gate.h"
+#include "kernels/cuda/warp_math.cuh"
 
 namespace cleave::cuda {
 namespace {
@@ -7,8 +8,6 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 256;
-
-__device__ __forceinline__ float sigmoidOf(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
 // Block = row: its gate (a value per column, or one per row from a dot product), then the
 // row's values times σ(gate).
@@ -25,8 +24,7 @@ __global__ void __launch_bounds__(kThreads)
     float sum = 0.0f;
     for (int64_t k = threadIdx.x; k < in_cols; k += kThreads)
       sum += __bfloat162float(g[k]) * weight[k];
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    sum = warpSum(sum);
     if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = sum;
     __syncthreads();
     sum = 0.0f;
