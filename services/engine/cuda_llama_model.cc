@@ -444,6 +444,9 @@ struct CudaLlamaModel::State {
   absl::Status enqueue(int64_t n, int64_t sequences, int64_t logit_rows, bool decode);
   absl::Status run(int64_t n, int64_t sequences, int64_t logit_rows, bool decode);
   absl::StatusOr<cudaGraphExec_t> capture(int64_t n, int64_t sequences);
+  // Enqueues the batch's state checkpoint copies (SequenceChunk::state_from, state_to), those
+  // before the layers (`before`) or those after them, device to device on the stream.
+  absl::Status copyCheckpoints(std::span<const SequenceChunk> batch, bool before);
   // The part of forwardAndDraw() after the batch checks (which fail alike on every rank).
   absl::StatusOr<StepOutput> step(std::span<const SequenceChunk> batch,
                                   std::span<const RowOutput> outputs, int64_t sequences, int64_t n,
@@ -1782,7 +1785,10 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
   absl::Status ran = cuda::cudaStatus(
       cudaMemcpyAsync(s.meta, m, s.metaCount() * sizeof(int32_t), cudaMemcpyHostToDevice, s.stream),
       "copying step metadata");
+  // Outside a decode graph's replay: the copies come before and after it on the stream.
+  if (ran.ok()) ran = s.copyCheckpoints(batch, /*before=*/true);
   if (ran.ok()) ran = s.run(tokens, rows, logit_rows, decode);
+  if (ran.ok()) ran = s.copyCheckpoints(batch, /*before=*/false);
   if (!ran.ok()) {
     // Nothing may still read the pinned metadata the next step writes.
     cudaStreamSynchronize(s.stream);
@@ -1796,6 +1802,22 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
   // A failed call leaves nothing in flight to the pinned buffers the next step writes.
   if (!results.ok()) cudaStreamSynchronize(s.stream);
   return results;
+}
+
+absl::Status CudaLlamaModel::State::copyCheckpoints(std::span<const SequenceChunk> batch,
+                                                    bool before) {
+  if (!lin) return absl::OkStatus();
+  const size_t bytes = static_cast<size_t>(slot_floats) * sizeof(float);
+  for (const SequenceChunk& chunk : batch) {
+    const int32_t from = before ? chunk.state_from : chunk.state;
+    const int32_t to = before ? chunk.state : chunk.state_to;
+    if ((before ? chunk.state_from : chunk.state_to) < 0) continue;
+    CLEAVE_RETURN_IF_ERROR(
+        cuda::cudaStatus(cudaMemcpyAsync(states + to * slot_floats, states + from * slot_floats,
+                                         bytes, cudaMemcpyDeviceToDevice, stream),
+                         before ? "restoring a state checkpoint" : "saving a state checkpoint"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepOutput> CudaLlamaModel::State::results(std::span<const RowOutput> outputs,

@@ -132,6 +132,17 @@ void checkModel(const std::string& path, cuda::KvDtype kv = cuda::KvDtype::kBf16
                 .state = linear ? static_cast<int32_t>(3 - s) : -1};
   for (int step = 0; step < 12; ++step) {
     SCOPED_TRACE(::testing::Message() << path << " step " << step);
+    // Linear-attention models, a state checkpoint on both backends: at step 5 the second
+    // sequence also leaves its state in the free slot 0 (state_to); its own slot is then
+    // poisoned on both, and step 6 starts from a copy of slot 0 (state_from).
+    if (linear && step == 5) batch[1].state_to = 0;
+    if (linear && step == 6) {
+      batch[1].state_to = -1;
+      batch[1].state_from = 0;
+      std::fill_n(cache.state(batch[1].state), cache.options().state_floats, std::nanf(""));
+      ASSERT_TRUE((*gpu)->copyState(KvCopy::kFromHost, batch[1].state, cache).ok());
+    }
+    if (linear && step == 7) batch[1].state_from = -1;
     auto want = cpu_model.forward(batch, cache);
     ASSERT_TRUE(want.ok()) << want.status();
     std::vector<float> expected(want->begin(), want->end());

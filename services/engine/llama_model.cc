@@ -63,7 +63,13 @@ absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_
             absl::StrCat("sequence ", s, ": block ", b, " is outside the cache"));
       }
     }
-    if (state_slots == 0) continue;
+    if (state_slots == 0) {
+      if (chunk.state_from >= 0 || chunk.state_to >= 0)
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s,
+                         " names a state checkpoint; the model keeps no linear-attention state"));
+      continue;
+    }
     if (chunk.state < 0 || chunk.state >= state_slots) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence ", s, ": state slot ", chunk.state, " is outside the cache's ", state_slots,
@@ -75,8 +81,43 @@ absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_
             absl::StrCat("sequences ", other, " and ", s, " share state slot ", chunk.state));
       }
     }
+    for (const auto& [slot, what] :
+         {std::pair{chunk.state_from, "state_from"}, std::pair{chunk.state_to, "state_to"}}) {
+      if (slot < -1 || slot >= state_slots)
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": ", what, " ", slot,
+                                                       " is outside the cache's ", state_slots,
+                                                       " state slots"));
+    }
+    if (chunk.state_from >= 0 && chunk.start == 0)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", s, " starts at position 0 from a state checkpoint (a fresh state)"));
+  }
+  // Checkpoint slots apart from every sequence's slot, and no slot written twice or both
+  // read and written.
+  for (size_t s = 0; s < batch.size() && state_slots > 0; ++s) {
+    for (size_t other = 0; other < batch.size(); ++other) {
+      const SequenceChunk& a = batch[s];
+      const SequenceChunk& b = batch[other];
+      if ((a.state_from >= 0 && a.state_from == b.state) ||
+          (a.state_to >= 0 && (a.state_to == b.state || a.state_to == b.state_from ||
+                               (other != s && a.state_to == b.state_to)))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("sequence ", s, "'s state checkpoint slot (from ", a.state_from, ", to ",
+                         a.state_to, ") is one sequence ", other, " uses too"));
+      }
+    }
   }
   return absl::OkStatus();
+}
+
+void copyStateCheckpoints(std::span<const SequenceChunk> batch, KvStorage& cache, bool before) {
+  const size_t bytes = static_cast<size_t>(cache.options().state_floats) * sizeof(float);
+  for (const SequenceChunk& chunk : batch) {
+    if (before && chunk.state_from >= 0)
+      std::memcpy(cache.state(chunk.state), cache.state(chunk.state_from), bytes);
+    if (!before && chunk.state_to >= 0)
+      std::memcpy(cache.state(chunk.state_to), cache.state(chunk.state), bytes);
+  }
 }
 
 int32_t LlamaModel::addAdapter(std::shared_ptr<const LoraAdapter> adapter) {
@@ -420,6 +461,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   }
   batch_ = batch;
   ensureScratch(n, rows);
+  if (state_floats > 0) copyStateCheckpoints(batch, cache, /*before=*/true);
 
   // Token rows of the batch, sequence after sequence: embeddings, positions, block tables.
   // A rank holds the embedding rows of its vocabulary range; the others are summed in.
@@ -519,6 +561,7 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
   last_hidden_ = std::span<const float>(last_.data(), rows * hidden);
   checkedMatmul(w_.output, last_.data(), hidden, rows, local_logits_.data(), w_.dims.vocab.size,
                 pool_);
+  if (state_floats > 0) copyStateCheckpoints(batch, cache, /*before=*/false);
   CLEAVE_RETURN_IF_ERROR(gatherLogits(rows));
   if (c.logits_scaling != 1.0) {  // Granite.
     const float divisor = static_cast<float>(c.logits_scaling);

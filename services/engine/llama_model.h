@@ -43,14 +43,27 @@ struct SequenceChunk {
   // A model with linear-attention layers: the sequence's slot of the cache's state area
   // (KvStorage::state), which a chunk at start 0 resets. -1 otherwise.
   int32_t state = -1;
+  // Prefix caching of such a model (a state checkpoint: the state after a cached prefix,
+  // kept in a slot of its own). state_from >= 0: before any layer runs, slot `state_from` is
+  // copied into slot `state`, and the chunk (start > 0, the prefix's end) continues from it.
+  // state_to >= 0: after every layer has run, slot `state` is copied into slot `state_to`.
+  // Neither may be any chunk's `state`, nor a state_to another chunk's state_from or
+  // state_to. -1: none.
+  int32_t state_from = -1;
+  int32_t state_to = -1;
 };
 
 // Rows of logits a batch returns: its chunks' `logits`, summed.
 int64_t logitRows(std::span<const SequenceChunk> batch);
 
+// The state checkpoint copies of a validated batch in `cache` (SequenceChunk::state_from,
+// state_to): those before its layers (`before`), or those after them.
+void copyStateCheckpoints(std::span<const SequenceChunk> batch, KvStorage& cache, bool before);
+
 // OK when every chunk has tokens inside the vocabulary, 1 <= logits <= its tokens, a block
 // table covering its positions with ids in [0, total_blocks), and (when state_slots > 0) a
-// state slot in [0, state_slots) no other chunk of the batch names; InvalidArgument naming
+// state slot in [0, state_slots) no other chunk of the batch names, with state_from and
+// state_to as SequenceChunk says (without state slots, both -1); InvalidArgument naming
 // the sequence otherwise.
 // Every backend's forward() checks its batch with it before touching anything.
 absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_size,

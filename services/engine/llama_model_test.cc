@@ -512,7 +512,7 @@ TEST(LinearAttentionTest, BatchedChunksKeepEachSequencesState) {
       tables.back().push_back(static_cast<int32_t>(tables.size() - 1) * kBlocksPerSequence + b);
   }
   ASSERT_EQ(ids.size(), 3u);
-  for (const std::vector<int32_t> slots : {std::vector<int32_t>{4, 2, 0}, {0, 4, 3}}) {
+  for (const std::vector<int32_t>& slots : {std::vector<int32_t>{4, 2, 0}, {0, 4, 3}}) {
     std::vector<int64_t> done(3, 0);
     double worst = 0;
     for (int step = 0; done != std::vector<int64_t>{int64_t(ids[0].size()), int64_t(ids[1].size()),
@@ -564,6 +564,53 @@ TEST(LinearAttentionTest, BatchedChunksKeepEachSequencesState) {
   bad.push_back(bad[0]);
   bad[1].blocks = tables[1];
   EXPECT_THAT(model.forward(bad, cache).status().message(), HasSubstr("share state slot 1"));
+
+  // A state checkpoint: the first k tokens leave their state in slot 3 (state_to) besides
+  // slot 0; the rest continues in slot 1 from a copy of it (state_from), with the logits of
+  // one whole run. Slot 0 is poisoned in between: nothing may read it.
+  const int64_t k = static_cast<int64_t>(ids[0].size()) / 2;
+  std::vector<SequenceChunk> head = {{.tokens = std::span<const uint32_t>(ids[0]).first(k),
+                                      .blocks = tables[0],
+                                      .state = 0,
+                                      .state_to = 3}};
+  ASSERT_TRUE(model.forward(head, cache).ok());
+  std::fill_n(cache.state(0), cache.options().state_floats, std::nanf(""));
+  std::fill_n(cache.state(1), cache.options().state_floats, std::nanf(""));
+  const int64_t rest = static_cast<int64_t>(ids[0].size()) - k;
+  std::vector<SequenceChunk> tail = {{.tokens = std::span<const uint32_t>(ids[0]).subspan(k),
+                                      .start = k,
+                                      .blocks = tables[0],
+                                      .logits = rest,
+                                      .state = 1,
+                                      .state_from = 3}};
+  auto resumed = model.forward(tail, cache);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  double worst = 0;
+  for (int64_t t = 0; t < rest; ++t) {
+    const float* expect = want[0].data() + (k + t) * vocab;
+    double peak = 0, err = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      peak = std::max(peak, std::fabs(double(expect[v])));
+      err = std::max(err, std::fabs(double((*resumed)[t * vocab + v]) - expect[v]));
+    }
+    ASSERT_FALSE(std::isnan(err)) << "position " << k + t;
+    worst = std::max(worst, err / peak);
+  }
+  EXPECT_LE(worst, tolerance);
+  // Refused: a checkpoint outside the cache, one that is the sequence's own slot, a fresh
+  // sequence starting from one, and a slot two chunks write.
+  tail[0].state_from = 7;
+  EXPECT_THAT(model.forward(tail, cache).status().message(), HasSubstr("state_from 7"));
+  tail[0].state_from = 1;
+  EXPECT_THAT(model.forward(tail, cache).status().message(), HasSubstr("state checkpoint slot"));
+  head[0].state_from = 3;
+  EXPECT_THAT(model.forward(head, cache).status().message(), HasSubstr("position 0"));
+  head[0].state_from = -1;
+  head.push_back({.tokens = std::span<const uint32_t>(ids[1]).first(1),
+                  .blocks = tables[1],
+                  .state = 2,
+                  .state_to = 3});
+  EXPECT_THAT(model.forward(head, cache).status().message(), HasSubstr("state checkpoint slot"));
 }
 
 // llama.cpp's Qwen3.5 files tile the value heads over the key heads: no rank could hold a run

@@ -47,6 +47,9 @@ struct MemoryPlanInput {
   int64_t block_size = 16;
   int64_t kv_element_bytes = 4;  // f32 keys and values.
   int64_t tp = 1;                // KV heads are split across ranks.
+  // A model with linear-attention layers: state slots kept for prefix caching's checkpoints
+  // (SchedulerOptions::state_checkpoints), beyond the sequences'.
+  int64_t state_checkpoints = 0;
   // As a backend counted them (BackendMemory), for a pool that lives with it; 0: the CPU
   // model's, estimated from the shapes (workspace) and computed (block bytes).
   int64_t workspace_bytes = 0;
@@ -60,9 +63,10 @@ struct MemoryPlan {
   int64_t kv_pool = 0;
   int64_t kv_block_bytes = 0;  // One block of one rank, all layers, keys + values.
   // Linear-attention models: two state slots per target sequence (the router admits twice
-  // the target; TpGroup::allocateKv's state_slots), set aside before the KV pool; 0 for
-  // other models.
+  // the target; TpGroup::allocateKv's state_slots) and the input's state_checkpoints, set
+  // aside before the KV pool; 0 for other models.
   int64_t state_slots = 0;
+  int64_t state_checkpoints = 0;  // Of state_slots.
   int64_t state_bytes = 0;
   int64_t kv_blocks = 0;
   int64_t sequences_at_planned_len = 0;  // How many planned-length sequences the pool holds.

@@ -116,6 +116,40 @@ TEST(MemoryPlanTest, BackendsCountTheirOwnBytesAndFillTheTightestDevice) {
   EXPECT_EQ(given.budget_bytes, 5 * gib);
 }
 
+// A model with linear-attention layers: two state slots per target sequence and the
+// prefix cache's checkpoints, each a sequence's state of every linear layer, come out of the
+// budget before the KV pool.
+TEST(MemoryPlanTest, StateSlotsAndCheckpointsComeBeforeTheKvPool) {
+  model::ModelConfig c = smolLm2();
+  c.linear_attention = model::LinearAttentionConfig{
+      .key_heads = 3, .value_heads = 6, .key_head_dim = 32, .value_head_dim = 48};
+  c.linear_attention->layers.assign(c.num_layers, true);
+  for (uint32_t l = 3; l < c.num_layers; l += 4) c.linear_attention->layers[l] = false;
+  // Per linear layer and key head: 3 conv rows of 2·32 + 2·48 channels, 2 states of 32 x 48.
+  const int64_t slot_bytes =
+      int64_t{4} * c.linearLayers() * 3 * (3 * (2 * 32 + 2 * 48) + 2 * 32 * 48);
+  auto plan = [&](int64_t checkpoints) {
+    auto p = planMemory(c, {.budget_bytes = int64_t{1} << 30,
+                            .weight_bytes = 100 << 20,
+                            .target_concurrency = 8,
+                            .planned_seq_len = 1024,
+                            .state_checkpoints = checkpoints});
+    EXPECT_TRUE(p.ok()) << p.status();
+    return *p;
+  };
+  const MemoryPlan without = plan(0), with = plan(5);
+  EXPECT_EQ(without.state_slots, 16);
+  EXPECT_EQ(with.state_slots, 21);
+  EXPECT_EQ(with.state_checkpoints, 5);
+  EXPECT_EQ(without.state_bytes, 16 * slot_bytes);
+  EXPECT_EQ(with.state_bytes, 21 * slot_bytes);
+  EXPECT_LT(with.kv_blocks, without.kv_blocks);
+  EXPECT_LE(with.weights + with.workspace + with.state_bytes + with.kv_pool, with.budget);
+  EXPECT_GT(with.weights + with.workspace + with.state_bytes + with.kv_pool + with.kv_block_bytes,
+            with.budget);
+  EXPECT_THAT(with.table(), HasSubstr("21 slots, 5 of them checkpoints"));
+}
+
 TEST(MemoryPlanTest, APoolHasAtMostTheBlocksItsIdsCanName) {
   auto plan = planMemory(smolLm2(), {.budget_bytes = int64_t{1} << 50,
                                      .weight_bytes = 100 << 20,

@@ -20,19 +20,105 @@ Scheduler::Scheduler(TpGroup& model, const tokenizer::Tokenizer* tokenizer,
       cache_({.block_size = model.blockSize(), .num_blocks = model.numBlocks()}) {
   if (model.config().linear_attention) {
     // A linear-attention layer's state covers a whole prefix and cannot step back: no KV
-    // block alone resumes a sequence, and rejected drafts would stay in it.
+    // block alone resumes a sequence (a cached prefix ends at a checkpoint of the state),
+    // and rejected drafts would stay in it.
     if (options_.speculative.tokens > 0) {
       CLEAVE_LOG(WARNING) << "speculative decoding is off: the model's linear-attention state "
                              "cannot take back rejected drafts";
     }
-    options_.prefix_caching = false;
     options_.speculative.tokens = 0;
-    for (int32_t slot = static_cast<int32_t>(model.stateSlots()) - 1; slot >= 0; --slot)
-      free_states_.push_back(slot);
+    const int64_t slots = model.stateSlots();
+    const int64_t checkpoints =
+        options_.prefix_caching ? std::clamp<int64_t>(options_.state_checkpoints, 0, slots - 1) : 0;
+    options_.prefix_caching = checkpoints > 0;
+    sequence_states_ = slots - checkpoints;
+    for (int64_t slot = sequence_states_ - 1; slot >= 0; --slot)
+      free_states_.push_back(static_cast<int32_t>(slot));
+    for (int64_t slot = slots - 1; slot >= sequence_states_; --slot)
+      free_checkpoints_.push_back(static_cast<int32_t>(slot));
   }
 }
 
+void Scheduler::pin(uint64_t checkpoint) {
+  Checkpoint& c = checkpoints_.at(checkpoint);
+  ++c.pins;
+  checkpoint_lru_.splice(checkpoint_lru_.end(), checkpoint_lru_, c.lru);  // Used last.
+}
+
+void Scheduler::unpin(uint64_t checkpoint) {
+  auto it = checkpoints_.find(checkpoint);
+  if (it != checkpoints_.end() && it->second.pins > 0) --it->second.pins;
+}
+
+int32_t Scheduler::checkpointSlot() {
+  if (!free_checkpoints_.empty()) {
+    const int32_t slot = free_checkpoints_.back();
+    free_checkpoints_.pop_back();
+    return slot;
+  }
+  for (auto it = checkpoint_lru_.begin(); it != checkpoint_lru_.end(); ++it) {
+    auto held = checkpoints_.find(*it);
+    if (held->second.pins > 0) continue;
+    const int32_t slot = held->second.slot;
+    checkpoints_.erase(held);
+    checkpoint_lru_.erase(it);
+    return slot;
+  }
+  return -1;
+}
+
+void Scheduler::settleCheckpoints(std::span<Sequence* const> members, bool ran) {
+  for (Sequence* seq : members) {
+    if (seq->restore) {
+      unpin(*seq->restore);
+      seq->restore.reset();
+    }
+    if (seq->save_slot < 0) continue;
+    // Two chunks of a step that end the same prefix: the first one's stays.
+    if (ran && !checkpoints_.contains(seq->save_chain)) {
+      checkpoint_lru_.push_back(seq->save_chain);
+      checkpoints_.emplace(seq->save_chain, Checkpoint{.slot = seq->save_slot,
+                                                       .lru = std::prev(checkpoint_lru_.end())});
+    } else {
+      free_checkpoints_.push_back(seq->save_slot);
+    }
+    seq->save_slot = -1;
+  }
+}
+
+int64_t Scheduler::alignChunk(Sequence& seq, int64_t take) {
+  const int64_t bs = cache_.blockSize();
+  const std::span<const uint32_t> prompt(seq.request.prompt);
+  const int64_t size = static_cast<int64_t>(prompt.size());
+  int64_t end = seq.cached + take;
+  // A chunk short of the prompt's end stops at the boundary before its end; the last one
+  // first at the last boundary before the prompt's end, the longest prefix of it that a
+  // prompt starting with it (this one again, or a conversation's next turn) can reuse.
+  const int64_t boundary = end < size ? end / bs * bs : (size - 1) / bs * bs;
+  if (boundary > seq.cached) end = boundary;
+  if (end % bs != 0) return end - seq.cached;
+  uint64_t chain = seq.chain;
+  for (int64_t at = seq.published * bs; at < end; at += bs)
+    chain = KvBlockPool::chainHash(chain, prompt.subspan(at, bs));
+  if (!checkpoints_.contains(chain)) {
+    seq.save_slot = checkpointSlot();
+    seq.save_chain = chain;
+  }
+  return end - seq.cached;
+}
+
+void Scheduler::restoreFrom(Sequence& seq, const PrefixHit& hit) {
+  if (!checkpointed() || hit.blocks.empty()) return;
+  if (seq.restore) unpin(*seq.restore);
+  pin(hit.chain);
+  seq.restore = hit.chain;
+}
+
 void Scheduler::freeState(Sequence& seq) {
+  if (seq.restore) {
+    unpin(*seq.restore);
+    seq.restore.reset();
+  }
   if (seq.state < 0 || seq.mode != Mode::kGenerate) return;  // Else the reservation's.
   free_states_.push_back(seq.state);
   seq.state = -1;
@@ -146,11 +232,13 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
     return absl::InvalidArgumentError(absl::StrCat("cache_salt has ", cache_salt.size(), " bytes"));
   const bool stateful = model_.config().linear_attention.has_value();
   if (stateful && free_states_.empty()) {
-    return absl::ResourceExhaustedError(absl::StrCat("every one of the ", model_.stateSlots(),
+    return absl::ResourceExhaustedError(absl::StrCat("every one of the ", sequence_states_,
                                                      " linear-attention state slots is held"));
   }
-  std::vector<int32_t> blocks = lookupPrefix(prompt, 0, chainRoot(adapter, cache_salt)).blocks;
-  if (static_cast<int64_t>(blocks.size()) > count) blocks.resize(count);
+  const PrefixHit hit = lookupPrefix(prompt, 0, chainRoot(adapter, cache_salt));
+  std::vector<int32_t> blocks = hit.blocks;
+  // Cut short, a checkpointed prefix no longer ends at its checkpoint.
+  if (static_cast<int64_t>(blocks.size()) > count) blocks.resize(stateful ? 0 : count);
   cache_.retain(blocks);
   absl::StatusOr<std::vector<int32_t>> fresh =
       cache_.allocate(count - static_cast<int64_t>(blocks.size()));
@@ -158,14 +246,20 @@ absl::StatusOr<std::vector<int32_t>> Scheduler::reserve(uint64_t id, int64_t cou
     cache_.release(blocks);
     return fresh.status();
   }
+  const bool hit_any = !blocks.empty();
   if (cached != nullptr) *cached = static_cast<int64_t>(blocks.size());
   blocks.insert(blocks.end(), fresh->begin(), fresh->end());
-  reservations_.emplace(id, blocks);
   if (stateful) {
     reserved_states_.emplace(id, free_states_.back());
     free_states_.pop_back();
+    // Its prefill (here) starts from the checkpoint that ends its cached blocks.
+    if (hit_any) {
+      pin(hit.chain);
+      reserved_checkpoints_.emplace(id, hit.chain);
+    }
   }
-  return blocks;
+  reservations_.emplace(id, std::move(blocks));
+  return reservations_.at(id);
 }
 
 uint64_t Scheduler::chainRoot(int32_t adapter, std::string_view cache_salt) const {
@@ -179,6 +273,7 @@ Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt, i
   if (!options_.prefix_caching) return hit;
   const int64_t bs = cache_.blockSize();
   const int64_t reusable = (static_cast<int64_t>(prompt.size()) - 1) / bs;
+  PrefixHit checkpointed_hit{.chain = chain};  // Up to the last block a checkpoint ends.
   for (int64_t j = from; j < reusable; ++j) {
     std::span<const uint32_t> tokens = prompt.subspan(j * bs, bs);
     const uint64_t hash = KvBlockPool::chainHash(hit.chain, tokens);
@@ -186,8 +281,9 @@ Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt, i
     if (!block) break;
     hit.blocks.push_back(*block);
     hit.chain = hash;
+    if (checkpoints_.contains(hash)) checkpointed_hit = hit;
   }
-  return hit;
+  return checkpointed() ? checkpointed_hit : hit;
 }
 
 Scheduler::PrefixHit Scheduler::continuation(const Sequence& seq) const {
@@ -224,6 +320,7 @@ void Scheduler::take(Sequence& seq, const PrefixHit& hit) {
   seq.cached += gained;
   seq.hit_tokens += gained;
   prefix_hit_tokens_ += gained;
+  restoreFrom(seq, hit);
 }
 
 void Scheduler::startPast(Sequence& seq, const PrefixHit& hit) {
@@ -232,6 +329,7 @@ void Scheduler::startPast(Sequence& seq, const PrefixHit& hit) {
   seq.chain = hit.chain;
   prefix_hit_tokens_ += seq.hit_tokens;
   prefix_lookup_tokens_ += static_cast<int64_t>(seq.request.prompt.size());
+  restoreFrom(seq, hit);
 }
 
 int64_t Scheduler::release(uint64_t id) {
@@ -243,6 +341,10 @@ int64_t Scheduler::release(uint64_t id) {
   if (auto state = reserved_states_.find(id); state != reserved_states_.end()) {
     free_states_.push_back(state->second);
     reserved_states_.erase(state);
+  }
+  if (auto checkpoint = reserved_checkpoints_.find(id); checkpoint != reserved_checkpoints_.end()) {
+    unpin(checkpoint->second);
+    reserved_checkpoints_.erase(checkpoint);
   }
   auto it = reservations_.find(id);
   if (it == reservations_.end()) return 0;
@@ -672,14 +774,17 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     }
     const int64_t left = static_cast<int64_t>(prompt.size()) - seq->cached;
     if (scored && scored_rows == 0) continue;
-    const int64_t take = std::min({left, budget, scored ? scored_rows : left});
+    int64_t take = std::min({left, budget, scored ? scored_rows : left});
     if (scored) scored_rows -= take;
+    if (options_.prefix_caching && checkpointed() && !scored) take = alignChunk(*seq, take);
     batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, take),
                      .start = seq->cached,
                      .blocks = seq->blocks,
                      .logits = scored ? take : 1,
                      .adapter = seq->request.adapter,
-                     .state = seq->state});
+                     .state = seq->state,
+                     .state_from = seq->restore ? checkpoints_.at(*seq->restore).slot : -1,
+                     .state_to = seq->save_slot});
     members.push_back(seq.get());
     budget -= take;
     // The full blocks this chunk completes (from its first whole one).
@@ -724,7 +829,9 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     if (seq.request.prompt_logprobs >= 0 && !seq.prefilled()) out.logits = true;
     outputs.push_back(out);
   }
-  CLEAVE_ASSIGN_OR_RETURN(StepOutput step, model_.forwardAndDraw(batch, outputs));
+  absl::StatusOr<StepOutput> ran = model_.forwardAndDraw(batch, outputs);
+  settleCheckpoints(members, ran.ok());
+  CLEAVE_ASSIGN_OR_RETURN(StepOutput step, std::move(ran));
   const int64_t vocab = model_.config().vocab_size;
   if (step.tokens.empty() && step.logits.size() < static_cast<size_t>(logitRows(batch) * vocab))
     return absl::InternalError("the model returned fewer rows of logits than the step asked");

@@ -15,8 +15,14 @@
 // A model with linear-attention layers (Qwen3.5) also gives each sequence one of the group's
 // state slots (TpGroup::stateSlots): add()'s from admission to its end, a reservation's from
 // reserve() to release() (its prefill leaves the state there for its decode; reserve() is
-// ResourceExhausted while every slot is held). It runs without prefix caching and
-// speculative decoding: its state covers the whole prefix and cannot step back.
+// ResourceExhausted while every slot is held). Its state covers the whole prefix and cannot
+// step back, so it runs without speculative decoding, and caches prefixes only with
+// state_checkpoints: the last slots of the group keep the state after a prefix (a
+// checkpoint), and a prompt reuses the longest cached prefix that ends at one, starting its
+// state from a copy. Prompt chunks end on block boundaries where they can, the last one
+// at the prompt's last boundary, and each boundary a chunk ends at leaves a checkpoint (the
+// least recently used one gives way), so a conversation's next turn, or prompts sharing a
+// system prompt, find one.
 //
 // Disaggregated serving splits a request in three calls (proto/cleave/v1/worker.proto):
 // reserve() sets blocks aside for it, addPrefill() computes its prompt into them and
@@ -28,6 +34,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -60,6 +67,10 @@ struct SchedulerOptions {
   // Reuse the KV of cached prompt prefixes; off, every prompt is computed whole and no
   // block is published.
   bool prefix_caching = true;
+  // A model with linear-attention layers: state slots (the group's last ones) kept for
+  // prefix caching's checkpoints; the others are the sequences'. 0: no prefix caching for
+  // such a model. Ignored for other models.
+  int64_t state_checkpoints = 0;
   // Speculative decoding: each decoding sequence drafts tokens by prompt lookup
   // (speculative.h) and one forward pass verifies them. A sampled token that equals the
   // draft before it accepts it, so the output is what decoding one token a step gives:
@@ -181,6 +192,8 @@ class Scheduler {
   std::vector<int32_t> reservation(uint64_t id) const;
   // The linear-attention state slot of `id`'s reservation (TpGroup::stateSlots), or -1.
   int32_t reservedState(uint64_t id) const;
+  // State checkpoints held (SchedulerOptions::state_checkpoints).
+  int64_t stateCheckpoints() const { return static_cast<int64_t>(checkpoints_.size()); }
   // Blocks held by reservations (each once, shared or not), and those not held by anything.
   int64_t reservedBlocks() const;
   // Blocks the reservations of `ids` hold (each once) that no other reservation holds.
@@ -249,6 +262,13 @@ class Scheduler {
     std::vector<float> hidden;                     // request.hidden_state, once computed.
     int64_t draft_limit = 0;                       // Drafts next step, at most (0: unset).
     int32_t state = -1;  // Its linear-attention state slot (SequenceChunk::state), or -1.
+    // The checkpoint (by hash chain) its next chunk starts from, pinned until that chunk
+    // has run: its cached prefix's state.
+    std::optional<uint64_t> restore;
+    // The checkpoint this step's chunk leaves: the slot it is copied into, and the hash
+    // chain through the blocks it ends.
+    int32_t save_slot = -1;
+    uint64_t save_chain = 0;
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
     // Tokens this scheduler has appended past the prompt.
     int64_t generated() const {
@@ -260,12 +280,26 @@ class Scheduler {
 
   absl::Status validate(const GenerationRequest& request) const;
   // Returns the state slot of `seq` if it holds one of its own (add()'s sequences; a
-  // reserved one's is its reservation's).
+  // reserved one's is its reservation's), and unpins the checkpoint it was to start from.
   void freeState(Sequence& seq);
+  // Whether prefixes of this model end at checkpoints (a model with linear-attention layers).
+  bool checkpointed() const { return model_.config().linear_attention.has_value(); }
+  void pin(uint64_t checkpoint);
+  void unpin(uint64_t checkpoint);
+  // A checkpoint slot for a chunk to save into: a free one, else the least recently used
+  // unpinned checkpoint's (dropping it); -1 when every one is pinned.
+  int32_t checkpointSlot();
+  // After a step (`ran`: it succeeded): its chunks' checkpoints held, their restores unpinned.
+  void settleCheckpoints(std::span<Sequence* const> members, bool ran);
+  // How many of `seq`'s next `take` prompt tokens its chunk computes so that it ends on a
+  // block boundary where it can (there its state is a checkpoint), and the checkpoint it
+  // leaves there, if any.
+  int64_t alignChunk(Sequence& seq, int64_t take);
 
   // The published blocks of the longest cached prefix of `prompt` that leaves at least one
   // token to compute (its logits give the next token), and the hash chain through them;
-  // from block `from` on, `chain` being the chain through the blocks before it.
+  // from block `from` on, `chain` being the chain through the blocks before it. A
+  // checkpointed() model's prefix ends where a checkpoint is (its chain names it).
   struct PrefixHit {
     std::vector<int32_t> blocks;
     uint64_t chain = 0;
@@ -275,6 +309,8 @@ class Scheduler {
   uint64_t chainRoot(int32_t adapter, std::string_view cache_salt) const;
   // Starts `seq` past the `hit` blocks it holds at its head, counting the lookup.
   void startPast(Sequence& seq, const PrefixHit& hit);
+  // A checkpointed() model: `seq`'s next chunk starts from the checkpoint `hit` ends at.
+  void restoreFrom(Sequence& seq, const PrefixHit& hit);
   // Before a prompt chunk: takes the blocks published since (by a prompt sharing the
   // prefix) that continue `seq`'s cached prefix, in place of its own: take(continuation()).
   void extendFromCache(Sequence& seq);
@@ -315,8 +351,20 @@ class Scheduler {
   const tokenizer::Tokenizer* tokenizer_;
   SchedulerOptions options_;
   KvBlockPool cache_;
+  int64_t sequence_states_ = 0;       // State slots for sequences (the rest: checkpoints).
   std::vector<int32_t> free_states_;  // State slots nothing holds, the next one last.
   std::unordered_map<uint64_t, int32_t> reserved_states_;  // A reservation's slot.
+  // State checkpoints by the hash chain through the prefix they end, each in a slot of its
+  // own; pinned ones (a sequence is to start from it, a reservation counts on it) stay.
+  struct Checkpoint {
+    int32_t slot = -1;
+    int32_t pins = 0;
+    std::list<uint64_t>::iterator lru;
+  };
+  std::unordered_map<uint64_t, Checkpoint> checkpoints_;
+  std::list<uint64_t> checkpoint_lru_;                           // Least recently used first.
+  std::vector<int32_t> free_checkpoints_;                        // Checkpoint slots holding none.
+  std::unordered_map<uint64_t, uint64_t> reserved_checkpoints_;  // A reservation's prefix.
   // The vocabulary's bytes per token, made when a request first needs a constraint.
   mutable std::shared_ptr<const TokenBytes> token_bytes_;  // engine thread only
   std::vector<float> masked_;                              // a constrained row's logits

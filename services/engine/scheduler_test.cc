@@ -189,6 +189,165 @@ TEST(LinearAttentionSchedulerTest, SequencesTakeTurnsOnTheStateSlots) {
   EXPECT_TRUE(scheduler.reserve(9, 1).ok() && scheduler.reserve(10, 1).ok());  // Both free.
 }
 
+// Prefix caching of a linear-attention model (Qwen3.5): cached prefixes end at state
+// checkpoints, and a prompt that reuses one computes only the rest from a copy of that state.
+// Every request's greedy tokens and their log-probabilities are those of a scheduler
+// without prefix caching on another group (of one rank), whatever the checkpoints' turnover;
+// with one rank and with two (each rank's checkpoint holds its key heads' state).
+class StateCheckpointTest : public ::testing::TestWithParam<int> {
+ protected:
+  static constexpr int64_t kSequenceSlots = 2;
+  static constexpr int64_t kCheckpoints = 6;
+  static constexpr int kNewTokens = 5;
+
+  void SetUp() override {
+    const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/qwen3_5_f32";
+    for (auto* group : {&cached_, &plain_}) {
+      auto loaded = TpGroup::load(folder, {.tp = group == &cached_ ? GetParam() : 1, .threads = 2});
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      *group = std::move(*loaded);
+    }
+    ASSERT_TRUE(cached_->allocateKv(96, 4, 0, kSequenceSlots + kCheckpoints).ok());
+    ASSERT_TRUE(plain_->allocateKv(96, 4, 0, kSequenceSlots).ok());
+    // Chunks of at most 6 tokens: they end on the block boundaries of 4 (4, 8, ...).
+    scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
+                                             SchedulerOptions{.max_batch_tokens = 6,
+                                                              .max_sequences = kSequenceSlots,
+                                                              .prefix_caching = true,
+                                                              .state_checkpoints = kCheckpoints});
+    reference_ = std::make_unique<Scheduler>(
+        *plain_, nullptr,
+        SchedulerOptions{
+            .max_batch_tokens = 6, .max_sequences = kSequenceSlots, .prefix_caching = true});
+  }
+
+  std::vector<uint32_t> randomTokens(int length) {
+    std::vector<uint32_t> p(length);
+    for (auto& id : p) id = rng_() % cached_->config().vocab_size;
+    return p;
+  }
+  static std::vector<uint32_t> join(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  }
+  static GenerationRequest request(uint64_t id, const std::vector<uint32_t>& prompt) {
+    return {.id = id,
+            .prompt = prompt,
+            .sampling = {.logprobs = 0},
+            .stop = {.max_new_tokens = kNewTokens}};
+  }
+
+  struct Output {
+    std::vector<uint32_t> tokens;
+    std::vector<float> logprobs;
+    int64_t cached = 0;
+  };
+  static std::map<uint64_t, Output> drain(Scheduler& scheduler) {
+    std::map<uint64_t, Output> out;
+    for (int step = 0; step < 300 && !scheduler.idle(); ++step) {
+      auto events = scheduler.step();
+      EXPECT_TRUE(events.ok()) << events.status();
+      if (!events.ok()) break;
+      for (const TokenEvent& e : *events) {
+        Output& o = out[e.id];
+        if (o.tokens.empty()) o.cached = e.cached_tokens;
+        o.tokens.push_back(e.token);
+        o.logprobs.push_back(e.logprob.value_or(NAN));
+      }
+    }
+    EXPECT_TRUE(scheduler.idle());
+    return out;
+  }
+
+  // Runs `prompts` together (ids from `first`) on the cached scheduler and, one by one, on
+  // the reference; checks they agree and returns the cached run's prefix hits.
+  std::vector<int64_t> run(const std::vector<std::vector<uint32_t>>& prompts, uint64_t first) {
+    for (size_t i = 0; i < prompts.size(); ++i)
+      EXPECT_TRUE(scheduler_->add(request(first + i, prompts[i])).ok());
+    std::map<uint64_t, Output> got = drain(*scheduler_);
+    std::vector<int64_t> hits;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_TRUE(reference_->add(request(first + i, prompts[i])).ok());
+      const Output want = drain(*reference_)[first + i];
+      const Output& have = got[first + i];
+      EXPECT_EQ(want.cached, 0);
+      EXPECT_EQ(have.tokens, want.tokens) << "request " << first + i;
+      EXPECT_EQ(have.logprobs.size(), want.logprobs.size());
+      for (size_t t = 0; t < have.logprobs.size() && t < want.logprobs.size(); ++t)
+        EXPECT_NEAR(have.logprobs[t], want.logprobs[t], 1e-4) << "request " << first + i;
+      hits.push_back(have.cached);
+    }
+    EXPECT_LE(scheduler_->stateCheckpoints(), kCheckpoints);
+    return hits;
+  }
+
+  std::mt19937 rng_{11};
+  std::unique_ptr<TpGroup> cached_, plain_;
+  std::unique_ptr<Scheduler> scheduler_, reference_;
+};
+
+TEST_P(StateCheckpointTest, AConversationsNextTurnResumesFromItsLastBoundary) {
+  const std::vector<uint32_t> first = randomTokens(23);
+  // Its chunks end at 4, 8, ..., 20 (the last boundary before its end), then 23.
+  EXPECT_EQ(run({first}, 0), std::vector<int64_t>{0});
+  EXPECT_EQ(scheduler_->stateCheckpoints(), 5);
+  const std::vector<uint32_t> second = join(first, randomTokens(9));
+  EXPECT_EQ(run({second}, 1), std::vector<int64_t>{20});
+  EXPECT_EQ(run({first}, 2), std::vector<int64_t>{20});  // The same prompt again.
+  // A prompt sharing 14 tokens resumes at 12; one sharing 3 finds no checkpoint.
+  const std::vector<uint32_t> branch =
+      join(std::vector<uint32_t>(first.begin(), first.begin() + 14), randomTokens(6));
+  const std::vector<uint32_t> stranger =
+      join(std::vector<uint32_t>(first.begin(), first.begin() + 3), randomTokens(10));
+  EXPECT_EQ(run({branch}, 3), std::vector<int64_t>{12});
+  EXPECT_EQ(run({stranger}, 4), std::vector<int64_t>{0});
+  EXPECT_EQ(scheduler_->stateCheckpoints(), kCheckpoints);
+  EXPECT_EQ(scheduler_->prefixHitTokens(), 20 + 20 + 12);
+  EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
+}
+
+TEST_P(StateCheckpointTest, PromptsArrivingTogetherComputeTheirSharedPrefixOnce) {
+  const std::vector<uint32_t> system = randomTokens(17);
+  const std::vector<int64_t> hits =
+      run({join(system, randomTokens(5)), join(system, randomTokens(8))}, 0);
+  // The second waits for each of the first's chunks and continues from its checkpoints, up
+  // to 16 (the shared prefix's last boundary), then computes its own rest.
+  EXPECT_EQ(hits, (std::vector<int64_t>{0, 16}));
+  EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
+}
+
+TEST_P(StateCheckpointTest, AReservationKeepsItsCheckpointWhileOthersGiveWay) {
+  // A reservation made with its prompt counts on the checkpoint that ends its cached
+  // blocks: the prompts that pass through every other checkpoint slot meanwhile leave it,
+  // and the prefill resumes there.
+  const std::vector<uint32_t> kept = randomTokens(13);  // Checkpoints at 4, 8 and 12.
+  EXPECT_EQ(run({kept}, 0), std::vector<int64_t>{0});
+  const std::vector<uint32_t> prompt = join(kept, randomTokens(6));
+  int64_t cached = -1;
+  const int64_t total = static_cast<int64_t>(prompt.size()) + kNewTokens;
+  ASSERT_TRUE(scheduler_->reserve(50, (total + 3) / 4, prompt, &cached).ok());
+  EXPECT_EQ(cached, 3);
+  // Six checkpoints each (4, ..., 24): more than the five slots left.
+  for (uint64_t id = 1; id <= 3; ++id) EXPECT_EQ(run({randomTokens(26)}, id)[0], 0);
+  // 8 is gone: a prompt sharing 9 of `kept`'s tokens finds nothing.
+  EXPECT_EQ(run({join(std::vector<uint32_t>(kept.begin(), kept.begin() + 9), randomTokens(4))}, 4),
+            std::vector<int64_t>{0});
+  ASSERT_TRUE(scheduler_->addPrefill(request(50, prompt)).ok());
+  std::map<uint64_t, Output> first = drain(*scheduler_);
+  ASSERT_EQ(first[50].tokens.size(), 1u);
+  EXPECT_EQ(first[50].cached, 12);
+  ASSERT_TRUE(scheduler_->startDecode(request(50, prompt), first[50].tokens[0]).ok());
+  std::map<uint64_t, Output> rest = drain(*scheduler_);
+  ASSERT_TRUE(reference_->add(request(50, prompt)).ok());
+  const Output want = drain(*reference_)[50];
+  std::vector<uint32_t> tokens = first[50].tokens;
+  tokens.insert(tokens.end(), rest[50].tokens.begin(), rest[50].tokens.end());
+  EXPECT_EQ(tokens, want.tokens);
+  EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, StateCheckpointTest, ::testing::Values(1, 2));
+
 // A model that takes at most two sequences a step (a GPU model's batch): the other prefills
 // wait for a later step, and every request still gets its own greedy tokens.
 TEST_F(SchedulerTest, StepsHoldAtMostTheModelsSequences) {

@@ -103,8 +103,9 @@ v1::RegisterRequest registration(const WorkerOptions& options, Role role, engine
   capacity->set_target_concurrency(decodes ? static_cast<uint32_t>(target_concurrency) : 0);
   capacity->set_planned_seq_len(static_cast<uint32_t>(options.planned_seq_len));
   capacity->set_max_batch_tokens(static_cast<uint32_t>(batchTokens(options)));
-  // A linear-attention model's scheduler caches no prefixes (scheduler.h).
-  capacity->set_prefix_caching(options.prefix_caching && !group.config().linear_attention);
+  // A linear-attention model's scheduler caches prefixes only with state checkpoints.
+  capacity->set_prefix_caching(options.prefix_caching && (!group.config().linear_attention ||
+                                                          stateCheckpoints(options, role) > 0));
   r.set_control_address(address);
   for (int rank = 0; rank < group.tp(); ++rank) {
     v1::RankEndpoint* endpoint = r.add_ranks();
@@ -216,7 +217,8 @@ int run(int argc, char** argv) {
                                      .speculative_tokens = options.speculative.tokens,
                                      .block_size = options.block_size,
                                      .kv_element_bytes = cpu::kvElementBytes((*group)->kvType()),
-                                     .tp = options.tp};
+                                     .tp = options.tp,
+                                     .state_checkpoints = stateCheckpoints(options, role)};
   if (gpu) {
     // The GPUs' own counts (bf16 weights, the kernels' workspace), and with no budget given
     // the devices filled.
@@ -328,6 +330,7 @@ int run(int argc, char** argv) {
                                  .max_sequences = std::max<int64_t>(options.target_concurrency, 1),
                                  .max_step_sequences = step_sequences,
                                  .prefix_caching = options.prefix_caching,
+                                 .state_checkpoints = plan->state_checkpoints,
                                  .speculative = options.speculative},
                    .eos_ids = eos,
                    .layout = kvLayout(config, (*group)->kvType(), options.block_size),

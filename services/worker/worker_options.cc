@@ -68,6 +68,12 @@ void WorkerOptions::addFlags(FlagSet& flags) {
   flags.addBool("prefix-caching", &prefix_caching,
                 "Reuse the KV cache of prompt prefixes computed before (--no-prefix-caching: "
                 "compute every prompt whole)");
+  flags.addInt("state-checkpoints", &state_checkpoints,
+               "Models with linear-attention layers (Qwen3.5, Qwen3-Next): state slots kept "
+               "for prefix caching, each the state after a cached prefix (its memory is in the "
+               "plan's linear-attention state). A prompt reuses the longest cached prefix that "
+               "ends at one (-1: --target-concurrency of them; 0: no prefix caching for such "
+               "a model)");
   speculative.addFlags(flags);
   flags.addString("lora-modules", &lora_modules,
                   "LoRA adapters to serve next to the model, NAME=PATH[,NAME=PATH...]: each a "
@@ -112,6 +118,11 @@ int64_t batchTokens(const WorkerOptions& options) {
   return std::max(kDefaultBatchTokens, options.target_concurrency + kDefaultBatchTokens / 4);
 }
 
+int64_t stateCheckpoints(const WorkerOptions& options, Role role) {
+  if (!options.prefix_caching || role == Role::kDecode) return 0;
+  return options.state_checkpoints < 0 ? options.target_concurrency : options.state_checkpoints;
+}
+
 absl::Status validate(const WorkerOptions& options) {
   if (absl::StatusOr<Role> role = parseRole(options.role); !role.ok()) return role.status();
   if (options.model.empty()) {
@@ -136,6 +147,10 @@ absl::Status validate(const WorkerOptions& options) {
     return absl::InvalidArgumentError("--kv-dtype: the GPU stores its KV cache as bf16 or fp8");
   CLEAVE_RETURN_IF_ERROR(engine::validateBlockSize(options.block_size));
   CLEAVE_RETURN_IF_ERROR(engine::validate(options.speculative));
+  if (options.state_checkpoints < -1 || options.state_checkpoints > 65536)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--state-checkpoints must be in 0..65536, or -1 for --target-concurrency, got ",
+        options.state_checkpoints));
   CLEAVE_RETURN_IF_ERROR(engine::parseLoraModules(options.lora_modules).status());
   if (options.backend == "cuda" && !options.lora_modules.empty()) {
     return absl::InvalidArgumentError(

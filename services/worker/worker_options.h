@@ -38,6 +38,10 @@ struct WorkerOptions {
   int64_t block_size = 16;        // Positions per KV-cache block: a power of two in [8, 256]
   int64_t threads = 0;
   bool prefix_caching = true;
+  // A model with linear-attention layers: state checkpoints kept for prefix caching
+  // (engine::SchedulerOptions::state_checkpoints); -1: the target concurrency (0 on a decode
+  // worker, which computes no prompts).
+  int64_t state_checkpoints = -1;
   engine::SpeculativeOptions speculative;
   // LoRA adapters served next to the base model: NAME=PATH[,NAME=PATH...]
   // (engine::parseLoraModules).
@@ -71,6 +75,10 @@ cpu::KvType kvType(const WorkerOptions& options);
 // beside a full decode batch). Call after validate().
 inline constexpr int64_t kDefaultBatchTokens = 512;
 int64_t batchTokens(const WorkerOptions& options);
+
+// State checkpoints a worker of `role` keeps: --state-checkpoints, -1 being its target
+// concurrency; 0 without prefix caching or on a decode worker (it computes no prompts).
+int64_t stateCheckpoints(const WorkerOptions& options, Role role);
 
 // Checks values that parse but cannot work: an unknown role, a missing model file, a TP
 // degree or concurrency out of range. The message names the flag and what to change.

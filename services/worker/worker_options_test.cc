@@ -32,7 +32,8 @@ TEST(WorkerOptionsTest, FlagsBindToOptions) {
                                    "--prompt-lookup-max=6",
                                    "--lora-modules=sql=/a,chat=/b",
                                    "--max-batch-tokens=2048",
-                                   "--block-size=64"};
+                                   "--block-size=64",
+                                   "--state-checkpoints=5"};
   ASSERT_TRUE(flags.parse(args).ok());
   EXPECT_EQ(options.role, "prefill");
   EXPECT_EQ(options.tp, 2);
@@ -43,6 +44,21 @@ TEST(WorkerOptionsTest, FlagsBindToOptions) {
   EXPECT_EQ(options.lora_modules, "sql=/a,chat=/b");
   EXPECT_EQ(options.max_batch_tokens, 2048);
   EXPECT_EQ(options.block_size, 64);
+  EXPECT_EQ(options.state_checkpoints, 5);
+}
+
+// Checkpoints for a linear-attention model's prefix cache: the target concurrency unless
+// set, and none where no prompt is computed or nothing is cached.
+TEST(WorkerOptionsTest, StateCheckpointsFollowTheRoleAndPrefixCaching) {
+  WorkerOptions options = validOptions();
+  options.target_concurrency = 12;
+  EXPECT_EQ(stateCheckpoints(options, Role::kBoth), 12);
+  EXPECT_EQ(stateCheckpoints(options, Role::kPrefill), 12);
+  EXPECT_EQ(stateCheckpoints(options, Role::kDecode), 0);
+  options.state_checkpoints = 3;
+  EXPECT_EQ(stateCheckpoints(options, Role::kBoth), 3);
+  options.prefix_caching = false;
+  EXPECT_EQ(stateCheckpoints(options, Role::kPrefill), 0);
 }
 
 TEST(WorkerOptionsTest, ValidatesEachValue) {
@@ -86,6 +102,8 @@ TEST(WorkerOptionsTest, ValidatesEachValue) {
        [](WorkerOptions& o) { o.block_size = 512; }},
       {"--speculative-tokens must be", [](WorkerOptions& o) { o.speculative.tokens = 17; }},
       {"--prompt-lookup-min", [](WorkerOptions& o) { o.speculative.ngram.min = 0; }},
+      {"--state-checkpoints must be in 0..65536, or -1",
+       [](WorkerOptions& o) { o.state_checkpoints = -2; }},
       {"--lora-modules: 'sql' is not NAME=PATH", [](WorkerOptions& o) { o.lora_modules = "sql"; }},
       {"LoRA adapters run on the CPU backend only",
        [](WorkerOptions& o) {

@@ -77,7 +77,8 @@ class UpTest(unittest.TestCase):
 
 
 class GoldenModelUpTest(unittest.TestCase):
-    def serve_and_compare(self, case, block_size, workers=("--prefill=1", "--decode=1")):
+    def serve_and_compare(self, case, block_size, workers=("--prefill=1", "--decode=1"),
+                          repeat_cached=None):
         """Serves tests/golden/data/engine/hf/CASE with `workers` (by default a prefill and a
         decode worker; KV blocks of `block_size` positions): each golden prompt's KV moves from
         the prefill worker to the decode worker, which must continue it with the greedy tokens
@@ -96,7 +97,10 @@ class GoldenModelUpTest(unittest.TestCase):
                 grpc.insecure_channel(f"127.0.0.1:{up.ready['grpc_port']}"))
             listed = stub.ListModels(ct.stubs()["generation_pb2"].ListModelsRequest(), timeout=10)
             self.assertEqual(listed.models[0].block_size, block_size)
-            for prompt in golden["prompts"]:
+            # With `repeat_cached`, the last prompt goes twice: the second time its first
+            # `repeat_cached` tokens come from the prefix cache.
+            prompts = golden["prompts"] + golden["prompts"][-1:] * (repeat_cached is not None)
+            for i, prompt in enumerate(prompts):
                 body = json.dumps({"prompt": prompt["ids"], "max_tokens": len(prompt["greedy_next"]),
                                    "temperature": 0, "return_token_ids": True}).encode()
                 request = urllib.request.Request(
@@ -105,6 +109,9 @@ class GoldenModelUpTest(unittest.TestCase):
                 with urllib.request.urlopen(request, timeout=60) as response:
                     reply = json.load(response)
                 self.assertEqual(reply["choices"][0]["token_ids"], prompt["greedy_next"], up.log())
+                if i == len(golden["prompts"]):
+                    self.assertEqual(reply["usage"]["prompt_tokens_details"]["cached_tokens"],
+                                     repeat_cached, up.log())
         finally:
             up.proc.send_signal(signal.SIGINT)
             up.proc.wait(60)
@@ -131,13 +138,14 @@ class GoldenModelUpTest(unittest.TestCase):
         """Qwen3.5, Qwen3.5-MoE and Qwen3-Next (Gated DeltaNet layers, whose per-sequence state moves with
         the prompt's KV into the decode worker's state slot): a combined worker prefilling for
         itself; a prefill and a decode worker of one rank each; and a prefill rank writing to a
-        decode pair (each decode rank gets its key heads' state)."""
+        decode pair (each decode rank gets its key heads' state). The 17-token prompt sent
+        again resumes from the state checkpoint its first run left at position 16."""
         layouts = {"both": ("--both=1",), "split": ("--prefill=1", "--decode=1"),
                    "tp1 to tp2": ("--prefill=1", "--decode=1", "--decode-tp=2")}
         for case in ("qwen3_5_f32", "qwen3_5_moe_f32", "qwen3_next_f32"):
             for name, workers in layouts.items():
                 with self.subTest(case=case, layout=name):
-                    self.serve_and_compare(case, 16, workers)
+                    self.serve_and_compare(case, 16, workers, repeat_cached=16)
 
 
 if __name__ == "__main__":
