@@ -29,7 +29,9 @@ Scheduler::Scheduler(TpGroup& model, const tokenizer::Tokenizer* tokenizer,
     options_.speculative.tokens = 0;
     const int64_t slots = model.stateSlots();
     const int64_t checkpoints =
-        options_.prefix_caching ? std::clamp<int64_t>(options_.state_checkpoints, 0, slots - 1) : 0;
+        options_.prefix_caching
+            ? std::clamp<int64_t>(options_.state_checkpoints, 0, std::max<int64_t>(slots - 1, 0))
+            : 0;
     options_.prefix_caching = checkpoints > 0;
     sequence_states_ = slots - checkpoints;
     for (int64_t slot = sequence_states_ - 1; slot >= 0; --slot)
@@ -96,15 +98,50 @@ int64_t Scheduler::alignChunk(Sequence& seq, int64_t take) {
   // prompt starting with it (this one again, or a conversation's next turn) can reuse.
   const int64_t boundary = end < size ? end / bs * bs : (size - 1) / bs * bs;
   if (boundary > seq.cached) end = boundary;
-  if (end % bs != 0) return end - seq.cached;
+  if (end % bs == 0) saveCheckpoint(seq, end);
+  return end - seq.cached;
+}
+
+void Scheduler::saveCheckpoint(Sequence& seq, int64_t end) {
+  const int64_t bs = cache_.blockSize();
+  const std::span<const uint32_t> tokens(seq.tokens);
   uint64_t chain = seq.chain;
   for (int64_t at = seq.published * bs; at < end; at += bs)
-    chain = KvBlockPool::chainHash(chain, prompt.subspan(at, bs));
-  if (!checkpoints_.contains(chain)) {
-    seq.save_slot = checkpointSlot();
-    seq.save_chain = chain;
+    chain = KvBlockPool::chainHash(chain, tokens.subspan(at, bs));
+  if (checkpoints_.contains(chain)) return;
+  seq.save_chain = chain;
+  // A decoding sequence keeps one checkpoint of its output, the latest (a conversation's
+  // next turn resumes there): the one before gives its slot unless someone holds it.
+  if (seq.prefilled() && seq.output_checkpoint) {
+    if (auto it = checkpoints_.find(*seq.output_checkpoint);
+        it != checkpoints_.end() && it->second.pins == 0) {
+      seq.save_slot = it->second.slot;
+      checkpoint_lru_.erase(it->second.lru);
+      checkpoints_.erase(it);
+    }
   }
-  return end - seq.cached;
+  if (seq.save_slot < 0) seq.save_slot = checkpointSlot();
+  if (seq.prefilled()) seq.output_checkpoint = chain;
+}
+
+void Scheduler::unreserveCheckpoint(uint64_t id) {
+  if (auto checkpoint = reserved_checkpoints_.find(id); checkpoint != reserved_checkpoints_.end()) {
+    unpin(checkpoint->second);
+    reserved_checkpoints_.erase(checkpoint);
+  }
+}
+
+bool Scheduler::awaits(const Sequence& seq, const std::unordered_set<uint64_t>& computing) const {
+  const int64_t bs = cache_.blockSize();
+  const std::span<const uint32_t> prompt(seq.request.prompt);
+  const int64_t reusable = (static_cast<int64_t>(prompt.size()) - 1) / bs;
+  uint64_t chain = seq.chain;
+  for (int64_t j = seq.published; j < reusable; ++j) {
+    chain = KvBlockPool::chainHash(chain, prompt.subspan(j * bs, bs));
+    if (computing.contains(chain)) return true;
+    if (!checkpointed()) break;  // Others take the cache block by block: the next one.
+  }
+  return false;
 }
 
 void Scheduler::restoreFrom(Sequence& seq, const PrefixHit& hit) {
@@ -342,10 +379,7 @@ int64_t Scheduler::release(uint64_t id) {
     free_states_.push_back(state->second);
     reserved_states_.erase(state);
   }
-  if (auto checkpoint = reserved_checkpoints_.find(id); checkpoint != reserved_checkpoints_.end()) {
-    unpin(checkpoint->second);
-    reserved_checkpoints_.erase(checkpoint);
-  }
+  unreserveCheckpoint(id);
   auto it = reservations_.find(id);
   if (it == reservations_.end()) return 0;
   const int64_t freed = static_cast<int64_t>(it->second.size());
@@ -454,6 +488,7 @@ absl::Status Scheduler::addPrefill(GenerationRequest request) {
   CLEAVE_RETURN_IF_ERROR(writable(*seq, seq->published + static_cast<int64_t>(hit.blocks.size()),
                                   cache_.blocksFor(seq->request.prompt.size())));
   take(*seq, hit);
+  unreserveCheckpoint(seq->request.id);  // The sequence pins what it starts from itself.
   prefix_lookup_tokens_ += static_cast<int64_t>(seq->request.prompt.size());
   running_.push_back(std::move(seq));
   return absl::OkStatus();
@@ -471,6 +506,7 @@ absl::Status Scheduler::startDecode(GenerationRequest request, uint32_t first_to
                                                       request.stop.max_new_tokens));
   auto seq = makeSequence(std::move(request), Mode::kDecode, *blocks);
   seq->state = reservedState(seq->request.id);
+  unreserveCheckpoint(seq->request.id);  // A peer prefilled it: its state came whole.
   CLEAVE_RETURN_IF_ERROR(
       writable(*seq, static_cast<int64_t>(seq->request.prompt.size()) / cache_.blockSize(),
                static_cast<int64_t>(seq->blocks.size())));
@@ -747,18 +783,23 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   };
   for (auto& seq : running_) {
     if (!seq->prefilled() || full()) continue;
+    // A checkpointed model's token that completes a block leaves a checkpoint there.
+    if (options_.prefix_caching && checkpointed() && (seq->cached + 1) % cache_.blockSize() == 0)
+      saveCheckpoint(*seq, seq->cached + 1);
     batch.push_back({.tokens = std::span<const uint32_t>(seq->tokens).subspan(seq->cached, 1),
                      .start = seq->cached,
                      .blocks = seq->blocks,
                      .adapter = seq->request.adapter,
-                     .state = seq->state});
+                     .state = seq->state,
+                     .state_to = seq->save_slot});
     members.push_back(seq.get());
     --budget;
   }
   const size_t decoding = members.size();
   // A prompt whose next block an earlier one computes in this step waits for it (and
   // takes it from the cache next step): a prefix that several arrive with at once is
-  // computed once.
+  // computed once. A checkpointed model's prompt resumes only where a checkpoint is: it
+  // waits for a chunk whose end leaves one within its prompt.
   std::unordered_set<uint64_t> computing;
   int64_t scored_rows = kPromptLogprobRows;  // Rows left this step for scored prompts.
   for (auto& seq : running_) {
@@ -768,8 +809,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     const std::span<const uint32_t> prompt(seq->request.prompt);
     const bool scored = seq->request.prompt_logprobs >= 0;
     if (options_.prefix_caching && !scored && seq->cached == seq->published * bs &&
-        seq->cached + bs < static_cast<int64_t>(prompt.size()) &&
-        computing.contains(KvBlockPool::chainHash(seq->chain, prompt.subspan(seq->cached, bs)))) {
+        awaits(*seq, computing)) {
       continue;
     }
     const int64_t left = static_cast<int64_t>(prompt.size()) - seq->cached;
@@ -787,8 +827,11 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
                      .state_to = seq->save_slot});
     members.push_back(seq.get());
     budget -= take;
-    // The full blocks this chunk completes (from its first whole one).
-    if (options_.prefix_caching && seq->cached == seq->published * bs) {
+    // The full blocks this chunk completes (from its first whole one); a checkpointed
+    // model's, the checkpoint it leaves.
+    if (checkpointed()) {
+      if (seq->save_slot >= 0) computing.insert(seq->save_chain);
+    } else if (options_.prefix_caching && seq->cached == seq->published * bs) {
       uint64_t chain = seq->chain;
       for (int64_t at = seq->cached; at + bs <= seq->cached + take; at += bs) {
         chain = KvBlockPool::chainHash(chain, prompt.subspan(at, bs));

@@ -20,9 +20,10 @@
 // state_checkpoints: the last slots of the group keep the state after a prefix (a
 // checkpoint), and a prompt reuses the longest cached prefix that ends at one, starting its
 // state from a copy. Prompt chunks end on block boundaries where they can, the last one
-// at the prompt's last boundary, and each boundary a chunk ends at leaves a checkpoint (the
-// least recently used one gives way), so a conversation's next turn, or prompts sharing a
-// system prompt, find one.
+// at the prompt's last boundary before its end, and each boundary a chunk ends at leaves a
+// checkpoint, as does a decoding sequence's latest block boundary (the least recently used
+// checkpoint gives way), so prompts sharing a system prompt, and a conversation's next turn
+// (past the reply where its tokens are the same), find one.
 //
 // Disaggregated serving splits a request in three calls (proto/cleave/v1/worker.proto):
 // reserve() sets blocks aside for it, addPrefill() computes its prompt into them and
@@ -40,6 +41,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -269,6 +271,8 @@ class Scheduler {
     // chain through the blocks it ends.
     int32_t save_slot = -1;
     uint64_t save_chain = 0;
+    // The checkpoint its decoding left last (it keeps one: the next leaves in its slot).
+    std::optional<uint64_t> output_checkpoint;
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
     // Tokens this scheduler has appended past the prompt.
     int64_t generated() const {
@@ -289,12 +293,21 @@ class Scheduler {
   // A checkpoint slot for a chunk to save into: a free one, else the least recently used
   // unpinned checkpoint's (dropping it); -1 when every one is pinned.
   int32_t checkpointSlot();
+  // Unpins the checkpoint `id`'s reservation counts on (from reserve() to its prefill).
+  void unreserveCheckpoint(uint64_t id);
+  // Whether `seq` (at a block boundary) waits for a chunk of this step that computes what it
+  // would take from the cache next step (`computing`: the hash chains of such chunks' blocks
+  // or, for a checkpointed() model, of the checkpoints they leave).
+  bool awaits(const Sequence& seq, const std::unordered_set<uint64_t>& computing) const;
   // After a step (`ran`: it succeeded): its chunks' checkpoints held, their restores unpinned.
   void settleCheckpoints(std::span<Sequence* const> members, bool ran);
   // How many of `seq`'s next `take` prompt tokens its chunk computes so that it ends on a
   // block boundary where it can (there its state is a checkpoint), and the checkpoint it
   // leaves there, if any.
   int64_t alignChunk(Sequence& seq, int64_t take);
+  // Sets `seq`'s chunk of this step, which ends at block boundary `end`, to leave a
+  // checkpoint there (save_slot, save_chain) unless one is there already or no slot is free.
+  void saveCheckpoint(Sequence& seq, int64_t end);
 
   // The published blocks of the longest cached prefix of `prompt` that leaves at least one
   // token to compute (its logits give the next token), and the hash chain through them;

@@ -265,44 +265,47 @@ class StateCheckpointTest : public ::testing::TestWithParam<int> {
     for (size_t i = 0; i < prompts.size(); ++i)
       EXPECT_TRUE(scheduler_->add(request(first + i, prompts[i])).ok());
     std::map<uint64_t, Output> got = drain(*scheduler_);
+    last_ = got;
     std::vector<int64_t> hits;
     for (size_t i = 0; i < prompts.size(); ++i) {
       EXPECT_TRUE(reference_->add(request(first + i, prompts[i])).ok());
       const Output want = drain(*reference_)[first + i];
       const Output& have = got[first + i];
-      EXPECT_EQ(want.cached, 0);
       EXPECT_EQ(have.tokens, want.tokens) << "request " << first + i;
       EXPECT_EQ(have.logprobs.size(), want.logprobs.size());
       for (size_t t = 0; t < have.logprobs.size() && t < want.logprobs.size(); ++t)
         EXPECT_NEAR(have.logprobs[t], want.logprobs[t], 1e-4) << "request " << first + i;
       hits.push_back(have.cached);
     }
-    EXPECT_LE(scheduler_->stateCheckpoints(), kCheckpoints);
     return hits;
   }
 
   std::mt19937 rng_{11};
+  std::map<uint64_t, Output> last_;  // The last run()'s outputs on the cached scheduler.
   std::unique_ptr<TpGroup> cached_, plain_;
   std::unique_ptr<Scheduler> scheduler_, reference_;
 };
 
-TEST_P(StateCheckpointTest, AConversationsNextTurnResumesFromItsLastBoundary) {
+TEST_P(StateCheckpointTest, AConversationsNextTurnResumesPastTheReply) {
   const std::vector<uint32_t> first = randomTokens(23);
-  // Its chunks end at 4, 8, ..., 20 (the last boundary before its end), then 23.
+  // Its chunks end at 4, 8, ..., 20 (the last boundary before its end), then 23; decoding
+  // its first token completes the block at 24.
   EXPECT_EQ(run({first}, 0), std::vector<int64_t>{0});
-  EXPECT_EQ(scheduler_->stateCheckpoints(), 5);
-  const std::vector<uint32_t> second = join(first, randomTokens(9));
-  EXPECT_EQ(run({second}, 1), std::vector<int64_t>{20});
-  EXPECT_EQ(run({first}, 2), std::vector<int64_t>{20});  // The same prompt again.
-  // A prompt sharing 14 tokens resumes at 12; one sharing 3 finds no checkpoint.
+  EXPECT_EQ(scheduler_->stateCheckpoints(), 6);
+  // The next turn: the prompt, the reply, a new message. It resumes at 24, in the reply.
+  const std::vector<uint32_t> second = join(join(first, last_[0].tokens), randomTokens(6));
+  EXPECT_EQ(run({second}, 1), std::vector<int64_t>{24});
+  // The same prompt again resumes at its last boundary; one sharing 18 tokens at 16.
+  EXPECT_EQ(run({first}, 2), std::vector<int64_t>{20});
   const std::vector<uint32_t> branch =
-      join(std::vector<uint32_t>(first.begin(), first.begin() + 14), randomTokens(6));
+      join(std::vector<uint32_t>(first.begin(), first.begin() + 18), randomTokens(6));
+  EXPECT_EQ(run({branch}, 3), std::vector<int64_t>{16});
+  // One sharing 3 tokens (less than a block) finds nothing.
   const std::vector<uint32_t> stranger =
       join(std::vector<uint32_t>(first.begin(), first.begin() + 3), randomTokens(10));
-  EXPECT_EQ(run({branch}, 3), std::vector<int64_t>{12});
   EXPECT_EQ(run({stranger}, 4), std::vector<int64_t>{0});
   EXPECT_EQ(scheduler_->stateCheckpoints(), kCheckpoints);
-  EXPECT_EQ(scheduler_->prefixHitTokens(), 20 + 20 + 12);
+  EXPECT_EQ(scheduler_->prefixHitTokens(), 24 + 20 + 16);
   EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
 }
 
@@ -343,6 +346,37 @@ TEST_P(StateCheckpointTest, AReservationKeepsItsCheckpointWhileOthersGiveWay) {
   std::vector<uint32_t> tokens = first[50].tokens;
   tokens.insert(tokens.end(), rest[50].tokens.begin(), rest[50].tokens.end());
   EXPECT_EQ(tokens, want.tokens);
+  EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
+}
+
+// Two checkpoint slots: a sequence that is to start from a checkpoint keeps it while it waits
+// for room in a step (another prompt's chunks, which save their own, take the whole
+// budget); cancelled while waiting, it lets it go.
+TEST_P(StateCheckpointTest, ASequenceKeepsTheCheckpointItWillStartFrom) {
+  auto twoSlots = [&] {
+    scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
+                                             SchedulerOptions{.max_batch_tokens = 4,
+                                                              .max_sequences = kSequenceSlots,
+                                                              .prefix_caching = true,
+                                                              .state_checkpoints = 2});
+  };
+  twoSlots();
+  // Leaves the checkpoints at 12 (its prompt's last boundary) and 16 (its decoding's).
+  const std::vector<uint32_t> kept = randomTokens(13);
+  EXPECT_EQ(run({kept}, 0), std::vector<int64_t>{0});
+  EXPECT_EQ(scheduler_->stateCheckpoints(), 2);
+  const std::vector<uint32_t> next = join(kept, randomTokens(5));
+  EXPECT_EQ(run({randomTokens(20), next}, 1), (std::vector<int64_t>{0, 12}));
+
+  twoSlots();
+  EXPECT_EQ(run({kept}, 10), std::vector<int64_t>{0});
+  ASSERT_TRUE(scheduler_->add(request(11, randomTokens(20))).ok());
+  ASSERT_TRUE(scheduler_->add(request(12, next)).ok());
+  ASSERT_TRUE(scheduler_->step().ok());  // 12 waits, holding the checkpoint at 12.
+  EXPECT_TRUE(scheduler_->cancel(12));
+  drain(*scheduler_);
+  // Request 11's chunks took its slot once 12 let go: nothing resumes at 12.
+  EXPECT_EQ(run({next}, 13), std::vector<int64_t>{0});
   EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
 }
 
