@@ -67,6 +67,8 @@ void EngineLoop::run() {
     if (idle) continue;
     StepReport report{.step_index = step_index++};
     const auto start = std::chrono::steady_clock::now();
+    // engine_step_delay=N,engine_step_delay_ms=T: the next N steps each take T longer.
+    if (faults::fire("engine_step_delay")) faults::delay("engine_step_delay_ms");
     absl::StatusOr<std::vector<engine::TokenEvent>> events = scheduler_.step();
     report.step_time_us = std::chrono::duration_cast<std::chrono::microseconds>(
                               std::chrono::steady_clock::now() - start)
@@ -103,6 +105,8 @@ void EngineLoop::describePool(StepReport& report) const {
   report.reserved_blocks = scheduler_.reservedBlocks();
   report.prefix_lookup_tokens = scheduler_.prefixLookupTokens();
   report.prefix_hit_tokens = scheduler_.prefixHitTokens();
+  report.running_sequences = scheduler_.runningSequences();
+  report.waiting_requests = scheduler_.waitingRequests();
 }
 
 }  // namespace cleave::worker

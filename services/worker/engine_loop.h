@@ -11,11 +11,13 @@
 // call that changed it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -43,6 +45,9 @@ struct StepReport {
   // Since the loop started: prompt tokens looked up in the prefix cache, and found.
   int64_t prefix_lookup_tokens = 0;
   int64_t prefix_hit_tokens = 0;
+  // Sequences running, and requests waiting to (Scheduler::runningSequences, waitingRequests).
+  int64_t running_sequences = 0;
+  int64_t waiting_requests = 0;
   std::vector<engine::TokenEvent> events;
 };
 
@@ -74,6 +79,28 @@ class EngineLoop {
         return [promise, error = std::current_exception()] { promise->set_exception(error); };
       }
     });
+    return result.get();
+  }
+
+  // Like call(), but waits at most `wait` for the result: nullopt when the engine is still in
+  // a step by then. fn runs all the same, later, and its result is dropped, so fn owns what
+  // it captures.
+  template <typename F>
+  auto callWithin(std::chrono::milliseconds wait, F fn)
+      -> std::optional<decltype(fn(std::declval<engine::Scheduler&>()))> {
+    using R = decltype(fn(std::declval<engine::Scheduler&>()));
+    auto promise = std::make_shared<std::promise<R>>();
+    std::future<R> result = promise->get_future();
+    post([fn = std::move(fn), promise](engine::Scheduler& s) mutable -> Deliver {
+      try {
+        return [promise, value = std::make_shared<R>(fn(s))] {
+          promise->set_value(std::move(*value));
+        };
+      } catch (...) {
+        return [promise, error = std::current_exception()] { promise->set_exception(error); };
+      }
+    });
+    if (result.wait_for(wait) != std::future_status::ready) return std::nullopt;
     return result.get();
   }
 

@@ -947,6 +947,10 @@ void WorkerCore::onStep(StepReport& report) {
     faults::crash("decode_crash_after_steps");
   }
   absl::MutexLock lock(&mu_);
+  pool_load_.set_running(static_cast<uint32_t>(report.running_sequences));
+  pool_load_.set_waiting(static_cast<uint32_t>(report.waiting_requests));
+  pool_load_.set_kv_blocks_free(static_cast<uint32_t>(report.free_blocks));
+  pool_load_.set_kv_blocks_reserved(static_cast<uint32_t>(report.reserved_blocks));
   std::unordered_map<std::string, v1::TokenEvents> out;
   // A sequence's tokens of one step (accepted drafts: several, one after another) go out as
   // one SequenceEvent, so the router spreads the step's time over them.
@@ -1049,7 +1053,6 @@ int64_t WorkerCore::heldRequests() {
 v1::LoadSnapshot WorkerCore::load(const std::string& router_id) {
   // Requests of other routers, by engine id (their blocks are the engine's to count).
   std::vector<uint64_t> foreign;
-  int64_t foreign_blocks = 0;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, r] : requests_) {
@@ -1059,17 +1062,23 @@ v1::LoadSnapshot WorkerCore::load(const std::string& router_id) {
     const std::vector<uint64_t> fenced = fencedIds();
     foreign.insert(foreign.end(), fenced.begin(), fenced.end());
   }
-  v1::LoadSnapshot load;
-  loop_->call([&](engine::Scheduler& s) {
-    load.set_running(static_cast<uint32_t>(s.runningSequences()));
-    load.set_waiting(static_cast<uint32_t>(s.waitingRequests()));
-    load.set_kv_blocks_free(static_cast<uint32_t>(s.freeBlocks()));
-    load.set_kv_blocks_reserved(static_cast<uint32_t>(s.reservedBlocks()));
-    foreign_blocks = s.heldOnlyBy(foreign);  // A prefix this router's requests share too, not.
-    return 0;
-  });
-  load.set_kv_blocks_foreign(static_cast<uint32_t>(foreign_blocks));
-  return load;
+  std::optional<v1::LoadSnapshot> exact =
+      loop_->callWithin(kLoadWait, [foreign = std::move(foreign)](engine::Scheduler& s) {
+        v1::LoadSnapshot load;
+        load.set_running(static_cast<uint32_t>(s.runningSequences()));
+        load.set_waiting(static_cast<uint32_t>(s.waitingRequests()));
+        load.set_kv_blocks_free(static_cast<uint32_t>(s.freeBlocks()));
+        load.set_kv_blocks_reserved(static_cast<uint32_t>(s.reservedBlocks()));
+        // A prefix this router's requests share too is not foreign.
+        load.set_kv_blocks_foreign(static_cast<uint32_t>(s.heldOnlyBy(foreign)));
+        return load;
+      });
+  absl::MutexLock lock(&mu_);
+  if (exact) {
+    pool_load_.set_kv_blocks_foreign(exact->kv_blocks_foreign());
+    return *exact;
+  }
+  return pool_load_;
 }
 
 }  // namespace cleave::worker

@@ -103,7 +103,11 @@ class WorkerCore {
                             grpc::ServerWriter<v1::TokenEvents>* writer);
   // `router_id`: the router this worker is registered with (RegisterResponse); what that
   // router does not count (other routers' requests, fenced blocks) is kv_blocks_foreign.
+  // Never waits out a long step (a heartbeat must not miss the router's lease): when the
+  // engine has not answered within kLoadWait, the pool as the last step or call left it
+  // (and the foreign blocks last counted).
   v1::LoadSnapshot load(const std::string& router_id = "");
+  static constexpr std::chrono::milliseconds kLoadWait{250};
   // Requests (reserved, prefilling or decoding) this worker holds.
   int64_t heldRequests();
 
@@ -244,8 +248,9 @@ class WorkerCore {
     Clock::time_point until;
   };
   std::vector<Fenced> fenced_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<EngineLoop> loop_;              // Its thread calls onStep().
-  ServiceThread sweeper_{"reservation-sweeper"};  // Last: it calls into everything above.
+  v1::LoadSnapshot pool_load_ ABSL_GUARDED_BY(mu_);  // As the last StepReport left it.
+  std::unique_ptr<EngineLoop> loop_;                 // Its thread calls onStep().
+  ServiceThread sweeper_{"reservation-sweeper"};     // Last: it calls into everything above.
 };
 
 }  // namespace cleave::worker

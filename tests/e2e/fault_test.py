@@ -9,6 +9,8 @@ never hung, and no KV block stays reserved on the router or on a live worker.
   * both of those through host staging rows (--kv-staging-tokens): every row comes back;
   * a decode worker's heartbeat stalls while it streams (heartbeat_stall): the router
     drops it, its streams move, it registers again;
+  * a decode worker's steps take longer than the router's lease (engine_step_delay): its
+    heartbeats go on, so the router keeps it and nothing moves;
   * a prefill worker crashes before its KV send (crash_at=prefill_before_kv_send), or a
     decode worker after some steps (decode_crash_after_steps): the requests complete
     elsewhere;
@@ -167,6 +169,13 @@ class FaultTest(unittest.TestCase):
                                      ("decode", None)])
         self.assertExact(results)
         self.assertIn("injected fault: heartbeat_stall", procs[1].log())
+
+    def test_steps_longer_than_the_lease_keep_the_worker(self):
+        results, procs = self.serve([("prefill", None),
+                                     ("decode", "engine_step_delay=2,engine_step_delay_ms=2500")])
+        self.assertExact(results)
+        self.assertIn("injected fault: engine_step_delay", procs[1].log())
+        self.assertNotIn("the router lost this worker", procs[1].log())
 
     def test_crashing_workers_lose_no_request(self):
         results, procs = self.serve([("prefill", "crash_at=prefill_before_kv_send"),
