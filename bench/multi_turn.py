@@ -15,6 +15,8 @@ Two setups in one run, alternating conversations (A B A B ...):
 With --peer no-checkpoints the first setup is instead 'local' on workers that keep no state
 checkpoints (--state-checkpoints 0), for a model with linear-attention layers (Qwen3.5,
 Qwen3-Next, --model): each turn is then computed whole, which is what the checkpoints save.
+Elsewhere every worker keeps two (--state-checkpoints 2: a decode worker keeps none unless
+told, and computes a turn's rest from the one its decoding left).
 
 Reported per setup and turn: time to first token (median over conversations), prompt tokens
 computed per turn (both workers' counters), KV bytes sent. The first turn is alike in both
@@ -55,7 +57,7 @@ COUNTERS = ("cleave_worker_prefill_tokens_total", "cleave_worker_kv_sent_bytes_t
 
 
 class Deployment:
-    def __init__(self, local, checkpoints=-1):
+    def __init__(self, local, checkpoints=2):
         self.router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0",
                                   "--metrics-port=0", f"--local-prefill-tokens={local}"])
         address = f"127.0.0.1:{self.router.ready['grpc_port']}"

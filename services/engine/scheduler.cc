@@ -93,21 +93,38 @@ int64_t Scheduler::alignChunk(Sequence& seq, int64_t take) {
   const std::span<const uint32_t> prompt(seq.request.prompt);
   const int64_t size = static_cast<int64_t>(prompt.size());
   int64_t end = seq.cached + take;
-  // A chunk short of the prompt's end stops at the boundary before its end; the last one
-  // first at the last boundary before the prompt's end, the longest prefix of it that a
-  // prompt starting with it (this one again, or a conversation's next turn) can reuse.
-  const int64_t boundary = end < size ? end / bs * bs : (size - 1) / bs * bs;
-  if (boundary > seq.cached) end = boundary;
+  if (end < size) {
+    // A chunk short of the prompt's end stops at the boundary before its end.
+    if (end / bs * bs > seq.cached) end = end / bs * bs;
+  } else {
+    // The last one first stops at the last boundary before the prompt's end (one step
+    // more), the longest prefix of it that a prompt starting with it (this one again, or a
+    // conversation's next turn) can reuse, when a checkpoint is to be left there.
+    const int64_t last = (size - 1) / bs * bs;
+    if (last > seq.cached && !checkpoints_.contains(chainTo(seq, last)) && slotToSpare())
+      end = last;
+  }
   if (end % bs == 0) saveCheckpoint(seq, end);
   return end - seq.cached;
 }
 
-void Scheduler::saveCheckpoint(Sequence& seq, int64_t end) {
+uint64_t Scheduler::chainTo(const Sequence& seq, int64_t end) const {
   const int64_t bs = cache_.blockSize();
   const std::span<const uint32_t> tokens(seq.tokens);
   uint64_t chain = seq.chain;
   for (int64_t at = seq.published * bs; at < end; at += bs)
     chain = KvBlockPool::chainHash(chain, tokens.subspan(at, bs));
+  return chain;
+}
+
+bool Scheduler::slotToSpare() const {
+  return !free_checkpoints_.empty() ||
+         std::any_of(checkpoints_.begin(), checkpoints_.end(),
+                     [](const auto& held) { return held.second.pins == 0; });
+}
+
+void Scheduler::saveCheckpoint(Sequence& seq, int64_t end) {
+  const uint64_t chain = chainTo(seq, end);
   if (checkpoints_.contains(chain)) return;
   seq.save_chain = chain;
   // A decoding sequence keeps one checkpoint of its output, the latest (a conversation's

@@ -305,6 +305,10 @@ class Scheduler {
   // block boundary where it can (there its state is a checkpoint), and the checkpoint it
   // leaves there, if any.
   int64_t alignChunk(Sequence& seq, int64_t take);
+  // The hash chain through `seq`'s blocks up to block boundary `end` (past its published ones).
+  uint64_t chainTo(const Sequence& seq, int64_t end) const;
+  // Whether checkpointSlot() would find a slot.
+  bool slotToSpare() const;
   // Sets `seq`'s chunk of this step, which ends at block boundary `end`, to leave a
   // checkpoint there (save_slot, save_chain) unless one is there already or no slot is free.
   void saveCheckpoint(Sequence& seq, int64_t end);

@@ -72,8 +72,9 @@ void WorkerOptions::addFlags(FlagSet& flags) {
                "Models with linear-attention layers (Qwen3.5, Qwen3-Next): state slots kept "
                "for prefix caching, each the state after a cached prefix (its memory is in the "
                "plan's linear-attention state). A prompt reuses the longest cached prefix that "
-               "ends at one (-1: --target-concurrency of them; 0: no prefix caching for such "
-               "a model)");
+               "ends at one (-1: --target-concurrency of them, none on a decode worker, "
+               "which computes prompts only with the router's --local-prefill-tokens; 0: no "
+               "prefix caching for such a model)");
   speculative.addFlags(flags);
   flags.addString("lora-modules", &lora_modules,
                   "LoRA adapters to serve next to the model, NAME=PATH[,NAME=PATH...]: each a "
@@ -119,8 +120,9 @@ int64_t batchTokens(const WorkerOptions& options) {
 }
 
 int64_t stateCheckpoints(const WorkerOptions& options, Role role) {
-  if (!options.prefix_caching || role == Role::kDecode) return 0;
-  return options.state_checkpoints < 0 ? options.target_concurrency : options.state_checkpoints;
+  if (!options.prefix_caching) return 0;
+  if (options.state_checkpoints >= 0) return options.state_checkpoints;
+  return role == Role::kDecode ? 0 : options.target_concurrency;
 }
 
 absl::Status validate(const WorkerOptions& options) {

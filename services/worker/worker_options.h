@@ -40,7 +40,7 @@ struct WorkerOptions {
   bool prefix_caching = true;
   // A model with linear-attention layers: state checkpoints kept for prefix caching
   // (engine::SchedulerOptions::state_checkpoints); -1: the target concurrency (0 on a decode
-  // worker, which computes no prompts).
+  // worker, stateCheckpoints()).
   int64_t state_checkpoints = -1;
   engine::SpeculativeOptions speculative;
   // LoRA adapters served next to the base model: NAME=PATH[,NAME=PATH...]
@@ -77,7 +77,8 @@ inline constexpr int64_t kDefaultBatchTokens = 512;
 int64_t batchTokens(const WorkerOptions& options);
 
 // State checkpoints a worker of `role` keeps: --state-checkpoints, -1 being its target
-// concurrency; 0 without prefix caching or on a decode worker (it computes no prompts).
+// concurrency, or 0 on a decode worker (which computes prompts only with the router's
+// --local-prefill-tokens); 0 without prefix caching.
 int64_t stateCheckpoints(const WorkerOptions& options, Role role);
 
 // Checks values that parse but cannot work: an unknown role, a missing model file, a TP

@@ -48,7 +48,7 @@ TEST(WorkerOptionsTest, FlagsBindToOptions) {
 }
 
 // Checkpoints for a linear-attention model's prefix cache: the target concurrency unless
-// set, and none where no prompt is computed or nothing is cached.
+// set (none on a decode worker), and none where nothing is cached.
 TEST(WorkerOptionsTest, StateCheckpointsFollowTheRoleAndPrefixCaching) {
   WorkerOptions options = validOptions();
   options.target_concurrency = 12;
@@ -57,6 +57,7 @@ TEST(WorkerOptionsTest, StateCheckpointsFollowTheRoleAndPrefixCaching) {
   EXPECT_EQ(stateCheckpoints(options, Role::kDecode), 0);
   options.state_checkpoints = 3;
   EXPECT_EQ(stateCheckpoints(options, Role::kBoth), 3);
+  EXPECT_EQ(stateCheckpoints(options, Role::kDecode), 3);  // For --local-prefill-tokens.
   options.prefix_caching = false;
   EXPECT_EQ(stateCheckpoints(options, Role::kPrefill), 0);
 }
