@@ -93,7 +93,12 @@ int64_t Scheduler::alignChunk(Sequence& seq, int64_t take) {
   const std::span<const uint32_t> prompt(seq.request.prompt);
   const int64_t size = static_cast<int64_t>(prompt.size());
   int64_t end = seq.cached + take;
-  if (end < size) {
+  if (seq.cached < seq.shared_end && seq.shared_end < end &&
+      !checkpoints_.contains(chainTo(seq, seq.shared_end)) && slotToSpare()) {
+    // Where another prompt's cached blocks part from this one's: the next prompt sharing
+    // them resumes there.
+    end = seq.shared_end;
+  } else if (end < size) {
     // A chunk short of the prompt's end stops at the boundary before its end.
     if (end / bs * bs > seq.cached) end = end / bs * bs;
   } else {
@@ -162,7 +167,9 @@ bool Scheduler::awaits(const Sequence& seq, const std::unordered_set<uint64_t>& 
 }
 
 void Scheduler::restoreFrom(Sequence& seq, const PrefixHit& hit) {
-  if (!checkpointed() || hit.blocks.empty()) return;
+  if (!checkpointed()) return;
+  seq.shared_end = std::max(seq.shared_end, hit.reach);
+  if (hit.blocks.empty()) return;
   if (seq.restore) unpin(*seq.restore);
   pin(hit.chain);
   seq.restore = hit.chain;
@@ -335,8 +342,10 @@ Scheduler::PrefixHit Scheduler::lookupPrefix(std::span<const uint32_t> prompt, i
     if (!block) break;
     hit.blocks.push_back(*block);
     hit.chain = hash;
+    hit.reach = (j + 1) * bs;
     if (checkpoints_.contains(hash)) checkpointed_hit = hit;
   }
+  checkpointed_hit.reach = hit.reach;
   return checkpointed() ? checkpointed_hit : hit;
 }
 

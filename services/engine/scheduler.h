@@ -20,10 +20,11 @@
 // state_checkpoints: the last slots of the group keep the state after a prefix (a
 // checkpoint), and a prompt reuses the longest cached prefix that ends at one, starting its
 // state from a copy. Prompt chunks end on block boundaries where they can, the last one
-// at the prompt's last boundary before its end, and each boundary a chunk ends at leaves a
-// checkpoint, as does a decoding sequence's latest block boundary (the least recently used
-// checkpoint gives way), so prompts sharing a system prompt, and a conversation's next turn
-// (past the reply where its tokens are the same), find one.
+// at the prompt's last boundary before its end or where its cached blocks (another
+// prompt's) end, and each boundary a chunk ends at leaves a checkpoint, as does a decoding
+// sequence's latest block boundary (the least recently used checkpoint gives way), so
+// prompts sharing a system prompt, and a conversation's next turn (past the reply where its
+// tokens are the same), find one.
 //
 // Disaggregated serving splits a request in three calls (proto/cleave/v1/worker.proto):
 // reserve() sets blocks aside for it, addPrefill() computes its prompt into them and
@@ -273,6 +274,9 @@ class Scheduler {
     uint64_t save_chain = 0;
     // The checkpoint its decoding left last (it keeps one: the next leaves in its slot).
     std::optional<uint64_t> output_checkpoint;
+    // Where the cached KV of its prompt's prefix ends (another prompt's part from this
+    // one): a checkpoint there serves the prompts that share that prefix.
+    int64_t shared_end = 0;
     bool prefilled() const { return cached >= static_cast<int64_t>(request.prompt.size()); }
     // Tokens this scheduler has appended past the prompt.
     int64_t generated() const {
@@ -320,13 +324,17 @@ class Scheduler {
   struct PrefixHit {
     std::vector<int32_t> blocks;
     uint64_t chain = 0;
+    // Positions from the prompt's start whose KV the cache holds: past the blocks for a
+    // checkpointed() model whose last checkpoint comes before.
+    int64_t reach = 0;
   };
   PrefixHit lookupPrefix(std::span<const uint32_t> prompt, int64_t from, uint64_t chain) const;
   // The hash chain's start for the requests of `adapter` (-1: the base model's, 0).
   uint64_t chainRoot(int32_t adapter, std::string_view cache_salt) const;
   // Starts `seq` past the `hit` blocks it holds at its head, counting the lookup.
   void startPast(Sequence& seq, const PrefixHit& hit);
-  // A checkpointed() model: `seq`'s next chunk starts from the checkpoint `hit` ends at.
+  // A checkpointed() model: `seq`'s next chunk starts from the checkpoint `hit` ends at, and
+  // its shared_end moves to the hit's reach.
   void restoreFrom(Sequence& seq, const PrefixHit& hit);
   // Before a prompt chunk: takes the blocks published since (by a prompt sharing the
   // prefix) that continue `seq`'s cached prefix, in place of its own: take(continuation()).

@@ -380,6 +380,22 @@ TEST_P(StateCheckpointTest, ASequenceKeepsTheCheckpointItWillStartFrom) {
   EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
 }
 
+// A system prompt shorter than a chunk: the first prompt leaves no checkpoint inside it, but
+// the second, whose cached blocks end where the two part, leaves one there, and the third
+// resumes from it.
+TEST_P(StateCheckpointTest, ASharedPrefixGetsACheckpointWhereThePromptsPart) {
+  scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
+                                           SchedulerOptions{.max_batch_tokens = 64,
+                                                            .max_sequences = kSequenceSlots,
+                                                            .prefix_caching = true,
+                                                            .state_checkpoints = kCheckpoints});
+  const std::vector<uint32_t> system = randomTokens(18);
+  EXPECT_EQ(run({join(system, randomTokens(7))}, 0), std::vector<int64_t>{0});
+  EXPECT_EQ(run({join(system, randomTokens(9))}, 1), std::vector<int64_t>{0});
+  EXPECT_EQ(run({join(system, randomTokens(5))}, 2), std::vector<int64_t>{16});
+  EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, StateCheckpointTest, ::testing::Values(1, 2));
 
 // A model that takes at most two sequences a step (a GPU model's batch): the other prefills
