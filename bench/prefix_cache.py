@@ -20,7 +20,7 @@ Each worker's pool is sized by --target-concurrency and --planned-seq-len, as in
 deployment; by default the groups' prefixes do not all fit in one worker's pool, so where
 each group's prompts go decides what stays cached.
 
-Run (after a build): /usr/bin/python3 bench/prefix_cache.py [--prefix 512] [--groups 8]
+Run (after a build): /usr/bin/python3 bench/prefix_cache.py [--prefix 512] [--groups 8] [--model M]
   [--own 64] [--requests 48] [--concurrency 4]
 """
 import argparse
@@ -38,6 +38,9 @@ parser.add_argument("--output", type=int, default=8, help="generated tokens per 
 parser.add_argument("--requests", type=int, default=48)
 parser.add_argument("--concurrency", type=int, default=4)
 parser.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
+parser.add_argument("--model", default=MODEL,
+                    help="GGUF file or model folder (a linear-attention model's prefixes are "
+                         "reused from its state checkpoints)")
 args = parser.parse_args()
 
 BLOCK = 16
@@ -47,14 +50,15 @@ def measure(policy, caching):
     router = ct.Process([ct.binary("cleave-router"), "--listen=127.0.0.1:0", "--metrics-port=0",
                          f"--prefill-policy={policy}"])
     address = f"127.0.0.1:{router.ready['grpc_port']}"
-    common = [f"--model={MODEL}", f"--router={address}", "--listen=127.0.0.1:0",
+    common = [f"--model={args.model}", f"--router={address}", "--listen=127.0.0.1:0",
               "--metrics-port=0", f"--target-concurrency={args.concurrency}",
               f"--planned-seq-len={args.prefix + args.own + args.output}",
               f"--threads={args.threads}"]
     cache = [] if caching else ["--no-prefix-caching"]
-    workers = [ct.Process([ct.binary("cleave-worker"), "--role=prefill", *common, *cache])
-               for _ in range(2)]
-    workers.append(ct.Process([ct.binary("cleave-worker"), "--role=decode", *common]))
+    workers = [ct.Process([ct.binary("cleave-worker"), "--role=prefill", *common, *cache],
+                          ready_timeout=300) for _ in range(2)]
+    workers.append(ct.Process([ct.binary("cleave-worker"), "--role=decode", *common],
+                              ready_timeout=300))
     try:
         out = os.path.join(tempfile.mkdtemp(prefix="cleave-prefix-"), "bench.json")
         code, stdout, stderr = ct.run(
