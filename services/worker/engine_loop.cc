@@ -107,6 +107,7 @@ void EngineLoop::describePool(StepReport& report) const {
   report.prefix_hit_tokens = scheduler_.prefixHitTokens();
   report.running_sequences = scheduler_.runningSequences();
   report.waiting_requests = scheduler_.waitingRequests();
+  report.state_checkpoints = scheduler_.stateCheckpoints();
 }
 
 }  // namespace cleave::worker

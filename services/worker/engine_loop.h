@@ -48,6 +48,7 @@ struct StepReport {
   // Sequences running, and requests waiting to (Scheduler::runningSequences, waitingRequests).
   int64_t running_sequences = 0;
   int64_t waiting_requests = 0;
+  int64_t state_checkpoints = 0;  // Scheduler::stateCheckpoints.
   std::vector<engine::TokenEvent> events;
 };
 

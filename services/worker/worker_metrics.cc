@@ -31,6 +31,9 @@ WorkerMetrics::WorkerMetrics(int64_t target_concurrency)
                                 "Free KV blocks still holding a reusable prefix")),
       blocks_reserved_(plainGauge("cleave_worker_kv_blocks_reserved",
                                   "KV blocks held by reservations (reserved or decoding)")),
+      state_checkpoints_(plainGauge("cleave_worker_state_checkpoints",
+                                    "Linear-attention state checkpoints held for prefix caching "
+                                    "(of --state-checkpoints)")),
       prefix_lookup_tokens_(plainCounter("cleave_worker_prefix_cache_lookup_tokens_total",
                                          "Prompt tokens looked up in the prefix cache")),
       prefix_hit_tokens_(plainCounter("cleave_worker_prefix_cache_hit_tokens_total",
@@ -82,6 +85,7 @@ void WorkerMetrics::onStep(const StepReport& report, std::optional<double> floor
   blocks_free_.Set(static_cast<double>(report.free_blocks));
   blocks_cached_.Set(static_cast<double>(report.cached_blocks));
   blocks_reserved_.Set(static_cast<double>(report.reserved_blocks));
+  state_checkpoints_.Set(static_cast<double>(report.state_checkpoints));
   prefix_lookup_tokens_.Increment(
       static_cast<double>(report.prefix_lookup_tokens - last_lookup_tokens_));
   prefix_hit_tokens_.Increment(static_cast<double>(report.prefix_hit_tokens - last_hit_tokens_));

@@ -51,6 +51,7 @@ class WorkerMetrics {
   prometheus::Gauge& blocks_free_;
   prometheus::Gauge& blocks_cached_;
   prometheus::Gauge& blocks_reserved_;
+  prometheus::Gauge& state_checkpoints_;
   prometheus::Counter& prefix_lookup_tokens_;
   prometheus::Counter& prefix_hit_tokens_;
   prometheus::Counter& steps_;

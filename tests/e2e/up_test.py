@@ -112,6 +112,10 @@ class GoldenModelUpTest(unittest.TestCase):
                 if i == len(golden["prompts"]):
                     self.assertEqual(reply["usage"]["prompt_tokens_details"]["cached_tokens"],
                                      repeat_cached, up.log())
+                    # The worker that computed the prompts holds state checkpoints.
+                    ports = [port for key, port in up.ready.items()
+                             if key.endswith("_metrics_port") and key.startswith(("prefill", "both"))]
+                    self.assertGreater(ct.metric(ports[0], "cleave_worker_state_checkpoints"), 0)
         finally:
             up.proc.send_signal(signal.SIGINT)
             up.proc.wait(60)
