@@ -154,6 +154,7 @@ void Scheduler::unreserveCheckpoint(uint64_t id) {
 }
 
 bool Scheduler::awaits(const Sequence& seq, const std::unordered_set<uint64_t>& computing) const {
+  if (computing.empty()) return false;
   const int64_t bs = cache_.blockSize();
   const std::span<const uint32_t> prompt(seq.request.prompt);
   const int64_t reusable = (static_cast<int64_t>(prompt.size()) - 1) / bs;
