@@ -230,11 +230,12 @@ class StateCheckpointTest : public ::testing::TestWithParam<int> {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   }
-  static GenerationRequest request(uint64_t id, const std::vector<uint32_t>& prompt) {
+  static GenerationRequest request(uint64_t id, const std::vector<uint32_t>& prompt,
+                                   int64_t new_tokens = kNewTokens) {
     return {.id = id,
             .prompt = prompt,
             .sampling = {.logprobs = 0},
-            .stop = {.max_new_tokens = kNewTokens}};
+            .stop = {.max_new_tokens = new_tokens}};
   }
 
   struct Output {
@@ -261,14 +262,15 @@ class StateCheckpointTest : public ::testing::TestWithParam<int> {
 
   // Runs `prompts` together (ids from `first`) on the cached scheduler and, one by one, on
   // the reference; checks they agree and returns the cached run's prefix hits.
-  std::vector<int64_t> run(const std::vector<std::vector<uint32_t>>& prompts, uint64_t first) {
+  std::vector<int64_t> run(const std::vector<std::vector<uint32_t>>& prompts, uint64_t first,
+                           int64_t new_tokens = kNewTokens) {
     for (size_t i = 0; i < prompts.size(); ++i)
-      EXPECT_TRUE(scheduler_->add(request(first + i, prompts[i])).ok());
+      EXPECT_TRUE(scheduler_->add(request(first + i, prompts[i], new_tokens)).ok());
     std::map<uint64_t, Output> got = drain(*scheduler_);
     last_ = got;
     std::vector<int64_t> hits;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      EXPECT_TRUE(reference_->add(request(first + i, prompts[i])).ok());
+      EXPECT_TRUE(reference_->add(request(first + i, prompts[i], new_tokens)).ok());
       const Output want = drain(*reference_)[first + i];
       const Output& have = got[first + i];
       EXPECT_EQ(have.tokens, want.tokens) << "request " << first + i;
@@ -393,6 +395,83 @@ TEST_P(StateCheckpointTest, ASharedPrefixGetsACheckpointWhereThePromptsPart) {
   EXPECT_EQ(run({join(system, randomTokens(7))}, 0), std::vector<int64_t>{0});
   EXPECT_EQ(run({join(system, randomTokens(9))}, 1), std::vector<int64_t>{0});
   EXPECT_EQ(run({join(system, randomTokens(5))}, 2), std::vector<int64_t>{16});
+  EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
+}
+
+// A decoding sequence keeps one checkpoint of its output, its latest: ten tokens cross the
+// boundaries at 16 and 20, and the second takes the first one's slot.
+TEST_P(StateCheckpointTest, DecodingKeepsItsLatestCheckpointOnly) {
+  scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
+                                           SchedulerOptions{.max_batch_tokens = 64,
+                                                            .max_sequences = kSequenceSlots,
+                                                            .prefix_caching = true,
+                                                            .state_checkpoints = kCheckpoints});
+  const std::vector<uint32_t> first = randomTokens(13);
+  EXPECT_EQ(run({first}, 0, 10), std::vector<int64_t>{0});
+  EXPECT_EQ(scheduler_->stateCheckpoints(), 2);  // 12 (its prompt's) and 20 (its output's).
+  const std::vector<uint32_t> next = join(join(first, last_[0].tokens), randomTokens(4));
+  EXPECT_EQ(run({next}, 1), std::vector<int64_t>{20});
+}
+
+// Prompts arriving together whose shared prefix ends before the first one's chunk does: that
+// chunk leaves no checkpoint the second could start from, so the second does not wait a step
+// for it, and both have their first token after two steps (the last chunks stop at 20).
+TEST_P(StateCheckpointTest, APromptWaitsOnlyForACheckpointItCanUse) {
+  scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
+                                           SchedulerOptions{.max_batch_tokens = 64,
+                                                            .max_sequences = kSequenceSlots,
+                                                            .prefix_caching = true,
+                                                            .state_checkpoints = kCheckpoints});
+  const std::vector<uint32_t> system = randomTokens(8);
+  const std::vector<std::vector<uint32_t>> prompts = {join(system, randomTokens(13)),
+                                                      join(system, randomTokens(15))};
+  for (uint64_t id = 0; id < 2; ++id) ASSERT_TRUE(scheduler_->add(request(id, prompts[id])).ok());
+  std::map<uint64_t, Output> got;
+  for (int step = 0; step < 2; ++step) {
+    auto events = scheduler_->step();
+    ASSERT_TRUE(events.ok()) << events.status();
+    for (const TokenEvent& e : *events) got[e.id].tokens.push_back(e.token);
+  }
+  EXPECT_EQ(got[0].tokens.size(), 1u);
+  EXPECT_EQ(got[1].tokens.size(), 1u);
+  for (auto& [id, out] : drain(*scheduler_))
+    got[id].tokens.insert(got[id].tokens.end(), out.tokens.begin(), out.tokens.end());
+  for (uint64_t id = 0; id < 2; ++id) {
+    ASSERT_TRUE(reference_->add(request(id, prompts[id])).ok());
+    EXPECT_EQ(got[id].tokens, drain(*reference_)[id].tokens) << "request " << id;
+  }
+}
+
+// A reservation holds the checkpoint its cached blocks end at only until its prefill (then
+// its sequence holds what it starts from, until that has run): a prompt passing through both
+// slots afterwards evicts it though the reservation is still held. Decoding in the
+// reservation, as a combined worker does, leaves the output's checkpoint for the next turn.
+TEST_P(StateCheckpointTest, AReservationsPinEndsAtItsPrefill) {
+  scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
+                                           SchedulerOptions{.max_batch_tokens = 4,
+                                                            .max_sequences = kSequenceSlots,
+                                                            .prefix_caching = true,
+                                                            .state_checkpoints = 2});
+  const std::vector<uint32_t> kept = randomTokens(13);  // Checkpoints at 12 and 16.
+  EXPECT_EQ(run({kept}, 0), std::vector<int64_t>{0});
+  const std::vector<uint32_t> prompt = join(kept, randomTokens(6));
+  int64_t cached = -1;
+  const int64_t total = static_cast<int64_t>(prompt.size()) + kNewTokens;
+  ASSERT_TRUE(scheduler_->reserve(50, (total + 3) / 4, prompt, &cached).ok());
+  EXPECT_EQ(cached, 3);
+  ASSERT_TRUE(scheduler_->addPrefill(request(50, prompt)).ok());
+  std::map<uint64_t, Output> first = drain(*scheduler_);
+  ASSERT_EQ(first[50].tokens.size(), 1u);
+  EXPECT_EQ(first[50].cached, 12);
+  EXPECT_EQ(run({randomTokens(20)}, 51), std::vector<int64_t>{0});
+  EXPECT_EQ(run({join(kept, randomTokens(5))}, 52), std::vector<int64_t>{0});  // 12 is gone.
+  ASSERT_TRUE(scheduler_->startDecode(request(50, prompt), first[50].tokens[0]).ok());
+  std::vector<uint32_t> tokens = first[50].tokens;
+  std::map<uint64_t, Output> rest = drain(*scheduler_);
+  tokens.insert(tokens.end(), rest[50].tokens.begin(), rest[50].tokens.end());
+  ASSERT_TRUE(reference_->add(request(50, prompt)).ok());
+  EXPECT_EQ(tokens, drain(*reference_)[50].tokens);
+  EXPECT_EQ(run({join(join(prompt, tokens), randomTokens(3))}, 53), std::vector<int64_t>{20});
   EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
 }
 

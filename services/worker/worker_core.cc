@@ -831,6 +831,7 @@ void WorkerCore::reportFenced() {
     ids = fencedIds();
   }
   const int64_t held = loop_->call([&](engine::Scheduler& s) { return s.heldOnlyBy(ids); });
+  fenced_blocks_.store(held);
   metrics_.setFencedBlocks(held);
 }
 
@@ -1062,23 +1063,32 @@ v1::LoadSnapshot WorkerCore::load(const std::string& router_id) {
     const std::vector<uint64_t> fenced = fencedIds();
     foreign.insert(foreign.end(), fenced.begin(), fenced.end());
   }
+  const bool none_foreign = foreign.empty();
+  // Run late (the caller gave up waiting), it still leaves its count for the next ones.
   std::optional<v1::LoadSnapshot> exact =
-      loop_->callWithin(kLoadWait, [foreign = std::move(foreign)](engine::Scheduler& s) {
+      loop_->callWithin(kLoadWait, [this, foreign = std::move(foreign)](engine::Scheduler& s) {
         v1::LoadSnapshot load;
         load.set_running(static_cast<uint32_t>(s.runningSequences()));
         load.set_waiting(static_cast<uint32_t>(s.waitingRequests()));
         load.set_kv_blocks_free(static_cast<uint32_t>(s.freeBlocks()));
         load.set_kv_blocks_reserved(static_cast<uint32_t>(s.reservedBlocks()));
         // A prefix this router's requests share too is not foreign.
-        load.set_kv_blocks_foreign(static_cast<uint32_t>(s.heldOnlyBy(foreign)));
+        const int64_t held = s.heldOnlyBy(foreign);
+        foreign_blocks_.store(held);
+        load.set_kv_blocks_foreign(static_cast<uint32_t>(held));
         return load;
       });
-  absl::MutexLock lock(&mu_);
-  if (exact) {
-    pool_load_.set_kv_blocks_foreign(exact->kv_blocks_foreign());
-    return *exact;
+  if (exact) return *exact;
+  v1::LoadSnapshot load;
+  {
+    absl::MutexLock lock(&mu_);
+    load = pool_load_;
   }
-  return pool_load_;
+  // The larger of the last count and the fenced blocks counted since (a fence the last
+  // count missed is not admitted into; one that ended is, a step late).
+  load.set_kv_blocks_foreign(static_cast<uint32_t>(
+      none_foreign ? 0 : std::max(foreign_blocks_.load(), fenced_blocks_.load())));
+  return load;
 }
 
 }  // namespace cleave::worker

@@ -249,8 +249,12 @@ class WorkerCore {
   };
   std::vector<Fenced> fenced_ ABSL_GUARDED_BY(mu_);
   v1::LoadSnapshot pool_load_ ABSL_GUARDED_BY(mu_);  // As the last StepReport left it.
-  std::unique_ptr<EngineLoop> loop_;                 // Its thread calls onStep().
-  ServiceThread sweeper_{"reservation-sweeper"};     // Last: it calls into everything above.
+  // Blocks the last load() counted foreign, and those only fenced reservations hold
+  // (reportFenced()): a load() the engine did not answer in time reports the larger.
+  std::atomic<int64_t> foreign_blocks_{0};
+  std::atomic<int64_t> fenced_blocks_{0};
+  std::unique_ptr<EngineLoop> loop_;              // Its thread calls onStep().
+  ServiceThread sweeper_{"reservation-sweeper"};  // Last: it calls into everything above.
 };
 
 }  // namespace cleave::worker

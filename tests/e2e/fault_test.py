@@ -10,7 +10,7 @@ never hung, and no KV block stays reserved on the router or on a live worker.
   * a decode worker's heartbeat stalls while it streams (heartbeat_stall): the router
     drops it, its streams move, it registers again;
   * a decode worker's steps take longer than the router's lease (engine_step_delay): its
-    heartbeats go on, so the router keeps it and nothing moves;
+    heartbeats go on, so the router keeps it (the worker never has to register again);
   * a prefill worker crashes before its KV send (crash_at=prefill_before_kv_send), or a
     decode worker after some steps (decode_crash_after_steps): the requests complete
     elsewhere;
