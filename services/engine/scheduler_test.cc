@@ -210,15 +210,20 @@ class StateCheckpointTest : public ::testing::TestWithParam<int> {
     ASSERT_TRUE(cached_->allocateKv(96, 4, 0, kSequenceSlots + kCheckpoints).ok());
     ASSERT_TRUE(plain_->allocateKv(96, 4, 0, kSequenceSlots).ok());
     // Chunks of at most 6 tokens: they end on the block boundaries of 4 (4, 8, ...).
-    scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
-                                             SchedulerOptions{.max_batch_tokens = 6,
-                                                              .max_sequences = kSequenceSlots,
-                                                              .prefix_caching = true,
-                                                              .state_checkpoints = kCheckpoints});
+    reschedule(6, kCheckpoints);
     reference_ = std::make_unique<Scheduler>(
         *plain_, nullptr,
         SchedulerOptions{
             .max_batch_tokens = 6, .max_sequences = kSequenceSlots, .prefix_caching = true});
+  }
+
+  // A fresh scheduler on the cached group: steps of `batch_tokens`, `checkpoints` slots.
+  void reschedule(int64_t batch_tokens, int64_t checkpoints) {
+    scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
+                                             SchedulerOptions{.max_batch_tokens = batch_tokens,
+                                                              .max_sequences = kSequenceSlots,
+                                                              .prefix_caching = true,
+                                                              .state_checkpoints = checkpoints});
   }
 
   std::vector<uint32_t> randomTokens(int length) {
@@ -355,14 +360,7 @@ TEST_P(StateCheckpointTest, AReservationKeepsItsCheckpointWhileOthersGiveWay) {
 // for room in a step (another prompt's chunks, which save their own, take the whole
 // budget); cancelled while waiting, it lets it go.
 TEST_P(StateCheckpointTest, ASequenceKeepsTheCheckpointItWillStartFrom) {
-  auto twoSlots = [&] {
-    scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
-                                             SchedulerOptions{.max_batch_tokens = 4,
-                                                              .max_sequences = kSequenceSlots,
-                                                              .prefix_caching = true,
-                                                              .state_checkpoints = 2});
-  };
-  twoSlots();
+  reschedule(4, 2);
   // Leaves the checkpoints at 12 (its prompt's last boundary) and 16 (its decoding's).
   const std::vector<uint32_t> kept = randomTokens(13);
   EXPECT_EQ(run({kept}, 0), std::vector<int64_t>{0});
@@ -370,7 +368,7 @@ TEST_P(StateCheckpointTest, ASequenceKeepsTheCheckpointItWillStartFrom) {
   const std::vector<uint32_t> next = join(kept, randomTokens(5));
   EXPECT_EQ(run({randomTokens(20), next}, 1), (std::vector<int64_t>{0, 12}));
 
-  twoSlots();
+  reschedule(4, 2);
   EXPECT_EQ(run({kept}, 10), std::vector<int64_t>{0});
   ASSERT_TRUE(scheduler_->add(request(11, randomTokens(20))).ok());
   ASSERT_TRUE(scheduler_->add(request(12, next)).ok());
@@ -386,11 +384,7 @@ TEST_P(StateCheckpointTest, ASequenceKeepsTheCheckpointItWillStartFrom) {
 // the second, whose cached blocks end where the two part, leaves one there, and the third
 // resumes from it.
 TEST_P(StateCheckpointTest, ASharedPrefixGetsACheckpointWhereThePromptsPart) {
-  scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
-                                           SchedulerOptions{.max_batch_tokens = 64,
-                                                            .max_sequences = kSequenceSlots,
-                                                            .prefix_caching = true,
-                                                            .state_checkpoints = kCheckpoints});
+  reschedule(64, kCheckpoints);
   const std::vector<uint32_t> system = randomTokens(18);
   EXPECT_EQ(run({join(system, randomTokens(7))}, 0), std::vector<int64_t>{0});
   EXPECT_EQ(run({join(system, randomTokens(9))}, 1), std::vector<int64_t>{0});
@@ -401,11 +395,7 @@ TEST_P(StateCheckpointTest, ASharedPrefixGetsACheckpointWhereThePromptsPart) {
 // A decoding sequence keeps one checkpoint of its output, its latest: ten tokens cross the
 // boundaries at 16 and 20, and the second takes the first one's slot.
 TEST_P(StateCheckpointTest, DecodingKeepsItsLatestCheckpointOnly) {
-  scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
-                                           SchedulerOptions{.max_batch_tokens = 64,
-                                                            .max_sequences = kSequenceSlots,
-                                                            .prefix_caching = true,
-                                                            .state_checkpoints = kCheckpoints});
+  reschedule(64, kCheckpoints);
   const std::vector<uint32_t> first = randomTokens(13);
   EXPECT_EQ(run({first}, 0, 10), std::vector<int64_t>{0});
   EXPECT_EQ(scheduler_->stateCheckpoints(), 2);  // 12 (its prompt's) and 20 (its output's).
@@ -417,11 +407,7 @@ TEST_P(StateCheckpointTest, DecodingKeepsItsLatestCheckpointOnly) {
 // chunk leaves no checkpoint the second could start from, so the second does not wait a step
 // for it, and both have their first token after two steps (the last chunks stop at 20).
 TEST_P(StateCheckpointTest, APromptWaitsOnlyForACheckpointItCanUse) {
-  scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
-                                           SchedulerOptions{.max_batch_tokens = 64,
-                                                            .max_sequences = kSequenceSlots,
-                                                            .prefix_caching = true,
-                                                            .state_checkpoints = kCheckpoints});
+  reschedule(64, kCheckpoints);
   const std::vector<uint32_t> system = randomTokens(8);
   const std::vector<std::vector<uint32_t>> prompts = {join(system, randomTokens(13)),
                                                       join(system, randomTokens(15))};
@@ -447,11 +433,7 @@ TEST_P(StateCheckpointTest, APromptWaitsOnlyForACheckpointItCanUse) {
 // slots afterwards evicts it though the reservation is still held. Decoding in the
 // reservation, as a combined worker does, leaves the output's checkpoint for the next turn.
 TEST_P(StateCheckpointTest, AReservationsPinEndsAtItsPrefill) {
-  scheduler_ = std::make_unique<Scheduler>(*cached_, nullptr,
-                                           SchedulerOptions{.max_batch_tokens = 4,
-                                                            .max_sequences = kSequenceSlots,
-                                                            .prefix_caching = true,
-                                                            .state_checkpoints = 2});
+  reschedule(4, 2);
   const std::vector<uint32_t> kept = randomTokens(13);  // Checkpoints at 12 and 16.
   EXPECT_EQ(run({kept}, 0), std::vector<int64_t>{0});
   const std::vector<uint32_t> prompt = join(kept, randomTokens(6));
