@@ -287,6 +287,33 @@ class StateCheckpointTest : public ::testing::TestWithParam<int> {
     return hits;
   }
 
+  // Reserves the blocks of request `id` (its prompt and kNewTokens), given the prompt: how
+  // many came from the cache.
+  int64_t reserveWith(uint64_t id, const std::vector<uint32_t>& prompt) {
+    int64_t cached = -1;
+    const int64_t total = static_cast<int64_t>(prompt.size()) + kNewTokens;
+    EXPECT_TRUE(scheduler_->reserve(id, (total + 3) / 4, prompt, &cached).ok());
+    return cached;
+  }
+  // Prefills reserved request `id` (its first token's Output), then decodes it in the
+  // reservation, as a combined worker does; checks its tokens against the reference's and
+  // returns them.
+  std::vector<uint32_t> prefillThenDecode(uint64_t id, const std::vector<uint32_t>& prompt,
+                                          const std::function<void(const Output&)>& prefilled) {
+    EXPECT_TRUE(scheduler_->addPrefill(request(id, prompt)).ok());
+    const Output first = drain(*scheduler_)[id];
+    EXPECT_EQ(first.tokens.size(), 1u);
+    if (first.tokens.size() != 1) return {};
+    prefilled(first);
+    EXPECT_TRUE(scheduler_->startDecode(request(id, prompt), first.tokens[0]).ok());
+    std::vector<uint32_t> tokens = first.tokens;
+    const Output rest = drain(*scheduler_)[id];
+    tokens.insert(tokens.end(), rest.tokens.begin(), rest.tokens.end());
+    EXPECT_TRUE(reference_->add(request(id, prompt)).ok());
+    EXPECT_EQ(tokens, drain(*reference_)[id].tokens);
+    return tokens;
+  }
+
   std::mt19937 rng_{11};
   std::map<uint64_t, Output> last_;  // The last run()'s outputs on the cached scheduler.
   std::unique_ptr<TpGroup> cached_, plain_;
@@ -333,26 +360,13 @@ TEST_P(StateCheckpointTest, AReservationKeepsItsCheckpointWhileOthersGiveWay) {
   const std::vector<uint32_t> kept = randomTokens(13);  // Checkpoints at 4, 8 and 12.
   EXPECT_EQ(run({kept}, 0), std::vector<int64_t>{0});
   const std::vector<uint32_t> prompt = join(kept, randomTokens(6));
-  int64_t cached = -1;
-  const int64_t total = static_cast<int64_t>(prompt.size()) + kNewTokens;
-  ASSERT_TRUE(scheduler_->reserve(50, (total + 3) / 4, prompt, &cached).ok());
-  EXPECT_EQ(cached, 3);
+  EXPECT_EQ(reserveWith(50, prompt), 3);
   // Six checkpoints each (4, ..., 24): more than the five slots left.
   for (uint64_t id = 1; id <= 3; ++id) EXPECT_EQ(run({randomTokens(26)}, id)[0], 0);
   // 8 is gone: a prompt sharing 9 of `kept`'s tokens finds nothing.
   EXPECT_EQ(run({join(std::vector<uint32_t>(kept.begin(), kept.begin() + 9), randomTokens(4))}, 4),
             std::vector<int64_t>{0});
-  ASSERT_TRUE(scheduler_->addPrefill(request(50, prompt)).ok());
-  std::map<uint64_t, Output> first = drain(*scheduler_);
-  ASSERT_EQ(first[50].tokens.size(), 1u);
-  EXPECT_EQ(first[50].cached, 12);
-  ASSERT_TRUE(scheduler_->startDecode(request(50, prompt), first[50].tokens[0]).ok());
-  std::map<uint64_t, Output> rest = drain(*scheduler_);
-  ASSERT_TRUE(reference_->add(request(50, prompt)).ok());
-  const Output want = drain(*reference_)[50];
-  std::vector<uint32_t> tokens = first[50].tokens;
-  tokens.insert(tokens.end(), rest[50].tokens.begin(), rest[50].tokens.end());
-  EXPECT_EQ(tokens, want.tokens);
+  prefillThenDecode(50, prompt, [](const Output& first) { EXPECT_EQ(first.cached, 12); });
   EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
 }
 
@@ -437,22 +451,13 @@ TEST_P(StateCheckpointTest, AReservationsPinEndsAtItsPrefill) {
   const std::vector<uint32_t> kept = randomTokens(13);  // Checkpoints at 12 and 16.
   EXPECT_EQ(run({kept}, 0), std::vector<int64_t>{0});
   const std::vector<uint32_t> prompt = join(kept, randomTokens(6));
-  int64_t cached = -1;
-  const int64_t total = static_cast<int64_t>(prompt.size()) + kNewTokens;
-  ASSERT_TRUE(scheduler_->reserve(50, (total + 3) / 4, prompt, &cached).ok());
-  EXPECT_EQ(cached, 3);
-  ASSERT_TRUE(scheduler_->addPrefill(request(50, prompt)).ok());
-  std::map<uint64_t, Output> first = drain(*scheduler_);
-  ASSERT_EQ(first[50].tokens.size(), 1u);
-  EXPECT_EQ(first[50].cached, 12);
-  EXPECT_EQ(run({randomTokens(20)}, 51), std::vector<int64_t>{0});
-  EXPECT_EQ(run({join(kept, randomTokens(5))}, 52), std::vector<int64_t>{0});  // 12 is gone.
-  ASSERT_TRUE(scheduler_->startDecode(request(50, prompt), first[50].tokens[0]).ok());
-  std::vector<uint32_t> tokens = first[50].tokens;
-  std::map<uint64_t, Output> rest = drain(*scheduler_);
-  tokens.insert(tokens.end(), rest[50].tokens.begin(), rest[50].tokens.end());
-  ASSERT_TRUE(reference_->add(request(50, prompt)).ok());
-  EXPECT_EQ(tokens, drain(*reference_)[50].tokens);
+  EXPECT_EQ(reserveWith(50, prompt), 3);
+  const std::vector<uint32_t> tokens = prefillThenDecode(50, prompt, [&](const Output& first) {
+    EXPECT_EQ(first.cached, 12);
+    // Between the prefill and the decode, the reservation held.
+    EXPECT_EQ(run({randomTokens(20)}, 51), std::vector<int64_t>{0});
+    EXPECT_EQ(run({join(kept, randomTokens(5))}, 52), std::vector<int64_t>{0});  // 12 is gone.
+  });
   EXPECT_EQ(run({join(join(prompt, tokens), randomTokens(3))}, 53), std::vector<int64_t>{20});
   EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
 }
