@@ -462,6 +462,25 @@ TEST_P(StateCheckpointTest, AReservationsPinEndsAtItsPrefill) {
   EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
 }
 
+// A prompt's last chunk stops early at its last block boundary only to leave a checkpoint
+// there: with the one checkpoint slot held by a reservation, a 13-token prompt is computed in
+// one chunk and samples its first token in its first step.
+TEST_P(StateCheckpointTest, TheLastChunkStopsEarlyOnlyToLeaveACheckpoint) {
+  reschedule(64, 1);
+  const std::vector<uint32_t> kept = randomTokens(13);
+  EXPECT_EQ(run({kept}, 0), std::vector<int64_t>{0});  // Leaves its output's, at 16.
+  const std::vector<uint32_t> turn = join(join(kept, last_[0].tokens), randomTokens(2));
+  EXPECT_EQ(reserveWith(50, turn), 4);  // It holds the checkpoint at 16.
+  ASSERT_TRUE(scheduler_->add(request(1, randomTokens(13))).ok());
+  auto events = scheduler_->step();
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].id, 1u);
+  drain(*scheduler_);
+  EXPECT_EQ(scheduler_->release(50), (static_cast<int64_t>(turn.size()) + kNewTokens + 3) / 4);
+  EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, StateCheckpointTest, ::testing::Values(1, 2));
 
 // A model that takes at most two sequences a step (a GPU model's batch): the other prefills
