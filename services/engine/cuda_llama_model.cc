@@ -1693,6 +1693,12 @@ absl::StatusOr<StepOutput> CudaLlamaModel::forwardAndDraw(std::span<const Sequen
   const int64_t bs = s.options.block_size;
   CLEAVE_RETURN_IF_ERROR(validateBatch(batch, static_cast<uint32_t>(s.vocab), bs, s.kv_blocks,
                                        s.lin ? s.state_slots : 0));
+  for (const SequenceChunk& chunk : batch) {
+    if (!chunk.row_states.empty())
+      return absl::UnimplementedError(
+          "the CUDA backend keeps no state after a chunk's rows (SequenceChunk::row_states): "
+          "drafts of a linear-attention model are verified on the CPU backend only");
+  }
   if (logitRows(batch) > s.L())
     return absl::InvalidArgumentError(absl::StrCat("a step asks for ", logitRows(batch),
                                                    " rows of logits, past the model's ", s.L(),

@@ -115,36 +115,42 @@ void GatedDeltaNet::ungroup(int64_t rows, bool qkvz, bool ba) {
   });
 }
 
-void GatedDeltaNet::convolve(const GatedDeltaNetWeights& w, float* rows, int64_t tokens,
-                             float* state) {
+void GatedDeltaNet::convolve(const GatedDeltaNetWeights& w, float* rows,
+                             const LinearStateRun& run) {
   const int64_t taps = c_.conv_kernel;
   const int64_t history = taps - 1;
   pool_.parallelFor(channels_, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> window(taps);  // The inputs the next output reads, oldest first.
     for (int64_t ch = begin; ch < end; ++ch) {
-      float* kept = state + convOffset(ch);  // Its inputs, a row of group_channels_ apart.
+      const int64_t at = convOffset(ch);  // Its inputs, a row of group_channels_ apart.
+      float* kept = run.state + at;
       for (int64_t j = 0; j < history; ++j) window[j] = kept[j * group_channels_];
       const float* weight = w.conv.data() + ch * taps;
-      for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t t = 0; t < run.tokens; ++t) {
         float* x = rows + t * channels_ + ch;
         window[history] = *x;
         float sum = 0;
         for (int64_t j = 0; j < taps; ++j) sum += weight[j] * window[j];
         *x = sum * sigmoid(sum);  // SiLU
         for (int64_t j = 0; j < history; ++j) window[j] = window[j + 1];
+        if (t < static_cast<int64_t>(run.after_rows.size()) && run.after_rows[t]) {
+          for (int64_t j = 0; j < history; ++j)
+            run.after_rows[t][at + j * group_channels_] = window[j];
+        }
       }
       for (int64_t j = 0; j < history; ++j) kept[j * group_channels_] = window[j];
     }
   });
 }
 
-void GatedDeltaNet::recur(const GatedDeltaNetWeights& w, int64_t row, int64_t tokens, int64_t h,
-                          float* s) {
+void GatedDeltaNet::recur(const GatedDeltaNetWeights& w, int64_t row, const LinearStateRun& run,
+                          int64_t h, int64_t offset) {
   const int64_t dk = c_.key_head_dim, dv = c_.value_head_dim;
   const int64_t kh = keyHeadOf(h);
   const float a_rate = w.a_rate[h];
+  float* s = run.state + offset;
   std::vector<float> kv(dv);
-  for (int64_t t = row; t < row + tokens; ++t) {
+  for (int64_t t = row; t < row + run.tokens; ++t) {
     const float* q = mixed_.data() + t * channels_ + kh * dk;
     const float* k = q + kd_;
     const float* v = mixed_.data() + t * channels_ + 2 * kd_ + h * dv;
@@ -165,6 +171,8 @@ void GatedDeltaNet::recur(const GatedDeltaNetWeights& w, int64_t row, int64_t to
       cpu::axpy(k[i], kv.data(), si, dv);
       cpu::axpy(q[i], si, o, dv);
     }
+    if (t - row < static_cast<int64_t>(run.after_rows.size()) && run.after_rows[t - row])
+      std::memcpy(run.after_rows[t - row] + offset, s, dk * dv * sizeof(float));
   }
 }
 
@@ -201,7 +209,7 @@ void GatedDeltaNet::forward(const GatedDeltaNetWeights& w, const float* x,
   int64_t row = 0;
   for (const LinearStateRun& run : runs) {
     if (run.reset) std::memset(run.state, 0, key_heads_ * group_floats_ * sizeof(float));
-    convolve(w, mixed_.data() + row * channels_, run.tokens, run.state);
+    convolve(w, mixed_.data() + row * channels_, run);
     row += run.tokens;
   }
   // Queries and keys L2-normed per head, the queries also scaled by 1/√key_head_dim.
@@ -221,16 +229,15 @@ void GatedDeltaNet::forward(const GatedDeltaNetWeights& w, const float* x,
     starts.emplace_back(row, &run);
     row += run.tokens;
   }
-  pool_.parallelFor(static_cast<int64_t>(starts.size()) * value_heads_, 1,
-                    [&](int64_t begin, int64_t end) {
-                      for (int64_t job = begin; job < end; ++job) {
-                        const auto& [first, run] = starts[job / value_heads_];
-                        const int64_t h = job % value_heads_;
-                        float* s = run->state + keyHeadOf(h) * group_floats_ + conv_floats +
-                                   indexInGroup(h) * head_floats;
-                        recur(w, first, run->tokens, h, s);
-                      }
-                    });
+  pool_.parallelFor(
+      static_cast<int64_t>(starts.size()) * value_heads_, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t job = begin; job < end; ++job) {
+          const auto& [first, run] = starts[job / value_heads_];
+          const int64_t h = job % value_heads_;
+          recur(w, first, *run, h,
+                keyHeadOf(h) * group_floats_ + conv_floats + indexInGroup(h) * head_floats);
+        }
+      });
   // Each head's output RMS-normed with the shared weights, times SiLU(z).
   const int64_t dv = c_.value_head_dim;
   pool_.parallelFor(rows, 1, [&](int64_t begin, int64_t end) {

@@ -59,10 +59,13 @@ int64_t linearStateFloats(const model::ModelConfig& config, const ShardDims& dim
 
 // One sequence's rows of a step: `tokens` consecutive rows, its layer state at `state`
 // (stateFloats floats), zeroed first when `reset` (the chunk starts the sequence).
+// after_rows[i], where given and not null: another layer state (of the same size) that
+// receives the state after row i as well (SequenceChunk::row_states).
 struct LinearStateRun {
   int64_t tokens = 0;
   bool reset = false;
   float* state = nullptr;
+  std::span<float* const> after_rows;
 };
 
 class GatedDeltaNet {
@@ -78,8 +81,8 @@ class GatedDeltaNet {
  private:
   void ensureScratch(int64_t rows);
   // Convolution and SiLU of one run's rows of mixed_ (channels wide) in place, from and into
-  // the conv rows of its layer state `state`.
-  void convolve(const GatedDeltaNetWeights& w, float* rows, int64_t tokens, float* state);
+  // the conv rows of its layer state (and of after_rows' after each row).
+  void convolve(const GatedDeltaNetWeights& w, float* rows, const LinearStateRun& run);
   // Where channel `ch` of mixed_ keeps its inputs in a layer state: its group's conv rows,
   // at this offset from the group's start (one row of group_channels_ per input).
   int64_t convOffset(int64_t ch) const;
@@ -87,8 +90,10 @@ class GatedDeltaNet {
   // (LinearAttentionConfig::tiled_value_heads says how they are ordered).
   int64_t keyHeadOf(int64_t h) const;
   int64_t indexInGroup(int64_t h) const;
-  // The delta rule over one run's rows for value head `h`: o_ rows of that head.
-  void recur(const GatedDeltaNetWeights& w, int64_t row, int64_t tokens, int64_t h, float* s);
+  // The delta rule over one run's rows (from mixed_ row `row`) for value head `h`, whose S
+  // is at `offset` in a layer state: o_ rows of that head.
+  void recur(const GatedDeltaNetWeights& w, int64_t row, const LinearStateRun& run, int64_t h,
+             int64_t offset);
 
   const model::LinearAttentionConfig& c_;
   const int64_t hidden_;

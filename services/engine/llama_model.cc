@@ -1,5 +1,6 @@
 #include "services/engine/llama_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -64,11 +65,21 @@ absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_
       }
     }
     if (state_slots == 0) {
-      if (chunk.state_from >= 0 || chunk.state_to >= 0)
-        return absl::InvalidArgumentError(
-            absl::StrCat("sequence ", s,
-                         " names a state checkpoint; the model keeps no linear-attention state"));
+      if (chunk.state_from >= 0 || chunk.state_to >= 0 || !chunk.row_states.empty())
+        return absl::InvalidArgumentError(absl::StrCat(
+            "sequence ", s,
+            " names a state checkpoint or row state; the model keeps no linear-attention state"));
       continue;
+    }
+    if (chunk.row_states.size() >= chunk.tokens.size())
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence ", s, " keeps the state after ", chunk.row_states.size(),
+                       " rows of its ", chunk.tokens.size(), " (at most all but the last)"));
+    for (int32_t slot : chunk.row_states) {
+      if (slot < -1 || slot >= state_slots)
+        return absl::InvalidArgumentError(absl::StrCat("sequence ", s, ": row state ", slot,
+                                                       " is outside the cache's ", state_slots,
+                                                       " state slots"));
     }
     if (chunk.state < 0 || chunk.state >= state_slots) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -104,6 +115,16 @@ absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_
         return absl::InvalidArgumentError(
             absl::StrCat("sequence ", s, "'s state checkpoint slot (from ", a.state_from, ", to ",
                          a.state_to, ") is one sequence ", other, " uses too"));
+      }
+      // A row state is written: no other slot of the batch may be it.
+      for (size_t i = 0; i < a.row_states.size(); ++i) {
+        const int32_t slot = a.row_states[i];
+        if (slot < 0) continue;
+        const bool twice = std::find(b.row_states.begin() + (other == s ? i + 1 : 0),
+                                     b.row_states.end(), slot) != b.row_states.end();
+        if (twice || slot == b.state || slot == b.state_from || slot == b.state_to)
+          return absl::InvalidArgumentError(absl::StrCat("sequence ", s, "'s row state slot ", slot,
+                                                         " is one sequence ", other, " uses too"));
       }
     }
   }
@@ -497,10 +518,18 @@ absl::StatusOr<std::span<const float>> LlamaModel::forward(std::span<const Seque
       const int64_t layer_floats = state_floats / c.linearLayers();
       const int64_t offset = c.linearLayer(static_cast<uint32_t>(l)) * layer_floats;
       linear_runs_.clear();
+      linear_after_.clear();
+      for (const SequenceChunk& chunk : batch) {
+        for (int32_t slot : chunk.row_states)
+          linear_after_.push_back(slot >= 0 ? cache.state(slot) + offset : nullptr);
+      }
+      float* const* after = linear_after_.data();
       for (const SequenceChunk& chunk : batch) {
         linear_runs_.push_back({.tokens = static_cast<int64_t>(chunk.tokens.size()),
                                 .reset = chunk.start == 0,
-                                .state = cache.state(chunk.state) + offset});
+                                .state = cache.state(chunk.state) + offset,
+                                .after_rows = {after, chunk.row_states.size()}});
+        after += chunk.row_states.size();
       }
       linear_->forward(*layer.linear, h_.data(), linear_runs_, mixer_.data());
       std::swap(h_, mixer_);

@@ -51,6 +51,12 @@ struct SequenceChunk {
   // state_to. -1: none.
   int32_t state_from = -1;
   int32_t state_to = -1;
+  // Drafts verified on such a model (speculative decoding): row_states[i] >= 0 receives the
+  // state after row i as well (i < tokens.size() - 1; -1: not kept), so that a sequence whose
+  // drafts are rejected from row i + 1 on continues from the state after the last row it
+  // keeps. Slots no other chunk of the batch names, nor this chunk elsewhere. Backends that
+  // keep them say so (StepBackend::rowStates).
+  std::span<const int32_t> row_states;
 };
 
 // Rows of logits a batch returns: its chunks' `logits`, summed.
@@ -62,9 +68,9 @@ void copyStateCheckpoints(std::span<const SequenceChunk> batch, KvStorage& cache
 
 // OK when every chunk has tokens inside the vocabulary, 1 <= logits <= its tokens, a block
 // table covering its positions with ids in [0, total_blocks), and (when state_slots > 0) a
-// state slot in [0, state_slots) no other chunk of the batch names, with state_from and
-// state_to as SequenceChunk says (without state slots, both -1); InvalidArgument naming
-// the sequence otherwise.
+// state slot in [0, state_slots) no other chunk of the batch names, with state_from,
+// state_to and row_states as SequenceChunk says (without state slots, none of them);
+// InvalidArgument naming the sequence otherwise.
 // Every backend's forward() checks its batch with it before touching anything.
 absl::Status validateBatch(std::span<const SequenceChunk> batch, uint32_t vocab_size,
                            int64_t block_size, int64_t total_blocks, int64_t state_slots = 0);
@@ -146,6 +152,7 @@ class LlamaModel {
   std::optional<MlaAttention> mla_;
   std::optional<GatedDeltaNet> linear_;
   std::vector<LinearStateRun> linear_runs_;  // The step's, for one layer at a time.
+  std::vector<float*> linear_after_;         // Their after_rows, run after run.
   std::vector<std::shared_ptr<const LoraAdapter>> adapters_;
   std::span<const SequenceChunk> batch_;  // The step's, while forward() runs.
   bool lora_step_ = false;                // Some chunk of the step has an adapter.

@@ -471,42 +471,69 @@ TEST(BatchingTest, BatchedChunkedAndSingleRunsAgree) {
 
 // An FP8 checkpoint whose config.json lost its quantization_config, or whose scales are
 // missing, is refused with the file's field or the tensor named.
+// Qwen3.5's golden model (linear-attention layers) and transformers' logits for its prompts.
+class LinearAttentionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/qwen3_5_f32";
+    std::ifstream in(folder + "/logits.json");
+    ASSERT_TRUE(in.good()) << folder;
+    golden_ = nlohmann::json::parse(in);
+    auto weights = loadLlama(folder);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    weights_ = std::move(*weights);
+    tolerance_ = golden_["tolerance"]["max_rel"].get<double>();
+  }
+  // A cache of `blocks` blocks of 4 positions and `slots` state slots, the slots NaN.
+  KvStorage poisonedCache(int64_t blocks, int64_t slots) const {
+    const LlamaWeights& w = *weights_;
+    KvStorage cache({.num_layers = w.config.kvLayers(),
+                     .kv_heads = w.dims.kv_heads.size,
+                     .head_dim = w.config.head_dim,
+                     .block_size = 4,
+                     .num_blocks = blocks,
+                     .state_slots = slots,
+                     .state_floats = linearStateFloats(w.config, w.dims)});
+    std::fill_n(cache.state(0), slots * cache.options().state_floats, std::nanf(""));
+    return cache;
+  }
+  // Golden prompt `i`'s token ids, and transformers' logits after each of them.
+  std::vector<uint32_t> ids(size_t i) const {
+    return golden_["prompts"][i]["ids"].get<std::vector<uint32_t>>();
+  }
+  std::vector<float> logits(size_t i) const {
+    std::string raw;
+    EXPECT_TRUE(absl::Base64Unescape(golden_["prompts"][i]["logits_b64"].get<std::string>(), &raw));
+    std::vector<float> want(raw.size() / sizeof(float));
+    std::memcpy(want.data(), raw.data(), raw.size());
+    return want;
+  }
+
+  nlohmann::json golden_;
+  std::unique_ptr<LlamaWeights> weights_;
+  double tolerance_ = 0;
+  cpu::ThreadPool pool_{2};
+};
+
 // Qwen3.5's linear-attention layers keep each sequence's state in the slot its chunks name: the
 // three golden prompts run together in chunks of 1-4 tokens a step (each state carried from
 // chunk to chunk), every row's logits asked for, give transformers' logits at every position.
 // The slots start poisoned with NaN (a chunk at position 0 must reset its slot), and a second
 // round reuses them in another order (left holding the first round's states).
-TEST(LinearAttentionTest, BatchedChunksKeepEachSequencesState) {
-  const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/qwen3_5_f32";
-  std::ifstream in(folder + "/logits.json");
-  ASSERT_TRUE(in.good()) << folder;
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  auto weights = loadLlama(folder);
-  ASSERT_TRUE(weights.ok()) << weights.status();
-  const LlamaWeights& w = **weights;
+TEST_F(LinearAttentionTest, BatchedChunksKeepEachSequencesState) {
+  const LlamaWeights& w = *weights_;
   const int64_t vocab = w.config.vocab_size;
-  const double tolerance = golden["tolerance"]["max_rel"].get<double>();
-  cpu::ThreadPool pool(2);
-  LlamaModel model(w, pool);
+  const double tolerance = tolerance_;
+  LlamaModel model(w, pool_);
   constexpr int64_t kBlocksPerSequence = 8;  // 32 positions of 4.
-  KvStorage cache({.num_layers = w.config.kvLayers(),
-                   .kv_heads = w.dims.kv_heads.size,
-                   .head_dim = w.config.head_dim,
-                   .block_size = 4,
-                   .num_blocks = 3 * kBlocksPerSequence,
-                   .state_slots = 5,
-                   .state_floats = linearStateFloats(w.config, w.dims)});
+  KvStorage cache = poisonedCache(3 * kBlocksPerSequence, 5);
   ASSERT_EQ(cache.stateSlots(), 5);
-  std::fill(cache.state(0), cache.state(0) + 5 * cache.options().state_floats, std::nanf(""));
   std::vector<std::vector<uint32_t>> ids;
   std::vector<std::vector<float>> want;
   std::vector<std::vector<int32_t>> tables;
-  for (const auto& prompt : golden["prompts"]) {
-    ids.push_back(prompt["ids"].get<std::vector<uint32_t>>());
-    std::string raw;
-    ASSERT_TRUE(absl::Base64Unescape(prompt["logits_b64"].get<std::string>(), &raw));
-    want.emplace_back(raw.size() / sizeof(float));
-    std::memcpy(want.back().data(), raw.data(), raw.size());
+  for (size_t i = 0; i < golden_["prompts"].size(); ++i) {
+    ids.push_back(this->ids(i));
+    want.push_back(logits(i));
     tables.emplace_back();
     for (int64_t b = 0; b < kBlocksPerSequence; ++b)
       tables.back().push_back(static_cast<int32_t>(tables.size() - 1) * kBlocksPerSequence + b);
@@ -613,9 +640,84 @@ TEST(LinearAttentionTest, BatchedChunksKeepEachSequencesState) {
   EXPECT_THAT(model.forward(head, cache).status().message(), HasSubstr("state checkpoint slot"));
 }
 
+// Drafts verified on Qwen3.5: a chunk keeps the state after each of its rows but the last in
+// the slots row_states names (NaN before), and a sequence continuing from any of them, in a
+// slot of its own poisoned first, gets transformers' logits as if the chunk had ended at that
+// row. Row states the batch names twice, or past the chunk, are refused.
+TEST_F(LinearAttentionTest, RowStatesResumeAfterEachRow) {
+  const LlamaWeights& w = *weights_;
+  const int64_t vocab = w.config.vocab_size;
+  const double tolerance = tolerance_;
+  LlamaModel model(w, pool_);
+  KvStorage cache = poisonedCache(8, 8);
+  const int64_t floats = cache.options().state_floats;
+  const std::vector<uint32_t> ids = this->ids(2);
+  const std::vector<float> want = logits(2);
+  const std::vector<int32_t> table = {0, 1, 2, 3, 4, 5, 6, 7};
+  auto worstError = [&](std::span<const float> got, int64_t first, int64_t rows) {
+    double worst = 0;
+    for (int64_t t = 0; t < rows; ++t) {
+      const float* expect = want.data() + (first + t) * vocab;
+      double peak = 0, err = 0;
+      for (int64_t v = 0; v < vocab; ++v) {
+        peak = std::max(peak, std::fabs(double(expect[v])));
+        err = std::max(err, std::fabs(double(got[t * vocab + v]) - expect[v]));
+      }
+      if (std::isnan(err)) return err;
+      worst = std::max(worst, err / peak);
+    }
+    return worst;
+  };
+  constexpr int64_t kPrefix = 3, kRows = 5;
+  ASSERT_GE(static_cast<int64_t>(ids.size()), kPrefix + kRows + 1);
+  std::vector<SequenceChunk> head = {
+      {.tokens = std::span<const uint32_t>(ids).first(kPrefix), .blocks = table, .state = 0}};
+  ASSERT_TRUE(model.forward(head, cache).ok());
+  const std::vector<int32_t> row_states = {4, 5, -1, 6};  // After rows 0, 1 and 3.
+  std::vector<SequenceChunk> drafts = {
+      {.tokens = std::span<const uint32_t>(ids).subspan(kPrefix, kRows),
+       .start = kPrefix,
+       .blocks = table,
+       .logits = kRows,
+       .state = 0,
+       .row_states = row_states}};
+  auto verified = model.forward(drafts, cache);
+  ASSERT_TRUE(verified.ok()) << verified.status();
+  EXPECT_LE(worstError(*verified, kPrefix, kRows), tolerance);
+  for (size_t i = 0; i < row_states.size(); ++i) {
+    if (row_states[i] < 0) continue;
+    std::fill_n(cache.state(1), floats, std::nanf(""));
+    const int64_t at = kPrefix + static_cast<int64_t>(i) + 1;
+    std::vector<SequenceChunk> next = {{.tokens = std::span<const uint32_t>(ids).subspan(at, 1),
+                                        .start = at,
+                                        .blocks = table,
+                                        .state = 1,
+                                        .state_from = row_states[i]}};
+    auto resumed = model.forward(next, cache);
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    EXPECT_LE(worstError(*resumed, at, 1), tolerance) << "after row " << i;
+  }
+  EXPECT_TRUE(std::isnan(cache.state(7)[0]));  // Named by no chunk.
+  // Refused: as many row states as rows, one outside the cache, the chunk's own slot, and
+  // one slot named twice.
+  const std::vector<int32_t> too_many = {4, 5, -1, 6, 7};
+  drafts[0].row_states = too_many;
+  EXPECT_THAT(model.forward(drafts, cache).status().message(),
+              HasSubstr("at most all but the last"));
+  const std::vector<int32_t> outside = {4, 8};
+  drafts[0].row_states = outside;
+  EXPECT_THAT(model.forward(drafts, cache).status().message(), HasSubstr("row state 8"));
+  const std::vector<int32_t> own = {4, 0};
+  drafts[0].row_states = own;
+  EXPECT_THAT(model.forward(drafts, cache).status().message(), HasSubstr("row state slot 0"));
+  const std::vector<int32_t> twice = {4, 5, 4};
+  drafts[0].row_states = twice;
+  EXPECT_THAT(model.forward(drafts, cache).status().message(), HasSubstr("row state slot 4"));
+}
+
 // llama.cpp's Qwen3.5 files tile the value heads over the key heads: no rank could hold a run
 // of them, so more than one rank is refused, naming what runs instead.
-TEST(LinearAttentionTest, AGgufFileWithTiledValueHeadsRunsOnOneRank) {
+TEST_F(LinearAttentionTest, AGgufFileWithTiledValueHeadsRunsOnOneRank) {
   const std::string path = std::string(CLEAVE_GOLDEN_DIR) + "/engine/gguf/qwen3_5_f32.gguf";
   auto split = loadLlama(path, {.rank = 1, .size = 2});
   EXPECT_EQ(split.status().code(), absl::StatusCode::kUnimplemented) << split.status();

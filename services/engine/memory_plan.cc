@@ -78,10 +78,11 @@ std::string MemoryPlan::table() const {
                   absl::StrFormat("  %-22s %14s  (%lld blocks of %s)\n", "KV pool", mib(kv_pool),
                                   static_cast<long long>(kv_blocks), mib(kv_block_bytes)));
   if (state_slots > 0) {
-    absl::StrAppend(&t, absl::StrFormat("  %-22s %14s  (%lld slots, %lld of them checkpoints)\n",
-                                        "linear-attention state", mib(state_bytes),
-                                        static_cast<long long>(state_slots),
-                                        static_cast<long long>(state_checkpoints)));
+    absl::StrAppend(
+        &t, absl::StrFormat(
+                "  %-22s %14s  (%lld slots: %lld checkpoints, %lld for drafts)\n",
+                "linear-attention state", mib(state_bytes), static_cast<long long>(state_slots),
+                static_cast<long long>(state_checkpoints), static_cast<long long>(state_drafts)));
   }
   absl::StrAppend(&t, absl::StrFormat("  %-22s %14lld\n", "sequences at plan",
                                       static_cast<long long>(sequences_at_planned_len)));
@@ -107,7 +108,8 @@ absl::StatusOr<MemoryPlan> planMemory(const model::ModelConfig& c, const MemoryP
     // The router admits up to twice a worker's target (a batch prefilled ahead), each
     // reservation holding its slot from Reserve to Release.
     plan.state_checkpoints = std::max<int64_t>(in.state_checkpoints, 0);
-    plan.state_slots = 2 * in.target_concurrency + plan.state_checkpoints;
+    plan.state_drafts = std::max<int64_t>(in.state_drafts, 0);
+    plan.state_slots = 2 * in.target_concurrency + plan.state_checkpoints + plan.state_drafts;
     plan.state_bytes = plan.state_slots * linearStateFloats(c, *dims) * 4;
   }
   const int64_t blocks_per_sequence = (in.planned_seq_len + in.block_size - 1) / in.block_size;

@@ -50,6 +50,8 @@ struct MemoryPlanInput {
   // A model with linear-attention layers: state slots kept for prefix caching's checkpoints
   // (SchedulerOptions::state_checkpoints), beyond the sequences'.
   int64_t state_checkpoints = 0;
+  // And slots keeping the state after each verified draft (SchedulerOptions::draft_states).
+  int64_t state_drafts = 0;
   // As a backend counted them (BackendMemory), for a pool that lives with it; 0: the CPU
   // model's, estimated from the shapes (workspace) and computed (block bytes).
   int64_t workspace_bytes = 0;
@@ -63,10 +65,11 @@ struct MemoryPlan {
   int64_t kv_pool = 0;
   int64_t kv_block_bytes = 0;  // One block of one rank, all layers, keys + values.
   // Linear-attention models: two state slots per target sequence (the router admits twice
-  // the target; TpGroup::allocateKv's state_slots) and the input's state_checkpoints, set
-  // aside before the KV pool; 0 for other models.
+  // the target; TpGroup::allocateKv's state_slots), the input's state_checkpoints and
+  // state_drafts, set aside before the KV pool; 0 for other models.
   int64_t state_slots = 0;
   int64_t state_checkpoints = 0;  // Of state_slots.
+  int64_t state_drafts = 0;       // Of state_slots.
   int64_t state_bytes = 0;
   int64_t kv_blocks = 0;
   int64_t sequences_at_planned_len = 0;  // How many planned-length sequences the pool holds.

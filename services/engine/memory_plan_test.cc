@@ -117,8 +117,8 @@ TEST(MemoryPlanTest, BackendsCountTheirOwnBytesAndFillTheTightestDevice) {
 }
 
 // A model with linear-attention layers: two state slots per target sequence and the
-// prefix cache's checkpoints, each a sequence's state of every linear layer, come out of the
-// budget before the KV pool.
+// prefix cache's checkpoints and the drafts' row states, each a sequence's state of every
+// linear layer, come out of the budget before the KV pool.
 TEST(MemoryPlanTest, StateSlotsAndCheckpointsComeBeforeTheKvPool) {
   model::ModelConfig c = smolLm2();
   c.linear_attention = model::LinearAttentionConfig{
@@ -128,26 +128,28 @@ TEST(MemoryPlanTest, StateSlotsAndCheckpointsComeBeforeTheKvPool) {
   // Per linear layer and key head: 3 conv rows of 2·32 + 2·48 channels, 2 states of 32 x 48.
   const int64_t slot_bytes =
       int64_t{4} * c.linearLayers() * 3 * (3 * (2 * 32 + 2 * 48) + 2 * 32 * 48);
-  auto plan = [&](int64_t checkpoints) {
+  auto plan = [&](int64_t checkpoints, int64_t drafts) {
     auto p = planMemory(c, {.budget_bytes = int64_t{1} << 30,
                             .weight_bytes = 100 << 20,
                             .target_concurrency = 8,
                             .planned_seq_len = 1024,
-                            .state_checkpoints = checkpoints});
+                            .state_checkpoints = checkpoints,
+                            .state_drafts = drafts});
     EXPECT_TRUE(p.ok()) << p.status();
     return *p;
   };
-  const MemoryPlan without = plan(0), with = plan(5);
+  const MemoryPlan without = plan(0, 0), with = plan(5, 3);
   EXPECT_EQ(without.state_slots, 16);
-  EXPECT_EQ(with.state_slots, 21);
+  EXPECT_EQ(with.state_slots, 24);
   EXPECT_EQ(with.state_checkpoints, 5);
+  EXPECT_EQ(with.state_drafts, 3);
   EXPECT_EQ(without.state_bytes, 16 * slot_bytes);
-  EXPECT_EQ(with.state_bytes, 21 * slot_bytes);
+  EXPECT_EQ(with.state_bytes, 24 * slot_bytes);
   EXPECT_LT(with.kv_blocks, without.kv_blocks);
   EXPECT_LE(with.weights + with.workspace + with.state_bytes + with.kv_pool, with.budget);
   EXPECT_GT(with.weights + with.workspace + with.state_bytes + with.kv_pool + with.kv_block_bytes,
             with.budget);
-  EXPECT_THAT(with.table(), HasSubstr("21 slots, 5 of them checkpoints"));
+  EXPECT_THAT(with.table(), HasSubstr("24 slots: 5 checkpoints, 3 for drafts"));
 }
 
 TEST(MemoryPlanTest, APoolHasAtMostTheBlocksItsIdsCanName) {

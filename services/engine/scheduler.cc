@@ -4,6 +4,7 @@
 #include <limits>
 #include <unordered_set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -21,22 +22,29 @@ Scheduler::Scheduler(TpGroup& model, const tokenizer::Tokenizer* tokenizer,
   if (model.config().linear_attention) {
     // A linear-attention layer's state covers a whole prefix and cannot step back: no KV
     // block alone resumes a sequence (a cached prefix ends at a checkpoint of the state),
-    // and rejected drafts would stay in it.
-    if (options_.speculative.tokens > 0) {
-      CLEAVE_LOG(WARNING) << "speculative decoding is off: the model's linear-attention state "
-                             "cannot take back rejected drafts";
-    }
-    options_.speculative.tokens = 0;
+    // and a draft rejected is taken back by the state kept after the row before it.
     const int64_t slots = model.stateSlots();
     const int64_t checkpoints =
         options_.prefix_caching
             ? std::clamp<int64_t>(options_.state_checkpoints, 0, std::max<int64_t>(slots - 1, 0))
             : 0;
     options_.prefix_caching = checkpoints > 0;
-    sequence_states_ = slots - checkpoints;
+    const int64_t drafts =
+        options_.speculative.tokens > 0 && model.rowStates()
+            ? std::clamp<int64_t>(options_.draft_states, 0, slots - 1 - checkpoints)
+            : 0;
+    if (options_.speculative.tokens > 0 && drafts == 0) {
+      CLEAVE_LOG(WARNING) << "speculative decoding is off: the model's linear-attention state "
+                          << (model.rowStates() ? "has no slots for its drafts' rows"
+                                                : "cannot be kept after each row by this backend");
+      options_.speculative.tokens = 0;
+    }
+    sequence_states_ = slots - checkpoints - drafts;
     for (int64_t slot = sequence_states_ - 1; slot >= 0; --slot)
       free_states_.push_back(static_cast<int32_t>(slot));
-    for (int64_t slot = slots - 1; slot >= sequence_states_; --slot)
+    for (int64_t slot = sequence_states_ + drafts - 1; slot >= sequence_states_; --slot)
+      free_drafts_.push_back(static_cast<int32_t>(slot));
+    for (int64_t slot = slots - 1; slot >= sequence_states_ + drafts; --slot)
       free_checkpoints_.push_back(static_cast<int32_t>(slot));
   }
 }
@@ -697,9 +705,17 @@ void Scheduler::draft(std::span<Sequence* const> members, std::span<SequenceChun
     // Every draft accepted and the token after them stay within max_new_tokens and the
     // sequence's blocks.
     if (seq.draft_limit == 0) seq.draft_limit = options_.speculative.tokens;
-    const int64_t room =
+    int64_t room =
         std::min({seq.draft_limit, budget, seq.request.stop.max_new_tokens - seq.generated() - 1,
                   static_cast<int64_t>(seq.blocks.size()) * bs - seq.cached - 1});
+    if (checkpointed()) {
+      // A row state a draft, while slots are free. A token completing a block leaves a
+      // checkpoint of the state after the step (state_to), right only if no row of it is
+      // rejected: that token goes alone, and drafts stop short of it.
+      room = std::min(room, static_cast<int64_t>(free_drafts_.size()));
+      if (options_.prefix_caching)
+        room = seq.save_slot >= 0 ? 0 : std::min(room, bs - 2 - seq.cached % bs);
+    }
     if (room <= 0) continue;
     proposeNgram(seq.tokens, options_.speculative.ngram, room, drafts_);
     if (drafts_.empty()) continue;
@@ -707,6 +723,12 @@ void Scheduler::draft(std::span<Sequence* const> members, std::span<SequenceChun
     seq.verify.insert(seq.verify.end(), drafts_.begin(), drafts_.end());
     batch[i].tokens = seq.verify;
     batch[i].logits = static_cast<int64_t>(seq.verify.size());
+    if (checkpointed()) {
+      seq.row_states.assign(free_drafts_.end() - static_cast<int64_t>(drafts_.size()),
+                            free_drafts_.end());
+      free_drafts_.resize(free_drafts_.size() - drafts_.size());
+      batch[i].row_states = seq.row_states;
+    }
     budget -= static_cast<int64_t>(drafts_.size());
     drafted_tokens_ += static_cast<int64_t>(drafts_.size());
   }
@@ -790,9 +812,19 @@ void Scheduler::verify(Sequence& seq, const SequenceChunk& chunk, std::span<cons
                         ? std::min(options_.speculative.tokens, 2 * seq.draft_limit)
                         : accepted + 1;
   // The KV of the chunk's first `rows` tokens is the sequence's; the rest is overwritten
-  // from there on.
+  // from there on. So is its state.
   seq.cached = chunk.start + rows;
+  keepRowState(seq, rows);
   publishFull(seq);
+}
+
+void Scheduler::keepRowState(Sequence& seq, int64_t rows) {
+  if (rows > 0 && rows <= static_cast<int64_t>(seq.row_states.size())) {
+    std::swap(seq.state, seq.row_states[rows - 1]);
+    if (seq.mode != Mode::kGenerate) reserved_states_[seq.request.id] = seq.state;
+  }
+  free_drafts_.insert(free_drafts_.end(), seq.row_states.begin(), seq.row_states.end());
+  seq.row_states.clear();
 }
 
 absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
@@ -868,6 +900,10 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   }
   if (options_.speculative.tokens > 0 && model_.multiRowLogits())
     draft(std::span(members).first(decoding), std::span(batch).first(decoding), budget);
+  // A step that fails gives its drafts' row states back unused.
+  absl::Cleanup unused_rows = [&] {
+    for (Sequence* seq : members) keepRowState(*seq, 0);
+  };
   last_batch_sequences_ = static_cast<int64_t>(batch.size());
   last_decode_sequences_ = decodingSequences();
   last_work_ = {};
@@ -930,7 +966,8 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
         (step.logprobs.size() <= i || step.top.size() < (i + 1) * kMaxLogprobs))
       return absl::InternalError("the model drew a row without the log-probabilities it asked");
   }
-  int64_t row = 0;  // The first row of logits of batch[i].
+  std::move(unused_rows).Cancel();  // verify() settles them.
+  int64_t row = 0;                  // The first row of logits of batch[i].
   for (size_t i = 0; i < members.size(); row += batch[i].logits, ++i) {
     Sequence& seq = *members[i];
     if (batch[i].logits > 1 && seq.prefilled()) {  // A decoding sequence's drafts.

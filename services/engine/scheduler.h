@@ -16,7 +16,10 @@
 // state slots (TpGroup::stateSlots): add()'s from admission to its end, a reservation's from
 // reserve() to release() (its prefill leaves the state there for its decode; reserve() is
 // ResourceExhausted while every slot is held). Its state covers the whole prefix and cannot
-// step back, so it runs without speculative decoding, and caches prefixes only with
+// step back: drafts are verified with the state after each row kept in a slot of its own
+// (draft_states of them; SequenceChunk::row_states), and a sequence whose drafts are rejected
+// takes the slot holding the state after its last accepted one (giving its own up). It
+// caches prefixes only with
 // state_checkpoints: the last slots of the group keep the state after a prefix (a
 // checkpoint), and a prompt reuses the longest cached prefix that ends at one, starting its
 // state from a copy. Prompt chunks end on block boundaries where they can, the last one
@@ -74,6 +77,10 @@ struct SchedulerOptions {
   // prefix caching's checkpoints; the others are the sequences'. 0: no prefix caching for
   // such a model. Ignored for other models.
   int64_t state_checkpoints = 0;
+  // Such a model's speculative decoding: state slots (before the checkpoints') that keep
+  // the state after each draft of a step; a sequence drafts no more than are free, so 0
+  // turns drafting off for it. The group's backend must keep them (TpGroup::rowStates).
+  int64_t draft_states = 0;
   // Speculative decoding: each decoding sequence drafts tokens by prompt lookup
   // (speculative.h) and one forward pass verifies them. A sampled token that equals the
   // draft before it accepts it, so the output is what decoding one token a step gives:
@@ -265,6 +272,9 @@ class Scheduler {
     std::vector<float> hidden;                     // request.hidden_state, once computed.
     int64_t draft_limit = 0;                       // Drafts next step, at most (0: unset).
     int32_t state = -1;  // Its linear-attention state slot (SequenceChunk::state), or -1.
+    // The slots keeping its state after each row but the last of this step's drafts
+    // (SequenceChunk::row_states), taken from free_drafts_ until the step ends.
+    std::vector<int32_t> row_states;
     // The checkpoint (by hash chain) its next chunk starts from, pinned until that chunk
     // has run: its cached prefix's state.
     std::optional<uint64_t> restore;
@@ -370,14 +380,22 @@ class Scheduler {
   // the draft after it, emitting each; the sequence then continues past the accepted drafts.
   void verify(Sequence& seq, const SequenceChunk& chunk, std::span<const float> logits,
               std::vector<TokenEvent>& events);
+  // A linear-attention model's sequence that kept the first `rows` rows of its drafts' step:
+  // takes the slot holding the state after them (unless that is the last row's, its own),
+  // and gives the step's other row states back. rows 0: gives them all back.
+  void keepRowState(Sequence& seq, int64_t rows);
   void finish(size_t index);
 
   TpGroup& model_;
   const tokenizer::Tokenizer* tokenizer_;
   SchedulerOptions options_;
   KvBlockPool cache_;
-  int64_t sequence_states_ = 0;       // State slots for sequences (the rest: checkpoints).
+  // State slots for sequences (the rest: drafts' row states, then checkpoints).
+  int64_t sequence_states_ = 0;
   std::vector<int32_t> free_states_;  // State slots nothing holds, the next one last.
+  // Slots for drafts' row states, free between steps. A sequence may trade its own slot for
+  // one of them, so which slots are which changes; their numbers do not.
+  std::vector<int32_t> free_drafts_;
   std::unordered_map<uint64_t, int32_t> reserved_states_;  // A reservation's slot.
   // State checkpoints by the hash chain through the prefix they end, each in a slot of its
   // own; pinned ones (a sequence is to start from it, a reservation counts on it) stay.

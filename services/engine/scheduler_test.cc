@@ -112,8 +112,8 @@ TEST_F(SchedulerTest, ContinuousBatchingGivesEachRequestItsOwnGreedyTokens) {
 // Qwen3.5's linear-attention layers: each running sequence holds one of the group's two
 // state slots, so at most two run though four may; chunked prefills (a budget of 6 tokens)
 // and requests that join as others finish still give transformers' greedy tokens, with
-// prefix caching and drafts asked for (both off for such a model: a second run of a prompt
-// computes it whole).
+// prefix caching and drafts asked for (both off without slots for checkpoints and drafts'
+// rows: a second run of a prompt computes it whole).
 TEST(LinearAttentionSchedulerTest, SequencesTakeTurnsOnTheStateSlots) {
   const std::string folder = std::string(CLEAVE_GOLDEN_DIR) + "/engine/hf/qwen3_5_f32";
   std::ifstream in(folder + "/logits.json");
@@ -235,12 +235,13 @@ class StateCheckpointTest : public ::testing::TestWithParam<int> {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   }
-  static GenerationRequest request(uint64_t id, const std::vector<uint32_t>& prompt,
-                                   int64_t new_tokens = kNewTokens) {
+  GenerationRequest request(uint64_t id, const std::vector<uint32_t>& prompt,
+                            int64_t new_tokens = kNewTokens) const {
     return {.id = id,
             .prompt = prompt,
             .sampling = {.logprobs = 0},
-            .stop = {.max_new_tokens = new_tokens}};
+            .stop = {.max_new_tokens = new_tokens},
+            .adjustments = adjustments_};
   }
 
   struct Output {
@@ -315,6 +316,7 @@ class StateCheckpointTest : public ::testing::TestWithParam<int> {
   }
 
   std::mt19937 rng_{11};
+  LogitAdjustments adjustments_;     // Every request's.
   std::map<uint64_t, Output> last_;  // The last run()'s outputs on the cached scheduler.
   std::unique_ptr<TpGroup> cached_, plain_;
   std::unique_ptr<Scheduler> scheduler_, reference_;
@@ -478,6 +480,51 @@ TEST_P(StateCheckpointTest, TheLastChunkStopsEarlyOnlyToLeaveACheckpoint) {
   EXPECT_EQ((*events)[0].id, 1u);
   drain(*scheduler_);
   EXPECT_EQ(scheduler_->release(50), (static_cast<int64_t>(turn.size()) + kNewTokens + 3) / 4);
+  EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
+}
+
+// Drafts verified on Qwen3.5 (speculative decoding by prompt lookup): the state after each
+// draft's row is kept in a slot of its own, and a sequence whose drafts are rejected goes on
+// from the state after the last row it keeps. Greedy tokens and their log-probabilities are
+// those of one token a step (the reference), with drafts both accepted and rejected: without
+// prefix caching; with it (drafts stop short of a token that completes a block, whose step
+// leaves a checkpoint), where the next turn resumes past the reply; and in a reservation.
+// The requests may draw only three tokens (allowed_token_ids), so that output repeats and
+// drafts come right (this random model's output does not repeat), while which of the three
+// and its log-probability still follow the state.
+TEST_P(StateCheckpointTest, RejectedDraftsLeaveTheStateOfTheRowsKept) {
+  constexpr int64_t kDraftStates = 5;
+  ASSERT_TRUE(cached_->allocateKv(96, 4, 0, kSequenceSlots + kDraftStates + kCheckpoints).ok());
+  const std::vector<uint32_t> cycle = randomTokens(5);
+  adjustments_.allowed = {cycle[0], cycle[1], cycle[2]};
+  const std::vector<uint32_t> looping = join(join(join(cycle, cycle), cycle), cycle);
+  const std::vector<uint32_t> other = join(randomTokens(7), join(cycle, cycle));
+  int64_t drafted = 0, accepted = 0;
+  for (const bool caching : {false, true}) {
+    scheduler_ = std::make_unique<Scheduler>(
+        *cached_, nullptr,
+        SchedulerOptions{.max_batch_tokens = 16,
+                         .max_sequences = kSequenceSlots,
+                         .prefix_caching = caching,
+                         .state_checkpoints = kCheckpoints,
+                         .draft_states = kDraftStates,
+                         .speculative = {.tokens = 3, .ngram = {.min = 1, .max = 3}}});
+    run({looping, other}, caching ? 10 : 0, 24);
+    drafted += scheduler_->draftedTokens();
+    accepted += scheduler_->acceptedTokens();
+    EXPECT_GT(scheduler_->draftedTokens(), 0) << "prefix caching " << caching;
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+  const std::vector<uint32_t> next = join(join(looping, last_[10].tokens), randomTokens(3));
+  EXPECT_GT(run({next}, 20, 8)[0], static_cast<int64_t>(looping.size()));
+  // Reserved: the slot a rejection leaves the sequence in is the reservation's to free.
+  const std::vector<uint32_t> reserved = join(randomTokens(3), looping);
+  EXPECT_GE(reserveWith(30, reserved), 0);
+  const int64_t before = scheduler_->draftedTokens();
+  prefillThenDecode(30, reserved, [](const Output&) {});
+  EXPECT_GT(scheduler_->draftedTokens(), before);
+  run({other, looping}, 40, 12);  // Two sequences at once: their slots must be apart.
   EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
 }
 

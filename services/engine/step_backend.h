@@ -91,6 +91,9 @@ class StepBackend {
   // verify, prompt log-probabilities), up to the rows the scheduler's steps can ask for, and
   // lastHidden() has the hidden states behind them.
   virtual bool multiRowLogits() const { return false; }
+  // Whether a step keeps the states after a chunk's rows that SequenceChunk::row_states
+  // names (drafts verified on a model with linear-attention layers).
+  virtual bool rowStates() const { return false; }
   // The last step's final hidden states (after the output norm) behind its rows of logits,
   // [logitRows(batch)][hidden] as floats, as LlamaModel::lastHidden; valid until the next
   // step. Empty where multiRowLogits() is false, and on a tensor-parallel rank other than 0.

@@ -142,6 +142,11 @@ class TpGroup {
   bool multiRowLogits() const {
     return backends_.empty() ? !backend_factory_ : backends_[0]->multiRowLogits();
   }
+  // Whether a step keeps the states SequenceChunk::row_states names: the CPU model does, a
+  // backend that says so (StepBackend::rowStates; none before allocateKv makes them).
+  bool rowStates() const {
+    return backends_.empty() ? !backend_factory_ : backends_[0]->rowStates();
+  }
   int tp() const { return static_cast<int>(ranks_.size()); }
   int64_t numBlocks() const { return num_blocks_; }
   int64_t stateSlots() const { return state_slots_; }

@@ -218,7 +218,8 @@ int run(int argc, char** argv) {
                                      .block_size = options.block_size,
                                      .kv_element_bytes = cpu::kvElementBytes((*group)->kvType()),
                                      .tp = options.tp,
-                                     .state_checkpoints = stateCheckpoints(options, role)};
+                                     .state_checkpoints = stateCheckpoints(options, role),
+                                     .state_drafts = draftStates(options, role)};
   if (gpu) {
     // The GPUs' own counts (bf16 weights, the kernels' workspace), and with no budget given
     // the devices filled.
@@ -331,6 +332,7 @@ int run(int argc, char** argv) {
                                  .max_step_sequences = step_sequences,
                                  .prefix_caching = options.prefix_caching,
                                  .state_checkpoints = plan->state_checkpoints,
+                                 .draft_states = plan->state_drafts,
                                  .speculative = options.speculative},
                    .eos_ids = eos,
                    .layout = kvLayout(config, (*group)->kvType(), options.block_size),

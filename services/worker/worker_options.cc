@@ -125,6 +125,11 @@ int64_t stateCheckpoints(const WorkerOptions& options, Role role) {
   return role == Role::kDecode ? 0 : options.target_concurrency;
 }
 
+int64_t draftStates(const WorkerOptions& options, Role role) {
+  if (role == Role::kPrefill || options.backend == "cuda") return 0;
+  return options.speculative.tokens * options.target_concurrency;
+}
+
 absl::Status validate(const WorkerOptions& options) {
   if (absl::StatusOr<Role> role = parseRole(options.role); !role.ok()) return role.status();
   if (options.model.empty()) {

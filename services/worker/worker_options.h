@@ -81,6 +81,12 @@ int64_t batchTokens(const WorkerOptions& options);
 // --local-prefill-tokens); 0 without prefix caching.
 int64_t stateCheckpoints(const WorkerOptions& options, Role role);
 
+// State slots a worker of `role` keeps for the rows of a linear-attention model's drafts
+// (engine::SchedulerOptions::draft_states): one per draft of each sequence it decodes at once,
+// --speculative-tokens x --target-concurrency; 0 on a prefill worker, which drafts nothing,
+// and on the CUDA backend, which keeps no row states (StepBackend::rowStates).
+int64_t draftStates(const WorkerOptions& options, Role role);
+
 // Checks values that parse but cannot work: an unknown role, a missing model file, a TP
 // degree or concurrency out of range. The message names the flag and what to change.
 absl::Status validate(const WorkerOptions& options);

@@ -62,6 +62,20 @@ TEST(WorkerOptionsTest, StateCheckpointsFollowTheRoleAndPrefixCaching) {
   EXPECT_EQ(stateCheckpoints(options, Role::kPrefill), 0);
 }
 
+// Slots for a linear-attention model's drafts: one per draft of each sequence decoded at
+// once, where drafts are verified (not on a prefill worker, nor on the CUDA backend).
+TEST(WorkerOptionsTest, DraftStatesCountEveryDraftOfTheTarget) {
+  WorkerOptions options = validOptions();
+  options.target_concurrency = 12;
+  EXPECT_EQ(draftStates(options, Role::kBoth), 0);  // No drafts asked for.
+  options.speculative.tokens = 3;
+  EXPECT_EQ(draftStates(options, Role::kBoth), 36);
+  EXPECT_EQ(draftStates(options, Role::kDecode), 36);
+  EXPECT_EQ(draftStates(options, Role::kPrefill), 0);
+  options.backend = "cuda";
+  EXPECT_EQ(draftStates(options, Role::kDecode), 0);
+}
+
 TEST(WorkerOptionsTest, ValidatesEachValue) {
   EXPECT_TRUE(validate(validOptions()).ok());
   struct Case {
