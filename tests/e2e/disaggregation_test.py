@@ -33,6 +33,8 @@ import cleave_testing as ct  # noqa: E402
 from serving_test import MODEL, WORDS, metric  # noqa: E402
 
 TINY = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine", "hf", "llama_f32")
+GOLDEN_QWEN35 = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine", "hf",
+                             "qwen3_5_f32")
 DEEPSEEK = os.path.join(ct.SOURCE_DIR, "tests", "golden", "data", "engine", "hf",
                         "deepseek_v3_moe_f32")
 _REFERENCE = {}
@@ -212,6 +214,51 @@ class DisaggregationTest(unittest.TestCase):
         self.assertGreater(counts["widest"], 1)
         for prompt, got in zip(prompts, served):
             self.assertEqual(got, offline(prompt, 10), prompt)
+
+    def test_drafts_of_a_linear_attention_model_give_one_token_a_steps_output(self):
+        """Qwen3.5 (Gated DeltaNet layers) decoded with drafts, on one rank and on two: each
+        decode rank keeps its state after every draft's row, and a sequence whose drafts are
+        rejected goes on from the state after the last row it keeps. Token ids and
+        log-probabilities are those of a decode worker without drafts. The requests may draw
+        only three tokens (allowed_token_ids): this random model's output does not repeat
+        otherwise, and drafts by prompt lookup need output that repeats."""
+        rng = random.Random(14)
+        allowed = [rng.randrange(256) for _ in range(3)]
+        prompts = [[rng.randrange(256) for _ in range(rng.randint(2, 9))] + allowed * 3
+                   for _ in range(4)]
+
+        def collect(into):
+            def after(stub, pb, workers):
+                for ids in prompts:
+                    request = pb.GenerateRequest(
+                        sampling=pb.SamplingParams(temperature=0, allowed_token_ids=allowed),
+                        stopping=pb.StoppingCriteria(max_new_tokens=16, ignore_eos=True),
+                        logprobs=0)
+                    request.token_ids.ids.extend(ids)
+                    messages = list(stub.Generate(request, timeout=120))
+                    into.append(([t for m in messages for t in m.token_ids],
+                                 [p.logprob for m in messages for p in m.logprobs]))
+                port = workers[-1].ready["metrics_port"]  # The decode worker's.
+                for name in ("draft", "accepted"):
+                    into.append(metric(port, f"cleave_worker_speculative_{name}_tokens_total"))
+            return after
+
+        plain = []
+        self.serve(GOLDEN_QWEN35, 1, 1, [], text=False, after=collect(plain))
+        for decode_tp in (1, 2):
+            with self.subTest(decode_tp=decode_tp):
+                drafted = []
+                self.serve(GOLDEN_QWEN35, 1, decode_tp, [], text=False,
+                           after=collect(drafted), decode_extra=("--speculative-tokens=3",))
+                print(f"\nQwen3.5 decode TP{decode_tp}: {drafted[-1]:.0f} of {drafted[-2]:.0f} "
+                      "drafted tokens accepted")
+                self.assertGreater(drafted[-1], 0)
+                self.assertLess(drafted[-1], drafted[-2])
+                for (want_ids, want_lp), (got_ids, got_lp) in zip(plain[:-2], drafted[:-2]):
+                    self.assertEqual(got_ids, want_ids)
+                    self.assertEqual(len(got_lp), len(want_lp))
+                    for a, b in zip(got_lp, want_lp):
+                        self.assertAlmostEqual(a, b, delta=1e-3)
 
     def test_fp8_and_bf16_caches_move_and_decode_like_the_offline_engine(self):
         rng = random.Random(10)
