@@ -44,6 +44,14 @@ __device__ __forceinline__ float* layerState(const GatedDeltaNetArgs& a, int seq
   return a.states + a.state_slots[seq] * a.slot_floats + a.layer_offset;
 }
 
+// Where `at`, a place in sequence `seq`'s layer state, is in the slot that receives the
+// state after row `t` as well; null for none. (Addressed from `at`, so that no second base
+// stays live through the row loop.)
+__device__ __forceinline__ float* afterRow(const GatedDeltaNetArgs& a, int seq, int t, float* at) {
+  const int32_t slot = a.row_slots != nullptr ? a.row_slots[t] : -1;
+  return slot >= 0 ? at + int64_t{slot - a.state_slots[seq]} * a.slot_floats : nullptr;
+}
+
 // Thread = (sequence blockIdx.y, channel): the convolution over the sequence's rows.
 template <int kTaps>
 __global__ void __launch_bounds__(kConvThreads) convolveKernel(const GatedDeltaNetArgs a) {
@@ -80,9 +88,13 @@ __global__ void __launch_bounds__(kConvThreads) convolveKernel(const GatedDeltaN
     a.mixed[int64_t{t} * s.channels + ch] = sum * sigmoidOf(sum);
 #pragma unroll
     for (int j = 0; j + 1 < kTaps; ++j) window[j] = window[j + 1];
-  }
+    // The inputs kept after the row: in the sequence's own state after its last row; else
+    // in another slot's, where row_slots names one.
+    if (float* keep = t + 1 == end ? kept : afterRow(a, seq, t, kept)) {
 #pragma unroll
-  for (int j = 0; j + 1 < kTaps; ++j) kept[j * s.group_channels] = window[j];
+      for (int j = 0; j + 1 < kTaps; ++j) keep[j * s.group_channels] = window[j];
+    }
+  }
 }
 
 // Block = (value head blockIdx.x / column_groups and its column group, sequence
@@ -169,6 +181,15 @@ __global__ void __launch_bounds__(maxDeltaThreads(P, kSplit), 1)
     }
 #pragma unroll
     for (int offset = P / 2; offset > 0; offset /= 2) o += __shfl_xor_sync(0xffffffffu, o, offset);
+    // The state after the row: the sequence's own after its last row; else another slot's,
+    // where row_slots names one. (One store for both keeps the registers under the cap.)
+    if (float* keep = t + 1 == end ? state : afterRow(a, seq, t, state)) {
+#pragma unroll
+      for (int r = 0; r < kRowsPerPart; ++r) {
+        const int i = part * kRowsPerPart + r;
+        if (column && i < s.dk) keep[i * s.dv + j] = S[r];
+      }
+    }
     if constexpr (kSplit) {  // The head's other columns are other blocks': gatedNormKernel.
       if (column && part == 0) a.raw[int64_t{t} * s.vd + h * s.dv + j] = o;
       __syncthreads();  // before the next row overwrites q, k, v and the sums
@@ -186,11 +207,6 @@ __global__ void __launch_bounds__(maxDeltaThreads(P, kSplit), 1)
       a.out[int64_t{t} * a.out_stride + h * s.dv + j] = __float2bfloat16(normed * z * sigmoidOf(z));
     }
     __syncthreads();  // before the next row overwrites q, k, v and the sums
-  }
-#pragma unroll
-  for (int r = 0; r < kRowsPerPart; ++r) {
-    const int i = part * kRowsPerPart + r;
-    if (column && i < s.dk) state[i * s.dv + j] = S[r];
   }
 }
 

@@ -16,6 +16,7 @@
 // (a prefill), whose raw outputs a third kernel then norms.
 // A sequence whose first row is at position 0 starts from a zero state; its state is
 // written back after its last row, so chunks of one sequence run in order, one per step.
+// A row may also leave the state after it in another slot (row_slots).
 //
 // The state of a sequence is one slot of `states`: [linear layer][key head][group], a
 // group being conv [conv_kernel − 1][2·d_k + r·d_v] (its q, k and r value heads' channels
@@ -46,7 +47,12 @@ struct GatedDeltaNetArgs {
   const int32_t* q_starts = nullptr;     // [sequences + 1]: each sequence's rows
   const int32_t* positions = nullptr;    // [tokens]
   const int32_t* state_slots = nullptr;  // [sequences]
-  float* states = nullptr;               // slot s at states + s·slot_floats
+  // [tokens], or null for none: the slot that also receives the layer's state after the
+  // row (−1: none; ignored for a sequence's last row, whose state is its own), for drafts
+  // to be taken back (SequenceChunk::row_states). Not a slot any sequence of the step
+  // reads or writes.
+  const int32_t* row_slots = nullptr;
+  float* states = nullptr;  // slot s at states + s·slot_floats
   int64_t slot_floats = 0;
   int64_t layer_offset = 0;        // this layer's state in a slot, in floats
   const float* conv = nullptr;     // [channels][conv_kernel], channels q, k, v in order

@@ -3,13 +3,15 @@
 // convolution), on fresh random inputs: awkward head sizes (each split of a column's rows:
 // d_k of 5, 40 and 128), several value heads per key head, sequences of 1 to 19 rows in one
 // step, some starting afresh from a slot poisoned with NaN, others continuing a state left
-// by an earlier chunk. The outputs are poisoned before each run; the states written back
-// are compared too.
+// by an earlier chunk, some rows also leaving the state after them in another slot (drafts'
+// row states). The outputs are poisoned before each run; the states written back are
+// compared too.
 #include "kernels/cuda/gated_delta_net.h"
 
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -127,7 +129,11 @@ void check(const Shape& s, int column_groups = 1) {
   const std::vector<int> slots = {3, 0, 5, 2};
   const std::vector<bool> fresh = {true, false, true, false};
   const int64_t layer_floats = s.layerFloats(), slot_floats = 2 * layer_floats;
-  std::vector<float> states(6 * slot_floats, std::nanf(""));
+  // Drafts' row states: sequence 2 keeps the state after its rows 0, 5 and 17 in slots 6,
+  // 7 and 8; sequence 1 after its row 2 in slot 9 (the last row's is the sequence's own).
+  const std::vector<std::vector<std::pair<int, int>>> row_keeps = {
+      {}, {{2, 9}}, {{0, 6}, {5, 7}, {17, 8}}, {}};
+  std::vector<float> states(10 * slot_floats, std::nanf(""));
   std::vector<std::vector<double>> want_state(rows.size(), std::vector<double>(layer_floats));
   for (size_t q = 0; q < rows.size(); ++q) {
     if (fresh[q]) continue;
@@ -137,18 +143,23 @@ void check(const Shape& s, int column_groups = 1) {
       want_state[q][i] = v;
     }
   }
+  const std::vector<std::vector<double>> initial_state = want_state;
   std::vector<int32_t> q_starts = {0}, positions;
   for (size_t q = 0; q < rows.size(); ++q) {
     q_starts.push_back(q_starts.back() + rows[q]);
     for (int t = 0; t < rows[q]; ++t) positions.push_back((fresh[q] ? 0 : 9) + t);
   }
   const int tokens = q_starts.back();
+  std::vector<int32_t> row_slots(tokens, -1);
+  for (size_t q = 0; q < rows.size(); ++q)
+    for (const auto& [row, slot] : row_keeps[q]) row_slots[q_starts[q] + row] = slot;
   std::vector<bf16> proj = testing::randomBf16(static_cast<size_t>(tokens) * s.projDim(), rng);
   const std::vector<float> proj_f = testing::toFloat(proj);
 
   DeviceBuffer<bf16> d_proj(proj);
   DeviceBuffer<float> mixed(static_cast<size_t>(tokens) * s.channels());
-  DeviceBuffer<int32_t> d_starts(q_starts), d_positions(positions), d_slots(slots);
+  DeviceBuffer<int32_t> d_starts(q_starts), d_positions(positions), d_slots(slots),
+      d_row_slots(row_slots);
   DeviceBuffer<float> d_states(states), d_conv(w.conv), d_a_rate(w.a_rate), d_dt_bias(w.dt_bias),
       d_norm(w.norm);
   DeviceBuffer<bf16> out(static_cast<size_t>(tokens) * s.vd() + 3);  // poisoned (NaN)
@@ -159,6 +170,7 @@ void check(const Shape& s, int column_groups = 1) {
                              .q_starts = d_starts.get(),
                              .positions = d_positions.get(),
                              .state_slots = d_slots.get(),
+                             .row_slots = d_row_slots.get(),
                              .states = d_states.get(),
                              .slot_floats = slot_floats,
                              .layer_offset = layer_floats,
@@ -201,6 +213,19 @@ void check(const Shape& s, int column_groups = 1) {
     EXPECT_LE(state_diff.relative_l2, 1e-4);  // f32 state from the same bf16 inputs
     // The slot's other layer is untouched.
     for (int64_t i = 0; i < layer_floats; ++i) ASSERT_TRUE(std::isnan(slot[i])) << i;
+    // Each row state is the state after that row, as if the step had ended there.
+    for (const auto& [row, kept] : row_keeps[q]) {
+      SCOPED_TRACE(::testing::Message() << "state after row " << row << " in slot " << kept);
+      std::vector<double> after = initial_state[q], ignored;
+      reference(s, w, proj_f, q_starts[q], row + 1, fresh[q], after, ignored);
+      const float* at = got_states.data() + kept * slot_floats;
+      const testing::Difference row_diff =
+          testing::compare(std::vector<float>(at + layer_floats, at + 2 * layer_floats),
+                           std::vector<float>(after.begin(), after.end()));
+      EXPECT_EQ(row_diff.non_finite, 0);
+      EXPECT_LE(row_diff.relative_l2, 1e-4);
+      for (int64_t i = 0; i < layer_floats; ++i) ASSERT_TRUE(std::isnan(at[i])) << i;
+    }
   }
   // Past the last row nothing is written.
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(std::isnan(got[tokens * int64_t{s.vd()} + i]));

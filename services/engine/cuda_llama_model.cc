@@ -299,7 +299,10 @@ struct CudaLlamaModel::State {
   int32_t* lastRows(int32_t* m) const { return m + 3 * T() + 2 * S() + 1; }  // [L()]
   int32_t* tables(int32_t* m) const { return m + 3 * T() + 2 * S() + 1 + L(); }
   int32_t* stateSlots(int32_t* m) const { return tables(m) + S() * max_blocks_per_seq; }
-  int64_t metaCount() const { return 3 * T() + 2 * S() + 1 + L() + S() * max_blocks_per_seq + S(); }
+  int32_t* rowStates(int32_t* m) const { return stateSlots(m) + S(); }  // [T()]
+  int64_t metaCount() const {
+    return 3 * T() + 2 * S() + 1 + L() + S() * max_blocks_per_seq + S() + T();
+  }
   int64_t layerKvElements() const {
     return (kv_blocks + 1) * kv_heads * options.block_size * cache_head_dim;
   }
@@ -1357,6 +1360,7 @@ absl::Status CudaLlamaModel::State::enqueue(int64_t n, int64_t sequences, int64_
            .q_starts = qStarts(meta),
            .positions = positions(meta),
            .state_slots = stateSlots(meta),
+           .row_slots = rowStates(meta),
            .states = states,
            .slot_floats = slot_floats,
            .layer_offset = linear_index[l] * lin->layer_floats,
@@ -1693,12 +1697,6 @@ absl::StatusOr<StepOutput> CudaLlamaModel::forwardAndDraw(std::span<const Sequen
   const int64_t bs = s.options.block_size;
   CLEAVE_RETURN_IF_ERROR(validateBatch(batch, static_cast<uint32_t>(s.vocab), bs, s.kv_blocks,
                                        s.lin ? s.state_slots : 0));
-  for (const SequenceChunk& chunk : batch) {
-    if (!chunk.row_states.empty())
-      return absl::UnimplementedError(
-          "the CUDA backend keeps no state after a chunk's rows (SequenceChunk::row_states): "
-          "drafts of a linear-attention model are verified on the CPU backend only");
-  }
   if (logitRows(batch) > s.L())
     return absl::InvalidArgumentError(absl::StrCat("a step asks for ", logitRows(batch),
                                                    " rows of logits, past the model's ", s.L(),
@@ -1763,6 +1761,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
       // The padding rows' slot, shared: each is token 0 at position 0, so each resets it and
       // writes the same state there, which no sequence reads.
       s.stateSlots(m)[q] = static_cast<int32_t>(s.state_slots);
+      s.rowStates(m)[t] = -1;
       std::fill(table, table + s.max_blocks_per_seq, scratch);
       ++t;
       s.qStarts(m)[q + 1] = static_cast<int32_t>(t);
@@ -1774,6 +1773,7 @@ absl::StatusOr<StepOutput> CudaLlamaModel::State::step(std::span<const SequenceC
       s.ids(m)[t] = static_cast<int32_t>(chunk.tokens[i]);
       s.positions(m)[t] = static_cast<int32_t>(pos);
       s.slots(m)[t] = static_cast<int32_t>(chunk.blocks[pos / bs] * bs + pos % bs);
+      s.rowStates(m)[t] = i < chunk.row_states.size() ? chunk.row_states[i] : -1;
     }
     s.qStarts(m)[q + 1] = static_cast<int32_t>(t);
     s.stateSlots(m)[q] = std::max(chunk.state, 0);
@@ -1978,6 +1978,7 @@ class CudaRankBackend final : public StepBackend {
   int64_t weightBytes() const override { return model_->weightBytes(); }
   int64_t routedExpertBytes() const override { return model_->routedExpertBytes(); }
   bool multiRowLogits() const override { return model_->multiRowLogits(); }
+  bool rowStates() const override { return model_->rowStates(); }
   std::span<const float> lastHidden() const override { return model_->lastHidden(); }
 
  private:

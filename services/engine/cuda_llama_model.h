@@ -134,6 +134,8 @@ class CudaLlamaModel : public StepBackend {
                                             std::span<const RowOutput> outputs) override;
   // Whether options.max_logit_rows was given (StepBackend::multiRowLogits).
   bool multiRowLogits() const override;
+  // Keeps SequenceChunk::row_states: the Gated DeltaNet kernels write a row's state there.
+  bool rowStates() const override { return true; }
   // The last step's final hidden states behind its rows of logits, copied from the GPU on
   // the first call after a step (StepBackend::lastHidden); empty on ranks other than 0.
   std::span<const float> lastHidden() const override;

@@ -143,6 +143,25 @@ void checkModel(const std::string& path, cuda::KvDtype kv = cuda::KvDtype::kBf16
       ASSERT_TRUE((*gpu)->copyState(KvCopy::kFromHost, batch[1].state, cache).ok());
     }
     if (linear && step == 7) batch[1].state_from = -1;
+    // And drafts taken back: at step 8 the second sequence's chunk is its token and a draft,
+    // the state after the token also going to slot 0 (row_states); step 9 goes on from
+    // there (its own slot poisoned) with another token in the draft's place.
+    static const std::vector<int32_t> kRowStates = {0};
+    if (linear && step == 8) {
+      tokens[1].push_back(token(rng));
+      batch[1].tokens = tokens[1];
+      batch[1].row_states = kRowStates;
+    }
+    if (linear && step == 9) {
+      batch[1].row_states = {};
+      batch[1].start -= 1;
+      tokens[1] = {token(rng)};
+      batch[1].tokens = tokens[1];
+      batch[1].state_from = 0;
+      std::fill_n(cache.state(batch[1].state), cache.options().state_floats, std::nanf(""));
+      ASSERT_TRUE((*gpu)->copyState(KvCopy::kFromHost, batch[1].state, cache).ok());
+    }
+    if (linear && step == 10) batch[1].state_from = -1;
     auto want = cpu_model.forward(batch, cache);
     ASSERT_TRUE(want.ok()) << want.status();
     std::vector<float> expected(want->begin(), want->end());

@@ -126,7 +126,7 @@ int64_t stateCheckpoints(const WorkerOptions& options, Role role) {
 }
 
 int64_t draftStates(const WorkerOptions& options, Role role) {
-  if (role == Role::kPrefill || options.backend == "cuda") return 0;
+  if (role == Role::kPrefill) return 0;
   return options.speculative.tokens * options.target_concurrency;
 }
 

@@ -83,8 +83,7 @@ int64_t stateCheckpoints(const WorkerOptions& options, Role role);
 
 // State slots a worker of `role` keeps for the rows of a linear-attention model's drafts
 // (engine::SchedulerOptions::draft_states): one per draft of each sequence it decodes at once,
-// --speculative-tokens x --target-concurrency; 0 on a prefill worker, which drafts nothing,
-// and on the CUDA backend, which keeps no row states (StepBackend::rowStates).
+// --speculative-tokens x --target-concurrency; 0 on a prefill worker, which drafts nothing.
 int64_t draftStates(const WorkerOptions& options, Role role);
 
 // Checks values that parse but cannot work: an unknown role, a missing model file, a TP

@@ -63,7 +63,7 @@ TEST(WorkerOptionsTest, StateCheckpointsFollowTheRoleAndPrefixCaching) {
 }
 
 // Slots for a linear-attention model's drafts: one per draft of each sequence decoded at
-// once, where drafts are verified (not on a prefill worker, nor on the CUDA backend).
+// once, where drafts are verified (not on a prefill worker).
 TEST(WorkerOptionsTest, DraftStatesCountEveryDraftOfTheTarget) {
   WorkerOptions options = validOptions();
   options.target_concurrency = 12;
@@ -72,8 +72,6 @@ TEST(WorkerOptionsTest, DraftStatesCountEveryDraftOfTheTarget) {
   EXPECT_EQ(draftStates(options, Role::kBoth), 36);
   EXPECT_EQ(draftStates(options, Role::kDecode), 36);
   EXPECT_EQ(draftStates(options, Role::kPrefill), 0);
-  options.backend = "cuda";
-  EXPECT_EQ(draftStates(options, Role::kDecode), 0);
 }
 
 TEST(WorkerOptionsTest, ValidatesEachValue) {
