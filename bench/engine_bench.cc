@@ -8,6 +8,11 @@
 // roofline::stepFloor over roofline::measureCpuHardware: the code a worker runs for its live
 // efficiency metric.
 //
+// With --verify K each decode batch is timed again as a step verifying K drafts a sequence
+// (a chunk of K + 1 rows, every row's logits asked for), and for a model with linear-attention
+// layers once more keeping the state after each draft's row (SequenceChunk::row_states):
+// what speculative decoding's steps cost against a plain decode step's.
+//
 // With --tp N the model runs as a tensor-parallel group of N rank threads (threads split
 // between them) sharing this machine's memory, so the floor is the same bytes over the same
 // bandwidth.
@@ -15,7 +20,7 @@
 // Run: build/default/bin/bench_engine [MODEL.gguf] [--threads N] [--reps R] [--tp N]
 //                                     [--context POSITIONS] [--kv-dtype f32|bf16|fp8]
 //                                     [--prefill LENGTH,LENGTH...] [--batch SIZE,SIZE...]
-//                                     [--bandwidth BYTES_PER_S]
+//                                     [--verify K] [--bandwidth BYTES_PER_S]
 //                                     [--flops WEIGHT_FLOPS_PER_S] [--attention-flops F]
 // The KV cache is bf16 unless --kv-dtype says otherwise, as on a worker. The last three flags
 // replace the measured values (to compute floors against a worker's).
@@ -75,6 +80,7 @@ int main(int argc, char** argv) {
   int tp = 1;
   int context = 128;    // Positions each decoding sequence holds.
   int block_size = 16;  // KV-cache positions per block (a worker's --block-size)
+  int verify = 0;       // Drafts a sequence of a timed verifying step (0: none timed)
   std::vector<int> prefill_lengths = {128, 512};
   std::vector<int> batches = {1, 4, 16, 64};
   cpu::KvType kv_type = cpu::kDefaultKvType;  // What workers store unless told otherwise.
@@ -90,6 +96,8 @@ int main(int argc, char** argv) {
       context = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--block-size") && i + 1 < argc)
       block_size = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--verify") && i + 1 < argc)
+      verify = std::max(std::atoi(argv[++i]), 0);
     else if (!std::strcmp(argv[i], "--prefill") && i + 1 < argc) {
       if (!parseCounts(argv[++i], prefill_lengths))
         return std::fprintf(stderr, "bench_engine: --prefill needs lengths of 1 or more\n"), 2;
@@ -172,11 +180,13 @@ int main(int argc, char** argv) {
   const int64_t longest = *std::max_element(prefill_lengths.begin(), prefill_lengths.end());
   if (block_size < 1) return std::fprintf(stderr, "bench_engine: --block-size must be >= 1\n"), 2;
   const int64_t num_blocks =
-      std::max<int64_t>(64 * ((context + 8 * (reps + 1) + 1) / block_size + 1),
+      std::max<int64_t>(64 * ((context + 8 * (reps + 1) + verify + 1) / block_size + 1),
                         longest / block_size + 1) +
       40;
-  // A model with linear-attention layers keeps each sequence's state in a slot of its own.
-  const int64_t slots = std::max<int64_t>(*std::max_element(batches.begin(), batches.end()), 1);
+  // A model with linear-attention layers keeps each sequence's state in a slot of its own,
+  // and with --verify the state after each draft's row in one more a draft.
+  const int64_t most = std::max<int64_t>(*std::max_element(batches.begin(), batches.end()), 1);
+  const int64_t slots = most * (1 + verify);
   if (failed(model.allocateKv(num_blocks, block_size, /*host_blocks=*/0, slots))) return 1;
   engine::KvBlockPool cache({.block_size = block_size, .num_blocks = num_blocks});
   std::mt19937 rng(1);
@@ -215,7 +225,7 @@ int main(int argc, char** argv) {
     std::vector<std::vector<uint32_t>> prompts;
     for (int s = 0; s < batch; ++s) {
       prompts.push_back(randomTokens(context));
-      tables.push_back(*cache.allocate(cache.blocksFor(context + steps * (reps + 1) + 1)));
+      tables.push_back(*cache.allocate(cache.blocksFor(context + steps * (reps + 1) + verify + 1)));
     }
     for (int s = 0; s < batch; ++s)
       prefill.push_back({.tokens = prompts[s], .start = 0, .blocks = tables[s], .state = s});
@@ -235,13 +245,45 @@ int main(int argc, char** argv) {
       if (r > 0)
         times.push_back(std::chrono::duration<double>(Clock::now() - start).count() / steps);
     }
-    for (auto& table : tables) cache.release(table);
     double t = median(times);
     char name[32];
     std::snprintf(name, sizeof(name), "decode batch %d", batch);
     // Positions attended in the middle step of a timed run.
     const int64_t positions = context + steps / 2 + 1;
     report(name, t, batch, floorOf(roofline::decodeStep(batch, positions, c.sliding_window)));
+    // Verifying steps, all at the position after the decode steps (their KV written over
+    // each time): rows per second in the tokens/s column, the floor as if each row were a
+    // sequence of its own.
+    std::vector<uint32_t> rows(verify + 1, 1234 % c.vocab_size);
+    for (const bool keep : {false, true}) {
+      if (verify == 0 || (keep && !c.linear_attention)) break;
+      std::vector<std::vector<int32_t>> row_states(batch);
+      for (int s = 0; s < batch && keep; ++s)
+        for (int k = 0; k < verify; ++k)
+          row_states[s].push_back(static_cast<int32_t>(most + s * verify + k));
+      std::vector<engine::SequenceChunk> step;
+      for (int s = 0; s < batch; ++s)
+        step.push_back({.tokens = rows,
+                        .start = position,
+                        .blocks = tables[s],
+                        .logits = verify + 1,
+                        .state = s,
+                        .row_states = row_states[s]});
+      std::vector<double> verify_times;
+      for (int r = 0; r < reps + 1; ++r) {
+        auto start = Clock::now();
+        if (failed(model.forward(step).status())) return 1;
+        if (r > 0)
+          verify_times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      }
+      if (keep)
+        std::snprintf(name, sizeof(name), "  + row states");
+      else
+        std::snprintf(name, sizeof(name), "verify %dx%d", batch, verify + 1);
+      report(name, median(verify_times), batch * (verify + 1),
+             floorOf(roofline::decodeStep(batch * (verify + 1), position, c.sliding_window)));
+    }
+    for (auto& table : tables) cache.release(table);
   }
   return 0;
 }

@@ -129,10 +129,11 @@ void check(const Shape& s, int column_groups = 1) {
   const std::vector<int> slots = {3, 0, 5, 2};
   const std::vector<bool> fresh = {true, false, true, false};
   const int64_t layer_floats = s.layerFloats(), slot_floats = 2 * layer_floats;
-  // Drafts' row states: sequence 2 keeps the state after its rows 0, 5 and 17 in slots 6,
-  // 7 and 8; sequence 1 after its row 2 in slot 9 (the last row's is the sequence's own).
+  // Drafts' row states: sequence 2 (in slot 5) keeps the state after its rows 0, 5 and 17
+  // in slots 6, 1 and 8; sequence 1 after its row 2 in slot 9 (the last row's is the
+  // sequence's own). Slots 4 and 7 nobody names.
   const std::vector<std::vector<std::pair<int, int>>> row_keeps = {
-      {}, {{2, 9}}, {{0, 6}, {5, 7}, {17, 8}}, {}};
+      {}, {{2, 9}}, {{0, 6}, {5, 1}, {17, 8}}, {}};
   std::vector<float> states(10 * slot_floats, std::nanf(""));
   std::vector<std::vector<double>> want_state(rows.size(), std::vector<double>(layer_floats));
   for (size_t q = 0; q < rows.size(); ++q) {
@@ -226,6 +227,11 @@ void check(const Shape& s, int column_groups = 1) {
       EXPECT_LE(row_diff.relative_l2, 1e-4);
       for (int64_t i = 0; i < layer_floats; ++i) ASSERT_TRUE(std::isnan(at[i])) << i;
     }
+  }
+  // Nor in a slot no sequence or row names.
+  for (const int unnamed : {4, 7}) {
+    for (int64_t i = 0; i < slot_floats; ++i)
+      ASSERT_TRUE(std::isnan(got_states[unnamed * slot_floats + i])) << unnamed << " " << i;
   }
   // Past the last row nothing is written.
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(std::isnan(got[tokens * int64_t{s.vd()} + i]));

@@ -421,13 +421,16 @@ int runGenerate(int argc, char** argv) {
     if (end.size() == 1) eos.push_back(end[0]);
   }
   constexpr int64_t kBlockSize = 16;
+  // A linear-attention model's state: the sequence's slot, and one per draft's row.
   if (absl::Status s = (*group)->allocateKv((context + kBlockSize - 1) / kBlockSize, kBlockSize,
-                                            /*host_blocks=*/0, /*state_slots=*/1);
+                                            /*host_blocks=*/0,
+                                            /*state_slots=*/1 + speculative.tokens);
       !s.ok()) {
     return fail(s);
   }
-  engine::Scheduler scheduler(**group, words,
-                              {.max_batch_tokens = 512, .speculative = speculative});
+  engine::Scheduler scheduler(
+      **group, words,
+      {.max_batch_tokens = 512, .draft_states = speculative.tokens, .speculative = speculative});
   engine::GenerationRequest request{.id = 1, .prompt = prompt, .sampling = sampling};
   request.adapter = adapter;
   request.json_object = schema != nullptr;

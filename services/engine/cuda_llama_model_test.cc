@@ -144,10 +144,12 @@ void checkModel(const std::string& path, cuda::KvDtype kv = cuda::KvDtype::kBf16
     }
     if (linear && step == 7) batch[1].state_from = -1;
     // And drafts taken back: at step 8 the second sequence's chunk is its token and a draft,
-    // the state after the token also going to slot 0 (row_states); step 9 goes on from
-    // there (its own slot poisoned) with another token in the draft's place.
+    // the state after the token also going to slot 0 (row_states, poisoned first); step 9
+    // goes on from there (its own slot poisoned) with another token in the draft's place.
     static const std::vector<int32_t> kRowStates = {0};
     if (linear && step == 8) {
+      std::fill_n(cache.state(0), cache.options().state_floats, std::nanf(""));
+      ASSERT_TRUE((*gpu)->copyState(KvCopy::kFromHost, 0, cache).ok());
       tokens[1].push_back(token(rng));
       batch[1].tokens = tokens[1];
       batch[1].row_states = kRowStates;

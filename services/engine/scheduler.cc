@@ -29,14 +29,15 @@ Scheduler::Scheduler(TpGroup& model, const tokenizer::Tokenizer* tokenizer,
             ? std::clamp<int64_t>(options_.state_checkpoints, 0, std::max<int64_t>(slots - 1, 0))
             : 0;
     options_.prefix_caching = checkpoints > 0;
-    const int64_t drafts =
-        options_.speculative.tokens > 0 && model.rowStates()
-            ? std::clamp<int64_t>(options_.draft_states, 0, slots - 1 - checkpoints)
-            : 0;
+    const bool rows = model.rowStates() && model.multiRowLogits();
+    const int64_t drafts = options_.speculative.tokens > 0 && rows
+                               ? std::clamp<int64_t>(options_.draft_states, 0,
+                                                     std::max<int64_t>(slots - 1 - checkpoints, 0))
+                               : 0;
     if (options_.speculative.tokens > 0 && drafts == 0) {
       CLEAVE_LOG(WARNING) << "speculative decoding is off: the model's linear-attention state "
-                          << (model.rowStates() ? "has no slots for its drafts' rows"
-                                                : "cannot be kept after each row by this backend");
+                          << (rows ? "has no slots for its drafts' rows"
+                                   : "cannot be kept after each row by this backend");
       options_.speculative.tokens = 0;
     }
     sequence_states_ = slots - checkpoints - drafts;

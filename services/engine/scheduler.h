@@ -204,6 +204,8 @@ class Scheduler {
   int32_t reservedState(uint64_t id) const;
   // State checkpoints held (SchedulerOptions::state_checkpoints).
   int64_t stateCheckpoints() const { return static_cast<int64_t>(checkpoints_.size()); }
+  // Slots for drafts' row states that no sequence holds: all of draft_states between steps.
+  int64_t freeDraftStates() const { return static_cast<int64_t>(free_drafts_.size()); }
   // Blocks held by reservations (each once, shared or not), and those not held by anything.
   int64_t reservedBlocks() const;
   // Blocks the reservations of `ids` hold (each once) that no other reservation holds.

@@ -521,10 +521,11 @@ TEST_P(StateCheckpointTest, RejectedDraftsLeaveTheStateOfTheRowsKept) {
   // Reserved: the slot a rejection leaves the sequence in is the reservation's to free.
   const std::vector<uint32_t> reserved = join(randomTokens(3), looping);
   EXPECT_GE(reserveWith(30, reserved), 0);
-  const int64_t before = scheduler_->draftedTokens();
+  const int64_t before = scheduler_->draftedTokens() - scheduler_->acceptedTokens();
   prefillThenDecode(30, reserved, [](const Output&) {});
-  EXPECT_GT(scheduler_->draftedTokens(), before);
+  EXPECT_GT(scheduler_->draftedTokens() - scheduler_->acceptedTokens(), before);  // Rejections.
   run({other, looping}, 40, 12);  // Two sequences at once: their slots must be apart.
+  EXPECT_EQ(scheduler_->freeDraftStates(), kDraftStates);
   EXPECT_EQ(scheduler_->cache().freeBlocks(), scheduler_->cache().totalBlocks());
 }
 
