@@ -216,6 +216,8 @@ serve bf16
 serve fp8
 serve bf16 deepseek_v3_moe_f32  # Latent attention: one latent part moved per block.
 serve bf16 llama_f32 4  # Drafts verified on the GPU's several rows of logits.
+# Qwen3.5's state moved with the prompt, and drafts taken back by the state after a row.
+serve bf16 qwen3_5_f32 3
 pack_logs
 echo
 cat "$back/summary.txt"
