@@ -125,7 +125,8 @@ int main(int argc, char** argv) {
   const bool quantized = model.multipliesInt8();
   // The hardware and the floor of each step exactly as a worker computes them live, so a
   // worker's cleave_worker_step_efficiency compares with this table.
-  roofline::Hardware hw = roofline::measureCpuHardware(threads, quantized, reps, int64_t{1} << 30);
+  roofline::Hardware hw = roofline::measureCpuHardware(threads, quantized, reps, int64_t{1} << 30,
+                                                       model.multipliesBf16());
   if (given.bandwidth > 0) hw.bandwidth = given.bandwidth;
   if (given.peak_flops > 0) hw.peak_flops = given.peak_flops;
   if (given.attention_flops > 0) hw.attention_flops = given.attention_flops;
@@ -164,7 +165,10 @@ int main(int argc, char** argv) {
   std::printf(
       "SIMD peak: %.0f GOP/s for the weights' products (%s), f32 %.0f GFLOP/s (for "
       "attention%s%s)\n",
-      hw.peak_flops / 1e9, quantized && hw.peak_flops != hw.attention_flops ? "int8" : "f32",
+      hw.peak_flops / 1e9,
+      quantized && hw.peak_flops != hw.float_peak_flops ? "int8"
+      : hw.float_peak_flops != hw.attention_flops       ? "bf16 dot"
+                                                        : "f32",
       hw.attention_flops / 1e9,
       float_products.empty() ? "" : " and float weights: ", float_products.c_str());
   std::printf("%-20s %10s %10s %10s %10s %10s %8s\n", "case", "time (ms)", "tokens/s", "mem (ms)",

@@ -59,6 +59,19 @@ __attribute__((target("avx512f"))) float fmaLoop512(int64_t iterations) {
   return _mm512_reduce_add_ps(sum);
 }
 
+// As the kernel issues them: one VDPBF16PS per accumulator, 12 chains to hide the latency.
+__attribute__((target("avx512f,avx512bf16"))) float bf16DotLoop(int64_t iterations) {
+  __m512 acc[12];
+  for (auto& a : acc) a = _mm512_set1_ps(1.0f);
+  const __m512bh m = _mm512_cvtne2ps_pbh(_mm512_set1_ps(0.5f), _mm512_set1_ps(0.5f));
+  for (int64_t i = 0; i < iterations; ++i) {
+    for (auto& a : acc) a = _mm512_dpbf16_ps(a, m, m);
+  }
+  __m512 sum = acc[0];
+  for (int k = 1; k < 12; ++k) sum = _mm512_add_ps(sum, acc[k]);
+  return _mm512_reduce_add_ps(sum);
+}
+
 __attribute__((target("avx2,fma"))) float fmaLoop256(int64_t iterations) {
   __m256 acc[12];
   for (auto& a : acc) a = _mm256_set1_ps(1.0f);
@@ -100,6 +113,11 @@ double int8PeakOps(ThreadPool& pool) {
 double f32PeakFlops(ThreadPool& pool) {
   if (cpuFeatures().avx512f) return measure(pool, fmaLoop512, 12 * 16 * 2.0);
   return measure(pool, fmaLoop256, 12 * 8 * 2.0);
+}
+
+double bf16PeakFlops(ThreadPool& pool) {
+  if (bestIsa() != Isa::kAvx512 || !cpuFeatures().avx512bf16) return 0;
+  return measure(pool, bf16DotLoop, 12 * 16 * 2 * 2.0);
 }
 
 double readBandwidth(ThreadPool& pool, int reps, int64_t bytes) {

@@ -13,6 +13,9 @@ namespace cleave::cpu {
 double int8PeakOps(ThreadPool& pool);
 // float32 fused multiply-adds (AVX-512, else AVX2), in FLOP/s.
 double f32PeakFlops(ThreadPool& pool);
+// bf16 pair dot products into float (AVX-512 BF16 VDPBF16PS, as the BF16 weights' kernel
+// issues them: CpuMatrix::multipliesBf16), in FLOP/s; 0 where the CPU has none.
+double bf16PeakFlops(ThreadPool& pool);
 // Read bandwidth in bytes/s: the best of `reps` sums of a `bytes` buffer (far larger than
 // the caches) by every thread, on the pages the KV cache and repacked weights use
 // (huge_pages.h).

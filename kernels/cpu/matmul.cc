@@ -2,12 +2,17 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/dequant_kernels.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/huge_pages.h"
+#include "kernels/cpu/machine_peaks.h"
 #include "kernels/cpu/matmul_kernels.h"
 #include "kernels/cpu/packed_layout.h"
 
@@ -216,11 +221,27 @@ int64_t CpuMatrix::bytes() const {
 
 bool CpuMatrix::multipliesInt8() const { return isQuantized(kernelType()) || packed(); }
 
+bool bf16DotsChosen() {
+  static const bool chosen = [] {
+    if (bestIsa() != Isa::kAvx512 || !cpuFeatures().avx512bf16) return false;
+    if (const char* forced = std::getenv("CLEAVE_CPU_BF16"); forced && *forced)
+      return std::strcmp(forced, "0") != 0;
+    ThreadPool one(1);
+    return bf16PeakFlops(one) >= 1.25 * f32PeakFlops(one);
+  }();
+  return chosen;
+}
+
+bool CpuMatrix::multipliesBf16() const {
+  return kernelType() == TensorType::kBF16 && !packed() && isa_ == Isa::kAvx512 && bf16DotsChosen();
+}
+
 namespace {
 
-// Rows [begin, end) of one product; `xq` holds its activations quantized where it reads them.
-void productRows(const MatmulArgs& args, const QuantizedActivations* xq, int64_t begin,
-                 int64_t end) {
+// Rows [begin, end) of one product; `xq` holds its activations quantized, `xb` rounded to
+// bf16 ([tokens][cols]), where it reads them.
+void productRows(const MatmulArgs& args, const QuantizedActivations* xq, const uint16_t* xb,
+                 int64_t begin, int64_t end) {
   const CpuMatrix& w = *args.weight;
   if (w.packed()) {
     static_assert(kRowAlign % packed::kGroupRows == 0);
@@ -245,11 +266,13 @@ void productRows(const MatmulArgs& args, const QuantizedActivations* xq, int64_t
     return;
   }
   // Float weights, and formats dequantized a row at a time (every block format a matrix kept
-  // as stored holds), take float activations.
+  // as stored holds), take float activations; BF16 weights on the bf16 dots, bf16 ones.
   const TensorType type = w.kernelType();
   const bool is_float =
       type == TensorType::kF32 || type == TensorType::kF16 || type == TensorType::kBF16;
-  auto kernel = !is_float                 ? kernels::dequantizedRows
+  const bool bf16 = w.multipliesBf16();
+  auto kernel = bf16                      ? kernels::bf16RowsAvx512
+                : !is_float               ? kernels::dequantizedRows
                 : w.isa() == Isa::kAvx512 ? kernels::floatRowsAvx512
                 : w.isa() == Isa::kAvx2   ? kernels::floatRowsAvx2
                                           : kernels::floatRowsPortable;
@@ -260,7 +283,9 @@ void productRows(const MatmulArgs& args, const QuantizedActivations* xq, int64_t
           .y = args.y,
           .ldy = args.ldy,
           .row_begin = begin,
-          .row_end = end});
+          .row_end = end,
+          .xb = bf16 ? xb : nullptr,
+          .ldxb = w.cols()});
 }
 
 }  // namespace
@@ -290,6 +315,20 @@ absl::Status matmulsOfOneInput(std::span<const MatmulArgs> products, ThreadPool&
   if (quantized)
     quantizeActivations(first.x, first.tokens, first.weight->cols(), first.ldx, x, bestIsa(),
                         &pool);
+  // This thread's buffer, which the pool's threads reach through `xb` (thread_local names
+  // each thread's own).
+  thread_local std::vector<uint16_t> bf16_x;
+  uint16_t* xb = nullptr;
+  if (std::any_of(products.begin(), products.end(),
+                  [](const MatmulArgs& p) { return p.weight->multipliesBf16(); })) {
+    const int64_t cols = first.weight->cols();
+    bf16_x.resize(first.tokens * cols);
+    xb = bf16_x.data();
+    pool.parallelFor(first.tokens, 4, [&](int64_t begin, int64_t end) {
+      kernels::toBf16Avx512(first.x + begin * first.ldx, end - begin, cols, first.ldx,
+                            xb + begin * cols, cols);
+    });
+  }
   // One job: each product's rows in tasks of rowsPerTask, the products one after another.
   std::array<int64_t, kMaxProducts> rows_per_task{}, first_task{};
   int64_t tasks = 0;
@@ -304,7 +343,7 @@ absl::Status matmulsOfOneInput(std::span<const MatmulArgs> products, ThreadPool&
     size_t i = products.size() - 1;
     while (first_task[i] > task) --i;
     const int64_t begin = (task - first_task[i]) * rows_per_task[i];
-    productRows(products[i], xq, begin,
+    productRows(products[i], xq, xb, begin,
                 std::min(products[i].weight->rows(), begin + rows_per_task[i]));
   });
   return absl::OkStatus();

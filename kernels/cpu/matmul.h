@@ -103,6 +103,10 @@ class CpuMatrix {
   // Whether products multiply activations rounded to int8 (an int8 kernel), at the int8
   // peak, rather than floats.
   bool multipliesInt8() const;
+  // Whether products multiply activations rounded to bf16 on the CPU's bf16 dot products
+  // (BF16 weights where bf16DotsChosen()), at the bf16 peak, rather than float FMAs, as
+  // vLLM and llama.cpp multiply bf16 weights.
+  bool multipliesBf16() const;
 
  private:
   WeightMatrix source_;
@@ -113,6 +117,13 @@ class CpuMatrix {
   int64_t packed_bytes_ = 0;
   std::shared_ptr<const void> owner_;  // Holds source_.data when it is not the caller's.
 };
+
+// Whether BF16 weights multiply on AVX-512 BF16 dot products (VDPBF16PS: 32 bf16 pairs an
+// instruction, the activations rounded to bf16) rather than on float FMAs: where the CPU has
+// them and their rate, measured once on one thread, is at least 1.25x the FMAs' (twice on
+// Zen 4 and 5; half on some Xeons, where the FMAs stay). CLEAVE_CPU_BF16=1 or 0 decides
+// instead (for tests and for comparing paths on one machine).
+bool bf16DotsChosen();
 
 struct MatmulArgs {
   const CpuMatrix* weight = nullptr;

@@ -36,6 +36,9 @@ struct FloatRows {
   int64_t ldy;
   int64_t row_begin;
   int64_t row_end;
+  // BF16 weights on the bf16 dot kernel: x rounded to bf16 ([tokens][ldxb]).
+  const uint16_t* xb = nullptr;
+  int64_t ldxb = 0;
 };
 
 // Quantized weights (Q4_0, Q4_1, Q8_0) against quantized activations.
@@ -53,6 +56,12 @@ void floatRowsPortable(const FloatRows& args);
 void dequantizedRows(const FloatRows& args);
 void floatRowsAvx2(const FloatRows& args);
 void floatRowsAvx512(const FloatRows& args);
+// BF16 weights against activations rounded to bf16 (args.xb), on AVX-512 BF16 dot products
+// (matmul_bf16_avx512.cc; CpuMatrix::multipliesBf16).
+void bf16RowsAvx512(const FloatRows& args);
+// x [tokens][ldx] rounded to nearest even bf16, into out [tokens][ldo] (its first cols).
+void toBf16Avx512(const float* x, int64_t tokens, int64_t cols, int64_t ldx, uint16_t* out,
+                  int64_t ldo);
 
 // The float kernels' walk over rows [row_begin, row_end) x tokens [0, tokens): blocks of
 // kRows x kTokens, then the tokens and rows left, calling block.template operator()<R, T>(n, t)

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/quantized_activations.h"
 
 namespace cleave::cpu {
@@ -23,6 +24,18 @@ uint16_t toHalfBits(float f) {
   uint32_t mantissa = (x >> 13) & 0x3ff;
   if (exponent <= 0) return static_cast<uint16_t>(sign);
   return static_cast<uint16_t>(sign | (exponent << 10) | mantissa);
+}
+
+// `v` rounded to the nearest bf16 (ties to even), as a float: what the bf16 dot kernel
+// multiplies in place of an activation.
+float roundedToBf16(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  bits &= 0xFFFF0000u;
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
 }
 
 // Random weights in `type`: block scales are moderate finite values, quants random.
@@ -124,8 +137,11 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
     WeightMatrix w{.type = type, .rows = s.rows, .cols = s.cols, .data = bytes.data()};
     std::vector<float> x(s.tokens * s.cols);
     for (float& v : x) v = normal(rng);
-    // What the kernel multiplies: x itself, or its per-block int8 quantization.
+    // What the kernel multiplies: x itself, its per-block int8 quantization, or (BF16
+    // weights on the bf16 dot kernel) x rounded to bf16.
     const std::vector<double> x_float(x.begin(), x.end());
+    std::vector<double> x_bf16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = roundedToBf16(x[i]);
     std::vector<double> x_quantized = x_float;
     if (s.cols % 32 == 0) {
       QuantizedActivations q;
@@ -178,7 +194,11 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
       if (isQuantized(matrix->kernelType())) EXPECT_EQ(matrix->packed(), isa != Isa::kPortable);
       if (type == TensorType::kNVFP4) EXPECT_TRUE(matrix->packed());
       const bool int8 = matrix->packed() || isQuantized(matrix->kernelType());
-      const std::vector<double>& x_seen = int8 ? x_quantized : x_float;
+      if (type == TensorType::kBF16 && isa == Isa::kAvx512)
+        EXPECT_EQ(matrix->multipliesBf16(), bf16DotsChosen());
+      const std::vector<double>& x_seen = int8                       ? x_quantized
+                                          : matrix->multipliesBf16() ? x_bf16
+                                                                     : x_float;
       // What this path's kernel holds: the stored values (Q6_K on AVX-512), or the rewrite.
       const std::vector<float>& w_kernel = matrix->kernelType() == type ? wf : w_seen;
       std::vector<float> y(s.tokens * s.rows, std::nanf("poison"));
@@ -527,7 +547,8 @@ TEST(MatmulAsStoredTest, MultipliesTheStoredFormat) {
         for (int64_t k = 0; k < cols; ++k) {
           const double xk = isQuantized(type)
                                 ? static_cast<double>(q.rowD(t)[k / 32]) * q.rowQ(t)[k]
-                                : static_cast<double>(x[t * cols + k]);
+                            : matrix->multipliesBf16() ? roundedToBf16(x[t * cols + k])
+                                                       : static_cast<double>(x[t * cols + k]);
           const double term = static_cast<double>(wf[n * cols + k]) * xk;
           ref += term;
           size += std::fabs(term);

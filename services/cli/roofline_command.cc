@@ -85,7 +85,7 @@ int runRoofline(int argc, char** argv) {
     const int n = threads > 0 ? static_cast<int>(threads)
                               : static_cast<int>(std::thread::hardware_concurrency());
     std::fprintf(stderr, "measuring this CPU with %d threads...\n", n);
-    hw = roofline::measureCpuHardware(n, format->second, 3, int64_t{1} << 30);
+    hw = roofline::measureCpuHardware(n, format->second, 3, int64_t{1} << 30, dtype == "bf16");
   } else {
     absl::StatusOr<roofline::Hardware> builtin = roofline::builtinHardware(
         hardware, dtype == "fp8" || dtype == "fp4" || dtype == "nvfp4" ? dtype : "bf16");

@@ -972,6 +972,13 @@ bool LlamaWeights::multipliesInt8() const {
   return false;
 }
 
+bool LlamaWeights::multipliesBf16() const {
+  bool any = output.multipliesBf16();
+  for (const LlamaLayer& l : layers)
+    l.forEachMatrix([&](MatrixKind, const cpu::CpuMatrix& m) { any = any || m.multipliesBf16(); });
+  return any;
+}
+
 roofline::Workload::FloatProducts LlamaWeights::floatProducts() const {
   const std::array<Share, 5> s = sharesOf(*this);
   auto of = [&](MatrixKind kind) { return s[static_cast<size_t>(kind)].share(); };

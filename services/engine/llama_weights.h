@@ -109,6 +109,8 @@ struct LlamaWeights {
   roofline::Workload::FloatProducts floatProducts() const;
   // Whether any product runs on the int8 kernels.
   bool multipliesInt8() const;
+  // Whether any product runs on the bf16 dot kernel (BF16 weights; CpuMatrix::multipliesBf16).
+  bool multipliesBf16() const;
 };
 
 // Loads rank `shard` of a Llama-family model from `path`: a GGUF file, or a folder with

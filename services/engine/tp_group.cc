@@ -42,6 +42,7 @@ struct TpGroup::Rank {
   int64_t cpu_routed_expert_bytes = 0;
   roofline::Workload::FloatProducts cpu_float_products;
   bool cpu_multiplies_int8 = false;
+  bool cpu_multiplies_bf16 = false;
   std::unique_ptr<cpu::ThreadPool> pool;
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<LlamaModel> model;
@@ -188,6 +189,7 @@ absl::StatusOr<std::unique_ptr<TpGroup>> TpGroup::load(const std::string& path,
     rank.cpu_routed_expert_bytes = rank.weights->routedExpertBytes();
     rank.cpu_float_products = rank.weights->floatProducts();
     rank.cpu_multiplies_int8 = rank.weights->multipliesInt8();
+    rank.cpu_multiplies_bf16 = rank.weights->multipliesBf16();
     return absl::OkStatus();
   }));
   const LlamaWeights& first = *group->ranks_[0]->weights;
@@ -429,6 +431,12 @@ bool TpGroup::multipliesInt8() const {
   if (!backends_.empty()) return model::tensorTypeTraits(weight_type_)->block_elements > 1;
   return std::any_of(ranks_.begin(), ranks_.end(),
                      [](const auto& rank) { return rank->cpu_multiplies_int8; });
+}
+
+bool TpGroup::multipliesBf16() const {
+  return backends_.empty() && !backend_factory_ &&
+         std::any_of(ranks_.begin(), ranks_.end(),
+                     [](const auto& rank) { return rank->cpu_multiplies_bf16; });
 }
 
 KvStorage& TpGroup::kv(int rank) {

@@ -169,6 +169,9 @@ class TpGroup {
   // Whether any product runs on the CPU's int8 kernels (so its floor needs the int8 peak);
   // with another backend, whether the linear layers are stored block-quantized.
   bool multipliesInt8() const;
+  // Whether any product runs on the CPU's bf16 dot kernel (LlamaWeights::multipliesBf16), so
+  // its floor takes the bf16 peak; false with another backend.
+  bool multipliesBf16() const;
   int64_t kvBlockBytes(int rank) const;
   // The host rows a KV transport reads and writes for rank `rank` (after allocateKv(): the
   // CPU model's cache or its staging rows, or a backend's host rows with host_kv), and its

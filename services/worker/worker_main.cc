@@ -316,7 +316,8 @@ int run(int argc, char** argv) {
   const roofline::Hardware hardware =
       gpu_hardware ? *gpu_hardware
                    : roofline::measureCpuHardware(threads_per_rank * static_cast<int>(options.tp),
-                                                  (*group)->multipliesInt8());
+                                                  (*group)->multipliesInt8(), 5, int64_t{256} << 20,
+                                                  (*group)->multipliesBf16());
   CLEAVE_LOG(INFO) << "this machine: " << hardware.bandwidth / 1e9 << " GB/s read, "
                    << hardware.peak_flops / 1e9 << " GOP/s for the weights' products";
   worker::WorkerMetrics::exportHardware(hardware);
