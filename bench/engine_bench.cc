@@ -162,15 +162,15 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf(
-      "SIMD peak: %.0f GOP/s for the weights' products (%s), f32 %.0f GFLOP/s (for "
-      "attention%s%s)\n",
-      hw.peak_flops / 1e9,
-      quantized && hw.peak_flops != hw.float_peak_flops ? "int8"
-      : hw.float_peak_flops != hw.attention_flops       ? "bf16 dot"
-                                                        : "f32",
-      hw.attention_flops / 1e9,
-      float_products.empty() ? "" : " and float weights: ", float_products.c_str());
+  // Float weights multiply on the bf16 dots (CpuMatrix::multipliesBf16) or the f32 FMAs.
+  const char* float_unit = model.multipliesBf16() ? "bf16 dot" : "f32";
+  std::printf("SIMD peak: %.0f GOP/s for the weights' products (%s)", hw.peak_flops / 1e9,
+              quantized ? "int8" : float_unit);
+  if (!float_products.empty()) {
+    std::printf(", %s %.0f GFLOP/s for the float weights' (%s)", float_unit,
+                hw.float_peak_flops / 1e9, float_products.c_str());
+  }
+  std::printf(", f32 %.0f GFLOP/s for attention\n", hw.attention_flops / 1e9);
   std::printf("%-20s %10s %10s %10s %10s %10s %8s\n", "case", "time (ms)", "tokens/s", "mem (ms)",
               "comp (ms)", "floor (ms)", "floor/t");
   auto report = [&](const char* name, double t, double tokens_per_step,

@@ -224,8 +224,10 @@ bool CpuMatrix::multipliesInt8() const { return isQuantized(kernelType()) || pac
 bool bf16DotsChosen() {
   static const bool chosen = [] {
     if (bestIsa() != Isa::kAvx512 || !cpuFeatures().avx512bf16) return false;
-    if (const char* forced = std::getenv("CLEAVE_CPU_BF16"); forced && *forced)
-      return std::strcmp(forced, "0") != 0;
+    if (const char* forced = std::getenv("CLEAVE_CPU_BF16")) {
+      if (std::strcmp(forced, "1") == 0) return true;
+      if (std::strcmp(forced, "0") == 0) return false;
+    }
     ThreadPool one(1);
     return bf16PeakFlops(one) >= 1.25 * f32PeakFlops(one);
   }();

@@ -122,7 +122,7 @@ class CpuMatrix {
 // instruction, the activations rounded to bf16) rather than on float FMAs: where the CPU has
 // them and their rate, measured once on one thread, is at least 1.25x the FMAs' (twice on
 // Zen 4 and 5; half on some Xeons, where the FMAs stay). CLEAVE_CPU_BF16=1 or 0 decides
-// instead (for tests and for comparing paths on one machine).
+// instead (for tests and for comparing paths on one machine; other values are ignored).
 bool bf16DotsChosen();
 
 struct MatmulArgs {

@@ -126,9 +126,19 @@ TEST_P(MatmulTest, EveryPathMatchesTheFloat64Reference) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   ThreadPool pool(2);
   const Shape shapes[] = {
-      {1, 32, 1},    {37, 64, 1},  {16, 96, 3},  {130, 576, 5}, {33, 1536, 9},
-      {70, 160, 17}, {19, 256, 2}, {24, 768, 5}, {29, 100, 3}};  // Float formats only: a row not of
-                                                                 // whole vectors.
+      {1, 32, 1},
+      {37, 64, 1},
+      {16, 96, 3},
+      {130, 576, 5},
+      {33, 1536, 9},
+      {70, 160, 17},
+      {19, 256, 2},
+      {24, 768, 5},
+      // Float formats only: rows not of whole vectors (bf16 dots' tails of 4, 18, 13 and 16).
+      {29, 100, 3},
+      {7, 50, 5},
+      {5, 13, 3},
+      {3, 48, 2}};
   for (const Shape& s : shapes) {
     if (isSuperBlock(type) && s.cols % 256 != 0) continue;
     if (!model::tensorBytes(type, s.cols)) continue;  // Not whole blocks of this format.
@@ -312,7 +322,8 @@ TEST(MatmulsOfOneInputTest, GiveTheBitsOfOneCallEach) {
   const std::pair<TensorType, int64_t> shapes[] = {{TensorType::kQ4_1, 70},
                                                    {TensorType::kF32, 33},
                                                    {TensorType::kQ6_K, 16},
-                                                   {TensorType::kQ8_0, 5}};
+                                                   {TensorType::kQ8_0, 5},
+                                                   {TensorType::kBF16, 9}};
   std::vector<std::vector<uint8_t>> bytes;
   for (const auto& [type, rows] : shapes) bytes.push_back(randomWeights(type, rows, cols, rng));
   std::vector<float> x(tokens * cols);

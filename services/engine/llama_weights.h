@@ -109,7 +109,8 @@ struct LlamaWeights {
   roofline::Workload::FloatProducts floatProducts() const;
   // Whether any product runs on the int8 kernels.
   bool multipliesInt8() const;
-  // Whether any product runs on the bf16 dot kernel (BF16 weights; CpuMatrix::multipliesBf16).
+  // Whether any product runs on the bf16 dot kernel (BF16 weights; CpuMatrix::multipliesBf16):
+  // then the roofline prices every float product at the bf16 peak, a lower bound for all.
   bool multipliesBf16() const;
 };
 

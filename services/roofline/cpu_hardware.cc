@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/machine_peaks.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace cleave::roofline {
@@ -10,7 +11,8 @@ Hardware measureCpuHardware(int threads, bool quantized_weights, int reps, int64
                             bool bf16_weights) {
   cpu::ThreadPool pool(threads);
   const double int8_peak = cpu::int8PeakOps(pool), f32_peak = cpu::f32PeakFlops(pool);
-  const double bf16_peak = bf16_weights ? cpu::bf16PeakFlops(pool) : 0;
+  // The bf16 dots' peak only where BF16 weights run on them.
+  const double bf16_peak = bf16_weights && cpu::bf16DotsChosen() ? cpu::bf16PeakFlops(pool) : 0;
   const double float_peak = bf16_peak > 0 ? bf16_peak : f32_peak;
   return {.name = absl::StrCat("cpu (", threads, " threads)"),
           .bandwidth = cpu::readBandwidth(pool, reps, bandwidth_bytes),

@@ -2,7 +2,8 @@
 // bandwidth and the SIMD peak of the weights' products (int8 for block-quantized weights, as
 // the quantized kernels issue it: AVX-512 VNNI or AVX2; f32 FMA otherwise; float weights'
 // products at the f32 peak, or with `bf16_weights` at the bf16 dot peak where the BF16
-// weights' kernel runs, CpuMatrix::multipliesBf16; attention always at the f32 peak).
+// weights' kernel runs, cpu::bf16DotsChosen: all of them, F32 ones too, since a floor
+// must not price any product above its time; attention always at the f32 peak).
 // Workers, `cleave roofline --hardware cpu` and bench_engine all measure through this, so
 // a live step's floor and a benchmark's floor are the same number for the same step.
 #pragma once
