@@ -781,8 +781,11 @@ void moeDecodeStep(const char* name, const model::ModelConfig& c, double copy_gb
 // Qwen3.5-397B-A17B's shape on one GPU of two (8 key heads, 32 value heads, heads of 128,
 // 4 taps): `sequences` sequences of `rows` rows each. A decode step's floor is its states
 // read and written once (f32) plus the projection read and the output written, over the
-// copy bandwidth; a prefill's is reported as rows per second.
-void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps, int column_groups = 1) {
+// copy bandwidth; a prefill's is reported as rows per second. A step of a few rows a
+// sequence verifies drafts: with `keep_rows` each row but the last also leaves its state in
+// a slot of its own (row_slots), whose writes the floor counts.
+void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps, int column_groups = 1,
+                   bool keep_rows = false) {
   const int key_heads = 8, value_heads = 32, dk = 128, dv = 128, taps = 4;
   const int64_t kd = int64_t{key_heads} * dk, vd = int64_t{value_heads} * dv;
   const int64_t channels = 2 * kd + vd, proj_dim = channels + vd + 2 * value_heads;
@@ -793,52 +796,67 @@ void gatedDeltaNet(int sequences, int rows, double copy_gbs, int reps, int colum
   bf16* out = deviceAlloc<bf16>(tokens * vd);
   float* mixed = deviceAlloc<float>(tokens * channels);
   float* raw = deviceAlloc<float>(tokens * vd);  // a prefill's outputs before the norm
-  float* states = deviceAlloc<float>(sequences * slot_floats);
-  check(cuda::fillUniform(states, sequences * slot_floats, -0.1f, 0.1f, 43, nullptr), "states");
+  // Each sequence's slot, then (keep_rows) its rows' slots.
+  const int64_t slots = sequences * (keep_rows ? rows : 1);
+  float* states = deviceAlloc<float>(slots * slot_floats);
+  check(cuda::fillUniform(states, slots * slot_floats, -0.1f, 0.1f, 43, nullptr), "states");
   float* conv = deviceAlloc<float>(channels * taps);
   check(cuda::fillUniform(conv, channels * taps, -0.5f, 0.5f, 44, nullptr), "conv");
   float* per_head = deviceAlloc<float>(2 * value_heads + dv);
   check(cuda::fillUniform(per_head, value_heads, -1.0f, -0.1f, 45, nullptr), "a_rate");
   check(cuda::fillUniform(per_head + value_heads, value_heads + dv, 0.5f, 1.0f, 46, nullptr),
         "dt_bias, norm");
-  std::vector<int32_t> meta;  // q_starts, positions, slots
+  std::vector<int32_t> meta;  // q_starts, positions, slots, row slots
   for (int q = 0; q <= sequences; ++q) meta.push_back(q * rows);
   for (int64_t t = 0; t < tokens; ++t) meta.push_back(static_cast<int32_t>(100 + t % rows));
   for (int q = 0; q < sequences; ++q) meta.push_back(q);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const bool last = t % rows == rows - 1;
+    meta.push_back(keep_rows && !last ? static_cast<int32_t>(sequences + t - t / rows) : -1);
+  }
   int32_t* d_meta = deviceAlloc<int32_t>(meta.size());
   check(cudaMemcpy(d_meta, meta.data(), meta.size() * 4, cudaMemcpyHostToDevice), "meta");
-  const cuda::GatedDeltaNetArgs args{.proj = proj,
-                                     .proj_stride = proj_dim,
-                                     .mixed = mixed,
-                                     .q_starts = d_meta,
-                                     .positions = d_meta + sequences + 1,
-                                     .state_slots = d_meta + sequences + 1 + tokens,
-                                     .states = states,
-                                     .slot_floats = slot_floats,
-                                     .conv = conv,
-                                     .a_rate = per_head,
-                                     .dt_bias = per_head + value_heads,
-                                     .norm = per_head + 2 * value_heads,
-                                     .sequences = sequences,
-                                     .key_heads = key_heads,
-                                     .value_heads = value_heads,
-                                     .key_head_dim = dk,
-                                     .value_head_dim = dv,
-                                     .conv_kernel = taps,
-                                     .out = out,
-                                     .out_stride = vd,
-                                     .column_groups = column_groups,
-                                     .raw = raw,
-                                     .tokens = static_cast<int>(tokens)};
+  const cuda::GatedDeltaNetArgs args{
+      .proj = proj,
+      .proj_stride = proj_dim,
+      .mixed = mixed,
+      .q_starts = d_meta,
+      .positions = d_meta + sequences + 1,
+      .state_slots = d_meta + sequences + 1 + tokens,
+      .row_slots = keep_rows ? d_meta + 2 * sequences + 1 + tokens : nullptr,
+      .states = states,
+      .slot_floats = slot_floats,
+      .conv = conv,
+      .a_rate = per_head,
+      .dt_bias = per_head + value_heads,
+      .norm = per_head + 2 * value_heads,
+      .sequences = sequences,
+      .key_heads = key_heads,
+      .value_heads = value_heads,
+      .key_head_dim = dk,
+      .value_head_dim = dv,
+      .conv_kernel = taps,
+      .out = out,
+      .out_stride = vd,
+      .column_groups = column_groups,
+      .raw = raw,
+      .tokens = static_cast<int>(tokens)};
   const double ms =
       medianMs([&](int) { check(cuda::gatedDeltaNet(args, nullptr), "gated delta net"); }, reps);
   char what[160];
-  if (rows == 1) {
-    const double bytes = 2.0 * sequences * slot_floats * 4 + tokens * (proj_dim + vd) * 2.0 +
-                         2.0 * tokens * channels * 4;
+  if (rows <= 8) {
+    const double bytes = (2.0 + (keep_rows ? rows - 1 : 0)) * sequences * slot_floats * 4 +
+                         tokens * (proj_dim + vd) * 2.0 + 2.0 * tokens * channels * 4;
     const double floor_ms = bytes / (copy_gbs * 1e9) * 1e3;
-    std::snprintf(what, sizeof(what), "Gated DeltaNet layer Qwen3.5 TP2 decode b%d (floor %.3f ms)",
-                  sequences, floor_ms);
+    if (rows == 1) {
+      std::snprintf(what, sizeof(what),
+                    "Gated DeltaNet layer Qwen3.5 TP2 decode b%d (floor %.3f ms)", sequences,
+                    floor_ms);
+    } else {
+      std::snprintf(what, sizeof(what),
+                    "Gated DeltaNet layer Qwen3.5 TP2 verify b%d x %d rows%s (floor %.3f ms)",
+                    sequences, rows, keep_rows ? ", row states" : "", floor_ms);
+    }
     addRow({what, ms, fmt("%.0f GB/s", bytes / ms / 1e6),
             fmt("%.0f%% of floor", 100 * floor_ms / ms), ""});
   } else {
@@ -952,6 +970,9 @@ int main(int argc, char** argv) {
                   cuda::ExpertWeightFormat::kNvfp4, quick, "");
   });
   attempt("Gated DeltaNet", [&] { gatedDeltaNet(16, 1, copy, reps); });
+  // Drafts verified (3 a sequence), without and with the states after their rows kept.
+  attempt("Gated DeltaNet", [&] { gatedDeltaNet(16, 4, copy, reps); });
+  attempt("Gated DeltaNet", [&] { gatedDeltaNet(16, 4, copy, reps, 1, true); });
   // A prefill with a block a head, then split as the model runs it.
   attempt("Gated DeltaNet", [&] { gatedDeltaNet(1, 4096, copy, quick ? 2 : 5); });
   attempt("Gated DeltaNet", [&] {
