@@ -1,7 +1,7 @@
 // AVX-512 BF16 kernel for BF16 weights: the activations rounded to bf16 once per product
 // (toBf16Avx512), then VDPBF16PS, which multiplies 32 bf16 pairs and adds each pair's sum into
 // one of 16 float accumulators: twice the products of an FMA per instruction, the weights read
-// as stored with nothing to widen. Blocks of 4 rows x 4 tokens, as the float kernel
+// as stored with nothing to widen. Blocks of 6 rows x 4 tokens, as the float kernel
 // (matmul_avx512.cc), each accumulator summing its (row, token) in the same order whatever
 // the batch.
 #include <immintrin.h>
@@ -52,7 +52,7 @@ inline void bf16Block(const FloatRows& a, int64_t n, int64_t t) {
 }  // namespace
 
 void bf16RowsAvx512(const FloatRows& a) {
-  forEachBlock<4, 4>(a, [&]<int R, int T>(int64_t n, int64_t t) { bf16Block<R, T>(a, n, t); });
+  forEachBlock<6, 4>(a, [&]<int R, int T>(int64_t n, int64_t t) { bf16Block<R, T>(a, n, t); });
 }
 
 void toBf16Avx512(const float* x, int64_t tokens, int64_t cols, int64_t ldx, uint16_t* out,
