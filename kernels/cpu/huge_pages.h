@@ -1,5 +1,6 @@
 // Host memory for the buffers a step streams through at memory speed: the KV cache, weights
-// repacked at load, the bandwidth probe that sets their floor.
+// repacked at load (and float weights copied at load, CpuMatrix::create), the bandwidth
+// probe that sets their floor.
 //
 // On 4 KiB pages such a stream is slower than the memory: every KV block of a head lands on
 // pages of its own (a TLB miss, and a page walk, per block), and the hardware prefetchers stop

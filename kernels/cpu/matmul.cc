@@ -155,6 +155,20 @@ absl::StatusOr<CpuMatrix> CpuMatrix::create(const WeightMatrix& source, Isa isa)
     matrix.kernel_.type = rewrite->type;
     matrix.kernel_.data = matrix.rewritten_->data();
   }
+  // Float weights stream through the SIMD kernels as stored: from a copy on huge pages, as
+  // packed formats do, rather than from the file's 4 KiB pages (huge_pages.h).
+  const TensorType type = matrix.kernel_.type;
+  if (isa != Isa::kPortable && !rewrite &&
+      (type == TensorType::kF32 || type == TensorType::kF16 || type == TensorType::kBF16)) {
+    const int64_t bytes = source.rows * source.rowBytes();
+    matrix.resident_ = allocateOnHugePages(std::max<int64_t>(bytes, 64));
+    if (matrix.resident_ == nullptr)
+      return absl::ResourceExhaustedError(
+          absl::StrCat("matmul: cannot allocate ", bytes, " bytes"));
+    std::memcpy(matrix.resident_.get(), source.data, bytes);
+    matrix.kernel_.data = matrix.resident_.get();
+    return matrix;
+  }
   const WeightMatrix& kernel = matrix.kernel_;
   // The AVX-512 kernels read every packed format, the AVX2 kernel all but Q6_K (which
   // rewriteForInt8Kernels turned into Q8_0 for it).

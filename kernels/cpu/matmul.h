@@ -114,6 +114,8 @@ class CpuMatrix {
   std::shared_ptr<std::vector<uint8_t>> rewritten_;  // Holds kernel_.data when rewritten.
   Isa isa_ = Isa::kPortable;
   std::shared_ptr<uint8_t> packed_;  // On huge pages (huge_pages.h).
+  // Float weights' copy on huge pages that kernel_.data points at (the SIMD paths).
+  std::shared_ptr<uint8_t> resident_;
   int64_t packed_bytes_ = 0;
   std::shared_ptr<const void> owner_;  // Holds source_.data when it is not the caller's.
 };
