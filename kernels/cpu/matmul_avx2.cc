@@ -28,11 +28,15 @@ inline __m256 loadWeights8(const uint8_t* row, int64_t k) {
 // weight block feeds T tokens, each activation block R rows), with R x T independent
 // accumulators so the FMAs pipeline instead of waiting on one chain. Each accumulator sums
 // its own (row, token) in the same order as a lone dot product would.
-template <model::TensorType kType, int R, int T>
+template <model::TensorType kType, int R, int T, bool kPrefetch>
 inline void floatBlock(const FloatRows& a, int64_t n, int64_t t) {
   const WeightMatrix& w = *a.weight;
   const int64_t row_bytes = w.rowBytes();
   const int64_t whole = w.cols / 8 * 8;
+  // kPrefetch (a decode step's product): the first block of tokens asks for the next block's
+  // rows (R rows on) as it goes, as the AVX-512 kernel does.
+  const int64_t ahead = kPrefetch && t == 0 ? R * row_bytes : 0;
+  const int64_t step_bytes = row_bytes * 8 / w.cols;
   const uint8_t* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = w.data + (n + r) * row_bytes;
   const float* xs[T];
@@ -41,6 +45,11 @@ inline void floatBlock(const FloatRows& a, int64_t n, int64_t t) {
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < T; ++j) acc[r][j] = _mm256_setzero_ps();
   for (int64_t k = 0; k < whole; k += 8) {
+    if (kPrefetch && ahead > 0) {
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + k / 8 * step_bytes),
+                     _MM_HINT_T0);
+    }
     __m256 x[T];
     for (int j = 0; j < T; ++j) x[j] = _mm256_loadu_ps(xs[j] + k);
     for (int r = 0; r < R; ++r) {
@@ -68,8 +77,13 @@ inline void floatBlock(const FloatRows& a, int64_t n, int64_t t) {
 // Blocks of 4 rows x 2 tokens (11 of the 16 vector registers), then the rows and tokens left.
 template <model::TensorType kType>
 void floatRowsAvx2Typed(const FloatRows& a) {
-  forEachBlock<4, 2>(a,
-                     [&]<int R, int T>(int64_t n, int64_t t) { floatBlock<kType, R, T>(a, n, t); });
+  if (a.tokens <= 16) {
+    forEachBlock<4, 2>(
+        a, [&]<int R, int T>(int64_t n, int64_t t) { floatBlock<kType, R, T, true>(a, n, t); });
+  } else {
+    forEachBlock<4, 2>(
+        a, [&]<int R, int T>(int64_t n, int64_t t) { floatBlock<kType, R, T, false>(a, n, t); });
+  }
 }
 
 }  // namespace
