@@ -77,13 +77,9 @@ inline void floatBlock(const FloatRows& a, int64_t n, int64_t t) {
 // Blocks of 4 rows x 2 tokens (11 of the 16 vector registers), then the rows and tokens left.
 template <model::TensorType kType>
 void floatRowsAvx2Typed(const FloatRows& a) {
-  if (a.tokens <= 16) {
-    forEachBlock<4, 2>(
-        a, [&]<int R, int T>(int64_t n, int64_t t) { floatBlock<kType, R, T, true>(a, n, t); });
-  } else {
-    forEachBlock<4, 2>(
-        a, [&]<int R, int T>(int64_t n, int64_t t) { floatBlock<kType, R, T, false>(a, n, t); });
-  }
+  forEachBlockPrefetching<4, 2>(a, [&]<int R, int T, bool kPrefetch>(int64_t n, int64_t t) {
+    floatBlock<kType, R, T, kPrefetch>(a, n, t);
+  });
 }
 
 }  // namespace

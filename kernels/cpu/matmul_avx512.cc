@@ -72,16 +72,11 @@ inline void floatBlock(const FloatRows& a, int64_t n, int64_t t) {
 // whatever the block, each accumulator summing its (row, token) in k order.
 template <TensorType kType>
 void floatRows(const FloatRows& a) {
-  // Prefetching the rows ahead took a decode step at batch 1 of a bf16 0.75B model 11% less
-  // time (docs/engine.md); a prefill's later token blocks find the rows in L1, and its
-  // blocks, with every register taken, are better without the prefetch's address work.
-  if (a.tokens <= 16) {
-    forEachBlock<6, 4>(
-        a, [&]<int R, int T>(int64_t n, int64_t t) { floatBlock<kType, R, T, true>(a, n, t); });
-  } else {
-    forEachBlock<6, 4>(
-        a, [&]<int R, int T>(int64_t n, int64_t t) { floatBlock<kType, R, T, false>(a, n, t); });
-  }
+  // Prefetching took a decode step at batch 1 of a bf16 0.75B model 11% less time
+  // (docs/engine.md).
+  forEachBlockPrefetching<6, 4>(a, [&]<int R, int T, bool kPrefetch>(int64_t n, int64_t t) {
+    floatBlock<kType, R, T, kPrefetch>(a, n, t);
+  });
 }
 
 }  // namespace

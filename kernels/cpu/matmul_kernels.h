@@ -82,6 +82,27 @@ inline void forEachBlock(const FloatRows& a, Block&& block) {
   }
 }
 
+// Products of this many tokens or fewer (a decode step's) wait on their weights coming from
+// memory: the float kernels' first block of tokens prefetches the next block's rows. (A
+// prefill's later token blocks find the rows in L1, and its blocks are better without the
+// prefetch's address work.)
+inline constexpr int64_t kPrefetchTokens = 16;
+
+// forEachBlock calling block.template operator()<R, T, kPrefetch>(n, t), kPrefetch for a
+// product of at most kPrefetchTokens tokens.
+template <int kRows, int kTokens, typename Block>
+inline void forEachBlockPrefetching(const FloatRows& a, Block&& block) {
+  if (a.tokens <= kPrefetchTokens) {
+    forEachBlock<kRows, kTokens>(a, [&]<int R, int T>(int64_t n, int64_t t) {
+      block.template operator()<R, T, true>(n, t);
+    });
+  } else {
+    forEachBlock<kRows, kTokens>(a, [&]<int R, int T>(int64_t n, int64_t t) {
+      block.template operator()<R, T, false>(n, t);
+    });
+  }
+}
+
 // tile.template operator()<n>(t) for the n in [1, kMax] that `n` is; nothing for 0.
 template <int kMax, typename Tile>
 inline void tokenTail(int64_t n, int64_t t, Tile& tile) {
